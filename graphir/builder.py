@@ -1,0 +1,229 @@
+"""The graph-building interface architectures call, after llama.cpp's ``llm_graph_context``.
+
+An architecture asks for inputs, weights and blocks (``build_norm``, ``build_ffn``, ``build_attn``, ...);
+the builder records typed, named nodes and never touches weight data. How attention meets memory is decided
+by the context's memory object, which the builder delegates to: an architecture never names a cache kind.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+from gguf import MODEL_TENSOR
+
+from graphir.architecture import Architecture, TensorDecl, dtype_name, tensor_name
+from graphir.dims import Dim, DimDecl, Sym
+from graphir.errors import GraphError, TensorError
+from graphir.hparams import f32
+from graphir.ir import Graph, Node
+from graphir.ops import OPS, ShapeError, infer
+
+if TYPE_CHECKING:
+    from graphir.memory import Memory
+
+PHASES = ("prefill", "decode")
+
+
+class Norm(Enum):
+    RMS = "rms_norm"
+    LAYER = "norm"
+
+
+class Act(Enum):
+    SILU = "silu"
+    GELU = "gelu"
+    RELU = "relu"
+
+
+class Gate(Enum):
+    PAR = "par"  # gate and up both read x (classic gated MLP)
+    SEQ = "seq"  # gate reads up's output
+
+
+_GLU = {Act.SILU: "swiglu", Act.GELU: "geglu"}
+
+
+class GraphBuilder:
+    """Records the graph of one (model, context, phase). ``n_tokens``/``n_outputs`` are the ubatch sizes."""
+
+    def __init__(self, arch: Architecture, label: str, tensors: Mapping[str, TensorDecl], memory: Memory,
+                 phase: str):
+        self.arch, self.hp, self.label, self.tensors, self.memory = arch, arch.hp, label, tensors, memory
+        self.phase = phase
+        self.nodes: list[Node] = []
+        self.outputs: dict[str, Node] = {}
+        self._names: dict[str, Node] = {}
+        self._scope = ""
+        if phase == "decode":
+            self.n_tokens: Dim = 1
+            self.n_outputs: Dim = 1
+            self.dims: list[DimDecl] = []
+        else:
+            tok = DimDecl("n_tokens", 1, None, "tokens in the ubatch")
+            self.n_tokens = tok.sym
+            self.n_outputs = Sym.named("n_outputs")
+            self.dims = [tok, DimDecl("n_outputs", 1, self.n_tokens, "tokens whose output is requested")]
+        self.dims += memory.dims()
+
+    # ---- nodes -------------------------------------------------------------------------------------------
+
+    def _fresh(self, tag: str) -> str:
+        name = self._scope + tag
+        if name in self._names:
+            i = 1
+            while f"{name}.{i}" in self._names:
+                i += 1
+            name = f"{name}.{i}"
+        return name
+
+    def _add(self, node: Node) -> Node:
+        self.nodes.append(node)
+        self._names[node.name] = node
+        return node
+
+    def op(self, op: str, *inputs: Node, name: str | None = None, **attrs: Any) -> Node:
+        """Append one node; attributes are taken in the catalogue's order and the type is inferred."""
+        d = OPS[op]
+        try:
+            ordered = {k: attrs[k] for k in d.attrs}
+        except KeyError as e:
+            raise GraphError(f"{op} needs attribute {e.args[0]!r}") from None
+        node_name = self._fresh(name or op)
+        try:
+            dtype, shape = infer(op, list(inputs), ordered)
+        except ShapeError as e:
+            raise GraphError(f"node {node_name} ({op}): {e}") from None
+        return self._add(Node(node_name, op, inputs, ordered, dtype, shape))
+
+    @contextmanager
+    def layer(self, il: int) -> Iterator[None]:
+        """Scope node names to ``blk.<il>.`` so a change inside one layer renames nothing outside it."""
+        outer, self._scope = self._scope, f"blk.{il}."
+        try:
+            yield
+        finally:
+            self._scope = outer
+
+    def input(self, role: str, dtype: str, shape: tuple[Dim, ...], scoped: bool = False, **facts: Any) -> Node:
+        """A runtime-fed tensor, declared once per name; ``scoped`` inputs belong to the current layer."""
+        name = (self._scope if scoped else "") + role
+        if name in self._names:
+            return self._names[name]
+        return self._add(Node(name, "input", (), {"role": role, **facts}, dtype, shape))
+
+    def w(self, t: MODEL_TENSOR, il: int | None = None, suffix: str = "weight") -> Node | None:
+        """The weight an architecture declared under this name; None when it is optional and absent."""
+        return self.weight(tensor_name(t, il, suffix))
+
+    def weight(self, name: str) -> Node | None:
+        if name in self._names:
+            return self._names[name]
+        spec = self.arch.specs.get(name)
+        if spec is None:
+            raise GraphError(f"{self.arch.name} uses tensor '{name}' without declaring it")
+        decl = self.tensors.get(name)
+        if decl is None:
+            if spec.tied_to:
+                return self.weight(spec.tied_to)
+            if spec.optional:
+                return None
+            raise TensorError(f"{self.label}: missing tensor '{name}'")
+        why = spec.problem(tuple(decl.shape), decl.dtype)
+        if why:
+            raise TensorError(f"{self.label}: tensor '{name}' {why}")
+        return self._add(Node(name, "weight", (), {"tensor": name}, dtype_name(decl.dtype), tuple(decl.shape)))
+
+    # ---- small op helpers (names are tags inside the current scope) -------------------------------------
+
+    def linear(self, x: Node, w: Node, b: Node | None = None, *, name: str) -> Node:
+        y = self.op("mul_mat", w, x, name=name)
+        return self.op("add", y, b, name=f"{name}.b") if b is not None else y
+
+    def reshape(self, x: Node, shape: tuple[Dim, ...], *, name: str) -> Node:
+        return self.op("reshape", x, shape=shape, name=name)
+
+    # ---- inputs ------------------------------------------------------------------------------------------
+
+    def build_inp_embd(self, tok_embd: Node) -> Node:
+        tokens = self.input("tokens", "i32", (self.n_tokens,))
+        return self.op("get_rows", tok_embd, tokens, name="inp_embd")
+
+    def build_inp_pos(self) -> Node:
+        return self.input("pos", "i32", (self.n_tokens,))
+
+    def build_inp_out_ids(self) -> Node:
+        """Rows whose output is wanted; always present so the topology does not depend on n_outputs."""
+        return self.input("out_ids", "i32", (self.n_outputs,))
+
+    # ---- blocks ------------------------------------------------------------------------------------------
+
+    def build_norm(self, x: Node, w: Node | None, b: Node | None = None, kind: Norm = Norm.RMS, *,
+                   name: str) -> Node:
+        eps = self.hp.norm_rms_eps if kind is Norm.RMS else self.hp.norm_eps
+        y = self.op(kind.value, x, eps=eps, name=f"{name}.{kind.value}" if w or b else name)
+        if w is not None:
+            y = self.op("mul", y, w, name=name if b is None else f"{name}.w")
+        if b is not None:
+            y = self.op("add", y, b, name=name)
+        return y
+
+    def build_ffn(self, x: Node, *, up: Node, gate: Node | None, down: Node, up_b: Node | None = None,
+                  gate_b: Node | None = None, down_b: Node | None = None, act: Act = Act.SILU,
+                  gate_mode: Gate = Gate.PAR, name: str = "ffn_out") -> Node:
+        t = self.linear(x, up, up_b, name="ffn_up")
+        if gate is not None:
+            g = self.linear(t if gate_mode is Gate.SEQ else x, gate, gate_b, name="ffn_gate")
+            if gate_mode is Gate.PAR and act in _GLU:
+                h = self.op(_GLU[act], g, t, name=f"ffn_{_GLU[act]}")
+            else:
+                h = self.op(act.value, g, name=f"ffn_{act.value}")
+                if gate_mode is Gate.PAR:
+                    h = self.op("mul", h, t, name="ffn_gate_par")
+        else:
+            h = self.op(act.value, t, name=f"ffn_{act.value}")
+        return self.linear(h, down, down_b, name=name)
+
+    def rope(self, x: Node, pos: Node, freq_factors: Node | None = None, *, name: str) -> Node:
+        hp = self.hp
+        ops = (x, pos) if freq_factors is None else (x, pos, freq_factors)
+        yarn = hp.rope_scaling == "yarn"
+        return self.op("rope", *ops, name=name, n_dims=hp.n_rot, mode=self.arch.rope_mode,
+                       n_ctx_orig=hp.n_ctx_orig_yarn, freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale,
+                       ext_factor=1.0 if yarn else 0.0, attn_factor=hp.rope_attn_factor,
+                       beta_fast=32.0, beta_slow=1.0)
+
+    def kq_scale(self) -> float:
+        return self.hp.attn_scale or f32(1.0 / math.sqrt(self.hp.n_embd_head_k))
+
+    def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node, wo_b: Node | None = None,
+                   kq_scale: float) -> Node:
+        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o."""
+        out = self.memory.build_attn(self, q, k, v, kq_scale=kq_scale)
+        return self.linear(out, wo, wo_b, name="attn_out")
+
+    def build_attn_mla(self, *args: Any, **kw: Any) -> Node:
+        return self.memory.build_attn_mla(self, *args, **kw)
+
+    def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float) -> Node:
+        """softmax(K^T Q * scale + mask) V per head; query head h reads kv head h // (n_head / n_head_kv)."""
+        q = self.op("permute", q, axes=(0, 2, 1, 3), name="q")
+        k = self.op("permute", k, axes=(0, 2, 1, 3), name="k")
+        kq = self.op("mul_mat", k, q, name="kq")
+        kq = self.op("soft_max", kq, mask, scale=kq_scale, max_bias=0.0, name="kq_soft_max")
+        v = self.op("cont", self.op("permute", v, axes=(1, 2, 0, 3), name="v"), name="v.cont")
+        kqv = self.op("mul_mat", v, kq, name="kqv")
+        out = self.op("cont", self.op("permute", kqv, axes=(0, 2, 1, 3), name="kqv.heads"), name="kqv.cont")
+        d, n_head, n_tok = out.shape
+        return self.reshape(out, (d * n_head, n_tok), name="kqv_out")
+
+    def build_output(self, x: Node, head: Node, bias: Node | None = None) -> None:
+        """Record the final embedding and the LM head's logits as the graph's outputs."""
+        self.outputs["embd"] = x
+        self.outputs["logits"] = self.linear(x, head, bias, name="result_output")
+
+    def graph(self, meta: dict[str, Any]) -> Graph:
+        return Graph(meta, tuple(self.dims), self.nodes, self.outputs)
+

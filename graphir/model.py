@@ -1,0 +1,84 @@
+"""A model as graphir sees it before any weight is read: metadata plus tensor declarations.
+
+It comes from a GGUF (full or header-only) or from a preset, and builds graphs for any context kind and
+phase. Nothing here reads tensor data.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from graphir import presets
+from graphir.architecture import Architecture
+from graphir.builder import PHASES, GraphBuilder
+from graphir.errors import GraphirError, MetadataError
+from graphir.gguf_file import GGUFHeader, TensorInfo, read_header
+from graphir.ir import Graph
+from graphir.memory import Memory
+from graphir.memory.kv import KVCache
+from graphir.memory.none import NoMemory
+
+CONTEXT_KINDS: dict[str, type[Memory]] = {"none": NoMemory, "kv": KVCache}
+
+
+@dataclass
+class ModelMeta:
+    label: str  # the path as the user gave it, or the preset name: what error messages point at
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    header: GGUFHeader | None = None  # None for presets
+
+    @property
+    def arch_name(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise MetadataError(f"{self.label}: missing key 'general.architecture'")
+        return arch
+
+    @cached_property
+    def arch(self) -> Architecture:
+        from graphir.arch import get  # the core never imports architectures at import time
+
+        return get(self.arch_name).from_metadata(self.label, self.metadata)
+
+    def build_graph(self, context: str = "kv", phase: str = "prefill") -> Graph:
+        """The graph of one ubatch: ``context`` picks the memory kind, ``phase`` prefill or decode."""
+        mem_cls = CONTEXT_KINDS.get(context)
+        if mem_cls is None:
+            raise GraphirError(f"unknown context '{context}' (known: {', '.join(CONTEXT_KINDS)})")
+        if phase not in PHASES:
+            raise GraphirError(f"unknown phase '{phase}' (known: {', '.join(PHASES)})")
+        if phase not in mem_cls.phases:
+            raise GraphirError(f"context '{context}' has no {phase} phase (it has: {', '.join(mem_cls.phases)})")
+        arch = self.arch
+        b = GraphBuilder(arch, self.label, self.tensors, mem_cls(arch.hp), phase)
+        arch.build(b)
+        return b.graph({"arch": arch.name, "context": context, "phase": phase, "hparams": arch.hp.as_dict()})
+
+
+def from_preset(name: str, p: presets.Preset) -> ModelMeta:
+    from graphir.arch import get
+
+    md = p.metadata()
+    arch = get(p.arch).from_metadata(name, md)
+    tensors = {}
+    for s in arch.tensors():
+        if s.tied_to and p.tied or s.optional and not (p.rope_freqs and s.name == "rope_freqs.weight"):
+            continue
+        dtype = presets.Q.F32 if s.kind == "vector" else p.overrides.get(s.name, p.matrix_type)
+        tensors[s.name] = TensorInfo(s.name, s.shape, dtype, 0)
+    return ModelMeta(name, md, tensors)
+
+
+def open_model(src: str) -> ModelMeta:
+    """A GGUF path (full or header-only) or a preset name."""
+    if os.path.exists(src) or os.sep in src or src.endswith(".gguf"):
+        h = read_header(src)
+        return ModelMeta(src, h.metadata, h.tensors, h)
+    name = presets.canonical_name(src)
+    if name is None:
+        raise GraphirError(f"{src}: no such file or preset (presets: {', '.join(presets.PRESETS)})")
+    return from_preset(name, presets.PRESETS[name])

@@ -1,0 +1,210 @@
+"""The op catalogue: one row per op with its operand slots, attributes, kind and shape/dtype rule.
+
+Semantics follow ggml (shapes in ne order, ne0 first); see llama.cpp's ggml.c for the reference rules.
+This table is the only list of op names in the project: builder, verifier, printers and backends all read it.
+Operand slots ending in ``?`` are optional and may only be omitted at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from graphir.dims import Dim, divides, numel
+from graphir.ir import FLOAT_TYPES, INDEX_TYPES, Node
+
+Type = tuple[str, tuple[Dim, ...]]
+
+
+class ShapeError(ValueError):
+    """An op's operands or attributes do not fit its rule (message says which)."""
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ShapeError(msg)
+
+
+def _pad4(shape: Sequence[Dim]) -> list[Dim]:
+    return list(shape) + [1] * (4 - len(shape))
+
+
+def _trim(shape: Sequence[Dim], rank: int) -> tuple[Dim, ...]:
+    """Drop trailing 1s beyond ``rank`` so results keep the rank of their operands."""
+    out = list(shape)
+    while len(out) > rank and out[-1] == 1:
+        out.pop()
+    return tuple(out)
+
+
+# ---- rules: (inputs, attrs) -> (dtype, shape) ------------------------------------------------------------
+
+def _leaf(xs: list[Node], a: dict[str, Any]) -> Type:
+    raise ShapeError("leaves declare their own type")  # never called: inputs and weights are not re-inferred
+
+
+def _same(xs: list[Node], a: dict[str, Any]) -> Type:
+    x = xs[0]
+    _need(x.dtype in FLOAT_TYPES, f"expects a float operand, got {x.dtype}")
+    return "f32", x.shape
+
+
+def _binary(xs: list[Node], a: dict[str, Any]) -> Type:
+    x, y = xs
+    _need(len(y.shape) <= len(x.shape), f"operand 1 {y.type_str} has higher rank than operand 0 {x.type_str}")
+    ok = all(divides(d1, d0) for d0, d1 in zip(x.shape, y.shape))
+    _need(ok, f"cannot broadcast {y.type_str} into {x.type_str}")
+    return "f32", x.shape
+
+
+def _glu(xs: list[Node], a: dict[str, Any]) -> Type:
+    g, u = xs
+    _need(g.shape == u.shape, f"gate {g.type_str} and up {u.type_str} differ")
+    return "f32", g.shape
+
+
+def _get_rows(xs: list[Node], a: dict[str, Any]) -> Type:
+    src, idx = xs
+    _need(idx.dtype in INDEX_TYPES, f"row ids must be integer, got {idx.dtype}")
+    _need(len(idx.shape) == 1, f"row ids must be 1-D, got {idx.type_str}")
+    s = _pad4(src.shape)
+    _need(s[2] == 1 and s[3] == 1, f"source must be 2-D, got {src.type_str}")
+    return "f32", (s[0], idx.shape[0])
+
+
+def _mul_mat(xs: list[Node], a: dict[str, Any]) -> Type:
+    w, x = xs
+    sw, sx = _pad4(w.shape), _pad4(x.shape)
+    _need(sw[0] == sx[0], f"inner dimensions differ: {w.type_str} x {x.type_str}")
+    _need(divides(sw[2], sx[2]) and divides(sw[3], sx[3]),
+          f"cannot broadcast {w.type_str} over {x.type_str} in dims 2-3")
+    return "f32", _trim((sw[1], sx[1], sx[2], sx[3]), max(len(w.shape), len(x.shape)))
+
+
+def _rope(xs: list[Node], a: dict[str, Any]) -> Type:
+    x, pos = xs[0], xs[1]
+    s = _pad4(x.shape)
+    _need(pos.dtype == "i32" and len(pos.shape) == 1, f"positions must be i32[n], got {pos.type_str}")
+    _need(pos.shape[0] == s[2], f"positions {pos.type_str} do not match the token axis (ne2) of {x.type_str}")
+    _need(isinstance(s[0], int) and a["n_dims"] <= s[0] and a["n_dims"] % 2 == 0,
+          f"n_dims={a['n_dims']} does not fit head size {s[0]}")
+    if len(xs) == 3:
+        ff = xs[2]
+        _need(ff.shape == (a["n_dims"] // 2,), f"freq factors must be f32[{a['n_dims'] // 2}], got {ff.type_str}")
+    return "f32", x.shape
+
+
+def _soft_max(xs: list[Node], a: dict[str, Any]) -> Type:
+    x = xs[0]
+    if len(xs) == 2:
+        m, s = _pad4(xs[1].shape), _pad4(x.shape)
+        _need(m[0] == s[0] and m[1] == s[1], f"mask {xs[1].type_str} does not match scores {x.type_str}")
+    return "f32", x.shape
+
+
+def _reshape(xs: list[Node], a: dict[str, Any]) -> Type:
+    x, shape = xs[0], tuple(a["shape"])
+    _need(numel(shape) == numel(x.shape), f"cannot reshape {x.type_str} to {list(shape)}")
+    return x.dtype, shape
+
+
+def _view(xs: list[Node], a: dict[str, Any]) -> Type:
+    shape, strides = tuple(a["shape"]), tuple(a["strides"])
+    _need(len(shape) == len(strides), f"view shape {list(shape)} and strides {list(strides)} differ in rank")
+    return xs[0].dtype, shape
+
+
+def _permute(xs: list[Node], a: dict[str, Any]) -> Type:
+    x, axes = xs[0], tuple(a["axes"])
+    _need(sorted(axes) == list(range(len(axes))) and len(axes) >= len(x.shape),
+          f"axes {list(axes)} are not a permutation for {x.type_str}")
+    src = _pad4(x.shape)[: len(axes)]
+    out: list[Dim] = [1] * len(axes)
+    for i, p in enumerate(axes):
+        out[p] = src[i]
+    return x.dtype, _trim(out, len(x.shape))
+
+
+def _cont(xs: list[Node], a: dict[str, Any]) -> Type:
+    return xs[0].dtype, xs[0].shape
+
+
+def _concat(xs: list[Node], a: dict[str, Any]) -> Type:
+    x, y, d = xs[0], xs[1], a["dim"]
+    sx, sy = _pad4(x.shape), _pad4(y.shape)
+    _need(all(sx[i] == sy[i] for i in range(4) if i != d), f"cannot concat {x.type_str} and {y.type_str} on {d}")
+    sx[d] = sx[d] + sy[d]
+    return "f32", _trim(sx, max(len(x.shape), len(y.shape)))
+
+
+def _set_rows(xs: list[Node], a: dict[str, Any]) -> Type:
+    dst, src, idx = xs
+    _need(idx.dtype in INDEX_TYPES and len(idx.shape) == 1, f"row ids must be integer 1-D, got {idx.type_str}")
+    _need(len(src.shape) == 2 and src.shape[0] == dst.shape[0] and src.shape[1] == idx.shape[0],
+          f"rows {src.type_str} do not fit {dst.type_str} at ids {idx.type_str}")
+    return dst.dtype, dst.shape
+
+
+# ---- the catalogue ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    kind: str  # leaf | movement | elementwise | unary | norm | matmul | attention | memory
+    operands: tuple[str, ...]
+    attrs: tuple[str, ...]
+    infer: Callable[[list[Node], dict[str, Any]], Type]
+    doc: str
+    open_attrs: bool = False  # leaves may carry further facts after the listed ones (e.g. a mask's causal flag)
+
+    @property
+    def min_arity(self) -> int:
+        return sum(1 for s in self.operands if not s.endswith("?"))
+
+
+_ROPE_ATTRS = ("n_dims", "mode", "n_ctx_orig", "freq_base", "freq_scale", "ext_factor", "attn_factor",
+               "beta_fast", "beta_slow")
+
+OPS: dict[str, OpDef] = {o.name: o for o in (
+    OpDef("input", "leaf", (), ("role",), _leaf, "runtime-fed tensor: tokens, positions, masks, ids, cache",
+          open_attrs=True),
+    OpDef("weight", "leaf", (), ("tensor",), _leaf, "a GGUF tensor, by name; never carries data"),
+    OpDef("get_rows", "movement", ("src", "ids"), (), _get_rows, "rows ids of src, dequantized to f32"),
+    OpDef("mul_mat", "matmul", ("w", "x"), (), _mul_mat, "out[m,n] = sum_k w[k,m] x[k,n], batched over ne2/ne3"),
+    OpDef("add", "elementwise", ("a", "b"), (), _binary, "a + b, b broadcast by repetition"),
+    OpDef("mul", "elementwise", ("a", "b"), (), _binary, "a * b, b broadcast by repetition"),
+    OpDef("scale", "unary", ("a",), ("s",), _same, "a * s"),
+    OpDef("rms_norm", "norm", ("a",), ("eps",), _same, "a / sqrt(mean(a^2) + eps) over ne0"),
+    OpDef("norm", "norm", ("a",), ("eps",), _same, "(a - mean) / sqrt(var + eps) over ne0"),
+    OpDef("silu", "unary", ("a",), (), _same, "a * sigmoid(a)"),
+    OpDef("gelu", "unary", ("a",), (), _same, "tanh-approximated GELU"),
+    OpDef("relu", "unary", ("a",), (), _same, "max(a, 0)"),
+    OpDef("swiglu", "elementwise", ("gate", "up"), (), _glu, "silu(gate) * up"),
+    OpDef("geglu", "elementwise", ("gate", "up"), (), _glu, "gelu(gate) * up"),
+    OpDef("rope", "attention", ("a", "pos", "freq_factors?"), _ROPE_ATTRS, _rope,
+          "rotary position embedding over the first n_dims of ne0; positions index ne2"),
+    OpDef("soft_max", "attention", ("a", "mask?"), ("scale", "max_bias"), _soft_max,
+          "softmax over ne0 of a*scale + mask"),
+    OpDef("reshape", "movement", ("a",), ("shape",), _reshape, "same elements, new shape (a contiguous)"),
+    OpDef("view", "movement", ("a",), ("shape", "strides", "offset"), _view,
+          "strided window of a; strides and offset in elements"),
+    OpDef("permute", "movement", ("a",), ("axes",), _permute, "axis i of a becomes axis axes[i]"),
+    OpDef("transpose", "movement", ("a",), (), lambda xs, a: _permute(xs, {"axes": (1, 0)}), "swap ne0 and ne1"),
+    OpDef("cont", "movement", ("a",), (), _cont, "materialise a (strided) view contiguously"),
+    OpDef("concat", "movement", ("a", "b"), ("dim",), _concat, "join a and b along dim"),
+    OpDef("set_rows", "memory", ("dst", "src", "ids"), (), _set_rows,
+          "write src's rows into dst at ids (with type conversion); the result is dst after the write"),
+)}
+
+
+def infer(op: str, inputs: list[Node], attrs: dict[str, Any]) -> Type:
+    """Check arity and attributes against the catalogue, then apply the op's shape/dtype rule."""
+    d = OPS.get(op)
+    if d is None:
+        raise ShapeError(f"unknown op {op!r}")
+    if not d.min_arity <= len(inputs) <= len(d.operands):
+        raise ShapeError(f"{op} takes {d.min_arity}..{len(d.operands)} operands, got {len(inputs)}")
+    names = tuple(attrs)[: len(d.attrs)] if d.open_attrs else tuple(attrs)
+    if names != d.attrs:
+        raise ShapeError(f"{op} attributes must be {list(d.attrs)}, got {list(attrs)}")
+    return d.infer(inputs, attrs)
