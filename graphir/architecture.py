@@ -99,7 +99,7 @@ class Architecture:
         for name, spec in self.specs.items():
             t = tensors.get(name)
             if t is None:
-                if not spec.optional:
+                if not (spec.optional or spec.tied_to):
                     out.append(f"missing tensor '{name}'")
                 continue
             why = spec.problem(tuple(t.shape), t.dtype)

@@ -225,5 +225,8 @@ class GraphBuilder:
         self.outputs["logits"] = self.linear(x, head, bias, name="result_output")
 
     def graph(self, meta: dict[str, Any]) -> Graph:
-        return Graph(meta, tuple(self.dims), self.nodes, self.outputs)
+        # Canonical order: leaves outside any layer first (as every form prints them), then emission order.
+        head = [n for n in self.nodes if n.op in ("input", "weight") and n.layer is None]
+        body = [n for n in self.nodes if not (n.op in ("input", "weight") and n.layer is None)]
+        return Graph(meta, tuple(self.dims), head + body, self.outputs)
 

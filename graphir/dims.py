@@ -8,7 +8,7 @@ Symbols are always printed by the name the user knows, never by a generated id.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 # A monomial is a sorted tuple of symbol names (with repeats for powers); () is the constant term.
@@ -155,7 +155,7 @@ class DimDecl:
     name: str
     min: Dim = 1
     max: Dim | None = None  # None: unbounded
-    doc: str = ""
+    doc: str = field(default="", compare=False)
 
     @property
     def sym(self) -> Sym:

@@ -43,7 +43,7 @@ def _attr(v: Any) -> str:
         return str(v)
     if isinstance(v, tuple):
         return "[" + ", ".join(map(str, v)) + "]"
-    if isinstance(v, str) and _BARE.match(v) and v not in ("true", "false", "inf"):
+    if isinstance(v, str) and _BARE.match(v) and v not in ("true", "false", "inf", "nan"):
         return v
     return json.dumps(v)
 

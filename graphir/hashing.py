@@ -1,8 +1,9 @@
 """Structural identity: a SHA-256 Merkle hash per node and per graph, stable across versions and machines.
 
-A node's key digests its op, dtype, shape, attributes and its operands' keys in slot order; weights are
-identified by GGUF name and inputs by role, while other node names do not count (renaming an intermediate
-keeps the hash). Swapping two operands changes the key because slots are ordered. We never store hashes of
+A node's key digests its op, dtype, shape, attributes and its operands' keys in slot order; leaves (weights
+and inputs) are identified by name, while intermediate names do not count (renaming one keeps the hash).
+Swapping two operands changes the key because slots are ordered. The graph hash covers the computation
+(outputs and open dims), not the header: an hparam that changes no node changes no hash. We never store hashes of
 third-party algorithms (networkx's Weisfeiler-Lehman changed between releases).
 """
 

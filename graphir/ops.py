@@ -189,7 +189,7 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("view", "movement", ("a",), ("shape", "strides", "offset"), _view,
           "strided window of a; strides and offset in elements"),
     OpDef("permute", "movement", ("a",), ("axes",), _permute, "axis i of a becomes axis axes[i]"),
-    OpDef("transpose", "movement", ("a",), (), lambda xs, a: _permute(xs, {"axes": (1, 0)}), "swap ne0 and ne1"),
+    OpDef("transpose", "movement", ("a",), (), lambda xs, a: _permute(xs, {"axes": (1, 0, 2, 3)}), "swap ne0 and ne1"),
     OpDef("cont", "movement", ("a",), (), _cont, "materialise a (strided) view contiguously"),
     OpDef("concat", "movement", ("a", "b"), ("dim",), _concat, "join a and b along dim"),
     OpDef("set_rows", "memory", ("dst", "src", "ids"), (), _set_rows,

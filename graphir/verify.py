@@ -43,6 +43,8 @@ def verify(g: Graph) -> None:
                 raise GraphError(f"{where}: a leaf takes no operands")
             if n.op == "weight" and n.attrs != {"tensor": n.name}:
                 raise GraphError(f"{where}: a weight's tensor attribute must be its name")
+            if n.op == "input" and not isinstance(n.attrs.get("role"), str):
+                raise GraphError(f"{where}: an input needs a role")
         else:
             try:
                 dtype, shape = infer(n.op, list(n.inputs), n.attrs)

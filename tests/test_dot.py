@@ -1,0 +1,101 @@
+"""to_dot: stable ids, operand slots on edges, layer slices with dashed boundary nodes; parse_layers."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from gguf import Keys
+
+from graphir.dot import parse_layers, to_dot
+from graphir.ir import Graph, Node
+from graphir.model import from_preset, open_model
+from graphir.presets import PRESETS
+
+NODE = re.compile(r'^  "((?:[^"\\]|\\.)+)" \[label="[^"]*", shape=\w+(, style="[\w,]+")?(, fillcolor="#\w+")?'
+                  r'(, peripheries=2)?\];$')
+EDGE = re.compile(r'^  "([^"]+)" -> "([^"]+)" \[label="(\d+)"\];$')
+
+
+@pytest.fixture(scope="module")
+def smol() -> Graph:
+    return open_model("SmolLM2-135M").build_graph("kv", "prefill")
+
+
+def node_ids(dot: str) -> list[str]:
+    return [m.group(1) for m in map(NODE.match, dot.splitlines()) if m]
+
+
+def edges(dot: str) -> list[tuple[str, str, int]]:
+    return [(m.group(1), m.group(2), int(m.group(3))) for m in map(EDGE.match, dot.splitlines()) if m]
+
+
+def test_ids_are_names_and_stable(smol: Graph) -> None:
+    dot = to_dot(smol)
+    assert dot == to_dot(open_model("SmolLM2-135M").build_graph("kv", "prefill"))
+    assert node_ids(dot) == [n.name for n in smol.nodes]
+    assert edges(dot) == [(x.name, n.name, slot) for n in smol.nodes for slot, x in enumerate(n.inputs)]
+
+
+def test_layer_slice_has_boundary_nodes(smol: Graph) -> None:
+    dot = to_dot(smol, (3, 4))
+    lines = {nid: line for nid, line in zip(node_ids(dot), (ln for ln in dot.splitlines() if NODE.match(ln)))}
+    boundary = [nid for nid, line in lines.items() if "dashed" in line]
+    assert boundary == ["pos", "k_idxs", "v_idxs", "kq_mask", "blk.2.l_out"]
+    assert [nid for nid in lines if nid not in boundary] == [n.name for n in smol.nodes if n.layer == 3]
+    assert lines["blk.2.l_out"] == '  "blk.2.l_out" [label="add\\nblk.2.l_out\\nf32[576, n_tokens]", shape=box, ' \
+                                   'style="dashed"];'
+    assert all(smol[dst].layer == 3 for _, dst, _ in edges(dot))
+    assert ("blk.2.l_out", "blk.3.ffn_inp", 1) in edges(dot)
+
+
+def test_whole_small_graph() -> None:
+    p = PRESETS["SmolLM2-135M"]
+    g = from_preset("tiny", dataclasses.replace(p, keys={**p.keys, Keys.LLM.BLOCK_COUNT: 2})).build_graph()
+    dot = to_dot(g)
+    lines = dot.splitlines()
+    assert lines[:3] == ["digraph graphir {", '  node [fontname="monospace", fontsize=10];',
+                         '  edge [fontname="monospace", fontsize=9];']
+    assert dot.endswith("\n}\n")
+    assert all(NODE.match(ln) or EDGE.match(ln) for ln in lines[3:-1])
+    assert len(node_ids(dot)) == len(g) and "dashed" not in dot
+    assert '  "token_embd.weight" [label="weight\\ntoken_embd.weight\\nq8_0[576, 49152]", shape=note, ' \
+           'style="filled", fillcolor="#e8e8e8"];' in lines
+    assert '  "tokens" [label="input\\ntokens\\ni32[n_tokens]", shape=invhouse, style="filled", ' \
+           'fillcolor="#d8e8f8"];' in lines
+    assert '  "result_output" [label="mul_mat\\nresult_output\\nf32[49152, n_outputs]", shape=box, ' \
+           'peripheries=2];' in lines
+    assert '  "blk.1.attn_k.weight" -> "blk.1.Kcur" [label="0"];' in lines
+    assert '  "blk.1.attn_norm" -> "blk.1.Kcur" [label="1"];' in lines
+
+
+def test_names_are_escaped() -> None:
+    x = Node('odd "name"', "input", (), {"role": "x"}, "f32", (4,))
+    dot = to_dot(Graph({}, (), [x], {}))
+    assert '  "odd \\"name\\"" [label="input\\nodd \\"name\\"\\nf32[4]", shape=invhouse' in dot
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("3:5", (3, 5)), ("3:", (3, 30)), (":2", (0, 2)), ("7", (7, 8)), (":", (0, 30)), ("0", (0, 1)),
+    ("-1", (29, 30)), ("-3:", (27, 30)), (":-1", (0, 29)), ("-5:-2", (25, 28)), (" 4 : 6 ", (4, 6)), ("0:30", (0, 30)),
+])
+def test_parse_layers(spec: str, expected: tuple[int, int]) -> None:
+    assert parse_layers(spec, 30) == expected
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "expected A:B, A:, :B or N with whole numbers, got ''"),
+    ("x", "expected A:B, A:, :B or N with whole numbers, got 'x'"),
+    ("1:2:3", "expected A:B, A:, :B or N with whole numbers, got '1:2:3'"),
+    ("1.5", "expected A:B, A:, :B or N with whole numbers, got '1.5'"),
+    ("30", "layer 30 is out of range: the model has 30 layers (0..29)"),
+    ("-31", "layer -31 is out of range: the model has 30 layers (0..29)"),
+    ("0:31", "layer bound 31 is out of range: the model has 30 layers (0..29)"),
+    ("5:3", "'5:3' selects no layer (it means 5:3; the start must be below the stop)"),
+    ("-1:-1", "'-1:-1' selects no layer (it means 29:29; the start must be below the stop)"),
+])
+def test_parse_layers_rejects(spec: str, message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        parse_layers(spec, 30)
+    assert str(e.value) == message
