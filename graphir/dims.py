@@ -62,7 +62,7 @@ class Sym:
     __rmul__ = __mul__
 
     def __floordiv__(self, k: int) -> Dim:
-        if not isinstance(k, int) or any(c % k for _, c in self.terms):
+        if not isinstance(k, int) or k == 0 or any(c % k for _, c in self.terms):
             raise ValueError(f"{self} is not divisible by {k}")
         return Sym.make({m: c // k for m, c in self.terms})
 

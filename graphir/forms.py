@@ -150,27 +150,33 @@ def to_text(g: Graph, fold: bool = True) -> str:
         if not blocks or blocks[-1][0] != il:
             blocks.append((il, []))
         blocks[-1][1].append(node_line(n))
-    prev: tuple[int, str] | None = None  # (layer, generic text) of the last layer block
-    folded: list[int] = []
+    # A layer folds into "like blk.K" when its text equals layer K's with the layer numbers substituted;
+    # K is the first printed layer of that shape, so one deviating layer leaves the rest folded.
+    n_blocks: dict[int | None, int] = {}
+    for il, _ in blocks:
+        n_blocks[il] = n_blocks.get(il, 0) + 1
+    printed: dict[str, int] = {}  # generic text -> first layer printed with it
+    run: list[tuple[int, int]] = []  # (layer, like) of the current fold run
 
     def flush() -> None:
-        if folded:
-            out.append(f"... blk.{folded[0]}-{folded[-1]} like blk.{folded[0] - 1}")
-            folded.clear()
+        if run:
+            out.append(f"... blk.{run[0][0]}-{run[-1][0]} like blk.{run[0][1]}")
+            run.clear()
 
     for il, lines in blocks:
-        if il is None:
+        like = None
+        if fold and il is not None and n_blocks[il] == 1:
+            gen = _generic(lines, il)
+            like = printed.get(gen)
+            if like is None:
+                printed[gen] = il
+        if like is None:
             flush()
             out += lines
-            prev = None
-            continue
-        gen = _generic(lines, il) if fold else ""
-        if fold and prev is not None and prev[0] == il - 1 and prev[1] == gen:
-            folded.append(il)
         else:
-            flush()
-            out += lines
-        prev = (il, gen)
+            if run and (run[-1][0] != il - 1 or run[-1][1] != like):
+                flush()
+            run.append((il, like))
     flush()
     return "\n".join(out) + "\n"
 
@@ -182,6 +188,13 @@ _LEAF_LINE = re.compile(r"^(input|weight) %(\S+) : (\S+\[[^\]]*\])( \{.*\})?$")
 
 def from_text(text: str) -> Graph:
     """Parse the text form (folded or not) back into a verified graph."""
+    try:
+        return _from_text(text)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise GraphError(f"malformed graph text ({type(e).__name__}: {e})") from None
+
+
+def _from_text(text: str) -> Graph:
     lines = text.splitlines()
     if not lines or not lines[0].startswith(TEXT_MAGIC + " v"):
         raise GraphError(f"not a graphir text graph (first line {lines[0][:40]!r})" if lines else "empty graph text")
@@ -213,6 +226,9 @@ def from_text(text: str) -> Graph:
         if word in ("arch", "context", "phase"):
             meta[word] = rest
         elif word == "hparams":
+            bad = [kv for kv in rest.split() if "=" not in kv]
+            if bad:
+                raise GraphError(f"line {lineno}: bad hparams entry {bad[0]!r}")
             meta["hparams"] = {k: _parse_attr(v) for k, v in (kv.split("=", 1) for kv in rest.split())}
         elif word == "dim":
             m = re.fullmatch(r"(\w+) in \[(.+), (.+)\]", rest)
@@ -250,7 +266,11 @@ def _parse_node(line: str, nodes: dict[str, Node]) -> Node:
     if not m:
         raise ValueError("not a node line")
     name, op, args, attrs, typ = m.groups()
-    inputs = tuple(nodes[a.strip()[1:]] for a in args.split(",")) if args.strip() else ()
+    refs = [a.strip()[1:] for a in args.split(",")] if args.strip() else []
+    undefined = [r for r in refs if r not in nodes]
+    if undefined:
+        raise ValueError(f"operand %{undefined[0]} is not defined before use")
+    inputs = tuple(nodes[r] for r in refs)
     dtype, shape = _parse_type(typ)
     return Node(name, op, inputs, _parse_attrs(attrs), dtype, shape)
 
@@ -328,6 +348,14 @@ def _from_jv(v: Any) -> Any:
 
 
 def from_json(text: str) -> Graph:
+    """Parse the JSON form back into a verified graph."""
+    try:
+        return _from_json(text)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+        raise GraphError(f"malformed graph JSON ({type(e).__name__}: {e})") from None
+
+
+def _from_json(text: str) -> Graph:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:

@@ -42,7 +42,11 @@ class ModelMeta:
     def arch(self) -> Architecture:
         from graphir.arch import get  # the core never imports architectures at import time
 
-        return get(self.arch_name).from_metadata(self.label, self.metadata)
+        try:
+            cls = get(self.arch_name)
+        except MetadataError as e:
+            raise MetadataError(f"{self.label}: {e}") from None
+        return cls.from_metadata(self.label, self.metadata)
 
     def build_graph(self, context: str = "kv", phase: str = "prefill") -> Graph:
         """The graph of one ubatch: ``context`` picks the memory kind, ``phase`` prefill or decode."""

@@ -1,0 +1,409 @@
+"""The ``graphir`` command line: dump, diff, hash, check, archs, info, strip.
+
+Every user error (a :class:`~graphir.errors.GraphirError`, an unreadable or unwritable file, a bad option)
+prints exactly one line ``graphir: error: <message>`` on stderr and exits 2; a traceback means a bug.
+Output is byte-identical across runs: it holds no times and no paths but those the user typed. Output files
+are written only once everything succeeded.
+
+Startup stays light: this module imports only the standard library and ``graphir.errors``; each command
+imports what it needs (the model builder, the forms, the GGUF reader) when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable, NoReturn, Sequence
+
+from graphir.errors import GraphirError
+
+PROG = "graphir"
+CONTEXTS = ("none", "kv")  # mirrors graphir.model.CONTEXT_KINDS (kept literal so --help needs no import)
+PHASES = ("prefill", "decode")  # mirrors graphir.builder.PHASES
+FORMATS = ("text", "json", "dot")
+
+
+class UsageError(Exception):
+    """A bad command line, reported like any other user error."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse would print usage and exit; we report one line
+        raise UsageError(message)
+
+
+# ---- output ------------------------------------------------------------------------------------------------
+
+
+def _emit(text: str, path: str | None = None) -> None:
+    """Write a command's whole output to stdout or, when given, to a file (created only now, at the end)."""
+    if path is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+    except OSError as e:
+        raise GraphirError(f"{path}: cannot write ({e.strerror or e})") from None
+
+
+def _float(v: float) -> str:
+    import numpy as np
+
+    return str(np.float32(v))  # the spelling the graph forms use: 1e-05, not 9.999999747378752e-06
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return _float(v)
+    return str(v)
+
+
+def _json_value(v: Any) -> Any:
+    return float(_float(v)) if isinstance(v, float) else v
+
+
+def _table(rows: list[list[str]], right: frozenset[int] | set[int] = frozenset(), indent: str = "  ") -> list[str]:
+    """Columns padded to their widest cell; columns in ``right`` are right-aligned (numbers)."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out.append((indent + "  ".join(cells)).rstrip())
+    return out
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+# ---- commands ----------------------------------------------------------------------------------------------
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    from graphir.source import load_graph
+
+    if args.layers is not None and args.format != "dot":
+        raise UsageError(f"--layers applies only to --format dot (not {args.format})")
+    if args.full and args.format != "text":
+        raise UsageError(f"--full applies only to --format text (not {args.format})")
+    g = load_graph(args.src, args.context, args.phase)
+    if args.format == "text":
+        from graphir.forms import to_text
+
+        out = to_text(g, fold=not args.full)
+    elif args.format == "json":
+        from graphir.forms import to_json
+
+        out = to_json(g)
+    else:
+        from graphir.dot import parse_layers, to_dot
+
+        layers = None
+        if args.layers is not None:
+            try:
+                layers = parse_layers(args.layers, g.n_layer)
+            except ValueError as e:
+                raise UsageError(f"bad --layers '{args.layers}': {e}") from None
+        out = to_dot(g, layers)
+    if not out.endswith("\n"):
+        out += "\n"
+    _emit(out, args.output)
+    return 0
+
+
+def _load_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[Any, Any]:
+    """Both graphs of a diff, built for the same (context, phase).
+
+    Unless told otherwise, a model compared with a saved graph is built for the saved graph's context and
+    phase, so ``graphir diff golden.txt SmolLM2-135M`` compares like with like.
+    """
+    from graphir.ir import Graph
+    from graphir.source import load_graph, open_source
+
+    srcs = [open_source(a), open_source(b)]
+    saved = next((s for s in srcs if isinstance(s, Graph)), None)
+    model_context, model_phase = context or "kv", phase or "prefill"
+    if saved is not None:
+        model_context = context or saved.meta.get("context") or "kv"
+        model_phase = phase or saved.meta.get("phase") or "prefill"
+    graphs = []
+    for label, s in zip((a, b), srcs):
+        if isinstance(s, Graph):
+            graphs.append(load_graph(label, context, phase))  # checks explicit context/phase against the saved
+        else:
+            graphs.append(s.build_graph(model_context, model_phase))
+    return graphs[0], graphs[1]
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from graphir.diff import diff_graphs
+
+    ga, gb = _load_pair(args.a, args.b, args.context, args.phase)
+    d = diff_graphs(ga, gb, args.a, args.b)
+    if args.json:
+        out = json.dumps(d.as_dict(), indent=2, ensure_ascii=False) + "\n"
+    else:
+        out = d.render()
+        if out and not out.endswith("\n"):
+            out += "\n"
+    _emit(out)
+    return 0 if d.same else 1
+
+
+def cmd_hash(args: argparse.Namespace) -> int:
+    from graphir.hashing import graph_hash
+    from graphir.source import load_graph
+
+    _emit(graph_hash(load_graph(args.src, args.context, args.phase)) + "\n")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from graphir.source import open_model
+
+    m = open_model(args.model, "check")
+    problems = m.arch.check(m.tensors)
+    name = m.arch.name
+    if not problems:
+        _emit(f"ok: {_n(len(m.tensors), 'tensor')} match {name}\n")
+        return 0
+    _emit("\n".join(problems) + f"\n{_n(len(problems), 'problem')}: {args.model} does not match {name} "
+          f"({_n(len(m.tensors), 'tensor')} declared)\n")
+    return 1
+
+
+def cmd_archs(args: argparse.Namespace) -> int:
+    from gguf import Keys
+
+    from graphir import arch as archs
+    from graphir import presets
+
+    lines = ["architectures:"]
+    lines += _table([[n, f"rope={archs.get(n).rope_mode}"] for n in archs.names()])
+    lines.append("presets:")
+    rows = []
+    for name, p in presets.PRESETS.items():
+        n_layer = p.metadata().get(Keys.LLM.BLOCK_COUNT.format(arch=p.arch))
+        rows.append([name, p.arch, _n(int(n_layer), "layer") if n_layer is not None else "?"])
+    lines += _table(rows)
+    _emit("\n".join(lines) + "\n")
+    return 0
+
+
+def _tensor_rows(src_obj: Any) -> tuple[str, list[dict[str, Any]]]:
+    """(kind, tensors) of a model or saved graph: name, type, shape, params, bytes and (GGUF only) offset."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from graphir.ir import Graph
+
+    def nbytes(dtype: GGMLQuantizationType, shape: tuple[int, ...]) -> int | None:
+        block, size = GGML_QUANT_SIZES[dtype]
+        n = 1
+        for d in shape:
+            n *= d
+        return n // block * size if (not shape or shape[0] % block == 0) else None
+
+    rows = []
+    if isinstance(src_obj, Graph):
+        for w in src_obj.weights:
+            shape = tuple(w.shape)
+            dtype = GGMLQuantizationType[w.dtype.upper()]
+            n = 1
+            for d in shape:
+                n *= d
+            rows.append({"name": w.name, "type": w.dtype, "shape": list(shape), "params": n,
+                         "bytes": nbytes(dtype, shape)})
+        return "graph", rows
+    for t in src_obj.tensors.values():
+        row: dict[str, Any] = {"name": t.name, "type": t.dtype.name.lower(), "shape": list(t.shape),
+                               "params": t.n_elements, "bytes": nbytes(t.dtype, tuple(t.shape))}
+        if src_obj.header is not None:
+            row["offset"] = t.offset
+        rows.append(row)
+    return ("gguf" if src_obj.header is not None else "preset"), rows
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from graphir.ir import Graph
+    from graphir.source import open_source
+
+    s = open_source(args.src)
+    kind, tensors = _tensor_rows(s)
+    info: dict[str, Any] = {"source": args.src, "kind": kind}
+    if isinstance(s, Graph):
+        arch_name = s.meta.get("arch")
+        hparams = dict(s.meta.get("hparams", {}))
+        info["context"], info["phase"] = s.meta.get("context"), s.meta.get("phase")
+        rope = None
+        if isinstance(arch_name, str):
+            from graphir import arch as archs
+
+            if arch_name in archs.names():
+                rope = archs.get(arch_name).rope_mode
+    else:
+        a = s.arch
+        arch_name, rope, hparams = a.name, a.rope_mode, a.hp.as_dict()
+        if s.header is not None:
+            h = s.header
+            info["gguf"] = {"version": h.version, "metadata_keys": len(h.metadata), "header_bytes": h.header_end,
+                            "data_start": h.data_start, "file_bytes": h.file_size, "header_only": h.header_only}
+    info["arch"] = arch_name
+    info["rope_mode"] = rope
+    info["hparams"] = {k: _json_value(v) for k, v in hparams.items()}
+    info["tensors"] = tensors
+    info["n_tensors"] = len(tensors)
+    info["total_params"] = sum(t["params"] for t in tensors)
+    known = [t["bytes"] for t in tensors if t["bytes"] is not None]
+    info["total_bytes"] = sum(known)
+
+    if args.json:
+        _emit(json.dumps(info, indent=2, ensure_ascii=False) + "\n")
+        return 0
+
+    lines = [f"source   {args.src} ({kind})"]
+    if "gguf" in info:
+        gi = info["gguf"]
+        lines.append(f"gguf     v{gi['version']}, {_n(gi['metadata_keys'], 'metadata key')}, header "
+                     f"{gi['header_bytes']} bytes, file {gi['file_bytes']} bytes"
+                     + (" (header only)" if gi["header_only"] else ""))
+    if kind == "graph":
+        lines.append(f"graph    context {info['context']}, phase {info['phase']}")
+    lines.append(f"arch     {arch_name}" + (f" (rope {rope})" if rope else ""))
+    lines.append("hparams")
+    lines += _table([[k, _value(v)] for k, v in hparams.items() if k != "arch"])
+    lines.append(f"tensors  {len(tensors)}")
+    header = ["name", "type", "shape", "params", "bytes"]
+    gguf_file = kind == "gguf"
+    if gguf_file:
+        header.append("offset")
+    rows = [header]
+    for t in tensors:
+        row = [t["name"], t["type"], "[" + ", ".join(map(str, t["shape"])) + "]", str(t["params"]),
+               "?" if t["bytes"] is None else str(t["bytes"])]
+        if gguf_file:
+            row.append(str(t["offset"]))
+        rows.append(row)
+    lines += _table(rows, right={3, 4, 5})
+    lines.append(f"total    {info['total_params']} parameters, {info['total_bytes']} bytes "
+                 f"in {_n(len(tensors), 'tensor')}")
+    _emit("\n".join(lines) + "\n")
+    return 0
+
+
+def cmd_strip(args: argparse.Namespace) -> int:
+    from graphir.gguf_file import read_header, strip
+
+    src_size = read_header(args.model).file_size  # fails (one line) before anything is written
+    h = strip(args.model, args.output)
+    pct = 100.0 * h.file_size / src_size if src_size else 100.0
+    _emit(f"wrote {args.output}: {h.file_size} of {src_size} bytes kept ({pct:.2f}%): header only, "
+          f"{_n(len(h.metadata), 'metadata key')}, {_n(len(h.tensors), 'tensor')}\n")
+    return 0
+
+
+# ---- parser ------------------------------------------------------------------------------------------------
+
+
+def _graph_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--context", choices=CONTEXTS, default=None,
+                   help="memory kind the graph is built for (default: kv; a saved graph keeps its own)")
+    p.add_argument("--phase", choices=PHASES, default=None,
+                   help="prefill (n_tokens open) or decode (one token) (default: prefill; a saved graph keeps its own)")
+
+
+SRC_HELP = "a GGUF file (full or header-only), a preset name (see `graphir archs`) or a saved graph (text or JSON)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from graphir import __version__
+
+    parser = _Parser(
+        prog=PROG,
+        description="LLM architectures as symbolic compute graphs, built from GGUF metadata alone (never weights).",
+        epilog="Exit status: 0 success, 1 a difference or problem was found (diff, check), 2 user error.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("dump", cmd_dump, "print the graph of a model or saved graph")
+    p.add_argument("src", metavar="SRC", help=SRC_HELP)
+    _graph_options(p)
+    p.add_argument("--format", choices=FORMATS, default="text", help="output form (default: text)")
+    p.add_argument("--layers", metavar="A:B", default=None, help="with --format dot: only draw layers A to B")
+    p.add_argument("--full", action="store_true", help="text: print every layer instead of folding identical ones")
+    p.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
+
+    p = add("diff", cmd_diff, "compare two graphs (exit 0 same, 1 different)")
+    p.add_argument("a", metavar="A", help=SRC_HELP)
+    p.add_argument("b", metavar="B", help="the same kinds of source as A")
+    _graph_options(p)
+    p.add_argument("--json", action="store_true", help="print the difference as JSON")
+
+    p = add("hash", cmd_hash, "print the structural hash of a graph")
+    p.add_argument("src", metavar="SRC", help=SRC_HELP)
+    _graph_options(p)
+
+    p = add("check", cmd_check, "compare the tensors a GGUF declares with those its architecture expects")
+    p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file (full or header-only) or a preset")
+
+    add("archs", cmd_archs, "list the registered architectures and the presets")
+
+    p = add("info", cmd_info, "print architecture, hparams and tensor table")
+    p.add_argument("src", metavar="SRC", help=SRC_HELP)
+    p.add_argument("--json", action="store_true", help="print as JSON")
+
+    p = add("strip", cmd_strip, "write a header-only copy of a GGUF (metadata and tensor infos, no data)")
+    p.add_argument("model", metavar="MODEL.gguf", help="the GGUF file to strip")
+    p.add_argument("-o", "--output", metavar="HEADER.gguf", required=True, help="where to write the header-only GGUF")
+    return parser
+
+
+def _fail(message: str) -> int:
+    message = " ".join(str(message).split()) or "unknown error"  # exactly one line
+    try:
+        sys.stderr.write(f"{PROG}: error: {message}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is None:
+            sys.stdout.write(parser.format_help())
+            return 0
+        return args.func(args)
+    except SystemExit as e:  # --help / --version
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except UsageError as e:
+        return _fail(str(e))
+    except GraphirError as e:
+        return _fail(str(e))
+    except BrokenPipeError:  # e.g. `graphir dump X | head`: not an error worth a message
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        return _fail(f"{where}{e.strerror or e}")
+    except KeyboardInterrupt:
+        return _fail("interrupted") + 128
