@@ -1,0 +1,666 @@
+"""Specifications for graphir.tokenizer: token-for-token agreement with llama.cpp.
+
+The oracle is llama.cpp itself, through llama-cpp-python (`Llama(path, vocab_only=True)` for
+tokenize and the C `llama_detokenize` / `llama_token_to_piece` / `llama_vocab_is_eog` for the
+rest). Oracle tests are marked `oracle` and skip, with the reason shown, when `llama_cpp` is
+not importable; a few golden id lists taken from llama.cpp keep the core checked without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import time
+from pathlib import Path
+
+os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # before llama_cpp loads libllama
+
+import gguf
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from graphir.errors import MetadataError
+from graphir.gguf_file import read_header
+from graphir.tokenizer import SUPPORTED_PRE_TOKENIZERS, Vocab, _unicode_class
+
+try:
+    import llama_cpp
+except ImportError:  # pragma: no cover - depends on the environment
+    llama_cpp = None
+
+oracle = pytest.mark.oracle
+needs_llama = pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python (the llama.cpp oracle) is not installed")
+
+SMOL_BOS, SMOL_IM_END = 1, 2  # <|im_start|>, <|im_end|>
+
+
+class Oracle:
+    """llama.cpp's tokenizer for one GGUF, loaded vocab-only."""
+
+    def __init__(self, path: Path) -> None:
+        self.llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+        self.vocab = self.llm._model.vocab
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special)
+
+    def detokenize(self, ids: list[int], remove_special: bool = False, unparse_special: bool = False) -> bytes:
+        arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
+        cap = 64 + 64 * len(ids)
+        buf = ctypes.create_string_buffer(cap)
+        n = llama_cpp.llama_detokenize(self.vocab, arr, len(ids), buf, cap, remove_special, unparse_special)
+        assert n >= 0
+        return buf.raw[:n]
+
+    def piece(self, id: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self.vocab, id, buf, 256, 0, special)
+        assert n >= 0
+        return buf.raw[:n]
+
+    def is_eog(self, id: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, id))
+
+    def facts(self) -> tuple[int | None, int | None, bool, bool]:
+        """(bos, eos, add_bos, add_eos) as llama.cpp sees them; -1 ids become None."""
+        bos, eos = llama_cpp.llama_vocab_bos(self.vocab), llama_cpp.llama_vocab_eos(self.vocab)
+        add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        add_eos = bool(llama_cpp.llama_vocab_get_add_eos(self.vocab))
+        return (None if bos < 0 else bos, None if eos < 0 else eos, add_bos, add_eos)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_gguf: Path) -> Vocab:
+    return Vocab.from_file(smollm2_gguf)
+
+
+@pytest.fixture(scope="module")
+def smol_oracle(smollm2_gguf: Path):
+    if llama_cpp is None:
+        pytest.skip("llama-cpp-python (the llama.cpp oracle) is not installed")
+    o = Oracle(smollm2_gguf)
+    yield o
+    o.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# SmolLM2 (gpt2 byte-level BPE, pre-tokenizer "smollm")
+# ---------------------------------------------------------------------------------------------
+
+TEXTS = [
+    "",
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "  two leading spaces",
+    "trailing spaces   ",
+    "multiple    inner     spaces",
+    " ",
+    "\n",
+    "line one\nline two\n\nline four",
+    "tabs\tand\t\ttabs",
+    "windows\r\nline\r\nendings",
+    "   \n  \t indented",
+    "12345",
+    "3.14159265358979 and 1,000,000",
+    "order #42: 7 items at $19.99",
+    "phone 555-0123, year 2024",
+    "don't won't can't",
+    "it's we're they've I'm you'll he'd",
+    "IT'S WE'RE 'S 'T",
+    "Hello, world! How are you? Fine... (really) [yes] {ok}",
+    "a--b__c~~d^^e||f``g",
+    "def f(x):\n    return x ** 2  # square\n",
+    'if (a && b) { printf("%d\\n", a[i]); }',
+    "SELECT * FROM t WHERE id = 'x';",
+    "https://example.com/path?query=1&b=two#frag",
+    "user@example.org",
+    "😀 smile 👍🏽 thumbs",
+    "family: 👨\u200d👩\u200d👧\u200d👦 flag: 🏳️\u200d🌈",
+    "日本語のテキストです。",
+    "中文文本，还有标点。",
+    "한국어 텍스트",
+    "café naïve résumé Ærøskøbing",
+    "Crème brûlée à la française",
+    "Привет, мир! Как дела?",
+    "مرحبا بالعالم",
+    "שלום עולם",
+    "नमस्ते दुनिया",
+    "mixed: hello мир 世界 مرحبا 123",
+    "e\u0301 combining acute, a\u0308",
+    "zero\u200bwidth\u200cjoiner\u200dtest",
+    "nbsp\u00a0here\u2003em\u3000ideographic",
+    "Ⅻ ½ ² ³ ٣ ١٢٣",
+    "\u0000\u0001\u001f\u007f controls",
+    "<|im_start|>user\nhi<|im_end|>",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>assistant\n",
+    "<|endoftext|>",
+    "text<|im_end|>more<|im_start|>",
+    "<|im_start|<|im_end|>>",
+    "ÿþ\u0100\u0120 byte-level edge chars",
+]
+
+
+def test_smollm2_vocab_facts(smol: Vocab) -> None:
+    assert (smol.model, smol.pre, smol.n_vocab) == ("gpt2", "smollm", 49152)
+    assert (smol.bos, smol.eos, smol.add_bos, smol.add_eos) == (1, 2, False, False)
+    assert smol.tokens[SMOL_BOS] == "<|im_start|>" and smol.tokens[SMOL_IM_END] == "<|im_end|>"
+    # eos <|im_end|>, <|endoftext|>, and <reponame> (a FIM repo token llama.cpp recognises by its text)
+    assert smol.eog_ids == {0, 2, 4}
+    assert smol.is_eog(2) and not smol.is_eog(1) and not smol.is_eog(100)
+
+
+# Golden ids from llama.cpp, so the BPE path is checked even where the oracle is not installed.
+SMOL_GOLDEN = {
+    ("Hello world", False): [19556, 905],
+    ("12345 don't", False): [33, 34, 35, 36, 37, 1326, 982],
+    (" <|im_start|>", True): [216, 1],
+}
+
+
+@pytest.mark.parametrize(("text", "parse_special"), list(SMOL_GOLDEN))
+def test_smollm2_golden(smol: Vocab, text: str, parse_special: bool) -> None:
+    assert smol.tokenize(text, parse_special=parse_special) == SMOL_GOLDEN[(text, parse_special)]
+
+
+def test_smollm2_chat_markers(smol: Vocab) -> None:
+    text = "<|im_start|>user\nhi<|im_end|>"
+    ids = smol.tokenize(text, parse_special=True)
+    assert ids[0] == SMOL_BOS and ids[-1] == SMOL_IM_END
+    plain = smol.tokenize(text, parse_special=False)
+    assert SMOL_BOS not in plain and SMOL_IM_END not in plain and len(plain) > len(ids)
+    # control tokens are dropped unless asked for; plain text comes back either way
+    assert smol.detokenize(ids) == "user\nhi"
+    assert smol.detokenize(ids, unparse_special=True) == text
+    assert smol.detokenize(plain) == text
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_smollm2_roundtrip(smol: Vocab, text: str) -> None:
+    for parse_special in (False, True):
+        ids = smol.tokenize(text, parse_special=parse_special)
+        assert smol.detokenize(ids, unparse_special=True) == text
+        assert b"".join(smol.token_to_piece(i) for i in ids) == text.encode()
+
+
+@oracle
+@needs_llama
+@pytest.mark.parametrize("text", TEXTS)
+def test_smollm2_matches_llama_cpp(smol: Vocab, smol_oracle: Oracle, text: str) -> None:
+    for add_special in (False, True):
+        for parse_special in (False, True):
+            assert smol.tokenize(text, add_special, parse_special) == smol_oracle.tokenize(
+                text, add_special, parse_special
+            ), (add_special, parse_special)
+    ids = smol_oracle.tokenize(text, False, True)
+    if ids[:1] != [SMOL_BOS]:  # Llama.detokenize drops a space after a leading BOS; llama_detokenize does not
+        assert smol.detokenize_bytes(ids) == smol_oracle.llm.detokenize(ids)
+    for remove_special in (False, True):
+        for unparse_special in (False, True):
+            assert smol.detokenize_bytes(ids, remove_special, unparse_special) == smol_oracle.detokenize(
+                ids, remove_special, unparse_special
+            )
+
+
+@oracle
+@needs_llama
+def test_smollm2_pieces_and_eog_match_llama_cpp(smol: Vocab, smol_oracle: Oracle) -> None:
+    assert (smol.bos, smol.eos, smol.add_bos, smol.add_eos) == smol_oracle.facts()
+    for i in range(smol.n_vocab):
+        assert smol.token_to_piece(i, special=True) == smol_oracle.piece(i, True), i
+        assert smol.token_to_piece(i, special=False) == smol_oracle.piece(i, False), i
+    assert {i for i in range(smol.n_vocab) if smol_oracle.is_eog(i)} == smol.eog_ids
+
+
+@oracle
+@needs_llama
+def test_smollm2_detokenize_special_ids_match_llama_cpp(smol: Vocab, smol_oracle: Oracle) -> None:
+    cases = [[1, 19556, 2], [19556, 0], [2, 2, 1], [0], [], [216, 19556], [1, 216, 905], list(range(0, 40))]
+    for ids in cases:
+        for remove_special in (False, True):
+            for unparse_special in (False, True):
+                assert smol.detokenize_bytes(ids, remove_special, unparse_special) == smol_oracle.detokenize(
+                    ids, remove_special, unparse_special
+                ), (ids, remove_special, unparse_special)
+
+
+_fragments = st.one_of(
+    st.text(max_size=12),
+    st.text(alphabet=" \t\n\r0123456789'sStTdDmMlLreEvV.,!?-_$+<>|^~`", max_size=12),
+    st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", " ", "  ", "\n\n", "'s", "'LL", "1234567",
+                     "\u00a0", "\u3000", "é", "\U0002ebf0", "\U000e0061", "😀"]),
+)
+_texts = st.lists(_fragments, max_size=6).map("".join)
+
+
+@oracle
+@needs_llama
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_texts, parse_special=st.booleans())
+def test_smollm2_random_text_matches_llama_cpp(
+    smol: Vocab, smol_oracle: Oracle, text: str, parse_special: bool
+) -> None:
+    ids = smol.tokenize(text, parse_special=parse_special)
+    assert ids == smol_oracle.tokenize(text, True, parse_special)
+    assert smol.detokenize_bytes(ids, unparse_special=True) == smol_oracle.detokenize(ids, False, True)
+
+
+def test_tokenize_10kb_english_is_fast(smol: Vocab, smollm2_gguf: Path) -> None:
+    rnd = random.Random(1234)
+    words = ("the of and to in is was for that with as on by at from this be are it an which or have not had "
+             "but were they their one all been has more when there can also into other only time new some "
+             "could these two may first then do any like my now over such our man me even most made after "
+             "language model token vocabulary graph compute numba backend attention layer weight").split()
+    parts = []
+    while sum(map(len, parts)) < 10_000:
+        sentence = " ".join(rnd.choice(words) for _ in range(rnd.randint(5, 15)))
+        parts.append(sentence.capitalize() + rnd.choice([". ", ", ", "? ", ".\n", f" {rnd.randint(0, 99999)}. "]))
+    text = "".join(parts)[:10_000]
+    best = float("inf")
+    for _ in range(3):
+        fresh = Vocab.from_file(smollm2_gguf)  # cold word cache each time
+        t0 = time.perf_counter()
+        ids = fresh.tokenize(text)
+        best = min(best, time.perf_counter() - t0)
+    assert fresh.detokenize(ids) == text
+    assert best < 0.1, f"tokenizing 10 KB took {best * 1000:.1f} ms"
+
+
+def test_unicode_classes_agree_with_unicodedata() -> None:
+    """The embedded Unicode 15.1 class table agrees with this Python's unicodedata where both assign a code point."""
+    import unicodedata
+
+    white_space = {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029,
+                   0x202F, 0x205F, 0x3000}
+    checked = 0
+    for cp in range(0x110000):
+        cat = unicodedata.category(chr(cp))
+        if cat == "Cn":  # unassigned in this Python's Unicode version (may be assigned in 15.1)
+            continue
+        expected = "W" if cp in white_space else cat[0] if cat[0] in "LNPMS" else "O"
+        assert _unicode_class(cp) == expected, hex(cp)
+        checked += 1
+    assert checked > 250_000
+    # assigned in 15.0 / 15.1 (CJK Extension H and I), letters there whatever this Python says
+    assert _unicode_class(0x31350) == _unicode_class(0x2EBF0) == "L"
+    assert _unicode_class(0x2EE5E) == "O"  # still unassigned in 15.1
+
+
+@oracle
+@needs_llama
+def test_unicode_classes_match_llama_cpp(tmp_path: Path) -> None:
+    """Each code point's class, as llama.cpp's pre-tokenizers see it, at every class boundary of the table.
+
+    A probe vocabulary merges "a", "1" and "!" with any following byte, so whether "a" + c comes
+    out as one token tells whether c is a letter (same word under the GPT-2 regex), "1" + c a
+    number, "!" + c neither-nor-space, and "!" + c under the 'default' pre-tokenizer punctuation.
+    """
+    from graphir.tokenizer import _BYTE_TO_UNI, _RUN_STARTS
+
+    T = gguf.Keys.Tokenizer
+    tokens = list(_BYTE_TO_UNI) + [p + b for p in "a1!" for b in _BYTE_TO_UNI]
+    merges = [p + " " + b for p in "a1!" for b in _BYTE_TO_UNI]
+    md = {T.MODEL: "gpt2", T.LIST: tokens, T.TOKEN_TYPE: [1] * len(tokens), T.MERGES: merges,
+          T.BOS_ID: 0, T.EOS_ID: 0, T.ADD_BOS: False}
+    o_gpt2 = Oracle(_write_vocab_gguf(tmp_path / "gpt2.gguf", {**md, T.PRE: "gpt-2"}))
+    o_default = Oracle(_write_vocab_gguf(tmp_path / "default.gguf", {**md, T.PRE: "default"}))
+    ids = {t: i for i, t in enumerate(tokens)}
+    try:
+        cps = sorted({c for start in _RUN_STARTS for c in (start - 1, start)} - {-1} - set(range(0xD800, 0xE000)))
+        for cp in cps:
+            c = chr(cp)
+            head = _BYTE_TO_UNI[c.encode()[0]]
+
+            def joined(o: Oracle, p: str) -> bool:
+                return o.tokenize(p + c, False, False)[0] == ids[p + head]
+
+            letter, number, other = joined(o_gpt2, "a"), joined(o_gpt2, "1"), joined(o_gpt2, "!")
+            punct = joined(o_default, "!")
+            seen = "L" if letter else "N" if number else ("P" if punct else "O") if other else "W"
+            mine = _unicode_class(cp)
+            if cp >= 0x80:  # ASCII is matched literally, not through the table
+                assert seen == {"M": "O", "S": "O"}.get(mine, mine), hex(cp)
+    finally:
+        o_gpt2.close()
+        o_default.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Pre-tokenizers: the SmolLM2 vocabulary and merges under another tokenizer.ggml.pre
+# ---------------------------------------------------------------------------------------------
+
+PRE_TEXTS = [
+    "Hello world, it's 2024-01-02; ¿qué? “quotes” $5+3=8 ^~| `x`",
+    "12345678901 3.14159 ١٢٣٤٥ ½ Ⅻ",
+    "don't I'll we're THEY'RE 'Ll 'S x'd",
+    "def f(x):\n    return x**2  # comment\r\n\r\n  \n\tz",
+    "  leading and trailing   ",
+    "a  b   c\n\n\td \n x",
+    "(hello) [world] {foo} <bar> $baz @qux #tag",
+    "!!!...??? ---=== +++ ***",
+    "hello , world . foo ' bar 's 'm 're 've",
+    "😀👍🏽 日本語テキスト 中文 Привет мир مرحبا",
+    "x\u00a0y\u2003z\u3000w \u0085v",
+    "e\u0301 a\u0308 \u200b\u200d",
+    "<|im_start|>user\nhi<|im_end|>",
+]
+
+# one name per group of regexes/flags, plus variants that differ only in flags
+PRE_CASES = ["default", "gpt-2", "smollm", "starcoder", "llama3", "llama-bpe", "dbrx", "glm4", "qwen2",
+             "stablelm2", "falcon", "trillion"]
+
+
+def _write_vocab_gguf(path: Path, metadata: dict[str, object], arch: str = "llama") -> Path:
+    """A vocab-only GGUF llama.cpp will load with vocab_only=True: tiny hparams, tokenizer keys, no tensors."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(64)
+    w.add_embedding_length(16)
+    w.add_block_count(1)
+    w.add_feed_forward_length(32)
+    w.add_head_count(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    for key, value in metadata.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        elif key == gguf.Keys.Tokenizer.SCORES:
+            w.add_array(key, [float(x) for x in value])  # type: ignore[union-attr]
+        elif key == gguf.Keys.Tokenizer.TOKEN_TYPE:
+            w.add_token_types([int(x) for x in value])  # type: ignore[union-attr]
+        else:
+            w.add_array(key, list(value))  # type: ignore[call-overload]
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer_md(smollm2_gguf: Path) -> dict[str, object]:
+    md = read_header(smollm2_gguf).metadata
+    T = gguf.Keys.Tokenizer
+    return {k: md[k] for k in (T.MODEL, T.LIST, T.TOKEN_TYPE, T.MERGES, T.BOS_ID, T.EOS_ID)}
+
+
+def _byte_bpe_metadata() -> dict[str, object]:
+    """A byte-level BPE vocabulary of the 256 byte characters and nothing else."""
+    from graphir.tokenizer import _BYTE_TO_UNI
+
+    T = gguf.Keys.Tokenizer
+    return {T.MODEL: "gpt2", T.LIST: list(_BYTE_TO_UNI), T.TOKEN_TYPE: [1] * 256, T.MERGES: [], T.BOS_ID: 0,
+            T.EOS_ID: 0}
+
+
+def test_every_supported_pre_tokenizer_builds() -> None:
+    md = _byte_bpe_metadata()
+    text = "It's 2024!\n  ok ünï 中文 😀"
+    for name in SUPPORTED_PRE_TOKENIZERS:
+        v = Vocab.from_metadata("x.gguf", {**md, gguf.Keys.Tokenizer.PRE: name})
+        assert v.pre == name
+        ids = v.tokenize(text, add_special=False)
+        assert len(ids) == len(text.encode()) and v.detokenize(ids) == text  # one byte token per byte
+    # no pre key at all: llama.cpp falls back to 'default'
+    assert Vocab.from_metadata("x.gguf", md).pre == "default"
+
+
+@oracle
+@needs_llama
+@pytest.mark.parametrize("pre", PRE_CASES)
+def test_pre_tokenizer_matches_llama_cpp(tmp_path: Path, smol_tokenizer_md: dict[str, object], pre: str) -> None:
+    path = _write_vocab_gguf(tmp_path / f"{pre}.gguf", {**smol_tokenizer_md, gguf.Keys.Tokenizer.PRE: pre})
+    mine = Vocab.from_file(path)
+    o = Oracle(path)
+    try:
+        for text in PRE_TEXTS:
+            for parse_special in (False, True):
+                ids = mine.tokenize(text, True, parse_special)
+                assert ids == o.tokenize(text, True, parse_special), (text, parse_special)
+            for unparse_special in (False, True):
+                assert mine.detokenize_bytes(ids, False, unparse_special) == o.detokenize(ids, False, unparse_special)
+                assert mine.detokenize_bytes(ids, True, unparse_special) == o.detokenize(ids, True, unparse_special)
+        assert (mine.bos, mine.eos, mine.add_bos, mine.add_eos) == o.facts()
+    finally:
+        o.close()
+
+
+def test_pre_tokenizer_flags(smol_tokenizer_md: dict[str, object]) -> None:
+    T = gguf.Keys.Tokenizer
+    llama3 = Vocab.from_metadata("x.gguf", {**smol_tokenizer_md, T.PRE: "llama-bpe"})
+    assert llama3.add_bos and llama3.tokenize("hi")[0] == llama3.bos  # llama3 vocabularies add BOS by default
+    assert Vocab.from_metadata("x.gguf", {**smol_tokenizer_md, T.PRE: "llama-bpe", T.ADD_BOS: False}).add_bos is False
+    # how words are cut (SmolLM2 has no multi-digit tokens, so look at the pre-tokenizer's words)
+    words = {name: Vocab.from_metadata("x.gguf", {**smol_tokenizer_md, T.PRE: name})._split("x 1234567 it'S\r\n\n y")
+             for name in ("llama3", "qwen2", "smollm", "gpt-2", "default")}
+    assert words["llama3"] == ["x", " ", "123", "456", "7", " it", "'S", "\r\n\n", " y"]
+    assert words["qwen2"] == ["x", " ", *"1234567", " it", "'S", "\r\n\n", " y"]
+    assert words["smollm"] == ["x", " ", *"1234567", " it", "'", "S", "\r\n\n", " y"]
+    assert words["gpt-2"] == ["x", " 1234567", " it", "'", "S", "\r\n\n", " y"]
+    assert words["default"] == ["x", " ", "123", "456", "7", " it", "'", "S", "\r\n\n", " y"]
+    # clean_up_tokenization_spaces: on for gpt-2, off for smollm
+    gpt2 = Vocab.from_metadata("x.gguf", {**smol_tokenizer_md, T.PRE: "gpt-2"})
+    smol = Vocab.from_metadata("x.gguf", {**smol_tokenizer_md, T.PRE: "smollm"})
+    text = "hello , world . it 's"
+    assert gpt2.detokenize(gpt2.tokenize(text)) == "hello, world. it's"
+    assert smol.detokenize(smol.tokenize(text)) == text
+
+
+# ---------------------------------------------------------------------------------------------
+# llama (SentencePiece-style) vocabularies: a small synthetic vocabulary
+# ---------------------------------------------------------------------------------------------
+
+SPM_CORPUS = ("hello world the quick brown fox jumps over lazy dog tokenization sentence piece "
+              "日本語 テスト привет мир café naïve").split()
+
+
+def _spm_metadata(**overrides: object) -> dict[str, object]:
+    """<unk> <s> </s>, 256 byte tokens, special tokens of each type, and pieces of a small corpus.
+
+    Scores come from a coarse grid so that equal-score pairs (left-first ties) happen.
+    """
+    rnd = random.Random(7)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256
+    for text, ty in (("<|user|>", 4), ("<|ctl|>", 3), ("<unused0>", 5), ("<undef>", 0), ("<|im_end|>", 1)):
+        tokens.append(text)
+        types.append(ty)
+        scores.append(0.0)
+    pieces: set[str] = {"\u2581", "\u2581\u2581", "\u2581\u2581\u2581\u2581"}
+    for word in SPM_CORPUS:
+        w = "\u2581" + word
+        for i in range(len(w)):
+            for j in range(i + 1, min(len(w), i + 6) + 1):
+                pieces.add(w[i:j])
+    for p in sorted(pieces):
+        tokens.append(p)
+        types.append(1)
+        scores.append(-rnd.randint(1, 24) / 2)
+    md: dict[str, object] = {
+        gguf.Keys.Tokenizer.MODEL: "llama",
+        gguf.Keys.Tokenizer.LIST: tokens,
+        gguf.Keys.Tokenizer.SCORES: scores,
+        gguf.Keys.Tokenizer.TOKEN_TYPE: types,
+        gguf.Keys.Tokenizer.BOS_ID: 1,
+        gguf.Keys.Tokenizer.EOS_ID: 2,
+        gguf.Keys.Tokenizer.UNK_ID: 0,
+    }
+    md.update(overrides)
+    return md
+
+
+SPM_VARIANTS = {
+    "default": {},
+    "no_space_prefix": {gguf.Keys.Tokenizer.ADD_PREFIX: False},
+    "eos_no_bos": {gguf.Keys.Tokenizer.ADD_BOS: False, gguf.Keys.Tokenizer.ADD_EOS: True},
+}
+
+SPM_TEXTS = [
+    "", " ", "  ", "hello", "hello world", " hello", "hello ", "  hello   world  ", "the quick brown fox",
+    "jumps over the lazy dog", "tokenization", "sentencepiece", "Hello World", "hello\nworld", "a\tb\r\nc",
+    "日本語のテスト", "привет мир", "café naïve", "zzz QQQ 123", "😀 emoji", "x\u00a0y",
+    "<|user|>hello", "hello<|user|>world", "<|ctl|> hello", "<|ctl|><|user|>", "<s>hello</s>",
+    "<unk>", "<unused0><undef>", "<|im_end|>", "▁hello", "hello▁world",
+]
+
+
+# Golden ids from llama.cpp for the default synthetic vocabulary (add_special=True).
+SPM_GOLDEN = {
+    ("hello world", False): [1, 499, 544],
+    ("  the quick brown fox", False): [1, 553, 535, 527, 484, 494],
+    ("naïve café\n", False): [1, 513, 488, 13],
+    ("<|user|>привет<|ctl|>", False): [1, 259, 551, 458, 63, 127, 281, 410, 342, 127, 65],
+    ("<|user|>привет<|ctl|>", True): [1, 259, 551, 458, 260],
+    ("Zz 9", False): [1, 479, 93, 443, 479, 60],
+}
+
+
+@pytest.mark.parametrize(("text", "parse_special"), list(SPM_GOLDEN))
+def test_spm_golden(spm_files: dict[str, Path], text: str, parse_special: bool) -> None:
+    v = Vocab.from_file(spm_files["default"])
+    ids = v.tokenize(text, parse_special=parse_special)
+    assert ids == SPM_GOLDEN[(text, parse_special)]
+    # the space prefixed at tokenization stays after a removed BOS, and a special token is followed by one
+    expected = " " + text if not text.startswith("<|user|>") else "<|user|> привет<|ctl|>"
+    assert v.detokenize(ids, remove_special=True, unparse_special=True) == expected
+
+
+@pytest.fixture(scope="module")
+def spm_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("spm")
+    return {name: _write_vocab_gguf(d / f"{name}.gguf", _spm_metadata(**ov)) for name, ov in SPM_VARIANTS.items()}
+
+
+def test_spm_vocab_facts(spm_files: dict[str, Path]) -> None:
+    v = Vocab.from_file(spm_files["default"])
+    facts = (v.model, v.pre, v.bos, v.eos, v.add_bos, v.add_eos, v.add_space_prefix)
+    assert facts == ("llama", None, 1, 2, True, False, True)
+    assert v.eog_ids == {2, v.token_to_id["<|im_end|>"]}  # eos and <|im_end|>, recognised by its text
+    nl = v.tokenize("hello\nworld", add_special=False)
+    assert v.token_to_id["<0x0A>"] in nl  # no "\n" piece: byte fallback
+    assert v.token_to_piece(v.token_to_id["<0x0A>"]) == b"\n"
+    assert v.token_to_piece(v.token_to_id["\u2581hello"]) == b" hello"
+    assert v.token_to_piece(1, special=False) == b"" and v.token_to_piece(1) == b"<s>"
+
+
+def test_spm_space_prefix_and_specials(spm_files: dict[str, Path]) -> None:
+    v = Vocab.from_file(spm_files["default"])
+    hello = v.token_to_id["\u2581hello"]
+    user = v.token_to_id["<|user|>"]
+    assert v.tokenize("hello", add_special=False) == [hello]
+    # user-defined tokens are cut out even without parse_special; text after a special gets a space again
+    assert v.tokenize("<|user|>hello") == [1, user, hello]
+    # the space prefixed at tokenization is dropped from the first piece -- unless a BOS comes first
+    assert v.detokenize(v.tokenize("hello world", add_special=False)) == "hello world"
+    assert v.detokenize(v.tokenize("hello world")) == " hello world"
+    assert v.detokenize([1, hello], remove_special=True) == " hello"
+    assert v.detokenize([1, hello], unparse_special=True) == "<s> hello"
+    no_prefix = Vocab.from_file(spm_files["no_space_prefix"])
+    assert no_prefix.tokenize("hello", add_special=False) != [hello]
+    eos = Vocab.from_file(spm_files["eos_no_bos"])
+    assert eos.tokenize("hello") == [hello, 2] and eos.tokenize("") == [2]
+
+
+@pytest.fixture(scope="module")
+def spm_oracles(spm_files: dict[str, Path]):
+    if llama_cpp is None:
+        pytest.skip("llama-cpp-python (the llama.cpp oracle) is not installed")
+    oracles = {name: Oracle(path) for name, path in spm_files.items()}
+    yield oracles
+    for o in oracles.values():
+        o.close()
+
+
+@oracle
+@needs_llama
+@pytest.mark.parametrize("variant", list(SPM_VARIANTS))
+def test_spm_matches_llama_cpp(spm_files: dict[str, Path], spm_oracles: dict[str, Oracle], variant: str) -> None:
+    mine = Vocab.from_file(spm_files[variant])
+    o = spm_oracles[variant]
+    assert (mine.bos, mine.eos, mine.add_bos, mine.add_eos) == o.facts()
+    for text in SPM_TEXTS:
+        for add_special in (False, True):
+            for parse_special in (False, True):
+                assert mine.tokenize(text, add_special, parse_special) == o.tokenize(
+                    text, add_special, parse_special
+                ), (text, add_special, parse_special)
+        ids = o.tokenize(text, True, True)
+        for remove_special in (False, True):
+            for unparse_special in (False, True):
+                assert mine.detokenize_bytes(ids, remove_special, unparse_special) == o.detokenize(
+                    ids, remove_special, unparse_special
+                ), (text, remove_special, unparse_special)
+    for i in range(mine.n_vocab):
+        assert mine.token_to_piece(i, True) == o.piece(i, True)
+        assert mine.token_to_piece(i, False) == o.piece(i, False)
+        assert mine.is_eog(i) == o.is_eog(i)
+
+
+@pytest.fixture(scope="module")
+def spm_pair(spm_files: dict[str, Path], spm_oracles: dict[str, Oracle]):
+    return Vocab.from_file(spm_files["default"]), spm_oracles["default"]
+
+
+_spm_fragments = st.one_of(
+    st.sampled_from(SPM_CORPUS + [" ", "  ", "\n", "<|user|>", "<|ctl|>", "<s>", "</s>", "\u2581", "Z", "9"]),
+    st.text(alphabet="".join(sorted(set("".join(SPM_CORPUS)))) + " ", max_size=10),
+    st.text(max_size=6),
+)
+
+
+@oracle
+@needs_llama
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.lists(_spm_fragments, max_size=6).map("".join), add_special=st.booleans(), parse_special=st.booleans())
+def test_spm_random_text_matches_llama_cpp(spm_pair, text: str, add_special: bool, parse_special: bool) -> None:
+    mine, o = spm_pair
+    ids = mine.tokenize(text, add_special, parse_special)
+    assert ids == o.tokenize(text, add_special, parse_special)
+    assert mine.detokenize_bytes(ids) == o.detokenize(ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+def test_unknown_tokenizer_model_is_a_clear_error() -> None:
+    with pytest.raises(MetadataError, match=r"weird\.gguf: unknown tokenizer model 'sentencepiece2'"):
+        Vocab.from_metadata("weird.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: "sentencepiece2"}))
+    with pytest.raises(MetadataError, match=r"bert\.gguf: tokenizer model 'bert' .* is not supported"):
+        Vocab.from_metadata("bert.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: "bert"}))
+    md = _spm_metadata()
+    del md[gguf.Keys.Tokenizer.MODEL]
+    with pytest.raises(MetadataError, match=r"none\.gguf: .*tokenizer\.ggml\.model.* missing"):
+        Vocab.from_metadata("none.gguf", md)
+
+
+def test_unknown_pre_tokenizer_is_a_clear_error(smol_tokenizer_md: dict[str, object]) -> None:
+    with pytest.raises(MetadataError, match=r"odd\.gguf: unknown pre-tokenizer 'klingon' \(tokenizer\.ggml\.pre\)"):
+        Vocab.from_metadata("odd.gguf", {**smol_tokenizer_md, gguf.Keys.Tokenizer.PRE: "klingon"})
+    # llama.cpp spells GPT-2's pre-tokenizer "gpt-2"; "gpt2" is not one of its names
+    with pytest.raises(MetadataError, match="unknown pre-tokenizer 'gpt2'"):
+        Vocab.from_metadata("odd.gguf", {**smol_tokenizer_md, gguf.Keys.Tokenizer.PRE: "gpt2"})
+
+
+def test_malformed_vocabularies_are_clear_errors(smol_tokenizer_md: dict[str, object]) -> None:
+    T = gguf.Keys.Tokenizer
+    dup = _spm_metadata()
+    dup[T.LIST] = list(dup[T.LIST])  # type: ignore[call-overload]
+    dup[T.LIST][5] = dup[T.LIST][4]  # type: ignore[index]
+    with pytest.raises(MetadataError, match=r"d\.gguf: duplicate token in vocabulary: '<0x01>' has ids 4 and 5"):
+        Vocab.from_metadata("d.gguf", dup)
+    no_merges = {k: v for k, v in smol_tokenizer_md.items() if k != T.MERGES}
+    with pytest.raises(MetadataError, match=r"m\.gguf: .*tokenizer\.ggml\.merges"):
+        Vocab.from_metadata("m.gguf", no_merges)
+    with pytest.raises(MetadataError, match=r"b\.gguf: tokenizer\.ggml\.add_bos_token is true, but .*bos_token_id"):
+        Vocab.from_metadata("b.gguf", {**smol_tokenizer_md, T.PRE: "glm4", T.BOS_ID: 10**6, T.ADD_BOS: True})
+    with pytest.raises(ValueError, match="out of range"):
+        Vocab.from_metadata("s.gguf", _spm_metadata()).token_to_piece(10**6)
