@@ -1,4 +1,4 @@
-"""The ``graphir`` command line: dump, diff, hash, check, archs, info, strip.
+"""The ``graphir`` command line: dump, diff, hash, check, archs, info, strip, run.
 
 Every user error (a :class:`~graphir.errors.GraphirError`, an unreadable or unwritable file, a bad option)
 prints exactly one line ``graphir: error: <message>`` on stderr and exits 2; a traceback means a bug.
@@ -309,6 +309,27 @@ def cmd_strip(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from graphir.runtime import load
+
+    model = load(args.model)
+    stats: dict[str, float] = {}
+    ctx = model.new_context(n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size) \
+        if args.ctx_size else None
+    for piece in model.generate(args.prompt, max_tokens=args.n, temperature=args.temp, top_k=args.top_k,
+                                top_p=args.top_p, seed=args.seed, ctx=ctx, stats=stats):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stderr.write(f"prompt: {stats['prompt_tokens']:.0f} tokens, {_rate(stats['prompt_tokens'], stats['prompt_s'])}; "
+                     f"generation: {stats['gen_tokens']:.0f} tokens, {_rate(stats['gen_tokens'], stats['gen_s'])}\n")
+    return 0
+
+
+def _rate(n: float, seconds: float) -> str:
+    return f"{n / seconds:.1f} tokens/s" if seconds > 0 and n else "- tokens/s"
+
+
 # ---- parser ------------------------------------------------------------------------------------------------
 
 
@@ -368,6 +389,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("strip", cmd_strip, "write a header-only copy of a GGUF (metadata and tensor infos, no data)")
     p.add_argument("model", metavar="MODEL.gguf", help="the GGUF file to strip")
     p.add_argument("-o", "--output", metavar="HEADER.gguf", required=True, help="where to write the header-only GGUF")
+
+    p = add("run", cmd_run, "generate text from a prompt with the numba backend, then print tokens/s")
+    p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file with weights")
+    p.add_argument("-p", "--prompt", required=True, help="the prompt text (special tokens are parsed)")
+    p.add_argument("-n", type=int, default=64, help="tokens to generate (default: 64)")
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
+    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (default: 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="keep the smallest set with this mass (default: 0.95)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: prompt + n)")
+    p.add_argument("-b", "--batch-size", type=int, default=512, help="logical batch size (default: 512)")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default: 512)")
     return parser
 
 

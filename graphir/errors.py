@@ -19,3 +19,15 @@ class TensorError(GraphirError):
 
 class GraphError(GraphirError):
     """A graph is malformed: the verifier or a parser found a node that does not type-check."""
+
+
+class BatchError(GraphirError):
+    """A batch was rejected before anything ran (bad token, sequence, position, or empty); the cache is untouched."""
+
+
+class CacheFullError(GraphirError):
+    """The cache has no room for a ubatch; the batch was not decoded and the cache is untouched."""
+
+
+class StateError(GraphirError):
+    """A memory or saved state does not fit this model or context; nothing was changed."""

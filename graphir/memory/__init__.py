@@ -3,12 +3,19 @@
 Every memory kind builds its part of the graph through the same small interface, so architectures stay
 ignorant of caches and caches stay ignorant of architectures. Kinds that cannot serve a builder request
 (MLA, recurrent state) refuse it with a clear error rather than building something wrong.
+
+At run time a memory places each ubatch (``prepare`` simulates all placements first and mutates nothing,
+``apply`` commits one), feeds the graph inputs it declared (indices, masks, buffers), and answers position
+queries. ``snapshot``/``restore`` let a context undo a ubatch whose computation failed.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from graphir.batch import UBatch
 from graphir.dims import DimDecl
 from graphir.errors import GraphError
 from graphir.hparams import HParams
@@ -39,3 +46,33 @@ class Memory:
 
     def build_rs(self, b: GraphBuilder, *args: Any, **kw: Any) -> Node:
         raise GraphError(f"memory kind '{self.kind}' holds no recurrent state")
+
+    # ---- run time -------------------------------------------------------------------------------------
+
+    def next_pos(self, n_seq_max: int) -> list[int]:
+        """Per sequence, the position its next token must have."""
+        return [self.seq_pos_max(s) + 1 for s in range(n_seq_max)]
+
+    def seq_pos_max(self, seq: int) -> int:
+        return -1
+
+    def seq_pos_min(self, seq: int) -> int:
+        return -1
+
+    def prepare(self, ubatches: list[UBatch]) -> list[Any]:
+        """Where each ubatch would go, computed without changing anything; raises CacheFullError."""
+        return [None] * len(ubatches)
+
+    def apply(self, ub: UBatch, plan: Any) -> dict[str, Any]:
+        """Commit one ubatch's placement; return the graph inputs and dim bindings it needs."""
+        raise NotImplementedError
+
+    def buffers(self) -> dict[str, np.ndarray]:
+        """Graph inputs that persist between ubatches (cache tensors), by input name."""
+        return {}
+
+    def snapshot(self) -> Any:
+        return None
+
+    def restore(self, snap: Any) -> None:
+        pass

@@ -1,0 +1,183 @@
+"""Executes IR graphs: binds a ubatch's symbolic dims, feeds inputs and cache buffers, runs one kernel per node.
+
+A graph is compiled once per context into a flat list of steps (kernel, output slot, operand slots) with
+every attribute bound; values are freed after their last use. Weights are prepared once per model (the
+quantized ones repacked lazily by :mod:`graphir.backends.quant`) and shared by every context.
+Arrays are in numpy order, the reverse of the IR's ggml order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from graphir.backends import kernels as K
+from graphir.backends.quant import QWeight
+from graphir.dims import Sym
+from graphir.ir import Graph, Node
+
+Env = Mapping[str, int]
+
+
+def _np_shape(shape: tuple[Any, ...], env: Env) -> tuple[int, ...]:
+    return tuple(d.eval(env) if isinstance(d, Sym) else d for d in reversed(shape))
+
+
+def _dense(x: Any) -> np.ndarray:
+    return x.dequantize() if isinstance(x, QWeight) else x
+
+
+def _mul_mat(w: Any, x: np.ndarray) -> np.ndarray:
+    """ggml mul_mat: out[..., n, m] = sum_k w[..., m, k] x[..., n, k]; w's batch dims broadcast over x's."""
+    if isinstance(w, QWeight):
+        y = w.matmul(np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32))
+        return y.reshape(x.shape[:-1] + (w.rows,))
+    return K.mul_mat(w, x)
+
+
+def _broadcast(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """ggml repeats b to a's shape when each of b's sizes divides a's; numpy only broadcasts 1s."""
+    b = b.reshape((1,) * (len(shape) - b.ndim) + b.shape)
+    if all(n == 1 or n == m for n, m in zip(b.shape, shape)):
+        return b
+    return np.tile(b, tuple(m // n for n, m in zip(b.shape, shape)))
+
+
+def _permute(x: np.ndarray, axes: tuple[int, ...], rank: int) -> np.ndarray:
+    """ggml permute (axis i moves to position axes[i]) on numpy's reversed axes; ``rank``: the result's."""
+    r = len(axes)
+    x = x.reshape((1,) * (r - x.ndim) + x.shape)
+    perm = [0] * r
+    for i in range(r):
+        perm[r - 1 - axes[i]] = r - 1 - i
+    y = x.transpose(perm)
+    return y.reshape(y.shape[r - rank:]) if rank < r else y
+
+
+def _view(x: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> np.ndarray:
+    flat = x.reshape(-1)[offset:]
+    item = x.itemsize
+    return np.lib.stride_tricks.as_strided(flat, shape=shape, strides=tuple(s * item for s in reversed(strides)),
+                                           writeable=False)
+
+
+def _set_rows(dst: np.ndarray, src: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    dst[ids] = src  # NOTE: in place: dst is the cache buffer the memory owns; f32 -> f16 rounds to nearest even
+    return dst
+
+
+def _shape_fn(shape: tuple[Any, ...]) -> Callable[[Env], tuple[int, ...]]:
+    """numpy shape of an attribute shape: computed once when static, per run when it names a dim."""
+    if any(isinstance(d, Sym) for d in shape):
+        return lambda env: _np_shape(shape, env)
+    fixed = _np_shape(shape, {})
+    return lambda env: fixed
+
+
+def _step(n: Node, memo: dict[Any, Any]) -> Callable[..., np.ndarray]:
+    """The kernel for one node with its attributes bound: f(env, *operands) -> value.
+
+    ``memo`` lives for one run: values every layer would recompute (RoPE's cos/sin) are made once.
+    """
+    a, op = n.attrs, n.op
+    if op == "get_rows":
+        return lambda env, src, ids: src.get_rows(ids) if isinstance(src, QWeight) else src[ids].astype(np.float32)
+    if op == "mul_mat":
+        return lambda env, w, x: _mul_mat(w, x)
+    if op == "add":
+        return lambda env, x, y: np.add(x, _broadcast(_dense(y), x.shape), dtype=np.float32)
+    if op == "mul":
+        return lambda env, x, y: np.multiply(x, _broadcast(_dense(y), x.shape), dtype=np.float32)
+    if op == "scale":
+        return lambda env, x: x * np.float32(a["s"])
+    if op in ("rms_norm", "norm"):
+        f = K.rms_norm if op == "rms_norm" else K.norm
+        return lambda env, x: f(x, a["eps"])
+    if op in ("silu", "gelu", "relu"):
+        f = getattr(K, op)
+        return lambda env, x: f(x)
+    if op in ("swiglu", "geglu"):
+        f = K.silu if op == "swiglu" else K.gelu
+        return lambda env, g, u: f(g) * u
+    if op == "rope":
+        key = tuple(a.values())
+
+        def rope(env: Env, x: np.ndarray, pos: np.ndarray, ff: Any = None) -> np.ndarray:
+            k = (id(pos), id(ff), key)
+            if k not in memo:
+                memo[k] = K.rope_cos_sin(pos, a["n_dims"], None if ff is None else _dense(ff).reshape(-1), a)
+            return K.rope_apply(x.astype(np.float32, copy=False), memo[k], a)
+
+        return rope
+    if op == "soft_max":
+        return lambda env, x, mask=None: K.soft_max(x, None if mask is None else _broadcast(mask, x.shape),
+                                                    a["scale"], a["max_bias"])
+    if op == "reshape":
+        shape = _shape_fn(a["shape"])
+        return lambda env, x: x.reshape(shape(env))
+    if op == "view":
+        vshape = _shape_fn(a["shape"])
+        return lambda env, x: _view(x, vshape(env), a["strides"], a["offset"])
+    if op == "permute":
+        return lambda env, x: _permute(x, a["axes"], len(n.shape))
+    if op == "transpose":
+        return lambda env, x: _permute(x, (1, 0, 2, 3), len(n.shape))
+    if op == "cont":
+        return lambda env, x: np.ascontiguousarray(x)
+    if op == "concat":
+        def concat(env: Env, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            r = len(n.shape)
+            x, y = (v.reshape((1,) * (r - v.ndim) + v.shape) for v in (x, y))
+            return np.concatenate([x, y], axis=r - 1 - a["dim"]).astype(np.float32, copy=False)
+
+        return concat
+    if op == "set_rows":
+        return lambda env, dst, src, ids: _set_rows(dst, src, ids)
+    raise NotImplementedError(f"the numba backend has no kernel for op '{op}' (node {n.name})")
+
+
+class Program:
+    """A graph ready to run: steps in topological order, leaves bound to weights or to named feeds."""
+
+    def __init__(self, graph: Graph, weights: Callable[[str], Any]):
+        index = {id(n): i for i, n in enumerate(graph.nodes)}
+        last_use = {i: i for i in range(len(graph.nodes))}
+        for i, n in enumerate(graph.nodes):
+            for x in n.inputs:
+                last_use[index[id(x)]] = i
+        keep = {index[id(n)] for n in graph.outputs.values()}
+        self.n_slots = len(graph.nodes)
+        self.memo: dict[Any, Any] = {}
+        self.consts: list[tuple[int, Any]] = []
+        self.feeds: list[tuple[int, str]] = []
+        self.steps: list[tuple[Callable[..., np.ndarray], int, tuple[int, ...], tuple[int, ...]]] = []
+        for i, n in enumerate(graph.nodes):
+            if n.op == "weight":
+                self.consts.append((i, weights(n.name)))
+            elif n.op == "input":
+                self.feeds.append((i, n.name))
+            else:
+                free = tuple(sorted({index[id(x)] for x in n.inputs
+                                     if last_use[index[id(x)]] == i and index[id(x)] not in keep}))
+                self.steps.append((_step(n, self.memo), i, tuple(index[id(x)] for x in n.inputs), free))
+        self.outputs = {role: index[id(n)] for role, n in graph.outputs.items()}
+        self.names = [n.name for n in graph.nodes]
+
+    def run(self, env: Env, feeds: Mapping[str, np.ndarray],
+            taps: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Outputs by role. With ``taps`` (a dict), every computed value is also copied into it by node name,
+        like llama.cpp's eval callback: the way to compare engines node by node."""
+        self.memo.clear()
+        vals: list[Any] = [None] * self.n_slots
+        for i, w in self.consts:
+            vals[i] = w
+        for i, name in self.feeds:
+            vals[i] = feeds[name]
+        for fn, out, ins, free in self.steps:
+            vals[out] = fn(env, *[vals[j] for j in ins])
+            if taps is not None:
+                taps[self.names[out]] = np.array(vals[out])
+            for j in free:
+                vals[j] = None
+        return {role: vals[i] for role, i in self.outputs.items()}

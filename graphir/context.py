@@ -1,0 +1,106 @@
+"""A context: one memory, one compiled graph, and the decode loop that feeds ubatches through them.
+
+Mirrors llama.cpp's ``llama_context::decode``: validate the batch, split it into ubatches, ask the memory
+to place all of them before anything runs (a batch that does not fit changes nothing), then per ubatch
+commit the placement, feed the graph and collect the requested outputs in batch order.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from graphir.batch import Batch, split_simple, validate
+from graphir.errors import BatchError, GraphirError
+from graphir.memory import Memory
+from graphir.memory.kv import KVCache
+from graphir.memory.none import NoMemory
+
+if TYPE_CHECKING:
+    from graphir.runtime import Model
+
+
+class Context:
+    """Create with :meth:`graphir.runtime.Model.new_context`."""
+
+    def __init__(self, model: Model, n_ctx: int | None = None, n_batch: int = 512, n_ubatch: int = 512,
+                 n_seq_max: int = 1, kind: str | None = None, embeddings: bool = False, type_k: str = "f16",
+                 type_v: str = "f16"):
+        hp = model.hparams
+        self.model, self.kind = model, kind or "kv"
+        self.n_ctx = n_ctx or min(hp.n_ctx_train, 4096)
+        self.n_batch, self.n_ubatch, self.n_seq_max = n_batch, min(n_ubatch, n_batch), n_seq_max
+        self.embeddings_enabled = embeddings
+        if self.kind == "kv":
+            self.memory: Memory = KVCache(hp, type_k, type_v, self.n_ctx, n_seq_max)
+        elif self.kind == "none":
+            self.memory = NoMemory(hp)
+        else:
+            raise GraphirError(f"unknown context kind '{self.kind}' (known: none, kv)")
+        self.program = model.program(self.kind)
+        self._lock = threading.Lock()  # one decode at a time per context; contexts run in parallel
+        self._logits = np.zeros((0, hp.n_vocab), np.float32)
+        self._embd = np.zeros((0, hp.n_embd), np.float32)
+        self._row: dict[int, int] = {}
+
+    def decode(self, batch: Batch, taps: dict[str, np.ndarray] | None = None) -> None:
+        """Run a batch; afterwards :meth:`logits` holds one row per requested output, in batch order.
+
+        ``taps``: a dict that receives every intermediate by node name (last ubatch wins), for debugging.
+        """
+        if len(batch) > self.n_batch:
+            raise BatchError(f"batch of {len(batch)} tokens exceeds n_batch={self.n_batch}")
+        if self.kind == "none" and len(batch) > self.n_ubatch:
+            raise BatchError(f"a context without cache attends within one ubatch: {len(batch)} tokens exceed "
+                             f"n_ubatch={self.n_ubatch}")
+        with self._lock:
+            mem = self.memory
+            pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.next_pos(self.n_seq_max))
+            ubatches = split_simple(batch, pos, self.n_ubatch)
+            plans = mem.prepare(ubatches)  # raises CacheFullError before anything changed
+            snap = mem.snapshot()
+            logits, embd, rows = [], [], []
+            try:
+                for ub, plan in zip(ubatches, plans):
+                    feeds = mem.apply(ub, plan)
+                    env = {"n_tokens": len(ub), "n_outputs": len(ub.out_ids), "n_kv": feeds.pop("n_kv", 0),
+                           "n_ctx": self.n_ctx}
+                    feeds.update(mem.buffers())
+                    feeds.update(tokens=ub.tokens, pos=ub.pos, out_ids=ub.out_ids)
+                    out = self.program.run(env, feeds, taps)
+                    logits.append(out["logits"])
+                    if self.embeddings_enabled:
+                        embd.append(out["embd"])
+                    rows.extend(ub.batch_index[ub.out_ids].tolist())
+            except BaseException:
+                mem.restore(snap)
+                raise
+            self._logits = np.concatenate(logits) if logits else self._logits[:0]
+            if self.embeddings_enabled:
+                self._embd = np.concatenate(embd)
+            self._row = {b: r for r, b in enumerate(rows)}
+
+    def logits(self) -> np.ndarray:
+        """(n_outputs, n_vocab) float32, rows in batch order."""
+        return self._logits
+
+    def logits_ith(self, i: int) -> np.ndarray:
+        """Logits of the batch's token i (negative counts from the end of the batch's outputs)."""
+        return self._logits[self._output_row(i)]
+
+    def embeddings(self) -> np.ndarray:
+        """(n_outputs, n_embd): the final normed hidden state of every output token."""
+        if not self.embeddings_enabled:
+            raise GraphirError("embeddings are off: create the context with embeddings=True")
+        return self._embd
+
+    def _output_row(self, i: int) -> int:
+        if i < 0:
+            if -i > len(self._logits):
+                raise IndexError(f"output {i} out of range: the last batch produced {len(self._logits)}")
+            return len(self._logits) + i
+        if i not in self._row:
+            raise IndexError(f"token {i} of the last batch has no output (its output flag was off)")
+        return self._row[i]

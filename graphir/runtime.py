@@ -1,0 +1,146 @@
+"""Running models: ``graphir.load`` maps a GGUF's weights and compiles its graphs for the numba backend.
+
+The graphs that run are the very graphs the snapshots check: ``Model`` builds them from the same
+:class:`~graphir.model.ModelMeta` and hands them to the backend with the file's memory-mapped weights.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from functools import cached_property
+from typing import Any, Iterator
+
+import numpy as np
+
+from graphir.architecture import Architecture
+from graphir.batch import Batch
+from graphir.context import Context
+from graphir.errors import GraphirError
+from graphir.hparams import HParams
+from graphir.model import ModelMeta, open_model
+from graphir.weights import GGUFWeights
+
+
+class Model:
+    """A GGUF model ready to run. Weights are memory-mapped and prepared per tensor on first use."""
+
+    def __init__(self, meta: ModelMeta):
+        if meta.header is None:
+            raise GraphirError(f"{meta.label} is a preset: it has metadata but no weights; load a GGUF file")
+        self.meta = meta
+        self.weights = GGUFWeights(meta.header)
+        self._prepared: dict[str, Any] = {}
+        self._programs: dict[str, Any] = {}
+        self._lock = threading.RLock()  # weight() runs inside program()'s lock
+
+    @property
+    def arch(self) -> Architecture:
+        return self.meta.arch
+
+    @property
+    def hparams(self) -> HParams:
+        return self.meta.arch.hp
+
+    @cached_property
+    def vocab(self) -> Any:
+        from graphir.tokenizer import Vocab
+
+        return Vocab.from_metadata(self.meta.label, self.meta.metadata)
+
+    def weight(self, name: str) -> Any:
+        """A vector as its f32 array; a matrix as a backend weight (repacked once, shared by contexts)."""
+        with self._lock:
+            if name not in self._prepared:
+                from graphir.backends.quant import QWeight
+
+                t = self.weights[name]
+                if len(t.shape) == 1:
+                    self._prepared[name] = np.asarray(t.data, dtype=np.float32)
+                else:
+                    self._prepared[name] = QWeight.prepare(t.data, t.qtype, t.ne0)
+            return self._prepared[name]
+
+    def program(self, kind: str) -> Any:
+        """The compiled graph of a context kind (prefill graph: it binds any ubatch size)."""
+        with self._lock:
+            if kind not in self._programs:
+                from graphir.backends.executor import Program
+
+                self._programs[kind] = Program(self.meta.build_graph(kind, "prefill"), self.weight)
+            return self._programs[kind]
+
+    def new_context(self, **kw: Any) -> Context:
+        """See :class:`graphir.context.Context` for the parameters (n_ctx, n_batch, n_ubatch, n_seq_max, kind, ...)."""
+        return Context(self, **kw)
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.vocab.detokenize(ids)
+
+    def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_k: int = 40,
+                 top_p: float = 0.95, seed: int | None = None, ctx: Context | None = None,
+                 stats: dict[str, float] | None = None) -> Iterator[str]:
+        """Stream the text of up to max_tokens sampled tokens (greedy when temperature is 0).
+
+        >>> "".join(model.generate("The capital of France is", max_tokens=8))   # doctest: +SKIP
+        """
+        ids = self.tokenize(prompt, add_special=True, parse_special=True)
+        if not ids:
+            raise GraphirError("the prompt has no tokens")
+        ctx = ctx or self.new_context(n_ctx=min(self.hparams.n_ctx_train, len(ids) + max_tokens),
+                                      n_batch=max(512, len(ids)), n_ubatch=512)
+        rng = np.random.default_rng(seed)
+        pending = b""
+        t0 = time.perf_counter()
+        ctx.decode(Batch.from_tokens(ids, 0))
+        t1 = time.perf_counter()
+        n = 0
+        for n in range(1, max_tokens + 1):
+            tok = sample(ctx.logits_ith(-1), temperature, top_k, top_p, rng)
+            if self.vocab.is_eog(tok):
+                n -= 1
+                break
+            pending += self.vocab.token_to_piece(tok)
+            text, pending = _decode_utf8(pending)
+            if text:
+                yield text
+            if n == max_tokens:
+                break
+            ctx.decode(Batch.one(tok, len(ids) + n - 1))
+        if stats is not None:
+            t2 = time.perf_counter()
+            stats.update(prompt_tokens=len(ids), prompt_s=t1 - t0, gen_tokens=n, gen_s=t2 - t1)
+
+
+def _decode_utf8(data: bytes) -> tuple[str, bytes]:
+    """Decode what is complete; keep a trailing partial UTF-8 sequence for the next token."""
+    for cut in range(len(data), max(len(data) - 4, -1), -1):
+        try:
+            return data[:cut].decode("utf-8"), data[cut:]
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", errors="replace"), b""
+
+
+def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
+    """llama.cpp's default chain, reduced: greedy at temperature 0, else top-k -> top-p -> temperature -> draw."""
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    idx = np.argsort(-logits, kind="stable")
+    if top_k > 0:
+        idx = idx[:top_k]
+    z = logits[idx].astype(np.float64)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    keep = int(np.searchsorted(np.cumsum(p), top_p) + 1) if top_p < 1 else len(idx)
+    idx, z = idx[:keep], z[:keep] / temperature
+    p = np.exp(z - z.max())
+    return int(rng.choice(idx, p=p / p.sum()))
+
+
+def load(path: str) -> Model:
+    """Load a GGUF model: ``model = graphir.load("SmolLM2-135M-Instruct.Q4_1.gguf")``."""
+    return Model(open_model(path))

@@ -1,0 +1,307 @@
+"""Specification of graphir.backends.quant: GGUF weights as matmul / get_rows operands.
+
+Three references, from strict to loose:
+- gguf.quants.dequantize: dequantize() and get_rows() must equal it bit for bit;
+- a numpy emulation of llama.cpp's CPU matmul (activations quantized to the weight's vec_dot type, integer
+  block dot products, float scaling; written here from llama.cpp's formulas, independently of the kernels):
+  matmul must agree to float-summation noise;
+- plain f32 math on the dequantized weight: matmul must agree to within the error the activation quantization
+  adds (NMSE thresholds measured and pinned per type).
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from graphir.backends.quant import SUPPORTED, QWeight
+
+T = gguf.GGMLQuantizationType
+F32 = np.float32
+FLOATS = [T.F32, T.F16, T.BF16]
+QUANTS = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K]
+ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
+
+# NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
+# 3.6e-6 (BF16), 3-6e-5 (Q8_0/Q4_0/Q4_1), 5-12e-5 (K-quants, random blocks); pinned at 2-3x.
+NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q4_1: 2e-4,
+            T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4}
+# max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
+# <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
+# rounding of Q8_1's s alone gives 3e-4)
+EMU_RTOL = 2e-6
+
+
+def half(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, F32).astype(np.float16).view(np.uint8).reshape(*np.shape(x), 2)
+
+
+def make_weight(qtype: T, rows: int, ne0: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw GGUF data for a random weight: gguf's quantizers where they exist, random valid blocks otherwise."""
+    w = (rng.standard_normal((rows, ne0)) / np.sqrt(ne0)).astype(F32)
+    if qtype == T.F32:
+        return w
+    if qtype == T.F16:
+        return w.astype(np.float16)
+    if qtype in (T.BF16, T.Q8_0, T.Q4_0, T.Q4_1):
+        return gguf.quants.quantize(w, qtype)
+    block, tsize = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, ne0 // block, tsize), dtype=np.uint8)
+    d = half(rng.uniform(0.5, 1.5, raw.shape[:2]) * 2e-3)
+    if qtype == T.Q6_K:
+        raw[..., 208:210] = d                       # d is last in Q6_K; the int8 scales are any bytes
+    else:
+        raw[..., 0:2] = d
+        raw[..., 2:4] = half(rng.uniform(0.5, 1.5, raw.shape[:2]) * 2e-3)   # dmin
+    return raw.reshape(rows, -1)
+
+
+def gguf_dequant(raw: np.ndarray, qtype: T, rows: int, ne0: int) -> np.ndarray:
+    return gguf.quants.dequantize(raw.view(np.uint8) if qtype == T.BF16 else raw, qtype).reshape(rows, ne0)
+
+
+def assert_bits_equal(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype == F32
+    nan = np.isnan(b)
+    assert np.array_equal(np.isnan(a), nan)
+    assert np.array_equal(a.view(np.uint32)[~nan], b.view(np.uint32)[~nan])
+
+
+def nmse(a: np.ndarray, b: np.ndarray) -> float:
+    return float(((a.astype(np.float64) - b) ** 2).sum() / (b.astype(np.float64) ** 2).sum())
+
+
+# --- numpy emulation of llama.cpp's CPU matmul --------------------------------------------------------------
+
+def f16r(v: np.ndarray) -> np.ndarray:
+    return np.asarray(v, F32).astype(np.float16).astype(F32)
+
+
+def q8_blocks(x: np.ndarray):
+    """quantize_row_q8_0 / q8_1 as the x86 build runs them: d = amax/127, q = rint(x * (127/amax))."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(xb).max(-1)
+    d32 = amax / F32(127)
+    iscale = np.divide(F32(127), amax, out=np.zeros_like(amax), where=amax != 0)
+    q = np.rint(xb * iscale[..., None]).astype(np.int64)
+    return q, f16r(d32), f16r(d32 * q.sum(-1).astype(F32))           # qs, d, s (Q8_1)
+
+
+def q8k_blocks(x: np.ndarray):
+    """quantize_row_q8_K_ref: scale -127/max of the signed absmax, nearest-even, clamp at 127, d = 1/iscale."""
+    xb = x.reshape(x.shape[0], -1, 256)
+    vmax = np.take_along_axis(xb, np.abs(xb).argmax(-1)[..., None], -1)[..., 0]
+    iscale = np.divide(F32(-127), vmax, out=np.zeros_like(vmax), where=vmax != 0)
+    q = np.minimum(np.rint(iscale[..., None] * xb), 127).astype(np.int64)
+    d = np.divide(F32(1), iscale, out=np.zeros_like(iscale), where=iscale != 0)
+    return q, d, q.reshape(*q.shape[:2], 16, 16).sum(-1)               # qs, d, bsums
+
+
+def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
+    """Integer quants (rows, blocks, block) in natural order plus the scale fields, straight from the bytes."""
+    block, tsize = gguf.GGML_QUANT_SIZES[qtype]
+    b = raw.reshape(raw.shape[0], -1, tsize)
+    f16 = lambda lo: b[..., lo:lo + 2].copy().view(np.float16)[..., 0].astype(F32)   # noqa: E731
+    nib = lambda qs: np.concatenate([qs & 15, qs >> 4], -1).astype(np.int64)         # noqa: E731
+    if qtype == T.Q8_0:
+        return b[..., 2:].view(np.int8).astype(np.int64), f16(0)
+    if qtype == T.Q4_0:
+        return nib(b[..., 2:18]) - 8, f16(0)
+    if qtype == T.Q4_1:
+        return nib(b[..., 4:20]), f16(0), f16(2)
+    if qtype in (T.Q4_K, T.Q5_K):
+        sc, mn = gguf.quants.Q4_K.get_scale_min(b[..., 4:16].reshape(-1, 12))
+        sc, mn = sc.reshape(*b.shape[:2], 8).astype(np.int64), mn.reshape(*b.shape[:2], 8).astype(np.int64)
+        qs = b[..., 16:144] if qtype == T.Q4_K else b[..., 48:176]
+        q = np.stack([nib(qs[..., 32 * c:32 * c + 32]) for c in range(4)], 2).reshape(*b.shape[:2], 256)
+        if qtype == T.Q5_K:
+            bits = (b[..., 16:48, None] >> np.arange(8, dtype=np.uint8)) & 1          # (rows, nb, l, sub-block)
+            q = q + 16 * bits.transpose(0, 1, 3, 2).reshape(*b.shape[:2], 256).astype(np.int64)
+        return q, f16(0), f16(2), sc, mn
+    if qtype == T.Q6_K:
+        ql, qh = b[..., 0:128].astype(np.int64), b[..., 128:192].astype(np.int64)
+        q = np.empty((*b.shape[:2], 256), np.int64)
+        for h in range(2):
+            l_, h_ = ql[..., 64 * h:64 * h + 64], qh[..., 32 * h:32 * h + 32]
+            for k, (lo, shift) in enumerate([(l_[..., :32] & 15, 0), (l_[..., 32:] & 15, 2),
+                                              (l_[..., :32] >> 4, 4), (l_[..., 32:] >> 4, 6)]):
+                q[..., 128 * h + 32 * k:128 * h + 32 * k + 32] = (lo | (((h_ >> shift) & 3) << 4)) - 32
+        return q, f16(208), b[..., 192:208].view(np.int8).astype(np.int64)
+    raise AssertionError(qtype)
+
+
+def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarray:
+    """x @ W.T the way ggml's CPU backend computes it, in float64 after the exact integer parts."""
+    f64 = np.float64
+    if qtype in FLOATS:
+        w = gguf_dequant(raw, qtype, raw.shape[0], ne0).astype(f64)
+        if qtype == T.F32:
+            return x.astype(f64) @ w.T
+        if qtype == T.F16:
+            return f16r(x).astype(f64) @ w.T
+        u = x.view(np.uint32).astype(np.uint64)                       # fp32 -> bf16, nearest-even
+        xr = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(F32)
+        return xr.astype(f64) @ w.T
+    wi = weight_ints(raw, qtype, ne0)
+    if qtype in (T.Q8_0, T.Q4_0, T.Q4_1):
+        qw, dw = wi[0].reshape(raw.shape[0], -1, 32), wi[1]
+        qx, dx, sx = q8_blocks(x)
+        isum = np.einsum("rbk,nbk->nrb", qw, qx)
+        y = ((dw[None] * dx[:, None]).astype(f64) * isum).sum(-1)    # f32(d_w*d_x) * isum, summed
+        if qtype == T.Q4_1:
+            y += (wi[2][None] * sx[:, None]).astype(f64).sum(-1)     # + f32(m*s)
+        return y
+    qx, dx, bsums = q8k_blocks(x)
+    if qtype == T.Q6_K:
+        qw, dw, sc = wi
+        isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], 16, 16), qx.reshape(*qx.shape[:2], 16, 16))
+        return ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1)).sum(-1)
+    qw, dw, dmin, sc, mn = wi
+    isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], 8, 32), qx.reshape(*qx.shape[:2], 8, 32))
+    msum = (mn[None] * bsums.reshape(*bsums.shape[:2], 8, 2).sum(-1)[:, None]).sum(-1)
+    return ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1)
+            - (dmin[None] * dx[:, None]).astype(f64) * msum).sum(-1)
+
+
+# --- synthetic weights -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", params=FLOATS + QUANTS, ids=lambda t: t.name)
+def case(request):
+    qtype = request.param
+    rng = np.random.default_rng(1000 + int(qtype))
+    raw = make_weight(qtype, ROWS, NE0, rng)
+    return qtype, raw, QWeight.prepare(raw, qtype, NE0), gguf_dequant(raw, qtype, ROWS, NE0)
+
+
+def activations(n: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n, NE0)).astype(F32)
+    x[0, 256:512] = 0.0                  # an all-zero block / super-block (the amax == 0 branch)
+    return x
+
+
+def test_every_listed_type_is_supported():
+    assert SUPPORTED == frozenset(FLOATS + QUANTS)
+
+
+def test_dequantize_is_bit_exact(case):
+    qtype, raw, w, ref = case
+    assert (w.rows, w.ne0, w.qtype) == (ROWS, NE0, qtype)
+    assert_bits_equal(w.dequantize(), ref)
+
+
+def test_get_rows_is_bit_exact_before_and_after_repack(case):
+    qtype, raw, w, ref = case
+    ids = np.array([5, 0, ROWS - 1, 5, 17])
+    fresh = QWeight.prepare(raw, qtype, NE0)
+    assert_bits_equal(fresh.get_rows(ids), ref[ids])               # repacks only these rows
+    assert fresh.packed_nbytes == 0
+    fresh.matmul(activations(1, 0))
+    assert_bits_equal(fresh.get_rows(ids), ref[ids])               # from the cached repack
+    out = np.empty((len(ids), NE0), F32)
+    assert fresh.get_rows(ids, out=out) is out
+
+
+@pytest.mark.parametrize("n", [1, 3, 64])
+def test_matmul_close_to_f32_math_on_dequantized_weight(case, n):
+    qtype, raw, w, ref = case
+    x = activations(n, n)
+    y = w.matmul(x)
+    assert y.shape == (n, ROWS) and y.dtype == F32
+    assert nmse(y, x @ ref.T) < NMSE_MAX[qtype]
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 64])
+def test_matmul_matches_llama_cpp_emulation(case, n):
+    qtype, raw, w, ref = case
+    x = activations(n, 100 + n)
+    y, emu = w.matmul(x), llama_matmul(raw, qtype, NE0, x)
+    assert np.abs(y - emu).max() <= EMU_RTOL * np.abs(emu).max()
+
+
+@pytest.mark.parametrize("qtype, ne0", [(T.Q4_1, NE0), (T.Q6_K, NE0), (T.F32, 100), (T.F16, 100), (T.BF16, 100)])
+@pytest.mark.parametrize("n", [1, 5])
+def test_matmul_with_odd_shapes(qtype, ne0, n):
+    rows = 13                                                          # not a multiple of the 6-row tile
+    raw = make_weight(qtype, rows, ne0, np.random.default_rng(7))
+    x = np.random.default_rng(n).standard_normal((n, ne0)).astype(F32)
+    out = np.full((n, rows), np.nan, F32)
+    assert QWeight.prepare(raw, qtype, ne0).matmul(x, out=out) is out
+    emu = llama_matmul(raw, qtype, ne0, x)
+    assert np.abs(out - emu).max() <= EMU_RTOL * np.abs(emu).max()
+
+
+def test_f16_and_bf16_dequantize_every_bit_pattern_exactly():
+    patterns = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    for qtype in (T.F16, T.BF16):
+        raw = patterns.view(np.float16) if qtype == T.F16 else patterns
+        w = QWeight.prepare(raw, qtype, 256)
+        assert_bits_equal(w.dequantize(), gguf_dequant(patterns.view(np.uint8), qtype, 256, 256)
+                          if qtype == T.BF16 else patterns.view(np.float16).astype(F32))
+
+
+def test_repack_is_lazy_and_cached():
+    raw = make_weight(T.Q4_1, ROWS, NE0, np.random.default_rng(3))
+    w = QWeight.prepare(raw, T.Q4_1, NE0)
+    assert w.packed_nbytes == 0 and w.nbytes == raw.nbytes
+    w.matmul(activations(1, 3))
+    packed = w.packed
+    assert w.packed_nbytes == ROWS * NE0 * 3 // 4                  # nibbles + f32 d and m per 32: 0.75 B/weight
+    w.matmul(activations(2, 3))
+    assert w.packed is packed
+
+
+def test_prepare_rejects_bad_input():
+    raw = make_weight(T.Q4_0, 4, 64, np.random.default_rng(0))
+    with pytest.raises(ValueError):
+        QWeight.prepare(raw, T.Q4_0, 96)                              # row bytes do not match ne0
+    with pytest.raises(ValueError):
+        QWeight.prepare(raw[:, :-2], T.Q4_0, 64)
+    with pytest.raises(NotImplementedError):
+        QWeight.prepare(raw, T.Q2_K, 64)
+    w = QWeight.prepare(raw, T.Q4_0, 64)
+    with pytest.raises(ValueError):
+        w.matmul(np.zeros((2, 64), np.float64))
+    with pytest.raises(ValueError):
+        w.matmul(np.zeros((64, 2), F32).T)                            # not C-contiguous
+    with pytest.raises(IndexError):
+        w.get_rows(np.array([4]))
+
+
+# --- the real SmolLM2 tensors --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_tensors(smollm2_gguf):
+    wanted = {"blk.0.ffn_up.weight", "token_embd.weight"}
+    return {t.name: t for t in gguf.GGUFReader(smollm2_gguf).tensors if t.name in wanted}
+
+
+def test_smollm2_q4_1_ffn_up(smollm2_tensors):
+    t = smollm2_tensors["blk.0.ffn_up.weight"]
+    assert t.tensor_type == T.Q4_1
+    ne0, rows = (int(v) for v in t.shape)
+    w = QWeight.prepare(t.data, t.tensor_type, ne0)
+    ref = gguf_dequant(np.asarray(t.data), T.Q4_1, rows, ne0)
+    assert_bits_equal(w.dequantize(), ref)
+    for n in (1, 8):
+        x = np.random.default_rng(n).standard_normal((n, ne0)).astype(F32)
+        y, emu = w.matmul(x), llama_matmul(np.asarray(t.data), T.Q4_1, ne0, x)
+        assert np.abs(y - emu).max() <= EMU_RTOL * np.abs(emu).max()
+        assert nmse(y, x @ ref.T) < NMSE_MAX[T.Q4_1]
+
+
+def test_smollm2_q8_0_token_embd(smollm2_tensors):
+    t = smollm2_tensors["token_embd.weight"]
+    assert t.tensor_type == T.Q8_0
+    ne0, rows = (int(v) for v in t.shape)
+    raw = np.asarray(t.data)
+    w = QWeight.prepare(t.data, t.tensor_type, ne0)
+    ids = np.array([504, 3575, 282, 4649, 314, 0, rows - 1])
+    assert_bits_equal(w.get_rows(ids), gguf_dequant(raw[ids], T.Q8_0, len(ids), ne0))
+    sub = slice(0, 2048)                                                # emulate the LM head on a row slice
+    for n in (1, 8):
+        x = np.random.default_rng(n).standard_normal((n, ne0)).astype(F32)
+        y, emu = w.matmul(x)[:, sub], llama_matmul(raw[sub], T.Q8_0, ne0, x)
+        assert np.abs(y - emu).max() <= EMU_RTOL * np.abs(emu).max()
+        assert nmse(y, x @ gguf_dequant(raw[sub], T.Q8_0, 2048, ne0).T) < NMSE_MAX[T.Q8_0]
+    assert_bits_equal(w.get_rows(ids), gguf_dequant(raw[ids], T.Q8_0, len(ids), ne0))
