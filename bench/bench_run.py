@@ -67,7 +67,7 @@ def bench_llama_cpp(path: str) -> tuple[float, float]:
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     from llama_cpp import Llama
 
-    llm = Llama(model_path=path, n_ctx=N_PROMPT + N_GEN, n_batch=N_PROMPT, n_threads=THREADS, verbose=False)
+    llm = Llama(model_path=path, n_ctx=N_PROMPT + N_GEN, n_batch=N_PROMPT + N_GEN, n_threads=THREADS, verbose=False)
     toks = prompt_tokens(llm.n_vocab())
 
     def pp() -> float:
@@ -79,11 +79,11 @@ def bench_llama_cpp(path: str) -> tuple[float, float]:
     def tg() -> float:
         llm.reset()
         llm.eval(toks)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
         t = time.perf_counter()
         for _ in range(N_GEN):
             llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
         return time.perf_counter() - t
 
     pp(), tg()

@@ -74,6 +74,34 @@ def tiny_vocab(n_vocab: int) -> dict[str, list[Any]]:
             gguf.Keys.Tokenizer.TOKEN_TYPE: [1] * min(n_vocab, len(tokens))}
 
 
+def half(x: np.ndarray) -> np.ndarray:
+    """Little-endian f16 bytes of x, as block scales are stored."""
+    return np.asarray(x, np.float32).astype(np.float16).view(np.uint8).reshape(*np.shape(x), 2)
+
+
+def make_weight(qtype: gguf.GGMLQuantizationType, rows: int, ne0: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw GGUF data for a random weight (std ~ 1/sqrt(ne0)): gguf's quantizers where they exist (F16, BF16,
+    Q8_0, Q4_0, Q4_1), random valid blocks otherwise (K-quants, which gguf cannot quantize)."""
+    Q = gguf.GGMLQuantizationType
+    w = (rng.standard_normal((rows, ne0)) / np.sqrt(ne0)).astype(np.float32)
+    if qtype == Q.F32:
+        return w
+    if qtype == Q.F16:
+        return w.astype(np.float16)
+    if qtype in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1):
+        return gguf.quants.quantize(w, qtype)
+    block, tsize = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, ne0 // block, tsize), dtype=np.uint8)
+    scale = 2e-3 * 16 / np.sqrt(ne0)
+    d = half(rng.uniform(0.5, 1.5, raw.shape[:2]) * scale)
+    if qtype == Q.Q6_K:
+        raw[..., 208:210] = d  # d is last in Q6_K; the int8 scales are any bytes
+    else:
+        raw[..., 0:2] = d
+        raw[..., 2:4] = half(rng.uniform(0.5, 1.5, raw.shape[:2]) * scale)  # dmin
+    return raw.reshape(rows, -1)
+
+
 def _seeded(name: str) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little"))
 
@@ -112,16 +140,11 @@ def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationTyp
         # std 1/sqrt(fan_in) and norms near 1: attention is far from uniform, so a wrong mask or RoPE shows
         rng = _seeded(name)
         if len(shape) == 1:
-            data = (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            data = (rng.standard_normal(tuple(reversed(shape))) / np.sqrt(shape[0])).astype(np.float32)
-        t = gguf.GGMLQuantizationType.F32 if len(shape) == 1 else dtype
-        if t == gguf.GGMLQuantizationType.F32:
-            w.add_tensor(name, data)
-        elif t == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(name, data.astype(np.float16))
-        else:
-            w.add_tensor(name, gguf.quants.quantize(data, t), raw_dtype=t)
+            w.add_tensor(name, (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
+            continue
+        data = make_weight(dtype, int(np.prod(shape[1:])), shape[0], rng)
+        w.add_tensor(name, data, raw_dtype=None if dtype in (gguf.GGMLQuantizationType.F32,
+                                                                 gguf.GGMLQuantizationType.F16) else dtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

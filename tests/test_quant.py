@@ -14,6 +14,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
+from conftest import half, make_weight
 
 from graphir.backends.quant import SUPPORTED, QWeight
 
@@ -31,30 +32,6 @@ NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4,
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
 # rounding of Q8_1's s alone gives 3e-4)
 EMU_RTOL = 2e-6
-
-
-def half(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x, F32).astype(np.float16).view(np.uint8).reshape(*np.shape(x), 2)
-
-
-def make_weight(qtype: T, rows: int, ne0: int, rng: np.random.Generator) -> np.ndarray:
-    """Raw GGUF data for a random weight: gguf's quantizers where they exist, random valid blocks otherwise."""
-    w = (rng.standard_normal((rows, ne0)) / np.sqrt(ne0)).astype(F32)
-    if qtype == T.F32:
-        return w
-    if qtype == T.F16:
-        return w.astype(np.float16)
-    if qtype in (T.BF16, T.Q8_0, T.Q4_0, T.Q4_1):
-        return gguf.quants.quantize(w, qtype)
-    block, tsize = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, (rows, ne0 // block, tsize), dtype=np.uint8)
-    d = half(rng.uniform(0.5, 1.5, raw.shape[:2]) * 2e-3)
-    if qtype == T.Q6_K:
-        raw[..., 208:210] = d                       # d is last in Q6_K; the int8 scales are any bytes
-    else:
-        raw[..., 0:2] = d
-        raw[..., 2:4] = half(rng.uniform(0.5, 1.5, raw.shape[:2]) * 2e-3)   # dmin
-    return raw.reshape(rows, -1)
 
 
 def gguf_dequant(raw: np.ndarray, qtype: T, rows: int, ne0: int) -> np.ndarray:

@@ -55,10 +55,13 @@ def test_f32_weights_match_llama_cpp_at_every_position(tiny_f32: Path, cache: st
 
 
 @oracle
-@pytest.mark.parametrize("dtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_1])
-def test_quantized_weights_give_llama_cpp_greedy_tokens(tmp_path: Path, tiny_preset: Callable[..., Preset],
-                                                        dtype: Q) -> None:
-    path = write_model_gguf(tmp_path / "q.gguf", tiny_preset("llama"), dtype)
+@pytest.mark.parametrize("dtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_quantized_weights_give_llama_cpps_greedy_tokens(
+        tmp_path: Path, tiny_preset: Callable[..., Preset], arch: str, dtype: Q) -> None:
+    # rows of 256 so that K-quant blocks fit; activations are quantized to 8 bits on both sides
+    preset = tiny_preset(arch, **{gguf.Keys.LLM.EMBEDDING_LENGTH: 256, gguf.Keys.LLM.FEED_FORWARD_LENGTH: 512})
+    path = write_model_gguf(tmp_path / "q.gguf", preset, dtype)
     ref = llama_cpp_logits(path, TOKENS, "f16")
     ours = graphir_logits(load(str(path)), TOKENS, "f16")
     assert (ours.argmax(axis=1) == ref.argmax(axis=1)).all()
