@@ -8,6 +8,7 @@ Arrays are in numpy order, the reverse of the IR's ggml order.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -75,10 +76,11 @@ def _shape_fn(shape: tuple[Any, ...]) -> Callable[[Env], tuple[int, ...]]:
     return lambda env: fixed
 
 
-def _step(n: Node, memo: dict[Any, Any]) -> Callable[..., np.ndarray]:
+def _step(n: Node, memo: threading.local) -> Callable[..., np.ndarray]:
     """The kernel for one node with its attributes bound: f(env, *operands) -> value.
 
-    ``memo`` lives for one run: values every layer would recompute (RoPE's cos/sin) are made once.
+    ``memo.d`` lives for one run of one thread: values every layer would recompute (RoPE's cos/sin) are made
+    once, and contexts sharing a program from several threads never see each other's.
     """
     a, op = n.attrs, n.op
     if op == "get_rows":
@@ -105,9 +107,9 @@ def _step(n: Node, memo: dict[Any, Any]) -> Callable[..., np.ndarray]:
 
         def rope(env: Env, x: np.ndarray, pos: np.ndarray, ff: Any = None) -> np.ndarray:
             k = (id(pos), id(ff), key)
-            if k not in memo:
-                memo[k] = K.rope_cos_sin(pos, a["n_dims"], None if ff is None else _dense(ff).reshape(-1), a)
-            return K.rope_apply(x.astype(np.float32, copy=False), memo[k], a)
+            if k not in memo.d:
+                memo.d[k] = K.rope_cos_sin(pos, a["n_dims"], None if ff is None else _dense(ff).reshape(-1), a)
+            return K.rope_apply(x.astype(np.float32, copy=False), memo.d[k], a)
 
         return rope
     if op == "soft_max":
@@ -148,7 +150,7 @@ class Program:
                 last_use[index[id(x)]] = i
         keep = {index[id(n)] for n in graph.outputs.values()}
         self.n_slots = len(graph.nodes)
-        self.memo: dict[Any, Any] = {}
+        self.memo = threading.local()
         self.consts: list[tuple[int, Any]] = []
         self.feeds: list[tuple[int, str]] = []
         self.steps: list[tuple[Callable[..., np.ndarray], int, tuple[int, ...], tuple[int, ...]]] = []
@@ -168,7 +170,7 @@ class Program:
             taps: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Outputs by role. With ``taps`` (a dict), every computed value is also copied into it by node name,
         like llama.cpp's eval callback: the way to compare engines node by node."""
-        self.memo.clear()
+        self.memo.d = {}
         vals: list[Any] = [None] * self.n_slots
         for i, w in self.consts:
             vals[i] = w

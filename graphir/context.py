@@ -3,17 +3,28 @@
 Mirrors llama.cpp's ``llama_context::decode``: validate the batch, split it into ubatches, ask the memory
 to place all of them before anything runs (a batch that does not fit changes nothing), then per ubatch
 commit the placement, feed the graph and collect the requested outputs in batch order.
+
+Before each decode the context applies the memory's pending maintenance (``memory.update()``: the K-shift
+after ``seq_add``/``seq_div``), as llama.cpp does, once the batch is known to fit. Memory and whole-context
+state can be swapped (``get_memory``/``set_memory``) and saved (``state_save``/``state_load``, per sequence
+``state_seq_save``/``state_seq_load``; format in :mod:`graphir.state`).
+
+Multi-sequence batches need nothing beyond ``split_simple``: a token may carry several sequence ids, every
+token's cell is chosen per token, and the mask (built from cells) isolates the sequences. llama.cpp's
+``split_equal``/``split_seq`` exist for memories that place a ubatch per sequence (recurrent state, or a KV
+cache whose streams are separate tensors); ours are ranges of one cell array, so neither is needed.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from graphir.batch import Batch, split_simple, validate
-from graphir.errors import BatchError, GraphirError
+from graphir.errors import BatchError, GraphirError, StateError
 from graphir.memory import Memory
 from graphir.memory.kv import KVCache
 from graphir.memory.none import NoMemory
@@ -27,19 +38,23 @@ class Context:
 
     def __init__(self, model: Model, n_ctx: int | None = None, n_batch: int = 512, n_ubatch: int = 512,
                  n_seq_max: int = 1, kind: str | None = None, embeddings: bool = False, type_k: str = "f16",
-                 type_v: str = "f16"):
+                 type_v: str = "f16", unified: bool = True):
+        """``unified``: one pool of n_ctx cells shared by all sequences (default), or False for llama.cpp's
+        non-unified layout, n_ctx // n_seq_max cells per sequence (see :mod:`graphir.memory.kv`)."""
         hp = model.hparams
         self.model, self.kind = model, kind or "kv"
         self.n_ctx = n_ctx or min(hp.n_ctx_train, 4096)
         self.n_batch, self.n_ubatch, self.n_seq_max = n_batch, min(n_ubatch, n_batch), n_seq_max
         self.embeddings_enabled = embeddings
         if self.kind == "kv":
-            self.memory: Memory = KVCache(hp, type_k, type_v, self.n_ctx, n_seq_max)
+            self._memory: Memory = KVCache(hp, type_k, type_v, self.n_ctx, n_seq_max, unified)
         elif self.kind == "none":
-            self.memory = NoMemory(hp)
+            self._memory = NoMemory(hp)
         else:
             raise GraphirError(f"unknown context kind '{self.kind}' (known: none, kv)")
-        self.program = model.program(self.kind)
+        self.program, self._shiftable, self._rope = model.program(self.kind)
+        if isinstance(self._memory, KVCache):
+            self._memory.bind_rope(self._shiftable, self._rope)
         self._lock = threading.Lock()  # one decode at a time per context; contexts run in parallel
         self._logits = np.zeros((0, hp.n_vocab), np.float32)
         self._embd = np.zeros((0, hp.n_embd), np.float32)
@@ -60,6 +75,7 @@ class Context:
             pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.next_pos(self.n_seq_max))
             ubatches = split_simple(batch, pos, self.n_ubatch)
             plans = mem.prepare(ubatches)  # raises CacheFullError before anything changed
+            mem.update()  # pending K-shift: the cells' contents change representation, not meaning
             snap = mem.snapshot()
             logits, embd, rows = [], [], []
             try:
@@ -81,6 +97,76 @@ class Context:
             if self.embeddings_enabled:
                 self._embd = np.concatenate(embd)
             self._row = {b: r for r, b in enumerate(rows)}
+
+    # ---- memory ----------------------------------------------------------------------------------------
+
+    @property
+    def memory(self) -> Memory:
+        """The context's memory: ``ctx.memory.seq_rm(1, -1, -1)``, ``ctx.memory.update()``, ..."""
+        return self._memory
+
+    def get_memory(self) -> Memory:
+        return self._memory
+
+    def set_memory(self, mem: Memory) -> None:
+        """Install ``mem`` (e.g. an earlier ``ctx.memory.clone()``) as this context's memory.
+
+        It must be compatible: same kind, model hyperparameters, cache types, n_ctx, n_seq_max and layout;
+        else StateError names the first mismatch. The object itself is installed, not a copy.
+        """
+        cur = self._memory
+        if type(mem) is not type(cur):
+            raise StateError(f"cannot set memory: kind '{getattr(mem, 'kind', type(mem).__name__)}' differs from "
+                             f"this context's '{cur.kind}'")
+        if mem.hp != cur.hp:
+            diff = [k for k, v in cur.hp.as_dict().items() if mem.hp.as_dict().get(k) != v]
+            raise StateError(f"cannot set memory: it was made for a model with different hyperparameters "
+                             f"({', '.join(diff)})")
+        if isinstance(cur, KVCache):
+            assert isinstance(mem, KVCache)
+            theirs, ours = mem.layout(), cur.layout()
+            for k in ours:
+                if theirs[k] != ours[k]:
+                    raise StateError(f"cannot set memory: {k}={theirs[k]!r}, this context has {k}={ours[k]!r}")
+        with self._lock:
+            if isinstance(mem, KVCache):
+                mem.bind_rope(self._shiftable, self._rope)
+            self._memory = mem
+
+    def state_save(self, path: str | os.PathLike[str] | None = None) -> bytes:
+        """The whole context (memory cells, K/V rows, last outputs) as bytes; also written to ``path`` if given."""
+        from graphir import state
+
+        with self._lock:
+            data = state.write(self)
+        if path is not None:
+            with open(path, "wb") as f:
+                f.write(data)
+        return data
+
+    def state_load(self, data: bytes | str | os.PathLike[str]) -> None:
+        """Restore a :meth:`state_save` (bytes or a file path). Raises StateError and changes nothing if the
+        data is corrupt, truncated, or from another model / cache type / context size."""
+        from graphir import state
+
+        with self._lock:
+            state.read(self, data)
+
+    def state_seq_save(self, seq: int) -> bytes:
+        """One sequence's cells and K/V rows as bytes."""
+        from graphir import state
+
+        with self._lock:
+            return state.write(self, seq)
+
+    def state_seq_load(self, data: bytes | str | os.PathLike[str], dst_seq: int) -> None:
+        """Replace sequence ``dst_seq`` with a saved sequence (saved under any id)."""
+        from graphir import state
+
+        with self._lock:
+            state.read_seq(self, data, dst_seq)
+
+    # ---- outputs ---------------------------------------------------------------------------------------
 
     def logits(self) -> np.ndarray:
         """(n_outputs, n_vocab) float32, rows in batch order."""

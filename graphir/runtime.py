@@ -61,13 +61,16 @@ class Model:
                     self._prepared[name] = QWeight.prepare(t.data, t.qtype, t.ne0)
             return self._prepared[name]
 
-    def program(self, kind: str) -> Any:
-        """The compiled graph of a context kind (prefill graph: it binds any ubatch size)."""
+    def program(self, kind: str) -> tuple[Any, bool, dict[int, Any]]:
+        """A context kind's compiled graph (the prefill graph: it binds any ubatch size), shared by contexts,
+        with whether and how its cached K can be re-roped for position shifts."""
         with self._lock:
             if kind not in self._programs:
                 from graphir.backends.executor import Program
+                from graphir.memory.kv import rope_plan
 
-                self._programs[kind] = Program(self.meta.build_graph(kind, "prefill"), self.weight)
+                graph = self.meta.build_graph(kind, "prefill")
+                self._programs[kind] = (Program(graph, self.weight), *rope_plan(graph, self.weight))
             return self._programs[kind]
 
     def new_context(self, **kw: Any) -> Context:

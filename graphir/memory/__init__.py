@@ -7,6 +7,12 @@ ignorant of caches and caches stay ignorant of architectures. Kinds that cannot 
 At run time a memory places each ubatch (``prepare`` simulates all placements first and mutates nothing,
 ``apply`` commits one), feeds the graph inputs it declared (indices, masks, buffers), and answers position
 queries. ``snapshot``/``restore`` let a context undo a ubatch whose computation failed.
+
+The user-facing half is llama.cpp's ``llama_memory_*`` API: ``clear``, the sequence operations ``seq_rm``,
+``seq_cp``, ``seq_keep``, ``seq_add``, ``seq_div``, ``seq_pos_min``/``seq_pos_max``, ``can_shift`` and
+``update`` (which materialises pending position edits), plus ``clone``. Range conventions are llama.cpp's:
+positions ``[p0, p1)`` with ``p0 < 0`` meaning 0 and ``p1 < 0`` meaning +infinity; ``seq < 0`` means any
+sequence (``seq_rm`` only). A kind that cannot do one of these raises :class:`GraphirError` saying so.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import numpy as np
 
 from graphir.batch import UBatch
 from graphir.dims import DimDecl
-from graphir.errors import GraphError
+from graphir.errors import GraphError, GraphirError
 from graphir.hparams import HParams
 from graphir.ir import Node
 
@@ -76,3 +82,44 @@ class Memory:
 
     def restore(self, snap: Any) -> None:
         pass
+
+    # ---- the user-facing memory API (llama.cpp's llama_memory_*) ---------------------------------------
+
+    def _cannot(self, what: str) -> GraphirError:
+        return GraphirError(f"memory kind '{self.kind}' cannot {what}: it keeps no cells between decodes")
+
+    def clear(self, data: bool = True) -> None:
+        """Forget everything; with ``data`` also zero the buffers."""
+        raise self._cannot("clear")
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove ``seq``'s entries with position in [p0, p1) (seq < 0: every sequence). True on success."""
+        raise self._cannot("seq_rm")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Make ``src``'s entries with position in [p0, p1) belong to ``dst`` as well."""
+        raise self._cannot("seq_cp")
+
+    def seq_keep(self, seq: int) -> None:
+        """Remove everything that does not belong to ``seq``."""
+        raise self._cannot("seq_keep")
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Add ``delta`` to the positions of ``seq``'s entries in [p0, p1); entries pushed below 0 are removed."""
+        raise self._cannot("seq_add")
+
+    def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
+        """Integer-divide the positions of ``seq``'s entries in [p0, p1) by ``d``."""
+        raise self._cannot("seq_div")
+
+    def can_shift(self) -> bool:
+        """Whether position edits (seq_add/seq_div) can be materialised."""
+        return False
+
+    def update(self) -> bool:
+        """Apply pending maintenance (K-shift); True if anything was done. Contexts call it before decoding."""
+        return False
+
+    def clone(self) -> Memory:
+        """A deep copy (cells and buffers), compatible with the same contexts."""
+        raise self._cannot("clone")

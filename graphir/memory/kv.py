@@ -1,22 +1,42 @@
-"""The unified self-attention KV cache (llama.cpp's ``llama_kv_cache`` with one stream).
+"""The self-attention KV cache (llama.cpp's ``llama_kv_cache``), unified or with one stream per sequence.
 
 Graph side: each layer owns K and V buffers of ``n_ctx`` cells. A ubatch first writes its K/V rows into the
 cells chosen by slot search (``k_idxs``/``v_idxs``), then attends over the first ``n_kv`` cells under a mask
 built from the cells' positions and sequence sets; so the current tokens see themselves through the cache.
 The cache holds K after RoPE.
+
+Layouts. ``unified=True``: every sequence may use any of the ``n_ctx`` cells, and a cell may belong to
+several sequences (a shared prompt is stored once). ``unified=False`` is llama.cpp's non-unified mode:
+sequence s owns the cell range ``[s*n, (s+1)*n)`` with ``n = n_ctx // n_seq_max`` (its "stream"), tokens
+may not be shared between sequences, and ``seq_cp`` copies whole sequences (K/V rows included). It is the
+same cell array and the same graph: the mask isolates the streams exactly as it isolates sequences in the
+unified layout, so both layouts give the same logits.
+
+Slot search takes the first free cells from a moving head, wrapping around, and they need not be
+contiguous (K/V rows are written with ``set_rows``, the mask is per cell). Fragmentation therefore never
+blocks a slot: a ubatch fits whenever enough cells are free (in its stream), and compaction (llama.cpp's
+former defrag) is never needed. Holes only make ``n_kv`` (the attended prefix) longer than the used count.
+
+Position edits (``seq_add``, ``seq_div``) are lazy, as in llama.cpp: they change the cells' positions and
+accumulate a per-cell pending ``shift``; :meth:`KVCache.update` (called by the context before the next
+decode) rotates the cached K rows by the angle of their shift, with the rope parameters of the layer's own
+K rope node in the compiled graph (mode, n_dims, freq base/scale, YaRN, freq factors).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import copy
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from graphir.batch import UBatch
 from graphir.dims import DimDecl
-from graphir.errors import CacheFullError, GraphirError
+from graphir.errors import BatchError, CacheFullError, GraphirError
 from graphir.hparams import HParams
-from graphir.ir import Node
+from graphir.ir import Graph, Node
 from graphir.memory import Memory
 
 if TYPE_CHECKING:
@@ -28,6 +48,68 @@ N_KV = DimDecl("n_kv", 1, N_CTX.sym, "cells attended over: the used prefix of th
 
 CACHE_DTYPES = {"f16": np.float16, "f32": np.float32}
 MAX_SEQ = 64  # sequence sets are uint64 bitmasks (llama.cpp allows 256)
+POS_INF = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class RopeShift:
+    """How one layer's cached K was rotated: the K rope node's attributes and its frequency factors."""
+
+    attrs: dict[str, Any]
+    freq_factors: np.ndarray | None
+
+    def rotate(self, k: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        """k (n, n_head_kv, head_dim) float32 post-RoPE rows rotated further by angle(delta) per row.
+
+        RoPE at position p rotates channel pair i by p*theta_i (YaRN mixes theta_i but keeps it linear in p),
+        so rotating by delta*theta_i moves a row from p to p + delta. The rotation has unit magnitude: the
+        YaRN/attention magnitude factor the forward rope applied is not applied a second time.
+        """
+        from graphir.backends import kernels as K  # the backend's own rope arithmetic (angles by f32 products)
+
+        a = dict(self.attrs)
+        a["attn_factor"] = 1.0
+        if a.get("ext_factor", 0.0):
+            a["attn_factor"] = 1.0 / (1.0 + 0.1 * math.log(1.0 / float(a["freq_scale"])))
+        cos_sin = K.rope_cos_sin(delta.astype(np.int64), a["n_dims"], self.freq_factors, a)
+        return K.rope_apply(k, cos_sin, a)
+
+
+_SHAPE_OPS = ("reshape", "view", "cont", "permute", "transpose", "cpy")
+
+
+def rope_plan(graph: Graph, weight: Callable[[str], Any]) -> tuple[bool, dict[int, RopeShift]]:
+    """(can_shift, per-layer RopeShift) from a compiled graph: follow each ``cache_k`` write back to its rope.
+
+    A layer whose K reaches the cache through shape ops from a rope node is re-roped with that node's
+    attributes; a layer whose K has no rope upstream at all needs no re-roping (positions only live in
+    the mask); a layer whose K went through other arithmetic after a rope cannot be shifted.
+    """
+    plan: dict[int, RopeShift] = {}
+    ok = True
+    for n in graph.nodes:
+        if n.op != "set_rows" or not n.inputs[0].name.endswith("cache_k"):
+            continue
+        x = n.inputs[1]
+        while x.op in _SHAPE_OPS and x.inputs:
+            x = x.inputs[0]
+        if x.op == "rope":
+            ff = None
+            if len(x.inputs) > 2:
+                ff = np.asarray(weight(x.inputs[2].name), dtype=np.float32).reshape(-1)
+            plan[n.layer if n.layer is not None else -1] = RopeShift(dict(x.attrs), ff)
+            continue
+        seen, todo = set(), [x]
+        while todo:  # any rope further up means K was rotated and then changed: a shift cannot be exact
+            y = todo.pop()
+            if id(y) in seen:
+                continue
+            seen.add(id(y))
+            if y.op == "rope":
+                ok = False
+                break
+            todo.extend(y.inputs)
+    return ok, plan
 
 
 class KVCache(Memory):
@@ -35,7 +117,8 @@ class KVCache(Memory):
 
     kind = "kv"
 
-    def __init__(self, hp: HParams, type_k: str = "f16", type_v: str = "f16", n_ctx: int = 0, n_seq_max: int = 1):
+    def __init__(self, hp: HParams, type_k: str = "f16", type_v: str = "f16", n_ctx: int = 0, n_seq_max: int = 1,
+                 unified: bool = True):
         super().__init__(hp)
         for which, t in (("type_k", type_k), ("type_v", type_v)):
             if t not in CACHE_DTYPES:
@@ -43,10 +126,18 @@ class KVCache(Memory):
         if not 1 <= n_seq_max <= MAX_SEQ:
             raise GraphirError(f"n_seq_max={n_seq_max} is outside [1, {MAX_SEQ}]")
         self.type_k, self.type_v = type_k, type_v
-        self.n_ctx, self.n_seq_max = n_ctx, n_seq_max
-        self.pos = np.full(n_ctx, -1, dtype=np.int64)
-        self.seq = np.zeros(n_ctx, dtype=np.uint64)
-        self.head = 0
+        self.n_ctx, self.n_seq_max, self.unified = n_ctx, n_seq_max, bool(unified)
+        self.n_stream = 1 if self.unified else n_seq_max
+        self.stream_size = n_ctx // self.n_stream  # cells per stream; per-sequence: n_ctx % n_seq_max stay unused
+        if n_ctx and not self.stream_size:
+            raise GraphirError(f"n_ctx={n_ctx} gives no cells per sequence with n_seq_max={n_seq_max} "
+                               f"(unified=False needs n_ctx >= n_seq_max)")
+        self.pos = np.full(n_ctx, -1, dtype=np.int64)  # -1: empty cell
+        self.seq = np.zeros(n_ctx, dtype=np.uint64)  # bit s: the cell belongs to sequence s
+        self.shift = np.zeros(n_ctx, dtype=np.int64)  # pending position delta not yet applied to K
+        self.heads = [s * self.stream_size for s in range(self.n_stream)]  # per stream: where the next slot search starts (not state)
+        self.rope: dict[int, RopeShift] | None = None  # bound by the context from its compiled graph
+        self.shiftable = True
         self._buffers: dict[str, np.ndarray] = {}
         if n_ctx:
             for il in range(hp.n_layer):
@@ -77,8 +168,23 @@ class KVCache(Memory):
     def buffers(self) -> dict[str, np.ndarray]:
         return self._buffers
 
+    def bind_rope(self, shiftable: bool, plan: dict[int, RopeShift]) -> None:
+        """Tell the cache how its K rows were rotated (see :func:`rope_plan`); needed by :meth:`update`."""
+        self.shiftable, self.rope = shiftable, plan
+
     def _holds(self, seq: int) -> np.ndarray:
         return (self.seq >> np.uint64(seq)) & np.uint64(1) == 1
+
+    def _check_seq(self, seq: int, what: str) -> None:
+        if not 0 <= seq < self.n_seq_max:
+            raise GraphirError(f"{what}: seq id {seq} is outside [0, {self.n_seq_max}) (n_seq_max={self.n_seq_max})")
+
+    def stream_of(self, seq: int) -> int:
+        return 0 if self.unified else seq
+
+    def stream_range(self, stream: int) -> tuple[int, int]:
+        a = stream * self.stream_size
+        return a, a + self.stream_size
 
     def seq_pos_max(self, seq: int) -> int:
         p = self.pos[self._holds(seq)]
@@ -88,21 +194,42 @@ class KVCache(Memory):
         p = self.pos[self._holds(seq)]
         return int(p.min()) if len(p) else -1
 
-    def _find_cells(self, free: np.ndarray, n: int, head: int) -> np.ndarray | None:
-        """The first n free cells at or after head, wrapping around (cells need not be contiguous)."""
-        order = np.concatenate([np.flatnonzero(free[head:]) + head, np.flatnonzero(free[:head])])
+    def _find_cells(self, free: np.ndarray, n: int, head: int, lo: int, hi: int) -> np.ndarray | None:
+        """The first n free cells of [lo, hi) at or after head, wrapping around (cells need not be contiguous)."""
+        order = np.concatenate([np.flatnonzero(free[head:hi]) + head, np.flatnonzero(free[lo:head]) + lo])
         return order[:n] if len(order) >= n else None
 
+    def _next_head(self, cell: int) -> int:
+        lo, hi = self.stream_range(cell // self.stream_size if not self.unified else 0)
+        return cell + 1 if cell + 1 < hi else lo
+
     def prepare(self, ubatches: list[UBatch]) -> list[Any]:
-        free, head, plans = self.pos < 0, self.head, []
+        free, heads, plans = self.pos < 0, list(self.heads), []
         for k, ub in enumerate(ubatches):
-            cells = self._find_cells(free, len(ub), head)
-            if cells is None:
-                raise CacheFullError(f"KV cache full: ubatch {k} needs {len(ub)} cells, {int(free.sum())} of "
-                                     f"{self.n_ctx} are free")
+            cells = np.empty(len(ub), dtype=np.int64)
+            if self.unified:
+                groups = {0: np.arange(len(ub))}
+            else:
+                for i, ids in enumerate(ub.seq_ids):
+                    if len(ids) > 1:
+                        raise BatchError(f"token {int(ub.batch_index[i])} belongs to sequences {ids}: a token shared "
+                                         f"by several sequences needs the unified KV layout (unified=True)")
+                first = np.array([ids[0] for ids in ub.seq_ids])
+                groups = {int(s): np.flatnonzero(first == s) for s in np.unique(first)}
             free = free.copy()
-            free[cells] = False
-            head = int(cells[-1]) + 1 if cells[-1] + 1 < self.n_ctx else 0
+            for stream, rows in groups.items():
+                lo, hi = self.stream_range(stream)
+                got = self._find_cells(free, len(rows), heads[stream], lo, hi)
+                if got is None:
+                    n_free = int(free[lo:hi].sum())
+                    if self.unified:
+                        raise CacheFullError(f"KV cache full: ubatch {k} needs {len(rows)} cells, {n_free} of "
+                                             f"{self.n_ctx} are free")
+                    raise CacheFullError(f"KV cache full: ubatch {k} needs {len(rows)} cells of sequence {stream}'s "
+                                         f"stream, {n_free} of {self.stream_size} are free")
+                free[got] = False
+                cells[rows] = got
+                heads[stream] = self._next_head(int(got[-1]))
             plans.append(cells)
         return plans
 
@@ -110,7 +237,10 @@ class KVCache(Memory):
         cells = plan
         self.pos[cells] = ub.pos
         self.seq[cells] = [sum(1 << s for s in ids) for ids in ub.seq_ids]
-        self.head = int(cells[-1]) + 1 if cells[-1] + 1 < self.n_ctx else 0
+        self.shift[cells] = 0
+        streams = cells // self.stream_size if not self.unified else np.zeros(len(cells), dtype=np.int64)
+        for st_ in np.unique(streams):  # after the last cell written in each stream
+            self.heads[int(st_)] = self._next_head(int(cells[np.flatnonzero(streams == st_)[-1]]))
         n_kv = int(np.flatnonzero(self.pos >= 0).max()) + 1
         first = np.array([ids[0] for ids in ub.seq_ids], dtype=np.uint64)
         pos, seq = self.pos[:n_kv], self.seq[:n_kv]
@@ -121,8 +251,138 @@ class KVCache(Memory):
         idxs = cells.astype(np.int64)
         return {"kq_mask": mask, "k_idxs": idxs, "v_idxs": idxs, "n_kv": n_kv}
 
+    def _stream_of_cell(self, cell: int) -> int:
+        return 0 if self.unified else cell // self.stream_size
+
     def snapshot(self) -> Any:
-        return self.pos.copy(), self.seq.copy(), self.head
+        return self.pos.copy(), self.seq.copy(), self.shift.copy(), list(self.heads)
 
     def restore(self, snap: Any) -> None:
-        self.pos, self.seq, self.head = snap[0].copy(), snap[1].copy(), snap[2]
+        self.pos, self.seq, self.shift, self.heads = snap[0].copy(), snap[1].copy(), snap[2].copy(), list(snap[3])
+
+    # ---- the memory API -----------------------------------------------------------------------------
+
+    def _range(self, p0: int, p1: int) -> np.ndarray:
+        """Non-empty cells with position in [p0, p1), llama.cpp's -1 conventions."""
+        lo = max(int(p0), 0)
+        hi = POS_INF if p1 < 0 else int(p1)
+        return (self.pos >= 0) & (self.pos >= lo) & (self.pos < hi)
+
+    def _free(self, cells: np.ndarray) -> None:
+        """Empty the given cells (bool mask) and move the heads back to the first freed cell of their stream."""
+        idx = np.flatnonzero(cells)
+        self.pos[idx], self.seq[idx], self.shift[idx] = -1, 0, 0
+        for c in idx[::-1]:
+            s = self._stream_of_cell(int(c))
+            if c < self.heads[s]:
+                self.heads[s] = int(c)
+
+    def clear(self, data: bool = True) -> None:
+        self.pos[:], self.seq[:], self.shift[:] = -1, 0, 0
+        self.heads = [self.stream_range(s)[0] for s in range(self.n_stream)]
+        if data:
+            for b in self._buffers.values():
+                b[...] = 0
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        sel = self._range(p0, p1)
+        if seq < 0:
+            self._free(sel)
+            return True
+        self._check_seq(seq, "seq_rm")
+        sel &= self._holds(seq)
+        self.seq[sel] &= ~np.uint64(1 << seq)
+        self._free(sel & (self.seq == 0))
+        return True
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self._check_seq(src, "seq_cp")
+        self._check_seq(dst, "seq_cp")
+        if src == dst:
+            return
+        if self.stream_of(src) == self.stream_of(dst):
+            self.seq[self._range(p0, p1) & self._holds(src)] |= np.uint64(1 << dst)
+            return
+        # per-sequence layout: dst's stream becomes a copy of src's (llama.cpp: whole sequences only)
+        if p0 > 0 or p1 >= 0:
+            raise GraphirError(f"seq_cp({src}, {dst}, {p0}, {p1}): with one stream per sequence (unified=False) "
+                               f"only whole sequences are copied; pass p0=-1, p1=-1")
+        (a, b), (c, d) = self.stream_range(self.stream_of(src)), self.stream_range(self.stream_of(dst))
+        keep = self._holds(src)[a:b]
+        self.pos[c:d] = np.where(keep, self.pos[a:b], -1)
+        self.shift[c:d] = np.where(keep, self.shift[a:b], 0)
+        self.seq[c:d] = np.where(keep, np.uint64(1 << dst), np.uint64(0))
+        for buf in self._buffers.values():
+            buf[c:d] = buf[a:b]
+        self.heads[self.stream_of(dst)] = self.heads[self.stream_of(src)] - a + c
+
+    def seq_keep(self, seq: int) -> None:
+        self._check_seq(seq, "seq_keep")
+        mine = self._holds(seq)
+        self.seq[mine] = np.uint64(1 << seq)
+        self._free((self.pos >= 0) & ~mine)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        self._check_seq(seq, "seq_add")
+        if delta == 0:
+            return
+        sel = self._range(p0, p1) & self._holds(seq)
+        self.pos[sel] += delta
+        self.shift[sel] += delta
+        self._free(sel & (self.pos < 0))  # pushed below position 0: removed, as llama.cpp does
+        s = self.stream_of(seq)
+        gone = np.flatnonzero(sel & (self.pos < 0))
+        self.heads[s] = int(gone[0]) if len(gone) else self.stream_range(s)[0]
+
+    def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
+        self._check_seq(seq, "seq_div")
+        if d <= 0:
+            raise GraphirError(f"seq_div: divisor {d} must be positive")
+        if d == 1:
+            return
+        sel = self._range(p0, p1) & self._holds(seq)
+        old = self.pos[sel]
+        new = old // d  # positions are >= 0: floor division is C's truncation
+        self.pos[sel] = new
+        self.shift[sel] += new - old  # NOTE: new - old like seq_add; llama.cpp records old - new (trap 9)
+
+    def can_shift(self) -> bool:
+        return self.shiftable
+
+    def has_shift(self) -> bool:
+        return bool((self.shift[self.pos >= 0] != 0).any())
+
+    def update(self) -> bool:
+        """Re-rope cached K by each cell's pending shift (llama.cpp's K-shift); True if any row moved."""
+        if not self.has_shift():
+            self.shift[:] = 0
+            return False
+        if not self.shiftable:
+            raise GraphirError("this model's cached K cannot be re-roped (K changes after its rope): positions "
+                               "were edited with seq_add/seq_div but the cache cannot follow")
+        if self.rope is None:
+            raise GraphirError("this KV cache is not bound to a compiled model (bind_rope), so pending position "
+                               "shifts cannot be applied; use the memory of a context")
+        idx = np.flatnonzero((self.pos >= 0) & (self.shift != 0))
+        delta = self.shift[idx]
+        hp = self.hp
+        for il in range(hp.n_layer):
+            r = self.rope.get(il)
+            if r is None:
+                continue  # no rope on this layer's K: nothing to rotate
+            buf = self._buffers[f"blk.{il}.cache_k"]
+            k = buf[idx].astype(np.float32).reshape(len(idx), hp.n_head_kv, hp.n_embd_head_k)
+            buf[idx] = r.rotate(k, delta).reshape(len(idx), -1).astype(buf.dtype)  # f16: rounds to nearest even
+        self.shift[:] = 0
+        return True
+
+    def clone(self) -> KVCache:
+        new = copy.copy(self)
+        new.pos, new.seq, new.shift, new.heads = self.pos.copy(), self.seq.copy(), self.shift.copy(), list(self.heads)
+        new._buffers = {k: v.copy() for k, v in self._buffers.items()}
+        return new
+
+    def layout(self) -> dict[str, Any]:
+        """What must agree for two caches (or a cache and a saved state) to be interchangeable."""
+        return {"kind": self.kind, "type_k": self.type_k, "type_v": self.type_v, "n_ctx": self.n_ctx,
+                "n_seq_max": self.n_seq_max, "unified": self.unified}
