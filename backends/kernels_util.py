@@ -2,6 +2,8 @@
 
 numba has no float16 type, so everything that must round like llama.cpp's fp16/bf16 conversions is done here
 with integer or exact float arithmetic. None of these helpers uses fastmath: they are bit-exact.
+`fma` is the fused multiply-add llama.cpp's SIMD code uses (one rounding); numba never contracts a*b + c on
+its own, so every FMA of the emulated ggml arithmetic is written out with it.
 numba's on-disk cache is keyed on the caller's source file: after editing an inlined helper here, clear the
 callers' caches (__pycache__/*.nbi, *.nbc of backends/) or they keep the old code.
 """
@@ -11,9 +13,71 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
-__all__ = ["f16_round", "f16_bits", "round_f16", "round_bf16"]
+__all__ = ["fma", "hsum8", "hsum16", "bits_f32", "bits_u32", "f16_round", "f16_bits", "round_f16", "round_bf16"]
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma: x86's vfmadd), for three floats of one type. Exact: a float64
+    emulation (product exact, then one f64 rounding, then f32) would round twice in rare ties."""
+    if not (isinstance(a, types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+
+    return a(a, b, c), codegen
+
+
+@intrinsic
+def bits_f32(typingctx, i):
+    """The float32 whose bit pattern is the low 32 bits of the integer i (a bitcast; vectorizes, unlike a view)."""
+    if not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        i32 = ir.IntType(32)
+        if v.type.width > 32:
+            v = builder.trunc(v, i32)
+        elif v.type.width < 32:
+            v = builder.sext(v, i32) if i.signed else builder.zext(v, i32)
+        return builder.bitcast(v, ir.FloatType())
+
+    return types.float32(i), codegen
+
+
+@intrinsic
+def bits_u32(typingctx, f):
+    """The bit pattern of the float32 f, as uint32 (a bitcast)."""
+    if f != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(f), codegen
+
+
+@njit(cache=True, inline="always")
+def hsum8(a0, a1, a2, a3, a4, a5, a6, a7):
+    """ggml's hsum_float_8 (x86 quants.c / tinyBLAS): the high half added to the low half, then lanes
+    (0+2) and (1+3), then those two."""
+    return ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+
+
+@njit(cache=True, inline="always")
+def hsum16(v):
+    """_mm512_reduce_add_ps as GCC compiles it (ggml's softmax sums, vec_dot_f16 reduce, tinyBLAS hsum): the high
+    256 bits added to the low, then the high 128 to the low, then lanes (0+2), (1+3), then those two. v: 16
+    floats (an array or a slice)."""
+    a0, a1, a2, a3 = v[0] + v[8], v[1] + v[9], v[2] + v[10], v[3] + v[11]
+    a4, a5, a6, a7 = v[4] + v[12], v[5] + v[13], v[6] + v[14], v[7] + v[15]
+    return ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
 
 
 @njit(cache=True)

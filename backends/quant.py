@@ -5,34 +5,40 @@ Why this module exists
     the activation rows are first converted to the weight type's *vec_dot type* (Q4_0/Q8_0 -> Q8_0,
     Q4_1 -> Q8_1, Q4_K/Q5_K/Q6_K -> Q8_K, F16 -> f16, BF16 -> bf16) and the dot products are taken between
     the two quantized operands. A float engine that skips this lands 0.1-1.4 logit away on SmolLM2; one that
-    copies it lands within float-summation noise. So `QWeight.matmul` quantizes x exactly like llama.cpp, then
-    multiplies. Speed matters as much (decode must run near memory bandwidth), hence repacked layouts and flat
-    numba loops.
+    copies it lands within float-summation noise, which the next layers' 8-bit activation quantization then
+    amplifies (~0.2 in the residual after 10 layers). So `QWeight.matmul` quantizes x exactly like llama.cpp,
+    then multiplies, for Q4_1 and Q8_0 in llama.cpp's exact operation order. Speed matters as much (decode
+    must run near memory bandwidth), hence repacked layouts and flat numba loops.
 
 API
     QWeight.prepare(raw, qtype, ne0) wraps the raw GGUF data of one 2-D weight: uint8 (rows, row_bytes) for
     quantized types (usually a memmap), float32 / float16 (rows, ne0) for F32 / F16, BF16 as 2-byte words.
     Nothing is copied. The first matmul repacks the tensor once into the kernel layout below and keeps it
-    (`packed_nbytes`); get_rows on a tensor never multiplied repacks only the rows asked for. matmul(x) is
+    (`packed_nbytes`); get_rows on a tensor never multiplied (always, for Q4_1/Q8_0) repacks only the rows
+    asked for. matmul(x) is
     x @ W.T for x (n, ne0) float32; get_rows(ids) and dequantize() equal gguf.quants.dequantize bit for bit.
 
 The table `_TYPES` has one row per type: activation format, the stream layout of a row, repack function and
-    the three kernels (GEMV, GEMM, dequantize). Every kernel computes
+    the three kernels (GEMV, GEMM, dequantize). Q4_1 and Q8_0 (the SmolLM2 types) have their own exact kernels
+    and layout, see below. Every other kernel computes
         out[r, i] = sum_j w'[i, j] * xq[r, j]  +  sum_g mins[i, g] * asum[r, g]
     where w' is the weight without its additive min term, xq the quantized activation dequantized (exact in
-    f32), and the second sum is llama.cpp's min term (Q4_1: m * s of Q8_1; Q4_K/Q5_K: dmin*m * d*bsums).
+    f32), and the second sum is llama.cpp's min term (Q4_K/Q5_K: dmin*m * d*bsums).
     Elements are taken in "stream order": for Q4_x all low nibbles of a row, then all high nibbles (Q6_K: four
     streams), so each weight byte meets activations at j and kp + j and every load/store is contiguous.
 
-    type  act   repacked layout                                    bytes/weight   [raw GGUF]
-    Q8_0  Q8_0  int8 q + f32 d per 32                                 1.125       [1.0625]
+    type  act   matmul layout                                      bytes/weight   [raw GGUF]
+    Q8_0  Q8_0  int8 q + f32 d per 32, rows in groups of 64 (*)       1.125       [1.0625]
     Q4_0  Q8_0  nibbles + f32 d per 32                                0.625       [0.5625]
-    Q4_1  Q8_1  nibbles + f32 d, m per 32                             0.75        [0.625]
+    Q4_1  Q8_1  lane-paired nibbles + f32 d, m per 32, groups (*)     0.75        [0.625]
     Q4_K  Q8_K  nibbles + f32 d*sc and -dmin*m per 32                 0.75        [0.5625]
     Q5_K  Q8_K  as Q4_K + the 5th bits spread to one byte per nibble  1.25        [0.6875]
     Q6_K  Q8_K  two low-nibble streams + qh + f32 d*sc per 16         1.0         [0.8203]
     F32, F16, BF16: no copy; the kernels read the data in place (F16/BF16 converted per row in registers/L1).
     (Q5_K's 5th bits in place would cost a gather per element: GEMV 109 us instead of 32 us on 1536x512.)
+    (*) element-major inside a group of 64 rows: the 64 rows' values of one element are adjacent, so the
+    innermost loops run over rows (see "Q4_1 and Q8_0" above the kernels). get_rows of Q4_1/Q8_0 repacks just
+    the rows asked for, from the raw data, into the stream layout.
 
 Numerics: what is bit-exact and what is only close
     Bit-exact: every dequantized weight value, and the activation quantization: Q8_0/Q8_1 as llama.cpp's x86
@@ -41,15 +47,25 @@ Numerics: what is bit-exact and what is only close
     largest-magnitude value, nearest-even, clamp at 127, d = 1/iscale in f32), f16/bf16 nearest-even rounding
     of x for F16/BF16 weights. (llama.cpp's portable reference Q8_0/Q8_1 quantizer uses id = 1/d and rounds
     half away from zero; it differs in rare 1-ulp/tie cases; this machine's llama.cpp runs the x86 code.)
-    Only close (max error ~4e-7 of max|y| against an exact emulation, tests/test_quant.py): the products.
-    llama.cpp sums integer block dots exactly and accumulates d_w*d_x*isum in float in its SIMD lane order;
-    here the exact products w'*xq are accumulated in f32 in numba's vector order. llama.cpp's own paths
-    (vec_dot, repacked Q4_0/Q4_K kernels, llamafile sgemm) already disagree with each other in that order.
+    Bit-exact also: Q4_1 and Q8_0 matmuls, every output element, for any number of rows: they replay
+    ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 of the x86 build (AVX2 + VNNI: eight int32 lane sums per
+    block, fma(d_w*d_x, lane, acc) per lane in block order, hsum_float_8, Q4_1's min term as an FMA chain
+    added last); tinyBLAS_Q0_AVX, which llama.cpp takes for Q8_0 with n >= 2, has the same per-element order.
+    Checked against llama.cpp's own tensors in tests/test_llama_exact.py (SmolLM2: all 30 layers identical).
+    Only close (max error ~4e-7 of max|y| against an exact emulation, tests/test_quant.py): the other types'
+    products, accumulated in f32 in numba's vector order. (For Q4_0 and the K-quants llama.cpp itself uses
+    repacked or tiled kernels with yet other orders.)
 
 Speed choices (2 threads, this machine; bench/bench_quant.py)
-    n < 4, GEMV: prange over weight rows, one flat loop over a row's bytes with the block scale read as
-    d[i, j >> 4]; every weight row is reused from L1 for the n activation rows. Q4_1 ffn_up 1536x576 in 29 us
-    (19 GB/s of GGUF bytes, call overhead included), Q8_0 LM head 49152x576 in 0.45 ms (66 GB/s, L3).
+    Q4_1/Q8_0, n = 1, GEMV: prange over groups of 64 weight rows; per block and lane the four products are
+    formed for the 64 rows at once (exact in float: integers below 2^24), then one FMA with d_w*d_x. Q4_1
+    ffn_up 1536x576 in 26 us, Q8_0 LM head 49152x576 in 0.5 ms. n >= 2, GEMM: each task expands one group's
+    weights to float once (L2) and runs 4 activation rows at a time against it; ffn_up at n = 128 in 1.3 ms
+    (~170 GFLOP/s). Two numba details matter: row loops of the compile-time width _G (with a runtime width
+    they measured 7x slower) and few distinct arrays per loop (beyond ~8 runtime alias checks the loop is not
+    vectorized; hence the (4, 64) accumulator blocks).
+    Other types, n < 4, GEMV: prange over weight rows, one flat loop over a row's bytes with the block scale
+    read as d[i, j >> 4]; every weight row is reused from L1 for the n activation rows.
     Nested 32-element block loops or exact int32 block sums measured 4-8x slower.
     n >= 4, GEMM: each task dequantizes 6 weight rows (w' only) into an L1 buffer and multiplies them with 4
     activation rows at a time in 24 register accumulators; the min term goes through the same tile. 240-400
@@ -69,7 +85,7 @@ import gguf
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels_util import f16_bits, f16_round, round_bf16, round_f16
+from graphir.backends.kernels_util import f16_bits, f16_round, fma, hsum8, round_bf16, round_f16
 
 __all__ = ["QWeight", "SUPPORTED"]
 
@@ -392,17 +408,6 @@ def _gemv_bf16(w0, xq, asum, out):
 
 
 @njit(**_fast)
-def _gemv_q8_0(qs, d, xq, asum, out):
-    rows, k = qs.shape
-    for i in prange(rows):
-        for r in range(xq.shape[0]):
-            acc = _F32(0.0)
-            for j in range(k):
-                acc += _F32(qs[i, j]) * xq[r, j] * d[i, j >> 5]
-            out[r, i] = acc
-
-
-@njit(**_fast)
 def _gemv_q4_0(qs, d, xq, asum, out):
     rows, kp = qs.shape[0], max(qs.shape[1], 0)
     for i in prange(rows):
@@ -411,20 +416,6 @@ def _gemv_q4_0(qs, d, xq, asum, out):
             for j in range(kp):
                 q = np.int32(qs[i, j])
                 acc += (_F32((q & 15) - 8) * xq[r, j] + _F32((q >> 4) - 8) * xq[r, kp + j]) * d[i, j >> 4]
-            out[r, i] = acc
-
-
-@njit(**_fast)
-def _gemv_q4_1(qs, d, m, xq, asum, out):
-    rows, kp = qs.shape[0], max(qs.shape[1], 0)
-    for i in prange(rows):
-        for r in range(xq.shape[0]):
-            acc = _F32(0.0)
-            for j in range(kp):
-                q = qs[i, j]
-                acc += (_F32(q & 15) * xq[r, j] + _F32(q >> 4) * xq[r, kp + j]) * d[i, j >> 4]
-            for b in range(m.shape[1]):
-                acc += m[i, b] * asum[r, b]
             out[r, i] = acc
 
 
@@ -586,19 +577,6 @@ def _gemm_bf16(w0, xq, asum, out):
 
 
 @njit(**_fast)
-def _gemm_q8_0(qs, d, xq, asum, out):
-    rows = qs.shape[0]
-    ntask, nblk = _tasks(rows)
-    for t in prange(ntask):
-        w = np.empty((_TR, xq.shape[1]), _F32)
-        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
-            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
-            for a in range(cnt):
-                _row_q8_0(qs, d, i0 + a, w, a, False)
-            _tile(w, cnt, xq, out, i0, False)
-
-
-@njit(**_fast)
 def _gemm_q4_0(qs, d, xq, asum, out):
     rows = qs.shape[0]
     ntask, nblk = _tasks(rows)
@@ -609,21 +587,6 @@ def _gemm_q4_0(qs, d, xq, asum, out):
             for a in range(cnt):
                 _row_q4_0(qs, d, i0 + a, w, a, False)
             _tile(w, cnt, xq, out, i0, False)
-
-
-@njit(**_fast)
-def _gemm_q4_1(qs, d, m, xq, asum, out):
-    rows = qs.shape[0]
-    ntask, nblk = _tasks(rows)
-    for t in prange(ntask):
-        w = np.empty((_TR, xq.shape[1]), _F32)
-        wm = np.empty((_TR, m.shape[1]), _F32)
-        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
-            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
-            for a in range(cnt):
-                _row_q4_1(qs, d, m, i0 + a, w, a, False)
-            _tile(w, cnt, xq, out, i0, False)
-            _add_mins(m, wm, asum, i0, cnt, out)
 
 
 @njit(**_fast)
@@ -667,6 +630,246 @@ def _gemm_q6_k(qa, qb, qh, s, xq, asum, out):
             for a in range(cnt):
                 _row_q6_k(qa, qb, qh, s, i0 + a, w, a, False)
             _tile(w, cnt, xq, out, i0, False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Q4_1 and Q8_0: llama.cpp's dot products bit for bit.
+# ggml_vec_dot_q4_1_q8_1 and ggml_vec_dot_q8_0_q8_0 (x86 quants.c, AVX2 path; tinyBLAS_Q0_AVX, which takes
+# Q8_0 x Q8_0 when n >= 2, keeps the same order per output element): per 32-block, eight int32 lane sums of
+# four consecutive products (VNNI dpbusd / maddubs+madd), converted to float and accumulated lane-wise as
+# acc[l] = fma(d_w * d_x, lane[l], acc[l]) in block order; the result is hsum8(acc), plus for Q4_1 the min
+# term summs = fma(m_w, s_x, summs) chained over the blocks (a scalar vfmadd231ss in the build) and added last.
+# Layout: weight rows in groups of _G; inside a group the values of one element for all of the group's rows
+# sit side by side ([element][row]), so the innermost loops run over rows (16 per zmm) and every lane of the
+# emulation is plain vector code. The lane sums are computed in float: all partial sums are integers below
+# 2^24 (|lane| <= 4 * 127 * 127), exact in any order. Q4_1 bytes hold lane l's elements 4l+p (low nibble) and
+# 4l+p+2 (high nibble), p = 0, 1. Activations: the int8 quants as float32 in natural order, d and s per block.
+# ---------------------------------------------------------------------------------------------------------
+
+_G = 64                    # weight rows per group (4 zmm); the last group of a tensor may be narrower
+_RC = 32                   # activation rows per GEMM task
+# n from which the weights are expanded to float once per task (measured: ffn_up 1536x576 GEMV 26/48/69 us at
+# n = 1/2/3, GEMM 51/58/63 us; Q8_0's expansion costs about as much as its GEMV, LM head crossover at n ~ 7)
+_EXACT_GEMM_FROM = {T.Q4_1: 3, T.Q8_0: 7}
+_U4, _U15 = np.uint8(4), np.uint8(15)
+
+
+def _grouped(a: np.ndarray) -> np.ndarray:
+    """(rows, ...) -> 1-D: rows in groups of _G, each group stored element-major ([element][row in group])."""
+    rows = a.shape[0]
+    flat = a.reshape(rows, -1)
+    width = flat.shape[1]
+    full = rows // _G * _G
+    out = np.empty(rows * width, a.dtype)
+    out[:full * width] = flat[:full].reshape(-1, _G, width).transpose(0, 2, 1).reshape(-1)
+    out[full * width:] = flat[full:].T.reshape(-1)
+    return out
+
+
+def _pack_q4_1(b):
+    qs = b[:, :, 4:20]
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(b.shape[0], b.shape[1], 8, 4)   # [row][b][l][e]
+    return _grouped(q[..., 0:2] | (q[..., 2:4] << 4)), _grouped(_half(b, 0)), _grouped(_half(b, 2))
+
+
+def _pack_q8_0(b):
+    return _grouped(b[:, :, 2:34].view(np.int8)), _grouped(_half(b, 0))
+
+
+@njit(cache=True)
+def _xq_q8_1(x, y, yd, ys):
+    """quantize_row_q8_1 as the x86 build runs it (see _act_q8_1); quants as float32 in natural order."""
+    n, k = x.shape
+    for r in range(n):
+        for b in range(k >> 5):
+            o = b << 5
+            amax = _F32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[r, o + j]))
+            d32 = amax / _F32(127.0)
+            iscale = _F32(127.0) / amax if amax != _F32(0.0) else _F32(0.0)
+            qsum = 0
+            for j in range(32):
+                q = np.rint(x[r, o + j] * iscale)
+                qsum += int(q)
+                y[r, o + j] = q
+            yd[r, b] = f16_round(d32)
+            ys[r, b] = f16_round(d32 * _F32(qsum))
+
+
+@njit(cache=True)
+def _xq_q8_0(x, y, yd, ys):
+    n, k = x.shape
+    for r in range(n):
+        for b in range(k >> 5):
+            o = b << 5
+            amax = _F32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[r, o + j]))
+            iscale = _F32(127.0) / amax if amax != _F32(0.0) else _F32(0.0)
+            for j in range(32):
+                y[r, o + j] = np.rint(x[r, o + j] * iscale)
+            yd[r, b] = f16_round(amax / _F32(127.0))
+
+
+@njit(cache=True, inline="always")
+def _finish(acc, summ, out, r, i0, w, with_min):
+    for t in range(w):
+        v = hsum8(acc[0, t], acc[1, t], acc[2, t], acc[3, t], acc[4, t], acc[5, t], acc[6, t], acc[7, t])
+        out[r, i0 + t] = v + summ[t] if with_min else v
+
+
+@njit(cache=True, inline="always")
+def _scales(dg, mg, b, w, ydb, ysb, dd, summ, with_min):
+    """dd = d_w * d_x (one f32 product, as llama.cpp's d0*d1) and the min-term chain for block b."""
+    db = dg[b * w:(b + 1) * w]
+    for t in range(w):
+        dd[t] = db[t] * ydb
+    if with_min:
+        mb = mg[b * w:(b + 1) * w]
+        for t in range(w):
+            summ[t] = fma(mb[t], ysb, summ[t])
+
+
+@njit(**_exact)
+def _gemv_q4_1(qs, d, m, y, yd, ys, out):
+    n, k = y.shape
+    rows, nb = out.shape[1], k >> 5
+    for g in prange((rows + _G - 1) // _G):
+        i0 = g * _G
+        w = min(_G, rows - i0)
+        qg, dg, mg = qs[i0 * (k >> 1):(i0 + w) * (k >> 1)], d[i0 * nb:(i0 + w) * nb], m[i0 * nb:(i0 + w) * nb]
+        acc = np.empty((8, w), _F32)
+        summ = np.empty(w, _F32)
+        dd = np.empty(w, _F32)
+        for r in range(n):
+            acc[:] = 0.0
+            summ[:] = 0.0
+            yr = y[r]
+            for b in range(nb):
+                _scales(dg, mg, b, w, yd[r, b], ys[r, b], dd, summ, True)
+                for lane in range(8):
+                    yl = yr[b * 32 + 4 * lane:b * 32 + 4 * lane + 4]
+                    y0, y1, y2, y3 = yl[0], yl[1], yl[2], yl[3]
+                    base = (b * 8 + lane) * 2 * w
+                    q0, q1, al = qg[base:base + w], qg[base + w:base + 2 * w], acc[lane]
+                    for t in range(w):
+                        a, c = q0[t], q1[t]
+                        s = fma(_F32(c >> _U4), y3,
+                                fma(_F32(a >> _U4), y2, fma(_F32(c & _U15), y1, _F32(a & _U15) * y0)))
+                        al[t] = fma(dd[t], s, al[t])
+            _finish(acc, summ, out, r, i0, w, True)
+
+
+@njit(**_exact)
+def _gemv_q8_0(qs, d, y, yd, ys, out):
+    n, k = y.shape
+    rows, nb = out.shape[1], k >> 5
+    for g in prange((rows + _G - 1) // _G):
+        i0 = g * _G
+        w = min(_G, rows - i0)
+        qg, dg = qs[i0 * k:(i0 + w) * k], d[i0 * nb:(i0 + w) * nb]
+        acc = np.empty((8, w), _F32)
+        summ = np.empty(0, _F32)
+        dd = np.empty(w, _F32)
+        for r in range(n):
+            acc[:] = 0.0
+            yr = y[r]
+            for b in range(nb):
+                _scales(dg, dg, b, w, yd[r, b], _F32(0.0), dd, summ, False)
+                for lane in range(8):
+                    o = b * 32 + 4 * lane
+                    y0, y1, y2, y3 = yr[o], yr[o + 1], yr[o + 2], yr[o + 3]
+                    q0, q1 = qg[o * w:(o + 1) * w], qg[(o + 1) * w:(o + 2) * w]
+                    q2, q3 = qg[(o + 2) * w:(o + 3) * w], qg[(o + 3) * w:(o + 4) * w]
+                    al = acc[lane]
+                    for t in range(w):
+                        s = fma(_F32(q3[t]), y3, fma(_F32(q2[t]), y2, fma(_F32(q1[t]), y1, _F32(q0[t]) * y0)))
+                        al[t] = fma(dd[t], s, al[t])
+            _finish(acc, summ, out, r, i0, w, False)
+
+
+@njit(cache=True, inline="always")
+def _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, r0, r1, with_min):
+    """Activation rows [r0, r1) against the group's weights expanded to float, wf (nb*8, 4, _G) (zero past w);
+    four rows at a time share the weight loads. Every buffer is _G wide and every row loop runs over _G: with
+    a compile-time width numba's loops vectorize (with w they measured 7x slower)."""
+    nb = y.shape[1] >> 5
+    acc = np.empty((8, 4, _G), _F32)
+    summ = np.zeros((4, _G), _F32)
+    dd = np.zeros((4, _G), _F32)
+    for ra in range(r0, r1, 4):
+        nr = min(4, r1 - ra)
+        acc[:] = 0.0
+        summ[:] = 0.0
+        for b in range(nb):
+            for u in range(nr):
+                _scales(dg, mg, b, w, yd[ra + u, b], ys[ra + u, b], dd[u], summ[u], with_min)
+            for lane in range(8):
+                fb, aa = wf[b * 8 + lane], acc[lane]
+                o = b * 32 + 4 * lane
+                if nr == 4:
+                    ya, yb, yc, ye = y[ra, o:o + 4], y[ra + 1, o:o + 4], y[ra + 2, o:o + 4], y[ra + 3, o:o + 4]
+                    y00, y01, y02, y03 = ya[0], ya[1], ya[2], ya[3]
+                    y10, y11, y12, y13 = yb[0], yb[1], yb[2], yb[3]
+                    y20, y21, y22, y23 = yc[0], yc[1], yc[2], yc[3]
+                    y30, y31, y32, y33 = ye[0], ye[1], ye[2], ye[3]
+                    for t in range(_G):
+                        x0, x1, x2, x3 = fb[0, t], fb[1, t], fb[2, t], fb[3, t]
+                        aa[0, t] = fma(dd[0, t], fma(x3, y03, fma(x2, y02, fma(x1, y01, x0 * y00))), aa[0, t])
+                        aa[1, t] = fma(dd[1, t], fma(x3, y13, fma(x2, y12, fma(x1, y11, x0 * y10))), aa[1, t])
+                        aa[2, t] = fma(dd[2, t], fma(x3, y23, fma(x2, y22, fma(x1, y21, x0 * y20))), aa[2, t])
+                        aa[3, t] = fma(dd[3, t], fma(x3, y33, fma(x2, y32, fma(x1, y31, x0 * y30))), aa[3, t])
+                else:
+                    for u in range(nr):
+                        yu = y[ra + u, o:o + 4]
+                        y0, y1, y2, y3 = yu[0], yu[1], yu[2], yu[3]
+                        al, du = aa[u], dd[u]
+                        for t in range(_G):
+                            al[t] = fma(du[t], fma(fb[3, t], y3, fma(fb[2, t], y2, fma(fb[1, t], y1, fb[0, t] * y0))),
+                                        al[t])
+        for u in range(nr):
+            for t in range(w):
+                v = hsum8(acc[0, u, t], acc[1, u, t], acc[2, u, t], acc[3, u, t],
+                          acc[4, u, t], acc[5, u, t], acc[6, u, t], acc[7, u, t])
+                out[ra + u, i0 + t] = v + summ[u, t] if with_min else v
+
+
+@njit(**_exact)
+def _gemm_q4_1(qs, d, m, y, yd, ys, out):
+    n, k = y.shape
+    rows, nb = out.shape[1], k >> 5
+    nc = (n + _RC - 1) // _RC
+    for task in prange((rows + _G - 1) // _G * nc):
+        i0, r0 = task // nc * _G, task % nc * _RC
+        w = min(_G, rows - i0)
+        qg, dg, mg = qs[i0 * (k >> 1):(i0 + w) * (k >> 1)], d[i0 * nb:(i0 + w) * nb], m[i0 * nb:(i0 + w) * nb]
+        wf = np.zeros((nb * 8, 4, _G), _F32)
+        for bl in range(nb * 8):
+            q0, q1, fb = qg[bl * 2 * w:bl * 2 * w + w], qg[bl * 2 * w + w:bl * 2 * w + 2 * w], wf[bl]
+            for t in range(w):
+                fb[0, t] = _F32(q0[t] & _U15)
+                fb[1, t] = _F32(q1[t] & _U15)
+                fb[2, t] = _F32(q0[t] >> _U4)
+                fb[3, t] = _F32(q1[t] >> _U4)
+        _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, r0, min(n, r0 + _RC), True)
+
+
+@njit(**_exact)
+def _gemm_q8_0(qs, d, y, yd, ys, out):
+    n, k = y.shape
+    rows, nb = out.shape[1], k >> 5
+    nc = (n + _RC - 1) // _RC
+    for task in prange((rows + _G - 1) // _G * nc):
+        i0, r0 = task // nc * _G, task % nc * _RC
+        w = min(_G, rows - i0)
+        qg, dg = qs[i0 * k:(i0 + w) * k], d[i0 * nb:(i0 + w) * nb]
+        wf = np.zeros((nb * 8, 4, _G), _F32)
+        for j in range(k):
+            qj, fj = qg[j * w:(j + 1) * w], wf[j >> 2, j & 3]
+            for t in range(w):
+                fj[t] = _F32(qj[t])
+        _gemm_rows(wf, dg, dg, y, yd, ys, out, i0, w, r0, min(n, r0 + _RC), False)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -769,15 +972,19 @@ class _Kind:
     gemv: Callable                 # (*packed, xq, asum, out), n < _GEMM_FROM
     gemm: Callable                 # (*packed, xq, asum, out), n >= _GEMM_FROM
     deq: Callable                  # (*packed, ids, inv, out)
+    # Exact kinds (Q4_1, Q8_0): matmul uses its own layout, `pack`, and gemv/gemm take (*packed, y, yd, ys,
+    # out) with the activation quantized by `xq`; `repack`/`deq` then serve get_rows only (from the raw rows).
+    pack: Callable | None = None
+    xq: Callable | None = None
 
 
 _TYPES: dict[T, _Kind] = {
     T.F32: _Kind(np.float32, "f32", 1, 1, None, _gemv_f32, _gemm_f32, _deq_f32),
     T.F16: _Kind(np.uint16, "f16", 1, 1, None, _gemv_f16, _gemm_f16, _deq_f16),
     T.BF16: _Kind(np.uint16, "bf16", 1, 1, None, _gemv_bf16, _gemm_bf16, _deq_bf16),
-    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, _repack_q8_0, _gemv_q8_0, _gemm_q8_0, _deq_q8_0),
+    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, _repack_q8_0, _gemv_q8_0, _gemm_q8_0, _deq_q8_0, _pack_q8_0, _xq_q8_0),
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, _repack_q4_0, _gemv_q4_0, _gemm_q4_0, _deq_q4_0),
-    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, _repack_q4_1, _gemv_q4_1, _gemm_q4_1, _deq_q4_1),
+    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, _repack_q4_1, _gemv_q4_1, _gemm_q4_1, _deq_q4_1, _pack_q4_1, _xq_q8_1),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, _repack_q4_k, _gemv_q4_k, _gemm_q4_k, _deq_q4_k),
     T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, _repack_q5_k, _gemv_q5_k, _gemm_q5_k, _deq_q5_k),
     T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, _repack_q6_k, _gemv_q6_k, _gemm_q6_k, _deq_q6_k),
@@ -841,7 +1048,11 @@ class QWeight:
         if self._packed is None:
             with self._lock:
                 if self._packed is None:
-                    self._packed = self._repack(self.raw)
+                    if self._kind.pack is not None:
+                        tsize = gguf.GGML_QUANT_SIZES[self.qtype][1]
+                        self._packed = self._kind.pack(self.raw.reshape(self.rows, -1, tsize))
+                    else:
+                        self._packed = self._repack(self.raw)
         return self._packed
 
     @property
@@ -867,6 +1078,12 @@ class QWeight:
             out = np.empty((n, self.rows), _F32)
         elif out.shape != (n, self.rows) or out.dtype != _F32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous float32 {(n, self.rows)}, got {out.dtype} {out.shape}")
+        if k.pack is not None:                                 # exact kinds: llama.cpp's vec_dot order
+            y = np.empty((n, self.ne0), _F32)
+            yd, ys = np.empty((n, self.ne0 // 32), _F32), np.empty((n, self.ne0 // 32), _F32)
+            k.xq(x, y, yd, ys)
+            (k.gemv if n < _EXACT_GEMM_FROM[self.qtype] else k.gemm)(*self.packed, y, yd, ys, out)
+            return out
         quantize, group = _ACT[k.act]
         asum = np.empty((n, self.ne0 // group if group else 0), _F32)
         xq = np.empty((n, self.ne0), _F32)                     # quantized activation, in stream order
@@ -883,7 +1100,7 @@ class QWeight:
             out = np.empty((ids.size, self.ne0), _F32)
         elif out.shape != (ids.size, self.ne0) or out.dtype != _F32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous float32 {(ids.size, self.ne0)}, got {out.dtype} {out.shape}")
-        if self._packed is not None:
+        if self._packed is not None and self._kind.pack is None:
             self._kind.deq(*self._packed, ids, self._inv, out)
         else:                                                  # never multiplied: repack just these rows
             self._kind.deq(*self._repack(self.raw[ids]), np.arange(ids.size), self._inv, out)

@@ -34,6 +34,28 @@ def llama_cpp_logits(path: Path, tokens: list[int], cache: str) -> np.ndarray:
     return np.array(llm.scores[: len(tokens)], dtype=np.float32)
 
 
+def llama_cpp_greedy(path: Path, prompt: list[int], n: int) -> list[int]:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, verbose=False, n_threads=2)
+    llm.eval(prompt)
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)))))
+        llm.eval([out[-1]])
+    return out
+
+
+def graphir_greedy(model: Model, prompt: list[int], n: int) -> list[int]:
+    ctx = model.new_context(n_ctx=64)
+    ctx.decode(Batch.from_tokens(prompt, 0))
+    out = []
+    for i in range(n):
+        out.append(int(np.argmax(ctx.logits_ith(-1))))
+        ctx.decode(Batch.one(out[-1], len(prompt) + i))
+    return out
+
+
 def graphir_logits(model: Model, tokens: list[int], cache: str, **kw: int) -> np.ndarray:
     ctx = model.new_context(n_ctx=64, type_k=cache, type_v=cache, **kw)
     ctx.decode(Batch.from_tokens(tokens, 0, outputs="all"))
@@ -63,8 +85,10 @@ def test_quantized_weights_give_llama_cpps_greedy_tokens(
     preset = tiny_preset(arch, **{gguf.Keys.LLM.EMBEDDING_LENGTH: 256, gguf.Keys.LLM.FEED_FORWARD_LENGTH: 512})
     path = write_model_gguf(tmp_path / "q.gguf", preset, dtype)
     ref = llama_cpp_logits(path, TOKENS, "f16")
-    ours = graphir_logits(load(str(path)), TOKENS, "f16")
+    model = load(str(path))
+    ours = graphir_logits(model, TOKENS, "f16")
     assert (ours.argmax(axis=1) == ref.argmax(axis=1)).all()
+    assert graphir_greedy(model, TOKENS[:4], 16) == llama_cpp_greedy(path, TOKENS[:4], 16)
 
 
 def _one_at_a_time(model: Model, tokens: list[int]) -> np.ndarray:
