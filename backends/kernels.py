@@ -383,19 +383,20 @@ def _to_f32_row(s, kind, d):
 
 @njit(**_INL)
 def _mm_task(w1, wb0, wsm, x1, xo, kq, k, mm, lanes, simd, mode, acc, s16, out_row):
-    """One (b, n): out_row[m] = dot(w row wb0 + m * wsm, x row at xo) for every m (see _mm_par)."""
+    """One (b, n): out_row[m] = dot(w row wb0 + m * wsm, x row at xo) for every m (see _mm_par). Flat arrays
+    indexed with unsigned offsets: no views per row, no negative-index wrap, so the lane loops vectorize."""
     quarter = lanes >> 2
-    xr = x1[xo:xo + kq]
+    u = np.uint64
+    xb = u(xo)
     for m in range(mm):
-        wo = (wb0 + m * wsm) * kq
-        wr = w1[wo:wo + kq]
+        wb = u((wb0 + m * wsm) * kq)
         if simd > 0:
             for t in range(lanes):
-                acc[t] = wr[t] * xr[t]
+                acc[t] = w1[wb + u(t)] * x1[xb + u(t)]
             for c in range(lanes, simd, lanes):
                 for t in range(lanes):
-                    j = np.uint64(c) + np.uint64(t)           # unsigned: no negative-index wrap, so it vectorizes
-                    acc[t] = fma(wr[j], xr[j], acc[t])
+                    j = u(c) + u(t)
+                    acc[t] = fma(w1[wb + j], x1[xb + j], acc[t])
         else:
             acc[:] = 0.0
         if mode == _TINYBLAS:
@@ -407,11 +408,11 @@ def _mm_task(w1, wb0, wsm, x1, xo, kq, k, mm, lanes, simd, mode, acc, s16, out_r
         if mode == _VEC_F16:
             s = np.float64(v)
             for c in range(simd, k):
-                s += np.float64(wr[c] * xr[c])
+                s += np.float64(w1[wb + u(c)] * x1[xb + u(c)])
             v = F32(s)
         elif mode == _VEC_F32:
             for c in range(simd, k):
-                v = fma(wr[c], xr[c], v)
+                v = fma(w1[wb + u(c)], x1[xb + u(c)], v)
         out_row[m] = v
 
 

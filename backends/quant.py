@@ -648,9 +648,7 @@ def _gemm_q6_k(qa, qb, qh, s, xq, asum, out):
 
 _G = 64                    # weight rows per group (4 zmm); the last group of a tensor may be narrower
 _RC = 32                   # activation rows per GEMM task
-# n from which the weights are expanded to float once per task (measured: ffn_up 1536x576 GEMV 26/48/69 us at
-# n = 1/2/3, GEMM 51/58/63 us; Q8_0's expansion costs about as much as its GEMV, LM head crossover at n ~ 7)
-_EXACT_GEMM_FROM = {T.Q4_1: 3, T.Q8_0: 7}
+
 _U4, _U15 = np.uint8(4), np.uint8(15)
 
 
@@ -699,6 +697,7 @@ def _xq_q8_1(x, y, yd, ys):
 
 @njit(cache=True)
 def _xq_q8_0(x, y, yd, ys):
+    """quantize_row_q8_0 (x86): as _xq_q8_1 without s (ys is not written)."""
     n, k = x.shape
     for r in range(n):
         for b in range(k >> 5):
@@ -732,9 +731,11 @@ def _scales(dg, mg, b, w, ydb, ysb, dd, summ, with_min):
 
 
 @njit(**_exact)
-def _gemv_q4_1(qs, d, m, y, yd, ys, out):
-    n, k = y.shape
+def _gemv_q4_1(qs, d, m, x, out):
+    n, k = x.shape
     rows, nb = out.shape[1], k >> 5
+    y, yd, ys = np.empty((n, k), _F32), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
+    _xq_q8_1(x, y, yd, ys)
     for g in prange((rows + _G - 1) // _G):
         i0 = g * _G
         w = min(_G, rows - i0)
@@ -762,9 +763,11 @@ def _gemv_q4_1(qs, d, m, y, yd, ys, out):
 
 
 @njit(**_exact)
-def _gemv_q8_0(qs, d, y, yd, ys, out):
-    n, k = y.shape
+def _gemv_q8_0(qs, d, x, out):
+    n, k = x.shape
     rows, nb = out.shape[1], k >> 5
+    y, yd = np.empty((n, k), _F32), np.empty((n, nb), _F32)
+    _xq_q8_0(x, y, yd, yd)
     for g in prange((rows + _G - 1) // _G):
         i0 = g * _G
         w = min(_G, rows - i0)
@@ -836,9 +839,11 @@ def _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, r0, r1, with_min):
 
 
 @njit(**_exact)
-def _gemm_q4_1(qs, d, m, y, yd, ys, out):
-    n, k = y.shape
+def _gemm_q4_1(qs, d, m, x, out):
+    n, k = x.shape
     rows, nb = out.shape[1], k >> 5
+    y, yd, ys = np.empty((n, k), _F32), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
+    _xq_q8_1(x, y, yd, ys)
     nc = (n + _RC - 1) // _RC
     for task in prange((rows + _G - 1) // _G * nc):
         i0, r0 = task // nc * _G, task % nc * _RC
@@ -856,9 +861,12 @@ def _gemm_q4_1(qs, d, m, y, yd, ys, out):
 
 
 @njit(**_exact)
-def _gemm_q8_0(qs, d, y, yd, ys, out):
-    n, k = y.shape
+def _gemm_q8_0(qs, d, x, out):
+    n, k = x.shape
     rows, nb = out.shape[1], k >> 5
+    y, yd = np.empty((n, k), _F32), np.empty((n, nb), _F32)
+    ys = yd
+    _xq_q8_0(x, y, yd, yd)
     nc = (n + _RC - 1) // _RC
     for task in prange((rows + _G - 1) // _G * nc):
         i0, r0 = task // nc * _G, task % nc * _RC
@@ -972,19 +980,21 @@ class _Kind:
     gemv: Callable                 # (*packed, xq, asum, out), n < _GEMM_FROM
     gemm: Callable                 # (*packed, xq, asum, out), n >= _GEMM_FROM
     deq: Callable                  # (*packed, ids, inv, out)
-    # Exact kinds (Q4_1, Q8_0): matmul uses its own layout, `pack`, and gemv/gemm take (*packed, y, yd, ys,
-    # out) with the activation quantized by `xq`; `repack`/`deq` then serve get_rows only (from the raw rows).
+    # Exact kinds (Q4_1, Q8_0): matmul uses its own layout, `pack`, and gemv/gemm take (*packed, x, out) and
+    # quantize x themselves; GEMM from n >= gemm_from. `repack`/`deq` then serve get_rows only (from raw rows).
     pack: Callable | None = None
-    xq: Callable | None = None
+    gemm_from: int = 0
 
 
+# gemm_from (exact kinds), measured: ffn_up 1536x576 GEMV 26/48/69 us at n = 1/2/3, GEMM 51/58/63 us; Q8_0's
+# weight expansion costs about as much as its GEMV, so the LM head's crossover is at n ~ 7.
 _TYPES: dict[T, _Kind] = {
     T.F32: _Kind(np.float32, "f32", 1, 1, None, _gemv_f32, _gemm_f32, _deq_f32),
     T.F16: _Kind(np.uint16, "f16", 1, 1, None, _gemv_f16, _gemm_f16, _deq_f16),
     T.BF16: _Kind(np.uint16, "bf16", 1, 1, None, _gemv_bf16, _gemm_bf16, _deq_bf16),
-    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, _repack_q8_0, _gemv_q8_0, _gemm_q8_0, _deq_q8_0, _pack_q8_0, _xq_q8_0),
+    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, _repack_q8_0, _gemv_q8_0, _gemm_q8_0, _deq_q8_0, _pack_q8_0, 7),
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, _repack_q4_0, _gemv_q4_0, _gemm_q4_0, _deq_q4_0),
-    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, _repack_q4_1, _gemv_q4_1, _gemm_q4_1, _deq_q4_1, _pack_q4_1, _xq_q8_1),
+    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, _repack_q4_1, _gemv_q4_1, _gemm_q4_1, _deq_q4_1, _pack_q4_1, 3),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, _repack_q4_k, _gemv_q4_k, _gemm_q4_k, _deq_q4_k),
     T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, _repack_q5_k, _gemv_q5_k, _gemm_q5_k, _deq_q5_k),
     T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, _repack_q6_k, _gemv_q6_k, _gemm_q6_k, _deq_q6_k),
@@ -1079,10 +1089,7 @@ class QWeight:
         elif out.shape != (n, self.rows) or out.dtype != _F32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous float32 {(n, self.rows)}, got {out.dtype} {out.shape}")
         if k.pack is not None:                                 # exact kinds: llama.cpp's vec_dot order
-            y = np.empty((n, self.ne0), _F32)
-            yd, ys = np.empty((n, self.ne0 // 32), _F32), np.empty((n, self.ne0 // 32), _F32)
-            k.xq(x, y, yd, ys)
-            (k.gemv if n < _EXACT_GEMM_FROM[self.qtype] else k.gemm)(*self.packed, y, yd, ys, out)
+            (k.gemv if n < k.gemm_from else k.gemm)(*self.packed, x, out)
             return out
         quantize, group = _ACT[k.act]
         asum = np.empty((n, self.ne0 // group if group else 0), _F32)

@@ -196,7 +196,8 @@ class GraphBuilder:
                        beta_fast=32.0, beta_slow=1.0)
 
     def kq_scale(self) -> float:
-        return self.hp.attn_scale or f32(1.0 / math.sqrt(self.hp.n_embd_head_k))
+        # NOTE: llama.cpp computes 1.0f/sqrtf(float(d)) in float32; 1/sqrt in double rounds differently for d=24, 96
+        return self.hp.attn_scale or f32(f32(1.0) / f32(math.sqrt(f32(float(self.hp.n_embd_head_k)))))
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node, wo_b: Node | None = None,
                    kq_scale: float) -> Node:

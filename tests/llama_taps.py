@@ -49,7 +49,8 @@ def llama_cpp_taps(path: str, tokens: list[int], cache_type: int = 1) -> dict[st
     params.cb_eval, params.type_k, params.type_v, params.flash_attn_type = callback, cache_type, cache_type, 0
     ctx = L.llama_init_from_model(model, params)
     try:
-        batch = L.llama_batch_get_one((L.llama_token * len(tokens))(*tokens), len(tokens))
+        ids = (L.llama_token * len(tokens))(*tokens)  # kept alive until decode has read it
+        batch = L.llama_batch_get_one(ids, len(tokens))
         if L.llama_decode(ctx, batch) != 0:
             raise RuntimeError("llama_decode failed")
     finally:
