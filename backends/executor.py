@@ -57,10 +57,11 @@ def _permute(x: np.ndarray, axes: tuple[int, ...], rank: int) -> np.ndarray:
 
 
 def _view(x: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> np.ndarray:
-    flat = x.reshape(-1)[offset:]
+    """A strided window of x's buffer (x is contiguous: a cache buffer or a fresh value)."""
     item = x.itemsize
-    return np.lib.stride_tricks.as_strided(flat, shape=shape, strides=tuple(s * item for s in reversed(strides)),
-                                           writeable=False)
+    view = np.ndarray(shape, x.dtype, buffer=x, offset=offset * item, strides=tuple(s * item for s in reversed(strides)))
+    view.flags.writeable = False
+    return view
 
 
 def _set_rows(dst: np.ndarray, src: np.ndarray, ids: np.ndarray) -> np.ndarray:
