@@ -104,11 +104,60 @@ def validate(batch: Batch, n_vocab: int, n_seq_max: int, next_pos: Sequence[int]
     return pos
 
 
+def _ubatch(batch: Batch, pos: np.ndarray, idx: np.ndarray) -> UBatch:
+    """The tokens of ``batch`` at indices ``idx``, in that order."""
+    return UBatch(batch.tokens[idx].astype(np.int32), pos[idx].astype(np.int32), [batch.seq_ids[i] for i in idx],
+                  np.flatnonzero(batch.output[idx]).astype(np.int32), idx)
+
+
 def split_simple(batch: Batch, pos: np.ndarray, n_ubatch: int) -> list[UBatch]:
-    """Consecutive chunks of at most n_ubatch tokens (what a unified KV cache needs)."""
+    """Consecutive chunks of at most n_ubatch tokens (what a KV cache needs: cells are chosen per token)."""
+    return [_ubatch(batch, pos, np.arange(a, min(a + n_ubatch, len(batch)))) for a in range(0, len(batch), n_ubatch)]
+
+
+def split_equal(batch: Batch, pos: np.ndarray, n_ubatch: int) -> list[UBatch]:
+    """Ubatches holding the same number of tokens from each of several sequence sets, set by set.
+
+    For memories that advance one state per sequence per ubatch (recurrent). Sequence sets that overlap
+    without being equal (a token shared by sequences that also have tokens of their own) cannot be split so.
+    """
+    sets = [frozenset(ids) for ids in batch.seq_ids]
+    distinct = list(dict.fromkeys(sets))
+    for i, a in enumerate(distinct):
+        for b in distinct[i + 1:]:
+            if a & b:
+                raise BatchError(f"sequences {sorted(a)} and {sorted(b)} are coupled (a token belongs to both): "
+                                 f"this memory splits ubatches per sequence; use a KV cache context")
+    queues = {s: [i for i, t in enumerate(sets) if t == s] for s in distinct}
     out = []
-    for a in range(0, len(batch), n_ubatch):
-        b = min(a + n_ubatch, len(batch))
-        out.append(UBatch(batch.tokens[a:b].astype(np.int32), pos[a:b].astype(np.int32), batch.seq_ids[a:b],
-                          np.flatnonzero(batch.output[a:b]).astype(np.int32), np.arange(a, b)))
+    while any(queues.values()):
+        live = [s for s in distinct if queues[s]][:n_ubatch]
+        n = min(min(len(queues[s]) for s in live), max(1, n_ubatch // len(live)))
+        idx = [i for s in live for i in queues[s][:n]]
+        for s in live:
+            del queues[s][:n]
+        out.append(_ubatch(batch, pos, np.array(idx)))
     return out
+
+
+def split_seq(batch: Batch, pos: np.ndarray, n_ubatch: int) -> list[UBatch]:
+    """Ubatches of one sequence set each: from the first unused token, add later tokens whose set is a subset
+    of the current one (narrowing it), up to n_ubatch (llama.cpp's split_seq)."""
+    used = np.zeros(len(batch), dtype=bool)
+    out = []
+    while not used.all():
+        first = int(np.flatnonzero(~used)[0])
+        current, idx = frozenset(batch.seq_ids[first]), []
+        for i in range(first, len(batch)):
+            if len(idx) == n_ubatch:
+                break
+            s = frozenset(batch.seq_ids[i])
+            if not used[i] and s <= current:
+                idx.append(i)
+                used[i] = True
+                current = s
+        out.append(_ubatch(batch, pos, np.array(idx)))
+    return out
+
+
+SPLITS = {"simple": split_simple, "equal": split_equal, "seq": split_seq}

@@ -9,10 +9,10 @@ after ``seq_add``/``seq_div``), as llama.cpp does, once the batch is known to fi
 state can be swapped (``get_memory``/``set_memory``) and saved (``state_save``/``state_load``, per sequence
 ``state_seq_save``/``state_seq_load``; format in :mod:`graphir.state`).
 
-Multi-sequence batches need nothing beyond ``split_simple``: a token may carry several sequence ids, every
-token's cell is chosen per token, and the mask (built from cells) isolates the sequences. llama.cpp's
-``split_equal``/``split_seq`` exist for memories that place a ubatch per sequence (recurrent state, or a KV
-cache whose streams are separate tensors); ours are ranges of one cell array, so neither is needed.
+The memory kind chooses how a batch is cut into ubatches (``Memory.split``: simple, equal or seq, see
+:mod:`graphir.batch`). A KV cache needs ``simple``: a token may carry several sequence ids, every token's
+cell is chosen per token, and the mask (built from cells) isolates the sequences; ``equal``/``seq`` are for
+memories that advance one state per sequence per ubatch. Outputs always come back in batch order.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphir.batch import Batch, split_simple, validate
+from graphir.batch import SPLITS, Batch, validate
 from graphir.errors import BatchError, GraphirError, StateError
 from graphir.memory import Memory
 from graphir.memory.kv import KVCache
@@ -73,7 +73,7 @@ class Context:
         with self._lock:
             mem = self.memory
             pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.next_pos(self.n_seq_max))
-            ubatches = split_simple(batch, pos, self.n_ubatch)
+            ubatches = SPLITS[mem.split](batch, pos, self.n_ubatch)
             plans = mem.prepare(ubatches)  # raises CacheFullError before anything changed
             mem.update()  # pending K-shift: the cells' contents change representation, not meaning
             snap = mem.snapshot()
@@ -93,10 +93,11 @@ class Context:
             except BaseException:
                 mem.restore(snap)
                 raise
-            self._logits = np.concatenate(logits) if logits else self._logits[:0]
+            order = np.argsort(rows, kind="stable")  # ubatch order -> batch order
+            self._logits = np.concatenate(logits)[order] if logits else self._logits[:0]
             if self.embeddings_enabled:
-                self._embd = np.concatenate(embd)
-            self._row = {b: r for r, b in enumerate(rows)}
+                self._embd = np.concatenate(embd)[order]
+            self._row = {b: r for r, b in enumerate(sorted(rows))}
 
     # ---- memory ----------------------------------------------------------------------------------------
 

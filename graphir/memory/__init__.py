@@ -36,6 +36,7 @@ class Memory:
 
     kind: str = ""
     phases: tuple[str, ...] = ("prefill", "decode")
+    split: str = "simple"  # how batches are cut into ubatches for this kind: simple | equal | seq (graphir.batch)
 
     def __init__(self, hp: HParams):
         self.hp = hp
