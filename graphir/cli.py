@@ -310,9 +310,16 @@ def cmd_strip(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import time
+
+    from graphir.batch import Batch
     from graphir.runtime import load
 
+    t0 = time.perf_counter()
     model = load(args.model)
+    # NOTE: the first decode loads the compiled kernels and repacks weights; do it before timing the prompt
+    model.new_context(n_ctx=8).decode(Batch.one(0, 0))
+    load_s = time.perf_counter() - t0
     stats: dict[str, float] = {}
     ctx = model.new_context(n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size) \
         if args.ctx_size else None
@@ -321,7 +328,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    sys.stderr.write(f"prompt: {stats['prompt_tokens']:.0f} tokens, {_rate(stats['prompt_tokens'], stats['prompt_s'])}; "
+    sys.stderr.write(f"load: {load_s:.2f} s; prompt: {stats['prompt_tokens']:.0f} tokens, {_rate(stats['prompt_tokens'], stats['prompt_s'])}; "
                      f"generation: {stats['gen_tokens']:.0f} tokens, {_rate(stats['gen_tokens'], stats['gen_s'])}\n")
     return 0
 

@@ -166,3 +166,14 @@ def test_a_cacheless_context_attends_within_the_batch(tiny_f32: Path) -> None:
     ctx = model.new_context(kind="none")
     ctx.decode(Batch.from_tokens(TOKENS, 0, outputs="all"))
     assert np.abs(ctx.logits() - graphir_logits(model, TOKENS, "f32")).max() <= 1e-5
+
+
+def test_graphir_run_streams_a_continuation_and_reports_speed(tiny_f32: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from graphir.cli import main
+
+    assert main(["run", str(tiny_f32), "-p", "the cat", "-n", "6"]) == 0
+    out, err = capsys.readouterr()
+    model = load(str(tiny_f32))
+    ids = model.tokenize("the cat")
+    assert out == "".join(model.generate("the cat", max_tokens=6)) + "\n"
+    assert f"prompt: {len(ids)} tokens" in err and "generation: 6 tokens" in err and "tokens/s" in err
