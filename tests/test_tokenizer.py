@@ -27,11 +27,10 @@ from graphir.tokenizer import SUPPORTED_PRE_TOKENIZERS, Vocab, _unicode_class
 
 try:
     import llama_cpp
-except ImportError:  # pragma: no cover - depends on the environment
+except ImportError:  # the conftest skips every `oracle` test, with its reason, where it is missing
     llama_cpp = None
 
 oracle = pytest.mark.oracle
-needs_llama = pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python (the llama.cpp oracle) is not installed")
 
 SMOL_BOS, SMOL_IM_END = 1, 2  # <|im_start|>, <|im_end|>
 
@@ -81,8 +80,6 @@ def smol(smollm2_gguf: Path) -> Vocab:
 
 @pytest.fixture(scope="module")
 def smol_oracle(smollm2_gguf: Path):
-    if llama_cpp is None:
-        pytest.skip("llama-cpp-python (the llama.cpp oracle) is not installed")
     o = Oracle(smollm2_gguf)
     yield o
     o.close()
@@ -188,7 +185,6 @@ def test_smollm2_roundtrip(smol: Vocab, text: str) -> None:
 
 
 @oracle
-@needs_llama
 @pytest.mark.parametrize("text", TEXTS)
 def test_smollm2_matches_llama_cpp(smol: Vocab, smol_oracle: Oracle, text: str) -> None:
     for add_special in (False, True):
@@ -207,7 +203,6 @@ def test_smollm2_matches_llama_cpp(smol: Vocab, smol_oracle: Oracle, text: str) 
 
 
 @oracle
-@needs_llama
 def test_smollm2_pieces_and_eog_match_llama_cpp(smol: Vocab, smol_oracle: Oracle) -> None:
     assert (smol.bos, smol.eos, smol.add_bos, smol.add_eos) == smol_oracle.facts()
     for i in range(smol.n_vocab):
@@ -217,7 +212,6 @@ def test_smollm2_pieces_and_eog_match_llama_cpp(smol: Vocab, smol_oracle: Oracle
 
 
 @oracle
-@needs_llama
 def test_smollm2_detokenize_special_ids_match_llama_cpp(smol: Vocab, smol_oracle: Oracle) -> None:
     cases = [[1, 19556, 2], [19556, 0], [2, 2, 1], [0], [], [216, 19556], [1, 216, 905], list(range(0, 40))]
     for ids in cases:
@@ -238,7 +232,6 @@ _texts = st.lists(_fragments, max_size=6).map("".join)
 
 
 @oracle
-@needs_llama
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=_texts, parse_special=st.booleans())
 def test_smollm2_random_text_matches_llama_cpp(
@@ -291,7 +284,6 @@ def test_unicode_classes_agree_with_unicodedata() -> None:
 
 
 @oracle
-@needs_llama
 def test_unicode_classes_match_llama_cpp(tmp_path: Path) -> None:
     """Each code point's class, as llama.cpp's pre-tokenizers see it, at every class boundary of the table.
 
@@ -412,7 +404,6 @@ def test_every_supported_pre_tokenizer_builds() -> None:
 
 
 @oracle
-@needs_llama
 @pytest.mark.parametrize("pre", PRE_CASES)
 def test_pre_tokenizer_matches_llama_cpp(tmp_path: Path, smol_tokenizer_md: dict[str, object], pre: str) -> None:
     path = _write_vocab_gguf(tmp_path / f"{pre}.gguf", {**smol_tokenizer_md, gguf.Keys.Tokenizer.PRE: pre})
@@ -570,8 +561,6 @@ def test_spm_space_prefix_and_specials(spm_files: dict[str, Path]) -> None:
 
 @pytest.fixture(scope="module")
 def spm_oracles(spm_files: dict[str, Path]):
-    if llama_cpp is None:
-        pytest.skip("llama-cpp-python (the llama.cpp oracle) is not installed")
     oracles = {name: Oracle(path) for name, path in spm_files.items()}
     yield oracles
     for o in oracles.values():
@@ -579,7 +568,6 @@ def spm_oracles(spm_files: dict[str, Path]):
 
 
 @oracle
-@needs_llama
 @pytest.mark.parametrize("variant", list(SPM_VARIANTS))
 def test_spm_matches_llama_cpp(spm_files: dict[str, Path], spm_oracles: dict[str, Oracle], variant: str) -> None:
     mine = Vocab.from_file(spm_files[variant])
@@ -616,7 +604,6 @@ _spm_fragments = st.one_of(
 
 
 @oracle
-@needs_llama
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.lists(_spm_fragments, max_size=6).map("".join), add_special=st.booleans(), parse_special=st.booleans())
 def test_spm_random_text_matches_llama_cpp(spm_pair, text: str, add_special: bool, parse_special: bool) -> None:
