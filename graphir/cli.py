@@ -1,4 +1,4 @@
-"""The ``graphir`` command line: dump, diff, hash, check, archs, info, strip, run.
+"""The ``graphir`` command line: dump, diff, hash, check, archs, info, strip, run, convert.
 
 Every user error (a :class:`~graphir.errors.GraphirError`, an unreadable or unwritable file, a bad option)
 prints exactly one line ``graphir: error: <message>`` on stderr and exits 2; a traceback means a bug.
@@ -23,6 +23,7 @@ PROG = "graphir"
 CONTEXTS = ("none", "kv")  # mirrors graphir.model.CONTEXT_KINDS (kept literal so --help needs no import)
 PHASES = ("prefill", "decode")  # mirrors graphir.builder.PHASES
 FORMATS = ("text", "json", "dot")
+OUTTYPES = ("f32", "f16")  # mirrors graphir.convert.OUTTYPES
 
 
 class UsageError(Exception):
@@ -333,6 +334,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from graphir.convert import convert_bert
+    from graphir.gguf_file import read_header
+
+    h = read_header(convert_bert(args.src, args.output, args.outtype))
+    _emit(f"wrote {args.output}: {h.architecture}, {_n(len(h.tensors), 'tensor')}, {h.file_size} bytes, "
+          f"matrices {args.outtype}\n")
+    return 0
+
+
 def _rate(n: float, seconds: float) -> str:
     return f"{n / seconds:.1f} tokens/s" if seconds > 0 and n else "- tokens/s"
 
@@ -408,6 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: prompt + n)")
     p.add_argument("-b", "--batch-size", type=int, default=512, help="logical batch size (default: 512)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default: 512)")
+
+    p = add("convert", cmd_convert, "convert a Hugging Face BERT checkpoint (safetensors) to a GGUF llama.cpp loads")
+    p.add_argument("src", metavar="HF_DIR", help="the model directory: config.json, model.safetensors, tokenizer files")
+    p.add_argument("-o", "--output", metavar="OUT.gguf", required=True, help="where to write the GGUF")
+    p.add_argument("--outtype", choices=OUTTYPES, default="f16",
+                   help="type of the weight matrices; norms, biases and position tables stay f32 (default: f16)")
     return parser
 
 

@@ -13,6 +13,10 @@ class MetadataError(GraphirError):
     """A GGUF is readable but its metadata does not describe a model we can build (missing/bad key, unknown arch)."""
 
 
+class CheckpointError(GraphirError):
+    """A Hugging Face checkpoint cannot be converted: a missing or malformed file, or a model that is not BERT."""
+
+
 class TensorError(GraphirError):
     """A weight tensor is missing, unexpected, or has the wrong shape or type."""
 
