@@ -1,6 +1,6 @@
 """GGUF vocabularies: tokenize and detokenize exactly as llama.cpp does.
 
-Two tokenizer models are supported, selected by ``tokenizer.ggml.model``:
+Three tokenizer models are supported, selected by ``tokenizer.ggml.model``:
 
 * ``gpt2`` -- byte-level BPE. The text is cut into words by the pre-tokenizer regexes that
   llama.cpp picks from ``tokenizer.ggml.pre``; each word's UTF-8 bytes are mapped to
@@ -10,8 +10,13 @@ Two tokenizer models are supported, selected by ``tokenizer.ggml.model``:
   prefixed to each run of text (``add_space_prefix``), adjacent symbols merge while their
   concatenation is a token, highest score (then leftmost) first, and whatever is left
   that is not a token falls back to ``<0xXX>`` byte tokens.
+* ``bert`` -- WordPiece (llama.cpp's WPM). The text is normalized code point by code point
+  (see ``_WpmTable``) and cut into words at whitespace, punctuation, ASCII symbols and CJK
+  ideographs; each word, prefixed with U+2581, is split greedily into the longest tokens
+  from the left, and a word with any position no token starts becomes the unknown token.
+  convert_hf_to_gguf writes word-initial pieces with that U+2581 and ``##`` pieces bare.
 
-Before either runs, special tokens are cut out of the text (llama.cpp's
+Before any of them runs, special tokens are cut out of the text (llama.cpp's
 ``tokenizer_st_partition``): user-defined tokens always, control and unknown tokens only
 with ``parse_special``; longer tokens are cut first.
 
@@ -35,6 +40,7 @@ import bisect
 import heapq
 import os
 import re
+import unicodedata
 import zlib
 from collections.abc import Mapping, Sequence
 
@@ -279,8 +285,94 @@ _COMPILED: dict[str, tuple[re.Pattern[str], ...]] = {
     k: tuple(_collapse_regex(r) for r in v) for k, v in _PRE_REGEXES.items()
 }
 
+# ---------------------------------------------------------------------------------------------
+# WordPiece normalization (llama-vocab.cpp: llm_tokenizer_wpm_session::preprocess)
+# ---------------------------------------------------------------------------------------------
+
+# Unicode 15.1 simple lowercase mappings (UnicodeData.txt field 13), the data llama.cpp's
+# unicode_tolower is generated from: "<hex code point delta><signed hex offset to its lowercase>,"
+# per mapped code point, zlib-compressed and base85-encoded. Embedded because str.lower() moves
+# with the Python version (3.10 has Unicode 13.0 and misses the 40 case pairs 14.0 added). Regenerate
+# on a Python whose unicodedata.unidata_version is "15.1.0", where the first code point of str.lower()
+# is the simple lowercase (the full one differs only for U+0130, adding U+0307), with
+#   pairs: for cp in range(0x110000) (surrogates skipped): low = chr(cp).lower();
+#          if low != chr(cp): emit (cp, ord(low[0]))
+#   text = "".join(f"{cp - previous_cp:x}{lower - cp:+x}," ...)
+#   base64.b85encode(zlib.compress(text.encode(), 9))
+_LOWER_PAIRS = (
+    "c-rk)>6WV?41OTw97&MnaoBwSN4SY-wVlpXduv;#^CMqKSPWs2L@NPp^HMP8`QL;UO+ct-SCYw|Dey)I+|?NCY2LF!iwp}zDx;7x"
+    "6$W5~bk9;?h-VFYDrKZnR)b!TQpb98_9aq;Q9%W~(6Ci`X<ClsfU0p~GVzlCzaw!umNYaAiEh>C+uZJ8RYRI;fYHS=uq#P+btW>g"
+    "tUCsK)kFpJvZ}@ls~ao8u*1051RyjY4dg||e$64-<>W0IYvIV;Z9X*;)99G$4P+;)8AR7U7T~P`AF*k}-k0GS^*<goe5x&vClts_"
+    "b5Mwy_Chi&eLRE8%qV3P-e#`-V}EQFb63gvC}X1f4@Uf|*XrOm|1&8_m1F-4rs4S6_AU8u^zqJqx9SrSEa=ua%I{>z*Loc$@MLC3"
+    "QPw5+!Tj3V=nDCyvF!=C9Tx_$Wde%BfcI6G8!e%w?WKrmL(zmv4HTh<U*p4oqZLGY?+xML>%gKq^qXxv)Sy9v?<t0orSR?nU+nqg"
+    "TSB09=bAn<3#zZIoF3|)M66ouo8NMQPcdmnWW6pserh-b_jGjbhf4iI=fyes5n6q9PjofU(M>6iEf!NZ&37BIzOq=Es!R_}6burC"
+    "fho>_U}$e|P{}8Rhe5s`!y+eSIrlIvTINYuNH356but3j$isv42Q=De0i1=}3UFVyJBON^m=ZY&s6G~ADQ}+7>pJ)DDMuRuaZa@!"
+    "0R921UPRd"
+)
+
+
+def _decode_lower_pairs() -> dict[int, int]:
+    text = zlib.decompress(base64.b85decode("".join(_LOWER_PAIRS))).decode("ascii")
+    lower: dict[int, int] = {}
+    cp = 0
+    for delta, offset in re.findall(r"([0-9a-f]+)([+-][0-9a-f]+),", text):
+        cp += int(delta, 16)
+        lower[cp] = cp + int(offset, 16)
+    return lower
+
+
+_LOWER = _decode_lower_pairs()
+
+# Unicode 15.1's Cc, Cf, Cs and Co (\p{C} without the unassigned Cn): the controls WordPiece drops.
+# Listed because unicodedata before Python 3.12 lacks 15.0's format controls U+13439-U+1343F.
+_CONTROL = ((0x0, 0x1F), (0x7F, 0x9F), (0xAD, 0xAD), (0x600, 0x605), (0x61C, 0x61C), (0x6DD, 0x6DD),
+            (0x70F, 0x70F), (0x890, 0x891), (0x8E2, 0x8E2), (0x180E, 0x180E), (0x200B, 0x200F),
+            (0x202A, 0x202E), (0x2060, 0x2064), (0x2066, 0x206F), (0xD800, 0xF8FF), (0xFEFF, 0xFEFF),
+            (0xFFF9, 0xFFFB), (0x110BD, 0x110BD), (0x110CD, 0x110CD), (0x13430, 0x1343F), (0x1BCA0, 0x1BCA3),
+            (0x1D173, 0x1D17A), (0xE0001, 0xE0001), (0xE0020, 0xE007F), (0xF0000, 0xFFFFD), (0x100000, 0x10FFFD))
+
+# The ideograph blocks BERT cuts into one-character words. One starts at U+2B920, not at U+2B820
+# where CJK Extension E does, as in the HF tokenizers code llama.cpp follows.
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+        (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+class _WpmTable(dict):
+    """str.translate table of WordPiece normalization (memoized): each code point becomes " " (whitespace,
+    ends a word), "" (dropped), " c " (a word of its own) or its normal form c, which joins the word.
+
+    As llama.cpp: with ``strip_accents`` a code point is first replaced by the first code point of its
+    NFD (one for one, so Hangul syllables keep only their leading jamo) and marks are dropped; then
+    whitespace, controls and U+FFFD are handled; then ``lowercase`` maps it by the simple lowercase.
+    Punctuation, ASCII symbols and CJK ideographs are one-character words; other symbols (emoji) are not.
+    """
+
+    def __init__(self, lowercase: bool, strip_accents: bool) -> None:
+        super().__init__()
+        self.lowercase = lowercase
+        self.strip_accents = strip_accents
+
+    def __missing__(self, key: int) -> str:
+        cp, cls = key, _unicode_class(key)
+        # unicodedata's NFD is 15.1's for every code point 15.1 assigns: decompositions never change, and
+        # none of the code points 14.0-15.1 added has one; "O" skips those a newer Unicode assigns
+        if self.strip_accents and cls != "O":
+            cp = ord(unicodedata.normalize("NFD", chr(cp))[0])
+            cls = _unicode_class(cp)
+        if cls == "W":
+            out = " "
+        elif cp == 0xFFFD or any(a <= cp <= b for a, b in _CONTROL) or (self.strip_accents and cls == "M"):
+            out = ""  # NUL, which llama.cpp tests for by name, is among the controls
+        else:
+            c = chr(_LOWER.get(cp, cp) if self.lowercase else cp)
+            alone = cls == "P" or (cls == "S" and cp < 0x7F) or any(a <= cp <= b for a, b in _CJK)
+            out = f" {c} " if alone else c
+        self[key] = out
+        return out
+
+
 # Tokenizer models llama.cpp knows but this module does not implement.
-_OTHER_MODELS = ("bert", "t5", "rwkv", "plamo2", "gemma4", "hybriddna", "whitespace", "no_vocab", "none")
+_OTHER_MODELS = ("t5", "rwkv", "plamo2", "gemma4", "hybriddna", "whitespace", "no_vocab", "none")
 
 # ---------------------------------------------------------------------------------------------
 # GPT-2 byte <-> unicode
@@ -358,6 +450,10 @@ _SPECIAL_KEYS = (
 
 _WORD_CACHE_MAX = 1 << 16
 
+# BertNormalizer options, for WordPiece only (gguf-py's Keys.Tokenizer.NORMALIZER_*, which older gguf lacks)
+_KEY_LOWERCASE = "tokenizer.ggml.normalizer.lowercase"
+_KEY_STRIP_ACCENTS = "tokenizer.ggml.normalizer.strip_accents"
+
 
 class Vocab:
     """A GGUF vocabulary with llama.cpp's tokenizer: ``tokenize``/``detokenize``/``token_to_piece``/``is_eog``.
@@ -375,6 +471,7 @@ class Vocab:
     eot: int | None
     eom: int | None
     unk: int | None
+    sep: int | None
     pad: int | None
     add_bos: bool
     add_eos: bool
@@ -468,10 +565,16 @@ class Vocab:
             self.add_bos = pre.add_bos
             if pre.no_default_bos:
                 special["bos"] = None
+        elif model == "bert":
+            special.update(bos=101, unk=100, sep=102, pad=0, mask=103)
+            self.add_space_prefix, self.clean_spaces, self.add_bos, self.add_eos = False, True, True, False
+            self.pre = None  # llama.cpp reads tokenizer.ggml.pre for gpt2 vocabularies only
+            lowercase = self._get(md, _KEY_LOWERCASE, bool, True)
+            self._wpm_table = _WpmTable(lowercase, self._get(md, _KEY_STRIP_ACCENTS, bool, lowercase))
         elif model in _OTHER_MODELS:
-            raise self._err(f"tokenizer model {model!r} ({_TK.MODEL}) is not supported; supported: gpt2, llama")
+            raise self._err(f"tokenizer model {model!r} ({_TK.MODEL}) is not supported; supported: bert, gpt2, llama")
         else:
-            raise self._err(f"unknown tokenizer model {model!r} ({_TK.MODEL}); supported: gpt2, llama")
+            raise self._err(f"unknown tokenizer model {model!r} ({_TK.MODEL}); supported: bert, gpt2, llama")
         self.model = model
         self.add_space_prefix = self._get(md, _TK.ADD_PREFIX, bool, self.add_space_prefix)
 
@@ -515,14 +618,23 @@ class Vocab:
                 special[name] = value
         self.add_bos = self._get(md, _TK.ADD_BOS, bool, self.add_bos)
         self.add_eos = self._get(md, _TK.ADD_EOS, bool, self.add_eos)
-        if self.add_bos and special["bos"] is None:
-            raise self._err(f"{_TK.ADD_BOS} is true, but {_TK.BOS_ID} is not set")
-        if self.add_eos and special["eos"] is None:
-            raise self._err(f"{_TK.ADD_EOS} is true, but {_TK.EOS_ID} is not set")
+        if model == "bert":  # llama.cpp asserts both whenever it adds special tokens
+            for key, name in ((_TK.BOS_ID, "bos"), (_TK.SEP_ID, "sep")):
+                if special[name] is None:
+                    raise self._err(f"a WordPiece vocabulary wraps texts in bos and sep, but {key} is not set")
+            byte = next((i for i, a in enumerate(self.attrs) if a & ATTR_BYTE), None)
+            if byte is not None:  # llama.cpp aborts rendering it
+                raise self._err(f"token {byte} of a WordPiece vocabulary has the byte type ({_TK.TOKEN_TYPE})")
+            self._max_token_len = max(map(len, self.tokens))
+        else:
+            if self.add_bos and special["bos"] is None:
+                raise self._err(f"{_TK.ADD_BOS} is true, but {_TK.BOS_ID} is not set")
+            if self.add_eos and special["eos"] is None:
+                raise self._err(f"{_TK.ADD_EOS} is true, but {_TK.EOS_ID} is not set")
 
         self._detect_specials(special)
         self.bos, self.eos, self.eot, self.eom = special["bos"], special["eos"], special["eot"], special["eom"]
-        self.unk, self.pad = special["unk"], special["pad"]
+        self.unk, self.sep, self.pad = special["unk"], special["sep"], special["pad"]
         self.special_ids = dict(special)
 
         # cut out longest first (ties: lower id first)
@@ -628,13 +740,14 @@ class Vocab:
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``, as llama_tokenize(text, add_special, parse_special).
 
-        ``add_special`` adds BOS/EOS as the vocabulary's add_bos/add_eos flags say;
+        ``add_special`` adds BOS/EOS as the vocabulary's add_bos/add_eos flags say -- but a
+        WordPiece text always gets bos ([CLS]) and sep ([SEP]), as in llama.cpp, whatever the flags;
         ``parse_special`` lets control tokens written in the text (``<|im_start|>``) become
         single tokens -- user-defined tokens always do.
         """
         out: list[int] = []
         frags = self._partition(text, parse_special) if text else []
-        if add_special and self.add_bos:
+        if add_special and (self.add_bos or self.model == "bert"):
             out.append(self.bos)  # type: ignore[arg-type]
         if self.model == "llama":
             prev_special = True
@@ -649,12 +762,15 @@ class Vocab:
                     self._spm(piece.replace(" ", _ESCAPED_SPACE), out)
                     prev_special = False
         else:
+            encode = self._wpm if self.model == "bert" else self._bpe
             for f in frags:
                 if isinstance(f, int):
                     out.append(f)
                 else:
-                    self._bpe(text[f[0] : f[1]], out)
-        if add_special and self.add_eos:
+                    encode(text[f[0] : f[1]], out)
+        if add_special and self.model == "bert":
+            out.append(self.sep)  # type: ignore[arg-type]
+        elif add_special and self.add_eos:
             out.append(self.eos)  # type: ignore[arg-type]
         return out
 
@@ -775,6 +891,37 @@ class Vocab:
                     ids.append(t)
         return tuple(ids)
 
+    # bert: normalize, cut into words, longest tokens first
+    def _wpm(self, text: str, out: list[int]) -> None:
+        words = self._words
+        for w in text.translate(self._wpm_table).split(" "):
+            if not w:
+                continue
+            ids = words.get(w)
+            if ids is None:
+                ids = self._wpm_word(_ESCAPED_SPACE + w)
+                if len(words) >= _WORD_CACHE_MAX:
+                    words.clear()
+                words[w] = ids
+            out.extend(ids)
+
+    def _wpm_word(self, word: str) -> tuple[int, ...]:
+        tid, n = self.token_to_id, len(word)
+        ids: list[int] = []
+        i = 0
+        while i < n:
+            for j in range(min(n, i + self._max_token_len), i, -1):
+                t = tid.get(word[i:j])
+                if t is not None:
+                    ids.append(t)
+                    i = j
+                    break
+            else:  # no token starts here: the whole word is unknown
+                if self.unk is None:
+                    raise self._err(f"the text has a word no token covers, and {_TK.UNK_ID} is not set")
+                return (self.unk,)
+        return tuple(ids)
+
     # llama: SentencePiece-style merge by score
     def _spm(self, text: str, out: list[int]) -> None:
         if not text:
@@ -848,9 +995,9 @@ class Vocab:
         if attr & (_SPECIAL_ATTRS | ATTR_USER_DEFINED):
             return _utf8(text)
         if attr & ATTR_NORMAL:
-            if self.model == "llama":
-                return _utf8(text.replace(_ESCAPED_SPACE, " "))
-            return _decode_byte_level(text)
+            if self.model == "gpt2":
+                return _decode_byte_level(text)
+            return _utf8(text.replace(_ESCAPED_SPACE, " "))
         if attr & ATTR_BYTE:
             return bytes([int(text[3:5], 16)])
         return b""  # undefined / unused tokens render as nothing
