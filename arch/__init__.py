@@ -9,8 +9,12 @@ from graphir.errors import MetadataError
 
 # architecture name -> module of this package that defines it (imported only when asked for)
 MODULES = {
+    "bert": "bert",
     "llama": "llama",
+    "mamba": "mamba",
+    "nomic-bert": "bert",
     "qwen2": "llama",
+    "rwkv6": "rwkv",
 }
 
 

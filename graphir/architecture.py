@@ -73,6 +73,9 @@ class Architecture:
     rope_mode: ClassVar[str] = "none"  # norm (adjacent pairs) | neox (split halves) | none
     required_keys: ClassVar[tuple[str, ...]] = ()  # gguf.Keys templates beyond the common required ones
     causal: ClassVar[bool] = True
+    # Context kinds this family runs with, the default first (llama.cpp's create_memory, as data).
+    contexts: ClassVar[tuple[str, ...]] = ("kv", "none")
+    learned_positions: ClassVar[bool] = False  # positions index a trained table: none beyond n_ctx_train
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)

@@ -57,15 +57,21 @@ class GraphBuilder:
         self.outputs: dict[str, Node] = {}
         self._names: dict[str, Node] = {}
         self._scope = ""
+        # n_seq_tokens is set when the memory splits ubatches equally (n_tokens = n_seq_tokens * n_seqs).
+        self.n_seq_tokens: Dim | None
         if phase == "decode":
             self.n_tokens: Dim = 1
             self.n_outputs: Dim = 1
+            self.n_seqs: Dim = 1
+            self.n_seq_tokens = 1 if memory.split != "simple" else None
             self.dims: list[DimDecl] = []
         else:
-            tok = DimDecl("n_tokens", 1, None, "tokens in the ubatch")
-            self.n_tokens = tok.sym
+            self.n_tokens, self.n_seq_tokens, self.dims = memory.ubatch_dims()
             self.n_outputs = Sym.named("n_outputs")
-            self.dims = [tok, DimDecl("n_outputs", 1, self.n_tokens, "tokens whose output is requested")]
+            self.n_seqs = Sym.named("n_seqs")
+            self.dims.append(DimDecl("n_outputs", 1, self.n_tokens, "tokens whose output is requested"))
+            if all(d.name != "n_seqs" for d in self.dims):
+                self.dims.append(DimDecl("n_seqs", 1, self.n_tokens, "sequences in the ubatch"))
         self.dims += memory.dims()
 
     # ---- nodes -------------------------------------------------------------------------------------------
@@ -208,6 +214,15 @@ class GraphBuilder:
     def build_attn_mla(self, *args: Any, **kw: Any) -> Node:
         return self.memory.build_attn_mla(self, *args, **kw)
 
+    def build_rs(self, which: str) -> Node:
+        """This layer's recurrent state of the ubatch's sequences: ``r`` (rolling: conv columns, token shifts)
+        ``[n_embd_r, n_seqs]`` or ``s`` (SSM / WKV state) ``[n_embd_s, n_seqs]``."""
+        return self.memory.build_rs(self, which)
+
+    def store_rs(self, which: str, states: Node) -> None:
+        """Write this layer's new states (same shape as :meth:`build_rs` returns) back to the memory."""
+        self.memory.store_rs(self, which, states)
+
     def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float) -> Node:
         """softmax(K^T Q * scale + mask) V per head; query head h reads kv head h // (n_head / n_head_kv)."""
         q = self.op("permute", q, axes=(0, 2, 1, 3), name="q")
@@ -220,14 +235,59 @@ class GraphBuilder:
         d, n_head, n_tok = out.shape
         return self.reshape(out, (d * n_head, n_tok), name="kqv_out")
 
-    def build_output(self, x: Node, head: Node, bias: Node | None = None) -> None:
-        """Record the final embedding and the LM head's logits as the graph's outputs."""
+    def build_output(self, x: Node, head: Node | None = None, bias: Node | None = None) -> None:
+        """Record the final embedding and, for models with an LM head, the logits as the graph's outputs."""
         self.outputs["embd"] = x
-        self.outputs["logits"] = self.linear(x, head, bias, name="result_output")
+        if head is not None:
+            self.outputs["logits"] = self.linear(x, head, bias, name="result_output")
+
+    def build_pooling(self, pooling: str) -> None:
+        """Reduce the final embeddings per sequence of the ubatch (llama.cpp's pooling types).
+
+        mean: average over the sequence's tokens; cls / last: the token with the smallest / largest position.
+        The context feeds ``inp_mean`` [n_outputs, n_seqs] or ``inp_cls`` [n_seqs] (:mod:`graphir.pooling`);
+        it asks for every token's output when it pools, so the rows are the ubatch's tokens.
+        """
+        embd = self.outputs["embd"]
+        if pooling == "mean":
+            mean = self.input("inp_mean", "f32", (self.n_outputs, self.n_seqs))  # pooled contexts output all rows
+            rows = self.op("cont", self.op("transpose", embd, name="embd.t"), name="embd.t.cont")
+            self.outputs["pooled"] = self.op("mul_mat", rows, mean, name="result_pooled")
+        elif pooling in ("cls", "last"):
+            ids = self.input("inp_cls", "i32", (self.n_seqs,), pick=pooling)
+            self.outputs["pooled"] = self.op("get_rows", embd, ids, name="result_pooled")
+        elif pooling != "none":
+            raise GraphError(f"pooling '{pooling}' is not supported (none, mean, cls, last)")
 
     def graph(self, meta: dict[str, Any]) -> Graph:
         # Canonical order: leaves outside any layer first (as every form prints them), then emission order.
         head = [n for n in self.nodes if n.op in ("input", "weight") and n.layer is None]
         body = [n for n in self.nodes if not (n.op in ("input", "weight") and n.layer is None)]
-        return Graph(meta, tuple(self.dims), head + body, self.outputs)
+        return Graph(meta, tuple(_used_dims(self.dims, self.nodes)), head + body, self.outputs)
+
+
+def _used_dims(dims: list[DimDecl], nodes: list[Node]) -> list[DimDecl]:
+    """The declared dims some shape or attribute names, with those their bounds name (declaration order)."""
+    used: set[str] = set()
+
+    def visit(v: Any) -> None:
+        if isinstance(v, Sym):
+            used.update(v.symbols)
+        elif isinstance(v, tuple):
+            for x in v:
+                visit(x)
+
+    for n in nodes:
+        visit(n.shape)
+        for v in n.attrs.values():
+            visit(v)
+    while True:
+        before = len(used)
+        for d in dims:
+            if d.name in used:
+                visit(d.min)
+                visit(d.max)
+        if len(used) == before:
+            break
+    return [d for d in dims if d.name in used]
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from graphir.errors import GraphirError
 
 PROG = "graphir"
-CONTEXTS = ("none", "kv")  # mirrors graphir.model.CONTEXT_KINDS (kept literal so --help needs no import)
+CONTEXTS = ("none", "kv", "recurrent")  # mirrors graphir.model.CONTEXT_KINDS (kept literal so --help needs no import)
 PHASES = ("prefill", "decode")  # mirrors graphir.builder.PHASES
 FORMATS = ("text", "json", "dot")
 OUTTYPES = ("f32", "f16")  # mirrors graphir.convert.OUTTYPES
@@ -131,9 +131,9 @@ def _load_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[
 
     srcs = [open_source(a), open_source(b)]
     saved = next((s for s in srcs if isinstance(s, Graph)), None)
-    model_context, model_phase = context or "kv", phase or "prefill"
+    model_context, model_phase = context, phase or "prefill"  # context None: each architecture's default
     if saved is not None:
-        model_context = context or saved.meta.get("context") or "kv"
+        model_context = context or saved.meta.get("context")
         model_phase = phase or saved.meta.get("phase") or "prefill"
     graphs = []
     for label, s in zip((a, b), srcs):
@@ -353,7 +353,7 @@ def _rate(n: float, seconds: float) -> str:
 
 def _graph_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", choices=CONTEXTS, default=None,
-                   help="memory kind the graph is built for (default: kv; a saved graph keeps its own)")
+                   help="memory kind the graph is built for (default: the architecture's, kv for decoders; a saved graph keeps its own)")
     p.add_argument("--phase", choices=PHASES, default=None,
                    help="prefill (n_tokens open) or decode (one token) (default: prefill; a saved graph keeps its own)")
 

@@ -28,6 +28,8 @@ from graphir.errors import BatchError, GraphirError, StateError
 from graphir.memory import Memory
 from graphir.memory.kv import KVCache
 from graphir.memory.none import NoMemory
+from graphir.memory.recurrent import RecurrentMemory
+from graphir.pooling import pooling_inputs
 
 if TYPE_CHECKING:
     from graphir.runtime import Model
@@ -38,26 +40,37 @@ class Context:
 
     def __init__(self, model: Model, n_ctx: int | None = None, n_batch: int = 512, n_ubatch: int = 512,
                  n_seq_max: int = 1, kind: str | None = None, embeddings: bool = False, type_k: str = "f16",
-                 type_v: str = "f16", unified: bool = True):
-        """``unified``: one pool of n_ctx cells shared by all sequences (default), or False for llama.cpp's
-        non-unified layout, n_ctx // n_seq_max cells per sequence (see :mod:`graphir.memory.kv`)."""
-        hp = model.hparams
-        self.model, self.kind = model, kind or "kv"
+                 type_v: str = "f16", unified: bool = True, pooling: str | None = None):
+        """``kind``: the memory (default: the architecture's: kv for decoders, none for encoders, recurrent for
+        Mamba/RWKV). ``unified``: one pool of n_ctx cells shared by all sequences (default), or False for
+        llama.cpp's non-unified layout, n_ctx // n_seq_max cells per sequence (see :mod:`graphir.memory.kv`).
+        ``pooling``: none, mean, cls or last (default: the model's); pooled contexts output every token."""
+        hp, arch = model.hparams, model.arch
+        self.model, self.kind = model, kind or arch.contexts[0]
+        if self.kind not in arch.contexts:
+            raise GraphirError(f"a '{arch.name}' model runs with context {' or '.join(arch.contexts)}, "
+                               f"not '{self.kind}'")
         self.n_ctx = n_ctx or min(hp.n_ctx_train, 4096)
+        if arch.learned_positions and self.n_ctx > hp.n_ctx_train:
+            raise GraphirError(f"n_ctx={self.n_ctx} exceeds the {hp.n_ctx_train} positions this model was trained "
+                               f"with (its position embeddings end there)")
         self.n_batch, self.n_ubatch, self.n_seq_max = n_batch, min(n_ubatch, n_batch), n_seq_max
-        self.embeddings_enabled = embeddings
+        self.pooling = pooling or hp.pooling
         if self.kind == "kv":
             self._memory: Memory = KVCache(hp, type_k, type_v, self.n_ctx, n_seq_max, unified)
         elif self.kind == "none":
             self._memory = NoMemory(hp)
         else:
-            raise GraphirError(f"unknown context kind '{self.kind}' (known: none, kv)")
-        self.program, self._shiftable, self._rope = model.program(self.kind)
+            self._memory = RecurrentMemory(hp, n_seq_max)
+        self.program, self._shiftable, self._rope = model.program(self.kind, self.pooling)
         if isinstance(self._memory, KVCache):
             self._memory.bind_rope(self._shiftable, self._rope)
+        self.has_logits = "logits" in self.program.outputs
+        self.embeddings_enabled = embeddings or not self.has_logits  # an encoder's only output is embeddings
         self._lock = threading.Lock()  # one decode at a time per context; contexts run in parallel
         self._logits = np.zeros((0, hp.n_vocab), np.float32)
         self._embd = np.zeros((0, hp.n_embd), np.float32)
+        self._pooled: dict[int, np.ndarray] = {}
         self._row: dict[int, int] = {}
 
     def decode(self, batch: Batch, taps: dict[str, np.ndarray] | None = None) -> None:
@@ -70,25 +83,39 @@ class Context:
         if self.kind == "none" and len(batch) > self.n_ubatch:
             raise BatchError(f"a context without cache attends within one ubatch: {len(batch)} tokens exceed "
                              f"n_ubatch={self.n_ubatch}")
+        if self.pooling != "none":  # llama.cpp: a pooled context outputs every token
+            batch = Batch(batch.tokens, batch.pos, batch.seq_ids, np.ones(len(batch), dtype=bool))
         with self._lock:
             mem = self.memory
             pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.next_pos(self.n_seq_max))
+            if self.kind == "none" and pos.max() >= self.n_ctx:
+                i = int(np.argmax(pos >= self.n_ctx))
+                raise BatchError(f"token {i} of seq {batch.seq_ids[i][0]} has position {int(pos[i])}, beyond the "
+                                 f"context size n_ctx={self.n_ctx}")
             ubatches = SPLITS[mem.split](batch, pos, self.n_ubatch)
             plans = mem.prepare(ubatches)  # raises CacheFullError before anything changed
             mem.update()  # pending K-shift: the cells' contents change representation, not meaning
             snap = mem.snapshot()
-            logits, embd, rows = [], [], []
+            logits, embd, rows, pooled = [], [], [], {}
             try:
                 for ub, plan in zip(ubatches, plans):
                     feeds = mem.apply(ub, plan)
-                    env = {"n_tokens": len(ub), "n_outputs": len(ub.out_ids), "n_kv": feeds.pop("n_kv", 0),
-                           "n_ctx": self.n_ctx}
+                    env = {"n_tokens": len(ub), "n_outputs": len(ub.out_ids), "n_ctx": self.n_ctx}
+                    env.update((k, feeds.pop(k)) for k in [k for k, v in feeds.items() if isinstance(v, int)])
                     feeds.update(mem.buffers())
                     feeds.update(tokens=ub.tokens, pos=ub.pos, out_ids=ub.out_ids)
+                    seqs: list[int] = []
+                    if self.pooling != "none":
+                        seqs, extra = pooling_inputs(ub, self.pooling)
+                        feeds.update(extra)
+                        env["n_seqs"] = len(seqs)
                     out = self.program.run(env, feeds, taps)
-                    logits.append(out["logits"])
+                    if self.has_logits:
+                        logits.append(out["logits"])
                     if self.embeddings_enabled:
                         embd.append(out["embd"])
+                    for r, s in enumerate(seqs):  # a sequence spanning ubatches keeps the last (llama.cpp)
+                        pooled[s] = out["pooled"][r].copy()
                     rows.extend(ub.batch_index[ub.out_ids].tolist())
             except BaseException:
                 mem.restore(snap)
@@ -97,6 +124,7 @@ class Context:
             self._logits = np.concatenate(logits)[order] if logits else self._logits[:0]
             if self.embeddings_enabled:
                 self._embd = np.concatenate(embd)[order]
+            self._pooled = pooled
             self._row = {b: r for r, b in enumerate(sorted(rows))}
 
     # ---- memory ----------------------------------------------------------------------------------------
@@ -123,9 +151,8 @@ class Context:
             diff = [k for k, v in cur.hp.as_dict().items() if mem.hp.as_dict().get(k) != v]
             raise StateError(f"cannot set memory: it was made for a model with different hyperparameters "
                              f"({', '.join(diff)})")
-        if isinstance(cur, KVCache):
-            assert isinstance(mem, KVCache)
-            theirs, ours = mem.layout(), cur.layout()
+        if isinstance(cur, (KVCache, RecurrentMemory)):
+            theirs, ours = mem.layout(), cur.layout()  # type: ignore[attr-defined]
             for k in ours:
                 if theirs[k] != ours[k]:
                     raise StateError(f"cannot set memory: {k}={theirs[k]!r}, this context has {k}={ours[k]!r}")
@@ -171,6 +198,9 @@ class Context:
 
     def logits(self) -> np.ndarray:
         """(n_outputs, n_vocab) float32, rows in batch order."""
+        if not self.has_logits:
+            raise GraphirError(f"a '{self.model.arch.name}' model has no LM head: read ctx.embeddings() or "
+                               f"ctx.embeddings_seq(seq)")
         return self._logits
 
     def logits_ith(self, i: int) -> np.ndarray:
@@ -182,6 +212,14 @@ class Context:
         if not self.embeddings_enabled:
             raise GraphirError("embeddings are off: create the context with embeddings=True")
         return self._embd
+
+    def embeddings_seq(self, seq: int) -> np.ndarray:
+        """(n_embd,): sequence ``seq``'s pooled embedding from the last decode (its last ubatch)."""
+        if self.pooling == "none":
+            raise GraphirError("this context does not pool: create it with pooling='mean', 'cls' or 'last'")
+        if seq not in self._pooled:
+            raise GraphirError(f"seq {seq} has no pooled embedding: it was not in the last decoded batch")
+        return self._pooled[seq]
 
     def _output_row(self, i: int) -> int:
         if i < 0:

@@ -275,13 +275,21 @@ def _parse_node(line: str, nodes: dict[str, Node]) -> Node:
     return Node(name, op, inputs, _parse_attrs(attrs), dtype, shape)
 
 
+# Scalar attributes that are sizes: a bare name there is a dim (``offset=n_seq_tokens``), not a string.
+_DIM_ATTRS = frozenset({"offset"})
+
+
+def _as_dim(k: str, v: Any) -> Any:
+    return parse_dim(v) if k in _DIM_ATTRS and isinstance(v, str) else v
+
+
 def _parse_attrs(s: str | None) -> dict[str, Any]:
     if not s:
         return {}
     out = {}
     for kv in _split_top(s.strip()[1:-1]):
         k, _, v = kv.partition("=")
-        out[k.strip()] = _parse_attr(v.strip())
+        out[k.strip()] = _as_dim(k.strip(), _parse_attr(v.strip()))
     return out
 
 
@@ -369,7 +377,7 @@ def _from_json(text: str) -> Graph:
     try:
         for row in doc["nodes"]:
             inputs = tuple(nodes[i] for i in row.get("inputs", ()))
-            attrs = {k: _from_jv(v) for k, v in row.get("attrs", {}).items()}
+            attrs = {k: _as_dim(k, _from_jv(v)) for k, v in row.get("attrs", {}).items()}
             shape = tuple(parse_dim(d) if isinstance(d, str) else d for d in row["shape"])
             nodes[row["name"]] = Node(row["name"], row["op"], inputs, attrs, row["dtype"], shape)
         dims = [DimDecl(d["name"], parse_dim(str(d["min"])), None if d["max"] is None else parse_dim(str(d["max"])))

@@ -9,10 +9,10 @@ give the same graph.
 from __future__ import annotations
 
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
-from gguf import Keys
+from gguf import Keys, PoolingType
 
 from graphir.errors import MetadataError
 
@@ -44,6 +44,19 @@ class HParams:
     norm_rms_eps: float
     attn_scale: float  # 0: use 1/sqrt(n_embd_head_k)
     causal: bool
+    # Family fields: defaults mean "not this family"; printed only when set (see as_dict).
+    pooling: str = "none"  # none | mean | cls | last | rank: how embedding models reduce a sequence
+    n_token_types: int = 0  # rows of the token-type embedding (BERT)
+    ssm_d_conv: int = 0  # Mamba: conv kernel width, inner size, state size, time-step rank
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_dt_rank: int = 0
+    ssm_dt_b_c_rms: bool = False
+    wkv_head_size: int = 0  # RWKV: head size, low-rank mix sizes, residual halving period, shift count
+    time_mix_extra_dim: int = 0
+    time_decay_extra_dim: int = 0
+    rescale_every_n_layers: int = 0
+    token_shift_count: int = 0
 
     @property
     def n_embd_k_gqa(self) -> int:
@@ -53,8 +66,30 @@ class HParams:
     def n_embd_v_gqa(self) -> int:
         return self.n_embd_head_v * self.n_head_kv
 
+    @property
+    def n_embd_r(self) -> int:
+        """Floats of rolling state per sequence and layer: RWKV's token shifts or Mamba's conv columns."""
+        if self.wkv_head_size:
+            return self.token_shift_count * self.n_embd
+        return max(self.ssm_d_conv - 1, 0) * self.ssm_d_inner
+
+    @property
+    def n_embd_s(self) -> int:
+        """Floats of recurrent state per sequence and layer: RWKV's WKV matrices or Mamba's SSM state."""
+        if self.wkv_head_size:
+            return self.n_embd * self.wkv_head_size
+        return self.ssm_d_state * self.ssm_d_inner
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every common field, and the family fields a model sets (so graph headers stay family-sized)."""
+        d = asdict(self)
+        for f in fields(self)[_N_COMMON:]:
+            if d[f.name] == f.default:
+                del d[f.name]
+        return d
+
+
+_N_COMMON = [f.name for f in fields(HParams)].index("pooling")
 
 
 class KeyReader:
@@ -92,7 +127,7 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
     for template in required:
         if r.key(template) not in metadata:
             raise MetadataError(f"{label}: missing key '{r.key(template)}'")
-    L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+    L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
     n_embd = r.get(L.EMBEDDING_LENGTH, int, required=True)
     n_head = r.get(A.HEAD_COUNT, int, 0)
     n_head_kv = r.get(A.HEAD_COUNT_KV, int, n_head)
@@ -128,4 +163,31 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
         norm_rms_eps=r.get(A.LAYERNORM_RMS_EPS, float, 0.0),
         attn_scale=r.get(A.SCALE, float, 0.0),
         causal=r.get(A.CAUSAL, bool, causal),
+        pooling=_pooling(r),
+        n_token_types=_int_key(label, metadata, Keys.Tokenizer.TOKEN_TYPE_COUNT),
+        ssm_d_conv=r.get(S.CONV_KERNEL, int, 0),
+        ssm_d_inner=r.get(S.INNER_SIZE, int, 0),
+        ssm_d_state=r.get(S.STATE_SIZE, int, 0),
+        ssm_dt_rank=r.get(S.TIME_STEP_RANK, int, 0),
+        ssm_dt_b_c_rms=r.get(S.DT_B_C_RMS, bool, False),
+        wkv_head_size=r.get(Keys.WKV.HEAD_SIZE, int, 0),
+        time_mix_extra_dim=r.get(L.TIME_MIX_EXTRA_DIM, int, 0),
+        time_decay_extra_dim=r.get(L.TIME_DECAY_EXTRA_DIM, int, 0),
+        rescale_every_n_layers=r.get(L.RESCALE_EVERY_N_LAYERS, int, 0),
+        token_shift_count=r.get(L.TOKEN_SHIFT_COUNT, int, 0),
     )
+
+
+def _pooling(r: KeyReader) -> str:
+    v = r.get(Keys.LLM.POOLING_TYPE, int, 0)
+    try:
+        return PoolingType(v).name.lower()
+    except ValueError:
+        raise MetadataError(f"{r.label}: key '{r.key(Keys.LLM.POOLING_TYPE)}' has unknown pooling type {v}") from None
+
+
+def _int_key(label: str, metadata: Mapping[str, Any], key: str) -> int:
+    v = metadata.get(key, 0)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise MetadataError(f"{label}: key '{key}' should be int, got {type(v).__name__} {v!r}")
+    return v

@@ -20,8 +20,9 @@ from graphir.ir import Graph
 from graphir.memory import Memory
 from graphir.memory.kv import KVCache
 from graphir.memory.none import NoMemory
+from graphir.memory.recurrent import RecurrentMemory
 
-CONTEXT_KINDS: dict[str, type[Memory]] = {"none": NoMemory, "kv": KVCache}
+CONTEXT_KINDS: dict[str, type[Memory]] = {"none": NoMemory, "kv": KVCache, "recurrent": RecurrentMemory}
 
 
 @dataclass
@@ -48,18 +49,24 @@ class ModelMeta:
             raise MetadataError(f"{self.label}: {e}") from None
         return cls.from_metadata(self.label, self.metadata)
 
-    def build_graph(self, context: str = "kv", phase: str = "prefill") -> Graph:
-        """The graph of one ubatch: ``context`` picks the memory kind, ``phase`` prefill or decode."""
+    def build_graph(self, context: str | None = None, phase: str = "prefill", pooling: str | None = None) -> Graph:
+        """The graph of one ubatch: ``context`` picks the memory kind (default: the architecture's first),
+        ``phase`` prefill or decode, ``pooling`` how embeddings are reduced per sequence (default: the model's)."""
+        arch = self.arch
+        context = context or arch.contexts[0]
         mem_cls = CONTEXT_KINDS.get(context)
         if mem_cls is None:
             raise GraphirError(f"unknown context '{context}' (known: {', '.join(CONTEXT_KINDS)})")
+        if context not in arch.contexts:
+            raise GraphirError(f"{self.label}: a '{arch.name}' model runs with context {' or '.join(arch.contexts)}, "
+                               f"not '{context}'")
         if phase not in PHASES:
             raise GraphirError(f"unknown phase '{phase}' (known: {', '.join(PHASES)})")
         if phase not in mem_cls.phases:
             raise GraphirError(f"context '{context}' has no {phase} phase (it has: {', '.join(mem_cls.phases)})")
-        arch = self.arch
         b = GraphBuilder(arch, self.label, self.tensors, mem_cls(arch.hp), phase)
         arch.build(b)
+        b.build_pooling(pooling or arch.hp.pooling)
         return b.graph({"arch": arch.name, "context": context, "phase": phase, "hparams": arch.hp.as_dict()})
 
 
@@ -70,10 +77,9 @@ def from_preset(name: str, p: presets.Preset) -> ModelMeta:
     arch = get(p.arch).from_metadata(name, md)
     tensors = {}
     for s in arch.tensors():
-        if s.tied_to and p.tied or s.optional and not (p.rope_freqs and s.name == "rope_freqs.weight"):
+        if s.tied_to and p.tied or not p.declares(s.name, s.optional):
             continue
-        dtype = presets.Q.F32 if s.kind == "vector" else p.overrides.get(s.name, p.matrix_type)
-        tensors[s.name] = TensorInfo(s.name, s.shape, dtype, 0)
+        tensors[s.name] = TensorInfo(s.name, s.shape, p.dtype(s.name, s.kind == "vector"), 0)
     return ModelMeta(name, md, tensors)
 
 

@@ -51,7 +51,8 @@ def _same(xs: list[Node], a: dict[str, Any]) -> Type:
 
 def _binary(xs: list[Node], a: dict[str, Any]) -> Type:
     x, y = xs
-    _need(len(y.shape) <= len(x.shape), f"operand 1 {y.type_str} has higher rank than operand 0 {x.type_str}")
+    _need(all(d == 1 for d in y.shape[len(x.shape):]),
+          f"operand 1 {y.type_str} has more non-1 dimensions than operand 0 {x.type_str}")
     ok = all(divides(d1, d0) for d0, d1 in zip(x.shape, y.shape))
     _need(ok, f"cannot broadcast {y.type_str} into {x.type_str}")
     return "f32", x.shape
@@ -79,6 +80,36 @@ def _mul_mat(xs: list[Node], a: dict[str, Any]) -> Type:
     _need(divides(sw[2], sx[2]) and divides(sw[3], sx[3]),
           f"cannot broadcast {w.type_str} over {x.type_str} in dims 2-3")
     return "f32", _trim((sw[1], sx[1], sx[2], sx[3]), max(len(w.shape), len(x.shape)))
+
+
+def _ssm_conv(xs: list[Node], a: dict[str, Any]) -> Type:
+    sx, w = xs
+    s, sw = _pad4(sx.shape), _pad4(w.shape)
+    _need(len(w.shape) == 2 and sw[1] == s[1], f"conv weight {w.type_str} does not fit channels of {sx.type_str}")
+    return "f32", (s[1], s[0] - sw[0] + 1, s[2])
+
+
+def _ssm_scan(xs: list[Node], a: dict[str, Any]) -> Type:
+    s, x, dt, A, B, C = xs
+    d_state, d_inner, n_seqs = _pad4(s.shape)[:3]
+    _need(x.shape[:1] == (d_inner,) and len(x.shape) == 3 and x.shape[2] == n_seqs,
+          f"x {x.type_str} does not fit state {s.type_str}")
+    _need(dt.shape == x.shape, f"dt {dt.type_str} differs from x {x.type_str}")
+    _need(A.shape == (d_state, d_inner), f"A {A.type_str} is not [{d_state}, {d_inner}]")
+    for name, t in (("B", B), ("C", C)):
+        _need(t.shape == (d_state,) + tuple(x.shape[1:]), f"{name} {t.type_str} is not [{d_state}, ...x's tokens]")
+    return "f32", (numel(x.shape) + numel(s.shape),)
+
+
+def _rwkv_wkv6(xs: list[Node], a: dict[str, Any]) -> Type:
+    k, v, r, tf, td, state = xs
+    hs, H, T = _pad4(k.shape)[:3]
+    for name, t in (("v", v), ("r", r), ("decay", td)):
+        _need(t.shape == k.shape, f"{name} {t.type_str} differs from k {k.type_str}")
+    _need(tf.shape == (hs, H), f"time_first {tf.type_str} is not [{hs}, {H}]")
+    _need(len(state.shape) == 2 and state.shape[0] == hs * hs * H,
+          f"state {state.type_str} is not [{hs * hs * H}, n_seqs]")
+    return "f32", (hs * H, T + hs * state.shape[1])
 
 
 def _rope(xs: list[Node], a: dict[str, Any]) -> Type:
@@ -150,7 +181,7 @@ def _set_rows(xs: list[Node], a: dict[str, Any]) -> Type:
 @dataclass(frozen=True)
 class OpDef:
     name: str
-    kind: str  # leaf | movement | elementwise | unary | norm | matmul | attention | memory
+    kind: str  # leaf | movement | elementwise | unary | norm | matmul | attention | recurrent | memory
     operands: tuple[str, ...]
     attrs: tuple[str, ...]
     infer: Callable[[list[Node], dict[str, Any]], Type]
@@ -172,6 +203,7 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("get_rows", "movement", ("src", "ids"), (), _get_rows, "rows ids of src, dequantized to f32"),
     OpDef("mul_mat", "matmul", ("w", "x"), (), _mul_mat, "out[m,n] = sum_k w[k,m] x[k,n], batched over ne2/ne3"),
     OpDef("add", "elementwise", ("a", "b"), (), _binary, "a + b, b broadcast by repetition"),
+    OpDef("sub", "elementwise", ("a", "b"), (), _binary, "a - b, b broadcast by repetition"),
     OpDef("mul", "elementwise", ("a", "b"), (), _binary, "a * b, b broadcast by repetition"),
     OpDef("scale", "unary", ("a",), ("s",), _same, "a * s"),
     OpDef("rms_norm", "norm", ("a",), ("eps",), _same, "a / sqrt(mean(a^2) + eps) over ne0"),
@@ -179,6 +211,11 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("silu", "unary", ("a",), (), _same, "a * sigmoid(a)"),
     OpDef("gelu", "unary", ("a",), (), _same, "tanh-approximated GELU"),
     OpDef("relu", "unary", ("a",), (), _same, "max(a, 0)"),
+    OpDef("sqr", "unary", ("a",), (), _same, "a * a"),
+    OpDef("neg", "unary", ("a",), (), _same, "-a"),
+    OpDef("exp", "unary", ("a",), (), _same, "e^a"),
+    OpDef("tanh", "unary", ("a",), (), _same, "tanh(a)"),
+    OpDef("sigmoid", "unary", ("a",), (), _same, "1 / (1 + e^-a)"),
     OpDef("swiglu", "elementwise", ("gate", "up"), (), _glu, "silu(gate) * up"),
     OpDef("geglu", "elementwise", ("gate", "up"), (), _glu, "gelu(gate) * up"),
     OpDef("rope", "attention", ("a", "pos", "freq_factors?"), _ROPE_ATTRS, _rope,
@@ -192,6 +229,12 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("transpose", "movement", ("a",), (), lambda xs, a: _permute(xs, {"axes": (1, 0, 2, 3)}), "swap ne0 and ne1"),
     OpDef("cont", "movement", ("a",), (), _cont, "materialise a (strided) view contiguously"),
     OpDef("concat", "movement", ("a", "b"), ("dim",), _concat, "join a and b along dim"),
+    OpDef("ssm_conv", "recurrent", ("sx", "w"), (), _ssm_conv,
+          "depthwise causal conv: y[c,t,s] = sum_j sx[t+j,c,s] w[j,c]; sx holds d_conv-1 state columns first"),
+    OpDef("ssm_scan", "recurrent", ("s", "x", "dt", "A", "B", "C"), (), _ssm_scan,
+          "Mamba selective scan from states s; returns all y (x's layout) followed by the final states"),
+    OpDef("rwkv_wkv6", "recurrent", ("k", "v", "r", "time_first", "decay", "state"), (), _rwkv_wkv6,
+          "RWKV6 linear attention per head from states; returns all outputs followed by the final states"),
     OpDef("set_rows", "memory", ("dst", "src", "ids"), (), _set_rows,
           "write src's rows into dst at ids (with type conversion); the result is dst after the write"),
 )}

@@ -7,12 +7,13 @@ expected tensors, so presets can never drift from what the architecture declares
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from gguf import GGMLQuantizationType as Q
-from gguf import Keys
+from gguf import Keys, PoolingType
 
-L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,17 @@ class Preset:
     tied: bool  # no output.weight: the LM head reuses token_embd
     matrix_type: Q = Q.F16  # convert_hf_to_gguf's default output type
     overrides: dict[str, Q] = field(default_factory=dict)
-    rope_freqs: bool = False  # Llama-3.1 rope scaling is baked into a rope_freqs tensor by the converter
+    include: str = ""  # regex: optional tensors the converter writes (Llama-3.1's rope_freqs, BERT's q/k/v)
+    f32: str = ""  # regex: matrices the converter keeps in f32 (position tables, state-space parameters)
     source: str = ""
+
+    def declares(self, name: str, optional: bool) -> bool:
+        return not optional or bool(self.include and re.fullmatch(self.include, name))
+
+    def dtype(self, name: str, vector: bool) -> Q:
+        if vector or self.f32 and re.fullmatch(self.f32, name):
+            return Q.F32
+        return self.overrides.get(name, self.matrix_type)
 
     def metadata(self) -> dict[str, object]:
         md: dict[str, object] = {Keys.General.ARCHITECTURE: self.arch}
@@ -36,7 +46,7 @@ def _llama31(E: int, n_layer: int, n_ff: int, n_head: int, source: str) -> Prese
         L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
         A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: 8, R.FREQ_BASE: 500000.0, A.LAYERNORM_RMS_EPS: 1e-5,
         R.DIMENSION_COUNT: 128, L.VOCAB_SIZE: 128256,
-    }, tied=False, rope_freqs=True, source=source)
+    }, tied=False, include=r"rope_freqs\.weight", source=source)
 
 
 def _qwen25(E: int, n_layer: int, n_ff: int, n_head: int, n_head_kv: int, vocab: int, tied: bool,
@@ -46,6 +56,27 @@ def _qwen25(E: int, n_layer: int, n_ff: int, n_head: int, n_head_kv: int, vocab:
         A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: n_head_kv, R.FREQ_BASE: 1000000.0, A.LAYERNORM_RMS_EPS: 1e-6,
         L.VOCAB_SIZE: vocab,
     }, tied=tied, source=source)
+
+
+def _bert(E: int, n_layer: int, n_head: int, pooling: PoolingType | None, source: str) -> Preset:
+    keys: dict[str, object] = {
+        L.CONTEXT_LENGTH: 512, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: 4 * E,
+        A.HEAD_COUNT: n_head, A.LAYERNORM_EPS: 1e-12, A.CAUSAL: False, L.VOCAB_SIZE: 30522,
+        Keys.Tokenizer.TOKEN_TYPE_COUNT: 2,
+    }
+    if pooling is not None:
+        keys[L.POOLING_TYPE] = int(pooling)
+    # convert_hf_to_gguf writes separate q/k/v with biases, and keeps the position and type tables in f32
+    return Preset("bert", keys, tied=False, include=r"token_types\.weight|blk\.\d+\.attn_[qkv]\.(weight|bias)|"
+                  r"blk\.\d+\.attn_output\.bias", f32=r"position_embd\.weight|token_types\.weight", source=source)
+
+
+def _mamba(E: int, n_layer: int, source: str) -> Preset:
+    return Preset("mamba", {
+        L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: 0,
+        A.HEAD_COUNT: 0, S.CONV_KERNEL: 4, S.INNER_SIZE: 2 * E, S.STATE_SIZE: 16, S.TIME_STEP_RANK: -(-E // 16),
+        A.LAYERNORM_RMS_EPS: 1e-5, L.VOCAB_SIZE: 50280,
+    }, tied=True, f32=r"blk\.\d+\.ssm_(conv1d\.weight|x\.weight|dt\.weight|a)", source=source)
 
 
 PRESETS: dict[str, Preset] = {
@@ -61,6 +92,17 @@ PRESETS: dict[str, Preset] = {
     "Llama-3.1-405B": _llama31(16384, 126, 53248, 128, "meta-llama/Llama-3.1-405B config.json"),
     "Qwen2.5-0.5B": _qwen25(896, 24, 4864, 14, 2, 151936, True, "Qwen/Qwen2.5-0.5B config.json"),
     "Qwen2.5-72B": _qwen25(8192, 80, 29568, 64, 8, 152064, False, "Qwen/Qwen2.5-72B config.json"),
+    "BERT-base": _bert(768, 12, 12, None, "google-bert/bert-base-uncased config.json"),
+    "all-MiniLM-L6-v2": _bert(384, 6, 12, PoolingType.MEAN,
+                              "sentence-transformers/all-MiniLM-L6-v2 config.json and 1_Pooling (mean)"),
+    "Mamba-130M": _mamba(768, 24, "state-spaces/mamba-130m-hf config.json"),
+    "Mamba-2.8B": _mamba(2560, 64, "state-spaces/mamba-2.8b-hf config.json"),
+    "RWKV6-1.6B": Preset("rwkv6", {
+        L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 7168,
+        A.HEAD_COUNT: 0, Keys.WKV.HEAD_SIZE: 64, L.TIME_MIX_EXTRA_DIM: 32, L.TIME_DECAY_EXTRA_DIM: 64,
+        L.RESCALE_EVERY_N_LAYERS: 6, L.TOKEN_SHIFT_COUNT: 2, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 65536,
+    }, tied=False, f32=r"blk\.\d+\.time_mix_(first|w1|w2|decay_w1|decay_w2)\.weight",
+        source="RWKV/v6-Finch-1B6-HF config.json"),
 }
 
 

@@ -55,23 +55,26 @@ class Model:
                 from graphir.backends.quant import QWeight
 
                 t = self.weights[name]
-                if len(t.shape) == 1:
-                    self._prepared[name] = np.asarray(t.data, dtype=np.float32)
+                if len(t.shape) != 2:  # vectors and stacked parameters (RWKV's [E,1,1,5] mixes) stay dense
+                    from gguf.quants import dequantize
+
+                    self._prepared[name] = np.asarray(dequantize(np.asarray(t.data), t.qtype), np.float32).reshape(
+                        tuple(reversed(t.shape)))
                 else:
                     self._prepared[name] = QWeight.prepare(t.data, t.qtype, t.ne0)
             return self._prepared[name]
 
-    def program(self, kind: str) -> tuple[Any, bool, dict[int, Any]]:
+    def program(self, kind: str, pooling: str = "none") -> tuple[Any, bool, dict[int, Any]]:
         """A context kind's compiled graph (the prefill graph: it binds any ubatch size), shared by contexts,
         with whether and how its cached K can be re-roped for position shifts."""
         with self._lock:
-            if kind not in self._programs:
+            if (kind, pooling) not in self._programs:
                 from graphir.backends.executor import Program
                 from graphir.memory.kv import rope_plan
 
-                graph = self.meta.build_graph(kind, "prefill")
-                self._programs[kind] = (Program(graph, self.weight), *rope_plan(graph, self.weight))
-            return self._programs[kind]
+                graph = self.meta.build_graph(kind, "prefill", pooling)
+                self._programs[kind, pooling] = (Program(graph, self.weight), *rope_plan(graph, self.weight))
+            return self._programs[kind, pooling]
 
     def new_context(self, **kw: Any) -> Context:
         """See :class:`graphir.context.Context` for the parameters (n_ctx, n_batch, n_ubatch, n_seq_max, kind, ...)."""

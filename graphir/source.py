@@ -20,9 +20,8 @@ if TYPE_CHECKING:
     from graphir.ir import Graph
     from graphir.model import ModelMeta
 
-__all__ = ["DEFAULT_CONTEXT", "DEFAULT_PHASE", "sniff", "open_source", "open_model", "load_graph"]
+__all__ = ["DEFAULT_PHASE", "sniff", "open_source", "open_model", "load_graph"]
 
-DEFAULT_CONTEXT = "kv"
 DEFAULT_PHASE = "prefill"
 
 _GGUF_MAGIC = b"GGUF"
@@ -118,4 +117,4 @@ def load_graph(src: str | os.PathLike[str], context: str | None = None, phase: s
             if asked is not None and asked != saved:
                 raise GraphirError(f"{label}: saved graph has {key} '{saved}', but {key} '{asked}' was asked for")
         return m
-    return m.build_graph(context or DEFAULT_CONTEXT, phase or DEFAULT_PHASE)
+    return m.build_graph(context, phase or DEFAULT_PHASE)  # context None: the architecture's default

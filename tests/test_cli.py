@@ -15,6 +15,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+
+from graphir.model import open_model
 from gguf import MODEL_TENSOR as T
 
 from graphir.cli import main
@@ -22,7 +24,8 @@ from graphir.hashing import graph_hash
 from graphir.source import load_graph
 
 QT = gguf.GGMLQuantizationType
-PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Qwen2.5-0.5B", "Qwen2.5-72B"]
+PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Qwen2.5-0.5B", "Qwen2.5-72B",
+           "BERT-base", "all-MiniLM-L6-v2", "Mamba-130M", "Mamba-2.8B", "RWKV6-1.6B"]
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers
@@ -172,7 +175,7 @@ def test_dump_every_preset_in_every_form(capsys, preset):
     full = ok(capsys, "dump", preset, "--full")
     assert "..." not in full and len(full) > len(text)
     doc = json.loads(ok(capsys, "dump", preset, "--format", "json"))
-    assert doc["format"] == "graphir-graph" and doc["meta"]["context"] == "kv"
+    assert doc["format"] == "graphir-graph" and doc["meta"]["context"] == open_model(preset).arch.contexts[0]
     assert ok(capsys, "dump", preset, "--format", "dot").lstrip().startswith(("digraph", "strict digraph"))
 
 
@@ -395,7 +398,7 @@ def test_archs_lists_architectures_and_presets(capsys):
     out = ok(capsys, "archs")
     lines = out.splitlines()
     assert lines[0] == "architectures:"
-    assert "  llama  rope=norm" in lines and "  qwen2  rope=neox" in lines
+    assert "  llama       rope=norm" in lines and "  qwen2       rope=neox" in lines and "  mamba       rope=none" in lines
     pre = lines[lines.index("presets:") + 1:]
     assert len(pre) == len(PRESETS)
     assert pre[0].split() == ["SmolLM2-135M", "llama", "30", "layers"]
@@ -480,7 +483,7 @@ ERROR_CASES = {
     "cut inside metadata": (lambda tp: ["dump", _cut_inside_metadata(tp)], "{0}: truncated inside metadata"),
     "unknown architecture": (
         lambda tp: ["dump", write_tiny_gguf(tp / "arch.gguf", arch="llamazing")],
-        "{0}: unknown architecture 'llamazing' (known: llama, qwen2)"),
+        "{0}: unknown architecture 'llamazing' (known: bert, llama, mamba, nomic-bert, qwen2, rwkv6)"),
     "missing hparam": (
         lambda tp: ["dump", write_tiny_gguf(tp / "key.gguf", drop_keys=(RMS_EPS_KEY,))],
         "{0}: missing key 'llama.attention.layer_norm_rms_epsilon'"),

@@ -17,10 +17,9 @@ from graphir.forms import from_json, from_text, to_json, to_text
 from graphir.hashing import graph_hash
 from graphir.ir import Graph, Node
 from graphir.model import open_model
-from graphir.presets import PRESETS
+from conftest import graph_cases
 
-SETUPS = [("none", "prefill"), ("kv", "prefill"), ("kv", "decode")]
-CASES = [(p, c, ph) for p in PRESETS for c, ph in SETUPS]
+CASES = graph_cases()
 IDS = [f"{p}-{c}-{ph}" for p, c, ph in CASES]
 
 

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
+from conftest import graph_cases
+
 from graphir.forms import to_text
 from graphir.model import open_model
-from graphir.presets import PRESETS
 
 SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"
-CONTEXTS = [("none", "prefill"), ("kv", "prefill"), ("kv", "decode")]
+CASES = graph_cases()
 
 
 class GraphText(SingleFileSnapshotExtension):
@@ -39,13 +40,12 @@ def graph_snapshot(snapshot: Any) -> Any:
     return snapshot.use_extension(GraphText)
 
 
-@pytest.mark.parametrize("context,phase", CONTEXTS, ids=[f"{c}-{p}" for c, p in CONTEXTS])
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("preset,context,phase", CASES, ids=[f"{p}-{c}-{ph}" for p, c, ph in CASES])
 def test_graph(preset: str, context: str, phase: str, graph_snapshot: Any) -> None:
     assert to_text(open_model(preset).build_graph(context, phase)) == graph_snapshot
 
 
 def test_every_snapshot_file_belongs_to_a_case() -> None:
     # NOTE: syrupy reports unused snapshots only when pytest runs without path arguments; this holds always.
-    expected = {f"test_graph[{p}-{c}-{ph}].graph.txt" for p in PRESETS for c, ph in CONTEXTS}
+    expected = {f"test_graph[{p}-{c}-{ph}].graph.txt" for p, c, ph in CASES}
     assert sorted(p.name for p in (SNAPSHOT_DIR / "test_graphs").iterdir()) == sorted(expected)

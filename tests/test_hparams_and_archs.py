@@ -176,7 +176,7 @@ def test_n_embd_not_divisible_by_n_head_is_rejected_without_a_key_length():
 
 
 def test_registry_names_the_supported_architectures():
-    assert graphir.arch.names() == ["llama", "qwen2"]
+    assert graphir.arch.names() == ["bert", "llama", "mamba", "nomic-bert", "qwen2", "rwkv6"]
 
 
 def test_get_returns_the_registered_class():
@@ -189,7 +189,7 @@ def test_qwen2_is_a_llama_variant():
 
 
 def test_an_unknown_architecture_is_rejected_listing_the_known_ones():
-    with pytest.raises(MetadataError, match=re.escape("unknown architecture 'nope' (known: llama, qwen2)")):
+    with pytest.raises(MetadataError, match=re.escape("unknown architecture 'nope' (known: bert, llama, mamba, nomic-bert, qwen2, rwkv6)")):
         graphir.arch.get("nope")
 
 
@@ -486,7 +486,7 @@ def test_none_context_refuses_the_decode_phase():
 
 
 def test_an_unknown_context_is_refused():
-    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: none, kv)")):
+    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: none, kv, recurrent)")):
         open_model(SMOL).build_graph("paged", "prefill")
 
 
@@ -508,7 +508,7 @@ def test_recurrent_state_is_refused_by_the_kv_cache():
     m = open_model(SMOL)
     b = GraphBuilder(m.arch, m.label, m.tensors, KVCache(m.arch.hp), "prefill")
     with pytest.raises(GraphError, match=re.escape("memory kind 'kv' holds no recurrent state")):
-        b.memory.build_rs(b)
+        b.memory.build_rs(b, "s")
 
 
 # =========================================================================== builder: GQA

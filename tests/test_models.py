@@ -11,27 +11,33 @@ from typing import Callable
 
 import gguf
 import pytest
-from conftest import write_model_gguf
+from conftest import graph_cases, write_model_gguf
 
+from graphir.dims import Sym
 from graphir.errors import TensorError
 from graphir.forms import to_json, to_text
 from graphir.gguf_file import strip
 from graphir.hashing import graph_hash
 from graphir.model import open_model
-from graphir.presets import PRESETS, Preset
+from graphir.presets import Preset
 from graphir.verify import verify
 
 CONTEXTS = [("none", "prefill"), ("kv", "prefill"), ("kv", "decode")]
 Q = gguf.GGMLQuantizationType
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_every_preset_builds_a_verified_graph_in_every_context(preset: str) -> None:
+@pytest.mark.parametrize("preset,context,phase", graph_cases())
+def test_every_preset_builds_a_verified_graph_in_every_context(preset: str, context: str, phase: str) -> None:
     model = open_model(preset)
-    for context, phase in CONTEXTS:
-        g = model.build_graph(context, phase)
-        verify(g)
-        assert g.outputs["logits"].shape == (model.arch.hp.n_vocab, 1 if phase == "decode" else g.dims[1].sym)
+    g = model.build_graph(context, phase)
+    verify(g)
+    hp = model.arch.hp
+    n_out = 1 if phase == "decode" else Sym.named("n_outputs")
+    if "logits" in g.outputs:
+        assert g.outputs["logits"].shape == (hp.n_vocab, n_out)
+    else:  # encoders: embeddings, pooled per sequence as the model says
+        assert g.outputs["embd"].shape == (hp.n_embd, n_out)
+        assert ("pooled" in g.outputs) == (hp.pooling != "none")
 
 
 _DUMP_ALL = """
@@ -39,12 +45,11 @@ import hashlib
 from graphir.forms import to_json, to_text
 from graphir.hashing import graph_hash
 from graphir.model import open_model
-from graphir.presets import PRESETS
-for p in sorted(PRESETS):
-    for c, ph in [("none", "prefill"), ("kv", "prefill"), ("kv", "decode")]:
-        g = open_model(p).build_graph(c, ph)
-        blob = (to_text(g) + to_text(g, fold=False) + to_json(g) + graph_hash(g)).encode()
-        print(p, c, ph, hashlib.sha256(blob).hexdigest())
+from conftest import graph_cases
+for p, c, ph in graph_cases():
+    g = open_model(p).build_graph(c, ph)
+    blob = (to_text(g) + to_text(g, fold=False) + to_json(g) + graph_hash(g)).encode()
+    print(p, c, ph, hashlib.sha256(blob).hexdigest())
 """
 
 
@@ -53,9 +58,9 @@ def test_dumps_are_identical_across_processes_and_hash_seeds() -> None:
     for seed in ("0", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
         outs.append(subprocess.run([sys.executable, "-c", _DUMP_ALL], env=env, capture_output=True, text=True,
-                                   check=True).stdout)
+                                   check=True, cwd=Path(__file__).parent).stdout)
     assert outs[0] == outs[1]
-    assert len(outs[0].splitlines()) == len(PRESETS) * len(CONTEXTS)
+    assert len(outs[0].splitlines()) == len(graph_cases())
 
 
 @pytest.mark.parametrize("arch,dtype", [("llama", Q.F32), ("llama", Q.Q8_0), ("qwen2", Q.F16), ("qwen2", Q.Q4_0)])

@@ -28,10 +28,10 @@ def rejects(op: str, inputs: list[Node], attrs: dict, match: str) -> None:
 
 # --------------------------------------------------------------------------- the catalogue
 
-ALL_OPS = ["add", "concat", "cont", "geglu", "gelu", "get_rows", "input", "mul", "mul_mat", "norm", "permute",
-           "relu", "reshape", "rms_norm", "rope", "scale", "set_rows", "silu", "soft_max", "swiglu", "transpose",
-           "view", "weight"]
-KINDS = {"leaf", "movement", "elementwise", "unary", "norm", "matmul", "attention", "memory"}
+ALL_OPS = ["add", "concat", "cont", "exp", "geglu", "gelu", "get_rows", "input", "mul", "mul_mat", "neg", "norm",
+           "permute", "relu", "reshape", "rms_norm", "rope", "rwkv_wkv6", "scale", "set_rows", "sigmoid", "silu",
+           "soft_max", "sqr", "ssm_conv", "ssm_scan", "sub", "swiglu", "tanh", "transpose", "view", "weight"]
+KINDS = {"leaf", "movement", "elementwise", "unary", "norm", "matmul", "attention", "recurrent", "memory"}
 
 
 def test_catalogue_holds_exactly_the_known_ops():
@@ -171,7 +171,7 @@ def test_binary_rejects_a_vector_whose_length_does_not_divide_ne0():
 
 def test_binary_rejects_broadcasting_the_larger_operand_into_the_smaller():
     rejects("mul", [t("f32", 576), t("f32", 576, T)], {},
-            r"operand 1 f32\[576, n_tokens\] has higher rank than operand 0 f32\[576\]")
+            r"operand 1 f32\[576, n_tokens\] has more non-1 dimensions than operand 0 f32\[576\]")
 
 
 def test_binary_rejects_a_symbolic_dim_into_a_different_symbol():

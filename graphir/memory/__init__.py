@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from graphir.batch import UBatch
-from graphir.dims import DimDecl
+from graphir.dims import Dim, DimDecl
 from graphir.errors import GraphError, GraphirError
 from graphir.hparams import HParams
 from graphir.ir import Node
@@ -41,6 +41,12 @@ class Memory:
     def __init__(self, hp: HParams):
         self.hp = hp
 
+    def ubatch_dims(self) -> tuple[Dim, Dim | None, list[DimDecl]]:
+        """A prefill ubatch's token count, its tokens per sequence when split equally (else None), and the dims
+        they name. Simple splits: any tokens from any sequences."""
+        tok = DimDecl("n_tokens", 1, None, "tokens in the ubatch")
+        return tok.sym, None, [tok]
+
     def dims(self) -> list[DimDecl]:
         """The symbolic sizes this memory adds to a graph (e.g. ``n_kv``)."""
         return []
@@ -51,7 +57,10 @@ class Memory:
     def build_attn_mla(self, b: GraphBuilder, *args: Any, **kw: Any) -> Node:
         raise GraphError(f"memory kind '{self.kind}' does not implement MLA attention (latent KV cache)")
 
-    def build_rs(self, b: GraphBuilder, *args: Any, **kw: Any) -> Node:
+    def build_rs(self, b: GraphBuilder, which: str) -> Node:
+        raise GraphError(f"memory kind '{self.kind}' holds no recurrent state")
+
+    def store_rs(self, b: GraphBuilder, which: str, states: Node) -> None:
         raise GraphError(f"memory kind '{self.kind}' holds no recurrent state")
 
     # ---- run time -------------------------------------------------------------------------------------
@@ -71,7 +80,7 @@ class Memory:
         return [None] * len(ubatches)
 
     def apply(self, ub: UBatch, plan: Any) -> dict[str, Any]:
-        """Commit one ubatch's placement; return the graph inputs and dim bindings it needs."""
+        """Commit one ubatch's placement; return the graph inputs (arrays) and dim bindings (ints) it needs."""
         raise NotImplementedError
 
     def buffers(self) -> dict[str, np.ndarray]:

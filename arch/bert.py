@@ -1,0 +1,134 @@
+"""Encoder-only transformers: BERT (learned positions, post-LN, GELU MLP) and nomic-bert (RoPE, SwiGLU).
+
+Attention is bidirectional within each sequence and there is no LM head: the output is one embedding per
+token, reduced per sequence by the context's pooling. Token types are not an input: row 0 of the type table
+("sentence A") is added to every token, as llama.cpp does.
+Reference: Devlin et al. 2019, "BERT"; Nussbaum et al. 2024, "Nomic Embed"; llama.cpp src/models/bert.cpp.
+"""
+
+from __future__ import annotations
+
+from gguf import MODEL_TENSOR as T
+from gguf import Keys
+
+from graphir.architecture import Architecture, TensorSpec, spec
+from graphir.builder import Act, Gate, GraphBuilder, Norm
+from graphir.ir import Node
+
+
+class Bert(Architecture):
+    name = "bert"
+    rope_mode = "neox"  # declared by llama.cpp for the family; BERT itself rotates nothing
+    causal = False
+    contexts = ("none",)
+    learned_positions = True
+    required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_EPS)
+
+    def tensors(self) -> list[TensorSpec]:
+        hp = self.hp
+        E, F, E_gqa = hp.n_embd, hp.n_ff, hp.n_embd_k_gqa
+        specs = [
+            spec(T.TOKEN_EMBD, (E, hp.n_vocab)),
+            spec(T.TOKEN_TYPES, (E, max(hp.n_token_types, 1)), optional=True),
+            spec(T.TOKEN_EMBD_NORM, (E,), kind="vector"),
+            spec(T.TOKEN_EMBD_NORM, (E,), suffix="bias", kind="vector"),
+        ]
+        if self.learned_positions:
+            specs.append(spec(T.POS_EMBD, (E, hp.n_ctx_train)))
+        for il in range(hp.n_layer):
+            specs += [
+                spec(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
+                spec(T.ATTN_QKV, (E + 2 * E_gqa,), il, "bias", kind="vector", optional=True),
+                spec(T.ATTN_Q, (E, E), il, optional=True),
+                spec(T.ATTN_K, (E, E_gqa), il, optional=True),
+                spec(T.ATTN_V, (E, E_gqa), il, optional=True),
+                spec(T.ATTN_Q, (E,), il, "bias", kind="vector", optional=True),
+                spec(T.ATTN_K, (E_gqa,), il, "bias", kind="vector", optional=True),
+                spec(T.ATTN_V, (E_gqa,), il, "bias", kind="vector", optional=True),
+                spec(T.ATTN_OUT, (E, E), il),
+                spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True),
+                spec(T.ATTN_OUT_NORM, (E,), il, kind="vector"),
+                spec(T.ATTN_OUT_NORM, (E,), il, "bias", kind="vector"),
+                spec(T.FFN_UP, (E, F), il),
+                spec(T.FFN_DOWN, (F, E), il),
+                spec(T.LAYER_OUT_NORM, (E,), il, kind="vector"),
+                spec(T.LAYER_OUT_NORM, (E,), il, "bias", kind="vector"),
+            ] + self.ffn_tensors(il)
+        return specs
+
+    def ffn_tensors(self, il: int) -> list[TensorSpec]:
+        E, F = self.hp.n_embd, self.hp.n_ff
+        return [spec(T.FFN_UP, (F,), il, "bias", kind="vector"), spec(T.FFN_DOWN, (E,), il, "bias", kind="vector")]
+
+    def embed(self, b: GraphBuilder, pos: Node) -> Node:
+        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
+        types = b.w(T.TOKEN_TYPES)
+        if types is not None:
+            row0 = b.op("view", types, shape=(self.hp.n_embd,), strides=(1,), offset=0, name="token_types.row0")
+            x = b.op("add", x, row0, name="inp_embd.types")
+        if self.learned_positions:
+            x = b.op("add", b.op("get_rows", b.w(T.POS_EMBD), pos, name="inp_pos_embd"), x, name="inp_embd.pos")
+        return x
+
+    def qkv(self, b: GraphBuilder, x: Node, il: int) -> tuple[Node, Node, Node]:
+        """Q, K, V as [d, heads, tokens], from the fused projection (strided views) or three separate ones."""
+        hp, T_ = self.hp, b.n_tokens
+        d, H, Hkv, E, E_gqa = hp.n_embd_head_k, hp.n_head, hp.n_head_kv, hp.n_embd, hp.n_embd_k_gqa
+        fused = b.w(T.ATTN_QKV, il)
+        if fused is None:
+            q = b.linear(x, b.w(T.ATTN_Q, il), b.w(T.ATTN_Q, il, "bias"), name="Qcur")
+            k = b.linear(x, b.w(T.ATTN_K, il), b.w(T.ATTN_K, il, "bias"), name="Kcur")
+            v = b.linear(x, b.w(T.ATTN_V, il), b.w(T.ATTN_V, il, "bias"), name="Vcur")
+            return (b.reshape(q, (d, H, T_), name="Qcur.heads"), b.reshape(k, (d, Hkv, T_), name="Kcur.heads"),
+                    b.reshape(v, (d, Hkv, T_), name="Vcur.heads"))
+        qkv = b.linear(x, fused, b.w(T.ATTN_QKV, il, "bias"), name="wqkv")
+        row = E + 2 * E_gqa
+        return tuple(b.op("view", qkv, shape=(d, h, T_), strides=(1, d, row), offset=off, name=tag)  # type: ignore
+                     for tag, h, off in (("Qcur", H, 0), ("Kcur", Hkv, E), ("Vcur", Hkv, E + E_gqa)))
+
+    def rope_qk(self, b: GraphBuilder, q: Node, k: Node, pos: Node) -> tuple[Node, Node]:
+        return q, k  # BERT's positions are the learned table added to the input
+
+    def ffn(self, b: GraphBuilder, x: Node, il: int) -> Node:
+        return b.build_ffn(x, up=b.w(T.FFN_UP, il), up_b=b.w(T.FFN_UP, il, "bias"), gate=None,
+                           down=b.w(T.FFN_DOWN, il), down_b=b.w(T.FFN_DOWN, il, "bias"), act=Act.GELU)
+
+    def build(self, b: GraphBuilder) -> None:
+        hp = self.hp
+        pos = b.build_inp_pos()
+        x = self.embed(b, pos)
+        x = b.build_norm(x, b.w(T.TOKEN_EMBD_NORM), b.w(T.TOKEN_EMBD_NORM, suffix="bias"), Norm.LAYER, name="inp_norm")
+        out_ids = b.build_inp_out_ids()
+        for il in range(hp.n_layer):
+            with b.layer(il):
+                q, k, v = self.qkv(b, x, il)
+                q, k = self.rope_qk(b, q, k, pos)
+                a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias"),
+                                 kq_scale=b.kq_scale())
+                if il == hp.n_layer - 1:  # only requested rows go on
+                    a = b.op("get_rows", a, out_ids, name="attn_out.rows")
+                    x = b.op("get_rows", x, out_ids, name="inp.rows")
+                x = b.build_norm(b.op("add", a, x, name="attn_res"), b.w(T.ATTN_OUT_NORM, il),
+                                 b.w(T.ATTN_OUT_NORM, il, "bias"), Norm.LAYER, name="ffn_inp")
+                f = self.ffn(b, x, il)
+                x = b.build_norm(b.op("add", f, x, name="ffn_res"), b.w(T.LAYER_OUT_NORM, il),
+                                 b.w(T.LAYER_OUT_NORM, il, "bias"), Norm.LAYER, name="l_out")
+        b.build_output(x)
+
+
+class NomicBert(Bert):
+    """BERT with rotary positions (NEOX) instead of a position table, and a SwiGLU MLP without biases."""
+
+    name = "nomic-bert"
+    learned_positions = False
+    required_keys = Bert.required_keys + (Keys.LLM.POOLING_TYPE,)
+
+    def ffn_tensors(self, il: int) -> list[TensorSpec]:
+        return [spec(T.FFN_GATE, (self.hp.n_embd, self.hp.n_ff), il)]
+
+    def rope_qk(self, b: GraphBuilder, q: Node, k: Node, pos: Node) -> tuple[Node, Node]:
+        return b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
+
+    def ffn(self, b: GraphBuilder, x: Node, il: int) -> Node:
+        return b.build_ffn(x, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
+                           act=Act.SILU, gate_mode=Gate.PAR)

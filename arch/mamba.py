@@ -1,0 +1,99 @@
+"""Mamba (v1): a selective state-space model, no attention. Each layer mixes tokens through a short causal
+convolution and a recurrent scan whose step size, input and output maps depend on the token.
+
+The conv columns and the SSM state of each sequence live in the context's recurrent memory; the graph
+reads them (``build_rs``) and writes the new ones (``store_rs``). Tokens arrive as ``n_seqs`` sequences of
+``n_seq_tokens`` each. Reference: Gu & Dao 2023, "Mamba"; llama.cpp src/models/graph-context-mamba.cpp.
+"""
+
+from __future__ import annotations
+
+from gguf import MODEL_TENSOR as T
+from gguf import Keys
+
+from graphir.architecture import Architecture, TensorSpec, spec, tensor_name
+from graphir.builder import GraphBuilder
+from graphir.ir import Node
+
+
+class Mamba(Architecture):
+    name = "mamba"
+    contexts = ("recurrent",)
+    required_keys = (Keys.SSM.CONV_KERNEL, Keys.SSM.INNER_SIZE, Keys.SSM.STATE_SIZE, Keys.SSM.TIME_STEP_RANK,
+                     Keys.Attention.LAYERNORM_RMS_EPS)
+
+    def tensors(self) -> list[TensorSpec]:
+        hp = self.hp
+        E, Di, Ds, R, K = hp.n_embd, hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_d_conv
+        specs = [
+            spec(T.TOKEN_EMBD, (E, hp.n_vocab)),
+            spec(T.OUTPUT_NORM, (E,), kind="vector"),
+            spec(T.OUTPUT, (E, hp.n_vocab), tied_to=tensor_name(T.TOKEN_EMBD)),
+        ]
+        for il in range(hp.n_layer):
+            specs += [
+                spec(T.ATTN_NORM, (E,), il, kind="vector"),
+                spec(T.SSM_IN, (E, 2 * Di), il),
+                spec(T.SSM_CONV1D, (K, Di), il),
+                spec(T.SSM_CONV1D, (Di,), il, "bias", kind="vector"),
+                spec(T.SSM_X, (Di, R + 2 * Ds), il),
+                spec(T.SSM_DT, (R, Di), il),
+                spec(T.SSM_DT, (Di,), il, "bias", kind="vector"),
+                spec(T.SSM_A, (Ds, Di), il, suffix=None),  # already -exp(A_log), stored under a bare name
+                spec(T.SSM_D, (Di,), il, suffix=None, kind="vector"),
+                spec(T.SSM_OUT, (Di, E), il),
+            ]
+        return specs
+
+    def mixer(self, b: GraphBuilder, x: Node, il: int) -> Node:
+        """The selective SSM block: [E, n_seq_tokens, n_seqs] in, same out."""
+        hp = self.hp
+        Di, Ds, R, K = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_d_conv
+        Ts, S = b.n_seq_tokens, b.n_seqs
+        assert Ts is not None
+        xz = b.op("mul_mat", b.w(T.SSM_IN, il), x, name="ssm_in")  # [2*Di, Ts, S]
+        xs = b.op("view", xz, shape=(Di, Ts, S), strides=(1, 2 * Di, 2 * Di * Ts), offset=0, name="ssm_x_in")
+        z = b.op("view", xz, shape=(Di, Ts, S), strides=(1, 2 * Di, 2 * Di * Ts), offset=Di, name="ssm_z")
+
+        conv = b.reshape(b.build_rs("r"), (K - 1, Di, S), name="conv_state")
+        conv_x = b.op("concat", conv, b.op("transpose", xs, name="ssm_x_in.t"), dim=0, name="conv_x")
+        last = b.op("view", conv_x, shape=(K - 1, Di, S), strides=(1, K - 1 + Ts, (K - 1 + Ts) * Di), offset=Ts,
+                    name="conv_state.new")
+        b.store_rs("r", b.reshape(b.op("cont", last, name="conv_state.cont"), (hp.n_embd_r, S), name="conv_rows"))
+        xs = b.op("ssm_conv", conv_x, b.w(T.SSM_CONV1D, il), name="ssm_conv")
+        xs = b.op("silu", b.op("add", xs, b.w(T.SSM_CONV1D, il, "bias"), name="ssm_conv.b"), name="ssm_conv.act")
+
+        dbc = b.op("mul_mat", b.w(T.SSM_X, il), xs, name="ssm_dbc")  # [R + 2*Ds, Ts, S]
+        row = R + 2 * Ds
+        dt, B, C = (b.op("view", dbc, shape=(n, Ts, S), strides=(1, row, row * Ts), offset=off, name=tag)
+                    for tag, n, off in (("ssm_dt_in", R, 0), ("ssm_B", Ds, R), ("ssm_C", Ds, R + Ds)))
+        dt = b.linear(dt, b.w(T.SSM_DT, il), b.w(T.SSM_DT, il, "bias"), name="ssm_dt")
+
+        state = b.reshape(b.build_rs("s"), (Ds, Di, S), name="ssm_state")
+        ys = b.op("ssm_scan", state, xs, dt, b.w(T.SSM_A, il, None), B, C, name="ssm_scan")
+        n_y = Di * Ts * S
+        y = b.op("view", ys, shape=(Di, Ts, S), strides=(1, Di, Di * Ts), offset=0, name="ssm_y")
+        b.store_rs("s", b.op("view", ys, shape=(hp.n_embd_s, S), strides=(1, hp.n_embd_s), offset=n_y,
+                             name="ssm_state.new"))
+
+        y = b.op("add", y, b.op("mul", xs, b.w(T.SSM_D, il, None), name="ssm_skip"), name="ssm_y.skip")
+        y = b.op("swiglu", b.op("cont", z, name="ssm_z.cont"), y, name="ssm_gated")
+        return b.op("mul_mat", b.w(T.SSM_OUT, il), y, name="ssm_out")
+
+    def build(self, b: GraphBuilder) -> None:
+        hp = self.hp
+        Ts, S = b.n_seq_tokens, b.n_seqs
+        assert Ts is not None
+        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
+        out_ids = b.build_inp_out_ids()
+        for il in range(hp.n_layer):
+            with b.layer(il):
+                h = b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm")
+                h = self.mixer(b, b.reshape(h, (hp.n_embd, Ts, S), name="attn_norm.seqs"), il)
+                h = b.reshape(h, (hp.n_embd, b.n_tokens), name="ssm_out.tokens")
+                if il == hp.n_layer - 1:  # only requested rows go on
+                    h = b.op("get_rows", h, out_ids, name="ssm_out.rows")
+                    x = b.op("get_rows", x, out_ids, name="inp.rows")
+                x = b.op("add", h, x, name="l_out")
+        x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
+        b.build_output(x, b.w(T.OUTPUT))

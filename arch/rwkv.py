@@ -1,0 +1,167 @@
+"""RWKV-6 ("Finch"): attention replaced by a linear recurrence with data-dependent decay (time mix) and a
+squared-ReLU channel mix, both fed by "token shift" (each token also sees the previous token's activations).
+
+Per sequence the recurrent memory keeps the last token's two normed activations (``r``: attention and FFN
+shift) and one head_size x head_size WKV matrix per head (``s``). Tokens arrive as ``n_seqs`` sequences of
+``n_seq_tokens`` each. Reference: Peng et al. 2024, "Eagle and Finch"; llama.cpp src/models/rwkv6*.cpp.
+"""
+
+from __future__ import annotations
+
+from gguf import MODEL_TENSOR as T
+from gguf import Keys
+
+from graphir.architecture import Architecture, TensorSpec, spec
+from graphir.builder import GraphBuilder, Norm
+from graphir.errors import MetadataError
+from graphir.ir import Node
+
+_MIXES = 5  # w, k, v, r, g: the five token-shift interpolations of the time mix, in this order
+
+
+class Rwkv6(Architecture):
+    name = "rwkv6"
+    contexts = ("recurrent",)
+    required_keys = (Keys.WKV.HEAD_SIZE, Keys.LLM.TIME_MIX_EXTRA_DIM, Keys.LLM.TIME_DECAY_EXTRA_DIM,
+                     Keys.Attention.LAYERNORM_EPS, Keys.LLM.FEED_FORWARD_LENGTH)
+
+    def __init__(self, hp):  # type: ignore[no-untyped-def]
+        if hp.token_shift_count != 2:
+            raise MetadataError(f"rwkv6 needs {Keys.LLM.TOKEN_SHIFT_COUNT.format(arch='rwkv6')} = 2 (attention and "
+                                f"FFN shift), got {hp.token_shift_count}")
+        super().__init__(hp)
+
+    def tensors(self) -> list[TensorSpec]:
+        hp = self.hp
+        E, V, F, hs = hp.n_embd, hp.n_vocab, hp.n_ff, hp.wkv_head_size
+        Dx, Dd = hp.time_mix_extra_dim, hp.time_decay_extra_dim
+        specs = [
+            spec(T.TOKEN_EMBD, (E, V)),
+            spec(T.TOKEN_EMBD_NORM, (E,), kind="vector"),
+            spec(T.TOKEN_EMBD_NORM, (E,), suffix="bias", kind="vector"),
+            spec(T.OUTPUT_NORM, (E,), kind="vector"),
+            spec(T.OUTPUT_NORM, (E,), suffix="bias", kind="vector"),
+            spec(T.OUTPUT, (E, V)),
+        ]
+        for il in range(hp.n_layer):
+            specs += [
+                spec(T.ATTN_NORM, (E,), il, kind="vector"),
+                spec(T.ATTN_NORM, (E,), il, "bias", kind="vector"),
+                spec(T.ATTN_NORM_2, (E,), il, kind="vector"),
+                spec(T.ATTN_NORM_2, (E,), il, "bias", kind="vector"),
+                spec(T.TIME_MIX_W1, (E, Dx * _MIXES), il),
+                spec(T.TIME_MIX_W2, (Dx, E, _MIXES), il),
+                spec(T.TIME_MIX_LERP_X, (E, 1, 1), il, kind="vector"),
+                spec(T.TIME_MIX_LERP_FUSED, (E, 1, 1, _MIXES), il, kind="vector"),
+                spec(T.TIME_MIX_FIRST, (hs, E // hs), il),
+                spec(T.TIME_MIX_DECAY, (E,), il, kind="vector"),
+                spec(T.TIME_MIX_DECAY_W1, (E, Dd), il),
+                spec(T.TIME_MIX_DECAY_W2, (Dd, E), il),
+                spec(T.TIME_MIX_KEY, (E, E), il),
+                spec(T.TIME_MIX_VALUE, (E, E), il),
+                spec(T.TIME_MIX_RECEPTANCE, (E, E), il),
+                spec(T.TIME_MIX_GATE, (E, E), il),
+                spec(T.TIME_MIX_LN, (E,), il, kind="vector"),
+                spec(T.TIME_MIX_LN, (E,), il, "bias", kind="vector"),
+                spec(T.TIME_MIX_OUTPUT, (E, E), il),
+                spec(T.CHANNEL_MIX_LERP_K, (E, 1, 1), il, kind="vector"),
+                spec(T.CHANNEL_MIX_LERP_R, (E, 1, 1), il, kind="vector"),
+                spec(T.CHANNEL_MIX_KEY, (E, F), il),
+                spec(T.CHANNEL_MIX_VALUE, (F, E), il),
+                spec(T.CHANNEL_MIX_RECEPTANCE, (E, E), il),
+            ]
+        return specs
+
+    def shifted(self, b: GraphBuilder, prev: Node, x: Node, name: str) -> Node:
+        """Each token's predecessor: the saved last token of its sequence, then x without its last token."""
+        E, Ts, S = self.hp.n_embd, b.n_seq_tokens, b.n_seqs
+        assert Ts is not None
+        head = b.op("view", x, shape=(E, Ts - 1, S), strides=(1, E, E * Ts), offset=0, name=f"{name}.head")
+        return b.op("concat", prev, head, dim=1, name=name)
+
+    def time_mix(self, b: GraphBuilder, x: Node, x_prev: Node, il: int) -> Node:
+        hp = self.hp
+        E, hs, n_tok, Dx = hp.n_embd, hp.wkv_head_size, b.n_tokens, hp.time_mix_extra_dim
+        H = E // hs
+        sx = b.reshape(b.op("sub", x_prev, x, name="tm_sx"), (E, n_tok), name="tm_sx.tokens")
+        x = b.reshape(x, (E, n_tok), name="tm_x.tokens")
+        xxx = b.op("add", b.op("mul", sx, b.w(T.TIME_MIX_LERP_X, il), name="tm_lerp_x"), x, name="tm_xxx")
+        xxx = b.op("tanh", b.op("mul_mat", b.w(T.TIME_MIX_W1, il), xxx, name="tm_w1"), name="tm_w1.tanh")
+        xxx = b.reshape(xxx, (Dx, 1, _MIXES, n_tok), name="tm_w1.mixes")
+        xxx = b.op("cont", b.op("permute", xxx, axes=(0, 1, 3, 2), name="tm_w1.perm"), name="tm_w1.cont")
+        w2 = b.reshape(b.w(T.TIME_MIX_W2, il), (Dx, E, 1, _MIXES), name="tm_w2.4d")
+        xxx = b.op("mul_mat", w2, xxx, name="tm_w2")  # [E, 1, n_tok, 5]
+        sx3 = b.reshape(sx, (E, 1, n_tok), name="tm_sx.3d")
+        x3 = b.reshape(x, (E, 1, n_tok), name="tm_x.3d")
+        xxx = b.op("add", xxx, b.w(T.TIME_MIX_LERP_FUSED, il), name="tm_lerp")
+        xxx = b.op("add", b.op("mul", xxx, sx3, name="tm_lerp.sx"), x3, name="tm_mixed")
+        xw, xk, xv, xr, xg = (b.op("view", xxx, shape=(E, n_tok), strides=(1, E), offset=j * E * n_tok,
+                                   name=f"tm_x{tag}") for j, tag in enumerate("wkvrg"))
+        r = b.op("mul_mat", b.w(T.TIME_MIX_RECEPTANCE, il), xr, name="tm_r")
+        k = b.op("mul_mat", b.w(T.TIME_MIX_KEY, il), xk, name="tm_k")
+        v = b.op("mul_mat", b.w(T.TIME_MIX_VALUE, il), xv, name="tm_v")
+        g = b.op("silu", b.op("mul_mat", b.w(T.TIME_MIX_GATE, il), xg, name="tm_g"), name="tm_g.silu")
+        k, v, r = (b.reshape(t, (hs, H, n_tok), name=f"{t.name.rsplit('.', 1)[-1]}.heads") for t in (k, v, r))
+        w = b.op("mul_mat", b.w(T.TIME_MIX_DECAY_W2, il),
+                 b.op("tanh", b.op("mul_mat", b.w(T.TIME_MIX_DECAY_W1, il), xw, name="tm_decay_w1"),
+                      name="tm_decay_w1.tanh"), name="tm_decay_w2")
+        w = b.op("add", w, b.w(T.TIME_MIX_DECAY, il), name="tm_decay")
+        w = b.op("exp", b.op("neg", b.op("exp", w, name="tm_decay.exp"), name="tm_decay.neg"), name="tm_decay.w")
+        w = b.reshape(w, (hs, H, n_tok), name="tm_decay.heads")
+
+        state = b.build_rs("s")
+        out = b.op("rwkv_wkv6", k, v, r, b.w(T.TIME_MIX_FIRST, il), w, state, name="wkv")
+        b.store_rs("s", b.op("view", out, shape=(hp.n_embd_s, b.n_seqs), strides=(1, hp.n_embd_s),
+                             offset=E * n_tok, name="wkv_state.new"))
+        o = b.op("view", out, shape=(hs, H, n_tok), strides=(1, hs, E), offset=0, name="wkv_out")
+        o = b.op("norm", b.op("cont", o, name="wkv_out.cont"), eps=64e-5, name="wkv_out.norm")  # per head
+        o = b.reshape(o, (E, n_tok), name="wkv_out.tokens")
+        o = b.op("add", b.op("mul", o, b.w(T.TIME_MIX_LN, il), name="tm_ln.w"), b.w(T.TIME_MIX_LN, il, "bias"),
+                 name="tm_ln")
+        o = b.op("mul", o, g, name="tm_gated")
+        return b.op("mul_mat", b.w(T.TIME_MIX_OUTPUT, il), o, name="tm_out")
+
+    def channel_mix(self, b: GraphBuilder, x: Node, x_prev: Node, il: int) -> Node:
+        sx = b.op("sub", x_prev, x, name="cm_sx")
+        xk = b.op("add", b.op("mul", sx, b.w(T.CHANNEL_MIX_LERP_K, il), name="cm_lerp_k"), x, name="cm_xk")
+        xr = b.op("add", b.op("mul", sx, b.w(T.CHANNEL_MIX_LERP_R, il), name="cm_lerp_r"), x, name="cm_xr")
+        r = b.op("sigmoid", b.op("mul_mat", b.w(T.CHANNEL_MIX_RECEPTANCE, il), xr, name="cm_r"), name="cm_r.sigmoid")
+        k = b.op("sqr", b.op("relu", b.op("mul_mat", b.w(T.CHANNEL_MIX_KEY, il), xk, name="cm_k"), name="cm_k.relu"),
+                 name="cm_k.sqr")
+        return b.op("mul", r, b.op("mul_mat", b.w(T.CHANNEL_MIX_VALUE, il), k, name="cm_v"), name="cm_out")
+
+    def build(self, b: GraphBuilder) -> None:
+        hp = self.hp
+        E, Ts, S, n_tok = hp.n_embd, b.n_seq_tokens, b.n_seqs, b.n_tokens
+        assert Ts is not None
+        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
+        x = b.build_norm(x, b.w(T.TOKEN_EMBD_NORM), b.w(T.TOKEN_EMBD_NORM, suffix="bias"), Norm.LAYER,
+                         name="inp_norm")
+        out_ids = b.build_inp_out_ids()
+        last = (Ts - 1) * E  # offset of each sequence's last token
+        for il in range(hp.n_layer):
+            with b.layer(il):
+                x = b.reshape(x, (E, Ts, S), name="inp.seqs")
+                shift = b.reshape(b.build_rs("r"), (E, 2, S), name="shift")
+                att_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=0, name="shift.att")
+                ffn_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=E, name="shift.ffn")
+                a = b.build_norm(x, b.w(T.ATTN_NORM, il), b.w(T.ATTN_NORM, il, "bias"), Norm.LAYER, name="attn_norm")
+                tm = self.time_mix(b, a, self.shifted(b, att_shift, a, "attn_prev"), il)
+                ffn_inp = b.op("add", b.reshape(tm, (E, Ts, S), name="tm_out.seqs"), x, name="ffn_inp")
+                f = b.build_norm(ffn_inp, b.w(T.ATTN_NORM_2, il), b.w(T.ATTN_NORM_2, il, "bias"), Norm.LAYER,
+                                 name="ffn_norm")
+                f_prev = self.shifted(b, ffn_shift, f, "ffn_prev")
+                new_shift = b.op("concat", *(b.op("view", t, shape=(E, 1, S), strides=(1, E, E * Ts), offset=last,
+                                                  name=f"{t.name.rsplit('.', 1)[-1]}.last") for t in (a, f)),
+                                 dim=1, name="shift.new")
+                b.store_rs("r", b.reshape(new_shift, (hp.n_embd_r, S), name="shift.rows"))
+                ffn_inp, f, f_prev = (b.reshape(t, (E, n_tok), name=f"{t.name.rsplit('.', 1)[-1]}.tokens")
+                                      for t in (ffn_inp, f, f_prev))
+                if il == hp.n_layer - 1:  # only requested rows go on
+                    ffn_inp, f, f_prev = (b.op("get_rows", t, out_ids, name=f"{t.name.rsplit('.', 1)[-1]}.rows")
+                                          for t in (ffn_inp, f, f_prev))
+                x = b.op("add", self.channel_mix(b, f, f_prev, il), ffn_inp, name="l_out")
+                if hp.rescale_every_n_layers and (il + 1) % hp.rescale_every_n_layers == 0:
+                    x = b.op("scale", x, s=0.5, name="l_out.rescaled")
+        x = b.build_norm(x, b.w(T.OUTPUT_NORM), b.w(T.OUTPUT_NORM, suffix="bias"), Norm.LAYER, name="result_norm")
+        b.build_output(x, b.w(T.OUTPUT))

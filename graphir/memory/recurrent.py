@@ -1,0 +1,241 @@
+"""Recurrent state (llama.cpp's ``llama_memory_recurrent``): one cell per sequence holds its whole history.
+
+A cell keeps, per layer, a rolling state ``r`` (Mamba's last d_conv-1 conv columns, RWKV's token shifts) and
+a recurrent state ``s`` (the SSM state, the WKV matrices), plus the position of the last token it absorbed
+and the set of sequences that share it. There are ``max(1, n_seq_max)`` cells; a sequence lives in at most
+one cell, and sequences forked with ``seq_cp`` share one until either advances (copy-on-write).
+
+Graph side: a ubatch holds ``n_seqs`` sequences of ``n_seq_tokens`` tokens each (an equal split). Each layer
+gathers its sequences' states from the cells ``rs_src`` and writes the new states to the cells ``rs_dst``.
+The two differ only on copy-on-write (the shared cell is read, a fresh cell written); a sequence without
+state reads a fresh cell that the memory zeroed. The state writes are graph outputs (``blk.N.rs_r`` / ``blk.N.rs_s``), so
+snapshots and hashes cover them.
+
+States cannot be rolled back: ``seq_rm`` that would cut into a sequence's history returns False and
+changes nothing; position edits only relabel the cell (nothing in the state depends on positions).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from graphir.batch import UBatch
+from graphir.dims import Dim, DimDecl
+from graphir.errors import BatchError, CacheFullError, GraphirError
+from graphir.hparams import HParams
+from graphir.ir import Node
+from graphir.memory import Memory
+
+if TYPE_CHECKING:
+    from graphir.builder import GraphBuilder
+
+N_RS = DimDecl("n_rs", 1, None, "state cells: one per sequence (n_seq_max)")
+N_SEQ_TOKENS = DimDecl("n_seq_tokens", 1, None, "tokens per sequence in the ubatch (equal split)")
+N_SEQS = DimDecl("n_seqs", 1, N_RS.sym, "sequences in the ubatch")
+MAX_SEQ = 64  # sequence sets are uint64 bitmasks, as in the KV cache
+POS_INF = np.iinfo(np.int64).max
+
+
+class RecurrentMemory(Memory):
+    kind = "recurrent"
+    split = "equal"  # every sequence of a ubatch advances by the same number of tokens
+
+    def __init__(self, hp: HParams, n_seq_max: int = 1):
+        super().__init__(hp)
+        if not 1 <= n_seq_max <= MAX_SEQ:
+            raise GraphirError(f"n_seq_max={n_seq_max} is outside [1, {MAX_SEQ}]")
+        if not (hp.n_embd_r or hp.n_embd_s):
+            raise GraphirError(f"a '{hp.arch}' model keeps no recurrent state: use a kv or none context")
+        self.n_seq_max = n_seq_max
+        self.size = max(1, n_seq_max)
+        self.pos = np.full(self.size, -1, dtype=np.int64)  # last absorbed position; -1: empty cell
+        self.seq = np.zeros(self.size, dtype=np.uint64)  # bit s: sequence s's state is this cell
+        self.shift = np.zeros(self.size, dtype=np.int64)  # always 0: kept so saved states share one format
+        self._buffers: dict[str, np.ndarray] = {}
+        for il in range(hp.n_layer):
+            self._buffers[f"blk.{il}.rs_r"] = np.zeros((self.size, hp.n_embd_r), np.float32)
+            self._buffers[f"blk.{il}.rs_s"] = np.zeros((self.size, hp.n_embd_s), np.float32)
+
+    # ---- graph side -------------------------------------------------------------------------------------
+
+    def ubatch_dims(self) -> tuple[Dim, Dim | None, list[DimDecl]]:
+        return N_SEQ_TOKENS.sym * N_SEQS.sym, N_SEQ_TOKENS.sym, [N_SEQ_TOKENS, N_SEQS]
+
+    def dims(self) -> list[DimDecl]:
+        return [N_RS]
+
+    def _cache(self, b: GraphBuilder, which: str) -> Node:
+        width = self.hp.n_embd_r if which == "r" else self.hp.n_embd_s
+        return b.input(f"rs_{which}", "f32", (width, N_RS.sym), scoped=True)
+
+    def build_rs(self, b: GraphBuilder, which: str) -> Node:
+        """The ubatch's sequences' states of one kind: ``[n_embd_r or n_embd_s, n_seqs]``."""
+        src = b.input("rs_src", "i32", (b.n_seqs,))
+        return b.op("get_rows", self._cache(b, which), src, name=f"rs_{which}.read")
+
+    def store_rs(self, b: GraphBuilder, which: str, states: Node) -> None:
+        dst = b.input("rs_dst", "i64", (b.n_seqs,))
+        node = b.op("set_rows", self._cache(b, which), states, dst, name=f"rs_{which}.write")
+        b.outputs[node.name.removesuffix(".write")] = node  # e.g. blk.3.rs_s: the layer's new states
+
+    # ---- run time -------------------------------------------------------------------------------------
+
+    def buffers(self) -> dict[str, np.ndarray]:
+        return self._buffers
+
+    def _holds(self, seq: int) -> np.ndarray:
+        return (self.seq >> np.uint64(seq)) & np.uint64(1) == 1
+
+    def _cell_of(self, seq: int, seqs: np.ndarray | None = None) -> int:
+        cells = np.flatnonzero(((self.seq if seqs is None else seqs) >> np.uint64(seq)) & np.uint64(1))
+        return int(cells[0]) if len(cells) else -1
+
+    def _check_seq(self, seq: int, what: str) -> None:
+        if not 0 <= seq < self.n_seq_max:
+            raise GraphirError(f"{what}: seq id {seq} is outside [0, {self.n_seq_max}) (n_seq_max={self.n_seq_max})")
+
+    def seq_pos_max(self, seq: int) -> int:
+        c = self._cell_of(seq)
+        return int(self.pos[c]) if c >= 0 else -1
+
+    seq_pos_min = seq_pos_max  # one state per sequence: its only position is its last
+
+    def prepare(self, ubatches: list[UBatch]) -> list[Any]:
+        """Per ubatch and sequence set: (read cell, write cell, zero it first?), simulated on copies."""
+        pos, seq, plans = self.pos.copy(), self.seq.copy(), []
+        for k, ub in enumerate(ubatches):
+            sets = list(dict.fromkeys(ub.seq_ids))  # in ubatch order, each n_seq_tokens tokens long
+            n = len(ub) // len(sets)
+            plan = []
+            for j, ids in enumerate(sets):
+                mask = np.uint64(sum(1 << s for s in ids))
+                cells = {self._cell_of(s, seq) for s in ids}
+                if len(cells) > 1:
+                    raise BatchError(f"ubatch {k}: sequences {list(ids)} share tokens but hold different states; "
+                                     f"seq_cp one into the others first")
+                src = cells.pop()
+                if src >= 0 and seq[src] == mask:
+                    dst, zero = src, False  # the set owns its cell: advance it in place
+                else:
+                    free = np.flatnonzero(pos < 0)
+                    if not len(free):
+                        raise CacheFullError(f"recurrent state full: ubatch {k} needs a free cell for sequences "
+                                             f"{list(ids)}, all {self.size} cells are in use")
+                    dst = int(free[0])
+                    zero = src < 0
+                    if src < 0:
+                        src = dst
+                    else:
+                        seq[src] &= ~mask  # copy-on-write: the others keep the old cell
+                seq[dst] = mask
+                pos[dst] = int(ub.pos[(j + 1) * n - 1])
+                plan.append((src, dst, zero))
+            plans.append(plan)
+        return plans
+
+    def apply(self, ub: UBatch, plan: Any) -> dict[str, Any]:
+        sets = list(dict.fromkeys(ub.seq_ids))
+        n = len(ub) // len(sets)
+        for j, ((src, dst, zero), ids) in enumerate(zip(plan, sets)):
+            mask = np.uint64(sum(1 << s for s in ids))
+            if src != dst:
+                self.seq[src] &= ~mask
+            if zero:
+                for buf in self._buffers.values():
+                    buf[dst] = 0
+            self.seq[dst] = mask
+            self.pos[dst] = int(ub.pos[(j + 1) * n - 1])
+        return {"rs_src": np.array([p[0] for p in plan], np.int32), "rs_dst": np.array([p[1] for p in plan], np.int64),
+                "n_seq_tokens": n, "n_seqs": len(sets)}
+
+    def snapshot(self) -> Any:
+        return self.pos.copy(), self.seq.copy(), {k: v.copy() for k, v in self._buffers.items()}
+
+    def restore(self, snap: Any) -> None:
+        self.pos, self.seq = snap[0].copy(), snap[1].copy()
+        for k, v in snap[2].items():
+            self._buffers[k][...] = v
+
+    # ---- the memory API -----------------------------------------------------------------------------
+
+    def _empty(self, cells: np.ndarray) -> None:
+        self.pos[cells], self.seq[cells] = -1, 0
+
+    def clear(self, data: bool = True) -> None:
+        self._empty(np.arange(self.size))
+        if data:
+            for b in self._buffers.values():
+                b[...] = 0
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        """Forget ``seq`` when [p0, p1) covers its last position or lies beyond it; False (nothing changes)
+        when the range would cut into its history, which a state cannot undo."""
+        lo, hi = max(int(p0), 0), POS_INF if p1 < 0 else int(p1)
+        if seq < 0:
+            if lo != hi and (lo, hi) != (0, POS_INF):
+                return False
+            self._empty(np.flatnonzero((self.pos >= lo) & (self.pos < hi)))
+            return True
+        self._check_seq(seq, "seq_rm")
+        c = self._cell_of(seq)
+        if c < 0:
+            return True
+        last = int(self.pos[c])
+        if 0 < lo <= last or 0 < hi <= last:
+            return False
+        if lo <= last < hi:
+            self.seq[c] &= ~np.uint64(1 << seq)
+            if self.seq[c] == 0:
+                self._empty(np.array([c]))
+        return True
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """``dst`` continues from ``src``'s state (the whole state: positions cannot select part of it)."""
+        self._check_seq(src, "seq_cp")
+        self._check_seq(dst, "seq_cp")
+        if src == dst:
+            return
+        self.seq_rm(dst, -1, -1)
+        c = self._cell_of(src)
+        if c >= 0:
+            self.seq[c] |= np.uint64(1 << dst)
+
+    def seq_keep(self, seq: int) -> None:
+        self._check_seq(seq, "seq_keep")
+        mine = self._holds(seq)
+        self.seq[mine] = np.uint64(1 << seq)
+        self._empty(np.flatnonzero(~mine))
+
+    def _relabel(self, seq: int, p0: int, p1: int, what: str) -> int:
+        self._check_seq(seq, what)
+        c = self._cell_of(seq)
+        lo, hi = max(int(p0), 0), POS_INF if p1 < 0 else int(p1)
+        return c if c >= 0 and lo <= self.pos[c] < hi else -1
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        c = self._relabel(seq, p0, p1, "seq_add")
+        if c >= 0:
+            self.pos[c] += delta
+
+    def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
+        if d <= 0:
+            raise GraphirError(f"seq_div: divisor {d} must be positive")
+        c = self._relabel(seq, p0, p1, "seq_div")
+        if c >= 0:
+            self.pos[c] //= d
+
+    def can_shift(self) -> bool:
+        return True  # positions are labels: shifting them needs no data change
+
+    def clone(self) -> RecurrentMemory:
+        new = copy.copy(self)
+        new.pos, new.seq, new.shift = self.pos.copy(), self.seq.copy(), self.shift.copy()
+        new._buffers = {k: v.copy() for k, v in self._buffers.items()}
+        return new
+
+    def layout(self) -> dict[str, Any]:
+        return {"kind": self.kind, "type_k": "f32", "type_v": "f32", "n_ctx": self.size,
+                "n_seq_max": self.n_seq_max, "unified": True}

@@ -1,0 +1,29 @@
+"""Pooling inputs: which rows of a ubatch make each sequence's embedding (llama.cpp's pooling types).
+
+The graph side is :meth:`graphir.builder.GraphBuilder.build_pooling`; here the context computes, per ubatch,
+the sequences it holds (ascending ids, one pooled row each) and what the graph reads to reduce them.
+Semantics follow llama.cpp: mean divides by the sequence's token count *in this ubatch*; cls takes the token
+with the smallest position, last the largest (not the first/last index); a token shared by several
+sequences counts for each of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphir.batch import UBatch
+
+
+def pooling_inputs(ub: UBatch, pooling: str) -> tuple[list[int], dict[str, np.ndarray]]:
+    """(sequence ids in pooled-row order, graph inputs) for one ubatch."""
+    seqs = sorted({s for ids in ub.seq_ids for s in ids})
+    row = {s: r for r, s in enumerate(seqs)}
+    member = np.zeros((len(seqs), len(ub)), dtype=bool)
+    for i, ids in enumerate(ub.seq_ids):
+        member[[row[s] for s in ids], i] = True
+    if pooling == "mean":
+        mean = member / member.sum(axis=1, keepdims=True)
+        return seqs, {"inp_mean": mean.astype(np.float32)}
+    pos = np.where(member, ub.pos[None, :].astype(np.int64), np.iinfo(np.int64).max if pooling == "cls" else -1)
+    pick = pos.argmin(axis=1) if pooling == "cls" else pos.argmax(axis=1)
+    return seqs, {"inp_cls": pick.astype(np.int32)}
