@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from graphir.backends import kernels as K
+from graphir.backends import recurrent as R
 from graphir.backends.quant import QWeight
 from graphir.dims import Sym
 from graphir.ir import Graph, Node
@@ -21,12 +22,24 @@ from graphir.ir import Graph, Node
 Env = Mapping[str, int]
 
 
-def _np_shape(shape: tuple[Any, ...], env: Env) -> tuple[int, ...]:
-    return tuple(d.eval(env) if isinstance(d, Sym) else d for d in reversed(shape))
-
-
 def _dense(x: Any) -> np.ndarray:
     return x.dequantize() if isinstance(x, QWeight) else x
+
+
+def _dense_kept() -> Callable[[Any], np.ndarray]:
+    """_dense for one step's weight operand (conv kernel, A, time_first): a QWeight is dequantized on the first
+    run and kept, since a Program's weights never change; per token this saves a copy per layer."""
+    slot: list[tuple[Any, Any]] = [(None, None)]
+
+    def dense(w: Any) -> np.ndarray:
+        if not isinstance(w, QWeight):
+            return w
+        kept = slot[0]
+        if kept[0] is not w:
+            kept = slot[0] = (w, w.dequantize())
+        return kept[1]
+
+    return dense
 
 
 def _mul_mat(w: Any, x: np.ndarray) -> np.ndarray:
@@ -57,9 +70,10 @@ def _permute(x: np.ndarray, axes: tuple[int, ...], rank: int) -> np.ndarray:
 
 
 def _view(x: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> np.ndarray:
-    """A strided window of x's buffer (x is contiguous: a cache buffer or a fresh value)."""
+    """A strided window of x's buffer (x is contiguous: a cache buffer or a fresh value); numpy-order strides
+    and the offset in elements."""
     item = x.itemsize
-    view = np.ndarray(shape, x.dtype, buffer=x, offset=offset * item, strides=tuple(s * item for s in reversed(strides)))
+    view = np.ndarray(shape, x.dtype, buffer=x, offset=offset * item, strides=tuple(s * item for s in strides))
     view.flags.writeable = False
     return view
 
@@ -69,12 +83,22 @@ def _set_rows(dst: np.ndarray, src: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return dst
 
 
-def _shape_fn(shape: tuple[Any, ...]) -> Callable[[Env], tuple[int, ...]]:
-    """numpy shape of an attribute shape: computed once when static, per run when it names a dim."""
-    if any(isinstance(d, Sym) for d in shape):
-        return lambda env: _np_shape(shape, env)
-    fixed = _np_shape(shape, {})
+def _ints_fn(values: tuple[Any, ...]) -> Callable[[Env], tuple[int, ...]]:
+    """Attribute integers that may name dims (shapes, strides, offsets): computed once when static, per run
+    when one is a Sym."""
+    if any(isinstance(d, Sym) for d in values):
+        return lambda env: tuple(d.eval(env) if isinstance(d, Sym) else d for d in values)
+    fixed = tuple(values)
     return lambda env: fixed
+
+
+def _shape_fn(shape: tuple[Any, ...]) -> Callable[[Env], tuple[int, ...]]:
+    """numpy shape of an attribute shape (ggml order reversed)."""
+    return _ints_fn(tuple(reversed(shape)))
+
+
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
+_UNARY = ("silu", "gelu", "relu", "sqr", "neg", "exp", "tanh", "sigmoid")
 
 
 def _step(n: Node, memo: threading.local) -> Callable[..., np.ndarray]:
@@ -88,21 +112,21 @@ def _step(n: Node, memo: threading.local) -> Callable[..., np.ndarray]:
         return lambda env, src, ids: src.get_rows(ids) if isinstance(src, QWeight) else src[ids].astype(np.float32)
     if op == "mul_mat":
         return lambda env, w, x: _mul_mat(w, x)
-    if op == "add":
-        return lambda env, x, y: np.add(x, _broadcast(_dense(y), x.shape), dtype=np.float32)
-    if op == "mul":
-        return lambda env, x, y: np.multiply(x, _broadcast(_dense(y), x.shape), dtype=np.float32)
+    if op in _BINARY:
+        f = _BINARY[op]
+        return lambda env, x, y: f(x, _broadcast(_dense(y), x.shape), dtype=np.float32)
     if op == "scale":
         return lambda env, x: x * np.float32(a["s"])
     if op in ("rms_norm", "norm"):
         f = K.rms_norm if op == "rms_norm" else K.norm
         return lambda env, x: f(x, a["eps"])
-    if op in ("silu", "gelu", "relu"):
+    if op in _UNARY:
         f = getattr(K, op)
         return lambda env, x: f(x)
-    if op in ("swiglu", "geglu"):
-        f = K.silu if op == "swiglu" else K.gelu
-        return lambda env, g, u: f(g) * u
+    if op == "swiglu":
+        return lambda env, g, u: K.silu(g) * u
+    if op == "geglu":
+        return lambda env, g, u: K.geglu(g, u)
     if op == "rope":
         key = tuple(a.values())
 
@@ -120,8 +144,14 @@ def _step(n: Node, memo: threading.local) -> Callable[..., np.ndarray]:
         shape = _shape_fn(a["shape"])
         return lambda env, x: x.reshape(shape(env))
     if op == "view":
-        vshape = _shape_fn(a["shape"])
-        return lambda env, x: _view(x, vshape(env), a["strides"], a["offset"])
+        r = len(a["shape"])
+        geometry = _ints_fn((*reversed(a["shape"]), *reversed(a["strides"]), a["offset"]))
+
+        def view(env: Env, x: np.ndarray) -> np.ndarray:
+            g = geometry(env)
+            return _view(x, g[:r], g[r:-1], g[-1])
+
+        return view
     if op == "permute":
         return lambda env, x: _permute(x, a["axes"], len(n.shape))
     if op == "transpose":
@@ -137,6 +167,15 @@ def _step(n: Node, memo: threading.local) -> Callable[..., np.ndarray]:
         return concat
     if op == "set_rows":
         return lambda env, dst, src, ids: _set_rows(dst, src, ids)
+    if op == "ssm_conv":
+        conv_w = _dense_kept()
+        return lambda env, sx, w: R.ssm_conv(sx, conv_w(w))
+    if op == "ssm_scan":
+        dense_a = _dense_kept()
+        return lambda env, s, x, dt, A, B, C: R.ssm_scan(s, x, dt, dense_a(A), B, C)
+    if op == "rwkv_wkv6":
+        first = _dense_kept()
+        return lambda env, k, v, r, tf, td, state: R.rwkv_wkv6(k, v, r, first(tf), td, state)
     raise NotImplementedError(f"the numba backend has no kernel for op '{op}' (node {n.name})")
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import math
 
 import numba
@@ -167,13 +168,110 @@ def silu(x: np.ndarray) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-def gelu(x: np.ndarray) -> np.ndarray:
-    c = F32(math.sqrt(2 / math.pi))
-    return F32(0.5) * x * (F32(1) + np.tanh(c * x * (F32(1) + F32(0.044715) * x * x)))
-
-
 def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, F32(0))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# libm unary ops (unary-ops.cpp: one scalar call per element) and GELU's fp16 table
+# ---------------------------------------------------------------------------------------------------------
+
+_EXP, _TANH, _SIGMOID = 0, 1, 2
+
+
+@njit(**_INL)
+def _libm_row(x, op, out):
+    """op_exp: expf; op_tanh: tanhf; op_sigmoid: 1 / (1 + expf(-x)), all glibc's (numpy's own float32 exp and
+    tanh are other approximations, and ggml_v_expf is not used by these ops)."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        if op == _EXP:
+            out[i] = math.exp(v)
+        elif op == _TANH:
+            out[i] = math.tanh(v)
+        else:
+            out[i] = _ONE / (_ONE + math.exp(-v))
+
+
+@njit(**_PAR)
+def _libm_par(x, op, out):
+    for r in prange(x.shape[0]):
+        _libm_row(x[r], op, out[r])
+
+
+@njit(**_SER)
+def _libm_ser(x, op, out):
+    for r in range(x.shape[0]):
+        _libm_row(x[r], op, out[r])
+
+
+def _libm_unary(x: np.ndarray, op: int) -> np.ndarray:
+    r = _rows(x)
+    out = np.empty_like(r)
+    (_libm_par if r.size >= _PAR_MIN else _libm_ser)(r, op, out)
+    return out.reshape(x.shape)
+
+
+def exp(x: np.ndarray) -> np.ndarray:
+    return _libm_unary(x, _EXP)
+
+
+def tanh(x: np.ndarray) -> np.ndarray:
+    return _libm_unary(x, _TANH)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return _libm_unary(x, _SIGMOID)
+
+
+def sqr(x: np.ndarray) -> np.ndarray:
+    return np.multiply(x, x, dtype=F32)
+
+
+def neg(x: np.ndarray) -> np.ndarray:
+    return np.negative(x, dtype=F32)
+
+
+_GELU_LIMIT = F32(10.0)
+
+
+@njit(**_SER)
+def _gelu_f32(x, out):
+    """ggml_gelu_f32 as GCC compiles it: (0.5*x) * (1 + tanhf((sqrt(2/pi)*x) * fma(0.044715*x, x, 1)))."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        inner = fma(F32(0.044715) * v, v, _ONE)
+        out[i] = (F32(0.5) * v) * (_ONE + math.tanh((F32(0.7978845608028654) * v) * inner))
+
+
+@functools.cache
+def gelu_table() -> np.ndarray:
+    """ggml_table_gelu_f16 (ggml_cpu_init) widened to float32, indexed by a half's bits: entry i =
+    fp16(ggml_gelu_f32(half i)). llama.cpp's CPU GELU reads it (GGML_GELU_FP16 is defined in vec.h)."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(F32)
+    g = np.empty_like(x)
+    _gelu_f32(x, g)
+    with np.errstate(invalid="ignore"):     # the nan halves' entries (never read for finite x)
+        return g.astype(np.float16).astype(F32)
+
+
+def _gelu_open(x: np.ndarray) -> np.ndarray:
+    """ggml_vec_gelu_f32 / geglu for x > -10: x itself from 10 on, else the table at fp16(x) (nearest even, as
+    F16C rounds; x is clipped first only to keep the cast from overflowing)."""
+    idx = np.clip(x, -_GELU_LIMIT, _GELU_LIMIT).astype(np.float16).view(np.uint16)
+    return np.where(x >= _GELU_LIMIT, x, gelu_table()[idx])
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """ggml_vec_gelu_f32 with GGML_GELU_FP16: 0 for x <= -10, x for x >= 10, else the fp16 table."""
+    x = np.asarray(x, F32)
+    return np.where(x <= -_GELU_LIMIT, _ZERO, _gelu_open(x))
+
+
+def geglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """ggml_vec_geglu_f32: 0 for g <= -10 (whatever u is), else gelu(g) * u as gelu computes it."""
+    g = np.asarray(g, F32)
+    return np.where(g <= -_GELU_LIMIT, _ZERO, np.multiply(_gelu_open(g), u, dtype=F32))
 
 
 # ---------------------------------------------------------------------------------------------------------

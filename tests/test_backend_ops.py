@@ -14,7 +14,8 @@ file as a script to print every case's NMSE):
   ROPE   1e-10  rope: the backend builds angles by repeated float32 multiplication as ggml does, so they
                 drift from the float64 reference by a few ulps (measured <= 2e-12 with positions < 200)
   F16    3e-6   f16 operands: matmul against f16 weights/cache rounds activations to f16 as ggml does,
-                f16 data keeps f16 precision (measured <= 3e-7, the worst being the 10-output gemv)
+                f16 data keeps f16 precision (measured <= 3e-7, the worst being the 10-output gemv); gelu and
+                geglu read llama.cpp's fp16 GELU table (measured <= 2e-7; its exact semantics: test_gelu_*)
   QUANT  5e-4   Q8_0 / Q4_1 matmul: activations are quantized to Q8_0 / Q8_1 blocks as on llama.cpp's CPU
                 backend (measured <= 5e-5; test-backend-ops itself allows 5e-4 for quantized mul_mat)
 """
@@ -147,6 +148,9 @@ CASES: list[Case] = [
     C("add", I("f32", 16, 5), I("f16", 16, 5), tol=F32, note="f16 b"),
     C("add", I("f16", 16, 5), I("f16", 16), tol=F16, note="f16 a and b"),
     C("add", I("f32", 6, 4, 3, 2), I("f32", 6, 1, 3, 1), tol=F32),
+    C("sub", I("f32", 16, T), W("f32", 16), tol=F32, env={"n_tokens": 4}, note="bias"),
+    C("sub", I("f32", 12, 6, 4), I("f32", 4, 3, 2), tol=F32, note="repeat"),
+    C("sub", I("f32", 6, 4, 3, 2), I("f32", 6, 1, 3, 1), tol=F32),
     C("mul", I("f32", 8, 4, T), W("f32", 8), tol=F32, env={"n_tokens": 3}, note="per-head norm weight"),
     C("mul", I("f32", 10, 7), I("f32", 10, 7), tol=F32),
     C("mul", I("f32", 9, 6, 4), I("f32", 3, 2, 4), tol=F32, note="repeat"),
@@ -166,14 +170,24 @@ CASES: list[Case] = [
     C("silu", I("f32", 7, 5), tol=F32),
     C("silu", I("f32", 16, 4, 3, lo=-8, hi=8), tol=F32),
     C("silu", I("f16", 10, 3), tol=F16, note="f16 a"),
-    C("gelu", I("f32", 7, 5), tol=F32),
-    C("gelu", I("f32", 16, 4, 3, lo=-12, hi=12), tol=F32),
+    C("gelu", I("f32", 7, 5), tol=F16),
+    C("gelu", I("f32", 16, 4, 3, lo=-12, hi=12), tol=F16),
     C("relu", I("f32", 7, 5), tol=F32),
     C("relu", I("f32", 6, 4, 3, 2), tol=F32),
+    C("sqr", I("f32", 7, 5), tol=F32),
+    C("sqr", I("f16", 8, 3), tol=F32, note="f16 a"),
+    C("neg", I("f32", 7, 5), tol=F32),
+    C("neg", I("f32", 6, 4, 3, 2), tol=F32),
+    C("exp", I("f32", 7, 5, lo=-80, hi=80), tol=F32),
+    C("exp", I("f32", 16, 4, T, lo=-5, hi=5), tol=F32, env={"n_tokens": 3}),
+    C("tanh", I("f32", 7, 5, lo=-4, hi=4), tol=F32),
+    C("tanh", I("f32", 16, 4, 3, lo=-0.01, hi=0.01), tol=F32, note="near 0"),
+    C("sigmoid", I("f32", 7, 5, lo=-20, hi=20), tol=F32),
+    C("sigmoid", I("f16", 16, 3), tol=F32, note="f16 a"),
     C("swiglu", I("f32", 11, 5), I("f32", 11, 5), tol=F32),
     C("swiglu", I("f32", 16, 3, 2, lo=-4, hi=4), I("f32", 16, 3, 2), tol=F32),
-    C("geglu", I("f32", 11, 5), I("f32", 11, 5), tol=F32),
-    C("geglu", I("f32", 16, 3, 2, lo=-4, hi=4), I("f32", 16, 3, 2), tol=F32),
+    C("geglu", I("f32", 11, 5), I("f32", 11, 5), tol=F16),
+    C("geglu", I("f32", 16, 3, 2, lo=-12, hi=12), I("f32", 16, 3, 2), tol=F16),
     # rope: x [d, heads, tokens(, seqs)], positions index ne2
     C("rope", I("f32", 16, 4, T), pos(), tol=ROPE, env={"n_tokens": 5}, **rope_attrs(16, "norm")),
     C("rope", I("f32", 16, 3, T), pos(), tol=ROPE, env={"n_tokens": 7}, **rope_attrs(16, "neox")),
@@ -210,6 +224,10 @@ CASES: list[Case] = [
       env={"n_ctx": 10, "n_kv": 6}, note="cache window"),
     C("view", I("f32", 5, 6, 4), shape=(3, 2, 4), strides=(1, 5, 30), offset=7, tol=EXACT, note="sub-block"),
     C("view", I("f32", 48, 2), shape=(4, 3, 2, 2), strides=(1, 4, 12, 48), offset=0, tol=EXACT, note="4-D"),
+    C("view", I("f32", CTX, 4), shape=(3, 4), strides=(1, CTX), offset=CTX - 3, tol=EXACT, env={"n_ctx": 7},
+      note="symbolic strides and offset: each row's last 3"),
+    C("view", I("f32", 6, T, 2), shape=(6, 2), strides=(1, T * 6), offset=(T - 1) * 6, tol=EXACT,
+      env={"n_tokens": 4}, note="symbolic: last token of each sequence"),
     C("permute", I("f32", 8, 4, 5), axes=(0, 2, 1, 3), tol=EXACT),
     C("permute", I("f32", 8, 2, 6), axes=(1, 2, 0, 3), tol=EXACT),
     C("permute", I("f32", 3, 4, 5, 2), axes=(2, 0, 3, 1), tol=EXACT),
@@ -229,6 +247,27 @@ CASES: list[Case] = [
     C("concat", I("f32", 3, 2, 2, 3), I("f32", 3, 2, 2, 1), dim=3, tol=EXACT),
     C("concat", I("f32", 4, 3), I("f32", 4, 3), dim=2, tol=EXACT, note="new axis"),
     C("concat", I("f16", 4, 5), I("f16", 4, 2), dim=1, tol=EXACT, note="f16"),
+    # ssm_conv(sx [d_conv-1+T, Di, S], w [d_conv, Di]) -> [Di, T, S]
+    C("ssm_conv", I("f32", 3 + T, 16, 2), W("f32", 4, 16), tol=F32, env={"n_tokens": 5}),
+    C("ssm_conv", I("f32", 4, 24, 1), W("f32", 4, 24), tol=F32, note="decode"),
+    C("ssm_conv", I("f32", 2 + T, 9, 3, strided=True), W("f32", 3, 9, store="np"), tol=F32, env={"n_tokens": 4},
+      note="d_conv 3, strided sx"),
+    # ssm_scan(s [Ds, Di, S], x, dt [Di, T, S], A [Ds, Di], B, C [Ds, T, S]) -> y then final states, flat
+    *[C("ssm_scan", I("f32", 16, Di, S), I("f32", Di, T, S, lo=-2, hi=2), I("f32", Di, T, S, lo=lo, hi=hi),
+        W("f32", 16, Di, lo=-2, hi=-0.1), I("f32", 16, T, S), I("f32", 16, T, S), tol=F32, env={"n_tokens": n},
+        note=note)
+      for Di, S, n, lo, hi, note in ((24, 1, 1, -4, 4, "decode"), (24, 2, 1, -4, 4, "2 seqs, T=1"),
+                                     (16, 1, 6, -4, 4, "prompt"), (16, 3, 4, -4, 4, "3 seqs"),
+                                     (16, 2, 3, 10, 30, "dt > 20 branch"))],
+    C("ssm_scan", I("f32", 5, 8, 2), I("f32", 8, 3, 2), I("f32", 8, 3, 2), W("f32", 5, 8, lo=-1, hi=-0.5, store="np"),
+      I("f32", 5, 3, 2, strided=True), I("f32", 5, 3, 2), tol=F32, note="d_state 5, strided B"),
+    # rwkv_wkv6(k, v, r [hs, H, T], time_first [hs, H], decay [hs, H, T], state [hs*hs*H, S]) -> [hs*H, T + hs*S]
+    C("rwkv_wkv6", I("f32", 8, 2, 6), I("f32", 8, 2, 6), I("f32", 8, 2, 6), W("f32", 8, 2),
+      I("f32", 8, 2, 6, lo=0.2, hi=1), I("f32", 128, 2), tol=F32, note="2 seqs x 3 tokens"),
+    C("rwkv_wkv6", I("f32", 16, 3, T), I("f32", 16, 3, T), I("f32", 16, 3, T), W("f32", 16, 3),
+      I("f32", 16, 3, T, lo=0.2, hi=1), I("f32", 768, 1), tol=F32, env={"n_tokens": 1}, note="decode"),
+    C("rwkv_wkv6", I("f32", 4, 2, 4, strided=True), I("f32", 4, 2, 4), I("f32", 4, 2, 4), W("f32", 4, 2, store="np"),
+      I("f32", 4, 2, 4, lo=0.2, hi=1), I("f32", 32, 1), tol=F32, note="1 seq x 4 tokens, strided k"),
     # set_rows: dst[:, ids[i]] = src[:, i], converted to dst's type
     C("set_rows", I("f16", 12, CTX), I("f32", 12, T), I("i64", T, init="uids", n=16), tol=EXACT,
       env={"n_ctx": 16, "n_tokens": 5}, note="kv write"),
@@ -357,6 +396,11 @@ def ref_mul(v, a, shape, case):
     return back(A * _repeat_b(A, B), shape)
 
 
+def ref_sub(v, a, shape, case):
+    A, B = gg(v[0]), gg(v[1])
+    return back(A - _repeat_b(A, B), shape)
+
+
 def ref_rms_norm(v, a, shape, case):
     x = v[0]
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + a["eps"])
@@ -374,6 +418,43 @@ def _silu(x):
 
 def _gelu(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def ref_ssm_conv(v, a, shape, case):
+    X, Wc = gg(v[0]), gg(v[1])       # [d_conv-1+T, Di, S], [d_conv, Di]
+    d_conv, n_tok = Wc.shape[0], X.shape[0] - Wc.shape[0] + 1
+    out = np.zeros((X.shape[1], n_tok, X.shape[2], 1))
+    for t in range(n_tok):
+        for j in range(d_conv):
+            out[:, t, :, 0] += X[t + j, :, :, 0] * Wc[j, :, 0, 0][:, None]
+    return back(out, shape)
+
+
+def ref_ssm_scan(v, a, shape, case):
+    """Mamba-1: per sequence and channel, state = state * exp(d * A) + B * (x * d), y = state . C, d = softplus(dt)."""
+    s, x, dt, A, B, Cm = (gg(t)[..., 0] for t in v)        # [Ds, Di, S], [Di, T, S] x2, [Ds, Di, 1], [Ds, T, S] x2
+    state = s.copy()
+    d = np.where(dt > 20, dt, np.log1p(np.exp(np.minimum(dt, 20))))
+    y = np.empty(x.shape)
+    for t in range(x.shape[1]):
+        state = state * np.exp(d[None, :, t, :] * A) + B[:, None, t, :] * (x[:, t, :] * d[:, t, :])[None]
+        y[:, t, :] = (state * Cm[:, None, t, :]).sum(axis=0)
+    return np.concatenate([y.T.ravel(), state.T.ravel()]).reshape(shape)   # numpy order: y (S, T, Di), states
+
+
+def ref_rwkv_wkv6(v, a, shape, case):
+    """Per head: out[j] = sum_i r[i] (tf[i] k[i] v[j] + S[i, j]); S[i, j] = S[i, j] decay[i] + k[i] v[j]."""
+    k, val, r, tf, td, state = v       # numpy order: (T, H, hs) x3, (H, hs), (T, H, hs), (S, H*hs*hs)
+    n_tok, n_head, hs = k.shape
+    per_seq = n_tok // state.shape[0]
+    S = state.reshape(-1, n_head, hs, hs).copy()           # [seq][h][i = key][j = value]
+    out = np.empty(k.shape)
+    for t in range(n_tok):
+        st = S[t // per_seq]
+        kv = k[t][:, :, None] * val[t][:, None, :]
+        out[t] = np.einsum("hi,hij->hj", r[t], tf[:, :, None] * kv + st)
+        st[:] = st * td[t][:, :, None] + kv
+    return np.concatenate([out.ravel(), S.ravel()]).reshape(shape)
 
 
 def ref_rope(v, a, shape, case):
@@ -425,8 +506,9 @@ def ref_reshape(v, a, shape, case):
 def ref_view(v, a, shape, case):
     flat = np.ascontiguousarray(v[0]).reshape(-1)
     ne = tuple(reversed(shape))
-    idx = np.full(ne, a["offset"], dtype=np.int64)
-    for k, (n, st) in enumerate(zip(ne, a["strides"])):
+    offset, *strides = (d.eval(case.env) if isinstance(d, Sym) else d for d in (a["offset"], *a["strides"]))
+    idx = np.full(ne, offset, dtype=np.int64)
+    for k, (n, st) in enumerate(zip(ne, strides)):
         idx += (np.arange(n) * st).reshape((1,) * k + (n,) + (1,) * (len(ne) - k - 1))
     return flat[idx].T
 
@@ -474,17 +556,22 @@ def ref_set_rows(v, a, shape, case):
 
 
 REFS: dict[str, Callable[..., np.ndarray]] = {
-    "get_rows": ref_get_rows, "mul_mat": ref_mul_mat, "add": ref_add, "mul": ref_mul,
+    "get_rows": ref_get_rows, "mul_mat": ref_mul_mat, "add": ref_add, "sub": ref_sub, "mul": ref_mul,
     "scale": lambda v, a, shape, case: v[0] * a["s"],
     "rms_norm": ref_rms_norm, "norm": ref_norm,
     "silu": lambda v, a, shape, case: _silu(v[0]),
     "gelu": lambda v, a, shape, case: _gelu(v[0]),
     "relu": lambda v, a, shape, case: np.maximum(v[0], 0.0),
+    "sqr": lambda v, a, shape, case: v[0] * v[0],
+    "neg": lambda v, a, shape, case: -v[0],
+    "exp": lambda v, a, shape, case: np.exp(v[0]),
+    "tanh": lambda v, a, shape, case: np.tanh(v[0]),
+    "sigmoid": lambda v, a, shape, case: 1.0 / (1.0 + np.exp(-v[0])),
     "swiglu": lambda v, a, shape, case: _silu(v[0]) * v[1],
     "geglu": lambda v, a, shape, case: _gelu(v[0]) * v[1],
     "rope": ref_rope, "soft_max": ref_soft_max, "reshape": ref_reshape, "view": ref_view,
     "permute": ref_permute, "transpose": ref_transpose, "cont": ref_cont, "concat": ref_concat,
-    "set_rows": ref_set_rows,
+    "set_rows": ref_set_rows, "ssm_conv": ref_ssm_conv, "ssm_scan": ref_ssm_scan, "rwkv_wkv6": ref_rwkv_wkv6,
 }
 
 
@@ -504,8 +591,9 @@ def build_graph(case: Case) -> tuple[Graph, Node]:
     attrs = {k: case.attrs[k] for k in OPS[case.op].attrs}  # the catalogue's attribute order
     dtype, shape = infer(case.op, leaves, attrs)
     node = Node("out", case.op, tuple(leaves), attrs, dtype, tuple(shape))
-    syms = sorted({s for x in leaves + [node] for d in x.shape if isinstance(d, Sym) for s in d.symbols}
-                  | {s for d in attrs.get("shape", ()) if isinstance(d, Sym) for s in d.symbols})
+    dims = [d for x in leaves + [node] for d in x.shape] + [*attrs.get("shape", ()), *attrs.get("strides", ()),
+                                                            attrs.get("offset", 0)]
+    syms = sorted({s for d in dims if isinstance(d, Sym) for s in d.symbols})
     return Graph({"test": case.id}, tuple(DimDecl(s) for s in syms), leaves + [node], {"out": node}), node
 
 
@@ -561,6 +649,42 @@ def test_reference_dequantizers_agree_with_gguf() -> None:
     for qt, deq in ((GT.Q8_0, deq_q8_0), (GT.Q4_1, deq_q4_1), (GT.BF16, deq_bf16)):
         raw = gguf.quants.quantize(data, qt)
         np.testing.assert_array_equal(deq(raw, 64).astype(np.float32), gguf.quants.dequantize(raw, qt))
+
+
+def _gelu_table_f16() -> np.ndarray:
+    """llama.cpp's ggml_table_gelu_f16, built here independently: entry i = fp16(gelu(half i)), every step of
+    0.5x(1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) rounded to float32 as ggml_gelu_f32 runs it, 1 + 0.044715x*x
+    in one rounding (GCC fuses it), tanh in float64 rounded once (glibc's tanhf agrees for every |x| < 10)."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    f32, f64 = np.float32, np.float64
+    with np.errstate(all="ignore"):
+        inner = ((f32(0.044715) * x).astype(f64) * x + 1.0).astype(f32)
+        arg = (f32(0.7978845608028654) * x) * inner
+        return ((f32(0.5) * x) * (f32(1) + np.tanh(arg.astype(f64)).astype(f32))).astype(np.float16)
+
+
+def _run_1d(op: str, *xs: np.ndarray) -> np.ndarray:
+    graph, _ = build_graph(C(op, *(I("f32", len(xs[0])) for _ in xs), tol=EXACT))
+    return Program(graph, dict().__getitem__).run({}, {f"src{k}": x for k, x in enumerate(xs)})["out"]
+
+
+def test_gelu_and_geglu_read_llama_cpps_fp16_table() -> None:
+    """GGML_GELU_FP16 (ggml-cpu vec.h): x <= -10 gives +0, x >= 10 gives x, anything between reads the table at
+    fp16(x) (nearest even). Every table entry in (-10, 10), random values and both edges, bit for bit."""
+    table = _gelu_table_f16().astype(np.float32)
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    edges = np.array([-10, 10, np.nextafter(-10, 0), np.nextafter(10, 0), np.nextafter(-10, -11),
+                      np.nextafter(10, 11), -9.998, 9.998, 0.0, -0.0, 1e-8, 1e5, -1e5], np.float32)
+    rng = np.random.default_rng(0)
+    x = np.concatenate([halves[np.abs(halves) < 10], rng.uniform(-12, 12, 4000).astype(np.float32), edges])
+    with np.errstate(over="ignore"):
+        g = np.where(x >= 10, x, table[x.astype(np.float16).view(np.uint16)])
+    u = rng.uniform(-3, 3, x.shape).astype(np.float32)
+    for out, want in ((_run_1d("gelu", x), np.where(x <= -10, np.float32(0), g)),
+                      (_run_1d("geglu", x, u), np.where(x <= -10, np.float32(0), g * u))):
+        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+    out = _run_1d("gelu", edges)
+    assert out[0] == 0 and not np.signbit(out[0]) and out[1] == 10 and out[3] == 10 and out[5] == edges[5]
 
 
 def test_set_rows_writes_the_fed_cache_in_place_and_the_view_reads_it() -> None:

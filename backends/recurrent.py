@@ -1,0 +1,139 @@
+"""Recurrent-state kernels (Mamba's ssm_conv / ssm_scan, RWKV6's wkv6), in ggml's CPU order of operations.
+
+Arrays are in numpy order (the reverse of the IR's ggml order). Each kernel says which ggml function it follows;
+its products and sums are those of llama.cpp's x86 build (GCC with FMA contraction: `s += a*b` is one fused
+multiply-add, and in `a*b + c*d` the first product is fused, the second rounded), checked bit for bit against
+llama.cpp's own ggml-cpu. Every state and accumulator stays float32, as in ggml.
+
+The loops over channels (Mamba) and heads (RWKV) are independent, which is how ggml splits them over threads;
+here they are `prange` loops (measured on 2 idle cores at Mamba-130m / RWKV6-1.6B sizes, from one token to 64:
+1.5-2x the serial speed). Elements are read by full index, not through per-row views: with views inside the
+prange body the wkv6 j loop stops vectorizing (3-4x slower).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from graphir.backends.kernels_util import fma
+
+F32 = np.float32
+_PAR = dict(parallel=True, cache=True, error_model="numpy")
+_ZERO, _ONE, _SOFTPLUS_MAX = F32(0.0), F32(1.0), F32(20.0)
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=F32)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Mamba
+# ---------------------------------------------------------------------------------------------------------
+
+@njit(**_PAR)
+def _ssm_conv(sx, w, y):
+    """ggml_compute_forward_ssm_conv_f32: y[s, t, c] = sum_j sx[s, c, t + j] * w[c, j], one float32 FMA
+    chain from 0 in j order (ggml avoids vec_dot there because it sums in double)."""
+    n_seqs, n_tok, d_inner = y.shape
+    d_conv = w.shape[1]
+    for c in prange(d_inner):
+        for s in range(n_seqs):
+            for t in range(n_tok):
+                acc = _ZERO
+                for j in range(d_conv):
+                    acc = fma(sx[s, c, t + j], w[c, j], acc)
+                y[s, t, c] = acc
+
+
+def ssm_conv(sx: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Depthwise causal conv. sx (n_seqs, d_inner, d_conv - 1 + n_tok) (n_seqs may be left out when 1),
+    w (d_inner, d_conv) -> (n_seqs, n_tok, d_inner)."""
+    sx = _f32(sx).reshape((-1,) + sx.shape[-2:])
+    y = np.empty((sx.shape[0], sx.shape[2] - w.shape[1] + 1, sx.shape[1]), F32)
+    _ssm_conv(sx, _f32(w), y)
+    return y
+
+
+@njit(**_PAR)
+def _ssm_scan(s0, x, dt, A, B, C, y, st):
+    """ggml_compute_forward_ssm_scan_f32, Mamba-1 branch (per-state decay A[c, n]), per channel c:
+    d = softplus(dt) = dt > 20 ? dt : logf(1 + expf(dt)); x_dt = x * d; for each state n in order:
+    state = s * expf(d * A) + B * x_dt (the first product fused), y = fma(state, C, y) from 0."""
+    n_seqs, n_tok, d_inner = x.shape
+    d_state = A.shape[1]
+    for c in prange(d_inner):
+        for s in range(n_seqs):
+            for n in range(d_state):
+                st[s, c, n] = s0[s, c, n]
+            for t in range(n_tok):
+                d = dt[s, t, c]
+                if d <= _SOFTPLUS_MAX:
+                    d = math.log(_ONE + math.exp(d))
+                x_dt = x[s, t, c] * d
+                acc = _ZERO
+                for n in range(d_state):
+                    v = fma(st[s, c, n], math.exp(d * A[c, n]), B[s, t, n] * x_dt)
+                    acc = fma(v, C[s, t, n], acc)
+                    st[s, c, n] = v
+                y[s, t, c] = acc
+
+
+def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.ndarray,
+             C: np.ndarray) -> np.ndarray:
+    """Mamba-1 selective scan from the gathered states s (n_seqs, d_inner, d_state); x, dt (n_seqs, n_tok,
+    d_inner); A (d_inner, d_state); B, C (n_seqs, n_tok, d_state). Returns ggml's flat result: every y
+    (n_seqs, n_tok, d_inner) followed by the final states (n_seqs, d_inner, d_state)."""
+    s = _f32(s).reshape((x.shape[0],) + A.shape)        # a single sequence's states may come 2-D
+    out = np.empty(x.size + s.size, F32)
+    y, st = out[:x.size].reshape(x.shape), out[x.size:].reshape(s.shape)
+    _ssm_scan(s, _f32(x), _f32(dt), _f32(A), _f32(B), _f32(C), y, st)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# RWKV
+# ---------------------------------------------------------------------------------------------------------
+
+@njit(**_PAR)
+def _wkv6(k, v, r, tf, td, s0, out, st):
+    """ggml_compute_forward_rwkv_wkv6_f32 (AVX-512 path, whose FMAs the scalar tail repeats) per head h and
+    token t of sequence s, key channel i in order, value channel j: kv = v[j] * k[i]; out[j] =
+    fma(fma(kv, tf[i], S[i, j]), r[i], out[j]) from 0; S[i, j] = fma(S[i, j], decay[i], kv)."""
+    n_tok, n_head, hs = k.shape
+    n_seqs = s0.shape[0]
+    per_seq = n_tok // n_seqs
+    for h in prange(n_head):
+        for s in range(n_seqs):
+            for i in range(hs):
+                for j in range(hs):
+                    st[s, h, i, j] = s0[s, h, i, j]
+            for t in range(s * per_seq, (s + 1) * per_seq):
+                for j in range(hs):
+                    out[t, h, j] = _ZERO
+                for i in range(hs):
+                    ki, ri, fi, di = k[t, h, i], r[t, h, i], tf[h, i], td[t, h, i]
+                    for j in range(hs):
+                        kv = v[t, h, j] * ki
+                        prev = st[s, h, i, j]
+                        out[t, h, j] = fma(fma(kv, fi, prev), ri, out[t, h, j])
+                        st[s, h, i, j] = fma(prev, di, kv)
+
+
+def rwkv_wkv6(k: np.ndarray, v: np.ndarray, r: np.ndarray, time_first: np.ndarray, decay: np.ndarray,
+              state: np.ndarray) -> np.ndarray:
+    """RWKV6 linear attention. k, v, r, decay (n_tok, n_head, hs), sequence-major (n_tok / n_seqs tokens a
+    sequence); time_first (n_head, hs); state (n_seqs, n_head * hs * hs), each [h][i][j] with i the key
+    channel. Returns (n_tok + hs * n_seqs, n_head * hs): the outputs, then the final states. A single token's
+    operands may come 2-D."""
+    n_head, hs = time_first.shape
+    k, v, r, decay = (_f32(a).reshape(-1, n_head, hs) for a in (k, v, r, decay))
+    n_tok, n_seqs = k.shape[0], state.shape[0]
+    out = np.empty((n_tok + hs * n_seqs, n_head * hs), F32)
+    flat = out.reshape(-1)
+    y = flat[:k.size].reshape(k.shape)
+    st = flat[k.size:].reshape(n_seqs, n_head, hs, hs)
+    _wkv6(k, v, r, _f32(time_first), decay, _f32(state).reshape(n_seqs, n_head, hs, hs), y, st)
+    return out
