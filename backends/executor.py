@@ -51,8 +51,9 @@ def _mul_mat(w: Any, x: np.ndarray) -> np.ndarray:
 
 
 def _broadcast(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """ggml repeats b to a's shape when each of b's sizes divides a's; numpy only broadcasts 1s."""
-    b = b.reshape((1,) * (len(shape) - b.ndim) + b.shape)
+    """ggml repeats b to a's shape when each of b's sizes divides a's; numpy only broadcasts 1s.
+    b may have more (size-1) dimensions than a, as RWKV's [E, 1, 1] mix parameters do."""
+    b = b.reshape((1,) * (len(shape) - b.ndim) + b.shape[max(b.ndim - len(shape), 0):])
     if all(n == 1 or n == m for n, m in zip(b.shape, shape)):
         return b
     return np.tile(b, tuple(m // n for n, m in zip(b.shape, shape)))
@@ -194,9 +195,14 @@ class Program:
         self.consts: list[tuple[int, Any]] = []
         self.feeds: list[tuple[int, str]] = []
         self.steps: list[tuple[Callable[..., np.ndarray], int, tuple[int, ...], tuple[int, ...]]] = []
+        matrix_use = {id(x) for n in graph.nodes if n.op in ("mul_mat", "get_rows") for x in n.inputs[:1]}
+        other_use = {id(x) for n in graph.nodes if n.op not in ("mul_mat", "get_rows") for x in n.inputs}
         for i, n in enumerate(graph.nodes):
             if n.op == "weight":
-                self.consts.append((i, weights(n.name)))
+                w = weights(n.name)
+                if id(n) in other_use or id(n) not in matrix_use:  # viewed or reshaped (BERT's type row): dense
+                    w = _dense(w)
+                self.consts.append((i, w))
             elif n.op == "input":
                 self.feeds.append((i, n.name))
             else:

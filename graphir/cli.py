@@ -334,6 +334,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_embed(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from graphir.batch import Batch
+    from graphir.runtime import load
+
+    model = load(args.model)
+    ctx = model.new_context(n_ctx=args.ctx_size or None, pooling=args.pooling, embeddings=True, n_seq_max=len(args.prompt))
+    tokens = [model.tokenize(text, add_special=True, parse_special=True) for text in args.prompt]
+    for text, ids in zip(args.prompt, tokens):
+        if len(ids) > ctx.n_ctx:
+            raise GraphirError(f"prompt {text[:40]!r} has {len(ids)} tokens, more than the context's {ctx.n_ctx} "
+                               f"positions (n_ctx)")
+    rows = []
+    for s, ids in enumerate(tokens):  # one sequence per prompt, each in its own batch
+        ctx.decode(Batch(np.asarray(ids), np.arange(len(ids)), [(s,)] * len(ids), np.ones(len(ids), bool)))
+        rows.append(ctx.embeddings_seq(s) if ctx.pooling != "none" else ctx.embeddings()[-1])
+    for v in rows:
+        if args.normalize:
+            v = v / max(float(np.linalg.norm(v.astype(np.float64))), 1e-12)
+        _emit(" ".join(f"{x:.6f}" for x in v) + "\n")
+    return 0
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from graphir.convert import convert_bert
     from graphir.gguf_file import read_header
@@ -419,6 +443,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: prompt + n)")
     p.add_argument("-b", "--batch-size", type=int, default=512, help="logical batch size (default: 512)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default: 512)")
+
+    p = add("embed", cmd_embed, "print the embedding of each prompt (pooled as the model says), one line each")
+    p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file with weights (e.g. a converted BERT)")
+    p.add_argument("-p", "--prompt", required=True, action="append", help="a text to embed; repeat for several")
+    p.add_argument("--normalize", action="store_true", help="scale each embedding to unit Euclidean length")
+    p.add_argument("--pooling", choices=("none", "mean", "cls", "last"), default=None,
+                   help="how tokens are reduced (default: the model's; none prints the last token's embedding)")
+    p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: the trained one, at most 4096)")
 
     p = add("convert", cmd_convert, "convert a Hugging Face BERT checkpoint (safetensors) to a GGUF llama.cpp loads")
     p.add_argument("src", metavar="HF_DIR", help="the model directory: config.json, model.safetensors, tokenizer files")

@@ -13,14 +13,15 @@ Format version 1::
     arch         str      architecture name                        (str = u32 byte length + UTF-8)
     hp_hash      32 bytes SHA-256 of the canonical JSON of the hparams
     hp_json      str      that JSON (to name the differing fields in an error)
-    kind         str      memory kind ("kv")
+    kind         str      memory kind ("kv" or "recurrent")
     type_k       str      cache types ("f16", "f32")
     type_v       str
     n_ctx        u32      cells per layer
     n_seq_max    u32
     unified      u8       1 unified, 0 one stream per sequence
     n_layer      u32
-    k_width      u32      K row width (n_embd_k_gqa) and V row width, in elements
+    k_width      u32      K row width (n_embd_k_gqa) and V row width, in elements (recurrent: the widths of
+                          the rolling and the recurrent state rows, n_embd_r and n_embd_s; n_ctx = cells)
     v_width      u32
     seq          i32      scope 1: the saved sequence id; scope 0: -1
     n_cells      u32      non-empty cells saved (scope 1: the cells holding seq), in index order
@@ -48,6 +49,7 @@ import numpy as np
 
 from graphir.errors import StateError
 from graphir.memory.kv import CACHE_DTYPES, KVCache
+from graphir.memory.recurrent import RecurrentMemory
 
 if TYPE_CHECKING:
     from graphir.context import Context
@@ -137,11 +139,19 @@ class Saved:
     embd: np.ndarray | None = None
 
 
-def _memory(ctx: Context) -> KVCache:
+def _memory(ctx: Context) -> KVCache | RecurrentMemory:
     mem = ctx.memory
-    if not isinstance(mem, KVCache):
+    if not isinstance(mem, (KVCache, RecurrentMemory)):
         raise StateError(f"memory kind '{mem.kind}' keeps no state to save or load")
     return mem
+
+
+def _rows(mem: KVCache | RecurrentMemory, il: int) -> tuple[np.ndarray, np.ndarray]:
+    """Layer il's two per-cell buffers: K and V rows, or rolling and recurrent state rows."""
+    bufs = mem.buffers()
+    if isinstance(mem, KVCache):
+        return bufs[f"blk.{il}.cache_k"], bufs[f"blk.{il}.cache_v"]
+    return bufs[f"blk.{il}.rs_r"], bufs[f"blk.{il}.rs_s"]
 
 
 def write(ctx: Context, seq: int | None = None) -> bytes:
@@ -168,16 +178,15 @@ def write(ctx: Context, seq: int | None = None) -> bytes:
     w.s(lay["type_k"])
     w.s(lay["type_v"])
     w.u("IIB", lay["n_ctx"], lay["n_seq_max"], int(lay["unified"]))
-    w.u("IIIi", hp.n_layer, hp.n_embd_k_gqa, hp.n_embd_v_gqa, -1 if seq is None else seq)
+    k_rows, v_rows = _rows(mem, 0) if hp.n_layer else (np.zeros((0, 0)), np.zeros((0, 0)))
+    w.u("IIIi", hp.n_layer, k_rows.shape[1], v_rows.shape[1], -1 if seq is None else seq)
     w.u("I", len(sel))
     w.arr(sel, np.int32)
     w.arr(mem.pos[sel], np.int64)
     w.arr(mem.shift[sel], np.int64)
     w.arr(seqs, np.uint64)
-    bufs = mem.buffers()
     for il in range(hp.n_layer):
-        for which in ("k", "v"):
-            b = bufs[f"blk.{il}.cache_{which}"]
+        for b in _rows(mem, il):
             w.arr(b[sel], b.dtype)
     if seq is None:
         logits = ctx._logits
@@ -259,6 +268,7 @@ def parse(data: bytes | bytearray | memoryview | str | os.PathLike[str]) -> Save
 
 
 def _check_model(ctx: Context, s: Saved) -> None:
+    mem = _memory(ctx)
     hp = ctx.model.hparams
     if s.arch != hp.arch:
         raise StateError(f"state was saved from a '{s.arch}' model; this model is '{hp.arch}'")
@@ -272,11 +282,12 @@ def _check_model(ctx: Context, s: Saved) -> None:
                 if theirs.get(k) != ours.get(k)]
         raise StateError("state was saved from a model with different hyperparameters: "
                          + (", ".join(diff) if diff else "hparams hash differs"))
-    if (s.n_layer, s.k_width, s.v_width) != (hp.n_layer, hp.n_embd_k_gqa, hp.n_embd_v_gqa):
+    widths = tuple(b.shape[1] for b in _rows(mem, 0)) if hp.n_layer else (0, 0)
+    if (s.n_layer, s.k_width, s.v_width) != (hp.n_layer, *widths):
         raise StateError("state data is malformed: layer sizes disagree with its own hyperparameters")
 
 
-def _check_layout(mem: KVCache, s: Saved, keys: tuple[str, ...]) -> None:
+def _check_layout(mem: KVCache | RecurrentMemory, s: Saved, keys: tuple[str, ...]) -> None:
     ours = mem.layout()
     for k in keys:
         if s.layout[k] != ours[k]:
@@ -292,11 +303,13 @@ def read(ctx: Context, data: Any) -> None:
     _check_model(ctx, s)
     _check_layout(mem, s, ("kind", "type_k", "type_v", "n_ctx", "n_seq_max", "unified"))
     n = len(s.cell)
-    if n and (s.cell.min() < 0 or s.cell.max() >= mem.n_ctx or len(np.unique(s.cell)) != n):
+    if n and (s.cell.min() < 0 or s.cell.max() >= len(mem.pos) or len(np.unique(s.cell)) != n):
         raise StateError("state data is malformed: cell indices are out of range or repeated")
+    if isinstance(mem, RecurrentMemory) and n and np.bitwise_or.reduce(s.seqs) != sum(s.seqs):
+        raise StateError("state data is malformed: a sequence has more than one recurrent state cell")
     if n and ((s.seqs == 0).any() or (s.seqs >> np.uint64(mem.n_seq_max)).any()):
         raise StateError(f"state data is malformed: a cell has no sequence or one >= n_seq_max={mem.n_seq_max}")
-    if not mem.unified and n:
+    if isinstance(mem, KVCache) and not mem.unified and n:
         for c, m in zip(s.cell, s.seqs):
             stream = int(c) // mem.stream_size
             if int(m) != 1 << stream:
@@ -307,14 +320,14 @@ def read(ctx: Context, data: Any) -> None:
     # everything checked: now mutate
     mem.clear(data=True)
     mem.pos[s.cell], mem.seq[s.cell], mem.shift[s.cell] = s.pos, s.seqs, s.shift
-    bufs = mem.buffers()
     for il in range(hp.n_layer):
-        bufs[f"blk.{il}.cache_k"][s.cell] = s.k_rows[il]
-        bufs[f"blk.{il}.cache_v"][s.cell] = s.v_rows[il]
-    for st in range(mem.n_stream):  # heads: just after the last used cell of each stream
-        a, b = mem.stream_range(st)
-        used = np.flatnonzero(mem.pos[a:b] >= 0)
-        mem.heads[st] = a + int(used[-1]) + 1 if len(used) and a + int(used[-1]) + 1 < b else a
+        k_buf, v_buf = _rows(mem, il)
+        k_buf[s.cell], v_buf[s.cell] = s.k_rows[il], s.v_rows[il]
+    if isinstance(mem, KVCache):
+        for st in range(mem.n_stream):  # heads: just after the last used cell of each stream
+            a, b = mem.stream_range(st)
+            used = np.flatnonzero(mem.pos[a:b] >= 0)
+            mem.heads[st] = a + int(used[-1]) + 1 if len(used) and a + int(used[-1]) + 1 < b else a
     assert s.logits is not None and s.out_index is not None and s.embd is not None
     ctx._logits = s.logits.copy()
     ctx._row = {int(b): r for r, b in enumerate(s.out_index) if b >= 0}
@@ -333,7 +346,7 @@ def read_seq(ctx: Context, data: Any, dst: int) -> None:
     if not 0 <= dst < mem.n_seq_max:
         raise StateError(f"destination seq id {dst} is outside [0, {mem.n_seq_max})")
     n = len(s.cell)
-    lo, hi = mem.stream_range(mem.stream_of(dst))
+    lo, hi = mem.stream_range(mem.stream_of(dst)) if isinstance(mem, KVCache) else (0, len(mem.pos))
     holds = mem._holds(dst)
     free = (mem.pos < 0) | (holds & (mem.seq == np.uint64(1 << dst)))  # dst's own cells are freed first
     free[:lo] = False
@@ -346,7 +359,6 @@ def read_seq(ctx: Context, data: Any, dst: int) -> None:
     mem.seq_rm(dst, -1, -1)
     mem.pos[cells], mem.shift[cells] = s.pos, s.shift
     mem.seq[cells] = np.uint64(1 << dst)
-    bufs = mem.buffers()
     for il in range(ctx.model.hparams.n_layer):
-        bufs[f"blk.{il}.cache_k"][cells] = s.k_rows[il]
-        bufs[f"blk.{il}.cache_v"][cells] = s.v_rows[il]
+        k_buf, v_buf = _rows(mem, il)
+        k_buf[cells], v_buf[cells] = s.k_rows[il], s.v_rows[il]

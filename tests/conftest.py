@@ -117,6 +117,18 @@ def _seeded(name: str) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little"))
 
 
+# Tensors whose random values must respect the model's constraints (numpy order shapes).
+_DENSE: dict[str, dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]]] = {
+    "mamba": {  # A = -exp(A_log) < 0 so states decay; small dt bias; a skip of order 1
+        **{f"blk.{il}.ssm_a": (lambda r, shp: -np.exp(r.uniform(-1, 1.5, shp))) for il in range(8)},
+        **{f"blk.{il}.ssm_dt.bias": (lambda r, shp: r.uniform(-3, -1, shp)) for il in range(8)},
+    },
+    "rwkv6": {  # decay logits near -1..1 keep exp(-exp(w)) away from 0 and 1
+        **{f"blk.{il}.time_mix_decay.weight": (lambda r, shp: r.uniform(-2, 1, shp)) for il in range(8)},
+    },
+}
+
+
 def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
                      drop: tuple[str, ...] = (), reshape: dict[str, tuple[int, ...]] | None = None,
                      extra_md: dict[str, Any] | None = None, drop_md: tuple[str, ...] = (),
@@ -127,6 +139,7 @@ def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationTyp
     Matrices get ``dtype``; vectors stay F32. ``drop``/``reshape``/``drop_md`` make broken files on purpose.
     """
     meta = from_preset("fixture", preset)
+    dense = _DENSE.get(preset.arch, {})
     w = gguf.GGUFWriter(str(path), preset.arch)
     for key, value in {**preset.metadata(), **(extra_md or {})}.items():
         if key == gguf.Keys.General.ARCHITECTURE or key in drop_md:
@@ -150,8 +163,12 @@ def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationTyp
         shape = (reshape or {}).get(name, info.shape)
         # std 1/sqrt(fan_in) and norms near 1: attention is far from uniform, so a wrong mask or RoPE shows
         rng = _seeded(name)
-        if len(shape) == 1:
+        if len(shape) == 1 and name not in dense:
             w.add_tensor(name, (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
+            continue
+        if len(shape) > 2 or name in dense:  # stacked parameters (RWKV mixes) and state-space constants: f32
+            value = dense.get(name, lambda r, shp: (r.standard_normal(shp) / np.sqrt(shp[-1])))(rng, shape[::-1])
+            w.add_tensor(name, np.asarray(value, np.float32))
             continue
         data = make_weight(dtype, int(np.prod(shape[1:])), shape[0], rng)
         w.add_tensor(name, data, raw_dtype=None if dtype in (gguf.GGMLQuantizationType.F32,
@@ -163,10 +180,32 @@ def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationTyp
     return path
 
 
+# Per family, the keys a tiny model adds to (or overrides in) TINY_KEYS.
+TINY_FAMILY: dict[str, dict[str, object]] = {
+    "bert": {gguf.Keys.Attention.LAYERNORM_EPS: 1e-12, gguf.Keys.Attention.CAUSAL: False,
+             gguf.Keys.Attention.HEAD_COUNT_KV: 4, gguf.Keys.Tokenizer.TOKEN_TYPE_COUNT: 2,
+             gguf.Keys.LLM.POOLING_TYPE: 1},
+    "mamba": {gguf.Keys.SSM.CONV_KERNEL: 4, gguf.Keys.SSM.INNER_SIZE: 128, gguf.Keys.SSM.STATE_SIZE: 16,
+              gguf.Keys.SSM.TIME_STEP_RANK: 4, gguf.Keys.Attention.HEAD_COUNT: 0, gguf.Keys.Attention.HEAD_COUNT_KV: 0,
+              gguf.Keys.LLM.FEED_FORWARD_LENGTH: 0, gguf.Keys.LLM.CONTEXT_LENGTH: 1048576},
+    "rwkv6": {gguf.Keys.WKV.HEAD_SIZE: 16, gguf.Keys.LLM.TIME_MIX_EXTRA_DIM: 8, gguf.Keys.LLM.TIME_DECAY_EXTRA_DIM: 16,
+              gguf.Keys.LLM.RESCALE_EVERY_N_LAYERS: 2, gguf.Keys.LLM.TOKEN_SHIFT_COUNT: 2,
+              gguf.Keys.Attention.LAYERNORM_EPS: 1e-5, gguf.Keys.Attention.HEAD_COUNT: 0,
+              gguf.Keys.Attention.HEAD_COUNT_KV: 0, gguf.Keys.LLM.CONTEXT_LENGTH: 1048576},
+}
+TINY_FAMILY["nomic-bert"] = TINY_FAMILY["bert"]
+ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias",
+               "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
+
+
 @pytest.fixture
 def tiny_preset() -> Callable[..., Preset]:
     """A 2-layer model of the given arch, small enough to write in a millisecond."""
     def make(arch: str = "llama", tied: bool = True, **keys: object) -> Preset:
-        return Preset(arch, {**TINY_KEYS, **keys}, tied=tied, matrix_type=gguf.GGMLQuantizationType.F32)
+        keys = {**TINY_KEYS, **TINY_FAMILY.get(arch, {}), **keys}
+        if arch in ENCODER_QKV:  # encoders: no LM head; q/k/v as their converter writes them
+            return Preset(arch, keys, tied=False, matrix_type=gguf.GGMLQuantizationType.F32,
+                          include=r"token_types\.weight|" + ENCODER_QKV[arch])
+        return Preset(arch, keys, tied=tied, matrix_type=gguf.GGMLQuantizationType.F32)
 
     return make
