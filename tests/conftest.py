@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -129,6 +130,47 @@ _DENSE: dict[str, dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.
 }
 
 
+# Matrices llama.cpp's converter always writes as F32 whatever the output type (convert_hf_to_gguf): its kernels
+# for these read float32 only (ssm_conv asserts; rwkv_wkv6 reads time_first's bytes as floats).
+KEEP_F32 = re.compile(r"blk\.\d+\.(ssm_conv1d|time_mix_first|time_mix_w[12]|time_mix_decay_w[12]|time_mix_lerp_fused)"
+                      r"\.weight|position_embd\.weight|token_types\.weight")
+
+
+def add_kv(w: gguf.GGUFWriter, key: str, value: Any) -> None:
+    """One metadata value with the GGUF type its Python type implies (ints as u32, floats as f32)."""
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    else:
+        w.add_array(key, list(value))
+
+
+def write_vocab_gguf(path: Path, metadata: dict[str, object], arch: str = "llama",
+                     hparams: dict[str, object] | None = None) -> Path:
+    """A vocab-only GGUF llama.cpp loads with vocab_only=True: the hparams it requires, tokenizer keys, no tensors."""
+    w = gguf.GGUFWriter(str(path), arch)
+    hp = hparams or {gguf.Keys.LLM.CONTEXT_LENGTH: 64, gguf.Keys.LLM.EMBEDDING_LENGTH: 16, gguf.Keys.LLM.BLOCK_COUNT: 1,
+                     gguf.Keys.LLM.FEED_FORWARD_LENGTH: 32, gguf.Keys.Attention.HEAD_COUNT: 2,
+                     gguf.Keys.Attention.LAYERNORM_RMS_EPS: 1e-5}
+    for key, value in {**{k.format(arch=arch): v for k, v in hp.items()}, **metadata}.items():
+        if key == gguf.Keys.Tokenizer.SCORES:
+            w.add_array(key, [float(x) for x in value])  # type: ignore[attr-defined]
+        elif key == gguf.Keys.Tokenizer.TOKEN_TYPE:
+            w.add_token_types([int(x) for x in value])  # type: ignore[attr-defined]
+        else:
+            add_kv(w, key, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
                      drop: tuple[str, ...] = (), reshape: dict[str, tuple[int, ...]] | None = None,
                      extra_md: dict[str, Any] | None = None, drop_md: tuple[str, ...] = (),
@@ -142,16 +184,8 @@ def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationTyp
     dense = _DENSE.get(preset.arch, {})
     w = gguf.GGUFWriter(str(path), preset.arch)
     for key, value in {**preset.metadata(), **(extra_md or {})}.items():
-        if key == gguf.Keys.General.ARCHITECTURE or key in drop_md:
-            continue
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        else:
-            w.add_string(key, str(value))
+        if key != gguf.Keys.General.ARCHITECTURE and key not in drop_md:
+            add_kv(w, key, value)
     w.add_string(gguf.Keys.Tokenizer.MODEL, "gpt2")
     w.add_string(gguf.Keys.Tokenizer.PRE, "default")
     w.add_uint32(gguf.Keys.Tokenizer.EOS_ID, 0)
@@ -166,7 +200,8 @@ def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationTyp
         if len(shape) == 1 and name not in dense:
             w.add_tensor(name, (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
             continue
-        if len(shape) > 2 or name in dense:  # stacked parameters (RWKV mixes) and state-space constants: f32
+        if len(shape) > 2 or name in dense or KEEP_F32.fullmatch(name):  # stacked parameters (RWKV mixes),
+            # state-space constants and what llama.cpp keeps F32: f32 (the same values as make_weight's F32)
             value = dense.get(name, lambda r, shp: (r.standard_normal(shp) / np.sqrt(shp[-1])))(rng, shape[::-1])
             w.add_tensor(name, np.asarray(value, np.float32))
             continue
@@ -198,14 +233,16 @@ ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_outp
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 
 
+def make_tiny_preset(arch: str = "llama", tied: bool = True, **keys: object) -> Preset:
+    """A 2-layer model of the given arch, small enough to write in a millisecond."""
+    keys = {**TINY_KEYS, **TINY_FAMILY.get(arch, {}), **keys}
+    if arch in ENCODER_QKV:  # encoders: no LM head; q/k/v as their converter writes them
+        return Preset(arch, keys, tied=False, matrix_type=gguf.GGMLQuantizationType.F32,
+                      include=r"token_types\.weight|" + ENCODER_QKV[arch])
+    return Preset(arch, keys, tied=tied, matrix_type=gguf.GGMLQuantizationType.F32)
+
+
 @pytest.fixture
 def tiny_preset() -> Callable[..., Preset]:
-    """A 2-layer model of the given arch, small enough to write in a millisecond."""
-    def make(arch: str = "llama", tied: bool = True, **keys: object) -> Preset:
-        keys = {**TINY_KEYS, **TINY_FAMILY.get(arch, {}), **keys}
-        if arch in ENCODER_QKV:  # encoders: no LM head; q/k/v as their converter writes them
-            return Preset(arch, keys, tied=False, matrix_type=gguf.GGMLQuantizationType.F32,
-                          include=r"token_types\.weight|" + ENCODER_QKV[arch])
-        return Preset(arch, keys, tied=tied, matrix_type=gguf.GGMLQuantizationType.F32)
-
-    return make
+    """:func:`make_tiny_preset`, as a fixture."""
+    return make_tiny_preset

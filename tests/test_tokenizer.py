@@ -8,7 +8,6 @@ not importable; a few golden id lists taken from llama.cpp keep the core checked
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import time
@@ -21,56 +20,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import write_vocab_gguf
+
 from graphir.errors import MetadataError
 from graphir.gguf_file import read_header
 from graphir.tokenizer import SUPPORTED_PRE_TOKENIZERS, Vocab, _unicode_class
 
 try:
     import llama_cpp
+    from llama_vocab import Oracle
 except ImportError:  # the conftest skips every `oracle` test, with its reason, where it is missing
     llama_cpp = None
 
 oracle = pytest.mark.oracle
 
 SMOL_BOS, SMOL_IM_END = 1, 2  # <|im_start|>, <|im_end|>
-
-
-class Oracle:
-    """llama.cpp's tokenizer for one GGUF, loaded vocab-only."""
-
-    def __init__(self, path: Path) -> None:
-        self.llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
-        self.vocab = self.llm._model.vocab
-
-    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special)
-
-    def detokenize(self, ids: list[int], remove_special: bool = False, unparse_special: bool = False) -> bytes:
-        arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
-        cap = 64 + 64 * len(ids)
-        buf = ctypes.create_string_buffer(cap)
-        n = llama_cpp.llama_detokenize(self.vocab, arr, len(ids), buf, cap, remove_special, unparse_special)
-        assert n >= 0
-        return buf.raw[:n]
-
-    def piece(self, id: int, special: bool) -> bytes:
-        buf = ctypes.create_string_buffer(256)
-        n = llama_cpp.llama_token_to_piece(self.vocab, id, buf, 256, 0, special)
-        assert n >= 0
-        return buf.raw[:n]
-
-    def is_eog(self, id: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, id))
-
-    def facts(self) -> tuple[int | None, int | None, bool, bool]:
-        """(bos, eos, add_bos, add_eos) as llama.cpp sees them; -1 ids become None."""
-        bos, eos = llama_cpp.llama_vocab_bos(self.vocab), llama_cpp.llama_vocab_eos(self.vocab)
-        add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
-        add_eos = bool(llama_cpp.llama_vocab_get_add_eos(self.vocab))
-        return (None if bos < 0 else bos, None if eos < 0 else eos, add_bos, add_eos)
-
-    def close(self) -> None:
-        self.llm.close()
 
 
 @pytest.fixture(scope="module")
@@ -298,8 +262,8 @@ def test_unicode_classes_match_llama_cpp(tmp_path: Path) -> None:
     merges = [p + " " + b for p in "a1!" for b in _BYTE_TO_UNI]
     md = {T.MODEL: "gpt2", T.LIST: tokens, T.TOKEN_TYPE: [1] * len(tokens), T.MERGES: merges,
           T.BOS_ID: 0, T.EOS_ID: 0, T.ADD_BOS: False}
-    o_gpt2 = Oracle(_write_vocab_gguf(tmp_path / "gpt2.gguf", {**md, T.PRE: "gpt-2"}))
-    o_default = Oracle(_write_vocab_gguf(tmp_path / "default.gguf", {**md, T.PRE: "default"}))
+    o_gpt2 = Oracle(write_vocab_gguf(tmp_path / "gpt2.gguf", {**md, T.PRE: "gpt-2"}))
+    o_default = Oracle(write_vocab_gguf(tmp_path / "default.gguf", {**md, T.PRE: "default"}))
     ids = {t: i for i, t in enumerate(tokens)}
     try:
         cps = sorted({c for start in _RUN_STARTS for c in (start - 1, start)} - {-1} - set(range(0xD800, 0xE000)))
@@ -346,35 +310,6 @@ PRE_CASES = ["default", "gpt-2", "smollm", "starcoder", "llama3", "llama-bpe", "
              "stablelm2", "falcon", "trillion"]
 
 
-def _write_vocab_gguf(path: Path, metadata: dict[str, object], arch: str = "llama") -> Path:
-    """A vocab-only GGUF llama.cpp will load with vocab_only=True: tiny hparams, tokenizer keys, no tensors."""
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(64)
-    w.add_embedding_length(16)
-    w.add_block_count(1)
-    w.add_feed_forward_length(32)
-    w.add_head_count(2)
-    w.add_layer_norm_rms_eps(1e-5)
-    for key, value in metadata.items():
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        elif key == gguf.Keys.Tokenizer.SCORES:
-            w.add_array(key, [float(x) for x in value])  # type: ignore[union-attr]
-        elif key == gguf.Keys.Tokenizer.TOKEN_TYPE:
-            w.add_token_types([int(x) for x in value])  # type: ignore[union-attr]
-        else:
-            w.add_array(key, list(value))  # type: ignore[call-overload]
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 @pytest.fixture(scope="module")
 def smol_tokenizer_md(smollm2_gguf: Path) -> dict[str, object]:
     md = read_header(smollm2_gguf).metadata
@@ -406,7 +341,7 @@ def test_every_supported_pre_tokenizer_builds() -> None:
 @oracle
 @pytest.mark.parametrize("pre", PRE_CASES)
 def test_pre_tokenizer_matches_llama_cpp(tmp_path: Path, smol_tokenizer_md: dict[str, object], pre: str) -> None:
-    path = _write_vocab_gguf(tmp_path / f"{pre}.gguf", {**smol_tokenizer_md, gguf.Keys.Tokenizer.PRE: pre})
+    path = write_vocab_gguf(tmp_path / f"{pre}.gguf", {**smol_tokenizer_md, gguf.Keys.Tokenizer.PRE: pre})
     mine = Vocab.from_file(path)
     o = Oracle(path)
     try:
@@ -526,7 +461,7 @@ def test_spm_golden(spm_files: dict[str, Path], text: str, parse_special: bool) 
 @pytest.fixture(scope="module")
 def spm_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("spm")
-    return {name: _write_vocab_gguf(d / f"{name}.gguf", _spm_metadata(**ov)) for name, ov in SPM_VARIANTS.items()}
+    return {name: write_vocab_gguf(d / f"{name}.gguf", _spm_metadata(**ov)) for name, ov in SPM_VARIANTS.items()}
 
 
 def test_spm_vocab_facts(spm_files: dict[str, Path]) -> None:

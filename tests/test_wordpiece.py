@@ -8,7 +8,6 @@ checked without it.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import json
 import os
@@ -22,12 +21,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import write_vocab_gguf
+
 from graphir.errors import MetadataError
 from graphir.tokenizer import (_CJK, _CONTROL, _KEY_LOWERCASE, _KEY_STRIP_ACCENTS, _LOWER, _RUN_STARTS, Vocab,
                                _unicode_class)
 
 try:
     import llama_cpp
+    from llama_vocab import Oracle
 except ImportError:  # the conftest skips every `oracle` test, with its reason, where it is missing
     llama_cpp = None
 
@@ -72,65 +74,11 @@ def minilm_metadata(model_dir: Path) -> dict[str, object]:
 
 
 def write_bert_vocab(path: Path, metadata: dict[str, object]) -> Path:
-    """A vocab-only BERT GGUF llama.cpp loads with vocab_only=True: the hparams it requires, no tensors."""
-    w = gguf.GGUFWriter(str(path), "bert")
-    w.add_context_length(512)
-    w.add_embedding_length(384)
-    w.add_block_count(6)
-    w.add_feed_forward_length(1536)
-    w.add_head_count(12)
-    w.add_layer_norm_eps(1e-12)
-    for key, value in metadata.items():
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        elif key == T.TOKEN_TYPE:
-            w.add_token_types(list(value))  # type: ignore[call-overload]
-        else:
-            w.add_array(key, list(value))  # type: ignore[call-overload]
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-class Oracle:
-    """llama.cpp's tokenizer for one GGUF, loaded vocab-only."""
-
-    def __init__(self, path: Path) -> None:
-        self.llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
-        self.vocab = self.llm._model.vocab
-
-    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special)
-
-    def detokenize(self, ids: list[int], remove_special: bool = False, unparse_special: bool = False) -> bytes:
-        arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
-        cap = 64 + 64 * len(ids)
-        buf = ctypes.create_string_buffer(cap)
-        n = llama_cpp.llama_detokenize(self.vocab, arr, len(ids), buf, cap, remove_special, unparse_special)
-        assert n >= 0
-        return buf.raw[:n]
-
-    def piece(self, id: int, special: bool) -> bytes:
-        buf = ctypes.create_string_buffer(256)
-        n = llama_cpp.llama_token_to_piece(self.vocab, id, buf, 256, 0, special)
-        assert n >= 0
-        return buf.raw[:n]
-
-    def facts(self) -> tuple[int | None, ...]:
-        """(bos, eos, sep, add_bos, add_eos) as llama.cpp sees them; -1 ids become None."""
-        v = self.vocab
-        ids = (llama_cpp.llama_vocab_bos(v), llama_cpp.llama_vocab_eos(v), llama_cpp.llama_vocab_sep(v))
-        flags = (bool(llama_cpp.llama_vocab_get_add_bos(v)), bool(llama_cpp.llama_vocab_get_add_eos(v)))
-        return (*(None if i < 0 else i for i in ids), *flags)
-
-    def close(self) -> None:
-        self.llm.close()
+    """A vocab-only BERT GGUF llama.cpp loads with vocab_only=True: MiniLM's hparams, no tensors."""
+    K = gguf.Keys
+    return write_vocab_gguf(path, metadata, "bert", {
+        K.LLM.CONTEXT_LENGTH: 512, K.LLM.EMBEDDING_LENGTH: 384, K.LLM.BLOCK_COUNT: 6, K.LLM.FEED_FORWARD_LENGTH: 1536,
+        K.Attention.HEAD_COUNT: 12, K.Attention.LAYERNORM_EPS: 1e-12})
 
 
 def vocab_facts(v: Vocab) -> tuple[int | None, ...]:
@@ -298,7 +246,7 @@ def test_detokenize_cleans_spaces(minilm: Vocab) -> None:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_matches_llama_cpp(bert_vocabs: dict[str, Vocab], bert_oracles: dict[str, Oracle], variant: str) -> None:
     mine, o = bert_vocabs[variant], bert_oracles[variant]
-    assert vocab_facts(mine) == o.facts()
+    assert vocab_facts(mine) == o.facts(sep=True)
     for text in TEXTS:
         for add_special in (False, True):
             for parse_special in (False, True):

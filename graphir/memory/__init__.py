@@ -133,3 +133,18 @@ class Memory:
     def clone(self) -> Memory:
         """A deep copy (cells and buffers), compatible with the same contexts."""
         raise self._cannot("clone")
+
+
+class CellMemory(Memory):
+    """A memory of cells, each with a position (``pos``, -1 empty) and a set of sequences (bit s of ``seq``)."""
+
+    pos: np.ndarray
+    seq: np.ndarray
+    n_seq_max: int
+
+    def _holds(self, seq: int) -> np.ndarray:
+        return (self.seq >> np.uint64(seq)) & np.uint64(1) == 1
+
+    def _check_seq(self, seq: int, what: str) -> None:
+        if not 0 <= seq < self.n_seq_max:
+            raise GraphirError(f"{what}: seq id {seq} is outside [0, {self.n_seq_max}) (n_seq_max={self.n_seq_max})")

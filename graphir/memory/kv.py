@@ -37,7 +37,7 @@ from graphir.dims import DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
 from graphir.hparams import HParams
 from graphir.ir import Graph, Node
-from graphir.memory import Memory
+from graphir.memory import CellMemory
 
 if TYPE_CHECKING:
     from graphir.builder import GraphBuilder
@@ -112,7 +112,7 @@ def rope_plan(graph: Graph, weight: Callable[[str], Any]) -> tuple[bool, dict[in
     return ok, plan
 
 
-class KVCache(Memory):
+class KVCache(CellMemory):
     """Cells with a position (-1 = empty) and a set of sequence ids; K/V rows per layer per cell."""
 
     kind = "kv"
@@ -171,13 +171,6 @@ class KVCache(Memory):
     def bind_rope(self, shiftable: bool, plan: dict[int, RopeShift]) -> None:
         """Tell the cache how its K rows were rotated (see :func:`rope_plan`); needed by :meth:`update`."""
         self.shiftable, self.rope = shiftable, plan
-
-    def _holds(self, seq: int) -> np.ndarray:
-        return (self.seq >> np.uint64(seq)) & np.uint64(1) == 1
-
-    def _check_seq(self, seq: int, what: str) -> None:
-        if not 0 <= seq < self.n_seq_max:
-            raise GraphirError(f"{what}: seq id {seq} is outside [0, {self.n_seq_max}) (n_seq_max={self.n_seq_max})")
 
     def stream_of(self, seq: int) -> int:
         return 0 if self.unified else seq

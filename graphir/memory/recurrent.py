@@ -27,7 +27,7 @@ from graphir.dims import Dim, DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
 from graphir.hparams import HParams
 from graphir.ir import Node
-from graphir.memory import Memory
+from graphir.memory import CellMemory
 
 if TYPE_CHECKING:
     from graphir.builder import GraphBuilder
@@ -39,7 +39,7 @@ MAX_SEQ = 64  # sequence sets are uint64 bitmasks, as in the KV cache
 POS_INF = np.iinfo(np.int64).max
 
 
-class RecurrentMemory(Memory):
+class RecurrentMemory(CellMemory):
     kind = "recurrent"
     split = "equal"  # every sequence of a ubatch advances by the same number of tokens
 
@@ -86,16 +86,9 @@ class RecurrentMemory(Memory):
     def buffers(self) -> dict[str, np.ndarray]:
         return self._buffers
 
-    def _holds(self, seq: int) -> np.ndarray:
-        return (self.seq >> np.uint64(seq)) & np.uint64(1) == 1
-
     def _cell_of(self, seq: int, seqs: np.ndarray | None = None) -> int:
         cells = np.flatnonzero(((self.seq if seqs is None else seqs) >> np.uint64(seq)) & np.uint64(1))
         return int(cells[0]) if len(cells) else -1
-
-    def _check_seq(self, seq: int, what: str) -> None:
-        if not 0 <= seq < self.n_seq_max:
-            raise GraphirError(f"{what}: seq id {seq} is outside [0, {self.n_seq_max}) (n_seq_max={self.n_seq_max})")
 
     def seq_pos_max(self, seq: int) -> int:
         c = self._cell_of(seq)
