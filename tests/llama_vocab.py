@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # before llama_cpp loads libllama
 
@@ -45,3 +46,33 @@ class Oracle:
 
     def close(self) -> None:
         self.llm.close()
+
+
+def assert_same_text_handling(mine: Any, o: Oracle, texts: list[str]) -> None:
+    """Every text tokenizes as llama.cpp does (specials added or not, parsed or not), and llama.cpp's ids
+    detokenize to the same bytes under every flag combination."""
+    for text in texts:
+        for add_special in (False, True):
+            for parse_special in (False, True):
+                assert mine.tokenize(text, add_special, parse_special) == o.tokenize(
+                    text, add_special, parse_special
+                ), (text, add_special, parse_special)
+        assert_same_detokenize(mine, o, [o.tokenize(text, True, True)])
+
+
+def assert_same_detokenize(mine: Any, o: Oracle, cases: list[list[int]]) -> None:
+    """Each id list detokenizes to llama.cpp's bytes, with and without specials removed or unparsed."""
+    for ids in cases:
+        for remove_special in (False, True):
+            for unparse_special in (False, True):
+                assert mine.detokenize_bytes(ids, remove_special, unparse_special) == o.detokenize(
+                    ids, remove_special, unparse_special
+                ), (ids, remove_special, unparse_special)
+
+
+def assert_same_pieces(mine: Any, o: Oracle) -> None:
+    """Every token's piece (special or not) and the end-of-generation set equal llama.cpp's."""
+    for i in range(mine.n_vocab):
+        assert mine.token_to_piece(i, special=True) == o.piece(i, True), i
+        assert mine.token_to_piece(i, special=False) == o.piece(i, False), i
+    assert {i for i in range(mine.n_vocab) if o.is_eog(i)} == mine.eog_ids

@@ -28,7 +28,7 @@ from graphir.tokenizer import SUPPORTED_PRE_TOKENIZERS, Vocab, _unicode_class
 
 try:
     import llama_cpp
-    from llama_vocab import Oracle
+    from llama_vocab import Oracle, assert_same_detokenize, assert_same_pieces, assert_same_text_handling
 except ImportError:  # the conftest skips every `oracle` test, with its reason, where it is missing
     llama_cpp = None
 
@@ -159,31 +159,19 @@ def test_smollm2_matches_llama_cpp(smol: Vocab, smol_oracle: Oracle, text: str) 
     ids = smol_oracle.tokenize(text, False, True)
     if ids[:1] != [SMOL_BOS]:  # Llama.detokenize drops a space after a leading BOS; llama_detokenize does not
         assert smol.detokenize_bytes(ids) == smol_oracle.llm.detokenize(ids)
-    for remove_special in (False, True):
-        for unparse_special in (False, True):
-            assert smol.detokenize_bytes(ids, remove_special, unparse_special) == smol_oracle.detokenize(
-                ids, remove_special, unparse_special
-            )
+    assert_same_detokenize(smol, smol_oracle, [ids])
 
 
 @oracle
 def test_smollm2_pieces_and_eog_match_llama_cpp(smol: Vocab, smol_oracle: Oracle) -> None:
     assert (smol.bos, smol.eos, smol.add_bos, smol.add_eos) == smol_oracle.facts()
-    for i in range(smol.n_vocab):
-        assert smol.token_to_piece(i, special=True) == smol_oracle.piece(i, True), i
-        assert smol.token_to_piece(i, special=False) == smol_oracle.piece(i, False), i
-    assert {i for i in range(smol.n_vocab) if smol_oracle.is_eog(i)} == smol.eog_ids
+    assert_same_pieces(smol, smol_oracle)
 
 
 @oracle
 def test_smollm2_detokenize_special_ids_match_llama_cpp(smol: Vocab, smol_oracle: Oracle) -> None:
     cases = [[1, 19556, 2], [19556, 0], [2, 2, 1], [0], [], [216, 19556], [1, 216, 905], list(range(0, 40))]
-    for ids in cases:
-        for remove_special in (False, True):
-            for unparse_special in (False, True):
-                assert smol.detokenize_bytes(ids, remove_special, unparse_special) == smol_oracle.detokenize(
-                    ids, remove_special, unparse_special
-                ), (ids, remove_special, unparse_special)
+    assert_same_detokenize(smol, smol_oracle, cases)
 
 
 _fragments = st.one_of(
@@ -508,18 +496,7 @@ def test_spm_matches_llama_cpp(spm_files: dict[str, Path], spm_oracles: dict[str
     mine = Vocab.from_file(spm_files[variant])
     o = spm_oracles[variant]
     assert (mine.bos, mine.eos, mine.add_bos, mine.add_eos) == o.facts()
-    for text in SPM_TEXTS:
-        for add_special in (False, True):
-            for parse_special in (False, True):
-                assert mine.tokenize(text, add_special, parse_special) == o.tokenize(
-                    text, add_special, parse_special
-                ), (text, add_special, parse_special)
-        ids = o.tokenize(text, True, True)
-        for remove_special in (False, True):
-            for unparse_special in (False, True):
-                assert mine.detokenize_bytes(ids, remove_special, unparse_special) == o.detokenize(
-                    ids, remove_special, unparse_special
-                ), (text, remove_special, unparse_special)
+    assert_same_text_handling(mine, o, SPM_TEXTS)
     for i in range(mine.n_vocab):
         assert mine.token_to_piece(i, True) == o.piece(i, True)
         assert mine.token_to_piece(i, False) == o.piece(i, False)

@@ -28,7 +28,7 @@ from graphir.tokenizer import (_CJK, _CONTROL, _KEY_LOWERCASE, _KEY_STRIP_ACCENT
 
 try:
     import llama_cpp
-    from llama_vocab import Oracle
+    from llama_vocab import Oracle, assert_same_detokenize, assert_same_pieces, assert_same_text_handling
 except ImportError:  # the conftest skips every `oracle` test, with its reason, where it is missing
     llama_cpp = None
 
@@ -234,39 +234,20 @@ def test_detokenize_cleans_spaces(minilm: Vocab) -> None:
 def test_matches_llama_cpp(bert_vocabs: dict[str, Vocab], bert_oracles: dict[str, Oracle], variant: str) -> None:
     mine, o = bert_vocabs[variant], bert_oracles[variant]
     assert vocab_facts(mine) == o.facts(sep=True)
-    for text in TEXTS:
-        for add_special in (False, True):
-            for parse_special in (False, True):
-                assert mine.tokenize(text, add_special, parse_special) == o.tokenize(
-                    text, add_special, parse_special
-                ), (text, add_special, parse_special)
-        ids = o.tokenize(text, True, True)
-        for remove_special in (False, True):
-            for unparse_special in (False, True):
-                assert mine.detokenize_bytes(ids, remove_special, unparse_special) == o.detokenize(
-                    ids, remove_special, unparse_special
-                ), (text, remove_special, unparse_special)
+    assert_same_text_handling(mine, o, TEXTS)
 
 
 @oracle
 def test_pieces_and_eog_match_llama_cpp(minilm: Vocab, bert_oracles: dict[str, Oracle]) -> None:
     o = bert_oracles["minilm"]
-    for i in range(minilm.n_vocab):
-        assert minilm.token_to_piece(i, special=True) == o.piece(i, True), i
-        assert minilm.token_to_piece(i, special=False) == o.piece(i, False), i
-    assert {i for i in range(minilm.n_vocab) if llama_cpp.llama_vocab_is_eog(o.vocab, i)} == minilm.eog_ids
+    assert_same_pieces(minilm, o)
 
 
 @oracle
 def test_detokenize_special_ids_match_llama_cpp(minilm: Vocab, bert_oracles: dict[str, Oracle]) -> None:
     o = bert_oracles["minilm"]
     cases = [[CLS, 7592, SEP], [CLS], [SEP], [SEP, CLS], [7592, SEP, SEP], [], [UNK, PAD, MASK], list(range(995, 1040))]
-    for ids in cases:
-        for remove_special in (False, True):
-            for unparse_special in (False, True):
-                assert minilm.detokenize_bytes(ids, remove_special, unparse_special) == o.detokenize(
-                    ids, remove_special, unparse_special
-                ), (ids, remove_special, unparse_special)
+    assert_same_detokenize(minilm, o, cases)
 
 
 _fragments = st.one_of(
