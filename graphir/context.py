@@ -95,7 +95,7 @@ class Context:
             ubatches = SPLITS[mem.split](batch, pos, self.n_ubatch)
             plans = mem.prepare(ubatches)  # raises CacheFullError before anything changed
             mem.update()  # pending K-shift: the cells' contents change representation, not meaning
-            snap = mem.snapshot()
+            snap = mem.snapshot(plans)
             logits, embd, rows, pooled = [], [], [], {}
             try:
                 for ub, plan in zip(ubatches, plans):

@@ -292,6 +292,29 @@ def test_a_seq_id_beyond_n_seq_max_is_refused_naming_it_and_nothing_changes(tiny
 
 
 @RECURRENT
+def test_a_batch_whose_computation_fails_midway_leaves_the_states_as_they_were(
+        tiny: Callable[..., Model], arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first ubatch has already overwritten its sequences' states when the second one fails: the context
+    puts the cells and state rows back, so the next decode sees the states of before the failed batch."""
+    model = tiny(arch)
+    ctx = model.new_context(n_ctx=64, n_seq_max=2, n_ubatch=2)
+    ctx.decode(Batch(PROMPT[:6], None, [(0,), (1,)] * 3, [True] * 6))
+    before = memory_bytes(ctx)
+    run, calls = ctx.program.run, []
+
+    def failing(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("compute failed")
+        return run(*args, **kw)
+
+    monkeypatch.setattr(ctx.program, "run", failing)
+    with pytest.raises(RuntimeError, match="compute failed"):
+        ctx.decode(Batch(PROMPT[6:10], None, [(0,), (1,)] * 2, [True] * 4))
+    assert len(calls) == 2 and memory_bytes(ctx) == before
+
+
+@RECURRENT
 def test_more_sequences_than_the_recurrent_cache_holds_are_refused_and_the_others_go_on(
         tiny: Callable[..., Model], arch: str) -> None:
     """n_seq_max=2 holds two states; a third sequence is refused before anything runs, and the two continue

@@ -87,7 +87,8 @@ class Memory:
         """Graph inputs that persist between ubatches (cache tensors), by input name."""
         return {}
 
-    def snapshot(self) -> Any:
+    def snapshot(self, plans: list[Any]) -> Any:
+        """What :meth:`restore` needs to undo applying ``plans`` (from :meth:`prepare`), should a ubatch fail."""
         return None
 
     def restore(self, snap: Any) -> None:

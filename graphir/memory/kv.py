@@ -247,7 +247,7 @@ class KVCache(CellMemory):
     def _stream_of_cell(self, cell: int) -> int:
         return 0 if self.unified else cell // self.stream_size
 
-    def snapshot(self) -> Any:
+    def snapshot(self, plans: list[Any]) -> Any:  # K/V rows are only written into cells that were free
         return self.pos.copy(), self.seq.copy(), self.shift.copy(), list(self.heads)
 
     def restore(self, snap: Any) -> None:

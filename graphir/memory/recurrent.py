@@ -144,13 +144,15 @@ class RecurrentMemory(CellMemory):
         return {"rs_src": np.array([p[0] for p in plan], np.int32), "rs_dst": np.array([p[1] for p in plan], np.int64),
                 "n_seq_tokens": n, "n_seqs": len(sets)}
 
-    def snapshot(self) -> Any:
-        return self.pos.copy(), self.seq.copy(), {k: v.copy() for k, v in self._buffers.items()}
+    def snapshot(self, plans: list[Any]) -> Any:
+        """Cells and the state rows the plans will overwrite (their write cells), not the whole cache."""
+        cells = sorted({dst for plan in plans for _, dst, _ in plan})
+        return self.pos.copy(), self.seq.copy(), cells, {k: v[cells] for k, v in self._buffers.items()}
 
     def restore(self, snap: Any) -> None:
         self.pos, self.seq = snap[0].copy(), snap[1].copy()
-        for k, v in snap[2].items():
-            self._buffers[k][...] = v
+        for k, rows in snap[3].items():
+            self._buffers[k][snap[2]] = rows
 
     # ---- the memory API -----------------------------------------------------------------------------
 
