@@ -101,7 +101,7 @@ class Rwkv6(Architecture):
         k = b.op("mul_mat", b.w(T.TIME_MIX_KEY, il), xk, name="tm_k")
         v = b.op("mul_mat", b.w(T.TIME_MIX_VALUE, il), xv, name="tm_v")
         g = b.op("silu", b.op("mul_mat", b.w(T.TIME_MIX_GATE, il), xg, name="tm_g"), name="tm_g.silu")
-        k, v, r = (b.reshape(t, (hs, H, n_tok), name=f"{t.name.rsplit('.', 1)[-1]}.heads") for t in (k, v, r))
+        k, v, r = (b.reshape(t, (hs, H, n_tok), name=f"{tag}.heads") for tag, t in (("tm_k", k), ("tm_v", v), ("tm_r", r)))
         w = b.op("mul_mat", b.w(T.TIME_MIX_DECAY_W2, il),
                  b.op("tanh", b.op("mul_mat", b.w(T.TIME_MIX_DECAY_W1, il), xw, name="tm_decay_w1"),
                       name="tm_decay_w1.tanh"), name="tm_decay_w2")
@@ -152,14 +152,15 @@ class Rwkv6(Architecture):
                                  name="ffn_norm")
                 f_prev = self.shifted(b, ffn_shift, f, "ffn_prev")
                 new_shift = b.op("concat", *(b.op("view", t, shape=(E, 1, S), strides=(1, E, E * Ts), offset=last,
-                                                  name=f"{t.name.rsplit('.', 1)[-1]}.last") for t in (a, f)),
+                                                  name=f"{tag}.last") for tag, t in (("attn_norm", a), ("ffn_norm", f))),
                                  dim=1, name="shift.new")
                 b.store_rs("r", b.reshape(new_shift, (hp.n_embd_r, S), name="shift.rows"))
-                ffn_inp, f, f_prev = (b.reshape(t, (E, n_tok), name=f"{t.name.rsplit('.', 1)[-1]}.tokens")
-                                      for t in (ffn_inp, f, f_prev))
+                tags = ("ffn_inp", "ffn_norm", "ffn_prev")
+                ffn_inp, f, f_prev = (b.reshape(t, (E, n_tok), name=f"{tag}.tokens")
+                                      for tag, t in zip(tags, (ffn_inp, f, f_prev)))
                 if il == hp.n_layer - 1:  # only requested rows go on
-                    ffn_inp, f, f_prev = (b.op("get_rows", t, out_ids, name=f"{t.name.rsplit('.', 1)[-1]}.rows")
-                                          for t in (ffn_inp, f, f_prev))
+                    ffn_inp, f, f_prev = (b.op("get_rows", t, out_ids, name=f"{tag}.rows")
+                                          for tag, t in zip(tags, (ffn_inp, f, f_prev)))
                 x = b.op("add", self.channel_mix(b, f, f_prev, il), ffn_inp, name="l_out")
                 if hp.rescale_every_n_layers and (il + 1) % hp.rescale_every_n_layers == 0:
                     x = b.op("scale", x, s=0.5, name="l_out.rescaled")
