@@ -83,8 +83,9 @@ class Bert(Architecture):
                     b.reshape(v, (d, Hkv, T_), name="Vcur.heads"))
         qkv = b.linear(x, fused, b.w(T.ATTN_QKV, il, "bias"), name="wqkv")
         row = E + 2 * E_gqa
-        return tuple(b.op("view", qkv, shape=(d, h, T_), strides=(1, d, row), offset=off, name=tag)  # type: ignore
-                     for tag, h, off in (("Qcur", H, 0), ("Kcur", Hkv, E), ("Vcur", Hkv, E + E_gqa)))
+        q, k, v = (b.op("view", qkv, shape=(d, h, T_), strides=(1, d, row), offset=off, name=tag)
+                   for tag, h, off in (("Qcur", H, 0), ("Kcur", Hkv, E), ("Vcur", Hkv, E + E_gqa)))
+        return q, k, v
 
     def rope_qk(self, b: GraphBuilder, q: Node, k: Node, pos: Node) -> tuple[Node, Node]:
         return q, k  # BERT's positions are the learned table added to the input

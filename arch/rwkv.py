@@ -14,6 +14,7 @@ from gguf import Keys
 from graphir.architecture import Architecture, TensorSpec, spec
 from graphir.builder import GraphBuilder, Norm
 from graphir.errors import MetadataError
+from graphir.hparams import HParams
 from graphir.ir import Node
 
 _MIXES = 5  # w, k, v, r, g: the five token-shift interpolations of the time mix, in this order
@@ -25,7 +26,7 @@ class Rwkv6(Architecture):
     required_keys = (Keys.WKV.HEAD_SIZE, Keys.LLM.TIME_MIX_EXTRA_DIM, Keys.LLM.TIME_DECAY_EXTRA_DIM,
                      Keys.Attention.LAYERNORM_EPS, Keys.LLM.FEED_FORWARD_LENGTH)
 
-    def __init__(self, hp):  # type: ignore[no-untyped-def]
+    def __init__(self, hp: HParams):
         if hp.token_shift_count != 2:
             raise MetadataError(f"rwkv6 needs {Keys.LLM.TOKEN_SHIFT_COUNT.format(arch='rwkv6')} = 2 (attention and "
                                 f"FFN shift), got {hp.token_shift_count}")

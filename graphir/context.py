@@ -25,7 +25,7 @@ import numpy as np
 
 from graphir.batch import SPLITS, Batch, validate
 from graphir.errors import BatchError, GraphirError, StateError
-from graphir.memory import Memory
+from graphir.memory import CellMemory, Memory
 from graphir.memory.kv import KVCache
 from graphir.memory.none import NoMemory
 from graphir.memory.recurrent import RecurrentMemory
@@ -151,8 +151,8 @@ class Context:
             diff = [k for k, v in cur.hp.as_dict().items() if mem.hp.as_dict().get(k) != v]
             raise StateError(f"cannot set memory: it was made for a model with different hyperparameters "
                              f"({', '.join(diff)})")
-        if isinstance(cur, (KVCache, RecurrentMemory)):
-            theirs, ours = mem.layout(), cur.layout()  # type: ignore[attr-defined]
+        if isinstance(cur, CellMemory):
+            theirs, ours = mem.layout(), cur.layout()
             for k in ours:
                 if theirs[k] != ours[k]:
                     raise StateError(f"cannot set memory: {k}={theirs[k]!r}, this context has {k}={ours[k]!r}")

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from graphir.errors import StateError
+from graphir.memory import CellMemory
 from graphir.memory.kv import CACHE_DTYPES, KVCache
 from graphir.memory.recurrent import RecurrentMemory
 
@@ -139,19 +140,11 @@ class Saved:
     embd: np.ndarray | None = None
 
 
-def _memory(ctx: Context) -> KVCache | RecurrentMemory:
+def _memory(ctx: Context) -> CellMemory:
     mem = ctx.memory
-    if not isinstance(mem, (KVCache, RecurrentMemory)):
+    if not isinstance(mem, CellMemory):
         raise StateError(f"memory kind '{mem.kind}' keeps no state to save or load")
     return mem
-
-
-def _rows(mem: KVCache | RecurrentMemory, il: int) -> tuple[np.ndarray, np.ndarray]:
-    """Layer il's two per-cell buffers: K and V rows, or rolling and recurrent state rows."""
-    bufs = mem.buffers()
-    if isinstance(mem, KVCache):
-        return bufs[f"blk.{il}.cache_k"], bufs[f"blk.{il}.cache_v"]
-    return bufs[f"blk.{il}.rs_r"], bufs[f"blk.{il}.rs_s"]
 
 
 def write(ctx: Context, seq: int | None = None) -> bytes:
@@ -178,7 +171,7 @@ def write(ctx: Context, seq: int | None = None) -> bytes:
     w.s(lay["type_k"])
     w.s(lay["type_v"])
     w.u("IIB", lay["n_ctx"], lay["n_seq_max"], int(lay["unified"]))
-    k_rows, v_rows = _rows(mem, 0) if hp.n_layer else (np.zeros((0, 0)), np.zeros((0, 0)))
+    k_rows, v_rows = mem.cell_rows(0) if hp.n_layer else (np.zeros((0, 0)), np.zeros((0, 0)))
     w.u("IIIi", hp.n_layer, k_rows.shape[1], v_rows.shape[1], -1 if seq is None else seq)
     w.u("I", len(sel))
     w.arr(sel, np.int32)
@@ -186,7 +179,7 @@ def write(ctx: Context, seq: int | None = None) -> bytes:
     w.arr(mem.shift[sel], np.int64)
     w.arr(seqs, np.uint64)
     for il in range(hp.n_layer):
-        for b in _rows(mem, il):
+        for b in mem.cell_rows(il):
             w.arr(b[sel], b.dtype)
     if seq is None:
         logits = ctx._logits
@@ -282,12 +275,12 @@ def _check_model(ctx: Context, s: Saved) -> None:
                 if theirs.get(k) != ours.get(k)]
         raise StateError("state was saved from a model with different hyperparameters: "
                          + (", ".join(diff) if diff else "hparams hash differs"))
-    widths = tuple(b.shape[1] for b in _rows(mem, 0)) if hp.n_layer else (0, 0)
+    widths = tuple(b.shape[1] for b in mem.cell_rows(0)) if hp.n_layer else (0, 0)
     if (s.n_layer, s.k_width, s.v_width) != (hp.n_layer, *widths):
         raise StateError("state data is malformed: layer sizes disagree with its own hyperparameters")
 
 
-def _check_layout(mem: KVCache | RecurrentMemory, s: Saved, keys: tuple[str, ...]) -> None:
+def _check_layout(mem: CellMemory, s: Saved, keys: tuple[str, ...]) -> None:
     ours = mem.layout()
     for k in keys:
         if s.layout[k] != ours[k]:
@@ -321,7 +314,7 @@ def read(ctx: Context, data: Any) -> None:
     mem.clear(data=True)
     mem.pos[s.cell], mem.seq[s.cell], mem.shift[s.cell] = s.pos, s.seqs, s.shift
     for il in range(hp.n_layer):
-        k_buf, v_buf = _rows(mem, il)
+        k_buf, v_buf = mem.cell_rows(il)
         k_buf[s.cell], v_buf[s.cell] = s.k_rows[il], s.v_rows[il]
     if isinstance(mem, KVCache):
         for st in range(mem.n_stream):  # heads: just after the last used cell of each stream
@@ -360,5 +353,5 @@ def read_seq(ctx: Context, data: Any, dst: int) -> None:
     mem.pos[cells], mem.shift[cells] = s.pos, s.shift
     mem.seq[cells] = np.uint64(1 << dst)
     for il in range(ctx.model.hparams.n_layer):
-        k_buf, v_buf = _rows(mem, il)
+        k_buf, v_buf = mem.cell_rows(il)
         k_buf[cells], v_buf[cells] = s.k_rows[il], s.v_rows[il]

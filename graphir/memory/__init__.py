@@ -146,6 +146,14 @@ class CellMemory(Memory):
     def _holds(self, seq: int) -> np.ndarray:
         return (self.seq >> np.uint64(seq)) & np.uint64(1) == 1
 
+    def layout(self) -> dict[str, Any]:
+        """What must agree for two memories (or a memory and a saved state) to be interchangeable."""
+        raise NotImplementedError
+
+    def cell_rows(self, il: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer il's two per-cell buffers (what a saved state holds per cell): K and V, or r and s states."""
+        raise NotImplementedError
+
     def _check_seq(self, seq: int, what: str) -> None:
         if not 0 <= seq < self.n_seq_max:
             raise GraphirError(f"{what}: seq id {seq} is outside [0, {self.n_seq_max}) (n_seq_max={self.n_seq_max})")

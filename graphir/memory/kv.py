@@ -375,6 +375,9 @@ class KVCache(CellMemory):
         new._buffers = {k: v.copy() for k, v in self._buffers.items()}
         return new
 
+    def cell_rows(self, il: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._buffers[f"blk.{il}.cache_k"], self._buffers[f"blk.{il}.cache_v"]
+
     def layout(self) -> dict[str, Any]:
         """What must agree for two caches (or a cache and a saved state) to be interchangeable."""
         return {"kind": self.kind, "type_k": self.type_k, "type_v": self.type_v, "n_ctx": self.n_ctx,

@@ -231,6 +231,9 @@ class RecurrentMemory(CellMemory):
         new._buffers = {k: v.copy() for k, v in self._buffers.items()}
         return new
 
+    def cell_rows(self, il: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._buffers[f"blk.{il}.rs_r"], self._buffers[f"blk.{il}.rs_s"]
+
     def layout(self) -> dict[str, Any]:
         return {"kind": self.kind, "type_k": "f32", "type_v": "f32", "n_ctx": self.size,
                 "n_seq_max": self.n_seq_max, "unified": True}
