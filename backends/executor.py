@@ -15,6 +15,7 @@ import numpy as np
 
 from graphir.backends import kernels as K
 from graphir.backends import recurrent as R
+from graphir.backends.isa import IsaPath
 from graphir.backends.quant import QWeight
 from graphir.dims import Sym
 from graphir.ir import Graph, Node
@@ -42,12 +43,12 @@ def _dense_kept() -> Callable[[Any], np.ndarray]:
     return dense
 
 
-def _mul_mat(w: Any, x: np.ndarray) -> np.ndarray:
+def _mul_mat(w: Any, x: np.ndarray, path: IsaPath) -> np.ndarray:
     """ggml mul_mat: out[..., n, m] = sum_k w[..., m, k] x[..., n, k]; w's batch dims broadcast over x's."""
     if isinstance(w, QWeight):
         y = w.matmul(np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32))
         return y.reshape(x.shape[:-1] + (w.rows,))
-    return K.mul_mat(w, x)
+    return K.mul_mat(w, x, path)
 
 
 def _broadcast(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -99,11 +100,12 @@ def _shape_fn(shape: tuple[Any, ...]) -> Callable[[Env], tuple[int, ...]]:
 
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
-_UNARY = ("silu", "gelu", "relu", "sqr", "neg", "exp", "tanh", "sigmoid")
+_UNARY = ("gelu", "relu", "sqr", "neg", "exp", "tanh", "sigmoid")
 
 
-def _step(n: Node, memo: threading.local) -> Callable[..., np.ndarray]:
-    """The kernel for one node with its attributes bound: f(env, *operands) -> value.
+def _step(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., np.ndarray]:
+    """The kernel for one node with its attributes bound: f(env, *operands) -> value; `path`: the llama.cpp
+    CPU path whose arithmetic the kernels reproduce.
 
     ``memo.d`` lives for one run of one thread: values every layer would recompute (RoPE's cos/sin) are made
     once, and contexts sharing a program from several threads never see each other's.
@@ -112,20 +114,23 @@ def _step(n: Node, memo: threading.local) -> Callable[..., np.ndarray]:
     if op == "get_rows":
         return lambda env, src, ids: src.get_rows(ids) if isinstance(src, QWeight) else src[ids].astype(np.float32)
     if op == "mul_mat":
-        return lambda env, w, x: _mul_mat(w, x)
+        return lambda env, w, x: _mul_mat(w, x, path)
     if op in _BINARY:
         f = _BINARY[op]
         return lambda env, x, y: f(x, _broadcast(_dense(y), x.shape), dtype=np.float32)
     if op == "scale":
         return lambda env, x: x * np.float32(a["s"])
-    if op in ("rms_norm", "norm"):
-        f = K.rms_norm if op == "rms_norm" else K.norm
-        return lambda env, x: f(x, a["eps"])
+    if op == "rms_norm":
+        return lambda env, x: K.rms_norm(x, a["eps"])
+    if op == "norm":
+        return lambda env, x: K.norm(x, a["eps"], path)
+    if op == "silu":
+        return lambda env, x: K.silu(x, path)
     if op in _UNARY:
         f = getattr(K, op)
         return lambda env, x: f(x)
     if op == "swiglu":
-        return lambda env, g, u: K.silu(g) * u
+        return lambda env, g, u: K.silu(g, path) * u
     if op == "geglu":
         return lambda env, g, u: K.geglu(g, u)
     if op == "rope":
@@ -140,7 +145,7 @@ def _step(n: Node, memo: threading.local) -> Callable[..., np.ndarray]:
         return rope
     if op == "soft_max":
         return lambda env, x, mask=None: K.soft_max(x, None if mask is None else _broadcast(mask, x.shape),
-                                                    a["scale"], a["max_bias"])
+                                                    a["scale"], a["max_bias"], path)
     if op == "reshape":
         shape = _shape_fn(a["shape"])
         return lambda env, x: x.reshape(shape(env))
@@ -183,7 +188,7 @@ def _step(n: Node, memo: threading.local) -> Callable[..., np.ndarray]:
 class Program:
     """A graph ready to run: steps in topological order, leaves bound to weights or to named feeds."""
 
-    def __init__(self, graph: Graph, weights: Callable[[str], Any]):
+    def __init__(self, graph: Graph, weights: Callable[[str], Any], path: IsaPath):
         index = {id(n): i for i, n in enumerate(graph.nodes)}
         last_use = {i: i for i in range(len(graph.nodes))}
         for i, n in enumerate(graph.nodes):
@@ -208,7 +213,7 @@ class Program:
             else:
                 free = tuple(sorted({index[id(x)] for x in n.inputs
                                      if last_use[index[id(x)]] == i and index[id(x)] not in keep}))
-                self.steps.append((_step(n, self.memo), i, tuple(index[id(x)] for x in n.inputs), free))
+                self.steps.append((_step(n, self.memo, path), i, tuple(index[id(x)] for x in n.inputs), free))
         self.outputs = {role: index[id(n)] for role, n in graph.outputs.items()}
         self.names = [n.name for n in graph.nodes]
 

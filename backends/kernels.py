@@ -1,28 +1,30 @@
 """Activation kernels of the IR's ops, written to reproduce ggml's CPU arithmetic (llama.cpp's oracle) bit for bit.
 
 Arrays are in numpy order (the reverse of the IR's ggml order): a ggml ``[576, n_tokens]`` value is a
-numpy ``(n_tokens, 576)`` array. The reference is llama.cpp's ggml-cpu as built on x86 with AVX-512 (GCC,
--march=native: FMA contraction on, ggml_v_expf's AVX-512 variant, llamafile's tinyBLAS enabled). Each kernel
-says which ggml function it follows and in what order it sums; where ggml sums in double, so do these.
+numpy ``(n_tokens, 576)`` array. The reference is llama.cpp's ggml-cpu as built on x86 (GCC, FMA contraction
+on, llamafile's tinyBLAS enabled) for one of the paths of :mod:`graphir.backends.isa`: the kernels that
+depend on it take an ``IsaPath`` (its register width ``lanes``, its final vector reduction, its ggml_v_expf).
+Each kernel says which ggml function it follows and in what order it sums; where ggml sums in double, so do
+these. "A register" below is ``lanes`` floats: 16 on the AVX-512 path, 8 on the AVX2 path.
 
 What makes the attention exact (numba kernels below):
     mul_mat of f16/f32 activations: ggml converts the other operand to the cache type (f32 -> f16, nearest
     even), then per output element either tinyBLAS (llamafile sgemm, taken for n >= 2 columns when the inner
-    length is a multiple of 16: one 16-lane FMA chain, then _mm512_reduce_add_ps) or ggml_vec_dot_f16/f32
-    (n = 1: four 16-lane FMA chains over 64-element steps, reduced (0+2, 1+3, then 0+1) and summed, the tail
-    added in double for f16 / fused in float for f32).
+    length is a multiple of a register: one FMA chain per lane, then the register's sum) or
+    ggml_vec_dot_f16/f32 (n = 1: four registers of FMA chains over steps of 4 registers, reduced (0+2, 1+3,
+    then 0+1) and summed by the path's final reduction, the tail added in double for f16 / fused in float
+    for f32).
     llama.cpp's KV length n_kv is padded to a multiple of 256 with masked cells; graphir attends over the used
     cells only. Padding changes the paths (SIMD blocks instead of scalar tails) but not the values (masked
     probabilities are exactly 0), so soft_max with a mask and the mul_mat that consumes its output emulate the
     padded length (``pad``; by default taken from the mask / from soft_max's result).
-    soft_max: ggml_soft_max_f32 (scale, + mask, max, ggml_vec_soft_max_f32: ggml_v_expf per 16 and a double
-    sum of _mm512_reduce_add_ps per 16, then * (float)(1/sum)).
+    soft_max: ggml_soft_max_f32 (scale, + mask, max, ggml_vec_soft_max_f32: ggml_v_expf per register and a
+    double sum of each register's sum, then * (float)(1/sum)).
 RoPE: cos/sin from glibc's cosf/sinf (numba's math.cos on float32; numpy's float32 cos differs in ~15% of
     angles), angles by repeated float32 multiplication; the rotation as GCC vectorized it: x0*cos - x1*sin with
     the second product rounded and the first fused, x0*sin + x1*cos with x1*cos rounded and x0*sin fused.
 rms_norm: squares in float, summed sequentially in double.
 """
-
 from __future__ import annotations
 
 import ctypes
@@ -34,7 +36,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels_util import bits_f32, bits_u32, f16_bits, fma, hsum16
+from graphir.backends import isa
+from graphir.backends.kernels_util import bits_f32, bits_u32, f16_bits, fma, hsum8, hsum16
 
 F32 = np.float32
 # error_model="numpy": a float division by zero gives inf/nan as in C; numba's default (raise) keeps a branch in
@@ -63,18 +66,28 @@ def _fma32(a, b, c):
     return fma(F32(a), F32(b), F32(c))
 
 
+@njit(**_INL)
+def _hsum(v, o, lanes):
+    """The sum of one register, v[o:o + lanes], halved down to one lane: _mm512_reduce_add_ps for 16 lanes,
+    hsum_float_8 (and soft_max's / the variance's extract-movehl-movehdup sequence) for 8."""
+    if lanes == 16:
+        return hsum16(v[o:o + 16])
+    return hsum8(v[o], v[o + 1], v[o + 2], v[o + 3], v[o + 4], v[o + 5], v[o + 6], v[o + 7])
+
+
 # ---------------------------------------------------------------------------------------------------------
-# exp: ggml_v_expf (AVX-512), one lane
+# exp: ggml_v_expf, one lane, in the variant of the path (isa.EXPF_*)
 # ---------------------------------------------------------------------------------------------------------
 
 _E = [F32(float.fromhex(h)) for h in ("0x1.8p23", "0x1.715476p+0", "0x1.7f7d1cp-20", "0x1.62e4p-1", "0x1.0e4020p-7",
                                        "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1")]
 _R, _LOG2E, _LN2_LO, _LN2_HI, _C5, _C4, _C3, _C2, _C1 = _E
-_ONE, _ZERO, _INF, _N192 = F32(1.0), F32(0.0), F32(np.inf), F32(192.0)
+_ONE, _ZERO, _INF, _N126, _N192 = F32(1.0), F32(0.0), F32(np.inf), F32(126.0), F32(192.0)
+_EXPF_SPLIT = isa.EXPF_SPLIT
 
 
 @njit(**_INL)
-def _v_expf(x):
+def _v_expf_scalef(x):
     """ggml_v_expf (vec.h, AVX-512) for one lane: 2^n range reduction, degree-5 polynomial, scalef.
 
     NOTE: not libm's expf (up to ~1.5 ulp apart); llama.cpp's SiLU and softmax use it. scalef(j, n) = j * 2^n
@@ -94,41 +107,59 @@ def _v_expf(x):
     return res
 
 
-@njit(**_SER)
-def _exp_rows(x, out):
-    """exp along rows as ggml's row loops compute it: ggml_v_expf on full 16-blocks, libm expf for the tail."""
-    rows, n = x.shape
-    head = n >> 4 << 4
-    for r in range(rows):
-        for i in range(head):
-            out[r, i] = _v_expf(x[r, i])
-        for i in range(head, n):
-            out[r, i] = math.exp(x[r, i])
+@njit(**_INL)
+def _v_expf_split(x):
+    """ggml_v_expf (vec.h, AVX2) for one lane: the same reduction, a polynomial j without its constant 1 and
+    k = 2^n from z's bits, result k + k*j; for |n| > 126 the power is split into s1 * s2 so it cannot
+    overflow early, and past |n| > 192 the result is s1 * s1 (0 or inf). Integer steps wrap at 32 bits as
+    the vector instructions do (bits_f32 keeps the low 32)."""
+    z = fma(x, _LOG2E, _R)
+    n = z - _R
+    b = fma(-n, _LN2_LO, fma(-n, _LN2_HI, x))
+    e = np.uint64(bits_u32(z)) << np.uint64(23)
+    k = bits_f32(e + np.uint64(0x3F800000))
+    u = b * b
+    j = fma(fma(fma(_C5, b, _C4), u, fma(_C3, b, _C2)), u, _C1 * b)
+    if not abs(n) > _N126:                                  # _CMP_GT_OQ: NaN takes this branch too
+        return fma(j, k, k)
+    g = np.uint64(0x82000000) if n <= _ZERO else np.uint64(0)
+    s1 = bits_f32(g + np.uint64(0x7F000000))
+    if abs(n) > _N192:
+        return s1 * s1
+    s2 = bits_f32(e - g)
+    return fma(s2, j, s2) * s1
 
 
 @njit(**_INL)
-def _silu_row(x, out):
-    """ggml_v_silu (x / (1 + exp(0 - x)), 16 lanes) on full 16-blocks, ggml_silu_f32 (libm expf) for the tail."""
+def _v_expf(x, variant):
+    if variant == _EXPF_SPLIT:
+        return _v_expf_split(x)
+    return _v_expf_scalef(x)
+
+
+@njit(**_INL)
+def _silu_row(x, lanes, variant, out):
+    """ggml_v_silu (x / (1 + exp(0 - x))) on full blocks of `lanes`, ggml_silu_f32 (libm expf) for the tail."""
     n = x.shape[0]
-    head = n >> 4 << 4
+    head = n // lanes * lanes
     for i in range(head):
         v = x[i]
-        out[i] = v / (_ONE + _v_expf(_ZERO - v))
+        out[i] = v / (_ONE + _v_expf(_ZERO - v, variant))
     for i in range(head, n):
         v = x[i]
         out[i] = v / (_ONE + math.exp(-v))
 
 
 @njit(**_PAR)
-def _silu_par(x, out):
+def _silu_par(x, lanes, variant, out):
     for r in prange(x.shape[0]):
-        _silu_row(x[r], out[r])
+        _silu_row(x[r], lanes, variant, out[r])
 
 
 @njit(**_SER)
-def _silu_ser(x, out):
+def _silu_ser(x, lanes, variant, out):
     for r in range(x.shape[0]):
-        _silu_row(x[r], out[r])
+        _silu_row(x[r], lanes, variant, out[r])
 
 
 _PAR_MIN = 1 << 15      # elements from which a kernel's parallel variant pays for waking the worker threads
@@ -138,33 +169,13 @@ def _rows(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=F32).reshape(-1, x.shape[-1] if x.ndim else 1)
 
 
-def _expf_vec(x: np.ndarray) -> np.ndarray:
-    """ggml_v_expf elementwise (every element as a SIMD lane)."""
-    x = np.asarray(x, F32)
-    n = x.size
-    padded = np.zeros((1, n + (-n) % 16), F32)
-    padded[0, :n] = x.reshape(-1)
-    res = np.empty_like(padded)
-    _exp_rows(padded, res)
-    return res[0, :n].reshape(x.shape)
-
-
-def expf(x: np.ndarray) -> np.ndarray:
-    """exp along the last axis as ggml's row loops compute it: SIMD blocks of 16, libm for the tail."""
-    x = np.asarray(x, F32)
-    r = _rows(x)
-    out = np.empty_like(r)
-    _exp_rows(r, out)
-    return out.reshape(x.shape)
-
-
-def silu(x: np.ndarray) -> np.ndarray:
+def silu(x: np.ndarray, path: isa.IsaPath) -> np.ndarray:
     if x.dtype != F32:          # ggml_vec_silu_f16: per element in f32 with libm expf
         xf = x.astype(F32)
         return xf / (F32(1) + np.exp(-xf.astype(np.float64)).astype(F32))
     r = _rows(x)
     out = np.empty_like(r)
-    (_silu_par if r.size >= _PAR_MIN else _silu_ser)(r, out)
+    (_silu_par if r.size >= _PAR_MIN else _silu_ser)(r, path.lanes, path.expf, out)
     return out.reshape(x.shape)
 
 
@@ -305,11 +316,11 @@ def _rms_norm_ser(x, eps, out):
 
 
 @njit(**_SER)
-def _norm_rows(x, eps, out):
+def _norm_rows(x, eps, lanes, out):
     """ggml_compute_forward_norm_f32: mean = (float)(double sum)/n; ggml_vec_cvar_f32 (x - mean, squares summed
-    per 16 with _mm512_reduce_add_ps into a double, the tail one by one); scale = 1/sqrtf(var + eps)."""
+    per register of `lanes` into a double, the tail one by one); scale = 1/sqrtf(var + eps)."""
     rows, n = x.shape
-    head = n >> 4 << 4
+    head = n // lanes * lanes
     sq = np.empty(16, F32)
     for r in range(rows):
         s = 0.0
@@ -317,12 +328,12 @@ def _norm_rows(x, eps, out):
             s += np.float64(x[r, i])
         mean = F32(s) / F32(n)
         v2 = 0.0
-        for b in range(0, head, 16):
-            for t in range(16):
+        for b in range(0, head, lanes):
+            for t in range(lanes):
                 d = x[r, b + t] - mean
                 out[r, b + t] = d
                 sq[t] = d * d
-            v2 += np.float64(hsum16(sq))
+            v2 += np.float64(_hsum(sq, 0, lanes))
         for i in range(head, n):
             d = x[r, i] - mean
             out[r, i] = d
@@ -339,10 +350,10 @@ def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-def norm(x: np.ndarray, eps: float) -> np.ndarray:
+def norm(x: np.ndarray, eps: float, path: isa.IsaPath) -> np.ndarray:
     r = _rows(x)
     out = np.empty_like(r)
-    _norm_rows(r, F32(eps), out)
+    _norm_rows(r, F32(eps), path.lanes, out)
     return out.reshape(x.shape)
 
 
@@ -351,9 +362,9 @@ def norm(x: np.ndarray, eps: float) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------
 
 @njit(**_INL)
-def _soft_max_row(x, m, scale, head, w, out):
+def _soft_max_row(x, m, scale, head, lanes, variant, w, out):
     """ggml_compute_forward_soft_max_f32 for one row: w = x*scale (+ mask row m, if it has the row's length),
-    max, ggml_vec_soft_max_f32 (ggml_v_expf per 16-block, each block's _mm512_reduce_add_ps added to a double;
+    max, ggml_vec_soft_max_f32 (ggml_v_expf per register of `lanes`, each register's sum added to a double;
     cells past n up to `head` are the padding's -inf cells, exp 0; libm expf for a tail past `head`), then
     * (float)(1/sum). w: scratch of at least max(n, head)."""
     n = x.shape[0]
@@ -368,10 +379,10 @@ def _soft_max_row(x, m, scale, head, w, out):
     for i in range(n, head):
         w[i] = -_INF
     for i in range(head):
-        w[i] = _v_expf(w[i] - mx)
+        w[i] = _v_expf(w[i] - mx, variant)
     s = 0.0
-    for b in range(0, head, 16):
-        s += np.float64(hsum16(w[b:b + 16]))
+    for b in range(0, head, lanes):
+        s += np.float64(_hsum(w, b, lanes))
     for i in range(head, n):
         w[i] = math.exp(w[i] - mx)
         s += np.float64(w[i])
@@ -381,21 +392,21 @@ def _soft_max_row(x, m, scale, head, w, out):
 
 
 @njit(**_PAR)
-def _soft_max_par(x, mask, mrows, scale, head, out):
+def _soft_max_par(x, mask, mrows, scale, head, lanes, variant, out):
     """Row r reads mask row r % mrows (mrows = 0: no mask)."""
     for r in prange(x.shape[0]):
         w = np.empty(max(head, x.shape[1]), F32)
-        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, w, out[r])
+        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r])
 
 
 @njit(**_SER)
-def _soft_max_ser(x, mask, mrows, scale, head, out):
+def _soft_max_ser(x, mask, mrows, scale, head, lanes, variant, out):
     w = np.empty(max(head, x.shape[1]), F32)
     for r in range(x.shape[0]):
-        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, w, out[r])
+        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r])
 
 
-def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: float,
+def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: float, path: isa.IsaPath,
              pad: int | None = None) -> np.ndarray:
     """softmax over the last numpy axis of x*scale + mask (mask broadcast over x's leading axes).
 
@@ -420,8 +431,9 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: flo
             m = np.ascontiguousarray(np.broadcast_to(lead, shape), dtype=F32).reshape(-1, n)
         mrows = m.shape[0]
     out = np.empty_like(r)
-    head = -(-n // 16) * 16 if pad > 1 else n // 16 * 16   # padded: every element in a 16-block
-    (_soft_max_par if r.size >= _PAR_MIN else _soft_max_ser)(r, m, mrows, F32(scale), head, out)
+    lanes = path.lanes
+    head = -(-n // lanes) * lanes if pad > 1 else n // lanes * lanes   # padded: every element in a register
+    (_soft_max_par if r.size >= _PAR_MIN else _soft_max_ser)(r, m, mrows, F32(scale), head, lanes, path.expf, out)
     out = out.reshape(shape)
     if pad > 1:
         out = out.view(_Probs)
@@ -434,6 +446,7 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: flo
 # ---------------------------------------------------------------------------------------------------------
 
 _TINYBLAS, _VEC_F16, _VEC_F32 = 0, 1, 2
+_REDUCE_HADD = isa.REDUCE_HADD
 _MM_PAR_MIN = 1 << 14    # multiply-adds from which the parallel variant is faster (measured)
 
 
@@ -480,10 +493,10 @@ def _to_f32_row(s, kind, d):
 
 
 @njit(**_INL)
-def _mm_task(w1, wb0, wsm, x1, xo, kq, k, mm, lanes, simd, mode, acc, s16, out_row):
+def _mm_task(w1, wb0, wsm, x1, xo, kq, k, mm, reg, reduce, simd, mode, acc, s16, out_row):
     """One (b, n): out_row[m] = dot(w row wb0 + m * wsm, x row at xo) for every m (see _mm_par). Flat arrays
     indexed with unsigned offsets: no views per row, no negative-index wrap, so the lane loops vectorize."""
-    quarter = lanes >> 2
+    lanes = reg if mode == _TINYBLAS else 4 * reg
     u = np.uint64
     xb = u(xo)
     for m in range(mm):
@@ -498,11 +511,14 @@ def _mm_task(w1, wb0, wsm, x1, xo, kq, k, mm, lanes, simd, mode, acc, s16, out_r
         else:
             acc[:] = 0.0
         if mode == _TINYBLAS:
-            v = hsum16(acc)                                   # _mm512_reduce_add_ps
+            v = _hsum(acc, 0, reg)                            # tinyBLAS's hsum of its one register
         else:
-            for t in range(quarter):                          # GGML_F32x16_REDUCE: (0 + 2) + (1 + 3), then reduce
-                s16[t] = (acc[t] + acc[32 + t]) + (acc[16 + t] + acc[48 + t])
-            v = hsum16(s16)
+            for t in range(reg):                              # GGML_F32_VEC_REDUCE: registers (0 + 2) + (1 + 3) ...
+                s16[t] = (acc[t] + acc[2 * reg + t]) + (acc[reg + t] + acc[3 * reg + t])
+            if reduce == _REDUCE_HADD:                        # ... then 256 -> 128 bits and _mm_hadd_ps twice
+                v = ((s16[0] + s16[4]) + (s16[1] + s16[5])) + ((s16[2] + s16[6]) + (s16[3] + s16[7]))
+            else:                                             # ... or _mm512_reduce_add_ps
+                v = _hsum(s16, 0, reg)
         if mode == _VEC_F16:
             s = np.float64(v)
             for c in range(simd, k):
@@ -515,15 +531,16 @@ def _mm_task(w1, wb0, wsm, x1, xo, kq, k, mm, lanes, simd, mode, acc, s16, out_r
 
 
 @njit(**_PAR)
-def _mm_par(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq, kp, mode, out):
+def _mm_par(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq, kp, reg, reduce, mode, out):
     """out[b, n, m] = dot(w row (b // ratio) * wsb + m * wsm, x row b * xsb + n * xsn), the rows of wsrc/xsrc
     (R, k) converted to float32 (_to_f32_row kinds) and zero-padded to kq (a multiple of 64) first.
 
-    The lanes of one dot product run along the contraction axis, as in ggml: element c goes to lane c % 16
-    (tinyBLAS: one FMA chain per lane) or c % 64 (vec_dot: lane t of sum[j], j = c % 64 // 16); elements past
-    the SIMD part of vec_dot (c >= kp - kp % 64) form its scalar tail. kp: the padded length ggml sees; its
-    extra elements are zeros, which leave every FMA chain unchanged. (Loop bounds are runtime values on
-    purpose: constant 16/64-trip loops get unrolled instead of vectorized.) _mm_ser: the same, one thread."""
+    The lanes of one dot product run along the contraction axis, as in ggml, with `reg` lanes a register:
+    element c goes to lane c % reg (tinyBLAS: one FMA chain per lane) or c % (4 reg) (vec_dot: lane t of
+    sum[j], j = c % (4 reg) // reg); elements past the SIMD part of vec_dot (c >= kp - kp % (4 reg)) form its
+    scalar tail. kp: the padded length ggml sees; its extra elements are zeros, which leave every FMA chain
+    unchanged. (Loop bounds are runtime values on purpose: constant-trip loops get unrolled instead of
+    vectorized.) _mm_ser: the same, one thread."""
     k = wsrc.shape[1]
     w = np.empty((wsrc.shape[0], kq), F32)
     x = np.empty((xsrc.shape[0], kq), F32)
@@ -531,18 +548,17 @@ def _mm_par(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq,
         _to_f32_row(wsrc[r], wkind, w[r])
     for r in prange(xsrc.shape[0]):
         _to_f32_row(xsrc[r], xkind, x[r])
-    lanes = 16 if mode == _TINYBLAS else 64
-    simd = kq if mode == _TINYBLAS else min(kq, kp >> 6 << 6)
+    simd = kq if mode == _TINYBLAS else min(kq, kp // (4 * reg) * (4 * reg))
     w1, x1 = w.reshape(-1), x.reshape(-1)
     for task in prange(bx * nn):
         b, i = task // nn, task % nn
         acc, s16 = np.empty(64, F32), np.empty(16, F32)
-        _mm_task(w1, (b // ratio) * wsb, wsm, x1, (b * xsb + i * xsn) * kq, kq, k, mm, lanes, simd, mode, acc, s16,
-                 out[b, i])
+        _mm_task(w1, (b // ratio) * wsb, wsm, x1, (b * xsb + i * xsn) * kq, kq, k, mm, reg, reduce, simd, mode, acc,
+                 s16, out[b, i])
 
 
 @njit(**_SER)
-def _mm_ser(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq, kp, mode, out):
+def _mm_ser(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq, kp, reg, reduce, mode, out):
     k = wsrc.shape[1]
     w = np.empty((wsrc.shape[0], kq), F32)
     x = np.empty((xsrc.shape[0], kq), F32)
@@ -550,14 +566,13 @@ def _mm_ser(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq,
         _to_f32_row(wsrc[r], wkind, w[r])
     for r in range(xsrc.shape[0]):
         _to_f32_row(xsrc[r], xkind, x[r])
-    lanes = 16 if mode == _TINYBLAS else 64
-    simd = kq if mode == _TINYBLAS else min(kq, kp >> 6 << 6)
+    simd = kq if mode == _TINYBLAS else min(kq, kp // (4 * reg) * (4 * reg))
     w1, x1 = w.reshape(-1), x.reshape(-1)
     acc, s16 = np.empty(64, F32), np.empty(16, F32)
     for task in range(bx * nn):
         b, i = task // nn, task % nn
-        _mm_task(w1, (b // ratio) * wsb, wsm, x1, (b * xsb + i * xsn) * kq, kq, k, mm, lanes, simd, mode, acc, s16,
-                 out[b, i])
+        _mm_task(w1, (b // ratio) * wsb, wsm, x1, (b * xsb + i * xsn) * kq, kq, k, mm, reg, reduce, simd, mode, acc,
+                 s16, out[b, i])
 
 
 def _as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -571,15 +586,17 @@ def _as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     return np.ascontiguousarray(a).reshape(-1, a.shape[2]), a.shape[1], 1
 
 
-def mul_mat(w: np.ndarray, x: np.ndarray, pad: int | None = None) -> np.ndarray:
+def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = None) -> np.ndarray:
     """Activation x activation (attention): out[b, n, m] = sum_k w[b', m, k] x[b, n, k], with ggml's broadcast
     b' = b // (B/A) per batch dim (query head h reads kv head h // (n_head / n_head_kv)).
 
     w f16 (the f16 KV cache): x is rounded to f16 first, as ggml converts src1 to the vec_dot type.
     Path per ggml_compute_forward_mul_mat: tinyBLAS for n >= 2 columns when the (padded) inner length is a
-    multiple of 16 (f16 always, after the conversion; f32 only when src1 is contiguous, i.e. soft_max's
-    output), else ggml_vec_dot_f16/f32. pad: the contraction length llama.cpp sees is a multiple of this
-    (default: the kv_pad of a soft_max result, else 1). Only the path choice depends on it."""
+    multiple of the register's lanes (f16 always, after the conversion; f32 only when src1 is contiguous,
+    i.e. soft_max's output), else ggml_vec_dot_f16/f32. (tinyBLAS also wants m % 4 == 0, which attention
+    always meets: m is the padded KV length or the head size.) pad: the contraction length llama.cpp sees is
+    a multiple of this (default: the kv_pad of a soft_max result, else 1). Only the path choice depends on
+    it."""
     if pad is None:
         pad = getattr(x, "kv_pad", 1)
     x = np.asarray(x)
@@ -591,7 +608,7 @@ def mul_mat(w: np.ndarray, x: np.ndarray, pad: int | None = None) -> np.ndarray:
         raise ValueError(f"mul_mat: cannot broadcast {w.shape} over {x.shape}")
     k, n, m = x4.shape[-1], x4.shape[-2], w4.shape[-2]
     kp = -(-k // pad) * pad
-    if n >= 2 and kp % 16 == 0 and (mode16 or pad > 1):
+    if n >= 2 and kp % path.lanes == 0 and (mode16 or pad > 1):
         mode = _TINYBLAS
     else:
         mode = _VEC_F16 if mode16 else _VEC_F32
@@ -604,7 +621,7 @@ def mul_mat(w: np.ndarray, x: np.ndarray, pad: int | None = None) -> np.ndarray:
         xkind = (1 if xa.dtype == np.float16 else 2) if mode16 else (1 if xa.dtype == np.float16 else 0)
         fn = _mm_par if xa.shape[0] * n * m * kq >= _MM_PAR_MIN else _mm_ser
         fn(_bits(wrows), 1 if wa.dtype == np.float16 else 0, wsb, wsm, _bits(xrows), xkind, xsb, xsn,
-           xa.shape[0], n, m, xa.shape[0] // wa.shape[0], kq, kp, mode, out[a])
+           xa.shape[0], n, m, xa.shape[0] // wa.shape[0], kq, kp, path.lanes, path.reduce, mode, out[a])
     return out.reshape(out.shape[4 - r:])
 
 

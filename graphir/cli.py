@@ -264,6 +264,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     info["total_params"] = sum(t["params"] for t in tensors)
     known = [t["bytes"] for t in tensors if t["bytes"] is not None]
     info["total_bytes"] = sum(known)
+    num = _numerics(None)
+    info["numerics"] = {"path": num.path.name, "host": num.host, "exact": num.exact, "chosen_by": num.chosen_by}
 
     if args.json:
         _emit(json.dumps(info, indent=2, ensure_ascii=False) + "\n")
@@ -278,6 +280,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if kind == "graph":
         lines.append(f"graph    context {info['context']}, phase {info['phase']}")
     lines.append(f"arch     {arch_name}" + (f" (rope {rope})" if rope else ""))
+    lines.append(f"numerics {num.describe()}")
     lines.append("hparams")
     lines += _table([[k, _value(v)] for k, v in hparams.items() if k != "arch"])
     lines.append(f"tensors  {len(tensors)}")
@@ -317,7 +320,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from graphir.runtime import load
 
     t0 = time.perf_counter()
-    model = load(args.model)
+    model = load(args.model, _numerics(args.isa).path.name)
+    sys.stderr.write(f"numerics: {model.numerics.describe()}\n")
     # NOTE: the first decode loads the compiled kernels and repacks weights; do it before timing the prompt
     model.new_context(n_ctx=8).decode(Batch.one(0, 0))
     load_s = time.perf_counter() - t0
@@ -340,7 +344,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from graphir.batch import Batch
     from graphir.runtime import load
 
-    model = load(args.model)
+    model = load(args.model, _numerics(args.isa).path.name)
     ctx = model.new_context(n_ctx=args.ctx_size or None, pooling=args.pooling, embeddings=True, n_seq_max=len(args.prompt))
     tokens = [model.tokenize(text, add_special=True, parse_special=True) for text in args.prompt]
     for text, ids in zip(args.prompt, tokens):
@@ -368,6 +372,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _numerics(isa: str | None) -> Any:
+    """The llama.cpp CPU path the backend reproduces: --isa if given, else GRAPHIR_ISA or the host's."""
+    from graphir.backends.isa import numerics
+
+    return numerics(None if isa in (None, "auto") else isa)
+
+
 def _rate(n: float, seconds: float) -> str:
     return f"{n / seconds:.1f} tokens/s" if seconds > 0 and n else "- tokens/s"
 
@@ -380,6 +391,13 @@ def _graph_options(p: argparse.ArgumentParser) -> None:
                    help="memory kind the graph is built for (default: the architecture's, kv for decoders; a saved graph keeps its own)")
     p.add_argument("--phase", choices=PHASES, default=None,
                    help="prefill (n_tokens open) or decode (one token) (default: prefill; a saved graph keeps its own)")
+
+
+def _isa_option(p: argparse.ArgumentParser) -> None:
+    from graphir.backends.isa import PATHS
+
+    p.add_argument("--isa", choices=("auto", *PATHS), default="auto",
+                   help="the llama.cpp CPU path whose numbers to reproduce (default: auto, GRAPHIR_ISA or the host's)")
 
 
 SRC_HELP = "a GGUF file (full or header-only), a preset name (see `graphir archs`) or a saved graph (text or JSON)"
@@ -443,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: prompt + n)")
     p.add_argument("-b", "--batch-size", type=int, default=512, help="logical batch size (default: 512)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default: 512)")
+    _isa_option(p)
 
     p = add("embed", cmd_embed, "print the embedding of each prompt (pooled as the model says), one line each")
     p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file with weights (e.g. a converted BERT)")
@@ -451,6 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pooling", choices=("none", "mean", "cls", "last"), default=None,
                    help="how tokens are reduced (default: the model's; none prints the last token's embedding)")
     p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: the trained one, at most 4096)")
+    _isa_option(p)
 
     p = add("convert", cmd_convert, "convert a Hugging Face BERT checkpoint (safetensors) to a GGUF llama.cpp loads")
     p.add_argument("src", metavar="HF_DIR", help="the model directory: config.json, model.safetensors, tokenizer files")

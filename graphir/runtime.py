@@ -25,10 +25,13 @@ from graphir.weights import GGUFWeights
 class Model:
     """A GGUF model ready to run. Weights are memory-mapped and prepared per tensor on first use."""
 
-    def __init__(self, meta: ModelMeta):
+    def __init__(self, meta: ModelMeta, isa: str | None = None):
         if meta.header is None:
             raise GraphirError(f"{meta.label} is a preset: it has metadata but no weights; load a GGUF file")
+        from graphir.backends.isa import numerics
+
         self.meta = meta
+        self.numerics = numerics(isa)   # the llama.cpp CPU path the kernels reproduce
         self.weights = GGUFWeights(meta.header)
         self._prepared: dict[str, Any] = {}
         self._programs: dict[str, Any] = {}
@@ -73,7 +76,8 @@ class Model:
                 from graphir.memory.kv import rope_plan
 
                 graph = self.meta.build_graph(kind, "prefill", pooling)
-                self._programs[kind, pooling] = (Program(graph, self.weight), *rope_plan(graph, self.weight))
+                self._programs[kind, pooling] = (Program(graph, self.weight, self.numerics.path),
+                                                  *rope_plan(graph, self.weight))
             return self._programs[kind, pooling]
 
     def new_context(self, **kw: Any) -> Context:
@@ -147,6 +151,9 @@ def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng
     return int(rng.choice(idx, p=p / p.sum()))
 
 
-def load(path: str) -> Model:
-    """Load a GGUF model: ``model = graphir.load("SmolLM2-135M-Instruct.Q4_1.gguf")``."""
-    return Model(open_model(path))
+def load(path: str, isa: str | None = None) -> Model:
+    """Load a GGUF model: ``model = graphir.load("SmolLM2-135M-Instruct.Q4_1.gguf")``.
+
+    isa: the llama.cpp CPU path whose numbers to reproduce ("avx512", "avx2"); default: GRAPHIR_ISA, else the
+    host's own (``model.numerics`` says which, and whether it is exact on this host)."""
+    return Model(open_model(path), isa)

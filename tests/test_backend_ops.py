@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from graphir.backends.executor import Program
+from graphir.backends.isa import PATHS, IsaPath, numerics
 from graphir.backends.quant import QWeight
 from graphir.dims import DimDecl, Sym
 from graphir.ir import Graph, Node
@@ -597,8 +598,8 @@ def build_graph(case: Case) -> tuple[Graph, Node]:
     return Graph({"test": case.id}, tuple(DimDecl(s) for s in syms), leaves + [node], {"out": node}), node
 
 
-def run_case(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray, Node]:
-    """(backend result, float64 reference, the op node)."""
+def run_case(case: Case, seed: int, path: IsaPath) -> tuple[np.ndarray, np.ndarray, Node]:
+    """(backend result on one llama.cpp CPU path, float64 reference, the op node)."""
     rng = np.random.default_rng(seed)
     graph, node = build_graph(case)
     weights: dict[str, Any] = {}
@@ -613,14 +614,16 @@ def run_case(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray, Node]:
             x = make_input(rng, s, shape)
             vals.append(x.astype(np.float64) if x.dtype.kind == "f" else x.copy())  # copy: set_rows writes x
             feeds[f"src{k}"] = _strided(x) if s.strided else x
-    out = Program(graph, weights.__getitem__).run(case.env, feeds)["out"]
+    out = Program(graph, weights.__getitem__, path).run(case.env, feeds)["out"]
     ref = REFS[case.op](vals, node.attrs, np_shape(node.shape, case.env), case)
     return out, ref, node
 
 
+@pytest.mark.parametrize("path", PATHS.values(), ids=list(PATHS))
 @pytest.mark.parametrize("case", CASES, ids=[f"{i:03d}-{c.id}" for i, c in enumerate(CASES)])
-def test_op(case: Case) -> None:
-    out, ref, node = run_case(case, seed=CASES.index(case))
+def test_op(case: Case, path: IsaPath) -> None:
+    """Every path's kernels are held to the same thresholds: the paths differ only in the last bits."""
+    out, ref, node = run_case(case, seed=CASES.index(case), path=path)
     want_shape = np_shape(node.shape, case.env)
     assert isinstance(out, np.ndarray)
     assert out.shape == want_shape, f"numpy shape {out.shape}, the IR infers {node.type_str} = {want_shape}"
@@ -665,7 +668,7 @@ def _gelu_table_f16() -> np.ndarray:
 
 def _run_1d(op: str, *xs: np.ndarray) -> np.ndarray:
     graph, _ = build_graph(C(op, *(I("f32", len(xs[0])) for _ in xs), tol=EXACT))
-    return Program(graph, dict().__getitem__).run({}, {f"src{k}": x for k, x in enumerate(xs)})["out"]
+    return Program(graph, dict().__getitem__, numerics().path).run({}, {f"src{k}": x for k, x in enumerate(xs)})["out"]
 
 
 def test_gelu_and_geglu_read_llama_cpps_fp16_table() -> None:
@@ -701,7 +704,7 @@ def test_set_rows_writes_the_fed_cache_in_place_and_the_view_reads_it() -> None:
     view = Node("view", "view", (written,), v_attrs, *infer("view", [written], v_attrs))
     g = Graph({}, (DimDecl("n_tokens"), DimDecl("n_ctx"), DimDecl("n_kv")), [cache, rows, idxs, written, view],
               {"out": view})
-    prog = Program(g, lambda name: pytest.fail(f"no weights here, asked for {name}"))
+    prog = Program(g, lambda name: pytest.fail(f"no weights here, asked for {name}"), numerics().path)
     buf = np.zeros((n_ctx, width), np.float16)
     expect = np.zeros((n_ctx, width), np.float64)
     rng = np.random.default_rng(0)
@@ -718,7 +721,7 @@ def test_set_rows_writes_the_fed_cache_in_place_and_the_view_reads_it() -> None:
 if __name__ == "__main__":  # print the measured NMSE of every case (to re-pin thresholds)
     for i, c in enumerate(CASES):
         try:
-            o, r, n = run_case(c, seed=i)
+            o, r, n = run_case(c, seed=i, path=numerics().path)
             e = nmse(o, r) if o.shape == r.shape else float("nan")
             print(f"{i:03d} {c.id:70s} nmse={e:.3g} tol={c.tol:g} shape={o.shape} want={r.shape} {o.dtype}")
         except Exception as ex:  # noqa: BLE001
