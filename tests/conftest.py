@@ -44,6 +44,60 @@ def smollm2_path() -> Path | None:
     return Path(env) if env and Path(env).exists() else None
 
 
+def oracle_path() -> str | None:
+    """The graphir numerics path of the llama.cpp the oracle tests run (from its system info: the installed
+    llama-cpp-python, or the build LLAMA_CPP_LIB_PATH names), or None where graphir does not emulate it."""
+    import llama_cpp
+
+    from graphir.backends.isa import path_of_llama_cpp
+
+    return path_of_llama_cpp(llama_cpp.llama_print_system_info().decode())
+
+
+def oracle_is_exact() -> bool:
+    """Whether graphir's numerics (detected, or GRAPHIR_ISA) are the oracle's own path: then the comparisons
+    that claim bit-exactness assert it; otherwise they assert graphir's documented tolerance instead."""
+    from graphir.backends.isa import numerics
+
+    return numerics().path.name == oracle_path()
+
+
+def assert_llama_logits(ours: np.ndarray, ref: np.ndarray, what: str = "logits") -> None:
+    """Bit-equal where graphir runs the oracle's own path (oracle_is_exact), else within isa.APPROX: each
+    row's largest |difference| and the cosine of the two rows."""
+    from graphir.backends.isa import APPROX
+
+    ours, ref = np.atleast_2d(np.asarray(ours, np.float32)), np.atleast_2d(np.asarray(ref, np.float32))
+    assert ours.shape == ref.shape, (what, ours.shape, ref.shape)
+    if oracle_is_exact():
+        assert np.array_equal(ours, ref), f"{what}: max |d| {np.abs(ours - ref).max():.3g}"
+        return
+    a, b = ours.astype(np.float64), ref.astype(np.float64)
+    worst = float(np.abs(a - b).max())
+    cos = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+    assert worst <= APPROX.logit_abs and cos >= APPROX.logit_cos, f"{what}: max |d| {worst:.3g}, cosine {cos:.6f}"
+
+
+def _oracle_for_this_host() -> None:
+    """On CPUs with AMX, a native llama.cpp moves Q4_0/Q4_1/Q8_0/K-quant matrices into its AMX buffer type,
+    whose matmul segfaults on the first decode (llama.cpp issue #20824, unfixed). There the oracle is the
+    same llama.cpp built for the AVX-512 path without AMX (tests/oracle_build.py, built once, ~5 minutes),
+    as llama.cpp runs on every other AVX-512 CPU. Set before any test imports llama_cpp."""
+    if os.environ.get("LLAMA_CPP_LIB_PATH") or importlib.util.find_spec("llama_cpp") is None:
+        return
+    from graphir.backends.isa import host_features
+
+    if "amx-int8" in host_features():
+        from oracle_build import build
+
+        os.environ["LLAMA_CPP_LIB_PATH"] = str(build("avx512"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+    _oracle_for_this_host()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Oracle tests need llama.cpp (llama-cpp-python); where it is missing they skip and say so."""
     try:

@@ -1,12 +1,14 @@
 """graphir's numba backend against llama.cpp's CPU backend, bit for bit (oracle tests, need llama-cpp-python).
 
-The backend emulates the order of every float operation llama.cpp's x86 build performs (see the docstrings of
-graphir.backends.quant and graphir.backends.kernels): Q4_1/Q8_0 dot products lane by lane with FMA and
-hsum_float_8, attention through tinyBLAS / ggml_vec_dot_f16 on the f16 cache with the KV length padded to
-256, softmax with ggml_v_expf and per-16 double sums, RoPE with glibc's cosf/sinf and the compiled FMA
-pattern, rms_norm's sequential double sum. So intermediates are compared with np.array_equal, not a tolerance:
-one flipped rounding anywhere shows, and it would grow through the 8-bit activation quantization of the
-following layers (before this emulation: ~2e-7 after blk.0, ~0.2 in the residual by blk.10, logits ~0.5 off).
+The backend emulates the order of every float operation llama.cpp's x86 build performs, on the CPU path the
+oracle was built for (see the docstrings of graphir.backends.isa, .quant and .kernels): Q4_1/Q8_0 dot products
+lane by lane with FMA and hsum_float_8, attention through tinyBLAS / ggml_vec_dot_f16 on the f16 cache with
+the KV length padded to 256, softmax with ggml_v_expf and per-register double sums, RoPE with glibc's cosf/sinf
+and the compiled FMA pattern, rms_norm's sequential double sum. So intermediates are compared with
+np.array_equal, not a tolerance (on a host whose llama.cpp path graphir does not emulate, with isa.APPROX:
+conftest.oracle_is_exact): one flipped rounding anywhere shows, and it would grow through the 8-bit activation
+quantization of the following layers (before this emulation: ~2e-7 after blk.0, ~0.2 in the residual by
+blk.10, logits ~0.5 off).
 
 The real SmolLM2-135M Q4_1 model (tied Q8_0 LM head): every tapped intermediate of all 30 layers and the
 logits, for a 5-token and a 1-token prompt (the two attention paths: tinyBLAS for n >= 2 query rows,
@@ -23,8 +25,9 @@ from typing import Callable
 import gguf
 import numpy as np
 import pytest
-from conftest import write_model_gguf
+from conftest import assert_llama_logits, oracle_is_exact, write_model_gguf
 
+from graphir.backends.isa import APPROX
 from graphir.backends.quant import QWeight
 from graphir.batch import Batch
 from graphir.presets import Preset
@@ -71,9 +74,17 @@ def graphir_taps(path: Path, tokens: list[int], cache: str) -> dict[str, np.ndar
     return taps
 
 
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit-identical; on a path graphir does not emulate, within APPROX.rel of the largest |value|."""
+    if oracle_is_exact():
+        return np.array_equal(a, b)
+    return a.shape == b.shape and bool(np.abs(a - b).max() <= APPROX.rel * np.abs(a).max())
+
+
 def differences(ref: dict[str, np.ndarray], ours: dict[str, np.ndarray], n_layer: int,
                 n_tokens: int) -> list[str]:
-    """Every stage of every layer that is not bit-identical, with its max |difference|."""
+    """Every stage of every layer that is not bit-identical (not within APPROX.rel of its largest value, where
+    graphir does not run the oracle's path), with its max |difference|."""
     bad = []
     for il in range(n_layer):
         for lname, gname in STAGES.items():
@@ -87,7 +98,7 @@ def differences(ref: dict[str, np.ndarray], ours: dict[str, np.ndarray], n_layer
             else:                                          # llama.cpp's last layer keeps the output rows only
                 a = a.reshape(-1, a.shape[-1])
                 b = b.reshape(-1, a.shape[-1])[-a.shape[0]:]
-            if not np.array_equal(a, b):
+            if not same(a, b):
                 bad.append(f"{lname}-{il}: max |d| {np.abs(a - b).max():.3g}")
     return bad
 
@@ -110,13 +121,13 @@ def test_smollm2_final_norm_and_logits_are_bit_exact(smollm2_run):  # type: igno
     for name in ("result_norm", "result_output"):
         a = ref[name].reshape(-1, ref[name].shape[-1])
         b = ours[name].reshape(-1, a.shape[-1])[-a.shape[0]:]
-        assert np.abs(a - b).max() <= 1e-5
-        assert np.array_equal(a, b), name
+        assert_llama_logits(b, a, name)
 
 
 def test_smollm2_decode_steps_match_llama_cpp_token_by_token(smollm2_gguf):  # type: ignore[no-untyped-def]
     """Prompt in one batch, then one token per decode (vec_dot_f16 attention over the growing cache): the logits
-    of every step are identical, so the greedy continuation is llama.cpp's."""
+    of every step are identical, so the greedy continuation is llama.cpp's. (Both engines are fed llama.cpp's
+    greedy tokens, so on an unemulated path each step is compared with APPROX.)"""
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     import llama_cpp
 
@@ -128,11 +139,12 @@ def test_smollm2_decode_steps_match_llama_cpp_token_by_token(smollm2_gguf):  # t
     greedy = []
     for i in range(n):
         ref = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
-        assert np.array_equal(ctx.logits_ith(-1), ref), f"step {i}: max |d| {np.abs(ctx.logits_ith(-1) - ref).max()}"
+        assert_llama_logits(ctx.logits_ith(-1), ref, f"step {i}")
         greedy.append(int(np.argmax(ref)))
         llm.eval([greedy[-1]])
         ctx.decode(Batch.one(greedy[-1], len(PROMPT) + i))
-    assert greedy == CONTINUATION[:n]
+    if oracle_is_exact():        # llama.cpp's own continuation on both emulated paths
+        assert greedy == CONTINUATION[:n]
 
 
 # --- unit level: the quantized dot products on random weights ---------------------------------------------
@@ -166,12 +178,13 @@ def test_quantized_matmul_equals_llama_cpp_on_its_own_inputs(random_model, token
         x = np.ascontiguousarray(ref[f"{src}-0"].reshape(-1, ref[f"{src}-0"].shape[-1]))
         y = qweight(tensors[f"blk.0.{weight}.weight"]).matmul(x)
         want = ref[f"{dst}-0"].reshape(y.shape)
-        assert np.array_equal(y, want), f"{weight}: max |d| {np.abs(y - want).max()}"
+        assert same(y, want), f"{weight}: max |d| {np.abs(y - want).max()}"
     x = np.ascontiguousarray(ref["result_norm"].reshape(-1, ref["result_norm"].shape[-1]))
     head = qweight(tensors["token_embd.weight"])
-    assert np.array_equal(head.matmul(x), ref["result_output"].reshape(x.shape[0], -1))
+    assert same(head.matmul(x), ref["result_output"].reshape(x.shape[0], -1))
     many = np.ascontiguousarray(np.repeat(x, 9, axis=0))   # the GEMM kernel: same rows, same results
-    assert np.array_equal(head.matmul(many), np.repeat(ref["result_output"].reshape(x.shape[0], -1), 9, axis=0))
+    assert np.array_equal(head.matmul(many), np.repeat(head.matmul(x), 9, axis=0))   # GEMM rows = GEMV rows
+    assert same(head.matmul(many), np.repeat(ref["result_output"].reshape(x.shape[0], -1), 9, axis=0))
 
 
 def test_random_model_is_bit_exact_end_to_end(random_model):  # type: ignore[no-untyped-def]
@@ -179,4 +192,4 @@ def test_random_model_is_bit_exact_end_to_end(random_model):  # type: ignore[no-
     tokens = [5, 17, 200, 3, 99, 42, 7, 250, 128]
     ref, ours = llama_taps(path, tokens, 1), graphir_taps(path, tokens, "f16")
     assert differences(ref, ours, 1, len(tokens)) == []
-    assert np.array_equal(ref["result_output"], ours["result_output"][-1])
+    assert_llama_logits(ours["result_output"][-1], ref["result_output"])

@@ -1,6 +1,7 @@
 """The real SmolLM2-135M-Instruct Q4_1 model against llama.cpp, from text to text: same tokens, same greedy
 32-token continuations, same logits (llama.cpp's arithmetic is reproduced bit for bit; test_llama_exact.py
-checks every intermediate)."""
+checks every intermediate). On a host whose llama.cpp path graphir does not emulate, the continuations may
+part ways: each step is then compared with isa.APPROX, both engines fed llama.cpp's tokens."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import assert_llama_logits, oracle_is_exact
 
 from graphir.batch import Batch
 from graphir.runtime import Model, load
@@ -53,7 +55,12 @@ def test_greedy_continuations_and_logits_are_llama_cpps(model: Model, llm: Any, 
         llm.eval([ref[-1]])
     ctx = model.new_context(n_ctx=256)
     ctx.decode(Batch.from_tokens(ids, 0, outputs="all"))
-    assert np.array_equal(ctx.logits(), ref_logits)  # metric: max |delta logit| over the prompt = 0
+    assert_llama_logits(ctx.logits(), ref_logits, "prompt")  # metric: max |delta logit| over the prompt = 0
+    if not oracle_is_exact():
+        for i, tok in enumerate(ref):
+            ctx.decode(Batch.one(tok, len(ids) + i))
+            assert_llama_logits(ctx.logits_ith(-1), np.array(llm.scores[len(ids) + i]), f"step {i}")
+        return
     ours = []
     for i in range(N_GEN):
         ours.append(int(np.argmax(ctx.logits_ith(-1))))

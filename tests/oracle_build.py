@@ -1,0 +1,102 @@
+"""llama.cpp oracles built for a chosen CPU path instead of the host's native one.
+
+The installed llama-cpp-python is built with -march=native, so on an AVX-512 host it only ever shows the
+AVX-512 path. To check graphir's AVX2 path there too, this builds the llama.cpp that llama-cpp-python vendors
+(the very sources of the installed version, from its sdist) with the AVX2 flags only, once, into a cache
+folder; llama-cpp-python loads it instead of its own library when LLAMA_CPP_LIB_PATH points there (before
+it is imported: a process holds one libllama). Building takes about five minutes on two cores.
+
+The same serves CPUs with AMX: a native build there routes quantized matmuls to llama.cpp's AMX kernels,
+which crash on the first decode (llama.cpp issue #20824), so the tests use an AVX-512 build without AMX,
+with every other AVX-512 extension the host has, as llama.cpp on any other AVX-512 CPU runs.
+
+    python3 tests/oracle_build.py avx2      # build (or find) it and print the folder
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+# cmake options per path: no -march=native, the instruction sets a native build on such a CPU enables
+_AVX2 = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON"]
+PATH_FLAGS: dict[str, list[str]] = {"avx2": _AVX2, "avx512": [*_AVX2, "-DGGML_AVX512=ON"]}
+# the AVX-512 path's optional extensions, each enabled when the host has it (LLVM's feature name -> option)
+AVX512_EXTRAS = {"avx512vbmi": "-DGGML_AVX512_VBMI=ON", "avx512vnni": "-DGGML_AVX512_VNNI=ON",
+                 "avx512bf16": "-DGGML_AVX512_BF16=ON", "avxvnni": "-DGGML_AVX_VNNI=ON"}
+
+
+def flags(path: str) -> list[str]:
+    if path != "avx512":
+        return PATH_FLAGS[path]
+    from graphir.backends.isa import host_features
+
+    return [*PATH_FLAGS[path], *(f for feat, f in AVX512_EXTRAS.items() if feat in host_features())]
+COMMON_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+                "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+                "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON"]     # the libraries find each other wherever they are copied
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GRAPHIR_ORACLE_CACHE") or Path.home() / ".cache" / "graphir" / "oracles")
+
+
+def llama_cpp_version() -> str:
+    from importlib.metadata import version
+
+    return version("llama_cpp_python")
+
+
+def build(path: str, log=sys.stderr) -> Path:
+    """The folder holding libllama.so built for `path` (a PATH_FLAGS key), building it if it is not cached."""
+    if path not in PATH_FLAGS:
+        raise ValueError(f"no build flags for path {path!r}; known: {', '.join(PATH_FLAGS)}")
+    version = llama_cpp_version()
+    root = cache_root()
+    options = flags(path)
+    key = hashlib.sha256(" ".join(COMMON_FLAGS + options).encode()).hexdigest()[:8]
+    out = root / f"llama-cpp-python-{version}-{path}-{key}"
+    lib = out / "bin" / "libllama.so"
+    if lib.exists():
+        return lib.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)            # one build at a time, even from parallel test processes
+        if lib.exists():
+            return lib.parent
+        cmake = shutil.which("cmake")
+        if cmake is None:
+            raise RuntimeError("cmake is needed to build the second llama.cpp oracle (apt-get install cmake)")
+        with tempfile.TemporaryDirectory(prefix="graphir-oracle-") as tmp:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                            "-d", tmp, f"llama-cpp-python=={version}"], check=True, stdout=log, stderr=log)
+            sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+            with tarfile.open(sdist) as tar:
+                tar.extractall(tmp, filter="data")
+            src = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
+            work = Path(tmp) / "build"
+            subprocess.run([cmake, "-S", str(src), "-B", str(work), *COMMON_FLAGS, *options],
+                           check=True, stdout=log, stderr=log)
+            subprocess.run([cmake, "--build", str(work), "--target", "llama", "-j", str(os.cpu_count() or 2)],
+                           check=True, stdout=log, stderr=log)
+            if not (work / "bin" / "libllama.so").exists():
+                raise RuntimeError(f"the build in {work} made no bin/libllama.so")
+            staging = out.with_name(out.name + ".partial")    # only the libraries are kept
+            shutil.rmtree(staging, ignore_errors=True)
+            (staging / "bin").mkdir(parents=True)
+            for f in (work / "bin").glob("lib*.so*"):
+                shutil.copy2(f, staging / "bin" / f.name, follow_symlinks=False)
+            staging.rename(out)
+    return lib.parent
+
+
+if __name__ == "__main__":
+    print(build(sys.argv[1] if len(sys.argv) > 1 else "avx2"))

@@ -1,0 +1,163 @@
+"""Which llama.cpp CPU path graphir reproduces, and that each path is llama.cpp's on its own build.
+
+The oracle tests of the other files compare graphir with the llama.cpp the process loaded (the installed,
+natively built llama-cpp-python). Here: the detected path is that build's; the paths really differ (the other
+path is not bit-exact, and stays within the tolerance the README documents for hosts graphir does not
+emulate); and on a host whose native path is AVX-512, the whole oracle suite runs once more against a
+llama.cpp built for AVX2 only (tests/oracle_build.py), with graphir on its AVX2 path, so neither path can rot
+unseen.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import oracle_path
+from numba import njit
+
+from graphir.backends import isa
+from graphir.backends import kernels as K
+from graphir.batch import Batch
+from graphir.errors import GraphirError
+from graphir.runtime import load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@njit(cache=True)
+def _expf_lanes(x, variant, out):
+    for i in range(x.shape[0]):
+        out[i] = K._v_expf(x[i], variant)
+
+
+def v_expf(x: np.ndarray, path: isa.IsaPath) -> np.ndarray:
+    out = np.empty_like(x)
+    _expf_lanes(x, path.expf, out)
+    return out
+
+
+@pytest.mark.parametrize("path", isa.PATHS.values(), ids=list(isa.PATHS))
+def test_each_paths_expf_is_a_faithful_float_exp(path: isa.IsaPath) -> None:
+    """ggml_v_expf's accuracy on every path, over the range softmax and SiLU use (vec.h documents 1.45 ulp +
+    0.5; measured against float64 exp: 2.18 ulp for the AVX-512 variant, 1.85 for the AVX2 one), and its
+    edges: overflow to inf, flush to zero, NaN through."""
+    x = np.concatenate([np.linspace(-87.0, 88.0, 400_001, dtype=np.float32),
+                        np.float32(2.0) ** -np.arange(1, 30, dtype=np.float32)])
+    got = v_expf(x, path).astype(np.float64)
+    want = np.exp(x.astype(np.float64))
+    ulp = np.spacing(want.astype(np.float32)).astype(np.float64)
+    assert (np.abs(got - want) / ulp).max() <= 2.5
+    edges = v_expf(np.array([89.0, 200.0, -105.0, -300.0, np.nan, 0.0], np.float32), path)
+    assert edges[0] == np.inf and edges[1] == np.inf and edges[2] == 0 and edges[3] == 0
+    assert np.isnan(edges[4]) and edges[5] == 1.0
+
+
+def test_the_two_expf_variants_differ_in_the_last_bit() -> None:
+    """Why the path matters: the AVX-512 and AVX2 ggml_v_expf round differently for some inputs."""
+    x = np.linspace(-20.0, 0.0, 100_001, dtype=np.float32)
+    a, b = v_expf(x, isa.PATHS["avx512"]), v_expf(x, isa.PATHS["avx2"])
+    differ = np.mean(a != b)
+    assert 0.001 < differ < 0.5
+    assert np.abs(a.astype(np.float64) - b).max() <= 2 * np.spacing(np.float32(1.0))
+
+
+def test_a_path_is_chosen_by_name_and_a_bad_name_is_a_clear_error() -> None:
+    chosen = isa.numerics("avx2")
+    assert (chosen.path.name, chosen.chosen_by, chosen.exact) == ("avx2", "chosen", isa.host_path() == "avx2")
+    with pytest.raises(GraphirError, match=r"unknown numerics path 'neon': expected one of avx512, avx2"):
+        isa.numerics("neon")
+
+
+def test_graphir_isa_sets_the_default_and_info_says_so() -> None:
+    env = {**os.environ, "GRAPHIR_ISA": "avx2"}
+    out = subprocess.run([sys.executable, "-m", "graphir", "info", "SmolLM2-135M"], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("numerics "))
+    assert line.startswith("numerics avx2 (llama.cpp's x86 AVX2 (+FMA, F16C) CPU build), set by GRAPHIR_ISA")
+    bad = subprocess.run([sys.executable, "-m", "graphir", "info", "SmolLM2-135M"], capture_output=True, text=True,
+                         env={**os.environ, "GRAPHIR_ISA": "sse2"})
+    assert bad.returncode == 2
+    assert bad.stderr == "graphir: error: GRAPHIR_ISA='sse2': expected one of avx512, avx2 or auto\n"
+
+
+def test_system_info_names_the_build_path() -> None:
+    avx512 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | AVX512 = 1 | LLAMAFILE = 1 |"
+    avx2 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 0 |"
+    neon = "CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | DOTPROD = 1 | LLAMAFILE = 1 |"
+    assert [isa.path_of_llama_cpp(s) for s in (avx512, avx2, neon)] == ["avx512", "avx2", None]
+
+
+@pytest.mark.oracle
+def test_the_detected_path_is_the_oracles() -> None:
+    """What a user gets by default (detection, or GRAPHIR_ISA) is the path of the llama.cpp next to it; the
+    oracle tests of this run assert bit-exactness exactly when this holds."""
+    want = oracle_path()
+    num = isa.numerics()
+    if want is None:
+        assert not num.exact, f"llama.cpp here takes a path graphir does not emulate, yet {num.describe()}"
+        return
+    assert num.path.name == want, (
+        f"graphir runs its {num.path.name} path ({num.chosen_by}), but the llama.cpp it is compared with was "
+        f"built for {want}: install llama-cpp-python from source on this machine (README), or set GRAPHIR_ISA")
+
+
+SMOL_PROMPTS = ["<|im_start|>user\nWhat is 12 * 7?<|im_end|>\n<|im_start|>assistant\n",
+                "Once upon a time, in a small village by the sea,", "Les étoiles brillent la nuit, et"]
+
+
+@pytest.mark.oracle
+def test_another_paths_numbers_differ_but_stay_within_the_documented_tolerance(smollm2_gguf: Path) -> None:
+    """graphir on the path the oracle was not built for stands for a host graphir does not emulate: its
+    logits are not llama.cpp's, and they stay within isa.APPROX, the tolerance the README states."""
+    import llama_cpp
+
+    here = oracle_path()
+    if here is None:
+        pytest.skip("the oracle's path is not emulated: every oracle test of this run checks isa.APPROX already")
+    other = next(name for name in isa.PATHS if name != here)
+    model = load(str(smollm2_gguf), isa=other)
+    llm = llama_cpp.Llama(model_path=str(smollm2_gguf), n_ctx=256, n_batch=256, n_threads=2, logits_all=True,
+                          verbose=False)
+    worst, cos = 0.0, 1.0
+    for prompt in SMOL_PROMPTS:
+        ids = model.tokenize(prompt, parse_special=True)
+        llm.reset()
+        llm.eval(ids)
+        ref = np.array(llm.scores[: len(ids)], np.float64)
+        ctx = model.new_context(n_ctx=256)
+        ctx.decode(Batch.from_tokens(ids, 0, outputs="all"))
+        ours = ctx.logits().astype(np.float64)
+        worst = max(worst, float(np.abs(ours - ref).max()))
+        cos = min(cos, float(((ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)).min()))
+    assert worst > 0, f"the {other} and {here} paths gave the same logits: the prompts no longer tell them apart"
+    assert worst <= isa.APPROX.logit_abs and cos >= isa.APPROX.logit_cos, (worst, cos)
+
+
+# --- the AVX2 path against a llama.cpp built for AVX2 ---------------------------------------------------------
+
+@pytest.mark.oracle
+def test_the_avx2_path_equals_a_llama_cpp_built_for_avx2() -> None:
+    """On a host whose native path is AVX-512 (AVX2 code runs there too), every oracle test runs again in a
+    subprocess against llama.cpp built with only AVX2/FMA/F16C, graphir on its AVX2 path."""
+    if os.environ.get("GRAPHIR_ISA"):
+        pytest.skip(f"GRAPHIR_ISA={os.environ['GRAPHIR_ISA']}: this run already checks a chosen path")
+    if isa.host_path() != "avx512":
+        pytest.skip(f"host path {isa.host_path()}: the native oracle already is this host's only x86 path")
+    from oracle_build import build
+
+    lib = build("avx2")
+    env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib), "GRAPHIR_ISA": "avx2"}   # GRAPHIR_ISA: no recursion
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "oracle", "-p", "no:cacheprovider",
+                          "--deselect", "tests/test_numerics.py::test_the_avx2_path_equals_a_llama_cpp_built_for_avx2"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    tail = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    passed = re.search(r"(\d+) passed", tail)
+    assert passed and int(passed.group(1)) >= 100, tail
+    assert not re.search(r"failed|error|skipped", tail), tail
