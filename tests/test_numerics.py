@@ -30,10 +30,10 @@ from graphir.runtime import load
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@njit(cache=True)
+@njit  # not cached: numba's cache would not see edits of the kernels it inlines
 def _expf_lanes(x, variant, out):
     for i in range(x.shape[0]):
-        out[i] = K._v_expf(x[i], variant)
+        out[i] = K._v_expf_split(x[i]) if variant == isa.EXPF_SPLIT else K._v_expf_scalef(x[i])
 
 
 def v_expf(x: np.ndarray, path: isa.IsaPath) -> np.ndarray:
