@@ -19,6 +19,7 @@ from graphir.backends.isa import IsaPath
 from graphir.backends.quant import QWeight
 from graphir.dims import Sym
 from graphir.ir import Graph, Node
+from graphir.ops import OPS
 
 Env = Mapping[str, int]
 
@@ -99,90 +100,180 @@ def _shape_fn(shape: tuple[Any, ...]) -> Callable[[Env], tuple[int, ...]]:
     return _ints_fn(tuple(reversed(shape)))
 
 
+# ---- kernels, one per non-leaf op of the catalogue ---------------------------------------------------------
+# A kernel maker takes the node (its attributes), the run's memo and the numerics path, and returns
+# f(env, *operands) -> value. ``memo.d`` lives for one run of one thread: values every layer would recompute
+# (RoPE's cos/sin) are made once, and contexts sharing a program from several threads never see each other's.
+
+Maker = Callable[[Node, threading.local, IsaPath], Callable[..., Any]]
+KERNELS: dict[str, Maker] = {}
+
+
+def kernel(*ops: str) -> Callable[[Maker], Maker]:
+    """Register a kernel maker for ops of graphir.ops.OPS; an op without one, or with two, is an error."""
+    def register(make: Maker) -> Maker:
+        for op in ops:
+            if op not in OPS or OPS[op].kind == "leaf":
+                raise ValueError(f"kernel for {op!r}: not a computing op of the catalogue")
+            if op in KERNELS:
+                raise ValueError(f"two kernels for op {op!r}")
+            KERNELS[op] = make
+        return make
+    return register
+
+
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
-_UNARY = ("gelu", "relu", "sqr", "neg", "exp", "tanh", "sigmoid")
+_LIBM_UNARY = {"gelu": K.gelu, "relu": K.relu, "sqr": K.sqr, "neg": K.neg, "exp": K.exp, "tanh": K.tanh,
+               "sigmoid": K.sigmoid}
 
 
-def _step(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., np.ndarray]:
-    """The kernel for one node with its attributes bound: f(env, *operands) -> value; `path`: the llama.cpp
-    CPU path whose arithmetic the kernels reproduce.
+@kernel("get_rows")
+def _get_rows(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, src, ids: src.get_rows(ids) if isinstance(src, QWeight) else src[ids].astype(np.float32)
 
-    ``memo.d`` lives for one run of one thread: values every layer would recompute (RoPE's cos/sin) are made
-    once, and contexts sharing a program from several threads never see each other's.
-    """
-    a, op = n.attrs, n.op
-    if op == "get_rows":
-        return lambda env, src, ids: src.get_rows(ids) if isinstance(src, QWeight) else src[ids].astype(np.float32)
-    if op == "mul_mat":
-        return lambda env, w, x: _mul_mat(w, x, path)
-    if op in _BINARY:
-        f = _BINARY[op]
-        return lambda env, x, y: f(x, _broadcast(_dense(y), x.shape), dtype=np.float32)
-    if op == "scale":
-        return lambda env, x: x * np.float32(a["s"])
-    if op == "rms_norm":
-        return lambda env, x: K.rms_norm(x, a["eps"])
-    if op == "norm":
-        return lambda env, x: K.norm(x, a["eps"], path)
-    if op == "silu":
-        return lambda env, x: K.silu(x, path)
-    if op in _UNARY:
-        f = getattr(K, op)
-        return lambda env, x: f(x)
-    if op == "swiglu":
-        return lambda env, g, u: K.silu(g, path) * u
-    if op == "geglu":
-        return lambda env, g, u: K.geglu(g, u)
-    if op == "rope":
-        key = tuple(a.values())
 
-        def rope(env: Env, x: np.ndarray, pos: np.ndarray, ff: Any = None) -> np.ndarray:
-            k = (id(pos), id(ff), key)
-            if k not in memo.d:
-                memo.d[k] = K.rope_cos_sin(pos, a["n_dims"], None if ff is None else _dense(ff).reshape(-1), a)
-            return K.rope_apply(x.astype(np.float32, copy=False), memo.d[k], a)
+@kernel("mul_mat")
+def _mul_mat_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, w, x: _mul_mat(w, x, path)
 
-        return rope
-    if op == "soft_max":
-        return lambda env, x, mask=None: K.soft_max(x, None if mask is None else _broadcast(mask, x.shape),
-                                                    a["scale"], a["max_bias"], path)
-    if op == "reshape":
-        shape = _shape_fn(a["shape"])
-        return lambda env, x: x.reshape(shape(env))
-    if op == "view":
-        r = len(a["shape"])
-        geometry = _ints_fn((*reversed(a["shape"]), *reversed(a["strides"]), a["offset"]))
 
-        def view(env: Env, x: np.ndarray) -> np.ndarray:
-            g = geometry(env)
-            return _view(x, g[:r], g[r:-1], g[-1])
+@kernel(*_BINARY)
+def _binary(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    f = _BINARY[n.op]
+    return lambda env, x, y: f(x, _broadcast(_dense(y), x.shape), dtype=np.float32)
 
-        return view
-    if op == "permute":
-        return lambda env, x: _permute(x, a["axes"], len(n.shape))
-    if op == "transpose":
-        return lambda env, x: _permute(x, (1, 0, 2, 3), len(n.shape))
-    if op == "cont":
-        return lambda env, x: np.ascontiguousarray(x)
-    if op == "concat":
-        def concat(env: Env, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-            r = len(n.shape)
-            x, y = (v.reshape((1,) * (r - v.ndim) + v.shape) for v in (x, y))
-            return np.concatenate([x, y], axis=r - 1 - a["dim"]).astype(np.float32, copy=False)
 
-        return concat
-    if op == "set_rows":
-        return lambda env, dst, src, ids: _set_rows(dst, src, ids)
-    if op == "ssm_conv":
-        conv_w = _dense_kept()
-        return lambda env, sx, w: R.ssm_conv(sx, conv_w(w))
-    if op == "ssm_scan":
-        dense_a = _dense_kept()
-        return lambda env, s, x, dt, A, B, C: R.ssm_scan(s, x, dt, dense_a(A), B, C)
-    if op == "rwkv_wkv6":
-        first = _dense_kept()
-        return lambda env, k, v, r, tf, td, state: R.rwkv_wkv6(k, v, r, first(tf), td, state)
-    raise NotImplementedError(f"the numba backend has no kernel for op '{op}' (node {n.name})")
+@kernel(*_LIBM_UNARY)
+def _unary(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    f = _LIBM_UNARY[n.op]
+    return lambda env, x: f(x)
+
+
+@kernel("scale")
+def _scale(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    s = np.float32(n.attrs["s"])
+    return lambda env, x: x * s
+
+
+@kernel("rms_norm")
+def _rms_norm(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, x: K.rms_norm(x, n.attrs["eps"])
+
+
+@kernel("norm")
+def _norm(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, x: K.norm(x, n.attrs["eps"], path)
+
+
+@kernel("silu")
+def _silu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, x: K.silu(x, path)
+
+
+@kernel("swiglu")
+def _swiglu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, g, u: K.silu(g, path) * u
+
+
+@kernel("geglu")
+def _geglu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, g, u: K.geglu(g, u)
+
+
+@kernel("rope")
+def _rope(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    a = n.attrs
+    key = tuple(a.values())
+
+    def rope(env: Env, x: np.ndarray, pos: np.ndarray, ff: Any = None) -> np.ndarray:
+        k = (id(pos), id(ff), key)
+        if k not in memo.d:
+            memo.d[k] = K.rope_cos_sin(pos, a["n_dims"], None if ff is None else _dense(ff).reshape(-1), a)
+        return K.rope_apply(x.astype(np.float32, copy=False), memo.d[k], a)
+
+    return rope
+
+
+@kernel("soft_max")
+def _soft_max(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    a = n.attrs
+    return lambda env, x, mask=None: K.soft_max(x, None if mask is None else _broadcast(mask, x.shape),
+                                                a["scale"], a["max_bias"], path)
+
+
+@kernel("reshape")
+def _reshape(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    shape = _shape_fn(n.attrs["shape"])
+    return lambda env, x: x.reshape(shape(env))
+
+
+@kernel("view")
+def _view_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    a = n.attrs
+    r = len(a["shape"])
+    geometry = _ints_fn((*reversed(a["shape"]), *reversed(a["strides"]), a["offset"]))
+
+    def view(env: Env, x: np.ndarray) -> np.ndarray:
+        g = geometry(env)
+        return _view(x, g[:r], g[r:-1], g[-1])
+
+    return view
+
+
+@kernel("permute")
+def _permute_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, x: _permute(x, n.attrs["axes"], len(n.shape))
+
+
+@kernel("transpose")
+def _transpose(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, x: _permute(x, (1, 0, 2, 3), len(n.shape))
+
+
+@kernel("cont")
+def _cont(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, x: np.ascontiguousarray(x)
+
+
+@kernel("concat")
+def _concat(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    r, dim = len(n.shape), n.attrs["dim"]
+
+    def concat(env: Env, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        x, y = (v.reshape((1,) * (r - v.ndim) + v.shape) for v in (x, y))
+        return np.concatenate([x, y], axis=r - 1 - dim).astype(np.float32, copy=False)
+
+    return concat
+
+
+@kernel("set_rows")
+def _set_rows_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, dst, src, ids: _set_rows(dst, src, ids)
+
+
+@kernel("ssm_conv")
+def _ssm_conv(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    conv_w = _dense_kept()
+    return lambda env, sx, w: R.ssm_conv(sx, conv_w(w))
+
+
+@kernel("ssm_scan")
+def _ssm_scan(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    dense_a = _dense_kept()
+    return lambda env, s, x, dt, A, B, C: R.ssm_scan(s, x, dt, dense_a(A), B, C)
+
+
+@kernel("rwkv_wkv6")
+def _rwkv_wkv6(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    first = _dense_kept()
+    return lambda env, k, v, r, tf, td, state: R.rwkv_wkv6(k, v, r, first(tf), td, state)
+
+
+def _step(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    make = KERNELS.get(n.op)
+    if make is None:
+        raise NotImplementedError(f"the numba backend has no kernel for op '{n.op}' (node {n.name})")
+    return make(n, memo, path)
 
 
 class Program:

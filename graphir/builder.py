@@ -92,7 +92,9 @@ class GraphBuilder:
 
     def op(self, op: str, *inputs: Node, name: str | None = None, **attrs: Any) -> Node:
         """Append one node; attributes are taken in the catalogue's order and the type is inferred."""
-        d = OPS[op]
+        d = OPS.get(op)
+        if d is None:
+            raise GraphError(f"unknown op {op!r} (for node {self._scope}{name or op}): not in graphir.ops.OPS")
         try:
             ordered = {k: attrs[k] for k in d.attrs}
         except KeyError as e:

@@ -20,6 +20,7 @@ from graphir.dims import Dim, DimDecl, Sym, parse_dim
 from graphir.errors import GraphError
 from graphir.hparams import f32
 from graphir.ir import Graph, Node, layer_of
+from graphir.ops import LEAVES
 
 TEXT_MAGIC = "graphir graph"
 FORMAT_VERSION = 1
@@ -140,7 +141,7 @@ def to_text(g: Graph, fold: bool = True) -> str:
     out = _header(g)
     body: list[Node] = []
     for n in g.nodes:
-        if n.op in ("input", "weight") and n.layer is None:
+        if n.op in LEAVES and n.layer is None:
             out.append(node_line(n))
         else:
             body.append(n)

@@ -13,6 +13,7 @@ import hashlib
 
 from graphir.forms import _attrs_text
 from graphir.ir import Graph, Node
+from graphir.ops import LEAVES
 
 HASH_VERSION = "graphir-hash-v1"
 
@@ -22,7 +23,7 @@ def node_keys(g: Graph) -> dict[str, str]:
     keys: dict[int, str] = {}
     out: dict[str, str] = {}
     for n in g.nodes:
-        ident = n.name if n.op in ("weight", "input") else ""
+        ident = n.name if n.op in LEAVES else ""
         operands = ",".join(keys[id(i)] for i in n.inputs)
         text = f"{n.op}|{ident}|{n.dtype}[{','.join(map(str, n.shape))}]|{_attrs_text(n.attrs)}|{operands}"
         k = hashlib.sha256(text.encode()).hexdigest()

@@ -187,6 +187,7 @@ class OpDef:
     infer: Callable[[list[Node], dict[str, Any]], Type]
     doc: str
     open_attrs: bool = False  # leaves may carry further facts after the listed ones (e.g. a mask's causal flag)
+    layout_only: bool = False  # the result holds the operand's values, only laid out differently (a view)
 
     @property
     def min_arity(self) -> int:
@@ -222,12 +223,15 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
           "rotary position embedding over the first n_dims of ne0; positions index ne2"),
     OpDef("soft_max", "attention", ("a", "mask?"), ("scale", "max_bias"), _soft_max,
           "softmax over ne0 of a*scale + mask"),
-    OpDef("reshape", "movement", ("a",), ("shape",), _reshape, "same elements, new shape (a contiguous)"),
+    OpDef("reshape", "movement", ("a",), ("shape",), _reshape, "same elements, new shape (a contiguous)",
+          layout_only=True),
     OpDef("view", "movement", ("a",), ("shape", "strides", "offset"), _view,
-          "strided window of a; strides and offset in elements"),
-    OpDef("permute", "movement", ("a",), ("axes",), _permute, "axis i of a becomes axis axes[i]"),
-    OpDef("transpose", "movement", ("a",), (), lambda xs, a: _permute(xs, {"axes": (1, 0, 2, 3)}), "swap ne0 and ne1"),
-    OpDef("cont", "movement", ("a",), (), _cont, "materialise a (strided) view contiguously"),
+          "strided window of a; strides and offset in elements", layout_only=True),
+    OpDef("permute", "movement", ("a",), ("axes",), _permute, "axis i of a becomes axis axes[i]",
+          layout_only=True),
+    OpDef("transpose", "movement", ("a",), (), lambda xs, a: _permute(xs, {"axes": (1, 0, 2, 3)}), "swap ne0 and ne1",
+          layout_only=True),
+    OpDef("cont", "movement", ("a",), (), _cont, "materialise a (strided) view contiguously", layout_only=True),
     OpDef("concat", "movement", ("a", "b"), ("dim",), _concat, "join a and b along dim"),
     OpDef("ssm_conv", "recurrent", ("sx", "w"), (), _ssm_conv,
           "depthwise causal conv: y[c,t,s] = sum_j sx[t+j,c,s] w[j,c]; sx holds d_conv-1 state columns first"),
@@ -238,6 +242,14 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("set_rows", "memory", ("dst", "src", "ids"), (), _set_rows,
           "write src's rows into dst at ids (with type conversion); the result is dst after the write"),
 )}
+
+
+# Named groups, derived from the table: what forms, hashing, builder, memories and backends ask of an op.
+LEAVES = frozenset(n for n, d in OPS.items() if d.kind == "leaf")            # input, weight: no operands
+UNARY = frozenset(n for n, d in OPS.items() if d.kind == "unary")
+BINARY = frozenset(n for n, d in OPS.items() if d.kind == "elementwise" and d.operands == ("a", "b"))
+VIEWS = frozenset(n for n, d in OPS.items() if d.layout_only)               # same values, another layout
+COMPUTING = frozenset(OPS) - LEAVES                                          # what a backend must run
 
 
 def infer(op: str, inputs: list[Node], attrs: dict[str, Any]) -> Type:

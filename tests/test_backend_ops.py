@@ -30,12 +30,12 @@ import gguf
 import numpy as np
 import pytest
 
-from graphir.backends.executor import Program
+from graphir.backends.executor import KERNELS, Program, kernel
 from graphir.backends.isa import PATHS, IsaPath, numerics
 from graphir.backends.quant import QWeight
 from graphir.dims import DimDecl, Sym
 from graphir.ir import Graph, Node
-from graphir.ops import OPS, infer
+from graphir.ops import COMPUTING, OPS, infer
 
 GT = gguf.GGMLQuantizationType
 
@@ -643,6 +643,17 @@ def test_every_op_of_the_catalogue_has_cases() -> None:
     assert covered <= computing
     counts = {op: sum(c.op == op for c in CASES) for op in computing}
     assert min(counts.values()) >= 2, f"ops with a single case: {[o for o, n in counts.items() if n < 2]}"
+
+
+def test_every_computing_op_has_exactly_one_kernel() -> None:
+    """The backend's kernels register against the catalogue: none missing, none for an unknown or leaf op,
+    and a second kernel for an op is refused."""
+    assert set(KERNELS) == COMPUTING
+    with pytest.raises(ValueError, match="two kernels for op 'add'"):
+        kernel("add")(lambda n, memo, path: None)
+    with pytest.raises(ValueError, match="kernel for 'weight': not a computing op"):
+        kernel("weight")(lambda n, memo, path: None)
+    assert set(KERNELS) == COMPUTING
 
 
 def test_reference_dequantizers_agree_with_gguf() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from graphir.dims import Sym
 from graphir.ir import Node
-from graphir.ops import OPS, ShapeError, infer
+from graphir.ops import BINARY, COMPUTING, LEAVES, OPS, UNARY, VIEWS, ShapeError, infer
 
 T = Sym.named("n_tokens")
 KV = Sym.named("n_kv")
@@ -71,6 +71,26 @@ def test_rope_has_an_optional_freq_factors_operand():
 
 
 # --------------------------------------------------------------------------- infer: catalogue checks
+
+
+def test_the_named_groups_are_the_catalogues():
+    assert LEAVES == {"input", "weight"}
+    assert BINARY == {"add", "sub", "mul"}
+    assert UNARY == {"scale", "silu", "gelu", "relu", "sqr", "neg", "exp", "tanh", "sigmoid"}
+    assert VIEWS == {"reshape", "view", "permute", "transpose", "cont"}
+    assert COMPUTING == set(OPS) - LEAVES
+
+
+def test_the_builder_names_an_unknown_op():
+    from graphir.builder import GraphBuilder
+    from graphir.errors import GraphError
+    from graphir.memory.kv import KVCache
+    from graphir.model import open_model
+
+    m = open_model("SmolLM2-135M")
+    b = GraphBuilder(m.arch, m.label, m.tensors, KVCache(m.arch.hp), "prefill")
+    with b.layer(3), pytest.raises(GraphError, match=r"unknown op 'swoglu' \(for node blk\.3\.ffn_out\): not in"):
+        b.op("swoglu", t("f32", 4), name="ffn_out")
 
 
 def test_infer_rejects_an_unknown_op():

@@ -38,6 +38,7 @@ from graphir.errors import BatchError, CacheFullError, GraphirError
 from graphir.hparams import HParams
 from graphir.ir import Graph, Node
 from graphir.memory import CellMemory
+from graphir.ops import VIEWS
 
 if TYPE_CHECKING:
     from graphir.builder import GraphBuilder
@@ -75,9 +76,6 @@ class RopeShift:
         return K.rope_apply(k, cos_sin, a)
 
 
-_SHAPE_OPS = ("reshape", "view", "cont", "permute", "transpose", "cpy")
-
-
 def rope_plan(graph: Graph, weight: Callable[[str], Any]) -> tuple[bool, dict[int, RopeShift]]:
     """(can_shift, per-layer RopeShift) from a compiled graph: follow each ``cache_k`` write back to its rope.
 
@@ -91,7 +89,7 @@ def rope_plan(graph: Graph, weight: Callable[[str], Any]) -> tuple[bool, dict[in
         if n.op != "set_rows" or not n.inputs[0].name.endswith("cache_k"):
             continue
         x = n.inputs[1]
-        while x.op in _SHAPE_OPS and x.inputs:
+        while x.op in VIEWS:
             x = x.inputs[0]
         if x.op == "rope":
             ff = None
