@@ -11,9 +11,10 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.architecture import Architecture, TensorSpec, spec, tensor_name
+from graphir.architecture import Architecture
 from graphir.builder import GraphBuilder
 from graphir.ir import Node
+from graphir.tensors import TensorSpec, spec, tensor_name
 
 
 class Mamba(Architecture):

@@ -11,11 +11,12 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.architecture import Architecture, TensorSpec, spec
+from graphir.architecture import Architecture
 from graphir.builder import GraphBuilder, Norm
 from graphir.errors import MetadataError
 from graphir.hparams import HParams
 from graphir.ir import Node
+from graphir.tensors import TensorSpec, spec
 
 _MIXES = 5  # w, k, v, r, g: the five token-shift interpolations of the time mix, in this order
 

@@ -10,19 +10,16 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Protocol
 
 from gguf import MODEL_TENSOR
 
-from graphir.architecture import Architecture, TensorDecl, dtype_name, tensor_name
 from graphir.dims import Dim, DimDecl, Sym
 from graphir.errors import GraphError, TensorError
-from graphir.hparams import f32
+from graphir.hparams import HParams, f32
 from graphir.ir import Graph, Node
 from graphir.ops import OPS, ShapeError, infer
-
-if TYPE_CHECKING:
-    from graphir.memory import Memory
+from graphir.tensors import TensorDecl, TensorSpec, dtype_name, tensor_name
 
 PHASES = ("prefill", "decode")
 
@@ -46,10 +43,39 @@ class Gate(Enum):
 _GLU = {Act.SILU: "swiglu", Act.GELU: "geglu"}
 
 
+class ArchView(Protocol):
+    """What the builder reads of an architecture (graphir.architecture.Architecture has it): the builder
+    sits below the architectures, which call it, so it names no architecture class."""
+
+    name: str
+    hp: HParams
+    specs: Mapping[str, TensorSpec]
+    rope_mode: str
+
+
+class MemoryView(Protocol):
+    """What the builder asks of the context's memory (graphir.memory.Memory implements it): how ubatches are
+    sized and what attention and recurrent state become in the graph."""
+
+    split: str
+
+    def ubatch_dims(self) -> tuple[Dim, Dim | None, list[DimDecl]]: ...
+
+    def dims(self) -> list[DimDecl]: ...
+
+    def build_attn(self, b: GraphBuilder, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node: ...
+
+    def build_attn_mla(self, b: GraphBuilder, *args: Any, **kw: Any) -> Node: ...
+
+    def build_rs(self, b: GraphBuilder, which: str) -> Node: ...
+
+    def store_rs(self, b: GraphBuilder, which: str, states: Node) -> None: ...
+
+
 class GraphBuilder:
     """Records the graph of one (model, context, phase). ``n_tokens``/``n_outputs`` are the ubatch sizes."""
 
-    def __init__(self, arch: Architecture, label: str, tensors: Mapping[str, TensorDecl], memory: Memory,
+    def __init__(self, arch: ArchView, label: str, tensors: Mapping[str, TensorDecl], memory: MemoryView,
                  phase: str):
         self.arch, self.hp, self.label, self.tensors, self.memory = arch, arch.hp, label, tensors, memory
         self.phase = phase

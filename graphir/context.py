@@ -19,26 +19,37 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from graphir.architecture import Architecture
 from graphir.batch import SPLITS, Batch, validate
 from graphir.errors import BatchError, GraphirError, StateError
+from graphir.hparams import HParams
 from graphir.memory import CellMemory, Memory
 from graphir.memory.kv import KVCache
 from graphir.memory.none import NoMemory
 from graphir.memory.recurrent import RecurrentMemory
 from graphir.pooling import pooling_inputs
 
-if TYPE_CHECKING:
-    from graphir.runtime import Model
+class ModelView(Protocol):
+    """What a context needs of its model (graphir.runtime.Model has it): the architecture and its compiled
+    programs. The model creates contexts, so the context names no model class."""
+
+    @property
+    def arch(self) -> Architecture: ...
+
+    @property
+    def hparams(self) -> HParams: ...
+
+    def program(self, kind: str, pooling: str = "none") -> tuple[Any, bool, dict[int, Any]]: ...
 
 
 class Context:
     """Create with :meth:`graphir.runtime.Model.new_context`."""
 
-    def __init__(self, model: Model, n_ctx: int | None = None, n_batch: int = 512, n_ubatch: int = 512,
+    def __init__(self, model: ModelView, n_ctx: int | None = None, n_batch: int = 512, n_ubatch: int = 512,
                  n_seq_max: int = 1, kind: str | None = None, embeddings: bool = False, type_k: str = "f16",
                  type_v: str = "f16", unified: bool = True, pooling: str | None = None):
         """``kind``: the memory (default: the architecture's: kv for decoders, none for encoders, recurrent for
@@ -166,7 +177,8 @@ class Context:
         from graphir import state
 
         with self._lock:
-            data = state.write(self)
+            data = state.write(self.model.hparams, self.memory, state.Outputs(
+                self._logits, self._row, self._embd if self.embeddings_enabled else None))
         if path is not None:
             with open(path, "wb") as f:
                 f.write(data)
@@ -178,21 +190,24 @@ class Context:
         from graphir import state
 
         with self._lock:
-            state.read(self, data)
+            out = state.read(self.model.hparams, self.memory, data, self.embeddings_enabled)
+            self._logits, self._row = out.logits, out.row
+            if out.embd is not None:
+                self._embd = out.embd
 
     def state_seq_save(self, seq: int) -> bytes:
         """One sequence's cells and K/V rows as bytes."""
         from graphir import state
 
         with self._lock:
-            return state.write(self, seq)
+            return state.write(self.model.hparams, self.memory, None, seq)
 
     def state_seq_load(self, data: bytes | str | os.PathLike[str], dst_seq: int) -> None:
         """Replace sequence ``dst_seq`` with a saved sequence (saved under any id)."""
         from graphir import state
 
         with self._lock:
-            state.read_seq(self, data, dst_seq)
+            state.read_seq(self.model.hparams, self.memory, data, dst_seq)
 
     # ---- outputs ---------------------------------------------------------------------------------------
 

@@ -43,17 +43,15 @@ import json
 import os
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from graphir.errors import StateError
+from graphir.hparams import HParams
 from graphir.memory import CellMemory
 from graphir.memory.kv import CACHE_DTYPES, KVCache
 from graphir.memory.recurrent import RecurrentMemory
-
-if TYPE_CHECKING:
-    from graphir.context import Context
 
 MAGIC = b"GIRSTATE"
 VERSION = 1
@@ -140,17 +138,25 @@ class Saved:
     embd: np.ndarray | None = None
 
 
-def _memory(ctx: Context) -> CellMemory:
-    mem = ctx.memory
+@dataclass
+class Outputs:
+    """A context's last outputs as a whole-context state keeps them: the logits rows, which batch index each
+    row answers (batch index -> row), and the embeddings (None when the context computes none)."""
+
+    logits: np.ndarray
+    row: dict[int, int]
+    embd: np.ndarray | None
+
+
+def _memory(mem: Any) -> CellMemory:
     if not isinstance(mem, CellMemory):
         raise StateError(f"memory kind '{mem.kind}' keeps no state to save or load")
     return mem
 
 
-def write(ctx: Context, seq: int | None = None) -> bytes:
-    """The state of the whole context (seq None) or of one sequence's cells."""
-    mem = _memory(ctx)
-    hp = ctx.model.hparams
+def write(hp: HParams, memory: Any, outputs: Outputs | None, seq: int | None = None) -> bytes:
+    """The state of a whole context (seq None: its memory and ``outputs``) or of one sequence's cells."""
+    mem = _memory(memory)
     if seq is None:
         sel = np.flatnonzero(mem.pos >= 0)
         seqs = mem.seq[sel]
@@ -182,14 +188,15 @@ def write(ctx: Context, seq: int | None = None) -> bytes:
         for b in mem.cell_rows(il):
             w.arr(b[sel], b.dtype)
     if seq is None:
-        logits = ctx._logits
+        assert outputs is not None, "a whole-context state holds the outputs"
+        logits = outputs.logits
         w.u("II", logits.shape[0], logits.shape[1])
         index = np.full(len(logits), -1, dtype=np.int64)
-        for b, r in ctx._row.items():
+        for b, r in outputs.row.items():
             index[r] = b
         w.arr(index, np.int64)
         w.arr(logits, np.float32)
-        embd = ctx._embd if ctx.embeddings_enabled else np.zeros((0, hp.n_embd), np.float32)
+        embd = outputs.embd if outputs.embd is not None else np.zeros((0, hp.n_embd), np.float32)
         w.u("II", embd.shape[0], embd.shape[1])
         w.arr(embd, np.float32)
     body = bytearray(b"".join(w.parts))
@@ -260,9 +267,7 @@ def parse(data: bytes | bytearray | memoryview | str | os.PathLike[str]) -> Save
     return saved
 
 
-def _check_model(ctx: Context, s: Saved) -> None:
-    mem = _memory(ctx)
-    hp = ctx.model.hparams
+def _check_model(hp: HParams, mem: CellMemory, s: Saved) -> None:
     if s.arch != hp.arch:
         raise StateError(f"state was saved from a '{s.arch}' model; this model is '{hp.arch}'")
     if s.hp_hash != hparams_hash(hp):
@@ -287,13 +292,14 @@ def _check_layout(mem: CellMemory, s: Saved, keys: tuple[str, ...]) -> None:
             raise StateError(f"state has {k}={s.layout[k]!r}, this context has {k}={ours[k]!r}")
 
 
-def read(ctx: Context, data: Any) -> None:
-    """Replace the whole context's memory and outputs with a saved context state."""
+def read(hp: HParams, memory: Any, data: Any, embeddings: bool) -> Outputs:
+    """Replace a context's memory with a saved context state; return the saved outputs for the context to
+    install (embeddings only if it computes them). Raises StateError, changing nothing, if anything is off."""
     s = parse(data)
     if s.scope != SCOPE_CONTEXT:
         raise StateError(f"this is the state of one sequence (seq {s.seq}): load it with state_seq_load")
-    mem = _memory(ctx)
-    _check_model(ctx, s)
+    mem = _memory(memory)
+    _check_model(hp, mem, s)
     _check_layout(mem, s, ("kind", "type_k", "type_v", "n_ctx", "n_seq_max", "unified"))
     n = len(s.cell)
     if n and (s.cell.min() < 0 or s.cell.max() >= len(mem.pos) or len(np.unique(s.cell)) != n):
@@ -307,7 +313,6 @@ def read(ctx: Context, data: Any) -> None:
             stream = int(c) // mem.stream_size
             if int(m) != 1 << stream:
                 raise StateError(f"state data is malformed: cell {int(c)} is not in its sequence's stream")
-    hp = ctx.model.hparams
     if s.logits is not None and len(s.logits) and s.logits.shape[1] != hp.n_vocab:
         raise StateError(f"state data is malformed: logits have {s.logits.shape[1]} columns, n_vocab={hp.n_vocab}")
     # everything checked: now mutate
@@ -322,19 +327,17 @@ def read(ctx: Context, data: Any) -> None:
             used = np.flatnonzero(mem.pos[a:b] >= 0)
             mem.heads[st] = a + int(used[-1]) + 1 if len(used) and a + int(used[-1]) + 1 < b else a
     assert s.logits is not None and s.out_index is not None and s.embd is not None
-    ctx._logits = s.logits.copy()
-    ctx._row = {int(b): r for r, b in enumerate(s.out_index) if b >= 0}
-    if ctx.embeddings_enabled:
-        ctx._embd = s.embd.copy() if len(s.embd) else np.zeros((0, hp.n_embd), np.float32)
+    embd = (s.embd.copy() if len(s.embd) else np.zeros((0, hp.n_embd), np.float32)) if embeddings else None
+    return Outputs(s.logits.copy(), {int(b): r for r, b in enumerate(s.out_index) if b >= 0}, embd)
 
 
-def read_seq(ctx: Context, data: Any, dst: int) -> None:
-    """Replace sequence ``dst`` with a saved sequence (whatever its saved id was)."""
+def read_seq(hp: HParams, memory: Any, data: Any, dst: int) -> None:
+    """Replace sequence ``dst`` of a context's memory with a saved sequence (whatever its saved id was)."""
     s = parse(data)
     if s.scope != SCOPE_SEQ:
         raise StateError("this is the state of a whole context: load it with state_load")
-    mem = _memory(ctx)
-    _check_model(ctx, s)
+    mem = _memory(memory)
+    _check_model(hp, mem, s)
     _check_layout(mem, s, ("kind", "type_k", "type_v"))
     if not 0 <= dst < mem.n_seq_max:
         raise StateError(f"destination seq id {dst} is outside [0, {mem.n_seq_max})")
@@ -352,6 +355,6 @@ def read_seq(ctx: Context, data: Any, dst: int) -> None:
     mem.seq_rm(dst, -1, -1)
     mem.pos[cells], mem.shift[cells] = s.pos, s.shift
     mem.seq[cells] = np.uint64(1 << dst)
-    for il in range(ctx.model.hparams.n_layer):
+    for il in range(hp.n_layer):
         k_buf, v_buf = mem.cell_rows(il)
         k_buf[cells], v_buf[cells] = s.k_rows[il], s.v_rows[il]

@@ -1,0 +1,58 @@
+"""Tensor declarations: the GGUF names and the shapes and types a model's tensors may have.
+
+Shared by the architectures (which declare what they expect), the builder (which turns declarations into
+weight nodes) and ``graphir check``; it knows neither architectures nor graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gguf import GGML_QUANT_SIZES, TENSOR_NAMES, GGMLQuantizationType, MODEL_TENSOR
+
+_NOT_WEIGHTS = {"I8", "I16", "I32", "I64", "F64"}
+
+
+def dtype_name(t: GGMLQuantizationType) -> str:
+    return t.name.lower()
+
+
+def tensor_name(t: MODEL_TENSOR, il: int | None = None, suffix: str | None = "weight") -> str:
+    base = TENSOR_NAMES[t].format(bid=il) if il is not None else TENSOR_NAMES[t]
+    return f"{base}.{suffix}" if suffix else base
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor an architecture expects: GGUF name, ggml-order shape, what types it may have."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str = "matrix"  # matrix: any float or block-quantized type; vector: f32 only
+    optional: bool = False
+    tied_to: str | None = None  # absent => this other tensor's data serves (tied LM head)
+
+    def problem(self, shape: tuple[int, ...], dtype: GGMLQuantizationType) -> str | None:
+        """Why a declared tensor does not fit this spec, or None."""
+        if tuple(shape) != self.shape:
+            return f"has shape {list(shape)}, expected {list(self.shape)}"
+        if self.kind == "vector" and dtype != GGMLQuantizationType.F32:
+            return f"has type {dtype_name(dtype)}, expected f32"
+        if dtype.name in _NOT_WEIGHTS:
+            return f"has type {dtype_name(dtype)}, which is not a weight type"
+        block = GGML_QUANT_SIZES[dtype][0]
+        if shape[0] % block:
+            return f"has type {dtype_name(dtype)} whose {block}-element blocks do not divide ne0={shape[0]}"
+        return None
+
+
+def spec(t: MODEL_TENSOR, shape: tuple[int, ...], il: int | None = None, suffix: str = "weight",
+         **kw: Any) -> TensorSpec:
+    """A TensorSpec named from gguf's tensor table: ``spec(ATTN_Q, (E, E), il=3)`` -> ``blk.3.attn_q.weight``."""
+    return TensorSpec(tensor_name(t, il, suffix), shape, **kw)
+
+
+class TensorDecl(Protocol):
+    shape: tuple[int, ...]
+    dtype: GGMLQuantizationType
