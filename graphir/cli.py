@@ -264,7 +264,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     info["total_params"] = sum(t["params"] for t in tensors)
     known = [t["bytes"] for t in tensors if t["bytes"] is not None]
     info["total_bytes"] = sum(known)
-    num = _numerics(None)
+    from graphir.backends.isa import numerics
+
+    num = numerics()
     info["numerics"] = {"path": num.path.name, "host": num.host, "exact": num.exact, "chosen_by": num.chosen_by}
 
     if args.json:
@@ -320,7 +322,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from graphir.runtime import load
 
     t0 = time.perf_counter()
-    model = load(args.model, _numerics(args.isa).path.name)
+    model = load(args.model, None if args.isa == "auto" else args.isa)
     sys.stderr.write(f"numerics: {model.numerics.describe()}\n")
     # NOTE: the first decode loads the compiled kernels and repacks weights; do it before timing the prompt
     model.new_context(n_ctx=8).decode(Batch.one(0, 0))
@@ -344,7 +346,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from graphir.batch import Batch
     from graphir.runtime import load
 
-    model = load(args.model, _numerics(args.isa).path.name)
+    model = load(args.model, None if args.isa == "auto" else args.isa)
     ctx = model.new_context(n_ctx=args.ctx_size or None, pooling=args.pooling, embeddings=True, n_seq_max=len(args.prompt))
     tokens = [model.tokenize(text, add_special=True, parse_special=True) for text in args.prompt]
     for text, ids in zip(args.prompt, tokens):
@@ -370,13 +372,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
     _emit(f"wrote {args.output}: {h.architecture}, {_n(len(h.tensors), 'tensor')}, {h.file_size} bytes, "
           f"matrices {args.outtype}\n")
     return 0
-
-
-def _numerics(isa: str | None) -> Any:
-    """The llama.cpp CPU path the backend reproduces: --isa if given, else GRAPHIR_ISA or the host's."""
-    from graphir.backends.isa import numerics
-
-    return numerics(None if isa in (None, "auto") else isa)
 
 
 def _rate(n: float, seconds: float) -> str:

@@ -177,3 +177,11 @@ def test_graphir_run_streams_a_continuation_and_reports_speed(tiny_f32: Path, ca
     ids = model.tokenize("the cat")
     assert out == "".join(model.generate("the cat", max_tokens=6)) + "\n"
     assert f"prompt: {len(ids)} tokens" in err and "generation: 6 tokens" in err and "tokens/s" in err
+    assert err.startswith(f"numerics: {model.numerics.describe()}\n")             # which llama.cpp path ran
+
+
+def test_graphir_run_takes_the_numerics_path_asked_for(tiny_f32: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from graphir.cli import main
+
+    assert main(["run", str(tiny_f32), "-p", "the cat", "-n", "2", "--isa", "avx2"]) == 0
+    assert capsys.readouterr().err.startswith("numerics: avx2 (llama.cpp's x86 AVX2 (+FMA, F16C) CPU build), chosen")
