@@ -17,6 +17,7 @@ memories that advance one state per sequence per ubatch. Outputs always come bac
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import Any, Protocol
@@ -43,7 +44,9 @@ class ModelView(Protocol):
     @property
     def hparams(self) -> HParams: ...
 
-    def program(self, kind: str, pooling: str = "none") -> tuple[Any, bool, dict[int, Any]]: ...
+    def program(self, kind: str, pooling: str = "none") -> tuple[Any, bool]: ...
+
+    def k_shift_program(self, kind: str, pooling: str, type_k: str) -> Any: ...
 
 
 class Context:
@@ -73,9 +76,9 @@ class Context:
             self._memory = NoMemory(hp)
         else:
             self._memory = RecurrentMemory(hp, n_seq_max)
-        self.program, self._shiftable, self._rope = model.program(self.kind, self.pooling)
+        self.program, self._shiftable = model.program(self.kind, self.pooling)
         if isinstance(self._memory, KVCache):
-            self._memory.bind_rope(self._shiftable, self._rope)
+            self._memory.bind_shift(self._shiftable, functools.partial(self._run_k_shift, self._memory.type_k))
         self.has_logits = "logits" in self.program.outputs
         self.embeddings_enabled = embeddings or not self.has_logits  # an encoder's only output is embeddings
         self._lock = threading.Lock()  # one decode at a time per context; contexts run in parallel
@@ -83,6 +86,10 @@ class Context:
         self._embd = np.zeros((0, hp.n_embd), np.float32)
         self._pooled: dict[int, np.ndarray] = {}
         self._row: dict[int, int] = {}
+
+    def _run_k_shift(self, type_k: str, env: dict[str, int], feeds: dict[str, np.ndarray]) -> None:
+        """Run the model's K-shift graph on a KV cache's buffers (they are written in place)."""
+        self.model.k_shift_program(self.kind, self.pooling, type_k).run(env, feeds)
 
     def decode(self, batch: Batch, taps: dict[str, np.ndarray] | None = None) -> None:
         """Run a batch; afterwards :meth:`logits` holds one row per requested output, in batch order.
@@ -169,7 +176,7 @@ class Context:
                     raise StateError(f"cannot set memory: {k}={theirs[k]!r}, this context has {k}={ours[k]!r}")
         with self._lock:
             if isinstance(mem, KVCache):
-                mem.bind_rope(self._shiftable, self._rope)
+                mem.bind_shift(self._shiftable, functools.partial(self._run_k_shift, mem.type_k))
             self._memory = mem
 
     def state_save(self, path: str | os.PathLike[str] | None = None) -> bytes:

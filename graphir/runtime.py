@@ -67,18 +67,33 @@ class Model:
                     self._prepared[name] = QWeight.prepare(t.data, t.qtype, t.ne0)
             return self._prepared[name]
 
-    def program(self, kind: str, pooling: str = "none") -> tuple[Any, bool, dict[int, Any]]:
+    def program(self, kind: str, pooling: str = "none") -> tuple[Any, bool]:
         """A context kind's compiled graph (the prefill graph: it binds any ubatch size), shared by contexts,
-        with whether and how its cached K can be re-roped for position shifts."""
+        with whether its cached K can be re-roped for position shifts."""
         with self._lock:
             if (kind, pooling) not in self._programs:
                 from graphir.backends.executor import Program
                 from graphir.memory.kv import rope_plan
 
                 graph = self.meta.build_graph(kind, "prefill", pooling)
-                self._programs[kind, pooling] = (Program(graph, self.weight, self.numerics.path),
-                                                  *rope_plan(graph, self.weight))
-            return self._programs[kind, pooling]
+                self._programs[kind, pooling] = (Program(graph, self.weight, self.numerics.path), graph,
+                                                 *rope_plan(graph))
+            program, _, shiftable, _ = self._programs[kind, pooling]
+            return program, shiftable
+
+    def k_shift_program(self, kind: str, pooling: str, type_k: str) -> Any:
+        """The compiled K-shift graph of a context kind's KV cache of type ``type_k``, shared by contexts."""
+        self.program(kind, pooling)
+        with self._lock:
+            key = ("k_shift", kind, pooling, type_k)
+            if key not in self._programs:
+                from graphir.backends.executor import Program
+                from graphir.memory.kv import k_shift_graph
+
+                _, graph, _, plan = self._programs[kind, pooling]
+                shift = k_shift_graph(graph.meta, self.hparams, type_k, plan)
+                self._programs[key] = Program(shift, self.weight, self.numerics.path)
+            return self._programs[key]
 
     def new_context(self, **kw: Any) -> Context:
         """See :class:`graphir.context.Context` for the parameters (n_ctx, n_batch, n_ubatch, n_seq_max, kind, ...)."""

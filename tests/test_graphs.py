@@ -15,10 +15,14 @@ from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 from conftest import graph_cases
 
 from graphir.forms import to_text
+from graphir.memory.kv import k_shift_graph, rope_plan
 from graphir.model import open_model
+from graphir.presets import PRESETS
+from graphir.verify import verify
 
 SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"
 CASES = graph_cases()
+SHIFT_CASES = sorted(p for p in PRESETS if "kv" in open_model(p).arch.contexts)
 
 
 class GraphText(SingleFileSnapshotExtension):
@@ -45,7 +49,20 @@ def test_graph(preset: str, context: str, phase: str, graph_snapshot: Any) -> No
     assert to_text(open_model(preset).build_graph(context, phase)) == graph_snapshot
 
 
+@pytest.mark.parametrize("preset", SHIFT_CASES)
+def test_k_shift_graph(preset: str, graph_snapshot: Any) -> None:
+    """The KV cache's K-shift (re-roping cached K after seq_add/seq_div) is a graph like any other."""
+    m = open_model(preset)
+    graph = m.build_graph("kv", "prefill")
+    shiftable, plan = rope_plan(graph)
+    assert shiftable and sorted(plan) == list(range(m.arch.hp.n_layer))
+    shift = k_shift_graph(graph.meta, m.arch.hp, "f16", plan)
+    verify(shift)
+    assert to_text(shift) == graph_snapshot
+
+
 def test_every_snapshot_file_belongs_to_a_case() -> None:
     # NOTE: syrupy reports unused snapshots only when pytest runs without path arguments; this holds always.
     expected = {f"test_graph[{p}-{c}-{ph}].graph.txt" for p, c, ph in CASES}
+    expected |= {f"test_k_shift_graph[{p}].graph.txt" for p in SHIFT_CASES}
     assert sorted(p.name for p in (SNAPSHOT_DIR / "test_graphs").iterdir()) == sorted(expected)

@@ -20,14 +20,14 @@ former defrag) is never needed. Holes only make ``n_kv`` (the attended prefix) l
 Position edits (``seq_add``, ``seq_div``) are lazy, as in llama.cpp: they change the cells' positions and
 accumulate a per-cell pending ``shift``; :meth:`KVCache.update` (called by the context before the next
 decode) rotates the cached K rows by the angle of their shift, with the rope parameters of the layer's own
-K rope node in the compiled graph (mode, n_dims, freq base/scale, YaRN, freq factors).
+K rope node in the compiled graph (mode, n_dims, freq base/scale, YaRN, freq factors). That rotation is a
+graph of its own (:func:`k_shift_graph`, snapshot-tested), which the context's backend runs like any other.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -38,7 +38,7 @@ from graphir.errors import BatchError, CacheFullError, GraphirError
 from graphir.hparams import HParams
 from graphir.ir import Graph, Node
 from graphir.memory import CellMemory
-from graphir.ops import VIEWS
+from graphir.ops import VIEWS, infer
 
 if TYPE_CHECKING:
     from graphir.builder import GraphBuilder
@@ -52,38 +52,18 @@ MAX_SEQ = 64  # sequence sets are uint64 bitmasks (llama.cpp allows 256)
 POS_INF = np.iinfo(np.int64).max
 
 
-@dataclass(frozen=True)
-class RopeShift:
-    """How one layer's cached K was rotated: the K rope node's attributes and its frequency factors."""
-
-    attrs: dict[str, Any]
-    freq_factors: np.ndarray | None
-
-    def rotate(self, k: np.ndarray, delta: np.ndarray) -> np.ndarray:
-        """k (n, n_head_kv, head_dim) float32 post-RoPE rows rotated further by angle(delta) per row.
-
-        RoPE at position p rotates channel pair i by p*theta_i (YaRN mixes theta_i but keeps it linear in p),
-        so rotating by delta*theta_i moves a row from p to p + delta. The rotation has unit magnitude: the
-        YaRN/attention magnitude factor the forward rope applied is not applied a second time.
-        """
-        from graphir.backends import kernels as K  # the backend's own rope arithmetic (angles by f32 products)
-
-        a = dict(self.attrs)
-        a["attn_factor"] = 1.0
-        if a.get("ext_factor", 0.0):
-            a["attn_factor"] = 1.0 / (1.0 + 0.1 * math.log(1.0 / float(a["freq_scale"])))
-        cos_sin = K.rope_cos_sin(delta.astype(np.int64), a["n_dims"], self.freq_factors, a)
-        return K.rope_apply(k, cos_sin, a)
+N_SHIFT = DimDecl("n_shift", 1, N_CTX.sym, "cells whose pending position shift the K-shift applies")
 
 
-def rope_plan(graph: Graph, weight: Callable[[str], Any]) -> tuple[bool, dict[int, RopeShift]]:
-    """(can_shift, per-layer RopeShift) from a compiled graph: follow each ``cache_k`` write back to its rope.
+def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
+    """(can_shift, per layer the rope node its cached K went through), followed back from each ``cache_k``
+    write of a compiled graph.
 
-    A layer whose K reaches the cache through shape ops from a rope node is re-roped with that node's
-    attributes; a layer whose K has no rope upstream at all needs no re-roping (positions only live in
-    the mask); a layer whose K went through other arithmetic after a rope cannot be shifted.
+    A layer whose K reaches the cache through views from a rope node is re-roped with that node's attributes;
+    a layer whose K has no rope upstream at all needs no re-roping (positions only live in the mask); a layer
+    whose K went through other arithmetic after a rope cannot be shifted.
     """
-    plan: dict[int, RopeShift] = {}
+    plan: dict[int, Node] = {}
     ok = True
     for n in graph.nodes:
         if n.op != "set_rows" or not n.inputs[0].name.endswith("cache_k"):
@@ -92,10 +72,7 @@ def rope_plan(graph: Graph, weight: Callable[[str], Any]) -> tuple[bool, dict[in
         while x.op in VIEWS:
             x = x.inputs[0]
         if x.op == "rope":
-            ff = None
-            if len(x.inputs) > 2:
-                ff = np.asarray(weight(x.inputs[2].name), dtype=np.float32).reshape(-1)
-            plan[n.layer if n.layer is not None else -1] = RopeShift(dict(x.attrs), ff)
+            plan[n.layer if n.layer is not None else -1] = x
             continue
         seen, todo = set(), [x]
         while todo:  # any rope further up means K was rotated and then changed: a shift cannot be exact
@@ -108,6 +85,37 @@ def rope_plan(graph: Graph, weight: Callable[[str], Any]) -> tuple[bool, dict[in
                 break
             todo.extend(y.inputs)
     return ok, plan
+
+
+def _node(name: str, op: str, *inputs: Node, **attrs: Any) -> Node:
+    return Node(name, op, inputs, attrs, *infer(op, list(inputs), attrs))
+
+
+def k_shift_graph(meta: dict[str, Any], hp: HParams, type_k: str, plan: dict[int, Node]) -> Graph:
+    """llama.cpp's K-shift as a graph: for every layer whose K was roped, the cached rows of the shifted cells
+    (``shift_idxs``) are rotated by their pending deltas (``shift_pos``) with that layer's rope and written
+    back in place. RoPE at position p turns channel pair i by p*theta_i (YaRN mixes theta_i but keeps it
+    linear in p), so turning by delta*theta_i moves a row from p to p + delta. The turn has unit magnitude:
+    the YaRN/attention magnitude factor the forward rope applied is not applied a second time."""
+    d, h = hp.n_embd_head_k, hp.n_head_kv
+    idxs = Node("shift_idxs", "input", (), {"role": "shift_idxs"}, "i64", (N_SHIFT.sym,))
+    delta = Node("shift_pos", "input", (), {"role": "shift_pos"}, "i32", (N_SHIFT.sym,))
+    nodes, outputs = [idxs, delta], {}
+    shared: set[str] = set()
+    for il, rope in sorted(plan.items()):
+        a = dict(rope.attrs)
+        a["attn_factor"] = 1.0 / (1.0 + 0.1 * math.log(1.0 / float(a["freq_scale"]))) if a["ext_factor"] else 1.0
+        cache = Node(f"blk.{il}.cache_k", "input", (), {"role": "cache_k"}, type_k, (d * h, N_CTX.sym))
+        rows = _node(f"blk.{il}.k_shift.rows", "get_rows", cache, idxs)
+        heads = _node(f"blk.{il}.k_shift.heads", "reshape", rows, shape=(d, h, N_SHIFT.sym))
+        turned = _node(f"blk.{il}.k_shift.rope", "rope", heads, delta, *rope.inputs[2:], **a)
+        flat = _node(f"blk.{il}.k_shift.rows_out", "reshape", turned, shape=(d * h, N_SHIFT.sym))
+        write = _node(f"blk.{il}.cache_k.shift", "set_rows", cache, flat, idxs)
+        factors = [f for f in rope.inputs[2:] if f.name not in shared]     # one leaf for all layers
+        shared.update(f.name for f in factors)
+        nodes += [cache, *factors, rows, heads, turned, flat, write]
+        outputs[f"blk.{il}.cache_k"] = write
+    return Graph({**meta, "phase": "k_shift"}, (N_CTX, N_SHIFT), nodes, outputs)
 
 
 class KVCache(CellMemory):
@@ -134,7 +142,7 @@ class KVCache(CellMemory):
         self.seq = np.zeros(n_ctx, dtype=np.uint64)  # bit s: the cell belongs to sequence s
         self.shift = np.zeros(n_ctx, dtype=np.int64)  # pending position delta not yet applied to K
         self.heads = [s * self.stream_size for s in range(self.n_stream)]  # per stream: where the next slot search starts (not state)
-        self.rope: dict[int, RopeShift] | None = None  # bound by the context from its compiled graph
+        self._run_shift: Callable[[dict[str, int], dict[str, np.ndarray]], Any] | None = None  # bound by the context
         self.shiftable = True
         self._buffers: dict[str, np.ndarray] = {}
         if n_ctx:
@@ -166,9 +174,10 @@ class KVCache(CellMemory):
     def buffers(self) -> dict[str, np.ndarray]:
         return self._buffers
 
-    def bind_rope(self, shiftable: bool, plan: dict[int, RopeShift]) -> None:
-        """Tell the cache how its K rows were rotated (see :func:`rope_plan`); needed by :meth:`update`."""
-        self.shiftable, self.rope = shiftable, plan
+    def bind_shift(self, shiftable: bool, run: Callable[[dict[str, int], dict[str, np.ndarray]], Any]) -> None:
+        """Whether cached K can be re-roped, and how: run(env, feeds) runs this cache's K-shift graph
+        (:func:`k_shift_graph`, compiled by the context's model); needed by :meth:`update`."""
+        self.shiftable, self._run_shift = shiftable, run
 
     def stream_of(self, seq: int) -> int:
         return 0 if self.unified else seq
@@ -351,19 +360,13 @@ class KVCache(CellMemory):
         if not self.shiftable:
             raise GraphirError("this model's cached K cannot be re-roped (K changes after its rope): positions "
                                "were edited with seq_add/seq_div but the cache cannot follow")
-        if self.rope is None:
-            raise GraphirError("this KV cache is not bound to a compiled model (bind_rope), so pending position "
+        if self._run_shift is None:
+            raise GraphirError("this KV cache is not bound to a compiled model (bind_shift), so pending position "
                                "shifts cannot be applied; use the memory of a context")
         idx = np.flatnonzero((self.pos >= 0) & (self.shift != 0))
-        delta = self.shift[idx]
-        hp = self.hp
-        for il in range(hp.n_layer):
-            r = self.rope.get(il)
-            if r is None:
-                continue  # no rope on this layer's K: nothing to rotate
-            buf = self._buffers[f"blk.{il}.cache_k"]
-            k = buf[idx].astype(np.float32).reshape(len(idx), hp.n_head_kv, hp.n_embd_head_k)
-            buf[idx] = r.rotate(k, delta).reshape(len(idx), -1).astype(buf.dtype)  # f16: rounds to nearest even
+        feeds = {name: buf for name, buf in self._buffers.items() if name.endswith(".cache_k")}
+        feeds.update(shift_idxs=idx.astype(np.int64), shift_pos=self.shift[idx].astype(np.int32))
+        self._run_shift({"n_ctx": self.n_ctx, "n_shift": len(idx)}, feeds)   # writes the K buffers in place
         self.shift[:] = 0
         return True
 
