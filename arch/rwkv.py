@@ -26,6 +26,7 @@ class Rwkv6(Architecture):
     contexts = ("recurrent",)
     required_keys = (Keys.WKV.HEAD_SIZE, Keys.LLM.TIME_MIX_EXTRA_DIM, Keys.LLM.TIME_DECAY_EXTRA_DIM,
                      Keys.Attention.LAYERNORM_EPS, Keys.LLM.FEED_FORWARD_LENGTH)
+    key_defaults = {Keys.LLM.TOKEN_SHIFT_COUNT: 2}     # llama_hparams::token_shift_count
 
     def __init__(self, hp: HParams):
         if hp.token_shift_count != 2:

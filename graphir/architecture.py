@@ -25,6 +25,9 @@ class Architecture:
     name: ClassVar[str]
     rope_mode: ClassVar[str] = "none"  # norm (adjacent pairs) | neox (split halves) | none
     required_keys: ClassVar[tuple[str, ...]] = ()  # gguf.Keys templates beyond the common required ones
+    # Optional keys whose default is this family's own in llama.cpp (llama_hparams / load_hparams), by template:
+    # a GGUF that leaves them out means these values, and gives the same graph as one that spells them.
+    key_defaults: ClassVar[Mapping[str, Any]] = {}
     causal: ClassVar[bool] = True
     # Context kinds this family runs with, the default first (llama.cpp's create_memory, as data).
     contexts: ClassVar[tuple[str, ...]] = ("kv", "none")
@@ -41,7 +44,8 @@ class Architecture:
 
     @classmethod
     def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
-        return cls(read_hparams(label, metadata, cls.name, cls.required_keys, cls.causal))
+        defaults = {k.format(arch=cls.name): v for k, v in cls.key_defaults.items()}
+        return cls(read_hparams(label, {**defaults, **metadata}, cls.name, cls.required_keys, cls.causal))
 
     def tensors(self) -> list[TensorSpec]:
         raise NotImplementedError

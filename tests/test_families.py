@@ -235,6 +235,32 @@ def test_recurrent_greedy_continuation_is_llama_cpps_token_for_token(
     assert len(set(ours)) > 1  # not a degenerate repetition that any state would give
 
 
+@oracle
+def test_an_rwkv6_gguf_without_token_shift_count_means_llama_cpps_default_of_2(tmp_path: Path) -> None:
+    """rwkv6.token_shift_count is optional in llama.cpp (default 2): such a file gives the graph of one that says 2,
+    and the same logits as llama.cpp."""
+    from graphir.forms import to_text
+    from graphir.model import open_model
+
+    key = gguf.Keys.LLM.TOKEN_SHIFT_COUNT.format(arch="rwkv6")
+    preset = make_tiny_preset("rwkv6")
+    without = write_model_gguf(tmp_path / "no-shift-key.gguf", preset, drop_md=(key,))
+    with_key = write_model_gguf(tmp_path / "shift-key.gguf", preset)
+    assert key not in gguf.GGUFReader(without).fields and key in gguf.GGUFReader(with_key).fields
+    for phase in ("prefill", "decode"):
+        assert to_text(open_model(str(without)).build_graph("recurrent", phase)) == \
+            to_text(open_model(str(with_key)).build_graph("recurrent", phase))
+    ref_ctx = LlamaCpp(without)
+    try:
+        ref_ctx.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
+        ref = np.array([ref_ctx.logits_ith(i) for i in range(len(PROMPT))])
+    finally:
+        ref_ctx.close()
+    ctx = load(str(without)).new_context(n_ctx=64)
+    ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
+    assert np.abs(ctx.logits() - ref).max() <= 1e-3
+
+
 # ---- recurrent batching --------------------------------------------------------------------------------------
 
 
