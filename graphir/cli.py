@@ -20,7 +20,6 @@ from typing import Any, Callable, NoReturn, Sequence
 from graphir.errors import GraphirError
 
 PROG = "graphir"
-CONTEXTS = ("none", "kv", "recurrent")  # mirrors graphir.model.CONTEXT_KINDS (kept literal so --help needs no import)
 PHASES = ("prefill", "decode")  # mirrors graphir.builder.PHASES
 FORMATS = ("text", "json", "dot")
 OUTTYPES = ("f32", "f16")  # mirrors graphir.convert.OUTTYPES
@@ -382,7 +381,9 @@ def _rate(n: float, seconds: float) -> str:
 
 
 def _graph_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--context", choices=CONTEXTS, default=None,
+    from graphir.memory.kinds import KINDS  # here, not at import: `import graphir.cli` stays light
+
+    p.add_argument("--context", choices=tuple(KINDS), default=None,
                    help="memory kind the graph is built for (default: the architecture's, kv for decoders; a saved graph keeps its own)")
     p.add_argument("--phase", choices=PHASES, default=None,
                    help="prefill (n_tokens open) or decode (one token) (default: prefill; a saved graph keeps its own)")

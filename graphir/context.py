@@ -17,7 +17,6 @@ memories that advance one state per sequence per ubatch. Outputs always come bac
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from typing import Any, Protocol
@@ -28,10 +27,8 @@ from graphir.architecture import Architecture
 from graphir.batch import SPLITS, Batch, validate
 from graphir.errors import BatchError, GraphirError, StateError
 from graphir.hparams import HParams
-from graphir.memory import CellMemory, Memory
-from graphir.memory.kv import KVCache
-from graphir.memory.none import NoMemory
-from graphir.memory.recurrent import RecurrentMemory
+from graphir.memory import Memory
+from graphir.memory.kinds import KINDS
 from graphir.pooling import pooling_inputs
 
 class ModelView(Protocol):
@@ -70,15 +67,10 @@ class Context:
                                f"with (its position embeddings end there)")
         self.n_batch, self.n_ubatch, self.n_seq_max = n_batch, min(n_ubatch, n_batch), n_seq_max
         self.pooling = pooling or hp.pooling
-        if self.kind == "kv":
-            self._memory: Memory = KVCache(hp, type_k, type_v, self.n_ctx, n_seq_max, unified)
-        elif self.kind == "none":
-            self._memory = NoMemory(hp)
-        else:
-            self._memory = RecurrentMemory(hp, n_seq_max)
+        self._memory: Memory = KINDS[self.kind].for_context(hp, n_ctx=self.n_ctx, n_seq_max=n_seq_max, type_k=type_k,
+                                                            type_v=type_v, unified=unified)
         self.program, self._shiftable = model.program(self.kind, self.pooling)
-        if isinstance(self._memory, KVCache):
-            self._memory.bind_shift(self._shiftable, functools.partial(self._run_k_shift, self._memory.type_k))
+        self._memory.bind_shift(self._shiftable, self._run_k_shift)
         self.has_logits = "logits" in self.program.outputs
         self.embeddings_enabled = embeddings or not self.has_logits  # an encoder's only output is embeddings
         self._lock = threading.Lock()  # one decode at a time per context; contexts run in parallel
@@ -98,18 +90,14 @@ class Context:
         """
         if len(batch) > self.n_batch:
             raise BatchError(f"batch of {len(batch)} tokens exceeds n_batch={self.n_batch}")
-        if self.kind == "none" and len(batch) > self.n_ubatch:
-            raise BatchError(f"a context without cache attends within one ubatch: {len(batch)} tokens exceed "
-                             f"n_ubatch={self.n_ubatch}")
         if self.pooling != "none":  # llama.cpp: a pooled context outputs every token
             batch = Batch(batch.tokens, batch.pos, batch.seq_ids, np.ones(len(batch), dtype=bool))
         with self._lock:
             mem = self.memory
             pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.next_pos(self.n_seq_max))
-            if self.kind == "none" and pos.max() >= self.n_ctx:
-                i = int(np.argmax(pos >= self.n_ctx))
-                raise BatchError(f"token {i} of seq {batch.seq_ids[i][0]} has position {int(pos[i])}, beyond the "
-                                 f"context size n_ctx={self.n_ctx}")
+            why = mem.refuse(batch, pos, self.n_ctx, self.n_ubatch)
+            if why:
+                raise BatchError(why)
             ubatches = SPLITS[mem.split](batch, pos, self.n_ubatch)
             plans = mem.prepare(ubatches)  # raises CacheFullError before anything changed
             mem.update()  # pending K-shift: the cells' contents change representation, not meaning
@@ -169,14 +157,12 @@ class Context:
             diff = [k for k, v in cur.hp.as_dict().items() if mem.hp.as_dict().get(k) != v]
             raise StateError(f"cannot set memory: it was made for a model with different hyperparameters "
                              f"({', '.join(diff)})")
-        if isinstance(cur, CellMemory):
-            theirs, ours = mem.layout(), cur.layout()
-            for k in ours:
-                if theirs[k] != ours[k]:
-                    raise StateError(f"cannot set memory: {k}={theirs[k]!r}, this context has {k}={ours[k]!r}")
+        theirs, ours = mem.layout(), cur.layout()
+        for k in ours:
+            if theirs[k] != ours[k]:
+                raise StateError(f"cannot set memory: {k}={theirs[k]!r}, this context has {k}={ours[k]!r}")
         with self._lock:
-            if isinstance(mem, KVCache):
-                mem.bind_shift(self._shiftable, functools.partial(self._run_k_shift, mem.type_k))
+            mem.bind_shift(self._shiftable, self._run_k_shift)
             self._memory = mem
 
     def state_save(self, path: str | os.PathLike[str] | None = None) -> bytes:

@@ -17,12 +17,7 @@ from graphir.builder import PHASES, GraphBuilder
 from graphir.errors import GraphirError, MetadataError
 from graphir.gguf_file import GGUFHeader, TensorInfo, read_header
 from graphir.ir import Graph
-from graphir.memory import Memory
-from graphir.memory.kv import KVCache
-from graphir.memory.none import NoMemory
-from graphir.memory.recurrent import RecurrentMemory
-
-CONTEXT_KINDS: dict[str, type[Memory]] = {"none": NoMemory, "kv": KVCache, "recurrent": RecurrentMemory}
+from graphir.memory.kinds import KINDS
 
 
 @dataclass
@@ -54,9 +49,9 @@ class ModelMeta:
         ``phase`` prefill or decode, ``pooling`` how embeddings are reduced per sequence (default: the model's)."""
         arch = self.arch
         context = context or arch.contexts[0]
-        mem_cls = CONTEXT_KINDS.get(context)
+        mem_cls = KINDS.get(context)
         if mem_cls is None:
-            raise GraphirError(f"unknown context '{context}' (known: {', '.join(CONTEXT_KINDS)})")
+            raise GraphirError(f"unknown context '{context}' (known: {', '.join(KINDS)})")
         if context not in arch.contexts:
             raise GraphirError(f"{self.label}: a '{arch.name}' model runs with context {' or '.join(arch.contexts)}, "
                                f"not '{context}'")

@@ -103,10 +103,10 @@ def load_graph(src: str | os.PathLike[str], context: str | None = None, phase: s
     """
     from graphir.builder import PHASES
     from graphir.ir import Graph
-    from graphir.model import CONTEXT_KINDS
+    from graphir.memory.kinds import KINDS
 
     if context is not None:
-        _check_choice("context", context, list(CONTEXT_KINDS))
+        _check_choice("context", context, list(KINDS))
     if phase is not None:
         _check_choice("phase", phase, PHASES)
     m = open_source(src)

@@ -50,8 +50,7 @@ import numpy as np
 from graphir.errors import StateError
 from graphir.hparams import HParams
 from graphir.memory import CellMemory
-from graphir.memory.kv import CACHE_DTYPES, KVCache
-from graphir.memory.recurrent import RecurrentMemory
+from graphir.memory.kv import CACHE_DTYPES
 
 MAGIC = b"GIRSTATE"
 VERSION = 1
@@ -149,7 +148,7 @@ class Outputs:
 
 
 def _memory(mem: Any) -> CellMemory:
-    if not isinstance(mem, CellMemory):
+    if not mem.keeps_cells:
         raise StateError(f"memory kind '{mem.kind}' keeps no state to save or load")
     return mem
 
@@ -304,15 +303,11 @@ def read(hp: HParams, memory: Any, data: Any, embeddings: bool) -> Outputs:
     n = len(s.cell)
     if n and (s.cell.min() < 0 or s.cell.max() >= len(mem.pos) or len(np.unique(s.cell)) != n):
         raise StateError("state data is malformed: cell indices are out of range or repeated")
-    if isinstance(mem, RecurrentMemory) and n and np.bitwise_or.reduce(s.seqs) != sum(s.seqs):
-        raise StateError("state data is malformed: a sequence has more than one recurrent state cell")
     if n and ((s.seqs == 0).any() or (s.seqs >> np.uint64(mem.n_seq_max)).any()):
         raise StateError(f"state data is malformed: a cell has no sequence or one >= n_seq_max={mem.n_seq_max}")
-    if isinstance(mem, KVCache) and not mem.unified and n:
-        for c, m in zip(s.cell, s.seqs):
-            stream = int(c) // mem.stream_size
-            if int(m) != 1 << stream:
-                raise StateError(f"state data is malformed: cell {int(c)} is not in its sequence's stream")
+    why = mem.check_saved(s.cell, s.seqs) if n else None
+    if why:
+        raise StateError(f"state data is malformed: {why}")
     if s.logits is not None and len(s.logits) and s.logits.shape[1] != hp.n_vocab:
         raise StateError(f"state data is malformed: logits have {s.logits.shape[1]} columns, n_vocab={hp.n_vocab}")
     # everything checked: now mutate
@@ -321,11 +316,7 @@ def read(hp: HParams, memory: Any, data: Any, embeddings: bool) -> Outputs:
     for il in range(hp.n_layer):
         k_buf, v_buf = mem.cell_rows(il)
         k_buf[s.cell], v_buf[s.cell] = s.k_rows[il], s.v_rows[il]
-    if isinstance(mem, KVCache):
-        for st in range(mem.n_stream):  # heads: just after the last used cell of each stream
-            a, b = mem.stream_range(st)
-            used = np.flatnonzero(mem.pos[a:b] >= 0)
-            mem.heads[st] = a + int(used[-1]) + 1 if len(used) and a + int(used[-1]) + 1 < b else a
+    mem.restored()
     assert s.logits is not None and s.out_index is not None and s.embd is not None
     embd = (s.embd.copy() if len(s.embd) else np.zeros((0, hp.n_embd), np.float32)) if embeddings else None
     return Outputs(s.logits.copy(), {int(b): r for r, b in enumerate(s.out_index) if b >= 0}, embd)
@@ -342,7 +333,7 @@ def read_seq(hp: HParams, memory: Any, data: Any, dst: int) -> None:
     if not 0 <= dst < mem.n_seq_max:
         raise StateError(f"destination seq id {dst} is outside [0, {mem.n_seq_max})")
     n = len(s.cell)
-    lo, hi = mem.stream_range(mem.stream_of(dst)) if isinstance(mem, KVCache) else (0, len(mem.pos))
+    lo, hi = mem.cell_range(dst)
     holds = mem._holds(dst)
     free = (mem.pos < 0) | (holds & (mem.seq == np.uint64(1 << dst)))  # dst's own cells are freed first
     free[:lo] = False

@@ -28,10 +28,11 @@ TINY_KEYS: dict[str, object] = {
 
 def graph_cases() -> list[tuple[str, str, str]]:
     """Every (preset, context, phase) a preset's architecture runs with: what the golden snapshots cover."""
-    from graphir.model import CONTEXT_KINDS, open_model
+    from graphir.memory.kinds import KINDS
+    from graphir.model import open_model
     from graphir.presets import PRESETS
 
-    return [(p, c, ph) for p in sorted(PRESETS) for c in open_model(p).arch.contexts for ph in CONTEXT_KINDS[c].phases]
+    return [(p, c, ph) for p in sorted(PRESETS) for c in open_model(p).arch.contexts for ph in KINDS[c].phases]
 
 
 def smollm2_path() -> Path | None:

@@ -36,10 +36,29 @@ class Memory:
 
     kind: str = ""
     phases: tuple[str, ...] = ("prefill", "decode")
+    keeps_cells: bool = False  # CellMemory: cells that survive between decodes (and go into saved states)
     split: str = "simple"  # how batches are cut into ubatches for this kind: simple | equal | seq (graphir.batch)
 
     def __init__(self, hp: HParams):
         self.hp = hp
+
+    @classmethod
+    def for_context(cls, hp: HParams, *, n_ctx: int, n_seq_max: int, type_k: str, type_v: str,
+                    unified: bool) -> Memory:
+        """This kind's memory for a context of these parameters (each kind takes what it uses)."""
+        return cls(hp)
+
+    def layout(self) -> dict[str, Any]:
+        """What must agree for two memories (or a memory and a saved state) to be interchangeable."""
+        return {"kind": self.kind}
+
+    def refuse(self, batch: Any, pos: np.ndarray, n_ctx: int, n_ubatch: int) -> str | None:
+        """Why this kind cannot take a (validated) batch whose tokens have positions ``pos``, or None: checked
+        before anything runs, so a refused batch changes nothing."""
+        return None
+
+    def bind_shift(self, shiftable: bool, run: Any) -> None:
+        """How to re-rope cached K (a KV cache's K-shift); memories without rotated K ignore it."""
 
     def ubatch_dims(self) -> tuple[Dim, Dim | None, list[DimDecl]]:
         """A prefill ubatch's token count, its tokens per sequence when split equally (else None), and the dims
@@ -139,6 +158,8 @@ class Memory:
 class CellMemory(Memory):
     """A memory of cells, each with a position (``pos``, -1 empty) and a set of sequences (bit s of ``seq``)."""
 
+    keeps_cells = True
+
     pos: np.ndarray
     seq: np.ndarray
     n_seq_max: int
@@ -146,13 +167,20 @@ class CellMemory(Memory):
     def _holds(self, seq: int) -> np.ndarray:
         return (self.seq >> np.uint64(seq)) & np.uint64(1) == 1
 
-    def layout(self) -> dict[str, Any]:
-        """What must agree for two memories (or a memory and a saved state) to be interchangeable."""
-        raise NotImplementedError
-
     def cell_rows(self, il: int) -> tuple[np.ndarray, np.ndarray]:
         """Layer il's two per-cell buffers (what a saved state holds per cell): K and V, or r and s states."""
         raise NotImplementedError
+
+    def cell_range(self, seq: int) -> tuple[int, int]:
+        """The cells sequence ``seq`` may occupy, as [lo, hi) (all of them unless the kind partitions cells)."""
+        return 0, len(self.pos)
+
+    def check_saved(self, cells: np.ndarray, seqs: np.ndarray) -> str | None:
+        """Why saved cells (indices, sequence sets) cannot be this memory's, or None (the kind's own rules)."""
+        return None
+
+    def restored(self) -> None:
+        """After a saved state was written into the cells: rebuild what is derived from them."""
 
     def _check_seq(self, seq: int, what: str) -> None:
         if not 0 <= seq < self.n_seq_max:

@@ -142,7 +142,7 @@ class KVCache(CellMemory):
         self.seq = np.zeros(n_ctx, dtype=np.uint64)  # bit s: the cell belongs to sequence s
         self.shift = np.zeros(n_ctx, dtype=np.int64)  # pending position delta not yet applied to K
         self.heads = [s * self.stream_size for s in range(self.n_stream)]  # per stream: where the next slot search starts (not state)
-        self._run_shift: Callable[[dict[str, int], dict[str, np.ndarray]], Any] | None = None  # bound by the context
+        self._run_shift: Callable[[str, dict[str, int], dict[str, np.ndarray]], Any] | None = None  # by the context
         self.shiftable = True
         self._buffers: dict[str, np.ndarray] = {}
         if n_ctx:
@@ -174,10 +174,31 @@ class KVCache(CellMemory):
     def buffers(self) -> dict[str, np.ndarray]:
         return self._buffers
 
-    def bind_shift(self, shiftable: bool, run: Callable[[dict[str, int], dict[str, np.ndarray]], Any]) -> None:
-        """Whether cached K can be re-roped, and how: run(env, feeds) runs this cache's K-shift graph
-        (:func:`k_shift_graph`, compiled by the context's model); needed by :meth:`update`."""
+    @classmethod
+    def for_context(cls, hp: HParams, *, n_ctx: int, n_seq_max: int, type_k: str, type_v: str,
+                    unified: bool) -> KVCache:
+        return cls(hp, type_k, type_v, n_ctx, n_seq_max, unified)
+
+    def bind_shift(self, shiftable: bool, run: Callable[[str, dict[str, int], dict[str, np.ndarray]], Any]) -> None:
+        """Whether cached K can be re-roped, and how: run(type_k, env, feeds) runs the K-shift graph of a cache of
+        that type (:func:`k_shift_graph`, compiled by the context's model); needed by :meth:`update`."""
         self.shiftable, self._run_shift = shiftable, run
+
+    def cell_range(self, seq: int) -> tuple[int, int]:
+        return self.stream_range(self.stream_of(seq))
+
+    def check_saved(self, cells: np.ndarray, seqs: np.ndarray) -> str | None:
+        if not self.unified:
+            for c, m in zip(cells, seqs):
+                if int(m) != 1 << (int(c) // self.stream_size):
+                    return f"cell {int(c)} is not in its sequence's stream"
+        return None
+
+    def restored(self) -> None:
+        for st in range(self.n_stream):  # heads: just after the last used cell of each stream
+            a, b = self.stream_range(st)
+            used = np.flatnonzero(self.pos[a:b] >= 0)
+            self.heads[st] = a + int(used[-1]) + 1 if len(used) and a + int(used[-1]) + 1 < b else a
 
     def stream_of(self, seq: int) -> int:
         return 0 if self.unified else seq
@@ -366,7 +387,7 @@ class KVCache(CellMemory):
         idx = np.flatnonzero((self.pos >= 0) & (self.shift != 0))
         feeds = {name: buf for name, buf in self._buffers.items() if name.endswith(".cache_k")}
         feeds.update(shift_idxs=idx.astype(np.int64), shift_pos=self.shift[idx].astype(np.int32))
-        self._run_shift({"n_ctx": self.n_ctx, "n_shift": len(idx)}, feeds)   # writes the K buffers in place
+        self._run_shift(self.type_k, {"n_ctx": self.n_ctx, "n_shift": len(idx)}, feeds)   # writes K in place
         self.shift[:] = 0
         return True
 

@@ -32,6 +32,16 @@ class NoMemory(Memory):
         mask = b.input("kq_mask", "f32", (b.n_tokens, b.n_tokens), causal=self.hp.causal)
         return b.attn_mha(q, k, v, mask, kq_scale)
 
+    def refuse(self, batch: Any, pos: np.ndarray, n_ctx: int, n_ubatch: int) -> str | None:
+        if len(batch) > n_ubatch:
+            return (f"a context without cache attends within one ubatch: {len(batch)} tokens exceed "
+                    f"n_ubatch={n_ubatch}")
+        if len(pos) and pos.max() >= n_ctx:
+            i = int(np.argmax(pos >= n_ctx))
+            return (f"token {i} of seq {batch.seq_ids[i][0]} has position {int(pos[i])}, beyond the context size "
+                    f"n_ctx={n_ctx}")
+        return None
+
     def next_pos(self, n_seq_max: int) -> list[int]:
         return [0] * n_seq_max  # every decode starts afresh: nothing is remembered
 

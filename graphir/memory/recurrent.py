@@ -234,6 +234,16 @@ class RecurrentMemory(CellMemory):
     def cell_rows(self, il: int) -> tuple[np.ndarray, np.ndarray]:
         return self._buffers[f"blk.{il}.rs_r"], self._buffers[f"blk.{il}.rs_s"]
 
+    @classmethod
+    def for_context(cls, hp: HParams, *, n_ctx: int, n_seq_max: int, type_k: str, type_v: str,
+                    unified: bool) -> RecurrentMemory:
+        return cls(hp, n_seq_max)
+
+    def check_saved(self, cells: np.ndarray, seqs: np.ndarray) -> str | None:
+        if len(seqs) and np.bitwise_or.reduce(seqs) != sum(seqs):
+            return "a sequence has more than one recurrent state cell"
+        return None
+
     def layout(self) -> dict[str, Any]:
         return {"kind": self.kind, "type_k": "f32", "type_v": "f32", "n_ctx": self.size,
                 "n_seq_max": self.n_seq_max, "unified": True}
