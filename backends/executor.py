@@ -123,7 +123,7 @@ def kernel(*ops: str) -> Callable[[Maker], Maker]:
 
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
-_LIBM_UNARY = {"gelu": K.gelu, "relu": K.relu, "sqr": K.sqr, "neg": K.neg, "exp": K.exp, "tanh": K.tanh,
+_UNARY_FN = {"gelu": K.gelu, "relu": K.relu, "sqr": K.sqr, "neg": K.neg, "exp": K.exp, "tanh": K.tanh,
                "sigmoid": K.sigmoid}
 
 
@@ -143,9 +143,9 @@ def _binary(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]
     return lambda env, x, y: f(x, _broadcast(_dense(y), x.shape), dtype=np.float32)
 
 
-@kernel(*_LIBM_UNARY)
+@kernel(*_UNARY_FN)
 def _unary(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    f = _LIBM_UNARY[n.op]
+    f = _UNARY_FN[n.op]
     return lambda env, x: f(x)
 
 

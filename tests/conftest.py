@@ -63,6 +63,12 @@ def oracle_is_exact() -> bool:
     return numerics().path.name == oracle_path()
 
 
+def logit_distance(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """(largest |difference|, smallest cosine of two rows) between two (rows, n_vocab) logit arrays."""
+    a, b = np.atleast_2d(np.asarray(ours, np.float64)), np.atleast_2d(np.asarray(ref, np.float64))
+    return float(np.abs(a - b).max()), float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+
+
 def assert_llama_logits(ours: np.ndarray, ref: np.ndarray, what: str = "logits") -> None:
     """Bit-equal where graphir runs the oracle's own path (oracle_is_exact), else within isa.APPROX: each
     row's largest |difference| and the cosine of the two rows."""
@@ -73,9 +79,7 @@ def assert_llama_logits(ours: np.ndarray, ref: np.ndarray, what: str = "logits")
     if oracle_is_exact():
         assert np.array_equal(ours, ref), f"{what}: max |d| {np.abs(ours - ref).max():.3g}"
         return
-    a, b = ours.astype(np.float64), ref.astype(np.float64)
-    worst = float(np.abs(a - b).max())
-    cos = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+    worst, cos = logit_distance(ours, ref)
     assert worst <= APPROX.logit_abs and cos >= APPROX.logit_cos, f"{what}: max |d| {worst:.3g}, cosine {cos:.6f}"
 
 
