@@ -20,8 +20,7 @@ from graphir.tensors import TensorSpec, spec
 class Bert(Architecture):
     name = "bert"
     rope_mode = "neox"  # declared by llama.cpp for the family; BERT itself rotates nothing
-    causal = False
-    contexts = ("none",)
+    causal = False  # bidirectional attention: its layers need no cache, so the context keeps none
     learned_positions = True
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_EPS)
 

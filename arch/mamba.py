@@ -13,15 +13,33 @@ from gguf import Keys
 
 from graphir.architecture import Architecture
 from graphir.builder import GraphBuilder
+from graphir.hparams import Key
 from graphir.ir import Node
+from graphir.memory.layers import LayerNeeds, Recurrent
 from graphir.tensors import TensorSpec, spec, tensor_name
 
 
 class Mamba(Architecture):
     name = "mamba"
-    contexts = ("recurrent",)
-    required_keys = (Keys.SSM.CONV_KERNEL, Keys.SSM.INNER_SIZE, Keys.SSM.STATE_SIZE, Keys.SSM.TIME_STEP_RANK,
-                     Keys.Attention.LAYERNORM_RMS_EPS)
+    required_keys = (Keys.Attention.LAYERNORM_RMS_EPS,)
+    keys = (Key("ssm_d_conv", Keys.SSM.CONV_KERNEL, int, required=True),  # conv kernel width
+            Key("ssm_d_inner", Keys.SSM.INNER_SIZE, int, required=True),
+            Key("ssm_d_state", Keys.SSM.STATE_SIZE, int, required=True),
+            Key("ssm_dt_rank", Keys.SSM.TIME_STEP_RANK, int, required=True),
+            Key("ssm_dt_b_c_rms", Keys.SSM.DT_B_C_RMS, bool, False))
+
+    @property
+    def n_embd_r(self) -> int:
+        """Per sequence and layer, the last d_conv - 1 conv input columns."""
+        return (self.hp.ssm_d_conv - 1) * self.hp.ssm_d_inner
+
+    @property
+    def n_embd_s(self) -> int:
+        """Per sequence and layer, the SSM state: d_state per inner channel."""
+        return self.hp.ssm_d_state * self.hp.ssm_d_inner
+
+    def layers(self) -> LayerNeeds:
+        return (Recurrent(self.n_embd_r, self.n_embd_s),) * self.hp.n_layer
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
@@ -60,7 +78,7 @@ class Mamba(Architecture):
         conv_x = b.op("concat", conv, b.op("transpose", xs, name="ssm_x_in.t"), dim=0, name="conv_x")
         last = b.op("view", conv_x, shape=(K - 1, Di, S), strides=(1, K - 1 + Ts, (K - 1 + Ts) * Di), offset=Ts,
                     name="conv_state.new")
-        b.store_rs("r", b.reshape(b.op("cont", last, name="conv_state.cont"), (hp.n_embd_r, S), name="conv_rows"))
+        b.store_rs("r", b.reshape(b.op("cont", last, name="conv_state.cont"), (self.n_embd_r, S), name="conv_rows"))
         xs = b.op("ssm_conv", conv_x, b.w(T.SSM_CONV1D, il), name="ssm_conv")
         xs = b.op("silu", b.op("add", xs, b.w(T.SSM_CONV1D, il, "bias"), name="ssm_conv.b"), name="ssm_conv.act")
 
@@ -74,7 +92,7 @@ class Mamba(Architecture):
         ys = b.op("ssm_scan", state, xs, dt, b.w(T.SSM_A, il, None), B, C, name="ssm_scan")
         n_y = Di * Ts * S
         y = b.op("view", ys, shape=(Di, Ts, S), strides=(1, Di, Di * Ts), offset=0, name="ssm_y")
-        b.store_rs("s", b.op("view", ys, shape=(hp.n_embd_s, S), strides=(1, hp.n_embd_s), offset=n_y,
+        b.store_rs("s", b.op("view", ys, shape=(self.n_embd_s, S), strides=(1, self.n_embd_s), offset=n_y,
                              name="ssm_state.new"))
 
         y = b.op("add", y, b.op("mul", xs, b.w(T.SSM_D, il, None), name="ssm_skip"), name="ssm_y.skip")

@@ -14,8 +14,9 @@ from gguf import Keys
 from graphir.architecture import Architecture
 from graphir.builder import GraphBuilder, Norm
 from graphir.errors import MetadataError
-from graphir.hparams import HParams
+from graphir.hparams import HParams, Key
 from graphir.ir import Node
+from graphir.memory.layers import LayerNeeds, Recurrent
 from graphir.tensors import TensorSpec, spec
 
 _MIXES = 5  # w, k, v, r, g: the five token-shift interpolations of the time mix, in this order
@@ -23,16 +24,31 @@ _MIXES = 5  # w, k, v, r, g: the five token-shift interpolations of the time mix
 
 class Rwkv6(Architecture):
     name = "rwkv6"
-    contexts = ("recurrent",)
-    required_keys = (Keys.WKV.HEAD_SIZE, Keys.LLM.TIME_MIX_EXTRA_DIM, Keys.LLM.TIME_DECAY_EXTRA_DIM,
-                     Keys.Attention.LAYERNORM_EPS, Keys.LLM.FEED_FORWARD_LENGTH)
-    key_defaults = {Keys.LLM.TOKEN_SHIFT_COUNT: 2}     # llama_hparams::token_shift_count
+    required_keys = (Keys.Attention.LAYERNORM_EPS, Keys.LLM.FEED_FORWARD_LENGTH)
+    keys = (Key("wkv_head_size", Keys.WKV.HEAD_SIZE, int, required=True),
+            Key("time_mix_extra_dim", Keys.LLM.TIME_MIX_EXTRA_DIM, int, required=True),  # low-rank mix sizes
+            Key("time_decay_extra_dim", Keys.LLM.TIME_DECAY_EXTRA_DIM, int, required=True),
+            Key("rescale_every_n_layers", Keys.LLM.RESCALE_EVERY_N_LAYERS, int, 0),  # residual halving period
+            Key("token_shift_count", Keys.LLM.TOKEN_SHIFT_COUNT, int, 2))  # llama_hparams::token_shift_count
 
     def __init__(self, hp: HParams):
         if hp.token_shift_count != 2:
             raise MetadataError(f"rwkv6 needs {Keys.LLM.TOKEN_SHIFT_COUNT.format(arch='rwkv6')} = 2 (attention and "
                                 f"FFN shift), got {hp.token_shift_count}")
         super().__init__(hp)
+
+    @property
+    def n_embd_r(self) -> int:
+        """Per sequence and layer, the token shifts: the last token's normed input to time and channel mix."""
+        return self.hp.token_shift_count * self.hp.n_embd
+
+    @property
+    def n_embd_s(self) -> int:
+        """Per sequence and layer, one head_size x head_size WKV matrix per head."""
+        return self.hp.n_embd * self.hp.wkv_head_size
+
+    def layers(self) -> LayerNeeds:
+        return (Recurrent(self.n_embd_r, self.n_embd_s),) * self.hp.n_layer
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
@@ -114,7 +130,7 @@ class Rwkv6(Architecture):
 
         state = b.build_rs("s")
         out = b.op("rwkv_wkv6", k, v, r, b.w(T.TIME_MIX_FIRST, il), w, state, name="wkv")
-        b.store_rs("s", b.op("view", out, shape=(hp.n_embd_s, b.n_seqs), strides=(1, hp.n_embd_s),
+        b.store_rs("s", b.op("view", out, shape=(self.n_embd_s, b.n_seqs), strides=(1, self.n_embd_s),
                              offset=E * n_tok, name="wkv_state.new"))
         o = b.op("view", out, shape=(hs, H, n_tok), strides=(1, hs, E), offset=0, name="wkv_out")
         o = b.op("norm", b.op("cont", o, name="wkv_out.cont"), eps=64e-5, name="wkv_out.norm")  # per head
@@ -157,7 +173,7 @@ class Rwkv6(Architecture):
                 new_shift = b.op("concat", *(b.op("view", t, shape=(E, 1, S), strides=(1, E, E * Ts), offset=last,
                                                   name=f"{tag}.last") for tag, t in (("attn_norm", a), ("ffn_norm", f))),
                                  dim=1, name="shift.new")
-                b.store_rs("r", b.reshape(new_shift, (hp.n_embd_r, S), name="shift.rows"))
+                b.store_rs("r", b.reshape(new_shift, (self.n_embd_r, S), name="shift.rows"))
                 tags = ("ffn_inp", "ffn_norm", "ffn_prev")
                 ffn_inp, f, f_prev = (b.reshape(t, (E, n_tok), name=f"{tag}.tokens")
                                       for tag, t in zip(tags, (ffn_inp, f, f_prev)))

@@ -8,9 +8,13 @@ string literals.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
-from graphir.hparams import HParams, read_hparams
+from graphir.errors import MetadataError
+from graphir.hparams import PER_LAYER, HParams, Key, read_hparams
+from graphir.memory.kinds import fitting
+from graphir.memory.layers import Attention, LayerNeeds, kinds_of
 from graphir.tensors import TensorDecl, TensorSpec
 
 if TYPE_CHECKING:
@@ -24,13 +28,14 @@ class Architecture:
 
     name: ClassVar[str]
     rope_mode: ClassVar[str] = "none"  # norm (adjacent pairs) | neox (split halves) | none
-    required_keys: ClassVar[tuple[str, ...]] = ()  # gguf.Keys templates beyond the common required ones
-    # Optional keys whose default is this family's own in llama.cpp (llama_hparams / load_hparams), by template:
-    # a GGUF that leaves them out means these values, and gives the same graph as one that spells them.
-    key_defaults: ClassVar[Mapping[str, Any]] = {}
+    required_keys: ClassVar[tuple[str, ...]] = ()  # gguf.Keys templates of common keys the family cannot do without
+    # The family's own hyperparameters, read as attributes of hp; an absent optional key takes the default
+    # llama.cpp gives it (llama_hparams / load_hparams), so leaving it out gives the same graph as spelling it.
+    keys: ClassVar[tuple[Key, ...]] = ()
     causal: ClassVar[bool] = True
-    # Context kinds this family runs with, the default first (llama.cpp's create_memory, as data).
-    contexts: ClassVar[tuple[str, ...]] = ("kv", "none")
+    # Whether the family sizes each layer by its own entry of the per-layer arrays (head counts, FFN length);
+    # a family that does not (llama.cpp reads layer 0 for it) refuses a file whose layers differ.
+    per_layer: ClassVar[bool] = False
     learned_positions: ClassVar[bool] = False  # positions index a trained table: none beyond n_ctx_train
 
     def __init_subclass__(cls, **kw: Any) -> None:
@@ -44,8 +49,32 @@ class Architecture:
 
     @classmethod
     def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
-        defaults = {k.format(arch=cls.name): v for k, v in cls.key_defaults.items()}
-        return cls(read_hparams(label, {**defaults, **metadata}, cls.name, cls.required_keys, cls.causal))
+        hp = read_hparams(label, metadata, cls.name, cls.required_keys, cls.causal, cls.keys)
+        varying = [t for t, v in zip(PER_LAYER, (hp.n_ff, hp.n_head, hp.n_head_kv)) if isinstance(v, tuple)]
+        if varying and not cls.per_layer:
+            raise MetadataError(f"{label}: key '{varying[0].format(arch=cls.name)}' differs between layers; the "
+                                f"'{cls.name}' family gives every layer the same size")
+        return cls(hp)
+
+    def layers(self) -> LayerNeeds:
+        """What each layer keeps between ubatches, from hparams alone (default: causal self-attention at the
+        layer's K/V widths). The memory a context gets is assembled from these."""
+        hp = self.hp
+        return tuple(Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il), causal=hp.causal)
+                     for il in range(hp.n_layer))
+
+    @cached_property
+    def needs(self) -> LayerNeeds:
+        return self.layers()
+
+    @cached_property
+    def contexts(self) -> tuple[str, ...]:
+        """The memory kinds this model runs with, its default first (graphir.memory.kinds)."""
+        kinds = fitting(self.needs)
+        if not kinds:
+            raise MetadataError(f"no memory kind holds a '{self.name}' model's layers (of kind "
+                                f"{', '.join(sorted(kinds_of(self.needs)))})")
+        return kinds
 
     def tensors(self) -> list[TensorSpec]:
         raise NotImplementedError

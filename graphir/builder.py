@@ -55,7 +55,7 @@ class ArchView(Protocol):
 
 class MemoryView(Protocol):
     """What the builder asks of the context's memory (graphir.memory.Memory implements it): how ubatches are
-    sized and what attention and recurrent state become in the graph."""
+    sized and what each layer's attention and recurrent state become in the graph (by layer index)."""
 
     split: str
 
@@ -63,13 +63,11 @@ class MemoryView(Protocol):
 
     def dims(self) -> list[DimDecl]: ...
 
-    def build_attn(self, b: GraphBuilder, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node: ...
+    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node: ...
 
-    def build_attn_mla(self, b: GraphBuilder, *args: Any, **kw: Any) -> Node: ...
+    def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node: ...
 
-    def build_rs(self, b: GraphBuilder, which: str) -> Node: ...
-
-    def store_rs(self, b: GraphBuilder, which: str, states: Node) -> None: ...
+    def store_rs(self, b: GraphBuilder, il: int, which: str, states: Node) -> None: ...
 
 
 class GraphBuilder:
@@ -83,6 +81,7 @@ class GraphBuilder:
         self.outputs: dict[str, Node] = {}
         self._names: dict[str, Node] = {}
         self._scope = ""
+        self.il: int | None = None  # the layer being built (inside ``with b.layer(il)``)
         # n_seq_tokens is set when the memory splits ubatches equally (n_tokens = n_seq_tokens * n_seqs).
         self.n_seq_tokens: Dim | None
         if phase == "decode":
@@ -135,11 +134,11 @@ class GraphBuilder:
     @contextmanager
     def layer(self, il: int) -> Iterator[None]:
         """Scope node names to ``blk.<il>.`` so a change inside one layer renames nothing outside it."""
-        outer, self._scope = self._scope, f"blk.{il}."
+        outer, self._scope, outer_il, self.il = self._scope, f"blk.{il}.", self.il, il
         try:
             yield
         finally:
-            self._scope = outer
+            self._scope, self.il = outer, outer_il
 
     def input(self, role: str, dtype: str, shape: tuple[Dim, ...], scoped: bool = False, **facts: Any) -> Node:
         """A runtime-fed tensor, declared once per name; ``scoped`` inputs belong to the current layer."""
@@ -236,20 +235,22 @@ class GraphBuilder:
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node, wo_b: Node | None = None,
                    kq_scale: float) -> Node:
         """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o."""
-        out = self.memory.build_attn(self, q, k, v, kq_scale=kq_scale)
+        out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale)
         return self.linear(out, wo, wo_b, name="attn_out")
-
-    def build_attn_mla(self, *args: Any, **kw: Any) -> Node:
-        return self.memory.build_attn_mla(self, *args, **kw)
 
     def build_rs(self, which: str) -> Node:
         """This layer's recurrent state of the ubatch's sequences: ``r`` (rolling: conv columns, token shifts)
         ``[n_embd_r, n_seqs]`` or ``s`` (SSM / WKV state) ``[n_embd_s, n_seqs]``."""
-        return self.memory.build_rs(self, which)
+        return self.memory.build_rs(self, self._layer("build_rs"), which)
 
     def store_rs(self, which: str, states: Node) -> None:
         """Write this layer's new states (same shape as :meth:`build_rs` returns) back to the memory."""
-        self.memory.store_rs(self, which, states)
+        self.memory.store_rs(self, self._layer("store_rs"), which, states)
+
+    def _layer(self, what: str) -> int:
+        if self.il is None:
+            raise GraphError(f"{what} is a layer's request: call it inside `with b.layer(il)`")
+        return self.il
 
     def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float) -> Node:
         """softmax(K^T Q * scale + mask) V per head; query head h reads kv head h // (n_head / n_head_kv)."""

@@ -263,9 +263,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     info["total_params"] = sum(t["params"] for t in tensors)
     known = [t["bytes"] for t in tensors if t["bytes"] is not None]
     info["total_bytes"] = sum(known)
-    from graphir.backends.isa import numerics
+    from graphir.backend import get
 
-    num = numerics()
+    num = get().numerics()
     info["numerics"] = {"path": num.path.name, "host": num.host, "exact": num.exact, "chosen_by": num.chosen_by}
 
     if args.json:
@@ -390,9 +390,9 @@ def _graph_options(p: argparse.ArgumentParser) -> None:
 
 
 def _isa_option(p: argparse.ArgumentParser) -> None:
-    from graphir.backends.isa import PATHS
+    from graphir.backend import get
 
-    p.add_argument("--isa", choices=("auto", *PATHS), default="auto",
+    p.add_argument("--isa", choices=("auto", *get().paths), default="auto",
                    help="the llama.cpp CPU path whose numbers to reproduce (default: auto, GRAPHIR_ISA or the host's)")
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -27,8 +27,10 @@ from graphir.architecture import Architecture
 from graphir.batch import SPLITS, Batch, validate
 from graphir.errors import BatchError, GraphirError, StateError
 from graphir.hparams import HParams
+from graphir.ir import Graph
 from graphir.memory import Memory
-from graphir.memory.kinds import KINDS
+from graphir.memory.kinds import assemble
+from graphir.memory.layers import ContextParams
 from graphir.pooling import pooling_inputs
 
 class ModelView(Protocol):
@@ -41,9 +43,9 @@ class ModelView(Protocol):
     @property
     def hparams(self) -> HParams: ...
 
-    def program(self, kind: str, pooling: str = "none") -> tuple[Any, bool]: ...
+    def program(self, kind: str, pooling: str = "none") -> tuple[Any, Graph]: ...
 
-    def k_shift_program(self, kind: str, pooling: str, type_k: str) -> Any: ...
+    def compiled(self, key: tuple[Any, ...], make: Callable[[], Graph]) -> Any: ...
 
 
 class Context:
@@ -52,8 +54,8 @@ class Context:
     def __init__(self, model: ModelView, n_ctx: int | None = None, n_batch: int = 512, n_ubatch: int = 512,
                  n_seq_max: int = 1, kind: str | None = None, embeddings: bool = False, type_k: str = "f16",
                  type_v: str = "f16", unified: bool = True, pooling: str | None = None):
-        """``kind``: the memory (default: the architecture's: kv for decoders, none for encoders, recurrent for
-        Mamba/RWKV). ``unified``: one pool of n_ctx cells shared by all sequences (default), or False for
+        """``kind``: the memory (default: the first the model's layers fit, graphir.memory.kinds: kv for
+        decoders, none for encoders, recurrent for Mamba/RWKV). ``unified``: one pool of n_ctx cells shared by all sequences (default), or False for
         llama.cpp's non-unified layout, n_ctx // n_seq_max cells per sequence (see :mod:`graphir.memory.kv`).
         ``pooling``: none, mean, cls or last (default: the model's); pooled contexts output every token."""
         hp, arch = model.hparams, model.arch
@@ -67,10 +69,10 @@ class Context:
                                f"with (its position embeddings end there)")
         self.n_batch, self.n_ubatch, self.n_seq_max = n_batch, min(n_ubatch, n_batch), n_seq_max
         self.pooling = pooling or hp.pooling
-        self._memory: Memory = KINDS[self.kind].for_context(hp, n_ctx=self.n_ctx, n_seq_max=n_seq_max, type_k=type_k,
-                                                            type_v=type_v, unified=unified)
-        self.program, self._shiftable = model.program(self.kind, self.pooling)
-        self._memory.bind_shift(self._shiftable, self._run_k_shift)
+        params = ContextParams(self.n_ctx, n_seq_max, self.n_ubatch, type_k, type_v, unified, owner=hp)
+        self._memory: Memory = assemble(self.kind, arch.needs, params)
+        self.program, self._graph = model.program(self.kind, self.pooling)
+        self._memory.bind_shift(self._graph, self._run_graph)
         self.has_logits = "logits" in self.program.outputs
         self.embeddings_enabled = embeddings or not self.has_logits  # an encoder's only output is embeddings
         self._lock = threading.Lock()  # one decode at a time per context; contexts run in parallel
@@ -79,9 +81,10 @@ class Context:
         self._pooled: dict[int, np.ndarray] = {}
         self._row: dict[int, int] = {}
 
-    def _run_k_shift(self, type_k: str, env: dict[str, int], feeds: dict[str, np.ndarray]) -> None:
-        """Run the model's K-shift graph on a KV cache's buffers (they are written in place)."""
-        self.model.k_shift_program(self.kind, self.pooling, type_k).run(env, feeds)
+    def _run_graph(self, key: tuple[Any, ...], make: Callable[[], Graph], env: dict[str, int],
+                   feeds: dict[str, np.ndarray]) -> None:
+        """Run a graph of the memory's own (the K-shift) on its buffers, compiled once per model and key."""
+        self.model.compiled((self.kind, self.pooling, *key), make).run(env, feeds)
 
     def decode(self, batch: Batch, taps: dict[str, np.ndarray] | None = None) -> None:
         """Run a batch; afterwards :meth:`logits` holds one row per requested output, in batch order.
@@ -94,8 +97,8 @@ class Context:
             batch = Batch(batch.tokens, batch.pos, batch.seq_ids, np.ones(len(batch), dtype=bool))
         with self._lock:
             mem = self.memory
-            pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.next_pos(self.n_seq_max))
-            why = mem.refuse(batch, pos, self.n_ctx, self.n_ubatch)
+            pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.next_pos())
+            why = mem.refuse(batch, pos)
             if why:
                 raise BatchError(why)
             ubatches = SPLITS[mem.split](batch, pos, self.n_ubatch)
@@ -150,19 +153,19 @@ class Context:
         else StateError names the first mismatch. The object itself is installed, not a copy.
         """
         cur = self._memory
-        if type(mem) is not type(cur):
-            raise StateError(f"cannot set memory: kind '{getattr(mem, 'kind', type(mem).__name__)}' differs from "
-                             f"this context's '{cur.kind}'")
-        if mem.hp != cur.hp:
-            diff = [k for k, v in cur.hp.as_dict().items() if mem.hp.as_dict().get(k) != v]
+        if mem.kind != cur.kind:
+            raise StateError(f"cannot set memory: kind '{mem.kind}' differs from this context's '{cur.kind}'")
+        theirs_hp, ours_hp = mem.params.owner, cur.params.owner
+        if theirs_hp != ours_hp:
+            diff = [k for k, v in ours_hp.as_dict().items() if theirs_hp.as_dict().get(k) != v]
             raise StateError(f"cannot set memory: it was made for a model with different hyperparameters "
                              f"({', '.join(diff)})")
         theirs, ours = mem.layout(), cur.layout()
         for k in ours:
-            if theirs[k] != ours[k]:
-                raise StateError(f"cannot set memory: {k}={theirs[k]!r}, this context has {k}={ours[k]!r}")
+            if theirs.get(k) != ours[k]:
+                raise StateError(f"cannot set memory: {k}={theirs.get(k)!r}, this context has {k}={ours[k]!r}")
         with self._lock:
-            mem.bind_shift(self._shiftable, self._run_k_shift)
+            mem.bind_shift(self._graph, self._run_graph)
             self._memory = mem
 
     def state_save(self, path: str | os.PathLike[str] | None = None) -> bytes:

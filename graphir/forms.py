@@ -113,13 +113,18 @@ def node_line(n: Node) -> str:
     return f"%{n.name} = {n.op}({args}){_attrs_text(n.attrs)} : {_type(n)}"
 
 
+def _hparam(v: Any) -> str:
+    """An hparams entry: a per-layer array prints without spaces, since entries are separated by them."""
+    return "[" + ",".join(map(str, v)) + "]" if isinstance(v, tuple) else _attr(v)
+
+
 def _header(g: Graph) -> list[str]:
     lines = [f"{TEXT_MAGIC} v{FORMAT_VERSION}"]
     for k in ("arch", "context", "phase"):
         if k in g.meta:
             lines.append(f"{k} {g.meta[k]}")
     if g.meta.get("hparams"):
-        lines.append("hparams " + " ".join(f"{k}={_attr(v)}" for k, v in g.meta["hparams"].items()))
+        lines.append("hparams " + " ".join(f"{k}={_hparam(v)}" for k, v in g.meta["hparams"].items()))
     lines += [f"dim {d}" for d in g.dims]
     lines += [f"output {role} = %{n.name}" for role, n in g.outputs.items()]
     return lines

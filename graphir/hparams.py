@@ -9,8 +9,8 @@ give the same graph.
 from __future__ import annotations
 
 import struct
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Tuple, Union
 
 from gguf import Keys, PoolingType
 
@@ -23,15 +23,30 @@ def f32(x: float) -> float:
 
 
 @dataclass(frozen=True)
+class Key:
+    """A hyperparameter a family reads beyond the common ones: its field name, its GGUF key template, its
+    type, and the value llama.cpp gives it when the file leaves the key out."""
+
+    field: str
+    template: str
+    kind: type
+    default: Any = 0
+    required: bool = False
+
+
+PerLayer = Union[int, Tuple[int, ...]]
+
+
+@dataclass(frozen=True)
 class HParams:
     arch: str
     n_vocab: int
     n_ctx_train: int
     n_embd: int
     n_layer: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
+    n_ff: PerLayer  # an int when every layer agrees, else one value per layer (a GGUF array)
+    n_head: PerLayer
+    n_head_kv: PerLayer
     n_embd_head_k: int
     n_embd_head_v: int
     n_rot: int
@@ -44,52 +59,56 @@ class HParams:
     norm_rms_eps: float
     attn_scale: float  # 0: use 1/sqrt(n_embd_head_k)
     causal: bool
-    # Family fields: defaults mean "not this family"; printed only when set (see as_dict).
+    # Shared but rarely set: printed only when set (see as_dict).
     pooling: str = "none"  # none | mean | cls | last | rank: how embedding models reduce a sequence
     n_token_types: int = 0  # rows of the token-type embedding (BERT)
-    ssm_d_conv: int = 0  # Mamba: conv kernel width, inner size, state size, time-step rank
-    ssm_d_inner: int = 0
-    ssm_d_state: int = 0
-    ssm_dt_rank: int = 0
-    ssm_dt_b_c_rms: bool = False
-    wkv_head_size: int = 0  # RWKV: head size, low-rank mix sizes, residual halving period, shift count
-    time_mix_extra_dim: int = 0
-    time_decay_extra_dim: int = 0
-    rescale_every_n_layers: int = 0
-    token_shift_count: int = 0
+    # The family's own keys (Architecture.keys), as (field, value) in the family's order; read as attributes.
+    family: tuple[tuple[str, Any], ...] = ()
+
+    def __getattr__(self, name: str) -> Any:
+        for k, v in self.__dict__.get("family", ()):
+            if k == name:
+                return v
+        raise AttributeError(f"'{self.__dict__.get('arch', '?')}' hparams have no field {name!r}")
+
+    def head_count(self, il: int) -> int:
+        return _at(self.n_head, il)
+
+    def head_count_kv(self, il: int) -> int:
+        return _at(self.n_head_kv, il)
+
+    def ff_length(self, il: int) -> int:
+        return _at(self.n_ff, il)
+
+    def n_embd_k_gqa_at(self, il: int) -> int:
+        return self.n_embd_head_k * self.head_count_kv(il)
+
+    def n_embd_v_gqa_at(self, il: int) -> int:
+        return self.n_embd_head_v * self.head_count_kv(il)
 
     @property
     def n_embd_k_gqa(self) -> int:
-        return self.n_embd_head_k * self.n_head_kv
+        return self.n_embd_k_gqa_at(0)
 
     @property
     def n_embd_v_gqa(self) -> int:
-        return self.n_embd_head_v * self.n_head_kv
-
-    @property
-    def n_embd_r(self) -> int:
-        """Floats of rolling state per sequence and layer: RWKV's token shifts or Mamba's conv columns."""
-        if self.wkv_head_size:
-            return self.token_shift_count * self.n_embd
-        return max(self.ssm_d_conv - 1, 0) * self.ssm_d_inner
-
-    @property
-    def n_embd_s(self) -> int:
-        """Floats of recurrent state per sequence and layer: RWKV's WKV matrices or Mamba's SSM state."""
-        if self.wkv_head_size:
-            return self.n_embd * self.wkv_head_size
-        return self.ssm_d_state * self.ssm_d_inner
+        return self.n_embd_v_gqa_at(0)
 
     def as_dict(self) -> dict[str, Any]:
-        """Every common field, and the family fields a model sets (so graph headers stay family-sized)."""
-        d = asdict(self)
-        for f in fields(self)[_N_COMMON:]:
-            if d[f.name] == f.default:
-                del d[f.name]
+        """Every common field, then the rarely set and the family's fields that are set (non-zero), so graph
+        headers stay family-sized."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)[:_N_COMMON]}
+        d.update((f.name, getattr(self, f.name)) for f in fields(self)[_N_COMMON:-1]
+                 if getattr(self, f.name) != f.default)
+        d.update((k, v) for k, v in self.family if v)
         return d
 
 
 _N_COMMON = [f.name for f in fields(HParams)].index("pooling")
+
+
+def _at(v: PerLayer, il: int) -> int:
+    return v if isinstance(v, int) else v[il]
 
 
 class KeyReader:
@@ -109,8 +128,23 @@ class KeyReader:
             return default
         v = self.md[k]
         if isinstance(v, list):
-            raise MetadataError(f"{self.label}: key '{k}' is a per-layer array; only one value for all layers "
-                                f"is supported")
+            raise MetadataError(f"{self.label}: key '{k}' is an array; graphir reads one value for it (per-layer "
+                                f"arrays: {', '.join(t.format(arch=self.arch) for t in PER_LAYER)})")
+        return self._typed(k, v, kind)
+
+    def per_layer(self, template: str, n_layer: int, default: PerLayer) -> PerLayer:
+        """A key llama.cpp reads as one value or one per layer (``get_key_or_arr``); an array whose layers all
+        agree is that one value, so a uniform model reads and prints the same either way."""
+        k = self.key(template)
+        v = self.md.get(k, default)
+        if not isinstance(v, (list, tuple)):
+            return self._typed(k, v, int)
+        if len(v) != n_layer:
+            raise MetadataError(f"{self.label}: key '{k}' has {len(v)} values, one per layer needs {n_layer}")
+        vals = tuple(self._typed(f"{k}[{i}]", x, int) for i, x in enumerate(v))
+        return vals[0] if len(set(vals)) == 1 else vals
+
+    def _typed(self, k: str, v: Any, kind: type) -> Any:
         if kind is float and isinstance(v, (int, float)) and not isinstance(v, bool):
             return f32(float(v))
         if kind is int and isinstance(v, int) and not isinstance(v, bool):
@@ -120,19 +154,25 @@ class KeyReader:
         raise MetadataError(f"{self.label}: key '{k}' should be {kind.__name__}, got {type(v).__name__} {v!r}")
 
 
+PER_LAYER = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.HEAD_COUNT_KV)
+
+
 def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: tuple[str, ...] = (),
-                 causal: bool = True) -> HParams:
-    """The hparams every architecture shares; ``required`` names extra key templates the arch cannot do without."""
+                 causal: bool = True, keys: tuple[Key, ...] = ()) -> HParams:
+    """The hparams every architecture shares, and the family's ``keys``; ``required`` names extra key
+    templates the arch cannot do without."""
     r = KeyReader(label, metadata, arch)
-    for template in required:
+    for template in required + tuple(k.template for k in keys if k.required):
         if r.key(template) not in metadata:
             raise MetadataError(f"{label}: missing key '{r.key(template)}'")
-    L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
+    L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
     n_embd = r.get(L.EMBEDDING_LENGTH, int, required=True)
-    n_head = r.get(A.HEAD_COUNT, int, 0)
-    n_head_kv = r.get(A.HEAD_COUNT_KV, int, n_head)
-    head_k = r.get(A.KEY_LENGTH, int, n_embd // n_head if n_head else 0)
-    head_v = r.get(A.VALUE_LENGTH, int, n_embd // n_head if n_head else 0)
+    n_layer = r.get(L.BLOCK_COUNT, int, required=True)
+    n_head = r.per_layer(A.HEAD_COUNT, n_layer, 0)
+    n_head_kv = r.per_layer(A.HEAD_COUNT_KV, n_layer, n_head)
+    n_head_0 = _at(n_head, 0)  # llama.cpp derives the head sizes from layer 0
+    head_k = r.get(A.KEY_LENGTH, int, n_embd // n_head_0 if n_head_0 else 0)
+    head_v = r.get(A.VALUE_LENGTH, int, n_embd // n_head_0 if n_head_0 else 0)
     n_vocab = r.get(L.VOCAB_SIZE, int, None)
     if n_vocab is None:
         tokens = metadata.get(Keys.Tokenizer.LIST)
@@ -140,15 +180,15 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
     scaling = r.get(R.SCALING_TYPE, str, "linear")
     factor = r.get(R.SCALING_FACTOR, float, 0.0) or r.get("{arch}.rope.scale_linear", float, 0.0)
     n_ctx_train = r.get(L.CONTEXT_LENGTH, int, required=True)
-    if n_head and n_embd % n_head and A.KEY_LENGTH.format(arch=arch) not in metadata:
-        raise MetadataError(f"{label}: n_embd {n_embd} is not divisible by n_head {n_head}")
+    if n_head_0 and n_embd % n_head_0 and A.KEY_LENGTH.format(arch=arch) not in metadata:
+        raise MetadataError(f"{label}: n_embd {n_embd} is not divisible by n_head {n_head_0}")
     return HParams(
         arch=arch,
         n_vocab=n_vocab,
         n_ctx_train=n_ctx_train,
         n_embd=n_embd,
-        n_layer=r.get(L.BLOCK_COUNT, int, required=True),
-        n_ff=r.get(L.FEED_FORWARD_LENGTH, int, 0),
+        n_layer=n_layer,
+        n_ff=r.per_layer(L.FEED_FORWARD_LENGTH, n_layer, 0),
         n_head=n_head,
         n_head_kv=n_head_kv,
         n_embd_head_k=head_k,
@@ -165,16 +205,7 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
         causal=r.get(A.CAUSAL, bool, causal),
         pooling=_pooling(r),
         n_token_types=_int_key(label, metadata, Keys.Tokenizer.TOKEN_TYPE_COUNT),
-        ssm_d_conv=r.get(S.CONV_KERNEL, int, 0),
-        ssm_d_inner=r.get(S.INNER_SIZE, int, 0),
-        ssm_d_state=r.get(S.STATE_SIZE, int, 0),
-        ssm_dt_rank=r.get(S.TIME_STEP_RANK, int, 0),
-        ssm_dt_b_c_rms=r.get(S.DT_B_C_RMS, bool, False),
-        wkv_head_size=r.get(Keys.WKV.HEAD_SIZE, int, 0),
-        time_mix_extra_dim=r.get(L.TIME_MIX_EXTRA_DIM, int, 0),
-        time_decay_extra_dim=r.get(L.TIME_DECAY_EXTRA_DIM, int, 0),
-        rescale_every_n_layers=r.get(L.RESCALE_EVERY_N_LAYERS, int, 0),
-        token_shift_count=r.get(L.TOKEN_SHIFT_COUNT, int, 0),
+        family=tuple((k.field, r.get(k.template, k.kind, k.default)) for k in keys),
     )
 
 

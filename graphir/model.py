@@ -17,7 +17,7 @@ from graphir.builder import PHASES, GraphBuilder
 from graphir.errors import GraphirError, MetadataError
 from graphir.gguf_file import GGUFHeader, TensorInfo, read_header
 from graphir.ir import Graph
-from graphir.memory.kinds import KINDS
+from graphir.memory.kinds import KINDS, assemble
 
 
 @dataclass
@@ -49,17 +49,16 @@ class ModelMeta:
         ``phase`` prefill or decode, ``pooling`` how embeddings are reduced per sequence (default: the model's)."""
         arch = self.arch
         context = context or arch.contexts[0]
-        mem_cls = KINDS.get(context)
-        if mem_cls is None:
+        if context not in KINDS:
             raise GraphirError(f"unknown context '{context}' (known: {', '.join(KINDS)})")
         if context not in arch.contexts:
             raise GraphirError(f"{self.label}: a '{arch.name}' model runs with context {' or '.join(arch.contexts)}, "
                                f"not '{context}'")
         if phase not in PHASES:
             raise GraphirError(f"unknown phase '{phase}' (known: {', '.join(PHASES)})")
-        if phase not in mem_cls.phases:
-            raise GraphirError(f"context '{context}' has no {phase} phase (it has: {', '.join(mem_cls.phases)})")
-        b = GraphBuilder(arch, self.label, self.tensors, mem_cls(arch.hp), phase)
+        if phase not in KINDS[context].phases:
+            raise GraphirError(f"context '{context}' has no {phase} phase (it has: {', '.join(KINDS[context].phases)})")
+        b = GraphBuilder(arch, self.label, self.tensors, assemble(context, arch.needs), phase)
         arch.build(b)
         b.build_pooling(pooling or arch.hp.pooling)
         return b.graph({"arch": arch.name, "context": context, "phase": phase, "hparams": arch.hp.as_dict()})

@@ -1,7 +1,8 @@
-"""Running models: ``graphir.load`` maps a GGUF's weights and compiles its graphs for the numba backend.
+"""Running models: ``graphir.load`` maps a GGUF's weights and compiles its graphs with a backend.
 
 The graphs that run are the very graphs the snapshots check: ``Model`` builds them from the same
-:class:`~graphir.model.ModelMeta` and hands them to the backend with the file's memory-mapped weights.
+:class:`~graphir.model.ModelMeta` and hands them to the backend (the numba one unless asked otherwise, found
+through :mod:`graphir.backend`) with the file's memory-mapped weights.
 """
 
 from __future__ import annotations
@@ -9,15 +10,18 @@ from __future__ import annotations
 import threading
 import time
 from functools import cached_property
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from graphir.architecture import Architecture
+from graphir.backend import DEFAULT, Program
+from graphir.backend import get as get_backend
 from graphir.batch import Batch
 from graphir.context import Context
 from graphir.errors import GraphirError
 from graphir.hparams import HParams
+from graphir.ir import Graph
 from graphir.model import ModelMeta, open_model
 from graphir.weights import GGUFWeights
 
@@ -25,16 +29,16 @@ from graphir.weights import GGUFWeights
 class Model:
     """A GGUF model ready to run. Weights are memory-mapped and prepared per tensor on first use."""
 
-    def __init__(self, meta: ModelMeta, isa: str | None = None):
+    def __init__(self, meta: ModelMeta, isa: str | None = None, backend: str = DEFAULT):
         if meta.header is None:
             raise GraphirError(f"{meta.label} is a preset: it has metadata but no weights; load a GGUF file")
-        from graphir.backends.isa import numerics
-
         self.meta = meta
-        self.numerics = numerics(isa)   # the llama.cpp CPU path the kernels reproduce
+        self.backend = get_backend(backend)
+        self.numerics = self.backend.numerics(isa)   # the llama.cpp CPU path the kernels reproduce
         self.weights = GGUFWeights(meta.header)
         self._prepared: dict[str, Any] = {}
-        self._programs: dict[str, Any] = {}
+        self._programs: dict[tuple[Any, ...], Program] = {}
+        self._graphs: dict[tuple[Any, ...], Graph] = {}
         self._lock = threading.RLock()  # weight() runs inside program()'s lock
 
     @property
@@ -55,8 +59,6 @@ class Model:
         """A vector as its f32 array; a matrix as a backend weight (repacked once, shared by contexts)."""
         with self._lock:
             if name not in self._prepared:
-                from graphir.backends.quant import QWeight
-
                 t = self.weights[name]
                 if len(t.shape) != 2:  # vectors and stacked parameters (RWKV's [E,1,1,5] mixes) stay dense
                     from gguf.quants import dequantize
@@ -64,35 +66,23 @@ class Model:
                     self._prepared[name] = np.asarray(dequantize(np.asarray(t.data), t.qtype), np.float32).reshape(
                         tuple(reversed(t.shape)))
                 else:
-                    self._prepared[name] = QWeight.prepare(t.data, t.qtype, t.ne0)
+                    self._prepared[name] = self.backend.prepare_weight(t.data, t.qtype, t.ne0)
             return self._prepared[name]
 
-    def program(self, kind: str, pooling: str = "none") -> tuple[Any, bool]:
+    def program(self, kind: str, pooling: str = "none") -> tuple[Program, Graph]:
         """A context kind's compiled graph (the prefill graph: it binds any ubatch size), shared by contexts,
-        with whether its cached K can be re-roped for position shifts."""
-        with self._lock:
-            if (kind, pooling) not in self._programs:
-                from graphir.backends.executor import Program
-                from graphir.memory.kv import rope_plan
+        and the graph itself."""
+        program = self.compiled((kind, pooling), lambda: self.meta.build_graph(kind, "prefill", pooling))
+        return program, self._graphs[kind, pooling]
 
-                graph = self.meta.build_graph(kind, "prefill", pooling)
-                self._programs[kind, pooling] = (Program(graph, self.weight, self.numerics.path), graph,
-                                                 *rope_plan(graph))
-            program, _, shiftable, _ = self._programs[kind, pooling]
-            return program, shiftable
-
-    def k_shift_program(self, kind: str, pooling: str, type_k: str) -> Any:
-        """The compiled K-shift graph of a context kind's KV cache of type ``type_k``, shared by contexts."""
-        self.program(kind, pooling)
+    def compiled(self, key: tuple[Any, ...], make: Callable[[], Graph]) -> Program:
+        """The program of the graph ``make()`` builds, compiled once per key and shared by contexts (contexts
+        ask for their memory's own graphs, such as the K-shift, this way)."""
         with self._lock:
-            key = ("k_shift", kind, pooling, type_k)
             if key not in self._programs:
-                from graphir.backends.executor import Program
-                from graphir.memory.kv import k_shift_graph
-
-                _, graph, _, plan = self._programs[kind, pooling]
-                shift = k_shift_graph(graph.meta, self.hparams, type_k, plan)
-                self._programs[key] = Program(shift, self.weight, self.numerics.path)
+                graph = make()
+                self._graphs[key] = graph
+                self._programs[key] = self.backend.compile(graph, self.weight, self.numerics)
             return self._programs[key]
 
     def new_context(self, **kw: Any) -> Context:
@@ -166,9 +156,10 @@ def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng
     return int(rng.choice(idx, p=p / p.sum()))
 
 
-def load(path: str, isa: str | None = None) -> Model:
+def load(path: str, isa: str | None = None, backend: str = DEFAULT) -> Model:
     """Load a GGUF model: ``model = graphir.load("SmolLM2-135M-Instruct.Q4_1.gguf")``.
 
     isa: the llama.cpp CPU path whose numbers to reproduce ("avx512", "avx2"); default: GRAPHIR_ISA, else the
-    host's own (``model.numerics`` says which, and whether it is exact on this host)."""
-    return Model(open_model(path), isa)
+    host's own (``model.numerics`` says which, and whether it is exact on this host). backend: the name an
+    installed backend registered (graphir.backend)."""
+    return Model(open_model(path), isa, backend)

@@ -315,3 +315,16 @@ def make_tiny_preset(arch: str = "llama", tied: bool = True, **keys: object) -> 
 def tiny_preset() -> Callable[..., Preset]:
     """:func:`make_tiny_preset`, as a fixture."""
     return make_tiny_preset
+
+
+def memory_bytes(ctx: Any) -> bytes:
+    """Everything a context remembers: the cells of its memory (or of each part) with their per-cell fields
+    (positions, sequence sets, shifts), every buffer, and the last outputs."""
+    def cells(mem: Any) -> bytes:
+        if hasattr(mem, "parts"):
+            return b"".join(cells(p) for p in mem.parts.values())
+        return b"".join(getattr(mem, f).tobytes() for f in mem.cell_fields)
+
+    mem = ctx.memory
+    return (cells(mem) + b"".join(k.encode() + b.tobytes() for k, b in mem.buffers().items())
+            + (ctx.logits().tobytes() if ctx.has_logits else b""))

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import gguf
 import numpy as np
 import pytest
-from conftest import make_tiny_preset, write_model_gguf
+from conftest import make_tiny_preset, memory_bytes, write_model_gguf
 
 from graphir.batch import Batch
 from graphir.cli import main
@@ -158,13 +158,6 @@ def last_index(seq_ids: list[int], j: int) -> int:
 def cos(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
-
-
-def memory_bytes(ctx: Context) -> bytes:
-    """Everything a context remembers: cells (positions, sequence sets, shifts), every buffer, last outputs."""
-    mem = ctx.memory
-    return (mem.pos.tobytes() + mem.seq.tobytes() + mem.shift.tobytes()
-            + b"".join(k.encode() + b.tobytes() for k, b in mem.buffers().items()) + ctx.logits().tobytes())
 
 
 def cell_of(ctx: Context, seq: int) -> int:

@@ -15,7 +15,9 @@ from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 from conftest import graph_cases
 
 from graphir.forms import to_text
-from graphir.memory.kv import k_shift_graph, rope_plan
+from graphir.memory.kinds import assemble
+from graphir.memory.kv import KVCache, rope_plan
+from graphir.memory.layers import ContextParams
 from graphir.model import open_model
 from graphir.presets import PRESETS
 from graphir.verify import verify
@@ -56,7 +58,9 @@ def test_k_shift_graph(preset: str, graph_snapshot: Any) -> None:
     graph = m.build_graph("kv", "prefill")
     shiftable, plan = rope_plan(graph)
     assert shiftable and sorted(plan) == list(range(m.arch.hp.n_layer))
-    shift = k_shift_graph(graph.meta, m.arch.hp, "f16", plan)
+    cache = assemble("kv", m.arch.needs, ContextParams(n_ctx=4))
+    assert isinstance(cache, KVCache)
+    shift = cache.k_shift_graph(graph.meta, plan)
     verify(shift)
     assert to_text(shift) == graph_snapshot
 

@@ -12,13 +12,16 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import graphir.arch
+from graphir.arch.llama import Llama
 from graphir.architecture import REGISTRY, Architecture
 from graphir.builder import GraphBuilder
 from graphir.dims import Sym
 from graphir.errors import GraphError, GraphirError, MetadataError, TensorError
+from graphir.forms import from_json, from_text, to_json, to_text
+from graphir.hparams import read_hparams
 from graphir.ir import Graph
-from graphir.memory.kv import KVCache
-from graphir.memory.none import NoMemory
+from graphir.memory.kinds import assemble
+from graphir.memory.layers import LatentAttention
 from graphir.model import ModelMeta, from_preset, open_model
 from graphir.presets import PRESETS
 
@@ -161,10 +164,39 @@ def test_a_value_of_the_wrong_type_is_rejected(short, value, message):
         hparams(smol_md(**{short: value}))
 
 
-def test_a_per_layer_array_is_rejected():
-    with pytest.raises(MetadataError, match=re.escape(
-            "key 'llama.attention.head_count_kv' is a per-layer array; only one value for all layers is supported")):
-        hparams(smol_md(n_head_kv=[3] * 30))
+def test_a_per_layer_array_whose_layers_agree_is_that_one_value_and_the_same_graph():
+    md = smol_md(n_head_kv=[3] * 30, n_ff=[1536] * 30, n_head=[9] * 30)
+    assert hparams(md) == hparams(smol_md())
+    meta = ModelMeta(SMOL, md, open_model(SMOL).tensors)
+    assert to_text(meta.build_graph("kv", "decode")) == to_text(build(SMOL, "kv", "decode"))
+
+
+def test_a_per_layer_array_is_read_per_layer_and_printed_canonically():
+    hp = read_hparams(SMOL, smol_md(n_layer=4, n_head_kv=[3, 0, 3, 1]), "llama")
+    assert hp.n_head_kv == (3, 0, 3, 1) and [hp.head_count_kv(il) for il in range(4)] == [3, 0, 3, 1]
+    assert hp.n_embd_k_gqa_at(3) == 64 and hp.head_count(2) == 9 and hp.ff_length(1) == 1536
+    assert hp.as_dict()["n_head_kv"] == (3, 0, 3, 1)
+    g = Graph({"arch": "test-per-layer", "hparams": hp.as_dict()}, (), [], {})
+    assert "n_head_kv=[3,0,3,1]" in to_text(g).splitlines()[2].split()
+    assert from_text(to_text(g)).meta["hparams"] == hp.as_dict()
+    assert from_json(to_json(g)).meta["hparams"] == hp.as_dict()
+
+
+def test_a_per_layer_array_of_the_wrong_length_or_type_is_refused():
+    with pytest.raises(MetadataError, match=re.escape("key 'llama.attention.head_count_kv' has 3 values, one per "
+                                                      "layer needs 30")):
+        hparams(smol_md(n_head_kv=[3, 3, 3]))
+    with pytest.raises(MetadataError, match=re.escape("key 'llama.feed_forward_length[1]' should be int")):
+        hparams(smol_md(n_ff=[1536, "x"] + [1536] * 28))
+    with pytest.raises(MetadataError, match=re.escape("key 'llama.rope.freq_base' is an array; graphir reads one "
+                                                      "value for it")):
+        hparams(smol_md(freq_base=[1.0] * 30))
+
+
+def test_a_family_with_one_size_for_all_layers_refuses_layers_that_differ():
+    with pytest.raises(MetadataError, match=re.escape("key 'llama.attention.head_count_kv' differs between layers; "
+                                                      "the 'llama' family gives every layer the same size")):
+        hparams(smol_md(n_head_kv=[3, 1] * 15))
 
 
 def test_n_embd_not_divisible_by_n_head_is_rejected_without_a_key_length():
@@ -486,7 +518,7 @@ def test_none_context_refuses_the_decode_phase():
 
 
 def test_an_unknown_context_is_refused():
-    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: none, kv, recurrent)")):
+    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: kv, iswa, recurrent, hybrid, none)")):
         open_model(SMOL).build_graph("paged", "prefill")
 
 
@@ -495,20 +527,36 @@ def test_an_unknown_phase_is_refused():
         open_model(SMOL).build_graph("kv", "train")
 
 
-@pytest.mark.parametrize("memory, kind", [(KVCache, "kv"), (NoMemory, "none")])
-def test_mla_attention_is_refused_with_a_clear_error(memory, kind):
-    m = open_model(SMOL)
-    b = GraphBuilder(m.arch, m.label, m.tensors, memory(m.arch.hp), "prefill")
-    with pytest.raises(GraphError, match=re.escape(
-            f"memory kind '{kind}' does not implement MLA attention (latent KV cache)")):
-        b.build_attn_mla()
+def test_a_model_whose_layers_no_memory_holds_is_refused_naming_the_layer_kind():
+    class Latent(Llama):  # a test-only family: K-only latent caches (MLA) have no memory kind yet
+        name = "test-latent"
+
+        def layers(self):
+            return (LatentAttention(512),) * self.hp.n_layer
+
+    try:
+        with pytest.raises(MetadataError, match=re.escape("no memory kind holds a 'test-latent' model's layers "
+                                                          "(of kind latent)")):
+            Latent(open_model(SMOL).arch.hp).contexts
+    finally:
+        REGISTRY.pop("test-latent")
 
 
-def test_recurrent_state_is_refused_by_the_kv_cache():
+@pytest.mark.parametrize("kind, request_, message", [
+    ("kv", lambda b, m: m.build_rs(b, 0, "s"), "memory kind 'kv' holds no recurrent state for layer 0"),
+    ("none", lambda b, m: m.store_rs(b, 2, "r", None), "memory kind 'none' holds no recurrent state for layer 2")])
+def test_a_request_the_memory_does_not_hold_is_refused_naming_the_layer(kind, request_, message):
     m = open_model(SMOL)
-    b = GraphBuilder(m.arch, m.label, m.tensors, KVCache(m.arch.hp), "prefill")
-    with pytest.raises(GraphError, match=re.escape("memory kind 'kv' holds no recurrent state")):
-        b.memory.build_rs(b, "s")
+    b = GraphBuilder(m.arch, m.label, m.tensors, assemble(kind, m.arch.needs), "prefill")
+    with pytest.raises(GraphError, match=re.escape(message)):
+        request_(b, b.memory)
+
+
+def test_a_layer_request_outside_a_layer_is_refused():
+    m = open_model(SMOL)
+    b = GraphBuilder(m.arch, m.label, m.tensors, assemble("kv", m.arch.needs), "prefill")
+    with pytest.raises(GraphError, match=re.escape("build_rs is a layer's request: call it inside `with b.layer(il)`")):
+        b.build_rs("s")
 
 
 # =========================================================================== builder: GQA

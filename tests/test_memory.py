@@ -22,7 +22,7 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
-from conftest import TINY_KEYS, write_model_gguf
+from conftest import TINY_KEYS, memory_bytes, write_model_gguf
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -70,12 +70,6 @@ def cells(ctx: Context) -> Counter[tuple[int, tuple[int, ...]]]:
     return out
 
 
-def state_bytes(ctx: Context) -> bytes:
-    mem = ctx.memory
-    return (mem.pos.tobytes() + mem.seq.tobytes() + mem.shift.tobytes()
-            + b"".join(b.tobytes() for b in mem.buffers().values()) + ctx.logits().tobytes())
-
-
 # ---- (a) a random walk over the API against a pure-Python model of the cells --------------------------------
 
 N_CTX, N_SEQ = 16, 3
@@ -114,10 +108,10 @@ class CacheMachine(RuleBasedStateMachine):
         toks = TOKENS[:n]
         batch = Batch(toks, None, [ids] * n, [True] * n)
         if n > min(self._cap(s) for s in ids):
-            before = state_bytes(self.ctx)
+            before = memory_bytes(self.ctx)
             with pytest.raises(CacheFullError):
                 self.ctx.decode(batch)
-            assert state_bytes(self.ctx) == before
+            assert memory_bytes(self.ctx) == before
             return
         p = self._next(seq)
         self.ctx.decode(batch)
@@ -196,10 +190,10 @@ class CacheMachine(RuleBasedStateMachine):
         rest = [c for c in rest if c[1]]
         cap = (N_CTX - len(rest)) if self.UNIFIED else N_CTX // N_SEQ - sum(1 for _, ss in rest if dst in ss)
         if len(saved) > cap:
-            before = state_bytes(self.ctx)
+            before = memory_bytes(self.ctx)
             with pytest.raises(StateError, match="no room for the saved sequence"):
                 self.ctx.state_seq_load(data, dst)
-            assert state_bytes(self.ctx) == before
+            assert memory_bytes(self.ctx) == before
             return
         self.ctx.state_seq_load(data, dst)
         self.ref = rest + [[p, {dst}] for p in saved]
@@ -451,14 +445,14 @@ def test_bad_state_raises_state_error_and_leaves_the_context_byte_identical(case
     data, message = _bad_states()[case]
     ctx = _loaded_context(model("llama"))
     ctx.decode(Batch.one(TOKENS[50], seq_id=1))
-    before = state_bytes(ctx)
+    before = memory_bytes(ctx)
     with pytest.raises(StateError, match=message):
         ctx.state_load(data)
-    assert state_bytes(ctx) == before
+    assert memory_bytes(ctx) == before
     if case not in ("other n_ctx", "other layout"):  # a sequence state is checked the same way
         with pytest.raises(StateError):
             ctx.state_seq_load(data, 0)
-        assert state_bytes(ctx) == before
+        assert memory_bytes(ctx) == before
 
 
 def test_set_memory_takes_a_clone_and_refuses_an_incompatible_memory() -> None:

@@ -88,7 +88,7 @@ def test_the_builder_names_an_unknown_op():
     from graphir.model import open_model
 
     m = open_model("SmolLM2-135M")
-    b = GraphBuilder(m.arch, m.label, m.tensors, KVCache(m.arch.hp), "prefill")
+    b = GraphBuilder(m.arch, m.label, m.tensors, KVCache(m.arch.needs), "prefill")
     with b.layer(3), pytest.raises(GraphError, match=r"unknown op 'swoglu' \(for node blk\.3\.ffn_out\): not in"):
         b.op("swoglu", t("f32", 4), name="ffn_out")
 

@@ -1,12 +1,14 @@
 """The memory interface: how attention (or recurrent state) meets what a context keeps between ubatches.
 
-Every memory kind builds its part of the graph through the same small interface, so architectures stay
-ignorant of caches and caches stay ignorant of architectures. Kinds that cannot serve a builder request
-(MLA, recurrent state) refuse it with a clear error rather than building something wrong.
+A memory serves some layers of a model: those whose need (:mod:`graphir.memory.layers`) is of a kind it
+``serves`` (and that a composite routes to it). The builder hands it the layer index with every request, so
+each layer gets the cache, mask and inputs of its own kind; architectures stay ignorant of caches and
+caches of architectures. A request a memory cannot serve is refused with a clear error.
 
 At run time a memory places each ubatch (``prepare`` simulates all placements first and mutates nothing,
 ``apply`` commits one), feeds the graph inputs it declared (indices, masks, buffers), and answers position
-queries. ``snapshot``/``restore`` let a context undo a ubatch whose computation failed.
+queries. ``snapshot``/``restore`` let a context undo a ubatch whose computation failed. Each kind writes and
+reads its own section of a saved state (``state_write``/``state_read``); :mod:`graphir.state` only frames it.
 
 The user-facing half is llama.cpp's ``llama_memory_*`` API: ``clear``, the sequence operations ``seq_rm``,
 ``seq_cp``, ``seq_keep``, ``seq_add``, ``seq_div``, ``seq_pos_min``/``seq_pos_max``, ``can_shift`` and
@@ -17,18 +19,28 @@ sequence (``seq_rm`` only). A kind that cannot do one of these raises :class:`Gr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import copy
+import json
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from graphir.batch import UBatch
 from graphir.dims import Dim, DimDecl
-from graphir.errors import GraphError, GraphirError
-from graphir.hparams import HParams
+from graphir.errors import GraphError, GraphirError, StateError
 from graphir.ir import Node
+from graphir.memory.io import Reader, Writer
+from graphir.memory.layers import ContextParams, LayerNeeds
 
 if TYPE_CHECKING:
     from graphir.builder import GraphBuilder
+
+Commit = Callable[[], None]
+"""What a checked saved section does to the memory: called only once every part of the state has parsed."""
+
+RunGraph = Callable[[tuple[Any, ...], Callable[[], Any], dict[str, int], dict[str, np.ndarray]], Any]
+"""run(key, make_graph, env, feeds): compile (once per key) and run a graph of the memory's own, e.g. the
+K-shift; the context supplies it (``bind_shift``), so memories never name a backend."""
 
 
 class Memory:
@@ -36,29 +48,35 @@ class Memory:
 
     kind: str = ""
     phases: tuple[str, ...] = ("prefill", "decode")
-    keeps_cells: bool = False  # CellMemory: cells that survive between decodes (and go into saved states)
+    serves: frozenset[str] = frozenset()  # the kinds of layer (graphir.memory.layers) this memory can hold
+    requires: frozenset[str] = frozenset()  # ... of which a model must have these for the registry to pick it
+    keeps_cells: bool = False  # cells that survive between decodes (and go into saved states)
     split: str = "simple"  # how batches are cut into ubatches for this kind: simple | equal | seq (graphir.batch)
 
-    def __init__(self, hp: HParams):
-        self.hp = hp
+    def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
+                 layer_kinds: frozenset[str] | None = None):
+        """Serve the layers of ``needs`` whose kind is in ``layer_kinds`` (default: every kind it serves)."""
+        kinds = self.serves if layer_kinds is None else layer_kinds
+        self.needs, self.params = needs, params
+        self.layers = tuple(il for il, n in enumerate(needs) if n is not None and n.kind in kinds)
 
     @classmethod
-    def for_context(cls, hp: HParams, *, n_ctx: int, n_seq_max: int, type_k: str, type_v: str,
-                    unified: bool) -> Memory:
-        """This kind's memory for a context of these parameters (each kind takes what it uses)."""
-        return cls(hp)
+    def fits(cls, layer_kinds: set[str]) -> bool:
+        """Whether this kind can be the whole memory of a model with these kinds of layer."""
+        return layer_kinds <= cls.serves and cls.requires <= layer_kinds
 
     def layout(self) -> dict[str, Any]:
         """What must agree for two memories (or a memory and a saved state) to be interchangeable."""
         return {"kind": self.kind}
 
-    def refuse(self, batch: Any, pos: np.ndarray, n_ctx: int, n_ubatch: int) -> str | None:
+    def refuse(self, batch: Any, pos: np.ndarray) -> str | None:
         """Why this kind cannot take a (validated) batch whose tokens have positions ``pos``, or None: checked
         before anything runs, so a refused batch changes nothing."""
         return None
 
-    def bind_shift(self, shiftable: bool, run: Any) -> None:
-        """How to re-rope cached K (a KV cache's K-shift); memories without rotated K ignore it."""
+    def bind_shift(self, plan: tuple[bool, dict[int, Node]], run: RunGraph) -> None:
+        """The compiled graph's rope plan (:func:`graphir.memory.kv.rope_plan`) and how to run a K-shift graph;
+        memories without rotated K ignore it."""
 
     def ubatch_dims(self) -> tuple[Dim, Dim | None, list[DimDecl]]:
         """A prefill ubatch's token count, its tokens per sequence when split equally (else None), and the dims
@@ -70,23 +88,20 @@ class Memory:
         """The symbolic sizes this memory adds to a graph (e.g. ``n_kv``)."""
         return []
 
-    def build_attn(self, b: GraphBuilder, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
-        raise GraphError(f"memory kind '{self.kind}' has no attention")
+    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
+        raise GraphError(f"memory kind '{self.kind}' holds no attention for layer {il}")
 
-    def build_attn_mla(self, b: GraphBuilder, *args: Any, **kw: Any) -> Node:
-        raise GraphError(f"memory kind '{self.kind}' does not implement MLA attention (latent KV cache)")
+    def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node:
+        raise GraphError(f"memory kind '{self.kind}' holds no recurrent state for layer {il}")
 
-    def build_rs(self, b: GraphBuilder, which: str) -> Node:
-        raise GraphError(f"memory kind '{self.kind}' holds no recurrent state")
-
-    def store_rs(self, b: GraphBuilder, which: str, states: Node) -> None:
-        raise GraphError(f"memory kind '{self.kind}' holds no recurrent state")
+    def store_rs(self, b: GraphBuilder, il: int, which: str, states: Node) -> None:
+        raise GraphError(f"memory kind '{self.kind}' holds no recurrent state for layer {il}")
 
     # ---- run time -------------------------------------------------------------------------------------
 
-    def next_pos(self, n_seq_max: int) -> list[int]:
+    def next_pos(self) -> list[int]:
         """Per sequence, the position its next token must have."""
-        return [self.seq_pos_max(s) + 1 for s in range(n_seq_max)]
+        return [self.seq_pos_max(s) + 1 for s in range(self.params.n_seq_max)]
 
     def seq_pos_max(self, seq: int) -> int:
         return -1
@@ -113,6 +128,17 @@ class Memory:
     def restore(self, snap: Any) -> None:
         pass
 
+    # ---- saved state ----------------------------------------------------------------------------------
+
+    def state_write(self, w: Writer, seq: int | None) -> None:
+        """Write this memory's section: everything it keeps (seq None) or what sequence ``seq`` owns."""
+        raise StateError(f"memory kind '{self.kind}' keeps no state to save or load")
+
+    def state_read(self, r: Reader, dst: int | None) -> Commit:
+        """Parse and check a section :meth:`state_write` wrote (into sequence ``dst`` for a sequence state),
+        changing nothing; return what installs it. Raises StateError naming what does not fit."""
+        raise StateError(f"memory kind '{self.kind}' keeps no state to save or load")
+
     # ---- the user-facing memory API (llama.cpp's llama_memory_*) ---------------------------------------
 
     def _cannot(self, what: str) -> GraphirError:
@@ -122,8 +148,13 @@ class Memory:
         """Forget everything; with ``data`` also zero the buffers."""
         raise self._cannot("clear")
 
+    def can_seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        """Whether :meth:`seq_rm` would succeed, answered without changing anything."""
+        raise self._cannot("seq_rm")
+
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
-        """Remove ``seq``'s entries with position in [p0, p1) (seq < 0: every sequence). True on success."""
+        """Remove ``seq``'s entries with position in [p0, p1) (seq < 0: every sequence). True on success;
+        False, with nothing changed, where the memory cannot cut there."""
         raise self._cannot("seq_rm")
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
@@ -155,20 +186,37 @@ class Memory:
         raise self._cannot("clone")
 
 
+POS_INF = np.iinfo(np.int64).max
+MAX_SEQ = 64  # sequence sets are uint64 bitmasks (llama.cpp allows 256)
+
+
 class CellMemory(Memory):
-    """A memory of cells, each with a position (``pos``, -1 empty) and a set of sequences (bit s of ``seq``)."""
+    """A memory of cells, each with a position (``pos``, -1 empty) and a set of sequences (bit s of ``seq``),
+    and per served layer some rows per cell (K and V, or the r and s states)."""
 
     keeps_cells = True
+    cell_fields: tuple[str, ...] = ("pos", "seq")  # the per-cell arrays a saved state holds, beside the rows
+    seq_layout: tuple[str, ...] = ("kind",)  # what a one-sequence state must share with the memory it loads into
 
     pos: np.ndarray
     seq: np.ndarray
-    n_seq_max: int
+    _buffers: dict[str, np.ndarray]
+
+    def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
+                 layer_kinds: frozenset[str] | None = None):
+        super().__init__(needs, params, layer_kinds)
+        if not 1 <= params.n_seq_max <= MAX_SEQ:
+            raise GraphirError(f"n_seq_max={params.n_seq_max} is outside [1, {MAX_SEQ}]")
+        self.n_seq_max = params.n_seq_max
 
     def _holds(self, seq: int) -> np.ndarray:
         return (self.seq >> np.uint64(seq)) & np.uint64(1) == 1
 
-    def cell_rows(self, il: int) -> tuple[np.ndarray, np.ndarray]:
-        """Layer il's two per-cell buffers (what a saved state holds per cell): K and V, or r and s states."""
+    def buffers(self) -> dict[str, np.ndarray]:
+        return self._buffers
+
+    def layer_rows(self, il: int) -> tuple[np.ndarray, ...]:
+        """Layer il's per-cell buffers (what a saved state holds per cell): K and V, or r and s states."""
         raise NotImplementedError
 
     def cell_range(self, seq: int) -> tuple[int, int]:
@@ -185,3 +233,106 @@ class CellMemory(Memory):
     def _check_seq(self, seq: int, what: str) -> None:
         if not 0 <= seq < self.n_seq_max:
             raise GraphirError(f"{what}: seq id {seq} is outside [0, {self.n_seq_max}) (n_seq_max={self.n_seq_max})")
+
+    def _range(self, p0: int, p1: int) -> np.ndarray:
+        """Non-empty cells with position in [p0, p1), llama.cpp's -1 conventions."""
+        lo = max(int(p0), 0)
+        hi = POS_INF if p1 < 0 else int(p1)
+        return (self.pos >= 0) & (self.pos >= lo) & (self.pos < hi)
+
+    def clone(self) -> CellMemory:
+        new = copy.copy(self)
+        for f in self.cell_fields:
+            setattr(new, f, getattr(self, f).copy())
+        new._buffers = {k: v.copy() for k, v in self._buffers.items()}
+        return new
+
+    def _full_layout(self) -> dict[str, Any]:
+        rows = [[il, *(b.shape[1] for b in self.layer_rows(il))] for il in self.layers] if len(self.pos) else []
+        return {**self.layout(), "layers": rows}
+
+    # ---- saved state: the cells, their fields and their rows -------------------------------------------
+
+    def state_write(self, w: Writer, seq: int | None) -> None:
+        """Layout (JSON), cell count, cell indices, then each cell field, then per layer its rows."""
+        if seq is None:
+            sel = np.flatnonzero(self.pos >= 0)
+        else:
+            if not 0 <= seq < self.n_seq_max:
+                raise StateError(f"seq id {seq} is outside [0, {self.n_seq_max})")
+            sel = np.flatnonzero((self.pos >= 0) & self._holds(seq))
+        w.s(json.dumps(self._full_layout(), sort_keys=True))
+        w.u("I", len(sel))
+        w.arr(sel, np.int32)
+        for f in self.cell_fields:
+            a = getattr(self, f)[sel]
+            w.arr(np.full(len(sel), 1 << seq, np.uint64) if f == "seq" and seq is not None else a, a.dtype)
+        for il in self.layers:
+            for b in self.layer_rows(il):
+                w.arr(b[sel], b.dtype)
+
+    def state_read(self, r: Reader, dst: int | None) -> Commit:
+        try:
+            theirs = json.loads(r.s("memory layout"))
+        except ValueError:
+            raise StateError("state data is malformed: the memory layout is not JSON") from None
+        ours = self._full_layout()
+        if not isinstance(theirs, dict):
+            raise StateError("state data is malformed: the memory layout is not a JSON object")
+        for k in (tuple(ours) if dst is None else self.seq_layout):
+            if k != "layers" and theirs.get(k) != ours[k]:
+                raise StateError(f"state has {k}={theirs.get(k)!r}, this context has {k}={ours[k]!r}")
+        if theirs.get("layers") != ours["layers"]:
+            raise StateError("state data is malformed: its layers and row widths disagree with this model's")
+        n = r.u("I", "cell count")
+        cell = r.arr(np.int32, n, "cell indices").astype(np.int64)
+        fields = {f: r.arr(getattr(self, f).dtype, n, f"cell {f}") for f in self.cell_fields}
+        rows = {il: [r.arr(b.dtype, n * b.shape[1], f"layer {il} rows").reshape(n, b.shape[1])
+                     for b in self.layer_rows(il)] for il in self.layers}
+        if (fields["pos"] < 0).any():
+            raise StateError("state data is malformed: a saved cell has a negative position")
+        if dst is None:
+            return self._read_all(cell, fields, rows)
+        return self._read_seq(fields, rows, dst)
+
+    def _read_all(self, cell: np.ndarray, fields: dict[str, np.ndarray], rows: dict[int, list[np.ndarray]]) -> Commit:
+        n, seqs = len(cell), fields["seq"]
+        if n and (cell.min() < 0 or cell.max() >= len(self.pos) or len(np.unique(cell)) != n):
+            raise StateError("state data is malformed: cell indices are out of range or repeated")
+        if n and ((seqs == 0).any() or (seqs >> np.uint64(self.n_seq_max)).any()):
+            raise StateError(f"state data is malformed: a cell has no sequence or one >= n_seq_max={self.n_seq_max}")
+        why = self.check_saved(cell, seqs) if n else None
+        if why:
+            raise StateError(f"state data is malformed: {why}")
+
+        def commit() -> None:
+            self.clear(data=True)
+            for f, a in fields.items():
+                getattr(self, f)[cell] = a
+            for il, saved in rows.items():
+                for buf, a in zip(self.layer_rows(il), saved):
+                    buf[cell] = a
+            self.restored()
+        return commit
+
+    def _read_seq(self, fields: dict[str, np.ndarray], rows: dict[int, list[np.ndarray]], dst: int) -> Commit:
+        if not 0 <= dst < self.n_seq_max:
+            raise StateError(f"destination seq id {dst} is outside [0, {self.n_seq_max})")
+        n = len(fields["pos"])
+        lo, hi = self.cell_range(dst)
+        free = (self.pos < 0) | (self._holds(dst) & (self.seq == np.uint64(1 << dst)))  # dst's own cells go first
+        free[:lo] = False
+        free[hi:] = False
+        cells = np.flatnonzero(free)
+        if len(cells) < n:
+            raise StateError(f"no room for the saved sequence: it has {n} cells, {len(cells)} are free for seq {dst}")
+        cells = cells[:n]
+
+        def commit() -> None:
+            self.seq_rm(dst, -1, -1)
+            for f, a in fields.items():
+                getattr(self, f)[cells] = np.uint64(1 << dst) if f == "seq" else a
+            for il, saved in rows.items():
+                for buf, a in zip(self.layer_rows(il), saved):
+                    buf[cells] = a
+        return commit

@@ -1,6 +1,11 @@
 """The self-attention KV cache (llama.cpp's ``llama_kv_cache``), unified or with one stream per sequence.
 
-Graph side: each layer owns K and V buffers of ``n_ctx`` cells. A ubatch first writes its K/V rows into the
+A cache serves the attention layers routed to it (full attention by default; the sliding-window layers in
+the SWA half of an interleaved pair, :mod:`graphir.memory.composite`), each at its own K/V width. A cache
+with a window masks keys that fell out of it and reuses their cells (llama.cpp's SWA cache); its inputs and
+dims carry its name (``kq_mask_swa``, ``n_kv_swa``) so that two caches can feed one graph.
+
+Graph side: each served layer owns K and V buffers of ``n_ctx`` cells. A ubatch first writes its K/V rows into the
 cells chosen by slot search (``k_idxs``/``v_idxs``), then attends over the first ``n_kv`` cells under a mask
 built from the cells' positions and sequence sets; so the current tokens see themselves through the cache.
 The cache holds K after RoPE.
@@ -21,38 +26,37 @@ Position edits (``seq_add``, ``seq_div``) are lazy, as in llama.cpp: they change
 accumulate a per-cell pending ``shift``; :meth:`KVCache.update` (called by the context before the next
 decode) rotates the cached K rows by the angle of their shift, with the rope parameters of the layer's own
 K rope node in the compiled graph (mode, n_dims, freq base/scale, YaRN, freq factors). That rotation is a
-graph of its own (:func:`k_shift_graph`, snapshot-tested), which the context's backend runs like any other.
+graph of its own (:meth:`KVCache.k_shift_graph`, snapshot-tested), which the context's backend runs like any other.
 """
 
 from __future__ import annotations
 
-import copy
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from graphir.batch import UBatch
 from graphir.dims import DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
-from graphir.hparams import HParams
 from graphir.ir import Graph, Node
-from graphir.memory import CellMemory
+from graphir.memory import CellMemory, RunGraph
+from graphir.memory.layers import ContextParams, LayerNeeds
 from graphir.ops import VIEWS, infer
 
 if TYPE_CHECKING:
     from graphir.builder import GraphBuilder
 
-N_CTX = DimDecl("n_ctx", 1, None, "cells per layer in the cache")
-N_KV = DimDecl("n_kv", 1, N_CTX.sym, "cells attended over: the used prefix of the cache")
-
-
 CACHE_DTYPES = {"f16": np.float16, "f32": np.float32}
-MAX_SEQ = 64  # sequence sets are uint64 bitmasks (llama.cpp allows 256)
-POS_INF = np.iinfo(np.int64).max
 
 
-N_SHIFT = DimDecl("n_shift", 1, N_CTX.sym, "cells whose pending position shift the K-shift applies")
+def cache_dims(name: str) -> tuple[DimDecl, DimDecl, DimDecl]:
+    """A cache's cells per layer, the attended prefix of them, and the cells a K-shift moves; named after the
+    cache (``n_ctx``/``n_kv`` for the main one, ``n_ctx_swa``/``n_kv_swa`` for a sliding-window one)."""
+    tail = f"_{name}" if name else ""
+    cells = DimDecl(f"n_ctx{tail}", 1, None, "cells per layer in the cache")
+    return (cells, DimDecl(f"n_kv{tail}", 1, cells.sym, "cells attended over: the used prefix of the cache"),
+            DimDecl("n_shift", 1, cells.sym, "cells whose pending position shift the K-shift applies"))
 
 
 def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
@@ -91,98 +95,108 @@ def _node(name: str, op: str, *inputs: Node, **attrs: Any) -> Node:
     return Node(name, op, inputs, attrs, *infer(op, list(inputs), attrs))
 
 
-def k_shift_graph(meta: dict[str, Any], hp: HParams, type_k: str, plan: dict[int, Node]) -> Graph:
-    """llama.cpp's K-shift as a graph: for every layer whose K was roped, the cached rows of the shifted cells
-    (``shift_idxs``) are rotated by their pending deltas (``shift_pos``) with that layer's rope and written
-    back in place. RoPE at position p turns channel pair i by p*theta_i (YaRN mixes theta_i but keeps it
-    linear in p), so turning by delta*theta_i moves a row from p to p + delta. The turn has unit magnitude:
-    the YaRN/attention magnitude factor the forward rope applied is not applied a second time."""
-    d, h = hp.n_embd_head_k, hp.n_head_kv
-    idxs = Node("shift_idxs", "input", (), {"role": "shift_idxs"}, "i64", (N_SHIFT.sym,))
-    delta = Node("shift_pos", "input", (), {"role": "shift_pos"}, "i32", (N_SHIFT.sym,))
-    nodes, outputs = [idxs, delta], {}
-    shared: set[str] = set()
-    for il, rope in sorted(plan.items()):
-        a = dict(rope.attrs)
-        a["attn_factor"] = 1.0 / (1.0 + 0.1 * math.log(1.0 / float(a["freq_scale"]))) if a["ext_factor"] else 1.0
-        cache = Node(f"blk.{il}.cache_k", "input", (), {"role": "cache_k"}, type_k, (d * h, N_CTX.sym))
-        rows = _node(f"blk.{il}.k_shift.rows", "get_rows", cache, idxs)
-        heads = _node(f"blk.{il}.k_shift.heads", "reshape", rows, shape=(d, h, N_SHIFT.sym))
-        turned = _node(f"blk.{il}.k_shift.rope", "rope", heads, delta, *rope.inputs[2:], **a)
-        flat = _node(f"blk.{il}.k_shift.rows_out", "reshape", turned, shape=(d * h, N_SHIFT.sym))
-        write = _node(f"blk.{il}.cache_k.shift", "set_rows", cache, flat, idxs)
-        factors = [f for f in rope.inputs[2:] if f.name not in shared]     # one leaf for all layers
-        shared.update(f.name for f in factors)
-        nodes += [cache, *factors, rows, heads, turned, flat, write]
-        outputs[f"blk.{il}.cache_k"] = write
-    return Graph({**meta, "phase": "k_shift"}, (N_CTX, N_SHIFT), nodes, outputs)
-
-
 class KVCache(CellMemory):
-    """Cells with a position (-1 = empty) and a set of sequence ids; K/V rows per layer per cell."""
+    """Cells with a position (-1 = empty) and a set of sequence ids; K/V rows per served layer per cell."""
 
     kind = "kv"
+    serves = frozenset({"full"})
+    requires = frozenset({"full"})
+    cell_fields = ("pos", "seq", "shift")
+    seq_layout = ("kind", "type_k", "type_v")
 
-    def __init__(self, hp: HParams, type_k: str = "f16", type_v: str = "f16", n_ctx: int = 0, n_seq_max: int = 1,
-                 unified: bool = True):
-        super().__init__(hp)
-        for which, t in (("type_k", type_k), ("type_v", type_v)):
+    def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
+                 layer_kinds: frozenset[str] | None = None, name: str = "", size: int | None = None):
+        """``name`` tells its inputs and dims apart from another cache's; ``size``: cells (default n_ctx)."""
+        super().__init__(needs, params, layer_kinds)
+        for which, t in (("type_k", params.type_k), ("type_v", params.type_v)):
             if t not in CACHE_DTYPES:
                 raise GraphirError(f"{which} '{t}' is not supported (supported: {', '.join(CACHE_DTYPES)})")
-        if not 1 <= n_seq_max <= MAX_SEQ:
-            raise GraphirError(f"n_seq_max={n_seq_max} is outside [1, {MAX_SEQ}]")
-        self.type_k, self.type_v = type_k, type_v
-        self.n_ctx, self.n_seq_max, self.unified = n_ctx, n_seq_max, bool(unified)
-        self.n_stream = 1 if self.unified else n_seq_max
+        windows = {needs[il].window for il in self.layers}  # type: ignore[union-attr]
+        if len(windows) > 1:
+            raise GraphirError(f"one KV cache serves one attention window; layers ask for {sorted(windows)}")
+        self.window = windows.pop() if windows else 0
+        self.name, self.size_dim, self.kv_dim, self.shift_dim = name, *cache_dims(name)
+        self.type_k, self.type_v = params.type_k, params.type_v
+        n_ctx = params.n_ctx if size is None else size
+        self.n_ctx, self.unified = n_ctx, bool(params.unified)
+        self.n_stream = 1 if self.unified else self.n_seq_max
         self.stream_size = n_ctx // self.n_stream  # cells per stream; per-sequence: n_ctx % n_seq_max stay unused
         if n_ctx and not self.stream_size:
-            raise GraphirError(f"n_ctx={n_ctx} gives no cells per sequence with n_seq_max={n_seq_max} "
+            raise GraphirError(f"n_ctx={n_ctx} gives no cells per sequence with n_seq_max={self.n_seq_max} "
                                f"(unified=False needs n_ctx >= n_seq_max)")
         self.pos = np.full(n_ctx, -1, dtype=np.int64)  # -1: empty cell
         self.seq = np.zeros(n_ctx, dtype=np.uint64)  # bit s: the cell belongs to sequence s
         self.shift = np.zeros(n_ctx, dtype=np.int64)  # pending position delta not yet applied to K
         self.heads = [s * self.stream_size for s in range(self.n_stream)]  # per stream: where the next slot search starts (not state)
-        self._run_shift: Callable[[str, dict[str, int], dict[str, np.ndarray]], Any] | None = None  # by the context
+        self._run: RunGraph | None = None  # by the context
+        self._graph: Graph | None = None
         self.shiftable = True
-        self._buffers: dict[str, np.ndarray] = {}
+        self._buffers = {}
         if n_ctx:
-            for il in range(hp.n_layer):
-                self._buffers[f"blk.{il}.cache_k"] = np.zeros((n_ctx, hp.n_embd_k_gqa), CACHE_DTYPES[type_k])
-                self._buffers[f"blk.{il}.cache_v"] = np.zeros((n_ctx, hp.n_embd_v_gqa), CACHE_DTYPES[type_v])
+            for il in self.layers:
+                need = needs[il]
+                self._buffers[f"blk.{il}.cache_k"] = np.zeros((n_ctx, need.n_embd_k), CACHE_DTYPES[self.type_k])  # type: ignore[union-attr]
+                self._buffers[f"blk.{il}.cache_v"] = np.zeros((n_ctx, need.n_embd_v), CACHE_DTYPES[self.type_v])  # type: ignore[union-attr]
+
+    def _tail(self, role: str) -> str:
+        return f"{role}_{self.name}" if self.name else role
 
     def dims(self) -> list[DimDecl]:
-        return [N_KV, N_CTX]
+        return [self.kv_dim, self.size_dim]
 
     def _store_and_view(self, b: GraphBuilder, x: Node, which: str, dtype: str) -> Node:
         d, n_head_kv, n_tokens = x.shape
         width = d * n_head_kv
-        cache = b.input(f"cache_{which}", dtype, (width, N_CTX.sym), scoped=True)
-        idxs = b.input(f"{which}_idxs", "i64", (n_tokens,))
+        cache = b.input(f"cache_{which}", dtype, (width, self.size_dim.sym), scoped=True)
+        idxs = b.input(self._tail(f"{which}_idxs"), "i64", (n_tokens,))
         rows = b.reshape(x, (width, n_tokens), name=f"{which}_rows")
         written = b.op("set_rows", cache, rows, idxs, name=f"cache_{which}.write")
-        return b.op("view", written, shape=(d, n_head_kv, N_KV.sym), strides=(1, d, width), offset=0,
+        return b.op("view", written, shape=(d, n_head_kv, self.kv_dim.sym), strides=(1, d, width), offset=0,
                     name=f"cache_{which}.view")
 
-    def build_attn(self, b: GraphBuilder, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
+    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
         k_all = self._store_and_view(b, k, "k", self.type_k)
         v_all = self._store_and_view(b, v, "v", self.type_v)
-        mask = b.input("kq_mask", "f32", (N_KV.sym, b.n_tokens), causal=self.hp.causal)
+        facts = {"causal": True, **({"window": self.window} if self.window else {})}
+        mask = b.input(self._tail("kq_mask"), "f32", (self.kv_dim.sym, b.n_tokens), **facts)
         return b.attn_mha(q, k_all, v_all, mask, kq_scale)
 
     # ---- run time -------------------------------------------------------------------------------------
 
-    def buffers(self) -> dict[str, np.ndarray]:
-        return self._buffers
+    def bind_shift(self, graph: Graph, run: RunGraph) -> None:
+        """The compiled graph this cache feeds (its K ropes are the K-shift's) and how to run a K-shift graph;
+        needed by :meth:`update`."""
+        ok, ropes = rope_plan(graph)
+        self._graph, self._run = graph, run
+        self._ropes = {il: r for il, r in ropes.items() if il in self.layers}
+        self.shiftable = ok
 
-    @classmethod
-    def for_context(cls, hp: HParams, *, n_ctx: int, n_seq_max: int, type_k: str, type_v: str,
-                    unified: bool) -> KVCache:
-        return cls(hp, type_k, type_v, n_ctx, n_seq_max, unified)
-
-    def bind_shift(self, shiftable: bool, run: Callable[[str, dict[str, int], dict[str, np.ndarray]], Any]) -> None:
-        """Whether cached K can be re-roped, and how: run(type_k, env, feeds) runs the K-shift graph of a cache of
-        that type (:func:`k_shift_graph`, compiled by the context's model); needed by :meth:`update`."""
-        self.shiftable, self._run_shift = shiftable, run
+    def k_shift_graph(self, meta: dict[str, Any], ropes: dict[int, Node]) -> Graph:
+        """llama.cpp's K-shift as a graph: for every served layer whose K was roped, the cached rows of the
+        shifted cells (``shift_idxs``) are rotated by their pending deltas (``shift_pos``) with that layer's
+        rope and written back in place. RoPE at position p turns channel pair i by p*theta_i (YaRN mixes
+        theta_i but keeps it linear in p), so turning by delta*theta_i moves a row from p to p + delta. The turn
+        has unit magnitude: the YaRN/attention magnitude factor the forward rope applied is not applied again."""
+        n = self.shift_dim.sym
+        idxs = Node("shift_idxs", "input", (), {"role": "shift_idxs"}, "i64", (n,))
+        delta = Node("shift_pos", "input", (), {"role": "shift_pos"}, "i32", (n,))
+        nodes, outputs = [idxs, delta], {}
+        shared: set[str] = set()
+        for il, rope in sorted(ropes.items()):
+            d, h = rope.inputs[0].shape[:2]
+            a = dict(rope.attrs)
+            a["attn_factor"] = 1.0 / (1.0 + 0.1 * math.log(1.0 / float(a["freq_scale"]))) if a["ext_factor"] else 1.0
+            cache = Node(f"blk.{il}.cache_k", "input", (), {"role": "cache_k"}, self.type_k, (d * h, self.size_dim.sym))
+            rows = _node(f"blk.{il}.k_shift.rows", "get_rows", cache, idxs)
+            heads = _node(f"blk.{il}.k_shift.heads", "reshape", rows, shape=(d, h, n))
+            turned = _node(f"blk.{il}.k_shift.rope", "rope", heads, delta, *rope.inputs[2:], **a)
+            flat = _node(f"blk.{il}.k_shift.rows_out", "reshape", turned, shape=(d * h, n))
+            write = _node(f"blk.{il}.cache_k.shift", "set_rows", cache, flat, idxs)
+            factors = [f for f in rope.inputs[2:] if f.name not in shared]     # one leaf for all layers
+            shared.update(f.name for f in factors)
+            nodes += [cache, *factors, rows, heads, turned, flat, write]
+            outputs[f"blk.{il}.cache_k"] = write
+        return Graph({**meta, "phase": "k_shift"}, (self.size_dim, self.shift_dim), nodes, outputs)
 
     def cell_range(self, seq: int) -> tuple[int, int]:
         return self.stream_range(self.stream_of(seq))
@@ -215,8 +229,19 @@ class KVCache(CellMemory):
         p = self.pos[self._holds(seq)]
         return int(p.min()) if len(p) else -1
 
+    def _usable(self, pos: np.ndarray, seq: np.ndarray) -> np.ndarray:
+        """Cells a slot may take: empty ones and, with a window, cells of one sequence that its next token
+        can no longer see (position at least ``window`` behind that sequence's next position)."""
+        free = pos < 0
+        if self.window:
+            for s in range(self.n_seq_max):
+                mine = seq == np.uint64(1 << s)
+                if mine.any():
+                    free |= mine & (int(pos[mine].max()) + 1 - pos >= self.window)
+        return free
+
     def _find_cells(self, free: np.ndarray, n: int, head: int, lo: int, hi: int) -> np.ndarray | None:
-        """The first n free cells of [lo, hi) at or after head, wrapping around (cells need not be contiguous)."""
+        """The first n usable cells of [lo, hi) at or after head, wrapping around (need not be contiguous)."""
         order = np.concatenate([np.flatnonzero(free[head:hi]) + head, np.flatnonzero(free[lo:head]) + lo])
         return order[:n] if len(order) >= n else None
 
@@ -225,7 +250,7 @@ class KVCache(CellMemory):
         return cell + 1 if cell + 1 < hi else lo
 
     def prepare(self, ubatches: list[UBatch]) -> list[Any]:
-        free, heads, plans = self.pos < 0, list(self.heads), []
+        pos, seq, heads, plans = self.pos.copy(), self.seq.copy(), list(self.heads), []
         for k, ub in enumerate(ubatches):
             cells = np.empty(len(ub), dtype=np.int64)
             if self.unified:
@@ -237,7 +262,7 @@ class KVCache(CellMemory):
                                          f"by several sequences needs the unified KV layout (unified=True)")
                 first = np.array([ids[0] for ids in ub.seq_ids])
                 groups = {int(s): np.flatnonzero(first == s) for s in np.unique(first)}
-            free = free.copy()
+            free = self._usable(pos, seq)
             for stream, rows in groups.items():
                 lo, hi = self.stream_range(stream)
                 got = self._find_cells(free, len(rows), heads[stream], lo, hi)
@@ -251,6 +276,8 @@ class KVCache(CellMemory):
                 free[got] = False
                 cells[rows] = got
                 heads[stream] = self._next_head(int(got[-1]))
+            pos[cells] = ub.pos
+            seq[cells] = [sum(1 << s for s in ids) for ids in ub.seq_ids]
             plans.append(cells)
         return plans
 
@@ -265,29 +292,33 @@ class KVCache(CellMemory):
         n_kv = int(np.flatnonzero(self.pos >= 0).max()) + 1
         first = np.array([ids[0] for ids in ub.seq_ids], dtype=np.uint64)
         pos, seq = self.pos[:n_kv], self.seq[:n_kv]
+        q_pos = ub.pos[:, None].astype(np.int64)
         # NOTE: visibility is decided by the cells, not the ubatch: same first seq id, key pos <= query pos.
         ok = (pos[None, :] >= 0) & (((seq[None, :] >> first[:, None]) & np.uint64(1)) == 1)
-        ok &= pos[None, :] <= ub.pos[:, None].astype(np.int64)
+        ok &= pos[None, :] <= q_pos
+        if self.window:
+            ok &= q_pos - pos[None, :] < self.window
         mask = np.where(ok, np.float32(0), np.float32(-np.inf)).astype(np.float32)
         idxs = cells.astype(np.int64)
-        return {"kq_mask": mask, "k_idxs": idxs, "v_idxs": idxs, "n_kv": n_kv}
+        return {self._tail("kq_mask"): mask, self._tail("k_idxs"): idxs, self._tail("v_idxs"): idxs,
+                self.kv_dim.name: n_kv, self.size_dim.name: self.n_ctx}
 
     def _stream_of_cell(self, cell: int) -> int:
         return 0 if self.unified else cell // self.stream_size
 
-    def snapshot(self, plans: list[Any]) -> Any:  # K/V rows are only written into cells that were free
-        return self.pos.copy(), self.seq.copy(), self.shift.copy(), list(self.heads)
+    def snapshot(self, plans: list[Any]) -> Any:
+        """The cells, and the rows of any planned cell that holds a token (a window reuses such cells)."""
+        taken = np.unique(np.concatenate(plans)) if plans else np.zeros(0, np.int64)
+        taken = taken[self.pos[taken] >= 0]
+        rows = {k: v[taken] for k, v in self._buffers.items()} if len(taken) else {}
+        return self.pos.copy(), self.seq.copy(), self.shift.copy(), list(self.heads), taken, rows
 
     def restore(self, snap: Any) -> None:
         self.pos, self.seq, self.shift, self.heads = snap[0].copy(), snap[1].copy(), snap[2].copy(), list(snap[3])
+        for k, rows in snap[5].items():
+            self._buffers[k][snap[4]] = rows
 
     # ---- the memory API -----------------------------------------------------------------------------
-
-    def _range(self, p0: int, p1: int) -> np.ndarray:
-        """Non-empty cells with position in [p0, p1), llama.cpp's -1 conventions."""
-        lo = max(int(p0), 0)
-        hi = POS_INF if p1 < 0 else int(p1)
-        return (self.pos >= 0) & (self.pos >= lo) & (self.pos < hi)
 
     def _free(self, cells: np.ndarray) -> None:
         """Empty the given cells (bool mask) and move the heads back to the first freed cell of their stream."""
@@ -304,6 +335,11 @@ class KVCache(CellMemory):
         if data:
             for b in self._buffers.values():
                 b[...] = 0
+
+    def can_seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        if seq >= 0:
+            self._check_seq(seq, "seq_rm")
+        return True  # any cells can be emptied
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         sel = self._range(p0, p1)
@@ -381,26 +417,28 @@ class KVCache(CellMemory):
         if not self.shiftable:
             raise GraphirError("this model's cached K cannot be re-roped (K changes after its rope): positions "
                                "were edited with seq_add/seq_div but the cache cannot follow")
-        if self._run_shift is None:
+        if self._run is None or self._graph is None:
             raise GraphirError("this KV cache is not bound to a compiled model (bind_shift), so pending position "
                                "shifts cannot be applied; use the memory of a context")
         idx = np.flatnonzero((self.pos >= 0) & (self.shift != 0))
-        feeds = {name: buf for name, buf in self._buffers.items() if name.endswith(".cache_k")}
+        feeds = {f"blk.{il}.cache_k": self._buffers[f"blk.{il}.cache_k"] for il in self._ropes}
         feeds.update(shift_idxs=idx.astype(np.int64), shift_pos=self.shift[idx].astype(np.int32))
-        self._run_shift(self.type_k, {"n_ctx": self.n_ctx, "n_shift": len(idx)}, feeds)   # writes K in place
+        graph, ropes = self._graph, self._ropes
+        self._run(("k_shift", self.name, self.type_k), lambda: self.k_shift_graph(graph.meta, ropes),
+                  {self.size_dim.name: self.n_ctx, self.shift_dim.name: len(idx)}, feeds)   # writes K in place
         self.shift[:] = 0
         return True
 
     def clone(self) -> KVCache:
-        new = copy.copy(self)
-        new.pos, new.seq, new.shift, new.heads = self.pos.copy(), self.seq.copy(), self.shift.copy(), list(self.heads)
-        new._buffers = {k: v.copy() for k, v in self._buffers.items()}
+        new = super().clone()
+        assert isinstance(new, KVCache)
+        new.heads = list(self.heads)
         return new
 
-    def cell_rows(self, il: int) -> tuple[np.ndarray, np.ndarray]:
+    def layer_rows(self, il: int) -> tuple[np.ndarray, ...]:
         return self._buffers[f"blk.{il}.cache_k"], self._buffers[f"blk.{il}.cache_v"]
 
     def layout(self) -> dict[str, Any]:
         """What must agree for two caches (or a cache and a saved state) to be interchangeable."""
         return {"kind": self.kind, "type_k": self.type_k, "type_v": self.type_v, "n_ctx": self.n_ctx,
-                "n_seq_max": self.n_seq_max, "unified": self.unified}
+                "n_seq_max": self.n_seq_max, "unified": self.unified, "window": self.window}

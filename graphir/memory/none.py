@@ -14,25 +14,35 @@ if TYPE_CHECKING:
     from graphir.builder import GraphBuilder
 
 
-def ubatch_mask(ub: UBatch, causal: bool) -> np.ndarray:
-    """[n_tokens(query), n_tokens(key)]: 0 where a key is visible (same first seq id, and not in the future)."""
+def ubatch_mask(ub: UBatch, causal: bool, window: int = 0) -> np.ndarray:
+    """[n_tokens(query), n_tokens(key)]: 0 where a key is visible (same first seq id, not in the future when
+    causal, and less than ``window`` positions back when windowed)."""
     seq = np.array([ids[0] for ids in ub.seq_ids])
     ok = seq[:, None] == seq[None, :]
     if causal:
         ok &= ub.pos[None, :] <= ub.pos[:, None]
+    if window:
+        ok &= ub.pos[:, None].astype(np.int64) - ub.pos[None, :] < window
     return np.where(ok, np.float32(0), np.float32(-np.inf)).astype(np.float32)
 
 
 class NoMemory(Memory):
     kind = "none"
+    serves = frozenset({"full", "swa", "encoder"})
     phases = ("prefill",)  # decoding token by token needs a cache to see the earlier tokens
 
-    def build_attn(self, b: GraphBuilder, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
+    def _mask_name(self, il: int) -> str:
+        return "kq_mask_swa" if self.needs[il].window else "kq_mask"  # type: ignore[union-attr]
+
+    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
         # NOTE: the mask is filled per ubatch: same first seq id, and key pos <= query pos when causal.
-        mask = b.input("kq_mask", "f32", (b.n_tokens, b.n_tokens), causal=self.hp.causal)
+        need = self.needs[il]
+        facts = {"causal": need.causal, **({"window": need.window} if need.window else {})}  # type: ignore[union-attr]
+        mask = b.input(self._mask_name(il), "f32", (b.n_tokens, b.n_tokens), **facts)
         return b.attn_mha(q, k, v, mask, kq_scale)
 
-    def refuse(self, batch: Any, pos: np.ndarray, n_ctx: int, n_ubatch: int) -> str | None:
+    def refuse(self, batch: Any, pos: np.ndarray) -> str | None:
+        n_ctx, n_ubatch = self.params.n_ctx, self.params.n_ubatch
         if len(batch) > n_ubatch:
             return (f"a context without cache attends within one ubatch: {len(batch)} tokens exceed "
                     f"n_ubatch={n_ubatch}")
@@ -42,8 +52,10 @@ class NoMemory(Memory):
                     f"n_ctx={n_ctx}")
         return None
 
-    def next_pos(self, n_seq_max: int) -> list[int]:
-        return [0] * n_seq_max  # every decode starts afresh: nothing is remembered
+    def next_pos(self) -> list[int]:
+        return [0] * self.params.n_seq_max  # every decode starts afresh: nothing is remembered
 
     def apply(self, ub: UBatch, plan: Any) -> dict[str, Any]:
-        return {"kq_mask": ubatch_mask(ub, self.hp.causal)}
+        masks = {self._mask_name(il): (self.needs[il].causal, self.needs[il].window)  # type: ignore[union-attr]
+                 for il in self.layers}  # one mask per kind of layer
+        return {name: ubatch_mask(ub, causal, window) for name, (causal, window) in masks.items()}

@@ -17,7 +17,6 @@ changes nothing; position edits only relabel the cell (nothing in the state depe
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,9 +24,9 @@ import numpy as np
 from graphir.batch import UBatch
 from graphir.dims import Dim, DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
-from graphir.hparams import HParams
 from graphir.ir import Node
-from graphir.memory import CellMemory
+from graphir.memory import POS_INF, CellMemory
+from graphir.memory.layers import ContextParams, LayerNeeds, Recurrent
 
 if TYPE_CHECKING:
     from graphir.builder import GraphBuilder
@@ -35,29 +34,25 @@ if TYPE_CHECKING:
 N_RS = DimDecl("n_rs", 1, None, "state cells: one per sequence (n_seq_max)")
 N_SEQ_TOKENS = DimDecl("n_seq_tokens", 1, None, "tokens per sequence in the ubatch (equal split)")
 N_SEQS = DimDecl("n_seqs", 1, N_RS.sym, "sequences in the ubatch")
-MAX_SEQ = 64  # sequence sets are uint64 bitmasks, as in the KV cache
-POS_INF = np.iinfo(np.int64).max
 
 
 class RecurrentMemory(CellMemory):
     kind = "recurrent"
+    serves = frozenset({"recurrent"})
+    requires = frozenset({"recurrent"})
     split = "equal"  # every sequence of a ubatch advances by the same number of tokens
 
-    def __init__(self, hp: HParams, n_seq_max: int = 1):
-        super().__init__(hp)
-        if not 1 <= n_seq_max <= MAX_SEQ:
-            raise GraphirError(f"n_seq_max={n_seq_max} is outside [1, {MAX_SEQ}]")
-        if not (hp.n_embd_r or hp.n_embd_s):
-            raise GraphirError(f"a '{hp.arch}' model keeps no recurrent state: use a kv or none context")
-        self.n_seq_max = n_seq_max
-        self.size = max(1, n_seq_max)
+    def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
+                 layer_kinds: frozenset[str] | None = None):
+        super().__init__(needs, params, layer_kinds)
+        self.size = max(1, self.n_seq_max)
         self.pos = np.full(self.size, -1, dtype=np.int64)  # last absorbed position; -1: empty cell
         self.seq = np.zeros(self.size, dtype=np.uint64)  # bit s: sequence s's state is this cell
-        self.shift = np.zeros(self.size, dtype=np.int64)  # always 0: kept so saved states share one format
-        self._buffers: dict[str, np.ndarray] = {}
-        for il in range(hp.n_layer):
-            self._buffers[f"blk.{il}.rs_r"] = np.zeros((self.size, hp.n_embd_r), np.float32)
-            self._buffers[f"blk.{il}.rs_s"] = np.zeros((self.size, hp.n_embd_s), np.float32)
+        self.widths: dict[int, Recurrent] = {il: needs[il] for il in self.layers}  # type: ignore[misc]
+        self._buffers = {}
+        for il, w in self.widths.items():
+            self._buffers[f"blk.{il}.rs_r"] = np.zeros((self.size, w.n_embd_r), np.float32)
+            self._buffers[f"blk.{il}.rs_s"] = np.zeros((self.size, w.n_embd_s), np.float32)
 
     # ---- graph side -------------------------------------------------------------------------------------
 
@@ -67,24 +62,24 @@ class RecurrentMemory(CellMemory):
     def dims(self) -> list[DimDecl]:
         return [N_RS]
 
-    def _cache(self, b: GraphBuilder, which: str) -> Node:
-        width = self.hp.n_embd_r if which == "r" else self.hp.n_embd_s
+    def _cache(self, b: GraphBuilder, il: int, which: str) -> Node:
+        w = self.widths.get(il)
+        if w is None:
+            raise GraphirError(f"layer {il} keeps no recurrent state in this memory")
+        width = w.n_embd_r if which == "r" else w.n_embd_s
         return b.input(f"rs_{which}", "f32", (width, N_RS.sym), scoped=True)
 
-    def build_rs(self, b: GraphBuilder, which: str) -> Node:
+    def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node:
         """The ubatch's sequences' states of one kind: ``[n_embd_r or n_embd_s, n_seqs]``."""
         src = b.input("rs_src", "i32", (b.n_seqs,))
-        return b.op("get_rows", self._cache(b, which), src, name=f"rs_{which}.read")
+        return b.op("get_rows", self._cache(b, il, which), src, name=f"rs_{which}.read")
 
-    def store_rs(self, b: GraphBuilder, which: str, states: Node) -> None:
+    def store_rs(self, b: GraphBuilder, il: int, which: str, states: Node) -> None:
         dst = b.input("rs_dst", "i64", (b.n_seqs,))
-        node = b.op("set_rows", self._cache(b, which), states, dst, name=f"rs_{which}.write")
+        node = b.op("set_rows", self._cache(b, il, which), states, dst, name=f"rs_{which}.write")
         b.outputs[node.name.removesuffix(".write")] = node  # e.g. blk.3.rs_s: the layer's new states
 
     # ---- run time -------------------------------------------------------------------------------------
-
-    def buffers(self) -> dict[str, np.ndarray]:
-        return self._buffers
 
     def _cell_of(self, seq: int, seqs: np.ndarray | None = None) -> int:
         cells = np.flatnonzero(((self.seq if seqs is None else seqs) >> np.uint64(seq)) & np.uint64(1))
@@ -165,22 +160,30 @@ class RecurrentMemory(CellMemory):
             for b in self._buffers.values():
                 b[...] = 0
 
-    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
-        """Forget ``seq`` when [p0, p1) covers its last position or lies beyond it; False (nothing changes)
-        when the range would cut into its history, which a state cannot undo."""
+    def can_seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        """Only where [p0, p1) covers a sequence's last position or lies beyond it: a state cannot undo part
+        of its history."""
         lo, hi = max(int(p0), 0), POS_INF if p1 < 0 else int(p1)
         if seq < 0:
-            if lo != hi and (lo, hi) != (0, POS_INF):
-                return False
+            return lo == hi or (lo, hi) == (0, POS_INF)
+        self._check_seq(seq, "seq_rm")
+        c = self._cell_of(seq)
+        last = int(self.pos[c]) if c >= 0 else -1
+        return c < 0 or not (0 < lo <= last or 0 < hi <= last)
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        """Forget ``seq`` when [p0, p1) covers its last position or lies beyond it; False (nothing changes)
+        when the range would cut into its history."""
+        if not self.can_seq_rm(seq, p0, p1):
+            return False
+        lo, hi = max(int(p0), 0), POS_INF if p1 < 0 else int(p1)
+        if seq < 0:
             self._empty(np.flatnonzero((self.pos >= lo) & (self.pos < hi)))
             return True
-        self._check_seq(seq, "seq_rm")
         c = self._cell_of(seq)
         if c < 0:
             return True
         last = int(self.pos[c])
-        if 0 < lo <= last or 0 < hi <= last:
-            return False
         if lo <= last < hi:
             self.seq[c] &= ~np.uint64(1 << seq)
             if self.seq[c] == 0:
@@ -225,19 +228,8 @@ class RecurrentMemory(CellMemory):
     def can_shift(self) -> bool:
         return True  # positions are labels: shifting them needs no data change
 
-    def clone(self) -> RecurrentMemory:
-        new = copy.copy(self)
-        new.pos, new.seq, new.shift = self.pos.copy(), self.seq.copy(), self.shift.copy()
-        new._buffers = {k: v.copy() for k, v in self._buffers.items()}
-        return new
-
-    def cell_rows(self, il: int) -> tuple[np.ndarray, np.ndarray]:
+    def layer_rows(self, il: int) -> tuple[np.ndarray, ...]:
         return self._buffers[f"blk.{il}.rs_r"], self._buffers[f"blk.{il}.rs_s"]
-
-    @classmethod
-    def for_context(cls, hp: HParams, *, n_ctx: int, n_seq_max: int, type_k: str, type_v: str,
-                    unified: bool) -> RecurrentMemory:
-        return cls(hp, n_seq_max)
 
     def check_saved(self, cells: np.ndarray, seqs: np.ndarray) -> str | None:
         if len(seqs) and np.bitwise_or.reduce(seqs) != sum(seqs):
@@ -245,5 +237,4 @@ class RecurrentMemory(CellMemory):
         return None
 
     def layout(self) -> dict[str, Any]:
-        return {"kind": self.kind, "type_k": "f32", "type_v": "f32", "n_ctx": self.size,
-                "n_seq_max": self.n_seq_max, "unified": True}
+        return {"kind": self.kind, "n_seq_max": self.n_seq_max}

@@ -1,0 +1,34 @@
+"""The numba backend as the core sees it (graphir.backend.Backend), registered as the entry point ``numba``:
+numerics paths from :mod:`graphir.backends.isa`, weights from the quantized matmuls, graphs compiled by the
+executor. The kernels (and numba) load on first use, so naming the backend's paths costs nothing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from graphir.backends.isa import PATHS, Numerics, numerics
+from graphir.ir import Graph
+
+if TYPE_CHECKING:
+    from graphir.backends.executor import Program
+    from graphir.backends.quant import QWeight
+
+
+class NumbaBackend:
+    paths = tuple(PATHS)
+
+    def numerics(self, isa: str | None = None) -> Numerics:
+        return numerics(isa)
+
+    def prepare_weight(self, data: Any, qtype: Any, ne0: int) -> QWeight:
+        from graphir.backends.quant import QWeight
+
+        return QWeight.prepare(data, qtype, ne0)
+
+    def compile(self, graph: Graph, weight: Callable[[str], Any], numerics: Numerics) -> Program:
+        from graphir.backends.executor import Program
+
+        return Program(graph, weight, numerics.path)
+
+
+BACKEND = NumbaBackend()

@@ -1,0 +1,218 @@
+"""Memories made of parts, each serving the layers of its kind (llama.cpp's layer filters).
+
+A composite routes every layer to the part that holds it and implements the whole memory API by delegating,
+with llama.cpp's semantics: placement is planned by every part before any commits, a failed ubatch restores
+every part, ``seq_rm`` succeeds only where every part can (and otherwise changes nothing), positions are the
+ones all parts agree on (the latest first position and the earliest last), and a saved state holds each
+part's own section in turn.
+
+- :class:`SWAPair` (``iswa``, llama.cpp's ``llama_kv_cache_iswa``): full-attention layers in one KV cache of
+  n_ctx cells, sliding-window layers in a second, smaller one whose cells are reused once out of the window.
+- :class:`HybridMemory` (``hybrid``, ``llama_memory_hybrid``): attention layers in a KV cache, recurrent
+  layers in a recurrent memory; ubatches are split equally, as the recurrent part needs.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from graphir.batch import UBatch
+from graphir.dims import Dim, DimDecl
+from graphir.errors import GraphError, StateError
+from graphir.ir import Graph, Node
+from graphir.memory import Commit, Memory, RunGraph
+from graphir.memory.io import Reader, Writer
+from graphir.memory.kv import KVCache
+from graphir.memory.layers import ContextParams, LayerNeeds
+from graphir.memory.recurrent import RecurrentMemory
+
+if TYPE_CHECKING:
+    from graphir.builder import GraphBuilder
+
+
+class Composite(Memory):
+    """Parts by name, in a fixed order (the order they are planned, restored and saved in)."""
+
+    keeps_cells = True
+
+    def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
+                 layer_kinds: frozenset[str] | None = None):
+        super().__init__(needs, params, layer_kinds)
+        self.parts = {name: p for name, p in self.make_parts(needs, params).items() if p.layers}
+        self.route = {il: p for p in self.parts.values() for il in p.layers}
+        self.split = next((p.split for p in self.parts.values() if p.split != "simple"), "simple")
+
+    def make_parts(self, needs: LayerNeeds, params: ContextParams) -> dict[str, Memory]:
+        raise NotImplementedError
+
+    def _part(self, il: int) -> Memory:
+        part = self.route.get(il)
+        if part is None:
+            raise GraphError(f"layer {il} keeps nothing in this '{self.kind}' memory")
+        return part
+
+    def layout(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        for name, p in self.parts.items():
+            out.update((f"{name}.{k}", v) for k, v in p.layout().items() if k != "kind")
+        return out
+
+    # ---- graph side: each layer's request goes to its part ------------------------------------------
+
+    def ubatch_dims(self) -> tuple[Dim, Dim | None, list[DimDecl]]:
+        split_by = next((p for p in self.parts.values() if p.split != "simple"), None)
+        return (split_by or super()).ubatch_dims()
+
+    def dims(self) -> list[DimDecl]:
+        seen: dict[str, DimDecl] = {}
+        for p in self.parts.values():
+            for d in p.dims():
+                seen.setdefault(d.name, d)
+        return list(seen.values())
+
+    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
+        return self._part(il).build_attn(b, il, q, k, v, kq_scale=kq_scale)
+
+    def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node:
+        return self._part(il).build_rs(b, il, which)
+
+    def store_rs(self, b: GraphBuilder, il: int, which: str, states: Node) -> None:
+        self._part(il).store_rs(b, il, which, states)
+
+    # ---- run time ---------------------------------------------------------------------------------------
+
+    def refuse(self, batch: Any, pos: np.ndarray) -> str | None:
+        return next((why for p in self.parts.values() if (why := p.refuse(batch, pos))), None)
+
+    def bind_shift(self, graph: Graph, run: RunGraph) -> None:
+        for p in self.parts.values():
+            p.bind_shift(graph, run)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return min(p.seq_pos_max(seq) for p in self.parts.values())
+
+    def seq_pos_min(self, seq: int) -> int:
+        return max(p.seq_pos_min(seq) for p in self.parts.values())
+
+    def prepare(self, ubatches: list[UBatch]) -> list[Any]:
+        per_part = [p.prepare(ubatches) for p in self.parts.values()]  # any part may refuse: nothing changed
+        return [list(plans) for plans in zip(*per_part)]
+
+    def apply(self, ub: UBatch, plan: Any) -> dict[str, Any]:
+        feeds: dict[str, Any] = {}
+        for p, part_plan in zip(self.parts.values(), plan):
+            feeds.update(p.apply(ub, part_plan))
+        return feeds
+
+    def buffers(self) -> dict[str, np.ndarray]:
+        return {k: v for p in self.parts.values() for k, v in p.buffers().items()}
+
+    def snapshot(self, plans: list[Any]) -> Any:
+        return [p.snapshot([plan[i] for plan in plans]) for i, p in enumerate(self.parts.values())]
+
+    def restore(self, snap: Any) -> None:
+        for p, s in zip(self.parts.values(), snap):
+            p.restore(s)
+
+    # ---- saved state: each part's section, named -----------------------------------------------------
+
+    def state_write(self, w: Writer, seq: int | None) -> None:
+        for name, p in self.parts.items():
+            w.s(name)
+            p.state_write(w, seq)
+
+    def state_read(self, r: Reader, dst: int | None) -> Commit:
+        commits = []
+        for name, p in self.parts.items():
+            got = r.s("memory part name")
+            if got != name:
+                raise StateError(f"state data is malformed: memory part '{got}' where this context has '{name}'")
+            commits.append(p.state_read(r, dst))
+
+        def commit() -> None:
+            for c in commits:
+                c()
+        return commit
+
+    # ---- the memory API, part by part ------------------------------------------------------------------
+
+    def clear(self, data: bool = True) -> None:
+        for p in self.parts.values():
+            p.clear(data)
+
+    def can_seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        return all(p.can_seq_rm(seq, p0, p1) for p in self.parts.values())
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        if not self.can_seq_rm(seq, p0, p1):
+            return False
+        for p in self.parts.values():
+            p.seq_rm(seq, p0, p1)
+        return True
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        for p in self.parts.values():
+            p.seq_cp(src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        for p in self.parts.values():
+            p.seq_keep(seq)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        for p in self.parts.values():
+            p.seq_add(seq, p0, p1, delta)
+
+    def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
+        for p in self.parts.values():
+            p.seq_div(seq, p0, p1, d)
+
+    def can_shift(self) -> bool:
+        return all(p.can_shift() for p in self.parts.values())
+
+    def update(self) -> bool:
+        return any([p.update() for p in self.parts.values()])  # a list: every part updates
+
+    def clone(self) -> Composite:
+        new = copy.copy(self)
+        new.parts = {name: p.clone() for name, p in self.parts.items()}
+        new.route = {il: new.parts[name] for name, p in self.parts.items() for il in p.layers}
+        return new
+
+
+def swa_cells(params: ContextParams, window: int) -> int:
+    """llama.cpp's SWA cache size: the window of every sequence plus a ubatch, padded to 256, at most n_ctx
+    before padding."""
+    if not params.n_ctx:
+        return 0
+    n = min(params.n_ctx, window * (params.n_seq_max if params.unified else 1) + params.n_ubatch)
+    return (n + 255) // 256 * 256
+
+
+class SWAPair(Composite):
+    kind = "iswa"
+    serves = frozenset({"full", "swa"})
+    requires = frozenset({"swa"})
+
+    def make_parts(self, needs: LayerNeeds, params: ContextParams) -> dict[str, Memory]:
+        windows = {n.window for n in needs if n is not None and n.kind == "swa"}  # type: ignore[union-attr]
+        size = swa_cells(params, max(windows)) if windows else 0
+        return {"base": KVCache(needs, params, frozenset({"full"})),
+                "swa": KVCache(needs, params, frozenset({"swa"}), name="swa", size=size)}
+
+    def can_shift(self) -> bool:
+        """As llama.cpp: only when the SWA cache is as large as the base one (else it lost cells a shift needs)."""
+        sizes = {p.n_ctx for p in self.parts.values()}  # type: ignore[attr-defined]
+        return super().can_shift() and len(sizes) == 1
+
+
+class HybridMemory(Composite):
+    kind = "hybrid"
+    serves = frozenset({"full", "recurrent"})
+    requires = frozenset({"full", "recurrent"})
+
+    def make_parts(self, needs: LayerNeeds, params: ContextParams) -> dict[str, Memory]:
+        return {"attn": KVCache(needs, params, frozenset({"full"})),
+                "recr": RecurrentMemory(needs, params, frozenset({"recurrent"}))}
