@@ -1,4 +1,7 @@
-"""Architectures by GGUF ``general.architecture`` name. Adding one: a class in a family module, a line here."""
+"""Architectures by GGUF ``general.architecture`` name. Adding one: a class in a family module, a line here.
+
+A family defined elsewhere (a plugin, a test's toy model) registers itself when its module is imported and
+is found by name as well."""
 
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ def names() -> list[str]:
 def get(name: str) -> type[Architecture]:
     module = MODULES.get(name)
     if module is None:
+        if name in REGISTRY:
+            return REGISTRY[name]
         raise MetadataError(f"unknown architecture '{name}' (known: {', '.join(names())})")
     importlib.import_module(f"{__name__}.{module}")
     return REGISTRY[name]

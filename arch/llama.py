@@ -10,6 +10,7 @@ from gguf import Keys
 
 from graphir.architecture import Architecture
 from graphir.builder import GraphBuilder
+from graphir.ir import Node
 from graphir.tensors import TensorSpec, spec, tensor_name
 
 
@@ -21,8 +22,7 @@ class Llama(Architecture):
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
-        E, V, F = hp.n_embd, hp.n_vocab, hp.n_ff
-        q_out, kv_out = hp.n_head * hp.n_embd_head_k, hp.n_embd_k_gqa
+        E, V = hp.n_embd, hp.n_vocab
         specs = [
             spec(T.TOKEN_EMBD, (E, V)),
             spec(T.OUTPUT_NORM, (E,), kind="vector"),
@@ -31,26 +31,48 @@ class Llama(Architecture):
             spec(T.ROPE_FREQS, (hp.n_rot // 2,), kind="vector", optional=True),
         ]
         for il in range(hp.n_layer):
-            specs += [
-                spec(T.ATTN_NORM, (E,), il, kind="vector"),
-                spec(T.ATTN_Q, (E, q_out), il),
-                spec(T.ATTN_K, (E, kv_out), il),
-                spec(T.ATTN_V, (E, hp.n_embd_v_gqa), il),
-                spec(T.ATTN_OUT, (hp.n_head * hp.n_embd_head_v, E), il),
-                spec(T.ATTN_Q, (q_out,), il, "bias", kind="vector", optional=not self.qkv_bias),
-                spec(T.ATTN_K, (kv_out,), il, "bias", kind="vector", optional=not self.qkv_bias),
-                spec(T.ATTN_V, (hp.n_embd_v_gqa,), il, "bias", kind="vector", optional=not self.qkv_bias),
-                spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True),
-                spec(T.FFN_NORM, (E,), il, kind="vector"),
-                spec(T.FFN_GATE, (E, F), il),
-                spec(T.FFN_UP, (E, F), il),
-                spec(T.FFN_DOWN, (F, E), il),
-            ]
+            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.mix_tensors(il), *self.ffn_tensors(il)]
         return specs
+
+    def mix_tensors(self, il: int) -> list[TensorSpec]:
+        """Layer il's token mixing: self-attention's projections."""
+        hp = self.hp
+        E, q_out, kv_out, v_out = hp.n_embd, hp.head_count(il) * hp.n_embd_head_k, hp.n_embd_k_gqa_at(il), \
+            hp.n_embd_v_gqa_at(il)
+        return [
+            spec(T.ATTN_Q, (E, q_out), il),
+            spec(T.ATTN_K, (E, kv_out), il),
+            spec(T.ATTN_V, (E, v_out), il),
+            spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il),
+            spec(T.ATTN_Q, (q_out,), il, "bias", kind="vector", optional=not self.qkv_bias),
+            spec(T.ATTN_K, (kv_out,), il, "bias", kind="vector", optional=not self.qkv_bias),
+            spec(T.ATTN_V, (v_out,), il, "bias", kind="vector", optional=not self.qkv_bias),
+            spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True),
+        ]
+
+    def ffn_tensors(self, il: int) -> list[TensorSpec]:
+        E, F = self.hp.n_embd, self.hp.ff_length(il)
+        return [
+            spec(T.FFN_NORM, (E,), il, kind="vector"),
+            spec(T.FFN_GATE, (E, F), il),
+            spec(T.FFN_UP, (E, F), il),
+            spec(T.FFN_DOWN, (F, E), il),
+        ]
+
+    def mix(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
+        """Layer il's token mixing: RoPE'd grouped-query self-attention, through whatever memory the layer has."""
+        hp = self.hp
+        d, H, Hkv, T_ = hp.n_embd_head_k, hp.head_count(il), hp.head_count_kv(il), b.n_tokens
+        q = b.linear(h, b.w(T.ATTN_Q, il), b.w(T.ATTN_Q, il, "bias"), name="Qcur")
+        k = b.linear(h, b.w(T.ATTN_K, il), b.w(T.ATTN_K, il, "bias"), name="Kcur")
+        v = b.linear(h, b.w(T.ATTN_V, il), b.w(T.ATTN_V, il, "bias"), name="Vcur")
+        q = b.rope(b.reshape(q, (d, H, T_), name="Qcur.heads"), pos, freq_factors, name="Qcur.rope")
+        k = b.rope(b.reshape(k, (d, Hkv, T_), name="Kcur.heads"), pos, freq_factors, name="Kcur.rope")
+        v = b.reshape(v, (hp.n_embd_head_v, Hkv, T_), name="Vcur.heads")
+        return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias"), kq_scale=b.kq_scale())
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp
-        d, H, Hkv, T_ = hp.n_embd_head_k, hp.n_head, hp.n_head_kv, b.n_tokens
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
         out_ids = b.build_inp_out_ids()
@@ -58,14 +80,7 @@ class Llama(Architecture):
         for il in range(hp.n_layer):
             with b.layer(il):
                 h = b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm")
-                q = b.linear(h, b.w(T.ATTN_Q, il), b.w(T.ATTN_Q, il, "bias"), name="Qcur")
-                k = b.linear(h, b.w(T.ATTN_K, il), b.w(T.ATTN_K, il, "bias"), name="Kcur")
-                v = b.linear(h, b.w(T.ATTN_V, il), b.w(T.ATTN_V, il, "bias"), name="Vcur")
-                q = b.rope(b.reshape(q, (d, H, T_), name="Qcur.heads"), pos, freq_factors, name="Qcur.rope")
-                k = b.rope(b.reshape(k, (d, Hkv, T_), name="Kcur.heads"), pos, freq_factors, name="Kcur.rope")
-                v = b.reshape(v, (hp.n_embd_head_v, Hkv, T_), name="Vcur.heads")
-                a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias"),
-                                 kq_scale=b.kq_scale())
+                a = self.mix(b, h, pos, freq_factors, il)
                 if il == hp.n_layer - 1:  # only requested rows go through the last FFN and the head
                     a = b.op("get_rows", a, out_ids, name="attn_out.rows")
                     x = b.op("get_rows", x, out_ids, name="inp.rows")

@@ -43,26 +43,31 @@ class Mamba(Architecture):
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
-        E, Di, Ds, R, K = hp.n_embd, hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_d_conv
+        E = hp.n_embd
         specs = [
             spec(T.TOKEN_EMBD, (E, hp.n_vocab)),
             spec(T.OUTPUT_NORM, (E,), kind="vector"),
             spec(T.OUTPUT, (E, hp.n_vocab), tied_to=tensor_name(T.TOKEN_EMBD)),
         ]
         for il in range(hp.n_layer):
-            specs += [
-                spec(T.ATTN_NORM, (E,), il, kind="vector"),
-                spec(T.SSM_IN, (E, 2 * Di), il),
-                spec(T.SSM_CONV1D, (K, Di), il),
-                spec(T.SSM_CONV1D, (Di,), il, "bias", kind="vector"),
-                spec(T.SSM_X, (Di, R + 2 * Ds), il),
-                spec(T.SSM_DT, (R, Di), il),
-                spec(T.SSM_DT, (Di,), il, "bias", kind="vector"),
-                spec(T.SSM_A, (Ds, Di), il, suffix=None),  # already -exp(A_log), stored under a bare name
-                spec(T.SSM_D, (Di,), il, suffix=None, kind="vector"),
-                spec(T.SSM_OUT, (Di, E), il),
-            ]
+            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.mixer_tensors(il)]
         return specs
+
+    def mixer_tensors(self, il: int) -> list[TensorSpec]:
+        """Layer il's selective SSM block."""
+        hp = self.hp
+        E, Di, Ds, R, K = hp.n_embd, hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_d_conv
+        return [
+            spec(T.SSM_IN, (E, 2 * Di), il),
+            spec(T.SSM_CONV1D, (K, Di), il),
+            spec(T.SSM_CONV1D, (Di,), il, "bias", kind="vector"),
+            spec(T.SSM_X, (Di, R + 2 * Ds), il),
+            spec(T.SSM_DT, (R, Di), il),
+            spec(T.SSM_DT, (Di,), il, "bias", kind="vector"),
+            spec(T.SSM_A, (Ds, Di), il, suffix=None),  # already -exp(A_log), stored under a bare name
+            spec(T.SSM_D, (Di,), il, suffix=None, kind="vector"),
+            spec(T.SSM_OUT, (Di, E), il),
+        ]
 
     def mixer(self, b: GraphBuilder, x: Node, il: int) -> Node:
         """The selective SSM block: [E, n_seq_tokens, n_seqs] in, same out."""

@@ -72,10 +72,11 @@ class UBatch:
         return len(self.tokens)
 
 
-def validate(batch: Batch, n_vocab: int, n_seq_max: int, next_pos: Sequence[int]) -> np.ndarray:
+def validate(batch: Batch, n_vocab: int, n_seq_max: int, last_pos: Sequence[int]) -> np.ndarray:
     """Check a batch against the model and the memory; return its positions (filled in where absent).
 
-    ``next_pos[s]`` is the position sequence s must continue from (0 for an empty sequence).
+    ``last_pos[s]`` is the last position the memory holds for sequence s: the batch must continue from the
+    next one, and an empty sequence (-1) may start anywhere (0 when positions are left out), as in llama.cpp.
     """
     n = len(batch)
     if n == 0:
@@ -90,13 +91,16 @@ def validate(batch: Batch, n_vocab: int, n_seq_max: int, next_pos: Sequence[int]
         for s in ids:
             if not 0 <= s < n_seq_max:
                 raise BatchError(f"token {i} has seq id {s}, outside [0, {n_seq_max}) (n_seq_max={n_seq_max})")
-    expect = {s: int(next_pos[s]) for ids in batch.seq_ids for s in ids}
+    expect: dict[int, int | None] = {s: int(last_pos[s]) + 1 if last_pos[s] >= 0 else None
+                                     for ids in batch.seq_ids for s in ids}
     pos = np.empty(n, dtype=np.int64)
     for i, ids in enumerate(batch.seq_ids):
-        want = {expect[s] for s in ids}
-        p = int(batch.pos[i]) if batch.pos is not None else min(want)
+        want = [e for s in ids if (e := expect[s]) is not None]
+        p = int(batch.pos[i]) if batch.pos is not None else min(want, default=0)
+        if p < 0:
+            raise BatchError(f"token {i} has position {p}: positions start at 0")
         for s in ids:
-            if p != expect[s]:
+            if expect[s] is not None and p != expect[s]:
                 raise BatchError(f"token {i} of seq {s} has position {p}, but the sequence continues at {expect[s]}"
                                  f" (positions must be consecutive per sequence)")
             expect[s] = p + 1

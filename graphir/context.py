@@ -97,7 +97,7 @@ class Context:
             batch = Batch(batch.tokens, batch.pos, batch.seq_ids, np.ones(len(batch), dtype=bool))
         with self._lock:
             mem = self.memory
-            pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.next_pos())
+            pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.last_pos())
             why = mem.refuse(batch, pos)
             if why:
                 raise BatchError(why)

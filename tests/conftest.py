@@ -198,6 +198,8 @@ _DENSE: dict[str, dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.
     },
 }
 
+_DENSE["test-hybrid"] = _DENSE["mamba"]  # the toy hybrid's Mamba layers (tests/toy_archs.py)
+
 
 # Matrices llama.cpp's converter always writes as F32 whatever the output type (convert_hf_to_gguf): its kernels
 # for these read float32 only (ssm_conv asserts; rwkv_wkv6 reads time_first's bytes as floats).

@@ -71,3 +71,17 @@ def test_a_cycle_would_be_found(tmp_path: Path) -> None:
     known = {"graphir.a": a, "graphir.b": b}
     g = nx.DiGraph((n, t) for n, p in known.items() for t in imported(n, p, known))
     assert sorted(map(sorted, nx.simple_cycles(g))) == [["graphir.a", "graphir.b"]]
+
+
+def test_the_core_imports_neither_a_backend_nor_numba() -> None:
+    """graphir's core finds its backend through an entry point (graphir.backend); only graphir.backends.*
+    imports numba, and no core module imports graphir.backends."""
+    known = modules()
+    core = {n: p for n, p in known.items() if not n.startswith(("graphir.backends", "graphir.arch"))}
+    reach = {n: sorted(t for t in imported(n, p, known) if t.startswith("graphir.backends")) for n, p in core.items()}
+    assert {n: t for n, t in reach.items() if t} == {}
+    for n, p in core.items():
+        names = {a.name.split(".")[0] for node in ast.walk(ast.parse(p.read_text()))
+                 if isinstance(node, (ast.Import, ast.ImportFrom))
+                 for a in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])}
+        assert not names & {"numba", "llvmlite"}, n

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import struct
 import tempfile
 import threading
 from collections import Counter
@@ -453,6 +454,19 @@ def test_bad_state_raises_state_error_and_leaves_the_context_byte_identical(case
         with pytest.raises(StateError):
             ctx.state_seq_load(data, 0)
         assert memory_bytes(ctx) == before
+
+
+def test_a_version_1_state_is_refused_saying_why_and_changes_nothing() -> None:
+    """Version 1 wrote every memory as K/V-shaped cells; version 2 lets each memory write its own section."""
+    good = _loaded_context(model("llama")).state_save()
+    old = bytearray(good)
+    struct.pack_into("<I", old, 8, 1)
+    ctx = _loaded_context(model("llama"))
+    before = memory_bytes(ctx)
+    with pytest.raises(StateError, match=r"state format version 1 is no longer read: it predates memories that "
+                                         r"save their own sections .*; save the state again"):
+        ctx.state_load(bytes(old))
+    assert memory_bytes(ctx) == before
 
 
 def test_set_memory_takes_a_clone_and_refuses_an_incompatible_memory() -> None:

@@ -99,9 +99,9 @@ class Memory:
 
     # ---- run time -------------------------------------------------------------------------------------
 
-    def next_pos(self) -> list[int]:
-        """Per sequence, the position its next token must have."""
-        return [self.seq_pos_max(s) + 1 for s in range(self.params.n_seq_max)]
+    def last_pos(self) -> list[int]:
+        """Per sequence, the last position held (-1: none), which a batch must continue from."""
+        return [self.seq_pos_max(s) for s in range(self.params.n_seq_max)]
 
     def seq_pos_max(self, seq: int) -> int:
         return -1

@@ -130,7 +130,10 @@ class Composite(Memory):
             got = r.s("memory part name")
             if got != name:
                 raise StateError(f"state data is malformed: memory part '{got}' where this context has '{name}'")
-            commits.append(p.state_read(r, dst))
+            try:
+                commits.append(p.state_read(r, dst))
+            except StateError as e:
+                raise StateError(f"memory part '{name}': {e}") from None
 
         def commit() -> None:
             for c in commits:

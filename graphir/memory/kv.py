@@ -307,9 +307,8 @@ class KVCache(CellMemory):
         return 0 if self.unified else cell // self.stream_size
 
     def snapshot(self, plans: list[Any]) -> Any:
-        """The cells, and the rows of any planned cell that holds a token (a window reuses such cells)."""
+        """The cells, and the rows the plans will overwrite, so that a failed ubatch leaves every byte as it was."""
         taken = np.unique(np.concatenate(plans)) if plans else np.zeros(0, np.int64)
-        taken = taken[self.pos[taken] >= 0]
         rows = {k: v[taken] for k, v in self._buffers.items()} if len(taken) else {}
         return self.pos.copy(), self.seq.copy(), self.shift.copy(), list(self.heads), taken, rows
 

@@ -52,8 +52,8 @@ class NoMemory(Memory):
                     f"n_ctx={n_ctx}")
         return None
 
-    def next_pos(self) -> list[int]:
-        return [0] * self.params.n_seq_max  # every decode starts afresh: nothing is remembered
+    def last_pos(self) -> list[int]:
+        return [-1] * self.params.n_seq_max  # every decode starts afresh: nothing is remembered
 
     def apply(self, ub: UBatch, plan: Any) -> dict[str, Any]:
         masks = {self._mask_name(il): (self.needs[il].causal, self.needs[il].window)  # type: ignore[union-attr]

@@ -1,0 +1,56 @@
+"""Two test-only families that show how the next ones are expressed: each is hparams in, layer needs and a
+graph out, with no cache in sight. Importing this module registers them.
+
+- ``test-iswa``: Llama with Gemma-2's interleaving, every even layer attending through a sliding window of
+  ``attention.sliding_window`` positions; its context gets an interleaved pair of KV caches (``iswa``).
+- ``test-hybrid``: Jamba-style, a per-layer ``attention.head_count_kv`` array whose zeros mark Mamba layers
+  and whose other entries mark Llama attention layers; its context gets a KV cache and a recurrent memory
+  behind one interface (``hybrid``).
+"""
+
+from __future__ import annotations
+
+from gguf import Keys
+
+from graphir.arch.llama import Llama
+from graphir.arch.mamba import Mamba
+from graphir.builder import GraphBuilder
+from graphir.hparams import Key
+from graphir.ir import Node
+from graphir.memory.layers import Attention, LayerNeeds, Recurrent
+from graphir.tensors import TensorSpec
+
+
+class ToySWA(Llama):
+    name = "test-iswa"
+    keys = (Key("n_swa", Keys.Attention.SLIDING_WINDOW, int, required=True),)
+
+    def layers(self) -> LayerNeeds:
+        hp = self.hp
+        return tuple(Attention(hp.n_embd_k_gqa, hp.n_embd_v_gqa, window=hp.n_swa if il % 2 == 0 else 0)
+                     for il in range(hp.n_layer))
+
+
+class ToyHybrid(Llama):
+    name = "test-hybrid"
+    per_layer = True
+    keys = Mamba.keys
+    n_embd_r, n_embd_s = Mamba.n_embd_r, Mamba.n_embd_s
+
+    def is_recurrent(self, il: int) -> bool:
+        return self.hp.head_count_kv(il) == 0
+
+    def layers(self) -> LayerNeeds:
+        hp = self.hp
+        return tuple(Recurrent(self.n_embd_r, self.n_embd_s) if self.is_recurrent(il)
+                     else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(hp.n_layer))
+
+    def mix_tensors(self, il: int) -> list[TensorSpec]:
+        return Mamba.mixer_tensors(self, il) if self.is_recurrent(il) else super().mix_tensors(il)  # type: ignore[arg-type]
+
+    def mix(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
+        if not self.is_recurrent(il):
+            return super().mix(b, h, pos, freq_factors, il)
+        E = self.hp.n_embd
+        y = Mamba.mixer(self, b, b.reshape(h, (E, b.n_seq_tokens, b.n_seqs), name="attn_norm.seqs"), il)  # type: ignore[arg-type]
+        return b.reshape(y, (E, b.n_tokens), name="ssm_out.tokens")
