@@ -32,7 +32,7 @@ graph of its own (:meth:`KVCache.k_shift_graph`, snapshot-tested), which the con
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -429,8 +429,7 @@ class KVCache(CellMemory):
         return True
 
     def clone(self) -> KVCache:
-        new = super().clone()
-        assert isinstance(new, KVCache)
+        new = cast(KVCache, super().clone())
         new.heads = list(self.heads)
         return new
 
