@@ -7,10 +7,9 @@ pair) first. Detokenizing maps the characters back to bytes.
 
 from __future__ import annotations
 
-import heapq
-
 import gguf
 
+from graphir.tokenizer.merge import merge
 from graphir.tokenizer.metadata import Metadata
 from graphir.tokenizer.model import WordModel
 from graphir.tokenizer.pretokenize import PRE_TOKENIZERS, SUPPORTED_PRE_TOKENIZERS
@@ -66,7 +65,11 @@ class Bpe(WordModel):
             cut = m.find(" ", 1)
             pair = (m[:cut], m[cut + 1 :]) if cut != -1 else ("", "")
             ranks.setdefault(pair, i)
-        self._ranks = ranks
+
+        def rank(left: str, right: str) -> int | None:
+            return ranks.get((left, right))
+
+        self._rank = rank
 
     def words(self, text: str) -> list[str]:
         return self.pre_tokenizer.split(text)
@@ -76,40 +79,8 @@ class Bpe(WordModel):
         tid = self._ids
         if self.pre_tokenizer.ignore_merges and word in tid:
             return (tid[word],)
-        sym = list(word)
-        n = len(sym)
-        if n > 1:
-            ranks = self._ranks
-            prev = list(range(-1, n - 1))
-            nxt = list(range(1, n + 1))
-            nxt[-1] = -1
-            heap: list[tuple[int, int, int, str]] = []
-
-            def add(left: int, right: int) -> None:
-                if left < 0 or right < 0:
-                    return
-                r = ranks.get((sym[left], sym[right]))
-                if r is not None:
-                    heapq.heappush(heap, (r, left, right, sym[left] + sym[right]))
-
-            for i in range(1, n):
-                add(i - 1, i)
-            while heap:
-                _, left, right, merged = heapq.heappop(heap)
-                ls, rs = sym[left], sym[right]
-                if not ls or not rs or ls + rs != merged:
-                    continue  # stale
-                sym[left] = merged
-                sym[right] = ""
-                nxt[left] = nxt[right]
-                if nxt[right] >= 0:
-                    prev[nxt[right]] = left
-                add(prev[left], left)
-                add(left, nxt[left])
         ids: list[int] = []
-        for s in sym:
-            if not s:
-                continue
+        for s in merge(word, self._rank):
             t = tid.get(s)
             if t is not None:
                 ids.append(t)
