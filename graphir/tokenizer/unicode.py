@@ -59,20 +59,24 @@ _CLASS_RUNS = (
 )
 
 
-
-def _decode_class_runs() -> tuple[list[int], str]:
-    text = zlib.decompress(base64.b85decode("".join(_CLASS_RUNS))).decode("ascii")
-    starts: list[int] = []
-    classes: list[str] = []
+def _entries(chunks: tuple[str, ...], entry: str) -> list[tuple[int, str]]:
+    """(code point, field) of each entry of an embedded table: ``entry`` matches the hex delta from the previous
+    entry's code point, then the field."""
+    text = zlib.decompress(base64.b85decode("".join(chunks))).decode("ascii")
+    out: list[tuple[int, str]] = []
     cp = 0
-    for delta, cls in re.findall(r"([0-9a-f]+)([LNPMSWO])", text):
+    for delta, field in re.findall(entry, text):
         cp += int(delta, 16)
-        starts.append(cp)
-        classes.append(cls)
-    return starts, "".join(classes)
+        out.append((cp, field))
+    return out
 
 
-_RUN_STARTS, _RUN_CLASSES = _decode_class_runs()
+def _class_runs() -> tuple[list[int], str]:
+    runs = _entries(_CLASS_RUNS, r"([0-9a-f]+)([LNPMSWO])")
+    return [cp for cp, _ in runs], "".join(cls for _, cls in runs)
+
+
+_RUN_STARTS, _RUN_CLASSES = _class_runs()
 
 
 def unicode_class(cp: int) -> str:
@@ -103,15 +107,4 @@ _LOWER_PAIRS = (
     "0R921UPRd"
 )
 
-
-def _decode_lower_pairs() -> dict[int, int]:
-    text = zlib.decompress(base64.b85decode("".join(_LOWER_PAIRS))).decode("ascii")
-    lower: dict[int, int] = {}
-    cp = 0
-    for delta, offset in re.findall(r"([0-9a-f]+)([+-][0-9a-f]+),", text):
-        cp += int(delta, 16)
-        lower[cp] = cp + int(offset, 16)
-    return lower
-
-
-LOWER = _decode_lower_pairs()
+LOWER = {cp: cp + int(offset, 16) for cp, offset in _entries(_LOWER_PAIRS, r"([0-9a-f]+)([+-][0-9a-f]+),")}
