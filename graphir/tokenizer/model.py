@@ -19,7 +19,7 @@ from graphir.tokenizer.tokens import TokenTable, utf8
 _TK = gguf.Keys.Tokenizer
 
 ESCAPED_SPACE = "\u2581"  # how SentencePiece and WordPiece vocabularies spell a space
-_WORD_CACHE_MAX = 1 << 16
+_WORD_CACHE_MAX = 1 << 16  # words whose ids a WordModel keeps; when full it starts over
 
 
 class TokenizerModel:
@@ -64,7 +64,7 @@ class TokenizerModel:
 
 
 class WordModel(TokenizerModel):
-    """A model that cuts text into words and tokenizes each word on its own, so each word's ids are cached."""
+    """A model that cuts text into words and tokenizes each word on its own, so it keeps each word's ids."""
 
     def load(self, md: Metadata, table: TokenTable) -> None:
         super().load(md, table)
@@ -75,6 +75,7 @@ class WordModel(TokenizerModel):
         raise NotImplementedError
 
     def word_ids(self, word: str) -> tuple[int, ...]:
+        """The ids of one word."""
         raise NotImplementedError
 
     def tokenize(self, text: str, frags: list[int | tuple[int, int]], out: list[int]) -> None:
