@@ -8,7 +8,7 @@ keys only it reads, how text between special tokens becomes ids and how a normal
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import gguf
 
@@ -70,7 +70,7 @@ class WordModel(TokenizerModel):
         super().load(md, table)
         self._words: dict[str, tuple[int, ...]] = {}
 
-    def words(self, text: str) -> list[str]:
+    def words(self, text: str) -> Iterable[str]:
         """The words of a span of text (none empty)."""
         raise NotImplementedError
 

@@ -10,7 +10,7 @@ in bos ([CLS]) and sep ([SEP]).
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import gguf
 
@@ -95,8 +95,8 @@ class Wpm(WordModel):
         self._max_token_len = max(map(len, table.tokens))
         self._unk = special["unk"]
 
-    def words(self, text: str) -> list[str]:
-        return [w for w in text.translate(self._table).split(" ") if w]
+    def words(self, text: str) -> Iterable[str]:
+        return filter(None, text.translate(self._table).split(" "))
 
     def word_ids(self, word: str) -> tuple[int, ...]:
         word = ESCAPED_SPACE + word
