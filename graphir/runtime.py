@@ -51,7 +51,7 @@ class Model:
 
     @cached_property
     def vocab(self) -> Any:
-        from graphir.tokenizer import Vocab
+        from graphir.tokenizer.vocab import Vocab
 
         return Vocab.from_metadata(self.meta.label, self.meta.metadata)
 

@@ -24,7 +24,9 @@ from conftest import write_vocab_gguf
 
 from graphir.errors import MetadataError
 from graphir.gguf_file import read_header
-from graphir.tokenizer import SUPPORTED_PRE_TOKENIZERS, Vocab, _unicode_class
+from graphir.tokenizer.pretokenize import SUPPORTED_PRE_TOKENIZERS
+from graphir.tokenizer.unicode import unicode_class
+from graphir.tokenizer.vocab import Vocab
 
 try:
     import llama_cpp
@@ -227,12 +229,12 @@ def test_unicode_classes_agree_with_unicodedata() -> None:
         if cat == "Cn":  # unassigned in this Python's Unicode version (may be assigned in 15.1)
             continue
         expected = "W" if cp in white_space else cat[0] if cat[0] in "LNPMS" else "O"
-        assert _unicode_class(cp) == expected, hex(cp)
+        assert unicode_class(cp) == expected, hex(cp)
         checked += 1
     assert checked > 250_000
     # assigned in 15.0 / 15.1 (CJK Extension H and I), letters there whatever this Python says
-    assert _unicode_class(0x31350) == _unicode_class(0x2EBF0) == "L"
-    assert _unicode_class(0x2EE5E) == "O"  # still unassigned in 15.1
+    assert unicode_class(0x31350) == unicode_class(0x2EBF0) == "L"
+    assert unicode_class(0x2EE5E) == "O"  # still unassigned in 15.1
 
 
 @oracle
@@ -243,7 +245,8 @@ def test_unicode_classes_match_llama_cpp(tmp_path: Path) -> None:
     out as one token tells whether c is a letter (same word under the GPT-2 regex), "1" + c a
     number, "!" + c neither-nor-space, and "!" + c under the 'default' pre-tokenizer punctuation.
     """
-    from graphir.tokenizer import _BYTE_TO_UNI, _RUN_STARTS
+    from graphir.tokenizer.bpe import _BYTE_TO_UNI
+    from graphir.tokenizer.unicode import _RUN_STARTS
 
     T = gguf.Keys.Tokenizer
     tokens = list(_BYTE_TO_UNI) + [p + b for p in "a1!" for b in _BYTE_TO_UNI]
@@ -265,7 +268,7 @@ def test_unicode_classes_match_llama_cpp(tmp_path: Path) -> None:
             letter, number, other = joined(o_gpt2, "a"), joined(o_gpt2, "1"), joined(o_gpt2, "!")
             punct = joined(o_default, "!")
             seen = "L" if letter else "N" if number else ("P" if punct else "O") if other else "W"
-            mine = _unicode_class(cp)
+            mine = unicode_class(cp)
             if cp >= 0x80:  # ASCII is matched literally, not through the table
                 assert seen == {"M": "O", "S": "O"}.get(mine, mine), hex(cp)
     finally:
@@ -307,7 +310,7 @@ def smol_tokenizer_md(smollm2_gguf: Path) -> dict[str, object]:
 
 def _byte_bpe_metadata() -> dict[str, object]:
     """A byte-level BPE vocabulary of the 256 byte characters and nothing else."""
-    from graphir.tokenizer import _BYTE_TO_UNI
+    from graphir.tokenizer.bpe import _BYTE_TO_UNI
 
     T = gguf.Keys.Tokenizer
     return {T.MODEL: "gpt2", T.LIST: list(_BYTE_TO_UNI), T.TOKEN_TYPE: [1] * 256, T.MERGES: [], T.BOS_ID: 0,
@@ -351,8 +354,8 @@ def test_pre_tokenizer_flags(smol_tokenizer_md: dict[str, object]) -> None:
     assert llama3.add_bos and llama3.tokenize("hi")[0] == llama3.bos  # llama3 vocabularies add BOS by default
     assert Vocab.from_metadata("x.gguf", {**smol_tokenizer_md, T.PRE: "llama-bpe", T.ADD_BOS: False}).add_bos is False
     # how words are cut (SmolLM2 has no multi-digit tokens, so look at the pre-tokenizer's words)
-    words = {name: Vocab.from_metadata("x.gguf", {**smol_tokenizer_md, T.PRE: name})._split("x 1234567 it'S\r\n\n y")
-             for name in ("llama3", "qwen2", "smollm", "gpt-2", "default")}
+    words = {name: Vocab.from_metadata("x.gguf", {**smol_tokenizer_md, T.PRE: name})._model.words(
+        "x 1234567 it'S\r\n\n y") for name in ("llama3", "qwen2", "smollm", "gpt-2", "default")}
     assert words["llama3"] == ["x", " ", "123", "456", "7", " it", "'S", "\r\n\n", " y"]
     assert words["qwen2"] == ["x", " ", *"1234567", " it", "'S", "\r\n\n", " y"]
     assert words["smollm"] == ["x", " ", *"1234567", " it", "'", "S", "\r\n\n", " y"]

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 from conftest import write_vocab_gguf
 
 from graphir.errors import MetadataError
-from graphir.tokenizer import (_CJK, _CONTROL, _KEY_LOWERCASE, _KEY_STRIP_ACCENTS, _LOWER, _RUN_STARTS, Vocab,
-                               _unicode_class)
+from graphir.tokenizer.unicode import _RUN_STARTS, LOWER, unicode_class
+from graphir.tokenizer.vocab import Vocab
+from graphir.tokenizer.wpm import _CJK, _CONTROL, _KEY_LOWERCASE, _KEY_STRIP_ACCENTS
 
 try:
     import llama_cpp
@@ -279,7 +280,7 @@ def test_random_text_matches_llama_cpp(
 
 def _probe_code_points() -> list[int]:
     """Code points with a lowercase or an NFD, the edges of the class, control and CJK ranges, and their images."""
-    cps = set(_LOWER) | set(_LOWER.values())
+    cps = set(LOWER) | set(LOWER.values())
     cps |= {c for r in (*_CONTROL, *_CJK) for e in r for c in (e - 1, e, e + 1)}
     cps |= {c for s in _RUN_STARTS for c in (s - 1, s)}
     for cp in range(0x110000):
@@ -316,12 +317,12 @@ def test_lowercase_table_agrees_with_str_lower() -> None:
     """
     checked = 0
     for cp in range(0x110000):
-        if unicodedata.category(chr(cp)) == "Cn" or _unicode_class(cp) == "O":
+        if unicodedata.category(chr(cp)) == "Cn" or unicode_class(cp) == "O":
             continue
-        assert _LOWER.get(cp, cp) == ord(chr(cp).lower()[0]), hex(cp)
+        assert LOWER.get(cp, cp) == ord(chr(cp).lower()[0]), hex(cp)
         checked += 1
     assert checked > 140_000
-    assert _LOWER[0x130] == 0x69 and _LOWER[0x10570] == 0x10597 and 0x3A3 in _LOWER and 0x3C2 not in _LOWER
+    assert LOWER[0x130] == 0x69 and LOWER[0x10570] == 0x10597 and 0x3A3 in LOWER and 0x3C2 not in LOWER
 
 
 def test_control_ranges_agree_with_unicodedata() -> None:
@@ -331,7 +332,7 @@ def test_control_ranges_agree_with_unicodedata() -> None:
         cat = unicodedata.category(chr(cp))
         if cat != "Cn":
             assert (cp in listed) == (cat in ("Cc", "Cf", "Co", "Cs")), hex(cp)
-    assert 0x13439 in listed and _unicode_class(0x13439) == "O"  # Cf since Unicode 15.0
+    assert 0x13439 in listed and unicode_class(0x13439) == "O"  # Cf since Unicode 15.0
 
 
 # ---------------------------------------------------------------------------------------------
