@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from graphir.architecture import REGISTRY, Architecture
+from graphir.model.architecture import REGISTRY, Architecture
 from graphir.errors import MetadataError
 
 # architecture name -> module of this package that defines it (imported only when asked for)

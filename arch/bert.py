@@ -11,10 +11,10 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.architecture import Architecture
-from graphir.builder import Act, Gate, GraphBuilder, Norm
-from graphir.ir import Node
-from graphir.tensors import TensorSpec, spec
+from graphir.model.architecture import Architecture
+from graphir.model.builder import Act, Gate, GraphBuilder, Norm
+from graphir.graph.ir import Node
+from graphir.model.tensors import TensorSpec, spec
 
 
 class Bert(Architecture):

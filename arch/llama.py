@@ -8,10 +8,10 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.architecture import Architecture
-from graphir.builder import GraphBuilder
-from graphir.ir import Node
-from graphir.tensors import TensorSpec, spec, tensor_name
+from graphir.model.architecture import Architecture
+from graphir.model.builder import GraphBuilder
+from graphir.graph.ir import Node
+from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 
 class Llama(Architecture):

@@ -11,12 +11,12 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.architecture import Architecture
-from graphir.builder import GraphBuilder
-from graphir.hparams import Key
-from graphir.ir import Node
+from graphir.model.architecture import Architecture
+from graphir.model.builder import GraphBuilder
+from graphir.model.hparams import Key
+from graphir.graph.ir import Node
 from graphir.memory.layers import LayerNeeds, Recurrent
-from graphir.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 
 class Mamba(Architecture):

@@ -11,13 +11,13 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.architecture import Architecture
-from graphir.builder import GraphBuilder, Norm
+from graphir.model.architecture import Architecture
+from graphir.model.builder import GraphBuilder, Norm
 from graphir.errors import MetadataError
-from graphir.hparams import HParams, Key
-from graphir.ir import Node
+from graphir.model.hparams import HParams, Key
+from graphir.graph.ir import Node
 from graphir.memory.layers import LayerNeeds, Recurrent
-from graphir.tensors import TensorSpec, spec
+from graphir.model.tensors import TensorSpec, spec
 
 _MIXES = 5  # w, k, v, r, g: the five token-shift interpolations of the time mix, in this order
 

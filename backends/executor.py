@@ -17,9 +17,9 @@ from graphir.backends import kernels as K
 from graphir.backends import recurrent as R
 from graphir.backends.isa import IsaPath
 from graphir.backends.quant import QWeight
-from graphir.dims import Sym
-from graphir.ir import Graph, Node
-from graphir.ops import OPS
+from graphir.graph.dims import Sym
+from graphir.graph.ir import Graph, Node
+from graphir.graph.ops import OPS
 
 Env = Mapping[str, int]
 
@@ -110,7 +110,7 @@ KERNELS: dict[str, Maker] = {}
 
 
 def kernel(*ops: str) -> Callable[[Maker], Maker]:
-    """Register a kernel maker for ops of graphir.ops.OPS; an op without one, or with two, is an error."""
+    """Register a kernel maker for ops of graphir.graph.ops.OPS; an op without one, or with two, is an error."""
     def register(make: Maker) -> Maker:
         for op in ops:
             if op not in OPS or OPS[op].kind == "leaf":

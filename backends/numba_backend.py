@@ -1,4 +1,4 @@
-"""The numba backend as the core sees it (graphir.backend.Backend), registered as the entry point ``numba``:
+"""The numba backend as the core sees it (graphir.running.backend.Backend), registered as the entry point ``numba``:
 numerics paths from :mod:`graphir.backends.isa`, weights from the quantized matmuls, graphs compiled by the
 executor. The kernels (and numba) load on first use, so naming the backend's paths costs nothing."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from graphir.backends.isa import PATHS, Numerics, numerics
-from graphir.ir import Graph
+from graphir.graph.ir import Graph
 
 if TYPE_CHECKING:
     from graphir.backends.executor import Program

@@ -25,8 +25,8 @@ def best_ms(fn, repeat: int = 7) -> float:
 
 
 def main() -> None:
-    from graphir.forms import to_json, to_text
-    from graphir.model import open_model
+    from graphir.graph.forms import to_json, to_text
+    from graphir.model.meta import open_model
 
     print(f"{'job':52} {'figure':>12} {'target':>10} {'ratio':>7}")
 

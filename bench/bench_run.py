@@ -42,8 +42,8 @@ def best(fn) -> float:  # type: ignore[no-untyped-def]
 
 
 def bench_graphir(path: str) -> tuple[float, float]:
-    from graphir.batch import Batch
-    from graphir.runtime import load
+    from graphir.running.batch import Batch
+    from graphir.running.runtime import load
 
     model = load(path)
     toks = prompt_tokens(model.hparams.n_vocab)

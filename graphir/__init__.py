@@ -15,8 +15,8 @@ __version__ = "0.1.0"
 __all__ = ["Batch", "__version__", "load", "open_model"]
 
 # Attributes load lazily (PEP 562) so that `graphir --help` and graph dumps import only what they use.
-_LAZY = {"load": ("graphir.runtime", "load"), "Batch": ("graphir.batch", "Batch"),
-         "open_model": ("graphir.model", "open_model")}
+_LAZY = {"load": ("graphir.running.runtime", "load"), "Batch": ("graphir.running.batch", "Batch"),
+         "open_model": ("graphir.model.meta", "open_model")}
 
 
 def __getattr__(name: str) -> Any:

@@ -20,9 +20,9 @@ from typing import Any, Callable, NoReturn, Sequence
 from graphir.errors import GraphirError
 
 PROG = "graphir"
-PHASES = ("prefill", "decode")  # mirrors graphir.builder.PHASES
+PHASES = ("prefill", "decode")  # mirrors graphir.model.builder.PHASES
 FORMATS = ("text", "json", "dot")
-OUTTYPES = ("f32", "f16")  # mirrors graphir.convert.OUTTYPES
+OUTTYPES = ("f32", "f16")  # mirrors graphir.files.convert.OUTTYPES
 
 
 class UsageError(Exception):
@@ -96,15 +96,15 @@ def cmd_dump(args: argparse.Namespace) -> int:
         raise UsageError(f"--full applies only to --format text (not {args.format})")
     g = load_graph(args.src, args.context, args.phase)
     if args.format == "text":
-        from graphir.forms import to_text
+        from graphir.graph.forms import to_text
 
         out = to_text(g, fold=not args.full)
     elif args.format == "json":
-        from graphir.forms import to_json
+        from graphir.graph.forms import to_json
 
         out = to_json(g)
     else:
-        from graphir.dot import parse_layers, to_dot
+        from graphir.graph.dot import parse_layers, to_dot
 
         layers = None
         if args.layers is not None:
@@ -125,7 +125,7 @@ def _load_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[
     Unless told otherwise, a model compared with a saved graph is built for the saved graph's context and
     phase, so ``graphir diff golden.txt SmolLM2-135M`` compares like with like.
     """
-    from graphir.ir import Graph
+    from graphir.graph.ir import Graph
     from graphir.source import load_graph, open_source
 
     srcs = [open_source(a), open_source(b)]
@@ -144,7 +144,7 @@ def _load_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from graphir.diff import diff_graphs
+    from graphir.graph.diff import diff_graphs
 
     ga, gb = _load_pair(args.a, args.b, args.context, args.phase)
     d = diff_graphs(ga, gb, args.a, args.b)
@@ -159,7 +159,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_hash(args: argparse.Namespace) -> int:
-    from graphir.hashing import graph_hash
+    from graphir.graph.hashing import graph_hash
     from graphir.source import load_graph
 
     _emit(graph_hash(load_graph(args.src, args.context, args.phase)) + "\n")
@@ -184,7 +184,7 @@ def cmd_archs(args: argparse.Namespace) -> int:
     from gguf import Keys
 
     from graphir import arch as archs
-    from graphir import presets
+    from graphir.model import presets
 
     lines = ["architectures:"]
     lines += _table([[n, f"rope={archs.get(n).rope_mode}"] for n in archs.names()])
@@ -202,7 +202,7 @@ def _tensor_rows(src_obj: Any) -> tuple[str, list[dict[str, Any]]]:
     """(kind, tensors) of a model or saved graph: name, type, shape, params, bytes and (GGUF only) offset."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    from graphir.ir import Graph
+    from graphir.graph.ir import Graph
 
     def nbytes(dtype: GGMLQuantizationType, shape: tuple[int, ...]) -> int | None:
         block, size = GGML_QUANT_SIZES[dtype]
@@ -232,7 +232,7 @@ def _tensor_rows(src_obj: Any) -> tuple[str, list[dict[str, Any]]]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from graphir.ir import Graph
+    from graphir.graph.ir import Graph
     from graphir.source import open_source
 
     s = open_source(args.src)
@@ -263,7 +263,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     info["total_params"] = sum(t["params"] for t in tensors)
     known = [t["bytes"] for t in tensors if t["bytes"] is not None]
     info["total_bytes"] = sum(known)
-    from graphir.backend import get
+    from graphir.running.backend import get
 
     num = get().numerics()
     info["numerics"] = {"path": num.path.name, "host": num.host, "exact": num.exact, "chosen_by": num.chosen_by}
@@ -304,7 +304,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_strip(args: argparse.Namespace) -> int:
-    from graphir.gguf_file import read_header, strip
+    from graphir.files.gguf_file import read_header, strip
 
     src_size = read_header(args.model).file_size  # fails (one line) before anything is written
     h = strip(args.model, args.output)
@@ -317,8 +317,8 @@ def cmd_strip(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from graphir.batch import Batch
-    from graphir.runtime import load
+    from graphir.running.batch import Batch
+    from graphir.running.runtime import load
 
     t0 = time.perf_counter()
     model = load(args.model, None if args.isa == "auto" else args.isa)
@@ -342,8 +342,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from graphir.batch import Batch
-    from graphir.runtime import load
+    from graphir.running.batch import Batch
+    from graphir.running.runtime import load
 
     model = load(args.model, None if args.isa == "auto" else args.isa)
     ctx = model.new_context(n_ctx=args.ctx_size or None, pooling=args.pooling, embeddings=True, n_seq_max=len(args.prompt))
@@ -364,8 +364,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from graphir.convert import convert_bert
-    from graphir.gguf_file import read_header
+    from graphir.files.convert import convert_bert
+    from graphir.files.gguf_file import read_header
 
     h = read_header(convert_bert(args.src, args.output, args.outtype))
     _emit(f"wrote {args.output}: {h.architecture}, {_n(len(h.tensors), 'tensor')}, {h.file_size} bytes, "
@@ -390,7 +390,7 @@ def _graph_options(p: argparse.ArgumentParser) -> None:
 
 
 def _isa_option(p: argparse.ArgumentParser) -> None:
-    from graphir.backend import get
+    from graphir.running.backend import get
 
     p.add_argument("--isa", choices=("auto", *get().paths), default="auto",
                    help="the llama.cpp CPU path whose numbers to reproduce (default: auto, GRAPHIR_ISA or the host's)")

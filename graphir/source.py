@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Union
 from graphir.errors import GraphirError
 
 if TYPE_CHECKING:
-    from graphir.ir import Graph
-    from graphir.model import ModelMeta
+    from graphir.graph.ir import Graph
+    from graphir.model.meta import ModelMeta
 
 __all__ = ["DEFAULT_PHASE", "sniff", "open_source", "open_model", "load_graph"]
 
@@ -30,7 +30,7 @@ _SNIFF_BYTES = 64
 
 def sniff(path: str) -> str | None:
     """What an existing regular file holds: ``gguf``, ``text`` or ``json`` (by its first bytes), else None."""
-    from graphir.forms import TEXT_MAGIC
+    from graphir.graph.forms import TEXT_MAGIC
 
     try:
         with open(path, "rb") as f:
@@ -47,7 +47,7 @@ def sniff(path: str) -> str | None:
 
 
 def _read_saved(src: str, kind: str) -> Graph:
-    from graphir.forms import from_json, from_text
+    from graphir.graph.forms import from_json, from_text
 
     try:
         with open(src, "rb") as f:
@@ -66,7 +66,7 @@ def _read_saved(src: str, kind: str) -> Graph:
 
 def open_source(src: str | os.PathLike[str]) -> Union[ModelMeta, Graph]:
     """A :class:`ModelMeta` for a GGUF path or preset name, or the :class:`Graph` a saved graph file holds."""
-    from graphir.model import open_model as _open_model
+    from graphir.model.meta import open_model as _open_model
 
     src = os.fsdecode(os.fspath(src))
     if not src:
@@ -83,7 +83,7 @@ def open_source(src: str | os.PathLike[str]) -> Union[ModelMeta, Graph]:
 def open_model(src: str | os.PathLike[str], what: str = "this command") -> ModelMeta:
     """Like :func:`open_source`, but a saved graph is an error: it has no tensor table or metadata."""
     m = open_source(src)
-    from graphir.model import ModelMeta
+    from graphir.model.meta import ModelMeta
 
     if not isinstance(m, ModelMeta):
         raise GraphirError(f"{os.fsdecode(os.fspath(src))}: is a saved graph; {what} needs a GGUF file or a preset")
@@ -101,8 +101,8 @@ def load_graph(src: str | os.PathLike[str], context: str | None = None, phase: s
     For a GGUF or a preset, ``None`` means the default (``kv``, ``prefill``). A saved graph already is one
     (context, phase): ``None`` accepts it as saved, and an explicit value must match what it was saved with.
     """
-    from graphir.builder import PHASES
-    from graphir.ir import Graph
+    from graphir.model.builder import PHASES
+    from graphir.graph.ir import Graph
     from graphir.memory.kinds import KINDS
 
     if context is not None:

@@ -13,8 +13,8 @@ import gguf
 import numpy as np
 import pytest
 
-from graphir.model import from_preset
-from graphir.presets import Preset
+from graphir.model.meta import from_preset
+from graphir.model.presets import Preset
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -29,8 +29,8 @@ TINY_KEYS: dict[str, object] = {
 def graph_cases() -> list[tuple[str, str, str]]:
     """Every (preset, context, phase) a preset's architecture runs with: what the golden snapshots cover."""
     from graphir.memory.kinds import KINDS
-    from graphir.model import open_model
-    from graphir.presets import PRESETS
+    from graphir.model.meta import open_model
+    from graphir.model.presets import PRESETS
 
     return [(p, c, ph) for p in sorted(PRESETS) for c in open_model(p).arch.contexts for ph in KINDS[c].phases]
 

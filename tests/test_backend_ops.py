@@ -1,7 +1,7 @@
 """Backend op tests in the style of llama.cpp's test-backend-ops: every op of the catalogue, one tiny graph per case.
 
 Each case names an op, its operands (leaf kind, IR dtype, shape in ggml order, how to fill it) and attributes.
-The test builds a graph of leaves plus one op node typed by ``graphir.ops.infer``, runs it through the numba
+The test builds a graph of leaves plus one op node typed by ``graphir.graph.ops.infer``, runs it through the numba
 backend's ``Program`` and compares the result with a float64 numpy reference written here from the op's
 mathematical definition (llama.cpp reference doc section 6), never from ``graphir.backends.kernels``.
 The metric is llama.cpp's NMSE = sum((out - ref)^2) / sum(ref^2) with a per-case threshold; the result's
@@ -33,9 +33,9 @@ import pytest
 from graphir.backends.executor import KERNELS, Program, kernel
 from graphir.backends.isa import PATHS, IsaPath, numerics
 from graphir.backends.quant import QWeight
-from graphir.dims import DimDecl, Sym
-from graphir.ir import Graph, Node
-from graphir.ops import COMPUTING, OPS, infer
+from graphir.graph.dims import DimDecl, Sym
+from graphir.graph.ir import Graph, Node
+from graphir.graph.ops import COMPUTING, OPS, infer
 
 GT = gguf.GGMLQuantizationType
 
@@ -636,7 +636,7 @@ def test_op(case: Case, path: IsaPath) -> None:
 
 
 def test_every_op_of_the_catalogue_has_cases() -> None:
-    """Adding an op to graphir.ops.OPS without backend cases here fails this test."""
+    """Adding an op to graphir.graph.ops.OPS without backend cases here fails this test."""
     computing = {name for name, d in OPS.items() if d.kind != "leaf"}
     covered = {c.op for c in CASES}
     assert computing - covered == set(), f"ops without a backend case: {sorted(computing - covered)}"

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from conftest import write_model_gguf
 
-from graphir.batch import SPLITS, Batch, split_equal, split_seq, split_simple
+from graphir.running.batch import SPLITS, Batch, split_equal, split_seq, split_simple
 from graphir.errors import BatchError
-from graphir.presets import Preset
-from graphir.runtime import load
+from graphir.model.presets import Preset
+from graphir.running.runtime import load
 
 # tokens of seq 0 at batch indices 0, 2, 4; of seq 1 at 1, 3, 5, 6, 7 (interleaved, as a server sends them)
 SEQS = [(0,), (1,), (0,), (1,), (0,), (1,), (1,), (1,)]

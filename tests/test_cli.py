@@ -16,11 +16,11 @@ import gguf
 import numpy as np
 import pytest
 
-from graphir.model import open_model
+from graphir.model.meta import open_model
 from gguf import MODEL_TENSOR as T
 
 from graphir.cli import main
-from graphir.hashing import graph_hash
+from graphir.graph.hashing import graph_hash
 from graphir.source import load_graph
 
 QT = gguf.GGMLQuantizationType

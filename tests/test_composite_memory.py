@@ -24,12 +24,12 @@ import pytest
 import toy_archs  # noqa: F401  (registers test-iswa and test-hybrid)
 from conftest import TINY_KEYS, memory_bytes, write_model_gguf
 
-from graphir.batch import Batch
+from graphir.running.batch import Batch
 from graphir.errors import StateError
 from graphir.memory.composite import swa_cells
 from graphir.memory.layers import ContextParams
-from graphir.presets import Preset
-from graphir.runtime import Model, load
+from graphir.model.presets import Preset
+from graphir.running.runtime import Model, load
 
 K = gguf.Keys
 TOKENS = np.random.default_rng(11).integers(0, 256, 400).tolist()

@@ -13,12 +13,12 @@ import time
 import pytest
 from gguf import Keys
 
-from graphir.diff import diff_graphs
-from graphir.forms import from_text, to_text
-from graphir.hashing import graph_hash
-from graphir.ir import Graph
-from graphir.model import from_preset, open_model
-from graphir.presets import PRESETS
+from graphir.graph.diff import diff_graphs
+from graphir.graph.forms import from_text, to_text
+from graphir.graph.hashing import graph_hash
+from graphir.graph.ir import Graph
+from graphir.model.meta import from_preset, open_model
+from graphir.model.presets import PRESETS
 
 N_LAYER = 30  # SmolLM2-135M
 

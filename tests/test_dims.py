@@ -1,4 +1,4 @@
-"""Specification of graphir.dims: canonical symbolic sizes, their spelling, parsing, and the broadcast rule."""
+"""Specification of graphir.graph.dims: canonical symbolic sizes, their spelling, parsing, and the broadcast rule."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graphir.dims import DimDecl, Sym, divides, numel, parse_dim
+from graphir.graph.dims import DimDecl, Sym, divides, numel, parse_dim
 
 N = Sym.named("n_tokens")
 KV = Sym.named("n_kv")

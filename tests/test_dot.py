@@ -8,10 +8,10 @@ import re
 import pytest
 from gguf import Keys
 
-from graphir.dot import parse_layers, to_dot
-from graphir.ir import Graph, Node
-from graphir.model import from_preset, open_model
-from graphir.presets import PRESETS
+from graphir.graph.dot import parse_layers, to_dot
+from graphir.graph.ir import Graph, Node
+from graphir.model.meta import from_preset, open_model
+from graphir.model.presets import PRESETS
 
 NODE = re.compile(r'^  "((?:[^"\\]|\\.)+)" \[label="[^"]*", shape=\w+(, style="[\w,]+")?(, fillcolor="#\w+")?'
                   r'(, peripheries=2)?\];$')

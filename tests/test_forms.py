@@ -1,4 +1,4 @@
-"""Specification of graphir.forms: canonical text/JSON that round-trip byte for byte, layer folding, float
+"""Specification of graphir.graph.forms: canonical text/JSON that round-trip byte for byte, layer folding, float
 spelling, parser errors, and independence from the hash seed."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from functools import lru_cache
 import pytest
 
 from graphir.errors import GraphError
-from graphir.forms import from_json, from_text, to_json, to_text
-from graphir.hashing import graph_hash
-from graphir.ir import Graph, Node
-from graphir.model import open_model
+from graphir.graph.forms import from_json, from_text, to_json, to_text
+from graphir.graph.hashing import graph_hash
+from graphir.graph.ir import Graph, Node
+from graphir.model.meta import open_model
 from conftest import graph_cases
 
 CASES = graph_cases()
@@ -280,9 +280,9 @@ def test_json_with_an_operand_before_its_definition_is_rejected():
 
 _DUMP = """
 import json, sys
-from graphir.model import open_model
-from graphir.forms import to_text, to_json
-from graphir.hashing import graph_hash
+from graphir.model.meta import open_model
+from graphir.graph.forms import to_text, to_json
+from graphir.graph.hashing import graph_hash
 g = open_model('SmolLM2-135M').build_graph('kv', 'prefill')
 json.dump({'text': to_text(g), 'unfolded': to_text(g, fold=False), 'json': to_json(g), 'hash': graph_hash(g),
            'str_hash': hash('n_tokens')}, sys.stdout)

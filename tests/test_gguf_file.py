@@ -1,4 +1,4 @@
-"""Specification of graphir.gguf_file: header parsing checked against gguf.GGUFReader, strip, and every error message."""
+"""Specification of graphir.files.gguf_file: header parsing checked against gguf.GGUFReader, strip, and every error message."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from gguf.quants import quantize
 
-import graphir.gguf_file as gguf_file
+import graphir.files.gguf_file as gguf_file
 from graphir.errors import GGUFError, GraphirError, MetadataError
-from graphir.gguf_file import GGUFHeader, TensorInfo, read_header, strip
+from graphir.files.gguf_file import GGUFHeader, TensorInfo, read_header, strip
 
 VT = gguf.GGUFValueType
 QT = gguf.GGMLQuantizationType

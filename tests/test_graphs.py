@@ -14,13 +14,13 @@ from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
 from conftest import graph_cases
 
-from graphir.forms import to_text
+from graphir.graph.forms import to_text
 from graphir.memory.kinds import assemble
 from graphir.memory.kv import KVCache, rope_plan
 from graphir.memory.layers import ContextParams
-from graphir.model import open_model
-from graphir.presets import PRESETS
-from graphir.verify import verify
+from graphir.model.meta import open_model
+from graphir.model.presets import PRESETS
+from graphir.graph.verify import verify
 
 SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"
 CASES = graph_cases()

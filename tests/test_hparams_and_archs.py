@@ -13,17 +13,17 @@ from gguf import GGMLQuantizationType as Q
 
 import graphir.arch
 from graphir.arch.llama import Llama
-from graphir.architecture import REGISTRY, Architecture
-from graphir.builder import GraphBuilder
-from graphir.dims import Sym
+from graphir.model.architecture import REGISTRY, Architecture
+from graphir.model.builder import GraphBuilder
+from graphir.graph.dims import Sym
 from graphir.errors import GraphError, GraphirError, MetadataError, TensorError
-from graphir.forms import from_json, from_text, to_json, to_text
-from graphir.hparams import read_hparams
-from graphir.ir import Graph
+from graphir.graph.forms import from_json, from_text, to_json, to_text
+from graphir.model.hparams import read_hparams
+from graphir.graph.ir import Graph
 from graphir.memory.kinds import assemble
 from graphir.memory.layers import LatentAttention
-from graphir.model import ModelMeta, from_preset, open_model
-from graphir.presets import PRESETS
+from graphir.model.meta import ModelMeta, from_preset, open_model
+from graphir.model.presets import PRESETS
 
 L, A, R = gguf.Keys.LLM, gguf.Keys.Attention, gguf.Keys.Rope
 SMOL = "SmolLM2-135M"

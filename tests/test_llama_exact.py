@@ -29,9 +29,9 @@ from conftest import assert_llama_logits, oracle_is_exact, write_model_gguf
 
 from graphir.backends.isa import APPROX
 from graphir.backends.quant import QWeight
-from graphir.batch import Batch
-from graphir.presets import Preset
-from graphir.runtime import load
+from graphir.running.batch import Batch
+from graphir.model.presets import Preset
+from graphir.running.runtime import load
 
 pytestmark = pytest.mark.oracle
 

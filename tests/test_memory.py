@@ -28,11 +28,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from graphir.batch import Batch
-from graphir.context import Context
+from graphir.running.batch import Batch
+from graphir.running.context import Context
 from graphir.errors import BatchError, CacheFullError, GraphirError, StateError
-from graphir.presets import Preset
-from graphir.runtime import Model, load
+from graphir.model.presets import Preset
+from graphir.running.runtime import Model, load
 
 RNG = np.random.default_rng(7)
 TOKENS = RNG.integers(0, 256, 300).tolist()

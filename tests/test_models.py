@@ -13,14 +13,14 @@ import gguf
 import pytest
 from conftest import graph_cases, write_model_gguf
 
-from graphir.dims import Sym
+from graphir.graph.dims import Sym
 from graphir.errors import TensorError
-from graphir.forms import to_json, to_text
-from graphir.gguf_file import strip
-from graphir.hashing import graph_hash
-from graphir.model import open_model
-from graphir.presets import Preset
-from graphir.verify import verify
+from graphir.graph.forms import to_json, to_text
+from graphir.files.gguf_file import strip
+from graphir.graph.hashing import graph_hash
+from graphir.model.meta import open_model
+from graphir.model.presets import Preset
+from graphir.graph.verify import verify
 
 CONTEXTS = [("none", "prefill"), ("kv", "prefill"), ("kv", "decode")]
 Q = gguf.GGMLQuantizationType
@@ -42,9 +42,9 @@ def test_every_preset_builds_a_verified_graph_in_every_context(preset: str, cont
 
 _DUMP_ALL = """
 import hashlib
-from graphir.forms import to_json, to_text
-from graphir.hashing import graph_hash
-from graphir.model import open_model
+from graphir.graph.forms import to_json, to_text
+from graphir.graph.hashing import graph_hash
+from graphir.model.meta import open_model
 from conftest import graph_cases
 for p, c, ph in graph_cases():
     g = open_model(p).build_graph(c, ph)
@@ -78,7 +78,7 @@ def test_a_written_gguf_matches_the_preset_it_was_written_from(tmp_path: Path,
                                                               tiny_preset: Callable[..., Preset]) -> None:
     preset = tiny_preset("qwen2", tied=False)
     path = write_model_gguf(tmp_path / "m.gguf", preset)
-    from graphir.model import from_preset
+    from graphir.model.meta import from_preset
 
     want = from_preset("tiny", preset).build_graph("kv", "prefill")
     assert graph_hash(open_model(str(path)).build_graph("kv", "prefill")) == graph_hash(want)

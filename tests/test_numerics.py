@@ -23,9 +23,9 @@ from numba import njit
 
 from graphir.backends import isa
 from graphir.backends import kernels as K
-from graphir.batch import Batch
+from graphir.running.batch import Batch
 from graphir.errors import GraphirError
-from graphir.runtime import load
+from graphir.running.runtime import load
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,10 +8,10 @@ import sys
 import networkx as nx
 import pytest
 
-from graphir.forms import from_text, to_text
-from graphir.ir import Graph
-from graphir.model import open_model
-from graphir.nxview import to_networkx
+from graphir.graph.forms import from_text, to_text
+from graphir.graph.ir import Graph
+from graphir.model.meta import open_model
+from graphir.graph.nxview import to_networkx
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +61,11 @@ def test_ancestors(smol: Graph) -> None:
 
 def test_building_and_printing_do_not_import_networkx() -> None:
     code = ("import sys\n"
-            "from graphir.model import open_model\n"
-            "from graphir.forms import to_text, to_json\n"
-            "from graphir.hashing import graph_hash\n"
-            "from graphir.diff import diff_graphs\n"
-            "from graphir.dot import to_dot\n"
+            "from graphir.model.meta import open_model\n"
+            "from graphir.graph.forms import to_text, to_json\n"
+            "from graphir.graph.hashing import graph_hash\n"
+            "from graphir.graph.diff import diff_graphs\n"
+            "from graphir.graph.dot import to_dot\n"
             "g = open_model('SmolLM2-135M').build_graph('kv', 'prefill')\n"
             "to_text(g); to_json(g); graph_hash(g); diff_graphs(g, g); to_dot(g, (0, 1))\n"
             "assert 'networkx' not in sys.modules, 'networkx was imported'\n")

@@ -1,12 +1,12 @@
-"""Specification of graphir.ops: the catalogue's contents and each op's shape/dtype rule, in ggml (ne0-first) order."""
+"""Specification of graphir.graph.ops: the catalogue's contents and each op's shape/dtype rule, in ggml (ne0-first) order."""
 
 from __future__ import annotations
 
 import pytest
 
-from graphir.dims import Sym
-from graphir.ir import Node
-from graphir.ops import BINARY, COMPUTING, LEAVES, OPS, UNARY, VIEWS, ShapeError, infer
+from graphir.graph.dims import Sym
+from graphir.graph.ir import Node
+from graphir.graph.ops import BINARY, COMPUTING, LEAVES, OPS, UNARY, VIEWS, ShapeError, infer
 
 T = Sym.named("n_tokens")
 KV = Sym.named("n_kv")
@@ -82,10 +82,10 @@ def test_the_named_groups_are_the_catalogues():
 
 
 def test_the_builder_names_an_unknown_op():
-    from graphir.builder import GraphBuilder
+    from graphir.model.builder import GraphBuilder
     from graphir.errors import GraphError
     from graphir.memory.kv import KVCache
-    from graphir.model import open_model
+    from graphir.model.meta import open_model
 
     m = open_model("SmolLM2-135M")
     b = GraphBuilder(m.arch, m.label, m.tensors, KVCache(m.arch.needs), "prefill")

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from conftest import write_model_gguf
 
-from graphir.batch import Batch
+from graphir.running.batch import Batch
 from graphir.errors import BatchError, CacheFullError
-from graphir.presets import Preset
-from graphir.runtime import Model, load
+from graphir.model.presets import Preset
+from graphir.running.runtime import Model, load
 
 Q = gguf.GGMLQuantizationType
 TOKENS = [5, 17, 200, 3, 99, 42, 7, 250, 128, 64, 1, 2]

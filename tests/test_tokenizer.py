@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from conftest import write_vocab_gguf
 
 from graphir.errors import MetadataError
-from graphir.gguf_file import read_header
+from graphir.files.gguf_file import read_header
 from graphir.tokenizer.pretokenize import SUPPORTED_PRE_TOKENIZERS
 from graphir.tokenizer.unicode import unicode_class
 from graphir.tokenizer.vocab import Vocab

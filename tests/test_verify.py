@@ -1,4 +1,4 @@
-"""Specification of graphir.verify: a built graph passes; each kind of corruption is rejected naming node and op."""
+"""Specification of graphir.graph.verify: a built graph passes; each kind of corruption is rejected naming node and op."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from functools import lru_cache
 import pytest
 
 from graphir.errors import GraphError
-from graphir.forms import from_text, to_text
-from graphir.ir import Graph, Node
-from graphir.model import open_model
-from graphir.verify import verify
+from graphir.graph.forms import from_text, to_text
+from graphir.graph.ir import Graph, Node
+from graphir.model.meta import open_model
+from graphir.graph.verify import verify
 
 
 @lru_cache(maxsize=None)

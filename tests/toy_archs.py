@@ -14,11 +14,11 @@ from gguf import Keys
 
 from graphir.arch.llama import Llama
 from graphir.arch.mamba import Mamba
-from graphir.builder import GraphBuilder
-from graphir.hparams import Key
-from graphir.ir import Node
+from graphir.model.builder import GraphBuilder
+from graphir.model.hparams import Key
+from graphir.graph.ir import Node
 from graphir.memory.layers import Attention, LayerNeeds, Recurrent
-from graphir.tensors import TensorSpec
+from graphir.model.tensors import TensorSpec
 
 
 class ToySWA(Llama):

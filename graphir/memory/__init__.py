@@ -8,7 +8,7 @@ caches of architectures. A request a memory cannot serve is refused with a clear
 At run time a memory places each ubatch (``prepare`` simulates all placements first and mutates nothing,
 ``apply`` commits one), feeds the graph inputs it declared (indices, masks, buffers), and answers position
 queries. ``snapshot``/``restore`` let a context undo a ubatch whose computation failed. Each kind writes and
-reads its own section of a saved state (``state_write``/``state_read``); :mod:`graphir.state` only frames it.
+reads its own section of a saved state (``state_write``/``state_read``); :mod:`graphir.running.state` only frames it.
 
 The user-facing half is llama.cpp's ``llama_memory_*`` API: ``clear``, the sequence operations ``seq_rm``,
 ``seq_cp``, ``seq_keep``, ``seq_add``, ``seq_div``, ``seq_pos_min``/``seq_pos_max``, ``can_shift`` and
@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from graphir.batch import UBatch
-from graphir.dims import Dim, DimDecl
+from graphir.running.batch import UBatch
+from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import GraphError, GraphirError, StateError
-from graphir.ir import Node
+from graphir.graph.ir import Node
 from graphir.memory.io import Reader, Writer
 from graphir.memory.layers import ContextParams, LayerNeeds
 
 if TYPE_CHECKING:
-    from graphir.builder import GraphBuilder
+    from graphir.model.builder import GraphBuilder
 
 Commit = Callable[[], None]
 """What a checked saved section does to the memory: called only once every part of the state has parsed."""
@@ -51,7 +51,7 @@ class Memory:
     serves: frozenset[str] = frozenset()  # the kinds of layer (graphir.memory.layers) this memory can hold
     requires: frozenset[str] = frozenset()  # ... of which a model must have these for the registry to pick it
     keeps_cells: bool = False  # cells that survive between decodes (and go into saved states)
-    split: str = "simple"  # how batches are cut into ubatches for this kind: simple | equal | seq (graphir.batch)
+    split: str = "simple"  # how batches are cut into ubatches for this kind: simple | equal | seq (graphir.running.batch)
 
     def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
                  layer_kinds: frozenset[str] | None = None):

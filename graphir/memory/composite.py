@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphir.batch import UBatch
-from graphir.dims import Dim, DimDecl
+from graphir.running.batch import UBatch
+from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import GraphError, StateError
-from graphir.ir import Graph, Node
+from graphir.graph.ir import Graph, Node
 from graphir.memory import Commit, Memory, RunGraph
 from graphir.memory.io import Reader, Writer
 from graphir.memory.kv import KVCache
@@ -30,7 +30,7 @@ from graphir.memory.layers import ContextParams, LayerNeeds
 from graphir.memory.recurrent import RecurrentMemory
 
 if TYPE_CHECKING:
-    from graphir.builder import GraphBuilder
+    from graphir.model.builder import GraphBuilder
 
 
 class Composite(Memory):

@@ -36,16 +36,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from graphir.batch import UBatch
-from graphir.dims import DimDecl
+from graphir.running.batch import UBatch
+from graphir.graph.dims import DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
-from graphir.ir import Graph, Node
+from graphir.graph.ir import Graph, Node
 from graphir.memory import CellMemory, RunGraph
 from graphir.memory.layers import ContextParams, LayerNeeds
-from graphir.ops import VIEWS, infer
+from graphir.graph.ops import VIEWS, infer
 
 if TYPE_CHECKING:
-    from graphir.builder import GraphBuilder
+    from graphir.model.builder import GraphBuilder
 
 CACHE_DTYPES = {"f16": np.float16, "f32": np.float32}
 

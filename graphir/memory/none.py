@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphir.batch import UBatch
-from graphir.ir import Node
+from graphir.running.batch import UBatch
+from graphir.graph.ir import Node
 from graphir.memory import Memory
 
 if TYPE_CHECKING:
-    from graphir.builder import GraphBuilder
+    from graphir.model.builder import GraphBuilder
 
 
 def ubatch_mask(ub: UBatch, causal: bool, window: int = 0) -> np.ndarray:

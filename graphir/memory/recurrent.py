@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphir.batch import UBatch
-from graphir.dims import Dim, DimDecl
+from graphir.running.batch import UBatch
+from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
-from graphir.ir import Node
+from graphir.graph.ir import Node
 from graphir.memory import POS_INF, CellMemory
 from graphir.memory.layers import ContextParams, LayerNeeds, Recurrent
 
 if TYPE_CHECKING:
-    from graphir.builder import GraphBuilder
+    from graphir.model.builder import GraphBuilder
 
 N_RS = DimDecl("n_rs", 1, None, "state cells: one per sequence (n_seq_max)")
 N_SEQ_TOKENS = DimDecl("n_seq_tokens", 1, None, "tokens per sequence in the ubatch (equal split)")

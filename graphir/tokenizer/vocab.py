@@ -92,7 +92,7 @@ class Vocab(TokenTable):
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Vocab:
         """Read a GGUF's header and build its vocabulary."""
-        from graphir.gguf_file import read_header
+        from graphir.files.gguf_file import read_header
 
         header = read_header(path)
         return cls.from_metadata(os.path.basename(header.path), header.metadata)

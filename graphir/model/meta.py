@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from graphir import presets
-from graphir.architecture import Architecture
-from graphir.builder import PHASES, GraphBuilder
+from graphir.model import presets
+from graphir.model.architecture import Architecture
+from graphir.model.builder import PHASES, GraphBuilder
 from graphir.errors import GraphirError, MetadataError
-from graphir.gguf_file import GGUFHeader, TensorInfo, read_header
-from graphir.ir import Graph
+from graphir.files.gguf_file import GGUFHeader, TensorInfo, read_header
+from graphir.graph.ir import Graph
 from graphir.memory.kinds import KINDS, assemble
 
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from graphir.errors import StateError
-from graphir.hparams import HParams
+from graphir.model.hparams import HParams
 from graphir.memory.io import Reader, Writer
 
 MAGIC = b"GIRSTATE"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 
-from graphir.forms import _attrs_text
-from graphir.ir import Graph, Node
-from graphir.ops import LEAVES
+from graphir.graph.forms import _attrs_text
+from graphir.graph.ir import Graph, Node
+from graphir.graph.ops import LEAVES
 
 HASH_VERSION = "graphir-hash-v1"
 

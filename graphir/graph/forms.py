@@ -4,7 +4,7 @@ Both are byte-identical across runs, processes, hash seeds and machines: nodes c
 names are semantic, floats print as their shortest float32 spelling, and nothing records paths, ids or
 times. The text form folds runs of layers that are identical up to their layer number into one ``...``
 line, so a 126-layer graph reads like a 2-layer one and a deviating layer stands out; ``fold=False``
-prints every layer. Both forms parse back into a verified :class:`~graphir.ir.Graph`.
+prints every layer. Both forms parse back into a verified :class:`~graphir.graph.ir.Graph`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from graphir.dims import Dim, DimDecl, Sym, parse_dim
+from graphir.graph.dims import Dim, DimDecl, Sym, parse_dim
 from graphir.errors import GraphError
-from graphir.hparams import f32
-from graphir.ir import Graph, Node, layer_of
-from graphir.ops import LEAVES
+from graphir.model.hparams import f32
+from graphir.graph.ir import Graph, Node, layer_of
+from graphir.graph.ops import LEAVES
 
 TEXT_MAGIC = "graphir graph"
 FORMAT_VERSION = 1
@@ -300,7 +300,7 @@ def _parse_attrs(s: str | None) -> dict[str, Any]:
 
 
 def _finish(meta: dict[str, Any], dims: Iterable[DimDecl], nodes: list[Node], outputs: dict[str, str]) -> Graph:
-    from graphir.verify import verify
+    from graphir.graph.verify import verify
 
     by_name = {n.name: n for n in nodes}
     missing = [r for r in outputs.values() if r not in by_name]

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphir.dims import DimDecl, Dim
+from graphir.graph.dims import DimDecl, Dim
 
 # Value types: the GGML tensor types by their lowercase GGUF name (f32, f16, bf16, q4_1, q4_k, i32, ...).
 FLOAT_TYPES = frozenset({"f32", "f16", "bf16"})

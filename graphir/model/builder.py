@@ -14,12 +14,12 @@ from typing import Any, Iterator, Mapping, Protocol
 
 from gguf import MODEL_TENSOR
 
-from graphir.dims import Dim, DimDecl, Sym
+from graphir.graph.dims import Dim, DimDecl, Sym
 from graphir.errors import GraphError, TensorError
-from graphir.hparams import HParams, f32
-from graphir.ir import Graph, Node
-from graphir.ops import OPS, ShapeError, infer
-from graphir.tensors import TensorDecl, TensorSpec, dtype_name, tensor_name
+from graphir.model.hparams import HParams, f32
+from graphir.graph.ir import Graph, Node
+from graphir.graph.ops import OPS, ShapeError, infer
+from graphir.model.tensors import TensorDecl, TensorSpec, dtype_name, tensor_name
 
 PHASES = ("prefill", "decode")
 
@@ -44,7 +44,7 @@ _GLU = {Act.SILU: "swiglu", Act.GELU: "geglu"}
 
 
 class ArchView(Protocol):
-    """What the builder reads of an architecture (graphir.architecture.Architecture has it): the builder
+    """What the builder reads of an architecture (graphir.model.architecture.Architecture has it): the builder
     sits below the architectures, which call it, so it names no architecture class."""
 
     name: str
@@ -119,7 +119,7 @@ class GraphBuilder:
         """Append one node; attributes are taken in the catalogue's order and the type is inferred."""
         d = OPS.get(op)
         if d is None:
-            raise GraphError(f"unknown op {op!r} (for node {self._scope}{name or op}): not in graphir.ops.OPS")
+            raise GraphError(f"unknown op {op!r} (for node {self._scope}{name or op}): not in graphir.graph.ops.OPS")
         try:
             ordered = {k: attrs[k] for k in d.attrs}
         except KeyError as e:
@@ -274,7 +274,7 @@ class GraphBuilder:
         """Reduce the final embeddings per sequence of the ubatch (llama.cpp's pooling types).
 
         mean: average over the sequence's tokens; cls / last: the token with the smallest / largest position.
-        The context feeds ``inp_mean`` [n_outputs, n_seqs] or ``inp_cls`` [n_seqs] (:mod:`graphir.pooling`);
+        The context feeds ``inp_mean`` [n_outputs, n_seqs] or ``inp_cls`` [n_seqs] (:mod:`graphir.running.pooling`);
         it asks for every token's output when it pools, so the rows are the ubatch's tokens.
         """
         embd = self.outputs["embd"]

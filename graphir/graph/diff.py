@@ -15,10 +15,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from graphir.forms import _attr, node_line, to_text
-from graphir.hashing import graph_hash
-from graphir.ir import Graph, Node, layer_of
-from graphir.ops import OPS
+from graphir.graph.forms import _attr, node_line, to_text
+from graphir.graph.hashing import graph_hash
+from graphir.graph.ir import Graph, Node, layer_of
+from graphir.graph.ops import OPS
 
 ABSENT = "-"
 

@@ -7,10 +7,10 @@ commit the placement, feed the graph and collect the requested outputs in batch 
 Before each decode the context applies the memory's pending maintenance (``memory.update()``: the K-shift
 after ``seq_add``/``seq_div``), as llama.cpp does, once the batch is known to fit. Memory and whole-context
 state can be swapped (``get_memory``/``set_memory``) and saved (``state_save``/``state_load``, per sequence
-``state_seq_save``/``state_seq_load``; format in :mod:`graphir.state`).
+``state_seq_save``/``state_seq_load``; format in :mod:`graphir.running.state`).
 
 The memory kind chooses how a batch is cut into ubatches (``Memory.split``: simple, equal or seq, see
-:mod:`graphir.batch`). A KV cache needs ``simple``: a token may carry several sequence ids, every token's
+:mod:`graphir.running.batch`). A KV cache needs ``simple``: a token may carry several sequence ids, every token's
 cell is chosen per token, and the mask (built from cells) isolates the sequences; ``equal``/``seq`` are for
 memories that advance one state per sequence per ubatch. Outputs always come back in batch order.
 """
@@ -23,18 +23,18 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from graphir.architecture import Architecture
-from graphir.batch import SPLITS, Batch, validate
+from graphir.model.architecture import Architecture
+from graphir.running.batch import SPLITS, Batch, validate
 from graphir.errors import BatchError, GraphirError, StateError
-from graphir.hparams import HParams
-from graphir.ir import Graph
+from graphir.model.hparams import HParams
+from graphir.graph.ir import Graph
 from graphir.memory import Memory
 from graphir.memory.kinds import assemble
 from graphir.memory.layers import ContextParams
-from graphir.pooling import pooling_inputs
+from graphir.running.pooling import pooling_inputs
 
 class ModelView(Protocol):
-    """What a context needs of its model (graphir.runtime.Model has it): the architecture and its compiled
+    """What a context needs of its model (graphir.running.runtime.Model has it): the architecture and its compiled
     programs. The model creates contexts, so the context names no model class."""
 
     @property
@@ -49,7 +49,7 @@ class ModelView(Protocol):
 
 
 class Context:
-    """Create with :meth:`graphir.runtime.Model.new_context`."""
+    """Create with :meth:`graphir.running.runtime.Model.new_context`."""
 
     def __init__(self, model: ModelView, n_ctx: int | None = None, n_batch: int = 512, n_ubatch: int = 512,
                  n_seq_max: int = 1, kind: str | None = None, embeddings: bool = False, type_k: str = "f16",
@@ -170,7 +170,7 @@ class Context:
 
     def state_save(self, path: str | os.PathLike[str] | None = None) -> bytes:
         """The whole context (memory cells, K/V rows, last outputs) as bytes; also written to ``path`` if given."""
-        from graphir import state
+        from graphir.running import state
 
         with self._lock:
             data = state.write(self.model.hparams, self.memory, state.Outputs(
@@ -183,7 +183,7 @@ class Context:
     def state_load(self, data: bytes | str | os.PathLike[str]) -> None:
         """Restore a :meth:`state_save` (bytes or a file path). Raises StateError and changes nothing if the
         data is corrupt, truncated, or from another model / cache type / context size."""
-        from graphir import state
+        from graphir.running import state
 
         with self._lock:
             out = state.read(self.model.hparams, self.memory, data, self.embeddings_enabled)
@@ -193,14 +193,14 @@ class Context:
 
     def state_seq_save(self, seq: int) -> bytes:
         """One sequence's cells and K/V rows as bytes."""
-        from graphir import state
+        from graphir.running import state
 
         with self._lock:
             return state.write(self.model.hparams, self.memory, None, seq)
 
     def state_seq_load(self, data: bytes | str | os.PathLike[str], dst_seq: int) -> None:
         """Replace sequence ``dst_seq`` with a saved sequence (saved under any id)."""
-        from graphir import state
+        from graphir.running import state
 
         with self._lock:
             state.read_seq(self.model.hparams, self.memory, data, dst_seq)

@@ -3,15 +3,15 @@
 This is the only module that imports networkx, so building, printing and hashing graphs never pay for it.
 Node ids are the semantic names; each operand is its own edge keyed by slot, so ``mul(x, x)`` keeps both edges
 and swapped operands stay distinguishable. graphir never stores networkx hashes (Weisfeiler-Lehman output
-changed between networkx releases); structural identity is :mod:`graphir.hashing`'s job.
+changed between networkx releases); structural identity is :mod:`graphir.graph.hashing`'s job.
 """
 
 from __future__ import annotations
 
 import networkx as nx
 
-from graphir.forms import _attr
-from graphir.ir import Graph
+from graphir.graph.forms import _attr
+from graphir.graph.ir import Graph
 
 
 def to_networkx(g: Graph) -> nx.MultiDiGraph:

@@ -1,6 +1,6 @@
 """Pooling inputs: which rows of a ubatch make each sequence's embedding (llama.cpp's pooling types).
 
-The graph side is :meth:`graphir.builder.GraphBuilder.build_pooling`; here the context computes, per ubatch,
+The graph side is :meth:`graphir.model.builder.GraphBuilder.build_pooling`; here the context computes, per ubatch,
 the sequences it holds (ascending ids, one pooled row each) and what the graph reads to reduce them.
 Semantics follow llama.cpp: mean divides by the sequence's token count *in this ubatch*; cls takes the token
 with the smallest position, last the largest (not the first/last index); a token shared by several
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphir.batch import UBatch
+from graphir.running.batch import UBatch
 
 
 def pooling_inputs(ub: UBatch, pooling: str) -> tuple[list[int], dict[str, np.ndarray]]:

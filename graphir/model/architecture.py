@@ -2,7 +2,7 @@
 
 An architecture subclass registers itself under its GGUF ``general.architecture`` name when its module is
 imported; ``graphir.arch`` maps names to modules so that only the family asked for is imported. Tensor
-names come from the gguf package's tables (``gguf.TENSOR_NAMES``, see :mod:`graphir.tensors`), never from
+names come from the gguf package's tables (``gguf.TENSOR_NAMES``, see :mod:`graphir.model.tensors`), never from
 string literals.
 """
 
@@ -12,13 +12,13 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from graphir.errors import MetadataError
-from graphir.hparams import PER_LAYER, HParams, Key, read_hparams
+from graphir.model.hparams import PER_LAYER, HParams, Key, read_hparams
 from graphir.memory.kinds import fitting
 from graphir.memory.layers import Attention, LayerNeeds, kinds_of
-from graphir.tensors import TensorDecl, TensorSpec
+from graphir.model.tensors import TensorDecl, TensorSpec
 
 if TYPE_CHECKING:
-    from graphir.builder import GraphBuilder
+    from graphir.model.builder import GraphBuilder
 
 REGISTRY: dict[str, type[Architecture]] = {}
 

@@ -7,8 +7,8 @@ what was recorded versus what the rules infer, so the message alone points at th
 from __future__ import annotations
 
 from graphir.errors import GraphError
-from graphir.ir import FLOAT_TYPES, Graph
-from graphir.ops import OPS, ShapeError, infer
+from graphir.graph.ir import FLOAT_TYPES, Graph
+from graphir.graph.ops import OPS, ShapeError, infer
 
 _TYPE_NAMES: frozenset[str] | None = None
 

@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from graphir.errors import TensorError
-from graphir.gguf_file import GGUFHeader
+from graphir.files.gguf_file import GGUFHeader
 
 _FLOAT_VIEWS = {
     GGMLQuantizationType.F32: np.float32,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from graphir.dims import Dim, divides, numel
-from graphir.ir import FLOAT_TYPES, INDEX_TYPES, Node
+from graphir.graph.dims import Dim, divides, numel
+from graphir.graph.ir import FLOAT_TYPES, INDEX_TYPES, Node
 
 Type = tuple[str, tuple[Dim, ...]]
 

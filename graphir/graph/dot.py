@@ -9,7 +9,7 @@ dashed boundary nodes.
 
 from __future__ import annotations
 
-from graphir.ir import Graph, Node
+from graphir.graph.ir import Graph, Node
 
 # shape and fill colour of the leaves; computations are plain boxes
 _LEAF_LOOK = {"weight": ("note", "#e8e8e8"), "input": ("invhouse", "#d8e8f8")}

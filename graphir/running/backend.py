@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable, Protocol
 
 from graphir.errors import GraphirError
-from graphir.ir import Graph
+from graphir.graph.ir import Graph
 
 GROUP = "graphir.backends"
 DEFAULT = "numba"

@@ -1,8 +1,8 @@
 """Running models: ``graphir.load`` maps a GGUF's weights and compiles its graphs with a backend.
 
 The graphs that run are the very graphs the snapshots check: ``Model`` builds them from the same
-:class:`~graphir.model.ModelMeta` and hands them to the backend (the numba one unless asked otherwise, found
-through :mod:`graphir.backend`) with the file's memory-mapped weights.
+:class:`~graphir.model.meta.ModelMeta` and hands them to the backend (the numba one unless asked otherwise, found
+through :mod:`graphir.running.backend`) with the file's memory-mapped weights.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from graphir.architecture import Architecture
-from graphir.backend import DEFAULT, Program
-from graphir.backend import get as get_backend
-from graphir.batch import Batch
-from graphir.context import Context
+from graphir.model.architecture import Architecture
+from graphir.running.backend import DEFAULT, Program
+from graphir.running.backend import get as get_backend
+from graphir.running.batch import Batch
+from graphir.running.context import Context
 from graphir.errors import GraphirError
-from graphir.hparams import HParams
-from graphir.ir import Graph
-from graphir.model import ModelMeta, open_model
-from graphir.weights import GGUFWeights
+from graphir.model.hparams import HParams
+from graphir.graph.ir import Graph
+from graphir.model.meta import ModelMeta, open_model
+from graphir.files.weights import GGUFWeights
 
 
 class Model:
@@ -86,7 +86,7 @@ class Model:
             return self._programs[key]
 
     def new_context(self, **kw: Any) -> Context:
-        """See :class:`graphir.context.Context` for the parameters (n_ctx, n_batch, n_ubatch, n_seq_max, kind, ...)."""
+        """See :class:`graphir.running.context.Context` for the parameters (n_ctx, n_batch, n_ubatch, n_seq_max, kind, ...)."""
         return Context(self, **kw)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -161,5 +161,5 @@ def load(path: str, isa: str | None = None, backend: str = DEFAULT) -> Model:
 
     isa: the llama.cpp CPU path whose numbers to reproduce ("avx512", "avx2"); default: GRAPHIR_ISA, else the
     host's own (``model.numerics`` says which, and whether it is exact on this host). backend: the name an
-    installed backend registered (graphir.backend)."""
+    installed backend registered (graphir.running.backend)."""
     return Model(open_model(path), isa, backend)
