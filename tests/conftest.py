@@ -330,3 +330,18 @@ def memory_bytes(ctx: Any) -> bytes:
     mem = ctx.memory
     return (cells(mem) + b"".join(k.encode() + b.tobytes() for k, b in mem.buffers().items())
             + (ctx.logits().tobytes() if ctx.has_logits else b""))
+
+
+def fail_on_run(monkeypatch: pytest.MonkeyPatch, ctx: Any, n: int) -> list[int]:
+    """Make the n-th run of a context's program raise RuntimeError("compute failed") (a computation failing
+    midway through a batch); the returned list counts the runs."""
+    run, calls = ctx.program.run, []
+
+    def failing(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == n:
+            raise RuntimeError("compute failed")
+        return run(*args, **kw)
+
+    monkeypatch.setattr(ctx.program, "run", failing)
+    return calls

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import toy_archs  # noqa: F401  (registers test-iswa and test-hybrid)
-from conftest import TINY_KEYS, memory_bytes, write_model_gguf
+from conftest import TINY_KEYS, fail_on_run, memory_bytes, write_model_gguf
 
 from graphir.running.batch import Batch
 from graphir.errors import StateError
@@ -187,15 +187,7 @@ def test_hybrid_fork_clone_and_failed_decode(monkeypatch: pytest.MonkeyPatch) ->
     assert np.array_equal(one_by_one(ctx, [TOKENS[20]], seq=0, start=10), want)
 
     before = memory_bytes(ctx)
-    run, calls = ctx.program.run, []
-
-    def failing(*args: Any, **kw: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("compute failed")
-        return run(*args, **kw)
-
-    monkeypatch.setattr(ctx.program, "run", failing)
+    calls = fail_on_run(monkeypatch, ctx, 2)
     with pytest.raises(RuntimeError, match="compute failed"):  # two ubatches of one token per sequence
         ctx.decode(Batch([TOKENS[30], TOKENS[31], TOKENS[32], TOKENS[33]], [11, 12, 10, 11], [(0,), (0,), (1,), (1,)],
                          [True] * 4))

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import gguf
 import numpy as np
 import pytest
-from conftest import make_tiny_preset, memory_bytes, write_model_gguf
+from conftest import fail_on_run, make_tiny_preset, memory_bytes, write_model_gguf
 
 from graphir.running.batch import Batch
 from graphir.cli import main
@@ -319,15 +319,7 @@ def test_a_batch_whose_computation_fails_midway_leaves_the_states_as_they_were(
     ctx = model.new_context(n_ctx=64, n_seq_max=2, n_ubatch=2)
     ctx.decode(Batch(PROMPT[:6], None, [(0,), (1,)] * 3, [True] * 6))
     before = memory_bytes(ctx)
-    run, calls = ctx.program.run, []
-
-    def failing(*args: Any, **kw: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("compute failed")
-        return run(*args, **kw)
-
-    monkeypatch.setattr(ctx.program, "run", failing)
+    calls = fail_on_run(monkeypatch, ctx, 2)
     with pytest.raises(RuntimeError, match="compute failed"):
         ctx.decode(Batch(PROMPT[6:10], None, [(0,), (1,)] * 2, [True] * 4))
     assert len(calls) == 2 and memory_bytes(ctx) == before

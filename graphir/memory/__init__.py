@@ -234,6 +234,12 @@ class CellMemory(Memory):
         if not 0 <= seq < self.n_seq_max:
             raise GraphirError(f"{what}: seq id {seq} is outside [0, {self.n_seq_max}) (n_seq_max={self.n_seq_max})")
 
+    def _copy_needed(self, src: int, dst: int) -> bool:
+        """seq_cp's arguments checked; False when there is nothing to copy (src is dst)."""
+        self._check_seq(src, "seq_cp")
+        self._check_seq(dst, "seq_cp")
+        return src != dst
+
     def _range(self, p0: int, p1: int) -> np.ndarray:
         """Non-empty cells with position in [p0, p1), llama.cpp's -1 conventions."""
         lo = max(int(p0), 0)

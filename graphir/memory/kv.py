@@ -352,9 +352,7 @@ class KVCache(CellMemory):
         return True
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        self._check_seq(src, "seq_cp")
-        self._check_seq(dst, "seq_cp")
-        if src == dst:
+        if not self._copy_needed(src, dst):
             return
         if self.stream_of(src) == self.stream_of(dst):
             self.seq[self._range(p0, p1) & self._holds(src)] |= np.uint64(1 << dst)

@@ -192,9 +192,7 @@ class RecurrentMemory(CellMemory):
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """``dst`` continues from ``src``'s state (the whole state: positions cannot select part of it)."""
-        self._check_seq(src, "seq_cp")
-        self._check_seq(dst, "seq_cp")
-        if src == dst:
+        if not self._copy_needed(src, dst):
             return
         self.seq_rm(dst, -1, -1)
         c = self._cell_of(src)
