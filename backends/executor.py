@@ -16,7 +16,7 @@ import numpy as np
 from graphir.backends import kernels as K
 from graphir.backends import recurrent as R
 from graphir.backends.isa import IsaPath
-from graphir.backends.quant import QWeight
+from graphir.backends.quant.weight import QWeight
 from graphir.dims import Sym
 from graphir.ir import Graph, Node
 from graphir.ops import OPS

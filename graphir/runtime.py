@@ -55,7 +55,7 @@ class Model:
         """A vector as its f32 array; a matrix as a backend weight (repacked once, shared by contexts)."""
         with self._lock:
             if name not in self._prepared:
-                from graphir.backends.quant import QWeight
+                from graphir.backends.quant.weight import QWeight
 
                 t = self.weights[name]
                 if len(t.shape) != 2:  # vectors and stacked parameters (RWKV's [E,1,1,5] mixes) stay dense

@@ -32,7 +32,7 @@ import pytest
 
 from graphir.backends.executor import KERNELS, Program, kernel
 from graphir.backends.isa import PATHS, IsaPath, numerics
-from graphir.backends.quant import QWeight
+from graphir.backends.quant.weight import QWeight
 from graphir.dims import DimDecl, Sym
 from graphir.ir import Graph, Node
 from graphir.ops import COMPUTING, OPS, infer

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import networkx as nx
 
-PACKAGES = ("graphir", "graphir.arch", "graphir.backends", "graphir.memory")
+PACKAGES = ("graphir", "graphir.arch", "graphir.backends", "graphir.backends.quant", "graphir.memory")
 
 
 def modules() -> dict[str, Path]:
