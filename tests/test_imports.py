@@ -9,7 +9,8 @@ from pathlib import Path
 
 import networkx as nx
 
-PACKAGES = ("graphir", "graphir.arch", "graphir.backends", "graphir.backends.quant", "graphir.memory")
+PACKAGES = ("graphir", "graphir.arch", "graphir.backends", "graphir.backends.kernels", "graphir.backends.quant",
+            "graphir.memory")
 
 
 def modules() -> dict[str, Path]:
