@@ -1,8 +1,10 @@
 """Activation quantizers: rows of x converted to a weight type's vec_dot type, rounded as llama.cpp rounds them.
 
-Each writes the *dequantized* quantized activation (q * d, exact in f32) of element k at position inv[k]
-(stream order) of a row of xq, and the per-group sums llama.cpp's min term needs into asum. No fastmath: scale
-formulas must round exactly like llama.cpp's (a/127 must not become a*(1/127)).
+q8_blocks gives the Q8_0/Q8_1 quants, scales and sums in natural order (the exact kinds' kernels take them as
+they are). The quantizers of ACT, for the stream-layout kinds, write the *dequantized* quantized activation
+(q * d, exact in f32) of element k at position inv[k] (stream order) of a row of xq, and the per-group sums
+llama.cpp's min term needs into asum. No fastmath: scale formulas must round exactly like llama.cpp's (a/127
+must not become a*(1/127)).
 """
 
 from __future__ import annotations
@@ -18,22 +20,10 @@ _F32 = np.float32
 
 
 @njit(cache=True)
-def _act_q8_0(x, inv, xq, asum):
-    n, k = x.shape
-    for r in range(n):
-        for b in range(k >> 5):
-            o = b << 5
-            amax = _F32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[r, o + j]))
-            d = f16_round(amax / _F32(127.0))
-            iscale = _F32(127.0) / amax if amax != _F32(0.0) else _F32(0.0)
-            for j in range(32):
-                xq[r, inv[o + j]] = np.rint(x[r, o + j] * iscale) * d
-
-
-@njit(cache=True)
-def _act_q8_1(x, inv, xq, asum):
+def q8_blocks(x, y, yd, ys):
+    """quantize_row_q8_1 as the x86 build runs it, per block of 32: d = f16(amax / 127), the quants
+    q = round-half-even(x * (127 / amax)) into y (as float32, natural order), d into yd and Q8_1's
+    s = f16(d * sum q) with the unrounded d into ys. quantize_row_q8_0 is the same without s."""
     n, k = x.shape
     for r in range(n):
         for b in range(k >> 5):
@@ -42,14 +32,24 @@ def _act_q8_1(x, inv, xq, asum):
             for j in range(32):
                 amax = max(amax, abs(x[r, o + j]))
             d32 = amax / _F32(127.0)
-            d = f16_round(d32)
             iscale = _F32(127.0) / amax if amax != _F32(0.0) else _F32(0.0)
             qsum = 0
             for j in range(32):
                 q = np.rint(x[r, o + j] * iscale)
                 qsum += int(q)
-                xq[r, inv[o + j]] = q * d
-            asum[r, b] = f16_round(d32 * _F32(qsum))       # Q8_1's s, stored as f16 by llama.cpp
+                y[r, o + j] = q
+            yd[r, b] = f16_round(d32)
+            ys[r, b] = f16_round(d32 * _F32(qsum))
+
+
+@njit(cache=True)
+def _act_q8_0(x, inv, xq, asum):
+    n, k = x.shape
+    y, yd, ys = np.empty((n, k), _F32), np.empty((n, k >> 5), _F32), np.empty((n, k >> 5), _F32)
+    q8_blocks(x, y, yd, ys)
+    for r in range(n):
+        for j in range(k):
+            xq[r, inv[j]] = y[r, j] * yd[r, j >> 5]
 
 
 @njit(cache=True)
@@ -94,10 +94,10 @@ def _act_bf16(x, inv, xq, asum):
     xq[:] = round_bf16(x)
 
 
-# activation format -> (quantizer, elements per asum entry; 0 = no min term)
+# activation format -> (quantizer, elements per asum entry; 0 = no min term). The exact kinds (Q4_1: Q8_1,
+# Q8_0: Q8_0) quantize inside their kernels, with q8_blocks.
 ACT: dict[str, tuple[Callable, int]] = {
     "q8_0": (_act_q8_0, 0),
-    "q8_1": (_act_q8_1, 32),
     "q8_K": (_act_q8_k, 32),
     "f32": (_act_f32, 0),
     "f16": (_act_f16, 0),

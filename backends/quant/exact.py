@@ -10,14 +10,21 @@ sit side by side ([element][row]), so the innermost loops run over rows (16 per 
 emulation is plain vector code. The lane sums are computed in float: all partial sums are integers below
 2^24 (|lane| <= 4 * 127 * 127), exact in any order. Q4_1 bytes hold lane l's elements 4l+p (low nibble) and
 4l+p+2 (high nibble), p = 0, 1. Activations: the int8 quants as float32 in natural order, d and s per block.
+The two formats share one GEMV and one GEMM (exact_gemv, exact_gemm), specialised by the format's lane and
+expansion functions; those are register_jitable functions because numba's cache key of a closure over an
+njit dispatcher changes in every process.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from numba import njit, prange
+from numba.extending import register_jitable
 
-from graphir.backends.kernels_util import f16_round, fma, hsum8
+from graphir.backends.kernels_util import fma, hsum8
+from graphir.backends.quant.activation import q8_blocks
 from graphir.backends.quant.blocks import block_f16
 
 _F32 = np.float32
@@ -48,44 +55,7 @@ def pack_q4_1(b):
 
 
 def pack_q8_0(b):
-    return _grouped(b[:, :, 2:34].view(np.int8)), _grouped(block_f16(b, 0))
-
-
-@njit(cache=True)
-def _xq_q8_1(x, y, yd, ys):
-    """quantize_row_q8_1 as the x86 build runs it (see _act_q8_1); quants as float32 in natural order."""
-    n, k = x.shape
-    for r in range(n):
-        for b in range(k >> 5):
-            o = b << 5
-            amax = _F32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[r, o + j]))
-            d32 = amax / _F32(127.0)
-            iscale = _F32(127.0) / amax if amax != _F32(0.0) else _F32(0.0)
-            qsum = 0
-            for j in range(32):
-                q = np.rint(x[r, o + j] * iscale)
-                qsum += int(q)
-                y[r, o + j] = q
-            yd[r, b] = f16_round(d32)
-            ys[r, b] = f16_round(d32 * _F32(qsum))
-
-
-@njit(cache=True)
-def _xq_q8_0(x, y, yd, ys):
-    """quantize_row_q8_0 (x86): as _xq_q8_1 without s (ys is not written)."""
-    n, k = x.shape
-    for r in range(n):
-        for b in range(k >> 5):
-            o = b << 5
-            amax = _F32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[r, o + j]))
-            iscale = _F32(127.0) / amax if amax != _F32(0.0) else _F32(0.0)
-            for j in range(32):
-                y[r, o + j] = np.rint(x[r, o + j] * iscale)
-            yd[r, b] = f16_round(amax / _F32(127.0))
+    return _grouped(b[:, :, 2:34].view(np.int8)), _grouped(block_f16(b, 0)), np.empty(0, _F32)   # no min term
 
 
 @njit(cache=True, inline="always")
@@ -107,66 +77,60 @@ def _scales(dg, mg, b, w, ydb, ysb, dd, summ, with_min):
             summ[t] = fma(mb[t], ysb, summ[t])
 
 
-@njit(**_exact)
-def gemv_q4_1(qs, d, m, x, out):
-    n, k = x.shape
-    rows, nb = out.shape[1], k >> 5
-    y, yd, ys = np.empty((n, k), _F32), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
-    _xq_q8_1(x, y, yd, ys)
-    for g in prange((rows + _G - 1) // _G):
-        i0 = g * _G
-        w = min(_G, rows - i0)
-        qg, dg, mg = qs[i0 * (k >> 1):(i0 + w) * (k >> 1)], d[i0 * nb:(i0 + w) * nb], m[i0 * nb:(i0 + w) * nb]
-        acc = np.empty((8, w), _F32)
-        summ = np.empty(w, _F32)
-        dd = np.empty(w, _F32)
-        for r in range(n):
-            acc[:] = 0.0
-            summ[:] = 0.0
-            yr = y[r]
-            for b in range(nb):
-                _scales(dg, mg, b, w, yd[r, b], ys[r, b], dd, summ, True)
-                for lane in range(8):
-                    yl = yr[b * 32 + 4 * lane:b * 32 + 4 * lane + 4]
-                    y0, y1, y2, y3 = yl[0], yl[1], yl[2], yl[3]
-                    base = (b * 8 + lane) * 2 * w
-                    q0, q1, al = qg[base:base + w], qg[base + w:base + 2 * w], acc[lane]
-                    for t in range(w):
-                        a, c = q0[t], q1[t]
-                        s = fma(_F32(c >> _U4), y3,
-                                fma(_F32(a >> _U4), y2, fma(_F32(c & _U15), y1, _F32(a & _U15) * y0)))
-                        al[t] = fma(dd[t], s, al[t])
-            _finish(acc, summ, out, r, i0, w, True)
+@register_jitable(inline="always")
+def lane_q4_1(qg, b, lane, w, y0, y1, y2, y3, dd, al):
+    """al[t] = fma(dd[t], lane sum, al[t]) for the w rows of a group: lane `lane` of block b of Q4_1, whose
+    bytes pair the lane's elements (low nibbles 0 and 1, high nibbles 2 and 3)."""
+    base = (b * 8 + lane) * 2 * w
+    q0, q1 = qg[base:base + w], qg[base + w:base + 2 * w]
+    for t in range(w):
+        a, c = q0[t], q1[t]
+        s = fma(_F32(c >> _U4), y3, fma(_F32(a >> _U4), y2, fma(_F32(c & _U15), y1, _F32(a & _U15) * y0)))
+        al[t] = fma(dd[t], s, al[t])
 
 
-@njit(**_exact)
-def gemv_q8_0(qs, d, x, out):
-    n, k = x.shape
-    rows, nb = out.shape[1], k >> 5
-    y, yd = np.empty((n, k), _F32), np.empty((n, nb), _F32)
-    _xq_q8_0(x, y, yd, yd)
-    for g in prange((rows + _G - 1) // _G):
-        i0 = g * _G
-        w = min(_G, rows - i0)
-        qg, dg = qs[i0 * k:(i0 + w) * k], d[i0 * nb:(i0 + w) * nb]
-        acc = np.empty((8, w), _F32)
-        summ = np.empty(0, _F32)
-        dd = np.empty(w, _F32)
-        for r in range(n):
-            acc[:] = 0.0
-            yr = y[r]
-            for b in range(nb):
-                _scales(dg, dg, b, w, yd[r, b], _F32(0.0), dd, summ, False)
-                for lane in range(8):
-                    o = b * 32 + 4 * lane
-                    y0, y1, y2, y3 = yr[o], yr[o + 1], yr[o + 2], yr[o + 3]
-                    q0, q1 = qg[o * w:(o + 1) * w], qg[(o + 1) * w:(o + 2) * w]
-                    q2, q3 = qg[(o + 2) * w:(o + 3) * w], qg[(o + 3) * w:(o + 4) * w]
-                    al = acc[lane]
-                    for t in range(w):
-                        s = fma(_F32(q3[t]), y3, fma(_F32(q2[t]), y2, fma(_F32(q1[t]), y1, _F32(q0[t]) * y0)))
-                        al[t] = fma(dd[t], s, al[t])
-            _finish(acc, summ, out, r, i0, w, False)
+@register_jitable(inline="always")
+def lane_q8_0(qg, b, lane, w, y0, y1, y2, y3, dd, al):
+    """As lane_q4_1 for Q8_0: the lane's four int8 quants, one element-major run of w bytes each."""
+    o = b * 32 + 4 * lane
+    q0, q1 = qg[o * w:(o + 1) * w], qg[(o + 1) * w:(o + 2) * w]
+    q2, q3 = qg[(o + 2) * w:(o + 3) * w], qg[(o + 3) * w:(o + 4) * w]
+    for t in range(w):
+        s = fma(_F32(q3[t]), y3, fma(_F32(q2[t]), y2, fma(_F32(q1[t]), y1, _F32(q0[t]) * y0)))
+        al[t] = fma(dd[t], s, al[t])
+
+
+def exact_gemv(lane_dot: Callable, with_min: bool) -> Callable:
+    """ggml_vec_dot of one format for n < gemm_from: prange over groups of _G weight rows; per activation row,
+    block and lane, lane_dot forms the lane sums of the group's rows and accumulates them; with_min adds the min
+    term of m (Q4_1; Q8_0's m is empty)."""
+
+    @njit(**_exact)
+    def gemv(qs, d, m, x, out):
+        n, k = x.shape
+        rows, nb = out.shape[1], k >> 5
+        rb = qs.shape[0] // rows                       # bytes of a weight row
+        y, yd, ys = np.empty((n, k), _F32), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
+        q8_blocks(x, y, yd, ys)
+        for g in prange((rows + _G - 1) // _G):
+            i0 = g * _G
+            w = min(_G, rows - i0)
+            qg, dg, mg = qs[i0 * rb:(i0 + w) * rb], d[i0 * nb:(i0 + w) * nb], m[i0 * nb:(i0 + w) * nb]
+            acc = np.empty((8, w), _F32)
+            summ = np.empty(w if with_min else 0, _F32)
+            dd = np.empty(w, _F32)
+            for r in range(n):
+                acc[:] = 0.0
+                summ[:] = 0.0
+                yr = y[r]
+                for b in range(nb):
+                    _scales(dg, mg, b, w, yd[r, b], ys[r, b], dd, summ, with_min)
+                    for lane in range(8):
+                        o = b * 32 + 4 * lane
+                        lane_dot(qg, b, lane, w, yr[o], yr[o + 1], yr[o + 2], yr[o + 3], dd, acc[lane])
+                _finish(acc, summ, out, r, i0, w, with_min)
+
+    return gemv
 
 
 @njit(cache=True, inline="always")
@@ -215,43 +179,45 @@ def _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, r0, r1, with_min):
                 out[ra + u, i0 + t] = v + summ[u, t] if with_min else v
 
 
-@njit(**_exact)
-def gemm_q4_1(qs, d, m, x, out):
-    n, k = x.shape
-    rows, nb = out.shape[1], k >> 5
-    y, yd, ys = np.empty((n, k), _F32), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
-    _xq_q8_1(x, y, yd, ys)
-    nc = (n + _RC - 1) // _RC
-    for task in prange((rows + _G - 1) // _G * nc):
-        i0, r0 = task // nc * _G, task % nc * _RC
-        w = min(_G, rows - i0)
-        qg, dg, mg = qs[i0 * (k >> 1):(i0 + w) * (k >> 1)], d[i0 * nb:(i0 + w) * nb], m[i0 * nb:(i0 + w) * nb]
-        wf = np.zeros((nb * 8, 4, _G), _F32)
-        for bl in range(nb * 8):
-            q0, q1, fb = qg[bl * 2 * w:bl * 2 * w + w], qg[bl * 2 * w + w:bl * 2 * w + 2 * w], wf[bl]
-            for t in range(w):
-                fb[0, t] = _F32(q0[t] & _U15)
-                fb[1, t] = _F32(q1[t] & _U15)
-                fb[2, t] = _F32(q0[t] >> _U4)
-                fb[3, t] = _F32(q1[t] >> _U4)
-        _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, r0, min(n, r0 + _RC), True)
+@register_jitable(inline="always")
+def expand_q4_1(qg, w, wf):
+    """A group's Q4_1 quants (lane-paired nibbles) -> wf[block * 8 + lane, element of the lane, row]."""
+    for bl in range(wf.shape[0]):
+        q0, q1, fb = qg[bl * 2 * w:bl * 2 * w + w], qg[bl * 2 * w + w:bl * 2 * w + 2 * w], wf[bl]
+        for t in range(w):
+            fb[0, t] = _F32(q0[t] & _U15)
+            fb[1, t] = _F32(q1[t] & _U15)
+            fb[2, t] = _F32(q0[t] >> _U4)
+            fb[3, t] = _F32(q1[t] >> _U4)
 
 
-@njit(**_exact)
-def gemm_q8_0(qs, d, x, out):
-    n, k = x.shape
-    rows, nb = out.shape[1], k >> 5
-    y, yd = np.empty((n, k), _F32), np.empty((n, nb), _F32)
-    ys = yd
-    _xq_q8_0(x, y, yd, yd)
-    nc = (n + _RC - 1) // _RC
-    for task in prange((rows + _G - 1) // _G * nc):
-        i0, r0 = task // nc * _G, task % nc * _RC
-        w = min(_G, rows - i0)
-        qg, dg = qs[i0 * k:(i0 + w) * k], d[i0 * nb:(i0 + w) * nb]
-        wf = np.zeros((nb * 8, 4, _G), _F32)
-        for j in range(k):
-            qj, fj = qg[j * w:(j + 1) * w], wf[j >> 2, j & 3]
-            for t in range(w):
-                fj[t] = _F32(qj[t])
-        _gemm_rows(wf, dg, dg, y, yd, ys, out, i0, w, r0, min(n, r0 + _RC), False)
+@register_jitable(inline="always")
+def expand_q8_0(qg, w, wf):
+    """A group's Q8_0 quants -> wf, as expand_q4_1."""
+    for j in range(wf.shape[0] * 4):
+        qj, fj = qg[j * w:(j + 1) * w], wf[j >> 2, j & 3]
+        for t in range(w):
+            fj[t] = _F32(qj[t])
+
+
+def exact_gemm(expand: Callable, with_min: bool) -> Callable:
+    """The same dot products for n >= gemm_from: a task takes one group of weight rows, expanded to float once
+    by `expand`, and _RC activation rows (_gemm_rows)."""
+
+    @njit(**_exact)
+    def gemm(qs, d, m, x, out):
+        n, k = x.shape
+        rows, nb = out.shape[1], k >> 5
+        rb = qs.shape[0] // rows
+        y, yd, ys = np.empty((n, k), _F32), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
+        q8_blocks(x, y, yd, ys)
+        nc = (n + _RC - 1) // _RC
+        for task in prange((rows + _G - 1) // _G * nc):
+            i0, r0 = task // nc * _G, task % nc * _RC
+            w = min(_G, rows - i0)
+            qg, dg, mg = qs[i0 * rb:(i0 + w) * rb], d[i0 * nb:(i0 + w) * nb], m[i0 * nb:(i0 + w) * nb]
+            wf = np.zeros((nb * 8, 4, _G), _F32)
+            expand(qg, w, wf)
+            _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, r0, min(n, r0 + _RC), with_min)
+
+    return gemm

@@ -7,6 +7,8 @@ dequantizer (quant.blocks).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from numba import njit, prange
 
@@ -33,32 +35,24 @@ def gemv_f32(w, xq, asum, out):
             out[r, i] = acc
 
 
-@njit(**_fast)
-def gemv_f16(w0, xq, asum, out):
-    rows, k = w0.shape
-    for c in prange((rows + 63) >> 6):              # 64 rows per task, one f32 row buffer per task
-        w = np.empty((1, k), _F32)
-        for i in range(c << 6, min(rows, (c + 1) << 6)):
-            row_f16(w0, i, w, 0, False)
-            for r in range(xq.shape[0]):
-                acc = _F32(0.0)
-                for j in range(k):
-                    acc += w[0, j] * xq[r, j]
-                out[r, i] = acc
+def converting_gemv(row: Callable) -> Callable:
+    """The GEMV of a 16-bit float format (F16, BF16: `row` converts one weight row to f32): 64 weight rows per
+    task, each converted in turn into one f32 row buffer and multiplied with every activation row."""
 
+    @njit(**_fast)
+    def gemv(w0, xq, asum, out):
+        rows, k = w0.shape
+        for c in prange((rows + 63) >> 6):
+            w = np.empty((1, k), _F32)
+            for i in range(c << 6, min(rows, (c + 1) << 6)):
+                row(w0, i, w, 0, False)
+                for r in range(xq.shape[0]):
+                    acc = _F32(0.0)
+                    for j in range(k):
+                        acc += w[0, j] * xq[r, j]
+                    out[r, i] = acc
 
-@njit(**_fast)
-def gemv_bf16(w0, xq, asum, out):
-    rows, k = w0.shape
-    for c in prange((rows + 63) >> 6):
-        w = np.empty((1, k), _F32)
-        for i in range(c << 6, min(rows, (c + 1) << 6)):
-            row_bf16(w0, i, w, 0, False)
-            for r in range(xq.shape[0]):
-                acc = _F32(0.0)
-                for j in range(k):
-                    acc += w[0, j] * xq[r, j]
-                out[r, i] = acc
+    return gemv
 
 
 @njit(**_fast)

@@ -16,11 +16,12 @@ import numpy as np
 from graphir.backends.quant.activation import ACT
 from graphir.backends.quant.blocks import (
     deq_bf16, deq_f16, deq_f32, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_k, deq_q6_k, deq_q8_0, repack_q4_0, repack_q4_1,
-    repack_q4_k, repack_q5_k, repack_q6_k, repack_q8_0)
-from graphir.backends.quant.exact import gemm_q4_1, gemm_q8_0, gemv_q4_1, gemv_q8_0, pack_q4_1, pack_q8_0
+    repack_q4_k, repack_q5_k, repack_q6_k, repack_q8_0, row_bf16, row_f16)
+from graphir.backends.quant.exact import (
+    exact_gemm, exact_gemv, expand_q4_1, expand_q8_0, lane_q4_1, lane_q8_0, pack_q4_1, pack_q8_0)
 from graphir.backends.quant.stream import (
-    GEMM_FROM, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_0, gemm_q4_k, gemm_q5_k, gemm_q6_k, gemv_bf16, gemv_f16,
-    gemv_f32, gemv_q4_0, gemv_q4_k, gemv_q5_k, gemv_q6_k)
+    GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_0, gemm_q4_k, gemm_q5_k, gemm_q6_k, gemv_f32,
+    gemv_q4_0, gemv_q4_k, gemv_q5_k, gemv_q6_k)
 
 __all__ = ["QWeight", "SUPPORTED"]
 
@@ -30,16 +31,16 @@ _F32 = np.float32
 
 @dataclass(frozen=True)
 class _Kind:
-    dtype: type                    # element type the kernels read the GGUF data as
-    act: str                       # activation format (key of ACT); block sizes come from gguf.GGML_QUANT_SIZES
+    dtype: type                    # element type the kernels read the GGUF data as (blocks: gguf.GGML_QUANT_SIZES)
+    act: str                       # activation format: key of ACT (exact kinds: the one their kernels make)
     parts: int                     # streams a row is split into (stream order, see the package docstring)
     run: int                       # consecutive natural elements that go to one stream before the next
     repack: Callable | None        # (rows, nblocks, type_size) uint8 blocks -> packed arrays; None: use data as is
     gemv: Callable                 # (*packed, xq, asum, out), n < GEMM_FROM
     gemm: Callable                 # (*packed, xq, asum, out), n >= GEMM_FROM
     deq: Callable                  # (*packed, ids, inv, out)
-    # Exact kinds (Q4_1, Q8_0): matmul uses its own layout, `pack`, and gemv/gemm take (*packed, x, out) and
-    # quantize x themselves; GEMM from n >= gemm_from. `repack`/`deq` then serve get_rows only (from raw rows).
+    # Exact kinds (Q4_1, Q8_0): matmul uses its own layout, `pack` (qs, d, m), and gemv/gemm take (qs, d, m, x, out)
+    # and quantize x themselves; GEMM from n >= gemm_from. `repack`/`deq` then serve get_rows only (from raw rows).
     pack: Callable | None = None
     gemm_from: int = 0
 
@@ -48,11 +49,13 @@ class _Kind:
 # weight expansion costs about as much as its GEMV, so the LM head's crossover is at n ~ 7.
 _TYPES: dict[T, _Kind] = {
     T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, gemm_f32, deq_f32),
-    T.F16: _Kind(np.uint16, "f16", 1, 1, None, gemv_f16, gemm_f16, deq_f16),
-    T.BF16: _Kind(np.uint16, "bf16", 1, 1, None, gemv_bf16, gemm_bf16, deq_bf16),
-    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, gemv_q8_0, gemm_q8_0, deq_q8_0, pack_q8_0, 7),
+    T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(row_f16), gemm_f16, deq_f16),
+    T.BF16: _Kind(np.uint16, "bf16", 1, 1, None, converting_gemv(row_bf16), gemm_bf16, deq_bf16),
+    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, exact_gemv(lane_q8_0, False), exact_gemm(expand_q8_0, False),
+                  deq_q8_0, pack_q8_0, 7),
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, gemv_q4_0, gemm_q4_0, deq_q4_0),
-    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, gemv_q4_1, gemm_q4_1, deq_q4_1, pack_q4_1, 3),
+    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv(lane_q4_1, True), exact_gemm(expand_q4_1, True),
+                  deq_q4_1, pack_q4_1, 3),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, gemm_q4_k, deq_q4_k),
     T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, gemv_q5_k, gemm_q5_k, deq_q5_k),
     T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, gemv_q6_k, gemm_q6_k, deq_q6_k),
