@@ -6,7 +6,7 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends import isa
-from graphir.backends.kernels.jit import INL, PAR, PAR_MIN, SER, f32_rows
+from graphir.backends.kernels.jit import INL, PAR_MIN, SER, f32_rows, parallel_and_serial
 from graphir.backends.kernels_util import hsum
 
 F32 = np.float32
@@ -27,16 +27,12 @@ def _rms_norm_row(x, eps, out):
         out[i] = x[i] * scale
 
 
-@njit(**PAR)
-def _rms_norm_par(x, eps, out):
+def _rms_norm_rows(x, eps, out):
     for r in prange(x.shape[0]):
         _rms_norm_row(x[r], eps, out[r])
 
 
-@njit(**SER)
-def _rms_norm_ser(x, eps, out):
-    for r in range(x.shape[0]):
-        _rms_norm_row(x[r], eps, out[r])
+_rms_norm_par, _rms_norm_ser = parallel_and_serial(_rms_norm_rows)
 
 
 @njit(**INL)

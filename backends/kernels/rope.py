@@ -15,7 +15,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels.jit import INL, PAR, PAR_MIN, SER
+from graphir.backends.kernels.jit import INL, PAR_MIN, SER, parallel_and_serial
 from graphir.backends.kernels_util import fma
 
 F32 = np.float32
@@ -117,19 +117,14 @@ def _rope_row(x, cos, sin, n_dims, neox, n_fused, out):
             out[i1] = x0 * s + x1 * c
 
 
-@njit(**PAR)
-def _rope_par(x, cos, sin, n_tok, n_head, n_dims, neox, n_fused, out):
+def _rope_rows(x, cos, sin, n_tok, n_head, n_dims, neox, n_fused, out):
     """Rows of x (lead * n_tok * n_head, head_dim) in that order: row r is token (r // n_head) % n_tok."""
     for r in prange(x.shape[0]):
         t = r // n_head % n_tok
         _rope_row(x[r], cos[t], sin[t], n_dims, neox, n_fused, out[r])
 
 
-@njit(**SER)
-def _rope_ser(x, cos, sin, n_tok, n_head, n_dims, neox, n_fused, out):
-    for r in range(x.shape[0]):
-        t = r // n_head % n_tok
-        _rope_row(x[r], cos[t], sin[t], n_dims, neox, n_fused, out[r])
+_rope_par, _rope_ser = parallel_and_serial(_rope_rows)
 
 
 def rope_apply(x: np.ndarray, cos_sin: tuple[np.ndarray, np.ndarray], a: dict) -> np.ndarray:

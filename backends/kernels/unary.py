@@ -15,7 +15,7 @@ from numba import njit, prange
 from graphir.backends import isa
 from graphir.backends.isa import EXPF_SPLIT
 from graphir.backends.kernels.expf import v_expf_scalef, v_expf_split
-from graphir.backends.kernels.jit import INL, PAR, PAR_MIN, SER, f32_rows
+from graphir.backends.kernels.jit import INL, PAR_MIN, SER, f32_rows, parallel_and_serial
 from graphir.backends.kernels_util import fma
 
 F32 = np.float32
@@ -40,16 +40,12 @@ def _silu_row(x, lanes, variant, out):
         out[i] = v / (_ONE + math.exp(-v))
 
 
-@njit(**PAR)
-def _silu_par(x, lanes, variant, out):
+def _silu_rows(x, lanes, variant, out):
     for r in prange(x.shape[0]):
         _silu_row(x[r], lanes, variant, out[r])
 
 
-@njit(**SER)
-def _silu_ser(x, lanes, variant, out):
-    for r in range(x.shape[0]):
-        _silu_row(x[r], lanes, variant, out[r])
+_silu_par, _silu_ser = parallel_and_serial(_silu_rows)
 
 
 def silu(x: np.ndarray, path: isa.IsaPath) -> np.ndarray:
@@ -83,16 +79,12 @@ def _libm_row(x, op, out):
             out[i] = _ONE / (_ONE + math.exp(-v))
 
 
-@njit(**PAR)
-def _libm_par(x, op, out):
+def _libm_rows(x, op, out):
     for r in prange(x.shape[0]):
         _libm_row(x[r], op, out[r])
 
 
-@njit(**SER)
-def _libm_ser(x, op, out):
-    for r in range(x.shape[0]):
-        _libm_row(x[r], op, out[r])
+_libm_par, _libm_ser = parallel_and_serial(_libm_rows)
 
 
 def _libm_unary(x: np.ndarray, op: int) -> np.ndarray:
