@@ -34,4 +34,8 @@ Modules
     mul_mat    mul_mat of two activations (attention's KQ and KQV), f16 or f32
     rope       RoPE: the cos/sin cache and the rotation
     recurrent  Mamba's ssm_conv / ssm_scan, RWKV6's wkv6
+
+numba caches a kernel under its own module's file, with the helpers it inlines or calls compiled in; an
+edit of a helper in another module (expf, graphir.backends.kernels_util) does not invalidate it. After
+editing one, clear the caches (__pycache__/*.nbi, *.nbc under backends/).
 """

@@ -1,5 +1,4 @@
-"""How the activation kernels are compiled and run: numba options, the parallel and serial variant of a
-kernel, and a value seen as float32 rows.
+"""How the activation kernels are compiled and run: numba options, parallel and serial variants, float32 rows.
 
 Most kernels work row by row over the last axis and come in a parallel variant (prange over rows) and a
 serial one, which small values take: waking the worker threads costs more than it saves below PAR_MIN.

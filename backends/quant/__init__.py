@@ -80,4 +80,8 @@ Modules
     stream      GEMV and GEMM kernels of the stream-layout kinds
     exact       Q4_1 and Q8_0: their grouped layout and the kernels that replay llama.cpp's dot products
     weight      QWeight and the table of weight kinds its matmul and get_rows dispatch through
+
+numba caches a kernel under its own module's file, with the helpers it inlines or calls compiled in: the
+GEMMs of stream inline the row dequantizers of blocks, the kernels of exact call q8_blocks of activation.
+After editing such a helper, clear the caches (__pycache__/*.nbi, *.nbc under backends/).
 """

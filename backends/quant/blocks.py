@@ -2,7 +2,7 @@
 
 The repack (numpy) runs once per tensor, or per get_rows request for the rows asked for. The row dequantizers
 are the one place each format's arithmetic is written: the GEMM kernels of quant.stream inline them to expand
-weight rows into a tile, and the dequantizers below (get_rows, dequantize) to build whole rows.
+weight rows into a tile, and the deq_* kernels below (get_rows, dequantize) to build whole rows.
 """
 
 from __future__ import annotations
@@ -104,7 +104,6 @@ def repack_q6_k(b):
 # ---------------------------------------------------------------------------------------------------------
 
 _inl = dict(cache=True, inline="always")
-
 
 
 @njit(**_inl)
