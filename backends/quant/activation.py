@@ -1,10 +1,10 @@
 """Activation quantizers: rows of x converted to a weight type's vec_dot type, rounded as llama.cpp rounds them.
 
-q8_blocks gives the Q8_0/Q8_1 quants, scales and sums in natural order (the exact kinds' kernels take them as
-they are). The quantizers of ACT, for the stream-layout kinds, write the *dequantized* quantized activation
+q8_blocks gives the Q8_0/Q8_1 quants, scales and sums in natural order (the exact kinds' kernels take them
+as they are). The quantizers of ACT, for the stream-layout kinds, write the *dequantized* quantized activation
 (q * d, exact in f32) of element k at position inv[k] (stream order) of a row of xq, and the per-group sums
-llama.cpp's min term needs into asum. No fastmath: scale formulas must round exactly like llama.cpp's (a/127
-must not become a*(1/127)).
+llama.cpp's min term needs into asum; the Q8_0 one shares q8_blocks' block scales. No fastmath: scale
+formulas must round exactly like llama.cpp's (a/127 must not become a*(1/127)).
 """
 
 from __future__ import annotations
@@ -19,6 +19,16 @@ from graphir.backends.kernels_util import f16_round, round_bf16, round_f16
 _F32 = np.float32
 
 
+@njit(cache=True, inline="always")
+def _q8_scales(x, r, o):
+    """Of the Q8_0/Q8_1 block x[r, o:o + 32]: d before its rounding to f16, amax / 127, and the quantizing
+    scale 127 / amax (0 for an all-zero block)."""
+    amax = _F32(0.0)
+    for j in range(32):
+        amax = max(amax, abs(x[r, o + j]))
+    return amax / _F32(127.0), (_F32(127.0) / amax if amax != _F32(0.0) else _F32(0.0))
+
+
 @njit(cache=True)
 def q8_blocks(x, y, yd, ys):
     """quantize_row_q8_1 as the x86 build runs it, per block of 32: d = f16(amax / 127), the quants
@@ -28,11 +38,7 @@ def q8_blocks(x, y, yd, ys):
     for r in range(n):
         for b in range(k >> 5):
             o = b << 5
-            amax = _F32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[r, o + j]))
-            d32 = amax / _F32(127.0)
-            iscale = _F32(127.0) / amax if amax != _F32(0.0) else _F32(0.0)
+            d32, iscale = _q8_scales(x, r, o)
             qsum = 0
             for j in range(32):
                 q = np.rint(x[r, o + j] * iscale)
@@ -45,11 +51,13 @@ def q8_blocks(x, y, yd, ys):
 @njit(cache=True)
 def _act_q8_0(x, inv, xq, asum):
     n, k = x.shape
-    y, yd, ys = np.empty((n, k), _F32), np.empty((n, k >> 5), _F32), np.empty((n, k >> 5), _F32)
-    q8_blocks(x, y, yd, ys)
     for r in range(n):
-        for j in range(k):
-            xq[r, inv[j]] = y[r, j] * yd[r, j >> 5]
+        for b in range(k >> 5):
+            o = b << 5
+            d32, iscale = _q8_scales(x, r, o)
+            d = f16_round(d32)
+            for j in range(32):
+                xq[r, inv[o + j]] = np.rint(x[r, o + j] * iscale) * d
 
 
 @njit(cache=True)
