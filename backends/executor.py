@@ -13,10 +13,14 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from graphir.backends import kernels as K
-from graphir.backends import recurrent as R
+from graphir.backends.kernels.mul_mat import mul_mat
+from graphir.backends.kernels.norm import norm, rms_norm
+from graphir.backends.kernels.recurrent import rwkv_wkv6, ssm_conv, ssm_scan
+from graphir.backends.kernels.rope import rope_apply, rope_cos_sin
+from graphir.backends.kernels.softmax import soft_max
+from graphir.backends.kernels.unary import exp, geglu, gelu, neg, relu, sigmoid, silu, sqr, tanh
 from graphir.backends.isa import IsaPath
-from graphir.backends.quant import QWeight
+from graphir.backends.quant.weight import QWeight
 from graphir.graph.dims import Sym
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS
@@ -49,7 +53,7 @@ def _mul_mat(w: Any, x: np.ndarray, path: IsaPath) -> np.ndarray:
     if isinstance(w, QWeight):
         y = w.matmul(np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32))
         return y.reshape(x.shape[:-1] + (w.rows,))
-    return K.mul_mat(w, x, path)
+    return mul_mat(w, x, path)
 
 
 def _broadcast(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -123,8 +127,7 @@ def kernel(*ops: str) -> Callable[[Maker], Maker]:
 
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
-_UNARY_FN = {"gelu": K.gelu, "relu": K.relu, "sqr": K.sqr, "neg": K.neg, "exp": K.exp, "tanh": K.tanh,
-               "sigmoid": K.sigmoid}
+_UNARY_FN = {"gelu": gelu, "relu": relu, "sqr": sqr, "neg": neg, "exp": exp, "tanh": tanh, "sigmoid": sigmoid}
 
 
 @kernel("get_rows")
@@ -157,27 +160,27 @@ def _scale(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
 
 @kernel("rms_norm")
 def _rms_norm(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, x: K.rms_norm(x, n.attrs["eps"])
+    return lambda env, x: rms_norm(x, n.attrs["eps"])
 
 
 @kernel("norm")
 def _norm(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, x: K.norm(x, n.attrs["eps"], path)
+    return lambda env, x: norm(x, n.attrs["eps"], path)
 
 
 @kernel("silu")
 def _silu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, x: K.silu(x, path)
+    return lambda env, x: silu(x, path)
 
 
 @kernel("swiglu")
 def _swiglu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, g, u: K.silu(g, path) * u
+    return lambda env, g, u: silu(g, path) * u
 
 
 @kernel("geglu")
 def _geglu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, g, u: K.geglu(g, u)
+    return lambda env, g, u: geglu(g, u)
 
 
 @kernel("rope")
@@ -188,8 +191,8 @@ def _rope(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     def rope(env: Env, x: np.ndarray, pos: np.ndarray, ff: Any = None) -> np.ndarray:
         k = (id(pos), id(ff), key)
         if k not in memo.d:
-            memo.d[k] = K.rope_cos_sin(pos, a["n_dims"], None if ff is None else _dense(ff).reshape(-1), a)
-        return K.rope_apply(x.astype(np.float32, copy=False), memo.d[k], a)
+            memo.d[k] = rope_cos_sin(pos, a["n_dims"], None if ff is None else _dense(ff).reshape(-1), a)
+        return rope_apply(x.astype(np.float32, copy=False), memo.d[k], a)
 
     return rope
 
@@ -197,7 +200,7 @@ def _rope(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
 @kernel("soft_max")
 def _soft_max(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     a = n.attrs
-    return lambda env, x, mask=None: K.soft_max(x, None if mask is None else _broadcast(mask, x.shape),
+    return lambda env, x, mask=None: soft_max(x, None if mask is None else _broadcast(mask, x.shape),
                                                 a["scale"], a["max_bias"], path)
 
 
@@ -254,19 +257,19 @@ def _set_rows_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[
 @kernel("ssm_conv")
 def _ssm_conv(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     conv_w = _dense_kept()
-    return lambda env, sx, w: R.ssm_conv(sx, conv_w(w))
+    return lambda env, sx, w: ssm_conv(sx, conv_w(w))
 
 
 @kernel("ssm_scan")
 def _ssm_scan(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     dense_a = _dense_kept()
-    return lambda env, s, x, dt, A, B, C: R.ssm_scan(s, x, dt, dense_a(A), B, C)
+    return lambda env, s, x, dt, A, B, C: ssm_scan(s, x, dt, dense_a(A), B, C)
 
 
 @kernel("rwkv_wkv6")
 def _rwkv_wkv6(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     first = _dense_kept()
-    return lambda env, k, v, r, tf, td, state: R.rwkv_wkv6(k, v, r, first(tf), td, state)
+    return lambda env, k, v, r, tf, td, state: rwkv_wkv6(k, v, r, first(tf), td, state)
 
 
 def _step(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:

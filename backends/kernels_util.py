@@ -5,7 +5,7 @@ with integer or exact float arithmetic. None of these helpers uses fastmath: the
 `fma` is the fused multiply-add llama.cpp's SIMD code uses (one rounding); numba never contracts a*b + c on
 its own, so every FMA of the emulated ggml arithmetic is written out with it.
 numba's on-disk cache is keyed on the caller's source file: after editing an inlined helper here, clear the
-callers' caches (__pycache__/*.nbi, *.nbc of backends/) or they keep the old code.
+callers' caches (__pycache__/*.nbi, *.nbc under backends/) or they keep the old code.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["fma", "hsum8", "hsum16", "bits_f32", "bits_u32", "f16_round", "f16_bits", "round_f16", "round_bf16"]
+__all__ = ["fma", "hsum8", "hsum16", "hsum", "bits_f32", "bits_u32", "f16_round", "f16_bits", "round_f16", "round_bf16"]
 
 
 @intrinsic
@@ -78,6 +78,15 @@ def hsum16(v):
     a0, a1, a2, a3 = v[0] + v[8], v[1] + v[9], v[2] + v[10], v[3] + v[11]
     a4, a5, a6, a7 = v[4] + v[12], v[5] + v[13], v[6] + v[14], v[7] + v[15]
     return ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+
+
+@njit(cache=True, inline="always")
+def hsum(v, o, lanes):
+    """The sum of one register, v[o:o + lanes], halved down to one lane: _mm512_reduce_add_ps for 16 lanes,
+    hsum_float_8 (and soft_max's / the variance's extract-movehl-movehdup sequence) for 8."""
+    if lanes == 16:
+        return hsum16(v[o:o + 16])
+    return hsum8(v[o], v[o + 1], v[o + 2], v[o + 3], v[o + 4], v[o + 5], v[o + 6], v[o + 7])
 
 
 @njit(cache=True)

@@ -11,7 +11,7 @@ from graphir.graph.ir import Graph
 
 if TYPE_CHECKING:
     from graphir.backends.executor import Program
-    from graphir.backends.quant import QWeight
+    from graphir.backends.quant.weight import QWeight
 
 
 class NumbaBackend:
@@ -21,7 +21,7 @@ class NumbaBackend:
         return numerics(isa)
 
     def prepare_weight(self, data: Any, qtype: Any, ne0: int) -> QWeight:
-        from graphir.backends.quant import QWeight
+        from graphir.backends.quant.weight import QWeight
 
         return QWeight.prepare(data, qtype, ne0)
 

@@ -72,7 +72,7 @@ def best(fn, seconds: float = 1.0, min_reps: int = 5) -> tuple[float, float]:
 def kernels() -> None:
     import numba
 
-    from graphir.backends.quant import QWeight
+    from graphir.backends.quant.weight import QWeight
 
     numba.set_num_threads(2)
     data, source = load_weights()
@@ -101,7 +101,7 @@ def kernels() -> None:
 FIRST_CALLS = """
 import time, numpy as np, gguf
 t0 = time.perf_counter()
-from graphir.backends.quant import QWeight
+from graphir.backends.quant.weight import QWeight
 T = gguf.GGMLQuantizationType
 print(f"import {time.perf_counter() - t0:.2f}s", end="")
 rng = np.random.default_rng(0)

@@ -32,7 +32,7 @@ import pytest
 
 from graphir.backends.executor import KERNELS, Program, kernel
 from graphir.backends.isa import PATHS, IsaPath, numerics
-from graphir.backends.quant import QWeight
+from graphir.backends.quant.weight import QWeight
 from graphir.graph.dims import DimDecl, Sym
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import COMPUTING, OPS, infer

@@ -10,7 +10,8 @@ from pathlib import Path
 import networkx as nx
 
 PACKAGES = ("graphir", "graphir.files", "graphir.graph", "graphir.memory", "graphir.model", "graphir.running",
-            "graphir.tokenizer", "graphir.arch", "graphir.backends")
+            "graphir.tokenizer", "graphir.arch", "graphir.backends", "graphir.backends.kernels",
+            "graphir.backends.quant")
 
 
 def modules() -> dict[str, Path]:

@@ -22,7 +22,7 @@ from conftest import logit_distance, oracle_path
 from numba import njit
 
 from graphir.backends import isa
-from graphir.backends import kernels as K
+from graphir.backends.kernels import expf
 from graphir.running.batch import Batch
 from graphir.errors import GraphirError
 from graphir.running.runtime import load
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @njit  # not cached: numba's cache would not see edits of the kernels it inlines
 def _expf_lanes(x, variant, out):
     for i in range(x.shape[0]):
-        out[i] = K._v_expf_split(x[i]) if variant == isa.EXPF_SPLIT else K._v_expf_scalef(x[i])
+        out[i] = expf.v_expf_split(x[i]) if variant == isa.EXPF_SPLIT else expf.v_expf_scalef(x[i])
 
 
 def v_expf(x: np.ndarray, path: isa.IsaPath) -> np.ndarray:

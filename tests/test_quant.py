@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import half, make_weight
 
-from graphir.backends.quant import SUPPORTED, QWeight
+from graphir.backends.quant.weight import SUPPORTED, QWeight
 
 T = gguf.GGMLQuantizationType
 F32 = np.float32

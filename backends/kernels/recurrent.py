@@ -18,10 +18,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from graphir.backends.kernels.jit import PAR
 from graphir.backends.kernels_util import fma
 
 F32 = np.float32
-_PAR = dict(parallel=True, cache=True, error_model="numpy")
 _ZERO, _ONE, _SOFTPLUS_MAX = F32(0.0), F32(1.0), F32(20.0)
 
 
@@ -33,7 +33,7 @@ def _f32(a: np.ndarray) -> np.ndarray:
 # Mamba
 # ---------------------------------------------------------------------------------------------------------
 
-@njit(**_PAR)
+@njit(**PAR)
 def _ssm_conv(sx, w, y):
     """ggml_compute_forward_ssm_conv_f32: y[s, t, c] = sum_j sx[s, c, t + j] * w[c, j], one float32 FMA
     chain from 0 in j order (ggml avoids vec_dot there because it sums in double)."""
@@ -57,7 +57,7 @@ def ssm_conv(sx: np.ndarray, w: np.ndarray) -> np.ndarray:
     return y
 
 
-@njit(**_PAR)
+@njit(**PAR)
 def _ssm_scan(s0, x, dt, A, B, C, y, st):
     """ggml_compute_forward_ssm_scan_f32, Mamba-1 branch (per-state decay A[c, n]), per channel c:
     d = softplus(dt) = dt > 20 ? dt : logf(1 + expf(dt)); x_dt = x * d; for each state n in order:
@@ -97,7 +97,7 @@ def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.
 # RWKV
 # ---------------------------------------------------------------------------------------------------------
 
-@njit(**_PAR)
+@njit(**PAR)
 def _wkv6(k, v, r, tf, td, s0, out, st):
     """ggml_compute_forward_rwkv_wkv6_f32 (AVX-512 path, whose FMAs the scalar tail repeats) per head h and
     token t of sequence s, key channel i in order, value channel j: kv = v[j] * k[i]; out[j] =

@@ -1,0 +1,88 @@
+"""Normalizations: rms_norm and norm, in ggml's order of sums (in double, and per register for norm's variance)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from graphir.backends import isa
+from graphir.backends.kernels.jit import INL, PAR_MIN, SER, f32_rows, parallel_and_serial
+from graphir.backends.kernels_util import hsum
+
+F32 = np.float32
+_ONE = F32(1.0)
+
+
+@njit(**INL)
+def _rms_norm_row(x, eps, out):
+    """ggml_compute_forward_rms_norm_f32: sum += (double)(x*x) in order, mean = (float)(sum/n),
+    scale = 1.0f/sqrtf(mean + eps), y = x * scale."""
+    n = x.shape[0]
+    s = 0.0
+    for i in range(n):
+        v = x[i]
+        s += np.float64(v * v)
+    scale = _ONE / np.sqrt(F32(s / n) + eps)
+    for i in range(n):
+        out[i] = x[i] * scale
+
+
+def _rms_norm_rows(x, eps, out):
+    for r in prange(x.shape[0]):
+        _rms_norm_row(x[r], eps, out[r])
+
+
+_rms_norm_par, _rms_norm_ser = parallel_and_serial(_rms_norm_rows)
+
+
+@njit(**INL)
+def _cvar_blocks(x, mean, head, lanes, sq, out):
+    """ggml_vec_cvar_f32's vector part: out = x - mean per register, each register's squares summed (hsum)
+    and added to a double."""
+    v2 = 0.0
+    for b in range(0, head, lanes):
+        for t in range(lanes):
+            d = x[b + t] - mean
+            out[b + t] = d
+            sq[t] = d * d
+        v2 += np.float64(hsum(sq, 0, lanes))
+    return v2
+
+
+@njit(**SER)
+def _norm_rows(x, eps, lanes, out):
+    """ggml_compute_forward_norm_f32: mean = (float)(double sum)/n; ggml_vec_cvar_f32 (x - mean, squares summed
+    per register of `lanes` into a double, the tail one by one); scale = 1/sqrtf(var + eps)."""
+    rows, n = x.shape
+    head = n // lanes * lanes
+    sq = np.empty(16, F32)
+    for r in range(rows):
+        s = 0.0
+        for i in range(n):
+            s += np.float64(x[r, i])
+        mean = F32(s) / F32(n)
+        if lanes == 16:                      # literal widths: the block loops unroll (a runtime width: 20% slower)
+            v2 = _cvar_blocks(x[r], mean, head, 16, sq, out[r])
+        else:
+            v2 = _cvar_blocks(x[r], mean, head, 8, sq, out[r])
+        for i in range(head, n):
+            d = x[r, i] - mean
+            out[r, i] = d
+            v2 += np.float64(d * d)
+        scale = _ONE / np.sqrt(F32(v2 / n) + eps)
+        for i in range(n):
+            out[r, i] = out[r, i] * scale
+
+
+def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    r = f32_rows(x)
+    out = np.empty_like(r)
+    (_rms_norm_par if r.size >= PAR_MIN else _rms_norm_ser)(r, F32(eps), out)
+    return out.reshape(x.shape)
+
+
+def norm(x: np.ndarray, eps: float, path: isa.IsaPath) -> np.ndarray:
+    r = f32_rows(x)
+    out = np.empty_like(r)
+    _norm_rows(r, F32(eps), path.lanes, out)
+    return out.reshape(x.shape)

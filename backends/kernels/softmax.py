@@ -1,0 +1,121 @@
+"""soft_max as ggml_soft_max_f32 computes it, with llama.cpp's padding of the KV length emulated.
+
+llama.cpp pads n_kv to a multiple of KV_PAD with masked cells; graphir attends over the used cells only. The
+padding changes the paths (SIMD blocks instead of scalar tails) but not the values (masked probabilities are
+exactly 0), so soft_max with a mask runs the padded length's paths and marks its result for the
+mul_mat that consumes it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from graphir.backends import isa
+from graphir.backends.kernels.expf import v_expf_shifted
+from graphir.backends.kernels.jit import INL, PAR, PAR_MIN, SER, f32_rows
+from graphir.backends.kernels_util import hsum, hsum16
+
+F32 = np.float32
+_INF = F32(np.inf)
+
+KV_PAD = 256        # llama.cpp pads n_kv to a multiple of 256 (llama_kv_cache::get_n_kv)
+
+
+class _Probs(np.ndarray):
+    """soft_max's result when it was computed over a padded KV length: mul_mat(v, kq) then emulates the
+    same padding. A marker type only (views keep it; np.array copies drop it)."""
+
+    kv_pad: int = 1
+
+
+@njit(**INL)
+def _block_sums(v, head, lanes):
+    """sum over the registers of v[:head] of each register's sum (hsum), in double, in order."""
+    s = 0.0
+    if lanes == 16:
+        for b in range(0, head, 16):
+            s += np.float64(hsum16(v[b:b + 16]))
+    else:
+        for b in range(0, head, 8):
+            s += np.float64(hsum(v, b, 8))
+    return s
+
+
+@njit(**INL)
+def _soft_max_row(x, m, scale, head, lanes, variant, w, out):
+    """ggml_compute_forward_soft_max_f32 for one row: w = x*scale (+ mask row m, if it has the row's length),
+    max, ggml_vec_soft_max_f32 (ggml_v_expf per register of `lanes`, each register's sum added to a double;
+    cells past n up to `head` are the padding's -inf cells, exp 0; libm expf for a tail past `head`), then
+    * (float)(1/sum). w: scratch of at least max(n, head)."""
+    n = x.shape[0]
+    for i in range(n):
+        w[i] = x[i] * scale
+    if m.shape[0] == n:
+        for i in range(n):
+            w[i] = w[i] + m[i]
+    mx = -_INF
+    for i in range(n):
+        mx = w[i] if w[i] > mx else mx
+    for i in range(n, head):
+        w[i] = -_INF
+    v_expf_shifted(w, head, mx, variant)
+    s = _block_sums(w, head, lanes)
+    for i in range(head, n):
+        w[i] = math.exp(w[i] - mx)
+        s += np.float64(w[i])
+    inv = F32(1.0 / s)
+    for i in range(n):
+        out[i] = w[i] * inv
+
+
+@njit(**PAR)
+def _soft_max_par(x, mask, mrows, scale, head, lanes, variant, out):
+    """Row r reads mask row r % mrows (mrows = 0: no mask)."""
+    for r in prange(x.shape[0]):
+        w = np.empty(max(head, x.shape[1]), F32)
+        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r])
+
+
+@njit(**SER)
+def _soft_max_ser(x, mask, mrows, scale, head, lanes, variant, out):
+    w = np.empty(max(head, x.shape[1]), F32)
+    for r in range(x.shape[0]):
+        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r])
+
+
+def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: float, path: isa.IsaPath,
+             pad: int | None = None) -> np.ndarray:
+    """softmax over the last numpy axis of x*scale + mask (mask broadcast over x's leading axes).
+
+    pad: emulate llama.cpp's KV padding (default: KV_PAD when there is a mask, i.e. attention; 1 otherwise).
+    With pad > 1 the result is marked so that the mul_mat consuming it pads the same way."""
+    if max_bias:
+        raise NotImplementedError("ALiBi (max_bias != 0) is not implemented")
+    if pad is None:
+        pad = KV_PAD if mask is not None else 1
+    shape = x.shape
+    r = f32_rows(x)
+    n = r.shape[1]
+    if mask is None:
+        m, mrows = np.zeros((1, n), F32), 0
+    else:
+        mask = np.asarray(mask)
+        lead = mask.reshape((1,) * (max(len(shape), 2) - mask.ndim) + mask.shape)
+        if lead.shape[-1] == n and all(d == 1 for d in lead.shape[:-2]) and \
+                (lead.shape[-2] == (shape[-2] if len(shape) > 1 else 1)):
+            m = np.ascontiguousarray(lead.reshape(-1, n), dtype=F32)   # one mask row per query row
+        else:
+            m = np.ascontiguousarray(np.broadcast_to(lead, shape), dtype=F32).reshape(-1, n)
+        mrows = m.shape[0]
+    out = np.empty_like(r)
+    lanes = path.lanes
+    head = -(-n // lanes) * lanes if pad > 1 else n // lanes * lanes   # padded: every element in a register
+    (_soft_max_par if r.size >= PAR_MIN else _soft_max_ser)(r, m, mrows, F32(scale), head, lanes, path.expf, out)
+    out = out.reshape(shape)
+    if pad > 1:
+        out = out.view(_Probs)
+        out.kv_pad = int(pad)
+    return out

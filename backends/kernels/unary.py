@@ -1,0 +1,156 @@
+"""Unary and gated elementwise kernels: silu (and swiglu's gate), relu, gelu / geglu, the libm ops, sqr, neg.
+
+Each follows its ggml-cpu function: SiLU with ggml_v_expf on full registers and libm's expf for the tail,
+exp / tanh / sigmoid with one glibc call per element, GELU through ggml's fp16 table.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from graphir.backends import isa
+from graphir.backends.isa import EXPF_SPLIT
+from graphir.backends.kernels.expf import v_expf_scalef, v_expf_split
+from graphir.backends.kernels.jit import INL, PAR_MIN, SER, f32_rows, parallel_and_serial
+from graphir.backends.kernels_util import fma
+
+F32 = np.float32
+_ONE, _ZERO = F32(1.0), F32(0.0)
+
+
+@njit(**INL)
+def _silu_row(x, lanes, variant, out):
+    """ggml_v_silu (x / (1 + exp(0 - x))) on full blocks of `lanes`, ggml_silu_f32 (libm expf) for the tail."""
+    n = x.shape[0]
+    head = n // lanes * lanes
+    if variant == EXPF_SPLIT:
+        for i in range(head):
+            v = x[i]
+            out[i] = v / (_ONE + v_expf_split(_ZERO - v))
+    else:
+        for i in range(head):
+            v = x[i]
+            out[i] = v / (_ONE + v_expf_scalef(_ZERO - v))
+    for i in range(head, n):
+        v = x[i]
+        out[i] = v / (_ONE + math.exp(-v))
+
+
+def _silu_rows(x, lanes, variant, out):
+    for r in prange(x.shape[0]):
+        _silu_row(x[r], lanes, variant, out[r])
+
+
+_silu_par, _silu_ser = parallel_and_serial(_silu_rows)
+
+
+def silu(x: np.ndarray, path: isa.IsaPath) -> np.ndarray:
+    if x.dtype != F32:          # ggml_vec_silu_f16: per element in f32 with libm expf
+        xf = x.astype(F32)
+        return xf / (F32(1) + np.exp(-xf.astype(np.float64)).astype(F32))
+    r = f32_rows(x)
+    out = np.empty_like(r)
+    (_silu_par if r.size >= PAR_MIN else _silu_ser)(r, path.lanes, path.expf, out)
+    return out.reshape(x.shape)
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, F32(0))
+
+
+_EXP, _TANH, _SIGMOID = 0, 1, 2
+
+
+@njit(**INL)
+def _libm_row(x, op, out):
+    """op_exp: expf; op_tanh: tanhf; op_sigmoid: 1 / (1 + expf(-x)), all glibc's (numpy's own float32 exp and
+    tanh are other approximations, and ggml_v_expf is not used by these ops)."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        if op == _EXP:
+            out[i] = math.exp(v)
+        elif op == _TANH:
+            out[i] = math.tanh(v)
+        else:
+            out[i] = _ONE / (_ONE + math.exp(-v))
+
+
+def _libm_rows(x, op, out):
+    for r in prange(x.shape[0]):
+        _libm_row(x[r], op, out[r])
+
+
+_libm_par, _libm_ser = parallel_and_serial(_libm_rows)
+
+
+def _libm_unary(x: np.ndarray, op: int) -> np.ndarray:
+    r = f32_rows(x)
+    out = np.empty_like(r)
+    (_libm_par if r.size >= PAR_MIN else _libm_ser)(r, op, out)
+    return out.reshape(x.shape)
+
+
+def exp(x: np.ndarray) -> np.ndarray:
+    return _libm_unary(x, _EXP)
+
+
+def tanh(x: np.ndarray) -> np.ndarray:
+    return _libm_unary(x, _TANH)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return _libm_unary(x, _SIGMOID)
+
+
+def sqr(x: np.ndarray) -> np.ndarray:
+    return np.multiply(x, x, dtype=F32)
+
+
+def neg(x: np.ndarray) -> np.ndarray:
+    return np.negative(x, dtype=F32)
+
+
+_GELU_LIMIT = F32(10.0)
+
+
+@njit(**SER)
+def _gelu_f32(x, out):
+    """ggml_gelu_f32 as GCC compiles it: (0.5*x) * (1 + tanhf((sqrt(2/pi)*x) * fma(0.044715*x, x, 1)))."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        inner = fma(F32(0.044715) * v, v, _ONE)
+        out[i] = (F32(0.5) * v) * (_ONE + math.tanh((F32(0.7978845608028654) * v) * inner))
+
+
+@functools.cache
+def gelu_table() -> np.ndarray:
+    """ggml_table_gelu_f16 (ggml_cpu_init) widened to float32, indexed by a half's bits: entry i =
+    fp16(ggml_gelu_f32(half i)). llama.cpp's CPU GELU reads it (GGML_GELU_FP16 is defined in vec.h)."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(F32)
+    g = np.empty_like(x)
+    _gelu_f32(x, g)
+    with np.errstate(invalid="ignore"):     # the nan halves' entries (never read for finite x)
+        return g.astype(np.float16).astype(F32)
+
+
+def _gelu_open(x: np.ndarray) -> np.ndarray:
+    """ggml_vec_gelu_f32 / geglu for x > -10: x itself from 10 on, else the table at fp16(x) (nearest even, as
+    F16C rounds; x is clipped first only to keep the cast from overflowing)."""
+    idx = np.clip(x, -_GELU_LIMIT, _GELU_LIMIT).astype(np.float16).view(np.uint16)
+    return np.where(x >= _GELU_LIMIT, x, gelu_table()[idx])
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """ggml_vec_gelu_f32 with GGML_GELU_FP16: 0 for x <= -10, x for x >= 10, else the fp16 table."""
+    x = np.asarray(x, F32)
+    return np.where(x <= -_GELU_LIMIT, _ZERO, _gelu_open(x))
+
+
+def geglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """ggml_vec_geglu_f32: 0 for g <= -10 (whatever u is), else gelu(g) * u as gelu computes it."""
+    g = np.asarray(g, F32)
+    return np.where(g <= -_GELU_LIMIT, _ZERO, np.multiply(_gelu_open(g), u, dtype=F32))

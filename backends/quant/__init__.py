@@ -1,0 +1,87 @@
+"""Weight side of the numba backend: GGUF weight tensors as matmul / get_rows operands.
+
+Why this package exists
+    The conformance target is llama.cpp's CPU backend, and its matmul is not "dequantize, then float GEMM":
+    the activation rows are first converted to the weight type's *vec_dot type* (Q4_0/Q8_0 -> Q8_0,
+    Q4_1 -> Q8_1, Q4_K/Q5_K/Q6_K -> Q8_K, F16 -> f16, BF16 -> bf16) and the dot products are taken between
+    the two quantized operands. A float engine that skips this lands 0.1-1.4 logit away on SmolLM2; one that
+    copies it lands within float-summation noise, which the next layers' 8-bit activation quantization then
+    amplifies (~0.2 in the residual after 10 layers). So `QWeight.matmul` quantizes x exactly like llama.cpp,
+    then multiplies, for Q4_1 and Q8_0 in llama.cpp's exact operation order. Speed matters as much (decode
+    must run near memory bandwidth), hence repacked layouts and flat numba loops.
+
+API
+    QWeight.prepare(raw, qtype, ne0) wraps the raw GGUF data of one 2-D weight: uint8 (rows, row_bytes) for
+    quantized types (usually a memmap), float32 / float16 (rows, ne0) for F32 / F16, BF16 as 2-byte words.
+    Nothing is copied. The first matmul repacks the tensor once into the kernel layout below and keeps it
+    (`packed_nbytes`); get_rows on a tensor never multiplied (always, for Q4_1/Q8_0) repacks only the rows
+    asked for. matmul(x) is
+    x @ W.T for x (n, ne0) float32; get_rows(ids) and dequantize() equal gguf.quants.dequantize bit for bit.
+
+The table (quant.weight) has one row per type: activation format, the stream layout of a row, repack function
+    and the three kernels (GEMV, GEMM, dequantize). Q4_1 and Q8_0 (the SmolLM2 types) have their own exact kernels
+    and layout, see below. Every other kernel computes
+        out[r, i] = sum_j w'[i, j] * xq[r, j]  +  sum_g mins[i, g] * asum[r, g]
+    where w' is the weight without its additive min term, xq the quantized activation dequantized (exact in
+    f32), and the second sum is llama.cpp's min term (Q4_K/Q5_K: dmin*m * d*bsums).
+    Elements are taken in "stream order": for Q4_x all low nibbles of a row, then all high nibbles (Q6_K: four
+    streams), so each weight byte meets activations at j and kp + j and every load/store is contiguous.
+
+    type  act   matmul layout                                      bytes/weight   [raw GGUF]
+    Q8_0  Q8_0  int8 q + f32 d per 32, rows in groups of 64 (*)       1.125       [1.0625]
+    Q4_0  Q8_0  nibbles + f32 d per 32                                0.625       [0.5625]
+    Q4_1  Q8_1  lane-paired nibbles + f32 d, m per 32, groups (*)     0.75        [0.625]
+    Q4_K  Q8_K  nibbles + f32 d*sc and -dmin*m per 32                 0.75        [0.5625]
+    Q5_K  Q8_K  as Q4_K + the 5th bits spread to one byte per nibble  1.25        [0.6875]
+    Q6_K  Q8_K  two low-nibble streams + qh + f32 d*sc per 16         1.0         [0.8203]
+    F32, F16, BF16: no copy; the kernels read the data in place (F16/BF16 converted per row in registers/L1).
+    (Q5_K's 5th bits in place would cost a gather per element: GEMV 109 us instead of 32 us on 1536x512.)
+    (*) element-major inside a group of 64 rows: the 64 rows' values of one element are adjacent, so the
+    innermost loops run over rows (see quant.exact). get_rows of Q4_1/Q8_0 repacks just
+    the rows asked for, from the raw data, into the stream layout.
+
+Numerics: what is bit-exact and what is only close
+    Bit-exact: every dequantized weight value, and the activation quantization: Q8_0/Q8_1 as llama.cpp's x86
+    (AVX2) code does it (d = amax/127 rounded to f16, q = round-half-even(x * (127/amax)), Q8_1's
+    s = f16(d * sum q) with the unrounded d), Q8_K as quantize_row_q8_K_ref (scale -127/max of the first
+    largest-magnitude value, nearest-even, clamp at 127, d = 1/iscale in f32), f16/bf16 nearest-even rounding
+    of x for F16/BF16 weights. (llama.cpp's portable reference Q8_0/Q8_1 quantizer uses id = 1/d and rounds
+    half away from zero; it differs in rare 1-ulp/tie cases; this machine's llama.cpp runs the x86 code.)
+    Bit-exact also: Q4_1 and Q8_0 matmuls, every output element, for any number of rows: they replay
+    ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 of the x86 build (AVX2 + VNNI: eight int32 lane sums per
+    block, fma(d_w*d_x, lane, acc) per lane in block order, hsum_float_8, Q4_1's min term as an FMA chain
+    added last); tinyBLAS_Q0_AVX, which llama.cpp takes for Q8_0 with n >= 2, has the same per-element order.
+    Checked against llama.cpp's own tensors in tests/test_llama_exact.py (SmolLM2: all 30 layers identical).
+    Only close (max error ~4e-7 of max|y| against an exact emulation, tests/test_quant.py): the other types'
+    products, accumulated in f32 in numba's vector order. (For Q4_0 and the K-quants llama.cpp itself uses
+    repacked or tiled kernels with yet other orders.)
+
+Speed choices (2 threads, this machine; bench/bench_quant.py)
+    Q4_1/Q8_0, n = 1, GEMV: prange over groups of 64 weight rows; per block and lane the four products are
+    formed for the 64 rows at once (exact in float: integers below 2^24), then one FMA with d_w*d_x. Q4_1
+    ffn_up 1536x576 in 26 us, Q8_0 LM head 49152x576 in 0.5 ms. n >= 2, GEMM: each task expands one group's
+    weights to float once (L2) and runs 4 activation rows at a time against it; ffn_up at n = 128 in 1.3 ms
+    (~170 GFLOP/s). Two numba details matter: row loops of the compile-time width _G (with a runtime width
+    they measured 7x slower) and few distinct arrays per loop (beyond ~8 runtime alias checks the loop is not
+    vectorized; hence the (4, 64) accumulator blocks).
+    Other types, n < 4, GEMV: prange over weight rows, one flat loop over a row's bytes with the block scale
+    read as d[i, j >> 4]; every weight row is reused from L1 for the n activation rows.
+    Nested 32-element block loops or exact int32 block sums measured 4-8x slower.
+    n >= 4, GEMM: each task dequantizes 6 weight rows (w' only) into an L1 buffer and multiplies them with 4
+    activation rows at a time in 24 register accumulators; the min term goes through the same tile. 240-400
+    GFLOP/s at n = 128, above OpenBLAS sgemm here (~240) even though the weights are dequantized on the fly.
+    BLAS is not used at all, F32 included: right after a numba parallel region the OpenMP workers keep
+    spinning (GOMP_SPINCOUNT) and starve OpenBLAS's threads, so a 1 ms sgemm took ~8 ms.
+    Crossover n = 4 was measured for every type (GEMV costs ~n times its n=1 time; GEMM is flat until ~8).
+
+Modules
+    activation  the activation quantizers (x rows -> the weight type's vec_dot type), one per format
+    blocks      GGUF blocks -> the stream layout (repack), and rows of it back to floats (get_rows)
+    stream      GEMV and GEMM kernels of the stream-layout kinds
+    exact       Q4_1 and Q8_0: their grouped layout and the kernels that replay llama.cpp's dot products
+    weight      QWeight and the table of weight kinds its matmul and get_rows dispatch through
+
+numba caches a kernel under its own module's file, with the helpers it inlines or calls compiled in: the
+GEMMs of stream inline the row dequantizers of blocks, the kernels of exact call q8_blocks of activation.
+After editing such a helper, clear the caches (__pycache__/*.nbi, *.nbc under backends/).
+"""

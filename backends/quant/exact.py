@@ -1,0 +1,223 @@
+"""Q4_1 and Q8_0: llama.cpp's dot products bit for bit, in a layout of their own.
+
+ggml_vec_dot_q4_1_q8_1 and ggml_vec_dot_q8_0_q8_0 (x86 quants.c, AVX2 path; tinyBLAS_Q0_AVX, which takes
+Q8_0 x Q8_0 when n >= 2, keeps the same order per output element): per 32-block, eight int32 lane sums of
+four consecutive products (VNNI dpbusd / maddubs+madd), converted to float and accumulated lane-wise as
+acc[l] = fma(d_w * d_x, lane[l], acc[l]) in block order; the result is hsum8(acc), plus for Q4_1 the min
+term summs = fma(m_w, s_x, summs) chained over the blocks (a scalar vfmadd231ss in the build) and added last.
+Layout: weight rows in groups of _G; inside a group the values of one element for all of the group's rows
+sit side by side ([element][row]), so the innermost loops run over rows (16 per zmm) and every lane of the
+emulation is plain vector code. The lane sums are computed in float: all partial sums are integers below
+2^24 (|lane| <= 4 * 127 * 127), exact in any order. Q4_1 bytes hold lane l's elements 4l+p (low nibble) and
+4l+p+2 (high nibble), p = 0, 1. Activations: the int8 quants as float32 in natural order, d and s per block.
+The two formats share one GEMV and one GEMM (exact_gemv, exact_gemm), specialised by the format's lane and
+expansion functions; those are register_jitable functions because numba's cache key of a closure over an
+njit dispatcher changes in every process.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from numba import njit, prange
+from numba.extending import register_jitable
+
+from graphir.backends.kernels_util import fma, hsum8
+from graphir.backends.quant.activation import q8_blocks
+from graphir.backends.quant.blocks import block_f16
+
+_F32 = np.float32
+_exact = dict(parallel=True, cache=True)                  # no FMA contraction but the written ones: bit-exact
+
+_G = 64                    # weight rows per group (4 zmm); the last group of a tensor may be narrower
+_RC = 32                   # activation rows per GEMM task
+
+_U4, _U15 = np.uint8(4), np.uint8(15)
+
+
+def _grouped(a: np.ndarray) -> np.ndarray:
+    """(rows, ...) -> 1-D: rows in groups of _G, each group stored element-major ([element][row in group])."""
+    rows = a.shape[0]
+    flat = a.reshape(rows, -1)
+    width = flat.shape[1]
+    full = rows // _G * _G
+    out = np.empty(rows * width, a.dtype)
+    out[:full * width] = flat[:full].reshape(-1, _G, width).transpose(0, 2, 1).reshape(-1)
+    out[full * width:] = flat[full:].T.reshape(-1)
+    return out
+
+
+def pack_q4_1(b):
+    qs = b[:, :, 4:20]
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(b.shape[0], b.shape[1], 8, 4)   # [row][b][l][e]
+    return _grouped(q[..., 0:2] | (q[..., 2:4] << 4)), _grouped(block_f16(b, 0)), _grouped(block_f16(b, 2))
+
+
+def pack_q8_0(b):
+    return _grouped(b[:, :, 2:34].view(np.int8)), _grouped(block_f16(b, 0)), np.empty(0, _F32)   # no min term
+
+
+@njit(cache=True, inline="always")
+def _finish(acc, summ, out, r, i0, w, with_min):
+    for t in range(w):
+        v = hsum8(acc[0, t], acc[1, t], acc[2, t], acc[3, t], acc[4, t], acc[5, t], acc[6, t], acc[7, t])
+        out[r, i0 + t] = v + summ[t] if with_min else v
+
+
+@njit(cache=True, inline="always")
+def _scales(dg, mg, b, w, ydb, ysb, dd, summ, with_min):
+    """dd = d_w * d_x (one f32 product, as llama.cpp's d0*d1) and the min-term chain for block b."""
+    db = dg[b * w:(b + 1) * w]
+    for t in range(w):
+        dd[t] = db[t] * ydb
+    if with_min:
+        mb = mg[b * w:(b + 1) * w]
+        for t in range(w):
+            summ[t] = fma(mb[t], ysb, summ[t])
+
+
+@register_jitable(inline="always")
+def lane_q4_1(qg, b, lane, w, y0, y1, y2, y3, dd, al):
+    """al[t] = fma(dd[t], lane sum, al[t]) for the w rows of a group: lane `lane` of block b of Q4_1, whose
+    bytes pair the lane's elements (low nibbles 0 and 1, high nibbles 2 and 3)."""
+    base = (b * 8 + lane) * 2 * w
+    q0, q1 = qg[base:base + w], qg[base + w:base + 2 * w]
+    for t in range(w):
+        a, c = q0[t], q1[t]
+        s = fma(_F32(c >> _U4), y3, fma(_F32(a >> _U4), y2, fma(_F32(c & _U15), y1, _F32(a & _U15) * y0)))
+        al[t] = fma(dd[t], s, al[t])
+
+
+@register_jitable(inline="always")
+def lane_q8_0(qg, b, lane, w, y0, y1, y2, y3, dd, al):
+    """As lane_q4_1 for Q8_0: the lane's four int8 quants, one element-major run of w bytes each."""
+    o = b * 32 + 4 * lane
+    q0, q1 = qg[o * w:(o + 1) * w], qg[(o + 1) * w:(o + 2) * w]
+    q2, q3 = qg[(o + 2) * w:(o + 3) * w], qg[(o + 3) * w:(o + 4) * w]
+    for t in range(w):
+        s = fma(_F32(q3[t]), y3, fma(_F32(q2[t]), y2, fma(_F32(q1[t]), y1, _F32(q0[t]) * y0)))
+        al[t] = fma(dd[t], s, al[t])
+
+
+def exact_gemv(lane_dot: Callable, with_min: bool) -> Callable:
+    """ggml_vec_dot of one format for n < gemm_from: prange over groups of _G weight rows; per activation row,
+    block and lane, lane_dot forms the lane sums of the group's rows and accumulates them; with_min adds the min
+    term of m (Q4_1; Q8_0's m is empty)."""
+
+    @njit(**_exact)
+    def gemv(qs, d, m, x, out):
+        n, k = x.shape
+        rows, nb = out.shape[1], k >> 5
+        rb = qs.shape[0] // rows                       # bytes of a weight row
+        y, yd, ys = np.empty((n, k), _F32), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
+        q8_blocks(x, y, yd, ys)
+        for g in prange((rows + _G - 1) // _G):
+            i0 = g * _G
+            w = min(_G, rows - i0)
+            qg, dg, mg = qs[i0 * rb:(i0 + w) * rb], d[i0 * nb:(i0 + w) * nb], m[i0 * nb:(i0 + w) * nb]
+            acc = np.empty((8, w), _F32)
+            summ = np.empty(w if with_min else 0, _F32)
+            dd = np.empty(w, _F32)
+            for r in range(n):
+                acc[:] = 0.0
+                summ[:] = 0.0
+                yr = y[r]
+                for b in range(nb):
+                    _scales(dg, mg, b, w, yd[r, b], ys[r, b], dd, summ, with_min)
+                    for lane in range(8):
+                        o = b * 32 + 4 * lane
+                        lane_dot(qg, b, lane, w, yr[o], yr[o + 1], yr[o + 2], yr[o + 3], dd, acc[lane])
+                _finish(acc, summ, out, r, i0, w, with_min)
+
+    return gemv
+
+
+@njit(cache=True, inline="always")
+def _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, r0, r1, with_min):
+    """Activation rows [r0, r1) against the group's weights expanded to float, wf (nb*8, 4, _G) (zero past w);
+    four rows at a time share the weight loads. Every buffer is _G wide and every row loop runs over _G: with
+    a compile-time width numba's loops vectorize (with w they measured 7x slower)."""
+    nb = y.shape[1] >> 5
+    acc = np.empty((8, 4, _G), _F32)
+    summ = np.zeros((4, _G), _F32)
+    dd = np.zeros((4, _G), _F32)
+    for ra in range(r0, r1, 4):
+        nr = min(4, r1 - ra)
+        acc[:] = 0.0
+        summ[:] = 0.0
+        for b in range(nb):
+            for u in range(nr):
+                _scales(dg, mg, b, w, yd[ra + u, b], ys[ra + u, b], dd[u], summ[u], with_min)
+            for lane in range(8):
+                fb, aa = wf[b * 8 + lane], acc[lane]
+                o = b * 32 + 4 * lane
+                if nr == 4:
+                    ya, yb, yc, ye = y[ra, o:o + 4], y[ra + 1, o:o + 4], y[ra + 2, o:o + 4], y[ra + 3, o:o + 4]
+                    y00, y01, y02, y03 = ya[0], ya[1], ya[2], ya[3]
+                    y10, y11, y12, y13 = yb[0], yb[1], yb[2], yb[3]
+                    y20, y21, y22, y23 = yc[0], yc[1], yc[2], yc[3]
+                    y30, y31, y32, y33 = ye[0], ye[1], ye[2], ye[3]
+                    for t in range(_G):
+                        x0, x1, x2, x3 = fb[0, t], fb[1, t], fb[2, t], fb[3, t]
+                        aa[0, t] = fma(dd[0, t], fma(x3, y03, fma(x2, y02, fma(x1, y01, x0 * y00))), aa[0, t])
+                        aa[1, t] = fma(dd[1, t], fma(x3, y13, fma(x2, y12, fma(x1, y11, x0 * y10))), aa[1, t])
+                        aa[2, t] = fma(dd[2, t], fma(x3, y23, fma(x2, y22, fma(x1, y21, x0 * y20))), aa[2, t])
+                        aa[3, t] = fma(dd[3, t], fma(x3, y33, fma(x2, y32, fma(x1, y31, x0 * y30))), aa[3, t])
+                else:
+                    for u in range(nr):
+                        yu = y[ra + u, o:o + 4]
+                        y0, y1, y2, y3 = yu[0], yu[1], yu[2], yu[3]
+                        al, du = aa[u], dd[u]
+                        for t in range(_G):
+                            al[t] = fma(du[t], fma(fb[3, t], y3, fma(fb[2, t], y2, fma(fb[1, t], y1, fb[0, t] * y0))),
+                                        al[t])
+        for u in range(nr):
+            for t in range(w):
+                v = hsum8(acc[0, u, t], acc[1, u, t], acc[2, u, t], acc[3, u, t],
+                          acc[4, u, t], acc[5, u, t], acc[6, u, t], acc[7, u, t])
+                out[ra + u, i0 + t] = v + summ[u, t] if with_min else v
+
+
+@register_jitable(inline="always")
+def expand_q4_1(qg, w, wf):
+    """A group's Q4_1 quants (lane-paired nibbles) -> wf[block * 8 + lane, element of the lane, row]."""
+    for bl in range(wf.shape[0]):
+        q0, q1, fb = qg[bl * 2 * w:bl * 2 * w + w], qg[bl * 2 * w + w:bl * 2 * w + 2 * w], wf[bl]
+        for t in range(w):
+            fb[0, t] = _F32(q0[t] & _U15)
+            fb[1, t] = _F32(q1[t] & _U15)
+            fb[2, t] = _F32(q0[t] >> _U4)
+            fb[3, t] = _F32(q1[t] >> _U4)
+
+
+@register_jitable(inline="always")
+def expand_q8_0(qg, w, wf):
+    """A group's Q8_0 quants -> wf, as expand_q4_1."""
+    for j in range(wf.shape[0] * 4):
+        qj, fj = qg[j * w:(j + 1) * w], wf[j >> 2, j & 3]
+        for t in range(w):
+            fj[t] = _F32(qj[t])
+
+
+def exact_gemm(expand: Callable, with_min: bool) -> Callable:
+    """The same dot products for n >= gemm_from: a task takes one group of weight rows, expanded to float once
+    by `expand`, and _RC activation rows (_gemm_rows)."""
+
+    @njit(**_exact)
+    def gemm(qs, d, m, x, out):
+        n, k = x.shape
+        rows, nb = out.shape[1], k >> 5
+        rb = qs.shape[0] // rows
+        y, yd, ys = np.empty((n, k), _F32), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
+        q8_blocks(x, y, yd, ys)
+        nc = (n + _RC - 1) // _RC
+        for task in prange((rows + _G - 1) // _G * nc):
+            i0, r0 = task // nc * _G, task % nc * _RC
+            w = min(_G, rows - i0)
+            qg, dg, mg = qs[i0 * rb:(i0 + w) * rb], d[i0 * nb:(i0 + w) * nb], m[i0 * nb:(i0 + w) * nb]
+            wf = np.zeros((nb * 8, 4, _G), _F32)
+            expand(qg, w, wf)
+            _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, r0, min(n, r0 + _RC), with_min)
+
+    return gemm

@@ -1,0 +1,182 @@
+"""QWeight, a GGUF weight ready for matmul and get_rows, and the table of weight kinds it dispatches through.
+
+One row of the table per GGUF type: what the kernels read the data as, the activation format, the stream
+layout, and the functions of the other modules that repack, multiply and dequantize that type.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import gguf
+import numpy as np
+
+from graphir.backends.quant.activation import ACT
+from graphir.backends.quant.blocks import (
+    deq_bf16, deq_f16, deq_f32, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_k, deq_q6_k, deq_q8_0, repack_q4_0, repack_q4_1,
+    repack_q4_k, repack_q5_k, repack_q6_k, repack_q8_0, row_bf16, row_f16)
+from graphir.backends.quant.exact import (
+    exact_gemm, exact_gemv, expand_q4_1, expand_q8_0, lane_q4_1, lane_q8_0, pack_q4_1, pack_q8_0)
+from graphir.backends.quant.stream import (
+    GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_0, gemm_q4_k, gemm_q5_k, gemm_q6_k, gemv_f32,
+    gemv_q4_0, gemv_q4_k, gemv_q5_k, gemv_q6_k)
+
+__all__ = ["QWeight", "SUPPORTED"]
+
+T = gguf.GGMLQuantizationType
+_F32 = np.float32
+
+
+@dataclass(frozen=True)
+class _Kind:
+    dtype: type                    # element type the kernels read the GGUF data as (blocks: gguf.GGML_QUANT_SIZES)
+    act: str                       # activation format: key of ACT (exact kinds: the one their kernels make)
+    parts: int                     # streams a row is split into (stream order, see the package docstring)
+    run: int                       # consecutive natural elements that go to one stream before the next
+    repack: Callable | None        # (rows, nblocks, type_size) uint8 blocks -> packed arrays; None: use data as is
+    gemv: Callable                 # (*packed, xq, asum, out), n < GEMM_FROM
+    gemm: Callable                 # (*packed, xq, asum, out), n >= GEMM_FROM
+    deq: Callable                  # (*packed, ids, inv, out)
+    # Exact kinds (Q4_1, Q8_0): matmul uses its own layout, `pack` (qs, d, m), and gemv/gemm take (qs, d, m, x, out)
+    # and quantize x themselves; GEMM from n >= gemm_from. `repack`/`deq` then serve get_rows only (from raw rows).
+    pack: Callable | None = None
+    gemm_from: int = 0
+
+
+# gemm_from (exact kinds), measured: ffn_up 1536x576 GEMV 26/48/69 us at n = 1/2/3, GEMM 51/58/63 us; Q8_0's
+# weight expansion costs about as much as its GEMV, so the LM head's crossover is at n ~ 7.
+_TYPES: dict[T, _Kind] = {
+    T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, gemm_f32, deq_f32),
+    T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(row_f16), gemm_f16, deq_f16),
+    T.BF16: _Kind(np.uint16, "bf16", 1, 1, None, converting_gemv(row_bf16), gemm_bf16, deq_bf16),
+    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, exact_gemv(lane_q8_0, False), exact_gemm(expand_q8_0, False),
+                  deq_q8_0, pack_q8_0, 7),
+    T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, gemv_q4_0, gemm_q4_0, deq_q4_0),
+    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv(lane_q4_1, True), exact_gemm(expand_q4_1, True),
+                  deq_q4_1, pack_q4_1, 3),
+    T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, gemm_q4_k, deq_q4_k),
+    T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, gemv_q5_k, gemm_q5_k, deq_q5_k),
+    T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, gemv_q6_k, gemm_q6_k, deq_q6_k),
+}
+SUPPORTED = frozenset(_TYPES)
+
+_perm_cache: dict[tuple[int, int, int], np.ndarray] = {}
+
+
+def _inverse_perm(parts: int, run: int, k: int) -> np.ndarray:
+    """Index in the (parts, k/parts) stream layout of each natural activation element (identity if parts=1)."""
+    key = (parts, run, k)
+    inv = _perm_cache.get(key)
+    if inv is None:
+        g, w = np.divmod(np.arange(k), parts * run)
+        inv = _perm_cache[key] = (w // run) * (k // parts) + g * run + w % run
+    return inv
+
+
+class QWeight:
+    """A weight matrix (rows, ne0) in its GGUF storage type, ready for x @ W.T and row lookups."""
+
+    __slots__ = ("raw", "qtype", "rows", "ne0", "_kind", "_inv", "_packed", "_lock")
+
+    def __init__(self, raw: np.ndarray, qtype: T, ne0: int):
+        self.raw, self.qtype, self.ne0, self.rows = raw, T(qtype), int(ne0), int(raw.shape[0])
+        self._kind = _TYPES[self.qtype]
+        self._inv = _inverse_perm(self._kind.parts, self._kind.run, self.ne0)
+        self._packed: tuple[np.ndarray, ...] | None = None
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def prepare(raw: np.ndarray, qtype: gguf.GGMLQuantizationType, ne0: int) -> "QWeight":
+        """Wrap raw GGUF tensor data (no copy; the repack happens on first use)."""
+        qtype = T(qtype)
+        if qtype not in _TYPES:
+            raise NotImplementedError(f"weight type {qtype.name} is not supported ({sorted(t.name for t in _TYPES)})")
+        block, tsize = gguf.GGML_QUANT_SIZES[qtype]
+        want = np.dtype(_TYPES[qtype].dtype)
+        raw = np.asarray(raw)                                  # a memmap becomes a plain ndarray view
+        if raw.ndim == 2 and raw.flags.c_contiguous and (raw.dtype == np.uint8 or raw.dtype == np.float16) \
+                and raw.dtype != want:
+            raw = raw.view(want)                               # bytes or float16 -> what the kernels read
+        width = ne0 // block * tsize // want.itemsize
+        if raw.ndim != 2 or ne0 % block or raw.shape[1] != width or raw.dtype != want or not raw.flags.c_contiguous:
+            raise ValueError(f"{qtype.name} weight with ne0={ne0} must be C-contiguous {want.name} (rows, {width}) "
+                             f"or its bytes; got {raw.dtype} {raw.shape}")
+        return QWeight(raw, qtype, ne0)
+
+    # -- storage ------------------------------------------------------------------------------------------
+
+    def _repack(self, raw_rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        if self._kind.repack is None:
+            return (raw_rows,)
+        tsize = gguf.GGML_QUANT_SIZES[self.qtype][1]
+        return self._kind.repack(raw_rows.reshape(raw_rows.shape[0], -1, tsize))
+
+    @property
+    def packed(self) -> tuple[np.ndarray, ...]:
+        """The kernel layout of the whole tensor, built on first use and kept (see the package docstring)."""
+        if self._packed is None:
+            with self._lock:
+                if self._packed is None:
+                    if self._kind.pack is not None:
+                        tsize = gguf.GGML_QUANT_SIZES[self.qtype][1]
+                        self._packed = self._kind.pack(self.raw.reshape(self.rows, -1, tsize))
+                    else:
+                        self._packed = self._repack(self.raw)
+        return self._packed
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the GGUF data."""
+        return int(self.raw.nbytes)
+
+    @property
+    def packed_nbytes(self) -> int:
+        """Extra memory held by the repacked copy (0 until the first matmul, and always 0 for float types)."""
+        if self._packed is None or self._kind.repack is None:
+            return 0
+        return sum(int(a.nbytes) for a in self._packed)
+
+    # -- operations ---------------------------------------------------------------------------------------
+
+    def matmul(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x (n, ne0) float32 -> (n, rows) float32 = x @ W.T, with llama.cpp's activation rounding."""
+        if x.ndim != 2 or x.shape[1] != self.ne0 or x.dtype != _F32 or not x.flags.c_contiguous:
+            raise ValueError(f"x must be C-contiguous float32 (n, {self.ne0}), got {x.dtype} {x.shape}")
+        n, k = x.shape[0], self._kind
+        if out is None:
+            out = np.empty((n, self.rows), _F32)
+        elif out.shape != (n, self.rows) or out.dtype != _F32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be C-contiguous float32 {(n, self.rows)}, got {out.dtype} {out.shape}")
+        if k.pack is not None:                                 # exact kinds: llama.cpp's vec_dot order
+            (k.gemv if n < k.gemm_from else k.gemm)(*self.packed, x, out)
+            return out
+        quantize, group = ACT[k.act]
+        asum = np.empty((n, self.ne0 // group if group else 0), _F32)
+        xq = np.empty((n, self.ne0), _F32)                     # quantized activation, in stream order
+        quantize(x, self._inv, xq, asum)
+        (k.gemv if n < GEMM_FROM else k.gemm)(*self.packed, xq, asum, out)
+        return out
+
+    def get_rows(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """(len(ids), ne0) float32 rows of W, bit-equal to gguf.quants.dequantize."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.rows):
+            raise IndexError(f"row ids must be in [0, {self.rows})")
+        if out is None:
+            out = np.empty((ids.size, self.ne0), _F32)
+        elif out.shape != (ids.size, self.ne0) or out.dtype != _F32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be C-contiguous float32 {(ids.size, self.ne0)}, got {out.dtype} {out.shape}")
+        if self._packed is not None and self._kind.pack is None:
+            self._kind.deq(*self._packed, ids, self._inv, out)
+        else:                                                  # never multiplied: repack just these rows
+            self._kind.deq(*self._repack(self.raw[ids]), np.arange(ids.size), self._inv, out)
+        return out
+
+    def dequantize(self) -> np.ndarray:
+        """The whole (rows, ne0) float32 matrix (for tests and debugging)."""
+        return self.get_rows(np.arange(self.rows))
+
+    def __repr__(self) -> str:
+        return f"QWeight({self.qtype.name}, rows={self.rows}, ne0={self.ne0})"
