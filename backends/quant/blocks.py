@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
-from numba.extending import register_jitable
 
 from graphir.backends.kernels_util import f16_bits
 
@@ -96,11 +95,6 @@ def repack_q6_k(b):
 # Two numba details decide their speed (5x): inline="always" (as a call, numba loses the knowledge that w is a
 # fresh local array and the stores stop vectorizing) and offsets written as max(n, 0) (numba wraps negative
 # indices; an offset of unknown sign keeps a per-element select in the loop that blocks vectorization).
-# row_f16 and row_bf16 are register_jitable functions, not njit ones, because a factory (quant.stream's
-# converting_gemv) closes over them: numba's cache key of a closure pickles its cells, a dispatcher with a
-# uuid new in every process (the kernel would compile again in each), a plain function as its module and
-# name. The others stay njit: numba inlines a register_jitable call after typing, where a literal with_min no
-# longer prunes its branch, and the select left in the loop makes GEMM and get_rows 1.3-2x slower.
 # ---------------------------------------------------------------------------------------------------------
 
 _inl = dict(cache=True, inline="always")
@@ -112,7 +106,7 @@ def row_f32(w0, i, w, a, with_min):
         w[a, j] = w0[i, j]
 
 
-@register_jitable(inline="always")
+@njit(**_inl)
 def row_f16(w0, i, w, a, with_min):
     bits = w.view(np.uint32)
     for j in range(w0.shape[1]):
@@ -123,7 +117,7 @@ def row_f16(w0, i, w, a, with_min):
         w[a, j] = (-v if h & 0x8000 else v) if (h & 0x7C00) == 0 else w[a, j]
 
 
-@register_jitable(inline="always")
+@njit(**_inl)
 def row_bf16(w0, i, w, a, with_min):
     bits = w.view(np.uint32)
     for j in range(w0.shape[1]):

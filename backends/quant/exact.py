@@ -10,9 +10,10 @@ sit side by side ([element][row]), so the innermost loops run over rows (16 per 
 emulation is plain vector code. The lane sums are computed in float: all partial sums are integers below
 2^24 (|lane| <= 4 * 127 * 127), exact in any order. Q4_1 bytes hold lane l's elements 4l+p (low nibble) and
 4l+p+2 (high nibble), p = 0, 1. Activations: the int8 quants as float32 in natural order, d and s per block.
-The two formats share one GEMV and one GEMM (exact_gemv, exact_gemm), specialised by the format's lane and
-expansion functions; those are register_jitable functions because numba's cache key of a closure over an
-njit dispatcher changes in every process.
+The two formats share one GEMV and one GEMM (exact_gemv, exact_gemm): the format is a closure constant that
+picks its lane and expansion functions, and numba compiles only that branch. (A closure over the functions
+themselves would change numba's cache key in every process: the key pickles a dispatcher with a per-process
+uuid, and the kernels would compile again at each start.)
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Callable
 
 import numpy as np
 from numba import njit, prange
-from numba.extending import register_jitable
 
 from graphir.backends.kernels_util import fma, hsum8
 from graphir.backends.quant.activation import q8_blocks
@@ -77,8 +77,8 @@ def _scales(dg, mg, b, w, ydb, ysb, dd, summ, with_min):
             summ[t] = fma(mb[t], ysb, summ[t])
 
 
-@register_jitable(inline="always")
-def lane_q4_1(qg, b, lane, w, y0, y1, y2, y3, dd, al):
+@njit(cache=True, inline="always")
+def _lane_q4_1(qg, b, lane, w, y0, y1, y2, y3, dd, al):
     """al[t] = fma(dd[t], lane sum, al[t]) for the w rows of a group: lane `lane` of block b of Q4_1, whose
     bytes pair the lane's elements (low nibbles 0 and 1, high nibbles 2 and 3)."""
     base = (b * 8 + lane) * 2 * w
@@ -89,9 +89,9 @@ def lane_q4_1(qg, b, lane, w, y0, y1, y2, y3, dd, al):
         al[t] = fma(dd[t], s, al[t])
 
 
-@register_jitable(inline="always")
-def lane_q8_0(qg, b, lane, w, y0, y1, y2, y3, dd, al):
-    """As lane_q4_1 for Q8_0: the lane's four int8 quants, one element-major run of w bytes each."""
+@njit(cache=True, inline="always")
+def _lane_q8_0(qg, b, lane, w, y0, y1, y2, y3, dd, al):
+    """As _lane_q4_1 for Q8_0: the lane's four int8 quants, one element-major run of w bytes each."""
     o = b * 32 + 4 * lane
     q0, q1 = qg[o * w:(o + 1) * w], qg[(o + 1) * w:(o + 2) * w]
     q2, q3 = qg[(o + 2) * w:(o + 3) * w], qg[(o + 3) * w:(o + 4) * w]
@@ -100,10 +100,11 @@ def lane_q8_0(qg, b, lane, w, y0, y1, y2, y3, dd, al):
         al[t] = fma(dd[t], s, al[t])
 
 
-def exact_gemv(lane_dot: Callable, with_min: bool) -> Callable:
-    """ggml_vec_dot of one format for n < gemm_from: prange over groups of _G weight rows; per activation row,
-    block and lane, lane_dot forms the lane sums of the group's rows and accumulates them; with_min adds the min
-    term of m (Q4_1; Q8_0's m is empty)."""
+def exact_gemv(q4_1: bool) -> Callable:
+    """ggml_vec_dot_q4_1_q8_1 (q4_1) or ggml_vec_dot_q8_0_q8_0 for n < gemm_from: prange over groups of _G
+    weight rows; per activation row, block and lane, the format's lane function forms the lane sums of the
+    group's rows and accumulates them. Q4_1 adds the min term of m; Q8_0's m is empty."""
+    with_min = q4_1
 
     @njit(**_exact)
     def gemv(qs, d, m, x, out):
@@ -127,7 +128,10 @@ def exact_gemv(lane_dot: Callable, with_min: bool) -> Callable:
                     _scales(dg, mg, b, w, yd[r, b], ys[r, b], dd, summ, with_min)
                     for lane in range(8):
                         o = b * 32 + 4 * lane
-                        lane_dot(qg, b, lane, w, yr[o], yr[o + 1], yr[o + 2], yr[o + 3], dd, acc[lane])
+                        if q4_1:
+                            _lane_q4_1(qg, b, lane, w, yr[o], yr[o + 1], yr[o + 2], yr[o + 3], dd, acc[lane])
+                        else:
+                            _lane_q8_0(qg, b, lane, w, yr[o], yr[o + 1], yr[o + 2], yr[o + 3], dd, acc[lane])
                 _finish(acc, summ, out, r, i0, w, with_min)
 
     return gemv
@@ -179,8 +183,8 @@ def _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, r0, r1, with_min):
                 out[ra + u, i0 + t] = v + summ[u, t] if with_min else v
 
 
-@register_jitable(inline="always")
-def expand_q4_1(qg, w, wf):
+@njit(cache=True, inline="always")
+def _expand_q4_1(qg, w, wf):
     """A group's Q4_1 quants (lane-paired nibbles) -> wf[block * 8 + lane, element of the lane, row]."""
     for bl in range(wf.shape[0]):
         q0, q1, fb = qg[bl * 2 * w:bl * 2 * w + w], qg[bl * 2 * w + w:bl * 2 * w + 2 * w], wf[bl]
@@ -191,18 +195,19 @@ def expand_q4_1(qg, w, wf):
             fb[3, t] = _F32(q1[t] >> _U4)
 
 
-@register_jitable(inline="always")
-def expand_q8_0(qg, w, wf):
-    """A group's Q8_0 quants -> wf, as expand_q4_1."""
+@njit(cache=True, inline="always")
+def _expand_q8_0(qg, w, wf):
+    """A group's Q8_0 quants -> wf, as _expand_q4_1."""
     for j in range(wf.shape[0] * 4):
         qj, fj = qg[j * w:(j + 1) * w], wf[j >> 2, j & 3]
         for t in range(w):
             fj[t] = _F32(qj[t])
 
 
-def exact_gemm(expand: Callable, with_min: bool) -> Callable:
+def exact_gemm(q4_1: bool) -> Callable:
     """The same dot products for n >= gemm_from: a task takes one group of weight rows, expanded to float once
-    by `expand`, and _RC activation rows (_gemm_rows)."""
+    by the format's expansion function, and _RC activation rows (_gemm_rows)."""
+    with_min = q4_1
 
     @njit(**_exact)
     def gemm(qs, d, m, x, out):
@@ -217,7 +222,10 @@ def exact_gemm(expand: Callable, with_min: bool) -> Callable:
             w = min(_G, rows - i0)
             qg, dg, mg = qs[i0 * rb:(i0 + w) * rb], d[i0 * nb:(i0 + w) * nb], m[i0 * nb:(i0 + w) * nb]
             wf = np.zeros((nb * 8, 4, _G), _F32)
-            expand(qg, w, wf)
+            if q4_1:
+                _expand_q4_1(qg, w, wf)
+            else:
+                _expand_q8_0(qg, w, wf)
             _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, r0, min(n, r0 + _RC), with_min)
 
     return gemm

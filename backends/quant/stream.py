@@ -35,9 +35,12 @@ def gemv_f32(w, xq, asum, out):
             out[r, i] = acc
 
 
-def converting_gemv(row: Callable) -> Callable:
-    """The GEMV of a 16-bit float format (F16, BF16: `row` converts one weight row to f32): 64 weight rows per
-    task, each converted in turn into one f32 row buffer and multiplied with every activation row."""
+def converting_gemv(bf16: bool) -> Callable:
+    """The GEMV of F16 or (bf16) BF16 weights: 64 weight rows per task, each converted in turn to f32 into one
+    row buffer (row_f16 / row_bf16) and multiplied with every activation row. The format is a closure constant,
+    so numba compiles only its branch; a closure over the row function itself would change numba's cache key
+    in every process (the key pickles a dispatcher with a per-process uuid), and the kernel would compile again
+    at each start."""
 
     @njit(**_fast)
     def gemv(w0, xq, asum, out):
@@ -45,7 +48,10 @@ def converting_gemv(row: Callable) -> Callable:
         for c in prange((rows + 63) >> 6):
             w = np.empty((1, k), _F32)
             for i in range(c << 6, min(rows, (c + 1) << 6)):
-                row(w0, i, w, 0, False)
+                if bf16:
+                    row_bf16(w0, i, w, 0, False)
+                else:
+                    row_f16(w0, i, w, 0, False)
                 for r in range(xq.shape[0]):
                     acc = _F32(0.0)
                     for j in range(k):

@@ -16,9 +16,8 @@ import numpy as np
 from graphir.backends.quant.activation import ACT
 from graphir.backends.quant.blocks import (
     deq_bf16, deq_f16, deq_f32, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_k, deq_q6_k, deq_q8_0, repack_q4_0, repack_q4_1,
-    repack_q4_k, repack_q5_k, repack_q6_k, repack_q8_0, row_bf16, row_f16)
-from graphir.backends.quant.exact import (
-    exact_gemm, exact_gemv, expand_q4_1, expand_q8_0, lane_q4_1, lane_q8_0, pack_q4_1, pack_q8_0)
+    repack_q4_k, repack_q5_k, repack_q6_k, repack_q8_0)
+from graphir.backends.quant.exact import exact_gemm, exact_gemv, pack_q4_1, pack_q8_0
 from graphir.backends.quant.stream import (
     GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_0, gemm_q4_k, gemm_q5_k, gemm_q6_k, gemv_f32,
     gemv_q4_0, gemv_q4_k, gemv_q5_k, gemv_q6_k)
@@ -49,12 +48,12 @@ class _Kind:
 # weight expansion costs about as much as its GEMV, so the LM head's crossover is at n ~ 7.
 _TYPES: dict[T, _Kind] = {
     T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, gemm_f32, deq_f32),
-    T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(row_f16), gemm_f16, deq_f16),
-    T.BF16: _Kind(np.uint16, "bf16", 1, 1, None, converting_gemv(row_bf16), gemm_bf16, deq_bf16),
-    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, exact_gemv(lane_q8_0, False), exact_gemm(expand_q8_0, False),
+    T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(bf16=False), gemm_f16, deq_f16),
+    T.BF16: _Kind(np.uint16, "bf16", 1, 1, None, converting_gemv(bf16=True), gemm_bf16, deq_bf16),
+    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, exact_gemv(q4_1=False), exact_gemm(q4_1=False),
                   deq_q8_0, pack_q8_0, 7),
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, gemv_q4_0, gemm_q4_0, deq_q4_0),
-    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv(lane_q4_1, True), exact_gemm(expand_q4_1, True),
+    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv(q4_1=True), exact_gemm(q4_1=True),
                   deq_q4_1, pack_q4_1, 3),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, gemm_q4_k, deq_q4_k),
     T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, gemv_q5_k, gemm_q5_k, deq_q5_k),
