@@ -17,7 +17,9 @@ MODULES = {
     "mamba": "mamba",
     "nomic-bert": "bert",
     "qwen2": "llama",
+    "qwen3": "llama",
     "rwkv6": "rwkv",
+    "smollm3": "llama",
 }
 
 

@@ -70,23 +70,6 @@ class Bert(Architecture):
             x = b.op("add", b.op("get_rows", b.w(T.POS_EMBD), pos, name="inp_pos_embd"), x, name="inp_embd.pos")
         return x
 
-    def qkv(self, b: GraphBuilder, x: Node, il: int) -> tuple[Node, Node, Node]:
-        """Q, K, V as [d, heads, tokens], from the fused projection (strided views) or three separate ones."""
-        hp, T_ = self.hp, b.n_tokens
-        d, H, Hkv, E, E_gqa = hp.n_embd_head_k, hp.n_head, hp.n_head_kv, hp.n_embd, hp.n_embd_k_gqa
-        fused = b.w(T.ATTN_QKV, il)
-        if fused is None:
-            q = b.linear(x, b.w(T.ATTN_Q, il), b.w(T.ATTN_Q, il, "bias"), name="Qcur")
-            k = b.linear(x, b.w(T.ATTN_K, il), b.w(T.ATTN_K, il, "bias"), name="Kcur")
-            v = b.linear(x, b.w(T.ATTN_V, il), b.w(T.ATTN_V, il, "bias"), name="Vcur")
-            return (b.reshape(q, (d, H, T_), name="Qcur.heads"), b.reshape(k, (d, Hkv, T_), name="Kcur.heads"),
-                    b.reshape(v, (d, Hkv, T_), name="Vcur.heads"))
-        qkv = b.linear(x, fused, b.w(T.ATTN_QKV, il, "bias"), name="wqkv")
-        row = E + 2 * E_gqa
-        q, k, v = (b.op("view", qkv, shape=(d, h, T_), strides=(1, d, row), offset=off, name=tag)
-                   for tag, h, off in (("Qcur", H, 0), ("Kcur", Hkv, E), ("Vcur", Hkv, E + E_gqa)))
-        return q, k, v
-
     def rope_qk(self, b: GraphBuilder, q: Node, k: Node, pos: Node) -> tuple[Node, Node]:
         return q, k  # BERT's positions are the learned table added to the input
 
@@ -102,7 +85,7 @@ class Bert(Architecture):
         out_ids = b.build_inp_out_ids()
         for il in range(hp.n_layer):
             with b.layer(il):
-                q, k, v = self.qkv(b, x, il)
+                q, k, v = b.build_qkv(x, il)
                 q, k = self.rope_qk(b, q, k, pos)
                 a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias"),
                                  kq_scale=b.kq_scale())

@@ -1,6 +1,8 @@
-"""The llama family: Llama 1-3 (GQA, RMSNorm, SwiGLU, RoPE) and Qwen2 (q/k/v biases, NEOX RoPE).
+"""The llama family: Llama 1-3 (GQA, RMSNorm, SwiGLU, RoPE), Qwen2 (q/k/v biases, NEOX RoPE), Qwen3
+(per-head RMS norm of Q and K before RoPE) and SmolLM3 (no RoPE in every fourth layer).
 
-Reference: Touvron et al. 2023, "LLaMA"; llama.cpp src/models/llama.cpp and qwen2.cpp.
+References: Touvron et al. 2023, "LLaMA"; Qwen Team 2025, "Qwen3 Technical Report"; Hugging Face 2025,
+"SmolLM3"; llama.cpp src/models/llama.cpp, qwen2.cpp, qwen3.cpp, smollm3.cpp.
 """
 
 from __future__ import annotations
@@ -61,15 +63,20 @@ class Llama(Architecture):
 
     def mix(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
         """Layer il's token mixing: RoPE'd grouped-query self-attention, through whatever memory the layer has."""
-        hp = self.hp
-        d, H, Hkv, T_ = hp.n_embd_head_k, hp.head_count(il), hp.head_count_kv(il), b.n_tokens
-        q = b.linear(h, b.w(T.ATTN_Q, il), b.w(T.ATTN_Q, il, "bias"), name="Qcur")
-        k = b.linear(h, b.w(T.ATTN_K, il), b.w(T.ATTN_K, il, "bias"), name="Kcur")
-        v = b.linear(h, b.w(T.ATTN_V, il), b.w(T.ATTN_V, il, "bias"), name="Vcur")
-        q = b.rope(b.reshape(q, (d, H, T_), name="Qcur.heads"), pos, freq_factors, name="Qcur.rope")
-        k = b.rope(b.reshape(k, (d, Hkv, T_), name="Kcur.heads"), pos, freq_factors, name="Kcur.rope")
-        v = b.reshape(v, (hp.n_embd_head_v, Hkv, T_), name="Vcur.heads")
+        q, k, v = b.build_qkv(h, il)
+        q, k = self.qk_norm(b, q, k, il)
+        if self.roped(il):
+            q = b.rope(q, pos, freq_factors, name="Qcur.rope")
+            k = b.rope(k, pos, freq_factors, name="Kcur.rope")
         return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias"), kq_scale=b.kq_scale())
+
+    def qk_norm(self, b: GraphBuilder, q: Node, k: Node, il: int) -> tuple[Node, Node]:
+        """What happens to Q and K heads before RoPE: nothing in Llama."""
+        return q, k
+
+    def roped(self, il: int) -> bool:
+        """Whether layer il rotates Q and K (every layer in Llama)."""
+        return True
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp
@@ -96,3 +103,26 @@ class Qwen2(Llama):
     name = "qwen2"
     rope_mode = "neox"  # HF rotate-half layout, kept by the converter
     qkv_bias = True
+
+
+class Qwen3(Llama):
+    name = "qwen3"
+    rope_mode = "neox"
+
+    def mix_tensors(self, il: int) -> list[TensorSpec]:
+        d = self.hp.n_embd_head_k
+        return [*super().mix_tensors(il), spec(T.ATTN_Q_NORM, (d,), il, kind="vector"),
+                spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
+
+    def qk_norm(self, b: GraphBuilder, q: Node, k: Node, il: int) -> tuple[Node, Node]:
+        """QK-norm: each head of Q and K RMS-normalised over its own d values, with a learned scale."""
+        return (b.build_norm(q, b.w(T.ATTN_Q_NORM, il), name="Qcur_normed"),
+                b.build_norm(k, b.w(T.ATTN_K_NORM, il), name="Kcur_normed"))
+
+
+class SmolLM3(Llama):
+    name = "smollm3"
+    no_rope_every = 4  # NoPE: the last of every four layers attends without positions (llama.cpp's fixed step)
+
+    def roped(self, il: int) -> bool:
+        return (il + 1) % self.no_rope_every != 0

@@ -255,6 +255,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             h = s.header
             info["gguf"] = {"version": h.version, "metadata_keys": len(h.metadata), "header_bytes": h.header_end,
                             "data_start": h.data_start, "file_bytes": h.file_size, "header_only": h.header_only}
+    if not isinstance(s, Graph):
+        info["memory"] = _memory_info(s, args)
     info["arch"] = arch_name
     info["rope_mode"] = rope
     info["hparams"] = {k: _json_value(v) for k, v in hparams.items()}
@@ -299,8 +301,32 @@ def cmd_info(args: argparse.Namespace) -> int:
     lines += _table(rows, right={3, 4, 5})
     lines.append(f"total    {info['total_params']} parameters, {info['total_bytes']} bytes "
                  f"in {_n(len(tensors), 'tensor')}")
+    if "memory" in info:
+        m = info["memory"]
+        lines.append(f"memory   {m['kind']} at n_ctx {m['n_ctx']}, n_seq_max {m['n_seq_max']}, n_ubatch {m['n_ubatch']}"
+                     + (", swa_full" if m["swa_full"] else "") + f": {m['bytes']} bytes")
+        rows = [["size", "cells", "buffers", "bytes"]]
+        rows += [[dim, str(p["cells"]), str(p["buffers"]), str(p["bytes"])] for dim, p in m["parts"].items()]
+        lines += _table(rows, right={1, 2, 3})
     _emit("\n".join(lines) + "\n")
     return 0
+
+
+def _memory_info(meta: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """What the model's memory holds in a context of the given sizes (default kind and cache types), read off
+    the decode graph and the memory's own sizing; nothing is allocated."""
+    from graphir.memory.kinds import KINDS, assemble, footprint
+    from graphir.memory.layers import ContextParams
+
+    arch = meta.arch
+    kind = arch.contexts[0]
+    n_ctx = args.n_ctx or min(arch.hp.n_ctx_train, 4096)
+    params = ContextParams(n_ctx, args.n_seq_max, args.n_ubatch, swa_full=args.swa_full, buffers=False)
+    phase = "decode" if "decode" in KINDS[kind].phases else "prefill"
+    parts = footprint(meta.build_graph(kind, phase), assemble(kind, arch.needs, params))
+    return {"kind": kind, "n_ctx": n_ctx, "n_seq_max": args.n_seq_max, "n_ubatch": args.n_ubatch,
+            "swa_full": args.swa_full, "bytes": sum(b for _, _, b in parts.values()),
+            "parts": {dim: {"cells": c, "buffers": k, "bytes": b} for dim, (c, k, b) in parts.items()}}
 
 
 def cmd_strip(args: argparse.Namespace) -> int:
@@ -438,9 +464,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("archs", cmd_archs, "list the registered architectures and the presets")
 
-    p = add("info", cmd_info, "print architecture, hparams and tensor table")
+    p = add("info", cmd_info, "print architecture, hparams, tensor table and what a context's memory holds")
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
     p.add_argument("--json", action="store_true", help="print as JSON")
+    p.add_argument("--n-ctx", type=int, default=0, help="context size for the memory figures (default: "
+                   "min(trained context, 4096))")
+    p.add_argument("--n-seq-max", type=int, default=1, help="sequences the context holds (default 1)")
+    p.add_argument("--n-ubatch", type=int, default=512, help="ubatch size, which sizes a sliding-window cache")
+    p.add_argument("--swa-full", action="store_true", help="sliding-window layers keep every cell")
 
     p = add("strip", cmd_strip, "write a header-only copy of a GGUF (metadata and tensor infos, no data)")
     p.add_argument("model", metavar="MODEL.gguf", help="the GGUF file to strip")

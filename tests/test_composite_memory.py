@@ -11,6 +11,7 @@ same tokens decoded at once.
 from __future__ import annotations
 
 import atexit
+import re
 import shutil
 import tempfile
 from functools import lru_cache
@@ -25,9 +26,12 @@ import toy_archs  # noqa: F401  (registers test-iswa and test-hybrid)
 from conftest import TINY_KEYS, fail_on_run, memory_bytes, write_model_gguf
 
 from graphir.running.batch import Batch
-from graphir.errors import StateError
+from graphir.errors import GraphirError, MetadataError, StateError
+from graphir.graph.forms import to_text
 from graphir.memory.composite import swa_cells
-from graphir.memory.layers import ContextParams
+from graphir.memory.kinds import assemble, footprint
+from graphir.memory.kv import KVCache
+from graphir.memory.layers import Attention, ContextParams
 from graphir.model.presets import Preset
 from graphir.running.runtime import Model, load
 
@@ -92,7 +96,7 @@ def test_the_swa_cache_is_sized_as_llama_cpp_sizes_it() -> None:
 def test_each_kind_of_layer_gets_its_own_mask_and_cache_inputs() -> None:
     g = swa(6).meta.build_graph("iswa", "decode")
     assert g["kq_mask"].attrs == {"role": "kq_mask", "causal": True}
-    assert g["kq_mask_swa"].attrs == {"role": "kq_mask_swa", "causal": True, "window": 6}
+    assert g["kq_mask_swa"].attrs == {"role": "kq_mask_swa", "causal": True, "window": 6, "swa": "standard"}
     assert g["blk.0.cache_k"].type_str == "f16[32, n_ctx_swa]" and g["blk.1.cache_k"].type_str == "f16[32, n_ctx]"
     assert g["blk.0.k"].inputs[0].name == "blk.0.cache_k.view"
     assert g["blk.0.cache_k.write"].inputs[2].name == "k_idxs_swa" and g["blk.1.cache_k.write"].inputs[2].name == "k_idxs"
@@ -229,3 +233,100 @@ def test_an_iswa_cache_shifts_positions_like_one_cache_when_both_parts_are_the_s
     ref.decode(Batch.from_tokens(TOKENS[:9], 3))
     assert np.abs(got[0] - ref.logits_ith(-1)).max() <= CLOSE
     assert not m.new_context(n_ctx=512, n_ubatch=32, **F32).memory.can_shift()  # a 256-cell SWA part lost cells
+
+
+# ---- windows as data, swa_full, and what a window-sized cache cannot do ------------------------------------
+
+@pytest.mark.parametrize("kind,window,q,visible", [
+    ("standard", 4, 9, [6, 7, 8, 9]),          # the last 4 positions, the query's own included
+    ("chunked", 4, 9, [8, 9]),                 # the query's chunk [8, 12), up to itself
+    ("symmetric", 4, 9, [7, 8, 9, 10, 11]),    # 2 either side, the future too (an encoder's window)
+])
+def test_each_kind_of_window_is_one_rule_of_the_table(kind: str, window: int, q: int, visible: list[int]) -> None:
+    need = Attention(8, 8, window, causal=kind != "symmetric", swa_type=kind)
+    keys = np.arange(16)
+    assert np.flatnonzero(need.sees(q, keys)).tolist() == visible
+    assert need.mask_facts() == {"causal": kind != "symmetric", "window": window, "swa": kind}
+
+
+def test_a_chunked_window_recycles_the_cells_of_finished_chunks() -> None:
+    """The rule decides reuse as well as masking: with chunks of 8, once position 16 comes, 0..15 are dead."""
+    need = Attention(32, 32, 8, swa_type="chunked")
+    cache = KVCache((need,), ContextParams(n_ctx=32), frozenset({"swa"}), name="swa")
+    cache.pos[:20] = np.arange(20)
+    cache.seq[:20] = 1
+    assert np.flatnonzero(cache._usable(cache.pos, cache.seq)[:20]).tolist() == list(range(16))
+
+
+def test_swa_full_keeps_every_cell_and_allows_position_edits() -> None:
+    m = swa(5)
+    ctx = m.new_context(n_ctx=512, n_ubatch=32, swa_full=True, **F32)
+    assert ctx.memory.parts["swa"].n_ctx == 512 and ctx.memory.can_shift()
+    ctx.decode(Batch.from_tokens(TOKENS[:40], 0))
+    assert ctx.memory.seq_pos_min(0) == 0 and (ctx.memory.parts["swa"].pos >= 0).sum() == 40
+    small = m.new_context(n_ctx=512, n_ubatch=32, **F32)
+    small.decode(Batch.from_tokens(TOKENS[:40], 0))
+    assert np.abs(small.logits_ith(-1) - ctx.logits_ith(-1)).max() <= CLOSE  # the same numbers either way
+
+
+def test_a_window_sized_cache_refuses_what_would_need_forgotten_positions_and_changes_nothing() -> None:
+    ctx = swa(5).new_context(n_ctx=512, n_batch=32, n_ubatch=32, **F32)
+    for a in range(0, 300, 30):  # 300 tokens through a 256-cell SWA cache: the oldest are gone
+        ctx.decode(Batch.from_tokens(TOKENS[a:a + 30], a))
+    mem, before = ctx.memory, memory_bytes(ctx)
+    assert mem.parts["swa"].seq_pos_min(0) > 10
+    assert mem.seq_rm(0, 10, -1) is False and memory_bytes(ctx) == before  # the window of 10 reaches 6..9: gone
+    with pytest.raises(GraphirError, match="swa_full=True"):
+        mem.seq_add(0, 100, -1, -3)
+    assert memory_bytes(ctx) == before
+    assert mem.seq_rm(0, 250, -1) is True  # 245..249 are still held: the cut is fine
+    assert mem.seq_pos_max(0) == 249 and mem.seq_rm(0, -1, -1) is True
+
+
+def test_a_middle_cut_keeps_what_later_tokens_already_computed() -> None:
+    ctx = swa(5).new_context(n_ctx=512, n_batch=32, n_ubatch=32, **F32)
+    for a in range(0, 300, 30):
+        ctx.decode(Batch.from_tokens(TOKENS[a:a + 30], a))
+    assert ctx.memory.seq_rm(0, 5, 20) is True and ctx.memory.seq_pos_max(0) == 299
+
+
+@pytest.mark.parametrize("which,kw", [("iswa", {"n_ctx": 1024, "n_ubatch": 64}), ("iswa", {"n_ctx": 512, "swa_full": True}),
+                                      ("hybrid", {"n_ctx": 128, "n_seq_max": 3})])
+def test_the_footprint_read_off_the_graph_is_what_the_memory_allocates(which: str, kw: Any) -> None:
+    m = swa(5) if which == "iswa" else hybrid()
+    params = ContextParams(**kw)
+    parts = footprint(m.meta.build_graph(which, "decode"), assemble(which, m.arch.needs,
+                                                                    ContextParams(**kw, buffers=False)))
+    allocated = assemble(which, m.arch.needs, params).buffers()
+    assert sum(b for _, _, b in parts.values()) == sum(a.nbytes for a in allocated.values())
+    assert sum(k for _, k, _ in parts.values()) == len(allocated)
+    if which == "iswa":
+        assert parts["n_ctx_swa"][0] == swa_cells(params, 5)
+
+
+def toy_meta(**keys: Any) -> Any:
+    from graphir.model.meta import from_preset
+
+    return from_preset("toy", Preset("test-iswa", {**TINY_KEYS, **LONG, **keys}, tied=True))
+
+
+def test_the_sliding_layers_come_from_a_period_or_a_per_layer_array() -> None:
+    W, P = K.Attention.SLIDING_WINDOW, K.Attention.SLIDING_WINDOW_PATTERN
+    assert toy_meta(**{W: 8}).arch.hp.swa_layers == (1, 0, 1, 0)  # the family's default period, 2
+    assert toy_meta(**{W: 8, P: 4}).arch.hp.swa_layers == (1, 1, 1, 0)  # the last of every 4 is global
+    assert toy_meta(**{W: 8, P: 0}).arch.hp.swa_layers == (1, 1, 1, 1)
+    m = toy_meta(**{W: 8, P: [True, False, False, True]})
+    assert m.arch.hp.swa_layers == (1, 0, 0, 1)
+    assert {name: p.layers for name, p in assemble("iswa", m.arch.needs).parts.items()} == {"base": (1, 2), "swa": (0, 3)}
+    assert "swa_layers=[1,0,0,1]" in to_text(m.build_graph("iswa", "decode"))
+
+
+@pytest.mark.parametrize("keys,message", [
+    ({K.Attention.SLIDING_WINDOW: 8, K.Attention.SLIDING_WINDOW_PATTERN: [True, False]},
+     "key 'test-iswa.attention.sliding_window_pattern' has 2 values, one per layer needs 4"),
+    ({K.Attention.SLIDING_WINDOW: 0}, "key 'test-iswa.attention.sliding_window' is 0: a sliding window needs at least one"),
+    ({}, "missing key 'test-iswa.attention.sliding_window'"),
+])
+def test_a_bad_sliding_window_key_is_one_error_naming_it(keys: dict[str, Any], message: str) -> None:
+    with pytest.raises(MetadataError, match=re.escape(message)):
+        toy_meta(**keys)

@@ -10,12 +10,10 @@ graph out, with no cache in sight. Importing this module registers them.
 
 from __future__ import annotations
 
-from gguf import Keys
-
 from graphir.arch.llama import Llama
 from graphir.arch.mamba import Mamba
 from graphir.model.builder import GraphBuilder
-from graphir.model.hparams import Key
+from graphir.model.hparams import SlidingWindow
 from graphir.graph.ir import Node
 from graphir.memory.layers import Attention, LayerNeeds, Recurrent
 from graphir.model.tensors import TensorSpec
@@ -23,12 +21,7 @@ from graphir.model.tensors import TensorSpec
 
 class ToySWA(Llama):
     name = "test-iswa"
-    keys = (Key("n_swa", Keys.Attention.SLIDING_WINDOW, int, required=True),)
-
-    def layers(self) -> LayerNeeds:
-        hp = self.hp
-        return tuple(Attention(hp.n_embd_k_gqa, hp.n_embd_v_gqa, window=hp.n_swa if il % 2 == 0 else 0)
-                     for il in range(hp.n_layer))
+    swa = SlidingWindow(period=2)  # attention.sliding_window required; layers 0, 2, ... slide
 
 
 class ToyHybrid(Llama):

@@ -88,7 +88,12 @@ class Memory:
         """The symbolic sizes this memory adds to a graph (e.g. ``n_kv``)."""
         return []
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
+    def sizes(self) -> dict[str, int]:
+        """The values of the dims its buffers are sized by (e.g. ``n_ctx``, ``n_ctx_swa``), for its params."""
+        return {}
+
+    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
+                   softcap: float = 0.0) -> Node:
         raise GraphError(f"memory kind '{self.kind}' holds no attention for layer {il}")
 
     def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node:

@@ -21,7 +21,7 @@ import numpy as np
 
 from graphir.running.batch import UBatch
 from graphir.graph.dims import Dim, DimDecl
-from graphir.errors import GraphError, StateError
+from graphir.errors import GraphError, GraphirError, StateError
 from graphir.graph.ir import Graph, Node
 from graphir.memory import Commit, Memory, RunGraph
 from graphir.memory.io import Reader, Writer
@@ -73,8 +73,12 @@ class Composite(Memory):
                 seen.setdefault(d.name, d)
         return list(seen.values())
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
-        return self._part(il).build_attn(b, il, q, k, v, kq_scale=kq_scale)
+    def sizes(self) -> dict[str, int]:
+        return {k: v for p in self.parts.values() for k, v in p.sizes().items()}
+
+    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
+                   softcap: float = 0.0) -> Node:
+        return self._part(il).build_attn(b, il, q, k, v, kq_scale=kq_scale, softcap=softcap)
 
     def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node:
         return self._part(il).build_rs(b, il, which)
@@ -187,14 +191,21 @@ class Composite(Memory):
 
 def swa_cells(params: ContextParams, window: int) -> int:
     """llama.cpp's SWA cache size: the window of every sequence plus a ubatch, padded to 256, at most n_ctx
-    before padding."""
+    before padding; n_ctx with ``swa_full``."""
     if not params.n_ctx:
         return 0
+    if params.swa_full:
+        return params.n_ctx
     n = min(params.n_ctx, window * (params.n_seq_max if params.unified else 1) + params.n_ubatch)
     return (n + 255) // 256 * 256
 
 
 class SWAPair(Composite):
+    """Without ``swa_full`` the SWA cache forgets what its window left behind, so two edits llama.cpp would
+    accept and then compute wrongly (or abort on) are refused here, changing nothing: cutting a sequence's
+    tail back to where the window of its next token reaches into forgotten positions (``seq_rm`` answers
+    False), and position edits (``seq_add``/``seq_div`` raise), which would need the forgotten K rows."""
+
     kind = "iswa"
     serves = frozenset({"full", "swa"})
     requires = frozenset({"swa"})
@@ -203,12 +214,49 @@ class SWAPair(Composite):
         windows = {n.window for n in needs if n is not None and n.kind == "swa"}  # type: ignore[union-attr]
         size = swa_cells(params, max(windows)) if windows else 0
         return {"base": KVCache(needs, params, frozenset({"full"})),
-                "swa": KVCache(needs, params, frozenset({"swa"}), name="swa", size=size)}
+                "swa": KVCache(needs, params, frozenset({"swa"}), name="swa", size=size, recycle=not params.swa_full)}
 
     def can_shift(self) -> bool:
         """As llama.cpp: only when the SWA cache is as large as the base one (else it lost cells a shift needs)."""
         sizes = {p.n_ctx for p in self.parts.values()}  # type: ignore[attr-defined]
         return super().can_shift() and len(sizes) == 1
+
+    def can_seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        if not super().can_seq_rm(seq, p0, p1):
+            return False
+        swa = self.parts.get("swa")
+        base = self.parts.get("base", swa)
+        if swa is None or not swa.recycle:  # type: ignore[attr-defined]
+            return True
+        seqs = [seq] if seq >= 0 else range(self.params.n_seq_max)
+        return all(self._window_kept(swa, base, s, max(p0, 0), p1) for s in seqs)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _window_kept(swa: KVCache, base: KVCache, seq: int, p0: int, p1: int) -> bool:
+        """Whether, once seq's positions [p0, p1) are gone, the window of its next token holds everything it
+        held before: only a cut of the tail matters (later tokens' rows were computed already)."""
+        last = base.seq_pos_max(seq)
+        if last < 0 or (0 <= p1 <= last) or p0 == 0:
+            return True
+        history = np.unique(base.pos[base._holds(seq) & (base.pos < p0)])  # what full layers keep of the rest
+        if not len(history):
+            return True
+        nxt = int(history[-1]) + 1
+        wanted = history[swa.rule.sees(nxt, history)]
+        return bool(np.isin(wanted, swa.pos[swa._holds(seq)]).all())
+
+    def _edit(self, what: str) -> None:
+        if len({p.n_ctx for p in self.parts.values()}) > 1:  # type: ignore[attr-defined]
+            raise GraphirError(f"{what}: this iswa memory's SWA cache holds only the window (swa_full=False), so "
+                               f"it cannot move positions; make the context with swa_full=True")
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        self._edit("seq_add")
+        super().seq_add(seq, p0, p1, delta)
+
+    def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
+        self._edit("seq_div")
+        super().seq_div(seq, p0, p1, d)
 
 
 class HybridMemory(Composite):

@@ -9,7 +9,10 @@ graph dumps and the command line all read this table.
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphir.errors import GraphirError
+from graphir.graph.ir import Graph
 from graphir.memory import Memory
 from graphir.memory.composite import HybridMemory, SWAPair
 from graphir.memory.kv import KVCache
@@ -34,3 +37,21 @@ def assemble(kind: str, needs: LayerNeeds, params: ContextParams = ContextParams
     if not m.fits(kinds_of(needs)):
         raise GraphirError(f"memory kind '{kind}' cannot hold layers of kind {', '.join(sorted(kinds_of(needs)))}")
     return m(needs, params)
+
+
+ITEM_BYTES = {"f16": 2, "bf16": 2, "f32": 4}  # the element types memory buffers are kept in
+
+
+def footprint(graph: Graph, memory: Memory) -> dict[str, tuple[int, int, int]]:
+    """What a memory holds, read off a graph it built: per size dim (``n_ctx``, ``n_ctx_swa``, ``n_rs``), the
+    cells it stands for, how many per-layer buffers are sized by it, and their bytes. The graph declares each
+    buffer's type and width; the memory says how many cells each dim is (``Memory.sizes``)."""
+    sizes, out = memory.sizes(), {}
+    for n in graph.nodes:
+        if n.op != "input" or n.layer is None or not n.shape or str(n.shape[-1]) not in sizes:
+            continue
+        dim = str(n.shape[-1])
+        cells, count, nbytes = out.get(dim, (sizes[dim], 0, 0))
+        width = int(np.prod([int(d) for d in n.shape[:-1]]))
+        out[dim] = (cells, count + 1, nbytes + width * cells * ITEM_BYTES[n.dtype])
+    return out

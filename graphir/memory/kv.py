@@ -41,7 +41,7 @@ from graphir.graph.dims import DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
 from graphir.graph.ir import Graph, Node
 from graphir.memory import CellMemory, RunGraph
-from graphir.memory.layers import ContextParams, LayerNeeds
+from graphir.memory.layers import Attention, ContextParams, LayerNeeds
 from graphir.graph.ops import VIEWS, infer
 
 if TYPE_CHECKING:
@@ -64,8 +64,8 @@ def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
     write of a compiled graph.
 
     A layer whose K reaches the cache through views from a rope node is re-roped with that node's attributes;
-    a layer whose K has no rope upstream at all needs no re-roping (positions only live in the mask); a layer
-    whose K went through other arithmetic after a rope cannot be shifted.
+    a layer whose K has no rope upstream in the layer needs no re-roping (positions only live in the mask:
+    NoPE layers, GPT-2); a layer whose K went through other arithmetic after a rope cannot be shifted.
     """
     plan: dict[int, Node] = {}
     ok = True
@@ -79,9 +79,9 @@ def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
             plan[n.layer if n.layer is not None else -1] = x
             continue
         seen, todo = set(), [x]
-        while todo:  # any rope further up means K was rotated and then changed: a shift cannot be exact
+        while todo:  # a rope further up in this layer means K was rotated and then changed: no exact shift
             y = todo.pop()
-            if id(y) in seen:
+            if id(y) in seen or y.layer != n.layer:  # earlier layers reach K only as content, not as a turn
                 continue
             seen.add(id(y))
             if y.op == "rope":
@@ -105,16 +105,21 @@ class KVCache(CellMemory):
     seq_layout = ("kind", "type_k", "type_v")
 
     def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
-                 layer_kinds: frozenset[str] | None = None, name: str = "", size: int | None = None):
-        """``name`` tells its inputs and dims apart from another cache's; ``size``: cells (default n_ctx)."""
+                 layer_kinds: frozenset[str] | None = None, name: str = "", size: int | None = None,
+                 recycle: bool = True):
+        """``name`` tells its inputs and dims apart from another cache's; ``size``: cells (default n_ctx);
+        ``recycle``: a windowed cache reuses the cells its sequences can no longer see (else it keeps them)."""
         super().__init__(needs, params, layer_kinds)
+        self.recycle = recycle
         for which, t in (("type_k", params.type_k), ("type_v", params.type_v)):
             if t not in CACHE_DTYPES:
                 raise GraphirError(f"{which} '{t}' is not supported (supported: {', '.join(CACHE_DTYPES)})")
-        windows = {needs[il].window for il in self.layers}  # type: ignore[union-attr]
-        if len(windows) > 1:
-            raise GraphirError(f"one KV cache serves one attention window; layers ask for {sorted(windows)}")
-        self.window = windows.pop() if windows else 0
+        rules = {Attention(0, 0, needs[il].window, True, needs[il].swa_type) for il in self.layers}  # type: ignore[union-attr]
+        if len(rules) > 1:
+            raise GraphirError(f"one KV cache serves one attention window; layers ask for "
+                               f"{sorted((r.window, r.swa_type) for r in rules)}")
+        self.rule = rules.pop() if rules else Attention(0, 0)  # which keys a query sees, by position
+        self.window = self.rule.window
         self.name, self.size_dim, self.kv_dim, self.shift_dim = name, *cache_dims(name)
         self.type_k, self.type_v = params.type_k, params.type_v
         n_ctx = params.n_ctx if size is None else size
@@ -132,7 +137,7 @@ class KVCache(CellMemory):
         self._graph: Graph | None = None
         self.shiftable = True
         self._buffers = {}
-        if n_ctx:
+        if n_ctx and params.buffers:
             for il in self.layers:
                 need = needs[il]
                 self._buffers[f"blk.{il}.cache_k"] = np.zeros((n_ctx, need.n_embd_k), CACHE_DTYPES[self.type_k])  # type: ignore[union-attr]
@@ -144,6 +149,9 @@ class KVCache(CellMemory):
     def dims(self) -> list[DimDecl]:
         return [self.kv_dim, self.size_dim]
 
+    def sizes(self) -> dict[str, int]:
+        return {self.size_dim.name: self.n_ctx}
+
     def _store_and_view(self, b: GraphBuilder, x: Node, which: str, dtype: str) -> Node:
         d, n_head_kv, n_tokens = x.shape
         width = d * n_head_kv
@@ -154,12 +162,12 @@ class KVCache(CellMemory):
         return b.op("view", written, shape=(d, n_head_kv, self.kv_dim.sym), strides=(1, d, width), offset=0,
                     name=f"cache_{which}.view")
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
+    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
+                   softcap: float = 0.0) -> Node:
         k_all = self._store_and_view(b, k, "k", self.type_k)
         v_all = self._store_and_view(b, v, "v", self.type_v)
-        facts = {"causal": True, **({"window": self.window} if self.window else {})}
-        mask = b.input(self._tail("kq_mask"), "f32", (self.kv_dim.sym, b.n_tokens), **facts)
-        return b.attn_mha(q, k_all, v_all, mask, kq_scale)
+        mask = b.input(self._tail("kq_mask"), "f32", (self.kv_dim.sym, b.n_tokens), **self.rule.mask_facts())
+        return b.attn_mha(q, k_all, v_all, mask, kq_scale, softcap)
 
     # ---- run time -------------------------------------------------------------------------------------
 
@@ -230,14 +238,14 @@ class KVCache(CellMemory):
         return int(p.min()) if len(p) else -1
 
     def _usable(self, pos: np.ndarray, seq: np.ndarray) -> np.ndarray:
-        """Cells a slot may take: empty ones and, with a window, cells of one sequence that its next token
-        can no longer see (position at least ``window`` behind that sequence's next position)."""
+        """Cells a slot may take: empty ones and, in a recycling windowed cache, cells of one sequence that its
+        next token can no longer see (for a standard window: ``window`` or more positions behind it)."""
         free = pos < 0
-        if self.window:
+        if self.window and self.recycle:
             for s in range(self.n_seq_max):
                 mine = seq == np.uint64(1 << s)
                 if mine.any():
-                    free |= mine & (int(pos[mine].max()) + 1 - pos >= self.window)
+                    free |= mine & ~self.rule.sees(int(pos[mine].max()) + 1, pos)
         return free
 
     def _find_cells(self, free: np.ndarray, n: int, head: int, lo: int, hi: int) -> np.ndarray | None:
@@ -295,9 +303,7 @@ class KVCache(CellMemory):
         q_pos = ub.pos[:, None].astype(np.int64)
         # NOTE: visibility is decided by the cells, not the ubatch: same first seq id, key pos <= query pos.
         ok = (pos[None, :] >= 0) & (((seq[None, :] >> first[:, None]) & np.uint64(1)) == 1)
-        ok &= pos[None, :] <= q_pos
-        if self.window:
-            ok &= q_pos - pos[None, :] < self.window
+        ok &= self.rule.sees(q_pos, pos[None, :])
         mask = np.where(ok, np.float32(0), np.float32(-np.inf)).astype(np.float32)
         idxs = cells.astype(np.int64)
         return {self._tail("kq_mask"): mask, self._tail("k_idxs"): idxs, self._tail("v_idxs"): idxs,
@@ -437,4 +443,5 @@ class KVCache(CellMemory):
     def layout(self) -> dict[str, Any]:
         """What must agree for two caches (or a cache and a saved state) to be interchangeable."""
         return {"kind": self.kind, "type_k": self.type_k, "type_v": self.type_v, "n_ctx": self.n_ctx,
-                "n_seq_max": self.n_seq_max, "unified": self.unified, "window": self.window}
+                "n_seq_max": self.n_seq_max, "unified": self.unified, "window": self.window,
+                **({"swa": self.rule.swa_type} if self.window else {})}

@@ -9,23 +9,46 @@ memory routes each layer to the part that serves its kind, as llama.cpp's layer 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+# Which keys a sliding window keeps visible, by llama.cpp's swa_type: (query positions, key positions, window)
+# -> bool; a key outside is masked. Adding a kind of window is one entry (llama_hparams::is_masked_swa).
+WINDOWS: dict[str, Callable[[np.ndarray, np.ndarray, int], np.ndarray]] = {
+    "standard": lambda q, k, n: q - k < n,                    # the last n positions, the query's own included
+    "chunked": lambda q, k, n: k >= q // n * n,               # the query's chunk of n positions (Llama 4)
+    "symmetric": lambda q, k, n: np.abs(q - k) <= n // 2,     # n/2 either side (bidirectional encoders)
+}
 
 
 @dataclass(frozen=True)
 class Attention:
     """Self-attention over the layer's own K and V rows: all earlier tokens (``window`` 0) or, with a
-    sliding window, the last ``window`` positions (a key at p_k is seen from p_q while p_q - p_k < window).
-    ``causal`` False: every token of a sequence sees every other (encoders; nothing can be cached)."""
+    sliding window, the positions ``WINDOWS[swa_type]`` keeps (standard: a key at p_k is seen from p_q while
+    p_q - p_k < window). ``causal`` False: every token of a sequence sees every other (encoders; nothing can
+    be cached)."""
 
     n_embd_k: int
     n_embd_v: int
     window: int = 0
     causal: bool = True
+    swa_type: str = "standard"
 
     @property
     def kind(self) -> str:
         return "encoder" if not self.causal else "swa" if self.window else "full"
+
+    def sees(self, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
+        """Whether keys at ``k_pos`` are visible from queries at ``q_pos`` (broadcast), by position alone: not
+        in the future when causal, inside the window when sliding. Sequences are the caller's business."""
+        q, k = np.asarray(q_pos, np.int64), np.asarray(k_pos, np.int64)
+        ok = k <= q if self.causal else np.ones(np.broadcast_shapes(q.shape, k.shape), bool)
+        return ok & WINDOWS[self.swa_type](q, k, self.window) if self.window else ok
+
+    def mask_facts(self) -> dict[str, Any]:
+        """What a mask input states of the rule that fills it (printed in graphs)."""
+        return {"causal": self.causal, **({"window": self.window, "swa": self.swa_type} if self.window else {})}
 
 
 @dataclass(frozen=True)
@@ -77,4 +100,6 @@ class ContextParams:
     type_k: str = "f16"
     type_v: str = "f16"
     unified: bool = True
+    swa_full: bool = False  # sliding-window layers keep every cell, as full layers do (llama.cpp's swa_full)
+    buffers: bool = True  # False: sizes only, nothing allocated (what a context of these sizes would hold)
     owner: Any = None  # the hparams of the model the memory is for: compared by set_memory, never read

@@ -9,20 +9,17 @@ import numpy as np
 from graphir.running.batch import UBatch
 from graphir.graph.ir import Node
 from graphir.memory import Memory
+from graphir.memory.layers import Attention
 
 if TYPE_CHECKING:
     from graphir.model.builder import GraphBuilder
 
 
-def ubatch_mask(ub: UBatch, causal: bool, window: int = 0) -> np.ndarray:
-    """[n_tokens(query), n_tokens(key)]: 0 where a key is visible (same first seq id, not in the future when
-    causal, and less than ``window`` positions back when windowed)."""
+def ubatch_mask(ub: UBatch, need: Attention) -> np.ndarray:
+    """[n_tokens(query), n_tokens(key)]: 0 where a key is visible (same first seq id, and seen by the layer's
+    rule: not in the future when causal, inside its window when sliding)."""
     seq = np.array([ids[0] for ids in ub.seq_ids])
-    ok = seq[:, None] == seq[None, :]
-    if causal:
-        ok &= ub.pos[None, :] <= ub.pos[:, None]
-    if window:
-        ok &= ub.pos[:, None].astype(np.int64) - ub.pos[None, :] < window
+    ok = (seq[:, None] == seq[None, :]) & need.sees(ub.pos[:, None], ub.pos[None, :])
     return np.where(ok, np.float32(0), np.float32(-np.inf)).astype(np.float32)
 
 
@@ -34,12 +31,12 @@ class NoMemory(Memory):
     def _mask_name(self, il: int) -> str:
         return "kq_mask_swa" if self.needs[il].window else "kq_mask"  # type: ignore[union-attr]
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
+    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
+                   softcap: float = 0.0) -> Node:
         # NOTE: the mask is filled per ubatch: same first seq id, and key pos <= query pos when causal.
-        need = self.needs[il]
-        facts = {"causal": need.causal, **({"window": need.window} if need.window else {})}  # type: ignore[union-attr]
+        facts = self.needs[il].mask_facts()  # type: ignore[union-attr]
         mask = b.input(self._mask_name(il), "f32", (b.n_tokens, b.n_tokens), **facts)
-        return b.attn_mha(q, k, v, mask, kq_scale)
+        return b.attn_mha(q, k, v, mask, kq_scale, softcap)
 
     def refuse(self, batch: Any, pos: np.ndarray) -> str | None:
         n_ctx, n_ubatch = self.params.n_ctx, self.params.n_ubatch
@@ -56,6 +53,5 @@ class NoMemory(Memory):
         return [-1] * self.params.n_seq_max  # every decode starts afresh: nothing is remembered
 
     def apply(self, ub: UBatch, plan: Any) -> dict[str, Any]:
-        masks = {self._mask_name(il): (self.needs[il].causal, self.needs[il].window)  # type: ignore[union-attr]
-                 for il in self.layers}  # one mask per kind of layer
-        return {name: ubatch_mask(ub, causal, window) for name, (causal, window) in masks.items()}
+        masks = {self._mask_name(il): self.needs[il] for il in self.layers}  # one mask per kind of layer
+        return {name: ubatch_mask(ub, need) for name, need in masks.items()}  # type: ignore[arg-type]

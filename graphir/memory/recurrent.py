@@ -50,7 +50,7 @@ class RecurrentMemory(CellMemory):
         self.seq = np.zeros(self.size, dtype=np.uint64)  # bit s: sequence s's state is this cell
         self.widths: dict[int, Recurrent] = {il: needs[il] for il in self.layers}  # type: ignore[misc]
         self._buffers = {}
-        for il, w in self.widths.items():
+        for il, w in self.widths.items() if params.buffers else ():
             self._buffers[f"blk.{il}.rs_r"] = np.zeros((self.size, w.n_embd_r), np.float32)
             self._buffers[f"blk.{il}.rs_s"] = np.zeros((self.size, w.n_embd_s), np.float32)
 
@@ -61,6 +61,9 @@ class RecurrentMemory(CellMemory):
 
     def dims(self) -> list[DimDecl]:
         return [N_RS]
+
+    def sizes(self) -> dict[str, int]:
+        return {N_RS.name: self.size}
 
     def _cache(self, b: GraphBuilder, il: int, which: str) -> Node:
         w = self.widths.get(il)

@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from graphir.errors import MetadataError
-from graphir.model.hparams import PER_LAYER, HParams, Key, read_hparams
+from graphir.model.hparams import PER_LAYER, HParams, Key, SlidingWindow, read_hparams
 from graphir.memory.kinds import fitting
 from graphir.memory.layers import Attention, LayerNeeds, kinds_of
 from graphir.model.tensors import TensorDecl, TensorSpec
@@ -37,6 +37,7 @@ class Architecture:
     # a family that does not (llama.cpp reads layer 0 for it) refuses a file whose layers differ.
     per_layer: ClassVar[bool] = False
     learned_positions: ClassVar[bool] = False  # positions index a trained table: none beyond n_ctx_train
+    swa: ClassVar[SlidingWindow | None] = None  # how its layers slide (hparams n_swa, swa_type, swa_layers)
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -49,7 +50,7 @@ class Architecture:
 
     @classmethod
     def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
-        hp = read_hparams(label, metadata, cls.name, cls.required_keys, cls.causal, cls.keys)
+        hp = read_hparams(label, metadata, cls.name, cls.required_keys, cls.causal, cls.keys, cls.swa)
         varying = [t for t, v in zip(PER_LAYER, (hp.n_ff, hp.n_head, hp.n_head_kv)) if isinstance(v, tuple)]
         if varying and not cls.per_layer:
             raise MetadataError(f"{label}: key '{varying[0].format(arch=cls.name)}' differs between layers; the "
@@ -57,10 +58,12 @@ class Architecture:
         return cls(hp)
 
     def layers(self) -> LayerNeeds:
-        """What each layer keeps between ubatches, from hparams alone (default: causal self-attention at the
-        layer's K/V widths). The memory a context gets is assembled from these."""
+        """What each layer keeps between ubatches, from hparams alone (default: self-attention at the layer's
+        K/V widths, through the family's sliding window on the layers that slide). The memory a context gets
+        is assembled from these."""
         hp = self.hp
-        return tuple(Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il), causal=hp.causal)
+        return tuple(Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il), hp.n_swa if hp.is_swa(il) else 0,
+                               hp.causal, hp.swa_type if hp.is_swa(il) else "standard")
                      for il in range(hp.n_layer))
 
     @cached_property
@@ -75,6 +78,11 @@ class Architecture:
             raise MetadataError(f"no memory kind holds a '{self.name}' model's layers (of kind "
                                 f"{', '.join(sorted(kinds_of(self.needs)))})")
         return kinds
+
+    def variant(self, n_ctx_seq: int) -> Any:
+        """What a context of ``n_ctx_seq`` cells per sequence changes in the graph (contexts whose variants are
+        equal share one compiled graph): nothing, for most families."""
+        return None
 
     def tensors(self) -> list[TensorSpec]:
         raise NotImplementedError

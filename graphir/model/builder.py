@@ -63,7 +63,8 @@ class MemoryView(Protocol):
 
     def dims(self) -> list[DimDecl]: ...
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node: ...
+    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
+                   softcap: float = 0.0) -> Node: ...
 
     def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node: ...
 
@@ -74,9 +75,10 @@ class GraphBuilder:
     """Records the graph of one (model, context, phase). ``n_tokens``/``n_outputs`` are the ubatch sizes."""
 
     def __init__(self, arch: ArchView, label: str, tensors: Mapping[str, TensorDecl], memory: MemoryView,
-                 phase: str):
+                 phase: str, n_ctx_seq: int = 0):
         self.arch, self.hp, self.label, self.tensors, self.memory = arch, arch.hp, label, tensors, memory
         self.phase = phase
+        self.n_ctx_seq = n_ctx_seq  # cells per sequence of the context (0: unspecified); see Architecture.variant
         self.nodes: list[Node] = []
         self.outputs: dict[str, Node] = {}
         self._names: dict[str, Node] = {}
@@ -219,23 +221,59 @@ class GraphBuilder:
             h = self.op(act.value, t, name=f"ffn_{act.value}")
         return self.linear(h, down, down_b, name=name)
 
-    def rope(self, x: Node, pos: Node, freq_factors: Node | None = None, *, name: str) -> Node:
+    def rope(self, x: Node, pos: Node, freq_factors: Node | None = None, *, name: str,
+             freq_base: float | None = None, freq_scale: float | None = None) -> Node:
+        """RoPE with the model's parameters; ``freq_base``/``freq_scale`` override them for one layer (e.g.
+        the sliding layers of Gemma 3, llama.cpp's ``get_rope_freq_base``)."""
         hp = self.hp
         ops = (x, pos) if freq_factors is None else (x, pos, freq_factors)
         yarn = hp.rope_scaling == "yarn"
         return self.op("rope", *ops, name=name, n_dims=hp.n_rot, mode=self.arch.rope_mode,
-                       n_ctx_orig=hp.n_ctx_orig_yarn, freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale,
+                       n_ctx_orig=hp.n_ctx_orig_yarn,
+                       freq_base=hp.rope_freq_base if freq_base is None else freq_base,
+                       freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
                        ext_factor=1.0 if yarn else 0.0, attn_factor=hp.rope_attn_factor,
                        beta_fast=32.0, beta_slow=1.0)
+
+    def softcap(self, x: Node, cap: float, *, name: str) -> Node:
+        """cap * tanh(x / cap): Gemma's soft capping of attention scores and logits (f32, as ggml computes it)."""
+        y = self.op("scale", x, s=f32(1.0 / cap), name=f"{name}.scaled")
+        return self.op("scale", self.op("tanh", y, name=f"{name}.tanh"), s=cap, name=name)
 
     def kq_scale(self) -> float:
         # NOTE: llama.cpp computes 1.0f/sqrtf(float(d)) in float32; 1/sqrt in double rounds differently for d=24, 96
         return self.hp.attn_scale or f32(f32(1.0) / f32(math.sqrt(f32(float(self.hp.n_embd_head_k)))))
 
+    def build_qkv(self, x: Node, il: int) -> tuple[Node, Node, Node]:
+        """Q, K, V as [d, heads, tokens] from layer il's fused ``attn_qkv`` (strided views of one product) or
+        its three projections, each with its bias when the file has one (llama.cpp's ``build_qkv``)."""
+        hp, T_ = self.hp, self.n_tokens
+        d, dv, H, Hkv = hp.n_embd_head_k, hp.n_embd_head_v, hp.head_count(il), hp.head_count_kv(il)
+        fused = self.w(MODEL_TENSOR.ATTN_QKV, il) if tensor_name(MODEL_TENSOR.ATTN_QKV, il) in self.arch.specs else None
+        if fused is None:
+            q, k, v = (self.linear(x, self.w(t, il), self.w(t, il, "bias"), name=tag)  # type: ignore[arg-type]
+                       for t, tag in ((MODEL_TENSOR.ATTN_Q, "Qcur"), (MODEL_TENSOR.ATTN_K, "Kcur"),
+                                      (MODEL_TENSOR.ATTN_V, "Vcur")))
+            return (self.reshape(q, (d, H, T_), name="Qcur.heads"), self.reshape(k, (d, Hkv, T_), name="Kcur.heads"),
+                    self.reshape(v, (dv, Hkv, T_), name="Vcur.heads"))
+        bias = self.w(MODEL_TENSOR.ATTN_QKV, il, "bias")
+        if bias is None:  # a fused weight may come with three separate biases (as in llama.cpp: all three or none)
+            names = [tensor_name(t, il, "bias") for t in (MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V)]
+            if all(n in self.arch.specs and n in self.tensors for n in names):
+                q_b, k_b, v_b = (self.weight(n) for n in names)
+                bias = self.op("concat", self.op("concat", q_b, k_b, dim=0, name="qk_b"), v_b, dim=0,  # type: ignore[arg-type]
+                               name="qkv_b")
+        qkv = self.linear(x, fused, bias, name="wqkv")
+        q_w, k_w = d * H, d * Hkv
+        row = q_w + k_w + dv * Hkv
+        return tuple(self.op("view", qkv, shape=(w, h, T_), strides=(1, w, row), offset=off, name=tag)  # type: ignore[return-value]
+                     for tag, w, h, off in (("Qcur", d, H, 0), ("Kcur", d, Hkv, q_w), ("Vcur", dv, Hkv, q_w + k_w)))
+
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node, wo_b: Node | None = None,
-                   kq_scale: float) -> Node:
-        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o."""
-        out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale)
+                   kq_scale: float, softcap: float = 0.0) -> Node:
+        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o;
+        ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2)."""
+        out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale, softcap=softcap)
         return self.linear(out, wo, wo_b, name="attn_out")
 
     def build_rs(self, which: str) -> Node:
@@ -252,11 +290,13 @@ class GraphBuilder:
             raise GraphError(f"{what} is a layer's request: call it inside `with b.layer(il)`")
         return self.il
 
-    def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float) -> Node:
+    def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float, softcap: float = 0.0) -> Node:
         """softmax(K^T Q * scale + mask) V per head; query head h reads kv head h // (n_head / n_head_kv)."""
         q = self.op("permute", q, axes=(0, 2, 1, 3), name="q")
         k = self.op("permute", k, axes=(0, 2, 1, 3), name="k")
         kq = self.op("mul_mat", k, q, name="kq")
+        if softcap:
+            kq = self.softcap(kq, softcap, name="kq.softcap")
         kq = self.op("soft_max", kq, mask, scale=kq_scale, max_bias=0.0, name="kq_soft_max")
         v = self.op("cont", self.op("permute", v, axes=(1, 2, 0, 3), name="v"), name="v.cont")
         kqv = self.op("mul_mat", v, kq, name="kqv")
@@ -264,11 +304,13 @@ class GraphBuilder:
         d, n_head, n_tok = out.shape
         return self.reshape(out, (d * n_head, n_tok), name="kqv_out")
 
-    def build_output(self, x: Node, head: Node | None = None, bias: Node | None = None) -> None:
-        """Record the final embedding and, for models with an LM head, the logits as the graph's outputs."""
+    def build_output(self, x: Node, head: Node | None = None, bias: Node | None = None, softcap: float = 0.0) -> None:
+        """Record the final embedding and, for models with an LM head, the logits as the graph's outputs
+        (soft-capped when ``softcap`` is set: Gemma's final logit capping)."""
         self.outputs["embd"] = x
         if head is not None:
-            self.outputs["logits"] = self.linear(x, head, bias, name="result_output")
+            logits = self.linear(x, head, bias, name="result_output" if not softcap else "result_output.raw")
+            self.outputs["logits"] = self.softcap(logits, softcap, name="result_output") if softcap else logits
 
     def build_pooling(self, pooling: str) -> None:
         """Reduce the final embeddings per sequence of the ubatch (llama.cpp's pooling types).

@@ -34,6 +34,22 @@ class Key:
     required: bool = False
 
 
+@dataclass(frozen=True)
+class SlidingWindow:
+    """How a family's layers slide, as llama.cpp's loader sets it up: the window type (a key of
+    graphir.memory.layers.WINDOWS), the window when ``attention.sliding_window`` is absent (0: the key is
+    required), and the ``attention.sliding_window_pattern`` period when that key is absent too. With period
+    n, layer il slides when il % n < n - 1 (the last of every n is global; ``dense_first``: the first is);
+    period 0 makes every layer slide. ``off_when_zero``: a window of 0 means the model does not slide at all
+    (Gemma 3) instead of being an error."""
+
+    kind: str = "standard"
+    window: int = 0
+    period: int = 0
+    dense_first: bool = False
+    off_when_zero: bool = False
+
+
 PerLayer = Union[int, Tuple[int, ...]]
 
 
@@ -62,6 +78,9 @@ class HParams:
     # Shared but rarely set: printed only when set (see as_dict).
     pooling: str = "none"  # none | mean | cls | last | rank: how embedding models reduce a sequence
     n_token_types: int = 0  # rows of the token-type embedding (BERT)
+    n_swa: int = 0  # the sliding window of the layers that slide
+    swa_type: str = "none"  # standard | chunked | symmetric (graphir.memory.layers.WINDOWS)
+    swa_layers: tuple[int, ...] = ()  # 1 per sliding layer, 0 per global one
     # The family's own keys (Architecture.keys), as (field, value) in the family's order; read as attributes.
     family: tuple[tuple[str, Any], ...] = ()
 
@@ -70,6 +89,9 @@ class HParams:
             if k == name:
                 return v
         raise AttributeError(f"'{self.__dict__.get('arch', '?')}' hparams have no field {name!r}")
+
+    def is_swa(self, il: int) -> bool:
+        return bool(self.swa_layers and self.swa_layers[il])
 
     def head_count(self, il: int) -> int:
         return _at(self.n_head, il)
@@ -104,7 +126,8 @@ class HParams:
         return d
 
 
-_N_COMMON = [f.name for f in fields(HParams)].index("pooling")
+_FIELDS = [f.name for f in fields(HParams)]
+_N_COMMON = _FIELDS.index("pooling")
 
 
 def _at(v: PerLayer, il: int) -> int:
@@ -158,10 +181,13 @@ PER_LAYER = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Atten
 
 
 def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: tuple[str, ...] = (),
-                 causal: bool = True, keys: tuple[Key, ...] = ()) -> HParams:
+                 causal: bool = True, keys: tuple[Key, ...] = (), swa: SlidingWindow | None = None) -> HParams:
     """The hparams every architecture shares, and the family's ``keys``; ``required`` names extra key
-    templates the arch cannot do without."""
+    templates the arch cannot do without; ``swa``: how the family's layers slide, if they do."""
     r = KeyReader(label, metadata, arch)
+    clash = [k.field for k in keys if k.field in _FIELDS]
+    if clash:
+        raise MetadataError(f"{arch}: family key '{clash[0]}' is a field every architecture has; give it another name")
     for template in required + tuple(k.template for k in keys if k.required):
         if r.key(template) not in metadata:
             raise MetadataError(f"{label}: missing key '{r.key(template)}'")
@@ -206,7 +232,34 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
         pooling=_pooling(r),
         n_token_types=_int_key(label, metadata, Keys.Tokenizer.TOKEN_TYPE_COUNT),
         family=tuple((k.field, r.get(k.template, k.kind, k.default)) for k in keys),
+        **_sliding(r, swa, n_layer),
     )
+
+
+def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str, Any]:
+    """n_swa, swa_type and swa_layers as llama.cpp's load_swa_pattern reads them (nothing for families
+    that do not slide, or whose window is 0 where that means off)."""
+    if swa is None:
+        return {}
+    k = r.key(Keys.Attention.SLIDING_WINDOW)
+    n_swa = r.get(Keys.Attention.SLIDING_WINDOW, int, swa.window or None, required=not swa.window)
+    if n_swa <= 0:
+        if swa.off_when_zero:
+            return {}
+        raise MetadataError(f"{r.label}: key '{k}' is {n_swa}: a sliding window needs at least one position")
+    kp = r.key(Keys.Attention.SLIDING_WINDOW_PATTERN)
+    pattern = r.md.get(kp, swa.period)
+    if isinstance(pattern, (list, tuple)):
+        if len(pattern) != n_layer:
+            raise MetadataError(f"{r.label}: key '{kp}' has {len(pattern)} values, one per layer needs {n_layer}")
+        layers = tuple(int(r._typed(f"{kp}[{i}]", v, bool)) for i, v in enumerate(pattern))
+    else:
+        n = r._typed(kp, pattern, int)
+        if n < 0:
+            raise MetadataError(f"{r.label}: key '{kp}' is {n}: a period of layers cannot be negative")
+        first = 0 if swa.dense_first else n - 1
+        layers = tuple(int(n == 0 or (il % n != 0 if swa.dense_first else il % n < first)) for il in range(n_layer))
+    return {"n_swa": n_swa, "swa_type": swa.kind, "swa_layers": layers}
 
 
 def _pooling(r: KeyReader) -> str:

@@ -44,9 +44,12 @@ class ModelMeta:
             raise MetadataError(f"{self.label}: {e}") from None
         return cls.from_metadata(self.label, self.metadata)
 
-    def build_graph(self, context: str | None = None, phase: str = "prefill", pooling: str | None = None) -> Graph:
+    def build_graph(self, context: str | None = None, phase: str = "prefill", pooling: str | None = None,
+                    n_ctx_seq: int = 0) -> Graph:
         """The graph of one ubatch: ``context`` picks the memory kind (default: the architecture's first),
-        ``phase`` prefill or decode, ``pooling`` how embeddings are reduced per sequence (default: the model's)."""
+        ``phase`` prefill or decode, ``pooling`` how embeddings are reduced per sequence (default: the model's),
+        ``n_ctx_seq`` the cells a sequence may use, for the few families whose graph depends on it (Phi-3's
+        LongRoPE factors; 0: not beyond the trained context)."""
         arch = self.arch
         context = context or arch.contexts[0]
         if context not in KINDS:
@@ -58,7 +61,7 @@ class ModelMeta:
             raise GraphirError(f"unknown phase '{phase}' (known: {', '.join(PHASES)})")
         if phase not in KINDS[context].phases:
             raise GraphirError(f"context '{context}' has no {phase} phase (it has: {', '.join(KINDS[context].phases)})")
-        b = GraphBuilder(arch, self.label, self.tensors, assemble(context, arch.needs), phase)
+        b = GraphBuilder(arch, self.label, self.tensors, assemble(context, arch.needs), phase, n_ctx_seq)
         arch.build(b)
         b.build_pooling(pooling or arch.hp.pooling)
         return b.graph({"arch": arch.name, "context": context, "phase": phase, "hparams": arch.hp.as_dict()})

@@ -43,7 +43,7 @@ class ModelView(Protocol):
     @property
     def hparams(self) -> HParams: ...
 
-    def program(self, kind: str, pooling: str = "none") -> tuple[Any, Graph]: ...
+    def program(self, kind: str, pooling: str = "none", n_ctx_seq: int = 0) -> tuple[Any, Graph]: ...
 
     def compiled(self, key: tuple[Any, ...], make: Callable[[], Graph]) -> Any: ...
 
@@ -53,11 +53,13 @@ class Context:
 
     def __init__(self, model: ModelView, n_ctx: int | None = None, n_batch: int = 512, n_ubatch: int = 512,
                  n_seq_max: int = 1, kind: str | None = None, embeddings: bool = False, type_k: str = "f16",
-                 type_v: str = "f16", unified: bool = True, pooling: str | None = None):
+                 type_v: str = "f16", unified: bool = True, pooling: str | None = None, swa_full: bool = False):
         """``kind``: the memory (default: the first the model's layers fit, graphir.memory.kinds: kv for
         decoders, none for encoders, recurrent for Mamba/RWKV). ``unified``: one pool of n_ctx cells shared by all sequences (default), or False for
         llama.cpp's non-unified layout, n_ctx // n_seq_max cells per sequence (see :mod:`graphir.memory.kv`).
-        ``pooling``: none, mean, cls or last (default: the model's); pooled contexts output every token."""
+        ``pooling``: none, mean, cls or last (default: the model's); pooled contexts output every token.
+        ``swa_full``: sliding-window layers keep every cell instead of a window-sized cache (llama.cpp's option;
+        needed for position edits and for rolling back further than the window)."""
         hp, arch = model.hparams, model.arch
         self.model, self.kind = model, kind or arch.contexts[0]
         if self.kind not in arch.contexts:
@@ -69,9 +71,11 @@ class Context:
                                f"with (its position embeddings end there)")
         self.n_batch, self.n_ubatch, self.n_seq_max = n_batch, min(n_ubatch, n_batch), n_seq_max
         self.pooling = pooling or hp.pooling
-        params = ContextParams(self.n_ctx, n_seq_max, self.n_ubatch, type_k, type_v, unified, owner=hp)
+        params = ContextParams(self.n_ctx, n_seq_max, self.n_ubatch, type_k, type_v, unified, swa_full, owner=hp)
         self._memory: Memory = assemble(self.kind, arch.needs, params)
-        self.program, self._graph = model.program(self.kind, self.pooling)
+        n_ctx_seq = self.n_ctx if unified else self.n_ctx // n_seq_max  # llama.cpp's n_ctx_seq
+        self.program, self._graph = model.program(self.kind, self.pooling, n_ctx_seq)
+        self._variant = arch.variant(n_ctx_seq)
         self._memory.bind_shift(self._graph, self._run_graph)
         self.has_logits = "logits" in self.program.outputs
         self.embeddings_enabled = embeddings or not self.has_logits  # an encoder's only output is embeddings
@@ -84,7 +88,7 @@ class Context:
     def _run_graph(self, key: tuple[Any, ...], make: Callable[[], Graph], env: dict[str, int],
                    feeds: dict[str, np.ndarray]) -> None:
         """Run a graph of the memory's own (the K-shift) on its buffers, compiled once per model and key."""
-        self.model.compiled((self.kind, self.pooling, *key), make).run(env, feeds)
+        self.model.compiled((self.kind, self.pooling, self._variant, *key), make).run(env, feeds)
 
     def decode(self, batch: Batch, taps: dict[str, np.ndarray] | None = None) -> None:
         """Run a batch; afterwards :meth:`logits` holds one row per requested output, in batch order.

@@ -69,11 +69,12 @@ class Model:
                     self._prepared[name] = self.backend.prepare_weight(t.data, t.qtype, t.ne0)
             return self._prepared[name]
 
-    def program(self, kind: str, pooling: str = "none") -> tuple[Program, Graph]:
-        """A context kind's compiled graph (the prefill graph: it binds any ubatch size), shared by contexts,
-        and the graph itself."""
-        program = self.compiled((kind, pooling), lambda: self.meta.build_graph(kind, "prefill", pooling))
-        return program, self._graphs[kind, pooling]
+    def program(self, kind: str, pooling: str = "none", n_ctx_seq: int = 0) -> tuple[Program, Graph]:
+        """A context kind's compiled graph (the prefill graph: it binds any ubatch size), shared by contexts
+        whose sizes give the same graph (Architecture.variant), and the graph itself."""
+        key = (kind, pooling, self.arch.variant(n_ctx_seq))
+        program = self.compiled(key, lambda: self.meta.build_graph(kind, "prefill", pooling, n_ctx_seq))
+        return program, self._graphs[key]
 
     def compiled(self, key: tuple[Any, ...], make: Callable[[], Graph]) -> Program:
         """The program of the graph ``make()`` builds, compiled once per key and shared by contexts (contexts
