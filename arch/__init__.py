@@ -13,9 +13,13 @@ from graphir.errors import MetadataError
 # architecture name -> module of this package that defines it (imported only when asked for)
 MODULES = {
     "bert": "bert",
+    "gemma2": "gemma",
+    "gemma3": "gemma",
+    "gpt2": "gpt2",
     "llama": "llama",
     "mamba": "mamba",
     "nomic-bert": "bert",
+    "phi3": "phi3",
     "qwen2": "llama",
     "qwen3": "llama",
     "rwkv6": "rwkv",

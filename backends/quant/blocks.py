@@ -47,6 +47,15 @@ def repack_q4_0(b):
     return _field(b, 2, 18), block_f16(b, 0)
 
 
+def repack_q5_0(b):
+    """qs, the fifth bits regrouped per qs byte (bit 0: the low nibble's element j, bit 1: the high nibble's
+    element j + 16), and d."""
+    hbits = _field(b, 2, 6).view(np.uint32).reshape(b.shape[0], b.shape[1], 1)
+    j = np.arange(16, dtype=np.uint32)
+    qh = ((hbits >> j) & 1) | (((hbits >> (j + 16)) & 1) << 1)
+    return _field(b, 6, 22), np.ascontiguousarray(qh.astype(np.uint8)).reshape(b.shape[0], -1), block_f16(b, 0)
+
+
 def repack_q4_1(b):
     return _field(b, 4, 20), block_f16(b, 0), block_f16(b, 2)
 
@@ -137,6 +146,16 @@ def row_q4_0(qs, d, i, w, a, with_min):
         q = np.int32(qs[i, j])
         w[a, j] = d[i, j >> 4] * _F32((q & 15) - 8)
         w[a, kp + j] = d[i, j >> 4] * _F32((q >> 4) - 8)
+
+
+@njit(**_inl)
+def row_q5_0(qs, qh, d, i, w, a, with_min):
+    kp = max(qs.shape[1], 0)
+    for j in range(kp):
+        q = np.int32(qs[i, j])
+        h = np.int32(qh[i, j])
+        w[a, j] = d[i, j >> 4] * _F32(((q & 15) | ((h & 1) << 4)) - 16)
+        w[a, kp + j] = d[i, j >> 4] * _F32(((q >> 4) | ((h & 2) << 3)) - 16)
 
 
 @njit(**_inl)
@@ -233,6 +252,15 @@ def deq_q4_0(qs, d, ids, inv, out):
     for m in prange(ids.shape[0]):
         w = np.empty((1, out.shape[1]), _F32)
         row_q4_0(qs, d, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_q5_0(qs, qh, d, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_q5_0(qs, qh, d, ids[m], w, 0, True)
         for e in range(out.shape[1]):
             out[m, e] = w[0, inv[e]]
 

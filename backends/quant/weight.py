@@ -15,12 +15,12 @@ import numpy as np
 
 from graphir.backends.quant.activation import ACT
 from graphir.backends.quant.blocks import (
-    deq_bf16, deq_f16, deq_f32, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_k, deq_q6_k, deq_q8_0, repack_q4_0, repack_q4_1,
-    repack_q4_k, repack_q5_k, repack_q6_k, repack_q8_0)
+    deq_bf16, deq_f16, deq_f32, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_0, deq_q5_k, deq_q6_k, deq_q8_0, repack_q4_0,
+    repack_q4_1, repack_q4_k, repack_q5_0, repack_q5_k, repack_q6_k, repack_q8_0)
 from graphir.backends.quant.exact import exact_gemm, exact_gemv, pack_q4_1, pack_q8_0
 from graphir.backends.quant.stream import (
-    GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_0, gemm_q4_k, gemm_q5_k, gemm_q6_k, gemv_f32,
-    gemv_q4_0, gemv_q4_k, gemv_q5_k, gemv_q6_k)
+    GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_0, gemm_q4_k, gemm_q5_0, gemm_q5_k, gemm_q6_k,
+    gemv_f32, gemv_q4_0, gemv_q4_k, gemv_q5_0, gemv_q5_k, gemv_q6_k)
 
 __all__ = ["QWeight", "SUPPORTED"]
 
@@ -53,6 +53,7 @@ _TYPES: dict[T, _Kind] = {
     T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, exact_gemv(q4_1=False), exact_gemm(q4_1=False),
                   deq_q8_0, pack_q8_0, 7),
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, gemv_q4_0, gemm_q4_0, deq_q4_0),
+    T.Q5_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q5_0, gemv_q5_0, gemm_q5_0, deq_q5_0),
     T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv(q4_1=True), exact_gemm(q4_1=True),
                   deq_q4_1, pack_q4_1, 3),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, gemm_q4_k, deq_q4_k),

@@ -257,12 +257,12 @@ class GraphBuilder:
             return (self.reshape(q, (d, H, T_), name="Qcur.heads"), self.reshape(k, (d, Hkv, T_), name="Kcur.heads"),
                     self.reshape(v, (dv, Hkv, T_), name="Vcur.heads"))
         bias = self.w(MODEL_TENSOR.ATTN_QKV, il, "bias")
-        if bias is None:  # a fused weight may come with three separate biases (as in llama.cpp: all three or none)
+        if bias is None:  # a fused weight may come with separate q/k/v biases: llama.cpp joins all three, if all are
             names = [tensor_name(t, il, "bias") for t in (MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V)]
             if all(n in self.arch.specs and n in self.tensors for n in names):
                 q_b, k_b, v_b = (self.weight(n) for n in names)
-                bias = self.op("concat", self.op("concat", q_b, k_b, dim=0, name="qk_b"), v_b, dim=0,  # type: ignore[arg-type]
-                               name="qkv_b")
+                qk_b = self.op("concat", q_b, k_b, dim=0, name="qk_b")  # type: ignore[arg-type]
+                bias = self.op("concat", qk_b, v_b, dim=0, name="qkv_b")  # type: ignore[arg-type]
         qkv = self.linear(x, fused, bias, name="wqkv")
         q_w, k_w = d * H, d * Hkv
         row = q_w + k_w + dv * Hkv

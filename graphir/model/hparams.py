@@ -242,7 +242,8 @@ def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str,
     if swa is None:
         return {}
     k = r.key(Keys.Attention.SLIDING_WINDOW)
-    n_swa = r.get(Keys.Attention.SLIDING_WINDOW, int, swa.window or None, required=not swa.window)
+    optional = bool(swa.window or swa.off_when_zero)
+    n_swa = r.get(Keys.Attention.SLIDING_WINDOW, int, swa.window, required=not optional)
     if n_swa <= 0:
         if swa.off_when_zero:
             return {}

