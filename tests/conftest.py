@@ -357,3 +357,25 @@ def fail_on_run(monkeypatch: pytest.MonkeyPatch, ctx: Any, n: int) -> list[int]:
 
     monkeypatch.setattr(ctx.program, "run", failing)
     return calls
+
+
+class TinyModels:
+    """Tiny random-weight GGUFs of named presets, each written (per matrix type) and loaded once: what a test
+    module's fixtures hand out as ``path(name, dtype)`` and ``model(name, dtype)``."""
+
+    def __init__(self, directory: Path, presets: dict[str, Preset]):
+        self.dir, self.presets = directory, presets
+        self._paths: dict[tuple[str, gguf.GGMLQuantizationType], Path] = {}
+        self._models: dict[tuple[str, gguf.GGMLQuantizationType], Any] = {}
+
+    def path(self, name: str, dtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32) -> Path:
+        if (name, dtype) not in self._paths:
+            self._paths[name, dtype] = write_model_gguf(self.dir / f"{name}-{dtype.name}.gguf", self.presets[name], dtype)
+        return self._paths[name, dtype]
+
+    def model(self, name: str, dtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32) -> Any:
+        from graphir.running.runtime import load
+
+        if (name, dtype) not in self._models:
+            self._models[name, dtype] = load(str(self.path(name, dtype)))
+        return self._models[name, dtype]

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import gguf
 import numpy as np
 import pytest
-from conftest import assert_llama_logits, make_tiny_preset, memory_bytes, write_model_gguf, write_vocab_gguf
+from conftest import TinyModels, assert_llama_logits, make_tiny_preset, memory_bytes, write_vocab_gguf
 from test_families import LlamaCpp, graphir_greedy, llama_cpp_greedy
 
 from graphir.cli import main
@@ -41,7 +41,7 @@ from graphir.model.meta import from_preset, open_model
 from graphir.model.presets import Preset
 from graphir.running.batch import Batch
 from graphir.running.context import Context
-from graphir.running.runtime import Model, load
+from graphir.running.runtime import Model
 
 Q = gguf.GGMLQuantizationType
 K = gguf.Keys
@@ -76,29 +76,20 @@ MODELS: dict[str, Preset] = {
 
 
 @pytest.fixture(scope="module")
-def gemma_file(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """``gemma_file(name, dtype=F32)``: the tiny model's GGUF, written once per module."""
-    d = tmp_path_factory.mktemp("gemma")
-    paths: dict[tuple[str, Q], Path] = {}
-
-    def get(name: str, dtype: Q = Q.F32) -> Path:
-        if (name, dtype) not in paths:
-            paths[name, dtype] = write_model_gguf(d / f"{name}-{dtype.name}.gguf", MODELS[name], dtype)
-        return paths[name, dtype]
-
-    return get
+def tinies(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("gemma"), MODELS)
 
 
 @pytest.fixture(scope="module")
-def gemma(gemma_file: Callable[..., Path]) -> Callable[..., Model]:
-    models: dict[tuple[str, Q], Model] = {}
+def gemma_file(tinies: TinyModels) -> Callable[..., Path]:
+    """``gemma_file(name, dtype=F32)``: the tiny model's GGUF, written once per module."""
+    return tinies.path
 
-    def get(name: str, dtype: Q = Q.F32) -> Model:
-        if (name, dtype) not in models:
-            models[name, dtype] = load(str(gemma_file(name, dtype)))
-        return models[name, dtype]
 
-    return get
+@pytest.fixture(scope="module")
+def gemma(tinies: TinyModels) -> Callable[..., Model]:
+    """``gemma(name, dtype=F32)``: the loaded tiny model, shared by the module's tests."""
+    return tinies.model
 
 
 class GemmaCpp(LlamaCpp):

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import gguf
 import numpy as np
 import pytest
-from conftest import make_tiny_preset, write_model_gguf
+from conftest import TinyModels, make_tiny_preset, write_model_gguf
 from test_families import LlamaCpp, graphir_greedy, llama_cpp_greedy
 
 from graphir.cli import main
@@ -31,7 +31,7 @@ from graphir.graph.forms import to_text
 from graphir.model.meta import open_model
 from graphir.model.presets import Preset
 from graphir.running.batch import Batch
-from graphir.running.runtime import Model, load
+from graphir.running.runtime import Model
 
 Q = gguf.GGMLQuantizationType
 K, A, R = gguf.Keys.LLM, gguf.Keys.Attention, gguf.Keys.Rope
@@ -66,29 +66,20 @@ MAIN = pytest.mark.parametrize("name", ["gpt2", "phi3", "phi3-partial"])
 
 
 @pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """``gguf_file(name, dtype=F32)``: the tiny model's GGUF, written once per module."""
-    d = tmp_path_factory.mktemp("gpt2-phi3")
-    paths: dict[tuple[str, Q], Path] = {}
-
-    def get(name: str, dtype: Q = Q.F32) -> Path:
-        if (name, dtype) not in paths:
-            paths[name, dtype] = write_model_gguf(d / f"{name}-{dtype.name}.gguf", MODELS[name], dtype)
-        return paths[name, dtype]
-
-    return get
+def tinies(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("gpt2-phi3"), MODELS)
 
 
 @pytest.fixture(scope="module")
-def tiny(gguf_file: Callable[..., Path]) -> Callable[..., Model]:
-    models: dict[tuple[str, Q], Model] = {}
+def gguf_file(tinies: TinyModels) -> Callable[..., Path]:
+    """``gguf_file(name, dtype=F32)``: the tiny model's GGUF, written once per module."""
+    return tinies.path
 
-    def get(name: str, dtype: Q = Q.F32) -> Model:
-        if (name, dtype) not in models:
-            models[name, dtype] = load(str(gguf_file(name, dtype)))
-        return models[name, dtype]
 
-    return get
+@pytest.fixture(scope="module")
+def tiny(tinies: TinyModels) -> Callable[..., Model]:
+    """``tiny(name, dtype=F32)``: the loaded tiny model, shared by the module's tests."""
+    return tinies.model
 
 
 class LlamaCppF32(LlamaCpp):

@@ -25,7 +25,9 @@ from graphir.source import load_graph
 
 QT = gguf.GGMLQuantizationType
 PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Qwen2.5-0.5B", "Qwen2.5-72B",
-           "BERT-base", "all-MiniLM-L6-v2", "Mamba-130M", "Mamba-2.8B", "RWKV6-1.6B"]
+           "Qwen3-0.6B", "Qwen3-8B", "SmolLM3-3B", "GPT-2", "Phi-3-mini-4k", "Phi-3.5-mini", "Phi-4-mini", "BERT-base",
+           "all-MiniLM-L6-v2", "Mamba-130M", "Mamba-2.8B", "Gemma-2-2B", "Gemma-2-27B", "Gemma-3-1B", "Gemma-3-27B",
+           "Gemma-3-270M", "RWKV6-1.6B"]
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers
@@ -171,7 +173,7 @@ def test_usage_errors_are_one_line(capsys, argv, fragment):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_dump_every_preset_in_every_form(capsys, preset):
     text = ok(capsys, "dump", preset)
-    assert text.startswith("graphir graph v1\n") and "\n... blk.2-" in text  # folded
+    assert text.startswith("graphir graph v1\n") and "\n... blk." in text  # folded (interleaved: layer by layer)
     full = ok(capsys, "dump", preset, "--full")
     assert "..." not in full and len(full) > len(text)
     doc = json.loads(ok(capsys, "dump", preset, "--format", "json"))
@@ -483,7 +485,8 @@ ERROR_CASES = {
     "cut inside metadata": (lambda tp: ["dump", _cut_inside_metadata(tp)], "{0}: truncated inside metadata"),
     "unknown architecture": (
         lambda tp: ["dump", write_tiny_gguf(tp / "arch.gguf", arch="llamazing")],
-        "{0}: unknown architecture 'llamazing' (known: bert, llama, mamba, nomic-bert, qwen2, rwkv6)"),
+        "{0}: unknown architecture 'llamazing' (known: bert, gemma2, gemma3, gpt2, llama, mamba, nomic-bert, phi3, "
+        "qwen2, qwen3, rwkv6, smollm3)"),
     "missing hparam": (
         lambda tp: ["dump", write_tiny_gguf(tp / "key.gguf", drop_keys=(RMS_EPS_KEY,))],
         "{0}: missing key 'llama.attention.layer_norm_rms_epsilon'"),
@@ -591,7 +594,10 @@ def test_smollm2_check_passes(capsys, smol):
 def test_smollm2_info_shows_272_tensors(capsys, smol):
     out = ok(capsys, "info", smol)
     assert "\ntensors  272\n" in out
-    assert "\ntotal    134515008 parameters, " in out and out.endswith(" in 272 tensors\n")
+    assert "\ntotal    134515008 parameters, " in out and " in 272 tensors\n" in out
+    # the KV cache at the default 4096 cells: 30 layers x (K + V) x 192 values x 2 bytes per cell
+    assert out.endswith("memory   kv at n_ctx 4096, n_seq_max 1, n_ubatch 512: 94371840 bytes\n"
+                        "  size   cells  buffers     bytes\n  n_ctx   4096       60  94371840\n")
     doc = json.loads(ok(capsys, "info", smol, "--json"))
     assert doc["n_tensors"] == 272 and doc["gguf"]["version"] == 3 and not doc["gguf"]["header_only"]
     assert doc["total_bytes"] + doc["gguf"]["data_start"] == doc["gguf"]["file_bytes"]
