@@ -11,12 +11,12 @@ llama.cpp runs the same context (swa_full off, the same cache type, no flash att
 
 Bounds: with Q8_0 weights and an f16 cache (the path graphir emulates operation by operation) the logits are
 llama.cpp's bit for bit (where graphir runs the oracle's CPU path, conftest.oracle_is_exact; elsewhere
-isa.APPROX). With F32 weights and an F32 cache they are within 2e-3: graphir's F32 matmuls and F32-cache
-attention do not add in llama.cpp's order to the last bit, and ggml's GELU reads an f16 table, so a one-ulp
-difference in its input can pick the neighbouring entry (a 1e-4 step) that the post-FFN norms carry on to
-the logits (measured on this prompt: gemma2 5.8e-4, gemma3 6.7e-4; 1.2e-3 for gemma3 on another one; a
-Llama of the same size, whose SiLU has no table, 3e-6). Greedy continuations are llama.cpp's for F32, F16
-and Q8_0 weights.
+isa.APPROX). With F32 weights and an F32 cache they are within 1e-3 on this prompt: graphir's F32 matmuls
+and F32-cache attention do not add in llama.cpp's order to the last bit, and ggml's GELU reads an f16 table,
+so a one-ulp difference in its input can pick the neighbouring entry (a 1e-4 step) that the post-FFN norms
+carry on to the logits (measured on this prompt: gemma2 5.8e-4, gemma3 6.7e-4; 1.2e-3 for gemma3 on another
+one, beyond this bound; a Llama of the same size, whose SiLU has no table, 3e-6). Greedy continuations are
+llama.cpp's for F32, F16 and Q8_0 weights.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ FAMILIES = pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
 WINDOW, N_UBATCH, N_CTX = 8, 16, 512
 TOKENS = np.random.default_rng(7).integers(0, 256, 400).tolist()
 LONG = 300  # more positions than the SWA cache's 256 cells
-F32_BOUND = 2e-3  # F32 weights against llama.cpp (see the module docstring)
+F32_BOUND = 1e-3  # F32 weights against llama.cpp (see the module docstring)
 CLOSE = 2e-4  # graphir against itself, the same numbers computed in another order
 
 COMMON = {K.LLM.CONTEXT_LENGTH: 1024, K.Attention.KEY_LENGTH: 32, K.Attention.VALUE_LENGTH: 32,
