@@ -15,7 +15,6 @@ src/models/gemma2.cpp and gemma3.cpp (as vendored in llama-cpp-python 0.3.36).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any, Mapping
 
 from gguf import MODEL_TENSOR as T
@@ -26,13 +25,8 @@ from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder
-from graphir.model.hparams import HParams, Key, SlidingWindow, f32
+from graphir.model.hparams import Key, SlidingWindow, f32, inv_sqrt
 from graphir.model.tensors import TensorSpec, spec, tensor_name
-
-
-def _inv_sqrt(x: float) -> float:
-    """1 / sqrt(x) as float32 arithmetic gives it (both steps correctly rounded to float32)."""
-    return f32(1.0 / f32(math.sqrt(f32(float(x)))))
 
 
 class Gemma2(Llama):
@@ -41,17 +35,12 @@ class Gemma2(Llama):
     swa = SlidingWindow("standard", window=4096, period=2)  # even layers local, odd layers global
     keys = (Key("attn_softcap", Keys.LLM.ATTN_LOGIT_SOFTCAPPING, float, 50.0),
             Key("final_softcap", Keys.LLM.FINAL_LOGIT_SOFTCAPPING, float, 30.0),
-            Key("rope_freq_base_swa", Keys.Rope.FREQ_BASE_SWA, float, None))  # absent: the model's freq_base
+            Key("rope_freq_base_swa", Keys.Rope.FREQ_BASE_SWA, float, default_from="rope_freq_base"))
+    out_bias = False
     # The 27B model (known to llama.cpp by its layer count) scales queries by 1/sqrt(n_embd / n_head) (its
     # query_pre_attn_scalar), the other sizes by 1/sqrt(head_dim).
     layers_of_27b = 46
     capped = ("attn_softcap", "final_softcap")  # soft caps always applied: 0 would divide by zero
-
-    def __init__(self, hp: HParams):
-        if hp.rope_freq_base_swa is None:  # local layers rotate as the global ones unless the file says otherwise
-            hp = replace(hp, family=tuple((k, hp.rope_freq_base if k == "rope_freq_base_swa" else v)
-                                          for k, v in hp.family))
-        super().__init__(hp)
 
     @classmethod
     def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
@@ -62,59 +51,41 @@ class Gemma2(Llama):
                                     f"{getattr(arch.hp, k.field)}: a soft cap must be positive")
         return arch
 
-    # ---- tensors ---------------------------------------------------------------------------------------
+    # ---- tensors: Llama's, with a norm after attention and after the FFN, no biases, a tied head -------------
 
-    def tensors(self) -> list[TensorSpec]:
-        hp = self.hp
-        E, V = hp.n_embd, hp.n_vocab
-        specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"), *self.head_tensors()]
-        for il in range(hp.n_layer):
-            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.mix_tensors(il),
-                      spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), *self.ffn_tensors(il),
-                      spec(T.FFN_POST_NORM, (E,), il, kind="vector")]
-        return specs
+    def layer_tensors(self, il: int) -> list[TensorSpec]:
+        E = self.hp.n_embd
+        return [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.mix_tensors(il),
+                spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), *self.ffn_tensors(il),
+                spec(T.FFN_POST_NORM, (E,), il, kind="vector")]
 
     def head_tensors(self) -> list[TensorSpec]:
-        """The LM head: Gemma 2 always reads token_embd (the file has no output.weight)."""
+        return []  # the LM head is token_embd: the file has no output.weight
+
+    def rope_tensors(self) -> list[TensorSpec]:
         return []
 
-    def mix_tensors(self, il: int) -> list[TensorSpec]:
-        out_bias = tensor_name(T.ATTN_OUT, il, "bias")  # llama's optional output bias: Gemma has none
-        return [s for s in super().mix_tensors(il) if s.name != out_bias]
-
-    # ---- graph -----------------------------------------------------------------------------------------
+    # ---- what Gemma varies -------------------------------------------------------------------------------
 
     def q_scale(self) -> float:
         hp = self.hp
-        if hp.n_layer == self.layers_of_27b:
-            return _inv_sqrt(hp.n_embd // hp.head_count(0))
-        return _inv_sqrt(hp.n_embd_head_k)
+        return inv_sqrt(hp.n_embd // hp.head_count(0) if hp.n_layer == self.layers_of_27b else hp.n_embd_head_k)
 
     def rope_at(self, il: int) -> tuple[float | None, float | None]:
-        """(freq_base, freq_scale) of layer il (None: the model's): local layers rotate with rope.freq_base_swa
-        and, in Gemma 2, the model's scaling."""
+        """Local layers rotate with rope.freq_base_swa and, in Gemma 2, the model's scaling."""
         return (self.hp.rope_freq_base_swa, None) if self.hp.is_swa(il) else (None, None)
+
+    def rope_factors(self, b: GraphBuilder) -> Node | None:
+        return None
 
     def score_cap(self) -> float:
         return self.hp.attn_softcap
 
-    def lm_head(self, b: GraphBuilder) -> Node | None:
-        return b.w(T.TOKEN_EMBD)
-
-    def qk_norm(self, b: GraphBuilder, q: Node, k: Node, il: int) -> tuple[Node, Node]:
-        return q, k
-
-    def mix(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
-        """Layer il's attention: local (sliding window) or global, queries pre-scaled, scores soft-capped."""
-        q, k, v = b.build_qkv(h, il)
-        q, k = self.qk_norm(b, q, k, il)
-        base, scale = self.rope_at(il)
-        q = b.rope(q, pos, name="Qcur.rope", freq_base=base, freq_scale=scale)
-        k = b.rope(k, pos, name="Kcur.rope", freq_base=base, freq_scale=scale)
-        q = b.op("scale", q, s=self.q_scale(), name="Qcur.scaled")
-        return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), kq_scale=1.0, softcap=self.score_cap())
+    def lm_head(self, b: GraphBuilder) -> tuple[Node | None, Node | None]:
+        return b.w(T.TOKEN_EMBD), None
 
     def build(self, b: GraphBuilder) -> None:
+        """Sandwich norms: attention and FFN outputs are normalised before they join the residual stream."""
         hp = self.hp
         x = b.op("scale", b.build_inp_embd(b.w(T.TOKEN_EMBD)), s=f32(math.sqrt(hp.n_embd)), name="inp_scaled")
         pos = b.build_inp_pos()
@@ -133,7 +104,8 @@ class Gemma2(Llama):
                 f = b.build_norm(f, b.w(T.FFN_POST_NORM, il), name="ffn_post_norm")
                 x = b.op("add", f, x, name="l_out")
         x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
-        b.build_output(x, self.lm_head(b), softcap=hp.final_softcap)
+        head, _ = self.lm_head(b)
+        b.build_output(x, head, softcap=hp.final_softcap)
 
 
 class Gemma3(Gemma2):
@@ -142,29 +114,20 @@ class Gemma3(Gemma2):
     swa = SlidingWindow("standard", window=0, period=6, off_when_zero=True)
     keys = (Key("final_softcap", Keys.LLM.FINAL_LOGIT_SOFTCAPPING, float, 0.0),  # 0: logits not capped
             Key("rope_freq_base_swa", Keys.Rope.FREQ_BASE_SWA, float, 10000.0))
+    qk_norm = True  # instead of capped scores
     layers_of_27b = 62
     capped = ()
 
     def score_cap(self) -> float:
-        return 0.0  # QK-norm instead of capped scores
+        return 0.0
 
     def head_tensors(self) -> list[TensorSpec]:
         hp = self.hp
         return [spec(T.OUTPUT, (hp.n_embd, hp.n_vocab), tied_to=tensor_name(T.TOKEN_EMBD))]
 
-    def mix_tensors(self, il: int) -> list[TensorSpec]:
-        d = self.hp.n_embd_head_k
-        return [*super().mix_tensors(il), spec(T.ATTN_Q_NORM, (d,), il, kind="vector"),
-                spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
-
-    def lm_head(self, b: GraphBuilder) -> Node | None:
-        return b.w(T.OUTPUT)  # token_embd when the file has no output.weight
+    def lm_head(self, b: GraphBuilder) -> tuple[Node | None, Node | None]:
+        return b.w(T.OUTPUT), None  # token_embd when the file has no output.weight
 
     def rope_at(self, il: int) -> tuple[float | None, float | None]:
         """Local layers: rope.freq_base_swa and no scaling; global layers: the model's base and scaling."""
         return (self.hp.rope_freq_base_swa, 1.0) if self.hp.is_swa(il) else (None, None)
-
-    def qk_norm(self, b: GraphBuilder, q: Node, k: Node, il: int) -> tuple[Node, Node]:
-        """QK-norm: every head of Q and K RMS-normalised over its own values, with a learned scale."""
-        return (b.build_norm(q, b.w(T.ATTN_Q_NORM, il), name="Qcur_normed"),
-                b.build_norm(k, b.w(T.ATTN_K_NORM, il), name="Kcur_normed"))

@@ -17,31 +17,45 @@ from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 
 class Llama(Architecture):
+    """The pre-norm decoder the other families of this module, and Gemma and Phi-3, vary: each layer is
+    ``x += attn(norm(x))`` then ``x += ffn(norm(x))``. What they change is asked of the hooks below."""
+
     name = "llama"
     rope_mode = "norm"  # the converter permuted Q/K rows so that adjacent pairs rotate
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
     qkv_bias = False  # q/k/v biases are optional extras
+    out_bias = True  # attn_output may carry an (optional) bias
+    qk_norm = False  # QK-norm: each head of Q and K RMS-normalised over its own values, with a learned scale
+
+    # ---- tensors ---------------------------------------------------------------------------------------
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
-        E, V = hp.n_embd, hp.n_vocab
-        specs = [
-            spec(T.TOKEN_EMBD, (E, V)),
-            spec(T.OUTPUT_NORM, (E,), kind="vector"),
-            spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
-            spec(T.OUTPUT, (V,), suffix="bias", kind="vector", optional=True),
-            spec(T.ROPE_FREQS, (hp.n_rot // 2,), kind="vector", optional=True),
-        ]
+        specs = [spec(T.TOKEN_EMBD, (hp.n_embd, hp.n_vocab)), spec(T.OUTPUT_NORM, (hp.n_embd,), kind="vector"),
+                 *self.head_tensors(), *self.rope_tensors()]
         for il in range(hp.n_layer):
-            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.mix_tensors(il), *self.ffn_tensors(il)]
+            specs += self.layer_tensors(il)
         return specs
 
+    def head_tensors(self) -> list[TensorSpec]:
+        """The LM head: its own matrix or token_embd's, and an optional bias."""
+        E, V = self.hp.n_embd, self.hp.n_vocab
+        return [spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
+                spec(T.OUTPUT, (V,), suffix="bias", kind="vector", optional=True)]
+
+    def rope_tensors(self) -> list[TensorSpec]:
+        """Per-frequency divisors of RoPE shared by all layers (Llama-3.1 writes them)."""
+        return [spec(T.ROPE_FREQS, (self.hp.n_rot // 2,), kind="vector", optional=True)]
+
+    def layer_tensors(self, il: int) -> list[TensorSpec]:
+        return [spec(T.ATTN_NORM, (self.hp.n_embd,), il, kind="vector"), *self.mix_tensors(il), *self.ffn_tensors(il)]
+
     def mix_tensors(self, il: int) -> list[TensorSpec]:
-        """Layer il's token mixing: self-attention's projections."""
+        """Layer il's token mixing: self-attention's projections (and QK-norm scales)."""
         hp = self.hp
-        E, q_out, kv_out, v_out = hp.n_embd, hp.head_count(il) * hp.n_embd_head_k, hp.n_embd_k_gqa_at(il), \
-            hp.n_embd_v_gqa_at(il)
-        return [
+        E, d, q_out, kv_out, v_out = hp.n_embd, hp.n_embd_head_k, hp.head_count(il) * hp.n_embd_head_k, \
+            hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)
+        specs = [
             spec(T.ATTN_Q, (E, q_out), il),
             spec(T.ATTN_K, (E, kv_out), il),
             spec(T.ATTN_V, (E, v_out), il),
@@ -49,8 +63,12 @@ class Llama(Architecture):
             spec(T.ATTN_Q, (q_out,), il, "bias", kind="vector", optional=not self.qkv_bias),
             spec(T.ATTN_K, (kv_out,), il, "bias", kind="vector", optional=not self.qkv_bias),
             spec(T.ATTN_V, (v_out,), il, "bias", kind="vector", optional=not self.qkv_bias),
-            spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True),
         ]
+        if self.out_bias:
+            specs.append(spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True))
+        if self.qk_norm:
+            specs += [spec(T.ATTN_Q_NORM, (d,), il, kind="vector"), spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
+        return specs
 
     def ffn_tensors(self, il: int) -> list[TensorSpec]:
         E, F = self.hp.n_embd, self.hp.ff_length(il)
@@ -61,29 +79,58 @@ class Llama(Architecture):
             spec(T.FFN_DOWN, (F, E), il),
         ]
 
-    def mix(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
-        """Layer il's token mixing: RoPE'd grouped-query self-attention, through whatever memory the layer has."""
-        q, k, v = b.build_qkv(h, il)
-        q, k = self.qk_norm(b, q, k, il)
-        if self.roped(il):
-            q = b.rope(q, pos, freq_factors, name="Qcur.rope")
-            k = b.rope(k, pos, freq_factors, name="Kcur.rope")
-        return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias"), kq_scale=b.kq_scale())
-
-    def qk_norm(self, b: GraphBuilder, q: Node, k: Node, il: int) -> tuple[Node, Node]:
-        """What happens to Q and K heads before RoPE: nothing in Llama."""
-        return q, k
+    # ---- what a family varies ----------------------------------------------------------------------------
 
     def roped(self, il: int) -> bool:
         """Whether layer il rotates Q and K (every layer in Llama)."""
         return True
+
+    def rope_at(self, il: int) -> tuple[float | None, float | None]:
+        """Layer il's RoPE (freq_base, freq_scale); None: the model's."""
+        return None, None
+
+    def rope_factors(self, b: GraphBuilder) -> Node | None:
+        return b.w(T.ROPE_FREQS)
+
+    def q_scale(self) -> float:
+        """A factor Q is multiplied by before attention, which then does not scale scores (0: none; scores are
+        scaled by 1/sqrt(head size))."""
+        return 0.0
+
+    def score_cap(self) -> float:
+        """Soft cap of attention scores (0: none)."""
+        return 0.0
+
+    def lm_head(self, b: GraphBuilder) -> tuple[Node | None, Node | None]:
+        return b.w(T.OUTPUT), b.w(T.OUTPUT, suffix="bias")
+
+    # ---- graph -----------------------------------------------------------------------------------------
+
+    def mix(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
+        """Layer il's token mixing: RoPE'd grouped-query self-attention, through whatever memory the layer has."""
+        q, k, v = b.build_qkv(h, il)
+        if self.qk_norm:
+            q = b.build_norm(q, b.w(T.ATTN_Q_NORM, il), name="Qcur_normed")
+            k = b.build_norm(k, b.w(T.ATTN_K_NORM, il), name="Kcur_normed")
+        if self.roped(il):
+            base, scale = self.rope_at(il)
+            q = b.rope(q, pos, freq_factors, name="Qcur.rope", freq_base=base, freq_scale=scale)
+            k = b.rope(k, pos, freq_factors, name="Kcur.rope", freq_base=base, freq_scale=scale)
+        q_scale = self.q_scale()
+        if q_scale:
+            q = b.op("scale", q, s=q_scale, name="Qcur.scaled")
+        return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias") if self.out_bias else None,
+                            kq_scale=1.0 if q_scale else b.kq_scale(), softcap=self.score_cap())
+
+    def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
+        return b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))  # type: ignore[arg-type]
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
         out_ids = b.build_inp_out_ids()
-        freq_factors = b.w(T.ROPE_FREQS)  # Llama-3.1 style per-frequency divisors, when present
+        freq_factors = self.rope_factors(b)
         for il in range(hp.n_layer):
             with b.layer(il):
                 h = b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm")
@@ -92,11 +139,10 @@ class Llama(Architecture):
                     a = b.op("get_rows", a, out_ids, name="attn_out.rows")
                     x = b.op("get_rows", x, out_ids, name="inp.rows")
                 x = b.op("add", a, x, name="ffn_inp")
-                h = b.build_norm(x, b.w(T.FFN_NORM, il), name="ffn_norm")
-                f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))
+                f = self.ffn(b, b.build_norm(x, b.w(T.FFN_NORM, il), name="ffn_norm"), il)
                 x = b.op("add", f, x, name="l_out")
         x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
-        b.build_output(x, b.w(T.OUTPUT), b.w(T.OUTPUT, suffix="bias"))
+        b.build_output(x, *self.lm_head(b))
 
 
 class Qwen2(Llama):
@@ -108,16 +154,7 @@ class Qwen2(Llama):
 class Qwen3(Llama):
     name = "qwen3"
     rope_mode = "neox"
-
-    def mix_tensors(self, il: int) -> list[TensorSpec]:
-        d = self.hp.n_embd_head_k
-        return [*super().mix_tensors(il), spec(T.ATTN_Q_NORM, (d,), il, kind="vector"),
-                spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
-
-    def qk_norm(self, b: GraphBuilder, q: Node, k: Node, il: int) -> tuple[Node, Node]:
-        """QK-norm: each head of Q and K RMS-normalised over its own d values, with a learned scale."""
-        return (b.build_norm(q, b.w(T.ATTN_Q_NORM, il), name="Qcur_normed"),
-                b.build_norm(k, b.w(T.ATTN_K_NORM, il), name="Kcur_normed"))
+    qk_norm = True
 
 
 class SmolLM3(Llama):

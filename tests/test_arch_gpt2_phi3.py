@@ -246,7 +246,7 @@ def test_phi3_reads_its_sliding_window_and_slides_nowhere(tiny: Callable[..., Mo
 def test_phi3_without_any_qkv_projection_is_reported(tmp_path: Path) -> None:
     path = write_model_gguf(tmp_path / "no-qkv.gguf", MODELS["phi3"], drop=("blk.1.attn_qkv.weight",))
     assert main(["check", str(path)]) == 1
-    with pytest.raises(GraphirError, match="missing tensor 'blk.1.attn_qkv.weight'"):
+    with pytest.raises(GraphirError, match="missing tensor .blk.1.attn_qkv.weight. \\(or .blk.1.attn_q.weight. "):
         open_model(str(path)).build_graph("kv", "decode")
 
 

@@ -111,3 +111,13 @@ def test_building_a_graph_never_reads_tensor_data(tmp_path: Path, tiny_preset: C
     path.write_bytes(bytes(data))
     digest = hashlib.sha256(to_text(open_model(str(path)).build_graph()).encode()).hexdigest()
     assert digest == hashlib.sha256(to_text(open_model(str(header.path)).build_graph()).encode()).hexdigest()
+
+
+def test_a_layer_with_neither_fused_nor_separate_qkv_names_both(tmp_path: Path,
+                                                                 tiny_preset: Callable[..., Preset]) -> None:
+    """BERT may have attn_qkv or attn_q/k/v: a file with neither (whole) is refused naming the missing ones."""
+    path = write_model_gguf(tmp_path / "bert.gguf", tiny_preset("bert"), drop=("blk.1.attn_k.weight",))
+    with pytest.raises(TensorError) as e:
+        open_model(str(path)).build_graph()
+    assert str(e.value) == (f"{path}: missing tensor 'blk.1.attn_qkv.weight' (or 'blk.1.attn_k.weight' of separate "
+                            f"projections)")

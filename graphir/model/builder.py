@@ -7,7 +7,6 @@ by the context's memory object, which the builder delegates to: an architecture 
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from enum import Enum
 from typing import Any, Iterator, Mapping, Protocol
@@ -16,7 +15,7 @@ from gguf import MODEL_TENSOR
 
 from graphir.graph.dims import Dim, DimDecl, Sym
 from graphir.errors import GraphError, TensorError
-from graphir.model.hparams import HParams, f32
+from graphir.model.hparams import HParams, f32, inv_sqrt
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS, ShapeError, infer
 from graphir.model.tensors import TensorDecl, TensorSpec, dtype_name, tensor_name
@@ -241,8 +240,7 @@ class GraphBuilder:
         return self.op("scale", self.op("tanh", y, name=f"{name}.tanh"), s=cap, name=name)
 
     def kq_scale(self) -> float:
-        # NOTE: llama.cpp computes 1.0f/sqrtf(float(d)) in float32; 1/sqrt in double rounds differently for d=24, 96
-        return self.hp.attn_scale or f32(f32(1.0) / f32(math.sqrt(f32(float(self.hp.n_embd_head_k)))))
+        return self.hp.attn_scale or inv_sqrt(self.hp.n_embd_head_k)
 
     def build_qkv(self, x: Node, il: int) -> tuple[Node, Node, Node]:
         """Q, K, V as [d, heads, tokens] from layer il's fused ``attn_qkv`` (strided views of one product) or
@@ -251,9 +249,8 @@ class GraphBuilder:
         d, dv, H, Hkv = hp.n_embd_head_k, hp.n_embd_head_v, hp.head_count(il), hp.head_count_kv(il)
         fused = self.w(MODEL_TENSOR.ATTN_QKV, il) if tensor_name(MODEL_TENSOR.ATTN_QKV, il) in self.arch.specs else None
         if fused is None:
-            q, k, v = (self.linear(x, self.w(t, il), self.w(t, il, "bias"), name=tag)  # type: ignore[arg-type]
-                       for t, tag in ((MODEL_TENSOR.ATTN_Q, "Qcur"), (MODEL_TENSOR.ATTN_K, "Kcur"),
-                                      (MODEL_TENSOR.ATTN_V, "Vcur")))
+            q, k, v = (self._projection(x, t, il, tag) for t, tag in (
+                (MODEL_TENSOR.ATTN_Q, "Qcur"), (MODEL_TENSOR.ATTN_K, "Kcur"), (MODEL_TENSOR.ATTN_V, "Vcur")))
             return (self.reshape(q, (d, H, T_), name="Qcur.heads"), self.reshape(k, (d, Hkv, T_), name="Kcur.heads"),
                     self.reshape(v, (dv, Hkv, T_), name="Vcur.heads"))
         bias = self.w(MODEL_TENSOR.ATTN_QKV, il, "bias")
@@ -268,6 +265,13 @@ class GraphBuilder:
         row = q_w + k_w + dv * Hkv
         return tuple(self.op("view", qkv, shape=(w, h, T_), strides=(1, w, row), offset=off, name=tag)  # type: ignore[return-value]
                      for tag, w, h, off in (("Qcur", d, H, 0), ("Kcur", d, Hkv, q_w), ("Vcur", dv, Hkv, q_w + k_w)))
+
+    def _projection(self, x: Node, t: MODEL_TENSOR, il: int, tag: str) -> Node:
+        w = self.w(t, il)
+        if w is None:  # a family where the fused and the separate form are both optional: neither is in the file
+            raise TensorError(f"{self.label}: missing tensor '{tensor_name(MODEL_TENSOR.ATTN_QKV, il)}' (or "
+                              f"'{tensor_name(t, il)}' of separate projections)")
+        return self.linear(x, w, self.w(t, il, "bias"), name=tag)
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node, wo_b: Node | None = None,
                    kq_scale: float, softcap: float = 0.0) -> Node:

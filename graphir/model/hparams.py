@@ -8,8 +8,9 @@ give the same graph.
 
 from __future__ import annotations
 
+import math
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Tuple, Union
 
 from gguf import Keys, PoolingType
@@ -22,23 +23,31 @@ def f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
+def inv_sqrt(x: float) -> float:
+    """``1.0f / sqrtf(x)`` as llama.cpp computes attention scales: both steps rounded to float32 (1/sqrt in
+    double rounds differently, e.g. for 24 and 96)."""
+    return f32(1.0 / f32(math.sqrt(f32(float(x)))))
+
+
 @dataclass(frozen=True)
 class Key:
     """A hyperparameter a family reads beyond the common ones: its field name, its GGUF key template, its
-    type, and the value llama.cpp gives it when the file leaves the key out."""
+    type, and the value llama.cpp gives it when the file leaves the key out: ``default``, or the value of the
+    common field ``default_from`` (e.g. Gemma 2's local RoPE base is the model's unless the file says)."""
 
     field: str
     template: str
     kind: type
     default: Any = 0
     required: bool = False
+    default_from: str = ""
 
 
 @dataclass(frozen=True)
 class SlidingWindow:
     """How a family's layers slide, as llama.cpp's loader sets it up: the window type (a key of
     graphir.memory.layers.WINDOWS), the window when ``attention.sliding_window`` is absent (0: the key is
-    required), and the ``attention.sliding_window_pattern`` period when that key is absent too. With period
+    required, unless ``off_when_zero``), and the ``attention.sliding_window_pattern`` period when that key is absent too. With period
     n, layer il slides when il % n < n - 1 (the last of every n is global; ``dense_first``: the first is);
     period 0 makes every layer slide. ``off_when_zero``: a window of 0 means the model does not slide at all
     (Gemma 3) instead of being an error."""
@@ -208,7 +217,7 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
     n_ctx_train = r.get(L.CONTEXT_LENGTH, int, required=True)
     if n_head_0 and n_embd % n_head_0 and A.KEY_LENGTH.format(arch=arch) not in metadata:
         raise MetadataError(f"{label}: n_embd {n_embd} is not divisible by n_head {n_head_0}")
-    return HParams(
+    hp = HParams(
         arch=arch,
         n_vocab=n_vocab,
         n_ctx_train=n_ctx_train,
@@ -231,9 +240,10 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
         causal=r.get(A.CAUSAL, bool, causal),
         pooling=_pooling(r),
         n_token_types=_int_key(label, metadata, Keys.Tokenizer.TOKEN_TYPE_COUNT),
-        family=tuple((k.field, r.get(k.template, k.kind, k.default)) for k in keys),
         **_sliding(r, swa, n_layer),
     )
+    return replace(hp, family=tuple(
+        (k.field, r.get(k.template, k.kind, getattr(hp, k.default_from) if k.default_from else k.default)) for k in keys))
 
 
 def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str, Any]:
@@ -258,8 +268,7 @@ def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str,
         n = r._typed(kp, pattern, int)
         if n < 0:
             raise MetadataError(f"{r.label}: key '{kp}' is {n}: a period of layers cannot be negative")
-        first = 0 if swa.dense_first else n - 1
-        layers = tuple(int(n == 0 or (il % n != 0 if swa.dense_first else il % n < first)) for il in range(n_layer))
+        layers = tuple(int(n == 0 or (il % n != 0 if swa.dense_first else il % n < n - 1)) for il in range(n_layer))
     return {"n_swa": n_swa, "swa_type": swa.kind, "swa_layers": layers}
 
 
