@@ -14,7 +14,7 @@ from gguf import Keys
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, Gate, GraphBuilder, Norm
 from graphir.graph.ir import Node
-from graphir.model.tensors import TensorSpec, spec
+from graphir.model.tensors import TensorSpec, spec, with_bias
 
 
 class Bert(Architecture):
@@ -30,29 +30,24 @@ class Bert(Architecture):
         specs = [
             spec(T.TOKEN_EMBD, (E, hp.n_vocab)),
             spec(T.TOKEN_TYPES, (E, max(hp.n_token_types, 1)), optional=True),
-            spec(T.TOKEN_EMBD_NORM, (E,), kind="vector"),
-            spec(T.TOKEN_EMBD_NORM, (E,), suffix="bias", kind="vector"),
+            *with_bias(T.TOKEN_EMBD_NORM, (E,)),
         ]
         if self.learned_positions:
             specs.append(spec(T.POS_EMBD, (E, hp.n_ctx_train)))
         for il in range(hp.n_layer):
             specs += [
-                spec(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
-                spec(T.ATTN_QKV, (E + 2 * E_gqa,), il, "bias", kind="vector", optional=True),
+                *with_bias(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
                 spec(T.ATTN_Q, (E, E), il, optional=True),
                 spec(T.ATTN_K, (E, E_gqa), il, optional=True),
                 spec(T.ATTN_V, (E, E_gqa), il, optional=True),
                 spec(T.ATTN_Q, (E,), il, "bias", kind="vector", optional=True),
                 spec(T.ATTN_K, (E_gqa,), il, "bias", kind="vector", optional=True),
                 spec(T.ATTN_V, (E_gqa,), il, "bias", kind="vector", optional=True),
-                spec(T.ATTN_OUT, (E, E), il),
-                spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True),
-                spec(T.ATTN_OUT_NORM, (E,), il, kind="vector"),
-                spec(T.ATTN_OUT_NORM, (E,), il, "bias", kind="vector"),
+                *with_bias(T.ATTN_OUT, (E, E), il, bias_optional=True),
+                *with_bias(T.ATTN_OUT_NORM, (E,), il),
                 spec(T.FFN_UP, (E, F), il),
                 spec(T.FFN_DOWN, (F, E), il),
-                spec(T.LAYER_OUT_NORM, (E,), il, kind="vector"),
-                spec(T.LAYER_OUT_NORM, (E,), il, "bias", kind="vector"),
+                *with_bias(T.LAYER_OUT_NORM, (E,), il),
             ] + self.ffn_tensors(il)
         return specs
 

@@ -18,13 +18,7 @@ from gguf import Keys
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm
 from graphir.model.hparams import f32
-from graphir.model.tensors import TensorSpec, spec, tensor_name
-
-
-def _with_bias(t: T, shape: tuple[int, int] | tuple[int], il: int | None = None) -> list[TensorSpec]:
-    """A weight and its bias (the bias spans the weight's output dimension; a norm's spans its only one)."""
-    return [spec(t, shape, il, kind="vector" if len(shape) == 1 else "matrix"),
-            spec(t, shape[-1:], il, "bias", kind="vector")]
+from graphir.model.tensors import TensorSpec, spec, tensor_name, with_bias
 
 
 class Gpt2(Architecture):
@@ -39,17 +33,17 @@ class Gpt2(Architecture):
         specs = [
             spec(T.TOKEN_EMBD, (E, V)),
             spec(T.POS_EMBD, (E, hp.n_ctx_train)),
-            *_with_bias(T.OUTPUT_NORM, (E,)),
+            *with_bias(T.OUTPUT_NORM, (E,)),
             spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
         ]
         for il in range(hp.n_layer):
             specs += [
-                *_with_bias(T.ATTN_NORM, (E,), il),
-                *_with_bias(T.ATTN_QKV, (E, E + 2 * hp.n_embd_v_gqa), il),
-                *_with_bias(T.ATTN_OUT, (E, E), il),
-                *_with_bias(T.FFN_NORM, (E,), il),
-                *_with_bias(T.FFN_UP, (E, F), il),
-                *_with_bias(T.FFN_DOWN, (F, E), il),
+                *with_bias(T.ATTN_NORM, (E,), il),
+                *with_bias(T.ATTN_QKV, (E, E + 2 * hp.n_embd_v_gqa), il),
+                *with_bias(T.ATTN_OUT, (E, E), il),
+                *with_bias(T.FFN_NORM, (E,), il),
+                *with_bias(T.FFN_UP, (E, F), il),
+                *with_bias(T.FFN_DOWN, (F, E), il),
             ]
         return specs
 

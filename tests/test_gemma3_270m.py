@@ -21,13 +21,14 @@ import numpy as np
 import pytest
 
 from graphir.backends.isa import APPROX
+from graphir.cli import main
 from graphir.files.gguf_file import strip
 from graphir.graph.forms import to_text
 from graphir.model.meta import open_model
 from graphir.running.batch import Batch
 from graphir.running.runtime import Model, load
 
-pytestmark = pytest.mark.oracle
+oracle = pytest.mark.oracle
 
 PROMPTS = [
     "The capital of France is",
@@ -54,7 +55,8 @@ def llm(gemma3_gguf: Path) -> Any:
                            logits_all=True, verbose=False)
 
 
-def test_the_file_has_the_tensors_and_the_graph_of_the_preset(gemma3_gguf: Path, tmp_path: Path) -> None:
+def test_the_file_has_the_tensors_and_the_graph_of_the_preset(gemma3_gguf: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     meta = open_model(str(gemma3_gguf))
     assert meta.arch.check(meta.tensors) == []
     assert meta.arch.contexts[0] == "iswa" and meta.arch.hp.n_swa == 512
@@ -62,8 +64,12 @@ def test_the_file_has_the_tensors_and_the_graph_of_the_preset(gemma3_gguf: Path,
     for context, phase in (("iswa", "prefill"), ("iswa", "decode"), ("none", "prefill")):
         want = to_text(open_model("Gemma-3-270M").build_graph(context, phase), fold=False)
         assert to_text(open_model(str(header.path)).build_graph(context, phase), fold=False) == want
+    assert main(["check", str(gemma3_gguf)]) == 0 and main(["diff", str(header.path), "Gemma-3-270M"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "ok: 236 tensors match gemma3" and out[-1].startswith("graphs are identical (hash ")
 
 
+@oracle
 @pytest.mark.parametrize("text", ["Hello world", "Héllo wörld! 你好，世界。 🤖\n\n  spaces   and\ttabs", "   leading",
                                   "trailing   ", "", *PROMPTS[:4]])
 def test_tokens_are_llama_cpps(model: Model, llm: Any, text: str) -> None:
@@ -71,6 +77,7 @@ def test_tokens_are_llama_cpps(model: Model, llm: Any, text: str) -> None:
         assert model.tokenize(text, parse_special=special) == llm.tokenize(text.encode(), add_bos=True, special=special)
 
 
+@oracle
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["france", "story", "code", "chat", "past-the-window"])
 def test_greedy_steps_follow_llama_cpp_wherever_it_is_sure(model: Model, llm: Any, prompt: str) -> None:
     ids = model.tokenize(prompt, parse_special=True)

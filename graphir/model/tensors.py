@@ -53,6 +53,14 @@ def spec(t: MODEL_TENSOR, shape: tuple[int, ...], il: int | None = None, suffix:
     return TensorSpec(tensor_name(t, il, suffix), shape, **kw)
 
 
+def with_bias(t: MODEL_TENSOR, shape: tuple[int, ...], il: int | None = None, *, optional: bool = False,
+              bias_optional: bool = False) -> list[TensorSpec]:
+    """A weight and its bias, which spans the weight's output dimension (``shape[-1]``); a 1-D weight (a
+    LayerNorm's scale) is a vector like its bias."""
+    return [spec(t, shape, il, kind="vector" if len(shape) == 1 else "matrix", optional=optional),
+            spec(t, shape[-1:], il, "bias", kind="vector", optional=optional or bias_optional)]
+
+
 class TensorDecl(Protocol):
     shape: tuple[int, ...]
     dtype: GGMLQuantizationType
