@@ -330,3 +330,17 @@ def test_the_sliding_layers_come_from_a_period_or_a_per_layer_array() -> None:
 def test_a_bad_sliding_window_key_is_one_error_naming_it(keys: dict[str, Any], message: str) -> None:
     with pytest.raises(MetadataError, match=re.escape(message)):
         toy_meta(**keys)
+
+
+def test_a_model_whose_layers_all_slide_refuses_the_same_edits() -> None:
+    """No full cache to compare with: the SWA cache alone stands for the memory, and it still forgets."""
+    m = model("test-iswa", **{K.Attention.SLIDING_WINDOW: 5, K.Attention.SLIDING_WINDOW_PATTERN: 0})
+    ctx = m.new_context(n_ctx=512, n_batch=32, n_ubatch=32, **F32)
+    assert list(ctx.memory.parts) == ["swa"] and not ctx.memory.can_shift()
+    for a in range(0, 300, 30):
+        ctx.decode(Batch.from_tokens(TOKENS[a:a + 30], a))
+    before = memory_bytes(ctx)
+    assert ctx.memory.seq_rm(0, 10, -1) is False and memory_bytes(ctx) == before
+    with pytest.raises(GraphirError, match="swa_full=True"):
+        ctx.memory.seq_add(0, 100, -1, -3)
+    assert memory_bytes(ctx) == before and ctx.memory.seq_rm(0, 250, -1) is True
