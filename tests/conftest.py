@@ -241,7 +241,9 @@ def write_vocab_gguf(path: Path, metadata: dict[str, object], arch: str = "llama
                      gguf.Keys.LLM.FEED_FORWARD_LENGTH: 32, gguf.Keys.Attention.HEAD_COUNT: 2,
                      gguf.Keys.Attention.LAYERNORM_RMS_EPS: 1e-5}
     for key, value in {**{k.format(arch=arch): v for k, v in hp.items()}, **metadata}.items():
-        if key == gguf.Keys.Tokenizer.SCORES:
+        if key == gguf.Keys.Tokenizer.PRECOMPILED_CHARSMAP:  # a UINT8 array, as converters write it
+            w.add_precompiled_charsmap(bytes(value))  # type: ignore[call-overload]
+        elif key == gguf.Keys.Tokenizer.SCORES:
             w.add_array(key, [float(x) for x in value])  # type: ignore[attr-defined]
         elif key == gguf.Keys.Tokenizer.TOKEN_TYPE:
             w.add_token_types([int(x) for x in value])  # type: ignore[attr-defined]

@@ -31,6 +31,7 @@ class TokenizerModel:
     special_ids: Mapping[str, int | None] = {}  # ids llama.cpp assumes where the metadata names none
     add_space_prefix = False
     add_bos = False
+    add_eos = False
     clean_spaces = True  # detokenizing applies clean_up_tokenization_spaces
     always_wraps = False  # tokenizing with add_special adds bos and sep whatever add_bos and add_eos say
     pre: str | None = None  # the tokenizer.ggml.pre in effect: llama.cpp reads it for gpt2 vocabularies only

@@ -22,14 +22,15 @@ from graphir.tokenizer.model import TokenizerModel
 from graphir.tokenizer.spm import Spm
 from graphir.tokenizer.tokens import (ATTR_BYTE, ATTR_CONTROL, ATTR_LSTRIP, ATTR_NORMAL, ATTR_RSTRIP, ATTR_UNKNOWN,
                                       ATTR_UNUSED, ATTR_USER_DEFINED, TokenTable, utf8)
+from graphir.tokenizer.ugm import Ugm
 from graphir.tokenizer.wpm import Wpm
 
 _TK = gguf.Keys.Tokenizer
 
 # tokenizer.ggml.model -> the model that tokenizes for it
-MODELS: dict[str, type[TokenizerModel]] = {"bert": Wpm, "gpt2": Bpe, "llama": Spm}
+MODELS: dict[str, type[TokenizerModel]] = {"bert": Wpm, "gpt2": Bpe, "llama": Spm, "t5": Ugm}
 # Tokenizer models llama.cpp knows but graphir does not implement.
-_OTHER_MODELS = ("t5", "rwkv", "plamo2", "gemma4", "hybriddna", "whitespace", "no_vocab", "none")
+_OTHER_MODELS = ("rwkv", "plamo2", "gemma4", "hybriddna", "whitespace", "no_vocab", "none")
 
 _SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL  # dropped from output unless rendering specials
 _C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale: what lstrip/rstrip of special tokens eat
@@ -141,7 +142,7 @@ class Vocab(TokenTable):
             if value is not None and 0 <= value < n:
                 special[slot] = value
         self.add_bos = md.get(_TK.ADD_BOS, bool, model.add_bos)
-        self.add_eos = md.get(_TK.ADD_EOS, bool, False)
+        self.add_eos = md.get(_TK.ADD_EOS, bool, model.add_eos)
         model.finish(self, special, self.add_bos, self.add_eos)
 
         self._detect_specials(special)
