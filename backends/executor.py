@@ -17,7 +17,7 @@ from graphir.backends.kernels.mul_mat import mul_mat
 from graphir.backends.kernels.norm import norm, rms_norm
 from graphir.backends.kernels.recurrent import rwkv_wkv6, ssm_conv, ssm_scan
 from graphir.backends.kernels.rope import rope_apply, rope_cos_sin
-from graphir.backends.kernels.softmax import soft_max
+from graphir.backends.kernels.softmax import KV_PAD, soft_max
 from graphir.backends.kernels.unary import exp, geglu, gelu, neg, relu, sigmoid, silu, sqr, tanh
 from graphir.backends.isa import IsaPath
 from graphir.backends.quant.weight import QWeight
@@ -51,7 +51,10 @@ def _dense_kept() -> Callable[[Any], np.ndarray]:
 def _mul_mat(w: Any, x: np.ndarray, path: IsaPath) -> np.ndarray:
     """ggml mul_mat: out[..., n, m] = sum_k w[..., m, k] x[..., n, k]; w's batch dims broadcast over x's."""
     if isinstance(w, QWeight):
-        y = w.matmul(np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32))
+        x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
+        float_rows = w.float_rows()
+        # f32 and f16 weights: ggml's own float paths (tinyBLAS or vec_dot, in their summation order)
+        y = w.matmul(x2) if float_rows is None else mul_mat(float_rows, x2, path, pad=1, contiguous=True)
         return y.reshape(x.shape[:-1] + (w.rows,))
     return mul_mat(w, x, path)
 
@@ -200,8 +203,11 @@ def _rope(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
 @kernel("soft_max")
 def _soft_max(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     a = n.attrs
+    # llama.cpp pads a KV cache's attended cells (n_kv) to 256 masked ones; a mask over the ubatch (n_tokens)
+    # or an encoder's output (n_enc) has the length it says
+    pad = KV_PAD if len(n.inputs) > 1 and str(n.inputs[1].shape[0]).startswith("n_kv") else 1
     return lambda env, x, mask=None: soft_max(x, None if mask is None else _broadcast(mask, x.shape),
-                                                a["scale"], a["max_bias"], path)
+                                                a["scale"], a["max_bias"], path, pad)
 
 
 @kernel("reshape")

@@ -67,7 +67,7 @@ def _to_f32_row(s, kind, d):
 
 
 @njit(**INL)
-def _mm_task(w1, wb0, wsm, x1, xo, kq, k, mm, reg, reduce, simd, mode, acc, s16, out_row):
+def _mm_task(w1, wb0, wsm, x1, xo, kq, k, kp, mm, reg, reduce, simd, mode, acc, s16, out_row):
     """One (b, n): out_row[m] = dot(w row wb0 + m * wsm, x row at xo) for every m (see _mm_par). Flat arrays
     indexed with unsigned offsets: no views per row, no negative-index wrap, so the lane loops vectorize."""
     lanes = reg if mode == _TINYBLAS else 4 * reg
@@ -99,7 +99,12 @@ def _mm_task(w1, wb0, wsm, x1, xo, kq, k, mm, reg, reduce, simd, mode, acc, s16,
                 s += np.float64(w1[wb + u(c)] * x1[xb + u(c)])
             v = F32(s)
         elif mode == _VEC_F32:
-            for c in range(simd, k):
+            # the leftovers, `sumf += x[i]*y[i]` as GCC vectorizes it: the products of whole half-registers are
+            # added in order, the last few (under half a register) fused
+            cut = min(k, simd + (kp - simd) // (reg // 2) * (reg // 2))
+            for c in range(simd, cut):
+                v = v + w1[wb + u(c)] * x1[xb + u(c)]
+            for c in range(cut, k):
                 v = fma(w1[wb + u(c)], x1[xb + u(c)], v)
         out_row[m] = v
 
@@ -127,7 +132,7 @@ def _mm_par(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq,
     for task in prange(bx * nn):
         b, i = task // nn, task % nn
         acc, s16 = np.empty(64, F32), np.empty(16, F32)
-        _mm_task(w1, (b // ratio) * wsb, wsm, x1, (b * xsb + i * xsn) * kq, kq, k, mm, reg, reduce, simd, mode, acc,
+        _mm_task(w1, (b // ratio) * wsb, wsm, x1, (b * xsb + i * xsn) * kq, kq, k, kp, mm, reg, reduce, simd, mode, acc,
                  s16, out[b, i])
 
 
@@ -145,7 +150,7 @@ def _mm_ser(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq,
     acc, s16 = np.empty(64, F32), np.empty(16, F32)
     for task in range(bx * nn):
         b, i = task // nn, task % nn
-        _mm_task(w1, (b // ratio) * wsb, wsm, x1, (b * xsb + i * xsn) * kq, kq, k, mm, reg, reduce, simd, mode, acc,
+        _mm_task(w1, (b // ratio) * wsb, wsm, x1, (b * xsb + i * xsn) * kq, kq, k, kp, mm, reg, reduce, simd, mode, acc,
                  s16, out[b, i])
 
 
@@ -160,7 +165,8 @@ def _as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     return np.ascontiguousarray(a).reshape(-1, a.shape[2]), a.shape[1], 1
 
 
-def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = None) -> np.ndarray:
+def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = None,
+            contiguous: bool | None = None) -> np.ndarray:
     """Activation x activation (attention): out[b, n, m] = sum_k w[b', m, k] x[b, n, k], with ggml's broadcast
     b' = b // (B/A) per batch dim (query head h reads kv head h // (n_head / n_head_kv)).
 
@@ -170,7 +176,10 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
     i.e. soft_max's output), else ggml_vec_dot_f16/f32. (tinyBLAS also wants m % 4 == 0, which attention
     always meets: m is the padded KV length or the head size.) pad: the contraction length llama.cpp sees is
     a multiple of this (default: the kv_pad of a soft_max result, else 1). Only the path choice depends on
-    it."""
+    it. contiguous: whether ggml sees src1 contiguous (default: only a soft_max result, which carries kv_pad;
+    an f32 or f16 weight's activations are)."""
+    if contiguous is None:
+        contiguous = hasattr(x, "kv_pad")
     if pad is None:
         pad = getattr(x, "kv_pad", 1)
     x = np.asarray(x)
@@ -182,7 +191,7 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
         raise ValueError(f"mul_mat: cannot broadcast {w.shape} over {x.shape}")
     k, n, m = x4.shape[-1], x4.shape[-2], w4.shape[-2]
     kp = -(-k // pad) * pad
-    if n >= 2 and kp % path.lanes == 0 and (mode16 or pad > 1):
+    if n >= 2 and kp % path.lanes == 0 and (mode16 or contiguous):
         mode = _TINYBLAS
     else:
         mode = _VEC_F16 if mode16 else _VEC_F32

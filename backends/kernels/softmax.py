@@ -25,8 +25,8 @@ KV_PAD = 256        # llama.cpp pads n_kv to a multiple of 256 (llama_kv_cache::
 
 
 class _Probs(np.ndarray):
-    """soft_max's result when it was computed over a padded KV length: mul_mat(v, kq) then emulates the
-    same padding. A marker type only (views keep it; np.array copies drop it)."""
+    """soft_max's result, with the KV length it was computed over padded to ``kv_pad``: mul_mat(v, kq) then
+    emulates the same padding. A marker type only (views keep it; np.array copies drop it)."""
 
     kv_pad: int = 1
 
@@ -91,7 +91,8 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: flo
     """softmax over the last numpy axis of x*scale + mask (mask broadcast over x's leading axes).
 
     pad: emulate llama.cpp's KV padding (default: KV_PAD when there is a mask, i.e. attention; 1 otherwise).
-    With pad > 1 the result is marked so that the mul_mat consuming it pads the same way."""
+    The result is marked (``kv_pad``) so that the mul_mat consuming it pads the same way and knows it
+    contiguous."""
     if max_bias:
         raise NotImplementedError("ALiBi (max_bias != 0) is not implemented")
     if pad is None:
@@ -114,8 +115,6 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: flo
     lanes = path.lanes
     head = -(-n // lanes) * lanes if pad > 1 else n // lanes * lanes   # padded: every element in a register
     (_soft_max_par if r.size >= PAR_MIN else _soft_max_ser)(r, m, mrows, F32(scale), head, lanes, path.expf, out)
-    out = out.reshape(shape)
-    if pad > 1:
-        out = out.view(_Probs)
-        out.kv_pad = int(pad)
+    out = out.view(_Probs).reshape(shape)  # contiguous probabilities: mul_mat may take tinyBLAS with them
+    out.kv_pad = int(pad)
     return out

@@ -159,6 +159,12 @@ class QWeight:
         (k.gemv if n < GEMM_FROM else k.gemm)(*self.packed, xq, asum, out)
         return out
 
+    def float_rows(self) -> np.ndarray | None:
+        """An f32 or f16 weight's rows as they are stored (float32 / float16 view); None for other types."""
+        if self.qtype == T.F32:
+            return self.raw
+        return self.raw.view(np.float16) if self.qtype == T.F16 else None
+
     def get_rows(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """(len(ids), ne0) float32 rows of W, bit-equal to gguf.quants.dequantize."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
