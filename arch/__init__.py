@@ -24,6 +24,8 @@ MODULES = {
     "qwen3": "llama",
     "rwkv6": "rwkv",
     "smollm3": "llama",
+    "t5": "t5",
+    "t5encoder": "t5",
 }
 
 

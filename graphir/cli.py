@@ -20,7 +20,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from graphir.errors import GraphirError
 
 PROG = "graphir"
-PHASES = ("prefill", "decode")  # mirrors graphir.model.builder.PHASES
+PHASES = ("prefill", "decode", "encode")  # mirrors graphir.model.builder.PHASES
 FORMATS = ("text", "json", "dot")
 OUTTYPES = ("f32", "f16")  # mirrors graphir.files.convert.OUTTYPES
 
@@ -343,14 +343,13 @@ def cmd_strip(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from graphir.running.batch import Batch
     from graphir.running.runtime import load
 
     t0 = time.perf_counter()
     model = load(args.model, None if args.isa == "auto" else args.isa)
     sys.stderr.write(f"numerics: {model.numerics.describe()}\n")
     # NOTE: the first decode loads the compiled kernels and repacks weights; do it before timing the prompt
-    model.new_context(n_ctx=8).decode(Batch.one(0, 0))
+    model.new_context(n_ctx=8).prompt([0])
     load_s = time.perf_counter() - t0
     stats: dict[str, float] = {}
     ctx = model.new_context(n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size) \
@@ -372,7 +371,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from graphir.running.runtime import load
 
     model = load(args.model, None if args.isa == "auto" else args.isa)
-    ctx = model.new_context(n_ctx=args.ctx_size or None, pooling=args.pooling, embeddings=True, n_seq_max=len(args.prompt))
+    encoder = "encoder" if model.arch.encoder_stack is not None else None  # an encoder-decoder: its encoder's output
+    ctx = model.new_context(kind=encoder, n_ctx=args.ctx_size or None, pooling=args.pooling, embeddings=True,
+                            n_seq_max=len(args.prompt))
     tokens = [model.tokenize(text, add_special=True, parse_special=True) for text in args.prompt]
     for text, ids in zip(args.prompt, tokens):
         if len(ids) > ctx.n_ctx:
@@ -412,7 +413,8 @@ def _graph_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", choices=tuple(KINDS), default=None,
                    help="memory kind the graph is built for (default: the architecture's, kv for decoders; a saved graph keeps its own)")
     p.add_argument("--phase", choices=PHASES, default=None,
-                   help="prefill (n_tokens open) or decode (one token) (default: prefill; a saved graph keeps its own)")
+                   help="prefill (n_tokens open), decode (one token) or encode (an encoder-decoder's encoder) "
+                        "(default: prefill; a saved graph keeps its own)")
 
 
 def _isa_option(p: argparse.ArgumentParser) -> None:

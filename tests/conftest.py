@@ -28,11 +28,10 @@ TINY_KEYS: dict[str, object] = {
 
 def graph_cases() -> list[tuple[str, str, str]]:
     """Every (preset, context, phase) a preset's architecture runs with: what the golden snapshots cover."""
-    from graphir.memory.kinds import KINDS
     from graphir.model.meta import open_model
     from graphir.model.presets import PRESETS
 
-    return [(p, c, ph) for p in sorted(PRESETS) for c in open_model(p).arch.contexts for ph in KINDS[c].phases]
+    return [(p, c, ph) for p in sorted(PRESETS) for c, ph in open_model(p).graph_kinds()]
 
 
 def smollm2_path() -> Path | None:

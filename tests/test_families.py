@@ -105,13 +105,20 @@ class LlamaCpp:
 
     def decode(self, tokens: Sequence[int], pos: Sequence[int], seqs: Sequence[int]) -> None:
         """Every token is an output."""
+        self._run(self.lib.llama_decode, tokens, pos, seqs)
+
+    def encode(self, tokens: Sequence[int], pos: Sequence[int], seqs: Sequence[int]) -> None:
+        """An encoder-decoder's encoder over the tokens (llama_encode): bidirectional, every token an output."""
+        self._run(self.lib.llama_encode, tokens, pos, seqs)
+
+    def _run(self, call: Callable[..., int], tokens: Sequence[int], pos: Sequence[int], seqs: Sequence[int]) -> None:
         b = self.internals.LlamaBatch(n_tokens=len(tokens), embd=0, n_seq_max=self.n_seq_max, verbose=False)
         try:
             for i, (t, p, s) in enumerate(zip(tokens, pos, seqs)):
                 b.batch.token[i], b.batch.pos[i], b.batch.n_seq_id[i], b.batch.logits[i] = int(t), int(p), 1, True
                 b.batch.seq_id[i][0] = int(s)
             b.batch.n_tokens = len(tokens)
-            assert self.lib.llama_decode(self.ctx.ctx, b.batch) == 0
+            assert call(self.ctx.ctx, b.batch) == 0
         finally:
             b.close()
 

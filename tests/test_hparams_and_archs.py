@@ -209,7 +209,7 @@ def test_n_embd_not_divisible_by_n_head_is_rejected_without_a_key_length():
 
 def test_registry_names_the_supported_architectures():
     assert graphir.arch.names() == ["bert", "gemma2", "gemma3", "gpt2", "llama", "mamba", "nomic-bert", "phi3", "qwen2",
-                                   "qwen3", "rwkv6", "smollm3"]
+                                   "qwen3", "rwkv6", "smollm3", "t5", "t5encoder"]
 
 
 def test_get_returns_the_registered_class():
@@ -222,7 +222,7 @@ def test_qwen2_is_a_llama_variant():
 
 
 def test_an_unknown_architecture_is_rejected_listing_the_known_ones():
-    known = "bert, gemma2, gemma3, gpt2, llama, mamba, nomic-bert, phi3, qwen2, qwen3, rwkv6, smollm3"
+    known = "bert, gemma2, gemma3, gpt2, llama, mamba, nomic-bert, phi3, qwen2, qwen3, rwkv6, smollm3, t5, t5encoder"
     with pytest.raises(MetadataError, match=re.escape(f"unknown architecture 'nope' (known: {known})")):
         graphir.arch.get("nope")
 
@@ -520,12 +520,12 @@ def test_none_context_refuses_the_decode_phase():
 
 
 def test_an_unknown_context_is_refused():
-    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: kv, iswa, recurrent, hybrid, none)")):
+    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: kv, iswa, recurrent, hybrid, cross, none)")):
         open_model(SMOL).build_graph("paged", "prefill")
 
 
 def test_an_unknown_phase_is_refused():
-    with pytest.raises(GraphirError, match=re.escape("unknown phase 'train' (known: prefill, decode)")):
+    with pytest.raises(GraphirError, match=re.escape("unknown phase 'train' (known: prefill, decode, encode)")):
         open_model(SMOL).build_graph("kv", "train")
 
 

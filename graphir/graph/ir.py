@@ -19,7 +19,7 @@ from graphir.graph.dims import DimDecl, Dim
 FLOAT_TYPES = frozenset({"f32", "f16", "bf16"})
 INDEX_TYPES = frozenset({"i32", "i64"})
 
-_LAYER = re.compile(r"^blk\.(\d+)\.")
+_LAYER = re.compile(r"^(?:[a-z]+\.)?blk\.(\d+)\.")  # a stack's prefix may come first: enc.blk.0., dec.blk.0.
 
 
 class Node:

@@ -30,7 +30,7 @@ from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import GraphError, GraphirError, StateError
 from graphir.graph.ir import Node
 from graphir.memory.io import Reader, Writer
-from graphir.memory.layers import ContextParams, LayerNeeds
+from graphir.memory.layers import ContextParams, LayerNeeds, Need, needs_of
 
 if TYPE_CHECKING:
     from graphir.model.builder import GraphBuilder
@@ -52,13 +52,16 @@ class Memory:
     requires: frozenset[str] = frozenset()  # ... of which a model must have these for the registry to pick it
     keeps_cells: bool = False  # cells that survive between decodes (and go into saved states)
     split: str = "simple"  # how batches are cut into ubatches for this kind: simple | equal | seq (graphir.running.batch)
+    positions: bool = True  # its entries have positions (seq_pos_min/max answer for it)
 
     def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
                  layer_kinds: frozenset[str] | None = None):
         """Serve the layers of ``needs`` whose kind is in ``layer_kinds`` (default: every kind it serves)."""
         kinds = self.serves if layer_kinds is None else layer_kinds
         self.needs, self.params = needs, params
-        self.layers = tuple(il for il, n in enumerate(needs) if n is not None and n.kind in kinds)
+        # per served layer, the need this memory keeps for it (a layer may have others, kept by other parts)
+        self.need: dict[int, Need] = {il: n for il, entry in enumerate(needs) for n in needs_of(entry) if n.kind in kinds}
+        self.layers = tuple(self.need)
 
     @classmethod
     def fits(cls, layer_kinds: set[str]) -> bool:
@@ -93,8 +96,18 @@ class Memory:
         return {}
 
     def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0) -> Node:
+                   softcap: float = 0.0, kq_b: Node | None = None) -> Node:
         raise GraphError(f"memory kind '{self.kind}' holds no attention for layer {il}")
+
+    def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
+        """The relative position bucket [n_keys, n_tokens] of each key the layer attends over, per query."""
+        raise GraphError(f"memory kind '{self.kind}' holds no attention for layer {il}")
+
+    def build_inp_cross(self, b: GraphBuilder, il: int) -> Node:
+        raise GraphError(f"memory kind '{self.kind}' holds no encoder output for layer {il}")
+
+    def build_cross_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
+        raise GraphError(f"memory kind '{self.kind}' holds no encoder output for layer {il}")
 
     def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node:
         raise GraphError(f"memory kind '{self.kind}' holds no recurrent state for layer {il}")

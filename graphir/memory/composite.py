@@ -26,7 +26,7 @@ from graphir.graph.ir import Graph, Node
 from graphir.memory import Commit, Memory, RunGraph
 from graphir.memory.io import Reader, Writer
 from graphir.memory.kv import KVCache
-from graphir.memory.layers import ContextParams, LayerNeeds
+from graphir.memory.layers import Attention, ContextParams, CrossAttention, LayerNeeds, Recurrent, needs_of
 from graphir.memory.recurrent import RecurrentMemory
 
 if TYPE_CHECKING:
@@ -42,16 +42,21 @@ class Composite(Memory):
                  layer_kinds: frozenset[str] | None = None):
         super().__init__(needs, params, layer_kinds)
         self.parts = {name: p for name, p in self.make_parts(needs, params).items() if p.layers}
-        self.route = {il: p for p in self.parts.values() for il in p.layers}
+        self.route = self._routes(self.parts)
         self.split = next((p.split for p in self.parts.values() if p.split != "simple"), "simple")
 
     def make_parts(self, needs: LayerNeeds, params: ContextParams) -> dict[str, Memory]:
         raise NotImplementedError
 
-    def _part(self, il: int) -> Memory:
-        part = self.route.get(il)
+    @staticmethod
+    def _routes(parts: dict[str, Memory]) -> dict[tuple[int, type], Memory]:
+        """Which part keeps each (layer, type of need): a layer may have needs of two types in two parts."""
+        return {(il, type(n)): p for p in parts.values() for il, n in p.need.items()}
+
+    def _part(self, il: int, need: type) -> Memory:
+        part = self.route.get((il, need))
         if part is None:
-            raise GraphError(f"layer {il} keeps nothing in this '{self.kind}' memory")
+            raise GraphError(f"layer {il} keeps no {need.__name__} need in this '{self.kind}' memory")
         return part
 
     def layout(self) -> dict[str, Any]:
@@ -77,14 +82,23 @@ class Composite(Memory):
         return {k: v for p in self.parts.values() for k, v in p.sizes().items()}
 
     def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0) -> Node:
-        return self._part(il).build_attn(b, il, q, k, v, kq_scale=kq_scale, softcap=softcap)
+                   softcap: float = 0.0, kq_b: Node | None = None) -> Node:
+        return self._part(il, Attention).build_attn(b, il, q, k, v, kq_scale=kq_scale, softcap=softcap, kq_b=kq_b)
+
+    def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
+        return self._part(il, Attention).build_pos_bucket(b, il)
+
+    def build_inp_cross(self, b: GraphBuilder, il: int) -> Node:
+        return self._part(il, CrossAttention).build_inp_cross(b, il)
+
+    def build_cross_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
+        return self._part(il, CrossAttention).build_cross_attn(b, il, q, k, v, kq_scale=kq_scale)
 
     def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node:
-        return self._part(il).build_rs(b, il, which)
+        return self._part(il, Recurrent).build_rs(b, il, which)
 
     def store_rs(self, b: GraphBuilder, il: int, which: str, states: Node) -> None:
-        self._part(il).store_rs(b, il, which, states)
+        self._part(il, Recurrent).store_rs(b, il, which, states)
 
     # ---- run time ---------------------------------------------------------------------------------------
 
@@ -96,10 +110,10 @@ class Composite(Memory):
             p.bind_shift(graph, run)
 
     def seq_pos_max(self, seq: int) -> int:
-        return min(p.seq_pos_max(seq) for p in self.parts.values())
+        return min(p.seq_pos_max(seq) for p in self.parts.values() if p.positions)
 
     def seq_pos_min(self, seq: int) -> int:
-        return max(p.seq_pos_min(seq) for p in self.parts.values())
+        return max(p.seq_pos_min(seq) for p in self.parts.values() if p.positions)
 
     def prepare(self, ubatches: list[UBatch]) -> list[Any]:
         per_part = [p.prepare(ubatches) for p in self.parts.values()]  # any part may refuse: nothing changed
@@ -185,7 +199,7 @@ class Composite(Memory):
     def clone(self) -> Composite:
         new = copy.copy(self)
         new.parts = {name: p.clone() for name, p in self.parts.items()}
-        new.route = {il: new.parts[name] for name, p in self.parts.items() for il in p.layers}
+        new.route = self._routes(new.parts)
         return new
 
 
@@ -211,7 +225,7 @@ class SWAPair(Composite):
     requires = frozenset({"swa"})
 
     def make_parts(self, needs: LayerNeeds, params: ContextParams) -> dict[str, Memory]:
-        windows = {n.window for n in needs if n is not None and n.kind == "swa"}  # type: ignore[union-attr]
+        windows = {n.window for e in needs for n in needs_of(e) if n.kind == "swa"}  # type: ignore[union-attr]
         size = swa_cells(params, max(windows)) if windows else 0
         return {"base": KVCache(needs, params, frozenset({"full"})),
                 "swa": KVCache(needs, params, frozenset({"swa"}), name="swa", size=size, recycle=not params.swa_full)}

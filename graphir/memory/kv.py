@@ -32,6 +32,7 @@ graph of its own (:meth:`KVCache.k_shift_graph`, snapshot-tested), which the con
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -114,7 +115,7 @@ class KVCache(CellMemory):
         for which, t in (("type_k", params.type_k), ("type_v", params.type_v)):
             if t not in CACHE_DTYPES:
                 raise GraphirError(f"{which} '{t}' is not supported (supported: {', '.join(CACHE_DTYPES)})")
-        rules = {Attention(0, 0, needs[il].window, True, needs[il].swa_type) for il in self.layers}  # type: ignore[union-attr]
+        rules = {replace(n, n_embd_k=0, n_embd_v=0) for n in self.need.values()}  # type: ignore[type-var]
         if len(rules) > 1:
             raise GraphirError(f"one KV cache serves one attention window; layers ask for "
                                f"{sorted((r.window, r.swa_type) for r in rules)}")
@@ -137,8 +138,7 @@ class KVCache(CellMemory):
         self.shiftable = True
         self._buffers = {}
         if n_ctx and params.buffers:
-            for il in self.layers:
-                need = needs[il]
+            for il, need in self.need.items():
                 self._buffers[f"blk.{il}.cache_k"] = np.zeros((n_ctx, need.n_embd_k), CACHE_DTYPES[self.type_k])  # type: ignore[union-attr]
                 self._buffers[f"blk.{il}.cache_v"] = np.zeros((n_ctx, need.n_embd_v), CACHE_DTYPES[self.type_v])  # type: ignore[union-attr]
 
@@ -162,11 +162,15 @@ class KVCache(CellMemory):
                     name=f"cache_{which}.view")
 
     def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0) -> Node:
+                   softcap: float = 0.0, kq_b: Node | None = None) -> Node:
         k_all = self._store_and_view(b, k, "k", self.type_k)
         v_all = self._store_and_view(b, v, "v", self.type_v)
         mask = b.input(self._tail("kq_mask"), "f32", (self.kv_dim.sym, b.n_tokens), **self.rule.mask_facts())
-        return b.attn_mha(q, k_all, v_all, mask, kq_scale, softcap)
+        return b.attn_mha(q, k_all, v_all, mask, kq_scale, softcap, kq_b)
+
+    def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
+        """Buckets of (cell position - query position); an empty cell counts as position -1 (it is masked)."""
+        return b.input(self._tail("pos_bucket"), "i32", (self.kv_dim.sym, b.n_tokens), buckets=self.rule.rel_buckets)
 
     # ---- run time -------------------------------------------------------------------------------------
 
@@ -305,8 +309,11 @@ class KVCache(CellMemory):
         ok &= self.rule.sees(q_pos, pos[None, :])
         mask = np.where(ok, np.float32(0), np.float32(-np.inf)).astype(np.float32)
         idxs = cells.astype(np.int64)
-        return {self._tail("kq_mask"): mask, self._tail("k_idxs"): idxs, self._tail("v_idxs"): idxs,
-                self.kv_dim.name: n_kv, self.size_dim.name: self.n_ctx}
+        feeds = {self._tail("kq_mask"): mask, self._tail("k_idxs"): idxs, self._tail("v_idxs"): idxs,
+                 self.kv_dim.name: n_kv, self.size_dim.name: self.n_ctx}
+        if self.rule.rel_buckets:
+            feeds[self._tail("pos_bucket")] = self.rule.buckets(q_pos, pos[None, :])
+        return feeds
 
     def _stream_of_cell(self, cell: int) -> int:
         return 0 if self.unified else cell // self.stream_size

