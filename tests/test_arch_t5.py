@@ -215,6 +215,8 @@ def test_an_encoder_context_needs_an_encoder(tiny: TinyModels, tmp_path: Path) -
     llama_model = load(str(write_model_gguf(tmp_path / "l.gguf", make_tiny_preset("llama"))))
     with pytest.raises(GraphirError, match="'llama' model has no encoder"):
         llama_model.new_context(kind="encoder")
+    with pytest.raises(GraphirError, match="'t5' model runs with context encoder-decoder or encoder or cross, not 'kv'"):
+        tiny.model("t5-relu").new_context(kind="kv")
 
 
 def test_what_llama_cpp_requires_is_required(tmp_path: Path) -> None:

@@ -63,14 +63,14 @@ class Context:
         hp, arch = model.hparams, model.arch
         self.model, self.kind = model, kind or arch.contexts[0]
         phase, memory_kind = "prefill", self.kind
+        known = (("encoder-decoder", "encoder") if arch.encoder_stack is not None else ()) + arch.contexts
         if self.kind == "encoder":  # an encoder-decoder's encoder alone: no cache, every batch in one ubatch
             if arch.encoder_stack is None:
                 raise GraphirError(f"a '{arch.name}' model has no encoder (context 'encoder' is an "
-                                   f"encoder-decoder's); it runs with context {' or '.join(arch.contexts)}")
+                                   f"encoder-decoder's); it runs with context {' or '.join(known)}")
             arch, phase, memory_kind = arch.encoder_stack, "encode", "none"
         elif self.kind not in arch.contexts:
-            raise GraphirError(f"a '{arch.name}' model runs with context {' or '.join(arch.contexts)}, "
-                               f"not '{self.kind}'")
+            raise GraphirError(f"a '{arch.name}' model runs with context {' or '.join(known)}, not '{self.kind}'")
         self.n_ctx = n_ctx or min(hp.n_ctx_train, 4096)
         if arch.learned_positions and self.n_ctx > hp.n_ctx_train:
             raise GraphirError(f"n_ctx={self.n_ctx} exceeds the {hp.n_ctx_train} positions this model was trained "
