@@ -18,6 +18,7 @@ MODULES = {
     "gpt2": "gpt2",
     "llama": "llama",
     "mamba": "mamba",
+    "mamba2": "mamba",
     "nomic-bert": "bert",
     "phi3": "phi3",
     "qwen2": "llama",

@@ -1,9 +1,11 @@
-"""Mamba (v1): a selective state-space model, no attention. Each layer mixes tokens through a short causal
-convolution and a recurrent scan whose step size, input and output maps depend on the token.
+"""Mamba (v1) and Mamba-2: selective state-space models, no attention. Each layer mixes tokens through a short
+causal convolution and a recurrent scan whose step size, input and output maps depend on the token; Mamba-2
+scans per head with a scalar decay, shares B and C within groups of heads, and gates a grouped RMS norm.
 
 The conv columns and the SSM state of each sequence live in the context's recurrent memory; the graph
 reads them (``build_rs``) and writes the new ones (``store_rs``). Tokens arrive as ``n_seqs`` sequences of
-``n_seq_tokens`` each. Reference: Gu & Dao 2023, "Mamba"; llama.cpp src/models/graph-context-mamba.cpp.
+``n_seq_tokens`` each. Reference: Gu & Dao 2023, "Mamba"; Dao & Gu 2024, "Transformers are SSMs" (Mamba-2);
+llama.cpp src/models/mamba.cpp, mamba2.cpp, mamba-base.cpp.
 """
 
 from __future__ import annotations
@@ -121,3 +123,72 @@ class Mamba(Architecture):
                 x = b.op("add", h, x, name="l_out")
         x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
+
+
+class Mamba2(Mamba):
+    name = "mamba2"
+    keys = Mamba.keys[:4] + (Key("ssm_n_group", Keys.SSM.GROUP_COUNT, int, required=True),)
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels through the conv: x, then B and C of every group."""
+        hp = self.hp
+        return hp.ssm_d_inner + 2 * hp.ssm_n_group * hp.ssm_d_state
+
+    @property
+    def n_embd_r(self) -> int:
+        return (self.hp.ssm_d_conv - 1) * self.conv_dim
+
+    def mixer_tensors(self, il: int) -> list[TensorSpec]:
+        hp = self.hp
+        E, Di, H, G, K = hp.n_embd, hp.ssm_d_inner, hp.ssm_dt_rank, hp.ssm_n_group, hp.ssm_d_conv
+        return [
+            spec(T.SSM_IN, (E, Di + self.conv_dim + H), il),  # z, x B C, dt
+            spec(T.SSM_CONV1D, (K, self.conv_dim), il),
+            spec(T.SSM_CONV1D, (self.conv_dim,), il, "bias", kind="vector"),
+            spec(T.SSM_DT, (H,), il, "bias", kind="vector"),
+            spec(T.SSM_A, (1, H), il, suffix=None),  # -exp(A_log), one per head
+            spec(T.SSM_D, (1, H), il, suffix=None),
+            spec(T.SSM_NORM, (Di // G, G), il),
+            spec(T.SSM_OUT, (Di, E), il),
+        ]
+
+    def mixer(self, b: GraphBuilder, x: Node, il: int) -> Node:
+        """The Mamba-2 block: [E, n_seq_tokens, n_seqs] in, [E, n_tokens] out (the tokens of all sequences)."""
+        hp = self.hp
+        Di, Ds, H, G, K = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_n_group, hp.ssm_d_conv
+        cd = self.conv_dim
+        P, Ts, S = Di // H, b.n_seq_tokens, b.n_seqs
+        assert Ts is not None
+        zxbcdt = b.op("mul_mat", b.w(T.SSM_IN, il), x, name="ssm_in")  # [Di + cd + H, Ts, S]
+        row = Di + cd + H
+        z = b.op("view", zxbcdt, shape=(P, H, Ts, S), strides=(1, P, row, row * Ts), offset=0, name="ssm_z")
+        xbc = b.op("view", zxbcdt, shape=(cd, Ts, S), strides=(1, row, row * Ts), offset=Di, name="ssm_xbc")
+        dt = b.op("view", zxbcdt, shape=(H, Ts, S), strides=(1, row, row * Ts), offset=Di + cd, name="ssm_dt_in")
+
+        conv = b.reshape(b.build_rs("r"), (K - 1, cd, S), name="conv_state")
+        conv_x = b.op("concat", conv, b.op("transpose", xbc, name="ssm_xbc.t"), dim=0, name="conv_x")
+        last = b.op("view", conv_x, shape=(K - 1, cd, S), strides=(1, K - 1 + Ts, (K - 1 + Ts) * cd), offset=Ts,
+                    name="conv_state.new")
+        b.store_rs("r", b.reshape(b.op("cont", last, name="conv_state.cont"), (self.n_embd_r, S), name="conv_rows"))
+        xbc = b.op("ssm_conv", conv_x, b.w(T.SSM_CONV1D, il), name="ssm_conv")
+        xbc = b.op("silu", b.op("add", xbc, b.w(T.SSM_CONV1D, il, "bias"), name="ssm_conv.b"), name="ssm_conv.act")
+
+        xs = b.op("view", xbc, shape=(P, H, Ts, S), strides=(1, P, cd, cd * Ts), offset=0, name="ssm_x")
+        B, C = (b.op("view", xbc, shape=(Ds, G, Ts, S), strides=(1, Ds, cd, cd * Ts), offset=off, name=tag)
+                for tag, off in (("ssm_B", Di), ("ssm_C", Di + G * Ds)))
+        dt = b.op("add", b.op("cont", dt, name="ssm_dt.cont"), b.w(T.SSM_DT, il, "bias"), name="ssm_dt")
+
+        state = b.reshape(b.build_rs("s"), (Ds, P, H, S), name="ssm_state")
+        ys = b.op("ssm_scan_heads", state, xs, dt, b.w(T.SSM_A, il, None), B, C, name="ssm_scan")
+        n_y = Di * Ts * S
+        y = b.op("view", ys, shape=(P, H, Ts, S), strides=(1, P, Di, Di * Ts), offset=0, name="ssm_y")
+        b.store_rs("s", b.op("view", ys, shape=(self.n_embd_s, S), strides=(1, self.n_embd_s), offset=n_y,
+                             name="ssm_state.new"))
+
+        y = b.op("add", y, b.op("mul", xs, b.w(T.SSM_D, il, None), name="ssm_skip"), name="ssm_y.skip")
+        y = b.op("swiglu", b.op("cont", z, name="ssm_z.cont"), y, name="ssm_gated")
+        y = b.build_norm(b.reshape(y, (Di // G, G, Ts, S), name="ssm_gated.groups"), b.w(T.SSM_NORM, il),
+                         name="ssm_norm")
+        return b.op("mul_mat", b.w(T.SSM_OUT, il), b.reshape(y, (Di, b.n_tokens), name="ssm_norm.tokens"),
+                    name="ssm_out")

@@ -15,11 +15,11 @@ import numpy as np
 
 from graphir.backends.kernels.mul_mat import mul_mat
 from graphir.backends.kernels.norm import norm, rms_norm
-from graphir.backends.kernels.recurrent import rwkv_wkv6, ssm_conv, ssm_scan
+from graphir.backends.kernels.recurrent import rwkv_wkv6, ssm_conv, ssm_scan, ssm_scan_heads
 from graphir.backends.kernels.rope import rope_apply, rope_cos_sin
 from graphir.backends.kernels.softmax import KV_PAD, soft_max
 from graphir.backends.kernels.unary import exp, geglu, gelu, neg, relu, sigmoid, silu, sqr, tanh
-from graphir.backends.isa import IsaPath
+from graphir.backends.isa import REDUCE_HADD, IsaPath
 from graphir.backends.quant.weight import QWeight
 from graphir.graph.dims import Sym
 from graphir.graph.ir import Graph, Node
@@ -270,6 +270,13 @@ def _ssm_conv(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., An
 def _ssm_scan(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     dense_a = _dense_kept()
     return lambda env, s, x, dt, A, B, C: ssm_scan(s, x, dt, dense_a(A), B, C)
+
+
+@kernel("ssm_scan_heads")
+def _ssm_scan_heads(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    dense_a = _dense_kept()
+    hadd = path.reduce == REDUCE_HADD
+    return lambda env, s, x, dt, A, B, C: ssm_scan_heads(s, x, dt, dense_a(A), B, C, path.lanes, hadd)
 
 
 @kernel("rwkv_wkv6")

@@ -210,6 +210,12 @@ _DENSE: dict[str, dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.
 }
 
 _DENSE["test-hybrid"] = _DENSE["mamba"]  # the toy hybrid's Mamba layers (tests/toy_archs.py)
+_DENSE["mamba2"] = {  # one decay, step bias and skip per head; the grouped norm's scale near 1
+    **{f"blk.{il}.ssm_a": (lambda r, shp: -np.exp(r.uniform(-1, 1.5, shp))) for il in range(8)},
+    **{f"blk.{il}.ssm_dt.bias": (lambda r, shp: r.uniform(-3, -1, shp)) for il in range(8)},
+    **{f"blk.{il}.ssm_d": (lambda r, shp: r.uniform(0.5, 1.5, shp)) for il in range(8)},
+    **{f"blk.{il}.ssm_norm.weight": (lambda r, shp: 1 + 0.1 * r.standard_normal(shp)) for il in range(8)},
+}
 
 
 # Matrices llama.cpp's converter always writes as F32 whatever the output type (convert_hf_to_gguf): its kernels
@@ -313,6 +319,9 @@ TINY_FAMILY: dict[str, dict[str, object]] = {
               gguf.Keys.Attention.HEAD_COUNT_KV: 0, gguf.Keys.LLM.CONTEXT_LENGTH: 1048576},
 }
 TINY_FAMILY["nomic-bert"] = TINY_FAMILY["bert"]
+# Mamba-2: 8 heads of 16 in 2 groups; 80 states, so the scan has both ggml's SIMD steps and its scalar tail
+TINY_FAMILY["mamba2"] = {**TINY_FAMILY["mamba"], gguf.Keys.SSM.STATE_SIZE: 80, gguf.Keys.SSM.TIME_STEP_RANK: 8,
+                         gguf.Keys.SSM.GROUP_COUNT: 2}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 

@@ -262,6 +262,13 @@ CASES: list[Case] = [
                                      (16, 2, 3, 10, 30, "dt > 20 branch"))],
     C("ssm_scan", I("f32", 5, 8, 2), I("f32", 8, 3, 2), I("f32", 8, 3, 2), W("f32", 5, 8, lo=-1, hi=-0.5, store="np"),
       I("f32", 5, 3, 2, strided=True), I("f32", 5, 3, 2), tol=F32, note="d_state 5, strided B"),
+    # ssm_scan_heads(s [Ds, P, H, S], x [P, H, T, S], dt [H, T, S], A [1, H], B, C [Ds, G, T, S]) -> y, states
+    *[C("ssm_scan_heads", I("f32", Ds, P, H, S), I("f32", P, H, n, S, lo=-2, hi=2), I("f32", H, n, S, lo=lo, hi=hi),
+        W("f32", 1, H, lo=-2, hi=-0.1), I("f32", Ds, G, n, S), I("f32", Ds, G, n, S), tol=F32, note=note)
+      for Ds, P, H, G, n, S, lo, hi, note in ((16, 8, 4, 2, 1, 1, -4, 4, "decode, 2 groups"),
+                                                (16, 4, 4, 1, 3, 2, -4, 4, "2 seqs x 3 tokens"),
+                                                (80, 4, 2, 2, 5, 1, -4, 4, "80 states: SIMD steps and a tail"),
+                                                (16, 4, 2, 1, 2, 2, 10, 30, "dt > 20 branch"))],
     # rwkv_wkv6(k, v, r [hs, H, T], time_first [hs, H], decay [hs, H, T], state [hs*hs*H, S]) -> [hs*H, T + hs*S]
     C("rwkv_wkv6", I("f32", 8, 2, 6), I("f32", 8, 2, 6), I("f32", 8, 2, 6), W("f32", 8, 2),
       I("f32", 8, 2, 6, lo=0.2, hi=1), I("f32", 128, 2), tol=F32, note="2 seqs x 3 tokens"),
@@ -443,6 +450,22 @@ def ref_ssm_scan(v, a, shape, case):
     return np.concatenate([y.T.ravel(), state.T.ravel()]).reshape(shape)   # numpy order: y (S, T, Di), states
 
 
+def ref_ssm_scan_heads(v, a, shape, case):
+    """Mamba-2: per sequence, head h (of group h // (H/G)) and channel: state = state * exp(d * A[h]) + B * (x * d),
+    y = state . C, d = softplus(dt)."""
+    s, x, B, Cm = (gg(v[i]) for i in (0, 1, 4, 5))          # [Ds, P, H, S], [P, H, T, S], [Ds, G, T, S] x2
+    dt, A = gg(v[2])[..., 0], gg(v[3])[0, :, 0, 0]          # [H, T, S], [H]
+    n_head, n_group = s.shape[2], B.shape[1]
+    grp = np.arange(n_head) // (n_head // n_group)
+    d = np.where(dt > 20, dt, np.log1p(np.exp(np.minimum(dt, 20))))
+    state, y = s.copy(), np.empty(x.shape)
+    for t in range(x.shape[2]):
+        xd = x[:, :, t, :] * d[None, :, t, :]                  # [P, H, S]
+        state = state * np.exp(d[:, t, :] * A[:, None])[None, None] + B[:, grp, t, :][:, None] * xd[None]
+        y[:, :, t, :] = (state * Cm[:, grp, t, :][:, None]).sum(axis=0)
+    return np.concatenate([y.T.ravel(), state.T.ravel()]).reshape(shape)   # numpy order: y (S, T, H, P), states
+
+
 def ref_rwkv_wkv6(v, a, shape, case):
     """Per head: out[j] = sum_i r[i] (tf[i] k[i] v[j] + S[i, j]); S[i, j] = S[i, j] decay[i] + k[i] v[j]."""
     k, val, r, tf, td, state = v       # numpy order: (T, H, hs) x3, (H, hs), (T, H, hs), (S, H*hs*hs)
@@ -572,7 +595,8 @@ REFS: dict[str, Callable[..., np.ndarray]] = {
     "geglu": lambda v, a, shape, case: _gelu(v[0]) * v[1],
     "rope": ref_rope, "soft_max": ref_soft_max, "reshape": ref_reshape, "view": ref_view,
     "permute": ref_permute, "transpose": ref_transpose, "cont": ref_cont, "concat": ref_concat,
-    "set_rows": ref_set_rows, "ssm_conv": ref_ssm_conv, "ssm_scan": ref_ssm_scan, "rwkv_wkv6": ref_rwkv_wkv6,
+    "set_rows": ref_set_rows, "ssm_conv": ref_ssm_conv, "ssm_scan": ref_ssm_scan, "ssm_scan_heads": ref_ssm_scan_heads,
+    "rwkv_wkv6": ref_rwkv_wkv6,
 }
 
 

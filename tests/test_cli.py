@@ -26,8 +26,8 @@ from graphir.source import load_graph
 QT = gguf.GGMLQuantizationType
 PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Qwen2.5-0.5B", "Qwen2.5-72B",
            "Qwen3-0.6B", "Qwen3-8B", "SmolLM3-3B", "GPT-2", "Phi-3-mini-4k", "Phi-3.5-mini", "Phi-4-mini", "BERT-base",
-           "all-MiniLM-L6-v2", "Mamba-130M", "Mamba-2.8B", "Gemma-2-2B", "Gemma-2-27B", "Gemma-3-1B", "Gemma-3-27B",
-           "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "RWKV6-1.6B"]
+           "all-MiniLM-L6-v2", "Mamba-130M", "Mamba-2.8B", "Mamba-2-2.7B", "Gemma-2-2B", "Gemma-2-27B", "Gemma-3-1B",
+           "Gemma-3-27B", "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "RWKV6-1.6B"]
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers
@@ -485,8 +485,8 @@ ERROR_CASES = {
     "cut inside metadata": (lambda tp: ["dump", _cut_inside_metadata(tp)], "{0}: truncated inside metadata"),
     "unknown architecture": (
         lambda tp: ["dump", write_tiny_gguf(tp / "arch.gguf", arch="llamazing")],
-        "{0}: unknown architecture 'llamazing' (known: bert, gemma2, gemma3, gpt2, llama, mamba, nomic-bert, phi3, "
-        "qwen2, qwen3, rwkv6, smollm3, t5, t5encoder)"),
+        "{0}: unknown architecture 'llamazing' (known: bert, gemma2, gemma3, gpt2, llama, mamba, mamba2, nomic-bert, "
+        "phi3, qwen2, qwen3, rwkv6, smollm3, t5, t5encoder)"),
     "missing hparam": (
         lambda tp: ["dump", write_tiny_gguf(tp / "key.gguf", drop_keys=(RMS_EPS_KEY,))],
         "{0}: missing key 'llama.attention.layer_norm_rms_epsilon'"),

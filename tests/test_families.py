@@ -1,4 +1,4 @@
-"""Encoder (bert, nomic-bert) and recurrent (mamba, rwkv6) families, as specifications.
+"""Encoder (bert, nomic-bert) and recurrent (mamba, mamba2, rwkv6) families, as specifications.
 
 Models are tiny random GGUFs (conftest.write_model_gguf: 2 layers, n_embd 64, 256 tokens), written once per
 module; the real model is all-MiniLM-L6-v2 converted by graphir.files.convert. llama.cpp (llama-cpp-python) is the
@@ -32,7 +32,7 @@ from graphir.files.gguf_file import strip
 from graphir.running.runtime import Model, load
 
 Q = gguf.GGMLQuantizationType
-RECURRENT = pytest.mark.parametrize("arch", ["mamba", "rwkv6"])
+RECURRENT = pytest.mark.parametrize("arch", ["mamba", "mamba2", "rwkv6"])
 ENCODERS = pytest.mark.parametrize("arch", ["bert", "nomic-bert"])
 oracle = pytest.mark.oracle
 

@@ -13,7 +13,7 @@ from numba import njit, prange
 
 from graphir.backends import isa
 from graphir.backends.kernels.jit import INL, PAR, SER
-from graphir.backends.kernels_util import bits_f32, bits_u32, f16_bits, fma, hsum
+from graphir.backends.kernels_util import bits_f32, bits_u32, f16_bits, fma, hsum, vec_reduce
 
 F32 = np.float32
 _INF = F32(np.inf)
@@ -87,12 +87,7 @@ def _mm_task(w1, wb0, wsm, x1, xo, kq, k, kp, mm, reg, reduce, simd, mode, acc, 
         if mode == _TINYBLAS:
             v = hsum(acc, 0, reg)                            # tinyBLAS's hsum of its one register
         else:
-            for t in range(reg):                              # GGML_F32_VEC_REDUCE: registers (0 + 2) + (1 + 3) ...
-                s16[t] = (acc[t] + acc[2 * reg + t]) + (acc[reg + t] + acc[3 * reg + t])
-            if reduce == _REDUCE_HADD:                        # ... then 256 -> 128 bits and _mm_hadd_ps twice
-                v = ((s16[0] + s16[4]) + (s16[1] + s16[5])) + ((s16[2] + s16[6]) + (s16[3] + s16[7]))
-            else:                                             # ... or _mm512_reduce_add_ps
-                v = hsum(s16, 0, reg)
+            v = vec_reduce(acc, reg, reduce == _REDUCE_HADD, s16)
         if mode == _VEC_F16:
             s = np.float64(v)
             for c in range(simd, k):

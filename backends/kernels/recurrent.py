@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends.kernels.jit import PAR
-from graphir.backends.kernels_util import fma
+from graphir.backends.kernels_util import fma, vec_reduce
 
 F32 = np.float32
 _ZERO, _ONE, _SOFTPLUS_MAX = F32(0.0), F32(1.0), F32(20.0)
@@ -90,6 +90,60 @@ def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.
     out = np.empty(x.size + s.size, F32)
     y, st = out[:x.size].reshape(x.shape), out[x.size:].reshape(s.shape)
     _ssm_scan(s, _f32(x), _f32(dt), _f32(A), _f32(B), _f32(C), y, st)
+    return out
+
+
+@njit(**PAR)
+def _ssm_scan_heads(s0, x, dt, A, B, C, y, st, lanes, hadd):
+    """ggml_compute_forward_ssm_scan_f32, Mamba-2 branch (a scalar decay per head), per head h in group
+    g = h // (n_head / n_group): d = softplus(dt), dA = expf(d * A[h]); per channel i, x_dt = x * d and over
+    the states n: state = s * dA + B * x_dt (the first product fused, in ggml's vector loop as in its scalar
+    one), y = sum of state * C: fused lane by lane over the states ggml's SIMD loop covers (whole steps of 4
+    registers) and reduced as GGML_F32_VEC_REDUCE, then one fused chain over the rest."""
+    n_seqs, n_tok, n_head, dim = x.shape
+    n_state, n_group = s0.shape[3], B.shape[2]
+    step = 4 * lanes
+    simd = n_state // step * step
+    for h in prange(n_head):
+        g = h // (n_head // n_group)
+        acc, s16 = np.empty(step, F32), np.empty(lanes, F32)
+        for s in range(n_seqs):
+            for i in range(dim):
+                for n in range(n_state):
+                    st[s, h, i, n] = s0[s, h, i, n]
+            for t in range(n_tok):
+                d = dt[s, t, h]
+                if d <= _SOFTPLUS_MAX:
+                    d = math.log(_ONE + math.exp(d))
+                dA = math.exp(d * A[h])
+                for i in range(dim):
+                    x_dt = x[s, t, h, i] * d
+                    sumf = _ZERO
+                    if simd:
+                        acc[:] = _ZERO
+                        for c0 in range(0, simd, step):
+                            for k in range(step):
+                                v = fma(st[s, h, i, c0 + k], dA, B[s, t, g, c0 + k] * x_dt)
+                                acc[k] = fma(v, C[s, t, g, c0 + k], acc[k])
+                                st[s, h, i, c0 + k] = v
+                        sumf = vec_reduce(acc, lanes, hadd, s16)
+                    for n in range(simd, n_state):
+                        v = fma(st[s, h, i, n], dA, B[s, t, g, n] * x_dt)
+                        sumf = fma(v, C[s, t, g, n], sumf)
+                        st[s, h, i, n] = v
+                    y[s, t, h, i] = sumf
+
+
+def ssm_scan_heads(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.ndarray, C: np.ndarray,
+                   lanes: int, hadd: bool) -> np.ndarray:
+    """Mamba-2 selective scan from the gathered states s (n_seqs, n_head, dim, n_state); x (n_seqs, n_tok, n_head,
+    dim); dt (n_seqs, n_tok, n_head); A (n_head,) (any shape of n_head values); B, C (n_seqs, n_tok, n_group,
+    n_state). Returns every y (x's shape) followed by the final states (s's shape), flat, as ggml does."""
+    s = _f32(s).reshape((x.shape[0], x.shape[2], x.shape[3], B.shape[3]))
+    out = np.empty(x.size + s.size, F32)
+    y, st = out[:x.size].reshape(x.shape), out[x.size:].reshape(s.shape)
+    _ssm_scan_heads(s, _f32(x), _f32(dt).reshape(x.shape[:3]), _f32(A).reshape(-1), _f32(B), _f32(C), y, st,
+                    lanes, hadd)
     return out
 
 

@@ -101,6 +101,22 @@ def _ssm_scan(xs: list[Node], a: dict[str, Any]) -> Type:
     return "f32", (numel(x.shape) + numel(s.shape),)
 
 
+def _ssm_scan_heads(xs: list[Node], a: dict[str, Any]) -> Type:
+    s, x, dt, A, B, C = xs
+    n_state, dim, n_head, n_seqs = _pad4(s.shape)
+    _need(len(x.shape) == 4 and tuple(x.shape[:2]) == (dim, n_head) and x.shape[3] == n_seqs,
+          f"x {x.type_str} does not fit state {s.type_str}")
+    _need(tuple(dt.shape) == (n_head,) + tuple(x.shape[2:]), f"dt {dt.type_str} is not [{n_head}, ...x's tokens]")
+    _need(tuple(A.shape) == (1, n_head), f"A {A.type_str} is not [1, {n_head}]")
+    for name, t in (("B", B), ("C", C)):
+        _need(len(t.shape) == 4 and t.shape[0] == n_state and tuple(t.shape[2:]) == tuple(x.shape[2:]),
+              f"{name} {t.type_str} is not [{n_state}, n_group, ...x's tokens]")
+    _need(B.shape == C.shape, f"B {B.type_str} and C {C.type_str} differ")
+    _need(isinstance(B.shape[1], int) and isinstance(n_head, int) and n_head % B.shape[1] == 0,
+          f"{n_head} heads do not split into {B.shape[1]} groups")
+    return "f32", (numel(x.shape) + numel(s.shape),)
+
+
 def _rwkv_wkv6(xs: list[Node], a: dict[str, Any]) -> Type:
     k, v, r, tf, td, state = xs
     hs, H, T = _pad4(k.shape)[:3]
@@ -237,6 +253,9 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
           "depthwise causal conv: y[c,t,s] = sum_j sx[t+j,c,s] w[j,c]; sx holds d_conv-1 state columns first"),
     OpDef("ssm_scan", "recurrent", ("s", "x", "dt", "A", "B", "C"), (), _ssm_scan,
           "Mamba selective scan from states s; returns all y (x's layout) followed by the final states"),
+    OpDef("ssm_scan_heads", "recurrent", ("s", "x", "dt", "A", "B", "C"), (), _ssm_scan_heads,
+          "Mamba-2 selective scan per head (a scalar decay A[h]; B, C shared by each group of heads) from states s; "
+          "returns all y (x's layout) followed by the final states"),
     OpDef("rwkv_wkv6", "recurrent", ("k", "v", "r", "time_first", "decay", "state"), (), _rwkv_wkv6,
           "RWKV6 linear attention per head from states; returns all outputs followed by the final states"),
     OpDef("set_rows", "memory", ("dst", "src", "ids"), (), _set_rows,

@@ -170,6 +170,13 @@ PRESETS: dict[str, Preset] = {
                               "sentence-transformers/all-MiniLM-L6-v2 config.json and 1_Pooling (mean)"),
     "Mamba-130M": _mamba(768, 24, "state-spaces/mamba-130m-hf config.json"),
     "Mamba-2.8B": _mamba(2560, 64, "state-spaces/mamba-2.8b-hf config.json"),
+    # 80 heads of 64 (d_inner 5120), one group, 128 states; the vocabulary padded to a multiple of 16.
+    "Mamba-2-2.7B": Preset("mamba2", {
+        L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: 2560, L.BLOCK_COUNT: 64, L.FEED_FORWARD_LENGTH: 0,
+        A.HEAD_COUNT: 0, S.CONV_KERNEL: 4, S.INNER_SIZE: 5120, S.STATE_SIZE: 128, S.TIME_STEP_RANK: 80,
+        S.GROUP_COUNT: 1, A.LAYERNORM_RMS_EPS: 1e-5, L.VOCAB_SIZE: 50288,
+    }, tied=True, f32=r"blk\.\d+\.ssm_(conv1d\.weight|a|d|norm\.weight)",
+        source="state-spaces/mamba2-2.7b config.json"),
     "Gemma-2-2B": _gemma2(2304, 26, 9216, 8, 256, "google/gemma-2-2b config.json"),
     "Gemma-2-27B": _gemma2(4608, 46, 36864, 32, 128, "google/gemma-2-27b config.json"),
     "Gemma-3-1B": _gemma3(32768, 1152, 26, 6912, 4, 1, 256, 512, 262144, "google/gemma-3-1b-pt config.json",
