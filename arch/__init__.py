@@ -16,6 +16,7 @@ MODULES = {
     "gemma2": "gemma",
     "gemma3": "gemma",
     "gpt2": "gpt2",
+    "granitehybrid": "granite",
     "llama": "llama",
     "mamba": "mamba",
     "mamba2": "mamba",

@@ -210,7 +210,7 @@ _DENSE: dict[str, dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.
 }
 
 _DENSE["test-hybrid"] = _DENSE["mamba"]  # the toy hybrid's Mamba layers (tests/toy_archs.py)
-_DENSE["mamba2"] = {  # one decay, step bias and skip per head; the grouped norm's scale near 1
+_DENSE["granitehybrid"] = _DENSE["mamba2"] = {  # one decay, step bias and skip per head; the grouped norm's scale near 1
     **{f"blk.{il}.ssm_a": (lambda r, shp: -np.exp(r.uniform(-1, 1.5, shp))) for il in range(8)},
     **{f"blk.{il}.ssm_dt.bias": (lambda r, shp: r.uniform(-3, -1, shp)) for il in range(8)},
     **{f"blk.{il}.ssm_d": (lambda r, shp: r.uniform(0.5, 1.5, shp)) for il in range(8)},
@@ -322,6 +322,15 @@ TINY_FAMILY["nomic-bert"] = TINY_FAMILY["bert"]
 # Mamba-2: 8 heads of 16 in 2 groups; 80 states, so the scan has both ggml's SIMD steps and its scalar tail
 TINY_FAMILY["mamba2"] = {**TINY_FAMILY["mamba"], gguf.Keys.SSM.STATE_SIZE: 80, gguf.Keys.SSM.TIME_STEP_RANK: 8,
                          gguf.Keys.SSM.GROUP_COUNT: 2}
+# Granite 4.0-H: Mamba-2 layers where head_count_kv is 0 (layers 0 and 2 of 4), GQA attention in the others,
+# RoPE on, and Granite's four multipliers
+TINY_FAMILY["granitehybrid"] = {
+    **{k: v for k, v in TINY_FAMILY["mamba2"].items() if k not in (gguf.Keys.Attention.HEAD_COUNT,
+                                                                 gguf.Keys.LLM.FEED_FORWARD_LENGTH)},
+    gguf.Keys.LLM.BLOCK_COUNT: 4, gguf.Keys.Attention.HEAD_COUNT_KV: [0, 2, 0, 2], gguf.Keys.LLM.CONTEXT_LENGTH: 256,
+    gguf.Keys.LLM.LOGIT_SCALE: 2.5, gguf.Keys.LLM.RESIDUAL_SCALE: 0.7, gguf.Keys.LLM.EMBEDDING_SCALE: 3.0,
+    gguf.Keys.Attention.SCALE: 0.2,
+}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 

@@ -1,0 +1,171 @@
+"""Granite 4.0-H (granitehybrid): Mamba-2 layers and attention layers in one model, as specifications.
+
+The tiny model (conftest TINY_FAMILY["granitehybrid"]) has four layers, head_count_kv [0, 2, 0, 2]: layers 0
+and 2 are Mamba-2 blocks (8 heads of 16, 2 groups, 80 states), layers 1 and 3 grouped-query attention with
+RoPE, and all four of Granite's multipliers are set. Its memory is the ``hybrid`` kind: a KV cache for layers
+1 and 3, a state cell per sequence for 0 and 2. llama.cpp is the oracle through its C API; where graphir runs
+the oracle's own path (conftest.oracle_is_exact) logits are asserted bit-equal, else within 1e-3.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import gguf
+import numpy as np
+import pytest
+from conftest import TinyModels, fail_on_run, make_tiny_preset, memory_bytes, oracle_is_exact
+from test_families import LlamaCpp, last_index, multi
+
+from graphir.errors import MetadataError
+from graphir.memory.composite import HybridMemory
+from graphir.memory.layers import Attention, Recurrent
+from graphir.running.batch import Batch
+
+oracle = pytest.mark.oracle
+_rng = np.random.default_rng(11)
+PROMPT = _rng.integers(0, 256, 12).tolist()
+SEQS = [_rng.integers(0, 256, n).tolist() for n in (7, 4, 9)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("granite"), {"granite": make_tiny_preset("granitehybrid", tied=False)})
+
+
+def assert_llama(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
+    if oracle_is_exact():
+        assert np.array_equal(ours, ref), f"{what}: max |d| {np.abs(ours - ref).max():.3g}"
+    else:
+        assert np.abs(ours - ref).max() <= 1e-3, what
+
+
+def test_layers_with_no_kv_heads_are_recurrent_and_the_memory_is_hybrid(tiny: TinyModels) -> None:
+    model = tiny.model("granite")
+    assert [type(n) for n in model.arch.needs] == [Recurrent, Attention, Recurrent, Attention]
+    ctx = model.new_context(n_ctx=64)
+    assert isinstance(ctx.memory, HybridMemory)
+    assert ctx.memory.parts["attn"].layers == (1, 3) and ctx.memory.parts["recr"].layers == (0, 2)
+
+
+@oracle
+def test_prompt_logits_and_greedy_continuation_are_llama_cpps(tiny: TinyModels) -> None:
+    ctx, o = tiny.model("granite").new_context(n_ctx=64), LlamaCpp(tiny.path("granite"), n_ctx=64)
+    try:
+        ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
+        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
+        assert_llama(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(PROMPT))]), "prompt logits")
+        ours, theirs = [], []
+        for p in range(len(PROMPT), len(PROMPT) + 10):
+            ours.append(int(np.argmax(ctx.logits_ith(-1))))
+            theirs.append(int(np.argmax(o.logits_ith(-1))))
+            ctx.decode(Batch.one(theirs[-1], p))
+            o.decode([theirs[-1]], [p], [0])
+            assert_llama(ctx.logits_ith(-1), o.logits_ith(0), f"step {p}")
+        assert ours == theirs
+    finally:
+        o.close()
+
+
+@oracle
+@pytest.mark.parametrize("n_ubatch", [64, 3])
+def test_several_sequences_of_different_lengths_in_one_batch(tiny: TinyModels, n_ubatch: int) -> None:
+    """Three sequences, interleaved, split equally as the recurrent part needs: each sequence's logits are
+    llama.cpp's, and (float rounding of other batch shapes aside) what it gives alone."""
+    tokens, pos, ids = multi(SEQS, "interleaved")
+    model = tiny.model("granite")
+    ctx = model.new_context(n_ctx=64, n_seq_max=3, n_ubatch=n_ubatch)
+    ctx.decode(Batch(np.array(tokens), np.array(pos), [(s,) for s in ids], np.ones(len(tokens), bool)))
+    o = LlamaCpp(tiny.path("granite"), n_ctx=64, n_seq_max=3, n_ubatch=n_ubatch)
+    try:
+        o.decode(tokens, pos, ids)
+        for j, seq in enumerate(SEQS):
+            i = last_index(ids, j)
+            assert np.abs(ctx.logits_ith(i) - o.logits_ith(i)).max() <= 1e-3, j
+            alone = model.new_context(n_ctx=64)
+            alone.decode(Batch.from_tokens(seq, 0))
+            assert np.abs(ctx.logits_ith(i) - alone.logits_ith(-1)).max() <= 1e-5, j
+    finally:
+        o.close()
+
+
+def test_a_decode_failing_in_its_second_ubatch_leaves_both_parts_as_they_were(tiny: TinyModels,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = tiny.model("granite").new_context(n_ctx=64, n_ubatch=4)
+    ctx.decode(Batch.from_tokens(PROMPT[:5], 0))
+    before = memory_bytes(ctx)
+    fail_on_run(monkeypatch, ctx, 2)
+    with pytest.raises(RuntimeError, match="compute failed"):
+        ctx.decode(Batch.from_tokens(PROMPT[5:], 5))
+    assert memory_bytes(ctx) == before
+
+
+@oracle
+@pytest.mark.parametrize("p0,p1,ours,llama_cpps", [(2, -1, False, False), (4, -1, False, False), (1, 3, False, True),
+                                                  (0, 5, True, True), (5, -1, True, True), (-1, -1, True, True)],
+                         ids=["tail", "last-token", "middle", "all-positions", "past-the-end", "whole"])
+def test_seq_rm_succeeds_only_where_both_parts_can(tiny: TinyModels, p0: int, p1: int, ours: bool,
+                                                  llama_cpps: bool) -> None:
+    """Positions 0..4 held. Cutting the tail would need the state of an earlier token: False, and neither part
+    changes, as in llama.cpp. Removing everything, or past the end, works. A cut in the middle is where graphir
+    differs on purpose: llama.cpp answers True, drops those positions from the KV cache and keeps the recurrent
+    state that has already absorbed them, so the two parts no longer describe the same sequence; graphir
+    refuses it like any other cut into a state's history."""
+    ctx = tiny.model("granite").new_context(n_ctx=64)
+    ctx.decode(Batch.from_tokens(PROMPT[:5], 0))
+    before = memory_bytes(ctx)
+    o = LlamaCpp(tiny.path("granite"), n_ctx=64)
+    try:
+        o.decode(PROMPT[:5], range(5), [0] * 5)
+        assert bool(o.lib.llama_memory_seq_rm(o.lib.llama_get_memory(o.ctx.ctx), 0, p0, p1)) is llama_cpps
+    finally:
+        o.close()
+    assert ctx.memory.seq_rm(0, p0, p1) is ours
+    if not ours:
+        assert memory_bytes(ctx) == before
+
+
+def test_divergent_continuations_of_a_copied_sequence_equal_fresh_contexts(tiny: TinyModels) -> None:
+    model = tiny.model("granite")
+    ctx = model.new_context(n_ctx=64, n_seq_max=2)
+    ctx.decode(Batch.from_tokens(PROMPT[:6], 0))
+    ctx.memory.seq_cp(0, 1)
+    ctx.decode(Batch(np.array([40, 50]), np.array([6, 6]), [(0,), (1,)], np.ones(2, bool)))
+    for seq, tok in ((0, 40), (1, 50)):
+        fresh = model.new_context(n_ctx=64)
+        fresh.decode(Batch.from_tokens(PROMPT[:6] + [tok], 0))
+        assert np.abs(ctx.logits_ith(seq) - fresh.logits_ith(-1)).max() <= 1e-5, seq
+
+
+def test_state_save_and_load_restore_both_parts(tiny: TinyModels) -> None:
+    model = tiny.model("granite")
+    ctx = model.new_context(n_ctx=64)
+    ctx.decode(Batch.from_tokens(PROMPT[:6], 0))
+    data = ctx.state_save()
+    ctx.decode(Batch.one(9, 6))
+    want = ctx.logits_ith(-1).copy()
+    other = model.new_context(n_ctx=64)
+    other.state_load(data)
+    other.decode(Batch.one(9, 6))
+    assert np.array_equal(other.logits_ith(-1), want)
+
+
+def test_expert_layers_are_refused_naming_the_key(tmp_path: Path) -> None:
+    from conftest import write_model_gguf
+    from graphir.running.runtime import load
+
+    path = write_model_gguf(tmp_path / "moe.gguf", make_tiny_preset("granitehybrid", tied=False),
+                            extra_md={"granitehybrid.expert_count": 4})
+    with pytest.raises(MetadataError, match=r"4 experts per layer \(granitehybrid\.expert_count\)"):
+        load(str(path)).hparams  # noqa: B018
+
+
+def test_the_graph_says_which_layers_hold_kv_and_which_state(tiny: TinyModels) -> None:
+    from graphir.graph.forms import to_text
+
+    text = to_text(tiny.model("granite").meta.build_graph(phase="decode"), fold=False)
+    inputs = [line.split()[1] for line in text.splitlines() if line.startswith("input %blk.")]
+    assert inputs == ["%blk.0.rs_r", "%blk.0.rs_s", "%blk.1.cache_k", "%blk.1.cache_v", "%blk.2.rs_r", "%blk.2.rs_s",
+                      "%blk.3.cache_k", "%blk.3.cache_v"]
+    assert gguf.Keys.LLM.LOGIT_SCALE.format(arch="granitehybrid") in tiny.model("granite").meta.metadata
