@@ -52,9 +52,9 @@ def _mul_mat(w: Any, x: np.ndarray, path: IsaPath) -> np.ndarray:
     """ggml mul_mat: out[..., n, m] = sum_k w[..., m, k] x[..., n, k]; w's batch dims broadcast over x's."""
     if isinstance(w, QWeight):
         x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
-        float_rows = w.float_rows()
+        floats = w.float_rows()
         # f32 and f16 weights: ggml's own float paths (tinyBLAS or vec_dot, in their summation order)
-        y = w.matmul(x2) if float_rows is None else mul_mat(float_rows, x2, path, pad=1, contiguous=True)
+        y = w.matmul(x2) if floats is None else mul_mat(floats[0], x2, path, pad=1, contiguous=True, w_rows=floats[1])
         return y.reshape(x.shape[:-1] + (w.rows,))
     return mul_mat(w, x, path)
 

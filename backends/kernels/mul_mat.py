@@ -105,9 +105,22 @@ def _mm_task(w1, wb0, wsm, x1, xo, kq, k, kp, mm, reg, reduce, simd, mode, acc, 
 
 
 @njit(**PAR)
-def _mm_par(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq, kp, reg, reduce, mode, out):
-    """out[b, n, m] = dot(w row (b // ratio) * wsb + m * wsm, x row b * xsb + n * xsn), the rows of wsrc/xsrc
-    (R, k) converted to float32 (_to_f32_row kinds) and zero-padded to kq (a multiple of 64) first.
+def _rows_par(src, kind, out):
+    """out[r, :k] = src row r as float32 (_to_f32_row kinds), zeros after: rows padded to a multiple of 64."""
+    for r in prange(src.shape[0]):
+        _to_f32_row(src[r], kind, out[r])
+
+
+@njit(**SER)
+def _rows_ser(src, kind, out):
+    for r in range(src.shape[0]):
+        _to_f32_row(src[r], kind, out[r])
+
+
+@njit(**PAR)
+def _mm_par(w, x, k, wsb, wsm, xsb, xsn, bx, nn, mm, ratio, kp, reg, reduce, mode, out):
+    """out[b, n, m] = dot(w row (b // ratio) * wsb + m * wsm, x row b * xsb + n * xsn) over the first k elements of
+    the float32 rows of w and x (R, kq), zero-padded to kq (a multiple of 64).
 
     The lanes of one dot product run along the contraction axis, as in ggml, with `reg` lanes a register:
     element c goes to lane c % reg (tinyBLAS: one FMA chain per lane) or c % (4 reg) (vec_dot: lane t of
@@ -115,13 +128,7 @@ def _mm_par(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq,
     scalar tail. kp: the padded length ggml sees; its extra elements are zeros, which leave every FMA chain
     unchanged. (Loop bounds are runtime values on purpose: constant-trip loops get unrolled instead of
     vectorized.) _mm_ser: the same, one thread."""
-    k = wsrc.shape[1]
-    w = np.empty((wsrc.shape[0], kq), F32)
-    x = np.empty((xsrc.shape[0], kq), F32)
-    for r in prange(wsrc.shape[0]):
-        _to_f32_row(wsrc[r], wkind, w[r])
-    for r in prange(xsrc.shape[0]):
-        _to_f32_row(xsrc[r], xkind, x[r])
+    kq = w.shape[1]
     simd = kq if mode == _TINYBLAS else min(kq, kp // (4 * reg) * (4 * reg))
     w1, x1 = w.reshape(-1), x.reshape(-1)
     for task in prange(bx * nn):
@@ -132,14 +139,8 @@ def _mm_par(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq,
 
 
 @njit(**SER)
-def _mm_ser(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq, kp, reg, reduce, mode, out):
-    k = wsrc.shape[1]
-    w = np.empty((wsrc.shape[0], kq), F32)
-    x = np.empty((xsrc.shape[0], kq), F32)
-    for r in range(wsrc.shape[0]):
-        _to_f32_row(wsrc[r], wkind, w[r])
-    for r in range(xsrc.shape[0]):
-        _to_f32_row(xsrc[r], xkind, x[r])
+def _mm_ser(w, x, k, wsb, wsm, xsb, xsn, bx, nn, mm, ratio, kp, reg, reduce, mode, out):
+    kq = w.shape[1]
     simd = kq if mode == _TINYBLAS else min(kq, kp // (4 * reg) * (4 * reg))
     w1, x1 = w.reshape(-1), x.reshape(-1)
     acc, s16 = np.empty(64, F32), np.empty(16, F32)
@@ -147,6 +148,19 @@ def _mm_ser(wsrc, wkind, wsb, wsm, xsrc, xkind, xsb, xsn, bx, nn, mm, ratio, kq,
         b, i = task // nn, task % nn
         _mm_task(w1, (b // ratio) * wsb, wsm, x1, (b * xsb + i * xsn) * kq, kq, k, kp, mm, reg, reduce, simd, mode, acc,
                  s16, out[b, i])
+
+
+def padded_rows(rows: np.ndarray, kind: int) -> np.ndarray:
+    """Rows (R, k) as float32 rows padded with zeros to a multiple of 64 (kind: 0 f32 or f16 read exactly, 2 f32
+    rounded to f16), what the dot products read; an f32 matrix that needs no padding is used as it is."""
+    k = rows.shape[1]
+    kq = -(-k // 64) * 64
+    if kind == 0 and rows.dtype == F32 and kq == k and rows.flags.c_contiguous:
+        return rows
+    src = _bits(rows)
+    out = np.empty((rows.shape[0], kq), F32)
+    (_rows_par if rows.size >= _MM_PAR_MIN else _rows_ser)(src, 1 if src.dtype == np.uint16 else kind, out)
+    return out
 
 
 def _as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -161,7 +175,7 @@ def _as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
 
 
 def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = None,
-            contiguous: bool | None = None) -> np.ndarray:
+            contiguous: bool | None = None, w_rows: np.ndarray | None = None) -> np.ndarray:
     """Activation x activation (attention): out[b, n, m] = sum_k w[b', m, k] x[b, n, k], with ggml's broadcast
     b' = b // (B/A) per batch dim (query head h reads kv head h // (n_head / n_head_kv)).
 
@@ -172,7 +186,7 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
     always meets: m is the padded KV length or the head size.) pad: the contraction length llama.cpp sees is
     a multiple of this (default: the kv_pad of a soft_max result, else 1). Only the path choice depends on
     it. contiguous: whether ggml sees src1 contiguous (default: only a soft_max result, which carries kv_pad;
-    an f32 or f16 weight's activations are)."""
+    an f32 or f16 weight's activations are). w_rows: a 2-D w's padded_rows, prepared once (weights)."""
     if contiguous is None:
         contiguous = hasattr(x, "kv_pad")
     if pad is None:
@@ -196,10 +210,12 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
         wa, xa = w4[a // (x4.shape[0] // w4.shape[0])], x4[a]
         wrows, wsb, wsm = _as_rows(wa)
         xrows, xsb, xsn = _as_rows(xa)
-        xkind = (1 if xa.dtype == np.float16 else 2) if mode16 else (1 if xa.dtype == np.float16 else 0)
+        if w_rows is None or w4.shape[0] * w4.shape[1] != 1:
+            w_rows = padded_rows(wrows, 0)
+        xkind = 2 if mode16 and xa.dtype != np.float16 else 0  # ggml converts src1 to f16 for an f16 src0
         fn = _mm_par if xa.shape[0] * n * m * kq >= _MM_PAR_MIN else _mm_ser
-        fn(_bits(wrows), 1 if wa.dtype == np.float16 else 0, wsb, wsm, _bits(xrows), xkind, xsb, xsn,
-           xa.shape[0], n, m, xa.shape[0] // wa.shape[0], kq, kp, path.lanes, path.reduce, mode, out[a])
+        fn(w_rows, padded_rows(xrows, xkind), k, wsb, wsm, xsb, xsn, xa.shape[0], n, m, xa.shape[0] // wa.shape[0],
+           kp, path.lanes, path.reduce, mode, out[a])
     return out.reshape(out.shape[4 - r:])
 
 
