@@ -1,0 +1,118 @@
+"""Benchmark: recurrent and hybrid families against llama.cpp, in the same run, at real layer sizes.
+
+No Mamba, Mamba-2, RWKV6 or Granite-4.0-H GGUF ships on the package registry, so each model is the tests'
+random-weight GGUF (tests/conftest.py write_model_gguf, F16 matrices, 256 tokens) with the layer sizes of a released model
+and few layers (the per-layer cost is what is compared): prompt processing of 64 tokens and generation of 32,
+2 threads, best of 3, tokens/s for both engines and the ratio graphir / llama.cpp (>= 1: graphir is faster).
+Run: python bench/bench_recurrent.py [family ...]   (families: mamba, mamba2, rwkv6, granitehybrid)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import make_tiny_preset, write_model_gguf  # noqa: E402
+
+K = gguf.Keys
+N_PROMPT, N_GEN, REPEAT, THREADS, VOCAB = 64, 32, 3, 2, 256  # the tests' byte-level vocabulary
+# family -> (released model whose layer sizes these are, its keys with a few layers)
+MODELS = {
+    "mamba": ("Mamba-130M", {K.LLM.EMBEDDING_LENGTH: 768, K.LLM.BLOCK_COUNT: 4, K.SSM.INNER_SIZE: 1536,
+                             K.SSM.STATE_SIZE: 16, K.SSM.TIME_STEP_RANK: 48}),
+    "mamba2": ("Mamba-2-2.7B", {K.LLM.EMBEDDING_LENGTH: 2560, K.LLM.BLOCK_COUNT: 2, K.SSM.INNER_SIZE: 5120,
+                                K.SSM.STATE_SIZE: 128, K.SSM.TIME_STEP_RANK: 80, K.SSM.GROUP_COUNT: 1}),
+    "rwkv6": ("RWKV6-1.6B", {K.LLM.EMBEDDING_LENGTH: 2048, K.LLM.BLOCK_COUNT: 2, K.LLM.FEED_FORWARD_LENGTH: 7168,
+                             K.WKV.HEAD_SIZE: 64, K.LLM.TIME_MIX_EXTRA_DIM: 32, K.LLM.TIME_DECAY_EXTRA_DIM: 64}),
+    "granitehybrid": ("Granite-4.0-H-Micro-like", {
+        K.LLM.EMBEDDING_LENGTH: 2048, K.LLM.BLOCK_COUNT: 4, K.LLM.FEED_FORWARD_LENGTH: 8192,
+        K.Attention.HEAD_COUNT: 32, K.Attention.HEAD_COUNT_KV: [0, 0, 0, 8], K.SSM.INNER_SIZE: 4096,
+        K.SSM.STATE_SIZE: 128, K.SSM.TIME_STEP_RANK: 64, K.SSM.GROUP_COUNT: 1}),
+}
+
+
+def tokens() -> list[int]:
+    return [int(t) for t in np.random.default_rng(0).integers(0, VOCAB, N_PROMPT)]
+
+
+def best(fn) -> float:  # type: ignore[no-untyped-def]
+    return min(fn() for _ in range(REPEAT))
+
+
+def bench_graphir(path: str) -> tuple[float, float]:
+    from graphir.running.batch import Batch
+    from graphir.running.runtime import load
+
+    model, toks = load(path), tokens()
+
+    def pp() -> float:
+        ctx = model.new_context(n_ctx=N_PROMPT + N_GEN)
+        t = time.perf_counter()
+        ctx.decode(Batch.from_tokens(toks, 0))
+        return time.perf_counter() - t
+
+    def tg() -> float:
+        ctx = model.new_context(n_ctx=N_PROMPT + N_GEN)
+        ctx.decode(Batch.from_tokens(toks, 0))
+        t = time.perf_counter()
+        for i in range(N_GEN):
+            ctx.decode(Batch.one(int(ctx.logits_ith(-1).argmax()), N_PROMPT + i))
+        return time.perf_counter() - t
+
+    pp(), tg()  # warm-up: numba's compile (or cache load) and weight preparation
+    return N_PROMPT / best(pp), N_GEN / best(tg)
+
+
+def bench_llama_cpp(path: str) -> tuple[float, float]:
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=path, n_ctx=N_PROMPT + N_GEN, n_batch=N_PROMPT, n_threads=THREADS, verbose=False)
+    toks = tokens()
+
+    def logits() -> np.ndarray:
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
+    def pp() -> float:
+        llm.reset()
+        llm._ctx.kv_cache_clear()  # the recurrent states too: a new sequence starts at position 0
+        t = time.perf_counter()
+        llm.eval(toks)
+        return time.perf_counter() - t
+
+    def tg() -> float:
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+        llm.eval(toks)
+        t = time.perf_counter()
+        for _ in range(N_GEN):
+            llm.eval([int(np.argmax(logits()))])
+        return time.perf_counter() - t
+
+    pp(), tg()
+    return N_PROMPT / best(pp), N_GEN / best(tg)
+
+
+def main() -> None:
+    families = sys.argv[1:] or list(MODELS)
+    print(f"{'family':14} {'sizes of':26} {'phase':6} {'graphir tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>6}")
+    with tempfile.TemporaryDirectory() as d:
+        for fam in families:
+            source, keys = MODELS[fam]
+            preset = make_tiny_preset(fam, tied=True, **{K.LLM.VOCAB_SIZE: VOCAB, **keys})
+            path = str(write_model_gguf(Path(d) / f"{fam}.gguf", preset, gguf.GGMLQuantizationType.F16))
+            ours, theirs = bench_graphir(path), bench_llama_cpp(path)
+            for phase, a, b in (("pp", ours[0], theirs[0]), ("tg", ours[1], theirs[1])):
+                print(f"{fam:14} {source:26} {phase:6} {a:14.1f} {b:16.1f} {a / b:6.2f}", flush=True)
+            os.remove(path)
+
+
+if __name__ == "__main__":
+    main()
