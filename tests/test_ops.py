@@ -30,7 +30,8 @@ def rejects(op: str, inputs: list[Node], attrs: dict, match: str) -> None:
 
 ALL_OPS = ["add", "concat", "cont", "exp", "geglu", "gelu", "get_rows", "input", "mul", "mul_mat", "neg", "norm",
            "permute", "relu", "reshape", "rms_norm", "rope", "rwkv_wkv6", "scale", "set_rows", "sigmoid", "silu",
-           "soft_max", "sqr", "ssm_conv", "ssm_scan", "sub", "swiglu", "tanh", "transpose", "view", "weight"]
+           "soft_max", "sqr", "ssm_conv", "ssm_scan", "ssm_scan_heads", "sub", "swiglu", "tanh", "transpose", "view",
+           "weight"]
 KINDS = {"leaf", "movement", "elementwise", "unary", "norm", "matmul", "attention", "recurrent", "memory"}
 
 
