@@ -15,7 +15,8 @@ from gguf import Keys
 
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
-from graphir.model.hparams import Key
+from graphir.errors import MetadataError
+from graphir.model.hparams import HParams, Key
 from graphir.graph.ir import Node
 from graphir.memory.layers import LayerNeeds, Recurrent
 from graphir.model.tensors import TensorSpec, spec, tensor_name
@@ -24,10 +25,10 @@ from graphir.model.tensors import TensorSpec, spec, tensor_name
 class Mamba(Architecture):
     name = "mamba"
     required_keys = (Keys.Attention.LAYERNORM_RMS_EPS,)
-    keys = (Key("ssm_d_conv", Keys.SSM.CONV_KERNEL, int, required=True),  # conv kernel width
-            Key("ssm_d_inner", Keys.SSM.INNER_SIZE, int, required=True),
-            Key("ssm_d_state", Keys.SSM.STATE_SIZE, int, required=True),
-            Key("ssm_dt_rank", Keys.SSM.TIME_STEP_RANK, int, required=True),
+    keys = (Key("ssm_d_conv", Keys.SSM.CONV_KERNEL, int, required=True, minimum=1),  # conv kernel width
+            Key("ssm_d_inner", Keys.SSM.INNER_SIZE, int, required=True, minimum=1),
+            Key("ssm_d_state", Keys.SSM.STATE_SIZE, int, required=True, minimum=1),
+            Key("ssm_dt_rank", Keys.SSM.TIME_STEP_RANK, int, required=True, minimum=1),
             Key("ssm_dt_b_c_rms", Keys.SSM.DT_B_C_RMS, bool, False))
 
     @property
@@ -127,7 +128,15 @@ class Mamba(Architecture):
 
 class Mamba2(Mamba):
     name = "mamba2"
-    keys = Mamba.keys[:4] + (Key("ssm_n_group", Keys.SSM.GROUP_COUNT, int, required=True),)
+    keys = Mamba.keys[:4] + (Key("ssm_n_group", Keys.SSM.GROUP_COUNT, int, required=True, minimum=1),)
+
+    def __init__(self, hp: HParams):
+        heads, inner, groups = hp.ssm_dt_rank, hp.ssm_d_inner, hp.ssm_n_group
+        if inner % heads or heads % groups:  # heads of inner // heads channels, in groups sharing B and C
+            raise MetadataError(f"{heads} SSM heads ('{Keys.SSM.TIME_STEP_RANK.format(arch=hp.arch)}') must split the "
+                                f"inner size {inner} and fall into {groups} equal groups "
+                                f"('{Keys.SSM.GROUP_COUNT.format(arch=hp.arch)}')")
+        super().__init__(hp)
 
     @property
     def conv_dim(self) -> int:

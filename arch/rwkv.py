@@ -25,16 +25,19 @@ _MIXES = 5  # w, k, v, r, g: the five token-shift interpolations of the time mix
 class Rwkv6(Architecture):
     name = "rwkv6"
     required_keys = (Keys.Attention.LAYERNORM_EPS, Keys.LLM.FEED_FORWARD_LENGTH)
-    keys = (Key("wkv_head_size", Keys.WKV.HEAD_SIZE, int, required=True),
-            Key("time_mix_extra_dim", Keys.LLM.TIME_MIX_EXTRA_DIM, int, required=True),  # low-rank mix sizes
-            Key("time_decay_extra_dim", Keys.LLM.TIME_DECAY_EXTRA_DIM, int, required=True),
-            Key("rescale_every_n_layers", Keys.LLM.RESCALE_EVERY_N_LAYERS, int, 0),  # residual halving period
+    keys = (Key("wkv_head_size", Keys.WKV.HEAD_SIZE, int, required=True, minimum=1),
+            Key("time_mix_extra_dim", Keys.LLM.TIME_MIX_EXTRA_DIM, int, required=True, minimum=1),  # low-rank mixes
+            Key("time_decay_extra_dim", Keys.LLM.TIME_DECAY_EXTRA_DIM, int, required=True, minimum=1),
+            Key("rescale_every_n_layers", Keys.LLM.RESCALE_EVERY_N_LAYERS, int, 0, minimum=0),  # residual halving
             Key("token_shift_count", Keys.LLM.TOKEN_SHIFT_COUNT, int, 2))  # llama_hparams::token_shift_count
 
     def __init__(self, hp: HParams):
         if hp.token_shift_count != 2:
             raise MetadataError(f"rwkv6 needs {Keys.LLM.TOKEN_SHIFT_COUNT.format(arch='rwkv6')} = 2 (attention and "
                                 f"FFN shift), got {hp.token_shift_count}")
+        if hp.n_embd % hp.wkv_head_size:  # the heads split n_embd
+            raise MetadataError(f"rwkv6 needs {Keys.WKV.HEAD_SIZE.format(arch='rwkv6')} to divide n_embd "
+                                f"{hp.n_embd}, got {hp.wkv_head_size}")
         super().__init__(hp)
 
     @property

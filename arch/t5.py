@@ -17,10 +17,12 @@ from graphir.graph.ir import Node
 from graphir.memory.layers import Attention, CrossAttention, LayerNeeds
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, Gate, GraphBuilder
-from graphir.model.hparams import Key
+from graphir.model.hparams import LAYER_COUNT, Key
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
-BUCKETS = Key("n_rel_buckets", Keys.Attention.REL_BUCKETS_COUNT, int, required=True)
+# Half the buckets (of a direction) are exact distances, the rest log-spaced up to 128 positions: fewer than 4
+# leave no exact bucket to divide by, 256 or more put the exact ones beyond 128.
+BUCKETS = Key("n_rel_buckets", Keys.Attention.REL_BUCKETS_COUNT, int, required=True, minimum=4, maximum=255)
 
 # One stack's tensor names: (attn_norm, q, k, v, out, rel_b, ffn_norm, gate, up, down), output norm.
 ENCODER = (T.ENC_ATTN_NORM, T.ENC_ATTN_Q, T.ENC_ATTN_K, T.ENC_ATTN_V, T.ENC_ATTN_OUT, T.ENC_ATTN_REL_B,
@@ -117,7 +119,7 @@ class T5(T5Encoder):
     name = "t5"
     causal = True
     encoder = T5Encoder
-    keys = (BUCKETS, Key("n_dec_layer", Keys.LLM.DECODER_BLOCK_COUNT, int, default_from="n_layer"),
+    keys = (BUCKETS, Key("n_dec_layer", Keys.LLM.DECODER_BLOCK_COUNT, int, default_from="n_layer", **LAYER_COUNT),
             Key("decoder_start", Keys.LLM.DECODER_START_TOKEN_ID, int, -1))  # -1: none (generation starts at BOS)
     n_stack = "n_dec_layer"
     names = DECODER

@@ -3,7 +3,8 @@
 Every user error (a :class:`~graphir.errors.GraphirError`, an unreadable or unwritable file, a bad option)
 prints exactly one line ``graphir: error: <message>`` on stderr and exits 2; a traceback means a bug.
 Output is byte-identical across runs: it holds no times and no paths but those the user typed. Output files
-are written only once everything succeeded.
+are written only once everything succeeded, through a temporary file renamed into place: a failed or
+interrupted write leaves an existing file as it was.
 
 Startup stays light: this module imports only the standard library and ``graphir.errors``; each command
 imports what it needs (the model builder, the forms, the GGUF reader) when it runs.
@@ -38,14 +39,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _emit(text: str, path: str | None = None) -> None:
-    """Write a command's whole output to stdout or, when given, to a file (created only now, at the end)."""
+    """Write a command's whole output to stdout or, when given, to a file: all at once, through a temporary file
+    renamed into place, so that a failed or interrupted write leaves the file as it was. A device or pipe
+    (/dev/null, /dev/stdout) is written in place: renaming over it would replace it."""
     if path is None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
+    from graphir.files.atomic import write_atomic
+
     try:
-        with open(path, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        if os.path.exists(path) and not os.path.isfile(path):
+            with open(path, "w", encoding="utf-8", newline="\n") as f:
+                f.write(text)
+        else:
+            write_atomic(path, text)
     except OSError as e:
         raise GraphirError(f"{path}: cannot write ({e.strerror or e})") from None
 

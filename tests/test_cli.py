@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -261,6 +262,60 @@ def test_failed_dump_writes_no_output_file(capsys, tmp_path):
 def test_unwritable_output_is_a_user_error(capsys, tmp_path):
     msg = user_error(capsys, "dump", "SmolLM2-135M", "-o", tmp_path / "no-dir" / "g.txt")
     assert msg.startswith(str(tmp_path / "no-dir" / "g.txt") + ": cannot write")
+
+
+class _FailsMidWrite:
+    """A file whose first write stores half its data, then raises ``error`` (a full disk, a Ctrl-C)."""
+
+    def __init__(self, path: str, mode: str, error: BaseException, sizes: list[int]):
+        self.f, self.error, self.sizes = open(path, mode), error, sizes  # noqa: SIM115
+        self.path = path
+
+    def write(self, data: bytes) -> int:
+        self.f.write(data[:len(data) // 2])
+        self.f.flush()
+        self.sizes.append(os.path.getsize(self.path))
+        raise self.error
+
+    def __enter__(self) -> _FailsMidWrite:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
+
+
+@pytest.mark.parametrize("error, rc, message", [
+    (OSError(28, "No space left on device"), 2, "{0}: cannot write (No space left on device)"),
+    (KeyboardInterrupt(), 130, "interrupted")], ids=["disk full", "interrupted"])
+def test_a_write_failing_midway_leaves_the_old_output(capsys, tmp_path, monkeypatch, error, rc, message):
+    from graphir.files import atomic
+
+    out = tmp_path / "g.txt"
+    out.write_text("the graph of yesterday\n")
+    sizes: list[int] = []
+    monkeypatch.setattr(atomic, "open", lambda p, m="r": _FailsMidWrite(p, m, error, sizes), raising=False)
+    assert run(capsys, "dump", "SmolLM2-135M", "-o", out) == (rc, "", f"graphir: error: {message.format(out)}\n")
+    assert sizes and sizes[0] > 0  # it failed with part of the graph written
+    assert out.read_text() == "the graph of yesterday\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["g.txt"]
+
+
+def test_dump_replaces_an_existing_output_whole(capsys, tmp_path):
+    out = tmp_path / "g.txt"
+    out.write_text("x" * 10**6)
+    assert ok(capsys, "dump", "Qwen2.5-0.5B", "-o", out) == ""
+    assert out.read_text() == ok(capsys, "dump", "Qwen2.5-0.5B")
+    assert [p.name for p in tmp_path.iterdir()] == ["g.txt"]
+
+
+def test_dump_to_a_device_writes_through_it(capsys):
+    assert ok(capsys, "dump", "SmolLM2-135M", "-o", os.devnull) == ""
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)  # written to, not renamed over
+
+
+def test_dump_to_a_directory_is_a_user_error(capsys, tmp_path):
+    assert user_error(capsys, "dump", "SmolLM2-135M", "-o", tmp_path) == f"{tmp_path}: cannot write (Is a directory)"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_saved_graph_refuses_another_context_or_phase(capsys, tmp_path):

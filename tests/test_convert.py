@@ -9,6 +9,8 @@ independently of the gguf package's TensorNameMap that the converter uses.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
 import tracemalloc
 from pathlib import Path
@@ -20,8 +22,8 @@ import pytest
 from gguf import MODEL_TENSOR as T
 
 from graphir.cli import main
-from graphir.files.convert import convert_bert
-from graphir.errors import CheckpointError, GraphirError, TensorError
+from graphir.files.convert import CheckpointTensorError, convert_bert
+from graphir.errors import CheckpointError, GraphirError
 
 QT = gguf.GGMLQuantizationType
 TT = gguf.TokenType
@@ -382,7 +384,54 @@ def test_broken_checkpoint_is_a_one_line_error(tmp_path, capsys, case):
 @pytest.mark.parametrize("case", TENSOR_ERRORS)
 def test_bad_tensor_is_named(tmp_path, capsys, case):
     kwargs, message = TENSOR_ERRORS[case]
-    assert_fails(capsys, write_tiny_bert(tmp_path / "broken", **kwargs), TensorError, message)
+    assert_fails(capsys, write_tiny_bert(tmp_path / "broken", **kwargs), CheckpointTensorError, message)
+
+
+@pytest.mark.parametrize("error, raised", [(OSError(28, "No space left on device"), GraphirError),
+                                           (KeyboardInterrupt(), KeyboardInterrupt)], ids=["disk full", "interrupted"])
+def test_a_write_failing_midway_leaves_the_old_output(tmp_path, capsys, monkeypatch, error, raised):
+    src = write_tiny_bert(tmp_path / "tiny")
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "tiny.gguf"
+    out.write_bytes(b"yesterday's model")
+    write, written = gguf.GGUFWriter.write_tensor_data, []
+
+    def fails_at_the_tenth(self: gguf.GGUFWriter, tensor: np.ndarray, *args: object) -> None:
+        if len(written) == 9:
+            raise error
+        written.append(self.fout[0].tell())
+        write(self, tensor, *args)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", fails_at_the_tenth)
+    with pytest.raises(raised) as e:
+        convert_bert(src, out)
+    if raised is GraphirError:
+        assert str(e.value) == f"{out}: cannot write (No space left on device)"
+        assert user_error(capsys, "convert", src, "-o", out) == str(e.value)
+    else:
+        assert (main(["convert", str(src), "-o", str(out)]), capsys.readouterr()) == (130, ("", "graphir: error: "
+                                                                                              "interrupted\n"))
+    assert written[-1] > 0  # the header and nine tensors had been written
+    assert out.read_bytes() == b"yesterday's model"
+    assert [p.name for p in out.parent.iterdir()] == ["tiny.gguf"]
+
+
+def test_output_over_an_existing_file_replaces_it_whole(tmp_path):
+    src = write_tiny_bert(tmp_path / "tiny")
+    out = tmp_path / "tiny.gguf"
+    out.write_bytes(b"x" * 10**6)
+    convert_bert(src, out, "f32")
+    check_tensors(out, src, 2, "f32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny", "tiny.gguf"]
+
+
+@pytest.mark.parametrize("out", [os.devnull, "."], ids=["device", "directory"])
+def test_output_that_is_not_a_file_is_refused(tmp_path, capsys, out):
+    src = write_tiny_bert(tmp_path / "tiny")
+    out = tmp_path if out == "." else Path(out)
+    assert user_error(capsys, "convert", src, "-o", out) == f"{out}: cannot write (not a regular file)"
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
 
 
 # --------------------------------------------------------------------------- command line

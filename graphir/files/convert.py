@@ -1,9 +1,9 @@
 """Hugging Face BERT checkpoint -> GGUF that llama.cpp loads as ``bert``.
 
 The GGUF holds what llama.cpp's ``convert_hf_to_gguf.py`` writes for a ``BertModel``, without torch or
-transformers: safetensors are memory-mapped with numpy (gguf's ``SafetensorsLocal``), names come from gguf's
-``TensorNameMap``, the general keys from gguf's ``Metadata`` (model card and config heuristics), special
-tokens from gguf's ``SpecialVocab``. The rules kept from the converter:
+transformers: safetensors headers are parsed and checked here and their data memory-mapped with numpy (gguf's
+``LocalTensor``), names come from gguf's ``TensorNameMap``, the general keys from gguf's ``Metadata`` (model
+card and config heuristics), special tokens from gguf's ``SpecialVocab``. The rules kept from the converter:
 
 - Tensors: the position-id buffer, the pooler and the pre-training heads are dropped; a Linear's
   ``(out, in)`` weight is ggml's ``{in, out}``, so nothing is transposed. 1-D tensors (norms, biases) and the
@@ -16,24 +16,37 @@ tokens from gguf's ``SpecialVocab``. The rules kept from the converter:
   BERT gets no key (llama.cpp then returns token embeddings unless the context asks for a pooling).
 
 Tensors are written one at a time from the mapped files, so memory holds at most one converted tensor.
+Every input is a stranger's file: whatever is wrong with one (missing, cut short, not JSON or YAML, a value of
+the wrong type, a safetensors header whose offsets lie) is a :class:`~graphir.errors.CheckpointError` naming
+it, found before the output is opened; the output is written to a temporary file renamed into place at the end.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
-from gguf.utility import LocalTensor, SafetensorsLocal
+import yaml
+from gguf.utility import LocalTensor, LocalTensorRange
 
 from graphir.errors import CheckpointError, GraphirError, TensorError
+from graphir.files.atomic import atomic_path
 
-__all__ = ["OUTTYPES", "convert_bert"]
+__all__ = ["OUTTYPES", "CheckpointTensorError", "convert_bert"]
+
+
+class CheckpointTensorError(CheckpointError, TensorError):
+    """A checkpoint's tensor is missing, unexpected, or has the wrong shape or dtype: the checkpoint cannot be
+    converted (a CheckpointError) because of one tensor (a TensorError)."""
+
 
 _T = gguf.MODEL_TENSOR
 _QT = gguf.GGMLQuantizationType
@@ -54,6 +67,11 @@ _POOLING = (("pooling_mode_mean_tokens", gguf.PoolingType.MEAN), ("pooling_mode_
 # tokenizer.ggml.<kind>_token_id keys gguf knows; it has none for cls (bos is [CLS]).
 _SPECIAL_KINDS = ("bos", "eos", "unk", "sep", "pad", "mask")
 _SPECIAL_FALLBACK = {"bos": "cls", "eos": "sep"}  # as gguf's SpecialVocab reads a BERT tokenizer_config.json
+_SPECIAL_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")  # what gguf's SpecialVocab reads
+_F32_MAX = float(np.finfo(np.float32).max)  # the largest layer_norm_eps a GGUF's float32 holds
+_MAX_HEADER = 100 << 20  # the largest safetensors JSON header the safetensors library reads
+_CARD_LISTS = ("tags", "languages", "license")  # model card values that may be lists of text
+_CARD_ENTRIES = ("base_models", "datasets")  # lists of entries, each a JSON object of text
 _WORD_START = "\u2581"
 _PRE_TOKENIZER = "default"  # llama.cpp ignores tokenizer.ggml.pre for WPM vocabularies
 
@@ -82,9 +100,11 @@ def convert_bert(src_dir: str | os.PathLike[str], out_path: str | os.PathLike[st
     """Write ``out_path``, a GGUF of the BERT checkpoint in ``src_dir`` that llama.cpp loads; return its path.
 
     ``outtype`` ("f32" or "f16") is the type of the weight matrices. Everything is checked before the file is
-    written, and it appears only once complete. Raises :class:`~graphir.errors.CheckpointError` for a missing or
-    malformed file or a model that is not BERT, :class:`~graphir.errors.TensorError` for a missing, unexpected,
-    wrong-shape or unsupported-dtype tensor.
+    written, and it appears only once complete: an interrupted or failed write leaves ``out_path`` as it was.
+    Raises :class:`~graphir.errors.CheckpointError` naming the file for a missing or malformed file or a model
+    that is not BERT (:class:`CheckpointTensorError`, also a :class:`~graphir.errors.TensorError`, naming the
+    tensor for a missing, unexpected, wrong-shape or unsupported-dtype one), and
+    :class:`~graphir.errors.GraphirError` when ``out_path`` cannot be written.
 
     >>> convert_bert("all-MiniLM-L6-v2", "minilm.gguf", outtype="f16")  # doctest: +SKIP
     PosixPath('minilm.gguf')
@@ -94,6 +114,8 @@ def convert_bert(src_dir: str | os.PathLike[str], out_path: str | os.PathLike[st
     src, out = Path(src_dir), Path(out_path)
     if not src.is_dir():
         raise CheckpointError(f"{src}: not a directory (expected a Hugging Face model directory)")
+    if out.exists() and not out.is_file():  # a device or directory is never replaced by the renamed output
+        raise GraphirError(f"{out}: cannot write (not a regular file)")
     cfg = _config(src)
     matrix_type, file_type = OUTTYPES[outtype]
     tensors = _tensors(src, cfg, matrix_type)
@@ -107,22 +129,24 @@ def convert_bert(src_dir: str | os.PathLike[str], out_path: str | os.PathLike[st
         w.add_tensor_info(t.name, t.source.shape, dtype, math.prod(t.source.shape) * dtype.itemsize, raw_dtype=t.qtype)
     _add_general(w, src, cfg, file_type, pooling)
     _add_vocab(w, src, cfg, tokens, toktypes, special_names)
+    _write(w, tensors, out)
+    return out
 
-    part = out.with_name(out.name + ".part")
+
+def _write(w: gguf.GGUFWriter, tensors: list[_Tensor], out: Path) -> None:
+    """The header, then the tensors one at a time, into a temporary file renamed to ``out`` once complete."""
     try:
-        w.write_header_to_file(part)
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for t in tensors:
-            w.write_tensor_data(_data(t))
-        w.close()
-        os.replace(part, out)
+        with atomic_path(out) as tmp:
+            try:
+                w.write_header_to_file(tmp)
+                w.write_kv_data_to_file()
+                w.write_ti_data_to_file()
+                for t in tensors:
+                    w.write_tensor_data(_data(t))
+            finally:
+                w.close()
     except OSError as e:
         raise GraphirError(f"{out}: cannot write ({e.strerror or e})") from None
-    finally:
-        w.close()
-        part.unlink(missing_ok=True)
-    return out
 
 
 # ---- config ------------------------------------------------------------------------------------------------
@@ -134,8 +158,8 @@ def _json(path: Path) -> Any:
             return json.load(f)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: not found") from None
-    except (OSError, ValueError) as e:  # ValueError: bad JSON or bad UTF-8
-        raise CheckpointError(f"{path}: not readable JSON ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:  # bad JSON or UTF-8, or arrays nested past Python's stack
+        raise CheckpointError(f"{path}: not readable JSON ({_reason(e)})") from None
 
 
 def _config(src: Path) -> _Config:
@@ -157,12 +181,16 @@ def _config(src: Path) -> _Config:
         return v
 
     eps = cfg.get("layer_norm_eps", 1e-12)  # defaults are transformers' BertConfig's
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-        raise CheckpointError(f"{path}: layer_norm_eps must be a positive number, not {eps!r}")
-    return _Config(n_vocab=count("vocab_size"), n_ctx=count("max_position_embeddings"), n_embd=count("hidden_size"),
-                   n_ff=count("intermediate_size"), n_layer=count("num_hidden_layers"),
-                   n_head=count("num_attention_heads"), n_token_types=count("type_vocab_size", 2),
-                   norm_eps=float(eps))
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps <= _F32_MAX:
+        raise CheckpointError(f"{path}: layer_norm_eps must be a positive number (a float32), not {eps!r}")
+    if not isinstance(cfg.get("_name_or_path", ""), str):  # gguf's name heuristics read it as text
+        raise CheckpointError(f"{path}: _name_or_path must be text, not {cfg['_name_or_path']!r}")
+    c = _Config(n_vocab=count("vocab_size"), n_ctx=count("max_position_embeddings"), n_embd=count("hidden_size"),
+                n_ff=count("intermediate_size"), n_layer=count("num_hidden_layers"),
+                n_head=count("num_attention_heads"), n_token_types=count("type_vocab_size", 2), norm_eps=float(eps))
+    if c.n_embd % c.n_head:
+        raise CheckpointError(f"{path}: hidden_size {c.n_embd} is not a multiple of num_attention_heads {c.n_head}")
+    return c
 
 
 def _pooling(src: Path) -> gguf.PoolingType | None:
@@ -214,20 +242,59 @@ def _expected_shapes(cfg: _Config) -> dict[str, tuple[int, ...]]:
 
 
 def _safetensors(path: Path) -> dict[str, LocalTensor]:
-    """The tensors a safetensors file declares, each checked to lie inside the file (data stays unread)."""
+    """The tensors a safetensors file declares (data left unread), each checked as the safetensors library does:
+    a dtype name, a shape of sizes, and data_offsets inside the file that overlap no other tensor's."""
+    def corrupt(why: str) -> CheckpointError:
+        return CheckpointError(f"{path}: corrupt safetensors header ({why})")
+
     try:
-        tensors = SafetensorsLocal(path).tensors
         size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 <= n <= min(size - 8, _MAX_HEADER):
+                raise corrupt(f"a {size}-byte file cannot hold a {n}-byte header" if n >= 0 else "cut short")
+            doc = json.loads(f.read(n).decode("utf-8"))
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:  # what a malformed header raises
-        raise CheckpointError(f"{path}: corrupt safetensors header ({type(e).__name__}: {e})") from None
-    for name, t in tensors.items():
-        r = t.data_range
-        if not 0 <= r.size <= size - r.offset:
-            raise CheckpointError(f"{path}: corrupt safetensors header (tensor {name}'s data_offsets lie outside "
-                                  f"the file)")
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, or nested past Python's stack
+        raise corrupt(f"not JSON: {_reason(e)}") from None
+    if not isinstance(doc, dict):
+        raise corrupt("not a JSON object")
+    start, tensors = 8 + n, {}
+    for name, t in doc.items():
+        if name == "__metadata__":
+            continue
+        t = t if isinstance(t, dict) else {}
+        dtype, shape, offsets = t.get("dtype"), t.get("shape"), t.get("data_offsets")
+        if not (isinstance(dtype, str) and isinstance(shape, list) and all(_is_size(d) for d in shape)
+                and isinstance(offsets, list) and len(offsets) == 2 and all(_is_size(o) for o in offsets)):
+            raise corrupt(f"tensor {name} is not {{dtype, shape, data_offsets}}: {_clip(t)}")
+        if not offsets[0] <= offsets[1] <= size - start:
+            raise corrupt(f"tensor {name}'s data_offsets lie outside the file")
+        tensors[name] = LocalTensor(dtype, tuple(shape), LocalTensorRange(path, start + offsets[0],
+                                                                          offsets[1] - offsets[0]))
+    spans = sorted((t.data_range.offset, t.data_range.size, name) for name, t in tensors.items())
+    for (a, size_a, name_a), (b, _, name_b) in zip(spans, spans[1:]):
+        if a + size_a > b:
+            raise corrupt(f"tensors {name_a} and {name_b} overlap")
     return tensors
+
+
+def _is_size(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _clip(v: Any, n: int = 80) -> str:
+    """repr(v) cut to n characters: a malformed value quoted in a message stays one readable line."""
+    r = repr(v)
+    return r if len(r) <= n else r[:n - 3] + "..."
+
+
+def _reason(e: BaseException, n: int = 200) -> str:
+    """An exception a parser raised, for a message: its type and text on one line, cut to n characters."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text if len(text) <= n else text[:n - 3] + '...'}"
 
 
 def _bert_name(hf_name: str) -> str:
@@ -242,29 +309,35 @@ def _bert_name(hf_name: str) -> str:
 
 def _tensors(src: Path, cfg: _Config, matrix_type: gguf.GGMLQuantizationType) -> list[_Tensor]:
     """Every tensor to write, in llama.cpp's loading order, each checked for name, shape, dtype and size."""
-    parts = sorted(src.glob("model*.safetensors"))
+    parts = {part: _safetensors(part) for part in sorted(src.glob("model*.safetensors"))}
     if not parts:
         raise CheckpointError(f"{src}: no model.safetensors (only safetensors checkpoints are converted)")
+    n_declared = sum(len(t) for t in parts.values())
+    if cfg.n_layer > n_declared:  # before naming the tensors of every layer config.json claims
+        raise CheckpointError(f"{src / 'config.json'}: num_hidden_layers {cfg.n_layer} is more layers than the "
+                              f"{n_declared} tensors of the safetensors hold")
     expected = _expected_shapes(cfg)
     tmap = gguf.TensorNameMap(gguf.MODEL_ARCH.BERT, cfg.n_layer)
     found: dict[str, _Tensor] = {}
-    for part in parts:
-        for hf_name, t in _safetensors(part).items():
+    for part, declared in parts.items():
+        for hf_name, t in declared.items():
             name = _bert_name(hf_name)
             if name.startswith(_DROPPED):
                 continue
             kind, gguf_name = tmap.get_type_and_name(name, try_suffixes=(".weight", ".bias")) or (None, "")
             if gguf_name not in expected:
-                raise TensorError(f"{part}: unexpected tensor {hf_name} (not a tensor llama.cpp's bert reads)")
+                raise CheckpointTensorError(f"{part}: unexpected tensor {hf_name} (not a tensor llama.cpp's bert "
+                                            f"reads)")
             if gguf_name in found:
-                raise TensorError(f"{part}: tensors {found[gguf_name].hf_name} and {hf_name} are both {gguf_name}")
+                raise CheckpointTensorError(f"{part}: tensors {found[gguf_name].hf_name} and {hf_name} are both "
+                                            f"{gguf_name}")
             shape = expected[gguf_name]
             if t.dtype not in _SOURCE_DTYPES:
-                raise TensorError(f"{part}: tensor {hf_name} has dtype {t.dtype} (converted: "
-                                  f"{', '.join(_SOURCE_DTYPES)})")
+                raise CheckpointTensorError(f"{part}: tensor {hf_name} has dtype {t.dtype} (converted: "
+                                            f"{', '.join(_SOURCE_DTYPES)})")
             if t.shape != shape:
-                raise TensorError(f"{part}: tensor {hf_name} has shape {list(t.shape)}, config.json makes it "
-                                  f"{list(shape)}")
+                raise CheckpointTensorError(f"{part}: tensor {hf_name} has shape {_clip(list(t.shape))}, "
+                                            f"config.json makes it {list(shape)}")
             if t.data_range.size != math.prod(shape) * _SOURCE_DTYPES[t.dtype].itemsize:
                 raise CheckpointError(f"{part}: corrupt safetensors header (tensor {hf_name} holds "
                                       f"{t.data_range.size} bytes, not those of {t.dtype}{list(shape)})")
@@ -273,9 +346,10 @@ def _tensors(src: Path, cfg: _Config, matrix_type: gguf.GGMLQuantizationType) ->
             found[gguf_name] = _Tensor(gguf_name, hf_name, t, _QT.F32 if keep_f32 else matrix_type)
     missing = [n for n in expected if n not in found]
     if missing:
-        where = parts[0] if len(parts) == 1 else src
+        where = next(iter(parts)) if len(parts) == 1 else src
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise TensorError(f"{where}: missing tensor {_hf_name(tmap, missing[0], found)} ({missing[0]}){more}")
+        raise CheckpointTensorError(f"{where}: missing tensor {_hf_name(tmap, missing[0], found)} ({missing[0]})"
+                                    f"{more}")
     return [found[n] for n in expected]
 
 
@@ -302,7 +376,7 @@ def _add_general(w: gguf.GGUFWriter, src: Path, cfg: _Config, file_type: gguf.Ll
                  pooling: gguf.PoolingType | None) -> None:
     w.add_type(gguf.GGUFType.MODEL)
     total, shared, expert, n_expert = w.get_total_parameter_count()
-    meta = gguf.Metadata.load(None, src, None, total)
+    meta = _model_card(src, total)
     meta.name = meta.name or src.resolve().name
     meta.size_label = meta.size_label or gguf.size_label(total, shared, expert, n_expert)
     meta.set_gguf_meta_model(w)
@@ -319,6 +393,29 @@ def _add_general(w: gguf.GGUFWriter, src: Path, cfg: _Config, file_type: gguf.Ll
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
+def _model_card(src: Path, total: int) -> gguf.Metadata:
+    """gguf's general metadata (name, license, tags, base models, ...) from README.md's YAML front matter and
+    config.json, checked to be what a GGUF holds: text, lists of text, entries of text. (A BERT has no
+    sampling parameters: generation_config.json is not read.)"""
+    readme = src / "README.md"
+    try:
+        card = gguf.Metadata.load_model_card(src)
+    except OSError as e:
+        raise CheckpointError(f"{readme}: cannot read ({e.strerror or e})") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: bad UTF-8
+        raise CheckpointError(f"{readme}: front matter is not readable YAML ({_reason(e)})") from None
+    meta = gguf.Metadata.apply_metadata_heuristic(gguf.Metadata(), card, gguf.Metadata.load_hf_parameters(src), src,
+                                                  total)
+    for field in dataclasses.fields(meta):
+        v = getattr(meta, field.name)
+        if not (v is None or _is_text(v)
+                or field.name in _CARD_LISTS and isinstance(v, list) and all(map(_is_text, v))
+                or field.name in _CARD_ENTRIES and isinstance(v, list)
+                and all(isinstance(e, dict) and all(map(_is_text, e.values())) for e in v)):
+            raise CheckpointError(f"{readme}: model card value {field.name} is {_clip(v)}, not text")
+    return meta
+
+
 def _special_names(src: Path) -> dict[str, str]:
     """Special-token texts by kind ("unk", "cls", ...) from tokenizer_config.json and special_tokens_map.json."""
     names: dict[str, str] = {}
@@ -332,15 +429,16 @@ def _special_names(src: Path) -> dict[str, str]:
     return names
 
 
-def _wordpiece(src: Path) -> tuple[dict[str, int], dict[str, bool]]:
-    """(token -> id, added token -> special) from tokenizer.json, else from vocab.txt and tokenizer_config.json."""
+def _wordpiece(src: Path, n_vocab: int) -> tuple[dict[str, int], dict[str, bool]]:
+    """(token -> id, added token -> special) from tokenizer.json, else from vocab.txt and tokenizer_config.json;
+    every id below ``n_vocab``."""
     path = src / "tokenizer.json"
     if path.exists():
         doc = _json(path)
         model = doc.get("model") if isinstance(doc, dict) else None
         if not isinstance(model, dict) or model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
             kind = model.get("type") if isinstance(model, dict) else None
-            raise CheckpointError(f"{path}: not a WordPiece tokenizer (model type {kind!r})")
+            raise CheckpointError(f"{path}: not a WordPiece tokenizer (model type {_clip(kind)})")
         vocab, added_list = dict(model["vocab"]), doc.get("added_tokens") or []
     else:
         path = src / "vocab.txt"
@@ -350,29 +448,44 @@ def _wordpiece(src: Path) -> tuple[dict[str, int], dict[str, bool]]:
         except FileNotFoundError:
             raise CheckpointError(f"{src}: no tokenizer.json or vocab.txt") from None
         except (OSError, ValueError) as e:
-            raise CheckpointError(f"{path}: not readable ({e})") from None
+            raise CheckpointError(f"{path}: not readable ({_reason(e)})") from None
         config = src / "tokenizer_config.json"
         doc = _json(config) if config.exists() else {}
         decoder = (doc.get("added_tokens_decoder") if isinstance(doc, dict) else None) or {}
-        added_list = [{**v, "id": int(i)} for i, v in decoder.items() if isinstance(v, dict) and str(i).isdigit()]
+        if not isinstance(decoder, dict):
+            raise CheckpointError(f"{config}: added_tokens_decoder is not a JSON object")
+        added_list = [{**v, "id": int(i)} for i, v in decoder.items()
+                      if isinstance(v, dict) and i.isascii() and i.isdigit()]
+    if not isinstance(added_list, list):
+        raise CheckpointError(f"{path}: added_tokens is not a list")
     added: dict[str, bool] = {}
     for a in added_list:
-        if not (isinstance(a, dict) and isinstance(a.get("content"), str) and isinstance(a.get("id"), int)):
-            raise CheckpointError(f"{path}: malformed added token {a!r}")
+        if not (isinstance(a, dict) and _is_text(a.get("content")) and isinstance(a.get("id"), int)):
+            raise CheckpointError(f"{path}: malformed added token {_clip(a)}")
         vocab[a["content"]] = a["id"]
         added[a["content"]] = bool(a.get("special"))
-    bad = next(((t, i) for t, i in vocab.items() if not isinstance(i, int) or isinstance(i, bool) or i < 0), None)
-    if bad is not None:
-        raise CheckpointError(f"{path}: token {bad[0]!r} has id {bad[1]!r}")
+    for t, i in vocab.items():
+        if not _is_text(t) or not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise CheckpointError(f"{path}: token {_clip(t)} has id {_clip(i)}")
+        if i >= n_vocab:
+            raise CheckpointError(f"{path}: token {_clip(t)} has id {i}, beyond config.json's vocab_size {n_vocab}")
     return vocab, added
+
+
+def _is_text(v: Any) -> bool:
+    """Whether v is a str a GGUF can hold (UTF-8: JSON and YAML escapes can make lone surrogates)."""
+    if not isinstance(v, str):
+        return False
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _vocab(src: Path, n_vocab: int, special_names: dict[str, str]) -> tuple[list[str], list[int]]:
     """Token texts and types for llama.cpp's WPM tokenizer, ``n_vocab`` of them."""
-    vocab, added = _wordpiece(src)
-    over = next(((t, i) for t, i in vocab.items() if i >= n_vocab), None)
-    if over is not None:
-        raise CheckpointError(f"{src}: token {over[0]!r} has id {over[1]}, beyond config.json's vocab_size {n_vocab}")
+    vocab, added = _wordpiece(src, n_vocab)
     special = {t for t, s in added.items() if s} | set(special_names.values())
     by_id = {i: t for t, i in vocab.items()}
     tokens, toktypes = [], []
@@ -400,7 +513,7 @@ def _add_vocab(w: gguf.GGUFWriter, src: Path, cfg: _Config, tokens: list[str], t
     w.add_tokenizer_pre(_PRE_TOKENIZER)
     w.add_token_list(tokens)
     w.add_token_types(toktypes)
-    special = gguf.SpecialVocab(src, n_vocab=len(tokens), special_token_types=_SPECIAL_KINDS)
+    special = _special_vocab(src, len(tokens))
     # NOTE: gguf resolves special ids through tokenizer.json only; a vocab.txt tokenizer names them in its configs
     ids = {t: i for i, t in enumerate(tokens) if toktypes[i] == _TT.CONTROL}
     for kind in _SPECIAL_KINDS:
@@ -408,3 +521,20 @@ def _add_vocab(w: gguf.GGUFWriter, src: Path, cfg: _Config, tokens: list[str], t
         if kind not in special.special_token_ids and text in ids:
             special.special_token_ids[kind] = ids[text]
     special.add_to_gguf(w, quiet=True)
+
+
+def _special_vocab(src: Path, n_vocab: int) -> gguf.SpecialVocab:
+    """gguf's reading of the special tokens (ids, whether to add them, chat template) from tokenizer.json,
+    tokenizer_config.json and config.json, whose structure it takes on trust: what it cannot read, or a chat
+    template that is neither text nor named templates, is a CheckpointError."""
+    try:
+        special = gguf.SpecialVocab(src, n_vocab=n_vocab, special_token_types=_SPECIAL_KINDS)
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError) as e:
+        files = ", ".join(f for f in _SPECIAL_FILES if (src / f).exists())
+        raise CheckpointError(f"{src}: special tokens not readable from {files} ({_reason(e)})") from None
+    template = special.chat_template
+    if not (template is None or _is_text(template) or isinstance(template, list) and all(
+            isinstance(t, dict) and _is_text(t.get("name", "")) and _is_text(t.get("template")) for t in template)):
+        raise CheckpointError(f"{src / 'tokenizer_config.json'}: chat_template is {_clip(template)}, neither text "
+                              f"nor a list of named templates")
+    return special

@@ -25,6 +25,7 @@ import gguf
 import numpy as np
 
 from graphir.errors import GGUFError, MetadataError
+from graphir.files.atomic import atomic_open
 
 __all__ = ["TensorInfo", "GGUFHeader", "read_header", "strip"]
 
@@ -350,6 +351,8 @@ def _parse(path: str, f, size: int) -> GGUFHeader:
             raise r.fail(
                 f"tensor {name!r} has ne0={shape[0]}, not a multiple of the {dtype.name} block size {block_size}"
             )
+        if offset % alignment:
+            raise r.fail(f"tensor {name!r} has offset {offset}, not a multiple of the alignment {alignment}")
         tensors[name] = TensorInfo(name, shape, dtype, offset)
 
     header_end = pos
@@ -367,17 +370,34 @@ def _parse(path: str, f, size: int) -> GGUFHeader:
         array_types=array_types,
     )
 
-    # -- tensor data extents: none at all is a header-only file; some but not all is corruption --
-    if not header.header_only:
-        for t in tensors.values():
-            end = data_start + t.offset + t.n_bytes
-            if end > size:
-                raise r.fail(f"tensor data truncated: {t.name!r} ends at byte {end} but the file has {size} bytes")
+    _check_extents(r, header)
     return header
 
 
+def _check_extents(r: _HeaderReader, h: GGUFHeader) -> None:
+    """Tensor data may not overlap (in any file) nor run past the end (in a file with data: none at all is a
+    header-only file, some but not all is corruption), so that a weight is only ever a view of its own bytes."""
+    if not h.header_only:
+        data_bytes = h.file_size - h.data_start
+        for t in h.tensors.values():
+            if t.offset >= data_bytes and t.n_bytes:
+                raise r.fail(f"tensor {t.name!r} has offset {t.offset}, past the end of the file's {data_bytes} "
+                             f"bytes of tensor data")
+            end = h.data_start + t.offset + t.n_bytes
+            if end > h.file_size:
+                raise r.fail(f"tensor data truncated: {t.name!r} ends at byte {end} but the file has {h.file_size} "
+                             f"bytes")
+    prev = None
+    for t in sorted((t for t in h.tensors.values() if t.n_bytes), key=lambda t: t.offset):
+        if prev is not None and t.offset < prev.offset + prev.n_bytes:
+            raise r.fail(f"tensor {t.name!r} at offset {t.offset} overlaps tensor {prev.name!r} (offset "
+                         f"{prev.offset}, {prev.n_bytes} bytes)")
+        prev = t
+
+
 def strip(src, dst) -> GGUFHeader:
-    """Write dst = the first header_end bytes of src (a weightless GGUF for fixtures); return dst's header."""
+    """Write dst = the first header_end bytes of src (a weightless GGUF for fixtures), all at once or not at
+    all; return dst's header."""
     src_s = os.fsdecode(os.fspath(src))
     dst_s = os.fsdecode(os.fspath(dst))
     hdr = read_header(src_s)
@@ -400,7 +420,7 @@ def strip(src, dst) -> GGUFHeader:
     finally:
         f.close()
     try:
-        with open(dst_s, "wb") as out:
+        with atomic_open(dst_s, "wb") as out:  # an interrupted write leaves dst as it was
             out.write(data)
     except OSError as e:
         raise GGUFError(f"{dst_s}: cannot write ({e.strerror or e})") from None

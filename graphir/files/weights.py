@@ -48,7 +48,16 @@ class GGUFWeights:
 
     @cached_property
     def _map(self) -> np.memmap:
-        return np.memmap(self.header.path, dtype=np.uint8, mode="r")
+        """The file mapped when the first weight is asked for; refused if it is no longer as long as its
+        header said (touching a page past the end of a mapped file is a SIGBUS, not an exception)."""
+        path, size = self.header.path, self.header.file_size
+        try:
+            m = np.memmap(path, dtype=np.uint8, mode="r")
+        except (OSError, ValueError) as e:
+            raise TensorError(f"{path}: cannot map the tensor data ({getattr(e, 'strerror', None) or e})") from None
+        if m.size != size:
+            raise TensorError(f"{path}: the file changed since its header was read ({m.size} bytes, was {size})")
+        return m
 
     def __contains__(self, name: str) -> bool:
         return name in self.header.tensors
@@ -58,7 +67,7 @@ class GGUFWeights:
         if info is None:
             raise TensorError(f"{self.header.path}: no tensor '{name}'")
         start = self.header.data_start + info.offset
-        raw = self._map[start:start + info.n_bytes]
+        raw = self._map[start:start + info.n_bytes]  # within the file: read_header checked every extent
         if info.dtype in _FLOAT_VIEWS:
             data = raw.view(_FLOAT_VIEWS[info.dtype]).reshape(tuple(reversed(info.shape)))
         else:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from graphir.running.batch import UBatch
+from graphir.running.batch import POS_MAX, UBatch
 from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import GraphError, GraphirError, StateError
 from graphir.graph.ir import Node
@@ -139,6 +139,14 @@ class Memory:
         """Graph inputs that persist between ubatches (cache tensors), by input name."""
         return {}
 
+    def buffer_shapes(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """The (shape, dtype) of each buffer its params call for, allocated or not (``ContextParams.buffers``)."""
+        return {}
+
+    def nbytes(self) -> int:
+        """What its buffers take, known before they are allocated (a context checks it fits first)."""
+        return sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in self.buffer_shapes().values())
+
     def snapshot(self, plans: list[Any]) -> Any:
         """What :meth:`restore` needs to undo applying ``plans`` (from :meth:`prepare`), should a ubatch fail."""
         return None
@@ -233,6 +241,11 @@ class CellMemory(Memory):
     def buffers(self) -> dict[str, np.ndarray]:
         return self._buffers
 
+    def _allocate(self) -> dict[str, np.ndarray]:
+        """The zeroed buffers of :meth:`buffer_shapes`, unless the params ask for sizes only."""
+        shapes = self.buffer_shapes() if self.params.buffers else {}
+        return {k: np.zeros(shape, dt) for k, (shape, dt) in shapes.items()}
+
     def layer_rows(self, il: int) -> tuple[np.ndarray, ...]:
         """Layer il's per-cell buffers (what a saved state holds per cell): K and V, or r and s states."""
         raise NotImplementedError
@@ -241,8 +254,9 @@ class CellMemory(Memory):
         """The cells sequence ``seq`` may occupy, as [lo, hi) (all of them unless the kind partitions cells)."""
         return 0, len(self.pos)
 
-    def check_saved(self, cells: np.ndarray, seqs: np.ndarray) -> str | None:
-        """Why saved cells (indices, sequence sets) cannot be this memory's, or None (the kind's own rules)."""
+    def check_saved(self, cells: np.ndarray, fields: dict[str, np.ndarray]) -> str | None:
+        """Why saved cells, about to go to the cells ``cells`` with the per-cell ``fields``, cannot be this
+        memory's, or None (the kind's own rules)."""
         return None
 
     def restored(self) -> None:
@@ -251,6 +265,13 @@ class CellMemory(Memory):
     def _check_seq(self, seq: int, what: str) -> None:
         if not 0 <= seq < self.n_seq_max:
             raise GraphirError(f"{what}: seq id {seq} is outside [0, {self.n_seq_max}) (n_seq_max={self.n_seq_max})")
+
+    @staticmethod
+    def _check_move(what: str, pos: np.ndarray, delta: int) -> None:
+        """seq_add's delta checked before anything moves: no position may pass POS_MAX (llama_pos)."""
+        if not -POS_MAX <= delta <= POS_MAX or (len(pos) and int(pos.max()) + delta > POS_MAX):
+            raise GraphirError(f"{what}: moving positions up to {int(pos.max()) if len(pos) else -1} by {delta} "
+                               f"leaves the positions a model takes, [0, {POS_MAX}]")
 
     def _copy_needed(self, src: int, dst: int) -> bool:
         """seq_cp's arguments checked; False when there is nothing to copy (src is dst)."""
@@ -296,13 +317,8 @@ class CellMemory(Memory):
                 w.arr(b[sel], b.dtype)
 
     def state_read(self, r: Reader, dst: int | None) -> Commit:
-        try:
-            theirs = json.loads(r.s("memory layout"))
-        except ValueError:
-            raise StateError("state data is malformed: the memory layout is not JSON") from None
+        theirs = r.json("memory layout")
         ours = self._full_layout()
-        if not isinstance(theirs, dict):
-            raise StateError("state data is malformed: the memory layout is not a JSON object")
         for k in (tuple(ours) if dst is None else self.seq_layout):
             if k != "layers" and theirs.get(k) != ours[k]:
                 raise StateError(f"state has {k}={theirs.get(k)!r}, this context has {k}={ours[k]!r}")
@@ -313,8 +329,8 @@ class CellMemory(Memory):
         fields = {f: r.arr(getattr(self, f).dtype, n, f"cell {f}") for f in self.cell_fields}
         rows = {il: [r.arr(b.dtype, n * b.shape[1], f"layer {il} rows").reshape(n, b.shape[1])
                      for b in self.layer_rows(il)] for il in self.layers}
-        if (fields["pos"] < 0).any():
-            raise StateError("state data is malformed: a saved cell has a negative position")
+        if ((fields["pos"] < 0) | (fields["pos"] > POS_MAX)).any():
+            raise StateError(f"state data is malformed: a saved cell has a position outside [0, {POS_MAX}]")
         if dst is None:
             return self._read_all(cell, fields, rows)
         return self._read_seq(fields, rows, dst)
@@ -325,9 +341,7 @@ class CellMemory(Memory):
             raise StateError("state data is malformed: cell indices are out of range or repeated")
         if n and ((seqs == 0).any() or (seqs >> np.uint64(self.n_seq_max)).any()):
             raise StateError(f"state data is malformed: a cell has no sequence or one >= n_seq_max={self.n_seq_max}")
-        why = self.check_saved(cell, seqs) if n else None
-        if why:
-            raise StateError(f"state data is malformed: {why}")
+        self._check_saved(cell, fields)
 
         def commit() -> None:
             self.clear(data=True)
@@ -338,6 +352,11 @@ class CellMemory(Memory):
                     buf[cell] = a
             self.restored()
         return commit
+
+    def _check_saved(self, cells: np.ndarray, fields: dict[str, np.ndarray]) -> None:
+        why = self.check_saved(cells, fields) if len(cells) else None
+        if why:
+            raise StateError(f"state data is malformed: {why}")
 
     def _read_seq(self, fields: dict[str, np.ndarray], rows: dict[int, list[np.ndarray]], dst: int) -> Commit:
         if not 0 <= dst < self.n_seq_max:
@@ -351,11 +370,13 @@ class CellMemory(Memory):
         if len(cells) < n:
             raise StateError(f"no room for the saved sequence: it has {n} cells, {len(cells)} are free for seq {dst}")
         cells = cells[:n]
+        fields = {**fields, "seq": np.full(n, 1 << dst, np.uint64)}
+        self._check_saved(cells, fields)
 
         def commit() -> None:
             self.seq_rm(dst, -1, -1)
             for f, a in fields.items():
-                getattr(self, f)[cells] = np.uint64(1 << dst) if f == "seq" else a
+                getattr(self, f)[cells] = a
             for il, saved in rows.items():
                 for buf, a in zip(self.layer_rows(il), saved):
                     buf[cells] = a

@@ -128,6 +128,9 @@ class Composite(Memory):
     def buffers(self) -> dict[str, np.ndarray]:
         return {k: v for p in self.parts.values() for k, v in p.buffers().items()}
 
+    def buffer_shapes(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        return {k: v for p in self.parts.values() for k, v in p.buffer_shapes().items()}
+
     def snapshot(self, plans: list[Any]) -> Any:
         return [p.snapshot([plan[i] for plan in plans]) for i, p in enumerate(self.parts.values())]
 

@@ -155,15 +155,11 @@ class EncoderOutput(Memory):
         w.arr(self.rows[sel], np.float32)
 
     def state_read(self, r: Reader, dst: int | None) -> Commit:
-        try:
-            theirs = json.loads(r.s("encoder output layout"))
-        except ValueError:
-            raise StateError("state data is malformed: the encoder output layout is not JSON") from None
+        theirs = r.json("encoder output layout")
         ours = self.layout()
         for k in ours if dst is None else ("kind", "n_embd"):
-            if not isinstance(theirs, dict) or theirs.get(k) != ours[k]:
-                got = theirs.get(k) if isinstance(theirs, dict) else None
-                raise StateError(f"state has encoder output {k}={got!r}, this context has {k}={ours[k]!r}")
+            if theirs.get(k) != ours[k]:
+                raise StateError(f"state has encoder output {k}={theirs.get(k)!r}, this context has {k}={ours[k]!r}")
         n = r.u("I", "encoder output count")
         seqs = r.arr(np.uint64, n, "encoder output sequences")
         rows = r.arr(np.float32, n * self.n_embd, "encoder output rows").reshape(n, self.n_embd)

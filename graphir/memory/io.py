@@ -3,6 +3,7 @@ own section use it, so a memory kind can save what it keeps without knowing the 
 
 from __future__ import annotations
 
+import json
 import struct
 from typing import Any
 
@@ -54,6 +55,17 @@ class Reader:
             return self.take(n, what).decode()
         except UnicodeDecodeError:
             raise StateError(f"state data is malformed: {what} is not UTF-8") from None
+
+    def json(self, what: str) -> dict[str, Any]:
+        """A string holding a JSON object (a layout, the hparams): anything else, however deep, is malformed."""
+        text = self.s(what)
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            raise StateError(f"state data is malformed: the {what} is not JSON") from None
+        if not isinstance(value, dict):
+            raise StateError(f"state data is malformed: the {what} is not a JSON object")
+        return value
 
     def arr(self, dtype: Any, count: int, what: str) -> np.ndarray:
         dt = np.dtype(dtype).newbyteorder("<")

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from graphir.running.batch import UBatch
+from graphir.running.batch import POS_MAX, UBatch
 from graphir.graph.dims import DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
 from graphir.graph.ir import Graph, Node
@@ -129,18 +129,26 @@ class KVCache(CellMemory):
         if n_ctx and not self.stream_size:
             raise GraphirError(f"n_ctx={n_ctx} gives no cells per sequence with n_seq_max={self.n_seq_max} "
                                f"(unified=False needs n_ctx >= n_seq_max)")
-        self.pos = np.full(n_ctx, -1, dtype=np.int64)  # -1: empty cell
-        self.seq = np.zeros(n_ctx, dtype=np.uint64)  # bit s: the cell belongs to sequence s
-        self.shift = np.zeros(n_ctx, dtype=np.int64)  # pending position delta not yet applied to K
+        cells = n_ctx if params.buffers else 0  # a memory for sizing allocates nothing
+        self.pos = np.full(cells, -1, dtype=np.int64)  # -1: empty cell
+        self.seq = np.zeros(cells, dtype=np.uint64)  # bit s: the cell belongs to sequence s
+        self.shift = np.zeros(cells, dtype=np.int64)  # pending position delta not yet applied to K
         self.heads = [s * self.stream_size for s in range(self.n_stream)]  # per stream: where the next slot search starts (not state)
         self._run: RunGraph | None = None  # by the context
         self._graph: Graph | None = None
         self.shiftable = True
-        self._buffers = {}
-        if n_ctx and params.buffers:
-            for il, need in self.need.items():
-                self._buffers[f"blk.{il}.cache_k"] = np.zeros((n_ctx, need.n_embd_k), CACHE_DTYPES[self.type_k])  # type: ignore[union-attr]
-                self._buffers[f"blk.{il}.cache_v"] = np.zeros((n_ctx, need.n_embd_v), CACHE_DTYPES[self.type_v])  # type: ignore[union-attr]
+        self._buffers = self._allocate()
+
+    def buffer_shapes(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """K and V rows of every cell, per served layer."""
+        if not self.n_ctx:
+            return {}
+        out: dict[str, tuple[tuple[int, ...], Any]] = {}
+        k, v = CACHE_DTYPES[self.type_k], CACHE_DTYPES[self.type_v]
+        for il, need in self.need.items():
+            out[f"blk.{il}.cache_k"] = (self.n_ctx, need.n_embd_k), k  # type: ignore[union-attr]
+            out[f"blk.{il}.cache_v"] = (self.n_ctx, need.n_embd_v), v  # type: ignore[union-attr]
+        return out
 
     def _tail(self, role: str) -> str:
         return f"{role}_{self.name}" if self.name else role
@@ -212,9 +220,12 @@ class KVCache(CellMemory):
     def cell_range(self, seq: int) -> tuple[int, int]:
         return self.stream_range(self.stream_of(seq))
 
-    def check_saved(self, cells: np.ndarray, seqs: np.ndarray) -> str | None:
+    def check_saved(self, cells: np.ndarray, fields: dict[str, np.ndarray]) -> str | None:
+        roped = fields["pos"] - fields["shift"]  # where K was roped: a shift moves it from there
+        if ((roped < 0) | (roped > POS_MAX)).any():
+            return f"a saved cell's pending shift starts outside the positions [0, {POS_MAX}]"
         if not self.unified:
-            for c, m in zip(cells, seqs):
+            for c, m in zip(cells, fields["seq"]):
                 if int(m) != 1 << (int(c) // self.stream_size):
                     return f"cell {int(c)} is not in its sequence's stream"
         return None
@@ -319,8 +330,10 @@ class KVCache(CellMemory):
         return 0 if self.unified else cell // self.stream_size
 
     def snapshot(self, plans: list[Any]) -> Any:
-        """The cells, and the rows the plans will overwrite, so that a failed ubatch leaves every byte as it was."""
-        taken = np.unique(np.concatenate(plans)) if plans else np.zeros(0, np.int64)
+        """The cells, and the rows the plans will overwrite or a pending K-shift will turn, so that a failed
+        ubatch leaves every byte as it was."""
+        shifted = np.flatnonzero((self.pos >= 0) & (self.shift != 0))
+        taken = np.unique(np.concatenate([shifted, *plans]))
         rows = {k: v[taken] for k, v in self._buffers.items()} if len(taken) else {}
         return self.pos.copy(), self.seq.copy(), self.shift.copy(), list(self.heads), taken, rows
 
@@ -393,6 +406,7 @@ class KVCache(CellMemory):
         if delta == 0:
             return
         sel = self._range(p0, p1) & self._holds(seq)
+        self._check_move("seq_add", self.pos[sel], delta)
         self.pos[sel] += delta
         self.shift[sel] += delta
         self._free(sel & (self.pos < 0))  # pushed below position 0: removed, as llama.cpp does
@@ -408,7 +422,7 @@ class KVCache(CellMemory):
             return
         sel = self._range(p0, p1) & self._holds(seq)
         old = self.pos[sel]
-        new = old // d  # positions are >= 0: floor division is C's truncation
+        new = old // min(d, POS_MAX + 1)  # positions are in [0, POS_MAX]: floor division is C's truncation
         self.pos[sel] = new
         self.shift[sel] += new - old  # NOTE: new - old like seq_add; llama.cpp records old - new (trap 9)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphir.running.batch import UBatch
+from graphir.running.batch import POS_MAX, UBatch
 from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
 from graphir.graph.ir import Node
@@ -49,10 +49,15 @@ class RecurrentMemory(CellMemory):
         self.pos = np.full(self.size, -1, dtype=np.int64)  # last absorbed position; -1: empty cell
         self.seq = np.zeros(self.size, dtype=np.uint64)  # bit s: sequence s's state is this cell
         self.widths: dict[int, Recurrent] = self.need  # type: ignore[assignment]
-        self._buffers = {}
-        for il, w in self.widths.items() if params.buffers else ():
-            self._buffers[f"blk.{il}.rs_r"] = np.zeros((self.size, w.n_embd_r), np.float32)
-            self._buffers[f"blk.{il}.rs_s"] = np.zeros((self.size, w.n_embd_s), np.float32)
+        self._buffers = self._allocate()
+
+    def buffer_shapes(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """The rolling and the recurrent state of every cell, per served layer."""
+        out: dict[str, tuple[tuple[int, ...], Any]] = {}
+        for il, w in self.widths.items():
+            out[f"blk.{il}.rs_r"] = (self.size, w.n_embd_r), np.float32
+            out[f"blk.{il}.rs_s"] = (self.size, w.n_embd_s), np.float32
+        return out
 
     # ---- graph side -------------------------------------------------------------------------------------
 
@@ -217,6 +222,7 @@ class RecurrentMemory(CellMemory):
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
         c = self._relabel(seq, p0, p1, "seq_add")
         if c >= 0:
+            self._check_move("seq_add", self.pos[c:c + 1], delta)
             self.pos[c] += delta
 
     def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
@@ -224,7 +230,7 @@ class RecurrentMemory(CellMemory):
             raise GraphirError(f"seq_div: divisor {d} must be positive")
         c = self._relabel(seq, p0, p1, "seq_div")
         if c >= 0:
-            self.pos[c] //= d
+            self.pos[c] //= min(d, POS_MAX + 1)
 
     def can_shift(self) -> bool:
         return True  # positions are labels: shifting them needs no data change
@@ -232,8 +238,10 @@ class RecurrentMemory(CellMemory):
     def layer_rows(self, il: int) -> tuple[np.ndarray, ...]:
         return self._buffers[f"blk.{il}.rs_r"], self._buffers[f"blk.{il}.rs_s"]
 
-    def check_saved(self, cells: np.ndarray, seqs: np.ndarray) -> str | None:
-        if len(seqs) and np.bitwise_or.reduce(seqs) != sum(seqs):
+    def check_saved(self, cells: np.ndarray, fields: dict[str, np.ndarray]) -> str | None:
+        seqs = fields["seq"]
+        shared = (seqs[:, None] & seqs[None, :]) != 0
+        if shared[~np.eye(len(seqs), dtype=bool)].any():
             return "a sequence has more than one recurrent state cell"
         return None
 

@@ -12,10 +12,12 @@ from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
+from gguf import Keys
+
 from graphir.errors import MetadataError
 from graphir.model.hparams import PER_LAYER, HParams, Key, SlidingWindow, read_hparams
 from graphir.memory.kinds import fitting
-from graphir.memory.layers import Attention, LayerNeeds, kinds_of
+from graphir.memory.layers import Attention, LayerNeeds, kinds_of, needs_of
 from graphir.model.tensors import TensorDecl, TensorSpec
 
 if TYPE_CHECKING:
@@ -50,7 +52,11 @@ class Architecture:
 
     def __init__(self, hp: HParams):
         self.hp = hp
-        self.specs = {s.name: s for s in self.tensors()}
+
+    @cached_property
+    def specs(self) -> dict[str, TensorSpec]:
+        """The expected tensors by name (sized by hparams that from_metadata has checked)."""
+        return {s.name: s for s in self.tensors()}
 
     @classmethod
     def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
@@ -59,7 +65,29 @@ class Architecture:
         if varying and not cls.per_layer:
             raise MetadataError(f"{label}: key '{varying[0].format(arch=cls.name)}' differs between layers; the "
                                 f"'{cls.name}' family gives every layer the same size")
-        return cls(hp)
+        try:
+            arch = cls(hp)  # a family's own checks of its hparams
+        except MetadataError as e:
+            raise MetadataError(f"{label}: {e}") from None
+        arch.check_heads(label)
+        return arch
+
+    def check_heads(self, label: str) -> None:
+        """Attention splits its width into heads of a positive size, and its query heads into equal groups, one
+        per KV head: a file whose counts do not would divide by zero on the way to a graph (llama.cpp
+        aborts on it), so it is refused here, naming the layer."""
+        hp = self.hp
+        for il, entry in enumerate(self.needs):
+            if not any(isinstance(n, Attention) for n in needs_of(entry)):
+                continue
+            n_head, n_head_kv = hp.head_count(il), hp.head_count_kv(il)
+            if min(n_head, n_head_kv, hp.n_embd_head_k, hp.n_embd_head_v) <= 0 or n_head % n_head_kv:
+                raise MetadataError(
+                    f"{label}: layer {il} attends with {n_head} query heads, {n_head_kv} KV heads and heads of "
+                    f"{hp.n_embd_head_k} (K) and {hp.n_embd_head_v} (V) values: attention needs at least one head "
+                    f"of each, a positive head size and a whole number of query heads per KV head (keys "
+                    f"'{Keys.Attention.HEAD_COUNT.format(arch=self.name)}', "
+                    f"'{Keys.Attention.HEAD_COUNT_KV.format(arch=self.name)}')")
 
     def layers(self) -> LayerNeeds:
         """What each layer keeps between ubatches, from hparams alone (default: self-attention at the layer's

@@ -19,8 +19,11 @@ from graphir.errors import MetadataError
 
 
 def f32(x: float) -> float:
-    """Round to the nearest float32, as GGUF and ggml store it."""
-    return struct.unpack("<f", struct.pack("<f", x))[0]
+    """Round to the nearest float32, as GGUF and ggml store it (beyond float32's range: infinity, as C's cast)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:  # a FLOAT64 key holding 1e300
+        return math.copysign(math.inf, x)
 
 
 def inv_sqrt(x: float) -> float:
@@ -33,7 +36,9 @@ def inv_sqrt(x: float) -> float:
 class Key:
     """A hyperparameter a family reads beyond the common ones: its field name, its GGUF key template, its
     type, and the value llama.cpp gives it when the file leaves the key out: ``default``, or the value of the
-    common field ``default_from`` (e.g. Gemma 2's local RoPE base is the model's unless the file says)."""
+    common field ``default_from`` (e.g. Gemma 2's local RoPE base is the model's unless the file says).
+    ``minimum``/``maximum``: the range of an int a file may give (a size of 0 or -1 would divide by zero or
+    shape a negative tensor further on)."""
 
     field: str
     template: str
@@ -41,6 +46,8 @@ class Key:
     default: Any = 0
     required: bool = False
     default_from: str = ""
+    minimum: int | None = None
+    maximum: int | None = None
 
 
 @dataclass(frozen=True)
@@ -152,7 +159,10 @@ class KeyReader:
     def key(self, template: str) -> str:
         return template.format(arch=self.arch)
 
-    def get(self, template: str, kind: type, default: Any = None, required: bool = False) -> Any:
+    def get(self, template: str, kind: type, default: Any = None, required: bool = False, minimum: int | None = None,
+            maximum: int | None = None) -> Any:
+        """The key's value (``default`` when absent), of ``kind``; an int given by the file must lie in
+        [minimum, maximum]."""
         k = self.key(template)
         if k not in self.md:
             if required:
@@ -162,18 +172,18 @@ class KeyReader:
         if isinstance(v, list):
             raise MetadataError(f"{self.label}: key '{k}' is an array; graphir reads one value for it (per-layer "
                                 f"arrays: {', '.join(t.format(arch=self.arch) for t in PER_LAYER)})")
-        return self._typed(k, v, kind)
+        return self._bounded(k, self._typed(k, v, kind), minimum, maximum)
 
     def per_layer(self, template: str, n_layer: int, default: PerLayer) -> PerLayer:
         """A key llama.cpp reads as one value or one per layer (``get_key_or_arr``); an array whose layers all
-        agree is that one value, so a uniform model reads and prints the same either way."""
+        agree is that one value, so a uniform model reads and prints the same either way. Counts: never below 0."""
         k = self.key(template)
         v = self.md.get(k, default)
         if not isinstance(v, (list, tuple)):
-            return self._typed(k, v, int)
+            return self._bounded(k, self._typed(k, v, int), 0, None)
         if len(v) != n_layer:
             raise MetadataError(f"{self.label}: key '{k}' has {len(v)} values, one per layer needs {n_layer}")
-        vals = tuple(self._typed(f"{k}[{i}]", x, int) for i, x in enumerate(v))
+        vals = tuple(self._bounded(f"{k}[{i}]", self._typed(f"{k}[{i}]", x, int), 0, None) for i, x in enumerate(v))
         return vals[0] if len(set(vals)) == 1 else vals
 
     def _typed(self, k: str, v: Any, kind: type) -> Any:
@@ -185,7 +195,17 @@ class KeyReader:
             return v
         raise MetadataError(f"{self.label}: key '{k}' should be {kind.__name__}, got {type(v).__name__} {v!r}")
 
+    def _bounded(self, k: str, v: Any, minimum: int | None, maximum: int | None) -> Any:
+        if minimum is not None and v < minimum:
+            raise MetadataError(f"{self.label}: key '{k}' is {v}: it must be at least {minimum}")
+        if maximum is not None and v > maximum:
+            raise MetadataError(f"{self.label}: key '{k}' is {v}: it must be at most {maximum}")
+        return v
 
+
+# A layer count's range: llama.cpp's LLAMA_MAX_LAYERS (its per-layer hparams are arrays of 512); every per-layer
+# loop runs this many times, so a corrupt count would not end.
+LAYER_COUNT = {"minimum": 1, "maximum": 512}
 PER_LAYER = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.HEAD_COUNT_KV)
 
 
@@ -201,20 +221,20 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
         if r.key(template) not in metadata:
             raise MetadataError(f"{label}: missing key '{r.key(template)}'")
     L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
-    n_embd = r.get(L.EMBEDDING_LENGTH, int, required=True)
-    n_layer = r.get(L.BLOCK_COUNT, int, required=True)
+    n_embd = r.get(L.EMBEDDING_LENGTH, int, required=True, minimum=1)
+    n_layer = r.get(L.BLOCK_COUNT, int, required=True, **LAYER_COUNT)
     n_head = r.per_layer(A.HEAD_COUNT, n_layer, 0)
     n_head_kv = r.per_layer(A.HEAD_COUNT_KV, n_layer, n_head)
     n_head_0 = _at(n_head, 0)  # llama.cpp derives the head sizes from layer 0
-    head_k = r.get(A.KEY_LENGTH, int, n_embd // n_head_0 if n_head_0 else 0)
-    head_v = r.get(A.VALUE_LENGTH, int, n_embd // n_head_0 if n_head_0 else 0)
-    n_vocab = r.get(L.VOCAB_SIZE, int, None)
+    head_k = r.get(A.KEY_LENGTH, int, n_embd // n_head_0 if n_head_0 else 0, minimum=0)
+    head_v = r.get(A.VALUE_LENGTH, int, n_embd // n_head_0 if n_head_0 else 0, minimum=0)
+    n_vocab = r.get(L.VOCAB_SIZE, int, None, minimum=0)
     if n_vocab is None:
         tokens = metadata.get(Keys.Tokenizer.LIST)
         n_vocab = len(tokens) if isinstance(tokens, list) else 0
     scaling = r.get(R.SCALING_TYPE, str, "linear")
     factor = r.get(R.SCALING_FACTOR, float, 0.0) or r.get("{arch}.rope.scale_linear", float, 0.0)
-    n_ctx_train = r.get(L.CONTEXT_LENGTH, int, required=True)
+    n_ctx_train = r.get(L.CONTEXT_LENGTH, int, required=True, minimum=0)
     if n_head_0 and n_embd % n_head_0 and A.KEY_LENGTH.format(arch=arch) not in metadata:
         raise MetadataError(f"{label}: n_embd {n_embd} is not divisible by n_head {n_head_0}")
     hp = HParams(
@@ -228,22 +248,23 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
         n_head_kv=n_head_kv,
         n_embd_head_k=head_k,
         n_embd_head_v=head_v,
-        n_rot=r.get(R.DIMENSION_COUNT, int, head_k),
+        n_rot=r.get(R.DIMENSION_COUNT, int, head_k, minimum=0),
         rope_freq_base=r.get(R.FREQ_BASE, float, f32(10000.0)),
         rope_freq_scale=f32(1.0 / factor) if factor and scaling != "none" else 1.0,
         rope_scaling=scaling,
-        n_ctx_orig_yarn=r.get(R.SCALING_ORIG_CTX_LEN, int, n_ctx_train),
+        n_ctx_orig_yarn=r.get(R.SCALING_ORIG_CTX_LEN, int, n_ctx_train, minimum=0),
         rope_attn_factor=r.get(R.SCALING_ATTN_FACTOR, float, 1.0),
         norm_eps=r.get(A.LAYERNORM_EPS, float, 0.0),
         norm_rms_eps=r.get(A.LAYERNORM_RMS_EPS, float, 0.0),
         attn_scale=r.get(A.SCALE, float, 0.0),
         causal=r.get(A.CAUSAL, bool, causal),
         pooling=_pooling(r),
-        n_token_types=_int_key(label, metadata, Keys.Tokenizer.TOKEN_TYPE_COUNT),
+        n_token_types=r.get(Keys.Tokenizer.TOKEN_TYPE_COUNT, int, 0, minimum=0),  # a tokenizer key: no {arch}
         **_sliding(r, swa, n_layer),
     )
     return replace(hp, family=tuple(
-        (k.field, r.get(k.template, k.kind, getattr(hp, k.default_from) if k.default_from else k.default)) for k in keys))
+        (k.field, r.get(k.template, k.kind, getattr(hp, k.default_from) if k.default_from else k.default,
+                        minimum=k.minimum, maximum=k.maximum)) for k in keys))
 
 
 def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str, Any]:
@@ -278,10 +299,3 @@ def _pooling(r: KeyReader) -> str:
         return PoolingType(v).name.lower()
     except ValueError:
         raise MetadataError(f"{r.label}: key '{r.key(Keys.LLM.POOLING_TYPE)}' has unknown pooling type {v}") from None
-
-
-def _int_key(label: str, metadata: Mapping[str, Any], key: str) -> int:
-    v = metadata.get(key, 0)
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise MetadataError(f"{label}: key '{key}' should be int, got {type(v).__name__} {v!r}")
-    return v

@@ -18,6 +18,12 @@ from graphir.errors import GraphirError, MetadataError
 from graphir.files.gguf_file import GGUFHeader, TensorInfo, read_header
 from graphir.graph.ir import Graph
 from graphir.memory.kinds import KINDS, assemble
+from graphir.memory.layers import ContextParams
+
+
+# A memory that only shapes graphs: no buffers, whatever the hparams say (a recurrent state 2^38 wide is a
+# MetadataError or TensorError of the file, not an allocation).
+_GRAPH_ONLY = ContextParams(buffers=False)
 
 
 @dataclass
@@ -66,7 +72,8 @@ class ModelMeta:
             raise GraphirError(f"unknown phase '{phase}' (known: {', '.join(PHASES)})")
         if ("prefill" if phase == "encode" else phase) not in KINDS[context].phases:  # an encoder runs as one prefill
             raise GraphirError(f"context '{context}' has no {phase} phase (it has: {', '.join(KINDS[context].phases)})")
-        b = GraphBuilder(arch, self.label, self.tensors, assemble(context, arch.needs), phase, n_ctx_seq)
+        memory = assemble(context, arch.needs, _GRAPH_ONLY)  # sizes its graph, allocates nothing
+        b = GraphBuilder(arch, self.label, self.tensors, memory, phase, n_ctx_seq)
         arch.build(b)
         b.build_pooling(pooling or arch.hp.pooling)
         return b.graph({"arch": model.name, "context": context, "phase": phase, "hparams": arch.hp.as_dict()})

@@ -13,6 +13,8 @@ import numpy as np
 
 from graphir.errors import BatchError
 
+POS_MAX = 2**31 - 1  # positions are llama.cpp's llama_pos, an int32: graphs take them as such
+
 
 @dataclass
 class Batch:
@@ -22,12 +24,15 @@ class Batch:
     output: np.ndarray  # bool [n]: produce logits for this token
 
     def __post_init__(self) -> None:
-        self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
+        try:  # what does not convert (ids beyond int64, text, ragged lists) is the user's batch, not a crash
+            self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
+            if self.pos is not None:
+                self.pos = np.asarray(self.pos, dtype=np.int64).reshape(-1)
+            self.output = np.asarray(self.output, dtype=bool).reshape(-1)
+            self.seq_ids = [tuple(int(s) for s in ids) for ids in self.seq_ids]
+        except (OverflowError, TypeError, ValueError) as e:
+            raise BatchError(f"batch fields must be integer ids, positions and sequence ids: {e}") from None
         n = len(self.tokens)
-        if self.pos is not None:
-            self.pos = np.asarray(self.pos, dtype=np.int64).reshape(-1)
-        self.output = np.asarray(self.output, dtype=bool).reshape(-1)
-        self.seq_ids = [tuple(int(s) for s in ids) for ids in self.seq_ids]
         lengths = {"pos": None if self.pos is None else len(self.pos), "seq_ids": len(self.seq_ids),
                    "output": len(self.output)}
         for field, m in lengths.items():
@@ -99,6 +104,8 @@ def validate(batch: Batch, n_vocab: int, n_seq_max: int, last_pos: Sequence[int]
         p = int(batch.pos[i]) if batch.pos is not None else min(want, default=0)
         if p < 0:
             raise BatchError(f"token {i} has position {p}: positions start at 0")
+        if p > POS_MAX:
+            raise BatchError(f"token {i} has position {p}, beyond {POS_MAX}: positions are int32, as llama.cpp's")
         for s in ids:
             if expect[s] is not None and p != expect[s]:
                 raise BatchError(f"token {i} of seq {s} has position {p}, but the sequence continues at {expect[s]}"

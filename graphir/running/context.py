@@ -17,12 +17,17 @@ memories that advance one state per sequence per ubatch. Outputs always come bac
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import threading
-from typing import Any, Callable, Protocol
+import warnings
+from dataclasses import replace
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
+from graphir.files.atomic import write_atomic
 from graphir.model.architecture import Architecture
 from graphir.running.batch import SPLITS, Batch, validate
 from graphir.errors import BatchError, GraphirError, StateError
@@ -32,6 +37,57 @@ from graphir.memory import Memory
 from graphir.memory.kinds import assemble
 from graphir.memory.layers import ContextParams
 from graphir.running.pooling import pooling_inputs
+
+_serial = itertools.count(1)  # contexts are named by number in errors (a context busy in another thread)
+
+
+def available_bytes() -> int | None:
+    """What can still be allocated without swapping: Linux's MemAvailable (/proc/meminfo); None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits(need: int, what: str) -> None:
+    """Refuse, before allocating, memory that the system does not have (numpy would die midway with
+    MemoryError, or the kernel would kill the process)."""
+    avail = available_bytes()
+    if avail is not None and need > avail:
+        raise GraphirError(f"{what} needs {need} bytes ({need / 2**30:.1f} GiB) for its memory, but only {avail} "
+                           f"bytes ({avail / 2**30:.1f} GiB) are available (MemAvailable); lower n_ctx or n_seq_max")
+
+
+class Busy:
+    """One call at a time on a context: a call from a second thread is refused, not queued behind the first (a
+    context is one conversation: two threads interleaving in it is a bug that waiting would only hide). The
+    memory API (``ctx.memory.seq_rm``, ...) is the memory's own and not guarded: call it from the thread that
+    decodes."""
+
+    def __init__(self, name: str):
+        self.name, self._lock, self._holder = name, threading.Lock(), ""
+
+    @contextlib.contextmanager
+    def __call__(self, what: str) -> Iterator[None]:
+        here = threading.current_thread().name
+        if not self._lock.acquire(blocking=False):
+            raise GraphirError(f"{self.name} is busy ({self._holder}): {what} from thread '{here}' is refused; "
+                               f"a context serves one thread at a time, so give each thread its own context")
+        self._holder = f"{what} in thread '{here}'"
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+
+def _positive(**sizes: Any) -> None:
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise GraphirError(f"{name}={v!r}: a context size must be a positive integer")
 
 class ModelView(Protocol):
     """What a context needs of its model (graphir.running.runtime.Model has it): the architecture and its compiled
@@ -62,6 +118,10 @@ class Context:
         needed for position edits and for rolling back further than the window)."""
         hp, arch = model.hparams, model.arch
         self.model, self.kind = model, kind or arch.contexts[0]
+        self.n_ctx = n_ctx or min(hp.n_ctx_train, 4096)
+        self.name = f"context #{next(_serial)} ({arch.name}, kind {self.kind}, n_ctx {self.n_ctx})"
+        _positive(n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
+                  **({} if n_ctx in (None, 0) else {"n_ctx": n_ctx}))  # 0: the default, as in llama.cpp
         phase, memory_kind = "prefill", self.kind
         known = (("encoder-decoder", "encoder") if arch.encoder_stack is not None else ()) + arch.contexts
         if self.kind == "encoder":  # an encoder-decoder's encoder alone: no cache, every batch in one ubatch
@@ -71,25 +131,32 @@ class Context:
             arch, phase, memory_kind = arch.encoder_stack, "encode", "none"
         elif self.kind not in arch.contexts:
             raise GraphirError(f"a '{arch.name}' model runs with context {' or '.join(known)}, not '{self.kind}'")
-        self.n_ctx = n_ctx or min(hp.n_ctx_train, 4096)
-        if arch.learned_positions and self.n_ctx > hp.n_ctx_train:
+        n_ctx_seq = self.n_ctx if unified else self.n_ctx // n_seq_max  # llama.cpp's n_ctx_seq
+        self._table = hp.n_ctx_train if arch.learned_positions else 0  # rows of a learned position table
+        if self._table and self.n_ctx > self._table:
             raise GraphirError(f"n_ctx={self.n_ctx} exceeds the {hp.n_ctx_train} positions this model was trained "
                                f"with (its position embeddings end there)")
+        if n_ctx_seq > hp.n_ctx_train:  # llama.cpp's warning, word for word
+            warnings.warn(f"n_ctx_seq ({n_ctx_seq}) > n_ctx_train ({hp.n_ctx_train}) -- possible training context "
+                          f"overflow", stacklevel=3)
         self.n_batch, self.n_ubatch, self.n_seq_max = n_batch, min(n_ubatch, n_batch), n_seq_max
         self.pooling = pooling or hp.pooling
         params = ContextParams(self.n_ctx, n_seq_max, self.n_ubatch, type_k, type_v, unified, swa_full, owner=hp)
+        check_fits(assemble(memory_kind, arch.needs, replace(params, buffers=False)).nbytes(), self.name)
         self._memory: Memory = assemble(memory_kind, arch.needs, params)
-        n_ctx_seq = self.n_ctx if unified else self.n_ctx // n_seq_max  # llama.cpp's n_ctx_seq
         self.program, self._graph = model.program(memory_kind, self.pooling, n_ctx_seq, phase)
         self._variant = arch.variant(n_ctx_seq)
         self._memory.bind_shift(self._graph, self._run_graph)
         self.has_logits = "logits" in self.program.outputs
         self.embeddings_enabled = embeddings or not self.has_logits  # an encoder's only output is embeddings
-        self._lock = threading.Lock()  # one decode at a time per context; contexts run in parallel
+        self._busy = Busy(self.name)  # one call at a time per context; contexts run in parallel
         self._logits = np.zeros((0, hp.n_vocab), np.float32)
         self._embd = np.zeros((0, hp.n_embd), np.float32)
         self._pooled: dict[int, np.ndarray] = {}
         self._row: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return self.name
 
     def _run_graph(self, key: tuple[Any, ...], make: Callable[[], Graph], env: dict[str, int],
                    feeds: dict[str, np.ndarray]) -> None:
@@ -100,23 +167,26 @@ class Context:
         """Run a batch; afterwards :meth:`logits` holds one row per requested output, in batch order.
 
         ``taps``: a dict that receives every intermediate by node name (last ubatch wins), for debugging.
+
+        Whatever stops it midway (a failing kernel, KeyboardInterrupt, an exception from ``taps``) leaves the
+        context exactly as it was before the batch, pending shifts included.
         """
         if len(batch) > self.n_batch:
             raise BatchError(f"batch of {len(batch)} tokens exceeds n_batch={self.n_batch}")
         if self.pooling != "none":  # llama.cpp: a pooled context outputs every token
             batch = Batch(batch.tokens, batch.pos, batch.seq_ids, np.ones(len(batch), dtype=bool))
-        with self._lock:
+        with self._busy("decode"), np.errstate(all="ignore"):  # IEEE arithmetic, as ggml's: an overflow is inf
             mem = self.memory
             pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.last_pos())
-            why = mem.refuse(batch, pos)
+            why = mem.refuse(batch, pos) or self._beyond_table(pos)
             if why:
                 raise BatchError(why)
             ubatches = SPLITS[mem.split](batch, pos, self.n_ubatch)
             plans = mem.prepare(ubatches)  # raises CacheFullError before anything changed
-            mem.update()  # pending K-shift: the cells' contents change representation, not meaning
             snap = mem.snapshot(plans)
             logits, embd, rows, pooled = [], [], [], {}
             try:
+                mem.update()  # pending K-shift: the cells' contents change representation, not meaning
                 for ub, plan in zip(ubatches, plans):
                     feeds = mem.apply(ub, plan)
                     env = {"n_tokens": len(ub), "n_outputs": len(ub.out_ids), "n_ctx": self.n_ctx}
@@ -136,15 +206,22 @@ class Context:
                     for r, s in enumerate(seqs):  # a sequence spanning ubatches keeps the last (llama.cpp)
                         pooled[s] = out["pooled"][r].copy()
                     rows.extend(ub.batch_index[ub.out_ids].tolist())
+                order = np.argsort(rows, kind="stable")  # ubatch order -> batch order
+                outputs = (np.concatenate(logits)[order] if logits else self._logits[:0],
+                           np.concatenate(embd)[order] if self.embeddings_enabled else self._embd, pooled,
+                           {b: r for r, b in enumerate(sorted(rows))})
             except BaseException:
                 mem.restore(snap)
                 raise
-            order = np.argsort(rows, kind="stable")  # ubatch order -> batch order
-            self._logits = np.concatenate(logits)[order] if logits else self._logits[:0]
-            if self.embeddings_enabled:
-                self._embd = np.concatenate(embd)[order]
-            self._pooled = pooled
-            self._row = {b: r for r, b in enumerate(sorted(rows))}
+            self._logits, self._embd, self._pooled, self._row = outputs  # with the memory, all or nothing
+
+    def _beyond_table(self, pos: np.ndarray) -> str | None:
+        """Why a position has no row in the model's learned position table (its cache may have room)."""
+        if self._table and pos.max() >= self._table:
+            i = int(np.argmax(pos >= self._table))
+            return (f"token {i} has position {int(pos[i])}, beyond the {self._table} positions this model was "
+                    f"trained with (its position embeddings end there)")
+        return None
 
     def prompt(self, ids: list[int]) -> int:
         """Decode a prompt as sequence 0 from position 0 (generation's first step); the position the next
@@ -180,20 +257,23 @@ class Context:
         for k in ours:
             if theirs.get(k) != ours[k]:
                 raise StateError(f"cannot set memory: {k}={theirs.get(k)!r}, this context has {k}={ours[k]!r}")
-        with self._lock:
+        with self._busy("set_memory"):
             mem.bind_shift(self._graph, self._run_graph)
             self._memory = mem
 
     def state_save(self, path: str | os.PathLike[str] | None = None) -> bytes:
-        """The whole context (memory cells, K/V rows, last outputs) as bytes; also written to ``path`` if given."""
+        """The whole context (memory cells, K/V rows, last outputs) as bytes; also written to ``path`` if given,
+        all at once or not at all (an interrupted or failed write leaves whatever ``path`` held before)."""
         from graphir.running import state
 
-        with self._lock:
+        with self._busy("state_save"):
             data = state.write(self.model.hparams, self.memory, state.Outputs(
                 self._logits, self._row, self._embd if self.embeddings_enabled else None))
         if path is not None:
-            with open(path, "wb") as f:
-                f.write(data)
+            try:
+                write_atomic(path, data)
+            except OSError as e:
+                raise StateError(f"cannot write state file {os.fspath(path)!r}: {e.strerror}") from None
         return data
 
     def state_load(self, data: bytes | str | os.PathLike[str]) -> None:
@@ -201,7 +281,7 @@ class Context:
         data is corrupt, truncated, or from another model / cache type / context size."""
         from graphir.running import state
 
-        with self._lock:
+        with self._busy("state_load"):
             out = state.read(self.model.hparams, self.memory, data, self.embeddings_enabled)
             self._logits, self._row = out.logits, out.row
             if out.embd is not None:
@@ -211,14 +291,14 @@ class Context:
         """One sequence's cells and K/V rows as bytes."""
         from graphir.running import state
 
-        with self._lock:
+        with self._busy("state_seq_save"):
             return state.write(self.model.hparams, self.memory, None, seq)
 
     def state_seq_load(self, data: bytes | str | os.PathLike[str], dst_seq: int) -> None:
         """Replace sequence ``dst_seq`` with a saved sequence (saved under any id)."""
         from graphir.running import state
 
-        with self._lock:
+        with self._busy("state_seq_load"):
             state.read_seq(self.model.hparams, self.memory, data, dst_seq)
 
     # ---- outputs ---------------------------------------------------------------------------------------

@@ -12,14 +12,14 @@ ids, are stored into the decoder's memory.
 from __future__ import annotations
 
 import os
-import threading
+
 import numpy as np
 
 from graphir.errors import GraphirError
 from graphir.memory import Memory
 from graphir.memory.cross import CrossMemory
 from graphir.running.batch import Batch
-from graphir.running.context import Context, ModelView
+from graphir.running.context import Busy, Context, ModelView
 
 
 class EncoderDecoderContext:
@@ -40,21 +40,25 @@ class EncoderDecoderContext:
         self.decoder = Context(model, kind="cross", embeddings=embeddings, type_k=type_k, type_v=type_v,
                                unified=unified, pooling=pooling, swa_full=swa_full, **sizes)  # type: ignore[arg-type]
         self.n_ctx, self.n_seq_max = self.decoder.n_ctx, n_seq_max
-        self._lock = threading.Lock()  # an encode stores into the decoder's memory: not during a decode
+        self.name = f"{self.kind} context of {self.encoder.name} and {self.decoder.name}"
+        self._busy = Busy(self.name)  # an encode stores into the decoder's memory: not during a decode
+
+    def __repr__(self) -> str:
+        return self.name
 
     def encode(self, batch: Batch) -> None:
         """Run the encoder over ``batch`` (every token is an output) and keep its output as the encoder output
         of the batch's sequences, replacing theirs; other sequences keep their own. A failed encode changes
         nothing."""
         full = Batch(batch.tokens, batch.pos, batch.seq_ids, np.ones(len(batch), bool))
-        with self._lock:
+        with self._busy("encode"):
             self.encoder.decode(full)
             self._cross.encoder_output.store(self.encoder.embeddings(), full.seq_ids)
 
     def decode(self, batch: Batch, taps: dict[str, np.ndarray] | None = None) -> None:
         """Run the decoder; every sequence in ``batch`` must have encoder output (else BatchError, nothing
         changed)."""
-        with self._lock:
+        with self._busy("decode"):
             self.decoder.decode(batch, taps)
 
     def prompt(self, ids: list[int]) -> int:
@@ -85,7 +89,7 @@ class EncoderDecoderContext:
         return self.decoder.get_memory()
 
     def set_memory(self, mem: Memory) -> None:
-        with self._lock:
+        with self._busy("set_memory"):
             self.decoder.set_memory(mem)
 
     @property
@@ -112,17 +116,17 @@ class EncoderDecoderContext:
         return self.encoder.embeddings()
 
     def state_save(self, path: str | os.PathLike[str] | None = None) -> bytes:
-        with self._lock:
+        with self._busy("state_save"):
             return self.decoder.state_save(path)
 
     def state_load(self, data: bytes | str | os.PathLike[str]) -> None:
-        with self._lock:
+        with self._busy("state_load"):
             self.decoder.state_load(data)
 
     def state_seq_save(self, seq: int) -> bytes:
-        with self._lock:
+        with self._busy("state_seq_save"):
             return self.decoder.state_seq_save(seq)
 
     def state_seq_load(self, data: bytes | str | os.PathLike[str], dst_seq: int) -> None:
-        with self._lock:
+        with self._busy("state_seq_load"):
             self.decoder.state_seq_load(data, dst_seq)

@@ -58,15 +58,18 @@ class Model:
         return Vocab.from_metadata(self.meta.label, self.meta.metadata)
 
     def weight(self, name: str) -> Any:
-        """A vector as its f32 array; a matrix as a backend weight (repacked once, shared by contexts)."""
+        """A vector as its f32 array; a matrix as a backend weight (repacked once, shared by contexts). Both are
+        read-only: contexts in several threads read them at once (the matrices are memory-mapped read-only)."""
         with self._lock:
             if name not in self._prepared:
                 t = self.weights[name]
                 if len(t.shape) != 2:  # vectors and stacked parameters (RWKV's [E,1,1,5] mixes) stay dense
                     from gguf.quants import dequantize
 
-                    self._prepared[name] = np.asarray(dequantize(np.asarray(t.data), t.qtype), np.float32).reshape(
+                    dense = np.asarray(dequantize(np.asarray(t.data), t.qtype), np.float32).reshape(
                         tuple(reversed(t.shape)))
+                    dense.flags.writeable = False
+                    self._prepared[name] = dense
                 else:
                     self._prepared[name] = self.backend.prepare_weight(t.data, t.qtype, t.ne0)
             return self._prepared[name]

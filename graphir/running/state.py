@@ -46,7 +46,7 @@ from graphir.memory.io import Reader, Writer
 MAGIC = b"GIRSTATE"
 VERSION = 2
 SCOPE_CONTEXT, SCOPE_SEQ = 0, 1
-_SUM = 32
+_HEAD, _SUM = len(MAGIC) + 16, 32  # magic, version, scope and total length; the checksum
 
 
 def hparams_json(hp: Any) -> str:
@@ -103,20 +103,28 @@ def write(hp: HParams, memory: Any, outputs: Outputs | None, seq: int | None = N
     return bytes(body) + hashlib.sha256(body).digest()
 
 
+def _read(path: str | os.PathLike[str]) -> bytes:
+    """A state file's bytes, no further than its header says they go (and one more, to see that more follow): a
+    model file given by mistake is refused after its first bytes, and /dev/zero cannot fill the memory."""
+    try:
+        with open(path, "rb") as f:
+            data = bytearray(f.read(_HEAD))
+            whole_head = len(data) == _HEAD and data.startswith(MAGIC)
+            total = struct.unpack_from("<Q", data, _HEAD - 8)[0] if whole_head else 0
+            while len(data) <= total and (chunk := f.read(min(total + 1 - len(data), 1 << 24))):
+                data += chunk
+    except OSError as e:
+        raise StateError(f"cannot read state file {os.fspath(path)!r}: {e.strerror}") from None
+    return bytes(data)
+
+
 def _open(data: bytes | bytearray | memoryview | str | os.PathLike[str]) -> tuple[Reader, int]:
     """Check the framing (magic, version, length, checksum); a reader at the model identity, and the scope."""
-    if isinstance(data, (str, os.PathLike)):
-        try:
-            with open(data, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise StateError(f"cannot read state file {os.fspath(data)!r}: {e.strerror}") from None
-    data = bytes(data)
-    head = len(MAGIC) + 16
+    data = _read(data) if isinstance(data, (str, os.PathLike)) else bytes(data)
     if len(data) < len(MAGIC) or data[:len(MAGIC)] != MAGIC:
         raise StateError("not graphir state data (bad magic)" if len(data) >= len(MAGIC) else
                          f"state data is truncated: {len(data)} bytes, not even a header")
-    if len(data) < head:
+    if len(data) < _HEAD:
         raise StateError(f"state data is truncated: {len(data)} bytes, not even a header")
     version, scope, total = struct.unpack_from("<IIQ", data, len(MAGIC))
     if version == 1:
@@ -127,26 +135,22 @@ def _open(data: bytes | bytearray | memoryview | str | os.PathLike[str]) -> tupl
     if len(data) < total:
         raise StateError(f"state data is truncated: {len(data)} of {total} bytes")
     if len(data) > total:
-        raise StateError(f"state data has {len(data) - total} unexpected trailing bytes after its {total}")
+        raise StateError(f"state data goes on after the {total} bytes its header gives")
     if hashlib.sha256(data[:-_SUM]).digest() != data[-_SUM:]:
         raise StateError("state data is corrupt: checksum mismatch")
     if scope not in (SCOPE_CONTEXT, SCOPE_SEQ):
         raise StateError(f"state data is malformed: unknown scope {scope}")
-    return Reader(data, len(data) - _SUM, head), scope
+    return Reader(data, len(data) - _SUM, _HEAD), scope
 
 
 def _check_model(hp: HParams, mem: Any, r: Reader) -> int:
     """The saved model and memory kind against this context's; the saved sequence id."""
     arch = r.s("architecture name")
     hp_hash = r.take(32, "hparams hash")
-    hp_json = r.s("hparams")
+    theirs = r.json("hparams")
     if arch != hp.arch:
         raise StateError(f"state was saved from a '{arch}' model; this model is '{hp.arch}'")
     if hp_hash != hparams_hash(hp):
-        try:
-            theirs = json.loads(hp_json)
-        except ValueError:
-            theirs = {}
         ours = hp.as_dict()
         diff = [f"{k}={theirs.get(k)!r} (this model: {ours.get(k)!r})" for k in sorted(set(ours) | set(theirs))
                 if theirs.get(k) != ours.get(k)]
@@ -159,15 +163,21 @@ def _check_model(hp: HParams, mem: Any, r: Reader) -> int:
 
 
 def _outputs(r: Reader, hp: HParams, embeddings: bool) -> Outputs:
+    """The last decode's outputs as a context keeps them: a row per output token, in batch order."""
     n_out, n_vocab = r.u("II", "output sizes")
     index = r.arr(np.int64, n_out, "output batch indices")
     logits = r.arr(np.float32, n_out * n_vocab, "logits").reshape(n_out, n_vocab)
     n_rows, n_embd = r.u("II", "embedding sizes")
     embd = r.arr(np.float32, n_rows * n_embd, "embeddings").reshape(n_rows, n_embd)
-    if len(logits) and n_vocab != hp.n_vocab:
+    if n_vocab != hp.n_vocab:
         raise StateError(f"state data is malformed: logits have {n_vocab} columns, n_vocab={hp.n_vocab}")
-    kept = (embd if len(embd) else np.zeros((0, hp.n_embd), np.float32)) if embeddings else None
-    return Outputs(logits, {int(b): i for i, b in enumerate(index) if b >= 0}, kept)
+    if n_out and (index[0] < 0 or (np.diff(index) <= 0).any()):
+        raise StateError("state data is malformed: the output rows are not of distinct tokens in batch order")
+    if n_embd != hp.n_embd or n_rows not in (0, n_out):
+        raise StateError(f"state data is malformed: {n_rows} embeddings of {n_embd} values for {n_out} outputs "
+                         f"of n_embd={hp.n_embd}")
+    kept = embd if embeddings else None
+    return Outputs(logits, {int(b): i for i, b in enumerate(index)}, kept)
 
 
 def _finish(r: Reader) -> None:
