@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.mul_mat import mul_mat
 from graphir.backends.kernels.norm import norm, rms_norm
 from graphir.backends.kernels.recurrent import rwkv_wkv6, ssm_conv, ssm_scan, ssm_scan_heads
@@ -34,7 +35,9 @@ def _dense(x: Any) -> np.ndarray:
 
 def _dense_kept() -> Callable[[Any], np.ndarray]:
     """_dense for one step's weight operand (conv kernel, A, time_first): a QWeight is dequantized on the first
-    run and kept, since a Program's weights never change; per token this saves a copy per layer."""
+    run and kept, since a Program's weights never change; per token this saves a copy per layer. Threads
+    running the Program at once may both dequantize it the first time; the slot is replaced whole, so each
+    reads a complete pair."""
     slot: list[tuple[Any, Any]] = [(None, None)]
 
     def dense(w: Any) -> np.ndarray:
@@ -328,6 +331,11 @@ class Program:
             taps: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Outputs by role. With ``taps`` (a dict), every computed value is also copied into it by node name,
         like llama.cpp's eval callback: the way to compare engines node by node."""
+        with kernel_launches():
+            return self._run(env, feeds, taps)
+
+    def _run(self, env: Env, feeds: Mapping[str, np.ndarray],
+             taps: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         self.memo.d = {}
         vals: list[Any] = [None] * self.n_slots
         for i, w in self.consts:

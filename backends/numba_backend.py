@@ -20,6 +20,11 @@ class NumbaBackend:
     def numerics(self, isa: str | None = None) -> Numerics:
         return numerics(isa)
 
+    def weight_types(self) -> frozenset[Any]:
+        from graphir.backends.quant.weight import SUPPORTED
+
+        return SUPPORTED
+
     def prepare_weight(self, data: Any, qtype: Any, ne0: int) -> QWeight:
         from graphir.backends.quant.weight import QWeight
 

@@ -40,8 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _emit(text: str, path: str | None = None) -> None:
     """Write a command's whole output to stdout or, when given, to a file: all at once, through a temporary file
-    renamed into place, so that a failed or interrupted write leaves the file as it was. A device or pipe
-    (/dev/null, /dev/stdout) is written in place: renaming over it would replace it."""
+    renamed into place, so that a failed or interrupted write leaves the file as it was."""
     if path is None:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -49,11 +48,7 @@ def _emit(text: str, path: str | None = None) -> None:
     from graphir.files.atomic import write_atomic
 
     try:
-        if os.path.exists(path) and not os.path.isfile(path):
-            with open(path, "w", encoding="utf-8", newline="\n") as f:
-                f.write(text)
-        else:
-            write_atomic(path, text)
+        write_atomic(path, text)
     except OSError as e:
         raise GraphirError(f"{path}: cannot write ({e.strerror or e})") from None
 

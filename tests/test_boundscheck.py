@@ -50,7 +50,7 @@ FAMILY_KEYS: dict[str, dict[str, object]] = {
     "phi3": {K.LLM.CONTEXT_LENGTH: 1024, K.Rope.SCALING_ORIG_CTX_LEN: 16, K.Rope.SCALING_ATTN_FACTOR: 1.19,
              K.Attention.SLIDING_WINDOW: 4},
     "gpt2": {K.Attention.LAYERNORM_EPS: 1e-5},
-    "bert": {}, "nomic-bert": {}, "mamba": {}, "rwkv6": {},
+    "bert": {}, "nomic-bert": {}, "mamba": {}, "mamba2": {}, "granitehybrid": {}, "rwkv6": {},
     "t5": {K.Attention.HEAD_COUNT_KV: 4, K.Attention.KEY_LENGTH: 16, K.Attention.VALUE_LENGTH: 16,
            K.Attention.REL_BUCKETS_COUNT: 32, K.LLM.DECODER_START_TOKEN_ID: START, K.Attention.LAYERNORM_EPS: 1e-5},
 }
@@ -78,6 +78,7 @@ class Case:
 
 CASES: dict[str, Case] = {**{arch: Case(arch) for arch in FAMILY_KEYS},
                           **{f"llama-{t.name.lower()}": Case("llama", t, ROWS_256) for t in MATRIX_TYPES}}
+RECURRENT = ("mamba", "mamba2", "granitehybrid", "rwkv6")  # families whose state widths follow n_embd
 RANDOM_IN_CI = 40  # random_case seeds the test runs besides CASES (all 240 seeds of 0..239 ran clean)
 CI_CASES = [*CASES, *(f"random-{seed}" for seed in range(RANDOM_IN_CI))]
 
@@ -89,7 +90,7 @@ def random_case(seed: int) -> Case:
     arch = list(FAMILY_KEYS)[int(rng.integers(len(FAMILY_KEYS)))]
     keys: dict[str, object] = {K.LLM.CONTEXT_LENGTH: 2048}
     dtype = Q.F32
-    if arch not in ("mamba", "rwkv6"):  # the recurrent families keep their own widths
+    if arch not in RECURRENT:  # the recurrent families keep their own widths
         # T5's relative position bias has rows of n_head: no quantized block fits
         types = (Q.F32, Q.F16, Q.BF16) if arch == "t5" else (Q.F32, *MATRIX_TYPES)
         dtype = types[int(rng.integers(len(types)))]

@@ -573,7 +573,8 @@ def test_a_context_beyond_the_trained_positions_is_refused_where_the_position_ta
         with pytest.raises(GraphirError, match=f"n_ctx={n_train + 1} exceeds the {n_train} positions"):
             model.new_context(n_ctx=n_train + 1)
     else:
-        ctx = model.new_context(n_ctx=n_train + 1, pooling="mean")
+        with pytest.warns(UserWarning, match=f"may hold {n_train + 1} positions, more than the {n_train} the model"):
+            ctx = model.new_context(n_ctx=n_train + 1, pooling="mean")
         ctx.decode(Batch.from_tokens((PROMPT * 30)[:n_train + 1], 0))
         assert np.isfinite(ctx.embeddings_seq(0)).all()
 

@@ -6,11 +6,15 @@ serial one, which small values take: waking the worker threads costs more than i
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
 from types import FunctionType
-from typing import Callable
+from typing import Callable, ContextManager
 
 import numpy as np
-from numba import njit
+import numba
+from numba import njit, prange
 
 # error_model="numpy": a float division by zero gives inf/nan as in C; numba's default (raise) keeps a branch in
 # every division that stops loops from vectorizing (silu: 8x slower)
@@ -34,3 +38,27 @@ def parallel_and_serial(kernel: Callable) -> tuple[Callable, Callable]:
                           kernel.__closure__)
     serial.__qualname__ = f"{kernel.__qualname__}_serial"
     return njit(**PAR)(kernel), njit(**SER)(serial)
+
+
+def _touch(a: np.ndarray) -> None:
+    for i in prange(a.shape[0]):
+        a[i] = 0.0
+
+
+_LAUNCH = threading.Lock()
+
+
+@functools.cache
+def _pool_is_shared() -> bool:
+    """Whether numba's threading layer is ``workqueue``, which takes one parallel launch at a time: a second
+    thread launching meanwhile aborts the whole process. numba falls back to it where neither TBB nor OpenMP
+    is installed; which layer it chose is known once a parallel kernel ran."""
+    njit(**PAR)(_touch)(np.zeros(2, np.float32))
+    return numba.threading_layer() == "workqueue"
+
+
+def kernel_launches() -> ContextManager[object]:
+    """What a graph runs under: nothing where the threading layer takes launches from several threads (TBB,
+    OpenMP); a process-wide lock where it does not, so that contexts in several threads take turns instead
+    of aborting the process."""
+    return _LAUNCH if _pool_is_shared() else contextlib.nullcontext()

@@ -29,6 +29,9 @@ class Backend(Protocol):
     def numerics(self, isa: str | None = None) -> Any:
         """The path to run (``isa``, else the environment's or the host's), with ``describe()``."""
 
+    def weight_types(self) -> frozenset[Any]:
+        """The GGUF types of the matrices it multiplies (a model holding another is refused at load)."""
+
     def prepare_weight(self, data: Any, qtype: Any, ne0: int) -> Any:
         """A matrix in the form the backend multiplies (repacked once, shared by contexts)."""
 

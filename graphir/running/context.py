@@ -136,9 +136,9 @@ class Context:
         if self._table and self.n_ctx > self._table:
             raise GraphirError(f"n_ctx={self.n_ctx} exceeds the {hp.n_ctx_train} positions this model was trained "
                                f"with (its position embeddings end there)")
-        if n_ctx_seq > hp.n_ctx_train:  # llama.cpp's warning, word for word
-            warnings.warn(f"n_ctx_seq ({n_ctx_seq}) > n_ctx_train ({hp.n_ctx_train}) -- possible training context "
-                          f"overflow", stacklevel=3)
+        if n_ctx_seq > hp.n_ctx_train:  # llama.cpp warns at the same point, and goes on
+            warnings.warn(f"{self.name}: a sequence may hold {n_ctx_seq} positions, more than the {hp.n_ctx_train} "
+                          f"the model was trained with; outputs beyond them may degrade", stacklevel=3)
         self.n_batch, self.n_ubatch, self.n_seq_max = n_batch, min(n_ubatch, n_batch), n_seq_max
         self.pooling = pooling or hp.pooling
         params = ContextParams(self.n_ctx, n_seq_max, self.n_ubatch, type_k, type_v, unified, swa_full, owner=hp)

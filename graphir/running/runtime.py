@@ -21,7 +21,7 @@ from graphir.running.backend import get as get_backend
 from graphir.running.batch import Batch
 from graphir.running.context import Context
 from graphir.running.encdec import EncoderDecoderContext
-from graphir.errors import GraphirError
+from graphir.errors import GraphirError, TensorError
 from graphir.model.hparams import HParams
 from graphir.graph.ir import Graph
 from graphir.model.meta import ModelMeta, open_model
@@ -37,6 +37,11 @@ class Model:
         self.meta = meta
         self.backend = get_backend(backend)
         self.numerics = self.backend.numerics(isa)   # the llama.cpp CPU path the kernels reproduce
+        runs = self.backend.weight_types()
+        for t in meta.header.tensors.values():
+            if len(t.shape) == 2 and t.dtype not in runs:
+                raise TensorError(f"{meta.header.path}: tensor '{t.name}' is {t.dtype.name}, a type the {backend} "
+                                  f"backend does not multiply (it runs {', '.join(sorted(q.name for q in runs))})")
         self.weights = GGUFWeights(meta.header)
         self._prepared: dict[str, Any] = {}
         self._programs: dict[tuple[Any, ...], Program] = {}
@@ -66,8 +71,12 @@ class Model:
                 if len(t.shape) != 2:  # vectors and stacked parameters (RWKV's [E,1,1,5] mixes) stay dense
                     from gguf.quants import dequantize
 
-                    dense = np.asarray(dequantize(np.asarray(t.data), t.qtype), np.float32).reshape(
-                        tuple(reversed(t.shape)))
+                    try:
+                        flat = dequantize(np.asarray(t.data), t.qtype)
+                    except NotImplementedError:
+                        raise TensorError(f"{self.meta.header.path}: tensor '{name}' is {t.qtype.name}, a type "
+                                          f"graphir cannot read") from None
+                    dense = np.asarray(flat, np.float32).reshape(tuple(reversed(t.shape)))
                     dense.flags.writeable = False
                     self._prepared[name] = dense
                 else:
