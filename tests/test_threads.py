@@ -10,7 +10,10 @@ alone. The models are test_fuzz_state's tiny ones; about 15 s.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections import Counter
 from typing import Any, Callable
@@ -164,3 +167,17 @@ def test_a_context_busy_in_one_thread_refuses_every_call_from_another(tiny: Tiny
         worker.join(WAIT_S)
     assert memory_bytes(ctx) == memory_bytes(alone)
     ctx.decode(Batch.one(5, 8))  # free again
+
+
+def test_under_numbas_workqueue_layer_graphs_take_turns_instead_of_aborting() -> None:
+    """numba falls back to its ``workqueue`` threading layer where neither TBB nor OpenMP is installed; that
+    layer aborts the process when two threads launch parallel kernels at once. There the backend runs one
+    graph at a time (a process-wide lock), and the parallel test above passes; elsewhere graphs run at once."""
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+    probe = ("import numba; from graphir.backends.kernels.jit import _LAUNCH, kernel_launches; "
+             "guard = kernel_launches(); print(numba.threading_layer(), guard is _LAUNCH)")
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert p.stdout.split() == ["workqueue", "True"], p.stderr
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "parallel"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0 and f"\n{len(KINDS)} passed, " in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]

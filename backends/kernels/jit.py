@@ -7,7 +7,6 @@ serial one, which small values take: waking the worker threads costs more than i
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from types import FunctionType
 from typing import Callable, ContextManager
@@ -45,20 +44,20 @@ def _touch(a: np.ndarray) -> None:
         a[i] = 0.0
 
 
+_probe = njit(**PAR)(_touch)
 _LAUNCH = threading.Lock()
-
-
-@functools.cache
-def _pool_is_shared() -> bool:
-    """Whether numba's threading layer is ``workqueue``, which takes one parallel launch at a time: a second
-    thread launching meanwhile aborts the whole process. numba falls back to it where neither TBB nor OpenMP
-    is installed; which layer it chose is known once a parallel kernel ran."""
-    njit(**PAR)(_touch)(np.zeros(2, np.float32))
-    return numba.threading_layer() == "workqueue"
+_pool_is_shared: list[bool] = []  # found once, by the first graph to run
 
 
 def kernel_launches() -> ContextManager[object]:
-    """What a graph runs under: nothing where the threading layer takes launches from several threads (TBB,
-    OpenMP); a process-wide lock where it does not, so that contexts in several threads take turns instead
-    of aborting the process."""
-    return _LAUNCH if _pool_is_shared() else contextlib.nullcontext()
+    """What a graph runs under: nothing where numba's threading layer takes parallel launches from several
+    threads at once (TBB, OpenMP); a process-wide lock where it does not (``workqueue``, which numba falls back
+    to where neither is installed, and which aborts the process when a second thread launches meanwhile), so
+    that contexts in several threads take turns. Which layer numba chose is known once a parallel kernel ran:
+    the first call runs one, under the lock."""
+    if not _pool_is_shared:
+        with _LAUNCH:
+            if not _pool_is_shared:
+                _probe(np.zeros(2, np.float32))
+                _pool_is_shared.append(numba.threading_layer() == "workqueue")
+    return _LAUNCH if _pool_is_shared[0] else contextlib.nullcontext()
