@@ -59,5 +59,9 @@ def kernel_launches() -> ContextManager[object]:
         with _LAUNCH:
             if not _pool_is_shared:
                 _probe(np.zeros(2, np.float32))
-                _pool_is_shared.append(numba.threading_layer() == "workqueue")
+                try:
+                    layer = numba.threading_layer()
+                except ValueError:  # no layer started: kernels compiled without parallel (bounds checking)
+                    layer = None
+                _pool_is_shared.append(layer == "workqueue")
     return _LAUNCH if _pool_is_shared[0] else contextlib.nullcontext()
