@@ -405,10 +405,6 @@ STEPS: dict[str, Callable[[str], None]] = {"dump": _cli("dump"), "info": _cli("i
                                            "tokenize": _tokenize, "load": _load}
 
 
-class Hang(BaseException):
-    """Raised by the in-process watchdog (run_case's ``timeout``); a BaseException so that no handler eats it."""
-
-
 @dataclass(frozen=True)
 class Outcome:
     """How a case ended: ``ok`` (every step succeeded), ``refused`` (some step raised a GraphirError; ``detail``
@@ -423,12 +419,14 @@ class Outcome:
 def run_case(path: str, steps: tuple[str, ...] = tuple(STEPS), timeout: float = 0.0) -> Outcome:
     """Run the steps on one file; the worst ending decides. ``timeout`` > 0: a watchdog raises Hang in a step
     that takes longer (for in-process use, in the main thread; worker processes are killed by their parent)."""
+    from conftest import Hang, deadline
+
     from graphir.errors import GraphirError
 
     refused, warned = [], []
     for step in steps:
         try:
-            with _watchdog(timeout), warnings.catch_warnings(record=True) as seen:
+            with deadline(timeout), warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always")
                 try:
                     STEPS[step](path)
@@ -445,25 +443,6 @@ def run_case(path: str, steps: tuple[str, ...] = tuple(STEPS), timeout: float = 
     if warned:
         return Outcome("warned", " | ".join(warned))
     return Outcome("refused", " | ".join(refused)) if refused else Outcome("ok")
-
-
-@contextlib.contextmanager
-def _watchdog(seconds: float) -> Iterator[None]:
-    """SIGALRM raises Hang after ``seconds`` (0: no watchdog); the previous handler is restored."""
-    if not seconds:
-        yield
-        return
-
-    def alarm(signum: int, frame: object) -> None:
-        raise Hang()
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _where(filename: str, lineno: int | None) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import re
+import signal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import gguf
 import numpy as np
@@ -217,6 +219,11 @@ _DENSE["granitehybrid"] = _DENSE["mamba2"] = {  # a decay, step bias and skip pe
     **{f"blk.{il}.ssm_norm.weight": (lambda r, shp: 1 + 0.1 * r.standard_normal(shp)) for il in range(8)},
 }
 
+_DENSE["qwen35"] = {  # A = -exp(A_log) < 0 so states decay; a step bias per value head
+    **{f"blk.{il}.ssm_a": (lambda r, shp: -np.exp(r.uniform(-1, 0.5, shp))) for il in range(8)},
+    **{f"blk.{il}.ssm_dt.bias": (lambda r, shp: r.uniform(-2, 0, shp)) for il in range(8)},
+}
+
 
 # Matrices llama.cpp's converter always writes as F32 whatever the output type (convert_hf_to_gguf): its kernels
 # for these read float32 only (ssm_conv asserts; rwkv_wkv6 reads time_first's bytes as floats).
@@ -331,6 +338,15 @@ TINY_FAMILY["granitehybrid"] = {
     gguf.Keys.LLM.LOGIT_SCALE: 2.5, gguf.Keys.LLM.RESIDUAL_SCALE: 0.7, gguf.Keys.LLM.EMBEDDING_SCALE: 3.0,
     gguf.Keys.Attention.SCALE: 0.2,
 }
+# Qwen3.5: DeltaNet layers 0 and 2, gated attention layers 1 and 3 (full_attention_interval 2); heads of 32 with
+# half RoPE'd in sections whose extra one turns by position 0; 4 value heads of 80 sharing 2 key heads, so the
+# delta rule's dot products have both ggml's SIMD steps and its scalar tail
+TINY_FAMILY["qwen35"] = {
+    gguf.Keys.LLM.BLOCK_COUNT: 4, gguf.Keys.LLM.FULL_ATTENTION_INTERVAL: 2, gguf.Keys.Attention.KEY_LENGTH: 32,
+    gguf.Keys.Attention.VALUE_LENGTH: 32, gguf.Keys.Rope.DIMENSION_COUNT: 16, gguf.Keys.Rope.DIMENSION_SECTIONS: [3, 3, 1, 1],
+    gguf.Keys.SSM.CONV_KERNEL: 4, gguf.Keys.SSM.STATE_SIZE: 80, gguf.Keys.SSM.GROUP_COUNT: 2,
+    gguf.Keys.SSM.TIME_STEP_RANK: 4, gguf.Keys.SSM.INNER_SIZE: 320, gguf.Keys.Attention.LAYERNORM_RMS_EPS: 1e-6,
+}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 
@@ -398,3 +414,27 @@ class TinyModels:
         if (name, dtype) not in self._models:
             self._models[name, dtype] = load(str(self.path(name, dtype)))
         return self._models[name, dtype]
+
+
+class Hang(BaseException):
+    """A fuzzing case ran past its deadline: a BaseException, so that no handler in the code under test eats it."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise Hang in the block once it has run ``seconds`` (0: never): SIGALRM, between two bytecodes, in the
+    main thread; the previous handler is restored."""
+    if not seconds:
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise Hang(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -25,7 +25,6 @@ import copy
 import io
 import json
 import shutil
-import signal
 import struct
 import sys
 import time
@@ -36,6 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from conftest import Hang, deadline
 
 from graphir.cli import main
 from graphir.errors import CheckpointError, TensorError
@@ -118,25 +118,6 @@ def replace_in(path: Path, old: str, new: str) -> None:
     text = path.read_text(encoding="utf-8")
     assert old in text, (path, old)
     path.write_text(text.replace(old, new, 1), encoding="utf-8")
-
-
-class Hang(Exception):
-    """A case ran past SLOW_SECONDS."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: float) -> Any:
-    """Raise Hang in the block once it has run for ``seconds`` (SIGALRM: between two bytecodes)."""
-    def expire(signum: int, frame: Any) -> None:
-        raise Hang(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # ---- hand-written cases --------------------------------------------------------------------------------------
@@ -385,6 +366,8 @@ def fuzz_case(src: Path, work: Path, rng: np.random.Generator) -> tuple[str, str
             convert_bert(d, out, "f16")
     except CheckpointError as e:
         outcome = "refused" if str(e).startswith(str(d)) else f"names no file of the checkpoint: {e}"
+    except Hang as e:
+        outcome = f"hang: {e}"
     except Exception as e:  # noqa: BLE001 - what this test looks for
         outcome = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
     else:
