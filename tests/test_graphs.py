@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
 from conftest import graph_cases
 
@@ -20,6 +19,7 @@ from graphir.memory.kv import KVCache, rope_plan
 from graphir.memory.layers import ContextParams
 from graphir.model.meta import open_model
 from graphir.model.presets import PRESETS
+from graphir.testing import graph_text
 from graphir.graph.verify import verify
 
 SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"
@@ -28,18 +28,13 @@ SHIFT_CASES = sorted(p for p in PRESETS  # presets with a KV cache whose K is ro
                      if "kv" in open_model(p).arch.contexts and open_model(p).arch.rope_mode != "none")
 
 
-class GraphText(SingleFileSnapshotExtension):
-    """Stores the folded canonical text as-is, so a snapshot diff is a graph diff."""
-
-    file_extension = "graph.txt"
-    _write_mode = WriteMode.TEXT
+class GraphText(graph_text()):  # type: ignore[misc,valid-type]
+    """graphir.testing's extension (the canonical text as it is), with the snapshots in the repository's
+    snapshots/ folder."""
 
     @classmethod
     def dirname(cls, *, test_location: Any) -> str:
         return str(SNAPSHOT_DIR / test_location.basename)
-
-    def serialize(self, data: Any, **kwargs: Any) -> str:
-        return str(data)
 
 
 @pytest.fixture
