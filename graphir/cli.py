@@ -358,13 +358,63 @@ def cmd_run(args: argparse.Namespace) -> int:
     ctx = model.new_context(n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size) \
         if args.ctx_size else None
     for piece in model.generate(args.prompt, max_tokens=args.n, temperature=args.temp, top_k=args.top_k,
-                                top_p=args.top_p, seed=args.seed, ctx=ctx, stats=stats):
+                                top_p=args.top_p, seed=args.seed, ctx=ctx, stats=stats, min_p=args.min_p,
+                                repeat_penalty=args.repeat_penalty):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
     sys.stderr.write(f"load: {load_s:.2f} s; prompt: {stats['prompt_tokens']:.0f} tokens, {_rate(stats['prompt_tokens'], stats['prompt_s'])}; "
                      f"generation: {stats['gen_tokens']:.0f} tokens, {_rate(stats['gen_tokens'], stats['gen_s'])}\n")
     return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """A conversation on stdin: each line is the user's next message; each reply streams to stdout, then a blank
+    line. The whole conversation is the next prompt, rendered with the model's chat template."""
+    from graphir.running.runtime import load
+
+    model = load(args.model, None if args.isa == "auto" else args.isa)
+    template = None
+    if args.chat_template:
+        try:
+            with open(args.chat_template, encoding="utf-8") as f:
+                template = f.read()
+        except OSError as e:
+            raise GraphirError(f"{args.chat_template}: cannot read ({e.strerror or e})") from None
+    model.chat_template(template)  # a model without one fails here, before the first message
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    sampling = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                    repeat_penalty=args.repeat_penalty, seed=args.seed)
+    tty = sys.stdin.isatty()
+    while True:
+        if tty:
+            sys.stderr.write("> ")
+            sys.stderr.flush()
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        reply = []
+        for piece in model.chat(messages, max_tokens=args.n, chat_template=template, **sampling):
+            reply.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n\n")
+        sys.stdout.flush()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+def _sampling_options(p: argparse.ArgumentParser, temp: float) -> None:
+    p.add_argument("--temp", type=float, default=temp, help=f"sampling temperature; 0 is greedy (default: {temp})")
+    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens; 0: all (default: 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="keep the smallest set with this mass (default: 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05,
+                   help="keep tokens at least this fraction as likely as the best (default: 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0,
+                   help="divide the logits of the last 64 tokens by this (default: 1, none)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed: the same seed, the same text")
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -486,13 +536,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file with weights")
     p.add_argument("-p", "--prompt", required=True, help="the prompt text (special tokens are parsed)")
     p.add_argument("-n", type=int, default=64, help="tokens to generate (default: 64)")
-    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
-    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (default: 40)")
-    p.add_argument("--top-p", type=float, default=0.95, help="keep the smallest set with this mass (default: 0.95)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    _sampling_options(p, 0.0)
     p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: prompt + n)")
     p.add_argument("-b", "--batch-size", type=int, default=512, help="logical batch size (default: 512)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default: 512)")
+    _isa_option(p)
+
+    p = add("chat", cmd_chat, "chat on stdin with a model's own chat template; replies stream to stdout")
+    p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file with weights and a chat template")
+    p.add_argument("-s", "--system", default=None, help="a system message to start the conversation with")
+    p.add_argument("-n", type=int, default=None, help="at most this many tokens per reply (default: until the "
+                                                      "model ends its turn or the context is full)")
+    p.add_argument("--chat-template", metavar="FILE", default=None,
+                   help="a jinja2 chat template to use instead of the model's (tokenizer.chat_template)")
+    _sampling_options(p, 0.2)
     _isa_option(p)
 
     p = add("embed", cmd_embed, "print the embedding of each prompt (pooled as the model says), one line each")

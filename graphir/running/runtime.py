@@ -10,8 +10,9 @@ from __future__ import annotations
 import codecs
 import threading
 import time
+import uuid
 from functools import cached_property
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -19,8 +20,10 @@ from graphir.model.architecture import Architecture
 from graphir.running.backend import DEFAULT, Program
 from graphir.running.backend import get as get_backend
 from graphir.running.batch import Batch
+from graphir.running.chat import ChatTemplate
 from graphir.running.context import Context
 from graphir.running.encdec import EncoderDecoderContext
+from graphir.running.sampling import Sampling
 from graphir.errors import GraphirError, TensorError
 from graphir.model.hparams import HParams
 from graphir.graph.ir import Graph
@@ -117,27 +120,44 @@ class Model:
 
     def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_k: int = 40,
                  top_p: float = 0.95, seed: int | None = None, ctx: Context | EncoderDecoderContext | None = None,
-                 stats: dict[str, float] | None = None) -> Iterator[str]:
-        """Stream the text of up to max_tokens sampled tokens (greedy when temperature is 0).
+                 stats: dict[str, Any] | None = None, min_p: float = 0.0, repeat_penalty: float = 1.0) -> Iterator[str]:
+        """Stream the text of up to max_tokens sampled tokens (greedy when temperature is 0); special tokens in
+        the prompt are parsed. ``stats`` receives token counts, times and the finish reason ("stop": an
+        end-of-generation token; "length": max_tokens).
 
         >>> "".join(model.generate("The capital of France is", max_tokens=8))   # doctest: +SKIP
         """
         ids = self.tokenize(prompt, add_special=True, parse_special=True)
+        return self._continue(ids, max_tokens, Sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed),
+                              ctx, stats)
+
+    def _continue(self, ids: list[int], max_tokens: int | None, sampling: Sampling,
+                  ctx: Context | EncoderDecoderContext | None, stats: dict[str, Any] | None) -> Iterator[str]:
+        """Decode ``ids``, then stream the text of the tokens sampled after them; None: until the context is full."""
         if not ids:
             raise GraphirError("the prompt has no tokens")
-        ctx = ctx or self.new_context(n_ctx=min(self.hparams.n_ctx_train, len(ids) + max_tokens),
-                                      n_batch=max(512, len(ids)), n_ubatch=512)
-        rng = np.random.default_rng(seed)
+        n_ctx = min(self.hparams.n_ctx_train, 4096) if max_tokens is None else len(ids) + max_tokens
+        ctx = ctx or self.new_context(n_ctx=min(self.hparams.n_ctx_train, n_ctx), n_batch=max(512, len(ids)),
+                                      n_ubatch=512)
+        if max_tokens is None:
+            max_tokens = max(0, ctx.n_ctx - len(ids))
+        pick, history = sampling.sampler(), list(ids)
+        return self._stream(ctx, ids, max_tokens, pick, history, stats)
+
+    def _stream(self, ctx: Context | EncoderDecoderContext, ids: list[int], max_tokens: int,
+                pick: Callable[[np.ndarray, list[int]], int], history: list[int],
+                stats: dict[str, Any] | None) -> Iterator[str]:
         text_of = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds a character split across tokens
         t0 = time.perf_counter()
         n_past = ctx.prompt(ids)
         t1 = time.perf_counter()
-        n = 0
+        n, finish = 0, "length"
         for n in range(1, max_tokens + 1):
-            tok = sample(ctx.logits_ith(-1), temperature, top_k, top_p, rng)
+            tok = pick(ctx.logits_ith(-1), history)
             if self.vocab.is_eog(tok):
-                n -= 1
+                n, finish = n - 1, "stop"
                 break
+            history.append(tok)
             text = text_of.decode(self.vocab.token_to_piece(tok))
             if text:
                 yield text
@@ -149,23 +169,83 @@ class Model:
             yield rest
         if stats is not None:
             t2 = time.perf_counter()
-            stats.update(prompt_tokens=len(ids), prompt_s=t1 - t0, gen_tokens=n, gen_s=t2 - t1)
+            stats.update(prompt_tokens=len(ids), prompt_s=t1 - t0, gen_tokens=n, gen_s=t2 - t1, finish_reason=finish)
+
+    # ---- llama-cpp-python's calls, with their names and result shapes -------------------------------------
+
+    def chat_template(self, source: str | None = None) -> ChatTemplate:
+        """The GGUF's chat template (``tokenizer.chat_template``), or ``source`` when given."""
+        v = self.vocab
+        text = source if source is not None else self.meta.metadata.get("tokenizer.chat_template")
+        if not isinstance(text, str):
+            raise GraphirError(f"{self.meta.label} has no chat template (tokenizer.chat_template): give one "
+                               f"(chat_template=... or graphir chat --chat-template FILE)")
+        bos, eos = ("" if t is None else v.tokens[t] for t in (v.bos, v.eos))
+        return ChatTemplate(text, bos, eos, "the given chat template" if source is not None
+                            else f"{self.meta.label}: tokenizer.chat_template")
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int | None = None,
+             chat_template: str | None = None, stats: dict[str, Any] | None = None, **sampling: Any) -> Iterator[str]:
+        """Stream the assistant's reply to ``messages`` ([{"role": "user", "content": "..."}, ...]), rendered with
+        the model's chat template; it ends at an end-of-generation token, at max_tokens, or when the context is
+        full (max_tokens None). ``sampling``: the fields of :class:`graphir.running.sampling.Sampling`, whose
+        defaults are llama-cpp-python's but for temperature (0.2, as its create_chat_completion)."""
+        prompt = self.chat_template(chat_template).render(messages)
+        ids = self.tokenize(prompt, add_special=False, parse_special=True)  # the template places BOS itself
+        return self._continue(ids, max_tokens, Sampling(**{"temperature": 0.2, **sampling}), None, stats)
+
+    def create_completion(self, prompt: str, max_tokens: int | None = 16, stream: bool = False,
+                          **sampling: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """llama-cpp-python's ``create_completion``: the completion of ``prompt`` as an OpenAI-style dict, or
+        (``stream``) its chunks."""
+        ids = self.tokenize(prompt, add_special=True, parse_special=True)
+        stats: dict[str, Any] = {}
+        pieces = self._continue(ids, max_tokens, Sampling(**sampling), None, stats)
+        head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
+                "model": self.meta.label}
+
+        def choice(text: str, finish: str | None) -> dict[str, Any]:
+            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+
+        if stream:
+            def chunks() -> Iterator[dict[str, Any]]:
+                for piece in pieces:
+                    yield {**head, "choices": [choice(piece, None)]}
+                yield {**head, "choices": [choice("", stats["finish_reason"])]}
+            return chunks()
+        text = "".join(pieces)
+        return {**head, "choices": [choice(text, stats["finish_reason"])], "usage": _usage(stats)}
+
+    def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], max_tokens: int | None = None,
+                               stream: bool = False, chat_template: str | None = None,
+                               **sampling: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """llama-cpp-python's ``create_chat_completion``: the assistant's message as an OpenAI-style dict, or
+        (``stream``) its chunks: a role delta, content deltas, and an empty delta with the finish reason."""
+        stats: dict[str, Any] = {}
+        pieces = self.chat(messages, max_tokens, chat_template, stats, **sampling)
+        head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": self.meta.label}
+
+        def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+            return {**head, "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+        if stream:
+            def chunks() -> Iterator[dict[str, Any]]:
+                yield chunk({"role": "assistant"}, None)
+                for piece in pieces:
+                    yield chunk({"content": piece}, None)
+                yield chunk({}, stats["finish_reason"])
+            return chunks()
+        text = "".join(pieces)
+        return {**head, "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                             "finish_reason": stats["finish_reason"]}],
+                "usage": _usage(stats)}
 
 
-def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
-    """llama.cpp's default chain, reduced: greedy at temperature 0, else top-k -> top-p -> temperature -> draw."""
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    idx = np.argsort(-logits, kind="stable")
-    if top_k > 0:
-        idx = idx[:top_k]
-    z = logits[idx].astype(np.float64)
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    keep = int(np.searchsorted(np.cumsum(p), top_p) + 1) if top_p < 1 else len(idx)
-    idx, z = idx[:keep], z[:keep] / temperature
-    p = np.exp(z - z.max())
-    return int(rng.choice(idx, p=p / p.sum()))
+def _usage(stats: dict[str, Any]) -> dict[str, int]:
+    p, c = int(stats["prompt_tokens"]), int(stats["gen_tokens"])
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
 def load(path: str, isa: str | None = None, backend: str = DEFAULT) -> Model:
