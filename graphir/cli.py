@@ -343,6 +343,17 @@ def cmd_strip(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warm_up(model: Any, quiet: bool) -> None:
+    """Run a two-token prompt and a step, so that numba loads (or, on a first run, compiles: a progress line on
+    a terminal says so) the kernels of both the prompt and the generation, and the weights are repacked."""
+    from graphir.progress import compiling, stream
+    from graphir.running.batch import Batch
+
+    with compiling(stream(quiet)):
+        ctx = model.new_context(n_ctx=8)
+        ctx.decode(Batch.one(0, ctx.prompt([0, 0])))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
@@ -351,8 +362,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model = load(args.model, None if args.isa == "auto" else args.isa)
     sys.stderr.write(f"numerics: {model.numerics.describe()}\n")
-    # NOTE: the first decode loads the compiled kernels and repacks weights; do it before timing the prompt
-    model.new_context(n_ctx=8).prompt([0])
+    _warm_up(model, args.quiet)  # before timing the prompt
     load_s = time.perf_counter() - t0
     stats: dict[str, float] = {}
     ctx = model.new_context(n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size) \
@@ -374,6 +384,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from graphir.running.runtime import load
 
     model = load(args.model, None if args.isa == "auto" else args.isa)
+    _warm_up(model, args.quiet)
     template = None
     if args.chat_template:
         try:
@@ -420,6 +431,7 @@ def _sampling_options(p: argparse.ArgumentParser, temp: float) -> None:
 def cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from graphir.progress import compiling, stream
     from graphir.running.batch import Batch
     from graphir.running.runtime import load
 
@@ -433,9 +445,10 @@ def cmd_embed(args: argparse.Namespace) -> int:
             raise GraphirError(f"prompt {text[:40]!r} has {len(ids)} tokens, more than the context's {ctx.n_ctx} "
                                f"positions (n_ctx)")
     rows = []
-    for s, ids in enumerate(tokens):  # one sequence per prompt, each in its own batch
-        ctx.decode(Batch(np.asarray(ids), np.arange(len(ids)), [(s,)] * len(ids), np.ones(len(ids), bool)))
-        rows.append(ctx.embeddings_seq(s) if ctx.pooling != "none" else ctx.embeddings()[-1])
+    with compiling(stream(args.quiet)):
+        for s, ids in enumerate(tokens):  # one sequence per prompt, each in its own batch
+            ctx.decode(Batch(np.asarray(ids), np.arange(len(ids)), [(s,)] * len(ids), np.ones(len(ids), bool)))
+            rows.append(ctx.embeddings_seq(s) if ctx.pooling != "none" else ctx.embeddings()[-1])
     for v in rows:
         if args.normalize:
             v = v / max(float(np.linalg.norm(v.astype(np.float64))), 1e-12)
@@ -446,8 +459,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from graphir.files.convert import convert_bert
     from graphir.files.gguf_file import read_header
+    from graphir.progress import stream
 
-    h = read_header(convert_bert(args.src, args.output, args.outtype))
+    h = read_header(convert_bert(args.src, args.output, args.outtype, progress=stream(args.quiet)))
     _emit(f"wrote {args.output}: {h.architecture}, {_n(len(h.tensors), 'tensor')}, {h.file_size} bytes, "
           f"matrices {args.outtype}\n")
     return 0
@@ -468,6 +482,10 @@ def _graph_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase", choices=PHASES, default=None,
                    help="prefill (n_tokens open), decode (one token) or encode (an encoder-decoder's encoder) "
                         "(default: prefill; a saved graph keeps its own)")
+
+
+def _quiet_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help="draw no progress on stderr (drawn only on a terminal)")
 
 
 def _isa_option(p: argparse.ArgumentParser) -> None:
@@ -540,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: prompt + n)")
     p.add_argument("-b", "--batch-size", type=int, default=512, help="logical batch size (default: 512)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default: 512)")
+    _quiet_option(p)
     _isa_option(p)
 
     p = add("chat", cmd_chat, "chat on stdin with a model's own chat template; replies stream to stdout")
@@ -550,6 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", metavar="FILE", default=None,
                    help="a jinja2 chat template to use instead of the model's (tokenizer.chat_template)")
     _sampling_options(p, 0.2)
+    _quiet_option(p)
     _isa_option(p)
 
     p = add("embed", cmd_embed, "print the embedding of each prompt (pooled as the model says), one line each")
@@ -559,6 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pooling", choices=("none", "mean", "cls", "last"), default=None,
                    help="how tokens are reduced (default: the model's; none prints the last token's embedding)")
     p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: the trained one, at most 4096)")
+    _quiet_option(p)
     _isa_option(p)
 
     p = add("convert", cmd_convert, "convert a Hugging Face BERT checkpoint (safetensors) to a GGUF llama.cpp loads")
@@ -566,6 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="OUT.gguf", required=True, help="where to write the GGUF")
     p.add_argument("--outtype", choices=OUTTYPES, default="f16",
                    help="type of the weight matrices; norms, biases and position tables stay f32 (default: f16)")
+    _quiet_option(p)
     return parser
 
 

@@ -30,7 +30,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import gguf
 import numpy as np
@@ -39,6 +39,7 @@ from gguf.utility import LocalTensor, LocalTensorRange
 
 from graphir.errors import CheckpointError, GraphirError, TensorError
 from graphir.files.atomic import atomic_path
+from graphir.progress import counting
 
 __all__ = ["OUTTYPES", "CheckpointTensorError", "convert_bert"]
 
@@ -96,10 +97,12 @@ class _Tensor:
     qtype: gguf.GGMLQuantizationType
 
 
-def convert_bert(src_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], outtype: str = "f16") -> Path:
+def convert_bert(src_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], outtype: str = "f16",
+                 progress: IO[str] | None = None) -> Path:
     """Write ``out_path``, a GGUF of the BERT checkpoint in ``src_dir`` that llama.cpp loads; return its path.
 
-    ``outtype`` ("f32" or "f16") is the type of the weight matrices. Everything is checked before the file is
+    ``outtype`` ("f32" or "f16") is the type of the weight matrices; ``progress``: where to draw a bar of the
+    tensors written (graphir.progress). Everything is checked before the file is
     written, and it appears only once complete: an interrupted or failed write leaves ``out_path`` as it was.
     Raises :class:`~graphir.errors.CheckpointError` naming the file for a missing or malformed file or a model
     that is not BERT (:class:`CheckpointTensorError`, also a :class:`~graphir.errors.TensorError`, naming the
@@ -129,12 +132,13 @@ def convert_bert(src_dir: str | os.PathLike[str], out_path: str | os.PathLike[st
         w.add_tensor_info(t.name, t.source.shape, dtype, math.prod(t.source.shape) * dtype.itemsize, raw_dtype=t.qtype)
     _add_general(w, src, cfg, file_type, pooling)
     _add_vocab(w, src, cfg, tokens, toktypes, special_names)
-    _write(w, tensors, out)
+    _write(w, tensors, out, progress)
     return out
 
 
-def _write(w: gguf.GGUFWriter, tensors: list[_Tensor], out: Path) -> None:
+def _write(w: gguf.GGUFWriter, tensors: list[_Tensor], out: Path, progress: IO[str] | None) -> None:
     """The header, then the tensors one at a time, into a temporary file renamed to ``out`` once complete."""
+    bar = counting(progress, len(tensors), f"writing {out.name}")
     try:
         with atomic_path(out) as tmp:
             try:
@@ -143,8 +147,10 @@ def _write(w: gguf.GGUFWriter, tensors: list[_Tensor], out: Path) -> None:
                 w.write_ti_data_to_file()
                 for t in tensors:
                     w.write_tensor_data(_data(t))
+                    bar.update(1)
             finally:
                 w.close()
+                bar.close()
     except OSError as e:
         raise GraphirError(f"{out}: cannot write ({e.strerror or e})") from None
 
