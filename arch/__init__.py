@@ -24,6 +24,8 @@ MODULES = {
     "phi3": "phi3",
     "qwen2": "llama",
     "qwen3": "llama",
+    "qwen35": "qwen35",
+    "qwen3moe": "llama",
     "rwkv6": "rwkv",
     "smollm3": "llama",
     "t5": "t5",

@@ -2,10 +2,12 @@
 
 A layer whose ``attention.head_count_kv`` entry is 0 is a Mamba-2 block (arch/mamba.py), the others are
 grouped-query attention, RoPE'd unless ``rope.scaling.finetuned`` is false (Granite 4.0-H has no positions
-at all); every layer then has a SwiGLU FFN. Granite's multipliers scale the token embeddings, both residual
-branches and (as a divisor) the logits, and ``attention.scale`` replaces 1/sqrt(head size). The memory holds
-a KV cache for the attention layers and state cells for the others (the ``hybrid`` kind).
-Mixture-of-experts FFNs (Granite-4.0-H-Tiny and -Small) are not built yet: such a file is refused.
+at all); every layer then has a SwiGLU FFN: dense (Granite-4.0-H-Micro), or with ``expert_count`` > 0 a mixture of
+experts (each token through its top ``expert_used_count``, softmax weights renormalised) plus, when
+``expert_shared_feed_forward_length`` > 0, a shared SwiGLU expert every token takes, ungated
+(Granite-4.0-H-Tiny and -Small). Granite's multipliers scale the token embeddings, both residual branches and
+(as a divisor) the logits, and ``attention.scale`` replaces 1/sqrt(head size). The memory holds a KV cache for
+the attention layers and state cells for the others (the ``hybrid`` kind).
 Reference: IBM 2025, "Granite 4.0"; llama.cpp src/models/granite-hybrid.cpp.
 """
 
@@ -14,9 +16,8 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.llama import Llama
+from graphir.arch.llama import MOE_KEYS, Llama
 from graphir.arch.mamba import Mamba2
-from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.memory.layers import Attention, LayerNeeds, Recurrent
 from graphir.model.builder import GraphBuilder
@@ -32,14 +33,11 @@ class GraniteHybrid(Llama):
         Key("residual_scale", Keys.LLM.RESIDUAL_SCALE, float, 0.0),
         Key("embedding_scale", Keys.LLM.EMBEDDING_SCALE, float, 0.0),
         Key("rope_finetuned", Keys.Rope.SCALING_FINETUNED, bool, True),  # Granite's switch for RoPE
-        Key("n_expert", Keys.LLM.EXPERT_COUNT, int, 0),
+        *MOE_KEYS,
+        Key("n_ff_shexp", Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, 0, minimum=0),  # 0: no shared expert
     )
 
     def __init__(self, hp):  # type: ignore[no-untyped-def]
-        if hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model with {hp.n_expert} experts per layer "
-                                f"({Keys.LLM.EXPERT_COUNT.format(arch=self.name)}) needs mixture-of-experts FFNs, "
-                                f"which graphir does not build yet")
         # the Mamba-2 block of the recurrent layers (llama.cpp loads its conv bias as optional, but its graph
         # adds it unconditionally: a file without it crashes there, and is refused here)
         self.ssm = Mamba2(hp)
@@ -58,6 +56,11 @@ class GraniteHybrid(Llama):
 
     def ffn_tensors(self, il: int) -> list[TensorSpec]:
         E, F = self.hp.n_embd, self.hp.ff_length(il)
+        if self.n_expert():
+            S = self.hp.n_ff_shexp
+            shared = [spec(T.FFN_GATE_SHEXP, (E, S), il), spec(T.FFN_UP_SHEXP, (E, S), il),
+                      spec(T.FFN_DOWN_SHEXP, (S, E), il)] if S else []
+            return super().ffn_tensors(il) + shared
         return super().ffn_tensors(il) + [spec(t, (n,), il, "bias", kind="vector", optional=True)
                                           for t, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))]
 
@@ -73,6 +76,14 @@ class GraniteHybrid(Llama):
         return self.ssm.mixer(b, b.reshape(h, (hp.n_embd, Ts, S), name="attn_norm.seqs"), il)
 
     def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
+        if self.n_expert():
+            out = self.moe(b, h, il)
+            if not self.hp.n_ff_shexp:
+                return out
+            w = b.w
+            shared = b.build_ffn(h, up=w(T.FFN_UP_SHEXP, il), gate=w(T.FFN_GATE_SHEXP, il),  # type: ignore[arg-type]
+                                 down=w(T.FFN_DOWN_SHEXP, il), name="ffn_shexp")  # type: ignore[arg-type]
+            return b.op("add", out, shared, name="ffn_out")
         return b.build_ffn(h, up=b.w(T.FFN_UP, il), up_b=b.w(T.FFN_UP, il, "bias"), gate=b.w(T.FFN_GATE, il),
                            gate_b=b.w(T.FFN_GATE, il, "bias"), down=b.w(T.FFN_DOWN, il),  # type: ignore[arg-type]
                            down_b=b.w(T.FFN_DOWN, il, "bias"))

@@ -1,8 +1,10 @@
-"""The llama family: Llama 1-3 (GQA, RMSNorm, SwiGLU, RoPE), Qwen2 (q/k/v biases, NEOX RoPE), Qwen3
-(per-head RMS norm of Q and K before RoPE) and SmolLM3 (no RoPE in every fourth layer).
+"""The llama family: Llama 1-3 (GQA, RMSNorm, SwiGLU, RoPE) and Mixtral (llama whose FFNs are mixtures of
+experts: ``expert_count`` > 0), Qwen2 (q/k/v biases, NEOX RoPE), Qwen3 (per-head RMS norm of Q and K before
+RoPE), Qwen3-MoE (Qwen3 with mixture-of-experts FFNs) and SmolLM3 (no RoPE in every fourth layer).
 
-References: Touvron et al. 2023, "LLaMA"; Qwen Team 2025, "Qwen3 Technical Report"; Hugging Face 2025,
-"SmolLM3"; llama.cpp src/models/llama.cpp, qwen2.cpp, qwen3.cpp, smollm3.cpp.
+References: Touvron et al. 2023, "LLaMA"; Jiang et al. 2024, "Mixtral of Experts"; Qwen Team 2025, "Qwen3
+Technical Report"; Hugging Face 2025, "SmolLM3"; llama.cpp src/models/llama.cpp, qwen2.cpp, qwen3.cpp,
+qwen3moe.cpp, smollm3.cpp.
 """
 
 from __future__ import annotations
@@ -10,10 +12,32 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
+from graphir.errors import MetadataError
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.graph.ir import Node
+from graphir.model.hparams import HParams, Key
 from graphir.model.tensors import TensorSpec, spec, tensor_name
+
+# Mixture-of-experts hparams as llama.cpp's loader reads them for every family (0: absent)
+MOE_KEYS = (
+    Key("n_expert", Keys.LLM.EXPERT_COUNT, int, 0, minimum=0),
+    Key("n_expert_used", Keys.LLM.EXPERT_USED_COUNT, int, 0, minimum=0),
+    Key("n_expert_groups", Keys.LLM.EXPERT_GROUP_COUNT, int, 0, minimum=0),
+)
+
+
+def check_experts(hp: HParams, arch: str) -> None:
+    """llama.cpp's checks of the expert counts; group-limited routing (expert_group_count > 1, DeepSeek-V3
+    style) is not built, so such a file is refused rather than routed differently."""
+    key = lambda t: t.format(arch=arch)  # noqa: E731
+    if hp.n_expert_used > hp.n_expert or (hp.n_expert and not hp.n_expert_used):
+        raise MetadataError(f"{hp.n_expert} experts per layer ('{key(Keys.LLM.EXPERT_COUNT)}') of which "
+                            f"{hp.n_expert_used} are used ('{key(Keys.LLM.EXPERT_USED_COUNT)}'): a token needs "
+                            f"between 1 and all of them")
+    if hp.n_expert_groups > 1:
+        raise MetadataError(f"'{key(Keys.LLM.EXPERT_GROUP_COUNT)}' = {hp.n_expert_groups}: group-limited expert "
+                            f"routing is not built")
 
 
 class Llama(Architecture):
@@ -26,6 +50,21 @@ class Llama(Architecture):
     qkv_bias = False  # q/k/v biases are optional extras
     out_bias = True  # attn_output may carry an (optional) bias
     qk_norm = False  # QK-norm: each head of Q and K RMS-normalised over its own values, with a learned scale
+    keys = MOE_KEYS
+    gate_optional = True  # whether the experts' gate matrices may be absent (then up feeds the activation alone)
+
+    def __init__(self, hp: HParams):
+        if "n_expert" in dict(hp.family):
+            check_experts(hp, self.name)
+        super().__init__(hp)
+
+    def n_expert(self) -> int:
+        """Experts per FFN (0: a dense FFN); families that do not read the expert keys have none."""
+        return dict(self.hp.family).get("n_expert", 0)
+
+    def expert_ff_length(self, il: int) -> int:
+        """The hidden width of one expert (llama and Granite: the model's FFN length)."""
+        return self.hp.ff_length(il)
 
     # ---- tensors ---------------------------------------------------------------------------------------
 
@@ -71,6 +110,8 @@ class Llama(Architecture):
         return specs
 
     def ffn_tensors(self, il: int) -> list[TensorSpec]:
+        if self.n_expert():
+            return [spec(T.FFN_NORM, (self.hp.n_embd,), il, kind="vector"), *self.moe_tensors(il)]
         E, F = self.hp.n_embd, self.hp.ff_length(il)
         return [
             spec(T.FFN_NORM, (E,), il, kind="vector"),
@@ -78,6 +119,12 @@ class Llama(Architecture):
             spec(T.FFN_UP, (E, F), il),
             spec(T.FFN_DOWN, (F, E), il),
         ]
+
+    def moe_tensors(self, il: int) -> list[TensorSpec]:
+        """The router and the experts' stacked matrices (the gates optional, as llama.cpp loads them)."""
+        E, F, X = self.hp.n_embd, self.expert_ff_length(il), self.n_expert()
+        return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il, optional=self.gate_optional),
+                spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il)]
 
     # ---- what a family varies ----------------------------------------------------------------------------
 
@@ -123,7 +170,18 @@ class Llama(Architecture):
                             kq_scale=1.0 if q_scale else b.kq_scale(), softcap=self.score_cap())
 
     def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
+        if self.n_expert():
+            return self.moe(b, h, il)
         return b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))  # type: ignore[arg-type]
+
+    def moe(self, b: GraphBuilder, h: Node, il: int) -> Node:
+        """Each token through its top n_expert_used experts of n_expert, weighted by their softmax
+        probabilities renormalised to sum 1 (Mixtral, Qwen3-MoE and Granite all route this way)."""
+        hp = self.hp
+        w = b.w
+        return b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),  # type: ignore[arg-type]
+                               gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
+                               n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp
@@ -149,16 +207,38 @@ class Qwen2(Llama):
     name = "qwen2"
     rope_mode = "neox"  # HF rotate-half layout, kept by the converter
     qkv_bias = True
+    keys = ()  # dense FFNs only (Qwen2-MoE is another architecture)
 
 
 class Qwen3(Llama):
     name = "qwen3"
     rope_mode = "neox"
     qk_norm = True
+    keys = ()
+
+
+class Qwen3Moe(Qwen3):
+    """Qwen3 whose every FFN is a mixture of experts of ``expert_feed_forward_length`` each (Qwen3-30B-A3B:
+    128 experts, 8 per token); there are no shared experts and the experts' gates are required."""
+
+    name = "qwen3moe"
+    keys = MOE_KEYS + (Key("n_ff_exp", Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int, 0, minimum=0),)
+    gate_optional = False
+
+    def __init__(self, hp: HParams):
+        if not hp.n_expert:
+            key = Keys.LLM.EXPERT_COUNT.format(arch=self.name)
+            raise MetadataError(f"a '{self.name}' model needs experts ('{key}' > 0)")
+        super().__init__(hp)
+
+    def expert_ff_length(self, il: int) -> int:
+        """``expert_feed_forward_length``, or (absent) the FFN length shared among the used experts, as llama.cpp."""
+        return self.hp.n_ff_exp or self.hp.ff_length(il) // self.hp.n_expert_used
 
 
 class SmolLM3(Llama):
     name = "smollm3"
+    keys = ()
     no_rope_every = 4  # NoPE: the last of every four layers attends without positions (llama.cpp's fixed step)
 
     def roped(self, il: int) -> bool:

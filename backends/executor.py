@@ -14,12 +14,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from graphir.backends.kernels.jit import kernel_launches
+from graphir.backends.kernels.moe import argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
 from graphir.backends.kernels.mul_mat import mul_mat
 from graphir.backends.kernels.norm import norm, rms_norm
-from graphir.backends.kernels.recurrent import rwkv_wkv6, ssm_conv, ssm_scan, ssm_scan_heads
-from graphir.backends.kernels.rope import rope_apply, rope_cos_sin
+from graphir.backends.kernels.recurrent import gated_delta_net, rwkv_wkv6, ssm_conv, ssm_scan, ssm_scan_heads
+from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin
 from graphir.backends.kernels.softmax import KV_PAD, soft_max
-from graphir.backends.kernels.unary import exp, geglu, gelu, neg, relu, sigmoid, silu, sqr, tanh
+from graphir.backends.kernels.unary import exp, geglu, gelu, neg, relu, sigmoid, silu, softplus, sqr, tanh
 from graphir.backends.isa import REDUCE_HADD, IsaPath
 from graphir.backends.quant.weight import QWeight
 from graphir.graph.dims import Sym
@@ -132,18 +133,48 @@ def kernel(*ops: str) -> Callable[[Maker], Maker]:
     return register
 
 
-_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
-_UNARY_FN = {"gelu": gelu, "relu": relu, "sqr": sqr, "neg": neg, "exp": exp, "tanh": tanh, "sigmoid": sigmoid}
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+_UNARY_FN = {"gelu": gelu, "relu": relu, "sqr": sqr, "neg": neg, "exp": exp, "tanh": tanh, "sigmoid": sigmoid,
+             "softplus": softplus}
 
 
 @kernel("get_rows")
 def _get_rows(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    if len(n.inputs[1].shape) == 2:  # batched: src (B, rows, ne0), ids (B, n)
+        return lambda env, src, ids: np.take_along_axis(src, ids[..., None].astype(np.intp), axis=1).astype(np.float32)
     return lambda env, src, ids: src.get_rows(ids) if isinstance(src, QWeight) else src[ids].astype(np.float32)
 
 
 @kernel("mul_mat")
 def _mul_mat_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     return lambda env, w, x: _mul_mat(w, x, path)
+
+
+@kernel("mul_mat_id")
+def _mul_mat_id(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    n_expert = n.inputs[0].shape[2]
+    return lambda env, w, x, ids: mul_mat_id(expert_matrices(w, n_expert), x, ids, path)
+
+
+@kernel("argsort_top_k")
+def _argsort_top_k(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, x: argsort_top_k(x, n.attrs["k"])
+
+
+@kernel("sum_rows")
+def _sum_rows(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, x: sum_rows(x)
+
+
+@kernel("moe_sum")
+def _moe_sum(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, x: moe_sum(x)
+
+
+@kernel("clamp")
+def _clamp(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    lo, hi = np.float32(n.attrs["min"]), np.float32(n.attrs["max"])
+    return lambda env, x: np.maximum(np.minimum(x, hi, dtype=np.float32), lo)
 
 
 @kernel(*_BINARY)
@@ -198,6 +229,20 @@ def _rope(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
         k = (id(pos), id(ff), key)
         if k not in memo.d:
             memo.d[k] = rope_cos_sin(pos, a["n_dims"], None if ff is None else _dense(ff).reshape(-1), a)
+        return rope_apply(x.astype(np.float32, copy=False), memo.d[k], a)
+
+    return rope
+
+
+@kernel("rope_multi")
+def _rope_multi(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    a = n.attrs
+    key = tuple(a.values())
+
+    def rope(env: Env, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        k = (id(pos), key)
+        if k not in memo.d:
+            memo.d[k] = imrope_cos_sin(pos, a["n_dims"], a["sections"], a)
         return rope_apply(x.astype(np.float32, copy=False), memo.d[k], a)
 
     return rope
@@ -288,6 +333,15 @@ def _rwkv_wkv6(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., A
     return lambda env, k, v, r, tf, td, state: rwkv_wkv6(k, v, r, first(tf), td, state)
 
 
+@kernel("gated_delta_net")
+def _gated_delta_net(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    hadd = path.reduce == REDUCE_HADD
+    return lambda env, q, k, v, g, beta, s: gated_delta_net(q, k, v, g, beta, s, path.lanes, hadd)
+
+
+_MATRIX_OPS = ("mul_mat", "mul_mat_id", "get_rows")  # their first operand may stay a QWeight
+
+
 def _step(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     make = KERNELS.get(n.op)
     if make is None:
@@ -298,7 +352,7 @@ def _step(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
 class Program:
     """A graph ready to run: steps in topological order, leaves bound to weights or to named feeds."""
 
-    def __init__(self, graph: Graph, weights: Callable[[str], Any], path: IsaPath):
+    def __init__(self, graph: Graph, weights: Callable[..., Any], path: IsaPath):
         index = {id(n): i for i, n in enumerate(graph.nodes)}
         last_use = {i: i for i in range(len(graph.nodes))}
         for i, n in enumerate(graph.nodes):
@@ -310,11 +364,12 @@ class Program:
         self.consts: list[tuple[int, Any]] = []
         self.feeds: list[tuple[int, str]] = []
         self.steps: list[tuple[Callable[..., np.ndarray], int, tuple[int, ...], tuple[int, ...]]] = []
-        matrix_use = {id(x) for n in graph.nodes if n.op in ("mul_mat", "get_rows") for x in n.inputs[:1]}
-        other_use = {id(x) for n in graph.nodes if n.op not in ("mul_mat", "get_rows") for x in n.inputs}
+        matrix_use = {id(x) for n in graph.nodes if n.op in _MATRIX_OPS for x in n.inputs[:1]}
+        other_use = {id(x) for n in graph.nodes if n.op not in _MATRIX_OPS for x in n.inputs}
+        stacked = {id(n.inputs[0]) for n in graph.nodes if n.op == "mul_mat_id"} - other_use  # experts, as rows
         for i, n in enumerate(graph.nodes):
             if n.op == "weight":
-                w = weights(n.name)
+                w = weights(n.name, stacked=True) if id(n) in stacked else weights(n.name)
                 if id(n) in other_use or id(n) not in matrix_use:  # viewed or reshaped (BERT's type row): dense
                     w = _dense(w)
                 self.consts.append((i, w))

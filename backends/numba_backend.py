@@ -30,7 +30,7 @@ class NumbaBackend:
 
         return QWeight.prepare(data, qtype, ne0)
 
-    def compile(self, graph: Graph, weight: Callable[[str], Any], numerics: Numerics) -> Program:
+    def compile(self, graph: Graph, weight: Callable[..., Any], numerics: Numerics) -> Program:
         from graphir.backends.executor import Program
 
         return Program(graph, weight, numerics.path)

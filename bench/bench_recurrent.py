@@ -1,10 +1,10 @@
 """Benchmark: recurrent and hybrid families against llama.cpp, in the same run, at real layer sizes.
 
-No Mamba, Mamba-2, RWKV6 or Granite-4.0-H GGUF ships on the package registry, so each model is the tests'
+No Mamba, Mamba-2, RWKV6, Granite-4.0-H or Qwen3.5 GGUF ships on the package registry, so each model is the tests'
 random-weight GGUF (tests/conftest.py write_model_gguf, F16 matrices, 256 tokens) with the layer sizes of a released model
 and few layers (the per-layer cost is what is compared): prompt processing of 64 tokens and generation of 32,
 2 threads, best of 3, tokens/s for both engines and the ratio graphir / llama.cpp (>= 1: graphir is faster).
-Run: python bench/bench_recurrent.py [family ...]   (families: mamba, mamba2, rwkv6, granitehybrid)
+Run: python bench/bench_recurrent.py [family ...]   (families: mamba, mamba2, rwkv6, granitehybrid, qwen35)
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ MODELS = {
         K.LLM.EMBEDDING_LENGTH: 2048, K.LLM.BLOCK_COUNT: 4, K.LLM.FEED_FORWARD_LENGTH: 8192,
         K.Attention.HEAD_COUNT: 32, K.Attention.HEAD_COUNT_KV: [0, 0, 0, 8], K.SSM.INNER_SIZE: 4096,
         K.SSM.STATE_SIZE: 128, K.SSM.TIME_STEP_RANK: 64, K.SSM.GROUP_COUNT: 1}),
+    "qwen35": ("Qwen3.5-0.8B", {  # three gated DeltaNet layers and one gated attention layer
+        K.LLM.EMBEDDING_LENGTH: 1024, K.LLM.BLOCK_COUNT: 4, K.LLM.FEED_FORWARD_LENGTH: 3584,
+        K.LLM.FULL_ATTENTION_INTERVAL: 4, K.Attention.HEAD_COUNT: 8, K.Attention.HEAD_COUNT_KV: 2,
+        K.Attention.KEY_LENGTH: 256, K.Attention.VALUE_LENGTH: 256, K.Rope.DIMENSION_COUNT: 64,
+        K.Rope.DIMENSION_SECTIONS: [11, 11, 10, 0], K.SSM.INNER_SIZE: 2048, K.SSM.STATE_SIZE: 128,
+        K.SSM.TIME_STEP_RANK: 16, K.SSM.GROUP_COUNT: 16}),
 }
 
 

@@ -266,6 +266,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     info["tensors"] = tensors
     info["n_tensors"] = len(tensors)
     info["total_params"] = sum(t["params"] for t in tensors)
+    n_expert, n_used = hparams.get("n_expert", 0), hparams.get("n_expert_used", 0)
+    if n_expert:  # a token runs n_used of each layer's n_expert stacked experts [n_embd, n_ff, n_expert]
+        routed = sum(t["params"] for t in tensors if len(t["shape"]) == 3 and t["shape"][2] == n_expert)
+        info["active_params"] = info["total_params"] - routed + routed // n_expert * n_used
     known = [t["bytes"] for t in tensors if t["bytes"] is not None]
     info["total_bytes"] = sum(known)
     from graphir.running.backend import get
@@ -304,6 +308,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     lines += _table(rows, right={3, 4, 5})
     lines.append(f"total    {info['total_params']} parameters, {info['total_bytes']} bytes "
                  f"in {_n(len(tensors), 'tensor')}")
+    if "active_params" in info:
+        lines.append(f"active   {info['active_params']} parameters per token ({n_used} of {n_expert} experts)")
     if "memory" in info:
         m = info["memory"]
         lines.append(f"memory   {m['kind']} at n_ctx {m['n_ctx']}, n_seq_max {m['n_seq_max']}, n_ubatch {m['n_ubatch']}"

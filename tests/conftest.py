@@ -226,9 +226,12 @@ _DENSE["qwen35"] = {  # A = -exp(A_log) < 0 so states decay; a step bias per val
 
 
 # Matrices llama.cpp's converter always writes as F32 whatever the output type (convert_hf_to_gguf): its kernels
-# for these read float32 only (ssm_conv asserts; rwkv_wkv6 reads time_first's bytes as floats).
-KEEP_F32 = re.compile(r"blk\.\d+\.(ssm_conv1d|time_mix_first|time_mix_w[12]|time_mix_decay_w[12]|time_mix_lerp_fused)"
-                      r"\.weight|position_embd\.weight|token_types\.weight")
+# for these read float32 only (ssm_conv asserts; rwkv_wkv6 reads time_first's bytes as floats); MoE routers
+# (ffn_gate_inp) it keeps F32 for precision.
+KEEP_F32 = re.compile(r"blk\.\d+\.(ssm_conv1d|time_mix_first|time_mix_w[12]|time_mix_decay_w[12]|time_mix_lerp_fused"
+                      r"|ffn_gate_inp)\.weight|position_embd\.weight|token_types\.weight")
+# Stacked expert matrices [n_embd, n_ff, n_expert]: written in the file's matrix type like any matrix
+EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight")
 
 
 def add_kv(w: gguf.GGUFWriter, key: str, value: Any) -> None:
@@ -297,6 +300,12 @@ def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationTyp
         if len(shape) == 1 and name not in dense:
             w.add_tensor(name, (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
             continue
+        if len(shape) > 2 and EXPERTS.fullmatch(name):  # expert e's matrix is rows e*n_ff..(e+1)*n_ff
+            data = make_weight(dtype, int(np.prod(shape[1:])), shape[0], rng)
+            w.add_tensor(name, data.reshape(tuple(shape[:0:-1]) + data.shape[-1:]),
+                         raw_dtype=None if dtype in (gguf.GGMLQuantizationType.F32,
+                                                     gguf.GGMLQuantizationType.F16) else dtype)
+            continue
         if len(shape) > 2 or name in dense or KEEP_F32.fullmatch(name):  # stacked parameters (RWKV mixes),
             # state-space constants and what llama.cpp keeps F32: f32 (the same values as make_weight's F32)
             value = dense.get(name, lambda r, shp: (r.standard_normal(shp) / np.sqrt(shp[-1])))(rng, shape[::-1])
@@ -347,6 +356,9 @@ TINY_FAMILY["qwen35"] = {
     gguf.Keys.SSM.CONV_KERNEL: 4, gguf.Keys.SSM.STATE_SIZE: 80, gguf.Keys.SSM.GROUP_COUNT: 2,
     gguf.Keys.SSM.TIME_STEP_RANK: 4, gguf.Keys.SSM.INNER_SIZE: 320, gguf.Keys.Attention.LAYERNORM_RMS_EPS: 1e-6,
 }
+# Qwen3-MoE: 8 experts of 32, 2 per token (no shared expert)
+TINY_FAMILY["qwen3moe"] = {gguf.Keys.LLM.EXPERT_COUNT: 8, gguf.Keys.LLM.EXPERT_USED_COUNT: 2,
+                           gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: 32}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 

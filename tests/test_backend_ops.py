@@ -185,6 +185,8 @@ CASES: list[Case] = [
     C("tanh", I("f32", 16, 4, 3, lo=-0.01, hi=0.01), tol=F32, note="near 0"),
     C("sigmoid", I("f32", 7, 5, lo=-20, hi=20), tol=F32),
     C("sigmoid", I("f16", 16, 3), tol=F32, note="f16 a"),
+    C("softplus", I("f32", 7, 5, lo=-30, hi=30), tol=F32, note="both sides of 20"),
+    C("softplus", I("f32", 16, 4, T, lo=-5, hi=5), tol=F32, env={"n_tokens": 3}),
     C("swiglu", I("f32", 11, 5), I("f32", 11, 5), tol=F32),
     C("swiglu", I("f32", 16, 3, 2, lo=-4, hi=4), I("f32", 16, 3, 2), tol=F32),
     C("geglu", I("f32", 11, 5), I("f32", 11, 5), tol=F16),
@@ -204,6 +206,11 @@ CASES: list[Case] = [
     C("rope", I("f32", 8, 2, T, 2), pos(), tol=ROPE, env={"n_tokens": 3}, note="4-D",
       **rope_attrs(8, "norm", freq_scale=0.5, attn_factor=0.5)),
     C("rope", I("f16", 8, 2, T), pos(), tol=F16, env={"n_tokens": 4}, note="f16 a", **rope_attrs(8, "neox")),
+    # rope_multi: sections of rotated pairs, interleaved (imrope); text positions: the extra section turns by 0
+    C("rope_multi", I("f32", 24, 2, T), pos(), tol=ROPE, env={"n_tokens": 5}, note="partial, extra section",
+      sections=(3, 3, 1, 1), **rope_attrs(16, "imrope")),
+    C("rope_multi", I("f32", 64, 2, T), pos(), tol=ROPE, env={"n_tokens": 3}, note="Qwen3.5's sections",
+      sections=(11, 11, 10, 0), **rope_attrs(64, "imrope", freq_base=10000000.0)),
     # soft_max over ne0 of a*scale + mask (mask rows follow ne1, broadcast over dims 2/3)
     C("soft_max", I("f32", 10, 4), scale=1.0, max_bias=0.0, tol=F32),
     C("soft_max", I("f32", KV, T, 4), I("f32", KV, T, init="mask"), scale=0.125, max_bias=0.0, tol=F32,
@@ -276,11 +283,46 @@ CASES: list[Case] = [
       I("f32", 16, 3, T, lo=0.2, hi=1), I("f32", 768, 1), tol=F32, env={"n_tokens": 1}, note="decode"),
     C("rwkv_wkv6", I("f32", 4, 2, 4, strided=True), I("f32", 4, 2, 4), I("f32", 4, 2, 4), W("f32", 4, 2, store="np"),
       I("f32", 4, 2, 4, lo=0.2, hi=1), I("f32", 32, 1), tol=F32, note="1 seq x 4 tokens, strided k"),
+    # gated_delta_net(q, k [d, Hk, T, S], v [d, H, T, S], g, beta [1, H, T, S], s [d, d, H, S]) -> y, states
+    *[C("gated_delta_net", I("f32", d, Hk, n, S, lo=-0.4, hi=0.4), I("f32", d, Hk, n, S, lo=-kr, hi=kr),
+        I("f32", d, H, n, S, strided=strided), I("f32", 1, H, n, S, lo=-1, hi=0), I("f32", 1, H, n, S, lo=0, hi=1),
+        I("f32", d, d, H, S), tol=F32, note=note)
+      for d, Hk, H, n, S, kr, strided, note in ((16, 2, 4, 3, 2, 0.4, False, "2 seqs x 3 tokens, shared k heads"),
+                                               (80, 1, 2, 1, 1, 0.2, False, "decode, 80 wide: SIMD steps and a tail"),
+                                               (16, 2, 2, 4, 1, 0.4, True, "strided v"))],
     # set_rows: dst[:, ids[i]] = src[:, i], converted to dst's type
     C("set_rows", I("f16", 12, CTX), I("f32", 12, T), I("i64", T, init="uids", n=16), tol=EXACT,
       env={"n_ctx": 16, "n_tokens": 5}, note="kv write"),
     C("set_rows", I("f32", 7, 9), I("f32", 7, 3), I("i32", 3, init="uids", n=9), tol=EXACT),
     C("set_rows", I("f16", 16, 8), I("f32", 16, 1), I("i64", 1, init="uids", n=8), tol=EXACT, note="decode"),
+    # mixture of experts: mul_mat_id(w [K, M, n_expert], x [K, 1 or n_used, T], ids [n_used, T]) -> [M, n_used, T]
+    C("mul_mat_id", W("f32", 32, 12, 6, store="np"), I("f32", 32, 1, T), I("i32", 2, T, init="ids", n=6), tol=F32,
+      env={"n_tokens": 5}, note="float array, a row per token"),
+    C("mul_mat_id", W("f32", 33, 8, 4), I("f32", 33, 3, T), I("i32", 3, T, init="ids", n=4), tol=F32,
+      env={"n_tokens": 4}, note="odd K, a row per slot"),
+    C("mul_mat_id", W("f16", 64, 10, 4), I("f32", 64, 1, 1), I("i32", 2, 1, init="ids", n=4), tol=F16, note="decode"),
+    C("mul_mat_id", W("f16", 64, 16, 3), I("f32", 64, 1, 9), I("i32", 3, 9, init="ids", n=3), tol=F16),
+    C("mul_mat_id", W("q8_0", 64, 16, 8), I("f32", 64, 1, T), I("i32", 4, T, init="ids", n=8), tol=QUANT,
+      env={"n_tokens": 7}),
+    C("mul_mat_id", W("q8_0", 64, 8, 5), I("f32", 64, 2, 1), I("i32", 2, 1, init="ids", n=5), tol=QUANT, note="decode"),
+    C("mul_mat_id", W("q4_k", 256, 8, 4), I("f32", 256, 1, T), I("i32", 2, T, init="ids", n=4), tol=QUANT,
+      env={"n_tokens": 6}),
+    C("mul_mat_id", W("q4_k", 256, 4, 6), I("f32", 256, 1, 1), I("i32", 4, 1, init="ids", n=6), tol=QUANT,
+      note="decode"),
+    # routing: the selected experts (top k, largest first), their probabilities (batched get_rows), normalisation
+    C("argsort_top_k", I("f32", 8, T), k=2, tol=EXACT, env={"n_tokens": 5}),
+    C("argsort_top_k", I("f32", 128, 3), k=8, tol=EXACT),
+    C("argsort_top_k", I("f32", 4, 1), k=4, tol=EXACT, note="all"),
+    C("get_rows", I("f32", 1, 8, T), I("i32", 2, T, init="ids", n=8), tol=EXACT, env={"n_tokens": 4}, note="batched"),
+    C("get_rows", I("f32", 3, 5, 2), I("i32", 4, 2, init="ids", n=5), tol=EXACT, note="batched, 3 wide"),
+    C("sum_rows", I("f32", 8, T), tol=F32, env={"n_tokens": 3}),
+    C("sum_rows", I("f32", 7, 4, 2, lo=0, hi=1), tol=F32),
+    C("moe_sum", I("f32", 16, 4, T), tol=F32, env={"n_tokens": 3}),
+    C("moe_sum", I("f32", 8, 1, 2), tol=F32, note="one slot"),
+    C("clamp", I("f32", 7, 5, lo=-1e-4, hi=1e-4), min=6.103515625e-5, max=float("inf"), tol=F32, note="f16 floor"),
+    C("clamp", I("f32", 16, 3, lo=-3, hi=3), min=-1.0, max=2.0, tol=F32),
+    C("div", I("f32", 8, T), I("f32", 1, T, lo=0.5, hi=2), tol=F32, env={"n_tokens": 3}, note="by row sums"),
+    C("div", I("f32", 7, 5), I("f32", 7, 5, lo=1, hi=3), tol=F32),
 ]
 
 
@@ -328,7 +370,15 @@ def make_weight(rng: np.random.Generator, s: Src, shape: tuple[int, ...]) -> tup
     if len(shape) == 1 or s.store == "np":
         assert s.dtype == "f32"
         return data, data.astype(np.float64)
+    if len(shape) == 3:  # stacked experts: the GGUF data's rows, (n_expert * M, K), as the backend is handed them
+        w, exact = make_weight(rng, s, (shape[0] * shape[1], shape[2]))
+        return w, exact.reshape(shape)
     ne0 = shape[-1]
+    if s.dtype == "q4_k":  # gguf cannot quantize K-quants: random valid blocks, decoded by gguf as the reference
+        raw = rng.integers(0, 256, (shape[0], ne0 // 256, 144), dtype=np.uint8)
+        raw[..., 0:4] = np.asarray(rng.uniform(0.5, 1.5, raw.shape[:2] + (2,)) * 1e-3, np.float16).view(np.uint8)
+        raw = raw.reshape(shape[0], -1)
+        return QWeight.prepare(raw, GT.Q4_K, ne0), gguf.quants.dequantize(raw, GT.Q4_K).astype(np.float64)
     qtype = GT[s.dtype.upper()]
     if s.dtype == "f32":
         return QWeight.prepare(data, qtype, ne0), data.astype(np.float64)
@@ -404,6 +454,30 @@ def ref_mul(v, a, shape, case):
     return back(A * _repeat_b(A, B), shape)
 
 
+def ref_get_rows_batched(v, a, shape, case):
+    A, ids = gg(v[0]), gg(v[1])                       # [ne0, rows, B], [n, B]
+    out = np.empty((A.shape[0], ids.shape[0], ids.shape[1], 1))
+    for b in range(ids.shape[1]):
+        for i in range(ids.shape[0]):
+            out[:, i, b, 0] = A[:, ids[i, b, 0, 0], b, 0]
+    return back(out, shape)
+
+
+def ref_mul_mat_id(v, a, shape, case):
+    Wg, Xg, ids = gg(v[0]), gg(v[1]), gg(v[2])     # [K, M, E], [K, ne1, T], [n_used, T]
+    out = np.empty((Wg.shape[1], ids.shape[0], ids.shape[1], 1))
+    for t in range(ids.shape[1]):
+        for i in range(ids.shape[0]):
+            out[:, i, t, 0] = Wg[:, :, ids[i, t, 0, 0], 0].T @ Xg[:, i % Xg.shape[1], t, 0]
+    return back(out, shape)
+
+
+def ref_argsort_top_k(v, a, shape, case):
+    rows = v[0].reshape(-1, v[0].shape[-1])
+    top = [sorted(range(len(r)), key=lambda j: -r[j])[: a["k"]] for r in rows]
+    return np.array(top).reshape(shape)
+
+
 def ref_sub(v, a, shape, case):
     A, B = gg(v[0]), gg(v[1])
     return back(A - _repeat_b(A, B), shape)
@@ -464,6 +538,44 @@ def ref_ssm_scan_heads(v, a, shape, case):
         state = state * np.exp(d[:, t, :] * A[:, None])[None, None] + B[:, grp, t, :][:, None] * xd[None]
         y[:, :, t, :] = (state * Cm[:, grp, t, :][:, None]).sum(axis=0)
     return np.concatenate([y.T.ravel(), state.T.ravel()]).reshape(shape)   # numpy order: y (S, T, H, P), states
+
+
+def ref_rope_multi(v, a, shape, case):
+    """Pair i lies in sector i % sum(sections); sectors cycle time, height, width (each while its section lasts),
+    the rest are the extra section. Text positions: time = height = width = the token's, extra = 0."""
+    X, p = gg(v[0]), v[1]
+    t, h, w, _ = a["sections"]
+    out = X.copy()
+    n_dims, base = a["n_dims"], a["freq_base"]
+    for i in range(n_dims // 2):
+        sector = i % sum(a["sections"])
+        turns = sector % 3 == 0 and sector < 3 * t or sector % 3 == 1 and sector < 3 * h or \
+            sector % 3 == 2 and sector < 3 * w
+        for j in range(X.shape[2]):
+            theta = (float(p[j]) if turns else 0.0) * base ** (-2.0 * i / n_dims)
+            c, s = math.cos(theta) * a["attn_factor"], math.sin(theta) * a["attn_factor"]
+            xa, xb = X[i, :, j, :], X[i + n_dims // 2, :, j, :]
+            out[i, :, j, :] = xa * c - xb * s
+            out[i + n_dims // 2, :, j, :] = xa * s + xb * c
+    return back(out, shape)
+
+
+def ref_gated_delta_net(v, a, shape, case):
+    """Per sequence and value head h (key head h % Hk), with S[i, j] (key i, value j) = s[i, j]: S *= exp(g);
+    S += k (beta (v - S^T k))^T; y = S^T q / sqrt(d)."""
+    q, k, vv, g, beta, s = (gg(t) for t in v)        # [d, Hk, T, S] x2, [d, H, T, S], [1, H, T, S] x2, [d, d, H, S]
+    d, n_head, n_tok, n_seqs = vv.shape
+    n_khead = q.shape[1]
+    y, st = np.empty(vv.shape), s.copy()
+    for sq in range(n_seqs):
+        for hh in range(n_head):
+            S, hk = st[:, :, hh, sq], hh % n_khead
+            for t in range(n_tok):
+                S *= math.exp(g[0, hh, t, sq])
+                kt, qt = k[:, hk, t, sq], q[:, hk, t, sq]
+                S += np.outer(kt, beta[0, hh, t, sq] * (vv[:, hh, t, sq] - S.T @ kt))
+                y[:, hh, t, sq] = S.T @ qt / math.sqrt(d)
+    return np.concatenate([y.T.ravel(), st.T.ravel()]).reshape(shape)   # numpy order: y (S, T, H, d), states
 
 
 def ref_rwkv_wkv6(v, a, shape, case):
@@ -580,7 +692,13 @@ def ref_set_rows(v, a, shape, case):
 
 
 REFS: dict[str, Callable[..., np.ndarray]] = {
-    "get_rows": ref_get_rows, "mul_mat": ref_mul_mat, "add": ref_add, "sub": ref_sub, "mul": ref_mul,
+    "get_rows": lambda v, a, shape, case: (ref_get_rows_batched if v[1].ndim == 2 else ref_get_rows)(v, a, shape, case),
+    "mul_mat": ref_mul_mat, "mul_mat_id": ref_mul_mat_id, "argsort_top_k": ref_argsort_top_k,
+    "sum_rows": lambda v, a, shape, case: v[0].sum(-1, keepdims=True),
+    "moe_sum": lambda v, a, shape, case: v[0].sum(-2),
+    "clamp": lambda v, a, shape, case: np.clip(v[0], a["min"], a["max"]),
+    "div": lambda v, a, shape, case: back(gg(v[0]) / _repeat_b(gg(v[0]), gg(v[1])), shape),
+    "add": ref_add, "sub": ref_sub, "mul": ref_mul,
     "scale": lambda v, a, shape, case: v[0] * a["s"],
     "rms_norm": ref_rms_norm, "norm": ref_norm,
     "silu": lambda v, a, shape, case: _silu(v[0]),
@@ -591,12 +709,13 @@ REFS: dict[str, Callable[..., np.ndarray]] = {
     "exp": lambda v, a, shape, case: np.exp(v[0]),
     "tanh": lambda v, a, shape, case: np.tanh(v[0]),
     "sigmoid": lambda v, a, shape, case: 1.0 / (1.0 + np.exp(-v[0])),
+    "softplus": lambda v, a, shape, case: np.where(v[0] > 20, v[0], np.log1p(np.exp(np.minimum(v[0], 20)))),
     "swiglu": lambda v, a, shape, case: _silu(v[0]) * v[1],
     "geglu": lambda v, a, shape, case: _gelu(v[0]) * v[1],
-    "rope": ref_rope, "soft_max": ref_soft_max, "reshape": ref_reshape, "view": ref_view,
+    "rope": ref_rope, "rope_multi": ref_rope_multi, "soft_max": ref_soft_max, "reshape": ref_reshape, "view": ref_view,
     "permute": ref_permute, "transpose": ref_transpose, "cont": ref_cont, "concat": ref_concat,
     "set_rows": ref_set_rows, "ssm_conv": ref_ssm_conv, "ssm_scan": ref_ssm_scan, "ssm_scan_heads": ref_ssm_scan_heads,
-    "rwkv_wkv6": ref_rwkv_wkv6,
+    "rwkv_wkv6": ref_rwkv_wkv6, "gated_delta_net": ref_gated_delta_net,
 }
 
 
@@ -638,7 +757,7 @@ def run_case(case: Case, seed: int, path: IsaPath) -> tuple[np.ndarray, np.ndarr
             x = make_input(rng, s, shape)
             vals.append(x.astype(np.float64) if x.dtype.kind == "f" else x.copy())  # copy: set_rows writes x
             feeds[f"src{k}"] = _strided(x) if s.strided else x
-    out = Program(graph, weights.__getitem__, path).run(case.env, feeds)["out"]
+    out = Program(graph, lambda name, stacked=False: weights[name], path).run(case.env, feeds)["out"]
     ref = REFS[case.op](vals, node.attrs, np_shape(node.shape, case.env), case)
     return out, ref, node
 
@@ -678,6 +797,20 @@ def test_every_computing_op_has_exactly_one_kernel() -> None:
     with pytest.raises(ValueError, match="kernel for 'weight': not a computing op"):
         kernel("weight")(lambda n, memo, path: None)
     assert set(KERNELS) == COMPUTING
+
+
+def test_mul_mat_id_touches_only_the_experts_a_token_chose() -> None:
+    """An expert's quantized matrix is repacked on its first multiplication: after a ubatch whose tokens chose
+    experts 1, 5 and 6 of 8, those three are repacked and the other five never were."""
+    from graphir.backends.kernels.moe import expert_matrices, mul_mat_id
+
+    rng = np.random.default_rng(3)
+    stacked, _ = make_weight(rng, W("q4_k", 256, 16, 8), (8, 16, 256))
+    experts = expert_matrices(stacked, 8)
+    ids = np.array([[1, 5], [6, 1], [5, 6]], np.int32)                  # (tokens, slots)
+    out = mul_mat_id(experts, rng.uniform(-1, 1, (3, 1, 256)).astype(np.float32), ids, numerics().path)
+    assert out.shape == (3, 2, 16) and np.isfinite(out).all()
+    assert [e for e in range(8) if experts[e].packed_nbytes] == [1, 5, 6]
 
 
 def test_reference_dequantizers_agree_with_gguf() -> None:

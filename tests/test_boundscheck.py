@@ -50,7 +50,8 @@ FAMILY_KEYS: dict[str, dict[str, object]] = {
     "phi3": {K.LLM.CONTEXT_LENGTH: 1024, K.Rope.SCALING_ORIG_CTX_LEN: 16, K.Rope.SCALING_ATTN_FACTOR: 1.19,
              K.Attention.SLIDING_WINDOW: 4},
     "gpt2": {K.Attention.LAYERNORM_EPS: 1e-5},
-    "bert": {}, "nomic-bert": {}, "mamba": {}, "mamba2": {}, "granitehybrid": {}, "rwkv6": {},
+    "bert": {}, "nomic-bert": {}, "mamba": {}, "mamba2": {}, "granitehybrid": {}, "rwkv6": {}, "qwen35": {},
+    "qwen3moe": {},
     "t5": {K.Attention.HEAD_COUNT_KV: 4, K.Attention.KEY_LENGTH: 16, K.Attention.VALUE_LENGTH: 16,
            K.Attention.REL_BUCKETS_COUNT: 32, K.LLM.DECODER_START_TOKEN_ID: START, K.Attention.LAYERNORM_EPS: 1e-5},
 }
@@ -78,7 +79,7 @@ class Case:
 
 CASES: dict[str, Case] = {**{arch: Case(arch) for arch in FAMILY_KEYS},
                           **{f"llama-{t.name.lower()}": Case("llama", t, ROWS_256) for t in MATRIX_TYPES}}
-RECURRENT = ("mamba", "mamba2", "granitehybrid", "rwkv6")  # families whose state widths follow n_embd
+RECURRENT = ("mamba", "mamba2", "granitehybrid", "rwkv6", "qwen35")  # families whose state widths follow n_embd
 RANDOM_IN_CI = 40  # random_case seeds the test runs besides CASES (all 240 seeds of 0..239 ran clean)
 CI_CASES = [*CASES, *(f"random-{seed}" for seed in range(RANDOM_IN_CI))]
 
@@ -99,7 +100,10 @@ def random_case(seed: int) -> Case:
         n_head = int(rng.choice([h for h in (1, 2, 4, 8) if n_embd % (2 * h) == 0]))
         n_head_kv = n_head if arch in ("bert", "nomic-bert", "t5") else int(rng.choice(
             [h for h in (1, 2, 4, 8) if n_head % h == 0]))
-        keys.update({K.LLM.EMBEDDING_LENGTH: n_embd, K.LLM.FEED_FORWARD_LENGTH: step * int(rng.integers(1, 6)),
+        n_ff = step * int(rng.integers(1, 6))
+        if arch == "qwen3moe":  # the experts' width, in whole quantization blocks like every row
+            keys[K.LLM.EXPERT_FEED_FORWARD_LENGTH] = n_ff
+        keys.update({K.LLM.EMBEDDING_LENGTH: n_embd, K.LLM.FEED_FORWARD_LENGTH: n_ff,
                      K.Attention.HEAD_COUNT: n_head, K.Attention.HEAD_COUNT_KV: n_head_kv,
                      K.Attention.KEY_LENGTH: n_embd // n_head, K.Attention.VALUE_LENGTH: n_embd // n_head})
     if arch in ("gemma2", "gemma3", "phi3"):

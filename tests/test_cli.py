@@ -25,10 +25,11 @@ from graphir.graph.hashing import graph_hash
 from graphir.source import load_graph
 
 QT = gguf.GGMLQuantizationType
-PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Qwen2.5-0.5B", "Qwen2.5-72B",
-           "Qwen3-0.6B", "Qwen3-8B", "SmolLM3-3B", "GPT-2", "Phi-3-mini-4k", "Phi-3.5-mini", "Phi-4-mini", "BERT-base",
-           "all-MiniLM-L6-v2", "Mamba-130M", "Mamba-2.8B", "Mamba-2-2.7B", "Gemma-2-2B", "Gemma-2-27B", "Gemma-3-1B",
-           "Gemma-3-27B", "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "RWKV6-1.6B"]
+PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Mixtral-8x7B", "Qwen2.5-0.5B",
+           "Qwen2.5-72B", "Qwen3-0.6B", "Qwen3-8B", "Qwen3-30B-A3B", "Qwen3.5-0.8B", "SmolLM3-3B", "GPT-2",
+           "Phi-3-mini-4k", "Phi-3.5-mini", "Phi-4-mini", "BERT-base", "all-MiniLM-L6-v2", "Mamba-130M", "Mamba-2.8B",
+           "Mamba-2-2.7B", "Granite-4.0-H-Tiny", "Granite-4.0-H-Small", "Gemma-2-2B", "Gemma-2-27B",
+           "Gemma-3-1B", "Gemma-3-27B", "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "RWKV6-1.6B"]
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers
@@ -456,11 +457,27 @@ def test_archs_lists_architectures_and_presets(capsys):
     lines = out.splitlines()
     assert lines[0] == "architectures:"
     assert "  llama          rope=norm" in lines and "  qwen2          rope=neox" in lines
-    assert "  mamba          rope=none" in lines
+    assert "  mamba          rope=none" in lines and "  qwen35         rope=imrope" in lines
     pre = lines[lines.index("presets:") + 1:]
     assert len(pre) == len(PRESETS)
     assert pre[0].split() == ["SmolLM2-135M", "llama", "30", "layers"]
     assert [p.split()[0] for p in pre] == PRESETS
+
+
+@pytest.mark.parametrize("preset,total,active,experts", [
+    ("Qwen3-30B-A3B", 30532122624, 3353032704, "8 of 128"), ("Mixtral-8x7B", 46702792704, 12879925248, "2 of 8"),
+    ("Granite-4.0-H-Tiny", 6939037248, 1465470528, "6 of 64"),
+    ("Granite-4.0-H-Small", 32207337984, 8803121664, "10 of 72"),
+])
+def test_info_of_a_mixture_of_experts_counts_the_parameters_a_token_runs(capsys, preset, total, active, experts):
+    """Active: every tensor but the stacked experts, plus n_expert_used / n_expert of those (the public figures:
+    30.5B / 3.3B, 46.7B / 12.9B, 7B / 1B, 32B / 9B)."""
+    out = ok(capsys, "info", preset)
+    assert f"\ntotal    {total} parameters, " in out
+    assert f"\nactive   {active} parameters per token ({experts} experts)\n" in out
+    doc = json.loads(ok(capsys, "info", preset, "--json"))
+    assert (doc["total_params"], doc["active_params"]) == (total, active)
+    assert "active_params" not in json.loads(ok(capsys, "info", "Llama-3.1-8B", "--json"))
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -542,7 +559,7 @@ ERROR_CASES = {
     "unknown architecture": (
         lambda tp: ["dump", write_tiny_gguf(tp / "arch.gguf", arch="llamazing")],
         "{0}: unknown architecture 'llamazing' (known: bert, gemma2, gemma3, gpt2, granitehybrid, llama, mamba, "
-        "mamba2, nomic-bert, phi3, qwen2, qwen3, rwkv6, smollm3, t5, t5encoder)"),
+        "mamba2, nomic-bert, phi3, qwen2, qwen3, qwen35, qwen3moe, rwkv6, smollm3, t5, t5encoder)"),
     "missing hparam": (
         lambda tp: ["dump", write_tiny_gguf(tp / "key.gguf", drop_keys=(RMS_EPS_KEY,))],
         "{0}: missing key 'llama.attention.layer_norm_rms_epsilon'"),

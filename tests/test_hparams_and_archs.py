@@ -209,7 +209,8 @@ def test_n_embd_not_divisible_by_n_head_is_rejected_without_a_key_length():
 
 def test_registry_names_the_supported_architectures():
     assert graphir.arch.names() == ["bert", "gemma2", "gemma3", "gpt2", "granitehybrid", "llama", "mamba", "mamba2",
-                                   "nomic-bert", "phi3", "qwen2", "qwen3", "rwkv6", "smollm3", "t5", "t5encoder"]
+                                   "nomic-bert", "phi3", "qwen2", "qwen3", "qwen35", "qwen3moe", "rwkv6", "smollm3",
+                                   "t5", "t5encoder"]
 
 
 def test_get_returns_the_registered_class():
@@ -222,8 +223,8 @@ def test_qwen2_is_a_llama_variant():
 
 
 def test_an_unknown_architecture_is_rejected_listing_the_known_ones():
-    known = ("bert, gemma2, gemma3, gpt2, granitehybrid, llama, mamba, mamba2, nomic-bert, phi3, qwen2, qwen3, rwkv6, "
-             "smollm3, t5, t5encoder")
+    known = ("bert, gemma2, gemma3, gpt2, granitehybrid, llama, mamba, mamba2, nomic-bert, phi3, qwen2, qwen3, qwen35, "
+             "qwen3moe, rwkv6, smollm3, t5, t5encoder")
     with pytest.raises(MetadataError, match=re.escape(f"unknown architecture 'nope' (known: {known})")):
         graphir.arch.get("nope")
 

@@ -28,11 +28,12 @@ def rejects(op: str, inputs: list[Node], attrs: dict, match: str) -> None:
 
 # --------------------------------------------------------------------------- the catalogue
 
-ALL_OPS = ["add", "concat", "cont", "exp", "geglu", "gelu", "get_rows", "input", "mul", "mul_mat", "neg", "norm",
-           "permute", "relu", "reshape", "rms_norm", "rope", "rwkv_wkv6", "scale", "set_rows", "sigmoid", "silu",
-           "soft_max", "sqr", "ssm_conv", "ssm_scan", "ssm_scan_heads", "sub", "swiglu", "tanh", "transpose", "view",
-           "weight"]
-KINDS = {"leaf", "movement", "elementwise", "unary", "norm", "matmul", "attention", "recurrent", "memory"}
+ALL_OPS = ["add", "argsort_top_k", "clamp", "concat", "cont", "div", "exp", "gated_delta_net", "geglu", "gelu",
+           "get_rows", "input", "moe_sum", "mul", "mul_mat", "mul_mat_id", "neg", "norm", "permute", "relu", "reshape",
+           "rms_norm", "rope", "rope_multi", "rwkv_wkv6", "scale",
+           "set_rows", "sigmoid", "silu", "soft_max", "softplus", "sqr", "ssm_conv", "ssm_scan", "ssm_scan_heads",
+           "sub", "sum_rows", "swiglu", "tanh", "transpose", "view", "weight"]
+KINDS = {"leaf", "movement", "elementwise", "unary", "norm", "reduce", "matmul", "attention", "recurrent", "memory"}
 
 
 def test_catalogue_holds_exactly_the_known_ops():
@@ -76,8 +77,8 @@ def test_rope_has_an_optional_freq_factors_operand():
 
 def test_the_named_groups_are_the_catalogues():
     assert LEAVES == {"input", "weight"}
-    assert BINARY == {"add", "sub", "mul"}
-    assert UNARY == {"scale", "silu", "gelu", "relu", "sqr", "neg", "exp", "tanh", "sigmoid"}
+    assert BINARY == {"add", "sub", "mul", "div"}
+    assert UNARY == {"scale", "silu", "gelu", "relu", "sqr", "neg", "exp", "tanh", "sigmoid", "softplus", "clamp"}
     assert VIEWS == {"reshape", "view", "permute", "transpose", "cont"}
     assert COMPUTING == set(OPS) - LEAVES
 
@@ -134,8 +135,19 @@ def test_get_rows_rejects_float_ids():
     rejects("get_rows", [t("q8_0", 576, 49152), t("f32", T)], {}, "row ids must be integer, got f32")
 
 
-def test_get_rows_rejects_2d_ids():
-    rejects("get_rows", [t("f32", 576, 100), t("i32", T, 2)], {}, r"row ids must be 1-D, got i32\[n_tokens, 2\]")
+def test_get_rows_rejects_2d_ids_over_a_2d_source():
+    rejects("get_rows", [t("f32", 576, 100), t("i32", T, 2)], {},
+            r"2-D row ids i32\[n_tokens, 2\] need a 3-D source with 2 batches, got f32\[576, 100\]")
+
+
+def test_get_rows_with_2d_ids_picks_rows_per_batch():
+    """ggml's batched form: MoE takes each token's selected probabilities, ids [n_expert_used, n_tokens]."""
+    assert infer("get_rows", [t("f32", 1, 8, T), t("i32", 2, T)], {}) == ("f32", (1, 2, T))
+    rejects("get_rows", [t("f32", 1, 8, 3), t("i32", 2, T)], {}, r"need a 3-D source with n_tokens batches")
+
+
+def test_get_rows_rejects_3d_ids():
+    rejects("get_rows", [t("f32", 576, 100), t("i32", 2, 2, 2)], {}, r"row ids must be 1-D \(or 2-D, batched\)")
 
 
 def test_get_rows_rejects_a_3d_source():
@@ -167,6 +179,39 @@ def test_mul_mat_rejects_different_inner_dims():
 def test_mul_mat_rejects_batch_dims_that_do_not_divide():
     rejects("mul_mat", [t("f16", 64, KV, 2), t("f32", 64, T, 9)], {},
             r"cannot broadcast f16\[64, n_kv, 2\] over f32\[64, n_tokens, 9\] in dims 2-3")
+
+
+# --------------------------------------------------------------------------- mixture of experts
+
+
+def test_mul_mat_id_gives_each_token_a_row_per_selected_expert():
+    # w = [K, M, n_expert], x = [K, 1, T] (or a row per slot), ids = [n_used, T] -> [M, n_used, T]
+    w, ids = t("q4_k", 2048, 768, 128), t("i32", 8, T)
+    assert infer("mul_mat_id", [w, t("f32", 2048, 1, T), ids], {}) == ("f32", (768, 8, T))
+    assert infer("mul_mat_id", [t("f32", 768, 2048, 128), t("f32", 768, 8, T), ids], {}) == ("f32", (2048, 8, T))
+
+
+@pytest.mark.parametrize("w,x,ids,match", [
+    (("f32", 64, 16), ("f32", 64, 1, T), ("i32", 2, T), r"expert weights must be 3-D"),
+    (("f32", 64, 16, 4), ("f32", 64, 1, T), ("i64", 2, T), r"expert ids must be i32\[n_expert_used, n_tokens\]"),
+    (("f32", 64, 16, 4), ("f32", 64, T), ("i32", 2, T), r"x must be 3-D"),
+    (("f32", 64, 16, 4), ("f32", 32, 1, T), ("i32", 2, T), r"inner dimensions differ"),
+    (("f32", 64, 16, 4), ("f32", 64, 3, T), ("i32", 2, T), r"needs 1 or 2 rows per token"),
+    (("f32", 64, 16, 4), ("f32", 64, 1, 5), ("i32", 2, T), r"differ in tokens"),
+])
+def test_mul_mat_id_rejects_operands_that_do_not_fit(w, x, ids, match):
+    rejects("mul_mat_id", [t(*w), t(*x), t(*ids)], {}, match)
+
+
+def test_argsort_top_k_keeps_k_ids_per_row():
+    assert infer("argsort_top_k", [t("f32", 128, T)], {"k": 8}) == ("i32", (8, T))
+    rejects("argsort_top_k", [t("f32", 8, T)], {"k": 9}, r"k=9 must be in \[1, 8\]")
+
+
+def test_sum_rows_and_moe_sum_reduce_one_axis():
+    assert infer("sum_rows", [t("f32", 8, T)], {}) == ("f32", (1, T))
+    assert infer("moe_sum", [t("f32", 2048, 8, T)], {}) == ("f32", (2048, T))
+    rejects("moe_sum", [t("f32", 2048, T)], {}, r"expects \[n_embd, n_expert_used, n_tokens\]")
 
 
 # --------------------------------------------------------------------------- add / mul (broadcast by repetition)
@@ -258,6 +303,50 @@ def test_rope_rejects_odd_n_dims():
 def test_rope_rejects_freq_factors_of_the_wrong_length():
     rejects("rope", [t("f32", 64, 9, T), t("i32", T), t("f32", 64)], ROPE,
             r"freq factors must be f32\[32\], got f32\[64\]")
+
+
+MROPE = {**ROPE, "mode": "imrope", "sections": (11, 11, 10, 0)}
+
+
+def test_rope_multi_keeps_the_shape_of_its_heads():
+    assert infer("rope_multi", [t("f32", 256, 8, T), t("i32", T)], MROPE) == ("f32", (256, 8, T))
+
+
+@pytest.mark.parametrize("attrs,match", [
+    ({"mode": "neox"}, r"mode='neox': multi-section RoPE is 'imrope'"),
+    ({"sections": (11, 11, 10)}, r"sections=\[11, 11, 10\] must be 4 counts"),
+    ({"sections": (0, 0, 0, 32)}, r"sections=\[0, 0, 0, 32\] must be 4 counts of rotated pairs, one of the first"),
+    ({"sections": (30, 30, 10, 0)}, r"sections=\[30, 30, 10, 0\] hold more pairs than head size 64"),
+    ({"n_dims": 66}, r"n_dims=66 does not fit head size 64"),
+])
+def test_rope_multi_rejects_bad_sections_and_the_rules_of_rope(attrs, match):
+    rejects("rope_multi", [t("f32", 64, 8, T), t("i32", T)], {**MROPE, **attrs}, match)
+
+
+S_ = Sym.named("n_seqs")
+
+
+def gdn(d=80, hk=2, h=4, n=T, s=S_, **over) -> list[Node]:
+    """gated_delta_net operands: q, k [d, hk, n, s], v [d, h, n, s], g, beta [1, h, n, s], state [d, d, h, s]."""
+    shapes = {"q": (d, hk, n, s), "k": (d, hk, n, s), "v": (d, h, n, s), "g": (1, h, n, s), "beta": (1, h, n, s),
+              "state": (d, d, h, s), **over}
+    return [t("f32", *shapes[k]) for k in ("q", "k", "v", "g", "beta", "state")]
+
+
+def test_gated_delta_net_returns_every_output_then_the_final_states_flat():
+    assert infer("gated_delta_net", gdn(n=5, s=2), {}) == ("f32", (80 * 4 * 5 * 2 + 80 * 80 * 4 * 2,))
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"k": (80, 2, T)}, r"q f32\[80, 2, n_tokens, n_seqs\] and k f32\[80, 2, n_tokens\] must be the same 4-D"),
+    ({"q": (64, 2, T, S_), "k": (64, 2, T, S_)}, r"does not fit v .*: key and value heads are both 80 wide"),
+    ({"q": (80, 3, T, S_), "k": (80, 3, T, S_)}, r"4 value heads do not share 3 key heads evenly"),
+    ({"g": (80, 4, T, S_)}, r"g f32\[80, 4, n_tokens, n_seqs\] is not \[1, 4, \.\.\.v's tokens\]"),
+    ({"beta": (1, 2, T, S_)}, r"beta f32\[1, 2, n_tokens, n_seqs\] is not \[1, 4"),
+    ({"state": (80, 80, 2, S_)}, r"state f32\[80, 80, 2, n_seqs\] is not \[80, 80, 4, n_seqs\]"),
+])
+def test_gated_delta_net_rejects_operands_that_do_not_fit(over, match):
+    rejects("gated_delta_net", gdn(**over), {}, match)
 
 
 # --------------------------------------------------------------------------- soft_max

@@ -175,7 +175,7 @@ def _as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
 
 
 def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = None,
-            contiguous: bool | None = None, w_rows: np.ndarray | None = None) -> np.ndarray:
+            contiguous: bool | None = None, w_rows: np.ndarray | None = None, vec_dot: bool = False) -> np.ndarray:
     """Activation x activation (attention): out[b, n, m] = sum_k w[b', m, k] x[b, n, k], with ggml's broadcast
     b' = b // (B/A) per batch dim (query head h reads kv head h // (n_head / n_head_kv)).
 
@@ -186,7 +186,8 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
     always meets: m is the padded KV length or the head size.) pad: the contraction length llama.cpp sees is
     a multiple of this (default: the kv_pad of a soft_max result, else 1). Only the path choice depends on
     it. contiguous: whether ggml sees src1 contiguous (default: only a soft_max result, which carries kv_pad;
-    an f32 or f16 weight's activations are). w_rows: a 2-D w's padded_rows, prepared once (weights)."""
+    an f32 or f16 weight's activations are). w_rows: a 2-D w's padded_rows, prepared once (weights).
+    vec_dot: always ggml_vec_dot_f16/f32, never tinyBLAS (what ggml's mul_mat_id does, expert by expert)."""
     if contiguous is None:
         contiguous = hasattr(x, "kv_pad")
     if pad is None:
@@ -200,7 +201,7 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
         raise ValueError(f"mul_mat: cannot broadcast {w.shape} over {x.shape}")
     k, n, m = x4.shape[-1], x4.shape[-2], w4.shape[-2]
     kp = -(-k // pad) * pad
-    if n >= 2 and kp % path.lanes == 0 and (mode16 or contiguous):
+    if not vec_dot and n >= 2 and kp % path.lanes == 0 and (mode16 or contiguous):
         mode = _TINYBLAS
     else:
         mode = _VEC_F16 if mode16 else _VEC_F32

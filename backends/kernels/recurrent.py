@@ -1,11 +1,12 @@
-"""Recurrent-state kernels (Mamba's ssm_conv / ssm_scan, RWKV6's wkv6), in ggml's CPU order of operations.
+"""Recurrent-state kernels (Mamba's ssm_conv / ssm_scan, RWKV6's wkv6, gated DeltaNet's delta rule), in ggml's
+CPU order of operations.
 
 Arrays are in numpy order (the reverse of the IR's ggml order). Each kernel says which ggml function it follows;
 its products and sums are those of llama.cpp's x86 build (GCC with FMA contraction: `s += a*b` is one fused
 multiply-add, and in `a*b + c*d` the first product is fused, the second rounded), checked bit for bit against
 llama.cpp's own ggml-cpu. Every state and accumulator stays float32, as in ggml.
 
-The loops over channels (Mamba) and heads (RWKV) are independent, which is how ggml splits them over threads;
+The loops over channels (Mamba) and heads (RWKV, DeltaNet) are independent, which is how ggml splits them over threads;
 here they are `prange` loops (measured on 2 idle cores at Mamba-130m / RWKV6-1.6B sizes, from one token to 64:
 1.5-2x the serial speed). Elements are read by full index, not through per-row views: with views inside the
 prange body the wkv6 j loop stops vectorizing (3-4x slower).
@@ -18,7 +19,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels.jit import PAR
+from graphir.backends.kernels.jit import INL, PAR
 from graphir.backends.kernels_util import fma, vec_reduce
 
 F32 = np.float32
@@ -144,6 +145,75 @@ def ssm_scan_heads(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, 
     y, st = out[:x.size].reshape(x.shape), out[x.size:].reshape(s.shape)
     _ssm_scan_heads(s, _f32(x), _f32(dt).reshape(x.shape[:3]), _f32(A).reshape(-1), _f32(B), _f32(C), y, st,
                     lanes, hadd)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Gated DeltaNet
+# ---------------------------------------------------------------------------------------------------------
+
+@njit(**INL)
+def _vec_dot(a, b, lanes, hadd, acc, s16):
+    """ggml_vec_dot_f32 on x86: fused lane by lane over whole steps of 4 registers, reduced as
+    GGML_F32_VEC_REDUCE, then the rest added product by product, each product rounded (vec.cpp's leftover loop
+    is not contracted, unlike the scalar loops of ops.cpp)."""
+    n = a.shape[0]
+    step = 4 * lanes
+    simd = n // step * step
+    sumf = _ZERO
+    if simd:
+        acc[:] = _ZERO
+        for c0 in range(0, simd, step):
+            for k in range(step):
+                acc[k] = fma(a[c0 + k], b[c0 + k], acc[k])
+        sumf = vec_reduce(acc, lanes, hadd, s16)
+    for i in range(simd, n):
+        sumf = sumf + a[i] * b[i]
+    return sumf
+
+
+@njit(**PAR)
+def _gated_delta_net(q, k, v, g, beta, s0, y, st, lanes, hadd):
+    """ggml_compute_forward_gated_delta_net_f32 (one state slot) per sequence s and value head h, which reads
+    key head h % n_khead. The state is kept transposed, row j = column j of S. Per token: every element times
+    expf(g); delta[j] = (v[j] - dot(row j, k)) * beta; row j += k * delta[j] (fused, ggml_vec_mad_f32);
+    y[j] = dot(row j, q) * (1 / sqrtf(d))."""
+    n_seqs, n_tok, n_head, d = v.shape
+    n_khead = q.shape[2]
+    scale = _ONE / math.sqrt(F32(d))
+    for sh in prange(n_seqs * n_head):
+        s, h = sh // n_head, sh % n_head
+        hk = h % n_khead
+        acc, s16, delta = np.empty(4 * lanes, F32), np.empty(lanes, F32), np.empty(d, F32)
+        m = st[s, h]
+        m[:, :] = s0[s, h]
+        for t in range(n_tok):
+            decay = math.exp(g[s, t, h])
+            for j in range(d):
+                for i in range(d):
+                    m[j, i] = m[j, i] * decay
+            kt, qt, b = k[s, t, hk], q[s, t, hk], beta[s, t, h]
+            for j in range(d):
+                delta[j] = (v[s, t, h, j] - _vec_dot(m[j], kt, lanes, hadd, acc, s16)) * b
+            for j in range(d):
+                for i in range(d):
+                    m[j, i] = fma(kt[i], delta[j], m[j, i])
+            for j in range(d):
+                y[s, t, h, j] = _vec_dot(m[j], qt, lanes, hadd, acc, s16) * scale
+
+
+def gated_delta_net(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, s: np.ndarray,
+                    lanes: int, hadd: bool) -> np.ndarray:
+    """The gated delta rule from the gathered states s (n_seqs, n_head, d, d); q, k (n_seqs, n_tok, n_khead, d);
+    v (n_seqs, n_tok, n_head, d); g, beta (n_seqs, n_tok, n_head, 1). Returns every output (v's shape) followed
+    by the final states (s's shape), flat, as ggml does."""
+    v = _f32(v)
+    n_seqs, n_tok, n_head, d = v.shape
+    s = _f32(s).reshape(n_seqs, n_head, d, d)
+    out = np.empty(v.size + s.size, F32)
+    y, st = out[:v.size].reshape(v.shape), out[v.size:].reshape(s.shape)
+    _gated_delta_net(_f32(q), _f32(k), v, _f32(g).reshape(v.shape[:3]), _f32(beta).reshape(v.shape[:3]), s, y, st,
+                     lanes, hadd)
     return out
 
 

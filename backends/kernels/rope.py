@@ -1,4 +1,5 @@
-"""RoPE: the cos/sin cache as ggml_rope_cache_init builds it (glibc's cosf/sinf, YaRN), and the rotation.
+"""RoPE: the cos/sin cache as ggml_rope_cache_init (and, for text positions, ggml_mrope_cache_init) builds it
+(glibc's cosf/sinf, YaRN), and the rotation.
 
 cos/sin come from glibc's cosf/sinf (numba's math.cos on float32; numpy's float32 cos differs in ~15% of
 angles), the angles by repeated float32 multiplication; the rotation as GCC vectorized it (see _rope_row).
@@ -77,6 +78,22 @@ def rope_cos_sin(pos: np.ndarray, n_dims: int, freq_factors: np.ndarray | None, 
     return cos, sin
 
 
+def imrope_cos_sin(pos: np.ndarray, n_dims: int, sections: tuple[int, ...], a: dict) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin of ggml_mrope_cache_init (interleaved sections) for text positions, where the time, height and
+    width positions are the token's and the extra one is 0: a pair of the first three sections turns as plain
+    RoPE does (the angles run through the same multiplications), a pair of the extra section by angle 0."""
+    cos, sin = rope_cos_sin(pos, n_dims, None, a)
+    cos0, sin0 = rope_cos_sin(np.zeros(1, np.int64), n_dims, None, a)
+    t, h, w = sections[:3]
+    period = sum(sections)
+    for i in range(n_dims // 2):
+        sector = i % period
+        r = sector % 3
+        if not (r == 1 and sector < 3 * h or r == 2 and sector < 3 * w or r == 0 and sector < 3 * t):
+            cos[:, i], sin[:, i] = cos0[0, i], sin0[0, i]
+    return cos, sin
+
+
 def _rope_cos_sin_libm(pos, half, theta_scale, ff, freq_scale, ext, lo, hi, mscale):
     """_rope_cache in Python with ctypes' cosf/sinf (only when numba uses SVML for math.cos)."""
     cos, sin = np.empty((len(pos), half), F32), np.empty((len(pos), half), F32)
@@ -129,10 +146,10 @@ _rope_par, _rope_ser = parallel_and_serial(_rope_rows)
 
 def rope_apply(x: np.ndarray, cos_sin: tuple[np.ndarray, np.ndarray], a: dict) -> np.ndarray:
     n_dims, mode = a["n_dims"], a["mode"]
-    if mode not in ("norm", "neox"):
+    if mode not in ("norm", "neox", "imrope"):
         raise NotImplementedError(f"rope mode {mode!r}")
     half = n_dims // 2
-    if mode == "neox":
+    if mode != "norm":                       # neox and imrope rotate the same pairs, through the same loop
         n_fused = half                       # scalar loop, contracted
     else:
         n_fused = half - half % 4            # zmm/ymm loop: 4 pairs a vector; the tail pairs: addsubps, no FMA
@@ -143,6 +160,6 @@ def rope_apply(x: np.ndarray, cos_sin: tuple[np.ndarray, np.ndarray], a: dict) -
     nh = xs.shape[-2] if xs.ndim >= 3 else 1                # x (..., n_tokens, n_heads, head_dim)
     rows = xs.reshape(-1, xs.shape[-1])
     out = np.empty_like(rows)
-    (_rope_par if rows.size >= PAR_MIN else _rope_ser)(rows, cos, sin, n_tok, nh, n_dims, mode == "neox",
+    (_rope_par if rows.size >= PAR_MIN else _rope_ser)(rows, cos, sin, n_tok, nh, n_dims, mode != "norm",
                                                         n_fused, out)
     return out.reshape(x.shape)

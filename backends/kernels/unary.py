@@ -1,7 +1,8 @@
-"""Unary and gated elementwise kernels: silu (and swiglu's gate), relu, gelu / geglu, the libm ops, sqr, neg.
+"""Unary and gated elementwise kernels: silu (and swiglu's gate), relu, gelu / geglu, the libm ops (exp, tanh,
+sigmoid, softplus), sqr, neg.
 
 Each follows its ggml-cpu function: SiLU with ggml_v_expf on full registers and libm's expf for the tail,
-exp / tanh / sigmoid with one glibc call per element, GELU through ggml's fp16 table.
+exp / tanh / sigmoid / softplus with glibc calls per element, GELU through ggml's fp16 table.
 """
 
 from __future__ import annotations
@@ -62,21 +63,25 @@ def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, F32(0))
 
 
-_EXP, _TANH, _SIGMOID = 0, 1, 2
+_EXP, _TANH, _SIGMOID, _SOFTPLUS = 0, 1, 2, 3
+_SOFTPLUS_MAX = F32(20.0)
 
 
 @njit(**INL)
 def _libm_row(x, op, out):
-    """op_exp: expf; op_tanh: tanhf; op_sigmoid: 1 / (1 + expf(-x)), all glibc's (numpy's own float32 exp and
-    tanh are other approximations, and ggml_v_expf is not used by these ops)."""
+    """op_exp: expf; op_tanh: tanhf; op_sigmoid: 1 / (1 + expf(-x)); op_softplus: x above 20, else
+    logf(1 + expf(x)); all glibc's (numpy's own float32 exp and tanh are other approximations, and
+    ggml_v_expf is not used by these ops)."""
     for i in range(x.shape[0]):
         v = x[i]
         if op == _EXP:
             out[i] = math.exp(v)
         elif op == _TANH:
             out[i] = math.tanh(v)
-        else:
+        elif op == _SIGMOID:
             out[i] = _ONE / (_ONE + math.exp(-v))
+        else:
+            out[i] = v if v > _SOFTPLUS_MAX else math.log(_ONE + math.exp(v))
 
 
 def _libm_rows(x, op, out):
@@ -104,6 +109,10 @@ def tanh(x: np.ndarray) -> np.ndarray:
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     return _libm_unary(x, _SIGMOID)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    return _libm_unary(x, _SOFTPLUS)
 
 
 def sqr(x: np.ndarray) -> np.ndarray:

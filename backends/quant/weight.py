@@ -79,7 +79,8 @@ def _inverse_perm(parts: int, run: int, k: int) -> np.ndarray:
 class QWeight:
     """A weight matrix (rows, ne0) in its GGUF storage type, ready for x @ W.T and row lookups."""
 
-    __slots__ = ("raw", "qtype", "rows", "ne0", "_kind", "_inv", "_packed", "_rows", "_lock")
+    # __weakref__: what is derived from a weight (an expert's slice of a stacked one) lives as long as it does
+    __slots__ = ("raw", "qtype", "rows", "ne0", "_kind", "_inv", "_packed", "_rows", "_lock", "__weakref__")
 
     def __init__(self, raw: np.ndarray, qtype: T, ne0: int):
         self.raw, self.qtype, self.ne0, self.rows = raw, T(qtype), int(ne0), int(raw.shape[0])

@@ -67,8 +67,12 @@ def _glu(xs: list[Node], a: dict[str, Any]) -> Type:
 def _get_rows(xs: list[Node], a: dict[str, Any]) -> Type:
     src, idx = xs
     _need(idx.dtype in INDEX_TYPES, f"row ids must be integer, got {idx.dtype}")
-    _need(len(idx.shape) == 1, f"row ids must be 1-D, got {idx.type_str}")
     s = _pad4(src.shape)
+    if len(idx.shape) == 2:  # batched (ggml's ids [n, B] over a source [ne0, rows, B]): MoE picks its experts' weights
+        _need(len(src.shape) == 3 and s[2] == idx.shape[1],
+              f"2-D row ids {idx.type_str} need a 3-D source with {idx.shape[1]} batches, got {src.type_str}")
+        return "f32", (s[0], idx.shape[0], idx.shape[1])
+    _need(len(idx.shape) == 1, f"row ids must be 1-D (or 2-D, batched), got {idx.type_str}")
     _need(s[2] == 1 and s[3] == 1, f"source must be 2-D, got {src.type_str}")
     return "f32", (s[0], idx.shape[0])
 
@@ -80,6 +84,39 @@ def _mul_mat(xs: list[Node], a: dict[str, Any]) -> Type:
     _need(divides(sw[2], sx[2]) and divides(sw[3], sx[3]),
           f"cannot broadcast {w.type_str} over {x.type_str} in dims 2-3")
     return "f32", _trim((sw[1], sx[1], sx[2], sx[3]), max(len(w.shape), len(x.shape)))
+
+
+def _mul_mat_id(xs: list[Node], a: dict[str, Any]) -> Type:
+    w, x, ids = xs
+    _need(len(w.shape) == 3, f"expert weights must be 3-D [K, M, n_expert], got {w.type_str}")
+    _need(ids.dtype == "i32" and len(ids.shape) == 2,
+          f"expert ids must be i32[n_expert_used, n_tokens], got {ids.type_str}")
+    n_used, n_tok = ids.shape
+    sx = _pad4(x.shape)
+    _need(len(x.shape) == 3, f"x must be 3-D [K, 1 or n_expert_used, n_tokens], got {x.type_str}")
+    _need(sx[0] == w.shape[0], f"inner dimensions differ: {w.type_str} x {x.type_str}")
+    _need(sx[1] == 1 or sx[1] == n_used, f"x {x.type_str} needs 1 or {n_used} rows per token")
+    _need(sx[2] == n_tok, f"x {x.type_str} and ids {ids.type_str} differ in tokens")
+    return "f32", (w.shape[1], n_used, n_tok)
+
+
+def _argsort_top_k(xs: list[Node], a: dict[str, Any]) -> Type:
+    x, k = xs[0], a["k"]
+    _need(isinstance(k, int) and isinstance(x.shape[0], int) and 0 < k <= x.shape[0],
+          f"k={k} must be in [1, {x.shape[0]}] (the rows of {x.type_str})")
+    return "i32", (k,) + tuple(x.shape[1:])
+
+
+def _sum_rows(xs: list[Node], a: dict[str, Any]) -> Type:
+    x = xs[0]
+    _need(x.dtype in FLOAT_TYPES, f"expects a float operand, got {x.dtype}")
+    return "f32", (1,) + tuple(x.shape[1:])
+
+
+def _moe_sum(xs: list[Node], a: dict[str, Any]) -> Type:
+    x = xs[0]
+    _need(len(x.shape) == 3, f"expects [n_embd, n_expert_used, n_tokens], got {x.type_str}")
+    return "f32", (x.shape[0], x.shape[2])
 
 
 def _ssm_conv(xs: list[Node], a: dict[str, Any]) -> Type:
@@ -141,6 +178,31 @@ def _rope(xs: list[Node], a: dict[str, Any]) -> Type:
     return "f32", x.shape
 
 
+def _rope_multi(xs: list[Node], a: dict[str, Any]) -> Type:
+    sections = tuple(a["sections"])
+    _need(a["mode"] == "imrope", f"mode={a['mode']!r}: multi-section RoPE is 'imrope' (interleaved sections)")
+    _need(len(sections) == 4 and all(isinstance(n, int) and n >= 0 for n in sections) and any(sections[:3]),
+          f"sections={list(sections)} must be 4 counts of rotated pairs, one of the first three positive")
+    _need(sum(sections) <= _pad4(xs[0].shape)[0], f"sections={list(sections)} hold more pairs than head size "
+                                                  f"{xs[0].shape[0]}")
+    return _rope(xs, a)
+
+
+def _gated_delta_net(xs: list[Node], a: dict[str, Any]) -> Type:
+    q, k, v, g, beta, s = xs
+    d, n_head, n_tok, n_seqs = _pad4(v.shape)
+    _need(len(q.shape) == 4 and q.shape == k.shape, f"q {q.type_str} and k {k.type_str} must be the same 4-D shape")
+    n_khead = q.shape[1]
+    _need(q.shape[0] == d and tuple(q.shape[2:]) == (n_tok, n_seqs),
+          f"q {q.type_str} does not fit v {v.type_str}: key and value heads are both {d} wide")
+    _need(isinstance(n_head, int) and isinstance(n_khead, int) and n_khead > 0 and n_head % n_khead == 0,
+          f"{n_head} value heads do not share {n_khead} key heads evenly")
+    for name, t in (("g", g), ("beta", beta)):
+        _need(tuple(t.shape) == (1, n_head, n_tok, n_seqs), f"{name} {t.type_str} is not [1, {n_head}, ...v's tokens]")
+    _need(tuple(s.shape) == (d, d, n_head, n_seqs), f"state {s.type_str} is not [{d}, {d}, {n_head}, n_seqs]")
+    return "f32", (numel(v.shape) + numel(s.shape),)
+
+
 def _soft_max(xs: list[Node], a: dict[str, Any]) -> Type:
     x = xs[0]
     if len(xs) == 2:
@@ -197,7 +259,7 @@ def _set_rows(xs: list[Node], a: dict[str, Any]) -> Type:
 @dataclass(frozen=True)
 class OpDef:
     name: str
-    kind: str  # leaf | movement | elementwise | unary | norm | matmul | attention | recurrent | memory
+    kind: str  # leaf | movement | elementwise | unary | norm | reduce | matmul | attention | recurrent | memory
     operands: tuple[str, ...]
     attrs: tuple[str, ...]
     infer: Callable[[list[Node], dict[str, Any]], Type]
@@ -219,9 +281,18 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("weight", "leaf", (), ("tensor",), _leaf, "a GGUF tensor, by name; never carries data"),
     OpDef("get_rows", "movement", ("src", "ids"), (), _get_rows, "rows ids of src, dequantized to f32"),
     OpDef("mul_mat", "matmul", ("w", "x"), (), _mul_mat, "out[m,n] = sum_k w[k,m] x[k,n], batched over ne2/ne3"),
+    OpDef("mul_mat_id", "matmul", ("w", "x", "ids"), (), _mul_mat_id,
+          "out[m,i,t] = sum_k w[k,m,ids[i,t]] x[k,i % ne1(x),t]: token t through its i-th selected expert (MoE)"),
+    OpDef("argsort_top_k", "reduce", ("a",), ("k",), _argsort_top_k,
+          "indices of the k largest values of each row (ne0), largest first"),
+    OpDef("sum_rows", "reduce", ("a",), (), _sum_rows, "sum over ne0, accumulated in double"),
+    OpDef("moe_sum", "reduce", ("a",), (), _moe_sum,
+          "sum over ne1 (a token's expert slots), slot 0 first, in float32"),
+    OpDef("clamp", "unary", ("a",), ("min", "max"), _same, "min(max(a, min), max)"),
     OpDef("add", "elementwise", ("a", "b"), (), _binary, "a + b, b broadcast by repetition"),
     OpDef("sub", "elementwise", ("a", "b"), (), _binary, "a - b, b broadcast by repetition"),
     OpDef("mul", "elementwise", ("a", "b"), (), _binary, "a * b, b broadcast by repetition"),
+    OpDef("div", "elementwise", ("a", "b"), (), _binary, "a / b, b broadcast by repetition"),
     OpDef("scale", "unary", ("a",), ("s",), _same, "a * s"),
     OpDef("rms_norm", "norm", ("a",), ("eps",), _same, "a / sqrt(mean(a^2) + eps) over ne0"),
     OpDef("norm", "norm", ("a",), ("eps",), _same, "(a - mean) / sqrt(var + eps) over ne0"),
@@ -233,10 +304,14 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("exp", "unary", ("a",), (), _same, "e^a"),
     OpDef("tanh", "unary", ("a",), (), _same, "tanh(a)"),
     OpDef("sigmoid", "unary", ("a",), (), _same, "1 / (1 + e^-a)"),
+    OpDef("softplus", "unary", ("a",), (), _same, "log(1 + e^a), a itself above 20"),
     OpDef("swiglu", "elementwise", ("gate", "up"), (), _glu, "silu(gate) * up"),
     OpDef("geglu", "elementwise", ("gate", "up"), (), _glu, "gelu(gate) * up"),
     OpDef("rope", "attention", ("a", "pos", "freq_factors?"), _ROPE_ATTRS, _rope,
           "rotary position embedding over the first n_dims of ne0; positions index ne2"),
+    OpDef("rope_multi", "attention", ("a", "pos"), _ROPE_ATTRS + ("sections",), _rope_multi,
+          "RoPE whose rotated pairs fall into sections (time, height, width, extra; 'imrope': interleaved); text "
+          "positions give the first three the token's position and the extra one position 0"),
     OpDef("soft_max", "attention", ("a", "mask?"), ("scale", "max_bias"), _soft_max,
           "softmax over ne0 of a*scale + mask"),
     OpDef("reshape", "movement", ("a",), ("shape",), _reshape, "same elements, new shape (a contiguous)",
@@ -258,6 +333,10 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
           "returns all y (x's layout) followed by the final states"),
     OpDef("rwkv_wkv6", "recurrent", ("k", "v", "r", "time_first", "decay", "state"), (), _rwkv_wkv6,
           "RWKV6 linear attention per head from states; returns all outputs followed by the final states"),
+    OpDef("gated_delta_net", "recurrent", ("q", "k", "v", "g", "beta", "s"), (), _gated_delta_net,
+          "gated delta rule per value head from states s: decay by e^g, correct toward v by beta along k, read "
+          "with q / sqrt(head size); value head h reads key head h % n_key_heads; returns all outputs (v's layout) "
+          "followed by the final states"),
     OpDef("set_rows", "memory", ("dst", "src", "ids"), (), _set_rows,
           "write src's rows into dst at ids (with type conversion); the result is dst after the write"),
 )}

@@ -60,6 +60,9 @@ def cache_dims(name: str) -> tuple[DimDecl, DimDecl, DimDecl]:
             DimDecl("n_shift", 1, cells.sym, "cells whose pending position shift the K-shift applies"))
 
 
+TURNS = ("rope", "rope_multi")  # the ops that rotate K by its position
+
+
 def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
     """(can_shift, per layer the rope node its cached K went through), followed back from each ``cache_k``
     write of a compiled graph.
@@ -79,13 +82,16 @@ def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
         if x.op == "rope":
             plan[n.layer if n.layer is not None else -1] = x
             continue
+        if x.op in TURNS:  # another rotation (M-RoPE's sections): llama.cpp cannot shift it either
+            ok = False
+            break
         seen, todo = set(), [x]
         while todo:  # a rope further up in this layer means K was rotated and then changed: no exact shift
             y = todo.pop()
             if id(y) in seen or y.layer != n.layer:  # earlier layers reach K only as content, not as a turn
                 continue
             seen.add(id(y))
-            if y.op == "rope":
+            if y.op in TURNS:
                 ok = False
                 break
             todo.extend(y.inputs)

@@ -42,6 +42,16 @@ class Gate(Enum):
 _GLU = {Act.SILU: "swiglu", Act.GELU: "geglu"}
 
 
+class Gating(Enum):
+    """How a router's logits become expert weights (llama.cpp's ``expert_gating_func``)."""
+    SOFTMAX = "softmax"  # probabilities over every expert; the top k keep theirs
+    SIGMOID = "sigmoid"  # an independent probability per expert
+    SOFTMAX_WEIGHT = "softmax_weight"  # the top k logits, then a softmax over those k
+
+
+MOE_WEIGHT_SUM_MIN = 6.103515625e-05  # the normalising sum is clamped here (the smallest normal f16), as llama.cpp
+
+
 class ArchView(Protocol):
     """What the builder reads of an architecture (graphir.model.architecture.Architecture has it): the builder
     sits below the architectures, which call it, so it names no architecture class."""
@@ -227,19 +237,66 @@ class GraphBuilder:
             h = self.op(act.value, t, name=f"ffn_{act.value}")
         return self.linear(h, down, down_b, name=name)
 
+    def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node, gate_exps: Node | None, down_exps: Node,
+                      n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
+                      w_scale: float = 0.0, probs_b: Node | None = None, act: Act = Act.SILU,
+                      name: str = "ffn_moe_out") -> Node:
+        """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
+        scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
+        choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
+        n_expert]) and sums their outputs weighted by its probabilities, normalised to sum 1 (``norm_w``) and
+        scaled by ``w_scale`` (0 or 1: not scaled)."""
+        n_embd, n_tok = x.shape
+        logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")
+        if gating is Gating.SOFTMAX:
+            probs = self.op("soft_max", logits, scale=1.0, max_bias=0.0, name="ffn_moe_probs")
+        elif gating is Gating.SIGMOID:
+            probs = self.op("sigmoid", logits, name="ffn_moe_probs")
+        else:
+            probs = logits
+        choice = probs if probs_b is None else self.op("add", probs, probs_b, name="ffn_moe_probs_biased")
+        selected = self.op("argsort_top_k", choice, k=n_expert_used, name="ffn_moe_topk")
+        weights = self.op("get_rows", self.reshape(probs, (1, n_expert, n_tok), name="ffn_moe_probs.3d"), selected,
+                          name="ffn_moe_weights")
+        if gating is Gating.SOFTMAX_WEIGHT:
+            w = self.reshape(weights, (n_expert_used, n_tok), name="ffn_moe_weights.2d")
+            weights = self.reshape(self.op("soft_max", w, scale=1.0, max_bias=0.0, name="ffn_moe_weights_softmax"),
+                                   (1, n_expert_used, n_tok), name="ffn_moe_weights_softmax.3d")
+        if norm_w:
+            w = self.reshape(weights, (n_expert_used, n_tok), name="ffn_moe_weights.rows")
+            total = self.op("clamp", self.op("sum_rows", w, name="ffn_moe_weights_sum"), min=MOE_WEIGHT_SUM_MIN,
+                            max=float("inf"), name="ffn_moe_weights_sum_clamped")
+            weights = self.reshape(self.op("div", w, total, name="ffn_moe_weights_norm"), (1, n_expert_used, n_tok),
+                                   name="ffn_moe_weights_norm.3d")
+        if w_scale not in (0.0, 1.0):
+            weights = self.op("scale", weights, s=w_scale, name="ffn_moe_weights_scaled")
+        cur = self.reshape(x, (n_embd, 1, n_tok), name="ffn_moe_in")
+        up = self.op("mul_mat_id", up_exps, cur, selected, name="ffn_moe_up")
+        if gate_exps is not None:
+            gate = self.op("mul_mat_id", gate_exps, cur, selected, name="ffn_moe_gate")
+            h = self.op(_GLU[act], gate, up, name=f"ffn_moe_{_GLU[act]}")
+        else:
+            h = self.op(act.value, up, name=f"ffn_moe_{act.value}")
+        experts = self.op("mul_mat_id", down_exps, h, selected, name="ffn_moe_down")
+        experts = self.op("mul", experts, weights, name="ffn_moe_weighted")
+        return self.op("moe_sum", experts, name=name)
+
     def rope(self, x: Node, pos: Node, freq_factors: Node | None = None, *, name: str,
-             freq_base: float | None = None, freq_scale: float | None = None) -> Node:
+             freq_base: float | None = None, freq_scale: float | None = None,
+             sections: tuple[int, ...] | None = None) -> Node:
         """RoPE with the model's parameters; ``freq_base``/``freq_scale`` override them for one layer (e.g.
-        the sliding layers of Gemma 3, llama.cpp's ``get_rope_freq_base``)."""
+        the sliding layers of Gemma 3, llama.cpp's ``get_rope_freq_base``); ``sections``: the rotated pairs
+        fall into position sections (llama.cpp's ``ggml_rope_multi``, Qwen3.5's interleaved M-RoPE)."""
         hp = self.hp
         ops = (x, pos) if freq_factors is None else (x, pos, freq_factors)
         yarn = hp.rope_scaling == "yarn"
-        return self.op("rope", *ops, name=name, n_dims=hp.n_rot, mode=self.arch.rope_mode,
-                       n_ctx_orig=hp.n_ctx_orig_yarn,
-                       freq_base=hp.rope_freq_base if freq_base is None else freq_base,
-                       freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
-                       ext_factor=1.0 if yarn else 0.0, attn_factor=hp.rope_attn_factor,
-                       beta_fast=32.0, beta_slow=1.0)
+        attrs = dict(n_dims=hp.n_rot, mode=self.arch.rope_mode, n_ctx_orig=hp.n_ctx_orig_yarn,
+                     freq_base=hp.rope_freq_base if freq_base is None else freq_base,
+                     freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
+                     ext_factor=1.0 if yarn else 0.0, attn_factor=hp.rope_attn_factor, beta_fast=32.0, beta_slow=1.0)
+        if sections is not None:
+            return self.op("rope_multi", *ops, name=name, sections=sections, **attrs)
+        return self.op("rope", *ops, name=name, **attrs)
 
     def softcap(self, x: Node, cap: float, *, name: str) -> Node:
         """cap * tanh(x / cap): Gemma's soft capping of attention scores and logits (f32, as ggml computes it)."""
@@ -280,14 +337,15 @@ class GraphBuilder:
                               f"'{tensor_name(t, il)}' of separate projections)")
         return self.linear(x, w, self.w(t, il, "bias"), name=tag)
 
-    def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node, wo_b: Node | None = None,
+    def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
                    kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None) -> Node:
-        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o;
+        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (``wo``
+        None: the heads' output [d * n_head, T], for a family that gates it before projecting);
         ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
         ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`)."""
         out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale, softcap=softcap,
                                      kq_b=kq_b)
-        return self.linear(out, wo, wo_b, name="attn_out")
+        return out if wo is None else self.linear(out, wo, wo_b, name="attn_out")
 
     def build_pos_bias(self, rel_b: Node) -> Node:
         """T5's relative position bias of every score [n_kv, n_tokens, n_head]: the row of ``rel_b``

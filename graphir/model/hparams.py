@@ -38,7 +38,8 @@ class Key:
     type, and the value llama.cpp gives it when the file leaves the key out: ``default``, or the value of the
     common field ``default_from`` (e.g. Gemma 2's local RoPE base is the model's unless the file says).
     ``minimum``/``maximum``: the range of an int a file may give (a size of 0 or -1 would divide by zero or
-    shape a negative tensor further on)."""
+    shape a negative tensor further on). Kind ``tuple``: ``count`` ints (or bools, as 0/1) from an array of
+    that length or one value repeated, as llama.cpp's ``get_key_or_arr`` reads them."""
 
     field: str
     template: str
@@ -48,6 +49,7 @@ class Key:
     default_from: str = ""
     minimum: int | None = None
     maximum: int | None = None
+    count: int = 0  # kind tuple: how many values (0: one per layer); one value alone stands for them all
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,21 @@ class KeyReader:
                                 f"arrays: {', '.join(t.format(arch=self.arch) for t in PER_LAYER)})")
         return self._bounded(k, self._typed(k, v, kind), minimum, maximum)
 
+    def values(self, template: str, n: int, default: Any, minimum: int | None = None,
+               maximum: int | None = None) -> Any:
+        """An array key of exactly ``n`` ints, or one int standing for all n (``get_key_or_arr``), as a tuple;
+        each within [minimum, maximum]. ``default`` when absent."""
+        k = self.key(template)
+        if k not in self.md:
+            return default
+        v = self.md[k]
+        if not isinstance(v, (list, tuple)):
+            return (self._bounded(k, self._typed(k, v, int), minimum, maximum),) * n
+        if len(v) != n:
+            raise MetadataError(f"{self.label}: key '{k}' has {len(v)} values, {n} expected")
+        return tuple(self._bounded(f"{k}[{i}]", int(x) if isinstance(x, bool) else self._typed(f"{k}[{i}]", x, int),
+                                   minimum, maximum) for i, x in enumerate(v))
+
     def per_layer(self, template: str, n_layer: int, default: PerLayer) -> PerLayer:
         """A key llama.cpp reads as one value or one per layer (``get_key_or_arr``); an array whose layers all
         agree is that one value, so a uniform model reads and prints the same either way. Counts: never below 0."""
@@ -262,9 +279,13 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
         n_token_types=r.get(Keys.Tokenizer.TOKEN_TYPE_COUNT, int, 0, minimum=0),  # a tokenizer key: no {arch}
         **_sliding(r, swa, n_layer),
     )
-    return replace(hp, family=tuple(
-        (k.field, r.get(k.template, k.kind, getattr(hp, k.default_from) if k.default_from else k.default,
-                        minimum=k.minimum, maximum=k.maximum)) for k in keys))
+    def family_value(k: Key) -> Any:
+        default = getattr(hp, k.default_from) if k.default_from else k.default
+        if k.kind is tuple:
+            return r.values(k.template, k.count or n_layer, default, minimum=k.minimum, maximum=k.maximum)
+        return r.get(k.template, k.kind, default, minimum=k.minimum, maximum=k.maximum)
+
+    return replace(hp, family=tuple((k.field, family_value(k)) for k in keys))
 
 
 def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str, Any]:

@@ -67,6 +67,27 @@ def _qwen3(E: int, n_layer: int, n_ff: int, n_head: int, tied: bool, source: str
     }, tied=tied, source=source)
 
 
+_ROUTER = r"blk\.\d+\.ffn_gate_inp\.weight"  # convert_hf_to_gguf keeps MoE routers in f32
+_EXPERT_GATES = r"blk\.\d+\.ffn_gate_exps\.weight"  # optional to llama.cpp's llama/granitehybrid, always written
+
+
+def _granite4h(E: int, n_head: int, n_head_kv: int, n_ff_exp: int, n_ff_shexp: int, n_expert: int, n_used: int,
+               n_ssm_head: int, source: str) -> Preset:
+    """Granite 4.0-H with experts: 40 layers, attention (heads of 128, no positions) at layers 5, 15, 25 and 35,
+    Mamba-2 (heads of 64, one group, 128 states) elsewhere, a mixture of experts plus a shared expert in every
+    layer, the LM head tied. Granite's four multipliers (embedding, residual, attention, logits) are left out: the
+    public figures found here (model card, config excerpts) do not give them, so these graphs lack their scale
+    nodes and scale scores by 1/sqrt(128)."""
+    return Preset("granitehybrid", {
+        L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: 40, L.FEED_FORWARD_LENGTH: n_ff_exp,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: [n_head_kv if il % 10 == 5 else 0 for il in range(40)],
+        A.LAYERNORM_RMS_EPS: 1e-5, R.SCALING_FINETUNED: False, S.CONV_KERNEL: 4, S.INNER_SIZE: 64 * n_ssm_head,
+        S.STATE_SIZE: 128, S.TIME_STEP_RANK: n_ssm_head, S.GROUP_COUNT: 1, L.VOCAB_SIZE: 100352,
+        L.EXPERT_COUNT: n_expert, L.EXPERT_USED_COUNT: n_used, L.EXPERT_SHARED_FEED_FORWARD_LENGTH: n_ff_shexp,
+    }, tied=True, include=_EXPERT_GATES,
+        f32=_ROUTER + r"|blk\.\d+\.ssm_(conv1d\.weight|a|d|norm\.weight)", source=source)
+
+
 def _bert(E: int, n_layer: int, n_head: int, pooling: PoolingType | None, source: str) -> Preset:
     keys: dict[str, object] = {
         L.CONTEXT_LENGTH: 512, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: 4 * E,
@@ -146,10 +167,33 @@ PRESETS: dict[str, Preset] = {
     "Llama-3.1-8B": _llama31(4096, 32, 14336, 32, "meta-llama/Llama-3.1-8B config.json"),
     "Llama-3.1-70B": _llama31(8192, 80, 28672, 64, "meta-llama/Llama-3.1-70B config.json"),
     "Llama-3.1-405B": _llama31(16384, 126, 53248, 128, "meta-llama/Llama-3.1-405B config.json"),
+    # llama with 8 experts of 14336 in every layer, 2 per token (the experts' gates are written, as the converter does)
+    "Mixtral-8x7B": Preset("llama", {
+        L.CONTEXT_LENGTH: 32768, L.EMBEDDING_LENGTH: 4096, L.BLOCK_COUNT: 32, L.FEED_FORWARD_LENGTH: 14336,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 8, R.FREQ_BASE: 1000000.0, A.LAYERNORM_RMS_EPS: 1e-5,
+        R.DIMENSION_COUNT: 128, L.VOCAB_SIZE: 32000, L.EXPERT_COUNT: 8, L.EXPERT_USED_COUNT: 2,
+    }, tied=False, include=_EXPERT_GATES, f32=_ROUTER, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
     "Qwen2.5-0.5B": _qwen25(896, 24, 4864, 14, 2, 151936, True, "Qwen/Qwen2.5-0.5B config.json"),
     "Qwen2.5-72B": _qwen25(8192, 80, 29568, 64, 8, 152064, False, "Qwen/Qwen2.5-72B config.json"),
     "Qwen3-0.6B": _qwen3(1024, 28, 3072, 16, True, "Qwen/Qwen3-0.6B config.json"),
     "Qwen3-8B": _qwen3(4096, 36, 12288, 32, False, "Qwen/Qwen3-8B config.json"),
+    # 128 experts of 768 in every layer, 8 per token; the router stays f32 (convert_hf_to_gguf keeps ffn_gate_inp)
+    "Qwen3-30B-A3B": Preset("qwen3moe", {
+        L.CONTEXT_LENGTH: 40960, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 48, L.FEED_FORWARD_LENGTH: 6144,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 4, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.FREQ_BASE: 1000000.0,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.VOCAB_SIZE: 151936, L.EXPERT_COUNT: 128, L.EXPERT_USED_COUNT: 8,
+        L.EXPERT_FEED_FORWARD_LENGTH: 768,
+    }, tied=False, f32=_ROUTER, source="Qwen/Qwen3-30B-A3B config.json"),
+    # Gated DeltaNet in three layers of four (16 key and 16 value heads of 128, conv kernel 4), gated attention
+    # in every fourth (8 query heads and 2 KV heads of 256, a quarter of each head RoPE'd in M-RoPE sections);
+    # converted without its multi-token-prediction layer (convert_hf_to_gguf --no-mtp), which graphir does not build.
+    "Qwen3.5-0.8B": Preset("qwen35", {
+        L.CONTEXT_LENGTH: 262144, L.EMBEDDING_LENGTH: 1024, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 3584,
+        A.HEAD_COUNT: 8, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256, R.FREQ_BASE: 10000000.0,
+        R.DIMENSION_COUNT: 64, R.DIMENSION_SECTIONS: [11, 11, 10, 0], A.LAYERNORM_RMS_EPS: 1e-6,
+        L.FULL_ATTENTION_INTERVAL: 4, S.CONV_KERNEL: 4, S.STATE_SIZE: 128, S.GROUP_COUNT: 16, S.TIME_STEP_RANK: 16,
+        S.INNER_SIZE: 2048, L.VOCAB_SIZE: 248320,
+    }, tied=True, f32=r"blk\.\d+\.ssm_conv1d\.weight", source="Qwen/Qwen3.5-0.8B config.json (text_config)"),
     "SmolLM3-3B": Preset("smollm3", {
         L.CONTEXT_LENGTH: 65536, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 36, L.FEED_FORWARD_LENGTH: 11008,
         A.HEAD_COUNT: 16, A.HEAD_COUNT_KV: 4, R.FREQ_BASE: 5000000.0, A.LAYERNORM_RMS_EPS: 1e-6,
@@ -177,6 +221,10 @@ PRESETS: dict[str, Preset] = {
         S.GROUP_COUNT: 1, A.LAYERNORM_RMS_EPS: 1e-5, L.VOCAB_SIZE: 50288,
     }, tied=True, f32=r"blk\.\d+\.ssm_(conv1d\.weight|a|d|norm\.weight)",
         source="state-spaces/mamba2-2.7b config.json"),
+    "Granite-4.0-H-Tiny": _granite4h(1536, 12, 4, 512, 1024, 64, 6, 48, "ibm-granite/granite-4.0-h-tiny model card "
+                                     "and config excerpts (sizes; not the multipliers)"),
+    "Granite-4.0-H-Small": _granite4h(4096, 32, 8, 768, 1536, 72, 10, 128, "ibm-granite/granite-4.0-h-small model "
+                                      "card and config excerpts (sizes; not the multipliers)"),
     "Gemma-2-2B": _gemma2(2304, 26, 9216, 8, 256, "google/gemma-2-2b config.json"),
     "Gemma-2-27B": _gemma2(4608, 46, 36864, 32, 128, "google/gemma-2-27b config.json"),
     "Gemma-3-1B": _gemma3(32768, 1152, 26, 6912, 4, 1, 256, 512, 262144, "google/gemma-3-1b-pt config.json",

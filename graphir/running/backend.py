@@ -35,8 +35,9 @@ class Backend(Protocol):
     def prepare_weight(self, data: Any, qtype: Any, ne0: int) -> Any:
         """A matrix in the form the backend multiplies (repacked once, shared by contexts)."""
 
-    def compile(self, graph: Graph, weight: Callable[[str], Any], numerics: Any) -> Program:
-        """A graph ready to run, its weights bound through ``weight(name)``."""
+    def compile(self, graph: Graph, weight: Callable[..., Any], numerics: Any) -> Program:
+        """A graph ready to run, its weights bound through ``weight(name)``, or ``weight(name, stacked=True)``
+        for a 3-D tensor of matrices that only the expert-indexed matmul reads (one weight of all their rows)."""
 
 
 @functools.cache

@@ -65,13 +65,19 @@ class Model:
 
         return Vocab.from_metadata(self.meta.label, self.meta.metadata)
 
-    def weight(self, name: str) -> Any:
-        """A vector as its f32 array; a matrix as a backend weight (repacked once, shared by contexts). Both are
-        read-only: contexts in several threads read them at once (the matrices are memory-mapped read-only)."""
+    def weight(self, name: str, stacked: bool = False) -> Any:
+        """A vector as its f32 array; a matrix as a backend weight (repacked once, shared by contexts); with
+        ``stacked``, a 3-D tensor of matrices (a mixture's experts, [n_embd, n_ff, n_expert]) as one backend
+        weight of all their rows, which the expert-indexed matmul splits. All are read-only: contexts in several
+        threads read them at once (the matrices are memory-mapped read-only)."""
         with self._lock:
-            if name not in self._prepared:
+            key = (name, stacked)
+            if key not in self._prepared:
                 t = self.weights[name]
-                if len(t.shape) != 2:  # vectors and stacked parameters (RWKV's [E,1,1,5] mixes) stay dense
+                if len(t.shape) == 2 or (stacked and len(t.shape) == 3):
+                    rows = np.asarray(t.data).reshape(-1, np.asarray(t.data).shape[-1])  # quantized: already rows
+                    self._prepared[key] = self.backend.prepare_weight(rows, t.qtype, t.ne0)
+                else:  # vectors and stacked parameters (RWKV's [E,1,1,5] mixes) stay dense
                     from gguf.quants import dequantize
 
                     try:
@@ -81,10 +87,8 @@ class Model:
                                           f"graphir cannot read") from None
                     dense = np.asarray(flat, np.float32).reshape(tuple(reversed(t.shape)))
                     dense.flags.writeable = False
-                    self._prepared[name] = dense
-                else:
-                    self._prepared[name] = self.backend.prepare_weight(t.data, t.qtype, t.ne0)
-            return self._prepared[name]
+                    self._prepared[key] = dense
+            return self._prepared[key]
 
     def program(self, kind: str, pooling: str = "none", n_ctx_seq: int = 0,
                 phase: str = "prefill") -> tuple[Program, Graph]:

@@ -1,0 +1,282 @@
+"""Mixture-of-experts FFNs (``build_moe_ffn``, the ``mul_mat_id`` op) in the three families that have them, as
+specifications: ``qwen3moe`` (Qwen3 with experts of ``expert_feed_forward_length``), ``llama`` with
+``expert_count`` > 0 (Mixtral) and ``granitehybrid`` with experts and a shared expert (Granite-4.0-H-Tiny/Small).
+
+Tiny random-weight models (conftest): 8 experts of 32 with 2 per token (Qwen3-MoE), 4 experts of 128 with 2
+per token (Mixtral; with and without the experts' gate matrices), 4 experts of 128 with 2 per token plus a
+shared expert of 64 (Granite, on its Mamba-2/attention layers). llama.cpp is the oracle: F32 logits within
+1e-3 and, on the oracle's own CPU path, bit for bit (Qwen3-MoE, Mixtral; Granite measured equal on AVX-512),
+greedy tokens identical, the routing (each token's experts and weights, node by node) llama.cpp's. The
+routings no family here uses (a sigmoid with a selection bias and a scale, a softmax over the chosen logits)
+are checked on a toy family against their definition.
+
+Quantized experts (Q8_0, Q4_K) run as llama.cpp runs them: the stacked tensor is one quantized weight of all
+the experts' rows, split per expert, with llama.cpp's activation quantization. Q8_0 is bit-exact on the
+oracle's own path; Q4_K differs where llama.cpp's K-quant matmul takes its tiled kernel (max |d| 0.037 on
+logits within +-237, measured).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import MODEL_TENSOR as T
+import pytest
+from conftest import TINY_FAMILY, TINY_KEYS, TinyModels, make_tiny_preset, oracle_is_exact, write_model_gguf
+from test_families import LlamaCpp, last_index, multi
+
+from graphir.arch.llama import Qwen3Moe
+from graphir.errors import MetadataError
+from graphir.graph.forms import to_text
+from graphir.graph.ir import Node
+from graphir.model.builder import Gating, GraphBuilder
+from graphir.model.hparams import Key
+from graphir.model.presets import Preset
+from graphir.model.tensors import TensorSpec, spec
+from graphir.running.batch import Batch
+
+oracle = pytest.mark.oracle
+Q = gguf.GGMLQuantizationType
+L = gguf.Keys.LLM
+_rng = np.random.default_rng(23)
+PROMPT = _rng.integers(0, 256, 12).tolist()
+SEQS = [_rng.integers(0, 256, n).tolist() for n in (7, 3, 10)]
+GATES = r"blk\.\d+\.ffn_gate_exps\.weight"  # optional in llama.cpp's llama and granitehybrid: the converter writes them
+
+MIXTRAL = {**TINY_KEYS, L.EXPERT_COUNT: 4, L.EXPERT_USED_COUNT: 2}
+GRANITE = {**TINY_KEYS, **TINY_FAMILY["granitehybrid"], L.EXPERT_COUNT: 4, L.EXPERT_USED_COUNT: 2,
+           L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 64}
+# Q4_K blocks span 256 values: every matrix's ne0 is 256 (Qwen3-MoE, 4 heads of 64, experts of 256)
+WIDE = {L.EMBEDDING_LENGTH: 256, L.EXPERT_FEED_FORWARD_LENGTH: 256}
+
+PRESETS = {
+    "qwen3moe": make_tiny_preset("qwen3moe", tied=False),
+    "qwen3moe-wide": make_tiny_preset("qwen3moe", tied=False, **WIDE),
+    "mixtral": Preset("llama", MIXTRAL, tied=False, matrix_type=Q.F32, include=GATES),
+    "mixtral-ungated": Preset("llama", MIXTRAL, tied=False, matrix_type=Q.F32),
+    "granite": Preset("granitehybrid", GRANITE, tied=False, matrix_type=Q.F32, include=GATES),
+}
+F32_MODELS = ["qwen3moe", "mixtral", "mixtral-ungated", "granite"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("moe"), PRESETS)
+
+
+def max_delta(ours: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(np.asarray(ours, np.float64) - np.asarray(ref, np.float64)).max())
+
+
+# ---------------------------------------------------------------------------------------------------- graphs
+
+@pytest.mark.parametrize("name,n_layer,n_expert", [("qwen3moe", 2, 8), ("mixtral", 2, 4), ("granite", 4, 4)])
+def test_experts_are_one_stacked_weight_and_three_mul_mat_id_per_layer(tiny: TinyModels, name: str, n_layer: int,
+                                                                       n_expert: int) -> None:
+    """No expert is unrolled into nodes of its own: whatever n_expert, a layer holds three stacked weights
+    [n_embd, n_ff, n_expert] and three mul_mat_id nodes."""
+    g = tiny.model(name).meta.build_graph(phase="decode")
+    ids = [n for n in g.nodes if n.op == "mul_mat_id"]
+    assert len(ids) == 3 * n_layer
+    assert {n.inputs[0].shape[2] for n in ids} == {n_expert}
+    assert [n.name for n in ids[:3]] == ["blk.0.ffn_moe_up", "blk.0.ffn_moe_gate", "blk.0.ffn_moe_down"]
+    assert not any(n.op == "mul_mat" and "exps" in n.inputs[0].name for n in g.nodes)
+
+
+def test_the_hparams_line_names_the_experts(tiny: TinyModels) -> None:
+    hparams = next(line for line in to_text(tiny.model("qwen3moe").meta.build_graph()).splitlines()
+                   if line.startswith("hparams"))
+    assert "n_expert=8 n_expert_used=2" in hparams and "n_ff_exp=32" in hparams
+
+
+def test_granite_adds_an_ungated_shared_expert(tiny: TinyModels) -> None:
+    g = tiny.model("granite").meta.build_graph(phase="decode")
+    out = next(n for n in g.nodes if n.name == "blk.0.ffn_out")
+    assert out.op == "add" and [x.name for x in out.inputs] == ["blk.0.ffn_moe_out", "blk.0.ffn_shexp"]
+    assert out.shape == (64, 1)
+
+
+def test_without_the_experts_gates_up_feeds_silu(tiny: TinyModels) -> None:
+    g = tiny.model("mixtral-ungated").meta.build_graph(phase="decode")
+    assert "blk.0.ffn_moe_silu" in {n.name for n in g.nodes}
+    assert "blk.0.ffn_moe_gate" not in {n.name for n in g.nodes}
+
+
+@pytest.mark.parametrize("arch,keys,match", [
+    ("qwen3moe", {L.EXPERT_COUNT: 0}, r"needs experts \('qwen3moe\.expert_count' > 0\)"),
+    ("qwen3moe", {L.EXPERT_USED_COUNT: 9}, r"8 experts per layer .* of which 9 are used"),
+    ("llama", {L.EXPERT_COUNT: 4, L.EXPERT_USED_COUNT: 0}, r"4 experts per layer .* of which 0 are used"),
+    ("qwen3moe", {L.EXPERT_GROUP_COUNT: 2}, r"'qwen3moe\.expert_group_count' = 2: group-limited expert routing"),
+])
+def test_expert_counts_llama_cpp_refuses_are_refused_naming_the_key(tmp_path: Path, arch: str, keys: dict,
+                                                                   match: str) -> None:
+    from graphir.running.runtime import load
+
+    path = write_model_gguf(tmp_path / "bad.gguf", make_tiny_preset("qwen3moe" if arch == "qwen3moe" else "llama",
+                                                                    tied=False), extra_md={
+        k.format(arch=arch): v for k, v in keys.items()})
+    with pytest.raises(MetadataError, match=match):
+        load(str(path)).hparams  # noqa: B018
+
+
+def test_qwen3moe_experts_default_to_the_ffn_length_shared_by_the_used_experts() -> None:
+    from graphir.model.meta import from_preset
+
+    keys = {k: v for k, v in PRESETS["qwen3moe"].keys.items() if k != L.EXPERT_FEED_FORWARD_LENGTH}
+    meta = from_preset("no-n_ff_exp", Preset("qwen3moe", keys, tied=False))
+    assert meta.tensors["blk.0.ffn_up_exps.weight"].shape == (64, 128 // 2, 8)  # feed_forward_length / used
+
+
+class ToyRouting(Qwen3Moe):
+    """Qwen3-MoE routed the other ways build_moe_ffn knows, which none of these families uses: ``expert_gating_func``
+    2, a sigmoid per expert with a selection bias ``exp_probs_b`` (used for choosing only), renormalised and
+    scaled by ``expert_weights_scale`` (DeepSeek-V3 style); 3, a softmax over the chosen logits, unnormalised."""
+
+    name = "test-moe-routing"
+    keys = Qwen3Moe.keys + (Key("gating", L.EXPERT_GATING_FUNC, int, 1),
+                            Key("w_scale", L.EXPERT_WEIGHTS_SCALE, float, 0.0))
+
+    def moe_tensors(self, il: int) -> list[TensorSpec]:
+        return super().moe_tensors(il) + [spec(T.FFN_EXP_PROBS_B, (self.n_expert(),), il, "bias", kind="vector")]
+
+    def moe(self, b: GraphBuilder, h: Node, il: int) -> Node:
+        hp, w = self.hp, b.w
+        sigmoid = hp.gating == 2
+        return b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),  # type: ignore[arg-type]
+                               gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
+                               n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
+                               gating=Gating.SIGMOID if sigmoid else Gating.SOFTMAX_WEIGHT, norm_w=sigmoid,
+                               w_scale=hp.w_scale, probs_b=w(T.FFN_EXP_PROBS_B, il, "bias") if sigmoid else None)
+
+
+@pytest.mark.parametrize("gating", [2, 3], ids=["sigmoid-biased-scaled", "softmax-of-chosen"])
+def test_the_other_routings_weight_each_token_as_their_definition_says(tmp_path: Path, gating: int) -> None:
+    """The routing weights of every token of a prompt, from its router logits, by the definition (float64)."""
+    from graphir.running.runtime import load
+
+    keys = {**PRESETS["qwen3moe"].keys, L.EXPERT_COUNT: 8, L.EXPERT_USED_COUNT: 3, L.EXPERT_GATING_FUNC: gating,
+            L.EXPERT_WEIGHTS_SCALE: 2.5}
+    model = load(str(write_model_gguf(tmp_path / "toy.gguf", Preset(ToyRouting.name, keys, tied=False,
+                                                                     matrix_type=Q.F32))))
+    taps: dict[str, np.ndarray] = {}
+    model.new_context(n_ctx=64).decode(Batch.from_tokens(PROMPT, 0, outputs="all"), taps=taps)
+    logits = taps["blk.0.ffn_moe_logits"].astype(np.float64)            # (tokens, experts)
+    chosen = taps["blk.0.ffn_moe_topk"]
+    rows = np.arange(len(PROMPT))[:, None]
+    if gating == 2:
+        probs = 1 / (1 + np.exp(-logits))
+        bias = model.weight("blk.0.exp_probs_b.bias").astype(np.float64)
+        want = np.argsort(-(probs + bias), axis=1, kind="stable")[:, :3]
+        weights = probs[rows, want] / probs[rows, want].sum(1, keepdims=True) * 2.5
+        got = taps["blk.0.ffn_moe_weights_scaled"]
+        assert (want != np.argsort(-probs, axis=1, kind="stable")[:, :3]).any(), "the bias chose nothing differently"
+    else:
+        want = np.argsort(-logits, axis=1, kind="stable")[:, :3]
+        e = np.exp(logits[rows, want] - logits[rows, want].max(1, keepdims=True))
+        weights = e / e.sum(1, keepdims=True)
+        got = taps["blk.0.ffn_moe_weights_softmax.3d"]
+        assert "blk.0.ffn_moe_weights_norm" not in taps
+    assert np.array_equal(chosen, want)
+    assert max_delta(got.reshape(len(PROMPT), 3), weights) <= 1e-6
+    assert np.isfinite(taps["blk.1.ffn_moe_out"]).all()
+
+
+# ---------------------------------------------------------------------------------------------------- llama.cpp
+
+@oracle
+@pytest.mark.parametrize("name", F32_MODELS)
+def test_prompt_logits_and_greedy_continuation_are_llama_cpps(tiny: TinyModels, name: str) -> None:
+    """Within 1e-3; bit for bit where graphir runs the oracle's own CPU path, except Granite, whose Mamba-2
+    conv follows llama.cpp's AVX-512 build only (tests/test_arch_granite.py)."""
+    ctx, o = tiny.model(name).new_context(n_ctx=64), LlamaCpp(tiny.path(name), n_ctx=64)
+    try:
+        ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
+        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
+        ref = np.stack([o.logits_ith(i) for i in range(len(PROMPT))])
+        d = max_delta(ctx.logits(), ref)
+        assert d <= 1e-3, f"prompt logits: max |d| {d:.3g}"
+        if oracle_is_exact() and name != "granite":
+            assert np.array_equal(ctx.logits(), ref), f"prompt logits: max |d| {d:.3g}, not bit-exact"
+        ours, theirs = [], []
+        for p in range(len(PROMPT), len(PROMPT) + 10):
+            ours.append(int(np.argmax(ctx.logits_ith(-1))))
+            theirs.append(int(np.argmax(o.logits_ith(-1))))
+            ctx.decode(Batch.one(theirs[-1], p))
+            o.decode([theirs[-1]], [p], [0])
+            assert max_delta(ctx.logits_ith(-1), o.logits_ith(0)) <= 1e-3, p
+        assert ours == theirs
+    finally:
+        o.close()
+
+
+@oracle
+@pytest.mark.parametrize("name", ["qwen3moe", "mixtral"])
+def test_each_token_takes_llama_cpps_experts_with_its_weights(tiny: TinyModels, name: str) -> None:
+    """The normalised routing weights of every token, node by node (llama.cpp's ``ffn_moe_weights_norm-<il>``,
+    in its slot order): the same experts, chosen in the same order, weighted alike; and the routing is not
+    degenerate: the prompt's tokens do not all take the same experts."""
+    from llama_taps import llama_cpp_taps
+
+    taps: dict[str, np.ndarray] = {}
+    tiny.model(name).new_context(n_ctx=64).decode(Batch.from_tokens(PROMPT, 0, outputs="all"), taps=taps)
+    theirs = llama_cpp_taps(str(tiny.path(name)), PROMPT)
+    for il in range(2):  # llama.cpp's last layer routes its output row (the last token) only
+        ref = theirs[f"ffn_moe_weights_norm-{il}"].reshape(-1, 2)
+        assert len(ref) == (len(PROMPT) if il == 0 else 1)
+        assert max_delta(taps[f"blk.{il}.ffn_moe_weights_norm"].reshape(len(PROMPT), 2)[-len(ref):], ref) <= 1e-6, il
+    chosen = taps["blk.0.ffn_moe_topk"]
+    assert len({tuple(sorted(row)) for row in chosen}) > 1, f"every token took experts {chosen[0]}"
+    assert len(set(chosen.ravel())) > chosen.shape[1], f"the prompt used only experts {set(chosen.ravel())}"
+
+
+@oracle
+@pytest.mark.parametrize("name", ["qwen3moe", "mixtral", "granite"])
+@pytest.mark.parametrize("n_ubatch", [64, 4])
+def test_several_sequences_of_different_lengths_in_one_batch(tiny: TinyModels, name: str, n_ubatch: int) -> None:
+    """Three sequences interleaved in one batch (several ubatches when n_ubatch is 4): each sequence's logits
+    are llama.cpp's, and what it gives alone (routing is per token: batching changes no token's experts)."""
+    tokens, pos, ids = multi(SEQS, "interleaved")
+    model = tiny.model(name)
+    ctx = model.new_context(n_ctx=64, n_seq_max=3, n_ubatch=n_ubatch)
+    ctx.decode(Batch(np.array(tokens), np.array(pos), [(s,) for s in ids], np.ones(len(tokens), bool)))
+    o = LlamaCpp(tiny.path(name), n_ctx=64, n_seq_max=3, n_ubatch=n_ubatch)
+    try:
+        o.decode(tokens, pos, ids)
+        for j, seq in enumerate(SEQS):
+            i = last_index(ids, j)
+            assert max_delta(ctx.logits_ith(i), o.logits_ith(i)) <= 1e-3, j
+            alone = model.new_context(n_ctx=64)
+            alone.decode(Batch.from_tokens(seq, 0))
+            assert max_delta(ctx.logits_ith(i), alone.logits_ith(-1)) <= 1e-5, j
+    finally:
+        o.close()
+
+
+# max |d| of the prompt's logits: Q8_0 bit-exact where graphir runs the oracle's own CPU path (elsewhere within
+# 1e-3); Q4_K measured 0.037 on this host's path (logits within +-237: these random K-quant blocks are large),
+# the bound keeps a margin of 2x
+QUANT_BOUND = {("qwen3moe", Q.Q8_0): 1e-3, ("mixtral", Q.Q8_0): 1e-3, ("granite", Q.Q8_0): 1e-3,
+               ("qwen3moe-wide", Q.Q4_K): 0.075}
+
+
+@oracle
+@pytest.mark.parametrize("name,dtype", list(QUANT_BOUND), ids=[f"{n}-{t.name}" for n, t in QUANT_BOUND])
+def test_quantized_experts_give_llama_cpps_greedy_tokens(tiny: TinyModels, name: str, dtype: Q) -> None:
+    ctx, o = tiny.model(name, dtype).new_context(n_ctx=64), LlamaCpp(tiny.path(name, dtype), n_ctx=64)
+    try:
+        ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
+        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
+        d = max_delta(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(PROMPT))]))
+        bound = 0.0 if dtype == Q.Q8_0 and oracle_is_exact() else QUANT_BOUND[name, dtype]
+        assert d <= bound, f"prompt logits: max |d| {d:.3g}"
+        ours, theirs = [], []
+        for p in range(len(PROMPT), len(PROMPT) + 8):
+            ours.append(int(np.argmax(ctx.logits_ith(-1))))
+            theirs.append(int(np.argmax(o.logits_ith(-1))))
+            ctx.decode(Batch.one(theirs[-1], p))
+            o.decode([theirs[-1]], [p], [0])
+        assert ours == theirs
+    finally:
+        o.close()
