@@ -10,13 +10,13 @@ Granite's mixture-of-experts FFNs (with a shared expert) are specified in tests/
 
 from __future__ import annotations
 
-from typing import Callable
-
 import gguf
 import numpy as np
 import pytest
-from conftest import TinyModels, fail_on_run, make_tiny_preset, memory_bytes
-from test_families import LlamaCpp, last_index, multi
+from conftest import TinyModels, make_tiny_preset
+from test_families import (SEQ_RM_CASES, divergent_continuations_equal_fresh_contexts,
+                           failing_second_ubatch_changes_nothing, greedy_against_llama_cpp,
+                           interleaved_against_llama_cpp, seq_rm_against_llama_cpp)
 
 from graphir.memory.composite import HybridMemory
 from graphir.memory.layers import Attention, Recurrent
@@ -48,21 +48,8 @@ def test_layers_with_no_kv_heads_are_recurrent_and_the_memory_is_hybrid(tiny: Ti
 
 @oracle
 def test_prompt_logits_and_greedy_continuation_are_llama_cpps(tiny: TinyModels) -> None:
-    ctx, o = tiny.model("granite").new_context(n_ctx=64), LlamaCpp(tiny.path("granite"), n_ctx=64)
-    try:
-        ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
-        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
-        assert_llama(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(PROMPT))]), "prompt logits")
-        ours, theirs = [], []
-        for p in range(len(PROMPT), len(PROMPT) + 10):
-            ours.append(int(np.argmax(ctx.logits_ith(-1))))
-            theirs.append(int(np.argmax(o.logits_ith(-1))))
-            ctx.decode(Batch.one(theirs[-1], p))
-            o.decode([theirs[-1]], [p], [0])
-            assert_llama(ctx.logits_ith(-1), o.logits_ith(0), f"step {p}")
-        assert ours == theirs
-    finally:
-        o.close()
+    ours, theirs = greedy_against_llama_cpp(tiny.model("granite"), tiny.path("granite"), PROMPT, 10, assert_llama)
+    assert ours == theirs
 
 
 @oracle
@@ -70,38 +57,16 @@ def test_prompt_logits_and_greedy_continuation_are_llama_cpps(tiny: TinyModels) 
 def test_several_sequences_of_different_lengths_in_one_batch(tiny: TinyModels, n_ubatch: int) -> None:
     """Three sequences, interleaved, split equally as the recurrent part needs: each sequence's logits are
     llama.cpp's, and (float rounding of other batch shapes aside) what it gives alone."""
-    tokens, pos, ids = multi(SEQS, "interleaved")
-    model = tiny.model("granite")
-    ctx = model.new_context(n_ctx=64, n_seq_max=3, n_ubatch=n_ubatch)
-    ctx.decode(Batch(np.array(tokens), np.array(pos), [(s,) for s in ids], np.ones(len(tokens), bool)))
-    o = LlamaCpp(tiny.path("granite"), n_ctx=64, n_seq_max=3, n_ubatch=n_ubatch)
-    try:
-        o.decode(tokens, pos, ids)
-        for j, seq in enumerate(SEQS):
-            i = last_index(ids, j)
-            assert np.abs(ctx.logits_ith(i) - o.logits_ith(i)).max() <= 1e-3, j
-            alone = model.new_context(n_ctx=64)
-            alone.decode(Batch.from_tokens(seq, 0))
-            assert np.abs(ctx.logits_ith(i) - alone.logits_ith(-1)).max() <= 1e-5, j
-    finally:
-        o.close()
+    interleaved_against_llama_cpp(tiny.model("granite"), tiny.path("granite"), SEQS, n_ubatch)
 
 
 def test_a_decode_failing_in_its_second_ubatch_leaves_both_parts_as_they_were(tiny: TinyModels,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    ctx = tiny.model("granite").new_context(n_ctx=64, n_ubatch=4)
-    ctx.decode(Batch.from_tokens(PROMPT[:5], 0))
-    before = memory_bytes(ctx)
-    fail_on_run(monkeypatch, ctx, 2)
-    with pytest.raises(RuntimeError, match="compute failed"):
-        ctx.decode(Batch.from_tokens(PROMPT[5:], 5))
-    assert memory_bytes(ctx) == before
+    failing_second_ubatch_changes_nothing(tiny.model("granite"), PROMPT, monkeypatch)
 
 
 @oracle
-@pytest.mark.parametrize("p0,p1,ours,llama_cpps", [(2, -1, False, False), (4, -1, False, False), (1, 3, False, True),
-                                                  (0, 5, True, True), (5, -1, True, True), (-1, -1, True, True)],
-                         ids=["tail", "last-token", "middle", "all-positions", "past-the-end", "whole"])
+@SEQ_RM_CASES
 def test_seq_rm_succeeds_only_where_both_parts_can(tiny: TinyModels, p0: int, p1: int, ours: bool,
                                                   llama_cpps: bool) -> None:
     """Positions 0..4 held. Cutting the tail would need the state of an earlier token: False, and neither part
@@ -109,30 +74,12 @@ def test_seq_rm_succeeds_only_where_both_parts_can(tiny: TinyModels, p0: int, p1
     differs on purpose: llama.cpp answers True, drops those positions from the KV cache and keeps the recurrent
     state that has already absorbed them, so the two parts no longer describe the same sequence; graphir
     refuses it like any other cut into a state's history."""
-    ctx = tiny.model("granite").new_context(n_ctx=64)
-    ctx.decode(Batch.from_tokens(PROMPT[:5], 0))
-    before = memory_bytes(ctx)
-    o = LlamaCpp(tiny.path("granite"), n_ctx=64)
-    try:
-        o.decode(PROMPT[:5], range(5), [0] * 5)
-        assert bool(o.lib.llama_memory_seq_rm(o.lib.llama_get_memory(o.ctx.ctx), 0, p0, p1)) is llama_cpps
-    finally:
-        o.close()
-    assert ctx.memory.seq_rm(0, p0, p1) is ours
-    if not ours:
-        assert memory_bytes(ctx) == before
+    assert seq_rm_against_llama_cpp(tiny.model("granite"), tiny.path("granite"), PROMPT[:5], p0, p1) == \
+        (ours, llama_cpps)
 
 
 def test_divergent_continuations_of_a_copied_sequence_equal_fresh_contexts(tiny: TinyModels) -> None:
-    model = tiny.model("granite")
-    ctx = model.new_context(n_ctx=64, n_seq_max=2)
-    ctx.decode(Batch.from_tokens(PROMPT[:6], 0))
-    ctx.memory.seq_cp(0, 1)
-    ctx.decode(Batch(np.array([40, 50]), np.array([6, 6]), [(0,), (1,)], np.ones(2, bool)))
-    for seq, tok in ((0, 40), (1, 50)):
-        fresh = model.new_context(n_ctx=64)
-        fresh.decode(Batch.from_tokens(PROMPT[:6] + [tok], 0))
-        assert np.abs(ctx.logits_ith(seq) - fresh.logits_ith(-1)).max() <= 1e-5, seq
+    divergent_continuations_equal_fresh_contexts(tiny.model("granite"), PROMPT[:6])
 
 
 def test_state_save_and_load_restore_both_parts(tiny: TinyModels) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 from gguf import MODEL_TENSOR as T
 import pytest
 from conftest import TINY_FAMILY, TINY_KEYS, TinyModels, make_tiny_preset, oracle_is_exact, write_model_gguf
-from test_families import LlamaCpp, last_index, multi
+from test_families import greedy_against_llama_cpp, interleaved_against_llama_cpp
 
 from graphir.arch.llama import Qwen3Moe
 from graphir.errors import MetadataError
@@ -190,25 +190,14 @@ def test_the_other_routings_weight_each_token_as_their_definition_says(tmp_path:
 def test_prompt_logits_and_greedy_continuation_are_llama_cpps(tiny: TinyModels, name: str) -> None:
     """Within 1e-3; bit for bit where graphir runs the oracle's own CPU path, except Granite, whose Mamba-2
     conv follows llama.cpp's AVX-512 build only (tests/test_arch_granite.py)."""
-    ctx, o = tiny.model(name).new_context(n_ctx=64), LlamaCpp(tiny.path(name), n_ctx=64)
-    try:
-        ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
-        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
-        ref = np.stack([o.logits_ith(i) for i in range(len(PROMPT))])
-        d = max_delta(ctx.logits(), ref)
-        assert d <= 1e-3, f"prompt logits: max |d| {d:.3g}"
-        if oracle_is_exact() and name != "granite":
-            assert np.array_equal(ctx.logits(), ref), f"prompt logits: max |d| {d:.3g}, not bit-exact"
-        ours, theirs = [], []
-        for p in range(len(PROMPT), len(PROMPT) + 10):
-            ours.append(int(np.argmax(ctx.logits_ith(-1))))
-            theirs.append(int(np.argmax(o.logits_ith(-1))))
-            ctx.decode(Batch.one(theirs[-1], p))
-            o.decode([theirs[-1]], [p], [0])
-            assert max_delta(ctx.logits_ith(-1), o.logits_ith(0)) <= 1e-3, p
-        assert ours == theirs
-    finally:
-        o.close()
+    def check(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
+        d = max_delta(ours, ref)
+        assert d <= 1e-3, f"{what}: max |d| {d:.3g}"
+        if what == "prompt logits" and oracle_is_exact() and name != "granite":
+            assert np.array_equal(ours, ref), f"prompt logits: max |d| {d:.3g}, not bit-exact"
+
+    ours, theirs = greedy_against_llama_cpp(tiny.model(name), tiny.path(name), PROMPT, 10, check)
+    assert ours == theirs
 
 
 @oracle
@@ -237,21 +226,7 @@ def test_each_token_takes_llama_cpps_experts_with_its_weights(tiny: TinyModels, 
 def test_several_sequences_of_different_lengths_in_one_batch(tiny: TinyModels, name: str, n_ubatch: int) -> None:
     """Three sequences interleaved in one batch (several ubatches when n_ubatch is 4): each sequence's logits
     are llama.cpp's, and what it gives alone (routing is per token: batching changes no token's experts)."""
-    tokens, pos, ids = multi(SEQS, "interleaved")
-    model = tiny.model(name)
-    ctx = model.new_context(n_ctx=64, n_seq_max=3, n_ubatch=n_ubatch)
-    ctx.decode(Batch(np.array(tokens), np.array(pos), [(s,) for s in ids], np.ones(len(tokens), bool)))
-    o = LlamaCpp(tiny.path(name), n_ctx=64, n_seq_max=3, n_ubatch=n_ubatch)
-    try:
-        o.decode(tokens, pos, ids)
-        for j, seq in enumerate(SEQS):
-            i = last_index(ids, j)
-            assert max_delta(ctx.logits_ith(i), o.logits_ith(i)) <= 1e-3, j
-            alone = model.new_context(n_ctx=64)
-            alone.decode(Batch.from_tokens(seq, 0))
-            assert max_delta(ctx.logits_ith(i), alone.logits_ith(-1)) <= 1e-5, j
-    finally:
-        o.close()
+    interleaved_against_llama_cpp(tiny.model(name), tiny.path(name), SEQS, n_ubatch)
 
 
 # max |d| of the prompt's logits: Q8_0 bit-exact where graphir runs the oracle's own CPU path (elsewhere within
@@ -264,19 +239,11 @@ QUANT_BOUND = {("qwen3moe", Q.Q8_0): 1e-3, ("mixtral", Q.Q8_0): 1e-3, ("granite"
 @oracle
 @pytest.mark.parametrize("name,dtype", list(QUANT_BOUND), ids=[f"{n}-{t.name}" for n, t in QUANT_BOUND])
 def test_quantized_experts_give_llama_cpps_greedy_tokens(tiny: TinyModels, name: str, dtype: Q) -> None:
-    ctx, o = tiny.model(name, dtype).new_context(n_ctx=64), LlamaCpp(tiny.path(name, dtype), n_ctx=64)
-    try:
-        ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
-        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
-        d = max_delta(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(PROMPT))]))
-        bound = 0.0 if dtype == Q.Q8_0 and oracle_is_exact() else QUANT_BOUND[name, dtype]
-        assert d <= bound, f"prompt logits: max |d| {d:.3g}"
-        ours, theirs = [], []
-        for p in range(len(PROMPT), len(PROMPT) + 8):
-            ours.append(int(np.argmax(ctx.logits_ith(-1))))
-            theirs.append(int(np.argmax(o.logits_ith(-1))))
-            ctx.decode(Batch.one(theirs[-1], p))
-            o.decode([theirs[-1]], [p], [0])
-        assert ours == theirs
-    finally:
-        o.close()
+    bound = 0.0 if dtype == Q.Q8_0 and oracle_is_exact() else QUANT_BOUND[name, dtype]
+
+    def check(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
+        if what == "prompt logits":
+            assert max_delta(ours, ref) <= bound, f"prompt logits: max |d| {max_delta(ours, ref):.3g}"
+
+    ours, theirs = greedy_against_llama_cpp(tiny.model(name, dtype), tiny.path(name, dtype), PROMPT, 8, check)
+    assert ours == theirs

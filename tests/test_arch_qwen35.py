@@ -15,8 +15,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import TinyModels, fail_on_run, make_tiny_preset, memory_bytes, oracle_is_exact, write_model_gguf
-from test_families import LlamaCpp, last_index, multi
+from conftest import TinyModels, make_tiny_preset, memory_bytes, oracle_is_exact, write_model_gguf
+from test_families import (SEQ_RM_CASES, divergent_continuations_equal_fresh_contexts,
+                           failing_second_ubatch_changes_nothing, greedy_against_llama_cpp,
+                           interleaved_against_llama_cpp, seq_rm_against_llama_cpp)
 
 from graphir.errors import GraphirError, MetadataError
 from graphir.memory.composite import HybridMemory
@@ -93,39 +95,16 @@ def test_the_preset_holds_kv_in_every_fourth_layer_and_state_in_the_others() -> 
 
 @oracle
 def test_prompt_logits_and_greedy_continuation_are_llama_cpps(tiny: TinyModels) -> None:
-    ctx, o = tiny.model("qwen35").new_context(n_ctx=64), LlamaCpp(tiny.path("qwen35"), n_ctx=64)
-    try:
-        ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
-        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
-        assert_llama(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(PROMPT))]), "prompt logits")
-        ours, theirs = [], []
-        for p in range(len(PROMPT), len(PROMPT) + 10):
-            ours.append(int(np.argmax(ctx.logits_ith(-1))))
-            theirs.append(int(np.argmax(o.logits_ith(-1))))
-            ctx.decode(Batch.one(theirs[-1], p))
-            o.decode([theirs[-1]], [p], [0])
-            assert_llama(ctx.logits_ith(-1), o.logits_ith(0), f"step {p}")
-        assert ours == theirs
-    finally:
-        o.close()
+    ours, theirs = greedy_against_llama_cpp(tiny.model("qwen35"), tiny.path("qwen35"), PROMPT, 10, assert_llama)
+    assert ours == theirs
 
 
 @oracle
 @pytest.mark.parametrize("dtype", [gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.Q8_0])
 def test_greedy_tokens_of_quantized_weights_are_llama_cpps(tiny: TinyModels, dtype: gguf.GGMLQuantizationType) -> None:
-    ctx, o = tiny.model("qwen35", dtype).new_context(n_ctx=64), LlamaCpp(tiny.path("qwen35", dtype), n_ctx=64)
-    try:
-        ctx.decode(Batch.from_tokens(PROMPT, 0))
-        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
-        ours, theirs = [], []
-        for p in range(len(PROMPT), len(PROMPT) + 10):
-            ours.append(int(np.argmax(ctx.logits_ith(-1))))
-            theirs.append(int(np.argmax(o.logits_ith(-1))))
-            ctx.decode(Batch.one(ours[-1], p))
-            o.decode([theirs[-1]], [p], [0])
-        assert ours == theirs
-    finally:
-        o.close()
+    ours, theirs = greedy_against_llama_cpp(tiny.model("qwen35", dtype), tiny.path("qwen35", dtype), PROMPT, 10,
+                                            lambda *_: None)
+    assert ours == theirs
 
 
 @oracle
@@ -135,57 +114,27 @@ def test_several_sequences_of_different_lengths_in_one_batch(tiny: TinyModels, n
     1e-3 of llama.cpp's, and (float rounding of other batch shapes aside) what it gives alone. Not bit-equal with
     single-token ubatches of several sequences: ggml picks tinyBLAS or vec_dot for the [d_inner, 1, n_seqs]
     input of ssm_out per sequence (one column: vec_dot), graphir's executor by all the ubatch's columns."""
-    tokens, pos, ids = multi(SEQS, "interleaved")
-    model = tiny.model("qwen35")
-    ctx = model.new_context(n_ctx=64, n_seq_max=3, n_ubatch=n_ubatch)
-    ctx.decode(Batch(np.array(tokens), np.array(pos), [(s,) for s in ids], np.ones(len(tokens), bool)))
-    o = LlamaCpp(tiny.path("qwen35"), n_ctx=64, n_seq_max=3, n_ubatch=n_ubatch)
-    try:
-        o.decode(tokens, pos, ids)
-        for j, seq in enumerate(SEQS):
-            i = last_index(ids, j)
-            assert np.abs(ctx.logits_ith(i) - o.logits_ith(i)).max() <= 1e-3, j
-            alone = model.new_context(n_ctx=64)
-            alone.decode(Batch.from_tokens(seq, 0))
-            assert np.abs(ctx.logits_ith(i) - alone.logits_ith(-1)).max() <= 1e-5, j
-    finally:
-        o.close()
+    interleaved_against_llama_cpp(tiny.model("qwen35"), tiny.path("qwen35"), SEQS, n_ubatch)
 
 
 def test_a_decode_failing_in_its_second_ubatch_leaves_both_parts_as_they_were(tiny: TinyModels,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    ctx = tiny.model("qwen35").new_context(n_ctx=64, n_ubatch=4)
-    ctx.decode(Batch.from_tokens(PROMPT[:5], 0))
-    before = memory_bytes(ctx)
-    calls = fail_on_run(monkeypatch, ctx, 2)
-    with pytest.raises(RuntimeError, match="compute failed"):
-        ctx.decode(Batch.from_tokens(PROMPT[5:], 5))
-    assert len(calls) == 2 and memory_bytes(ctx) == before
+    failing_second_ubatch_changes_nothing(tiny.model("qwen35"), PROMPT, monkeypatch)
 
 
-@pytest.mark.parametrize("p0,p1,ok", [(2, -1, False), (1, 3, False), (4, -1, False), (0, -1, True), (5, -1, True)],
-                         ids=["tail", "middle", "last-token", "all", "past-the-end"])
-def test_seq_rm_into_a_states_history_is_refused_and_changes_nothing(tiny: TinyModels, p0: int, p1: int,
-                                                                     ok: bool) -> None:
-    """Positions 0..4 held: cutting any of them but all would need the DeltaNet state of an earlier token."""
-    ctx = tiny.model("qwen35").new_context(n_ctx=64)
-    ctx.decode(Batch.from_tokens(PROMPT[:5], 0))
-    before = memory_bytes(ctx)
-    assert ctx.memory.seq_rm(0, p0, p1) is ok
-    if not ok:
-        assert memory_bytes(ctx) == before
+@oracle
+@SEQ_RM_CASES
+def test_seq_rm_into_a_states_history_is_refused_and_changes_nothing(tiny: TinyModels, p0: int, p1: int, ours: bool,
+                                                                     llama_cpps: bool) -> None:
+    """Positions 0..4 held: cutting any of them but all would need the DeltaNet state of an earlier token, so
+    graphir refuses, changing nothing; llama.cpp agrees but for a cut in the middle, which it lets through to
+    the KV part alone (see tests/test_arch_granite.py)."""
+    assert seq_rm_against_llama_cpp(tiny.model("qwen35"), tiny.path("qwen35"), PROMPT[:5], p0, p1) == \
+        (ours, llama_cpps)
 
 
 def test_divergent_continuations_of_a_copied_sequence_equal_fresh_contexts(tiny: TinyModels) -> None:
-    model = tiny.model("qwen35")
-    ctx = model.new_context(n_ctx=64, n_seq_max=2)
-    ctx.decode(Batch.from_tokens(PROMPT[:6], 0))
-    ctx.memory.seq_cp(0, 1)
-    ctx.decode(Batch(np.array([40, 50]), np.array([6, 6]), [(0,), (1,)], np.ones(2, bool)))
-    for seq, tok in ((0, 40), (1, 50)):
-        fresh = model.new_context(n_ctx=64)
-        fresh.decode(Batch.from_tokens(PROMPT[:6] + [tok], 0))
-        assert np.abs(ctx.logits_ith(seq) - fresh.logits_ith(-1)).max() <= 1e-5, seq
+    divergent_continuations_equal_fresh_contexts(tiny.model("qwen35"), PROMPT[:6])
 
 
 def test_positions_cannot_be_shifted_as_in_llama_cpp(tiny: TinyModels) -> None:

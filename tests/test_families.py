@@ -196,6 +196,101 @@ def llama_cpp_greedy(path: Path, prompt: list[int], n: int) -> list[int]:
         ref.close()
 
 
+Check = Callable[[np.ndarray, np.ndarray, str], None]  # (graphir's logits, llama.cpp's, what they are)
+
+
+def greedy_against_llama_cpp(model: Model, path: Path, prompt: list[int], steps: int,
+                             check: Check) -> tuple[list[int], list[int]]:
+    """The prompt in both engines (every row checked), then ``steps`` greedy steps, both engines fed llama.cpp's
+    token and each step's logits checked: the tokens graphir and llama.cpp chose."""
+    ctx, o = model.new_context(n_ctx=64), LlamaCpp(path, n_ctx=64)
+    try:
+        ctx.decode(Batch.from_tokens(prompt, 0, outputs="all"))
+        o.decode(prompt, range(len(prompt)), [0] * len(prompt))
+        check(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(prompt))]), "prompt logits")
+        ours, theirs = [], []
+        for p in range(len(prompt), len(prompt) + steps):
+            ours.append(int(np.argmax(ctx.logits_ith(-1))))
+            theirs.append(int(np.argmax(o.logits_ith(-1))))
+            ctx.decode(Batch.one(theirs[-1], p))
+            o.decode([theirs[-1]], [p], [0])
+            check(ctx.logits_ith(-1), o.logits_ith(0), f"step {p}")
+        return ours, theirs
+    finally:
+        o.close()
+
+
+def interleaved_against_llama_cpp(model: Model, path: Path, seqs: Sequence[Sequence[int]], n_ubatch: int,
+                                  bound: float = 1e-3) -> None:
+    """Sequences interleaved in one batch, split in ubatches of ``n_ubatch``: each sequence's last logits within
+    ``bound`` of llama.cpp's for the same batch, and within 1e-5 of what the sequence gives alone."""
+    tokens, pos, ids = multi(seqs, "interleaved")
+    ctx = model.new_context(n_ctx=64, n_seq_max=len(seqs), n_ubatch=n_ubatch)
+    ctx.decode(Batch(np.array(tokens), np.array(pos), [(s,) for s in ids], np.ones(len(tokens), bool)))
+    o = LlamaCpp(path, n_ctx=64, n_seq_max=len(seqs), n_ubatch=n_ubatch)
+    try:
+        o.decode(tokens, pos, ids)
+        for j, seq in enumerate(seqs):
+            i = last_index(ids, j)
+            assert np.abs(ctx.logits_ith(i) - o.logits_ith(i)).max() <= bound, j
+            alone = model.new_context(n_ctx=64)
+            alone.decode(Batch.from_tokens(seq, 0))
+            assert np.abs(ctx.logits_ith(i) - alone.logits_ith(-1)).max() <= 1e-5, j
+    finally:
+        o.close()
+
+
+def failing_second_ubatch_changes_nothing(model: Model, prompt: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five tokens decoded; the rest of the prompt in ubatches of 4 whose second one fails: the memory's every
+    byte is as it was."""
+    ctx = model.new_context(n_ctx=64, n_ubatch=4)
+    ctx.decode(Batch.from_tokens(prompt[:5], 0))
+    before = memory_bytes(ctx)
+    calls = fail_on_run(monkeypatch, ctx, 2)
+    with pytest.raises(RuntimeError, match="compute failed"):
+        ctx.decode(Batch.from_tokens(prompt[5:], 5))
+    assert len(calls) == 2 and memory_bytes(ctx) == before
+
+
+# seq_rm(0, p0, p1) on a hybrid memory holding positions 0..4: what graphir and llama.cpp answer
+SEQ_RM_CASES = pytest.mark.parametrize(
+    "p0,p1,ours,llama_cpps", [(2, -1, False, False), (4, -1, False, False), (1, 3, False, True), (0, 5, True, True),
+                              (5, -1, True, True), (-1, -1, True, True)],
+    ids=["tail", "last-token", "middle", "all-positions", "past-the-end", "whole"])
+
+
+def seq_rm_against_llama_cpp(model: Model, path: Path, prompt: list[int], p0: int, p1: int) -> tuple[bool, bool]:
+    """``seq_rm(0, p0, p1)`` after the prompt, in graphir and in llama.cpp: what each answered. Where graphir
+    refuses, its memory's every byte is as it was."""
+    ctx = model.new_context(n_ctx=64)
+    ctx.decode(Batch.from_tokens(prompt, 0))
+    before = memory_bytes(ctx)
+    o = LlamaCpp(path, n_ctx=64)
+    try:
+        o.decode(prompt, range(len(prompt)), [0] * len(prompt))
+        theirs = bool(o.lib.llama_memory_seq_rm(o.lib.llama_get_memory(o.ctx.ctx), 0, p0, p1))
+    finally:
+        o.close()
+    ours = ctx.memory.seq_rm(0, p0, p1)
+    if not ours:
+        assert memory_bytes(ctx) == before
+    return ours, theirs
+
+
+def divergent_continuations_equal_fresh_contexts(model: Model, prompt: list[int]) -> None:
+    """A prompt in sequence 0, copied to sequence 1 (seq_cp), then a different token in each: each sequence's
+    logits are those of a fresh context given its whole history."""
+    ctx = model.new_context(n_ctx=64, n_seq_max=2)
+    ctx.decode(Batch.from_tokens(prompt, 0))
+    ctx.memory.seq_cp(0, 1)
+    n = len(prompt)
+    ctx.decode(Batch(np.array([40, 50]), np.array([n, n]), [(0,), (1,)], np.ones(2, bool)))
+    for seq, tok in ((0, 40), (1, 50)):
+        fresh = model.new_context(n_ctx=64)
+        fresh.decode(Batch.from_tokens(prompt + [tok], 0))
+        assert np.abs(ctx.logits_ith(seq) - fresh.logits_ith(-1)).max() <= 1e-5, seq
+
+
 def last_logits(model: Model, seqs: Sequence[Sequence[int]], order: str = "blocks", **kw: Any) -> list[np.ndarray]:
     """Each sequence's last-token logits after decoding all of them in one batch."""
     tokens, pos, ids = multi(seqs, order)
