@@ -4,7 +4,7 @@ executor. The kernels (and numba) load on first use, so naming the backend's pat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager
 
 from graphir.backends.isa import PATHS, Numerics, numerics
 from graphir.graph.ir import Graph
@@ -19,6 +19,11 @@ class NumbaBackend:
 
     def numerics(self, isa: str | None = None) -> Numerics:
         return numerics(isa)
+
+    def compiling(self, out: IO[str] | None) -> ContextManager[None]:
+        from graphir.backends.kernels.jit import compiling
+
+        return compiling(out)
 
     def weight_types(self) -> frozenset[Any]:
         from graphir.backends.quant.weight import SUPPORTED

@@ -352,10 +352,10 @@ def cmd_strip(args: argparse.Namespace) -> int:
 def _warm_up(model: Any, quiet: bool) -> None:
     """Run a two-token prompt and a step, so that numba loads (or, on a first run, compiles: a progress line on
     a terminal says so) the kernels of both the prompt and the generation, and the weights are repacked."""
-    from graphir.progress import compiling, stream
+    from graphir.progress import stream
     from graphir.running.batch import Batch
 
-    with compiling(stream(quiet)):
+    with model.backend.compiling(stream(quiet)):
         ctx = model.new_context(n_ctx=8)
         ctx.decode(Batch.one(0, ctx.prompt([0, 0])))
 
@@ -437,7 +437,7 @@ def _sampling_options(p: argparse.ArgumentParser, temp: float) -> None:
 def cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from graphir.progress import compiling, stream
+    from graphir.progress import stream
     from graphir.running.batch import Batch
     from graphir.running.runtime import load
 
@@ -451,7 +451,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
             raise GraphirError(f"prompt {text[:40]!r} has {len(ids)} tokens, more than the context's {ctx.n_ctx} "
                                f"positions (n_ctx)")
     rows = []
-    with compiling(stream(args.quiet)):
+    with model.backend.compiling(stream(args.quiet)):
         for s, ids in enumerate(tokens):  # one sequence per prompt, each in its own batch
             ctx.decode(Batch(np.asarray(ids), np.arange(len(ids)), [(s,)] * len(ids), np.ones(len(ids), bool)))
             rows.append(ctx.embeddings_seq(s) if ctx.pooling != "none" else ctx.embeddings()[-1])

@@ -15,7 +15,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import TinyModels, make_tiny_preset, memory_bytes, oracle_is_exact, write_model_gguf
+from conftest import TinyModels, make_tiny_preset, memory_bytes, oracle_is_exact, oracle_path, write_model_gguf
 from test_families import (SEQ_RM_CASES, divergent_continuations_equal_fresh_contexts,
                            failing_second_ubatch_changes_nothing, greedy_against_llama_cpp,
                            interleaved_against_llama_cpp, seq_rm_against_llama_cpp)
@@ -40,9 +40,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
 
 
 def assert_llama(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
-    """Equal on the oracle's own path; within 1e-3 (F32 weights) on the other."""
+    """Equal where graphir runs the oracle's own AVX-512 path; within 1e-3 (F32 weights) elsewhere: the DeltaNet
+    conv, like Mamba-2's, follows llama.cpp's AVX-512 build, not its AVX2 one (1.6e-4 on the prompt there)."""
     worst = float(np.abs(ours - ref).max())
-    assert worst == 0.0 if oracle_is_exact() else worst <= 1e-3, f"{what}: max |d| {worst:.3g}"
+    exact = oracle_is_exact() and oracle_path() == "avx512"
+    assert worst == 0.0 if exact else worst <= 1e-3, f"{what}: max |d| {worst:.3g}"
 
 
 def kinds(**keys: object) -> list[str]:

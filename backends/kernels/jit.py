@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from types import FunctionType
-from typing import Callable, ContextManager
+from typing import IO, Any, Callable, ContextManager, Iterator
 
 import numpy as np
 import numba
@@ -65,3 +65,44 @@ def kernel_launches() -> ContextManager[object]:
                     layer = None
                 _pool_is_shared.append(layer == "workqueue")
     return _LAUNCH if _pool_is_shared[0] else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def compiling(out: IO[str] | None) -> Iterator[None]:
+    """While the block runs, count on ``out`` (a tqdm line) the kernels numba compiles, naming the latest; a
+    kernel's compile compiles what it calls too, and only the outermost ones count. A kernel found in numba's
+    cache compiles nothing, so a warm run draws nothing at all."""
+    if out is None:
+        yield
+        return
+    from numba.core import event
+    from tqdm import tqdm
+
+    from graphir.progress import size
+
+    bars: list[Any] = []
+    depth = [0]
+
+    class Counter(event.Listener):  # type: ignore[misc]
+        def on_start(self, ev: event.Event) -> None:
+            depth[0] += 1
+            if depth[0] > 1:
+                return
+            if not bars:  # made at the first compile: a cached run gets no line
+                bars.append(tqdm(desc="compiling kernels (first run only; numba caches them)", file=out,
+                                 bar_format="{desc}: {n} in {elapsed}{postfix}", **size(out)))
+            bars[0].set_postfix_str(ev.data["dispatcher"].py_func.__name__)
+
+        def on_end(self, ev: event.Event) -> None:
+            depth[0] -= 1
+            if depth[0] == 0:
+                bars[0].update(1)
+
+    counter = Counter()
+    event.register("numba:compile", counter)
+    try:
+        yield
+    finally:
+        event.unregister("numba:compile", counter)
+        if bars:
+            bars[0].close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from importlib.metadata import entry_points
-from typing import Any, Callable, Protocol
+from typing import IO, Any, Callable, ContextManager, Protocol
 
 from graphir.errors import GraphirError
 from graphir.graph.ir import Graph
@@ -28,6 +28,9 @@ class Backend(Protocol):
 
     def numerics(self, isa: str | None = None) -> Any:
         """The path to run (``isa``, else the environment's or the host's), with ``describe()``."""
+
+    def compiling(self, out: IO[str] | None) -> ContextManager[None]:
+        """While the block runs, report on ``out`` (None: nowhere) the kernels the backend compiles, if any."""
 
     def weight_types(self) -> frozenset[Any]:
         """The GGUF types of the matrices it multiplies (a model holding another is refused at load)."""
