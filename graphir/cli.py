@@ -267,9 +267,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     info["n_tensors"] = len(tensors)
     info["total_params"] = sum(t["params"] for t in tensors)
     n_expert, n_used = hparams.get("n_expert", 0), hparams.get("n_expert_used", 0)
-    if n_expert:  # a token runs n_used of each layer's n_expert stacked experts [n_embd, n_ff, n_expert]
-        routed = sum(t["params"] for t in tensors if len(t["shape"]) == 3 and t["shape"][2] == n_expert)
-        info["active_params"] = info["total_params"] - routed + routed // n_expert * n_used
+    active = _active_params(hparams, tensors)
+    if active is not None:
+        info["active_params"] = active
     known = [t["bytes"] for t in tensors if t["bytes"] is not None]
     info["total_bytes"] = sum(known)
     from graphir.running.backend import get
@@ -317,6 +317,57 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows = [["size", "cells", "buffers", "bytes"]]
         rows += [[dim, str(p["cells"]), str(p["buffers"]), str(p["bytes"])] for dim, p in m["parts"].items()]
         lines += _table(rows, right={1, 2, 3})
+    _emit("\n".join(lines) + "\n")
+    return 0
+
+
+def _active_params(hparams: dict[str, Any], tensors: list[dict[str, Any]]) -> int | None:
+    """The parameters a token runs in a mixture of experts (None for a dense model): a token runs n_used of each
+    layer's n_expert stacked experts [n_embd, n_ff, n_expert], and every other tensor."""
+    n_expert, n_used = hparams.get("n_expert", 0), hparams.get("n_expert_used", 0)
+    if not n_expert:
+        return None
+    routed = sum(t["params"] for t in tensors if len(t["shape"]) == 3 and t["shape"][2] == n_expert)
+    return sum(t["params"] for t in tensors) - routed + routed // n_expert * n_used
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from graphir.graph.cost import flops, substitute
+    from graphir.source import open_model
+
+    m = open_model(args.src, "stats")
+    _, tensors = _tensor_rows(m)
+    hparams = m.arch.hp.as_dict()
+    by_type: dict[str, dict[str, int]] = {}
+    for t in tensors:
+        row = by_type.setdefault(t["type"], {"tensors": 0, "params": 0, "bytes": 0})
+        row["tensors"] += 1
+        row["params"] += t["params"]
+        row["bytes"] += t["bytes"] or 0
+    memory = _memory_info(m, argparse.Namespace(n_ctx=args.n_ctx, n_seq_max=1, n_ubatch=512, swa_full=False))
+    for part in memory["parts"].values():
+        part["bytes_per_cell"] = part["bytes"] // part["cells"] if part["cells"] else 0
+    cost = {}
+    for context, phase in m.graph_kinds():
+        if context == memory["kind"]:  # a decode step is one token and one output
+            f = flops(m.build_graph(context, phase))
+            cost[phase] = str(substitute(f, {"n_tokens": 1, "n_outputs": 1}) if phase == "decode" else f)
+    stats = {"source": args.src, "arch": m.arch.name, "params": sum(t["params"] for t in tensors),
+             "active_params": _active_params(hparams, tensors), "weight_bytes": sum(r["bytes"] for r in by_type.values()),
+             "weights": dict(sorted(by_type.items())), "memory": memory, "flops": cost}
+    if args.json:
+        _emit(json.dumps(stats, indent=2) + "\n")
+        return 0
+    lines = [f"source   {args.src}", f"arch     {m.arch.name}", f"params   {stats['params']}"
+             + (f" ({stats['active_params']} per token)" if stats["active_params"] is not None else ""),
+             f"weights  {stats['weight_bytes']} bytes"]
+    lines += _table([[k, _n(r["tensors"], "tensor"), f"{r['params']} params", f"{r['bytes']} bytes"]
+                     for k, r in stats["weights"].items()])
+    lines.append(f"memory   {memory['kind']}, n_ctx {memory['n_ctx']}: {memory['bytes']} bytes")
+    lines += _table([[dim, f"{p['cells']} cells", f"{p['bytes_per_cell']} bytes per cell", f"{p['bytes']} bytes"]
+                     for dim, p in memory["parts"].items()])
+    lines.append("flops    of the matrix products, in the graph's sizes (decode: one token)")
+    lines += _table([[phase, f] for phase, f in cost.items()])
     _emit("\n".join(lines) + "\n")
     return 0
 
@@ -551,6 +602,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-seq-max", type=int, default=1, help="sequences the context holds (default 1)")
     p.add_argument("--n-ubatch", type=int, default=512, help="ubatch size, which sizes a sliding-window cache")
     p.add_argument("--swa-full", action="store_true", help="sliding-window layers keep every cell")
+
+    p = add("stats", cmd_stats, "print what a model costs: parameters, weight bytes per type, memory per part, "
+                                "FLOPs per token")
+    p.add_argument("src", metavar="SRC", help="a GGUF file (full or header-only) or a preset name")
+    p.add_argument("--json", action="store_true", help="print as JSON")
+    p.add_argument("--n-ctx", type=int, default=0, help="context size for the memory figures (default: "
+                   "min(trained context, 4096))")
 
     p = add("strip", cmd_strip, "write a header-only copy of a GGUF (metadata and tensor infos, no data)")
     p.add_argument("model", metavar="MODEL.gguf", help="the GGUF file to strip")
