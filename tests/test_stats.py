@@ -62,7 +62,7 @@ def test_a_mixture_of_experts_counts_its_active_parameters(tmp_path: Path, capsy
     n_params, size, kv_mib = llama_cpp_figures(path, 256)
     assert (s["params"], s["weight_bytes"]) == (n_params, size)
     assert f"{s['memory']['bytes'] / 2**20:.2f}" == kv_mib
-    experts = sum(t for t in (3 * 64 * 32 * 8 for _ in range(2)))  # gate, up, down: [64, 32, 8] per layer
+    experts = 2 * 3 * 64 * 32 * 8  # 2 layers of gate, up and down stacks [64, 32, 8]
     assert s["active_params"] == s["params"] - experts + experts // 8 * 2
 
 
