@@ -380,3 +380,25 @@ def test_a_weight_type_the_backend_cannot_run_is_a_tensor_error(seeds: dict[str,
                                           rf"backend does not multiply \(it runs BF16, F16, F32, Q4_0, Q4_1, Q4_K, "
                                           rf"Q5_0, Q5_K, Q6_K, Q8_0\)$"):
         graphir.load(str(p))
+
+
+def test_an_expert_stack_of_a_type_the_backend_cannot_run_is_a_tensor_error(seeds: dict[str, Any],
+                                                                             tmp_path: Path) -> None:
+    """A stack of experts (3-D, so not a matrix the load-time check reads) retyped to Q8_1: the first decode
+    raises a TensorError naming it, where the backend would have raised NotImplementedError."""
+    p = tmp_path / "q8_1.gguf"
+    p.write_bytes(_with(seeds["tiny-qwen3moe.full"], "ttype", "blk.0.ffn_gate_exps.weight", QT.Q8_1))
+    with pytest.raises(TensorError, match=rf"^{p}: tensor 'blk.0.ffn_gate_exps.weight' is Q8_1, a type the backend "
+                                          rf"does not multiply$"):
+        graphir.load(str(p)).new_context(n_ctx=16).prompt([1, 2, 3])
+
+
+def test_hparams_that_disagree_with_a_tensor_are_refused_at_load_before_any_memory_is_sized(
+        seeds: dict[str, Any], tmp_path: Path) -> None:
+    """A Mamba whose conv kernel width says 16777221 while its conv weights hold 4 columns: refused by
+    graphir.load naming the tensor, not by a context allocating states of 2^31 values (the fuzzer's find)."""
+    p = tmp_path / "conv.gguf"
+    p.write_bytes(_with(seeds["tiny-mamba.full"], "value", "mamba.ssm.conv_kernel", 16777221))
+    with pytest.raises(TensorError, match=rf"^{p}: tensor 'blk.0.ssm_conv1d.weight' has shape \[4, 128\], expected "
+                                          rf"\[16777221, 128\] \(and 1 more: graphir check lists them\)$"):
+        graphir.load(str(p))

@@ -40,6 +40,10 @@ class Model:
         self.meta = meta
         self.backend = get_backend(backend)
         self.numerics = self.backend.numerics(isa)   # the llama.cpp CPU path the kernels reproduce
+        problems = meta.arch.check(meta.tensors)  # before a context sizes its memory by the hparams
+        if problems:
+            more = f" (and {len(problems) - 1} more: graphir check lists them)" if len(problems) > 1 else ""
+            raise TensorError(f"{meta.header.path}: {problems[0]}{more}")
         runs = self.backend.weight_types()
         for t in meta.header.tensors.values():
             if len(t.shape) == 2 and t.dtype not in runs:
@@ -75,6 +79,9 @@ class Model:
             if key not in self._prepared:
                 t = self.weights[name]
                 if len(t.shape) == 2 or (stacked and len(t.shape) == 3):
+                    if t.qtype not in self.backend.weight_types():  # matrices are checked at load; stacks here
+                        raise TensorError(f"{self.meta.header.path}: tensor '{name}' is {t.qtype.name}, a type the "
+                                          f"backend does not multiply")
                     rows = np.asarray(t.data).reshape(-1, np.asarray(t.data).shape[-1])  # quantized: already rows
                     self._prepared[key] = self.backend.prepare_weight(rows, t.qtype, t.ne0)
                 else:  # vectors and stacked parameters (RWKV's [E,1,1,5] mixes) stay dense
