@@ -59,6 +59,8 @@ Café, naïve, résumé, Ångström, crème brûlée, façade, jalapeño, Züric
 Deutsch: Größe, Straße, übermäßig, Äpfel und Öl. Français: où est la bibliothèque? Español: ¿Dónde está?
 """
 
+SPM_MISSING = "the reference SentencePiece tokenizer is in the test extra: pip install -e '.[test]'"
+
 
 # ---------------------------------------------------------------------------------------------
 # A real SentencePiece unigram model, read without protobuf
@@ -123,7 +125,7 @@ class SpModel:
 
 
 def train_model() -> SpModel:
-    spm = pytest.importorskip("sentencepiece")
+    spm = pytest.importorskip("sentencepiece", reason=SPM_MISSING)
     out = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(CORPUS.splitlines()), model_writer=out, model_type="unigram", vocab_size=400,
@@ -381,7 +383,7 @@ SP_TEXTS = [t for t in TEXTS if not any(c.encode()[0] in _USER_LEADS for c in t)
 
 def test_agrees_with_sentencepiece(sp_model: SpModel, t5_vocabs: dict[str, Vocab]) -> None:
     """Where llama.cpp follows SentencePiece the ids are SentencePiece's own."""
-    spm = pytest.importorskip("sentencepiece")
+    spm = pytest.importorskip("sentencepiece", reason=SPM_MISSING)
     sp = spm.SentencePieceProcessor(model_proto=sp_model.proto)
     ud = t5_vocabs["user_defined"]
     for text in SP_TEXTS:
