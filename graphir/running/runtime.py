@@ -82,7 +82,8 @@ class Model:
                     if t.qtype not in self.backend.weight_types():  # matrices are checked at load; stacks here
                         raise TensorError(f"{self.meta.header.path}: tensor '{name}' is {t.qtype.name}, a type the "
                                           f"backend does not multiply")
-                    rows = np.asarray(t.data).reshape(-1, np.asarray(t.data).shape[-1])  # quantized: already rows
+                    data = np.asarray(t.data)
+                    rows = data.reshape(-1, data.shape[-1])  # quantized data already is rows
                     self._prepared[key] = self.backend.prepare_weight(rows, t.qtype, t.ne0)
                 else:  # vectors and stacked parameters (RWKV's [E,1,1,5] mixes) stay dense
                     from gguf.quants import dequantize
