@@ -27,7 +27,7 @@ def size(out: IO[str] | None) -> dict[str, int]:
     """The terminal's columns and lines for tqdm, 80 x 24 where it has none or says 0 (a terminal whose size was
     never set: tqdm would fit its line into 0 columns and hide it below line 0)."""
     try:
-        size = os.get_terminal_size(out.fileno())  # type: ignore[union-attr]
+        term = os.get_terminal_size(out.fileno())  # type: ignore[union-attr]
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
         return {"ncols": 80, "nrows": 24}
-    return {"ncols": size.columns or 80, "nrows": size.lines or 24}
+    return {"ncols": term.columns or 80, "nrows": term.lines or 24}
