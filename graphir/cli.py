@@ -22,7 +22,7 @@ from graphir.errors import GraphirError
 
 PROG = "graphir"
 PHASES = ("prefill", "decode", "encode")  # mirrors graphir.model.builder.PHASES
-FORMATS = ("text", "json", "dot")
+FORMATS = ("text", "json", "dot", "svg")
 OUTTYPES = ("f32", "f16")  # mirrors graphir.files.convert.OUTTYPES
 
 
@@ -93,8 +93,8 @@ def _n(count: int, word: str) -> str:
 def cmd_dump(args: argparse.Namespace) -> int:
     from graphir.source import load_graph
 
-    if args.layers is not None and args.format != "dot":
-        raise UsageError(f"--layers applies only to --format dot (not {args.format})")
+    if args.layers is not None and args.format not in ("dot", "svg"):
+        raise UsageError(f"--layers applies only to --format dot and svg (not {args.format})")
     if args.full and args.format != "text":
         raise UsageError(f"--full applies only to --format text (not {args.format})")
     g = load_graph(args.src, args.context, args.phase)
@@ -107,7 +107,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
         out = to_json(g)
     else:
-        from graphir.graph.dot import parse_layers, to_dot
+        from graphir.graph.dot import parse_layers, to_dot, to_svg
 
         layers = None
         if args.layers is not None:
@@ -116,6 +116,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
             except ValueError as e:
                 raise UsageError(f"bad --layers '{args.layers}': {e}") from None
         out = to_dot(g, layers)
+        if args.format == "svg":
+            out = to_svg(out)
     if not out.endswith("\n"):
         out += "\n"
     _emit(out, args.output)
@@ -552,7 +554,8 @@ def _isa_option(p: argparse.ArgumentParser) -> None:
                    help="the llama.cpp CPU path whose numbers to reproduce (default: auto, GRAPHIR_ISA or the host's)")
 
 
-SRC_HELP = "a GGUF file (full or header-only), a preset name (see `graphir archs`) or a saved graph (text or JSON)"
+SRC_HELP = ("a GGUF file (full or header-only), a Hugging Face model directory or its config.json (as "
+            "convert_hf_to_gguf would convert it), a preset name (see `graphir archs`) or a saved graph (text or JSON)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -575,7 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
     _graph_options(p)
     p.add_argument("--format", choices=FORMATS, default="text", help="output form (default: text)")
-    p.add_argument("--layers", metavar="A:B", default=None, help="with --format dot: only draw layers A to B")
+    p.add_argument("--layers", metavar="A:B", default=None, help="with --format dot or svg: only draw layers A to B")
     p.add_argument("--full", action="store_true", help="text: print every layer instead of folding identical ones")
     p.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
 
@@ -605,7 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("stats", cmd_stats, "print what a model costs: parameters, weight bytes per type, memory per part, "
                                 "FLOPs per token")
-    p.add_argument("src", metavar="SRC", help="a GGUF file (full or header-only) or a preset name")
+    p.add_argument("src", metavar="SRC", help="a GGUF file (full or header-only), a Hugging Face model directory "
+                   "or its config.json, or a preset name")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.add_argument("--n-ctx", type=int, default=0, help="context size for the memory figures (default: "
                    "min(trained context, 4096))")

@@ -1,14 +1,20 @@
-"""to_dot: stable ids, operand slots on edges, layer slices with dashed boundary nodes; parse_layers."""
+"""to_dot: stable ids, operand slots on edges, layer slices with dashed boundary nodes; parse_layers; SVG through
+Graphviz (and the README's picture)."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
+from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from gguf import Keys
 
-from graphir.graph.dot import parse_layers, to_dot
+from graphir.cli import main
+from graphir.errors import GraphirError
+from graphir.graph.dot import parse_layers, to_dot, to_svg
 from graphir.graph.ir import Graph, Node
 from graphir.model.meta import from_preset, open_model
 from graphir.model.presets import PRESETS
@@ -99,3 +105,79 @@ def test_parse_layers_rejects(spec: str, message: str) -> None:
     with pytest.raises(ValueError) as e:
         parse_layers(spec, 30)
     assert str(e.value) == message
+
+
+# ---- SVG through Graphviz ----------------------------------------------------------------------------------
+
+SVG = "{http://www.w3.org/2000/svg}"
+HAS_DOT = shutil.which("dot") is not None
+needs_dot = pytest.mark.skipif(not HAS_DOT, reason="Graphviz's dot is not installed (apt-get install graphviz; "
+                                                   ".ci/run installs it)")
+
+
+def drawn(svg: str) -> tuple[dict[str, list[str]], list[tuple[str, str, int]]]:
+    """What a Graphviz SVG shows: each node's text lines by node id, and each edge with its slot label."""
+    root = ElementTree.fromstring(svg)
+    nodes, arrows = {}, []
+    for g in root.iter(f"{SVG}g"):
+        title = g.findtext(f"{SVG}title")
+        texts = [t.text or "" for t in g.iter(f"{SVG}text")]
+        if g.get("class") == "node":
+            nodes[title] = texts
+        elif g.get("class") == "edge":
+            src, dst = title.split("->")
+            arrows.append((src, dst, int(texts[0])))
+    return nodes, arrows
+
+
+def shown(g: Graph, layers: tuple[int, int]) -> tuple[dict[str, list[str]], list[tuple[str, str, int]]]:
+    """What the DOT of a layer slice says each node's label is, and its edges."""
+    dot = to_dot(g, layers)
+    labels = {m.group(1): re.search(r'label="([^"]*)"', ln).group(1).replace("\\\\", "\\").split("\\n")  # type: ignore[union-attr]
+              for ln in dot.splitlines() if (m := NODE.match(ln))}
+    return labels, edges(dot)
+
+
+@needs_dot
+def test_svg_is_the_dot_graph_laid_out(smol: Graph, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dump", "SmolLM2-135M", "--format", "svg", "--layers", "3"]) == 0
+    svg = capsys.readouterr().out
+    assert svg.startswith("<?xml") and svg.rstrip().endswith("</svg>")
+    nodes, arrows = drawn(svg)
+    labels, expected = shown(smol, (3, 4))
+    assert nodes == labels and len(nodes) == 5 + sum(n.layer == 3 for n in smol.nodes)
+    assert sorted(arrows) == sorted(expected)
+
+
+@needs_dot
+def test_the_readme_picture_is_llama_layer_0_as_the_graph_is_now() -> None:
+    # README.md shows docs/llama-layer.svg, made by `graphir dump Llama-3.1-8B --format svg --layers 0 -o ...`;
+    # compared by what it shows, not byte for byte, so another Graphviz version's layout still passes
+    root = Path(__file__).resolve().parent.parent
+    assert "](docs/llama-layer.svg)" in (root / "README.md").read_text()
+    nodes, arrows = drawn((root / "docs" / "llama-layer.svg").read_text())
+    labels, expected = shown(open_model("Llama-3.1-8B").build_graph("kv", "prefill"), (0, 1))
+    assert nodes == labels
+    assert sorted(arrows) == sorted(expected)
+
+
+def test_svg_without_graphviz_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["dump", "SmolLM2-135M", "--format", "svg", "--layers", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == ("graphir: error: --format svg needs Graphviz's 'dot' program, which is not on PATH: install the "
+                   "'graphviz' package of your system (apt-get install graphviz, brew install graphviz, conda "
+                   "install graphviz)\n")
+
+
+def test_a_failing_dot_is_reported_with_its_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "dot"
+    fake.write_text("#!/bin/sh\necho 'Error: syntax error in line 1' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(GraphirError, match=r"^Graphviz's dot \(.*/dot\) failed with exit 1: Error: syntax error in "
+                                           r"line 1$"):
+        to_svg("digraph {")
+

@@ -9,7 +9,13 @@ dashed boundary nodes.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
+from graphir.errors import GraphirError
 from graphir.graph.ir import Graph, Node
+
+SVG_TIMEOUT_S = 600  # Graphviz lays out a whole small model in seconds; a hang past this is reported, not waited on
 
 # shape and fill colour of the leaves; computations are plain boxes
 _LEAF_LOOK = {"weight": ("note", "#e8e8e8"), "input": ("invhouse", "#d8e8f8")}
@@ -79,3 +85,23 @@ def parse_layers(spec: str, n_layer: int) -> tuple[int, int]:
     if start >= stop:
         raise ValueError(f"{spec!r} selects no layer (it means {start}:{stop}; the start must be below the stop)")
     return start, stop
+
+
+def to_svg(dot: str) -> str:
+    """The picture of DOT text, laid out by Graphviz's ``dot`` (a program, not a Python package: no package on
+    PyPI ships it, so graphir draws through the one the system has, and says where to get it when there is none)."""
+    exe = shutil.which("dot")
+    if exe is None:
+        raise GraphirError("--format svg needs Graphviz's 'dot' program, which is not on PATH: install the "
+                           "'graphviz' package of your system (apt-get install graphviz, brew install graphviz, "
+                           "conda install graphviz)")
+    try:
+        done = subprocess.run([exe, "-Tsvg"], input=dot.encode(), capture_output=True, timeout=SVG_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise GraphirError(f"Graphviz's dot did not finish laying out the graph in {SVG_TIMEOUT_S} s: draw fewer "
+                           f"layers (--layers)") from None
+    if done.returncode != 0:
+        why = done.stderr.decode(errors="replace").strip().splitlines()
+        raise GraphirError(f"Graphviz's dot ({exe}) failed with exit {done.returncode}: "
+                           f"{why[-1] if why else 'no message'}")
+    return done.stdout.decode()
