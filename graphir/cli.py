@@ -233,7 +233,10 @@ def _tensor_rows(src_obj: Any) -> tuple[str, list[dict[str, Any]]]:
         if src_obj.header is not None:
             row["offset"] = t.offset
         rows.append(row)
-    return ("gguf" if src_obj.header is not None else "preset"), rows
+    from graphir.model.presets import PRESETS
+
+    kind = "gguf" if src_obj.header is not None else "preset" if src_obj.label in PRESETS else "hf-config"
+    return kind, rows
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -416,6 +419,7 @@ def _warm_up(model: Any, quiet: bool) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
+    from graphir.progress import counting, stream
     from graphir.running.runtime import load
 
     t0 = time.perf_counter()
@@ -426,11 +430,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     stats: dict[str, float] = {}
     ctx = model.new_context(n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size) \
         if args.ctx_size else None
+    # the text streaming to a terminal shows the generation's progress; text going to a file or a pipe does not,
+    # so then a bar of the tokens generated is drawn on stderr (when that is a terminal)
+    bar = counting(None if sys.stdout.isatty() else stream(args.quiet), args.n, "generating")
     for piece in model.generate(args.prompt, max_tokens=args.n, temperature=args.temp, top_k=args.top_k,
                                 top_p=args.top_p, seed=args.seed, ctx=ctx, stats=stats, min_p=args.min_p,
                                 repeat_penalty=args.repeat_penalty):
         sys.stdout.write(piece)
         sys.stdout.flush()
+        bar.update(1)  # one piece per token that completed a character: exact once the run ends, just below
+    bar.n = int(stats["gen_tokens"])
+    bar.close()
     sys.stdout.write("\n")
     sys.stderr.write(f"load: {load_s:.2f} s; prompt: {stats['prompt_tokens']:.0f} tokens, {_rate(stats['prompt_tokens'], stats['prompt_s'])}; "
                      f"generation: {stats['gen_tokens']:.0f} tokens, {_rate(stats['gen_tokens'], stats['gen_s'])}\n")

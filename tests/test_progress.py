@@ -90,3 +90,22 @@ def _read(fd: int) -> bytes:
         return os.read(fd, 4096)
     except OSError:  # the terminal's other end closed
         return b""
+
+
+def test_a_generation_written_to_a_file_draws_its_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Text streaming to the terminal is its own progress; text redirected elsewhere gets a bar on stderr."""
+    model = write_model_gguf(tmp_path / "tiny.gguf", make_tiny_preset("llama"))
+    argv = ["run", str(model), "-p", "hello", "-n", "5", "--temp", "0"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False, raising=False)
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    generated = int(err.rsplit("generation: ", 1)[1].split(" tokens")[0])
+    assert generated >= 1 and "generating: " in err and f"| {generated}/5 " in err
+    assert main([*argv, "--quiet"]) == 0
+    quiet_out, quiet_err = capsys.readouterr()
+    assert "generating" not in quiet_err and quiet_out == out
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)  # the text itself shows progress
+    assert main(argv) == 0
+    assert "generating" not in capsys.readouterr().err
