@@ -13,8 +13,10 @@ from graphir.errors import MetadataError
 # architecture name -> module of this package that defines it (imported only when asked for)
 MODULES = {
     "bert": "bert",
+    "deepseek2": "deepseek2",
     "gemma2": "gemma",
     "gemma3": "gemma",
+    "gpt-oss": "gpt_oss",
     "gpt2": "gpt2",
     "granitehybrid": "granite",
     "llama": "llama",

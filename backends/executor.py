@@ -9,18 +9,20 @@ Arrays are in numpy order, the reverse of the IR's ggml order.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from graphir.backends.kernels.jit import kernel_launches
-from graphir.backends.kernels.moe import argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
+from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
 from graphir.backends.kernels.mul_mat import mul_mat
 from graphir.backends.kernels.norm import norm, rms_norm
 from graphir.backends.kernels.recurrent import gated_delta_net, rwkv_wkv6, ssm_conv, ssm_scan, ssm_scan_heads
 from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin
 from graphir.backends.kernels.softmax import KV_PAD, soft_max
-from graphir.backends.kernels.unary import exp, geglu, gelu, neg, relu, sigmoid, silu, softplus, sqr, tanh
+from graphir.backends.kernels.unary import (exp, geglu, gelu, neg, relu, sigmoid, silu, softplus, sqr, swiglu_oai,
+                                            tanh)
 from graphir.backends.isa import REDUCE_HADD, IsaPath
 from graphir.backends.quant.weight import QWeight
 from graphir.graph.dims import Sym
@@ -52,15 +54,16 @@ def _dense_kept() -> Callable[[Any], np.ndarray]:
     return dense
 
 
-def _mul_mat(w: Any, x: np.ndarray, path: IsaPath) -> np.ndarray:
-    """ggml mul_mat: out[..., n, m] = sum_k w[..., m, k] x[..., n, k]; w's batch dims broadcast over x's."""
+def _mul_mat(w: Any, x: np.ndarray, path: IsaPath, contiguous: bool | None = None) -> np.ndarray:
+    """ggml mul_mat: out[..., n, m] = sum_k w[..., m, k] x[..., n, k]; w's batch dims broadcast over x's.
+    ``contiguous``: whether ggml sees x contiguous, for a float array w (mul_mat's default otherwise)."""
     if isinstance(w, QWeight):
         x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
         floats = w.float_rows()
         # f32 and f16 weights: ggml's own float paths (tinyBLAS or vec_dot, in their summation order)
         y = w.matmul(x2) if floats is None else mul_mat(floats[0], x2, path, pad=1, contiguous=True, w_rows=floats[1])
         return y.reshape(x.shape[:-1] + (w.rows,))
-    return mul_mat(w, x, path)
+    return mul_mat(w, x, path, contiguous=contiguous)
 
 
 def _broadcast(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -140,13 +143,18 @@ _UNARY_FN = {"gelu": gelu, "relu": relu, "sqr": sqr, "neg": neg, "exp": exp, "ta
 
 @kernel("get_rows")
 def _get_rows(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    if len(n.inputs[1].shape) == 2:  # batched: src (B, rows, ne0), ids (B, n)
-        return lambda env, src, ids: np.take_along_axis(src, ids[..., None].astype(np.intp), axis=1).astype(np.float32)
+    if len(n.inputs[1].shape) >= 2:  # batched: src (B..., rows, ne0), ids (B..., n)
+        return lambda env, src, ids: np.take_along_axis(src, ids[..., None].astype(np.intp), axis=-2).astype(np.float32)
     return lambda env, src, ids: src.get_rows(ids) if isinstance(src, QWeight) else src[ids].astype(np.float32)
 
 
 @kernel("mul_mat")
 def _mul_mat_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    w, x = n.inputs
+    if w.op == "weight" and len(w.shape) == 3:  # a stack of matrices (MLA's per-head k_b, v_b): held dense; ggml
+        # may take tinyBLAS for it where the activations are contiguous (not a permuted or strided view)
+        fresh = x.op not in ("permute", "transpose", "view")
+        return lambda env, w, x: _mul_mat(w, x, path, contiguous=fresh)
     return lambda env, w, x: _mul_mat(w, x, path)
 
 
@@ -220,6 +228,17 @@ def _geglu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     return lambda env, g, u: geglu(g, u)
 
 
+@kernel("swiglu_oai")
+def _swiglu_oai(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    alpha, limit = n.attrs["alpha"], n.attrs["limit"]
+    return lambda env, g, u: swiglu_oai(g, u, alpha, limit)
+
+
+@kernel("add_id")
+def _add_id(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    return lambda env, x, b, ids: add_id(x, _dense(b), ids)
+
+
 @kernel("rope")
 def _rope(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     a = n.attrs
@@ -254,8 +273,9 @@ def _soft_max(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., An
     # llama.cpp pads a KV cache's attended cells (n_kv) to 256 masked ones; a mask over the ubatch (n_tokens)
     # or an encoder's output (n_enc) has the length it says
     pad = KV_PAD if len(n.inputs) > 1 and str(n.inputs[1].shape[0]).startswith("n_kv") else 1
-    return lambda env, x, mask=None: soft_max(x, None if mask is None else _broadcast(mask, x.shape),
-                                                a["scale"], a["max_bias"], path, pad)
+    return lambda env, x, mask=None, sinks=None: soft_max(x, None if mask is None else _broadcast(mask, x.shape),
+                                                         a["scale"], a["max_bias"], path, pad,
+                                                         None if sinks is None else _dense(sinks))
 
 
 @kernel("reshape")
@@ -305,7 +325,29 @@ def _concat(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]
 
 @kernel("set_rows")
 def _set_rows_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    if len(n.inputs[2].shape) == 2:  # batched: dst (B, rows, ne0), src (B, n, ne0), ids (B, n); dst a fresh value
+        def set_batched(env: Env, dst: np.ndarray, src: np.ndarray, ids: np.ndarray) -> np.ndarray:
+            np.put_along_axis(dst, ids[..., None].astype(np.intp), src, axis=1)
+            return dst
+        return set_batched
     return lambda env, dst, src, ids: _set_rows(dst, src, ids)
+
+
+@kernel("fill")
+def _fill(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    c = np.float32(n.attrs["c"])
+    return lambda env, x: np.full(x.shape, c, np.float32)
+
+
+@kernel("repeat")
+def _repeat(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
+    shape = _shape_fn(n.attrs["shape"])
+
+    def repeat(env: Env, x: np.ndarray) -> np.ndarray:
+        s = shape(env)
+        return np.ascontiguousarray(np.broadcast_to(_broadcast(x, s), s), dtype=np.float32)
+
+    return repeat
 
 
 @kernel("ssm_conv")
@@ -381,6 +423,8 @@ class Program:
                 self.steps.append((_step(n, self.memo, path), i, tuple(index[id(x)] for x in n.inputs), free))
         self.outputs = {role: index[id(n)] for role, n in graph.outputs.items()}
         self.names = [n.name for n in graph.nodes]
+        self.ops = [n.op for n in graph.nodes]
+        self.profile: dict[str, list[float]] | None = None  # set to {}: op -> [seconds, steps] of every run
 
     def run(self, env: Env, feeds: Mapping[str, np.ndarray],
             taps: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
@@ -397,8 +441,15 @@ class Program:
             vals[i] = w
         for i, name in self.feeds:
             vals[i] = feeds[name]
+        profile = self.profile
         for fn, out, ins, free in self.steps:
+            if profile is not None:
+                t0 = time.perf_counter()
             vals[out] = fn(env, *[vals[j] for j in ins])
+            if profile is not None:
+                spent = profile.setdefault(self.ops[out], [0.0, 0])
+                spent[0] += time.perf_counter() - t0
+                spent[1] += 1
             if taps is not None:
                 taps[self.names[out]] = np.array(vals[out])
             for j in free:

@@ -175,14 +175,14 @@ def half(x: np.ndarray) -> np.ndarray:
 
 def make_weight(qtype: gguf.GGMLQuantizationType, rows: int, ne0: int, rng: np.random.Generator) -> np.ndarray:
     """Raw GGUF data for a random weight (std ~ 1/sqrt(ne0)): gguf's quantizers where they exist (F16, BF16,
-    Q8_0, Q4_0, Q5_0, Q4_1), random valid blocks otherwise (K-quants, which gguf cannot quantize)."""
+    Q8_0, Q4_0, Q5_0, Q4_1, MXFP4), random valid blocks otherwise (K-quants, which gguf cannot quantize)."""
     Q = gguf.GGMLQuantizationType
     w = (rng.standard_normal((rows, ne0)) / np.sqrt(ne0)).astype(np.float32)
     if qtype == Q.F32:
         return w
     if qtype == Q.F16:
         return w.astype(np.float16)
-    if qtype in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1):
+    if qtype in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.MXFP4):
         return gguf.quants.quantize(w, qtype)
     block, tsize = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, ne0 // block, tsize), dtype=np.uint8)
@@ -227,9 +227,9 @@ _DENSE["qwen35"] = {  # A = -exp(A_log) < 0 so states decay; a step bias per val
 
 # Matrices llama.cpp's converter always writes as F32 whatever the output type (convert_hf_to_gguf): its kernels
 # for these read float32 only (ssm_conv asserts; rwkv_wkv6 reads time_first's bytes as floats); MoE routers
-# (ffn_gate_inp) it keeps F32 for precision.
+# (ffn_gate_inp) it keeps F32 for precision; a tensor not named .weight (gpt-oss's [n_ff, n_expert] expert biases) too.
 KEEP_F32 = re.compile(r"blk\.\d+\.(ssm_conv1d|time_mix_first|time_mix_w[12]|time_mix_decay_w[12]|time_mix_lerp_fused"
-                      r"|ffn_gate_inp)\.weight|position_embd\.weight|token_types\.weight")
+                      r"|ffn_gate_inp)\.weight|position_embd\.weight|token_types\.weight|.+\.bias")
 # Stacked expert matrices [n_embd, n_ff, n_expert]: written in the file's matrix type like any matrix
 EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight")
 
@@ -274,8 +274,10 @@ def write_vocab_gguf(path: Path, metadata: dict[str, object], arch: str = "llama
 def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
                      drop: tuple[str, ...] = (), reshape: dict[str, tuple[int, ...]] | None = None,
                      extra_md: dict[str, Any] | None = None, drop_md: tuple[str, ...] = (),
-                     extra_arrays: dict[str, list[Any]] | None = None) -> Path:
+                     extra_arrays: dict[str, list[Any]] | None = None,
+                     experts: gguf.GGMLQuantizationType | None = None) -> Path:
     """A GGUF with the preset's metadata and every tensor it declares, random weights seeded by tensor name.
+    ``experts``: the stacked experts' type when it is not ``dtype`` (gpt-oss's converter writes MXFP4 experts).
 
 
     Matrices get ``dtype``; vectors stay F32. ``drop``/``reshape``/``drop_md`` make broken files on purpose.
@@ -301,10 +303,11 @@ def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationTyp
             w.add_tensor(name, (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
             continue
         if len(shape) > 2 and EXPERTS.fullmatch(name):  # expert e's matrix is rows e*n_ff..(e+1)*n_ff
-            data = make_weight(dtype, int(np.prod(shape[1:])), shape[0], rng)
+            xtype = experts or dtype
+            data = make_weight(xtype, int(np.prod(shape[1:])), shape[0], rng)
             w.add_tensor(name, data.reshape(tuple(shape[:0:-1]) + data.shape[-1:]),
-                         raw_dtype=None if dtype in (gguf.GGMLQuantizationType.F32,
-                                                     gguf.GGMLQuantizationType.F16) else dtype)
+                         raw_dtype=None if xtype in (gguf.GGMLQuantizationType.F32,
+                                                     gguf.GGMLQuantizationType.F16) else xtype)
             continue
         if len(shape) > 2 or name in dense or KEEP_F32.fullmatch(name):  # stacked parameters (RWKV mixes),
             # state-space constants and what llama.cpp keeps F32: f32 (the same values as make_weight's F32)
@@ -359,6 +362,20 @@ TINY_FAMILY["qwen35"] = {
 # Qwen3-MoE: 8 experts of 32, 2 per token (no shared expert)
 TINY_FAMILY["qwen3moe"] = {gguf.Keys.LLM.EXPERT_COUNT: 8, gguf.Keys.LLM.EXPERT_USED_COUNT: 2,
                            gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: 32}
+# gpt-oss: 4 experts of 64, 2 per token; layer 0 slides through a window of 4 positions, layer 1 attends to all
+TINY_FAMILY["gpt-oss"] = {gguf.Keys.LLM.EXPERT_COUNT: 4, gguf.Keys.LLM.EXPERT_USED_COUNT: 2,
+                          gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: 64, gguf.Keys.Attention.SLIDING_WINDOW: 4}
+# DeepSeek-V3 in small: MLA (a latent of 32 + 16 RoPE'd, heads of 16 + 16, values of 16) over the latent cache, a
+# dense first layer, then 8 experts in 4 groups (2 kept), 2 used, sigmoid-scored, normalised and scaled
+TINY_FAMILY["deepseek2"] = {
+    gguf.Keys.LLM.BLOCK_COUNT: 3, gguf.Keys.Attention.HEAD_COUNT_KV: 1, gguf.Keys.Attention.KEY_LENGTH: 48,
+    gguf.Keys.Attention.VALUE_LENGTH: 32, gguf.Keys.Attention.KEY_LENGTH_MLA: 32,
+    gguf.Keys.Attention.VALUE_LENGTH_MLA: 16, gguf.Keys.Rope.DIMENSION_COUNT: 16, gguf.Keys.Attention.KV_LORA_RANK: 32,
+    gguf.Keys.Attention.Q_LORA_RANK: 32, gguf.Keys.LLM.LEADING_DENSE_BLOCK_COUNT: 1, gguf.Keys.LLM.EXPERT_COUNT: 8,
+    gguf.Keys.LLM.EXPERT_USED_COUNT: 2, gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: 32,
+    gguf.Keys.LLM.EXPERT_SHARED_COUNT: 1, gguf.Keys.LLM.EXPERT_GROUP_COUNT: 4, gguf.Keys.LLM.EXPERT_GROUP_USED_COUNT: 2,
+    gguf.Keys.LLM.EXPERT_GATING_FUNC: 2, gguf.Keys.LLM.EXPERT_WEIGHTS_NORM: True, gguf.Keys.LLM.EXPERT_WEIGHTS_SCALE: 2.5,
+}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 

@@ -55,7 +55,7 @@ class Src:
     leaf: str                 # "input" (fed at run time) or "weight" (given by the weights function)
     dtype: str                # IR dtype of the leaf
     shape: tuple[Any, ...]    # ggml order (ne0 first), ints or Syms
-    init: str = "uniform"     # uniform | ids (with repeats) | uids (distinct) | pos | mask
+    init: str = "uniform"     # uniform | ids (with repeats) | uids (distinct) | ruids (distinct per row) | pos | mask
     lo: float = -1.0
     hi: float = 1.0
     n: int = 0                # ids/uids: rows to pick from; pos: positions are in [0, n)
@@ -189,6 +189,9 @@ CASES: list[Case] = [
     C("softplus", I("f32", 16, 4, T, lo=-5, hi=5), tol=F32, env={"n_tokens": 3}),
     C("swiglu", I("f32", 11, 5), I("f32", 11, 5), tol=F32),
     C("swiglu", I("f32", 16, 3, 2, lo=-4, hi=4), I("f32", 16, 3, 2), tol=F32),
+    C("swiglu_oai", I("f32", 37, 4, lo=-12, hi=12), I("f32", 37, 4, lo=-12, hi=12), alpha=1.7020000219345093,
+      limit=7.0, tol=F32, note="both clamps hit"),
+    C("swiglu_oai", I("f32", 16, 3, 2, lo=-3, hi=3), I("f32", 16, 3, 2), alpha=1.0, limit=2.5, tol=F32),
     C("geglu", I("f32", 11, 5), I("f32", 11, 5), tol=F16),
     C("geglu", I("f32", 16, 3, 2, lo=-12, hi=12), I("f32", 16, 3, 2), tol=F16),
     # rope: x [d, heads, tokens(, seqs)], positions index ne2
@@ -221,6 +224,10 @@ CASES: list[Case] = [
     C("soft_max", I("f32", 8, 3, 2, 2), I("f32", 8, 3, init="mask"), scale=0.3, max_bias=0.0, tol=F32),
     C("soft_max", I("f32", 8, 3, 4), I("f32", 8, 3, 2, init="mask"), scale=1.0, max_bias=0.0, tol=F32,
       note="mask ne2 broadcast by modulo"),
+    C("soft_max", I("f32", KV, T, 4), I("f32", KV, T, init="mask"), I("f32", 4, lo=-3, hi=6), scale=0.125,
+      max_bias=0.0, tol=F32, env={"n_kv": 9, "n_tokens": 5}, note="sinks, one per head"),
+    C("soft_max", I("f32", 20, 3, 2, lo=-50, hi=50), I("f32", 20, 3, init="mask"), I("f32", 2, lo=40, hi=60),
+      scale=1.0, max_bias=0.0, tol=F32, note="sinks above every score"),
     # movement
     C("reshape", I("f32", 64, T), shape=(8, 8, T), tol=EXACT, env={"n_tokens": 3}),
     C("reshape", I("f32", 8, 4, T), shape=(32, T), tol=EXACT, env={"n_tokens": 5}),
@@ -315,10 +322,24 @@ CASES: list[Case] = [
     C("argsort_top_k", I("f32", 4, 1), k=4, tol=EXACT, note="all"),
     C("get_rows", I("f32", 1, 8, T), I("i32", 2, T, init="ids", n=8), tol=EXACT, env={"n_tokens": 4}, note="batched"),
     C("get_rows", I("f32", 3, 5, 2), I("i32", 4, 2, init="ids", n=5), tol=EXACT, note="batched, 3 wide"),
+    C("get_rows", I("f32", 1, 4, 3, T), I("i32", 2, 3, T, init="ids", n=4), tol=EXACT, env={"n_tokens": 2},
+      note="batched twice: each group's top 2"),
+    # group-limited routing's mask: every score -inf, then the kept groups' rows written back per token
+    C("fill", I("f32", 4, 3, T), c=-2.5, tol=EXACT, env={"n_tokens": 2}),
+    C("fill", I("f16", 7, 2), c=0.75, tol=EXACT, note="f16 shape, f32 values"),
+    C("set_rows", I("f32", 4, 5, T), I("f32", 4, 2, T), I("i32", 2, T, init="ruids", n=5), tol=EXACT,
+      env={"n_tokens": 3}, note="batched"),
+    # repeat: a tiled to shape (the legacy MLA's key part, one head repeated to every head)
+    C("repeat", I("f32", 4, 1, T), shape=(4, 3, T), tol=EXACT, env={"n_tokens": 2}),
+    C("repeat", I("f32", 2, 3), shape=(4, 3, 2), tol=EXACT, note="tiled in two dims, a new one"),
     C("sum_rows", I("f32", 8, T), tol=F32, env={"n_tokens": 3}),
     C("sum_rows", I("f32", 7, 4, 2, lo=0, hi=1), tol=F32),
     C("moe_sum", I("f32", 16, 4, T), tol=F32, env={"n_tokens": 3}),
     C("moe_sum", I("f32", 8, 1, 2), tol=F32, note="one slot"),
+    C("add_id", I("f32", 16, 2, T), I("f32", 16, 5), I("i32", 2, T, init="ids", n=5), tol=F32,
+      env={"n_tokens": 3}),
+    C("add_id", I("f32", 7, 4, 2), W("f32", 7, 6, store="np"), I("i32", 4, 2, init="ids", n=6), tol=F32,
+      note="bias table a weight"),
     C("clamp", I("f32", 7, 5, lo=-1e-4, hi=1e-4), min=6.103515625e-5, max=float("inf"), tol=F32, note="f16 floor"),
     C("clamp", I("f32", 16, 3, lo=-3, hi=3), min=-1.0, max=2.0, tol=F32),
     C("div", I("f32", 8, T), I("f32", 1, T, lo=0.5, hi=2), tol=F32, env={"n_tokens": 3}, note="by row sums"),
@@ -398,6 +419,9 @@ def make_input(rng: np.random.Generator, s: Src, shape: tuple[int, ...]) -> np.n
         return rng.integers(0, s.n, shape).astype(dt)
     if s.init == "uids":
         return rng.permutation(s.n)[: shape[0]].astype(dt)
+    if s.init == "ruids":  # batched ids: distinct within each batch
+        rows = [rng.permutation(s.n)[: shape[-1]] for _ in range(int(np.prod(shape[:-1])))]
+        return np.array(rows).reshape(shape).astype(dt)
     if s.init == "pos":
         return rng.integers(0, s.n, shape).astype(dt)
     if s.init == "mask":  # 0 or -inf; every row keeps at least one visible column (no all -inf row)
@@ -455,12 +479,19 @@ def ref_mul(v, a, shape, case):
 
 
 def ref_get_rows_batched(v, a, shape, case):
-    A, ids = gg(v[0]), gg(v[1])                       # [ne0, rows, B], [n, B]
-    out = np.empty((A.shape[0], ids.shape[0], ids.shape[1], 1))
-    for b in range(ids.shape[1]):
-        for i in range(ids.shape[0]):
-            out[:, i, b, 0] = A[:, ids[i, b, 0, 0], b, 0]
+    A, ids = gg(v[0]), gg(v[1])                       # [ne0, rows, B, C], [n, B, C]
+    out = np.empty((A.shape[0], ids.shape[0], ids.shape[1], ids.shape[2]))
+    for c in range(ids.shape[2]):
+        for b in range(ids.shape[1]):
+            for i in range(ids.shape[0]):
+                out[:, i, b, c] = A[:, ids[i, b, c, 0], b, c]
     return back(out, shape)
+
+
+def ref_repeat(v, a, shape, case):
+    A = gg(v[0])
+    ne = gg(np.empty(shape)).shape
+    return back(np.tile(A, tuple(n // m for n, m in zip(ne, A.shape))), shape)
 
 
 def ref_mul_mat_id(v, a, shape, case):
@@ -631,8 +662,18 @@ def ref_soft_max(v, a, shape, case):
         for i3 in range(Wt.shape[3]):
             for i2 in range(Wt.shape[2]):
                 Wt[:, :, i2, i3] += Mk[:, : Wt.shape[1], i2 % Mk.shape[2], i3 % Mk.shape[3]]
+    if len(v) > 2:  # head i2's sink: one more logit in the denominator
+        sink = np.asarray(v[2], np.float64).reshape(1, 1, -1, 1)
+        m = np.maximum(Wt.max(axis=0, keepdims=True), sink)
+        e = np.exp(Wt - m)
+        return back(e / (e.sum(axis=0, keepdims=True) + np.exp(sink - m)), shape)
     e = np.exp(Wt - Wt.max(axis=0, keepdims=True))
     return back(e / e.sum(axis=0, keepdims=True), shape)
+
+
+def ref_swiglu_oai(v, a, shape, case):
+    g, u = np.minimum(v[0], a["limit"]), np.clip(v[1], -a["limit"], a["limit"])
+    return g / (1.0 + np.exp(-a["alpha"] * g)) * (u + 1.0)
 
 
 def ref_reshape(v, a, shape, case):
@@ -686,16 +727,25 @@ def ref_concat(v, a, shape, case):
 def ref_set_rows(v, a, shape, case):
     D, S, ids = gg(v[0]).copy(), gg(v[1]), v[2]
     conv = NP_DTYPE[case.srcs[0].dtype]
+    if ids.ndim == 2:  # batched: D[:, ids[i, b], b] = S[:, i, b]
+        I_ = gg(ids)
+        for b in range(I_.shape[1]):
+            for i in range(I_.shape[0]):
+                D[:, I_[i, b, 0, 0], b, 0] = S[:, i, b, 0].astype(conv).astype(np.float64)
+        return back(D, shape)
     for i, r in enumerate(ids):
         D[:, r, 0, 0] = S[:, i, 0, 0].astype(conv).astype(np.float64)  # type conversion: round to dst's type
     return back(D, shape)
 
 
 REFS: dict[str, Callable[..., np.ndarray]] = {
-    "get_rows": lambda v, a, shape, case: (ref_get_rows_batched if v[1].ndim == 2 else ref_get_rows)(v, a, shape, case),
+    "get_rows": lambda v, a, shape, case: (ref_get_rows_batched if v[1].ndim >= 2 else ref_get_rows)(v, a, shape, case),
+    "fill": lambda v, a, shape, case: np.full(shape, a["c"]), "repeat": ref_repeat,
     "mul_mat": ref_mul_mat, "mul_mat_id": ref_mul_mat_id, "argsort_top_k": ref_argsort_top_k,
     "sum_rows": lambda v, a, shape, case: v[0].sum(-1, keepdims=True),
     "moe_sum": lambda v, a, shape, case: v[0].sum(-2),
+    "add_id": lambda v, a, shape, case: v[0] + np.asarray(v[1], np.float64)[np.asarray(v[2])],
+    "swiglu_oai": ref_swiglu_oai,
     "clamp": lambda v, a, shape, case: np.clip(v[0], a["min"], a["max"]),
     "div": lambda v, a, shape, case: back(gg(v[0]) / _repeat_b(gg(v[0]), gg(v[1])), shape),
     "add": ref_add, "sub": ref_sub, "mul": ref_mul,

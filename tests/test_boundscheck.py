@@ -52,13 +52,15 @@ FAMILY_KEYS: dict[str, dict[str, object]] = {
     "gpt2": {K.Attention.LAYERNORM_EPS: 1e-5},
     "bert": {}, "nomic-bert": {}, "mamba": {}, "mamba2": {}, "granitehybrid": {}, "rwkv6": {}, "qwen35": {},
     "qwen3moe": {},
+    "gpt-oss": {}, "deepseek2": {},  # conftest.TINY_FAMILY's: gpt-oss slides through 4 positions
     "t5": {K.Attention.HEAD_COUNT_KV: 4, K.Attention.KEY_LENGTH: 16, K.Attention.VALUE_LENGTH: 16,
            K.Attention.REL_BUCKETS_COUNT: 32, K.LLM.DECODER_START_TOKEN_ID: START, K.Attention.LAYERNORM_EPS: 1e-5},
 }
 # tensors a family's converter may write that its minimal preset leaves out
 INCLUDE = {"phi3": r"blk\.\d+\.attn_qkv\.weight|rope_factors_(long|short)\.weight",
+           "deepseek2": r"blk\.\d+\.exp_probs_b\.bias",
            "t5": r"(enc|dec)\.blk\.\d+\.ffn_gate\.weight"}
-MATRIX_TYPES = (Q.F16, Q.BF16, Q.Q8_0, Q.Q4_1, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+MATRIX_TYPES = (Q.F16, Q.BF16, Q.Q8_0, Q.Q4_1, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4)
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 ROWS_256 = {K.LLM.EMBEDDING_LENGTH: 256, K.LLM.FEED_FORWARD_LENGTH: 512}  # rows a K-quant block fits
 STEPS = 2
@@ -91,7 +93,7 @@ def random_case(seed: int) -> Case:
     arch = list(FAMILY_KEYS)[int(rng.integers(len(FAMILY_KEYS)))]
     keys: dict[str, object] = {K.LLM.CONTEXT_LENGTH: 2048}
     dtype = Q.F32
-    if arch not in RECURRENT:  # the recurrent families keep their own widths
+    if arch not in RECURRENT + ("deepseek2",):  # the recurrent families (and MLA's tied sizes) keep their widths
         # T5's relative position bias has rows of n_head: no quantized block fits
         types = (Q.F32, Q.F16, Q.BF16) if arch == "t5" else (Q.F32, *MATRIX_TYPES)
         dtype = types[int(rng.integers(len(types)))]
@@ -101,12 +103,12 @@ def random_case(seed: int) -> Case:
         n_head_kv = n_head if arch in ("bert", "nomic-bert", "t5") else int(rng.choice(
             [h for h in (1, 2, 4, 8) if n_head % h == 0]))
         n_ff = step * int(rng.integers(1, 6))
-        if arch == "qwen3moe":  # the experts' width, in whole quantization blocks like every row
+        if arch in ("qwen3moe", "gpt-oss"):  # the experts' width, in whole quantization blocks like every row
             keys[K.LLM.EXPERT_FEED_FORWARD_LENGTH] = n_ff
         keys.update({K.LLM.EMBEDDING_LENGTH: n_embd, K.LLM.FEED_FORWARD_LENGTH: n_ff,
                      K.Attention.HEAD_COUNT: n_head, K.Attention.HEAD_COUNT_KV: n_head_kv,
                      K.Attention.KEY_LENGTH: n_embd // n_head, K.Attention.VALUE_LENGTH: n_embd // n_head})
-    if arch in ("gemma2", "gemma3", "phi3"):
+    if arch in ("gemma2", "gemma3", "phi3", "gpt-oss"):
         keys[K.Attention.SLIDING_WINDOW] = int(rng.integers(1, 40))
     n_seq = int(rng.integers(1, 4))
     cap = 250 if arch in ("bert", "nomic-bert", "t5") else 300  # an encoder's ubatch: at most _decode's 256 cells
@@ -193,7 +195,7 @@ def _decode(model: Any, case: Case) -> np.ndarray:
                                 n_batch=max(total, case.n_ubatch))
         ctx.decode(_batch(seqs))
     for i in range(STEPS):
-        if i == 1 and ctx.memory.kind == "kv" and ctx.memory.can_shift():
+        if i == 1 and ctx.memory.kind in ("kv", "mla") and ctx.memory.can_shift():
             ctx.memory.seq_add(n_seq - 1, -1, -1, 2)  # the next decode re-ropes cached K first
         ctx.decode(_batch(step()))
     return ctx.logits()

@@ -26,7 +26,9 @@ from graphir.source import load_graph
 
 QT = gguf.GGMLQuantizationType
 PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Mixtral-8x7B", "Qwen2.5-0.5B",
-           "Qwen2.5-72B", "Qwen3-0.6B", "Qwen3-8B", "Qwen3-30B-A3B", "Qwen3.5-0.8B", "SmolLM3-3B", "GPT-2",
+           "Qwen2.5-72B", "Qwen3-0.6B", "Qwen3-8B", "DeepSeek-V2-Lite", "DeepSeek-V3",
+           "Qwen3-30B-A3B", "gpt-oss-20b", "gpt-oss-120b", "Qwen3.5-0.8B",
+           "SmolLM3-3B", "GPT-2",
            "Phi-3-mini-4k", "Phi-3.5-mini", "Phi-4-mini", "BERT-base", "all-MiniLM-L6-v2", "Mamba-130M", "Mamba-2.8B",
            "Mamba-2-2.7B", "Granite-4.0-H-Tiny", "Granite-4.0-H-Small", "Gemma-2-2B", "Gemma-2-27B",
            "Gemma-3-1B", "Gemma-3-27B", "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "RWKV6-1.6B"]
@@ -558,8 +560,8 @@ ERROR_CASES = {
     "cut inside metadata": (lambda tp: ["dump", _cut_inside_metadata(tp)], "{0}: truncated inside metadata"),
     "unknown architecture": (
         lambda tp: ["dump", write_tiny_gguf(tp / "arch.gguf", arch="llamazing")],
-        "{0}: unknown architecture 'llamazing' (known: bert, gemma2, gemma3, gpt2, granitehybrid, llama, mamba, "
-        "mamba2, nomic-bert, phi3, qwen2, qwen3, qwen35, qwen3moe, rwkv6, smollm3, t5, t5encoder)"),
+        "{0}: unknown architecture 'llamazing' (known: bert, deepseek2, gemma2, gemma3, gpt-oss, gpt2, granitehybrid, "
+        "llama, mamba, mamba2, nomic-bert, phi3, qwen2, qwen3, qwen35, qwen3moe, rwkv6, smollm3, t5, t5encoder)"),
     "missing hparam": (
         lambda tp: ["dump", write_tiny_gguf(tp / "key.gguf", drop_keys=(RMS_EPS_KEY,))],
         "{0}: missing key 'llama.attention.layer_norm_rms_epsilon'"),

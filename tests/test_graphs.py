@@ -15,7 +15,8 @@ from conftest import graph_cases
 
 from graphir.graph.forms import to_text
 from graphir.memory.kinds import assemble
-from graphir.memory.kv import KVCache, rope_plan
+from graphir.memory.kv import KVCache, rope_plan, split_heads
+from graphir.memory.latent import LatentCache
 from graphir.memory.layers import ContextParams
 from graphir.model.meta import open_model
 from graphir.model.presets import PRESETS
@@ -26,6 +27,7 @@ SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"
 CASES = graph_cases()
 SHIFT_CASES = sorted(p for p in PRESETS  # presets with a KV cache whose K is roped
                      if "kv" in open_model(p).arch.contexts and open_model(p).arch.rope_mode != "none")
+LATENT_SHIFT_CASES = sorted(p for p in PRESETS if "mla" in open_model(p).arch.contexts)  # MLA's latent rows
 
 
 class GraphText(graph_text()):  # type: ignore[misc,valid-type]
@@ -61,8 +63,25 @@ def test_k_shift_graph(preset: str, graph_snapshot: Any) -> None:
     assert to_text(shift) == graph_snapshot
 
 
+@pytest.mark.parametrize("preset", LATENT_SHIFT_CASES)
+def test_latent_k_shift_graph(preset: str, graph_snapshot: Any) -> None:
+    """The latent cache's K-shift turns the RoPE'd key part at the end of each cached row, in every layer."""
+    m = open_model(preset)
+    graph = m.build_graph("mla", "prefill")
+    shiftable, plan = rope_plan(graph)
+    assert shiftable and sorted(plan) == list(range(m.arch.hp.n_layer))
+    split = split_heads(graph)
+    assert set(split.values()) == {(576, 1)}  # one head of [latent 512 | key part 64]
+    cache = assemble("mla", m.arch.needs, ContextParams(n_ctx=4))
+    assert isinstance(cache, LatentCache)
+    shift = cache.k_shift_graph(graph.meta, plan, split)
+    verify(shift)
+    assert to_text(shift) == graph_snapshot
+
+
 def test_every_snapshot_file_belongs_to_a_case() -> None:
     # NOTE: syrupy reports unused snapshots only when pytest runs without path arguments; this holds always.
     expected = {f"test_graph[{p}-{c}-{ph}].graph.txt" for p, c, ph in CASES}
     expected |= {f"test_k_shift_graph[{p}].graph.txt" for p in SHIFT_CASES}
+    expected |= {f"test_latent_k_shift_graph[{p}].graph.txt" for p in LATENT_SHIFT_CASES}
     assert sorted(p.name for p in (SNAPSHOT_DIR / "test_graphs").iterdir()) == sorted(expected)

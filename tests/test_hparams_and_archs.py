@@ -21,7 +21,7 @@ from graphir.graph.forms import from_json, from_text, to_json, to_text
 from graphir.model.hparams import read_hparams
 from graphir.graph.ir import Graph
 from graphir.memory.kinds import assemble
-from graphir.memory.layers import LatentAttention
+from graphir.memory.layers import LatentAttention, Recurrent
 from graphir.model.meta import ModelMeta, from_preset, open_model
 from graphir.model.presets import PRESETS
 
@@ -208,9 +208,9 @@ def test_n_embd_not_divisible_by_n_head_is_rejected_without_a_key_length():
 
 
 def test_registry_names_the_supported_architectures():
-    assert graphir.arch.names() == ["bert", "gemma2", "gemma3", "gpt2", "granitehybrid", "llama", "mamba", "mamba2",
-                                   "nomic-bert", "phi3", "qwen2", "qwen3", "qwen35", "qwen3moe", "rwkv6", "smollm3",
-                                   "t5", "t5encoder"]
+    assert graphir.arch.names() == ["bert", "deepseek2", "gemma2", "gemma3", "gpt-oss", "gpt2", "granitehybrid", "llama", "mamba",
+                                   "mamba2", "nomic-bert", "phi3", "qwen2", "qwen3", "qwen35", "qwen3moe", "rwkv6",
+                                   "smollm3", "t5", "t5encoder"]
 
 
 def test_get_returns_the_registered_class():
@@ -223,8 +223,8 @@ def test_qwen2_is_a_llama_variant():
 
 
 def test_an_unknown_architecture_is_rejected_listing_the_known_ones():
-    known = ("bert, gemma2, gemma3, gpt2, granitehybrid, llama, mamba, mamba2, nomic-bert, phi3, qwen2, qwen3, qwen35, "
-             "qwen3moe, rwkv6, smollm3, t5, t5encoder")
+    known = ("bert, deepseek2, gemma2, gemma3, gpt-oss, gpt2, granitehybrid, llama, mamba, mamba2, nomic-bert, phi3, qwen2, qwen3, "
+             "qwen35, qwen3moe, rwkv6, smollm3, t5, t5encoder")
     with pytest.raises(MetadataError, match=re.escape(f"unknown architecture 'nope' (known: {known})")):
         graphir.arch.get("nope")
 
@@ -522,7 +522,7 @@ def test_none_context_refuses_the_decode_phase():
 
 
 def test_an_unknown_context_is_refused():
-    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: kv, iswa, recurrent, hybrid, cross, none)")):
+    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: kv, iswa, recurrent, hybrid, cross, mla, none)")):
         open_model(SMOL).build_graph("paged", "prefill")
 
 
@@ -532,15 +532,15 @@ def test_an_unknown_phase_is_refused():
 
 
 def test_a_model_whose_layers_no_memory_holds_is_refused_naming_the_layer_kind():
-    class Latent(Llama):  # a test-only family: K-only latent caches (MLA) have no memory kind yet
+    class Latent(Llama):  # a test-only family: latent (MLA) layers and recurrent ones, which no memory kind mixes
         name = "test-latent"
 
         def layers(self):
-            return (LatentAttention(512),) * self.hp.n_layer
+            return tuple(LatentAttention(512) if il % 2 else Recurrent(8, 8) for il in range(self.hp.n_layer))
 
     try:
         with pytest.raises(MetadataError, match=re.escape("no memory kind holds a 'test-latent' model's layers "
-                                                          "(of kind latent)")):
+                                                          "(of kind latent, recurrent)")):
             Latent(open_model(SMOL).arch.hp).contexts
     finally:
         REGISTRY.pop("test-latent")

@@ -28,11 +28,11 @@ def rejects(op: str, inputs: list[Node], attrs: dict, match: str) -> None:
 
 # --------------------------------------------------------------------------- the catalogue
 
-ALL_OPS = ["add", "argsort_top_k", "clamp", "concat", "cont", "div", "exp", "gated_delta_net", "geglu", "gelu",
-           "get_rows", "input", "moe_sum", "mul", "mul_mat", "mul_mat_id", "neg", "norm", "permute", "relu", "reshape",
-           "rms_norm", "rope", "rope_multi", "rwkv_wkv6", "scale",
+ALL_OPS = ["add", "add_id", "argsort_top_k", "clamp", "concat", "cont", "div", "exp", "fill", "gated_delta_net", "geglu",
+           "gelu", "get_rows", "input", "moe_sum", "mul", "mul_mat", "mul_mat_id", "neg", "norm", "permute", "relu",
+           "repeat", "reshape", "rms_norm", "rope", "rope_multi", "rwkv_wkv6", "scale",
            "set_rows", "sigmoid", "silu", "soft_max", "softplus", "sqr", "ssm_conv", "ssm_scan", "ssm_scan_heads",
-           "sub", "sum_rows", "swiglu", "tanh", "transpose", "view", "weight"]
+           "sub", "sum_rows", "swiglu", "swiglu_oai", "tanh", "transpose", "view", "weight"]
 KINDS = {"leaf", "movement", "elementwise", "unary", "norm", "reduce", "matmul", "attention", "recurrent", "memory"}
 
 
@@ -78,7 +78,8 @@ def test_rope_has_an_optional_freq_factors_operand():
 def test_the_named_groups_are_the_catalogues():
     assert LEAVES == {"input", "weight"}
     assert BINARY == {"add", "sub", "mul", "div"}
-    assert UNARY == {"scale", "silu", "gelu", "relu", "sqr", "neg", "exp", "tanh", "sigmoid", "softplus", "clamp"}
+    assert UNARY == {"scale", "silu", "gelu", "relu", "sqr", "neg", "exp", "tanh", "sigmoid", "softplus", "clamp",
+                     "fill"}
     assert VIEWS == {"reshape", "view", "permute", "transpose", "cont"}
     assert COMPUTING == set(OPS) - LEAVES
 
@@ -146,8 +147,9 @@ def test_get_rows_with_2d_ids_picks_rows_per_batch():
     rejects("get_rows", [t("f32", 1, 8, 3), t("i32", 2, T)], {}, r"need a 3-D source with n_tokens batches")
 
 
-def test_get_rows_rejects_3d_ids():
-    rejects("get_rows", [t("f32", 576, 100), t("i32", 2, 2, 2)], {}, r"row ids must be 1-D \(or 2-D, batched\)")
+def test_get_rows_rejects_4d_ids():
+    rejects("get_rows", [t("f32", 576, 100), t("i32", 2, 2, 2, 2)], {},
+            r"row ids must be 1-D \(or 2-D or 3-D, batched\)")
 
 
 def test_get_rows_rejects_a_3d_source():
@@ -214,6 +216,14 @@ def test_sum_rows_and_moe_sum_reduce_one_axis():
     rejects("moe_sum", [t("f32", 2048, T)], {}, r"expects \[n_embd, n_expert_used, n_tokens\]")
 
 
+def test_add_id_adds_each_slots_expert_bias_row():
+    assert infer("add_id", [t("f32", 2880, 4, T), t("f32", 2880, 32), t("i32", 4, T)], {}) == ("f32", (2880, 4, T))
+    rejects("add_id", [t("f32", 2880, 4, T), t("f32", 64, 32), t("i32", 4, T)], {},
+            r"biases f32\[64, 32\] are not \[2880, n_expert\]")
+    rejects("add_id", [t("f32", 2880, 4, T), t("f32", 2880, 32), t("i32", 2, T)], {},
+            r"ids must be i32\[4, n_tokens\]")
+
+
 # --------------------------------------------------------------------------- add / mul (broadcast by repetition)
 
 
@@ -269,6 +279,13 @@ def test_glu_of_equal_gate_and_up_keeps_the_shape(op):
 def test_glu_rejects_gate_and_up_of_different_shapes():
     rejects("swiglu", [t("f32", 1536, T), t("f32", 1024, T)], {},
             r"gate f32\[1536, n_tokens\] and up f32\[1024, n_tokens\] differ")
+
+
+def test_swiglu_oai_is_a_gated_unit_with_alpha_and_limit():
+    attrs = {"alpha": 1.702, "limit": 7.0}
+    assert infer("swiglu_oai", [t("f32", 2880, 4, T), t("f32", 2880, 4, T)], attrs) == ("f32", (2880, 4, T))
+    rejects("swiglu_oai", [t("f32", 2880, T), t("f32", 2880, T)], {"limit": 7.0, "alpha": 1.702},
+            r"swiglu_oai attributes must be \['alpha', 'limit'\]")
 
 
 # --------------------------------------------------------------------------- rope
@@ -359,6 +376,13 @@ def test_soft_max_with_a_matching_mask_keeps_the_scores_shape():
 
 def test_soft_max_without_a_mask_keeps_the_shape():
     assert infer("soft_max", [t("f32", KV, T, 9)], {"scale": 1.0, "max_bias": 0.0}) == ("f32", (KV, T, 9))
+
+
+def test_soft_max_takes_one_sink_per_head():
+    attrs = {"scale": 0.125, "max_bias": 0.0}
+    assert infer("soft_max", [t("f32", KV, T, 9), t("f32", KV, T), t("f32", 9)], attrs) == ("f32", (KV, T, 9))
+    rejects("soft_max", [t("f32", KV, T, 9), t("f32", KV, T), t("f32", 8)], attrs,
+            r"sinks must be f32\[9\] \(one per head, ne2 of the scores\), got f32\[8\]")
 
 
 def test_soft_max_rejects_a_mask_that_does_not_cover_the_scores():
@@ -453,6 +477,25 @@ def test_set_rows_rejects_rows_whose_count_differs_from_the_ids():
 def test_set_rows_rejects_rows_of_another_width():
     rejects("set_rows", [t("f16", 192, CTX), t("f32", 64, T), t("i64", T)], {},
             r"rows f32\[64, n_tokens\] do not fit f16\[192, n_ctx\]")
+
+
+def test_batched_set_rows_writes_each_batchs_rows_of_a_3d_destination():
+    assert infer("set_rows", [t("f32", 32, 8, T), t("f32", 32, 4, T), t("i32", 4, T)], {}) == ("f32", (32, 8, T))
+    rejects("set_rows", [t("f32", 32, 8, T), t("f32", 32, 4, T), t("i32", 3, T)], {}, "do not fit")
+
+
+def test_get_rows_with_3d_ids_gathers_per_two_batch_dims():
+    assert infer("get_rows", [t("f32", 1, 32, 8, T), t("i32", 2, 8, T)], {}) == ("f32", (1, 2, 8, T))
+    rejects("get_rows", [t("f32", 1, 32, 8), t("i32", 2, 8, T)], {}, r"need a 4-D source with 8 x n_tokens batches")
+
+
+def test_repeat_tiles_to_a_shape_each_size_divides():
+    assert infer("repeat", [t("f32", 64, 1, T)], {"shape": (64, 16, T)}) == ("f32", (64, 16, T))
+    rejects("repeat", [t("f32", 64, 3, T)], {"shape": (64, 16, T)}, "cannot repeat")
+
+
+def test_fill_keeps_the_shape():
+    assert infer("fill", [t("f32", 32, 8, T)], {"c": float("-inf")}) == ("f32", (32, 8, T))
 
 
 def test_set_rows_rejects_float_ids():

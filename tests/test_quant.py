@@ -21,13 +21,13 @@ from graphir.backends.quant.weight import SUPPORTED, QWeight
 T = gguf.GGMLQuantizationType
 F32 = np.float32
 FLOATS = [T.F32, T.F16, T.BF16]
-QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K]
+QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
 # NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
-# 3.6e-6 (BF16), 3-6e-5 (Q8_0/Q4_0/Q4_1), 5-12e-5 (K-quants, random blocks); pinned at 2-3x.
+# 3.6e-6 (BF16), 3-6e-5 (Q8_0/Q4_0/Q4_1; MXFP4 2.9e-5), 5-12e-5 (K-quants, random blocks); pinned at 2-3x.
 NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q5_0: 2e-4, T.Q4_1: 2e-4,
-            T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4}
+            T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4, T.MXFP4: 2e-4}
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
 # rounding of Q8_1's s alone gives 3e-4)
@@ -108,6 +108,10 @@ def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
                                               (l_[..., :32] >> 4, 4), (l_[..., 32:] >> 4, 6)]):
                 q[..., 128 * h + 32 * k:128 * h + 32 * k + 32] = (lo | (((h_ >> shift) & 3) << 4)) - 32
         return q, f16(208), b[..., 192:208].view(np.int8).astype(np.int64)
+    if qtype == T.MXFP4:  # doubled e2m1 values; the E8M0 scale halved (subnormal below e = 2)
+        e = b[..., 0].astype(np.uint32)
+        d = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32)
+        return np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12])[nib(b[..., 1:17])], d.view(F32)
     raise AssertionError(qtype)
 
 
@@ -124,7 +128,7 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
         xr = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(F32)
         return xr.astype(f64) @ w.T
     wi = weight_ints(raw, qtype, ne0)
-    if qtype in (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1):
+    if qtype in (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.MXFP4):
         qw, dw = wi[0].reshape(raw.shape[0], -1, 32), wi[1]
         qx, dx, sx = q8_blocks(x)
         isum = np.einsum("rbk,nbk->nrb", qw, qx)

@@ -1,5 +1,6 @@
 """Mixture-of-experts kernels: ggml's mul_mat_id (each token through the experts its router chose) and the
-routing's small reductions (top-k by a descending argsort, the sum of a row, the sum of a token's expert slots).
+routing's small reductions (top-k by a descending argsort, the sum of a row, the sum of a token's expert slots),
+and add_id (each slot's product plus its expert's bias row).
 
 mul_mat_id groups a ubatch's (token, slot) pairs by expert, as ggml does, and multiplies each chosen expert's rows
 once through that expert's [n_ff, n_embd] matrix: an expert nobody chose costs nothing, so the time follows
@@ -84,6 +85,15 @@ def argsort_top_k(x: np.ndarray, k: int) -> np.ndarray:
 def sum_rows(x: np.ndarray) -> np.ndarray:
     """Sum along the last axis, keeping it as 1: ggml_vec_sum_f32 adds in order in double, then rounds once."""
     return np.cumsum(np.asarray(x, np.float64), axis=-1)[..., -1:].astype(F32)
+
+
+def add_id(x: np.ndarray, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """x (T, n_expert_used, n) plus, in each slot, the bias row b[e] (b: (n_expert, n)) of the expert e the slot
+    chose (ids (T, n_expert_used)): ggml_add_id, one float32 addition per element."""
+    flat = np.asarray(ids, np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= b.shape[0]):
+        raise IndexError(f"expert ids must be in [0, {b.shape[0]}), got {flat.min()}..{flat.max()}")
+    return np.add(x, np.asarray(b, F32)[flat], dtype=F32)
 
 
 def moe_sum(x: np.ndarray) -> np.ndarray:

@@ -45,11 +45,12 @@ def _block_sums(v, head, lanes):
 
 
 @njit(**INL)
-def _soft_max_row(x, m, scale, head, lanes, variant, w, out):
+def _soft_max_row(x, m, scale, head, lanes, variant, w, out, sink, has_sink):
     """ggml_compute_forward_soft_max_f32 for one row: w = x*scale (+ mask row m, if it has the row's length),
     max, ggml_vec_soft_max_f32 (ggml_v_expf per register of `lanes`, each register's sum added to a double;
     cells past n up to `head` are the padding's -inf cells, exp 0; libm expf for a tail past `head`), then
-    * (float)(1/sum). w: scratch of at least max(n, head)."""
+    * (float)(1/sum). With a sink, the max counts it and the sum adds libm expf(sink - max) last, as ggml.
+    w: scratch of at least max(n, head)."""
     n = x.shape[0]
     for i in range(n):
         w[i] = x[i] * scale
@@ -59,6 +60,8 @@ def _soft_max_row(x, m, scale, head, lanes, variant, w, out):
     mx = -_INF
     for i in range(n):
         mx = w[i] if w[i] > mx else mx
+    if has_sink:
+        mx = mx if mx > sink else sink
     for i in range(n, head):
         w[i] = -_INF
     v_expf_shifted(w, head, mx, variant)
@@ -66,29 +69,36 @@ def _soft_max_row(x, m, scale, head, lanes, variant, w, out):
     for i in range(head, n):
         w[i] = math.exp(w[i] - mx)
         s += np.float64(w[i])
+    if has_sink:
+        s += np.float64(F32(math.exp(sink - mx)))
     inv = F32(1.0 / s)
     for i in range(n):
         out[i] = w[i] * inv
 
 
 @njit(**PAR)
-def _soft_max_par(x, mask, mrows, scale, head, lanes, variant, out):
-    """Row r reads mask row r % mrows (mrows = 0: no mask)."""
+def _soft_max_par(x, mask, mrows, scale, head, lanes, variant, out, sinks):
+    """Row r reads mask row r % mrows (mrows = 0: no mask) and sink sinks[r] (sinks empty: none)."""
     for r in prange(x.shape[0]):
         w = np.empty(max(head, x.shape[1]), F32)
-        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r])
+        has = sinks.shape[0] > 0
+        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r],
+                      sinks[r] if has else F32(0.0), has)
 
 
 @njit(**SER)
-def _soft_max_ser(x, mask, mrows, scale, head, lanes, variant, out):
+def _soft_max_ser(x, mask, mrows, scale, head, lanes, variant, out, sinks):
     w = np.empty(max(head, x.shape[1]), F32)
+    has = sinks.shape[0] > 0
     for r in range(x.shape[0]):
-        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r])
+        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r],
+                      sinks[r] if has else F32(0.0), has)
 
 
 def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: float, path: isa.IsaPath,
-             pad: int | None = None) -> np.ndarray:
-    """softmax over the last numpy axis of x*scale + mask (mask broadcast over x's leading axes).
+             pad: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
+    """softmax over the last numpy axis of x*scale + mask (mask broadcast over x's leading axes); sinks: one
+    extra logit per head (numpy axis -3 of x, ggml's ne2) in each row's denominator.
 
     pad: emulate llama.cpp's KV padding (default: KV_PAD when there is a mask, i.e. attention; 1 otherwise).
     The result is marked (``kv_pad``) so that the mul_mat consuming it pads the same way and knows it
@@ -114,7 +124,14 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: flo
     out = np.empty_like(r)
     lanes = path.lanes
     head = -(-n // lanes) * lanes if pad > 1 else n // lanes * lanes   # padded: every element in a register
-    (_soft_max_par if r.size >= PAR_MIN else _soft_max_ser)(r, m, mrows, F32(scale), head, lanes, path.expf, out)
+    if sinks is None:
+        sk = np.zeros(0, F32)
+    else:  # the sink of each row: rows run over ne1 within a head, heads (ne2) next, then ne3
+        lead = (1,) * max(3 - len(shape), 0) + tuple(shape[:-1])
+        heads = np.asarray(sinks, F32).reshape(-1)
+        sk = np.ascontiguousarray(np.broadcast_to(heads[:, None], (lead[-2], lead[-1])), dtype=F32)
+        sk = np.tile(sk.reshape(-1), r.shape[0] // sk.size)
+    (_soft_max_par if r.size >= PAR_MIN else _soft_max_ser)(r, m, mrows, F32(scale), head, lanes, path.expf, out, sk)
     out = out.view(_Probs).reshape(shape)  # contiguous probabilities: mul_mat may take tinyBLAS with them
     out.kv_pad = int(pad)
     return out

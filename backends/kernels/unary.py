@@ -1,5 +1,5 @@
 """Unary and gated elementwise kernels: silu (and swiglu's gate), relu, gelu / geglu, the libm ops (exp, tanh,
-sigmoid, softplus), sqr, neg.
+sigmoid, softplus), sqr, neg, and gpt-oss's clamped SwiGLU (swiglu_oai).
 
 Each follows its ggml-cpu function: SiLU with ggml_v_expf on full registers and libm's expf for the tail,
 exp / tanh / sigmoid / softplus with glibc calls per element, GELU through ggml's fp16 table.
@@ -163,3 +163,30 @@ def geglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     """ggml_vec_geglu_f32: 0 for g <= -10 (whatever u is), else gelu(g) * u as gelu computes it."""
     g = np.asarray(g, F32)
     return np.where(g <= -_GELU_LIMIT, _ZERO, np.multiply(_gelu_open(g), u, dtype=F32))
+
+
+@njit(**INL)
+def _swiglu_oai_row(g, u, alpha, limit, out):
+    """ggml_compute_forward_swiglu_oai_f32: x = min(g, limit), y = clamp(u, -limit, limit), then
+    (x / (1 + expf(alpha * -x))) * (y + 1), each step a float32 operation and expf glibc's."""
+    for i in range(g.shape[0]):
+        x = limit if limit < g[i] else g[i]
+        y = -limit if u[i] < -limit else (limit if limit < u[i] else u[i])
+        out[i] = (x / (_ONE + math.exp(alpha * (-x)))) * (y + _ONE)
+
+
+def _swiglu_oai_rows(g, u, alpha, limit, out):
+    for r in prange(g.shape[0]):
+        _swiglu_oai_row(g[r], u[r], alpha, limit, out[r])
+
+
+_swiglu_oai_par, _swiglu_oai_ser = parallel_and_serial(_swiglu_oai_rows)
+
+
+def swiglu_oai(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU of gate g and up u (same shapes): the gate capped above at limit, up clamped to
+    [-limit, limit] and shifted by 1, the gate's sigmoid sharpened by alpha."""
+    gr, ur = f32_rows(g), f32_rows(u)
+    out = np.empty_like(gr)
+    (_swiglu_oai_par if gr.size >= PAR_MIN else _swiglu_oai_ser)(gr, ur, F32(alpha), F32(limit), out)
+    return out.reshape(g.shape)

@@ -2,7 +2,7 @@
 
 Why this package exists
     The conformance target is llama.cpp's CPU backend, and its matmul is not "dequantize, then float GEMM":
-    the activation rows are first converted to the weight type's *vec_dot type* (Q4_0/Q8_0 -> Q8_0,
+    the activation rows are first converted to the weight type's *vec_dot type* (Q4_0/Q8_0/MXFP4 -> Q8_0,
     Q4_1 -> Q8_1, Q4_K/Q5_K/Q6_K -> Q8_K, F16 -> f16, BF16 -> bf16) and the dot products are taken between
     the two quantized operands. A float engine that skips this lands 0.1-1.4 logit away on SmolLM2; one that
     copies it lands within float-summation noise, which the next layers' 8-bit activation quantization then
@@ -30,11 +30,15 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     type  act   matmul layout                                      bytes/weight   [raw GGUF]
     Q8_0  Q8_0  int8 q + f32 d per 32, rows in groups of 64 (*)       1.125       [1.0625]
     Q4_0  Q8_0  nibbles + f32 d per 32                                0.625       [0.5625]
+    MXFP4 Q8_0  the raw e2m1 codes + f32 2^(e-128) per 32 (*2)        0.625       [0.53125]
     Q4_1  Q8_1  lane-paired nibbles + f32 d, m per 32, groups (*)     0.75        [0.625]
     Q4_K  Q8_K  nibbles + f32 d*sc and -dmin*m per 32                 0.75        [0.5625]
     Q5_K  Q8_K  as Q4_K + the 5th bits spread to one byte per nibble  1.25        [0.6875]
     Q6_K  Q8_K  two low-nibble streams + qh + f32 d*sc per 16         1.0         [0.8203]
     F32, F16, BF16: no copy; the kernels read the data in place (F16/BF16 converted per row in registers/L1).
+    (*2) MXFP4 (gpt-oss's experts) lays nibbles out as Q4_0; a code indexes ggml's doubled e2m1 table
+    (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), so the E8M0 scale is halved (GGML_E8M0_TO_FP32_HALF).
+    Its matmul is exact, in the order of llama.cpp's repacked 8x8 MXFP4 kernels (quant.mxfp4).
     (Q5_K's 5th bits in place would cost a gather per element: GEMV 109 us instead of 32 us on 1536x512.)
     (*) element-major inside a group of 64 rows: the 64 rows' values of one element are adjacent, so the
     innermost loops run over rows (see quant.exact). get_rows of Q4_1/Q8_0 repacks just
@@ -79,6 +83,7 @@ Modules
     blocks      GGUF blocks -> the stream layout (repack), and rows of it back to floats (get_rows)
     stream      GEMV and GEMM kernels of the stream-layout kinds
     exact       Q4_1 and Q8_0: their grouped layout and the kernels that replay llama.cpp's dot products
+    mxfp4       MXFP4: llama.cpp's repacked MXFP4 dot products, on the raw blocks
     weight      QWeight and the table of weight kinds its matmul and get_rows dispatch through
 
 numba caches a kernel under its own module's file, with the helpers it inlines or calls compiled in: the

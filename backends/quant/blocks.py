@@ -56,6 +56,21 @@ def repack_q5_0(b):
     return _field(b, 6, 22), np.ascontiguousarray(qh.astype(np.uint8)).reshape(b.shape[0], -1), block_f16(b, 0)
 
 
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)  # e2m1, doubled
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """An MXFP4 block's E8M0 scale 2^(e - 127), halved as the doubled e2m1 values need (ggml's
+    GGML_E8M0_TO_FP32_HALF: e < 2 gives the subnormals 2^-128 and 2^-127), as float32."""
+    e = np.asarray(e, np.uint32)
+    return np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32).view(_F32)
+
+
+def repack_mxfp4(b):
+    """qs (byte j: element j in the low nibble, j + 16 in the high one, as Q4_0) and the halved scales."""
+    return _field(b, 1, 17), np.ascontiguousarray(e8m0_half(b[:, :, 0]))
+
+
 def repack_q4_1(b):
     return _field(b, 4, 20), block_f16(b, 0), block_f16(b, 2)
 
@@ -146,6 +161,15 @@ def row_q4_0(qs, d, i, w, a, with_min):
         q = np.int32(qs[i, j])
         w[a, j] = d[i, j >> 4] * _F32((q & 15) - 8)
         w[a, kp + j] = d[i, j >> 4] * _F32((q >> 4) - 8)
+
+
+@njit(**_inl)
+def row_mxfp4(qs, d, i, w, a, with_min):
+    kp = max(qs.shape[1], 0)
+    for j in range(kp):
+        q = np.int32(qs[i, j])
+        w[a, j] = d[i, j >> 4] * MXFP4_VALUES[q & 15]
+        w[a, kp + j] = d[i, j >> 4] * MXFP4_VALUES[q >> 4]
 
 
 @njit(**_inl)
@@ -252,6 +276,15 @@ def deq_q4_0(qs, d, ids, inv, out):
     for m in prange(ids.shape[0]):
         w = np.empty((1, out.shape[1]), _F32)
         row_q4_0(qs, d, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_mxfp4(qs, d, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_mxfp4(qs, d, ids[m], w, 0, True)
         for e in range(out.shape[1]):
             out[m, e] = w[0, inv[e]]
 

@@ -16,9 +16,10 @@ import numpy as np
 from graphir.backends.kernels.mul_mat import padded_rows
 from graphir.backends.quant.activation import ACT
 from graphir.backends.quant.blocks import (
-    deq_bf16, deq_f16, deq_f32, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_0, deq_q5_k, deq_q6_k, deq_q8_0, repack_q4_0,
-    repack_q4_1, repack_q4_k, repack_q5_0, repack_q5_k, repack_q6_k, repack_q8_0)
+    deq_bf16, deq_f16, deq_f32, deq_mxfp4, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_0, deq_q5_k, deq_q6_k, deq_q8_0,
+    repack_mxfp4, repack_q4_0, repack_q4_1, repack_q4_k, repack_q5_0, repack_q5_k, repack_q6_k, repack_q8_0)
 from graphir.backends.quant.exact import exact_gemm, exact_gemv, pack_q4_1, pack_q8_0
+from graphir.backends.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
 from graphir.backends.quant.stream import (
     GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_0, gemm_q4_k, gemm_q5_0, gemm_q5_k, gemm_q6_k,
     gemv_f32, gemv_q4_0, gemv_q4_k, gemv_q5_0, gemv_q5_k, gemv_q6_k)
@@ -39,8 +40,9 @@ class _Kind:
     gemv: Callable                 # (*packed, xq, asum, out), n < GEMM_FROM
     gemm: Callable                 # (*packed, xq, asum, out), n >= GEMM_FROM
     deq: Callable                  # (*packed, ids, inv, out)
-    # Exact kinds (Q4_1, Q8_0): matmul uses its own layout, `pack` (qs, d, m), and gemv/gemm take (qs, d, m, x, out)
-    # and quantize x themselves; GEMM from n >= gemm_from. `repack`/`deq` then serve get_rows only (from raw rows).
+    # Exact kinds (Q4_1, Q8_0, MXFP4): matmul uses its own layout, `pack` (qs, d, m), and gemv/gemm take
+    # (qs, d, m, x, out) and quantize x themselves; GEMM from n >= gemm_from. `repack`/`deq` then serve get_rows
+    # only (from raw rows).
     pack: Callable | None = None
     gemm_from: int = 0
 
@@ -55,6 +57,7 @@ _TYPES: dict[T, _Kind] = {
                   deq_q8_0, pack_q8_0, 7),
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, gemv_q4_0, gemm_q4_0, deq_q4_0),
     T.Q5_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q5_0, gemv_q5_0, gemm_q5_0, deq_q5_0),
+    T.MXFP4: _Kind(np.uint8, "q8_0", 2, 16, repack_mxfp4, mxfp4_matmul, mxfp4_matmul, deq_mxfp4, pack_mxfp4, 0),
     T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv(q4_1=True), exact_gemm(q4_1=True),
                   deq_q4_1, pack_q4_1, 3),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, gemm_q4_k, deq_q4_k),

@@ -68,11 +68,13 @@ def _get_rows(xs: list[Node], a: dict[str, Any]) -> Type:
     src, idx = xs
     _need(idx.dtype in INDEX_TYPES, f"row ids must be integer, got {idx.dtype}")
     s = _pad4(src.shape)
-    if len(idx.shape) == 2:  # batched (ggml's ids [n, B] over a source [ne0, rows, B]): MoE picks its experts' weights
-        _need(len(src.shape) == 3 and s[2] == idx.shape[1],
-              f"2-D row ids {idx.type_str} need a 3-D source with {idx.shape[1]} batches, got {src.type_str}")
-        return "f32", (s[0], idx.shape[0], idx.shape[1])
-    _need(len(idx.shape) == 1, f"row ids must be 1-D (or 2-D, batched), got {idx.type_str}")
+    if len(idx.shape) in (2, 3):  # batched (ggml's ids [n, B...] over a source [ne0, rows, B...]): MoE's routing
+        batches = tuple(idx.shape[1:])
+        _need(len(src.shape) == 1 + len(idx.shape) and tuple(src.shape[2:]) == batches,
+              f"{len(idx.shape)}-D row ids {idx.type_str} need a {1 + len(idx.shape)}-D source with "
+              f"{' x '.join(map(str, batches))} batches, got {src.type_str}")
+        return "f32", (s[0], idx.shape[0]) + batches
+    _need(len(idx.shape) == 1, f"row ids must be 1-D (or 2-D or 3-D, batched), got {idx.type_str}")
     _need(s[2] == 1 and s[3] == 1, f"source must be 2-D, got {src.type_str}")
     return "f32", (s[0], idx.shape[0])
 
@@ -205,9 +207,22 @@ def _gated_delta_net(xs: list[Node], a: dict[str, Any]) -> Type:
 
 def _soft_max(xs: list[Node], a: dict[str, Any]) -> Type:
     x = xs[0]
-    if len(xs) == 2:
+    if len(xs) >= 2:
         m, s = _pad4(xs[1].shape), _pad4(x.shape)
         _need(m[0] == s[0] and m[1] == s[1], f"mask {xs[1].type_str} does not match scores {x.type_str}")
+    if len(xs) == 3:
+        sk = xs[2]
+        _need(sk.dtype == "f32" and tuple(sk.shape) == (_pad4(x.shape)[2],),
+              f"sinks must be f32[{_pad4(x.shape)[2]}] (one per head, ne2 of the scores), got {sk.type_str}")
+    return "f32", x.shape
+
+
+def _add_id(xs: list[Node], a: dict[str, Any]) -> Type:
+    x, b, ids = xs
+    _need(len(x.shape) == 3, f"expects [n, n_expert_used, n_tokens], got {x.type_str}")
+    _need(ids.dtype == "i32" and tuple(ids.shape) == tuple(x.shape[1:]),
+          f"ids must be i32[{', '.join(map(str, x.shape[1:]))}], got {ids.type_str}")
+    _need(len(b.shape) == 2 and b.shape[0] == x.shape[0], f"biases {b.type_str} are not [{x.shape[0]}, n_expert]")
     return "f32", x.shape
 
 
@@ -238,6 +253,13 @@ def _cont(xs: list[Node], a: dict[str, Any]) -> Type:
     return xs[0].dtype, xs[0].shape
 
 
+def _repeat(xs: list[Node], a: dict[str, Any]) -> Type:
+    x, shape = xs[0], tuple(a["shape"])
+    _need(len(shape) >= len(x.shape) and all(divides(d, n) for d, n in zip(_pad4(x.shape), _pad4(shape))),
+          f"cannot repeat {x.type_str} into {list(shape)}")
+    return "f32", shape
+
+
 def _concat(xs: list[Node], a: dict[str, Any]) -> Type:
     x, y, d = xs[0], xs[1], a["dim"]
     sx, sy = _pad4(x.shape), _pad4(y.shape)
@@ -248,6 +270,12 @@ def _concat(xs: list[Node], a: dict[str, Any]) -> Type:
 
 def _set_rows(xs: list[Node], a: dict[str, Any]) -> Type:
     dst, src, idx = xs
+    if len(idx.shape) == 2:  # batched (ggml's ids [n, B] into a destination [ne0, rows, B]): MoE's group mask
+        _need(idx.dtype in INDEX_TYPES, f"row ids must be integer, got {idx.type_str}")
+        _need(len(dst.shape) == 3 and len(src.shape) == 3 and src.shape[0] == dst.shape[0]
+              and src.shape[1] == idx.shape[0] and src.shape[2] == dst.shape[2] == idx.shape[1],
+              f"rows {src.type_str} do not fit {dst.type_str} at batched ids {idx.type_str}")
+        return dst.dtype, dst.shape
     _need(idx.dtype in INDEX_TYPES and len(idx.shape) == 1, f"row ids must be integer 1-D, got {idx.type_str}")
     _need(len(src.shape) == 2 and src.shape[0] == dst.shape[0] and src.shape[1] == idx.shape[0],
           f"rows {src.type_str} do not fit {dst.type_str} at ids {idx.type_str}")
@@ -289,6 +317,7 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("moe_sum", "reduce", ("a",), (), _moe_sum,
           "sum over ne1 (a token's expert slots), slot 0 first, in float32"),
     OpDef("clamp", "unary", ("a",), ("min", "max"), _same, "min(max(a, min), max)"),
+    OpDef("fill", "unary", ("a",), ("c",), _same, "a's shape, every value c (MoE's group mask starts at -inf)"),
     OpDef("add", "elementwise", ("a", "b"), (), _binary, "a + b, b broadcast by repetition"),
     OpDef("sub", "elementwise", ("a", "b"), (), _binary, "a - b, b broadcast by repetition"),
     OpDef("mul", "elementwise", ("a", "b"), (), _binary, "a * b, b broadcast by repetition"),
@@ -307,13 +336,17 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("softplus", "unary", ("a",), (), _same, "log(1 + e^a), a itself above 20"),
     OpDef("swiglu", "elementwise", ("gate", "up"), (), _glu, "silu(gate) * up"),
     OpDef("geglu", "elementwise", ("gate", "up"), (), _glu, "gelu(gate) * up"),
+    OpDef("swiglu_oai", "elementwise", ("gate", "up"), ("alpha", "limit"), _glu,
+          "g * sigmoid(alpha * g) * (u + 1) with g = min(gate, limit), u = clamp(up, -limit, limit) (gpt-oss)"),
+    OpDef("add_id", "elementwise", ("a", "b", "ids"), (), _add_id,
+          "a[:, i, t] + b[:, ids[i, t]]: each token's slot i plus the bias row of the expert it chose"),
     OpDef("rope", "attention", ("a", "pos", "freq_factors?"), _ROPE_ATTRS, _rope,
           "rotary position embedding over the first n_dims of ne0; positions index ne2"),
     OpDef("rope_multi", "attention", ("a", "pos"), _ROPE_ATTRS + ("sections",), _rope_multi,
           "RoPE whose rotated pairs fall into sections (time, height, width, extra; 'imrope': interleaved); text "
           "positions give the first three the token's position and the extra one position 0"),
-    OpDef("soft_max", "attention", ("a", "mask?"), ("scale", "max_bias"), _soft_max,
-          "softmax over ne0 of a*scale + mask"),
+    OpDef("soft_max", "attention", ("a", "mask?", "sinks?"), ("scale", "max_bias"), _soft_max,
+          "softmax over ne0 of a*scale + mask; sinks[h]: one more logit of head h (ne2) in the denominator"),
     OpDef("reshape", "movement", ("a",), ("shape",), _reshape, "same elements, new shape (a contiguous)",
           layout_only=True),
     OpDef("view", "movement", ("a",), ("shape", "strides", "offset"), _view,
@@ -324,6 +357,7 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
           layout_only=True),
     OpDef("cont", "movement", ("a",), (), _cont, "materialise a (strided) view contiguously", layout_only=True),
     OpDef("concat", "movement", ("a", "b"), ("dim",), _concat, "join a and b along dim"),
+    OpDef("repeat", "movement", ("a",), ("shape",), _repeat, "a tiled to shape (each of a's sizes divides it)"),
     OpDef("ssm_conv", "recurrent", ("sx", "w"), (), _ssm_conv,
           "depthwise causal conv: y[c,t,s] = sum_j sx[t+j,c,s] w[j,c]; sx holds d_conv-1 state columns first"),
     OpDef("ssm_scan", "recurrent", ("s", "x", "dt", "A", "B", "C"), (), _ssm_scan,

@@ -96,8 +96,14 @@ class Memory:
         return {}
 
     def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None) -> Node:
+                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node:
         raise GraphError(f"memory kind '{self.kind}' holds no attention for layer {il}")
+
+    def build_attn_mla(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, v_mla: Node,
+                       kq_scale: float) -> Node:
+        """Multi-head latent attention over latent rows this memory keeps (only a latent memory does)."""
+        raise GraphError(f"memory kind '{self.kind}' keeps no latent (MLA) rows for layer {il}: multi-head latent "
+                         f"attention needs a memory of latent attention (kind 'mla')")
 
     def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
         """The relative position bucket [n_keys, n_tokens] of each key the layer attends over, per query."""

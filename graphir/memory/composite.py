@@ -82,8 +82,9 @@ class Composite(Memory):
         return {k: v for p in self.parts.values() for k, v in p.sizes().items()}
 
     def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None) -> Node:
-        return self._part(il, Attention).build_attn(b, il, q, k, v, kq_scale=kq_scale, softcap=softcap, kq_b=kq_b)
+                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node:
+        return self._part(il, Attention).build_attn(b, il, q, k, v, kq_scale=kq_scale, softcap=softcap, kq_b=kq_b,
+                                                    sinks=sinks)
 
     def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
         return self._part(il, Attention).build_pos_bucket(b, il)

@@ -17,12 +17,13 @@ from graphir.memory import Memory
 from graphir.memory.composite import HybridMemory, SWAPair
 from graphir.memory.cross import CrossMemory
 from graphir.memory.kv import KVCache
+from graphir.memory.latent import LatentCache
 from graphir.memory.layers import ContextParams, LayerNeeds, kinds_of
 from graphir.memory.none import NoMemory
 from graphir.memory.recurrent import RecurrentMemory
 
 KINDS: dict[str, type[Memory]] = {m.kind: m for m in (KVCache, SWAPair, RecurrentMemory, HybridMemory, CrossMemory,
-                                                      NoMemory)}
+                                                      LatentCache, NoMemory)}
 
 
 def fitting(needs: LayerNeeds) -> tuple[str, ...]:

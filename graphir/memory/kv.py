@@ -68,6 +68,8 @@ def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
     write of a compiled graph.
 
     A layer whose K reaches the cache through views from a rope node is re-roped with that node's attributes;
+    so is a layer whose K heads are [part without positions | RoPE'd part] (a concat whose second part comes
+    from a rope, through views or a repeat over heads: MLA, :func:`split_heads`), at that part alone;
     a layer whose K has no rope upstream in the layer needs no re-roping (positions only live in the mask:
     NoPE layers, GPT-2); a layer whose K went through other arithmetic after a rope cannot be shifted.
     """
@@ -81,6 +83,9 @@ def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
             x = x.inputs[0]
         if x.op == "rope":
             plan[n.layer if n.layer is not None else -1] = x
+            continue
+        if x.op == "concat" and _roped_tail(x) is not None:
+            plan[n.layer if n.layer is not None else -1] = _roped_tail(x)  # type: ignore[assignment]
             continue
         if x.op in TURNS:  # another rotation (M-RoPE's sections): llama.cpp cannot shift it either
             ok = False
@@ -96,6 +101,29 @@ def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
                 break
             todo.extend(y.inputs)
     return ok, plan
+
+
+def _roped_tail(k: Node) -> Node | None:
+    """The rope node the second part of a K concat comes from (through views and a repeat over heads), or None."""
+    t = k.inputs[1]
+    while t.op in VIEWS or t.op == "repeat":
+        t = t.inputs[0]
+    return t if t.op == "rope" else None
+
+
+def split_heads(graph: Graph) -> dict[int, tuple[int, int]]:
+    """Per layer whose cached K heads are [part without positions | RoPE'd part] (see :func:`rope_plan`), the
+    (head size, heads) of its cached rows: the K-shift turns the last n_rot values of each such head."""
+    out: dict[int, tuple[int, int]] = {}
+    for n in graph.nodes:
+        if n.op == "set_rows" and n.inputs[0].name.endswith("cache_k"):
+            x = n.inputs[1]
+            while x.op in VIEWS:
+                x = x.inputs[0]
+            if x.op == "concat" and _roped_tail(x) is not None:
+                d, h = x.shape[:2]
+                out[n.layer if n.layer is not None else -1] = (int(d), int(h))
+    return out
 
 
 def _node(name: str, op: str, *inputs: Node, **attrs: Any) -> Node:
@@ -121,7 +149,8 @@ class KVCache(CellMemory):
         for which, t in (("type_k", params.type_k), ("type_v", params.type_v)):
             if t not in CACHE_DTYPES:
                 raise GraphirError(f"{which} '{t}' is not supported (supported: {', '.join(CACHE_DTYPES)})")
-        rules = {replace(n, n_embd_k=0, n_embd_v=0) for n in self.need.values()}  # type: ignore[type-var]
+        rules = {replace(n, n_embd_k=0, n_embd_v=0) for n in self.need.values()  # type: ignore[type-var]
+                 if isinstance(n, Attention)}  # latent rows (graphir.memory.latent) attend causally, unwindowed
         if len(rules) > 1:
             raise GraphirError(f"one KV cache serves one attention window; layers ask for "
                                f"{sorted((r.window, r.swa_type) for r in rules)}")
@@ -142,6 +171,7 @@ class KVCache(CellMemory):
         self.heads = [s * self.stream_size for s in range(self.n_stream)]  # per stream: where the next slot search starts (not state)
         self._run: RunGraph | None = None  # by the context
         self._graph: Graph | None = None
+        self._split: dict[int, tuple[int, int]] = {}  # layers whose K heads end in their RoPE'd part (split_heads)
         self.shiftable = True
         self._buffers = self._allocate()
 
@@ -176,11 +206,11 @@ class KVCache(CellMemory):
                     name=f"cache_{which}.view")
 
     def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None) -> Node:
+                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node:
         k_all = self._store_and_view(b, k, "k", self.type_k)
         v_all = self._store_and_view(b, v, "v", self.type_v)
         mask = b.input(self._tail("kq_mask"), "f32", (self.kv_dim.sym, b.n_tokens), **self.rule.mask_facts())
-        return b.attn_mha(q, k_all, v_all, mask, kq_scale, softcap, kq_b)
+        return b.attn_mha(q, k_all, v_all, mask, kq_scale, softcap, kq_b, sinks=sinks)
 
     def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
         """Buckets of (cell position - query position); an empty cell counts as position -1 (it is masked)."""
@@ -194,14 +224,19 @@ class KVCache(CellMemory):
         ok, ropes = rope_plan(graph)
         self._graph, self._run = graph, run
         self._ropes = {il: r for il, r in ropes.items() if il in self.layers}
+        self._split = {il: s for il, s in split_heads(graph).items() if il in self.layers}
         self.shiftable = ok
 
-    def k_shift_graph(self, meta: dict[str, Any], ropes: dict[int, Node]) -> Graph:
+    def k_shift_graph(self, meta: dict[str, Any], ropes: dict[int, Node],
+                      split: dict[int, tuple[int, int]] | None = None) -> Graph:
         """llama.cpp's K-shift as a graph: for every served layer whose K was roped, the cached rows of the
         shifted cells (``shift_idxs``) are rotated by their pending deltas (``shift_pos``) with that layer's
         rope and written back in place. RoPE at position p turns channel pair i by p*theta_i (YaRN mixes
         theta_i but keeps it linear in p), so turning by delta*theta_i moves a row from p to p + delta. The turn
-        has unit magnitude: the YaRN/attention magnitude factor the forward rope applied is not applied again."""
+        has unit magnitude: the YaRN/attention magnitude factor the forward rope applied is not applied again.
+        ``split``: layers whose cached heads are [part without positions | RoPE'd part], as (head size, heads)
+        (:func:`split_heads`): only the last n_rot values of each head turn, the rest is written back as read
+        (llama.cpp's K-shift of MLA caches, a rope over a view at that offset)."""
         n = self.shift_dim.sym
         idxs = Node("shift_idxs", "input", (), {"role": "shift_idxs"}, "i64", (n,))
         delta = Node("shift_pos", "input", (), {"role": "shift_pos"}, "i32", (n,))
@@ -211,15 +246,27 @@ class KVCache(CellMemory):
             d, h = rope.inputs[0].shape[:2]
             a = dict(rope.attrs)
             a["attn_factor"] = 1.0 / (1.0 + 0.1 * math.log(1.0 / float(a["freq_scale"]))) if a["ext_factor"] else 1.0
-            cache = Node(f"blk.{il}.cache_k", "input", (), {"role": "cache_k"}, self.type_k, (d * h, self.size_dim.sym))
+            d_head, h = (split or {}).get(il, (d, h))
+            width = d_head * h
+            cache = Node(f"blk.{il}.cache_k", "input", (), {"role": "cache_k"}, self.type_k, (width, self.size_dim.sym))
             rows = _node(f"blk.{il}.k_shift.rows", "get_rows", cache, idxs)
-            heads = _node(f"blk.{il}.k_shift.heads", "reshape", rows, shape=(d, h, n))
-            turned = _node(f"blk.{il}.k_shift.rope", "rope", heads, delta, *rope.inputs[2:], **a)
-            flat = _node(f"blk.{il}.k_shift.rows_out", "reshape", turned, shape=(d * h, n))
+            heads = _node(f"blk.{il}.k_shift.heads", "reshape", rows, shape=(d_head, h, n))
+            kept: list[Node] = []
+            if d_head == d:
+                turned = _node(f"blk.{il}.k_shift.rope", "rope", heads, delta, *rope.inputs[2:], **a)
+            else:  # only each head's RoPE'd tail turns; the part before it is written back as it was read
+                tail = _node(f"blk.{il}.k_shift.pe", "view", heads, shape=(d, h, n), strides=(1, d_head, width),
+                             offset=d_head - d)
+                kept = [_node(f"blk.{il}.k_shift.nope", "view", heads, shape=(d_head - d, h, n),
+                              strides=(1, d_head, width), offset=0), tail]
+                pe = _node(f"blk.{il}.k_shift.rope", "rope", tail, delta, *rope.inputs[2:], **a)
+                turned = _node(f"blk.{il}.k_shift.joined", "concat", kept[0], pe, dim=0)
+                kept.append(pe)
+            flat = _node(f"blk.{il}.k_shift.rows_out", "reshape", turned, shape=(width, n))
             write = _node(f"blk.{il}.cache_k.shift", "set_rows", cache, flat, idxs)
             factors = [f for f in rope.inputs[2:] if f.name not in shared]     # one leaf for all layers
             shared.update(f.name for f in factors)
-            nodes += [cache, *factors, rows, heads, turned, flat, write]
+            nodes += [cache, *factors, rows, heads, *kept, turned, flat, write]
             outputs[f"blk.{il}.cache_k"] = write
         return Graph({**meta, "phase": "k_shift"}, (self.size_dim, self.shift_dim), nodes, outputs)
 
@@ -452,8 +499,8 @@ class KVCache(CellMemory):
         idx = np.flatnonzero((self.pos >= 0) & (self.shift != 0))
         feeds = {f"blk.{il}.cache_k": self._buffers[f"blk.{il}.cache_k"] for il in self._ropes}
         feeds.update(shift_idxs=idx.astype(np.int64), shift_pos=self.shift[idx].astype(np.int32))
-        graph, ropes = self._graph, self._ropes
-        self._run(("k_shift", self.name, self.type_k), lambda: self.k_shift_graph(graph.meta, ropes),
+        graph, ropes, split = self._graph, self._ropes, self._split
+        self._run(("k_shift", self.name, self.type_k), lambda: self.k_shift_graph(graph.meta, ropes, split),
                   {self.size_dim.name: self.n_ctx, self.shift_dim.name: len(idx)}, feeds)   # writes K in place
         self.shift[:] = 0
         return True

@@ -32,11 +32,11 @@ class NoMemory(Memory):
         return "kq_mask_swa" if self.need[il].window else "kq_mask"  # type: ignore[union-attr]
 
     def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None) -> Node:
+                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node:
         # NOTE: the mask is filled per ubatch: same first seq id, and key pos <= query pos when causal.
         facts = self.need[il].mask_facts()  # type: ignore[union-attr]
         mask = b.input(self._mask_name(il), "f32", (b.n_tokens, b.n_tokens), **facts)
-        return b.attn_mha(q, k, v, mask, kq_scale, softcap, kq_b)
+        return b.attn_mha(q, k, v, mask, kq_scale, softcap, kq_b, sinks=sinks)
 
     def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
         """Buckets of (key position - query position) within the ubatch."""

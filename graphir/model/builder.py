@@ -7,6 +7,7 @@ by the context's memory object, which the builder delegates to: an architecture 
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from enum import Enum
 from typing import Any, Iterator, Mapping, Protocol
@@ -32,6 +33,7 @@ class Act(Enum):
     SILU = "silu"
     GELU = "gelu"
     RELU = "relu"
+    SWIGLU_OAI = "swiglu_oai"  # gated only: gpt-oss's clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE)
 
 
 class Gate(Enum):
@@ -50,6 +52,17 @@ class Gating(Enum):
 
 
 MOE_WEIGHT_SUM_MIN = 6.103515625e-05  # the normalising sum is clamped here (the smallest normal f16), as llama.cpp
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = f32(1.702), 7.0  # llama.cpp's fixed constants of gpt-oss's clamped SwiGLU
+
+
+def yarn_attn_factor(freq_scale: float, attn_factor: float) -> float:
+    """The attn_factor llama.cpp gives a YaRN rope (its context's yarn_attn_factor): YaRN's magnitude
+    0.1 ln(s) + 1 for s = 1 / freq_scale, divided by the same (ggml's rope multiplies it in itself), times
+    rope.scaling.attn_factor; in float32 steps, as llama.cpp computes it (1.0 for s = 32)."""
+    s = f32(1.0 / freq_scale)
+    grow = f32(f32(0.1) * f32(math.log(s))) if s > 0 else 0.0
+    mscale = f32(grow + 1.0) if s > 1.0 else 1.0
+    return f32(f32(mscale * f32(1.0 / f32(1.0 + grow))) * attn_factor)
 
 
 class ArchView(Protocol):
@@ -73,7 +86,10 @@ class MemoryView(Protocol):
     def dims(self) -> list[DimDecl]: ...
 
     def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None) -> Node: ...
+                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node: ...
+
+    def build_attn_mla(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, v_mla: Node,
+                       kq_scale: float) -> Node: ...
 
     def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node: ...
 
@@ -240,14 +256,21 @@ class GraphBuilder:
     def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node, gate_exps: Node | None, down_exps: Node,
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
                       w_scale: float = 0.0, probs_b: Node | None = None, act: Act = Act.SILU,
+                      gate_inp_b: Node | None = None, up_exps_b: Node | None = None, gate_exps_b: Node | None = None,
+                      down_exps_b: Node | None = None, n_groups: int = 0, n_group_used: int = 0,
                       name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
         n_expert]) and sums their outputs weighted by its probabilities, normalised to sum 1 (``norm_w``) and
-        scaled by ``w_scale`` (0 or 1: not scaled)."""
+        scaled by ``w_scale`` (0 or 1: not scaled). ``gate_inp_b`` biases the router's logits; ``*_exps_b``
+        [n_ff or n_embd, n_expert] add to each expert's product the bias of that expert (``add_id``, gpt-oss).
+        ``n_groups`` > 1: the experts form that many groups and a token chooses among the ``n_group_used`` best
+        groups only (:meth:`_moe_best_groups`, DeepSeek-V3)."""
         n_embd, n_tok = x.shape
         logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")
+        if gate_inp_b is not None:
+            logits = self.op("add", logits, gate_inp_b, name="ffn_moe_logits_biased")
         if gating is Gating.SOFTMAX:
             probs = self.op("soft_max", logits, scale=1.0, max_bias=0.0, name="ffn_moe_probs")
         elif gating is Gating.SIGMOID:
@@ -255,6 +278,8 @@ class GraphBuilder:
         else:
             probs = logits
         choice = probs if probs_b is None else self.op("add", probs, probs_b, name="ffn_moe_probs_biased")
+        if n_groups > 1:
+            choice = self._moe_best_groups(choice, n_expert, n_groups, n_group_used)
         selected = self.op("argsort_top_k", choice, k=n_expert_used, name="ffn_moe_topk")
         weights = self.op("get_rows", self.reshape(probs, (1, n_expert, n_tok), name="ffn_moe_probs.3d"), selected,
                           name="ffn_moe_weights")
@@ -271,29 +296,59 @@ class GraphBuilder:
         if w_scale not in (0.0, 1.0):
             weights = self.op("scale", weights, s=w_scale, name="ffn_moe_weights_scaled")
         cur = self.reshape(x, (n_embd, 1, n_tok), name="ffn_moe_in")
-        up = self.op("mul_mat_id", up_exps, cur, selected, name="ffn_moe_up")
+        up = self._expert_mm(up_exps, up_exps_b, cur, selected, name="ffn_moe_up")
         if gate_exps is not None:
-            gate = self.op("mul_mat_id", gate_exps, cur, selected, name="ffn_moe_gate")
-            h = self.op(_GLU[act], gate, up, name=f"ffn_moe_{_GLU[act]}")
+            gate = self._expert_mm(gate_exps, gate_exps_b, cur, selected, name="ffn_moe_gate")
+            if act is Act.SWIGLU_OAI:
+                h = self.op("swiglu_oai", gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT,
+                            name="ffn_moe_swiglu_oai")
+            else:
+                h = self.op(_GLU[act], gate, up, name=f"ffn_moe_{_GLU[act]}")
         else:
             h = self.op(act.value, up, name=f"ffn_moe_{act.value}")
-        experts = self.op("mul_mat_id", down_exps, h, selected, name="ffn_moe_down")
+        experts = self._expert_mm(down_exps, down_exps_b, h, selected, name="ffn_moe_down")
         experts = self.op("mul", experts, weights, name="ffn_moe_weighted")
         return self.op("moe_sum", experts, name=name)
 
+    def _moe_best_groups(self, choice: Node, n_expert: int, n_groups: int, n_group_used: int) -> Node:
+        """Group-limited routing, as llama.cpp's build_moe_ffn: a group scores the sum of its two best selection
+        scores; per token the ``n_group_used`` best groups keep their scores and the others' become -inf."""
+        n_tok = choice.shape[1]
+        per = n_expert // n_groups
+        groups = self.reshape(choice, (per, n_groups, n_tok), name="ffn_moe_groups")
+        top2 = self.op("argsort_top_k", groups, k=2, name="ffn_moe_group_top2")
+        best = self.op("get_rows", self.reshape(groups, (1, per, n_groups, n_tok), name="ffn_moe_groups.4d"), top2,
+                       name="ffn_moe_group_top2_scores")
+        score = self.op("sum_rows", self.reshape(best, (2, n_groups, n_tok), name="ffn_moe_group_top2_scores.3d"),
+                        name="ffn_moe_group_scores")
+        kept = self.op("argsort_top_k", self.reshape(score, (n_groups, n_tok), name="ffn_moe_group_scores.2d"),
+                       k=n_group_used, name="ffn_moe_group_topk")
+        rows = self.op("get_rows", groups, kept, name="ffn_moe_group_kept")
+        masked = self.op("set_rows", self.op("fill", groups, c=float("-inf"), name="ffn_moe_groups_masked_all"),
+                         rows, kept, name="ffn_moe_groups_masked")
+        return self.reshape(masked, (n_expert, n_tok), name="ffn_moe_probs_masked")
+
+    def _expert_mm(self, w: Node, b: Node | None, x: Node, selected: Node, *, name: str) -> Node:
+        """Each token's rows through its selected experts of the stack ``w``, plus each expert's bias ``b``."""
+        y = self.op("mul_mat_id", w, x, selected, name=name)
+        return y if b is None else self.op("add_id", y, b, selected, name=f"{name}_biased")
+
     def rope(self, x: Node, pos: Node, freq_factors: Node | None = None, *, name: str,
              freq_base: float | None = None, freq_scale: float | None = None,
-             sections: tuple[int, ...] | None = None) -> Node:
+             sections: tuple[int, ...] | None = None, attn_factor: float | None = None) -> Node:
         """RoPE with the model's parameters; ``freq_base``/``freq_scale`` override them for one layer (e.g.
         the sliding layers of Gemma 3, llama.cpp's ``get_rope_freq_base``); ``sections``: the rotated pairs
-        fall into position sections (llama.cpp's ``ggml_rope_multi``, Qwen3.5's interleaved M-RoPE)."""
+        fall into position sections (llama.cpp's ``ggml_rope_multi``, Qwen3.5's interleaved M-RoPE);
+        ``attn_factor`` replaces the magnitude factor (DeepSeek-V2's YaRN, which llama.cpp's context sets apart)."""
         hp = self.hp
         ops = (x, pos) if freq_factors is None else (x, pos, freq_factors)
         yarn = hp.rope_scaling == "yarn"
+        attn = yarn_attn_factor(hp.rope_freq_scale, hp.rope_attn_factor) if yarn else hp.rope_attn_factor
+        attn = attn if attn_factor is None else attn_factor
         attrs = dict(n_dims=hp.n_rot, mode=self.arch.rope_mode, n_ctx_orig=hp.n_ctx_orig_yarn,
                      freq_base=hp.rope_freq_base if freq_base is None else freq_base,
                      freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
-                     ext_factor=1.0 if yarn else 0.0, attn_factor=hp.rope_attn_factor, beta_fast=32.0, beta_slow=1.0)
+                     ext_factor=1.0 if yarn else 0.0, attn_factor=attn, beta_fast=32.0, beta_slow=1.0)
         if sections is not None:
             return self.op("rope_multi", *ops, name=name, sections=sections, **attrs)
         return self.op("rope", *ops, name=name, **attrs)
@@ -338,14 +393,25 @@ class GraphBuilder:
         return self.linear(x, w, self.w(t, il, "bias"), name=tag)
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
-                   kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None) -> Node:
+                   kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
+                   sinks: Node | None = None) -> Node:
         """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (``wo``
         None: the heads' output [d * n_head, T], for a family that gates it before projecting);
         ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
-        ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`)."""
+        ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`); ``sinks`` [n_head]: one more logit per
+        head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks)."""
         out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale, softcap=softcap,
-                                     kq_b=kq_b)
+                                     kq_b=kq_b, sinks=sinks)
         return out if wo is None else self.linear(out, wo, wo_b, name="attn_out")
+
+    def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float) -> Node:
+        """Multi-head latent attention (absorbed MLA): q [d_latent, n_head, T] over one shared head k
+        [d_latent, 1, T] whose first ``v``'s width values are V (``v`` [kv_lora_rank, 1, T] is that view); each
+        head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o.
+        Only a memory that keeps latent rows serves it."""
+        out = self.memory.build_attn_mla(self, self._layer("build_attn_mla"), q, k, v, v_mla=v_mla,
+                                         kq_scale=kq_scale)
+        return self.linear(out, wo, name="attn_out")
 
     def build_pos_bias(self, rel_b: Node) -> Node:
         """T5's relative position bias of every score [n_kv, n_tokens, n_head]: the row of ``rel_b``
@@ -386,9 +452,11 @@ class GraphBuilder:
         return self.il
 
     def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float, softcap: float = 0.0,
-                 kq_b: Node | None = None, tag: str = "") -> Node:
+                 kq_b: Node | None = None, tag: str = "", sinks: Node | None = None,
+                 v_mla: Node | None = None) -> Node:
         """softmax(K^T Q * scale + mask) V per head; query head h reads kv head h // (n_head / n_head_kv).
-        Soft capping, then the bias ``kq_b``, change the scores before the softmax, in llama.cpp's order.
+        Soft capping, then the bias ``kq_b``, change the scores before the softmax, in llama.cpp's order;
+        ``sinks`` [n_head] join the softmax's denominators, one logit per head.
         ``tag`` prefixes the node names (a layer's second attention: cross-attention)."""
         q = self.op("permute", q, axes=(0, 2, 1, 3), name=f"{tag}q")
         k = self.op("permute", k, axes=(0, 2, 1, 3), name=f"{tag}k")
@@ -397,9 +465,12 @@ class GraphBuilder:
             kq = self.softcap(kq, softcap, name=f"{tag}kq.softcap")
         if kq_b is not None:
             kq = self.op("add", kq, kq_b, name=f"{tag}kq.biased")
-        kq = self.op("soft_max", kq, mask, scale=kq_scale, max_bias=0.0, name=f"{tag}kq_soft_max")
+        kq = self.op("soft_max", kq, mask, *(() if sinks is None else (sinks,)), scale=kq_scale, max_bias=0.0,
+                     name=f"{tag}kq_soft_max")
         v = self.op("cont", self.op("permute", v, axes=(1, 2, 0, 3), name=f"{tag}v"), name=f"{tag}v.cont")
         kqv = self.op("mul_mat", v, kq, name=f"{tag}kqv")
+        if v_mla is not None:  # MLA: each head's latent output decompressed by its slice [d_v, d_out, n_head]
+            kqv = self.op("mul_mat", v_mla, kqv, name=f"{tag}kqv_mla")
         out = self.op("cont", self.op("permute", kqv, axes=(0, 2, 1, 3), name=f"{tag}kqv.heads"), name=f"{tag}kqv.cont")
         d, n_head, n_tok = out.shape
         return self.reshape(out, (d * n_head, n_tok), name=f"{tag}kqv_out")

