@@ -1,8 +1,11 @@
-"""Where a graph comes from on the command line: a GGUF (full or header-only), a preset, or a saved graph.
+"""Where a graph comes from on the command line: a GGUF (full or header-only), a Hugging Face model directory
+or config.json, a preset, or a saved graph.
 
 A source string is resolved by *content*, never by extension: an existing file starting with the GGUF magic
-is a model, one starting with the text form's magic line is a saved text graph, one starting with ``{`` is
-a saved JSON graph. Anything else that names no file is looked up as a preset (case-insensitive). Every
+is a model, one starting with the text form's magic line is a saved text graph; a JSON object is a Hugging Face
+config when it names an architecture (``architectures``, ``model_type``), else a saved JSON graph; a directory
+is a Hugging Face model (its config.json). Anything else that names no file is looked up as a preset
+(case-insensitive). Every
 failure is a one-line :class:`~graphir.errors.GraphirError` naming the source as the user spelled it.
 
 Models can be built for any context kind and phase; a saved graph *is* one (context, phase), so asking a
@@ -65,17 +68,20 @@ def _read_saved(src: str, kind: str) -> Graph:
 
 
 def open_source(src: str | os.PathLike[str]) -> Union[ModelMeta, Graph]:
-    """A :class:`ModelMeta` for a GGUF path or preset name, or the :class:`Graph` a saved graph file holds."""
+    """A :class:`ModelMeta` for a GGUF path, Hugging Face model directory or config.json, or preset name, or the
+    :class:`Graph` a saved graph file holds."""
+    from graphir.files import hf_config
     from graphir.model.meta import open_model as _open_model
 
     src = os.fsdecode(os.fspath(src))
     if not src:
-        raise GraphirError("empty source: give a GGUF file, a preset name or a saved graph")
+        raise GraphirError("empty source: give a GGUF file, a Hugging Face model directory or config.json, a preset "
+                           "name or a saved graph")
     if os.path.isfile(src):
         kind = sniff(src)
-        if kind in ("text", "json"):
+        if kind == "text" or kind == "json" and not hf_config.is_hf_source(src):
             return _read_saved(src, kind)
-    m = _open_model(src)  # GGUF reader or preset lookup: both raise one-line GraphirErrors
+    m = _open_model(src)  # HF config, GGUF reader or preset lookup: all raise one-line GraphirErrors
     m.arch  # resolve the architecture now: an unknown one is an error of this source, not of a later step
     return m
 

@@ -27,7 +27,6 @@ import dataclasses
 import json
 import math
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -35,10 +34,12 @@ from typing import IO, Any
 import gguf
 import numpy as np
 import yaml
-from gguf.utility import LocalTensor, LocalTensorRange
+from gguf.utility import LocalTensor
 
 from graphir.errors import CheckpointError, GraphirError, TensorError
+from graphir.files import hf_config
 from graphir.files.atomic import atomic_path
+from graphir.files.checkpoint import clip, reason, safetensors_header
 from graphir.progress import counting
 
 __all__ = ["OUTTYPES", "CheckpointTensorError", "convert_bert"]
@@ -59,18 +60,15 @@ OUTTYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {
     "f16": (_QT.F16, gguf.LlamaFileType.MOSTLY_F16),
 }
 _HF_ARCHITECTURES = ("BertModel", "BertForMaskedLM")
+_ARCH = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.BERT]
 # Storage of each supported safetensors dtype; BF16 is widened to f32 by shifting its bits.
 _SOURCE_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 # HF tensors llama.cpp's bert never reads (after a "bert." prefix is removed).
 _DROPPED = ("embeddings.position_ids", "pooler.", "cls.predictions.", "cls.seq_relationship.")
-_POOLING = (("pooling_mode_mean_tokens", gguf.PoolingType.MEAN), ("pooling_mode_cls_token", gguf.PoolingType.CLS),
-            ("pooling_mode_lasttoken", gguf.PoolingType.LAST))
 # tokenizer.ggml.<kind>_token_id keys gguf knows; it has none for cls (bos is [CLS]).
 _SPECIAL_KINDS = ("bos", "eos", "unk", "sep", "pad", "mask")
 _SPECIAL_FALLBACK = {"bos": "cls", "eos": "sep"}  # as gguf's SpecialVocab reads a BERT tokenizer_config.json
 _SPECIAL_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")  # what gguf's SpecialVocab reads
-_F32_MAX = float(np.finfo(np.float32).max)  # the largest layer_norm_eps a GGUF's float32 holds
-_MAX_HEADER = 100 << 20  # the largest safetensors JSON header the safetensors library reads
 _CARD_LISTS = ("tags", "languages", "license")  # model card values that may be lists of text
 _CARD_ENTRIES = ("base_models", "datasets")  # lists of entries, each a JSON object of text
 _WORD_START = "\u2581"
@@ -87,6 +85,7 @@ class _Config:
     n_head: int
     n_token_types: int
     norm_eps: float
+    metadata: dict[str, Any]  # the GGUF keys the mapping gives (bert.*, and the token type count)
 
 
 @dataclass(frozen=True)
@@ -124,13 +123,12 @@ def convert_bert(src_dir: str | os.PathLike[str], out_path: str | os.PathLike[st
     tensors = _tensors(src, cfg, matrix_type)
     special_names = _special_names(src)
     tokens, toktypes = _vocab(src, cfg.n_vocab, special_names)
-    pooling = _pooling(src)
 
     w = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.BERT])
     for t in tensors:
         dtype = np.dtype(np.float32 if t.qtype == _QT.F32 else np.float16)
         w.add_tensor_info(t.name, t.source.shape, dtype, math.prod(t.source.shape) * dtype.itemsize, raw_dtype=t.qtype)
-    _add_general(w, src, cfg, file_type, pooling)
+    _add_general(w, src, cfg, file_type)
     _add_vocab(w, src, cfg, tokens, toktypes, special_names)
     _write(w, tensors, out, progress)
     return out
@@ -165,58 +163,32 @@ def _json(path: Path) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: not found") from None
     except (OSError, ValueError, RecursionError) as e:  # bad JSON or UTF-8, or arrays nested past Python's stack
-        raise CheckpointError(f"{path}: not readable JSON ({_reason(e)})") from None
+        raise CheckpointError(f"{path}: not readable JSON ({reason(e)})") from None
 
 
 def _config(src: Path) -> _Config:
-    path = src / "config.json"
-    if not path.exists():
-        raise CheckpointError(f"{path}: not found (not a Hugging Face model directory)")
-    cfg = _json(path)
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{path}: not a model config (a JSON object)")
+    """The BERT hparams the GGUF gets, mapped by graphir.files.hf_config's BertModel entry (the one mapping from
+    Hugging Face configs to GGUF keys), checked to make a model whose tensors can be named."""
+    path = src / hf_config.CONFIG
+    cfg = hf_config.read_config(path)
     model_type, archs = cfg.get("model_type"), cfg.get("architectures") or []
     if model_type != "bert" or not isinstance(archs, list) or any(a not in _HF_ARCHITECTURES for a in archs):
         raise CheckpointError(f"{path}: not a BERT model (model_type {model_type!r}, architectures {archs!r}); "
                               f"converted: model_type 'bert' as {' or '.join(_HF_ARCHITECTURES)}")
-
-    def count(key: str, default: int | None = None) -> int:
-        v = cfg.get(key, default)
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise CheckpointError(f"{path}: {key} must be a positive integer, not {v!r}")
-        return v
-
-    eps = cfg.get("layer_norm_eps", 1e-12)  # defaults are transformers' BertConfig's
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps <= _F32_MAX:
-        raise CheckpointError(f"{path}: layer_norm_eps must be a positive number (a float32), not {eps!r}")
     if not isinstance(cfg.get("_name_or_path", ""), str):  # gguf's name heuristics read it as text
         raise CheckpointError(f"{path}: _name_or_path must be text, not {cfg['_name_or_path']!r}")
-    c = _Config(n_vocab=count("vocab_size"), n_ctx=count("max_position_embeddings"), n_embd=count("hidden_size"),
-                n_ff=count("intermediate_size"), n_layer=count("num_hidden_layers"),
-                n_head=count("num_attention_heads"), n_token_types=count("type_vocab_size", 2), norm_eps=float(eps))
+    keys = hf_config.gguf_keys(path, cfg, hf_config.FAMILIES[_HF_ARCHITECTURES[0]])
+    L, A = gguf.Keys.LLM, gguf.Keys.Attention
+    c = _Config(n_vocab=keys[L.VOCAB_SIZE], n_ctx=keys[L.CONTEXT_LENGTH], n_embd=keys[L.EMBEDDING_LENGTH],
+                n_ff=keys.get(L.FEED_FORWARD_LENGTH, 0), n_layer=keys[L.BLOCK_COUNT], n_head=keys.get(A.HEAD_COUNT, 0),
+                n_token_types=keys[gguf.Keys.Tokenizer.TOKEN_TYPE_COUNT], norm_eps=keys[A.LAYERNORM_EPS],
+                metadata={k.format(arch=_ARCH): v for k, v in keys.items() if k != L.VOCAB_SIZE})
+    for key, v in (("intermediate_size", c.n_ff), ("num_attention_heads", c.n_head)):
+        if v <= 0:
+            raise CheckpointError(f"{path}: missing key '{key}'")
     if c.n_embd % c.n_head:
         raise CheckpointError(f"{path}: hidden_size {c.n_embd} is not a multiple of num_attention_heads {c.n_head}")
     return c
-
-
-def _pooling(src: Path) -> gguf.PoolingType | None:
-    """The pooling of a sentence-transformers model; None (key left out) when there is no Pooling module."""
-    modules_path = src / "modules.json"
-    if not modules_path.exists():
-        return None
-    modules = _json(modules_path)
-    if not isinstance(modules, list):
-        raise CheckpointError(f"{modules_path}: not a list of modules")
-    pooling_dir = next((m.get("path") for m in modules
-                        if isinstance(m, dict) and m.get("type") == "sentence_transformers.models.Pooling"), None)
-    if not isinstance(pooling_dir, str):
-        return None
-    path = src / pooling_dir / "config.json"
-    cfg = _json(path)
-    for key, kind in _POOLING:
-        if isinstance(cfg, dict) and cfg.get(key):
-            return kind
-    raise CheckpointError(f"{path}: unsupported pooling (llama.cpp pools by mean, cls or last token)")
 
 
 # ---- tensors -----------------------------------------------------------------------------------------------
@@ -247,62 +219,6 @@ def _expected_shapes(cfg: _Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _safetensors(path: Path) -> dict[str, LocalTensor]:
-    """The tensors a safetensors file declares (data left unread), each checked as the safetensors library does:
-    a dtype name, a shape of sizes, and data_offsets inside the file that overlap no other tensor's."""
-    def corrupt(why: str) -> CheckpointError:
-        return CheckpointError(f"{path}: corrupt safetensors header ({why})")
-
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-            if not 0 <= n <= min(size - 8, _MAX_HEADER):
-                raise corrupt(f"a {size}-byte file cannot hold a {n}-byte header" if n >= 0 else "cut short")
-            doc = json.loads(f.read(n).decode("utf-8"))
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
-    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, or nested past Python's stack
-        raise corrupt(f"not JSON: {_reason(e)}") from None
-    if not isinstance(doc, dict):
-        raise corrupt("not a JSON object")
-    start, tensors = 8 + n, {}
-    for name, t in doc.items():
-        if name == "__metadata__":
-            continue
-        t = t if isinstance(t, dict) else {}
-        dtype, shape, offsets = t.get("dtype"), t.get("shape"), t.get("data_offsets")
-        if not (isinstance(dtype, str) and isinstance(shape, list) and all(_is_size(d) for d in shape)
-                and isinstance(offsets, list) and len(offsets) == 2 and all(_is_size(o) for o in offsets)):
-            raise corrupt(f"tensor {name} is not {{dtype, shape, data_offsets}}: {_clip(t)}")
-        if not offsets[0] <= offsets[1] <= size - start:
-            raise corrupt(f"tensor {name}'s data_offsets lie outside the file")
-        tensors[name] = LocalTensor(dtype, tuple(shape), LocalTensorRange(path, start + offsets[0],
-                                                                          offsets[1] - offsets[0]))
-    spans = sorted((t.data_range.offset, t.data_range.size, name) for name, t in tensors.items())
-    for (a, size_a, name_a), (b, _, name_b) in zip(spans, spans[1:]):
-        if a + size_a > b:
-            raise corrupt(f"tensors {name_a} and {name_b} overlap")
-    return tensors
-
-
-def _is_size(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _clip(v: Any, n: int = 80) -> str:
-    """repr(v) cut to n characters: a malformed value quoted in a message stays one readable line."""
-    r = repr(v)
-    return r if len(r) <= n else r[:n - 3] + "..."
-
-
-def _reason(e: BaseException, n: int = 200) -> str:
-    """An exception a parser raised, for a message: its type and text on one line, cut to n characters."""
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text if len(text) <= n else text[:n - 3] + '...'}"
-
-
 def _bert_name(hf_name: str) -> str:
     """The name as a BertModel spells it: no "bert." prefix, TF-era gamma/beta as weight/bias."""
     name = hf_name.removeprefix("bert.")
@@ -315,7 +231,7 @@ def _bert_name(hf_name: str) -> str:
 
 def _tensors(src: Path, cfg: _Config, matrix_type: gguf.GGMLQuantizationType) -> list[_Tensor]:
     """Every tensor to write, in llama.cpp's loading order, each checked for name, shape, dtype and size."""
-    parts = {part: _safetensors(part) for part in sorted(src.glob("model*.safetensors"))}
+    parts = {part: safetensors_header(part) for part in sorted(src.glob("model*.safetensors"))}
     if not parts:
         raise CheckpointError(f"{src}: no model.safetensors (only safetensors checkpoints are converted)")
     n_declared = sum(len(t) for t in parts.values())
@@ -342,7 +258,7 @@ def _tensors(src: Path, cfg: _Config, matrix_type: gguf.GGMLQuantizationType) ->
                 raise CheckpointTensorError(f"{part}: tensor {hf_name} has dtype {t.dtype} (converted: "
                                             f"{', '.join(_SOURCE_DTYPES)})")
             if t.shape != shape:
-                raise CheckpointTensorError(f"{part}: tensor {hf_name} has shape {_clip(list(t.shape))}, "
+                raise CheckpointTensorError(f"{part}: tensor {hf_name} has shape {clip(list(t.shape))}, "
                                             f"config.json makes it {list(shape)}")
             if t.data_range.size != math.prod(shape) * _SOURCE_DTYPES[t.dtype].itemsize:
                 raise CheckpointError(f"{part}: corrupt safetensors header (tensor {hf_name} holds "
@@ -378,25 +294,33 @@ def _data(t: _Tensor) -> np.ndarray:
 # ---- metadata and vocabulary -------------------------------------------------------------------------------
 
 
-def _add_general(w: gguf.GGUFWriter, src: Path, cfg: _Config, file_type: gguf.LlamaFileType,
-                 pooling: gguf.PoolingType | None) -> None:
+def _add_general(w: gguf.GGUFWriter, src: Path, cfg: _Config, file_type: gguf.LlamaFileType) -> None:
     w.add_type(gguf.GGUFType.MODEL)
     total, shared, expert, n_expert = w.get_total_parameter_count()
     meta = _model_card(src, total)
     meta.name = meta.name or src.resolve().name
     meta.size_label = meta.size_label or gguf.size_label(total, shared, expert, n_expert)
     meta.set_gguf_meta_model(w)
-    w.add_block_count(cfg.n_layer)
-    w.add_context_length(cfg.n_ctx)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_layer_norm_eps(cfg.norm_eps)
+    for key, value in cfg.metadata.items():
+        if key != gguf.Keys.Tokenizer.TOKEN_TYPE_COUNT:  # written with the vocabulary
+            _add_key(w, key, value)
     w.add_file_type(file_type)
-    w.add_causal_attention(False)
-    if pooling is not None:
-        w.add_pooling_type(pooling)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _add_key(w: gguf.GGUFWriter, key: str, value: Any) -> None:
+    """One mapped key in the GGUF type the converter gives it: flags bool, counts u32, numbers f32, names text,
+    per-layer or per-section values arrays."""
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    else:
+        w.add_array(key, list(value))
 
 
 def _model_card(src: Path, total: int) -> gguf.Metadata:
@@ -409,7 +333,7 @@ def _model_card(src: Path, total: int) -> gguf.Metadata:
     except OSError as e:
         raise CheckpointError(f"{readme}: cannot read ({e.strerror or e})") from None
     except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: bad UTF-8
-        raise CheckpointError(f"{readme}: front matter is not readable YAML ({_reason(e)})") from None
+        raise CheckpointError(f"{readme}: front matter is not readable YAML ({reason(e)})") from None
     meta = gguf.Metadata.apply_metadata_heuristic(gguf.Metadata(), card, gguf.Metadata.load_hf_parameters(src), src,
                                                   total)
     for field in dataclasses.fields(meta):
@@ -418,7 +342,7 @@ def _model_card(src: Path, total: int) -> gguf.Metadata:
                 or field.name in _CARD_LISTS and isinstance(v, list) and all(map(_is_text, v))
                 or field.name in _CARD_ENTRIES and isinstance(v, list)
                 and all(isinstance(e, dict) and all(map(_is_text, e.values())) for e in v)):
-            raise CheckpointError(f"{readme}: model card value {field.name} is {_clip(v)}, not text")
+            raise CheckpointError(f"{readme}: model card value {field.name} is {clip(v)}, not text")
     return meta
 
 
@@ -444,7 +368,7 @@ def _wordpiece(src: Path, n_vocab: int) -> tuple[dict[str, int], dict[str, bool]
         model = doc.get("model") if isinstance(doc, dict) else None
         if not isinstance(model, dict) or model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
             kind = model.get("type") if isinstance(model, dict) else None
-            raise CheckpointError(f"{path}: not a WordPiece tokenizer (model type {_clip(kind)})")
+            raise CheckpointError(f"{path}: not a WordPiece tokenizer (model type {clip(kind)})")
         vocab, added_list = dict(model["vocab"]), doc.get("added_tokens") or []
     else:
         path = src / "vocab.txt"
@@ -454,7 +378,7 @@ def _wordpiece(src: Path, n_vocab: int) -> tuple[dict[str, int], dict[str, bool]
         except FileNotFoundError:
             raise CheckpointError(f"{src}: no tokenizer.json or vocab.txt") from None
         except (OSError, ValueError) as e:
-            raise CheckpointError(f"{path}: not readable ({_reason(e)})") from None
+            raise CheckpointError(f"{path}: not readable ({reason(e)})") from None
         config = src / "tokenizer_config.json"
         doc = _json(config) if config.exists() else {}
         decoder = (doc.get("added_tokens_decoder") if isinstance(doc, dict) else None) or {}
@@ -467,14 +391,14 @@ def _wordpiece(src: Path, n_vocab: int) -> tuple[dict[str, int], dict[str, bool]
     added: dict[str, bool] = {}
     for a in added_list:
         if not (isinstance(a, dict) and _is_text(a.get("content")) and isinstance(a.get("id"), int)):
-            raise CheckpointError(f"{path}: malformed added token {_clip(a)}")
+            raise CheckpointError(f"{path}: malformed added token {clip(a)}")
         vocab[a["content"]] = a["id"]
         added[a["content"]] = bool(a.get("special"))
     for t, i in vocab.items():
         if not _is_text(t) or not isinstance(i, int) or isinstance(i, bool) or i < 0:
-            raise CheckpointError(f"{path}: token {_clip(t)} has id {_clip(i)}")
+            raise CheckpointError(f"{path}: token {clip(t)} has id {clip(i)}")
         if i >= n_vocab:
-            raise CheckpointError(f"{path}: token {_clip(t)} has id {i}, beyond config.json's vocab_size {n_vocab}")
+            raise CheckpointError(f"{path}: token {clip(t)} has id {i}, beyond config.json's vocab_size {n_vocab}")
     return vocab, added
 
 
@@ -537,10 +461,10 @@ def _special_vocab(src: Path, n_vocab: int) -> gguf.SpecialVocab:
         special = gguf.SpecialVocab(src, n_vocab=n_vocab, special_token_types=_SPECIAL_KINDS)
     except (OSError, ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError) as e:
         files = ", ".join(f for f in _SPECIAL_FILES if (src / f).exists())
-        raise CheckpointError(f"{src}: special tokens not readable from {files} ({_reason(e)})") from None
+        raise CheckpointError(f"{src}: special tokens not readable from {files} ({reason(e)})") from None
     template = special.chat_template
     if not (template is None or _is_text(template) or isinstance(template, list) and all(
             isinstance(t, dict) and _is_text(t.get("name", "")) and _is_text(t.get("template")) for t in template)):
-        raise CheckpointError(f"{src / 'tokenizer_config.json'}: chat_template is {_clip(template)}, neither text "
+        raise CheckpointError(f"{src / 'tokenizer_config.json'}: chat_template is {clip(template)}, neither text "
                               f"nor a list of named templates")
     return special

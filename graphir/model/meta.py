@@ -1,7 +1,7 @@
 """A model as graphir sees it before any weight is read: metadata plus tensor declarations.
 
-It comes from a GGUF (full or header-only) or from a preset, and builds graphs for any context kind and
-phase. Nothing here reads tensor data.
+It comes from a GGUF (full or header-only), a Hugging Face config or a preset, and builds graphs for any
+context kind and phase. Nothing here reads tensor data.
 """
 
 from __future__ import annotations
@@ -100,7 +100,18 @@ def from_preset(name: str, p: presets.Preset) -> ModelMeta:
 
 
 def open_model(src: str) -> ModelMeta:
-    """A GGUF path (full or header-only) or a preset name."""
+    """A GGUF path (full or header-only), a Hugging Face model directory or config.json (the model its
+    conversion would give; graphir.files.hf_config), or a preset name."""
+    from graphir.files import hf_config
+
+    if hf_config.is_hf_source(src):
+        preset, mxfp4 = hf_config.preset_of(src)
+        meta = from_preset(src, preset)
+        for name, t in meta.tensors.items():
+            dtype = hf_config.converted_type(name, t.shape, t.dtype, mxfp4)
+            if dtype != t.dtype:
+                meta.tensors[name] = TensorInfo(t.name, t.shape, dtype, t.offset)
+        return meta
     if os.path.exists(src) or os.sep in src or src.endswith(".gguf"):
         h = read_header(src)
         return ModelMeta(src, h.metadata, h.tensors, h)

@@ -36,7 +36,11 @@ class Model:
 
     def __init__(self, meta: ModelMeta, isa: str | None = None, backend: str = DEFAULT):
         if meta.header is None:
-            raise GraphirError(f"{meta.label} is a preset: it has metadata but no weights; load a GGUF file")
+            from graphir.files.hf_config import is_hf_source
+
+            what = "a Hugging Face config, read" if is_hf_source(meta.label) else "a preset"
+            raise GraphirError(f"{meta.label} is {what} for its graph: it has metadata but no weights to run; load a "
+                               f"GGUF file (graphir convert makes one of a BERT checkpoint)")
         self.meta = meta
         self.backend = get_backend(backend)
         self.numerics = self.backend.numerics(isa)   # the llama.cpp CPU path the kernels reproduce

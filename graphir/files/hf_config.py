@@ -1,0 +1,857 @@
+"""Hugging Face model configs -> the metadata llama.cpp's ``convert_hf_to_gguf.py`` writes, without converting.
+
+A model directory (or its ``config.json``) becomes the :class:`~graphir.model.meta.ModelMeta` that a
+header-only GGUF of the converted model holds: the ``<arch>.*`` keys the converter's class for the config's
+``architectures[0]`` writes, with the defaults it (and the transformers config class it loads the file
+through) applies, and the tensor table the architecture expects, typed as the converter types it by default
+(``--outtype auto``: BF16 or F16 as the checkpoint's first float matrix, F16 when there is none; F32 for 1-D
+tensors, norms and the tensors it always keeps in F32). Nothing but ``config.json``, a sentence-transformers
+pooling module and the safetensors *headers* (whether the checkpoint has an LM head, its dtype) is read.
+
+The mapping is data: :data:`FAMILIES` has one entry per Hugging Face architecture name, each a GGUF
+architecture and a tuple of *rules*, small functions of the config returning the GGUF keys they set (later
+rules override earlier ones, as the converter's subclasses override their parents). Adding a family is one
+entry. ``graphir convert`` writes its BERT keys from the same entry.
+
+Two choices where the converter's default would give a file graphir does not build: Qwen3.5's
+multi-token-prediction layers are left out (as ``--no-mtp``), and the vocabulary is ``vocab_size`` (the token
+list the converter writes is padded to it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from gguf import GGMLQuantizationType as Q
+from gguf import Keys, PoolingType
+
+from graphir.errors import CheckpointError
+from graphir.files.checkpoint import clip, safetensors_header
+
+if TYPE_CHECKING:
+    from graphir.model.presets import Preset
+
+__all__ = ["CONFIG", "FAMILIES", "Config", "is_hf_source", "preset_of", "converted_type", "read_config", "gguf_keys",
+           "sentence_pooling"]
+
+L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
+CONFIG = "config.json"
+_F32_MAX = 3.4028234663852886e38  # the largest float a GGUF float32 key holds
+_ABSENT = object()
+
+# What the converter keeps in F32 whatever the output type, by GGUF name (1-D tensors are F32 as well): norms,
+# MoE routers, position and token-type tables, conv kernels of state-space layers, RWKV's mixes, and every
+# tensor whose name does not end in ".weight" (Mamba's A and D).
+KEEP_F32 = (r"(.*_norm|.*\.ffn_gate_inp(_shexp)?|position_embd|token_types|.*\.ssm_conv1d|.*\.shortconv\.conv"
+            r"|.*\.time_mix_(first|w1|w2|decay_w1|decay_w2|lerp_fused))\.weight|.*(?<!\.weight)")
+
+
+# ---- the config, read with errors naming file and key ------------------------------------------------------
+
+
+class Config:
+    """One model config as the converter sees it: the family's defaults (those of the transformers config class it
+    loads the file through) under the file's keys, under its ``text_config`` (moved to the root)."""
+
+    def __init__(self, path: Path, doc: Mapping[str, Any], defaults: Mapping[str, Any] = {}):
+        self.path = path
+        text = doc.get("text_config")
+        self.doc: dict[str, Any] = {**defaults, **doc, **(text if isinstance(text, dict) else {})}
+
+    def error(self, message: str) -> CheckpointError:
+        return CheckpointError(f"{self.path}: {message}")
+
+    def find(self, *names: str, kind: str = "count", default: Any = _ABSENT) -> Any:
+        """The value of the first of ``names`` the config gives (None counts as absent), checked to be of
+        ``kind``: count (an integer > 0), size (>= 0), number (a positive float32), flag, text, list, map, any.
+        Absent: ``default``, or an error naming the first name when there is none."""
+        for n in names:
+            v = self.doc.get(n)
+            if v is not None:
+                return self.check(n, v, kind)
+        if default is _ABSENT:
+            also = f" (or {', '.join(names[1:])})" if len(names) > 1 else ""
+            raise self.error(f"missing key '{names[0]}'{also}")
+        return default
+
+    def check(self, name: str, v: Any, kind: str) -> Any:
+        integer = isinstance(v, int) and not isinstance(v, bool)
+        if kind in ("count", "size"):
+            if not integer or v < (1 if kind == "count" else 0) or v >= 1 << 32:
+                what = "a positive integer" if kind == "count" else "an integer >= 0"
+                raise self.error(f"{name} must be {what}, not {clip(v)}")
+        elif kind == "number":
+            if not (integer or isinstance(v, float)) or isinstance(v, bool) or not 0 < v <= _F32_MAX:
+                raise self.error(f"{name} must be a positive number (a float32), not {clip(v)}")
+            return float(v)
+        elif kind in _KINDS and not isinstance(v, _KINDS[kind]):
+            raise self.error(f"{name} must be {_kind_name(kind)}, not {clip(v)}")
+        return v
+
+    @cached_property
+    def rope(self) -> dict[str, Any]:
+        """The RoPE parameters as the converter gathers them: ``rope_parameters`` (or ``rope_scaling``), with the
+        top-level theta, local theta, type, partial factor and original context mirrored in."""
+        p = self.doc.get("rope_parameters", self.doc.get("rope_scaling")) or {}
+        p = dict(self.check("rope_parameters", p, "map"))
+        if "full_attention" not in p and "sliding_attention" not in p:
+            local = self.find("local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta",
+                              "rope_local_base_freq", kind="number", default=None)
+            if local is not None:
+                p["sliding_attention"] = {"rope_theta": local}
+            mirrored = {"rope_theta": ("global_rope_theta", "rope_global_theta", "rope_theta_global", "rope_theta",
+                                       "rotary_emb_base"),
+                        "rope_type": ("type",), "partial_rotary_factor": ("partial_rotary_factor", "rope_pct",
+                                                                           "rope_percent"),
+                        "original_max_position_embeddings": ("original_max_position_embeddings",)}
+            for key, names in mirrored.items():
+                source = p if key == "rope_type" else self.doc
+                v = next((source[n] for n in names if source.get(n) is not None), None)
+                if key not in p and v is not None:
+                    p[key] = v
+        return p
+
+    @property
+    def full_rope(self) -> dict[str, Any]:
+        """The RoPE parameters of the global layers (``full_attention``, where a config splits them)."""
+        return self.check("rope_parameters.full_attention", self.rope.get("full_attention", self.rope), "map")
+
+    def rope_value(self, params: Mapping[str, Any], key: str, kind: str = "number", default: Any = _ABSENT) -> Any:
+        v = params.get(key)
+        if v is None:
+            if default is _ABSENT:
+                raise self.error(f"missing key 'rope_scaling.{key}'")
+            return default
+        return self.check(f"rope_scaling.{key}", v, kind)
+
+
+_KINDS: dict[str, type | tuple[type, ...]] = {"flag": bool, "text": str, "list": list, "map": dict}
+
+
+def _kind_name(kind: str) -> str:
+    return {"flag": "true or false", "text": "text", "list": "a list", "map": "a JSON object"}.get(kind, kind)
+
+
+# ---- rules: config -> the GGUF keys (templates) they set -----------------------------------------------------
+
+Rule = Callable[[Config], Mapping[str, Any]]
+
+
+def hf(template: str, *names: str, kind: str = "count", default: Any = _ABSENT) -> Rule:
+    """The key ``template`` from the first of ``names`` the config gives; ``default`` None: left out when absent."""
+    def rule(c: Config) -> Mapping[str, Any]:
+        v = c.find(*names, kind=kind, default=default)
+        return {} if v is None else {template: v}
+    return rule
+
+
+def fixed(template: str, value: Any) -> Rule:
+    return lambda c: {template: value}
+
+
+def derived(template: str, fn: Callable[[Config], Any]) -> Rule:
+    """The key from a function of the config (None: left out)."""
+    def rule(c: Config) -> Mapping[str, Any]:
+        v = fn(c)
+        return {} if v is None else {template: v}
+    return rule
+
+
+BLOCKS = ("n_layers", "num_hidden_layers", "n_layer", "num_layers")
+CONTEXT = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length",
+           "model_max_length")
+WIDTH = ("hidden_size", "n_embd", "dim")
+
+
+def _heads(c: Config) -> int:
+    return c.find("num_attention_heads", "n_head", "n_heads")
+
+
+def _head_dim(c: Config) -> int:
+    return c.find("head_dim", default=None) or c.find(*WIDTH) // _heads(c)
+
+
+def _rope_scaling(c: Config) -> dict[str, Any]:
+    """rope_type linear and yarn with their factor, longrope; llama3's factors become the rope_freqs tensor."""
+    p = c.full_rope
+    kind = p.get("rope_type")
+    factor = p.get("factor")
+    if kind == "linear" and factor is not None:
+        return {R.SCALING_TYPE: "linear", R.SCALING_FACTOR: c.rope_value(p, "factor")}
+    if kind == "yarn" and factor is not None:
+        out = {R.SCALING_TYPE: "yarn", R.SCALING_FACTOR: c.rope_value(p, "factor"),
+               R.SCALING_ORIG_CTX_LEN: c.rope_value(p, "original_max_position_embeddings", "count")}
+        for key, names in ((R.SCALING_YARN_EXT_FACTOR, ("extrapolation_factor",)),
+                           (R.SCALING_YARN_ATTN_FACTOR, ("attention_factor", "attn_factor")),
+                           (R.SCALING_YARN_BETA_FAST, ("beta_fast",)), (R.SCALING_YARN_BETA_SLOW, ("beta_slow",))):
+            name = next((n for n in names if p.get(n) is not None), None)
+            if name is not None:
+                out[key] = c.rope_value(p, name)
+        return out
+    if kind in ("su", "longrope"):
+        return {R.SCALING_TYPE: "longrope"}
+    return {}
+
+
+def _rope_theta(c: Config) -> dict[str, Any]:
+    out = {}
+    theta = c.full_rope.get("rope_theta")
+    if theta is not None:
+        out[R.FREQ_BASE] = c.check("rope_theta", theta, "number")
+    local = c.rope.get("sliding_attention", {})
+    if isinstance(local, dict) and local.get("rope_theta") is not None:
+        out[R.FREQ_BASE_SWA] = c.check("rope_local_base_freq", local["rope_theta"], "number")
+    if "mrope_section" in c.rope:
+        sections = c.check("mrope_section", c.rope["mrope_section"], "list")
+        out[R.DIMENSION_SECTIONS] = [c.check("mrope_section", s, "size") for s in (sections + [0] * 4)[:4]]
+    return out
+
+
+_GATING = {"softmax": 1, "sigmoid": 2}  # gguf.ExpertGatingFuncType
+
+
+def _gating(c: Config) -> int | None:
+    f = c.find("score_function", "scoring_func", "score_func", "moe_router_activation",
+               "moe_router_activation_func", "expert_selection_fn", kind="text", default=None)
+    if f is not None and f not in _GATING:
+        raise c.error(f"scoring_func '{f}' is not supported (supported: {', '.join(_GATING)})")
+    return None if f is None else _GATING[f]
+
+
+# TextModel.set_gguf_parameters: what every family that calls it writes, but head_dim (which Granite drops)
+TEXT_BASE: tuple[Rule, ...] = (
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(L.CONTEXT_LENGTH, *CONTEXT),
+    hf(L.EMBEDDING_LENGTH, *WIDTH),
+    hf(L.FEED_FORWARD_LENGTH, "prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size",
+       "n_inner", "hidden_dim", default=None),
+    hf(A.HEAD_COUNT, "num_attention_heads", "n_head", "n_heads", default=None),
+    hf(A.HEAD_COUNT_KV, "num_key_value_heads", "n_kv_heads", default=None),
+    derived(A.CAUSAL, lambda c: False if c.find("is_causal", kind="flag", default=None) is False else None),
+    _rope_scaling,
+    _rope_theta,
+    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", "norm_eps", kind="number", default=None),
+    hf(A.LAYERNORM_EPS, "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", kind="number", default=None),
+    hf(L.EXPERT_COUNT, "num_local_experts", "num_experts", "n_routed_experts", kind="size", default=None),
+    hf(L.EXPERT_USED_COUNT, "num_experts_per_tok", "num_experts_per_token", "top_k_experts", kind="size",
+       default=None),
+    hf(L.EXPERT_GROUP_COUNT, "n_group", kind="size", default=None),
+    hf(L.EXPERT_GROUP_USED_COUNT, "topk_group", kind="size", default=None),
+    derived(L.EXPERT_GATING_FUNC, _gating),
+)
+
+
+def _head_dim_keys(c: Config) -> Mapping[str, Any]:
+    d = c.find("head_dim", default=None)
+    return {} if d is None else {A.KEY_LENGTH: d, A.VALUE_LENGTH: d}
+
+
+TEXT = TEXT_BASE + (_head_dim_keys,)
+VOCAB = hf(L.VOCAB_SIZE, "vocab_size")
+# LlamaModel: TEXT, the vocabulary size and the rotated dimensions (a head)
+LLAMA = TEXT + (VOCAB, derived(R.DIMENSION_COUNT, _head_dim))
+
+
+def _pooling_rule(c: Config) -> Mapping[str, Any]:
+    pooling = sentence_pooling(c.path.parent)
+    return {} if pooling is None else {L.POOLING_TYPE: int(pooling)}
+
+
+def _gemma3_window(c: Config) -> int | None:
+    return None if c.doc.get("sliding_window_pattern") == 1 else c.find("sliding_window")
+
+
+GEMMA3 = TEXT + (
+    hf(L.CONTEXT_LENGTH, "max_position_embeddings", default=131072),
+    hf(A.HEAD_COUNT, "num_attention_heads", default=8),
+    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number", default=1e-6),
+    lambda c: {A.KEY_LENGTH: (d := c.find("head_dim", default=256)), A.VALUE_LENGTH: d},
+    derived(R.FREQ_BASE, lambda c: c.check("rope_theta", c.full_rope.get(
+        "rope_theta", 1_000_000.0), "number")),
+    derived(L.FINAL_LOGIT_SOFTCAPPING, lambda c: c.find("final_logit_softcapping", kind="number", default=None)),
+    derived(A.SLIDING_WINDOW, _gemma3_window),
+    hf(A.HEAD_COUNT_KV, "num_key_value_heads", default=4),
+    VOCAB,
+)
+
+GEMMA2: tuple[Rule, ...] = (
+    hf(L.CONTEXT_LENGTH, "max_position_embeddings"),
+    hf(L.EMBEDDING_LENGTH, "hidden_size"),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(L.FEED_FORWARD_LENGTH, "intermediate_size"),
+    hf(A.HEAD_COUNT, "num_attention_heads"),
+    derived(A.HEAD_COUNT_KV, lambda c: c.find("num_key_value_heads", default=None) or _heads(c)),
+    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number"),
+    lambda c: {A.KEY_LENGTH: (d := c.find("head_dim")), A.VALUE_LENGTH: d},
+    hf(L.ATTN_LOGIT_SOFTCAPPING, "attn_logit_softcapping", kind="number"),
+    hf(L.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping", kind="number"),
+    hf(A.SLIDING_WINDOW, "sliding_window"),
+    VOCAB,
+)
+
+
+def _phi3_rope_dims(c: Config) -> int:
+    factor = c.check("partial_rotary_factor", c.rope.get("partial_rotary_factor", 1.0), "number")
+    return int(factor * c.find("hidden_size", "n_embd")) // c.find("num_attention_heads", "n_head")
+
+
+def _phi3_attn_factor(c: Config) -> float | None:
+    """LongRoPE's (or YaRN's) attention factor, written with the long factors."""
+    if not c.rope.get("long_factor"):
+        return None
+    orig = c.rope_value(c.rope, "original_max_position_embeddings", "count")
+    if orig < 2:
+        raise c.error(f"original_max_position_embeddings {orig} leaves LongRoPE no scale to work from")
+    scale = c.find("n_positions", "max_position_embeddings") / orig
+    kind = str(c.rope.get("rope_type", "")).lower()
+    if kind in ("su", "longrope"):
+        return math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+    if kind == "yarn":
+        return 0.1 * math.log(scale) + 1.0 if scale > 1 else 1.0
+    raise c.error(f"rope_scaling.type '{kind}' with long factors is not supported (supported: longrope, su, yarn)")
+
+
+PHI3: tuple[Rule, ...] = (
+    hf(L.CONTEXT_LENGTH, "n_positions", "max_position_embeddings"),
+    derived(R.SCALING_ORIG_CTX_LEN, lambda c: c.rope_value(c.rope, "original_max_position_embeddings", "count")),
+    hf(L.EMBEDDING_LENGTH, "hidden_size", "n_embd"),
+    hf(L.FEED_FORWARD_LENGTH, "intermediate_size"),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(A.HEAD_COUNT, "num_attention_heads", "n_head"),
+    hf(A.HEAD_COUNT_KV, "num_key_value_heads", "n_head_kv"),
+    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number"),
+    derived(R.DIMENSION_COUNT, _phi3_rope_dims),
+    derived(R.FREQ_BASE, lambda c: c.rope_value(c.rope, "rope_theta")),
+    hf(A.SLIDING_WINDOW, "sliding_window", kind="size", default=0),  # 0 tells Phi-4 from the others
+    derived(R.SCALING_ATTN_FACTOR, _phi3_attn_factor),
+    VOCAB,
+)
+
+GPT2: tuple[Rule, ...] = (
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(L.CONTEXT_LENGTH, "n_ctx"),
+    hf(L.EMBEDDING_LENGTH, "n_embd"),
+    derived(L.FEED_FORWARD_LENGTH, lambda c: 4 * c.find("n_embd")),
+    hf(A.HEAD_COUNT, "n_head"),
+    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
+    VOCAB,
+)
+
+BERT = TEXT + (
+    fixed(A.CAUSAL, False),
+    _pooling_rule,
+    hf(Keys.Tokenizer.TOKEN_TYPE_COUNT, "type_vocab_size"),
+    VOCAB,
+)
+
+
+def _nomic_context(c: Config) -> int:
+    """nomic-embed-text v1 and v1.5 say 8192 positions but are trained for 2048, as the converter writes."""
+    npos, trained = c.find("n_positions"), c.find("max_trained_positions", default=2048)
+    if (npos, trained) == (8192, 2048):
+        return 2048
+    raise c.error(f"n_positions {npos} with max_trained_positions {trained} is not a nomic-embed-text v1 model "
+                  f"(8192 and 2048)")
+
+
+def _no_moe(c: Config) -> Mapping[str, Any]:
+    """nomic-bert-moe (moe_every_n_layers) is another architecture, which graphir does not build."""
+    if c.find("moe_every_n_layers", kind="size", default=0):
+        raise c.error("moe_every_n_layers: nomic-bert's mixture-of-experts layers are not supported")
+    return {}
+
+
+NOMIC_BERT = BERT + (derived(L.CONTEXT_LENGTH, _nomic_context), _no_moe)
+
+
+def _mamba_inner(c: Config) -> int:
+    d_model, d_inner = c.find("hidden_size", "d_model"), c.find("intermediate_size", "d_inner", default=None)
+    if d_inner is not None and d_inner != 2 * d_model:
+        raise c.error(f"intermediate_size {d_inner} is not twice hidden_size {d_model} (Mamba's expansion of 2)")
+    return 2 * d_model
+
+
+def _mamba_dt_rank(c: Config) -> int:
+    """time_step_rank, or ("auto", absent) a sixteenth of the width, rounded up."""
+    if c.find("time_step_rank", "dt_rank", kind="any", default="auto") == "auto":
+        return -(c.find("hidden_size", "d_model") // -16)
+    return c.find("time_step_rank", "dt_rank")
+
+
+MAMBA: tuple[Rule, ...] = (
+    fixed(L.CONTEXT_LENGTH, 1 << 20),  # the converter's stand-in: Mamba is not context-limited
+    hf(L.EMBEDDING_LENGTH, "hidden_size", "d_model"),
+    fixed(L.FEED_FORWARD_LENGTH, 0),
+    fixed(A.HEAD_COUNT, 0),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(S.CONV_KERNEL, "conv_kernel", "d_conv", default=4),
+    derived(S.INNER_SIZE, _mamba_inner),
+    hf(S.STATE_SIZE, "state_size", "d_state", default=16),
+    derived(S.TIME_STEP_RANK, _mamba_dt_rank),
+    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", "rms_norm_eps", kind="number", default=1e-5),
+    derived(S.DT_B_C_RMS, lambda c: c.doc.get("model_type") == "falcon_mamba"),
+)
+
+
+def _mamba2_inner(c: Config) -> int:
+    expand = c.find("mamba_expand", "expand", default=2)
+    return c.find("mamba_d_ssm", "intermediate_size", "d_inner", default=None) or expand * c.find(*WIDTH, "d_model")
+
+
+def _mamba2_heads(c: Config) -> int:
+    head = c.find("mamba_d_head", "head_dim", default=64)
+    inner = _mamba2_inner(c)
+    if inner % head:
+        raise c.error(f"the inner size {inner} is not a multiple of the head size {head} (mamba_d_head)")
+    return inner // head
+
+
+MAMBA2: tuple[Rule, ...] = (
+    fixed(L.CONTEXT_LENGTH, 1 << 20),
+    hf(L.EMBEDDING_LENGTH, *WIDTH, "d_model"),
+    fixed(L.FEED_FORWARD_LENGTH, 0),
+    fixed(A.HEAD_COUNT, 0),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(S.CONV_KERNEL, "conv_kernel", "d_conv", default=4),
+    derived(S.INNER_SIZE, _mamba2_inner),
+    hf(S.STATE_SIZE, "state_size", "d_state", default=128),
+    derived(S.TIME_STEP_RANK, _mamba2_heads),
+    hf(S.GROUP_COUNT, "n_groups", default=1),
+    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", "rms_norm_eps", kind="number", default=1e-5),
+)
+
+RWKV6: tuple[Rule, ...] = (
+    fixed(L.CONTEXT_LENGTH, 1 << 20),  # RWKV is not context-limited
+    hf(L.EMBEDDING_LENGTH, "hidden_size"),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
+    hf(L.RESCALE_EVERY_N_LAYERS, "rescale_every", kind="size"),
+    hf(Keys.WKV.HEAD_SIZE, "head_size"),
+    derived(L.TIME_MIX_EXTRA_DIM, lambda c: 64 if c.find("hidden_size") == 4096 else 32),
+    derived(L.TIME_DECAY_EXTRA_DIM, lambda c: 128 if c.find("hidden_size") == 4096 else 64),
+    derived(L.FEED_FORWARD_LENGTH, lambda c: c.find("intermediate_size", default=None)
+            or int(c.find("hidden_size") * 3.5) // 32 * 32),
+    fixed(A.HEAD_COUNT, 0),
+    VOCAB,
+)
+
+T5_ENCODER: tuple[Rule, ...] = (
+    hf(L.CONTEXT_LENGTH, "n_positions", default=512),
+    hf(L.EMBEDDING_LENGTH, "d_model"),
+    hf(L.FEED_FORWARD_LENGTH, "d_ff"),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(A.HEAD_COUNT, "num_heads"),
+    lambda c: {A.KEY_LENGTH: (d := c.find("d_kv")), A.VALUE_LENGTH: d},
+    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
+    hf(A.REL_BUCKETS_COUNT, "relative_attention_num_buckets"),
+    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", kind="number"),
+    VOCAB,
+)
+T5 = T5_ENCODER + (
+    derived(L.DECODER_BLOCK_COUNT, lambda c: c.find("num_decoder_layers", default=None) or c.find(*BLOCKS)),
+    hf(L.DECODER_START_TOKEN_ID, "decoder_start_token_id", kind="size"),
+)
+
+
+RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; the gguf package has no constant yet
+
+
+def _qwen35_layers(c: Config) -> list[bool] | None:
+    types = c.find("layer_types", kind="list", default=None)
+    if types is None:
+        return None
+    n = c.find(*BLOCKS)
+    if len(types) != n:
+        raise c.error(f"layer_types has {len(types)} entries, num_hidden_layers {n}")
+    return [t == "linear_attention" for t in types]
+
+
+QWEN35 = TEXT + (
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
+    hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None),
+    hf(S.CONV_KERNEL, "linear_conv_kernel_dim"),
+    hf(S.STATE_SIZE, "linear_key_head_dim"),
+    hf(S.GROUP_COUNT, "linear_num_key_heads"),
+    hf(S.TIME_STEP_RANK, "linear_num_value_heads"),
+    derived(S.INNER_SIZE, lambda c: c.find("linear_value_head_dim") * c.find("linear_num_value_heads")),
+    derived(RECURRENT_LAYERS, _qwen35_layers),
+    hf(L.FULL_ATTENTION_INTERVAL, "full_attention_interval", default=4),
+    derived(R.DIMENSION_COUNT, lambda c: int(_head_dim(c) * c.check(
+        "partial_rotary_factor", c.rope.get("partial_rotary_factor", 0.25), "number"))),
+    lambda c: {} if "mrope_section" in c.rope else {R.DIMENSION_SECTIONS: [11, 11, 10, 0]},
+    VOCAB,
+)
+
+
+def _prefixed(*names: str) -> tuple[str, ...]:
+    """GraniteHybrid's find_hparam: the names, then each with a ``mamba_`` prefix."""
+    return names + tuple(f"mamba_{n}" for n in names)
+
+
+def _granite_attention_layers(c: Config) -> list[int]:
+    types = c.find("layer_types", kind="list", default=None)
+    if types is not None:
+        return [i for i, t in enumerate(types) if t == "attention"]
+    indices = c.find("attn_layer_indices", kind="list", default=None)
+    if indices:
+        return indices
+    period, offset = c.find("attn_layer_period"), c.find("attn_layer_offset", kind="size")
+    return [i for i in range(c.find(*BLOCKS)) if i % period == offset]
+
+
+def _granite_kv(c: Config) -> list[int]:
+    attn, n_kv = _granite_attention_layers(c), c.find(*_prefixed("num_key_value_heads", "n_head_kv"))
+    return [n_kv if il in attn else 0 for il in range(c.find(*BLOCKS))]
+
+
+def _granite_rope(c: Config) -> dict[str, Any]:
+    """Granite 4.0-H's attention layers rotate nothing (unlike Bamba's), and then the context is unlimited."""
+    roped = "BambaForCausalLM" in c.doc.get("architectures", ()) or len(_granite_attention_layers(c)) == c.find(*BLOCKS)
+    return {R.SCALING_FINETUNED: roped, **({} if roped else {L.CONTEXT_LENGTH: 1 << 20})}
+
+
+GRANITE_HYBRID = TEXT_BASE + (  # GraniteModel drops head_dim
+    VOCAB,
+    derived(R.DIMENSION_COUNT, lambda c: c.find(*WIDTH) // _heads(c)),
+    hf(A.SCALE, "attention_multiplier", kind="number", default=None),
+    hf(L.EMBEDDING_SCALE, "embedding_multiplier", kind="number", default=None),
+    hf(L.RESIDUAL_SCALE, "residual_multiplier", kind="number", default=None),
+    hf(L.LOGIT_SCALE, "logits_scaling", kind="number", default=None),
+    hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_intermediate_size", default=None),
+    hf(S.CONV_KERNEL, *_prefixed("conv_kernel", "d_conv")),
+    hf(S.STATE_SIZE, *_prefixed("state_size", "d_state", "state_dim", "ssm_state_size")),
+    hf(S.GROUP_COUNT, *_prefixed("n_groups", "num_groups")),
+    derived(S.INNER_SIZE, lambda c: c.find(*_prefixed("expand", "num_heads")) * c.find(
+        *_prefixed("mamba_head_dim", "hidden_size", "d_model"))),
+    hf(S.TIME_STEP_RANK, *_prefixed("n_heads", "num_heads")),
+    derived(A.HEAD_COUNT_KV, _granite_kv),
+    _granite_rope,
+)
+
+
+def _deepseek2_dense_lead(c: Config) -> int:
+    """first_k_dense_replace; absent: every layer dense without experts, none with them."""
+    moe = c.find("n_routed_experts", kind="size", default=None) is not None
+    return c.find("first_k_dense_replace", kind="size", default=0 if moe else c.find(*BLOCKS))
+
+
+def _deepseek2_mla(c: Config) -> dict[str, Any]:
+    """MLA absorbed as the converter writes it: one KV head of kv_lora_rank + RoPE values, the per-head sizes as the
+    *_length_mla keys."""
+    kv_lora, rope = c.find("kv_lora_rank", default=512), c.find("qk_rope_head_dim")
+    return {A.KV_LORA_RANK: kv_lora, A.KEY_LENGTH: kv_lora + rope, A.VALUE_LENGTH: kv_lora,
+            A.KEY_LENGTH_MLA: c.find("qk_nope_head_dim") + rope, A.VALUE_LENGTH_MLA: c.find("v_head_dim")}
+
+
+def _yarn_log_mul(c: Config) -> float | None:
+    """mscale_all_dim, stored times 0.1 (the converter's legacy scale for DeepSeek-V2)."""
+    m = c.rope_value(c.rope, "mscale_all_dim", default=None)
+    return None if m is None else 0.1 * m
+
+
+DEEPSEEK2 = TEXT + (
+    fixed(A.HEAD_COUNT_KV, 1),  # MLA is written as multi-query attention
+    derived(L.LEADING_DENSE_BLOCK_COUNT, _deepseek2_dense_lead),
+    VOCAB,
+    hf(A.Q_LORA_RANK, "q_lora_rank", default=None),
+    _deepseek2_mla,
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", "intermediate_size"),
+    hf(L.EXPERT_SHARED_COUNT, "n_shared_experts", kind="size", default=0),
+    hf(L.EXPERT_WEIGHTS_SCALE, "routed_scaling_factor", kind="number", default=None),
+    derived(L.EXPERT_WEIGHTS_NORM, lambda c: c.find("norm_topk_prob", kind="flag", default=False) or None),
+    hf(R.DIMENSION_COUNT, "qk_rope_head_dim"),
+    derived(R.SCALING_YARN_LOG_MUL, _yarn_log_mul),
+)
+
+GPT_OSS = TEXT + (
+    hf(A.SLIDING_WINDOW, "sliding_window"),
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "intermediate_size"),
+    VOCAB,
+)
+
+
+# ---- tensors the converter writes beyond the required ones (regexes over GGUF names) ------------------------
+
+Include = Callable[[Config], str]
+_EXPERT_GATES = r"blk\.\d+\.ffn_gate_exps\.weight"
+
+
+def _llama_include(c: Config) -> str:
+    out = []
+    if str(c.full_rope.get("rope_type", "")).lower() == "llama3":
+        out.append(r"rope_freqs\.weight")
+    if c.find("num_local_experts", "num_experts", kind="size", default=0):
+        out.append(_EXPERT_GATES)
+    if c.find("attention_bias", kind="flag", default=False):
+        out.append(r"blk\.\d+\.attn_(q|k|v|output)\.bias")
+    return "|".join(out)
+
+
+def _phi3_include(c: Config) -> str:
+    return r"blk\.\d+\.attn_qkv\.weight" + (r"|rope_factors_(long|short)\.weight" if c.rope.get("long_factor") else "")
+
+
+def _t5_include(c: Config) -> str:
+    gated = c.find("feed_forward_proj", kind="text", default="relu").startswith("gated-")
+    return r"(enc|dec)\.blk\.\d+\.ffn_gate\.weight" if gated else ""
+
+
+def _granite_include(c: Config) -> str:
+    return _EXPERT_GATES if c.find("num_local_experts", kind="size", default=0) else ""
+
+
+def _deepseek2_include(c: Config) -> str:
+    """The experts' selection bias of sigmoid routing (e_score_correction_bias)."""
+    return r"blk\.\d+\.exp_probs_b\.bias" if c.find("topk_method", kind="text", default="") == "noaux_tc" else ""
+
+
+def _mxfp4(c: Config) -> bool:
+    """Whether the checkpoint's experts are MXFP4 blocks, which the converter repacks rather than converts."""
+    q = c.find("quantization_config", kind="map", default={})
+    return q.get("quant_method") == "mxfp4"
+
+
+def _none(c: Config) -> str:
+    return ""
+
+
+# ---- the table --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Family:
+    """How the converter turns one Hugging Face architecture into GGUF metadata."""
+
+    arch: str  # GGUF general.architecture
+    rules: tuple[Rule, ...]
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # the transformers config class's (tie_word_embeddings)
+    include: Include = _none  # optional tensors the converter writes
+    pad_vocab: int = 1  # the vocabulary is padded to a multiple of this (Mamba: 8, Mamba-2: 16) ...
+    pad_vocab_key: str = ""  # ... unless the config says otherwise under this key
+    tie_drops_head: bool = False  # a tied config's LM head is dropped (DeepSeek-V2; Mamba's, equal to the embedding)
+    mxfp4: str = ""  # tensors written in MXFP4 when the checkpoint holds them so (quantization_config)
+
+
+_UNTIED = {"tie_word_embeddings": False}
+_PAD = "pad_vocab_size_multiple"
+_TIED = {"tie_word_embeddings": True}
+_LLAMA = Family("llama", LLAMA, _UNTIED, _llama_include)
+_BERT = Family("bert", BERT, {"layer_norm_eps": 1e-12, "type_vocab_size": 2},
+               lambda c: r"token_types\.weight|blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias")
+_DEEPSEEK2 = Family("deepseek2", DEEPSEEK2, {**_UNTIED, "rms_norm_eps": 1e-6}, _deepseek2_include,
+                    tie_drops_head=True)
+_GEMMA3 = {**_TIED, "max_position_embeddings": 131072, "rope_local_base_freq": 10000.0, "sliding_window": 4096,
+           "vocab_size": 262208}  # Gemma3TextConfig's, which a multimodal config's text_config leaves out
+
+FAMILIES: dict[str, Family] = {
+    "LlamaForCausalLM": _LLAMA,
+    "MistralForCausalLM": _LLAMA,
+    "MixtralForCausalLM": _LLAMA,
+    "Qwen2ForCausalLM": Family("qwen2", TEXT + (_pooling_rule, VOCAB), _UNTIED),
+    "Qwen3ForCausalLM": Family("qwen3", TEXT + (_pooling_rule, VOCAB), {**_UNTIED, "head_dim": 128}),
+    "Qwen3MoeForCausalLM": Family("qwen3moe", TEXT + (
+        hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
+        hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None), VOCAB),
+        {**_UNTIED, "head_dim": 128}),
+    "Qwen3_5ForCausalLM": Family("qwen35", QWEN35, _UNTIED),
+    "Qwen3_5ForConditionalGeneration": Family("qwen35", QWEN35, _UNTIED),
+    "SmolLM3ForCausalLM": Family("smollm3", LLAMA, _TIED),
+    "Gemma2ForCausalLM": Family("gemma2", GEMMA2, {**_TIED, "head_dim": 256, "attn_logit_softcapping": 50.0,
+                                                   "final_logit_softcapping": 30.0, "sliding_window": 4096,
+                                                   "rms_norm_eps": 1e-6}),
+    "Gemma3ForCausalLM": Family("gemma3", GEMMA3, _GEMMA3),
+    "Gemma3ForConditionalGeneration": Family("gemma3", GEMMA3, _GEMMA3),
+    "Phi3ForCausalLM": Family("phi3", PHI3, {**_UNTIED, "original_max_position_embeddings": 4096},
+                              _phi3_include),
+    "GPT2LMHeadModel": Family("gpt2", GPT2, {**_TIED, "layer_norm_epsilon": 1e-5}),
+    "BertModel": _BERT,
+    "BertForMaskedLM": _BERT,
+    "NomicBertModel": Family("nomic-bert", NOMIC_BERT, {}, lambda c: r"token_types\.weight|blk\.\d+\.attn_qkv\.weight"),
+    "MambaForCausalLM": Family("mamba", MAMBA, _TIED, pad_vocab=8, pad_vocab_key=_PAD, tie_drops_head=True),
+    "Mamba2ForCausalLM": Family("mamba2", MAMBA2, _UNTIED, pad_vocab=16, pad_vocab_key=_PAD),
+    "Rwkv6ForCausalLM": Family("rwkv6", RWKV6, _UNTIED),
+    "T5ForConditionalGeneration": Family("t5", T5, {**_TIED, "layer_norm_epsilon": 1e-6,
+                                                     "relative_attention_num_buckets": 32}, _t5_include),
+    "T5EncoderModel": Family("t5encoder", T5_ENCODER, {**_TIED, "layer_norm_epsilon": 1e-6,
+                                                        "relative_attention_num_buckets": 32}, _t5_include),
+    "DeepseekV2ForCausalLM": _DEEPSEEK2,
+    "DeepseekV3ForCausalLM": _DEEPSEEK2,
+    "GptOssForCausalLM": Family("gpt-oss", GPT_OSS, _UNTIED, lambda c: r"blk\.\d+\.attn_[qkv]\.bias",
+                                mxfp4=r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight"),
+    "GraniteMoeHybridForCausalLM": Family("granitehybrid", GRANITE_HYBRID, _UNTIED, _granite_include, pad_vocab=8),
+}
+
+
+def supported() -> list[str]:
+    return sorted(FAMILIES)
+
+
+# ---- reading ----------------------------------------------------------------------------------------------
+
+
+def _json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: not found") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path}: is a directory, not a JSON file") from None
+    except (OSError, ValueError, RecursionError) as e:  # bad JSON or UTF-8, or arrays nested past Python's stack
+        text = " ".join(str(e).split())
+        raise CheckpointError(f"{path}: not readable JSON ({type(e).__name__}: {text[:200]})") from None
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """config.json as a JSON object (a one-line CheckpointError for a missing, unreadable or other file)."""
+    if not path.exists():
+        raise CheckpointError(f"{path}: not found (not a Hugging Face model directory)")
+    doc = _json(path)
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"{path}: not a model config (a JSON object)")
+    return doc
+
+
+def architecture(path: Path, doc: Mapping[str, Any]) -> str:
+    """The Hugging Face architecture the converter picks: ``architectures[0]`` (a ``text_config``'s first), or a
+    mamba_ssm config's ``ssm_cfg.layer`` + ForCausalLM."""
+    text = doc.get("text_config")
+    archs = text.get("architectures") if isinstance(text, dict) and text.get("architectures") else \
+        doc.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    ssm = doc.get("ssm_cfg")
+    if archs is None and isinstance(ssm, dict):
+        layer = ssm.get("layer", "Mamba")
+        return f"{layer}ForCausalLM" if isinstance(layer, str) else ""
+    raise CheckpointError(f"{path}: missing key 'architectures' (a list naming the model class, e.g. "
+                          f"LlamaForCausalLM)" if archs is None else f"{path}: architectures must be a list of "
+                          f"model class names, not {clip(archs)}")
+
+
+def family(path: Path, doc: Mapping[str, Any]) -> tuple[str, Family]:
+    name = architecture(path, doc)
+    fam = FAMILIES.get(name)
+    if fam is None:
+        raise CheckpointError(f"{path}: architecture '{name}' is not supported (supported: {', '.join(supported())})")
+    return name, fam
+
+
+def gguf_keys(path: Path, doc: Mapping[str, Any], fam: Family) -> dict[str, Any]:
+    """The ``<arch>.*`` key templates (and tokenizer.ggml.token_type_count) the converter writes for this config,
+    with ``vocab_size``, padded as the family pads its token list."""
+    c = Config(path, doc, fam.defaults)
+    keys: dict[str, Any] = {}
+    for rule in fam.rules:
+        keys.update(rule(c))
+    if L.VOCAB_SIZE not in keys:
+        keys[L.VOCAB_SIZE] = c.find("vocab_size")
+    pad = c.find(fam.pad_vocab_key, default=fam.pad_vocab) if fam.pad_vocab_key else fam.pad_vocab
+    keys[L.VOCAB_SIZE] = -(keys[L.VOCAB_SIZE] // -pad) * pad
+    return keys
+
+
+def sentence_pooling(model_dir: Path) -> PoolingType | None:
+    """The pooling of a sentence-transformers model (its Pooling module's config); None when it has none."""
+    modules_path = model_dir / "modules.json"
+    if not modules_path.exists():
+        return None
+    modules = _json(modules_path)
+    if not isinstance(modules, list):
+        raise CheckpointError(f"{modules_path}: not a list of modules")
+    pooling_dir = next((m.get("path") for m in modules
+                        if isinstance(m, dict) and m.get("type") == "sentence_transformers.models.Pooling"), None)
+    if not isinstance(pooling_dir, str):
+        return None
+    path = model_dir / pooling_dir / CONFIG
+    cfg = _json(path)
+    if isinstance(cfg, dict):
+        for key, kind in _POOLING:
+            if cfg.get(key):
+                return kind
+        if cfg.get("pooling_mode") in _POOLING_MODES:
+            return _POOLING_MODES[cfg["pooling_mode"]]
+    raise CheckpointError(f"{path}: unsupported pooling (llama.cpp pools by mean, cls or last token)")
+
+
+_POOLING = (("pooling_mode_mean_tokens", PoolingType.MEAN), ("pooling_mode_cls_token", PoolingType.CLS),
+            ("pooling_mode_lasttoken", PoolingType.LAST))
+_POOLING_MODES = {"mean": PoolingType.MEAN, "cls": PoolingType.CLS, "lasttoken": PoolingType.LAST}
+
+
+def _checkpoint(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """(dtype, shape) of every tensor the safetensors headers of model_dir declare, in the converter's order
+    (files sorted, names sorted within each); empty when there are none. No tensor data is read."""
+
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for part in sorted(model_dir.glob("model*.safetensors")):
+        out.update((n, (t.dtype, tuple(t.shape))) for n, t in sorted(safetensors_header(part).items()))
+    return out
+
+
+def outtype(tensors: Mapping[str, tuple[str, tuple[int, ...]]]) -> Q:
+    """``--outtype auto``: the type of the first BF16 or F16 matrix of the checkpoint, else F16."""
+    first = next((dtype for dtype, shape in tensors.values() if len(shape) >= 2 and dtype in ("BF16", "F16")), "F16")
+    return Q.BF16 if first == "BF16" else Q.F16
+
+
+def _has_head(tensors: Mapping[str, Any]) -> bool:
+    return any(n.split(".")[-2:-1] in (["lm_head"], ["head"]) and n.endswith(".weight") for n in tensors)
+
+
+def preset_of(src: str | os.PathLike[str]) -> tuple[Preset, str]:
+    """The metadata and type policy of the converted model, as a preset of graphir.model.presets, and the tensors
+    (a regex) the converter writes in MXFP4 because the checkpoint holds them so."""
+    from graphir.model.presets import Preset
+
+    path = Path(src)
+    config = path / CONFIG if path.is_dir() else path
+    doc = read_config(config)
+    name, fam = family(config, doc)
+    keys = gguf_keys(config, doc, fam)
+    c = Config(config, doc, fam.defaults)
+    tensors = _checkpoint(config.parent)
+    tie = c.find("tie_embeddings", "tie_word_embeddings", kind="flag", default=False)  # mamba_ssm's name first
+    tied = tie if not tensors or fam.tie_drops_head and tie else not _has_head(tensors)
+    preset = Preset(fam.arch, keys, tied=tied, matrix_type=outtype(tensors), include=fam.include(c), f32=KEEP_F32,
+                    source=f"{config} ({name})")
+    return preset, fam.mxfp4 if fam.mxfp4 and _mxfp4(c) else ""
+
+
+def converted_type(name: str, shape: tuple[int, ...], dtype: Q, mxfp4: str) -> Q:
+    """A tensor's type in the converted file, where it departs from the preset's policy: the converter writes
+    every tensor of one dimension in F32, whatever the architecture calls it, and MXFP4 blocks (``mxfp4``: the
+    names :func:`preset_of` gives) as they are."""
+    return Q.F32 if len(shape) == 1 else Q.MXFP4 if mxfp4 and re.fullmatch(mxfp4, name) else dtype
+
+
+def is_hf_source(src: str | os.PathLike[str]) -> bool:
+    """Whether src names a Hugging Face model: a directory, or a file holding a JSON object that says its
+    architecture (``architectures``, ``model_type`` or a mamba_ssm ``ssm_cfg``), not a saved graph."""
+    path = Path(src)
+    if path.is_dir():
+        return True
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_CONFIG:
+            return False
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if not data.lstrip(b" \t\r\n\xef\xbb\xbf").startswith(b"{") or b'"graphir-graph"' in data[:_SNIFF]:
+        return False  # not JSON, or a saved graph (its "format" comes first)
+    try:
+        doc = json.loads(data.decode("utf-8-sig"))
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and any(k in doc for k in ("architectures", "model_type", "ssm_cfg"))
+
+
+_SNIFF = 256
+_MAX_CONFIG = 16 << 20  # a config is a few kilobytes; a larger JSON file is a saved graph

