@@ -69,7 +69,12 @@ class Gemma2(Llama):
 
     def q_scale(self) -> float:
         hp = self.hp
-        return inv_sqrt(hp.n_embd // hp.head_count(0) if hp.n_layer == self.layers_of_27b else hp.n_embd_head_k)
+        if hp.n_layer != self.layers_of_27b:
+            return inv_sqrt(hp.n_embd_head_k)
+        if hp.n_embd < hp.head_count(0):  # the 27B sizes scale by the width per head, here 0
+            raise MetadataError(f"{self.name} with {hp.n_layer} layers scales queries by 1/sqrt(embedding_length / "
+                                f"head_count), but embedding_length {hp.n_embd} < head_count {hp.head_count(0)}")
+        return inv_sqrt(hp.n_embd // hp.head_count(0))
 
     def rope_at(self, il: int) -> tuple[float | None, float | None]:
         """Local layers rotate with rope.freq_base_swa and, in Gemma 2, the model's scaling."""

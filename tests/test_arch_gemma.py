@@ -413,3 +413,14 @@ def test_gemma2_reads_its_lm_head_from_token_embd_and_has_no_output_weight() -> 
     assert "output.weight" not in meta.tensors
     g = meta.build_graph("iswa", "decode")
     assert g["result_output.raw"].inputs[0].name == "token_embd.weight"
+
+
+def test_the_27b_query_scale_of_a_width_below_its_head_count_is_a_metadata_error() -> None:
+    """Gemma-2 27B scales queries by 1/sqrt(n_embd / n_head); a header with fewer channels than heads (a
+    damaged file) would divide by zero: it is refused naming both keys."""
+    keys = {**make_tiny_preset("gemma2").keys, gguf.Keys.LLM.BLOCK_COUNT: 46, gguf.Keys.LLM.EMBEDDING_LENGTH: 2,
+            gguf.Keys.Attention.HEAD_COUNT: 4, gguf.Keys.Attention.HEAD_COUNT_KV: 4, gguf.Keys.Attention.KEY_LENGTH: 8,
+            gguf.Keys.Attention.VALUE_LENGTH: 8}  # heads of their own size: the width need not divide
+    with pytest.raises(MetadataError, match=r"^gemma2 with 46 layers scales queries by 1/sqrt\(embedding_length / "
+                                            r"head_count\), but embedding_length 2 < head_count 4$"):
+        from_preset("narrow", Preset("gemma2", keys, tied=True)).build_graph()
