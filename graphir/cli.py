@@ -328,11 +328,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def _active_params(hparams: dict[str, Any], tensors: list[dict[str, Any]]) -> int | None:
     """The parameters a token runs in a mixture of experts (None for a dense model): a token runs n_used of each
-    layer's n_expert stacked experts [n_embd, n_ff, n_expert], and every other tensor."""
+    layer's n_expert stacked experts (``*_exps``: matrices [n_embd, n_ff, n_expert] and, in gpt-oss, their biases
+    [n_ff, n_expert]), and every other tensor (the router and shared experts included)."""
     n_expert, n_used = hparams.get("n_expert", 0), hparams.get("n_expert_used", 0)
     if not n_expert:
         return None
-    routed = sum(t["params"] for t in tensors if len(t["shape"]) == 3 and t["shape"][2] == n_expert)
+    routed = sum(t["params"] for t in tensors if "_exps." in t["name"] and t["shape"][-1] == n_expert)
     return sum(t["params"] for t in tensors) - routed + routed // n_expert * n_used
 
 
