@@ -377,7 +377,7 @@ def test_a_weight_type_the_backend_cannot_run_is_a_tensor_error(seeds: dict[str,
     p = tmp_path / "q5_1.gguf"
     p.write_bytes(_with(seeds["tiny-llama.full"], "ttype", "blk.0.attn_output.weight", QT.Q5_1))
     with pytest.raises(TensorError, match=rf"^{p}: tensor 'blk.0.attn_output.weight' is Q5_1, a type the numba "
-                                          rf"backend does not multiply \(it runs BF16, F16, F32, Q4_0, Q4_1, Q4_K, "
+                                          rf"backend does not multiply \(it runs BF16, F16, F32, MXFP4, Q4_0, Q4_1, Q4_K, "
                                           rf"Q5_0, Q5_K, Q6_K, Q8_0\)$"):
         graphir.load(str(p))
 
