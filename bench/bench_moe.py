@@ -1,14 +1,14 @@
 """Benchmark: a mixture-of-experts layer at Qwen3-30B-A3B's sizes, graphir against llama.cpp in the same run.
 
 One qwen3moe layer (n_embd 2048, 32 query and 4 KV heads of 128, 128 experts of 768) with random F32 weights
-(tests/conftest.py write_model_gguf, a 256-token vocabulary), written once per n_expert_used in 1, 2, 4, 8 with
-n_expert fixed at 128, and read whole into memory by both engines before timing (llama.cpp without mmap, graphir
+(tests/conftest.py write_model_gguf, a 256-token vocabulary), written once per (n_expert, n_expert_used), and read whole into memory by both engines before timing (llama.cpp without mmap, graphir
 reading every weight once): a prompt of 16 tokens, then 32 generated tokens, 2 threads, 5 runs taken in turn with
 llama.cpp's (both engines see the same load on a shared machine); the median milliseconds per generated token
 (robust to bursts of other work) for both engines and the ratio graphir / llama.cpp (<= 1: graphir is faster).
 mul_mat_id multiplies only the experts a token chose, so the time should follow n_expert_used (about 3 x 768 x 2048
-weights per used expert per token), not the 128 experts the layer holds.
-Run: python bench/bench_moe.py [n_expert_used ...]
+weights per used expert per token), not the experts the layer holds: the last two rows hold 8 and 64 experts
+with 4 used each, and should take about the same time.
+Run: python bench/bench_moe.py [N_EXPERT:N_USED ...]   (default: 128:1 128:2 128:4 128:8 8:4 64:4)
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import make_tiny_preset, write_model_gguf  # noqa: E402
 
 K = gguf.Keys
-N_PROMPT, N_GEN, REPEAT, THREADS, VOCAB, N_EXPERT = 16, 32, 5, 2, 256, 128
+N_PROMPT, N_GEN, REPEAT, THREADS, VOCAB = 16, 32, 5, 2, 256
+SHAPES = ((128, 1), (128, 2), (128, 4), (128, 8), (8, 4), (64, 4))  # (n_expert, n_expert_used)
 LAYER = {K.LLM.EMBEDDING_LENGTH: 2048, K.LLM.BLOCK_COUNT: 1, K.LLM.FEED_FORWARD_LENGTH: 6144,
          K.Attention.HEAD_COUNT: 32, K.Attention.HEAD_COUNT_KV: 4, K.Attention.KEY_LENGTH: 128,
          K.Attention.VALUE_LENGTH: 128, K.Rope.FREQ_BASE: 1000000.0, K.Attention.LAYERNORM_RMS_EPS: 1e-6,
-         K.LLM.VOCAB_SIZE: VOCAB, K.LLM.EXPERT_COUNT: N_EXPERT, K.LLM.EXPERT_FEED_FORWARD_LENGTH: 768}
+         K.LLM.VOCAB_SIZE: VOCAB, K.LLM.EXPERT_FEED_FORWARD_LENGTH: 768}
 
 
 def tokens() -> list[int]:
@@ -87,14 +88,16 @@ def llama_cpp_generation(path: str) -> tuple[Callable[[], list[float]], Any]:
 
 
 def main() -> None:
-    used = [int(a) for a in sys.argv[1:]] or [1, 2, 4, 8]
-    print(f"qwen3moe, 1 layer at Qwen3-30B-A3B's sizes, {N_EXPERT} experts of 768, F32, {THREADS} threads; "
+    shapes = [tuple(int(n) for n in a.split(":")) for a in sys.argv[1:]] or list(SHAPES)
+    print(f"qwen3moe, 1 layer at Qwen3-30B-A3B's sizes, experts of 768, F32, {THREADS} threads; "
           f"ms per generated token (median of {REPEAT} x {N_GEN})")
-    print(f"{'n_expert_used':>13} {'graphir ms':>11} {'llama.cpp ms':>13} {'ratio':>6}")
+    print(f"{'n_expert':>8} {'n_expert_used':>13} {'graphir ms':>11} {'llama.cpp ms':>13} {'ratio':>6}")
     with tempfile.TemporaryDirectory() as d:
-        for n_used in used:
-            preset = make_tiny_preset("qwen3moe", tied=False, **{**LAYER, K.LLM.EXPERT_USED_COUNT: n_used})
-            path = str(write_model_gguf(Path(d) / f"moe-{n_used}.gguf", preset, gguf.GGMLQuantizationType.F32))
+        for n_expert, n_used in shapes:
+            preset = make_tiny_preset("qwen3moe", tied=False, **{**LAYER, K.LLM.EXPERT_COUNT: n_expert,
+                                                                  K.LLM.EXPERT_USED_COUNT: n_used})
+            path = str(write_model_gguf(Path(d) / f"moe-{n_expert}-{n_used}.gguf", preset,
+                                        gguf.GGMLQuantizationType.F32))
             ours_run, (theirs_run, llm) = graphir_generation(path), llama_cpp_generation(path)
             ours_t: list[float] = []
             theirs_t: list[float] = []
@@ -103,9 +106,8 @@ def main() -> None:
                 theirs_t += theirs_run()
             llm.close()
             ours, theirs = 1000 * float(np.median(ours_t)), 1000 * float(np.median(theirs_t))
-            print(f"{n_used:13d} {ours:11.1f} {theirs:13.1f} {ours / theirs:6.2f}", flush=True)
+            print(f"{n_expert:8d} {n_used:13d} {ours:11.1f} {theirs:13.1f} {ours / theirs:6.2f}", flush=True)
             os.remove(path)
-
 
 if __name__ == "__main__":
     main()
