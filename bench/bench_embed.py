@@ -66,7 +66,6 @@ def main() -> None:
             t0 = time.perf_counter()
             together.decode(batch)
             mine["batch"] = [together.embeddings_seq(s).copy() for s in range(len(ids))]
-            together.memory.clear()
             return time.perf_counter() - t0
 
         llm = llama_cpp.Llama(model_path=path, embedding=True, n_threads=THREADS, n_ctx=512, n_batch=512,
