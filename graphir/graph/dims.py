@@ -18,11 +18,12 @@ _Terms = tuple[tuple[tuple[str, ...], int], ...]
 class Sym:
     """A symbolic size: sum of coefficient * product-of-symbols, canonically ordered."""
 
-    __slots__ = ("terms", "_hash")
+    __slots__ = ("terms", "_hash", "_text")
 
     def __init__(self, terms: _Terms):
         self.terms = terms
         self._hash = hash(terms)
+        self._text: str | None = None  # its spelling, made on first use: a graph's text prints each shape often
 
     @staticmethod
     def named(name: str) -> Sym:
@@ -86,6 +87,11 @@ class Sym:
         return total
 
     def __str__(self) -> str:
+        if self._text is None:
+            self._text = self._spell()
+        return self._text
+
+    def _spell(self) -> str:
         parts = []
         for m, c in reversed(self.terms):  # highest-degree terms first, constant last
             prod = "*".join(m)

@@ -519,10 +519,17 @@ def _used_dims(dims: list[DimDecl], nodes: list[Node]) -> list[DimDecl]:
             for x in v:
                 visit(x)
 
+    seen: set[Any] = set()  # shapes and attributes repeat layer after layer: each distinct one is visited once
     for n in nodes:
-        visit(n.shape)
-        for v in n.attrs.values():
-            visit(v)
+        for v in (n.shape, *n.attrs.values()):
+            if isinstance(v, (Sym, tuple)):
+                try:
+                    if v in seen:
+                        continue
+                    seen.add(v)
+                except TypeError:  # a tuple holding something unhashable: visited every time
+                    pass
+                visit(v)
     while True:
         before = len(used)
         for d in dims:
