@@ -25,7 +25,7 @@ _LAYER = re.compile(r"^(?:[a-z]+\.)?blk\.(\d+)\.")  # a stack's prefix may come 
 class Node:
     """One value of the graph. Immutable by convention: passes build new nodes instead of editing."""
 
-    __slots__ = ("name", "op", "inputs", "attrs", "dtype", "shape")
+    __slots__ = ("name", "op", "inputs", "attrs", "dtype", "shape", "layer")
 
     def __init__(self, name: str, op: str, inputs: tuple[Node, ...], attrs: dict[str, Any], dtype: str,
                  shape: tuple[Dim, ...]):
@@ -35,10 +35,7 @@ class Node:
         self.attrs = attrs
         self.dtype = dtype
         self.shape = shape
-
-    @property
-    def layer(self) -> int | None:
-        return layer_of(self.name)
+        self.layer: int | None = layer_of(name)  # read by every pass and form: parsed from the name once
 
     @property
     def type_str(self) -> str:
