@@ -1,6 +1,7 @@
 """What a Hugging Face checkpoint's files declare, read without their data: a safetensors file's header (its
-tensors' types, shapes and extents), checked as the safetensors library checks it. Shared by the converter
-(:mod:`graphir.files.convert`) and the config reader (:mod:`graphir.files.hf_config`), which reads no weight."""
+tensors' types, shapes and extents), checked as the safetensors library checks it, and its JSON files. Shared
+by the converter (:mod:`graphir.files.convert`) and the config reader (:mod:`graphir.files.hf_config`), which
+reads no weight."""
 
 from __future__ import annotations
 
@@ -70,3 +71,16 @@ def reason(e: BaseException, n: int = 200) -> str:
     """An exception a parser raised, for a message: its type and text on one line, cut to n characters."""
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text if len(text) <= n else text[:n - 3] + '...'}"
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file of a checkpoint (config, tokenizer, pooling module), or a one-line CheckpointError naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: not found") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path}: is a directory, not a JSON file") from None
+    except (OSError, ValueError, RecursionError) as e:  # bad JSON or UTF-8, or arrays nested past Python's stack
+        raise CheckpointError(f"{path}: not readable JSON ({reason(e)})") from None

@@ -24,7 +24,6 @@ it, found before the output is opened; the output is written to a temporary file
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from gguf.utility import LocalTensor
 from graphir.errors import CheckpointError, GraphirError, TensorError
 from graphir.files import hf_config
 from graphir.files.atomic import atomic_path
-from graphir.files.checkpoint import clip, reason, safetensors_header
+from graphir.files.checkpoint import clip, read_json, reason, safetensors_header
 from graphir.progress import counting
 
 __all__ = ["OUTTYPES", "CheckpointTensorError", "convert_bert"]
@@ -154,16 +153,6 @@ def _write(w: gguf.GGUFWriter, tensors: list[_Tensor], out: Path, progress: IO[s
 
 
 # ---- config ------------------------------------------------------------------------------------------------
-
-
-def _json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: not found") from None
-    except (OSError, ValueError, RecursionError) as e:  # bad JSON or UTF-8, or arrays nested past Python's stack
-        raise CheckpointError(f"{path}: not readable JSON ({reason(e)})") from None
 
 
 def _config(src: Path) -> _Config:
@@ -351,7 +340,7 @@ def _special_names(src: Path) -> dict[str, str]:
     names: dict[str, str] = {}
     for file in ("special_tokens_map.json", "tokenizer_config.json"):
         path = src / file
-        doc = _json(path) if path.exists() else {}
+        doc = read_json(path) if path.exists() else {}
         for key, v in (doc.items() if isinstance(doc, dict) else ()):
             text = v.get("content") if isinstance(v, dict) else v
             if key.endswith("_token") and isinstance(text, str):
@@ -364,7 +353,7 @@ def _wordpiece(src: Path, n_vocab: int) -> tuple[dict[str, int], dict[str, bool]
     every id below ``n_vocab``."""
     path = src / "tokenizer.json"
     if path.exists():
-        doc = _json(path)
+        doc = read_json(path)
         model = doc.get("model") if isinstance(doc, dict) else None
         if not isinstance(model, dict) or model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
             kind = model.get("type") if isinstance(model, dict) else None
@@ -380,7 +369,7 @@ def _wordpiece(src: Path, n_vocab: int) -> tuple[dict[str, int], dict[str, bool]
         except (OSError, ValueError) as e:
             raise CheckpointError(f"{path}: not readable ({reason(e)})") from None
         config = src / "tokenizer_config.json"
-        doc = _json(config) if config.exists() else {}
+        doc = read_json(config) if config.exists() else {}
         decoder = (doc.get("added_tokens_decoder") if isinstance(doc, dict) else None) or {}
         if not isinstance(decoder, dict):
             raise CheckpointError(f"{config}: added_tokens_decoder is not a JSON object")

@@ -33,7 +33,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import Keys, PoolingType
 
 from graphir.errors import CheckpointError
-from graphir.files.checkpoint import clip, safetensors_header
+from graphir.files.checkpoint import clip, read_json, safetensors_header
 
 if TYPE_CHECKING:
     from graphir.model.presets import Preset
@@ -696,24 +696,11 @@ def supported() -> list[str]:
 # ---- reading ----------------------------------------------------------------------------------------------
 
 
-def _json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: not found") from None
-    except IsADirectoryError:
-        raise CheckpointError(f"{path}: is a directory, not a JSON file") from None
-    except (OSError, ValueError, RecursionError) as e:  # bad JSON or UTF-8, or arrays nested past Python's stack
-        text = " ".join(str(e).split())
-        raise CheckpointError(f"{path}: not readable JSON ({type(e).__name__}: {text[:200]})") from None
-
-
 def read_config(path: Path) -> dict[str, Any]:
     """config.json as a JSON object (a one-line CheckpointError for a missing, unreadable or other file)."""
     if not path.exists():
         raise CheckpointError(f"{path}: not found (not a Hugging Face model directory)")
-    doc = _json(path)
+    doc = read_json(path)
     if not isinstance(doc, dict):
         raise CheckpointError(f"{path}: not a model config (a JSON object)")
     return doc
@@ -763,7 +750,7 @@ def sentence_pooling(model_dir: Path) -> PoolingType | None:
     modules_path = model_dir / "modules.json"
     if not modules_path.exists():
         return None
-    modules = _json(modules_path)
+    modules = read_json(modules_path)
     if not isinstance(modules, list):
         raise CheckpointError(f"{modules_path}: not a list of modules")
     pooling_dir = next((m.get("path") for m in modules
@@ -771,7 +758,7 @@ def sentence_pooling(model_dir: Path) -> PoolingType | None:
     if not isinstance(pooling_dir, str):
         return None
     path = model_dir / pooling_dir / CONFIG
-    cfg = _json(path)
+    cfg = read_json(path)
     if isinstance(cfg, dict):
         for key, kind in _POOLING:
             if cfg.get(key):
