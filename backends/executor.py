@@ -61,7 +61,7 @@ def _mul_mat(w: Any, x: np.ndarray, path: IsaPath, contiguous: bool | None = Non
         x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
         floats = w.float_rows()
         # f32 and f16 weights: ggml's own float paths (tinyBLAS or vec_dot, in their summation order)
-        y = w.matmul(x2) if floats is None else mul_mat(floats[0], x2, path, pad=1, contiguous=True, w_rows=floats[1])
+        y = w.matmul(x2) if floats is None else mul_mat(floats, x2, path, pad=1, contiguous=True)
         return y.reshape(x.shape[:-1] + (w.rows,))
     return mul_mat(w, x, path, contiguous=contiguous)
 

@@ -53,7 +53,7 @@ def _expert_matmul(w: Any, x: np.ndarray, path: IsaPath) -> np.ndarray:
         floats = w.float_rows()
         if floats is None:
             return w.matmul(x)
-        return mul_mat(floats[0], x, path, pad=1, contiguous=False, w_rows=floats[1], vec_dot=True)
+        return mul_mat(floats, x, path, pad=1, contiguous=False, vec_dot=True)
     return mul_mat(w, x, path, contiguous=False, vec_dot=True)
 
 

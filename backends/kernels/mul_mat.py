@@ -12,8 +12,10 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends import isa
-from graphir.backends.kernels.jit import INL, PAR, SER
-from graphir.backends.kernels_util import bits_f32, bits_u32, f16_bits, fma, hsum, vec_reduce
+from graphir.backends.kernels.jit import INL, PAR, SER, parallel_and_serial
+from graphir.backends.kernels import simd
+from graphir.backends.kernels.simd import as_f32, vfma, vhsum, vload, vload_part, vreduce4, vzero, width
+from graphir.backends.kernels_util import bits_f32, bits_u32, f16_bits, fma
 
 F32 = np.float32
 _INF = F32(np.inf)
@@ -66,42 +68,123 @@ def _to_f32_row(s, kind, d):
         d[c] = 0.0
 
 
+_TILE_M, _TILE_N, _BLOCK_M = 2, 4, 64   # tinyBLAS tile of outputs held in registers; rows per parallel task
+
+
 @njit(**INL)
-def _mm_task(w1, wb0, wsm, x1, xo, kq, k, kp, mm, reg, reduce, simd, mode, acc, s16, out_row):
-    """One (b, n): out_row[m] = dot(w row wb0 + m * wsm, x row at xo) for every m (see _mm_par). Flat arrays
-    indexed with unsigned offsets: no views per row, no negative-index wrap, so the lane loops vectorize."""
-    lanes = reg if mode == _TINYBLAS else 4 * reg
-    u = np.uint64
-    xb = u(xo)
-    for m in range(mm):
-        wb = u((wb0 + m * wsm) * kq)
-        if simd > 0:
-            for t in range(lanes):
-                acc[t] = w1[wb + u(t)] * x1[xb + u(t)]
-            for c in range(lanes, simd, lanes):
-                for t in range(lanes):
-                    j = u(c) + u(t)
-                    acc[t] = fma(w1[wb + j], x1[xb + j], acc[t])
-        else:
-            acc[:] = 0.0
-        if mode == _TINYBLAS:
-            v = hsum(acc, 0, reg)                            # tinyBLAS's hsum of its one register
-        else:
-            v = vec_reduce(acc, reg, reduce == _REDUCE_HADD, s16)
-        if mode == _VEC_F16:
-            s = np.float64(v)
-            for c in range(simd, k):
-                s += np.float64(w1[wb + u(c)] * x1[xb + u(c)])
-            v = F32(s)
-        elif mode == _VEC_F32:
-            # the leftovers, `sumf += x[i]*y[i]` as GCC vectorizes it: the products of whole half-registers are
-            # added in order, the last few (under half a register) fused
-            cut = min(k, simd + (kp - simd) // (reg // 2) * (reg // 2))
-            for c in range(simd, cut):
-                v = v + w1[wb + u(c)] * x1[xb + u(c)]
-            for c in range(cut, k):
-                v = fma(w1[wb + u(c)], x1[xb + u(c)], v)
-        out_row[m] = v
+def _tiny_dot(v, w1, wb, x1, xb, k, scratch):
+    """tinyBLAS's one output: an FMA chain per lane over the row's registers, then the register's sum. A last
+    partial register (k not a multiple of the lanes: ggml's KV padding) reads zeros past k."""
+    n = width(v)
+    full = k - k % n
+    acc = vzero(v)
+    for c in range(0, full, n):
+        acc = vfma(vload(v, w1, wb + c), vload(v, x1, xb + c), acc)
+    if full < k:
+        acc = vfma(vload_part(v, w1, wb + full, k - full, scratch), vload_part(v, x1, xb + full, k - full, scratch),
+                   acc)
+    return vhsum(acc)
+
+
+@njit(**INL)
+def _tiny_tile(v, w1, wa, wb, x1, x0, x1o, x2, x3, k):
+    """tinyBLAS on a tile of 2 rows of w by 4 rows of x (k a multiple of the lanes): the same chains as
+    _tiny_dot, eight at once in registers, each w and x register loaded once per step."""
+    n = width(v)
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = vzero(v)
+    for c in range(0, k, n):
+        p, q = vload(v, w1, wa + c), vload(v, w1, wb + c)
+        y0, y1, y2, y3 = vload(v, x1, x0 + c), vload(v, x1, x1o + c), vload(v, x1, x2 + c), vload(v, x1, x3 + c)
+        a0, a1, a2, a3 = vfma(p, y0, a0), vfma(p, y1, a1), vfma(p, y2, a2), vfma(p, y3, a3)
+        b0, b1, b2, b3 = vfma(q, y0, b0), vfma(q, y1, b1), vfma(q, y2, b2), vfma(q, y3, b3)
+    return (vhsum(a0), vhsum(a1), vhsum(a2), vhsum(a3)), (vhsum(b0), vhsum(b1), vhsum(b2), vhsum(b3))
+
+
+@njit(**INL)
+def _vec_dot(v, w1, wb, x1, xb, k, kp, simd, hadd, f16, scratch):
+    """ggml_vec_dot_f16/f32: four registers of FMA chains over steps of 4 registers up to ``simd`` (elements
+    past k, up to ggml's padded length, are zeros), GGML_F32_VEC_REDUCE, then the scalar tail."""
+    n = width(v)
+    step = 4 * n
+    full = min(simd, k - k % step)
+    a0 = a1 = a2 = a3 = vzero(v)
+    for c in range(0, full, step):
+        a0 = vfma(vload(v, w1, wb + c), vload(v, x1, xb + c), a0)
+        a1 = vfma(vload(v, w1, wb + c + n), vload(v, x1, xb + c + n), a1)
+        a2 = vfma(vload(v, w1, wb + c + 2 * n), vload(v, x1, xb + c + 2 * n), a2)
+        a3 = vfma(vload(v, w1, wb + c + 3 * n), vload(v, x1, xb + c + 3 * n), a3)
+    if full < simd and full < k:                          # one step reaching past k
+        c = full
+        a0 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a0)
+        c += n
+        a1 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a1)
+        c += n
+        a2 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a2)
+        c += n
+        a3 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a3)
+    r = vreduce4(a0, a1, a2, a3, hadd)
+    if f16:                                               # sumf += (ggml_float)(x[i]*y[i])
+        s = np.float64(r)
+        for c in range(simd, k):
+            s += np.float64(as_f32(w1[wb + c]) * x1[xb + c])
+        return F32(s)
+    # the leftovers, `sumf += x[i]*y[i]` as GCC vectorizes it: the products of whole half-registers are added in
+    # order, the last few (under half a register) fused
+    half = n // 2
+    cut = min(k, simd + (kp - simd) // half * half)
+    for c in range(simd, cut):
+        r = r + as_f32(w1[wb + c]) * x1[xb + c]
+    for c in range(cut, k):
+        r = fma(as_f32(w1[wb + c]), x1[xb + c], r)
+    return r
+
+
+@njit(**SER)
+def _products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0, n1, m0, m1, out):
+    """One task of _products: out[b, n0:n1, m0:m1]."""
+    n = width(v)
+    tiny = mode == _TINYBLAS
+    scratch = np.empty(16, F32)
+    wr, xr = (b // ratio) * wsb, b * xsb
+    m = m0
+    if tiny and n1 - n0 == _TILE_N and k % n == 0:
+        x0, xs = (xr + n0 * xsn) * ldx, xsn * ldx
+        while m + _TILE_M <= m1:
+            ya, yb = _tiny_tile(v, w1, (wr + m * wsm) * ldw, (wr + (m + 1) * wsm) * ldw, x1, x0, x0 + xs,
+                                x0 + 2 * xs, x0 + 3 * xs, k)
+            for j in range(_TILE_N):
+                out[b, n0 + j, m], out[b, n0 + j, m + 1] = ya[j], yb[j]
+            m += _TILE_M
+    for i in range(n0, n1):
+        xb = (xr + i * xsn) * ldx
+        for mi in range(m, m1):
+            wb = (wr + mi * wsm) * ldw
+            if tiny:
+                out[b, i, mi] = _tiny_dot(v, w1, wb, x1, xb, k, scratch)
+            else:
+                out[b, i, mi] = _vec_dot(v, w1, wb, x1, xb, k, kp, simd, hadd, mode == _VEC_F16, scratch)
+
+
+def _products(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, out):
+    """out[b, n, m] = dot(w row (b // ratio) * wsb + m * wsm, x row b * xsb + n * xsn) over k elements; w1 and x1
+    are flat rows of ldw / ldx elements (w: float32 or f16 bits; x: float32, already rounded to f16 where ggml
+    converts it). ``mode``: tinyBLAS or vec_dot (f16 or f32), see mul_mat; kp: the padded length ggml sees,
+    whose extra elements are zeros. Tasks are blocks of rows of w for a few rows of x, in parallel (prange;
+    the serial copy runs them in turn)."""
+    bx, nn, mm = out.shape
+    n = width(v)
+    tiny = mode == _TINYBLAS
+    simd = k if tiny else kp // (4 * n) * (4 * n)
+    nb = _TILE_N if tiny else 1
+    n_blocks, m_blocks = (nn + nb - 1) // nb, (mm + _BLOCK_M - 1) // _BLOCK_M
+    for task in prange(bx * n_blocks * m_blocks):
+        b, r = task // (n_blocks * m_blocks), task % (n_blocks * m_blocks)
+        n0, m0 = r // m_blocks * nb, r % m_blocks * _BLOCK_M
+        _products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0,
+                       min(n0 + nb, nn), m0, min(m0 + _BLOCK_M, mm), out)
+
+
+_products_par, _products_ser = parallel_and_serial(_products)
 
 
 @njit(**PAR)
@@ -115,39 +198,6 @@ def _rows_par(src, kind, out):
 def _rows_ser(src, kind, out):
     for r in range(src.shape[0]):
         _to_f32_row(src[r], kind, out[r])
-
-
-@njit(**PAR)
-def _mm_par(w, x, k, wsb, wsm, xsb, xsn, bx, nn, mm, ratio, kp, reg, reduce, mode, out):
-    """out[b, n, m] = dot(w row (b // ratio) * wsb + m * wsm, x row b * xsb + n * xsn) over the first k elements of
-    the float32 rows of w and x (R, kq), zero-padded to kq (a multiple of 64).
-
-    The lanes of one dot product run along the contraction axis, as in ggml, with `reg` lanes a register:
-    element c goes to lane c % reg (tinyBLAS: one FMA chain per lane) or c % (4 reg) (vec_dot: lane t of
-    sum[j], j = c % (4 reg) // reg); elements past the SIMD part of vec_dot (c >= kp - kp % (4 reg)) form its
-    scalar tail. kp: the padded length ggml sees; its extra elements are zeros, which leave every FMA chain
-    unchanged. (Loop bounds are runtime values on purpose: constant-trip loops get unrolled instead of
-    vectorized.) _mm_ser: the same, one thread."""
-    kq = w.shape[1]
-    simd = kq if mode == _TINYBLAS else min(kq, kp // (4 * reg) * (4 * reg))
-    w1, x1 = w.reshape(-1), x.reshape(-1)
-    for task in prange(bx * nn):
-        b, i = task // nn, task % nn
-        acc, s16 = np.empty(64, F32), np.empty(16, F32)
-        _mm_task(w1, (b // ratio) * wsb, wsm, x1, (b * xsb + i * xsn) * kq, kq, k, kp, mm, reg, reduce, simd, mode, acc,
-                 s16, out[b, i])
-
-
-@njit(**SER)
-def _mm_ser(w, x, k, wsb, wsm, xsb, xsn, bx, nn, mm, ratio, kp, reg, reduce, mode, out):
-    kq = w.shape[1]
-    simd = kq if mode == _TINYBLAS else min(kq, kp // (4 * reg) * (4 * reg))
-    w1, x1 = w.reshape(-1), x.reshape(-1)
-    acc, s16 = np.empty(64, F32), np.empty(16, F32)
-    for task in range(bx * nn):
-        b, i = task // nn, task % nn
-        _mm_task(w1, (b // ratio) * wsb, wsm, x1, (b * xsb + i * xsn) * kq, kq, k, kp, mm, reg, reduce, simd, mode, acc,
-                 s16, out[b, i])
 
 
 def padded_rows(rows: np.ndarray, kind: int) -> np.ndarray:
@@ -175,7 +225,7 @@ def _as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
 
 
 def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = None,
-            contiguous: bool | None = None, w_rows: np.ndarray | None = None, vec_dot: bool = False) -> np.ndarray:
+            contiguous: bool | None = None, vec_dot: bool = False) -> np.ndarray:
     """Activation x activation (attention): out[b, n, m] = sum_k w[b', m, k] x[b, n, k], with ggml's broadcast
     b' = b // (B/A) per batch dim (query head h reads kv head h // (n_head / n_head_kv)).
 
@@ -186,7 +236,7 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
     always meets: m is the padded KV length or the head size.) pad: the contraction length llama.cpp sees is
     a multiple of this (default: the kv_pad of a soft_max result, else 1). Only the path choice depends on
     it. contiguous: whether ggml sees src1 contiguous (default: only a soft_max result, which carries kv_pad;
-    an f32 or f16 weight's activations are). w_rows: a 2-D w's padded_rows, prepared once (weights).
+    an f32 or f16 weight's activations are). w is read as it is stored (f16 converted lane by lane).
     vec_dot: always ggml_vec_dot_f16/f32, never tinyBLAS (what ggml's mul_mat_id does, expert by expert)."""
     if contiguous is None:
         contiguous = hasattr(x, "kv_pad")
@@ -205,18 +255,16 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
         mode = _TINYBLAS
     else:
         mode = _VEC_F16 if mode16 else _VEC_F32
-    kq = -(-k // 64) * 64
     out = np.empty(x4.shape[:-1] + (m,), F32)
     for a in range(x4.shape[0]):                              # dim 3: few (usually 1)
         wa, xa = w4[a // (x4.shape[0] // w4.shape[0])], x4[a]
         wrows, wsb, wsm = _as_rows(wa)
         xrows, xsb, xsn = _as_rows(xa)
-        if w_rows is None or w4.shape[0] * w4.shape[1] != 1:
-            w_rows = padded_rows(wrows, 0)
         xkind = 2 if mode16 and xa.dtype != np.float16 else 0  # ggml converts src1 to f16 for an f16 src0
-        fn = _mm_par if xa.shape[0] * n * m * kq >= _MM_PAR_MIN else _mm_ser
-        fn(w_rows, padded_rows(xrows, xkind), k, wsb, wsm, xsb, xsn, xa.shape[0], n, m, xa.shape[0] // wa.shape[0],
-           kp, path.lanes, path.reduce, mode, out[a])
+        x1 = padded_rows(xrows, xkind)
+        fn = _products_par if xa.shape[0] * n * m * k >= _MM_PAR_MIN else _products_ser
+        fn(simd.lanes(path.lanes), _bits(wrows).reshape(-1), wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp, wsb,
+           wsm, xsb, xsn, xa.shape[0] // wa.shape[0], path.reduce == _REDUCE_HADD, mode, out[a])
     return out.reshape(out.shape[4 - r:])
 
 

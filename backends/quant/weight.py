@@ -13,7 +13,6 @@ from typing import Callable
 import gguf
 import numpy as np
 
-from graphir.backends.kernels.mul_mat import padded_rows
 from graphir.backends.quant.activation import ACT
 from graphir.backends.quant.blocks import (
     deq_bf16, deq_f16, deq_f32, deq_mxfp4, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_0, deq_q5_k, deq_q6_k, deq_q8_0,
@@ -84,14 +83,13 @@ class QWeight:
     """A weight matrix (rows, ne0) in its GGUF storage type, ready for x @ W.T and row lookups."""
 
     # __weakref__: what is derived from a weight (an expert's slice of a stacked one) lives as long as it does
-    __slots__ = ("raw", "qtype", "rows", "ne0", "_kind", "_inv", "_packed", "_rows", "_lock", "__weakref__")
+    __slots__ = ("raw", "qtype", "rows", "ne0", "_kind", "_inv", "_packed", "_lock", "__weakref__")
 
     def __init__(self, raw: np.ndarray, qtype: T, ne0: int):
         self.raw, self.qtype, self.ne0, self.rows = raw, T(qtype), int(ne0), int(raw.shape[0])
         self._kind = _TYPES[self.qtype]
         self._inv = _inverse_perm(self._kind.parts, self._kind.run, self.ne0)
         self._packed: tuple[np.ndarray, ...] | None = None
-        self._rows: np.ndarray | None = None
         self._lock = threading.Lock()
 
     @staticmethod
@@ -166,17 +164,12 @@ class QWeight:
         (k.gemv if n < GEMM_FROM else k.gemm)(*self.packed, xq, asum, out)
         return out
 
-    def float_rows(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """An f32 or f16 weight as stored (float32 / float16) and as the float dot products read it (float32 rows
-        padded to a multiple of 64, made once and kept); None for other types."""
+    def float_rows(self) -> np.ndarray | None:
+        """An f32 or f16 weight as stored (float32 / float16), which the float dot products read as it is; None
+        for other types."""
         if self.qtype not in (T.F32, T.F16):
             return None
-        stored = self.raw if self.qtype == T.F32 else self.raw.view(np.float16)
-        if self._rows is None:
-            with self._lock:
-                if self._rows is None:
-                    self._rows = padded_rows(stored, 0)
-        return stored, self._rows
+        return self.raw if self.qtype == T.F32 else self.raw.view(np.float16)
 
     def get_rows(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """(len(ids), ne0) float32 rows of W, bit-equal to gguf.quants.dequantize."""
