@@ -101,42 +101,73 @@ def _tiny_tile(v, w1, wa, wb, x1, x0, x1o, x2, x3, k):
 
 
 @njit(**INL)
-def _vec_dot(v, w1, wb, x1, xb, k, kp, simd, hadd, f16, scratch):
-    """ggml_vec_dot_f16/f32: four registers of FMA chains over steps of 4 registers up to ``simd`` (elements
-    past k, up to ggml's padded length, are zeros), GGML_F32_VEC_REDUCE, then the scalar tail."""
+def _vec_step(v, w1, wb, x1, xb, c, a0, a1, a2, a3):
+    """One step of ggml_vec_dot's loop for one row: four registers of FMAs at c."""
+    n = width(v)
+    return (vfma(vload(v, w1, wb + c), vload(v, x1, xb + c), a0),
+            vfma(vload(v, w1, wb + c + n), vload(v, x1, xb + c + n), a1),
+            vfma(vload(v, w1, wb + c + 2 * n), vload(v, x1, xb + c + 2 * n), a2),
+            vfma(vload(v, w1, wb + c + 3 * n), vload(v, x1, xb + c + 3 * n), a3))
+
+
+@njit(**INL)
+def _vec_last_step(v, w1, wb, x1, xb, c, k, scratch, a0, a1, a2, a3):
+    """The step reaching past k: what lies past k (up to ggml's padded length) reads as zeros."""
+    n = width(v)
+    a0 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a0)
+    c += n
+    a1 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a1)
+    c += n
+    a2 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a2)
+    c += n
+    a3 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a3)
+    return a0, a1, a2, a3
+
+
+@njit(**INL)
+def _vec_dot4(v, w1, wb0, wb1, wb2, wb3, x1, xb, k, kp, simd, hadd, f16, scratch):
+    """ggml_vec_dot_f16/f32 of four rows of w with one row of x: per row four registers of FMA chains over
+    steps of 4 registers up to ``simd`` (elements past k, up to ggml's padded length, are zeros),
+    GGML_F32_VEC_REDUCE, then the scalar tail. The four rows' chains interleave (their tails are serial
+    additions, which one row alone would wait on)."""
     n = width(v)
     step = 4 * n
     full = min(simd, k - k % step)
-    a0 = a1 = a2 = a3 = vzero(v)
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = vzero(v)
     for c in range(0, full, step):
-        a0 = vfma(vload(v, w1, wb + c), vload(v, x1, xb + c), a0)
-        a1 = vfma(vload(v, w1, wb + c + n), vload(v, x1, xb + c + n), a1)
-        a2 = vfma(vload(v, w1, wb + c + 2 * n), vload(v, x1, xb + c + 2 * n), a2)
-        a3 = vfma(vload(v, w1, wb + c + 3 * n), vload(v, x1, xb + c + 3 * n), a3)
-    if full < simd and full < k:                          # one step reaching past k
-        c = full
-        a0 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a0)
-        c += n
-        a1 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a1)
-        c += n
-        a2 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a2)
-        c += n
-        a3 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a3)
-    r = vreduce4(a0, a1, a2, a3, hadd)
+        a0, a1, a2, a3 = _vec_step(v, w1, wb0, x1, xb, c, a0, a1, a2, a3)
+        b0, b1, b2, b3 = _vec_step(v, w1, wb1, x1, xb, c, b0, b1, b2, b3)
+        c0, c1, c2, c3 = _vec_step(v, w1, wb2, x1, xb, c, c0, c1, c2, c3)
+        d0, d1, d2, d3 = _vec_step(v, w1, wb3, x1, xb, c, d0, d1, d2, d3)
+    if full < simd and full < k:
+        a0, a1, a2, a3 = _vec_last_step(v, w1, wb0, x1, xb, full, k, scratch, a0, a1, a2, a3)
+        b0, b1, b2, b3 = _vec_last_step(v, w1, wb1, x1, xb, full, k, scratch, b0, b1, b2, b3)
+        c0, c1, c2, c3 = _vec_last_step(v, w1, wb2, x1, xb, full, k, scratch, c0, c1, c2, c3)
+        d0, d1, d2, d3 = _vec_last_step(v, w1, wb3, x1, xb, full, k, scratch, d0, d1, d2, d3)
+    ra, rb = vreduce4(a0, a1, a2, a3, hadd), vreduce4(b0, b1, b2, b3, hadd)
+    rc, rd = vreduce4(c0, c1, c2, c3, hadd), vreduce4(d0, d1, d2, d3, hadd)
     if f16:                                               # sumf += (ggml_float)(x[i]*y[i])
-        s = np.float64(r)
+        sa, sb, sc, sd = np.float64(ra), np.float64(rb), np.float64(rc), np.float64(rd)
         for c in range(simd, k):
-            s += np.float64(as_f32(w1[wb + c]) * x1[xb + c])
-        return F32(s)
+            y = x1[xb + c]
+            sa += np.float64(as_f32(w1[wb0 + c]) * y)
+            sb += np.float64(as_f32(w1[wb1 + c]) * y)
+            sc += np.float64(as_f32(w1[wb2 + c]) * y)
+            sd += np.float64(as_f32(w1[wb3 + c]) * y)
+        return F32(sa), F32(sb), F32(sc), F32(sd)
     # the leftovers, `sumf += x[i]*y[i]` as GCC vectorizes it: the products of whole half-registers are added in
     # order, the last few (under half a register) fused
     half = n // 2
     cut = min(k, simd + (kp - simd) // half * half)
     for c in range(simd, cut):
-        r = r + as_f32(w1[wb + c]) * x1[xb + c]
+        y = x1[xb + c]
+        ra, rb = ra + as_f32(w1[wb0 + c]) * y, rb + as_f32(w1[wb1 + c]) * y
+        rc, rd = rc + as_f32(w1[wb2 + c]) * y, rd + as_f32(w1[wb3 + c]) * y
     for c in range(cut, k):
-        r = fma(as_f32(w1[wb + c]), x1[xb + c], r)
-    return r
+        y = x1[xb + c]
+        ra, rb = fma(as_f32(w1[wb0 + c]), y, ra), fma(as_f32(w1[wb1 + c]), y, rb)
+        rc, rd = fma(as_f32(w1[wb2 + c]), y, rc), fma(as_f32(w1[wb3 + c]), y, rd)
+    return ra, rb, rc, rd
 
 
 @njit(**SER)
@@ -157,12 +188,17 @@ def _products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, 
             m += _TILE_M
     for i in range(n0, n1):
         xb = (xr + i * xsn) * ldx
-        for mi in range(m, m1):
-            wb = (wr + mi * wsm) * ldw
-            if tiny:
-                out[b, i, mi] = _tiny_dot(v, w1, wb, x1, xb, k, scratch)
-            else:
-                out[b, i, mi] = _vec_dot(v, w1, wb, x1, xb, k, kp, simd, hadd, mode == _VEC_F16, scratch)
+        if tiny:
+            for mi in range(m, m1):
+                out[b, i, mi] = _tiny_dot(v, w1, (wr + mi * wsm) * ldw, x1, xb, k, scratch)
+            continue
+        for mi in range(m, m1, 4):                        # four rows at a time; a last group repeats its last row
+            last = m1 - 1
+            r = _vec_dot4(v, w1, (wr + mi * wsm) * ldw, (wr + min(mi + 1, last) * wsm) * ldw,
+                          (wr + min(mi + 2, last) * wsm) * ldw, (wr + min(mi + 3, last) * wsm) * ldw, x1, xb, k, kp,
+                          simd, hadd, mode == _VEC_F16, scratch)
+            for j in range(min(4, m1 - mi)):
+                out[b, i, mi + j] = r[j]
 
 
 def _products(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, out):
