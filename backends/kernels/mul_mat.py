@@ -72,7 +72,7 @@ _TILE_M, _TILE_N, _BLOCK_M = 2, 4, 64   # tinyBLAS tile of outputs held in regis
 
 
 @njit(**INL)
-def _tiny_dot(v, w1, wb, x1, xb, k, scratch):
+def _tiny_dot(v, w1, wb, x1, xb, k):
     """tinyBLAS's one output: an FMA chain per lane over the row's registers, then the register's sum. A last
     partial register (k not a multiple of the lanes: ggml's KV padding) reads zeros past k."""
     n = width(v)
@@ -81,7 +81,7 @@ def _tiny_dot(v, w1, wb, x1, xb, k, scratch):
     for c in range(0, full, n):
         acc = vfma(vload(v, w1, wb + c), vload(v, x1, xb + c), acc)
     if full < k:
-        acc = vfma(vload_part(v, w1, wb + full, k - full, scratch), vload_part(v, x1, xb + full, k - full, scratch),
+        acc = vfma(vload_part(v, w1, wb + full, k - full), vload_part(v, x1, xb + full, k - full),
                    acc)
     return vhsum(acc)
 
@@ -111,21 +111,21 @@ def _vec_step(v, w1, wb, x1, xb, c, a0, a1, a2, a3):
 
 
 @njit(**INL)
-def _vec_last_step(v, w1, wb, x1, xb, c, k, scratch, a0, a1, a2, a3):
+def _vec_last_step(v, w1, wb, x1, xb, c, k, a0, a1, a2, a3):
     """The step reaching past k: what lies past k (up to ggml's padded length) reads as zeros."""
     n = width(v)
-    a0 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a0)
+    a0 = vfma(vload_part(v, w1, wb + c, k - c), vload_part(v, x1, xb + c, k - c), a0)
     c += n
-    a1 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a1)
+    a1 = vfma(vload_part(v, w1, wb + c, k - c), vload_part(v, x1, xb + c, k - c), a1)
     c += n
-    a2 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a2)
+    a2 = vfma(vload_part(v, w1, wb + c, k - c), vload_part(v, x1, xb + c, k - c), a2)
     c += n
-    a3 = vfma(vload_part(v, w1, wb + c, k - c, scratch), vload_part(v, x1, xb + c, k - c, scratch), a3)
+    a3 = vfma(vload_part(v, w1, wb + c, k - c), vload_part(v, x1, xb + c, k - c), a3)
     return a0, a1, a2, a3
 
 
 @njit(**INL)
-def _vec_dot4(v, w1, wb0, wb1, wb2, wb3, x1, xb, k, kp, simd, hadd, f16, scratch):
+def _vec_dot4(v, w1, wb0, wb1, wb2, wb3, x1, xb, k, kp, simd, hadd, f16):
     """ggml_vec_dot_f16/f32 of four rows of w with one row of x: per row four registers of FMA chains over
     steps of 4 registers up to ``simd`` (elements past k, up to ggml's padded length, are zeros),
     GGML_F32_VEC_REDUCE, then the scalar tail. The four rows' chains interleave (their tails are serial
@@ -140,10 +140,10 @@ def _vec_dot4(v, w1, wb0, wb1, wb2, wb3, x1, xb, k, kp, simd, hadd, f16, scratch
         c0, c1, c2, c3 = _vec_step(v, w1, wb2, x1, xb, c, c0, c1, c2, c3)
         d0, d1, d2, d3 = _vec_step(v, w1, wb3, x1, xb, c, d0, d1, d2, d3)
     if full < simd and full < k:
-        a0, a1, a2, a3 = _vec_last_step(v, w1, wb0, x1, xb, full, k, scratch, a0, a1, a2, a3)
-        b0, b1, b2, b3 = _vec_last_step(v, w1, wb1, x1, xb, full, k, scratch, b0, b1, b2, b3)
-        c0, c1, c2, c3 = _vec_last_step(v, w1, wb2, x1, xb, full, k, scratch, c0, c1, c2, c3)
-        d0, d1, d2, d3 = _vec_last_step(v, w1, wb3, x1, xb, full, k, scratch, d0, d1, d2, d3)
+        a0, a1, a2, a3 = _vec_last_step(v, w1, wb0, x1, xb, full, k, a0, a1, a2, a3)
+        b0, b1, b2, b3 = _vec_last_step(v, w1, wb1, x1, xb, full, k, b0, b1, b2, b3)
+        c0, c1, c2, c3 = _vec_last_step(v, w1, wb2, x1, xb, full, k, c0, c1, c2, c3)
+        d0, d1, d2, d3 = _vec_last_step(v, w1, wb3, x1, xb, full, k, d0, d1, d2, d3)
     ra, rb = vreduce4(a0, a1, a2, a3, hadd), vreduce4(b0, b1, b2, b3, hadd)
     rc, rd = vreduce4(c0, c1, c2, c3, hadd), vreduce4(d0, d1, d2, d3, hadd)
     if f16:                                               # sumf += (ggml_float)(x[i]*y[i])
@@ -175,7 +175,6 @@ def _products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, 
     """One task of _products: out[b, n0:n1, m0:m1]."""
     n = width(v)
     tiny = mode == _TINYBLAS
-    scratch = np.empty(16, F32)
     wr, xr = (b // ratio) * wsb, b * xsb
     m = m0
     if tiny and n1 - n0 == _TILE_N and k % n == 0:
@@ -190,13 +189,13 @@ def _products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, 
         xb = (xr + i * xsn) * ldx
         if tiny:
             for mi in range(m, m1):
-                out[b, i, mi] = _tiny_dot(v, w1, (wr + mi * wsm) * ldw, x1, xb, k, scratch)
+                out[b, i, mi] = _tiny_dot(v, w1, (wr + mi * wsm) * ldw, x1, xb, k)
             continue
         for mi in range(m, m1, 4):                        # four rows at a time; a last group repeats its last row
             last = m1 - 1
             r = _vec_dot4(v, w1, (wr + mi * wsm) * ldw, (wr + min(mi + 1, last) * wsm) * ldw,
                           (wr + min(mi + 2, last) * wsm) * ldw, (wr + min(mi + 3, last) * wsm) * ldw, x1, xb, k, kp,
-                          simd, hadd, mode == _VEC_F16, scratch)
+                          simd, hadd, mode == _VEC_F16)
             for j in range(min(4, m1 - mi)):
                 out[b, i, mi + j] = r[j]
 

@@ -13,13 +13,12 @@ vector of n lanes, and every helper takes its width from it; one kernel source c
 
 from __future__ import annotations
 
-import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import config, njit, types
 from numba.core import cgutils
 from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
 
-__all__ = ["Lanes", "lanes", "vzero", "vload", "vload_part", "vfma", "vadd", "vhsum", "vreduce4", "width",
+__all__ = ["Lanes", "lanes", "vzero", "vload", "vload_part", "vstore", "vfma", "vadd", "vhsum", "vreduce4", "width",
            "as_f32"]
 
 
@@ -66,6 +65,29 @@ def _vec(n: int) -> ir.VectorType:
     return ir.VectorType(ir.FloatType(), n)
 
 
+_LOADS = (types.float32, types.uint16)
+
+
+def _is_row(arr, dtypes) -> bool:  # type: ignore[no-untyped-def]
+    return isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype in dtypes
+
+
+def _element_ptr(context, builder, aty, arr, idx, n):  # type: ignore[no-untyped-def]
+    """Pointer to arr[idx] (a 1-D array, idx any integer), the first of n elements a vector reads or writes.
+    Under NUMBA_BOUNDSCHECK=1 (numba's option for its own indexing) the whole run idx..idx + n - 1 is checked,
+    and one outside the array raises IndexError as numba's checked indexing does."""
+    a = context.make_array(aty)(context, builder, arr)
+    i64 = ir.IntType(64)
+    idx = builder.zext(idx, i64) if idx.type.width < 64 else idx
+    if config.BOUNDSCHECK:
+        size = builder.extract_value(a.shape, 0)
+        end = builder.add(idx, n if isinstance(n, ir.Value) else ir.Constant(i64, n))
+        bad = builder.or_(builder.icmp_signed("<", idx, ir.Constant(i64, 0)), builder.icmp_signed(">", end, size))
+        with builder.if_then(bad, likely=False):
+            context.call_conv.return_user_exc(builder, IndexError, ("vector access out of bounds",))
+    return builder.gep(a.data, [idx])
+
+
 @intrinsic
 def width(typingctx, proto):
     """The lane count of proto's type, a compile-time constant."""
@@ -93,22 +115,69 @@ def vzero(typingctx, proto):
 @intrinsic
 def vload(typingctx, proto, arr, idx):
     """arr[idx:idx + n] as a register: a 1-D C-contiguous float32 array, or uint16 holding f16 bits (converted
-    exactly, as F16C's vcvtph2ps does). No bounds check: the caller's loop bounds are the check."""
-    if not (isinstance(proto, F32Vec) and isinstance(arr, types.Array) and arr.ndim == 1
-            and arr.dtype in (types.float32, types.uint16) and isinstance(idx, types.Integer)):
+    exactly, as F16C's vcvtph2ps does). Unchecked (the caller's loop bounds are the check) but under
+    NUMBA_BOUNDSCHECK=1."""
+    if not (isinstance(proto, F32Vec) and _is_row(arr, _LOADS) and isinstance(idx, types.Integer)):
         return None
-    half = arr.dtype == types.uint16
+    dtype = arr.dtype
 
     def codegen(context, builder, sig, args):
         n = proto.n
-        data = context.make_array(sig.args[1])(context, builder, args[1]).data
-        ptr = builder.gep(data, [builder.zext(args[2], ir.IntType(64)) if args[2].type.width < 64 else args[2]])
-        if half:
-            v = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), n).as_pointer()), align=2)
-            return builder.fpext(v, _vec(n))
-        return builder.load(builder.bitcast(ptr, _vec(n).as_pointer()), align=4)
+        ptr = _element_ptr(context, builder, sig.args[1], args[1], args[2], proto.n)
+        if dtype == types.float32:
+            return builder.load(builder.bitcast(ptr, _vec(n).as_pointer()), align=4)
+        v = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), n).as_pointer()), align=2)
+        return builder.fpext(v, _vec(n))
 
     return proto(proto, arr, idx), codegen
+
+
+@intrinsic
+def vload_part(typingctx, proto, arr, idx, count):
+    """Like vload, the first ``count`` lanes only (all if count is larger, none if it is negative), by a masked
+    load: nothing past them is read, and the other lanes are zeros (a row's last, partial register)."""
+    if not (isinstance(proto, F32Vec) and _is_row(arr, _LOADS) and isinstance(idx, types.Integer)
+            and isinstance(count, types.Integer)):
+        return None
+    dtype = arr.dtype
+
+    def codegen(context, builder, sig, args):
+        n = proto.n
+        ptr = _element_ptr(context, builder, sig.args[1], args[1], args[2], 0)
+        i64v = ir.VectorType(ir.IntType(64), n)
+        cnt = args[3] if args[3].type.width == 64 else builder.sext(args[3], ir.IntType(64))
+        one = builder.insert_element(ir.Constant(i64v, ir.Undefined), cnt, ir.Constant(ir.IntType(32), 0))
+        mask = builder.icmp_signed("<", ir.Constant(i64v, list(range(n))),
+                                   builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n)))
+        if config.BOUNDSCHECK:                                 # the lanes read must lie in the array
+            _element_ptr(context, builder, sig.args[1], args[1], args[2],
+                         builder.select(builder.icmp_signed("<", cnt, ir.Constant(ir.IntType(64), n)),
+                                        builder.select(builder.icmp_signed("<", cnt, ir.Constant(ir.IntType(64), 0)),
+                                                       ir.Constant(ir.IntType(64), 0), cnt),
+                                        ir.Constant(ir.IntType(64), n)))
+        f32 = dtype == types.float32
+        vt = ir.VectorType(ir.FloatType() if f32 else ir.HalfType(), n)
+        fnty = ir.FunctionType(vt, [vt.as_pointer(), ir.IntType(32), mask.type, vt])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.masked.load.v{n}{'f32' if f32 else 'f16'}.p0")
+        v = builder.call(fn, [builder.bitcast(ptr, vt.as_pointer()), ir.Constant(ir.IntType(32), 4 if f32 else 2), mask,
+                              ir.Constant(vt, [0.0] * n)])
+        return v if f32 else builder.fpext(v, _vec(n))
+
+    return proto(proto, arr, idx, count), codegen
+
+
+@intrinsic
+def vstore(typingctx, arr, idx, v):
+    """arr[idx:idx + n] = v, arr a 1-D C-contiguous float32 array (no bounds check)."""
+    if not (isinstance(v, F32Vec) and _is_row(arr, (types.float32,)) and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], v.n)
+        builder.store(args[2], builder.bitcast(ptr, _vec(v.n).as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(arr, idx, v), codegen
 
 
 @intrinsic
@@ -204,16 +273,3 @@ def vreduce4(a0, a1, a2, a3, hadd):
     if hadd:
         return _hadd_sum(s)
     return vhsum(s)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def vload_part(proto, arr, idx, count, scratch):
-    """Like vload, the first ``count`` lanes only (all if count is larger, none if it is negative); the others are
-    zeros (a row's last, partial register). scratch: float32 room for one register."""
-    n = min(count, width(proto))
-    for t in range(n):
-        scratch[t] = as_f32(arr[idx + t])
-    for t in range(max(n, 0), width(proto)):
-        scratch[t] = 0.0
-    return vload(proto, scratch, 0)
-

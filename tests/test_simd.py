@@ -1,0 +1,108 @@
+"""The register type the float and quantized kernels are written with: every operation rounds as its scalar
+counterpart, the horizontal sums add in ggml's orders, and under NUMBA_BOUNDSCHECK a vector access past an
+array's end raises as numba's own indexing does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numba import njit
+
+from graphir.backends.kernels.simd import lanes, vfma, vhsum, vload, vload_part, vreduce4, vstore, vzero
+from graphir.backends.kernels_util import fma, hsum, vec_reduce
+
+F32 = np.float32
+
+
+@njit(cache=True)
+def _fma_rows(v, a, b, c, out):
+    for i in range(0, out.shape[0], 16):
+        vstore(out, i, vfma(vload(v, a, i), vload(v, b, i), vload(v, c, i)))
+
+
+@njit(cache=True)
+def _scalar_fma(a, b, c, out):
+    for i in range(out.shape[0]):
+        out[i] = fma(a[i], b[i], c[i])
+
+
+@njit(cache=True)
+def _sums(v, a, out):
+    out[0] = vhsum(vload(v, a, 0))
+    out[1] = vreduce4(vload(v, a, 0), vload(v, a, a.shape[0] // 4), vload(v, a, a.shape[0] // 2),
+                      vload(v, a, 3 * a.shape[0] // 4), False)
+    out[2] = vreduce4(vload(v, a, 0), vload(v, a, a.shape[0] // 4), vload(v, a, a.shape[0] // 2),
+                      vload(v, a, 3 * a.shape[0] // 4), True)
+
+
+@njit(cache=True)
+def _scalar_sums(a, n, out, s16):
+    out[0] = hsum(a, 0, n)
+    out[1] = vec_reduce(a, n, False, s16)
+    out[2] = vec_reduce(a, n, True, s16)
+
+
+def test_a_vector_fma_rounds_once_per_lane_like_the_scalar_one():
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal(4096).astype(F32) * F32(1e3) for _ in range(3))
+    ours, ref = np.empty_like(a), np.empty_like(a)
+    _fma_rows(lanes(16), a, b, c, ours)
+    _scalar_fma(a, b, c, ref)
+    assert np.array_equal(ours, ref)
+    assert not np.array_equal(ours, a * b + c)   # one rounding, not two
+
+
+@pytest.mark.parametrize("n", [8, 16])
+def test_horizontal_sums_add_in_ggml_orders(n):
+    rng = np.random.default_rng(n)
+    for _ in range(200):
+        a = (rng.standard_normal(4 * n) * 10.0 ** rng.integers(-3, 4, 4 * n)).astype(F32)
+        ours, ref = np.empty(3, F32), np.empty(3, F32)
+        _sums(lanes(n), a, ours)
+        _scalar_sums(a, n, ref, np.empty(16, F32))
+        assert ours[0] == ref[0] and ours[1] == ref[1]
+        if n == 8:                     # the AVX build's hadd order exists for 8 lanes only
+            assert ours[2] == ref[2]
+
+
+@njit(cache=True)
+def _loads(v, h, f, out):
+    vstore(out, 0, vload(v, h, 0))
+    vstore(out, 16, vload_part(v, h, 0, 5))
+    vstore(out, 32, vload_part(v, f, 3, 7))
+    vstore(out, 48, vzero(v))
+
+
+def test_loads_convert_f16_bits_exactly_and_partial_loads_read_zeros_past_the_count():
+    h = np.array([0, 1, 0x3C00, 0x8001, 0x7BFF, 0xFC00, 0x7E00, 0x0400, 0x3555, 0xC000, 0x03FF, 1, 2, 3, 4, 5],
+                 np.uint16)
+    f = np.arange(1, 21, dtype=F32)
+    out = np.empty(64, F32)
+    _loads(lanes(16), h, f, out)
+    want = h.view(np.float16).astype(F32)
+    assert np.array_equal(out[:16], want, equal_nan=True)
+    assert np.array_equal(out[16:21], want[:5]) and not out[21:32].any()
+    assert np.array_equal(out[32:39], f[3:10]) and not out[39:].any()
+
+
+def test_a_vector_access_past_the_end_raises_under_boundscheck(tmp_path):
+    code = ("import numpy as np\n"
+            "from numba import njit\n"
+            "from graphir.backends.kernels.simd import lanes, vload, vload_part, vstore\n"
+            "f = njit(lambda v, a, i, out: vstore(out, 0, vload(v, a, i)))\n"
+            "g = njit(lambda v, a, i, n, out: vstore(out, 0, vload_part(v, a, i, n)))\n"
+            "a, out = np.ones(20, np.float32), np.zeros(16, np.float32)\n"
+            "v = lanes(16)\n"
+            "f(v, a, 4, out)\n"
+            "g(v, a, 16, 4, out)\n"
+            "g(v, a, 19, -3, out)\n"
+            "for call in (lambda: f(v, a, 5, out), lambda: g(v, a, 16, 5, out)):\n"
+            "    try:\n        call()\n    except IndexError as e:\n        print('IndexError:', e)\n")
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:2] == ["IndexError: vector access out of bounds"] * 2
