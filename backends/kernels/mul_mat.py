@@ -68,7 +68,8 @@ def _to_f32_row(s, kind, d):
         d[c] = 0.0
 
 
-_TILE_M, _TILE_N, _BLOCK_M = 2, 4, 64   # tinyBLAS tile of outputs held in registers; rows per parallel task
+_TILE_M, _TILE_N = 2, 4                 # tinyBLAS tile of outputs held in registers: rows of w by rows of x
+_BLOCK_M, _BLOCK_N = 64, 64             # rows of w and of x per parallel task
 
 
 @njit(**INL)
@@ -204,19 +205,22 @@ def _products(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode,
     """out[b, n, m] = dot(w row (b // ratio) * wsb + m * wsm, x row b * xsb + n * xsn) over k elements; w1 and x1
     are flat rows of ldw / ldx elements (w: float32 or f16 bits; x: float32, already rounded to f16 where ggml
     converts it). ``mode``: tinyBLAS or vec_dot (f16 or f32), see mul_mat; kp: the padded length ggml sees,
-    whose extra elements are zeros. Tasks are blocks of rows of w for a few rows of x, in parallel (prange;
-    the serial copy runs them in turn)."""
+    whose extra elements are zeros. A task is a block of rows of w against up to _BLOCK_N rows of x, in tile
+    columns; tasks run in parallel (prange; the serial copy runs them in turn), numbered so that consecutive
+    ones share their block of w: prange hands each thread a run of consecutive tasks, so each thread streams its
+    own part of w once instead of every thread streaming all of it."""
     bx, nn, mm = out.shape
     n = width(v)
     tiny = mode == _TINYBLAS
     simd = k if tiny else kp // (4 * n) * (4 * n)
     nb = _TILE_N if tiny else 1
-    n_blocks, m_blocks = (nn + nb - 1) // nb, (mm + _BLOCK_M - 1) // _BLOCK_M
-    for task in prange(bx * n_blocks * m_blocks):
-        b, r = task // (n_blocks * m_blocks), task % (n_blocks * m_blocks)
-        n0, m0 = r // m_blocks * nb, r % m_blocks * _BLOCK_M
-        _products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0,
-                       min(n0 + nb, nn), m0, min(m0 + _BLOCK_M, mm), out)
+    n_blocks, m_blocks = (nn + _BLOCK_N - 1) // _BLOCK_N, (mm + _BLOCK_M - 1) // _BLOCK_M
+    for task in prange(bx * m_blocks * n_blocks):
+        b, r = task // (m_blocks * n_blocks), task % (m_blocks * n_blocks)
+        m0, nbl = r // n_blocks * _BLOCK_M, r % n_blocks * _BLOCK_N
+        for n0 in range(nbl, min(nbl + _BLOCK_N, nn), nb):
+            _products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0,
+                           min(n0 + nb, nn), m0, min(m0 + _BLOCK_M, mm), out)
 
 
 _products_par, _products_ser = parallel_and_serial(_products)
