@@ -11,8 +11,8 @@ emulation is plain vector code. The lane sums are integers, exact in any order: 
 int16 (32 rows a register), the rest in float (all partial sums are integers below 2^24). Q4_1 bytes hold
 lane l's elements 4l+p (low nibble) and 4l+p+2 (high nibble), p = 0, 1. Activations: the int8 quants in
 natural order (int16 for the GEMV, float32 for the GEMM), d and s per block.
-The two formats share one GEMV and one GEMM (exact_gemv, exact_gemm; exact_gemv_many: several weights on
-one x): the format is a closure constant that picks its lane and expansion functions, and numba compiles
+The two formats share one GEMV and one GEMM (exact_gemv, exact_gemm; several weights on one x run as one
+GEMV over their rows laid one after another, quant.weight.QWeightGroup): the format is a closure constant that picks its lane and expansion functions, and numba compiles
 only that branch. (A closure over the functions themselves would change numba's cache key in every
 process: the key pickles a dispatcher with a per-process uuid, and the kernels would compile again at each
 start.)
@@ -154,24 +154,6 @@ def exact_gemv(q4_1: bool) -> Callable:
             _gemv_group(qs, d, m, y, yd, ys, out, g * _G, q4_1)
 
     return gemv
-
-
-def exact_gemv_many(q4_1: bool) -> Callable:
-    """The GEMV of several weights of one format against one x (attention's q, k, v; the FFN's gate and up),
-    in one parallel loop over all their groups: x is quantized once, and the threads start once and share
-    the work more evenly than per matrix. Each output equals exact_gemv's. Arguments: tuples (qs, d, m, out
-    per weight) and first, the index of each weight's first group in the loop (len + 1 entries)."""
-
-    @njit(**_exact)
-    def gemv_many(qss, ds, ms, x, outs, first):
-        y, yd, ys = _q8_int16(x)
-        for task in prange(first[-1]):
-            j = 0
-            while first[j + 1] <= task:
-                j += 1
-            _gemv_group(qss[j], ds[j], ms[j], y, yd, ys, outs[j], (task - first[j]) * _G, q4_1)
-
-    return gemv_many
 
 
 @njit(cache=True, inline="always")

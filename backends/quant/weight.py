@@ -17,7 +17,7 @@ from graphir.backends.quant.activation import ACT
 from graphir.backends.quant.blocks import (
     deq_bf16, deq_f16, deq_f32, deq_mxfp4, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_0, deq_q5_k, deq_q6_k, deq_q8_0,
     repack_mxfp4, repack_q4_0, repack_q4_1, repack_q4_k, repack_q5_0, repack_q5_k, repack_q6_k, repack_q8_0)
-from graphir.backends.quant.exact import _G, exact_gemm, exact_gemv, exact_gemv_many, pack_q4_1, pack_q8_0
+from graphir.backends.quant.exact import _G, exact_gemm, exact_gemv, pack_q4_1, pack_q8_0
 from graphir.backends.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
 from graphir.backends.quant.stream import (
     GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_0, gemm_q4_k, gemm_q5_0, gemm_q5_k, gemm_q6_k,
@@ -44,7 +44,9 @@ class _Kind:
     # only (from raw rows).
     pack: Callable | None = None
     gemm_from: int = 0
-    gemv_many: Callable | None = None  # exact_gemv_many: one GEMV of several weights of this kind (QWeightGroup)
+    # rows of several weights can be packed one after another and run as one GEMV (QWeightGroup): their layout
+    # keeps each group of _G rows apart
+    joins: bool = False
 
 
 # gemm_from (exact kinds), measured: ffn_up 1536x576 GEMV 26/48/69 us at n = 1/2/3, GEMM 51/58/63 us; Q8_0's
@@ -54,12 +56,12 @@ _TYPES: dict[T, _Kind] = {
     T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(bf16=False), gemm_f16, deq_f16),
     T.BF16: _Kind(np.uint16, "bf16", 1, 1, None, converting_gemv(bf16=True), gemm_bf16, deq_bf16),
     T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, exact_gemv(q4_1=False), exact_gemm(q4_1=False),
-                  deq_q8_0, pack_q8_0, 7, exact_gemv_many(q4_1=False)),
+                  deq_q8_0, pack_q8_0, 7, True),
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, gemv_q4_0, gemm_q4_0, deq_q4_0),
     T.Q5_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q5_0, gemv_q5_0, gemm_q5_0, deq_q5_0),
     T.MXFP4: _Kind(np.uint8, "q8_0", 2, 16, repack_mxfp4, mxfp4_matmul, mxfp4_matmul, deq_mxfp4, pack_mxfp4, 0),
     T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv(q4_1=True), exact_gemm(q4_1=True),
-                  deq_q4_1, pack_q4_1, 3, exact_gemv_many(q4_1=True)),
+                  deq_q4_1, pack_q4_1, 3, True),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, gemm_q4_k, deq_q4_k),
     T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, gemv_q5_k, gemm_q5_k, deq_q5_k),
     T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, gemv_q6_k, gemm_q6_k, deq_q6_k),
@@ -196,36 +198,55 @@ class QWeight:
 
 class QWeightGroup:
     """Weights multiplied by the same x (attention's q, k, v; the FFN's gate and up): matmul(x) equals
-    [w.matmul(x) for w in weights] bit for bit, and for weights of one kind with a gemv_many (Q4_1, Q8_0),
-    below their GEMM, is one kernel call: x quantized once, one parallel loop over all their rows. The
-    kernel's arguments are gathered on the first call and kept, since they never change."""
+    [w.matmul(x) for w in weights] bit for bit, and for weights of one kind that joins (Q4_1, Q8_0) whose row
+    counts are whole groups of _G, below their GEMM, is one GEMV over all their rows: x quantized once, the
+    threads started once. For that the weights' packed rows are laid one after another in one array on the first
+    call, and each weight's own packed layout becomes its part of it (no second copy)."""
 
-    __slots__ = ("weights", "_kind", "_args")
+    __slots__ = ("weights", "_kind", "_packed", "_lock")
 
     @staticmethod
     def joins(w: QWeight) -> bool:
-        """Whether w's kind has a GEMV of several weights (Q4_1, Q8_0); for the others a group gains nothing."""
-        return w._kind.gemv_many is not None
+        """Whether w can be one of such a group (its kind's GEMV runs on joined rows and it has whole groups)."""
+        return w._kind.joins and w.rows % _G == 0
 
     def __init__(self, weights: tuple[QWeight, ...]):
         self.weights = tuple(weights)
         kinds = {w._kind for w in self.weights}
         ne0 = {w.ne0 for w in self.weights}
-        self._kind = kinds.pop() if len(kinds) == 1 and len(ne0) == 1 else None
-        self._args: tuple[tuple[np.ndarray, ...], ...] | None = None
+        one_kind = len(kinds) == 1 and len(ne0) == 1 and all(QWeightGroup.joins(w) for w in self.weights)
+        self._kind = kinds.pop() if one_kind else None
+        self._packed: tuple[np.ndarray, ...] | None = None
+        self._lock = threading.Lock()
+
+    def _joined(self) -> tuple[np.ndarray, ...]:
+        if self._packed is None:
+            with self._lock:
+                if self._packed is None:
+                    parts = [w.packed for w in self.weights]
+                    joined = tuple(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0])))
+                    at = [0] * len(joined)
+                    for w, p in zip(self.weights, parts):     # each weight's layout: its slice of the joined one
+                        views = []
+                        for i, a in enumerate(p):
+                            views.append(joined[i][at[i]:at[i] + a.size])
+                            at[i] += a.size
+                        with w._lock:
+                            w._packed = tuple(views)
+                    self._packed = joined
+        return self._packed
 
     def matmul(self, x: np.ndarray) -> list[np.ndarray]:
         """x (n, ne0) float32 -> one (n, rows) float32 array per weight."""
         k = self._kind
-        if k is None or k.gemv_many is None or x.shape[0] >= k.gemm_from or x.ndim != 2 or x.dtype != _F32 \
+        if k is None or x.shape[0] >= k.gemm_from or x.ndim != 2 or x.dtype != _F32 \
                 or x.shape[1] != self.weights[0].ne0 or not x.flags.c_contiguous:
             return [w.matmul(x) for w in self.weights]
-        if self._args is None:
-            packed = [w.packed for w in self.weights]
-            first = np.zeros(len(packed) + 1, np.int64)
-            first[1:] = np.cumsum([-(-w.rows // _G) for w in self.weights])      # groups of _G rows
-            self._args = (*(tuple(p[i] for p in packed) for i in range(3)), first)
-        qs, d, m, first = self._args
-        outs = tuple(np.empty((x.shape[0], w.rows), _F32) for w in self.weights)
-        k.gemv_many(qs, d, m, x, outs, first)
-        return list(outs)
+        out = np.empty((x.shape[0], sum(w.rows for w in self.weights)), _F32)
+        k.gemv(*self._joined(), x, out)
+        parts, a = [], 0
+        for w in self.weights:
+            part = out[:, a:a + w.rows]
+            parts.append(part if x.shape[0] == 1 else np.ascontiguousarray(part))
+            a += w.rows
+        return parts
