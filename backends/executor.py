@@ -414,6 +414,23 @@ def _step(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     return make(n, memo, path)
 
 
+def _as_it_is(env: Env, x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def _contiguous_for_mul_mat_only(graph: Graph, keep: set[int], index: dict[int, int]) -> set[int]:
+    """The f16 cont steps whose value only a mul_mat reads, as its first operand: mul_mat takes any layout (a
+    copy where its kernels need rows, reading a permuted V cache in place where they do not), so these pass
+    their operand through instead of copying it. The value is the same array element for element."""
+    readers: dict[int, list[tuple[Node, int]]] = {}
+    for n in graph.nodes:
+        for slot, x in enumerate(n.inputs):
+            readers.setdefault(id(x), []).append((n, slot))
+    return {index[id(n)] for n in graph.nodes
+            if n.op == "cont" and n.dtype == "f16" and index[id(n)] not in keep
+            and [(r.op, slot) for r, slot in readers.get(id(n), [])] == [("mul_mat", 0)]}
+
+
 class Program:
     """A graph ready to run: steps in topological order, leaves bound to weights or to named feeds."""
 
@@ -432,8 +449,12 @@ class Program:
         matrix_use = {id(x) for n in graph.nodes if n.op in _MATRIX_OPS for x in n.inputs[:1]}
         other_use = {id(x) for n in graph.nodes if n.op not in _MATRIX_OPS for x in n.inputs}
         stacked = {id(n.inputs[0]) for n in graph.nodes if n.op == "mul_mat_id"} - other_use  # experts, as rows
+        in_place = _contiguous_for_mul_mat_only(graph, keep, index)
         for i, n in enumerate(graph.nodes):
-            if n.op == "weight":
+            if i in in_place:
+                free = tuple(index[id(x)] for x in n.inputs if last_use[index[id(x)]] == i and index[id(x)] not in keep)
+                self.steps.append((_as_it_is, i, (index[id(n.inputs[0])],), free))
+            elif n.op == "weight":
                 w = weights(n.name, stacked=True) if id(n) in stacked else weights(n.name)
                 if id(n) in other_use or id(n) not in matrix_use:  # viewed or reshaped (BERT's type row): dense
                     w = _dense(w)

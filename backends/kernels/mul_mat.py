@@ -14,7 +14,8 @@ from numba import njit, prange
 from graphir.backends import isa
 from graphir.backends.kernels.jit import INL, PAR, SER, parallel_and_serial
 from graphir.backends.kernels import simd
-from graphir.backends.kernels.simd import as_f32, vfma, vhsum, vload, vload_part, vreduce4, vzero, width
+from graphir.backends.kernels.simd import (as_f32, vadd, vfma, vhsum, vload, vload_part, vreduce4, vsplat, vstore,
+                                           vzero, width)
 from graphir.backends.kernels_util import bits_f32, bits_u32, f16_bits, fma
 
 F32 = np.float32
@@ -226,6 +227,64 @@ def _products(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode,
 _products_par, _products_ser = parallel_and_serial(_products)
 
 
+def _columns(v, w1, sb, sc, x1, ldx, k, kp, ratio, hadd, out):
+    """ggml_vec_dot_f16 of one row of x (n = 1) with every row of a w stored transposed: w[b, m, c] at
+    b * sb + m + c * sc in w1 (f16 bits), the layout of a V cache permuted for kqv, read without making it
+    contiguous. The same lanes as _vec_dot4, turned around: register lane t of step part j (c = j * n + t modulo
+    4n) becomes vectors across the m, so w is read once, along the cache's rows; then GGML_F32_VEC_REDUCE per m,
+    done on those vectors, and the f16 scalar tail. Past k (up to ggml's padded length) the products are zeros,
+    which leave every chain as it is. A task is one row of x (a query head) and all m."""
+    bx, nn, mm = out.shape
+    n = width(v)
+    step = 4 * n
+    simd = kp // step * step
+    mv = (mm + n - 1) // n                              # vectors across m
+    for b in prange(bx):
+        acc = np.zeros(step * mv * n, F32)            # [lane c % step][vector of m]
+        wb, xb = (b // ratio) * sb, b * ldx
+        for c in range(min(k, simd)):
+            y, q, row = vsplat(v, x1[xb + c]), c % step * mv * n, wb + c * sc
+            for j in range(mv):
+                o = q + j * n
+                vstore(acc, o, vfma(vload_part(v, w1, row + j * n, mm - j * n), y, vload(v, acc, o)))
+        e = mv * n                                    # one lane's vectors
+        for o in range(0, e, n):
+            for t in range(n):                        # registers (0 + 2) + (1 + 3), lane t of each
+                a, b_, c_, d = t * e + o, (2 * n + t) * e + o, (n + t) * e + o, (3 * n + t) * e + o
+                s02, s13 = vadd(vload(v, acc, a), vload(v, acc, b_)), vadd(vload(v, acc, c_), vload(v, acc, d))
+                vstore(acc, a, vadd(s02, s13))
+            if n == 16:                               # _mm512_reduce_add_ps: high half onto low first
+                for t in range(8):
+                    vstore(acc, t * e + o, vadd(vload(v, acc, t * e + o), vload(v, acc, (t + 8) * e + o)))
+            a0, a1, a2, a3 = vload(v, acc, o), vload(v, acc, e + o), vload(v, acc, 2 * e + o), vload(v, acc, 3 * e + o)
+            a4, a5, a6, a7 = (vload(v, acc, 4 * e + o), vload(v, acc, 5 * e + o), vload(v, acc, 6 * e + o),
+                              vload(v, acc, 7 * e + o))
+            if hadd and n == 8:
+                r = vadd(vadd(vadd(a0, a4), vadd(a1, a5)), vadd(vadd(a2, a6), vadd(a3, a7)))
+            else:
+                r = vadd(vadd(vadd(a0, a4), vadd(a2, a6)), vadd(vadd(a1, a5), vadd(a3, a7)))
+            vstore(acc, o, r)
+        for m in range(mm):
+            s = np.float64(acc[m])                    # sumf += (ggml_float)(x[i]*y[i])
+            for c in range(simd, k):
+                s += np.float64(as_f32(w1[wb + m + c * sc]) * x1[xb + c])
+            out[b, 0, m] = F32(s)
+
+
+_columns_par, _columns_ser = parallel_and_serial(_columns)
+
+
+def _transposed_rows(w: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+    """A 3-D f16 w whose rows run down its memory (m contiguous, the contracted axis strided), as a flat view
+    from its first element and its strides (b, c) in elements; None for any other layout."""
+    s = w.strides
+    if w.dtype != np.float16 or w.ndim != 3 or s[1] != 2 or s[2] <= 2 or s[0] % 2 or s[2] % 2 or w.shape[2] < 2:
+        return None
+    span = (w.shape[0] - 1) * (s[0] // 2) + (w.shape[1] - 1) + (w.shape[2] - 1) * (s[2] // 2) + 1
+    flat = np.lib.stride_tricks.as_strided(w.view(np.uint16), shape=(span,), strides=(2,), writeable=False)
+    return flat, s[0] // 2, s[2] // 2
+
+
 @njit(**PAR)
 def _rows_par(src, kind, out):
     """out[r, :k] = src row r as float32 (_to_f32_row kinds), zeros after: rows padded to a multiple of 64."""
@@ -297,6 +356,14 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
     out = np.empty(x4.shape[:-1] + (m,), F32)
     for a in range(x4.shape[0]):                              # dim 3: few (usually 1)
         wa, xa = w4[a // (x4.shape[0] // w4.shape[0])], x4[a]
+        cols = _transposed_rows(wa) if mode == _VEC_F16 and n == 1 and not wa.flags.c_contiguous else None
+        if cols is not None:                                  # a permuted V cache: read in place
+            xrows, xsb, _ = _as_rows(xa)
+            x1 = padded_rows(xrows, 2 if xa.dtype != np.float16 else 0)
+            fn = _columns_par if xa.shape[0] * m * k >= _MM_PAR_MIN and xa.shape[0] > 1 else _columns_ser
+            fn(simd.lanes(path.lanes), cols[0], cols[1], cols[2], x1.reshape(-1), x1.shape[1] * xsb, k, kp,
+               xa.shape[0] // wa.shape[0], path.reduce == _REDUCE_HADD, out[a])
+            continue
         wrows, wsb, wsm = _as_rows(wa)
         xrows, xsb, xsn = _as_rows(xa)
         xkind = 2 if mode16 and xa.dtype != np.float16 else 0  # ggml converts src1 to f16 for an f16 src0

@@ -18,8 +18,8 @@ from numba import config, njit, types
 from numba.core import cgutils
 from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
 
-__all__ = ["Lanes", "lanes", "vzero", "vload", "vload_part", "vstore", "vfma", "vadd", "vhsum", "vreduce4", "width",
-           "as_f32"]
+__all__ = ["Lanes", "lanes", "vzero", "vsplat", "vload", "vload_part", "vstore", "vfma", "vadd", "vhsum", "vreduce4",
+           "width", "as_f32"]
 
 
 class F32Vec(types.Type):
@@ -147,8 +147,8 @@ def vload_part(typingctx, proto, arr, idx, count):
         i64v = ir.VectorType(ir.IntType(64), n)
         cnt = args[3] if args[3].type.width == 64 else builder.sext(args[3], ir.IntType(64))
         one = builder.insert_element(ir.Constant(i64v, ir.Undefined), cnt, ir.Constant(ir.IntType(32), 0))
-        mask = builder.icmp_signed("<", ir.Constant(i64v, list(range(n))),
-                                   builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n)))
+        spread = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n))
+        mask = builder.icmp_signed("<", ir.Constant(i64v, list(range(n))), spread)
         if config.BOUNDSCHECK:                                 # the lanes read must lie in the array
             _element_ptr(context, builder, sig.args[1], args[1], args[2],
                          builder.select(builder.icmp_signed("<", cnt, ir.Constant(ir.IntType(64), n)),
@@ -178,6 +178,20 @@ def vstore(typingctx, arr, idx, v):
         return context.get_dummy_value()
 
     return types.none(arr, idx, v), codegen
+
+
+@intrinsic
+def vsplat(typingctx, proto, x):
+    """A register holding the float32 x in every lane."""
+    if not (isinstance(proto, F32Vec) and x == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n = proto.n
+        one = builder.insert_element(ir.Constant(_vec(n), ir.Undefined), args[1], ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n))
+
+    return proto(proto, x), codegen
 
 
 @intrinsic
