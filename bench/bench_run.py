@@ -1,7 +1,8 @@
 """Benchmark: graphir's numba backend against llama.cpp on SmolLM2-135M Q4_1, measured in the same run.
 
-Jobs, 2 threads, best of 3 runs each, tokens/s for both engines and the ratio graphir / llama.cpp (>= 1 means
-graphir is faster):
+Jobs, 2 threads, best of 5 rounds in which the two engines take turns job by job (so that a slow spell of the
+machine falls on both), tokens/s for both engines and the ratio graphir / llama.cpp (>= 1 means graphir is
+faster):
   pp128, pp512   a prompt of 128 / 512 tokens in one ubatch
   tg64           64 tokens generated one per decode after a 128-token prompt
   tg64@d1024     the same after a 1024-token prompt (attention over a long cache)
@@ -31,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-THREADS, REPEAT, N_GEN, DEPTH, UBATCH = 2, 3, 64, 1024, 512
+THREADS, REPEAT, N_GEN, DEPTH, UBATCH = 2, 5, 64, 1024, 512
 os.environ.setdefault("NUMBA_NUM_THREADS", str(THREADS))
 # job -> (prompt tokens, generated tokens): a prompt job times the prompt, a generation job the tokens after it
 JOBS = {"pp128": (128, 0), "pp512": (512, 0), f"tg{N_GEN}": (128, N_GEN), f"tg{N_GEN}@d{DEPTH}": (DEPTH, N_GEN)}
@@ -87,7 +88,11 @@ def machine_bandwidth() -> float:
     return a.nbytes / best(once) / 1e9
 
 
-def bench_graphir(path: str, profile: bool) -> dict[str, float]:
+Job = Callable[[int, int], float]  # (prompt tokens, generated tokens) -> tokens/s of the timed part
+
+
+def graphir_job(path: str) -> tuple[Job, Callable[[], None]]:
+    """graphir's job, warmed up (numba's compile or cache load, weight repacking), and its --profile."""
     from graphir.running.batch import Batch
     from graphir.running.runtime import load
 
@@ -119,12 +124,9 @@ def bench_graphir(path: str, profile: bool) -> dict[str, float]:
         generate(ctx, n_prompt, n_gen)
         return n_gen / (time.perf_counter() - t)
 
-    for n_prompt, n_gen in JOBS.values():  # warm-up: numba's compile (or cache load) and weight repacking
+    for n_prompt, n_gen in JOBS.values():
         job(n_prompt, min(n_gen, 2))
-    rates = {name: max(job(*shape) for _ in range(REPEAT)) for name, shape in JOBS.items()}
-    if profile:
-        print_profile(context_after(128), generate)
-    return rates
+    return job, lambda: print_profile(context_after(128), generate)
 
 
 def print_profile(ctx: Any, generate: Callable[[Any, int, int], None]) -> None:
@@ -144,7 +146,8 @@ def print_profile(ctx: Any, generate: Callable[[Any, int, int], None]) -> None:
           f"batch checks, memory placement and feeds, sampling")
 
 
-def bench_llama_cpp(path: str) -> dict[str, float]:
+def llama_cpp_job(path: str) -> Job:
+    """llama.cpp's job (llama-cpp-python), warmed up."""
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     from llama_cpp import Llama
 
@@ -171,7 +174,7 @@ def bench_llama_cpp(path: str) -> dict[str, float]:
 
     for n_prompt, n_gen in JOBS.values():
         job(n_prompt, min(n_gen, 2))
-    return {name: max(job(*shape) for _ in range(REPEAT)) for name, shape in JOBS.items()}
+    return job
 
 
 def main() -> None:
@@ -189,11 +192,16 @@ def main() -> None:
     if "AMX_INT8 = 1" in info:
         sys.exit("this llama.cpp routes Q4_1 matmuls to its AMX kernels, which crash (llama.cpp issue #20824): "
                  "run with LLAMA_CPP_LIB_PATH=$(python3 tests/oracle_build.py avx512)")
-    ours = bench_graphir(path, args.profile)
-    ref = bench_llama_cpp(path)
+    ours_job, profile = graphir_job(path)
+    ref_job = llama_cpp_job(path)
+    ours, ref = dict.fromkeys(JOBS, 0.0), dict.fromkeys(JOBS, 0.0)
+    for _ in range(REPEAT):
+        for name, shape in JOBS.items():
+            ours[name] = max(ours[name], ours_job(*shape))
+            ref[name] = max(ref[name], ref_job(*shape))
     gb = weight_bytes(path) / 1e9
     print(f"model: {Path(path).name} ({gb * 1e3:.1f} MB of matrices per forward pass), {THREADS} threads, "
-          f"best of {REPEAT}; this machine streams {machine_bandwidth():.1f} GB/s")
+          f"best of {REPEAT} alternating rounds; this machine streams {machine_bandwidth():.1f} GB/s")
     print(f"graphir numerics: {numerics().describe()}")
     print(f"llama.cpp: {' '.join(info.split())}")
     print(f"{'job':12} {'graphir tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>7} {'graphir GB/s':>13} "
@@ -202,6 +210,8 @@ def main() -> None:
         per_pass = 1 if n_gen else min(n_prompt, UBATCH)  # tokens per forward pass (ubatch)
         a, b = ours[job], ref[job]
         print(f"{job:12} {a:>14.1f} {b:>16.1f} {a / b:>6.2f}x {a / per_pass * gb:>13.2f} {b / per_pass * gb:>15.2f}")
+    if args.profile:
+        profile()
 
 
 if __name__ == "__main__":

@@ -100,6 +100,7 @@ def test_a_vector_access_past_the_end_raises_under_boundscheck(tmp_path):
             "f(v, a, 4, out)\n"
             "g(v, a, 16, 4, out)\n"
             "g(v, a, 19, -3, out)\n"
+            "g(v, a, 36, 0, out)\n"                     # no lane: nothing read, wherever it points
             "for call in (lambda: f(v, a, 5, out), lambda: g(v, a, 16, 5, out)):\n"
             "    try:\n        call()\n    except IndexError as e:\n        print('IndexError:', e)\n")
     env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}

@@ -75,14 +75,17 @@ def _is_row(arr, dtypes) -> bool:  # type: ignore[no-untyped-def]
 def _element_ptr(context, builder, aty, arr, idx, n):  # type: ignore[no-untyped-def]
     """Pointer to arr[idx] (a 1-D array, idx any integer), the first of n elements a vector reads or writes.
     Under NUMBA_BOUNDSCHECK=1 (numba's option for its own indexing) the whole run idx..idx + n - 1 is checked,
-    and one outside the array raises IndexError as numba's checked indexing does."""
+    and one outside the array raises IndexError as numba's checked indexing does; n = 0 (a masked load of no
+    lane, whose idx may lie past the end) reads nothing and passes."""
     a = context.make_array(aty)(context, builder, arr)
     i64 = ir.IntType(64)
     idx = builder.zext(idx, i64) if idx.type.width < 64 else idx
-    if config.BOUNDSCHECK:
+    if config.BOUNDSCHECK and not (isinstance(n, int) and n == 0):
         size = builder.extract_value(a.shape, 0)
         end = builder.add(idx, n if isinstance(n, ir.Value) else ir.Constant(i64, n))
         bad = builder.or_(builder.icmp_signed("<", idx, ir.Constant(i64, 0)), builder.icmp_signed(">", end, size))
+        if isinstance(n, ir.Value):                           # a masked access of no lane reads nothing
+            bad = builder.and_(bad, builder.icmp_signed(">", n, ir.Constant(i64, 0)))
         with builder.if_then(bad, likely=False):
             context.call_conv.return_user_exc(builder, IndexError, ("vector access out of bounds",))
     return builder.gep(a.data, [idx])
