@@ -1,9 +1,11 @@
-"""mul_mat of two activations (attention's KQ and KQV) against an f16 or f32 cache, in ggml's summation order.
+"""mul_mat with a float first operand (attention's KQ and KQV against an f16 or f32 cache; F16 and F32 weights and
+experts), in ggml's summation order.
 
-ggml converts the other operand to the cache type (f32 -> f16, nearest even), then per output element takes
+ggml converts the other operand to the first's type (f32 -> f16, nearest even), then per output element takes
 either tinyBLAS (llamafile sgemm: one FMA chain per lane, then the register's sum) or ggml_vec_dot_f16/f32
 (four registers of FMA chains, reduced, plus a scalar tail); which one depends on the shapes and on the KV
-padding a soft_max result carries (see mul_mat).
+padding a soft_max result carries (see mul_mat). The chains are kept in registers (kernels.simd): tinyBLAS in
+tiles of outputs, vec_dot four rows at a time, and a V cache seen transposed read in place (_columns).
 """
 
 from __future__ import annotations
