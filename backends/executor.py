@@ -451,8 +451,9 @@ class Program:
         stacked = {id(n.inputs[0]) for n in graph.nodes if n.op == "mul_mat_id"} - other_use  # experts, as rows
         in_place = _contiguous_for_mul_mat_only(graph, keep, index)
         for i, n in enumerate(graph.nodes):
+            free = tuple(sorted({index[id(x)] for x in n.inputs  # values whose last reader this step is
+                                 if last_use[index[id(x)]] == i and index[id(x)] not in keep}))
             if i in in_place:
-                free = tuple(index[id(x)] for x in n.inputs if last_use[index[id(x)]] == i and index[id(x)] not in keep)
                 self.steps.append((_as_it_is, i, (index[id(n.inputs[0])],), free))
             elif n.op == "weight":
                 w = weights(n.name, stacked=True) if id(n) in stacked else weights(n.name)
@@ -462,8 +463,6 @@ class Program:
             elif n.op == "input":
                 self.feeds.append((i, n.name))
             else:
-                free = tuple(sorted({index[id(x)] for x in n.inputs
-                                     if last_use[index[id(x)]] == i and index[id(x)] not in keep}))
                 self.steps.append((_step(n, self.memo, path), i, tuple(index[id(x)] for x in n.inputs), free))
         self._fuse_siblings(graph, path)
         self.outputs = {role: index[id(n)] for role, n in graph.outputs.items()}

@@ -358,18 +358,16 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
     out = np.empty(x4.shape[:-1] + (m,), F32)
     for a in range(x4.shape[0]):                              # dim 3: few (usually 1)
         wa, xa = w4[a // (x4.shape[0] // w4.shape[0])], x4[a]
+        xrows, xsb, xsn = _as_rows(xa)
+        xkind = 2 if mode16 and xa.dtype != np.float16 else 0  # ggml converts src1 to f16 for an f16 src0
+        x1 = padded_rows(xrows, xkind)
         cols = _transposed_rows(wa) if mode == _VEC_F16 and n == 1 and not wa.flags.c_contiguous else None
         if cols is not None:                                  # a permuted V cache: read in place
-            xrows, xsb, _ = _as_rows(xa)
-            x1 = padded_rows(xrows, 2 if xa.dtype != np.float16 else 0)
             fn = _columns_par if xa.shape[0] * m * k >= _MM_PAR_MIN and xa.shape[0] > 1 else _columns_ser
             fn(simd.lanes(path.lanes), cols[0], cols[1], cols[2], x1.reshape(-1), x1.shape[1] * xsb, k, kp,
                xa.shape[0] // wa.shape[0], path.reduce == _REDUCE_HADD, out[a])
             continue
         wrows, wsb, wsm = _as_rows(wa)
-        xrows, xsb, xsn = _as_rows(xa)
-        xkind = 2 if mode16 and xa.dtype != np.float16 else 0  # ggml converts src1 to f16 for an f16 src0
-        x1 = padded_rows(xrows, xkind)
         fn = _products_par if xa.shape[0] * n * m * k >= _MM_PAR_MIN else _products_ser
         fn(simd.lanes(path.lanes), _bits(wrows).reshape(-1), wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp, wsb,
            wsm, xsb, xsn, xa.shape[0] // wa.shape[0], path.reduce == _REDUCE_HADD, mode, out[a])

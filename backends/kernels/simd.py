@@ -211,20 +211,16 @@ def as_f32(typingctx, h):
     return types.float32(h), codegen
 
 
-def _binary(name: str):  # type: ignore[no-untyped-def]
-    def typer(typingctx, a, b):  # type: ignore[no-untyped-def]
-        if not (isinstance(a, F32Vec) and a == b):
-            return None
+@intrinsic
+def vadd(typingctx, a, b):
+    """a + b lane by lane."""
+    if not (isinstance(a, F32Vec) and a == b):
+        return None
 
-        def codegen(context, builder, sig, args):
-            return getattr(builder, name)(*args)
+    def codegen(context, builder, sig, args):
+        return builder.fadd(*args)
 
-        return a(a, b), codegen
-
-    return intrinsic(typer)
-
-
-vadd = _binary("fadd")
+    return a(a, b), codegen
 
 
 @intrinsic
