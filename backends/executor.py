@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from graphir.backends.kernels.attention import attend
 from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
 from graphir.backends.kernels.mul_mat import mul_mat
@@ -290,12 +291,17 @@ def _rope_multi(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., 
     return rope
 
 
+def _kv_pad(soft_max_node: Node) -> int:
+    """llama.cpp pads a KV cache's attended cells (n_kv) to 256 masked ones; a mask over the ubatch (n_tokens)
+    or an encoder's output (n_enc) has the length it says."""
+    n = soft_max_node
+    return KV_PAD if len(n.inputs) > 1 and str(n.inputs[1].shape[0]).startswith("n_kv") else 1
+
+
 @kernel("soft_max")
 def _soft_max(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     a = n.attrs
-    # llama.cpp pads a KV cache's attended cells (n_kv) to 256 masked ones; a mask over the ubatch (n_tokens)
-    # or an encoder's output (n_enc) has the length it says
-    pad = KV_PAD if len(n.inputs) > 1 and str(n.inputs[1].shape[0]).startswith("n_kv") else 1
+    pad = _kv_pad(n)
     return lambda env, x, mask=None, sinks=None: soft_max(x, None if mask is None else _broadcast(mask, x.shape),
                                                          a["scale"], a["max_bias"], path, pad,
                                                          None if sinks is None else _dense(sinks))
@@ -418,17 +424,63 @@ def _as_it_is(env: Env, x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _contiguous_for_mul_mat_only(graph: Graph, keep: set[int], index: dict[int, int]) -> set[int]:
-    """The f16 cont steps whose value only a mul_mat reads, as its first operand: mul_mat takes any layout (a
-    copy where its kernels need rows, reading a permuted V cache in place where they do not), so these pass
-    their operand through instead of copying it. The value is the same array element for element."""
-    readers: dict[int, list[tuple[Node, int]]] = {}
+Readers = dict[int, list[tuple[Node, int]]]   # id of a node -> the nodes reading it, with the operand slot
+
+
+def _readers(graph: Graph) -> Readers:
+    readers: Readers = {}
     for n in graph.nodes:
         for slot, x in enumerate(n.inputs):
             readers.setdefault(id(x), []).append((n, slot))
+    return readers
+
+
+def _read_only_by(readers: Readers, n: Node, op: str, slot: int) -> bool:
+    return [(r.op, s) for r, s in readers.get(id(n), [])] == [(op, slot)]
+
+
+def _contiguous_for_mul_mat_only(graph: Graph, readers: Readers, keep: set[int], index: dict[int, int]) -> set[int]:
+    """The f16 cont steps whose value only a mul_mat reads, as its first operand: mul_mat takes any layout (a
+    copy where its kernels need rows, reading a permuted V cache in place where they do not), so these pass
+    their operand through instead of copying it. The value is the same array element for element."""
     return {index[id(n)] for n in graph.nodes
             if n.op == "cont" and n.dtype == "f16" and index[id(n)] not in keep
-            and [(r.op, slot) for r, slot in readers.get(id(n), [])] == [("mul_mat", 0)]}
+            and _read_only_by(readers, n, "mul_mat", 0)}
+
+
+def _attention_chains(graph: Graph, readers: Readers, keep: set[int],
+                      index: dict[int, int]) -> list[tuple[Node, Node, Node]]:
+    """The (kq, soft_max, kqv) chains kernels.attention computes as one: mul_mat of an f16 K with q, soft_max of
+    it with a mask and nothing else (no sinks, no ALiBi), mul_mat of an f16 V with that; kq and the
+    probabilities read by nothing else and not outputs."""
+    chains = []
+    for kqv in graph.nodes:
+        sm = kqv.inputs[1] if kqv.op == "mul_mat" else None
+        if sm is None or sm.op != "soft_max" or len(sm.inputs) != 2 or sm.attrs["max_bias"] != 0:
+            continue
+        kq = sm.inputs[0]
+        if kq.op != "mul_mat" or kq.inputs[0].dtype != "f16" or kqv.inputs[0].dtype != "f16" \
+                or index[id(kq)] in keep or index[id(sm)] in keep \
+                or not _read_only_by(readers, kq, "soft_max", 0) or not _read_only_by(readers, sm, "mul_mat", 1):
+            continue
+        chains.append((kq, sm, kqv))
+    return chains
+
+
+def _attention(sm: Node, kq_step: Callable[..., Any], sm_step: Callable[..., Any], kqv_step: Callable[..., Any],
+               path: IsaPath) -> Callable[..., Any]:
+    """One step for an attention chain: kernels.attention for one query token, the chain's three kernels in
+    turn for anything else. Bit-equal either way."""
+    scale, pad = sm.attrs["scale"], _kv_pad(sm)
+
+    def attention(env: Env, k: np.ndarray, q: np.ndarray, mask: np.ndarray, v: np.ndarray) -> np.ndarray:
+        if q.ndim == 3 and k.ndim == 3 and q.shape[1] == 1:
+            y = attend(k, q, _broadcast(mask, (q.shape[0], 1, k.shape[1])), v, scale, pad, path)
+            if y is not None:
+                return y
+        return kqv_step(env, v, sm_step(env, kq_step(env, k, q), mask))
+
+    return attention
 
 
 class Program:
@@ -449,7 +501,8 @@ class Program:
         matrix_use = {id(x) for n in graph.nodes if n.op in _MATRIX_OPS for x in n.inputs[:1]}
         other_use = {id(x) for n in graph.nodes if n.op not in _MATRIX_OPS for x in n.inputs}
         stacked = {id(n.inputs[0]) for n in graph.nodes if n.op == "mul_mat_id"} - other_use  # experts, as rows
-        in_place = _contiguous_for_mul_mat_only(graph, keep, index)
+        readers = _readers(graph)
+        in_place = _contiguous_for_mul_mat_only(graph, readers, keep, index)
         for i, n in enumerate(graph.nodes):
             free = tuple(sorted({index[id(x)] for x in n.inputs  # values whose last reader this step is
                                  if last_use[index[id(x)]] == i and index[id(x)] not in keep}))
@@ -465,6 +518,9 @@ class Program:
             else:
                 self.steps.append((_step(n, self.memo, path), i, tuple(index[id(x)] for x in n.inputs), free))
         self._fuse_siblings(graph, path)
+        self.plain_steps = list(self.steps)  # one step per node: what a run with taps takes
+        self.labels: dict[int, str] = {}     # a fused step's name in the profile, by its output slot
+        self._fuse_attention(_attention_chains(graph, readers, keep, index), index, path)
         self.outputs = {role: index[id(n)] for role, n in graph.outputs.items()}
         self.names = [n.name for n in graph.nodes]
         self.ops = [n.op for n in graph.nodes]
@@ -502,6 +558,21 @@ class Program:
                     steps[k] = (_mul_mat_sibling(self.memo, out, path), out, ins, free)
             s = e
 
+    def _fuse_attention(self, chains: list[tuple[Node, Node, Node]], index: dict[int, int], path: IsaPath) -> None:
+        """Each chain's three steps become one at the place of its last (kernels.attention); the values the three
+        freed are freed there, but for the two it no longer makes."""
+        at = {out: pos for pos, (_, out, _, _) in enumerate(self.steps)}
+        dropped = set()
+        for kq, sm, kqv in chains:
+            (fk, _, (k, q), free_k), (fs, _, (_, mask), free_s), (fv, out, (v, _), free_v) = \
+                (self.steps[at[index[id(n)]]] for n in (kq, sm, kqv))
+            made = {index[id(kq)], index[id(sm)]}
+            free = tuple(sorted((set(free_k) | set(free_s) | set(free_v)) - made))
+            self.steps[at[out]] = (_attention(sm, fk, fs, fv, path), out, (k, q, mask, v), free)
+            self.labels[out] = "attention"
+            dropped |= {at[i] for i in made}
+        self.steps = [st for pos, st in enumerate(self.steps) if pos not in dropped]
+
     def run(self, env: Env, feeds: Mapping[str, np.ndarray],
             taps: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Outputs by role. With ``taps`` (a dict), every computed value is also copied into it by node name,
@@ -518,12 +589,13 @@ class Program:
         for i, name in self.feeds:
             vals[i] = feeds[name]
         profile = self.profile
-        for fn, out, ins, free in self.steps:
+        steps, labels = (self.steps, self.labels) if taps is None else (self.plain_steps, {})
+        for fn, out, ins, free in steps:
             if profile is not None:
                 t0 = time.perf_counter()
             vals[out] = fn(env, *[vals[j] for j in ins])
             if profile is not None:
-                spent = profile.setdefault(self.ops[out], [0.0, 0])
+                spent = profile.setdefault(labels.get(out, self.ops[out]), [0.0, 0])
                 spent[0] += time.perf_counter() - t0
                 spent[1] += 1
             if taps is not None:

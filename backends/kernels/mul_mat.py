@@ -24,9 +24,9 @@ F32 = np.float32
 _INF = F32(np.inf)
 
 
-_TINYBLAS, _VEC_F16, _VEC_F32 = 0, 1, 2
+TINYBLAS, VEC_F16, VEC_F32 = 0, 1, 2
 _REDUCE_HADD = isa.REDUCE_HADD
-_MM_PAR_MIN = 1 << 14    # multiply-adds from which the parallel variant is faster (measured)
+MM_PAR_MIN = 1 << 14    # multiply-adds from which the parallel variant is faster (measured)
 
 
 @njit(**INL)
@@ -57,7 +57,7 @@ def _round_f16(v):
 
 
 @njit(**INL)
-def _to_f32_row(s, kind, d):
+def to_f32_row(s, kind, d):
     """d[:K] = s as float32, zeros after K. kind 0: s f32; 1: s f16 bits (uint16); 2: s f32 rounded to f16
     (ggml's conversion of src1 to the f16 vec_dot type)."""
     for c in range(s.shape[0]):
@@ -175,10 +175,10 @@ def _vec_dot4(v, w1, wb0, wb1, wb2, wb3, x1, xb, k, kp, simd, hadd, f16):
 
 
 @njit(**SER)
-def _products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0, n1, m0, m1, out):
+def products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0, n1, m0, m1, out):
     """One task of _products: out[b, n0:n1, m0:m1]."""
     n = width(v)
-    tiny = mode == _TINYBLAS
+    tiny = mode == TINYBLAS
     wr, xr = (b // ratio) * wsb, b * xsb
     m = m0
     if tiny and n1 - n0 == _TILE_N and k % n == 0:
@@ -199,7 +199,7 @@ def _products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, 
             last = m1 - 1
             r = _vec_dot4(v, w1, (wr + mi * wsm) * ldw, (wr + min(mi + 1, last) * wsm) * ldw,
                           (wr + min(mi + 2, last) * wsm) * ldw, (wr + min(mi + 3, last) * wsm) * ldw, x1, xb, k, kp,
-                          simd, hadd, mode == _VEC_F16)
+                          simd, hadd, mode == VEC_F16)
             for j in range(min(4, m1 - mi)):
                 out[b, i, mi + j] = r[j]
 
@@ -214,7 +214,7 @@ def _products(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode,
     own part of w once instead of every thread streaming all of it."""
     bx, nn, mm = out.shape
     n = width(v)
-    tiny = mode == _TINYBLAS
+    tiny = mode == TINYBLAS
     simd = k if tiny else kp // (4 * n) * (4 * n)
     nb = _TILE_N if tiny else 1
     n_blocks, m_blocks = (nn + _BLOCK_N - 1) // _BLOCK_N, (mm + _BLOCK_M - 1) // _BLOCK_M
@@ -222,61 +222,67 @@ def _products(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode,
         b, r = task // (m_blocks * n_blocks), task % (m_blocks * n_blocks)
         m0, nbl = r // n_blocks * _BLOCK_M, r % n_blocks * _BLOCK_N
         for n0 in range(nbl, min(nbl + _BLOCK_N, nn), nb):
-            _products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0,
+            products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0,
                            min(n0 + nb, nn), m0, min(m0 + _BLOCK_M, mm), out)
 
 
 _products_par, _products_ser = parallel_and_serial(_products)
 
 
-def _columns(v, w1, sb, sc, x1, ldx, k, kp, ratio, hadd, out):
-    """ggml_vec_dot_f16 of one row of x (n = 1) with every row of a w stored transposed: w[b, m, c] at
-    b * sb + m + c * sc in w1 (f16 bits), the layout of a V cache permuted for kqv, read without making it
-    contiguous. The same lanes as _vec_dot4, turned around: register lane t of step part j (c = j * n + t modulo
-    4n) becomes vectors across the m, so w is read once, along the cache's rows; then GGML_F32_VEC_REDUCE per m,
-    done on those vectors, and the f16 scalar tail. Past k (up to ggml's padded length) the products are zeros,
-    which leave every chain as it is. A task is one row of x (a query head) and all m."""
-    bx, nn, mm = out.shape
+@njit(**INL)
+def column_dots(v, w1, wb, sc, x1, xb, k, kp, hadd, out):
+    """ggml_vec_dot_f16 of one row of x (x1 from xb) with every row of a w stored transposed: w[m, c] at
+    wb + m + c * sc in w1 (f16 bits), the layout of a V cache permuted for kqv, read without making it
+    contiguous; out[m] the results. The same lanes as _vec_dot4, turned around: register lane t of step part j
+    (c = j * n + t modulo 4n) becomes vectors across the m, so w is read once, along the cache's rows; then
+    GGML_F32_VEC_REDUCE per m, done on those vectors, and the f16 scalar tail. Past k (up to ggml's padded
+    length) the products are zeros, which leave every chain as it is."""
+    mm = out.shape[0]
     n = width(v)
     step = 4 * n
     simd = kp // step * step
     mv = (mm + n - 1) // n                              # vectors across m
-    for b in prange(bx):
-        acc = np.zeros(step * mv * n, F32)            # [lane c % step][vector of m]
-        wb, xb = (b // ratio) * sb, b * ldx
-        for c in range(min(k, simd)):
-            y, q, row = vsplat(v, x1[xb + c]), c % step * mv * n, wb + c * sc
-            for j in range(mv):
-                o = q + j * n
-                vstore(acc, o, vfma(vload_part(v, w1, row + j * n, mm - j * n), y, vload(v, acc, o)))
-        e = mv * n                                    # one lane's vectors
-        for o in range(0, e, n):
-            for t in range(n):                        # registers (0 + 2) + (1 + 3), lane t of each
-                a, b_, c_, d = t * e + o, (2 * n + t) * e + o, (n + t) * e + o, (3 * n + t) * e + o
-                s02, s13 = vadd(vload(v, acc, a), vload(v, acc, b_)), vadd(vload(v, acc, c_), vload(v, acc, d))
-                vstore(acc, a, vadd(s02, s13))
-            if n == 16:                               # _mm512_reduce_add_ps: high half onto low first
-                for t in range(8):
-                    vstore(acc, t * e + o, vadd(vload(v, acc, t * e + o), vload(v, acc, (t + 8) * e + o)))
-            a0, a1, a2, a3 = vload(v, acc, o), vload(v, acc, e + o), vload(v, acc, 2 * e + o), vload(v, acc, 3 * e + o)
-            a4, a5, a6, a7 = (vload(v, acc, 4 * e + o), vload(v, acc, 5 * e + o), vload(v, acc, 6 * e + o),
-                              vload(v, acc, 7 * e + o))
-            if hadd and n == 8:
-                r = vadd(vadd(vadd(a0, a4), vadd(a1, a5)), vadd(vadd(a2, a6), vadd(a3, a7)))
-            else:
-                r = vadd(vadd(vadd(a0, a4), vadd(a2, a6)), vadd(vadd(a1, a5), vadd(a3, a7)))
-            vstore(acc, o, r)
-        for m in range(mm):
-            s = np.float64(acc[m])                    # sumf += (ggml_float)(x[i]*y[i])
-            for c in range(simd, k):
-                s += np.float64(as_f32(w1[wb + m + c * sc]) * x1[xb + c])
-            out[b, 0, m] = F32(s)
+    acc = np.zeros(step * mv * n, F32)                # [lane c % step][vector of m]
+    for c in range(min(k, simd)):
+        y, q, row = vsplat(v, x1[xb + c]), c % step * mv * n, wb + c * sc
+        for j in range(mv):
+            o = q + j * n
+            vstore(acc, o, vfma(vload_part(v, w1, row + j * n, mm - j * n), y, vload(v, acc, o)))
+    e = mv * n                                        # one lane's vectors
+    for o in range(0, e, n):
+        for t in range(n):                            # registers (0 + 2) + (1 + 3), lane t of each
+            a, b_, c_, d = t * e + o, (2 * n + t) * e + o, (n + t) * e + o, (3 * n + t) * e + o
+            s02, s13 = vadd(vload(v, acc, a), vload(v, acc, b_)), vadd(vload(v, acc, c_), vload(v, acc, d))
+            vstore(acc, a, vadd(s02, s13))
+        if n == 16:                                   # _mm512_reduce_add_ps: high half onto low first
+            for t in range(8):
+                vstore(acc, t * e + o, vadd(vload(v, acc, t * e + o), vload(v, acc, (t + 8) * e + o)))
+        a0, a1, a2, a3 = vload(v, acc, o), vload(v, acc, e + o), vload(v, acc, 2 * e + o), vload(v, acc, 3 * e + o)
+        a4, a5, a6, a7 = (vload(v, acc, 4 * e + o), vload(v, acc, 5 * e + o), vload(v, acc, 6 * e + o),
+                          vload(v, acc, 7 * e + o))
+        if hadd and n == 8:
+            r = vadd(vadd(vadd(a0, a4), vadd(a1, a5)), vadd(vadd(a2, a6), vadd(a3, a7)))
+        else:
+            r = vadd(vadd(vadd(a0, a4), vadd(a2, a6)), vadd(vadd(a1, a5), vadd(a3, a7)))
+        vstore(acc, o, r)
+    for m in range(mm):
+        s = np.float64(acc[m])                        # sumf += (ggml_float)(x[i]*y[i])
+        for c in range(simd, k):
+            s += np.float64(as_f32(w1[wb + m + c * sc]) * x1[xb + c])
+        out[m] = F32(s)
+
+
+def _columns(v, w1, sb, sc, x1, ldx, k, kp, ratio, hadd, out):
+    """column_dots for each row b of x (a query head) against w's part b // ratio (at b // ratio * sb), n = 1;
+    a task is one row of x and all m."""
+    for b in prange(out.shape[0]):
+        column_dots(v, w1, (b // ratio) * sb, sc, x1, b * ldx, k, kp, hadd, out[b, 0])
 
 
 _columns_par, _columns_ser = parallel_and_serial(_columns)
 
 
-def _transposed_rows(w: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+def transposed_rows(w: np.ndarray) -> tuple[np.ndarray, int, int] | None:
     """A 3-D f16 w whose rows run down its memory (m contiguous, the contracted axis strided), as a flat view
     from its first element and its strides (b, c) in elements; None for any other layout."""
     s = w.strides
@@ -289,15 +295,15 @@ def _transposed_rows(w: np.ndarray) -> tuple[np.ndarray, int, int] | None:
 
 @njit(**PAR)
 def _rows_par(src, kind, out):
-    """out[r, :k] = src row r as float32 (_to_f32_row kinds), zeros after: rows padded to a multiple of 64."""
+    """out[r, :k] = src row r as float32 (to_f32_row kinds), zeros after: rows padded to a multiple of 64."""
     for r in prange(src.shape[0]):
-        _to_f32_row(src[r], kind, out[r])
+        to_f32_row(src[r], kind, out[r])
 
 
 @njit(**SER)
 def _rows_ser(src, kind, out):
     for r in range(src.shape[0]):
-        _to_f32_row(src[r], kind, out[r])
+        to_f32_row(src[r], kind, out[r])
 
 
 def padded_rows(rows: np.ndarray, kind: int) -> np.ndarray:
@@ -307,13 +313,13 @@ def padded_rows(rows: np.ndarray, kind: int) -> np.ndarray:
     kq = -(-k // 64) * 64
     if kind == 0 and rows.dtype == F32 and kq == k and rows.flags.c_contiguous:
         return rows
-    src = _bits(rows)
+    src = kernel_view(rows)
     out = np.empty((rows.shape[0], kq), F32)
-    (_rows_par if rows.size >= _MM_PAR_MIN else _rows_ser)(src, 1 if src.dtype == np.uint16 else kind, out)
+    (_rows_par if rows.size >= MM_PAR_MIN else _rows_ser)(src, 1 if src.dtype == np.uint16 else kind, out)
     return out
 
 
-def _as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
+def as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     """a (B, M, K) -> (rows (R, K) C-contiguous, row stride of b, row stride of m), without copying when a
     is C-contiguous or a (M, B, K) block seen transposed (the KV-cache views, permuted q)."""
     if a.flags.c_contiguous:
@@ -352,28 +358,28 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
     k, n, m = x4.shape[-1], x4.shape[-2], w4.shape[-2]
     kp = -(-k // pad) * pad
     if not vec_dot and n >= 2 and kp % path.lanes == 0 and (mode16 or contiguous):
-        mode = _TINYBLAS
+        mode = TINYBLAS
     else:
-        mode = _VEC_F16 if mode16 else _VEC_F32
+        mode = VEC_F16 if mode16 else VEC_F32
     out = np.empty(x4.shape[:-1] + (m,), F32)
     for a in range(x4.shape[0]):                              # dim 3: few (usually 1)
         wa, xa = w4[a // (x4.shape[0] // w4.shape[0])], x4[a]
-        xrows, xsb, xsn = _as_rows(xa)
+        xrows, xsb, xsn = as_rows(xa)
         xkind = 2 if mode16 and xa.dtype != np.float16 else 0  # ggml converts src1 to f16 for an f16 src0
         x1 = padded_rows(xrows, xkind)
-        cols = _transposed_rows(wa) if mode == _VEC_F16 and n == 1 and not wa.flags.c_contiguous else None
+        cols = transposed_rows(wa) if mode == VEC_F16 and n == 1 and not wa.flags.c_contiguous else None
         if cols is not None:                                  # a permuted V cache: read in place
-            fn = _columns_par if xa.shape[0] * m * k >= _MM_PAR_MIN and xa.shape[0] > 1 else _columns_ser
+            fn = _columns_par if xa.shape[0] * m * k >= MM_PAR_MIN and xa.shape[0] > 1 else _columns_ser
             fn(simd.lanes(path.lanes), cols[0], cols[1], cols[2], x1.reshape(-1), x1.shape[1] * xsb, k, kp,
                xa.shape[0] // wa.shape[0], path.reduce == _REDUCE_HADD, out[a])
             continue
-        wrows, wsb, wsm = _as_rows(wa)
-        fn = _products_par if xa.shape[0] * n * m * k >= _MM_PAR_MIN else _products_ser
-        fn(simd.lanes(path.lanes), _bits(wrows).reshape(-1), wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp, wsb,
+        wrows, wsb, wsm = as_rows(wa)
+        fn = _products_par if xa.shape[0] * n * m * k >= MM_PAR_MIN else _products_ser
+        fn(simd.lanes(path.lanes), kernel_view(wrows).reshape(-1), wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp, wsb,
            wsm, xsb, xsn, xa.shape[0] // wa.shape[0], path.reduce == _REDUCE_HADD, mode, out[a])
     return out.reshape(out.shape[4 - r:])
 
 
-def _bits(a: np.ndarray) -> np.ndarray:
+def kernel_view(a: np.ndarray) -> np.ndarray:
     """f16 arrays as their uint16 bits (numba has no float16); other dtypes as float32."""
     return a.view(np.uint16) if a.dtype == np.float16 else a.astype(F32, copy=False)

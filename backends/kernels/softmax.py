@@ -45,7 +45,7 @@ def _block_sums(v, head, lanes):
 
 
 @njit(**INL)
-def _soft_max_row(x, m, scale, head, lanes, variant, w, out, sink, has_sink):
+def soft_max_row(x, m, scale, head, lanes, variant, w, out, sink, has_sink):
     """ggml_compute_forward_soft_max_f32 for one row: w = x*scale (+ mask row m, if it has the row's length),
     max, ggml_vec_soft_max_f32 (ggml_v_expf per register of `lanes`, each register's sum added to a double;
     cells past n up to `head` are the padding's -inf cells, exp 0; libm expf for a tail past `head`), then
@@ -82,7 +82,7 @@ def _soft_max_par(x, mask, mrows, scale, head, lanes, variant, out, sinks):
     for r in prange(x.shape[0]):
         w = np.empty(max(head, x.shape[1]), F32)
         has = sinks.shape[0] > 0
-        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r],
+        soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r],
                       sinks[r] if has else F32(0.0), has)
 
 
@@ -91,8 +91,30 @@ def _soft_max_ser(x, mask, mrows, scale, head, lanes, variant, out, sinks):
     w = np.empty(max(head, x.shape[1]), F32)
     has = sinks.shape[0] > 0
     for r in range(x.shape[0]):
-        _soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r],
+        soft_max_row(x[r], mask[r % mrows] if mrows else mask[0, :0], scale, head, lanes, variant, w, out[r],
                       sinks[r] if has else F32(0.0), has)
+
+
+def mask_rows(mask: np.ndarray | None, shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """The mask as float32 rows of the last axis of x's ``shape`` and how many there are: row r of x takes row
+    r % mrows (mrows = 0: no mask)."""
+    n = shape[-1]
+    if mask is None:
+        return np.zeros((1, n), F32), 0
+    mask = np.asarray(mask)
+    lead = mask.reshape((1,) * (max(len(shape), 2) - mask.ndim) + mask.shape)
+    if lead.shape[-1] == n and all(d == 1 for d in lead.shape[:-2]) and \
+            (lead.shape[-2] == (shape[-2] if len(shape) > 1 else 1)):
+        m = np.ascontiguousarray(lead.reshape(-1, n), dtype=F32)   # one mask row per query row
+    else:
+        m = np.ascontiguousarray(np.broadcast_to(lead, shape), dtype=F32).reshape(-1, n)
+    return m, m.shape[0]
+
+
+def exp_head(n: int, lanes: int, pad: int) -> int:
+    """How many of a row's n cells ggml_vec_soft_max_f32 takes in registers: with llama.cpp's KV padding
+    (pad > 1) every cell, the padding's masked ones filling the last register; else whole registers only."""
+    return -(-n // lanes) * lanes if pad > 1 else n // lanes * lanes
 
 
 def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: float, path: isa.IsaPath,
@@ -110,20 +132,10 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: flo
     shape = x.shape
     r = f32_rows(x)
     n = r.shape[1]
-    if mask is None:
-        m, mrows = np.zeros((1, n), F32), 0
-    else:
-        mask = np.asarray(mask)
-        lead = mask.reshape((1,) * (max(len(shape), 2) - mask.ndim) + mask.shape)
-        if lead.shape[-1] == n and all(d == 1 for d in lead.shape[:-2]) and \
-                (lead.shape[-2] == (shape[-2] if len(shape) > 1 else 1)):
-            m = np.ascontiguousarray(lead.reshape(-1, n), dtype=F32)   # one mask row per query row
-        else:
-            m = np.ascontiguousarray(np.broadcast_to(lead, shape), dtype=F32).reshape(-1, n)
-        mrows = m.shape[0]
+    m, mrows = mask_rows(mask, shape)
     out = np.empty_like(r)
     lanes = path.lanes
-    head = -(-n // lanes) * lanes if pad > 1 else n // lanes * lanes   # padded: every element in a register
+    head = exp_head(n, lanes, pad)
     if sinks is None:
         sk = np.zeros(0, F32)
     else:  # the sink of each row: rows run over ne1 within a head, heads (ne2) next, then ne3

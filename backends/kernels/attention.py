@@ -1,0 +1,72 @@
+"""One query token's attention in one kernel: KQ, soft_max and KQV head by head, the way a decode step runs them.
+
+Apart, the three are a mul_mat of the f16 K cache with q, a soft_max over the KV cells and a mul_mat of the
+permuted f16 V cache with the probabilities: three launches and two values in between, per layer and token.
+Here each head takes the same helpers in the same order (products_task's vec_dot_f16 rows, soft_max_row,
+to_f32_row's rounding to f16, column_dots), so the result is bit for bit the three kernels'; only the launches
+and the values in between are gone. attend() says None where its case does not hold (more than one token, a
+layout it does not read in place), and the caller runs the three kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from graphir.backends import isa
+from graphir.backends.kernels import simd
+from graphir.backends.kernels.jit import parallel_and_serial
+from graphir.backends.kernels.mul_mat import (VEC_F16, MM_PAR_MIN, as_rows, column_dots, kernel_view, padded_rows,
+                                              products_task, to_f32_row, transposed_rows)
+from graphir.backends.kernels.softmax import exp_head, mask_rows, soft_max_row
+
+F32 = np.float32
+
+
+def _attend(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, scale, head, lanes, variant, vw, vsb,
+            vsc, kpv, ldp, kq, out):
+    """Head h: kq[h, 0] = its KQ row (mul_mat's VEC_F16 path, n = 1), then soft_max of it into p, p rounded to f16
+    and padded (ggml's conversion of src1), then out[h, 0] = the V columns against it (column_dots)."""
+    n_kv = kq.shape[2]
+    simd_kq = d // (4 * lanes) * (4 * lanes)
+    for h in prange(out.shape[0]):
+        products_task(v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, 1, ratio, hadd, VEC_F16, simd_kq, h, 0, 1, 0, n_kv,
+                      kq)
+        w = np.empty(max(head, n_kv), F32)
+        p = np.empty(n_kv, F32)
+        soft_max_row(kq[h, 0], mask[h % mrows], scale, head, lanes, variant, w, p, F32(0.0), False)
+        x = np.empty(ldp, F32)
+        to_f32_row(p, 2, x)
+        column_dots(v, vw, (h // ratio) * vsb, vsc, x, 0, n_kv, kpv, hadd, out[h, 0])
+
+
+_attend_par, _attend_ser = parallel_and_serial(_attend)
+
+
+def attend(k: np.ndarray, q: np.ndarray, mask: np.ndarray, vt: np.ndarray, scale: float, pad: int,
+           path: isa.IsaPath) -> np.ndarray | None:
+    """mul_mat(vt, soft_max(mul_mat(k, q), mask, scale) with KV padding ``pad``) for one query token, or None
+    where that is not this kernel's case: k (n_head_kv, n_kv, d) and vt (n_head_kv, d_v, n_kv), the f16 caches
+    (vt the V cache seen transposed, read in place), q (n_head, 1, d) as mul_mat takes them."""
+    if q.ndim != 3 or k.ndim != 3 or vt.ndim != 3 or q.shape[1] != 1 or k.dtype != np.float16 \
+            or vt.dtype != np.float16 or vt.flags.c_contiguous or q.shape[0] % k.shape[0] \
+            or vt.shape[0] != k.shape[0] or vt.shape[2] != k.shape[1] or q.shape[2] != k.shape[2]:
+        return None
+    cols = transposed_rows(vt)
+    if cols is None:
+        return None
+    n_head, d, n_kv = q.shape[0], q.shape[2], k.shape[1]
+    m, mrows = mask_rows(mask, (n_head, 1, n_kv))
+    if mrows == 0:
+        return None
+    krows, ksb, ksm = as_rows(k)
+    qrows, qsb, _ = as_rows(q)
+    q1 = padded_rows(qrows, 2)                              # q rounded to f16, as ggml converts src1
+    kq = np.empty((n_head, 1, n_kv), F32)
+    out = np.empty((n_head, 1, vt.shape[1]), F32)
+    lanes = path.lanes
+    fn = _attend_par if n_head * n_kv * d >= MM_PAR_MIN and n_head > 1 else _attend_ser
+    fn(simd.lanes(lanes), kernel_view(krows).reshape(-1), krows.shape[1], ksb, ksm, q1.reshape(-1), q1.shape[1], qsb,
+       d, n_head // k.shape[0], path.reduce == isa.REDUCE_HADD, m, mrows, F32(scale), exp_head(n_kv, lanes, pad), lanes,
+       path.expf, cols[0], cols[1], cols[2], -(-n_kv // pad) * pad, -(-n_kv // 64) * 64, kq, out)
+    return out

@@ -1,0 +1,74 @@
+"""One query token's attention in one kernel (kernels.attention) gives, bit for bit, the three kernels the graph
+spells apart (mul_mat of K with q, soft_max, mul_mat of the permuted V with the probabilities); a decode
+takes it, and a run with taps (every node's value) takes the three."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from conftest import write_model_gguf
+from graphir.backends.isa import PATHS
+from graphir.backends.kernels.attention import attend
+from graphir.backends.kernels.mul_mat import mul_mat
+from graphir.backends.kernels.softmax import soft_max
+from graphir.running.batch import Batch
+from graphir.running.runtime import load
+
+
+def _caches(rng: np.random.Generator, n_kv: int, n_head_kv: int, head: int) -> tuple[np.ndarray, np.ndarray]:
+    """k (kv heads, n_kv, head) and v seen transposed (kv heads, head, n_kv), views of f16 caches with spare
+    cells, as a decode's graph views them."""
+    k_cache = rng.standard_normal((n_kv + 7, n_head_kv * head)).astype(np.float16)
+    v_cache = rng.standard_normal((n_kv + 7, n_head_kv * head)).astype(np.float16)
+    k = k_cache[:n_kv].reshape(n_kv, n_head_kv, head).transpose(1, 0, 2)
+    v = v_cache[:n_kv].reshape(n_kv, n_head_kv, head).transpose(1, 2, 0)
+    return k, v
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("n_kv, pad", [(2, 256), (37, 256), (256, 256), (300, 256), (70, 1)])
+@pytest.mark.parametrize("n_head, n_head_kv, head", [(9, 3, 64), (4, 4, 18), (2, 1, 80)])
+def test_one_kernel_equals_the_three_it_replaces(path, n_kv, pad, n_head, n_head_kv, head):
+    p = PATHS[path]
+    rng = np.random.default_rng(n_kv * 7 + head)
+    k, v = _caches(rng, n_kv, n_head_kv, head)
+    q = rng.standard_normal((1, n_head, head)).astype(np.float32).transpose(1, 0, 2)   # (heads, 1, head)
+    mask = np.zeros((n_head, 1, n_kv), np.float32)
+    mask[:, :, n_kv // 2] = -np.inf
+    scale = 1.0 / np.sqrt(head)
+    three = mul_mat(v, soft_max(mul_mat(k, q, p), mask, scale, 0.0, p, pad, None), p)
+    one = attend(k, q, mask, v, scale, pad, p)
+    assert one is not None and one.shape == three.shape == (n_head, 1, head)
+    assert np.array_equal(one, three)
+
+
+def test_more_than_one_token_or_one_cell_is_not_its_case():
+    p = PATHS[sorted(PATHS)[0]]
+    rng = np.random.default_rng(0)
+    k, v = _caches(rng, 40, 2, 16)
+    q = rng.standard_normal((4, 3, 16)).astype(np.float32)
+    assert attend(k, q, np.zeros((4, 3, 40), np.float32), v, 0.25, 256, p) is None
+    k, v = _caches(rng, 1, 2, 16)          # a V of one cell is contiguous: mul_mat takes it as rows
+    assert attend(k, q[:, :1], np.zeros((4, 1, 1), np.float32), v, 0.25, 256, p) is None
+
+
+def test_a_decode_takes_one_step_per_layer_and_taps_take_three(tmp_path, tiny_preset):
+    path = write_model_gguf(tmp_path / "llama.gguf", tiny_preset("llama", **{gguf.Keys.LLM.CONTEXT_LENGTH: 512}))
+    model = load(str(path))
+    fused, plain = model.new_context(n_ctx=300), model.new_context(n_ctx=300)
+    prompt = [1 + i % 200 for i in range(259)]         # past 256 cells: the KV length pads to 512
+    fused.decode(Batch.from_tokens(prompt, 0))
+    plain.decode(Batch.from_tokens(prompt, 0))
+    spent: dict[str, list[float]] = {}
+    for i in range(3):
+        taps: dict[str, np.ndarray] = {}
+        fused.program.profile = spent           # the two contexts share their program: profile one's runs only
+        fused.decode(Batch.one(5 + i, len(prompt) + i))
+        fused.program.profile = None
+        plain.decode(Batch.one(5 + i, len(prompt) + i), taps=taps)
+        assert "blk.0.kq_soft_max" in taps             # the taps run made every node's value
+        assert np.array_equal(fused.logits(), plain.logits())
+    n_layer = model.hparams.n_layer
+    assert spent["attention"][1] == 3 * n_layer and "soft_max" not in spent
