@@ -11,22 +11,24 @@ layout it does not read in place), and the caller runs the three kernels.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from graphir.backends import isa
 from graphir.backends.kernels import simd
-from graphir.backends.kernels.jit import parallel_and_serial
-from graphir.backends.kernels.mul_mat import (VEC_F16, MM_PAR_MIN, as_rows, column_dots, kernel_view, padded_rows,
+from graphir.backends.kernels.jit import PAR
+from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, column_dots, kernel_view, padded_rows,
                                               products_task, to_f32_row, transposed_rows)
 from graphir.backends.kernels.softmax import exp_head, mask_rows, soft_max_row
 
 F32 = np.float32
 
 
+@njit(**PAR)
 def _attend(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, scale, head, lanes, variant, vw, vsb,
             vsc, kpv, ldp, kq, out):
     """Head h: kq[h, 0] = its KQ row (mul_mat's VEC_F16 path, n = 1), then soft_max of it into p, p rounded to f16
-    and padded (ggml's conversion of src1), then out[h, 0] = the V columns against it (column_dots)."""
+    and padded (ggml's conversion of src1), then out[h, 0] = the V columns against it (column_dots). Parallel
+    only: a first token's few cells take one launch too, and a serial copy would double the compile (~5 s)."""
     n_kv = kq.shape[2]
     simd_kq = d // (4 * lanes) * (4 * lanes)
     for h in prange(out.shape[0]):
@@ -39,8 +41,6 @@ def _attend(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, sca
         to_f32_row(p, 2, x)
         column_dots(v, vw, (h // ratio) * vsb, vsc, x, 0, n_kv, kpv, hadd, out[h, 0])
 
-
-_attend_par, _attend_ser = parallel_and_serial(_attend)
 
 
 def attend(k: np.ndarray, q: np.ndarray, mask: np.ndarray, vt: np.ndarray, scale: float, pad: int,
@@ -65,8 +65,7 @@ def attend(k: np.ndarray, q: np.ndarray, mask: np.ndarray, vt: np.ndarray, scale
     kq = np.empty((n_head, 1, n_kv), F32)
     out = np.empty((n_head, 1, vt.shape[1]), F32)
     lanes = path.lanes
-    fn = _attend_par if n_head * n_kv * d >= MM_PAR_MIN and n_head > 1 else _attend_ser
-    fn(simd.lanes(lanes), kernel_view(krows).reshape(-1), krows.shape[1], ksb, ksm, q1.reshape(-1), q1.shape[1], qsb,
+    _attend(simd.lanes(lanes), kernel_view(krows).reshape(-1), krows.shape[1], ksb, ksm, q1.reshape(-1), q1.shape[1], qsb,
        d, n_head // k.shape[0], path.reduce == isa.REDUCE_HADD, m, mrows, F32(scale), exp_head(n_kv, lanes, pad), lanes,
        path.expf, cols[0], cols[1], cols[2], -(-n_kv // pad) * pad, -(-n_kv // 64) * 64, kq, out)
     return out

@@ -41,6 +41,7 @@ class Lanes:
 
     def __init__(self, n: int):
         self.n = n
+        self.numba_type = F32Vec(n)  # made once: numba types an argument at every call
 
 
 _LANES = {n: Lanes(n) for n in (8, 16)}
@@ -53,7 +54,7 @@ def lanes(n: int) -> Lanes:
 
 @typeof_impl.register(Lanes)
 def _typeof_lanes(val, c):  # type: ignore[no-untyped-def]
-    return F32Vec(val.n)
+    return val.numba_type
 
 
 @unbox(F32Vec)
