@@ -15,7 +15,7 @@ from numba import njit, prange
 
 from graphir.backends import isa
 from graphir.backends.kernels import simd
-from graphir.backends.kernels.jit import PAR
+from graphir.backends.kernels.jit import PAR, SER
 from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, column_dots, kernel_view, padded_rows,
                                               products_task, to_f32_row, transposed_rows)
 from graphir.backends.kernels.softmax import exp_head, mask_rows, soft_max_row
@@ -23,24 +23,31 @@ from graphir.backends.kernels.softmax import exp_head, mask_rows, soft_max_row
 F32 = np.float32
 
 
+@njit(**SER)
+def _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, scale, head, lanes, variant, vw,
+                 vsb, vsc, kpv, ldp, kq, out, h):
+    """Head h: kq[h, 0] = its KQ row (mul_mat's VEC_F16 path, n = 1), then soft_max of it into p, p rounded to f16
+    and padded (ggml's conversion of src1), then out[h, 0] = the V columns against it (column_dots)."""
+    n_kv = kq.shape[2]
+    simd_kq = d // (4 * lanes) * (4 * lanes)
+    products_task(v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, 1, ratio, hadd, VEC_F16, simd_kq, h, 0, 1, 0, n_kv, kq)
+    w = np.empty(max(head, n_kv), F32)
+    p = np.empty(n_kv, F32)
+    soft_max_row(kq[h, 0], mask[h % mrows], scale, head, lanes, variant, w, p, F32(0.0), False)
+    x = np.empty(ldp, F32)
+    to_f32_row(p, 2, x)
+    column_dots(v, vw, (h // ratio) * vsb, vsc, x, 0, n_kv, kpv, hadd, out[h, 0])
+
+
 @njit(**PAR)
 def _attend(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, scale, head, lanes, variant, vw, vsb,
             vsc, kpv, ldp, kq, out):
-    """Head h: kq[h, 0] = its KQ row (mul_mat's VEC_F16 path, n = 1), then soft_max of it into p, p rounded to f16
-    and padded (ggml's conversion of src1), then out[h, 0] = the V columns against it (column_dots). Parallel
-    only: a first token's few cells take one launch too, and a serial copy would double the compile (~5 s)."""
-    n_kv = kq.shape[2]
-    simd_kq = d // (4 * lanes) * (4 * lanes)
+    """Every head, in parallel. The head's work is a call, not inlined: in a prange body numba compiles it
+    several times over (20 s against 5). Parallel only: a first token's few cells take one launch too, and a
+    serial copy would compile again."""
     for h in prange(out.shape[0]):
-        products_task(v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, 1, ratio, hadd, VEC_F16, simd_kq, h, 0, 1, 0, n_kv,
-                      kq)
-        w = np.empty(max(head, n_kv), F32)
-        p = np.empty(n_kv, F32)
-        soft_max_row(kq[h, 0], mask[h % mrows], scale, head, lanes, variant, w, p, F32(0.0), False)
-        x = np.empty(ldp, F32)
-        to_f32_row(p, 2, x)
-        column_dots(v, vw, (h // ratio) * vsb, vsc, x, 0, n_kv, kpv, hadd, out[h, 0])
-
+        _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, scale, head, lanes, variant, vw,
+                     vsb, vsc, kpv, ldp, kq, out, h)
 
 
 def attend(k: np.ndarray, q: np.ndarray, mask: np.ndarray, vt: np.ndarray, scale: float, pad: int,
