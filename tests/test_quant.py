@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from conftest import half, make_weight
 
+from graphir.backends.quant.exact import exact_gemv
 from graphir.backends.quant.weight import SUPPORTED, QWeight
 
 T = gguf.GGMLQuantizationType
@@ -230,7 +231,8 @@ def test_repack_is_lazy_and_cached():
     assert w.packed_nbytes == 0 and w.nbytes == raw.nbytes
     w.matmul(activations(1, 3))
     packed = w.packed
-    assert w.packed_nbytes == ROWS * NE0 * 3 // 4                  # nibbles + f32 d and m per 32: 0.75 B/weight
+    assert w.packed_nbytes == -(-ROWS // 16) * 16 * NE0 * 5 // 8  # GGUF's bytes regrouped (20 per 32 weights), rows
+    #                                                                 padded to groups of 16
     w.matmul(activations(2, 3))
     assert w.packed is packed
 
@@ -289,3 +291,17 @@ def test_smollm2_q8_0_token_embd(smollm2_tensors):
         assert np.abs(y - emu).max() <= EMU_RTOL * np.abs(emu).max()
         assert nmse(y, x @ gguf_dequant(raw[sub], T.Q8_0, 2048, ne0).T) < NMSE_MAX[T.Q8_0]
     assert_bits_equal(w.get_rows(ids), gguf_dequant(raw[ids], T.Q8_0, len(ids), ne0))
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0])
+def test_the_exact_gemv_gives_the_same_bits_with_one_row_or_two_to_a_register(qtype):
+    rng = np.random.default_rng(11)
+    rows, ne0 = 40, 96                                  # a last group of 8 rows: padding the 16 of a group
+    w = QWeight.prepare(make_weight(qtype, rows, ne0, rng), qtype, ne0)
+    x = rng.standard_normal((2, ne0)).astype(np.float32)
+    outs = []
+    for n_lanes in (8, 16):
+        out = np.full((2, rows), np.nan, np.float32)
+        exact_gemv(qtype == T.Q4_1, n_lanes)(*w.packed, x, out)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], w.matmul(x))

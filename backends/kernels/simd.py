@@ -16,10 +16,11 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import config, njit, types
 from numba.core import cgutils
+from numba.core.imputils import lower_constant
 from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
 
-__all__ = ["Lanes", "lanes", "vzero", "vsplat", "vload", "vload_part", "vstore", "vfma", "vadd", "vhsum", "vreduce4",
-           "width", "as_f32"]
+__all__ = ["Lanes", "lanes", "vzero", "vsplat", "vload", "vload_part", "vstore", "vfma", "vadd", "vmul", "vhsum",
+           "vhsum8_at", "vreduce4", "vspread", "width", "as_f32", "element_ptr"]
 
 
 class F32Vec(types.Type):
@@ -62,6 +63,11 @@ def _unbox_lanes(typ, obj, c):  # type: ignore[no-untyped-def]
     return NativeValue(ir.Constant(ir.VectorType(ir.FloatType(), typ.n), [0.0] * typ.n))
 
 
+@lower_constant(F32Vec)
+def _lanes_constant(context, builder, ty, pyval):  # type: ignore[no-untyped-def]
+    return ir.Constant(ir.VectorType(ir.FloatType(), ty.n), [0.0] * ty.n)   # a module-level Lanes, as a kernel sees it
+
+
 def _vec(n: int) -> ir.VectorType:
     return ir.VectorType(ir.FloatType(), n)
 
@@ -73,7 +79,7 @@ def _is_row(arr, dtypes) -> bool:  # type: ignore[no-untyped-def]
     return isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype in dtypes
 
 
-def _element_ptr(context, builder, aty, arr, idx, n):  # type: ignore[no-untyped-def]
+def element_ptr(context, builder, aty, arr, idx, n):  # type: ignore[no-untyped-def]
     """Pointer to arr[idx] (a 1-D array, idx any integer), the first of n elements a vector reads or writes.
     Under NUMBA_BOUNDSCHECK=1 (numba's option for its own indexing) the whole run idx..idx + n - 1 is checked,
     and one outside the array raises IndexError as numba's checked indexing does; n = 0 (a masked load of no
@@ -127,7 +133,7 @@ def vload(typingctx, proto, arr, idx):
 
     def codegen(context, builder, sig, args):
         n = proto.n
-        ptr = _element_ptr(context, builder, sig.args[1], args[1], args[2], proto.n)
+        ptr = element_ptr(context, builder, sig.args[1], args[1], args[2], proto.n)
         if dtype == types.float32:
             return builder.load(builder.bitcast(ptr, _vec(n).as_pointer()), align=4)
         v = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), n).as_pointer()), align=2)
@@ -147,14 +153,14 @@ def vload_part(typingctx, proto, arr, idx, count):
 
     def codegen(context, builder, sig, args):
         n = proto.n
-        ptr = _element_ptr(context, builder, sig.args[1], args[1], args[2], 0)
+        ptr = element_ptr(context, builder, sig.args[1], args[1], args[2], 0)
         i64v = ir.VectorType(ir.IntType(64), n)
         cnt = args[3] if args[3].type.width == 64 else builder.sext(args[3], ir.IntType(64))
         one = builder.insert_element(ir.Constant(i64v, ir.Undefined), cnt, ir.Constant(ir.IntType(32), 0))
         spread = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n))
         mask = builder.icmp_signed("<", ir.Constant(i64v, list(range(n))), spread)
         if config.BOUNDSCHECK:                                 # the lanes read must lie in the array
-            _element_ptr(context, builder, sig.args[1], args[1], args[2],
+            element_ptr(context, builder, sig.args[1], args[1], args[2],
                          builder.select(builder.icmp_signed("<", cnt, ir.Constant(ir.IntType(64), n)),
                                         builder.select(builder.icmp_signed("<", cnt, ir.Constant(ir.IntType(64), 0)),
                                                        ir.Constant(ir.IntType(64), 0), cnt),
@@ -177,7 +183,7 @@ def vstore(typingctx, arr, idx, v):
         return None
 
     def codegen(context, builder, sig, args):
-        ptr = _element_ptr(context, builder, sig.args[0], args[0], args[1], v.n)
+        ptr = element_ptr(context, builder, sig.args[0], args[0], args[1], v.n)
         builder.store(args[2], builder.bitcast(ptr, _vec(v.n).as_pointer()), align=4)
         return context.get_dummy_value()
 
@@ -225,6 +231,35 @@ def vadd(typingctx, a, b):
 
 
 @intrinsic
+def vmul(typingctx, a, b):
+    """a * b lane by lane."""
+    if not (isinstance(a, F32Vec) and a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(*args)
+
+    return a(a, b), codegen
+
+
+@intrinsic
+def vspread(typingctx, proto, arr, idx):
+    """A register of n lanes from the n / 8 floats arr[idx:idx + n / 8] (float32, 1-D), each in 8 lanes: the
+    per-row factor of a register holding n / 8 rows' eight lanes each."""
+    if not (isinstance(proto, F32Vec) and _is_row(arr, (types.float32,)) and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        r = proto.n // 8
+        ptr = element_ptr(context, builder, sig.args[1], args[1], args[2], r)
+        v = builder.load(builder.bitcast(ptr, _vec(r).as_pointer()), align=4)
+        order = [i for i in range(r) for _ in range(8)]
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), proto.n), order))
+
+    return proto(proto, arr, idx), codegen
+
+
+@intrinsic
 def vfma(typingctx, a, b, c):
     """a * b + c lane by lane, rounded once (llvm.fma: vfmadd)."""
     if not (isinstance(a, F32Vec) and a == b == c):
@@ -260,6 +295,23 @@ def vhsum(typingctx, v):
                                    for i in range(v.n)])
 
     return types.float32(v), codegen
+
+
+@intrinsic
+def vhsum8_at(typingctx, v, part):
+    """The sum of lanes 8 * part .. 8 * part + 7 of v in hsum_float_8's order; part a constant. A part past the
+    register's end sums no lane (0.0), so that code for wider registers compiles for narrower ones too."""
+    if not (isinstance(v, F32Vec) and isinstance(part, types.IntegerLiteral)):
+        return None
+    p = part.literal_value
+
+    def codegen(context, builder, sig, args):
+        if 8 * p >= v.n:
+            return ir.Constant(ir.FloatType(), 0.0)
+        return _lane_sum(builder, [builder.extract_element(args[0], ir.Constant(ir.IntType(32), 8 * p + i))
+                                   for i in range(8)])
+
+    return types.float32(v, part), codegen
 
 
 @intrinsic

@@ -1,0 +1,58 @@
+"""Lane sums of quantized blocks (quant.int8_dot): every way this host can form them (VNNI, pmaddubsw + pmaddwd,
+plain vector arithmetic), for registers of one row and of two, gives ggml's integers: lane l of a row is the sum
+of the products of its elements 4l .. 4l + 3."""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+from numba import njit
+
+from graphir.backends.kernels.simd import lanes, vstore
+from graphir.backends.quant.int8_dot import FLAVOURS, HOST, block_lanes
+
+def _elements(fmt: str, q: np.ndarray) -> np.ndarray:
+    """A row's 32 weight quants in element order, from its block bytes."""
+    if fmt == "q4_1":
+        return np.concatenate([q & 15, q >> 4]).astype(np.int64)
+    return q.view(np.int8).astype(np.int64)
+
+
+def _kernel(fmt: str, flavour: str):  # type: ignore[no-untyped-def]
+    block = block_lanes(fmt, flavour)
+
+    @njit
+    def run(v, q, y, out):
+        vstore(out, 0, block(v, q, 0, y, 0))
+
+    return run
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("n", [8, 16])        # 16 lanes without AVX-512's byte instructions: the plain form
+def test_every_way_gives_ggml_lane_sums(flavour, fmt, n):
+    rng = np.random.default_rng(n)
+    rows, size = n // 8, 16 if fmt == "q4_1" else 32
+    run = _kernel(fmt, flavour)
+    for trial in range(20):
+        q = rng.integers(0, 256, rows * size, dtype=np.uint8)
+        y = rng.integers(-127, 128, 32, dtype=np.int8)
+        if trial == 0:                                        # the extremes: the largest sums either way
+            q[:] = 0x80 if fmt == "q8_0" else 0xFF
+            y[:] = -127
+        if trial == 1:
+            q[:] = 0x7F if fmt == "q8_0" else 0xFF
+            y[:] = 127
+        out = np.empty(n, np.float32)
+        run(lanes(n), q, y, out)
+        want = np.concatenate([(_elements(fmt, q[r * size:(r + 1) * size]) * y).reshape(8, 4).sum(axis=1)
+                               for r in range(rows)])
+        assert np.array_equal(out, want.astype(np.float32)), (flavour, fmt, n, trial)
+
+
+def test_the_host_takes_its_fastest_way():
+    assert HOST == FLAVOURS[0] and FLAVOURS[-1] == "generic"
+    if llvm.get_host_cpu_features().get("avx512vnni", False):
+        assert HOST == "vnni"
