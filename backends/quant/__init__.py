@@ -29,10 +29,10 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     streams), so each weight byte meets activations at j and kp + j and every load/store is contiguous.
 
     type  act   matmul layout                                      bytes/weight   [raw GGUF]
-    Q8_0  Q8_0  int8 q + f32 d per 32, rows in groups of 64 (*)       1.125       [1.0625]
+    Q8_0  Q8_0  GGUF's bytes in groups of 16 rows (*): q apart, f16 d 1.0625      [1.0625]
     Q4_0  Q8_0  nibbles + f32 d per 32                                0.625       [0.5625]
     MXFP4 Q8_0  the raw e2m1 codes + f32 2^(e-128) per 32 (*2)        0.625       [0.53125]
-    Q4_1  Q8_1  lane-paired nibbles + f32 d, m per 32, groups (*)     0.75        [0.625]
+    Q4_1  Q8_1  GGUF's bytes in groups of 16 rows (*): q, f16 d, m    0.625       [0.625]
     Q4_K  Q8_K  nibbles + f32 d*sc and -dmin*m per 32                 0.75        [0.5625]
     Q5_K  Q8_K  as Q4_K + the 5th bits spread to one byte per nibble  1.25        [0.6875]
     Q6_K  Q8_K  two low-nibble streams + qh + f32 d*sc per 16         1.0         [0.8203]
@@ -41,9 +41,9 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), so the E8M0 scale is halved (GGML_E8M0_TO_FP32_HALF).
     Its matmul is exact, in the order of llama.cpp's repacked 8x8 MXFP4 kernels (quant.mxfp4).
     (Q5_K's 5th bits in place would cost a gather per element: GEMV 109 us instead of 32 us on 1536x512.)
-    (*) element-major inside a group of 64 rows: the 64 rows' values of one element are adjacent, so the
-    innermost loops run over rows (see quant.exact). get_rows of Q4_1/Q8_0 repacks just
-    the rows asked for, from the raw data, into the stream layout.
+    (*) [group][block][row] (see quant.exact): a block's quant bytes of the group's rows one after another,
+    their scales apart, rows padded to a whole group. get_rows of Q4_1/Q8_0 repacks just the rows asked for,
+    from the raw data, into the stream layout.
 
 Numerics: what is bit-exact and what is only close
     Bit-exact: every dequantized weight value, and the activation quantization: Q8_0/Q8_1 as llama.cpp's x86
@@ -62,16 +62,19 @@ Numerics: what is bit-exact and what is only close
     repacked or tiled kernels with yet other orders.)
 
 Speed choices (2 threads, this machine; bench/bench_quant.py)
-    Q4_1/Q8_0, n = 1, GEMV: prange over groups of 64 weight rows; per block and lane the lane sums are formed
-    for the 64 rows at once, then one FMA with d_w*d_x. Q4_1's in int16 (exact: |sum| <= 7620; 32 rows a
-    register): ffn_up 1536x576 in 47 us on one thread (100 us with the sums in float), 26 us on two. Q8_0's
-    in float (exact below 2^24; int16 cannot hold them and int32 measured slower): LM head 49152x576 in 0.8 ms.
+    Q4_1/Q8_0, n < gemm_from, GEMV: prange over groups of 16 weight rows; per activation row, eight registers of
+    two rows each (AVX-512; one row on AVX2) hold the rows' lane chains over the blocks, the lane sums come from
+    the host's integer dot product (quant.int8_dot: vpdpbusd with VNNI) and a block's 16 d_w*d_x from one
+    register. One run: ffn_up 1536x576 in 15 us on two threads (37 GB/s from cache; the int16 emulation across
+    rows it replaced took 26 us), the Q8_0 LM head 49152x576 in 0.48 ms. In a decode the 97 MB of weights come
+    from memory: about 6.3 ms a token, 15 GB/s, where this machine streamed 19 in the same run.
     Weights on the same x (q, k, v; gate and up) run as one kernel call (QWeightGroup): x quantized once, the
-    threads started once for all their rows (q, k, v in 20 us instead of 30, gate and up in 54 instead of 65).
-    n >= 2, GEMM: each task expands one group's weights to float once (L2) and runs 4 activation rows at a
-    time against it; ffn_up at n = 128 in 1.3 ms (~170 GFLOP/s). Two numba details matter: row loops of the
-    compile-time width _G (with a runtime width they measured 7x slower) and few distinct arrays per loop
-    (beyond ~8 runtime alias checks the loop is not vectorized; hence the (4, 64) accumulator blocks).
+    threads started once for all their rows.
+    n >= gemm_from, GEMM: a task expands 64 weight rows to float once (L2) and runs its part of x against them 4
+    activation rows at a time (x is split only where a weight has too few rows to give 16 tasks); ffn_up at
+    n = 128 in 2.0 ms (~113 GFLOP/s) in the same run. Two numba details matter: row loops of the compile-time
+    width _T (with a runtime width they measured 7x slower) and few distinct arrays per loop (beyond ~8 runtime
+    alias checks the loop is not vectorized; hence the (4, 64) accumulator blocks).
     Other types, n < 4, GEMV: prange over weight rows, one flat loop over a row's bytes with the block scale
     read as d[i, j >> 4]; every weight row is reused from L1 for the n activation rows.
     Nested 32-element block loops or exact int32 block sums measured 4-8x slower.
