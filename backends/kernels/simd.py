@@ -218,28 +218,24 @@ def as_f32(typingctx, h):
     return types.float32(h), codegen
 
 
-@intrinsic
-def vadd(typingctx, a, b):
-    """a + b lane by lane."""
-    if not (isinstance(a, F32Vec) and a == b):
-        return None
+def _lanewise(name: str, instruction: str, doc: str):  # type: ignore[no-untyped-def]
+    """An intrinsic name(a, b): LLVM's ``instruction`` on two registers of one width, lane by lane."""
+    def typer(typingctx, a, b):  # type: ignore[no-untyped-def]
+        if not (isinstance(a, F32Vec) and a == b):
+            return None
 
-    def codegen(context, builder, sig, args):
-        return builder.fadd(*args)
+        def codegen(context, builder, sig, args):
+            return getattr(builder, instruction)(*args)
 
-    return a(a, b), codegen
+        return a(a, b), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
 
 
-@intrinsic
-def vmul(typingctx, a, b):
-    """a * b lane by lane."""
-    if not (isinstance(a, F32Vec) and a == b):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fmul(*args)
-
-    return a(a, b), codegen
+vadd = _lanewise("vadd", "fadd", "a + b lane by lane.")
+vmul = _lanewise("vmul", "fmul", "a * b lane by lane.")
 
 
 @intrinsic
