@@ -448,12 +448,24 @@ def _contiguous_for_mul_mat_only(graph: Graph, readers: Readers, keep: set[int],
             and _read_only_by(readers, n, "mul_mat", 0)}
 
 
-def _attention_chains(graph: Graph, readers: Readers, keep: set[int],
-                      index: dict[int, int]) -> list[tuple[Node, Node, Node]]:
+Step = tuple[Callable[..., Any], int, tuple[int, ...], tuple[int, ...]]   # kernel, output slot, operands, freed
+# a chain of steps run as one: its profile label, its nodes (the last one's value is what it makes), and what makes
+# the one step (its kernel and operand slots) from the chain's steps
+Chain = tuple[str, tuple[Node, ...], Callable[[list[Step]], tuple[Callable[..., Any], tuple[int, ...]]]]
+
+
+def _attention_chains(graph: Graph, readers: Readers, keep: set[int], index: dict[int, int],
+                      path: IsaPath) -> list[Chain]:
     """The (kq, soft_max, kqv) chains kernels.attention computes as one: mul_mat of an f16 K with q, soft_max of
     it with a mask and nothing else (no sinks, no ALiBi), mul_mat of an f16 V with that; kq and the
     probabilities read by nothing else and not outputs."""
-    chains = []
+    def make(sm: Node) -> Callable[[list[Step]], tuple[Callable[..., Any], tuple[int, ...]]]:
+        def steps_to_one(steps: list[Step]) -> tuple[Callable[..., Any], tuple[int, ...]]:
+            (fk, _, (k, q), _), (fs, _, (_, mask), _), (fv, _, (v, _), _) = steps
+            return _attention(sm, fk, fs, fv, path), (k, q, mask, v)
+        return steps_to_one
+
+    chains: list[Chain] = []
     for kqv in graph.nodes:
         sm = kqv.inputs[1] if kqv.op == "mul_mat" else None
         if sm is None or sm.op != "soft_max" or len(sm.inputs) != 2 or sm.attrs["max_bias"] != 0:
@@ -463,7 +475,32 @@ def _attention_chains(graph: Graph, readers: Readers, keep: set[int],
                 or index[id(kq)] in keep or index[id(sm)] in keep \
                 or not _read_only_by(readers, kq, "soft_max", 0) or not _read_only_by(readers, sm, "mul_mat", 1):
             continue
-        chains.append((kq, sm, kqv))
+        chains.append(("attention", (kq, sm, kqv), make(sm)))
+    return chains
+
+
+def _norm_weight_chains(graph: Graph, readers: Readers, keep: set[int], index: dict[int, int]) -> list[Chain]:
+    """rms_norm then mul by a weight row (a norm's scale), the rms_norm read by nothing else: one step,
+    kernels.norm's rms_norm with the weight, which rounds x * scale and then * w as the two steps do."""
+    def make(eps: float) -> Callable[[list[Step]], tuple[Callable[..., Any], tuple[int, ...]]]:
+        def steps_to_one(steps: list[Step]) -> tuple[Callable[..., Any], tuple[int, ...]]:
+            (fn, _, (x,), _), (fm, _, (_, w), _) = steps
+
+            def rms_norm_weighted(env: Env, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+                if w.ndim == 1 and w.dtype == np.float32 and w.shape[0] == x.shape[-1]:
+                    return rms_norm(x, eps, w)
+                return fm(env, fn(env, x), w)
+
+            return rms_norm_weighted, (x, w)
+        return steps_to_one
+
+    chains: list[Chain] = []
+    for mul in graph.nodes:
+        norm, w = mul.inputs if mul.op == "mul" else (None, None)
+        if norm is None or norm.op != "rms_norm" or w.op != "weight" or len(w.shape) != 1 \
+                or w.shape[0] != norm.shape[0] or index[id(norm)] in keep or not _read_only_by(readers, norm, "mul", 0):
+            continue
+        chains.append(("rms_norm*weight", (norm, mul), make(norm.attrs["eps"])))
     return chains
 
 
@@ -520,7 +557,8 @@ class Program:
         self._fuse_siblings(graph, path)
         self.plain_steps = list(self.steps)  # one step per node: what a run with taps takes
         self.labels: dict[int, str] = {}     # a fused step's name in the profile, by its output slot
-        self._fuse_attention(_attention_chains(graph, readers, keep, index), index, path)
+        self._fuse(_attention_chains(graph, readers, keep, index, path) + _norm_weight_chains(graph, readers, keep, index),
+                   index)
         self.outputs = {role: index[id(n)] for role, n in graph.outputs.items()}
         self.names = [n.name for n in graph.nodes]
         self.ops = [n.op for n in graph.nodes]
@@ -558,18 +596,19 @@ class Program:
                     steps[k] = (_mul_mat_sibling(self.memo, out, path), out, ins, free)
             s = e
 
-    def _fuse_attention(self, chains: list[tuple[Node, Node, Node]], index: dict[int, int], path: IsaPath) -> None:
-        """Each chain's three steps become one at the place of its last (kernels.attention); the values the three
-        freed are freed there, but for the two it no longer makes."""
+    def _fuse(self, chains: list[Chain], index: dict[int, int]) -> None:
+        """Each chain's steps become one at the place of its last, which ``make`` gives from the chain's steps
+        (its function and operand slots). The values the chain's steps freed are freed there, but for those only
+        the chain made."""
         at = {out: pos for pos, (_, out, _, _) in enumerate(self.steps)}
         dropped = set()
-        for kq, sm, kqv in chains:
-            (fk, _, (k, q), free_k), (fs, _, (_, mask), free_s), (fv, out, (v, _), free_v) = \
-                (self.steps[at[index[id(n)]]] for n in (kq, sm, kqv))
-            made = {index[id(kq)], index[id(sm)]}
-            free = tuple(sorted((set(free_k) | set(free_s) | set(free_v)) - made))
-            self.steps[at[out]] = (_attention(sm, fk, fs, fv, path), out, (k, q, mask, v), free)
-            self.labels[out] = "attention"
+        for label, nodes, make in chains:
+            steps = [self.steps[at[index[id(n)]]] for n in nodes]
+            made = {st[1] for st in steps[:-1]}
+            fn, ins = make(steps)
+            out = steps[-1][1]
+            self.steps[at[out]] = (fn, out, ins, tuple(sorted(set().union(*(st[3] for st in steps)) - made)))
+            self.labels[out] = label
             dropped |= {at[i] for i in made}
         self.steps = [st for pos, st in enumerate(self.steps) if pos not in dropped]
 

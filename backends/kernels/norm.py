@@ -14,22 +14,27 @@ _ONE = F32(1.0)
 
 
 @njit(**INL)
-def _rms_norm_row(x, eps, out):
+def _rms_norm_row(x, eps, w, out):
     """ggml_compute_forward_rms_norm_f32: sum += (double)(x*x) in order, mean = (float)(sum/n),
-    scale = 1.0f/sqrtf(mean + eps), y = x * scale."""
+    scale = 1.0f/sqrtf(mean + eps), y = x * scale; then, if w has the row's length, y * w (ggml's mul by the
+    norm's weight, rounded apart)."""
     n = x.shape[0]
     s = 0.0
     for i in range(n):
         v = x[i]
         s += np.float64(v * v)
     scale = _ONE / np.sqrt(F32(s / n) + eps)
-    for i in range(n):
-        out[i] = x[i] * scale
+    if w.shape[0] == n:
+        for i in range(n):
+            out[i] = (x[i] * scale) * w[i]
+    else:
+        for i in range(n):
+            out[i] = x[i] * scale
 
 
-def _rms_norm_rows(x, eps, out):
+def _rms_norm_rows(x, eps, w, out):
     for r in prange(x.shape[0]):
-        _rms_norm_row(x[r], eps, out[r])
+        _rms_norm_row(x[r], eps, w, out[r])
 
 
 _rms_norm_par, _rms_norm_ser = parallel_and_serial(_rms_norm_rows)
@@ -74,10 +79,14 @@ def _norm_rows(x, eps, lanes, out):
             out[r, i] = out[r, i] * scale
 
 
-def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+_NO_WEIGHT = np.empty(0, F32)
+
+
+def rms_norm(x: np.ndarray, eps: float, weight: np.ndarray | None = None) -> np.ndarray:
+    """rms_norm over the last axis; with ``weight`` (float32, the row's length), times it (a norm's scale)."""
     r = f32_rows(x)
     out = np.empty_like(r)
-    (_rms_norm_par if r.size >= PAR_MIN else _rms_norm_ser)(r, F32(eps), out)
+    (_rms_norm_par if r.size >= PAR_MIN else _rms_norm_ser)(r, F32(eps), _NO_WEIGHT if weight is None else weight, out)
     return out.reshape(x.shape)
 
 

@@ -1,6 +1,7 @@
-"""One query token's attention in one kernel (kernels.attention) gives, bit for bit, the three kernels the graph
-spells apart (mul_mat of K with q, soft_max, mul_mat of the permuted V with the probabilities); a decode
-takes it, and a run with taps (every node's value) takes the three."""
+"""Steps the executor runs as one give, bit for bit, the steps the graph spells apart: one query token's attention
+in one kernel (kernels.attention) for mul_mat of K with q, soft_max, mul_mat of the permuted V with the
+probabilities; rms_norm with its weight for rms_norm then mul. A decode takes them, and a run with taps (every
+node's value) takes the steps apart."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from conftest import write_model_gguf
 from graphir.backends.isa import PATHS
 from graphir.backends.kernels.attention import attend
 from graphir.backends.kernels.mul_mat import mul_mat
+from graphir.backends.kernels.norm import rms_norm
 from graphir.backends.kernels.softmax import soft_max
 from graphir.running.batch import Batch
 from graphir.running.runtime import load
@@ -54,7 +56,15 @@ def test_more_than_one_token_or_one_cell_is_not_its_case():
     assert attend(k, q[:, :1], np.zeros((4, 1, 1), np.float32), v, 0.25, 256, p) is None
 
 
-def test_a_decode_takes_one_step_per_layer_and_taps_take_three(tmp_path, tiny_preset):
+@pytest.mark.parametrize("rows", [3, 700])              # the serial and the parallel variant
+def test_rms_norm_with_its_weight_equals_rms_norm_then_mul(rows):
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 64)).astype(np.float32) * 3
+    w = rng.standard_normal(64).astype(np.float32)
+    assert np.array_equal(rms_norm(x, 1e-5, w), np.multiply(rms_norm(x, 1e-5), w, dtype=np.float32))
+
+
+def test_a_decode_takes_fused_steps_and_taps_take_them_apart(tmp_path, tiny_preset):
     path = write_model_gguf(tmp_path / "llama.gguf", tiny_preset("llama", **{gguf.Keys.LLM.CONTEXT_LENGTH: 512}))
     model = load(str(path))
     fused, plain = model.new_context(n_ctx=300), model.new_context(n_ctx=300)
@@ -72,3 +82,4 @@ def test_a_decode_takes_one_step_per_layer_and_taps_take_three(tmp_path, tiny_pr
         assert np.array_equal(fused.logits(), plain.logits())
     n_layer = model.hparams.n_layer
     assert spent["attention"][1] == 3 * n_layer and "soft_max" not in spent
+    assert spent["rms_norm*weight"][1] == 3 * (2 * n_layer + 1) and "rms_norm" not in spent   # + the output norm
