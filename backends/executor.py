@@ -557,8 +557,8 @@ class Program:
         self._fuse_siblings(graph, path)
         self.plain_steps = list(self.steps)  # one step per node: what a run with taps takes
         self.labels: dict[int, str] = {}     # a fused step's name in the profile, by its output slot
-        self._fuse(_attention_chains(graph, readers, keep, index, path) + _norm_weight_chains(graph, readers, keep, index),
-                   index)
+        chains = _attention_chains(graph, readers, keep, index, path) + _norm_weight_chains(graph, readers, keep, index)
+        self._fuse(chains, index)
         self.outputs = {role: index[id(n)] for role, n in graph.outputs.items()}
         self.names = [n.name for n in graph.nodes]
         self.ops = [n.op for n in graph.nodes]

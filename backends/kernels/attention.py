@@ -72,7 +72,8 @@ def attend(k: np.ndarray, q: np.ndarray, mask: np.ndarray, vt: np.ndarray, scale
     kq = np.empty((n_head, 1, n_kv), F32)
     out = np.empty((n_head, 1, vt.shape[1]), F32)
     lanes = path.lanes
-    _attend(simd.lanes(lanes), kernel_view(krows).reshape(-1), krows.shape[1], ksb, ksm, q1.reshape(-1), q1.shape[1], qsb,
-       d, n_head // k.shape[0], path.reduce == isa.REDUCE_HADD, m, mrows, F32(scale), exp_head(n_kv, lanes, pad), lanes,
-       path.expf, cols[0], cols[1], cols[2], -(-n_kv // pad) * pad, -(-n_kv // 64) * 64, kq, out)
+    _attend(simd.lanes(lanes), kernel_view(krows).reshape(-1), krows.shape[1], ksb, ksm, q1.reshape(-1), q1.shape[1],
+            qsb, d, n_head // k.shape[0], path.reduce == isa.REDUCE_HADD, m, mrows, F32(scale),
+            exp_head(n_kv, lanes, pad), lanes, path.expf, cols[0], cols[1], cols[2], -(-n_kv // pad) * pad,
+            -(-n_kv // 64) * 64, kq, out)
     return out

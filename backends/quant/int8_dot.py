@@ -65,7 +65,8 @@ def _sums(builder: ir.IRBuilder, flavour: str, w: ir.Value, y: ir.Value, n: int)
         vw = ir.VectorType(_I16, 2 * n)
         pre = "llvm.x86.avx512." if bits == 512 else "llvm.x86.avx2."
         pairs = _x86(builder, pre + ("pmaddubs.w.512" if bits == 512 else "pmadd.ub.sw"), vw, [w, y])
-        return _x86(builder, pre + ("pmaddw.d.512" if bits == 512 else "pmadd.wd"), vi, [pairs, ir.Constant(vw, [1] * 2 * n)])
+        ones = ir.Constant(vw, [1] * 2 * n)
+        return _x86(builder, pre + ("pmaddw.d.512" if bits == 512 else "pmadd.wd"), vi, [pairs, ones])
     wide = ir.VectorType(_I32, 4 * n)                         # generic: widen, multiply, add runs of four
     p = builder.mul(builder.zext(w, wide), builder.sext(y, wide))
     parts = [builder.shuffle_vector(p, p, _indices(list(range(j, 4 * n, 4)))) for j in range(4)]
