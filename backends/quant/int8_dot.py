@@ -28,18 +28,13 @@ __all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes"]
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
 
-def _flavours() -> tuple[str, ...]:
-    """The ways this host can form lane sums, fastest first."""
-    f = llvm.get_host_cpu_features()
-    have = [name for name, needs in (("vnni", ("avx512vnni", "avx512bw", "avx512vl")), ("pmadd", ("avx512bw", "avx2")),
-                                     ("pmadd", ("avx2",)))
-            if all(f.get(n, False) for n in needs)]
-    return tuple(dict.fromkeys(have + ["generic"]))
-
-
-FLAVOURS = _flavours()
-_AVX512BW = bool(llvm.get_host_cpu_features().get("avx512bw", False))
+_FEATURES = llvm.get_host_cpu_features()
+_AVX512BW = bool(_FEATURES.get("avx512bw", False))
 WIDE_LANES = 16 if _AVX512BW else 8      # float32 lanes of the widest register the host has byte instructions for
+# the ways this host can form lane sums, fastest first
+FLAVOURS = tuple(name for name, needs in (("vnni", ("avx512vnni", "avx512bw", "avx512vl")), ("pmadd", ("avx2",)),
+                                          ("generic", ()))
+                 if all(_FEATURES.get(n, False) for n in needs))
 HOST = FLAVOURS[0]
 
 
