@@ -1,7 +1,8 @@
 """Executes IR graphs: binds a ubatch's symbolic dims, feeds inputs and cache buffers, runs one kernel per node.
 
-A graph is compiled once per context into a flat list of steps (kernel, output slot, operand slots) with
-every attribute bound; values are freed after their last use. Weights are prepared once per model (the
+A graph is compiled once per context into a flat list of steps (kernel, output slot, operand slots), and planned
+once per binding of its dims (a Plan: attributes bound, windows on weights and on a memory's buffers made once);
+values are freed after their last use. Weights are prepared once per model (the
 quantized ones repacked lazily by :mod:`graphir.backends.quant`) and shared by every context.
 Arrays are in numpy order, the reverse of the IR's ggml order.
 """
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Mapping
+from functools import partial
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from graphir.backends.kernels.attention import attend
+from graphir.backends.kernels.attention import attention_mask, attention_over
 from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
 from graphir.backends.kernels.mul_mat import mul_mat
@@ -307,10 +309,27 @@ def _soft_max(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., An
                                                          None if sinks is None else _dense(sinks))
 
 
+class _Window:
+    """A step whose value is a window on its operand's memory (reshape, view, permute, transpose; a cont that need
+    not copy): ``at(env)`` is the function of the operand for one binding of the dims. A plan binds it once, and
+    where the operand is known before the run (a weight, a memory's buffer) computes the window itself once."""
+
+    def __init__(self, at: Callable[[Env], Callable[[np.ndarray], np.ndarray]]):
+        self.at = at
+
+    def __call__(self, env: Env, x: np.ndarray) -> np.ndarray:
+        return self.at(env)(x)
+
+
 @kernel("reshape")
 def _reshape(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     shape = _shape_fn(n.attrs["shape"])
-    return lambda env, x: x.reshape(shape(env))
+
+    def at(env: Env) -> Callable[[np.ndarray], np.ndarray]:
+        s = shape(env)
+        return lambda x: x.reshape(s)
+
+    return _Window(at)
 
 
 @kernel("view")
@@ -319,21 +338,17 @@ def _view_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[...,
     r = len(a["shape"])
     geometry = _ints_fn((*reversed(a["shape"]), *reversed(a["strides"]), a["offset"]))
 
-    def view(env: Env, x: np.ndarray) -> np.ndarray:
+    def at(env: Env) -> Callable[[np.ndarray], np.ndarray]:
         g = geometry(env)
-        return _view(x, g[:r], g[r:-1], g[-1])
+        return lambda x: _view(x, g[:r], g[r:-1], g[-1])
 
-    return view
+    return _Window(at)
 
 
-@kernel("permute")
+@kernel("permute", "transpose")
 def _permute_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, x: _permute(x, n.attrs["axes"], len(n.shape))
-
-
-@kernel("transpose")
-def _transpose(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, x: _permute(x, (1, 0, 2, 3), len(n.shape))
+    axes, rank = (n.attrs["axes"] if n.op == "permute" else (1, 0, 2, 3)), len(n.shape)
+    return _Window(lambda env: lambda x: _permute(x, axes, rank))
 
 
 @kernel("cont")
@@ -420,8 +435,7 @@ def _step(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     return make(n, memo, path)
 
 
-def _as_it_is(env: Env, x: np.ndarray) -> np.ndarray:
-    return x
+_as_it_is = _Window(lambda env: lambda x: x)
 
 
 Readers = dict[int, list[tuple[Node, int]]]   # id of a node -> the nodes reading it, with the operand slot
@@ -455,14 +469,14 @@ Chain = tuple[str, tuple[Node, ...], Callable[[list[Step]], tuple[Callable[..., 
 
 
 def _attention_chains(graph: Graph, readers: Readers, keep: set[int], index: dict[int, int],
-                      path: IsaPath) -> list[Chain]:
+                      memo: threading.local, path: IsaPath) -> list[Chain]:
     """The (kq, soft_max, kqv) chains kernels.attention computes as one: mul_mat of an f16 K with q, soft_max of
     it with a mask and nothing else (no sinks, no ALiBi), mul_mat of an f16 V with that; kq and the
     probabilities read by nothing else and not outputs."""
     def make(sm: Node) -> Callable[[list[Step]], tuple[Callable[..., Any], tuple[int, ...]]]:
         def steps_to_one(steps: list[Step]) -> tuple[Callable[..., Any], tuple[int, ...]]:
             (fk, _, (k, q), _), (fs, _, (_, mask), _), (fv, _, (v, _), _) = steps
-            return _attention(sm, fk, fs, fv, path), (k, q, mask, v)
+            return _Attention(sm, fk, fs, fv, memo, path), (k, q, mask, v)
         return steps_to_one
 
     chains: list[Chain] = []
@@ -504,24 +518,55 @@ def _norm_weight_chains(graph: Graph, readers: Readers, keep: set[int], index: d
     return chains
 
 
-def _attention(sm: Node, kq_step: Callable[..., Any], sm_step: Callable[..., Any], kqv_step: Callable[..., Any],
-               path: IsaPath) -> Callable[..., Any]:
+class _Attention:
     """One step for an attention chain: kernels.attention for one query token, the chain's three kernels in
-    turn for anything else. Bit-equal either way."""
-    scale, pad = sm.attrs["scale"], _kv_pad(sm)
+    turn for anything else; bit-equal either way. A plan that knows the caches' views reads their layouts once."""
 
-    def attention(env: Env, k: np.ndarray, q: np.ndarray, mask: np.ndarray, v: np.ndarray) -> np.ndarray:
-        if q.ndim == 3 and k.ndim == 3 and q.shape[1] == 1:
-            y = attend(k, q, _broadcast(mask, (q.shape[0], 1, k.shape[1])), v, scale, pad, path)
+    def __init__(self, sm: Node, kq_step: Callable[..., Any], sm_step: Callable[..., Any],
+                 kqv_step: Callable[..., Any], memo: threading.local, path: IsaPath):
+        self.steps, self.memo, self.path = (kq_step, sm_step, kqv_step), memo, path
+        self.scale, self.pad = sm.attrs["scale"], _kv_pad(sm)
+
+    def __call__(self, env: Env, k: np.ndarray, q: np.ndarray, mask: np.ndarray, v: np.ndarray) -> np.ndarray:
+        return self._over(attention_over(k, v, self.scale, self.pad, self.path), env, k, q, mask, v)
+
+    def bind(self, env: Env, known: list[Any]) -> Callable[..., Any]:
+        k, _, _, v = known
+        if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
+            return partial(self, env)
+        return partial(self._over, attention_over(k, v, self.scale, self.pad, self.path), env)
+
+    def _over(self, over: Callable[..., np.ndarray | None] | None, env: Env, k: np.ndarray, q: np.ndarray,
+              mask: np.ndarray, v: np.ndarray) -> np.ndarray:
+        if over is not None and q.ndim == 3 and q.shape[1] == 1:
+            key = ("attention mask", id(mask), q.shape[0], k.shape[1])  # the same for every layer of a run
+            kept = self.memo.d.get(key)                 # (the mask kept with its rows: its id stays its own)
+            if kept is None:
+                kept = self.memo.d[key] = mask, attention_mask(_broadcast(mask, (q.shape[0], 1, k.shape[1])), *key[2:])
+            rows = kept[1]
+            y = over(q, *rows)
             if y is not None:
                 return y
+        kq_step, sm_step, kqv_step = self.steps
         return kqv_step(env, v, sm_step(env, kq_step(env, k, q), mask))
 
-    return attention
+
+_IN_PLACE = frozenset({"set_rows"})  # ops whose value is their first operand, written in place
+_PLANS = 16                          # plans a Program keeps: shape classes (ubatch sizes, n_kv) by held buffers
+
+
+class Plan(NamedTuple):
+    """A Program's steps for one binding of the dims: the values known before the run, by slot (weights, held
+    buffers, windows of them), the feeds by slot, and the steps, each a function of its operands alone."""
+    known: list[tuple[int, Any]]
+    feeds: list[tuple[int, str]]
+    steps: list[tuple[Callable[..., Any], int, tuple[int, ...], tuple[int, ...]]]
+    labels: dict[int, str]
 
 
 class Program:
-    """A graph ready to run: steps in topological order, leaves bound to weights or to named feeds."""
+    """A graph ready to run: steps in topological order, leaves bound to weights or to named feeds. Each binding
+    of the dims it runs with gets a plan (Plan), made at its first run and kept."""
 
     def __init__(self, graph: Graph, weights: Callable[..., Any], path: IsaPath):
         index = {id(n): i for i, n in enumerate(graph.nodes)}
@@ -557,12 +602,15 @@ class Program:
         self._fuse_siblings(graph, path)
         self.plain_steps = list(self.steps)  # one step per node: what a run with taps takes
         self.labels: dict[int, str] = {}     # a fused step's name in the profile, by its output slot
-        chains = _attention_chains(graph, readers, keep, index, path) + _norm_weight_chains(graph, readers, keep, index)
+        chains = (_attention_chains(graph, readers, keep, index, self.memo, path)
+                  + _norm_weight_chains(graph, readers, keep, index))
         self._fuse(chains, index)
         self.outputs = {role: index[id(n)] for role, n in graph.outputs.items()}
         self.names = [n.name for n in graph.nodes]
         self.ops = [n.op for n in graph.nodes]
         self.profile: dict[str, list[float]] | None = None  # set to {}: op -> [seconds, steps] of every run
+        self.plans: dict[tuple[Any, ...], Plan] = {}
+        self._plans_lock = threading.Lock()
 
     def _fuse_siblings(self, graph: Graph, path: IsaPath) -> None:
         """Runs of consecutive mul_mat steps whose weights are 2-D QWeights of one type and whose x is the same
@@ -612,27 +660,68 @@ class Program:
             dropped |= {at[i] for i in made}
         self.steps = [st for pos, st in enumerate(self.steps) if pos not in dropped]
 
-    def run(self, env: Env, feeds: Mapping[str, np.ndarray],
-            taps: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Outputs by role. With ``taps`` (a dict), every computed value is also copied into it by node name,
-        like llama.cpp's eval callback: the way to compare engines node by node."""
+    def run(self, env: Env, feeds: Mapping[str, np.ndarray], taps: dict[str, np.ndarray] | None = None,
+            held: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Outputs by role. ``held``: inputs that stay the same arrays from run to run (a memory's buffers), which
+        the plan for these dims may view once instead of every run. With ``taps`` (a dict), every computed value is
+        also copied into it by node name, like llama.cpp's eval callback: the way to compare engines node by node."""
         with kernel_launches():
-            return self._run(env, feeds, taps)
+            return self._run(self._plan(env, held or {}, taps is None), env, feeds, taps)
 
-    def _run(self, env: Env, feeds: Mapping[str, np.ndarray],
+    def _plan(self, env: Env, held: Mapping[str, np.ndarray], fused: bool) -> Plan:
+        key = (fused, tuple(sorted(env.items())), tuple(map(id, held.values())))
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self._make_plan(env, held, fused)
+            with self._plans_lock:
+                while len(self.plans) >= _PLANS:
+                    del self.plans[next(iter(self.plans))]
+                self.plans[key] = plan
+        return plan
+
+    def _make_plan(self, env: Env, held: Mapping[str, np.ndarray], fused: bool) -> Plan:
+        """The steps bound to one binding of the dims: windows bound to their geometry, and computed here where
+        their operand is known before the run (a weight, a held buffer, a window of one; set_rows writes its held
+        buffer in place, so its value is known too); a step that can use known operands bound to them."""
+        known: dict[int, Any] = dict(self.consts)
+        feeds = []
+        for i, name in self.feeds:
+            if name in held:
+                known[i] = held[name]
+            else:
+                feeds.append((i, name))
+        steps = []
+        for fn, out, ins, free in (self.steps if fused else self.plain_steps):
+            if isinstance(fn, _Window):
+                window = fn.at(env)
+                x = known.get(ins[0])
+                if fused and isinstance(x, np.ndarray):
+                    y = window(x)
+                    if np.may_share_memory(x, y):  # not a copy (numpy copies some reshapes of strided arrays)
+                        known[out] = y
+                        continue
+                steps.append((window, out, ins, free))
+                continue
+            if self.ops[out] in _IN_PLACE and ins[0] in known:
+                known[out] = known[ins[0]]
+            bind = getattr(fn, "bind", None) if fused else None
+            steps.append((partial(fn, env) if bind is None else bind(env, [known.get(j) for j in ins]), out, ins,
+                          free))
+        return Plan(list(known.items()), feeds, steps, self.labels if fused else {})
+
+    def _run(self, plan: Plan, env: Env, feeds: Mapping[str, np.ndarray],
              taps: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         self.memo.d = {}
         vals: list[Any] = [None] * self.n_slots
-        for i, w in self.consts:
-            vals[i] = w
-        for i, name in self.feeds:
+        for i, v in plan.known:
+            vals[i] = v
+        for i, name in plan.feeds:
             vals[i] = feeds[name]
-        profile = self.profile
-        steps, labels = (self.steps, self.labels) if taps is None else (self.plain_steps, {})
-        for fn, out, ins, free in steps:
+        profile, labels = self.profile, plan.labels
+        for fn, out, ins, free in plan.steps:
             if profile is not None:
                 t0 = time.perf_counter()
-            vals[out] = fn(env, *[vals[j] for j in ins])
+            vals[out] = fn(*[vals[j] for j in ins])
             if profile is not None:
                 spent = profile.setdefault(labels.get(out, self.ops[out]), [0.0, 0])
                 spent[0] += time.perf_counter() - t0

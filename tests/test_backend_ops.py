@@ -908,10 +908,8 @@ def test_gelu_and_geglu_read_llama_cpps_fp16_table() -> None:
     assert out[0] == 0 and not np.signbit(out[0]) and out[1] == 10 and out[3] == 10 and out[5] == edges[5]
 
 
-def test_set_rows_writes_the_fed_cache_in_place_and_the_view_reads_it() -> None:
-    """KV-cache semantics: the cache buffer fed to the graph is written where the ids say, keeps its other
-    cells across runs, and the view over the first n_kv cells reads the rows just written."""
-    d, n_head_kv, n_ctx = 4, 3, 8
+def _cache_graph(d: int, n_head_kv: int) -> Graph:
+    """A KV cache's write and read: set_rows of a ubatch's rows into the fed cache, a view of its first n_kv cells."""
     width = d * n_head_kv
     cache = Node("cache_k", "input", (), {"role": "cache_k"}, "f16", (width, CTX))
     rows = Node("rows", "input", (), {"role": "rows"}, "f32", (width, T))
@@ -920,20 +918,52 @@ def test_set_rows_writes_the_fed_cache_in_place_and_the_view_reads_it() -> None:
     written = Node("write", "set_rows", (cache, rows, idxs), w_attrs, *infer("set_rows", [cache, rows, idxs], w_attrs))
     v_attrs = {"shape": (d, n_head_kv, KV), "strides": (1, d, width), "offset": 0}
     view = Node("view", "view", (written,), v_attrs, *infer("view", [written], v_attrs))
-    g = Graph({}, (DimDecl("n_tokens"), DimDecl("n_ctx"), DimDecl("n_kv")), [cache, rows, idxs, written, view],
-              {"out": view})
-    prog = Program(g, lambda name: pytest.fail(f"no weights here, asked for {name}"), numerics().path)
+    return Graph({}, (DimDecl("n_tokens"), DimDecl("n_ctx"), DimDecl("n_kv")), [cache, rows, idxs, written, view],
+                 {"out": view})
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_set_rows_writes_the_fed_cache_in_place_and_the_view_reads_it(held: bool) -> None:
+    """KV-cache semantics: the cache buffer fed to the graph (or held: the same array run after run) is written
+    where the ids say, keeps its other cells across runs, and the view over the first n_kv cells reads the rows
+    just written."""
+    d, n_head_kv, n_ctx = 4, 3, 8
+    width = d * n_head_kv
+    prog = Program(_cache_graph(d, n_head_kv), lambda name: pytest.fail(f"no weights here, asked for {name}"),
+                   numerics().path)
     buf = np.zeros((n_ctx, width), np.float16)
     expect = np.zeros((n_ctx, width), np.float64)
     rng = np.random.default_rng(0)
     for ids, n_kv in (([0, 1, 2], 3), ([5, 3], 6), ([4], 6)):
         r = rng.uniform(-1, 1, (len(ids), width)).astype(np.float32)
         env = {"n_tokens": len(ids), "n_ctx": n_ctx, "n_kv": n_kv}
-        out = prog.run(env, {"cache_k": buf, "rows": r, "k_idxs": np.array(ids, np.int64)})["out"]
+        feeds = {"rows": r, "k_idxs": np.array(ids, np.int64)}
+        out = prog.run(env, feeds, held={"cache_k": buf}) if held else prog.run(env, {**feeds, "cache_k": buf})
         expect[ids] = r.astype(np.float16)
         np.testing.assert_array_equal(buf.astype(np.float64), expect)  # written in place, other cells kept
-        assert out.shape == (n_kv, n_head_kv, d) and out.dtype == np.float16
-        np.testing.assert_array_equal(out.astype(np.float64), expect[:n_kv].reshape(n_kv, n_head_kv, d))
+        assert out["out"].shape == (n_kv, n_head_kv, d) and out["out"].dtype == np.float16
+        np.testing.assert_array_equal(out["out"].astype(np.float64), expect[:n_kv].reshape(n_kv, n_head_kv, d))
+
+
+def test_a_plan_views_a_held_buffer_once_and_another_buffer_gets_its_own_plan() -> None:
+    """A plan binds the dims once: the view of a held cache is made when the plan is (no step of it runs), the
+    same plan serves every run with those dims and that array, and another array or other dims get theirs."""
+    prog = Program(_cache_graph(2, 1), dict().__getitem__, numerics().path)
+    bufs = [np.zeros((4, 2), np.float16), np.full((4, 2), 7, np.float16)]
+    env = {"n_tokens": 1, "n_ctx": 4, "n_kv": 3}
+    for i in range(3):
+        feeds = {"rows": np.full((1, 2), i, np.float32), "k_idxs": np.array([i], np.int64)}
+        out = prog.run(env, feeds, held={"cache_k": bufs[0]})["out"]
+        np.testing.assert_array_equal(out[:, 0, :], [[j, j] if j <= i else [0, 0] for j in range(3)])
+    assert len(prog.plans) == 1
+    (plan,) = prog.plans.values()
+    assert [prog.ops[out] for _, out, _, _ in plan.steps] == ["set_rows"]     # the view was made with the plan
+    out = prog.run(env, {"rows": np.ones((1, 2), np.float32), "k_idxs": np.array([3], np.int64)},
+                   held={"cache_k": bufs[1]})["out"]
+    np.testing.assert_array_equal(out, np.full((3, 1, 2), 7, np.float16))   # the other array's cells, not the first's
+    prog.run({**env, "n_kv": 4}, {"rows": np.ones((1, 2), np.float32), "k_idxs": np.array([0], np.int64)},
+             held={"cache_k": bufs[1]})
+    assert len(prog.plans) == 3
 
 
 if __name__ == "__main__":  # print the measured NMSE of every case (to re-pin thresholds)

@@ -71,6 +71,30 @@ def cells(ctx: Context) -> Counter[tuple[int, tuple[int, ...]]]:
     return out
 
 
+def test_the_attended_prefix_is_padded_to_256_cells_and_at_most_the_cache() -> None:
+    """llama_kv_cache::get_n_kv: n_kv is the used prefix rounded up to 256 cells, the cells past the used ones
+    masked; a cache of fewer cells attends over all of them. The mask is what the graph is fed."""
+    ctx = model("llama", 1, **{gguf.Keys.LLM.CONTEXT_LENGTH: 1024}).new_context(n_ctx=600, **F32)
+    seen: list[tuple[int, np.ndarray]] = []
+    program, run = ctx.program, ctx.program.run
+
+    def run_seeing(env: dict[str, int], feeds: dict[str, np.ndarray], *a: Any, **k: Any) -> Any:
+        seen.append((env["n_kv"], feeds["kq_mask"]))
+        return run(env, feeds, *a, **k)
+
+    program.run = run_seeing
+    try:
+        ctx.decode(Batch.from_tokens(TOKENS[:3], 0))
+        ctx.decode(Batch.from_tokens(TOKENS[3:260], 3))
+        ctx.decode(Batch.from_tokens((TOKENS * 2)[:330], 260))
+    finally:
+        del program.run
+    assert [n for n, _ in seen] == [256, 512, 600]
+    first = seen[0][1]
+    assert first.shape == (3, 256) and np.isneginf(first[:, 3:]).all() and (first[:, :3] == np.triu(
+        np.full((3, 3), -np.inf, np.float32), 1)).all()
+
+
 # ---- (a) a random walk over the API against a pure-Python model of the cells --------------------------------
 
 N_CTX, N_SEQ = 16, 3

@@ -4,11 +4,14 @@ Apart, the three are a mul_mat of the f16 K cache with q, a soft_max over the KV
 permuted f16 V cache with the probabilities: three launches and two values in between, per layer and token.
 Here each head takes the same helpers in the same order (products_task's vec_dot_f16 rows, soft_max_row,
 to_f32_row's rounding to f16, column_dots), so the result is bit for bit the three kernels'; only the launches
-and the values in between are gone. attend() says None where its case does not hold (more than one token, a
-layout it does not read in place), and the caller runs the three kernels.
+and the values in between are gone. attention_over() reads the caches' layouts once (a planned graph keeps the
+function while the cache views stay); it and attend() say None where their case does not hold (more than one
+token, a layout it does not read in place), and the caller runs the three kernels.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 from numba import njit, prange
@@ -50,30 +53,49 @@ def _attend(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, sca
                      vsb, vsc, kpv, ldp, kq, out, h)
 
 
-def attend(k: np.ndarray, q: np.ndarray, mask: np.ndarray, vt: np.ndarray, scale: float, pad: int,
-           path: isa.IsaPath) -> np.ndarray | None:
-    """mul_mat(vt, soft_max(mul_mat(k, q), mask, scale) with KV padding ``pad``) for one query token, or None
-    where that is not this kernel's case: k (n_head_kv, n_kv, d) and vt (n_head_kv, d_v, n_kv), the f16 caches
-    (vt the V cache seen transposed, read in place), q (n_head, 1, d) as mul_mat takes them."""
-    if q.ndim != 3 or k.ndim != 3 or vt.ndim != 3 or q.shape[1] != 1 or k.dtype != np.float16 \
-            or vt.dtype != np.float16 or vt.flags.c_contiguous or q.shape[0] % k.shape[0] \
-            or vt.shape[0] != k.shape[0] or vt.shape[2] != k.shape[1] or q.shape[2] != k.shape[2]:
+def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
+                   path: isa.IsaPath) -> Callable[[np.ndarray, np.ndarray, int], np.ndarray | None] | None:
+    """The attention of one query token over the f16 caches k (n_head_kv, n_kv, d) and vt (n_head_kv, d_v, n_kv)
+    (vt the V cache seen transposed, read in place), with their layouts read once: a function of q (n_head, 1, d)
+    and the mask's rows (attention_mask) giving mul_mat(vt, soft_max(mul_mat(k, q), mask, scale) with KV padding
+    ``pad``), or None for a q it does not take. None where k and vt are not this kernel's case."""
+    if k.ndim != 3 or vt.ndim != 3 or k.dtype != np.float16 or vt.dtype != np.float16 or vt.flags.c_contiguous \
+            or vt.shape[0] != k.shape[0] or vt.shape[2] != k.shape[1]:
         return None
     cols = transposed_rows(vt)
     if cols is None:
         return None
-    n_head, d, n_kv = q.shape[0], q.shape[2], k.shape[1]
-    m, mrows = mask_rows(mask, (n_head, 1, n_kv))
-    if mrows == 0:
-        return None
+    n_head_kv, n_kv, d = k.shape
     krows, ksb, ksm = as_rows(k)
-    qrows, qsb, _ = as_rows(q)
-    q1 = padded_rows(qrows, 2)                              # q rounded to f16, as ggml converts src1
-    kq = np.empty((n_head, 1, n_kv), F32)
-    out = np.empty((n_head, 1, vt.shape[1]), F32)
-    lanes = path.lanes
-    _attend(simd.lanes(lanes), kernel_view(krows).reshape(-1), krows.shape[1], ksb, ksm, q1.reshape(-1), q1.shape[1],
-            qsb, d, n_head // k.shape[0], path.reduce == isa.REDUCE_HADD, m, mrows, F32(scale),
-            exp_head(n_kv, lanes, pad), lanes, path.expf, cols[0], cols[1], cols[2], -(-n_kv // pad) * pad,
-            -(-n_kv // 64) * 64, kq, out)
-    return out
+    kflat, vflat, vsb, vsc = kernel_view(krows).reshape(-1), *cols
+    lanes, hadd = path.lanes, path.reduce == isa.REDUCE_HADD
+    v, head, kpv = simd.lanes(lanes), exp_head(n_kv, lanes, pad), -(-n_kv // pad) * pad
+    scale32, ldp, d_v = F32(scale), -(-n_kv // 64) * 64, vt.shape[1]
+
+    def attention(q: np.ndarray, m: np.ndarray, mrows: int) -> np.ndarray | None:
+        if q.ndim != 3 or q.shape[1] != 1 or q.shape[2] != d or q.shape[0] % n_head_kv or mrows == 0:
+            return None
+        n_head = q.shape[0]
+        qrows, qsb, _ = as_rows(q)
+        q1 = padded_rows(qrows, 2)                          # q rounded to f16, as ggml converts src1
+        kq = np.empty((n_head, 1, n_kv), F32)
+        out = np.empty((n_head, 1, d_v), F32)
+        _attend(v, kflat, krows.shape[1], ksb, ksm, q1.reshape(-1), q1.shape[1], qsb, d, n_head // n_head_kv, hadd,
+                m, mrows, scale32, head, lanes, path.expf, vflat, vsb, vsc, kpv, ldp, kq, out)
+        return out
+
+    return attention
+
+
+def attention_mask(mask: np.ndarray, n_head: int, n_kv: int) -> tuple[np.ndarray, int]:
+    """The mask as the float32 rows attention_over's function reads, and how many (0: none it can read)."""
+    return mask_rows(mask, (n_head, 1, n_kv))
+
+
+def attend(k: np.ndarray, q: np.ndarray, mask: np.ndarray, vt: np.ndarray, scale: float, pad: int,
+           path: isa.IsaPath) -> np.ndarray | None:
+    """attention_over(k, vt, ...) applied to q and the mask at once; None where that is not this kernel's case."""
+    over = attention_over(k, vt, scale, pad, path)
+    if over is None or q.ndim != 3 or q.shape[1] != 1:
+        return None
+    return over(q, *attention_mask(mask, q.shape[0], k.shape[1]))

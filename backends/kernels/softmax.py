@@ -1,9 +1,10 @@
 """soft_max as ggml_soft_max_f32 computes it, with llama.cpp's padding of the KV length emulated.
 
-llama.cpp pads n_kv to a multiple of KV_PAD with masked cells; graphir attends over the used cells only. The
-padding changes the paths (SIMD blocks instead of scalar tails) but not the values (masked probabilities are
-exactly 0), so soft_max with a mask runs the padded length's paths and marks its result for the
-mul_mat that consumes it.
+llama.cpp pads n_kv to a multiple of KV_PAD with masked cells (its caches hold a multiple of 256 cells); graphir's
+KV cache pads n_kv the same way, but holds the n_ctx cells asked for, so a whole cache of another size (and an
+unpadded mask) attends over fewer cells than llama.cpp's. The padding changes the paths (SIMD blocks instead of
+scalar tails) but not the values (masked probabilities are exactly 0), so soft_max with a mask runs the padded
+length's paths and marks its result for the mul_mat that consumes it.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ dims carry its name (``kq_mask_swa``, ``n_kv_swa``) so that two caches can feed 
 Graph side: each served layer owns K and V buffers of ``n_ctx`` cells. A ubatch first writes its K/V rows into the
 cells chosen by slot search (``k_idxs``/``v_idxs``), then attends over the first ``n_kv`` cells under a mask
 built from the cells' positions and sequence sets; so the current tokens see themselves through the cache.
+``n_kv`` is the used prefix padded to 256 cells, as in llama.cpp: the cells past the used ones are masked, and a
+decode's shapes stay the same for 256 tokens (a backend keeps one plan for them).
 The cache holds K after RoPE.
 
 Layouts. ``unified=True``: every sequence may use any of the ``n_ctx`` cells, and a cell may belong to
@@ -20,7 +22,7 @@ unified layout, so both layouts give the same logits.
 Slot search takes the first free cells from a moving head, wrapping around, and they need not be
 contiguous (K/V rows are written with ``set_rows``, the mask is per cell). Fragmentation therefore never
 blocks a slot: a ubatch fits whenever enough cells are free (in its stream), and compaction (llama.cpp's
-former defrag) is never needed. Holes only make ``n_kv`` (the attended prefix) longer than the used count.
+former defrag) is never needed. Holes only make the used prefix longer than the used count.
 
 Position edits (``seq_add``, ``seq_div``) are lazy, as in llama.cpp: they change the cells' positions and
 accumulate a per-cell pending ``shift``; :meth:`KVCache.update` (called by the context before the next
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from graphir.model.builder import GraphBuilder
 
 CACHE_DTYPES = {"f16": np.float16, "f32": np.float32}
+N_KV_PAD = 256  # n_kv is the used prefix rounded up to this (and at most the cache), as llama_kv_cache::get_n_kv
 
 
 def cache_dims(name: str) -> tuple[DimDecl, DimDecl, DimDecl]:
@@ -56,7 +59,7 @@ def cache_dims(name: str) -> tuple[DimDecl, DimDecl, DimDecl]:
     cache (``n_ctx``/``n_kv`` for the main one, ``n_ctx_swa``/``n_kv_swa`` for a sliding-window one)."""
     tail = f"_{name}" if name else ""
     cells = DimDecl(f"n_ctx{tail}", 1, None, "cells per layer in the cache")
-    return (cells, DimDecl(f"n_kv{tail}", 1, cells.sym, "cells attended over: the used prefix of the cache"),
+    return (cells, DimDecl(f"n_kv{tail}", 1, cells.sym, "cells attended over: the used prefix of the cache, padded"),
             DimDecl("n_shift", 1, cells.sym, "cells whose pending position shift the K-shift applies"))
 
 
@@ -364,7 +367,7 @@ class KVCache(CellMemory):
         streams = cells // self.stream_size if not self.unified else np.zeros(len(cells), dtype=np.int64)
         for st_ in np.unique(streams):  # after the last cell written in each stream
             self.heads[int(st_)] = self._next_head(int(cells[np.flatnonzero(streams == st_)[-1]]))
-        n_kv = int(np.flatnonzero(self.pos >= 0).max()) + 1
+        n_kv = min(len(self.pos), -(-(int(np.flatnonzero(self.pos >= 0).max()) + 1) // N_KV_PAD) * N_KV_PAD)
         first = np.array([ids[0] for ids in ub.seq_ids], dtype=np.uint64)
         pos, seq = self.pos[:n_kv], self.seq[:n_kv]
         q_pos = ub.pos[:, None].astype(np.int64)

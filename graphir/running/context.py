@@ -191,14 +191,13 @@ class Context:
                     feeds = mem.apply(ub, plan)
                     env = {"n_tokens": len(ub), "n_outputs": len(ub.out_ids), "n_ctx": self.n_ctx}
                     env.update((k, feeds.pop(k)) for k in [k for k, v in feeds.items() if isinstance(v, int)])
-                    feeds.update(mem.buffers())
                     feeds.update(tokens=ub.tokens, pos=ub.pos, out_ids=ub.out_ids)
                     seqs: list[int] = []
                     if self.pooling != "none":
                         seqs, extra = pooling_inputs(ub, self.pooling)
                         feeds.update(extra)
                         env["n_seqs"] = len(seqs)
-                    out = self.program.run(env, feeds, taps)
+                    out = self.program.run(env, feeds, taps, held=mem.buffers())
                     if self.has_logits:
                         logits.append(out["logits"])
                     if self.embeddings_enabled:
