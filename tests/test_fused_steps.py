@@ -32,13 +32,15 @@ def _caches(rng: np.random.Generator, n_kv: int, n_head_kv: int, head: int) -> t
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("n_kv, pad", [(2, 256), (37, 256), (256, 256), (300, 256), (70, 1)])
 @pytest.mark.parametrize("n_head, n_head_kv, head", [(9, 3, 64), (4, 4, 18), (2, 1, 80)])
-def test_one_kernel_equals_the_three_it_replaces(path, n_kv, pad, n_head, n_head_kv, head):
+@pytest.mark.parametrize("used", [1.0, 0.6])   # the share of the cells in use: the others masked, as padding is
+def test_one_kernel_equals_the_three_it_replaces(path, n_kv, pad, n_head, n_head_kv, head, used):
     p = PATHS[path]
     rng = np.random.default_rng(n_kv * 7 + head)
     k, v = _caches(rng, n_kv, n_head_kv, head)
     q = rng.standard_normal((1, n_head, head)).astype(np.float32).transpose(1, 0, 2)   # (heads, 1, head)
     mask = np.zeros((n_head, 1, n_kv), np.float32)
     mask[:, :, n_kv // 2] = -np.inf
+    mask[:, :, max(int(n_kv * used), 1):] = -np.inf
     scale = 1.0 / np.sqrt(head)
     three = mul_mat(v, soft_max(mul_mat(k, q, p), mask, scale, 0.0, p, pad, None), p)
     one = attend(k, q, mask, v, scale, pad, p)

@@ -27,34 +27,37 @@ F32 = np.float32
 
 
 @njit(**SER)
-def _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, scale, head, lanes, variant, vw,
-                 vsb, vsc, kpv, ldp, kq, out, h):
+def _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes, variant,
+                 vw, vsb, vsc, kpv, ldp, kq, out, h):
     """Head h: kq[h, 0] = its KQ row (mul_mat's VEC_F16 path, n = 1), then soft_max of it into p, p rounded to f16
-    and padded (ggml's conversion of src1), then out[h, 0] = the V columns against it (column_dots)."""
+    and padded (ggml's conversion of src1), then out[h, 0] = the V columns against it (column_dots). Cells from
+    ``live`` on are masked: their products would only be added to -inf, and their probabilities are 0, whose
+    products leave column_dots' sums as they are, so neither is computed."""
     n_kv = kq.shape[2]
     simd_kq = d // (4 * lanes) * (4 * lanes)
-    products_task(v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, 1, ratio, hadd, VEC_F16, simd_kq, h, 0, 1, 0, n_kv, kq)
+    products_task(v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, 1, ratio, hadd, VEC_F16, simd_kq, h, 0, 1, 0, live, kq)
+    kq[h, 0, live:] = 0.0
     w = np.empty(max(head, n_kv), F32)
     p = np.empty(n_kv, F32)
     soft_max_row(kq[h, 0], mask[h % mrows], scale, head, lanes, variant, w, p, F32(0.0), False)
     x = np.empty(ldp, F32)
     to_f32_row(p, 2, x)
-    column_dots(v, vw, (h // ratio) * vsb, vsc, x, 0, n_kv, kpv, hadd, out[h, 0])
+    column_dots(v, vw, (h // ratio) * vsb, vsc, x, 0, live, kpv, hadd, out[h, 0])
 
 
 @njit(**PAR)
-def _attend(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, scale, head, lanes, variant, vw, vsb,
-            vsc, kpv, ldp, kq, out):
+def _attend(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes, variant, vw,
+            vsb, vsc, kpv, ldp, kq, out):
     """Every head, in parallel. The head's work is a call, not inlined: in a prange body numba compiles it
     several times over (20 s against 5). Parallel only: a first token's few cells take one launch too, and a
     serial copy would compile again."""
     for h in prange(out.shape[0]):
-        _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, scale, head, lanes, variant, vw,
-                     vsb, vsc, kpv, ldp, kq, out, h)
+        _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes,
+                     variant, vw, vsb, vsc, kpv, ldp, kq, out, h)
 
 
 def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
-                   path: isa.IsaPath) -> Callable[[np.ndarray, np.ndarray, int], np.ndarray | None] | None:
+                   path: isa.IsaPath) -> Callable[[np.ndarray, np.ndarray, int, int], np.ndarray | None] | None:
     """The attention of one query token over the f16 caches k (n_head_kv, n_kv, d) and vt (n_head_kv, d_v, n_kv)
     (vt the V cache seen transposed, read in place), with their layouts read once: a function of q (n_head, 1, d)
     and the mask's rows (attention_mask) giving mul_mat(vt, soft_max(mul_mat(k, q), mask, scale) with KV padding
@@ -72,7 +75,7 @@ def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
     v, head, kpv = simd.lanes(lanes), exp_head(n_kv, lanes, pad), -(-n_kv // pad) * pad
     scale32, ldp, d_v = F32(scale), -(-n_kv // 64) * 64, vt.shape[1]
 
-    def attention(q: np.ndarray, m: np.ndarray, mrows: int) -> np.ndarray | None:
+    def attention(q: np.ndarray, m: np.ndarray, mrows: int, live: int) -> np.ndarray | None:
         if q.ndim != 3 or q.shape[1] != 1 or q.shape[2] != d or q.shape[0] % n_head_kv or mrows == 0:
             return None
         n_head = q.shape[0]
@@ -81,15 +84,18 @@ def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
         kq = np.empty((n_head, 1, n_kv), F32)
         out = np.empty((n_head, 1, d_v), F32)
         _attend(v, kflat, krows.shape[1], ksb, ksm, q1.reshape(-1), q1.shape[1], qsb, d, n_head // n_head_kv, hadd,
-                m, mrows, scale32, head, lanes, path.expf, vflat, vsb, vsc, kpv, ldp, kq, out)
+                m, mrows, min(live, n_kv), scale32, head, lanes, path.expf, vflat, vsb, vsc, kpv, ldp, kq, out)
         return out
 
     return attention
 
 
-def attention_mask(mask: np.ndarray, n_head: int, n_kv: int) -> tuple[np.ndarray, int]:
-    """The mask as the float32 rows attention_over's function reads, and how many (0: none it can read)."""
-    return mask_rows(mask, (n_head, 1, n_kv))
+def attention_mask(mask: np.ndarray, n_head: int, n_kv: int) -> tuple[np.ndarray, int, int]:
+    """The mask as the float32 rows attention_over's function reads, how many (0: none it can read), and the cells
+    up to the last one a row lets through (llama.cpp's padding masks those past the used ones)."""
+    m, mrows = mask_rows(mask, (n_head, 1, n_kv))
+    open_cells = np.flatnonzero((m[:mrows] != -np.inf).any(axis=0))
+    return m, mrows, int(open_cells[-1]) + 1 if len(open_cells) else 0
 
 
 def attend(k: np.ndarray, q: np.ndarray, mask: np.ndarray, vt: np.ndarray, scale: float, pad: int,
