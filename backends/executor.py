@@ -562,6 +562,32 @@ class Plan(NamedTuple):
     feeds: list[tuple[int, str]]
     steps: list[tuple[Callable[..., Any], int, tuple[int, ...], tuple[int, ...]]]
     labels: dict[int, str]
+    run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None  # the steps as one function of the feeds
+
+
+def _straight_line(steps: list[Step], known: dict[int, Any], feeds: list[tuple[int, str]],
+                   outputs: dict[str, int]) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+    """The steps as one Python function of the feeds, a call per step on local variables (v<slot>; a value known
+    before the run is a constant, k<slot>), each deleted after its last reader: what a run does, without the
+    interpreting loop's indexing and bookkeeping around every step. Its source is kept as ``run.source``."""
+    local = {out for _, out, _, _ in steps} | {i for i, _ in feeds}
+    names = {j: (f"v{j}" if j in local else f"k{j}") for j in set(known) | local}
+    space: dict[str, Any] = {f"k{j}": v for j, v in known.items() if j not in local}
+    lines = ["def run(feeds):"] + [f"    v{i} = feeds[{name!r}]" for i, name in feeds]
+    gone: set[int] = set()
+    for s, (fn, out, ins, free) in enumerate(steps):
+        space[f"f{s}"] = fn
+        lines.append(f"    v{out} = f{s}({', '.join(names[j] for j in ins)})")
+        dead = [j for j in free if j in local and j not in gone]
+        gone.update(dead)
+        if dead:
+            lines.append("    del " + ", ".join(names[j] for j in dead))
+    lines.append("    return {" + ", ".join(f"{role!r}: {names[i]}" for role, i in outputs.items()) + "}")
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, "<graphir plan>", "exec"), space)
+    run = space["run"]
+    run.source = source
+    return run
 
 
 class Program:
@@ -707,11 +733,14 @@ class Program:
             bind = getattr(fn, "bind", None) if fused else None
             steps.append((partial(fn, env) if bind is None else bind(env, [known.get(j) for j in ins]), out, ins,
                           free))
-        return Plan(list(known.items()), feeds, steps, self.labels if fused else {})
+        return Plan(list(known.items()), feeds, steps, self.labels if fused else {},
+                    _straight_line(steps, known, feeds, self.outputs) if fused else None)
 
     def _run(self, plan: Plan, env: Env, feeds: Mapping[str, np.ndarray],
              taps: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         self.memo.d = {}
+        if plan.run is not None and taps is None and self.profile is None:
+            return plan.run(feeds)
         vals: list[Any] = [None] * self.n_slots
         for i, v in plan.known:
             vals[i] = v

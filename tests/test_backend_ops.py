@@ -958,6 +958,7 @@ def test_a_plan_views_a_held_buffer_once_and_another_buffer_gets_its_own_plan() 
     assert len(prog.plans) == 1
     (plan,) = prog.plans.values()
     assert [prog.ops[out] for _, out, _, _ in plan.steps] == ["set_rows"]     # the view was made with the plan
+    assert plan.run is not None and "= f0(k0, " in plan.run.source and "f1" not in plan.run.source  # set_rows
     out = prog.run(env, {"rows": np.ones((1, 2), np.float32), "k_idxs": np.array([3], np.int64)},
                    held={"cache_k": bufs[1]})["out"]
     np.testing.assert_array_equal(out, np.full((3, 1, 2), 7, np.float16))   # the other array's cells, not the first's
