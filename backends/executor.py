@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
-from functools import partial
+from functools import lru_cache, partial
+from types import CodeType, FunctionType
 from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from graphir.backends.kernels.attention import attention_mask, attention_over
+from graphir.backends.kernels.attention import attention_mask, attention_over, open_prefix
 from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
 from graphir.backends.kernels.mul_mat import mul_mat
@@ -548,6 +549,14 @@ class _Attention:
             if y is not None:
                 return y
         kq_step, sm_step, kqv_step = self.steps
+        n_kv = k.shape[-2]
+        if mask.shape[-1] == n_kv == v.shape[-1]:   # the three over the cells up to the last one the mask opens
+            key = ("open prefix", id(mask))
+            kept = self.memo.d.get(key)
+            if kept is None:
+                kept = self.memo.d[key] = mask, max(-(-open_prefix(mask) // 64) * 64, 64)
+            if kept[1] < n_kv:
+                k, v, mask = k[..., :kept[1], :], v[..., :kept[1]], mask[..., :kept[1]]
         return kqv_step(env, v, sm_step(env, kq_step(env, k, q), mask))
 
 
@@ -584,10 +593,18 @@ def _straight_line(steps: list[Step], known: dict[int, Any], feeds: list[tuple[i
             lines.append("    del " + ", ".join(names[j] for j in dead))
     lines.append("    return {" + ", ".join(f"{role!r}: {names[i]}" for role, i in outputs.items()) + "}")
     source = "\n".join(lines) + "\n"
-    exec(compile(source, "<graphir plan>", "exec"), space)
-    run = space["run"]
-    run.source = source
+    code = _compiled(source)
+    run = FunctionType(code, space, "run")
+    run.source = source  # type: ignore[attr-defined]
     return run
+
+
+@lru_cache(maxsize=64)
+def _compiled(source: str) -> CodeType:
+    """A plan's function compiled once per text: plans of another context or of weights alike (same steps, same
+    slots) share it, each with its own functions and constants; compiling takes ~15 ms for a 30-layer decoder."""
+    module = compile(source, "<graphir plan>", "exec")
+    return next(c for c in module.co_consts if isinstance(c, CodeType))
 
 
 class Program:

@@ -70,9 +70,11 @@ def test_a_decode_takes_fused_steps_and_taps_take_them_apart(tmp_path, tiny_pres
     path = write_model_gguf(tmp_path / "llama.gguf", tiny_preset("llama", **{gguf.Keys.LLM.CONTEXT_LENGTH: 512}))
     model = load(str(path))
     fused, plain = model.new_context(n_ctx=300), model.new_context(n_ctx=300)
-    prompt = [1 + i % 200 for i in range(259)]         # past 256 cells: the KV length pads to 512
-    fused.decode(Batch.from_tokens(prompt, 0))
-    plain.decode(Batch.from_tokens(prompt, 0))
+    prompt = [1 + i % 200 for i in range(259)]         # past 256 cells: the KV length pads to 300, the whole cache
+    for part in (slice(0, 100), slice(100, 259)):     # 100 tokens over n_kv 256: the fused attention stops at 128
+        fused.decode(Batch.from_tokens(prompt[part], part.start, outputs="all"))
+        plain.decode(Batch.from_tokens(prompt[part], part.start, outputs="all"), taps={})
+        assert np.array_equal(fused.logits(), plain.logits())
     spent: dict[str, list[float]] = {}
     for i in range(3):
         taps: dict[str, np.ndarray] = {}

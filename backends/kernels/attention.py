@@ -94,8 +94,16 @@ def attention_mask(mask: np.ndarray, n_head: int, n_kv: int) -> tuple[np.ndarray
     """The mask as the float32 rows attention_over's function reads, how many (0: none it can read), and the cells
     up to the last one a row lets through (llama.cpp's padding masks those past the used ones)."""
     m, mrows = mask_rows(mask, (n_head, 1, n_kv))
-    open_cells = np.flatnonzero((m[:mrows] != -np.inf).any(axis=0))
-    return m, mrows, int(open_cells[-1]) + 1 if len(open_cells) else 0
+    return m, mrows, open_prefix(m[:mrows])
+
+
+def open_prefix(mask: np.ndarray) -> int:
+    """The cells (the mask's last axis) up to the last one some row lets through: past it every row is -inf, as
+    llama.cpp's padding of n_kv is. There a query's products only meet -inf and its probabilities are 0, which
+    leave every sum over the cells as it is; so attention over this prefix alone gives the same bits."""
+    rows = mask.reshape(-1, mask.shape[-1])
+    cells = np.flatnonzero((rows != -np.inf).any(axis=0))
+    return int(cells[-1]) + 1 if len(cells) else 0
 
 
 def attend(k: np.ndarray, q: np.ndarray, mask: np.ndarray, vt: np.ndarray, scale: float, pad: int,
