@@ -70,18 +70,27 @@ def _mul_mat(w: Any, x: np.ndarray, path: IsaPath, contiguous: bool | None = Non
     return mul_mat(w, x, path, contiguous=contiguous)
 
 
-def _mul_mat_siblings(memo: threading.local, group: QWeightGroup, later: tuple[int, ...]) -> Callable[..., Any]:
+class _Siblings:
     """The first of consecutive mul_mat steps of 2-D quantized weights on one x (q, k, v; gate, up): it computes
     them all in one kernel call (QWeightGroup, bit-equal to one call each) and leaves the others' results in
-    the run's memo under their slots, for _mul_mat_sibling."""
-    def first(env: Env, w: Any, x: np.ndarray) -> np.ndarray:
-        x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
-        ys = [y.reshape(x.shape[:-1] + (v.rows,)) for v, y in zip(group.weights, group.matmul(x2))]
-        for slot, y in zip(later, ys[1:]):
-            memo.d[slot] = y
-        return ys[0]
+    the run's memo under their slots, for _mul_mat_sibling. A plan binds it to the group's product."""
 
-    return first
+    def __init__(self, memo: threading.local, group: QWeightGroup, later: tuple[int, ...]):
+        self.memo, self.group, self.later = memo, group, later
+
+    def __call__(self, env: Env, w: Any, x: np.ndarray) -> np.ndarray:
+        return self._first(lambda x2: self.group.matmul(np.ascontiguousarray(x2, dtype=np.float32)), w, x)
+
+    def bind(self, env: Env, known: list[Any]) -> Callable[..., Any]:
+        return partial(self._first, self.group.product())
+
+    def _first(self, product: Callable[[np.ndarray], list[np.ndarray]], w: Any, x: np.ndarray) -> np.ndarray:
+        ys = product(x.reshape(-1, x.shape[-1]))
+        if x.ndim != 2:
+            ys = [y.reshape(x.shape[:-1] + (v.rows,)) for v, y in zip(self.group.weights, ys)]
+        for slot, y in zip(self.later, ys[1:]):
+            self.memo.d[slot] = y
+        return ys[0]
 
 
 def _mul_mat_sibling(memo: threading.local, slot: int, path: IsaPath) -> Callable[..., Any]:
@@ -182,7 +191,25 @@ def _mul_mat_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[.
         # may take tinyBLAS for it where the activations are contiguous (not a permuted or strided view)
         fresh = x.op not in ("permute", "transpose", "view")
         return lambda env, w, x: _mul_mat(w, x, path, contiguous=fresh)
-    return lambda env, w, x: _mul_mat(w, x, path)
+    return _Product(path)
+
+
+class _Product:
+    """mul_mat of a 2-D weight by x; a plan binds it to a quantized weight's own product (QWeight.product)."""
+
+    def __init__(self, path: IsaPath):
+        self.path = path
+
+    def __call__(self, env: Env, w: Any, x: np.ndarray) -> np.ndarray:
+        return _mul_mat(w, x, self.path)
+
+    def bind(self, env: Env, known: list[Any]) -> Callable[..., Any]:
+        w = known[0]
+        if not isinstance(w, QWeight) or w.float_rows() is not None:
+            return partial(self, env)
+        product, rows = w.product(), w.rows
+        return lambda w, x: product(x) if x.ndim == 2 else product(x.reshape(-1, x.shape[-1])).reshape(
+            x.shape[:-1] + (rows,))
 
 
 @kernel("mul_mat_id")
@@ -681,7 +708,7 @@ class Program:
                 run = steps[s:e]
                 group = QWeightGroup(tuple(consts[st[2][0]] for st in run))
                 _, out, ins, free = run[0]
-                steps[s] = (_mul_mat_siblings(self.memo, group, tuple(st[1] for st in run[1:])), out, ins, free)
+                steps[s] = (_Siblings(self.memo, group, tuple(st[1] for st in run[1:])), out, ins, free)
                 for k in range(s + 1, e):
                     _, out, ins, free = steps[k]
                     steps[k] = (_mul_mat_sibling(self.memo, out, path), out, ins, free)

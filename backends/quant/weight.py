@@ -166,6 +166,24 @@ class QWeight:
         (k.gemv if n < GEMM_FROM else k.gemm)(*self.packed, xq, asum, out)
         return out
 
+    def product(self) -> Callable[[np.ndarray], np.ndarray]:
+        """matmul as a function of x alone, for a caller that multiplies by this weight run after run (a planned
+        graph): the packed layout and the kernel looked up once; x (n, ne0) is made C-contiguous float32."""
+        k, ne0, rows = self._kind, self.ne0, self.rows
+        if k.pack is None:
+            return lambda x: self.matmul(np.ascontiguousarray(x, dtype=_F32))
+        packed, gemv, gemm, gemm_from = self.packed, k.gemv, k.gemm, k.gemm_from
+
+        def product(x: np.ndarray) -> np.ndarray:
+            x = np.ascontiguousarray(x, dtype=_F32)
+            if x.ndim != 2 or x.shape[1] != ne0:
+                raise ValueError(f"x must be (n, {ne0}), got {x.shape}")
+            out = np.empty((x.shape[0], rows), _F32)
+            (gemv if x.shape[0] < gemm_from else gemm)(*packed, x, out)
+            return out
+
+        return product
+
     def float_rows(self) -> np.ndarray | None:
         """An f32 or f16 weight as stored (float32 / float16), which the float dot products read as it is; None
         for other types."""
@@ -235,6 +253,26 @@ class QWeightGroup:
                             w._packed = tuple(views)
                     self._packed = joined
         return self._packed
+
+    def product(self) -> Callable[[np.ndarray], list[np.ndarray]]:
+        """matmul as a function of x alone, as QWeight.product: the joined layout and the GEMV looked up once."""
+        k = self._kind
+        if k is None:
+            return self.matmul
+        joined, gemv, ne0 = self._joined(), k.gemv, self.weights[0].ne0
+        total, spans = sum(w.rows for w in self.weights), []
+        for w in self.weights:
+            spans.append(slice(spans[-1].stop if spans else 0, (spans[-1].stop if spans else 0) + w.rows))
+
+        def product(x: np.ndarray) -> list[np.ndarray]:
+            x = np.ascontiguousarray(x, dtype=_F32)
+            if x.ndim != 2 or x.shape[1] != ne0 or x.shape[0] != 1:  # several rows: matmul's choice of kernels
+                return self.matmul(x)
+            out = np.empty((1, total), _F32)
+            gemv(*joined, x, out)
+            return [out[:, s] for s in spans]
+
+        return product
 
     def matmul(self, x: np.ndarray) -> list[np.ndarray]:
         """x (n, ne0) float32 -> one (n, rows) float32 array per weight."""
