@@ -17,7 +17,7 @@ from graphir.backends import isa
 from graphir.backends.isa import EXPF_SPLIT
 from graphir.backends.kernels.expf import v_expf_scalef, v_expf_split
 from graphir.backends.kernels.jit import INL, PAR_MIN, SER, f32_rows, parallel_and_serial
-from graphir.backends.kernels_util import fma
+from graphir.backends.kernels_util import bits_u32, fma
 
 F32 = np.float32
 _ONE, _ZERO = F32(1.0), F32(0.0)
@@ -146,23 +146,58 @@ def gelu_table() -> np.ndarray:
         return g.astype(np.float16).astype(F32)
 
 
-def _gelu_open(x: np.ndarray) -> np.ndarray:
-    """ggml_vec_gelu_f32 / geglu for x > -10: x itself from 10 on, else the table at fp16(x) (nearest even, as
-    F16C rounds; x is clipped first only to keep the cast from overflowing)."""
-    idx = np.clip(x, -_GELU_LIMIT, _GELU_LIMIT).astype(np.float16).view(np.uint16)
-    return np.where(x >= _GELU_LIMIT, x, gelu_table()[idx])
+@njit(**INL)
+def _half_index(v):
+    """The bits of float16(v), nearest even (F16C's rounding), for a finite |v| < 65520: the table's index."""
+    u = bits_u32(v)
+    sign = (u >> np.uint32(16)) & np.uint32(0x8000)
+    a = u & np.uint32(0x7FFFFFFF)
+    if a >= np.uint32(0x38800000):                       # a normal half: drop 13 mantissa bits, rebias 127 -> 15
+        return sign | (((a + np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13))
+                       - np.uint32(112 << 10))
+    return sign | np.uint32(np.rint(abs(v) * F32(16777216.0)))   # subnormal: multiples of 2**-24 (1024: normal)
+
+
+@njit(**INL)
+def _gelu_row(x, u, gated, table, out):
+    """ggml_vec_gelu_f32 / ggml_vec_geglu_f32 with GGML_GELU_FP16: +0 for x <= -10 (whatever u is), x from 10
+    on, else the table at fp16(x); geglu (``gated``) then multiplies by u."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        if v <= -_GELU_LIMIT:
+            out[i] = _ZERO
+            continue
+        g = v if v >= _GELU_LIMIT or v != v else table[_half_index(v)]
+        out[i] = g * u[i] if gated else g
+
+
+def _gelu_rows(x, u, gated, table, out):
+    for r in prange(x.shape[0]):
+        _gelu_row(x[r], u[r], gated, table, out[r])
+
+
+_gelu_par, _gelu_ser = parallel_and_serial(_gelu_rows)
+
+
+def _gelu(g: np.ndarray, u: np.ndarray | None) -> np.ndarray:
+    gr = f32_rows(g)
+    ur = gr if u is None else f32_rows(u)
+    out = np.empty_like(gr)
+    (_gelu_par if gr.size >= PAR_MIN else _gelu_ser)(gr, ur, u is not None, gelu_table(), out)
+    return out.reshape(g.shape)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """ggml_vec_gelu_f32 with GGML_GELU_FP16: 0 for x <= -10, x for x >= 10, else the fp16 table."""
-    x = np.asarray(x, F32)
-    return np.where(x <= -_GELU_LIMIT, _ZERO, _gelu_open(x))
+    return _gelu(np.asarray(x, F32), None)
 
 
 def geglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     """ggml_vec_geglu_f32: 0 for g <= -10 (whatever u is), else gelu(g) * u as gelu computes it."""
-    g = np.asarray(g, F32)
-    return np.where(g <= -_GELU_LIMIT, _ZERO, np.multiply(_gelu_open(g), u, dtype=F32))
+    g, u = np.asarray(g, F32), np.asarray(u, F32)
+    if u.shape != g.shape:
+        u = np.broadcast_to(u, g.shape)
+    return _gelu(g, u)
 
 
 @njit(**INL)
