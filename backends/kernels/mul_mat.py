@@ -71,7 +71,7 @@ def to_f32_row(s, kind, d):
         d[c] = 0.0
 
 
-_TILE_M, _TILE_N = 2, 4                 # tinyBLAS tile of outputs held in registers: rows of w by rows of x
+_TILE_M, _TILE_N = 4, 4                 # tinyBLAS tile of outputs held in registers: rows of w by rows of x
 _BLOCK_M, _BLOCK_N = 64, 64             # rows of w and of x per parallel task
 
 
@@ -91,17 +91,25 @@ def _tiny_dot(v, w1, wb, x1, xb, k):
 
 
 @njit(**INL)
-def _tiny_tile(v, w1, wa, wb, x1, x0, x1o, x2, x3, k):
-    """tinyBLAS on a tile of 2 rows of w by 4 rows of x (k a multiple of the lanes): the same chains as
-    _tiny_dot, eight at once in registers, each w and x register loaded once per step."""
+def _tiny_tile(v, w1, wa, wb, wc, wd, x1, x0, xs, k):
+    """tinyBLAS on a tile of 4 rows of w (starting at wa..wd) by 4 rows of x (x0, x0 + xs, ...; k a multiple of
+    the lanes): the same chains as _tiny_dot, sixteen at once in registers, each w and x register loaded once per
+    step. The tile's shape changes no output's chain, only how many run side by side."""
     n = width(v)
-    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = vzero(v)
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = vzero(v)
     for c in range(0, k, n):
-        p, q = vload(v, w1, wa + c), vload(v, w1, wb + c)
-        y0, y1, y2, y3 = vload(v, x1, x0 + c), vload(v, x1, x1o + c), vload(v, x1, x2 + c), vload(v, x1, x3 + c)
+        y0, y1 = vload(v, x1, x0 + c), vload(v, x1, x0 + xs + c)
+        y2, y3 = vload(v, x1, x0 + 2 * xs + c), vload(v, x1, x0 + 3 * xs + c)
+        p = vload(v, w1, wa + c)
         a0, a1, a2, a3 = vfma(p, y0, a0), vfma(p, y1, a1), vfma(p, y2, a2), vfma(p, y3, a3)
-        b0, b1, b2, b3 = vfma(q, y0, b0), vfma(q, y1, b1), vfma(q, y2, b2), vfma(q, y3, b3)
-    return (vhsum(a0), vhsum(a1), vhsum(a2), vhsum(a3)), (vhsum(b0), vhsum(b1), vhsum(b2), vhsum(b3))
+        p = vload(v, w1, wb + c)
+        b0, b1, b2, b3 = vfma(p, y0, b0), vfma(p, y1, b1), vfma(p, y2, b2), vfma(p, y3, b3)
+        p = vload(v, w1, wc + c)
+        c0, c1, c2, c3 = vfma(p, y0, c0), vfma(p, y1, c1), vfma(p, y2, c2), vfma(p, y3, c3)
+        p = vload(v, w1, wd + c)
+        d0, d1, d2, d3 = vfma(p, y0, d0), vfma(p, y1, d1), vfma(p, y2, d2), vfma(p, y3, d3)
+    return ((vhsum(a0), vhsum(a1), vhsum(a2), vhsum(a3)), (vhsum(b0), vhsum(b1), vhsum(b2), vhsum(b3)),
+            (vhsum(c0), vhsum(c1), vhsum(c2), vhsum(c3)), (vhsum(d0), vhsum(d1), vhsum(d2), vhsum(d3)))
 
 
 @njit(**INL)
@@ -184,10 +192,11 @@ def products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, m
     if tiny and n1 - n0 == _TILE_N and k % n == 0:
         x0, xs = (xr + n0 * xsn) * ldx, xsn * ldx
         while m + _TILE_M <= m1:
-            ya, yb = _tiny_tile(v, w1, (wr + m * wsm) * ldw, (wr + (m + 1) * wsm) * ldw, x1, x0, x0 + xs,
-                                x0 + 2 * xs, x0 + 3 * xs, k)
+            ya, yb, yc, yd = _tiny_tile(v, w1, (wr + m * wsm) * ldw, (wr + (m + 1) * wsm) * ldw,
+                                        (wr + (m + 2) * wsm) * ldw, (wr + (m + 3) * wsm) * ldw, x1, x0, xs, k)
             for j in range(_TILE_N):
                 out[b, n0 + j, m], out[b, n0 + j, m + 1] = ya[j], yb[j]
+                out[b, n0 + j, m + 2], out[b, n0 + j, m + 3] = yc[j], yd[j]
             m += _TILE_M
     for i in range(n0, n1):
         xb = (xr + i * xsn) * ldx
