@@ -27,3 +27,27 @@ def test_a_permuted_v_cache_read_in_place_equals_it_made_contiguous(path, n_kv, 
     in_place, copied = mul_mat(v, probs, p), mul_mat(np.ascontiguousarray(v), probs, p)
     assert in_place.shape == (n_head, 1, head)
     assert np.array_equal(in_place, copied)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("eighths, tokens", [(4, 70), (6, 5), (2.5, 130), (1, 3)])
+def test_f32_rows_shorter_than_vec_dots_first_step_add_each_product_in_order(path, eighths, tokens):
+    """ggml_vec_dot_f32 on rows of fewer than four registers (BERT's 32-wide heads with AVX-512, q and k f32 and
+    permuted): all scalar tail, each product rounded then added in order, the last ones under half a register
+    fused; many outputs' chains side by side must give each output's own chain. Rows of eighths of four
+    registers."""
+    p = PATHS[path]
+    head = int(eighths * p.lanes // 2)
+    rng = np.random.default_rng(head * tokens)
+    k = rng.standard_normal((tokens, 3, head)).astype(np.float32).transpose(1, 0, 2)    # (heads, tokens, head)
+    q = rng.standard_normal((tokens, 3, head)).astype(np.float32).transpose(1, 0, 2)
+    out = mul_mat(k, q, p)
+    half = p.lanes // 2
+    cut = head // half * half
+    want = np.zeros((3, tokens, tokens), np.float32)         # [h, n (q row), m (k row)]
+    for c in range(cut):
+        want += np.multiply(q[:, :, None, c], k[:, None, :, c], dtype=np.float32)
+    for c in range(cut, head):                               # fma: the exact product and sum, rounded once
+        exact = q[:, :, None, c].astype(np.float64) * k[:, None, :, c] + want
+        want = exact.astype(np.float32)
+    assert np.array_equal(out, want)

@@ -16,8 +16,8 @@ from numba import njit, prange
 from graphir.backends import isa
 from graphir.backends.kernels.jit import INL, PAR, SER, parallel_and_serial
 from graphir.backends.kernels import simd
-from graphir.backends.kernels.simd import (as_f32, vadd, vfma, vhsum, vload, vload_part, vreduce4, vsplat, vstore,
-                                           vzero, width)
+from graphir.backends.kernels.simd import (as_f32, vadd, vfma, vhsum, vload, vload_part, vmul, vreduce4, vsplat,
+                                           vstore, vzero, width)
 from graphir.backends.kernels_util import bits_f32, bits_u32, f16_bits, fma
 
 F32 = np.float32
@@ -213,6 +213,45 @@ def products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, m
                 out[b, i, mi + j] = r[j]
 
 
+@njit(**INL)
+def _tail_block(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, b, n0, n1, m0, m1, out):
+    """ggml_vec_dot_f32 for rows shorter than its first step (k < four registers: heads of 32): all of it is the
+    scalar tail, one sequential chain per output (_vec_dot4's leftovers). Sixteen outputs' chains run side by side
+    in the lanes of a register, from the block's w rows laid out column by column once for all its x rows; each
+    lane takes its own output's products and additions in their order, so the bits are the same."""
+    n = width(v)
+    wr, xr = (b // ratio) * wsb, b * xsb
+    rows = m1 - m0
+    mv = (rows + 4 * n - 1) // (4 * n) * 4               # registers across the rows, four chains at a time
+    line = mv * n
+    wt = np.zeros(k * line, F32)                          # [c][m]: column c of the block's rows, zeros past them
+    for j in range(rows):
+        row = (wr + (m0 + j) * wsm) * ldw
+        for c in range(k):
+            wt[c * line + j] = as_f32(w1[row + c])
+    cut = min(k, kp // (n // 2) * (n // 2))               # products added in order up to here, fused after
+    lanes = np.empty(4 * n, F32)
+    for i in range(n0, n1):
+        xb = (xr + i * xsn) * ldx
+        for g in range(0, mv, 4):
+            a0 = a1 = a2 = a3 = vzero(v)
+            o = g * n
+            for c in range(cut):
+                y, at = vsplat(v, x1[xb + c]), c * line + o
+                a0, a1 = vadd(a0, vmul(vload(v, wt, at), y)), vadd(a1, vmul(vload(v, wt, at + n), y))
+                a2, a3 = vadd(a2, vmul(vload(v, wt, at + 2 * n), y)), vadd(a3, vmul(vload(v, wt, at + 3 * n), y))
+            for c in range(cut, k):
+                y, at = vsplat(v, x1[xb + c]), c * line + o
+                a0, a1 = vfma(vload(v, wt, at), y, a0), vfma(vload(v, wt, at + n), y, a1)
+                a2, a3 = vfma(vload(v, wt, at + 2 * n), y, a2), vfma(vload(v, wt, at + 3 * n), y, a3)
+            vstore(lanes, 0, a0)
+            vstore(lanes, n, a1)
+            vstore(lanes, 2 * n, a2)
+            vstore(lanes, 3 * n, a3)
+            for t in range(min(4 * n, rows - o)):
+                out[b, i, m0 + o + t] = lanes[t]
+
+
 def _products(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, out):
     """out[b, n, m] = dot(w row (b // ratio) * wsb + m * wsm, x row b * xsb + n * xsn) over k elements; w1 and x1
     are flat rows of ldw / ldx elements (w: float32 or f16 bits; x: float32, already rounded to f16 where ggml
@@ -230,6 +269,10 @@ def _products(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode,
     for task in prange(bx * m_blocks * n_blocks):
         b, r = task // (m_blocks * n_blocks), task % (m_blocks * n_blocks)
         m0, nbl = r // n_blocks * _BLOCK_M, r % n_blocks * _BLOCK_N
+        if mode == VEC_F32 and simd == 0:
+            _tail_block(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, b, nbl, min(nbl + _BLOCK_N, nn), m0,
+                        min(m0 + _BLOCK_M, mm), out)
+            continue
         for n0 in range(nbl, min(nbl + _BLOCK_N, nn), nb):
             products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0,
                            min(n0 + nb, nn), m0, min(m0 + _BLOCK_M, mm), out)
