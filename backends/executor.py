@@ -731,22 +731,26 @@ class Program:
         self.steps = [st for pos, st in enumerate(self.steps) if pos not in dropped]
 
     def run(self, env: Env, feeds: Mapping[str, np.ndarray], taps: dict[str, np.ndarray] | None = None,
-            held: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+            held: Mapping[str, np.ndarray] | None = None,
+            plans: dict[tuple[Any, ...], Plan] | None = None) -> dict[str, np.ndarray]:
         """Outputs by role. ``held``: inputs that stay the same arrays from run to run (a memory's buffers), which
-        the plan for these dims may view once instead of every run. With ``taps`` (a dict), every computed value is
-        also copied into it by node name, like llama.cpp's eval callback: the way to compare engines node by node."""
+        the plan for these dims may view once instead of every run; ``plans``: where the plans that keep them are
+        kept, owned by the caller that owns the buffers (a context), so that they go with it (default: the
+        program's own). With ``taps`` (a dict), every computed value is also copied into it by node name, like
+        llama.cpp's eval callback: the way to compare engines node by node."""
         with kernel_launches():
-            return self._run(self._plan(env, held or {}, taps is None), env, feeds, taps)
+            return self._run(self._plan(env, held or {}, taps is None, self.plans if plans is None else plans), env,
+                             feeds, taps)
 
-    def _plan(self, env: Env, held: Mapping[str, np.ndarray], fused: bool) -> Plan:
+    def _plan(self, env: Env, held: Mapping[str, np.ndarray], fused: bool, plans: dict[tuple[Any, ...], Plan]) -> Plan:
         key = (fused, tuple(sorted(env.items())), tuple(map(id, held.values())))
-        plan = self.plans.get(key)
+        plan = plans.get(key)
         if plan is None:
             plan = self._make_plan(env, held, fused)
             with self._plans_lock:
-                while len(self.plans) >= _PLANS:
-                    del self.plans[next(iter(self.plans))]
-                self.plans[key] = plan
+                while len(plans) >= _PLANS:
+                    del plans[next(iter(plans))]
+                plans[key] = plan
         return plan
 
     def _make_plan(self, env: Env, held: Mapping[str, np.ndarray], fused: bool) -> Plan:

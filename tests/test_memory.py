@@ -95,6 +95,22 @@ def test_the_attended_prefix_is_padded_to_256_cells_and_at_most_the_cache() -> N
         np.full((3, 3), -np.inf, np.float32), 1)).all()
 
 
+def test_a_dropped_context_frees_its_cache_though_the_shared_program_planned_over_it() -> None:
+    """A plan views a context's cache buffers; the plans live with the context, not with the model's program that
+    every context shares, so the cache goes when the context does."""
+    import gc
+    import weakref
+
+    ctx = model().new_context(n_ctx=64, **F32)
+    ctx.decode(Batch.from_tokens(TOKENS[:5], 0))
+    ctx.decode(Batch.one(TOKENS[5], 5))
+    buffers = [weakref.ref(b) for b in ctx.memory.buffers().values()]
+    assert buffers and all(b() is not None for b in buffers)
+    del ctx
+    gc.collect()
+    assert all(b() is None for b in buffers)
+
+
 # ---- (a) a random walk over the API against a pure-Python model of the cells --------------------------------
 
 N_CTX, N_SEQ = 16, 3

@@ -145,6 +145,7 @@ class Context:
         check_fits(assemble(memory_kind, arch.needs, replace(params, buffers=False)).nbytes(), self.name)
         self._memory: Memory = assemble(memory_kind, arch.needs, params)
         self.program, self._graph = model.program(memory_kind, self.pooling, n_ctx_seq, phase)
+        self._plans: dict[tuple[Any, ...], Any] = {}  # the program's plans over this context's memory (Program.run)
         self._variant = arch.variant(n_ctx_seq)
         self._memory.bind_shift(self._graph, self._run_graph)
         self.has_logits = "logits" in self.program.outputs
@@ -197,7 +198,7 @@ class Context:
                         seqs, extra = pooling_inputs(ub, self.pooling)
                         feeds.update(extra)
                         env["n_seqs"] = len(seqs)
-                    out = self.program.run(env, feeds, taps, held=mem.buffers())
+                    out = self.program.run(env, feeds, taps, held=mem.buffers(), plans=self._plans)
                     if self.has_logits:
                         logits.append(out["logits"])
                     if self.embeddings_enabled:
@@ -259,6 +260,7 @@ class Context:
         with self._busy("set_memory"):
             mem.bind_shift(self._graph, self._run_graph)
             self._memory = mem
+            self._plans.clear()  # they view the buffers of the memory it replaces
 
     def state_save(self, path: str | os.PathLike[str] | None = None) -> bytes:
         """The whole context (memory cells, K/V rows, last outputs) as bytes; also written to ``path`` if given,
