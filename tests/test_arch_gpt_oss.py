@@ -196,31 +196,6 @@ def test_mxfp4_rows_are_ggufs_dequantization_bit_for_bit_subnormal_scales_includ
                                                                       2.0 ** 126]
 
 
-@pytest.mark.parametrize("n", [1, 3, 9])
-def test_mxfp4_matmul_is_llama_cpps_block_by_block_fma_chain(n: int) -> None:
-    """x is quantized to Q8_0 first (MXFP4's vec_dot type); then per output and 32-block the exact integer sum
-    of the weight's doubled e2m1 codes times x's quants, accumulated as acc = fma(sum, d_w * d_x, acc) in block
-    order (llama.cpp's repacked MXFP4 kernels). The fma is emulated in float64 (the product is exact there)."""
-    rng = np.random.default_rng(n)
-    w = rng.standard_normal((40, 256)).astype(np.float32)
-    raw = gguf.quants.quantize(w, Q.MXFP4)
-    x = rng.standard_normal((n, 256)).astype(np.float32)
-    xq = gguf.quants.quantize(x, Q.Q8_0).reshape(n, 8, 34)
-    dx = xq[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)                 # (n, 8)
-    qx = xq[..., 2:].view(np.int8).astype(np.int64)                                       # (n, 8, 32)
-    blocks = raw.reshape(40, 8, 17)
-    dw = e8m0_half(blocks[..., 0])                                                        # (40, 8)
-    codes = np.concatenate([blocks[..., 1:] & 15, blocks[..., 1:] >> 4], axis=-1)
-    vw = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)[codes]   # (40, 8, 32)
-    want = np.zeros((n, 40), np.float32)
-    for b in range(8):
-        sums = (qx[:, None, b, :] * vw[None, :, b, :]).sum(-1).astype(np.float64)         # exact integers
-        scale = (dw[None, :, b] * dx[:, None, b]).astype(np.float32).astype(np.float64)   # one f32 product
-        want = (sums * scale + want.astype(np.float64)).astype(np.float32)
-    got = QWeight.prepare(raw, Q.MXFP4, 256).matmul(x)
-    assert np.array_equal(got, want)
-
-
 # ---------------------------------------------------------------------------------------------------- llama.cpp
 
 

@@ -305,3 +305,38 @@ def test_the_exact_gemv_gives_the_same_bits_with_one_row_or_two_to_a_register(qt
         exact_gemv(qtype == T.Q4_1, n_lanes)(*w.packed, x, out)
         outs.append(out)
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], w.matmul(x))
+
+
+@pytest.mark.parametrize("qtype", [T.MXFP4, T.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 3, 9])
+def test_rows_in_eights_are_llama_cpps_repacked_block_by_block_fma_chain(qtype, n):
+    """x is quantized to Q8_0 first; then per output and 32-block the exact integer sum of the weight's values
+    times x's quants, accumulated as acc = fma(sum, d_w * d_x, acc) in block order (llama.cpp's repacked 8x8
+    kernels). The fma is emulated in float64 (the product of two float32 is exact there)."""
+    rng = np.random.default_rng(n)
+    raw = make_weight(qtype, 40, 256, rng)
+    x = rng.standard_normal((n, 256)).astype(F32)
+    qw, dw = weight_ints(raw, qtype, 256)[:2]                                             # (40, 8, 32), (40, 8)
+    qx, dx, _ = q8_blocks(x)                                                              # (n, 8, 32), (n, 8)
+    want = np.zeros((n, 40), F32)
+    for b in range(8):
+        sums = (qx[:, None, b, :] * qw[None, :, b, :]).sum(-1).astype(np.float64)         # exact integers
+        scale = (dw[None, :, b] * dx[:, None, b]).astype(F32).astype(np.float64)          # one f32 product
+        want = (sums * scale + want.astype(np.float64)).astype(F32)
+    assert_bits_equal(QWeight.prepare(raw, qtype, 256).matmul(x), want)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 3, 9])
+def test_unrepacked_q4_0_and_q5_0_are_q8_0s_vec_dot_on_their_values(qtype, n):
+    """ggml_vec_dot_q4_0_q8_0 and _q5_0_q8_0 (Q4_0 rows not in eights, which llama.cpp does not repack; Q5_0
+    always) unpack a block's values to bytes and form Q8_0's lane sums from them: Q8_0 blocks of the same values
+    and d give the same bits."""
+    rng = np.random.default_rng(n)
+    rows = 44 if qtype == T.Q4_0 else 40
+    raw = make_weight(qtype, rows, 256, rng)
+    qw = weight_ints(raw, qtype, 256)[0].reshape(rows, 8, 32)
+    d = raw.reshape(rows, 8, -1)[:, :, 0:2]
+    as_q8_0 = np.concatenate([d, qw.astype(np.int8).view(np.uint8)], axis=-1).reshape(rows, -1)
+    x = rng.standard_normal((n, 256)).astype(F32)
+    assert_bits_equal(QWeight.prepare(raw, qtype, 256).matmul(x), QWeight.prepare(as_q8_0, T.Q8_0, 256).matmul(x))

@@ -66,6 +66,27 @@ def pack_q8_0(b):
     return _regrouped(b, 2, 34, False)
 
 
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """A block's 16 bytes -> its 32 four-bit codes in natural order (byte j: element j low, j + 16 high)."""
+    return np.concatenate([qs & 15, qs >> 4], axis=-1)
+
+
+def _as_q8_0(b: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks whose f16 d leads them and whose 32 values fit int8, packed as Q8_0 blocks of the same numbers:
+    ggml_vec_dot_q4_0_q8_0 and _q5_0_q8_0 form the same lane sums from them as ggml_vec_dot_q8_0_q8_0 (the
+    values unpacked to bytes first, then one multiply-add path), so their dot products are Q8_0's."""
+    return pack_q8_0(np.concatenate([b[:, :, 0:2], values.astype(np.int8).view(np.uint8)], axis=-1))
+
+
+def pack_q4_0_as_q8_0(b):
+    return _as_q8_0(b, _nibbles(b[:, :, 2:18]).astype(np.int16) - 8)
+
+
+def pack_q5_0_as_q8_0(b):
+    high = b[:, :, 2:6].copy().view(np.uint32) >> np.arange(32, dtype=np.uint32) & 1   # bit j: element j's fifth
+    return _as_q8_0(b, _nibbles(b[:, :, 6:22]).astype(np.int16) + 16 * high.astype(np.int16) - 16)
+
+
 @njit(cache=True, inline="always")
 def _scales(dg, mg, b, w, ydb, ysb, dd, summ, with_min):
     """dd = d_w * d_x (one f32 product, as llama.cpp's d0*d1) and the min-term chain for block b."""

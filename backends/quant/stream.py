@@ -1,4 +1,4 @@
-"""Matmul kernels of the stream-layout weight kinds (F32, F16, BF16, Q4_0, Q5_0 and the K-quants).
+"""Matmul kernels of the stream-layout weight kinds (F32, F16, BF16 and the K-quants).
 
 They multiply the stream-order quantized activation of quant.activation with the weight: below GEMM_FROM
 activation rows one flat GEMV loop per format, from it a register-tiled GEMM fed by the format's row
@@ -12,8 +12,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.quant.blocks import (row_bf16, row_f16, row_f32, row_q4_0, row_q4_k, row_q5_0, row_q5_k,
-                                          row_q6_k)
+from graphir.backends.quant.blocks import row_bf16, row_f16, row_f32, row_q4_k, row_q5_k, row_q6_k
 
 _F32 = np.float32
 _fast = dict(parallel=True, fastmath=True, cache=True)   # GEMV: float reassociation allowed (vectorizes)
@@ -60,33 +59,6 @@ def converting_gemv(bf16: bool) -> Callable:
                     out[r, i] = acc
 
     return gemv
-
-
-@njit(**_fast)
-def gemv_q4_0(qs, d, xq, asum, out):
-    rows, kp = qs.shape[0], max(qs.shape[1], 0)
-    for i in prange(rows):
-        for r in range(xq.shape[0]):
-            acc = _F32(0.0)
-            for j in range(kp):
-                q = np.int32(qs[i, j])
-                acc += (_F32((q & 15) - 8) * xq[r, j] + _F32((q >> 4) - 8) * xq[r, kp + j]) * d[i, j >> 4]
-            out[r, i] = acc
-
-
-@njit(**_fast)
-def gemv_q5_0(qs, qh, d, xq, asum, out):
-    rows, kp = qs.shape[0], max(qs.shape[1], 0)
-    for i in prange(rows):
-        for r in range(xq.shape[0]):
-            acc = _F32(0.0)
-            for j in range(kp):
-                q = np.int32(qs[i, j])
-                h = np.int32(qh[i, j])
-                lo = ((q & 15) | ((h & 1) << 4)) - 16
-                hi = ((q >> 4) | ((h & 2) << 3)) - 16
-                acc += (_F32(lo) * xq[r, j] + _F32(hi) * xq[r, kp + j]) * d[i, j >> 4]
-            out[r, i] = acc
 
 
 @njit(**_fast)
@@ -243,32 +215,6 @@ def gemm_bf16(w0, xq, asum, out):
             i0, cnt = c * _TR, min(_TR, rows - c * _TR)
             for a in range(cnt):
                 row_bf16(w0, i0 + a, w, a, False)
-            _tile(w, cnt, xq, out, i0, False)
-
-
-@njit(**_fast)
-def gemm_q4_0(qs, d, xq, asum, out):
-    rows = qs.shape[0]
-    ntask, nblk = _tasks(rows)
-    for t in prange(ntask):
-        w = np.empty((_TR, xq.shape[1]), _F32)
-        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
-            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
-            for a in range(cnt):
-                row_q4_0(qs, d, i0 + a, w, a, False)
-            _tile(w, cnt, xq, out, i0, False)
-
-
-@njit(**_fast)
-def gemm_q5_0(qs, qh, d, xq, asum, out):
-    rows = qs.shape[0]
-    ntask, nblk = _tasks(rows)
-    for t in prange(ntask):
-        w = np.empty((_TR, xq.shape[1]), _F32)
-        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
-            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
-            for a in range(cnt):
-                row_q5_0(qs, qh, d, i0 + a, w, a, False)
             _tile(w, cnt, xq, out, i0, False)
 
 
