@@ -293,7 +293,7 @@ def test_smollm2_q8_0_token_embd(smollm2_tensors):
     assert_bits_equal(w.get_rows(ids), gguf_dequant(raw[ids], T.Q8_0, len(ids), ne0))
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0])
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_0])
 def test_the_exact_gemv_gives_the_same_bits_with_one_row_or_two_to_a_register(qtype):
     rng = np.random.default_rng(11)
     rows, ne0 = 40, 96                                  # a last group of 8 rows: padding the 16 of a group
@@ -302,7 +302,7 @@ def test_the_exact_gemv_gives_the_same_bits_with_one_row_or_two_to_a_register(qt
     outs = []
     for n_lanes in (8, 16):
         out = np.full((2, rows), np.nan, np.float32)
-        exact_gemv(qtype == T.Q4_1, n_lanes)(*w.packed, x, out)
+        exact_gemv({T.Q4_1: "q4_1", T.Q8_0: "q8_0", T.Q4_0: "q4_0x8"}[qtype], n_lanes)(*w.packed, x, out)
         outs.append(out)
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], w.matmul(x))
 

@@ -19,8 +19,8 @@ from numba.core import cgutils
 from numba.core.imputils import lower_constant
 from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
 
-__all__ = ["Lanes", "lanes", "vzero", "vsplat", "vload", "vload_part", "vstore", "vfma", "vadd", "vmul", "vhsum",
-           "vhsum8_at", "vreduce4", "vspread", "width", "as_f32", "element_ptr"]
+__all__ = ["Lanes", "lanes", "vzero", "vsplat", "vload", "vload_part", "vstore", "vfma", "vadd", "vsub", "vmul",
+           "vpairadd", "vhsum", "vhsum8_at", "vreduce4", "vspread", "width", "as_f32", "element_ptr"]
 
 
 class F32Vec(types.Type):
@@ -235,7 +235,24 @@ def _lanewise(name: str, instruction: str, doc: str):  # type: ignore[no-untyped
 
 
 vadd = _lanewise("vadd", "fadd", "a + b lane by lane.")
+vsub = _lanewise("vsub", "fsub", "a - b lane by lane.")
 vmul = _lanewise("vmul", "fmul", "a * b lane by lane.")
+
+
+@intrinsic
+def vpairadd(typingctx, a, b):
+    """The sums of neighbouring lanes of a then of b: lane j of the result is lanes 2j + 2j+1 of a, b one after
+    the other. Three rounds over eight registers of whole rows' eight lanes leave each row's sum in one lane."""
+    if not (isinstance(a, F32Vec) and a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n, i32 = a.n, ir.IntType(32)
+        even = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(i32, n), list(range(0, 2 * n, 2))))
+        odd = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(i32, n), list(range(1, 2 * n, 2))))
+        return builder.fadd(even, odd)
+
+    return a(a, b), codegen
 
 
 @intrinsic

@@ -30,7 +30,7 @@ The table (quant.weight) has one row per type: activation format, the stream lay
 
     type  act   matmul layout                                      bytes/weight   [raw GGUF]
     Q8_0  Q8_0  GGUF's bytes in groups of 16 rows (*): q apart, f16 d 1.0625      [1.0625]
-    Q4_0  Q8_0  the raw codes + f32 d per 32 (*2)                    0.625       [0.5625]
+    Q4_0  Q8_0  GGUF's bytes in groups of 16 rows (*), q apart, d    0.5625      [0.5625]
     Q5_0  Q8_0  as Q8_0, its values unpacked to int8 (*3)             1.0625      [0.6875]
     MXFP4 Q8_0  the raw e2m1 codes + f32 2^(e-128) per 32 (*2)        0.625       [0.53125]
     Q4_1  Q8_1  GGUF's bytes in groups of 16 rows (*): q, f16 d, m    0.625       [0.625]
@@ -38,10 +38,11 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     Q5_K  Q8_K  as Q4_K + the 5th bits spread to one byte per nibble  1.25        [0.6875]
     Q6_K  Q8_K  two low-nibble streams + qh + f32 d*sc per 16         1.0         [0.8203]
     F32, F16, BF16: no copy; the kernels read the data in place (F16/BF16 converted per row in registers/L1).
-    (*2) A code indexes a table of integers: Q4_0's code - 8; MXFP4's (gpt-oss's experts) ggml's doubled e2m1
-    table (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), so the E8M0 scale is halved (GGML_E8M0_TO_FP32_HALF).
-    Their matmul is exact, in the order of llama.cpp's repacked 8x8 kernels (quant.repacked); a Q4_0 matrix
-    whose rows do not come in eights, which llama.cpp does not repack, is laid out as Q5_0.
+    (*2) MXFP4 (gpt-oss's experts) lays nibbles out as Q4_0; a code indexes ggml's doubled e2m1 table
+    (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), so the E8M0 scale is halved (GGML_E8M0_TO_FP32_HALF).
+    Its matmul is exact, in the order of llama.cpp's repacked 8x8 MXFP4 kernels (quant.mxfp4), as Q4_0's is
+    (quant.exact's "q4_0x8" GEMV); a Q4_0 matrix whose rows do not come in eights, which llama.cpp does not
+    repack, is laid out as Q5_0.
     (*3) ggml_vec_dot_q5_0_q8_0 unpacks a block's values to bytes and forms Q8_0's lane sums from them: Q8_0
     blocks of the same numbers give its bits, through Q8_0's kernels.
     (Q5_K's 5th bits in place would cost a gather per element: GEMV 109 us instead of 32 us on 1536x512.)
@@ -59,7 +60,8 @@ Numerics: what is bit-exact and what is only close
     Bit-exact also: Q4_1, Q8_0, Q5_0, Q4_0 and MXFP4 matmuls, every output element, for any number of rows:
     Q4_0 and MXFP4 as (*2) above; the others replay ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 of the
     x86 build (AVX2 + VNNI: eight int32 lane sums per block, fma(d_w*d_x, lane, acc) per lane in block order,
-    hsum_float_8, Q4_1's min term as an FMA chain added last); tinyBLAS_Q0_AVX, which llama.cpp takes for Q8_0 with n >= 2, has the same per-element order.
+    hsum_float_8, Q4_1's min term as an FMA chain added last); tinyBLAS_Q0_AVX, which llama.cpp takes for Q8_0
+    with n >= 2, has the same per-element order.
     Checked against llama.cpp's own tensors in tests/test_llama_exact.py (SmolLM2: all 30 layers identical).
     Only close (max error ~4e-7 of max|y| against an exact emulation, tests/test_quant.py): the other types'
     products, accumulated in f32 in numba's vector order. (For the K-quants llama.cpp itself uses repacked or
@@ -93,9 +95,9 @@ Modules
     activation  the activation quantizers (x rows -> the weight type's vec_dot type), one per format
     blocks      GGUF blocks -> the stream layout (repack), and rows of it back to floats (get_rows)
     stream      GEMV and GEMM kernels of the stream-layout kinds
-    exact       Q4_1 and Q8_0 (and Q5_0 as Q8_0): their grouped layout and the kernels that replay llama.cpp's
-                dot products
-    repacked    MXFP4 and Q4_0: llama.cpp's repacked 8x8 dot products, on the raw blocks
+    exact       Q4_1, Q8_0, Q4_0 (and Q5_0 as Q8_0): their grouped layout and the kernels that replay
+                llama.cpp's dot products
+    mxfp4       MXFP4: llama.cpp's repacked MXFP4 dot products, on the raw blocks
     weight      QWeight and the table of weight kinds its matmul and get_rows dispatch through
 
 numba caches a kernel under its own module's file, with the helpers it inlines or calls compiled in: the

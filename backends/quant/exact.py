@@ -1,4 +1,4 @@
-"""Q4_1 and Q8_0: llama.cpp's dot products bit for bit, in a layout of their own.
+"""Q4_1, Q8_0 and Q4_0: llama.cpp's dot products bit for bit, in a layout of their own.
 
 ggml_vec_dot_q4_1_q8_1 and ggml_vec_dot_q8_0_q8_0 (x86 quants.c, AVX2 path; tinyBLAS_Q0_AVX, which takes
 Q8_0 x Q8_0 when n >= 2, keeps the same order per output element): per 32-block, eight int32 lane sums of
@@ -11,8 +11,10 @@ the GGUF blocks, no byte changed. The GEMV forms the lane sums with the host's i
 (quant.int8_dot: VNNI, pmaddubsw, or plain vector arithmetic), two rows to an AVX-512 register, and scales a
 block's rows from one register of their d. The GEMM expands a task's rows to float once and forms the lane
 sums as float FMAs (all partial sums are integers below 2^24, so exact in any order).
+Q4_0, whose matrices llama.cpp repacks when their rows come in eights, is summed in the order of its 8x8 kernels
+instead (exact_gemv's "q4_0x8"); Q5_0, and Q4_0 whose rows do not come in eights, run as Q8_0 (_as_q8_0).
 Activations: the int8 quants in natural order (float32 for the GEMM), d and s per block.
-The two formats share one GEMV and one GEMM (exact_gemv, exact_gemm; several weights on one x run as one
+The formats share one GEMV and one GEMM (exact_gemv, exact_gemm; several weights on one x run as one
 GEMV over their rows laid one after another, quant.weight.QWeightGroup): the format is a closure constant that
 picks its lane and expansion functions, and numba compiles only that branch. (A closure over the functions
 themselves would change numba's cache key in every process: the key pickles a dispatcher with a per-process
@@ -26,8 +28,8 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels.simd import (as_f32, lanes, vfma, vhsum8_at, vload, vmul, vsplat, vspread, vstore,
-                                           vzero, width)
+from graphir.backends.kernels.simd import (as_f32, lanes, vfma, vhsum8_at, vload, vmul, vpairadd, vsplat, vspread,
+                                           vstore, vsub, vzero, width)
 from graphir.backends.kernels_util import fma, hsum8
 from graphir.backends.quant.activation import q8_blocks
 from graphir.backends.quant.int8_dot import WIDE_LANES, block_lanes
@@ -78,6 +80,10 @@ def _as_q8_0(b: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return pack_q8_0(np.concatenate([b[:, :, 0:2], values.astype(np.int8).view(np.uint8)], axis=-1))
 
 
+def pack_q4_0(b):
+    return _regrouped(b, 2, 18, False)
+
+
 def pack_q4_0_as_q8_0(b):
     return _as_q8_0(b, _nibbles(b[:, :, 2:18]).astype(np.int16) - 8)
 
@@ -100,9 +106,10 @@ def _scales(dg, mg, b, w, ydb, ysb, dd, summ, with_min):
 
 
 @njit(cache=True, inline="always")
-def _block(v, qs, qo, y, yo, q4_1):
-    """The lane sums of the R rows' blocks from qs[qo] against the activation block at y[yo], as floats."""
-    if q4_1:
+def _block(v, qs, qo, y, yo, nibbles):
+    """The lane sums of the R rows' blocks from qs[qo] against the activation block at y[yo], as floats (nibbles:
+    Q4_1's 16 bytes a row, else Q8_0's 32)."""
+    if nibbles:
         return _lanes_q4_1(v, qs, qo, y, yo)
     return _lanes_q8_0(v, qs, qo, y, yo)
 
@@ -120,13 +127,26 @@ def _rows_out(acc, sm, r, out, i, row, rows, q4_1):
         out[i, row + 1] = s + sm[j + 1] if q4_1 else s
 
 
-def exact_gemv(q4_1: bool, n_lanes: int = GEMV_LANES) -> Callable:
-    """ggml_vec_dot_q4_1_q8_1 (q4_1) or ggml_vec_dot_q8_0_q8_0 for n < gemm_from: prange over groups of _G weight
-    rows; per activation row, 8 registers of R rows each at a time, their lane chains held in registers over the
-    blocks. The block's d_w * d_x for those rows is one register (spread over each row's lanes by vspread), and
-    Q4_1's min term chains in one register across the rows. n_lanes: float32 lanes of a register (R = n_lanes / 8
-    rows)."""
-    qb = 16 if q4_1 else 32                                # quant bytes of a block of one row
+@njit(cache=True, inline="always")
+def _row_sums(a0, a1, a2, a3, a4, a5, a6, a7):
+    """Eight registers of R rows' eight lanes each -> one register of those 8R rows' sums, in row order."""
+    return vpairadd(vpairadd(vpairadd(a0, a1), vpairadd(a2, a3)), vpairadd(vpairadd(a4, a5), vpairadd(a6, a7)))
+
+
+def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
+    """ggml_vec_dot_q4_1_q8_1 (fmt "q4_1") or ggml_vec_dot_q8_0_q8_0 ("q8_0") for n < gemm_from: prange over
+    groups of _G weight rows; per activation row, 8 registers of R rows each at a time, their lane chains held in
+    registers over the blocks. The block's d_w * d_x for those rows is one register (spread over each row's lanes
+    by vspread), and Q4_1's min term chains in one register across the rows. n_lanes: float32 lanes of a register
+    (R = n_lanes / 8 rows).
+    "q4_0x8": Q4_0 in the order of llama.cpp's repacked 8x8 kernels, for any n: per block each row's exact sum
+    (its nibbles' lane sums added across, less 8 times the activation block's sum), then one FMA with d_w * d_x,
+    the rows of a pass side by side in one register."""
+    if fmt not in ("q4_1", "q8_0", "q4_0x8"):
+        raise ValueError(f"exact_gemv: unknown format {fmt!r}")
+    q4_1, whole = fmt == "q4_1", fmt == "q4_0x8"
+    nibbles = fmt != "q8_0"                                # 16 bytes of nibbles a row-block (Q4_1's bytes)
+    qb = 16 if nibbles else 32                             # quant bytes of a block of one row
     v_, r = lanes(n_lanes), n_lanes // 8
 
     @njit(**_exact)
@@ -137,10 +157,34 @@ def exact_gemv(q4_1: bool, n_lanes: int = GEMV_LANES) -> Callable:
         y, yd, ys = np.empty((n, k), np.int8), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
         q8_blocks(x, y, yd, ys)
         yf = y.reshape(-1)
+        if whole:                                             # 8 times each block's sum of quants
+            for i in range(n):
+                for b in range(nb):
+                    t = 0
+                    for j in range(32):
+                        t += yf[i * k + b * 32 + j]
+                    ys[i, b] = _F32(8 * t)
         for g in prange((rows + _G - 1) // _G):
             dd, sm = np.empty(width(v), _F32), np.empty(width(v), _F32)
             for i in range(n):
                 for h in range(0, _G, width(v)):              # 8 registers of R rows: width(v) rows at a time
+                    if whole:
+                        acc = vzero(v)
+                        for b in range(nb):
+                            o = (g * nb + b) * _G + h
+                            qo, yo, step = o * qb, i * k + b * 32, r * qb
+                            sums = _row_sums(_block(v, qs, qo, yf, yo, True), _block(v, qs, qo + step, yf, yo, True),
+                                             _block(v, qs, qo + 2 * step, yf, yo, True),
+                                             _block(v, qs, qo + 3 * step, yf, yo, True),
+                                             _block(v, qs, qo + 4 * step, yf, yo, True),
+                                             _block(v, qs, qo + 5 * step, yf, yo, True),
+                                             _block(v, qs, qo + 6 * step, yf, yo, True),
+                                             _block(v, qs, qo + 7 * step, yf, yo, True))
+                            acc = vfma(vsub(sums, vsplat(v, ys[i, b])), vmul(vload(v, d, o), vsplat(v, yd[i, b])), acc)
+                        vstore(dd, 0, acc)
+                        for j in range(min(width(v), rows - g * _G - h)):
+                            out[i, g * _G + h + j] = dd[j]
+                        continue
                     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = summ = vzero(v)
                     for b in range(nb):
                         o = (g * nb + b) * _G + h             # the first row's scale; its quants at o * qb
@@ -148,14 +192,14 @@ def exact_gemv(q4_1: bool, n_lanes: int = GEMV_LANES) -> Callable:
                         if q4_1:
                             summ = vfma(vload(v, m, o), vsplat(v, ys[i, b]), summ)
                         qo, yo, step = o * qb, i * k + b * 32, r * qb
-                        a0 = vfma(vspread(v, dd, 0), _block(v, qs, qo, yf, yo, q4_1), a0)
-                        a1 = vfma(vspread(v, dd, r), _block(v, qs, qo + step, yf, yo, q4_1), a1)
-                        a2 = vfma(vspread(v, dd, 2 * r), _block(v, qs, qo + 2 * step, yf, yo, q4_1), a2)
-                        a3 = vfma(vspread(v, dd, 3 * r), _block(v, qs, qo + 3 * step, yf, yo, q4_1), a3)
-                        a4 = vfma(vspread(v, dd, 4 * r), _block(v, qs, qo + 4 * step, yf, yo, q4_1), a4)
-                        a5 = vfma(vspread(v, dd, 5 * r), _block(v, qs, qo + 5 * step, yf, yo, q4_1), a5)
-                        a6 = vfma(vspread(v, dd, 6 * r), _block(v, qs, qo + 6 * step, yf, yo, q4_1), a6)
-                        a7 = vfma(vspread(v, dd, 7 * r), _block(v, qs, qo + 7 * step, yf, yo, q4_1), a7)
+                        a0 = vfma(vspread(v, dd, 0), _block(v, qs, qo, yf, yo, nibbles), a0)
+                        a1 = vfma(vspread(v, dd, r), _block(v, qs, qo + step, yf, yo, nibbles), a1)
+                        a2 = vfma(vspread(v, dd, 2 * r), _block(v, qs, qo + 2 * step, yf, yo, nibbles), a2)
+                        a3 = vfma(vspread(v, dd, 3 * r), _block(v, qs, qo + 3 * step, yf, yo, nibbles), a3)
+                        a4 = vfma(vspread(v, dd, 4 * r), _block(v, qs, qo + 4 * step, yf, yo, nibbles), a4)
+                        a5 = vfma(vspread(v, dd, 5 * r), _block(v, qs, qo + 5 * step, yf, yo, nibbles), a5)
+                        a6 = vfma(vspread(v, dd, 6 * r), _block(v, qs, qo + 6 * step, yf, yo, nibbles), a6)
+                        a7 = vfma(vspread(v, dd, 7 * r), _block(v, qs, qo + 7 * step, yf, yo, nibbles), a7)
                     vstore(sm, 0, summ)
                     r0 = g * _G + h
                     _rows_out(a0, sm, r, out, i, r0, rows, q4_1)
@@ -249,11 +293,13 @@ def _task_rows(qs, d, m, i0, w, nb, q4_1, wf, dg, mg):
                             q[t0 + rt] = _F32(np.int8(col[rt] >> sh))
 
 
-def exact_gemm(q4_1: bool) -> Callable:
-    """The same dot products for n >= gemm_from: a task takes _T weight rows, expands them to float once
-    (_task_rows), and runs them against its part of x, _RC rows at a time (_gemm_rows); x is split only where
-    the weight has too few row groups to give _TASKS tasks."""
-    with_min = q4_1
+def exact_gemm(fmt: str) -> Callable:
+    """The same dot products for n >= gemm_from ("q4_1" or "q8_0"): a task takes _T weight rows, expands them to
+    float once (_task_rows), and runs them against its part of x, _RC rows at a time (_gemm_rows); x is split only
+    where the weight has too few row groups to give _TASKS tasks."""
+    if fmt not in ("q4_1", "q8_0"):
+        raise ValueError(f"exact_gemm: unknown format {fmt!r}")
+    q4_1 = with_min = fmt == "q4_1"
 
     @njit(**_exact)
     def gemm(qs, d, m, x, out):
