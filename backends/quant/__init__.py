@@ -68,19 +68,17 @@ Numerics: what is bit-exact and what is only close
     tiled kernels with yet other orders.)
 
 Speed choices (2 threads, this machine; bench/bench_quant.py)
-    Q4_1/Q8_0, n < gemm_from, GEMV: prange over groups of 16 weight rows; per activation row, eight registers of
-    two rows each (AVX-512; one row on AVX2) hold the rows' lane chains over the blocks, the lane sums come from
-    the host's integer dot product (quant.int8_dot: vpdpbusd with VNNI) and a block's 16 d_w*d_x from one
-    register. One run: ffn_up 1536x576 in 15 us on two threads (37 GB/s from cache; the int16 emulation across
-    rows it replaced took 26 us), the Q8_0 LM head 49152x576 in 0.48 ms. In a decode the 97 MB of weights come
-    from memory: about 6.3 ms a token, 15 GB/s, where this machine streamed 19 in the same run.
+    Exact kinds (Q4_1, Q8_0, Q5_0, Q4_0), every n, GEMV: prange over groups of 16 weight rows; per activation
+    row, eight registers of two rows each (AVX-512; one row on AVX2) hold the rows' lane chains over the blocks,
+    the lane sums come from the host's integer dot product (quant.int8_dot: vpdpbusd with VNNI) and a block's 16
+    d_w*d_x from one register. One run on an AVX-512 host: ffn_up 1536x576 in 15 us on two threads (37 GB/s from
+    cache; the int16 emulation across rows it replaced took 26 us), the Q8_0 LM head 49152x576 in 0.48 ms. In a
+    decode the 97 MB of weights come from memory: about 6.3 ms a token, 15 GB/s, where that machine streamed 19
+    in the same run. A group's rows stay in L1 while every activation row meets them, so the GEMV serves prompts
+    too: on an AVX2 host it beat the GEMM it replaced (weights expanded to float, float FMAs) at every n from 3 to
+    512, 1.3-6x (ffn_up at n = 128: 3.1 against 4.6 ms; the LM head at n = 512: 281 against 342 ms).
     Weights on the same x (q, k, v; gate and up) run as one kernel call (QWeightGroup): x quantized once, the
     threads started once for all their rows.
-    n >= gemm_from, GEMM: a task expands 64 weight rows to float once (L2) and runs its part of x against them 4
-    activation rows at a time (x is split only where a weight has too few rows to give 16 tasks); ffn_up at
-    n = 128 in 2.0 ms (~113 GFLOP/s) in the same run. Two numba details matter: row loops of the compile-time
-    width _T (with a runtime width they measured 7x slower) and few distinct arrays per loop (beyond ~8 runtime
-    alias checks the loop is not vectorized; hence the (4, 64) accumulator blocks).
     Other types, n < 4, GEMV: prange over weight rows, one flat loop over a row's bytes with the block scale
     read as d[i, j >> 4]; every weight row is reused from L1 for the n activation rows.
     Nested 32-element block loops or exact int32 block sums measured 4-8x slower.

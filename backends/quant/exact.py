@@ -9,14 +9,15 @@ Layout: weight rows in groups of _G; inside a group, block by block, the quant b
 another as GGUF stores them, and apart the rows' d (and m) as f16, [group][block][row]: a plain regrouping of
 the GGUF blocks, no byte changed. The GEMV forms the lane sums with the host's integer dot product
 (quant.int8_dot: VNNI, pmaddubsw, or plain vector arithmetic), two rows to an AVX-512 register, and scales a
-block's rows from one register of their d. The GEMM expands a task's rows to float once and forms the lane
-sums as float FMAs (all partial sums are integers below 2^24, so exact in any order).
+block's rows from one register of their d. It serves every number of activation rows: a group's rows stay in
+L1 while all of x meets them, and on an AVX2 host it measured faster than a GEMM that expanded the weights to
+float, at every n from 3 to 512 (1.3-6x; the per-element order is the same, so are the bits).
 Q4_0, whose matrices llama.cpp repacks when their rows come in eights, is summed in the order of its 8x8 kernels
 instead (exact_gemv's "q4_0x8"); Q5_0, and Q4_0 whose rows do not come in eights, run as Q8_0 (_as_q8_0).
-Activations: the int8 quants in natural order (float32 for the GEMM), d and s per block.
-The formats share one GEMV and one GEMM (exact_gemv, exact_gemm; several weights on one x run as one
-GEMV over their rows laid one after another, quant.weight.QWeightGroup): the format is a closure constant that
-picks its lane and expansion functions, and numba compiles only that branch. (A closure over the functions
+Activations: the int8 quants in natural order, d and s per block.
+The formats share one GEMV (exact_gemv; several weights on one x run as one GEMV over their rows laid one after
+another, quant.weight.QWeightGroup): the format is a closure constant that picks its lane functions, and numba
+compiles only that branch. (A closure over the functions
 themselves would change numba's cache key in every process: the key pickles a dispatcher with a per-process
 uuid, and the kernels would compile again at each start.)
 """
@@ -28,9 +29,8 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels.simd import (as_f32, lanes, vfma, vhsum8_at, vload, vmul, vpairadd, vsplat, vspread,
+from graphir.backends.kernels.simd import (lanes, vfma, vhsum8_at, vload, vmul, vpairadd, vsplat, vspread,
                                            vstore, vsub, vzero, width)
-from graphir.backends.kernels_util import fma, hsum8
 from graphir.backends.quant.activation import q8_blocks
 from graphir.backends.quant.int8_dot import WIDE_LANES, block_lanes
 
@@ -38,9 +38,6 @@ _F32 = np.float32
 _exact = dict(parallel=True, cache=True)                  # no FMA contraction but the written ones: bit-exact
 
 _G = 16                    # weight rows per group of the layout (an AVX-512 register of their scales)
-_T = 64                    # weight rows per GEMM task
-_RC = 32                   # activation rows per GEMM step
-_TASKS = 16                # GEMM tasks wanted at least: a task expands its weight rows once, for all its x
 GEMV_LANES = WIDE_LANES    # float32 lanes of the GEMV's registers: AVX-512 holds two rows' eight lanes
 
 _lanes_q4_1, _lanes_q8_0 = block_lanes("q4_1"), block_lanes("q8_0")
@@ -94,18 +91,6 @@ def pack_q5_0_as_q8_0(b):
 
 
 @njit(cache=True, inline="always")
-def _scales(dg, mg, b, w, ydb, ysb, dd, summ, with_min):
-    """dd = d_w * d_x (one f32 product, as llama.cpp's d0*d1) and the min-term chain for block b."""
-    db = dg[b * w:(b + 1) * w]
-    for t in range(w):
-        dd[t] = db[t] * ydb
-    if with_min:
-        mb = mg[b * w:(b + 1) * w]
-        for t in range(w):
-            summ[t] = fma(mb[t], ysb, summ[t])
-
-
-@njit(cache=True, inline="always")
 def _block(v, qs, qo, y, yo, nibbles):
     """The lane sums of the R rows' blocks from qs[qo] against the activation block at y[yo], as floats (nibbles:
     Q4_1's 16 bytes a row, else Q8_0's 32)."""
@@ -134,7 +119,7 @@ def _row_sums(a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
-    """ggml_vec_dot_q4_1_q8_1 (fmt "q4_1") or ggml_vec_dot_q8_0_q8_0 ("q8_0") for n < gemm_from: prange over
+    """ggml_vec_dot_q4_1_q8_1 (fmt "q4_1") or ggml_vec_dot_q8_0_q8_0 ("q8_0") for any n: prange over
     groups of _G weight rows; per activation row, 8 registers of R rows each at a time, their lane chains held in
     registers over the blocks. The block's d_w * d_x for those rows is one register (spread over each row's lanes
     by vspread), and Q4_1's min term chains in one register across the rows. n_lanes: float32 lanes of a register
@@ -212,109 +197,3 @@ def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
                     _rows_out(a7, sm, r, out, i, r0 + 7 * r, rows, q4_1)
 
     return gemv
-
-
-@njit(cache=True, inline="always")
-def _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, r0, r1, with_min):
-    """Activation rows [r0, r1) against the group's weights expanded to float, wf (nb*8, 4, _T) (zero past w);
-    four rows at a time share the weight loads. Every buffer is _T wide and every row loop runs over _T: with
-    a compile-time width numba's loops vectorize (with w they measured 7x slower)."""
-    nb = y.shape[1] >> 5
-    acc = np.empty((8, 4, _T), _F32)
-    summ = np.zeros((4, _T), _F32)
-    dd = np.zeros((4, _T), _F32)
-    for ra in range(r0, r1, 4):
-        nr = min(4, r1 - ra)
-        acc[:] = 0.0
-        summ[:] = 0.0
-        for b in range(nb):
-            for u in range(nr):
-                _scales(dg, mg, b, w, yd[ra + u, b], ys[ra + u, b], dd[u], summ[u], with_min)
-            for lane in range(8):
-                fb, aa = wf[b * 8 + lane], acc[lane]
-                o = b * 32 + 4 * lane
-                if nr == 4:
-                    ya, yb, yc, ye = y[ra, o:o + 4], y[ra + 1, o:o + 4], y[ra + 2, o:o + 4], y[ra + 3, o:o + 4]
-                    y00, y01, y02, y03 = ya[0], ya[1], ya[2], ya[3]
-                    y10, y11, y12, y13 = yb[0], yb[1], yb[2], yb[3]
-                    y20, y21, y22, y23 = yc[0], yc[1], yc[2], yc[3]
-                    y30, y31, y32, y33 = ye[0], ye[1], ye[2], ye[3]
-                    for t in range(_T):
-                        x0, x1, x2, x3 = fb[0, t], fb[1, t], fb[2, t], fb[3, t]
-                        aa[0, t] = fma(dd[0, t], fma(x3, y03, fma(x2, y02, fma(x1, y01, x0 * y00))), aa[0, t])
-                        aa[1, t] = fma(dd[1, t], fma(x3, y13, fma(x2, y12, fma(x1, y11, x0 * y10))), aa[1, t])
-                        aa[2, t] = fma(dd[2, t], fma(x3, y23, fma(x2, y22, fma(x1, y21, x0 * y20))), aa[2, t])
-                        aa[3, t] = fma(dd[3, t], fma(x3, y33, fma(x2, y32, fma(x1, y31, x0 * y30))), aa[3, t])
-                else:
-                    for u in range(nr):
-                        yu = y[ra + u, o:o + 4]
-                        y0, y1, y2, y3 = yu[0], yu[1], yu[2], yu[3]
-                        al, du = aa[u], dd[u]
-                        for t in range(_T):
-                            al[t] = fma(du[t], fma(fb[3, t], y3, fma(fb[2, t], y2, fma(fb[1, t], y1, fb[0, t] * y0))),
-                                        al[t])
-        for u in range(nr):
-            for t in range(w):
-                v = hsum8(acc[0, u, t], acc[1, u, t], acc[2, u, t], acc[3, u, t],
-                          acc[4, u, t], acc[5, u, t], acc[6, u, t], acc[7, u, t])
-                out[ra + u, i0 + t] = v + summ[u, t] if with_min else v
-
-
-@njit(cache=True, inline="always")
-def _task_rows(qs, d, m, i0, w, nb, q4_1, wf, dg, mg):
-    """Rows i0 .. i0 + w of the layout (i0 a whole group) as the GEMM reads them: quants as floats
-    wf[block * 8 + lane, element of the lane, row] (zeros past w), scales dg / mg [block][row] as float32. A
-    group's block is read four bytes (a lane's, or two lanes' nibbles) of every row at a time, so that every
-    write runs along the rows."""
-    words = 4 if q4_1 else 8                               # 32-bit words of a block of one row
-    q32 = qs.view(np.uint32)
-    col = np.empty(_G, np.uint32)
-    for t0 in range(0, w, _G):
-        g = (i0 + t0) // _G
-        for b in range(nb):
-            o = (g * nb + b) * _G
-            for rt in range(min(_G, w - t0)):
-                dg[b * w + t0 + rt] = as_f32(d[o + rt])
-                if q4_1:
-                    mg[b * w + t0 + rt] = as_f32(m[o + rt])
-            for c in range(words):
-                for rt in range(_G):
-                    col[rt] = q32[(o + rt) * words + c]
-                for e in range(4):
-                    sh = np.uint32(8 * e)
-                    if q4_1:                                  # byte 4c + e: element 4c + e low, 4c + e + 16 high
-                        lo, hi = wf[b * 8 + c, e], wf[b * 8 + 4 + c, e]
-                        for rt in range(_G):
-                            lo[t0 + rt] = _F32((col[rt] >> sh) & np.uint32(15))
-                            hi[t0 + rt] = _F32((col[rt] >> (sh + np.uint32(4))) & np.uint32(15))
-                    else:
-                        q = wf[b * 8 + c, e]
-                        for rt in range(_G):
-                            q[t0 + rt] = _F32(np.int8(col[rt] >> sh))
-
-
-def exact_gemm(fmt: str) -> Callable:
-    """The same dot products for n >= gemm_from ("q4_1" or "q8_0"): a task takes _T weight rows, expands them to
-    float once (_task_rows), and runs them against its part of x, _RC rows at a time (_gemm_rows); x is split only
-    where the weight has too few row groups to give _TASKS tasks."""
-    if fmt not in ("q4_1", "q8_0"):
-        raise ValueError(f"exact_gemm: unknown format {fmt!r}")
-    q4_1 = with_min = fmt == "q4_1"
-
-    @njit(**_exact)
-    def gemm(qs, d, m, x, out):
-        n, k = x.shape
-        rows, nb = out.shape[1], k >> 5
-        y, yd, ys = np.empty((n, k), _F32), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
-        q8_blocks(x, y, yd, ys)
-        nc, ng = (n + _RC - 1) // _RC, (rows + _T - 1) // _T
-        parts = min(nc, (_TASKS + ng - 1) // ng)              # x split in parts only to make _TASKS tasks
-        for task in prange(ng * parts):
-            i0, part = task // parts * _T, task % parts
-            w = min(_T, rows - i0)
-            wf, dg, mg = np.zeros((nb * 8, 4, _T), _F32), np.empty(nb * w, _F32), np.empty(nb * w, _F32)
-            _task_rows(qs, d, m, i0, w, nb, q4_1, wf, dg, mg)
-            for c in range(part * nc // parts, (part + 1) * nc // parts):
-                _gemm_rows(wf, dg, mg, y, yd, ys, out, i0, w, c * _RC, min(n, (c + 1) * _RC), with_min)
-
-    return gemm

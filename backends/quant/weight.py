@@ -17,8 +17,8 @@ from graphir.backends.quant.activation import ACT
 from graphir.backends.quant.blocks import (
     deq_bf16, deq_f16, deq_f32, deq_mxfp4, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_0, deq_q5_k, deq_q6_k, deq_q8_0,
     repack_mxfp4, repack_q4_0, repack_q4_1, repack_q4_k, repack_q5_0, repack_q5_k, repack_q6_k, repack_q8_0)
-from graphir.backends.quant.exact import (_G, exact_gemm, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1,
-                                          pack_q5_0_as_q8_0, pack_q8_0)
+from graphir.backends.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1, pack_q5_0_as_q8_0,
+                                          pack_q8_0)
 from graphir.backends.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
 from graphir.backends.quant.stream import (
     GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_k, gemm_q5_k, gemm_q6_k, gemv_f32, gemv_q4_k,
@@ -40,41 +40,36 @@ class _Kind:
     gemv: Callable                 # (*packed, xq, asum, out), n < GEMM_FROM
     gemm: Callable                 # (*packed, xq, asum, out), n >= GEMM_FROM
     deq: Callable                  # (*packed, ids, inv, out)
-    # Exact kinds (Q4_1, Q8_0, Q5_0, Q4_0, MXFP4): matmul uses its own layout, `pack` (qs, d, m), and gemv/gemm take
-    # (qs, d, m, x, out) and quantize x themselves; GEMM from n >= gemm_from. `repack`/`deq` then serve get_rows
-    # only (from raw rows).
+    # Exact kinds (Q4_1, Q8_0, Q5_0, Q4_0, MXFP4): matmul uses its own layout, `pack` (qs, d, m), and one kernel
+    # for every n, gemv (gemm is the same), takes (qs, d, m, x, out) and quantizes x itself. `repack`/`deq` then
+    # serve get_rows only (from raw rows).
     pack: Callable | None = None
-    gemm_from: int = 0
     # rows of several weights can be packed one after another and run as one GEMV (QWeightGroup): their layout
     # keeps each group of _G rows apart
     joins: bool = False
 
 
-# gemm_from (exact kinds), measured: ffn_up 1536x576 GEMV 26/48/69 us at n = 1/2/3, GEMM 51/58/63 us; Q8_0's
-# weight expansion costs about as much as its GEMV, so the LM head's crossover is at n ~ 7.
-_Q8_GEMV, _Q8_GEMM = exact_gemv("q8_0"), exact_gemm("q8_0")     # Q8_0's, and Q5_0's on Q8_0 blocks
-# Q4_0 in the order of llama.cpp's repacked 8x8 kernels: one GEMV for every n, each weight group's rows met by
-# all of x while in L1; at n = 128, measured 4.0 / 3.8 ms on 1536x576 / 576x1536, Q4_1's GEMM 2.9 / 4.9 ms
-_Q4_0_GEMV = exact_gemv("q4_0x8")
+_Q8 = exact_gemv("q8_0")        # Q8_0's, and Q5_0's on Q8_0 blocks
+_Q4_0 = exact_gemv("q4_0x8")    # Q4_0 in the order of llama.cpp's repacked 8x8 kernels
 _TYPES: dict[T, _Kind] = {
     T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, gemm_f32, deq_f32),
     T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(bf16=False), gemm_f16, deq_f16),
     T.BF16: _Kind(np.uint16, "bf16", 1, 1, None, converting_gemv(bf16=True), gemm_bf16, deq_bf16),
-    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, _Q8_GEMV, _Q8_GEMM, deq_q8_0, pack_q8_0, 7, True),
-    T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q4_0_GEMV, _Q4_0_GEMV, deq_q4_0, pack_q4_0, 0, True),
-    T.Q5_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q5_0, _Q8_GEMV, _Q8_GEMM, deq_q5_0, pack_q5_0_as_q8_0, 7, True),
-    T.MXFP4: _Kind(np.uint8, "q8_0", 2, 16, repack_mxfp4, mxfp4_matmul, mxfp4_matmul, deq_mxfp4, pack_mxfp4, 0),
-    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv("q4_1"), exact_gemm("q4_1"),
-                  deq_q4_1, pack_q4_1, 3, True),
+    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, _Q8, _Q8, deq_q8_0, pack_q8_0, True),
+    T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q4_0, _Q4_0, deq_q4_0, pack_q4_0, True),
+    T.Q5_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q5_0, _Q8, _Q8, deq_q5_0, pack_q5_0_as_q8_0, True),
+    T.MXFP4: _Kind(np.uint8, "q8_0", 2, 16, repack_mxfp4, mxfp4_matmul, mxfp4_matmul, deq_mxfp4, pack_mxfp4),
+    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv("q4_1"), exact_gemv("q4_1"), deq_q4_1, pack_q4_1,
+                  True),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, gemm_q4_k, deq_q4_k),
     T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, gemv_q5_k, gemm_q5_k, deq_q5_k),
     T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, gemv_q6_k, gemm_q6_k, deq_q6_k),
 }
 SUPPORTED = frozenset(_TYPES)
-# llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"); other row counts take its
-# vec_dot, which is Q8_0's on the same values
+# llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"); other row counts
+# take its vec_dot, which is Q8_0's on the same values
 _UNREPACKED: dict[T, _Kind] = {
-    T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q8_GEMV, _Q8_GEMM, deq_q4_0, pack_q4_0_as_q8_0, 7, True)}
+    T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q8, _Q8, deq_q4_0, pack_q4_0_as_q8_0, True)}
 
 
 def _kind_of(qtype: T, rows: int) -> _Kind:
@@ -169,7 +164,7 @@ class QWeight:
         elif out.shape != (n, self.rows) or out.dtype != _F32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous float32 {(n, self.rows)}, got {out.dtype} {out.shape}")
         if k.pack is not None:                                 # exact kinds: llama.cpp's vec_dot order
-            (k.gemv if n < k.gemm_from else k.gemm)(*self.packed, x, out)
+            k.gemv(*self.packed, x, out)
             return out
         quantize, group = ACT[k.act]
         asum = np.empty((n, self.ne0 // group if group else 0), _F32)
@@ -184,14 +179,14 @@ class QWeight:
         k, ne0, rows = self._kind, self.ne0, self.rows
         if k.pack is None:
             return lambda x: self.matmul(np.ascontiguousarray(x, dtype=_F32))
-        packed, gemv, gemm, gemm_from = self.packed, k.gemv, k.gemm, k.gemm_from
+        packed, gemv = self.packed, k.gemv
 
         def product(x: np.ndarray) -> np.ndarray:
             x = np.ascontiguousarray(x, dtype=_F32)
             if x.ndim != 2 or x.shape[1] != ne0:
                 raise ValueError(f"x must be (n, {ne0}), got {x.shape}")
             out = np.empty((x.shape[0], rows), _F32)
-            (gemv if x.shape[0] < gemm_from else gemm)(*packed, x, out)
+            gemv(*packed, x, out)
             return out
 
         return product
@@ -228,8 +223,8 @@ class QWeight:
 
 class QWeightGroup:
     """Weights multiplied by the same x (attention's q, k, v; the FFN's gate and up): matmul(x) equals
-    [w.matmul(x) for w in weights] bit for bit, and for weights of one kind that joins (Q4_1, Q8_0) whose row
-    counts are whole groups of _G, below their GEMM, is one GEMV over all their rows: x quantized once, the
+    [w.matmul(x) for w in weights] bit for bit, and for weights of one kind that joins (Q4_1, Q8_0, Q5_0, Q4_0)
+    whose row counts are whole groups of _G, is one GEMV over all their rows: x quantized once, the
     threads started once. For that the weights' packed rows are laid one after another in one array on the first
     call, and each weight's own packed layout becomes its part of it (no second copy)."""
 
@@ -278,7 +273,7 @@ class QWeightGroup:
 
         def product(x: np.ndarray) -> list[np.ndarray]:
             x = np.ascontiguousarray(x, dtype=_F32)
-            if x.ndim != 2 or x.shape[1] != ne0 or x.shape[0] != 1:  # several rows: matmul's choice of kernels
+            if x.ndim != 2 or x.shape[1] != ne0 or x.shape[0] != 1:  # several rows: matmul's contiguous parts
                 return self.matmul(x)
             out = np.empty((1, total), _F32)
             gemv(*joined, x, out)
@@ -289,7 +284,7 @@ class QWeightGroup:
     def matmul(self, x: np.ndarray) -> list[np.ndarray]:
         """x (n, ne0) float32 -> one (n, rows) float32 array per weight."""
         k = self._kind
-        if k is None or x.shape[0] >= k.gemm_from or x.ndim != 2 or x.dtype != _F32 \
+        if k is None or x.ndim != 2 or x.dtype != _F32 \
                 or x.shape[1] != self.weights[0].ne0 or not x.flags.c_contiguous:
             return [w.matmul(x) for w in self.weights]
         out = np.empty((x.shape[0], sum(w.rows for w in self.weights)), _F32)
