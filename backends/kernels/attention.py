@@ -24,6 +24,9 @@ from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, column_dots, ker
 from graphir.backends.kernels.softmax import exp_head, mask_rows, soft_max_row
 
 F32 = np.float32
+# products_task's constant arguments as numpy integers: numba types a literal 0 or 1 as a literal and compiles the
+# callee again for it, where these take the compile mul_mat's products made already
+_ZERO, _ONE, _VEC_F16 = np.int64(0), np.int64(1), np.int64(VEC_F16)
 
 
 @njit(**SER)
@@ -35,7 +38,8 @@ def _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows
     products leave column_dots' sums as they are, so neither is computed."""
     n_kv = kq.shape[2]
     simd_kq = d // (4 * lanes) * (4 * lanes)
-    products_task(v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, 1, ratio, hadd, VEC_F16, simd_kq, h, 0, 1, 0, live, kq)
+    products_task(v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, _ONE, ratio, hadd, _VEC_F16, simd_kq, h, _ZERO, _ONE,
+                  _ZERO, live, kq)
     kq[h, 0, live:] = 0.0
     w = np.empty(max(head, n_kv), F32)
     p = np.empty(n_kv, F32)
@@ -49,11 +53,12 @@ def _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows
 def _attend(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes, variant, vw,
             vsb, vsc, kpv, ldp, kq, out):
     """Every head, in parallel. The head's work is a call, not inlined: in a prange body numba compiles it
-    several times over (20 s against 5). Parallel only: a first token's few cells take one launch too, and a
-    serial copy would compile again."""
+    several times over (20 s against 5). Its index is cast: numba types a prange index int64 when it infers the
+    loop and uint64 when it lowers it, and a call taking it compiled twice (7 s each). Parallel only: a first
+    token's few cells take one launch too, and a serial copy would compile again."""
     for h in prange(out.shape[0]):
         _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes,
-                     variant, vw, vsb, vsc, kpv, ldp, kq, out, h)
+                     variant, vw, vsb, vsc, kpv, ldp, kq, out, np.int64(h))
 
 
 def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
@@ -70,7 +75,7 @@ def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
         return None
     n_head_kv, n_kv, d = k.shape
     krows, ksb, ksm = as_rows(k)
-    kflat, vflat, vsb, vsc = kernel_view(krows).reshape(-1), *cols
+    kflat, vflat, vsb, vsc = kernel_view(krows.reshape(-1)), *cols
     lanes, hadd = path.lanes, path.reduce == isa.REDUCE_HADD
     v, head, kpv = simd.lanes(lanes), exp_head(n_kv, lanes, pad), -(-n_kv // pad) * pad
     scale32, ldp, d_v = F32(scale), -(-n_kv // 64) * 64, vt.shape[1]

@@ -427,11 +427,15 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
             continue
         wrows, wsb, wsm = as_rows(wa)
         fn = _products_par if xa.shape[0] * n * m * k >= MM_PAR_MIN else _products_ser
-        fn(simd.lanes(path.lanes), kernel_view(wrows).reshape(-1), wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp, wsb,
-           wsm, xsb, xsn, xa.shape[0] // wa.shape[0], path.reduce == _REDUCE_HADD, mode, out[a])
+        fn(simd.lanes(path.lanes), kernel_view(wrows.reshape(-1)), wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp,
+           wsb, wsm, xsb, xsn, xa.shape[0] // wa.shape[0], path.reduce == _REDUCE_HADD, mode, out[a])
     return out.reshape(out.shape[4 - r:])
 
 
 def kernel_view(a: np.ndarray) -> np.ndarray:
-    """f16 arrays as their uint16 bits (numba has no float16); other dtypes as float32."""
-    return a.view(np.uint16) if a.dtype == np.float16 else a.astype(F32, copy=False)
+    """f16 arrays as their uint16 bits (numba has no float16), other dtypes as float32; always read-only. numba
+    types a read-only array apart from a writable one and compiles a kernel once for each: a cache's rows and a
+    mapped file's weights would cost two compiles of each product kernel on a first run (7 s each here)."""
+    v = (a.view(np.uint16) if a.dtype == np.float16 else a.astype(F32, copy=False)).view()
+    v.flags.writeable = False
+    return v
