@@ -47,7 +47,7 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     blocks of the same numbers give its bits, through Q8_0's kernels.
     (Q5_K's 5th bits in place would cost a gather per element: GEMV 109 us instead of 32 us on 1536x512.)
     (*) [group][block][row] (see quant.exact): a block's quant bytes of the group's rows one after another,
-    their scales apart, rows padded to a whole group. get_rows of Q4_1/Q8_0 repacks just the rows asked for,
+    their scales apart, rows padded to a whole group. get_rows of the grouped kinds repacks just the rows asked for,
     from the raw data, into the stream layout.
 
 Numerics: what is bit-exact and what is only close

@@ -17,9 +17,9 @@ instead (exact_gemv's "q4_0x8"); Q5_0, and Q4_0 whose rows do not come in eights
 Activations: the int8 quants in natural order, d and s per block.
 The formats share one GEMV (exact_gemv; several weights on one x run as one GEMV over their rows laid one after
 another, quant.weight.QWeightGroup): the format is a closure constant that picks its lane functions, and numba
-compiles only that branch. (A closure over the functions
-themselves would change numba's cache key in every process: the key pickles a dispatcher with a per-process
-uuid, and the kernels would compile again at each start.)
+compiles only that branch. (A closure over the functions themselves would change numba's cache key in every
+process: the key pickles a dispatcher with a per-process uuid, and the kernels would compile again at each
+start.)
 """
 
 from __future__ import annotations
