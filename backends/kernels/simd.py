@@ -19,8 +19,9 @@ from numba.core import cgutils
 from numba.core.imputils import lower_constant
 from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
 
-__all__ = ["Lanes", "lanes", "vzero", "vsplat", "vsplat_at", "vload", "vload_part", "vstore", "vfma", "vadd", "vsub", "vmul",
-           "vpairadd", "vhsum", "vhsum8_at", "vreduce4", "vspread", "width", "as_f32", "element_ptr"]
+__all__ = ["Lanes", "lanes", "vzero", "vsplat", "vsplat_at", "vload", "vload_part", "vstore", "vfma", "vadd", "vsub",
+           "vmul", "vpairadd", "vhsum", "vhsum8_at", "vhsum8_halves", "vreduce4", "vspread", "vspread4", "width",
+           "as_f32", "element_ptr"]
 
 
 class F32Vec(types.Type):
@@ -177,8 +178,9 @@ def vload_part(typingctx, proto, arr, idx, count):
                 v_plain = builder.load(builder.bitcast(ptr, vt.as_pointer()), align=4 if f32 else 2)
                 from_plain = builder.block
             with masked:
-                v_masked = builder.call(fn, [builder.bitcast(ptr, vt.as_pointer()),
-                                             ir.Constant(ir.IntType(32), 4 if f32 else 2), mask, ir.Constant(vt, [0.0] * n)])
+                v_masked = builder.call(fn, [builder.bitcast(ptr, vt.as_pointer()), ir.Constant(ir.IntType(32),
+                                                                                                4 if f32 else 2),
+                                             mask, ir.Constant(vt, [0.0] * n)])
                 from_masked = builder.block
         v = builder.phi(vt)
         v.add_incoming(v_plain, from_plain)
@@ -353,6 +355,41 @@ def vhsum8_at(typingctx, v, part):
                                    for i in range(8)])
 
     return types.float32(v, part), codegen
+
+
+@intrinsic
+def vhsum8_halves(typingctx, lo, hi, row):
+    """The sum in hsum_float_8's order of the eight lanes of a row held in halves: its lanes 0-3 at lo[4 * row:]
+    and 4-7 at hi[4 * row:] (row a constant; a row past the registers' end sums no lane, 0.0)."""
+    if not (isinstance(lo, F32Vec) and lo == hi and isinstance(row, types.IntegerLiteral)):
+        return None
+    r = row.literal_value
+
+    def codegen(context, builder, sig, args):
+        if 4 * r >= lo.n:
+            return ir.Constant(ir.FloatType(), 0.0)
+        at = [ir.Constant(ir.IntType(32), 4 * r + i) for i in range(4)]
+        return _lane_sum(builder, [builder.extract_element(args[0], i) for i in at]
+                         + [builder.extract_element(args[1], i) for i in at])
+
+    return types.float32(lo, hi, row), codegen
+
+
+@intrinsic
+def vspread4(typingctx, proto, arr, idx):
+    """A register of n lanes from the n / 4 floats arr[idx:idx + n / 4] (float32, 1-D), each in 4 lanes: the
+    per-row factor of a register holding n / 4 rows' half lanes (vhsum8_halves)."""
+    if not (isinstance(proto, F32Vec) and _is_row(arr, (types.float32,)) and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        r = proto.n // 4
+        ptr = element_ptr(context, builder, sig.args[1], args[1], args[2], r)
+        v = builder.load(builder.bitcast(ptr, _vec(r).as_pointer()), align=4)
+        order = [i for i in range(r) for _ in range(4)]
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), proto.n), order))
+
+    return proto(proto, arr, idx), codegen
 
 
 @intrinsic
