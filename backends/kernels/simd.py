@@ -269,21 +269,32 @@ def vpairadd(typingctx, a, b):
     return a(a, b), codegen
 
 
-@intrinsic
-def vspread(typingctx, proto, arr, idx):
-    """A register of n lanes from the n / 8 floats arr[idx:idx + n / 8] (float32, 1-D), each in 8 lanes: the
-    per-row factor of a register holding n / 8 rows' eight lanes each."""
-    if not (isinstance(proto, F32Vec) and _is_row(arr, (types.float32,)) and isinstance(idx, types.Integer)):
-        return None
+def _spreading(each: int, doc: str):  # type: ignore[no-untyped-def]
+    """An intrinsic spread(proto, arr, idx): a register of n lanes from the n / each floats arr[idx:] (float32,
+    1-D), each repeated in ``each`` consecutive lanes."""
 
-    def codegen(context, builder, sig, args):
-        r = proto.n // 8
-        ptr = element_ptr(context, builder, sig.args[1], args[1], args[2], r)
-        v = builder.load(builder.bitcast(ptr, _vec(r).as_pointer()), align=4)
-        order = [i for i in range(r) for _ in range(8)]
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), proto.n), order))
+    @intrinsic
+    def spread(typingctx, proto, arr, idx):  # type: ignore[no-untyped-def]
+        if not (isinstance(proto, F32Vec) and _is_row(arr, (types.float32,)) and isinstance(idx, types.Integer)):
+            return None
 
-    return proto(proto, arr, idx), codegen
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            r = proto.n // each
+            ptr = element_ptr(context, builder, sig.args[1], args[1], args[2], r)
+            v = builder.load(builder.bitcast(ptr, _vec(r).as_pointer()), align=4)
+            order = [i for i in range(r) for _ in range(each)]
+            return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), proto.n), order))
+
+        return proto(proto, arr, idx), codegen
+
+    spread.__doc__ = doc
+    return spread
+
+
+vspread = _spreading(8, "n / 8 floats from arr[idx], each in 8 lanes: the per-row factor of a register holding "
+                        "n / 8 rows' eight lanes each.")
+vspread4 = _spreading(4, "n / 4 floats from arr[idx], each in 4 lanes: the per-row factor of a register holding "
+                         "n / 4 rows' half lanes (vhsum8_halves).")
 
 
 @intrinsic
@@ -373,23 +384,6 @@ def vhsum8_halves(typingctx, lo, hi, row):
                          + [builder.extract_element(args[1], i) for i in at])
 
     return types.float32(lo, hi, row), codegen
-
-
-@intrinsic
-def vspread4(typingctx, proto, arr, idx):
-    """A register of n lanes from the n / 4 floats arr[idx:idx + n / 4] (float32, 1-D), each in 4 lanes: the
-    per-row factor of a register holding n / 4 rows' half lanes (vhsum8_halves)."""
-    if not (isinstance(proto, F32Vec) and _is_row(arr, (types.float32,)) and isinstance(idx, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        r = proto.n // 4
-        ptr = element_ptr(context, builder, sig.args[1], args[1], args[2], r)
-        v = builder.load(builder.bitcast(ptr, _vec(r).as_pointer()), align=4)
-        order = [i for i in range(r) for _ in range(4)]
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), proto.n), order))
-
-    return proto(proto, arr, idx), codegen
 
 
 @intrinsic

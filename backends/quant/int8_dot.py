@@ -68,6 +68,34 @@ def _sums(builder: ir.IRBuilder, flavour: str, w: ir.Value, y: ir.Value, n: int)
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
+Loader = Callable[[int, int], ir.Value]  # (offset, count) -> that many bytes (i8 vector) from an operand's index on
+
+
+def _on_blocks(sums: Callable[[ir.IRBuilder, int, Loader, Loader], ir.Value]) -> Callable[..., Any]:
+    """An intrinsic f(proto, q, qo, y, yo) over uint8 weight bytes q and int8 activation quants y: the int32 lane
+    sums that sums(builder, n, load_q, load_y) forms, as float32 in a register like proto (n lanes)."""
+
+    @intrinsic
+    def on_blocks(typingctx, proto, q, qo, y, yo):  # type: ignore[no-untyped-def]
+        if not (isinstance(proto, F32Vec) and isinstance(q, types.Array) and isinstance(y, types.Array)
+                and q.dtype == types.uint8 and y.dtype == types.int8):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            def loader(at: int) -> Loader:
+                def load(offset: int, count: int) -> ir.Value:
+                    idx = builder.add(args[at + 1], ir.Constant(args[at + 1].type, offset)) if offset else args[at + 1]
+                    ptr = element_ptr(context, builder, sig.args[at], args[at], idx, count)
+                    return builder.load(builder.bitcast(ptr, ir.VectorType(_I8, count).as_pointer()), align=1)
+                return load
+
+            return builder.sitofp(sums(builder, proto.n, loader(1), loader(3)), ir.VectorType(ir.FloatType(), proto.n))
+
+        return proto(proto, q, qo, y, yo), codegen
+
+    return on_blocks
+
+
 def block_lanes(fmt: str, flavour: str = HOST) -> Callable[..., Any]:
     """An intrinsic lanes(proto, q, qo, y, yo): the lane sums (as float32, a register like proto) of R = n / 8
     rows' blocks of format ``fmt`` laid one after another from q[qo] (uint8) against the 32 int8 activation
@@ -77,39 +105,27 @@ def block_lanes(fmt: str, flavour: str = HOST) -> Callable[..., Any]:
         raise ValueError(f"block_lanes: unknown format {fmt!r} or flavour {flavour!r}")
     row_bytes = 16 if fmt == "q4_1" else 32
 
-    @intrinsic
-    def lanes(typingctx, proto, q, qo, y, yo):  # type: ignore[no-untyped-def]
-        if not (isinstance(proto, F32Vec) and isinstance(q, types.Array) and isinstance(y, types.Array)
-                and q.dtype == types.uint8 and y.dtype == types.int8):
-            return None
+    def sums(builder: ir.IRBuilder, n: int, load_q: Loader, load_y: Loader) -> ir.Value:
+        r = n // 8
+        raw, act = load_q(0, row_bytes * r), load_y(0, 32)
+        if r > 1:
+            act = builder.shuffle_vector(act, act, _indices(list(range(32)) * r))
+        if fmt == "q4_1":                                 # row by row: its 16 low nibbles, then its 16 high
+            lo = builder.and_(raw, ir.Constant(raw.type, [15] * 16 * r))
+            hi = builder.lshr(raw, ir.Constant(raw.type, [4] * 16 * r))
+            order: list[int] = []
+            for i in range(r):
+                order += list(range(16 * i, 16 * i + 16)) + list(range(16 * (r + i), 16 * (r + i) + 16))
+            w = builder.shuffle_vector(lo, hi, _indices(order))
+        else:                                             # |w| and y with w's sign (ggml's _mm256_sign_epi8)
+            zero = ir.Constant(raw.type, [0] * 32 * r)
+            neg = builder.icmp_signed("<", raw, zero)
+            w = builder.select(neg, builder.sub(zero, raw), raw)
+            act = builder.select(neg, builder.sub(zero, act), builder.select(builder.icmp_signed("==", raw, zero),
+                                                                             zero, act))
+        return _sums(builder, flavour, w, act, n)
 
-        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-            n = proto.n
-            r = n // 8
-            qp = element_ptr(context, builder, sig.args[1], args[1], args[2], row_bytes * r)
-            yp = element_ptr(context, builder, sig.args[3], args[3], args[4], 32)
-            raw = builder.load(builder.bitcast(qp, ir.VectorType(_I8, row_bytes * r).as_pointer()), align=1)
-            act = builder.load(builder.bitcast(yp, ir.VectorType(_I8, 32).as_pointer()), align=1)
-            if r > 1:
-                act = builder.shuffle_vector(act, act, _indices(list(range(32)) * r))
-            if fmt == "q4_1":                                 # row by row: its 16 low nibbles, then its 16 high
-                lo = builder.and_(raw, ir.Constant(raw.type, [15] * 16 * r))
-                hi = builder.lshr(raw, ir.Constant(raw.type, [4] * 16 * r))
-                order: list[int] = []
-                for i in range(r):
-                    order += list(range(16 * i, 16 * i + 16)) + list(range(16 * (r + i), 16 * (r + i) + 16))
-                w = builder.shuffle_vector(lo, hi, _indices(order))
-            else:                                             # |w| and y with w's sign (ggml's _mm256_sign_epi8)
-                zero = ir.Constant(raw.type, [0] * 32 * r)
-                neg = builder.icmp_signed("<", raw, zero)
-                w = builder.select(neg, builder.sub(zero, raw), raw)
-                act = builder.select(neg, builder.sub(zero, act), builder.select(builder.icmp_signed("==", raw, zero),
-                                                                                 zero, act))
-            return builder.sitofp(_sums(builder, flavour, w, act, n), ir.VectorType(ir.FloatType(), n))
-
-        return proto(proto, q, qo, y, yo), codegen
-
-    return lanes
+    return _on_blocks(sums)
 
 
 def nibble_half_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
@@ -121,25 +137,11 @@ def nibble_half_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
     if flavour not in ("vnni", "pmadd", "generic"):
         raise ValueError(f"nibble_half_lanes: unknown flavour {flavour!r}")
 
-    @intrinsic
-    def halves(typingctx, proto, q, qo, y, yo):  # type: ignore[no-untyped-def]
-        if not (isinstance(proto, F32Vec) and isinstance(q, types.Array) and isinstance(y, types.Array)
-                and q.dtype == types.uint8 and y.dtype == types.int8):
-            return None
+    def sums(builder: ir.IRBuilder, n: int, load_q: Loader, load_y: Loader) -> ir.Value:
+        raw, act = load_q(0, 4 * n), load_y(16 * high, 16)
+        act = builder.shuffle_vector(act, act, _indices(list(range(16)) * (n // 4)))
+        if high:
+            raw = builder.lshr(raw, ir.Constant(raw.type, [4] * 4 * n))
+        return _sums(builder, flavour, builder.and_(raw, ir.Constant(raw.type, [15] * 4 * n)), act, n)
 
-        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-            n = proto.n
-            qp = element_ptr(context, builder, sig.args[1], args[1], args[2], 4 * n)
-            yp = element_ptr(context, builder, sig.args[3], args[3], builder.add(args[4], ir.Constant(args[4].type,
-                                                                                            16 * high)), 16)
-            raw = builder.load(builder.bitcast(qp, ir.VectorType(_I8, 4 * n).as_pointer()), align=1)
-            act = builder.load(builder.bitcast(yp, ir.VectorType(_I8, 16).as_pointer()), align=1)
-            act = builder.shuffle_vector(act, act, _indices(list(range(16)) * (n // 4)))
-            if high:
-                raw = builder.lshr(raw, ir.Constant(raw.type, [4] * 4 * n))
-            w = builder.and_(raw, ir.Constant(raw.type, [15] * 4 * n))
-            return builder.sitofp(_sums(builder, flavour, w, act, n), ir.VectorType(ir.FloatType(), n))
-
-        return proto(proto, q, qo, y, yo), codegen
-
-    return halves
+    return _on_blocks(sums)
