@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from graphir.backends.kernels.simd import lanes, vfma, vhsum, vload, vload_part, vreduce4, vsplat_at, vstore, vzero
+from graphir.backends.kernels.simd import (lanes, vfma, vhadd_sum, vhadd_sums8, vhsum, vload, vload_part, vreduce4,
+                                           vsplat_at, vstore, vzero)
 from graphir.backends.kernels_util import fma, hsum, vec_reduce
 
 F32 = np.float32
@@ -67,6 +68,27 @@ def test_horizontal_sums_add_in_ggml_orders(n):
         assert ours[0] == ref[0] and ours[1] == ref[1]
         if n == 8:                     # the AVX build's hadd order exists for 8 lanes only
             assert ours[2] == ref[2]
+
+
+@njit(cache=True)
+def _hadd_rows(v, a, out):
+    vstore(out, 0, vhadd_sums8(vload(v, a, 0), vload(v, a, 8), vload(v, a, 16), vload(v, a, 24), vload(v, a, 32),
+                               vload(v, a, 40), vload(v, a, 48), vload(v, a, 56)))
+    for r in range(8):
+        out[8 + r] = vhadd_sum(vload(v, a, 8 * r))
+
+
+def test_eight_rows_summed_at_once_add_in_the_avx_builds_order():
+    rng = np.random.default_rng(3)
+    for trial in range(50):
+        a = (rng.standard_normal(64) * 10.0 ** rng.integers(-6, 7, 64)).astype(F32)
+        out = np.empty(16, F32)
+        _hadd_rows(lanes(8), a, out)
+        want = np.empty(8, F32)
+        for r in range(8):
+            x = a[8 * r:8 * r + 8]
+            want[r] = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]))
+        assert np.array_equal(out[:8], want) and np.array_equal(out[8:], want), trial
 
 
 @njit(cache=True)

@@ -19,7 +19,7 @@ from numba import njit, prange
 from graphir.backends import isa
 from graphir.backends.kernels import simd
 from graphir.backends.kernels.jit import PAR, SER
-from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, column_dots, kernel_view, padded_rows,
+from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, column_dots, dots_hadd8, kernel_view, padded_rows,
                                               products_task, to_f32_row, transposed_rows)
 from graphir.backends.kernels.softmax import exp_head, mask_rows, soft_max_row
 
@@ -38,8 +38,11 @@ def _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows
     products leave column_dots' sums as they are, so neither is computed."""
     n_kv = kq.shape[2]
     simd_kq = d // (4 * lanes) * (4 * lanes)
-    products_task(v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, _ONE, ratio, hadd, _VEC_F16, simd_kq, h, _ZERO, _ONE,
-                  _ZERO, live, kq)
+    if hadd and lanes == 8 and simd_kq == d:
+        dots_hadd8(v, kw, (h // ratio) * ksb * ldk, ksm * ldk, q1, h * qsb * ldq, d, live, kq[h, 0])
+    else:
+        products_task(v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, _ONE, ratio, hadd, _VEC_F16, simd_kq, h, _ZERO, _ONE,
+                      _ZERO, live, kq)
     kq[h, 0, live:] = 0.0
     w = np.empty(max(head, n_kv), F32)
     p = np.empty(n_kv, F32)

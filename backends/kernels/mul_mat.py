@@ -16,8 +16,8 @@ from numba import njit, prange
 from graphir.backends import isa
 from graphir.backends.kernels.jit import INL, PAR, SER, parallel_and_serial
 from graphir.backends.kernels import simd
-from graphir.backends.kernels.simd import (as_f32, vadd, vfma, vhsum, vload, vload_part, vmul, vreduce4, vsplat,
-                                           vsplat_at, vstore, vzero, width)
+from graphir.backends.kernels.simd import (as_f32, vadd, vfma, vhadd_sum, vhadd_sums8, vhsum, vload, vload_part, vmul,
+                                           vreduce4, vsplat, vsplat_at, vstore, vzero, width)
 from graphir.backends.kernels_util import bits_f32, bits_u32, f16_bits, fma
 
 F32 = np.float32
@@ -120,6 +120,35 @@ def _vec_step(v, w1, wb, x1, xb, c, a0, a1, a2, a3):
             vfma(vload(v, w1, wb + c + n), vload(v, x1, xb + c + n), a1),
             vfma(vload(v, w1, wb + c + 2 * n), vload(v, x1, xb + c + 2 * n), a2),
             vfma(vload(v, w1, wb + c + 3 * n), vload(v, x1, xb + c + 3 * n), a3))
+
+
+@njit(**INL)
+def _f16_chains(v, w1, wb, x1, xb, k):
+    """One row's ggml_vec_dot_f16 chains over whole steps up to k, folded (0 + 2) + (1 + 3) as
+    GGML_F32_VEC_REDUCE begins: the register whose lanes the reduction then sums."""
+    a0 = a1 = a2 = a3 = vzero(v)
+    for c in range(0, k, 4 * width(v)):
+        a0, a1, a2, a3 = _vec_step(v, w1, wb, x1, xb, c, a0, a1, a2, a3)
+    return vadd(vadd(a0, a2), vadd(a1, a3))
+
+
+@njit(**INL)
+def dots_hadd8(v, w1, wb, ws, x1, xb, k, m1, out):
+    """out[m] = ggml_vec_dot_f16 of x (from xb) with row m of w (from wb + m * ws) for m < m1, on the AVX build's
+    path (8 lanes, hadd sum), for k a multiple of four registers (no tail): each row's chains as _vec_dot4's, and
+    the horizontal sums of eight rows at once in one register (vhadd_sums8), where one row's took eight lane
+    extractions; the last m1 % 8 rows one by one."""
+    m = 0
+    while m + 8 <= m1:
+        r = wb + m * ws
+        vstore(out, m, vhadd_sums8(_f16_chains(v, w1, r, x1, xb, k), _f16_chains(v, w1, r + ws, x1, xb, k),
+                                   _f16_chains(v, w1, r + 2 * ws, x1, xb, k), _f16_chains(v, w1, r + 3 * ws, x1, xb, k),
+                                   _f16_chains(v, w1, r + 4 * ws, x1, xb, k), _f16_chains(v, w1, r + 5 * ws, x1, xb, k),
+                                   _f16_chains(v, w1, r + 6 * ws, x1, xb, k),
+                                   _f16_chains(v, w1, r + 7 * ws, x1, xb, k)))
+        m += 8
+    for r in range(m, m1):
+        out[r] = vhadd_sum(_f16_chains(v, w1, wb + r * ws, x1, xb, k))
 
 
 @njit(**INL)

@@ -20,8 +20,8 @@ from numba.core.imputils import lower_constant
 from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
 
 __all__ = ["Lanes", "lanes", "vzero", "vsplat", "vsplat_at", "vload", "vload_part", "vstore", "vfma", "vadd", "vsub",
-           "vmul", "vpairadd", "vhsum", "vhsum8_at", "vhsum8_halves", "vreduce4", "vspread", "vspread4", "width",
-           "as_f32", "element_ptr"]
+           "vmul", "vpairadd", "vfold_halves", "vhadd_sum", "vhadd_sums8", "vhsum", "vhsum8_at", "vhsum8_halves",
+           "vreduce4", "vspread", "vspread4", "width", "as_f32", "element_ptr"]
 
 
 class F32Vec(types.Type):
@@ -269,6 +269,25 @@ def vpairadd(typingctx, a, b):
     return a(a, b), codegen
 
 
+@intrinsic
+def vfold_halves(typingctx, a, b):
+    """Each register's high half added onto its low half, a's then b's: lane i of a 2h-lane result is a[i] +
+    a[i + h] below h, b's likewise above (AVX's 256 -> 128-bit step of its horizontal sum, for two rows at once)."""
+    if not (isinstance(a, F32Vec) and a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n, i32 = a.n, ir.IntType(32)
+        h = n // 2
+        low = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(i32, n),
+                                                                   [*range(h), *range(n, n + h)]))
+        high = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(i32, n),
+                                                                    [*range(h, n), *range(n + h, 2 * n)]))
+        return builder.fadd(low, high)
+
+    return a(a, b), codegen
+
+
 def _spreading(each: int, doc: str):  # type: ignore[no-untyped-def]
     """An intrinsic spread(proto, arr, idx): a register of n lanes from the n / each floats arr[idx:] (float32,
     1-D), each repeated in ``each`` consecutive lanes."""
@@ -387,7 +406,7 @@ def vhsum8_halves(typingctx, lo, hi, row):
 
 
 @intrinsic
-def _hadd_sum(typingctx, v):
+def vhadd_sum(typingctx, v):
     """An 8-lane register summed by AVX's 256 -> 128 bits then two _mm_hadd_ps: ((0+4)+(1+5)) + ((2+6)+(3+7)).
     (Only AVX builds, 8 lanes, sum this way; a 16-lane register gets vhsum's order.)"""
     if not isinstance(v, F32Vec):
@@ -404,10 +423,18 @@ def _hadd_sum(typingctx, v):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def vhadd_sums8(s0, s1, s2, s3, s4, s5, s6, s7):
+    """Eight 8-lane registers' sums in vhadd_sum's order, ((0+4)+(1+5)) + ((2+6)+(3+7)), as one register in row
+    order: the halves folded, then two rounds of neighbour sums (what _mm_hadd_ps adds, for eight rows at once)."""
+    return vpairadd(vpairadd(vfold_halves(s0, s1), vfold_halves(s2, s3)),
+                    vpairadd(vfold_halves(s4, s5), vfold_halves(s6, s7)))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def vreduce4(a0, a1, a2, a3, hadd):
     """GGML_F32_VEC_REDUCE of four registers: (0 + 2) + (1 + 3) lane by lane, then that register's sum, by
     _mm_hadd_ps (``hadd``: the AVX build, 8 lanes) or halving."""
     s = vadd(vadd(a0, a2), vadd(a1, a3))
     if hadd:
-        return _hadd_sum(s)
+        return vhadd_sum(s)
     return vhsum(s)
