@@ -9,6 +9,7 @@ Arrays are in numpy order, the reverse of the IR's ggml order.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from functools import lru_cache, partial
@@ -21,12 +22,12 @@ from graphir.backends.kernels.attention import attention_mask, attention_over, o
 from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
 from graphir.backends.kernels.mul_mat import mul_mat
-from graphir.backends.kernels.norm import norm, rms_norm
+from graphir.backends.kernels.norm import norm, rms_norm, rms_norming
 from graphir.backends.kernels.recurrent import gated_delta_net, rwkv_wkv6, ssm_conv, ssm_scan, ssm_scan_heads
-from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin
+from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, roping
 from graphir.backends.kernels.softmax import KV_PAD, soft_max
-from graphir.backends.kernels.unary import (exp, geglu, gelu, neg, relu, sigmoid, silu, softplus, sqr, swiglu_oai,
-                                            tanh)
+from graphir.backends.kernels.unary import (exp, geglu, gelu, neg, relu, sigmoid, silu, softplus, sqr, swiglu,
+                                            swiglu_oai, tanh)
 from graphir.backends.isa import REDUCE_HADD, IsaPath
 from graphir.backends.quant.weight import QWeight, QWeightGroup
 from graphir.graph.dims import Sym
@@ -81,7 +82,7 @@ class _Siblings:
     def __call__(self, env: Env, w: Any, x: np.ndarray) -> np.ndarray:
         return self._first(lambda x2: self.group.matmul(np.ascontiguousarray(x2, dtype=np.float32)), w, x)
 
-    def bind(self, env: Env, known: list[Any]) -> Callable[..., Any]:
+    def bind(self, env: Env, known: list[Any], shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
         return partial(self._first, self.group.product())
 
     def _first(self, product: Callable[[np.ndarray], list[np.ndarray]], w: Any, x: np.ndarray) -> np.ndarray:
@@ -111,15 +112,19 @@ def _broadcast(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.tile(b, tuple(m // n for n, m in zip(b.shape, shape)))
 
 
-def _permute(x: np.ndarray, axes: tuple[int, ...], rank: int) -> np.ndarray:
-    """ggml permute (axis i moves to position axes[i]) on numpy's reversed axes; ``rank``: the result's."""
+def _permuting(axes: tuple[int, ...], rank: int) -> Callable[[np.ndarray], np.ndarray]:
+    """ggml permute (axis i moves to position axes[i]) on numpy's reversed axes, as a function of x; ``rank``: the
+    result's."""
     r = len(axes)
-    x = x.reshape((1,) * (r - x.ndim) + x.shape)
     perm = [0] * r
     for i in range(r):
         perm[r - 1 - axes[i]] = r - 1 - i
-    y = x.transpose(perm)
-    return y.reshape(y.shape[r - rank:]) if rank < r else y
+
+    def permute(x: np.ndarray) -> np.ndarray:
+        y = x.reshape((1,) * (r - x.ndim) + x.shape).transpose(perm)
+        return y.reshape(y.shape[r - rank:]) if rank < r else y
+
+    return permute
 
 
 def _view(x: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> np.ndarray:
@@ -203,7 +208,7 @@ class _Product:
     def __call__(self, env: Env, w: Any, x: np.ndarray) -> np.ndarray:
         return _mul_mat(w, x, self.path)
 
-    def bind(self, env: Env, known: list[Any]) -> Callable[..., Any]:
+    def bind(self, env: Env, known: list[Any], shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
         w = known[0]
         if not isinstance(w, QWeight) or w.float_rows() is not None:
             return partial(self, env)
@@ -241,8 +246,25 @@ def _clamp(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
 
 @kernel(*_BINARY)
 def _binary(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    f = _BINARY[n.op]
-    return lambda env, x, y: f(x, _broadcast(_dense(y), x.shape), dtype=np.float32)
+    return _Binary(_BINARY[n.op])
+
+
+class _Binary:
+    """add, sub, mul, div: y repeated over x as ggml does; a plan where y's shape broadcasts numpy's way (each of
+    its sizes 1 or x's, no more dims than x) binds the ufunc alone."""
+
+    def __init__(self, f: np.ufunc):
+        self.f = f
+
+    def __call__(self, env: Env, x: np.ndarray, y: Any) -> np.ndarray:
+        return self.f(x, _broadcast(_dense(y), x.shape), dtype=np.float32)
+
+    def bind(self, env: Env, known: list[Any], shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
+        (xs, ys), f = shapes, self.f
+        if isinstance(known[1], QWeight) or len(ys) > len(xs) \
+                or any(n != 1 and n != m for n, m in zip(reversed(ys), reversed(xs))):
+            return partial(self, env)
+        return lambda x, y: f(x, y, dtype=np.float32)
 
 
 @kernel(*_UNARY_FN)
@@ -274,7 +296,7 @@ def _silu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
 
 @kernel("swiglu")
 def _swiglu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, g, u: silu(g, path) * u
+    return lambda env, g, u: swiglu(g, u, path)
 
 
 @kernel("geglu")
@@ -296,29 +318,37 @@ def _add_id(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]
 @kernel("rope")
 def _rope(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     a = n.attrs
-    key = tuple(a.values())
-
-    def rope(env: Env, x: np.ndarray, pos: np.ndarray, ff: Any = None) -> np.ndarray:
-        k = (id(pos), id(ff), key)
-        if k not in memo.d:
-            memo.d[k] = rope_cos_sin(pos, a["n_dims"], None if ff is None else _dense(ff).reshape(-1), a)
-        return rope_apply(x.astype(np.float32, copy=False), memo.d[k], a)
-
-    return rope
+    return _Rope(a, memo, lambda pos, ff: rope_cos_sin(pos, a["n_dims"], None if ff is None else _dense(ff).reshape(-1),
+                                                       a))
 
 
 @kernel("rope_multi")
 def _rope_multi(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     a = n.attrs
-    key = tuple(a.values())
+    return _Rope(a, memo, lambda pos, ff: imrope_cos_sin(pos, a["n_dims"], a["sections"], a))
 
-    def rope(env: Env, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        k = (id(pos), key)
-        if k not in memo.d:
-            memo.d[k] = imrope_cos_sin(pos, a["n_dims"], a["sections"], a)
-        return rope_apply(x.astype(np.float32, copy=False), memo.d[k], a)
 
-    return rope
+class _Rope:
+    """rope and rope_multi: x rotated by the cos/sin of the positions (and frequency factors), which the run's memo
+    keeps from the first layer that makes them for the others; a plan binds the rotation to x's shape."""
+
+    def __init__(self, a: dict[str, Any], memo: threading.local,
+                 cos_sin: Callable[[np.ndarray, Any], tuple[np.ndarray, np.ndarray]]):
+        self.a, self.memo, self.cos_sin, self.key = a, memo, cos_sin, tuple(a.values())
+
+    def __call__(self, env: Env, x: np.ndarray, pos: np.ndarray, ff: Any = None) -> np.ndarray:
+        return rope_apply(x, self._cached(pos, ff), self.a)
+
+    def bind(self, env: Env, known: list[Any], shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
+        rotate, cached = roping(self.a, shapes[0]), self._cached
+        return lambda x, pos, ff=None: rotate(x, cached(pos, ff))
+
+    def _cached(self, pos: np.ndarray, ff: Any) -> tuple[np.ndarray, np.ndarray]:
+        k, d = (id(pos), id(ff), self.key), self.memo.d
+        cs = d.get(k)
+        if cs is None:
+            cs = d[k] = self.cos_sin(pos, ff)
+        return cs
 
 
 def _kv_pad(soft_max_node: Node) -> int:
@@ -376,7 +406,8 @@ def _view_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[...,
 @kernel("permute", "transpose")
 def _permute_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     axes, rank = (n.attrs["axes"] if n.op == "permute" else (1, 0, 2, 3)), len(n.shape)
-    return _Window(lambda env: lambda x: _permute(x, axes, rank))
+    permute = _permuting(axes, rank)
+    return _Window(lambda env: permute)
 
 
 @kernel("cont")
@@ -528,12 +559,7 @@ def _norm_weight_chains(graph: Graph, readers: Readers, keep: set[int], index: d
         def steps_to_one(steps: list[Step]) -> tuple[Callable[..., Any], tuple[int, ...]]:
             (fn, _, (x,), _), (fm, _, (_, w), _) = steps
 
-            def rms_norm_weighted(env: Env, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-                if w.ndim == 1 and w.dtype == np.float32 and w.shape[0] == x.shape[-1]:
-                    return rms_norm(x, eps, w)
-                return fm(env, fn(env, x), w)
-
-            return rms_norm_weighted, (x, w)
+            return _RmsNormWeighted(eps, fn, fm), (x, w)
         return steps_to_one
 
     chains: list[Chain] = []
@@ -544,6 +570,29 @@ def _norm_weight_chains(graph: Graph, readers: Readers, keep: set[int], index: d
             continue
         chains.append(("rms_norm*weight", (norm, mul), make(norm.attrs["eps"])))
     return chains
+
+
+class _RmsNormWeighted:
+    """One step for rms_norm then mul by the norm's weight: kernels.norm's rms_norm with the weight where it is a
+    float32 row of x's length, else the two steps' kernels in turn."""
+
+    def __init__(self, eps: float, norm_step: Callable[..., Any], mul_step: Callable[..., Any]):
+        self.eps, self.norm_step, self.mul_step = eps, norm_step, mul_step
+
+    def __call__(self, env: Env, x: np.ndarray, w: Any) -> np.ndarray:
+        if self._takes(w, x.shape):
+            return rms_norm(x, self.eps, w)
+        return self.mul_step(env, self.norm_step(env, x), w)
+
+    def bind(self, env: Env, known: list[Any], shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
+        if not self._takes(known[1], shapes[0]):
+            return partial(self, env)
+        norm_x = rms_norming(self.eps, known[1], math.prod(shapes[0]))
+        return lambda x, w: norm_x(x)
+
+    @staticmethod
+    def _takes(w: Any, shape: tuple[int, ...]) -> bool:
+        return isinstance(w, np.ndarray) and w.ndim == 1 and w.dtype == np.float32 and w.shape[0] == shape[-1]
 
 
 class _Attention:
@@ -558,7 +607,7 @@ class _Attention:
     def __call__(self, env: Env, k: np.ndarray, q: np.ndarray, mask: np.ndarray, v: np.ndarray) -> np.ndarray:
         return self._over(attention_over(k, v, self.scale, self.pad, self.path), env, k, q, mask, v)
 
-    def bind(self, env: Env, known: list[Any]) -> Callable[..., Any]:
+    def bind(self, env: Env, known: list[Any], shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
         k, _, _, v = known
         if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
             return partial(self, env)
@@ -677,6 +726,7 @@ class Program:
         self._fuse(chains, index)
         self.outputs = {role: index[id(n)] for role, n in graph.outputs.items()}
         self.names = [n.name for n in graph.nodes]
+        self.shapes = [n.shape for n in graph.nodes]
         self.ops = [n.op for n in graph.nodes]
         self.profile: dict[str, list[float]] | None = None  # set to {}: op -> [seconds, steps] of every run
         self.plans: dict[tuple[Any, ...], Plan] = {}
@@ -779,10 +829,15 @@ class Program:
             if self.ops[out] in _IN_PLACE and ins[0] in known:
                 known[out] = known[ins[0]]
             bind = getattr(fn, "bind", None) if fused else None
-            steps.append((partial(fn, env) if bind is None else bind(env, [known.get(j) for j in ins]), out, ins,
-                          free))
+            steps.append((partial(fn, env) if bind is None else bind(env, [known.get(j) for j in ins],
+                                                                        [self._shape(j, env) for j in ins]),
+                          out, ins, free))
         return Plan(list(known.items()), feeds, steps, self.labels if fused else {},
                     _straight_line(steps, known, feeds, self.outputs) if fused else None)
+
+    def _shape(self, slot: int, env: Env) -> tuple[int, ...]:
+        """The numpy shape of a slot's value for this binding of the dims, from its node's shape in the graph."""
+        return tuple(d.eval(env) if isinstance(d, Sym) else d for d in reversed(self.shapes[slot]))
 
     def _run(self, plan: Plan, env: Env, feeds: Mapping[str, np.ndarray],
              taps: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from numba import njit, prange
 
@@ -84,10 +86,22 @@ _NO_WEIGHT = np.empty(0, F32)
 
 def rms_norm(x: np.ndarray, eps: float, weight: np.ndarray | None = None) -> np.ndarray:
     """rms_norm over the last axis; with ``weight`` (float32, the row's length), times it (a norm's scale)."""
-    r = f32_rows(x)
-    out = np.empty_like(r)
-    (_rms_norm_par if r.size >= PAR_MIN else _rms_norm_ser)(r, F32(eps), _NO_WEIGHT if weight is None else weight, out)
-    return out.reshape(x.shape)
+    return rms_norming(eps, weight, x.size)(x)
+
+
+def rms_norming(eps: float, weight: np.ndarray | None, size: int) -> Callable[[np.ndarray], np.ndarray]:
+    """rms_norm as a function of x alone, for x of ``size`` elements: the variant and the constants chosen once,
+    for a caller that normalizes values of one shape run after run (a planned graph)."""
+    kernel = _rms_norm_par if size >= PAR_MIN else _rms_norm_ser
+    eps32, w = F32(eps), _NO_WEIGHT if weight is None else weight
+
+    def run(x: np.ndarray) -> np.ndarray:
+        r = f32_rows(x)
+        out = np.empty_like(r)
+        kernel(r, eps32, w, out)
+        return out.reshape(x.shape)
+
+    return run
 
 
 def norm(x: np.ndarray, eps: float, path: isa.IsaPath) -> np.ndarray:

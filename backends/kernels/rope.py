@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import math
+from typing import Callable
 
 import numba
 import numpy as np
@@ -145,6 +146,12 @@ _rope_par, _rope_ser = parallel_and_serial(_rope_rows)
 
 
 def rope_apply(x: np.ndarray, cos_sin: tuple[np.ndarray, np.ndarray], a: dict) -> np.ndarray:
+    return roping(a, x.shape)(x, cos_sin)
+
+
+def roping(a: dict, shape: tuple[int, ...]) -> Callable[[np.ndarray, tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """rope_apply for x of this shape (..., n_tokens, n_heads, head_dim) as a function of x and cos_sin: the mode's
+    loop and the variant chosen once, for a caller that rotates values of one shape run after run."""
     n_dims, mode = a["n_dims"], a["mode"]
     if mode not in ("norm", "neox", "imrope"):
         raise NotImplementedError(f"rope mode {mode!r}")
@@ -153,13 +160,14 @@ def rope_apply(x: np.ndarray, cos_sin: tuple[np.ndarray, np.ndarray], a: dict) -
         n_fused = half                       # scalar loop, contracted
     else:
         n_fused = half - half % 4            # zmm/ymm loop: 4 pairs a vector; the tail pairs: addsubps, no FMA
-    cos, sin = cos_sin
-    n_tok = cos.shape[0]
-    # x (..., n_tokens, n_heads, head_dim): the token axis is the third from the end
-    xs = np.ascontiguousarray(x, dtype=F32)
-    nh = xs.shape[-2] if xs.ndim >= 3 else 1                # x (..., n_tokens, n_heads, head_dim)
-    rows = xs.reshape(-1, xs.shape[-1])
-    out = np.empty_like(rows)
-    (_rope_par if rows.size >= PAR_MIN else _rope_ser)(rows, cos, sin, n_tok, nh, n_dims, mode != "norm",
-                                                        n_fused, out)
-    return out.reshape(x.shape)
+    nh = shape[-2] if len(shape) >= 3 else 1
+    kernel, neox = _rope_par if math.prod(shape) >= PAR_MIN else _rope_ser, mode != "norm"
+
+    def run(x: np.ndarray, cos_sin: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        cos, sin = cos_sin
+        rows = np.ascontiguousarray(x, dtype=F32).reshape(-1, x.shape[-1])
+        out = np.empty_like(rows)
+        kernel(rows, cos, sin, cos.shape[0], nh, n_dims, neox, n_fused, out)
+        return out.reshape(x.shape)
+
+    return run

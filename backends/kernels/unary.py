@@ -24,8 +24,9 @@ _ONE, _ZERO = F32(1.0), F32(0.0)
 
 
 @njit(**INL)
-def _silu_row(x, lanes, variant, out):
-    """ggml_v_silu (x / (1 + exp(0 - x))) on full blocks of `lanes`, ggml_silu_f32 (libm expf) for the tail."""
+def _silu_row(x, lanes, variant, gate, out):
+    """ggml_v_silu (x / (1 + exp(0 - x))) on full blocks of `lanes`, ggml_silu_f32 (libm expf) for the tail; then,
+    if ``gate`` has the row's length, times it (swiglu: the SiLU rounded, then the product, as ggml's two steps)."""
     n = x.shape[0]
     head = n // lanes * lanes
     if variant == EXPF_SPLIT:
@@ -39,11 +40,15 @@ def _silu_row(x, lanes, variant, out):
     for i in range(head, n):
         v = x[i]
         out[i] = v / (_ONE + math.exp(-v))
+    if gate.shape[0] == n:
+        for i in range(n):
+            out[i] = out[i] * gate[i]
 
 
-def _silu_rows(x, lanes, variant, out):
+def _silu_rows(x, lanes, variant, gate, out):
+    """Rows of x; gate: (rows, n) rows to multiply by, or (rows, 0) for none."""
     for r in prange(x.shape[0]):
-        _silu_row(x[r], lanes, variant, out[r])
+        _silu_row(x[r], lanes, variant, gate[r], out[r])
 
 
 _silu_par, _silu_ser = parallel_and_serial(_silu_rows)
@@ -55,8 +60,18 @@ def silu(x: np.ndarray, path: isa.IsaPath) -> np.ndarray:
         return xf / (F32(1) + np.exp(-xf.astype(np.float64)).astype(F32))
     r = f32_rows(x)
     out = np.empty_like(r)
-    (_silu_par if r.size >= PAR_MIN else _silu_ser)(r, path.lanes, path.expf, out)
+    (_silu_par if r.size >= PAR_MIN else _silu_ser)(r, path.lanes, path.expf, np.empty((len(r), 0), F32), out)
     return out.reshape(x.shape)
+
+
+def swiglu(g: np.ndarray, u: np.ndarray, path: isa.IsaPath) -> np.ndarray:
+    """silu(g) * u in one pass: ggml's swiglu, bit for bit the two steps."""
+    if g.dtype != F32 or u.shape != g.shape:
+        return silu(g, path) * u
+    r, ur = f32_rows(g), f32_rows(u)
+    out = np.empty_like(r)
+    (_silu_par if r.size >= PAR_MIN else _silu_ser)(r, path.lanes, path.expf, ur, out)
+    return out.reshape(g.shape)
 
 
 def relu(x: np.ndarray) -> np.ndarray:
