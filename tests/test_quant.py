@@ -11,6 +11,8 @@ Three references, from strict to loose:
 
 from __future__ import annotations
 
+import os
+
 import gguf
 import numpy as np
 import pytest
@@ -235,6 +237,39 @@ def test_repack_is_lazy_and_cached():
     #                                                                 padded to groups of 16
     w.matmul(activations(2, 3))
     assert w.packed is packed
+
+
+def _resident_kb(path) -> int:
+    """This process's resident kB of its mappings of ``path`` (Linux's /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields[0]) > 8 and ":" not in fields[0]:
+                inside = len(fields) > 5 and fields[5] == str(path)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads resident pages from Linux's /proc")
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_a_mapped_weight_leaves_memory_once_repacked_and_reads_the_same(tmp_path, qtype):
+    rows, ne0 = 4096, 512                                  # 1-2 MB: many pages
+    raw = make_weight(qtype, rows, ne0, np.random.default_rng(5))
+    path = tmp_path / "w.bin"
+    raw.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r").reshape(raw.shape[0], -1)
+    w = QWeight.prepare(mapped, qtype, ne0)
+    expect = QWeight.prepare(raw.copy(), qtype, ne0)
+    assert int(np.asarray(mapped).sum(dtype=np.int64)) == int(raw.sum(dtype=np.int64))  # every page read in
+    assert _resident_kb(path) >= raw.nbytes // 1024 - 8
+    x = activations(2, 5)
+    y = w.matmul(x)
+    assert _resident_kb(path) <= 8                        # the repacked copy serves; the file's pages are let go
+    assert_bits_equal(y, expect.matmul(x))
+    ids = np.array([0, 17, rows - 1])
+    assert_bits_equal(w.get_rows(ids), expect.get_rows(ids))  # rows read back from the file as they were
 
 
 def test_prepare_rejects_bad_input():

@@ -6,6 +6,8 @@ layout, and the functions of the other modules that repack, multiply and dequant
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -138,6 +140,8 @@ class QWeight:
                         self._packed = self._kind.pack(self.raw.reshape(self.rows, -1, tsize))
                     else:
                         self._packed = self._repack(self.raw)
+                    if self._kind.repack is not None:   # a copy now serves the products
+                        release_pages(self.raw)
         return self._packed
 
     @property
@@ -219,6 +223,25 @@ class QWeight:
 
     def __repr__(self) -> str:
         return f"QWeight({self.qtype.name}, rows={self.rows}, ne0={self.ne0})"
+
+
+def release_pages(a: np.ndarray) -> None:
+    """Let the OS drop the resident pages of a file-mapped array (a weight whose repacked copy now serves the
+    products): they stay mapped, and a later read (get_rows of a tied embedding) maps them in again from the
+    file, so nothing changes but the resident memory, which no longer holds the weights twice. Only pages wholly
+    inside the array; nothing for an array of the process's own memory (there the pages are its only copy)."""
+    base = a
+    while isinstance(base, np.ndarray) and not isinstance(base, np.memmap):
+        base = base.base
+    if not isinstance(base, np.memmap) or not hasattr(mmap, "MADV_DONTNEED") or _LIBC is None:
+        return
+    start = a.ctypes.data
+    lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo:
+        _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if hasattr(ctypes.CDLL(None), "madvise") else None
 
 
 class QWeightGroup:
