@@ -1,5 +1,6 @@
-"""mul_mat reads a permuted f16 V cache in place (the kqv of one token) and gives, bit for bit, what it gives for
-the same values made contiguous first (the cont the graph spells, whose copy the executor skips)."""
+"""mul_mat's layouts and groupings change no bits: a permuted f16 V cache read in place (the kqv of one token) gives
+what the same values made contiguous first give (the cont the graph spells, whose copy the executor skips); short
+f32 rows add each product in order; tinyBLAS's tiles give each output the chain it has alone."""
 
 from __future__ import annotations
 
@@ -51,3 +52,22 @@ def test_f32_rows_shorter_than_vec_dots_first_step_add_each_product_in_order(pat
         exact = q[:, :, None, c].astype(np.float64) * k[:, None, :, c] + want
         want = exact.astype(np.float32)
     assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 7, 8, 9, 13])
+def test_tinyblas_tiles_give_every_output_its_own_chain(path, rows):
+    """tinyBLAS (n >= 2 rows of x against f16 rows of w) runs tiles of 4 rows of w by 3 or 4 rows of x, the last
+    x rows repeated to fill a tile, and single outputs where w's rows run out: where an output falls must not
+    change its bits. Each output equals the one its row pair gives alone beside another row, and w's rows taken
+    from an offset (other tiles, other singles) give the same outputs."""
+    p = PATHS[path]
+    rng = np.random.default_rng(rows)
+    w = rng.standard_normal((10, 64)).astype(np.float16)
+    x = rng.standard_normal((rows, 64)).astype(np.float32)
+    out = mul_mat(w, x, p)
+    for i in range(rows):
+        pair = mul_mat(w, x[[i, (i + 1) % rows]], p)
+        assert np.array_equal(out[i], pair[0])
+    for skip in (1, 2, 3):
+        assert np.array_equal(mul_mat(w[skip:], x, p), out[:, skip:])

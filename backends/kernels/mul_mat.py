@@ -71,7 +71,7 @@ def to_f32_row(s, kind, d):
         d[c] = 0.0
 
 
-_TILE_M, _TILE_N = 4, 4                 # tinyBLAS tile of outputs held in registers: rows of w by rows of x
+_TILE_M = 4                             # tinyBLAS tile: rows of w (by tile_rows(v) rows of x) held in registers
 _BLOCK_M, _BLOCK_N = 64, 64             # rows of w and of x per parallel task
 
 
@@ -91,15 +91,14 @@ def _tiny_dot(v, w1, wb, x1, xb, k):
 
 
 @njit(**INL)
-def _tiny_tile(v, w1, wa, wb, wc, wd, x1, x0, xs, k):
-    """tinyBLAS on a tile of 4 rows of w (starting at wa..wd) by 4 rows of x (x0, x0 + xs, ...; k a multiple of
+def _tiny_tile(v, w1, wa, wb, wc, wd, x1, xa, xb, xc, xd, k):
+    """tinyBLAS on a tile of 4 rows of w (starting at wa..wd) by 4 rows of x (starting at xa..xd; k a multiple of
     the lanes): the same chains as _tiny_dot, sixteen at once in registers, each w and x register loaded once per
     step. The tile's shape changes no output's chain, only how many run side by side."""
     n = width(v)
     a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = vzero(v)
     for c in range(0, k, n):
-        y0, y1 = vload(v, x1, x0 + c), vload(v, x1, x0 + xs + c)
-        y2, y3 = vload(v, x1, x0 + 2 * xs + c), vload(v, x1, x0 + 3 * xs + c)
+        y0, y1, y2, y3 = vload(v, x1, xa + c), vload(v, x1, xb + c), vload(v, x1, xc + c), vload(v, x1, xd + c)
         p = vload(v, w1, wa + c)
         a0, a1, a2, a3 = vfma(p, y0, a0), vfma(p, y1, a1), vfma(p, y2, a2), vfma(p, y3, a3)
         p = vload(v, w1, wb + c)
@@ -110,6 +109,33 @@ def _tiny_tile(v, w1, wa, wb, wc, wd, x1, x0, xs, k):
         d0, d1, d2, d3 = vfma(p, y0, d0), vfma(p, y1, d1), vfma(p, y2, d2), vfma(p, y3, d3)
     return ((vhsum(a0), vhsum(a1), vhsum(a2), vhsum(a3)), (vhsum(b0), vhsum(b1), vhsum(b2), vhsum(b3)),
             (vhsum(c0), vhsum(c1), vhsum(c2), vhsum(c3)), (vhsum(d0), vhsum(d1), vhsum(d2), vhsum(d3)))
+
+
+@njit(**INL)
+def _tiny_tile3(v, w1, wa, wb, wc, wd, x1, xa, xb, xc, k):
+    """_tiny_tile on 4 rows of w by 3 of x: twelve chains, for 8-lane registers, of which AVX2 has 16 (4 by 4
+    needs 21 with its operands, and spilled: SmolLM2-sized F16 products at 12 tokens 272 -> 146 us)."""
+    n = width(v)
+    a0 = a1 = a2 = b0 = b1 = b2 = c0 = c1 = c2 = d0 = d1 = d2 = vzero(v)
+    for c in range(0, k, n):
+        y0, y1, y2 = vload(v, x1, xa + c), vload(v, x1, xb + c), vload(v, x1, xc + c)
+        p = vload(v, w1, wa + c)
+        a0, a1, a2 = vfma(p, y0, a0), vfma(p, y1, a1), vfma(p, y2, a2)
+        p = vload(v, w1, wb + c)
+        b0, b1, b2 = vfma(p, y0, b0), vfma(p, y1, b1), vfma(p, y2, b2)
+        p = vload(v, w1, wc + c)
+        c0, c1, c2 = vfma(p, y0, c0), vfma(p, y1, c1), vfma(p, y2, c2)
+        p = vload(v, w1, wd + c)
+        d0, d1, d2 = vfma(p, y0, d0), vfma(p, y1, d1), vfma(p, y2, d2)
+    z = F32(0.0)
+    return ((vhsum(a0), vhsum(a1), vhsum(a2), z), (vhsum(b0), vhsum(b1), vhsum(b2), z),
+            (vhsum(c0), vhsum(c1), vhsum(c2), z), (vhsum(d0), vhsum(d1), vhsum(d2), z))
+
+
+@njit(**INL)
+def tile_rows(v):
+    """Rows of x a tinyBLAS tile takes: four with 16-lane registers (32 of them), three with 8 (16 of them)."""
+    return 4 if width(v) == 16 else 3
 
 
 @njit(**INL)
@@ -218,12 +244,18 @@ def products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, m
     tiny = mode == TINYBLAS
     wr, xr = (b // ratio) * wsb, b * xsb
     m = m0
-    if tiny and n1 - n0 == _TILE_N and k % n == 0:
-        x0, xs = (xr + n0 * xsn) * ldx, xsn * ldx
+    if tiny and k % n == 0:                              # x rows past n1 repeat the last: computed, not stored
+        last = n1 - 1
+        xa, xb = (xr + n0 * xsn) * ldx, (xr + min(n0 + 1, last) * xsn) * ldx
+        xc, xd = (xr + min(n0 + 2, last) * xsn) * ldx, (xr + min(n0 + 3, last) * xsn) * ldx
         while m + _TILE_M <= m1:
-            ya, yb, yc, yd = _tiny_tile(v, w1, (wr + m * wsm) * ldw, (wr + (m + 1) * wsm) * ldw,
-                                        (wr + (m + 2) * wsm) * ldw, (wr + (m + 3) * wsm) * ldw, x1, x0, xs, k)
-            for j in range(_TILE_N):
+            wa, wb = (wr + m * wsm) * ldw, (wr + (m + 1) * wsm) * ldw
+            wc, wd = (wr + (m + 2) * wsm) * ldw, (wr + (m + 3) * wsm) * ldw
+            if width(v) == 16:
+                ya, yb, yc, yd = _tiny_tile(v, w1, wa, wb, wc, wd, x1, xa, xb, xc, xd, k)
+            else:
+                ya, yb, yc, yd = _tiny_tile3(v, w1, wa, wb, wc, wd, x1, xa, xb, xc, k)
+            for j in range(n1 - n0):
                 out[b, n0 + j, m], out[b, n0 + j, m + 1] = ya[j], yb[j]
                 out[b, n0 + j, m + 2], out[b, n0 + j, m + 3] = yc[j], yd[j]
             m += _TILE_M
@@ -293,7 +325,7 @@ def _products(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode,
     n = width(v)
     tiny = mode == TINYBLAS
     simd = k if tiny else kp // (4 * n) * (4 * n)
-    nb = _TILE_N if tiny else 1
+    nb = tile_rows(v) if tiny else 1
     n_blocks, m_blocks = (nn + _BLOCK_N - 1) // _BLOCK_N, (mm + _BLOCK_M - 1) // _BLOCK_M
     for task in prange(bx * m_blocks * n_blocks):
         b, r = task // (m_blocks * n_blocks), task % (m_blocks * n_blocks)
