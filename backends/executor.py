@@ -185,8 +185,11 @@ _UNARY_FN = {"gelu": gelu, "relu": relu, "sqr": sqr, "neg": neg, "exp": exp, "ta
 @kernel("get_rows")
 def _get_rows(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     if len(n.inputs[1].shape) >= 2:  # batched: src (B..., rows, ne0), ids (B..., n)
-        return lambda env, src, ids: np.take_along_axis(src, ids[..., None].astype(np.intp), axis=-2).astype(np.float32)
-    return lambda env, src, ids: src.get_rows(ids) if isinstance(src, QWeight) else src[ids].astype(np.float32)
+        return lambda env, src, ids: np.take_along_axis(src, ids[..., None].astype(np.intp), axis=-2).astype(
+            np.float32, copy=False)
+    # fancy indexing copies already: a float32 source (a recurrent state buffer) is not copied twice
+    return lambda env, src, ids: src.get_rows(ids) if isinstance(src, QWeight) else src[ids].astype(np.float32,
+                                                                                                   copy=False)
 
 
 @kernel("mul_mat")
