@@ -134,3 +134,20 @@ def test_a_vector_access_past_the_end_raises_under_boundscheck(tmp_path):
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[:2] == ["IndexError: vector access out of bounds"] * 2
+
+
+def test_a_prefetch_reads_nothing_and_may_point_past_the_end_even_under_boundscheck(tmp_path):
+    code = ("import numpy as np\n"
+            "from numba import njit\n"
+            "from graphir.backends.kernels.simd import prefetch\n"
+            "@njit\n"
+            "def f(a, far):\n"
+            "    for i in (0, 19, 20, far, -far):\n"
+            "        prefetch(a, i)\n"
+            "    return a.sum()\n"
+            "a = np.arange(20, dtype=np.uint8)\n"
+            "print(f(a, 1 << 40), f(np.zeros(0, np.float32), 64))\n")
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["190", "0.0"]

@@ -21,7 +21,7 @@ from numba.extending import NativeValue, intrinsic, models, register_model, type
 
 __all__ = ["Lanes", "lanes", "vzero", "vsplat", "vsplat_at", "vload", "vload_part", "vstore", "vfma", "vadd", "vsub",
            "vmul", "vpairadd", "vfold_halves", "vhadd_sum", "vhadd_sums8", "vhsum", "vhsum8_at", "vhsum8_halves",
-           "vreduce4", "vspread", "vspread4", "width", "as_f32", "element_ptr"]
+           "vreduce4", "vspread", "vspread4", "width", "as_f32", "element_ptr", "prefetch"]
 
 
 class F32Vec(types.Type):
@@ -141,6 +141,26 @@ def vload(typingctx, proto, arr, idx):
         return builder.fpext(v, _vec(n))
 
     return proto(proto, arr, idx), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, idx):
+    """Ask for the cache line holding arr[idx] (a 1-D array) ahead of its use; a hint that reads nothing and
+    cannot fault, so idx may lie past the end (no bounds check, even under NUMBA_BOUNDSCHECK=1)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        i64, i32, i8p = ir.IntType(64), ir.IntType(32), ir.IntType(8).as_pointer()
+        idx = builder.sext(args[1], i64) if args[1].type.width < 64 else args[1]
+        ptr = builder.bitcast(builder.gep(a.data, [idx]), i8p)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0i8")
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, idx), codegen
 
 
 @intrinsic

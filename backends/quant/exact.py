@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels.simd import (lanes, vfma, vhsum8_at, vhsum8_halves, vload, vmul, vpairadd, vsplat,
+from graphir.backends.kernels.simd import (prefetch, lanes, vfma, vhsum8_at, vhsum8_halves, vload, vmul, vpairadd, vsplat,
                                            vspread, vspread4, vstore, vsub, vzero, width)
 from graphir.backends.quant.activation import q8_blocks
 from graphir.backends.quant.int8_dot import WIDE_LANES, block_lanes, nibble_half_lanes
@@ -41,6 +41,21 @@ _G = 16                    # weight rows per group of the layout (an AVX-512 reg
 GEMV_LANES = WIDE_LANES    # float32 lanes of the GEMV's registers: AVX-512 holds two rows' eight lanes
 
 _lanes_q4_1, _lanes_q8_0 = block_lanes("q4_1"), block_lanes("q8_0")
+_AHEAD = 16                # blocks of a group run that the GEMV asks the memory for ahead of their use
+
+
+@njit(inline="always", cache=True)
+def _ask_ahead(qs, d, m, o, qb, with_min):
+    """Prefetch the block _AHEAD blocks on (its rows' quants, scales and mins; first row o of this one): a
+    thread's groups lie one after another, and a small matrix's GEMV ends before the hardware's prefetch has
+    ramped up. The 4-bit kinds only: SmolLM2's Q4_1 matrices, 30 layers' in turn from memory, 3-10% faster a call
+    (ffn_up 50.7 -> 48.5 us, attn_q 31.0 -> 28.0), where its Q8_0 LM head (30 MB) was not."""
+    a = o + _AHEAD * _G
+    for j in range(0, _G * qb, 64):
+        prefetch(qs, a * qb + j)
+    prefetch(d, a)
+    if with_min:
+        prefetch(m, a)
 _low_q4_1, _high_q4_1 = nibble_half_lanes(False), nibble_half_lanes(True)
 
 
@@ -164,6 +179,8 @@ def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
                         acc = vzero(v)
                         for b in range(nb):
                             o = (g * nb + b) * _G + h
+                            if i == 0 and h == 0:
+                                _ask_ahead(qs, d, m, o, qb, q4_1)
                             qo, yo, step = o * qb, i * k + b * 32, r * qb
                             sums = _row_sums(_lanes_q4_1(v, qs, qo, yf, yo), _lanes_q4_1(v, qs, qo + step, yf, yo),
                                              _lanes_q4_1(v, qs, qo + 2 * step, yf, yo),
@@ -182,6 +199,8 @@ def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
                         r4 = width(v) // 4
                         for b in range(nb):
                             o = (g * nb + b) * _G + h
+                            if i == 0 and h == 0:
+                                _ask_ahead(qs, d, m, o, qb, q4_1)
                             vstore(dd, 0, vmul(vload(v, d, o), vsplat(v, yd[i, b])))
                             summ = vfma(vload(v, m, o), vsplat(v, ys[i, b]), summ)
                             qo, yo, step = o * 16, i * k + b * 32, r4 * 16
