@@ -127,12 +127,18 @@ def _permuting(axes: tuple[int, ...], rank: int) -> Callable[[np.ndarray], np.nd
     return permute
 
 
-def _view(x: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> np.ndarray:
-    """A strided window of x's buffer (x is contiguous: a cache buffer or a fresh value); numpy-order strides
-    and the offset in elements."""
-    item = x.itemsize
-    view = np.ndarray(shape, x.dtype, buffer=x, offset=offset * item, strides=tuple(s * item for s in strides))
-    view.flags.writeable = False
+def _viewing(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A strided window of x's buffer as a function of x (x is contiguous: a cache buffer or a fresh value);
+    numpy-order strides and the offset in elements, in bytes for 4-byte elements worked out once."""
+    strides4, offset4 = tuple(s * 4 for s in strides), offset * 4
+
+    def view(x: np.ndarray) -> np.ndarray:
+        item = x.itemsize
+        y = np.ndarray(shape, x.dtype, buffer=x, offset=offset4, strides=strides4) if item == 4 else \
+            np.ndarray(shape, x.dtype, buffer=x, offset=offset * item, strides=tuple(s * item for s in strides))
+        y.setflags(write=False)
+        return y
+
     return view
 
 
@@ -401,7 +407,7 @@ def _view_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[...,
 
     def at(env: Env) -> Callable[[np.ndarray], np.ndarray]:
         g = geometry(env)
-        return lambda x: _view(x, g[:r], g[r:-1], g[-1])
+        return _viewing(g[:r], g[r:-1], g[-1])
 
     return _Window(at)
 
