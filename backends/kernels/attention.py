@@ -11,6 +11,7 @@ token, a layout it does not read in place), and the caller runs the three kernel
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
@@ -19,8 +20,8 @@ from numba import njit, prange
 from graphir.backends import isa
 from graphir.backends.kernels import simd
 from graphir.backends.kernels.jit import PAR, SER
-from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, column_dots, dots_hadd8, kernel_view, padded_rows,
-                                              products_task, to_f32_row, transposed_rows)
+from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, column_dots, dots_hadd8, kernel_view, products_task,
+                                              to_f32_row, transposed_rows)
 from graphir.backends.kernels.softmax import exp_head, mask_rows, soft_max_row
 
 F32 = np.float32
@@ -52,16 +53,31 @@ def _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows
     column_dots(v, vw, (h // ratio) * vsb, vsc, x, 0, live, kpv, hadd, out[h, 0])
 
 
-@njit(**PAR)
-def _attend(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes, variant, vw,
-            vsb, vsc, kpv, ldp, kq, out):
-    """Every head, in parallel. The head's work is a call, not inlined: in a prange body numba compiles it
-    several times over (20 s against 5). Its index is cast: numba types a prange index int64 when it infers the
-    loop and uint64 when it lowers it, and a call taking it compiled twice (7 s each). Parallel only: a first
-    token's few cells take one launch too, and a serial copy would compile again."""
-    for h in prange(out.shape[0]):
-        _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes,
-                     variant, vw, vsb, vsc, kpv, ldp, kq, out, np.int64(h))
+@functools.cache
+def _attending(n_lanes: int) -> Callable:
+    """The kernel of every head, in parallel, for registers of n_lanes: the register type is a constant of the
+    kernel, where as an argument numba typed it in Python at every call (2.7 us). It rounds q to f16 itself (ggml's
+    conversion of src1), rows padded to 64, where a second kernel launch did. The head's work is a call, not
+    inlined: in a prange body numba compiles it several times over (20 s against 5). Its index is cast: numba
+    types a prange index int64 when it infers the loop and uint64 when it lowers it, and a call taking it compiled
+    twice (7 s each). Parallel only: a first token's few cells take one launch too, and a serial copy would
+    compile again."""
+    v_ = simd.lanes(n_lanes)
+
+    @njit(**PAR)
+    def attend(kw, ldk, ksb, ksm, q, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes, variant, vw, vsb,
+               vsc, kpv, ldp, kq, out):
+        v = v_
+        ldq = (q.shape[1] + 63) // 64 * 64
+        q1 = np.empty((q.shape[0], ldq), F32)
+        for r in range(q.shape[0]):
+            to_f32_row(q[r], 2, q1[r])
+        qf = q1.reshape(-1)
+        for h in prange(out.shape[0]):
+            _attend_head(v, kw, ldk, ksb, ksm, qf, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes,
+                         variant, vw, vsb, vsc, kpv, ldp, kq, out, np.int64(h))
+
+    return attend
 
 
 def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
@@ -80,19 +96,18 @@ def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
     krows, ksb, ksm = as_rows(k)
     kflat, vflat, vsb, vsc = kernel_view(krows.reshape(-1)), *cols
     lanes, hadd = path.lanes, path.reduce == isa.REDUCE_HADD
-    v, head, kpv = simd.lanes(lanes), exp_head(n_kv, lanes, pad), -(-n_kv // pad) * pad
+    attend, head, kpv = _attending(lanes), exp_head(n_kv, lanes, pad), -(-n_kv // pad) * pad
     scale32, ldp, d_v = F32(scale), -(-n_kv // 64) * 64, vt.shape[1]
 
     def attention(q: np.ndarray, m: np.ndarray, mrows: int, live: int) -> np.ndarray | None:
         if q.ndim != 3 or q.shape[1] != 1 or q.shape[2] != d or q.shape[0] % n_head_kv or mrows == 0:
             return None
         n_head = q.shape[0]
-        qrows, qsb, _ = as_rows(q)
-        q1 = padded_rows(qrows, 2)                          # q rounded to f16, as ggml converts src1
+        qrows, qsb, _ = as_rows(q.astype(F32, copy=False))
         kq = np.empty((n_head, 1, n_kv), F32)
         out = np.empty((n_head, 1, d_v), F32)
-        _attend(v, kflat, krows.shape[1], ksb, ksm, q1.reshape(-1), q1.shape[1], qsb, d, n_head // n_head_kv, hadd,
-                m, mrows, min(live, n_kv), scale32, head, lanes, path.expf, vflat, vsb, vsc, kpv, ldp, kq, out)
+        attend(kflat, krows.shape[1], ksb, ksm, qrows, qsb, d, n_head // n_head_kv, hadd, m, mrows, min(live, n_kv),
+               scale32, head, lanes, path.expf, vflat, vsb, vsc, kpv, ldp, kq, out)
         return out
 
     return attention
