@@ -134,8 +134,8 @@ def _viewing(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> C
 
     def view(x: np.ndarray) -> np.ndarray:
         item = x.itemsize
-        y = np.ndarray(shape, x.dtype, buffer=x, offset=offset4, strides=strides4) if item == 4 else \
-            np.ndarray(shape, x.dtype, buffer=x, offset=offset * item, strides=tuple(s * item for s in strides))
+        st, off = (strides4, offset4) if item == 4 else (tuple(s * item for s in strides), offset * item)
+        y = np.ndarray(shape, x.dtype, buffer=x, offset=off, strides=st)
         y.setflags(write=False)
         return y
 

@@ -16,8 +16,8 @@ from numba import njit, prange
 from graphir.backends import isa
 from graphir.backends.kernels.jit import INL, PAR, SER, parallel_and_serial
 from graphir.backends.kernels import simd
-from graphir.backends.kernels.simd import (as_f32, prefetch, vadd, vfma, vhadd_sum, vhadd_sums8, vhsum, vload, vload_part,
-                                           vmul, vreduce4, vsplat, vsplat_at, vstore, vzero, width)
+from graphir.backends.kernels.simd import (as_f32, prefetch, vadd, vfma, vhadd_sum, vhadd_sums8, vhsum, vload,
+                                           vload_part, vmul, vreduce4, vsplat, vsplat_at, vstore, vzero, width)
 from graphir.backends.kernels_util import bits_f32, bits_u32, f16_bits, fma
 
 F32 = np.float32

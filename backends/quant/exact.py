@@ -29,8 +29,9 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels.simd import (prefetch, lanes, vfma, vhsum8_at, vhsum8_halves, vload, vmul, vpairadd, vsplat,
-                                           vspread, vspread4, vstore, vsub, vzero, width)
+from graphir.backends.kernels.jit import INL
+from graphir.backends.kernels.simd import (lanes, prefetch, vfma, vhsum8_at, vhsum8_halves, vload, vmul, vpairadd,
+                                           vsplat, vspread, vspread4, vstore, vsub, vzero, width)
 from graphir.backends.quant.activation import q8_blocks
 from graphir.backends.quant.int8_dot import WIDE_LANES, block_lanes, nibble_half_lanes
 
@@ -41,10 +42,11 @@ _G = 16                    # weight rows per group of the layout (an AVX-512 reg
 GEMV_LANES = WIDE_LANES    # float32 lanes of the GEMV's registers: AVX-512 holds two rows' eight lanes
 
 _lanes_q4_1, _lanes_q8_0 = block_lanes("q4_1"), block_lanes("q8_0")
+_low_q4_1, _high_q4_1 = nibble_half_lanes(False), nibble_half_lanes(True)
 _AHEAD = 16                # blocks of a group run that the GEMV asks the memory for ahead of their use
 
 
-@njit(inline="always", cache=True)
+@njit(**INL)
 def _ask_ahead(qs, d, m, o, qb, with_min):
     """Prefetch the block _AHEAD blocks on (its rows' quants, scales and mins; first row o of this one): a
     thread's groups lie one after another, and a small matrix's GEMV ends before the hardware's prefetch has
@@ -56,7 +58,6 @@ def _ask_ahead(qs, d, m, o, qb, with_min):
     prefetch(d, a)
     if with_min:
         prefetch(m, a)
-_low_q4_1, _high_q4_1 = nibble_half_lanes(False), nibble_half_lanes(True)
 
 
 def _regrouped(b: np.ndarray, q0: int, q1: int, with_min: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

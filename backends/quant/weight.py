@@ -225,6 +225,10 @@ class QWeight:
         return f"QWeight({self.qtype.name}, rows={self.rows}, ne0={self.ne0})"
 
 
+_libc = ctypes.CDLL(None)
+_LIBC = _libc if hasattr(_libc, "madvise") and hasattr(mmap, "MADV_DONTNEED") else None  # POSIX systems
+
+
 def release_pages(a: np.ndarray) -> None:
     """Let the OS drop the resident pages of a file-mapped array (a weight whose repacked copy now serves the
     products): they stay mapped, and a later read (get_rows of a tied embedding) maps them in again from the
@@ -233,15 +237,12 @@ def release_pages(a: np.ndarray) -> None:
     base = a
     while isinstance(base, np.ndarray) and not isinstance(base, np.memmap):
         base = base.base
-    if not isinstance(base, np.memmap) or not hasattr(mmap, "MADV_DONTNEED") or _LIBC is None:
+    if not isinstance(base, np.memmap) or _LIBC is None:
         return
     start = a.ctypes.data
     lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
     if hi > lo:
         _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED)
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True) if hasattr(ctypes.CDLL(None), "madvise") else None
 
 
 class QWeightGroup:
