@@ -20,10 +20,10 @@ class NumbaBackend:
     def numerics(self, isa: str | None = None) -> Numerics:
         return numerics(isa)
 
-    def compiling(self, out: IO[str] | None) -> ContextManager[None]:
+    def compiling(self, out: IO[str] | None, on_first: Callable[[], None] | None = None) -> ContextManager[None]:
         from graphir.backends.kernels.jit import compiling
 
-        return compiling(out)
+        return compiling(out, on_first)
 
     def weight_types(self) -> frozenset[Any]:
         from graphir.backends.quant.weight import SUPPORTED

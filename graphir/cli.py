@@ -407,14 +407,12 @@ def cmd_strip(args: argparse.Namespace) -> int:
 
 
 def _warm_up(model: Any, quiet: bool) -> None:
-    """Run a two-token prompt and a step, so that numba loads (or, on a first run, compiles: a progress line on
-    a terminal says so) the kernels of both the prompt and the generation, and the weights are repacked."""
+    """Compile (a first run, with a progress line on a terminal) or load the kernels of the prompt and the
+    generation, and prepare the weights, before anything is timed."""
     from graphir.progress import stream
-    from graphir.running.batch import Batch
+    from graphir.running.warm_up import warm_up
 
-    with model.backend.compiling(stream(quiet)):
-        ctx = model.new_context(n_ctx=8)
-        ctx.decode(Batch.one(0, ctx.prompt([0, 0])))
+    warm_up(model, stream(quiet))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from graphir.progress import stream
 COMPILING = "compiling kernels (first run only; numba caches them)"
 
 
-def test_a_compile_is_counted_and_named_and_a_compiled_kernel_draws_nothing() -> None:
+def test_a_compile_is_counted_and_named_and_a_compiled_kernel_draws_nothing_and_calls_nothing() -> None:
     def twice(x: np.ndarray) -> np.ndarray:
         return x * 2
 
@@ -33,12 +33,14 @@ def test_a_compile_is_counted_and_named_and_a_compiled_kernel_draws_nothing() ->
     with compiling(out):
         kernel(np.ones(3))
     assert f"{COMPILING}: 1 in 00:0" in out.getvalue() and out.getvalue().endswith(", twice\n")
-    again = io.StringIO()
-    with compiling(again):
+    again, calls = io.StringIO(), []
+    with compiling(again, lambda: calls.append(1)):
         kernel(np.ones(3))
-    assert again.getvalue() == ""
-    with compiling(None):
+    assert again.getvalue() == "" and calls == []   # nothing compiled: nothing drawn, nothing called
+    with compiling(None, lambda: calls.append(1)):
         njit(twice)(np.ones(3))
+        njit(twice)(np.ones(3))
+    assert calls == [1]                               # once, at the first of the compiles
 
 
 def test_progress_is_drawn_only_on_a_terminal_and_not_when_quiet(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,34 +68,42 @@ def kernel_launches() -> ContextManager[object]:
 
 
 @contextlib.contextmanager
-def compiling(out: IO[str] | None) -> Iterator[None]:
+def compiling(out: IO[str] | None, on_first: Callable[[], None] | None = None) -> Iterator[None]:
     """While the block runs, count on ``out`` (a tqdm line) the kernels numba compiles, naming the latest; a
-    kernel's compile compiles what it calls too, and only the outermost ones count. A kernel found in numba's
-    cache compiles nothing, so a warm run draws nothing at all."""
-    if out is None:
+    kernel's compile compiles what it calls too, and only the outermost ones count. ``on_first`` is called when
+    the first kernel starts compiling: a cache that lacks it, as on a first run. A kernel found in numba's cache
+    compiles nothing, so a warm run draws nothing at all and calls nothing."""
+    if out is None and on_first is None:
         yield
         return
     from numba.core import event
-    from tqdm import tqdm
-
-    from graphir.progress import size
 
     bars: list[Any] = []
     depth = [0]
+    started = [False]
 
     class Counter(event.Listener):  # type: ignore[misc]
         def on_start(self, ev: event.Event) -> None:
             depth[0] += 1
             if depth[0] > 1:
                 return
-            if not bars:  # made at the first compile: a cached run gets no line
-                bars.append(tqdm(desc="compiling kernels (first run only; numba caches them)", file=out,
-                                 bar_format="{desc}: {n} in {elapsed}{postfix}", **size(out)))
-            bars[0].set_postfix_str(ev.data["dispatcher"].py_func.__name__)
+            if not started[0]:
+                started[0] = True
+                if on_first is not None:
+                    on_first()
+                if out is not None:  # made at the first compile: a cached run gets no line
+                    from tqdm import tqdm
+
+                    from graphir.progress import size
+
+                    bars.append(tqdm(desc="compiling kernels (first run only; numba caches them)", file=out,
+                                     bar_format="{desc}: {n} in {elapsed}{postfix}", **size(out)))
+            if bars:
+                bars[0].set_postfix_str(ev.data["dispatcher"].py_func.__name__)
 
         def on_end(self, ev: event.Event) -> None:
             depth[0] -= 1
-            if depth[0] == 0:
+            if depth[0] == 0 and bars:
                 bars[0].update(1)
 
     counter = Counter()

@@ -29,8 +29,9 @@ class Backend(Protocol):
     def numerics(self, isa: str | None = None) -> Any:
         """The path to run (``isa``, else the environment's or the host's), with ``describe()``."""
 
-    def compiling(self, out: IO[str] | None) -> ContextManager[None]:
-        """While the block runs, report on ``out`` (None: nowhere) the kernels the backend compiles, if any."""
+    def compiling(self, out: IO[str] | None, on_first: Callable[[], None] | None = None) -> ContextManager[None]:
+        """While the block runs, report on ``out`` (None: nowhere) the kernels the backend compiles, if any, and
+        call ``on_first`` when it starts compiling the first (none compiled: not called)."""
 
     def weight_types(self) -> frozenset[Any]:
         """The GGUF types of the matrices it multiplies (a model holding another is refused at load)."""

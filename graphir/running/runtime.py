@@ -42,7 +42,7 @@ class Model:
             raise GraphirError(f"{meta.label} is {what} for its graph: it has metadata but no weights to run; load a "
                                f"GGUF file (graphir convert makes one of a BERT checkpoint)")
         self.meta = meta
-        self.backend = get_backend(backend)
+        self.backend, self.backend_name = get_backend(backend), backend
         self.numerics = self.backend.numerics(isa)   # the llama.cpp CPU path the kernels reproduce
         problems = meta.arch.check(meta.tensors)  # before a context sizes its memory by the hparams
         if problems:

@@ -1,0 +1,57 @@
+"""A model made ready before anything is timed: one prompt and one generation step, so that the backend compiles
+(a first run) or loads from its cache the kernels of both, and the weights are prepared.
+
+On a first run the two are compiled at once: when the backend starts compiling, a second process (this module
+run as a program) takes a generation step of the same model while this one runs the prompt; each compiles its
+own kernels on its own core, into the cache they share, and this process's step then finds the step's kernels
+there. The prompt's context has 256 cells, a full block of KV padding, so that its kernels are those a real
+prompt takes (a few cells pick the serial variants of the attention products).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import IO, Any
+
+from graphir.running.batch import Batch
+
+N_CTX = 256
+
+
+def warm_up(model: Any, out: IO[str] | None) -> None:
+    """Run a two-token prompt and a step of ``model``; ``out``: where the backend reports what it compiles."""
+    helpers: list[subprocess.Popen[bytes]] = []
+
+    def step_elsewhere() -> None:
+        cmd = [sys.executable, "-m", __name__, str(model.meta.header.path), model.numerics.path.name,
+               model.backend_name]
+        try:
+            helpers.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL))
+        except OSError:  # no second process: this one compiles everything, as it would anyway
+            pass
+
+    try:
+        with model.backend.compiling(out, step_elsewhere):
+            ctx = model.new_context(n_ctx=N_CTX)
+            n = ctx.prompt([0, 0])
+            for helper in helpers:
+                helper.wait()
+            ctx.decode(Batch.one(0, n))
+    finally:
+        for helper in helpers:  # interrupted: the helper's work is not wanted any more
+            if helper.poll() is None:
+                helper.kill()
+                helper.wait()
+
+
+def _step(path: str, isa: str, backend: str) -> None:
+    from graphir.running.runtime import load
+
+    model = load(path, isa, backend)
+    model.new_context(n_ctx=N_CTX).decode(Batch.one(0, 0))
+
+
+if __name__ == "__main__":
+    _step(*sys.argv[1:4])
