@@ -19,7 +19,7 @@ from numba import njit, prange
 
 from graphir.backends import isa
 from graphir.backends.kernels import simd
-from graphir.backends.kernels.jit import PAR, SER
+from graphir.backends.kernels.jit import PAR, SER, call_at, native_address
 from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, column_dots, dots_hadd8, kernel_view, products_task,
                                               to_f32_row, transposed_rows)
 from graphir.backends.kernels.softmax import exp_head, mask_rows, soft_max_row
@@ -57,16 +57,16 @@ def _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows
 def _attending(n_lanes: int) -> Callable:
     """The kernel of every head, in parallel, for registers of n_lanes: the register type is a constant of the
     kernel, where as an argument numba typed it in Python at every call (2.7 us). It rounds q to f16 itself (ggml's
-    conversion of src1), rows padded to 64, where a second kernel launch did. The head's work is a call, not
-    inlined: in a prange body numba compiles it several times over (20 s against 5). Its index is cast: numba
-    types a prange index int64 when it infers the loop and uint64 when it lowers it, and a call taking it compiled
-    twice (7 s each). Parallel only: a first token's few cells take one launch too, and a serial copy would
-    compile again."""
+    conversion of src1), rows padded to 64, where a second kernel launch did. The head's work is called at its
+    native address (jit.call_at): called by name from a prange body it compiled several times over (attend's
+    first call took 21.7 s; the head alone compiles in 7 s, then attend in 1.5 s). Its index is cast: numba types a prange index int64 when it infers the
+    loop and uint64 when it lowers it. Parallel only: a first token's few cells take one launch too, and a serial
+    copy would compile again."""
     v_ = simd.lanes(n_lanes)
 
     @njit(**PAR)
-    def attend(kw, ldk, ksb, ksm, q, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes, variant, vw, vsb,
-               vsc, kpv, ldp, kq, out):
+    def attend(head_at, kw, ldk, ksb, ksm, q, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes, variant, vw,
+               vsb, vsc, kpv, ldp, kq, out):
         v = v_
         ldq = (q.shape[1] + 63) // 64 * 64
         q1 = np.empty((q.shape[0], ldq), F32)
@@ -74,10 +74,19 @@ def _attending(n_lanes: int) -> Callable:
             to_f32_row(q[r], 2, q1[r])
         qf = q1.reshape(-1)
         for h in prange(out.shape[0]):
-            _attend_head(v, kw, ldk, ksb, ksm, qf, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes,
-                         variant, vw, vsb, vsc, kpv, ldp, kq, out, np.int64(h))
+            call_at(head_at, (v, kw, ldk, ksb, ksm, qf, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head,
+                              lanes, variant, vw, vsb, vsc, kpv, ldp, kq, out, np.int64(h)))
 
     return attend
+
+
+@functools.cache
+def _head_at(n_lanes: int, hadd: bool) -> int:
+    """_attend_head's native address for the argument types attend passes it (stand-ins of each); looked up at
+    the first call, not when a plan reads the caches' layouts: a prompt's plan does too, and never calls it."""
+    caches, rows, cube = kernel_view(np.zeros(1, np.float16)), np.empty((1, 1), F32), np.empty((1, 1, 1), F32)
+    return native_address(_attend_head, simd.lanes(n_lanes), caches, 0, 0, 0, rows[0], 0, 0, 0, 0, hadd, rows, 0, 0,
+                          F32(0), 0, 0, 0, caches, 0, 0, 0, 0, cube, cube, 0)
 
 
 def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
@@ -106,8 +115,8 @@ def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
         qrows, qsb, _ = as_rows(q.astype(F32, copy=False))
         kq = np.empty((n_head, 1, n_kv), F32)
         out = np.empty((n_head, 1, d_v), F32)
-        attend(kflat, krows.shape[1], ksb, ksm, qrows, qsb, d, n_head // n_head_kv, hadd, m, mrows, min(live, n_kv),
-               scale32, head, lanes, path.expf, vflat, vsb, vsc, kpv, ldp, kq, out)
+        attend(_head_at(lanes, hadd), kflat, krows.shape[1], ksb, ksm, qrows, qsb, d, n_head // n_head_kv, hadd, m,
+               mrows, min(live, n_kv), scale32, head, lanes, path.expf, vflat, vsb, vsc, kpv, ldp, kq, out)
         return out
 
     return attention

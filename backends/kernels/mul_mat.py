@@ -10,11 +10,13 @@ tiles of outputs, vec_dot four rows at a time, and a V cache seen transposed rea
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit, prange
 
 from graphir.backends import isa
-from graphir.backends.kernels.jit import INL, PAR, SER, parallel_and_serial
+from graphir.backends.kernels.jit import INL, PAR, SER, call_at, native_address, parallel_and_serial
 from graphir.backends.kernels import simd
 from graphir.backends.kernels.simd import (as_f32, prefetch, vadd, vfma, vhadd_sum, vhadd_sums8, vhsum, vload,
                                            vload_part, vmul, vreduce4, vsplat, vsplat_at, vstore, vzero, width)
@@ -282,7 +284,7 @@ def products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, m
                 out[b, i, mi + j] = r[j]
 
 
-@njit(**INL)
+@njit(**SER)
 def _tail_block(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, b, n0, n1, m0, m1, out):
     """ggml_vec_dot_f32 for rows shorter than its first step (k < four registers: heads of 32): all of it is the
     scalar tail, one sequential chain per output (_vec_dot4's leftovers). Sixteen outputs' chains run side by side
@@ -321,14 +323,17 @@ def _tail_block(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, b, n0, n1
                 out[b, i, m0 + o + t] = lanes[t]
 
 
-def _products(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, out):
+def _products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, out):
     """out[b, n, m] = dot(w row (b // ratio) * wsb + m * wsm, x row b * xsb + n * xsn) over k elements; w1 and x1
     are flat rows of ldw / ldx elements (w: float32 or f16 bits; x: float32, already rounded to f16 where ggml
     converts it). ``mode``: tinyBLAS or vec_dot (f16 or f32), see mul_mat; kp: the padded length ggml sees,
     whose extra elements are zeros. A task is a block of rows of w against up to _BLOCK_N rows of x, in tile
     columns; tasks run in parallel (prange; the serial copy runs them in turn), numbered so that consecutive
     ones share their block of w: prange hands each thread a run of consecutive tasks, so each thread streams its
-    own part of w once instead of every thread streaming all of it."""
+    own part of w once instead of every thread streaming all of it. products_task and _tail_block are called at
+    their native addresses task_at and tail_at (_task_addresses): called by name, they compiled again with each
+    variant, several times over in the parallel one (its first call took 8.2 s; now products_task compiles once,
+    in 2.9 s, and the variants in 0.9 and 0.3 s)."""
     bx, nn, mm = out.shape
     n = width(v)
     tiny = mode == TINYBLAS
@@ -336,15 +341,26 @@ def _products(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode,
     nb = tile_rows(v) if tiny else 1
     n_blocks, m_blocks = (nn + _BLOCK_N - 1) // _BLOCK_N, (mm + _BLOCK_M - 1) // _BLOCK_M
     for task in prange(bx * m_blocks * n_blocks):
-        b, r = task // (m_blocks * n_blocks), task % (m_blocks * n_blocks)
+        b, r = np.int64(task // (m_blocks * n_blocks)), np.int64(task % (m_blocks * n_blocks))
         m0, nbl = r // n_blocks * _BLOCK_M, r % n_blocks * _BLOCK_N
         if mode == VEC_F32 and simd == 0:
-            _tail_block(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, b, nbl, min(nbl + _BLOCK_N, nn), m0,
-                        min(m0 + _BLOCK_M, mm), out)
+            call_at(tail_at, (v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, b, nbl, min(nbl + _BLOCK_N, nn),
+                              m0, min(m0 + _BLOCK_M, mm), out))
             continue
         for n0 in range(nbl, min(nbl + _BLOCK_N, nn), nb):
-            products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0,
-                           min(n0 + nb, nn), m0, min(m0 + _BLOCK_M, mm), out)
+            call_at(task_at, (v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0,
+                              min(n0 + nb, nn), m0, min(m0 + _BLOCK_M, mm), out))
+
+
+@functools.cache
+def _task_addresses(n_lanes: int, w_dtype: np.dtype, hadd: bool, tail: bool) -> tuple[int, int]:
+    """The native addresses of products_task and (tail: else 0, never called) _tail_block for w rows of w_dtype
+    (a kernel_view's: read-only uint16 or float32), looked up when a product first needs them; stand-ins give
+    their argument types."""
+    v, w1, x1, out = simd.lanes(n_lanes), np.zeros(1, w_dtype), np.empty(1, F32), np.empty((1, 1, 1), F32)
+    w1.flags.writeable = False
+    task = native_address(products_task, v, w1, 0, x1, 0, 0, 0, 0, 0, 0, 0, 0, hadd, 0, 0, 0, 0, 0, 0, 0, out)
+    return task, native_address(_tail_block, v, w1, 0, x1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, out) if tail else 0
 
 
 _products_par, _products_ser = parallel_and_serial(_products)
@@ -523,8 +539,10 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
             continue
         wrows, wsb, wsm = as_rows(wa)
         fn = _products_par if xa.shape[0] * n * m * k >= MM_PAR_MIN else _products_ser
-        fn(simd.lanes(path.lanes), kernel_view(wrows.reshape(-1)), wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp,
-           wsb, wsm, xsb, xsn, xa.shape[0] // wa.shape[0], path.reduce == _REDUCE_HADD, mode, out[a])
+        w1, hadd = kernel_view(wrows.reshape(-1)), path.reduce == _REDUCE_HADD
+        task_at, tail_at = _task_addresses(path.lanes, w1.dtype, hadd, mode == VEC_F32 and kp < 4 * path.lanes)
+        fn(task_at, tail_at, simd.lanes(path.lanes), w1, wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp, wsb, wsm,
+           xsb, xsn, xa.shape[0] // wa.shape[0], hadd, mode, out[a])
     return out.reshape(out.shape[4 - r:])
 
 
