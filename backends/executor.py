@@ -620,7 +620,8 @@ class _Attention:
         k, _, _, v = known
         if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
             return partial(self, env)
-        return partial(self._over, attention_over(k, v, self.scale, self.pad, self.path), env)
+        one_token = len(shapes[1]) == 3 and shapes[1][1] == 1   # q's shape: a decode step's plan
+        return partial(self._over, attention_over(k, v, self.scale, self.pad, self.path, one_token), env)
 
     def _over(self, over: Callable[..., np.ndarray | None] | None, env: Env, k: np.ndarray, q: np.ndarray,
               mask: np.ndarray, v: np.ndarray) -> np.ndarray:

@@ -83,18 +83,21 @@ def _attending(n_lanes: int) -> Callable:
 @functools.cache
 def _head_at(n_lanes: int, hadd: bool) -> int:
     """_attend_head's native address for the argument types attend passes it (stand-ins of each); looked up at
-    the first call, not when a plan reads the caches' layouts: a prompt's plan does too, and never calls it."""
+    the first call or by a one-token plan (attention_over's ``ahead``), not by every plan that reads the caches'
+    layouts: a prompt's plan does too, and never calls it."""
     caches, rows, cube = kernel_view(np.zeros(1, np.float16)), np.empty((1, 1), F32), np.empty((1, 1, 1), F32)
     return native_address(_attend_head, simd.lanes(n_lanes), caches, 0, 0, 0, rows[0], 0, 0, 0, 0, hadd, rows, 0, 0,
                           F32(0), 0, 0, 0, caches, 0, 0, 0, 0, cube, cube, 0)
 
 
-def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
-                   path: isa.IsaPath) -> Callable[[np.ndarray, np.ndarray, int, int], np.ndarray | None] | None:
+def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int, path: isa.IsaPath,
+                   ahead: bool = False) -> Callable[[np.ndarray, np.ndarray, int, int], np.ndarray | None] | None:
     """The attention of one query token over the f16 caches k (n_head_kv, n_kv, d) and vt (n_head_kv, d_v, n_kv)
     (vt the V cache seen transposed, read in place), with their layouts read once: a function of q (n_head, 1, d)
     and the mask's rows (attention_mask) giving mul_mat(vt, soft_max(mul_mat(k, q), mask, scale) with KV padding
-    ``pad``), or None for a q it does not take. None where k and vt are not this kernel's case."""
+    ``pad``), or None for a q it does not take. None where k and vt are not this kernel's case. ``ahead``: the
+    head's kernel is compiled (or loaded) now, where it would be at the first call: a plan for one query token,
+    which will call it, gets its largest kernel ready before the others."""
     if k.ndim != 3 or vt.ndim != 3 or k.dtype != np.float16 or vt.dtype != np.float16 or vt.flags.c_contiguous \
             or vt.shape[0] != k.shape[0] or vt.shape[2] != k.shape[1]:
         return None
@@ -107,6 +110,8 @@ def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int,
     lanes, hadd = path.lanes, path.reduce == isa.REDUCE_HADD
     attend, head, kpv = _attending(lanes), exp_head(n_kv, lanes, pad), -(-n_kv // pad) * pad
     scale32, ldp, d_v = F32(scale), -(-n_kv // 64) * 64, vt.shape[1]
+    if ahead:
+        _head_at(lanes, hadd)
 
     def attention(q: np.ndarray, m: np.ndarray, mrows: int, live: int) -> np.ndarray | None:
         if q.ndim != 3 or q.shape[1] != 1 or q.shape[2] != d or q.shape[0] % n_head_kv or mrows == 0:
