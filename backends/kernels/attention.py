@@ -20,30 +20,31 @@ from numba import njit, prange
 from graphir.backends import isa
 from graphir.backends.kernels import simd
 from graphir.backends.kernels.jit import PAR, SER, call_at, native_address
-from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, column_dots, dots_hadd8, kernel_view, products_task,
+from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, column_dots, dots_hadd8, kernel_view, task_addresses,
                                               to_f32_row, transposed_rows)
 from graphir.backends.kernels.softmax import exp_head, mask_rows, soft_max_row
 
 F32 = np.float32
-# products_task's constant arguments as numpy integers: numba types a literal 0 or 1 as a literal and compiles the
-# callee again for it, where these take the compile mul_mat's products made already
+# products_task's constant arguments as numpy integers: numba types a literal 0 or 1 as a literal, and products_task
+# is compiled for int64 arguments (mul_mat.task_addresses)
 _ZERO, _ONE, _VEC_F16 = np.int64(0), np.int64(1), np.int64(VEC_F16)
 
 
 @njit(**SER)
 def _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes, variant,
-                 vw, vsb, vsc, kpv, ldp, kq, out, h):
+                 vw, vsb, vsc, kpv, ldp, kq, out, task_at, h):
     """Head h: kq[h, 0] = its KQ row (mul_mat's VEC_F16 path, n = 1), then soft_max of it into p, p rounded to f16
     and padded (ggml's conversion of src1), then out[h, 0] = the V columns against it (column_dots). Cells from
     ``live`` on are masked: their products would only be added to -inf, and their probabilities are 0, whose
-    products leave column_dots' sums as they are, so neither is computed."""
+    products leave column_dots' sums as they are, so neither is computed. task_at: products_task's address
+    (mul_mat.task_addresses), compiled apart: a prompt's products take it too."""
     n_kv = kq.shape[2]
     simd_kq = d // (4 * lanes) * (4 * lanes)
     if hadd and lanes == 8 and simd_kq == d:
         dots_hadd8(v, kw, (h // ratio) * ksb * ldk, ksm * ldk, q1, h * qsb * ldq, d, live, kq[h, 0])
     else:
-        products_task(v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, _ONE, ratio, hadd, _VEC_F16, simd_kq, h, _ZERO, _ONE,
-                      _ZERO, live, kq)
+        call_at(task_at, (v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, _ONE, ratio, hadd, _VEC_F16, simd_kq, h, _ZERO,
+                          _ONE, _ZERO, live, kq))
     kq[h, 0, live:] = 0.0
     w = np.empty(max(head, n_kv), F32)
     p = np.empty(n_kv, F32)
@@ -59,14 +60,14 @@ def _attending(n_lanes: int) -> Callable:
     kernel, where as an argument numba typed it in Python at every call (2.7 us). It rounds q to f16 itself (ggml's
     conversion of src1), rows padded to 64, where a second kernel launch did. The head's work is called at its
     native address (jit.call_at): called by name from a prange body it compiled several times over (attend's
-    first call took 21.7 s; the head alone compiles in 7 s, then attend in 1.5 s). Its index is cast: numba types a prange index int64 when it infers the
-    loop and uint64 when it lowers it. Parallel only: a first token's few cells take one launch too, and a serial
-    copy would compile again."""
+    first call took 21.7 s; the head alone compiles in 7 s, then attend in 1.5 s). Its index is cast: numba types
+    a prange index int64 when it infers the loop and uint64 when it lowers it. Parallel only: a first token's few
+    cells take one launch too, and a serial copy would compile again."""
     v_ = simd.lanes(n_lanes)
 
     @njit(**PAR)
-    def attend(head_at, kw, ldk, ksb, ksm, q, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes, variant, vw,
-               vsb, vsc, kpv, ldp, kq, out):
+    def attend(head_at, task_at, kw, ldk, ksb, ksm, q, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes,
+               variant, vw, vsb, vsc, kpv, ldp, kq, out):
         v = v_
         ldq = (q.shape[1] + 63) // 64 * 64
         q1 = np.empty((q.shape[0], ldq), F32)
@@ -75,19 +76,21 @@ def _attending(n_lanes: int) -> Callable:
         qf = q1.reshape(-1)
         for h in prange(out.shape[0]):
             call_at(head_at, (v, kw, ldk, ksb, ksm, qf, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head,
-                              lanes, variant, vw, vsb, vsc, kpv, ldp, kq, out, np.int64(h)))
+                              lanes, variant, vw, vsb, vsc, kpv, ldp, kq, out, task_at, np.int64(h)))
 
     return attend
 
 
 @functools.cache
-def _head_at(n_lanes: int, hadd: bool) -> int:
+def _head_at(n_lanes: int, hadd: bool) -> tuple[int, int]:
     """_attend_head's native address for the argument types attend passes it (stand-ins of each); looked up at
     the first call or by a one-token plan (attention_over's ``ahead``), not by every plan that reads the caches'
-    layouts: a prompt's plan does too, and never calls it."""
+    layouts: a prompt's plan does too, and never calls it. With it, products_task's (which it calls), compiled
+    first: a prompt's products in another process then find it in the cache."""
+    task_at = task_addresses(n_lanes, np.dtype(np.uint16), hadd, False)[0]
     caches, rows, cube = kernel_view(np.zeros(1, np.float16)), np.empty((1, 1), F32), np.empty((1, 1, 1), F32)
     return native_address(_attend_head, simd.lanes(n_lanes), caches, 0, 0, 0, rows[0], 0, 0, 0, 0, hadd, rows, 0, 0,
-                          F32(0), 0, 0, 0, caches, 0, 0, 0, 0, cube, cube, 0)
+                          F32(0), 0, 0, 0, caches, 0, 0, 0, 0, cube, cube, 0, 0), task_at
 
 
 def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int, path: isa.IsaPath,
@@ -120,7 +123,7 @@ def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int, path: 
         qrows, qsb, _ = as_rows(q.astype(F32, copy=False))
         kq = np.empty((n_head, 1, n_kv), F32)
         out = np.empty((n_head, 1, d_v), F32)
-        attend(_head_at(lanes, hadd), kflat, krows.shape[1], ksb, ksm, qrows, qsb, d, n_head // n_head_kv, hadd, m,
+        attend(*_head_at(lanes, hadd), kflat, krows.shape[1], ksb, ksm, qrows, qsb, d, n_head // n_head_kv, hadd, m,
                mrows, min(live, n_kv), scale32, head, lanes, path.expf, vflat, vsb, vsc, kpv, ldp, kq, out)
         return out
 

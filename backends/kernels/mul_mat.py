@@ -331,7 +331,7 @@ def _products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, 
     columns; tasks run in parallel (prange; the serial copy runs them in turn), numbered so that consecutive
     ones share their block of w: prange hands each thread a run of consecutive tasks, so each thread streams its
     own part of w once instead of every thread streaming all of it. products_task and _tail_block are called at
-    their native addresses task_at and tail_at (_task_addresses): called by name, they compiled again with each
+    their native addresses task_at and tail_at (task_addresses): called by name, they compiled again with each
     variant, several times over in the parallel one (its first call took 8.2 s; now products_task compiles once,
     in 2.9 s, and the variants in 0.9 and 0.3 s)."""
     bx, nn, mm = out.shape
@@ -353,7 +353,7 @@ def _products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, 
 
 
 @functools.cache
-def _task_addresses(n_lanes: int, w_dtype: np.dtype, hadd: bool, tail: bool) -> tuple[int, int]:
+def task_addresses(n_lanes: int, w_dtype: np.dtype, hadd: bool, tail: bool) -> tuple[int, int]:
     """The native addresses of products_task and (tail: else 0, never called) _tail_block for w rows of w_dtype
     (a kernel_view's: read-only uint16 or float32), looked up when a product first needs them; stand-ins give
     their argument types."""
@@ -540,7 +540,7 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
         wrows, wsb, wsm = as_rows(wa)
         fn = _products_par if xa.shape[0] * n * m * k >= MM_PAR_MIN else _products_ser
         w1, hadd = kernel_view(wrows.reshape(-1)), path.reduce == _REDUCE_HADD
-        task_at, tail_at = _task_addresses(path.lanes, w1.dtype, hadd, mode == VEC_F32 and kp < 4 * path.lanes)
+        task_at, tail_at = task_addresses(path.lanes, w1.dtype, hadd, mode == VEC_F32 and kp < 4 * path.lanes)
         fn(task_at, tail_at, simd.lanes(path.lanes), w1, wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp, wsb, wsm,
            xsb, xsn, xa.shape[0] // wa.shape[0], hadd, mode, out[a])
     return out.reshape(out.shape[4 - r:])
