@@ -44,16 +44,11 @@ def parallel_and_serial(kernel: Callable) -> tuple[Callable, Callable]:
 def native_address(kernel: Callable, *args: Any) -> int:
     """The address of ``kernel``'s native code for arguments of the types of ``args`` (compiled, or loaded from
     numba's cache, here), which call_at calls. Only a value's numba type counts, so an argument may be a stand-in
-    of the right type, shape aside."""
-    key = (kernel, tuple(numba.typeof(a) for a in args))
-    if key not in _addresses:
-        kernel.compile(key[1])  # type: ignore[attr-defined]
-        cres = kernel.overloads[key[1]]  # type: ignore[attr-defined]
-        _addresses[key] = int(cres.library.get_pointer_to_function(cres.fndesc.mangled_name))
-    return _addresses[key]
-
-
-_addresses: dict[tuple[Callable, tuple[Any, ...]], int] = {}
+    of the right type, shape aside. Its callers keep what it returns (functools.cache)."""
+    sig = tuple(numba.typeof(a) for a in args)
+    kernel.compile(sig)  # type: ignore[attr-defined]
+    cres = kernel.overloads[sig]  # type: ignore[attr-defined]
+    return int(cres.library.get_pointer_to_function(cres.fndesc.mangled_name))
 
 
 @intrinsic

@@ -22,8 +22,11 @@ N_CTX = 256
 def warm_up(model: Any, out: IO[str] | None) -> None:
     """Run a two-token prompt and a step of ``model``; ``out``: where the backend reports what it compiles."""
     helpers: list[subprocess.Popen[bytes]] = []
+    prompting = [True]
 
     def step_elsewhere() -> None:
+        if not prompting[0]:  # only the step compiles (a cache that has the prompt's kernels): nothing to share
+            return
         cmd = [sys.executable, "-m", __name__, str(model.meta.header.path), model.numerics.path.name,
                model.backend_name]
         try:
@@ -36,6 +39,7 @@ def warm_up(model: Any, out: IO[str] | None) -> None:
         with model.backend.compiling(out, step_elsewhere):
             ctx = model.new_context(n_ctx=N_CTX)
             n = ctx.prompt([0, 0])
+            prompting[0] = False
             for helper in helpers:
                 helper.wait()
             ctx.decode(Batch.one(0, n))
