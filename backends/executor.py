@@ -18,23 +18,27 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
+from graphir.backends import tape as T
 from graphir.backends.kernels.attention import attention_mask, attention_over, open_prefix
 from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
 from graphir.backends.kernels.mul_mat import mul_mat
-from graphir.backends.kernels.norm import norm, rms_norm, rms_norming
+from graphir.backends.kernels.norm import norm, rms_norm, rms_norm_kernel, rms_norming
 from graphir.backends.kernels.recurrent import gated_delta_net, rwkv_wkv6, ssm_conv, ssm_scan, ssm_scan_heads
-from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, roping
+from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
+from graphir.backends.kernels.rows import add_flat, set_rows_f16
 from graphir.backends.kernels.softmax import KV_PAD, soft_max
-from graphir.backends.kernels.unary import (exp, geglu, gelu, neg, relu, sigmoid, silu, softplus, sqr, swiglu,
-                                            swiglu_oai, tanh)
+from graphir.backends.kernels.unary import (exp, geglu, gelu, neg, relu, sigmoid, silu, silu_kernel, softplus, sqr,
+                                            swiglu, swiglu_oai, tanh)
 from graphir.backends.isa import REDUCE_HADD, IsaPath
 from graphir.backends.quant.weight import QWeight, QWeightGroup
+from graphir.backends.tape import Segment, Tape
 from graphir.graph.dims import Sym
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS
 
 Env = Mapping[str, int]
+F32 = np.float32
 
 
 def _dense(x: Any) -> np.ndarray:
@@ -85,6 +89,22 @@ class _Siblings:
     def bind(self, env: Env, known: list[Any], shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
         return partial(self._first, self.group.product())
 
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """The group's GEMV on the tape, for one row of x; the others' results left in the tape's memo."""
+        x, call = args[1], self.group.gemv_call()
+        if call is None or not _rows_of(x) or x.size != x.shape[-1]:
+            return None
+        gemv, joined, spans = call
+        x2, out = x.reshape(1, -1), tape.arena((1, spans[-1].stop))
+        if not _record_gemv(tape, gemv, joined, x2, out):
+            return None
+        ys = [out[:, s] for s in spans]
+        if x.ndim != 2:
+            ys = [y.reshape(x.shape[:-1] + (v.rows,)) for v, y in zip(self.group.weights, ys)]
+        for slot, y in zip(self.later, ys[1:]):
+            tape.memo[("sibling", slot)] = y
+        return ys[0]
+
     def _first(self, product: Callable[[np.ndarray], list[np.ndarray]], w: Any, x: np.ndarray) -> np.ndarray:
         ys = product(x.reshape(-1, x.shape[-1]))
         if x.ndim != 2:
@@ -94,13 +114,31 @@ class _Siblings:
         return ys[0]
 
 
-def _mul_mat_sibling(memo: threading.local, slot: int, path: IsaPath) -> Callable[..., Any]:
+class _SiblingTake:
     """A later step of such a run: its value, made by the first (or computed here if it was not)."""
-    def take(env: Env, w: Any, x: np.ndarray) -> np.ndarray:
-        y = memo.d.pop(slot, None)
-        return _mul_mat(w, x, path) if y is None else y
 
-    return take
+    def __init__(self, memo: threading.local, slot: int, path: IsaPath):
+        self.memo, self.slot, self.path = memo, slot, path
+
+    def __call__(self, env: Env, w: Any, x: np.ndarray) -> np.ndarray:
+        y = self.memo.d.pop(self.slot, None)
+        return _mul_mat(w, x, self.path) if y is None else y
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        return tape.memo.pop(("sibling", self.slot), None)
+
+
+def _rows_of(*xs: Any) -> bool:
+    """Whether each x is a C-contiguous float32 array: a tape's kernels read them as rows."""
+    return all(isinstance(x, np.ndarray) and x.dtype == F32 and x.flags.c_contiguous and x.ndim for x in xs)
+
+
+def _record_gemv(tape: Tape, gemv: Callable, packed: tuple[np.ndarray, ...], x: np.ndarray, out: np.ndarray) -> bool:
+    """An exact GEMV of packed rows (quant bytes, then f16 scales) on the tape."""
+    if len(packed) not in (2, 3):
+        return False
+    refs = (tape.ref("u8", packed[0]), *(tape.ref("u16", p) for p in packed[1:]), tape.ref("f2", x), tape.ref("f2", out))
+    return tape.emit(T.GEMV2 if len(packed) == 2 else T.GEMV3, gemv, (*packed, x, out), refs)
 
 
 def _broadcast(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -225,6 +263,17 @@ class _Product:
         return lambda w, x: product(x) if x.ndim == 2 else product(x.reshape(-1, x.shape[-1])).reshape(
             x.shape[:-1] + (rows,))
 
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        w, x = args
+        call = w.gemv_call() if isinstance(w, QWeight) else None
+        if call is None or not _rows_of(x):
+            return None
+        x2 = x.reshape(-1, x.shape[-1])
+        out = tape.arena((x2.shape[0], w.rows))
+        if not _record_gemv(tape, *call, x2, out):
+            return None
+        return out if x.ndim == 2 else out.reshape(x.shape[:-1] + (w.rows,))
+
 
 @kernel("mul_mat_id")
 def _mul_mat_id(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
@@ -275,6 +324,14 @@ class _Binary:
             return partial(self, env)
         return lambda x, y: f(x, y, dtype=np.float32)
 
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        x, y = args
+        if self.f is not np.add or not _rows_of(x, y) or x.shape != y.shape:
+            return None
+        out = tape.arena(x.shape)
+        flat = (x.reshape(-1), y.reshape(-1), out.reshape(-1))
+        return out if tape.emit(T.ADD, add_flat, flat, tuple(tape.ref("f1", a) for a in flat)) else None
+
 
 @kernel(*_UNARY_FN)
 def _unary(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
@@ -305,7 +362,26 @@ def _silu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
 
 @kernel("swiglu")
 def _swiglu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, g, u: swiglu(g, u, path)
+    return _Swiglu(path)
+
+
+class _Swiglu:
+    def __init__(self, path: IsaPath):
+        self.path = path
+
+    def __call__(self, env: Env, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+        return swiglu(g, u, self.path)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        g, u = args
+        if not _rows_of(g, u) or g.shape != u.shape:
+            return None
+        out = tape.arena(g.shape)
+        g2, u2, o2 = (a.reshape(-1, g.shape[-1]) for a in (g, u, out))
+        lanes, expf = self.path.lanes, self.path.expf
+        ok = tape.emit(T.SILU, silu_kernel(g.size), (g2, lanes, expf, u2, o2),
+                       (tape.ref("f2", g2), lanes, expf, tape.ref("f2", u2), tape.ref("f2", o2)))
+        return out if ok else None
 
 
 @kernel("geglu")
@@ -351,6 +427,31 @@ class _Rope:
     def bind(self, env: Env, known: list[Any], shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
         rotate, cached = roping(self.a, shapes[0]), self._cached
         return lambda x, pos, ff=None: rotate(x, cached(pos, ff))
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """The rotation on the tape; cos/sin of the positions made before each run, once for the layers."""
+        x, pos, ff = (*args, None)[:3]
+        if not _rows_of(x):
+            return None
+        key = ("cos_sin", id(pos), id(ff), self.key)
+        cs = tape.memo.get(key)
+        if cs is None:
+            c, s = self.cos_sin(pos, ff)
+            if not _rows_of(c, s) or c.ndim != 2:
+                return None
+            cs = tape.memo[key] = tape.arena(c.shape), tape.arena(s.shape)
+
+            def fill(cs: tuple[np.ndarray, np.ndarray] = cs) -> None:
+                cs[0][...], cs[1][...] = self.cos_sin(pos, ff)
+
+            tape.before.append(fill)
+        (cos, sin), (kernel, nh, n_dims, neox, n_fused) = cs, rope_kernel(self.a, x.shape)
+        rows, out = x.reshape(-1, x.shape[-1]), tape.arena(x.shape)
+        o2 = out.reshape(rows.shape)
+        ok = tape.emit(T.ROPE, kernel, (rows, cos, sin, cos.shape[0], nh, n_dims, neox, n_fused, o2),
+                       (tape.ref("f2", rows), tape.ref("f2", cos), tape.ref("f2", sin), cos.shape[0], nh, n_dims,
+                        int(neox), n_fused, tape.ref("f2", o2)))
+        return out if ok else None
 
     def _cached(self, pos: np.ndarray, ff: Any) -> tuple[np.ndarray, np.ndarray]:
         k, d = (id(pos), id(ff), self.key), self.memo.d
@@ -421,7 +522,17 @@ def _permute_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[.
 
 @kernel("cont")
 def _cont(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, x: np.ascontiguousarray(x)
+    return _Cont()
+
+
+class _Cont:
+    def __call__(self, env: Env, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """x itself where it is contiguous already, as np.ascontiguousarray gives it: nothing to play."""
+        x = args[0]
+        return x if isinstance(x, np.ndarray) and x.flags.c_contiguous else None
 
 
 @kernel("concat")
@@ -442,7 +553,24 @@ def _set_rows_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[
             np.put_along_axis(dst, ids[..., None].astype(np.intp), src, axis=1)
             return dst
         return set_batched
-    return lambda env, dst, src, ids: _set_rows(dst, src, ids)
+    return _SetRows()
+
+
+class _SetRows:
+    def __call__(self, env: Env, dst: np.ndarray, src: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        return _set_rows(dst, src, ids)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """Rows into an f16 cache (rows, width) on the tape, rounded as numpy rounds them."""
+        dst, src, ids = args
+        if not isinstance(dst, np.ndarray) or dst.dtype != np.float16 or dst.ndim != 2 or not dst.flags.c_contiguous \
+                or not _rows_of(src) or not isinstance(ids, np.ndarray) or ids.dtype != np.int64 or ids.ndim != 1 \
+                or src.shape != (len(ids), dst.shape[1]):
+            return None
+        bits = dst.view(np.uint16)
+        ok = tape.emit(T.SET_ROWS, set_rows_f16, (bits, src, ids),
+                       (tape.ref("u16_2", bits), tape.ref("f2", src), tape.ref("i64", ids)))
+        return dst if ok else None
 
 
 @kernel("fill")
@@ -599,6 +727,16 @@ class _RmsNormWeighted:
         norm_x = rms_norming(self.eps, known[1], math.prod(shapes[0]))
         return lambda x, w: norm_x(x)
 
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        x, w = args
+        if not _rows_of(x) or not self._takes(w, x.shape):
+            return None
+        rows, out = x.reshape(-1, x.shape[-1]), tape.arena(x.shape)
+        o2, eps = out.reshape(rows.shape), F32(self.eps)
+        ok = tape.emit(T.NORM, rms_norm_kernel(x.size), (rows, eps, w, o2),
+                       (tape.ref("f2", rows), tape.f32(eps), tape.ref("f1r", w), tape.ref("f2", o2)))
+        return out if ok else None
+
     @staticmethod
     def _takes(w: Any, shape: tuple[int, ...]) -> bool:
         return isinstance(w, np.ndarray) and w.ndim == 1 and w.dtype == np.float32 and w.shape[0] == shape[-1]
@@ -622,6 +760,35 @@ class _Attention:
             return partial(self, env)
         one_token = len(shapes[1]) == 3 and shapes[1][1] == 1   # q's shape: a decode step's plan
         return partial(self._over, attention_over(k, v, self.scale, self.pad, self.path, one_token), env)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """One query token's attention on the tape: the cells it reads up to set from the mask before each run."""
+        k, q, mask, v = args
+        if not all(isinstance(a, np.ndarray) for a in args) or not _rows_of(q, mask) or q.ndim != 3 or q.shape[1] != 1:
+            return None
+        over = attention_over(k, v, self.scale, self.pad, self.path, True)
+        nh, n_kv = q.shape[0], k.shape[1]
+        m, mrows, _ = attention_mask(_broadcast(mask, (nh, 1, n_kv)), nh, n_kv)
+        if over is None or not over.takes(q, mrows) or not np.shares_memory(m, mask):  # type: ignore[attr-defined]
+            return None
+        key = ("live", id(mask), mrows, n_kv)
+        live = tape.memo.get(key)
+        if live is None:
+            live = tape.memo[key] = tape.reg()
+
+            def cells(r: int = live) -> None:
+                tape.regs[r] = min(open_prefix(m[:mrows]), n_kv)
+
+            tape.before.append(cells)
+        kq, out = tape.arena((nh, 1, n_kv)), tape.arena((nh, 1, v.shape[1]))
+        kernel, a = over.call(q, m, mrows, 0, kq, out)  # type: ignore[attr-defined]
+        if not np.shares_memory(a[6], q):
+            return None
+        ref = tape.ref
+        ops = (a[0], a[1], ref("u16r", a[2]), a[3], a[4], a[5], ref("f2", a[6]), a[7], a[8], a[9], int(a[10]),
+               ref("f2", a[11]), a[12], live, tape.f32(a[14]), a[15], a[16], a[17], ref("u16r", a[18]), a[19], a[20],
+               a[21], a[22], ref("f3", a[23]), ref("f3", a[24]))
+        return out if tape.emit(T.ATTEND, kernel, a, ops) else None
 
     def _over(self, over: Callable[..., np.ndarray | None] | None, env: Env, k: np.ndarray, q: np.ndarray,
               mask: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -647,37 +814,57 @@ class _Attention:
 
 
 _IN_PLACE = frozenset({"set_rows"})  # ops whose value is their first operand, written in place
+_DTYPES = {"f32": np.float32, "i32": np.int32, "i64": np.int64}   # of the values a tape's arena holds
+
+
+def _before_tape(tape: Tape, arrays: list[np.ndarray], *feeds: np.ndarray) -> None:
+    """A taped plan's first step: this run's feeds copied into the arena, then what the tape derives from them."""
+    for dst, x in zip(arrays, feeds):
+        dst[...] = x.reshape(dst.shape)
+    for f in tape.before:
+        f()
+
+
+def _into(dst: np.ndarray, fn: Callable[..., Any], *args: Any) -> np.ndarray:
+    """fn's value written into dst (a tape's arena array, which recorded steps read) and dst given instead."""
+    dst[...] = fn(*args)
+    return dst
+
 _PLANS = 16                          # plans a Program keeps: shape classes (ubatch sizes, n_kv) by held buffers
 
 
 class Plan(NamedTuple):
     """A Program's steps for one binding of the dims: the values known before the run, by slot (weights, held
-    buffers, windows of them), the feeds by slot, and the steps, each a function of its operands alone."""
+    buffers, windows of them, a tape's arena), the feeds by slot, and the steps, each a function of its operands
+    alone (a step of out slot -1 makes no value: it plays a tape's instructions, or copies feeds in first)."""
     known: list[tuple[int, Any]]
     feeds: list[tuple[int, str]]
     steps: list[tuple[Callable[..., Any], int, tuple[int, ...], tuple[int, ...]]]
     labels: dict[int, str]
     run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None  # the steps as one function of the feeds
+    lock: threading.Lock | None        # a plan with a tape: its arena serves one run at a time
+    copied: frozenset[int]             # outputs copied out of a tape's arena: the next run writes over it
 
 
-def _straight_line(steps: list[Step], known: dict[int, Any], feeds: list[tuple[int, str]],
-                   outputs: dict[str, int]) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+def _straight_line(steps: list[Step], known: dict[int, Any], feeds: list[tuple[int, str]], outputs: dict[str, int],
+                   copied: frozenset[int]) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
     """The steps as one Python function of the feeds, a call per step on local variables (v<slot>; a value known
     before the run is a constant, k<slot>), each deleted after its last reader: what a run does, without the
     interpreting loop's indexing and bookkeeping around every step. Its source is kept as ``run.source``."""
-    local = {out for _, out, _, _ in steps} | {i for i, _ in feeds}
+    local = {out for _, out, _, _ in steps if out >= 0} | {i for i, _ in feeds}
     names = {j: (f"v{j}" if j in local else f"k{j}") for j in set(known) | local}
     space: dict[str, Any] = {f"k{j}": v for j, v in known.items() if j not in local}
     lines = ["def run(feeds):"] + [f"    v{i} = feeds[{name!r}]" for i, name in feeds]
     gone: set[int] = set()
     for s, (fn, out, ins, free) in enumerate(steps):
         space[f"f{s}"] = fn
-        lines.append(f"    v{out} = f{s}({', '.join(names[j] for j in ins)})")
+        lines.append(f"    {f'v{out} = ' if out >= 0 else ''}f{s}({', '.join(names[j] for j in ins)})")
         dead = [j for j in free if j in local and j not in gone]
         gone.update(dead)
         if dead:
             lines.append("    del " + ", ".join(names[j] for j in dead))
-    lines.append("    return {" + ", ".join(f"{role!r}: {names[i]}" for role, i in outputs.items()) + "}")
+    lines.append("    return {" + ", ".join(f"{role!r}: {names[i]}{'.copy()' if i in copied else ''}"
+                                       for role, i in outputs.items()) + "}")
     source = "\n".join(lines) + "\n"
     code = _compiled(source)
     run = FunctionType(code, space, "run")
@@ -738,6 +925,9 @@ class Program:
         self.names = [n.name for n in graph.nodes]
         self.shapes = [n.shape for n in graph.nodes]
         self.ops = [n.op for n in graph.nodes]
+        self.dtypes = [n.dtype for n in graph.nodes]
+        self._feed_slots = {i for i, _ in self.feeds}
+        self._written = {ins[0] for _, out, ins, _ in self.plain_steps if self.ops[out] in _IN_PLACE}
         self.profile: dict[str, list[float]] | None = None  # set to {}: op -> [seconds, steps] of every run
         self.plans: dict[tuple[Any, ...], Plan] = {}
         self._plans_lock = threading.Lock()
@@ -771,7 +961,7 @@ class Program:
                 steps[s] = (_Siblings(self.memo, group, tuple(st[1] for st in run[1:])), out, ins, free)
                 for k in range(s + 1, e):
                     _, out, ins, free = steps[k]
-                    steps[k] = (_mul_mat_sibling(self.memo, out, path), out, ins, free)
+                    steps[k] = (_SiblingTake(self.memo, out, path), out, ins, free)
             s = e
 
     def _fuse(self, chains: list[Chain], index: dict[int, int]) -> None:
@@ -816,7 +1006,8 @@ class Program:
     def _make_plan(self, env: Env, held: Mapping[str, np.ndarray], fused: bool) -> Plan:
         """The steps bound to one binding of the dims: windows bound to their geometry, and computed here where
         their operand is known before the run (a weight, a held buffer, a window of one; set_rows writes its held
-        buffer in place, so its value is known too); a step that can use known operands bound to them."""
+        buffer in place, so its value is known too); a step that can use known operands bound to them. A small
+        graph's steps go on a tape where they can (backends.tape): their values in its arena, known here."""
         known: dict[int, Any] = dict(self.consts)
         feeds = []
         for i, name in self.feeds:
@@ -824,7 +1015,9 @@ class Program:
                 known[i] = held[name]
             else:
                 feeds.append((i, name))
-        steps = []
+        tape = Tape() if fused and self._values_bytes(env) <= T.ARENA_MAX else None
+        fed: dict[int, np.ndarray] = {}   # feeds a tape reads: the arena array each run's feed is copied into
+        steps: list[Step] = []
         for fn, out, ins, free in (self.steps if fused else self.plain_steps):
             if isinstance(fn, _Window):
                 window = fn.at(env)
@@ -838,12 +1031,58 @@ class Program:
                 continue
             if self.ops[out] in _IN_PLACE and ins[0] in known:
                 known[out] = known[ins[0]]
+            record = getattr(fn, "record", None) if tape is not None else None
+            if record is not None:
+                tape.label = self.labels.get(out, self.ops[out])  # type: ignore[union-attr]
+                args = [self._in_arena(j, env, known, fed, steps, tape) for j in ins]  # type: ignore[arg-type]
+                y = record(tape, args) if all(a is not None for a in args) else None
+                if y is not None:
+                    known[out] = y
+                    continue
+            if tape is not None and tape.pending:
+                steps.append((tape.segment(), -1, (), ()))
             bind = getattr(fn, "bind", None) if fused else None
             steps.append((partial(fn, env) if bind is None else bind(env, [known.get(j) for j in ins],
                                                                         [self._shape(j, env) for j in ins]),
                           out, ins, free))
+        copied: frozenset[int] = frozenset()
+        if tape is not None:
+            if tape.pending:
+                steps.append((tape.segment(), -1, (), ()))
+            if fed or tape.before:
+                steps.insert(0, (partial(_before_tape, tape, list(fed.values())), -1, tuple(fed), ()))
+            copied = frozenset(self.outputs.values())  # the arena's, or (from Python steps) maybe windows of it
         return Plan(list(known.items()), feeds, steps, self.labels if fused else {},
-                    _straight_line(steps, known, feeds, self.outputs) if fused else None)
+                    _straight_line(steps, known, feeds, self.outputs, copied) if fused else None,
+                    threading.Lock() if tape is not None else None, copied)
+
+    def _values_bytes(self, env: Env) -> int:
+        """The bytes of the values the steps make for this binding (not windows, nor what is written in place)."""
+        return sum(4 * math.prod(self._shape(out, env)) for fn, out, _, _ in self.steps
+                   if not isinstance(fn, _Window) and self.ops[out] not in _IN_PLACE)
+
+    def _in_arena(self, slot: int, env: Env, known: dict[int, Any], fed: dict[int, np.ndarray], steps: list[Step],
+                  tape: Tape) -> Any:
+        """A recorded step's operand, known at plan time: as it is where known; else an arena array, into which
+        a feed is copied before each run, or the Python step that makes the value writes it as it makes it.
+        None where the value's type has no arena array (the step then runs from Python)."""
+        if slot in known:
+            return known[slot]
+        dtype = _DTYPES.get(self.dtypes[slot])
+        if dtype is None:
+            return None
+        if slot in self._feed_slots:
+            if slot in self._written:   # a buffer written in place must be the caller's, not a copy of it
+                return None
+            a = fed[slot] = known[slot] = tape.arena(self._shape(slot, env), dtype)
+            return a
+        made = next((k for k in range(len(steps) - 1, -1, -1) if steps[k][1] == slot), None)
+        if made is None or dtype != F32:
+            return None
+        fn, out, ins, free = steps[made]
+        a = known[slot] = tape.arena(self._shape(slot, env))
+        steps[made] = (partial(_into, a, fn), out, ins, free)
+        return a
 
     def _shape(self, slot: int, env: Env) -> tuple[int, ...]:
         """The numpy shape of a slot's value for this binding of the dims, from its node's shape in the graph."""
@@ -852,6 +1091,13 @@ class Program:
     def _run(self, plan: Plan, env: Env, feeds: Mapping[str, np.ndarray],
              taps: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         self.memo.d = {}
+        if plan.lock is not None:
+            with plan.lock:
+                return self._run_plan(plan, feeds, taps)
+        return self._run_plan(plan, feeds, taps)
+
+    def _run_plan(self, plan: Plan, feeds: Mapping[str, np.ndarray],
+                  taps: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         if plan.run is not None and taps is None and self.profile is None:
             return plan.run(feeds)
         vals: list[Any] = [None] * self.n_slots
@@ -863,6 +1109,12 @@ class Program:
         for fn, out, ins, free in plan.steps:
             if profile is not None:
                 t0 = time.perf_counter()
+            if out < 0:   # a tape's segment times its instructions itself; the feeds' copy is the run's own
+                if profile is not None and isinstance(fn, Segment):
+                    fn.profiled(profile)
+                else:
+                    fn(*[vals[j] for j in ins])
+                continue
             vals[out] = fn(*[vals[j] for j in ins])
             if profile is not None:
                 spent = profile.setdefault(labels.get(out, self.ops[out]), [0.0, 0])
@@ -872,4 +1124,4 @@ class Program:
                 taps[self.names[out]] = np.array(vals[out])
             for j in free:
                 vals[j] = None
-        return {role: vals[i] for role, i in self.outputs.items()}
+        return {role: vals[i].copy() if i in plan.copied else vals[i] for role, i in self.outputs.items()}

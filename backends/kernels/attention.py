@@ -116,17 +116,30 @@ def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int, path: 
     if ahead:
         _head_at(lanes, hadd)
 
-    def attention(q: np.ndarray, m: np.ndarray, mrows: int, live: int) -> np.ndarray | None:
-        if q.ndim != 3 or q.shape[1] != 1 or q.shape[2] != d or q.shape[0] % n_head_kv or mrows == 0:
-            return None
+    def call(q: np.ndarray, m: np.ndarray, mrows: int, live: int, kq: np.ndarray | None = None,
+             out: np.ndarray | None = None) -> tuple[Callable, tuple]:
+        """The kernel and its arguments for q (the result in the last: ``out``, made here unless given)."""
         n_head = q.shape[0]
         qrows, qsb, _ = as_rows(q.astype(F32, copy=False))
-        kq = np.empty((n_head, 1, n_kv), F32)
-        out = np.empty((n_head, 1, d_v), F32)
-        attend(*_head_at(lanes, hadd), kflat, krows.shape[1], ksb, ksm, qrows, qsb, d, n_head // n_head_kv, hadd, m,
-               mrows, min(live, n_kv), scale32, head, lanes, path.expf, vflat, vsb, vsc, kpv, ldp, kq, out)
-        return out
+        kq = np.empty((n_head, 1, n_kv), F32) if kq is None else kq
+        out = np.empty((n_head, 1, d_v), F32) if out is None else out
+        return attend, (*_head_at(lanes, hadd), kflat, krows.shape[1], ksb, ksm, qrows, qsb, d, n_head // n_head_kv,
+                        hadd, m, mrows, min(live, n_kv), scale32, head, lanes, path.expf, vflat, vsb, vsc, kpv, ldp, kq,
+                        out)
 
+    def attention(q: np.ndarray, m: np.ndarray, mrows: int, live: int) -> np.ndarray | None:
+        if not takes(q, mrows):
+            return None
+        kernel, args = call(q, m, mrows, live)
+        kernel(*args)
+        return args[-1]
+
+    def takes(q: np.ndarray | tuple[int, ...], mrows: int) -> bool:
+        """Whether q (or its shape) and a mask of mrows rows are this kernel's case."""
+        shape = q if isinstance(q, tuple) else q.shape
+        return len(shape) == 3 and shape[1] == 1 and shape[2] == d and shape[0] % n_head_kv == 0 and mrows != 0
+
+    attention.call, attention.takes = call, takes  # type: ignore[attr-defined]
     return attention
 
 

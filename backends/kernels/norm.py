@@ -92,7 +92,7 @@ def rms_norm(x: np.ndarray, eps: float, weight: np.ndarray | None = None) -> np.
 def rms_norming(eps: float, weight: np.ndarray | None, size: int) -> Callable[[np.ndarray], np.ndarray]:
     """rms_norm as a function of x alone, for x of ``size`` elements: the variant and the constants chosen once,
     for a caller that normalizes values of one shape run after run (a planned graph)."""
-    kernel = _rms_norm_par if size >= PAR_MIN else _rms_norm_ser
+    kernel = rms_norm_kernel(size)
     eps32, w = F32(eps), _NO_WEIGHT if weight is None else weight
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -102,6 +102,11 @@ def rms_norming(eps: float, weight: np.ndarray | None, size: int) -> Callable[[n
         return out.reshape(x.shape)
 
     return run
+
+
+def rms_norm_kernel(size: int) -> Callable:
+    """rms_norm's kernel for x of ``size`` elements, (rows, eps, weight, out): parallel from PAR_MIN."""
+    return _rms_norm_par if size >= PAR_MIN else _rms_norm_ser
 
 
 def norm(x: np.ndarray, eps: float, path: isa.IsaPath) -> np.ndarray:

@@ -152,16 +152,7 @@ def rope_apply(x: np.ndarray, cos_sin: tuple[np.ndarray, np.ndarray], a: dict) -
 def roping(a: dict, shape: tuple[int, ...]) -> Callable[[np.ndarray, tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """rope_apply for x of this shape (..., n_tokens, n_heads, head_dim) as a function of x and cos_sin: the mode's
     loop and the variant chosen once, for a caller that rotates values of one shape run after run."""
-    n_dims, mode = a["n_dims"], a["mode"]
-    if mode not in ("norm", "neox", "imrope"):
-        raise NotImplementedError(f"rope mode {mode!r}")
-    half = n_dims // 2
-    if mode != "norm":                       # neox and imrope rotate the same pairs, through the same loop
-        n_fused = half                       # scalar loop, contracted
-    else:
-        n_fused = half - half % 4            # zmm/ymm loop: 4 pairs a vector; the tail pairs: addsubps, no FMA
-    nh = shape[-2] if len(shape) >= 3 else 1
-    kernel, neox = _rope_par if math.prod(shape) >= PAR_MIN else _rope_ser, mode != "norm"
+    kernel, nh, n_dims, neox, n_fused = rope_kernel(a, shape)
 
     def run(x: np.ndarray, cos_sin: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         cos, sin = cos_sin
@@ -171,3 +162,19 @@ def roping(a: dict, shape: tuple[int, ...]) -> Callable[[np.ndarray, tuple[np.nd
         return out.reshape(x.shape)
 
     return run
+
+
+def rope_kernel(a: dict, shape: tuple[int, ...]) -> tuple[Callable, int, int, bool, int]:
+    """The rotation's kernel for x of this shape, (rows, cos, sin, n_tokens, n_heads, n_dims, neox, n_fused, out),
+    and its constant arguments n_heads, n_dims, neox and n_fused."""
+    n_dims, mode = a["n_dims"], a["mode"]
+    if mode not in ("norm", "neox", "imrope"):
+        raise NotImplementedError(f"rope mode {mode!r}")
+    half = n_dims // 2
+    if mode != "norm":                       # neox and imrope rotate the same pairs, through the same loop
+        n_fused = half                       # scalar loop, contracted
+    else:
+        n_fused = half - half % 4            # zmm/ymm loop: 4 pairs a vector; the tail pairs: addsubps, no FMA
+    nh = shape[-2] if len(shape) >= 3 else 1
+    kernel = _rope_par if math.prod(shape) >= PAR_MIN else _rope_ser
+    return kernel, nh, n_dims, mode != "norm", n_fused

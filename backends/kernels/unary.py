@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 import numpy as np
 from numba import njit, prange
@@ -60,7 +61,7 @@ def silu(x: np.ndarray, path: isa.IsaPath) -> np.ndarray:
         return xf / (F32(1) + np.exp(-xf.astype(np.float64)).astype(F32))
     r = f32_rows(x)
     out = np.empty_like(r)
-    (_silu_par if r.size >= PAR_MIN else _silu_ser)(r, path.lanes, path.expf, np.empty((len(r), 0), F32), out)
+    silu_kernel(r.size)(r, path.lanes, path.expf, np.empty((len(r), 0), F32), out)
     return out.reshape(x.shape)
 
 
@@ -70,8 +71,13 @@ def swiglu(g: np.ndarray, u: np.ndarray, path: isa.IsaPath) -> np.ndarray:
         return silu(g, path) * u
     r, ur = f32_rows(g), f32_rows(u)
     out = np.empty_like(r)
-    (_silu_par if r.size >= PAR_MIN else _silu_ser)(r, path.lanes, path.expf, ur, out)
+    silu_kernel(r.size)(r, path.lanes, path.expf, ur, out)
     return out.reshape(g.shape)
+
+
+def silu_kernel(size: int) -> Callable:
+    """silu's kernel for x of ``size`` elements, (rows, lanes, variant, gate rows, out): parallel from PAR_MIN."""
+    return _silu_par if size >= PAR_MIN else _silu_ser
 
 
 def relu(x: np.ndarray) -> np.ndarray:

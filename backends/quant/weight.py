@@ -195,6 +195,12 @@ class QWeight:
 
         return product
 
+    def gemv_call(self) -> tuple[Callable, tuple[np.ndarray, ...]] | None:
+        """For an exact kind (llama.cpp's vec_dot order), its GEMV and packed arrays: gemv(*packed, x, out) is
+        product(x) into out. None for other kinds, which quantize x first."""
+        k = self._kind
+        return None if k.pack is None or self.float_rows() is not None else (k.gemv, self.packed)
+
     def float_rows(self) -> np.ndarray | None:
         """An f32 or f16 weight as stored (float32 / float16), which the float dot products read as it is; None
         for other types."""
@@ -285,15 +291,24 @@ class QWeightGroup:
                     self._packed = joined
         return self._packed
 
-    def product(self) -> Callable[[np.ndarray], list[np.ndarray]]:
-        """matmul as a function of x alone, as QWeight.product: the joined layout and the GEMV looked up once."""
+    def gemv_call(self) -> tuple[Callable, tuple[np.ndarray, ...], list[slice]] | None:
+        """For weights of one kind that joins: the GEMV, the joined arrays and each weight's columns of its result
+        (gemv(*joined, x, out) computes them all into out, one row of x). None otherwise."""
         k = self._kind
         if k is None:
-            return self.matmul
-        joined, gemv, ne0 = self._joined(), k.gemv, self.weights[0].ne0
-        total, spans = sum(w.rows for w in self.weights), []
+            return None
+        spans: list[slice] = []
         for w in self.weights:
             spans.append(slice(spans[-1].stop if spans else 0, (spans[-1].stop if spans else 0) + w.rows))
+        return k.gemv, self._joined(), spans
+
+    def product(self) -> Callable[[np.ndarray], list[np.ndarray]]:
+        """matmul as a function of x alone, as QWeight.product: the joined layout and the GEMV looked up once."""
+        call = self.gemv_call()
+        if call is None:
+            return self.matmul
+        (gemv, joined, spans), ne0 = call, self.weights[0].ne0
+        total = spans[-1].stop
 
         def product(x: np.ndarray) -> list[np.ndarray]:
             x = np.ascontiguousarray(x, dtype=_F32)

@@ -1,0 +1,232 @@
+"""A plan's kernel calls recorded once and replayed in native code: no Python between them at run time.
+
+A small graph (a generation step's) is planned into an arena: every value a recorded step makes gets its own
+array, made when the plan is, so a call's operands are all known then, and windows of them (reshape, view,
+permute) are made then too and cost nothing at run time. A step that can be recorded (its kernel and arguments
+fixed for the plan) appends one instruction to the tape: an opcode, the kernel's native address and its
+operands, arrays as indices into typed lists of one numba type each. ``play`` walks the tape and calls each
+kernel at its address (jit.call_at); the kernels are the ones the steps call from Python, with the same
+arguments, so the bits are the same. What changes per run is copied in first: the feeds the tape reads, and
+what is derived from them once per run (RoPE's cos/sin, the cells attention reads up to).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from numba.typed import List
+
+from graphir.backends.kernels.jit import SER, call_at, native_address
+
+ARENA_MAX = 16 << 20   # bytes of values up to which a plan is recorded: a generation step's, not a long prompt's
+
+# the typed lists play reads arrays from, by name: each holds arrays of one numba type
+_C = "C"
+LISTS: dict[str, types.Array] = {
+    "u8": types.Array(types.uint8, 1, _C), "u16": types.Array(types.uint16, 1, _C),
+    "u16_2": types.Array(types.uint16, 2, _C), "u16r": types.Array(types.uint16, 1, _C, readonly=True),
+    "i64": types.Array(types.int64, 1, _C), "f1": types.Array(types.float32, 1, _C),
+    "f1r": types.Array(types.float32, 1, _C, readonly=True), "f2": types.Array(types.float32, 2, _C),
+    "f3": types.Array(types.float32, 3, _C),
+}
+_ORDER = tuple(LISTS)
+_NUMPY = {k: np.dtype(str(t.dtype)) for k, t in LISTS.items()}
+_ADDRESSES: dict[tuple[Any, ...], int] = {}   # (kernel, its arguments' kinds) -> native address
+
+
+def _kind(a: Any) -> Any:
+    """What numba types an argument by, found without numba.typeof (2 us an array)."""
+    if isinstance(a, np.ndarray):
+        return a.dtype.str, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous, a.flags.writeable, a.flags.aligned
+    return type(a)
+
+# opcodes: what follows each in the code (an address, then list indices, integers and float indices)
+GEMV2, GEMV3, NORM, ADD, SILU, ROPE, SET_ROWS, ATTEND = range(8)
+
+
+@intrinsic
+def _cycles(typingctx):  # type: ignore[no-untyped-def]
+    """The CPU's cycle counter (rdtsc on x86: a constant rate), what a profiled play times instructions by."""
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+
+    return types.int64(), codegen
+
+
+@njit(**SER)
+def cycles():
+    return _cycles()
+
+
+@njit(**SER)
+def play(code, f32s, regs, spent, u8, u16, u16_2, u16r, i64, f1, f1r, f2, f3):
+    """Run the tape: each instruction calls its kernel at its address with its operands. ``spent``: empty, or
+    where the cycles of each instruction are added (a profiled run)."""
+    pc = i = t = 0
+    timed = spent.shape[0] > 0
+    while pc < code.shape[0]:
+        if timed:
+            t = _cycles()
+        op, at = code[pc], code[pc + 1]
+        a = code[pc + 2:]
+        if op == GEMV2:      # exact GEMV of a two-part packed weight: (qs, d), x, out
+            call_at(at, (u8[a[0]], u16[a[1]], f2[a[2]], f2[a[3]]))
+            pc += 6
+        elif op == GEMV3:    # of a three-part one: (qs, d, m), x, out
+            call_at(at, (u8[a[0]], u16[a[1]], u16[a[2]], f2[a[3]], f2[a[4]]))
+            pc += 7
+        elif op == NORM:     # rms_norm rows: x, eps, w, out
+            call_at(at, (f2[a[0]], f32s[a[1]], f1r[a[2]], f2[a[3]]))
+            pc += 6
+        elif op == ADD:      # x + y -> out, flat
+            call_at(at, (f1[a[0]], f1[a[1]], f1[a[2]]))
+            pc += 5
+        elif op == SILU:     # silu rows, gated: x, lanes, variant, gate, out
+            call_at(at, (f2[a[0]], a[1], a[2], f2[a[3]], f2[a[4]]))
+            pc += 7
+        elif op == ROPE:     # rope rows: x, cos, sin, n_tok, n_head, n_dims, neox, n_fused, out
+            call_at(at, (f2[a[0]], f2[a[1]], f2[a[2]], a[3], a[4], a[5], a[6] != 0, a[7], f2[a[8]]))
+            pc += 11
+        elif op == SET_ROWS:  # f16 rows: dst bits, src, ids
+            call_at(at, (u16_2[a[0]], f2[a[1]], i64[a[2]]))
+            pc += 5
+        elif op == ATTEND:   # one query token's attention; the cells read up to: a register set per run
+            call_at(at, (a[0], a[1], u16r[a[2]], a[3], a[4], a[5], f2[a[6]], a[7], a[8], a[9], a[10] != 0,
+                         f2[a[11]], a[12], regs[a[13]], f32s[a[14]], a[15], a[16], a[17], u16r[a[18]], a[19], a[20],
+                         a[21], a[22], f3[a[23]], f3[a[24]]))
+            pc += 27
+        else:
+            raise ValueError("unknown tape opcode")
+        if timed:
+            spent[i] += _cycles() - t
+        i += 1
+
+
+class Tape:
+    """Instructions and the arrays they read, made while a plan is made; ``segment()`` closes the instructions
+    recorded since the last one into a function that plays them (a planned step)."""
+
+    def __init__(self) -> None:
+        self.code: list[int] = []
+        self.labels: list[str] = []                   # each instruction's, for a profile
+        self.label = ""                               # the label of what is being recorded
+        self.f32s: list[float] = []
+        self.arrays: dict[str, list[np.ndarray]] = {k: [] for k in LISTS}
+        self.index: dict[tuple[str, int], int] = {}
+        self.regs = np.zeros(1, np.int64)
+        self.n_regs = 0
+        self.before: list[Callable[[], None]] = []   # per run, before the first instruction: derived values
+        self.memo: dict[Any, Any] = {}                # what recorded steps share (cos/sin of positions, ...)
+        self.nbytes = 0
+        self.start = self.pending = 0                 # where the instructions not yet in a segment start; how many
+        self._lists: tuple[Any, ...] | None = None
+
+    def arena(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        a = np.zeros(shape, dtype)
+        self.nbytes += a.nbytes
+        return a
+
+    def ref(self, kind: str, a: np.ndarray) -> int | None:
+        """a's index in the list of numba type ``kind``, or None where a is not of that type (the step then runs
+        from Python)."""
+        t = LISTS[kind]
+        if a.dtype != _NUMPY[kind] or a.ndim != t.ndim or not a.flags.c_contiguous or not a.flags.aligned \
+                or a.flags.writeable != t.mutable:
+            return None
+        key = (kind, id(a))
+        if key not in self.index:
+            self.index[key] = len(self.arrays[kind])
+            self.arrays[kind].append(a)
+        return self.index[key]
+
+    def f32(self, x: float) -> int:
+        self.f32s.append(float(x))
+        return len(self.f32s) - 1
+
+    def reg(self) -> int:
+        self.n_regs += 1
+        if self.n_regs > len(self.regs):
+            self.regs = np.zeros(2 * self.n_regs, np.int64)
+        return self.n_regs - 1
+
+    def emit(self, op: int, kernel: Callable, args: tuple[Any, ...], operands: tuple[int | None, ...]) -> bool:
+        """Append op calling ``kernel`` (compiled, or found in the cache, for ``args``' types) with ``operands``;
+        False (nothing appended) where an operand had no index."""
+        if any(o is None for o in operands):
+            return False
+        key = (kernel, *(_kind(a) for a in args))
+        at = _ADDRESSES.get(key)
+        if at is None:
+            at = _ADDRESSES[key] = native_address(kernel, *args)
+        self.code += [op, at, *(int(o) for o in operands)]  # type: ignore[arg-type]
+        self.labels.append(self.label)
+        self.pending += 1
+        return True
+
+    def segment(self) -> Segment:
+        """The instructions since the last segment as one call (their code apart; the arrays shared)."""
+        n = len(self.labels)
+        seg = Segment(self, np.array(self.code[self.start:], np.int64), self.labels[n - self.pending:])
+        self.start, self.pending = len(self.code), 0
+        return seg
+
+    def _typed(self) -> tuple[Any, ...]:
+        out: list[Any] = [np.array(self.f32s, np.float32)]
+        for k in _ORDER:
+            lst = List.empty_list(LISTS[k])
+            for a in self.arrays[k]:
+                lst.append(a)
+            out.append(lst)
+        return tuple(out)
+
+    def lists(self) -> tuple[Any, ...]:
+        """The float constants and the typed lists play reads, made at the first run (the tape is complete)."""
+        if self._lists is None:
+            self._lists = self._typed()
+        return self._lists
+
+
+class Segment:
+    """Instructions of a tape played as one step of a plan; ``profiled`` plays them timing each."""
+
+    def __init__(self, tape: Tape, code: np.ndarray, labels: list[str]):
+        self.tape, self.code, self.labels = tape, code, labels
+
+    def __call__(self) -> None:
+        f32s, *lists = self.tape.lists()
+        play(self.code, f32s, self.tape.regs, _UNTIMED, *lists)
+
+    def profiled(self, profile: dict[str, list[float]]) -> None:
+        """Play, adding each instruction's seconds and count to ``profile`` under its label."""
+        f32s, *lists = self.tape.lists()
+        spent = np.zeros(len(self.labels), np.int64)
+        play(self.code, f32s, self.tape.regs, spent, *lists)
+        rate = cycle_rate()
+        for label, c in zip(self.labels, spent):
+            entry = profile.setdefault(label, [0.0, 0])
+            entry[0] += c / rate
+            entry[1] += 1
+
+
+_UNTIMED = np.zeros(0, np.int64)
+_RATE: list[float] = []
+
+
+def cycle_rate() -> float:
+    """Cycles of the counter per second, measured once against time.perf_counter (over 20 ms)."""
+    if not _RATE:
+        c0, t0 = cycles(), time.perf_counter()
+        while time.perf_counter() - t0 < 0.02:
+            pass
+        _RATE.append((cycles() - c0) / (time.perf_counter() - t0))
+    return _RATE[0]
+
