@@ -825,10 +825,11 @@ def _before_tape(tape: Tape, arrays: list[np.ndarray], *feeds: np.ndarray) -> No
         f()
 
 
-def _into(dst: np.ndarray, fn: Callable[..., Any], *args: Any) -> np.ndarray:
-    """fn's value written into dst (a tape's arena array, which recorded steps read) and dst given instead."""
-    dst[...] = fn(*args)
-    return dst
+def _into(dst: np.ndarray, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn's value, also written into dst (a tape's arena array, which recorded steps read; of its size)."""
+    y = fn(*args)
+    dst[...] = np.reshape(y, dst.shape)
+    return y
 
 _PLANS = 16                          # plans a Program keeps: shape classes (ubatch sizes, n_kv) by held buffers
 
@@ -1017,6 +1018,7 @@ class Program:
                 feeds.append((i, name))
         tape = Tape() if fused and self._values_bytes(env) <= T.ARENA_MAX else None
         fed: dict[int, np.ndarray] = {}   # feeds a tape reads: the arena array each run's feed is copied into
+        copies: dict[int, np.ndarray] = {}  # values of Python steps a tape reads: the arena array each is copied into
         steps: list[Step] = []
         for fn, out, ins, free in (self.steps if fused else self.plain_steps):
             if isinstance(fn, _Window):
@@ -1034,10 +1036,19 @@ class Program:
             record = getattr(fn, "record", None) if tape is not None else None
             if record is not None:
                 tape.label = self.labels.get(out, self.ops[out])  # type: ignore[union-attr]
-                args = [self._in_arena(j, env, known, fed, steps, tape) for j in ins]  # type: ignore[arg-type]
+                new: dict[int, np.ndarray] = {}
+                args = [self._in_arena(j, env, known, fed, copies, new, tape) for j in ins]  # type: ignore[arg-type]
                 y = record(tape, args) if all(a is not None for a in args) else None
                 if y is not None:
                     known[out] = y
+                    for j, a in new.items():   # from now on copied each run
+                        if j in self._feed_slots:
+                            fed[j] = a
+                        else:
+                            copies[j] = a
+                            k = next(k for k in range(len(steps) - 1, -1, -1) if steps[k][1] == j)
+                            fn_j, _, ins_j, free_j = steps[k]
+                            steps[k] = (partial(_into, a, fn_j), j, ins_j, free_j)
                     continue
             if tape is not None and tape.pending:
                 steps.append((tape.segment(), -1, (), ()))
@@ -1061,27 +1072,22 @@ class Program:
         return sum(4 * math.prod(self._shape(out, env)) for fn, out, _, _ in self.steps
                    if not isinstance(fn, _Window) and self.ops[out] not in _IN_PLACE)
 
-    def _in_arena(self, slot: int, env: Env, known: dict[int, Any], fed: dict[int, np.ndarray], steps: list[Step],
-                  tape: Tape) -> Any:
+    def _in_arena(self, slot: int, env: Env, known: dict[int, Any], fed: dict[int, np.ndarray],
+                  copies: dict[int, np.ndarray], new: dict[int, np.ndarray], tape: Tape) -> Any:
         """A recorded step's operand, known at plan time: as it is where known; else an arena array, into which
-        a feed is copied before each run, or the Python step that makes the value writes it as it makes it.
-        None where the value's type has no arena array (the step then runs from Python)."""
+        a feed is copied before each run, or the Python step that makes the value copies it as it makes it (added
+        to ``new``: the caller makes it so if the step is recorded). Python steps go on reading the values
+        themselves (a copy drops a view's layout and soft_max's mark, which choose mul_mat's path). None where
+        the value's type has no arena array (the step then runs from Python)."""
         if slot in known:
             return known[slot]
-        dtype = _DTYPES.get(self.dtypes[slot])
-        if dtype is None:
-            return None
-        if slot in self._feed_slots:
-            if slot in self._written:   # a buffer written in place must be the caller's, not a copy of it
-                return None
-            a = fed[slot] = known[slot] = tape.arena(self._shape(slot, env), dtype)
+        a = fed.get(slot, copies.get(slot))
+        if a is not None:
             return a
-        made = next((k for k in range(len(steps) - 1, -1, -1) if steps[k][1] == slot), None)
-        if made is None or dtype != F32:
-            return None
-        fn, out, ins, free = steps[made]
-        a = known[slot] = tape.arena(self._shape(slot, env))
-        steps[made] = (partial(_into, a, fn), out, ins, free)
+        dtype = _DTYPES.get(self.dtypes[slot])
+        if dtype is None or slot in self._written or (slot not in self._feed_slots and dtype != F32):
+            return None   # a buffer written in place must be the caller's, not a copy of it
+        a = new[slot] = tape.arena(self._shape(slot, env), dtype)
         return a
 
     def _shape(self, slot: int, env: Env) -> tuple[int, ...]:

@@ -1,0 +1,87 @@
+"""A small graph's plan plays its kernels from a tape (backends.tape): the bits of the same steps run from Python,
+outputs that stay the caller's after the next run, and kernels of its own that round as numpy does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+
+from graphir.backends import tape
+from graphir.backends.kernels.rows import add_flat, set_rows_f16
+from graphir.running.batch import Batch
+from graphir.running.runtime import load
+from test_fuzz_state import PRESETS
+from conftest import TinyModels
+
+Q = gguf.GGMLQuantizationType
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("tape"), PRESETS)
+
+
+def generate(m: Any) -> tuple[np.ndarray, list[Any]]:
+    """Two sequences' prompt, then six greedy steps of both: every logits row, and the context's plans. The
+    first step's logits are checked to stay as they were after the next step (not the arena's memory)."""
+    ctx = m.new_context(n_ctx=64, n_seq_max=2)
+    ctx.decode(Batch(list(range(3, 11)), None, [(0,)] * 4 + [(1,)] * 4, [True] * 8))
+    rows = [ctx.logits().copy()]
+    held = kept = None
+    for step in range(6):
+        nxt = [int(np.argmax(ctx.logits_ith(j))) for j in (-2, -1)]
+        ctx.decode(Batch(nxt, None, [(0,), (1,)], [True, True]))
+        rows.append(ctx.logits().copy())
+        if step == 0:
+            held, kept = ctx.logits(), ctx.logits().copy()
+    assert np.array_equal(held, kept)
+    return np.concatenate(rows), list(ctx._plans.values())
+
+
+@pytest.mark.parametrize("model, dtype", [("llama", Q.Q4_1), ("llama", Q.Q8_0), ("llama", Q.F32), ("iswa", Q.Q8_0),
+                                          ("deepseek2", Q.Q4_1), ("hybrid", Q.F32), ("mamba", Q.F32)])
+def test_a_taped_generation_gives_the_bits_of_its_steps_run_from_python(tiny, monkeypatch, model, dtype):
+    m = load(str(tiny.path(model, dtype)))
+    taped, plans = generate(m)
+    assert any(p.lock is not None for p in plans)            # small plans: recorded
+    monkeypatch.setattr(tape, "ARENA_MAX", -1)                # nothing is small enough: every step from Python
+    plain, plans = generate(m)
+    assert not any(p.lock is not None for p in plans)
+    assert np.array_equal(taped.view(np.uint32), plain.view(np.uint32))
+
+
+def test_a_quantized_llamas_step_is_a_handful_of_steps(tiny):
+    """Every layer's kernels in one played segment: what stays in Python is the embedding's rows, the output
+    rows' selection, the feeds' copy and the segments."""
+    ctx = load(str(tiny.path("llama", Q.Q4_1))).new_context(n_ctx=64)
+    ctx.decode(Batch.from_tokens([3, 4, 5], 0))
+    ctx.decode(Batch.one(6, 3))
+    steps = [len(p.steps) for p in ctx._plans.values() if p.lock is not None]
+    assert steps and min(steps) <= 6
+
+
+def test_set_rows_into_f16_rounds_as_numpy():
+    bits = np.concatenate([np.random.default_rng(0).integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32),
+                           np.arange(0x33000000 - 64, 0x33000000 + 64, dtype=np.uint32),   # to the smallest half
+                           np.arange(0x387FE000 - 64, 0x38800000 + 64, dtype=np.uint32),   # subnormal to normal
+                           np.arange(0x477FE000, 0x47800000 + 64, dtype=np.uint32),        # to the largest, inf
+                           np.array([0x7F800000, 0xFF800000, 0x7F800001, 0x7FC00001, 0x7F802000, 0x80000000],
+                                    np.uint32)])
+    src = np.resize(bits, (len(bits) + 63) // 64 * 64).view(np.float32).reshape(-1, 64)
+    dst = np.zeros((len(src) + 2, 64), np.uint16)
+    ids = np.arange(len(src), dtype=np.int64)[::-1] + 1
+    set_rows_f16(dst, src, ids)
+    with np.errstate(all="ignore"):
+        want = src.astype(np.float16).view(np.uint16)
+    assert np.array_equal(dst[ids], want) and not dst[0].any() and not dst[-1].any()
+
+
+def test_add_is_numpys():
+    rng = np.random.default_rng(1)
+    x, y = (rng.standard_normal(1000).astype(np.float32) * 1e3 for _ in range(2))
+    out = np.empty_like(x)
+    add_flat(x, y, out)
+    assert np.array_equal(out, np.add(x, y))
