@@ -22,7 +22,7 @@ from graphir.backends import tape as T
 from graphir.backends.kernels.attention import attention_mask, attention_over, open_prefix
 from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
-from graphir.backends.kernels.mul_mat import mul_mat
+from graphir.backends.kernels.mul_mat import mul_mat, padding_call, product_mode, products_call
 from graphir.backends.kernels.norm import norm, rms_norm, rms_norm_kernel, rms_norming
 from graphir.backends.kernels.recurrent import gated_delta_net, rwkv_wkv6, ssm_conv, ssm_scan, ssm_scan_heads
 from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
@@ -131,6 +131,28 @@ class _SiblingTake:
 def _rows_of(*xs: Any) -> bool:
     """Whether each x is a C-contiguous float32 array: a tape's kernels read them as rows."""
     return all(isinstance(x, np.ndarray) and x.dtype == F32 and x.flags.c_contiguous and x.ndim for x in xs)
+
+
+def _record_float_product(tape: Tape, w: QWeight, x: np.ndarray, path: IsaPath) -> np.ndarray | None:
+    """An F32 or F16 weight's product on the tape: mul_mat's kernels for it (x padded and, for F16, rounded to
+    f16 first; then the products), as _mul_mat calls them."""
+    floats = w.float_rows()
+    x2 = x.reshape(-1, x.shape[-1])
+    (n, k), m, f16 = x2.shape, floats.shape[0], floats.dtype == np.float16
+    mode, kind = product_mode(f16, n, k, path.lanes, True, False), 2 if f16 else 0
+    x1 = x2
+    if kind or k % 64:
+        x1 = tape.arena((n, -(-k // 64) * 64))
+        fn, (src, kd, _) = padding_call(x2, kind, x1)
+        if not tape.emit(T.ROWS, fn, (src, kd, x1), (tape.ref("f2r", src), kd, tape.ref("f2", x1))):
+            return None
+    out = tape.arena((1, n, m))
+    fn, a = products_call(floats.reshape(1, m, k), x1, n, 1, k, k, 1, mode, path, out)
+    w1 = tape.ref("u16r", a[3]) if f16 else tape.ref("f1r", a[3])
+    ops = (a[0], a[1], w1, a[4], tape.ref("f1", a[5]), *a[6:14], int(a[14]), a[15], tape.ref("f3", out))
+    if not tape.emit(T.PRODUCTS16 if f16 else T.PRODUCTS32, fn, a, ops):
+        return None
+    return out.reshape(x.shape[:-1] + (m,))
 
 
 def _record_gemv(tape: Tape, gemv: Callable, packed: tuple[np.ndarray, ...], x: np.ndarray, out: np.ndarray) -> bool:
@@ -265,6 +287,8 @@ class _Product:
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
         w, x = args
+        if isinstance(w, QWeight) and w.float_rows() is not None and _rows_of(x):
+            return _record_float_product(tape, w, x, self.path)
         call = w.gemv_call() if isinstance(w, QWeight) else None
         if call is None or not _rows_of(x):
             return None
@@ -845,6 +869,7 @@ class Plan(NamedTuple):
     run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None  # the steps as one function of the feeds
     lock: threading.Lock | None        # a plan with a tape: its arena serves one run at a time
     copied: frozenset[int]             # outputs copied out of a tape's arena: the next run writes over it
+    tapes: bool                        # made without the tape it would have: its next run makes it with one
 
 
 def _straight_line(steps: list[Step], known: dict[int, Any], feeds: list[tuple[int, str]], outputs: dict[str, int],
@@ -893,6 +918,7 @@ class Program:
                 last_use[index[id(x)]] = i
         keep = {index[id(n)] for n in graph.outputs.values()}
         self.n_slots = len(graph.nodes)
+        self.path = path
         self.memo = threading.local()
         self.consts: list[tuple[int, Any]] = []
         self.feeds: list[tuple[int, str]] = []
@@ -996,19 +1022,22 @@ class Program:
     def _plan(self, env: Env, held: Mapping[str, np.ndarray], fused: bool, plans: dict[tuple[Any, ...], Plan]) -> Plan:
         key = (fused, tuple(sorted(env.items())), tuple(map(id, held.values())))
         plan = plans.get(key)
-        if plan is None:
-            plan = self._make_plan(env, held, fused)
+        if plan is None or plan.tapes:
+            # a plan's first run goes without its tape, which takes longer to make than a run takes: a binding
+            # run once (a prompt or a sentence of its own length) never pays for one
+            plan = self._make_plan(env, held, fused, taping=plan is not None)
             with self._plans_lock:
-                while len(plans) >= _PLANS:
+                while key not in plans and len(plans) >= _PLANS:
                     del plans[next(iter(plans))]
                 plans[key] = plan
         return plan
 
-    def _make_plan(self, env: Env, held: Mapping[str, np.ndarray], fused: bool) -> Plan:
+    def _make_plan(self, env: Env, held: Mapping[str, np.ndarray], fused: bool, taping: bool = True) -> Plan:
         """The steps bound to one binding of the dims: windows bound to their geometry, and computed here where
         their operand is known before the run (a weight, a held buffer, a window of one; set_rows writes its held
         buffer in place, so its value is known too); a step that can use known operands bound to them. A small
-        graph's steps go on a tape where they can (backends.tape): their values in its arena, known here."""
+        graph's steps go on a tape where they can (backends.tape): their values in its arena, known here. Without
+        ``tape``, a plan that would have one says so (``tapes``), to be made again with it."""
         known: dict[int, Any] = dict(self.consts)
         feeds = []
         for i, name in self.feeds:
@@ -1016,7 +1045,8 @@ class Program:
                 known[i] = held[name]
             else:
                 feeds.append((i, name))
-        tape = Tape() if fused and self._values_bytes(env) <= T.ARENA_MAX else None
+        small = fused and self._values_bytes(env) <= T.ARENA_MAX
+        tape = Tape(self.path.lanes) if small and taping else None
         fed: dict[int, np.ndarray] = {}   # feeds a tape reads: the arena array each run's feed is copied into
         copies: dict[int, np.ndarray] = {}  # values of Python steps a tape reads: the arena array each is copied into
         steps: list[Step] = []
@@ -1065,7 +1095,7 @@ class Program:
             copied = frozenset(self.outputs.values())  # the arena's, or (from Python steps) maybe windows of it
         return Plan(list(known.items()), feeds, steps, self.labels if fused else {},
                     _straight_line(steps, known, feeds, self.outputs, copied) if fused else None,
-                    threading.Lock() if tape is not None else None, copied)
+                    threading.Lock() if tape is not None else None, copied, small and tape is None)
 
     def _values_bytes(self, env: Env) -> int:
         """The bytes of the values the steps make for this binding (not windows, nor what is written in place)."""

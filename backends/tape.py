@@ -12,6 +12,7 @@ what is derived from them once per run (RoPE's cos/sin, the cells attention read
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable
 
@@ -23,6 +24,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.typed import List
 
+from graphir.backends.kernels import simd
 from graphir.backends.kernels.jit import SER, call_at, native_address
 
 ARENA_MAX = 16 << 20   # bytes of values up to which a plan is recorded: a generation step's, not a long prompt's
@@ -34,7 +36,7 @@ LISTS: dict[str, types.Array] = {
     "u16_2": types.Array(types.uint16, 2, _C), "u16r": types.Array(types.uint16, 1, _C, readonly=True),
     "i64": types.Array(types.int64, 1, _C), "f1": types.Array(types.float32, 1, _C),
     "f1r": types.Array(types.float32, 1, _C, readonly=True), "f2": types.Array(types.float32, 2, _C),
-    "f3": types.Array(types.float32, 3, _C),
+    "f2r": types.Array(types.float32, 2, _C, readonly=True), "f3": types.Array(types.float32, 3, _C),
 }
 _ORDER = tuple(LISTS)
 _NUMPY = {k: np.dtype(str(t.dtype)) for k, t in LISTS.items()}
@@ -45,10 +47,10 @@ def _kind(a: Any) -> Any:
     """What numba types an argument by, found without numba.typeof (2 us an array)."""
     if isinstance(a, np.ndarray):
         return a.dtype.str, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous, a.flags.writeable, a.flags.aligned
-    return type(a)
+    return type(a) if isinstance(a, (bool, int, float, np.generic)) else numba.typeof(a)   # a register type
 
 # opcodes: what follows each in the code (an address, then list indices, integers and float indices)
-GEMV2, GEMV3, NORM, ADD, SILU, ROPE, SET_ROWS, ATTEND = range(8)
+GEMV2, GEMV3, NORM, ADD, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32 = range(11)
 
 
 @intrinsic
@@ -67,55 +69,77 @@ def cycles():
     return _cycles()
 
 
-@njit(**SER)
-def play(code, f32s, regs, spent, u8, u16, u16_2, u16r, i64, f1, f1r, f2, f3):
-    """Run the tape: each instruction calls its kernel at its address with its operands. ``spent``: empty, or
-    where the cycles of each instruction are added (a profiled run)."""
-    pc = i = t = 0
-    timed = spent.shape[0] > 0
-    while pc < code.shape[0]:
-        if timed:
-            t = _cycles()
-        op, at = code[pc], code[pc + 1]
-        a = code[pc + 2:]
-        if op == GEMV2:      # exact GEMV of a two-part packed weight: (qs, d), x, out
-            call_at(at, (u8[a[0]], u16[a[1]], f2[a[2]], f2[a[3]]))
-            pc += 6
-        elif op == GEMV3:    # of a three-part one: (qs, d, m), x, out
-            call_at(at, (u8[a[0]], u16[a[1]], u16[a[2]], f2[a[3]], f2[a[4]]))
-            pc += 7
-        elif op == NORM:     # rms_norm rows: x, eps, w, out
-            call_at(at, (f2[a[0]], f32s[a[1]], f1r[a[2]], f2[a[3]]))
-            pc += 6
-        elif op == ADD:      # x + y -> out, flat
-            call_at(at, (f1[a[0]], f1[a[1]], f1[a[2]]))
-            pc += 5
-        elif op == SILU:     # silu rows, gated: x, lanes, variant, gate, out
-            call_at(at, (f2[a[0]], a[1], a[2], f2[a[3]], f2[a[4]]))
-            pc += 7
-        elif op == ROPE:     # rope rows: x, cos, sin, n_tok, n_head, n_dims, neox, n_fused, out
-            call_at(at, (f2[a[0]], f2[a[1]], f2[a[2]], a[3], a[4], a[5], a[6] != 0, a[7], f2[a[8]]))
-            pc += 11
-        elif op == SET_ROWS:  # f16 rows: dst bits, src, ids
-            call_at(at, (u16_2[a[0]], f2[a[1]], i64[a[2]]))
-            pc += 5
-        elif op == ATTEND:   # one query token's attention; the cells read up to: a register set per run
-            call_at(at, (a[0], a[1], u16r[a[2]], a[3], a[4], a[5], f2[a[6]], a[7], a[8], a[9], a[10] != 0,
-                         f2[a[11]], a[12], regs[a[13]], f32s[a[14]], a[15], a[16], a[17], u16r[a[18]], a[19], a[20],
-                         a[21], a[22], f3[a[23]], f3[a[24]]))
-            pc += 27
-        else:
-            raise ValueError("unknown tape opcode")
-        if timed:
-            spent[i] += _cycles() - t
-        i += 1
+@functools.cache
+def player(n_lanes: int) -> Callable:
+    """play for registers of n_lanes float32 lanes (the float products take the register type as an argument; a
+    constant of the kernel, as in kernels.attention)."""
+    v_ = simd.lanes(n_lanes)
+
+    @njit(**SER)
+    def play(code, f32s, regs, spent, u8, u16, u16_2, u16r, i64, f1, f1r, f2, f2r, f3):
+        """Run the tape: each instruction calls its kernel at its address with its operands. ``spent``: empty, or
+        where the cycles of each instruction are added (a profiled run)."""
+        v = v_
+        pc = i = t = 0
+        timed = spent.shape[0] > 0
+        while pc < code.shape[0]:
+            if timed:
+                t = _cycles()
+            op, at = code[pc], code[pc + 1]
+            a = code[pc + 2:]
+            if op == GEMV2:      # exact GEMV of a two-part packed weight: (qs, d), x, out
+                call_at(at, (u8[a[0]], u16[a[1]], f2[a[2]], f2[a[3]]))
+                pc += 6
+            elif op == GEMV3:    # of a three-part one: (qs, d, m), x, out
+                call_at(at, (u8[a[0]], u16[a[1]], u16[a[2]], f2[a[3]], f2[a[4]]))
+                pc += 7
+            elif op == NORM:     # rms_norm rows: x, eps, w, out
+                call_at(at, (f2[a[0]], f32s[a[1]], f1r[a[2]], f2[a[3]]))
+                pc += 6
+            elif op == ADD:      # x + y -> out, flat
+                call_at(at, (f1[a[0]], f1[a[1]], f1[a[2]]))
+                pc += 5
+            elif op == SILU:     # silu rows, gated: x, lanes, variant, gate, out
+                call_at(at, (f2[a[0]], a[1], a[2], f2[a[3]], f2[a[4]]))
+                pc += 7
+            elif op == ROPE:     # rope rows: x, cos, sin, n_tok, n_head, n_dims, neox, n_fused, out
+                call_at(at, (f2[a[0]], f2[a[1]], f2[a[2]], a[3], a[4], a[5], a[6] != 0, a[7], f2[a[8]]))
+                pc += 11
+            elif op == SET_ROWS:  # f16 rows: dst bits, src, ids
+                call_at(at, (u16_2[a[0]], f2[a[1]], i64[a[2]]))
+                pc += 5
+            elif op == ATTEND:   # one query token's attention; the cells read up to: a register set per run
+                call_at(at, (a[0], a[1], u16r[a[2]], a[3], a[4], a[5], f2[a[6]], a[7], a[8], a[9], a[10] != 0,
+                             f2[a[11]], a[12], regs[a[13]], f32s[a[14]], a[15], a[16], a[17], u16r[a[18]], a[19],
+                             a[20], a[21], a[22], f3[a[23]], f3[a[24]]))
+                pc += 27
+            elif op == ROWS:     # activations as padded float32 rows for the float products: src, kind, out
+                call_at(at, (f2r[a[0]], a[1], f2[a[2]]))
+                pc += 5
+            elif op == PRODUCTS16 or op == PRODUCTS32:   # products of f16 / f32 weight rows with them
+                if op == PRODUCTS16:
+                    w1 = u16r[a[2]]
+                    call_at(at, (a[0], a[1], v, w1, a[3], f1[a[4]], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
+                                 a[13] != 0, a[14], f3[a[15]]))
+                else:
+                    call_at(at, (a[0], a[1], v, f1r[a[2]], a[3], f1[a[4]], a[5], a[6], a[7], a[8], a[9], a[10],
+                                 a[11], a[12], a[13] != 0, a[14], f3[a[15]]))
+                pc += 18
+            else:
+                raise ValueError("unknown tape opcode")
+            if timed:
+                spent[i] += _cycles() - t
+            i += 1
+
+    return play
 
 
 class Tape:
     """Instructions and the arrays they read, made while a plan is made; ``segment()`` closes the instructions
     recorded since the last one into a function that plays them (a planned step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, n_lanes: int) -> None:
+        self.play = player(n_lanes)
         self.code: list[int] = []
         self.labels: list[str] = []                   # each instruction's, for a profile
         self.label = ""                               # the label of what is being recorded
@@ -203,13 +227,13 @@ class Segment:
 
     def __call__(self) -> None:
         f32s, *lists = self.tape.lists()
-        play(self.code, f32s, self.tape.regs, _UNTIMED, *lists)
+        self.tape.play(self.code, f32s, self.tape.regs, _UNTIMED, *lists)
 
     def profiled(self, profile: dict[str, list[float]]) -> None:
         """Play, adding each instruction's seconds and count to ``profile`` under its label."""
         f32s, *lists = self.tape.lists()
         spent = np.zeros(len(self.labels), np.int64)
-        play(self.code, f32s, self.tape.regs, spent, *lists)
+        self.tape.play(self.code, f32s, self.tape.regs, spent, *lists)
         rate = cycle_rate()
         for label, c in zip(self.labels, spent):
             entry = profile.setdefault(label, [0.0, 0])

@@ -11,6 +11,7 @@ tiles of outputs, vec_dot four rows at a time, and a V cache seen transposed rea
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import numpy as np
 from numba import njit, prange
@@ -477,10 +478,35 @@ def padded_rows(rows: np.ndarray, kind: int) -> np.ndarray:
     kq = -(-k // 64) * 64
     if kind == 0 and rows.dtype == F32 and kq == k and rows.flags.c_contiguous:
         return rows
+    fn, args = padding_call(rows, kind, np.empty((rows.shape[0], kq), F32))
+    fn(*args)
+    return args[-1]
+
+
+def padding_call(rows: np.ndarray, kind: int, out: np.ndarray) -> tuple[Callable, tuple]:
+    """padded_rows' kernel and its arguments, into ``out`` (rows, k padded to 64)."""
     src = kernel_view(rows)
-    out = np.empty((rows.shape[0], kq), F32)
-    (_rows_par if rows.size >= MM_PAR_MIN else _rows_ser)(src, 1 if src.dtype == np.uint16 else kind, out)
-    return out
+    return (_rows_par if rows.size >= MM_PAR_MIN else _rows_ser), (src, 1 if src.dtype == np.uint16 else kind, out)
+
+
+def product_mode(f16: bool, n: int, kp: int, lanes: int, contiguous: bool, vec_dot: bool) -> int:
+    """ggml_compute_forward_mul_mat's path: tinyBLAS for n >= 2 columns when the padded inner length is a
+    multiple of the register's lanes (f16 always, f32 only when src1 is contiguous), else vec_dot."""
+    if not vec_dot and n >= 2 and kp % lanes == 0 and (f16 or contiguous):
+        return TINYBLAS
+    return VEC_F16 if f16 else VEC_F32
+
+
+def products_call(wa: np.ndarray, x1: np.ndarray, xsb: int, xsn: int, k: int, kp: int, ratio: int, mode: int,
+                  path: isa.IsaPath, out: np.ndarray) -> tuple[Callable, tuple]:
+    """_products' variant and its arguments for w (B, M, K) against x1's rows (padded_rows), into out (B, N, M)."""
+    wrows, wsb, wsm = as_rows(wa)
+    work = out.shape[0] * out.shape[1] * out.shape[2] * k
+    fn = _products_par if work >= MM_PAR_MIN else _products_ser
+    w1, hadd = kernel_view(wrows.reshape(-1)), path.reduce == _REDUCE_HADD
+    task_at, tail_at = task_addresses(path.lanes, w1.dtype, hadd, mode == VEC_F32 and kp < 4 * path.lanes)
+    return fn, (task_at, tail_at, simd.lanes(path.lanes), w1, wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp, wsb,
+                wsm, xsb, xsn, ratio, hadd, mode, out)
 
 
 def as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -521,10 +547,7 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
         raise ValueError(f"mul_mat: cannot broadcast {w.shape} over {x.shape}")
     k, n, m = x4.shape[-1], x4.shape[-2], w4.shape[-2]
     kp = -(-k // pad) * pad
-    if not vec_dot and n >= 2 and kp % path.lanes == 0 and (mode16 or contiguous):
-        mode = TINYBLAS
-    else:
-        mode = VEC_F16 if mode16 else VEC_F32
+    mode = product_mode(mode16, n, kp, path.lanes, contiguous, vec_dot)
     out = np.empty(x4.shape[:-1] + (m,), F32)
     for a in range(x4.shape[0]):                              # dim 3: few (usually 1)
         wa, xa = w4[a // (x4.shape[0] // w4.shape[0])], x4[a]
@@ -537,12 +560,8 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
             fn(simd.lanes(path.lanes), cols[0], cols[1], cols[2], x1.reshape(-1), x1.shape[1] * xsb, k, kp,
                xa.shape[0] // wa.shape[0], path.reduce == _REDUCE_HADD, out[a])
             continue
-        wrows, wsb, wsm = as_rows(wa)
-        fn = _products_par if xa.shape[0] * n * m * k >= MM_PAR_MIN else _products_ser
-        w1, hadd = kernel_view(wrows.reshape(-1)), path.reduce == _REDUCE_HADD
-        task_at, tail_at = task_addresses(path.lanes, w1.dtype, hadd, mode == VEC_F32 and kp < 4 * path.lanes)
-        fn(task_at, tail_at, simd.lanes(path.lanes), w1, wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp, wsb, wsm,
-           xsb, xsn, xa.shape[0] // wa.shape[0], hadd, mode, out[a])
+        fn, args = products_call(wa, x1, xsb, xsn, k, kp, xa.shape[0] // wa.shape[0], mode, path, out[a])
+        fn(*args)
     return out.reshape(out.shape[4 - r:])
 
 
