@@ -4,7 +4,7 @@ A small graph (a generation step's) is planned into an arena: every value a reco
 array, made when the plan is, so a call's operands are all known then, and windows of them (reshape, view,
 permute) are made then too and cost nothing at run time. A step that can be recorded (its kernel and arguments
 fixed for the plan) appends one instruction to the tape: an opcode, the kernel's native address and its
-operands, arrays as indices into typed lists of one numba type each. ``play`` walks the tape and calls each
+operands, arrays as rows of a table of their addresses and shapes. ``play`` walks the tape and calls each
 kernel at its address (jit.call_at); the kernels are the ones the steps call from Python, with the same
 arguments, so the bits are the same. What changes per run is copied in first: the feeds the tape reads, and
 what is derived from them once per run (RoPE's cos/sin, the cells attention reads up to).
@@ -22,14 +22,14 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
-from numba.typed import List
+from numba.np import arrayobj
 
 from graphir.backends.kernels import simd
-from graphir.backends.kernels.jit import SER, call_at, native_address
+from graphir.backends.kernels.jit import INL, SER, call_at, native_address
 
 ARENA_MAX = 16 << 20   # bytes of values up to which a plan is recorded: a generation step's, not a long prompt's
 
-# the typed lists play reads arrays from, by name: each holds arrays of one numba type
+# the kinds of array play makes from the table, by name: C-contiguous, and numba types a read-only array apart
 _C = "C"
 LISTS: dict[str, types.Array] = {
     "u8": types.Array(types.uint8, 1, _C), "u16": types.Array(types.uint16, 1, _C),
@@ -38,7 +38,6 @@ LISTS: dict[str, types.Array] = {
     "f1r": types.Array(types.float32, 1, _C, readonly=True), "f2": types.Array(types.float32, 2, _C),
     "f2r": types.Array(types.float32, 2, _C, readonly=True), "f3": types.Array(types.float32, 3, _C),
 }
-_ORDER = tuple(LISTS)
 _NUMPY = {k: np.dtype(str(t.dtype)) for k, t in LISTS.items()}
 _ADDRESSES: dict[tuple[Any, ...], int] = {}   # (kernel, its arguments' kinds) -> native address
 
@@ -69,6 +68,84 @@ def cycles():
     return _cycles()
 
 
+def _viewer(aryty: types.Array) -> Any:
+    """An intrinsic making an array of numba type ``aryty`` over the memory at an address, of a shape (C strides,
+    no owner: the tape keeps the numpy array it was taken from). It is what lets play read arrays of many types
+    from one int64 table: numba's typed lists of arrays compile again in each process (0.6 s and 0.25 s a type)."""
+    @intrinsic
+    def view(typingctx, address, shape):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            ary = arrayobj.make_array(aryty)(context, builder)
+            item = context.get_data_type(aryty.dtype)
+            size = context.get_constant(types.intp, context.get_abi_sizeof(item))
+            dims = cgutils.unpack_tuple(builder, args[1], aryty.ndim)
+            strides, step = [], size
+            for d in reversed(dims):
+                strides.insert(0, step)
+                step = builder.mul(step, d)
+            arrayobj.populate_array(ary, data=builder.inttoptr(args[0], item.as_pointer()), shape=dims,
+                                    strides=strides, itemsize=size, meminfo=None)
+            return ary._getvalue()
+
+        return aryty(types.int64, types.UniTuple(types.int64, aryty.ndim)), codegen
+
+    return view
+
+
+_U8, _U16, _U16_2, _U16R, _I64, _F1, _F1R, _F2, _F2R, _F3 = (_viewer(LISTS[k]) for k in (
+    "u8", "u16", "u16_2", "u16r", "i64", "f1", "f1r", "f2", "f2r", "f3"))
+
+
+@njit(**INL)
+def _u8(t, i):
+    return _U8(t[i, 0], (t[i, 1],))
+
+
+@njit(**INL)
+def _u16(t, i):
+    return _U16(t[i, 0], (t[i, 1],))
+
+
+@njit(**INL)
+def _u16_2(t, i):
+    return _U16_2(t[i, 0], (t[i, 1], t[i, 2]))
+
+
+@njit(**INL)
+def _u16r(t, i):
+    return _U16R(t[i, 0], (t[i, 1],))
+
+
+@njit(**INL)
+def _i64(t, i):
+    return _I64(t[i, 0], (t[i, 1],))
+
+
+@njit(**INL)
+def _f1(t, i):
+    return _F1(t[i, 0], (t[i, 1],))
+
+
+@njit(**INL)
+def _f1r(t, i):
+    return _F1R(t[i, 0], (t[i, 1],))
+
+
+@njit(**INL)
+def _f2(t, i):
+    return _F2(t[i, 0], (t[i, 1], t[i, 2]))
+
+
+@njit(**INL)
+def _f2r(t, i):
+    return _F2R(t[i, 0], (t[i, 1], t[i, 2]))
+
+
+@njit(**INL)
+def _f3(t, i):
+    return _F3(t[i, 0], (t[i, 1], t[i, 2], t[i, 3]))
+
+
 @functools.cache
 def player(n_lanes: int) -> Callable:
     """play for registers of n_lanes float32 lanes (the float products take the register type as an argument; a
@@ -76,59 +153,60 @@ def player(n_lanes: int) -> Callable:
     v_ = simd.lanes(n_lanes)
 
     @njit(**SER)
-    def play(code, f32s, regs, spent, u8, u16, u16_2, u16r, i64, f1, f1r, f2, f2r, f3):
-        """Run the tape: each instruction calls its kernel at its address with its operands. ``spent``: empty, or
-        where the cycles of each instruction are added (a profiled run)."""
+    def play(code, f32s, regs, spent, t):
+        """Run the tape: each instruction calls its kernel at its address with its operands, arrays made from
+        the table ``t`` (address and shape by row). ``spent``: empty, or where the cycles of each instruction are
+        added (a profiled run)."""
         v = v_
-        pc = i = t = 0
+        pc = i = c0 = 0
         timed = spent.shape[0] > 0
         while pc < code.shape[0]:
             if timed:
-                t = _cycles()
+                c0 = _cycles()
             op, at = code[pc], code[pc + 1]
             a = code[pc + 2:]
             if op == GEMV2:      # exact GEMV of a two-part packed weight: (qs, d), x, out
-                call_at(at, (u8[a[0]], u16[a[1]], f2[a[2]], f2[a[3]]))
+                call_at(at, (_u8(t, a[0]), _u16(t, a[1]), _f2(t, a[2]), _f2(t, a[3])))
                 pc += 6
             elif op == GEMV3:    # of a three-part one: (qs, d, m), x, out
-                call_at(at, (u8[a[0]], u16[a[1]], u16[a[2]], f2[a[3]], f2[a[4]]))
+                call_at(at, (_u8(t, a[0]), _u16(t, a[1]), _u16(t, a[2]), _f2(t, a[3]), _f2(t, a[4])))
                 pc += 7
             elif op == NORM:     # rms_norm rows: x, eps, w, out
-                call_at(at, (f2[a[0]], f32s[a[1]], f1r[a[2]], f2[a[3]]))
+                call_at(at, (_f2(t, a[0]), f32s[a[1]], _f1r(t, a[2]), _f2(t, a[3])))
                 pc += 6
             elif op == ADD:      # x + y -> out, flat
-                call_at(at, (f1[a[0]], f1[a[1]], f1[a[2]]))
+                call_at(at, (_f1(t, a[0]), _f1(t, a[1]), _f1(t, a[2])))
                 pc += 5
             elif op == SILU:     # silu rows, gated: x, lanes, variant, gate, out
-                call_at(at, (f2[a[0]], a[1], a[2], f2[a[3]], f2[a[4]]))
+                call_at(at, (_f2(t, a[0]), a[1], a[2], _f2(t, a[3]), _f2(t, a[4])))
                 pc += 7
             elif op == ROPE:     # rope rows: x, cos, sin, n_tok, n_head, n_dims, neox, n_fused, out
-                call_at(at, (f2[a[0]], f2[a[1]], f2[a[2]], a[3], a[4], a[5], a[6] != 0, a[7], f2[a[8]]))
+                call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _f2(t, a[2]), a[3], a[4], a[5], a[6] != 0, a[7],
+                             _f2(t, a[8])))
                 pc += 11
             elif op == SET_ROWS:  # f16 rows: dst bits, src, ids
-                call_at(at, (u16_2[a[0]], f2[a[1]], i64[a[2]]))
+                call_at(at, (_u16_2(t, a[0]), _f2(t, a[1]), _i64(t, a[2])))
                 pc += 5
             elif op == ATTEND:   # one query token's attention; the cells read up to: a register set per run
-                call_at(at, (a[0], a[1], u16r[a[2]], a[3], a[4], a[5], f2[a[6]], a[7], a[8], a[9], a[10] != 0,
-                             f2[a[11]], a[12], regs[a[13]], f32s[a[14]], a[15], a[16], a[17], u16r[a[18]], a[19],
-                             a[20], a[21], a[22], f3[a[23]], f3[a[24]]))
+                call_at(at, (a[0], a[1], _u16r(t, a[2]), a[3], a[4], a[5], _f2(t, a[6]), a[7], a[8], a[9],
+                             a[10] != 0, _f2(t, a[11]), a[12], regs[a[13]], f32s[a[14]], a[15], a[16], a[17],
+                             _u16r(t, a[18]), a[19], a[20], a[21], a[22], _f3(t, a[23]), _f3(t, a[24])))
                 pc += 27
             elif op == ROWS:     # activations as padded float32 rows for the float products: src, kind, out
-                call_at(at, (f2r[a[0]], a[1], f2[a[2]]))
+                call_at(at, (_f2r(t, a[0]), a[1], _f2(t, a[2])))
                 pc += 5
             elif op == PRODUCTS16 or op == PRODUCTS32:   # products of f16 / f32 weight rows with them
                 if op == PRODUCTS16:
-                    w1 = u16r[a[2]]
-                    call_at(at, (a[0], a[1], v, w1, a[3], f1[a[4]], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
-                                 a[13] != 0, a[14], f3[a[15]]))
+                    call_at(at, (a[0], a[1], v, _u16r(t, a[2]), a[3], _f1(t, a[4]), a[5], a[6], a[7], a[8], a[9],
+                                 a[10], a[11], a[12], a[13] != 0, a[14], _f3(t, a[15])))
                 else:
-                    call_at(at, (a[0], a[1], v, f1r[a[2]], a[3], f1[a[4]], a[5], a[6], a[7], a[8], a[9], a[10],
-                                 a[11], a[12], a[13] != 0, a[14], f3[a[15]]))
+                    call_at(at, (a[0], a[1], v, _f1r(t, a[2]), a[3], _f1(t, a[4]), a[5], a[6], a[7], a[8], a[9],
+                                 a[10], a[11], a[12], a[13] != 0, a[14], _f3(t, a[15])))
                 pc += 18
             else:
                 raise ValueError("unknown tape opcode")
             if timed:
-                spent[i] += _cycles() - t
+                spent[i] += _cycles() - c0
             i += 1
 
     return play
@@ -144,15 +222,15 @@ class Tape:
         self.labels: list[str] = []                   # each instruction's, for a profile
         self.label = ""                               # the label of what is being recorded
         self.f32s: list[float] = []
-        self.arrays: dict[str, list[np.ndarray]] = {k: [] for k in LISTS}
-        self.index: dict[tuple[str, int], int] = {}
+        self.arrays: list[np.ndarray] = []           # the table's rows: kept alive while the tape is
+        self.index: dict[int, int] = {}
         self.regs = np.zeros(1, np.int64)
         self.n_regs = 0
         self.before: list[Callable[[], None]] = []   # per run, before the first instruction: derived values
         self.memo: dict[Any, Any] = {}                # what recorded steps share (cos/sin of positions, ...)
         self.nbytes = 0
         self.start = self.pending = 0                 # where the instructions not yet in a segment start; how many
-        self._lists: tuple[Any, ...] | None = None
+        self._table: tuple[np.ndarray, np.ndarray] | None = None
 
     def arena(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         a = np.zeros(shape, dtype)
@@ -166,11 +244,10 @@ class Tape:
         if a.dtype != _NUMPY[kind] or a.ndim != t.ndim or not a.flags.c_contiguous or not a.flags.aligned \
                 or a.flags.writeable != t.mutable:
             return None
-        key = (kind, id(a))
-        if key not in self.index:
-            self.index[key] = len(self.arrays[kind])
-            self.arrays[kind].append(a)
-        return self.index[key]
+        if id(a) not in self.index:
+            self.index[id(a)] = len(self.arrays)
+            self.arrays.append(a)
+        return self.index[id(a)]
 
     def f32(self, x: float) -> int:
         self.f32s.append(float(x))
@@ -203,20 +280,15 @@ class Tape:
         self.start, self.pending = len(self.code), 0
         return seg
 
-    def _typed(self) -> tuple[Any, ...]:
-        out: list[Any] = [np.array(self.f32s, np.float32)]
-        for k in _ORDER:
-            lst = List.empty_list(LISTS[k])
-            for a in self.arrays[k]:
-                lst.append(a)
-            out.append(lst)
-        return tuple(out)
-
-    def lists(self) -> tuple[Any, ...]:
-        """The float constants and the typed lists play reads, made at the first run (the tape is complete)."""
-        if self._lists is None:
-            self._lists = self._typed()
-        return self._lists
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """The float constants and the arrays' table (address, then shape), made at the first run (the tape is
+        complete by then)."""
+        if self._table is None:
+            t = np.zeros((len(self.arrays), 4), np.int64)
+            for i, a in enumerate(self.arrays):
+                t[i, 0], t[i, 1:1 + a.ndim] = a.ctypes.data, a.shape
+            self._table = np.array(self.f32s, np.float32), t
+        return self._table
 
 
 class Segment:
@@ -226,14 +298,14 @@ class Segment:
         self.tape, self.code, self.labels = tape, code, labels
 
     def __call__(self) -> None:
-        f32s, *lists = self.tape.lists()
-        self.tape.play(self.code, f32s, self.tape.regs, _UNTIMED, *lists)
+        f32s, t = self.tape.table()
+        self.tape.play(self.code, f32s, self.tape.regs, _UNTIMED, t)
 
     def profiled(self, profile: dict[str, list[float]]) -> None:
         """Play, adding each instruction's seconds and count to ``profile`` under its label."""
-        f32s, *lists = self.tape.lists()
+        f32s, t = self.tape.table()
         spent = np.zeros(len(self.labels), np.int64)
-        self.tape.play(self.code, f32s, self.tape.regs, spent, *lists)
+        self.tape.play(self.code, f32s, self.tape.regs, spent, t)
         rate = cycle_rate()
         for label, c in zip(self.labels, spent):
             entry = profile.setdefault(label, [0.0, 0])

@@ -1,8 +1,9 @@
-"""A model made ready before anything is timed: one prompt and one generation step, so that the backend compiles
-(a first run) or loads from its cache the kernels of both, and the weights are prepared.
+"""A model made ready before anything is timed: one prompt and two generation steps, so that the backend compiles
+(a first run) or loads from its cache the kernels of both, and the weights are prepared (two steps: a plan's
+second run is the first to play its kernels from a tape, whose player compiles too).
 
 On a first run the two are compiled at once: when the backend starts compiling, a second process (this module
-run as a program) takes a generation step of the same model while this one runs the prompt; each compiles its
+run as a program) takes the generation steps of the same model while this one runs the prompt; each compiles its
 own kernels on its own core, into the cache they share, and this process's step then finds the step's kernels
 there. The prompt's context has 256 cells, a full block of KV padding, so that its kernels are those a real
 prompt takes (a few cells pick the serial variants of the attention products).
@@ -20,7 +21,7 @@ N_CTX = 256
 
 
 def warm_up(model: Any, out: IO[str] | None) -> None:
-    """Run a two-token prompt and a step of ``model``; ``out``: where the backend reports what it compiles."""
+    """Run a two-token prompt and two steps of ``model``; ``out``: where the backend reports what it compiles."""
     helpers: list[subprocess.Popen[bytes]] = []
     prompting = [True]
 
@@ -42,7 +43,7 @@ def warm_up(model: Any, out: IO[str] | None) -> None:
             prompting[0] = False
             for helper in helpers:
                 helper.wait()
-            ctx.decode(Batch.one(0, n))
+            _steps(ctx, n)
     finally:
         for helper in helpers:  # interrupted: the helper's work is not wanted any more
             if helper.poll() is None:
@@ -53,8 +54,12 @@ def warm_up(model: Any, out: IO[str] | None) -> None:
 def _step(path: str, isa: str, backend: str) -> None:
     from graphir.running.runtime import load
 
-    model = load(path, isa, backend)
-    model.new_context(n_ctx=N_CTX).decode(Batch.one(0, 0))
+    _steps(load(path, isa, backend).new_context(n_ctx=N_CTX), 0)
+
+
+def _steps(ctx: Any, pos: int) -> None:
+    for i in range(2):
+        ctx.decode(Batch.one(0, pos + i))
 
 
 if __name__ == "__main__":
