@@ -809,9 +809,9 @@ class _Attention:
         if not np.shares_memory(a[6], q):
             return None
         ref = tape.ref
-        ops = (a[0], a[1], ref("u16r", a[2]), a[3], a[4], a[5], ref("f2", a[6]), a[7], a[8], a[9], int(a[10]),
-               ref("f2", a[11]), a[12], live, tape.f32(a[14]), a[15], a[16], a[17], ref("u16r", a[18]), a[19], a[20],
-               a[21], a[22], ref("f3", a[23]), ref("f3", a[24]))
+        ops = (a[0], a[1], ref("u16r", a[2]), a[3], a[4], a[5], ref("f2", a[6]), a[7], a[8], a[9], ref("f2", a[10]),
+               a[11], live, tape.f32(a[13]), a[14], ref("u16r", a[15]), a[16], a[17], a[18], a[19], ref("f3", a[20]),
+               ref("f3", a[21]))
         return out if tape.emit(T.ATTEND, kernel, a, ops) else None
 
     def _over(self, over: Callable[..., np.ndarray | None] | None, env: Env, k: np.ndarray, q: np.ndarray,

@@ -189,9 +189,9 @@ def player(n_lanes: int) -> Callable:
                 pc += 5
             elif op == ATTEND:   # one query token's attention; the cells read up to: a register set per run
                 call_at(at, (a[0], a[1], _u16r(t, a[2]), a[3], a[4], a[5], _f2(t, a[6]), a[7], a[8], a[9],
-                             a[10] != 0, _f2(t, a[11]), a[12], regs[a[13]], f32s[a[14]], a[15], a[16], a[17],
-                             _u16r(t, a[18]), a[19], a[20], a[21], a[22], _f3(t, a[23]), _f3(t, a[24])))
-                pc += 27
+                             _f2(t, a[10]), a[11], regs[a[12]], f32s[a[13]], a[14], _u16r(t, a[15]), a[16], a[17],
+                             a[18], a[19], _f3(t, a[20]), _f3(t, a[21])))
+                pc += 24
             elif op == ROWS:     # activations as padded float32 rows for the float products: src, kind, out
                 call_at(at, (_f2r(t, a[0]), a[1], _f2(t, a[2])))
                 pc += 5

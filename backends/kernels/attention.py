@@ -30,67 +30,69 @@ F32 = np.float32
 _ZERO, _ONE, _VEC_F16 = np.int64(0), np.int64(1), np.int64(VEC_F16)
 
 
-@njit(**SER)
-def _attend_head(v, kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes, variant,
-                 vw, vsb, vsc, kpv, ldp, kq, out, task_at, h):
-    """Head h: kq[h, 0] = its KQ row (mul_mat's VEC_F16 path, n = 1), then soft_max of it into p, p rounded to f16
-    and padded (ggml's conversion of src1), then out[h, 0] = the V columns against it (column_dots). Cells from
-    ``live`` on are masked: their products would only be added to -inf, and their probabilities are 0, whose
-    products leave column_dots' sums as they are, so neither is computed. task_at: products_task's address
-    (mul_mat.task_addresses), compiled apart: a prompt's products take it too."""
-    n_kv = kq.shape[2]
-    simd_kq = d // (4 * lanes) * (4 * lanes)
-    if hadd and lanes == 8 and simd_kq == d:
-        dots_hadd8(v, kw, (h // ratio) * ksb * ldk, ksm * ldk, q1, h * qsb * ldq, d, live, kq[h, 0])
-    else:
-        call_at(task_at, (v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, _ONE, ratio, hadd, _VEC_F16, simd_kq, h, _ZERO,
-                          _ONE, _ZERO, live, kq))
-    kq[h, 0, live:] = 0.0
-    w = np.empty(max(head, n_kv), F32)
-    p = np.empty(n_kv, F32)
-    soft_max_row(kq[h, 0], mask[h % mrows], scale, head, lanes, variant, w, p, F32(0.0), False)
-    x = np.empty(ldp, F32)
-    to_f32_row(p, 2, x)
-    column_dots(v, vw, (h // ratio) * vsb, vsc, x, 0, live, kpv, hadd, out[h, 0])
-
-
 @functools.cache
-def _attending(n_lanes: int) -> Callable:
-    """The kernel of every head, in parallel, for registers of n_lanes: the register type is a constant of the
-    kernel, where as an argument numba typed it in Python at every call (2.7 us). It rounds q to f16 itself (ggml's
-    conversion of src1), rows padded to 64, where a second kernel launch did. The head's work is called at its
-    native address (jit.call_at): called by name from a prange body it compiled several times over (attend's
-    first call took 21.7 s; the head alone compiles in 7 s, then attend in 1.5 s). Its index is cast: numba types
-    a prange index int64 when it infers the loop and uint64 when it lowers it. Parallel only: a first token's few
-    cells take one launch too, and a serial copy would compile again."""
-    v_ = simd.lanes(n_lanes)
+def _head_kernel(n_lanes: int, hadd: bool, variant: int) -> Callable:
+    """The kernel of one head for registers of n_lanes, ggml's horizontal sums (hadd) or not and expf ``variant``:
+    constants of the kernel, so that the branches of the other paths are gone before LLVM optimizes it (as
+    arguments, every path was compiled; the first call took 6.6 s)."""
+    lanes, v_ = n_lanes, simd.lanes(n_lanes)
 
-    @njit(**PAR)
-    def attend(head_at, task_at, kw, ldk, ksb, ksm, q, qsb, d, ratio, hadd, mask, mrows, live, scale, head, lanes,
-               variant, vw, vsb, vsc, kpv, ldp, kq, out):
+    @njit(**SER)
+    def attend_head(kw, ldk, ksb, ksm, q1, ldq, qsb, d, ratio, mask, mrows, live, scale, head, vw, vsb, vsc, kpv, ldp,
+                    kq, out, task_at, h):
+        """Head h: kq[h, 0] = its KQ row (mul_mat's VEC_F16 path, n = 1), then soft_max of it into p, p rounded to
+        f16 and padded (ggml's conversion of src1), then out[h, 0] = the V columns against it (column_dots). Cells
+        from ``live`` on are masked: their products would only be added to -inf, and their probabilities are 0,
+        whose products leave column_dots' sums as they are, so neither is computed. task_at: products_task's
+        address (mul_mat.task_addresses), compiled apart: a prompt's products take it too."""
         v = v_
-        ldq = (q.shape[1] + 63) // 64 * 64
-        q1 = np.empty((q.shape[0], ldq), F32)
-        for r in range(q.shape[0]):
-            to_f32_row(q[r], 2, q1[r])
-        qf = q1.reshape(-1)
-        for h in prange(out.shape[0]):
-            call_at(head_at, (v, kw, ldk, ksb, ksm, qf, ldq, qsb, d, ratio, hadd, mask, mrows, live, scale, head,
-                              lanes, variant, vw, vsb, vsc, kpv, ldp, kq, out, task_at, np.int64(h)))
+        n_kv = kq.shape[2]
+        simd_kq = d // (4 * lanes) * (4 * lanes)
+        if hadd and lanes == 8 and simd_kq == d:
+            dots_hadd8(v, kw, (h // ratio) * ksb * ldk, ksm * ldk, q1, h * qsb * ldq, d, live, kq[h, 0])
+        else:
+            call_at(task_at, (v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, _ONE, ratio, hadd, _VEC_F16, simd_kq, h,
+                              _ZERO, _ONE, _ZERO, live, kq))
+        kq[h, 0, live:] = 0.0
+        w = np.empty(max(head, n_kv), F32)
+        p = np.empty(n_kv, F32)
+        soft_max_row(kq[h, 0], mask[h % mrows], scale, head, lanes, variant, w, p, F32(0.0), False)
+        x = np.empty(ldp, F32)
+        to_f32_row(p, 2, x)
+        column_dots(v, vw, (h // ratio) * vsb, vsc, x, 0, live, kpv, hadd, out[h, 0])
 
-    return attend
+    return attend_head
+
+
+@njit(**PAR)
+def _attend(head_at, task_at, kw, ldk, ksb, ksm, q, qsb, d, ratio, mask, mrows, live, scale, head, vw, vsb, vsc, kpv,
+            ldp, kq, out):
+    """The kernel of every head, in parallel. It rounds q to f16 itself (ggml's conversion of src1), rows padded to
+    64, where a second kernel launch did. The head's work is called at its native address (jit.call_at): called by
+    name from a prange body it compiled several times over (this kernel's first call took 21.7 s; the head alone
+    compiles in 6 s, then this in 1.5 s). Its index is cast: numba types a prange index int64 when it infers the
+    loop and uint64 when it lowers it. Parallel only: a first token's few cells take one launch too, and a serial
+    copy would compile again."""
+    ldq = (q.shape[1] + 63) // 64 * 64
+    q1 = np.empty((q.shape[0], ldq), F32)
+    for r in range(q.shape[0]):
+        to_f32_row(q[r], 2, q1[r])
+    qf = q1.reshape(-1)
+    for h in prange(out.shape[0]):
+        call_at(head_at, (kw, ldk, ksb, ksm, qf, ldq, qsb, d, ratio, mask, mrows, live, scale, head, vw, vsb, vsc, kpv,
+                          ldp, kq, out, task_at, np.int64(h)))
 
 
 @functools.cache
-def _head_at(n_lanes: int, hadd: bool) -> tuple[int, int]:
-    """_attend_head's native address for the argument types attend passes it (stand-ins of each); looked up at
+def _head_at(n_lanes: int, hadd: bool, variant: int) -> tuple[int, int]:
+    """The head kernel's native address for the argument types _attend passes it (stand-ins of each); looked up at
     the first call or by a one-token plan (attention_over's ``ahead``), not by every plan that reads the caches'
     layouts: a prompt's plan does too, and never calls it. With it, products_task's (which it calls), compiled
     first: a prompt's products in another process then find it in the cache."""
     task_at = task_addresses(n_lanes, np.dtype(np.uint16), hadd, False)[0]
     caches, rows, cube = kernel_view(np.zeros(1, np.float16)), np.empty((1, 1), F32), np.empty((1, 1, 1), F32)
-    return native_address(_attend_head, simd.lanes(n_lanes), caches, 0, 0, 0, rows[0], 0, 0, 0, 0, hadd, rows, 0, 0,
-                          F32(0), 0, 0, 0, caches, 0, 0, 0, 0, cube, cube, 0, 0), task_at
+    return native_address(_head_kernel(n_lanes, hadd, variant), caches, 0, 0, 0, rows[0], 0, 0, 0, 0, rows, 0, 0,
+                          F32(0), 0, caches, 0, 0, 0, 0, cube, cube, 0, 0), task_at
 
 
 def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int, path: isa.IsaPath,
@@ -111,10 +113,10 @@ def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int, path: 
     krows, ksb, ksm = as_rows(k)
     kflat, vflat, vsb, vsc = kernel_view(krows.reshape(-1)), *cols
     lanes, hadd = path.lanes, path.reduce == isa.REDUCE_HADD
-    attend, head, kpv = _attending(lanes), exp_head(n_kv, lanes, pad), -(-n_kv // pad) * pad
+    head, kpv = exp_head(n_kv, lanes, pad), -(-n_kv // pad) * pad
     scale32, ldp, d_v = F32(scale), -(-n_kv // 64) * 64, vt.shape[1]
     if ahead:
-        _head_at(lanes, hadd)
+        _head_at(lanes, hadd, path.expf)
 
     def call(q: np.ndarray, m: np.ndarray, mrows: int, live: int, kq: np.ndarray | None = None,
              out: np.ndarray | None = None) -> tuple[Callable, tuple]:
@@ -123,9 +125,8 @@ def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int, path: 
         qrows, qsb, _ = as_rows(q.astype(F32, copy=False))
         kq = np.empty((n_head, 1, n_kv), F32) if kq is None else kq
         out = np.empty((n_head, 1, d_v), F32) if out is None else out
-        return attend, (*_head_at(lanes, hadd), kflat, krows.shape[1], ksb, ksm, qrows, qsb, d, n_head // n_head_kv,
-                        hadd, m, mrows, min(live, n_kv), scale32, head, lanes, path.expf, vflat, vsb, vsc, kpv, ldp, kq,
-                        out)
+        return _attend, (*_head_at(lanes, hadd, path.expf), kflat, krows.shape[1], ksb, ksm, qrows, qsb, d,
+                         n_head // n_head_kv, m, mrows, min(live, n_kv), scale32, head, vflat, vsb, vsc, kpv, ldp, kq, out)
 
     def attention(q: np.ndarray, m: np.ndarray, mrows: int, live: int) -> np.ndarray | None:
         if not takes(q, mrows):
