@@ -159,7 +159,8 @@ def _record_gemv(tape: Tape, gemv: Callable, packed: tuple[np.ndarray, ...], x: 
     """An exact GEMV of packed rows (quant bytes, then f16 scales) on the tape."""
     if len(packed) not in (2, 3):
         return False
-    refs = (tape.ref("u8", packed[0]), *(tape.ref("u16", p) for p in packed[1:]), tape.ref("f2", x), tape.ref("f2", out))
+    refs = (tape.ref("u8", packed[0]), *(tape.ref("u16", p) for p in packed[1:]), tape.ref("f2", x),
+            tape.ref("f2", out))
     return tape.emit(T.GEMV2 if len(packed) == 2 else T.GEMV3, gemv, (*packed, x, out), refs)
 
 
@@ -854,6 +855,7 @@ def _into(dst: np.ndarray, fn: Callable[..., Any], *args: Any) -> Any:
     y = fn(*args)
     dst[...] = np.reshape(y, dst.shape)
     return y
+
 
 _PLANS = 16                          # plans a Program keeps: shape classes (ubatch sizes, n_kv) by held buffers
 

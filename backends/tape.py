@@ -31,14 +31,14 @@ ARENA_MAX = 16 << 20   # bytes of values up to which a plan is recorded: a gener
 
 # the kinds of array play makes from the table, by name: C-contiguous, and numba types a read-only array apart
 _C = "C"
-LISTS: dict[str, types.Array] = {
+KINDS: dict[str, types.Array] = {
     "u8": types.Array(types.uint8, 1, _C), "u16": types.Array(types.uint16, 1, _C),
     "u16_2": types.Array(types.uint16, 2, _C), "u16r": types.Array(types.uint16, 1, _C, readonly=True),
     "i64": types.Array(types.int64, 1, _C), "f1": types.Array(types.float32, 1, _C),
     "f1r": types.Array(types.float32, 1, _C, readonly=True), "f2": types.Array(types.float32, 2, _C),
     "f2r": types.Array(types.float32, 2, _C, readonly=True), "f3": types.Array(types.float32, 3, _C),
 }
-_NUMPY = {k: np.dtype(str(t.dtype)) for k, t in LISTS.items()}
+_NUMPY = {k: np.dtype(str(t.dtype)) for k, t in KINDS.items()}
 _ADDRESSES: dict[tuple[Any, ...], int] = {}   # (kernel, its arguments' kinds) -> native address
 
 
@@ -48,7 +48,8 @@ def _kind(a: Any) -> Any:
         return a.dtype.str, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous, a.flags.writeable, a.flags.aligned
     return type(a) if isinstance(a, (bool, int, float, np.generic)) else numba.typeof(a)   # a register type
 
-# opcodes: what follows each in the code (an address, then list indices, integers and float indices)
+# opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
+# the float constants, registers)
 GEMV2, GEMV3, NORM, ADD, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32 = range(11)
 
 
@@ -92,7 +93,7 @@ def _viewer(aryty: types.Array) -> Any:
     return view
 
 
-_U8, _U16, _U16_2, _U16R, _I64, _F1, _F1R, _F2, _F2R, _F3 = (_viewer(LISTS[k]) for k in (
+_U8, _U16, _U16_2, _U16R, _I64, _F1, _F1R, _F2, _F2R, _F3 = (_viewer(KINDS[k]) for k in (
     "u8", "u16", "u16_2", "u16r", "i64", "f1", "f1r", "f2", "f2r", "f3"))
 
 
@@ -228,19 +229,17 @@ class Tape:
         self.n_regs = 0
         self.before: list[Callable[[], None]] = []   # per run, before the first instruction: derived values
         self.memo: dict[Any, Any] = {}                # what recorded steps share (cos/sin of positions, ...)
-        self.nbytes = 0
         self.start = self.pending = 0                 # where the instructions not yet in a segment start; how many
         self._table: tuple[np.ndarray, np.ndarray] | None = None
 
     def arena(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
-        a = np.zeros(shape, dtype)
-        self.nbytes += a.nbytes
-        return a
+        """An array of the arena: a recorded step's value, or a copy of a value the tape reads."""
+        return np.zeros(shape, dtype)
 
     def ref(self, kind: str, a: np.ndarray) -> int | None:
-        """a's index in the list of numba type ``kind``, or None where a is not of that type (the step then runs
-        from Python)."""
-        t = LISTS[kind]
+        """a's row in the table, read as an array of ``kind``; None where a is not of that kind (the step then
+        runs from Python)."""
+        t = KINDS[kind]
         if a.dtype != _NUMPY[kind] or a.ndim != t.ndim or not a.flags.c_contiguous or not a.flags.aligned \
                 or a.flags.writeable != t.mutable:
             return None

@@ -147,8 +147,8 @@ def print_profile(ctx: Any, depth: int, generate: Callable[[Any, int, int], None
     ctx.program.profile = None
     in_kernels = sum(s for s, _ in spent.values()) / N_GEN * 1e3
     print(f"graphir, one decode after {depth} tokens: {wall:.2f} ms, of which {in_kernels:.2f} ms in the graph's "
-          f"{sum(n for _, n in spent.values()) // N_GEN} steps (a tape's instructions timed in native code, a Python step "
-          f"with its dispatch)")
+          f"{sum(n for _, n in spent.values()) // N_GEN} steps (a tape's instructions timed in native code, a Python "
+          f"step with its dispatch)")
     print(f"  {'op':14} {'ms/token':>9} {'steps':>6} {'share':>6}")
     for op, (s, n) in sorted(spent.items(), key=lambda kv: -kv[1][0]):
         print(f"  {op:14} {s / N_GEN * 1e3:>9.3f} {n // N_GEN:>6} {s / N_GEN * 1e3 / wall:>6.1%}")

@@ -126,7 +126,8 @@ def attention_over(k: np.ndarray, vt: np.ndarray, scale: float, pad: int, path: 
         kq = np.empty((n_head, 1, n_kv), F32) if kq is None else kq
         out = np.empty((n_head, 1, d_v), F32) if out is None else out
         return _attend, (*_head_at(lanes, hadd, path.expf), kflat, krows.shape[1], ksb, ksm, qrows, qsb, d,
-                         n_head // n_head_kv, m, mrows, min(live, n_kv), scale32, head, vflat, vsb, vsc, kpv, ldp, kq, out)
+                         n_head // n_head_kv, m, mrows, min(live, n_kv), scale32, head, vflat, vsb, vsc, kpv, ldp, kq,
+                         out)
 
     def attention(q: np.ndarray, m: np.ndarray, mrows: int, live: int) -> np.ndarray | None:
         if not takes(q, mrows):
