@@ -24,9 +24,10 @@ from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
 from graphir.backends.kernels.mul_mat import mul_mat, padding_call, product_mode, products_call
 from graphir.backends.kernels.norm import norm, rms_norm, rms_norm_kernel, rms_norming
-from graphir.backends.kernels.recurrent import gated_delta_net, rwkv_wkv6, ssm_conv, ssm_scan, ssm_scan_heads
+from graphir.backends.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
+                                                 ssm_scan_heads, ssm_scan_kernel)
 from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
-from graphir.backends.kernels.rows import add_flat, set_rows_f16
+from graphir.backends.kernels import rows as R
 from graphir.backends.kernels.softmax import KV_PAD, soft_max
 from graphir.backends.kernels.unary import (exp, geglu, gelu, neg, relu, sigmoid, silu, silu_kernel, softplus, sqr,
                                             swiglu, swiglu_oai, tanh)
@@ -245,6 +246,7 @@ def kernel(*ops: str) -> Callable[[Maker], Maker]:
 
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+_ROW_OPS = {np.add: R.ADD, np.subtract: R.SUB, np.multiply: R.MUL, np.divide: R.DIV}   # a tape's kernel for each
 _UNARY_FN = {"gelu": gelu, "relu": relu, "sqr": sqr, "neg": neg, "exp": exp, "tanh": tanh, "sigmoid": sigmoid,
              "softplus": softplus}
 
@@ -254,9 +256,23 @@ def _get_rows(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., An
     if len(n.inputs[1].shape) >= 2:  # batched: src (B..., rows, ne0), ids (B..., n)
         return lambda env, src, ids: np.take_along_axis(src, ids[..., None].astype(np.intp), axis=-2).astype(
             np.float32, copy=False)
-    # fancy indexing copies already: a float32 source (a recurrent state buffer) is not copied twice
-    return lambda env, src, ids: src.get_rows(ids) if isinstance(src, QWeight) else src[ids].astype(np.float32,
-                                                                                                   copy=False)
+    return _GetRows()
+
+
+class _GetRows:
+    def __call__(self, env: Env, src: Any, ids: np.ndarray) -> np.ndarray:
+        # fancy indexing copies already: a float32 source (a recurrent state buffer) is not copied twice
+        return src.get_rows(ids) if isinstance(src, QWeight) else src[ids].astype(np.float32, copy=False)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """Rows of a float32 array (a recurrent state buffer, a value) by ids on the tape."""
+        src, ids = args
+        if not _rows_of(src) or src.ndim != 2 or not isinstance(ids, np.ndarray) or ids.ndim != 1:
+            return None
+        out = tape.arena((len(ids), src.shape[1]))
+        ok = tape.emit(T.GATHER, R.gather_rows, (src, ids, out), (tape.ref("f2", src), tape.ref("i64", ids),
+                                                                   tape.ref("f2", out)))
+        return out if ok else None
 
 
 @kernel("mul_mat")
@@ -350,12 +366,18 @@ class _Binary:
         return lambda x, y: f(x, y, dtype=np.float32)
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """x op y on the tape where y has x's shape or is one row of x's last axis (a bias, a scale)."""
         x, y = args
-        if self.f is not np.add or not _rows_of(x, y) or x.shape != y.shape:
+        if not _rows_of(x, y) or (x.shape != y.shape and (y.shape[-1] != x.shape[-1] or y.size != x.shape[-1])):
             return None
+        if not y.flags.writeable:   # a weight (a bias, a scale): it never changes, so the arena holds a copy
+            y = tape.constant(y)
         out = tape.arena(x.shape)
-        flat = (x.reshape(-1), y.reshape(-1), out.reshape(-1))
-        return out if tape.emit(T.ADD, add_flat, flat, tuple(tape.ref("f1", a) for a in flat)) else None
+        x2, y2, o2 = x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
+        op = _ROW_OPS[self.f]
+        ok = tape.emit(T.BINARY, R.binary_rows, (x2, y2, o2, op),
+                       (tape.ref("f2", x2), tape.ref("f2", y2), tape.ref("f2", o2), op))
+        return out if ok else None
 
 
 @kernel(*_UNARY_FN)
@@ -382,7 +404,27 @@ def _norm(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
 
 @kernel("silu")
 def _silu(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, x: silu(x, path)
+    return _Silu(path)
+
+
+class _Silu:
+    def __init__(self, path: IsaPath):
+        self.path = path
+
+    def __call__(self, env: Env, x: np.ndarray) -> np.ndarray:
+        return silu(x, self.path)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        x = args[0]
+        if not _rows_of(x):
+            return None
+        out = tape.arena(x.shape)
+        x2, o2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
+        none = tape.arena((x2.shape[0], 0))                       # no gate
+        lanes, expf = self.path.lanes, self.path.expf
+        ok = tape.emit(T.SILU, silu_kernel(x.size), (x2, lanes, expf, none, o2),
+                       (tape.ref("f2", x2), lanes, expf, tape.ref("f2", none), tape.ref("f2", o2)))
+        return out if ok else None
 
 
 @kernel("swiglu")
@@ -562,13 +604,29 @@ class _Cont:
 
 @kernel("concat")
 def _concat(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    r, dim = len(n.shape), n.attrs["dim"]
+    return _Concat(len(n.shape), n.attrs["dim"])
 
-    def concat(env: Env, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        x, y = (v.reshape((1,) * (r - v.ndim) + v.shape) for v in (x, y))
-        return np.concatenate([x, y], axis=r - 1 - dim).astype(np.float32, copy=False)
 
-    return concat
+class _Concat:
+    def __init__(self, rank: int, dim: int):
+        self.rank, self.axis = rank, rank - 1 - dim     # numpy's axis of ggml's dim
+
+    def __call__(self, env: Env, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        x, y = (v.reshape((1,) * (self.rank - v.ndim) + v.shape) for v in (x, y))
+        return np.concatenate([x, y], axis=self.axis).astype(np.float32, copy=False)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """On the tape as rows: what lies before the axis is the rows, the axis and what follows it the columns."""
+        x, y = (v.reshape((1,) * (self.rank - v.ndim) + v.shape) if isinstance(v, np.ndarray) else v for v in args)
+        ax = self.axis
+        if not _rows_of(x, y) or x.shape[:ax] != y.shape[:ax] or x.shape[ax + 1:] != y.shape[ax + 1:]:
+            return None
+        out = tape.arena(x.shape[:ax] + (x.shape[ax] + y.shape[ax],) + x.shape[ax + 1:])
+        rows = math.prod(x.shape[:ax])
+        x2, y2, o2 = x.reshape(rows, -1), y.reshape(rows, -1), out.reshape(rows, -1)
+        ok = tape.emit(T.CONCAT, R.concat_cols, (x2, y2, o2), (tape.ref("f2", x2), tape.ref("f2", y2),
+                                                                tape.ref("f2", o2)))
+        return out if ok else None
 
 
 @kernel("set_rows")
@@ -586,14 +644,18 @@ class _SetRows:
         return _set_rows(dst, src, ids)
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
-        """Rows into an f16 cache (rows, width) on the tape, rounded as numpy rounds them."""
+        """Rows into an f16 cache (rows, width) on the tape, rounded as numpy rounds them, or a float32 one's."""
         dst, src, ids = args
-        if not isinstance(dst, np.ndarray) or dst.dtype != np.float16 or dst.ndim != 2 or not dst.flags.c_contiguous \
-                or not _rows_of(src) or not isinstance(ids, np.ndarray) or ids.dtype != np.int64 or ids.ndim != 1 \
-                or src.shape != (len(ids), dst.shape[1]):
+        if not isinstance(dst, np.ndarray) or dst.dtype not in (np.float16, F32) or dst.ndim != 2 \
+                or not dst.flags.c_contiguous or not _rows_of(src) or not isinstance(ids, np.ndarray) \
+                or ids.ndim != 1 or src.shape != (len(ids), dst.shape[1]):
             return None
+        if dst.dtype == F32:   # a recurrent state's rows
+            ok = tape.emit(T.SCATTER, R.scatter_rows, (dst, src, ids), (tape.ref("f2", dst), tape.ref("f2", src),
+                                                                          tape.ref("i64", ids)))
+            return dst if ok else None
         bits = dst.view(np.uint16)
-        ok = tape.emit(T.SET_ROWS, set_rows_f16, (bits, src, ids),
+        ok = tape.emit(T.SET_ROWS, R.set_rows_f16, (bits, src, ids),
                        (tape.ref("u16_2", bits), tape.ref("f2", src), tape.ref("i64", ids)))
         return dst if ok else None
 
@@ -617,14 +679,51 @@ def _repeat(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]
 
 @kernel("ssm_conv")
 def _ssm_conv(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    conv_w = _dense_kept()
-    return lambda env, sx, w: ssm_conv(sx, conv_w(w))
+    return _SsmConv()
+
+
+class _SsmConv:
+    def __init__(self) -> None:
+        self.dense = _dense_kept()
+
+    def __call__(self, env: Env, sx: np.ndarray, w: Any) -> np.ndarray:
+        return ssm_conv(sx, self.dense(w))
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        sx, w = args[0], self.dense(args[1])
+        if not _rows_of(sx, w) or w.ndim != 2:
+            return None
+        sx3 = sx.reshape((-1,) + sx.shape[-2:])
+        y = tape.arena((sx3.shape[0], sx3.shape[2] - w.shape[1] + 1, sx3.shape[1]))
+        ok = tape.emit(T.CONV, ssm_conv_kernel(), (sx3, w, y), (tape.ref("f3", sx3), tape.ref("f2", w),
+                                                                 tape.ref("f3", y)))
+        return y if ok else None
 
 
 @kernel("ssm_scan")
 def _ssm_scan(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    dense_a = _dense_kept()
-    return lambda env, s, x, dt, A, B, C: ssm_scan(s, x, dt, dense_a(A), B, C)
+    return _SsmScan()
+
+
+class _SsmScan:
+    def __init__(self) -> None:
+        self.dense = _dense_kept()
+
+    def __call__(self, env: Env, s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: Any, B: np.ndarray,
+                 C: np.ndarray) -> np.ndarray:
+        return ssm_scan(s, x, dt, self.dense(A), B, C)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """The scan on the tape: its result, every y then the final states, one arena array (as ggml's)."""
+        s, x, dt, A, B, C = args[0], args[1], args[2], self.dense(args[3]), args[4], args[5]
+        if not _rows_of(s, x, dt, A, B, C) or A.ndim != 2 or any(v.ndim != 3 for v in (x, dt, B, C)):
+            return None
+        s3 = s.reshape((x.shape[0],) + A.shape)
+        out = tape.arena((x.size + s3.size,))
+        y, st = out[:x.size].reshape(x.shape), out[x.size:].reshape(s3.shape)
+        ops = tuple(tape.ref("f3", v) for v in (s3, x, dt)) + (tape.ref("f2", A),) + tuple(
+            tape.ref("f3", v) for v in (B, C, y, st))
+        return out if tape.emit(T.SCAN, ssm_scan_kernel(), (s3, x, dt, A, B, C, y, st), ops) else None
 
 
 @kernel("ssm_scan_heads")
@@ -839,7 +938,8 @@ class _Attention:
 
 
 _IN_PLACE = frozenset({"set_rows"})  # ops whose value is their first operand, written in place
-_DTYPES = {"f32": np.float32, "i32": np.int32, "i64": np.int64}   # of the values a tape's arena holds
+_DTYPES = {"f32": np.float32, "i32": np.int64, "i64": np.int64}   # of the values a tape's arena holds (ids and
+# positions as int64, what the tape's kernels take: a feed is copied in, and Python steps read the feed itself)
 
 
 def _before_tape(tape: Tape, arrays: list[np.ndarray], *feeds: np.ndarray) -> None:
@@ -1059,6 +1159,8 @@ class Program:
                 if fused and isinstance(x, np.ndarray):
                     y = window(x)
                     if np.may_share_memory(x, y):  # not a copy (numpy copies some reshapes of strided arrays)
+                        if tape is not None and x.flags.writeable:  # a tape's kernels take writable rows
+                            y.flags.writeable = True
                         known[out] = y
                         continue
                 steps.append((window, out, ins, free))

@@ -50,7 +50,8 @@ def _kind(a: Any) -> Any:
 
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
-GEMV2, GEMV3, NORM, ADD, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32 = range(11)
+(GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, GATHER, SCATTER, CONCAT,
+ CONV, SCAN) = range(16)
 
 
 @intrinsic
@@ -175,9 +176,25 @@ def player(n_lanes: int) -> Callable:
             elif op == NORM:     # rms_norm rows: x, eps, w, out
                 call_at(at, (_f2(t, a[0]), f32s[a[1]], _f1r(t, a[2]), _f2(t, a[3])))
                 pc += 6
-            elif op == ADD:      # x + y -> out, flat
-                call_at(at, (_f1(t, a[0]), _f1(t, a[1]), _f1(t, a[2])))
+            elif op == BINARY:   # x op y -> out, rows (y: x's rows or one row), op
+                call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _f2(t, a[2]), a[3]))
+                pc += 6
+            elif op == GATHER:   # src rows by ids -> out
+                call_at(at, (_f2(t, a[0]), _i64(t, a[1]), _f2(t, a[2])))
                 pc += 5
+            elif op == SCATTER:  # dst rows at ids <- src
+                call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _i64(t, a[2])))
+                pc += 5
+            elif op == CONCAT:   # x rows, then y rows -> out rows
+                call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _f2(t, a[2])))
+                pc += 5
+            elif op == CONV:     # Mamba's causal conv: sx, w, y
+                call_at(at, (_f3(t, a[0]), _f2(t, a[1]), _f3(t, a[2])))
+                pc += 5
+            elif op == SCAN:     # Mamba-1's selective scan: s, x, dt, A, B, C, y, states
+                call_at(at, (_f3(t, a[0]), _f3(t, a[1]), _f3(t, a[2]), _f2(t, a[3]), _f3(t, a[4]), _f3(t, a[5]),
+                             _f3(t, a[6]), _f3(t, a[7])))
+                pc += 10
             elif op == SILU:     # silu rows, gated: x, lanes, variant, gate, out
                 call_at(at, (_f2(t, a[0]), a[1], a[2], _f2(t, a[3]), _f2(t, a[4])))
                 pc += 7
@@ -235,6 +252,14 @@ class Tape:
     def arena(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """An array of the arena: a recorded step's value, or a copy of a value the tape reads."""
         return np.zeros(shape, dtype)
+
+    def constant(self, a: np.ndarray) -> np.ndarray:
+        """A copy of a (a weight that never changes) in the arena, writable as the tape's kinds are, made once."""
+        c = self.memo.get(("constant", id(a)))
+        if c is None:
+            c = self.memo[("constant", id(a))] = self.arena(a.shape, a.dtype)
+            c[...] = a
+        return c
 
     def ref(self, kind: str, a: np.ndarray) -> int | None:
         """a's row in the table, read as an array of ``kind``; None where a is not of that kind (the step then

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from graphir.backends import tape
-from graphir.backends.kernels.rows import add_flat, set_rows_f16
+from graphir.backends.kernels.rows import ADD, DIV, MUL, SUB, binary_rows, set_rows_f16
 from graphir.running.batch import Batch
 from graphir.running.runtime import load
 from test_fuzz_state import PRESETS
@@ -82,9 +82,12 @@ def test_set_rows_into_f16_rounds_as_numpy():
     assert np.array_equal(dst[ids], want) and not dst[0].any() and not dst[-1].any()
 
 
-def test_add_is_numpys():
-    rng = np.random.default_rng(1)
-    x, y = (rng.standard_normal(1000).astype(np.float32) * 1e3 for _ in range(2))
+@pytest.mark.parametrize("op, f", [(ADD, np.add), (SUB, np.subtract), (MUL, np.multiply), (DIV, np.divide)])
+@pytest.mark.parametrize("rows_of_y", [3, 1])                    # y of x's rows, or one row every row takes
+def test_row_arithmetic_is_numpys(op, f, rows_of_y):
+    rng = np.random.default_rng(op)
+    x, y = rng.standard_normal((3, 1000)).astype(np.float32) * 1e3, rng.standard_normal((rows_of_y, 1000))
+    y = y.astype(np.float32)
     out = np.empty_like(x)
-    add_flat(x, y, out)
-    assert np.array_equal(out, np.add(x, y))
+    binary_rows(x, y, out, op)
+    assert np.array_equal(out, f(x, y))

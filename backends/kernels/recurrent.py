@@ -15,6 +15,7 @@ prange body the wkv6 j loop stops vectorizing (3-4x slower).
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 from numba import njit, prange
@@ -49,6 +50,11 @@ def _ssm_conv(sx, w, y):
                 y[s, t, c] = acc
 
 
+def ssm_conv_kernel() -> Callable:
+    """ssm_conv's kernel, (sx (n_seqs, d_inner, L) C-contiguous, w (d_inner, d_conv), y (n_seqs, n_tok, d_inner))."""
+    return _ssm_conv
+
+
 def ssm_conv(sx: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Depthwise causal conv. sx (n_seqs, d_inner, d_conv - 1 + n_tok) (n_seqs may be left out when 1),
     w (d_inner, d_conv) -> (n_seqs, n_tok, d_inner)."""
@@ -80,6 +86,11 @@ def _ssm_scan(s0, x, dt, A, B, C, y, st):
                     acc = fma(v, C[s, t, n], acc)
                     st[s, c, n] = v
                 y[s, t, c] = acc
+
+
+def ssm_scan_kernel() -> Callable:
+    """ssm_scan's kernel, (s, x, dt, A, B, C, y, states), each C-contiguous float32 (ssm_scan's shapes)."""
+    return _ssm_scan
 
 
 def ssm_scan(s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.ndarray,

@@ -1,5 +1,7 @@
-"""Row kernels a planned graph runs without numpy: the add of two values of one shape, and set_rows into an f16
-cache (each row rounded to f16 as numpy's float32 -> float16 conversion does, NaN payloads included)."""
+"""Row kernels a planned graph's tape runs where its Python steps take numpy: elementwise arithmetic of rows
+(a second operand of one row repeats), gathering, scattering and concatenating rows, and set_rows into an f16
+cache (each row rounded to f16 as numpy's float32 -> float16 conversion does, NaN payloads included). Each gives
+the bits numpy gives."""
 
 from __future__ import annotations
 
@@ -12,11 +14,47 @@ from graphir.backends.kernels_util import bits_u32
 _U16, _U32 = np.uint16, np.uint32
 
 
+ADD, SUB, MUL, DIV = range(4)
+
+
 @njit(**SER)
-def add_flat(x, y, out):
-    """out = x + y, element by element (float32: the bits of np.add)."""
-    for i in range(out.shape[0]):
-        out[i] = x[i] + y[i]
+def binary_rows(x, y, out, op):
+    """out = x op y row by row (op: ADD, SUB, MUL, DIV); y has x's rows or one row, which every row takes."""
+    one = y.shape[0] == 1
+    for r in range(x.shape[0]):
+        yr = y[0] if one else y[r]
+        for i in range(x.shape[1]):
+            if op == ADD:
+                out[r, i] = x[r, i] + yr[i]
+            elif op == SUB:
+                out[r, i] = x[r, i] - yr[i]
+            elif op == MUL:
+                out[r, i] = x[r, i] * yr[i]
+            else:
+                out[r, i] = x[r, i] / yr[i]
+
+
+@njit(**SER)
+def gather_rows(src, ids, out):
+    """out[i] = src[ids[i]]."""
+    for i in range(ids.shape[0]):
+        out[i] = src[ids[i]]
+
+
+@njit(**SER)
+def scatter_rows(dst, src, ids):
+    """dst[ids[i]] = src[i]."""
+    for i in range(ids.shape[0]):
+        dst[ids[i]] = src[i]
+
+
+@njit(**SER)
+def concat_cols(x, y, out):
+    """out[r] = x[r] then y[r]."""
+    n = x.shape[1]
+    for r in range(out.shape[0]):
+        out[r, :n] = x[r]
+        out[r, n:] = y[r]
 
 
 @njit(cache=True, inline="always")
