@@ -23,14 +23,14 @@ from graphir.backends.kernels.attention import attention_mask, attention_over, o
 from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
 from graphir.backends.kernels.mul_mat import mul_mat, padding_call, product_mode, products_call
-from graphir.backends.kernels.norm import norm, rms_norm, rms_norm_kernel, rms_norming
+from graphir.backends.kernels.norm import norm, norm_kernel, rms_norm, rms_norm_kernel, rms_norming
 from graphir.backends.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
                                                  ssm_scan_heads, ssm_scan_kernel)
 from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
 from graphir.backends.kernels import rows as R
 from graphir.backends.kernels.softmax import KV_PAD, soft_max
-from graphir.backends.kernels.unary import (exp, geglu, gelu, neg, relu, sigmoid, silu, silu_kernel, softplus, sqr,
-                                            swiglu, swiglu_oai, tanh)
+from graphir.backends.kernels.unary import (LIBM, exp, geglu, gelu, libm_kernel, neg, relu, sigmoid, silu, silu_kernel,
+                                            softplus, sqr, swiglu, swiglu_oai, tanh)
 from graphir.backends.isa import REDUCE_HADD, IsaPath
 from graphir.backends.quant.weight import QWeight, QWeightGroup
 from graphir.backends.tape import Segment, Tape
@@ -382,14 +382,42 @@ class _Binary:
 
 @kernel(*_UNARY_FN)
 def _unary(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    f = _UNARY_FN[n.op]
-    return lambda env, x: f(x)
+    return _Unary(n.op)
 
 
 @kernel("scale")
 def _scale(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    s = np.float32(n.attrs["s"])
-    return lambda env, x: x * s
+    return _Unary("scale", np.float32(n.attrs["s"]))
+
+
+_ROW_UNARY = {"relu": R.RELU, "sqr": R.SQR, "neg": R.NEG, "scale": R.SCALE}   # numpy's, as row kernels
+
+
+class _Unary:
+    """A unary op (or scale by s); on a tape, the glibc ones (exp, tanh, ...) and numpy's (relu, sqr, neg, scale)."""
+
+    def __init__(self, op: str, s: np.float32 = np.float32(1.0)):
+        self.op, self.s = op, s
+        self.f = (lambda x: x * s) if op == "scale" else _UNARY_FN[op]
+
+    def __call__(self, env: Env, x: np.ndarray) -> np.ndarray:
+        return self.f(x)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        x = args[0]
+        if not _rows_of(x) or (self.op not in LIBM and self.op not in _ROW_UNARY):
+            return None
+        out = tape.arena(x.shape)
+        x2, o2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
+        if self.op in LIBM:
+            which = LIBM[self.op]
+            ok = tape.emit(T.LIBM, libm_kernel(x.size), (x2, which, o2),
+                           (tape.ref("f2", x2), which, tape.ref("f2", o2)))
+        else:
+            which = _ROW_UNARY[self.op]
+            ok = tape.emit(T.UNARY, R.unary_rows, (x2, o2, which, self.s),
+                           (tape.ref("f2", x2), tape.ref("f2", o2), which, tape.f32(self.s)))
+        return out if ok else None
 
 
 @kernel("rms_norm")
@@ -399,7 +427,25 @@ def _rms_norm(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., An
 
 @kernel("norm")
 def _norm(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, x: norm(x, n.attrs["eps"], path)
+    return _Norm(n.attrs["eps"], path)
+
+
+class _Norm:
+    def __init__(self, eps: float, path: IsaPath):
+        self.eps, self.path = eps, path
+
+    def __call__(self, env: Env, x: np.ndarray) -> np.ndarray:
+        return norm(x, self.eps, self.path)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        x = args[0]
+        if not _rows_of(x):
+            return None
+        out = tape.arena(x.shape)
+        x2, o2, eps, lanes = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]), F32(self.eps), self.path.lanes
+        ok = tape.emit(T.LAYER_NORM, norm_kernel(), (x2, eps, lanes, o2),
+                       (tape.ref("f2", x2), tape.f32(eps), lanes, tape.ref("f2", o2)))
+        return out if ok else None
 
 
 @kernel("silu")

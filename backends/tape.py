@@ -51,7 +51,7 @@ def _kind(a: Any) -> Any:
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
 (GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, GATHER, SCATTER, CONCAT,
- CONV, SCAN) = range(16)
+ CONV, SCAN, LIBM, UNARY, LAYER_NORM) = range(19)
 
 
 @intrinsic
@@ -178,6 +178,15 @@ def player(n_lanes: int) -> Callable:
                 pc += 6
             elif op == BINARY:   # x op y -> out, rows (y: x's rows or one row), op
                 call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _f2(t, a[2]), a[3]))
+                pc += 6
+            elif op == LIBM:     # glibc's exp, tanh, sigmoid or softplus of rows: x, which, out
+                call_at(at, (_f2(t, a[0]), a[1], _f2(t, a[2])))
+                pc += 5
+            elif op == UNARY:    # relu, square, negation or scaling of rows: x, out, which, s
+                call_at(at, (_f2(t, a[0]), _f2(t, a[1]), a[2], f32s[a[3]]))
+                pc += 6
+            elif op == LAYER_NORM:  # norm rows: x, eps, lanes, out
+                call_at(at, (_f2(t, a[0]), f32s[a[1]], a[2], _f2(t, a[3])))
                 pc += 6
             elif op == GATHER:   # src rows by ids -> out
                 call_at(at, (_f2(t, a[0]), _i64(t, a[1]), _f2(t, a[2])))

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from graphir.backends import tape
-from graphir.backends.kernels.rows import ADD, DIV, MUL, SUB, binary_rows, set_rows_f16
+from graphir.backends.kernels.rows import (ADD, DIV, MUL, NEG, RELU, SCALE, SQR, SUB, binary_rows, set_rows_f16,
+                                           unary_rows)
 from graphir.running.batch import Batch
 from graphir.running.runtime import load
 from test_fuzz_state import PRESETS
-from conftest import TinyModels
+from conftest import TinyModels, make_tiny_preset, write_model_gguf
 
 Q = gguf.GGMLQuantizationType
 
@@ -50,6 +51,27 @@ def test_a_taped_generation_gives_the_bits_of_its_steps_run_from_python(tiny, mo
     monkeypatch.setattr(tape, "ARENA_MAX", -1)                # nothing is small enough: every step from Python
     plain, plans = generate(m)
     assert not any(p.lock is not None for p in plans)
+    assert np.array_equal(taped.view(np.uint32), plain.view(np.uint32))
+
+
+@pytest.mark.parametrize("family", ["rwkv6", "mamba2", "bert"])
+def test_a_taped_run_of_another_family_gives_the_bits_of_its_steps_run_from_python(tmp_path, monkeypatch, family):
+    m = load(str(write_model_gguf(tmp_path / f"{family}.gguf", make_tiny_preset(family), Q.F32)))
+
+    def run() -> tuple[np.ndarray, list[Any]]:
+        ctx, rows = m.new_context(n_ctx=64), []
+        for i in range(4):   # a prompt of 5 tokens four times over, or 5 tokens then 3 steps
+            if m.hparams.causal:
+                ctx.decode(Batch.from_tokens([3, 4, 5, 6, 7], 0) if i == 0 else Batch.one(8 + i, 4 + i))
+            else:            # an encoder keeps nothing between decodes
+                ctx.decode(Batch.from_tokens([3, 4, 5, 6, 7], 0))
+            rows.append((ctx.logits() if ctx.has_logits else ctx.embeddings()).copy())
+        return np.concatenate(rows), list(ctx._plans.values())
+
+    taped, plans = run()
+    assert any(p.lock is not None for p in plans)
+    monkeypatch.setattr(tape, "ARENA_MAX", -1)
+    plain, _ = run()
     assert np.array_equal(taped.view(np.uint32), plain.view(np.uint32))
 
 
@@ -91,3 +113,14 @@ def test_row_arithmetic_is_numpys(op, f, rows_of_y):
     out = np.empty_like(x)
     binary_rows(x, y, out, op)
     assert np.array_equal(out, f(x, y))
+
+
+def test_row_unary_ops_are_numpys():
+    x = np.array([-0.0, 0.0, np.nan, -np.nan, -1.5, 2.25, -np.inf, np.inf, 3e38, -1e-45], np.float32).reshape(2, 5)
+    s = np.float32(0.7)
+    with np.errstate(all="ignore"):     # 3e38 squared: inf, as numpy and C give it
+        wants = ((RELU, np.maximum(x, np.float32(0))), (SQR, np.multiply(x, x)), (NEG, np.negative(x)), (SCALE, x * s))
+    for op, want in wants:
+        out = np.empty_like(x)
+        unary_rows(x, out, op, s)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), op

@@ -114,3 +114,8 @@ def norm(x: np.ndarray, eps: float, path: isa.IsaPath) -> np.ndarray:
     out = np.empty_like(r)
     _norm_rows(r, F32(eps), path.lanes, out)
     return out.reshape(x.shape)
+
+
+def norm_kernel() -> Callable:
+    """norm's kernel, (rows, eps, lanes, out)."""
+    return _norm_rows

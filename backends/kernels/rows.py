@@ -1,7 +1,7 @@
-"""Row kernels a planned graph's tape runs where its Python steps take numpy: elementwise arithmetic of rows
-(a second operand of one row repeats), gathering, scattering and concatenating rows, and set_rows into an f16
-cache (each row rounded to f16 as numpy's float32 -> float16 conversion does, NaN payloads included). Each gives
-the bits numpy gives."""
+"""Row kernels a planned graph's tape runs where its Python steps take numpy: elementwise arithmetic of rows (a
+second operand of one row repeats; relu, square, negation, scaling), gathering, scattering and concatenating
+rows, and set_rows into an f16 cache (each row rounded to f16 as numpy's float32 -> float16 conversion does, NaN
+payloads included). Each gives the bits numpy gives."""
 
 from __future__ import annotations
 
@@ -15,6 +15,24 @@ _U16, _U32 = np.uint16, np.uint32
 
 
 ADD, SUB, MUL, DIV = range(4)
+RELU, SQR, NEG, SCALE = range(4)
+_ZERO = np.float32(0.0)
+
+
+@njit(**SER)
+def unary_rows(x, out, op, s):
+    """out = op(x): RELU (np.maximum(x, 0): NaN kept, -0 to +0), SQR (x * x), NEG (-x), SCALE (x * s)."""
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            v = x[r, i]
+            if op == RELU:
+                out[r, i] = v if v > _ZERO or v != v else _ZERO
+            elif op == SQR:
+                out[r, i] = v * v
+            elif op == NEG:
+                out[r, i] = -v
+            else:
+                out[r, i] = v * s
 
 
 @njit(**SER)

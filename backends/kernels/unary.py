@@ -116,8 +116,16 @@ _libm_par, _libm_ser = parallel_and_serial(_libm_rows)
 def _libm_unary(x: np.ndarray, op: int) -> np.ndarray:
     r = f32_rows(x)
     out = np.empty_like(r)
-    (_libm_par if r.size >= PAR_MIN else _libm_ser)(r, op, out)
+    libm_kernel(r.size)(r, op, out)
     return out.reshape(x.shape)
+
+
+LIBM = {"exp": _EXP, "tanh": _TANH, "sigmoid": _SIGMOID, "softplus": _SOFTPLUS}   # the glibc ops, by op name
+
+
+def libm_kernel(size: int) -> Callable:
+    """The glibc ops' kernel for x of ``size`` elements, (rows, LIBM[op], out): parallel from PAR_MIN."""
+    return _libm_par if size >= PAR_MIN else _libm_ser
 
 
 def exp(x: np.ndarray) -> np.ndarray:
