@@ -25,7 +25,7 @@ from numba.extending import intrinsic
 from numba.np import arrayobj
 
 from graphir.backends.kernels import simd
-from graphir.backends.kernels.jit import INL, SER, call_at, native_address
+from graphir.backends.kernels.jit import SER, call_at, native_address
 
 ARENA_MAX = 16 << 20   # bytes of values up to which a plan is recorded: a generation step's, not a long prompt's
 
@@ -70,82 +70,36 @@ def cycles():
     return _cycles()
 
 
-def _viewer(aryty: types.Array) -> Any:
-    """An intrinsic making an array of numba type ``aryty`` over the memory at an address, of a shape (C strides,
-    no owner: the tape keeps the numpy array it was taken from). It is what lets play read arrays of many types
-    from one int64 table: numba's typed lists of arrays compile again in each process (0.6 s and 0.25 s a type)."""
+def _reader(aryty: types.Array) -> Any:
+    """An intrinsic making, from row i of the int64 table t (an address, then the shape), an array of numba type
+    ``aryty`` over that memory (C strides, no owner: the tape keeps the numpy array it was taken from). It is what
+    lets play read arrays of many types from one table: numba's typed lists of arrays compile again in each
+    process (0.6 s and 0.25 s a type)."""
     @intrinsic
-    def view(typingctx, address, shape):  # type: ignore[no-untyped-def]
+    def read(typingctx, t, i):  # type: ignore[no-untyped-def]
         def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            table = context.make_array(sig.args[0])(context, builder, args[0])
+            row = builder.mul(args[1], context.get_constant(types.intp, 4))
+            words = [builder.load(builder.gep(table.data, [builder.add(row, context.get_constant(types.intp, j))]))
+                     for j in range(1 + aryty.ndim)]
             ary = arrayobj.make_array(aryty)(context, builder)
             item = context.get_data_type(aryty.dtype)
             size = context.get_constant(types.intp, context.get_abi_sizeof(item))
-            dims = cgutils.unpack_tuple(builder, args[1], aryty.ndim)
             strides, step = [], size
-            for d in reversed(dims):
+            for d in reversed(words[1:]):
                 strides.insert(0, step)
                 step = builder.mul(step, d)
-            arrayobj.populate_array(ary, data=builder.inttoptr(args[0], item.as_pointer()), shape=dims,
+            arrayobj.populate_array(ary, data=builder.inttoptr(words[0], item.as_pointer()), shape=words[1:],
                                     strides=strides, itemsize=size, meminfo=None)
             return ary._getvalue()
 
-        return aryty(types.int64, types.UniTuple(types.int64, aryty.ndim)), codegen
+        return aryty(t, types.intp), codegen
 
-    return view
+    return read
 
 
-_U8, _U16, _U16_2, _U16R, _I64, _F1, _F1R, _F2, _F2R, _F3 = (_viewer(KINDS[k]) for k in (
+_u8, _u16, _u16_2, _u16r, _i64, _f1, _f1r, _f2, _f2r, _f3 = (_reader(KINDS[k]) for k in (
     "u8", "u16", "u16_2", "u16r", "i64", "f1", "f1r", "f2", "f2r", "f3"))
-
-
-@njit(**INL)
-def _u8(t, i):
-    return _U8(t[i, 0], (t[i, 1],))
-
-
-@njit(**INL)
-def _u16(t, i):
-    return _U16(t[i, 0], (t[i, 1],))
-
-
-@njit(**INL)
-def _u16_2(t, i):
-    return _U16_2(t[i, 0], (t[i, 1], t[i, 2]))
-
-
-@njit(**INL)
-def _u16r(t, i):
-    return _U16R(t[i, 0], (t[i, 1],))
-
-
-@njit(**INL)
-def _i64(t, i):
-    return _I64(t[i, 0], (t[i, 1],))
-
-
-@njit(**INL)
-def _f1(t, i):
-    return _F1(t[i, 0], (t[i, 1],))
-
-
-@njit(**INL)
-def _f1r(t, i):
-    return _F1R(t[i, 0], (t[i, 1],))
-
-
-@njit(**INL)
-def _f2(t, i):
-    return _F2(t[i, 0], (t[i, 1], t[i, 2]))
-
-
-@njit(**INL)
-def _f2r(t, i):
-    return _F2R(t[i, 0], (t[i, 1], t[i, 2]))
-
-
-@njit(**INL)
-def _f3(t, i):
-    return _F3(t[i, 0], (t[i, 1], t[i, 2], t[i, 3]))
 
 
 @functools.cache
