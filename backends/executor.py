@@ -28,9 +28,9 @@ from graphir.backends.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_
                                                  ssm_scan_heads, ssm_scan_kernel)
 from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
 from graphir.backends.kernels import rows as R
-from graphir.backends.kernels.softmax import KV_PAD, soft_max
-from graphir.backends.kernels.unary import (LIBM, exp, geglu, gelu, libm_kernel, neg, relu, sigmoid, silu, silu_kernel,
-                                            softplus, sqr, swiglu, swiglu_oai, tanh)
+from graphir.backends.kernels.softmax import KV_PAD, exp_head, mask_rows, probabilities, soft_max, soft_max_kernel
+from graphir.backends.kernels.unary import (LIBM, exp, geglu, gelu, gelu_kernel, gelu_table, libm_kernel, neg, relu,
+                                            sigmoid, silu, silu_kernel, softplus, sqr, swiglu, swiglu_oai, tanh)
 from graphir.backends.isa import REDUCE_HADD, IsaPath
 from graphir.backends.quant.weight import QWeight, QWeightGroup
 from graphir.backends.tape import Segment, Tape
@@ -394,7 +394,8 @@ _ROW_UNARY = {"relu": R.RELU, "sqr": R.SQR, "neg": R.NEG, "scale": R.SCALE}   # 
 
 
 class _Unary:
-    """A unary op (or scale by s); on a tape, the glibc ones (exp, tanh, ...) and numpy's (relu, sqr, neg, scale)."""
+    """A unary op (or scale by s); on a tape, the glibc ones (exp, tanh, ...), numpy's (relu, sqr, neg, scale) and
+    gelu (ggml's table)."""
 
     def __init__(self, op: str, s: np.float32 = np.float32(1.0)):
         self.op, self.s = op, s
@@ -405,11 +406,15 @@ class _Unary:
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
         x = args[0]
-        if not _rows_of(x) or (self.op not in LIBM and self.op not in _ROW_UNARY):
+        if not _rows_of(x) or (self.op not in LIBM and self.op not in _ROW_UNARY and self.op != "gelu"):
             return None
         out = tape.arena(x.shape)
         x2, o2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
-        if self.op in LIBM:
+        if self.op == "gelu":
+            table = gelu_table()
+            ok = tape.emit(T.GELU, gelu_kernel(x.size), (x2, x2, False, table, o2),
+                           (tape.ref("f2", x2), tape.ref("f2", x2), 0, tape.ref("f1", table), tape.ref("f2", o2)))
+        elif self.op in LIBM:
             which = LIBM[self.op]
             ok = tape.emit(T.LIBM, libm_kernel(x.size), (x2, which, o2),
                            (tape.ref("f2", x2), which, tape.ref("f2", o2)))
@@ -583,11 +588,34 @@ def _kv_pad(soft_max_node: Node) -> int:
 
 @kernel("soft_max")
 def _soft_max(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    a = n.attrs
-    pad = _kv_pad(n)
-    return lambda env, x, mask=None, sinks=None: soft_max(x, None if mask is None else _broadcast(mask, x.shape),
-                                                         a["scale"], a["max_bias"], path, pad,
-                                                         None if sinks is None else _dense(sinks))
+    return _SoftMax(n.attrs, _kv_pad(n), path)
+
+
+class _SoftMax:
+    def __init__(self, a: dict[str, Any], pad: int, path: IsaPath):
+        self.a, self.pad, self.path = a, pad, path
+
+    def __call__(self, env: Env, x: np.ndarray, mask: np.ndarray | None = None, sinks: Any = None) -> np.ndarray:
+        return soft_max(x, None if mask is None else _broadcast(mask, x.shape), self.a["scale"], self.a["max_bias"],
+                        self.path, self.pad, None if sinks is None else _dense(sinks))
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """soft_max with a mask (no sinks, no ALiBi) on the tape: its value marked as soft_max marks it (the KV
+        padding it ran with), which the mul_mat that reads it chooses its path by."""
+        if len(args) != 2 or self.a["max_bias"] or not _rows_of(*args):
+            return None
+        x, mask = args
+        m, mrows = mask_rows(_broadcast(mask, x.shape), x.shape)
+        if not np.shares_memory(m, mask):
+            return None
+        x2, lanes = x.reshape(-1, x.shape[-1]), self.path.lanes
+        head, scale, none = exp_head(x.shape[-1], lanes, self.pad), F32(self.a["scale"]), tape.arena((0,))
+        out, variant = tape.arena(x.shape), self.path.expf
+        o2 = out.reshape(x2.shape)
+        ok = tape.emit(T.SOFT_MAX, soft_max_kernel(x.size), (x2, m, mrows, scale, head, lanes, variant, o2, none),
+                       (tape.ref("f2", x2), tape.ref("f2", m), mrows, tape.f32(scale), head, lanes, variant,
+                        tape.ref("f2", o2), tape.ref("f1", none)))
+        return probabilities(out, self.pad) if ok else None
 
 
 class _Window:

@@ -51,7 +51,7 @@ def _kind(a: Any) -> Any:
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
 (GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, GATHER, SCATTER, CONCAT,
- CONV, SCAN, LIBM, UNARY, LAYER_NORM) = range(19)
+ CONV, SCAN, LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX) = range(21)
 
 
 @intrinsic
@@ -142,6 +142,13 @@ def player(n_lanes: int) -> Callable:
             elif op == LAYER_NORM:  # norm rows: x, eps, lanes, out
                 call_at(at, (_f2(t, a[0]), f32s[a[1]], a[2], _f2(t, a[3])))
                 pc += 6
+            elif op == GELU:     # gelu rows through ggml's table (geglu: gated by u): x, u, gated, table, out
+                call_at(at, (_f2(t, a[0]), _f2(t, a[1]), a[2] != 0, _f1(t, a[3]), _f2(t, a[4])))
+                pc += 7
+            elif op == SOFT_MAX:  # x, mask rows, mrows, scale, head, lanes, variant, out, sinks
+                call_at(at, (_f2(t, a[0]), _f2(t, a[1]), a[2], f32s[a[3]], a[4], a[5], a[6], _f2(t, a[7]),
+                             _f1(t, a[8])))
+                pc += 11
             elif op == GATHER:   # src rows by ids -> out
                 call_at(at, (_f2(t, a[0]), _i64(t, a[1]), _f2(t, a[2])))
                 pc += 5

@@ -10,6 +10,7 @@ length's paths and marks its result for the mul_mat that consumes it.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 from numba import njit, prange
@@ -96,6 +97,12 @@ def _soft_max_ser(x, mask, mrows, scale, head, lanes, variant, out, sinks):
                       sinks[r] if has else F32(0.0), has)
 
 
+def soft_max_kernel(size: int) -> Callable:
+    """soft_max's kernel for x of ``size`` elements, (rows, mask rows, mrows, scale, head, lanes, variant, out,
+    sinks): parallel from PAR_MIN."""
+    return _soft_max_par if size >= PAR_MIN else _soft_max_ser
+
+
 def mask_rows(mask: np.ndarray | None, shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
     """The mask as float32 rows of the last axis of x's ``shape`` and how many there are: row r of x takes row
     r % mrows (mrows = 0: no mask)."""
@@ -144,7 +151,12 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: flo
         heads = np.asarray(sinks, F32).reshape(-1)
         sk = np.ascontiguousarray(np.broadcast_to(heads[:, None], (lead[-2], lead[-1])), dtype=F32)
         sk = np.tile(sk.reshape(-1), r.shape[0] // sk.size)
-    (_soft_max_par if r.size >= PAR_MIN else _soft_max_ser)(r, m, mrows, F32(scale), head, lanes, path.expf, out, sk)
-    out = out.view(_Probs).reshape(shape)  # contiguous probabilities: mul_mat may take tinyBLAS with them
-    out.kv_pad = int(pad)
-    return out
+    soft_max_kernel(r.size)(r, m, mrows, F32(scale), head, lanes, path.expf, out, sk)
+    return probabilities(out.reshape(shape), pad)  # contiguous probabilities: mul_mat may take tinyBLAS with them
+
+
+def probabilities(out: np.ndarray, pad: int) -> np.ndarray:
+    """soft_max's result ``out`` marked with the KV padding it was computed with (a view)."""
+    marked = out.view(_Probs)
+    marked.kv_pad = int(pad)
+    return marked

@@ -212,8 +212,13 @@ def _gelu(g: np.ndarray, u: np.ndarray | None) -> np.ndarray:
     gr = f32_rows(g)
     ur = gr if u is None else f32_rows(u)
     out = np.empty_like(gr)
-    (_gelu_par if gr.size >= PAR_MIN else _gelu_ser)(gr, ur, u is not None, gelu_table(), out)
+    gelu_kernel(gr.size)(gr, ur, u is not None, gelu_table(), out)
     return out.reshape(g.shape)
+
+
+def gelu_kernel(size: int) -> Callable:
+    """gelu's (and geglu's) kernel for x of ``size`` elements, (rows, gate rows, gated, gelu_table(), out)."""
+    return _gelu_par if size >= PAR_MIN else _gelu_ser
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
