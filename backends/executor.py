@@ -270,8 +270,8 @@ class _GetRows:
         if not _rows_of(src) or src.ndim != 2 or not isinstance(ids, np.ndarray) or ids.ndim != 1:
             return None
         out = tape.arena((len(ids), src.shape[1]))
-        ok = tape.emit(T.GATHER, R.gather_rows, (src, ids, out), (tape.ref("f2", src), tape.ref("i64", ids),
-                                                                   tape.ref("f2", out)))
+        ok = tape.emit(T.MOVE, R.move_rows, (src, out, ids, False), (tape.ref("f2", src), tape.ref("f2", out),
+                                                                      tape.ref("i64", ids), 0))
         return out if ok else None
 
 
@@ -725,8 +725,8 @@ class _SetRows:
                 or ids.ndim != 1 or src.shape != (len(ids), dst.shape[1]):
             return None
         if dst.dtype == F32:   # a recurrent state's rows
-            ok = tape.emit(T.SCATTER, R.scatter_rows, (dst, src, ids), (tape.ref("f2", dst), tape.ref("f2", src),
-                                                                          tape.ref("i64", ids)))
+            ok = tape.emit(T.MOVE, R.move_rows, (src, dst, ids, True), (tape.ref("f2", src), tape.ref("f2", dst),
+                                                                         tape.ref("i64", ids), 1))
             return dst if ok else None
         bits = dst.view(np.uint16)
         ok = tape.emit(T.SET_ROWS, R.set_rows_f16, (bits, src, ids),

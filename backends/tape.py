@@ -50,8 +50,8 @@ def _kind(a: Any) -> Any:
 
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
-(GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, GATHER, SCATTER, CONCAT,
- CONV, SCAN, LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX) = range(21)
+(GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, MOVE, CONCAT, CONV, SCAN,
+ LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX) = range(20)
 
 
 @intrinsic
@@ -149,12 +149,9 @@ def player(n_lanes: int) -> Callable:
                 call_at(at, (_f2(t, a[0]), _f2(t, a[1]), a[2], f32s[a[3]], a[4], a[5], a[6], _f2(t, a[7]),
                              _f1(t, a[8])))
                 pc += 11
-            elif op == GATHER:   # src rows by ids -> out
-                call_at(at, (_f2(t, a[0]), _i64(t, a[1]), _f2(t, a[2])))
-                pc += 5
-            elif op == SCATTER:  # dst rows at ids <- src
-                call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _i64(t, a[2])))
-                pc += 5
+            elif op == MOVE:     # rows gathered (dst[i] = src[ids[i]]) or scattered: src, dst, ids, scatter
+                call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _i64(t, a[2]), a[3] != 0))
+                pc += 6
             elif op == CONCAT:   # x rows, then y rows -> out rows
                 call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _f2(t, a[2])))
                 pc += 5

@@ -53,21 +53,13 @@ def binary_rows(x, y, out, op):
 
 
 @njit(**SER)
-def gather_rows(src, ids, out):
-    """out[i] = src[ids[i]] (element by element: numba's row assignment took 2.3 s to compile)."""
+def move_rows(src, dst, ids, scatter):
+    """For each i: dst[i] = src[ids[i]] (gathering rows), or with ``scatter`` dst[ids[i]] = src[i]; element by
+    element (numba's row assignment took 2.3 s to compile)."""
     for i in range(ids.shape[0]):
-        r = ids[i]
-        for c in range(out.shape[1]):
-            out[i, c] = src[r, c]
-
-
-@njit(**SER)
-def scatter_rows(dst, src, ids):
-    """dst[ids[i]] = src[i]."""
-    for i in range(ids.shape[0]):
-        r = ids[i]
+        a, b = (i, ids[i]) if scatter else (ids[i], i)
         for c in range(src.shape[1]):
-            dst[r, c] = src[i, c]
+            dst[b, c] = src[a, c]
 
 
 @njit(**SER)
