@@ -975,7 +975,7 @@ class _Attention:
             live = tape.memo[key] = tape.reg()
 
             def cells(r: int = live) -> None:
-                tape.regs[r] = min(open_prefix(m[:mrows]), n_kv)
+                tape.table()[1][r] = min(open_prefix(m[:mrows]), n_kv)
 
             tape.before.append(cells)
         kq, out = tape.arena((nh, 1, n_kv)), tape.arena((nh, 1, v.shape[1]))
@@ -1043,13 +1043,13 @@ class Plan(NamedTuple):
     steps: list[tuple[Callable[..., Any], int, tuple[int, ...], tuple[int, ...]]]
     labels: dict[int, str]
     run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None  # the steps as one function of the feeds
-    lock: threading.Lock | None        # a plan with a tape: its arena serves one run at a time
-    copied: frozenset[int]             # outputs copied out of a tape's arena: the next run writes over it
+    lock: threading.Lock | None        # a plan with a tape: its arena serves one run at a time, and its outputs
+                                       # are copied out (the next run writes over the arena)
     tapes: bool                        # made without the tape it would have: its next run makes it with one
 
 
 def _straight_line(steps: list[Step], known: dict[int, Any], feeds: list[tuple[int, str]], outputs: dict[str, int],
-                   copied: frozenset[int]) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+                   copy: bool) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
     """The steps as one Python function of the feeds, a call per step on local variables (v<slot>; a value known
     before the run is a constant, k<slot>), each deleted after its last reader: what a run does, without the
     interpreting loop's indexing and bookkeeping around every step. Its source is kept as ``run.source``."""
@@ -1065,7 +1065,7 @@ def _straight_line(steps: list[Step], known: dict[int, Any], feeds: list[tuple[i
         gone.update(dead)
         if dead:
             lines.append("    del " + ", ".join(names[j] for j in dead))
-    lines.append("    return {" + ", ".join(f"{role!r}: {names[i]}{'.copy()' if i in copied else ''}"
+    lines.append("    return {" + ", ".join(f"{role!r}: {names[i]}{'.copy()' if copy else ''}"
                                        for role, i in outputs.items()) + "}")
     source = "\n".join(lines) + "\n"
     code = _compiled(source)
@@ -1264,16 +1264,14 @@ class Program:
             steps.append((partial(fn, env) if bind is None else bind(env, [known.get(j) for j in ins],
                                                                         [self._shape(j, env) for j in ins]),
                           out, ins, free))
-        copied: frozenset[int] = frozenset()
         if tape is not None:
             if tape.pending:
                 steps.append((tape.segment(), -1, (), ()))
             if fed or tape.before:
                 steps.insert(0, (partial(_before_tape, tape, list(fed.values())), -1, tuple(fed), ()))
-            copied = frozenset(self.outputs.values())  # the arena's, or (from Python steps) maybe windows of it
         return Plan(list(known.items()), feeds, steps, self.labels if fused else {},
-                    _straight_line(steps, known, feeds, self.outputs, copied) if fused else None,
-                    threading.Lock() if tape is not None else None, copied, small and tape is None)
+                    _straight_line(steps, known, feeds, self.outputs, tape is not None) if fused else None,
+                    threading.Lock() if tape is not None else None, small and tape is None)
 
     def _values_bytes(self, env: Env) -> int:
         """The bytes of the values the steps make for this binding (not windows, nor what is written in place)."""
@@ -1338,4 +1336,5 @@ class Program:
                 taps[self.names[out]] = np.array(vals[out])
             for j in free:
                 vals[j] = None
-        return {role: vals[i].copy() if i in plan.copied else vals[i] for role, i in self.outputs.items()}
+        taped = plan.lock is not None   # outputs in the arena, or (from Python steps) maybe windows of it
+        return {role: vals[i].copy() if taped else vals[i] for role, i in self.outputs.items()}

@@ -109,7 +109,7 @@ def player(n_lanes: int) -> Callable:
     v_ = simd.lanes(n_lanes)
 
     @njit(**SER)
-    def play(code, f32s, regs, spent, t):
+    def play(code, f32s, regs, t, spent):
         """Run the tape: each instruction calls its kernel at its address with its operands, arrays made from
         the table ``t`` (address and shape by row). ``spent``: empty, or where the cycles of each instruction are
         added (a profiled run)."""
@@ -209,12 +209,11 @@ class Tape:
         self.f32s: list[float] = []
         self.arrays: list[np.ndarray] = []           # the table's rows: kept alive while the tape is
         self.index: dict[int, int] = {}
-        self.regs = np.zeros(1, np.int64)
-        self.n_regs = 0
+        self.n_regs = 0                               # registers: integers set per run (attention's cells)
         self.before: list[Callable[[], None]] = []   # per run, before the first instruction: derived values
         self.memo: dict[Any, Any] = {}                # what recorded steps share (cos/sin of positions, ...)
         self.start = self.pending = 0                 # where the instructions not yet in a segment start; how many
-        self._table: tuple[np.ndarray, np.ndarray] | None = None
+        self._table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def arena(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """An array of the arena: a recorded step's value, or a copy of a value the tape reads."""
@@ -246,8 +245,6 @@ class Tape:
 
     def reg(self) -> int:
         self.n_regs += 1
-        if self.n_regs > len(self.regs):
-            self.regs = np.zeros(2 * self.n_regs, np.int64)
         return self.n_regs - 1
 
     def emit(self, op: int, kernel: Callable, args: tuple[Any, ...], operands: tuple[int | None, ...]) -> bool:
@@ -271,14 +268,14 @@ class Tape:
         self.start, self.pending = len(self.code), 0
         return seg
 
-    def table(self) -> tuple[np.ndarray, np.ndarray]:
-        """The float constants and the arrays' table (address, then shape), made at the first run (the tape is
-        complete by then)."""
+    def table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The float constants, the registers and the arrays' table (address, then shape), made at the first run
+        (the tape is complete by then)."""
         if self._table is None:
             t = np.zeros((len(self.arrays), 4), np.int64)
             for i, a in enumerate(self.arrays):
                 t[i, 0], t[i, 1:1 + a.ndim] = a.ctypes.data, a.shape
-            self._table = np.array(self.f32s, np.float32), t
+            self._table = np.array(self.f32s, np.float32), np.zeros(max(self.n_regs, 1), np.int64), t
         return self._table
 
 
@@ -289,14 +286,12 @@ class Segment:
         self.tape, self.code, self.labels = tape, code, labels
 
     def __call__(self) -> None:
-        f32s, t = self.tape.table()
-        self.tape.play(self.code, f32s, self.tape.regs, _UNTIMED, t)
+        self.tape.play(self.code, *self.tape.table(), _UNTIMED)
 
     def profiled(self, profile: dict[str, list[float]]) -> None:
         """Play, adding each instruction's seconds and count to ``profile`` under its label."""
-        f32s, t = self.tape.table()
         spent = np.zeros(len(self.labels), np.int64)
-        self.tape.play(self.code, f32s, self.tape.regs, spent, t)
+        self.tape.play(self.code, *self.tape.table(), spent)
         rate = cycle_rate()
         for label, c in zip(self.labels, spent):
             entry = profile.setdefault(label, [0.0, 0])
