@@ -17,7 +17,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["fma", "hsum8", "hsum16", "hsum", "bits_f32", "bits_u32", "f16_round", "f16_bits", "round_f16", "round_bf16"]
+__all__ = ["fma", "hsum8", "hsum16", "hsum", "bits_f32", "bits_u32", "bits_f64", "bits_u64", "f16_round", "f16_bits",
+           "round_f16", "round_bf16"]
 
 
 @intrinsic
@@ -61,6 +62,30 @@ def bits_u32(typingctx, f):
         return builder.bitcast(args[0], ir.IntType(32))
 
     return types.uint32(f), codegen
+
+
+@intrinsic
+def bits_f64(typingctx, i):
+    """The float64 whose bit pattern is the 64-bit integer i (a bitcast)."""
+    if not (isinstance(i, types.Integer) and i.bitwidth == 64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(i), codegen
+
+
+@intrinsic
+def bits_u64(typingctx, f):
+    """The bit pattern of the float64 f, as uint64 (a bitcast)."""
+    if f != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.uint64(f), codegen
 
 
 @njit(cache=True, inline="always")

@@ -1,7 +1,9 @@
-"""ggml_v_expf, the exp llama.cpp's SiLU and soft_max use, one lane at a time, in the variant of each path.
+"""The two exps llama.cpp's CPU code takes, one lane at a time, so that loops of them vectorize.
 
-Not libm's expf (up to ~1.5 ulp apart): a range reduction to 2^n, a degree-5 polynomial and the power put
+ggml_v_expf, what its SiLU and soft_max use: a range reduction to 2^n, a degree-5 polynomial and the power put
 back, as vec.h writes it for AVX-512 (scalef) and for AVX2 (split), selected by isa.EXPF_*.
+libm_expf, glibc's expf (2.28 and later, its FMA variant), what ggml's scalar loops call (Mamba's scan): up to
+~1.5 ulp from ggml_v_expf.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from numba import njit
 
 from graphir.backends.isa import EXPF_SPLIT
 from graphir.backends.kernels.jit import INL
-from graphir.backends.kernels_util import bits_f32, fma
+from graphir.backends.kernels_util import bits_f32, bits_f64, bits_u32, bits_u64, fma
 
 F32 = np.float32
 
@@ -81,3 +83,79 @@ def v_expf_shifted(w, head, mx, variant):
     else:
         for i in range(head):
             w[i] = v_expf_scalef(w[i] - mx)
+
+
+# glibc's expf: x / ln2 * 32 = k + r, exp(x) = 2^(k/32) * p(r) with p of degree 3, all in float64; the table holds
+# 2^(i/32) with i's part of the exponent taken out (it is added back from k's bits)
+_TAB = np.array([np.float64(2.0 ** (i / 32)).view(np.uint64) - np.uint64(i << 47) for i in range(32)], np.uint64)
+_INVLN2_32, _SHIFT = float.fromhex("0x1.71547652b82fep+5"), float.fromhex("0x1.8p+52")
+_P0, _P1, _P2 = (float.fromhex(h) for h in ("0x1.c6af84b912394p-20", "0x1.ebfce50fac4f3p-13", "0x1.62e42ff0c52d6p-6"))
+_BIG = np.uint32(0x42b)                                  # top 12 bits of 88.0f: |x| >= 88 (or inf, nan)
+_OVER, _UNDER, _TINY = F32(float.fromhex("0x1.62e42ep6")), F32(-float.fromhex("0x1.9fe368p6")), \
+    F32(-float.fromhex("0x1.9d1d9ep6"))
+_SUBNORMAL = F32(2.0 ** -149)                            # what glibc's may-underflow path returns, (0x1.4p-75f)^2
+
+
+@njit(**INL)
+def libm_expf(x):
+    """glibc's expf for one float32, as its FMA variant computes it: k from fma(x, 32/ln2, shift) and r from the
+    fused x * 32/ln2 - k, the polynomial's three FMAs, one multiply by the table's power, one rounding to float32.
+    Outside |x| < 88 the same, except: nan and inf give x + x (-inf gives 0), x > 88.72 gives inf, x < -103.97
+    gives 0 and x < -103.28 the smallest subnormal. Written as selects, so a loop of it vectorizes."""
+    xd = np.float64(x)
+    kd = fma(xd, _INVLN2_32, _SHIFT)
+    ki = bits_u64(kd)
+    kd -= _SHIFT
+    r = fma(xd, _INVLN2_32, -kd)
+    s = bits_f64(_TAB[ki & np.uint64(31)] + (ki << np.uint64(47)))
+    y = fma(fma(r, _P0, _P1), r * r, fma(r, _P2, 1.0)) * s
+    res = F32(y)
+    top = (bits_u32(x) >> np.uint32(20)) & np.uint32(0x7ff)
+    if top >= _BIG:
+        res = x + x if top >= np.uint32(0x7f8) else res
+        res = _ZERO if x == -_INF else res
+        res = _INF if x > _OVER else res
+        res = _SUBNORMAL if x < _TINY else res
+        res = _ZERO if x < _UNDER else res
+    return res
+
+
+# glibc's logf: x = 2^k * z with z near 1, z = c * (1 + r) for one of 16 c's whose 1/c and log(c) are in the table,
+# log(x) = k*ln2 + log(c) + log1p(r), log1p of degree 4 in float64
+_LOG_TAB = np.array([float.fromhex(h) for h in (
+    "0x1.661ec79f8f3bep+0", "-0x1.57bf7808caadep-2", "0x1.571ed4aaf883dp+0", "-0x1.2bef0a7c06ddbp-2",
+    "0x1.49539f0f010b0p+0", "-0x1.01eae7f513a67p-2", "0x1.3c995b0b80385p+0", "-0x1.b31d8a68224e9p-3",
+    "0x1.30d190c8864a5p+0", "-0x1.6574f0ac07758p-3", "0x1.25e227b0b8ea0p+0", "-0x1.1aa2bc79c8100p-3",
+    "0x1.1bb4a4a1a343fp+0", "-0x1.a4e76ce8c0e5ep-4", "0x1.12358f08ae5bap+0", "-0x1.1973c5a611cccp-4",
+    "0x1.0953f419900a7p+0", "-0x1.252f438e10c1ep-5", "0x1.0p+0", "0x0.0p+0",
+    "0x1.e608cfd9a47acp-1", "0x1.aa5aa5df25984p-5", "0x1.ca4b31f026aa0p-1", "0x1.c5e53aa362eb4p-4",
+    "0x1.b2036576afce6p-1", "0x1.526e57720db08p-3", "0x1.9c2d163a1aa2dp-1", "0x1.bc2860d224770p-3",
+    "0x1.886e6037841edp-1", "0x1.1058bc8a07ee1p-2", "0x1.767dcf5534862p-1", "0x1.4043057b6ee09p-2")], np.float64)
+_LN2 = float.fromhex("0x1.62e42fefa39efp-1")
+_L0, _L1, _L2 = (float.fromhex(h) for h in ("-0x1.00ea348b88334p-2", "0x1.5575b0be00b6ap-2", "-0x1.ffffef20a4123p-2"))
+_TWO23 = F32(2.0 ** 23)
+
+
+@njit(**INL)
+def libm_logf(x):
+    """glibc's logf for one float32, as its FMA variant computes it: k and the table's c from x's bits,
+    r = fma(z, 1/c, -1), k*ln2 + log(c) fused, the polynomial's FMAs as it orders them, one rounding to float32.
+    A subnormal x is scaled by 2^23 first; 0 gives -inf, a negative x or nan a nan (x - x over itself), inf inf.
+    Written as selects, so a loop of it vectorizes."""
+    ix = bits_u32(x)
+    sub = ix < np.uint32(0x800000)
+    ix = bits_u32(x * _TWO23) - np.uint32(23 << 23) if sub else ix
+    tmp = ix - np.uint32(0x3f330000)
+    i = (tmp >> np.uint32(19)) & np.uint32(15)
+    k = np.int32(tmp) >> np.int32(23)
+    z = np.float64(bits_f32(ix - (tmp & np.uint32(0xff800000))))
+    r = fma(z, _LOG_TAB[2 * i], -1.0)
+    y0 = fma(np.float64(k), _LN2, _LOG_TAB[2 * i + 1])
+    r2 = r * r
+    y = fma(fma(r2, _L0, fma(r, _L1, _L2)), r2, y0 + r)
+    res = F32(y)
+    if ix - np.uint32(0x800000) >= np.uint32(0x7f000000) or sub:
+        res = (x - x) / (x - x) if x != x or x < _ZERO else res
+        res = x if x == _INF else res
+        res = -_INF if x == _ZERO else res
+    return res
