@@ -22,7 +22,8 @@ from graphir.backends import tape as T
 from graphir.backends.kernels.attention import attention_mask, attention_over, open_prefix
 from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
-from graphir.backends.kernels.mul_mat import mul_mat, padding_call, product_mode, products_call
+from graphir.backends.kernels.mul_mat import (VEC_F16, f16_short_dots, mul_mat, padding_call, product_mode,
+                                               products_call)
 from graphir.backends.kernels.norm import norm, norm_kernel, rms_norm, rms_norm_kernel, rms_norming
 from graphir.backends.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
                                                  ssm_scan_heads, ssm_scan_kernel)
@@ -148,6 +149,12 @@ def _record_float_product(tape: Tape, w: QWeight, x: np.ndarray, path: IsaPath) 
         if not tape.emit(T.ROWS, fn, (src, kd, x1), (tape.ref("f2r", src), kd, tape.ref("f2", x1))):
             return None
     out = tape.arena((1, n, m))
+    if mode == VEC_F16 and n == 1 and k < 4 * path.lanes:   # every product in vec_dot's scalar tail
+        wt = np.ascontiguousarray(floats.T, F32)
+        x0, o0 = x1.reshape(-1), out.reshape(-1)
+        ok = tape.emit(T.SHORT_DOTS, f16_short_dots, (wt, x0, k, o0), (tape.ref("f2", wt), tape.ref("f1", x0), k,
+                                                                      tape.ref("f1", o0)))
+        return out.reshape(x.shape[:-1] + (m,)) if ok else None
     fn, a = products_call(floats.reshape(1, m, k), x1, n, 1, k, k, 1, mode, path, out)
     w1 = tape.ref("u16r", a[3]) if f16 else tape.ref("f1r", a[3])
     ops = (a[0], a[1], w1, a[4], tape.ref("f1", a[5]), *a[6:14], int(a[14]), a[15], tape.ref("f3", out))
@@ -671,9 +678,42 @@ class _Cont:
         return np.ascontiguousarray(x)
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
-        """x itself where it is contiguous already, as np.ascontiguousarray gives it: nothing to play."""
+        """x itself where it is contiguous already, as np.ascontiguousarray gives it: nothing to play. Else, where x
+        is some columns of a contiguous array's rows (Mamba's conv state: the last columns of conv_x), a copy of
+        those columns."""
         x = args[0]
-        return x if isinstance(x, np.ndarray) and x.flags.c_contiguous else None
+        if not isinstance(x, np.ndarray) or x.dtype != F32:
+            return None
+        if x.flags.c_contiguous:
+            return x
+        rows = _columns_of(x)
+        if rows is None:
+            return None
+        src, s0 = rows
+        out = tape.arena(x.shape)
+        return out if _record_cols(tape, src, s0, out.reshape(src.shape[0], -1), 0) else None
+
+
+def _columns_of(x: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """(rows, s0) where x (n, ..., k) is rows[:, s0:s0 + k] of a C-contiguous 2-D view of the array it is a window
+    of, x's leading axes flattened; None where it is not."""
+    item, shape, strides = x.itemsize, x.shape, x.strides
+    if x.ndim < 2 or strides[-1] != item or strides[-2] % item or any(
+            strides[i] != strides[i + 1] * shape[i + 1] for i in range(x.ndim - 2)):
+        return None
+    base = x
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    if not base.flags.c_contiguous:
+        return None
+    width, n_rows = strides[-2] // item, math.prod(shape[:-1])
+    offset = (x.ctypes.data - base.ctypes.data) // item
+    s0 = offset % width
+    start = offset - s0
+    flat = base.reshape(-1)
+    if s0 + shape[-1] > width or start + n_rows * width > flat.size:
+        return None
+    return flat[start:start + n_rows * width].reshape(n_rows, width), s0
 
 
 @kernel("concat")
@@ -698,9 +738,14 @@ class _Concat:
         out = tape.arena(x.shape[:ax] + (x.shape[ax] + y.shape[ax],) + x.shape[ax + 1:])
         rows = math.prod(x.shape[:ax])
         x2, y2, o2 = x.reshape(rows, -1), y.reshape(rows, -1), out.reshape(rows, -1)
-        ok = tape.emit(T.CONCAT, R.concat_cols, (x2, y2, o2), (tape.ref("f2", x2), tape.ref("f2", y2),
-                                                                tape.ref("f2", o2)))
+        ok = all(_record_cols(tape, src, 0, o2, d0) for src, d0 in ((x2, 0), (y2, x2.shape[1])))
         return out if ok else None
+
+
+def _record_cols(tape: Tape, src: np.ndarray, s0: int, dst: np.ndarray, d0: int) -> bool:
+    """dst[:, d0:] = src[:, s0:] (as many columns as dst takes) on the tape."""
+    n = min(src.shape[1] - s0, dst.shape[1] - d0)
+    return tape.emit(T.COLS, R.copy_cols, (src, s0, dst, d0, n), (tape.ref("f2", src), s0, tape.ref("f2", dst), d0, n))
 
 
 @kernel("set_rows")

@@ -50,8 +50,8 @@ def _kind(a: Any) -> Any:
 
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
-(GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, MOVE, CONCAT, CONV, SCAN,
- LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX) = range(20)
+(GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, MOVE, COLS, CONV, SCAN,
+ LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS) = range(21)
 
 
 @intrinsic
@@ -152,9 +152,9 @@ def player(n_lanes: int) -> Callable:
             elif op == MOVE:     # rows gathered (dst[i] = src[ids[i]]) or scattered: src, dst, ids, scatter
                 call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _i64(t, a[2]), a[3] != 0))
                 pc += 6
-            elif op == CONCAT:   # x rows, then y rows -> out rows
-                call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _f2(t, a[2])))
-                pc += 5
+            elif op == COLS:     # columns of rows copied: src, s0, dst, d0, n
+                call_at(at, (_f2(t, a[0]), a[1], _f2(t, a[2]), a[3], a[4]))
+                pc += 7
             elif op == CONV:     # Mamba's causal conv: sx, w, y
                 call_at(at, (_f3(t, a[0]), _f2(t, a[1]), _f3(t, a[2])))
                 pc += 5
@@ -180,6 +180,9 @@ def player(n_lanes: int) -> Callable:
             elif op == ROWS:     # activations as padded float32 rows for the float products: src, kind, out
                 call_at(at, (_f2r(t, a[0]), a[1], _f2(t, a[2])))
                 pc += 5
+            elif op == SHORT_DOTS:  # f16 rows shorter than a step, one x row: w by columns, x, k, out
+                call_at(at, (_f2(t, a[0]), _f1(t, a[1]), a[2], _f1(t, a[3])))
+                pc += 6
             elif op == PRODUCTS16 or op == PRODUCTS32:   # products of f16 / f32 weight rows with them
                 if op == PRODUCTS16:
                     call_at(at, (a[0], a[1], v, _u16r(t, a[2]), a[3], _f1(t, a[4]), a[5], a[6], a[7], a[8], a[9],

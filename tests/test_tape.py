@@ -54,9 +54,11 @@ def test_a_taped_generation_gives_the_bits_of_its_steps_run_from_python(tiny, mo
     assert np.array_equal(taped.view(np.uint32), plain.view(np.uint32))
 
 
-@pytest.mark.parametrize("family", ["rwkv6", "mamba2", "bert"])
-def test_a_taped_run_of_another_family_gives_the_bits_of_its_steps_run_from_python(tmp_path, monkeypatch, family):
-    m = load(str(write_model_gguf(tmp_path / f"{family}.gguf", make_tiny_preset(family), Q.F32)))
+@pytest.mark.parametrize("family, dtype", [("rwkv6", Q.F32), ("mamba2", Q.F32), ("bert", Q.F32),
+                                           ("mamba", Q.F16)])   # one sequence: F16 rows shorter than a step
+def test_a_taped_run_of_another_family_gives_the_bits_of_its_steps_run_from_python(tmp_path, monkeypatch, family,
+                                                                                   dtype):
+    m = load(str(write_model_gguf(tmp_path / f"{family}.gguf", make_tiny_preset(family), dtype)))
 
     def run() -> tuple[np.ndarray, list[Any]]:
         ctx, rows = m.new_context(n_ctx=64), []
@@ -86,6 +88,17 @@ def test_a_quantized_llamas_step_is_a_handful_of_steps(tiny):
     ctx.decode(Batch.one(7, 4))
     (plan,) = [p for k, p in ctx._plans.items() if dict(k[1])["n_tokens"] == 1]
     assert plan.lock is not None and len(plan.steps) <= 6
+
+
+def test_a_mamba_step_is_one_played_segment(tmp_path):
+    """Mamba's conv state (the last columns of conv_x, made contiguous) is on the tape too: a generation step is
+    the feeds' copy, the embedding's rows and one segment."""
+    ctx = load(str(write_model_gguf(tmp_path / "mamba.gguf", make_tiny_preset("mamba"), Q.F32))).new_context(n_ctx=64)
+    ctx.decode(Batch.from_tokens([3, 4, 5], 0))
+    for i in range(2):
+        ctx.decode(Batch.one(6 + i, 3 + i))
+    (plan,) = [p for k, p in ctx._plans.items() if dict(k[1])["n_tokens"] == 1]
+    assert plan.lock is not None and len(plan.steps) == 3
 
 
 def test_set_rows_into_f16_rounds_as_numpy():

@@ -324,6 +324,21 @@ def _tail_block(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, b, n0, n1
                 out[b, i, m0 + o + t] = lanes[t]
 
 
+@njit(**SER)
+def f16_short_dots(wt, x1, k, out):
+    """ggml_vec_dot_f16 of one x row with f16 rows shorter than one step of four registers (Mamba's dt_proj: 48
+    long): all of it is the scalar tail, sumf += (double)(w[c] * x[c]) in c order from 0, then float. Here for every
+    row at once from w laid out column by column (wt (k, m): the f16 values as float32, exact), the rows' chains
+    side by side in the lanes; each chain's additions in their order, so the bits are _vec_dot4's."""
+    acc = np.zeros(wt.shape[1], np.float64)
+    for c in range(k):
+        xc = x1[c]
+        for j in range(wt.shape[1]):
+            acc[j] += np.float64(wt[c, j] * xc)
+    for j in range(wt.shape[1]):
+        out[j] = F32(acc[j])
+
+
 def _products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, out):
     """out[b, n, m] = dot(w row (b // ratio) * wsb + m * wsm, x row b * xsb + n * xsn) over k elements; w1 and x1
     are flat rows of ldw / ldx elements (w: float32 or f16 bits; x: float32, already rounded to f16 where ggml

@@ -1,6 +1,6 @@
 """Row kernels a planned graph's tape runs where its Python steps take numpy: elementwise arithmetic of rows (a
 second operand of one row repeats; relu, square, negation, scaling), gathering, scattering and concatenating
-rows, and set_rows into an f16 cache (each row rounded to f16 as numpy's float32 -> float16 conversion does, NaN
+rows (and copying columns: concat, a strided view made contiguous), and set_rows into an f16 cache (each row rounded to f16 as numpy's float32 -> float16 conversion does, NaN
 payloads included). Each gives the bits numpy gives."""
 
 from __future__ import annotations
@@ -63,14 +63,12 @@ def move_rows(src, dst, ids, scatter):
 
 
 @njit(**SER)
-def concat_cols(x, y, out):
-    """out[r] = x[r] then y[r]."""
-    n = x.shape[1]
-    for r in range(out.shape[0]):
+def copy_cols(src, s0, dst, d0, n):
+    """dst[r, d0:d0 + n] = src[r, s0:s0 + n] for every row: one side of a concat, or a strided view's columns made
+    contiguous."""
+    for r in range(dst.shape[0]):
         for c in range(n):
-            out[r, c] = x[r, c]
-        for c in range(y.shape[1]):
-            out[r, n + c] = y[r, c]
+            dst[r, d0 + c] = src[r, s0 + c]
 
 
 @njit(cache=True, inline="always")
