@@ -22,8 +22,8 @@ from graphir.backends import tape as T
 from graphir.backends.kernels.attention import attention_mask, attention_over, open_prefix
 from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
-from graphir.backends.kernels.mul_mat import (VEC_F16, f16_short_dots, mul_mat, padding_call, product_mode,
-                                               products_call)
+from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, f16_short_dots, mul_mat, padding_call,
+                                               product_mode, products_call)
 from graphir.backends.kernels.norm import norm, norm_kernel, rms_norm, rms_norm_kernel, rms_norming
 from graphir.backends.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
                                                  ssm_scan_heads, ssm_scan_kernel)
@@ -161,6 +161,37 @@ def _record_float_product(tape: Tape, w: QWeight, x: np.ndarray, path: IsaPath) 
     if not tape.emit(T.PRODUCTS16 if f16 else T.PRODUCTS32, fn, a, ops):
         return None
     return out.reshape(x.shape[:-1] + (m,))
+
+
+def _record_activation_product(tape: Tape, w: np.ndarray, x: np.ndarray, path: IsaPath) -> np.ndarray | None:
+    """A product of two float32 activations (an encoder's KQ and KQV, heads as the batch) on the tape, as mul_mat
+    computes it: the path chosen by the same rule (a soft_max value's KV padding and contiguity), x's rows padded,
+    then the products. Only where mul_mat would copy neither operand's rows (q, k, v as permuted views of one
+    projection, or contiguous) and the fourth dim is 1."""
+    if not (isinstance(x, np.ndarray) and w.dtype == x.dtype == F32):
+        return None
+    contiguous, pad = hasattr(x, "kv_pad"), getattr(x, "kv_pad", 1)
+    r = max(w.ndim, x.ndim, 2)
+    w4, x4 = (a.reshape((1,) * (4 - a.ndim) + a.shape) for a in (w, x))
+    wa, xa = w4[0], x4[0]
+    if w4.shape[0] != 1 or x4.shape[0] != 1 or xa.shape[0] % wa.shape[0] or not all(
+            a.flags.c_contiguous or a.transpose(1, 0, 2).flags.c_contiguous for a in (wa, xa)):
+        return None
+    k, n, m = xa.shape[2], xa.shape[1], wa.shape[1]
+    kp = -(-k // pad) * pad
+    mode = product_mode(False, n, kp, path.lanes, contiguous, False)
+    xrows, xsb, xsn = as_rows(xa)
+    x1 = tape.arena((xrows.shape[0], -(-k // 64) * 64))
+    fn, (src, kd, _) = padding_call(xrows, 0, x1)
+    if not tape.emit(T.ROWS, fn, (src, kd, x1), (tape.ref("f2r", src), kd, tape.ref("f2", x1))):
+        return None
+    out = tape.arena(xa.shape[:-1] + (m,))
+    fn, a = products_call(wa, x1, xsb, xsn, k, kp, xa.shape[0] // wa.shape[0], mode, path, out)
+    ops = (a[0], a[1], tape.ref("f1r", a[3]), a[4], tape.ref("f1", a[5]), *a[6:14], int(a[14]), a[15],
+           tape.ref("f3", out))
+    if not tape.emit(T.PRODUCTS32, fn, a, ops):
+        return None
+    return out.reshape(x4.shape[4 - r:-1] + (m,))
 
 
 def _record_gemv(tape: Tape, gemv: Callable, packed: tuple[np.ndarray, ...], x: np.ndarray, out: np.ndarray) -> bool:
@@ -311,6 +342,8 @@ class _Product:
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
         w, x = args
+        if isinstance(w, np.ndarray):
+            return _record_activation_product(tape, w, x, self.path)
         if isinstance(w, QWeight) and w.float_rows() is not None and _rows_of(x):
             return _record_float_product(tape, w, x, self.path)
         call = w.gemv_call() if isinstance(w, QWeight) else None
@@ -687,11 +720,26 @@ class _Cont:
         if x.flags.c_contiguous:
             return x
         rows = _columns_of(x)
-        if rows is None:
-            return None
-        src, s0 = rows
         out = tape.arena(x.shape)
-        return out if _record_cols(tape, src, s0, out.reshape(src.shape[0], -1), 0) else None
+        if rows is not None:
+            src, s0 = rows
+            return out if _record_cols(tape, src, s0, out.reshape(src.shape[0], -1), 0) else None
+        return out if _record_strided(tape, x, out) else None
+
+
+def _record_strided(tape: Tape, x: np.ndarray, out: np.ndarray) -> bool:
+    """out = x, a view of up to three dims of a C-contiguous array (a permute), copied element by element."""
+    base = x
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    if x.ndim > 3 or not base.flags.c_contiguous or any(st % x.itemsize for st in x.strides):
+        return False
+    pad = 3 - x.ndim
+    shape, strides = (1,) * pad + x.shape, (0,) * pad + tuple(st // x.itemsize for st in x.strides)
+    flat, o3 = base.reshape(-1), out.reshape(shape)
+    off = (x.ctypes.data - base.ctypes.data) // x.itemsize
+    return tape.emit(T.STRIDED, R.strided_copy, (flat, off, *strides, o3), (tape.ref("f1", flat), off, *strides,
+                                                                            tape.ref("f3", o3)))
 
 
 def _columns_of(x: np.ndarray) -> tuple[np.ndarray, int] | None:

@@ -17,8 +17,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["fma", "hsum8", "hsum16", "hsum", "bits_f32", "bits_u32", "bits_f64", "bits_u64", "f16_round", "f16_bits",
-           "round_f16", "round_bf16"]
+__all__ = ["fma", "hsum8", "hsum16", "hsum", "bits_f32", "bits_u32", "bits_f64", "bits_u64", "half_bits", "f16_round",
+           "f16_bits", "round_f16", "round_bf16"]
 
 
 @intrinsic
@@ -86,6 +86,19 @@ def bits_u64(typingctx, f):
         return builder.bitcast(args[0], ir.IntType(64))
 
     return types.uint64(f), codegen
+
+
+@intrinsic
+def half_bits(typingctx, f):
+    """The bits of float16(f), rounded to nearest even (an fptrunc: F16C's vcvtps2ph on x86), as uint32."""
+    if f != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        h = builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return builder.zext(h, ir.IntType(32))
+
+    return types.uint32(f), codegen
 
 
 @njit(cache=True, inline="always")

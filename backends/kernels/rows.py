@@ -1,6 +1,6 @@
 """Row kernels a planned graph's tape runs where its Python steps take numpy: elementwise arithmetic of rows (a
 second operand of one row repeats; relu, square, negation, scaling), gathering, scattering and concatenating
-rows (and copying columns: concat, a strided view made contiguous), and set_rows into an f16 cache (each row rounded to f16 as numpy's float32 -> float16 conversion does, NaN
+rows (and copying columns: concat, a strided view made contiguous; or any strided view), and set_rows into an f16 cache (each row rounded to f16 as numpy's float32 -> float16 conversion does, NaN
 payloads included). Each gives the bits numpy gives."""
 
 from __future__ import annotations
@@ -69,6 +69,17 @@ def copy_cols(src, s0, dst, d0, n):
     for r in range(dst.shape[0]):
         for c in range(n):
             dst[r, d0 + c] = src[r, s0 + c]
+
+
+@njit(**SER)
+def strided_copy(src, off, s0, s1, s2, out):
+    """out[i, j, k] = src[off + i*s0 + j*s1 + k*s2]: a permuted or strided view (its strides in elements, of the
+    flat array it is a window of) made contiguous."""
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            b = off + i * s0 + j * s1
+            for k in range(out.shape[2]):
+                out[i, j, k] = src[b + k * s2]
 
 
 @njit(cache=True, inline="always")
