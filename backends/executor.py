@@ -26,7 +26,7 @@ from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, f16_short_dots, 
                                                product_mode, products_call)
 from graphir.backends.kernels.norm import norm, norm_kernel, rms_norm, rms_norm_kernel, rms_norming
 from graphir.backends.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
-                                                 ssm_scan_heads, ssm_scan_kernel)
+                                                 ssm_scan_heads, ssm_scan_kernel, wkv6_kernel)
 from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
 from graphir.backends.kernels import rows as R
 from graphir.backends.kernels.softmax import KV_PAD, exp_head, mask_rows, probabilities, soft_max, soft_max_kernel
@@ -163,35 +163,39 @@ def _record_float_product(tape: Tape, w: QWeight, x: np.ndarray, path: IsaPath) 
     return out.reshape(x.shape[:-1] + (m,))
 
 
-def _record_activation_product(tape: Tape, w: np.ndarray, x: np.ndarray, path: IsaPath) -> np.ndarray | None:
-    """A product of two float32 activations (an encoder's KQ and KQV, heads as the batch) on the tape, as mul_mat
-    computes it: the path chosen by the same rule (a soft_max value's KV padding and contiguity), x's rows padded,
-    then the products. Only where mul_mat would copy neither operand's rows (q, k, v as permuted views of one
-    projection, or contiguous) and the fourth dim is 1."""
+def _record_activation_product(tape: Tape, w: np.ndarray, x: np.ndarray, path: IsaPath,
+                               contiguous: bool | None = None) -> np.ndarray | None:
+    """A product of two float32 arrays (an encoder's KQ and KQV, heads as the batch; RWKV6's LoRA stack) on the
+    tape, as mul_mat computes it: the path chosen by the same rule (a soft_max value's KV padding and contiguity),
+    x's rows padded, then the products, for each index of the fourth dim. Only where mul_mat would copy neither
+    operand's rows (contiguous, or q, k, v as permuted views of one projection)."""
     if not (isinstance(x, np.ndarray) and w.dtype == x.dtype == F32):
         return None
-    contiguous, pad = hasattr(x, "kv_pad"), getattr(x, "kv_pad", 1)
+    if contiguous is None:
+        contiguous = hasattr(x, "kv_pad")
+    pad = getattr(x, "kv_pad", 1)
     r = max(w.ndim, x.ndim, 2)
     w4, x4 = (a.reshape((1,) * (4 - a.ndim) + a.shape) for a in (w, x))
-    wa, xa = w4[0], x4[0]
-    if w4.shape[0] != 1 or x4.shape[0] != 1 or xa.shape[0] % wa.shape[0] or not all(
-            a.flags.c_contiguous or a.transpose(1, 0, 2).flags.c_contiguous for a in (wa, xa)):
+    if x4.shape[0] % w4.shape[0] or x4.shape[1] % w4.shape[1] or not all(
+            a.flags.c_contiguous or a.transpose(1, 0, 2).flags.c_contiguous for v in (w4, x4) for a in v):
         return None
-    k, n, m = xa.shape[2], xa.shape[1], wa.shape[1]
+    k, n, m = x4.shape[3], x4.shape[2], w4.shape[2]
     kp = -(-k // pad) * pad
     mode = product_mode(False, n, kp, path.lanes, contiguous, False)
-    xrows, xsb, xsn = as_rows(xa)
-    x1 = tape.arena((xrows.shape[0], -(-k // 64) * 64))
-    fn, (src, kd, _) = padding_call(xrows, 0, x1)
-    if not tape.emit(T.ROWS, fn, (src, kd, x1), (tape.ref("f2r", src), kd, tape.ref("f2", x1))):
-        return None
-    out = tape.arena(xa.shape[:-1] + (m,))
-    fn, a = products_call(wa, x1, xsb, xsn, k, kp, xa.shape[0] // wa.shape[0], mode, path, out)
-    ops = (a[0], a[1], tape.ref("f1r", a[3]), a[4], tape.ref("f1", a[5]), *a[6:14], int(a[14]), a[15],
-           tape.ref("f3", out))
-    if not tape.emit(T.PRODUCTS32, fn, a, ops):
-        return None
-    return out.reshape(x4.shape[4 - r:-1] + (m,))
+    out = tape.arena(x4.shape[:-1] + (m,))
+    for a in range(x4.shape[0]):
+        wa, xa = w4[a // (x4.shape[0] // w4.shape[0])], x4[a]
+        xrows, xsb, xsn = as_rows(xa)
+        x1 = tape.arena((xrows.shape[0], -(-k // 64) * 64))
+        fn, (src, kd, _) = padding_call(xrows, 0, x1)
+        if not tape.emit(T.ROWS, fn, (src, kd, x1), (tape.ref("f2r", src), kd, tape.ref("f2", x1))):
+            return None
+        fn, c = products_call(wa, x1, xsb, xsn, k, kp, xa.shape[0] // wa.shape[0], mode, path, out[a])
+        ops = (c[0], c[1], tape.ref("f1r", c[3]), c[4], tape.ref("f1", c[5]), *c[6:14], int(c[14]), c[15],
+               tape.ref("f3", out[a]))
+        if not tape.emit(T.PRODUCTS32, fn, c, ops):
+            return None
+    return out.reshape(out.shape[4 - r:])
 
 
 def _record_gemv(tape: Tape, gemv: Callable, packed: tuple[np.ndarray, ...], x: np.ndarray, out: np.ndarray) -> bool:
@@ -318,9 +322,24 @@ def _mul_mat_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[.
     w, x = n.inputs
     if w.op == "weight" and len(w.shape) == 3:  # a stack of matrices (MLA's per-head k_b, v_b): held dense; ggml
         # may take tinyBLAS for it where the activations are contiguous (not a permuted or strided view)
-        fresh = x.op not in ("permute", "transpose", "view")
-        return lambda env, w, x: _mul_mat(w, x, path, contiguous=fresh)
+        return _StackProduct(path, x.op not in ("permute", "transpose", "view"))
     return _Product(path)
+
+
+class _StackProduct:
+    """mul_mat of a stack of matrices (MLA's k_b and v_b, RWKV6's LoRA w2) by x; ``contiguous``: whether ggml sees
+    x contiguous (not a permuted or strided view), which may give tinyBLAS its path."""
+
+    def __init__(self, path: IsaPath, contiguous: bool):
+        self.path, self.contiguous = path, contiguous
+
+    def __call__(self, env: Env, w: Any, x: np.ndarray) -> np.ndarray:
+        return _mul_mat(w, x, self.path, contiguous=self.contiguous)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        w, x = args
+        return _record_activation_product(tape, w, x, self.path, self.contiguous) if isinstance(w, np.ndarray) \
+            else None
 
 
 class _Product:
@@ -902,8 +921,35 @@ def _ssm_scan_heads(n: Node, memo: threading.local, path: IsaPath) -> Callable[.
 
 @kernel("rwkv_wkv6")
 def _rwkv_wkv6(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    first = _dense_kept()
-    return lambda env, k, v, r, tf, td, state: rwkv_wkv6(k, v, r, first(tf), td, state)
+    return _Wkv6()
+
+
+class _Wkv6:
+    def __init__(self) -> None:
+        self.first = _dense_kept()
+
+    def __call__(self, env: Env, k: np.ndarray, v: np.ndarray, r: np.ndarray, tf: Any, td: np.ndarray,
+                 state: np.ndarray) -> np.ndarray:
+        return rwkv_wkv6(k, v, r, self.first(tf), td, state)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """wkv6 on the tape: its result, the outputs then the final states, one arena array (as ggml's)."""
+        k, v, r, tf, td, state = args[0], args[1], args[2], self.first(args[3]), args[4], args[5]
+        if not _rows_of(k, v, r, td, state) or not isinstance(tf, np.ndarray) or tf.ndim != 2:
+            return None
+        tf = tf if tf.flags.writeable and tf.flags.c_contiguous and tf.dtype == F32 else tape.constant(
+            np.ascontiguousarray(tf, F32))
+        n_head, hs = tf.shape
+        k, v, r, td = (a.reshape(-1, n_head, hs) for a in (k, v, r, td))
+        n_seqs = state.shape[0]
+        out = tape.arena((k.shape[0] + hs * n_seqs, n_head * hs))
+        flat = out.reshape(-1)
+        y, st = flat[:k.size].reshape(k.shape), flat[k.size:].reshape(n_seqs * n_head, hs, hs)
+        s0 = state.reshape(n_seqs * n_head, hs, hs)
+        args4 = (k, v, r, tf, td, s0.reshape(n_seqs, n_head, hs, hs), y, st.reshape(n_seqs, n_head, hs, hs))
+        ops = (*(tape.ref("f3", a) for a in (k, v, r)), tape.ref("f2", tf), tape.ref("f3", td), tape.ref("f3", s0),
+               tape.ref("f3", y), tape.ref("f3", st), n_seqs)
+        return out if tape.emit(T.WKV6, wkv6_kernel(), args4, ops) else None
 
 
 @kernel("gated_delta_net")
@@ -1325,7 +1371,8 @@ class Program:
                 x = known.get(ins[0])
                 if fused and isinstance(x, np.ndarray):
                     y = window(x)
-                    if np.may_share_memory(x, y):  # not a copy (numpy copies some reshapes of strided arrays)
+                    if y.size == 0 or np.may_share_memory(x, y):  # not a copy (numpy copies some reshapes of
+                        # strided arrays); an empty view (a one-token batch's previous tokens) shares nothing
                         if tape is not None and x.flags.writeable:  # a tape's kernels take writable rows
                             y.flags.writeable = True
                         known[out] = y

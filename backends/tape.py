@@ -51,7 +51,7 @@ def _kind(a: Any) -> Any:
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
 (GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, MOVE, COLS, CONV, SCAN,
- LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED) = range(22)
+ LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6) = range(23)
 
 
 @intrinsic
@@ -183,6 +183,12 @@ def player(n_lanes: int) -> Callable:
             elif op == STRIDED:  # a strided view copied: flat src, offset, three strides, out
                 call_at(at, (_f1(t, a[0]), a[1], a[2], a[3], a[4], _f3(t, a[5])))
                 pc += 8
+            elif op == WKV6:     # RWKV6's wkv: k, v, r, time_first, decay, states, y, new states (as 3-D), n_seqs
+                s0, st = _f3(t, a[5]), _f3(t, a[7])
+                shape = (a[8], s0.shape[0] // a[8], s0.shape[1], s0.shape[2])
+                call_at(at, (_f3(t, a[0]), _f3(t, a[1]), _f3(t, a[2]), _f2(t, a[3]), _f3(t, a[4]), s0.reshape(shape),
+                             _f3(t, a[6]), st.reshape(shape)))
+                pc += 11
             elif op == SHORT_DOTS:  # f16 rows shorter than a step, one x row: w by columns, x, k, out
                 call_at(at, (_f2(t, a[0]), _f1(t, a[1]), a[2], _f1(t, a[3])))
                 pc += 6

@@ -90,10 +90,13 @@ def test_a_quantized_llamas_step_is_a_handful_of_steps(tiny):
     assert plan.lock is not None and len(plan.steps) <= 6
 
 
-def test_a_mamba_step_is_one_played_segment(tmp_path):
-    """Mamba's conv state (the last columns of conv_x, made contiguous) is on the tape too: a generation step is
-    the feeds' copy, the embedding's rows and one segment."""
-    ctx = load(str(write_model_gguf(tmp_path / "mamba.gguf", make_tiny_preset("mamba"), Q.F32))).new_context(n_ctx=64)
+@pytest.mark.parametrize("family", ["mamba", "rwkv6"])
+def test_a_recurrent_step_is_one_played_segment(tmp_path, family):
+    """Mamba's conv state (the last columns of conv_x, made contiguous), RWKV6's wkv, its LoRA stack's products
+    and its empty views of a one-token batch's previous tokens are on the tape too: a generation step is the feeds'
+    copy, the embedding's rows and one segment."""
+    path = write_model_gguf(tmp_path / f"{family}.gguf", make_tiny_preset(family), Q.F32)
+    ctx = load(str(path)).new_context(n_ctx=64)
     ctx.decode(Batch.from_tokens([3, 4, 5], 0))
     for i in range(2):
         ctx.decode(Batch.one(6 + i, 3 + i))

@@ -265,6 +265,12 @@ def _wkv6(k, v, r, tf, td, s0, out, st):
                         st[s, h, i, j] = fma(prev, di, kv)
 
 
+def wkv6_kernel() -> Callable:
+    """rwkv_wkv6's kernel, (k, v, r, time_first, decay, states, y, new states), rwkv_wkv6's shapes (states
+    (n_seqs, n_head, hs, hs)), each C-contiguous float32."""
+    return _wkv6
+
+
 def rwkv_wkv6(k: np.ndarray, v: np.ndarray, r: np.ndarray, time_first: np.ndarray, decay: np.ndarray,
               state: np.ndarray) -> np.ndarray:
     """RWKV6 linear attention. k, v, r, decay (n_tok, n_head, hs), sequence-major (n_tok / n_seqs tokens a
