@@ -881,7 +881,7 @@ class _SsmConv:
             return None
         sx3 = sx.reshape((-1,) + sx.shape[-2:])
         y = tape.arena((sx3.shape[0], sx3.shape[2] - w.shape[1] + 1, sx3.shape[1]))
-        ok = tape.emit(T.CONV, ssm_conv_kernel(), (sx3, w, y), (tape.ref("f3", sx3), tape.ref("f2", w),
+        ok = tape.emit(T.CONV, ssm_conv_kernel(y.size), (sx3, w, y), (tape.ref("f3", sx3), tape.ref("f2", w),
                                                                  tape.ref("f3", y)))
         return y if ok else None
 

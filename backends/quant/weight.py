@@ -15,6 +15,7 @@ from typing import Callable
 import gguf
 import numpy as np
 
+from graphir.backends.kernels.jit import PAR_MIN
 from graphir.backends.quant.activation import ACT
 from graphir.backends.quant.blocks import (
     deq_bf16, deq_f16, deq_f32, deq_mxfp4, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_0, deq_q5_k, deq_q6_k, deq_q8_0,
@@ -217,7 +218,10 @@ class QWeight:
             out = np.empty((ids.size, self.ne0), _F32)
         elif out.shape != (ids.size, self.ne0) or out.dtype != _F32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous float32 {(ids.size, self.ne0)}, got {out.dtype} {out.shape}")
-        if self._packed is not None and self._kind.pack is None:
+        floats = self.float_rows()
+        if floats is not None and ids.size * self.ne0 < PAR_MIN:   # a few rows (a token's embedding): numpy's
+            out[...] = floats[ids]                                   # copy, without waking the worker threads
+        elif self._packed is not None and self._kind.pack is None:
             self._kind.deq(*self._packed, ids, self._inv, out)
         else:                                                  # never multiplied: repack just these rows
             self._kind.deq(*self._repack(self.raw[ids]), np.arange(ids.size), self._inv, out)
