@@ -742,7 +742,9 @@ class _Cont:
         out = tape.arena(x.shape)
         if rows is not None:
             src, s0 = rows
-            return out if _record_cols(tape, src, s0, out.reshape(src.shape[0], -1), 0) else None
+            o2 = out.reshape(src.shape[0], -1)
+            ok = tape.emit(T.COLS, R.copy_cols, (src, s0, o2), (tape.ref("f2", src), s0, tape.ref("f2", o2)))
+            return out if ok else None
         return out if _record_strided(tape, x, out) else None
 
 
@@ -805,14 +807,9 @@ class _Concat:
         out = tape.arena(x.shape[:ax] + (x.shape[ax] + y.shape[ax],) + x.shape[ax + 1:])
         rows = math.prod(x.shape[:ax])
         x2, y2, o2 = x.reshape(rows, -1), y.reshape(rows, -1), out.reshape(rows, -1)
-        ok = all(_record_cols(tape, src, 0, o2, d0) for src, d0 in ((x2, 0), (y2, x2.shape[1])))
+        ok = tape.emit(T.CONCAT, R.concat_cols, (x2, y2, o2), (tape.ref("f2", x2), tape.ref("f2", y2),
+                                                                tape.ref("f2", o2)))
         return out if ok else None
-
-
-def _record_cols(tape: Tape, src: np.ndarray, s0: int, dst: np.ndarray, d0: int) -> bool:
-    """dst[:, d0:] = src[:, s0:] (as many columns as dst takes) on the tape."""
-    n = min(src.shape[1] - s0, dst.shape[1] - d0)
-    return tape.emit(T.COLS, R.copy_cols, (src, s0, dst, d0, n), (tape.ref("f2", src), s0, tape.ref("f2", dst), d0, n))
 
 
 @kernel("set_rows")

@@ -50,8 +50,8 @@ def _kind(a: Any) -> Any:
 
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
-(GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, MOVE, COLS, CONV, SCAN,
- LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6) = range(23)
+(GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, MOVE, CONCAT, CONV, SCAN,
+ LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6, COLS) = range(24)
 
 
 @intrinsic
@@ -152,9 +152,12 @@ def player(n_lanes: int) -> Callable:
             elif op == MOVE:     # rows gathered (dst[i] = src[ids[i]]) or scattered: src, dst, ids, scatter
                 call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _i64(t, a[2]), a[3] != 0))
                 pc += 6
-            elif op == COLS:     # columns of rows copied: src, s0, dst, d0, n
-                call_at(at, (_f2(t, a[0]), a[1], _f2(t, a[2]), a[3], a[4]))
-                pc += 7
+            elif op == CONCAT:   # x rows, then y rows -> out rows
+                call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _f2(t, a[2])))
+                pc += 5
+            elif op == COLS:     # columns of rows copied: src, s0, dst
+                call_at(at, (_f2(t, a[0]), a[1], _f2(t, a[2])))
+                pc += 5
             elif op == CONV:     # Mamba's causal conv: sx, w, y
                 call_at(at, (_f3(t, a[0]), _f2(t, a[1]), _f3(t, a[2])))
                 pc += 5
