@@ -74,7 +74,7 @@ def _ssm_scan(s0, x, dt, A, B, C, y, st):
     d = softplus(dt) = dt > 20 ? dt : logf(1 + expf(dt)); x_dt = x * d; for each state n in order:
     state = s * expf(d * A) + B * x_dt (the first product fused), y = fma(state, C, y) from 0. expf and logf are
     glibc's, written out (libm_expf, libm_logf) so that the softplus of every channel and the states' update
-    vectorize: 72 -> 30 us a layer of Mamba-130M's sizes for one token here."""
+    vectorize: 72 -> 24 us a layer of Mamba-130M's sizes for one token here."""
     n_seqs, n_tok, d_inner = x.shape
     d_state = A.shape[1]
     soft = np.empty(x.shape, np.float32)
@@ -86,13 +86,15 @@ def _ssm_scan(s0, x, dt, A, B, C, y, st):
                 soft[s, t, c] = p if d <= _SOFTPLUS_MAX else d
     for c in prange(d_inner):
         for s in range(n_seqs):
-            for n in range(d_state):
-                st[s, c, n] = s0[s, c, n]
+            if n_tok == 0:                                 # no token: the states stay
+                for n in range(d_state):
+                    st[s, c, n] = s0[s, c, n]
             for t in range(n_tok):
                 d = soft[s, t, c]
                 x_dt = x[s, t, c] * d
+                prev = s0 if t == 0 else st              # the first token reads the states it starts from
                 for n in range(d_state):
-                    st[s, c, n] = fma(st[s, c, n], libm_expf(d * A[c, n]), B[s, t, n] * x_dt)
+                    st[s, c, n] = fma(prev[s, c, n], libm_expf(d * A[c, n]), B[s, t, n] * x_dt)
                 acc = _ZERO
                 for n in range(d_state):
                     acc = fma(st[s, c, n], C[s, t, n], acc)
