@@ -92,9 +92,12 @@ def _ssm_scan(s0, x, dt, A, B, C, y, st):
             for t in range(n_tok):
                 d = soft[s, t, c]
                 x_dt = x[s, t, c] * d
-                prev = s0 if t == 0 else st              # the first token reads the states it starts from
-                for n in range(d_state):
-                    st[s, c, n] = fma(prev[s, c, n], libm_expf(d * A[c, n]), B[s, t, n] * x_dt)
+                if t == 0:                               # the first token reads the states it starts from
+                    for n in range(d_state):
+                        st[s, c, n] = fma(s0[s, c, n], libm_expf(d * A[c, n]), B[s, t, n] * x_dt)
+                else:
+                    for n in range(d_state):
+                        st[s, c, n] = fma(st[s, c, n], libm_expf(d * A[c, n]), B[s, t, n] * x_dt)
                 acc = _ZERO
                 for n in range(d_state):
                     acc = fma(st[s, c, n], C[s, t, n], acc)
