@@ -11,6 +11,7 @@ callers' caches (__pycache__/*.nbi, *.nbc under backends/) or they keep the old 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from llvmlite import ir
@@ -52,40 +53,24 @@ def bits_f32(typingctx, i):
     return types.float32(i), codegen
 
 
-@intrinsic
-def bits_u32(typingctx, f):
-    """The bit pattern of the float32 f, as uint32 (a bitcast)."""
-    if f != types.float32:
-        return None
+def _bitcast(src: types.Type, dst: types.Type, dst_ir: ir.Type, doc: str) -> Any:
+    """An intrinsic reinterpreting a value of type src as one of type dst (same width: a bitcast)."""
+    def bits(typingctx, v):  # type: ignore[no-untyped-def]
+        if v != src:
+            return None
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            return builder.bitcast(args[0], dst_ir)
 
-    return types.uint32(f), codegen
+        return dst(v), codegen
 
-
-@intrinsic
-def bits_f64(typingctx, i):
-    """The float64 whose bit pattern is the 64-bit integer i (a bitcast)."""
-    if not (isinstance(i, types.Integer) and i.bitwidth == 64):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return types.float64(i), codegen
+    bits.__doc__ = doc
+    return intrinsic(bits)
 
 
-@intrinsic
-def bits_u64(typingctx, f):
-    """The bit pattern of the float64 f, as uint64 (a bitcast)."""
-    if f != types.float64:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64))
-
-    return types.uint64(f), codegen
+bits_u32 = _bitcast(types.float32, types.uint32, ir.IntType(32), "The bit pattern of a float32, as uint32.")
+bits_u64 = _bitcast(types.float64, types.uint64, ir.IntType(64), "The bit pattern of a float64, as uint64.")
+bits_f64 = _bitcast(types.uint64, types.float64, ir.DoubleType(), "The float64 of a uint64's bit pattern.")
 
 
 @intrinsic
