@@ -767,7 +767,7 @@ def _columns_of(x: np.ndarray) -> tuple[np.ndarray, int] | None:
     """(rows, s0) where x (n, ..., k) is rows[:, s0:s0 + k] of a C-contiguous 2-D view of the array it is a window
     of, x's leading axes flattened; None where it is not."""
     item, shape, strides = x.itemsize, x.shape, x.strides
-    if x.ndim < 2 or strides[-1] != item or strides[-2] % item or any(
+    if x.ndim < 2 or strides[-1] != item or strides[-2] <= 0 or strides[-2] % item or any(
             strides[i] != strides[i + 1] * shape[i + 1] for i in range(x.ndim - 2)):
         return None
     base = x

@@ -1,9 +1,10 @@
-"""The two exps llama.cpp's CPU code takes, one lane at a time, so that loops of them vectorize.
+"""The exps llama.cpp's CPU code takes, and glibc's logf, one lane at a time, so that loops of them vectorize.
 
 ggml_v_expf, what its SiLU and soft_max use: a range reduction to 2^n, a degree-5 polynomial and the power put
 back, as vec.h writes it for AVX-512 (scalef) and for AVX2 (split), selected by isa.EXPF_*.
-libm_expf, glibc's expf (2.28 and later, its FMA variant), what ggml's scalar loops call (Mamba's scan): up to
-~1.5 ulp from ggml_v_expf.
+libm_expf and libm_logf, glibc's expf and logf (2.28 and later, their FMA variants), what ggml's scalar loops
+call (Mamba's scan and its softplus): libm_expf is up to ~1.5 ulp from ggml_v_expf. On another C library they
+are not its functions, and tests/test_numerics.py says so.
 """
 
 from __future__ import annotations
