@@ -308,6 +308,38 @@ def vfold_halves(typingctx, a, b):
     return a(a, b), codegen
 
 
+@intrinsic
+def vfold_blocks(typingctx, a, b, h):
+    """Each block of 2h lanes folded, its high h lanes added onto its low h, a's blocks then b's: one step of a
+    horizontal sum for several registers at once (h a constant: n / 2 is vfold_halves, 1 is vpairadd)."""
+    if not (isinstance(a, F32Vec) and a == b and isinstance(h, types.IntegerLiteral)):
+        return None
+    k = h.literal_value
+
+    def codegen(context, builder, sig, args):
+        n, i32 = a.n, ir.IntType(32)
+        starts = range(0, 2 * n, 2 * k)
+        low = [s + i for s in starts for i in range(k)]
+        high = [s + k + i for s in starts for i in range(k)]
+        lo = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(i32, n), low))
+        hi = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(i32, n), high))
+        return builder.fadd(lo, hi)
+
+    return a(a, b, h), codegen
+
+
+@intrinsic
+def vlane(typingctx, v, i):
+    """Lane i of v."""
+    if not (isinstance(v, F32Vec) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], args[1])
+
+    return types.float32(v, i), codegen
+
+
 def _spreading(each: int, doc: str):  # type: ignore[no-untyped-def]
     """An intrinsic spread(proto, arr, idx): a register of n lanes from the n / each floats arr[idx:] (float32,
     1-D), each repeated in ``each`` consecutive lanes."""
@@ -448,6 +480,17 @@ def vhadd_sums8(s0, s1, s2, s3, s4, s5, s6, s7):
     order: the halves folded, then two rounds of neighbour sums (what _mm_hadd_ps adds, for eight rows at once)."""
     return vpairadd(vpairadd(vfold_halves(s0, s1), vfold_halves(s2, s3)),
                     vpairadd(vfold_halves(s4, s5), vfold_halves(s6, s7)))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def vhsums16(r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15):
+    """Sixteen 16-lane registers' sums in vhsum's order (high half onto low, then quarters, then pairs), as one
+    register, lane k register k's: the same additions, four rounds of two shuffles and an add for all of them."""
+    a0, a1, a2, a3 = vfold_blocks(r0, r1, 8), vfold_blocks(r2, r3, 8), vfold_blocks(r4, r5, 8), vfold_blocks(r6, r7, 8)
+    a4, a5 = vfold_blocks(r8, r9, 8), vfold_blocks(r10, r11, 8)
+    a6, a7 = vfold_blocks(r12, r13, 8), vfold_blocks(r14, r15, 8)
+    b0, b1, b2, b3 = vfold_blocks(a0, a1, 4), vfold_blocks(a2, a3, 4), vfold_blocks(a4, a5, 4), vfold_blocks(a6, a7, 4)
+    return vfold_blocks(vfold_blocks(b0, b1, 2), vfold_blocks(b2, b3, 2), 1)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
