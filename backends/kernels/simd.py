@@ -21,7 +21,8 @@ from numba.extending import NativeValue, intrinsic, models, register_model, type
 
 __all__ = ["Lanes", "lanes", "vzero", "vsplat", "vsplat_at", "vload", "vload_part", "vstore", "vfma", "vadd", "vsub",
            "vmul", "vpairadd", "vfold_halves", "vhadd_sum", "vhadd_sums8", "vhsum", "vhsum8_at", "vhsum8_halves",
-           "vreduce4", "vspread", "vspread4", "width", "as_f32", "element_ptr", "prefetch"]
+           "vreduce4", "vspread", "vspread4", "width", "as_f32", "element_ptr", "prefetch", "vfold_blocks", "vlane",
+           "vhsums16"]
 
 
 class F32Vec(types.Type):
