@@ -1179,13 +1179,14 @@ class Plan(NamedTuple):
     steps: list[tuple[Callable[..., Any], int, tuple[int, ...], tuple[int, ...]]]
     labels: dict[int, str]
     run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None  # the steps as one function of the feeds
-    lock: threading.Lock | None        # a plan with a tape: its arena serves one run at a time, and its outputs
-                                       # are copied out (the next run writes over the arena)
+    lock: threading.Lock | None        # a plan with a tape: its arena serves one run at a time
     tapes: bool                        # made without the tape it would have: its next run makes it with one
+    copied: frozenset[str]             # the outputs a run copies out: a tape's (the next run writes over its
+                                       # arena), not a memory's buffers written in place
 
 
 def _straight_line(steps: list[Step], known: dict[int, Any], feeds: list[tuple[int, str]], outputs: dict[str, int],
-                   copy: bool) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+                   copied: frozenset[str]) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
     """The steps as one Python function of the feeds, a call per step on local variables (v<slot>; a value known
     before the run is a constant, k<slot>), each deleted after its last reader: what a run does, without the
     interpreting loop's indexing and bookkeeping around every step. Its source is kept as ``run.source``."""
@@ -1201,7 +1202,7 @@ def _straight_line(steps: list[Step], known: dict[int, Any], feeds: list[tuple[i
         gone.update(dead)
         if dead:
             lines.append("    del " + ", ".join(names[j] for j in dead))
-    lines.append("    return {" + ", ".join(f"{role!r}: {names[i]}{'.copy()' if copy else ''}"
+    lines.append("    return {" + ", ".join(f"{role!r}: {names[i]}{'.copy()' if role in copied else ''}"
                                        for role, i in outputs.items()) + "}")
     source = "\n".join(lines) + "\n"
     code = _compiled(source)
@@ -1406,9 +1407,12 @@ class Program:
                 steps.append((tape.segment(), -1, (), ()))
             if fed or tape.before:
                 steps.insert(0, (partial(_before_tape, tape, list(fed.values())), -1, tuple(fed), ()))
+        held_ids = {id(a) for a in held.values()}
+        copied = frozenset(role for role, i in self.outputs.items()
+                           if tape is not None and id(known.get(i)) not in held_ids)
         return Plan(list(known.items()), feeds, steps, self.labels if fused else {},
-                    _straight_line(steps, known, feeds, self.outputs, tape is not None) if fused else None,
-                    threading.Lock() if tape is not None else None, small and tape is None)
+                    _straight_line(steps, known, feeds, self.outputs, copied) if fused else None,
+                    threading.Lock() if tape is not None else None, small and tape is None, copied)
 
     def _values_bytes(self, env: Env) -> int:
         """The bytes of the values the steps make for this binding (not windows, nor what is written in place)."""
@@ -1473,5 +1477,4 @@ class Program:
                 taps[self.names[out]] = np.array(vals[out])
             for j in free:
                 vals[j] = None
-        taped = plan.lock is not None   # outputs in the arena, or (from Python steps) maybe windows of it
-        return {role: vals[i].copy() if taped else vals[i] for role, i in self.outputs.items()}
+        return {role: vals[i].copy() if role in plan.copied else vals[i] for role, i in self.outputs.items()}
