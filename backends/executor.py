@@ -22,8 +22,8 @@ from graphir.backends import tape as T
 from graphir.backends.kernels.attention import attention_mask, attention_over, open_prefix
 from graphir.backends.kernels.jit import kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
-from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, f16_short_dots, mul_mat, padding_call,
-                                               product_mode, products_call)
+from graphir.backends.kernels.mul_mat import (VEC_F16, VEC_F32, as_rows, f16_short_dots, f32_short_dots, mul_mat,
+                                               padding_call, product_mode, products_call)
 from graphir.backends.kernels.norm import norm, norm_kernel, rms_norm, rms_norm_kernel, rms_norming
 from graphir.backends.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
                                                  ssm_scan_heads, ssm_scan_kernel, wkv6_kernel)
@@ -190,6 +190,15 @@ def _record_activation_product(tape: Tape, w: np.ndarray, x: np.ndarray, path: I
         fn, (src, kd, _) = padding_call(xrows, 0, x1)
         if not tape.emit(T.ROWS, fn, (src, kd, x1), (tape.ref("f2r", src), kd, tape.ref("f2", x1))):
             return None
+        if mode == VEC_F32 and kp < 4 * path.lanes and xa.shape[:2] == (1, 1) and not wa.flags.writeable:
+            # one row of x by a weight's rows all scalar tail (a read-only operand is a weight: the tape's values
+            # and a memory's buffers are writable), laid out by columns once here
+            wt, x0, o0 = np.ascontiguousarray(wa[0].T), x1.reshape(-1), out[a].reshape(-1)
+            cut = min(k, kp // (path.lanes // 2) * (path.lanes // 2))
+            if not tape.emit(T.SHORT_DOTS32, f32_short_dots, (wt, x0, k, cut, o0),
+                             (tape.ref("f2", wt), tape.ref("f1", x0), k, cut, tape.ref("f1", o0))):
+                return None
+            continue
         fn, c = products_call(wa, x1, xsb, xsn, k, kp, xa.shape[0] // wa.shape[0], mode, path, out[a])
         ops = (c[0], c[1], tape.ref("f1r", c[3]), c[4], tape.ref("f1", c[5]), *c[6:14], int(c[14]), c[15],
                tape.ref("f3", out[a]))

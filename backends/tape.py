@@ -51,7 +51,7 @@ def _kind(a: Any) -> Any:
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
 (GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, MOVE, CONCAT, CONV, SCAN,
- LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6, COLS) = range(24)
+ LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6, COLS, SHORT_DOTS32) = range(25)
 
 
 @intrinsic
@@ -195,6 +195,9 @@ def player(n_lanes: int) -> Callable:
             elif op == SHORT_DOTS:  # f16 rows shorter than a step, one x row: w by columns, x, k, out
                 call_at(at, (_f2(t, a[0]), _f1(t, a[1]), a[2], _f1(t, a[3])))
                 pc += 6
+            elif op == SHORT_DOTS32:  # f32 ones: w by columns, x, k, the products added unfused up to, out
+                call_at(at, (_f2(t, a[0]), _f1(t, a[1]), a[2], a[3], _f1(t, a[4])))
+                pc += 7
             elif op == PRODUCTS16 or op == PRODUCTS32:   # products of f16 / f32 weight rows with them
                 if op == PRODUCTS16:
                     call_at(at, (a[0], a[1], v, _u16r(t, a[2]), a[3], _f1(t, a[4]), a[5], a[6], a[7], a[8], a[9],

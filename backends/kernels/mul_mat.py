@@ -343,6 +343,24 @@ def f16_short_dots(wt, x1, k, out):
         out[j] = F32(acc[j])
 
 
+@njit(**SER)
+def f32_short_dots(wt, x1, k, cut, out):
+    """ggml_vec_dot_f32 of one x row with f32 rows shorter than one step of four registers (RWKV6's LoRA: 32
+    long): all of it is the scalar tail as GCC vectorizes it (_tail_block's chains): products added in order up to
+    ``cut``, fused after. Here for every row at once from w laid out column by column (wt (k, m)), the rows'
+    chains side by side in the lanes, with no block to lay out per call."""
+    for j in range(wt.shape[1]):
+        out[j] = F32(0.0)
+    for c in range(cut):
+        xc = x1[c]
+        for j in range(wt.shape[1]):
+            out[j] = out[j] + wt[c, j] * xc
+    for c in range(cut, k):
+        xc = x1[c]
+        for j in range(wt.shape[1]):
+            out[j] = fma(wt[c, j], xc, out[j])
+
+
 def _products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, out):
     """out[b, n, m] = dot(w row (b // ratio) * wsb + m * wsm, x row b * xsb + n * xsn) over k elements; w1 and x1
     are flat rows of ldw / ldx elements (w: float32 or f16 bits; x: float32, already rounded to f16 where ggml
