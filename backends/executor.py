@@ -740,58 +740,26 @@ class _Cont:
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
         """x itself where it is contiguous already, as np.ascontiguousarray gives it: nothing to play. Else, where x
-        is some columns of a contiguous array's rows (Mamba's conv state: the last columns of conv_x), a copy of
-        those columns."""
+        is a view of up to three dims of a C-contiguous array (Mamba's conv state: the last columns of conv_x; a
+        permute), copied element by element from that array's flat memory."""
         x = args[0]
         if not isinstance(x, np.ndarray) or x.dtype != F32:
             return None
         if x.flags.c_contiguous:
             return x
-        rows = _columns_of(x)
+        base = x
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        if x.ndim > 3 or not base.flags.c_contiguous or any(st % x.itemsize for st in x.strides):
+            return None
+        pad = 3 - x.ndim
+        shape, strides = (1,) * pad + x.shape, (0,) * pad + tuple(st // x.itemsize for st in x.strides)
         out = tape.arena(x.shape)
-        if rows is not None:
-            src, s0 = rows
-            o2 = out.reshape(src.shape[0], -1)
-            ok = tape.emit(T.COLS, R.copy_cols, (src, s0, o2), (tape.ref("f2", src), s0, tape.ref("f2", o2)))
-            return out if ok else None
-        return out if _record_strided(tape, x, out) else None
-
-
-def _record_strided(tape: Tape, x: np.ndarray, out: np.ndarray) -> bool:
-    """out = x, a view of up to three dims of a C-contiguous array (a permute), copied element by element."""
-    base = x
-    while isinstance(base.base, np.ndarray):
-        base = base.base
-    if x.ndim > 3 or not base.flags.c_contiguous or any(st % x.itemsize for st in x.strides):
-        return False
-    pad = 3 - x.ndim
-    shape, strides = (1,) * pad + x.shape, (0,) * pad + tuple(st // x.itemsize for st in x.strides)
-    flat, o3 = base.reshape(-1), out.reshape(shape)
-    off = (x.ctypes.data - base.ctypes.data) // x.itemsize
-    return tape.emit(T.STRIDED, R.strided_copy, (flat, off, *strides, o3), (tape.ref("f1", flat), off, *strides,
-                                                                            tape.ref("f3", o3)))
-
-
-def _columns_of(x: np.ndarray) -> tuple[np.ndarray, int] | None:
-    """(rows, s0) where x (n, ..., k) is rows[:, s0:s0 + k] of a C-contiguous 2-D view of the array it is a window
-    of, x's leading axes flattened; None where it is not."""
-    item, shape, strides = x.itemsize, x.shape, x.strides
-    if x.ndim < 2 or strides[-1] != item or strides[-2] <= 0 or strides[-2] % item or any(
-            strides[i] != strides[i + 1] * shape[i + 1] for i in range(x.ndim - 2)):
-        return None
-    base = x
-    while isinstance(base.base, np.ndarray):
-        base = base.base
-    if not base.flags.c_contiguous:
-        return None
-    width, n_rows = strides[-2] // item, math.prod(shape[:-1])
-    offset = (x.ctypes.data - base.ctypes.data) // item
-    s0 = offset % width
-    start = offset - s0
-    flat = base.reshape(-1)
-    if s0 + shape[-1] > width or start + n_rows * width > flat.size:
-        return None
-    return flat[start:start + n_rows * width].reshape(n_rows, width), s0
+        flat, o3 = base.reshape(-1), out.reshape(shape)
+        off = (x.ctypes.data - base.ctypes.data) // x.itemsize
+        ok = tape.emit(T.STRIDED, R.strided_copy, (flat, off, *strides, o3), (tape.ref("f1", flat), off, *strides,
+                                                                               tape.ref("f3", o3)))
+        return out if ok else None
 
 
 @kernel("concat")

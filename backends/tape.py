@@ -51,7 +51,7 @@ def _kind(a: Any) -> Any:
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
 (GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, MOVE, CONCAT, CONV, SCAN,
- LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6, COLS, SHORT_DOTS32) = range(25)
+ LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6, SHORT_DOTS32) = range(24)
 
 
 @intrinsic
@@ -154,9 +154,6 @@ def player(n_lanes: int) -> Callable:
                 pc += 6
             elif op == CONCAT:   # x rows, then y rows -> out rows
                 call_at(at, (_f2(t, a[0]), _f2(t, a[1]), _f2(t, a[2])))
-                pc += 5
-            elif op == COLS:     # columns of rows copied: src, s0, dst
-                call_at(at, (_f2(t, a[0]), a[1], _f2(t, a[2])))
                 pc += 5
             elif op == CONV:     # Mamba's causal conv: sx, w, y
                 call_at(at, (_f3(t, a[0]), _f2(t, a[1]), _f3(t, a[2])))

@@ -1,7 +1,7 @@
 """Row kernels a planned graph's tape runs where its Python steps take numpy: elementwise arithmetic of rows (a
 second operand of one row repeats; relu, square, negation, scaling), gathering, scattering and concatenating
-rows (and copying columns: concat, a strided view made contiguous; or any strided view), and set_rows into an f16 cache (each row rounded to f16 as numpy's float32 -> float16 conversion does, NaN
-payloads included). Each gives the bits numpy gives."""
+rows, copying a strided view, and set_rows into an f16 cache (each row rounded to f16 as numpy's float32 ->
+float16 conversion does, NaN payloads included). Each gives the bits numpy gives."""
 
 from __future__ import annotations
 
@@ -64,22 +64,14 @@ def move_rows(src, dst, ids, scatter):
 
 @njit(**SER)
 def concat_cols(x, y, out):
-    """out[r] = x[r] then y[r] (one pass over the rows: two copy_cols passes took 8.4 us where this takes 4.9 on
-    Mamba-130M's conv columns)."""
+    """out[r] = x[r] then y[r], in one pass over the rows (two passes, one a side, took 8.4 us where this takes 4.9
+    on Mamba-130M's conv columns)."""
     n = x.shape[1]
     for r in range(out.shape[0]):
         for c in range(n):
             out[r, c] = x[r, c]
         for c in range(y.shape[1]):
             out[r, n + c] = y[r, c]
-
-
-@njit(**SER)
-def copy_cols(src, s0, dst):
-    """dst[r] = src[r, s0:s0 + dst.shape[1]] for every row: a strided view's columns made contiguous."""
-    for r in range(dst.shape[0]):
-        for c in range(dst.shape[1]):
-            dst[r, c] = src[r, s0 + c]
 
 
 @njit(**SER)
