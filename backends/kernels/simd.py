@@ -20,7 +20,7 @@ from numba.core.imputils import lower_constant
 from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
 
 __all__ = ["Lanes", "lanes", "vzero", "vsplat", "vsplat_at", "vload", "vload_part", "vstore", "vfma", "vadd", "vsub",
-           "vmul", "vpairadd", "vfold_halves", "vhadd_sum", "vhadd_sums8", "vhsum", "vhsum8_at", "vhsum8_halves",
+           "vmul", "vhadd_sum", "vhadd_sums8", "vhsum", "vhsum8_at", "vhsum8_halves",
            "vreduce4", "vspread", "vspread4", "width", "as_f32", "element_ptr", "prefetch", "vfold_blocks", "vlane",
            "vhsums16"]
 
@@ -275,44 +275,11 @@ vmul = _lanewise("vmul", "fmul", "a * b lane by lane.")
 
 
 @intrinsic
-def vpairadd(typingctx, a, b):
-    """The sums of neighbouring lanes of a then of b: lane j of the result is lanes 2j + 2j+1 of a, b one after
-    the other. Three rounds over eight registers of whole rows' eight lanes leave each row's sum in one lane."""
-    if not (isinstance(a, F32Vec) and a == b):
-        return None
-
-    def codegen(context, builder, sig, args):
-        n, i32 = a.n, ir.IntType(32)
-        even = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(i32, n), list(range(0, 2 * n, 2))))
-        odd = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(i32, n), list(range(1, 2 * n, 2))))
-        return builder.fadd(even, odd)
-
-    return a(a, b), codegen
-
-
-@intrinsic
-def vfold_halves(typingctx, a, b):
-    """Each register's high half added onto its low half, a's then b's: lane i of a 2h-lane result is a[i] +
-    a[i + h] below h, b's likewise above (AVX's 256 -> 128-bit step of its horizontal sum, for two rows at once)."""
-    if not (isinstance(a, F32Vec) and a == b):
-        return None
-
-    def codegen(context, builder, sig, args):
-        n, i32 = a.n, ir.IntType(32)
-        h = n // 2
-        low = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(i32, n),
-                                                                   [*range(h), *range(n, n + h)]))
-        high = builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(i32, n),
-                                                                    [*range(h, n), *range(n + h, 2 * n)]))
-        return builder.fadd(low, high)
-
-    return a(a, b), codegen
-
-
-@intrinsic
 def vfold_blocks(typingctx, a, b, h):
     """Each block of 2h lanes folded, its high h lanes added onto its low h, a's blocks then b's: one step of a
-    horizontal sum for several registers at once (h a constant: n / 2 is vfold_halves, 1 is vpairadd)."""
+    horizontal sum for several registers at once (h a constant). h = n / 2 is AVX's 256 -> 128-bit step for two
+    rows; h = 1 sums neighbouring lanes, so three rounds over eight registers of whole rows' eight lanes leave each
+    row's sum in one lane."""
     if not (isinstance(a, F32Vec) and a == b and isinstance(h, types.IntegerLiteral)):
         return None
     k = h.literal_value
@@ -479,8 +446,8 @@ def vhadd_sum(typingctx, v):
 def vhadd_sums8(s0, s1, s2, s3, s4, s5, s6, s7):
     """Eight 8-lane registers' sums in vhadd_sum's order, ((0+4)+(1+5)) + ((2+6)+(3+7)), as one register in row
     order: the halves folded, then two rounds of neighbour sums (what _mm_hadd_ps adds, for eight rows at once)."""
-    return vpairadd(vpairadd(vfold_halves(s0, s1), vfold_halves(s2, s3)),
-                    vpairadd(vfold_halves(s4, s5), vfold_halves(s6, s7)))
+    return vfold_blocks(vfold_blocks(vfold_blocks(s0, s1, 4), vfold_blocks(s2, s3, 4), 1),
+                        vfold_blocks(vfold_blocks(s4, s5, 4), vfold_blocks(s6, s7, 4), 1), 1)
 
 
 @njit(cache=True, error_model="numpy", inline="always")

@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends.kernels.jit import INL
-from graphir.backends.kernels.simd import (lanes, prefetch, vfma, vhsum8_at, vhsum8_halves, vload, vmul, vpairadd,
+from graphir.backends.kernels.simd import (lanes, prefetch, vfma, vfold_blocks, vhsum8_at, vhsum8_halves, vload, vmul,
                                            vsplat, vspread, vspread4, vstore, vsub, vzero, width)
 from graphir.backends.quant.activation import q8_blocks
 from graphir.backends.quant.int8_dot import WIDE_LANES, block_lanes, nibble_half_lanes
@@ -135,7 +135,8 @@ def _halves_out(lo, hi, sm, out, i, row, rows):
 @njit(cache=True, inline="always")
 def _row_sums(a0, a1, a2, a3, a4, a5, a6, a7):
     """Eight registers of R rows' eight lanes each -> one register of those 8R rows' sums, in row order."""
-    return vpairadd(vpairadd(vpairadd(a0, a1), vpairadd(a2, a3)), vpairadd(vpairadd(a4, a5), vpairadd(a6, a7)))
+    return vfold_blocks(vfold_blocks(vfold_blocks(a0, a1, 1), vfold_blocks(a2, a3, 1), 1),
+                        vfold_blocks(vfold_blocks(a4, a5, 1), vfold_blocks(a6, a7, 1), 1), 1)
 
 
 def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
