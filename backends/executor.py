@@ -909,10 +909,8 @@ class _Wkv6:
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
         """wkv6 on the tape: its result, the outputs then the final states, one arena array (as ggml's)."""
         k, v, r, tf, td, state = args[0], args[1], args[2], self.first(args[3]), args[4], args[5]
-        if not _rows_of(k, v, r, td, state) or not isinstance(tf, np.ndarray) or tf.ndim != 2:
+        if not _rows_of(k, v, r, tf, td, state) or tf.ndim != 2:
             return None
-        tf = tf if tf.flags.writeable and tf.flags.c_contiguous and tf.dtype == F32 else tape.constant(
-            np.ascontiguousarray(tf, F32))
         n_head, hs = tf.shape
         k, v, r, td = (a.reshape(-1, n_head, hs) for a in (k, v, r, td))
         n_seqs = state.shape[0]
