@@ -336,8 +336,8 @@ def _mul_mat_kernel(n: Node, memo: threading.local, path: IsaPath) -> Callable[.
 
 
 class _StackProduct:
-    """mul_mat of a stack of matrices (MLA's k_b and v_b, RWKV6's LoRA w2) by x; ``contiguous``: whether ggml sees
-    x contiguous (not a permuted or strided view), which may give tinyBLAS its path."""
+    """mul_mat of a stack of matrices (MLA's per-head k_b and v_b) by x; ``contiguous``: whether ggml sees x
+    contiguous (not a permuted or strided view), which may give tinyBLAS its path."""
 
     def __init__(self, path: IsaPath, contiguous: bool):
         self.path, self.contiguous = path, contiguous

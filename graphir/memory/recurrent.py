@@ -151,8 +151,11 @@ class RecurrentMemory(CellMemory):
         """Cells and the state rows the plans will overwrite (their write cells), not the whole cache."""
         cells: Any = sorted({dst for plan in plans for _, dst, _ in plan})
         if cells and cells[-1] - cells[0] == len(cells) - 1:   # one run (a generation step's one cell): a slice,
-            cells = slice(cells[0], cells[-1] + 1)              # copied without numpy's fancy indexing
-        return self.pos.copy(), self.seq.copy(), cells, {k: v[cells].copy() for k, v in self._buffers.items()}
+            cells = slice(cells[0], cells[-1] + 1)              # without numpy's fancy indexing
+        rows = {k: v[cells] for k, v in self._buffers.items()}  # fancy indexing copies; a slice is a view, copied here
+        if isinstance(cells, slice):
+            rows = {k: r.copy() for k, r in rows.items()}
+        return self.pos.copy(), self.seq.copy(), cells, rows
 
     def restore(self, snap: Any) -> None:
         self.pos, self.seq = snap[0].copy(), snap[1].copy()
