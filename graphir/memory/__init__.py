@@ -123,9 +123,9 @@ class Memory:
 
     # ---- run time -------------------------------------------------------------------------------------
 
-    def last_pos(self) -> list[int]:
-        """Per sequence, the last position held (-1: none), which a batch must continue from."""
-        return [self.seq_pos_max(s) for s in range(self.params.n_seq_max)]
+    def last_pos(self, seq: int) -> int:
+        """The last position held for a sequence (-1: none), which its next batch must continue from."""
+        return self.seq_pos_max(seq)
 
     def seq_pos_max(self, seq: int) -> int:
         return -1

@@ -55,8 +55,8 @@ class NoMemory(Memory):
                     f"n_ctx={n_ctx}")
         return None
 
-    def last_pos(self) -> list[int]:
-        return [-1] * self.params.n_seq_max  # every decode starts afresh: nothing is remembered
+    def last_pos(self, seq: int) -> int:
+        return -1  # every decode starts afresh: nothing is remembered
 
     def apply(self, ub: UBatch, plan: Any) -> dict[str, Any]:
         masks = {self._mask_name(il): self.need[il] for il in self.layers}  # one mask per kind of layer

@@ -104,12 +104,13 @@ class ModelView(Protocol):
     def compiled(self, key: tuple[Any, ...], make: Callable[[], Graph]) -> Any: ...
 
 
-def _in_order(parts: list[np.ndarray], order: np.ndarray) -> np.ndarray:
-    """The ubatches' output rows in batch order, as one array of the context's own: a generation step's single
-    part, already in order and made by this run, is taken as it is (copying it twice took 30-60 us a token)."""
-    if len(parts) == 1 and parts[0].flags.owndata and np.array_equal(order, np.arange(len(order))):
+def _in_order(parts: list[np.ndarray], rows: list[int]) -> np.ndarray:
+    """The ubatches' output rows (``rows``: their places in the batch, in ubatch order) in batch order, as one
+    array of the context's own: a generation step's single part, already in order and made by this run, is taken
+    as it is (copying it twice took 30-60 us a token)."""
+    if len(parts) == 1 and parts[0].flags.owndata and all(a < b for a, b in zip(rows, rows[1:])):
         return parts[0]
-    return np.concatenate(parts)[order]
+    return np.concatenate(parts)[np.argsort(rows, kind="stable")]
 
 
 class Context:
@@ -186,7 +187,7 @@ class Context:
             batch = Batch(batch.tokens, batch.pos, batch.seq_ids, np.ones(len(batch), dtype=bool))
         with self._busy("decode"), np.errstate(all="ignore"):  # IEEE arithmetic, as ggml's: an overflow is inf
             mem = self.memory
-            pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.last_pos())
+            pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.last_pos)
             why = mem.refuse(batch, pos) or self._beyond_table(pos)
             if why:
                 raise BatchError(why)
@@ -214,9 +215,8 @@ class Context:
                     for r, s in enumerate(seqs):  # a sequence spanning ubatches keeps the last (llama.cpp)
                         pooled[s] = out["pooled"][r].copy()
                     rows.extend(ub.batch_index[ub.out_ids].tolist())
-                order = np.argsort(rows, kind="stable")  # ubatch order -> batch order
-                outputs = (_in_order(logits, order) if logits else self._logits[:0],
-                           _in_order(embd, order) if self.embeddings_enabled else self._embd, pooled,
+                outputs = (_in_order(logits, rows) if logits else self._logits[:0],
+                           _in_order(embd, rows) if self.embeddings_enabled else self._embd, pooled,
                            {b: r for r, b in enumerate(sorted(rows))})
             except BaseException:
                 mem.restore(snap)
