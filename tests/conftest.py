@@ -397,15 +397,22 @@ def tiny_preset() -> Callable[..., Preset]:
 
 def memory_bytes(ctx: Any) -> bytes:
     """Everything a context remembers: the cells of its memory (or of each part) with their per-cell fields
-    (positions, sequence sets, shifts), every buffer, and the last outputs."""
+    (positions, sequence sets, shifts), every buffer, and the last outputs. A recurrent memory's rows count for
+    its cells in use only: a free cell's rows are scratch that no read sees (a sequence advancing writes its new
+    states into a free cell before it releases its own; a cell taken by a new sequence is zeroed first)."""
     def cells(mem: Any) -> bytes:
         if hasattr(mem, "parts"):
             return b"".join(cells(p) for p in mem.parts.values())
         return b"".join(getattr(mem, f).tobytes() for f in mem.cell_fields)
 
+    def rows(mem: Any) -> bytes:
+        if hasattr(mem, "parts"):
+            return b"".join(rows(p) for p in mem.parts.values())
+        used = mem.pos >= 0 if mem.kind == "recurrent" else slice(None)
+        return b"".join(k.encode() + b[used].tobytes() for k, b in mem.buffers().items())
+
     mem = ctx.memory
-    return (cells(mem) + b"".join(k.encode() + b.tobytes() for k, b in mem.buffers().items())
-            + (ctx.logits().tobytes() if ctx.has_logits else b""))
+    return cells(mem) + rows(mem) + (ctx.logits().tobytes() if ctx.has_logits else b"")
 
 
 def fail_on_run(monkeypatch: pytest.MonkeyPatch, ctx: Any, n: int) -> list[int]:

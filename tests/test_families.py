@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from conftest import fail_on_run, make_tiny_preset, memory_bytes, write_model_gguf
 
-from graphir.running.batch import Batch
+from graphir.running.batch import Batch, split_equal
 from graphir.cli import main
 from graphir.running.context import Context
 from graphir.errors import BatchError, GraphirError, StateError
@@ -425,6 +425,36 @@ def test_a_batch_whose_computation_fails_midway_leaves_the_states_as_they_were(
     with pytest.raises(RuntimeError, match="compute failed"):
         ctx.decode(Batch(PROMPT[6:10], None, [(0,), (1,)] * 2, [True] * 4))
     assert len(calls) == 2 and memory_bytes(ctx) == before
+
+
+@RECURRENT
+def test_a_recurrent_step_writes_beside_the_old_state_which_a_failed_step_keeps(
+        tiny: Callable[..., Model], arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One sequence, two cells: each step reads the cell it is in and writes the other, then releases the one it
+    read; so a step that fails has nothing of the old state to put back (its snapshot copies no row), and the
+    sequence goes on from where it was."""
+    model = tiny(arch)
+    ctx = model.new_context(n_ctx=64)
+    mem = ctx.memory
+    assert mem.size == 2
+    ctx.decode(Batch.from_tokens(PROMPT[:4], 0))
+    cell = int(np.flatnonzero(mem.pos >= 0)[0])
+    for p in (4, 5):
+        batch = Batch.one(PROMPT[p], p)
+        plans = mem.prepare(split_equal(batch, np.array([p]), 512))
+        assert plans == [[(cell, 1 - cell, False)]]
+        assert mem.snapshot(plans)[3] == {}
+        ctx.decode(batch)
+        assert list(mem.pos) == [p if c == 1 - cell else -1 for c in range(2)]
+        cell = 1 - cell
+    before = memory_bytes(ctx)
+    fail_on_run(monkeypatch, ctx, 1)
+    with pytest.raises(RuntimeError, match="compute failed"):
+        ctx.decode(Batch.one(PROMPT[6], 6))
+    assert memory_bytes(ctx) == before
+    monkeypatch.undo()
+    ctx.decode(Batch.one(PROMPT[6], 6))
+    assert np.abs(ctx.logits_ith(-1) - last_logits(model, [PROMPT[:7]])[0]).max() <= 1e-5
 
 
 @RECURRENT
