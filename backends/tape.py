@@ -51,7 +51,7 @@ def _kind(a: Any) -> Any:
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
 (GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, MOVE, CONCAT, CONV, SCAN,
- LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6, SHORT_DOTS32) = range(24)
+ LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6, SHORT_DOTS32, PLACE) = range(25)
 
 
 @intrinsic
@@ -100,6 +100,38 @@ def _reader(aryty: types.Array) -> Any:
 
 _u8, _u16, _u16_2, _u16r, _i64, _f1, _f1r, _f2, _f2r, _f3 = (_reader(KINDS[k]) for k in (
     "u8", "u16", "u16_2", "u16r", "i64", "f1", "f1r", "f2", "f2r", "f3"))
+
+
+@njit(**SER)
+def _place(t, code, q):
+    """PLACE's operands from code[q]: the ids' table row, the number of arrays of ids written into the buffers
+    and their rows, the number of values; per value the buffer's row, the row of a copy target at the value's
+    own address, whether to copy always, the number of windows and (table row, offset) per window. Each
+    window's table row is pointed at row i = ids[0] of the buffer, or, where i is written in this run (or
+    always), at the value after row i is copied into it. Returns where the next instruction starts."""
+    i = _i64(t, code[q])[0]
+    clash = False
+    for k in range(code[q + 1]):
+        w = _i64(t, code[q + 2 + k])
+        for j in range(w.shape[0]):
+            clash = clash or w[j] == i
+    q += 2 + code[q + 1]
+    n_values = code[q]
+    q += 1
+    for _ in range(n_values):
+        buf, own, n_win = code[q], code[q + 1], code[q + 3]
+        if clash or code[q + 2] != 0:
+            src, dst = _f2(t, buf), _f2(t, own)
+            for c in range(dst.shape[1]):
+                dst[0, c] = src[i, c]
+            base = t[own, 0]
+        else:
+            base = t[buf, 0] + i * t[buf, 2] * 4
+        q += 4
+        for _ in range(n_win):
+            t[code[q], 0] = base + code[q + 1]
+            q += 2
+    return q
 
 
 @functools.cache
@@ -203,6 +235,8 @@ def player(n_lanes: int) -> Callable:
                     call_at(at, (a[0], a[1], v, _f1r(t, a[2]), a[3], _f1(t, a[4]), a[5], a[6], a[7], a[8], a[9],
                                  a[10], a[11], a[12], a[13] != 0, a[14], _f3(t, a[15])))
                 pc += 18
+            elif op == PLACE:    # rows read where they lie (Tape.row_in_place), at the start of a run
+                pc += _place(t, code, pc + 2) - pc
             else:
                 raise ValueError("unknown tape opcode")
             if timed:
@@ -228,11 +262,65 @@ class Tape:
         self.before: list[Callable[[], None]] = []   # per run, before the first instruction: derived values
         self.memo: dict[Any, Any] = {}                # what recorded steps share (cos/sin of positions, ...)
         self.start = self.pending = 0                 # where the instructions not yet in a segment start; how many
+        self.made: set[int] = set()                   # the arena's arrays, by id
+        self.written: dict[int, list[np.ndarray]] = {}  # arrays not the arena's that instructions write rows of
+        self.in_place: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []  # row_in_place's values
         self._table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def arena(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """An array of the arena: a recorded step's value, or a copy of a value the tape reads."""
-        return np.zeros(shape, dtype)
+        a = np.zeros(shape, dtype)
+        self.made.add(id(a))
+        return a
+
+    def writes_rows(self, buf: np.ndarray, ids: np.ndarray | None) -> None:
+        """An instruction writes rows ``ids`` of ``buf`` (a memory's buffer, written in place); None: a Python
+        step writes rows of it."""
+        self.written.setdefault(id(buf), []).append(ids)
+
+    def row_in_place(self, buf: np.ndarray, ids: np.ndarray) -> np.ndarray | None:
+        """Row ids[0] of buf (a float32 array not the arena's: a memory's state buffer) as the value ``out`` of a
+        gather, without an instruction to copy it: at the start of each run (finish), the table's rows of ``out``
+        and of every window of it are pointed into buf at that row. Where the run writes that row (its ids among
+        those written into buf), or a Python step reads ``out`` or writes buf, the row is copied into ``out``
+        then instead (as the gather would read it: nothing wrote buf before it, or it would not be here). None
+        where buf was written before the gather (which must then copy at its place) or is the arena's."""
+        root = buf
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if id(root) in self.made or id(buf) in self.written or len(ids) != 1 or self.ref("f2", buf) is None \
+                or self.ref("i64", ids) is None:
+            return None
+        out = self.arena((1, buf.shape[1]), buf.dtype)
+        own = out[:]            # out at its own address, for the copy: a row of the table no window takes
+        self.arrays.append(own)
+        self.in_place.append((buf, ids, out, len(self.arrays) - 1))
+        return out
+
+    def finish(self, python_reads: list[np.ndarray]) -> Segment | None:
+        """Once the tape is complete (the windows of row_in_place's values and the rows written into their
+        buffers are known), the segment that places those values, to play before each run (after the feeds are
+        copied in): a PLACE instruction per group of values taking the same ids and written by the
+        same arrays of ids (a generation step's states: one). ``python_reads``: what the plan's Python steps
+        and outputs read."""
+        if not self.in_place:
+            return None
+        own_rows = {row for *_, row in self.in_place}
+        groups: dict[tuple[int, ...], tuple[int, list[int], list[list[int]]]] = {}
+        for buf, ids, out, own in self.in_place:
+            written = self.written.get(id(buf), [])
+            lo, hi = out.ctypes.data, out.ctypes.data + out.nbytes
+            windows = [(r, a.ctypes.data - lo) for r, a in enumerate(self.arrays)
+                       if r not in own_rows and lo <= a.ctypes.data < hi]
+            always = any(w is None for w in written) or any(np.shares_memory(a, out) for a in python_reads)
+            known = [w for w in written if w is not None]
+            _, _, values = groups.setdefault(
+                (id(ids), *map(id, known)), (self.index[id(ids)], [self.index[id(w)] for w in known], []))
+            values.append([self.index[id(buf)], own, int(always), len(windows), *(x for w in windows for x in w)])
+        code = []
+        for ids_row, written_rows, values in groups.values():
+            code += [PLACE, 0, ids_row, len(written_rows), *written_rows, len(values), *(x for v in values for x in v)]
+        return Segment(self, np.array(code, np.int64), ["rows in place"] * len(groups))
 
     def constant(self, a: np.ndarray) -> np.ndarray:
         """A copy of a (a weight that never changes) in the arena, writable as the tape's kinds are, made once."""

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from graphir.backends import tape
-from graphir.backends.kernels.rows import (ADD, DIV, MUL, NEG, RELU, SCALE, SQR, SUB, binary_rows, set_rows_f16,
-                                           unary_rows)
+from graphir.backends.kernels.rows import (ADD, DIV, MUL, NEG, RELU, SCALE, SQR, SUB, binary_rows, move_rows,
+                                           set_rows_f16, unary_rows)
 from graphir.running.batch import Batch
 from graphir.running.runtime import load
 from test_fuzz_state import PRESETS
@@ -102,6 +102,37 @@ def test_a_recurrent_step_is_one_played_segment(tmp_path, family):
         ctx.decode(Batch.one(6 + i, 3 + i))
     (plan,) = [p for k, p in ctx._plans.items() if dict(k[1])["n_tokens"] == 1]
     assert plan.lock is not None and len(plan.steps) == 3
+
+
+@pytest.mark.parametrize("written_row, python", [(2, ""), (1, ""), (2, "reads"), (2, "writes")],
+                         ids=["read-in-place", "copied-first-the-run-writes-it", "copied-first-python-reads-it",
+                              "copied-first-python-writes-the-buffer"])
+def test_a_row_gathered_from_a_memory_is_read_in_place_or_copied_before_the_run(written_row, python):
+    """Tape.row_in_place: a gather of one row of a buffer the tape does not own is no instruction; the tape's
+    rows of the value (and of a window of it) point into the buffer. Where the run writes that row before the
+    value's reader (here: it scatters 100s into buf[dst]), or a Python step reads the value or writes the buffer,
+    the row is copied into the value before the run instead: the reader sees row 1 as it was either way."""
+    t = tape.Tape(16)
+    buf = np.arange(12, dtype=np.float32).reshape(3, 4)
+    src, dst = t.arena((1,), np.int64), t.arena((1,), np.int64)
+    value = t.row_in_place(buf, src)
+    window, hundreds, out = value.reshape(1, 4), t.arena((1, 4)), t.arena((1, 4))
+    hundreds[...] = 100
+    assert t.emit(tape.MOVE, move_rows, (hundreds, buf, dst, True),
+                  (t.ref("f2", hundreds), t.ref("f2", buf), t.ref("i64", dst), 1))
+    t.writes_rows(buf, dst)
+    if python == "writes":
+        t.writes_rows(buf, None)
+    assert t.emit(tape.BINARY, binary_rows, (window, window, out, ADD),
+                  (t.ref("f2", window), t.ref("f2", window), t.ref("f2", out), ADD))
+    run, place = t.segment(), t.finish([value] if python == "reads" else [])
+    src[0], dst[0] = 1, written_row
+    place()
+    run()
+    assert out.tolist() == [[8.0, 10.0, 12.0, 14.0]]
+    assert buf[written_row].tolist() == [100.0] * 4
+    copied = written_row == 1 or python != ""
+    assert value.tolist() == ([[4.0, 5.0, 6.0, 7.0]] if copied else [[0.0] * 4])   # unread where in place
 
 
 def test_set_rows_into_f16_rounds_as_numpy():
