@@ -93,8 +93,10 @@ class RecurrentMemory(CellMemory):
     # ---- run time -------------------------------------------------------------------------------------
 
     def _cell_of(self, seq: int, seqs: np.ndarray | None = None) -> int:
-        cells = np.flatnonzero(((self.seq if seqs is None else seqs) >> np.uint64(seq)) & np.uint64(1))
-        return int(cells[0]) if len(cells) else -1
+        """The cell holding seq's state, or -1; over Python ints (a few cells: numpy's calls cost more than the
+        loop, and every decode asks)."""
+        bit = 1 << seq
+        return next((c for c, m in enumerate((self.seq if seqs is None else seqs).tolist()) if m & bit), -1)
 
     def seq_pos_max(self, seq: int) -> int:
         c = self._cell_of(seq)

@@ -136,6 +136,8 @@ def split_equal(batch: Batch, pos: np.ndarray, n_ubatch: int) -> list[UBatch]:
     For memories that advance one state per sequence per ubatch (recurrent). Sequence sets that overlap
     without being equal (a token shared by sequences that also have tokens of their own) cannot be split so.
     """
+    if all(ids == batch.seq_ids[0] for ids in batch.seq_ids):  # one sequence set: chunks, as split_simple's
+        return split_simple(batch, pos, n_ubatch)
     sets = [frozenset(ids) for ids in batch.seq_ids]
     distinct = list(dict.fromkeys(sets))
     for i, a in enumerate(distinct):
