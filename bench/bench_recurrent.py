@@ -3,7 +3,9 @@
 No Mamba, Mamba-2, RWKV6, Granite-4.0-H or Qwen3.5 GGUF ships on the package registry, so each model is the tests'
 random-weight GGUF (tests/conftest.py write_model_gguf, F16 matrices, 256 tokens) with the layer sizes of a released model
 and few layers (the per-layer cost is what is compared): prompt processing of 64 tokens and generation of 32,
-2 threads, best of 3, tokens/s for both engines and the ratio graphir / llama.cpp (>= 1: graphir is faster).
+2 threads, best of 3, tokens/s for both engines and the ratio graphir / llama.cpp (>= 1: graphir is faster). Each
+engine keeps one context and clears its memory between runs (what llama.cpp's side does with kv_cache_clear, and
+how a server runs: a new context makes its plans again, a few ms that a run of 32 tokens would count).
 Run: python bench/bench_recurrent.py [family ...]   (families: mamba, mamba2, rwkv6, granitehybrid, qwen35)
 """
 
@@ -57,15 +59,16 @@ def bench_graphir(path: str) -> tuple[float, float]:
     from graphir.running.runtime import load
 
     model, toks = load(path), tokens()
+    ctx = model.new_context(n_ctx=N_PROMPT + N_GEN)   # one context, cleared between runs as llama.cpp's is
 
     def pp() -> float:
-        ctx = model.new_context(n_ctx=N_PROMPT + N_GEN)
+        ctx.memory.clear()
         t = time.perf_counter()
         ctx.decode(Batch.from_tokens(toks, 0))
         return time.perf_counter() - t
 
     def tg() -> float:
-        ctx = model.new_context(n_ctx=N_PROMPT + N_GEN)
+        ctx.memory.clear()
         ctx.decode(Batch.from_tokens(toks, 0))
         t = time.perf_counter()
         for i in range(N_GEN):
