@@ -320,6 +320,8 @@ class _GetRows:
         buffer is read where it lies (Tape.row_in_place: a generation step's state, 96 KB a layer of Mamba-130M,
         512 KB of RWKV6-1.6B, is not copied)."""
         src, ids = args
+        if isinstance(src, QWeight):
+            return _record_weight_rows(tape, src, ids)
         if not _rows_of(src) or src.ndim != 2 or not isinstance(ids, np.ndarray) or ids.ndim != 1:
             return None
         if src.flags.writeable:
@@ -330,6 +332,19 @@ class _GetRows:
         ok = tape.emit(T.MOVE, R.move_rows, (src, out, ids, False), (tape.ref("f2", src), tape.ref("f2", out),
                                                                       tape.ref("i64", ids), 0))
         return out if ok else None
+
+
+def _record_weight_rows(tape: Tape, w: QWeight, ids: Any) -> np.ndarray | None:
+    """An F16 or F32 weight's rows by ids (a token's embedding) on the tape, read from the weight as stored."""
+    floats = w.float_rows()
+    if floats is None or not isinstance(ids, np.ndarray) or ids.ndim != 1:
+        return None
+    f16 = floats.dtype == np.float16
+    flat = floats.reshape(-1).view(np.uint16) if f16 else floats.reshape(-1)
+    out = tape.arena((len(ids), w.ne0))
+    ok = tape.emit(T.WEIGHT_ROWS, R.weight_rows, (flat, w.ne0, ids, out),
+                   (tape.ref("u16r" if f16 else "f1r", flat), w.ne0, tape.ref("i64", ids), tape.ref("f2", out), int(f16)))
+    return out if ok else None
 
 
 @kernel("mul_mat")

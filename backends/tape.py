@@ -51,7 +51,7 @@ def _kind(a: Any) -> Any:
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
 (GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, MOVE, CONCAT, CONV, SCAN,
- LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6, SHORT_DOTS32, PLACE) = range(25)
+ LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6, SHORT_DOTS32, PLACE, WEIGHT_ROWS) = range(26)
 
 
 @intrinsic
@@ -235,6 +235,12 @@ def player(n_lanes: int) -> Callable:
                     call_at(at, (a[0], a[1], v, _f1r(t, a[2]), a[3], _f1(t, a[4]), a[5], a[6], a[7], a[8], a[9],
                                  a[10], a[11], a[12], a[13] != 0, a[14], _f3(t, a[15])))
                 pc += 18
+            elif op == WEIGHT_ROWS:  # an f16 (a[4]) or f32 weight's rows as float32: w flat, row length, ids, out
+                if a[4]:
+                    call_at(at, (_u16r(t, a[0]), a[1], _i64(t, a[2]), _f2(t, a[3])))
+                else:
+                    call_at(at, (_f1r(t, a[0]), a[1], _i64(t, a[2]), _f2(t, a[3])))
+                pc += 7
             elif op == PLACE:    # rows read where they lie (Tape.row_in_place), at the start of a run
                 pc += _place(t, code, pc + 2) - pc
             else:

@@ -11,7 +11,7 @@ import pytest
 
 from graphir.backends import tape
 from graphir.backends.kernels.rows import (ADD, DIV, MUL, NEG, RELU, SCALE, SQR, SUB, binary_rows, move_rows,
-                                           set_rows_f16, unary_rows)
+                                           set_rows_f16, unary_rows, weight_rows)
 from graphir.running.batch import Batch
 from graphir.running.runtime import load
 from test_fuzz_state import PRESETS
@@ -93,15 +93,15 @@ def test_a_quantized_llamas_step_is_a_handful_of_steps(tiny):
 @pytest.mark.parametrize("family", ["mamba", "rwkv6"])
 def test_a_recurrent_step_is_one_played_segment(tmp_path, family):
     """Mamba's conv state (the last columns of conv_x, made contiguous), RWKV6's wkv, its LoRA stack's products
-    and its empty views of a one-token batch's previous tokens are on the tape too: a generation step is the feeds'
-    copy, the embedding's rows and one segment."""
+    and its empty views of a one-token batch's previous tokens are on the tape too, and so are the rows of an F32
+    or F16 embedding: a generation step is the feeds' copy and one segment."""
     path = write_model_gguf(tmp_path / f"{family}.gguf", make_tiny_preset(family), Q.F32)
     ctx = load(str(path)).new_context(n_ctx=64)
     ctx.decode(Batch.from_tokens([3, 4, 5], 0))
     for i in range(2):
         ctx.decode(Batch.one(6 + i, 3 + i))
     (plan,) = [p for k, p in ctx._plans.items() if dict(k[1])["n_tokens"] == 1]
-    assert plan.lock is not None and len(plan.steps) == 3
+    assert plan.lock is not None and len(plan.steps) == 2
 
 
 @pytest.mark.parametrize("written_row, python", [(2, ""), (1, ""), (2, "reads"), (2, "writes")],
@@ -133,6 +133,23 @@ def test_a_row_gathered_from_a_memory_is_read_in_place_or_copied_before_the_run(
     assert buf[written_row].tolist() == [100.0] * 4
     copied = written_row == 1 or python != ""
     assert value.tolist() == ([[4.0, 5.0, 6.0, 7.0]] if copied else [[0.0] * 4])   # unread where in place
+
+
+def test_a_float_weights_rows_are_numpys_and_a_row_outside_it_raises():
+    """The embedding lookup of an F16 or F32 table on the tape: numpy's float32 of each value (f16 subnormals,
+    infinities and both zeros included); an id outside the table raises instead of reading past it."""
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 1 << 16, (6, 8), dtype=np.uint16)
+    bits[bits & 0x7C00 == 0x7C00] &= 0xBFFF        # no NaN (the hardware conversion quiets a signaling one)
+    bits[0, :4] = [0x0001, 0x8000, 0x7C00, 0xFC00]  # the smallest subnormal, -0, +inf, -inf
+    ids = np.array([5, 0, 5, 2], np.int64)
+    for w in (bits.view(np.float16), rng.standard_normal((6, 8)).astype(np.float32)):
+        flat = w.reshape(-1).view(np.uint16) if w.dtype == np.float16 else w.reshape(-1)
+        out = np.empty((4, 8), np.float32)
+        weight_rows(flat, 8, ids, out)
+        assert np.array_equal(out.view(np.uint32), w[ids].astype(np.float32).view(np.uint32))
+        with pytest.raises(IndexError, match="outside the weight's rows"):
+            weight_rows(flat, 8, np.array([1, 6], np.int64), out)
 
 
 def test_set_rows_into_f16_rounds_as_numpy():

@@ -1,6 +1,6 @@
 """Row kernels a planned graph's tape runs where its Python steps take numpy: elementwise arithmetic of rows (a
-second operand of one row repeats; relu, square, negation, scaling), gathering, scattering and concatenating
-rows, copying a strided view, and set_rows into an f16 cache (each row rounded to f16 as numpy's float32 ->
+second operand of one row repeats; relu, square, negation, scaling), gathering (of a float weight's rows too),
+scattering and concatenating rows, copying a strided view, and set_rows into an f16 cache (each row rounded to f16 as numpy's float32 ->
 float16 conversion does, NaN payloads included). Each gives the bits numpy gives."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit
 
 from graphir.backends.kernels.jit import SER
+from graphir.backends.kernels.simd import as_f32
 from graphir.backends.kernels_util import bits_u32
 
 _U16, _U32 = np.uint16, np.uint32
@@ -60,6 +61,19 @@ def move_rows(src, dst, ids, scatter):
         a, b = (i, ids[i]) if scatter else (ids[i], i)
         for c in range(src.shape[1]):
             dst[b, c] = src[a, c]
+
+
+@njit(**SER)
+def weight_rows(w1, ne0, ids, out):
+    """out[i] = row ids[i] of a float weight stored flat (w1: f16 bits or float32; ne0 a row), as float32: the
+    embedding lookup of an F16 or F32 table. An id outside the table raises IndexError."""
+    rows = w1.shape[0] // ne0
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        if r < 0 or r >= rows:
+            raise IndexError("get_rows: a row id is outside the weight's rows")
+        for c in range(ne0):
+            out[i, c] = as_f32(w1[r * ne0 + c])
 
 
 @njit(**SER)
