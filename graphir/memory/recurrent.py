@@ -92,11 +92,11 @@ class RecurrentMemory(CellMemory):
 
     # ---- run time -------------------------------------------------------------------------------------
 
-    def _cell_of(self, seq: int, seqs: np.ndarray | None = None) -> int:
-        """The cell holding seq's state, or -1; over Python ints (a few cells: numpy's calls cost more than the
-        loop, and every decode asks)."""
+    def _cell_of(self, seq: int, masks: list[int] | None = None) -> int:
+        """The cell holding seq's state (in ``masks``, the cells' sequence sets, default the memory's), or -1;
+        over Python ints (a few cells: numpy's calls cost more than the loop, and every decode asks)."""
         bit = 1 << seq
-        return next((c for c, m in enumerate((self.seq if seqs is None else seqs).tolist()) if m & bit), -1)
+        return next((c for c, m in enumerate(self.seq.tolist() if masks is None else masks) if m & bit), -1)
 
     def seq_pos_max(self, seq: int) -> int:
         c = self._cell_of(seq)
@@ -109,14 +109,14 @@ class RecurrentMemory(CellMemory):
         owns its cell advances it in place, a new or shared one takes a free cell; then each set advancing in place
         moves to a cell that was free before the ubatch and still is (releasing its own), so that the ubatch
         writes no cell another ubatch of the batch, or the memory before it, still needs."""
-        pos, seq, plans = self.pos.copy(), self.seq.copy(), []
+        pos, seq, plans = self.pos.tolist(), self.seq.tolist(), []   # Python ints: a few cells, every decode
         for k, ub in enumerate(ubatches):
             sets = list(dict.fromkeys(ub.seq_ids))  # in ubatch order, each n_seq_tokens tokens long
             n = len(ub) // len(sets)
-            was_free = pos < 0
+            was_free = [p < 0 for p in pos]
             plan = []
             for j, ids in enumerate(sets):
-                mask = np.uint64(sum(1 << s for s in ids))
+                mask = sum(1 << s for s in ids)
                 cells = {self._cell_of(s, seq) for s in ids}
                 if len(cells) > 1:
                     raise BatchError(f"ubatch {k}: sequences {list(ids)} share tokens but hold different states; "
@@ -125,11 +125,10 @@ class RecurrentMemory(CellMemory):
                 if src >= 0 and seq[src] == mask:
                     dst, zero = src, False  # the set owns its cell
                 else:
-                    free = np.flatnonzero(pos < 0)
-                    if not len(free):
+                    dst = next((c for c, p in enumerate(pos) if p < 0), -1)
+                    if dst < 0:
                         raise CacheFullError(f"recurrent state full: ubatch {k} needs a free cell for sequences "
                                              f"{list(ids)}, all {self.size} cells are in use")
-                    dst = int(free[0])
                     zero = src < 0
                     if zero:
                         src = dst
@@ -138,7 +137,7 @@ class RecurrentMemory(CellMemory):
                 seq[dst] = mask
                 pos[dst] = int(ub.pos[(j + 1) * n - 1])
                 plan.append([src, dst, zero])
-            spare = np.flatnonzero(was_free & (pos < 0)).tolist()
+            spare = [c for c, p in enumerate(pos) if p < 0 and was_free[c]]
             for step in plan:
                 src, dst, zero = step
                 if src == dst and not zero and spare:

@@ -119,15 +119,18 @@ def validate(batch: Batch, n_vocab: int, n_seq_max: int, last_pos: Callable[[int
     return np.array(pos, dtype=np.int64)
 
 
-def _ubatch(batch: Batch, pos: np.ndarray, idx: np.ndarray) -> UBatch:
-    """The tokens of ``batch`` at indices ``idx``, in that order."""
-    return UBatch(batch.tokens[idx].astype(np.int32), pos[idx].astype(np.int32), [batch.seq_ids[i] for i in idx],
-                  np.flatnonzero(batch.output[idx]).astype(np.int32), idx)
+def _ubatch(batch: Batch, pos: np.ndarray, idx: np.ndarray | slice) -> UBatch:
+    """The tokens of ``batch`` at indices ``idx`` (or in a slice of it: a consecutive chunk, taken without numpy's
+    fancy indexing), in that order."""
+    seq_ids = batch.seq_ids[idx] if isinstance(idx, slice) else [batch.seq_ids[i] for i in idx]
+    return UBatch(batch.tokens[idx].astype(np.int32), pos[idx].astype(np.int32), seq_ids,
+                  np.flatnonzero(batch.output[idx]).astype(np.int32),
+                  np.arange(idx.start, idx.stop) if isinstance(idx, slice) else idx)
 
 
 def split_simple(batch: Batch, pos: np.ndarray, n_ubatch: int) -> list[UBatch]:
     """Consecutive chunks of at most n_ubatch tokens (what a KV cache needs: cells are chosen per token)."""
-    return [_ubatch(batch, pos, np.arange(a, min(a + n_ubatch, len(batch)))) for a in range(0, len(batch), n_ubatch)]
+    return [_ubatch(batch, pos, slice(a, min(a + n_ubatch, len(batch)))) for a in range(0, len(batch), n_ubatch)]
 
 
 def split_equal(batch: Batch, pos: np.ndarray, n_ubatch: int) -> list[UBatch]:
