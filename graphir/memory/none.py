@@ -18,9 +18,11 @@ if TYPE_CHECKING:
 def ubatch_mask(ub: UBatch, need: Attention) -> np.ndarray:
     """[n_tokens(query), n_tokens(key)]: 0 where a key is visible (same first seq id, and seen by the layer's
     rule: not in the future when causal, inside its window when sliding)."""
-    seq = np.array([ids[0] for ids in ub.seq_ids])
-    ok = (seq[:, None] == seq[None, :]) & need.sees(ub.pos[:, None], ub.pos[None, :])
-    return np.where(ok, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+    ok = need.sees(ub.pos[:, None], ub.pos[None, :])
+    first = [ids[0] for ids in ub.seq_ids]
+    if first.count(first[0]) != len(first):   # several sequences (one, as a sentence of its own: every key)
+        ok &= np.equal.outer(first, first)
+    return np.where(ok, np.float32(0), np.float32(-np.inf))
 
 
 class NoMemory(Memory):

@@ -19,8 +19,8 @@ def pooling_inputs(ub: UBatch, pooling: str) -> tuple[list[int], dict[str, np.nd
     seqs = sorted({s for ids in ub.seq_ids for s in ids})
     row = {s: r for r, s in enumerate(seqs)}
     member = np.zeros((len(seqs), len(ub)), dtype=bool)
-    for i, ids in enumerate(ub.seq_ids):
-        member[[row[s] for s in ids], i] = True
+    at = [(row[s], i) for i, ids in enumerate(ub.seq_ids) for s in ids]
+    member[tuple(np.array(at).T)] = True
     if pooling == "mean":
         mean = member / member.sum(axis=1, keepdims=True)
         return seqs, {"inp_mean": mean.astype(np.float32)}
