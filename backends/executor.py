@@ -105,6 +105,7 @@ class _Siblings:
             ys = [y.reshape(x.shape[:-1] + (v.rows,)) for v, y in zip(self.group.weights, ys)]
         for slot, y in zip(self.later, ys[1:]):
             tape.memo[("sibling", slot)] = y
+            tape.hold(y)     # kept for its step: released once that step's slot holds it
         return ys[0]
 
     def _first(self, product: Callable[[np.ndarray], list[np.ndarray]], w: Any, x: np.ndarray) -> np.ndarray:
@@ -127,7 +128,11 @@ class _SiblingTake:
         return _mul_mat(w, x, self.path) if y is None else y
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
-        return tape.memo.pop(("sibling", self.slot), None)
+        y = tape.memo.pop(("sibling", self.slot), None)
+        if y is not None:
+            tape.hold(y)
+            tape.release(y)   # the memo's hold, now the caller's (which holds it for the slot)
+        return y
 
 
 def _rows_of(*xs: Any) -> bool:
@@ -342,8 +347,8 @@ def _record_weight_rows(tape: Tape, w: QWeight, ids: Any) -> np.ndarray | None:
     f16 = floats.dtype == np.float16
     flat = floats.reshape(-1).view(np.uint16) if f16 else floats.reshape(-1)
     out = tape.arena((len(ids), w.ne0))
-    ok = tape.emit(T.WEIGHT_ROWS, R.weight_rows, (flat, w.ne0, ids, out),
-                   (tape.ref("u16r" if f16 else "f1r", flat), w.ne0, tape.ref("i64", ids), tape.ref("f2", out), int(f16)))
+    ok = tape.emit(T.WEIGHT_ROWS, R.weight_rows, (flat, w.ne0, ids, out), (
+        tape.ref("u16r" if f16 else "f1r", flat), w.ne0, tape.ref("i64", ids), tape.ref("f2", out), int(f16)))
     return out if ok else None
 
 
@@ -646,7 +651,7 @@ class _Rope:
             c, s = self.cos_sin(pos, ff)
             if not _rows_of(c, s) or c.ndim != 2:
                 return None
-            cs = tape.memo[key] = tape.arena(c.shape), tape.arena(s.shape)
+            cs = tape.memo[key] = tape.arena(c.shape, fresh=True), tape.arena(s.shape, fresh=True)
 
             def fill(cs: tuple[np.ndarray, np.ndarray] = cs) -> None:
                 cs[0][...], cs[1][...] = self.cos_sin(pos, ff)
@@ -771,8 +776,10 @@ class _Cont:
         base = x
         while isinstance(base.base, np.ndarray):
             base = base.base
-        if x.ndim > 3 or not base.flags.c_contiguous or any(st % x.itemsize for st in x.strides):
+        if x.ndim > 3 or not base.flags.c_contiguous or base.nbytes % x.itemsize \
+                or any(st % x.itemsize for st in x.strides):
             return None
+        base = base.reshape(-1).view(F32)   # the arena's arrays are float32 views of bytes
         pad = 3 - x.ndim
         shape, strides = (1,) * pad + x.shape, (0,) * pad + tuple(st // x.itemsize for st in x.strides)
         out = tape.arena(x.shape)
@@ -1361,7 +1368,9 @@ class Program:
         fed: dict[int, np.ndarray] = {}   # feeds a tape reads: the arena array each run's feed is copied into
         copies: dict[int, np.ndarray] = {}  # values of Python steps a tape reads: the arena array each is copied into
         steps: list[Step] = []
-        for fn, out, ins, free in (self.steps if fused else self.plain_steps):
+
+        def add(fn: Callable[..., Any], out: int, ins: tuple[int, ...], free: tuple[int, ...]) -> None:
+            """One step of the graph into the plan: a window made here, an instruction on the tape, or a step."""
             if isinstance(fn, _Window):
                 window = fn.at(env)
                 x = known.get(ins[0])
@@ -1372,9 +1381,9 @@ class Program:
                         if tape is not None and x.flags.writeable:  # a tape's kernels take writable rows
                             y.flags.writeable = True
                         known[out] = y
-                        continue
+                        return
                 steps.append((window, out, ins, free))
-                continue
+                return
             if self.ops[out] in _IN_PLACE and ins[0] in known:
                 known[out] = known[ins[0]]
             record = getattr(fn, "record", None) if tape is not None else None
@@ -1393,7 +1402,7 @@ class Program:
                             k = next(k for k in range(len(steps) - 1, -1, -1) if steps[k][1] == j)
                             fn_j, _, ins_j, free_j = steps[k]
                             steps[k] = (partial(_into, a, fn_j), j, ins_j, free_j)
-                    continue
+                    return
             if tape is not None and tape.pending:
                 steps.append((tape.segment(), -1, (), ()))
             if tape is not None and self.ops[out] in _IN_PLACE and isinstance(known.get(ins[0]), np.ndarray):
@@ -1402,6 +1411,18 @@ class Program:
             steps.append((partial(fn, env) if bind is None else bind(env, [known.get(j) for j in ins],
                                                                         [self._shape(j, env) for j in ins]),
                           out, ins, free))
+
+        holding: set[int] = set()   # slots whose value holds its arena storage
+        for fn, out, ins, free in (self.steps if fused else self.plain_steps):
+            add(fn, out, ins, free)
+            if tape is not None:    # liveness: a value's storage goes back to the tape's pool after its last reader
+                if out in known and out not in holding:
+                    holding.add(out)
+                    tape.hold(known[out])
+                for j in free:
+                    if j in holding:
+                        holding.discard(j)
+                        tape.release(known[j])
         if tape is not None:
             if tape.pending:
                 steps.append((tape.segment(), -1, (), ()))
@@ -1439,7 +1460,7 @@ class Program:
         dtype = _DTYPES.get(self.dtypes[slot])
         if dtype is None or slot in self._written or (slot not in self._feed_slots and dtype != F32):
             return None   # a buffer written in place must be the caller's, not a copy of it
-        a = new[slot] = tape.arena(self._shape(slot, env), dtype)
+        a = new[slot] = tape.arena(self._shape(slot, env), dtype, fresh=True)
         return a
 
     def _shape(self, slot: int, env: Env) -> tuple[int, ...]:

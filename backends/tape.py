@@ -252,6 +252,15 @@ def player(n_lanes: int) -> Callable:
     return play
 
 
+def _root(a: Any) -> np.ndarray | None:
+    """The array whose memory an array views (itself if it owns it); None for what is not an array."""
+    if not isinstance(a, np.ndarray):
+        return None
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
 class Tape:
     """Instructions and the arrays they read, made while a plan is made; ``segment()`` closes the instructions
     recorded since the last one into a function that plays them (a planned step)."""
@@ -269,15 +278,43 @@ class Tape:
         self.memo: dict[Any, Any] = {}                # what recorded steps share (cos/sin of positions, ...)
         self.start = self.pending = 0                 # where the instructions not yet in a segment start; how many
         self.made: set[int] = set()                   # the arena's arrays, by id
+        self.pool: list[np.ndarray] = []              # storage of values past their last reader, for later ones
+        self.holders: dict[int, int] = {}             # storage a value of the plan may give back: its live views
         self.written: dict[int, list[np.ndarray]] = {}  # arrays not the arena's that instructions write rows of
         self.in_place: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []  # row_in_place's values
         self._table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def arena(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
-        """An array of the arena: a recorded step's value, or a copy of a value the tape reads."""
-        a = np.zeros(shape, dtype)
-        self.made.add(id(a))
+    def arena(self, shape: tuple[int, ...], dtype: Any = np.float32, fresh: bool = False) -> np.ndarray:
+        """An array of the arena: a recorded step's value, or a copy of a value the tape reads. Unless ``fresh``,
+        it may take the storage of values whose last reader comes before (liveness-based reuse: release), which
+        only an array its instruction writes at its place in the run may do; ``fresh`` for what is written
+        before the run (feeds, derived values, constants) or at another place (a Python step's value)."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        fits = [i for i, r in enumerate(self.pool) if r.nbytes >= nbytes] if not fresh and nbytes else []
+        if fits:
+            root = self.pool.pop(min(fits, key=lambda i: self.pool[i].nbytes))
+            root[:nbytes] = 0
+        else:
+            root = np.zeros(nbytes, np.uint8)
+        a = root[:nbytes].view(dtype).reshape(shape)
+        self.made.update((id(a), id(root)))
+        if not fresh:
+            self.holders.setdefault(id(root), 0)
         return a
+
+    def hold(self, value: Any) -> None:
+        """A slot of the plan (or a value kept for a later step) takes ``value``: its storage stays its own."""
+        root = _root(value)
+        if root is not None and id(root) in self.holders:
+            self.holders[id(root)] += 1
+
+    def release(self, value: Any) -> None:
+        """A holder of ``value`` is past its last reader: with the last of them, the storage goes to the pool."""
+        root = _root(value)
+        if root is not None and self.holders.get(id(root), 0) > 0:
+            self.holders[id(root)] -= 1
+            if self.holders[id(root)] == 0:
+                self.pool.append(root)
 
     def writes_rows(self, buf: np.ndarray, ids: np.ndarray | None) -> None:
         """An instruction writes rows ``ids`` of ``buf`` (a memory's buffer, written in place); None: a Python
@@ -291,13 +328,10 @@ class Tape:
         those written into buf), or a Python step reads ``out`` or writes buf, the row is copied into ``out``
         then instead (as the gather would read it: nothing wrote buf before it, or it would not be here). None
         where buf was written before the gather (which must then copy at its place) or is the arena's."""
-        root = buf
-        while isinstance(root.base, np.ndarray):
-            root = root.base
-        if id(root) in self.made or id(buf) in self.written or len(ids) != 1 or self.ref("f2", buf) is None \
+        if id(_root(buf)) in self.made or id(buf) in self.written or len(ids) != 1 or self.ref("f2", buf) is None \
                 or self.ref("i64", ids) is None:
             return None
-        out = self.arena((1, buf.shape[1]), buf.dtype)
+        out = self.arena((1, buf.shape[1]), buf.dtype, fresh=True)
         own = out[:]            # out at its own address, for the copy: a row of the table no window takes
         self.arrays.append(own)
         self.in_place.append((buf, ids, out, len(self.arrays) - 1))
@@ -332,7 +366,7 @@ class Tape:
         """A copy of a (a weight that never changes) in the arena, writable as the tape's kinds are, made once."""
         c = self.memo.get(("constant", id(a)))
         if c is None:
-            c = self.memo[("constant", id(a))] = self.arena(a.shape, a.dtype)
+            c = self.memo[("constant", id(a))] = self.arena(a.shape, a.dtype, fresh=True)
             c[...] = a
         return c
 

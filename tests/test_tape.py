@@ -152,6 +152,40 @@ def test_a_float_weights_rows_are_numpys_and_a_row_outside_it_raises():
             weight_rows(flat, 8, np.array([1, 6], np.int64), out)
 
 
+def test_a_values_storage_is_reused_after_its_last_reader_and_never_for_what_is_written_before_the_run():
+    """The arena's liveness-based reuse: storage comes back to the pool when the last holder of it (a value or a
+    window of it) is released, and a later value takes it; what is written before the run (fresh) never takes
+    pooled storage, nor gives its own back."""
+    t = tape.Tape(16)
+    a, feed = t.arena((4, 8)), t.arena((16,), fresh=True)
+    window = a[1:]
+    for v in (a, window, feed):
+        t.hold(v)
+    t.release(a)
+    assert not np.shares_memory(t.arena((2, 8)), a)          # its window still holds it
+    t.release(window)
+    t.release(feed)
+    b = t.arena((3, 8))
+    assert np.shares_memory(b, a) and not b.any()             # a's storage, zeroed
+    assert not np.shares_memory(t.arena((16,)), feed)
+    assert not np.shares_memory(t.arena((1,)), b)              # taken storage is gone from the pool
+
+
+def test_a_generation_steps_arena_reuses_the_storage_of_its_dead_values(tiny, monkeypatch):
+    """A decode step's values share storage by liveness: the arena holds fewer arrays than its steps make."""
+    made = []
+    arena = tape.Tape.arena
+    monkeypatch.setattr(tape.Tape, "arena", lambda self, *a, **k: made.append(k.get("fresh", False))
+                        or arena(self, *a, **k))
+    ctx = load(str(tiny.path("llama", Q.Q4_1))).new_context(n_ctx=64)
+    ctx.decode(Batch.from_tokens([3, 4, 5], 0))
+    for i in range(2):
+        ctx.decode(Batch.one(6 + i, 3 + i))
+    (plan,) = [p for k, p in ctx._plans.items() if dict(k[1])["n_tokens"] == 1]
+    t = next(fn.tape for fn, *_ in plan.steps if isinstance(fn, tape.Segment))
+    assert made.count(False) > 2 * len(t.holders) > 0     # the steps' values, and the storage they take
+
+
 def test_set_rows_into_f16_rounds_as_numpy():
     bits = np.concatenate([np.random.default_rng(0).integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32),
                            np.arange(0x33000000 - 64, 0x33000000 + 64, dtype=np.uint32),   # to the smallest half
