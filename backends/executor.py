@@ -26,9 +26,10 @@ from graphir.backends.kernels.mul_mat import (VEC_F16, VEC_F32, as_rows, f16_sho
                                                padding_call, product_mode, products_call)
 from graphir.backends.kernels.norm import norm, norm_kernel, rms_norm, rms_norm_kernel, rms_norming
 from graphir.backends.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
-                                                 ssm_scan_heads, ssm_scan_kernel, wkv6_kernel)
+                                                 ssm_scan_heads, ssm_scan_heads_kernel, ssm_scan_kernel, wkv6_kernel)
 from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
 from graphir.backends.kernels import rows as R
+from graphir.backends.kernels import simd
 from graphir.backends.kernels.softmax import KV_PAD, exp_head, mask_rows, probabilities, soft_max, soft_max_kernel
 from graphir.backends.kernels.unary import (LIBM, exp, geglu, gelu, gelu_kernel, gelu_table, libm_kernel, neg, relu,
                                             sigmoid, silu, silu_kernel, softplus, sqr, swiglu, swiglu_oai, tanh)
@@ -918,9 +919,31 @@ class _SsmScan:
 
 @kernel("ssm_scan_heads")
 def _ssm_scan_heads(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    dense_a = _dense_kept()
-    hadd = path.reduce == REDUCE_HADD
-    return lambda env, s, x, dt, A, B, C: ssm_scan_heads(s, x, dt, dense_a(A), B, C, path.lanes, hadd)
+    return _SsmScanHeads(path)
+
+
+class _SsmScanHeads:
+    def __init__(self, path: IsaPath) -> None:
+        self.dense, self.lanes, self.hadd = _dense_kept(), path.lanes, path.reduce == REDUCE_HADD
+
+    def __call__(self, env: Env, s: np.ndarray, x: np.ndarray, dt: np.ndarray, A: Any, B: np.ndarray,
+                 C: np.ndarray) -> np.ndarray:
+        return ssm_scan_heads(s, x, dt, self.dense(A), B, C, self.lanes, self.hadd)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """Mamba-2's scan on the tape: every y then the final states, one arena array (as ggml's); its 4-D
+        operands go as 3-D rows (sequences and the next dim merged), made 4-D again by play."""
+        s, x, dt, A, B, C = args[0], args[1], args[2], self.dense(args[3]).reshape(-1), args[4], args[5]
+        if not _rows_of(s, x, dt, A, B, C) or x.ndim != 4 or dt.ndim != 3 or B.ndim != 4 or C.shape != B.shape:
+            return None
+        s4 = s.reshape(x.shape[0], x.shape[2], x.shape[3], B.shape[3])
+        out = tape.arena((x.size + s4.size,))
+        y, st = out[:x.size].reshape(x.shape), out[x.size:].reshape(s4.shape)
+        as3 = [a.reshape((-1,) + a.shape[2:]) for a in (s4, x, B, C, y, st)]
+        ops = (*(tape.ref("f3", a) for a in as3[:2]), tape.ref("f3", dt), tape.ref("f1", A),
+               *(tape.ref("f3", a) for a in as3[2:]), x.shape[0], int(self.hadd))
+        kernel_args = (s4, x, dt, A, B, C, y, st, simd.lanes(self.lanes), self.hadd)
+        return out if tape.emit(T.SCAN_HEADS, ssm_scan_heads_kernel(), kernel_args, ops) else None
 
 
 @kernel("rwkv_wkv6")

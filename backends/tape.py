@@ -51,7 +51,8 @@ def _kind(a: Any) -> Any:
 # opcodes: what follows each in the code (the kernel's address, then its operands: table rows, integers, rows of
 # the float constants, registers)
 (GEMV2, GEMV3, NORM, BINARY, SILU, ROPE, SET_ROWS, ATTEND, ROWS, PRODUCTS16, PRODUCTS32, MOVE, CONCAT, CONV, SCAN,
- LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6, SHORT_DOTS32, PLACE, WEIGHT_ROWS) = range(26)
+ LIBM, UNARY, LAYER_NORM, GELU, SOFT_MAX, SHORT_DOTS, STRIDED, WKV6, SHORT_DOTS32, PLACE, WEIGHT_ROWS,
+ SCAN_HEADS) = range(27)
 
 
 @intrinsic
@@ -221,6 +222,16 @@ def player(n_lanes: int) -> Callable:
                 call_at(at, (_f3(t, a[0]), _f3(t, a[1]), _f3(t, a[2]), _f2(t, a[3]), _f3(t, a[4]), s0.reshape(shape),
                              _f3(t, a[6]), st.reshape(shape)))
                 pc += 11
+            elif op == SCAN_HEADS:  # Mamba-2's scan: s, x, dt, A, B, C, y, states (4-D as 3-D), n_seqs, hadd
+                ns = a[8]
+                s0, x3, b3, c3 = _f3(t, a[0]), _f3(t, a[1]), _f3(t, a[4]), _f3(t, a[5])
+                y3, st = _f3(t, a[6]), _f3(t, a[7])
+                sh = (ns, s0.shape[0] // ns, s0.shape[1], s0.shape[2])
+                xh = (ns, x3.shape[0] // ns, x3.shape[1], x3.shape[2])
+                bh = (ns, b3.shape[0] // ns, b3.shape[1], b3.shape[2])
+                call_at(at, (s0.reshape(sh), x3.reshape(xh), _f3(t, a[2]), _f1(t, a[3]), b3.reshape(bh), c3.reshape(bh),
+                             y3.reshape(xh), st.reshape(sh), v, a[9] != 0))
+                pc += 12
             elif op == SHORT_DOTS:  # f16 rows shorter than a step, one x row: w by columns, x, k, out
                 call_at(at, (_f2(t, a[0]), _f1(t, a[1]), a[2], _f1(t, a[3])))
                 pc += 6
