@@ -112,18 +112,6 @@ def hsum(v, o, lanes):
     return hsum8(v[o], v[o + 1], v[o + 2], v[o + 3], v[o + 4], v[o + 5], v[o + 6], v[o + 7])
 
 
-@njit(cache=True, inline="always")
-def vec_reduce(acc, reg, hadd, s16):
-    """GGML_F32_VEC_REDUCE of four registers of ``reg`` lanes, acc[:4 * reg]: registers (0 + 2) + (1 + 3) lane by
-    lane, then that register's sum: 256 -> 128 bits and two _mm_hadd_ps (``hadd``, the AVX build) or halving
-    (_mm512_reduce_add_ps). s16: scratch of ``reg`` floats."""
-    for t in range(reg):
-        s16[t] = (acc[t] + acc[2 * reg + t]) + (acc[reg + t] + acc[3 * reg + t])
-    if hadd:
-        return ((s16[0] + s16[4]) + (s16[1] + s16[5])) + ((s16[2] + s16[6]) + (s16[3] + s16[7]))
-    return hsum(s16, 0, reg)
-
-
 @njit(cache=True)
 def f16_round(v):
     """float32 value of float16(v), round-to-nearest-even (what F16C / `np.float16` do), as float32."""

@@ -14,7 +14,7 @@ from numba import njit
 
 from graphir.backends.kernels.simd import (lanes, vfma, vhadd_sum, vhadd_sums8, vhsum, vload, vload_part, vreduce4,
                                            vsplat_at, vstore, vzero)
-from graphir.backends.kernels_util import fma, hsum, vec_reduce
+from graphir.backends.kernels_util import fma, hsum
 
 F32 = np.float32
 
@@ -38,6 +38,18 @@ def _sums(v, a, out):
                       vload(v, a, 3 * a.shape[0] // 4), False)
     out[2] = vreduce4(vload(v, a, 0), vload(v, a, a.shape[0] // 4), vload(v, a, a.shape[0] // 2),
                       vload(v, a, 3 * a.shape[0] // 4), True)
+
+
+@njit(cache=True)
+def vec_reduce(acc, reg, hadd, s16):
+    """GGML_F32_VEC_REDUCE of four registers of ``reg`` lanes, acc[:4 * reg], written out in scalars: registers
+    (0 + 2) + (1 + 3) lane by lane, then that register's sum: 256 -> 128 bits and two _mm_hadd_ps (``hadd``, the
+    AVX build) or halving (_mm512_reduce_add_ps). s16: scratch of ``reg`` floats."""
+    for t in range(reg):
+        s16[t] = (acc[t] + acc[2 * reg + t]) + (acc[reg + t] + acc[3 * reg + t])
+    if hadd:
+        return ((s16[0] + s16[4]) + (s16[1] + s16[5])) + ((s16[2] + s16[6]) + (s16[3] + s16[7]))
+    return hsum(s16, 0, reg)
 
 
 @njit(cache=True)
