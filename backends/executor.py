@@ -461,14 +461,19 @@ class _Binary:
         return lambda x, y: f(x, y, dtype=np.float32)
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
-        """x op y on the tape where y has x's shape or is one row of x's last axis (a bias, a scale)."""
+        """x op y on the tape where y has x's shape or x's trailing dims (a bias, a scale: one row, or a block that
+        repeats, as Mamba-2's grouped norm weight), taken as rows of y's size."""
         x, y = args
-        if not _rows_of(x, y) or (x.shape != y.shape and (y.shape[-1] != x.shape[-1] or y.size != x.shape[-1])):
+        if not _rows_of(x, y):
+            return None
+        trailing = y.shape[next((i for i, n in enumerate(y.shape) if n != 1), len(y.shape)):]
+        if x.shape != y.shape and x.shape[len(x.shape) - len(trailing):] != trailing:
             return None
         if not y.flags.writeable:   # a weight (a bias, a scale): it never changes, so the arena holds a copy
             y = tape.constant(y)
+        width = x.shape[-1] if x.shape == y.shape else max(y.size, 1)
         out = tape.arena(x.shape)
-        x2, y2, o2 = x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
+        x2, y2, o2 = x.reshape(-1, width), y.reshape(-1, width), out.reshape(-1, width)
         op = _ROW_OPS[self.f]
         ok = tape.emit(T.BINARY, R.binary_rows, (x2, y2, o2, op),
                        (tape.ref("f2", x2), tape.ref("f2", y2), tape.ref("f2", o2), op))
@@ -522,7 +527,31 @@ class _Unary:
 
 @kernel("rms_norm")
 def _rms_norm(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return lambda env, x: rms_norm(x, n.attrs["eps"])
+    return _RmsNorm(n.attrs["eps"])
+
+
+_NO_WEIGHT = np.zeros(0, F32)
+_NO_WEIGHT.flags.writeable = False
+
+
+class _RmsNorm:
+    """rms_norm without a weight after it (Mamba-2's grouped norm, whose weight comes after a reshape)."""
+
+    def __init__(self, eps: float):
+        self.eps = eps
+
+    def __call__(self, env: Env, x: np.ndarray) -> np.ndarray:
+        return rms_norm(x, self.eps)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        x = args[0]
+        if not _rows_of(x):
+            return None
+        rows, out = x.reshape(-1, x.shape[-1]), tape.arena(x.shape)
+        o2, eps = out.reshape(rows.shape), F32(self.eps)
+        ok = tape.emit(T.NORM, rms_norm_kernel(x.size), (rows, eps, _NO_WEIGHT, o2),
+                       (tape.ref("f2", rows), tape.f32(eps), tape.ref("f1r", _NO_WEIGHT), tape.ref("f2", o2)))
+        return out if ok else None
 
 
 @kernel("norm")
