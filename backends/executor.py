@@ -527,44 +527,27 @@ class _Unary:
 
 @kernel("rms_norm")
 def _rms_norm(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return _RmsNorm(n.attrs["eps"])
-
-
-_NO_WEIGHT = np.zeros(0, F32)
-_NO_WEIGHT.flags.writeable = False
-
-
-class _RmsNorm:
-    """rms_norm without a weight after it (Mamba-2's grouped norm, whose weight comes after a reshape)."""
-
-    def __init__(self, eps: float):
-        self.eps = eps
-
-    def __call__(self, env: Env, x: np.ndarray) -> np.ndarray:
-        return rms_norm(x, self.eps)
-
-    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
-        x = args[0]
-        if not _rows_of(x):
-            return None
-        rows, out = x.reshape(-1, x.shape[-1]), tape.arena(x.shape)
-        o2, eps = out.reshape(rows.shape), F32(self.eps)
-        ok = tape.emit(T.NORM, rms_norm_kernel(x.size), (rows, eps, _NO_WEIGHT, o2),
-                       (tape.ref("f2", rows), tape.f32(eps), tape.ref("f1r", _NO_WEIGHT), tape.ref("f2", o2)))
-        return out if ok else None
+    return _Norm(n.attrs["eps"], path, rms=True)
 
 
 @kernel("norm")
 def _norm(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
-    return _Norm(n.attrs["eps"], path)
+    return _Norm(n.attrs["eps"], path, rms=False)
+
+
+_NO_WEIGHT = np.zeros(0, F32)   # rms_norm's kernel without a product by a weight
+_NO_WEIGHT.flags.writeable = False
 
 
 class _Norm:
-    def __init__(self, eps: float, path: IsaPath):
-        self.eps, self.path = eps, path
+    """norm, or rms_norm without a weight after it (Mamba-2's grouped norm, whose weight comes after a reshape;
+    one followed by its weight is _RmsNormWeighted)."""
+
+    def __init__(self, eps: float, path: IsaPath, rms: bool):
+        self.eps, self.path, self.rms = eps, path, rms
 
     def __call__(self, env: Env, x: np.ndarray) -> np.ndarray:
-        return norm(x, self.eps, self.path)
+        return rms_norm(x, self.eps) if self.rms else norm(x, self.eps, self.path)
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
         x = args[0]
@@ -572,8 +555,12 @@ class _Norm:
             return None
         out = tape.arena(x.shape)
         x2, o2, eps, lanes = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]), F32(self.eps), self.path.lanes
-        ok = tape.emit(T.LAYER_NORM, norm_kernel(), (x2, eps, lanes, o2),
-                       (tape.ref("f2", x2), tape.f32(eps), lanes, tape.ref("f2", o2)))
+        if self.rms:
+            ok = tape.emit(T.NORM, rms_norm_kernel(x.size), (x2, eps, _NO_WEIGHT, o2),
+                           (tape.ref("f2", x2), tape.f32(eps), tape.ref("f1r", _NO_WEIGHT), tape.ref("f2", o2)))
+        else:
+            ok = tape.emit(T.LAYER_NORM, norm_kernel(), (x2, eps, lanes, o2),
+                           (tape.ref("f2", x2), tape.f32(eps), lanes, tape.ref("f2", o2)))
         return out if ok else None
 
 
