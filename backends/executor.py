@@ -149,11 +149,15 @@ def _record_float_product(tape: Tape, w: QWeight, x: np.ndarray, path: IsaPath) 
     (n, k), m, f16 = x2.shape, floats.shape[0], floats.dtype == np.float16
     mode, kind = product_mode(f16, n, k, path.lanes, True, False), 2 if f16 else 0
     x1 = x2
-    if kind or k % 64:
-        x1 = tape.arena((n, -(-k // 64) * 64))
-        fn, (src, kd, _) = padding_call(x2, kind, x1)
-        if not tape.emit(T.ROWS, fn, (src, kd, x1), (tape.ref("f2r", src), kd, tape.ref("f2", x1))):
-            return None
+    if kind or k % 64:   # once per x and kind: the products of one input (q, k and v) share its rows
+        key = ("rows", id(x), kind)
+        x1 = tape.memo.get(key)
+        if x1 is None:
+            x1 = tape.arena((n, -(-k // 64) * 64))
+            fn, (src, kd, _) = padding_call(x2, kind, x1)
+            if not tape.emit(T.ROWS, fn, (src, kd, x1), (tape.ref("f2r", src), kd, tape.ref("f2", x1))):
+                return None
+            tape.memo[key] = x1
     out = tape.arena((1, n, m))
     if mode == VEC_F16 and n == 1 and k < 4 * path.lanes:   # every product in vec_dot's scalar tail
         wt = np.ascontiguousarray(floats.T, F32)
