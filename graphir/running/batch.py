@@ -42,6 +42,13 @@ class Batch:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def every_output(self) -> Batch:
+        """This batch with every token's output wanted (what a pooled context makes of it), its fields as they
+        are: converted and checked once, when it was made."""
+        b = object.__new__(Batch)
+        b.__dict__.update(self.__dict__, output=np.ones(len(self), dtype=bool))
+        return b
+
     @classmethod
     def from_tokens(cls, tokens: Sequence[int], pos0: int | None = None, seq_id: int = 0,
                     outputs: str = "last") -> Batch:

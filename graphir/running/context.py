@@ -184,7 +184,7 @@ class Context:
         if len(batch) > self.n_batch:
             raise BatchError(f"batch of {len(batch)} tokens exceeds n_batch={self.n_batch}")
         if self.pooling != "none":  # llama.cpp: a pooled context outputs every token
-            batch = Batch(batch.tokens, batch.pos, batch.seq_ids, np.ones(len(batch), dtype=bool))
+            batch = batch.every_output()
         with self._busy("decode"), np.errstate(all="ignore"):  # IEEE arithmetic, as ggml's: an overflow is inf
             mem = self.memory
             pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.last_pos)

@@ -17,6 +17,8 @@ from graphir.running.batch import UBatch
 def pooling_inputs(ub: UBatch, pooling: str) -> tuple[list[int], dict[str, np.ndarray]]:
     """(sequence ids in pooled-row order, graph inputs) for one ubatch."""
     seqs = sorted({s for ids in ub.seq_ids for s in ids})
+    if pooling == "mean" and len(seqs) == 1:   # one sentence: every token, 1/n each (the division below, in double)
+        return seqs, {"inp_mean": np.full((1, len(ub)), 1.0 / len(ub), np.float32)}
     row = {s: r for r, s in enumerate(seqs)}
     member = np.zeros((len(seqs), len(ub)), dtype=bool)
     at = [(row[s], i) for i, ids in enumerate(ub.seq_ids) for s in ids]
