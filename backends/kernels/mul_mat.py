@@ -377,17 +377,22 @@ def _products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, 
     tiny = mode == TINYBLAS
     simd = k if tiny else kp // (4 * n) * (4 * n)
     nb = tile_rows(v) if tiny else 1
-    n_blocks, m_blocks = (nn + _BLOCK_N - 1) // _BLOCK_N, (mm + _BLOCK_M - 1) // _BLOCK_M
+    n_blocks = (nn + _BLOCK_N - 1) // _BLOCK_N
+    m_blocks = (mm + _BLOCK_M - 1) // _BLOCK_M
+    if bx * n_blocks == 1:   # w's rows alone are split: into a multiple of 8 blocks, which up to 8 threads share
+        m_blocks = (m_blocks + 7) // 8 * 8   # evenly (80 rows in blocks of 64 left one of 2 threads 16 of them)
+    bm = ((mm + m_blocks - 1) // m_blocks + 3) // 4 * 4
+    m_blocks = (mm + bm - 1) // bm
     for task in prange(bx * m_blocks * n_blocks):
         b, r = np.int64(task // (m_blocks * n_blocks)), np.int64(task % (m_blocks * n_blocks))
-        m0, nbl = r // n_blocks * _BLOCK_M, r % n_blocks * _BLOCK_N
+        m0, nbl = r // n_blocks * bm, r % n_blocks * _BLOCK_N
         if mode == VEC_F32 and simd == 0:
             call_at(tail_at, (v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, b, nbl, min(nbl + _BLOCK_N, nn),
-                              m0, min(m0 + _BLOCK_M, mm), out))
+                              m0, min(m0 + bm, mm), out))
             continue
         for n0 in range(nbl, min(nbl + _BLOCK_N, nn), nb):
             call_at(task_at, (v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0,
-                              min(n0 + nb, nn), m0, min(m0 + _BLOCK_M, mm), out))
+                              min(n0 + nb, nn), m0, min(m0 + bm, mm), out))
 
 
 @functools.cache
