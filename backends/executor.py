@@ -20,10 +20,11 @@ import numpy as np
 
 from graphir.backends import tape as T
 from graphir.backends.kernels.attention import attention_mask, attention_over, open_prefix
-from graphir.backends.kernels.jit import kernel_launches
+from graphir.backends.kernels.jit import PAR_MIN, kernel_launches
 from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
-from graphir.backends.kernels.mul_mat import (VEC_F16, VEC_F32, as_rows, f16_short_dots, f32_short_dots, mul_mat,
-                                               padding_call, product_mode, products_call)
+from graphir.backends.kernels.mul_mat import (VEC_F16, VEC_F32, as_rows, f32_short_dots, mul_mat, padding_call,
+                                               product_mode, products_call, short_dots_blocks_par,
+                                               short_dots_blocks_ser)
 from graphir.backends.kernels.norm import norm, norm_kernel, rms_norm, rms_norm_kernel, rms_norming
 from graphir.backends.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
                                                  ssm_scan_heads, ssm_scan_heads_kernel, ssm_scan_kernel, wkv6_kernel)
@@ -160,10 +161,12 @@ def _record_float_product(tape: Tape, w: QWeight, x: np.ndarray, path: IsaPath) 
             tape.memo[key] = x1
     out = tape.arena((1, n, m))
     if mode == VEC_F16 and n == 1 and k < 4 * path.lanes:   # every product in vec_dot's scalar tail
-        wt = np.ascontiguousarray(floats.T, F32)
-        x0, o0 = x1.reshape(-1), out.reshape(-1)
-        ok = tape.emit(T.SHORT_DOTS, f16_short_dots, (wt, x0, k, o0), (tape.ref("f2", wt), tape.ref("f1", x0), k,
-                                                                      tape.ref("f1", o0)))
+        blocks = 2 if m % 2 == 0 and m * k >= PAR_MIN else 1        # a block of rows a thread
+        wt3 = np.ascontiguousarray(floats.T.reshape(k, blocks, m // blocks).transpose(1, 0, 2), F32)
+        x0, o2 = x1.reshape(-1), out.reshape(blocks, m // blocks)
+        fn = short_dots_blocks_par if blocks > 1 else short_dots_blocks_ser
+        ok = tape.emit(T.SHORT_DOTS, fn, (wt3, x0, k, o2), (tape.ref("f3", wt3), tape.ref("f1", x0), k,
+                                                           tape.ref("f2", o2)))
         return out.reshape(x.shape[:-1] + (m,)) if ok else None
     fn, a = products_call(floats.reshape(1, m, k), x1, n, 1, k, k, 1, mode, path, out)
     w1 = tape.ref("u16r", a[3]) if f16 else tape.ref("f1r", a[3])

@@ -232,8 +232,8 @@ def player(n_lanes: int) -> Callable:
                 call_at(at, (s0.reshape(sh), x3.reshape(xh), _f3(t, a[2]), _f1(t, a[3]), b3.reshape(bh), c3.reshape(bh),
                              y3.reshape(xh), st.reshape(sh), v, a[9] != 0))
                 pc += 12
-            elif op == SHORT_DOTS:  # f16 rows shorter than a step, one x row: w by columns, x, k, out
-                call_at(at, (_f2(t, a[0]), _f1(t, a[1]), a[2], _f1(t, a[3])))
+            elif op == SHORT_DOTS:  # f16 rows shorter than a step, one x row: w by columns in blocks, x, k, out
+                call_at(at, (_f3(t, a[0]), _f1(t, a[1]), a[2], _f2(t, a[3])))
                 pc += 6
             elif op == SHORT_DOTS32:  # f32 ones: w by columns, x, k, the products added unfused up to, out
                 call_at(at, (_f2(t, a[0]), _f1(t, a[1]), a[2], a[3], _f1(t, a[4])))
