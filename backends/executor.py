@@ -914,6 +914,15 @@ class _SsmConv:
         return y if ok else None
 
 
+def _result_with_states(tape: Tape, shape: tuple[int, ...], y_shape: tuple[int, ...],
+                        st_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A recurrent op's value on the tape as ggml lays it out, every output then the final states in one array of
+    ``shape``: that array, and its two parts as the kernel writes them."""
+    out = tape.arena(shape)
+    flat, n = out.reshape(-1), math.prod(y_shape)
+    return out, flat[:n].reshape(y_shape), flat[n:].reshape(st_shape)
+
+
 @kernel("ssm_scan")
 def _ssm_scan(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     return _SsmScan()
@@ -933,8 +942,7 @@ class _SsmScan:
         if not _rows_of(s, x, dt, A, B, C) or A.ndim != 2 or any(v.ndim != 3 for v in (x, dt, B, C)):
             return None
         s3 = s.reshape((x.shape[0],) + A.shape)
-        out = tape.arena((x.size + s3.size,))
-        y, st = out[:x.size].reshape(x.shape), out[x.size:].reshape(s3.shape)
+        out, y, st = _result_with_states(tape, (x.size + s3.size,), x.shape, s3.shape)
         ops = tuple(tape.ref("f3", v) for v in (s3, x, dt)) + (tape.ref("f2", A),) + tuple(
             tape.ref("f3", v) for v in (B, C, y, st))
         return out if tape.emit(T.SCAN, ssm_scan_kernel(), (s3, x, dt, A, B, C, y, st), ops) else None
@@ -960,8 +968,7 @@ class _SsmScanHeads:
         if not _rows_of(s, x, dt, A, B, C) or x.ndim != 4 or dt.ndim != 3 or B.ndim != 4 or C.shape != B.shape:
             return None
         s4 = s.reshape(x.shape[0], x.shape[2], x.shape[3], B.shape[3])
-        out = tape.arena((x.size + s4.size,))
-        y, st = out[:x.size].reshape(x.shape), out[x.size:].reshape(s4.shape)
+        out, y, st = _result_with_states(tape, (x.size + s4.size,), x.shape, s4.shape)
         as3 = [a.reshape((-1,) + a.shape[2:]) for a in (s4, x, B, C, y, st)]
         ops = (*(tape.ref("f3", a) for a in as3[:2]), tape.ref("f3", dt), tape.ref("f1", A),
                *(tape.ref("f3", a) for a in as3[2:]), x.shape[0], int(self.hadd))
@@ -990,9 +997,8 @@ class _Wkv6:
         n_head, hs = tf.shape
         k, v, r, td = (a.reshape(-1, n_head, hs) for a in (k, v, r, td))
         n_seqs = state.shape[0]
-        out = tape.arena((k.shape[0] + hs * n_seqs, n_head * hs))
-        flat = out.reshape(-1)
-        y, st = flat[:k.size].reshape(k.shape), flat[k.size:].reshape(n_seqs * n_head, hs, hs)
+        out, y, st = _result_with_states(tape, (k.shape[0] + hs * n_seqs, n_head * hs), k.shape,
+                                         (n_seqs * n_head, hs, hs))
         s0 = state.reshape(n_seqs * n_head, hs, hs)
         args4 = (k, v, r, tf, td, s0.reshape(n_seqs, n_head, hs, hs), y, st.reshape(n_seqs, n_head, hs, hs))
         ops = (*(tape.ref("f3", a) for a in (k, v, r)), tape.ref("f2", tf), tape.ref("f3", td), tape.ref("f3", s0),
