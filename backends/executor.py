@@ -99,7 +99,7 @@ class _Siblings:
         if call is None or not _rows_of(x) or x.size != x.shape[-1]:
             return None
         gemv, joined, spans = call
-        x2, out = x.reshape(1, -1), tape.arena((1, spans[-1].stop))
+        x2, out = x.reshape(1, -1), tape.arena((1, spans[-1].stop), fresh=True)   # kept whole: later steps take parts
         if not _record_gemv(tape, gemv, joined, x2, out):
             return None
         ys = [out[:, s] for s in spans]
@@ -107,7 +107,6 @@ class _Siblings:
             ys = [y.reshape(x.shape[:-1] + (v.rows,)) for v, y in zip(self.group.weights, ys)]
         for slot, y in zip(self.later, ys[1:]):
             tape.memo[("sibling", slot)] = y
-            tape.hold(y)     # kept for its step: released once that step's slot holds it
         return ys[0]
 
     def _first(self, product: Callable[[np.ndarray], list[np.ndarray]], w: Any, x: np.ndarray) -> np.ndarray:
@@ -130,11 +129,7 @@ class _SiblingTake:
         return _mul_mat(w, x, self.path) if y is None else y
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
-        y = tape.memo.pop(("sibling", self.slot), None)
-        if y is not None:
-            tape.hold(y)
-            tape.release(y)   # the memo's hold, now the caller's (which holds it for the slot)
-        return y
+        return tape.memo.pop(("sibling", self.slot), None)
 
 
 def _rows_of(*xs: Any) -> bool:
@@ -152,13 +147,13 @@ def _record_float_product(tape: Tape, w: QWeight, x: np.ndarray, path: IsaPath) 
     x1 = x2
     if kind or k % 64:   # once per x and kind: the products of one input (q, k and v) share its rows
         key = ("rows", id(x), kind)
-        x1 = tape.memo.get(key)
-        if x1 is None:
+        seen, x1 = tape.memo.get(key, (None, None))
+        if seen is not x:   # (the memo keeps x, so its id names no other array meanwhile)
             x1 = tape.arena((n, -(-k // 64) * 64))
             fn, (src, kd, _) = padding_call(x2, kind, x1)
             if not tape.emit(T.ROWS, fn, (src, kd, x1), (tape.ref("f2r", src), kd, tape.ref("f2", x1))):
                 return None
-            tape.memo[key] = x1
+            tape.memo[key] = x, x1
     out = tape.arena((1, n, m))
     if mode == VEC_F16 and n == 1 and k < 4 * path.lanes:   # every product in vec_dot's scalar tail
         blocks = 2 if m % 2 == 0 and m * k >= PAR_MIN else 1        # a block of rows a thread
@@ -797,9 +792,7 @@ class _Cont:
             return None
         if x.flags.c_contiguous:
             return x
-        base = x
-        while isinstance(base.base, np.ndarray):
-            base = base.base
+        base = T.storage_of(x)
         if x.ndim > 3 or not base.flags.c_contiguous or base.nbytes % x.itemsize \
                 or any(st % x.itemsize for st in x.strides):
             return None

@@ -263,7 +263,7 @@ def player(n_lanes: int) -> Callable:
     return play
 
 
-def _root(a: Any) -> np.ndarray | None:
+def storage_of(a: Any) -> np.ndarray | None:
     """The array whose memory an array views (itself if it owns it); None for what is not an array."""
     if not isinstance(a, np.ndarray):
         return None
@@ -315,13 +315,13 @@ class Tape:
 
     def hold(self, value: Any) -> None:
         """A slot of the plan (or a value kept for a later step) takes ``value``: its storage stays its own."""
-        root = _root(value)
+        root = storage_of(value)
         if root is not None and id(root) in self.holders:
             self.holders[id(root)] += 1
 
     def release(self, value: Any) -> None:
         """A holder of ``value`` is past its last reader: with the last of them, the storage goes to the pool."""
-        root = _root(value)
+        root = storage_of(value)
         if root is not None and self.holders.get(id(root), 0) > 0:
             self.holders[id(root)] -= 1
             if self.holders[id(root)] == 0:
@@ -339,7 +339,7 @@ class Tape:
         those written into buf), or a Python step reads ``out`` or writes buf, the row is copied into ``out``
         then instead (as the gather would read it: nothing wrote buf before it, or it would not be here). None
         where buf was written before the gather (which must then copy at its place) or is the arena's."""
-        if id(_root(buf)) in self.made or id(buf) in self.written or len(ids) != 1 or self.ref("f2", buf) is None \
+        if id(storage_of(buf)) in self.made or id(buf) in self.written or len(ids) != 1 or self.ref("f2", buf) is None \
                 or self.ref("i64", ids) is None:
             return None
         out = self.arena((1, buf.shape[1]), buf.dtype, fresh=True)
