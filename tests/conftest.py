@@ -31,9 +31,9 @@ TINY_KEYS: dict[str, object] = {
 def graph_cases() -> list[tuple[str, str, str]]:
     """Every (preset, context, phase) a preset's architecture runs with: what the golden snapshots cover."""
     from graphir.model.meta import open_model
-    from graphir.model.presets import PRESETS
+    from graphir.model.presets import all_presets
 
-    return [(p, c, ph) for p in sorted(PRESETS) for c, ph in open_model(p).graph_kinds()]
+    return [(p, c, ph) for p in sorted(all_presets()) for c, ph in open_model(p).graph_kinds()]
 
 
 def smollm2_path() -> Path | None:

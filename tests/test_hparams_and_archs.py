@@ -23,7 +23,7 @@ from graphir.graph.ir import Graph
 from graphir.memory.kinds import assemble
 from graphir.memory.layers import LatentAttention, Recurrent
 from graphir.model.meta import ModelMeta, from_preset, open_model
-from graphir.model.presets import PRESETS
+from graphir.model.presets import all_presets
 
 L, A, R = gguf.Keys.LLM, gguf.Keys.Attention, gguf.Keys.Rope
 SMOL = "SmolLM2-135M"
@@ -44,7 +44,7 @@ _TEMPLATES = {
 
 def smol_md(**changes: object) -> dict[str, object]:
     """SmolLM2's metadata with keys (short names of gguf.Keys templates) replaced, or removed when None."""
-    md = PRESETS[SMOL].metadata()
+    md = all_presets()[SMOL].metadata()
     for template, value in changes.items():
         k = key(_TEMPLATES[template])
         if value is None:
@@ -253,7 +253,7 @@ def smol_arch() -> Architecture:
     return open_model(SMOL).arch
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("preset", list(all_presets()))
 def test_every_preset_declares_exactly_the_expected_tensors(preset):
     m = open_model(preset)
     assert m.arch.check(m.tensors) == []
@@ -590,4 +590,4 @@ def test_graph_meta_records_arch_context_phase_and_hparams():
 
 
 def test_from_preset_labels_the_model_by_name():
-    assert from_preset("my-label", PRESETS[SMOL]).label == "my-label"
+    assert from_preset("my-label", all_presets()[SMOL]).label == "my-label"

@@ -36,7 +36,7 @@ class Model:
 
     def __init__(self, meta: ModelMeta, isa: str | None = None, backend: str = DEFAULT):
         if meta.header is None:
-            from graphir.files.hf_config import is_hf_source
+            from graphir.model.hf_config import is_hf_source
 
             what = "a Hugging Face config, read" if is_hf_source(meta.label) else "a preset"
             raise GraphirError(f"{meta.label} is {what} for its graph: it has metadata but no weights to run; load a "
