@@ -174,6 +174,22 @@ class GraphBuilder:
         finally:
             self._scope, self.il = outer, outer_il
 
+    def layers(self) -> Iterator[int]:
+        """Every layer index in turn, each inside its scope (:meth:`layer`): a family's layer loop. The rows
+        whose output is requested are declared first, as every graph lists them before its layers."""
+        self.build_inp_out_ids()
+        for il in range(self.hp.n_layer):
+            with self.layer(il):
+                yield il
+
+    def last_layer_rows(self, *values: tuple[Node, str]) -> tuple[Node, ...]:
+        """In the last layer only the rows whose output is requested go on (llama.cpp's ``inp_out_ids``): each
+        value's rows there, named by its tag; in every other layer the values as they are."""
+        if self.il != self.hp.n_layer - 1:
+            return tuple(v for v, _ in values)
+        out_ids = self.build_inp_out_ids()
+        return tuple(self.op("get_rows", v, out_ids, name=tag) for v, tag in values)
+
     def input(self, role: str, dtype: str, shape: tuple[Dim, ...], scoped: bool = False, **facts: Any) -> Node:
         """A runtime-fed tensor, declared once per name; ``scoped`` inputs belong to the current layer."""
         name = (self._scope if scoped else "") + role
@@ -184,6 +200,20 @@ class GraphBuilder:
     def w(self, t: MODEL_TENSOR, il: int | None = None, suffix: str = "weight") -> Node | None:
         """The weight an architecture declared under this name; None when it is optional and absent."""
         return self.weight(tensor_name(t, il, suffix))
+
+    def w_opt(self, t: MODEL_TENSOR, il: int | None = None, suffix: str = "weight") -> Node | None:
+        """An optional weight: None when the file does not have it (the family's table says it may be absent)."""
+        name = tensor_name(t, il, suffix)
+        spec = self.arch.specs.get(name)
+        if spec is not None and not (spec.optional or spec.tied_to):
+            raise GraphError(f"{self.arch.name} reads the required tensor '{name}' as optional")
+        return self.weight(name)
+
+    def norm(self, x: Node, t: MODEL_TENSOR, il: int | None = None, kind: Norm = Norm.RMS, *, name: str) -> Node:
+        """x normalised with tensor ``t``'s weight and, where the family declares one and the file has it, its bias."""
+        bias = tensor_name(t, il, "bias")
+        return self.build_norm(x, self.w(t, il), self.weight(bias) if bias in self.arch.specs else None, kind,
+                               name=name)
 
     def weight(self, name: str) -> Node | None:
         if name in self._names:
