@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.llama import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.memory.layers import LatentAttention, LayerNeeds

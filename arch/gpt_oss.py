@@ -17,7 +17,8 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.llama import MOE_KEYS, Llama
+from graphir.arch.llama import Llama
+from graphir.model.moe import MOE_KEYS
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.model.builder import Act, Gating, GraphBuilder

@@ -16,7 +16,8 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.llama import MOE_KEYS, Llama
+from graphir.arch.llama import Llama
+from graphir.model.moe import MOE_KEYS
 from graphir.arch.mamba import Mamba2
 from graphir.graph.ir import Node
 from graphir.memory.layers import Attention, LayerNeeds, Recurrent
