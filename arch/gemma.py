@@ -29,7 +29,7 @@ from graphir.model.builder import Act, GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Family, derived, hf
 from graphir.model.hparams import HParams, Key, SlidingWindow, f32, inv_sqrt
 from graphir.model.presets import Preset
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, matrix_scales, spec, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -84,6 +84,8 @@ class Gemma2(Architecture):
             specs += [spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), spec(T.FFN_NORM, (E,), il, kind="vector"),
                       spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
                       spec(T.FFN_POST_NORM, (E,), il, kind="vector")]
+            specs += [s for m in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT, T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)
+                      for s in matrix_scales(m, il)]  # the FFN's scales are not read by llama.cpp's graph
         return specs
 
     def query_scale(self) -> float:
@@ -111,7 +113,7 @@ class Gemma2(Architecture):
             q = b.rope(q, pos, name="Qcur.rope", freq_base=base, freq_scale=scale)
             k = b.rope(k, pos, name="Kcur.rope", freq_base=base, freq_scale=scale)
             q = b.op("scale", q, s=q_scale, name="Qcur.scaled")
-            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), kq_scale=1.0,
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), kq_scale=1.0,
                              softcap=hp.attn_softcap if t.score_cap else 0.0)
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             # sandwich norms: attention and FFN outputs are normalised before they join the residual stream

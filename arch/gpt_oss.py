@@ -26,7 +26,7 @@ from graphir.model.hf_config import TEXT, VOCAB, Family, hf
 from graphir.model.hparams import HParams, Key, SlidingWindow, inv_sqrt
 from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.presets import Preset
-from graphir.model.tensors import TensorSpec, spec
+from graphir.model.tensors import TensorSpec, matrix_scales, spec
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -66,6 +66,9 @@ class GptOss(Architecture):
                       spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_GATE_EXP, (F, X), il, "bias", kind="vector"),
                       spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_UP_EXP, (F, X), il, "bias", kind="vector"),
                       spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_DOWN_EXP, (E, X), il, "bias", kind="vector")]
+            specs += [s for m in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT) for s in matrix_scales(m, il)]
+            specs += [s for m in (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP)
+                      for s in matrix_scales(m, il, X)]  # the experts' scales are not read by llama.cpp's graph
         return specs
 
     def build(self, b: GraphBuilder) -> None:
@@ -83,7 +86,8 @@ class GptOss(Architecture):
             q = b.rope(q, pos, name="Qcur.rope", freq_base=base)
             k = b.rope(k, pos, name="Kcur.rope", freq_base=base)
             a = b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), wo_b=w(T.ATTN_OUT, il, "bias"),
-                             kq_scale=inv_sqrt(hp.n_rot), sinks=w(T.ATTN_SINKS, il))
+                             wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), kq_scale=inv_sqrt(hp.n_rot),
+                             sinks=w(T.ATTN_SINKS, il))
             x = b.op("add", a, x, name="ffn_inp")
             # the top n_expert_used experts by biased router logits, weighted by a softmax over those logits; each
             # expert a clamped SwiGLU with a bias on each of its products

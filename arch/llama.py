@@ -27,7 +27,7 @@ from graphir.model.hf_config import TEXT, VOCAB, Family, derived, hf
 from graphir.model.hparams import HParams, Key
 from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.presets import Preset
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, matrix_scales, spec, tensor_name
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class Traits:
     qkv_bias: bool = False  # Qwen2: q/k/v biases required (elsewhere optional extras)
     qk_norm: bool = False  # Qwen3: each head of Q and K RMS-normalised, with a learned scale, before RoPE
     nope_every: int = 0  # SmolLM3: the last layer of every n attends without positions (llama.cpp's fixed 4)
+    ffn_scales: bool = True  # the dense FFN's products times their matrices' scales (Qwen2, SmolLM3: not read)
+    classifier: bool = False  # Qwen3: an optional cls_out head, which only llama.cpp's rank pooling reads
     # Qwen3-MoE: every FFN a mixture of experts of expert_feed_forward_length, their gates required (llama's
     # FFNs are mixtures of experts of feed_forward_length when expert_count > 0, gates optional; the variants
     # whose keys leave out the expert counts have dense FFNs only)
@@ -76,6 +78,8 @@ class Llama(Architecture):
                  spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
                  spec(T.OUTPUT, (V,), suffix="bias", kind="vector", optional=True),
                  spec(T.ROPE_FREQS, (hp.n_rot // 2,), kind="vector", optional=True)]  # Llama-3.1's divisors
+        if t.classifier:
+            specs.append(spec(T.CLS_OUT, (E, 1), optional=True))
         for il in range(hp.n_layer):
             q_out, k_out, v_out = hp.head_count(il) * d, hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)
             specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"),
@@ -92,9 +96,13 @@ class Llama(Architecture):
                 specs += [spec(T.FFN_GATE_INP, (E, X), il),
                           spec(T.FFN_GATE_EXP, (E, F, X), il, optional=not t.experts_always),
                           spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il)]
+                ffn, n = (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP), X
             else:
                 F = hp.ff_length(il)
                 specs += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il)]
+                ffn, n = (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN), 1
+            specs += [s for m in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT) for s in matrix_scales(m, il)]
+            specs += [s for m in ffn for s in matrix_scales(m, il, n)]
         return specs
 
     def build(self, b: GraphBuilder) -> None:
@@ -113,7 +121,7 @@ class Llama(Architecture):
                 q = b.rope(q, pos, rope_factors, name="Qcur.rope")
                 k = b.rope(k, pos, rope_factors, name="Kcur.rope")
             a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w_opt(T.ATTN_OUT, il, "bias"),
-                             kq_scale=b.kq_scale())
+                             wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), kq_scale=b.kq_scale())
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             # feed-forward network: dense SwiGLU, or each token through its top experts (softmax, renormalised)
@@ -121,9 +129,15 @@ class Llama(Architecture):
             if self.n_expert:
                 f = b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
                                     gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
+                                    up_exps_s=b.w_opt(T.FFN_UP_EXP, il, "scale"),
+                                    gate_exps_s=b.w_opt(T.FFN_GATE_EXP, il, "scale"),
+                                    down_exps_s=b.w_opt(T.FFN_DOWN_EXP, il, "scale"),
                                     n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
             else:
-                f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))
+                up_s, gate_s, down_s = (b.w_opt(m, il, "scale") if t.ffn_scales else None
+                                        for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
+                f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
+                                up_s=up_s, gate_s=gate_s, down_s=down_s)
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT), b.w_opt(T.OUTPUT, suffix="bias"))
@@ -133,14 +147,14 @@ class Qwen2(Llama):
     name = "qwen2"
     rope_mode = "neox"  # HF rotate-half layout, kept by the converter
     keys = ()
-    traits = Traits(qkv_bias=True)  # dense FFNs only (Qwen2-MoE is another architecture)
+    traits = Traits(qkv_bias=True, ffn_scales=False)  # dense FFNs only (Qwen2-MoE is another architecture)
 
 
 class Qwen3(Llama):
     name = "qwen3"
     rope_mode = "neox"
     keys = ()
-    traits = Traits(qk_norm=True)
+    traits = Traits(qk_norm=True, classifier=True)
 
 
 class Qwen3Moe(Llama):
@@ -156,7 +170,7 @@ class Qwen3Moe(Llama):
 class SmolLM3(Llama):
     name = "smollm3"
     keys = ()
-    traits = Traits(nope_every=4)
+    traits = Traits(nope_every=4, ffn_scales=False)
 
 
 # ---- Hugging Face: what convert_hf_to_gguf writes for each of these configs -------------------------------

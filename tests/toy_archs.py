@@ -60,7 +60,8 @@ class ToyHybrid(Architecture):
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
             if self.is_recurrent(il):
-                y = Mamba.mixer(self, b, b.reshape(h, (E, b.n_seq_tokens, b.n_seqs), name="attn_norm.seqs"), il)  # type: ignore[arg-type]
+                seqs = b.reshape(h, (E, b.n_seq_tokens, b.n_seqs), name="attn_norm.seqs")
+                y = Mamba.mixer(self, b, seqs, il)  # type: ignore[arg-type]
                 a = b.reshape(y, (E, b.n_tokens), name="ssm_out.tokens")
             else:
                 q, k, v = b.build_qkv(h, il)

@@ -211,9 +211,12 @@ class GraphBuilder:
 
     def norm(self, x: Node, t: MODEL_TENSOR, il: int | None = None, kind: Norm = Norm.RMS, *, name: str) -> Node:
         """x normalised with tensor ``t``'s weight and, where the family declares one and the file has it, its bias."""
-        bias = tensor_name(t, il, "bias")
-        return self.build_norm(x, self.w(t, il), self.weight(bias) if bias in self.arch.specs else None, kind,
-                               name=name)
+        return self.build_norm(x, self.w(t, il), self._declared(t, il, "bias"), kind, name=name)
+
+    def _declared(self, t: MODEL_TENSOR, il: int | None, suffix: str) -> Node | None:
+        """The tensor where the family declares it and the file has it (a shared block's optional extra)."""
+        name = tensor_name(t, il, suffix)
+        return self.weight(name) if name in self.arch.specs else None
 
     def weight(self, name: str) -> Node | None:
         if name in self._names:
@@ -235,9 +238,15 @@ class GraphBuilder:
 
     # ---- small op helpers (names are tags inside the current scope) -------------------------------------
 
-    def linear(self, x: Node, w: Node, b: Node | None = None, *, name: str) -> Node:
+    def linear(self, x: Node, w: Node, b: Node | None = None, s: Node | None = None, *, name: str) -> Node:
+        """w x, times the matrix's scale ``s`` [1] (llama.cpp's per-tensor ``.scale``), plus the bias ``b``."""
         y = self.op("mul_mat", w, x, name=name)
+        if s is not None:
+            y = self.op("mul", y, s, name=f"{name}.s")
         return self.op("add", y, b, name=f"{name}.b") if b is not None else y
+
+    def _scaled(self, x: Node, s: Node | None, *, name: str) -> Node:
+        return x if s is None else self.op("mul", x, s, name=name)
 
     def reshape(self, x: Node, shape: tuple[Dim, ...], *, name: str) -> Node:
         return self.op("reshape", x, shape=shape, name=name)
@@ -268,11 +277,14 @@ class GraphBuilder:
         return y
 
     def build_ffn(self, x: Node, *, up: Node, gate: Node | None, down: Node, up_b: Node | None = None,
-                  gate_b: Node | None = None, down_b: Node | None = None, act: Act = Act.SILU,
+                  gate_b: Node | None = None, down_b: Node | None = None, up_s: Node | None = None,
+                  gate_s: Node | None = None, down_s: Node | None = None, act: Act = Act.SILU,
                   gate_mode: Gate = Gate.PAR, name: str = "ffn_out") -> Node:
-        t = self.linear(x, up, up_b, name="ffn_up")
+        """llama.cpp's build_ffn; a matrix's scale ``*_s`` [1] multiplies its product after the bias, as there."""
+        t = self._scaled(self.linear(x, up, up_b, name="ffn_up"), up_s, name="ffn_up_s")
         if gate is not None:
             g = self.linear(t if gate_mode is Gate.SEQ else x, gate, gate_b, name="ffn_gate")
+            g = self._scaled(g, gate_s, name="ffn_gate_s")
             if gate_mode is Gate.PAR and act in _GLU:
                 h = self.op(_GLU[act], g, t, name=f"ffn_{_GLU[act]}")
             else:
@@ -281,20 +293,22 @@ class GraphBuilder:
                     h = self.op("mul", h, t, name="ffn_gate_par")
         else:
             h = self.op(act.value, t, name=f"ffn_{act.value}")
-        return self.linear(h, down, down_b, name=name)
+        return self._scaled(self.linear(h, down, down_b, name=name), down_s, name=f"{name}_s")
 
     def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node, gate_exps: Node | None, down_exps: Node,
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
                       w_scale: float = 0.0, probs_b: Node | None = None, act: Act = Act.SILU,
                       gate_inp_b: Node | None = None, up_exps_b: Node | None = None, gate_exps_b: Node | None = None,
-                      down_exps_b: Node | None = None, n_groups: int = 0, n_group_used: int = 0,
-                      name: str = "ffn_moe_out") -> Node:
+                      down_exps_b: Node | None = None, up_exps_s: Node | None = None,
+                      gate_exps_s: Node | None = None, down_exps_s: Node | None = None, n_groups: int = 0,
+                      n_group_used: int = 0, name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
         n_expert]) and sums their outputs weighted by its probabilities, normalised to sum 1 (``norm_w``) and
         scaled by ``w_scale`` (0 or 1: not scaled). ``gate_inp_b`` biases the router's logits; ``*_exps_b``
-        [n_ff or n_embd, n_expert] add to each expert's product the bias of that expert (``add_id``, gpt-oss).
+        [n_ff or n_embd, n_expert] add to each expert's product the bias of that expert (``add_id``, gpt-oss);
+        ``*_exps_s`` [n_expert] multiply it by that expert's scale first (llama.cpp's per-expert ``.scale``).
         ``n_groups`` > 1: the experts form that many groups and a token chooses among the ``n_group_used`` best
         groups only (:meth:`_moe_best_groups`, DeepSeek-V3)."""
         n_embd, n_tok = x.shape
@@ -326,9 +340,9 @@ class GraphBuilder:
         if w_scale not in (0.0, 1.0):
             weights = self.op("scale", weights, s=w_scale, name="ffn_moe_weights_scaled")
         cur = self.reshape(x, (n_embd, 1, n_tok), name="ffn_moe_in")
-        up = self._expert_mm(up_exps, up_exps_b, cur, selected, name="ffn_moe_up")
+        up = self._expert_mm(up_exps, up_exps_b, up_exps_s, cur, selected, name="ffn_moe_up")
         if gate_exps is not None:
-            gate = self._expert_mm(gate_exps, gate_exps_b, cur, selected, name="ffn_moe_gate")
+            gate = self._expert_mm(gate_exps, gate_exps_b, gate_exps_s, cur, selected, name="ffn_moe_gate")
             if act is Act.SWIGLU_OAI:
                 h = self.op("swiglu_oai", gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT,
                             name="ffn_moe_swiglu_oai")
@@ -336,7 +350,7 @@ class GraphBuilder:
                 h = self.op(_GLU[act], gate, up, name=f"ffn_moe_{_GLU[act]}")
         else:
             h = self.op(act.value, up, name=f"ffn_moe_{act.value}")
-        experts = self._expert_mm(down_exps, down_exps_b, h, selected, name="ffn_moe_down")
+        experts = self._expert_mm(down_exps, down_exps_b, down_exps_s, h, selected, name="ffn_moe_down")
         experts = self.op("mul", experts, weights, name="ffn_moe_weighted")
         return self.op("moe_sum", experts, name=name)
 
@@ -358,9 +372,17 @@ class GraphBuilder:
                          rows, kept, name="ffn_moe_groups_masked")
         return self.reshape(masked, (n_expert, n_tok), name="ffn_moe_probs_masked")
 
-    def _expert_mm(self, w: Node, b: Node | None, x: Node, selected: Node, *, name: str) -> Node:
-        """Each token's rows through its selected experts of the stack ``w``, plus each expert's bias ``b``."""
+    def _expert_mm(self, w: Node, b: Node | None, s: Node | None, x: Node, selected: Node, *, name: str) -> Node:
+        """Each token's rows through its selected experts of the stack ``w``, times each expert's scale ``s``
+        (its entry, repeated over the tokens and picked by the selection, as llama.cpp's build_lora_mm_id), plus
+        each expert's bias ``b``."""
         y = self.op("mul_mat_id", w, x, selected, name=name)
+        if s is not None:
+            n_expert, (n_used, n_tok) = s.shape[0], selected.shape
+            per_token = self.op("repeat", self.reshape(s, (1, n_expert, 1), name=f"{name}_s.3d"),
+                                shape=(1, n_expert, n_tok), name=f"{name}_s.tokens")
+            y = self.op("mul", y, self.op("get_rows", per_token, selected, name=f"{name}_s.rows"),
+                        name=f"{name}_scaled")
         return y if b is None else self.op("add_id", y, b, selected, name=f"{name}_biased")
 
     def rope(self, x: Node, pos: Node, freq_factors: Node | None = None, *, name: str,
@@ -403,13 +425,14 @@ class GraphBuilder:
             return (self.reshape(q, (d, H, T_), name="Qcur.heads"), self.reshape(k, (d, Hkv, T_), name="Kcur.heads"),
                     self.reshape(v, (dv, Hkv, T_), name="Vcur.heads"))
         bias = self.w(MODEL_TENSOR.ATTN_QKV, il, "bias")
+        scale = self._declared(MODEL_TENSOR.ATTN_QKV, il, "scale")
         if bias is None:  # a fused weight may come with separate q/k/v biases: llama.cpp joins all three, if all are
             names = [tensor_name(t, il, "bias") for t in (MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V)]
             if all(n in self.arch.specs and n in self.tensors for n in names):
                 q_b, k_b, v_b = (self.weight(n) for n in names)
                 qk_b = self.op("concat", q_b, k_b, dim=0, name="qk_b")  # type: ignore[arg-type]
                 bias = self.op("concat", qk_b, v_b, dim=0, name="qkv_b")  # type: ignore[arg-type]
-        qkv = self.linear(x, fused, bias, name="wqkv")
+        qkv = self.linear(x, fused, bias, scale, name="wqkv")
         q_w, k_w = d * H, d * Hkv
         row = q_w + k_w + dv * Hkv
         return tuple(self.op("view", qkv, shape=(w, h, T_), strides=(1, w, row), offset=off, name=tag)  # type: ignore[return-value]
@@ -420,10 +443,10 @@ class GraphBuilder:
         if w is None:  # a family where the fused and the separate form are both optional: neither is in the file
             raise TensorError(f"{self.label}: missing tensor '{tensor_name(MODEL_TENSOR.ATTN_QKV, il)}' (or "
                               f"'{tensor_name(t, il)}' of separate projections)")
-        return self.linear(x, w, self.w(t, il, "bias"), name=tag)
+        return self.linear(x, w, self.w(t, il, "bias"), self._declared(t, il, "scale"), name=tag)
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
-                   kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
+                   wo_s: Node | None = None, kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
                    sinks: Node | None = None) -> Node:
         """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (``wo``
         None: the heads' output [d * n_head, T], for a family that gates it before projecting);
@@ -432,7 +455,7 @@ class GraphBuilder:
         head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks)."""
         out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale, softcap=softcap,
                                      kq_b=kq_b, sinks=sinks)
-        return out if wo is None else self.linear(out, wo, wo_b, name="attn_out")
+        return out if wo is None else self.linear(out, wo, wo_b, wo_s, name="attn_out")
 
     def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float) -> Node:
         """Multi-head latent attention (absorbed MLA): q [d_latent, n_head, T] over one shared head k
