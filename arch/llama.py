@@ -37,6 +37,7 @@ class Traits:
     qkv_bias: bool = False  # Qwen2: q/k/v biases required (elsewhere optional extras)
     qk_norm: bool = False  # Qwen3: each head of Q and K RMS-normalised, with a learned scale, before RoPE
     nope_every: int = 0  # SmolLM3: the last layer of every n attends without positions (llama.cpp's fixed 4)
+    ffn_bias: bool = True  # the dense FFN's optional biases (llama's loader alone takes them)
     ffn_scales: bool = True  # the dense FFN's products times their matrices' scales (Qwen2, SmolLM3: not read)
     classifier: bool = False  # Qwen3: an optional cls_out head, which only llama.cpp's rank pooling reads
     # Qwen3-MoE: every FFN a mixture of experts of expert_feed_forward_length, their gates required (llama's
@@ -100,6 +101,9 @@ class Llama(Architecture):
             else:
                 F = hp.ff_length(il)
                 specs += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il)]
+                if t.ffn_bias:
+                    specs += [spec(m, (n,), il, "bias", kind="vector", optional=True)
+                              for m, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))]
                 ffn, n = (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN), 1
             specs += [s for m in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT) for s in matrix_scales(m, il)]
             specs += [s for m in ffn for s in matrix_scales(m, il, n)]
@@ -134,10 +138,12 @@ class Llama(Architecture):
                                     down_exps_s=b.w_opt(T.FFN_DOWN_EXP, il, "scale"),
                                     n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
             else:
+                up_b, gate_b, down_b = (b.w_opt(m, il, "bias") if t.ffn_bias else None
+                                        for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
                 up_s, gate_s, down_s = (b.w_opt(m, il, "scale") if t.ffn_scales else None
                                         for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
                 f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
-                                up_s=up_s, gate_s=gate_s, down_s=down_s)
+                                up_b=up_b, gate_b=gate_b, down_b=down_b, up_s=up_s, gate_s=gate_s, down_s=down_s)
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT), b.w_opt(T.OUTPUT, suffix="bias"))
@@ -147,14 +153,14 @@ class Qwen2(Llama):
     name = "qwen2"
     rope_mode = "neox"  # HF rotate-half layout, kept by the converter
     keys = ()
-    traits = Traits(qkv_bias=True, ffn_scales=False)  # dense FFNs only (Qwen2-MoE is another architecture)
+    traits = Traits(qkv_bias=True, ffn_bias=False, ffn_scales=False)  # dense FFNs only (Qwen2-MoE is another architecture)
 
 
 class Qwen3(Llama):
     name = "qwen3"
     rope_mode = "neox"
     keys = ()
-    traits = Traits(qk_norm=True, classifier=True)
+    traits = Traits(qk_norm=True, ffn_bias=False, classifier=True)
 
 
 class Qwen3Moe(Llama):
@@ -170,7 +176,7 @@ class Qwen3Moe(Llama):
 class SmolLM3(Llama):
     name = "smollm3"
     keys = ()
-    traits = Traits(nope_every=4, ffn_scales=False)
+    traits = Traits(nope_every=4, ffn_bias=False, ffn_scales=False)
 
 
 # ---- Hugging Face: what convert_hf_to_gguf writes for each of these configs -------------------------------
