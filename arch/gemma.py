@@ -29,7 +29,9 @@ from graphir.model.builder import Act, GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Family, derived, hf
 from graphir.model.hparams import HParams, Key, SlidingWindow, f32, inv_sqrt
 from graphir.model.presets import Preset
-from graphir.model.tensors import TensorSpec, matrix_scales, spec, tensor_name
+from graphir.model.qkv import qk_norm, qk_norm_tensors, qkv_tensors
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -67,25 +69,18 @@ class Gemma2(Architecture):
 
     def tensors(self) -> list[TensorSpec]:
         hp, t = self.hp, self.traits
-        E, V, d = hp.n_embd, hp.n_vocab, hp.n_embd_head_k
+        E, V = hp.n_embd, hp.n_vocab
         specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector")]
         if t.own_head:
             specs.append(spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)))
         for il in range(hp.n_layer):
-            q_out, k_out, v_out = hp.head_count(il) * d, hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)
             F = hp.ff_length(il)
-            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"),
-                      spec(T.ATTN_Q, (E, q_out), il), spec(T.ATTN_K, (E, k_out), il), spec(T.ATTN_V, (E, v_out), il),
-                      spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il),
-                      *(spec(w, (n,), il, "bias", kind="vector", optional=True)
-                        for w, n in ((T.ATTN_Q, q_out), (T.ATTN_K, k_out), (T.ATTN_V, v_out)))]
-            if t.qk_norm:
-                specs += [spec(T.ATTN_Q_NORM, (d,), il, kind="vector"), spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
-            specs += [spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), spec(T.FFN_NORM, (E,), il, kind="vector"),
-                      spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
-                      spec(T.FFN_POST_NORM, (E,), il, kind="vector")]
-            specs += [s for m in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT, T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)
-                      for s in matrix_scales(m, il)]  # the FFN's scales are not read by llama.cpp's graph
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il),
+                     *(qk_norm_tensors(hp, il) if t.qk_norm else ()),
+                     spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), spec(T.FFN_NORM, (E,), il, kind="vector"),
+                     spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
+                     spec(T.FFN_POST_NORM, (E,), il, kind="vector")]
+            specs += layer + layer_scales(layer, il)  # the FFN's scales are not read by llama.cpp's graph
         return specs
 
     def query_scale(self) -> float:
@@ -107,13 +102,12 @@ class Gemma2(Architecture):
             # self-attention; local layers rotate with rope.freq_base_swa
             q, k, v = b.build_qkv(h, il)
             if t.qk_norm:
-                q = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed")
-                k = b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
+                q, k = qk_norm(b, q, k, il)
             base, scale = (hp.rope_freq_base_swa, t.swa_rope_scale) if hp.is_swa(il) else (None, None)
             q = b.rope(q, pos, name="Qcur.rope", freq_base=base, freq_scale=scale)
             k = b.rope(k, pos, name="Kcur.rope", freq_base=base, freq_scale=scale)
             q = b.op("scale", q, s=q_scale, name="Qcur.scaled")
-            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), kq_scale=1.0,
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il), kq_scale=1.0,
                              softcap=hp.attn_softcap if t.score_cap else 0.0)
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             # sandwich norms: attention and FFN outputs are normalised before they join the residual stream

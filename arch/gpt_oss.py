@@ -26,7 +26,9 @@ from graphir.model.hf_config import TEXT, VOCAB, Family, hf
 from graphir.model.hparams import HParams, Key, SlidingWindow, inv_sqrt
 from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.presets import Preset
-from graphir.model.tensors import TensorSpec, matrix_scales, spec
+from graphir.model.qkv import qkv_tensors
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorSpec, spec
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -50,25 +52,18 @@ class GptOss(Architecture):
         biased experts (an expert's bias is its column of the [width, n_expert] table; the converter writes them
         f32)."""
         hp = self.hp
-        E, V, F, X, d = hp.n_embd, hp.n_vocab, hp.n_ff_exp, hp.n_expert, hp.n_embd_head_k
+        E, V, F, X = hp.n_embd, hp.n_vocab, hp.n_ff_exp, hp.n_expert
         specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"), spec(T.OUTPUT, (E, V))]
         for il in range(hp.n_layer):
-            q_out, k_out, v_out = hp.head_count(il) * d, hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)
-            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"),
-                      spec(T.ATTN_Q, (E, q_out), il), spec(T.ATTN_K, (E, k_out), il), spec(T.ATTN_V, (E, v_out), il),
-                      spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il),
-                      *(spec(w, (n,), il, "bias", kind="vector", optional=True)
-                        for w, n in ((T.ATTN_Q, q_out), (T.ATTN_K, k_out), (T.ATTN_V, v_out))),
-                      spec(T.ATTN_OUT, (E,), il, "bias", kind="vector"),
-                      spec(T.ATTN_SINKS, (hp.head_count(il),), il, kind="vector"),
-                      spec(T.ATTN_POST_NORM, (E,), il, kind="vector"),
-                      spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_INP, (X,), il, "bias", kind="vector"),
-                      spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_GATE_EXP, (F, X), il, "bias", kind="vector"),
-                      spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_UP_EXP, (F, X), il, "bias", kind="vector"),
-                      spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_DOWN_EXP, (E, X), il, "bias", kind="vector")]
-            specs += [s for m in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT) for s in matrix_scales(m, il)]
-            specs += [s for m in (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP)
-                      for s in matrix_scales(m, il, X)]  # the experts' scales are not read by llama.cpp's graph
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il),
+                     spec(T.ATTN_OUT, (E,), il, "bias", kind="vector"),
+                     spec(T.ATTN_SINKS, (hp.head_count(il),), il, kind="vector"),
+                     spec(T.ATTN_POST_NORM, (E,), il, kind="vector"),
+                     spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_INP, (X,), il, "bias", kind="vector"),
+                     spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_GATE_EXP, (F, X), il, "bias", kind="vector"),
+                     spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_UP_EXP, (F, X), il, "bias", kind="vector"),
+                     spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_DOWN_EXP, (E, X), il, "bias", kind="vector")]
+            specs += layer + layer_scales(layer, il, X)  # the experts' scales are not read by llama.cpp's graph
         return specs
 
     def build(self, b: GraphBuilder) -> None:
@@ -86,7 +81,7 @@ class GptOss(Architecture):
             q = b.rope(q, pos, name="Qcur.rope", freq_base=base)
             k = b.rope(k, pos, name="Kcur.rope", freq_base=base)
             a = b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), wo_b=w(T.ATTN_OUT, il, "bias"),
-                             wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), kq_scale=inv_sqrt(hp.n_rot),
+                             wo_s=b.scale(T.ATTN_OUT, il), kq_scale=inv_sqrt(hp.n_rot),
                              sinks=w(T.ATTN_SINKS, il))
             x = b.op("add", a, x, name="ffn_inp")
             # the top n_expert_used experts by biased router logits, weighted by a softmax over those logits; each

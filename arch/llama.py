@@ -27,7 +27,9 @@ from graphir.model.hf_config import TEXT, VOCAB, Family, derived, hf
 from graphir.model.hparams import HParams, Key
 from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.presets import Preset
-from graphir.model.tensors import TensorSpec, matrix_scales, spec, tensor_name
+from graphir.model.qkv import qk_norm, qk_norm_tensors, qkv_tensors
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class Llama(Architecture):
 
     def tensors(self) -> list[TensorSpec]:
         hp, t = self.hp, self.traits
-        E, V, d = hp.n_embd, hp.n_vocab, hp.n_embd_head_k
+        E, V = hp.n_embd, hp.n_vocab
         specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"),
                  spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
                  spec(T.OUTPUT, (V,), suffix="bias", kind="vector", optional=True),
@@ -82,31 +84,21 @@ class Llama(Architecture):
         if t.classifier:
             specs.append(spec(T.CLS_OUT, (E, 1), optional=True))
         for il in range(hp.n_layer):
-            q_out, k_out, v_out = hp.head_count(il) * d, hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)
-            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"),
-                      spec(T.ATTN_Q, (E, q_out), il), spec(T.ATTN_K, (E, k_out), il), spec(T.ATTN_V, (E, v_out), il),
-                      spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il),
-                      *(spec(w, (n,), il, "bias", kind="vector", optional=not t.qkv_bias)
-                        for w, n in ((T.ATTN_Q, q_out), (T.ATTN_K, k_out), (T.ATTN_V, v_out))),
-                      spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True)]
-            if t.qk_norm:
-                specs += [spec(T.ATTN_Q_NORM, (d,), il, kind="vector"), spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
-            specs.append(spec(T.FFN_NORM, (E,), il, kind="vector"))
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il, biases_required=t.qkv_bias),
+                     spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True),
+                     *(qk_norm_tensors(hp, il) if t.qk_norm else ()), spec(T.FFN_NORM, (E,), il, kind="vector")]
             if self.n_expert:
                 F, X = self.expert_ff_length(il), self.n_expert
-                specs += [spec(T.FFN_GATE_INP, (E, X), il),
+                layer += [spec(T.FFN_GATE_INP, (E, X), il),
                           spec(T.FFN_GATE_EXP, (E, F, X), il, optional=not t.experts_always),
                           spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il)]
-                ffn, n = (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP), X
             else:
                 F = hp.ff_length(il)
-                specs += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il)]
+                layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il)]
                 if t.ffn_bias:
-                    specs += [spec(m, (n,), il, "bias", kind="vector", optional=True)
+                    layer += [spec(m, (n,), il, "bias", kind="vector", optional=True)
                               for m, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))]
-                ffn, n = (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN), 1
-            specs += [s for m in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT) for s in matrix_scales(m, il)]
-            specs += [s for m in ffn for s in matrix_scales(m, il, n)]
+            specs += layer + layer_scales(layer, il, self.n_expert)
         return specs
 
     def build(self, b: GraphBuilder) -> None:
@@ -118,14 +110,13 @@ class Llama(Architecture):
             # self-attention
             q, k, v = b.build_qkv(h, il)
             if t.qk_norm:
-                q = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed")
-                k = b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
+                q, k = qk_norm(b, q, k, il)
             if not (t.nope_every and (il + 1) % t.nope_every == 0):
                 rope_factors = b.w_opt(T.ROPE_FREQS)  # Llama-3.1 writes them; absent elsewhere
                 q = b.rope(q, pos, rope_factors, name="Qcur.rope")
                 k = b.rope(k, pos, rope_factors, name="Kcur.rope")
             a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w_opt(T.ATTN_OUT, il, "bias"),
-                             wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), kq_scale=b.kq_scale())
+                             wo_s=b.scale(T.ATTN_OUT, il), kq_scale=b.kq_scale())
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             # feed-forward network: dense SwiGLU, or each token through its top experts (softmax, renormalised)
@@ -133,14 +124,13 @@ class Llama(Architecture):
             if self.n_expert:
                 f = b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
                                     gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
-                                    up_exps_s=b.w_opt(T.FFN_UP_EXP, il, "scale"),
-                                    gate_exps_s=b.w_opt(T.FFN_GATE_EXP, il, "scale"),
-                                    down_exps_s=b.w_opt(T.FFN_DOWN_EXP, il, "scale"),
+                                    up_exps_s=b.scale(T.FFN_UP_EXP, il), gate_exps_s=b.scale(T.FFN_GATE_EXP, il),
+                                    down_exps_s=b.scale(T.FFN_DOWN_EXP, il),
                                     n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
             else:
                 up_b, gate_b, down_b = (b.w_opt(m, il, "bias") if t.ffn_bias else None
                                         for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
-                up_s, gate_s, down_s = (b.w_opt(m, il, "scale") if t.ffn_scales else None
+                up_s, gate_s, down_s = (b.scale(m, il) if t.ffn_scales else None
                                         for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
                 f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
                                 up_b=up_b, gate_b=gate_b, down_b=down_b, up_s=up_s, gate_s=gate_s, down_s=down_s)

@@ -26,7 +26,8 @@ from graphir.model.builder import GraphBuilder
 from graphir.model.hf_config import VOCAB, Family, derived, hf
 from graphir.model.hparams import inv_sqrt
 from graphir.model.presets import Preset
-from graphir.model.tensors import TensorDecl, TensorSpec, matrix_scales, spec, tensor_name
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -50,18 +51,17 @@ class Phi3(Architecture):
                  spec(T.ROPE_FACTORS_LONG, (n,), kind="vector", optional=True),
                  spec(T.ROPE_FACTORS_SHORT, (n,), kind="vector", optional=True)]
         for il in range(hp.n_layer):
-            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"),
-                      spec(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
-                      spec(T.ATTN_QKV, (E + 2 * E_gqa,), il, "bias", kind="vector", optional=True),
-                      *(spec(t, (E, w), il, optional=True) for t, w in ((T.ATTN_Q, E), (T.ATTN_K, E_gqa),
-                                                                        (T.ATTN_V, E_gqa))),
-                      *(spec(t, (w,), il, "bias", kind="vector", optional=True)
-                        for t, w in ((T.ATTN_Q, E), (T.ATTN_K, E_gqa), (T.ATTN_V, E_gqa))),
-                      spec(T.ATTN_OUT, (E, E), il),
-                      spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_UP, (E, 2 * F), il),  # [gate; up]
-                      spec(T.FFN_DOWN, (F, E), il)]
-            specs += [s for m in (T.ATTN_QKV, T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT, T.FFN_UP, T.FFN_DOWN)
-                      for s in matrix_scales(m, il)]  # the FFN's scales are not read by llama.cpp's graph
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"),
+                     spec(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
+                     spec(T.ATTN_QKV, (E + 2 * E_gqa,), il, "bias", kind="vector", optional=True),
+                     *(spec(t, (E, w), il, optional=True) for t, w in ((T.ATTN_Q, E), (T.ATTN_K, E_gqa),
+                                                                       (T.ATTN_V, E_gqa))),
+                     *(spec(t, (w,), il, "bias", kind="vector", optional=True)
+                       for t, w in ((T.ATTN_Q, E), (T.ATTN_K, E_gqa), (T.ATTN_V, E_gqa))),
+                     spec(T.ATTN_OUT, (E, E), il),
+                     spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_UP, (E, 2 * F), il),  # [gate; up]
+                     spec(T.FFN_DOWN, (F, E), il)]
+            specs += layer + layer_scales(layer, il)  # the FFN's scales are not read by llama.cpp's graph
         return specs
 
     def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
@@ -81,7 +81,7 @@ class Phi3(Architecture):
             q = b.rope(q, pos, rope_factors, name="Qcur.rope")
             k = b.rope(k, pos, rope_factors, name="Kcur.rope")
             q = b.op("scale", q, s=inv_sqrt(hp.n_embd_head_k), name="Qcur.scaled")
-            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), kq_scale=1.0)
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il), kq_scale=1.0)
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             # feed-forward network: SwiGLU over the two halves of one projection, silu(gate rows) * up rows

@@ -211,12 +211,9 @@ class GraphBuilder:
 
     def norm(self, x: Node, t: MODEL_TENSOR, il: int | None = None, kind: Norm = Norm.RMS, *, name: str) -> Node:
         """x normalised with tensor ``t``'s weight and, where the family declares one and the file has it, its bias."""
-        return self.build_norm(x, self.w(t, il), self._declared(t, il, "bias"), kind, name=name)
-
-    def _declared(self, t: MODEL_TENSOR, il: int | None, suffix: str) -> Node | None:
-        """The tensor where the family declares it and the file has it (a shared block's optional extra)."""
-        name = tensor_name(t, il, suffix)
-        return self.weight(name) if name in self.arch.specs else None
+        bias = tensor_name(t, il, "bias")
+        return self.build_norm(x, self.w(t, il), self.weight(bias) if bias in self.arch.specs else None, kind,
+                               name=name)
 
     def weight(self, name: str) -> Node | None:
         if name in self._names:
@@ -239,15 +236,18 @@ class GraphBuilder:
 
     # ---- small op helpers (names are tags inside the current scope) -------------------------------------
 
-    def linear(self, x: Node, w: Node, b: Node | None = None, s: Node | None = None, *, name: str) -> Node:
-        """w x, times the matrix's scale ``s`` [1] (llama.cpp's per-tensor ``.scale``), plus the bias ``b``."""
+    def linear(self, x: Node, w: Node, b: Node | None = None, *, name: str, s: Node | None = None) -> Node:
+        """x through w, times w's per-tensor scale ``s`` (llama.cpp's ``build_lora_mm``), plus the bias b."""
         y = self.op("mul_mat", w, x, name=name)
         if s is not None:
             y = self.op("mul", y, s, name=f"{name}.s")
         return self.op("add", y, b, name=f"{name}.b") if b is not None else y
 
-    def _scaled(self, x: Node, s: Node | None, *, name: str) -> Node:
-        return x if s is None else self.op("mul", x, s, name=name)
+    def scale(self, t: MODEL_TENSOR, il: int) -> Node | None:
+        """The scale of layer il's matrix of role ``t`` (graphir.model.scales), where the family declares one and
+        the file has it."""
+        name = tensor_name(t, il, "scale")
+        return self.weight(name) if name in self.arch.specs else None
 
     def reshape(self, x: Node, shape: tuple[Dim, ...], *, name: str) -> Node:
         return self.op("reshape", x, shape=shape, name=name)
@@ -295,6 +295,9 @@ class GraphBuilder:
         else:
             h = self.op(act.value, t, name=f"ffn_{act.value}")
         return self._scaled(self.linear(h, down, down_b, name=name), down_s, name=f"{name}_s")
+
+    def _scaled(self, x: Node, s: Node | None, *, name: str) -> Node:
+        return x if s is None else self.op("mul", x, s, name=name)
 
     def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node, gate_exps: Node | None, down_exps: Node,
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
@@ -379,7 +382,7 @@ class GraphBuilder:
         each expert's bias ``b``."""
         y = self.op("mul_mat_id", w, x, selected, name=name)
         if s is not None:
-            n_expert, (n_used, n_tok) = s.shape[0], selected.shape
+            n_expert, n_tok = s.shape[0], selected.shape[1]
             per_token = self.op("repeat", self.reshape(s, (1, n_expert, 1), name=f"{name}_s.3d"),
                                 shape=(1, n_expert, n_tok), name=f"{name}_s.tokens")
             y = self.op("mul", y, self.op("get_rows", per_token, selected, name=f"{name}_s.rows"),
@@ -426,14 +429,13 @@ class GraphBuilder:
             return (self.reshape(q, (d, H, T_), name="Qcur.heads"), self.reshape(k, (d, Hkv, T_), name="Kcur.heads"),
                     self.reshape(v, (dv, Hkv, T_), name="Vcur.heads"))
         bias = self.w(MODEL_TENSOR.ATTN_QKV, il, "bias")
-        scale = self._declared(MODEL_TENSOR.ATTN_QKV, il, "scale")
         if bias is None:  # a fused weight may come with separate q/k/v biases: llama.cpp joins all three, if all are
             names = [tensor_name(t, il, "bias") for t in (MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V)]
             if all(n in self.arch.specs and n in self.tensors for n in names):
                 q_b, k_b, v_b = (self.weight(n) for n in names)
                 qk_b = self.op("concat", q_b, k_b, dim=0, name="qk_b")  # type: ignore[arg-type]
                 bias = self.op("concat", qk_b, v_b, dim=0, name="qkv_b")  # type: ignore[arg-type]
-        qkv = self.linear(x, fused, bias, scale, name="wqkv")
+        qkv = self.linear(x, fused, bias, name="wqkv", s=self.scale(MODEL_TENSOR.ATTN_QKV, il))
         q_w, k_w = d * H, d * Hkv
         row = q_w + k_w + dv * Hkv
         return tuple(self.op("view", qkv, shape=(w, h, T_), strides=(1, w, row), offset=off, name=tag)  # type: ignore[return-value]
@@ -444,28 +446,29 @@ class GraphBuilder:
         if w is None:  # a family where the fused and the separate form are both optional: neither is in the file
             raise TensorError(f"{self.label}: missing tensor '{tensor_name(MODEL_TENSOR.ATTN_QKV, il)}' (or "
                               f"'{tensor_name(t, il)}' of separate projections)")
-        return self.linear(x, w, self.w(t, il, "bias"), self._declared(t, il, "scale"), name=tag)
+        return self.linear(x, w, self.w(t, il, "bias"), name=tag, s=self.scale(t, il))
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
                    wo_s: Node | None = None, kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
                    sinks: Node | None = None) -> Node:
-        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (``wo``
-        None: the heads' output [d * n_head, T], for a family that gates it before projecting);
+        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (times
+        its scale ``wo_s``, plus ``wo_b``; ``wo`` None: the heads' output [d * n_head, T], for a family that gates it before projecting);
         ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
         ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`); ``sinks`` [n_head]: one more logit per
         head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks)."""
         out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale, softcap=softcap,
                                      kq_b=kq_b, sinks=sinks)
-        return out if wo is None else self.linear(out, wo, wo_b, wo_s, name="attn_out")
+        return out if wo is None else self.linear(out, wo, wo_b, name="attn_out", s=wo_s)
 
-    def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float) -> Node:
+    def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float,
+                       wo_s: Node | None = None) -> Node:
         """Multi-head latent attention (absorbed MLA): q [d_latent, n_head, T] over one shared head k
         [d_latent, 1, T] whose first ``v``'s width values are V (``v`` [kv_lora_rank, 1, T] is that view); each
         head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o.
         Only a memory that keeps latent rows serves it."""
         out = self.memory.build_attn_mla(self, self._layer("build_attn_mla"), q, k, v, v_mla=v_mla,
                                          kq_scale=kq_scale)
-        return self.linear(out, wo, name="attn_out")
+        return self.linear(out, wo, name="attn_out", s=wo_s)
 
     def build_pos_bias(self, rel_b: Node) -> Node:
         """T5's relative position bias of every score [n_kv, n_tokens, n_head]: the row of ``rel_b``

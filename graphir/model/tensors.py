@@ -75,10 +75,3 @@ def with_bias(t: MODEL_TENSOR, shape: tuple[int, ...], il: int | None = None, *,
 class TensorDecl(Protocol):
     shape: tuple[int, ...]
     dtype: GGMLQuantizationType
-
-
-def matrix_scales(t: MODEL_TENSOR, il: int, n: int = 1) -> list[TensorSpec]:
-    """The optional scales llama.cpp's loader takes for any matrix of a layer, one per tensor (or, for stacked
-    experts, one per expert: ``n``): ``.scale`` multiplies the matrix's products where a family's graph reads
-    it (llama.cpp's ``build_lora_mm``); ``.input_scale`` is loaded and read by no graph."""
-    return [spec(t, (n,), il, suffix, kind="vector", optional=True) for suffix in ("scale", "input_scale")]
