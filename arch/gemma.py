@@ -60,9 +60,9 @@ class Gemma2(Architecture):
                                       layers_of_27b=46)
 
     def __init__(self, hp: HParams):
-        if self.traits.score_cap:  # soft caps always applied: 0 would divide by zero
-            for k in self.keys[:2]:
-                if getattr(hp, k.field) <= 0:
+        if self.traits.score_cap:  # Gemma 2 always caps scores and logits: a cap of 0 would divide by zero
+            for k in self.keys:
+                if k.field.endswith("softcap") and getattr(hp, k.field) <= 0:
                     raise MetadataError(f"key '{k.template.format(arch=self.name)}' is {getattr(hp, k.field)}: a "
                                         f"soft cap must be positive")
         super().__init__(hp)
