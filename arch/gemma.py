@@ -49,6 +49,8 @@ class Traits:
 
 
 class Gemma2(Architecture):
+    """The sandwich-norm decoder, as llama.cpp's src/models/gemma2.cpp and gemma3.cpp build it; Gemma 3 is data."""
+
     name = "gemma2"
     rope_mode = "neox"  # the converter keeps HF's rotate-half layout
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)

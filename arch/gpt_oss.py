@@ -34,6 +34,8 @@ L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
 class GptOss(Architecture):
+    """As llama.cpp's src/models/openai-moe.cpp builds it."""
+
     name = "gpt-oss"
     rope_mode = "neox"
     required_keys = (A.HEAD_COUNT, A.LAYERNORM_RMS_EPS, L.EXPERT_FEED_FORWARD_LENGTH)

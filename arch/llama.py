@@ -143,7 +143,7 @@ class Qwen2(Llama):
     name = "qwen2"
     rope_mode = "neox"  # HF rotate-half layout, kept by the converter
     keys = ()
-    traits = Traits(qkv_bias=True, ffn_bias=False, ffn_scales=False)  # dense FFNs only (Qwen2-MoE is another architecture)
+    traits = Traits(qkv_bias=True, ffn_bias=False, ffn_scales=False)  # dense FFNs only (Qwen2-MoE: another arch)
 
 
 class Qwen3(Llama):

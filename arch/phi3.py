@@ -33,6 +33,8 @@ L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
 class Phi3(Architecture):
+    """As llama.cpp's src/models/phi3.cpp builds it."""
+
     name = "phi3"
     rope_mode = "neox"  # HF rotate-half layout, kept by the converter
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
