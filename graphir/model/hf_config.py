@@ -498,15 +498,10 @@ DEEPSEEK2 = TEXT + (
 )
 
 
-
 # ---- tensors the converter writes beyond the required ones (regexes over GGUF names) ------------------------
 
 Include = Callable[[Config], str]
 _EXPERT_GATES = r"blk\.\d+\.ffn_gate_exps\.weight"
-
-
-def _phi3_include(c: Config) -> str:
-    return r"blk\.\d+\.attn_qkv\.weight" + (r"|rope_factors_(long|short)\.weight" if c.rope.get("long_factor") else "")
 
 
 def _t5_include(c: Config) -> str:
