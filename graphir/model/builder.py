@@ -235,9 +235,18 @@ class GraphBuilder:
 
     # ---- small op helpers (names are tags inside the current scope) -------------------------------------
 
-    def linear(self, x: Node, w: Node, b: Node | None = None, *, name: str) -> Node:
+    def linear(self, x: Node, w: Node, b: Node | None = None, *, name: str, s: Node | None = None) -> Node:
+        """x through w, times w's per-tensor scale ``s`` (llama.cpp's ``build_lora_mm``), plus the bias b."""
         y = self.op("mul_mat", w, x, name=name)
+        if s is not None:
+            y = self.op("mul", y, s, name=f"{name}.s")
         return self.op("add", y, b, name=f"{name}.b") if b is not None else y
+
+    def scale(self, t: MODEL_TENSOR, il: int) -> Node | None:
+        """The scale of layer il's matrix of role ``t`` (graphir.model.scales), where the family declares one and
+        the file has it."""
+        name = tensor_name(t, il, "scale")
+        return self.weight(name) if name in self.arch.specs else None
 
     def reshape(self, x: Node, shape: tuple[Dim, ...], *, name: str) -> Node:
         return self.op("reshape", x, shape=shape, name=name)
@@ -409,7 +418,7 @@ class GraphBuilder:
                 q_b, k_b, v_b = (self.weight(n) for n in names)
                 qk_b = self.op("concat", q_b, k_b, dim=0, name="qk_b")  # type: ignore[arg-type]
                 bias = self.op("concat", qk_b, v_b, dim=0, name="qkv_b")  # type: ignore[arg-type]
-        qkv = self.linear(x, fused, bias, name="wqkv")
+        qkv = self.linear(x, fused, bias, name="wqkv", s=self.scale(MODEL_TENSOR.ATTN_QKV, il))
         q_w, k_w = d * H, d * Hkv
         row = q_w + k_w + dv * Hkv
         return tuple(self.op("view", qkv, shape=(w, h, T_), strides=(1, w, row), offset=off, name=tag)  # type: ignore[return-value]
@@ -420,28 +429,29 @@ class GraphBuilder:
         if w is None:  # a family where the fused and the separate form are both optional: neither is in the file
             raise TensorError(f"{self.label}: missing tensor '{tensor_name(MODEL_TENSOR.ATTN_QKV, il)}' (or "
                               f"'{tensor_name(t, il)}' of separate projections)")
-        return self.linear(x, w, self.w(t, il, "bias"), name=tag)
+        return self.linear(x, w, self.w(t, il, "bias"), name=tag, s=self.scale(t, il))
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
-                   kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
+                   wo_s: Node | None = None, kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
                    sinks: Node | None = None) -> Node:
-        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (``wo``
-        None: the heads' output [d * n_head, T], for a family that gates it before projecting);
+        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (times
+        its scale ``wo_s``, plus ``wo_b``; ``wo`` None: the heads' output [d * n_head, T], for a family that gates it before projecting);
         ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
         ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`); ``sinks`` [n_head]: one more logit per
         head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks)."""
         out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale, softcap=softcap,
                                      kq_b=kq_b, sinks=sinks)
-        return out if wo is None else self.linear(out, wo, wo_b, name="attn_out")
+        return out if wo is None else self.linear(out, wo, wo_b, name="attn_out", s=wo_s)
 
-    def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float) -> Node:
+    def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float,
+                       wo_s: Node | None = None) -> Node:
         """Multi-head latent attention (absorbed MLA): q [d_latent, n_head, T] over one shared head k
         [d_latent, 1, T] whose first ``v``'s width values are V (``v`` [kv_lora_rank, 1, T] is that view); each
         head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o.
         Only a memory that keeps latent rows serves it."""
         out = self.memory.build_attn_mla(self, self._layer("build_attn_mla"), q, k, v, v_mla=v_mla,
                                          kq_scale=kq_scale)
-        return self.linear(out, wo, name="attn_out")
+        return self.linear(out, wo, name="attn_out", s=wo_s)
 
     def build_pos_bias(self, rel_b: Node) -> Node:
         """T5's relative position bias of every score [n_kv, n_tokens, n_head]: the row of ``rel_b``
