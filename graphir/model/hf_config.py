@@ -536,40 +536,6 @@ GRANITE_HYBRID = TEXT_BASE + (  # GraniteModel drops head_dim
 )
 
 
-def _deepseek2_dense_lead(c: Config) -> int:
-    """first_k_dense_replace; absent: every layer dense without experts, none with them."""
-    moe = c.find("n_routed_experts", kind="size", default=None) is not None
-    return c.find("first_k_dense_replace", kind="size", default=0 if moe else c.find(*BLOCKS))
-
-
-def _deepseek2_mla(c: Config) -> dict[str, Any]:
-    """MLA absorbed as the converter writes it: one KV head of kv_lora_rank + RoPE values, the per-head sizes as the
-    *_length_mla keys."""
-    kv_lora, rope = c.find("kv_lora_rank", default=512), c.find("qk_rope_head_dim")
-    return {A.KV_LORA_RANK: kv_lora, A.KEY_LENGTH: kv_lora + rope, A.VALUE_LENGTH: kv_lora,
-            A.KEY_LENGTH_MLA: c.find("qk_nope_head_dim") + rope, A.VALUE_LENGTH_MLA: c.find("v_head_dim")}
-
-
-def _yarn_log_mul(c: Config) -> float | None:
-    """mscale_all_dim, stored times 0.1 (the converter's legacy scale for DeepSeek-V2)."""
-    m = c.rope_value(c.rope, "mscale_all_dim", default=None)
-    return None if m is None else 0.1 * m
-
-
-DEEPSEEK2 = TEXT + (
-    fixed(A.HEAD_COUNT_KV, 1),  # MLA is written as multi-query attention
-    derived(L.LEADING_DENSE_BLOCK_COUNT, _deepseek2_dense_lead),
-    VOCAB,
-    hf(A.Q_LORA_RANK, "q_lora_rank", default=None),
-    _deepseek2_mla,
-    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", "intermediate_size"),
-    hf(L.EXPERT_SHARED_COUNT, "n_shared_experts", kind="size", default=0),
-    hf(L.EXPERT_WEIGHTS_SCALE, "routed_scaling_factor", kind="number", default=None),
-    derived(L.EXPERT_WEIGHTS_NORM, lambda c: c.find("norm_topk_prob", kind="flag", default=False) or None),
-    hf(R.DIMENSION_COUNT, "qk_rope_head_dim"),
-    derived(R.SCALING_YARN_LOG_MUL, _yarn_log_mul),
-)
-
 GPT_OSS = TEXT + (
     hf(A.SLIDING_WINDOW, "sliding_window"),
     hf(L.EXPERT_FEED_FORWARD_LENGTH, "intermediate_size"),
@@ -607,11 +573,6 @@ def _granite_include(c: Config) -> str:
     return _EXPERT_GATES if c.find("num_local_experts", kind="size", default=0) else ""
 
 
-def _deepseek2_include(c: Config) -> str:
-    """The experts' selection bias of sigmoid routing (e_score_correction_bias)."""
-    return r"blk\.\d+\.exp_probs_b\.bias" if c.find("topk_method", kind="text", default="") == "noaux_tc" else ""
-
-
 def _mxfp4(c: Config) -> bool:
     """Whether the checkpoint's experts are MXFP4 blocks, which the converter repacks rather than converts."""
     q = c.find("quantization_config", kind="map", default={})
@@ -645,8 +606,6 @@ _TIED = {"tie_word_embeddings": True}
 _LLAMA = Family("llama", LLAMA, _UNTIED, _llama_include)
 _BERT = Family("bert", BERT, {"layer_norm_eps": 1e-12, "type_vocab_size": 2},
                lambda c: r"token_types\.weight|blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias")
-_DEEPSEEK2 = Family("deepseek2", DEEPSEEK2, {**_UNTIED, "rms_norm_eps": 1e-6}, _deepseek2_include,
-                    tie_drops_head=True)
 _GEMMA3 = {**_TIED, "max_position_embeddings": 131072, "rope_local_base_freq": 10000.0, "sliding_window": 4096,
            "vocab_size": 262208}  # Gemma3TextConfig's, which a multimodal config's text_config leaves out
 
@@ -683,8 +642,6 @@ FAMILIES: dict[str, Family] = {
                                                      "relative_attention_num_buckets": 32}, _t5_include),
     "T5EncoderModel": Family("t5encoder", T5_ENCODER, {**_TIED, "layer_norm_epsilon": 1e-6,
                                                         "relative_attention_num_buckets": 32}, _t5_include),
-    "DeepseekV2ForCausalLM": _DEEPSEEK2,
-    "DeepseekV3ForCausalLM": _DEEPSEEK2,
     "GptOssForCausalLM": Family("gpt-oss", GPT_OSS, _UNTIED, lambda c: r"blk\.\d+\.attn_[qkv]\.bias",
                                 mxfp4=r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight"),
     "GraniteMoeHybridForCausalLM": Family("granitehybrid", GRANITE_HYBRID, _UNTIED, _granite_include, pad_vocab=8),
