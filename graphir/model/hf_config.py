@@ -334,16 +334,6 @@ PHI3: tuple[Rule, ...] = (
     VOCAB,
 )
 
-GPT2: tuple[Rule, ...] = (
-    hf(L.BLOCK_COUNT, *BLOCKS),
-    hf(L.CONTEXT_LENGTH, "n_ctx"),
-    hf(L.EMBEDDING_LENGTH, "n_embd"),
-    derived(L.FEED_FORWARD_LENGTH, lambda c: 4 * c.find("n_embd")),
-    hf(A.HEAD_COUNT, "n_head"),
-    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
-    VOCAB,
-)
-
 BERT = TEXT + (
     fixed(A.CAUSAL, False),
     _pooling_rule,
@@ -631,7 +621,6 @@ FAMILIES: dict[str, Family] = {
     "Gemma3ForConditionalGeneration": Family("gemma3", GEMMA3, _GEMMA3),
     "Phi3ForCausalLM": Family("phi3", PHI3, {**_UNTIED, "original_max_position_embeddings": 4096},
                               _phi3_include),
-    "GPT2LMHeadModel": Family("gpt2", GPT2, {**_TIED, "layer_norm_epsilon": 1e-5}),
     "BertModel": _BERT,
     "BertForMaskedLM": _BERT,
     "NomicBertModel": Family("nomic-bert", NOMIC_BERT, {}, lambda c: r"token_types\.weight|blk\.\d+\.attn_qkv\.weight"),
