@@ -259,7 +259,7 @@ VOCAB = hf(L.VOCAB_SIZE, "vocab_size")
 LLAMA = TEXT + (VOCAB, derived(R.DIMENSION_COUNT, _head_dim))
 
 
-def _pooling_rule(c: Config) -> Mapping[str, Any]:
+def pooling_rule(c: Config) -> Mapping[str, Any]:
     pooling = sentence_pooling(c.path.parent)
     return {} if pooling is None else {L.POOLING_TYPE: int(pooling)}
 
@@ -333,33 +333,6 @@ PHI3: tuple[Rule, ...] = (
     derived(R.SCALING_ATTN_FACTOR, _phi3_attn_factor),
     VOCAB,
 )
-
-BERT = TEXT + (
-    fixed(A.CAUSAL, False),
-    _pooling_rule,
-    hf(Keys.Tokenizer.TOKEN_TYPE_COUNT, "type_vocab_size"),
-    VOCAB,
-)
-
-
-def _nomic_context(c: Config) -> int:
-    """nomic-embed-text v1 and v1.5 say 8192 positions but are trained for 2048, as the converter writes."""
-    npos, trained = c.find("n_positions"), c.find("max_trained_positions", default=2048)
-    if (npos, trained) == (8192, 2048):
-        return 2048
-    raise c.error(f"n_positions {npos} with max_trained_positions {trained} is not a nomic-embed-text v1 model "
-                  f"(8192 and 2048)")
-
-
-def _no_moe(c: Config) -> Mapping[str, Any]:
-    """nomic-bert-moe (moe_every_n_layers) is another architecture, which graphir does not build."""
-    if c.find("moe_every_n_layers", kind="size", default=0):
-        raise c.error("moe_every_n_layers: nomic-bert's mixture-of-experts layers are not supported")
-    return {}
-
-
-NOMIC_BERT = BERT + (derived(L.CONTEXT_LENGTH, _nomic_context), _no_moe)
-
 
 def _mamba_inner(c: Config) -> int:
     d_model, d_inner = c.find("hidden_size", "d_model"), c.find("intermediate_size", "d_inner", default=None)
@@ -594,8 +567,6 @@ _UNTIED = {"tie_word_embeddings": False}
 _PAD = "pad_vocab_size_multiple"
 _TIED = {"tie_word_embeddings": True}
 _LLAMA = Family("llama", LLAMA, _UNTIED, _llama_include)
-_BERT = Family("bert", BERT, {"layer_norm_eps": 1e-12, "type_vocab_size": 2},
-               lambda c: r"token_types\.weight|blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias")
 _GEMMA3 = {**_TIED, "max_position_embeddings": 131072, "rope_local_base_freq": 10000.0, "sliding_window": 4096,
            "vocab_size": 262208}  # Gemma3TextConfig's, which a multimodal config's text_config leaves out
 
@@ -605,8 +576,8 @@ FAMILIES: dict[str, Family] = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
     "MixtralForCausalLM": _LLAMA,
-    "Qwen2ForCausalLM": Family("qwen2", TEXT + (_pooling_rule, VOCAB), _UNTIED),
-    "Qwen3ForCausalLM": Family("qwen3", TEXT + (_pooling_rule, VOCAB), {**_UNTIED, "head_dim": 128}),
+    "Qwen2ForCausalLM": Family("qwen2", TEXT + (pooling_rule, VOCAB), _UNTIED),
+    "Qwen3ForCausalLM": Family("qwen3", TEXT + (pooling_rule, VOCAB), {**_UNTIED, "head_dim": 128}),
     "Qwen3MoeForCausalLM": Family("qwen3moe", TEXT + (
         hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
         hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None), VOCAB),
@@ -621,9 +592,6 @@ FAMILIES: dict[str, Family] = {
     "Gemma3ForConditionalGeneration": Family("gemma3", GEMMA3, _GEMMA3),
     "Phi3ForCausalLM": Family("phi3", PHI3, {**_UNTIED, "original_max_position_embeddings": 4096},
                               _phi3_include),
-    "BertModel": _BERT,
-    "BertForMaskedLM": _BERT,
-    "NomicBertModel": Family("nomic-bert", NOMIC_BERT, {}, lambda c: r"token_types\.weight|blk\.\d+\.attn_qkv\.weight"),
     "MambaForCausalLM": Family("mamba", MAMBA, _TIED, pad_vocab=8, pad_vocab_key=_PAD, tie_drops_head=True),
     "Mamba2ForCausalLM": Family("mamba2", MAMBA2, _UNTIED, pad_vocab=16, pad_vocab_key=_PAD),
     "Rwkv6ForCausalLM": Family("rwkv6", RWKV6, _UNTIED),
