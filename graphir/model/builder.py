@@ -116,6 +116,7 @@ class GraphBuilder:
         self._pos_bias: dict[str, Node] = {}  # per relative-bias table: the bias of every score (one per graph)
         self._scope = ""
         self.il: int | None = None  # the layer being built (inside ``with b.layer(il)``)
+        self.n_layer = arch.hp.n_layer  # the layers of the stack being built (see :meth:`layers`)
         # n_seq_tokens is set when the memory splits ubatches equally (n_tokens = n_seq_tokens * n_seqs).
         self.n_seq_tokens: Dim | None
         if phase == "decode":
@@ -174,18 +175,20 @@ class GraphBuilder:
         finally:
             self._scope, self.il = outer, outer_il
 
-    def layers(self) -> Iterator[int]:
+    def layers(self, n_layer: int | None = None) -> Iterator[int]:
         """Every layer index in turn, each inside its scope (:meth:`layer`): a family's layer loop. The rows
-        whose output is requested are declared first, as every graph lists them before its layers."""
+        whose output is requested are declared first, as every graph lists them before its layers.
+        ``n_layer``: the stack's layer count where it is not the model's (an encoder-decoder's decoder)."""
         self.build_inp_out_ids()
-        for il in range(self.hp.n_layer):
+        self.n_layer = self.hp.n_layer if n_layer is None else n_layer
+        for il in range(self.n_layer):
             with self.layer(il):
                 yield il
 
     def last_layer_rows(self, *values: tuple[Node, str]) -> tuple[Node, ...]:
         """In the last layer only the rows whose output is requested go on (llama.cpp's ``inp_out_ids``): each
         value's rows there, named by its tag; in every other layer the values as they are."""
-        if self.il != self.hp.n_layer - 1:
+        if self.il != self.n_layer - 1:
             return tuple(v for v, _ in values)
         out_ids = self.build_inp_out_ids()
         return tuple(self.op("get_rows", v, out_ids, name=tag) for v, tag in values)

@@ -405,24 +405,6 @@ RWKV6: tuple[Rule, ...] = (
     VOCAB,
 )
 
-T5_ENCODER: tuple[Rule, ...] = (
-    hf(L.CONTEXT_LENGTH, "n_positions", default=512),
-    hf(L.EMBEDDING_LENGTH, "d_model"),
-    hf(L.FEED_FORWARD_LENGTH, "d_ff"),
-    hf(L.BLOCK_COUNT, *BLOCKS),
-    hf(A.HEAD_COUNT, "num_heads"),
-    lambda c: {A.KEY_LENGTH: (d := c.find("d_kv")), A.VALUE_LENGTH: d},
-    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
-    hf(A.REL_BUCKETS_COUNT, "relative_attention_num_buckets"),
-    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", kind="number"),
-    VOCAB,
-)
-T5 = T5_ENCODER + (
-    derived(L.DECODER_BLOCK_COUNT, lambda c: c.find("num_decoder_layers", default=None) or c.find(*BLOCKS)),
-    hf(L.DECODER_START_TOKEN_ID, "decoder_start_token_id", kind="size"),
-)
-
-
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; the gguf package has no constant yet
 
 
@@ -527,11 +509,6 @@ def _phi3_include(c: Config) -> str:
     return r"blk\.\d+\.attn_qkv\.weight" + (r"|rope_factors_(long|short)\.weight" if c.rope.get("long_factor") else "")
 
 
-def _t5_include(c: Config) -> str:
-    gated = c.find("feed_forward_proj", kind="text", default="relu").startswith("gated-")
-    return r"(enc|dec)\.blk\.\d+\.ffn_gate\.weight" if gated else ""
-
-
 def _granite_include(c: Config) -> str:
     return _EXPERT_GATES if c.find("num_local_experts", kind="size", default=0) else ""
 
@@ -595,10 +572,6 @@ FAMILIES: dict[str, Family] = {
     "MambaForCausalLM": Family("mamba", MAMBA, _TIED, pad_vocab=8, pad_vocab_key=_PAD, tie_drops_head=True),
     "Mamba2ForCausalLM": Family("mamba2", MAMBA2, _UNTIED, pad_vocab=16, pad_vocab_key=_PAD),
     "Rwkv6ForCausalLM": Family("rwkv6", RWKV6, _UNTIED),
-    "T5ForConditionalGeneration": Family("t5", T5, {**_TIED, "layer_norm_epsilon": 1e-6,
-                                                     "relative_attention_num_buckets": 32}, _t5_include),
-    "T5EncoderModel": Family("t5encoder", T5_ENCODER, {**_TIED, "layer_norm_epsilon": 1e-6,
-                                                        "relative_attention_num_buckets": 32}, _t5_include),
     "GptOssForCausalLM": Family("gpt-oss", GPT_OSS, _UNTIED, lambda c: r"blk\.\d+\.attn_[qkv]\.bias",
                                 mxfp4=r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight"),
     "GraniteMoeHybridForCausalLM": Family("granitehybrid", GRANITE_HYBRID, _UNTIED, _granite_include, pad_vocab=8),
