@@ -591,3 +591,38 @@ def test_graph_meta_records_arch_context_phase_and_hparams():
 
 def test_from_preset_labels_the_model_by_name():
     assert from_preset("my-label", all_presets()[SMOL]).label == "my-label"
+
+
+# =========================================================================== what llama.cpp's loader accepts
+
+
+@pytest.mark.parametrize("written", [-1, 2**32 - 1])
+def test_an_unspecified_pooling_type_is_none_as_llama_cpp_makes_it(written: int):
+    """llama.cpp writes LLAMA_POOLING_TYPE_UNSPECIFIED (-1, stored as a uint32) for a model that names none."""
+    md = {**smol_md(), key(L.POOLING_TYPE): written}
+    assert hparams(md).pooling == "none"
+
+
+def test_a_pooling_type_llama_cpp_does_not_know_is_refused():
+    with pytest.raises(MetadataError, match="unknown pooling type 7"):
+        hparams({**smol_md(), key(L.POOLING_TYPE): 7})
+
+
+@pytest.mark.parametrize("pattern", [[True, False, True, False], [1, 0, 1, 0], [5, 0, 2, 0]])
+def test_a_sliding_pattern_reads_bools_and_ints_alike(pattern: list[object]):
+    """llama.cpp reads a bool, int32 or uint32 array here; any nonzero entry marks a sliding layer."""
+    md = all_presets()["Gemma-2-2B"].metadata()
+    md[key(L.BLOCK_COUNT, "gemma2")] = 4
+    md[key(A.SLIDING_WINDOW_PATTERN, "gemma2")] = pattern
+    assert hparams(md, "gemma2").swa_layers == (1, 0, 1, 0)
+
+
+@pytest.mark.parametrize("written,expected,fits", [
+    ((64,), (64, 1, 1), True), ((64, 1, 1), (64,), True), ((64, 1), (64, 1, 1), True),
+    ((64, 2), (64, 1, 2), False), ((1, 64), (64,), False), ((64,), (65, 1, 1), False)])
+def test_shapes_compare_as_llama_cpps_loader_compares_them(written, expected, fits):
+    """check_tensor_dims: a dimension past the written ones is 1, so only trailing 1s may differ."""
+    from graphir.model.tensors import TensorSpec
+
+    why = TensorSpec("blk.0.x.weight", expected, kind="vector").problem(written, gguf.GGMLQuantizationType.F32)
+    assert (why is None) == fits, why

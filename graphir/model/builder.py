@@ -234,7 +234,8 @@ class GraphBuilder:
         why = spec.problem(tuple(decl.shape), decl.dtype)
         if why:
             raise TensorError(f"{self.label}: tensor '{name}' {why}")
-        return self._add(Node(name, "weight", (), {"tensor": name}, dtype_name(decl.dtype), tuple(decl.shape)))
+        # the family's shape: a file may leave out trailing dimensions of 1 (problem() compared them as equal)
+        return self._add(Node(name, "weight", (), {"tensor": name}, dtype_name(decl.dtype), spec.shape))
 
     # ---- small op helpers (names are tags inside the current scope) -------------------------------------
 

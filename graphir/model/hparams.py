@@ -305,7 +305,9 @@ def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str,
     if isinstance(pattern, (list, tuple)):
         if len(pattern) != n_layer:
             raise MetadataError(f"{r.label}: key '{kp}' has {len(pattern)} values, one per layer needs {n_layer}")
-        layers = tuple(int(r._typed(f"{kp}[{i}]", v, bool)) for i, v in enumerate(pattern))
+        # llama.cpp reads bool, int32 and uint32 arrays alike here, any nonzero value meaning a sliding layer
+        layers = tuple(int(bool(v if isinstance(v, bool) else r._typed(f"{kp}[{i}]", v, int)))
+                       for i, v in enumerate(pattern))
     else:
         n = r._typed(kp, pattern, int)
         if n < 0:
@@ -314,8 +316,14 @@ def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str,
     return {"n_swa": n_swa, "swa_type": swa.kind, "swa_layers": layers}
 
 
+POOLING_UNSPECIFIED = (-1, 2**32 - 1)  # LLAMA_POOLING_TYPE_UNSPECIFIED, as an int32 or as the uint32 llama.cpp writes
+
+
 def _pooling(r: KeyReader) -> str:
+    """llama.cpp's pooling type; unspecified (-1) is none, as a llama.cpp context without a pooling option makes it."""
     v = r.get(Keys.LLM.POOLING_TYPE, int, 0)
+    if v in POOLING_UNSPECIFIED:
+        return "none"
     try:
         return PoolingType(v).name.lower()
     except ValueError:
