@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, check_experts, gate_up, gate_up_tensors
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.memory.layers import LatentAttention, LayerNeeds
@@ -178,8 +178,7 @@ class DeepSeek2(Architecture):
             return [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
         X, F, S = hp.n_expert, hp.n_ff_exp, hp.n_ff_exp * hp.n_expert_shared
         return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector", optional=True),
-                spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il),
-                spec(T.FFN_UP_EXP, (E, F, X), il),
+                spec(T.FFN_DOWN_EXP, (F, E, X), il), *gate_up_tensors(E, F, X, il),
                 spec(T.FFN_GATE_SHEXP, (E, S), il), spec(T.FFN_DOWN_SHEXP, (S, E), il), spec(T.FFN_UP_SHEXP, (E, S), il)]
 
     # ---- the scale of scores -------------------------------------------------------------------------------
@@ -257,8 +256,8 @@ class DeepSeek2(Architecture):
         hp, w = self.hp, b.w
         if not self.moe_layer(il):
             return b.build_ffn(h, up=w(T.FFN_UP, il), gate=w(T.FFN_GATE, il), down=w(T.FFN_DOWN, il))  # type: ignore[arg-type]
-        moe = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),  # type: ignore[arg-type]
-                              gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
+        moe = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), **gate_up(b, il),  # type: ignore[arg-type]
+                              down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
                               n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
                               gating=_gating(hp),
                               norm_w=hp.expert_weights_norm, w_scale=hp.expert_weights_scale,
@@ -282,6 +281,8 @@ class DeepSeek2(Architecture):
 
 # ---- Hugging Face: what convert_hf_to_gguf writes for DeepSeek-V2 and -V3 configs ------------------------
 
+EXPERT_STACKS = r"blk\.\d+\.ffn_(gate|up)_exps\.weight"  # the converter writes the two, not the fused stack
+
 
 def _dense_lead(c: Config) -> int:
     """first_k_dense_replace; absent: every layer dense without experts, none with them."""
@@ -303,9 +304,11 @@ def _yarn_log_mul(c: Config) -> float | None:
     return None if m is None else 0.1 * m
 
 
-def _selection_bias(c: Config) -> str:
-    """The experts' selection bias of sigmoid routing (e_score_correction_bias)."""
-    return r"blk\.\d+\.exp_probs_b\.bias" if c.find("topk_method", kind="text", default="") == "noaux_tc" else ""
+def _optional_written(c: Config) -> str:
+    """The experts' gate and up stacks (one each), and the selection bias of sigmoid routing
+    (e_score_correction_bias)."""
+    bias = c.find("topk_method", kind="text", default="") == "noaux_tc"
+    return EXPERT_STACKS + (r"|blk\.\d+\.exp_probs_b\.bias" if bias else "")
 
 
 hf_config.register(Family("deepseek2", TEXT + (
@@ -320,7 +323,7 @@ hf_config.register(Family("deepseek2", TEXT + (
     derived(L.EXPERT_WEIGHTS_NORM, lambda c: c.find("norm_topk_prob", kind="flag", default=False) or None),
     hf(R.DIMENSION_COUNT, "qk_rope_head_dim"),
     derived(R.SCALING_YARN_LOG_MUL, _yarn_log_mul),
-), {"tie_word_embeddings": False, "rms_norm_eps": 1e-6}, _selection_bias, tie_drops_head=True),
+), {"tie_word_embeddings": False, "rms_norm_eps": 1e-6}, _optional_written, tie_drops_head=True),
     "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 
@@ -343,7 +346,8 @@ def _deepseek2(E: int, n_layer: int, n_ff: int, n_head: int, q_lora: int, n_dens
         R.SCALING_FACTOR: 40.0, R.SCALING_ORIG_CTX_LEN: 4096, R.SCALING_YARN_LOG_MUL: log_mul,
         L.LEADING_DENSE_BLOCK_COUNT: n_dense, L.EXPERT_COUNT: n_expert, L.EXPERT_USED_COUNT: n_used,
         L.EXPERT_FEED_FORWARD_LENGTH: n_ff_exp, L.EXPERT_SHARED_COUNT: n_shared, L.VOCAB_SIZE: vocab, **routing,
-    }, tied=False, include=r"blk\.\d+\.exp_probs_b\.bias" if selection_bias else "", f32=presets.ROUTER_F32, source=source)
+    }, tied=False, include=EXPERT_STACKS + (r"|blk\.\d+\.exp_probs_b\.bias" if selection_bias else ""),
+        f32=presets.ROUTER_F32, source=source)
 
 
 presets.register({

@@ -296,12 +296,12 @@ class GraphBuilder:
             h = self.op(act.value, t, name=f"ffn_{act.value}")
         return self.linear(h, down, down_b, name=name)
 
-    def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node, gate_exps: Node | None, down_exps: Node,
+    def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node | None, gate_exps: Node | None, down_exps: Node,
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
                       w_scale: float = 0.0, probs_b: Node | None = None, act: Act = Act.SILU,
                       gate_inp_b: Node | None = None, up_exps_b: Node | None = None, gate_exps_b: Node | None = None,
                       down_exps_b: Node | None = None, n_groups: int = 0, n_group_used: int = 0,
-                      name: str = "ffn_moe_out") -> Node:
+                      gate_up_exps: Node | None = None, name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
@@ -309,7 +309,8 @@ class GraphBuilder:
         scaled by ``w_scale`` (0 or 1: not scaled). ``gate_inp_b`` biases the router's logits; ``*_exps_b``
         [n_ff or n_embd, n_expert] add to each expert's product the bias of that expert (``add_id``, gpt-oss).
         ``n_groups`` > 1: the experts form that many groups and a token chooses among the ``n_group_used`` best
-        groups only (:meth:`_moe_best_groups`, DeepSeek-V3)."""
+        groups only (:meth:`_moe_best_groups`, DeepSeek-V3). ``gate_up_exps`` [n_embd, 2 n_ff, n_expert]: the gate
+        and up stacks as one, each expert's gate rows before its up rows (in place of ``gate_exps``/``up_exps``)."""
         n_embd, n_tok = x.shape
         logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")
         if gate_inp_b is not None:
@@ -339,9 +340,18 @@ class GraphBuilder:
         if w_scale not in (0.0, 1.0):
             weights = self.op("scale", weights, s=w_scale, name="ffn_moe_weights_scaled")
         cur = self.reshape(x, (n_embd, 1, n_tok), name="ffn_moe_in")
-        up = self._expert_mm(up_exps, up_exps_b, cur, selected, name="ffn_moe_up")
-        if gate_exps is not None:
-            gate = self._expert_mm(gate_exps, gate_exps_b, cur, selected, name="ffn_moe_gate")
+        gate: Node | None
+        if gate_up_exps is not None:
+            both = self.op("mul_mat_id", gate_up_exps, cur, selected, name="ffn_moe_gate_up")
+            rows = both.shape[0]
+            gate, up = (self.op("view", both, shape=(rows // 2, n_expert_used, n_tok),
+                                strides=(1, rows, rows * n_expert_used), offset=offset, name=tag)
+                        for offset, tag in ((0, "ffn_moe_gate"), (rows // 2, "ffn_moe_up")))
+        else:
+            up = self._expert_mm(up_exps, up_exps_b, cur, selected, name="ffn_moe_up")  # type: ignore[arg-type]
+            gate = None if gate_exps is None else self._expert_mm(gate_exps, gate_exps_b, cur, selected,
+                                                                  name="ffn_moe_gate")
+        if gate is not None:
             if act is Act.SWIGLU_OAI:
                 h = self.op("swiglu_oai", gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT,
                             name="ffn_moe_swiglu_oai")
