@@ -16,6 +16,7 @@ values by up to 4e-4, in llama.cpp as well.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -666,6 +667,35 @@ def test_cls_pools_the_smallest_position_and_last_the_largest(gguf_file: Callabl
             assert cos(ref.embeddings_seq(j), rows[pick]) >= 0.9999
     finally:
         ref.close()
+
+
+# Tensors llama.cpp's loaders take as optional beside each family's own: every projection's scale and input scale
+# (its generic pass), BERT's classifier head, nomic-bert's FFN biases (loaded, never read)
+OPTIONAL = {"bert": r"blk\.\d+\.(attn_[qkv]|attn_output|ffn_up|ffn_down)\.(scale|input_scale)|cls(\.output)?\.(weight|bias)",
+            "nomic-bert": r"blk\.\d+\.(attn_qkv|attn_output|ffn_up|ffn_down|ffn_gate)\.(scale|input_scale)|"
+                          r"blk\.\d+\.ffn_(up|down)\.bias"}
+
+
+@oracle
+@ENCODERS
+def test_a_file_with_every_optional_tensor_llama_cpp_loads_gives_its_embeddings(tmp_path: Path, arch: str) -> None:
+    """llama.cpp multiplies the attention projections by their scales and reads nothing else of these; graphir
+    accepts the same file and gives the same token embeddings."""
+    tiny = make_tiny_preset(arch)
+    path = write_model_gguf(tmp_path / f"{arch}.gguf", replace(tiny, include=f"{tiny.include}|{OPTIONAL[arch]}"))
+    model = load(str(path))
+    tensors = model.meta.tensors
+    assert "blk.0.attn_output.scale" in tensors and ("cls.output.weight" in tensors) == (arch == "bert")
+    graph = model.meta.build_graph("none", "prefill")
+    assert graph["blk.0.attn_out.s"].inputs[1].name == "blk.0.attn_output.scale"
+    assert not any(n.name.endswith("input_scale") for n in graph.nodes)
+    tokens, _, _ = multi(SEQS, "shuffled")
+    ref = llama_cpp_encode(path, SEQS, "none", "shuffled")
+    try:
+        want = np.array([ref.embeddings_ith(i) for i in range(len(tokens))])
+    finally:
+        ref.close()
+    assert np.abs(encode(model, SEQS, "none", "shuffled").embeddings() - want).max() <= 1e-3
 
 
 @ENCODERS
