@@ -52,7 +52,8 @@ class Bert(Architecture):
         if self.learned_positions:
             specs.append(spec(T.POS_EMBD, (E, hp.n_ctx_train)))
         if self.classifier:  # declared for files that carry it: no pooling reads it yet
-            specs += [*with_bias(T.CLS, (E, E), optional=True), *with_bias(T.CLS_OUT, (E, self.n_cls_out), optional=True)]
+            specs += [*with_bias(T.CLS, (E, E), optional=True),
+                      *with_bias(T.CLS_OUT, (E, self.n_cls_out), optional=True)]
         for il in range(hp.n_layer):
             layer = [
                 *with_bias(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
@@ -73,7 +74,7 @@ class Bert(Architecture):
 
     def build(self, b: GraphBuilder) -> None:
         pos = b.build_inp_pos()
-        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))  # type: ignore[arg-type]
+        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         types = b.w_opt(T.TOKEN_TYPES)
         if types is not None:
             row0 = b.op("view", types, shape=(self.hp.n_embd,), strides=(1,), offset=0, name="token_types.row0")
@@ -90,11 +91,11 @@ class Bert(Architecture):
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.norm(b.op("add", a, x, name="attn_res"), T.ATTN_OUT_NORM, il, Norm.LAYER, name="ffn_inp")
             if self.gated:
-                f = b.build_ffn(x, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),  # type: ignore[arg-type]
+                f = b.build_ffn(x, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
                                 act=Act.SILU, gate_mode=Gate.PAR)
             else:
-                f = b.build_ffn(x, up=b.w(T.FFN_UP, il), up_b=b.w_opt(T.FFN_UP, il, "bias"), gate=None,  # type: ignore[arg-type]
-                                down=b.w(T.FFN_DOWN, il), down_b=b.w_opt(T.FFN_DOWN, il, "bias"), act=Act.GELU)  # type: ignore[arg-type]
+                f = b.build_ffn(x, up=b.w(T.FFN_UP, il), up_b=b.w_opt(T.FFN_UP, il, "bias"), gate=None,
+                                down=b.w(T.FFN_DOWN, il), down_b=b.w_opt(T.FFN_DOWN, il, "bias"), act=Act.GELU)
             x = b.norm(b.op("add", f, x, name="ffn_res"), T.LAYER_OUT_NORM, il, Norm.LAYER, name="l_out")
         b.build_output(x)
 

@@ -57,15 +57,15 @@ ENCODER = Stack(T.ENC_ATTN_NORM, T.ENC_ATTN_Q, T.ENC_ATTN_K, T.ENC_ATTN_V, T.ENC
                 T.ENC_FFN_NORM, T.ENC_FFN_GATE, T.ENC_FFN_UP, T.ENC_FFN_DOWN, T.ENC_OUTPUT_NORM)
 DECODER = Stack(T.DEC_ATTN_NORM, T.DEC_ATTN_Q, T.DEC_ATTN_K, T.DEC_ATTN_V, T.DEC_ATTN_OUT, T.DEC_ATTN_REL_B,
                 T.DEC_FFN_NORM, T.DEC_FFN_GATE, T.DEC_FFN_UP, T.DEC_FFN_DOWN, T.DEC_OUTPUT_NORM)
-# llama.cpp's loader knows the decoder's projections by the roles its generic pass looks up scales for (it looks
-# them up under blk.<il>, for the first block_count layers); the decoder's graph multiplies in q/k/v's and output's
+# The decoder's matrices llama.cpp's loader takes scales beside, named by their roles (blk.<il>.attn_q.scale, ...)
+# and for its first block_count layers only; the decoder's graph reads those of Q, K, V and the output
 DECODER_SCALED = (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT, T.FFN_GATE, T.FFN_DOWN, T.FFN_UP)
 
 
-# ---- blocks both stacks are made of ------------------------------------------------------------------------
+# ---- blocks: both stacks are made of the first two, the decoder adds cross-attention ---------------------
 
 
-def self_attention(hp: HParams, causal: bool) -> Attention:
+def kept_attention(hp: HParams, causal: bool) -> Attention:
     """What a block's self-attention keeps: K/V of every head, relative-bucketed positions."""
     return Attention(hp.n_embd_k_gqa, hp.n_embd_v_gqa, causal=causal, rel_buckets=hp.n_rel_buckets)
 
@@ -93,15 +93,15 @@ def attention_block(b: GraphBuilder, s: Stack, x: Node, il: int) -> Node:
     hp, T_ = b.hp, b.n_tokens
     h = b.norm(x, s.attn_norm, il, name="attn_norm")
     d, H, Hkv = hp.n_embd_head_k, hp.n_head, hp.n_head_kv
-    qc = b.reshape(b.linear(h, b.w(s.q, il), name="Qcur", s=b.scale(T.ATTN_Q, il)), (d, H, T_),  # type: ignore[arg-type]
+    qc = b.reshape(b.linear(h, b.w(s.q, il), name="Qcur", s=b.scale(T.ATTN_Q, il)), (d, H, T_),
                    name="Qcur.heads")
-    kc = b.reshape(b.linear(h, b.w(s.k, il), name="Kcur", s=b.scale(T.ATTN_K, il)), (d, Hkv, T_),  # type: ignore[arg-type]
+    kc = b.reshape(b.linear(h, b.w(s.k, il), name="Kcur", s=b.scale(T.ATTN_K, il)), (d, Hkv, T_),
                    name="Kcur.heads")
-    vc = b.reshape(b.linear(h, b.w(s.v, il), name="Vcur", s=b.scale(T.ATTN_V, il)),  # type: ignore[arg-type]
+    vc = b.reshape(b.linear(h, b.w(s.v, il), name="Vcur", s=b.scale(T.ATTN_V, il)),
                    (hp.n_embd_head_v, Hkv, T_), name="Vcur.heads")
     table = b.w(s.rel_b, il) if tensor_name(s.rel_b, il) in b.tensors else b.w(s.rel_b, 0)
     a = b.build_attn(qc, kc, vc, wo=b.w(s.out, il), wo_s=b.scale(T.ATTN_OUT, il), kq_scale=1.0,
-                     kq_b=b.build_pos_bias(table))  # type: ignore[arg-type]
+                     kq_b=b.build_pos_bias(table))
     return b.op("add", a, x, name="attn_res")
 
 
@@ -109,9 +109,22 @@ def ffn_block(b: GraphBuilder, s: Stack, x: Node, il: int) -> Node:
     """Pre-norm FFN, GELU-gated when the layer has a gate (v1.1, FLAN) and ReLU otherwise, plus the residual."""
     h = b.norm(x, s.ffn_norm, il, name="ffn_norm")
     g = b.w_opt(s.gate, il)
-    f = b.build_ffn(h, up=b.w(s.up, il), gate=g, down=b.w(s.down, il), act=Act.GELU if g is not None else Act.RELU,  # type: ignore[arg-type]
+    f = b.build_ffn(h, up=b.w(s.up, il), gate=g, down=b.w(s.down, il), act=Act.GELU if g is not None else Act.RELU,
                     gate_mode=Gate.PAR)
     return b.op("add", f, x, name="l_out")
+
+
+def cross_attention(b: GraphBuilder, x: Node, il: int) -> Node:
+    """Pre-norm attention of the decoder tokens over their sequences' encoder output (the caller adds the residual)."""
+    hp = b.hp
+    enc = b.build_inp_cross()
+    d, H, Hkv, n_enc = hp.n_embd_head_k, hp.n_head, hp.n_head_kv, enc.shape[1]
+    h = b.norm(x, T.DEC_CROSS_ATTN_NORM, il, name="attn_norm_cross")
+    qc = b.reshape(b.linear(h, b.w(T.DEC_CROSS_ATTN_Q, il), name="Qcross"), (d, H, b.n_tokens), name="Qcross.heads")
+    kc = b.reshape(b.linear(enc, b.w(T.DEC_CROSS_ATTN_K, il), name="Kcross"), (d, Hkv, n_enc), name="Kcross.heads")
+    vc = b.reshape(b.linear(enc, b.w(T.DEC_CROSS_ATTN_V, il), name="Vcross"), (hp.n_embd_head_v, Hkv, n_enc),
+                   name="Vcross.heads")
+    return b.build_cross_attn(qc, kc, vc, wo=b.w(T.DEC_CROSS_ATTN_OUT, il), kq_scale=1.0)
 
 
 # ---- the two stacks ------------------------------------------------------------------------------------------
@@ -126,14 +139,14 @@ class T5Encoder(Architecture):
     keys = (BUCKETS,)
 
     def layers(self) -> LayerNeeds:
-        return (self_attention(self.hp, self.causal),) * self.hp.n_layer
+        return (kept_attention(self.hp, self.causal),) * self.hp.n_layer
 
     def tensors(self) -> list[TensorSpec]:
         return head_tensors(self.hp, ENCODER) + [t for il in range(self.hp.n_layer)
                                                  for t in block_tensors(self.hp, ENCODER, il)]
 
     def build(self, b: GraphBuilder) -> None:
-        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))  # type: ignore[arg-type]
+        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         for il in b.layers():
             x = attention_block(b, ENCODER, x, il)
             x, = b.last_layer_rows((x, "out_rows"))  # llama.cpp gathers the two addends; their sum's rows are the same
@@ -151,7 +164,7 @@ class T5(Architecture):
             Key("decoder_start", L.DECODER_START_TOKEN_ID, int, -1))  # -1: none (generation starts at BOS)
 
     def layers(self) -> LayerNeeds:
-        return ((self_attention(self.hp, self.causal), CrossAttention(self.hp.n_embd)),) * self.hp.n_dec_layer
+        return ((kept_attention(self.hp, self.causal), CrossAttention(self.hp.n_embd)),) * self.hp.n_dec_layer
 
     def decoder_start(self) -> int | None:
         return self.hp.decoder_start if self.hp.decoder_start >= 0 else None
@@ -172,26 +185,13 @@ class T5(Architecture):
         return enc + [t for t in dec if t.name not in shared]
 
     def build(self, b: GraphBuilder) -> None:
-        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))  # type: ignore[arg-type]
+        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         for il in b.layers(self.hp.n_dec_layer):
             x = attention_block(b, DECODER, x, il)
             x = b.op("add", cross_attention(b, x, il), x, name="cross_res")
             x, = b.last_layer_rows((x, "out_rows"))
             x = ffn_block(b, DECODER, x, il)
         b.build_output(b.norm(x, DECODER.output_norm, name="result_norm"), b.w(T.OUTPUT))
-
-
-def cross_attention(b: GraphBuilder, x: Node, il: int) -> Node:
-    """Pre-norm attention of the decoder tokens over their sequences' encoder output (the caller adds the residual)."""
-    hp = b.hp
-    enc = b.build_inp_cross()
-    d, H, Hkv, n_enc = hp.n_embd_head_k, hp.n_head, hp.n_head_kv, enc.shape[1]
-    h = b.norm(x, T.DEC_CROSS_ATTN_NORM, il, name="attn_norm_cross")
-    qc = b.reshape(b.linear(h, b.w(T.DEC_CROSS_ATTN_Q, il), name="Qcross"), (d, H, b.n_tokens), name="Qcross.heads")  # type: ignore[arg-type]
-    kc = b.reshape(b.linear(enc, b.w(T.DEC_CROSS_ATTN_K, il), name="Kcross"), (d, Hkv, n_enc), name="Kcross.heads")  # type: ignore[arg-type]
-    vc = b.reshape(b.linear(enc, b.w(T.DEC_CROSS_ATTN_V, il), name="Vcross"), (hp.n_embd_head_v, Hkv, n_enc),  # type: ignore[arg-type]
-                   name="Vcross.heads")
-    return b.build_cross_attn(qc, kc, vc, wo=b.w(T.DEC_CROSS_ATTN_OUT, il), kq_scale=1.0)  # type: ignore[arg-type]
 
 
 # ---- Hugging Face: what convert_hf_to_gguf writes for T5 configs -----------------------------------------------

@@ -698,6 +698,16 @@ def test_a_file_with_every_optional_tensor_llama_cpp_loads_gives_its_embeddings(
     assert np.abs(encode(model, SEQS, "none", "shuffled").embeddings() - want).max() <= 1e-3
 
 
+def test_berts_classifier_head_has_one_output_per_label_the_file_names() -> None:
+    """llama.cpp sizes cls.output by classifier.output_labels (one output without the key)."""
+    from graphir.model.meta import from_preset
+
+    labels = {gguf.Keys.Classifier.OUTPUT_LABELS: ["negative", "neutral", "positive"]}
+    for keys, n_out in (({}, 1), (labels, 3)):
+        specs = from_preset("bert", make_tiny_preset("bert", **keys)).arch.specs
+        assert specs["cls.output.weight"].shape == (64, n_out) and specs["cls.output.bias"].shape == (n_out,)
+
+
 @ENCODERS
 def test_an_encoder_input_longer_than_its_context_is_refused_naming_the_position_and_nothing_changes(
         tiny: Callable[..., Model], arch: str) -> None:
