@@ -448,8 +448,9 @@ class GraphBuilder:
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
                    wo_s: Node | None = None, kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
                    sinks: Node | None = None) -> Node:
-        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (times
-        its scale ``wo_s``, plus ``wo_b``; ``wo`` None: the heads' output [d * n_head, T], for a family that gates it before projecting);
+        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (times its
+        scale ``wo_s``, plus ``wo_b``; ``wo`` None: the heads' output [d * n_head, T], for a family that gates it
+        before projecting);
         ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
         ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`); ``sinks`` [n_head]: one more logit per
         head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks)."""
@@ -461,8 +462,8 @@ class GraphBuilder:
                        wo_s: Node | None = None) -> Node:
         """Multi-head latent attention (absorbed MLA): q [d_latent, n_head, T] over one shared head k
         [d_latent, 1, T] whose first ``v``'s width values are V (``v`` [kv_lora_rank, 1, T] is that view); each
-        head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o.
-        Only a memory that keeps latent rows serves it."""
+        head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o (times
+        its scale ``wo_s``). Only a memory that keeps latent rows serves it."""
         out = self.memory.build_attn_mla(self, self._layer("build_attn_mla"), q, k, v, v_mla=v_mla,
                                          kq_scale=kq_scale)
         return self.linear(out, wo, name="attn_out", s=wo_s)
