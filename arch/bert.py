@@ -9,6 +9,7 @@ Reference: Devlin et al. 2019, "BERT"; Nussbaum et al. 2024, "Nomic Embed"; llam
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar, Mapping
 
 from gguf import MODEL_TENSOR as T
@@ -18,6 +19,7 @@ from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, Gate, GraphBuilder, Norm
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, fixed, hf, pooling_rule
+from graphir.model.hparams import HParams
 from graphir.model.presets import Preset
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, with_bias
@@ -32,6 +34,11 @@ class Bert(Architecture):
     gated: ClassVar[bool] = False  # SwiGLU without biases; else a GELU MLP with its biases where the file has them
     classifier: ClassVar[bool] = True  # llama.cpp loads the optional classifier head (cls, cls.output)
     n_cls_out = 1  # the classifier's outputs: one per label the file names (classifier.output_labels)
+
+    def __init__(self, hp: HParams):
+        # llama.cpp gives these models no memory, so its llama_decode runs them as llama_encode, which attends both
+        # ways whatever attention.causal says (the files llama.cpp writes itself say true)
+        super().__init__(replace(hp, causal=False))
 
     @classmethod
     def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
