@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.model.moe import MOE_KEYS, check_experts, gate_up, gate_up_tensors
+from graphir.model.moe import MOE_KEYS, check_experts, gate_up, gate_up_problems, gate_up_tensors
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.memory.layers import LatentAttention, LayerNeeds
@@ -36,7 +36,7 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import HParams, Key, f32
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, derived, fixed, hf
 from graphir.model.presets import Preset
@@ -144,6 +144,12 @@ class DeepSeek2(Architecture):
 
     def moe_layer(self, il: int) -> bool:
         return il >= self.hp.n_layer_dense_lead
+
+    def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
+        """The table's checks, and each expert layer's gate and up stacks in one whole form (the table declares
+        both forms optional)."""
+        return super().check(tensors) + [p for il in range(self.hp.n_layer) if self.moe_layer(il)
+                                         for p in gate_up_problems(tensors, il)]
 
     # ---- tensors ---------------------------------------------------------------------------------------
 

@@ -306,13 +306,18 @@ def test_the_experts_gate_and_up_stacks_may_be_one_stack_or_two_but_not_neither(
     """llama.cpp's loader takes ffn_gate_up_exps (each expert's gate rows, then its up rows) in place of the two
     stacks, as the files it writes itself hold them; a file with neither form is refused naming both."""
     fused = from_preset("fused", Preset("deepseek2", MLA, tied=False, include=r"blk\.\d+\.ffn_gate_up_exps\.weight"))
+    assert fused.arch.check(fused.tensors) == []
     g = fused.build_graph("mla", "decode")
     gate, up = g["blk.1.ffn_moe_gate"], g["blk.1.ffn_moe_up"]
     assert gate.inputs[0].name == up.inputs[0].name == "blk.1.ffn_moe_gate_up"
     assert (gate.attrs["offset"], up.attrs["offset"]) == (0, 32) and "blk.1.ffn_up_exps.weight" not in fused.tensors
+    neither = from_preset("neither", Preset("deepseek2", MLA, tied=False))
+    assert neither.arch.check(neither.tensors) == [
+        f"missing tensor 'blk.{il}.ffn_{t}_exps.weight' (or 'blk.{il}.ffn_gate_up_exps.weight' of both stacks)"
+        for il in (1, 2) for t in ("up", "gate")]
     with pytest.raises(TensorError, match=r"missing tensor 'blk\.1\.ffn_up_exps\.weight' \(or "
                                           r"'blk\.1\.ffn_gate_up_exps\.weight' of both stacks\)"):
-        from_preset("neither", Preset("deepseek2", MLA, tied=False)).build_graph("mla", "decode")
+        neither.build_graph("mla", "decode")
 
 
 # ---------------------------------------------------------------------------------------------------- routing

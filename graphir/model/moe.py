@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
@@ -52,15 +52,22 @@ def gate_up_tensors(n_embd: int, n_ff: int, n_expert: int, il: int) -> list[Tens
             spec(T.FFN_UP_EXP, (n_embd, n_ff, n_expert), il, optional=True)]
 
 
+def gate_up_problems(tensors: Mapping[str, Any], il: int) -> list[str]:
+    """What layer il lacks of its experts' gate and up stacks (empty: the file has a whole form), one line each."""
+    fused = tensor_name(T.FFN_GATE_UP_EXP, il)
+    if fused in tensors:
+        return []
+    return [f"missing tensor '{tensor_name(t, il)}' (or '{fused}' of both stacks)"
+            for t in (T.FFN_UP_EXP, T.FFN_GATE_EXP) if tensor_name(t, il) not in tensors]
+
+
 def gate_up(b: GraphBuilder, il: int) -> dict[str, Node | None]:
     """Layer il's gate and up stacks as ``build_moe_ffn`` takes them, in the form the file holds: the fused stack
     when it is there, else the two (both required then, as llama.cpp's loader requires them)."""
     fused = b.w_opt(T.FFN_GATE_UP_EXP, il)
     if fused is not None:
         return {"gate_up_exps": fused, "gate_exps": None, "up_exps": None}
-    stacks = {key: b.w_opt(t, il) for key, t in (("up_exps", T.FFN_UP_EXP), ("gate_exps", T.FFN_GATE_EXP))}
-    for t, w in zip((T.FFN_UP_EXP, T.FFN_GATE_EXP), stacks.values()):
-        if w is None:
-            raise TensorError(f"{b.label}: missing tensor '{tensor_name(t, il)}' (or "
-                              f"'{tensor_name(T.FFN_GATE_UP_EXP, il)}' of both stacks)")
-    return stacks
+    problems = gate_up_problems(b.tensors, il)
+    if problems:
+        raise TensorError(f"{b.label}: {problems[0]}")
+    return {"up_exps": b.w_opt(T.FFN_UP_EXP, il), "gate_exps": b.w_opt(T.FFN_GATE_EXP, il)}
