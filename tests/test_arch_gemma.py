@@ -37,7 +37,7 @@ from graphir.memory.layers import ContextParams
 from graphir.model.hparams import f32
 from graphir.model.meta import from_preset, open_model
 from graphir.model.presets import Preset
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.context import Context
 from graphir.running.runtime import Model
 

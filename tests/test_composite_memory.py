@@ -25,7 +25,7 @@ import pytest
 import toy_archs  # noqa: F401  (registers test-iswa and test-hybrid)
 from conftest import TINY_KEYS, fail_on_run, memory_bytes, write_model_gguf
 
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.errors import GraphirError, MetadataError, StateError
 from graphir.graph.forms import to_text
 from graphir.memory.composite import swa_cells

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.context import Context
 from graphir.errors import BatchError, CacheFullError, GraphirError, StateError
 from graphir.model.presets import Preset

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from graphir.running.batch import POS_MAX, UBatch
+from graphir.batch import POS_MAX, UBatch
 from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import GraphError, GraphirError, StateError
 from graphir.graph.ir import Node
@@ -51,7 +51,7 @@ class Memory:
     serves: frozenset[str] = frozenset()  # the kinds of layer (graphir.memory.layers) this memory can hold
     requires: frozenset[str] = frozenset()  # ... of which a model must have these for the registry to pick it
     keeps_cells: bool = False  # cells that survive between decodes (and go into saved states)
-    split: str = "simple"  # how batches are cut into ubatches for this kind: simple | equal | seq (graphir.running.batch)
+    split: str = "simple"  # how batches are cut into ubatches for this kind: simple | equal | seq (graphir.batch)
     positions: bool = True  # its entries have positions (seq_pos_min/max answer for it)
 
     def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),

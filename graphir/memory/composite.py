@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphir.running.batch import UBatch
+from graphir.batch import UBatch
 from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import GraphError, GraphirError, StateError
 from graphir.graph.ir import Graph, Node

@@ -29,7 +29,7 @@ from graphir.memory.composite import Composite
 from graphir.memory.io import Reader, Writer
 from graphir.memory.kv import KVCache
 from graphir.memory.layers import ContextParams, LayerNeeds
-from graphir.running.batch import UBatch
+from graphir.batch import UBatch
 
 if TYPE_CHECKING:
     from graphir.model.builder import GraphBuilder

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from graphir.running.batch import POS_MAX, UBatch
+from graphir.batch import POS_MAX, UBatch
 from graphir.graph.dims import DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
 from graphir.graph.ir import Graph, Node

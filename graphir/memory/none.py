@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphir.running.batch import UBatch
+from graphir.batch import UBatch
 from graphir.graph.ir import Node
 from graphir.memory import Memory
 from graphir.memory.layers import Attention

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphir.running.batch import POS_MAX, UBatch
+from graphir.batch import POS_MAX, UBatch
 from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
 from graphir.graph.ir import Node

@@ -16,7 +16,8 @@ from gguf import MODEL_TENSOR
 
 from graphir.graph.dims import Dim, DimDecl, Sym
 from graphir.errors import GraphError, TensorError
-from graphir.model.hparams import HParams, f32, inv_sqrt
+from graphir.graph.floats import f32, inv_sqrt
+from graphir.model.hparams import HParams
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS, ShapeError, infer
 from graphir.model.tensors import TensorDecl, TensorSpec, dtype_name, tensor_name
