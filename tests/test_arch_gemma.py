@@ -380,8 +380,9 @@ def test_each_preset_builds_an_iswa_graph_with_distinct_caches_for_local_and_glo
     assert meta.arch.contexts[0] == "iswa"
     g = meta.build_graph("iswa", "decode")
     names = {n.name for n in g.nodes}
-    assert g["kq_mask"].attrs == {"role": "kq_mask", "causal": True}
-    assert g["kq_mask_swa"].attrs == {"role": "kq_mask_swa", "causal": True, "window": window, "swa": "standard"}
+    assert g["kq_mask"].attrs == {"role": "kq_mask", "causal": True, "pad": 256}
+    assert g["kq_mask_swa"].attrs == {"role": "kq_mask_swa", "causal": True, "window": window, "swa": "standard",
+                                      "pad": 256}
     assert tuple(il for il in range(6) if meta.arch.hp.is_swa(il)) == local
     for il in range(6):
         tail = "_swa" if il in local else ""

@@ -95,8 +95,8 @@ def test_the_swa_cache_is_sized_as_llama_cpp_sizes_it() -> None:
 
 def test_each_kind_of_layer_gets_its_own_mask_and_cache_inputs() -> None:
     g = swa(6).meta.build_graph("iswa", "decode")
-    assert g["kq_mask"].attrs == {"role": "kq_mask", "causal": True}
-    assert g["kq_mask_swa"].attrs == {"role": "kq_mask_swa", "causal": True, "window": 6, "swa": "standard"}
+    assert g["kq_mask"].attrs == {"role": "kq_mask", "causal": True, "pad": 256}
+    assert g["kq_mask_swa"].attrs == {"role": "kq_mask_swa", "causal": True, "window": 6, "swa": "standard", "pad": 256}
     assert g["blk.0.cache_k"].type_str == "f16[32, n_ctx_swa]" and g["blk.1.cache_k"].type_str == "f16[32, n_ctx]"
     assert g["blk.0.k"].inputs[0].name == "blk.0.cache_k.view"
     assert g["blk.0.cache_k.write"].inputs[2].name == "k_idxs_swa" and g["blk.1.cache_k.write"].inputs[2].name == "k_idxs"
