@@ -61,15 +61,12 @@ class ToyLatentHybrid(DeepSeek2):
     name = "test-mla-hybrid"
     per_layer = True
     keys = DeepSeek2.keys + Mamba.keys
-    n_embd_r, n_embd_s = Mamba.n_embd_r, Mamba.n_embd_s
-
-    def is_recurrent(self, il: int) -> bool:
-        return self.hp.head_count_kv(il) == 0
+    n_embd_r, n_embd_s, is_recurrent = Mamba.n_embd_r, Mamba.n_embd_s, ToyHybrid.is_recurrent
 
     def layers(self) -> LayerNeeds:
-        hp = self.hp
-        return tuple(Recurrent(self.n_embd_r, self.n_embd_s) if self.is_recurrent(il)
-                     else LatentAttention(hp.n_lora_kv + hp.n_rot) for il in range(hp.n_layer))
+        latent = LatentAttention(self.hp.n_lora_kv + self.hp.n_rot)
+        return tuple(Recurrent(self.n_embd_r, self.n_embd_s) if self.is_recurrent(il) else latent
+                     for il in range(self.hp.n_layer))
 
     def attn_tensors(self, il: int) -> list[TensorSpec]:
         return Mamba.mixer_tensors(self, il) if self.is_recurrent(il) else super().attn_tensors(il)  # type: ignore[arg-type]

@@ -104,7 +104,7 @@ class Memory:
         nothing of that kind for it."""
         answer = self.answers.get(type(request))
         if answer is None:
-            raise GraphError(request.refused.format(kind=self.kind, il=il))
+            raise GraphError(request.refusal(self.kind, il))
         return answer(self, e, il, request)  # type: ignore[no-any-return]
 
     # ---- run time -------------------------------------------------------------------------------------

@@ -17,12 +17,24 @@ from graphir.memory.layers import Attention, CrossAttention, LatentAttention, Ne
 R = TypeVar("R")
 
 
+# What a memory keeping no need of a kind for a layer lacks, by kind of need (with the memory's kind and the layer)
+LACKS: dict[type[Need], str] = {
+    Attention: "memory kind '{kind}' holds no attention for layer {il}",
+    LatentAttention: ("memory kind '{kind}' keeps no latent (MLA) rows for layer {il}: multi-head latent attention "
+                      "needs a memory of latent attention (kind 'mla')"),
+    CrossAttention: "memory kind '{kind}' holds no encoder output for layer {il}",
+    Recurrent: "memory kind '{kind}' holds no recurrent state for layer {il}",
+}
+
+
 class Request(Generic[R]):
-    """A layer's request; ``need``: the kind of need it is routed by; ``refused``: what a memory that cannot
-    answer it lacks (formatted with the memory's ``kind`` and the layer ``il``)."""
+    """A layer's request; ``need``: the kind of need it is routed by."""
 
     need: ClassVar[type[Need]]
-    refused: ClassVar[str]
+
+    def refusal(self, kind: str, il: int) -> str:
+        """Why a memory of kind ``kind`` cannot answer it for layer il."""
+        return LACKS[self.need].format(kind=kind, il=il)
 
 
 @dataclass(frozen=True)
@@ -52,7 +64,6 @@ class SelfAttention(Request[AttnInputs]):
     k: Node
     v: Node
     need: ClassVar[type[Need]] = Attention
-    refused: ClassVar[str] = "memory kind '{kind}' holds no attention for layer {il}"
 
 
 @dataclass(frozen=True)
@@ -63,8 +74,6 @@ class LatentRows(Request[AttnInputs]):
     k: Node
     v: Node
     need: ClassVar[type[Need]] = LatentAttention
-    refused: ClassVar[str] = ("memory kind '{kind}' keeps no latent (MLA) rows for layer {il}: multi-head latent "
-                              "attention needs a memory of latent attention (kind 'mla')")
 
 
 @dataclass(frozen=True)
@@ -72,7 +81,6 @@ class PosBuckets(Request[Node]):
     """The relative position bucket [n_keys, n_tokens] of each key the layer attends over, per query (T5)."""
 
     need: ClassVar[type[Need]] = Attention
-    refused: ClassVar[str] = "memory kind '{kind}' holds no attention for layer {il}"
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,6 @@ class CrossRows(Request[Node]):
     """The encoder output the layer cross-attends to, [n_embd, n_enc]."""
 
     need: ClassVar[type[Need]] = CrossAttention
-    refused: ClassVar[str] = "memory kind '{kind}' holds no encoder output for layer {il}"
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,6 @@ class CrossMask(Request[Node]):
     """Which encoder outputs each token sees, [n_enc, n_tokens]: those of its sequences."""
 
     need: ClassVar[type[Need]] = CrossAttention
-    refused: ClassVar[str] = "memory kind '{kind}' holds no encoder output for layer {il}"
 
 
 @dataclass(frozen=True)
@@ -98,4 +104,3 @@ class RecurrentState(Request[StateInputs]):
     which: str
     write: bool = False
     need: ClassVar[type[Need]] = Recurrent
-    refused: ClassVar[str] = "memory kind '{kind}' holds no recurrent state for layer {il}"
