@@ -211,7 +211,7 @@ _DENSE: dict[str, dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.
     },
 }
 
-_DENSE["test-hybrid"] = _DENSE["mamba"]  # the toy hybrid's Mamba layers (tests/toy_archs.py)
+_DENSE["test-hybrid"] = _DENSE["test-mla-hybrid"] = _DENSE["mamba"]  # the toy hybrids' Mamba layers (tests/toy_archs.py)
 _DENSE["granitehybrid"] = _DENSE["mamba2"] = {  # a decay, step bias and skip per head; group norm scales near 1
     **{f"blk.{il}.ssm_a": (lambda r, shp: -np.exp(r.uniform(-1, 1.5, shp))) for il in range(8)},
     **{f"blk.{il}.ssm_dt.bias": (lambda r, shp: r.uniform(-3, -1, shp)) for il in range(8)},
@@ -376,7 +376,7 @@ TINY_FAMILY["deepseek2"] = {
     gguf.Keys.LLM.EXPERT_SHARED_COUNT: 1, gguf.Keys.LLM.EXPERT_GROUP_COUNT: 4, gguf.Keys.LLM.EXPERT_GROUP_USED_COUNT: 2,
     gguf.Keys.LLM.EXPERT_GATING_FUNC: 2, gguf.Keys.LLM.EXPERT_WEIGHTS_NORM: True, gguf.Keys.LLM.EXPERT_WEIGHTS_SCALE: 2.5,
 }
-ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias",
+ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 
 

@@ -1,8 +1,10 @@
 """The graph-building interface architectures call, after llama.cpp's ``llm_graph_context``.
 
 An architecture asks for inputs, weights and blocks (``build_norm``, ``build_ffn``, ``build_attn``, ...);
-the builder records typed, named nodes and never touches weight data. How attention meets memory is decided
-by the context's memory object, which the builder delegates to: an architecture never names a cache kind.
+the builder records typed, named nodes and never touches weight data. What attention meets is decided by the
+context's memory: the builder asks it for each layer's inputs (K/V views and a mask, position buckets, the
+encoder output, recurrent state buffers; :mod:`graphir.memory.inputs`) and does the maths over them, as
+llama.cpp's ``build_attn_inp_*`` and ``build_attn`` split it. An architecture never names a cache kind.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ from gguf import MODEL_TENSOR
 
 from graphir.graph.dims import Dim, DimDecl, Sym
 from graphir.errors import GraphError, TensorError
-from graphir.model.hparams import HParams, f32, inv_sqrt
+from graphir.graph.floats import f32, inv_sqrt
+from graphir.model.hparams import HParams
+from graphir.graph.emit import Emitter
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS, ShapeError, infer
+from graphir.memory.inputs import (CrossMask, CrossRows, LatentRows, PosBuckets, R, RecurrentState, Request,
+                                   SelfAttention)
 from graphir.model.tensors import TensorDecl, TensorSpec, dtype_name, tensor_name
 
 PHASES = ("prefill", "decode", "encode")  # encode: the encoder of an encoder-decoder, one whole batch
@@ -77,7 +83,8 @@ class ArchView(Protocol):
 
 class MemoryView(Protocol):
     """What the builder asks of the context's memory (graphir.memory.Memory implements it): how ubatches are
-    sized and what each layer's attention and recurrent state become in the graph (by layer index)."""
+    sized, and each layer's inputs for each of its needs (by layer index), which it declares through the
+    builder as an :class:`~graphir.graph.emit.Emitter` and returns as data."""
 
     split: str
 
@@ -85,21 +92,7 @@ class MemoryView(Protocol):
 
     def dims(self) -> list[DimDecl]: ...
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node: ...
-
-    def build_attn_mla(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, v_mla: Node,
-                       kq_scale: float) -> Node: ...
-
-    def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node: ...
-
-    def build_inp_cross(self, b: GraphBuilder, il: int) -> Node: ...
-
-    def build_cross_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node: ...
-
-    def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node: ...
-
-    def store_rs(self, b: GraphBuilder, il: int, which: str, states: Node) -> None: ...
+    def input_for(self, e: Emitter, il: int, request: Request[R]) -> R: ...
 
 
 class GraphBuilder:
@@ -116,6 +109,7 @@ class GraphBuilder:
         self._pos_bias: dict[str, Node] = {}  # per relative-bias table: the bias of every score (one per graph)
         self._scope = ""
         self.il: int | None = None  # the layer being built (inside ``with b.layer(il)``)
+        self.n_layer = arch.hp.n_layer  # the layers of the stack being built (see :meth:`layers`)
         # n_seq_tokens is set when the memory splits ubatches equally (n_tokens = n_seq_tokens * n_seqs).
         self.n_seq_tokens: Dim | None
         if phase == "decode":
@@ -174,18 +168,20 @@ class GraphBuilder:
         finally:
             self._scope, self.il = outer, outer_il
 
-    def layers(self) -> Iterator[int]:
+    def layers(self, n_layer: int | None = None) -> Iterator[int]:
         """Every layer index in turn, each inside its scope (:meth:`layer`): a family's layer loop. The rows
-        whose output is requested are declared first, as every graph lists them before its layers."""
+        whose output is requested are declared first, as every graph lists them before its layers.
+        ``n_layer``: the stack's layer count where it is not the model's (an encoder-decoder's decoder)."""
         self.build_inp_out_ids()
-        for il in range(self.hp.n_layer):
+        self.n_layer = self.hp.n_layer if n_layer is None else n_layer
+        for il in range(self.n_layer):
             with self.layer(il):
                 yield il
 
     def last_layer_rows(self, *values: tuple[Node, str]) -> tuple[Node, ...]:
         """In the last layer only the rows whose output is requested go on (llama.cpp's ``inp_out_ids``): each
         value's rows there, named by its tag; in every other layer the values as they are."""
-        if self.il != self.hp.n_layer - 1:
+        if self.il != self.n_layer - 1:
             return tuple(v for v, _ in values)
         out_ids = self.build_inp_out_ids()
         return tuple(self.op("get_rows", v, out_ids, name=tag) for v, tag in values)
@@ -299,22 +295,24 @@ class GraphBuilder:
     def _scaled(self, x: Node, s: Node | None, *, name: str) -> Node:
         return x if s is None else self.op("mul", x, s, name=name)
 
-    def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node, gate_exps: Node | None, down_exps: Node,
+    def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node | None, gate_exps: Node | None, down_exps: Node,
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
                       w_scale: float = 0.0, probs_b: Node | None = None, act: Act = Act.SILU,
                       gate_inp_b: Node | None = None, up_exps_b: Node | None = None, gate_exps_b: Node | None = None,
                       down_exps_b: Node | None = None, up_exps_s: Node | None = None,
                       gate_exps_s: Node | None = None, down_exps_s: Node | None = None, n_groups: int = 0,
-                      n_group_used: int = 0, name: str = "ffn_moe_out") -> Node:
+                      n_group_used: int = 0, gate_up_exps: Node | None = None, name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
         n_expert]) and sums their outputs weighted by its probabilities, normalised to sum 1 (``norm_w``) and
         scaled by ``w_scale`` (0 or 1: not scaled). ``gate_inp_b`` biases the router's logits; ``*_exps_b``
         [n_ff or n_embd, n_expert] add to each expert's product the bias of that expert (``add_id``, gpt-oss);
-        ``*_exps_s`` [n_expert] multiply it by that expert's scale first (llama.cpp's per-expert ``.scale``).
+        ``*_exps_s`` [n_expert] multiply it by that expert's scale first (llama.cpp's per-expert ``.scale``; the
+        joined stack's is ``up_exps_s``, as there).
         ``n_groups`` > 1: the experts form that many groups and a token chooses among the ``n_group_used`` best
-        groups only (:meth:`_moe_best_groups`, DeepSeek-V3)."""
+        groups only (:meth:`_moe_best_groups`, DeepSeek-V3). ``gate_up_exps`` [n_embd, 2 n_ff, n_expert]: the gate
+        and up stacks as one, each expert's gate rows before its up rows (in place of ``gate_exps``/``up_exps``)."""
         n_embd, n_tok = x.shape
         logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")
         if gate_inp_b is not None:
@@ -344,9 +342,18 @@ class GraphBuilder:
         if w_scale not in (0.0, 1.0):
             weights = self.op("scale", weights, s=w_scale, name="ffn_moe_weights_scaled")
         cur = self.reshape(x, (n_embd, 1, n_tok), name="ffn_moe_in")
-        up = self._expert_mm(up_exps, up_exps_b, up_exps_s, cur, selected, name="ffn_moe_up")
-        if gate_exps is not None:
-            gate = self._expert_mm(gate_exps, gate_exps_b, gate_exps_s, cur, selected, name="ffn_moe_gate")
+        gate: Node | None
+        if gate_up_exps is not None:
+            both = self._expert_mm(gate_up_exps, None, up_exps_s, cur, selected, name="ffn_moe_gate_up")
+            rows = both.shape[0]
+            gate, up = (self.op("view", both, shape=(rows // 2, n_expert_used, n_tok),
+                                strides=(1, rows, rows * n_expert_used), offset=offset, name=tag)
+                        for offset, tag in ((0, "ffn_moe_gate"), (rows // 2, "ffn_moe_up")))
+        else:
+            up = self._expert_mm(up_exps, up_exps_b, up_exps_s, cur, selected, name="ffn_moe_up")  # type: ignore[arg-type]
+            gate = None if gate_exps is None else self._expert_mm(gate_exps, gate_exps_b, gate_exps_s, cur,
+                                                                  selected, name="ffn_moe_gate")
+        if gate is not None:
             if act is Act.SWIGLU_OAI:
                 h = self.op("swiglu_oai", gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT,
                             name="ffn_moe_swiglu_oai")
@@ -451,23 +458,24 @@ class GraphBuilder:
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
                    wo_s: Node | None = None, kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
                    sinks: Node | None = None) -> Node:
-        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (times
-        its scale ``wo_s``, plus ``wo_b``; ``wo`` None: the heads' output [d * n_head, T], for a family that gates it before projecting);
+        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] and what the memory keeps, then W_o (times
+        its scale ``wo_s``, plus ``wo_b``; ``wo`` None: the heads' output [d * n_head, T], for a family that gates
+        it before projecting);
         ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
         ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`); ``sinks`` [n_head]: one more logit per
         head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks)."""
-        out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale, softcap=softcap,
-                                     kq_b=kq_b, sinks=sinks)
+        inp = self._inputs("build_attn", SelfAttention(k, v))
+        out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, softcap, kq_b, sinks=sinks)
         return out if wo is None else self.linear(out, wo, wo_b, name="attn_out", s=wo_s)
 
     def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float,
                        wo_s: Node | None = None) -> Node:
         """Multi-head latent attention (absorbed MLA): q [d_latent, n_head, T] over one shared head k
         [d_latent, 1, T] whose first ``v``'s width values are V (``v`` [kv_lora_rank, 1, T] is that view); each
-        head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o.
-        Only a memory that keeps latent rows serves it."""
-        out = self.memory.build_attn_mla(self, self._layer("build_attn_mla"), q, k, v, v_mla=v_mla,
-                                         kq_scale=kq_scale)
+        head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o (times
+        its scale ``wo_s``). Only a memory that keeps latent rows serves it."""
+        inp = self._inputs("build_attn_mla", LatentRows(k, v))
+        out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, v_mla=v_mla)
         return self.linear(out, wo, name="attn_out", s=wo_s)
 
     def build_pos_bias(self, rel_b: Node) -> Node:
@@ -475,7 +483,7 @@ class GraphBuilder:
         [n_head, n_buckets] for the bucket of each key-query distance, the buckets being the memory's input
         (its keys are its cells, or the ubatch without cache). Layers sharing a table share the bias."""
         if rel_b.name not in self._pos_bias:
-            bucket = self.memory.build_pos_bucket(self, self._layer("build_pos_bias"))
+            bucket = self._inputs("build_pos_bias", PosBuckets())
             n_kv, n_tok = bucket.shape
             rows = self.op("get_rows", rel_b, self.reshape(bucket, (n_kv * n_tok,), name="pos_bucket_1d"),
                            name="pos_bias.rows")
@@ -486,27 +494,32 @@ class GraphBuilder:
 
     def build_inp_cross(self) -> Node:
         """The encoder output this layer cross-attends to, [n_embd, n_enc], kept by the memory."""
-        return self.memory.build_inp_cross(self, self._layer("build_inp_cross"))
+        return self._inputs("build_inp_cross", CrossRows())
 
     def build_cross_attn(self, q: Node, k: Node, v: Node, *, wo: Node, kq_scale: float) -> Node:
         """Attention of q [d, n_head, T] over k/v [d, n_head_kv, n_enc] made from the encoder output, each
         token seeing the encoder outputs of its sequences (the memory's mask), then W_o."""
-        out = self.memory.build_cross_attn(self, self._layer("build_cross_attn"), q, k, v, kq_scale=kq_scale)
-        return self.linear(out, wo, name="cross_out")
+        mask = self._inputs("build_cross_attn", CrossMask())
+        return self.linear(self.attn_mha(q, k, v, mask, kq_scale, tag="cross."), wo, name="cross_out")
 
     def build_rs(self, which: str) -> Node:
         """This layer's recurrent state of the ubatch's sequences: ``r`` (rolling: conv columns, token shifts)
-        ``[n_embd_r, n_seqs]`` or ``s`` (SSM / WKV state) ``[n_embd_s, n_seqs]``."""
-        return self.memory.build_rs(self, self._layer("build_rs"), which)
+        ``[n_embd_r, n_seqs]`` or ``s`` (SSM / WKV state) ``[n_embd_s, n_seqs]``, gathered from their cells."""
+        state = self._inputs("build_rs", RecurrentState(which))
+        return self.op("get_rows", state.buffer, state.cells, name=f"rs_{which}.read")
 
     def store_rs(self, which: str, states: Node) -> None:
-        """Write this layer's new states (same shape as :meth:`build_rs` returns) back to the memory."""
-        self.memory.store_rs(self, self._layer("store_rs"), which, states)
+        """Write this layer's new states (same shape as :meth:`build_rs` returns) to their sequences' cells;
+        the write is a graph output (e.g. ``blk.3.rs_s``), so snapshots and hashes cover it."""
+        state = self._inputs("store_rs", RecurrentState(which, write=True))
+        node = self.op("set_rows", state.buffer, states, state.cells, name=f"rs_{which}.write")
+        self.outputs[node.name.removesuffix(".write")] = node
 
-    def _layer(self, what: str) -> int:
+    def _inputs(self, what: str, request: Request[R]) -> R:
+        """The current layer's inputs for one request, from the memory."""
         if self.il is None:
             raise GraphError(f"{what} is a layer's request: call it inside `with b.layer(il)`")
-        return self.il
+        return self.memory.input_for(self, self.il, request)
 
     def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float, softcap: float = 0.0,
                  kq_b: Node | None = None, tag: str = "", sinks: Node | None = None,
