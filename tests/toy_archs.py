@@ -11,11 +11,11 @@ graph out, with no cache in sight. Importing this module registers them.
 from __future__ import annotations
 
 from graphir.arch.llama import Llama
-from graphir.arch.mamba import Mamba
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import SlidingWindow
 from graphir.graph.ir import Node
-from graphir.memory.layers import Attention, LayerNeeds, Recurrent
+from graphir.memory.layers import Attention, LayerNeeds
+from graphir.model import ssm
 from graphir.model.tensors import TensorSpec
 
 
@@ -27,23 +27,20 @@ class ToySWA(Llama):
 class ToyHybrid(Llama):
     name = "test-hybrid"
     per_layer = True
-    keys = Mamba.keys
-    n_embd_r, n_embd_s = Mamba.n_embd_r, Mamba.n_embd_s
+    keys = ssm.SSM_KEYS
 
     def is_recurrent(self, il: int) -> bool:
         return self.hp.head_count_kv(il) == 0
 
     def layers(self) -> LayerNeeds:
         hp = self.hp
-        return tuple(Recurrent(self.n_embd_r, self.n_embd_s) if self.is_recurrent(il)
+        return tuple(ssm.mamba_state(hp, hp.ssm_d_inner) if self.is_recurrent(il)
                      else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(hp.n_layer))
 
     def mix_tensors(self, il: int) -> list[TensorSpec]:
-        return Mamba.mixer_tensors(self, il) if self.is_recurrent(il) else super().mix_tensors(il)  # type: ignore[arg-type]
+        return ssm.mamba_tensors(self.hp, il) if self.is_recurrent(il) else super().mix_tensors(il)
 
     def mix(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
         if not self.is_recurrent(il):
             return super().mix(b, h, pos, freq_factors, il)
-        E = self.hp.n_embd
-        y = Mamba.mixer(self, b, b.reshape(h, (E, b.n_seq_tokens, b.n_seqs), name="attn_norm.seqs"), il)  # type: ignore[arg-type]
-        return b.reshape(y, (E, b.n_tokens), name="ssm_out.tokens")
+        return b.reshape(ssm.mamba_layer(b, h, il), (self.hp.n_embd, b.n_tokens), name="ssm_out.tokens")
