@@ -52,7 +52,7 @@ class GraniteHybrid(Architecture):
 
     def layers(self) -> LayerNeeds:
         hp = self.hp
-        return tuple(ssm.mamba_state(hp, ssm.mamba2_conv_dim(hp)) if self.recurrent(il)
+        return tuple(ssm.recurrent_state(hp, ssm.mamba2_conv_dim(hp)) if self.recurrent(il)
                      else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(hp.n_layer))
 
     # ---- tensors -----------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ class Mamba(Architecture):
 
     def layers(self) -> LayerNeeds:
         hp = self.hp
-        return (ssm.mamba_state(hp, ssm.mamba2_conv_dim(hp) if self.version == 2 else hp.ssm_d_inner),) * hp.n_layer
+        return (ssm.recurrent_state(hp, ssm.mamba2_conv_dim(hp) if self.version == 2 else hp.ssm_d_inner),) * hp.n_layer
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp

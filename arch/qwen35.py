@@ -20,7 +20,8 @@ from gguf import Keys
 
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
-from graphir.memory.layers import Attention, LayerNeeds, Recurrent
+from graphir.memory.layers import Attention, LayerNeeds
+from graphir.model import ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, f32, inv_sqrt
@@ -84,19 +85,9 @@ class Qwen35(Architecture):
         """Channels through the conv: q and k of every key head, v of every value head."""
         return 2 * self.key_dim + self.hp.ssm_d_inner
 
-    @property
-    def n_embd_r(self) -> int:
-        """Per sequence and layer, the last d_conv - 1 conv input columns."""
-        return (self.hp.ssm_d_conv - 1) * self.conv_dim
-
-    @property
-    def n_embd_s(self) -> int:
-        """Per sequence and layer, a head size x head size state per value head."""
-        return self.hp.ssm_d_state * self.hp.ssm_d_inner
-
     def layers(self) -> LayerNeeds:
         hp = self.hp
-        return tuple(Recurrent(self.n_embd_r, self.n_embd_s) if self.recurrent(il)
+        return tuple(ssm.recurrent_state(hp, self.conv_dim) if self.recurrent(il)
                      else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(hp.n_layer))
 
     # ---- tensors -----------------------------------------------------------------------------------------
@@ -165,7 +156,7 @@ class Qwen35(Architecture):
     def delta_net(self, b: GraphBuilder, h: Node, il: int) -> Node:
         """Gated DeltaNet over the ubatch's sequences ([E, n_tokens] in and out)."""
         hp = self.hp
-        Dk, Hk, Hv, K, cd = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank, hp.ssm_d_conv, self.conv_dim
+        Dk, Hk, Hv, cd = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank, self.conv_dim
         Ts, S = b.n_seq_tokens, b.n_seqs
         assert Ts is not None
         qkv = b.reshape(b.op("mul_mat", b.w(T.ATTN_QKV, il), h, name="qkv_mixed"), (cd, Ts, S),
@@ -181,11 +172,7 @@ class Qwen35(Architecture):
         g = b.reshape(b.op("mul", alpha, b.w(T.SSM_A, il, None), name="gate"), (1, Hv, Ts, S),
                       name="gate.seqs")
 
-        conv = b.reshape(b.build_rs("r"), (K - 1, cd, S), name="conv_state")
-        conv_x = b.op("concat", conv, b.op("transpose", qkv, name="qkv_mixed.t"), dim=0, name="conv_input")
-        last = b.op("view", conv_x, shape=(K - 1, cd, S), strides=(1, K - 1 + Ts, (K - 1 + Ts) * cd), offset=Ts,
-                    name="conv_state.new")
-        b.store_rs("r", b.reshape(b.op("cont", last, name="conv_state.cont"), (self.n_embd_r, S), name="conv_rows"))
+        conv_x = ssm.conv_input(b, qkv, name="conv_input", transposed="qkv_mixed.t")
         x = b.op("silu", b.op("ssm_conv", conv_x, b.w(T.SSM_CONV1D, il), name="conv_output_raw"),
                  name="conv_output_silu")
         q, k = (b.op("view", x, shape=(Dk, Hk, Ts, S), strides=(1, Dk, cd, cd * Ts), offset=off, name=tag)
@@ -195,33 +182,28 @@ class Qwen35(Architecture):
 
         state = b.reshape(b.build_rs("s"), (Dk, Dk, Hv, S), name="state")
         ys = b.op("gated_delta_net", q, k, v, g, beta, state, name="delta_net")
-        n_y = Dk * Hv * Ts * S
         y = b.op("view", ys, shape=(Dk, Hv, Ts, S), strides=(1, Dk, Dk * Hv, Dk * Hv * Ts), offset=0,
                  name="attn_output")
-        b.store_rs("s", b.op("view", ys, shape=(self.n_embd_s, S), strides=(1, self.n_embd_s), offset=n_y,
-                             name="new_state"))
-        y = b.build_norm(y, b.w(T.SSM_NORM, il), name="attn_output_normed")
+        ssm.store_states(b, ys, Dk * Hv * Ts * S, Dk * hp.ssm_d_inner, name="new_state")
+        y = b.norm(y, T.SSM_NORM, il, name="attn_output_normed")
         y = b.op("mul", y, b.op("silu", b.reshape(z, (Dk, Hv, Ts, S), name="z.heads"), name="z_silu"), name="gated")
         y = b.reshape(y, (hp.ssm_d_inner, Ts, S), name="final_output")
         y = b.op("mul_mat", b.w(T.SSM_OUT, il), y, name="linear_attn_out")
         return b.reshape(y, (hp.n_embd, b.n_tokens), name="linear_attn_out.tokens")
 
     def build(self, b: GraphBuilder) -> None:
-        hp = self.hp
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
-        out_ids = b.build_inp_out_ids()
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                h = b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm")
-                a = self.delta_net(b, h, il) if self.recurrent(il) else self.attention(b, h, pos, il)
-                x = b.op("add", a, x, name="attn_residual")
-                f = b.build_ffn(b.build_norm(x, b.w(T.ATTN_POST_NORM, il), name="attn_post_norm"),
-                                up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))  # type: ignore[arg-type]
-                x = b.op("add", f, x, name="l_out")
-        x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm.all")
+        for il in b.layers():
+            h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
+            a = self.delta_net(b, h, il) if self.recurrent(il) else self.attention(b, h, pos, il)
+            x = b.op("add", a, x, name="attn_residual")
+            f = b.build_ffn(b.norm(x, T.ATTN_POST_NORM, il, name="attn_post_norm"),
+                            up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))
+            x = b.op("add", f, x, name="l_out")
+        x = b.norm(x, T.OUTPUT_NORM, name="result_norm.all")
         # llama.cpp keeps every row through the last layer and picks the requested ones after the final norm
-        b.build_output(b.op("get_rows", x, out_ids, name="result_norm"), b.w(T.OUTPUT))
+        b.build_output(b.op("get_rows", x, b.build_inp_out_ids(), name="result_norm"), b.w(T.OUTPUT))
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------

@@ -34,7 +34,7 @@ class ToyHybrid(Llama):
 
     def layers(self) -> LayerNeeds:
         hp = self.hp
-        return tuple(ssm.mamba_state(hp, hp.ssm_d_inner) if self.is_recurrent(il)
+        return tuple(ssm.recurrent_state(hp, hp.ssm_d_inner) if self.is_recurrent(il)
                      else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(hp.n_layer))
 
     def mix_tensors(self, il: int) -> list[TensorSpec]:

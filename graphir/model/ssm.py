@@ -32,6 +32,12 @@ MAMBA2_KEYS = SSM_KEYS + (Key("ssm_n_group", Keys.SSM.GROUP_COUNT, int, required
 # ---- the convolution and the scan's states, for every state-space family ------------------------------------
 
 
+def recurrent_state(hp: HParams, channels: int) -> Recurrent:
+    """Per sequence: the last d_conv - 1 columns of the conv's ``channels``, and d_state per inner channel (Mamba's
+    states; DeltaNet's d_state x d_state matrix per value head is as many)."""
+    return Recurrent((hp.ssm_d_conv - 1) * channels, hp.ssm_d_state * hp.ssm_d_inner)
+
+
 def conv_input(b: GraphBuilder, x: Node, *, name: str, transposed: str) -> Node:
     """x [channels, n_seq_tokens, n_seqs] behind each sequence's saved columns: the conv's input
     [d_conv - 1 + n_seq_tokens, channels, n_seqs]. Its last d_conv - 1 columns become the new state
@@ -54,11 +60,6 @@ def store_states(b: GraphBuilder, value: Node, n_out: Dim, n_embd_s: int, *, nam
 
 
 # ---- Mamba -------------------------------------------------------------------------------------------------
-
-
-def mamba_state(hp: HParams, channels: int) -> Recurrent:
-    """Per sequence: the last d_conv - 1 columns of the conv's ``channels``, and d_state per inner channel."""
-    return Recurrent((hp.ssm_d_conv - 1) * channels, hp.ssm_d_state * hp.ssm_d_inner)
 
 
 def mamba_tensors(hp: HParams, il: int) -> list[TensorSpec]:
