@@ -17,11 +17,15 @@ from graphir.errors import MetadataError
 from graphir.model.hparams import HParams, Key
 from graphir.graph.ir import Node
 from graphir.memory.layers import LayerNeeds, Recurrent
+from graphir.model import ssm
 from graphir.model.tensors import TensorSpec, spec
 from graphir.model import presets
 from graphir.model.presets import Preset
 
 _MIXES = 5  # w, k, v, r, g: the five token-shift interpolations of the time mix, in this order
+# the same five as separate tensors, which llama.cpp's loader takes beside the fused one and its graph reads
+# only without it: the fused one is required here, so they are accepted and left unread
+_LERPS = (T.TIME_MIX_LERP_W, T.TIME_MIX_LERP_K, T.TIME_MIX_LERP_V, T.TIME_MIX_LERP_R, T.TIME_MIX_LERP_G)
 
 
 class Rwkv6(Architecture):
@@ -77,6 +81,7 @@ class Rwkv6(Architecture):
                 spec(T.TIME_MIX_W2, (Dx, E, _MIXES), il),
                 spec(T.TIME_MIX_LERP_X, (E, 1, 1), il, kind="vector"),
                 spec(T.TIME_MIX_LERP_FUSED, (E, 1, 1, _MIXES), il, kind="vector"),
+                *(spec(t, (E, 1, 1), il, kind="vector", optional=True) for t in _LERPS),
                 spec(T.TIME_MIX_FIRST, (hs, E // hs), il),
                 spec(T.TIME_MIX_DECAY, (E,), il, kind="vector"),
                 spec(T.TIME_MIX_DECAY_W1, (E, Dd), il),
@@ -135,8 +140,7 @@ class Rwkv6(Architecture):
 
         state = b.build_rs("s")
         out = b.op("rwkv_wkv6", k, v, r, b.w(T.TIME_MIX_FIRST, il), w, state, name="wkv")
-        b.store_rs("s", b.op("view", out, shape=(self.n_embd_s, b.n_seqs), strides=(1, self.n_embd_s),
-                             offset=E * n_tok, name="wkv_state.new"))
+        ssm.store_states(b, out, E * n_tok, self.n_embd_s, name="wkv_state.new")
         o = b.op("view", out, shape=(hs, H, n_tok), strides=(1, hs, E), offset=0, name="wkv_out")
         o = b.op("norm", b.op("cont", o, name="wkv_out.cont"), eps=64e-5, name="wkv_out.norm")  # per head
         o = b.reshape(o, (E, n_tok), name="wkv_out.tokens")
@@ -159,36 +163,29 @@ class Rwkv6(Architecture):
         E, Ts, S, n_tok = hp.n_embd, b.n_seq_tokens, b.n_seqs, b.n_tokens
         assert Ts is not None
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
-        x = b.build_norm(x, b.w(T.TOKEN_EMBD_NORM), b.w(T.TOKEN_EMBD_NORM, suffix="bias"), Norm.LAYER,
-                         name="inp_norm")
-        out_ids = b.build_inp_out_ids()
+        x = b.norm(x, T.TOKEN_EMBD_NORM, None, Norm.LAYER, name="inp_norm")
         last = (Ts - 1) * E  # offset of each sequence's last token
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                x = b.reshape(x, (E, Ts, S), name="inp.seqs")
-                shift = b.reshape(b.build_rs("r"), (E, 2, S), name="shift")
-                att_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=0, name="shift.att")
-                ffn_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=E, name="shift.ffn")
-                a = b.build_norm(x, b.w(T.ATTN_NORM, il), b.w(T.ATTN_NORM, il, "bias"), Norm.LAYER, name="attn_norm")
-                tm = self.time_mix(b, a, self.shifted(b, att_shift, a, "attn_prev"), il)
-                ffn_inp = b.op("add", b.reshape(tm, (E, Ts, S), name="tm_out.seqs"), x, name="ffn_inp")
-                f = b.build_norm(ffn_inp, b.w(T.ATTN_NORM_2, il), b.w(T.ATTN_NORM_2, il, "bias"), Norm.LAYER,
-                                 name="ffn_norm")
-                f_prev = self.shifted(b, ffn_shift, f, "ffn_prev")
-                new_shift = b.op("concat", *(b.op("view", t, shape=(E, 1, S), strides=(1, E, E * Ts), offset=last,
-                                                  name=f"{tag}.last") for tag, t in (("attn_norm", a), ("ffn_norm", f))),
-                                 dim=1, name="shift.new")
-                b.store_rs("r", b.reshape(new_shift, (self.n_embd_r, S), name="shift.rows"))
-                tags = ("ffn_inp", "ffn_norm", "ffn_prev")
-                ffn_inp, f, f_prev = (b.reshape(t, (E, n_tok), name=f"{tag}.tokens")
-                                      for tag, t in zip(tags, (ffn_inp, f, f_prev)))
-                if il == hp.n_layer - 1:  # only requested rows go on
-                    ffn_inp, f, f_prev = (b.op("get_rows", t, out_ids, name=f"{tag}.rows")
-                                          for tag, t in zip(tags, (ffn_inp, f, f_prev)))
-                x = b.op("add", self.channel_mix(b, f, f_prev, il), ffn_inp, name="l_out")
-                if hp.rescale_every_n_layers and (il + 1) % hp.rescale_every_n_layers == 0:
-                    x = b.op("scale", x, s=0.5, name="l_out.rescaled")
-        x = b.build_norm(x, b.w(T.OUTPUT_NORM), b.w(T.OUTPUT_NORM, suffix="bias"), Norm.LAYER, name="result_norm")
+        for il in b.layers():
+            x = b.reshape(x, (E, Ts, S), name="inp.seqs")
+            shift = b.reshape(b.build_rs("r"), (E, 2, S), name="shift")
+            att_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=0, name="shift.att")
+            ffn_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=E, name="shift.ffn")
+            a = b.norm(x, T.ATTN_NORM, il, Norm.LAYER, name="attn_norm")
+            tm = self.time_mix(b, a, self.shifted(b, att_shift, a, "attn_prev"), il)
+            ffn_inp = b.op("add", b.reshape(tm, (E, Ts, S), name="tm_out.seqs"), x, name="ffn_inp")
+            f = b.norm(ffn_inp, T.ATTN_NORM_2, il, Norm.LAYER, name="ffn_norm")
+            f_prev = self.shifted(b, ffn_shift, f, "ffn_prev")
+            new_shift = b.op("concat", *(b.op("view", t, shape=(E, 1, S), strides=(1, E, E * Ts), offset=last,
+                                              name=f"{tag}.last") for tag, t in (("attn_norm", a), ("ffn_norm", f))),
+                             dim=1, name="shift.new")
+            b.store_rs("r", b.reshape(new_shift, (self.n_embd_r, S), name="shift.rows"))
+            tags = ("ffn_inp", "ffn_norm", "ffn_prev")
+            ffn_inp, f, f_prev = b.last_layer_rows(*((b.reshape(t, (E, n_tok), name=f"{tag}.tokens"), f"{tag}.rows")
+                                                     for tag, t in zip(tags, (ffn_inp, f, f_prev))))
+            x = b.op("add", self.channel_mix(b, f, f_prev, il), ffn_inp, name="l_out")
+            if hp.rescale_every_n_layers and (il + 1) % hp.rescale_every_n_layers == 0:
+                x = b.op("scale", x, s=0.5, name="l_out.rescaled")
+        x = b.norm(x, T.OUTPUT_NORM, None, Norm.LAYER, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
 
 
