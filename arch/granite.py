@@ -13,6 +13,8 @@ Reference: IBM 2025, "Granite 4.0"; llama.cpp src/models/granite-hybrid.cpp.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
@@ -26,6 +28,8 @@ from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 from graphir.model import presets
 from graphir.model.presets import Preset
+from graphir.model import hf_config
+from graphir.model.hf_config import BLOCKS, TEXT_BASE, VOCAB, WIDTH, Config, Family, _heads, derived, hf
 
 
 class GraniteHybrid(Architecture):
@@ -177,3 +181,61 @@ presets.register({
     "Granite-4.0-H-Small": _granite4h(4096, 32, 8, 768, 1536, 72, 10, 128, "ibm-granite/granite-4.0-h-small model "
                                       "card and config excerpts (sizes; not the multipliers)"),
 })
+
+
+# ---- Hugging Face: the keys convert_hf_to_gguf writes for GraniteMoeHybridForCausalLM -----------------------------
+
+def _prefixed(*names: str) -> tuple[str, ...]:
+    """GraniteHybrid's find_hparam: the names, then each with a ``mamba_`` prefix."""
+    return names + tuple(f"mamba_{n}" for n in names)
+
+
+def _granite_attention_layers(c: Config) -> list[int]:
+    types = c.find("layer_types", kind="list", default=None)
+    if types is not None:
+        return [i for i, t in enumerate(types) if t == "attention"]
+    indices = c.find("attn_layer_indices", kind="list", default=None)
+    if indices:
+        return indices
+    period, offset = c.find("attn_layer_period"), c.find("attn_layer_offset", kind="size")
+    return [i for i in range(c.find(*BLOCKS)) if i % period == offset]
+
+
+def _granite_kv(c: Config) -> list[int]:
+    attn, n_kv = _granite_attention_layers(c), c.find(*_prefixed("num_key_value_heads", "n_head_kv"))
+    return [n_kv if il in attn else 0 for il in range(c.find(*BLOCKS))]
+
+
+def _granite_rope(c: Config) -> dict[str, Any]:
+    """Granite 4.0-H's attention layers rotate nothing (unlike Bamba's), and then the context is unlimited."""
+    roped = "BambaForCausalLM" in c.doc.get("architectures", ()) or len(_granite_attention_layers(c)) == c.find(*BLOCKS)
+    return {R.SCALING_FINETUNED: roped, **({} if roped else {L.CONTEXT_LENGTH: 1 << 20})}
+
+
+GRANITE_HYBRID = TEXT_BASE + (  # GraniteModel drops head_dim
+    VOCAB,
+    derived(R.DIMENSION_COUNT, lambda c: c.find(*WIDTH) // _heads(c)),
+    hf(A.SCALE, "attention_multiplier", kind="number", default=None),
+    hf(L.EMBEDDING_SCALE, "embedding_multiplier", kind="number", default=None),
+    hf(L.RESIDUAL_SCALE, "residual_multiplier", kind="number", default=None),
+    hf(L.LOGIT_SCALE, "logits_scaling", kind="number", default=None),
+    hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_intermediate_size", default=None),
+    hf(S.CONV_KERNEL, *_prefixed("conv_kernel", "d_conv")),
+    hf(S.STATE_SIZE, *_prefixed("state_size", "d_state", "state_dim", "ssm_state_size")),
+    hf(S.GROUP_COUNT, *_prefixed("n_groups", "num_groups")),
+    derived(S.INNER_SIZE, lambda c: c.find(*_prefixed("expand", "num_heads")) * c.find(
+        *_prefixed("mamba_head_dim", "hidden_size", "d_model"))),
+    hf(S.TIME_STEP_RANK, *_prefixed("n_heads", "num_heads")),
+    derived(A.HEAD_COUNT_KV, _granite_kv),
+    _granite_rope,
+)
+
+
+def _granite_include(c: Config) -> str:
+    return presets.EXPERT_GATES if c.find("num_local_experts", kind="size", default=0) else ""
+
+
+
+
+hf_config.register(Family("granitehybrid", GRANITE_HYBRID, {"tie_word_embeddings": False}, _granite_include,
+                          pad_vocab=8), "GraniteMoeHybridForCausalLM")

@@ -23,6 +23,8 @@ from graphir.memory.layers import LayerNeeds
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 from graphir.model import presets
 from graphir.model.presets import Preset
+from graphir.model import hf_config
+from graphir.model.hf_config import BLOCKS, WIDTH, Config, Family, Rule, derived, fixed, hf
 
 
 class Mamba(Architecture):
@@ -99,3 +101,70 @@ presets.register({
     }, tied=True, f32=r"blk\.\d+\.ssm_(conv1d\.weight|a|d|norm\.weight)",
         source="state-spaces/mamba2-2.7b config.json"),
 })
+
+
+# ---- Hugging Face: the keys convert_hf_to_gguf writes for MambaForCausalLM and Mamba2ForCausalLM ------------------
+
+def _mamba_inner(c: Config) -> int:
+    d_model, d_inner = c.find("hidden_size", "d_model"), c.find("intermediate_size", "d_inner", default=None)
+    if d_inner is not None and d_inner != 2 * d_model:
+        raise c.error(f"intermediate_size {d_inner} is not twice hidden_size {d_model} (Mamba's expansion of 2)")
+    return 2 * d_model
+
+
+def _mamba_dt_rank(c: Config) -> int:
+    """time_step_rank, or ("auto", absent) a sixteenth of the width, rounded up."""
+    if c.find("time_step_rank", "dt_rank", kind="any", default="auto") == "auto":
+        return -(c.find("hidden_size", "d_model") // -16)
+    return c.find("time_step_rank", "dt_rank")
+
+
+MAMBA: tuple[Rule, ...] = (
+    fixed(L.CONTEXT_LENGTH, 1 << 20),  # the converter's stand-in: Mamba is not context-limited
+    hf(L.EMBEDDING_LENGTH, "hidden_size", "d_model"),
+    fixed(L.FEED_FORWARD_LENGTH, 0),
+    fixed(A.HEAD_COUNT, 0),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(S.CONV_KERNEL, "conv_kernel", "d_conv", default=4),
+    derived(S.INNER_SIZE, _mamba_inner),
+    hf(S.STATE_SIZE, "state_size", "d_state", default=16),
+    derived(S.TIME_STEP_RANK, _mamba_dt_rank),
+    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", "rms_norm_eps", kind="number", default=1e-5),
+    derived(S.DT_B_C_RMS, lambda c: c.doc.get("model_type") == "falcon_mamba"),
+)
+
+
+def _mamba2_inner(c: Config) -> int:
+    expand = c.find("mamba_expand", "expand", default=2)
+    return c.find("mamba_d_ssm", "intermediate_size", "d_inner", default=None) or expand * c.find(*WIDTH, "d_model")
+
+
+def _mamba2_heads(c: Config) -> int:
+    head = c.find("mamba_d_head", "head_dim", default=64)
+    inner = _mamba2_inner(c)
+    if inner % head:
+        raise c.error(f"the inner size {inner} is not a multiple of the head size {head} (mamba_d_head)")
+    return inner // head
+
+
+MAMBA2: tuple[Rule, ...] = (
+    fixed(L.CONTEXT_LENGTH, 1 << 20),
+    hf(L.EMBEDDING_LENGTH, *WIDTH, "d_model"),
+    fixed(L.FEED_FORWARD_LENGTH, 0),
+    fixed(A.HEAD_COUNT, 0),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(S.CONV_KERNEL, "conv_kernel", "d_conv", default=4),
+    derived(S.INNER_SIZE, _mamba2_inner),
+    hf(S.STATE_SIZE, "state_size", "d_state", default=128),
+    derived(S.TIME_STEP_RANK, _mamba2_heads),
+    hf(S.GROUP_COUNT, "n_groups", default=1),
+    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", "rms_norm_eps", kind="number", default=1e-5),
+)
+
+
+
+_PAD = "pad_vocab_size_multiple"
+hf_config.register(Family("mamba", MAMBA, {"tie_word_embeddings": True}, pad_vocab=8, pad_vocab_key=_PAD,
+                          tie_drops_head=True), "MambaForCausalLM")
+hf_config.register(Family("mamba2", MAMBA2, {"tie_word_embeddings": False}, pad_vocab=16, pad_vocab_key=_PAD),
+                   "Mamba2ForCausalLM")

@@ -28,6 +28,8 @@ from graphir.model.hparams import HParams, Key, f32, inv_sqrt
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 from graphir.model import presets
 from graphir.model.presets import Preset
+from graphir.model import hf_config
+from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, _head_dim, derived, hf
 
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; gguf-py has no constant for it yet
 
@@ -223,3 +225,38 @@ presets.register({
         S.INNER_SIZE: 2048, L.VOCAB_SIZE: 248320,
     }, tied=True, f32=r"blk\.\d+\.ssm_conv1d\.weight", source="Qwen/Qwen3.5-0.8B config.json (text_config)"),
 })
+
+
+# ---- Hugging Face: the keys convert_hf_to_gguf writes for Qwen3.5 -------------------------------------------------
+
+def _qwen35_layers(c: Config) -> list[bool] | None:
+    types = c.find("layer_types", kind="list", default=None)
+    if types is None:
+        return None
+    n = c.find(*BLOCKS)
+    if len(types) != n:
+        raise c.error(f"layer_types has {len(types)} entries, num_hidden_layers {n}")
+    return [t == "linear_attention" for t in types]
+
+
+QWEN35 = TEXT + (
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
+    hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None),
+    hf(S.CONV_KERNEL, "linear_conv_kernel_dim"),
+    hf(S.STATE_SIZE, "linear_key_head_dim"),
+    hf(S.GROUP_COUNT, "linear_num_key_heads"),
+    hf(S.TIME_STEP_RANK, "linear_num_value_heads"),
+    derived(S.INNER_SIZE, lambda c: c.find("linear_value_head_dim") * c.find("linear_num_value_heads")),
+    derived(RECURRENT_LAYERS, _qwen35_layers),
+    hf(L.FULL_ATTENTION_INTERVAL, "full_attention_interval", default=4),
+    derived(R.DIMENSION_COUNT, lambda c: int(_head_dim(c) * c.check(
+        "partial_rotary_factor", c.rope.get("partial_rotary_factor", 0.25), "number"))),
+    lambda c: {} if "mrope_section" in c.rope else {R.DIMENSION_SECTIONS: [11, 11, 10, 0]},
+    VOCAB,
+)
+
+
+
+
+hf_config.register(Family("qwen35", QWEN35, {"tie_word_embeddings": False}), "Qwen3_5ForCausalLM",
+                   "Qwen3_5ForConditionalGeneration")

@@ -21,12 +21,17 @@ from graphir.model import ssm
 from graphir.model.tensors import TensorSpec, spec
 from graphir.model import presets
 from graphir.model.presets import Preset
+from graphir.model import hf_config
+from graphir.model.hf_config import BLOCKS, VOCAB, Family, Rule, derived, fixed, hf
 
 _MIXES = 5  # w, k, v, r, g: the five token-shift interpolations of the time mix, in this order
 # the same five as separate tensors, which llama.cpp's loader takes beside the fused one and its graph reads
 # only without it: the fused one is required here, so they are accepted and left unread
 _LERPS = (T.TIME_MIX_LERP_W, T.TIME_MIX_LERP_K, T.TIME_MIX_LERP_V, T.TIME_MIX_LERP_R, T.TIME_MIX_LERP_G)
 
+# convert_hf_to_gguf squeezes the token-shift lerps to [n_embd] (llama.cpp reads them as [n_embd, 1, 1]); the
+# fused lerp it stacks as [n_embd, 1, 1, 5]
+SQUEEZED = r"blk\.\d+\.(time_mix_lerp_x|channel_mix_lerp_[kr])\.weight"
 
 class Rwkv6(Architecture):
     name = "rwkv6"
@@ -199,6 +204,27 @@ presets.register({
         L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 7168,
         A.HEAD_COUNT: 0, Keys.WKV.HEAD_SIZE: 64, L.TIME_MIX_EXTRA_DIM: 32, L.TIME_DECAY_EXTRA_DIM: 64,
         L.RESCALE_EVERY_N_LAYERS: 6, L.TOKEN_SHIFT_COUNT: 2, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 65536,
-    }, tied=False, f32=r"blk\.\d+\.time_mix_(first|w1|w2|decay_w1|decay_w2)\.weight",
+    }, tied=False, f32=r"blk\.\d+\.time_mix_(first|w1|w2|decay_w1|decay_w2)\.weight", squeezed=SQUEEZED,
         source="RWKV/v6-Finch-1B6-HF config.json"),
 })
+
+
+# ---- Hugging Face: the keys convert_hf_to_gguf writes for Rwkv6ForCausalLM ----------------------------------------
+
+RWKV6: tuple[Rule, ...] = (
+    fixed(L.CONTEXT_LENGTH, 1 << 20),  # RWKV is not context-limited
+    hf(L.EMBEDDING_LENGTH, "hidden_size"),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
+    hf(L.RESCALE_EVERY_N_LAYERS, "rescale_every", kind="size"),
+    hf(Keys.WKV.HEAD_SIZE, "head_size"),
+    derived(L.TIME_MIX_EXTRA_DIM, lambda c: 64 if c.find("hidden_size") == 4096 else 32),
+    derived(L.TIME_DECAY_EXTRA_DIM, lambda c: 128 if c.find("hidden_size") == 4096 else 64),
+    derived(L.FEED_FORWARD_LENGTH, lambda c: c.find("intermediate_size", default=None)
+            or int(c.find("hidden_size") * 3.5) // 32 * 32),
+    fixed(A.HEAD_COUNT, 0),
+    VOCAB,
+)
+
+
+hf_config.register(Family("rwkv6", RWKV6, {"tie_word_embeddings": False}, squeezed=SQUEEZED), "Rwkv6ForCausalLM")
