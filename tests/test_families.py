@@ -356,6 +356,40 @@ def test_an_rwkv6_gguf_without_token_shift_count_means_llama_cpps_default_of_2(t
     assert np.abs(ctx.logits() - ref).max() <= 1e-3
 
 
+@oracle
+def test_an_rwkv6_gguf_with_the_converters_1d_lerps_and_decay_runs_as_llama_cpp(tmp_path: Path) -> None:
+    """convert_hf_to_gguf writes time_mix_lerp_x, channel_mix_lerp_k/r and time_mix_decay as [n_embd]; llama.cpp's
+    loader reads [n] as [n, 1, 1]. Such a file loads, gives the graph of the 3-D layout, and llama.cpp's logits."""
+    from graphir.graph.forms import to_text
+    from graphir.model.meta import open_model
+
+    preset = make_tiny_preset("rwkv6")
+    three_d = write_model_gguf(tmp_path / "rwkv6-3d.gguf", preset)
+    E = open_model(str(three_d)).arch.hp.n_embd
+    squeezed = {f"blk.{il}.{t}.weight": (E,) for il in range(2)
+                for t in ("time_mix_lerp_x", "channel_mix_lerp_k", "channel_mix_lerp_r")}
+    flat = write_model_gguf(tmp_path / "rwkv6-1d.gguf", preset, reshape=squeezed)
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in gguf.GGUFReader(flat).tensors}
+    assert {n: shapes[n] for n in [*squeezed, "blk.0.time_mix_decay.weight"]} == {
+        **squeezed, "blk.0.time_mix_decay.weight": (E,)}
+    assert shapes["blk.0.time_mix_lerp_x.weight"] != tuple(int(d) for d in next(
+        t.shape for t in gguf.GGUFReader(three_d).tensors if t.name == "blk.0.time_mix_lerp_x.weight"))
+    for phase in ("prefill", "decode"):
+        assert to_text(open_model(str(flat)).build_graph("recurrent", phase)) == \
+            to_text(open_model(str(three_d)).build_graph("recurrent", phase))
+    ref_ctx = LlamaCpp(flat)
+    try:
+        ref_ctx.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
+        ref = np.array([ref_ctx.logits_ith(i) for i in range(len(PROMPT))])
+    finally:
+        ref_ctx.close()
+    ctx = load(str(flat)).new_context(n_ctx=64)
+    ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
+    assert ref.std() > 0.5
+    assert np.abs(ctx.logits() - ref).max() <= 1e-3
+    assert graphir_greedy(load(str(flat)), PROMPT[:4], 8) == llama_cpp_greedy(flat, PROMPT[:4], 8)
+
+
 # ---- recurrent batching --------------------------------------------------------------------------------------
 
 
