@@ -25,7 +25,7 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, f32
 from graphir.model.moe import MOE_KEYS, check_experts
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
 from graphir.model import presets
 from graphir.model.presets import Preset
 from graphir.model import hf_config
@@ -75,7 +75,7 @@ class GraniteHybrid(Architecture):
         return specs
 
     def attn_tensors(self, il: int) -> list[TensorSpec]:
-        """Grouped-query attention's projections, each with an optional bias."""
+        """Grouped-query attention's projections, each with an optional bias and scale."""
         hp = self.hp
         E, q_out, kv_out, v_out = hp.n_embd, hp.head_count(il) * hp.n_embd_head_k, hp.n_embd_k_gqa_at(il), \
             hp.n_embd_v_gqa_at(il)
@@ -84,23 +84,28 @@ class GraniteHybrid(Architecture):
                 spec(T.ATTN_Q, (q_out,), il, "bias", kind="vector", optional=True),
                 spec(T.ATTN_K, (kv_out,), il, "bias", kind="vector", optional=True),
                 spec(T.ATTN_V, (v_out,), il, "bias", kind="vector", optional=True),
-                spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True)]
+                spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True),
+                *(s for t in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT) for s in scales(t, il))]
 
     def ffn_tensors(self, il: int) -> list[TensorSpec]:
-        """The dense SwiGLU FFN, each matrix with an optional bias."""
+        """The dense SwiGLU FFN, each matrix with an optional bias and scale."""
         E, F = self.hp.n_embd, self.hp.ff_length(il)
         return [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
                 *(spec(t, (n,), il, "bias", kind="vector", optional=True)
-                  for t, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E)))]
+                  for t, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))),
+                *(s for t in (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN) for s in scales(t, il))]
 
     def moe_tensors(self, il: int) -> list[TensorSpec]:
-        """The router, the experts (their gates optional, as llama.cpp loads them) and the shared expert."""
+        """The router, the experts (their gates optional, as llama.cpp loads them) and the shared expert, each
+        matrix with an optional scale (one per expert)."""
         hp = self.hp
         E, F, X, S = hp.n_embd, hp.ff_length(il), hp.n_expert, hp.n_ff_shexp
         shared = [spec(T.FFN_GATE_SHEXP, (E, S), il), spec(T.FFN_UP_SHEXP, (E, S), il),
-                  spec(T.FFN_DOWN_SHEXP, (S, E), il)] if S else []
+                  spec(T.FFN_DOWN_SHEXP, (S, E), il),
+                  *(s for t in (T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP, T.FFN_DOWN_SHEXP) for s in scales(t, il))] if S else []
         return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il, optional=True),
-                spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il), *shared]
+                spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
+                *(s for t in (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP) for s in scales(t, il, X)), *shared]
 
     # ---- graph -------------------------------------------------------------------------------------------
 
@@ -111,10 +116,10 @@ class GraniteHybrid(Architecture):
             q = b.rope(q, pos, freq_factors, name="Qcur.rope")
             k = b.rope(k, pos, freq_factors, name="Kcur.rope")
         return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w_opt(T.ATTN_OUT, il, "bias"),
-                            kq_scale=b.kq_scale())
+                            wo_s=b.scale_of(T.ATTN_OUT, il), kq_scale=b.kq_scale())
 
     def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
-        """The dense FFN, or the experts plus the shared expert."""
+        """The dense FFN, or the experts plus the shared expert. llama.cpp's graph leaves their scales unread."""
         hp, w = self.hp, b.w
         if not hp.n_expert:
             return b.build_ffn(h, up=w(T.FFN_UP, il), up_b=b.w_opt(T.FFN_UP, il, "bias"), gate=w(T.FFN_GATE, il),

@@ -236,9 +236,20 @@ class GraphBuilder:
 
     # ---- small op helpers (names are tags inside the current scope) -------------------------------------
 
-    def linear(self, x: Node, w: Node, b: Node | None = None, *, name: str) -> Node:
+    def mm(self, w: Node, x: Node, s: Node | None = None, *, name: str) -> Node:
+        """w @ x, times the weight's per-tensor scale ``s`` [1] when the file has one (llama.cpp's build_lora_mm)."""
         y = self.op("mul_mat", w, x, name=name)
+        return y if s is None else self.op("mul", y, s, name=f"{name}.scaled")
+
+    def linear(self, x: Node, w: Node, b: Node | None = None, *, name: str, s: Node | None = None) -> Node:
+        """x through w (times its scale ``s``, :meth:`mm`), plus the bias b."""
+        y = self.mm(w, x, s, name=name)
         return self.op("add", y, b, name=f"{name}.b") if b is not None else y
+
+    def scale_of(self, t: MODEL_TENSOR, il: int | None = None) -> Node | None:
+        """Tensor t's per-tensor ``.scale`` when the family declares one and the file has it."""
+        name = tensor_name(t, il, "scale")
+        return self.weight(name) if name in self.arch.specs else None
 
     def reshape(self, x: Node, shape: tuple[Dim, ...], *, name: str) -> Node:
         return self.op("reshape", x, shape=shape, name=name)
@@ -270,10 +281,13 @@ class GraphBuilder:
 
     def build_ffn(self, x: Node, *, up: Node, gate: Node | None, down: Node, up_b: Node | None = None,
                   gate_b: Node | None = None, down_b: Node | None = None, act: Act = Act.SILU,
-                  gate_mode: Gate = Gate.PAR, name: str = "ffn_out") -> Node:
-        t = self.linear(x, up, up_b, name="ffn_up")
+                  gate_mode: Gate = Gate.PAR, name: str = "ffn_out", up_s: Node | None = None,
+                  gate_s: Node | None = None, down_s: Node | None = None) -> Node:
+        """The FFN of x; each matrix's per-tensor scale ``*_s`` multiplies its output after its bias (as
+        llama.cpp's ``build_ffn``)."""
+        t = self._scaled(self.linear(x, up, up_b, name="ffn_up"), up_s)
         if gate is not None:
-            g = self.linear(t if gate_mode is Gate.SEQ else x, gate, gate_b, name="ffn_gate")
+            g = self._scaled(self.linear(t if gate_mode is Gate.SEQ else x, gate, gate_b, name="ffn_gate"), gate_s)
             if gate_mode is Gate.PAR and act in _GLU:
                 h = self.op(_GLU[act], g, t, name=f"ffn_{_GLU[act]}")
             else:
@@ -282,7 +296,10 @@ class GraphBuilder:
                     h = self.op("mul", h, t, name="ffn_gate_par")
         else:
             h = self.op(act.value, t, name=f"ffn_{act.value}")
-        return self.linear(h, down, down_b, name=name)
+        return self._scaled(self.linear(h, down, down_b, name=name), down_s)
+
+    def _scaled(self, y: Node, s: Node | None) -> Node:
+        return y if s is None else self.op("mul", y, s, name=f"{y.name.removeprefix(self._scope)}.scaled")
 
     def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node, gate_exps: Node | None, down_exps: Node,
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
@@ -410,7 +427,7 @@ class GraphBuilder:
                 q_b, k_b, v_b = (self.weight(n) for n in names)
                 qk_b = self.op("concat", q_b, k_b, dim=0, name="qk_b")  # type: ignore[arg-type]
                 bias = self.op("concat", qk_b, v_b, dim=0, name="qkv_b")  # type: ignore[arg-type]
-        qkv = self.linear(x, fused, bias, name="wqkv")
+        qkv = self.linear(x, fused, bias, name="wqkv", s=self.scale_of(MODEL_TENSOR.ATTN_QKV, il))
         q_w, k_w = d * H, d * Hkv
         row = q_w + k_w + dv * Hkv
         return tuple(self.op("view", qkv, shape=(w, h, T_), strides=(1, w, row), offset=off, name=tag)  # type: ignore[return-value]
@@ -421,19 +438,20 @@ class GraphBuilder:
         if w is None:  # a family where the fused and the separate form are both optional: neither is in the file
             raise TensorError(f"{self.label}: missing tensor '{tensor_name(MODEL_TENSOR.ATTN_QKV, il)}' (or "
                               f"'{tensor_name(t, il)}' of separate projections)")
-        return self.linear(x, w, self.w(t, il, "bias"), name=tag)
+        return self.linear(x, w, self.w(t, il, "bias"), name=tag, s=self.scale_of(t, il))
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
                    kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
-                   sinks: Node | None = None) -> Node:
+                   sinks: Node | None = None, wo_s: Node | None = None) -> Node:
         """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (``wo``
         None: the heads' output [d * n_head, T], for a family that gates it before projecting);
         ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
         ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`); ``sinks`` [n_head]: one more logit per
-        head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks)."""
+        head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks); ``wo_s``:
+        W_o's per-tensor scale."""
         out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale, softcap=softcap,
                                      kq_b=kq_b, sinks=sinks)
-        return out if wo is None else self.linear(out, wo, wo_b, name="attn_out")
+        return out if wo is None else self.linear(out, wo, wo_b, name="attn_out", s=wo_s)
 
     def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float) -> Node:
         """Multi-head latent attention (absorbed MLA): q [d_latent, n_head, T] over one shared head k

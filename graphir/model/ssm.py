@@ -19,7 +19,7 @@ from graphir.graph.ir import Node
 from graphir.memory.layers import Recurrent
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key
-from graphir.model.tensors import TensorSpec, spec
+from graphir.model.tensors import TensorSpec, scales, spec
 
 # The sizes of a Mamba block, as llama.cpp's loader reads them for every state-space family
 SSM_KEYS = (Key("ssm_d_conv", Keys.SSM.CONV_KERNEL, int, required=True, minimum=1),  # conv kernel width
@@ -75,6 +75,7 @@ def mamba_tensors(hp: HParams, il: int) -> list[TensorSpec]:
         spec(T.SSM_A, (Ds, Di), il, suffix=None),  # already -exp(A_log), stored under a bare name
         spec(T.SSM_D, (Di,), il, suffix=None, kind="vector"),
         spec(T.SSM_OUT, (Di, E), il),
+        *scales(T.SSM_IN, il), *scales(T.SSM_OUT, il),
     ]
 
 
@@ -85,7 +86,7 @@ def mamba_layer(b: GraphBuilder, x: Node, il: int) -> Node:
     Ts, S = b.n_seq_tokens, b.n_seqs
     assert Ts is not None
     x = b.reshape(x, (hp.n_embd, Ts, S), name="attn_norm.seqs")
-    xz = b.op("mul_mat", b.w(T.SSM_IN, il), x, name="ssm_in")  # [2*Di, Ts, S]
+    xz = b.mm(b.w(T.SSM_IN, il), x, b.scale_of(T.SSM_IN, il), name="ssm_in")  # [2*Di, Ts, S]
     xs = b.op("view", xz, shape=(Di, Ts, S), strides=(1, 2 * Di, 2 * Di * Ts), offset=0, name="ssm_x_in")
     z = b.op("view", xz, shape=(Di, Ts, S), strides=(1, 2 * Di, 2 * Di * Ts), offset=Di, name="ssm_z")
 
@@ -106,7 +107,7 @@ def mamba_layer(b: GraphBuilder, x: Node, il: int) -> Node:
 
     y = b.op("add", y, b.op("mul", xs, b.w(T.SSM_D, il, None), name="ssm_skip"), name="ssm_y.skip")
     y = b.op("swiglu", b.op("cont", z, name="ssm_z.cont"), y, name="ssm_gated")
-    return b.op("mul_mat", b.w(T.SSM_OUT, il), y, name="ssm_out")
+    return b.mm(b.w(T.SSM_OUT, il), y, b.scale_of(T.SSM_OUT, il), name="ssm_out")
 
 
 # ---- Mamba-2 -----------------------------------------------------------------------------------------------
@@ -139,6 +140,7 @@ def mamba2_tensors(hp: HParams, il: int) -> list[TensorSpec]:
         spec(T.SSM_D, (1, H), il, suffix=None),
         spec(T.SSM_NORM, (Di // G, G), il),
         spec(T.SSM_OUT, (Di, E), il),
+        *scales(T.SSM_IN, il), *scales(T.SSM_OUT, il),
     ]
 
 
@@ -150,7 +152,7 @@ def mamba2_layer(b: GraphBuilder, x: Node, il: int) -> Node:
     P, Ts, S = Di // H, b.n_seq_tokens, b.n_seqs
     assert Ts is not None
     x = b.reshape(x, (hp.n_embd, Ts, S), name="attn_norm.seqs")
-    zxbcdt = b.op("mul_mat", b.w(T.SSM_IN, il), x, name="ssm_in")  # [Di + cd + H, Ts, S]
+    zxbcdt = b.mm(b.w(T.SSM_IN, il), x, b.scale_of(T.SSM_IN, il), name="ssm_in")  # [Di + cd + H, Ts, S]
     row = Di + cd + H
     z = b.op("view", zxbcdt, shape=(P, H, Ts, S), strides=(1, P, row, row * Ts), offset=0, name="ssm_z")
     xbc = b.op("view", zxbcdt, shape=(cd, Ts, S), strides=(1, row, row * Ts), offset=Di, name="ssm_xbc")
@@ -173,5 +175,5 @@ def mamba2_layer(b: GraphBuilder, x: Node, il: int) -> Node:
     y = b.op("add", y, b.op("mul", xs, b.w(T.SSM_D, il, None), name="ssm_skip"), name="ssm_y.skip")
     y = b.op("swiglu", b.op("cont", z, name="ssm_z.cont"), y, name="ssm_gated")
     y = b.norm(b.reshape(y, (Di // G, G, Ts, S), name="ssm_gated.groups"), T.SSM_NORM, il, name="ssm_norm")
-    return b.op("mul_mat", b.w(T.SSM_OUT, il), b.reshape(y, (Di, b.n_tokens), name="ssm_norm.tokens"),
-                name="ssm_out")
+    return b.mm(b.w(T.SSM_OUT, il), b.reshape(y, (Di, b.n_tokens), name="ssm_norm.tokens"),
+                b.scale_of(T.SSM_OUT, il), name="ssm_out")
