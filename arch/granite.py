@@ -100,9 +100,9 @@ class GraniteHybrid(Architecture):
         matrix with an optional scale (one per expert)."""
         hp = self.hp
         E, F, X, S = hp.n_embd, hp.ff_length(il), hp.n_expert, hp.n_ff_shexp
+        shexp = (T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP, T.FFN_DOWN_SHEXP)
         shared = [spec(T.FFN_GATE_SHEXP, (E, S), il), spec(T.FFN_UP_SHEXP, (E, S), il),
-                  spec(T.FFN_DOWN_SHEXP, (S, E), il),
-                  *(s for t in (T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP, T.FFN_DOWN_SHEXP) for s in scales(t, il))] if S else []
+                  spec(T.FFN_DOWN_SHEXP, (S, E), il), *(s for t in shexp for s in scales(t, il))] if S else []
         return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il, optional=True),
                 spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
                 *(s for t in (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP) for s in scales(t, il, X)), *shared]

@@ -25,7 +25,7 @@ from graphir.model import ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, f32, inv_sqrt
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
 from graphir.model import presets
 from graphir.model.presets import Preset
 from graphir.model import hf_config
@@ -102,11 +102,13 @@ class Qwen35(Architecture):
         for il in range(hp.n_layer):
             specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), spec(T.ATTN_POST_NORM, (E,), il, kind="vector"),
                       *(self.delta_tensors(il) if self.recurrent(il) else self.attn_tensors(il)),
-                      spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il)]
+                      spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
+                      *(s for t in (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN) for s in scales(t, il))]
         return specs
 
     def attn_tensors(self, il: int) -> list[TensorSpec]:
-        """Q (and its gate, head by head), K, V with optional biases; the output; the QK-norm scales."""
+        """Q (and its gate, head by head), K, V with optional biases; the output; the QK-norm scales; each
+        projection's optional per-tensor scale."""
         hp = self.hp
         E, d, H, Hkv = hp.n_embd, hp.n_embd_head_k, hp.head_count(il), hp.head_count_kv(il)
         return [spec(T.ATTN_Q, (E, 2 * d * H), il), spec(T.ATTN_K, (E, d * Hkv), il), spec(T.ATTN_V, (E, d * Hkv), il),
@@ -114,7 +116,8 @@ class Qwen35(Architecture):
                 spec(T.ATTN_K, (d * Hkv,), il, "bias", kind="vector", optional=True),
                 spec(T.ATTN_V, (d * Hkv,), il, "bias", kind="vector", optional=True),
                 spec(T.ATTN_OUT, (d * H, E), il),
-                spec(T.ATTN_Q_NORM, (d,), il, kind="vector"), spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
+                spec(T.ATTN_Q_NORM, (d,), il, kind="vector"), spec(T.ATTN_K_NORM, (d,), il, kind="vector"),
+                *(s for t in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT) for s in scales(t, il))]
 
     def delta_tensors(self, il: int) -> list[TensorSpec]:
         """Layer il's gated DeltaNet. llama.cpp loads attn_qkv and attn_gate as optional but its graph uses them
@@ -126,7 +129,8 @@ class Qwen35(Architecture):
                 spec(T.SSM_DT, (H,), il, "bias", kind="vector"),
                 spec(T.SSM_A, (H,), il, suffix=None, kind="vector"),  # -exp(A_log), stored under a bare name
                 spec(T.SSM_BETA, (E, H), il), spec(T.SSM_ALPHA, (E, H), il),
-                spec(T.SSM_NORM, (d,), il, kind="vector"), spec(T.SSM_OUT, (V, E), il)]
+                spec(T.SSM_NORM, (d,), il, kind="vector"), spec(T.SSM_OUT, (V, E), il),
+                *(s for t in (T.ATTN_QKV, T.ATTN_GATE, T.SSM_BETA, T.SSM_ALPHA, T.SSM_OUT) for s in scales(t, il))]
 
     # ---- graph -------------------------------------------------------------------------------------------
 
@@ -135,19 +139,19 @@ class Qwen35(Architecture):
         attention through the layer's memory, the output times sigmoid(gate), then W_o."""
         hp = self.hp
         d, H, Hkv, Tn = hp.n_embd_head_k, hp.head_count(il), hp.head_count_kv(il), b.n_tokens
-        qg = b.linear(h, b.w(T.ATTN_Q, il), b.w(T.ATTN_Q, il, "bias"), name="Qcur_full")
+        qg = b.linear(h, b.w(T.ATTN_Q, il), b.w(T.ATTN_Q, il, "bias"), name="Qcur_full", s=b.scale_of(T.ATTN_Q, il))
         q, gate = (b.op("view", qg, shape=(d, H, Tn), strides=(1, 2 * d, 2 * d * H), offset=off, name=tag)
                    for tag, off in (("Qcur", 0), ("gate", d)))
         gate = b.reshape(b.op("cont", gate, name="gate.cont"), (d * H, Tn), name="gate_reshaped")
-        k, v = (b.reshape(b.linear(h, b.w(t, il), b.w(t, il, "bias"), name=tag), (d, Hkv, Tn),
+        k, v = (b.reshape(b.linear(h, b.w(t, il), b.w(t, il, "bias"), name=tag, s=b.scale_of(t, il)), (d, Hkv, Tn),
                           name=f"{tag}.heads") for t, tag in ((T.ATTN_K, "Kcur"), (T.ATTN_V, "Vcur")))
-        q = b.build_norm(q, b.w(T.ATTN_Q_NORM, il), name="Qcur_normed")
-        k = b.build_norm(k, b.w(T.ATTN_K_NORM, il), name="Kcur_normed")
+        q = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed")
+        k = b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
         q = b.rope(q, pos, name="Qcur.rope", sections=hp.rope_sections)
         k = b.rope(k, pos, name="Kcur.rope", sections=hp.rope_sections)
         out = b.build_attn(q, k, v, wo=None, kq_scale=b.kq_scale())
         out = b.op("mul", out, b.op("sigmoid", gate, name="gate_sigmoid"), name="attn_gated")
-        return b.op("mul_mat", b.w(T.ATTN_OUT, il), out, name="attn_output")
+        return b.mm(b.w(T.ATTN_OUT, il), out, b.scale_of(T.ATTN_OUT, il), name="attn_output")
 
     def l2_norm(self, b: GraphBuilder, x: Node, name: str) -> Node:
         """x / |x| per head (eps under the root), as llama.cpp writes it: RMS norm with eps / n, times 1 / sqrt(n)."""
@@ -161,13 +165,13 @@ class Qwen35(Architecture):
         Dk, Hk, Hv, cd = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank, self.conv_dim
         Ts, S = b.n_seq_tokens, b.n_seqs
         assert Ts is not None
-        qkv = b.reshape(b.op("mul_mat", b.w(T.ATTN_QKV, il), h, name="qkv_mixed"), (cd, Ts, S),
+        qkv = b.reshape(b.mm(b.w(T.ATTN_QKV, il), h, b.scale_of(T.ATTN_QKV, il), name="qkv_mixed"), (cd, Ts, S),
                         name="qkv_mixed.seqs")
-        z = b.op("mul_mat", b.w(T.ATTN_GATE, il), h, name="z")
-        beta = b.reshape(b.op("mul_mat", b.w(T.SSM_BETA, il), h, name="beta"), (1, Hv, Ts, S),
+        z = b.mm(b.w(T.ATTN_GATE, il), h, b.scale_of(T.ATTN_GATE, il), name="z")
+        beta = b.reshape(b.mm(b.w(T.SSM_BETA, il), h, b.scale_of(T.SSM_BETA, il), name="beta"), (1, Hv, Ts, S),
                          name="beta.seqs")
         beta = b.op("sigmoid", beta, name="beta_sigmoid")
-        alpha = b.reshape(b.op("mul_mat", b.w(T.SSM_ALPHA, il), h, name="alpha"), (Hv, Ts, S),
+        alpha = b.reshape(b.mm(b.w(T.SSM_ALPHA, il), h, b.scale_of(T.SSM_ALPHA, il), name="alpha"), (Hv, Ts, S),
                           name="alpha.seqs")
         alpha = b.op("softplus", b.op("add", alpha, b.w(T.SSM_DT, il, "bias"), name="alpha_biased"),
                      name="a_softplus")
@@ -190,7 +194,7 @@ class Qwen35(Architecture):
         y = b.norm(y, T.SSM_NORM, il, name="attn_output_normed")
         y = b.op("mul", y, b.op("silu", b.reshape(z, (Dk, Hv, Ts, S), name="z.heads"), name="z_silu"), name="gated")
         y = b.reshape(y, (hp.ssm_d_inner, Ts, S), name="final_output")
-        y = b.op("mul_mat", b.w(T.SSM_OUT, il), y, name="linear_attn_out")
+        y = b.mm(b.w(T.SSM_OUT, il), y, b.scale_of(T.SSM_OUT, il), name="linear_attn_out")
         return b.reshape(y, (hp.n_embd, b.n_tokens), name="linear_attn_out.tokens")
 
     def build(self, b: GraphBuilder) -> None:
@@ -201,7 +205,9 @@ class Qwen35(Architecture):
             a = self.delta_net(b, h, il) if self.recurrent(il) else self.attention(b, h, pos, il)
             x = b.op("add", a, x, name="attn_residual")
             f = b.build_ffn(b.norm(x, T.ATTN_POST_NORM, il, name="attn_post_norm"),
-                            up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))
+                            up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
+                            up_s=b.scale_of(T.FFN_UP, il), gate_s=b.scale_of(T.FFN_GATE, il),
+                            down_s=b.scale_of(T.FFN_DOWN, il))
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm.all")
         # llama.cpp keeps every row through the last layer and picks the requested ones after the final norm
