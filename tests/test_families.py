@@ -390,6 +390,27 @@ def test_an_rwkv6_gguf_with_the_converters_1d_lerps_and_decay_runs_as_llama_cpp(
     assert graphir_greedy(load(str(flat)), PROMPT[:4], 8) == llama_cpp_greedy(flat, PROMPT[:4], 8)
 
 
+@oracle
+def test_a_falcon_mamba_gguf_normalises_dt_b_and_c_as_llama_cpp(gguf_file: Callable[..., Path],
+                                                                tmp_path: Path) -> None:
+    """mamba.ssm.dt_b_c_rms (Falcon-Mamba): dt, B and C are RMS-normalised before the scan; the logits are
+    llama.cpp's, and not those of the same weights without the flag."""
+    key = gguf.Keys.SSM.DT_B_C_RMS.format(arch="mamba")
+    path = write_model_gguf(tmp_path / "falcon-mamba.gguf", make_tiny_preset("mamba"), extra_md={key: True})
+    ref_ctx = LlamaCpp(path)
+    try:
+        ref_ctx.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
+        ref = np.array([ref_ctx.logits_ith(i) for i in range(len(PROMPT))])
+    finally:
+        ref_ctx.close()
+    logits = []
+    for p in (path, gguf_file("mamba")):
+        ctx = load(str(p)).new_context(n_ctx=64)
+        ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
+        logits.append(ctx.logits())
+    assert np.abs(logits[0] - ref).max() <= 1e-3 < np.abs(logits[1] - ref).max()
+
+
 # ---- recurrent batching --------------------------------------------------------------------------------------
 
 

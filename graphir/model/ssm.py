@@ -98,6 +98,9 @@ def mamba_layer(b: GraphBuilder, x: Node, il: int) -> Node:
     row = R + 2 * Ds
     dt, B, C = (b.op("view", dbc, shape=(n, Ts, S), strides=(1, row, row * Ts), offset=off, name=tag)
                 for tag, n, off in (("ssm_dt_in", R, 0), ("ssm_B", Ds, R), ("ssm_C", Ds, R + Ds)))
+    if hp.ssm_dt_b_c_rms:  # Falcon-Mamba: dt, B and C RMS-normalised, without a scale
+        dt, B, C = (b.op("rms_norm", t, eps=hp.norm_rms_eps, name=f"{tag}_norm")
+                    for t, tag in ((dt, "ssm_dt_in"), (B, "ssm_B"), (C, "ssm_C")))
     dt = b.linear(dt, b.w(T.SSM_DT, il), b.w(T.SSM_DT, il, "bias"), name="ssm_dt")
 
     state = b.reshape(b.build_rs("s"), (Ds, Di, S), name="ssm_state")
