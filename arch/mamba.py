@@ -119,17 +119,20 @@ def _mamba_dt_rank(c: Config) -> int:
     return c.find("time_step_rank", "dt_rank")
 
 
-MAMBA: tuple[Rule, ...] = (
+# what the converter's Mamba and Mamba-2 models both write
+_SSM_BASE: tuple[Rule, ...] = (
     fixed(L.CONTEXT_LENGTH, 1 << 20),  # the converter's stand-in: Mamba is not context-limited
-    hf(L.EMBEDDING_LENGTH, "hidden_size", "d_model"),
     fixed(L.FEED_FORWARD_LENGTH, 0),
     fixed(A.HEAD_COUNT, 0),
     hf(L.BLOCK_COUNT, *BLOCKS),
     hf(S.CONV_KERNEL, "conv_kernel", "d_conv", default=4),
+    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", "rms_norm_eps", kind="number", default=1e-5),
+)
+MAMBA = _SSM_BASE + (
+    hf(L.EMBEDDING_LENGTH, "hidden_size", "d_model"),
     derived(S.INNER_SIZE, _mamba_inner),
     hf(S.STATE_SIZE, "state_size", "d_state", default=16),
     derived(S.TIME_STEP_RANK, _mamba_dt_rank),
-    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", "rms_norm_eps", kind="number", default=1e-5),
     derived(S.DT_B_C_RMS, lambda c: c.doc.get("model_type") == "falcon_mamba"),
 )
 
@@ -147,18 +150,12 @@ def _mamba2_heads(c: Config) -> int:
     return inner // head
 
 
-MAMBA2: tuple[Rule, ...] = (
-    fixed(L.CONTEXT_LENGTH, 1 << 20),
+MAMBA2 = _SSM_BASE + (
     hf(L.EMBEDDING_LENGTH, *WIDTH, "d_model"),
-    fixed(L.FEED_FORWARD_LENGTH, 0),
-    fixed(A.HEAD_COUNT, 0),
-    hf(L.BLOCK_COUNT, *BLOCKS),
-    hf(S.CONV_KERNEL, "conv_kernel", "d_conv", default=4),
     derived(S.INNER_SIZE, _mamba2_inner),
     hf(S.STATE_SIZE, "state_size", "d_state", default=128),
     derived(S.TIME_STEP_RANK, _mamba2_heads),
     hf(S.GROUP_COUNT, "n_groups", default=1),
-    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", "rms_norm_eps", kind="number", default=1e-5),
 )
 
 
