@@ -18,7 +18,7 @@ from gguf import Keys
 from graphir.model import ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
-from graphir.model.hparams import HParams, Key
+from graphir.model.hparams import HParams
 from graphir.memory.layers import LayerNeeds
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 from graphir.model import presets
@@ -33,7 +33,7 @@ class Mamba(Architecture):
     name = "mamba"
     version: ClassVar[int] = 1
     required_keys = (Keys.Attention.LAYERNORM_RMS_EPS,)
-    keys = ssm.SSM_KEYS + (Key("ssm_dt_b_c_rms", Keys.SSM.DT_B_C_RMS, bool, False),)
+    keys = ssm.MAMBA_KEYS
 
     def __init__(self, hp: HParams):
         if self.version == 2:

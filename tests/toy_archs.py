@@ -27,7 +27,7 @@ class ToySWA(Llama):
 class ToyHybrid(Llama):
     name = "test-hybrid"
     per_layer = True
-    keys = ssm.SSM_KEYS
+    keys = ssm.MAMBA_KEYS
 
     def is_recurrent(self, il: int) -> bool:
         return self.hp.head_count_kv(il) == 0

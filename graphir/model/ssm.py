@@ -26,6 +26,7 @@ SSM_KEYS = (Key("ssm_d_conv", Keys.SSM.CONV_KERNEL, int, required=True, minimum=
             Key("ssm_d_inner", Keys.SSM.INNER_SIZE, int, required=True, minimum=1),
             Key("ssm_d_state", Keys.SSM.STATE_SIZE, int, required=True, minimum=1),
             Key("ssm_dt_rank", Keys.SSM.TIME_STEP_RANK, int, required=True, minimum=1))  # Mamba-2: heads
+MAMBA_KEYS = SSM_KEYS + (Key("ssm_dt_b_c_rms", Keys.SSM.DT_B_C_RMS, bool, False),)  # Falcon-Mamba's norms
 MAMBA2_KEYS = SSM_KEYS + (Key("ssm_n_group", Keys.SSM.GROUP_COUNT, int, required=True, minimum=1),)
 
 
