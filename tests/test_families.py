@@ -1,4 +1,5 @@
-"""Encoder (bert, nomic-bert) and recurrent (mamba, mamba2, rwkv6) families, as specifications.
+"""Encoder (bert, nomic-bert) and recurrent (mamba, mamba2, rwkv6) families, as specifications; and the tiny models
+llama.cpp itself makes of every family with recurrent layers (Qwen3.5 and the Granite hybrids as well).
 
 Models are tiny random GGUFs (conftest.write_model_gguf: 2 layers, n_embd 64, 256 tokens), written once per
 module; the real model is all-MiniLM-L6-v2 converted by graphir.convert. llama.cpp (llama-cpp-python) is the
@@ -291,20 +292,20 @@ def divergent_continuations_equal_fresh_contexts(model: Model, prompt: list[int]
         assert np.abs(ctx.logits_ith(seq) - fresh.logits_ith(-1)).max() <= 1e-5, seq
 
 
-def llama_cpp_prompt_logits(path: Path) -> np.ndarray:
-    """llama.cpp's logits at every position of PROMPT, decoded as one batch of sequence 0."""
+def llama_cpp_prompt_logits(path: Path, prompt: Sequence[int] = PROMPT) -> np.ndarray:
+    """llama.cpp's logits at every position of the prompt, decoded as one batch of sequence 0."""
     ref_ctx = LlamaCpp(path)
     try:
-        ref_ctx.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
-        return np.array([ref_ctx.logits_ith(i) for i in range(len(PROMPT))])
+        ref_ctx.decode(prompt, range(len(prompt)), [0] * len(prompt))
+        return np.array([ref_ctx.logits_ith(i) for i in range(len(prompt))])
     finally:
         ref_ctx.close()
 
 
-def prompt_logits(path: Path) -> np.ndarray:
-    """graphir's logits at every position of PROMPT, for the model at ``path`` loaded afresh."""
+def prompt_logits(path: Path, prompt: Sequence[int] = PROMPT) -> np.ndarray:
+    """graphir's logits at every position of the prompt, for the model at ``path`` loaded afresh."""
     ctx = load(str(path)).new_context(n_ctx=64)
-    ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
+    ctx.decode(Batch.from_tokens(list(prompt), 0, outputs="all"))
     return ctx.logits()
 
 
@@ -397,6 +398,24 @@ def test_a_falcon_mamba_gguf_normalises_dt_b_and_c_as_llama_cpp(gguf_file: Calla
     path = write_model_gguf(tmp_path / "falcon-mamba.gguf", make_tiny_preset("mamba"), extra_md={key: True})
     ref = llama_cpp_prompt_logits(path)
     assert np.abs(prompt_logits(path) - ref).max() <= 1e-3 < np.abs(prompt_logits(gguf_file("mamba")) - ref).max()
+
+
+@oracle
+@pytest.mark.parametrize("arch,moe", [("mamba", False), ("mamba2", False), ("rwkv6", False), ("qwen35", False),
+                                      ("granitehybrid", False), ("granitehybrid", True)])
+def test_a_tiny_model_llama_cpp_makes_with_every_optional_tensor_gives_its_logits(tmp_path: Path, arch: str,
+                                                                                   moe: bool) -> None:
+    """llama.cpp builds a model from metadata alone (tests/llama_made.py) with every tensor its loader creates,
+    optional ones included: per-tensor scales (which its graph multiplies by), input scales (which it leaves
+    unread), RWKV6's separate lerps beside the fused one, Granite's biases. graphir loads it and gives llama.cpp's
+    logits."""
+    from llama_made import DEFAULTS, make
+
+    path = make(tmp_path / f"{arch}.gguf", arch, moe=moe)
+    scaled = any(t.name.endswith(".scale") for t in gguf.GGUFReader(path).tensors)
+    assert scaled == (arch != "rwkv6")  # RWKV6's matrices are none of those llama.cpp scales
+    prompt = [t % DEFAULTS["n_vocab"] for t in PROMPT]
+    assert np.abs(prompt_logits(path, prompt) - llama_cpp_prompt_logits(path, prompt)).max() <= 1e-3
 
 
 # ---- recurrent batching --------------------------------------------------------------------------------------
