@@ -118,7 +118,7 @@ class NomicBert(Bert):
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
 
-L, A = Keys.LLM, Keys.Attention
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
 def _bert(E: int, n_layer: int, n_head: int, pooling: PoolingType | None, source: str) -> Preset:
@@ -138,4 +138,11 @@ presets.register({
     "BERT-base": _bert(768, 12, 12, None, "google-bert/bert-base-uncased config.json"),
     "all-MiniLM-L6-v2": _bert(384, 6, 12, PoolingType.MEAN,
                               "sentence-transformers/all-MiniLM-L6-v2 config.json and 1_Pooling (mean)"),
+    # NomicBERT: fused QKV without biases, SwiGLU, RoPE (base 1000); 8192 positions said, 2048 trained
+    "nomic-embed-text-v1.5": Preset("nomic-bert", {
+        L.CONTEXT_LENGTH: 2048, L.EMBEDDING_LENGTH: 768, L.BLOCK_COUNT: 12, L.FEED_FORWARD_LENGTH: 3072,
+        A.HEAD_COUNT: 12, A.LAYERNORM_EPS: 1e-12, A.CAUSAL: False, R.FREQ_BASE: 1000.0, L.VOCAB_SIZE: 30528,
+        L.POOLING_TYPE: int(PoolingType.MEAN), Keys.Tokenizer.TOKEN_TYPE_COUNT: 2,
+    }, tied=False, include=r"token_types\.weight|blk\.\d+\.attn_qkv\.weight", f32=r"token_types\.weight",
+        source="nomic-ai/nomic-embed-text-v1.5 config.json and 1_Pooling (mean)"),
 })

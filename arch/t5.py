@@ -186,4 +186,10 @@ presets.register({
     "T5-small": _t5(512, 6, 2048, 8, False, True, "google-t5/t5-small config.json"),
     "T5-large": _t5(1024, 24, 4096, 16, False, True, "google-t5/t5-large config.json"),
     "flan-t5-xl": _t5(2048, 24, 5120, 32, True, False, "google/flan-t5-xl config.json"),
+    # the encoder alone (T5EncoderModel), as text-to-image models use it: gated GELU, heads of 64
+    "T5-v1.1-XXL-encoder": Preset("t5encoder", {
+        L.CONTEXT_LENGTH: 512, L.EMBEDDING_LENGTH: 4096, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 10240,
+        A.HEAD_COUNT: 64, A.KEY_LENGTH: 64, A.VALUE_LENGTH: 64, A.LAYERNORM_EPS: 1e-6, A.LAYERNORM_RMS_EPS: 1e-6,
+        A.REL_BUCKETS_COUNT: 32, L.VOCAB_SIZE: 32128,
+    }, tied=False, include=r"enc\.blk\.\d+\.ffn_gate\.weight", source="google/t5-v1_1-xxl config.json (encoder)"),
 })
