@@ -59,6 +59,8 @@ ROWS = [
     Row("bert", made_by="graphir"),
     Row("nomic-bert", made_by="graphir"),
     Row("t5encoder"),
+    Row("rwkv6"),
+    Row("qwen35"),
 ]
 
 _rng = np.random.default_rng(7)
