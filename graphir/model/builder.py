@@ -285,9 +285,10 @@ class GraphBuilder:
                   gate_s: Node | None = None, down_s: Node | None = None) -> Node:
         """The FFN of x; each matrix's per-tensor scale ``*_s`` multiplies its output after its bias (as
         llama.cpp's ``build_ffn``)."""
-        t = self._scaled(self.linear(x, up, up_b, name="ffn_up"), up_s)
+        t = self._scaled(self.linear(x, up, up_b, name="ffn_up"), up_s, name="ffn_up_s")
         if gate is not None:
-            g = self._scaled(self.linear(t if gate_mode is Gate.SEQ else x, gate, gate_b, name="ffn_gate"), gate_s)
+            g = self._scaled(self.linear(t if gate_mode is Gate.SEQ else x, gate, gate_b, name="ffn_gate"), gate_s,
+                             name="ffn_gate_s")
             if gate_mode is Gate.PAR and act in _GLU:
                 h = self.op(_GLU[act], g, t, name=f"ffn_{_GLU[act]}")
             else:
@@ -296,10 +297,10 @@ class GraphBuilder:
                     h = self.op("mul", h, t, name="ffn_gate_par")
         else:
             h = self.op(act.value, t, name=f"ffn_{act.value}")
-        return self._scaled(self.linear(h, down, down_b, name=name), down_s)
+        return self._scaled(self.linear(h, down, down_b, name=name), down_s, name=f"{name}_s")
 
-    def _scaled(self, y: Node, s: Node | None) -> Node:
-        return y if s is None else self.op("mul", y, s, name=f"{y.name.removeprefix(self._scope)}.scaled")
+    def _scaled(self, y: Node, s: Node | None, *, name: str) -> Node:
+        return y if s is None else self.op("mul", y, s, name=name)
 
     def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node, gate_exps: Node | None, down_exps: Node,
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
