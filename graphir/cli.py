@@ -500,7 +500,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
     from graphir.progress import stream
-    from graphir.running.batch import Batch
+    from graphir.batch import Batch
     from graphir.running.runtime import load
 
     model = load(args.model, None if args.isa == "auto" else args.isa)

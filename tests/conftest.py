@@ -211,7 +211,7 @@ _DENSE: dict[str, dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.
     },
 }
 
-_DENSE["test-hybrid"] = _DENSE["mamba"]  # the toy hybrid's Mamba layers (tests/toy_archs.py)
+_DENSE["test-hybrid"] = _DENSE["test-mla-hybrid"] = _DENSE["mamba"]  # the toy hybrids' Mamba layers (tests/toy_archs.py)
 _DENSE["granitehybrid"] = _DENSE["mamba2"] = {  # a decay, step bias and skip per head; group norm scales near 1
     **{f"blk.{il}.ssm_a": (lambda r, shp: -np.exp(r.uniform(-1, 1.5, shp))) for il in range(8)},
     **{f"blk.{il}.ssm_dt.bias": (lambda r, shp: r.uniform(-3, -1, shp)) for il in range(8)},

@@ -33,7 +33,7 @@ from test_families import (LlamaCpp, failing_second_ubatch_changes_nothing, grap
 
 import llama_made
 from graphir.model.presets import all_presets
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import Model, load
 
 Q = gguf.GGMLQuantizationType

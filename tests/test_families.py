@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from conftest import fail_on_run, make_tiny_preset, memory_bytes, write_model_gguf
 
-from graphir.running.batch import Batch, split_equal
+from graphir.batch import Batch, split_equal
 from graphir.cli import main
 from graphir.running.context import Context
 from graphir.errors import BatchError, GraphirError, StateError

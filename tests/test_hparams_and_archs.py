@@ -20,8 +20,9 @@ from graphir.errors import GraphError, GraphirError, MetadataError, TensorError
 from graphir.graph.forms import from_json, from_text, to_json, to_text
 from graphir.model.hparams import read_hparams
 from graphir.graph.ir import Graph
+from graphir.memory.inputs import RecurrentState
 from graphir.memory.kinds import assemble
-from graphir.memory.layers import LatentAttention, Recurrent
+from graphir.memory.layers import Attention, Recurrent
 from graphir.model.meta import ModelMeta, from_preset, open_model
 from graphir.model.presets import all_presets
 
@@ -532,23 +533,24 @@ def test_an_unknown_phase_is_refused():
 
 
 def test_a_model_whose_layers_no_memory_holds_is_refused_naming_the_layer_kind():
-    class Latent(Llama):  # a test-only family: latent (MLA) layers and recurrent ones, which no memory kind mixes
-        name = "test-latent"
+    class Unheld(Llama):  # a test-only family: sliding-window layers and recurrent ones, which no memory kind mixes
+        name = "test-unheld"
 
         def layers(self):
-            return tuple(LatentAttention(512) if il % 2 else Recurrent(8, 8) for il in range(self.hp.n_layer))
+            return tuple(Attention(512, 512, window=4) if il % 2 else Recurrent(8, 8) for il in range(self.hp.n_layer))
 
     try:
-        with pytest.raises(MetadataError, match=re.escape("no memory kind holds a 'test-latent' model's layers "
-                                                          "(of kind latent, recurrent)")):
-            Latent(open_model(SMOL).arch.hp).contexts
+        with pytest.raises(MetadataError, match=re.escape("no memory kind holds a 'test-unheld' model's layers "
+                                                          "(of kind recurrent, swa)")):
+            Unheld(open_model(SMOL).arch.hp).contexts
     finally:
-        REGISTRY.pop("test-latent")
+        REGISTRY.pop("test-unheld")
 
 
 @pytest.mark.parametrize("kind, request_, message", [
-    ("kv", lambda b, m: m.build_rs(b, 0, "s"), "memory kind 'kv' holds no recurrent state for layer 0"),
-    ("none", lambda b, m: m.store_rs(b, 2, "r", None), "memory kind 'none' holds no recurrent state for layer 2")])
+    ("kv", lambda b, m: m.input_for(b, 0, RecurrentState("s")), "memory kind 'kv' holds no recurrent state for layer 0"),
+    ("none", lambda b, m: m.input_for(b, 2, RecurrentState("r", write=True)),
+     "memory kind 'none' holds no recurrent state for layer 2")])
 def test_a_request_the_memory_does_not_hold_is_refused_naming_the_layer(kind, request_, message):
     m = open_model(SMOL)
     b = GraphBuilder(m.arch, m.label, m.tensors, assemble(kind, m.arch.needs), "prefill")

@@ -8,28 +8,13 @@ give the same graph.
 
 from __future__ import annotations
 
-import math
-import struct
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Tuple, Union
 
 from gguf import Keys, PoolingType
 
 from graphir.errors import MetadataError
-
-
-def f32(x: float) -> float:
-    """Round to the nearest float32, as GGUF and ggml store it (beyond float32's range: infinity, as C's cast)."""
-    try:
-        return struct.unpack("<f", struct.pack("<f", x))[0]
-    except OverflowError:  # a FLOAT64 key holding 1e300
-        return math.copysign(math.inf, x)
-
-
-def inv_sqrt(x: float) -> float:
-    """``1.0f / sqrtf(x)`` as llama.cpp computes attention scales: both steps rounded to float32 (1/sqrt in
-    double rounds differently, e.g. for 24 and 96)."""
-    return f32(1.0 / f32(math.sqrt(f32(float(x)))))
+from graphir.graph.floats import f32, inv_sqrt  # noqa: F401  (families take them from here too)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import numpy as np
 from graphir.model.architecture import Architecture
 from graphir.running.backend import DEFAULT, Program
 from graphir.running.backend import get as get_backend
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.chat import ChatTemplate
 from graphir.running.context import Context
 from graphir.running.encdec import EncoderDecoderContext
