@@ -1,0 +1,187 @@
+"""llama.cpp's graph, as the records of :mod:`graphir.llamacpp.reserve` give it, in graphir's IR.
+
+Each ggml op becomes the catalogue's op of the same meaning (``ROPE`` -> ``rope``, a ``GLU`` of kind ``SWIGLU``
+-> ``swiglu``, ...) with its op parameters decoded into the catalogue's attributes; an op the catalogue lacks
+keeps ggml's name, lowercased, under ``ggml.`` (``ggml.cpy``). Weights keep their GGUF names; inputs are
+named by their role as graphir names them (``inp_pos`` -> ``pos``, ``cache_k_l3`` -> ``blk.3.cache_k``); other
+names move their layer in front (``attn_norm-3`` -> ``blk.3.attn_norm``), ggml's own suffixes become dotted
+(``Kcur-0 (view)`` -> ``blk.0.Kcur.view``), a name used again gets its op appended, and an unnamed node is
+named by its op in the layer of its operands. Shapes are ggml's ``ne`` without trailing 1s, and the sizes
+are those llama.cpp reserved: the graph has no open dimensions.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from typing import Any
+
+from graphir.graph.ir import Graph, Node
+
+_FLAG_INPUT, _FLAG_OUTPUT = 1, 2
+
+# Inputs llama.cpp names after its graph inputs, by the name graphir gives the same role.
+INPUT_ROLES = {"inp_tokens": "tokens", "inp_embd": "embd", "inp_pos": "pos", "inp_out_ids": "out_ids",
+               "attn_inp_k_idxs": "k_idxs", "attn_inp_v_idxs": "v_idxs", "attn_inp_kq_mask": "kq_mask",
+               "attn_inp_k_idxs_swa": "k_idxs_swa", "attn_inp_v_idxs_swa": "v_idxs_swa",
+               "attn_inp_kq_mask_swa": "kq_mask_swa", "inp_s_copy": "rs_src", "inp_s_copy_main": "rs_src",
+               "inp_s_copy_extra": "rs_extra", "inp_mean": "pooling_mean", "inp_cls": "pooling_cls",
+               "inp_pos_bucket": "pos_bucket", "attn_inp_kq_mask_cross": "kq_mask_cross",
+               "inp_cross_embd": "cross_embd"}
+CACHE_ROLES = {"k": "cache_k", "v": "cache_v", "r": "rs_r", "s": "rs_s"}
+OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd_pooled": "embd_pooled"}
+
+_CACHE = re.compile(r"^cache_([kvrs])_l(\d+)((?: \(\w+\))*)$")
+_SCOPED = re.compile(r"^(.+?)-(\d+)((?: \(\w+\))*)$")
+_SUFFIX = re.compile(r" \((\w+)\)")
+
+# ggml ops (by ggml_op_name, or ggml_op_desc for UNARY and GLU) that are the catalogue's op of this name.
+_SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id", "SUM_ROWS": "sum_rows",
+         "ADD": "add", "SUB": "sub", "MUL": "mul", "DIV": "div", "SQR": "sqr", "SILU": "silu", "GELU": "gelu",
+         "RELU": "relu", "NEG": "neg", "EXP": "exp", "TANH": "tanh", "SIGMOID": "sigmoid", "SOFTPLUS": "softplus",
+         "SWIGLU": "swiglu", "GEGLU": "geglu", "ADD_ID": "add_id", "RESHAPE": "reshape", "PERMUTE": "permute",
+         "TRANSPOSE": "transpose", "CONT": "cont", "CONCAT": "concat", "REPEAT": "repeat", "SSM_CONV": "ssm_conv",
+         "RWKV_WKV6": "rwkv_wkv6", "GATED_DELTA_NET": "gated_delta_net", "SET_ROWS": "set_rows", "VIEW": "view",
+         "ROPE": "rope", "SOFT_MAX": "soft_max", "RMS_NORM": "rms_norm", "NORM": "norm", "SCALE": "scale",
+         "CLAMP": "clamp", "FILL": "fill", "SWIGLU_OAI": "swiglu_oai", "SSM_SCAN": "ssm_scan",
+         "ARGSORT": "argsort_top_k", "TOP_K": "argsort_top_k"}
+_ROPE_MODES = {0: "norm", 2: "neox", 8: "mrope", 24: "vision", 40: "imrope"}
+_ROPE_FLOATS = ("freq_base", "freq_scale", "ext_factor", "attn_factor", "beta_fast", "beta_slow")
+
+# A record of the reserve child: [name, op, desc, type, ne, nb, op_params, sources, flags, view_offs(, node)]
+Record = list[Any]
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<i", bits))[0]
+
+
+def shape_of(ne: list[int]) -> tuple[int, ...]:
+    """ggml's four sizes without the trailing 1s (a scalar keeps one)."""
+    n = len(ne)
+    while n > 1 and ne[n - 1] == 1:
+        n -= 1
+    return tuple(ne[:n])
+
+
+def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
+    """The catalogue's op and attributes for one ggml node (``ggml.<op>`` with its raw parameters if none)."""
+    name, op, desc, _, ne, nb, p = r[:7]
+    kind = _SAME.get(desc if op in ("UNARY", "GLU") else op)
+    if kind is None or op == "GLU" and len(srcs) != 2 or op == "SCALE" and p[1] != 0:
+        n = len(p)
+        while n and p[n - 1] == 0:
+            n -= 1
+        return f"ggml.{(desc if op in ('UNARY', 'GLU') else op).lower()}", {"params": tuple(p[:n])}
+    if kind in ("rms_norm", "norm"):
+        return kind, {"eps": _f32(p[0])}
+    if kind == "scale":
+        return kind, {"s": _f32(p[0])}
+    if kind == "soft_max":
+        return kind, {"scale": _f32(p[0]), "max_bias": _f32(p[1])}
+    if kind == "clamp":
+        return kind, {"min": _f32(p[0]), "max": _f32(p[1])}
+    if kind == "fill":
+        return kind, {"c": _f32(p[0])}
+    if kind == "swiglu_oai":
+        return kind, {"alpha": _f32(p[2]), "limit": _f32(p[3])}
+    if kind == "concat":
+        return kind, {"dim": p[0]}
+    if kind == "argsort_top_k":
+        return kind, {"k": ne[0]}
+    if kind == "rope":
+        attrs: dict[str, Any] = {"n_dims": p[1], "mode": _ROPE_MODES.get(p[2], str(p[2])), "n_ctx_orig": p[4]}
+        attrs.update({k: _f32(v) for k, v in zip(_ROPE_FLOATS, p[5:11])})
+        if p[2] & 8:
+            return "rope_multi", {**attrs, "sections": tuple(p[11:15])}
+        return kind, attrs
+    if kind in ("reshape", "repeat"):
+        return kind, {"shape": shape_of(ne)}
+    if kind == "permute":
+        return kind, {"axes": tuple(p[:4])}
+    if kind == "view":
+        elem = nb[0] or 1
+        shape = shape_of(ne)
+        return kind, {"shape": shape, "strides": tuple(s // elem for s in nb[:len(shape)]), "offset": r[9] // elem}
+    if kind == "ssm_scan" and len(srcs[0].shape) == 4:
+        return "ssm_scan_heads", {}
+    return kind, {}
+
+
+def _operands(kind: str, srcs: list[Node]) -> list[Node]:
+    """ggml's sources in the catalogue's operand order (set_rows writes into its last source)."""
+    if kind == "set_rows":
+        return [srcs[2], srcs[0], srcs[1]] if len(srcs) == 3 else srcs
+    return srcs
+
+
+class _Names:
+    """graphir's names for llama.cpp's, each used once."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+        self.weights: dict[str, Node] = {}  # llama.cpp loads a tied matrix twice under one name: one node
+
+    def take(self, base: str, op: str) -> str:
+        name = base
+        if name in self.used:
+            name = f"{base}.{op.replace('ggml.', '')}"
+        k = 1
+        while name in self.used:
+            name, k = f"{base}.{op.replace('ggml.', '')}{k}", k + 1
+        self.used.add(name)
+        return name
+
+
+def _leaf(r: Record, weights: frozenset[str], names: _Names) -> Node:
+    name, dtype, shape = r[0], r[3], shape_of(r[4])
+    m = _CACHE.match(name)
+    if m and not m.group(3):
+        role = CACHE_ROLES[m.group(1)]
+        return Node(names.take(f"blk.{m.group(2)}.{role}", "input"), "input", (), {"role": role}, dtype, shape)
+    if name in weights:
+        names.used.add(name)
+        return names.weights.setdefault(name, Node(name, "weight", (), {"tensor": name}, dtype, shape))
+    role = INPUT_ROLES.get(name, name)
+    return Node(names.take(role, "input"), "input", (), {"role": role}, dtype, shape)
+
+
+def _base_name(name: str, op: str, srcs: list[Node]) -> str:
+    """A node's graphir name before de-duplication."""
+    cache, scoped = _CACHE.match(name), _SCOPED.match(name)
+    if cache or scoped:
+        m = cache or scoped
+        assert m is not None
+        stem = CACHE_ROLES[m.group(1)] if cache else m.group(1)
+        return f"blk.{m.group(2)}.{stem}" + "".join("." + s for s in _SUFFIX.findall(m.group(3)))
+    if not name or re.fullmatch(r"node_\d+", name) or name.startswith("leaf_"):
+        layers = [x.layer for x in srcs if x.layer is not None]
+        kind = op.replace("ggml.", "")
+        return f"blk.{max(layers)}.{kind}" if layers else kind
+    plain = _SUFFIX.sub(lambda s: "." + s.group(1), name)
+    return re.sub(r"\s+", "_", plain)
+
+
+def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any]) -> Graph:
+    """The graph of one reserve's records; ``weights`` are the GGUF's tensor names."""
+    names = _Names()
+    of_record: list[Node] = []  # the node of each record (a tied matrix's two records share one)
+    nodes: list[Node] = []
+    emitted: set[int] = set()
+    outputs: dict[str, Node] = {}
+    for r in records:
+        srcs = [of_record[i] for i in r[7]]
+        if r[1] == "NONE":
+            node = _leaf(r, weights, names)
+        else:
+            kind, attrs = _op(r, srcs)
+            operands = _operands(kind, srcs)
+            node = Node(names.take(_base_name(r[0], kind, operands), kind), kind, tuple(operands), attrs, r[3],
+                        shape_of(r[4]))
+            if r[8] & _FLAG_OUTPUT:
+                outputs[OUTPUT_ROLES.get(r[0], node.name)] = node
+        if id(node) not in emitted:
+            emitted.add(id(node))
+            nodes.append(node)
+        of_record.append(node)
+    return Graph(meta, (), nodes, outputs)
