@@ -131,8 +131,13 @@ def _load_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[
     phase, so ``graphir diff golden.txt SmolLM2-135M`` compares like with like.
     """
     from graphir.graph.ir import Graph
+    from graphir.llamacpp import strip_prefix
     from graphir.source import load_graph, open_source
 
+    if strip_prefix(a) is not None or strip_prefix(b) is not None:
+        from graphir.llamacpp.compare import diff_pair
+
+        return diff_pair(a, b, context, phase)
     srcs = [open_source(a), open_source(b)]
     saved = next((s for s in srcs if isinstance(s, Graph)), None)
     model_context, model_phase = context, phase or "prefill"  # context None: each architecture's default

@@ -13,21 +13,23 @@ if TYPE_CHECKING:
     from graphir.model.meta import ModelMeta
 
 
-def context_of(meta: ModelMeta) -> str:
-    """The memory llama.cpp gives the model, by graphir's name for it: the architecture's own when graphir has
-    the architecture (llama.cpp has one memory per architecture), else ``llama.cpp``."""
-    from graphir import arch as archs
-
-    return meta.arch.contexts[0] if meta.arch_name in archs.names() else "llama.cpp"
+def context_of(g: Graph) -> str:
+    """The memory llama.cpp gave the model, by graphir's name for it, read off the graph's inputs: caches of
+    keys and of recurrent states (hybrid), of states (recurrent), of keys with a second, sliding-window mask
+    (iswa), of keys alone (mla: values are read from the key cache), of keys and values (kv), or none."""
+    roles = {n.attrs["role"] for n in g.inputs}
+    if "cache_k" in roles:
+        if "rs_s" in roles:
+            return "hybrid"
+        if "kq_mask_swa" in roles:
+            return "iswa"
+        return "kv" if "cache_v" in roles else "mla"
+    return "recurrent" if "rs_s" in roles else "none"
 
 
 def graphs(meta: ModelMeta, phases: tuple[str, ...], context: str | None = None) -> list[Graph]:
     """llama.cpp's graph of ``meta`` for each phase (prefill: one ubatch of N_UBATCH tokens, all output;
     decode: one token), in a cache of N_CTX cells."""
-    own = context_of(meta)
-    if context is not None and context != own:
-        raise GraphirError(f"{meta.label}: llama.cpp builds a '{meta.arch_name}' model with its own memory "
-                           f"({own}), not '{context}'")
     for phase in phases:
         if phase not in PHASE_SIZES:
             raise GraphirError(f"llama.cpp's graphs are of phase {' or '.join(PHASE_SIZES)}, not '{phase}'")
@@ -37,6 +39,11 @@ def graphs(meta: ModelMeta, phases: tuple[str, ...], context: str | None = None)
         n_tokens, _, n_outputs = PHASE_SIZES[phase]
         hparams = {"n_layer": meta.metadata.get(f"{meta.arch_name}.block_count", 0), "n_ctx": N_CTX, "n_tokens": n_tokens,
                    "n_outputs": n_outputs}
-        out.append(to_graph(records, weights, {"arch": meta.arch_name, "context": own, "phase": phase,
-                                               "source": "llama.cpp", "hparams": hparams}))
+        g = to_graph(records, weights, {"arch": meta.arch_name, "phase": phase, "hparams": hparams})
+        own = context_of(g)
+        if context is not None and context != own:
+            raise GraphirError(f"{meta.label}: llama.cpp builds a '{meta.arch_name}' model with its own memory "
+                               f"({own}), not '{context}'")
+        g.meta = {"arch": meta.arch_name, "context": own, **g.meta}
+        out.append(g)
     return out

@@ -1,0 +1,162 @@
+"""The normal form in which graphir's graph of a model and llama.cpp's are compared.
+
+Two graphs of one model can differ in ways that change no value; the normal form removes exactly those, each
+by a rule stated here (the README lists them with the differences that remain):
+
+1. **Sizes.** graphir's graph leaves the batch and cache sizes open; llama.cpp's is built for one ubatch in one
+   cache. graphir's symbols take llama.cpp's sizes, read off the inputs both graphs name alike (``tokens``,
+   ``kq_mask``, ``blk.N.cache_k``, ...); the ones no input decides take the sizes llama.cpp reserved.
+2. **Layout.** Views, reshapes, permutations, transposes and copies into contiguous memory (the ops the
+   catalogue marks layout-only) move no value: each is replaced by its operand, and shapes lose trailing 1s.
+3. **Cache writes.** ggml orders a cache write before the cache's read by scheduling, graphir by data flow: a
+   read of a cache input after a ``set_rows`` into it reads that write. A write has its cache's shape, and the
+   write's row ids are compared by type only: without flash attention llama.cpp keeps values transposed, one
+   row per element, which only changes how many ids the same values take. Inputs are compared by role, type
+   and shape (what graphir notes about a mask, such as its window, is graphir's own).
+4. **Names.** Each side names its nodes its own way, so names are made from structure alone: from the
+   outputs (by role) and then every other node nothing uses, operands are visited in order, and each
+   computing node is named ``<layer>.<op>.<k>`` (the k-th such op of its layer in that order; its layer is the
+   highest of its operands'). Weights keep their GGUF names and inputs their role names. Two graphs that
+   compute the same thing from the same weights and inputs in the same order get the same normal form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphir.graph.dims import Dim, Sym
+from graphir.graph.ir import Graph, Node
+from graphir.graph.ops import VIEWS
+from graphir.llamacpp.convert import shape_of
+
+
+def bind_sizes(ours: Graph, theirs: Graph) -> dict[str, int]:
+    """Each of ``ours``'s open sizes, as ``theirs`` (llama.cpp's graph) has it (rule 1)."""
+    hp = theirs.meta.get("hparams", {})
+    env = {"n_tokens": hp.get("n_tokens", 1), "n_outputs": hp.get("n_outputs", 1), "n_ctx": hp.get("n_ctx", 1),
+           "n_seqs": 1, "n_seq_tokens": hp.get("n_tokens", 1), "n_rs": 1}
+    env["n_kv"] = env["n_ctx"]
+    bound: set[str] = set()
+    by_name = {n.name: n for n in theirs.inputs}
+    for n in ours.inputs:
+        other = by_name.get(n.name)
+        if other is None or n.attrs["role"].endswith("idxs"):
+            continue
+        for d, v in zip(n.shape, other.shape):
+            if isinstance(d, Sym) and len(d.terms) == 1 and d.terms[0][1] == 1 and len(d.terms[0][0]) == 1:
+                name = d.terms[0][0][0]
+                if name not in bound:
+                    env[name] = v
+                    bound.add(name)
+    env.setdefault("n_kv_swa", env.get("n_ctx_swa", env["n_ctx"]))
+    if "n_ctx_swa" in env and "n_kv_swa" not in bound:
+        env["n_kv_swa"] = env["n_ctx_swa"]
+    return env
+
+
+def _size(d: Dim, env: dict[str, int]) -> int:
+    return d.eval(env) if isinstance(d, Sym) else d
+
+
+def _attr(v: Any, env: dict[str, int]) -> Any:
+    if isinstance(v, Sym):
+        return v.eval(env)
+    if isinstance(v, tuple):
+        return tuple(_attr(x, env) for x in v)
+    return v
+
+
+def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
+    """``g`` in the normal form (rules 2-4), its open sizes taken from ``env`` (rule 1)."""
+    env = env or {}
+    alias: dict[int, Node] = {}  # id of an original node -> its normal node
+    written: dict[int, Node] = {}  # id of a normal cache input -> the normal write into it
+    made: list[tuple[Node, Node]] = []  # (original, normal) in g's order
+    users: dict[int, int] = {}
+
+    for n in g.nodes:
+        if n.op in VIEWS:
+            alias[id(n)] = alias[id(n.inputs[0])]
+            continue
+        operands = []
+        for slot, x in enumerate(n.inputs):
+            y = alias[id(x)]
+            if not (n.op == "set_rows" and slot == 0):
+                y = written.get(id(y), y)
+            operands.append(y)
+        shape = shape_of([_size(d, env) for d in n.shape])
+        if n.op == "set_rows":
+            shape = operands[0].shape
+        elif n.op == "input" and n.attrs["role"].endswith("idxs"):
+            shape = ()
+        attrs = {"role": n.attrs["role"]} if n.op == "input" else {k: _attr(v, env) for k, v in n.attrs.items()}
+        node = Node(n.name, n.op, tuple(operands), attrs, n.dtype, shape)
+        if n.op == "set_rows":
+            written[id(operands[0])] = node
+        alias[id(n)] = node
+        made.append((n, node))
+        for x in operands:
+            users[id(x)] = users.get(id(x), 0) + 1
+    outputs = {role: alias[id(n)] for role, n in sorted(g.outputs.items())}
+    roots = list(outputs.values()) + [m for _, m in made if id(m) not in users and m.op not in ("input", "weight")]
+    return _renamed(g, roots, outputs)
+
+
+def _finish_order(roots: list[Node]) -> list[Node]:
+    """The nodes reachable from ``roots``, each after its operands, operands visited in order."""
+    done: set[int] = set()
+    order: list[Node] = []
+    for root in roots:
+        stack: list[tuple[Node, bool]] = [(root, False)]
+        while stack:
+            n, expanded = stack.pop()
+            if id(n) in done:
+                continue
+            if expanded:
+                done.add(id(n))
+                order.append(n)
+                continue
+            stack.append((n, True))
+            stack.extend((x, False) for x in reversed(n.inputs) if id(x) not in done)
+    return order
+
+
+def _renamed(g: Graph, roots: list[Node], outputs: dict[str, Node]) -> Graph:
+    """The nodes reachable from ``roots``, named by structure (rule 4). They are listed by depth (the longest
+    chain of computations above the inputs; then in the order the walk from the roots finished them), each leaf
+    just before its first user, so that the listing reads from the first layer to the last."""
+    finished = _finish_order(roots)
+    rank = {id(n): i for i, n in enumerate(finished)}
+    depth: dict[int, int] = {}
+    for n in finished:
+        depth[id(n)] = 0 if not n.inputs else 1 + max(depth[id(x)] for x in n.inputs)
+    computing = sorted((n for n in finished if n.inputs), key=lambda n: (depth[id(n)], rank[id(n)]))
+    names: dict[int, Node] = {}
+    counts: dict[str, int] = {}
+    order: list[Node] = []
+
+    def emit(n: Node) -> None:
+        operands = tuple(names[id(x)] for x in n.inputs)
+        name = n.name
+        if n.inputs:
+            layers = [x.layer for x in operands if x.layer is not None]
+            scope = f"blk.{max(layers)}" if layers else "top"
+            k = counts.get(f"{scope}.{n.op}", 0)
+            counts[f"{scope}.{n.op}"] = k + 1
+            name = f"{scope}.{n.op}.{k}"
+        m = Node(name, n.op, operands, n.attrs, n.dtype, n.shape)
+        names[id(n)] = m
+        order.append(m)
+
+    for n in computing:
+        for x in n.inputs:
+            if id(x) not in names:
+                emit(x)
+        emit(n)
+    meta = {k: g.meta[k] for k in ("arch", "context", "phase") if k in g.meta}
+    return Graph(meta, (), order, {role: names[id(n)] for role, n in outputs.items()})
+
+
+def compare_forms(ours: Graph, theirs: Graph) -> tuple[Graph, Graph]:
+    """Both graphs in the normal form, ``ours`` (graphir's) at the sizes of ``theirs`` (llama.cpp's)."""
+    return normal_form(ours, bind_sizes(ours, theirs)), normal_form(theirs)
