@@ -21,15 +21,17 @@ from graphir.graph.ir import Graph, Node
 _FLAG_INPUT, _FLAG_OUTPUT = 1, 2
 
 # Inputs llama.cpp names after its graph inputs, by the name graphir gives the same role.
-INPUT_ROLES = {"inp_tokens": "tokens", "inp_embd": "embd", "inp_pos": "pos", "inp_out_ids": "out_ids",
+INPUT_ROLES = {"inp_tokens": "tokens", "self_kq_mask": "kq_mask", "self_kq_mask_swa": "kq_mask_swa",
+               "rs_s_copy": "rs_src", "out_ids": "out_ids", "mean": "inp_mean", "cls": "inp_cls", "inp_embd": "embd", "inp_pos": "pos", "inp_out_ids": "out_ids",
                "attn_inp_k_idxs": "k_idxs", "attn_inp_v_idxs": "v_idxs", "attn_inp_kq_mask": "kq_mask",
                "attn_inp_k_idxs_swa": "k_idxs_swa", "attn_inp_v_idxs_swa": "v_idxs_swa",
                "attn_inp_kq_mask_swa": "kq_mask_swa", "inp_s_copy": "rs_src", "inp_s_copy_main": "rs_src",
-               "inp_s_copy_extra": "rs_extra", "inp_mean": "pooling_mean", "inp_cls": "pooling_cls",
+               "inp_s_copy_extra": "rs_extra",
                "inp_pos_bucket": "pos_bucket", "attn_inp_kq_mask_cross": "kq_mask_cross",
                "inp_cross_embd": "cross_embd"}
 CACHE_ROLES = {"k": "cache_k", "v": "cache_v", "r": "rs_r", "s": "rs_s"}
-OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd_pooled": "embd_pooled"}
+OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd": "embd",
+                "result_embd_pooled": "pooled"}
 
 _CACHE = re.compile(r"^cache_([kvrs])_l(\d+)((?: \(\w+\))*)$")
 _SCOPED = re.compile(r"^(.+?)-(\d+)((?: \(\w+\))*)$")
@@ -48,7 +50,7 @@ _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id
 _ROPE_MODES = {0: "norm", 2: "neox", 8: "mrope", 24: "vision", 40: "imrope"}
 _ROPE_FLOATS = ("freq_base", "freq_scale", "ext_factor", "attn_factor", "beta_fast", "beta_slow")
 
-# A record of the reserve child: [name, op, desc, type, ne, nb, op_params, sources, flags, view_offs(, node)]
+# A record of the reserve child: [name, op, desc, type, ne, nb, op_params, sources, flags, view_offs, address]
 Record = list[Any]
 
 
@@ -133,7 +135,16 @@ class _Names:
         return name
 
 
-def _leaf(r: Record, weights: frozenset[str], names: _Names) -> Node:
+def _second_inputs(records: list[Record]) -> set[int]:
+    """The addresses of the inputs created second under a name already given (a sliding-window cache's)."""
+    by_name: dict[str, set[int]] = {}
+    for r in records:
+        if r[1] == "NONE" and r[8] & _FLAG_INPUT:
+            by_name.setdefault(r[0], set()).add(r[10])
+    return {a for addresses in by_name.values() if len(addresses) == 2 for a in sorted(addresses)[1:]}
+
+
+def _leaf(r: Record, weights: frozenset[str], names: _Names, second: set[int]) -> Node:
     name, dtype, shape = r[0], r[3], shape_of(r[4])
     m = _CACHE.match(name)
     if m and not m.group(3):
@@ -142,7 +153,7 @@ def _leaf(r: Record, weights: frozenset[str], names: _Names) -> Node:
     if name in weights:
         names.used.add(name)
         return names.weights.setdefault(name, Node(name, "weight", (), {"tensor": name}, dtype, shape))
-    role = INPUT_ROLES.get(name, name)
+    role = INPUT_ROLES.get(name, name) + ("_swa" if r[10] in second else "")
     return Node(names.take(role, "input"), "input", (), {"role": role}, dtype, shape)
 
 
@@ -169,17 +180,18 @@ def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any
     nodes: list[Node] = []
     emitted: set[int] = set()
     outputs: dict[str, Node] = {}
+    second = _second_inputs(records)
     for r in records:
         srcs = [of_record[i] for i in r[7]]
         if r[1] == "NONE":
-            node = _leaf(r, weights, names)
+            node = _leaf(r, weights, names, second)
         else:
             kind, attrs = _op(r, srcs)
             operands = _operands(kind, srcs)
             node = Node(names.take(_base_name(r[0], kind, operands), kind), kind, tuple(operands), attrs, r[3],
                         shape_of(r[4]))
-            if r[8] & _FLAG_OUTPUT:
-                outputs[OUTPUT_ROLES.get(r[0], node.name)] = node
+            if r[8] & _FLAG_OUTPUT and r[0] in OUTPUT_ROLES:  # others are kept for llama.cpp's own readers
+                outputs[OUTPUT_ROLES[r[0]]] = node
         if id(node) not in emitted:
             emitted.add(id(node))
             nodes.append(node)

@@ -18,10 +18,18 @@ by a rule stated here (the README lists them with the differences that remain):
    computing node is named ``<layer>.<op>.<k>`` (the k-th such op of its layer in that order; its layer is the
    highest of its operands'). Weights keep their GGUF names and inputs their role names. Two graphs that
    compute the same thing from the same weights and inputs in the same order get the same normal form.
+   A value only a memory write or an output needs is kept; one nothing needs is not compared.
+5. **Fused and unfused ops.** ggml's GLU of one operand (``ggml.swiglu(x)``: gate and up are x's halves) is
+   the catalogue's GLU of the two halves (views, so rule 2 leaves ``swiglu(x, x)``); a view of the first k
+   entries of ``argsort_top_k`` (ggml sorts all, then views k) is ``argsort_top_k`` with that k; graphir's
+   ``moe_sum`` of k expert slots is the chain of k - 1 adds of views ggml builds. Floating-point addition and
+   multiplication commute exactly, so the operands of an ``add`` or ``mul`` of two same-shaped values are put
+   in one order (by what they compute).
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from graphir.graph.dims import Dim, Sym
@@ -40,7 +48,7 @@ def bind_sizes(ours: Graph, theirs: Graph) -> dict[str, int]:
     by_name = {n.name: n for n in theirs.inputs}
     for n in ours.inputs:
         other = by_name.get(n.name)
-        if other is None or n.attrs["role"].endswith("idxs"):
+        if other is None or "idxs" in n.attrs["role"]:
             continue
         for d, v in zip(n.shape, other.shape):
             if isinstance(d, Sym) and len(d.terms) == 1 and d.terms[0][1] == 1 and len(d.terms[0][0]) == 1:
@@ -66,17 +74,27 @@ def _attr(v: Any, env: dict[str, int]) -> Any:
     return v
 
 
+_HALVES = {"ggml.swiglu": "swiglu", "ggml.geglu": "geglu"}  # ggml's GLU of one operand (its two halves)
+_COMMUTING = frozenset({"add", "mul"})
+_WRITES = frozenset({"set_rows", "ggml.cpy"})  # memory writes: kept though nothing in the graph reads them
+
+
 def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
-    """``g`` in the normal form (rules 2-4), its open sizes taken from ``env`` (rule 1)."""
+    """``g`` in the normal form (rules 2-5), its open sizes taken from ``env`` (rule 1)."""
     env = env or {}
     alias: dict[int, Node] = {}  # id of an original node -> its normal node
     written: dict[int, Node] = {}  # id of a normal cache input -> the normal write into it
-    made: list[tuple[Node, Node]] = []  # (original, normal) in g's order
-    users: dict[int, int] = {}
+    made: list[Node] = []
+    digest: dict[int, str] = {}  # id of a normal node -> a digest of what it computes, names aside
 
     for n in g.nodes:
         if n.op in VIEWS:
-            alias[id(n)] = alias[id(n.inputs[0])]
+            x = alias[id(n.inputs[0])]
+            if x.op == "argsort_top_k" and n.op == "view" and n.attrs["offset"] == 0:  # rule 5: the first k
+                k = _size(n.shape[0], env)
+                x = Node(x.name, x.op, x.inputs, {"k": k}, x.dtype, (k,) + x.shape[1:])
+                digest[id(x)] = _digest(x, digest)
+            alias[id(n)] = x
             continue
         operands = []
         for slot, x in enumerate(n.inputs):
@@ -85,21 +103,47 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
                 y = written.get(id(y), y)
             operands.append(y)
         shape = shape_of([_size(d, env) for d in n.shape])
+        op, attrs = n.op, {k: _attr(v, env) for k, v in n.attrs.items()}
         if n.op == "set_rows":
             shape = operands[0].shape
-        elif n.op == "input" and n.attrs["role"].endswith("idxs"):
-            shape = ()
-        attrs = {"role": n.attrs["role"]} if n.op == "input" else {k: _attr(v, env) for k, v in n.attrs.items()}
-        node = Node(n.name, n.op, tuple(operands), attrs, n.dtype, shape)
+        elif n.op == "input":
+            attrs = {"role": n.attrs["role"]}
+            if "idxs" in n.attrs["role"]:
+                shape = ()
+        elif n.op in _HALVES and len(operands) == 1:  # rule 5: a GLU of one operand's halves
+            op, attrs, operands = _HALVES[n.op], {}, operands * 2
+        elif n.op == "moe_sum":  # rule 5: graphir's sum of a token's expert slots is llama.cpp's chain of adds
+            alias[id(n)] = _chain_of_adds(operands[0], shape, made, digest)
+            continue
+        if op in _COMMUTING and len({x.shape for x in operands}) == 1:  # rule 5: a + b is b + a, bit for bit
+            operands.sort(key=lambda x: digest[id(x)])
+        node = Node(n.name, op, tuple(operands), attrs, n.dtype, shape)
+        digest[id(node)] = _digest(node, digest)
         if n.op == "set_rows":
             written[id(operands[0])] = node
         alias[id(n)] = node
-        made.append((n, node))
-        for x in operands:
-            users[id(x)] = users.get(id(x), 0) + 1
+        made.append(node)
     outputs = {role: alias[id(n)] for role, n in sorted(g.outputs.items())}
-    roots = list(outputs.values()) + [m for _, m in made if id(m) not in users and m.op not in ("input", "weight")]
+    roots = list(outputs.values()) + [m for m in made if m.op in _WRITES]
     return _renamed(g, roots, outputs)
+
+
+def _digest(n: Node, digest: dict[int, str]) -> str:
+    """What a normal node computes, from its op, attributes, type and operands' digests (leaves: their names)."""
+    parts = [n.op, repr(sorted(n.attrs.items())), n.type_str] + [digest[id(x)] for x in n.inputs]
+    if not n.inputs:
+        parts.append(n.name)
+    return hashlib.sha1("\x00".join(parts).encode()).hexdigest()
+
+
+def _chain_of_adds(x: Node, shape: tuple[int, ...], made: list[Node], digest: dict[int, str]) -> Node:
+    """x's slots (ne1) summed as ``add(add(slot 0, slot 1), slot 2)...``, the slots being views of x."""
+    out = x
+    for _ in range(1, x.shape[1] if len(x.shape) > 1 else 1):
+        out = Node(x.name + ".sum", "add", (out, x), {}, "f32", shape)
+        digest[id(out)] = _digest(out, digest)
+        made.append(out)
+    return out
 
 
 def _finish_order(roots: list[Node]) -> list[Node]:

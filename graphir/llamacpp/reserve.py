@@ -4,7 +4,7 @@ llama.cpp aborts the whole process on some metadata it cannot build (a failed GG
 apart from the caller, which reads either a JSON answer on stdout or the cause on stderr.
 
 REQUEST is a JSON object: ``path`` (a GGUF whose tensor data llama.cpp never reads: weights are not allocated),
-``n_ctx``, ``n_ubatch`` and ``graphs`` (a list of ``[n_tokens, n_seqs, n_outputs]``, one per graph wanted).
+``n_ctx``, ``n_ubatch``, ``embeddings`` (a pooling model's context outputs pooled embeddings) and ``graphs`` (a list of ``[n_tokens, n_seqs, n_outputs]``, one per graph wanted).
 The answer holds, per graph, every tensor the graph reaches (leaves before their users) as a record of ggml's
 own fields, and the library's list of architecture names (``archs``). Only the standard library and
 llama-cpp-python are imported here.
@@ -85,7 +85,9 @@ class Library:
 
 def _records(lib: Library, gf: int) -> list[list[Any]]:
     """Every tensor the graph reaches, leaves first where they are used: [name, op, desc, type, ne, nb,
-    op_params, sources (indices into this list), flags, view_offs]."""
+    op_params, sources (indices into this list), flags, view_offs, address]. Addresses only order tensors by
+    creation (a ggml context hands out memory in order): llama.cpp gives a sliding-window cache's inputs the
+    names of the other cache's, and creates them second."""
     index: dict[int, int] = {}
     out: list[list[Any]] = []
 
@@ -103,13 +105,12 @@ def _records(lib: Library, gf: int) -> list[list[Any]]:
                 continue
             index[q] = len(out)
             out.append([t.name.decode("utf-8", "replace"), lib.ggml_op_name(t.op).decode(),
-                        lib.ggml_op_desc(q).decode(), lib.ggml_type_name(t.type).decode(), list(t.ne), list(t.nb),
-                        list(t.op_params), [index[s] for s in srcs], t.flags, t.view_offs])
+                        lib.ggml_op_desc(q).decode(), lib.ggml_type_name(t.type).decode().lower(), list(t.ne), list(t.nb),
+                        list(t.op_params), [index[s] for s in srcs], t.flags, t.view_offs, q])
         return index[p]
 
-    nodes = [visit(lib.ggml_graph_node(gf, i)) for i in range(lib.ggml_graph_n_nodes(gf))]
-    for i in nodes:
-        out[i].append(True)  # a node of the graph (leaves and reached views outside it are not)
+    for i in range(lib.ggml_graph_n_nodes(gf)):
+        visit(lib.ggml_graph_node(gf, i))
     return out
 
 
@@ -144,6 +145,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     cp = L.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = request["n_ctx"], request["n_ubatch"], request["n_ubatch"]
     cp.n_seq_max, cp.flash_attn_type, cp.swa_full, cp.n_threads, cp.n_threads_batch = 1, _FLASH_ATTN_DISABLED, False, 1, 1
+    cp.embeddings = request["embeddings"]
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
         raise refused("llama.cpp could not create a context for the model")
