@@ -6,12 +6,14 @@ keeps ggml's name, lowercased, under ``ggml.`` (``ggml.cpy``). Weights keep thei
 named by their role as graphir names them (``inp_pos`` -> ``pos``, ``cache_k_l3`` -> ``blk.3.cache_k``); other
 names move their layer in front (``attn_norm-3`` -> ``blk.3.attn_norm``), ggml's own suffixes become dotted
 (``Kcur-0 (view)`` -> ``blk.0.Kcur.view``), a name used again gets its op appended, and an unnamed node is
-named by its op in the layer of its operands. Shapes are ggml's ``ne`` without trailing 1s, and the sizes
-are those llama.cpp reserved: the graph has no open dimensions.
+named by its op in the layer of its operands. Shapes are ggml's ``ne`` without trailing 1s (the recurrent
+scans' results as the one run of elements the catalogue says they are), and the sizes are those llama.cpp
+reserved: the graph has no open dimensions.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from typing import Any
@@ -47,6 +49,9 @@ _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id
          "ROPE": "rope", "SOFT_MAX": "soft_max", "RMS_NORM": "rms_norm", "NORM": "norm", "SCALE": "scale",
          "CLAMP": "clamp", "FILL": "fill", "SWIGLU_OAI": "swiglu_oai", "SSM_SCAN": "ssm_scan",
          "ARGSORT": "argsort_top_k", "TOP_K": "argsort_top_k"}
+# Ops whose result the catalogue lists as one run of elements (outputs, then final states) where ggml gives it
+# two dimensions: the same elements in the same order.
+_FLAT = frozenset({"ssm_scan", "ssm_scan_heads", "gated_delta_net"})
 _ROPE_MODES = {0: "norm", 2: "neox", 8: "mrope", 24: "vision", 40: "imrope"}
 _ROPE_FLOATS = ("freq_base", "freq_scale", "ext_factor", "attn_factor", "beta_fast", "beta_slow")
 
@@ -105,7 +110,7 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
         elem = nb[0] or 1
         shape = shape_of(ne)
         return kind, {"shape": shape, "strides": tuple(s // elem for s in nb[:len(shape)]), "offset": r[9] // elem}
-    if kind == "ssm_scan" and len(srcs[0].shape) == 4:
+    if kind == "ssm_scan" and srcs[3].shape[0] == 1:  # A holds one decay per head: Mamba-2's scan
         return "ssm_scan_heads", {}
     return kind, {}
 
@@ -188,8 +193,11 @@ def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any
         else:
             kind, attrs = _op(r, srcs)
             operands = _operands(kind, srcs)
+            shape = shape_of(r[4])
+            if kind in _FLAT:
+                shape = (math.prod(shape),)
             node = Node(names.take(_base_name(r[0], kind, operands), kind), kind, tuple(operands), attrs, r[3],
-                        shape_of(r[4]))
+                        shape)
             if r[8] & _FLAG_OUTPUT and r[0] in OUTPUT_ROLES:  # others are kept for llama.cpp's own readers
                 outputs[OUTPUT_ROLES[r[0]]] = node
         if id(node) not in emitted:

@@ -8,17 +8,22 @@ by a rule stated here (the README lists them with the differences that remain):
    ``kq_mask``, ``blk.N.cache_k``, ...); the ones no input decides take the sizes llama.cpp reserved.
 2. **Layout.** Views, reshapes, permutations, transposes and copies into contiguous memory (the ops the
    catalogue marks layout-only) move no value: each is replaced by its operand, and shapes lose trailing 1s.
+   A value of no element (llama.cpp's copies of states beyond the ubatch's, none with one sequence) is dropped.
 3. **Cache writes.** ggml orders a cache write before the cache's read by scheduling, graphir by data flow: a
    read of a cache input after a ``set_rows`` into it reads that write. A write has its cache's shape, and the
    write's row ids are compared by type only: without flash attention llama.cpp keeps values transposed, one
-   row per element, which only changes how many ids the same values take. Inputs are compared by role, type
+   row per element, which only changes how many ids the same values take. A recurrent state is written by
+   ggml as a copy into its cache's cells (``ggml.cpy``), by graphir as ``set_rows`` at ``rs_dst``: both are
+   ``set_rows(cache, state)``, the cells left to the memory. ggml's scans read their start states through ids
+   (a seventh operand); graphir gathers them first: both are ``get_rows(states, ids)`` read by the scan. Inputs are compared by role, type
    and shape (what graphir notes about a mask, such as its window, is graphir's own).
 4. **Names.** Each side names its nodes its own way, so names are made from structure alone: from the
    outputs (by role) and then every other node nothing uses, operands are visited in order, and each
    computing node is named ``<layer>.<op>.<k>`` (the k-th such op of its layer in that order; its layer is the
    highest of its operands'). Weights keep their GGUF names and inputs their role names. Two graphs that
    compute the same thing from the same weights and inputs in the same order get the same normal form.
-   A value only a memory write or an output needs is kept; one nothing needs is not compared.
+   A value only a memory write or an output needs is kept; one nothing needs is not compared. Outputs are
+   the values a caller reads (logits, embeddings); a memory write is compared as a write, not as an output.
 5. **Fused and unfused ops.** ggml's GLU of one operand (``ggml.swiglu(x)``: gate and up are x's halves) is
    the catalogue's GLU of the two halves (views, so rule 2 leaves ``swiglu(x, x)``); a view of the first k
    entries of ``argsort_top_k`` (ggml sorts all, then views k) is ``argsort_top_k`` with that k; graphir's
@@ -76,6 +81,7 @@ def _attr(v: Any, env: dict[str, int]) -> Any:
 
 _HALVES = {"ggml.swiglu": "swiglu", "ggml.geglu": "geglu"}  # ggml's GLU of one operand (its two halves)
 _COMMUTING = frozenset({"add", "mul"})
+_SCANS = frozenset({"ssm_scan", "ssm_scan_heads"})
 _WRITES = frozenset({"set_rows", "ggml.cpy"})  # memory writes: kept though nothing in the graph reads them
 
 
@@ -103,6 +109,7 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
                 y = written.get(id(y), y)
             operands.append(y)
         shape = shape_of([_size(d, env) for d in n.shape])
+        empty = 0 in shape
         op, attrs = n.op, {k: _attr(v, env) for k, v in n.attrs.items()}
         if n.op == "set_rows":
             shape = operands[0].shape
@@ -115,16 +122,27 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
         elif n.op == "moe_sum":  # rule 5: graphir's sum of a token's expert slots is llama.cpp's chain of adds
             alias[id(n)] = _chain_of_adds(operands[0], shape, made, digest)
             continue
+        elif n.op == "ggml.cpy" and operands[1].op == "input":  # rule 3: a state copied into its cache's cells
+            op, attrs, operands, shape = "set_rows", {}, [operands[1], operands[0]], operands[1].shape
+        elif n.op in _SCANS and len(operands) == 7:  # rule 3: a scan from the states at ids reads them first
+            s, ids = operands[0], operands[6]
+            start = Node(s.name + ".read", "get_rows", (s, ids), {}, s.dtype, shape_of([s.shape[0], ids.shape[0]]))
+            digest[id(start)] = _digest(start, digest)
+            operands = [start] + operands[1:6]
+        if op == "set_rows" and operands[0].attrs.get("role", "").startswith("rs_"):
+            operands = operands[:2]  # rule 3: which cells a state goes to is the memory's business
         if op in _COMMUTING and len({x.shape for x in operands}) == 1:  # rule 5: a + b is b + a, bit for bit
             operands.sort(key=lambda x: digest[id(x)])
         node = Node(n.name, op, tuple(operands), attrs, n.dtype, shape)
         digest[id(node)] = _digest(node, digest)
-        if n.op == "set_rows":
+        if op == "set_rows" and not empty:
             written[id(operands[0])] = node
         alias[id(n)] = node
-        made.append(node)
-    outputs = {role: alias[id(n)] for role, n in sorted(g.outputs.items())}
-    roots = list(outputs.values()) + [m for m in made if m.op in _WRITES]
+        if not empty:  # rule 2: a value of no element is nothing to compare
+            made.append(node)
+    outputs = {role: alias[id(n)] for role, n in sorted(g.outputs.items()) if alias[id(n)].op not in _WRITES}
+    writes = sorted((m for m in made if m.op in _WRITES), key=lambda m: (m.inputs[0].name, digest[id(m)]))
+    roots = list(outputs.values()) + writes
     return _renamed(g, roots, outputs)
 
 
