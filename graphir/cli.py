@@ -191,6 +191,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_archs(args: argparse.Namespace) -> int:
+    if args.census:
+        return _census()
     from gguf import Keys
 
     from graphir import arch as archs
@@ -205,6 +207,19 @@ def cmd_archs(args: argparse.Namespace) -> int:
         rows.append([name, p.arch, _n(int(n_layer), "layer") if n_layer is not None else "?"])
     lines += _table(rows)
     _emit("\n".join(lines) + "\n")
+    return 0
+
+
+def _census() -> int:
+    from graphir.llamacpp.census import census
+
+    entries = census()
+    rows = [[e.arch, "graphir" if e.graphir else "-", e.preset or "", e.verdict] for e in entries]
+    ours = [e for e in entries if e.graphir]
+    agree = sum(1 for e in ours if e.verdict.startswith("agrees"))
+    lines = [f"llama.cpp knows {_n(len(entries), 'architecture')}; graphir has {len(ours)}, and on {agree} of them "
+             f"builds the graph llama.cpp builds"]
+    _emit("\n".join(lines + _table(rows)) + "\n")
     return 0
 
 
@@ -609,7 +624,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("check", cmd_check, "compare the tensors a GGUF declares with those its architecture expects")
     p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file (full or header-only) or a preset")
 
-    add("archs", cmd_archs, "list the registered architectures and the presets")
+    p = add("archs", cmd_archs, "list the registered architectures and the presets")
+    p.add_argument("--census", action="store_true",
+                   help="list every architecture the installed llama.cpp knows, whether graphir has it, and whether "
+                        "graphir's graph of its first preset is llama.cpp's (needs llama-cpp-python)")
 
     p = add("info", cmd_info, "print architecture, hparams, tensor table and what a context's memory holds")
     p.add_argument("src", metavar="SRC", help=SRC_HELP)

@@ -1,9 +1,14 @@
-"""``graphir diff`` with a ``llama.cpp:`` source: the two graphs, in the normal form when only one is llama.cpp's."""
+"""graphir's graph of a model against llama.cpp's: the pair ``graphir diff`` compares, and whether they agree."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from graphir.graph.ir import Graph
 from graphir.llamacpp import strip_prefix
+
+if TYPE_CHECKING:
+    from graphir.model.meta import ModelMeta
 
 
 def diff_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[Graph, Graph]:
@@ -25,3 +30,25 @@ def diff_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[G
         ours = ours_obj.build_graph(theirs.meta["context"], phase or DEFAULT_PHASE)
     normal_ours, normal_theirs = compare_forms(ours, theirs)
     return (normal_theirs, normal_ours) if ours_src == b else (normal_ours, normal_theirs)
+
+
+def agreement(meta: ModelMeta) -> dict[str, str | None]:
+    """Per phase of the memory llama.cpp gives the model (prefill, and decode when graphir's memory of that kind
+    has one): None when graphir's graph and llama.cpp's have the same normal form, else the first difference."""
+    from graphir.graph.diff import diff_graphs
+    from graphir.llamacpp.model import graphs
+    from graphir.llamacpp.normalize import compare_forms
+    from graphir.memory.kinds import KINDS
+
+    theirs = graphs(meta, ("prefill", "decode"))
+    context = theirs[0].meta["context"]
+    phases = KINDS[context].phases if context in KINDS else ("prefill",)
+    out: dict[str, str | None] = {}
+    for g in theirs:
+        phase = g.meta["phase"]
+        if phase not in phases:
+            continue
+        a, b = compare_forms(meta.build_graph(context, phase), g)
+        d = diff_graphs(a, b, "graphir", "llama.cpp")
+        out[phase] = None if d.same else (d.first or "; ".join(d.summary[1:2]))
+    return out
