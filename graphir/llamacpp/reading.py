@@ -38,7 +38,7 @@ def require_library() -> None:
         raise GraphirError(INSTALL)
 
 
-def _write_header(meta: ModelMeta, path: str) -> None:
+def write_header(meta: ModelMeta, path: str) -> None:
     """A GGUF of ``meta``'s metadata and tensor table (as a converter would write them), with a tokenizer of no
     vocabulary when the metadata names none: llama.cpp then sizes the vocabulary by ``<arch>.vocab_size``."""
     import gguf
@@ -84,7 +84,7 @@ def _sparse_model(meta: ModelMeta, directory: str) -> tuple[str, str]:
         with open(meta.header.path, "rb") as src, open(path, "wb") as dst:
             dst.write(src.read(meta.header.header_end))
     else:
-        _write_header(meta, path)
+        write_header(meta, path)
     h = read_header(path)
     end = max([h.data_start] + [h.data_start + t.offset + t.n_bytes for t in h.tensors.values()])
     with open(path, "rb+") as f:

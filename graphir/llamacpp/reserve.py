@@ -13,6 +13,7 @@ llama-cpp-python are imported here.
 from __future__ import annotations
 
 import ctypes as C
+import functools
 import json
 import os
 import sys
@@ -48,15 +49,32 @@ def _symbol(lib: C.CDLL, *names: str) -> Any:
     raise Unusable(f"the installed llama.cpp lacks {names[0]} (llama-cpp-python 0.3.36 or newer has it)")
 
 
+def _bindings() -> Any:
+    """llama-cpp-python's ctypes bindings (``llama_cpp.llama_cpp``) without the package's ``__init__``, which
+    also loads its high-level API (numpy, jinja2): a quarter of a second of a reading that should take two."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise Unusable("llama-cpp-python is not installed")
+    if "llama_cpp" not in sys.modules:
+        package = types.ModuleType("llama_cpp")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["llama_cpp"] = package
+    import llama_cpp.llama_cpp
+
+    return llama_cpp.llama_cpp
+
+
 class Library:
     """The functions of libllama and libggml-base this reader calls, with their C signatures."""
 
     def __init__(self) -> None:
-        import llama_cpp
-
-        self.L = llama_cpp
-        llama = llama_cpp.llama_cpp._lib
-        base = C.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+        bindings = _bindings()
+        self.L = bindings
+        llama = bindings._lib
+        base = C.CDLL(os.path.join(bindings._base_path, "libggml-base.so"))  # beside the libllama it loaded
         self.reserve = _symbol(llama, "_Z19llama_graph_reserveP13llama_contextjjj", "llama_graph_reserve")
         self.reserve.restype, self.reserve.argtypes = C.c_void_p, [C.c_void_p, C.c_uint32, C.c_uint32, C.c_uint32]
         self.arch_name = _symbol(llama, "_Z13llm_arch_name8llm_arch")
@@ -69,8 +87,16 @@ class Library:
             f = _symbol(base, fn)
             f.restype, f.argtypes = res, args
             setattr(self, fn, f)
-        if not hasattr(llama_cpp.llama_model_params(), "no_alloc"):
+        if not hasattr(bindings.llama_model_params(), "no_alloc"):
             raise Unusable("the installed llama-cpp-python has no llama_model_params.no_alloc (0.3.36 or newer has it)")
+
+    @functools.cache
+    def op_name(self, op: int) -> str:
+        return str(self.ggml_op_name(op).decode())
+
+    @functools.cache
+    def type_name(self, t: int) -> str:
+        return str(self.ggml_type_name(t).decode().lower())
 
     def archs(self) -> list[str]:
         """Every architecture name the library knows, in its enum's order (up to its unknown marker)."""
@@ -104,9 +130,10 @@ def _records(lib: Library, gf: int) -> list[list[Any]]:
                 stack.extend((s, False) for s in reversed(srcs) if s not in index)
                 continue
             index[q] = len(out)
-            out.append([t.name.decode("utf-8", "replace"), lib.ggml_op_name(t.op).decode(),
-                        lib.ggml_op_desc(q).decode(), lib.ggml_type_name(t.type).decode().lower(), list(t.ne), list(t.nb),
-                        list(t.op_params), [index[s] for s in srcs], t.flags, t.view_offs, q])
+            op = lib.op_name(t.op)
+            out.append([t.name.decode("utf-8", "replace"), op,
+                        lib.ggml_op_desc(q).decode() if op in ("UNARY", "GLU") else op, lib.type_name(t.type),
+                        list(t.ne), list(t.nb), list(t.op_params), [index[s] for s in srcs], t.flags, t.view_offs, q])
         return index[p]
 
     for i in range(lib.ggml_graph_n_nodes(gf)):
