@@ -29,8 +29,7 @@ INPUT_ROLES = {"inp_tokens": "tokens", "self_kq_mask": "kq_mask", "self_kq_mask_
                "attn_inp_k_idxs_swa": "k_idxs_swa", "attn_inp_v_idxs_swa": "v_idxs_swa",
                "attn_inp_kq_mask_swa": "kq_mask_swa", "inp_s_copy": "rs_src", "inp_s_copy_main": "rs_src",
                "inp_s_copy_extra": "rs_extra",
-               "inp_pos_bucket": "pos_bucket", "attn_inp_kq_mask_cross": "kq_mask_cross",
-               "inp_cross_embd": "cross_embd"}
+               "pos_bucket_dec": "pos_bucket", "pos_bucket_enc": "pos_bucket", "cross_embd": "cross_embd"}
 CACHE_ROLES = {"k": "cache_k", "v": "cache_v", "r": "rs_r", "s": "rs_s"}
 OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd": "embd",
                 "result_embd_pooled": "pooled"}
@@ -204,4 +203,18 @@ def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any
             emitted.add(id(node))
             nodes.append(node)
         of_record.append(node)
+    _name_cross_mask(nodes)
     return Graph(meta, (), nodes, outputs)
+
+
+def _name_cross_mask(nodes: list[Node]) -> None:
+    """llama.cpp leaves the mask of attention over an encoder's output unnamed: it is the input a softmax uses
+    as its mask beside the encoder's output (``cross_embd``)."""
+    if not any(n.op == "input" and n.name == "cross_embd" for n in nodes):
+        return
+    for n in nodes:
+        if n.op == "soft_max" and len(n.inputs) > 1:
+            mask = n.inputs[1]
+            if mask.op == "input" and mask.name.startswith("leaf_"):
+                mask.name, mask.attrs = "cross_mask", {"role": "cross_mask"}
+                return

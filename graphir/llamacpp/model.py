@@ -14,10 +14,13 @@ if TYPE_CHECKING:
 
 
 def context_of(g: Graph) -> str:
-    """The memory llama.cpp gave the model, by graphir's name for it, read off the graph's inputs: caches of
-    keys and of recurrent states (hybrid), of states (recurrent), of keys with a second, sliding-window mask
+    """The memory llama.cpp gave the model, by graphir's name for it, read off the graph's inputs: an encoder's
+    output (cross: a decoder's self-attention cache and the encoder's keys), caches of keys and of recurrent
+    states (hybrid), of states (recurrent), of keys with a second, sliding-window mask
     (iswa), of keys alone (mla: values are read from the key cache), of keys and values (kv), or none."""
     roles = {n.attrs["role"] for n in g.inputs}
+    if "cross_embd" in roles:
+        return "cross"
     if "cache_k" in roles:
         if "rs_s" in roles:
             return "hybrid"

@@ -29,7 +29,8 @@ by a rule stated here (the README lists them with the differences that remain):
    entries of ``argsort_top_k`` (ggml sorts all, then views k) is ``argsort_top_k`` with that k; graphir's
    ``moe_sum`` of k expert slots is the chain of k - 1 adds of views ggml builds. Floating-point addition and
    multiplication commute exactly, so the operands of an ``add`` or ``mul`` of two same-shaped values are put
-   in one order (by what they compute).
+   in one order (by what they compute). A value computed again from the same operands (llama.cpp's T5
+   decoder gathers the shared relative-position bias in every layer, graphir once) is computed once.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
     written: dict[int, Node] = {}  # id of a normal cache input -> the normal write into it
     made: list[Node] = []
     digest: dict[int, str] = {}  # id of a normal node -> a digest of what it computes, names aside
+    computed: dict[str, Node] = {}  # digest -> the first normal node computing it
 
     for n in g.nodes:
         if n.op in VIEWS:
@@ -135,6 +137,10 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
             operands.sort(key=lambda x: digest[id(x)])
         node = Node(n.name, op, tuple(operands), attrs, n.dtype, shape)
         digest[id(node)] = _digest(node, digest)
+        if op not in _WRITES and op != "input" and digest[id(node)] in computed:  # rule 5: computed once
+            alias[id(n)] = computed[digest[id(node)]]
+            continue
+        computed.setdefault(digest[id(node)], node)
         if op == "set_rows" and not empty:
             written[id(operands[0])] = node
         alias[id(n)] = node

@@ -166,6 +166,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
     mp = L.llama_model_default_params()
     mp.no_alloc, mp.n_gpu_layers, mp.load_mode = True, 0, L.LLAMA_LOAD_MODE_NONE
+    mp.use_extra_bufts = False  # repacking buffer types (AMX, ...) change where weights live, not the graph
     model = L.llama_model_load_from_file(os.fsencode(request["path"]), mp)
     if not model:
         raise refused("llama.cpp could not create the model")
