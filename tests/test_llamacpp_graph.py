@@ -12,7 +12,6 @@ import ctypes
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -218,16 +217,15 @@ def test_llama_cpp_graph(graphir_snapshot):
 # ---- size and speed ---------------------------------------------------------------------------------------
 
 def test_the_405b_graph_is_read_in_2_s_without_weight_memory() -> None:
-    """The whole process (graphir, and llama.cpp's child) of `graphir dump llama.cpp:Llama-3.1-405B`: at most
-    2 s on the best of three runs (the machine is shared), and far below the 405B weights' 811 GB of memory."""
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        p = run("dump", "llama.cpp:Llama-3.1-405B")
-        best = min(best, time.perf_counter() - t)
-        assert p.returncode == 0, p.stderr
-    assert best <= 2.0
-    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 512 * 1024  # KiB: under 512 MB
+    """`graphir dump llama.cpp:Llama-3.1-405B` as a whole (graphir and llama.cpp's child process) takes at most
+    2 s of processor time, and far less memory than the 405B weights' 811 GB. Processor time, not wall time:
+    the machines that run the tests are shared (README: "llama.cpp's own graph" gives both)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = run("dump", "llama.cpp:Llama-3.1-405B")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert p.returncode == 0, p.stderr
+    assert after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime <= 2.0
+    assert after.ru_maxrss < 512 * 1024  # KiB: the largest process stays under 512 MB
 
 
 # ---- bad input ----------------------------------------------------------------------------------------------
