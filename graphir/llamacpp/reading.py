@@ -44,7 +44,7 @@ def write_header(meta: ModelMeta, path: str) -> None:
     import gguf
     import numpy as np
 
-    from graphir.files.gguf_file import TensorInfo
+    from graphir.files.convert import add_key
 
     arch = meta.arch_name
     md = dict(meta.metadata)
@@ -54,19 +54,8 @@ def write_header(meta: ModelMeta, path: str) -> None:
         md.setdefault(f"{arch}.vocab_size", embd.shape[1])
     w = gguf.GGUFWriter(path, arch)
     for key, value in md.items():
-        if key == gguf.Keys.General.ARCHITECTURE:
-            continue
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value) if 0 <= value < 2**32 else w.add_int64(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        else:
-            w.add_array(key, list(value))
-    t: TensorInfo
+        if key != gguf.Keys.General.ARCHITECTURE:
+            add_key(w, key, value)
     for t in meta.tensors.values():
         w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.n_bytes, raw_dtype=t.dtype)
     w.write_header_to_file()
