@@ -29,7 +29,9 @@ by a rule stated here (the README lists them with the differences that remain):
    entries of ``argsort_top_k`` (ggml sorts all, then views k) is ``argsort_top_k`` with that k; graphir's
    ``moe_sum`` of k expert slots is the chain of k - 1 adds of views ggml builds. Floating-point addition and
    multiplication commute exactly, so the operands of an ``add`` or ``mul`` of two same-shaped values are put
-   in one order (by what they compute). A value computed again from the same operands (llama.cpp's T5
+   in one order (by what they compute). The rows ``ids`` picks from a plus those it picks from b are the rows
+   it picks from a + b (llama.cpp's T5 decoder picks its output rows before its last residual add, graphir
+   after). A value computed again from the same operands (llama.cpp's T5
    decoder gathers the shared relative-position bias in every layer, graphir once) is computed once.
 """
 
@@ -39,6 +41,7 @@ import hashlib
 from typing import Any
 
 from graphir.graph.dims import Dim, Sym
+from graphir.graph.forms import node_line
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import VIEWS
 from graphir.llamacpp.convert import shape_of
@@ -133,8 +136,13 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
             operands = [start] + operands[1:6]
         if op == "set_rows" and operands[0].attrs.get("role", "").startswith("rs_"):
             operands = operands[:2]  # rule 3: which cells a state goes to is the memory's business
+        picked = _rows_of_a_sum(op, operands)
+        if picked is not None:  # rule 5: get_rows(a, ids) + get_rows(b, ids) is get_rows(a + b, ids)
+            a, b, ids = picked
+            total = _made(Node(n.name + ".sum", "add", _ordered([a, b], digest), {}, n.dtype, a.shape), digest, made)
+            op, operands = "get_rows", [total, ids]
         if op in _COMMUTING and len({x.shape for x in operands}) == 1:  # rule 5: a + b is b + a, bit for bit
-            operands.sort(key=lambda x: digest[id(x)])
+            operands = _ordered(operands, digest)
         node = Node(n.name, op, tuple(operands), attrs, n.dtype, shape)
         digest[id(node)] = _digest(node, digest)
         if op not in _WRITES and op != "input" and digest[id(node)] in computed:  # rule 5: computed once
@@ -152,9 +160,29 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
     return _renamed(g, roots, outputs)
 
 
+def _rows_of_a_sum(op: str, operands: list[Node]) -> tuple[Node, Node, Node] | None:
+    """(a, b, ids) when ``op`` adds the rows ``ids`` picks from a and from b (same-shaped a and b), else None."""
+    if op != "add" or not all(x.op == "get_rows" for x in operands):
+        return None
+    (a, ids), (b, other) = (x.inputs for x in operands)
+    return (a, b, ids) if ids is other and a.shape == b.shape else None
+
+
+def _ordered(operands: list[Node], digest: dict[int, str]) -> list[Node]:
+    return sorted(operands, key=lambda x: digest[id(x)])
+
+
+def _made(node: Node, digest: dict[int, str], made: list[Node]) -> Node:
+    digest[id(node)] = _digest(node, digest)
+    made.append(node)
+    return node
+
+
 def _digest(n: Node, digest: dict[int, str]) -> str:
-    """What a normal node computes, from its op, attributes, type and operands' digests (leaves: their names)."""
-    parts = [n.op, repr(sorted(n.attrs.items())), n.type_str] + [digest[id(x)] for x in n.inputs]
+    """What a normal node computes, from its op, attributes (as printed: a float32 eps read from a GGUF and one
+    read from ggml are the same number), type and operands' digests (leaves: their names)."""
+    signature = node_line(Node("", n.op, (), n.attrs, n.dtype, n.shape))  # op, attributes and type, as printed
+    parts = [signature] + [digest[id(x)] for x in n.inputs]
     if not n.inputs:
         parts.append(n.name)
     return hashlib.sha1("\x00".join(parts).encode()).hexdigest()
@@ -164,9 +192,7 @@ def _chain_of_adds(x: Node, shape: tuple[int, ...], made: list[Node], digest: di
     """x's slots (ne1) summed as ``add(add(slot 0, slot 1), slot 2)...``, the slots being views of x."""
     out = x
     for _ in range(1, x.shape[1] if len(x.shape) > 1 else 1):
-        out = Node(x.name + ".sum", "add", (out, x), {}, "f32", shape)
-        digest[id(out)] = _digest(out, digest)
-        made.append(out)
+        out = _made(Node(x.name + ".sum", "add", (out, x), {}, "f32", shape), digest, made)
     return out
 
 
