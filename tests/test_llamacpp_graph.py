@@ -63,6 +63,30 @@ def test_graphir_builds_the_graph_llama_cpp_builds(preset: str, headers: dict[st
     assert verdict(headers[preset]) == "agrees"
 
 
+def tiny_models() -> dict[str, Any]:
+    """The tiny models the execution tests run, one or more per family (graphir's and llama.cpp's memory kinds
+    and layer mixes: sliding windows, hybrid layers, MLA, experts, LongRoPE, T5's encoder and decoder)."""
+    from conftest import make_tiny_preset
+    from test_arch_gpt2_phi3 import MODELS
+    from test_arch_t5 import PRESETS as T5
+
+    from graphir import arch
+
+    own = {a: make_tiny_preset(a) for a in arch.names() if a not in ("gpt2", "phi3", "t5", "t5encoder")}
+    return {**own, **MODELS, **T5}
+
+
+TINY = tiny_models()
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_graphir_builds_the_graph_llama_cpp_builds_of_each_tiny_model(name: str, tmp_path: Path) -> None:
+    header = tmp_path / "tiny.gguf"
+    reading.write_header(from_preset(name, TINY[name]), str(header))
+    expected = REMAINING["Qwen3.5-0.8B"] if name == "qwen35" else "agrees"  # the same four positions per token
+    assert verdict(header) == expected
+
+
 @pytest.mark.parametrize("preset", sorted(REMAINING))
 def test_each_remaining_difference_is_the_documented_one(preset: str, headers: dict[str, Path]) -> None:
     assert verdict(headers[preset]) == REMAINING[preset]
@@ -255,6 +279,15 @@ def test_metadata_llama_cpp_aborts_on_is_one_line(tmp_path: Path) -> None:
 def test_a_file_llama_cpp_refuses_is_one_line(tmp_path: Path) -> None:
     h = write(tmp_path / "rot.gguf", "llama", {"llama.rope.dimension_count": 7})
     assert one_line_error(run("dump", f"llama.cpp:{h}")).endswith("invalid n_rot: 7, expected 64")
+
+
+def test_metadata_llama_cpp_crashes_on_is_one_line(tmp_path: Path) -> None:
+    """A Phi-3 without its LongRoPE factors and fused attention weights: llama.cpp dereferences a missing tensor."""
+    from conftest import make_tiny_preset
+
+    h = tmp_path / "phi3.gguf"
+    reading.write_header(from_preset("phi3", make_tiny_preset("phi3")), str(h))
+    assert one_line_error(run("dump", f"llama.cpp:{h}")).endswith("llama.cpp: crashed (SIGSEGV)")
 
 
 def test_a_saved_graph_is_no_llama_cpp_source(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from graphir.graph.ir import Graph
 from graphir.llamacpp import strip_prefix
+from graphir.llamacpp.reading import N_CTX
 
 if TYPE_CHECKING:
     from graphir.model.meta import ModelMeta
@@ -14,7 +15,8 @@ if TYPE_CHECKING:
 def diff_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[Graph, Graph]:
     """The graphs of A and B for ``graphir diff``: graphir's graph of a model (or a saved graph) against
     llama.cpp's, both in the normal form (:mod:`graphir.llamacpp.normalize`), the model's built for the memory
-    llama.cpp gave it; two llama.cpp graphs as they are."""
+    llama.cpp gave it and its context's cells (Phi-3's LongRoPE picks its factors by them); two llama.cpp
+    graphs as they are."""
     from graphir.llamacpp.normalize import compare_forms
     from graphir.source import DEFAULT_PHASE, load_graph, open_source
 
@@ -27,7 +29,7 @@ def diff_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[G
         theirs = load_graph(theirs_src, context, phase or ours.meta.get("phase"))
     else:
         theirs = load_graph(theirs_src, context, phase)
-        ours = ours_obj.build_graph(theirs.meta["context"], phase or DEFAULT_PHASE)
+        ours = ours_obj.build_graph(theirs.meta["context"], phase or DEFAULT_PHASE, n_ctx_seq=N_CTX)
     normal_ours, normal_theirs = compare_forms(ours, theirs)
     return (normal_theirs, normal_ours) if ours_src == b else (normal_ours, normal_theirs)
 
@@ -48,7 +50,7 @@ def agreement(meta: ModelMeta) -> dict[str, str | None]:
         phase = g.meta["phase"]
         if phase not in phases:
             continue
-        a, b = compare_forms(meta.build_graph(context, phase), g)
+        a, b = compare_forms(meta.build_graph(context, phase, n_ctx_seq=N_CTX), g)
         d = diff_graphs(a, b, "graphir", "llama.cpp")
         out[phase] = None if d.same else (d.first or "; ".join(d.summary[1:2]))
     return out

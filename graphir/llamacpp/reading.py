@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -100,6 +101,8 @@ def _run(request: dict[str, Any], label: str) -> dict[str, Any]:
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
     p = subprocess.run([sys.executable, "-m", "graphir.llamacpp.reserve", json.dumps(request)],
                        capture_output=True, env=env, text=True)
+    if p.returncode < 0 and not p.stderr.strip():  # killed by a signal before a word: a crash of llama.cpp
+        raise GraphirError(f"{label}: llama.cpp: crashed ({signal.Signals(-p.returncode).name})")
     if p.returncode != 0:
         raise GraphirError(f"{label}: llama.cpp: {_cause(p.stderr)}")
     return json.loads(p.stdout)
