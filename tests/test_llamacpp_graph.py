@@ -64,16 +64,22 @@ def test_graphir_builds_the_graph_llama_cpp_builds(preset: str, headers: dict[st
 
 
 def tiny_models() -> dict[str, Any]:
-    """The tiny models the execution tests run, one or more per family (graphir's and llama.cpp's memory kinds
-    and layer mixes: sliding windows, hybrid layers, MLA, experts, LongRoPE, T5's encoder and decoder)."""
+    """The tiny models the execution tests run: each family's default, and the variants the family tests make
+    (sliding-window patterns and none, MLA and DeepSeek's legacy form, experts with and without gates, LongRoPE,
+    T5's encoder and decoder), by the family tests' names."""
+    import importlib
+
     from conftest import make_tiny_preset
-    from test_arch_gpt2_phi3 import MODELS
-    from test_arch_t5 import PRESETS as T5
 
     from graphir import arch
 
-    own = {a: make_tiny_preset(a) for a in arch.names() if a not in ("gpt2", "phi3", "t5", "t5encoder")}
-    return {**own, **MODELS, **T5}
+    models = {a: make_tiny_preset(a) for a in arch.names() if a not in ("gpt2", "phi3", "t5", "t5encoder")}
+    for module in ("test_arch_gpt2_phi3", "test_arch_t5", "test_arch_gemma", "test_arch_deepseek2",
+                   "test_arch_gpt_oss", "test_arch_moe"):
+        family = importlib.import_module(module)
+        models.update({f"{module[len('test_arch_'):]}-{name}": p
+                       for name, p in getattr(family, "MODELS", getattr(family, "PRESETS", {})).items()})
+    return models
 
 
 TINY = tiny_models()

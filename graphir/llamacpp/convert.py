@@ -2,7 +2,8 @@
 
 Each ggml op becomes the catalogue's op of the same meaning (``ROPE`` -> ``rope``, a ``GLU`` of kind ``SWIGLU``
 -> ``swiglu``, ...) with its op parameters decoded into the catalogue's attributes; an op the catalogue lacks
-keeps ggml's name, lowercased, under ``ggml.`` (``ggml.cpy``). Weights keep their GGUF names; inputs are
+keeps ggml's name, lowercased, under ``ggml.`` with its raw parameters (``ggml.cpy``; also a ``ROPE`` that
+starts at an offset into the head, ``ggml.rope``, which the catalogue's rope does not). Weights keep their GGUF names; inputs are
 named by their role as graphir names them (``inp_pos`` -> ``pos``, ``cache_k_l3`` -> ``blk.3.cache_k``); other
 names move their layer in front (``attn_norm-3`` -> ``blk.3.attn_norm``), ggml's own suffixes become dotted
 (``Kcur-0 (view)`` -> ``blk.0.Kcur.view``), a name used again gets its op appended, and an unnamed node is
@@ -62,6 +63,13 @@ def _f32(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<i", bits))[0]
 
 
+def rope_attrs(p: list[int]) -> dict[str, Any]:
+    """The catalogue's RoPE attributes in ggml's op parameters (a rope_multi's sections aside)."""
+    attrs: dict[str, Any] = {"n_dims": p[1], "mode": _ROPE_MODES.get(p[2], str(p[2])), "n_ctx_orig": p[4]}
+    attrs.update({k: _f32(v) for k, v in zip(_ROPE_FLOATS, p[5:11])})
+    return attrs
+
+
 def shape_of(ne: list[int]) -> tuple[int, ...]:
     """ggml's four sizes without the trailing 1s (a scalar keeps one)."""
     n = len(ne)
@@ -74,7 +82,7 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
     """The catalogue's op and attributes for one ggml node (``ggml.<op>`` with its raw parameters if none)."""
     name, op, desc, _, ne, nb, p = r[:7]
     kind = _SAME.get(desc if op in ("UNARY", "GLU") else op)
-    if kind is None or op == "GLU" and len(srcs) != 2 or op == "SCALE" and p[1] != 0:
+    if kind is None or op == "GLU" and len(srcs) != 2 or op == "SCALE" and p[1] != 0 or op == "ROPE" and p[15]:
         n = len(p)
         while n and p[n - 1] == 0:
             n -= 1
@@ -96,11 +104,9 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
     if kind == "argsort_top_k":
         return kind, {"k": ne[0]}
     if kind == "rope":
-        attrs: dict[str, Any] = {"n_dims": p[1], "mode": _ROPE_MODES.get(p[2], str(p[2])), "n_ctx_orig": p[4]}
-        attrs.update({k: _f32(v) for k, v in zip(_ROPE_FLOATS, p[5:11])})
         if p[2] & 8:
-            return "rope_multi", {**attrs, "sections": tuple(p[11:15])}
-        return kind, attrs
+            return "rope_multi", {**rope_attrs(p), "sections": tuple(p[11:15])}
+        return kind, rope_attrs(p)
     if kind in ("reshape", "repeat"):
         return kind, {"shape": shape_of(ne)}
     if kind == "permute":

@@ -26,7 +26,9 @@ by a rule stated here (the README lists them with the differences that remain):
    the values a caller reads (logits, embeddings); a memory write is compared as a write, not as an output.
 5. **Fused and unfused ops.** ggml's GLU of one operand (``ggml.swiglu(x)``: gate and up are x's halves) is
    the catalogue's GLU of the two halves (views, so rule 2 leaves ``swiglu(x, x)``); a view of the first k
-   entries of ``argsort_top_k`` (ggml sorts all, then views k) is ``argsort_top_k`` with that k; graphir's
+   entries of ``argsort_top_k`` (ggml sorts all, then views k) is ``argsort_top_k`` with that k; ggml's rope of
+   a head's dims from an offset to its end (``ggml.rope``) is the head's first dims joined with the rope of the
+   others (``concat``, as graphir builds it); graphir's
    ``moe_sum`` of k expert slots is the chain of k - 1 adds of views ggml builds. Floating-point addition and
    multiplication commute exactly, so the operands of an ``add`` or ``mul`` of two same-shaped values are put
    in one order (by what they compute). The rows ``ids`` picks from a plus those it picks from b are the rows
@@ -44,7 +46,7 @@ from graphir.graph.dims import Dim, Sym
 from graphir.graph.forms import node_line
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import VIEWS
-from graphir.llamacpp.convert import shape_of
+from graphir.llamacpp.convert import rope_attrs, shape_of
 
 
 def bind_sizes(ours: Graph, theirs: Graph) -> dict[str, int]:
@@ -116,6 +118,8 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
         shape = shape_of([_size(d, env) for d in n.shape])
         empty = 0 in shape
         op, attrs = n.op, {k: _attr(v, env) for k, v in n.attrs.items()}
+        if "shape" in attrs:  # repeat's target: a shape like any other (rule 2)
+            attrs["shape"] = shape_of(list(attrs["shape"]))
         if n.op == "set_rows":
             shape = operands[0].shape
         elif n.op == "input":
@@ -124,6 +128,11 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
                 shape = ()
         elif n.op in _HALVES and len(operands) == 1:  # rule 5: a GLU of one operand's halves
             op, attrs, operands = _HALVES[n.op], {}, operands * 2
+        elif n.op == "ggml.rope" and _rope_at_the_end(n, shape):  # rule 5: a rope of a head's last dims
+            attrs = rope_attrs(list(n.attrs["params"]) + [0] * 16)
+            part = (attrs["n_dims"],) + shape[1:]
+            rope = _made(Node(n.name + ".part", "rope", tuple(operands), attrs, n.dtype, part), digest, made)
+            op, attrs, operands = "concat", {"dim": 0}, [operands[0], rope]
         elif n.op == "moe_sum":  # rule 5: graphir's sum of a token's expert slots is llama.cpp's chain of adds
             alias[id(n)] = _chain_of_adds(operands[0], shape, made, digest)
             continue
@@ -158,6 +167,13 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
     writes = sorted((m for m in made if m.op in _WRITES), key=lambda m: (m.inputs[0].name, digest[id(m)]))
     roots = list(outputs.values()) + writes
     return _renamed(g, roots, outputs)
+
+
+def _rope_at_the_end(n: Node, shape: tuple[int, ...]) -> bool:
+    """Whether ``n`` is ggml's rope of the dims from an offset to the end of each head (DeepSeek's legacy form
+    ropes a query's last dims in place)."""
+    p = list(n.attrs["params"]) + [0] * 16
+    return bool(p[15]) and p[15] + p[1] == shape[0]
 
 
 def _rows_of_a_sum(op: str, operands: list[Node]) -> tuple[Node, Node, Node] | None:
