@@ -3,8 +3,8 @@
 Each ggml op becomes the catalogue's op of the same meaning (``ROPE`` -> ``rope``, a ``GLU`` of kind ``SWIGLU``
 -> ``swiglu``, ...) with its op parameters decoded into the catalogue's attributes; an op the catalogue lacks
 keeps ggml's name, lowercased, under ``ggml.`` with its raw parameters (``ggml.cpy``; also a ``ROPE`` that
-starts at an offset into the head, ``ggml.rope``, which the catalogue's rope does not). Weights keep their GGUF names; inputs are
-named by their role as graphir names them (``inp_pos`` -> ``pos``, ``cache_k_l3`` -> ``blk.3.cache_k``); other
+starts at an offset into the head, ``ggml.rope``, which the catalogue's rope does not). Weights keep their GGUF
+names; inputs are named by their role as graphir names them (``inp_pos`` -> ``pos``, ``cache_k_l3`` -> ``blk.3.cache_k``); other
 names move their layer in front (``attn_norm-3`` -> ``blk.3.attn_norm``), ggml's own suffixes become dotted
 (``Kcur-0 (view)`` -> ``blk.0.Kcur.view``), a name used again gets its op appended, and an unnamed node is
 named by its op in the layer of its operands. Shapes are ggml's ``ne`` without trailing 1s (the recurrent
@@ -14,6 +14,7 @@ reserved: the graph has no open dimensions.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import struct
@@ -23,13 +24,11 @@ from graphir.graph.ir import Graph, Node
 
 _FLAG_INPUT, _FLAG_OUTPUT = 1, 2
 
-# Inputs llama.cpp names after its graph inputs, by the name graphir gives the same role.
-INPUT_ROLES = {"inp_tokens": "tokens", "self_kq_mask": "kq_mask", "self_kq_mask_swa": "kq_mask_swa",
-               "rs_s_copy": "rs_src", "out_ids": "out_ids", "mean": "inp_mean", "cls": "inp_cls", "inp_embd": "embd", "inp_pos": "pos", "inp_out_ids": "out_ids",
+# The names llama.cpp gives its graph inputs (llama-graph.cpp), by the role graphir gives the same input. A
+# sliding-window cache's inputs have the other cache's names; they are told apart by creation (_second_inputs).
+INPUT_ROLES = {"inp_tokens": "tokens", "inp_embd": "embd", "inp_pos": "pos", "out_ids": "out_ids",
                "attn_inp_k_idxs": "k_idxs", "attn_inp_v_idxs": "v_idxs", "attn_inp_kq_mask": "kq_mask",
-               "attn_inp_k_idxs_swa": "k_idxs_swa", "attn_inp_v_idxs_swa": "v_idxs_swa",
-               "attn_inp_kq_mask_swa": "kq_mask_swa", "inp_s_copy": "rs_src", "inp_s_copy_main": "rs_src",
-               "inp_s_copy_extra": "rs_extra",
+               "self_kq_mask": "kq_mask", "rs_s_copy": "rs_src", "mean": "inp_mean", "cls": "inp_cls",
                "pos_bucket_dec": "pos_bucket", "pos_bucket_enc": "pos_bucket", "cross_embd": "cross_embd"}
 CACHE_ROLES = {"k": "cache_k", "v": "cache_v", "r": "rs_r", "s": "rs_s"}
 OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd": "embd",
@@ -135,12 +134,10 @@ class _Names:
         self.weights: dict[str, Node] = {}  # llama.cpp loads a tied matrix twice under one name: one node
 
     def take(self, base: str, op: str) -> str:
-        name = base
-        if name in self.used:
-            name = f"{base}.{op.replace('ggml.', '')}"
-        k = 1
-        while name in self.used:
-            name, k = f"{base}.{op.replace('ggml.', '')}{k}", k + 1
+        """``base``, else ``base.<op>``, else ``base.<op>1``, ``base.<op>2``, ...: the first one still free."""
+        tail = op.removeprefix("ggml.")
+        tries = itertools.chain((base, f"{base}.{tail}"), (f"{base}.{tail}{k}" for k in itertools.count(1)))
+        name = next(t for t in tries if t not in self.used)
         self.used.add(name)
         return name
 
@@ -169,15 +166,13 @@ def _leaf(r: Record, weights: frozenset[str], names: _Names, second: set[int]) -
 
 def _base_name(name: str, op: str, srcs: list[Node]) -> str:
     """A node's graphir name before de-duplication."""
-    cache, scoped = _CACHE.match(name), _SCOPED.match(name)
-    if cache or scoped:
-        m = cache or scoped
-        assert m is not None
-        stem = CACHE_ROLES[m.group(1)] if cache else m.group(1)
+    m = _CACHE.match(name) or _SCOPED.match(name)
+    if m:
+        stem = CACHE_ROLES[m.group(1)] if m.re is _CACHE else m.group(1)
         return f"blk.{m.group(2)}.{stem}" + "".join("." + s for s in _SUFFIX.findall(m.group(3)))
-    if not name or re.fullmatch(r"node_\d+", name) or name.startswith("leaf_"):
+    if not name or re.fullmatch(r"(node|leaf)_\d+", name):  # ggml's names for the unnamed
         layers = [x.layer for x in srcs if x.layer is not None]
-        kind = op.replace("ggml.", "")
+        kind = op.removeprefix("ggml.")
         return f"blk.{max(layers)}.{kind}" if layers else kind
     plain = _SUFFIX.sub(lambda s: "." + s.group(1), name)
     return re.sub(r"\s+", "_", plain)

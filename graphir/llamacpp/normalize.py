@@ -50,26 +50,25 @@ from graphir.llamacpp.convert import rope_attrs, shape_of
 
 
 def bind_sizes(ours: Graph, theirs: Graph) -> dict[str, int]:
-    """Each of ``ours``'s open sizes, as ``theirs`` (llama.cpp's graph) has it (rule 1)."""
+    """Each of ``ours``'s open sizes, as ``theirs`` (llama.cpp's graph) has it (rule 1): read off the inputs both
+    name alike (not the row ids, whose count depends on the value cache's layout); the sizes no input decides
+    are those llama.cpp reserved (one sequence, a full cache: n_kv is n_ctx)."""
     hp = theirs.meta.get("hparams", {})
-    env = {"n_tokens": hp.get("n_tokens", 1), "n_outputs": hp.get("n_outputs", 1), "n_ctx": hp.get("n_ctx", 1),
-           "n_seqs": 1, "n_seq_tokens": hp.get("n_tokens", 1), "n_rs": 1}
-    env["n_kv"] = env["n_ctx"]
-    bound: set[str] = set()
+    n_tokens, n_ctx = hp.get("n_tokens", 1), hp.get("n_ctx", 1)
+    env = {"n_tokens": n_tokens, "n_outputs": hp.get("n_outputs", 1), "n_ctx": n_ctx, "n_kv": n_ctx,
+           "n_seqs": 1, "n_seq_tokens": n_tokens, "n_rs": 1}
     by_name = {n.name: n for n in theirs.inputs}
+    bound: set[str] = set()
     for n in ours.inputs:
         other = by_name.get(n.name)
         if other is None or "idxs" in n.attrs["role"]:
             continue
         for d, v in zip(n.shape, other.shape):
-            if isinstance(d, Sym) and len(d.terms) == 1 and d.terms[0][1] == 1 and len(d.terms[0][0]) == 1:
-                name = d.terms[0][0][0]
-                if name not in bound:
-                    env[name] = v
-                    bound.add(name)
-    env.setdefault("n_kv_swa", env.get("n_ctx_swa", env["n_ctx"]))
-    if "n_ctx_swa" in env and "n_kv_swa" not in bound:
-        env["n_kv_swa"] = env["n_ctx_swa"]
+            name = str(d)
+            if isinstance(d, Sym) and d == Sym.named(name) and name not in bound:  # a size that is one symbol
+                env[name] = v
+                bound.add(name)
+    env.setdefault("n_kv_swa", env.get("n_ctx_swa", n_ctx))
     return env
 
 
