@@ -70,10 +70,15 @@ def _read_saved(src: str, kind: str) -> Graph:
 
 def open_source(src: str | os.PathLike[str]) -> Union[ModelMeta, Graph]:
     """A :class:`ModelMeta` for a GGUF path, Hugging Face model directory or config.json, or preset name, or the
-    :class:`Graph` a saved graph file holds."""
+    :class:`Graph` a saved graph file holds, or the one llama.cpp builds (``llama.cpp:SRC``)."""
     from graphir.files import hf_config
     from graphir.model.meta import open_model as _open_model
 
+    llama = open_llamacpp(src)
+    if llama is not None:  # llama.cpp's graph is a graph, as a saved one is: of its default phase
+        from graphir.llamacpp.model import graphs
+
+        return graphs(llama, (DEFAULT_PHASE,))[0]
     src = os.fsdecode(os.fspath(src))
     if not src:
         raise GraphirError("empty source: give a GGUF file, a Hugging Face model directory or config.json, a preset "
@@ -88,12 +93,17 @@ def open_source(src: str | os.PathLike[str]) -> Union[ModelMeta, Graph]:
 
 
 def open_model(src: str | os.PathLike[str], what: str = "this command") -> ModelMeta:
-    """Like :func:`open_source`, but a saved graph is an error: it has no tensor table or metadata."""
-    m = open_source(src)
+    """Like :func:`open_source`, but a graph (saved, or llama.cpp's) is an error: it has no tensor table or
+    metadata."""
+    from graphir.llamacpp import strip_prefix
     from graphir.model.meta import ModelMeta
 
+    label = os.fsdecode(os.fspath(src))
+    if strip_prefix(label) is not None:
+        raise GraphirError(f"{label}: is llama.cpp's graph; {what} needs a GGUF file or a preset")
+    m = open_source(src)
     if not isinstance(m, ModelMeta):
-        raise GraphirError(f"{os.fsdecode(os.fspath(src))}: is a saved graph; {what} needs a GGUF file or a preset")
+        raise GraphirError(f"{label}: is a saved graph; {what} needs a GGUF file or a preset")
     return m
 
 

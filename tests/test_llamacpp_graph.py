@@ -316,6 +316,14 @@ def test_a_llama_cpp_without_the_symbols_is_named() -> None:
         reserve._symbol(ctypes.CDLL(None), "llama_graph_reserve")
 
 
+def test_commands_that_need_a_model_say_llama_cpp_s_graph_is_none() -> None:
+    assert one_line_error(run("check", "llama.cpp:SmolLM2-135M")).endswith(
+        "llama.cpp:SmolLM2-135M: is llama.cpp's graph; check needs a GGUF file or a preset")
+    p = run("info", "llama.cpp:SmolLM2-135M")
+    assert p.returncode == 0 and p.stdout.splitlines()[:2] == ["source   llama.cpp:SmolLM2-135M (graph)",
+                                                               "graph    context kv, phase prefill"]
+
+
 def test_context_and_phase_are_checked() -> None:
     with pytest.raises(GraphirError, match=r"own memory \(kv\), not 'none'"):
         graphs(open_model("SmolLM2-135M"), ("prefill",), "none")
