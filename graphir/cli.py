@@ -584,7 +584,8 @@ def _isa_option(p: argparse.ArgumentParser) -> None:
 
 
 SRC_HELP = ("a GGUF file (full or header-only), a Hugging Face model directory or its config.json (as "
-            "convert_hf_to_gguf would convert it), a preset name (see `graphir archs`) or a saved graph (text or JSON)")
+            "convert_hf_to_gguf would convert it), a preset name (see `graphir archs`) or a saved graph (text or JSON); "
+            "llama.cpp:SRC is the graph llama.cpp itself builds for SRC (needs llama-cpp-python)")
 
 
 def build_parser() -> argparse.ArgumentParser:
