@@ -98,6 +98,28 @@ def test_each_remaining_difference_is_the_documented_one(preset: str, headers: d
     assert verdict(headers[preset]) == REMAINING[preset]
 
 
+def test_the_census_lists_every_architecture_llama_cpp_knows(capsys: pytest.CaptureFixture[str]) -> None:
+    """Read from the library, not a list of graphir's; graphir's families with their agreement (the presets'
+    headers were read above, so llama.cpp answers from the session's cache)."""
+    from graphir import arch
+    from graphir.cli import main
+
+    known = reading.known_archs()
+    assert len(known) == len(set(known)) > 100 and {"llama", "clip", "mamba", "t5"} <= set(known)
+    assert main(["archs", "--census"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"llama.cpp knows {len(known)} architectures; graphir has 20, and on 17 of them builds the "
+                        f"graph llama.cpp builds")
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in lines[1:]}
+    assert list(rows) == known
+    assert {a for a, row in rows.items() if row.startswith("graphir")} == set(arch.names())
+    assert rows["llama"].split() == ["graphir", "SmolLM2-135M", "agrees", "(prefill,", "decode)"]
+    assert rows["bert"].split() == ["graphir", "BERT-base", "agrees", "(prefill)"]
+    assert rows["qwen35"].endswith("differs in prefill: pos: type i32[512] -> i32[2048]")
+    assert rows["nomic-bert"].endswith("no preset to generate a header from")
+    assert rows["falcon"] == "-"
+
+
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "graphir", *args], capture_output=True, text=True)
 
