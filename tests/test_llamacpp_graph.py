@@ -131,6 +131,13 @@ def test_graphir_diff_of_a_header_and_its_llama_cpp_graph_exits_0(phase: str, he
     assert (p.returncode, p.stderr) == (0, "") and p.stdout.startswith("graphs are identical")
 
 
+def test_either_side_may_be_llama_cpp_s_and_the_other_a_saved_graphir_graph() -> None:
+    golden = SNAPSHOT_DIR / "test_graphs" / "test_graph[Gemma-3-1B-iswa-decode].graph.txt"
+    for args in (("llama.cpp:Gemma-3-1B", "Gemma-3-1B", "--phase", "decode"), (str(golden), "llama.cpp:Gemma-3-1B")):
+        p = run("diff", *args)
+        assert (p.returncode, p.stderr) == (0, "") and p.stdout.startswith("graphs are identical"), args
+
+
 def test_a_real_difference_is_reported_as_the_first_mismatch(tmp_path: Path) -> None:
     """The normal form hides no value: a header whose RoPE base differs differs at the first rope."""
     preset = PRESETS["SmolLM2-135M"]

@@ -20,18 +20,19 @@ def diff_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[G
     from graphir.llamacpp.normalize import compare_forms
     from graphir.source import DEFAULT_PHASE, load_graph, open_source
 
-    if strip_prefix(a) is not None and strip_prefix(b) is not None:
+    llama_first = strip_prefix(a) is not None
+    if llama_first and strip_prefix(b) is not None:
         return load_graph(a, context, phase), load_graph(b, context, phase)
-    ours_src, theirs_src = (b, a) if strip_prefix(a) is not None else (a, b)
+    ours_src, theirs_src = (b, a) if llama_first else (a, b)
     ours_obj = open_source(ours_src)
     if isinstance(ours_obj, Graph):
-        ours = load_graph(ours_src, context, phase)
+        ours = load_graph(ours_src, context, phase)  # checks an explicit context or phase against the saved ones
         theirs = load_graph(theirs_src, context, phase or ours.meta.get("phase"))
     else:
         theirs = load_graph(theirs_src, context, phase)
         ours = ours_obj.build_graph(theirs.meta["context"], phase or DEFAULT_PHASE, n_ctx_seq=N_CTX)
     normal_ours, normal_theirs = compare_forms(ours, theirs)
-    return (normal_theirs, normal_ours) if ours_src == b else (normal_ours, normal_theirs)
+    return (normal_theirs, normal_ours) if llama_first else (normal_ours, normal_theirs)
 
 
 def agreement(meta: ModelMeta) -> dict[str, str | None]:

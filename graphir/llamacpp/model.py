@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 
 def context_of(g: Graph) -> str:
     """The memory llama.cpp gave the model, by graphir's name for it, read off the graph's inputs: an encoder's
-    output (cross: a decoder's self-attention cache and the encoder's keys), caches of keys and of recurrent
-    states (hybrid), of states (recurrent), of keys with a second, sliding-window mask
-    (iswa), of keys alone (mla: values are read from the key cache), of keys and values (kv), or none."""
+    output (cross), caches of keys and of recurrent states (hybrid), of states (recurrent), of keys with a
+    second, sliding-window mask (iswa), of keys alone (mla: values are read from the key cache), of keys and
+    values (kv), or none."""
     roles = {n.attrs["role"] for n in g.inputs}
     if "cross_embd" in roles:
         return "cross"
@@ -40,13 +40,13 @@ def graphs(meta: ModelMeta, phases: tuple[str, ...], context: str | None = None)
     out = []
     for phase, records in zip(phases, reserve(meta, phases)):
         n_tokens, _, n_outputs = PHASE_SIZES[phase]
-        hparams = {"n_layer": meta.metadata.get(f"{meta.arch_name}.block_count", 0), "n_ctx": N_CTX, "n_tokens": n_tokens,
-                   "n_outputs": n_outputs}
-        g = to_graph(records, weights, {"arch": meta.arch_name, "phase": phase, "hparams": hparams})
+        sizes = {"n_layer": meta.metadata.get(f"{meta.arch_name}.block_count", 0), "n_ctx": N_CTX,
+                 "n_tokens": n_tokens, "n_outputs": n_outputs}  # printed as the graph's hparams
+        g = to_graph(records, weights, {})
         own = context_of(g)
         if context is not None and context != own:
             raise GraphirError(f"{meta.label}: llama.cpp builds a '{meta.arch_name}' model with its own memory "
                                f"({own}), not '{context}'")
-        g.meta = {"arch": meta.arch_name, "context": own, **g.meta}
+        g.meta = {"arch": meta.arch_name, "context": own, "phase": phase, "hparams": sizes}
         out.append(g)
     return out
