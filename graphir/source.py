@@ -1,6 +1,6 @@
 """Where a graph comes from on the command line: a GGUF (full or header-only), a Hugging Face model directory
-or config.json, a preset, or a saved graph; prefixed with ``llama.cpp:``, the graph llama.cpp itself builds for such a model
-(:mod:`graphir.llamacpp`).
+or config.json, a preset, or a saved graph; prefixed with ``llama.cpp:``, the graph llama.cpp itself builds for
+such a model (:mod:`graphir.llamacpp`).
 
 A source string is resolved by *content*, never by extension: an existing file starting with the GGUF magic
 is a model, one starting with the text form's magic line is a saved text graph; a JSON object is a Hugging Face

@@ -1,15 +1,15 @@
 """llama.cpp's graph, as the records of :mod:`graphir.llamacpp.reserve` give it, in graphir's IR.
 
-Each ggml op becomes the catalogue's op of the same meaning (``ROPE`` -> ``rope``, a ``GLU`` of kind ``SWIGLU``
--> ``swiglu``, ...) with its op parameters decoded into the catalogue's attributes; an op the catalogue lacks
-keeps ggml's name, lowercased, under ``ggml.`` with its raw parameters (``ggml.cpy``; also a ``ROPE`` that
-starts at an offset into the head, ``ggml.rope``, which the catalogue's rope does not). Weights keep their GGUF
-names; inputs are named by their role as graphir names them (``inp_pos`` -> ``pos``, ``cache_k_l3`` -> ``blk.3.cache_k``); other
+Each ggml op becomes the catalogue's op of the same meaning (``ROPE`` -> ``rope``, a ``GLU`` of kind ``SWIGLU`` ->
+``swiglu``, ...) with its op parameters decoded into the catalogue's attributes; an op the catalogue lacks keeps
+ggml's name, lowercased, under ``ggml.`` with its raw parameters (``ggml.cpy``; also a ``ROPE`` that starts at an
+offset into the head, ``ggml.rope``, which the catalogue's rope does not). Weights keep their GGUF names; inputs
+are named by their role as graphir names them (``inp_pos`` -> ``pos``, ``cache_k_l3`` -> ``blk.3.cache_k``); other
 names move their layer in front (``attn_norm-3`` -> ``blk.3.attn_norm``), ggml's own suffixes become dotted
-(``Kcur-0 (view)`` -> ``blk.0.Kcur.view``), a name used again gets its op appended, and an unnamed node is
-named by its op in the layer of its operands. Shapes are ggml's ``ne`` without trailing 1s (the recurrent
-scans' results as the one run of elements the catalogue says they are), and the sizes are those llama.cpp
-reserved: the graph has no open dimensions.
+(``Kcur-0 (view)`` -> ``blk.0.Kcur.view``), a name used again gets its op appended, and an unnamed node is named by
+its op in the layer of its operands. Shapes are ggml's ``ne`` without trailing 1s (the recurrent scans' results as
+the one run of elements the catalogue says they are), and the sizes are those llama.cpp reserved: the graph has no
+open dimensions.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ by a rule stated here (the README lists them with the differences that remain):
    row per element, which only changes how many ids the same values take. A recurrent state is written by
    ggml as a copy into its cache's cells (``ggml.cpy``), by graphir as ``set_rows`` at ``rs_dst``: both are
    ``set_rows(cache, state)``, the cells left to the memory. ggml's scans read their start states through ids
-   (a seventh operand); graphir gathers them first: both are ``get_rows(states, ids)`` read by the scan. Inputs are compared by role, type
-   and shape (what graphir notes about a mask, such as its window, is graphir's own).
+   (a seventh operand); graphir gathers them first: both are ``get_rows(states, ids)`` read by the scan.
+   Inputs are compared by role, type and shape (what graphir notes about a mask, such as its window, is
+   graphir's own).
 4. **Names.** Each side names its nodes its own way, so names are made from structure alone: from the
    outputs (by role) and then every other node nothing uses, operands are visited in order, and each
    computing node is named ``<layer>.<op>.<k>`` (the k-th such op of its layer in that order; its layer is the

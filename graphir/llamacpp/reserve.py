@@ -4,10 +4,10 @@ llama.cpp aborts the whole process on some metadata it cannot build (a failed GG
 apart from the caller, which reads either a JSON answer on stdout or the cause on stderr.
 
 REQUEST is a JSON object: ``path`` (a GGUF whose tensor data llama.cpp never reads: weights are not allocated),
-``n_ctx``, ``n_ubatch``, ``embeddings`` (a pooling model's context outputs pooled embeddings) and ``graphs`` (a list of ``[n_tokens, n_seqs, n_outputs]``, one per graph wanted).
-The answer holds, per graph, every tensor the graph reaches (leaves before their users) as a record of ggml's
-own fields, and the library's list of architecture names (``archs``). Only the standard library and
-llama-cpp-python are imported here.
+``n_ctx``, ``n_ubatch``, ``embeddings`` (a pooling model's context outputs pooled embeddings) and ``graphs`` (a
+list of ``[n_tokens, n_seqs, n_outputs]``, one per graph wanted). The answer holds, per graph, every tensor the
+graph reaches (leaves before their users) as a record of ggml's own fields, and the library's list of
+architecture names (``archs``). Only the standard library and llama-cpp-python's bindings are imported here.
 """
 
 from __future__ import annotations
@@ -172,7 +172,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         raise refused("llama.cpp could not create the model")
     cp = L.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = request["n_ctx"], request["n_ubatch"], request["n_ubatch"]
-    cp.n_seq_max, cp.flash_attn_type, cp.swa_full, cp.n_threads, cp.n_threads_batch = 1, _FLASH_ATTN_DISABLED, False, 1, 1
+    cp.n_seq_max, cp.flash_attn_type, cp.swa_full = 1, _FLASH_ATTN_DISABLED, False  # graphir's iswa: swa_full off
+    cp.n_threads = cp.n_threads_batch = 1
     cp.embeddings = request["embeddings"]
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
