@@ -30,6 +30,7 @@ from graphir.source import load_graph
 from graphir.testing import graph_text
 
 pytestmark = pytest.mark.oracle
+pytest.importorskip("llama_cpp", reason="llama.cpp's graphs need llama-cpp-python (the test extra has it)")
 
 SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"
 
