@@ -354,6 +354,18 @@ def test_commands_that_need_a_model_say_llama_cpp_s_graph_is_none() -> None:
                                                                "graph    context kv, phase prefill"]
 
 
+def test_a_ggml_whose_tensor_struct_moved_is_named() -> None:
+    """The struct is read by layout; one node is checked against ggml's accessors, which here disagree."""
+    from types import SimpleNamespace
+
+    t = reserve.GGMLTensor(name=b"x", ne=(2, 3, 1, 1))
+    agreeing = SimpleNamespace(ggml_get_name=lambda p: b"x", ggml_nelements=lambda p: 6)
+    reserve._check_layout(agreeing, ctypes.addressof(t))  # type: ignore[arg-type]
+    moved = SimpleNamespace(ggml_get_name=lambda p: b"x", ggml_nelements=lambda p: 7)
+    with pytest.raises(reserve.Unusable, match="lays out its tensors otherwise"):
+        reserve._check_layout(moved, ctypes.addressof(t))  # type: ignore[arg-type]
+
+
 def test_context_and_phase_are_checked() -> None:
     with pytest.raises(GraphirError, match=r"own memory \(kv\), not 'none'"):
         graphs(open_model("SmolLM2-135M"), ("prefill",), "none")

@@ -83,7 +83,9 @@ class Library:
                               ("ggml_graph_node", C.c_void_p, [C.c_void_p, C.c_int]),
                               ("ggml_op_name", C.c_char_p, [C.c_int]),
                               ("ggml_op_desc", C.c_char_p, [C.c_void_p]),
-                              ("ggml_type_name", C.c_char_p, [C.c_int])):
+                              ("ggml_type_name", C.c_char_p, [C.c_int]),
+                              ("ggml_get_name", C.c_char_p, [C.c_void_p]),
+                              ("ggml_nelements", C.c_int64, [C.c_void_p])):
             f = _symbol(base, fn)
             f.restype, f.argtypes = res, args
             setattr(self, fn, f)
@@ -138,7 +140,19 @@ def _records(lib: Library, gf: int) -> list[list[Any]]:
 
     for i in range(lib.ggml_graph_n_nodes(gf)):
         visit(lib.ggml_graph_node(gf, i))
+    _check_layout(lib, lib.ggml_graph_node(gf, -1))
     return out
+
+
+def _check_layout(lib: Library, p: int) -> None:
+    """GGMLTensor reads ggml's struct by its layout: a ggml whose struct moved would give garbage, not an error.
+    So one node is read both ways, through the struct and through ggml's own accessors."""
+    t = GGMLTensor.from_address(p)
+    n = 1
+    for d in t.ne:
+        n *= d
+    if t.name != lib.ggml_get_name(p) or n != lib.ggml_nelements(p):
+        raise Unusable("the installed ggml lays out its tensors otherwise than ggml.h of llama-cpp-python 0.3.36")
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
