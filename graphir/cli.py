@@ -158,10 +158,21 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     ga, gb = _load_pair(args.a, args.b, args.context, args.phase)
     d = diff_graphs(ga, gb, args.a, args.b)
+    where = None
+    if "origin" in ga.meta:  # graphs in llama.cpp's normal form: say the first difference's own names too
+        from graphir.llamacpp.compare import origins
+
+        where = origins(d.first, ga, gb)
     if args.json:
-        out = json.dumps(d.as_dict(), indent=2, ensure_ascii=False) + "\n"
+        doc = d.as_dict()
+        if where is not None:
+            doc["first_named"] = {"a": where[0], "b": where[1]}
+        out = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     else:
         out = d.render()
+        if where is not None:
+            line = f"first mismatch: {d.first}"
+            out = out.replace(line, f"{line}\n  named %{where[0]} in {args.a}, %{where[1]} in {args.b}", 1)
         if out and not out.endswith("\n"):
             out += "\n"
     _emit(out)

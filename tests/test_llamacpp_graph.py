@@ -149,8 +149,10 @@ def test_a_real_difference_is_reported_as_the_first_mismatch(tmp_path: Path) -> 
     reading.write_header(changed, str(theirs))
     p = run("diff", str(ours), f"llama.cpp:{theirs}", "--phase", "decode")
     assert p.returncode == 1, p.stderr
-    first = next(line for line in p.stdout.splitlines() if line.startswith("first mismatch: "))
-    assert first.startswith("first mismatch: blk.0.rope.") and "attr freq_base: 100000.0 -> 10000.0" in first
+    lines = p.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("first mismatch: "))
+    assert lines[at].startswith("first mismatch: blk.0.rope.") and "attr freq_base: 100000.0 -> 10000.0" in lines[at]
+    assert lines[at + 1] == f"  named %blk.0.Kcur.rope in {ours}, %blk.0.Kcur.rope in llama.cpp:{theirs}"
 
 
 def test_the_dump_is_llama_cpp_s_ops_names_and_shapes() -> None:

@@ -55,3 +55,13 @@ def agreement(meta: ModelMeta) -> dict[str, str | None]:
         d = diff_graphs(a, b, "graphir", "llama.cpp")
         out[phase] = None if d.same else (d.first or "; ".join(d.summary[1:2]))
     return out
+
+
+def origins(first: str | None, a: Graph, b: Graph) -> tuple[str, str] | None:
+    """The names the first differing node had in each graph before the normal form (``-``: not in that graph),
+    so that a difference between normal names (``blk.0.mul.3``) reads in the graphs' own (``blk.0.ffn_norm``)."""
+    if first is None or ": " not in first:
+        return None
+    name = first.split(": ", 1)[0]
+    names = [g.meta.get("origin", {}).get(name, "-") for g in (a, b)]
+    return None if names == ["-", "-"] else (names[0], names[1])

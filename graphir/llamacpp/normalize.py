@@ -244,6 +244,7 @@ def _renamed(g: Graph, roots: list[Node], outputs: dict[str, Node]) -> Graph:
     names: dict[int, Node] = {}
     counts: dict[str, int] = {}
     order: list[Node] = []
+    origin: dict[str, str] = {}  # normal name -> the name the node had in g (for reading a difference)
 
     def emit(n: Node) -> None:
         operands = tuple(names[id(x)] for x in n.inputs)
@@ -257,13 +258,15 @@ def _renamed(g: Graph, roots: list[Node], outputs: dict[str, Node]) -> Graph:
         m = Node(name, n.op, operands, n.attrs, n.dtype, n.shape)
         names[id(n)] = m
         order.append(m)
+        origin[name] = n.name
 
     for n in computing:
         for x in n.inputs:
             if id(x) not in names:
                 emit(x)
         emit(n)
-    meta = {k: g.meta[k] for k in ("arch", "context", "phase") if k in g.meta}
+    meta: dict[str, Any] = {k: g.meta[k] for k in ("arch", "context", "phase") if k in g.meta}
+    meta["origin"] = origin  # not part of the header: neither printed nor compared
     return Graph(meta, (), order, {role: names[id(n)] for role, n in outputs.items()})
 
 
