@@ -31,7 +31,7 @@ from graphir.backends.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_
 from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
 from graphir.backends.kernels import rows as R
 from graphir.backends.kernels import simd
-from graphir.backends.kernels.softmax import KV_PAD, exp_head, mask_rows, probabilities, soft_max, soft_max_kernel
+from graphir.backends.kernels.softmax import exp_head, mask_rows, probabilities, soft_max, soft_max_kernel
 from graphir.backends.kernels.unary import (LIBM, exp, geglu, gelu, gelu_kernel, gelu_table, libm_kernel, neg, relu,
                                             sigmoid, silu, silu_kernel, softplus, sqr, swiglu, swiglu_oai, tanh)
 from graphir.backends.isa import REDUCE_HADD, IsaPath
@@ -693,10 +693,10 @@ class _Rope:
 
 
 def _kv_pad(soft_max_node: Node) -> int:
-    """llama.cpp pads a KV cache's attended cells (n_kv) to 256 masked ones; a mask over the ubatch (n_tokens)
-    or an encoder's output (n_enc) has the length it says."""
+    """The padding of the cells a mask covers, as the mask input states it (``pad``: a KV cache's n_kv, padded
+    to 256 masked cells as llama.cpp's); a mask over the ubatch or an encoder's output states none."""
     n = soft_max_node
-    return KV_PAD if len(n.inputs) > 1 and str(n.inputs[1].shape[0]).startswith("n_kv") else 1
+    return int(n.inputs[1].attrs.get("pad", 1)) if len(n.inputs) > 1 and n.inputs[1].op == "input" else 1
 
 
 @kernel("soft_max")

@@ -23,7 +23,7 @@ from graphir.errors import GraphirError
 PROG = "graphir"
 PHASES = ("prefill", "decode", "encode")  # mirrors graphir.model.builder.PHASES
 FORMATS = ("text", "json", "dot", "svg")
-OUTTYPES = ("f32", "f16")  # mirrors graphir.files.convert.OUTTYPES
+OUTTYPES = ("f32", "f16")  # mirrors graphir.convert.OUTTYPES
 
 
 class UsageError(Exception):
@@ -135,9 +135,7 @@ def _load_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[
     from graphir.source import load_graph, open_source
 
     if strip_prefix(a) is not None or strip_prefix(b) is not None:
-        from graphir.llamacpp.compare import diff_pair
-
-        return diff_pair(a, b, context, phase)
+        return _load_llamacpp_pair(a, b, context, phase)
     srcs = [open_source(a), open_source(b)]
     saved = next((s for s in srcs if isinstance(s, Graph)), None)
     model_context, model_phase = context, phase or "prefill"  # context None: each architecture's default
@@ -151,6 +149,31 @@ def _load_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[
         else:
             graphs.append(s.build_graph(model_context, model_phase))
     return graphs[0], graphs[1]
+
+
+def _load_llamacpp_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[Any, Any]:
+    """graphir's graph of a model (or a saved graph) against llama.cpp's, both in the normal form
+    (graphir.llamacpp.normalize), the model's built for the memory llama.cpp gave it and its context's cells
+    (Phi-3's LongRoPE picks its factors by them); two llama.cpp graphs as they are."""
+    from graphir.graph.ir import Graph
+    from graphir.llamacpp import strip_prefix
+    from graphir.llamacpp.normalize import compare_forms
+    from graphir.llamacpp.reading import N_CTX
+    from graphir.source import DEFAULT_PHASE, load_graph, open_source
+
+    llama_first = strip_prefix(a) is not None
+    if llama_first and strip_prefix(b) is not None:
+        return load_graph(a, context, phase), load_graph(b, context, phase)
+    ours_src, theirs_src = (b, a) if llama_first else (a, b)
+    ours_obj = open_source(ours_src)
+    if isinstance(ours_obj, Graph):
+        ours = load_graph(ours_src, context, phase)  # checks an explicit context or phase against the saved ones
+        theirs = load_graph(theirs_src, context, phase or ours.meta.get("phase"))
+    else:
+        theirs = load_graph(theirs_src, context, phase)
+        ours = ours_obj.build_graph(theirs.meta["context"], phase or DEFAULT_PHASE, n_ctx_seq=N_CTX)
+    normal_ours, normal_theirs = compare_forms(ours, theirs)
+    return (normal_theirs, normal_ours) if llama_first else (normal_ours, normal_theirs)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -213,7 +236,7 @@ def cmd_archs(args: argparse.Namespace) -> int:
     lines += _table([[n, f"rope={archs.get(n).rope_mode}"] for n in archs.names()])
     lines.append("presets:")
     rows = []
-    for name, p in presets.PRESETS.items():
+    for name, p in presets.all_presets().items():
         n_layer = p.metadata().get(Keys.LLM.BLOCK_COUNT.format(arch=p.arch))
         rows.append([name, p.arch, _n(int(n_layer), "layer") if n_layer is not None else "?"])
     lines += _table(rows)
@@ -264,9 +287,9 @@ def _tensor_rows(src_obj: Any) -> tuple[str, list[dict[str, Any]]]:
         if src_obj.header is not None:
             row["offset"] = t.offset
         rows.append(row)
-    from graphir.model.presets import PRESETS
+    from graphir.model.presets import all_presets
 
-    kind = "gguf" if src_obj.header is not None else "preset" if src_obj.label in PRESETS else "hf-config"
+    kind = "gguf" if src_obj.header is not None else "preset" if src_obj.label in all_presets() else "hf-config"
     return kind, rows
 
 
@@ -531,7 +554,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
     from graphir.progress import stream
-    from graphir.running.batch import Batch
+    from graphir.batch import Batch
     from graphir.running.runtime import load
 
     model = load(args.model, None if args.isa == "auto" else args.isa)
@@ -556,7 +579,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from graphir.files.convert import convert_bert
+    from graphir.convert import convert_bert
     from graphir.files.gguf_file import read_header
     from graphir.progress import stream
 

@@ -71,7 +71,7 @@ def _read_saved(src: str, kind: str) -> Graph:
 def open_source(src: str | os.PathLike[str]) -> Union[ModelMeta, Graph]:
     """A :class:`ModelMeta` for a GGUF path, Hugging Face model directory or config.json, or preset name, or the
     :class:`Graph` a saved graph file holds, or the one llama.cpp builds (``llama.cpp:SRC``)."""
-    from graphir.files import hf_config
+    from graphir.model import hf_config
     from graphir.model.meta import open_model as _open_model
 
     llama = open_llamacpp(src)
@@ -125,7 +125,7 @@ def open_llamacpp(src: str | os.PathLike[str]) -> ModelMeta | None:
 
 
 def _is_hf(src: str) -> bool:
-    from graphir.files import hf_config
+    from graphir.model import hf_config
 
     return hf_config.is_hf_source(src)
 

@@ -15,7 +15,7 @@ from graphir.backends.kernels.attention import attend
 from graphir.backends.kernels.mul_mat import mul_mat
 from graphir.backends.kernels.norm import rms_norm
 from graphir.backends.kernels.softmax import soft_max
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import load
 
 

@@ -12,7 +12,7 @@ import pytest
 from graphir.backends import tape
 from graphir.backends.kernels.rows import (ADD, DIV, MUL, NEG, RELU, SCALE, SQR, SUB, binary_rows, move_rows,
                                            set_rows_f16, unary_rows, weight_rows)
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import load
 from test_fuzz_state import PRESETS
 from conftest import TinyModels, make_tiny_preset, write_model_gguf

@@ -19,10 +19,10 @@ class Entry:
 def _verdict(preset: str) -> str:
     from graphir.llamacpp.compare import agreement
     from graphir.model.meta import from_preset
-    from graphir.model.presets import PRESETS
+    from graphir.model.presets import all_presets
 
     try:
-        phases = agreement(from_preset(preset, PRESETS[preset]))
+        phases = agreement(from_preset(preset, all_presets()[preset]))
     except GraphirError as e:
         return str(e)
     differing = [(phase, first) for phase, first in phases.items() if first is not None]
@@ -35,14 +35,15 @@ def _verdict(preset: str) -> str:
 def census() -> list[Entry]:
     from graphir import arch as archs
     from graphir.llamacpp.reading import known_archs
-    from graphir.model.presets import PRESETS
+    from graphir.model import presets
 
+    presets.all_presets()  # every family's presets registered
     ours = set(archs.names())
     entries = []
     for name in known_archs():
         if name not in ours:
             entries.append(Entry(name, False, None, ""))
             continue
-        preset = next((p for p, spec in PRESETS.items() if spec.arch == name), None)
+        preset = next((p for p, spec in presets.PRESETS.items() if spec.arch == name), None)  # as declared
         entries.append(Entry(name, True, preset, _verdict(preset) if preset else "no preset to generate a header from"))
     return entries

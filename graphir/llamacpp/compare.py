@@ -1,38 +1,14 @@
-"""graphir's graph of a model against llama.cpp's: the pair ``graphir diff`` compares, and whether they agree."""
+"""Whether graphir's graph of a model is llama.cpp's, and where a difference sits in each graph's own names."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from graphir.graph.ir import Graph
-from graphir.llamacpp import strip_prefix
 from graphir.llamacpp.reading import N_CTX
 
 if TYPE_CHECKING:
     from graphir.model.meta import ModelMeta
-
-
-def diff_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[Graph, Graph]:
-    """The graphs of A and B for ``graphir diff``: graphir's graph of a model (or a saved graph) against
-    llama.cpp's, both in the normal form (:mod:`graphir.llamacpp.normalize`), the model's built for the memory
-    llama.cpp gave it and its context's cells (Phi-3's LongRoPE picks its factors by them); two llama.cpp
-    graphs as they are."""
-    from graphir.llamacpp.normalize import compare_forms
-    from graphir.source import DEFAULT_PHASE, load_graph, open_source
-
-    llama_first = strip_prefix(a) is not None
-    if llama_first and strip_prefix(b) is not None:
-        return load_graph(a, context, phase), load_graph(b, context, phase)
-    ours_src, theirs_src = (b, a) if llama_first else (a, b)
-    ours_obj = open_source(ours_src)
-    if isinstance(ours_obj, Graph):
-        ours = load_graph(ours_src, context, phase)  # checks an explicit context or phase against the saved ones
-        theirs = load_graph(theirs_src, context, phase or ours.meta.get("phase"))
-    else:
-        theirs = load_graph(theirs_src, context, phase)
-        ours = ours_obj.build_graph(theirs.meta["context"], phase or DEFAULT_PHASE, n_ctx_seq=N_CTX)
-    normal_ours, normal_theirs = compare_forms(ours, theirs)
-    return (normal_theirs, normal_ours) if llama_first else (normal_ours, normal_theirs)
 
 
 def agreement(meta: ModelMeta) -> dict[str, str | None]:

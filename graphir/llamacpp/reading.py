@@ -45,7 +45,7 @@ def write_header(meta: ModelMeta, path: str) -> None:
     import gguf
     import numpy as np
 
-    from graphir.files.convert import add_key
+    from graphir.convert import add_key
 
     arch = meta.arch_name
     md = dict(meta.metadata)
