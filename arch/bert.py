@@ -2,30 +2,51 @@
 
 Attention is bidirectional within each sequence and there is no LM head: the output is one embedding per
 token, reduced per sequence by the context's pooling. Token types are not an input: row 0 of the type table
-("sentence A") is added to every token, as llama.cpp does.
+("sentence A") is added to every token, as llama.cpp does. llama.cpp builds both with one graph; what tells
+them apart is data: where positions come from and which FFN a layer has.
 Reference: Devlin et al. 2019, "BERT"; Nussbaum et al. 2024, "Nomic Embed"; llama.cpp src/models/bert.cpp.
 """
 
 from __future__ import annotations
 
-from gguf import MODEL_TENSOR as T
-from gguf import Keys
+from dataclasses import replace
+from typing import Any, ClassVar, Mapping
 
+from gguf import MODEL_TENSOR as T
+from gguf import Keys, PoolingType
+
+from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, Gate, GraphBuilder, Norm
-from graphir.graph.ir import Node
-from graphir.model.tensors import TensorSpec, spec, with_bias
-from gguf import PoolingType
-from graphir.model import presets
+from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, fixed, hf, pooling_rule
+from graphir.model.hparams import HParams
 from graphir.model.presets import Preset
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorSpec, spec, with_bias
 
 
 class Bert(Architecture):
     name = "bert"
     rope_mode = "neox"  # declared by llama.cpp for the family; BERT itself rotates nothing
     causal = False  # bidirectional attention: its layers need no cache, so the context keeps none
-    learned_positions = True
+    learned_positions = True  # a trained position table added to the input; else Q and K are rotated
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_EPS)
+    gated: ClassVar[bool] = False  # SwiGLU without biases; else a GELU MLP with its biases where the file has them
+    classifier: ClassVar[bool] = True  # llama.cpp loads the optional classifier head (cls, cls.output)
+    n_cls_out = 1  # the classifier's outputs: one per label the file names (classifier.output_labels)
+
+    def __init__(self, hp: HParams):
+        # llama.cpp gives these models no memory, so its llama_decode runs them as llama_encode, which attends both
+        # ways whatever attention.causal says (the files llama.cpp writes itself say true)
+        super().__init__(replace(hp, causal=False))
+
+    @classmethod
+    def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
+        arch = super().from_metadata(label, metadata)
+        labels = metadata.get(Keys.Classifier.OUTPUT_LABELS.format(arch=cls.name))
+        if isinstance(labels, list) and labels:
+            arch.n_cls_out = len(labels)  # type: ignore[attr-defined]
+        return arch
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
@@ -37,8 +58,11 @@ class Bert(Architecture):
         ]
         if self.learned_positions:
             specs.append(spec(T.POS_EMBD, (E, hp.n_ctx_train)))
+        if self.classifier:  # declared for files that carry it: no pooling reads it yet
+            specs += [*with_bias(T.CLS, (E, E), optional=True),
+                      *with_bias(T.CLS_OUT, (E, self.n_cls_out), optional=True)]
         for il in range(hp.n_layer):
-            specs += [
+            layer = [
                 *with_bias(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
                 spec(T.ATTN_Q, (E, E), il, optional=True),
                 spec(T.ATTN_K, (E, E_gqa), il, optional=True),
@@ -48,77 +72,89 @@ class Bert(Architecture):
                 spec(T.ATTN_V, (E_gqa,), il, "bias", kind="vector", optional=True),
                 *with_bias(T.ATTN_OUT, (E, E), il, bias_optional=True),
                 *with_bias(T.ATTN_OUT_NORM, (E,), il),
-                spec(T.FFN_UP, (E, F), il),
-                spec(T.FFN_DOWN, (F, E), il),
+                *with_bias(T.FFN_UP, (E, F), il, bias_optional=True),  # nomic-bert's biases are loaded, never read
+                *with_bias(T.FFN_DOWN, (F, E), il, bias_optional=True),
                 *with_bias(T.LAYER_OUT_NORM, (E,), il),
-            ] + self.ffn_tensors(il)
+            ] + ([spec(T.FFN_GATE, (E, F), il)] if self.gated else [])
+            specs += layer + layer_scales(layer, il)  # read: those of the attention projections
         return specs
 
-    def ffn_tensors(self, il: int) -> list[TensorSpec]:
-        E, F = self.hp.n_embd, self.hp.n_ff
-        return [spec(T.FFN_UP, (F,), il, "bias", kind="vector"), spec(T.FFN_DOWN, (E,), il, "bias", kind="vector")]
-
-    def embed(self, b: GraphBuilder, pos: Node) -> Node:
+    def build(self, b: GraphBuilder) -> None:
+        pos = b.build_inp_pos()
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
-        types = b.w(T.TOKEN_TYPES)
+        types = b.w_opt(T.TOKEN_TYPES)
         if types is not None:
             row0 = b.op("view", types, shape=(self.hp.n_embd,), strides=(1,), offset=0, name="token_types.row0")
             x = b.op("add", x, row0, name="inp_embd.types")
         if self.learned_positions:
             x = b.op("add", b.op("get_rows", b.w(T.POS_EMBD), pos, name="inp_pos_embd"), x, name="inp_embd.pos")
-        return x
-
-    def rope_qk(self, b: GraphBuilder, q: Node, k: Node, pos: Node) -> tuple[Node, Node]:
-        return q, k  # BERT's positions are the learned table added to the input
-
-    def ffn(self, b: GraphBuilder, x: Node, il: int) -> Node:
-        return b.build_ffn(x, up=b.w(T.FFN_UP, il), up_b=b.w(T.FFN_UP, il, "bias"), gate=None,
-                           down=b.w(T.FFN_DOWN, il), down_b=b.w(T.FFN_DOWN, il, "bias"), act=Act.GELU)
-
-    def build(self, b: GraphBuilder) -> None:
-        hp = self.hp
-        pos = b.build_inp_pos()
-        x = self.embed(b, pos)
-        x = b.build_norm(x, b.w(T.TOKEN_EMBD_NORM), b.w(T.TOKEN_EMBD_NORM, suffix="bias"), Norm.LAYER, name="inp_norm")
-        out_ids = b.build_inp_out_ids()
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                q, k, v = b.build_qkv(x, il)
-                q, k = self.rope_qk(b, q, k, pos)
-                a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias"),
-                                 kq_scale=b.kq_scale())
-                if il == hp.n_layer - 1:  # only requested rows go on
-                    a = b.op("get_rows", a, out_ids, name="attn_out.rows")
-                    x = b.op("get_rows", x, out_ids, name="inp.rows")
-                x = b.build_norm(b.op("add", a, x, name="attn_res"), b.w(T.ATTN_OUT_NORM, il),
-                                 b.w(T.ATTN_OUT_NORM, il, "bias"), Norm.LAYER, name="ffn_inp")
-                f = self.ffn(b, x, il)
-                x = b.build_norm(b.op("add", f, x, name="ffn_res"), b.w(T.LAYER_OUT_NORM, il),
-                                 b.w(T.LAYER_OUT_NORM, il, "bias"), Norm.LAYER, name="l_out")
+        x = b.norm(x, T.TOKEN_EMBD_NORM, kind=Norm.LAYER, name="inp_norm")
+        for il in b.layers():
+            q, k, v = b.build_qkv(x, il)
+            if not self.learned_positions:
+                q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w_opt(T.ATTN_OUT, il, "bias"),
+                             wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), kq_scale=b.kq_scale())
+            a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
+            x = b.norm(b.op("add", a, x, name="attn_res"), T.ATTN_OUT_NORM, il, Norm.LAYER, name="ffn_inp")
+            if self.gated:
+                f = b.build_ffn(x, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
+                                act=Act.SILU, gate_mode=Gate.PAR)
+            else:
+                f = b.build_ffn(x, up=b.w(T.FFN_UP, il), up_b=b.w_opt(T.FFN_UP, il, "bias"), gate=None,
+                                down=b.w(T.FFN_DOWN, il), down_b=b.w_opt(T.FFN_DOWN, il, "bias"), act=Act.GELU)
+            x = b.norm(b.op("add", f, x, name="ffn_res"), T.LAYER_OUT_NORM, il, Norm.LAYER, name="l_out")
         b.build_output(x)
 
 
 class NomicBert(Bert):
-    """BERT with rotary positions (NEOX) instead of a position table, and a SwiGLU MLP without biases."""
+    """BERT's graph with rotary positions (NEOX) instead of a position table, and a SwiGLU MLP without biases."""
 
     name = "nomic-bert"
     learned_positions = False
     required_keys = Bert.required_keys + (Keys.LLM.POOLING_TYPE,)
+    gated = True
+    classifier = False
 
-    def ffn_tensors(self, il: int) -> list[TensorSpec]:
-        return [spec(T.FFN_GATE, (self.hp.n_embd, self.hp.n_ff), il)]
 
-    def rope_qk(self, b: GraphBuilder, q: Node, k: Node, pos: Node) -> tuple[Node, Node]:
-        return b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
+# ---- Hugging Face: what convert_hf_to_gguf writes for BERT and nomic-bert configs --------------------------
 
-    def ffn(self, b: GraphBuilder, x: Node, il: int) -> Node:
-        return b.build_ffn(x, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
-                           act=Act.SILU, gate_mode=Gate.PAR)
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+
+BERT_RULES = TEXT + (
+    fixed(A.CAUSAL, False),
+    pooling_rule,
+    hf(Keys.Tokenizer.TOKEN_TYPE_COUNT, "type_vocab_size"),
+    VOCAB,
+)
+
+
+def _nomic_context(c: Config) -> int:
+    """nomic-embed-text v1 and v1.5 say 8192 positions but are trained for 2048, as the converter writes."""
+    npos, trained = c.find("n_positions"), c.find("max_trained_positions", default=2048)
+    if (npos, trained) == (8192, 2048):
+        return 2048
+    raise c.error(f"n_positions {npos} with max_trained_positions {trained} is not a nomic-embed-text v1 model "
+                  f"(8192 and 2048)")
+
+
+def _no_moe(c: Config) -> Mapping[str, Any]:
+    """nomic-bert-moe (moe_every_n_layers) is another architecture, which graphir does not build."""
+    if c.find("moe_every_n_layers", kind="size", default=0):
+        raise c.error("moe_every_n_layers: nomic-bert's mixture-of-experts layers are not supported")
+    return {}
+
+
+# BertModel's converter writes separate q/k/v and every bias
+hf_config.register(Family("bert", BERT_RULES, {"layer_norm_eps": 1e-12, "type_vocab_size": 2},
+                          lambda c: r"token_types\.weight|blk\.\d+\.attn_[qkv]\.(weight|bias)|"
+                                    r"blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias"),
+                   "BertModel", "BertForMaskedLM")
+hf_config.register(Family("nomic-bert", BERT_RULES + (derived(L.CONTEXT_LENGTH, _nomic_context), _no_moe), {},
+                          lambda c: r"token_types\.weight|blk\.\d+\.attn_qkv\.weight"), "NomicBertModel")
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
-
-L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
 def _bert(E: int, n_layer: int, n_head: int, pooling: PoolingType | None, source: str) -> Preset:
@@ -131,7 +167,8 @@ def _bert(E: int, n_layer: int, n_head: int, pooling: PoolingType | None, source
         keys[L.POOLING_TYPE] = int(pooling)
     # convert_hf_to_gguf writes separate q/k/v with biases, and keeps the position and type tables in f32
     return Preset("bert", keys, tied=False, include=r"token_types\.weight|blk\.\d+\.attn_[qkv]\.(weight|bias)|"
-                  r"blk\.\d+\.attn_output\.bias", f32=r"position_embd\.weight|token_types\.weight", source=source)
+                  r"blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias", f32=r"position_embd\.weight|token_types\.weight",
+                  source=source)
 
 
 presets.register({

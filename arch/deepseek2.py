@@ -28,20 +28,22 @@ from typing import Any, Mapping
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, check_experts, gate_up, gate_up_problems, gate_up_tensors
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.memory.layers import LatentAttention, LayerNeeds
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import HParams, Key, f32
-from graphir.model.tensors import TensorSpec, spec, tensor_name
-from graphir.model import presets
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
+from graphir.model import hf_config, presets
+from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, derived, fixed, hf
 from graphir.model.presets import Preset
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
-# expert_gating_func, as llama.cpp numbers it (absent: softmax, for the DeepSeek-V2 files written before the key)
+# expert_gating_func, as llama.cpp numbers it
 GATINGS = {1: Gating.SOFTMAX, 2: Gating.SIGMOID, 3: Gating.SOFTMAX_WEIGHT}
 
 
@@ -49,6 +51,14 @@ def _lite(n_layer: int, n_vocab: int) -> bool:
     """The sizes llama.cpp takes for the variants without a query compression (DeepSeek-V2-Lite and kin): it does
     not read ``q_lora_rank`` for them."""
     return n_layer in (26, 27) or (n_layer == 48 and n_vocab == 128256)
+
+
+def _gating(hp: HParams) -> Gating:
+    """The file's expert gating; absent, what llama.cpp takes for the files written before the key: sigmoid for
+    GLM-4.7-Lite's sizes, softmax for DeepSeek-V2 and V2.5."""
+    if hp.expert_gating_func:
+        return GATINGS[hp.expert_gating_func]
+    return Gating.SIGMOID if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else Gating.SOFTMAX
 
 
 def _mscale(factor: float, m: float) -> float:
@@ -135,6 +145,12 @@ class DeepSeek2(Architecture):
     def moe_layer(self, il: int) -> bool:
         return il >= self.hp.n_layer_dense_lead
 
+    def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
+        """The table's checks, and each expert layer's gate and up stacks in one whole form (the table declares
+        both forms optional)."""
+        return super().check(tensors) + [p for il in range(self.hp.n_layer) if self.moe_layer(il)
+                                         for p in gate_up_problems(tensors, il)]
+
     # ---- tensors ---------------------------------------------------------------------------------------
 
     def tensors(self) -> list[TensorSpec]:
@@ -143,8 +159,9 @@ class DeepSeek2(Architecture):
         specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"),
                  spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD))]
         for il in range(hp.n_layer):
-            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.attn_tensors(il),
-                      spec(T.FFN_NORM, (E,), il, kind="vector"), *self.ffn_tensors(il)]
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.attn_tensors(il),
+                     spec(T.FFN_NORM, (E,), il, kind="vector"), *self.ffn_tensors(il)]
+            specs += layer + layer_scales(layer, il, hp.n_expert)  # read: attention's output scale alone
         return specs
 
     def attn_tensors(self, il: int) -> list[TensorSpec]:
@@ -167,8 +184,7 @@ class DeepSeek2(Architecture):
             return [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
         X, F, S = hp.n_expert, hp.n_ff_exp, hp.n_ff_exp * hp.n_expert_shared
         return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector", optional=True),
-                spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il),
-                spec(T.FFN_UP_EXP, (E, F, X), il),
+                spec(T.FFN_DOWN_EXP, (F, E, X), il), *gate_up_tensors(E, F, X, il),
                 spec(T.FFN_GATE_SHEXP, (E, S), il), spec(T.FFN_DOWN_SHEXP, (S, E), il), spec(T.FFN_UP_SHEXP, (E, S), il)]
 
     # ---- the scale of scores -------------------------------------------------------------------------------
@@ -208,7 +224,7 @@ class DeepSeek2(Architecture):
         H, T_, R_kv, rot, d_k, nope = hp.head_count(il), b.n_tokens, hp.n_lora_kv, hp.n_rot, self.d_k, self.d_nope
         if self.q_lora:
             q = b.linear(h, w(T.ATTN_Q_A, il), name="q_a")  # type: ignore[arg-type]
-            q = b.build_norm(q, w(T.ATTN_Q_A_NORM, il), name="q_a_norm")
+            q = b.norm(q, T.ATTN_Q_A_NORM, il, name="q_a_norm")
             q = b.linear(q, w(T.ATTN_Q_B, il), name="q_proj")  # type: ignore[arg-type]
         else:
             q = b.linear(h, w(T.ATTN_Q, il), name="q_proj")  # type: ignore[arg-type]
@@ -220,7 +236,7 @@ class DeepSeek2(Architecture):
         kv = b.op("view", kv_pe, shape=(R_kv, T_), strides=(1, R_kv + rot), offset=0, name="kv_cmpr")
         k_pe = b.op("view", kv_pe, shape=(rot, 1, T_), strides=(1, R_kv + rot, R_kv + rot), offset=R_kv, name="k_pe")
         k_pe = self.rope(b, k_pe, pos, "k_pe.rope")
-        kv = b.build_norm(kv, w(T.ATTN_KV_A_NORM, il), name="kv_cmpr_norm")
+        kv = b.norm(kv, T.ATTN_KV_A_NORM, il, name="kv_cmpr_norm")
         if self.mla:
             # each head's no-position query in latent space: [nope, T, H] through its [nope, R_kv] slice of k_b
             q_nope = b.op("permute", q_nope, axes=(0, 2, 1, 3), name="q_nope_perm")
@@ -230,7 +246,7 @@ class DeepSeek2(Architecture):
             latent = b.reshape(kv, (R_kv, 1, T_), name="kv_cmpr.heads")
             k = b.op("concat", latent, k_pe, dim=0, name="Kcur")
             return b.build_attn_mla(q, k, latent, wo=w(T.ATTN_OUT, il), v_mla=w(T.ATTN_V_B, il),  # type: ignore[arg-type]
-                                    kq_scale=self.kq_scale())
+                                    kq_scale=self.kq_scale(), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"))
         # legacy: K and V decompressed per head, the key part repeated to every head
         kvb = b.linear(kv, w(T.ATTN_KV_B, il), name="kv")  # type: ignore[arg-type]
         row = nope + self.d_v
@@ -239,44 +255,86 @@ class DeepSeek2(Architecture):
                               name="Vcur.view"), name="Vcur")
         q = b.op("concat", q_nope, q_pe, dim=0, name="Qcur")
         k = b.op("concat", k_nope, b.op("repeat", k_pe, shape=(rot, H, T_), name="k_pe.heads"), dim=0, name="Kcur")
-        return b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), kq_scale=self.kq_scale())
+        return b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"),
+                            kq_scale=self.kq_scale())
 
     def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
         hp, w = self.hp, b.w
         if not self.moe_layer(il):
             return b.build_ffn(h, up=w(T.FFN_UP, il), gate=w(T.FFN_GATE, il), down=w(T.FFN_DOWN, il))  # type: ignore[arg-type]
-        moe = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),  # type: ignore[arg-type]
-                              gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
+        moe = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), **gate_up(b, il),  # type: ignore[arg-type]
+                              down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
                               n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
-                              gating=GATINGS.get(hp.expert_gating_func, Gating.SOFTMAX),
+                              gating=_gating(hp),
                               norm_w=hp.expert_weights_norm, w_scale=hp.expert_weights_scale,
-                              probs_b=w(T.FFN_EXP_PROBS_B, il, "bias"), n_groups=hp.n_expert_groups,
+                              probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias"), n_groups=hp.n_expert_groups,
                               n_group_used=hp.n_group_used)
         shared = b.build_ffn(h, up=w(T.FFN_UP_SHEXP, il), gate=w(T.FFN_GATE_SHEXP, il),  # type: ignore[arg-type]
                              down=w(T.FFN_DOWN_SHEXP, il), name="ffn_shexp")  # type: ignore[arg-type]
         return b.op("add", moe, shared, name="ffn_out")
 
     def build(self, b: GraphBuilder) -> None:
-        hp = self.hp
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))  # type: ignore[arg-type]
         pos = b.build_inp_pos()
-        out_ids = b.build_inp_out_ids()
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                a = self.attention(b, b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm"), pos, il)
-                if il == hp.n_layer - 1:  # only requested rows go through the last FFN and the head
-                    a = b.op("get_rows", a, out_ids, name="attn_out.rows")
-                    x = b.op("get_rows", x, out_ids, name="inp.rows")
-                x = b.op("add", a, x, name="ffn_inp")
-                f = self.ffn(b, b.build_norm(x, b.w(T.FFN_NORM, il), name="ffn_norm"), il)
-                x = b.op("add", f, x, name="l_out")
-        x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
-        b.build_output(x, b.w(T.OUTPUT))
+        for il in b.layers():
+            a = self.attention(b, b.norm(x, T.ATTN_NORM, il, name="attn_norm"), pos, il)
+            a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
+            x = b.op("add", a, x, name="ffn_inp")
+            f = self.ffn(b, b.norm(x, T.FFN_NORM, il, name="ffn_norm"), il)
+            x = b.op("add", f, x, name="l_out")
+        b.build_output(b.norm(x, T.OUTPUT_NORM, name="result_norm"), b.w(T.OUTPUT))
+
+
+# ---- Hugging Face: what convert_hf_to_gguf writes for DeepSeek-V2 and -V3 configs ------------------------
+
+EXPERT_STACKS = r"blk\.\d+\.ffn_(gate|up)_exps\.weight"  # the converter writes the two, not the fused stack
+
+
+def _dense_lead(c: Config) -> int:
+    """first_k_dense_replace; absent: every layer dense without experts, none with them."""
+    moe = c.find("n_routed_experts", kind="size", default=None) is not None
+    return c.find("first_k_dense_replace", kind="size", default=0 if moe else c.find(*BLOCKS))
+
+
+def _mla(c: Config) -> dict[str, Any]:
+    """MLA absorbed as the converter writes it: one KV head of kv_lora_rank + RoPE values, the per-head sizes as the
+    *_length_mla keys."""
+    kv_lora, rope = c.find("kv_lora_rank", default=512), c.find("qk_rope_head_dim")
+    return {A.KV_LORA_RANK: kv_lora, A.KEY_LENGTH: kv_lora + rope, A.VALUE_LENGTH: kv_lora,
+            A.KEY_LENGTH_MLA: c.find("qk_nope_head_dim") + rope, A.VALUE_LENGTH_MLA: c.find("v_head_dim")}
+
+
+def _yarn_log_mul(c: Config) -> float | None:
+    """mscale_all_dim, stored times 0.1 (the converter's legacy scale for DeepSeek-V2)."""
+    m = c.rope_value(c.rope, "mscale_all_dim", default=None)
+    return None if m is None else 0.1 * m
+
+
+def _optional_written(c: Config) -> str:
+    """The experts' gate and up stacks (one each), and the selection bias of sigmoid routing
+    (e_score_correction_bias)."""
+    bias = c.find("topk_method", kind="text", default="") == "noaux_tc"
+    return EXPERT_STACKS + (r"|blk\.\d+\.exp_probs_b\.bias" if bias else "")
+
+
+hf_config.register(Family("deepseek2", TEXT + (
+    fixed(A.HEAD_COUNT_KV, 1),  # MLA is written as multi-query attention
+    derived(L.LEADING_DENSE_BLOCK_COUNT, _dense_lead),
+    VOCAB,
+    hf(A.Q_LORA_RANK, "q_lora_rank", default=None),
+    _mla,
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", "intermediate_size"),
+    hf(L.EXPERT_SHARED_COUNT, "n_shared_experts", kind="size", default=0),
+    hf(L.EXPERT_WEIGHTS_SCALE, "routed_scaling_factor", kind="number", default=None),
+    derived(L.EXPERT_WEIGHTS_NORM, lambda c: c.find("norm_topk_prob", kind="flag", default=False) or None),
+    hf(R.DIMENSION_COUNT, "qk_rope_head_dim"),
+    derived(R.SCALING_YARN_LOG_MUL, _yarn_log_mul),
+), {"tie_word_embeddings": False, "rms_norm_eps": 1e-6}, _optional_written, tie_drops_head=True),
+    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
 
-A, R = Keys.Attention, Keys.Rope
 
 
 def _deepseek2(E: int, n_layer: int, n_ff: int, n_head: int, q_lora: int, n_dense: int, n_expert: int, n_used: int,
@@ -294,7 +352,8 @@ def _deepseek2(E: int, n_layer: int, n_ff: int, n_head: int, q_lora: int, n_dens
         R.SCALING_FACTOR: 40.0, R.SCALING_ORIG_CTX_LEN: 4096, R.SCALING_YARN_LOG_MUL: log_mul,
         L.LEADING_DENSE_BLOCK_COUNT: n_dense, L.EXPERT_COUNT: n_expert, L.EXPERT_USED_COUNT: n_used,
         L.EXPERT_FEED_FORWARD_LENGTH: n_ff_exp, L.EXPERT_SHARED_COUNT: n_shared, L.VOCAB_SIZE: vocab, **routing,
-    }, tied=False, include=r"blk\.\d+\.exp_probs_b\.bias" if selection_bias else "", f32=presets.ROUTER_F32, source=source)
+    }, tied=False, include=EXPERT_STACKS + (r"|blk\.\d+\.exp_probs_b\.bias" if selection_bias else ""),
+        f32=presets.ROUTER_F32, source=source)
 
 
 presets.register({

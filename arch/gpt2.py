@@ -18,8 +18,10 @@ from gguf import Keys
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm
 from graphir.model.hparams import f32
+from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name, with_bias
-from graphir.model import presets
+from graphir.model import hf_config, presets
+from graphir.model.hf_config import BLOCKS, VOCAB, Family, derived, hf
 from graphir.model.presets import Preset
 
 
@@ -39,7 +41,7 @@ class Gpt2(Architecture):
             spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
         ]
         for il in range(hp.n_layer):
-            specs += [
+            layer = [
                 *with_bias(T.ATTN_NORM, (E,), il),
                 *with_bias(T.ATTN_QKV, (E, E + 2 * hp.n_embd_v_gqa), il),
                 *with_bias(T.ATTN_OUT, (E, E), il),
@@ -47,36 +49,44 @@ class Gpt2(Architecture):
                 *with_bias(T.FFN_UP, (E, F), il),
                 *with_bias(T.FFN_DOWN, (F, E), il),
             ]
+            specs += layer + layer_scales(layer, il)  # read: those of the QKV and output projections
         return specs
 
     def build(self, b: GraphBuilder) -> None:
-        hp = self.hp
         pos = b.build_inp_pos()
         x = b.op("add", b.build_inp_embd(b.w(T.TOKEN_EMBD)), b.op("get_rows", b.w(T.POS_EMBD), pos, name="pos_embd"),
                  name="inpL")
-        out_ids = b.build_inp_out_ids()
-        kq_scale = f32(1.0 / f32(math.sqrt(hp.n_embd_head_k)))  # 1.0f / sqrtf(d): no attention.scale key is read
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                h = b.build_norm(x, b.w(T.ATTN_NORM, il), b.w(T.ATTN_NORM, il, "bias"), Norm.LAYER, name="attn_norm")
-                q, k, v = b.build_qkv(h, il)
-                a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias"), kq_scale=kq_scale)
-                if il == hp.n_layer - 1:  # only requested rows go through the last MLP and the head
-                    a = b.op("get_rows", a, out_ids, name="attn_out.rows")
-                    x = b.op("get_rows", x, out_ids, name="inp.rows")
-                x = b.op("add", a, x, name="ffn_inp")
-                h = b.build_norm(x, b.w(T.FFN_NORM, il), b.w(T.FFN_NORM, il, "bias"), Norm.LAYER, name="ffn_norm")
-                f = b.build_ffn(h, up=b.w(T.FFN_UP, il), up_b=b.w(T.FFN_UP, il, "bias"), gate=None,
-                                down=b.w(T.FFN_DOWN, il), down_b=b.w(T.FFN_DOWN, il, "bias"), act=Act.GELU)
-                x = b.op("add", f, x, name="l_out")
-        x = b.build_norm(x, b.w(T.OUTPUT_NORM), b.w(T.OUTPUT_NORM, suffix="bias"), Norm.LAYER, name="result_norm")
-        b.build_output(x, b.w(T.OUTPUT))
+        kq_scale = f32(1.0 / f32(math.sqrt(self.hp.n_embd_head_k)))  # 1.0f / sqrtf(d): no attention.scale key is read
+        for il in b.layers():
+            h = b.norm(x, T.ATTN_NORM, il, Norm.LAYER, name="attn_norm")
+            q, k, v = b.build_qkv(h, il)
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias"),
+                             wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), kq_scale=kq_scale)
+            a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
+            x = b.op("add", a, x, name="ffn_inp")
+            h = b.norm(x, T.FFN_NORM, il, Norm.LAYER, name="ffn_norm")
+            f = b.build_ffn(h, up=b.w(T.FFN_UP, il), up_b=b.w(T.FFN_UP, il, "bias"), gate=None,
+                            down=b.w(T.FFN_DOWN, il), down_b=b.w(T.FFN_DOWN, il, "bias"), act=Act.GELU)
+            x = b.op("add", f, x, name="l_out")
+        b.build_output(b.norm(x, T.OUTPUT_NORM, kind=Norm.LAYER, name="result_norm"), b.w(T.OUTPUT))
 
 
-# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+# ---- Hugging Face: what convert_hf_to_gguf writes for a GPT2LMHeadModel config ---------------------------
 
 L, A = Keys.LLM, Keys.Attention
 
+hf_config.register(Family("gpt2", (
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(L.CONTEXT_LENGTH, "n_ctx"),
+    hf(L.EMBEDDING_LENGTH, "n_embd"),
+    derived(L.FEED_FORWARD_LENGTH, lambda c: 4 * c.find("n_embd")),
+    hf(A.HEAD_COUNT, "n_head"),
+    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
+    VOCAB,
+), {"tie_word_embeddings": True, "layer_norm_epsilon": 1e-5}), "GPT2LMHeadModel")
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
 
 presets.register({
     # GPT-2 small; the converter keeps the position table in f32, and the LM head is the token embedding.

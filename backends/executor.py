@@ -254,6 +254,8 @@ def _viewing(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> C
     strides4, offset4 = tuple(s * 4 for s in strides), offset * 4
 
     def view(x: np.ndarray) -> np.ndarray:
+        if not x.size:  # an empty value (a ubatch without outputs): its offset points past the empty buffer
+            return np.empty(shape, x.dtype)
         item = x.itemsize
         st, off = (strides4, offset4) if item == 4 else (tuple(s * item for s in strides), offset * item)
         y = np.ndarray(shape, x.dtype, buffer=x, offset=off, strides=st)

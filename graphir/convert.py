@@ -58,7 +58,6 @@ OUTTYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {
     "f32": (_QT.F32, gguf.LlamaFileType.ALL_F32),
     "f16": (_QT.F16, gguf.LlamaFileType.MOSTLY_F16),
 }
-_HF_ARCHITECTURES = ("BertModel", "BertForMaskedLM")
 _ARCH = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.BERT]
 # Storage of each supported safetensors dtype; BF16 is widened to f32 by shifting its bits.
 _SOURCE_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
@@ -161,12 +160,14 @@ def _config(src: Path) -> _Config:
     path = src / hf_config.CONFIG
     cfg = hf_config.read_config(path)
     model_type, archs = cfg.get("model_type"), cfg.get("architectures") or []
-    if model_type != "bert" or not isinstance(archs, list) or any(a not in _HF_ARCHITECTURES for a in archs):
+    families = hf_config.families()
+    berts = [name for name, fam in families.items() if fam.arch == _ARCH]  # the names the bert family registers
+    if model_type != "bert" or not isinstance(archs, list) or any(a not in berts for a in archs):
         raise CheckpointError(f"{path}: not a BERT model (model_type {model_type!r}, architectures {archs!r}); "
-                              f"converted: model_type 'bert' as {' or '.join(_HF_ARCHITECTURES)}")
+                              f"converted: model_type 'bert' as {' or '.join(berts)}")
     if not isinstance(cfg.get("_name_or_path", ""), str):  # gguf's name heuristics read it as text
         raise CheckpointError(f"{path}: _name_or_path must be text, not {cfg['_name_or_path']!r}")
-    keys = hf_config.gguf_keys(path, cfg, hf_config.families()[_HF_ARCHITECTURES[0]])
+    keys = hf_config.gguf_keys(path, cfg, families[berts[0]])
     L, A = gguf.Keys.LLM, gguf.Keys.Attention
     c = _Config(n_vocab=keys[L.VOCAB_SIZE], n_ctx=keys[L.CONTEXT_LENGTH], n_embd=keys[L.EMBEDDING_LENGTH],
                 n_ff=keys.get(L.FEED_FORWARD_LENGTH, 0), n_layer=keys[L.BLOCK_COUNT], n_head=keys.get(A.HEAD_COUNT, 0),

@@ -376,7 +376,7 @@ TINY_FAMILY["deepseek2"] = {
     gguf.Keys.LLM.EXPERT_SHARED_COUNT: 1, gguf.Keys.LLM.EXPERT_GROUP_COUNT: 4, gguf.Keys.LLM.EXPERT_GROUP_USED_COUNT: 2,
     gguf.Keys.LLM.EXPERT_GATING_FUNC: 2, gguf.Keys.LLM.EXPERT_WEIGHTS_NORM: True, gguf.Keys.LLM.EXPERT_WEIGHTS_SCALE: 2.5,
 }
-ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias",
+ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 
 

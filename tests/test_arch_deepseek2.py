@@ -30,7 +30,8 @@ from conftest import TINY_KEYS, TinyModels, memory_bytes, oracle_is_exact, write
 from test_families import (LlamaCpp, divergent_continuations_equal_fresh_contexts, failing_second_ubatch_changes_nothing,
                            greedy_against_llama_cpp, last_index, multi, seq_rm_against_llama_cpp)
 
-from graphir.errors import GraphError, MetadataError
+from graphir.arch.deepseek2 import EXPERT_STACKS
+from graphir.errors import GraphError, MetadataError, TensorError
 from graphir.graph.ir import Node
 from graphir.memory.kinds import assemble
 from graphir.memory.layers import Attention, ContextParams, LatentAttention
@@ -62,12 +63,12 @@ WIDE = {**MLA, L.EMBEDDING_LENGTH: 256, L.FEED_FORWARD_LENGTH: 256, L.EXPERT_FEE
         A.VALUE_LENGTH_MLA: 64, A.Q_LORA_RANK: 0}
 BIAS = r"blk\.\d+\.exp_probs_b\.bias"
 
-PRESETS = {
-    "mla": Preset("deepseek2", MLA, tied=False, matrix_type=Q.F32),
-    "lite": Preset("deepseek2", {**MLA, A.Q_LORA_RANK: 0}, tied=True, matrix_type=Q.F32),
-    "legacy": Preset("deepseek2", LEGACY, tied=False, matrix_type=Q.F32),
-    "v3": Preset("deepseek2", V3, tied=False, matrix_type=Q.F32, include=BIAS),
-    "wide": Preset("deepseek2", WIDE, tied=False, matrix_type=Q.F32),
+PRESETS = {  # the experts' gate and up stacks one each, as the converter writes them (EXPERT_STACKS)
+    "mla": Preset("deepseek2", MLA, tied=False, matrix_type=Q.F32, include=EXPERT_STACKS),
+    "lite": Preset("deepseek2", {**MLA, A.Q_LORA_RANK: 0}, tied=True, matrix_type=Q.F32, include=EXPERT_STACKS),
+    "legacy": Preset("deepseek2", LEGACY, tied=False, matrix_type=Q.F32, include=EXPERT_STACKS),
+    "v3": Preset("deepseek2", V3, tied=False, matrix_type=Q.F32, include=f"{EXPERT_STACKS}|{BIAS}"),
+    "wide": Preset("deepseek2", WIDE, tied=False, matrix_type=Q.F32, include=EXPERT_STACKS),
 }
 F32_MODELS = ["mla", "lite", "legacy", "v3"]
 
@@ -296,8 +297,27 @@ def test_a_legacy_file_must_decompress_every_head() -> None:
 
 def test_an_absent_gating_function_is_softmax_as_for_the_first_v2_files() -> None:
     keys = {k: v for k, v in MLA.items() if k != L.EXPERT_GATING_FUNC}
-    g = from_preset("no-gating", Preset("deepseek2", keys, tied=False)).build_graph("mla", "decode")
+    g = from_preset("no-gating", Preset("deepseek2", keys, tied=False, include=EXPERT_STACKS)).build_graph("mla",
+                                                                                                          "decode")
     assert g["blk.1.ffn_moe_probs"].op == "soft_max"
+
+
+def test_the_experts_gate_and_up_stacks_may_be_one_stack_or_two_but_not_neither() -> None:
+    """llama.cpp's loader takes ffn_gate_up_exps (each expert's gate rows, then its up rows) in place of the two
+    stacks, as the files it writes itself hold them; a file with neither form is refused naming both."""
+    fused = from_preset("fused", Preset("deepseek2", MLA, tied=False, include=r"blk\.\d+\.ffn_gate_up_exps\.weight"))
+    assert fused.arch.check(fused.tensors) == []
+    g = fused.build_graph("mla", "decode")
+    gate, up = g["blk.1.ffn_moe_gate"], g["blk.1.ffn_moe_up"]
+    assert gate.inputs[0].name == up.inputs[0].name == "blk.1.ffn_moe_gate_up"
+    assert (gate.attrs["offset"], up.attrs["offset"]) == (0, 32) and "blk.1.ffn_up_exps.weight" not in fused.tensors
+    neither = from_preset("neither", Preset("deepseek2", MLA, tied=False))
+    assert neither.arch.check(neither.tensors) == [
+        f"missing tensor 'blk.{il}.ffn_{t}_exps.weight' (or 'blk.{il}.ffn_gate_up_exps.weight' of both stacks)"
+        for il in (1, 2) for t in ("up", "gate")]
+    with pytest.raises(TensorError, match=r"missing tensor 'blk\.1\.ffn_up_exps\.weight' \(or "
+                                          r"'blk\.1\.ffn_gate_up_exps\.weight' of both stacks\)"):
+        neither.build_graph("mla", "decode")
 
 
 # ---------------------------------------------------------------------------------------------------- routing

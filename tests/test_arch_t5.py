@@ -36,17 +36,21 @@ START = 3  # decoder_start_token_id of the tiny models
 T5_KEYS = {K.Attention.HEAD_COUNT_KV: 4, K.Attention.KEY_LENGTH: 16, K.Attention.VALUE_LENGTH: 16,
            K.Attention.REL_BUCKETS_COUNT: 32, K.LLM.DECODER_START_TOKEN_ID: START, K.Attention.LAYERNORM_EPS: 1e-5}
 GATES = r"(enc|dec)\.blk\.\d+\.ffn_gate\.weight"
+# The scales llama.cpp's loader takes beside the decoder's projections, under the names of their roles (blk.<il>)
+SCALES = r"blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.(scale|input_scale)"
 
 
-def _preset(arch: str, gated: bool) -> Preset:
+def _preset(arch: str, include: str) -> Preset:
     p = make_tiny_preset(arch, tied=False, **T5_KEYS)
-    return Preset(arch, p.keys, tied=False, matrix_type=gguf.GGMLQuantizationType.F32, include=GATES if gated else "")
+    return Preset(arch, p.keys, tied=False, matrix_type=gguf.GGMLQuantizationType.F32, include=include)
 
 
-PRESETS = {"t5-relu": _preset("t5", False), "t5-gated": _preset("t5", True), "t5encoder-relu": _preset("t5encoder", False)}
+PRESETS = {"t5-relu": _preset("t5", ""), "t5-gated": _preset("t5", GATES), "t5-scaled": _preset("t5", f"{GATES}|{SCALES}"),
+           "t5encoder-relu": _preset("t5encoder", "")}
 F16 = gguf.GGMLQuantizationType.F16
-VARIANTS = pytest.mark.parametrize("name,dtype", [("t5-relu", None), ("t5-gated", None), ("t5-gated", F16)],
-                                   ids=["relu", "gated", "gated-f16"])
+VARIANTS = pytest.mark.parametrize("name,dtype", [("t5-relu", None), ("t5-gated", None), ("t5-gated", F16),
+                                                  ("t5-scaled", None)],
+                                   ids=["relu", "gated", "gated-f16", "scaled"])
 
 _rng = np.random.default_rng(5)
 SOURCE = _rng.integers(4, 256, 70).tolist()
@@ -114,6 +118,16 @@ def test_relative_buckets_are_t5s() -> None:
 
 
 # ---- conformance ---------------------------------------------------------------------------------------
+
+
+def test_the_decoders_projection_scales_apply_to_its_self_attention_alone(tiny: TinyModels) -> None:
+    """As llama.cpp's graph reads them: Q, K, V and the output of the decoder's self-attention; not its FFN's, not
+    the cross-attention's, not the encoder's (which has no scales), and no input scale."""
+    meta = tiny.model("t5-scaled").meta
+    dec, enc = meta.build_graph(None, "decode"), meta.build_graph(None, "encode")
+    scaled = {n.inputs[1].name for n in dec.nodes if n.name.endswith(".s")}
+    assert scaled == {f"blk.{il}.attn_{t}.scale" for il in (0, 1) for t in ("q", "k", "v", "output")}
+    assert not any(n.name.endswith(".s") for n in enc.nodes)
 
 
 @oracle

@@ -59,6 +59,8 @@ ROWS = [
     Row("bert", made_by="graphir"),
     Row("nomic-bert", made_by="graphir"),
     Row("t5encoder"),
+    Row("deepseek2", "moe", moe=True),  # llama.cpp builds it with experts only
+    Row("gpt2"),
 ]
 
 _rng = np.random.default_rng(7)

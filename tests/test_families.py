@@ -16,6 +16,7 @@ values by up to 4e-4, in llama.cpp as well.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -666,6 +667,88 @@ def test_cls_pools_the_smallest_position_and_last_the_largest(gguf_file: Callabl
             assert cos(ref.embeddings_seq(j), rows[pick]) >= 0.9999
     finally:
         ref.close()
+
+
+# Tensors llama.cpp's loaders take as optional beside each family's own: every projection's scale and input scale
+# (its generic pass), BERT's classifier head, nomic-bert's FFN biases (loaded, never read)
+OPTIONAL = {"bert": r"blk\.\d+\.(attn_[qkv]|attn_output|ffn_up|ffn_down)\.(scale|input_scale)|cls(\.output)?\.(weight|bias)",
+            "nomic-bert": r"blk\.\d+\.(attn_qkv|attn_output|ffn_up|ffn_down|ffn_gate)\.(scale|input_scale)|"
+                          r"blk\.\d+\.ffn_(up|down)\.bias"}
+
+
+@oracle
+@ENCODERS
+def test_a_file_with_every_optional_tensor_llama_cpp_loads_gives_its_embeddings(tmp_path: Path, arch: str) -> None:
+    """llama.cpp multiplies the attention projections by their scales and reads nothing else of these; graphir
+    accepts the same file and gives the same token embeddings."""
+    tiny = make_tiny_preset(arch)
+    path = write_model_gguf(tmp_path / f"{arch}.gguf", replace(tiny, include=f"{tiny.include}|{OPTIONAL[arch]}"))
+    model = load(str(path))
+    tensors = model.meta.tensors
+    assert "blk.0.attn_output.scale" in tensors and ("cls.output.weight" in tensors) == (arch == "bert")
+    graph = model.meta.build_graph("none", "prefill")
+    assert graph["blk.0.attn_out.s"].inputs[1].name == "blk.0.attn_output.scale"
+    assert not any(n.name.endswith("input_scale") for n in graph.nodes)
+    tokens, _, _ = multi(SEQS, "shuffled")
+    ref = llama_cpp_encode(path, SEQS, "none", "shuffled")
+    try:
+        want = np.array([ref.embeddings_ith(i) for i in range(len(tokens))])
+    finally:
+        ref.close()
+    assert np.abs(encode(model, SEQS, "none", "shuffled").embeddings() - want).max() <= 1e-3
+
+
+def _with_token_embd(src: Path, dst: Path) -> Path:
+    """``src`` with the token embedding llama.cpp's saver leaves out of the encoders it writes (it saves token_embd
+    only beside an output head), seeded like the rest; every other key and tensor as llama.cpp wrote it."""
+    r = gguf.GGUFReader(src)
+    arch = r.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    w = gguf.GGUFWriter(str(dst), arch)
+    for f in r.fields.values():
+        value, kind = f.contents(), f.types[0]
+        if f.name.startswith("GGUF.") or f.name == gguf.Keys.General.ARCHITECTURE or value == []:
+            continue  # the header's own fields, and empty arrays the writer refuses
+        w.add_key_value(f.name, value, kind, sub_type=f.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    n_embd, n_vocab = r.fields[f"{arch}.embedding_length"].contents(), r.fields[f"{arch}.vocab_size"].contents()
+    w.add_tensor("token_embd.weight", np.random.default_rng(0).normal(0, 0.1, (n_vocab, n_embd)).astype(np.float32))
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@oracle
+@ENCODERS
+def test_an_encoder_llama_cpp_makes_gives_its_embeddings(tmp_path: Path, arch: str) -> None:
+    """A tiny model made by llama.cpp (every optional tensor its loader creates) says attention.causal = true, as
+    llama.cpp's default; llama.cpp runs it bidirectionally all the same (the model has no memory, so llama_decode
+    runs llama_encode), and so does graphir."""
+    import llama_made
+
+    path = _with_token_embd(llama_made.make(tmp_path / "made.gguf", arch), tmp_path / f"{arch}.gguf")
+    model = load(str(path))
+    assert model.meta.metadata[gguf.Keys.Attention.CAUSAL.format(arch=arch)] is True and not model.hparams.causal
+    prompt = [t % model.hparams.n_vocab for t in PROMPT]  # llama.cpp's tiny vocabulary has 128 tokens
+    ref = LlamaCpp(path, pooling="none")
+    try:
+        ref.decode(prompt, range(len(prompt)), [0] * len(prompt))
+        want = np.array([ref.embeddings_ith(i) for i in range(len(prompt))])
+    finally:
+        ref.close()
+    assert np.abs(encode(model, [prompt], "none").embeddings() - want).max() <= 1e-3
+
+
+def test_berts_classifier_head_has_one_output_per_label_the_file_names() -> None:
+    """llama.cpp sizes cls.output by classifier.output_labels (one output without the key)."""
+    from graphir.model.meta import from_preset
+
+    labels = {gguf.Keys.Classifier.OUTPUT_LABELS: ["negative", "neutral", "positive"]}
+    for keys, n_out in (({}, 1), (labels, 3)):
+        specs = from_preset("bert", make_tiny_preset("bert", **keys)).arch.specs
+        assert specs["cls.output.weight"].shape == (64, n_out) and specs["cls.output.bias"].shape == (n_out,)
 
 
 @ENCODERS

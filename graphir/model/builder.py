@@ -109,6 +109,7 @@ class GraphBuilder:
         self._pos_bias: dict[str, Node] = {}  # per relative-bias table: the bias of every score (one per graph)
         self._scope = ""
         self.il: int | None = None  # the layer being built (inside ``with b.layer(il)``)
+        self.n_layer = arch.hp.n_layer  # the layers of the stack being built (see :meth:`layers`)
         # n_seq_tokens is set when the memory splits ubatches equally (n_tokens = n_seq_tokens * n_seqs).
         self.n_seq_tokens: Dim | None
         if phase == "decode":
@@ -167,18 +168,20 @@ class GraphBuilder:
         finally:
             self._scope, self.il = outer, outer_il
 
-    def layers(self) -> Iterator[int]:
+    def layers(self, n_layer: int | None = None) -> Iterator[int]:
         """Every layer index in turn, each inside its scope (:meth:`layer`): a family's layer loop. The rows
-        whose output is requested are declared first, as every graph lists them before its layers."""
+        whose output is requested are declared first, as every graph lists them before its layers.
+        ``n_layer``: the stack's layer count where it is not the model's (an encoder-decoder's decoder)."""
         self.build_inp_out_ids()
-        for il in range(self.hp.n_layer):
+        self.n_layer = self.hp.n_layer if n_layer is None else n_layer
+        for il in range(self.n_layer):
             with self.layer(il):
                 yield il
 
     def last_layer_rows(self, *values: tuple[Node, str]) -> tuple[Node, ...]:
         """In the last layer only the rows whose output is requested go on (llama.cpp's ``inp_out_ids``): each
         value's rows there, named by its tag; in every other layer the values as they are."""
-        if self.il != self.hp.n_layer - 1:
+        if self.il != self.n_layer - 1:
             return tuple(v for v, _ in values)
         out_ids = self.build_inp_out_ids()
         return tuple(self.op("get_rows", v, out_ids, name=tag) for v, tag in values)
@@ -229,9 +232,18 @@ class GraphBuilder:
 
     # ---- small op helpers (names are tags inside the current scope) -------------------------------------
 
-    def linear(self, x: Node, w: Node, b: Node | None = None, *, name: str) -> Node:
+    def linear(self, x: Node, w: Node, b: Node | None = None, *, name: str, s: Node | None = None) -> Node:
+        """x through w, times w's per-tensor scale ``s`` (llama.cpp's ``build_lora_mm``), plus the bias b."""
         y = self.op("mul_mat", w, x, name=name)
+        if s is not None:
+            y = self.op("mul", y, s, name=f"{name}.s")
         return self.op("add", y, b, name=f"{name}.b") if b is not None else y
+
+    def scale(self, t: MODEL_TENSOR, il: int) -> Node | None:
+        """The scale of layer il's matrix of role ``t`` (graphir.model.scales), where the family declares one and
+        the file has it."""
+        name = tensor_name(t, il, "scale")
+        return self.weight(name) if name in self.arch.specs else None
 
     def reshape(self, x: Node, shape: tuple[Dim, ...], *, name: str) -> Node:
         return self.op("reshape", x, shape=shape, name=name)
@@ -277,12 +289,12 @@ class GraphBuilder:
             h = self.op(act.value, t, name=f"ffn_{act.value}")
         return self.linear(h, down, down_b, name=name)
 
-    def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node, gate_exps: Node | None, down_exps: Node,
+    def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node | None, gate_exps: Node | None, down_exps: Node,
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
                       w_scale: float = 0.0, probs_b: Node | None = None, act: Act = Act.SILU,
                       gate_inp_b: Node | None = None, up_exps_b: Node | None = None, gate_exps_b: Node | None = None,
                       down_exps_b: Node | None = None, n_groups: int = 0, n_group_used: int = 0,
-                      name: str = "ffn_moe_out") -> Node:
+                      gate_up_exps: Node | None = None, name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
@@ -290,7 +302,8 @@ class GraphBuilder:
         scaled by ``w_scale`` (0 or 1: not scaled). ``gate_inp_b`` biases the router's logits; ``*_exps_b``
         [n_ff or n_embd, n_expert] add to each expert's product the bias of that expert (``add_id``, gpt-oss).
         ``n_groups`` > 1: the experts form that many groups and a token chooses among the ``n_group_used`` best
-        groups only (:meth:`_moe_best_groups`, DeepSeek-V3)."""
+        groups only (:meth:`_moe_best_groups`, DeepSeek-V3). ``gate_up_exps`` [n_embd, 2 n_ff, n_expert]: the gate
+        and up stacks as one, each expert's gate rows before its up rows (in place of ``gate_exps``/``up_exps``)."""
         n_embd, n_tok = x.shape
         logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")
         if gate_inp_b is not None:
@@ -320,9 +333,18 @@ class GraphBuilder:
         if w_scale not in (0.0, 1.0):
             weights = self.op("scale", weights, s=w_scale, name="ffn_moe_weights_scaled")
         cur = self.reshape(x, (n_embd, 1, n_tok), name="ffn_moe_in")
-        up = self._expert_mm(up_exps, up_exps_b, cur, selected, name="ffn_moe_up")
-        if gate_exps is not None:
-            gate = self._expert_mm(gate_exps, gate_exps_b, cur, selected, name="ffn_moe_gate")
+        gate: Node | None
+        if gate_up_exps is not None:
+            both = self.op("mul_mat_id", gate_up_exps, cur, selected, name="ffn_moe_gate_up")
+            rows = both.shape[0]
+            gate, up = (self.op("view", both, shape=(rows // 2, n_expert_used, n_tok),
+                                strides=(1, rows, rows * n_expert_used), offset=offset, name=tag)
+                        for offset, tag in ((0, "ffn_moe_gate"), (rows // 2, "ffn_moe_up")))
+        else:
+            up = self._expert_mm(up_exps, up_exps_b, cur, selected, name="ffn_moe_up")  # type: ignore[arg-type]
+            gate = None if gate_exps is None else self._expert_mm(gate_exps, gate_exps_b, cur, selected,
+                                                                  name="ffn_moe_gate")
+        if gate is not None:
             if act is Act.SWIGLU_OAI:
                 h = self.op("swiglu_oai", gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT,
                             name="ffn_moe_swiglu_oai")
@@ -403,7 +425,7 @@ class GraphBuilder:
                 q_b, k_b, v_b = (self.weight(n) for n in names)
                 qk_b = self.op("concat", q_b, k_b, dim=0, name="qk_b")  # type: ignore[arg-type]
                 bias = self.op("concat", qk_b, v_b, dim=0, name="qkv_b")  # type: ignore[arg-type]
-        qkv = self.linear(x, fused, bias, name="wqkv")
+        qkv = self.linear(x, fused, bias, name="wqkv", s=self.scale(MODEL_TENSOR.ATTN_QKV, il))
         q_w, k_w = d * H, d * Hkv
         row = q_w + k_w + dv * Hkv
         return tuple(self.op("view", qkv, shape=(w, h, T_), strides=(1, w, row), offset=off, name=tag)  # type: ignore[return-value]
@@ -414,28 +436,30 @@ class GraphBuilder:
         if w is None:  # a family where the fused and the separate form are both optional: neither is in the file
             raise TensorError(f"{self.label}: missing tensor '{tensor_name(MODEL_TENSOR.ATTN_QKV, il)}' (or "
                               f"'{tensor_name(t, il)}' of separate projections)")
-        return self.linear(x, w, self.w(t, il, "bias"), name=tag)
+        return self.linear(x, w, self.w(t, il, "bias"), name=tag, s=self.scale(t, il))
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
-                   kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
+                   wo_s: Node | None = None, kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
                    sinks: Node | None = None) -> Node:
-        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] and what the memory keeps, then W_o
-        (``wo`` None: the heads' output [d * n_head, T], for a family that gates it before projecting);
+        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] and what the memory keeps, then W_o (times
+        its scale ``wo_s``, plus ``wo_b``; ``wo`` None: the heads' output [d * n_head, T], for a family that gates
+        it before projecting);
         ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
         ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`); ``sinks`` [n_head]: one more logit per
         head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks)."""
         inp = self._inputs("build_attn", SelfAttention(k, v))
         out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, softcap, kq_b, sinks=sinks)
-        return out if wo is None else self.linear(out, wo, wo_b, name="attn_out")
+        return out if wo is None else self.linear(out, wo, wo_b, name="attn_out", s=wo_s)
 
-    def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float) -> Node:
+    def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float,
+                       wo_s: Node | None = None) -> Node:
         """Multi-head latent attention (absorbed MLA): q [d_latent, n_head, T] over one shared head k
         [d_latent, 1, T] whose first ``v``'s width values are V (``v`` [kv_lora_rank, 1, T] is that view); each
-        head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o.
-        Only a memory that keeps latent rows serves it."""
+        head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o (times
+        its scale ``wo_s``). Only a memory that keeps latent rows serves it."""
         inp = self._inputs("build_attn_mla", LatentRows(k, v))
         out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, v_mla=v_mla)
-        return self.linear(out, wo, name="attn_out")
+        return self.linear(out, wo, name="attn_out", s=wo_s)
 
     def build_pos_bias(self, rel_b: Node) -> Node:
         """T5's relative position bias of every score [n_kv, n_tokens, n_head]: the row of ``rel_b``

@@ -259,7 +259,7 @@ VOCAB = hf(L.VOCAB_SIZE, "vocab_size")
 LLAMA = TEXT + (VOCAB, derived(R.DIMENSION_COUNT, _head_dim))
 
 
-def _pooling_rule(c: Config) -> Mapping[str, Any]:
+def pooling_rule(c: Config) -> Mapping[str, Any]:
     pooling = sentence_pooling(c.path.parent)
     return {} if pooling is None else {L.POOLING_TYPE: int(pooling)}
 
@@ -334,43 +334,6 @@ PHI3: tuple[Rule, ...] = (
     VOCAB,
 )
 
-GPT2: tuple[Rule, ...] = (
-    hf(L.BLOCK_COUNT, *BLOCKS),
-    hf(L.CONTEXT_LENGTH, "n_ctx"),
-    hf(L.EMBEDDING_LENGTH, "n_embd"),
-    derived(L.FEED_FORWARD_LENGTH, lambda c: 4 * c.find("n_embd")),
-    hf(A.HEAD_COUNT, "n_head"),
-    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
-    VOCAB,
-)
-
-BERT = TEXT + (
-    fixed(A.CAUSAL, False),
-    _pooling_rule,
-    hf(Keys.Tokenizer.TOKEN_TYPE_COUNT, "type_vocab_size"),
-    VOCAB,
-)
-
-
-def _nomic_context(c: Config) -> int:
-    """nomic-embed-text v1 and v1.5 say 8192 positions but are trained for 2048, as the converter writes."""
-    npos, trained = c.find("n_positions"), c.find("max_trained_positions", default=2048)
-    if (npos, trained) == (8192, 2048):
-        return 2048
-    raise c.error(f"n_positions {npos} with max_trained_positions {trained} is not a nomic-embed-text v1 model "
-                  f"(8192 and 2048)")
-
-
-def _no_moe(c: Config) -> Mapping[str, Any]:
-    """nomic-bert-moe (moe_every_n_layers) is another architecture, which graphir does not build."""
-    if c.find("moe_every_n_layers", kind="size", default=0):
-        raise c.error("moe_every_n_layers: nomic-bert's mixture-of-experts layers are not supported")
-    return {}
-
-
-NOMIC_BERT = BERT + (derived(L.CONTEXT_LENGTH, _nomic_context), _no_moe)
-
-
 def _mamba_inner(c: Config) -> int:
     d_model, d_inner = c.find("hidden_size", "d_model"), c.find("intermediate_size", "d_inner", default=None)
     if d_inner is not None and d_inner != 2 * d_model:
@@ -441,24 +404,6 @@ RWKV6: tuple[Rule, ...] = (
     fixed(A.HEAD_COUNT, 0),
     VOCAB,
 )
-
-T5_ENCODER: tuple[Rule, ...] = (
-    hf(L.CONTEXT_LENGTH, "n_positions", default=512),
-    hf(L.EMBEDDING_LENGTH, "d_model"),
-    hf(L.FEED_FORWARD_LENGTH, "d_ff"),
-    hf(L.BLOCK_COUNT, *BLOCKS),
-    hf(A.HEAD_COUNT, "num_heads"),
-    lambda c: {A.KEY_LENGTH: (d := c.find("d_kv")), A.VALUE_LENGTH: d},
-    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
-    hf(A.REL_BUCKETS_COUNT, "relative_attention_num_buckets"),
-    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", kind="number"),
-    VOCAB,
-)
-T5 = T5_ENCODER + (
-    derived(L.DECODER_BLOCK_COUNT, lambda c: c.find("num_decoder_layers", default=None) or c.find(*BLOCKS)),
-    hf(L.DECODER_START_TOKEN_ID, "decoder_start_token_id", kind="size"),
-)
-
 
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; the gguf package has no constant yet
 
@@ -536,40 +481,6 @@ GRANITE_HYBRID = TEXT_BASE + (  # GraniteModel drops head_dim
 )
 
 
-def _deepseek2_dense_lead(c: Config) -> int:
-    """first_k_dense_replace; absent: every layer dense without experts, none with them."""
-    moe = c.find("n_routed_experts", kind="size", default=None) is not None
-    return c.find("first_k_dense_replace", kind="size", default=0 if moe else c.find(*BLOCKS))
-
-
-def _deepseek2_mla(c: Config) -> dict[str, Any]:
-    """MLA absorbed as the converter writes it: one KV head of kv_lora_rank + RoPE values, the per-head sizes as the
-    *_length_mla keys."""
-    kv_lora, rope = c.find("kv_lora_rank", default=512), c.find("qk_rope_head_dim")
-    return {A.KV_LORA_RANK: kv_lora, A.KEY_LENGTH: kv_lora + rope, A.VALUE_LENGTH: kv_lora,
-            A.KEY_LENGTH_MLA: c.find("qk_nope_head_dim") + rope, A.VALUE_LENGTH_MLA: c.find("v_head_dim")}
-
-
-def _yarn_log_mul(c: Config) -> float | None:
-    """mscale_all_dim, stored times 0.1 (the converter's legacy scale for DeepSeek-V2)."""
-    m = c.rope_value(c.rope, "mscale_all_dim", default=None)
-    return None if m is None else 0.1 * m
-
-
-DEEPSEEK2 = TEXT + (
-    fixed(A.HEAD_COUNT_KV, 1),  # MLA is written as multi-query attention
-    derived(L.LEADING_DENSE_BLOCK_COUNT, _deepseek2_dense_lead),
-    VOCAB,
-    hf(A.Q_LORA_RANK, "q_lora_rank", default=None),
-    _deepseek2_mla,
-    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", "intermediate_size"),
-    hf(L.EXPERT_SHARED_COUNT, "n_shared_experts", kind="size", default=0),
-    hf(L.EXPERT_WEIGHTS_SCALE, "routed_scaling_factor", kind="number", default=None),
-    derived(L.EXPERT_WEIGHTS_NORM, lambda c: c.find("norm_topk_prob", kind="flag", default=False) or None),
-    hf(R.DIMENSION_COUNT, "qk_rope_head_dim"),
-    derived(R.SCALING_YARN_LOG_MUL, _yarn_log_mul),
-)
-
 GPT_OSS = TEXT + (
     hf(A.SLIDING_WINDOW, "sliding_window"),
     hf(L.EXPERT_FEED_FORWARD_LENGTH, "intermediate_size"),
@@ -598,18 +509,8 @@ def _phi3_include(c: Config) -> str:
     return r"blk\.\d+\.attn_qkv\.weight" + (r"|rope_factors_(long|short)\.weight" if c.rope.get("long_factor") else "")
 
 
-def _t5_include(c: Config) -> str:
-    gated = c.find("feed_forward_proj", kind="text", default="relu").startswith("gated-")
-    return r"(enc|dec)\.blk\.\d+\.ffn_gate\.weight" if gated else ""
-
-
 def _granite_include(c: Config) -> str:
     return _EXPERT_GATES if c.find("num_local_experts", kind="size", default=0) else ""
-
-
-def _deepseek2_include(c: Config) -> str:
-    """The experts' selection bias of sigmoid routing (e_score_correction_bias)."""
-    return r"blk\.\d+\.exp_probs_b\.bias" if c.find("topk_method", kind="text", default="") == "noaux_tc" else ""
 
 
 def _mxfp4(c: Config) -> bool:
@@ -643,10 +544,6 @@ _UNTIED = {"tie_word_embeddings": False}
 _PAD = "pad_vocab_size_multiple"
 _TIED = {"tie_word_embeddings": True}
 _LLAMA = Family("llama", LLAMA, _UNTIED, _llama_include)
-_BERT = Family("bert", BERT, {"layer_norm_eps": 1e-12, "type_vocab_size": 2},
-               lambda c: r"token_types\.weight|blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.attn_output\.bias")
-_DEEPSEEK2 = Family("deepseek2", DEEPSEEK2, {**_UNTIED, "rms_norm_eps": 1e-6}, _deepseek2_include,
-                    tie_drops_head=True)
 _GEMMA3 = {**_TIED, "max_position_embeddings": 131072, "rope_local_base_freq": 10000.0, "sliding_window": 4096,
            "vocab_size": 262208}  # Gemma3TextConfig's, which a multimodal config's text_config leaves out
 
@@ -656,8 +553,8 @@ FAMILIES: dict[str, Family] = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
     "MixtralForCausalLM": _LLAMA,
-    "Qwen2ForCausalLM": Family("qwen2", TEXT + (_pooling_rule, VOCAB), _UNTIED),
-    "Qwen3ForCausalLM": Family("qwen3", TEXT + (_pooling_rule, VOCAB), {**_UNTIED, "head_dim": 128}),
+    "Qwen2ForCausalLM": Family("qwen2", TEXT + (pooling_rule, VOCAB), _UNTIED),
+    "Qwen3ForCausalLM": Family("qwen3", TEXT + (pooling_rule, VOCAB), {**_UNTIED, "head_dim": 128}),
     "Qwen3MoeForCausalLM": Family("qwen3moe", TEXT + (
         hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
         hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None), VOCAB),
@@ -672,19 +569,9 @@ FAMILIES: dict[str, Family] = {
     "Gemma3ForConditionalGeneration": Family("gemma3", GEMMA3, _GEMMA3),
     "Phi3ForCausalLM": Family("phi3", PHI3, {**_UNTIED, "original_max_position_embeddings": 4096},
                               _phi3_include),
-    "GPT2LMHeadModel": Family("gpt2", GPT2, {**_TIED, "layer_norm_epsilon": 1e-5}),
-    "BertModel": _BERT,
-    "BertForMaskedLM": _BERT,
-    "NomicBertModel": Family("nomic-bert", NOMIC_BERT, {}, lambda c: r"token_types\.weight|blk\.\d+\.attn_qkv\.weight"),
     "MambaForCausalLM": Family("mamba", MAMBA, _TIED, pad_vocab=8, pad_vocab_key=_PAD, tie_drops_head=True),
     "Mamba2ForCausalLM": Family("mamba2", MAMBA2, _UNTIED, pad_vocab=16, pad_vocab_key=_PAD),
     "Rwkv6ForCausalLM": Family("rwkv6", RWKV6, _UNTIED),
-    "T5ForConditionalGeneration": Family("t5", T5, {**_TIED, "layer_norm_epsilon": 1e-6,
-                                                     "relative_attention_num_buckets": 32}, _t5_include),
-    "T5EncoderModel": Family("t5encoder", T5_ENCODER, {**_TIED, "layer_norm_epsilon": 1e-6,
-                                                        "relative_attention_num_buckets": 32}, _t5_include),
-    "DeepseekV2ForCausalLM": _DEEPSEEK2,
-    "DeepseekV3ForCausalLM": _DEEPSEEK2,
     "GptOssForCausalLM": Family("gpt-oss", GPT_OSS, _UNTIED, lambda c: r"blk\.\d+\.attn_[qkv]\.bias",
                                 mxfp4=r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight"),
     "GraniteMoeHybridForCausalLM": Family("granitehybrid", GRANITE_HYBRID, _UNTIED, _granite_include, pad_vocab=8),

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Mapping
+
+from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
+from graphir.errors import MetadataError, TensorError
 from graphir.model.hparams import HParams, Key
+from graphir.model.tensors import TensorSpec, spec, tensor_name
+
+if TYPE_CHECKING:
+    from graphir.graph.ir import Node
+    from graphir.model.builder import GraphBuilder
 
 # Mixture-of-experts hparams as llama.cpp's loader reads them for every family (0: absent)
 MOE_KEYS = (
@@ -34,3 +42,32 @@ def check_experts(hp: HParams, arch: str, groups: bool = False) -> None:
                             f"of which {used} are used ('{key(Keys.LLM.EXPERT_GROUP_USED_COUNT)}'): the groups "
                             f"must be fewer than the experts and divide them, and a token takes between 1 and all "
                             f"but one of them")
+
+
+def gate_up_tensors(n_embd: int, n_ff: int, n_expert: int, il: int) -> list[TensorSpec]:
+    """A layer's experts' gate and up stacks in either form llama.cpp's loader takes (``create_tensor_gate_up_exps``):
+    one stack of both [n_embd, 2 n_ff, n_expert], or one each; all optional here, :func:`gate_up` needs a whole form."""
+    return [spec(T.FFN_GATE_UP_EXP, (n_embd, 2 * n_ff, n_expert), il, optional=True),
+            spec(T.FFN_GATE_EXP, (n_embd, n_ff, n_expert), il, optional=True),
+            spec(T.FFN_UP_EXP, (n_embd, n_ff, n_expert), il, optional=True)]
+
+
+def gate_up_problems(tensors: Mapping[str, Any], il: int) -> list[str]:
+    """What layer il lacks of its experts' gate and up stacks (empty: the file has a whole form), one line each."""
+    fused = tensor_name(T.FFN_GATE_UP_EXP, il)
+    if fused in tensors:
+        return []
+    return [f"missing tensor '{tensor_name(t, il)}' (or '{fused}' of both stacks)"
+            for t in (T.FFN_UP_EXP, T.FFN_GATE_EXP) if tensor_name(t, il) not in tensors]
+
+
+def gate_up(b: GraphBuilder, il: int) -> dict[str, Node | None]:
+    """Layer il's gate and up stacks as ``build_moe_ffn`` takes them, in the form the file holds: the fused stack
+    when it is there, else the two (both required then, as llama.cpp's loader requires them)."""
+    fused = b.w_opt(T.FFN_GATE_UP_EXP, il)
+    if fused is not None:
+        return {"gate_up_exps": fused, "gate_exps": None, "up_exps": None}
+    problems = gate_up_problems(b.tensors, il)
+    if problems:
+        raise TensorError(f"{b.label}: {problems[0]}")
+    return {"up_exps": b.w_opt(T.FFN_UP_EXP, il), "gate_exps": b.w_opt(T.FFN_GATE_EXP, il)}
