@@ -13,25 +13,31 @@ Reference: IBM 2025, "Granite 4.0"; llama.cpp src/models/granite-hybrid.cpp.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.llama import Llama
-from graphir.model.moe import MOE_KEYS
-from graphir.arch.mamba import Mamba2
 from graphir.graph.ir import Node
-from graphir.memory.layers import Attention, LayerNeeds, Recurrent
+from graphir.memory.layers import Attention, LayerNeeds
+from graphir.model import ssm
+from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
-from graphir.model.hparams import Key, f32
-from graphir.model.tensors import TensorSpec, spec
+from graphir.model.hparams import HParams, Key, f32
+from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
 from graphir.model import presets
 from graphir.model.presets import Preset
+from graphir.model import hf_config
+from graphir.model.hf_config import BLOCKS, TEXT_BASE, VOCAB, WIDTH, Config, Family, _heads, derived, hf
 
 
-class GraniteHybrid(Llama):
+class GraniteHybrid(Architecture):
     name = "granitehybrid"
+    rope_mode = "norm"
+    required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
     per_layer = True  # head_count_kv per layer says which layers are recurrent
-    keys = Mamba2.keys + (
+    keys = ssm.MAMBA2_KEYS + (
         Key("logit_scale", Keys.LLM.LOGIT_SCALE, float, 0.0),  # 0: none
         Key("residual_scale", Keys.LLM.RESIDUAL_SCALE, float, 0.0),
         Key("embedding_scale", Keys.LLM.EMBEDDING_SCALE, float, 0.0),
@@ -40,10 +46,9 @@ class GraniteHybrid(Llama):
         Key("n_ff_shexp", Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, 0, minimum=0),  # 0: no shared expert
     )
 
-    def __init__(self, hp):  # type: ignore[no-untyped-def]
-        # the Mamba-2 block of the recurrent layers (llama.cpp loads its conv bias as optional, but its graph
-        # adds it unconditionally: a file without it crashes there, and is refused here)
-        self.ssm = Mamba2(hp)
+    def __init__(self, hp: HParams):
+        check_experts(hp, self.name)
+        ssm.check_mamba2(hp)
         super().__init__(hp)
 
     def recurrent(self, il: int) -> bool:
@@ -51,68 +56,105 @@ class GraniteHybrid(Llama):
 
     def layers(self) -> LayerNeeds:
         hp = self.hp
-        return tuple(Recurrent(self.ssm.n_embd_r, self.ssm.n_embd_s) if self.recurrent(il)
+        return tuple(ssm.recurrent_state(hp, ssm.mamba2_conv_dim(hp)) if self.recurrent(il)
                      else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(hp.n_layer))
 
-    def mix_tensors(self, il: int) -> list[TensorSpec]:
-        return self.ssm.mixer_tensors(il) if self.recurrent(il) else super().mix_tensors(il)
+    # ---- tensors -----------------------------------------------------------------------------------------
+
+    def tensors(self) -> list[TensorSpec]:
+        hp = self.hp
+        E, V = hp.n_embd, hp.n_vocab
+        specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"),
+                 spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
+                 spec(T.ROPE_FREQS, (hp.n_rot // 2,), kind="vector", optional=True)]
+        for il in range(hp.n_layer):
+            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"),
+                      *(ssm.mamba2_tensors(hp, il) if self.recurrent(il) else self.attn_tensors(il)),
+                      spec(T.FFN_NORM, (E,), il, kind="vector"),
+                      *(self.moe_tensors(il) if hp.n_expert else self.ffn_tensors(il))]
+        return specs
+
+    def attn_tensors(self, il: int) -> list[TensorSpec]:
+        """Grouped-query attention's projections, each with an optional bias and scale."""
+        hp = self.hp
+        E, q_out, kv_out, v_out = hp.n_embd, hp.head_count(il) * hp.n_embd_head_k, hp.n_embd_k_gqa_at(il), \
+            hp.n_embd_v_gqa_at(il)
+        return [spec(T.ATTN_Q, (E, q_out), il), spec(T.ATTN_K, (E, kv_out), il), spec(T.ATTN_V, (E, v_out), il),
+                spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il),
+                spec(T.ATTN_Q, (q_out,), il, "bias", kind="vector", optional=True),
+                spec(T.ATTN_K, (kv_out,), il, "bias", kind="vector", optional=True),
+                spec(T.ATTN_V, (v_out,), il, "bias", kind="vector", optional=True),
+                spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True),
+                *(s for t in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT) for s in scales(t, il))]
 
     def ffn_tensors(self, il: int) -> list[TensorSpec]:
+        """The dense SwiGLU FFN, each matrix with an optional bias and scale."""
         E, F = self.hp.n_embd, self.hp.ff_length(il)
-        if self.n_expert():
-            S = self.hp.n_ff_shexp
-            shared = [spec(T.FFN_GATE_SHEXP, (E, S), il), spec(T.FFN_UP_SHEXP, (E, S), il),
-                      spec(T.FFN_DOWN_SHEXP, (S, E), il)] if S else []
-            return super().ffn_tensors(il) + shared
-        return super().ffn_tensors(il) + [spec(t, (n,), il, "bias", kind="vector", optional=True)
-                                          for t, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))]
+        return [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
+                *(spec(t, (n,), il, "bias", kind="vector", optional=True)
+                  for t, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))),
+                *(s for t in (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN) for s in scales(t, il))]
 
-    def roped(self, il: int) -> bool:
-        return bool(self.hp.rope_finetuned)
-
-    def mix(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
-        if not self.recurrent(il):
-            return super().mix(b, h, pos, freq_factors, il)
+    def moe_tensors(self, il: int) -> list[TensorSpec]:
+        """The router, the experts (their gates optional, as llama.cpp loads them) and the shared expert, each
+        matrix with an optional scale (one per expert)."""
         hp = self.hp
-        Ts, S = b.n_seq_tokens, b.n_seqs
-        assert Ts is not None
-        return self.ssm.mixer(b, b.reshape(h, (hp.n_embd, Ts, S), name="attn_norm.seqs"), il)
+        E, F, X, S = hp.n_embd, hp.ff_length(il), hp.n_expert, hp.n_ff_shexp
+        shexp = (T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP, T.FFN_DOWN_SHEXP)
+        shared = [spec(T.FFN_GATE_SHEXP, (E, S), il), spec(T.FFN_UP_SHEXP, (E, S), il),
+                  spec(T.FFN_DOWN_SHEXP, (S, E), il), *(s for t in shexp for s in scales(t, il))] if S else []
+        return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il, optional=True),
+                spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
+                *(s for t in (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP) for s in scales(t, il, X)), *shared]
+
+    # ---- graph -------------------------------------------------------------------------------------------
+
+    def attention(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
+        """Grouped-query attention, RoPE'd unless ``rope.scaling.finetuned`` is false."""
+        q, k, v = b.build_qkv(h, il)
+        if self.hp.rope_finetuned:
+            q = b.rope(q, pos, freq_factors, name="Qcur.rope")
+            k = b.rope(k, pos, freq_factors, name="Kcur.rope")
+        return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w_opt(T.ATTN_OUT, il, "bias"),
+                            wo_s=b.scale(T.ATTN_OUT, il), kq_scale=b.kq_scale())
 
     def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
-        if self.n_expert():
-            out = self.moe(b, h, il)
-            if not self.hp.n_ff_shexp:
-                return out
-            w = b.w
-            shared = b.build_ffn(h, up=w(T.FFN_UP_SHEXP, il), gate=w(T.FFN_GATE_SHEXP, il),  # type: ignore[arg-type]
-                                 down=w(T.FFN_DOWN_SHEXP, il), name="ffn_shexp")  # type: ignore[arg-type]
-            return b.op("add", out, shared, name="ffn_out")
-        return b.build_ffn(h, up=b.w(T.FFN_UP, il), up_b=b.w(T.FFN_UP, il, "bias"), gate=b.w(T.FFN_GATE, il),
-                           gate_b=b.w(T.FFN_GATE, il, "bias"), down=b.w(T.FFN_DOWN, il),  # type: ignore[arg-type]
-                           down_b=b.w(T.FFN_DOWN, il, "bias"))
-
-    def scaled(self, b: GraphBuilder, x: Node, s: float, name: str) -> Node:
-        return b.op("scale", x, s=s, name=name) if s else x
+        """The dense FFN, or the experts plus the shared expert. llama.cpp's graph leaves their scales unread."""
+        hp, w = self.hp, b.w
+        if not hp.n_expert:
+            return b.build_ffn(h, up=w(T.FFN_UP, il), up_b=b.w_opt(T.FFN_UP, il, "bias"), gate=w(T.FFN_GATE, il),
+                               gate_b=b.w_opt(T.FFN_GATE, il, "bias"), down=w(T.FFN_DOWN, il),
+                               down_b=b.w_opt(T.FFN_DOWN, il, "bias"))
+        out = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),
+                              gate_exps=b.w_opt(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),
+                              n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
+        if not hp.n_ff_shexp:
+            return out
+        shared = b.build_ffn(h, up=w(T.FFN_UP_SHEXP, il), gate=w(T.FFN_GATE_SHEXP, il), down=w(T.FFN_DOWN_SHEXP, il),
+                             name="ffn_shexp")
+        return b.op("add", out, shared, name="ffn_out")
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp
-        x = self.scaled(b, b.build_inp_embd(b.w(T.TOKEN_EMBD)), hp.embedding_scale, "inp_scaled")
+        x = _scaled(b, b.build_inp_embd(b.w(T.TOKEN_EMBD)), hp.embedding_scale, "inp_scaled")
         pos = b.build_inp_pos()
-        out_ids = b.build_inp_out_ids()
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                a = self.mix(b, b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm"), pos, None, il)
-                if il == hp.n_layer - 1:  # only requested rows go through the last FFN and the head
-                    a = b.op("get_rows", a, out_ids, name="mix_out.rows")
-                    x = b.op("get_rows", x, out_ids, name="inp.rows")
-                x = b.op("add", self.scaled(b, a, hp.residual_scale, "mix_out.scaled"), x, name="ffn_inp")
-                f = self.ffn(b, b.build_norm(x, b.w(T.FFN_NORM, il), name="ffn_norm"), il)
-                x = b.op("add", self.scaled(b, f, hp.residual_scale, "ffn_out.scaled"), x, name="l_out")
-        x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
-        head, bias = self.lm_head(b)
-        b.build_output(x, head, bias)
+        freq_factors = b.w_opt(T.ROPE_FREQS)
+        for il in b.layers():
+            h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
+            a = ssm.mamba2_layer(b, h, il) if self.recurrent(il) else self.attention(b, h, pos, freq_factors, il)
+            a, x = b.last_layer_rows((a, "mix_out.rows"), (x, "inp.rows"))
+            x = b.op("add", _scaled(b, a, hp.residual_scale, "mix_out.scaled"), x, name="ffn_inp")
+            f = self.ffn(b, b.norm(x, T.FFN_NORM, il, name="ffn_norm"), il)
+            x = b.op("add", _scaled(b, f, hp.residual_scale, "ffn_out.scaled"), x, name="l_out")
+        x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
+        b.build_output(x, b.w(T.OUTPUT))
         if hp.logit_scale:
             b.outputs["logits"] = b.op("scale", b.outputs["logits"], s=f32(1.0 / hp.logit_scale), name="result_scaled")
+
+
+def _scaled(b: GraphBuilder, x: Node, s: float, name: str) -> Node:
+    """x times one of Granite's multipliers (0: not set, x as it is)."""
+    return b.op("scale", x, s=s, name=name) if s else x
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
@@ -144,3 +186,61 @@ presets.register({
     "Granite-4.0-H-Small": _granite4h(4096, 32, 8, 768, 1536, 72, 10, 128, "ibm-granite/granite-4.0-h-small model "
                                       "card and config excerpts (sizes; not the multipliers)"),
 })
+
+
+# ---- Hugging Face: the keys convert_hf_to_gguf writes for GraniteMoeHybridForCausalLM -----------------------------
+
+def _prefixed(*names: str) -> tuple[str, ...]:
+    """GraniteHybrid's find_hparam: the names, then each with a ``mamba_`` prefix."""
+    return names + tuple(f"mamba_{n}" for n in names)
+
+
+def _granite_attention_layers(c: Config) -> list[int]:
+    types = c.find("layer_types", kind="list", default=None)
+    if types is not None:
+        return [i for i, t in enumerate(types) if t == "attention"]
+    indices = c.find("attn_layer_indices", kind="list", default=None)
+    if indices:
+        return indices
+    period, offset = c.find("attn_layer_period"), c.find("attn_layer_offset", kind="size")
+    return [i for i in range(c.find(*BLOCKS)) if i % period == offset]
+
+
+def _granite_kv(c: Config) -> list[int]:
+    attn, n_kv = _granite_attention_layers(c), c.find(*_prefixed("num_key_value_heads", "n_head_kv"))
+    return [n_kv if il in attn else 0 for il in range(c.find(*BLOCKS))]
+
+
+def _granite_rope(c: Config) -> dict[str, Any]:
+    """Granite 4.0-H's attention layers rotate nothing (unlike Bamba's), and then the context is unlimited."""
+    roped = "BambaForCausalLM" in c.doc.get("architectures", ()) or len(_granite_attention_layers(c)) == c.find(*BLOCKS)
+    return {R.SCALING_FINETUNED: roped, **({} if roped else {L.CONTEXT_LENGTH: 1 << 20})}
+
+
+GRANITE_HYBRID = TEXT_BASE + (  # GraniteModel drops head_dim
+    VOCAB,
+    derived(R.DIMENSION_COUNT, lambda c: c.find(*WIDTH) // _heads(c)),
+    hf(A.SCALE, "attention_multiplier", kind="number", default=None),
+    hf(L.EMBEDDING_SCALE, "embedding_multiplier", kind="number", default=None),
+    hf(L.RESIDUAL_SCALE, "residual_multiplier", kind="number", default=None),
+    hf(L.LOGIT_SCALE, "logits_scaling", kind="number", default=None),
+    hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_intermediate_size", default=None),
+    hf(S.CONV_KERNEL, *_prefixed("conv_kernel", "d_conv")),
+    hf(S.STATE_SIZE, *_prefixed("state_size", "d_state", "state_dim", "ssm_state_size")),
+    hf(S.GROUP_COUNT, *_prefixed("n_groups", "num_groups")),
+    derived(S.INNER_SIZE, lambda c: c.find(*_prefixed("expand", "num_heads")) * c.find(
+        *_prefixed("mamba_head_dim", "hidden_size", "d_model"))),
+    hf(S.TIME_STEP_RANK, *_prefixed("n_heads", "num_heads")),
+    derived(A.HEAD_COUNT_KV, _granite_kv),
+    _granite_rope,
+)
+
+
+def _granite_include(c: Config) -> str:
+    return presets.EXPERT_GATES if c.find("num_local_experts", kind="size", default=0) else ""
+
+
+
+
+hf_config.register(Family("granitehybrid", GRANITE_HYBRID, {"tie_word_embeddings": False}, _granite_include,
+                          pad_vocab=8), "GraniteMoeHybridForCausalLM")

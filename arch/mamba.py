@@ -10,199 +10,71 @@ llama.cpp src/models/mamba.cpp, mamba2.cpp, mamba-base.cpp.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
+from graphir.model import ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
-from graphir.errors import MetadataError
-from graphir.model.hparams import HParams, Key
-from graphir.graph.ir import Node
-from graphir.memory.layers import LayerNeeds, Recurrent
+from graphir.model.hparams import HParams
+from graphir.memory.layers import LayerNeeds
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 from graphir.model import presets
 from graphir.model.presets import Preset
+from graphir.model import hf_config
+from graphir.model.hf_config import BLOCKS, WIDTH, Config, Family, Rule, derived, fixed, hf
 
 
 class Mamba(Architecture):
+    """Mamba (``version`` 1); Mamba-2 is the same decoder with the other mixer, as in llama.cpp's mamba.cpp."""
+
     name = "mamba"
+    version: ClassVar[int] = 1
     required_keys = (Keys.Attention.LAYERNORM_RMS_EPS,)
-    keys = (Key("ssm_d_conv", Keys.SSM.CONV_KERNEL, int, required=True, minimum=1),  # conv kernel width
-            Key("ssm_d_inner", Keys.SSM.INNER_SIZE, int, required=True, minimum=1),
-            Key("ssm_d_state", Keys.SSM.STATE_SIZE, int, required=True, minimum=1),
-            Key("ssm_dt_rank", Keys.SSM.TIME_STEP_RANK, int, required=True, minimum=1),
-            Key("ssm_dt_b_c_rms", Keys.SSM.DT_B_C_RMS, bool, False))
+    keys = ssm.MAMBA_KEYS
 
-    @property
-    def n_embd_r(self) -> int:
-        """Per sequence and layer, the last d_conv - 1 conv input columns."""
-        return (self.hp.ssm_d_conv - 1) * self.hp.ssm_d_inner
-
-    @property
-    def n_embd_s(self) -> int:
-        """Per sequence and layer, the SSM state: d_state per inner channel."""
-        return self.hp.ssm_d_state * self.hp.ssm_d_inner
+    def __init__(self, hp: HParams):
+        if self.version == 2:
+            ssm.check_mamba2(hp)
+        super().__init__(hp)
 
     def layers(self) -> LayerNeeds:
-        return (Recurrent(self.n_embd_r, self.n_embd_s),) * self.hp.n_layer
+        hp = self.hp
+        return (ssm.recurrent_state(hp, ssm.mamba2_conv_dim(hp) if self.version == 2 else hp.ssm_d_inner),) * hp.n_layer
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
         E = hp.n_embd
+        mixer = ssm.mamba2_tensors if self.version == 2 else ssm.mamba_tensors
         specs = [
             spec(T.TOKEN_EMBD, (E, hp.n_vocab)),
             spec(T.OUTPUT_NORM, (E,), kind="vector"),
             spec(T.OUTPUT, (E, hp.n_vocab), tied_to=tensor_name(T.TOKEN_EMBD)),
         ]
         for il in range(hp.n_layer):
-            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.mixer_tensors(il)]
+            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), *mixer(hp, il)]
         return specs
 
-    def mixer_tensors(self, il: int) -> list[TensorSpec]:
-        """Layer il's selective SSM block."""
-        hp = self.hp
-        E, Di, Ds, R, K = hp.n_embd, hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_d_conv
-        return [
-            spec(T.SSM_IN, (E, 2 * Di), il),
-            spec(T.SSM_CONV1D, (K, Di), il),
-            spec(T.SSM_CONV1D, (Di,), il, "bias", kind="vector"),
-            spec(T.SSM_X, (Di, R + 2 * Ds), il),
-            spec(T.SSM_DT, (R, Di), il),
-            spec(T.SSM_DT, (Di,), il, "bias", kind="vector"),
-            spec(T.SSM_A, (Ds, Di), il, suffix=None),  # already -exp(A_log), stored under a bare name
-            spec(T.SSM_D, (Di,), il, suffix=None, kind="vector"),
-            spec(T.SSM_OUT, (Di, E), il),
-        ]
-
-    def mixer(self, b: GraphBuilder, x: Node, il: int) -> Node:
-        """The selective SSM block: [E, n_seq_tokens, n_seqs] in, same out."""
-        hp = self.hp
-        Di, Ds, R, K = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_d_conv
-        Ts, S = b.n_seq_tokens, b.n_seqs
-        assert Ts is not None
-        xz = b.op("mul_mat", b.w(T.SSM_IN, il), x, name="ssm_in")  # [2*Di, Ts, S]
-        xs = b.op("view", xz, shape=(Di, Ts, S), strides=(1, 2 * Di, 2 * Di * Ts), offset=0, name="ssm_x_in")
-        z = b.op("view", xz, shape=(Di, Ts, S), strides=(1, 2 * Di, 2 * Di * Ts), offset=Di, name="ssm_z")
-
-        conv = b.reshape(b.build_rs("r"), (K - 1, Di, S), name="conv_state")
-        conv_x = b.op("concat", conv, b.op("transpose", xs, name="ssm_x_in.t"), dim=0, name="conv_x")
-        last = b.op("view", conv_x, shape=(K - 1, Di, S), strides=(1, K - 1 + Ts, (K - 1 + Ts) * Di), offset=Ts,
-                    name="conv_state.new")
-        b.store_rs("r", b.reshape(b.op("cont", last, name="conv_state.cont"), (self.n_embd_r, S), name="conv_rows"))
-        xs = b.op("ssm_conv", conv_x, b.w(T.SSM_CONV1D, il), name="ssm_conv")
-        xs = b.op("silu", b.op("add", xs, b.w(T.SSM_CONV1D, il, "bias"), name="ssm_conv.b"), name="ssm_conv.act")
-
-        dbc = b.op("mul_mat", b.w(T.SSM_X, il), xs, name="ssm_dbc")  # [R + 2*Ds, Ts, S]
-        row = R + 2 * Ds
-        dt, B, C = (b.op("view", dbc, shape=(n, Ts, S), strides=(1, row, row * Ts), offset=off, name=tag)
-                    for tag, n, off in (("ssm_dt_in", R, 0), ("ssm_B", Ds, R), ("ssm_C", Ds, R + Ds)))
-        dt = b.linear(dt, b.w(T.SSM_DT, il), b.w(T.SSM_DT, il, "bias"), name="ssm_dt")
-
-        state = b.reshape(b.build_rs("s"), (Ds, Di, S), name="ssm_state")
-        ys = b.op("ssm_scan", state, xs, dt, b.w(T.SSM_A, il, None), B, C, name="ssm_scan")
-        n_y = Di * Ts * S
-        y = b.op("view", ys, shape=(Di, Ts, S), strides=(1, Di, Di * Ts), offset=0, name="ssm_y")
-        b.store_rs("s", b.op("view", ys, shape=(self.n_embd_s, S), strides=(1, self.n_embd_s), offset=n_y,
-                             name="ssm_state.new"))
-
-        y = b.op("add", y, b.op("mul", xs, b.w(T.SSM_D, il, None), name="ssm_skip"), name="ssm_y.skip")
-        y = b.op("swiglu", b.op("cont", z, name="ssm_z.cont"), y, name="ssm_gated")
-        return b.op("mul_mat", b.w(T.SSM_OUT, il), y, name="ssm_out")
-
     def build(self, b: GraphBuilder) -> None:
-        hp = self.hp
-        Ts, S = b.n_seq_tokens, b.n_seqs
-        assert Ts is not None
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
-        out_ids = b.build_inp_out_ids()
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                h = b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm")
-                h = self.mixer(b, b.reshape(h, (hp.n_embd, Ts, S), name="attn_norm.seqs"), il)
-                h = b.reshape(h, (hp.n_embd, b.n_tokens), name="ssm_out.tokens")
-                if il == hp.n_layer - 1:  # only requested rows go on
-                    h = b.op("get_rows", h, out_ids, name="ssm_out.rows")
-                    x = b.op("get_rows", x, out_ids, name="inp.rows")
-                x = b.op("add", h, x, name="l_out")
-        x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
+        for il in b.layers():
+            h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
+            h = ssm.mamba2_layer(b, h, il) if self.version == 2 else ssm.mamba_layer(b, h, il)
+            h = b.reshape(h, (self.hp.n_embd, b.n_tokens), name="ssm_out.tokens")
+            h, x = b.last_layer_rows((h, "ssm_out.rows"), (x, "inp.rows"))
+            x = b.op("add", h, x, name="l_out")
+        x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
 
 
 class Mamba2(Mamba):
+    """Mamba-2: per-head scalar decay, B and C shared within groups of heads, a gated grouped RMS norm."""
+
     name = "mamba2"
-    keys = Mamba.keys[:4] + (Key("ssm_n_group", Keys.SSM.GROUP_COUNT, int, required=True, minimum=1),)
-
-    def __init__(self, hp: HParams):
-        heads, inner, groups = hp.ssm_dt_rank, hp.ssm_d_inner, hp.ssm_n_group
-        if inner % heads or heads % groups:  # heads of inner // heads channels, in groups sharing B and C
-            raise MetadataError(f"{heads} SSM heads ('{Keys.SSM.TIME_STEP_RANK.format(arch=hp.arch)}') must split the "
-                                f"inner size {inner} and fall into {groups} equal groups "
-                                f"('{Keys.SSM.GROUP_COUNT.format(arch=hp.arch)}')")
-        super().__init__(hp)
-
-    @property
-    def conv_dim(self) -> int:
-        """Channels through the conv: x, then B and C of every group."""
-        hp = self.hp
-        return hp.ssm_d_inner + 2 * hp.ssm_n_group * hp.ssm_d_state
-
-    @property
-    def n_embd_r(self) -> int:
-        return (self.hp.ssm_d_conv - 1) * self.conv_dim
-
-    def mixer_tensors(self, il: int) -> list[TensorSpec]:
-        hp = self.hp
-        E, Di, H, G, K = hp.n_embd, hp.ssm_d_inner, hp.ssm_dt_rank, hp.ssm_n_group, hp.ssm_d_conv
-        return [
-            spec(T.SSM_IN, (E, Di + self.conv_dim + H), il),  # z, x B C, dt
-            spec(T.SSM_CONV1D, (K, self.conv_dim), il),
-            spec(T.SSM_CONV1D, (self.conv_dim,), il, "bias", kind="vector"),
-            spec(T.SSM_DT, (H,), il, "bias", kind="vector"),
-            spec(T.SSM_A, (1, H), il, suffix=None),  # -exp(A_log), one per head
-            spec(T.SSM_D, (1, H), il, suffix=None),
-            spec(T.SSM_NORM, (Di // G, G), il),
-            spec(T.SSM_OUT, (Di, E), il),
-        ]
-
-    def mixer(self, b: GraphBuilder, x: Node, il: int) -> Node:
-        """The Mamba-2 block: [E, n_seq_tokens, n_seqs] in, [E, n_tokens] out (the tokens of all sequences)."""
-        hp = self.hp
-        Di, Ds, H, G, K = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_n_group, hp.ssm_d_conv
-        cd = self.conv_dim
-        P, Ts, S = Di // H, b.n_seq_tokens, b.n_seqs
-        assert Ts is not None
-        zxbcdt = b.op("mul_mat", b.w(T.SSM_IN, il), x, name="ssm_in")  # [Di + cd + H, Ts, S]
-        row = Di + cd + H
-        z = b.op("view", zxbcdt, shape=(P, H, Ts, S), strides=(1, P, row, row * Ts), offset=0, name="ssm_z")
-        xbc = b.op("view", zxbcdt, shape=(cd, Ts, S), strides=(1, row, row * Ts), offset=Di, name="ssm_xbc")
-        dt = b.op("view", zxbcdt, shape=(H, Ts, S), strides=(1, row, row * Ts), offset=Di + cd, name="ssm_dt_in")
-
-        conv = b.reshape(b.build_rs("r"), (K - 1, cd, S), name="conv_state")
-        conv_x = b.op("concat", conv, b.op("transpose", xbc, name="ssm_xbc.t"), dim=0, name="conv_x")
-        last = b.op("view", conv_x, shape=(K - 1, cd, S), strides=(1, K - 1 + Ts, (K - 1 + Ts) * cd), offset=Ts,
-                    name="conv_state.new")
-        b.store_rs("r", b.reshape(b.op("cont", last, name="conv_state.cont"), (self.n_embd_r, S), name="conv_rows"))
-        xbc = b.op("ssm_conv", conv_x, b.w(T.SSM_CONV1D, il), name="ssm_conv")
-        xbc = b.op("silu", b.op("add", xbc, b.w(T.SSM_CONV1D, il, "bias"), name="ssm_conv.b"), name="ssm_conv.act")
-
-        xs = b.op("view", xbc, shape=(P, H, Ts, S), strides=(1, P, cd, cd * Ts), offset=0, name="ssm_x")
-        B, C = (b.op("view", xbc, shape=(Ds, G, Ts, S), strides=(1, Ds, cd, cd * Ts), offset=off, name=tag)
-                for tag, off in (("ssm_B", Di), ("ssm_C", Di + G * Ds)))
-        dt = b.op("add", b.op("cont", dt, name="ssm_dt.cont"), b.w(T.SSM_DT, il, "bias"), name="ssm_dt")
-
-        state = b.reshape(b.build_rs("s"), (Ds, P, H, S), name="ssm_state")
-        ys = b.op("ssm_scan_heads", state, xs, dt, b.w(T.SSM_A, il, None), B, C, name="ssm_scan")
-        n_y = Di * Ts * S
-        y = b.op("view", ys, shape=(P, H, Ts, S), strides=(1, P, Di, Di * Ts), offset=0, name="ssm_y")
-        b.store_rs("s", b.op("view", ys, shape=(self.n_embd_s, S), strides=(1, self.n_embd_s), offset=n_y,
-                             name="ssm_state.new"))
-
-        y = b.op("add", y, b.op("mul", xs, b.w(T.SSM_D, il, None), name="ssm_skip"), name="ssm_y.skip")
-        y = b.op("swiglu", b.op("cont", z, name="ssm_z.cont"), y, name="ssm_gated")
-        y = b.build_norm(b.reshape(y, (Di // G, G, Ts, S), name="ssm_gated.groups"), b.w(T.SSM_NORM, il),
-                         name="ssm_norm")
-        return b.op("mul_mat", b.w(T.SSM_OUT, il), b.reshape(y, (Di, b.n_tokens), name="ssm_norm.tokens"),
-                    name="ssm_out")
+    version = 2
+    keys = ssm.MAMBA2_KEYS
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
@@ -229,3 +101,67 @@ presets.register({
     }, tied=True, f32=r"blk\.\d+\.ssm_(conv1d\.weight|a|d|norm\.weight)",
         source="state-spaces/mamba2-2.7b config.json"),
 })
+
+
+# ---- Hugging Face: the keys convert_hf_to_gguf writes for MambaForCausalLM and Mamba2ForCausalLM ------------------
+
+def _mamba_inner(c: Config) -> int:
+    d_model, d_inner = c.find("hidden_size", "d_model"), c.find("intermediate_size", "d_inner", default=None)
+    if d_inner is not None and d_inner != 2 * d_model:
+        raise c.error(f"intermediate_size {d_inner} is not twice hidden_size {d_model} (Mamba's expansion of 2)")
+    return 2 * d_model
+
+
+def _mamba_dt_rank(c: Config) -> int:
+    """time_step_rank, or ("auto", absent) a sixteenth of the width, rounded up."""
+    if c.find("time_step_rank", "dt_rank", kind="any", default="auto") == "auto":
+        return -(c.find("hidden_size", "d_model") // -16)
+    return c.find("time_step_rank", "dt_rank")
+
+
+# what the converter's Mamba and Mamba-2 models both write
+_SSM_BASE: tuple[Rule, ...] = (
+    fixed(L.CONTEXT_LENGTH, 1 << 20),  # the converter's stand-in: Mamba is not context-limited
+    fixed(L.FEED_FORWARD_LENGTH, 0),
+    fixed(A.HEAD_COUNT, 0),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(S.CONV_KERNEL, "conv_kernel", "d_conv", default=4),
+    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", "rms_norm_eps", kind="number", default=1e-5),
+)
+MAMBA = _SSM_BASE + (
+    hf(L.EMBEDDING_LENGTH, "hidden_size", "d_model"),
+    derived(S.INNER_SIZE, _mamba_inner),
+    hf(S.STATE_SIZE, "state_size", "d_state", default=16),
+    derived(S.TIME_STEP_RANK, _mamba_dt_rank),
+    derived(S.DT_B_C_RMS, lambda c: c.doc.get("model_type") == "falcon_mamba"),
+)
+
+
+def _mamba2_inner(c: Config) -> int:
+    expand = c.find("mamba_expand", "expand", default=2)
+    return c.find("mamba_d_ssm", "intermediate_size", "d_inner", default=None) or expand * c.find(*WIDTH, "d_model")
+
+
+def _mamba2_heads(c: Config) -> int:
+    head = c.find("mamba_d_head", "head_dim", default=64)
+    inner = _mamba2_inner(c)
+    if inner % head:
+        raise c.error(f"the inner size {inner} is not a multiple of the head size {head} (mamba_d_head)")
+    return inner // head
+
+
+MAMBA2 = _SSM_BASE + (
+    hf(L.EMBEDDING_LENGTH, *WIDTH, "d_model"),
+    derived(S.INNER_SIZE, _mamba2_inner),
+    hf(S.STATE_SIZE, "state_size", "d_state", default=128),
+    derived(S.TIME_STEP_RANK, _mamba2_heads),
+    hf(S.GROUP_COUNT, "n_groups", default=1),
+)
+
+
+
+_PAD = "pad_vocab_size_multiple"
+hf_config.register(Family("mamba", MAMBA, {"tie_word_embeddings": True}, pad_vocab=8, pad_vocab_key=_PAD,
+                          tie_drops_head=True), "MambaForCausalLM")
+hf_config.register(Family("mamba2", MAMBA2, {"tie_word_embeddings": False}, pad_vocab=16, pad_vocab_key=_PAD),
+                   "Mamba2ForCausalLM")

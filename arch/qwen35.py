@@ -20,13 +20,16 @@ from gguf import Keys
 
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
-from graphir.memory.layers import Attention, LayerNeeds, Recurrent
+from graphir.memory.layers import Attention, LayerNeeds
+from graphir.model import ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, f32, inv_sqrt
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
 from graphir.model import presets
 from graphir.model.presets import Preset
+from graphir.model import hf_config
+from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, _head_dim, derived, hf
 
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; gguf-py has no constant for it yet
 
@@ -84,19 +87,9 @@ class Qwen35(Architecture):
         """Channels through the conv: q and k of every key head, v of every value head."""
         return 2 * self.key_dim + self.hp.ssm_d_inner
 
-    @property
-    def n_embd_r(self) -> int:
-        """Per sequence and layer, the last d_conv - 1 conv input columns."""
-        return (self.hp.ssm_d_conv - 1) * self.conv_dim
-
-    @property
-    def n_embd_s(self) -> int:
-        """Per sequence and layer, a head size x head size state per value head."""
-        return self.hp.ssm_d_state * self.hp.ssm_d_inner
-
     def layers(self) -> LayerNeeds:
         hp = self.hp
-        return tuple(Recurrent(self.n_embd_r, self.n_embd_s) if self.recurrent(il)
+        return tuple(ssm.recurrent_state(hp, self.conv_dim) if self.recurrent(il)
                      else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(hp.n_layer))
 
     # ---- tensors -----------------------------------------------------------------------------------------
@@ -109,11 +102,13 @@ class Qwen35(Architecture):
         for il in range(hp.n_layer):
             specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), spec(T.ATTN_POST_NORM, (E,), il, kind="vector"),
                       *(self.delta_tensors(il) if self.recurrent(il) else self.attn_tensors(il)),
-                      spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il)]
+                      spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
+                      *(s for t in (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN) for s in scales(t, il))]
         return specs
 
     def attn_tensors(self, il: int) -> list[TensorSpec]:
-        """Q (and its gate, head by head), K, V with optional biases; the output; the QK-norm scales."""
+        """Q (and its gate, head by head), K, V with optional biases; the output; the QK-norm scales; each
+        projection's optional per-tensor scale."""
         hp = self.hp
         E, d, H, Hkv = hp.n_embd, hp.n_embd_head_k, hp.head_count(il), hp.head_count_kv(il)
         return [spec(T.ATTN_Q, (E, 2 * d * H), il), spec(T.ATTN_K, (E, d * Hkv), il), spec(T.ATTN_V, (E, d * Hkv), il),
@@ -121,7 +116,8 @@ class Qwen35(Architecture):
                 spec(T.ATTN_K, (d * Hkv,), il, "bias", kind="vector", optional=True),
                 spec(T.ATTN_V, (d * Hkv,), il, "bias", kind="vector", optional=True),
                 spec(T.ATTN_OUT, (d * H, E), il),
-                spec(T.ATTN_Q_NORM, (d,), il, kind="vector"), spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
+                spec(T.ATTN_Q_NORM, (d,), il, kind="vector"), spec(T.ATTN_K_NORM, (d,), il, kind="vector"),
+                *(s for t in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT) for s in scales(t, il))]
 
     def delta_tensors(self, il: int) -> list[TensorSpec]:
         """Layer il's gated DeltaNet. llama.cpp loads attn_qkv and attn_gate as optional but its graph uses them
@@ -133,7 +129,8 @@ class Qwen35(Architecture):
                 spec(T.SSM_DT, (H,), il, "bias", kind="vector"),
                 spec(T.SSM_A, (H,), il, suffix=None, kind="vector"),  # -exp(A_log), stored under a bare name
                 spec(T.SSM_BETA, (E, H), il), spec(T.SSM_ALPHA, (E, H), il),
-                spec(T.SSM_NORM, (d,), il, kind="vector"), spec(T.SSM_OUT, (V, E), il)]
+                spec(T.SSM_NORM, (d,), il, kind="vector"), spec(T.SSM_OUT, (V, E), il),
+                *(s for t in (T.ATTN_QKV, T.ATTN_GATE, T.SSM_BETA, T.SSM_ALPHA, T.SSM_OUT) for s in scales(t, il))]
 
     # ---- graph -------------------------------------------------------------------------------------------
 
@@ -142,19 +139,19 @@ class Qwen35(Architecture):
         attention through the layer's memory, the output times sigmoid(gate), then W_o."""
         hp = self.hp
         d, H, Hkv, Tn = hp.n_embd_head_k, hp.head_count(il), hp.head_count_kv(il), b.n_tokens
-        qg = b.linear(h, b.w(T.ATTN_Q, il), b.w(T.ATTN_Q, il, "bias"), name="Qcur_full")
+        qg = b.linear(h, b.w(T.ATTN_Q, il), b.w(T.ATTN_Q, il, "bias"), name="Qcur_full", s=b.scale(T.ATTN_Q, il))
         q, gate = (b.op("view", qg, shape=(d, H, Tn), strides=(1, 2 * d, 2 * d * H), offset=off, name=tag)
                    for tag, off in (("Qcur", 0), ("gate", d)))
         gate = b.reshape(b.op("cont", gate, name="gate.cont"), (d * H, Tn), name="gate_reshaped")
-        k, v = (b.reshape(b.linear(h, b.w(t, il), b.w(t, il, "bias"), name=tag), (d, Hkv, Tn),
+        k, v = (b.reshape(b.linear(h, b.w(t, il), b.w(t, il, "bias"), name=tag, s=b.scale(t, il)), (d, Hkv, Tn),
                           name=f"{tag}.heads") for t, tag in ((T.ATTN_K, "Kcur"), (T.ATTN_V, "Vcur")))
-        q = b.build_norm(q, b.w(T.ATTN_Q_NORM, il), name="Qcur_normed")
-        k = b.build_norm(k, b.w(T.ATTN_K_NORM, il), name="Kcur_normed")
+        q = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed")
+        k = b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
         q = b.rope(q, pos, name="Qcur.rope", sections=hp.rope_sections)
         k = b.rope(k, pos, name="Kcur.rope", sections=hp.rope_sections)
         out = b.build_attn(q, k, v, wo=None, kq_scale=b.kq_scale())
         out = b.op("mul", out, b.op("sigmoid", gate, name="gate_sigmoid"), name="attn_gated")
-        return b.op("mul_mat", b.w(T.ATTN_OUT, il), out, name="attn_output")
+        return b.mm(b.w(T.ATTN_OUT, il), out, b.scale(T.ATTN_OUT, il), name="attn_output")
 
     def l2_norm(self, b: GraphBuilder, x: Node, name: str) -> Node:
         """x / |x| per head (eps under the root), as llama.cpp writes it: RMS norm with eps / n, times 1 / sqrt(n)."""
@@ -165,27 +162,23 @@ class Qwen35(Architecture):
     def delta_net(self, b: GraphBuilder, h: Node, il: int) -> Node:
         """Gated DeltaNet over the ubatch's sequences ([E, n_tokens] in and out)."""
         hp = self.hp
-        Dk, Hk, Hv, K, cd = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank, hp.ssm_d_conv, self.conv_dim
+        Dk, Hk, Hv, cd = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank, self.conv_dim
         Ts, S = b.n_seq_tokens, b.n_seqs
         assert Ts is not None
-        qkv = b.reshape(b.op("mul_mat", b.w(T.ATTN_QKV, il), h, name="qkv_mixed"), (cd, Ts, S),
+        qkv = b.reshape(b.mm(b.w(T.ATTN_QKV, il), h, b.scale(T.ATTN_QKV, il), name="qkv_mixed"), (cd, Ts, S),
                         name="qkv_mixed.seqs")
-        z = b.op("mul_mat", b.w(T.ATTN_GATE, il), h, name="z")
-        beta = b.reshape(b.op("mul_mat", b.w(T.SSM_BETA, il), h, name="beta"), (1, Hv, Ts, S),
+        z = b.mm(b.w(T.ATTN_GATE, il), h, b.scale(T.ATTN_GATE, il), name="z")
+        beta = b.reshape(b.mm(b.w(T.SSM_BETA, il), h, b.scale(T.SSM_BETA, il), name="beta"), (1, Hv, Ts, S),
                          name="beta.seqs")
         beta = b.op("sigmoid", beta, name="beta_sigmoid")
-        alpha = b.reshape(b.op("mul_mat", b.w(T.SSM_ALPHA, il), h, name="alpha"), (Hv, Ts, S),
+        alpha = b.reshape(b.mm(b.w(T.SSM_ALPHA, il), h, b.scale(T.SSM_ALPHA, il), name="alpha"), (Hv, Ts, S),
                           name="alpha.seqs")
         alpha = b.op("softplus", b.op("add", alpha, b.w(T.SSM_DT, il, "bias"), name="alpha_biased"),
                      name="a_softplus")
         g = b.reshape(b.op("mul", alpha, b.w(T.SSM_A, il, None), name="gate"), (1, Hv, Ts, S),
                       name="gate.seqs")
 
-        conv = b.reshape(b.build_rs("r"), (K - 1, cd, S), name="conv_state")
-        conv_x = b.op("concat", conv, b.op("transpose", qkv, name="qkv_mixed.t"), dim=0, name="conv_input")
-        last = b.op("view", conv_x, shape=(K - 1, cd, S), strides=(1, K - 1 + Ts, (K - 1 + Ts) * cd), offset=Ts,
-                    name="conv_state.new")
-        b.store_rs("r", b.reshape(b.op("cont", last, name="conv_state.cont"), (self.n_embd_r, S), name="conv_rows"))
+        conv_x = ssm.conv_input(b, qkv, name="conv_input", transposed="qkv_mixed.t")
         x = b.op("silu", b.op("ssm_conv", conv_x, b.w(T.SSM_CONV1D, il), name="conv_output_raw"),
                  name="conv_output_silu")
         q, k = (b.op("view", x, shape=(Dk, Hk, Ts, S), strides=(1, Dk, cd, cd * Ts), offset=off, name=tag)
@@ -195,33 +188,30 @@ class Qwen35(Architecture):
 
         state = b.reshape(b.build_rs("s"), (Dk, Dk, Hv, S), name="state")
         ys = b.op("gated_delta_net", q, k, v, g, beta, state, name="delta_net")
-        n_y = Dk * Hv * Ts * S
         y = b.op("view", ys, shape=(Dk, Hv, Ts, S), strides=(1, Dk, Dk * Hv, Dk * Hv * Ts), offset=0,
                  name="attn_output")
-        b.store_rs("s", b.op("view", ys, shape=(self.n_embd_s, S), strides=(1, self.n_embd_s), offset=n_y,
-                             name="new_state"))
-        y = b.build_norm(y, b.w(T.SSM_NORM, il), name="attn_output_normed")
+        ssm.store_states(b, ys, Dk * Hv * Ts * S, Dk * hp.ssm_d_inner, name="new_state")
+        y = b.norm(y, T.SSM_NORM, il, name="attn_output_normed")
         y = b.op("mul", y, b.op("silu", b.reshape(z, (Dk, Hv, Ts, S), name="z.heads"), name="z_silu"), name="gated")
         y = b.reshape(y, (hp.ssm_d_inner, Ts, S), name="final_output")
-        y = b.op("mul_mat", b.w(T.SSM_OUT, il), y, name="linear_attn_out")
+        y = b.mm(b.w(T.SSM_OUT, il), y, b.scale(T.SSM_OUT, il), name="linear_attn_out")
         return b.reshape(y, (hp.n_embd, b.n_tokens), name="linear_attn_out.tokens")
 
     def build(self, b: GraphBuilder) -> None:
-        hp = self.hp
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
-        out_ids = b.build_inp_out_ids()
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                h = b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm")
-                a = self.delta_net(b, h, il) if self.recurrent(il) else self.attention(b, h, pos, il)
-                x = b.op("add", a, x, name="attn_residual")
-                f = b.build_ffn(b.build_norm(x, b.w(T.ATTN_POST_NORM, il), name="attn_post_norm"),
-                                up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))  # type: ignore[arg-type]
-                x = b.op("add", f, x, name="l_out")
-        x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm.all")
+        for il in b.layers():
+            h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
+            a = self.delta_net(b, h, il) if self.recurrent(il) else self.attention(b, h, pos, il)
+            x = b.op("add", a, x, name="attn_residual")
+            f = b.build_ffn(b.norm(x, T.ATTN_POST_NORM, il, name="attn_post_norm"),
+                            up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
+                            up_s=b.scale(T.FFN_UP, il), gate_s=b.scale(T.FFN_GATE, il),
+                            down_s=b.scale(T.FFN_DOWN, il))
+            x = b.op("add", f, x, name="l_out")
+        x = b.norm(x, T.OUTPUT_NORM, name="result_norm.all")
         # llama.cpp keeps every row through the last layer and picks the requested ones after the final norm
-        b.build_output(b.op("get_rows", x, out_ids, name="result_norm"), b.w(T.OUTPUT))
+        b.build_output(b.op("get_rows", x, b.build_inp_out_ids(), name="result_norm"), b.w(T.OUTPUT))
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
@@ -241,3 +231,38 @@ presets.register({
         S.INNER_SIZE: 2048, L.VOCAB_SIZE: 248320,
     }, tied=True, f32=r"blk\.\d+\.ssm_conv1d\.weight", source="Qwen/Qwen3.5-0.8B config.json (text_config)"),
 })
+
+
+# ---- Hugging Face: the keys convert_hf_to_gguf writes for Qwen3.5 -------------------------------------------------
+
+def _qwen35_layers(c: Config) -> list[bool] | None:
+    types = c.find("layer_types", kind="list", default=None)
+    if types is None:
+        return None
+    n = c.find(*BLOCKS)
+    if len(types) != n:
+        raise c.error(f"layer_types has {len(types)} entries, num_hidden_layers {n}")
+    return [t == "linear_attention" for t in types]
+
+
+QWEN35 = TEXT + (
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
+    hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None),
+    hf(S.CONV_KERNEL, "linear_conv_kernel_dim"),
+    hf(S.STATE_SIZE, "linear_key_head_dim"),
+    hf(S.GROUP_COUNT, "linear_num_key_heads"),
+    hf(S.TIME_STEP_RANK, "linear_num_value_heads"),
+    derived(S.INNER_SIZE, lambda c: c.find("linear_value_head_dim") * c.find("linear_num_value_heads")),
+    derived(RECURRENT_LAYERS, _qwen35_layers),
+    hf(L.FULL_ATTENTION_INTERVAL, "full_attention_interval", default=4),
+    derived(R.DIMENSION_COUNT, lambda c: int(_head_dim(c) * c.check(
+        "partial_rotary_factor", c.rope.get("partial_rotary_factor", 0.25), "number"))),
+    lambda c: {} if "mrope_section" in c.rope else {R.DIMENSION_SECTIONS: [11, 11, 10, 0]},
+    VOCAB,
+)
+
+
+
+
+hf_config.register(Family("qwen35", QWEN35, {"tie_word_embeddings": False}), "Qwen3_5ForCausalLM",
+                   "Qwen3_5ForConditionalGeneration")

@@ -17,12 +17,21 @@ from graphir.errors import MetadataError
 from graphir.model.hparams import HParams, Key
 from graphir.graph.ir import Node
 from graphir.memory.layers import LayerNeeds, Recurrent
+from graphir.model import ssm
 from graphir.model.tensors import TensorSpec, spec
 from graphir.model import presets
 from graphir.model.presets import Preset
+from graphir.model import hf_config
+from graphir.model.hf_config import BLOCKS, VOCAB, Family, Rule, derived, fixed, hf
 
 _MIXES = 5  # w, k, v, r, g: the five token-shift interpolations of the time mix, in this order
+# the same five as separate tensors, which llama.cpp's loader takes beside the fused one and its graph reads
+# only without it: the fused one is required here, so they are accepted and left unread
+_LERPS = (T.TIME_MIX_LERP_W, T.TIME_MIX_LERP_K, T.TIME_MIX_LERP_V, T.TIME_MIX_LERP_R, T.TIME_MIX_LERP_G)
 
+# convert_hf_to_gguf squeezes the token-shift lerps to [n_embd] (llama.cpp reads them as [n_embd, 1, 1]); the
+# fused lerp it stacks as [n_embd, 1, 1, 5]
+SQUEEZED = r"blk\.\d+\.(time_mix_lerp_x|channel_mix_lerp_[kr])\.weight"
 
 class Rwkv6(Architecture):
     name = "rwkv6"
@@ -77,6 +86,7 @@ class Rwkv6(Architecture):
                 spec(T.TIME_MIX_W2, (Dx, E, _MIXES), il),
                 spec(T.TIME_MIX_LERP_X, (E, 1, 1), il, kind="vector"),
                 spec(T.TIME_MIX_LERP_FUSED, (E, 1, 1, _MIXES), il, kind="vector"),
+                *(spec(t, (E, 1, 1), il, kind="vector", optional=True) for t in _LERPS),
                 spec(T.TIME_MIX_FIRST, (hs, E // hs), il),
                 spec(T.TIME_MIX_DECAY, (E,), il, kind="vector"),
                 spec(T.TIME_MIX_DECAY_W1, (E, Dd), il),
@@ -135,8 +145,7 @@ class Rwkv6(Architecture):
 
         state = b.build_rs("s")
         out = b.op("rwkv_wkv6", k, v, r, b.w(T.TIME_MIX_FIRST, il), w, state, name="wkv")
-        b.store_rs("s", b.op("view", out, shape=(self.n_embd_s, b.n_seqs), strides=(1, self.n_embd_s),
-                             offset=E * n_tok, name="wkv_state.new"))
+        ssm.store_states(b, out, E * n_tok, self.n_embd_s, name="wkv_state.new")
         o = b.op("view", out, shape=(hs, H, n_tok), strides=(1, hs, E), offset=0, name="wkv_out")
         o = b.op("norm", b.op("cont", o, name="wkv_out.cont"), eps=64e-5, name="wkv_out.norm")  # per head
         o = b.reshape(o, (E, n_tok), name="wkv_out.tokens")
@@ -159,36 +168,29 @@ class Rwkv6(Architecture):
         E, Ts, S, n_tok = hp.n_embd, b.n_seq_tokens, b.n_seqs, b.n_tokens
         assert Ts is not None
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
-        x = b.build_norm(x, b.w(T.TOKEN_EMBD_NORM), b.w(T.TOKEN_EMBD_NORM, suffix="bias"), Norm.LAYER,
-                         name="inp_norm")
-        out_ids = b.build_inp_out_ids()
+        x = b.norm(x, T.TOKEN_EMBD_NORM, None, Norm.LAYER, name="inp_norm")
         last = (Ts - 1) * E  # offset of each sequence's last token
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                x = b.reshape(x, (E, Ts, S), name="inp.seqs")
-                shift = b.reshape(b.build_rs("r"), (E, 2, S), name="shift")
-                att_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=0, name="shift.att")
-                ffn_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=E, name="shift.ffn")
-                a = b.build_norm(x, b.w(T.ATTN_NORM, il), b.w(T.ATTN_NORM, il, "bias"), Norm.LAYER, name="attn_norm")
-                tm = self.time_mix(b, a, self.shifted(b, att_shift, a, "attn_prev"), il)
-                ffn_inp = b.op("add", b.reshape(tm, (E, Ts, S), name="tm_out.seqs"), x, name="ffn_inp")
-                f = b.build_norm(ffn_inp, b.w(T.ATTN_NORM_2, il), b.w(T.ATTN_NORM_2, il, "bias"), Norm.LAYER,
-                                 name="ffn_norm")
-                f_prev = self.shifted(b, ffn_shift, f, "ffn_prev")
-                new_shift = b.op("concat", *(b.op("view", t, shape=(E, 1, S), strides=(1, E, E * Ts), offset=last,
-                                                  name=f"{tag}.last") for tag, t in (("attn_norm", a), ("ffn_norm", f))),
-                                 dim=1, name="shift.new")
-                b.store_rs("r", b.reshape(new_shift, (self.n_embd_r, S), name="shift.rows"))
-                tags = ("ffn_inp", "ffn_norm", "ffn_prev")
-                ffn_inp, f, f_prev = (b.reshape(t, (E, n_tok), name=f"{tag}.tokens")
-                                      for tag, t in zip(tags, (ffn_inp, f, f_prev)))
-                if il == hp.n_layer - 1:  # only requested rows go on
-                    ffn_inp, f, f_prev = (b.op("get_rows", t, out_ids, name=f"{tag}.rows")
-                                          for tag, t in zip(tags, (ffn_inp, f, f_prev)))
-                x = b.op("add", self.channel_mix(b, f, f_prev, il), ffn_inp, name="l_out")
-                if hp.rescale_every_n_layers and (il + 1) % hp.rescale_every_n_layers == 0:
-                    x = b.op("scale", x, s=0.5, name="l_out.rescaled")
-        x = b.build_norm(x, b.w(T.OUTPUT_NORM), b.w(T.OUTPUT_NORM, suffix="bias"), Norm.LAYER, name="result_norm")
+        for il in b.layers():
+            x = b.reshape(x, (E, Ts, S), name="inp.seqs")
+            shift = b.reshape(b.build_rs("r"), (E, 2, S), name="shift")
+            att_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=0, name="shift.att")
+            ffn_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=E, name="shift.ffn")
+            a = b.norm(x, T.ATTN_NORM, il, Norm.LAYER, name="attn_norm")
+            tm = self.time_mix(b, a, self.shifted(b, att_shift, a, "attn_prev"), il)
+            ffn_inp = b.op("add", b.reshape(tm, (E, Ts, S), name="tm_out.seqs"), x, name="ffn_inp")
+            f = b.norm(ffn_inp, T.ATTN_NORM_2, il, Norm.LAYER, name="ffn_norm")
+            f_prev = self.shifted(b, ffn_shift, f, "ffn_prev")
+            new_shift = b.op("concat", *(b.op("view", t, shape=(E, 1, S), strides=(1, E, E * Ts), offset=last,
+                                              name=f"{tag}.last") for tag, t in (("attn_norm", a), ("ffn_norm", f))),
+                             dim=1, name="shift.new")
+            b.store_rs("r", b.reshape(new_shift, (self.n_embd_r, S), name="shift.rows"))
+            tags = ("ffn_inp", "ffn_norm", "ffn_prev")
+            ffn_inp, f, f_prev = b.last_layer_rows(*((b.reshape(t, (E, n_tok), name=f"{tag}.tokens"), f"{tag}.rows")
+                                                     for tag, t in zip(tags, (ffn_inp, f, f_prev))))
+            x = b.op("add", self.channel_mix(b, f, f_prev, il), ffn_inp, name="l_out")
+            if hp.rescale_every_n_layers and (il + 1) % hp.rescale_every_n_layers == 0:
+                x = b.op("scale", x, s=0.5, name="l_out.rescaled")
+        x = b.norm(x, T.OUTPUT_NORM, None, Norm.LAYER, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
 
 
@@ -202,6 +204,27 @@ presets.register({
         L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 7168,
         A.HEAD_COUNT: 0, Keys.WKV.HEAD_SIZE: 64, L.TIME_MIX_EXTRA_DIM: 32, L.TIME_DECAY_EXTRA_DIM: 64,
         L.RESCALE_EVERY_N_LAYERS: 6, L.TOKEN_SHIFT_COUNT: 2, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 65536,
-    }, tied=False, f32=r"blk\.\d+\.time_mix_(first|w1|w2|decay_w1|decay_w2)\.weight",
+    }, tied=False, f32=r"blk\.\d+\.time_mix_(first|w1|w2|decay_w1|decay_w2)\.weight", squeezed=SQUEEZED,
         source="RWKV/v6-Finch-1B6-HF config.json"),
 })
+
+
+# ---- Hugging Face: the keys convert_hf_to_gguf writes for Rwkv6ForCausalLM ----------------------------------------
+
+RWKV6: tuple[Rule, ...] = (
+    fixed(L.CONTEXT_LENGTH, 1 << 20),  # RWKV is not context-limited
+    hf(L.EMBEDDING_LENGTH, "hidden_size"),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
+    hf(L.RESCALE_EVERY_N_LAYERS, "rescale_every", kind="size"),
+    hf(Keys.WKV.HEAD_SIZE, "head_size"),
+    derived(L.TIME_MIX_EXTRA_DIM, lambda c: 64 if c.find("hidden_size") == 4096 else 32),
+    derived(L.TIME_DECAY_EXTRA_DIM, lambda c: 128 if c.find("hidden_size") == 4096 else 64),
+    derived(L.FEED_FORWARD_LENGTH, lambda c: c.find("intermediate_size", default=None)
+            or int(c.find("hidden_size") * 3.5) // 32 * 32),
+    fixed(A.HEAD_COUNT, 0),
+    VOCAB,
+)
+
+
+hf_config.register(Family("rwkv6", RWKV6, {"tie_word_embeddings": False}, squeezed=SQUEEZED), "Rwkv6ForCausalLM")

@@ -131,8 +131,11 @@ def _load_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[
     phase, so ``graphir diff golden.txt SmolLM2-135M`` compares like with like.
     """
     from graphir.graph.ir import Graph
+    from graphir.llamacpp import strip_prefix
     from graphir.source import load_graph, open_source
 
+    if strip_prefix(a) is not None or strip_prefix(b) is not None:
+        return _load_llamacpp_pair(a, b, context, phase)
     srcs = [open_source(a), open_source(b)]
     saved = next((s for s in srcs if isinstance(s, Graph)), None)
     model_context, model_phase = context, phase or "prefill"  # context None: each architecture's default
@@ -148,15 +151,51 @@ def _load_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[
     return graphs[0], graphs[1]
 
 
+def _load_llamacpp_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[Any, Any]:
+    """graphir's graph of a model (or a saved graph) against llama.cpp's, both in the normal form
+    (graphir.llamacpp.normalize), the model's built for the memory llama.cpp gave it and its context's cells
+    (Phi-3's LongRoPE picks its factors by them); two llama.cpp graphs as they are."""
+    from graphir.graph.ir import Graph
+    from graphir.llamacpp import strip_prefix
+    from graphir.llamacpp.normalize import compare_forms
+    from graphir.llamacpp.reading import N_CTX
+    from graphir.source import DEFAULT_PHASE, load_graph, open_source
+
+    llama_first = strip_prefix(a) is not None
+    if llama_first and strip_prefix(b) is not None:
+        return load_graph(a, context, phase), load_graph(b, context, phase)
+    ours_src, theirs_src = (b, a) if llama_first else (a, b)
+    ours_obj = open_source(ours_src)
+    if isinstance(ours_obj, Graph):
+        ours = load_graph(ours_src, context, phase)  # checks an explicit context or phase against the saved ones
+        theirs = load_graph(theirs_src, context, phase or ours.meta.get("phase"))
+    else:
+        theirs = load_graph(theirs_src, context, phase)
+        ours = ours_obj.build_graph(theirs.meta["context"], phase or DEFAULT_PHASE, n_ctx_seq=N_CTX)
+    normal_ours, normal_theirs = compare_forms(ours, theirs)
+    return (normal_theirs, normal_ours) if llama_first else (normal_ours, normal_theirs)
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     from graphir.graph.diff import diff_graphs
 
     ga, gb = _load_pair(args.a, args.b, args.context, args.phase)
     d = diff_graphs(ga, gb, args.a, args.b)
+    where = None
+    if "origin" in ga.meta:  # graphs in llama.cpp's normal form: say the first difference's own names too
+        from graphir.llamacpp.compare import origins
+
+        where = origins(d.first, ga, gb)
     if args.json:
-        out = json.dumps(d.as_dict(), indent=2, ensure_ascii=False) + "\n"
+        doc = d.as_dict()
+        if where is not None:
+            doc["first_named"] = {"a": where[0], "b": where[1]}
+        out = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     else:
         out = d.render()
+        if where is not None:
+            line = f"first mismatch: {d.first}"
+            out = out.replace(line, f"{line}\n  named %{where[0]} in {args.a}, %{where[1]} in {args.b}", 1)
         if out and not out.endswith("\n"):
             out += "\n"
     _emit(out)
@@ -186,6 +225,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_archs(args: argparse.Namespace) -> int:
+    if args.census:
+        return _census()
     from gguf import Keys
 
     from graphir import arch as archs
@@ -200,6 +241,19 @@ def cmd_archs(args: argparse.Namespace) -> int:
         rows.append([name, p.arch, _n(int(n_layer), "layer") if n_layer is not None else "?"])
     lines += _table(rows)
     _emit("\n".join(lines) + "\n")
+    return 0
+
+
+def _census() -> int:
+    from graphir.llamacpp.census import census
+
+    entries = census()
+    rows = [[e.arch, "graphir" if e.graphir else "-", e.preset or "", e.verdict] for e in entries]
+    ours = [e for e in entries if e.graphir]
+    agree = sum(1 for e in ours if e.verdict.startswith("agrees"))
+    lines = [f"llama.cpp knows {_n(len(entries), 'architecture')}; graphir has {len(ours)}, and on {agree} of them "
+             f"builds the graph llama.cpp builds"]
+    _emit("\n".join(lines + _table(rows)) + "\n")
     return 0
 
 
@@ -564,7 +618,8 @@ def _isa_option(p: argparse.ArgumentParser) -> None:
 
 
 SRC_HELP = ("a GGUF file (full or header-only), a Hugging Face model directory or its config.json (as "
-            "convert_hf_to_gguf would convert it), a preset name (see `graphir archs`) or a saved graph (text or JSON)")
+            "convert_hf_to_gguf would convert it), a preset name (see `graphir archs`) or a saved graph (text or JSON); "
+            "llama.cpp:SRC is the graph llama.cpp itself builds for SRC (needs llama-cpp-python)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -604,7 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("check", cmd_check, "compare the tensors a GGUF declares with those its architecture expects")
     p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file (full or header-only) or a preset")
 
-    add("archs", cmd_archs, "list the registered architectures and the presets")
+    p = add("archs", cmd_archs, "list the registered architectures and the presets")
+    p.add_argument("--census", action="store_true",
+                   help="list every architecture the installed llama.cpp knows, whether graphir has it, and whether "
+                        "graphir's graph of its first preset is llama.cpp's (needs llama-cpp-python)")
 
     p = add("info", cmd_info, "print architecture, hparams, tensor table and what a context's memory holds")
     p.add_argument("src", metavar="SRC", help=SRC_HELP)

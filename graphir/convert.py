@@ -293,12 +293,12 @@ def _add_general(w: gguf.GGUFWriter, src: Path, cfg: _Config, file_type: gguf.Ll
     meta.set_gguf_meta_model(w)
     for key, value in cfg.metadata.items():
         if key != gguf.Keys.Tokenizer.TOKEN_TYPE_COUNT:  # written with the vocabulary
-            _add_key(w, key, value)
+            add_key(w, key, value)
     w.add_file_type(file_type)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _add_key(w: gguf.GGUFWriter, key: str, value: Any) -> None:
+def add_key(w: gguf.GGUFWriter, key: str, value: Any) -> None:
     """One mapped key in the GGUF type the converter gives it: flags bool, counts u32, numbers f32, names text,
     per-layer or per-section values arrays."""
     if isinstance(value, bool):

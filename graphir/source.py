@@ -1,5 +1,6 @@
 """Where a graph comes from on the command line: a GGUF (full or header-only), a Hugging Face model directory
-or config.json, a preset, or a saved graph.
+or config.json, a preset, or a saved graph; prefixed with ``llama.cpp:``, the graph llama.cpp itself builds for
+such a model (:mod:`graphir.llamacpp`).
 
 A source string is resolved by *content*, never by extension: an existing file starting with the GGUF magic
 is a model, one starting with the text form's magic line is a saved text graph; a JSON object is a Hugging Face
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from graphir.graph.ir import Graph
     from graphir.model.meta import ModelMeta
 
-__all__ = ["DEFAULT_PHASE", "sniff", "open_source", "open_model", "load_graph"]
+__all__ = ["DEFAULT_PHASE", "sniff", "open_source", "open_model", "open_llamacpp", "load_graph"]
 
 DEFAULT_PHASE = "prefill"
 
@@ -69,10 +70,15 @@ def _read_saved(src: str, kind: str) -> Graph:
 
 def open_source(src: str | os.PathLike[str]) -> Union[ModelMeta, Graph]:
     """A :class:`ModelMeta` for a GGUF path, Hugging Face model directory or config.json, or preset name, or the
-    :class:`Graph` a saved graph file holds."""
+    :class:`Graph` a saved graph file holds, or the one llama.cpp builds (``llama.cpp:SRC``)."""
     from graphir.model import hf_config
     from graphir.model.meta import open_model as _open_model
 
+    llama = open_llamacpp(src)
+    if llama is not None:  # llama.cpp's graph is a graph, as a saved one is: of its default phase
+        from graphir.llamacpp.model import graphs
+
+        return graphs(llama, (DEFAULT_PHASE,))[0]
     src = os.fsdecode(os.fspath(src))
     if not src:
         raise GraphirError("empty source: give a GGUF file, a Hugging Face model directory or config.json, a preset "
@@ -87,13 +93,41 @@ def open_source(src: str | os.PathLike[str]) -> Union[ModelMeta, Graph]:
 
 
 def open_model(src: str | os.PathLike[str], what: str = "this command") -> ModelMeta:
-    """Like :func:`open_source`, but a saved graph is an error: it has no tensor table or metadata."""
-    m = open_source(src)
+    """Like :func:`open_source`, but a graph (saved, or llama.cpp's) is an error: it has no tensor table or
+    metadata."""
+    from graphir.llamacpp import strip_prefix
     from graphir.model.meta import ModelMeta
 
+    label = os.fsdecode(os.fspath(src))
+    if strip_prefix(label) is not None:
+        raise GraphirError(f"{label}: is llama.cpp's graph; {what} needs a GGUF file or a preset")
+    m = open_source(src)
     if not isinstance(m, ModelMeta):
-        raise GraphirError(f"{os.fsdecode(os.fspath(src))}: is a saved graph; {what} needs a GGUF file or a preset")
+        raise GraphirError(f"{label}: is a saved graph; {what} needs a GGUF file or a preset")
     return m
+
+
+def open_llamacpp(src: str | os.PathLike[str]) -> ModelMeta | None:
+    """The model of a ``llama.cpp:SRC`` source (its architecture left to llama.cpp to know), else None."""
+    from graphir.llamacpp import strip_prefix
+
+    inner = strip_prefix(os.fsdecode(os.fspath(src)))
+    if inner is None:
+        return None
+    from graphir.llamacpp.reading import require_library
+    from graphir.model.meta import open_model as _open_model
+
+    require_library()
+    if os.path.isfile(inner) and sniff(inner) in ("text", "json") and not _is_hf(inner):
+        raise GraphirError(f"{inner}: is a saved graph; llama.cpp needs a GGUF file, a preset or a Hugging Face "
+                           f"config")
+    return _open_model(inner)
+
+
+def _is_hf(src: str) -> bool:
+    from graphir.model import hf_config
+
+    return hf_config.is_hf_source(src)
 
 
 def _check_choice(kind: str, value: str, known: tuple[str, ...] | list[str]) -> None:
@@ -115,6 +149,11 @@ def load_graph(src: str | os.PathLike[str], context: str | None = None, phase: s
         _check_choice("context", context, list(KINDS))
     if phase is not None:
         _check_choice("phase", phase, PHASES)
+    llama = open_llamacpp(src)
+    if llama is not None:
+        from graphir.llamacpp.model import graphs
+
+        return graphs(llama, (phase or DEFAULT_PHASE,), context)[0]
     m = open_source(src)
     if isinstance(m, Graph):
         label = os.fsdecode(os.fspath(src))

@@ -1,14 +1,15 @@
 """Golden graphs in any project's tests: a pytest plugin (entry point ``graphir``) with one fixture.
 
-``graphir_snapshot(src, context=None, phase=None)`` builds the graph of a GGUF file, a preset or a saved graph
-(as ``graphir dump`` reads SRC; no weight is read; one it cannot read fails the test with graphir's one-line
-error) and compares its canonical text with the file stored beside
-the test, ``__snapshots__/<test file>/<test name>.graph.txt``; a changed graph fails the test with the lines
-that differ. The workflow is graphir's own, through syrupy: ``pytest --snapshot-update`` writes the files,
-review reads their diff, and an unused snapshot fails the run. In a downstream project::
+``graphir_snapshot(src, context=None, phase=None)`` builds the graph of a GGUF file, a preset or a saved graph,
+or with ``llama.cpp:`` before it the graph llama.cpp itself builds (as ``graphir dump`` reads SRC; no weight is
+read; one it cannot read fails the test with graphir's one-line error) and compares its canonical text with the
+file stored beside the test, ``__snapshots__/<test file>/<test name>.graph.txt``; a changed graph fails the test
+with the lines that differ. The workflow is graphir's own, through syrupy: ``pytest --snapshot-update`` writes
+the files, review reads their diff, and an unused snapshot fails the run. In a downstream project::
 
     def test_my_model_graph(graphir_snapshot):
         graphir_snapshot("my-model.gguf", context="kv", phase="decode")
+        graphir_snapshot("llama.cpp:my-model.gguf", phase="decode")   # llama.cpp's own graph of it
 
 Loaded into every pytest run of an environment where graphir is installed, so it imports nothing heavy until
 the fixture is used, and asks for syrupy only then.
@@ -44,8 +45,8 @@ def graph_text() -> type:
 
 @pytest.fixture
 def graphir_snapshot(request: pytest.FixtureRequest) -> Callable[..., None]:
-    """Assert that the graph of ``src`` (a GGUF path, a preset name, a saved graph or a Graph) for ``context`` and
-    ``phase`` (the source's defaults when None) is the stored one."""
+    """Assert that the graph of ``src`` (a GGUF path, a preset name, a saved graph, ``llama.cpp:`` and one of those,
+    or a Graph) for ``context`` and ``phase`` (the source's defaults when None) is the stored one."""
     try:
         snapshot = request.getfixturevalue("snapshot")
     except pytest.FixtureLookupError:

@@ -49,10 +49,12 @@ CLOSE = 2e-4  # max |logit difference| between two evaluation orders of the same
 
 
 @lru_cache(maxsize=None)
-def model(arch: str, **keys: Any) -> Model:
+def model(arch: str, include: str = "", **keys: Any) -> Model:
+    """A tiny model of ``arch``; ``include``: the optional tensors it has."""
     d = Path(tempfile.mkdtemp(prefix="graphir-composite-"))
     atexit.register(shutil.rmtree, d, True)
-    preset = Preset(arch, {**TINY_KEYS, **LONG, **dict(keys)}, tied=False, matrix_type=gguf.GGMLQuantizationType.F32)
+    preset = Preset(arch, {**TINY_KEYS, **LONG, **dict(keys)}, tied=False, matrix_type=gguf.GGMLQuantizationType.F32,
+                    include=include)
     return load(str(write_model_gguf(d / f"{arch}.gguf", preset)))
 
 
@@ -65,7 +67,7 @@ def hybrid() -> Model:
 
 
 def latent_hybrid() -> Model:
-    return model("test-mla-hybrid", **LATENT_HYBRID)
+    return model("test-mla-hybrid", r"blk\.\d+\.ffn_(gate|up)_exps\.weight", **LATENT_HYBRID)  # the experts' two stacks
 
 
 def one_by_one(ctx: Any, tokens: list[int], seq: int = 0, start: int = 0) -> np.ndarray:

@@ -61,6 +61,8 @@ ROWS = [
     Row("t5encoder"),
     Row("deepseek2", "moe", moe=True),  # llama.cpp builds it with experts only
     Row("gpt2"),
+    Row("rwkv6"),
+    Row("qwen35"),
     Row("llama"),
     Row("llama", "moe", moe=True),
     Row("qwen2"),

@@ -1,4 +1,5 @@
-"""Encoder (bert, nomic-bert) and recurrent (mamba, mamba2, rwkv6) families, as specifications.
+"""Encoder (bert, nomic-bert) and recurrent (mamba, mamba2, rwkv6) families, as specifications; and the tiny models
+llama.cpp itself makes of every family with recurrent layers (Qwen3.5 and the Granite hybrids as well).
 
 Models are tiny random GGUFs (conftest.write_model_gguf: 2 layers, n_embd 64, 256 tokens), written once per
 module; the real model is all-MiniLM-L6-v2 converted by graphir.convert. llama.cpp (llama-cpp-python) is the
@@ -292,6 +293,32 @@ def divergent_continuations_equal_fresh_contexts(model: Model, prompt: list[int]
         assert np.abs(ctx.logits_ith(seq) - fresh.logits_ith(-1)).max() <= 1e-5, seq
 
 
+def llama_cpp_prompt_logits(path: Path, prompt: Sequence[int] = PROMPT) -> np.ndarray:
+    """llama.cpp's logits at every position of the prompt, decoded as one batch of sequence 0."""
+    ref_ctx = LlamaCpp(path)
+    try:
+        ref_ctx.decode(prompt, range(len(prompt)), [0] * len(prompt))
+        return np.array([ref_ctx.logits_ith(i) for i in range(len(prompt))])
+    finally:
+        ref_ctx.close()
+
+
+def prompt_logits(path: Path, prompt: Sequence[int] = PROMPT) -> np.ndarray:
+    """graphir's logits at every position of the prompt, for the model at ``path`` loaded afresh."""
+    ctx = load(str(path)).new_context(n_ctx=64)
+    ctx.decode(Batch.from_tokens(list(prompt), 0, outputs="all"))
+    return ctx.logits()
+
+
+def same_recurrent_graphs(a: Path, b: Path) -> bool:
+    """Whether two files give the same prefill and decode graphs (their text)."""
+    from graphir.graph.forms import to_text
+    from graphir.model.meta import open_model
+
+    return all(to_text(open_model(str(a)).build_graph("recurrent", phase)) ==
+               to_text(open_model(str(b)).build_graph("recurrent", phase)) for phase in ("prefill", "decode"))
+
+
 def last_logits(model: Model, seqs: Sequence[Sequence[int]], order: str = "blocks", **kw: Any) -> list[np.ndarray]:
     """Each sequence's last-token logits after decoding all of them in one batch."""
     tokens, pos, ids = multi(seqs, order)
@@ -308,12 +335,7 @@ def last_logits(model: Model, seqs: Sequence[Sequence[int]], order: str = "block
 @RECURRENT
 def test_recurrent_prompt_logits_match_llama_cpp_at_every_position(gguf_file: Callable[..., Path],
                                                                     tiny: Callable[..., Model], arch: str) -> None:
-    ref_ctx = LlamaCpp(gguf_file(arch))
-    try:
-        ref_ctx.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
-        ref = np.array([ref_ctx.logits_ith(i) for i in range(len(PROMPT))])
-    finally:
-        ref_ctx.close()
+    ref = llama_cpp_prompt_logits(gguf_file(arch))
     ctx = tiny(arch).new_context(n_ctx=64)
     ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
     assert ref.std() > 0.5  # spread logits: a wrong state carry-over would move them
@@ -335,26 +357,66 @@ def test_recurrent_greedy_continuation_is_llama_cpps_token_for_token(
 def test_an_rwkv6_gguf_without_token_shift_count_means_llama_cpps_default_of_2(tmp_path: Path) -> None:
     """rwkv6.token_shift_count is optional in llama.cpp (default 2): such a file gives the graph of one that says 2,
     and the same logits as llama.cpp."""
-    from graphir.graph.forms import to_text
-    from graphir.model.meta import open_model
-
     key = gguf.Keys.LLM.TOKEN_SHIFT_COUNT.format(arch="rwkv6")
     preset = make_tiny_preset("rwkv6")
     without = write_model_gguf(tmp_path / "no-shift-key.gguf", preset, drop_md=(key,))
     with_key = write_model_gguf(tmp_path / "shift-key.gguf", preset)
     assert key not in gguf.GGUFReader(without).fields and key in gguf.GGUFReader(with_key).fields
-    for phase in ("prefill", "decode"):
-        assert to_text(open_model(str(without)).build_graph("recurrent", phase)) == \
-            to_text(open_model(str(with_key)).build_graph("recurrent", phase))
-    ref_ctx = LlamaCpp(without)
-    try:
-        ref_ctx.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
-        ref = np.array([ref_ctx.logits_ith(i) for i in range(len(PROMPT))])
-    finally:
-        ref_ctx.close()
-    ctx = load(str(without)).new_context(n_ctx=64)
-    ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
-    assert np.abs(ctx.logits() - ref).max() <= 1e-3
+    assert same_recurrent_graphs(without, with_key)
+    assert np.abs(prompt_logits(without) - llama_cpp_prompt_logits(without)).max() <= 1e-3
+
+
+@oracle
+def test_an_rwkv6_gguf_with_the_converters_1d_lerps_and_decay_runs_as_llama_cpp(tmp_path: Path) -> None:
+    """convert_hf_to_gguf writes time_mix_lerp_x, channel_mix_lerp_k/r and time_mix_decay as [n_embd]; llama.cpp's
+    loader reads [n] as [n, 1, 1]. Such a file loads, gives the graph of the 3-D layout, and llama.cpp's logits."""
+    from graphir.model.meta import open_model
+
+    preset = make_tiny_preset("rwkv6")
+    three_d = write_model_gguf(tmp_path / "rwkv6-3d.gguf", preset)
+    E = open_model(str(three_d)).arch.hp.n_embd
+    squeezed = {f"blk.{il}.{t}.weight": (E,) for il in range(2)
+                for t in ("time_mix_lerp_x", "channel_mix_lerp_k", "channel_mix_lerp_r")}
+    flat = write_model_gguf(tmp_path / "rwkv6-1d.gguf", preset, reshape=squeezed)
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in gguf.GGUFReader(flat).tensors}
+    assert {n: shapes[n] for n in [*squeezed, "blk.0.time_mix_decay.weight"]} == {
+        **squeezed, "blk.0.time_mix_decay.weight": (E,)}
+    assert shapes["blk.0.time_mix_lerp_x.weight"] != tuple(int(d) for d in next(
+        t.shape for t in gguf.GGUFReader(three_d).tensors if t.name == "blk.0.time_mix_lerp_x.weight"))
+    assert same_recurrent_graphs(flat, three_d)
+    ref = llama_cpp_prompt_logits(flat)
+    assert ref.std() > 0.5
+    assert np.abs(prompt_logits(flat) - ref).max() <= 1e-3
+    assert graphir_greedy(load(str(flat)), PROMPT[:4], 8) == llama_cpp_greedy(flat, PROMPT[:4], 8)
+
+
+@oracle
+def test_a_falcon_mamba_gguf_normalises_dt_b_and_c_as_llama_cpp(gguf_file: Callable[..., Path],
+                                                                tmp_path: Path) -> None:
+    """mamba.ssm.dt_b_c_rms (Falcon-Mamba): dt, B and C are RMS-normalised before the scan; the logits are
+    llama.cpp's, and not those of the same weights without the flag."""
+    key = gguf.Keys.SSM.DT_B_C_RMS.format(arch="mamba")
+    path = write_model_gguf(tmp_path / "falcon-mamba.gguf", make_tiny_preset("mamba"), extra_md={key: True})
+    ref = llama_cpp_prompt_logits(path)
+    assert np.abs(prompt_logits(path) - ref).max() <= 1e-3 < np.abs(prompt_logits(gguf_file("mamba")) - ref).max()
+
+
+@oracle
+@pytest.mark.parametrize("arch,moe", [("mamba", False), ("mamba2", False), ("rwkv6", False), ("qwen35", False),
+                                      ("granitehybrid", False), ("granitehybrid", True)])
+def test_a_tiny_model_llama_cpp_makes_with_every_optional_tensor_gives_its_logits(tmp_path: Path, arch: str,
+                                                                                   moe: bool) -> None:
+    """llama.cpp builds a model from metadata alone (tests/llama_made.py) with every tensor its loader creates,
+    optional ones included: per-tensor scales (which its graph multiplies by), input scales (which it leaves
+    unread), RWKV6's separate lerps beside the fused one, Granite's biases. graphir loads it and gives llama.cpp's
+    logits."""
+    from llama_made import DEFAULTS, make
+
+    path = make(tmp_path / f"{arch}.gguf", arch, moe=moe)
+    scaled = any(t.name.endswith(".scale") for t in gguf.GGUFReader(path).tensors)
+    assert scaled == (arch != "rwkv6")  # RWKV6's matrices are none of those llama.cpp scales
+    prompt = [t % DEFAULTS["n_vocab"] for t in PROMPT]
+    assert np.abs(prompt_logits(path, prompt) - llama_cpp_prompt_logits(path, prompt)).max() <= 1e-3
 
 
 # ---- recurrent batching --------------------------------------------------------------------------------------

@@ -93,6 +93,17 @@ def test_public_config_is_its_preset(name):
         assert [ours.arch.recurrent(il) for il in layers] == [preset.arch.recurrent(il) for il in layers]
 
 
+def test_rwkv6s_token_shift_lerps_have_the_shape_the_converter_writes():
+    """convert_hf_to_gguf squeezes RWKV6's lerps and decay to [n_embd] (llama.cpp reads [n] as [n, 1, 1]); the fused
+    lerp keeps its stacked [n_embd, 1, 1, 5]."""
+    tensors = open_model(str(DATA / "RWKV6-1.6B")).tensors
+    shapes = {name.split(".", 2)[2]: tensors[name].shape for name in tensors if name.startswith("blk.0.")}
+    assert {n: shapes[n] for n in ("time_mix_lerp_x.weight", "channel_mix_lerp_k.weight", "channel_mix_lerp_r.weight",
+                                   "time_mix_decay.weight", "time_mix_lerp_fused.weight")} == {
+        "time_mix_lerp_x.weight": (2048,), "channel_mix_lerp_k.weight": (2048,), "channel_mix_lerp_r.weight": (2048,),
+        "time_mix_decay.weight": (2048,), "time_mix_lerp_fused.weight": (2048, 1, 1, 5)}
+
+
 def test_a_config_file_is_its_directory():
     path = DATA / "Gemma-3-27B" / "config.json"
     assert hashes(open_model(str(path))) == hashes(open_model(str(path.parent)))

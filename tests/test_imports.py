@@ -10,8 +10,8 @@ from pathlib import Path
 
 import networkx as nx
 
-PACKAGES = ("graphir", "graphir.files", "graphir.graph", "graphir.memory", "graphir.model", "graphir.running",
-            "graphir.tokenizer", "graphir.arch", "graphir.backends", "graphir.backends.kernels",
+PACKAGES = ("graphir", "graphir.files", "graphir.graph", "graphir.llamacpp", "graphir.memory", "graphir.model",
+            "graphir.running", "graphir.tokenizer", "graphir.arch", "graphir.backends", "graphir.backends.kernels",
             "graphir.backends.quant")
 
 
@@ -113,6 +113,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("graphir.memory",),         # what a context keeps; hands the builder its layers' inputs
     ("graphir.model",),          # hparams, tensors, architectures' interface, the graph builder, HF configs
     ("graphir.convert",),        # Hugging Face checkpoints to GGUF, by the model's mapping
+    ("graphir.llamacpp",),       # llama.cpp's own graphs, read through llama-cpp-python, and their normal form
     ("graphir.running",),        # contexts, state files, runtime
     ("graphir.source",),
     ("graphir.testing",),

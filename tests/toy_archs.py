@@ -16,20 +16,18 @@ from gguf import MODEL_TENSOR as T
 
 from graphir.arch.deepseek2 import DeepSeek2
 from graphir.arch.llama import Llama
-from graphir.arch.mamba import Mamba
 from graphir.graph.ir import Node
-from graphir.memory.layers import Attention, LatentAttention, LayerNeeds, Recurrent
+from graphir.memory.layers import Attention, LatentAttention, LayerNeeds
+from graphir.model import ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import SlidingWindow
 from graphir.model.tensors import TensorSpec, tensor_name
 
 
-def mamba_mix(arch: Mamba, b: GraphBuilder, h: Node, il: int) -> Node:
+def mamba_mix(b: GraphBuilder, h: Node, il: int) -> Node:
     """A Mamba layer's mixer over the ubatch's tokens [n_embd, n_tokens], as its sequences of equal length."""
-    E = arch.hp.n_embd
-    y = Mamba.mixer(arch, b, b.reshape(h, (E, b.n_seq_tokens, b.n_seqs), name="attn_norm.seqs"), il)
-    return b.reshape(y, (E, b.n_tokens), name="ssm_out.tokens")
+    return b.reshape(ssm.mamba_layer(b, h, il), (b.hp.n_embd, b.n_tokens), name="ssm_out.tokens")
 
 
 class ToySWA(Llama):
@@ -44,15 +42,14 @@ class ToyHybrid(Architecture):
     rope_mode = Llama.rope_mode
     required_keys = Llama.required_keys
     per_layer = True
-    keys = Mamba.keys
-    n_embd_r, n_embd_s = Mamba.n_embd_r, Mamba.n_embd_s
+    keys = ssm.MAMBA_KEYS
 
     def is_recurrent(self, il: int) -> bool:
         return self.hp.head_count_kv(il) == 0
 
     def layers(self) -> LayerNeeds:
         hp = self.hp
-        return tuple(Recurrent(self.n_embd_r, self.n_embd_s) if self.is_recurrent(il)
+        return tuple(ssm.recurrent_state(hp, hp.ssm_d_inner) if self.is_recurrent(il)
                      else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(hp.n_layer))
 
     def tensors(self) -> list[TensorSpec]:
@@ -61,8 +58,7 @@ class ToyHybrid(Architecture):
         recurrent = {tensor_name(t, il, suffix) for il in range(self.hp.n_layer) if self.is_recurrent(il)
                      for t in attention for suffix in ("weight", "bias", "scale", "input_scale")}
         return [s for s in Llama(self.hp).tensors() if s.name not in recurrent] + [
-            s for il in range(self.hp.n_layer) if self.is_recurrent(il)
-            for s in Mamba.mixer_tensors(self, il)]  # type: ignore[arg-type]
+            s for il in range(self.hp.n_layer) if self.is_recurrent(il) for s in ssm.mamba_tensors(self.hp, il)]
 
     def build(self, b: GraphBuilder) -> None:
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
@@ -70,7 +66,7 @@ class ToyHybrid(Architecture):
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
             if self.is_recurrent(il):
-                a = mamba_mix(self, b, h, il)  # type: ignore[arg-type]
+                a = mamba_mix(b, h, il)
             else:
                 q, k, v = b.build_qkv(h, il)
                 q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
@@ -86,16 +82,16 @@ class ToyHybrid(Architecture):
 class ToyLatentHybrid(DeepSeek2):
     name = "test-mla-hybrid"
     per_layer = True
-    keys = DeepSeek2.keys + Mamba.keys
-    n_embd_r, n_embd_s, is_recurrent = Mamba.n_embd_r, Mamba.n_embd_s, ToyHybrid.is_recurrent
+    keys = DeepSeek2.keys + ssm.MAMBA_KEYS
+    is_recurrent = ToyHybrid.is_recurrent
 
     def layers(self) -> LayerNeeds:
         latent = LatentAttention(self.hp.n_lora_kv + self.hp.n_rot)
-        return tuple(Recurrent(self.n_embd_r, self.n_embd_s) if self.is_recurrent(il) else latent
+        return tuple(ssm.recurrent_state(self.hp, self.hp.ssm_d_inner) if self.is_recurrent(il) else latent
                      for il in range(self.hp.n_layer))
 
     def attn_tensors(self, il: int) -> list[TensorSpec]:
-        return Mamba.mixer_tensors(self, il) if self.is_recurrent(il) else super().attn_tensors(il)  # type: ignore[arg-type]
+        return ssm.mamba_tensors(self.hp, il) if self.is_recurrent(il) else super().attn_tensors(il)
 
     def attention(self, b: GraphBuilder, h: Node, pos: Node, il: int) -> Node:
-        return mamba_mix(self, b, h, il) if self.is_recurrent(il) else super().attention(b, h, pos, il)  # type: ignore[arg-type]
+        return mamba_mix(b, h, il) if self.is_recurrent(il) else super().attention(b, h, pos, il)

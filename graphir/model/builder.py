@@ -232,16 +232,19 @@ class GraphBuilder:
 
     # ---- small op helpers (names are tags inside the current scope) -------------------------------------
 
-    def linear(self, x: Node, w: Node, b: Node | None = None, *, name: str, s: Node | None = None) -> Node:
-        """x through w, times w's per-tensor scale ``s`` (llama.cpp's ``build_lora_mm``), plus the bias b."""
+    def mm(self, w: Node, x: Node, s: Node | None = None, *, name: str) -> Node:
+        """w @ x, times w's per-tensor scale ``s`` when the file has one (llama.cpp's ``build_lora_mm``)."""
         y = self.op("mul_mat", w, x, name=name)
-        if s is not None:
-            y = self.op("mul", y, s, name=f"{name}.s")
+        return y if s is None else self.op("mul", y, s, name=f"{name}.s")
+
+    def linear(self, x: Node, w: Node, b: Node | None = None, *, name: str, s: Node | None = None) -> Node:
+        """x through w (times its scale ``s``, :meth:`mm`), plus the bias b."""
+        y = self.mm(w, x, s, name=name)
         return self.op("add", y, b, name=f"{name}.b") if b is not None else y
 
-    def scale(self, t: MODEL_TENSOR, il: int) -> Node | None:
-        """The scale of layer il's matrix of role ``t`` (graphir.model.scales), where the family declares one and
-        the file has it."""
+    def scale(self, t: MODEL_TENSOR, il: int | None = None) -> Node | None:
+        """The per-tensor scale of tensor ``t`` (graphir.model.scales), where the family declares one and the file
+        has it."""
         name = tensor_name(t, il, "scale")
         return self.weight(name) if name in self.arch.specs else None
 
@@ -274,14 +277,15 @@ class GraphBuilder:
         return y
 
     def build_ffn(self, x: Node, *, up: Node, gate: Node | None, down: Node, up_b: Node | None = None,
-                  gate_b: Node | None = None, down_b: Node | None = None, up_s: Node | None = None,
-                  gate_s: Node | None = None, down_s: Node | None = None, act: Act = Act.SILU,
-                  gate_mode: Gate = Gate.PAR, name: str = "ffn_out") -> Node:
-        """llama.cpp's build_ffn; a matrix's scale ``*_s`` [1] multiplies its product after the bias, as there."""
+                  gate_b: Node | None = None, down_b: Node | None = None, act: Act = Act.SILU,
+                  gate_mode: Gate = Gate.PAR, name: str = "ffn_out", up_s: Node | None = None,
+                  gate_s: Node | None = None, down_s: Node | None = None) -> Node:
+        """The FFN of x; each matrix's per-tensor scale ``*_s`` multiplies its output after its bias (as
+        llama.cpp's ``build_ffn``)."""
         t = self._scaled(self.linear(x, up, up_b, name="ffn_up"), up_s, name="ffn_up_s")
         if gate is not None:
-            g = self.linear(t if gate_mode is Gate.SEQ else x, gate, gate_b, name="ffn_gate")
-            g = self._scaled(g, gate_s, name="ffn_gate_s")
+            g = self._scaled(self.linear(t if gate_mode is Gate.SEQ else x, gate, gate_b, name="ffn_gate"), gate_s,
+                             name="ffn_gate_s")
             if gate_mode is Gate.PAR and act in _GLU:
                 h = self.op(_GLU[act], g, t, name=f"ffn_{_GLU[act]}")
             else:
@@ -292,8 +296,8 @@ class GraphBuilder:
             h = self.op(act.value, t, name=f"ffn_{act.value}")
         return self._scaled(self.linear(h, down, down_b, name=name), down_s, name=f"{name}_s")
 
-    def _scaled(self, x: Node, s: Node | None, *, name: str) -> Node:
-        return x if s is None else self.op("mul", x, s, name=name)
+    def _scaled(self, y: Node, s: Node | None, *, name: str) -> Node:
+        return y if s is None else self.op("mul", y, s, name=name)
 
     def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node | None, gate_exps: Node | None, down_exps: Node,
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
@@ -463,7 +467,8 @@ class GraphBuilder:
         it before projecting);
         ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
         ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`); ``sinks`` [n_head]: one more logit per
-        head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks)."""
+        head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks); ``wo_s``:
+        W_o's per-tensor scale."""
         inp = self._inputs("build_attn", SelfAttention(k, v))
         out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, softcap, kq_b, sinks=sinks)
         return out if wo is None else self.linear(out, wo, wo_b, name="attn_out", s=wo_s)

@@ -173,7 +173,7 @@ def _heads(c: Config) -> int:
     return c.find("num_attention_heads", "n_head", "n_heads")
 
 
-def head_dim(c: Config) -> int:
+def _head_dim(c: Config) -> int:
     return c.find("head_dim", default=None) or c.find(*WIDTH) // _heads(c)
 
 
@@ -261,161 +261,9 @@ def pooling_rule(c: Config) -> Mapping[str, Any]:
     return {} if pooling is None else {L.POOLING_TYPE: int(pooling)}
 
 
-def _mamba_inner(c: Config) -> int:
-    d_model, d_inner = c.find("hidden_size", "d_model"), c.find("intermediate_size", "d_inner", default=None)
-    if d_inner is not None and d_inner != 2 * d_model:
-        raise c.error(f"intermediate_size {d_inner} is not twice hidden_size {d_model} (Mamba's expansion of 2)")
-    return 2 * d_model
-
-
-def _mamba_dt_rank(c: Config) -> int:
-    """time_step_rank, or ("auto", absent) a sixteenth of the width, rounded up."""
-    if c.find("time_step_rank", "dt_rank", kind="any", default="auto") == "auto":
-        return -(c.find("hidden_size", "d_model") // -16)
-    return c.find("time_step_rank", "dt_rank")
-
-
-MAMBA: tuple[Rule, ...] = (
-    fixed(L.CONTEXT_LENGTH, 1 << 20),  # the converter's stand-in: Mamba is not context-limited
-    hf(L.EMBEDDING_LENGTH, "hidden_size", "d_model"),
-    fixed(L.FEED_FORWARD_LENGTH, 0),
-    fixed(A.HEAD_COUNT, 0),
-    hf(L.BLOCK_COUNT, *BLOCKS),
-    hf(S.CONV_KERNEL, "conv_kernel", "d_conv", default=4),
-    derived(S.INNER_SIZE, _mamba_inner),
-    hf(S.STATE_SIZE, "state_size", "d_state", default=16),
-    derived(S.TIME_STEP_RANK, _mamba_dt_rank),
-    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", "rms_norm_eps", kind="number", default=1e-5),
-    derived(S.DT_B_C_RMS, lambda c: c.doc.get("model_type") == "falcon_mamba"),
-)
-
-
-def _mamba2_inner(c: Config) -> int:
-    expand = c.find("mamba_expand", "expand", default=2)
-    return c.find("mamba_d_ssm", "intermediate_size", "d_inner", default=None) or expand * c.find(*WIDTH, "d_model")
-
-
-def _mamba2_heads(c: Config) -> int:
-    head = c.find("mamba_d_head", "head_dim", default=64)
-    inner = _mamba2_inner(c)
-    if inner % head:
-        raise c.error(f"the inner size {inner} is not a multiple of the head size {head} (mamba_d_head)")
-    return inner // head
-
-
-MAMBA2: tuple[Rule, ...] = (
-    fixed(L.CONTEXT_LENGTH, 1 << 20),
-    hf(L.EMBEDDING_LENGTH, *WIDTH, "d_model"),
-    fixed(L.FEED_FORWARD_LENGTH, 0),
-    fixed(A.HEAD_COUNT, 0),
-    hf(L.BLOCK_COUNT, *BLOCKS),
-    hf(S.CONV_KERNEL, "conv_kernel", "d_conv", default=4),
-    derived(S.INNER_SIZE, _mamba2_inner),
-    hf(S.STATE_SIZE, "state_size", "d_state", default=128),
-    derived(S.TIME_STEP_RANK, _mamba2_heads),
-    hf(S.GROUP_COUNT, "n_groups", default=1),
-    hf(A.LAYERNORM_RMS_EPS, "layer_norm_epsilon", "rms_norm_eps", kind="number", default=1e-5),
-)
-
-RWKV6: tuple[Rule, ...] = (
-    fixed(L.CONTEXT_LENGTH, 1 << 20),  # RWKV is not context-limited
-    hf(L.EMBEDDING_LENGTH, "hidden_size"),
-    hf(L.BLOCK_COUNT, *BLOCKS),
-    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
-    hf(L.RESCALE_EVERY_N_LAYERS, "rescale_every", kind="size"),
-    hf(Keys.WKV.HEAD_SIZE, "head_size"),
-    derived(L.TIME_MIX_EXTRA_DIM, lambda c: 64 if c.find("hidden_size") == 4096 else 32),
-    derived(L.TIME_DECAY_EXTRA_DIM, lambda c: 128 if c.find("hidden_size") == 4096 else 64),
-    derived(L.FEED_FORWARD_LENGTH, lambda c: c.find("intermediate_size", default=None)
-            or int(c.find("hidden_size") * 3.5) // 32 * 32),
-    fixed(A.HEAD_COUNT, 0),
-    VOCAB,
-)
-
-RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; the gguf package has no constant yet
-
-
-def _qwen35_layers(c: Config) -> list[bool] | None:
-    types = c.find("layer_types", kind="list", default=None)
-    if types is None:
-        return None
-    n = c.find(*BLOCKS)
-    if len(types) != n:
-        raise c.error(f"layer_types has {len(types)} entries, num_hidden_layers {n}")
-    return [t == "linear_attention" for t in types]
-
-
-QWEN35 = TEXT + (
-    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
-    hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None),
-    hf(S.CONV_KERNEL, "linear_conv_kernel_dim"),
-    hf(S.STATE_SIZE, "linear_key_head_dim"),
-    hf(S.GROUP_COUNT, "linear_num_key_heads"),
-    hf(S.TIME_STEP_RANK, "linear_num_value_heads"),
-    derived(S.INNER_SIZE, lambda c: c.find("linear_value_head_dim") * c.find("linear_num_value_heads")),
-    derived(RECURRENT_LAYERS, _qwen35_layers),
-    hf(L.FULL_ATTENTION_INTERVAL, "full_attention_interval", default=4),
-    derived(R.DIMENSION_COUNT, lambda c: int(head_dim(c) * c.check(
-        "partial_rotary_factor", c.rope.get("partial_rotary_factor", 0.25), "number"))),
-    lambda c: {} if "mrope_section" in c.rope else {R.DIMENSION_SECTIONS: [11, 11, 10, 0]},
-    VOCAB,
-)
-
-
-def _prefixed(*names: str) -> tuple[str, ...]:
-    """GraniteHybrid's find_hparam: the names, then each with a ``mamba_`` prefix."""
-    return names + tuple(f"mamba_{n}" for n in names)
-
-
-def _granite_attention_layers(c: Config) -> list[int]:
-    types = c.find("layer_types", kind="list", default=None)
-    if types is not None:
-        return [i for i, t in enumerate(types) if t == "attention"]
-    indices = c.find("attn_layer_indices", kind="list", default=None)
-    if indices:
-        return indices
-    period, offset = c.find("attn_layer_period"), c.find("attn_layer_offset", kind="size")
-    return [i for i in range(c.find(*BLOCKS)) if i % period == offset]
-
-
-def _granite_kv(c: Config) -> list[int]:
-    attn, n_kv = _granite_attention_layers(c), c.find(*_prefixed("num_key_value_heads", "n_head_kv"))
-    return [n_kv if il in attn else 0 for il in range(c.find(*BLOCKS))]
-
-
-def _granite_rope(c: Config) -> dict[str, Any]:
-    """Granite 4.0-H's attention layers rotate nothing (unlike Bamba's), and then the context is unlimited."""
-    roped = "BambaForCausalLM" in c.doc.get("architectures", ()) or len(_granite_attention_layers(c)) == c.find(*BLOCKS)
-    return {R.SCALING_FINETUNED: roped, **({} if roped else {L.CONTEXT_LENGTH: 1 << 20})}
-
-
-GRANITE_HYBRID = TEXT_BASE + (  # GraniteModel drops head_dim
-    VOCAB,
-    derived(R.DIMENSION_COUNT, lambda c: c.find(*WIDTH) // _heads(c)),
-    hf(A.SCALE, "attention_multiplier", kind="number", default=None),
-    hf(L.EMBEDDING_SCALE, "embedding_multiplier", kind="number", default=None),
-    hf(L.RESIDUAL_SCALE, "residual_multiplier", kind="number", default=None),
-    hf(L.LOGIT_SCALE, "logits_scaling", kind="number", default=None),
-    hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_intermediate_size", default=None),
-    hf(S.CONV_KERNEL, *_prefixed("conv_kernel", "d_conv")),
-    hf(S.STATE_SIZE, *_prefixed("state_size", "d_state", "state_dim", "ssm_state_size")),
-    hf(S.GROUP_COUNT, *_prefixed("n_groups", "num_groups")),
-    derived(S.INNER_SIZE, lambda c: c.find(*_prefixed("expand", "num_heads")) * c.find(
-        *_prefixed("mamba_head_dim", "hidden_size", "d_model"))),
-    hf(S.TIME_STEP_RANK, *_prefixed("n_heads", "num_heads")),
-    derived(A.HEAD_COUNT_KV, _granite_kv),
-    _granite_rope,
-)
-
-
 # ---- tensors the converter writes beyond the required ones (regexes over GGUF names) ------------------------
 
-Include = Callable[[Config], str]
-_EXPERT_GATES = r"blk\.\d+\.ffn_gate_exps\.weight"
-
-
-def _granite_include(c: Config) -> str:
-    return _EXPERT_GATES if c.find("num_local_experts", kind="size", default=0) else ""
+Include = Callable[[Config], str]  # what a family's converter writes beyond the required tensors (a regex)
 
 
 def _mxfp4(c: Config) -> bool:
@@ -443,22 +291,12 @@ class Family:
     pad_vocab_key: str = ""  # ... unless the config says otherwise under this key
     tie_drops_head: bool = False  # a tied config's LM head is dropped (DeepSeek-V2; Mamba's, equal to the embedding)
     mxfp4: str = ""  # tensors written in MXFP4 when the checkpoint holds them so (quantization_config)
+    squeezed: str = ""  # tensors written without their trailing dimensions of 1 (Preset.squeezed)
 
-
-_UNTIED = {"tie_word_embeddings": False}
-_PAD = "pad_vocab_size_multiple"
-_TIED = {"tie_word_embeddings": True}
 
 # Hugging Face architecture name -> its family: the family modules (graphir.arch) register theirs with
 # :func:`register` when they are imported; :func:`families` imports them all before a lookup.
-FAMILIES: dict[str, Family] = {
-    "Qwen3_5ForCausalLM": Family("qwen35", QWEN35, _UNTIED),
-    "Qwen3_5ForConditionalGeneration": Family("qwen35", QWEN35, _UNTIED),
-    "MambaForCausalLM": Family("mamba", MAMBA, _TIED, pad_vocab=8, pad_vocab_key=_PAD, tie_drops_head=True),
-    "Mamba2ForCausalLM": Family("mamba2", MAMBA2, _UNTIED, pad_vocab=16, pad_vocab_key=_PAD),
-    "Rwkv6ForCausalLM": Family("rwkv6", RWKV6, _UNTIED),
-    "GraniteMoeHybridForCausalLM": Family("granitehybrid", GRANITE_HYBRID, _UNTIED, _granite_include, pad_vocab=8),
-}
+FAMILIES: dict[str, Family] = {}
 
 
 def register(family: Family, *names: str) -> None:
@@ -590,7 +428,7 @@ def preset_of(src: str | os.PathLike[str]) -> tuple[Preset, str]:
     tie = c.find("tie_embeddings", "tie_word_embeddings", kind="flag", default=False)  # mamba_ssm's name first
     tied = tie if not tensors or fam.tie_drops_head and tie else not _has_head(tensors)
     preset = Preset(fam.arch, keys, tied=tied, matrix_type=outtype(tensors), include=fam.include(c), f32=KEEP_F32,
-                    source=f"{config} ({name})")
+                    source=f"{config} ({name})", squeezed=fam.squeezed)
     return preset, fam.mxfp4 if fam.mxfp4 and _mxfp4(c) else ""
 
 

@@ -28,6 +28,7 @@ class Preset:
     include: str = ""  # regex: optional tensors the converter writes (Llama-3.1's rope_freqs, BERT's q/k/v)
     f32: str = ""  # regex: matrices the converter keeps in f32 (position tables, state-space parameters)
     source: str = ""
+    squeezed: str = ""  # regex: tensors the converter writes without their trailing dimensions of 1 (RWKV6's lerps)
 
     def declares(self, name: str, optional: bool) -> bool:
         return not optional or bool(self.include and re.fullmatch(self.include, name))
@@ -36,6 +37,14 @@ class Preset:
         if vector or self.f32 and re.fullmatch(self.f32, name):
             return Q.F32
         return self.overrides.get(name, self.matrix_type)
+
+    def shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The tensor's shape in the converted file: the family's, squeezed where the converter squeezes it."""
+        if not (self.squeezed and re.fullmatch(self.squeezed, name)):
+            return shape
+        while len(shape) > 1 and shape[-1] == 1:
+            shape = shape[:-1]
+        return shape
 
     def metadata(self) -> dict[str, object]:
         md: dict[str, object] = {Keys.General.ARCHITECTURE: self.arch}

@@ -72,6 +72,13 @@ def with_bias(t: MODEL_TENSOR, shape: tuple[int, ...], il: int | None = None, *,
             spec(t, shape[-1:], il, "bias", kind="vector", optional=optional or bias_optional)]
 
 
+def scales(t: MODEL_TENSOR, il: int | None = None, n: int = 1) -> list[TensorSpec]:
+    """The per-tensor scales llama.cpp's loader takes, optional, beside any weight of its list (q/k/v/o, FFN,
+    experts: one per expert, SSM projections): ``.scale`` [n], which the graph multiplies the product by, and
+    ``.input_scale`` [n], which it loads and leaves unread."""
+    return [spec(t, (n,), il, suffix, kind="vector", optional=True) for suffix in ("scale", "input_scale")]
+
+
 class TensorDecl(Protocol):
     shape: tuple[int, ...]
     dtype: GGMLQuantizationType

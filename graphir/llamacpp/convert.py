@@ -1,0 +1,221 @@
+"""llama.cpp's graph, as the records of :mod:`graphir.llamacpp.reserve` give it, in graphir's IR.
+
+Each ggml op becomes the catalogue's op of the same meaning (``ROPE`` -> ``rope``, a ``GLU`` of kind ``SWIGLU`` ->
+``swiglu``, ...) with its op parameters decoded into the catalogue's attributes; an op the catalogue lacks keeps
+ggml's name, lowercased, under ``ggml.`` with its raw parameters (``ggml.cpy``; also a ``ROPE`` that starts at an
+offset into the head, ``ggml.rope``, which the catalogue's rope does not). Weights keep their GGUF names; inputs
+are named by their role as graphir names them (``inp_pos`` -> ``pos``, ``cache_k_l3`` -> ``blk.3.cache_k``); other
+names move their layer in front (``attn_norm-3`` -> ``blk.3.attn_norm``), ggml's own suffixes become dotted
+(``Kcur-0 (view)`` -> ``blk.0.Kcur.view``), a name used again gets its op appended, and an unnamed node is named by
+its op in the layer of its operands. Shapes are ggml's ``ne`` without trailing 1s (the recurrent scans' results as
+the one run of elements the catalogue says they are), and the sizes are those llama.cpp reserved: the graph has no
+open dimensions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import struct
+from typing import Any
+
+from graphir.graph.ir import Graph, Node
+
+_FLAG_INPUT, _FLAG_OUTPUT = 1, 2
+
+# The names llama.cpp gives its graph inputs (llama-graph.cpp), by the role graphir gives the same input. A
+# sliding-window cache's inputs have the other cache's names; they are told apart by creation (_second_inputs).
+INPUT_ROLES = {"inp_tokens": "tokens", "inp_embd": "embd", "inp_pos": "pos", "out_ids": "out_ids",
+               "attn_inp_k_idxs": "k_idxs", "attn_inp_v_idxs": "v_idxs", "attn_inp_kq_mask": "kq_mask",
+               "self_kq_mask": "kq_mask", "rs_s_copy": "rs_src", "mean": "inp_mean", "cls": "inp_cls",
+               "pos_bucket_dec": "pos_bucket", "pos_bucket_enc": "pos_bucket", "cross_embd": "cross_embd"}
+CACHE_ROLES = {"k": "cache_k", "v": "cache_v", "r": "rs_r", "s": "rs_s"}
+OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd": "embd",
+                "result_embd_pooled": "pooled"}
+
+_CACHE = re.compile(r"^cache_([kvrs])_l(\d+)((?: \(\w+\))*)$")
+_SCOPED = re.compile(r"^(.+?)-(\d+)((?: \(\w+\))*)$")
+_SUFFIX = re.compile(r" \((\w+)\)")
+
+# ggml ops (by ggml_op_name, or ggml_op_desc for UNARY and GLU) that are the catalogue's op of this name.
+_SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id", "SUM_ROWS": "sum_rows",
+         "ADD": "add", "SUB": "sub", "MUL": "mul", "DIV": "div", "SQR": "sqr", "SILU": "silu", "GELU": "gelu",
+         "RELU": "relu", "NEG": "neg", "EXP": "exp", "TANH": "tanh", "SIGMOID": "sigmoid", "SOFTPLUS": "softplus",
+         "SWIGLU": "swiglu", "GEGLU": "geglu", "ADD_ID": "add_id", "RESHAPE": "reshape", "PERMUTE": "permute",
+         "TRANSPOSE": "transpose", "CONT": "cont", "CONCAT": "concat", "REPEAT": "repeat", "SSM_CONV": "ssm_conv",
+         "RWKV_WKV6": "rwkv_wkv6", "GATED_DELTA_NET": "gated_delta_net", "SET_ROWS": "set_rows", "VIEW": "view",
+         "ROPE": "rope", "SOFT_MAX": "soft_max", "RMS_NORM": "rms_norm", "NORM": "norm", "SCALE": "scale",
+         "CLAMP": "clamp", "FILL": "fill", "SWIGLU_OAI": "swiglu_oai", "SSM_SCAN": "ssm_scan",
+         "ARGSORT": "argsort_top_k", "TOP_K": "argsort_top_k"}
+# Ops whose result the catalogue lists as one run of elements (outputs, then final states) where ggml gives it
+# two dimensions: the same elements in the same order.
+_FLAT = frozenset({"ssm_scan", "ssm_scan_heads", "gated_delta_net"})
+_ROPE_MODES = {0: "norm", 2: "neox", 8: "mrope", 24: "vision", 40: "imrope"}
+_ROPE_FLOATS = ("freq_base", "freq_scale", "ext_factor", "attn_factor", "beta_fast", "beta_slow")
+
+# A record of the reserve child: [name, op, desc, type, ne, nb, op_params, sources, flags, view_offs, address]
+Record = list[Any]
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<i", bits))[0]
+
+
+def rope_attrs(p: list[int]) -> dict[str, Any]:
+    """The catalogue's RoPE attributes in ggml's op parameters (a rope_multi's sections aside)."""
+    attrs: dict[str, Any] = {"n_dims": p[1], "mode": _ROPE_MODES.get(p[2], str(p[2])), "n_ctx_orig": p[4]}
+    attrs.update({k: _f32(v) for k, v in zip(_ROPE_FLOATS, p[5:11])})
+    return attrs
+
+
+def shape_of(ne: list[int]) -> tuple[int, ...]:
+    """ggml's four sizes without the trailing 1s (a scalar keeps one)."""
+    n = len(ne)
+    while n > 1 and ne[n - 1] == 1:
+        n -= 1
+    return tuple(ne[:n])
+
+
+def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
+    """The catalogue's op and attributes for one ggml node (``ggml.<op>`` with its raw parameters if none)."""
+    name, op, desc, _, ne, nb, p = r[:7]
+    kind = _SAME.get(desc if op in ("UNARY", "GLU") else op)
+    if kind is None or op == "GLU" and len(srcs) != 2 or op == "SCALE" and p[1] != 0 or op == "ROPE" and p[15]:
+        n = len(p)
+        while n and p[n - 1] == 0:
+            n -= 1
+        return f"ggml.{(desc if op in ('UNARY', 'GLU') else op).lower()}", {"params": tuple(p[:n])}
+    if kind in ("rms_norm", "norm"):
+        return kind, {"eps": _f32(p[0])}
+    if kind == "scale":
+        return kind, {"s": _f32(p[0])}
+    if kind == "soft_max":
+        return kind, {"scale": _f32(p[0]), "max_bias": _f32(p[1])}
+    if kind == "clamp":
+        return kind, {"min": _f32(p[0]), "max": _f32(p[1])}
+    if kind == "fill":
+        return kind, {"c": _f32(p[0])}
+    if kind == "swiglu_oai":
+        return kind, {"alpha": _f32(p[2]), "limit": _f32(p[3])}
+    if kind == "concat":
+        return kind, {"dim": p[0]}
+    if kind == "argsort_top_k":
+        return kind, {"k": ne[0]}
+    if kind == "rope":
+        if p[2] & 8:
+            return "rope_multi", {**rope_attrs(p), "sections": tuple(p[11:15])}
+        return kind, rope_attrs(p)
+    if kind in ("reshape", "repeat"):
+        return kind, {"shape": shape_of(ne)}
+    if kind == "permute":
+        return kind, {"axes": tuple(p[:4])}
+    if kind == "view":
+        elem = nb[0] or 1
+        shape = shape_of(ne)
+        return kind, {"shape": shape, "strides": tuple(s // elem for s in nb[:len(shape)]), "offset": r[9] // elem}
+    if kind == "ssm_scan" and srcs[3].shape[0] == 1:  # A holds one decay per head: Mamba-2's scan
+        return "ssm_scan_heads", {}
+    return kind, {}
+
+
+def _operands(kind: str, srcs: list[Node]) -> list[Node]:
+    """ggml's sources in the catalogue's operand order (set_rows writes into its last source)."""
+    if kind == "set_rows":
+        return [srcs[2], srcs[0], srcs[1]] if len(srcs) == 3 else srcs
+    return srcs
+
+
+class _Names:
+    """graphir's names for llama.cpp's, each used once."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+        self.weights: dict[str, Node] = {}  # llama.cpp loads a tied matrix twice under one name: one node
+
+    def take(self, base: str, op: str) -> str:
+        """``base``, else ``base.<op>``, else ``base.<op>1``, ``base.<op>2``, ...: the first one still free."""
+        tail = op.removeprefix("ggml.")
+        tries = itertools.chain((base, f"{base}.{tail}"), (f"{base}.{tail}{k}" for k in itertools.count(1)))
+        name = next(t for t in tries if t not in self.used)
+        self.used.add(name)
+        return name
+
+
+def _second_inputs(records: list[Record]) -> set[int]:
+    """The addresses of the inputs created second under a name already given (a sliding-window cache's)."""
+    by_name: dict[str, set[int]] = {}
+    for r in records:
+        if r[1] == "NONE" and r[8] & _FLAG_INPUT:
+            by_name.setdefault(r[0], set()).add(r[10])
+    return {a for addresses in by_name.values() if len(addresses) == 2 for a in sorted(addresses)[1:]}
+
+
+def _leaf(r: Record, weights: frozenset[str], names: _Names, second: set[int]) -> Node:
+    name, dtype, shape = r[0], r[3], shape_of(r[4])
+    m = _CACHE.match(name)
+    if m and not m.group(3):
+        role = CACHE_ROLES[m.group(1)]
+        return Node(names.take(f"blk.{m.group(2)}.{role}", "input"), "input", (), {"role": role}, dtype, shape)
+    if name in weights:
+        names.used.add(name)
+        return names.weights.setdefault(name, Node(name, "weight", (), {"tensor": name}, dtype, shape))
+    role = INPUT_ROLES.get(name, name) + ("_swa" if r[10] in second else "")
+    return Node(names.take(role, "input"), "input", (), {"role": role}, dtype, shape)
+
+
+def _base_name(name: str, op: str, srcs: list[Node]) -> str:
+    """A node's graphir name before de-duplication."""
+    m = _CACHE.match(name) or _SCOPED.match(name)
+    if m:
+        stem = CACHE_ROLES[m.group(1)] if m.re is _CACHE else m.group(1)
+        return f"blk.{m.group(2)}.{stem}" + "".join("." + s for s in _SUFFIX.findall(m.group(3)))
+    if not name or re.fullmatch(r"(node|leaf)_\d+", name):  # ggml's names for the unnamed
+        layers = [x.layer for x in srcs if x.layer is not None]
+        kind = op.removeprefix("ggml.")
+        return f"blk.{max(layers)}.{kind}" if layers else kind
+    plain = _SUFFIX.sub(lambda s: "." + s.group(1), name)
+    return re.sub(r"\s+", "_", plain)
+
+
+def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any]) -> Graph:
+    """The graph of one reserve's records; ``weights`` are the GGUF's tensor names."""
+    names = _Names()
+    of_record: list[Node] = []  # the node of each record (a tied matrix's two records share one)
+    nodes: list[Node] = []
+    emitted: set[int] = set()
+    outputs: dict[str, Node] = {}
+    second = _second_inputs(records)
+    for r in records:
+        srcs = [of_record[i] for i in r[7]]
+        if r[1] == "NONE":
+            node = _leaf(r, weights, names, second)
+        else:
+            kind, attrs = _op(r, srcs)
+            operands = _operands(kind, srcs)
+            shape = shape_of(r[4])
+            if kind in _FLAT:
+                shape = (math.prod(shape),)
+            node = Node(names.take(_base_name(r[0], kind, operands), kind), kind, tuple(operands), attrs, r[3],
+                        shape)
+            if r[8] & _FLAG_OUTPUT and r[0] in OUTPUT_ROLES:  # others are kept for llama.cpp's own readers
+                outputs[OUTPUT_ROLES[r[0]]] = node
+        if id(node) not in emitted:
+            emitted.add(id(node))
+            nodes.append(node)
+        of_record.append(node)
+    _name_cross_mask(nodes)
+    return Graph(meta, (), nodes, outputs)
+
+
+def _name_cross_mask(nodes: list[Node]) -> None:
+    """llama.cpp leaves the mask of attention over an encoder's output unnamed: it is the input a softmax uses
+    as its mask beside the encoder's output (``cross_embd``)."""
+    if not any(n.op == "input" and n.name == "cross_embd" for n in nodes):
+        return
+    for n in nodes:
+        if n.op == "soft_max" and len(n.inputs) > 1:
+            mask = n.inputs[1]
+            if mask.op == "input" and mask.name.startswith("leaf_"):
+                mask.name, mask.attrs = "cross_mask", {"role": "cross_mask"}
+                return
