@@ -5,7 +5,7 @@ over the whole context; both sandwich attention and the GELU-gated FFN between R
 scale token embeddings by sqrt(n_embd), and scale queries by a fixed factor before attention. Gemma 2 also
 soft-caps attention scores and the final logits (c * tanh(x / c)). Gemma 3 replaces the score cap by
 QK-norm, makes five of every six layers local, and gives local and global layers their own RoPE base and
-scaling.
+scaling. One graph serves both; what Gemma 3 changes is data (:class:`Traits`).
 
 References: Gemma Team 2024, "Gemma 2: Improving Open Language Models at a Practical Size"
 (arXiv:2408.00118); Gemma Team 2025, "Gemma 3 Technical Report" (arXiv:2503.19786); llama.cpp
@@ -15,135 +15,170 @@ src/models/gemma2.cpp and gemma3.cpp (as vendored in llama-cpp-python 0.3.36).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import ClassVar
 
+from gguf import GGMLQuantizationType as Q
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.llama import Llama
 from graphir.errors import MetadataError
-from graphir.graph.ir import Node
+from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder
-from graphir.model.hparams import Key, SlidingWindow, f32, inv_sqrt
-from graphir.model.tensors import TensorSpec, spec, tensor_name
-from gguf import GGMLQuantizationType as Q
-from graphir.model import presets
+from graphir.model.hf_config import TEXT, VOCAB, Family, derived, hf
+from graphir.model.hparams import HParams, Key, SlidingWindow, f32, inv_sqrt
 from graphir.model.presets import Preset
+from graphir.model.qkv import qk_norm, qk_norm_tensors, qkv_tensors
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorSpec, spec, tensor_name
+
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
-class Gemma2(Llama):
+@dataclass(frozen=True)
+class Traits:
+    """What Gemma 3 changes in Gemma 2's graph."""
+
+    score_cap: bool  # Gemma 2: attention scores soft-capped by attn_logit_softcapping
+    qk_norm: bool  # Gemma 3: each head of Q and K RMS-normalised before RoPE (instead of capped scores)
+    own_head: bool  # Gemma 3: an output.weight may be written (else token_embd); Gemma 2's head is token_embd
+    swa_rope_scale: float | None  # the local layers' RoPE scaling (None: the model's; Gemma 3: 1, none)
+    layers_of_27b: int  # the 27B model (known to llama.cpp by its layer count) scales queries by
+    # 1/sqrt(n_embd / n_head) (its query_pre_attn_scalar), the other sizes by 1/sqrt(head_dim)
+
+
+class Gemma2(Architecture):
+    """The sandwich-norm decoder, as llama.cpp's src/models/gemma2.cpp and gemma3.cpp build it; Gemma 3 is data."""
+
     name = "gemma2"
     rope_mode = "neox"  # the converter keeps HF's rotate-half layout
+    required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
     swa = SlidingWindow("standard", window=4096, period=2)  # even layers local, odd layers global
-    keys = (Key("attn_softcap", Keys.LLM.ATTN_LOGIT_SOFTCAPPING, float, 50.0),
-            Key("final_softcap", Keys.LLM.FINAL_LOGIT_SOFTCAPPING, float, 30.0),
-            Key("rope_freq_base_swa", Keys.Rope.FREQ_BASE_SWA, float, default_from="rope_freq_base"))
-    out_bias = False
-    # The 27B model (known to llama.cpp by its layer count) scales queries by 1/sqrt(n_embd / n_head) (its
-    # query_pre_attn_scalar), the other sizes by 1/sqrt(head_dim).
-    layers_of_27b = 46
-    capped = ("attn_softcap", "final_softcap")  # soft caps always applied: 0 would divide by zero
+    keys = (Key("attn_softcap", L.ATTN_LOGIT_SOFTCAPPING, float, 50.0),
+            Key("final_softcap", L.FINAL_LOGIT_SOFTCAPPING, float, 30.0),
+            Key("rope_freq_base_swa", R.FREQ_BASE_SWA, float, default_from="rope_freq_base"))
+    traits: ClassVar[Traits] = Traits(score_cap=True, qk_norm=False, own_head=False, swa_rope_scale=None,
+                                      layers_of_27b=46)
 
-    @classmethod
-    def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
-        arch = super().from_metadata(label, metadata)
-        for k in cls.keys:
-            if k.field in cls.capped and getattr(arch.hp, k.field) <= 0:
-                raise MetadataError(f"{label}: key '{k.template.format(arch=cls.name)}' is "
-                                    f"{getattr(arch.hp, k.field)}: a soft cap must be positive")
-        return arch
+    def __init__(self, hp: HParams):
+        if self.traits.score_cap:  # Gemma 2 always caps scores and logits: a cap of 0 would divide by zero
+            for k in self.keys:
+                if k.field.endswith("softcap") and getattr(hp, k.field) <= 0:
+                    raise MetadataError(f"key '{k.template.format(arch=self.name)}' is {getattr(hp, k.field)}: a "
+                                        f"soft cap must be positive")
+        super().__init__(hp)
 
-    # ---- tensors: Llama's, with a norm after attention and after the FFN, no biases, a tied head -------------
+    def tensors(self) -> list[TensorSpec]:
+        hp, t = self.hp, self.traits
+        E, V = hp.n_embd, hp.n_vocab
+        specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector")]
+        if t.own_head:
+            specs.append(spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)))
+        for il in range(hp.n_layer):
+            F = hp.ff_length(il)
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il),
+                     *(qk_norm_tensors(hp, il) if t.qk_norm else ()),
+                     spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), spec(T.FFN_NORM, (E,), il, kind="vector"),
+                     spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
+                     spec(T.FFN_POST_NORM, (E,), il, kind="vector")]
+            specs += layer + layer_scales(layer, il)  # the FFN's scales are not read by llama.cpp's graph
+        return specs
 
-    def layer_tensors(self, il: int) -> list[TensorSpec]:
-        E = self.hp.n_embd
-        return [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.mix_tensors(il),
-                spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), *self.ffn_tensors(il),
-                spec(T.FFN_POST_NORM, (E,), il, kind="vector")]
-
-    def head_tensors(self) -> list[TensorSpec]:
-        return []  # the LM head is token_embd: the file has no output.weight
-
-    def rope_tensors(self) -> list[TensorSpec]:
-        return []
-
-    # ---- what Gemma varies -------------------------------------------------------------------------------
-
-    def q_scale(self) -> float:
+    def query_scale(self) -> float:
         hp = self.hp
-        if hp.n_layer != self.layers_of_27b:
+        if hp.n_layer != self.traits.layers_of_27b:
             return inv_sqrt(hp.n_embd_head_k)
         if hp.n_embd < hp.head_count(0):  # the 27B sizes scale by the width per head, here 0
             raise MetadataError(f"{self.name} with {hp.n_layer} layers scales queries by 1/sqrt(embedding_length / "
                                 f"head_count), but embedding_length {hp.n_embd} < head_count {hp.head_count(0)}")
         return inv_sqrt(hp.n_embd // hp.head_count(0))
 
-    def rope_at(self, il: int) -> tuple[float | None, float | None]:
-        """Local layers rotate with rope.freq_base_swa and, in Gemma 2, the model's scaling."""
-        return (self.hp.rope_freq_base_swa, None) if self.hp.is_swa(il) else (None, None)
-
-    def rope_factors(self, b: GraphBuilder) -> Node | None:
-        return None
-
-    def score_cap(self) -> float:
-        return self.hp.attn_softcap
-
-    def lm_head(self, b: GraphBuilder) -> tuple[Node | None, Node | None]:
-        return b.w(T.TOKEN_EMBD), None
-
     def build(self, b: GraphBuilder) -> None:
-        """Sandwich norms: attention and FFN outputs are normalised before they join the residual stream."""
-        hp = self.hp
+        hp, t = self.hp, self.traits
+        q_scale = self.query_scale()
         x = b.op("scale", b.build_inp_embd(b.w(T.TOKEN_EMBD)), s=f32(math.sqrt(hp.n_embd)), name="inp_scaled")
         pos = b.build_inp_pos()
-        out_ids = b.build_inp_out_ids()
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                a = self.mix(b, b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm"), pos, None, il)
-                if il == hp.n_layer - 1:  # only requested rows go through the last FFN and the head
-                    a = b.op("get_rows", a, out_ids, name="attn_out.rows")
-                    x = b.op("get_rows", x, out_ids, name="inp.rows")
-                a = b.build_norm(a, b.w(T.ATTN_POST_NORM, il), name="attn_post_norm")
-                x = b.op("add", a, x, name="sa_out")
-                h = b.build_norm(x, b.w(T.FFN_NORM, il), name="ffn_norm")
-                f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
-                                act=Act.GELU)
-                f = b.build_norm(f, b.w(T.FFN_POST_NORM, il), name="ffn_post_norm")
-                x = b.op("add", f, x, name="l_out")
-        x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
-        head, _ = self.lm_head(b)
-        b.build_output(x, head, softcap=hp.final_softcap)
+        for il in b.layers():
+            h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
+            # self-attention; local layers rotate with rope.freq_base_swa
+            q, k, v = b.build_qkv(h, il)
+            if t.qk_norm:
+                q, k = qk_norm(b, q, k, il)
+            base, scale = (hp.rope_freq_base_swa, t.swa_rope_scale) if hp.is_swa(il) else (None, None)
+            q = b.rope(q, pos, name="Qcur.rope", freq_base=base, freq_scale=scale)
+            k = b.rope(k, pos, name="Kcur.rope", freq_base=base, freq_scale=scale)
+            q = b.op("scale", q, s=q_scale, name="Qcur.scaled")
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il), kq_scale=1.0,
+                             softcap=hp.attn_softcap if t.score_cap else 0.0)
+            a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
+            # sandwich norms: attention and FFN outputs are normalised before they join the residual stream
+            a = b.norm(a, T.ATTN_POST_NORM, il, name="attn_post_norm")
+            x = b.op("add", a, x, name="sa_out")
+            h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
+            f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
+                            act=Act.GELU)
+            f = b.norm(f, T.FFN_POST_NORM, il, name="ffn_post_norm")
+            x = b.op("add", f, x, name="l_out")
+        x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
+        b.build_output(x, b.w(T.OUTPUT if t.own_head else T.TOKEN_EMBD), softcap=hp.final_softcap)
 
 
 class Gemma3(Gemma2):
     name = "gemma3"
     # Five local layers, then a global one; no window (key absent or 0): every layer is global.
     swa = SlidingWindow("standard", window=0, period=6, off_when_zero=True)
-    keys = (Key("final_softcap", Keys.LLM.FINAL_LOGIT_SOFTCAPPING, float, 0.0),  # 0: logits not capped
-            Key("rope_freq_base_swa", Keys.Rope.FREQ_BASE_SWA, float, 10000.0))
-    qk_norm = True  # instead of capped scores
-    layers_of_27b = 62
-    capped = ()
+    keys = (Key("final_softcap", L.FINAL_LOGIT_SOFTCAPPING, float, 0.0),  # 0: logits not capped
+            Key("rope_freq_base_swa", R.FREQ_BASE_SWA, float, 10000.0))
+    traits = Traits(score_cap=False, qk_norm=True, own_head=True, swa_rope_scale=1.0, layers_of_27b=62)
 
-    def score_cap(self) -> float:
-        return 0.0
 
-    def head_tensors(self) -> list[TensorSpec]:
-        hp = self.hp
-        return [spec(T.OUTPUT, (hp.n_embd, hp.n_vocab), tied_to=tensor_name(T.TOKEN_EMBD))]
+# ---- Hugging Face: what convert_hf_to_gguf writes for each of these configs -------------------------------
 
-    def lm_head(self, b: GraphBuilder) -> tuple[Node | None, Node | None]:
-        return b.w(T.OUTPUT), None  # token_embd when the file has no output.weight
 
-    def rope_at(self, il: int) -> tuple[float | None, float | None]:
-        """Local layers: rope.freq_base_swa and no scaling; global layers: the model's base and scaling."""
-        return (self.hp.rope_freq_base_swa, 1.0) if self.hp.is_swa(il) else (None, None)
+def _gemma3_window(c: hf_config.Config) -> int | None:
+    return None if c.doc.get("sliding_window_pattern") == 1 else c.find("sliding_window")
+
+
+GEMMA3_RULES = TEXT + (
+    hf(L.CONTEXT_LENGTH, "max_position_embeddings", default=131072),
+    hf(A.HEAD_COUNT, "num_attention_heads", default=8),
+    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number", default=1e-6),
+    lambda c: {A.KEY_LENGTH: (d := c.find("head_dim", default=256)), A.VALUE_LENGTH: d},
+    derived(R.FREQ_BASE, lambda c: c.check("rope_theta", c.full_rope.get(
+        "rope_theta", 1_000_000.0), "number")),
+    derived(L.FINAL_LOGIT_SOFTCAPPING, lambda c: c.find("final_logit_softcapping", kind="number", default=None)),
+    derived(A.SLIDING_WINDOW, _gemma3_window),
+    hf(A.HEAD_COUNT_KV, "num_key_value_heads", default=4),
+    VOCAB,
+)
+
+GEMMA2_RULES: tuple[hf_config.Rule, ...] = (
+    hf(L.CONTEXT_LENGTH, "max_position_embeddings"),
+    hf(L.EMBEDDING_LENGTH, "hidden_size"),
+    hf(L.BLOCK_COUNT, *hf_config.BLOCKS),
+    hf(L.FEED_FORWARD_LENGTH, "intermediate_size"),
+    hf(A.HEAD_COUNT, "num_attention_heads"),
+    derived(A.HEAD_COUNT_KV, lambda c: c.find("num_key_value_heads", default=None) or c.find("num_attention_heads")),
+    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number"),
+    lambda c: {A.KEY_LENGTH: (d := c.find("head_dim")), A.VALUE_LENGTH: d},
+    hf(L.ATTN_LOGIT_SOFTCAPPING, "attn_logit_softcapping", kind="number"),
+    hf(L.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping", kind="number"),
+    hf(A.SLIDING_WINDOW, "sliding_window"),
+    VOCAB,
+)
+
+_TIED = {"tie_word_embeddings": True}
+# Gemma3TextConfig's defaults, which a multimodal config's text_config leaves out
+_GEMMA3 = {**_TIED, "max_position_embeddings": 131072, "rope_local_base_freq": 10000.0, "sliding_window": 4096,
+           "vocab_size": 262208}
+hf_config.register(Family("gemma2", GEMMA2_RULES, {**_TIED, "head_dim": 256, "attn_logit_softcapping": 50.0,
+                                                   "final_logit_softcapping": 30.0, "sliding_window": 4096,
+                                                   "rms_norm_eps": 1e-6}), "Gemma2ForCausalLM")
+hf_config.register(Family("gemma3", GEMMA3_RULES, _GEMMA3), "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
-
-L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
 def _gemma2(E: int, n_layer: int, n_ff: int, n_head: int, d: int, source: str) -> Preset:

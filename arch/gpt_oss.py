@@ -14,113 +14,107 @@ llama-cpp-python 0.3.36, whose architecture name for it is ``gpt-oss``.
 
 from __future__ import annotations
 
+from gguf import GGMLQuantizationType as Q
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.llama import Llama
-from graphir.model.moe import MOE_KEYS
 from graphir.errors import MetadataError
-from graphir.graph.ir import Node
+from graphir.model import hf_config, presets
+from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, Gating, GraphBuilder
+from graphir.model.hf_config import TEXT, VOCAB, Family, hf
 from graphir.model.hparams import HParams, Key, SlidingWindow, inv_sqrt
-from graphir.model.tensors import TensorSpec, spec
-from gguf import GGMLQuantizationType as Q
-from graphir.model import presets
+from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.presets import Preset
+from graphir.model.qkv import qkv_tensors
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorSpec, spec
+
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
-class GptOss(Llama):
+class GptOss(Architecture):
+    """As llama.cpp's src/models/openai-moe.cpp builds it."""
+
     name = "gpt-oss"
     rope_mode = "neox"
-    required_keys = (Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS,
-                     Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)
+    required_keys = (A.HEAD_COUNT, A.LAYERNORM_RMS_EPS, L.EXPERT_FEED_FORWARD_LENGTH)
     swa = SlidingWindow("standard", window=0, period=2)  # attention.sliding_window required; even layers slide
-    keys = MOE_KEYS + (Key("n_ff_exp", Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int, 0, minimum=1),
-                       Key("rope_freq_base_swa", Keys.Rope.FREQ_BASE_SWA, float, default_from="rope_freq_base"))
-    gate_optional = False
-    out_bias = False  # attn_output.bias is required here: declared with the layer's tensors
+    keys = MOE_KEYS + (Key("n_ff_exp", L.EXPERT_FEED_FORWARD_LENGTH, int, 0, minimum=1),
+                       Key("rope_freq_base_swa", R.FREQ_BASE_SWA, float, default_from="rope_freq_base"))
 
     def __init__(self, hp: HParams):
         if not hp.n_expert:
-            key = Keys.LLM.EXPERT_COUNT.format(arch=self.name)
-            raise MetadataError(f"a '{self.name}' model needs experts ('{key}' > 0)")
+            raise MetadataError(f"a '{self.name}' model needs experts ('{L.EXPERT_COUNT.format(arch=self.name)}' > 0)")
+        check_experts(hp, self.name)
         super().__init__(hp)
 
-    def expert_ff_length(self, il: int) -> int:
-        return self.hp.n_ff_exp
-
-    # ---- tensors: an untied head, no rope_freqs; per layer sinks, a biased router and biased experts ----------
-
-    def head_tensors(self) -> list[TensorSpec]:
-        return [spec(T.OUTPUT, (self.hp.n_embd, self.hp.n_vocab))]
-
-    def rope_tensors(self) -> list[TensorSpec]:
-        return []
-
-    def layer_tensors(self, il: int) -> list[TensorSpec]:
-        E = self.hp.n_embd
-        return [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.mix_tensors(il),
-                spec(T.ATTN_OUT, (E,), il, "bias", kind="vector"),
-                spec(T.ATTN_SINKS, (self.hp.head_count(il),), il, kind="vector"),
-                spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), *self.moe_tensors(il)]
-
-    def moe_tensors(self, il: int) -> list[TensorSpec]:
-        """The router and the stacked experts, each with its biases (an expert's bias is its column of the
-        [width, n_expert] table; the converter writes them f32)."""
-        E, F, X = self.hp.n_embd, self.hp.n_ff_exp, self.n_expert()
-        return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_INP, (X,), il, "bias", kind="vector"),
-                spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_GATE_EXP, (F, X), il, "bias", kind="vector"),
-                spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_UP_EXP, (F, X), il, "bias", kind="vector"),
-                spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_DOWN_EXP, (E, X), il, "bias", kind="vector")]
-
-    # ---- graph -----------------------------------------------------------------------------------------
-
-    def rope_at(self, il: int) -> tuple[float | None, float | None]:
-        """Sliding layers rotate with rope.freq_base_swa (the model's base unless the file says)."""
-        return (self.hp.rope_freq_base_swa, None) if self.hp.is_swa(il) else (None, None)
-
-    def attention(self, b: GraphBuilder, h: Node, pos: Node, il: int) -> Node:
-        """Grouped-query attention, RoPE'd, whose softmax counts each head's sink; scores scaled by
-        1/sqrt(rotated dims)."""
-        q, k, v = b.build_qkv(h, il)
-        base, scale = self.rope_at(il)
-        q = b.rope(q, pos, name="Qcur.rope", freq_base=base, freq_scale=scale)
-        k = b.rope(k, pos, name="Kcur.rope", freq_base=base, freq_scale=scale)
-        return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias"),
-                            kq_scale=inv_sqrt(self.hp.n_rot), sinks=b.w(T.ATTN_SINKS, il))
-
-    def moe(self, b: GraphBuilder, h: Node, il: int) -> Node:
-        """The top n_expert_used experts by biased router logits, weighted by a softmax over those logits;
-        each expert a clamped SwiGLU with a bias on each of its products."""
-        hp, w = self.hp, b.w
-        return b.build_moe_ffn(
-            h, gate_inp=w(T.FFN_GATE_INP, il), gate_inp_b=w(T.FFN_GATE_INP, il, "bias"),  # type: ignore[arg-type]
-            up_exps=w(T.FFN_UP_EXP, il), up_exps_b=w(T.FFN_UP_EXP, il, "bias"),  # type: ignore[arg-type]
-            gate_exps=w(T.FFN_GATE_EXP, il), gate_exps_b=w(T.FFN_GATE_EXP, il, "bias"),
-            down_exps=w(T.FFN_DOWN_EXP, il), down_exps_b=w(T.FFN_DOWN_EXP, il, "bias"),  # type: ignore[arg-type]
-            n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, gating=Gating.SOFTMAX_WEIGHT, act=Act.SWIGLU_OAI)
+    def tensors(self) -> list[TensorSpec]:
+        """An untied head; per layer sinks, q/k/v with optional biases, a biased output, a biased router and
+        biased experts (an expert's bias is its column of the [width, n_expert] table; the converter writes them
+        f32)."""
+        hp = self.hp
+        E, V, F, X = hp.n_embd, hp.n_vocab, hp.n_ff_exp, hp.n_expert
+        specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"), spec(T.OUTPUT, (E, V))]
+        for il in range(hp.n_layer):
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il),
+                     spec(T.ATTN_OUT, (E,), il, "bias", kind="vector"),
+                     spec(T.ATTN_SINKS, (hp.head_count(il),), il, kind="vector"),
+                     spec(T.ATTN_POST_NORM, (E,), il, kind="vector"),
+                     spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_INP, (X,), il, "bias", kind="vector"),
+                     spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_GATE_EXP, (F, X), il, "bias", kind="vector"),
+                     spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_UP_EXP, (F, X), il, "bias", kind="vector"),
+                     spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_DOWN_EXP, (E, X), il, "bias", kind="vector")]
+            specs += layer + layer_scales(layer, il, X)  # the experts' scales are not read by llama.cpp's graph
+        return specs
 
     def build(self, b: GraphBuilder) -> None:
         """x += attn(norm(x)); x += moe(norm(x)) per layer. Every layer runs all of the ubatch's tokens, the
         last one too: the requested rows are taken after it, as llama.cpp's graph for this family does."""
-        hp = self.hp
-        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
+        hp, w = self.hp, b.w
+        x = b.build_inp_embd(w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
-        out_ids = b.build_inp_out_ids()
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                a = self.attention(b, b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm"), pos, il)
-                x = b.op("add", a, x, name="ffn_inp")
-                f = self.moe(b, b.build_norm(x, b.w(T.ATTN_POST_NORM, il), name="attn_post_norm"), il)
-                x = b.op("add", f, x, name="l_out")
-        x = b.op("get_rows", x, out_ids, name="out_rows")
-        x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
-        b.build_output(x, b.w(T.OUTPUT))
+        for il in b.layers():
+            # self-attention, RoPE'd (sliding layers with rope.freq_base_swa), whose softmax counts each head's sink;
+            # scores scaled by 1/sqrt(rotated dims)
+            h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
+            q, k, v = b.build_qkv(h, il)
+            base = hp.rope_freq_base_swa if hp.is_swa(il) else None
+            q = b.rope(q, pos, name="Qcur.rope", freq_base=base)
+            k = b.rope(k, pos, name="Kcur.rope", freq_base=base)
+            a = b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), wo_b=w(T.ATTN_OUT, il, "bias"),
+                             wo_s=b.scale(T.ATTN_OUT, il), kq_scale=inv_sqrt(hp.n_rot),
+                             sinks=w(T.ATTN_SINKS, il))
+            x = b.op("add", a, x, name="ffn_inp")
+            # the top n_expert_used experts by biased router logits, weighted by a softmax over those logits; each
+            # expert a clamped SwiGLU with a bias on each of its products
+            h = b.norm(x, T.ATTN_POST_NORM, il, name="attn_post_norm")
+            f = b.build_moe_ffn(
+                h, gate_inp=w(T.FFN_GATE_INP, il), gate_inp_b=w(T.FFN_GATE_INP, il, "bias"),
+                up_exps=w(T.FFN_UP_EXP, il), up_exps_b=w(T.FFN_UP_EXP, il, "bias"),
+                gate_exps=w(T.FFN_GATE_EXP, il), gate_exps_b=w(T.FFN_GATE_EXP, il, "bias"),
+                down_exps=w(T.FFN_DOWN_EXP, il), down_exps_b=w(T.FFN_DOWN_EXP, il, "bias"),
+                n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, gating=Gating.SOFTMAX_WEIGHT,
+                act=Act.SWIGLU_OAI)
+            x = b.op("add", f, x, name="l_out")
+        x = b.op("get_rows", x, b.build_inp_out_ids(), name="out_rows")
+        x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
+        b.build_output(x, w(T.OUTPUT))
+
+
+# ---- Hugging Face: what convert_hf_to_gguf writes for these configs -----------------------------------------
+
+GPT_OSS_RULES = TEXT + (
+    hf(A.SLIDING_WINDOW, "sliding_window"),
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "intermediate_size"),
+    VOCAB,
+)
+hf_config.register(Family("gpt-oss", GPT_OSS_RULES, {"tie_word_embeddings": False},
+                          lambda c: r"blk\.\d+\.attn_[qkv]\.bias", mxfp4=r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight"),
+                   "GptOssForCausalLM")
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
-
-L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
 def _gpt_oss(n_layer: int, n_expert: int, source: str) -> Preset:

@@ -2,6 +2,9 @@
 experts: ``expert_count`` > 0), Qwen2 (q/k/v biases, NEOX RoPE), Qwen3 (per-head RMS norm of Q and K before
 RoPE), Qwen3-MoE (Qwen3 with mixture-of-experts FFNs) and SmolLM3 (no RoPE in every fourth layer).
 
+All five are one graph, each layer ``x += attn(norm(x))`` then ``x += ffn(norm(x))``; what a variant changes is
+data (:class:`Traits`), registered under its GGUF name.
+
 References: Touvron et al. 2023, "LLaMA"; Jiang et al. 2024, "Mixtral of Experts"; Qwen Team 2025, "Qwen3
 Technical Report"; Hugging Face 2025, "SmolLM3"; llama.cpp src/models/llama.cpp, qwen2.cpp, qwen3.cpp,
 qwen3moe.cpp, smollm3.cpp.
@@ -9,224 +12,192 @@ qwen3moe.cpp, smollm3.cpp.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
+from gguf import GGMLQuantizationType as Q
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from graphir.errors import MetadataError
+from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
-from graphir.graph.ir import Node
+from graphir.model.hf_config import TEXT, VOCAB, Family, derived, hf
 from graphir.model.hparams import HParams, Key
-from graphir.model.tensors import TensorSpec, spec, tensor_name
-from gguf import GGMLQuantizationType as Q
-from graphir.model import presets
-from graphir.model.presets import Preset
 from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.presets import Preset
+from graphir.model.qkv import qk_norm, qk_norm_tensors, qkv_tensors
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorSpec, spec, tensor_name
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What one variant of the llama graph changes, each a line or two of its llama.cpp file."""
+
+    qkv_bias: bool = False  # Qwen2: q/k/v biases required (elsewhere optional extras)
+    qk_norm: bool = False  # Qwen3: each head of Q and K RMS-normalised, with a learned scale, before RoPE
+    nope_every: int = 0  # SmolLM3: the last layer of every n attends without positions (llama.cpp's fixed 4)
+    ffn_bias: bool = True  # the dense FFN's optional biases (llama's loader alone takes them)
+    ffn_scales: bool = True  # the dense FFN's products times their matrices' scales (Qwen2, SmolLM3: not read)
+    classifier: bool = False  # Qwen3: an optional cls_out head, which only llama.cpp's rank pooling reads
+    # Qwen3-MoE: every FFN a mixture of experts of expert_feed_forward_length, their gates required (llama's
+    # FFNs are mixtures of experts of feed_forward_length when expert_count > 0, gates optional; the variants
+    # whose keys leave out the expert counts have dense FFNs only)
+    experts_always: bool = False
 
 
 class Llama(Architecture):
-    """The pre-norm decoder the other families of this module, and Gemma and Phi-3, vary: each layer is
-    ``x += attn(norm(x))`` then ``x += ffn(norm(x))``. What they change is asked of the hooks below."""
+    """The pre-norm decoder, as llama.cpp's src/models/llama.cpp builds it; the variants below are data."""
 
     name = "llama"
     rope_mode = "norm"  # the converter permuted Q/K rows so that adjacent pairs rotate
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
-    qkv_bias = False  # q/k/v biases are optional extras
-    out_bias = True  # attn_output may carry an (optional) bias
-    qk_norm = False  # QK-norm: each head of Q and K RMS-normalised over its own values, with a learned scale
     keys = MOE_KEYS
-    gate_optional = True  # whether the experts' gate matrices may be absent (then up feeds the activation alone)
+    traits: ClassVar[Traits] = Traits()
 
     def __init__(self, hp: HParams):
+        if self.traits.experts_always and not hp.n_expert:
+            key = Keys.LLM.EXPERT_COUNT.format(arch=self.name)
+            raise MetadataError(f"a '{self.name}' model needs experts ('{key}' > 0)")
+        self.n_expert = dict(hp.family).get("n_expert", 0)  # 0: dense FFNs (a variant that reads no expert keys)
         if "n_expert" in dict(hp.family):
             check_experts(hp, self.name)
         super().__init__(hp)
 
-    def n_expert(self) -> int:
-        """Experts per FFN (0: a dense FFN); families that do not read the expert keys have none."""
-        return dict(self.hp.family).get("n_expert", 0)
-
     def expert_ff_length(self, il: int) -> int:
-        """The hidden width of one expert (llama and Granite: the model's FFN length)."""
-        return self.hp.ff_length(il)
-
-    # ---- tensors ---------------------------------------------------------------------------------------
+        """One expert's hidden width: llama's FFN length; Qwen3-MoE's ``expert_feed_forward_length``, or (absent)
+        the FFN length shared among the used experts, as llama.cpp."""
+        hp = self.hp
+        if self.traits.experts_always:
+            return hp.n_ff_exp or hp.ff_length(il) // hp.n_expert_used
+        return hp.ff_length(il)
 
     def tensors(self) -> list[TensorSpec]:
-        hp = self.hp
-        specs = [spec(T.TOKEN_EMBD, (hp.n_embd, hp.n_vocab)), spec(T.OUTPUT_NORM, (hp.n_embd,), kind="vector"),
-                 *self.head_tensors(), *self.rope_tensors()]
+        hp, t = self.hp, self.traits
+        E, V = hp.n_embd, hp.n_vocab
+        specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"),
+                 spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
+                 spec(T.OUTPUT, (V,), suffix="bias", kind="vector", optional=True),
+                 spec(T.ROPE_FREQS, (hp.n_rot // 2,), kind="vector", optional=True)]  # Llama-3.1's divisors
+        if t.classifier:
+            specs.append(spec(T.CLS_OUT, (E, 1), optional=True))
         for il in range(hp.n_layer):
-            specs += self.layer_tensors(il)
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il, biases_required=t.qkv_bias),
+                     spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True),
+                     *(qk_norm_tensors(hp, il) if t.qk_norm else ()), spec(T.FFN_NORM, (E,), il, kind="vector")]
+            if self.n_expert:
+                F, X = self.expert_ff_length(il), self.n_expert
+                layer += [spec(T.FFN_GATE_INP, (E, X), il),
+                          spec(T.FFN_GATE_EXP, (E, F, X), il, optional=not t.experts_always),
+                          spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il)]
+            else:
+                F = hp.ff_length(il)
+                layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il)]
+                if t.ffn_bias:
+                    layer += [spec(m, (n,), il, "bias", kind="vector", optional=True)
+                              for m, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))]
+            specs += layer + layer_scales(layer, il, self.n_expert)
         return specs
-
-    def head_tensors(self) -> list[TensorSpec]:
-        """The LM head: its own matrix or token_embd's, and an optional bias."""
-        E, V = self.hp.n_embd, self.hp.n_vocab
-        return [spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
-                spec(T.OUTPUT, (V,), suffix="bias", kind="vector", optional=True)]
-
-    def rope_tensors(self) -> list[TensorSpec]:
-        """Per-frequency divisors of RoPE shared by all layers (Llama-3.1 writes them)."""
-        return [spec(T.ROPE_FREQS, (self.hp.n_rot // 2,), kind="vector", optional=True)]
-
-    def layer_tensors(self, il: int) -> list[TensorSpec]:
-        return [spec(T.ATTN_NORM, (self.hp.n_embd,), il, kind="vector"), *self.mix_tensors(il), *self.ffn_tensors(il)]
-
-    def mix_tensors(self, il: int) -> list[TensorSpec]:
-        """Layer il's token mixing: self-attention's projections (and QK-norm scales)."""
-        hp = self.hp
-        E, d, q_out, kv_out, v_out = hp.n_embd, hp.n_embd_head_k, hp.head_count(il) * hp.n_embd_head_k, \
-            hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)
-        specs = [
-            spec(T.ATTN_Q, (E, q_out), il),
-            spec(T.ATTN_K, (E, kv_out), il),
-            spec(T.ATTN_V, (E, v_out), il),
-            spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il),
-            spec(T.ATTN_Q, (q_out,), il, "bias", kind="vector", optional=not self.qkv_bias),
-            spec(T.ATTN_K, (kv_out,), il, "bias", kind="vector", optional=not self.qkv_bias),
-            spec(T.ATTN_V, (v_out,), il, "bias", kind="vector", optional=not self.qkv_bias),
-        ]
-        if self.out_bias:
-            specs.append(spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=True))
-        if self.qk_norm:
-            specs += [spec(T.ATTN_Q_NORM, (d,), il, kind="vector"), spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
-        return specs
-
-    def ffn_tensors(self, il: int) -> list[TensorSpec]:
-        if self.n_expert():
-            return [spec(T.FFN_NORM, (self.hp.n_embd,), il, kind="vector"), *self.moe_tensors(il)]
-        E, F = self.hp.n_embd, self.hp.ff_length(il)
-        return [
-            spec(T.FFN_NORM, (E,), il, kind="vector"),
-            spec(T.FFN_GATE, (E, F), il),
-            spec(T.FFN_UP, (E, F), il),
-            spec(T.FFN_DOWN, (F, E), il),
-        ]
-
-    def moe_tensors(self, il: int) -> list[TensorSpec]:
-        """The router and the experts' stacked matrices (the gates optional, as llama.cpp loads them)."""
-        E, F, X = self.hp.n_embd, self.expert_ff_length(il), self.n_expert()
-        return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il, optional=self.gate_optional),
-                spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il)]
-
-    # ---- what a family varies ----------------------------------------------------------------------------
-
-    def roped(self, il: int) -> bool:
-        """Whether layer il rotates Q and K (every layer in Llama)."""
-        return True
-
-    def rope_at(self, il: int) -> tuple[float | None, float | None]:
-        """Layer il's RoPE (freq_base, freq_scale); None: the model's."""
-        return None, None
-
-    def rope_factors(self, b: GraphBuilder) -> Node | None:
-        return b.w(T.ROPE_FREQS)
-
-    def q_scale(self) -> float:
-        """A factor Q is multiplied by before attention, which then does not scale scores (0: none; scores are
-        scaled by 1/sqrt(head size))."""
-        return 0.0
-
-    def score_cap(self) -> float:
-        """Soft cap of attention scores (0: none)."""
-        return 0.0
-
-    def lm_head(self, b: GraphBuilder) -> tuple[Node | None, Node | None]:
-        return b.w(T.OUTPUT), b.w(T.OUTPUT, suffix="bias")
-
-    # ---- graph -----------------------------------------------------------------------------------------
-
-    def mix(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
-        """Layer il's token mixing: RoPE'd grouped-query self-attention, through whatever memory the layer has."""
-        q, k, v = b.build_qkv(h, il)
-        if self.qk_norm:
-            q = b.build_norm(q, b.w(T.ATTN_Q_NORM, il), name="Qcur_normed")
-            k = b.build_norm(k, b.w(T.ATTN_K_NORM, il), name="Kcur_normed")
-        if self.roped(il):
-            base, scale = self.rope_at(il)
-            q = b.rope(q, pos, freq_factors, name="Qcur.rope", freq_base=base, freq_scale=scale)
-            k = b.rope(k, pos, freq_factors, name="Kcur.rope", freq_base=base, freq_scale=scale)
-        q_scale = self.q_scale()
-        if q_scale:
-            q = b.op("scale", q, s=q_scale, name="Qcur.scaled")
-        return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias") if self.out_bias else None,
-                            kq_scale=1.0 if q_scale else b.kq_scale(), softcap=self.score_cap())
-
-    def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
-        if self.n_expert():
-            return self.moe(b, h, il)
-        return b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))  # type: ignore[arg-type]
-
-    def moe(self, b: GraphBuilder, h: Node, il: int) -> Node:
-        """Each token through its top n_expert_used experts of n_expert, weighted by their softmax
-        probabilities renormalised to sum 1 (Mixtral, Qwen3-MoE and Granite all route this way)."""
-        hp = self.hp
-        w = b.w
-        return b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),  # type: ignore[arg-type]
-                               gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
-                               n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
 
     def build(self, b: GraphBuilder) -> None:
-        hp = self.hp
+        hp, t = self.hp, self.traits
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
-        out_ids = b.build_inp_out_ids()
-        freq_factors = self.rope_factors(b)
-        for il in range(hp.n_layer):
-            with b.layer(il):
-                h = b.build_norm(x, b.w(T.ATTN_NORM, il), name="attn_norm")
-                a = self.mix(b, h, pos, freq_factors, il)
-                if il == hp.n_layer - 1:  # only requested rows go through the last FFN and the head
-                    a = b.op("get_rows", a, out_ids, name="attn_out.rows")
-                    x = b.op("get_rows", x, out_ids, name="inp.rows")
-                x = b.op("add", a, x, name="ffn_inp")
-                f = self.ffn(b, b.build_norm(x, b.w(T.FFN_NORM, il), name="ffn_norm"), il)
-                x = b.op("add", f, x, name="l_out")
-        x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
-        b.build_output(x, *self.lm_head(b))
+        for il in b.layers():
+            h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
+            # self-attention
+            q, k, v = b.build_qkv(h, il)
+            if t.qk_norm:
+                q, k = qk_norm(b, q, k, il)
+            if not (t.nope_every and (il + 1) % t.nope_every == 0):
+                rope_factors = b.w_opt(T.ROPE_FREQS)  # Llama-3.1 writes them; absent elsewhere
+                q = b.rope(q, pos, rope_factors, name="Qcur.rope")
+                k = b.rope(k, pos, rope_factors, name="Kcur.rope")
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w_opt(T.ATTN_OUT, il, "bias"),
+                             wo_s=b.scale(T.ATTN_OUT, il), kq_scale=b.kq_scale())
+            a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
+            x = b.op("add", a, x, name="ffn_inp")
+            # feed-forward network: dense SwiGLU, or each token through its top experts (softmax, renormalised)
+            h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
+            if self.n_expert:
+                f = b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
+                                    gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
+                                    up_exps_s=b.scale(T.FFN_UP_EXP, il), gate_exps_s=b.scale(T.FFN_GATE_EXP, il),
+                                    down_exps_s=b.scale(T.FFN_DOWN_EXP, il),
+                                    n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
+            else:
+                up_b, gate_b, down_b = (b.w_opt(m, il, "bias") if t.ffn_bias else None
+                                        for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
+                up_s, gate_s, down_s = (b.scale(m, il) if t.ffn_scales else None
+                                        for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
+                f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
+                                up_b=up_b, gate_b=gate_b, down_b=down_b, up_s=up_s, gate_s=gate_s, down_s=down_s)
+            x = b.op("add", f, x, name="l_out")
+        x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
+        b.build_output(x, b.w(T.OUTPUT), b.w_opt(T.OUTPUT, suffix="bias"))
 
 
 class Qwen2(Llama):
     name = "qwen2"
     rope_mode = "neox"  # HF rotate-half layout, kept by the converter
-    qkv_bias = True
-    keys = ()  # dense FFNs only (Qwen2-MoE is another architecture)
+    keys = ()
+    traits = Traits(qkv_bias=True, ffn_bias=False, ffn_scales=False)  # dense FFNs only (Qwen2-MoE: another arch)
 
 
 class Qwen3(Llama):
     name = "qwen3"
     rope_mode = "neox"
-    qk_norm = True
     keys = ()
+    traits = Traits(qk_norm=True, ffn_bias=False, classifier=True)
 
 
-class Qwen3Moe(Qwen3):
+class Qwen3Moe(Llama):
     """Qwen3 whose every FFN is a mixture of experts of ``expert_feed_forward_length`` each (Qwen3-30B-A3B:
-    128 experts, 8 per token); there are no shared experts and the experts' gates are required."""
+    128 experts, 8 per token); there are no shared experts."""
 
     name = "qwen3moe"
+    rope_mode = "neox"
     keys = MOE_KEYS + (Key("n_ff_exp", Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int, 0, minimum=0),)
-    gate_optional = False
-
-    def __init__(self, hp: HParams):
-        if not hp.n_expert:
-            key = Keys.LLM.EXPERT_COUNT.format(arch=self.name)
-            raise MetadataError(f"a '{self.name}' model needs experts ('{key}' > 0)")
-        super().__init__(hp)
-
-    def expert_ff_length(self, il: int) -> int:
-        """``expert_feed_forward_length``, or (absent) the FFN length shared among the used experts, as llama.cpp."""
-        return self.hp.n_ff_exp or self.hp.ff_length(il) // self.hp.n_expert_used
+    traits = Traits(qk_norm=True, experts_always=True)
 
 
 class SmolLM3(Llama):
     name = "smollm3"
     keys = ()
-    no_rope_every = 4  # NoPE: the last of every four layers attends without positions (llama.cpp's fixed step)
+    traits = Traits(nope_every=4, ffn_bias=False, ffn_scales=False)
 
-    def roped(self, il: int) -> bool:
-        return (il + 1) % self.no_rope_every != 0
+
+# ---- Hugging Face: what convert_hf_to_gguf writes for each of these configs -------------------------------
+
+
+def _llama_include(c: hf_config.Config) -> str:
+    """Llama-3.1's rope_freqs, Mixtral's expert gates, and the attention biases a config asks for."""
+    out = []
+    if str(c.full_rope.get("rope_type", "")).lower() == "llama3":
+        out.append(r"rope_freqs\.weight")
+    if c.find("num_local_experts", "num_experts", kind="size", default=0):
+        out.append(presets.EXPERT_GATES)
+    if c.find("attention_bias", kind="flag", default=False):
+        out.append(r"blk\.\d+\.attn_(q|k|v|output)\.bias")
+    return "|".join(out)
+
+
+# LlamaModel: the text keys, the vocabulary size and the rotated dimensions (a head)
+LLAMA_RULES = TEXT + (VOCAB, derived(Keys.Rope.DIMENSION_COUNT, hf_config._head_dim))
+_UNTIED = {"tie_word_embeddings": False}
+_QWEN3 = {**_UNTIED, "head_dim": 128}
+
+hf_config.register(Family("llama", LLAMA_RULES, _UNTIED, _llama_include),
+                   "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
+hf_config.register(Family("qwen2", TEXT + (hf_config.pooling_rule, VOCAB), _UNTIED), "Qwen2ForCausalLM")
+hf_config.register(Family("qwen3", TEXT + (hf_config.pooling_rule, VOCAB), _QWEN3), "Qwen3ForCausalLM")
+hf_config.register(Family("qwen3moe", TEXT + (
+    hf(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
+    hf(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None), VOCAB), _QWEN3),
+    "Qwen3MoeForCausalLM")
+hf_config.register(Family("smollm3", LLAMA_RULES, {"tie_word_embeddings": True}), "SmolLM3ForCausalLM")
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------

@@ -14,85 +14,139 @@ src/models/phi3.cpp and llama_model::get_rope_factors.
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.llama import Llama
-from graphir.graph.ir import Node
+from graphir.model import hf_config, presets
+from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
+from graphir.model.hf_config import VOCAB, Family, derived, hf
 from graphir.model.hparams import inv_sqrt
-from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
-from graphir.model import presets
 from graphir.model.presets import Preset
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
+
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
-class Phi3(Llama):
+class Phi3(Architecture):
+    """As llama.cpp's src/models/phi3.cpp builds it."""
+
     name = "phi3"
     rope_mode = "neox"  # HF rotate-half layout, kept by the converter
+    required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
 
     def variant(self, n_ctx_seq: int) -> bool:
         """Whether a context of n_ctx_seq cells per sequence uses the long RoPE factors."""
         return n_ctx_seq > self.hp.n_ctx_orig_yarn
 
-    # ---- tensors ---------------------------------------------------------------------------------------
-
-    def head_tensors(self) -> list[TensorSpec]:
-        return super().head_tensors()[:1]  # llama.cpp's phi3 reads no output.bias
-
-    def rope_tensors(self) -> list[TensorSpec]:
-        n = self.hp.n_rot // 2
-        return [spec(T.ROPE_FACTORS_LONG, (n,), kind="vector", optional=True),
-                spec(T.ROPE_FACTORS_SHORT, (n,), kind="vector", optional=True)]
-
-    def mix_tensors(self, il: int) -> list[TensorSpec]:
-        """One fused projection (what the converter writes), or three; each with an optional bias."""
-        E, E_gqa = self.hp.n_embd, self.hp.n_embd_v_gqa
-        return [
-            spec(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
-            spec(T.ATTN_QKV, (E + 2 * E_gqa,), il, "bias", kind="vector", optional=True),
-            *(spec(t, (E, w), il, optional=True) for t, w in ((T.ATTN_Q, E), (T.ATTN_K, E_gqa), (T.ATTN_V, E_gqa))),
-            *(spec(t, (w,), il, "bias", kind="vector", optional=True)
-              for t, w in ((T.ATTN_Q, E), (T.ATTN_K, E_gqa), (T.ATTN_V, E_gqa))),
-            spec(T.ATTN_OUT, (E, E), il),
-        ]
-
-    def ffn_tensors(self, il: int) -> list[TensorSpec]:
-        E, F = self.hp.n_embd, self.hp.n_ff
-        return [spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_UP, (E, 2 * F), il),  # [gate; up]
-                spec(T.FFN_DOWN, (F, E), il)]
+    def tensors(self) -> list[TensorSpec]:
+        """One fused attention projection (what the converter writes) or three, each with an optional bias; one
+        fused [gate; up] FFN projection."""
+        hp = self.hp
+        E, V, F, E_gqa, n = hp.n_embd, hp.n_vocab, hp.n_ff, hp.n_embd_v_gqa, hp.n_rot // 2
+        specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"),
+                 spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
+                 spec(T.ROPE_FACTORS_LONG, (n,), kind="vector", optional=True),
+                 spec(T.ROPE_FACTORS_SHORT, (n,), kind="vector", optional=True)]
+        for il in range(hp.n_layer):
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"),
+                     spec(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
+                     spec(T.ATTN_QKV, (E + 2 * E_gqa,), il, "bias", kind="vector", optional=True),
+                     *(spec(t, (E, w), il, optional=True) for t, w in ((T.ATTN_Q, E), (T.ATTN_K, E_gqa),
+                                                                       (T.ATTN_V, E_gqa))),
+                     *(spec(t, (w,), il, "bias", kind="vector", optional=True)
+                       for t, w in ((T.ATTN_Q, E), (T.ATTN_K, E_gqa), (T.ATTN_V, E_gqa))),
+                     spec(T.ATTN_OUT, (E, E), il),
+                     spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_UP, (E, 2 * F), il),  # [gate; up]
+                     spec(T.FFN_DOWN, (F, E), il)]
+            specs += layer + layer_scales(layer, il)  # the FFN's scales are not read by llama.cpp's graph
+        return specs
 
     def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
         missing = [f"missing tensor '{tensor_name(T.ATTN_QKV, il)}'" for il in range(self.hp.n_layer)
                    if tensor_name(T.ATTN_QKV, il) not in tensors and tensor_name(T.ATTN_Q, il) not in tensors]
         return super().check(tensors) + missing
 
-    # ---- what Phi-3 varies -------------------------------------------------------------------------------
+    def build(self, b: GraphBuilder) -> None:
+        hp = self.hp
+        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
+        pos = b.build_inp_pos()
+        for il in b.layers():
+            # self-attention; the RoPE factors for long contexts beyond the original one (LongRoPE)
+            rope_factors = b.w_opt(T.ROPE_FACTORS_LONG if self.variant(b.n_ctx_seq) else T.ROPE_FACTORS_SHORT)
+            h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
+            q, k, v = b.build_qkv(h, il)
+            q = b.rope(q, pos, rope_factors, name="Qcur.rope")
+            k = b.rope(k, pos, rope_factors, name="Kcur.rope")
+            q = b.op("scale", q, s=inv_sqrt(hp.n_embd_head_k), name="Qcur.scaled")
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il), kq_scale=1.0)
+            a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
+            x = b.op("add", a, x, name="ffn_inp")
+            # feed-forward network: SwiGLU over the two halves of one projection, silu(gate rows) * up rows
+            gu = b.linear(b.norm(x, T.FFN_NORM, il, name="ffn_norm"), b.w(T.FFN_UP, il), name="ffn_up")
+            F, n = gu.shape[0] // 2, gu.shape[1]
+            gate, up = (b.op("view", gu, shape=(F, n), strides=(1, 2 * F), offset=off, name=tag)
+                        for tag, off in (("ffn_gate", 0), ("ffn_up.half", F)))
+            f = b.linear(b.op("swiglu", gate, up, name="ffn_swiglu"), b.w(T.FFN_DOWN, il), name="ffn_out")
+            x = b.op("add", f, x, name="l_out")
+        x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
+        b.build_output(x, b.w(T.OUTPUT))
 
-    out_bias = False
 
-    def rope_factors(self, b: GraphBuilder) -> Node | None:
-        return b.w(T.ROPE_FACTORS_LONG if self.variant(b.n_ctx_seq) else T.ROPE_FACTORS_SHORT)
+# ---- Hugging Face: what convert_hf_to_gguf writes for these configs -----------------------------------------
 
-    def q_scale(self) -> float:
-        return inv_sqrt(self.hp.n_embd_head_k)
 
-    def lm_head(self, b: GraphBuilder) -> tuple[Node | None, Node | None]:
-        return b.w(T.OUTPUT), None
+def _phi3_rope_dims(c: hf_config.Config) -> int:
+    factor = c.check("partial_rotary_factor", c.rope.get("partial_rotary_factor", 1.0), "number")
+    return int(factor * c.find("hidden_size", "n_embd")) // c.find("num_attention_heads", "n_head")
 
-    def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
-        """SwiGLU over the two halves of one projection: silu(gate rows) * up rows."""
-        gu = b.linear(h, b.w(T.FFN_UP, il), name="ffn_up")  # type: ignore[arg-type]
-        F, n = gu.shape[0] // 2, gu.shape[1]  # type: ignore[operator]
-        gate, up = (b.op("view", gu, shape=(F, n), strides=(1, 2 * F), offset=off, name=tag)
-                    for tag, off in (("ffn_gate", 0), ("ffn_up.half", F)))
-        return b.linear(b.op("swiglu", gate, up, name="ffn_swiglu"), b.w(T.FFN_DOWN, il), name="ffn_out")  # type: ignore[arg-type]
+
+def _phi3_attn_factor(c: hf_config.Config) -> float | None:
+    """LongRoPE's (or YaRN's) attention factor, written with the long factors."""
+    if not c.rope.get("long_factor"):
+        return None
+    orig = c.rope_value(c.rope, "original_max_position_embeddings", "count")
+    if orig < 2:
+        raise c.error(f"original_max_position_embeddings {orig} leaves LongRoPE no scale to work from")
+    scale = c.find("n_positions", "max_position_embeddings") / orig
+    kind = str(c.rope.get("rope_type", "")).lower()
+    if kind in ("su", "longrope"):
+        return math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+    if kind == "yarn":
+        return 0.1 * math.log(scale) + 1.0 if scale > 1 else 1.0
+    raise c.error(f"rope_scaling.type '{kind}' with long factors is not supported (supported: longrope, su, yarn)")
+
+
+PHI3_RULES: tuple[hf_config.Rule, ...] = (
+    hf(L.CONTEXT_LENGTH, "n_positions", "max_position_embeddings"),
+    derived(R.SCALING_ORIG_CTX_LEN, lambda c: c.rope_value(c.rope, "original_max_position_embeddings", "count")),
+    hf(L.EMBEDDING_LENGTH, "hidden_size", "n_embd"),
+    hf(L.FEED_FORWARD_LENGTH, "intermediate_size"),
+    hf(L.BLOCK_COUNT, *hf_config.BLOCKS),
+    hf(A.HEAD_COUNT, "num_attention_heads", "n_head"),
+    hf(A.HEAD_COUNT_KV, "num_key_value_heads", "n_head_kv"),
+    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number"),
+    derived(R.DIMENSION_COUNT, _phi3_rope_dims),
+    derived(R.FREQ_BASE, lambda c: c.rope_value(c.rope, "rope_theta")),
+    hf(A.SLIDING_WINDOW, "sliding_window", kind="size", default=0),  # 0 tells Phi-4 from the others
+    derived(R.SCALING_ATTN_FACTOR, _phi3_attn_factor),
+    VOCAB,
+)
+
+
+def _phi3_include(c: hf_config.Config) -> str:
+    return r"blk\.\d+\.attn_qkv\.weight" + (r"|rope_factors_(long|short)\.weight" if c.rope.get("long_factor") else "")
+
+
+hf_config.register(Family("phi3", PHI3_RULES, {"tie_word_embeddings": False, "original_max_position_embeddings": 4096},
+                          _phi3_include), "Phi3ForCausalLM")
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
-
-L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
 def _phi3(n_ctx: int, n_head: int, n_head_kv: int, vocab: int, tied: bool, source: str,

@@ -30,7 +30,8 @@ from test_families import greedy_against_llama_cpp, interleaved_against_llama_cp
 from graphir.arch.llama import Qwen3Moe
 from graphir.errors import MetadataError
 from graphir.graph.forms import to_text
-from graphir.graph.ir import Node
+from graphir.memory.layers import LayerNeeds
+from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import Key
 from graphir.model.presets import Preset
@@ -129,26 +130,44 @@ def test_qwen3moe_experts_default_to_the_ffn_length_shared_by_the_used_experts()
     assert meta.tensors["blk.0.ffn_up_exps.weight"].shape == (64, 128 // 2, 8)  # feed_forward_length / used
 
 
-class ToyRouting(Qwen3Moe):
-    """Qwen3-MoE routed the other ways build_moe_ffn knows, which none of these families uses: ``expert_gating_func``
-    2, a sigmoid per expert with a selection bias ``exp_probs_b`` (used for choosing only), renormalised and
-    scaled by ``expert_weights_scale`` (DeepSeek-V3 style); 3, a softmax over the chosen logits, unnormalised."""
+class ToyRouting(Architecture):
+    """Qwen3-MoE's FFNs alone (no attention), routed the other ways build_moe_ffn knows, which none of these
+    families uses: ``expert_gating_func`` 2, a sigmoid per expert with a selection bias ``exp_probs_b`` (used for
+    choosing only), renormalised and scaled by ``expert_weights_scale`` (DeepSeek-V3 style); 3, a softmax over
+    the chosen logits, unnormalised."""
 
     name = "test-moe-routing"
     keys = Qwen3Moe.keys + (Key("gating", L.EXPERT_GATING_FUNC, int, 1),
                             Key("w_scale", L.EXPERT_WEIGHTS_SCALE, float, 0.0))
 
-    def moe_tensors(self, il: int) -> list[TensorSpec]:
-        return super().moe_tensors(il) + [spec(T.FFN_EXP_PROBS_B, (self.n_expert(),), il, "bias", kind="vector")]
+    def layers(self) -> LayerNeeds:
+        return (None,) * self.hp.n_layer  # no attention: the layers keep nothing
 
-    def moe(self, b: GraphBuilder, h: Node, il: int) -> Node:
+    def tensors(self) -> list[TensorSpec]:
+        hp = self.hp
+        E, V, X = hp.n_embd, hp.n_vocab, hp.n_expert
+        F = hp.n_ff_exp or hp.n_ff // hp.n_expert_used
+        specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"), spec(T.OUTPUT, (E, V))]
+        for il in range(hp.n_layer):
+            specs += [spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE_INP, (E, X), il),
+                      spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_UP_EXP, (E, F, X), il),
+                      spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector")]
+        return specs
+
+    def build(self, b: GraphBuilder) -> None:
         hp, w = self.hp, b.w
         sigmoid = hp.gating == 2
-        return b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),  # type: ignore[arg-type]
-                               gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
-                               n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
-                               gating=Gating.SIGMOID if sigmoid else Gating.SOFTMAX_WEIGHT, norm_w=sigmoid,
-                               w_scale=hp.w_scale, probs_b=w(T.FFN_EXP_PROBS_B, il, "bias") if sigmoid else None)
+        x = b.build_inp_embd(w(T.TOKEN_EMBD))
+        for il in b.layers():
+            x, = b.last_layer_rows((x, "inp.rows"))
+            f = b.build_moe_ffn(b.norm(x, T.FFN_NORM, il, name="ffn_norm"), gate_inp=w(T.FFN_GATE_INP, il),
+                                up_exps=w(T.FFN_UP_EXP, il), gate_exps=w(T.FFN_GATE_EXP, il),
+                                down_exps=w(T.FFN_DOWN_EXP, il), n_expert=hp.n_expert,
+                                n_expert_used=hp.n_expert_used,
+                                gating=Gating.SIGMOID if sigmoid else Gating.SOFTMAX_WEIGHT, norm_w=sigmoid,
+                                w_scale=hp.w_scale, probs_b=w(T.FFN_EXP_PROBS_B, il, "bias") if sigmoid else None)
+            x = b.op("add", f, x, name="l_out")
+        b.build_output(b.norm(x, T.OUTPUT_NORM, name="result_norm"), w(T.OUTPUT))
 
 
 @pytest.mark.parametrize("gating", [2, 3], ids=["sigmoid-biased-scaled", "softmax-of-chosen"])

@@ -63,6 +63,15 @@ ROWS = [
     Row("gpt2"),
     Row("rwkv6"),
     Row("qwen35"),
+    Row("llama"),
+    Row("llama", "moe", moe=True),
+    Row("qwen2"),
+    Row("qwen3"),
+    Row("qwen3moe", moe=True),
+    Row("smollm3", keys={"n_layer": 4}),  # its fourth layer attends without positions
+    Row("phi3"),
+    Row("gemma2", keys={"gemma2.attention.sliding_window": 4}),  # a window the prompt outgrows
+    Row("gemma3", keys={"gemma3.attention.sliding_window": 4}),
 ]
 
 _rng = np.random.default_rng(7)

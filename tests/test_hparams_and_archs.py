@@ -219,8 +219,16 @@ def test_get_returns_the_registered_class():
     assert graphir.arch.get("qwen2") is REGISTRY["qwen2"]
 
 
-def test_qwen2_is_a_llama_variant():
-    assert issubclass(graphir.arch.get("qwen2"), graphir.arch.get("llama"))
+@pytest.mark.parametrize("name", graphir.arch.names())
+def test_a_family_builds_its_own_graph_or_is_data_over_one(name):
+    """A family's class sits directly below Architecture and builds its graph, or is a variant of such a class
+    registered under another name that overrides no method (it sets constants: name, keys, traits)."""
+    cls = graphir.arch.get(name)
+    base = cls if cls.__bases__ == (Architecture,) else cls.__bases__[0]
+    assert base.__bases__ == (Architecture,) and "build" in vars(base), f"{name}: {cls.__mro__}"
+    overridden = [k for k, v in vars(cls).items()
+                  if callable(v) and not isinstance(v, type) or isinstance(v, classmethod)]
+    assert cls is base or (cls.__bases__ == (base,) and not overridden), f"{name} overrides {overridden}"
 
 
 def test_an_unknown_architecture_is_rejected_listing_the_known_ones():

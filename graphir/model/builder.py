@@ -303,14 +303,17 @@ class GraphBuilder:
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
                       w_scale: float = 0.0, probs_b: Node | None = None, act: Act = Act.SILU,
                       gate_inp_b: Node | None = None, up_exps_b: Node | None = None, gate_exps_b: Node | None = None,
-                      down_exps_b: Node | None = None, n_groups: int = 0, n_group_used: int = 0,
-                      gate_up_exps: Node | None = None, name: str = "ffn_moe_out") -> Node:
+                      down_exps_b: Node | None = None, up_exps_s: Node | None = None,
+                      gate_exps_s: Node | None = None, down_exps_s: Node | None = None, n_groups: int = 0,
+                      n_group_used: int = 0, gate_up_exps: Node | None = None, name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
         n_expert]) and sums their outputs weighted by its probabilities, normalised to sum 1 (``norm_w``) and
         scaled by ``w_scale`` (0 or 1: not scaled). ``gate_inp_b`` biases the router's logits; ``*_exps_b``
-        [n_ff or n_embd, n_expert] add to each expert's product the bias of that expert (``add_id``, gpt-oss).
+        [n_ff or n_embd, n_expert] add to each expert's product the bias of that expert (``add_id``, gpt-oss);
+        ``*_exps_s`` [n_expert] multiply it by that expert's scale first (llama.cpp's per-expert ``.scale``; the
+        joined stack's is ``up_exps_s``, as there).
         ``n_groups`` > 1: the experts form that many groups and a token chooses among the ``n_group_used`` best
         groups only (:meth:`_moe_best_groups`, DeepSeek-V3). ``gate_up_exps`` [n_embd, 2 n_ff, n_expert]: the gate
         and up stacks as one, each expert's gate rows before its up rows (in place of ``gate_exps``/``up_exps``)."""
@@ -345,15 +348,15 @@ class GraphBuilder:
         cur = self.reshape(x, (n_embd, 1, n_tok), name="ffn_moe_in")
         gate: Node | None
         if gate_up_exps is not None:
-            both = self.op("mul_mat_id", gate_up_exps, cur, selected, name="ffn_moe_gate_up")
+            both = self._expert_mm(gate_up_exps, None, up_exps_s, cur, selected, name="ffn_moe_gate_up")
             rows = both.shape[0]
             gate, up = (self.op("view", both, shape=(rows // 2, n_expert_used, n_tok),
                                 strides=(1, rows, rows * n_expert_used), offset=offset, name=tag)
                         for offset, tag in ((0, "ffn_moe_gate"), (rows // 2, "ffn_moe_up")))
         else:
-            up = self._expert_mm(up_exps, up_exps_b, cur, selected, name="ffn_moe_up")  # type: ignore[arg-type]
-            gate = None if gate_exps is None else self._expert_mm(gate_exps, gate_exps_b, cur, selected,
-                                                                  name="ffn_moe_gate")
+            up = self._expert_mm(up_exps, up_exps_b, up_exps_s, cur, selected, name="ffn_moe_up")  # type: ignore[arg-type]
+            gate = None if gate_exps is None else self._expert_mm(gate_exps, gate_exps_b, gate_exps_s, cur,
+                                                                  selected, name="ffn_moe_gate")
         if gate is not None:
             if act is Act.SWIGLU_OAI:
                 h = self.op("swiglu_oai", gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT,
@@ -362,7 +365,7 @@ class GraphBuilder:
                 h = self.op(_GLU[act], gate, up, name=f"ffn_moe_{_GLU[act]}")
         else:
             h = self.op(act.value, up, name=f"ffn_moe_{act.value}")
-        experts = self._expert_mm(down_exps, down_exps_b, h, selected, name="ffn_moe_down")
+        experts = self._expert_mm(down_exps, down_exps_b, down_exps_s, h, selected, name="ffn_moe_down")
         experts = self.op("mul", experts, weights, name="ffn_moe_weighted")
         return self.op("moe_sum", experts, name=name)
 
@@ -384,9 +387,17 @@ class GraphBuilder:
                          rows, kept, name="ffn_moe_groups_masked")
         return self.reshape(masked, (n_expert, n_tok), name="ffn_moe_probs_masked")
 
-    def _expert_mm(self, w: Node, b: Node | None, x: Node, selected: Node, *, name: str) -> Node:
-        """Each token's rows through its selected experts of the stack ``w``, plus each expert's bias ``b``."""
+    def _expert_mm(self, w: Node, b: Node | None, s: Node | None, x: Node, selected: Node, *, name: str) -> Node:
+        """Each token's rows through its selected experts of the stack ``w``, times each expert's scale ``s``
+        (its entry, repeated over the tokens and picked by the selection, as llama.cpp's build_lora_mm_id), plus
+        each expert's bias ``b``."""
         y = self.op("mul_mat_id", w, x, selected, name=name)
+        if s is not None:
+            n_expert, n_tok = s.shape[0], selected.shape[1]
+            per_token = self.op("repeat", self.reshape(s, (1, n_expert, 1), name=f"{name}_s.3d"),
+                                shape=(1, n_expert, n_tok), name=f"{name}_s.tokens")
+            y = self.op("mul", y, self.op("get_rows", per_token, selected, name=f"{name}_s.rows"),
+                        name=f"{name}_scaled")
         return y if b is None else self.op("add_id", y, b, selected, name=f"{name}_biased")
 
     def rope(self, x: Node, pos: Node, freq_factors: Node | None = None, *, name: str,

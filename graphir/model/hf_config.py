@@ -21,7 +21,6 @@ list the converter writes is padded to it).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -255,8 +254,6 @@ def _head_dim_keys(c: Config) -> Mapping[str, Any]:
 
 TEXT = TEXT_BASE + (_head_dim_keys,)
 VOCAB = hf(L.VOCAB_SIZE, "vocab_size")
-# LlamaModel: TEXT, the vocabulary size and the rotated dimensions (a head)
-LLAMA = TEXT + (VOCAB, derived(R.DIMENSION_COUNT, _head_dim))
 
 
 def pooling_rule(c: Config) -> Mapping[str, Any]:
@@ -264,105 +261,9 @@ def pooling_rule(c: Config) -> Mapping[str, Any]:
     return {} if pooling is None else {L.POOLING_TYPE: int(pooling)}
 
 
-def _gemma3_window(c: Config) -> int | None:
-    return None if c.doc.get("sliding_window_pattern") == 1 else c.find("sliding_window")
-
-
-GEMMA3 = TEXT + (
-    hf(L.CONTEXT_LENGTH, "max_position_embeddings", default=131072),
-    hf(A.HEAD_COUNT, "num_attention_heads", default=8),
-    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number", default=1e-6),
-    lambda c: {A.KEY_LENGTH: (d := c.find("head_dim", default=256)), A.VALUE_LENGTH: d},
-    derived(R.FREQ_BASE, lambda c: c.check("rope_theta", c.full_rope.get(
-        "rope_theta", 1_000_000.0), "number")),
-    derived(L.FINAL_LOGIT_SOFTCAPPING, lambda c: c.find("final_logit_softcapping", kind="number", default=None)),
-    derived(A.SLIDING_WINDOW, _gemma3_window),
-    hf(A.HEAD_COUNT_KV, "num_key_value_heads", default=4),
-    VOCAB,
-)
-
-GEMMA2: tuple[Rule, ...] = (
-    hf(L.CONTEXT_LENGTH, "max_position_embeddings"),
-    hf(L.EMBEDDING_LENGTH, "hidden_size"),
-    hf(L.BLOCK_COUNT, *BLOCKS),
-    hf(L.FEED_FORWARD_LENGTH, "intermediate_size"),
-    hf(A.HEAD_COUNT, "num_attention_heads"),
-    derived(A.HEAD_COUNT_KV, lambda c: c.find("num_key_value_heads", default=None) or _heads(c)),
-    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number"),
-    lambda c: {A.KEY_LENGTH: (d := c.find("head_dim")), A.VALUE_LENGTH: d},
-    hf(L.ATTN_LOGIT_SOFTCAPPING, "attn_logit_softcapping", kind="number"),
-    hf(L.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping", kind="number"),
-    hf(A.SLIDING_WINDOW, "sliding_window"),
-    VOCAB,
-)
-
-
-def _phi3_rope_dims(c: Config) -> int:
-    factor = c.check("partial_rotary_factor", c.rope.get("partial_rotary_factor", 1.0), "number")
-    return int(factor * c.find("hidden_size", "n_embd")) // c.find("num_attention_heads", "n_head")
-
-
-def _phi3_attn_factor(c: Config) -> float | None:
-    """LongRoPE's (or YaRN's) attention factor, written with the long factors."""
-    if not c.rope.get("long_factor"):
-        return None
-    orig = c.rope_value(c.rope, "original_max_position_embeddings", "count")
-    if orig < 2:
-        raise c.error(f"original_max_position_embeddings {orig} leaves LongRoPE no scale to work from")
-    scale = c.find("n_positions", "max_position_embeddings") / orig
-    kind = str(c.rope.get("rope_type", "")).lower()
-    if kind in ("su", "longrope"):
-        return math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
-    if kind == "yarn":
-        return 0.1 * math.log(scale) + 1.0 if scale > 1 else 1.0
-    raise c.error(f"rope_scaling.type '{kind}' with long factors is not supported (supported: longrope, su, yarn)")
-
-
-PHI3: tuple[Rule, ...] = (
-    hf(L.CONTEXT_LENGTH, "n_positions", "max_position_embeddings"),
-    derived(R.SCALING_ORIG_CTX_LEN, lambda c: c.rope_value(c.rope, "original_max_position_embeddings", "count")),
-    hf(L.EMBEDDING_LENGTH, "hidden_size", "n_embd"),
-    hf(L.FEED_FORWARD_LENGTH, "intermediate_size"),
-    hf(L.BLOCK_COUNT, *BLOCKS),
-    hf(A.HEAD_COUNT, "num_attention_heads", "n_head"),
-    hf(A.HEAD_COUNT_KV, "num_key_value_heads", "n_head_kv"),
-    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number"),
-    derived(R.DIMENSION_COUNT, _phi3_rope_dims),
-    derived(R.FREQ_BASE, lambda c: c.rope_value(c.rope, "rope_theta")),
-    hf(A.SLIDING_WINDOW, "sliding_window", kind="size", default=0),  # 0 tells Phi-4 from the others
-    derived(R.SCALING_ATTN_FACTOR, _phi3_attn_factor),
-    VOCAB,
-)
-
-
-GPT_OSS = TEXT + (
-    hf(A.SLIDING_WINDOW, "sliding_window"),
-    hf(L.EXPERT_FEED_FORWARD_LENGTH, "intermediate_size"),
-    VOCAB,
-)
-
-
 # ---- tensors the converter writes beyond the required ones (regexes over GGUF names) ------------------------
 
-Include = Callable[[Config], str]
-_EXPERT_GATES = r"blk\.\d+\.ffn_gate_exps\.weight"
-
-
-def _llama_include(c: Config) -> str:
-    out = []
-    if str(c.full_rope.get("rope_type", "")).lower() == "llama3":
-        out.append(r"rope_freqs\.weight")
-    if c.find("num_local_experts", "num_experts", kind="size", default=0):
-        out.append(_EXPERT_GATES)
-    if c.find("attention_bias", kind="flag", default=False):
-        out.append(r"blk\.\d+\.attn_(q|k|v|output)\.bias")
-    return "|".join(out)
-
-
-def _phi3_include(c: Config) -> str:
-    return r"blk\.\d+\.attn_qkv\.weight" + (r"|rope_factors_(long|short)\.weight" if c.rope.get("long_factor") else "")
-
-
+Include = Callable[[Config], str]  # what a family's converter writes beyond the required tensors (a regex)
 
 
 def _mxfp4(c: Config) -> bool:
@@ -393,36 +294,9 @@ class Family:
     squeezed: str = ""  # tensors written without their trailing dimensions of 1 (Preset.squeezed)
 
 
-_UNTIED = {"tie_word_embeddings": False}
-_PAD = "pad_vocab_size_multiple"
-_TIED = {"tie_word_embeddings": True}
-_LLAMA = Family("llama", LLAMA, _UNTIED, _llama_include)
-_GEMMA3 = {**_TIED, "max_position_embeddings": 131072, "rope_local_base_freq": 10000.0, "sliding_window": 4096,
-           "vocab_size": 262208}  # Gemma3TextConfig's, which a multimodal config's text_config leaves out
-
 # Hugging Face architecture name -> its family: the family modules (graphir.arch) register theirs with
 # :func:`register` when they are imported; :func:`families` imports them all before a lookup.
-FAMILIES: dict[str, Family] = {
-    "LlamaForCausalLM": _LLAMA,
-    "MistralForCausalLM": _LLAMA,
-    "MixtralForCausalLM": _LLAMA,
-    "Qwen2ForCausalLM": Family("qwen2", TEXT + (pooling_rule, VOCAB), _UNTIED),
-    "Qwen3ForCausalLM": Family("qwen3", TEXT + (pooling_rule, VOCAB), {**_UNTIED, "head_dim": 128}),
-    "Qwen3MoeForCausalLM": Family("qwen3moe", TEXT + (
-        hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
-        hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None), VOCAB),
-        {**_UNTIED, "head_dim": 128}),
-    "SmolLM3ForCausalLM": Family("smollm3", LLAMA, _TIED),
-    "Gemma2ForCausalLM": Family("gemma2", GEMMA2, {**_TIED, "head_dim": 256, "attn_logit_softcapping": 50.0,
-                                                   "final_logit_softcapping": 30.0, "sliding_window": 4096,
-                                                   "rms_norm_eps": 1e-6}),
-    "Gemma3ForCausalLM": Family("gemma3", GEMMA3, _GEMMA3),
-    "Gemma3ForConditionalGeneration": Family("gemma3", GEMMA3, _GEMMA3),
-    "Phi3ForCausalLM": Family("phi3", PHI3, {**_UNTIED, "original_max_position_embeddings": 4096},
-                              _phi3_include),
-    "GptOssForCausalLM": Family("gpt-oss", GPT_OSS, _UNTIED, lambda c: r"blk\.\d+\.attn_[qkv]\.bias",
-                                mxfp4=r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight"),
-}
+FAMILIES: dict[str, Family] = {}
 
 
 def register(family: Family, *names: str) -> None:

@@ -1,0 +1,32 @@
+"""Self-attention's projections as most decoder families declare and use them: Q, K, V and the output
+projection (llama.cpp's ``create_tensor_qkv`` and ``wo``), and the per-head QK-norm several of them apply."""
+
+from __future__ import annotations
+
+from gguf import MODEL_TENSOR as T
+
+from graphir.graph.ir import Node
+from graphir.model.builder import GraphBuilder
+from graphir.model.hparams import HParams
+from graphir.model.tensors import TensorSpec, spec
+
+
+def qkv_tensors(hp: HParams, il: int, *, biases_required: bool = False) -> list[TensorSpec]:
+    """Layer il's Q, K, V and output projections, and Q/K/V biases: optional extras, as llama.cpp loads them,
+    unless the family's converter always writes them (``biases_required``: Qwen2)."""
+    E, d = hp.n_embd, hp.n_embd_head_k
+    q_out, k_out, v_out = hp.head_count(il) * d, hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)
+    return [spec(T.ATTN_Q, (E, q_out), il), spec(T.ATTN_K, (E, k_out), il), spec(T.ATTN_V, (E, v_out), il),
+            spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il),
+            *(spec(t, (n,), il, "bias", kind="vector", optional=not biases_required)
+              for t, n in ((T.ATTN_Q, q_out), (T.ATTN_K, k_out), (T.ATTN_V, v_out)))]
+
+
+def qk_norm_tensors(hp: HParams, il: int) -> list[TensorSpec]:
+    d = hp.n_embd_head_k
+    return [spec(T.ATTN_Q_NORM, (d,), il, kind="vector"), spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
+
+
+def qk_norm(b: GraphBuilder, q: Node, k: Node, il: int) -> tuple[Node, Node]:
+    """QK-norm: each head of Q and K RMS-normalised over its own values, with a learned scale (Qwen3, Gemma 3)."""
+    return b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed"), b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
