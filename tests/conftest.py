@@ -376,6 +376,9 @@ TINY_FAMILY["deepseek2"] = {
     gguf.Keys.LLM.EXPERT_SHARED_COUNT: 1, gguf.Keys.LLM.EXPERT_GROUP_COUNT: 4, gguf.Keys.LLM.EXPERT_GROUP_USED_COUNT: 2,
     gguf.Keys.LLM.EXPERT_GATING_FUNC: 2, gguf.Keys.LLM.EXPERT_WEIGHTS_NORM: True, gguf.Keys.LLM.EXPERT_WEIGHTS_SCALE: 2.5,
 }
+# Optional tensors a family's converter writes, which its tiny model has too (DeepSeek's experts: the two stacks
+# it converts to, where llama.cpp's loader takes them joined as well)
+TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight"}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 
@@ -386,7 +389,7 @@ def make_tiny_preset(arch: str = "llama", tied: bool = True, **keys: object) -> 
     if arch in ENCODER_QKV:  # encoders: no LM head; q/k/v as their converter writes them
         return Preset(arch, keys, tied=False, matrix_type=gguf.GGMLQuantizationType.F32,
                       include=r"token_types\.weight|" + ENCODER_QKV[arch])
-    return Preset(arch, keys, tied=tied, matrix_type=gguf.GGMLQuantizationType.F32)
+    return Preset(arch, keys, tied=tied, matrix_type=gguf.GGMLQuantizationType.F32, include=TINY_INCLUDE.get(arch, ""))
 
 
 @pytest.fixture

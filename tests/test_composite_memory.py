@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import toy_archs  # noqa: F401  (registers test-iswa, test-hybrid and test-mla-hybrid)
-from conftest import TINY_FAMILY, TINY_KEYS, fail_on_run, memory_bytes, write_model_gguf
+from conftest import TINY_FAMILY, TINY_INCLUDE, TINY_KEYS, fail_on_run, memory_bytes, write_model_gguf
 
 from graphir.batch import Batch
 from graphir.errors import GraphirError, MetadataError, StateError
@@ -67,7 +67,7 @@ def hybrid() -> Model:
 
 
 def latent_hybrid() -> Model:
-    return model("test-mla-hybrid", r"blk\.\d+\.ffn_(gate|up)_exps\.weight", **LATENT_HYBRID)  # the experts' two stacks
+    return model("test-mla-hybrid", TINY_INCLUDE["deepseek2"], **LATENT_HYBRID)
 
 
 def one_by_one(ctx: Any, tokens: list[int], seq: int = 0, start: int = 0) -> np.ndarray:
