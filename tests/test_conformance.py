@@ -13,6 +13,7 @@ saver has no T5; the BERT file it writes lacks token_embd), the row's model is g
 - sequences: several sequences interleaved in one batch equal llama.cpp's and each one alone;
 - state: a context saved and loaded into another continues bit for bit as the first;
 - failure: a ubatch whose computation fails leaves every byte of the memory as it was;
+- graph: graphir's graph of the model is llama.cpp's own (``graphir diff M llama.cpp:M``), in every phase;
 - snapshot: the family has golden graphs (tests/test_graphs.py).
 
 Adding a family to CI is adding a row.
@@ -49,6 +50,8 @@ class Row:
     made_by: str = "llama.cpp"  # or "graphir": a family llama.cpp cannot save
     moe: bool = False
     keys: dict[str, Any] = field(default_factory=dict)
+    # False where graphir's graph differs from llama.cpp's in a documented way that a test of its own pins
+    same_graph_as_llama_cpp: bool = True
 
     @property
     def id(self) -> str:
@@ -62,7 +65,9 @@ ROWS = [
     Row("deepseek2", "moe", moe=True),  # llama.cpp builds it with experts only
     Row("gpt2"),
     Row("rwkv6"),
-    Row("qwen35"),
+    # llama.cpp feeds M-RoPE four positions a token, graphir one (rope_multi makes the four):
+    # tests/test_llamacpp_graph.py::test_qwen35_differs_only_in_its_positions
+    Row("qwen35", same_graph_as_llama_cpp=False),
     Row("llama"),
     Row("llama", "moe", moe=True),
     Row("qwen2"),
@@ -72,6 +77,7 @@ ROWS = [
     Row("phi3"),
     Row("gemma2", keys={"gemma2.attention.sliding_window": 4}),  # a window the prompt outgrows
     Row("gemma3", keys={"gemma3.attention.sliding_window": 4}),
+    Row("command-r"),
 ]
 
 _rng = np.random.default_rng(7)
@@ -207,6 +213,16 @@ def test_a_saved_state_loaded_elsewhere_continues_bit_for_bit(row: Row) -> None:
 @rows(remembers=True)
 def test_a_failing_ubatch_changes_nothing(row: Row, monkeypatch: pytest.MonkeyPatch) -> None:
     failing_second_ubatch_changes_nothing(_model(row, Q.F32), PROMPT, monkeypatch)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS if r.same_graph_as_llama_cpp])
+def test_the_graph_is_llama_cpps_own(row: Row) -> None:
+    from graphir.llamacpp.compare import agreement
+    from graphir.model.meta import open_model
+
+    phases = agreement(open_model(str(_path(row, Q.F32))))
+    assert phases and all(first is None for first in phases.values()), phases
 
 
 @pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])

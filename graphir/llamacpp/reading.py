@@ -112,7 +112,7 @@ def reserve(meta: ModelMeta, phases: tuple[str, ...]) -> list[list[list[Any]]]:
     """The records of llama.cpp's graph of ``meta`` for each phase (see :mod:`graphir.llamacpp.reserve`)."""
     with tempfile.TemporaryDirectory(prefix="graphir-llamacpp-") as d:
         path, digest = _sparse_model(meta, d)
-        pooled = meta.metadata.get(f"{meta.arch_name}.pooling_type", 0) not in (0, None)
+        pooled = meta.arch.hp.pooling != "none"  # as graphir reads the key: -1 (unspecified) is none
         request = {"n_ctx": N_CTX, "n_ubatch": N_UBATCH, "embeddings": pooled,
                    "graphs": [PHASE_SIZES[p] for p in phases]}
         key = digest + json.dumps(request)
