@@ -34,7 +34,8 @@ from graphir.graph.ir import Node
 from graphir.memory.layers import LatentAttention, LayerNeeds
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
-from graphir.model.hparams import HParams, Key, f32
+from graphir.model.hparams import HParams, Key
+from graphir.graph.floats import f32
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
 from graphir.model import hf_config, presets

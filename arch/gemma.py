@@ -27,7 +27,8 @@ from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Family, derived, hf
-from graphir.model.hparams import HParams, Key, SlidingWindow, f32, inv_sqrt
+from graphir.model.hparams import HParams, Key, SlidingWindow
+from graphir.graph.floats import f32, inv_sqrt
 from graphir.model.presets import Preset
 from graphir.model.qkv import qk_norm, qk_norm_tensors, qkv_tensors
 from graphir.model.scales import layer_scales

@@ -17,7 +17,7 @@ from gguf import Keys
 
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm
-from graphir.model.hparams import f32
+from graphir.graph.floats import f32
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name, with_bias
 from graphir.model import hf_config, presets

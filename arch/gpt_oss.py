@@ -23,7 +23,8 @@ from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, Gating, GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Family, hf
-from graphir.model.hparams import HParams, Key, SlidingWindow, inv_sqrt
+from graphir.model.hparams import HParams, Key, SlidingWindow
+from graphir.graph.floats import inv_sqrt
 from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.presets import Preset
 from graphir.model.qkv import qkv_tensors

@@ -23,13 +23,14 @@ from graphir.memory.layers import Attention, LayerNeeds
 from graphir.model import ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
-from graphir.model.hparams import HParams, Key, f32
+from graphir.model.hparams import HParams, Key
+from graphir.graph.floats import f32
 from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
 from graphir.model import presets
 from graphir.model.presets import Preset
 from graphir.model import hf_config
-from graphir.model.hf_config import BLOCKS, TEXT_BASE, VOCAB, WIDTH, Config, Family, _heads, derived, hf
+from graphir.model.hf_config import BLOCKS, TEXT_BASE, VOCAB, WIDTH, Config, Family, heads, derived, hf
 
 
 class GraniteHybrid(Architecture):
@@ -219,7 +220,7 @@ def _granite_rope(c: Config) -> dict[str, Any]:
 
 GRANITE_HYBRID = TEXT_BASE + (  # GraniteModel drops head_dim
     VOCAB,
-    derived(R.DIMENSION_COUNT, lambda c: c.find(*WIDTH) // _heads(c)),
+    derived(R.DIMENSION_COUNT, lambda c: c.find(*WIDTH) // heads(c)),
     hf(A.SCALE, "attention_multiplier", kind="number", default=None),
     hf(L.EMBEDDING_SCALE, "embedding_multiplier", kind="number", default=None),
     hf(L.RESIDUAL_SCALE, "residual_multiplier", kind="number", default=None),

@@ -185,7 +185,7 @@ def _llama_include(c: hf_config.Config) -> str:
 
 
 # LlamaModel: the text keys, the vocabulary size and the rotated dimensions (a head)
-LLAMA_RULES = TEXT + (VOCAB, derived(Keys.Rope.DIMENSION_COUNT, hf_config._head_dim))
+LLAMA_RULES = TEXT + (VOCAB, derived(Keys.Rope.DIMENSION_COUNT, hf_config.head_dim))
 _UNTIED = {"tie_word_embeddings": False}
 _QWEN3 = {**_UNTIED, "head_dim": 128}
 

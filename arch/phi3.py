@@ -24,7 +24,7 @@ from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hf_config import VOCAB, Family, derived, hf
-from graphir.model.hparams import inv_sqrt
+from graphir.graph.floats import inv_sqrt
 from graphir.model.presets import Preset
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name

@@ -24,12 +24,13 @@ from graphir.memory.layers import Attention, LayerNeeds
 from graphir.model import ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
-from graphir.model.hparams import HParams, Key, f32, inv_sqrt
+from graphir.model.hparams import HParams, Key
+from graphir.graph.floats import f32, inv_sqrt
 from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
 from graphir.model import presets
 from graphir.model.presets import Preset
 from graphir.model import hf_config
-from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, _head_dim, derived, hf
+from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, head_dim, derived, hf
 
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; gguf-py has no constant for it yet
 
@@ -255,7 +256,7 @@ QWEN35 = TEXT + (
     derived(S.INNER_SIZE, lambda c: c.find("linear_value_head_dim") * c.find("linear_num_value_heads")),
     derived(RECURRENT_LAYERS, _qwen35_layers),
     hf(L.FULL_ATTENTION_INTERVAL, "full_attention_interval", default=4),
-    derived(R.DIMENSION_COUNT, lambda c: int(_head_dim(c) * c.check(
+    derived(R.DIMENSION_COUNT, lambda c: int(head_dim(c) * c.check(
         "partial_rotary_factor", c.rope.get("partial_rotary_factor", 0.25), "number"))),
     lambda c: {} if "mrope_section" in c.rope else {R.DIMENSION_SECTIONS: [11, 11, 10, 0]},
     VOCAB,

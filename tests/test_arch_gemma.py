@@ -34,7 +34,7 @@ from graphir.cli import main
 from graphir.errors import GraphirError, MetadataError
 from graphir.memory.composite import swa_cells
 from graphir.memory.layers import ContextParams
-from graphir.model.hparams import f32
+from graphir.graph.floats import f32
 from graphir.model.meta import from_preset, open_model
 from graphir.model.presets import Preset
 from graphir.batch import Batch

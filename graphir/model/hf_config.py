@@ -169,12 +169,12 @@ CONTEXT = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max
 WIDTH = ("hidden_size", "n_embd", "dim")
 
 
-def _heads(c: Config) -> int:
+def heads(c: Config) -> int:
     return c.find("num_attention_heads", "n_head", "n_heads")
 
 
-def _head_dim(c: Config) -> int:
-    return c.find("head_dim", default=None) or c.find(*WIDTH) // _heads(c)
+def head_dim(c: Config) -> int:
+    return c.find("head_dim", default=None) or c.find(*WIDTH) // heads(c)
 
 
 def _rope_scaling(c: Config) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Tuple, Union
 from gguf import Keys, PoolingType
 
 from graphir.errors import MetadataError
-from graphir.graph.floats import f32, inv_sqrt  # noqa: F401  (families take them from here too)
+from graphir.graph.floats import f32
 
 
 @dataclass(frozen=True)
