@@ -123,7 +123,7 @@ class Llama(Architecture):
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
             if self.n_expert:
                 f = b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
-                                    gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
+                                    gate_exps=b.w_opt(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
                                     up_exps_s=b.scale(T.FFN_UP_EXP, il), gate_exps_s=b.scale(T.FFN_GATE_EXP, il),
                                     down_exps_s=b.scale(T.FFN_DOWN_EXP, il),
                                     n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)

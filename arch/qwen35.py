@@ -140,11 +140,11 @@ class Qwen35(Architecture):
         attention through the layer's memory, the output times sigmoid(gate), then W_o."""
         hp = self.hp
         d, H, Hkv, Tn = hp.n_embd_head_k, hp.head_count(il), hp.head_count_kv(il), b.n_tokens
-        qg = b.linear(h, b.w(T.ATTN_Q, il), b.w(T.ATTN_Q, il, "bias"), name="Qcur_full", s=b.scale(T.ATTN_Q, il))
+        qg = b.linear(h, b.w(T.ATTN_Q, il), b.w_opt(T.ATTN_Q, il, "bias"), name="Qcur_full", s=b.scale(T.ATTN_Q, il))
         q, gate = (b.op("view", qg, shape=(d, H, Tn), strides=(1, 2 * d, 2 * d * H), offset=off, name=tag)
                    for tag, off in (("Qcur", 0), ("gate", d)))
         gate = b.reshape(b.op("cont", gate, name="gate.cont"), (d * H, Tn), name="gate_reshaped")
-        k, v = (b.reshape(b.linear(h, b.w(t, il), b.w(t, il, "bias"), name=tag, s=b.scale(t, il)), (d, Hkv, Tn),
+        k, v = (b.reshape(b.linear(h, b.w(t, il), b.w_opt(t, il, "bias"), name=tag, s=b.scale(t, il)), (d, Hkv, Tn),
                           name=f"{tag}.heads") for t, tag in ((T.ATTN_K, "Kcur"), (T.ATTN_V, "Vcur")))
         q = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed")
         k = b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")

@@ -193,17 +193,18 @@ class GraphBuilder:
             return self._names[name]
         return self._add(Node(name, "input", (), {"role": role, **facts}, dtype, shape))
 
-    def w(self, t: MODEL_TENSOR, il: int | None = None, suffix: str = "weight") -> Node | None:
-        """The weight an architecture declared under this name; None when it is optional and absent."""
-        return self.weight(tensor_name(t, il, suffix))
+    def w(self, t: MODEL_TENSOR, il: int | None = None, suffix: str = "weight") -> Node:
+        """A weight the graph cannot do without (or the one it is tied to); an optional one is read with
+        :meth:`w_opt`, so that a family says which of its weights a file may lack."""
+        name = tensor_name(t, il, suffix)
+        node = self.weight(name)
+        if node is None:
+            raise GraphError(f"{self.arch.name} reads the optional tensor '{name}' as required: use w_opt")
+        return node
 
     def w_opt(self, t: MODEL_TENSOR, il: int | None = None, suffix: str = "weight") -> Node | None:
-        """An optional weight: None when the file does not have it (the family's table says it may be absent)."""
-        name = tensor_name(t, il, suffix)
-        spec = self.arch.specs.get(name)
-        if spec is not None and not (spec.optional or spec.tied_to):
-            raise GraphError(f"{self.arch.name} reads the required tensor '{name}' as optional")
-        return self.weight(name)
+        """A weight the file may lack (None then): optional in the family's table, or in some of its variants."""
+        return self.weight(tensor_name(t, il, suffix))
 
     def norm(self, x: Node, t: MODEL_TENSOR, il: int | None = None, kind: Norm = Norm.RMS, *, name: str) -> Node:
         """x normalised with tensor ``t``'s weight and, where the family declares one and the file has it, its bias."""
@@ -433,13 +434,13 @@ class GraphBuilder:
         its three projections, each with its bias when the file has one (llama.cpp's ``build_qkv``)."""
         hp, T_ = self.hp, self.n_tokens
         d, dv, H, Hkv = hp.n_embd_head_k, hp.n_embd_head_v, hp.head_count(il), hp.head_count_kv(il)
-        fused = self.w(MODEL_TENSOR.ATTN_QKV, il) if tensor_name(MODEL_TENSOR.ATTN_QKV, il) in self.arch.specs else None
+        fused = self._declared(MODEL_TENSOR.ATTN_QKV, il)
         if fused is None:
             q, k, v = (self._projection(x, t, il, tag) for t, tag in (
                 (MODEL_TENSOR.ATTN_Q, "Qcur"), (MODEL_TENSOR.ATTN_K, "Kcur"), (MODEL_TENSOR.ATTN_V, "Vcur")))
             return (self.reshape(q, (d, H, T_), name="Qcur.heads"), self.reshape(k, (d, Hkv, T_), name="Kcur.heads"),
                     self.reshape(v, (dv, Hkv, T_), name="Vcur.heads"))
-        bias = self.w(MODEL_TENSOR.ATTN_QKV, il, "bias")
+        bias = self._declared(MODEL_TENSOR.ATTN_QKV, il, "bias")
         if bias is None:  # a fused weight may come with separate q/k/v biases: llama.cpp joins all three, if all are
             names = [tensor_name(t, il, "bias") for t in (MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V)]
             if all(n in self.arch.specs and n in self.tensors for n in names):
@@ -453,11 +454,16 @@ class GraphBuilder:
                      for tag, w, h, off in (("Qcur", d, H, 0), ("Kcur", d, Hkv, q_w), ("Vcur", dv, Hkv, q_w + k_w)))
 
     def _projection(self, x: Node, t: MODEL_TENSOR, il: int, tag: str) -> Node:
-        w = self.w(t, il)
+        w = self._declared(t, il)
         if w is None:  # a family where the fused and the separate form are both optional: neither is in the file
             raise TensorError(f"{self.label}: missing tensor '{tensor_name(MODEL_TENSOR.ATTN_QKV, il)}' (or "
                               f"'{tensor_name(t, il)}' of separate projections)")
-        return self.linear(x, w, self.w(t, il, "bias"), name=tag, s=self.scale(t, il))
+        return self.linear(x, w, self._declared(t, il, "bias"), name=tag, s=self.scale(t, il))
+
+    def _declared(self, t: MODEL_TENSOR, il: int, suffix: str = "weight") -> Node | None:
+        """A tensor of the shared attention blocks, which families declare required, optional or not at all."""
+        name = tensor_name(t, il, suffix)
+        return self.weight(name) if name in self.arch.specs else None
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
                    wo_s: Node | None = None, kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
