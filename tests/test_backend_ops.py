@@ -3,7 +3,7 @@
 Each case names an op, its operands (leaf kind, IR dtype, shape in ggml order, how to fill it) and attributes.
 The test builds a graph of leaves plus one op node typed by ``graphir.graph.ops.infer``, runs it through the numba
 backend's ``Program`` and compares the result with a float64 numpy reference written here from the op's
-mathematical definition (llama.cpp reference doc section 6), never from ``graphir.backends.kernels``.
+mathematical definition (llama.cpp reference doc section 6), never from ``graphir.backends.numba.kernels``.
 The metric is llama.cpp's NMSE = sum((out - ref)^2) / sum(ref^2) with a per-case threshold; the result's
 shape and dtype must also be exactly what the IR infers.
 
@@ -30,10 +30,10 @@ import gguf
 import numpy as np
 import pytest
 
-from graphir.backends import tape
-from graphir.backends.executor import KERNELS, Program, kernel
-from graphir.backends.isa import PATHS, IsaPath, numerics
-from graphir.backends.quant.weight import QWeight
+from graphir.backends.numba import tape
+from graphir.backends.numba.executor import KERNELS, Program, kernel
+from graphir.backends.numba.primitives.isa import PATHS, IsaPath, numerics
+from graphir.backends.numba.quant.weight import QWeight
 from graphir.graph.dims import DimDecl, Sym
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import COMPUTING, OPS, infer
@@ -853,13 +853,15 @@ def test_every_computing_op_has_exactly_one_kernel() -> None:
 def test_mul_mat_id_touches_only_the_experts_a_token_chose() -> None:
     """An expert's quantized matrix is repacked on its first multiplication: after a ubatch whose tokens chose
     experts 1, 5 and 6 of 8, those three are repacked and the other five never were."""
-    from graphir.backends.kernels.moe import expert_matrices, mul_mat_id
+    from graphir.backends.numba.kernels.moe import mul_mat_id
+    from graphir.backends.numba.quant.weight import expert_matrices
 
     rng = np.random.default_rng(3)
     stacked, _ = make_weight(rng, W("q4_k", 256, 16, 8), (8, 16, 256))
     experts = expert_matrices(stacked, 8)
     ids = np.array([[1, 5], [6, 1], [5, 6]], np.int32)                  # (tokens, slots)
-    out = mul_mat_id(experts, rng.uniform(-1, 1, (3, 1, 256)).astype(np.float32), ids, numerics().path)
+    out = mul_mat_id(lambda e, rows: experts[e].matmul(rows), 8, 16, rng.uniform(-1, 1, (3, 1, 256)).astype(np.float32),
+                     ids)
     assert out.shape == (3, 2, 16) and np.isfinite(out).all()
     assert [e for e in range(8) if experts[e].packed_nbytes] == [1, 5, 6]
 

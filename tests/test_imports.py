@@ -10,8 +10,8 @@ from pathlib import Path
 import networkx as nx
 
 PACKAGES = ("graphir", "graphir.files", "graphir.graph", "graphir.memory", "graphir.model", "graphir.running",
-            "graphir.tokenizer", "graphir.arch", "graphir.backends", "graphir.backends.kernels",
-            "graphir.backends.quant")
+            "graphir.tokenizer", "graphir.arch", "graphir.backends", "graphir.backends.numba.kernels",
+            "graphir.backends.numba.quant")
 
 
 def modules() -> dict[str, Path]:

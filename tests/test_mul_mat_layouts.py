@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphir.backends.isa import PATHS
-from graphir.backends.kernels.mul_mat import mul_mat
-from graphir.backends.kernels.softmax import soft_max
+from graphir.backends.numba.primitives.isa import PATHS
+from graphir.backends.numba.kernels.mul_mat import mul_mat
+from graphir.backends.numba.kernels.softmax import soft_max
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))

@@ -1,17 +1,17 @@
 """The numba backend as the core sees it (graphir.running.backend.Backend), registered as the entry point ``numba``:
-numerics paths from :mod:`graphir.backends.isa`, weights from the quantized matmuls, graphs compiled by the
+numerics paths from :mod:`graphir.backends.numba.primitives.isa`, weights from the quantized matmuls, graphs compiled by the
 executor. The kernels (and numba) load on first use, so naming the backend's paths costs nothing."""
 
 from __future__ import annotations
 
 from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager
 
-from graphir.backends.isa import PATHS, Numerics, numerics
+from graphir.backends.numba.primitives.isa import PATHS, Numerics, numerics
 from graphir.graph.ir import Graph
 
 if TYPE_CHECKING:
-    from graphir.backends.executor import Program
-    from graphir.backends.quant.weight import QWeight
+    from graphir.backends.numba.executor import Program
+    from graphir.backends.numba.quant.weight import QWeight
 
 
 class NumbaBackend:
@@ -21,22 +21,22 @@ class NumbaBackend:
         return numerics(isa)
 
     def compiling(self, out: IO[str] | None, on_first: Callable[[], None] | None = None) -> ContextManager[None]:
-        from graphir.backends.kernels.jit import compiling
+        from graphir.backends.numba.primitives.jit import compiling
 
         return compiling(out, on_first)
 
     def weight_types(self) -> frozenset[Any]:
-        from graphir.backends.quant.weight import SUPPORTED
+        from graphir.backends.numba.quant.weight import SUPPORTED
 
         return SUPPORTED
 
     def prepare_weight(self, data: Any, qtype: Any, ne0: int) -> QWeight:
-        from graphir.backends.quant.weight import QWeight
+        from graphir.backends.numba.quant.weight import QWeight
 
         return QWeight.prepare(data, qtype, ne0)
 
     def compile(self, graph: Graph, weight: Callable[..., Any], numerics: Numerics) -> Program:
-        from graphir.backends.executor import Program
+        from graphir.backends.numba.executor import Program
 
         return Program(graph, weight, numerics.path)
 

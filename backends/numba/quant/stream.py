@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.quant.blocks import row_bf16, row_f16, row_f32, row_q4_k, row_q5_k, row_q6_k
+from graphir.backends.numba.quant.blocks import row_bf16, row_f16, row_f32, row_q4_k, row_q5_k, row_q6_k
 
 _F32 = np.float32
 _fast = dict(parallel=True, fastmath=True, cache=True)   # GEMV: float reassociation allowed (vectorizes)

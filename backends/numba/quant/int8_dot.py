@@ -21,7 +21,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from graphir.backends.kernels.simd import F32Vec, element_ptr
+from graphir.backends.numba.primitives.simd import F32Vec, element_ptr
 
 __all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "nibble_half_lanes"]
 

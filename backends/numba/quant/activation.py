@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 from numba import njit
 
-from graphir.backends.kernels_util import f16_round, round_bf16, round_f16
+from graphir.backends.numba.primitives.bits import f16_round, round_bf16, round_f16
 
 _F32 = np.float32
 

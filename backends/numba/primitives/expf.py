@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from graphir.backends.isa import EXPF_SPLIT
-from graphir.backends.kernels.jit import INL
-from graphir.backends.kernels_util import bits_f32, bits_f64, bits_u32, bits_u64, fma
+from graphir.backends.numba.primitives.isa import EXPF_SPLIT
+from graphir.backends.numba.primitives.jit import INL
+from graphir.backends.numba.primitives.bits import bits_f32, bits_f64, bits_u32, bits_u64, fma
 
 F32 = np.float32
 

@@ -100,5 +100,5 @@ Modules
 
 numba caches a kernel under its own module's file, with the helpers it inlines or calls compiled in: the
 GEMMs of stream inline the row dequantizers of blocks, the kernels of exact call q8_blocks of activation.
-After editing such a helper, clear the caches (__pycache__/*.nbi, *.nbc under backends/).
+After editing such a helper, clear the caches (__pycache__/*.nbi, *.nbc under backends/numba/).
 """

@@ -17,8 +17,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels.jit import INL, PAR_MIN, SER, parallel_and_serial
-from graphir.backends.kernels_util import fma
+from graphir.backends.numba.primitives.jit import INL, PAR_MIN, SER, parallel_and_serial
+from graphir.backends.numba.primitives.bits import fma
 
 F32 = np.float32
 _ONE, _ZERO = F32(1.0), F32(0.0)

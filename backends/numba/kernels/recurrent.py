@@ -20,11 +20,11 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels.expf import libm_expf, libm_logf
-from graphir.backends.kernels import simd
-from graphir.backends.kernels.jit import INL, PAR, PAR_MIN, parallel_and_serial
-from graphir.backends.kernels.simd import vfma, vload, vmul, vreduce4, vsplat, vstore, vzero, width
-from graphir.backends.kernels_util import fma
+from graphir.backends.numba.primitives.expf import libm_expf, libm_logf
+from graphir.backends.numba.primitives import simd
+from graphir.backends.numba.primitives.jit import INL, PAR, PAR_MIN, parallel_and_serial
+from graphir.backends.numba.primitives.simd import vfma, vload, vmul, vreduce4, vsplat, vstore, vzero, width
+from graphir.backends.numba.primitives.bits import fma
 
 F32 = np.float32
 _ZERO, _ONE, _SOFTPLUS_MAX = F32(0.0), F32(1.0), F32(20.0)

@@ -14,11 +14,11 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends import isa
-from graphir.backends.isa import EXPF_SPLIT
-from graphir.backends.kernels.expf import v_expf_scalef, v_expf_split
-from graphir.backends.kernels.jit import INL, PAR_MIN, SER, f32_rows, parallel_and_serial
-from graphir.backends.kernels_util import fma, half_bits
+from graphir.backends.numba.primitives import isa
+from graphir.backends.numba.primitives.isa import EXPF_SPLIT
+from graphir.backends.numba.primitives.expf import v_expf_scalef, v_expf_split
+from graphir.backends.numba.primitives.jit import INL, PAR_MIN, SER, f32_rows, parallel_and_serial
+from graphir.backends.numba.primitives.bits import fma, half_bits
 
 F32 = np.float32
 _ONE, _ZERO = F32(1.0), F32(0.0)

@@ -17,12 +17,12 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends import isa
-from graphir.backends.kernels import simd
-from graphir.backends.kernels.jit import PAR, SER, call_at, native_address
-from graphir.backends.kernels.mul_mat import (VEC_F16, as_rows, column_dots, dots_hadd8, kernel_view, task_addresses,
+from graphir.backends.numba.primitives import isa
+from graphir.backends.numba.primitives import simd
+from graphir.backends.numba.primitives.jit import PAR, SER, call_at, native_address
+from graphir.backends.numba.kernels.mul_mat import (VEC_F16, as_rows, column_dots, dots_hadd8, kernel_view, task_addresses,
                                               to_f32_row, transposed_rows)
-from graphir.backends.kernels.softmax import exp_head, mask_rows, soft_max_row
+from graphir.backends.numba.kernels.softmax import exp_head, mask_rows, soft_max_row
 
 F32 = np.float32
 # products_task's constant arguments as numpy integers: numba types a literal 0 or 1 as a literal, and products_task

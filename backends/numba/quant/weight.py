@@ -9,21 +9,22 @@ from __future__ import annotations
 import ctypes
 import mmap
 import threading
+import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import gguf
 import numpy as np
 
-from graphir.backends.kernels.jit import PAR_MIN
-from graphir.backends.quant.activation import ACT
-from graphir.backends.quant.blocks import (
+from graphir.backends.numba.primitives.jit import PAR_MIN
+from graphir.backends.numba.quant.activation import ACT
+from graphir.backends.numba.quant.blocks import (
     deq_bf16, deq_f16, deq_f32, deq_mxfp4, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_0, deq_q5_k, deq_q6_k, deq_q8_0,
     repack_mxfp4, repack_q4_0, repack_q4_1, repack_q4_k, repack_q5_0, repack_q5_k, repack_q6_k, repack_q8_0)
-from graphir.backends.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1, pack_q5_0_as_q8_0,
+from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1, pack_q5_0_as_q8_0,
                                           pack_q8_0)
-from graphir.backends.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
-from graphir.backends.quant.stream import (
+from graphir.backends.numba.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
+from graphir.backends.numba.quant.stream import (
     GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_k, gemm_q5_k, gemm_q6_k, gemv_f32, gemv_q4_k,
     gemv_q5_k, gemv_q6_k)
 
@@ -253,6 +254,29 @@ def release_pages(a: np.ndarray) -> None:
     lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
     if hi > lo:
         _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED)
+
+
+_EXPERTS: weakref.WeakKeyDictionary[QWeight, list[QWeight]] = weakref.WeakKeyDictionary()
+_EXPERTS_LOCK = threading.Lock()
+
+
+def expert_matrices(w: Any, n_expert: int) -> Sequence[Any]:
+    """The n_expert matrices of a stacked weight: QWeights over consecutive row ranges of a QWeight (expert e's
+    rows are e * n_ff .. (e + 1) * n_ff, as GGUF stores [n_embd, n_ff, n_expert]), made once per weight and
+    shared by every graph and thread that multiplies it (each repacks on its first use); or a float array
+    (n_expert, n_ff, n_embd), expert e being its view [e]."""
+    if isinstance(w, QWeight):
+        if w.rows % n_expert:
+            raise ValueError(f"{w!r} does not split into {n_expert} experts")
+        with _EXPERTS_LOCK:
+            if w not in _EXPERTS:
+                rows = w.rows // n_expert
+                _EXPERTS[w] = [QWeight(w.raw[e * rows:(e + 1) * rows], w.qtype, w.ne0) for e in range(n_expert)]
+            return _EXPERTS[w]
+    w = np.ascontiguousarray(w, dtype=np.float32)  # no copy of a float32 array: expert e is the view w[e]
+    if w.ndim != 3 or w.shape[0] != n_expert:
+        raise ValueError(f"stacked expert weights must be (n_expert={n_expert}, n_ff, n_embd), got {w.shape}")
+    return w
 
 
 class QWeightGroup:

@@ -3,7 +3,7 @@
 A graph is compiled once per context into a flat list of steps (kernel, output slot, operand slots), and planned
 once per binding of its dims (a Plan: attributes bound, windows on weights and on a memory's buffers made once);
 values are freed after their last use. Weights are prepared once per model (the
-quantized ones repacked lazily by :mod:`graphir.backends.quant`) and shared by every context.
+quantized ones repacked lazily by :mod:`graphir.backends.numba.quant`) and shared by every context.
 Arrays are in numpy order, the reverse of the IR's ggml order.
 """
 
@@ -18,25 +18,25 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from graphir.backends import tape as T
-from graphir.backends.kernels.attention import attention_mask, attention_over, open_prefix
-from graphir.backends.kernels.jit import PAR_MIN, kernel_launches
-from graphir.backends.kernels.moe import add_id, argsort_top_k, expert_matrices, moe_sum, mul_mat_id, sum_rows
-from graphir.backends.kernels.mul_mat import (VEC_F16, VEC_F32, as_rows, f32_short_dots, mul_mat, padding_call,
+from graphir.backends.numba import tape as T
+from graphir.backends.numba.kernels.attention import attention_mask, attention_over, open_prefix
+from graphir.backends.numba.primitives.jit import PAR_MIN, kernel_launches
+from graphir.backends.numba.kernels.moe import add_id, argsort_top_k, moe_sum, mul_mat_id, sum_rows
+from graphir.backends.numba.kernels.mul_mat import (VEC_F16, VEC_F32, as_rows, f32_short_dots, mul_mat, padding_call,
                                                product_mode, products_call, short_dots_blocks_par,
                                                short_dots_blocks_ser)
-from graphir.backends.kernels.norm import norm, norm_kernel, rms_norm, rms_norm_kernel, rms_norming
-from graphir.backends.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
+from graphir.backends.numba.kernels.norm import norm, norm_kernel, rms_norm, rms_norm_kernel, rms_norming
+from graphir.backends.numba.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
                                                  ssm_scan_heads, ssm_scan_heads_kernel, ssm_scan_kernel, wkv6_kernel)
-from graphir.backends.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
-from graphir.backends.kernels import rows as R
-from graphir.backends.kernels import simd
-from graphir.backends.kernels.softmax import KV_PAD, exp_head, mask_rows, probabilities, soft_max, soft_max_kernel
-from graphir.backends.kernels.unary import (LIBM, exp, geglu, gelu, gelu_kernel, gelu_table, libm_kernel, neg, relu,
+from graphir.backends.numba.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
+from graphir.backends.numba.kernels import rows as R
+from graphir.backends.numba.primitives import simd
+from graphir.backends.numba.kernels.softmax import KV_PAD, exp_head, mask_rows, probabilities, soft_max, soft_max_kernel
+from graphir.backends.numba.kernels.unary import (LIBM, exp, geglu, gelu, gelu_kernel, gelu_table, libm_kernel, neg, relu,
                                             sigmoid, silu, silu_kernel, softplus, sqr, swiglu, swiglu_oai, tanh)
-from graphir.backends.isa import REDUCE_HADD, IsaPath
-from graphir.backends.quant.weight import QWeight, QWeightGroup
-from graphir.backends.tape import Segment, Tape
+from graphir.backends.numba.primitives.isa import REDUCE_HADD, IsaPath
+from graphir.backends.numba.quant.weight import QWeight, QWeightGroup, expert_matrices
+from graphir.backends.numba.tape import Segment, Tape
 from graphir.graph.dims import Sym
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS
@@ -416,7 +416,24 @@ class _Product:
 @kernel("mul_mat_id")
 def _mul_mat_id(n: Node, memo: threading.local, path: IsaPath) -> Callable[..., Any]:
     n_expert = n.inputs[0].shape[2]
-    return lambda env, w, x, ids: mul_mat_id(expert_matrices(w, n_expert), x, ids, path)
+
+    def by_experts(env: Env, w: Any, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        experts = expert_matrices(w, n_expert)
+        m = experts[0].rows if isinstance(experts[0], QWeight) else experts[0].shape[0]
+        return mul_mat_id(lambda e, rows: _expert_product(experts[e], rows, path), n_expert, m, x, ids)
+
+    return by_experts
+
+
+def _expert_product(w: Any, x: np.ndarray, path: IsaPath) -> np.ndarray:
+    """x (n, K) float32 through one expert: (n, M). F32 and F16 experts take ggml_vec_dot, never tinyBLAS, as
+    ggml's mul_mat_id does."""
+    if isinstance(w, QWeight):
+        floats = w.float_rows()
+        if floats is None:
+            return w.matmul(x)
+        return mul_mat(floats, x, path, pad=1, contiguous=False, vec_dot=True)
+    return mul_mat(w, x, path, contiguous=False, vec_dot=True)
 
 
 @kernel("argsort_top_k")
@@ -1399,7 +1416,7 @@ class Program:
         """The steps bound to one binding of the dims: windows bound to their geometry, and computed here where
         their operand is known before the run (a weight, a held buffer, a window of one; set_rows writes its held
         buffer in place, so its value is known too); a step that can use known operands bound to them. A small
-        graph's steps go on a tape where they can (backends.tape): their values in its arena, known here. Without
+        graph's steps go on a tape where they can (backends.numba.tape): their values in its arena, known here. Without
         ``tape``, a plan that would have one says so (``tapes``), to be made again with it."""
         known: dict[int, Any] = dict(self.consts)
         feeds = []

@@ -15,10 +15,10 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends import isa
-from graphir.backends.kernels.expf import v_expf_shifted
-from graphir.backends.kernels.jit import INL, PAR, PAR_MIN, SER, f32_rows
-from graphir.backends.kernels_util import hsum, hsum16
+from graphir.backends.numba.primitives import isa
+from graphir.backends.numba.primitives.expf import v_expf_shifted
+from graphir.backends.numba.primitives.jit import INL, PAR, PAR_MIN, SER, f32_rows
+from graphir.backends.numba.primitives.bits import hsum, hsum16
 
 F32 = np.float32
 _INF = F32(np.inf)

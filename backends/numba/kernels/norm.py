@@ -7,9 +7,9 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends import isa
-from graphir.backends.kernels.jit import INL, PAR_MIN, SER, f32_rows, parallel_and_serial
-from graphir.backends.kernels_util import hsum
+from graphir.backends.numba.primitives import isa
+from graphir.backends.numba.primitives.jit import INL, PAR_MIN, SER, f32_rows, parallel_and_serial
+from graphir.backends.numba.primitives.bits import hsum
 
 F32 = np.float32
 _ONE = F32(1.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels_util import f16_bits
+from graphir.backends.numba.primitives.bits import f16_bits
 
 _F32 = np.float32
 _exact = dict(parallel=True, cache=True)                  # dequantization: no FMA contraction, bit-exact

@@ -2,7 +2,7 @@
 
 Arrays are in numpy order (the reverse of the IR's ggml order): a ggml ``[576, n_tokens]`` value is a
 numpy ``(n_tokens, 576)`` array. The reference is llama.cpp's ggml-cpu as built on x86 (GCC, FMA contraction
-on, llamafile's tinyBLAS enabled) for one of the paths of :mod:`graphir.backends.isa`: the kernels that
+on, llamafile's tinyBLAS enabled) for one of the paths of :mod:`graphir.backends.numba.primitives.isa`: the kernels that
 depend on it take an ``IsaPath`` (its register width ``lanes``, its final vector reduction, its ggml_v_expf).
 Each kernel says which ggml function it follows and in what order it sums; where ggml sums in double, so do
 these. "A register" below is ``lanes`` floats: 16 on the AVX-512 path, 8 on the AVX2 path.
@@ -25,17 +25,19 @@ RoPE: cos/sin from glibc's cosf/sinf (numba's math.cos on float32; numpy's float
     the second product rounded and the first fused, x0*sin + x1*cos with x1*cos rounded and x0*sin fused.
 rms_norm: squares in float, summed sequentially in double.
 
-Modules
-    jit        how the kernels are compiled and run over the rows of a value
-    expf       ggml_v_expf, the exp of SiLU and soft_max, in the variant of each path
+Modules (on graphir.backends.numba.primitives: jit, how they are compiled and run over the rows of a value;
+expf, ggml_v_expf in the variant of each path)
     unary      silu, relu, gelu, geglu and the libm unary ops (exp, tanh, sigmoid), sqr, neg
     norm       rms_norm, norm
     softmax    soft_max, with llama.cpp's KV padding
     mul_mat    mul_mat of two activations (attention's KQ and KQV), f16 or f32
     rope       RoPE: the cos/sin cache and the rotation
     recurrent  Mamba's ssm_conv / ssm_scan, RWKV6's wkv6
+    attention  one query token's kq, soft_max and kqv in one kernel
+    moe        mul_mat_id and the routing's small reductions
+    rows       the row kernels a tape plays (binary, unary, moves, concat)
 
 numba caches a kernel under its own module's file, with the helpers it inlines or calls compiled in; an
-edit of a helper in another module (expf, graphir.backends.kernels_util) does not invalidate it. After
-editing one, clear the caches (__pycache__/*.nbi, *.nbc under backends/).
+edit of a helper in another module (graphir.backends.numba.primitives) does not invalidate it. After
+editing one, clear the caches (__pycache__/*.nbi, *.nbc under backends/numba/).
 """

@@ -24,8 +24,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np import arrayobj
 
-from graphir.backends.kernels import simd
-from graphir.backends.kernels.jit import SER, call_at, native_address
+from graphir.backends.numba.primitives import simd
+from graphir.backends.numba.primitives.jit import SER, call_at, native_address
 
 ARENA_MAX = 16 << 20   # bytes of values up to which a plan is recorded: a generation step's, not a long prompt's
 

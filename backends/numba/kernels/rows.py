@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from graphir.backends.kernels.jit import SER
-from graphir.backends.kernels.simd import as_f32
-from graphir.backends.kernels_util import bits_u32
+from graphir.backends.numba.primitives.jit import SER
+from graphir.backends.numba.primitives.simd import as_f32
+from graphir.backends.numba.primitives.bits import bits_u32
 
 _U16, _U32 = np.uint16, np.uint32
 

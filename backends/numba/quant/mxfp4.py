@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.kernels_util import fma
-from graphir.backends.quant.activation import q8_blocks
-from graphir.backends.quant.blocks import MXFP4_VALUES, e8m0_half
+from graphir.backends.numba.primitives.bits import fma
+from graphir.backends.numba.quant.activation import q8_blocks
+from graphir.backends.numba.quant.blocks import MXFP4_VALUES, e8m0_half
 
 _F32 = np.float32
 _CODES = MXFP4_VALUES.astype(np.int32)          # the doubled e2m1 values as integers

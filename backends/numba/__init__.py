@@ -1,0 +1,12 @@
+"""The numba backend: graphs run bit for bit like llama.cpp's CPU backend, registered as the entry point ``numba``
+(:mod:`.backend`).
+
+Layers, each importing only those below it (tests/test_imports.py checks it):
+    primitives  numba helpers every kernel sits on: the numerics paths (isa), exact float bits, SIMD registers,
+                compile options and native calls (jit), ggml's and glibc's expf
+    quant       GGUF weights as matmul / get_rows operands, and their kernels
+    kernels     the activation kernels of the IR's ops
+    tape        a plan's kernel calls recorded once and replayed in native code
+    executor    lowering a graph to steps, plans, the run loop
+    backend     what the core sees (graphir.running.backend.Backend)
+"""
