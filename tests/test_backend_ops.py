@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 
 from graphir.backends.numba import tape
-from graphir.backends.numba.executor import KERNELS, Program, kernel
+from graphir.backends.numba.program import Program
+from graphir.backends.numba.steps import KERNELS, kernel
 from graphir.backends.numba.primitives.isa import PATHS, IsaPath, numerics
 from graphir.backends.numba.quant.weight import QWeight
 from graphir.graph.dims import DimDecl, Sym

@@ -1,6 +1,6 @@
 """The numba backend as the core sees it (graphir.running.backend.Backend), registered as the entry point ``numba``:
 numerics paths from :mod:`graphir.backends.numba.primitives.isa`, weights from the quantized matmuls, graphs compiled by the
-executor. The kernels (and numba) load on first use, so naming the backend's paths costs nothing."""
+program. The kernels (and numba) load on first use, so naming the backend's paths costs nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from graphir.backends.numba.primitives.isa import PATHS, Numerics, numerics
 from graphir.graph.ir import Graph
 
 if TYPE_CHECKING:
-    from graphir.backends.numba.executor import Program
+    from graphir.backends.numba.program import Program
     from graphir.backends.numba.quant.weight import QWeight
 
 
@@ -36,7 +36,7 @@ class NumbaBackend:
         return QWeight.prepare(data, qtype, ne0)
 
     def compile(self, graph: Graph, weight: Callable[..., Any], numerics: Numerics) -> Program:
-        from graphir.backends.numba.executor import Program
+        from graphir.backends.numba.program import Program
 
         return Program(graph, weight, numerics.path)
 
