@@ -50,9 +50,7 @@ class _SoftMax(Step):
         head, scale, none = exp_head(x.shape[-1], lanes, self.pad), F32(self.a["scale"]), tape.arena((0,))
         out, variant = tape.arena(x.shape), self.path.expf
         o2 = out.reshape(x2.shape)
-        ok = tape.emit(T.SOFT_MAX, soft_max_kernel(x.size), (x2, m, mrows, scale, head, lanes, variant, o2, none),
-                       (tape.ref("f2", x2), tape.ref("f2", m), mrows, tape.f32(scale), head, lanes, variant,
-                        tape.ref("f2", o2), tape.ref("f1", none)))
+        ok = tape.record(T.SOFT_MAX, soft_max_kernel(x.size), (x2, m, mrows, scale, head, lanes, variant, o2, none))
         return probabilities(out, self.pad) if ok else None
 
 
@@ -99,11 +97,7 @@ class Attention(Step):
         kernel, a = over.call(q, m, mrows, 0, kq, out)  # type: ignore[attr-defined]
         if not np.shares_memory(a[6], q):
             return None
-        ref = tape.ref
-        ops = (a[0], a[1], ref("u16r", a[2]), a[3], a[4], a[5], ref("f2", a[6]), a[7], a[8], a[9], ref("f2", a[10]),
-               a[11], live, tape.f32(a[13]), a[14], ref("u16r", a[15]), a[16], a[17], a[18], a[19], ref("f3", a[20]),
-               ref("f3", a[21]))
-        return out if tape.emit(T.ATTEND, kernel, a, ops) else None
+        return out if tape.record(T.ATTEND, kernel, (*a[:12], live, *a[13:])) else None   # the cells: a register
 
     def _over(self, over: Callable[..., np.ndarray | None] | None, env: Env, k: np.ndarray, q: np.ndarray,
               mask: np.ndarray, v: np.ndarray) -> np.ndarray:

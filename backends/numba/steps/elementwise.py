@@ -69,8 +69,7 @@ class _Binary(Step):
         out = tape.arena(x.shape)
         x2, y2, o2 = x.reshape(-1, width), y.reshape(-1, width), out.reshape(-1, width)
         op = _ROW_OPS[self.f]
-        ok = tape.emit(T.BINARY, R.binary_rows, (x2, y2, o2, op),
-                       (tape.ref("f2", x2), tape.ref("f2", y2), tape.ref("f2", o2), op))
+        ok = tape.record(T.BINARY, R.binary_rows, (x2, y2, o2, op))
         return out if ok else None
 
 
@@ -106,16 +105,13 @@ class _Unary(Step):
         x2, o2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
         if self.op == "gelu":
             table = gelu_table()
-            ok = tape.emit(T.GELU, gelu_kernel(x.size), (x2, x2, False, table, o2),
-                           (tape.ref("f2", x2), tape.ref("f2", x2), 0, tape.ref("f1", table), tape.ref("f2", o2)))
+            ok = tape.record(T.GELU, gelu_kernel(x.size), (x2, x2, False, table, o2))
         elif self.op in LIBM:
             which = LIBM[self.op]
-            ok = tape.emit(T.LIBM, libm_kernel(x.size), (x2, which, o2),
-                           (tape.ref("f2", x2), which, tape.ref("f2", o2)))
+            ok = tape.record(T.LIBM, libm_kernel(x.size), (x2, which, o2))
         else:
             which = _ROW_UNARY[self.op]
-            ok = tape.emit(T.UNARY, R.unary_rows, (x2, o2, which, self.s),
-                           (tape.ref("f2", x2), tape.ref("f2", o2), which, tape.f32(self.s)))
+            ok = tape.record(T.UNARY, R.unary_rows, (x2, o2, which, self.s))
         return out if ok else None
 
 
@@ -139,8 +135,7 @@ class _Silu(Step):
         x2, o2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
         none = tape.arena((x2.shape[0], 0))                       # no gate
         lanes, expf = self.path.lanes, self.path.expf
-        ok = tape.emit(T.SILU, silu_kernel(x.size), (x2, lanes, expf, none, o2),
-                       (tape.ref("f2", x2), lanes, expf, tape.ref("f2", none), tape.ref("f2", o2)))
+        ok = tape.record(T.SILU, silu_kernel(x.size), (x2, lanes, expf, none, o2))
         return out if ok else None
 
 
@@ -163,8 +158,7 @@ class _Swiglu(Step):
         out = tape.arena(g.shape)
         g2, u2, o2 = (a.reshape(-1, g.shape[-1]) for a in (g, u, out))
         lanes, expf = self.path.lanes, self.path.expf
-        ok = tape.emit(T.SILU, silu_kernel(g.size), (g2, lanes, expf, u2, o2),
-                       (tape.ref("f2", g2), lanes, expf, tape.ref("f2", u2), tape.ref("f2", o2)))
+        ok = tape.record(T.SILU, silu_kernel(g.size), (g2, lanes, expf, u2, o2))
         return out if ok else None
 
 

@@ -100,7 +100,7 @@ def _record_float_product(tape: Tape, w: QWeight, x: np.ndarray, path: IsaPath) 
         if seen is not x:   # (the memo keeps x, so its id names no other array meanwhile)
             x1 = tape.arena((n, -(-k // 64) * 64))
             fn, (src, kd, _) = padding_call(x2, kind, x1)
-            if not tape.emit(T.ROWS, fn, (src, kd, x1), (tape.ref("f2r", src), kd, tape.ref("f2", x1))):
+            if not tape.record(T.ROWS, fn, (src, kd, x1)):
                 return None
             tape.memo[key] = x, x1
     out = tape.arena((1, n, m))
@@ -109,13 +109,10 @@ def _record_float_product(tape: Tape, w: QWeight, x: np.ndarray, path: IsaPath) 
         wt3 = np.ascontiguousarray(floats.T.reshape(k, blocks, m // blocks).transpose(1, 0, 2), F32)
         x0, o2 = x1.reshape(-1), out.reshape(blocks, m // blocks)
         fn = short_dots_blocks_par if blocks > 1 else short_dots_blocks_ser
-        ok = tape.emit(T.SHORT_DOTS, fn, (wt3, x0, k, o2), (tape.ref("f3", wt3), tape.ref("f1", x0), k,
-                                                           tape.ref("f2", o2)))
+        ok = tape.record(T.SHORT_DOTS, fn, (wt3, x0, k, o2))
         return out.reshape(x.shape[:-1] + (m,)) if ok else None
     fn, a = products_call(floats.reshape(1, m, k), x1, n, 1, k, k, 1, mode, path, out)
-    w1 = tape.ref("u16r", a[3]) if f16 else tape.ref("f1r", a[3])
-    ops = (a[0], a[1], w1, a[4], tape.ref("f1", a[5]), *a[6:14], int(a[14]), a[15], tape.ref("f3", out))
-    if not tape.emit(T.PRODUCTS16 if f16 else T.PRODUCTS32, fn, a, ops):
+    if not tape.record(T.PRODUCTS16 if f16 else T.PRODUCTS32, fn, a):
         return None
     return out.reshape(x.shape[:-1] + (m,))
 
@@ -145,21 +142,18 @@ def _record_activation_product(tape: Tape, w: np.ndarray, x: np.ndarray, path: I
         xrows, xsb, xsn = as_rows(xa)
         x1 = tape.arena((xrows.shape[0], -(-k // 64) * 64))
         fn, (src, kd, _) = padding_call(xrows, 0, x1)
-        if not tape.emit(T.ROWS, fn, (src, kd, x1), (tape.ref("f2r", src), kd, tape.ref("f2", x1))):
+        if not tape.record(T.ROWS, fn, (src, kd, x1)):
             return None
         if mode == VEC_F32 and kp < 4 * path.lanes and xa.shape[:2] == (1, 1) and not wa.flags.writeable:
             # one row of x by a weight's rows all scalar tail (a read-only operand is a weight: the tape's values
             # and a memory's buffers are writable), laid out by columns once here
             wt, x0, o0 = np.ascontiguousarray(wa[0].T), x1.reshape(-1), out[a].reshape(-1)
             cut = min(k, kp // (path.lanes // 2) * (path.lanes // 2))
-            if not tape.emit(T.SHORT_DOTS32, f32_short_dots, (wt, x0, k, cut, o0),
-                             (tape.ref("f2", wt), tape.ref("f1", x0), k, cut, tape.ref("f1", o0))):
+            if not tape.record(T.SHORT_DOTS32, f32_short_dots, (wt, x0, k, cut, o0)):
                 return None
             continue
         fn, c = products_call(wa, x1, xsb, xsn, k, kp, xa.shape[0] // wa.shape[0], mode, path, out[a])
-        ops = (c[0], c[1], tape.ref("f1r", c[3]), c[4], tape.ref("f1", c[5]), *c[6:14], int(c[14]), c[15],
-               tape.ref("f3", out[a]))
-        if not tape.emit(T.PRODUCTS32, fn, c, ops):
+        if not tape.record(T.PRODUCTS32, fn, c):
             return None
     return out.reshape(out.shape[4 - r:])
 
@@ -168,9 +162,7 @@ def _record_gemv(tape: Tape, gemv: Callable, packed: tuple[np.ndarray, ...], x: 
     """An exact GEMV of packed rows (quant bytes, then f16 scales) on the tape."""
     if len(packed) not in (2, 3):
         return False
-    refs = (tape.ref("u8", packed[0]), *(tape.ref("u16", p) for p in packed[1:]), tape.ref("f2", x),
-            tape.ref("f2", out))
-    return tape.emit(T.GEMV2 if len(packed) == 2 else T.GEMV3, gemv, (*packed, x, out), refs)
+    return tape.record(T.GEMV2 if len(packed) == 2 else T.GEMV3, gemv, (*packed, x, out))
 
 
 @kernel("mul_mat")

@@ -81,8 +81,7 @@ class _GetRows(Step):
             if out is not None:
                 return out
         out = tape.arena((len(ids), src.shape[1]))
-        ok = tape.emit(T.MOVE, R.move_rows, (src, out, ids, False), (tape.ref("f2", src), tape.ref("f2", out),
-                                                                      tape.ref("i64", ids), 0))
+        ok = tape.record(T.MOVE, R.move_rows, (src, out, ids, False))
         return out if ok else None
 
 
@@ -94,8 +93,7 @@ def _record_weight_rows(tape: Tape, w: QWeight, ids: Any) -> np.ndarray | None:
     f16 = floats.dtype == np.float16
     flat = floats.reshape(-1).view(np.uint16) if f16 else floats.reshape(-1)
     out = tape.arena((len(ids), w.ne0))
-    ok = tape.emit(T.WEIGHT_ROWS, R.weight_rows, (flat, w.ne0, ids, out), (
-        tape.ref("u16r" if f16 else "f1r", flat), w.ne0, tape.ref("i64", ids), tape.ref("f2", out), int(f16)))
+    ok = tape.record(T.WEIGHT_ROWS16 if f16 else T.WEIGHT_ROWS32, R.weight_rows, (flat, w.ne0, ids, out))
     return out if ok else None
 
 
@@ -158,8 +156,7 @@ class _Cont(Step):
         out = tape.arena(x.shape)
         flat, o3 = base.reshape(-1), out.reshape(shape)
         off = (x.ctypes.data - base.ctypes.data) // x.itemsize
-        ok = tape.emit(T.STRIDED, R.strided_copy, (flat, off, *strides, o3), (tape.ref("f1", flat), off, *strides,
-                                                                               tape.ref("f3", o3)))
+        ok = tape.record(T.STRIDED, R.strided_copy, (flat, off, *strides, o3))
         return out if ok else None
 
 
@@ -185,8 +182,7 @@ class _Concat(Step):
         out = tape.arena(x.shape[:ax] + (x.shape[ax] + y.shape[ax],) + x.shape[ax + 1:])
         rows = math.prod(x.shape[:ax])
         x2, y2, o2 = x.reshape(rows, -1), y.reshape(rows, -1), out.reshape(rows, -1)
-        ok = tape.emit(T.CONCAT, R.concat_cols, (x2, y2, o2), (tape.ref("f2", x2), tape.ref("f2", y2),
-                                                                tape.ref("f2", o2)))
+        ok = tape.record(T.CONCAT, R.concat_cols, (x2, y2, o2))
         return out if ok else None
 
 
@@ -212,12 +208,10 @@ class _SetRows(Step):
                 or ids.ndim != 1 or src.shape != (len(ids), dst.shape[1]):
             return None
         if dst.dtype == F32:   # a recurrent state's rows
-            ok = tape.emit(T.MOVE, R.move_rows, (src, dst, ids, True), (tape.ref("f2", src), tape.ref("f2", dst),
-                                                                         tape.ref("i64", ids), 1))
+            ok = tape.record(T.MOVE, R.move_rows, (src, dst, ids, True))
         else:
             bits = dst.view(np.uint16)
-            ok = tape.emit(T.SET_ROWS, R.set_rows_f16, (bits, src, ids),
-                           (tape.ref("u16_2", bits), tape.ref("f2", src), tape.ref("i64", ids)))
+            ok = tape.record(T.SET_ROWS, R.set_rows_f16, (bits, src, ids))
         if ok:
             tape.writes_rows(dst, ids)
         return dst if ok else None

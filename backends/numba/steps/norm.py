@@ -48,11 +48,9 @@ class _Norm(Step):
         out = tape.arena(x.shape)
         x2, o2, eps, lanes = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]), F32(self.eps), self.path.lanes
         if self.rms:
-            ok = tape.emit(T.NORM, rms_norm_kernel(x.size), (x2, eps, _NO_WEIGHT, o2),
-                           (tape.ref("f2", x2), tape.f32(eps), tape.ref("f1r", _NO_WEIGHT), tape.ref("f2", o2)))
+            ok = tape.record(T.NORM, rms_norm_kernel(x.size), (x2, eps, _NO_WEIGHT, o2))
         else:
-            ok = tape.emit(T.LAYER_NORM, norm_kernel(), (x2, eps, lanes, o2),
-                           (tape.ref("f2", x2), tape.f32(eps), lanes, tape.ref("f2", o2)))
+            ok = tape.record(T.LAYER_NORM, norm_kernel(), (x2, eps, lanes, o2))
         return out if ok else None
 
 
@@ -80,8 +78,7 @@ class RmsNormWeighted(Step):
             return None
         rows, out = x.reshape(-1, x.shape[-1]), tape.arena(x.shape)
         o2, eps = out.reshape(rows.shape), F32(self.eps)
-        ok = tape.emit(T.NORM, rms_norm_kernel(x.size), (rows, eps, w, o2),
-                       (tape.ref("f2", rows), tape.f32(eps), tape.ref("f1r", w), tape.ref("f2", o2)))
+        ok = tape.record(T.NORM, rms_norm_kernel(x.size), (rows, eps, w, o2))
         return out if ok else None
 
     @staticmethod

@@ -37,8 +37,7 @@ class _SsmConv(Step):
             return None
         sx3 = sx.reshape((-1,) + sx.shape[-2:])
         y = tape.arena((sx3.shape[0], sx3.shape[2] - w.shape[1] + 1, sx3.shape[1]))
-        ok = tape.emit(T.CONV, ssm_conv_kernel(y.size), (sx3, w, y), (tape.ref("f3", sx3), tape.ref("f2", w),
-                                                                 tape.ref("f3", y)))
+        ok = tape.record(T.CONV, ssm_conv_kernel(y.size), (sx3, w, y))
         return y if ok else None
 
 
@@ -71,9 +70,7 @@ class _SsmScan(Step):
             return None
         s3 = s.reshape((x.shape[0],) + A.shape)
         out, y, st = _result_with_states(tape, (x.size + s3.size,), x.shape, s3.shape)
-        ops = tuple(tape.ref("f3", v) for v in (s3, x, dt)) + (tape.ref("f2", A),) + tuple(
-            tape.ref("f3", v) for v in (B, C, y, st))
-        return out if tape.emit(T.SCAN, ssm_scan_kernel(), (s3, x, dt, A, B, C, y, st), ops) else None
+        return out if tape.record(T.SCAN, ssm_scan_kernel(), (s3, x, dt, A, B, C, y, st)) else None
 
 
 @kernel("ssm_scan_heads")
@@ -90,18 +87,14 @@ class _SsmScanHeads(Step):
         return ssm_scan_heads(s, x, dt, self.dense(A), B, C, self.lanes, self.hadd)
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
-        """Mamba-2's scan on the tape: every y then the final states, one arena array (as ggml's); its 4-D
-        operands go as 3-D rows (sequences and the next dim merged), made 4-D again by play."""
+        """Mamba-2's scan on the tape: every y then the final states, one arena array (as ggml's)."""
         s, x, dt, A, B, C = args[0], args[1], args[2], self.dense(args[3]).reshape(-1), args[4], args[5]
         if not rows_of(s, x, dt, A, B, C) or x.ndim != 4 or dt.ndim != 3 or B.ndim != 4 or C.shape != B.shape:
             return None
         s4 = s.reshape(x.shape[0], x.shape[2], x.shape[3], B.shape[3])
         out, y, st = _result_with_states(tape, (x.size + s4.size,), x.shape, s4.shape)
-        as3 = [a.reshape((-1,) + a.shape[2:]) for a in (s4, x, B, C, y, st)]
-        ops = (*(tape.ref("f3", a) for a in as3[:2]), tape.ref("f3", dt), tape.ref("f1", A),
-               *(tape.ref("f3", a) for a in as3[2:]), x.shape[0], int(self.hadd))
         kernel_args = (s4, x, dt, A, B, C, y, st, simd.lanes(self.lanes), self.hadd)
-        return out if tape.emit(T.SCAN_HEADS, ssm_scan_heads_kernel(), kernel_args, ops) else None
+        return out if tape.record(T.SCAN_HEADS, ssm_scan_heads_kernel(), kernel_args) else None
 
 
 @kernel("rwkv_wkv6")
@@ -127,11 +120,8 @@ class _Wkv6(Step):
         n_seqs = state.shape[0]
         out, y, st = _result_with_states(tape, (k.shape[0] + hs * n_seqs, n_head * hs), k.shape,
                                          (n_seqs * n_head, hs, hs))
-        s0 = state.reshape(n_seqs * n_head, hs, hs)
-        args4 = (k, v, r, tf, td, s0.reshape(n_seqs, n_head, hs, hs), y, st.reshape(n_seqs, n_head, hs, hs))
-        ops = (*(tape.ref("f3", a) for a in (k, v, r)), tape.ref("f2", tf), tape.ref("f3", td), tape.ref("f3", s0),
-               tape.ref("f3", y), tape.ref("f3", st), n_seqs)
-        return out if tape.emit(T.WKV6, wkv6_kernel(), args4, ops) else None
+        args = (k, v, r, tf, td, state.reshape(n_seqs, n_head, hs, hs), y, st.reshape(n_seqs, n_head, hs, hs))
+        return out if tape.record(T.WKV6, wkv6_kernel(), args) else None
 
 
 @kernel("gated_delta_net")

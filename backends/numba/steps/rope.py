@@ -63,9 +63,7 @@ class _Rope(Step):
         (cos, sin), (kernel, nh, n_dims, neox, n_fused) = cs, rope_kernel(self.a, x.shape)
         rows, out = x.reshape(-1, x.shape[-1]), tape.arena(x.shape)
         o2 = out.reshape(rows.shape)
-        ok = tape.emit(T.ROPE, kernel, (rows, cos, sin, cos.shape[0], nh, n_dims, neox, n_fused, o2),
-                       (tape.ref("f2", rows), tape.ref("f2", cos), tape.ref("f2", sin), cos.shape[0], nh, n_dims,
-                        int(neox), n_fused, tape.ref("f2", o2)))
+        ok = tape.record(T.ROPE, kernel, (rows, cos, sin, cos.shape[0], nh, n_dims, neox, n_fused, o2))
         return out if ok else None
 
     def _cached(self, pos: np.ndarray, ff: Any) -> tuple[np.ndarray, np.ndarray]:
