@@ -629,7 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL.gguf", help="the GGUF file to strip")
     p.add_argument("-o", "--output", metavar="HEADER.gguf", required=True, help="where to write the header-only GGUF")
 
-    p = add("run", cmd_run, "generate text from a prompt (with the numba backend unless --backend says), then print tokens/s")
+    p = add("run", cmd_run, "generate text from a prompt with a backend (numba unless --backend), then print tokens/s")
     p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file with weights")
     p.add_argument("-p", "--prompt", required=True, help="the prompt text (special tokens are parsed)")
     p.add_argument("-n", type=int, default=64, help="tokens to generate (default: 64)")
