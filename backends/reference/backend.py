@@ -23,7 +23,7 @@ from graphir.backends.reference.ops import REFERENCES
 from graphir.errors import GraphirError
 from graphir.graph.dims import Sym
 from graphir.graph.ir import Graph, Node
-from graphir.graph.ops import IN_PLACE, ROWS_OF_WEIGHT, VIEWS
+from graphir.graph.ops import IN_PLACE, PRODUCTS, ROWS_OF_WEIGHT, VIEWS
 
 _TYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i64": np.int64}
 PATH = "float64"
@@ -128,8 +128,11 @@ class Program:
 def _evaluate(n: Node, operands: list[Any], env: dict[str, int]) -> Any:
     """The node's value from its operands, stored in its type (a layout's: its operand's, which may be a memory's
     buffer of another type than the graph says). Operand 0 of an op that reads a weight's rows or writes a buffer
-    in place comes as it is stored; the other float operands as float64."""
+    in place comes as it is stored; the other float operands as float64, x of a product by an f16 matrix (a
+    cache's) rounded to f16 first, as ggml's CPU products convert it to the matrix's type."""
     as_stored = n.op in ROWS_OF_WEIGHT or n.op in IN_PLACE
+    if n.op in PRODUCTS and operands[0].dtype == np.float16:   # ggml first converts x to an f16 matrix's type
+        operands = [operands[0], operands[1].astype(np.float16), *operands[2:]]
     xs = [x if (i == 0 and as_stored) or x.dtype.kind != "f" else x.astype(np.float64)
           for i, x in enumerate(operands)]
     y = REFERENCES[n.op](xs, n.attrs, _shape(n, env), env)

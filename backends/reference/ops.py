@@ -37,10 +37,7 @@ def get_rows(v: list[np.ndarray], a: dict, shape: tuple[int, ...], env: Env) -> 
 
 
 def mul_mat(v: list[np.ndarray], a: dict, shape: tuple[int, ...], env: Env) -> np.ndarray:
-    """out[m, n] = sum_k w[k, m] x[k, n]; an f16 w (a cache) meets x rounded to f16, as ggml converts x to the
-    weight's type before its dot products."""
-    x = v[1].astype(np.float16) if v[0].dtype == np.float16 else v[1]
-    Wg, Xg = gg(v[0]), gg(x)
+    Wg, Xg = gg(v[0]), gg(v[1])
     K, M, A2, A3 = Wg.shape
     _, N, B2, B3 = Xg.shape
     out = np.zeros((M, N, B2, B3))
