@@ -37,7 +37,8 @@ ENCODERS = ("bert", "nomic-bert", "t5encoder")
 ENCODER_DECODERS = ("t5",)
 PRESETS = {**{name: make_tiny_preset(name) for name in arch.names()
               if name not in ("gpt2", "phi3", "t5", "t5encoder")},
-           "gpt2": GPT2_PHI3["gpt2"], "phi3": GPT2_PHI3["phi3"], "t5": T5["t5-gated"], "t5encoder": T5["t5encoder-relu"]}
+           "gpt2": GPT2_PHI3["gpt2"], "phi3": GPT2_PHI3["phi3"],
+           "t5": T5["t5-gated"], "t5encoder": T5["t5encoder-relu"]}
 F32_CACHES = {"type_k": "f32", "type_v": "f32"}
 
 

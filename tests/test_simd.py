@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from graphir.backends.numba.primitives.simd import (lanes, vfma, vhadd_sum, vhadd_sums8, vhsum, vload, vload_part, vreduce4,
-                                           vsplat_at, vstore, vzero)
+from graphir.backends.numba.primitives.simd import (lanes, vfma, vhadd_sum, vhadd_sums8, vhsum, vload, vload_part,
+                                                    vreduce4, vsplat_at, vstore, vzero)
 from graphir.backends.numba.primitives.bits import fma, hsum
 
 F32 = np.float32

@@ -1,6 +1,6 @@
 """The numba backend as the core sees it (graphir.running.backend.Backend), registered as the entry point ``numba``:
-numerics paths from :mod:`graphir.backends.numba.primitives.isa`, weights from the quantized matmuls, graphs compiled by the
-program. The kernels (and numba) load on first use, so naming the backend's paths costs nothing."""
+numerics paths from :mod:`graphir.backends.numba.primitives.isa`, weights from the quantized matmuls, graphs
+compiled by the program. The kernels (and numba) load on first use, so naming the backend's paths costs nothing."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from numba import njit, prange
 from graphir.backends.numba.primitives import isa
 from graphir.backends.numba.primitives import simd
 from graphir.backends.numba.primitives.jit import PAR, SER, call_at, native_address
-from graphir.backends.numba.kernels.mul_mat import (VEC_F16, as_rows, column_dots, dots_hadd8, kernel_view, task_addresses,
-                                              to_f32_row, transposed_rows)
+from graphir.backends.numba.kernels.mul_mat import (VEC_F16, as_rows, column_dots, dots_hadd8, kernel_view,
+                                                    task_addresses, to_f32_row, transposed_rows)
 from graphir.backends.numba.kernels.softmax import exp_head, mask_rows, soft_max_row
 
 F32 = np.float32

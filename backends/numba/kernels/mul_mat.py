@@ -19,8 +19,9 @@ from numba import njit, prange
 from graphir.backends.numba.primitives import isa
 from graphir.backends.numba.primitives.jit import INL, PAR, SER, call_at, native_address, parallel_and_serial
 from graphir.backends.numba.primitives import simd
-from graphir.backends.numba.primitives.simd import (as_f32, prefetch, vadd, vfma, vhadd_sum, vhadd_sums8, vhsum, vhsums16, vlane,
-                                           vload, vload_part, vmul, vreduce4, vsplat, vsplat_at, vstore, vzero, width)
+from graphir.backends.numba.primitives.simd import (as_f32, prefetch, vadd, vfma, vhadd_sum, vhadd_sums8, vhsum,
+                                                    vhsums16, vlane, vload, vload_part, vmul, vreduce4, vsplat,
+                                                    vsplat_at, vstore, vzero, width)
 from graphir.backends.numba.primitives.bits import bits_f32, bits_u32, f16_bits, fma
 
 F32 = np.float32

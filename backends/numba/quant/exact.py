@@ -30,8 +30,8 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends.numba.primitives.jit import INL
-from graphir.backends.numba.primitives.simd import (lanes, prefetch, vfma, vfold_blocks, vhsum8_at, vhsum8_halves, vload, vmul,
-                                           vsplat, vspread, vspread4, vstore, vsub, vzero, width)
+from graphir.backends.numba.primitives.simd import (lanes, prefetch, vfma, vfold_blocks, vhsum8_at, vhsum8_halves,
+                                                    vload, vmul, vsplat, vspread, vspread4, vstore, vsub, vzero, width)
 from graphir.backends.numba.quant.activation import q8_blocks
 from graphir.backends.numba.quant.int8_dot import WIDE_LANES, block_lanes, nibble_half_lanes
 

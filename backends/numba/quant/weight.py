@@ -18,15 +18,15 @@ import numpy as np
 
 from graphir.backends.numba.primitives.jit import PAR_MIN
 from graphir.backends.numba.quant.activation import ACT
-from graphir.backends.numba.quant.blocks import (
-    deq_bf16, deq_f16, deq_f32, deq_mxfp4, deq_q4_0, deq_q4_1, deq_q4_k, deq_q5_0, deq_q5_k, deq_q6_k, deq_q8_0,
-    repack_mxfp4, repack_q4_0, repack_q4_1, repack_q4_k, repack_q5_0, repack_q5_k, repack_q6_k, repack_q8_0)
-from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1, pack_q5_0_as_q8_0,
-                                          pack_q8_0)
+from graphir.backends.numba.quant.blocks import (deq_bf16, deq_f16, deq_f32, deq_mxfp4, deq_q4_0, deq_q4_1, deq_q4_k,
+                                                 deq_q5_0, deq_q5_k, deq_q6_k, deq_q8_0, repack_mxfp4, repack_q4_0,
+                                                 repack_q4_1, repack_q4_k, repack_q5_0, repack_q5_k, repack_q6_k,
+                                                 repack_q8_0)
+from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1,
+                                                pack_q5_0_as_q8_0, pack_q8_0)
 from graphir.backends.numba.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
-from graphir.backends.numba.quant.stream import (
-    GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_k, gemm_q5_k, gemm_q6_k, gemv_f32, gemv_q4_k,
-    gemv_q5_k, gemv_q6_k)
+from graphir.backends.numba.quant.stream import (GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_k,
+                                                 gemm_q5_k, gemm_q6_k, gemv_f32, gemv_q4_k, gemv_q5_k, gemv_q6_k)
 
 __all__ = ["QWeight", "QWeightGroup", "SUPPORTED"]
 

@@ -11,8 +11,8 @@ import numpy as np
 
 from graphir.backends.numba import tape as T
 from graphir.backends.numba.kernels.mul_mat import (VEC_F16, VEC_F32, as_rows, f32_short_dots, mul_mat, padding_call,
-                                                     product_mode, products_call, short_dots_blocks_par,
-                                                     short_dots_blocks_ser)
+                                                    product_mode, products_call, short_dots_blocks_par,
+                                                    short_dots_blocks_ser)
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.primitives.jit import PAR_MIN
 from graphir.backends.numba.quant.weight import QWeight, QWeightGroup

@@ -10,8 +10,8 @@ import numpy as np
 
 from graphir.backends.numba import tape as T
 from graphir.backends.numba.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
-                                                       ssm_scan_heads, ssm_scan_heads_kernel, ssm_scan_kernel,
-                                                       wkv6_kernel)
+                                                      ssm_scan_heads, ssm_scan_heads_kernel, ssm_scan_kernel,
+                                                      wkv6_kernel)
 from graphir.backends.numba.primitives import simd
 from graphir.backends.numba.primitives.isa import REDUCE_HADD, IsaPath
 from graphir.backends.numba.steps.base import Env, Function, Step, dense_kept, kernel, rows_of

@@ -149,7 +149,8 @@ class Tape:
             values.append([self.index[id(buf)], own, int(always), len(windows), *(x for w in windows for x in w)])
         code = []
         for ids_row, written_rows, values in groups.values():
-            code += [Op.PLACE, 0, ids_row, len(written_rows), *written_rows, len(values), *(x for v in values for x in v)]
+            code += [Op.PLACE, 0, ids_row, len(written_rows), *written_rows, len(values),
+                     *(x for v in values for x in v)]
         return Segment(self, np.array(code, np.int64), ["rows in place"] * len(groups))
 
     def constant(self, a: np.ndarray) -> np.ndarray:
