@@ -15,6 +15,9 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, Gate, GraphBuilder, Norm
 from graphir.graph.ir import Node
 from graphir.model.tensors import TensorSpec, spec, with_bias
+from gguf import PoolingType
+from graphir.model import presets
+from graphir.model.presets import Preset
 
 
 class Bert(Architecture):
@@ -111,3 +114,35 @@ class NomicBert(Bert):
     def ffn(self, b: GraphBuilder, x: Node, il: int) -> Node:
         return b.build_ffn(x, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
                            act=Act.SILU, gate_mode=Gate.PAR)
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+
+
+def _bert(E: int, n_layer: int, n_head: int, pooling: PoolingType | None, source: str) -> Preset:
+    keys: dict[str, object] = {
+        L.CONTEXT_LENGTH: 512, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: 4 * E,
+        A.HEAD_COUNT: n_head, A.LAYERNORM_EPS: 1e-12, A.CAUSAL: False, L.VOCAB_SIZE: 30522,
+        Keys.Tokenizer.TOKEN_TYPE_COUNT: 2,
+    }
+    if pooling is not None:
+        keys[L.POOLING_TYPE] = int(pooling)
+    # convert_hf_to_gguf writes separate q/k/v with biases, and keeps the position and type tables in f32
+    return Preset("bert", keys, tied=False, include=r"token_types\.weight|blk\.\d+\.attn_[qkv]\.(weight|bias)|"
+                  r"blk\.\d+\.attn_output\.bias", f32=r"position_embd\.weight|token_types\.weight", source=source)
+
+
+presets.register({
+    "BERT-base": _bert(768, 12, 12, None, "google-bert/bert-base-uncased config.json"),
+    "all-MiniLM-L6-v2": _bert(384, 6, 12, PoolingType.MEAN,
+                              "sentence-transformers/all-MiniLM-L6-v2 config.json and 1_Pooling (mean)"),
+    # NomicBERT: fused QKV without biases, SwiGLU, RoPE (base 1000); 8192 positions said, 2048 trained
+    "nomic-embed-text-v1.5": Preset("nomic-bert", {
+        L.CONTEXT_LENGTH: 2048, L.EMBEDDING_LENGTH: 768, L.BLOCK_COUNT: 12, L.FEED_FORWARD_LENGTH: 3072,
+        A.HEAD_COUNT: 12, A.LAYERNORM_EPS: 1e-12, A.CAUSAL: False, R.FREQ_BASE: 1000.0, L.VOCAB_SIZE: 30528,
+        L.POOLING_TYPE: int(PoolingType.MEAN), Keys.Tokenizer.TOKEN_TYPE_COUNT: 2,
+    }, tied=False, include=r"token_types\.weight|blk\.\d+\.attn_qkv\.weight", f32=r"token_types\.weight",
+        source="nomic-ai/nomic-embed-text-v1.5 config.json and 1_Pooling (mean)"),
+})

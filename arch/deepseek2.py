@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.llama import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.memory.layers import LatentAttention, LayerNeeds
@@ -36,6 +36,8 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import HParams, Key, f32
 from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model import presets
+from graphir.model.presets import Preset
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -270,3 +272,42 @@ class DeepSeek2(Architecture):
                 x = b.op("add", f, x, name="l_out")
         x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+A, R = Keys.Attention, Keys.Rope
+
+
+def _deepseek2(E: int, n_layer: int, n_ff: int, n_head: int, q_lora: int, n_dense: int, n_expert: int, n_used: int,
+               n_ff_exp: int, n_shared: int, vocab: int, routing: dict[str, object], log_mul: float,
+               selection_bias: bool, source: str) -> Preset:
+    """DeepSeek-V2/V3 as convert_hf_to_gguf writes them today: the absorbed MLA form (attn_k_b, attn_v_b; one KV
+    head of kv_lora_rank + 64 values; heads of 128 + 64 and values of 128 as *_length_mla), YaRN x40 from 4096
+    positions with mscale_all_dim stored times 0.1, the router kept in f32; ``selection_bias``: the checkpoint
+    holds e_score_correction_bias (V3's noaux_tc routing), written as exp_probs_b."""
+    return Preset("deepseek2", {
+        L.CONTEXT_LENGTH: 163840, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: 1, A.KEY_LENGTH: 576, A.VALUE_LENGTH: 512, A.KEY_LENGTH_MLA: 192,
+        A.VALUE_LENGTH_MLA: 128, A.KV_LORA_RANK: 512, **({A.Q_LORA_RANK: q_lora} if q_lora else {}),
+        R.DIMENSION_COUNT: 64, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-6, R.SCALING_TYPE: "yarn",
+        R.SCALING_FACTOR: 40.0, R.SCALING_ORIG_CTX_LEN: 4096, R.SCALING_YARN_LOG_MUL: log_mul,
+        L.LEADING_DENSE_BLOCK_COUNT: n_dense, L.EXPERT_COUNT: n_expert, L.EXPERT_USED_COUNT: n_used,
+        L.EXPERT_FEED_FORWARD_LENGTH: n_ff_exp, L.EXPERT_SHARED_COUNT: n_shared, L.VOCAB_SIZE: vocab, **routing,
+    }, tied=False, include=r"blk\.\d+\.exp_probs_b\.bias" if selection_bias else "", f32=presets.ROUTER_F32, source=source)
+
+
+presets.register({
+    # 128 experts of 768 in every layer, 8 per token; the router stays f32 (convert_hf_to_gguf keeps ffn_gate_inp)
+    # 27 layers (the first dense), queries projected directly (no q_lora_rank: llama.cpp's "lite" sizes), 64
+    # experts of 1408 with 6 per token and 2 shared, softmax routing unnormalised; mscale_all_dim 0.707
+    "DeepSeek-V2-Lite": _deepseek2(2048, 27, 10944, 16, 0, 1, 64, 6, 1408, 2, 102400, {
+        L.EXPERT_WEIGHTS_SCALE: 1.0, L.EXPERT_GATING_FUNC: 1, L.EXPERT_GROUP_COUNT: 1, L.EXPERT_GROUP_USED_COUNT: 1,
+    }, 0.0707, False, "deepseek-ai/DeepSeek-V2-Lite config.json"),
+    # 61 layers (the first 3 dense), 256 experts of 2048 with 8 per token and 1 shared, sigmoid routing with a
+    # selection bias among the 4 best of 8 groups, renormalised and scaled by 2.5; mscale_all_dim 1.0; no MTP layer
+    "DeepSeek-V3": _deepseek2(7168, 61, 18432, 128, 1536, 3, 256, 8, 2048, 1, 129280, {
+        L.EXPERT_WEIGHTS_SCALE: 2.5, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_GATING_FUNC: 2, L.EXPERT_GROUP_COUNT: 8,
+        L.EXPERT_GROUP_USED_COUNT: 4,
+    }, 0.1, True, "deepseek-ai/DeepSeek-V3 config.json"),
+})

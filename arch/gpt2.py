@@ -19,6 +19,8 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm
 from graphir.model.hparams import f32
 from graphir.model.tensors import TensorSpec, spec, tensor_name, with_bias
+from graphir.model import presets
+from graphir.model.presets import Preset
 
 
 class Gpt2(Architecture):
@@ -69,3 +71,17 @@ class Gpt2(Architecture):
                 x = b.op("add", f, x, name="l_out")
         x = b.build_norm(x, b.w(T.OUTPUT_NORM), b.w(T.OUTPUT_NORM, suffix="bias"), Norm.LAYER, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+L, A = Keys.LLM, Keys.Attention
+
+
+presets.register({
+    # GPT-2 small; the converter keeps the position table in f32, and the LM head is the token embedding.
+    "GPT-2": Preset("gpt2", {
+        L.CONTEXT_LENGTH: 1024, L.EMBEDDING_LENGTH: 768, L.BLOCK_COUNT: 12, L.FEED_FORWARD_LENGTH: 3072,
+        A.HEAD_COUNT: 12, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 50257,
+    }, tied=True, f32=r"position_embd\.weight", source="openai-community/gpt2 config.json"),
+})

@@ -17,12 +17,16 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.llama import MOE_KEYS, Llama
+from graphir.arch.llama import Llama
+from graphir.model.moe import MOE_KEYS
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.model.builder import Act, Gating, GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow, inv_sqrt
 from graphir.model.tensors import TensorSpec, spec
+from gguf import GGMLQuantizationType as Q
+from graphir.model import presets
+from graphir.model.presets import Preset
 
 
 class GptOss(Llama):
@@ -112,3 +116,29 @@ class GptOss(Llama):
         x = b.op("get_rows", x, out_ids, name="out_rows")
         x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+
+
+def _gpt_oss(n_layer: int, n_expert: int, source: str) -> Preset:
+    """gpt-oss: 64 query and 8 KV heads of 64 over a width of 2880, a 128-position window on even layers, YaRN
+    (factor 32 from 4096); experts of 2880, 4 per token, in MXFP4 as the converter repacks the checkpoint's
+    blocks, the rest as it writes them (F16 matrices; router, sinks and every bias F32)."""
+    return Preset("gpt-oss", {
+        L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: 2880, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: 2880,
+        A.HEAD_COUNT: 64, A.HEAD_COUNT_KV: 8, A.KEY_LENGTH: 64, A.VALUE_LENGTH: 64, R.FREQ_BASE: 150000.0,
+        A.LAYERNORM_RMS_EPS: 1e-5, R.SCALING_TYPE: "yarn", R.SCALING_FACTOR: 32.0, R.SCALING_ORIG_CTX_LEN: 4096,
+        A.SLIDING_WINDOW: 128, L.VOCAB_SIZE: 201088, L.EXPERT_COUNT: n_expert, L.EXPERT_USED_COUNT: 4,
+        L.EXPERT_FEED_FORWARD_LENGTH: 2880,
+    }, tied=False, include=r"blk\.\d+\.attn_[qkv]\.bias", f32=presets.ROUTER_F32,
+        overrides={f"blk.{il}.ffn_{m}_exps.weight": Q.MXFP4 for il in range(n_layer) for m in ("gate", "up", "down")},
+        source=source)
+
+
+presets.register({
+    "gpt-oss-20b": _gpt_oss(24, 32, "openai/gpt-oss-20b config.json"),
+    "gpt-oss-120b": _gpt_oss(36, 128, "openai/gpt-oss-120b config.json"),
+})

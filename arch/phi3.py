@@ -17,12 +17,15 @@ from __future__ import annotations
 from typing import Mapping
 
 from gguf import MODEL_TENSOR as T
+from gguf import Keys
 
 from graphir.arch.llama import Llama
 from graphir.graph.ir import Node
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import inv_sqrt
 from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
+from graphir.model import presets
+from graphir.model.presets import Preset
 
 
 class Phi3(Llama):
@@ -85,3 +88,31 @@ class Phi3(Llama):
         gate, up = (b.op("view", gu, shape=(F, n), strides=(1, 2 * F), offset=off, name=tag)
                     for tag, off in (("ffn_gate", 0), ("ffn_up.half", F)))
         return b.linear(b.op("swiglu", gate, up, name="ffn_swiglu"), b.w(T.FFN_DOWN, il), name="ffn_out")  # type: ignore[arg-type]
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+
+
+def _phi3(n_ctx: int, n_head: int, n_head_kv: int, vocab: int, tied: bool, source: str,
+          sliding_window: int = 262144) -> Preset:
+    # fused attn_qkv; the converter writes sliding_window, which llama.cpp ignores. Beyond a 4096 original context
+    # (LongRoPE) it adds rope_factors_long/short and rope.scaling.attn_factor = sqrt(1 + ln(32) / ln(4096)).
+    long = n_ctx > 4096
+    return Preset("phi3", {
+        L.CONTEXT_LENGTH: n_ctx, R.SCALING_ORIG_CTX_LEN: 4096, L.EMBEDDING_LENGTH: 3072, L.FEED_FORWARD_LENGTH: 8192,
+        L.BLOCK_COUNT: 32, A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: n_head_kv, A.LAYERNORM_RMS_EPS: 1e-5,
+        R.DIMENSION_COUNT: 96, R.FREQ_BASE: 10000.0, **({R.SCALING_ATTN_FACTOR: (1 + 5 / 12) ** 0.5} if long else {}),
+        A.SLIDING_WINDOW: sliding_window, L.VOCAB_SIZE: vocab,
+    }, tied=tied, include=r"blk\.\d+\.attn_qkv\.weight" + (r"|rope_factors_(long|short)\.weight" if long else ""),
+        source=source)
+
+
+presets.register({
+    "Phi-3-mini-4k": _phi3(4096, 32, 32, 32064, False, "microsoft/Phi-3-mini-4k-instruct config.json",
+                           sliding_window=2047),
+    "Phi-3.5-mini": _phi3(131072, 32, 32, 32064, False, "microsoft/Phi-3.5-mini-instruct config.json"),
+    "Phi-4-mini": _phi3(131072, 24, 8, 200064, True, "microsoft/Phi-4-mini-instruct config.json "
+                        "(partial_rotary_factor 0.75: 96 of 128 dims rotate)"),
+})

@@ -25,6 +25,8 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, f32, inv_sqrt
 from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model import presets
+from graphir.model.presets import Preset
 
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; gguf-py has no constant for it yet
 
@@ -220,3 +222,22 @@ class Qwen35(Architecture):
         x = b.build_norm(x, b.w(T.OUTPUT_NORM), name="result_norm.all")
         # llama.cpp keeps every row through the last layer and picks the requested ones after the final norm
         b.build_output(b.op("get_rows", x, out_ids, name="result_norm"), b.w(T.OUTPUT))
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
+
+
+presets.register({
+    # Gated DeltaNet in three layers of four (16 key and 16 value heads of 128, conv kernel 4), gated attention
+    # in every fourth (8 query heads and 2 KV heads of 256, a quarter of each head RoPE'd in M-RoPE sections);
+    # converted without its multi-token-prediction layer (convert_hf_to_gguf --no-mtp), which graphir does not build.
+    "Qwen3.5-0.8B": Preset("qwen35", {
+        L.CONTEXT_LENGTH: 262144, L.EMBEDDING_LENGTH: 1024, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 3584,
+        A.HEAD_COUNT: 8, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256, R.FREQ_BASE: 10000000.0,
+        R.DIMENSION_COUNT: 64, R.DIMENSION_SECTIONS: [11, 11, 10, 0], A.LAYERNORM_RMS_EPS: 1e-6,
+        L.FULL_ATTENTION_INTERVAL: 4, S.CONV_KERNEL: 4, S.STATE_SIZE: 128, S.GROUP_COUNT: 16, S.TIME_STEP_RANK: 16,
+        S.INNER_SIZE: 2048, L.VOCAB_SIZE: 248320,
+    }, tied=True, f32=r"blk\.\d+\.ssm_conv1d\.weight", source="Qwen/Qwen3.5-0.8B config.json (text_config)"),
+})

@@ -18,6 +18,8 @@ from graphir.model.hparams import HParams, Key
 from graphir.graph.ir import Node
 from graphir.memory.layers import LayerNeeds, Recurrent
 from graphir.model.tensors import TensorSpec, spec
+from graphir.model import presets
+from graphir.model.presets import Preset
 
 _MIXES = 5  # w, k, v, r, g: the five token-shift interpolations of the time mix, in this order
 
@@ -188,3 +190,18 @@ class Rwkv6(Architecture):
                     x = b.op("scale", x, s=0.5, name="l_out.rescaled")
         x = b.build_norm(x, b.w(T.OUTPUT_NORM), b.w(T.OUTPUT_NORM, suffix="bias"), Norm.LAYER, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+L, A = Keys.LLM, Keys.Attention
+
+
+presets.register({
+    "RWKV6-1.6B": Preset("rwkv6", {
+        L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 7168,
+        A.HEAD_COUNT: 0, Keys.WKV.HEAD_SIZE: 64, L.TIME_MIX_EXTRA_DIM: 32, L.TIME_DECAY_EXTRA_DIM: 64,
+        L.RESCALE_EVERY_N_LAYERS: 6, L.TOKEN_SHIFT_COUNT: 2, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 65536,
+    }, tied=False, f32=r"blk\.\d+\.time_mix_(first|w1|w2|decay_w1|decay_w2)\.weight",
+        source="RWKV/v6-Finch-1B6-HF config.json"),
+})

@@ -19,6 +19,8 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, Gate, GraphBuilder
 from graphir.model.hparams import LAYER_COUNT, Key
 from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model import presets
+from graphir.model.presets import Preset
 
 # Half the buckets (of a direction) are exact distances, the rest log-spaced up to 128 positions: fewer than 4
 # leave no exact bucket to divide by, 256 or more put the exact ones beyond 128.
@@ -162,3 +164,32 @@ class T5(T5Encoder):
 
     def head(self, b: GraphBuilder) -> Node | None:
         return b.w(T.OUTPUT)
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+L, A = Keys.LLM, Keys.Attention
+
+
+def _t5(E: int, n_layer: int, n_ff: int, n_head: int, gated: bool, tied: bool, source: str) -> Preset:
+    """Only the first layer of each stack has a relative-bias table (the others share it); T5 v1.1 and FLAN-T5
+    gate their FFN with GELU, and do not tie the head."""
+    return Preset("t5", {
+        L.CONTEXT_LENGTH: 512, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.DECODER_BLOCK_COUNT: n_layer,
+        L.FEED_FORWARD_LENGTH: n_ff, A.HEAD_COUNT: n_head, A.KEY_LENGTH: 64, A.VALUE_LENGTH: 64,
+        A.LAYERNORM_EPS: 1e-6, A.LAYERNORM_RMS_EPS: 1e-6, A.REL_BUCKETS_COUNT: 32, L.DECODER_START_TOKEN_ID: 0,
+        L.VOCAB_SIZE: 32128,
+    }, tied=tied, include=r"(enc|dec)\.blk\.\d+\.ffn_gate\.weight" if gated else "", source=source)
+
+
+presets.register({
+    "T5-small": _t5(512, 6, 2048, 8, False, True, "google-t5/t5-small config.json"),
+    "T5-large": _t5(1024, 24, 4096, 16, False, True, "google-t5/t5-large config.json"),
+    "flan-t5-xl": _t5(2048, 24, 5120, 32, True, False, "google/flan-t5-xl config.json"),
+    # the encoder alone (T5EncoderModel), as text-to-image models use it: gated GELU, heads of 64
+    "T5-v1.1-XXL-encoder": Preset("t5encoder", {
+        L.CONTEXT_LENGTH: 512, L.EMBEDDING_LENGTH: 4096, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 10240,
+        A.HEAD_COUNT: 64, A.KEY_LENGTH: 64, A.VALUE_LENGTH: 64, A.LAYERNORM_EPS: 1e-6, A.LAYERNORM_RMS_EPS: 1e-6,
+        A.REL_BUCKETS_COUNT: 32, L.VOCAB_SIZE: 32128,
+    }, tied=False, include=r"enc\.blk\.\d+\.ffn_gate\.weight", source="google/t5-v1_1-xxl config.json (encoder)"),
+})

@@ -40,7 +40,7 @@ def main() -> None:
     import llama_cpp
 
     import graphir
-    from graphir.files.convert import convert_bert
+    from graphir.convert import convert_bert
 
     with tempfile.TemporaryDirectory() as tmp:
         path = str(convert_bert(Path(list(spec.submodule_search_locations)[0]) / "model", Path(tmp) / "m.gguf"))

@@ -41,7 +41,7 @@ def tokens() -> list[int]:
 
 def graphir_generation(path: str) -> Callable[[], list[float]]:
     """A warmed-up run of N_GEN generated tokens, returning each token's seconds."""
-    from graphir.running.batch import Batch
+    from graphir.batch import Batch
     from graphir.running.runtime import load
 
     model, toks = load(path), tokens()

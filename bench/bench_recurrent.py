@@ -55,7 +55,7 @@ def best(fn) -> float:  # type: ignore[no-untyped-def]
 
 
 def bench_graphir(path: str) -> tuple[float, float]:
-    from graphir.running.batch import Batch
+    from graphir.batch import Batch
     from graphir.running.runtime import load
 
     model, toks = load(path), tokens()

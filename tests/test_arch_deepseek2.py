@@ -38,7 +38,7 @@ from graphir.memory.latent import LatentCache
 from graphir.model.builder import GraphBuilder
 from graphir.model.meta import from_preset, open_model
 from graphir.model.presets import Preset
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 
 oracle = pytest.mark.oracle
 Q = gguf.GGMLQuantizationType

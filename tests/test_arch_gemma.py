@@ -37,7 +37,7 @@ from graphir.memory.layers import ContextParams
 from graphir.model.hparams import f32
 from graphir.model.meta import from_preset, open_model
 from graphir.model.presets import Preset
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.context import Context
 from graphir.running.runtime import Model
 
@@ -380,8 +380,9 @@ def test_each_preset_builds_an_iswa_graph_with_distinct_caches_for_local_and_glo
     assert meta.arch.contexts[0] == "iswa"
     g = meta.build_graph("iswa", "decode")
     names = {n.name for n in g.nodes}
-    assert g["kq_mask"].attrs == {"role": "kq_mask", "causal": True}
-    assert g["kq_mask_swa"].attrs == {"role": "kq_mask_swa", "causal": True, "window": window, "swa": "standard"}
+    assert g["kq_mask"].attrs == {"role": "kq_mask", "causal": True, "pad": 256}
+    assert g["kq_mask_swa"].attrs == {"role": "kq_mask_swa", "causal": True, "window": window, "swa": "standard",
+                                      "pad": 256}
     assert tuple(il for il in range(6) if meta.arch.hp.is_swa(il)) == local
     for il in range(6):
         tail = "_swa" if il in local else ""

@@ -30,7 +30,7 @@ from graphir.files.gguf_file import strip
 from graphir.graph.forms import to_text
 from graphir.model.meta import open_model
 from graphir.model.presets import Preset
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import Model
 
 Q = gguf.GGMLQuantizationType

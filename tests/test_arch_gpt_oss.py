@@ -39,7 +39,7 @@ from graphir.errors import MetadataError
 from graphir.model.meta import from_preset, open_model
 from graphir.model.presets import Preset
 from graphir.model.tensors import tensor_name
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import Model, load
 
 Q = gguf.GGMLQuantizationType

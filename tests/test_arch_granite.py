@@ -20,7 +20,7 @@ from test_families import (SEQ_RM_CASES, divergent_continuations_equal_fresh_con
 
 from graphir.memory.composite import HybridMemory
 from graphir.memory.layers import Attention, Recurrent
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 
 oracle = pytest.mark.oracle
 _rng = np.random.default_rng(11)

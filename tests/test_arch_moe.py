@@ -35,7 +35,7 @@ from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import Key
 from graphir.model.presets import Preset
 from graphir.model.tensors import TensorSpec, spec
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 
 oracle = pytest.mark.oracle
 Q = gguf.GGMLQuantizationType

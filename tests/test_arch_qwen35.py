@@ -24,7 +24,7 @@ from graphir.errors import GraphirError, MetadataError
 from graphir.memory.composite import HybridMemory
 from graphir.memory.layers import Attention, Recurrent
 from graphir.model.meta import from_preset
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import load
 
 oracle = pytest.mark.oracle

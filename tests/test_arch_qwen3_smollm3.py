@@ -15,7 +15,7 @@ import pytest
 from conftest import make_tiny_preset, write_model_gguf
 from test_runtime import graphir_greedy, llama_cpp_greedy, llama_cpp_logits
 
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.model.meta import ModelMeta, from_preset
 from graphir.running.runtime import load
 

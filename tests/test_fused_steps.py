@@ -15,7 +15,7 @@ from graphir.backends.numba.kernels.attention import attend
 from graphir.backends.numba.kernels.mul_mat import mul_mat
 from graphir.backends.numba.kernels.norm import rms_norm
 from graphir.backends.numba.kernels.softmax import soft_max
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import load
 
 

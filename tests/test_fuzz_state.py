@@ -47,7 +47,7 @@ from graphir.errors import GraphirError, StateError
 from graphir.memory.io import Reader
 from graphir.model.presets import Preset
 from graphir.running import state
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 
 K = gguf.Keys
 SCALE = int(os.environ.get("GRAPHIR_FUZZ_SCALE", "1"))

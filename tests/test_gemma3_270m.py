@@ -25,7 +25,7 @@ from graphir.cli import main
 from graphir.files.gguf_file import strip
 from graphir.graph.forms import to_text
 from graphir.model.meta import open_model
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import Model, load
 
 oracle = pytest.mark.oracle

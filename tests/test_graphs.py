@@ -19,15 +19,15 @@ from graphir.memory.kv import KVCache, rope_plan, split_heads
 from graphir.memory.latent import LatentCache
 from graphir.memory.layers import ContextParams
 from graphir.model.meta import open_model
-from graphir.model.presets import PRESETS
+from graphir.model.presets import all_presets
 from graphir.testing import graph_text
 from graphir.graph.verify import verify
 
 SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"
 CASES = graph_cases()
-SHIFT_CASES = sorted(p for p in PRESETS  # presets with a KV cache whose K is roped
+SHIFT_CASES = sorted(p for p in all_presets()  # presets with a KV cache whose K is roped
                      if "kv" in open_model(p).arch.contexts and open_model(p).arch.rope_mode != "none")
-LATENT_SHIFT_CASES = sorted(p for p in PRESETS if "mla" in open_model(p).arch.contexts)  # MLA's latent rows
+LATENT_SHIFT_CASES = sorted(p for p in all_presets() if "mla" in open_model(p).arch.contexts)  # MLA's latent rows
 
 
 class GraphText(graph_text()):  # type: ignore[misc,valid-type]

@@ -1,4 +1,4 @@
-"""Specification of graphs from Hugging Face configs (graphir.files.hf_config; ``graphir dump DIR``, ...).
+"""Specification of graphs from Hugging Face configs (graphir.model.hf_config; ``graphir dump DIR``, ...).
 
 A model directory, or its config.json, stands for the GGUF llama.cpp's ``convert_hf_to_gguf.py`` would make of
 it, read as a header-only GGUF: its ``<arch>.*`` keys and the tensors it would write, in the converter's default
@@ -24,14 +24,14 @@ import gguf
 import pytest
 from conftest import write_model_gguf
 
-from graphir.arch import MODULES
+from graphir.arch import names as arch_names
 from graphir.cli import main
 from graphir.errors import GraphirError
-from graphir.files.convert import convert_bert
-from graphir.files.hf_config import FAMILIES
+from graphir.convert import convert_bert
+from graphir.model.hf_config import families
 from graphir.graph.hashing import graph_hash
 from graphir.model.meta import ModelMeta, open_model
-from graphir.model.presets import PRESETS, Preset
+from graphir.model.presets import Preset, all_presets
 from graphir.source import open_source
 
 Q = gguf.GGMLQuantizationType
@@ -76,15 +76,15 @@ def assert_same_model(ours: ModelMeta, ref: ModelMeta, *, ignore: tuple[str, ...
 
 
 def test_every_preset_has_a_config_or_a_reason():
-    assert sorted(set(CONFIG_DIRS) - set(PRESETS)) == []
-    assert sorted(set(PRESETS) - set(CONFIG_DIRS) - set(NOT_COMPARED)) == []
-    assert sorted(set(NOT_COMPARED) - set(PRESETS)) == []
+    assert sorted(set(CONFIG_DIRS) - set(all_presets())) == []
+    assert sorted(set(all_presets()) - set(CONFIG_DIRS) - set(NOT_COMPARED)) == []
+    assert sorted(set(NOT_COMPARED) - set(all_presets())) == []
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIG_DIRS if n not in NOT_COMPARED])
 def test_public_config_is_its_preset(name):
     ignore = ()
-    if PRESETS[name].arch == "qwen35":  # the converter writes layer_types as recurrent_layers; the preset leaves
+    if all_presets()[name].arch == "qwen35":  # the converter writes layer_types as recurrent_layers; the preset leaves
         ignore = ("recurrent_layers",)  # them to full_attention_interval, which gives the same layers (below)
     ours, preset = open_model(str(DATA / name)), open_model(name)
     assert_same_model(ours, preset, ignore=ignore)
@@ -249,9 +249,9 @@ def test_tiny_config_is_the_gguf_of_its_keys(tmp_path, name):
 
 
 def test_every_family_has_a_config():
-    covered = {PRESETS[n].arch for n in CONFIG_DIRS} | {p.arch for _, _, p in TINY.values()}
-    assert covered == set(MODULES)
-    assert {f.arch for f in FAMILIES.values()} == covered
+    covered = {all_presets()[n].arch for n in CONFIG_DIRS} | {p.arch for _, _, p in TINY.values()}
+    assert covered == set(arch_names())
+    assert {f.arch for f in families().values()} == covered
 
 
 # --------------------------------------------------------------------------- errors

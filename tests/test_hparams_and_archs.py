@@ -20,10 +20,11 @@ from graphir.errors import GraphError, GraphirError, MetadataError, TensorError
 from graphir.graph.forms import from_json, from_text, to_json, to_text
 from graphir.model.hparams import read_hparams
 from graphir.graph.ir import Graph
+from graphir.memory.inputs import RecurrentState
 from graphir.memory.kinds import assemble
-from graphir.memory.layers import LatentAttention, Recurrent
+from graphir.memory.layers import Attention, Recurrent
 from graphir.model.meta import ModelMeta, from_preset, open_model
-from graphir.model.presets import PRESETS
+from graphir.model.presets import all_presets
 
 L, A, R = gguf.Keys.LLM, gguf.Keys.Attention, gguf.Keys.Rope
 SMOL = "SmolLM2-135M"
@@ -44,7 +45,7 @@ _TEMPLATES = {
 
 def smol_md(**changes: object) -> dict[str, object]:
     """SmolLM2's metadata with keys (short names of gguf.Keys templates) replaced, or removed when None."""
-    md = PRESETS[SMOL].metadata()
+    md = all_presets()[SMOL].metadata()
     for template, value in changes.items():
         k = key(_TEMPLATES[template])
         if value is None:
@@ -253,7 +254,7 @@ def smol_arch() -> Architecture:
     return open_model(SMOL).arch
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("preset", list(all_presets()))
 def test_every_preset_declares_exactly_the_expected_tensors(preset):
     m = open_model(preset)
     assert m.arch.check(m.tensors) == []
@@ -532,23 +533,24 @@ def test_an_unknown_phase_is_refused():
 
 
 def test_a_model_whose_layers_no_memory_holds_is_refused_naming_the_layer_kind():
-    class Latent(Llama):  # a test-only family: latent (MLA) layers and recurrent ones, which no memory kind mixes
-        name = "test-latent"
+    class Unheld(Llama):  # a test-only family: sliding-window layers and recurrent ones, which no memory kind mixes
+        name = "test-unheld"
 
         def layers(self):
-            return tuple(LatentAttention(512) if il % 2 else Recurrent(8, 8) for il in range(self.hp.n_layer))
+            return tuple(Attention(512, 512, window=4) if il % 2 else Recurrent(8, 8) for il in range(self.hp.n_layer))
 
     try:
-        with pytest.raises(MetadataError, match=re.escape("no memory kind holds a 'test-latent' model's layers "
-                                                          "(of kind latent, recurrent)")):
-            Latent(open_model(SMOL).arch.hp).contexts
+        with pytest.raises(MetadataError, match=re.escape("no memory kind holds a 'test-unheld' model's layers "
+                                                          "(of kind recurrent, swa)")):
+            Unheld(open_model(SMOL).arch.hp).contexts
     finally:
-        REGISTRY.pop("test-latent")
+        REGISTRY.pop("test-unheld")
 
 
 @pytest.mark.parametrize("kind, request_, message", [
-    ("kv", lambda b, m: m.build_rs(b, 0, "s"), "memory kind 'kv' holds no recurrent state for layer 0"),
-    ("none", lambda b, m: m.store_rs(b, 2, "r", None), "memory kind 'none' holds no recurrent state for layer 2")])
+    ("kv", lambda b, m: m.input_for(b, 0, RecurrentState("s")), "memory kind 'kv' holds no recurrent state for layer 0"),
+    ("none", lambda b, m: m.input_for(b, 2, RecurrentState("r", write=True)),
+     "memory kind 'none' holds no recurrent state for layer 2")])
 def test_a_request_the_memory_does_not_hold_is_refused_naming_the_layer(kind, request_, message):
     m = open_model(SMOL)
     b = GraphBuilder(m.arch, m.label, m.tensors, assemble(kind, m.arch.needs), "prefill")
@@ -590,4 +592,39 @@ def test_graph_meta_records_arch_context_phase_and_hparams():
 
 
 def test_from_preset_labels_the_model_by_name():
-    assert from_preset("my-label", PRESETS[SMOL]).label == "my-label"
+    assert from_preset("my-label", all_presets()[SMOL]).label == "my-label"
+
+
+# =========================================================================== what llama.cpp's loader accepts
+
+
+@pytest.mark.parametrize("written", [-1, 2**32 - 1])
+def test_an_unspecified_pooling_type_is_none_as_llama_cpp_makes_it(written: int):
+    """llama.cpp writes LLAMA_POOLING_TYPE_UNSPECIFIED (-1, stored as a uint32) for a model that names none."""
+    md = {**smol_md(), key(L.POOLING_TYPE): written}
+    assert hparams(md).pooling == "none"
+
+
+def test_a_pooling_type_llama_cpp_does_not_know_is_refused():
+    with pytest.raises(MetadataError, match="unknown pooling type 7"):
+        hparams({**smol_md(), key(L.POOLING_TYPE): 7})
+
+
+@pytest.mark.parametrize("pattern", [[True, False, True, False], [1, 0, 1, 0], [5, 0, 2, 0]])
+def test_a_sliding_pattern_reads_bools_and_ints_alike(pattern: list[object]):
+    """llama.cpp reads a bool, int32 or uint32 array here; any nonzero entry marks a sliding layer."""
+    md = all_presets()["Gemma-2-2B"].metadata()
+    md[key(L.BLOCK_COUNT, "gemma2")] = 4
+    md[key(A.SLIDING_WINDOW_PATTERN, "gemma2")] = pattern
+    assert hparams(md, "gemma2").swa_layers == (1, 0, 1, 0)
+
+
+@pytest.mark.parametrize("written,expected,fits", [
+    ((64,), (64, 1, 1), True), ((64, 1, 1), (64,), True), ((64, 1), (64, 1, 1), True),
+    ((64, 2), (64, 1, 2), False), ((1, 64), (64,), False), ((64,), (65, 1, 1), False)])
+def test_shapes_compare_as_llama_cpps_loader_compares_them(written, expected, fits):
+    """check_tensor_dims: a dimension past the written ones is 1, so only trailing 1s may differ."""
+    from graphir.model.tensors import TensorSpec
+
+    why = TensorSpec("blk.0.x.weight", expected, kind="vector").problem(written, gguf.GGMLQuantizationType.F32)
+    assert (why is None) == fits, why

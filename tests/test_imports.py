@@ -1,5 +1,6 @@
-"""The package's modules import each other without cycles: every import counts, at module level, inside
-functions and under TYPE_CHECKING alike, so a layer below never reaches back into a layer above."""
+"""The package's modules import each other without cycles (every import counts, at module level, inside
+functions and under TYPE_CHECKING alike), and the core's packages are layered: each imports only the ones
+below it in :data:`LAYERS`, so a layer below never reaches back into a layer above."""
 
 from __future__ import annotations
 
@@ -25,11 +26,15 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The package modules `name` imports anywhere in its source (`from a import b` counts a.b if it is one)."""
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[tuple[str, bool]]:
+    """The package modules `name` imports anywhere in its source (`from a import b` counts a.b if it is one),
+    each with whether the import sits inside a function (runs when called, not when `name` is imported)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    found: set[tuple[str, bool]] = set()
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -39,13 +44,20 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
                 base = ".".join(parts + ([base] if base else []))
             targets = [base, *(f"{base}.{a.name}" for a in node.names)]
         else:
-            continue
+            return
         for t in targets:
             while t and t not in known:          # a name inside a module counts as the module
                 t = t.rpartition(".")[0]
             if t and t != name:
-                found.add(t)
+                found.add((t, in_function))
+
+    visit(ast.parse(path.read_text(), str(path)), False)
     return found
+
+
+def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The package modules `name` imports anywhere in its source, wherever the import sits."""
+    return {t for t, _ in imports(name, path, known)}
 
 
 def import_graph() -> nx.DiGraph:
@@ -86,6 +98,74 @@ def test_the_core_imports_neither_a_backend_nor_numba() -> None:
                  if isinstance(node, (ast.Import, ast.ImportFrom))
                  for a in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])}
         assert not names & {"numba", "llvmlite"}, n
+
+
+# The core's packages from the bottom up: a module may import its own package and the ones on earlier rows,
+# never a later row. The first row holds leaves every layer uses (the package root holds only the version and
+# attributes it loads lazily by name).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("graphir", "graphir.errors", "graphir.progress"),
+    ("graphir.graph",),          # the IR, its ops and forms
+    ("graphir.files",),          # file formats: GGUF, tensors, safetensors headers
+    ("graphir.tokenizer",),
+    ("graphir.batch",),          # batches and ubatch splits (llama-batch sits below llama-memory)
+    ("graphir.memory",),         # what a context keeps; hands the builder its layers' inputs
+    ("graphir.model",),          # hparams, tensors, architectures' interface, the graph builder, HF configs
+    ("graphir.convert",),        # Hugging Face checkpoints to GGUF, by the model's mapping
+    ("graphir.running",),        # contexts, state files, runtime
+    ("graphir.source",),
+    ("graphir.testing",),
+    ("graphir.cli", "graphir.__main__"),
+)
+# The plugins sit above the whole core; the core reaches them only from inside functions (graphir.model's
+# discovery loading the families of graphir.arch, the command line listing them): that lazy import is the plugin
+# mechanism, not a layer violation. graphir.backends is not imported by the core at all (see above).
+PLUGINS = ("graphir.arch", "graphir.backends")
+
+
+def layer_of(module: str) -> int | None:
+    """The row of LAYERS a core module's package is on (None: a plugin's module)."""
+    if module.startswith(tuple(p + "." for p in PLUGINS)) or module in PLUGINS:
+        return None
+    rows = [(len(pkg), i) for i, row in enumerate(LAYERS) for pkg in row
+            if module == pkg or (pkg != "graphir" and module.startswith(pkg + "."))]   # the root is only itself
+    assert rows, f"{module} is on no row of LAYERS: add its package where it belongs"
+    return max(rows)[1]
+
+
+def upward_imports(known: dict[str, Path]) -> list[str]:
+    """Every import of a core module that points to a later row of LAYERS, or to a plugin outside a function."""
+    bad = []
+    for name, path in sorted(known.items()):
+        mine = layer_of(name)
+        if mine is None:
+            continue
+        for target, lazy in sorted(imports(name, path, known)):
+            theirs = layer_of(target)
+            if theirs is None and not lazy:
+                bad.append(f"{name} -> {target} (a plugin, imported when the module loads)")
+            elif theirs is not None and theirs > mine:
+                bad.append(f"{name} -> {target}")
+    return bad
+
+
+def test_every_core_package_imports_only_the_layers_below_it() -> None:
+    assert upward_imports(modules()) == []
+
+
+def test_an_upward_import_would_be_found(tmp_path: Path) -> None:
+    """A memory module importing the builder (under TYPE_CHECKING too) points up; a function importing a
+    family module is the plugin mechanism, the same import at module level is not."""
+    mem, fam, lazy, eager = (tmp_path / f"{n}.py" for n in ("mem", "fam", "lazy", "eager"))
+    mem.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from graphir.model.builder import B\n")
+    fam.write_text("")
+    lazy.write_text("def load():\n    from graphir.arch import fam\n")
+    eager.write_text("from graphir.arch import fam\n")
+    known = {"graphir.memory.mem": mem, "graphir.model.builder": fam, "graphir.arch.fam": fam,
+             "graphir.model.lazy": lazy, "graphir.model.eager": eager}
+    assert upward_imports(known) == ["graphir.memory.mem -> graphir.model.builder",
+                                     "graphir.model.eager -> graphir.arch.fam (a plugin, imported when the "
+                                     "module loads)"]
 
 
 NUMBA = "graphir.backends.numba"

@@ -28,7 +28,7 @@ from test_fuzz_state import KINDS, PRESETS
 
 from graphir.errors import GraphirError, StateError
 from graphir.running import context
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 
 TOKENS = np.random.default_rng(3).integers(4, 256, 40).tolist()
 SIZES = {"n_ctx": 32, "n_seq_max": 2, "n_ubatch": 2}

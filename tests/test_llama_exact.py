@@ -29,7 +29,7 @@ from conftest import assert_llama_logits, oracle_is_exact, write_model_gguf
 
 from graphir.backends.numba.primitives.isa import APPROX
 from graphir.backends.numba.quant.weight import QWeight
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.model.presets import Preset
 from graphir.running.runtime import load
 

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.context import Context
 from graphir.errors import BatchError, CacheFullError, GraphirError, StateError
 from graphir.model.presets import Preset
@@ -74,7 +74,8 @@ def cells(ctx: Context) -> Counter[tuple[int, tuple[int, ...]]]:
 def test_the_attended_prefix_is_padded_to_256_cells_and_at_most_the_cache() -> None:
     """llama_kv_cache::get_n_kv: n_kv is the used prefix rounded up to 256 cells, the cells past the used ones
     masked; a cache of fewer cells attends over all of them. The mask is what the graph is fed."""
-    ctx = model("llama", 1, **{gguf.Keys.LLM.CONTEXT_LENGTH: 1024}).new_context(n_ctx=600, **F32)
+    m = model("llama", 1, **{gguf.Keys.LLM.CONTEXT_LENGTH: 1024})
+    ctx = m.new_context(n_ctx=600, **F32)
     seen: list[tuple[int, np.ndarray]] = []
     program, run = ctx.program, ctx.program.run
 
@@ -93,6 +94,9 @@ def test_the_attended_prefix_is_padded_to_256_cells_and_at_most_the_cache() -> N
     first = seen[0][1]
     assert first.shape == (3, 256) and np.isneginf(first[:, 3:]).all() and (first[:, :3] == np.triu(
         np.full((3, 3), -np.inf, np.float32), 1)).all()
+    # the padding is a fact of the cache's mask, which a backend reads; a mask over the ubatch states none
+    assert m.meta.build_graph("kv", "decode")["kq_mask"].attrs["pad"] == 256
+    assert "pad" not in m.meta.build_graph("none", "prefill")["kq_mask"].attrs
 
 
 def test_a_dropped_context_frees_its_cache_though_the_shared_program_planned_over_it() -> None:

@@ -26,7 +26,7 @@ from numba import njit
 
 from graphir.backends.numba.primitives import isa
 from graphir.backends.numba.primitives import expf
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.errors import GraphirError
 from graphir.running.runtime import load
 

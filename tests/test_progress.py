@@ -17,7 +17,7 @@ from conftest import make_tiny_preset, write_model_gguf
 from numba import njit
 
 from graphir.cli import main
-from graphir.files.convert import convert_bert
+from graphir.convert import convert_bert
 from graphir.backends.numba.primitives.jit import compiling
 from graphir.progress import stream
 

@@ -28,7 +28,7 @@ from graphir.backends.numba.primitives.isa import APPROX
 from graphir.backends.reference.ops import REFERENCES
 from graphir.cli import main
 from graphir.graph.ops import COMPUTING
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import load
 
 PROMPT = [3, 17, 4, 99, 5, 42, 6]

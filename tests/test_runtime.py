@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import write_model_gguf
 
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.errors import BatchError, CacheFullError
 from graphir.model.presets import Preset
 from graphir.running.runtime import Model, load

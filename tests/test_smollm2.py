@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import assert_llama_logits, oracle_is_exact
 
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import Model, load
 
 pytestmark = pytest.mark.oracle

@@ -1,5 +1,5 @@
-"""A small graph's plan plays its kernels from a tape (backends.numba.tape): the bits of the same steps run from
-Python, outputs that stay the caller's after the next run, and kernels of its own that round as numpy does."""
+"""A small graph's plan plays its kernels from a tape (backends.tape): the bits of the same steps run from Python,
+outputs that stay the caller's after the next run, and kernels of its own that round as numpy does."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from graphir.backends.numba import tape
 from graphir.backends.numba.kernels.rows import (ADD, DIV, MUL, NEG, RELU, SCALE, SQR, SUB, binary_rows, move_rows,
                                                  set_rows_f16, unary_rows, weight_rows)
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import load
 from test_fuzz_state import PRESETS
 from conftest import TinyModels, make_tiny_preset, write_model_gguf

@@ -25,7 +25,7 @@ from test_fuzz_state import KINDS, PRESETS
 
 from graphir.errors import GraphirError
 from graphir.graph.hashing import graph_hash
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.runtime import Model, load
 
 TOKENS = np.random.default_rng(4).integers(4, 256, 64).tolist()

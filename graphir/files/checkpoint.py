@@ -1,6 +1,6 @@
 """What a Hugging Face checkpoint's files declare, read without their data: a safetensors file's header (its
 tensors' types, shapes and extents), checked as the safetensors library checks it, and its JSON files. Shared
-by the converter (:mod:`graphir.files.convert`) and the config reader (:mod:`graphir.files.hf_config`), which
+by the converter (:mod:`graphir.convert`) and the config reader (:mod:`graphir.model.hf_config`), which
 reads no weight."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import numpy as np
 
 from graphir.graph.dims import Dim, DimDecl, Sym, parse_dim
 from graphir.errors import GraphError
-from graphir.model.hparams import f32
+from graphir.graph.floats import f32
 from graphir.graph.ir import Graph, Node, layer_of
 from graphir.graph.ops import LEAVES
 

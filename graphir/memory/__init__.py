@@ -1,9 +1,10 @@
 """The memory interface: how attention (or recurrent state) meets what a context keeps between ubatches.
 
 A memory serves some layers of a model: those whose need (:mod:`graphir.memory.layers`) is of a kind it
-``serves`` (and that a composite routes to it). The builder hands it the layer index with every request, so
-each layer gets the cache, mask and inputs of its own kind; architectures stay ignorant of caches and
-caches of architectures. A request a memory cannot serve is refused with a clear error.
+``serves`` (and that a composite routes to it). The builder asks it for each layer's inputs with one request
+per need (:meth:`Memory.input_for`, :mod:`graphir.memory.inputs`), so each layer gets the cache, mask and
+inputs of its own kind, and does the maths over them itself; architectures stay ignorant of caches and
+caches of architectures and of the builder. A request a memory cannot serve is refused with a clear error.
 
 At run time a memory places each ubatch (``prepare`` simulates all placements first and mutates nothing,
 ``apply`` commits one), feeds the graph inputs it declared (indices, masks, buffers), and answers position
@@ -21,19 +22,18 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from graphir.running.batch import POS_MAX, UBatch
+from graphir.batch import POS_MAX, UBatch
 from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import GraphError, GraphirError, StateError
+from graphir.graph.emit import Emitter
 from graphir.graph.ir import Node
+from graphir.memory.inputs import R, Request
 from graphir.memory.io import Reader, Writer
 from graphir.memory.layers import ContextParams, LayerNeeds, Need, needs_of
-
-if TYPE_CHECKING:
-    from graphir.model.builder import GraphBuilder
 
 Commit = Callable[[], None]
 """What a checked saved section does to the memory: called only once every part of the state has parsed."""
@@ -51,8 +51,11 @@ class Memory:
     serves: frozenset[str] = frozenset()  # the kinds of layer (graphir.memory.layers) this memory can hold
     requires: frozenset[str] = frozenset()  # ... of which a model must have these for the registry to pick it
     keeps_cells: bool = False  # cells that survive between decodes (and go into saved states)
-    split: str = "simple"  # how batches are cut into ubatches for this kind: simple | equal | seq (graphir.running.batch)
+    split: str = "simple"  # how batches are cut into ubatches for this kind: simple | equal | seq (graphir.batch)
     positions: bool = True  # its entries have positions (seq_pos_min/max answer for it)
+    buffer_roles: frozenset[str] = frozenset()  # the roles of the graph inputs that are its per-layer buffers
+    # the requests (graphir.memory.inputs) it answers, by type: what declares a layer's inputs of that kind
+    answers: ClassVar[dict[type[Request[Any]], Callable[[Any, Emitter, int, Any], Any]]] = {}
 
     def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
                  layer_kinds: frozenset[str] | None = None):
@@ -95,31 +98,14 @@ class Memory:
         """The values of the dims its buffers are sized by (e.g. ``n_ctx``, ``n_ctx_swa``), for its params."""
         return {}
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node:
-        raise GraphError(f"memory kind '{self.kind}' holds no attention for layer {il}")
-
-    def build_attn_mla(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, v_mla: Node,
-                       kq_scale: float) -> Node:
-        """Multi-head latent attention over latent rows this memory keeps (only a latent memory does)."""
-        raise GraphError(f"memory kind '{self.kind}' keeps no latent (MLA) rows for layer {il}: multi-head latent "
-                         f"attention needs a memory of latent attention (kind 'mla')")
-
-    def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
-        """The relative position bucket [n_keys, n_tokens] of each key the layer attends over, per query."""
-        raise GraphError(f"memory kind '{self.kind}' holds no attention for layer {il}")
-
-    def build_inp_cross(self, b: GraphBuilder, il: int) -> Node:
-        raise GraphError(f"memory kind '{self.kind}' holds no encoder output for layer {il}")
-
-    def build_cross_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
-        raise GraphError(f"memory kind '{self.kind}' holds no encoder output for layer {il}")
-
-    def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node:
-        raise GraphError(f"memory kind '{self.kind}' holds no recurrent state for layer {il}")
-
-    def store_rs(self, b: GraphBuilder, il: int, which: str, states: Node) -> None:
-        raise GraphError(f"memory kind '{self.kind}' holds no recurrent state for layer {il}")
+    def input_for(self, e: Emitter, il: int, request: Request[R]) -> R:
+        """Layer il's inputs for one of its needs, declared through ``e`` and returned as data (a composite
+        asks the part keeping that need of the layer); refused, naming the layer, when this memory keeps
+        nothing of that kind for it."""
+        answer = self.answers.get(type(request))
+        if answer is None:
+            raise GraphError(request.refusal(self.kind, il))
+        return answer(self, e, il, request)  # type: ignore[no-any-return]
 
     # ---- run time -------------------------------------------------------------------------------------
 

@@ -8,29 +8,33 @@ part's own section in turn.
 
 - :class:`SWAPair` (``iswa``, llama.cpp's ``llama_kv_cache_iswa``): full-attention layers in one KV cache of
   n_ctx cells, sliding-window layers in a second, smaller one whose cells are reused once out of the window.
-- :class:`HybridMemory` (``hybrid``, ``llama_memory_hybrid``): attention layers in a KV cache, recurrent
-  layers in a recurrent memory; ubatches are split equally, as the recurrent part needs.
+- :class:`HybridMemory` (``hybrid``, ``llama_memory_hybrid``): attention layers in a KV cache (a latent
+  cache when they are multi-head latent attention), recurrent layers in a recurrent memory; ubatches are split
+  equally, as the recurrent part needs.
+
+The graph side is one route: each layer's request (:mod:`graphir.memory.inputs`) goes to the part keeping
+that kind of need of that layer, whatever the request is.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from graphir.running.batch import UBatch
+from graphir.batch import UBatch
 from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import GraphError, GraphirError, StateError
-from graphir.graph.ir import Graph, Node
+from graphir.graph.emit import Emitter
+from graphir.graph.ir import Graph
 from graphir.memory import Commit, Memory, RunGraph
+from graphir.memory.inputs import R, Request
 from graphir.memory.io import Reader, Writer
 from graphir.memory.kv import KVCache
-from graphir.memory.layers import Attention, ContextParams, CrossAttention, LayerNeeds, Recurrent, needs_of
+from graphir.memory.latent import LatentCache
+from graphir.memory.layers import ContextParams, LayerNeeds, kinds_of, needs_of
 from graphir.memory.recurrent import RecurrentMemory
-
-if TYPE_CHECKING:
-    from graphir.model.builder import GraphBuilder
 
 
 class Composite(Memory):
@@ -44,6 +48,7 @@ class Composite(Memory):
         self.parts = {name: p for name, p in self.make_parts(needs, params).items() if p.layers}
         self.route = self._routes(self.parts)
         self.split = next((p.split for p in self.parts.values() if p.split != "simple"), "simple")
+        self.buffer_roles = frozenset().union(*(p.buffer_roles for p in self.parts.values()))
 
     def make_parts(self, needs: LayerNeeds, params: ContextParams) -> dict[str, Memory]:
         raise NotImplementedError
@@ -81,25 +86,8 @@ class Composite(Memory):
     def sizes(self) -> dict[str, int]:
         return {k: v for p in self.parts.values() for k, v in p.sizes().items()}
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node:
-        return self._part(il, Attention).build_attn(b, il, q, k, v, kq_scale=kq_scale, softcap=softcap, kq_b=kq_b,
-                                                    sinks=sinks)
-
-    def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
-        return self._part(il, Attention).build_pos_bucket(b, il)
-
-    def build_inp_cross(self, b: GraphBuilder, il: int) -> Node:
-        return self._part(il, CrossAttention).build_inp_cross(b, il)
-
-    def build_cross_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
-        return self._part(il, CrossAttention).build_cross_attn(b, il, q, k, v, kq_scale=kq_scale)
-
-    def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node:
-        return self._part(il, Recurrent).build_rs(b, il, which)
-
-    def store_rs(self, b: GraphBuilder, il: int, which: str, states: Node) -> None:
-        self._part(il, Recurrent).store_rs(b, il, which, states)
+    def input_for(self, e: Emitter, il: int, request: Request[R]) -> R:
+        return self._part(il, request.need).input_for(e, il, request)
 
     # ---- run time ---------------------------------------------------------------------------------------
 
@@ -284,10 +272,19 @@ class SWAPair(Composite):
 
 
 class HybridMemory(Composite):
+    """Recurrent layers beside attention layers of one kind: per-head K and V (a KV cache) or multi-head
+    latent attention (a latent cache, as an MLA + linear-attention hybrid such as Kimi-Linear needs)."""
+
     kind = "hybrid"
-    serves = frozenset({"full", "recurrent"})
-    requires = frozenset({"full", "recurrent"})
+    serves = frozenset({"full", "latent", "recurrent"})
+    requires = frozenset({"recurrent"})
+
+    @classmethod
+    def fits(cls, layer_kinds: set[str]) -> bool:
+        """Recurrent layers and attention layers of exactly one of the two kinds."""
+        return super().fits(layer_kinds) and len(layer_kinds & {"full", "latent"}) == 1
 
     def make_parts(self, needs: LayerNeeds, params: ContextParams) -> dict[str, Memory]:
-        return {"attn": KVCache(needs, params, frozenset({"full"})),
-                "recr": RecurrentMemory(needs, params, frozenset({"recurrent"}))}
+        attn = (LatentCache(needs, params, frozenset({"latent"})) if "latent" in kinds_of(needs)
+                else KVCache(needs, params, frozenset({"full"})))
+        return {"attn": attn, "recr": RecurrentMemory(needs, params, frozenset({"recurrent"}))}

@@ -17,22 +17,21 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from graphir.errors import GraphirError, StateError
 from graphir.graph.dims import DimDecl
+from graphir.graph.emit import Emitter
 from graphir.graph.ir import Node
 from graphir.memory import Commit, Memory
 from graphir.memory.composite import Composite
+from graphir.memory.inputs import CrossMask, CrossRows
 from graphir.memory.io import Reader, Writer
 from graphir.memory.kv import KVCache
 from graphir.memory.layers import ContextParams, LayerNeeds
-from graphir.running.batch import UBatch
-
-if TYPE_CHECKING:
-    from graphir.model.builder import GraphBuilder
+from graphir.batch import UBatch
 
 N_ENC = DimDecl("n_enc", 1, None, "encoder outputs held, of every sequence")
 
@@ -70,13 +69,14 @@ class EncoderOutput(Memory):
 
     # ---- graph side ------------------------------------------------------------------------------------
 
-    def build_inp_cross(self, b: GraphBuilder, il: int) -> Node:
-        return b.input("cross_embd", "f32", (self.n_embd, N_ENC.sym))
+    def _rows(self, e: Emitter, il: int, r: CrossRows) -> Node:
+        return e.input("cross_embd", "f32", (self.n_embd, N_ENC.sym))
 
-    def build_cross_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node:
+    def _mask(self, e: Emitter, il: int, r: CrossMask) -> Node:
         # NOTE: 0 where the query token and the encoder token share a sequence, else -inf (llama.cpp's rule)
-        mask = b.input("cross_mask", "f32", (N_ENC.sym, b.n_tokens), by="shared sequence")
-        return b.attn_mha(q, k, v, mask, kq_scale, tag="cross.")
+        return e.input("cross_mask", "f32", (N_ENC.sym, e.n_tokens), by="shared sequence")
+
+    answers = {CrossRows: _rows, CrossMask: _mask}
 
     # ---- run time -------------------------------------------------------------------------------------
 

@@ -48,10 +48,11 @@ ITEM_BYTES = {"f16": 2, "bf16": 2, "f32": 4}  # the element types memory buffers
 def footprint(graph: Graph, memory: Memory) -> dict[str, tuple[int, int, int]]:
     """What a memory holds, read off a graph it built: per size dim (``n_ctx``, ``n_ctx_swa``, ``n_rs``), the
     cells it stands for, how many per-layer buffers are sized by it, and their bytes. The graph declares each
-    buffer's type and width; the memory says how many cells each dim is (``Memory.sizes``)."""
+    buffer (an input of one of the memory's ``buffer_roles``) with its type, width and cells dim (its last);
+    the memory says how many cells each dim is (``Memory.sizes``)."""
     sizes, out = memory.sizes(), {}
     for n in graph.nodes:
-        if n.op != "input" or n.layer is None or not n.shape or str(n.shape[-1]) not in sizes:
+        if n.op != "input" or n.attrs["role"] not in memory.buffer_roles:
             continue
         dim = str(n.shape[-1])
         cells, count, nbytes = out.get(dim, (sizes[dim], 0, 0))

@@ -8,8 +8,10 @@ dims carry its name (``kq_mask_swa``, ``n_kv_swa``) so that two caches can feed 
 Graph side: each served layer owns K and V buffers of ``n_ctx`` cells. A ubatch first writes its K/V rows into the
 cells chosen by slot search (``k_idxs``/``v_idxs``), then attends over the first ``n_kv`` cells under a mask
 built from the cells' positions and sequence sets; so the current tokens see themselves through the cache.
+The cache hands the builder those K/V views and the mask (:mod:`graphir.memory.inputs`); the builder attends.
 ``n_kv`` is the used prefix padded to 256 cells, as in llama.cpp: the cells past the used ones are masked, and a
-decode's shapes stay the same for 256 tokens (a backend keeps one plan for them).
+decode's shapes stay the same for 256 tokens (a backend keeps one plan for them). The mask states it
+(``pad=256``), so a backend emulating llama.cpp's padded lengths reads it off the graph.
 The cache holds K after RoPE.
 
 Layouts. ``unified=True``: every sequence may use any of the ``n_ctx`` cells, and a cell may belong to
@@ -35,20 +37,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
-from graphir.running.batch import POS_MAX, UBatch
+from graphir.batch import POS_MAX, UBatch
 from graphir.graph.dims import DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
+from graphir.graph.emit import Emitter
 from graphir.graph.ir import Graph, Node
 from graphir.memory import CellMemory, RunGraph
+from graphir.memory.inputs import AttnInputs, PosBuckets, SelfAttention
 from graphir.memory.layers import Attention, ContextParams, LayerNeeds
 from graphir.graph.ops import VIEWS, infer
-
-if TYPE_CHECKING:
-    from graphir.model.builder import GraphBuilder
 
 CACHE_DTYPES = {"f16": np.float16, "f32": np.float32}
 N_KV_PAD = 256  # n_kv is the used prefix rounded up to this (and at most the cache), as llama_kv_cache::get_n_kv
@@ -66,6 +67,12 @@ def cache_dims(name: str) -> tuple[DimDecl, DimDecl, DimDecl]:
 TURNS = ("rope", "rope_multi")  # the ops that rotate K by its position
 
 
+def writes_cached_k(n: Node) -> bool:
+    """Whether a node writes a layer's K rows into its cache: a set_rows into an input of role ``cache_k``."""
+    dst = n.inputs[0] if n.op == "set_rows" else None
+    return dst is not None and dst.op == "input" and dst.attrs["role"] == "cache_k"
+
+
 def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
     """(can_shift, per layer the rope node its cached K went through), followed back from each ``cache_k``
     write of a compiled graph.
@@ -79,7 +86,7 @@ def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
     plan: dict[int, Node] = {}
     ok = True
     for n in graph.nodes:
-        if n.op != "set_rows" or not n.inputs[0].name.endswith("cache_k"):
+        if not writes_cached_k(n):
             continue
         x = n.inputs[1]
         while x.op in VIEWS:
@@ -119,7 +126,7 @@ def split_heads(graph: Graph) -> dict[int, tuple[int, int]]:
     (head size, heads) of its cached rows: the K-shift turns the last n_rot values of each such head."""
     out: dict[int, tuple[int, int]] = {}
     for n in graph.nodes:
-        if n.op == "set_rows" and n.inputs[0].name.endswith("cache_k"):
+        if writes_cached_k(n):
             x = n.inputs[1]
             while x.op in VIEWS:
                 x = x.inputs[0]
@@ -139,6 +146,7 @@ class KVCache(CellMemory):
     kind = "kv"
     serves = frozenset({"full"})
     requires = frozenset({"full"})
+    buffer_roles = frozenset({"cache_k", "cache_v"})
     cell_fields = ("pos", "seq", "shift")
     seq_layout = ("kind", "type_k", "type_v")
 
@@ -198,26 +206,32 @@ class KVCache(CellMemory):
     def sizes(self) -> dict[str, int]:
         return {self.size_dim.name: self.n_ctx}
 
-    def _store_and_view(self, b: GraphBuilder, x: Node, which: str, dtype: str) -> Node:
+    def _store_and_view(self, e: Emitter, x: Node, which: str, dtype: str) -> Node:
+        """Write the ubatch's rows x [d, n_head_kv, n_tokens] into their cells; a view of the first n_kv cells."""
         d, n_head_kv, n_tokens = x.shape
         width = d * n_head_kv
-        cache = b.input(f"cache_{which}", dtype, (width, self.size_dim.sym), scoped=True)
-        idxs = b.input(self._tail(f"{which}_idxs"), "i64", (n_tokens,))
-        rows = b.reshape(x, (width, n_tokens), name=f"{which}_rows")
-        written = b.op("set_rows", cache, rows, idxs, name=f"cache_{which}.write")
-        return b.op("view", written, shape=(d, n_head_kv, self.kv_dim.sym), strides=(1, d, width), offset=0,
+        cache = e.input(f"cache_{which}", dtype, (width, self.size_dim.sym), scoped=True)
+        idxs = e.input(self._tail(f"{which}_idxs"), "i64", (n_tokens,))
+        rows = e.reshape(x, (width, n_tokens), name=f"{which}_rows")
+        written = e.op("set_rows", cache, rows, idxs, name=f"cache_{which}.write")
+        return e.op("view", written, shape=(d, n_head_kv, self.kv_dim.sym), strides=(1, d, width), offset=0,
                     name=f"cache_{which}.view")
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node:
-        k_all = self._store_and_view(b, k, "k", self.type_k)
-        v_all = self._store_and_view(b, v, "v", self.type_v)
-        mask = b.input(self._tail("kq_mask"), "f32", (self.kv_dim.sym, b.n_tokens), **self.rule.mask_facts())
-        return b.attn_mha(q, k_all, v_all, mask, kq_scale, softcap, kq_b, sinks=sinks)
+    def _mask(self, e: Emitter) -> Node:
+        """Which of the first n_kv cells each token sees; they are padded to N_KV_PAD (the cells past the used
+        ones masked), which the mask states for backends that follow llama.cpp's padded lengths."""
+        return e.input(self._tail("kq_mask"), "f32", (self.kv_dim.sym, e.n_tokens), **self.rule.mask_facts(),
+                       pad=N_KV_PAD)
 
-    def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
+    def _attend(self, e: Emitter, il: int, r: SelfAttention) -> AttnInputs:
+        return AttnInputs(self._store_and_view(e, r.k, "k", self.type_k),
+                          self._store_and_view(e, r.v, "v", self.type_v), self._mask(e))
+
+    def _buckets(self, e: Emitter, il: int, r: PosBuckets) -> Node:
         """Buckets of (cell position - query position); an empty cell counts as position -1 (it is masked)."""
-        return b.input(self._tail("pos_bucket"), "i32", (self.kv_dim.sym, b.n_tokens), buckets=self.rule.rel_buckets)
+        return e.input(self._tail("pos_bucket"), "i32", (self.kv_dim.sym, e.n_tokens), buckets=self.rule.rel_buckets)
+
+    answers = {SelfAttention: _attend, PosBuckets: _buckets}
 
     # ---- run time -------------------------------------------------------------------------------------
 

@@ -14,15 +14,13 @@ turns the last ``n_rot`` values of each shifted row and writes the latent back a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from graphir.errors import GraphError, GraphirError
-from graphir.graph.ir import Node
+from graphir.graph.emit import Emitter
+from graphir.memory.inputs import AttnInputs, LatentRows, SelfAttention
 from graphir.memory.kv import CACHE_DTYPES, KVCache
 from graphir.memory.layers import LatentAttention
-
-if TYPE_CHECKING:
-    from graphir.model.builder import GraphBuilder
 
 
 class LatentCache(KVCache):
@@ -31,6 +29,7 @@ class LatentCache(KVCache):
     kind = "mla"
     serves = frozenset({"latent"})
     requires = frozenset({"latent"})
+    buffer_roles = frozenset({"cache_k"})
     seq_layout = ("kind", "type_k")
 
     def __init__(self, *args: Any, **kw: Any):
@@ -49,15 +48,14 @@ class LatentCache(KVCache):
     def layer_rows(self, il: int) -> tuple[Any, ...]:
         return (self._buffers[f"blk.{il}.cache_k"],)
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node:
+    def _per_head(self, e: Emitter, il: int, r: SelfAttention) -> AttnInputs:
         raise GraphError(f"memory kind '{self.kind}' keeps latent rows for layer {il}, not per-head K and V: the "
                          f"layer's attention must be multi-head latent attention (build_attn_mla)")
 
-    def build_attn_mla(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, v_mla: Node,
-                       kq_scale: float) -> Node:
-        """Write the ubatch's latent rows k [width, 1, T], then attend over the cached rows as one shared head,
-        V being the first ``v``'s width values of each row."""
+    def _attend_latent(self, e: Emitter, il: int, r: LatentRows) -> AttnInputs:
+        """Write the ubatch's latent rows k [width, 1, T]; the cached rows as one shared head, V being the first
+        ``v``'s width values of each row."""
+        k, v = r.k, r.v
         need = self.need.get(il)
         width = k.shape[0] * k.shape[1]
         if not isinstance(need, LatentAttention) or need.n_embd_latent != width or k.shape[1] != 1:
@@ -65,8 +63,9 @@ class LatentCache(KVCache):
                              f"{getattr(need, 'n_embd_latent', 0)} values per cell (one shared head)")
         if not (isinstance(v.shape[0], int) and 0 < v.shape[0] <= width):
             raise GraphError(f"layer {il}: V {v.type_str} is not a leading part of the latent rows {k.type_str}")
-        k_all = self._store_and_view(b, k, "k", self.type_k)
-        v_all = b.op("view", k_all.inputs[0], shape=(v.shape[0], 1, self.kv_dim.sym), strides=(1, width, width),
+        k_all = self._store_and_view(e, k, "k", self.type_k)
+        v_all = e.op("view", k_all.inputs[0], shape=(v.shape[0], 1, self.kv_dim.sym), strides=(1, width, width),
                      offset=0, name="cache_v.view")
-        mask = b.input(self._tail("kq_mask"), "f32", (self.kv_dim.sym, b.n_tokens), **self.rule.mask_facts())
-        return b.attn_mha(q, k_all, v_all, mask, kq_scale, v_mla=v_mla)
+        return AttnInputs(k_all, v_all, self._mask(e))
+
+    answers = {**KVCache.answers, SelfAttention: _per_head, LatentRows: _attend_latent}

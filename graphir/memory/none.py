@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from graphir.running.batch import UBatch
+from graphir.batch import UBatch
+from graphir.graph.emit import Emitter
 from graphir.graph.ir import Node
 from graphir.memory import Memory
+from graphir.memory.inputs import AttnInputs, PosBuckets, SelfAttention
 from graphir.memory.layers import Attention
-
-if TYPE_CHECKING:
-    from graphir.model.builder import GraphBuilder
 
 
 def ubatch_mask(ub: UBatch, need: Attention) -> np.ndarray:
@@ -33,18 +32,19 @@ class NoMemory(Memory):
     def _mask_name(self, il: int) -> str:
         return "kq_mask_swa" if self.need[il].window else "kq_mask"  # type: ignore[union-attr]
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node:
+    def _attend(self, e: Emitter, il: int, r: SelfAttention) -> AttnInputs:
+        """The ubatch's own K and V, under a mask over its tokens."""
         # NOTE: the mask is filled per ubatch: same first seq id, and key pos <= query pos when causal.
         facts = self.need[il].mask_facts()  # type: ignore[union-attr]
-        mask = b.input(self._mask_name(il), "f32", (b.n_tokens, b.n_tokens), **facts)
-        return b.attn_mha(q, k, v, mask, kq_scale, softcap, kq_b, sinks=sinks)
+        return AttnInputs(r.k, r.v, e.input(self._mask_name(il), "f32", (e.n_tokens, e.n_tokens), **facts))
 
-    def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node:
+    def _buckets(self, e: Emitter, il: int, r: PosBuckets) -> Node:
         """Buckets of (key position - query position) within the ubatch."""
         need = self.need[il]
-        return b.input("pos_bucket", "i32", (b.n_tokens, b.n_tokens), buckets=need.rel_buckets,  # type: ignore[union-attr]
+        return e.input("pos_bucket", "i32", (e.n_tokens, e.n_tokens), buckets=need.rel_buckets,  # type: ignore[union-attr]
                        causal=need.causal)  # type: ignore[union-attr]
+
+    answers = {SelfAttention: _attend, PosBuckets: _buckets}
 
     def refuse(self, batch: Any, pos: np.ndarray) -> str | None:
         n_ctx, n_ubatch = self.params.n_ctx, self.params.n_ubatch

@@ -20,19 +20,18 @@ changes nothing; position edits only relabel the cell (nothing in the state depe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from graphir.running.batch import POS_MAX, UBatch
+from graphir.batch import POS_MAX, UBatch
 from graphir.graph.dims import Dim, DimDecl
 from graphir.errors import BatchError, CacheFullError, GraphirError
+from graphir.graph.emit import Emitter
 from graphir.graph.ir import Node
 from graphir.memory import POS_INF, CellMemory
+from graphir.memory.inputs import RecurrentState, StateInputs
 from graphir.memory.layers import ContextParams, LayerNeeds, Recurrent
-
-if TYPE_CHECKING:
-    from graphir.model.builder import GraphBuilder
 
 N_RS = DimDecl("n_rs", 1, None, "state cells: one per sequence (n_seq_max)")
 N_SEQ_TOKENS = DimDecl("n_seq_tokens", 1, None, "tokens per sequence in the ubatch (equal split)")
@@ -44,6 +43,7 @@ class RecurrentMemory(CellMemory):
     serves = frozenset({"recurrent"})
     requires = frozenset({"recurrent"})
     split = "equal"  # every sequence of a ubatch advances by the same number of tokens
+    buffer_roles = frozenset({"rs_r", "rs_s"})
 
     def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
                  layer_kinds: frozenset[str] | None = None):
@@ -73,22 +73,19 @@ class RecurrentMemory(CellMemory):
     def sizes(self) -> dict[str, int]:
         return {N_RS.name: self.size}
 
-    def _cache(self, b: GraphBuilder, il: int, which: str) -> Node:
+    def _cache(self, e: Emitter, il: int, which: str) -> Node:
         w = self.widths.get(il)
         if w is None:
             raise GraphirError(f"layer {il} keeps no recurrent state in this memory")
         width = w.n_embd_r if which == "r" else w.n_embd_s
-        return b.input(f"rs_{which}", "f32", (width, N_RS.sym), scoped=True)
+        return e.input(f"rs_{which}", "f32", (width, N_RS.sym), scoped=True)
 
-    def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node:
-        """The ubatch's sequences' states of one kind: ``[n_embd_r or n_embd_s, n_seqs]``."""
-        src = b.input("rs_src", "i32", (b.n_seqs,))
-        return b.op("get_rows", self._cache(b, il, which), src, name=f"rs_{which}.read")
+    def _state(self, e: Emitter, il: int, r: RecurrentState) -> StateInputs:
+        """The layer's buffer of one kind of state and the cells the ubatch's sequences read or write."""
+        cells = e.input("rs_dst", "i64", (e.n_seqs,)) if r.write else e.input("rs_src", "i32", (e.n_seqs,))
+        return StateInputs(self._cache(e, il, r.which), cells)
 
-    def store_rs(self, b: GraphBuilder, il: int, which: str, states: Node) -> None:
-        dst = b.input("rs_dst", "i64", (b.n_seqs,))
-        node = b.op("set_rows", self._cache(b, il, which), states, dst, name=f"rs_{which}.write")
-        b.outputs[node.name.removesuffix(".write")] = node  # e.g. blk.3.rs_s: the layer's new states
+    answers = {RecurrentState: _state}
 
     # ---- run time -------------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The architecture interface and registry: hparams in, expected tensors and a graph out.
 
 An architecture subclass registers itself under its GGUF ``general.architecture`` name when its module is
-imported; ``graphir.arch`` maps names to modules so that only the family asked for is imported. Tensor
+imported, and so do the family's Hugging Face mapping and presets; :func:`graphir.model.discovery.discover` imports
+every module of the ``graphir.arch`` plugin package, so a family is one module that nothing else names. Tensor
 names come from the gguf package's tables (``gguf.TENSOR_NAMES``, see :mod:`graphir.model.tensors`), never from
 string literals.
 """

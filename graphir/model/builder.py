@@ -1,8 +1,10 @@
 """The graph-building interface architectures call, after llama.cpp's ``llm_graph_context``.
 
 An architecture asks for inputs, weights and blocks (``build_norm``, ``build_ffn``, ``build_attn``, ...);
-the builder records typed, named nodes and never touches weight data. How attention meets memory is decided
-by the context's memory object, which the builder delegates to: an architecture never names a cache kind.
+the builder records typed, named nodes and never touches weight data. What attention meets is decided by the
+context's memory: the builder asks it for each layer's inputs (K/V views and a mask, position buckets, the
+encoder output, recurrent state buffers; :mod:`graphir.memory.inputs`) and does the maths over them, as
+llama.cpp's ``build_attn_inp_*`` and ``build_attn`` split it. An architecture never names a cache kind.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ from gguf import MODEL_TENSOR
 
 from graphir.graph.dims import Dim, DimDecl, Sym
 from graphir.errors import GraphError, TensorError
-from graphir.model.hparams import HParams, f32, inv_sqrt
+from graphir.graph.floats import f32, inv_sqrt
+from graphir.model.hparams import HParams
+from graphir.graph.emit import Emitter
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS, ShapeError, infer
+from graphir.memory.inputs import (CrossMask, CrossRows, LatentRows, PosBuckets, R, RecurrentState, Request,
+                                   SelfAttention)
 from graphir.model.tensors import TensorDecl, TensorSpec, dtype_name, tensor_name
 
 PHASES = ("prefill", "decode", "encode")  # encode: the encoder of an encoder-decoder, one whole batch
@@ -77,7 +83,8 @@ class ArchView(Protocol):
 
 class MemoryView(Protocol):
     """What the builder asks of the context's memory (graphir.memory.Memory implements it): how ubatches are
-    sized and what each layer's attention and recurrent state become in the graph (by layer index)."""
+    sized, and each layer's inputs for each of its needs (by layer index), which it declares through the
+    builder as an :class:`~graphir.graph.emit.Emitter` and returns as data."""
 
     split: str
 
@@ -85,21 +92,7 @@ class MemoryView(Protocol):
 
     def dims(self) -> list[DimDecl]: ...
 
-    def build_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float,
-                   softcap: float = 0.0, kq_b: Node | None = None, sinks: Node | None = None) -> Node: ...
-
-    def build_attn_mla(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, v_mla: Node,
-                       kq_scale: float) -> Node: ...
-
-    def build_pos_bucket(self, b: GraphBuilder, il: int) -> Node: ...
-
-    def build_inp_cross(self, b: GraphBuilder, il: int) -> Node: ...
-
-    def build_cross_attn(self, b: GraphBuilder, il: int, q: Node, k: Node, v: Node, *, kq_scale: float) -> Node: ...
-
-    def build_rs(self, b: GraphBuilder, il: int, which: str) -> Node: ...
-
-    def store_rs(self, b: GraphBuilder, il: int, which: str, states: Node) -> None: ...
+    def input_for(self, e: Emitter, il: int, request: Request[R]) -> R: ...
 
 
 class GraphBuilder:
@@ -174,6 +167,22 @@ class GraphBuilder:
         finally:
             self._scope, self.il = outer, outer_il
 
+    def layers(self) -> Iterator[int]:
+        """Every layer index in turn, each inside its scope (:meth:`layer`): a family's layer loop. The rows
+        whose output is requested are declared first, as every graph lists them before its layers."""
+        self.build_inp_out_ids()
+        for il in range(self.hp.n_layer):
+            with self.layer(il):
+                yield il
+
+    def last_layer_rows(self, *values: tuple[Node, str]) -> tuple[Node, ...]:
+        """In the last layer only the rows whose output is requested go on (llama.cpp's ``inp_out_ids``): each
+        value's rows there, named by its tag; in every other layer the values as they are."""
+        if self.il != self.hp.n_layer - 1:
+            return tuple(v for v, _ in values)
+        out_ids = self.build_inp_out_ids()
+        return tuple(self.op("get_rows", v, out_ids, name=tag) for v, tag in values)
+
     def input(self, role: str, dtype: str, shape: tuple[Dim, ...], scoped: bool = False, **facts: Any) -> Node:
         """A runtime-fed tensor, declared once per name; ``scoped`` inputs belong to the current layer."""
         name = (self._scope if scoped else "") + role
@@ -184,6 +193,20 @@ class GraphBuilder:
     def w(self, t: MODEL_TENSOR, il: int | None = None, suffix: str = "weight") -> Node | None:
         """The weight an architecture declared under this name; None when it is optional and absent."""
         return self.weight(tensor_name(t, il, suffix))
+
+    def w_opt(self, t: MODEL_TENSOR, il: int | None = None, suffix: str = "weight") -> Node | None:
+        """An optional weight: None when the file does not have it (the family's table says it may be absent)."""
+        name = tensor_name(t, il, suffix)
+        spec = self.arch.specs.get(name)
+        if spec is not None and not (spec.optional or spec.tied_to):
+            raise GraphError(f"{self.arch.name} reads the required tensor '{name}' as optional")
+        return self.weight(name)
+
+    def norm(self, x: Node, t: MODEL_TENSOR, il: int | None = None, kind: Norm = Norm.RMS, *, name: str) -> Node:
+        """x normalised with tensor ``t``'s weight and, where the family declares one and the file has it, its bias."""
+        bias = tensor_name(t, il, "bias")
+        return self.build_norm(x, self.w(t, il), self.weight(bias) if bias in self.arch.specs else None, kind,
+                               name=name)
 
     def weight(self, name: str) -> Node | None:
         if name in self._names:
@@ -201,7 +224,8 @@ class GraphBuilder:
         why = spec.problem(tuple(decl.shape), decl.dtype)
         if why:
             raise TensorError(f"{self.label}: tensor '{name}' {why}")
-        return self._add(Node(name, "weight", (), {"tensor": name}, dtype_name(decl.dtype), tuple(decl.shape)))
+        # the family's shape: a file may leave out trailing dimensions of 1 (problem() compared them as equal)
+        return self._add(Node(name, "weight", (), {"tensor": name}, dtype_name(decl.dtype), spec.shape))
 
     # ---- small op helpers (names are tags inside the current scope) -------------------------------------
 
@@ -395,13 +419,13 @@ class GraphBuilder:
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
                    kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
                    sinks: Node | None = None) -> Node:
-        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] as the memory decides, then W_o (``wo``
-        None: the heads' output [d * n_head, T], for a family that gates it before projecting);
+        """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] and what the memory keeps, then W_o
+        (``wo`` None: the heads' output [d * n_head, T], for a family that gates it before projecting);
         ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
         ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`); ``sinks`` [n_head]: one more logit per
         head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks)."""
-        out = self.memory.build_attn(self, self._layer("build_attn"), q, k, v, kq_scale=kq_scale, softcap=softcap,
-                                     kq_b=kq_b, sinks=sinks)
+        inp = self._inputs("build_attn", SelfAttention(k, v))
+        out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, softcap, kq_b, sinks=sinks)
         return out if wo is None else self.linear(out, wo, wo_b, name="attn_out")
 
     def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float) -> Node:
@@ -409,8 +433,8 @@ class GraphBuilder:
         [d_latent, 1, T] whose first ``v``'s width values are V (``v`` [kv_lora_rank, 1, T] is that view); each
         head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o.
         Only a memory that keeps latent rows serves it."""
-        out = self.memory.build_attn_mla(self, self._layer("build_attn_mla"), q, k, v, v_mla=v_mla,
-                                         kq_scale=kq_scale)
+        inp = self._inputs("build_attn_mla", LatentRows(k, v))
+        out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, v_mla=v_mla)
         return self.linear(out, wo, name="attn_out")
 
     def build_pos_bias(self, rel_b: Node) -> Node:
@@ -418,7 +442,7 @@ class GraphBuilder:
         [n_head, n_buckets] for the bucket of each key-query distance, the buckets being the memory's input
         (its keys are its cells, or the ubatch without cache). Layers sharing a table share the bias."""
         if rel_b.name not in self._pos_bias:
-            bucket = self.memory.build_pos_bucket(self, self._layer("build_pos_bias"))
+            bucket = self._inputs("build_pos_bias", PosBuckets())
             n_kv, n_tok = bucket.shape
             rows = self.op("get_rows", rel_b, self.reshape(bucket, (n_kv * n_tok,), name="pos_bucket_1d"),
                            name="pos_bias.rows")
@@ -429,27 +453,32 @@ class GraphBuilder:
 
     def build_inp_cross(self) -> Node:
         """The encoder output this layer cross-attends to, [n_embd, n_enc], kept by the memory."""
-        return self.memory.build_inp_cross(self, self._layer("build_inp_cross"))
+        return self._inputs("build_inp_cross", CrossRows())
 
     def build_cross_attn(self, q: Node, k: Node, v: Node, *, wo: Node, kq_scale: float) -> Node:
         """Attention of q [d, n_head, T] over k/v [d, n_head_kv, n_enc] made from the encoder output, each
         token seeing the encoder outputs of its sequences (the memory's mask), then W_o."""
-        out = self.memory.build_cross_attn(self, self._layer("build_cross_attn"), q, k, v, kq_scale=kq_scale)
-        return self.linear(out, wo, name="cross_out")
+        mask = self._inputs("build_cross_attn", CrossMask())
+        return self.linear(self.attn_mha(q, k, v, mask, kq_scale, tag="cross."), wo, name="cross_out")
 
     def build_rs(self, which: str) -> Node:
         """This layer's recurrent state of the ubatch's sequences: ``r`` (rolling: conv columns, token shifts)
-        ``[n_embd_r, n_seqs]`` or ``s`` (SSM / WKV state) ``[n_embd_s, n_seqs]``."""
-        return self.memory.build_rs(self, self._layer("build_rs"), which)
+        ``[n_embd_r, n_seqs]`` or ``s`` (SSM / WKV state) ``[n_embd_s, n_seqs]``, gathered from their cells."""
+        state = self._inputs("build_rs", RecurrentState(which))
+        return self.op("get_rows", state.buffer, state.cells, name=f"rs_{which}.read")
 
     def store_rs(self, which: str, states: Node) -> None:
-        """Write this layer's new states (same shape as :meth:`build_rs` returns) back to the memory."""
-        self.memory.store_rs(self, self._layer("store_rs"), which, states)
+        """Write this layer's new states (same shape as :meth:`build_rs` returns) to their sequences' cells;
+        the write is a graph output (e.g. ``blk.3.rs_s``), so snapshots and hashes cover it."""
+        state = self._inputs("store_rs", RecurrentState(which, write=True))
+        node = self.op("set_rows", state.buffer, states, state.cells, name=f"rs_{which}.write")
+        self.outputs[node.name.removesuffix(".write")] = node
 
-    def _layer(self, what: str) -> int:
+    def _inputs(self, what: str, request: Request[R]) -> R:
+        """The current layer's inputs for one request, from the memory."""
         if self.il is None:
             raise GraphError(f"{what} is a layer's request: call it inside `with b.layer(il)`")
-        return self.il
+        return self.memory.input_for(self, self.il, request)
 
     def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float, softcap: float = 0.0,
                  kq_b: Node | None = None, tag: str = "", sinks: Node | None = None,

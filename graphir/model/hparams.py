@@ -8,28 +8,13 @@ give the same graph.
 
 from __future__ import annotations
 
-import math
-import struct
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Tuple, Union
 
 from gguf import Keys, PoolingType
 
 from graphir.errors import MetadataError
-
-
-def f32(x: float) -> float:
-    """Round to the nearest float32, as GGUF and ggml store it (beyond float32's range: infinity, as C's cast)."""
-    try:
-        return struct.unpack("<f", struct.pack("<f", x))[0]
-    except OverflowError:  # a FLOAT64 key holding 1e300
-        return math.copysign(math.inf, x)
-
-
-def inv_sqrt(x: float) -> float:
-    """``1.0f / sqrtf(x)`` as llama.cpp computes attention scales: both steps rounded to float32 (1/sqrt in
-    double rounds differently, e.g. for 24 and 96)."""
-    return f32(1.0 / f32(math.sqrt(f32(float(x)))))
+from graphir.graph.floats import f32, inv_sqrt  # noqa: F401  (families take them from here too)
 
 
 @dataclass(frozen=True)
@@ -305,7 +290,9 @@ def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str,
     if isinstance(pattern, (list, tuple)):
         if len(pattern) != n_layer:
             raise MetadataError(f"{r.label}: key '{kp}' has {len(pattern)} values, one per layer needs {n_layer}")
-        layers = tuple(int(r._typed(f"{kp}[{i}]", v, bool)) for i, v in enumerate(pattern))
+        # llama.cpp reads bool, int32 and uint32 arrays alike here, any nonzero value meaning a sliding layer
+        layers = tuple(int(bool(v if isinstance(v, bool) else r._typed(f"{kp}[{i}]", v, int)))
+                       for i, v in enumerate(pattern))
     else:
         n = r._typed(kp, pattern, int)
         if n < 0:
@@ -314,8 +301,14 @@ def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str,
     return {"n_swa": n_swa, "swa_type": swa.kind, "swa_layers": layers}
 
 
+POOLING_UNSPECIFIED = (-1, 2**32 - 1)  # LLAMA_POOLING_TYPE_UNSPECIFIED, as an int32 or as the uint32 llama.cpp writes
+
+
 def _pooling(r: KeyReader) -> str:
+    """llama.cpp's pooling type; unspecified (-1) is none, as a llama.cpp context without a pooling option makes it."""
     v = r.get(Keys.LLM.POOLING_TYPE, int, 0)
+    if v in POOLING_UNSPECIFIED:
+        return "none"
     try:
         return PoolingType(v).name.lower()
     except ValueError:

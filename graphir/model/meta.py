@@ -101,8 +101,8 @@ def from_preset(name: str, p: presets.Preset) -> ModelMeta:
 
 def open_model(src: str) -> ModelMeta:
     """A GGUF path (full or header-only), a Hugging Face model directory or config.json (the model its
-    conversion would give; graphir.files.hf_config), or a preset name."""
-    from graphir.files import hf_config
+    conversion would give; graphir.model.hf_config), or a preset name."""
+    from graphir.model import hf_config
 
     if hf_config.is_hf_source(src):
         preset, mxfp4 = hf_config.preset_of(src)
@@ -117,5 +117,5 @@ def open_model(src: str) -> ModelMeta:
         return ModelMeta(src, h.metadata, h.tensors, h)
     name = presets.canonical_name(src)
     if name is None:
-        raise GraphirError(f"{src}: no such file or preset (presets: {', '.join(presets.PRESETS)})")
-    return from_preset(name, presets.PRESETS[name])
+        raise GraphirError(f"{src}: no such file or preset (presets: {', '.join(presets.all_presets())})")
+    return from_preset(name, presets.all_presets()[name])

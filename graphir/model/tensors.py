@@ -34,8 +34,9 @@ class TensorSpec:
     tied_to: str | None = None  # absent => this other tensor's data serves (tied LM head)
 
     def problem(self, shape: tuple[int, ...], dtype: GGMLQuantizationType) -> str | None:
-        """Why a declared tensor does not fit this spec, or None."""
-        if tuple(shape) != self.shape:
+        """Why a declared tensor does not fit this spec, or None. Shapes compare as llama.cpp's loader compares
+        them (``check_tensor_dims``): a missing trailing dimension is 1, so ``[n]`` fits ``[n, 1, 1]``."""
+        if not same_shape(shape, self.shape):
             return f"has shape {list(shape)}, expected {list(self.shape)}"
         if self.kind == "vector" and dtype != GGMLQuantizationType.F32:
             return f"has type {dtype_name(dtype)}, expected f32"
@@ -45,6 +46,16 @@ class TensorSpec:
         if shape[0] % block:
             return f"has type {dtype_name(dtype)} whose {block}-element blocks do not divide ne0={shape[0]}"
         return None
+
+
+def same_shape(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Equal shapes, trailing dimensions of 1 aside (ggml pads every shape to four dimensions with 1s)."""
+    def core(s: tuple[int, ...]) -> tuple[int, ...]:
+        s = tuple(s)
+        while s and s[-1] == 1:
+            s = s[:-1]
+        return s
+    return core(a) == core(b)
 
 
 def spec(t: MODEL_TENSOR, shape: tuple[int, ...], il: int | None = None, suffix: str = "weight",

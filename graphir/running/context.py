@@ -10,7 +10,7 @@ state can be swapped (``get_memory``/``set_memory``) and saved (``state_save``/`
 ``state_seq_save``/``state_seq_load``; format in :mod:`graphir.running.state`).
 
 The memory kind chooses how a batch is cut into ubatches (``Memory.split``: simple, equal or seq, see
-:mod:`graphir.running.batch`). A KV cache needs ``simple``: a token may carry several sequence ids, every token's
+:mod:`graphir.batch`). A KV cache needs ``simple``: a token may carry several sequence ids, every token's
 cell is chosen per token, and the mask (built from cells) isolates the sequences; ``equal``/``seq`` are for
 memories that advance one state per sequence per ubatch. Outputs always come back in batch order.
 """
@@ -29,7 +29,7 @@ import numpy as np
 
 from graphir.files.atomic import write_atomic
 from graphir.model.architecture import Architecture
-from graphir.running.batch import SPLITS, Batch, validate
+from graphir.batch import SPLITS, Batch, validate
 from graphir.errors import BatchError, GraphirError, StateError
 from graphir.model.hparams import HParams
 from graphir.graph.ir import Graph

@@ -18,7 +18,7 @@ import numpy as np
 from graphir.errors import GraphirError
 from graphir.memory import Memory
 from graphir.memory.cross import CrossMemory
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.context import Busy, Context, ModelView
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphir.running.batch import UBatch
+from graphir.batch import UBatch
 
 
 def pooling_inputs(ub: UBatch, pooling: str) -> tuple[list[int], dict[str, np.ndarray]]:

@@ -19,7 +19,7 @@ import numpy as np
 from graphir.model.architecture import Architecture
 from graphir.running.backend import DEFAULT, Program
 from graphir.running.backend import get as get_backend
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 from graphir.running.chat import ChatTemplate
 from graphir.running.context import Context
 from graphir.running.encdec import EncoderDecoderContext
@@ -36,7 +36,7 @@ class Model:
 
     def __init__(self, meta: ModelMeta, isa: str | None = None, backend: str = DEFAULT):
         if meta.header is None:
-            from graphir.files.hf_config import is_hf_source
+            from graphir.model.hf_config import is_hf_source
 
             what = "a Hugging Face config, read" if is_hf_source(meta.label) else "a preset"
             raise GraphirError(f"{meta.label} is {what} for its graph: it has metadata but no weights to run; load a "
@@ -82,7 +82,9 @@ class Model:
             key = (name, stacked)
             if key not in self._prepared:
                 t = self.weights[name]
-                if len(t.shape) == 2 or (stacked and len(t.shape) == 3):
+                spec = self.arch.specs.get(name)
+                shape = t.shape if spec is None else spec.shape  # as the graph has it (trailing 1s of the family's)
+                if len(shape) == 2 or (stacked and len(shape) == 3):
                     if t.qtype not in self.backend.weight_types():  # matrices are checked at load; stacks here
                         raise TensorError(f"{self.meta.header.path}: tensor '{name}' is {t.qtype.name}, a type the "
                                           f"backend does not multiply")
@@ -97,7 +99,7 @@ class Model:
                     except NotImplementedError:
                         raise TensorError(f"{self.meta.header.path}: tensor '{name}' is {t.qtype.name}, a type "
                                           f"graphir cannot read") from None
-                    dense = np.asarray(flat, np.float32).reshape(tuple(reversed(t.shape)))
+                    dense = np.asarray(flat, np.float32).reshape(tuple(reversed(shape)))
                     dense.flags.writeable = False
                     self._prepared[key] = dense
             return self._prepared[key]

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import IO, Any
 
-from graphir.running.batch import Batch
+from graphir.batch import Batch
 
 N_CTX = 256
 

@@ -1,6 +1,6 @@
 """soft_max as ggml_soft_max_f32 computes it, with llama.cpp's padding of the KV length emulated.
 
-llama.cpp pads n_kv to a multiple of KV_PAD with masked cells (its caches hold a multiple of 256 cells); graphir's
+llama.cpp pads n_kv to a multiple of N_KV_PAD with masked cells (its caches hold a multiple of 256 cells); graphir's
 KV cache pads n_kv the same way, but holds the n_ctx cells asked for, so a whole cache of another size (and an
 unpadded mask) attends over fewer cells than llama.cpp's. The padding changes the paths (SIMD blocks instead of
 scalar tails) but not the values (masked probabilities are exactly 0), so soft_max with a mask runs the padded
@@ -19,11 +19,10 @@ from graphir.backends.numba.primitives import isa
 from graphir.backends.numba.primitives.expf import v_expf_shifted
 from graphir.backends.numba.primitives.jit import INL, PAR, PAR_MIN, SER, f32_rows
 from graphir.backends.numba.primitives.bits import hsum, hsum16
+from graphir.memory.kv import N_KV_PAD
 
 F32 = np.float32
 _INF = F32(np.inf)
-
-KV_PAD = 256        # llama.cpp pads n_kv to a multiple of 256 (llama_kv_cache::get_n_kv)
 
 
 class _Probs(np.ndarray):
@@ -130,13 +129,13 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, max_bias: flo
     """softmax over the last numpy axis of x*scale + mask (mask broadcast over x's leading axes); sinks: one
     extra logit per head (numpy axis -3 of x, ggml's ne2) in each row's denominator.
 
-    pad: emulate llama.cpp's KV padding (default: KV_PAD when there is a mask, i.e. attention; 1 otherwise).
+    pad: emulate llama.cpp's KV padding (default: N_KV_PAD when there is a mask, i.e. attention; 1 otherwise).
     The result is marked (``kv_pad``) so that the mul_mat consuming it pads the same way and knows it
     contiguous."""
     if max_bias:
         raise NotImplementedError("ALiBi (max_bias != 0) is not implemented")
     if pad is None:
-        pad = KV_PAD if mask is not None else 1
+        pad = N_KV_PAD if mask is not None else 1
     shape = x.shape
     r = f32_rows(x)
     n = r.shape[1]

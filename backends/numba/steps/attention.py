@@ -10,7 +10,7 @@ import numpy as np
 
 from graphir.backends.numba import tape as T
 from graphir.backends.numba.kernels.attention import attention_mask, attention_over, open_prefix
-from graphir.backends.numba.kernels.softmax import KV_PAD, exp_head, mask_rows, probabilities, soft_max, soft_max_kernel
+from graphir.backends.numba.kernels.softmax import exp_head, mask_rows, probabilities, soft_max, soft_max_kernel
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.steps.base import F32, Env, Step, broadcast, dense, kernel, rows_of
 from graphir.backends.numba.tape import Tape
@@ -18,10 +18,10 @@ from graphir.graph.ir import Node
 
 
 def kv_pad(soft_max_node: Node) -> int:
-    """llama.cpp pads a KV cache's attended cells (n_kv) to 256 masked ones; a mask over the ubatch (n_tokens)
-    or an encoder's output (n_enc) has the length it says."""
+    """The padding of the cells a mask covers, as the mask input states it (``pad``: a KV cache's n_kv, padded
+    to 256 masked cells as llama.cpp's); a mask over the ubatch or an encoder's output states none."""
     n = soft_max_node
-    return KV_PAD if len(n.inputs) > 1 and str(n.inputs[1].shape[0]).startswith("n_kv") else 1
+    return int(n.inputs[1].attrs.get("pad", 1)) if len(n.inputs) > 1 and n.inputs[1].op == "input" else 1
 
 
 @kernel("soft_max")

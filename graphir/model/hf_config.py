@@ -27,16 +27,16 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from gguf import GGMLQuantizationType as Q
 from gguf import Keys, PoolingType
 
 from graphir.errors import CheckpointError
 from graphir.files.checkpoint import clip, read_json, safetensors_header
+from graphir.model.discovery import discover
+from graphir.model.presets import Preset
 
-if TYPE_CHECKING:
-    from graphir.model.presets import Preset
 
 __all__ = ["CONFIG", "FAMILIES", "Config", "is_hf_source", "preset_of", "converted_type", "read_config", "gguf_keys",
            "sentence_pooling"]
@@ -650,6 +650,8 @@ _DEEPSEEK2 = Family("deepseek2", DEEPSEEK2, {**_UNTIED, "rms_norm_eps": 1e-6}, _
 _GEMMA3 = {**_TIED, "max_position_embeddings": 131072, "rope_local_base_freq": 10000.0, "sliding_window": 4096,
            "vocab_size": 262208}  # Gemma3TextConfig's, which a multimodal config's text_config leaves out
 
+# Hugging Face architecture name -> its family: the family modules (graphir.arch) register theirs with
+# :func:`register` when they are imported; :func:`families` imports them all before a lookup.
 FAMILIES: dict[str, Family] = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
@@ -689,8 +691,20 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+def register(family: Family, *names: str) -> None:
+    """Record that the converter turns each Hugging Face architecture of ``names`` into ``family``."""
+    for name in names:
+        FAMILIES[name] = family
+
+
+def families() -> dict[str, Family]:
+    """Every registered mapping, after importing every family module."""
+    discover()
+    return FAMILIES
+
+
 def supported() -> list[str]:
-    return sorted(FAMILIES)
+    return sorted(families())
 
 
 # ---- reading ----------------------------------------------------------------------------------------------
@@ -725,7 +739,7 @@ def architecture(path: Path, doc: Mapping[str, Any]) -> str:
 
 def family(path: Path, doc: Mapping[str, Any]) -> tuple[str, Family]:
     name = architecture(path, doc)
-    fam = FAMILIES.get(name)
+    fam = families().get(name)
     if fam is None:
         raise CheckpointError(f"{path}: architecture '{name}' is not supported (supported: {', '.join(supported())})")
     return name, fam
@@ -796,8 +810,6 @@ def _has_head(tensors: Mapping[str, Any]) -> bool:
 def preset_of(src: str | os.PathLike[str]) -> tuple[Preset, str]:
     """The metadata and type policy of the converted model, as a preset of graphir.model.presets, and the tensors
     (a regex) the converter writes in MXFP4 because the checkpoint holds them so."""
-    from graphir.model.presets import Preset
-
     path = Path(src)
     config = path / CONFIG if path.is_dir() else path
     doc = read_config(config)

@@ -36,7 +36,7 @@ import yaml
 from gguf.utility import LocalTensor
 
 from graphir.errors import CheckpointError, GraphirError, TensorError
-from graphir.files import hf_config
+from graphir.model import hf_config
 from graphir.files.atomic import atomic_path
 from graphir.files.checkpoint import clip, read_json, reason, safetensors_header
 from graphir.progress import counting
@@ -156,7 +156,7 @@ def _write(w: gguf.GGUFWriter, tensors: list[_Tensor], out: Path, progress: IO[s
 
 
 def _config(src: Path) -> _Config:
-    """The BERT hparams the GGUF gets, mapped by graphir.files.hf_config's BertModel entry (the one mapping from
+    """The BERT hparams the GGUF gets, mapped by graphir.model.hf_config's BertModel entry (the one mapping from
     Hugging Face configs to GGUF keys), checked to make a model whose tensors can be named."""
     path = src / hf_config.CONFIG
     cfg = hf_config.read_config(path)
@@ -166,7 +166,7 @@ def _config(src: Path) -> _Config:
                               f"converted: model_type 'bert' as {' or '.join(_HF_ARCHITECTURES)}")
     if not isinstance(cfg.get("_name_or_path", ""), str):  # gguf's name heuristics read it as text
         raise CheckpointError(f"{path}: _name_or_path must be text, not {cfg['_name_or_path']!r}")
-    keys = hf_config.gguf_keys(path, cfg, hf_config.FAMILIES[_HF_ARCHITECTURES[0]])
+    keys = hf_config.gguf_keys(path, cfg, hf_config.families()[_HF_ARCHITECTURES[0]])
     L, A = gguf.Keys.LLM, gguf.Keys.Attention
     c = _Config(n_vocab=keys[L.VOCAB_SIZE], n_ctx=keys[L.CONTEXT_LENGTH], n_embd=keys[L.EMBEDDING_LENGTH],
                 n_ff=keys.get(L.FEED_FORWARD_LENGTH, 0), n_layer=keys[L.BLOCK_COUNT], n_head=keys.get(A.HEAD_COUNT, 0),
