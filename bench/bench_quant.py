@@ -1,4 +1,4 @@
-"""Benchmark: the numba weight kernels (graphir.backends.quant) on SmolLM2-135M's real shapes, 2 threads.
+"""Benchmark: the numba weight kernels (graphir.backends.numba.quant) on SmolLM2-135M's real shapes, 2 threads.
 
 Per matrix: GEMV (n=1, decode) and GEMM (n=128, prompt processing), each as best-of-N wall time of a whole
 QWeight.matmul call (activation quantization and Python dispatch included), with GB/s of GGUF weight bytes
@@ -73,7 +73,7 @@ def best(fn, seconds: float = 1.0, min_reps: int = 5) -> tuple[float, float]:
 def kernels() -> None:
     import numba
 
-    from graphir.backends.quant.weight import QWeight, QWeightGroup
+    from graphir.backends.numba.quant.weight import QWeight, QWeightGroup
 
     numba.set_num_threads(2)
     data, source = load_weights()
@@ -111,7 +111,7 @@ def kernels() -> None:
 FIRST_CALLS = """
 import time, numpy as np, gguf
 t0 = time.perf_counter()
-from graphir.backends.quant.weight import QWeight
+from graphir.backends.numba.quant.weight import QWeight
 T = gguf.GGMLQuantizationType
 print(f"import {time.perf_counter() - t0:.2f}s", end="")
 rng = np.random.default_rng(0)

@@ -197,7 +197,7 @@ def main() -> None:
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     import llama_cpp
 
-    from graphir.backends.isa import numerics
+    from graphir.backends.numba.primitives.isa import numerics
 
     info = llama_cpp.llama_print_system_info().decode()
     if "AMX_INT8 = 1" in info:

@@ -476,7 +476,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from graphir.running.runtime import load
 
     t0 = time.perf_counter()
-    model = load(args.model, None if args.isa == "auto" else args.isa)
+    model = load(args.model, None if args.isa == "auto" else args.isa, args.backend)
     sys.stderr.write(f"numerics: {model.numerics.describe()}\n")
     _warm_up(model, args.quiet)  # before timing the prompt
     load_s = time.perf_counter() - t0
@@ -505,7 +505,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     line. The whole conversation is the next prompt, rendered with the model's chat template."""
     from graphir.running.runtime import load
 
-    model = load(args.model, None if args.isa == "auto" else args.isa)
+    model = load(args.model, None if args.isa == "auto" else args.isa, args.backend)
     _warm_up(model, args.quiet)
     template = None
     if args.chat_template:
@@ -557,7 +557,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from graphir.batch import Batch
     from graphir.running.runtime import load
 
-    model = load(args.model, None if args.isa == "auto" else args.isa)
+    model = load(args.model, None if args.isa == "auto" else args.isa, args.backend)
     encoder = "encoder" if model.arch.encoder_stack is not None else None  # an encoder-decoder: its encoder's output
     ctx = model.new_context(kind=encoder, n_ctx=args.ctx_size or None, pooling=args.pooling, embeddings=True,
                             n_seq_max=len(args.prompt))
@@ -611,10 +611,12 @@ def _quiet_option(p: argparse.ArgumentParser) -> None:
 
 
 def _isa_option(p: argparse.ArgumentParser) -> None:
-    from graphir.running.backend import get
+    from graphir.running.backend import DEFAULT, get
 
     p.add_argument("--isa", choices=("auto", *get().paths), default="auto",
                    help="the llama.cpp CPU path whose numbers to reproduce (default: auto, GRAPHIR_ISA or the host's)")
+    p.add_argument("--backend", default=DEFAULT,
+                   help=f"the installed backend that runs the model (default: {DEFAULT}; reference: numpy, slow)")
 
 
 SRC_HELP = ("a GGUF file (full or header-only), a Hugging Face model directory or its config.json (as "
@@ -685,7 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL.gguf", help="the GGUF file to strip")
     p.add_argument("-o", "--output", metavar="HEADER.gguf", required=True, help="where to write the header-only GGUF")
 
-    p = add("run", cmd_run, "generate text from a prompt with the numba backend, then print tokens/s")
+    p = add("run", cmd_run, "generate text from a prompt with a backend (numba unless --backend), then print tokens/s")
     p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file with weights")
     p.add_argument("-p", "--prompt", required=True, help="the prompt text (special tokens are parsed)")
     p.add_argument("-n", type=int, default=64, help="tokens to generate (default: 64)")

@@ -51,7 +51,7 @@ def oracle_path() -> str | None:
     llama-cpp-python, or the build LLAMA_CPP_LIB_PATH names), or None where graphir does not emulate it."""
     import llama_cpp
 
-    from graphir.backends.isa import path_of_llama_cpp
+    from graphir.backends.numba.primitives.isa import path_of_llama_cpp
 
     return path_of_llama_cpp(llama_cpp.llama_print_system_info().decode())
 
@@ -59,7 +59,7 @@ def oracle_path() -> str | None:
 def oracle_is_exact() -> bool:
     """Whether graphir's numerics (detected, or GRAPHIR_ISA) are the oracle's own path: then the comparisons
     that claim bit-exactness assert it; otherwise they assert graphir's documented tolerance instead."""
-    from graphir.backends.isa import numerics
+    from graphir.backends.numba.primitives.isa import numerics
 
     return numerics().path.name == oracle_path()
 
@@ -73,7 +73,7 @@ def logit_distance(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 def assert_llama_logits(ours: np.ndarray, ref: np.ndarray, what: str = "logits") -> None:
     """Bit-equal where graphir runs the oracle's own path (oracle_is_exact), else within isa.APPROX: each
     row's largest |difference| and the cosine of the two rows."""
-    from graphir.backends.isa import APPROX
+    from graphir.backends.numba.primitives.isa import APPROX
 
     ours, ref = np.atleast_2d(np.asarray(ours, np.float32)), np.atleast_2d(np.asarray(ref, np.float32))
     assert ours.shape == ref.shape, (what, ours.shape, ref.shape)
@@ -91,7 +91,7 @@ def _oracle_for_this_host() -> None:
     as llama.cpp runs on every other AVX-512 CPU. Set before any test imports llama_cpp."""
     if os.environ.get("LLAMA_CPP_LIB_PATH") or importlib.util.find_spec("llama_cpp") is None:
         return
-    from graphir.backends.isa import host_features
+    from graphir.backends.numba.primitives.isa import host_features
 
     if "amx-int8" in host_features():
         from oracle_build import build
@@ -338,6 +338,11 @@ TINY_FAMILY: dict[str, dict[str, object]] = {
               gguf.Keys.Attention.HEAD_COUNT_KV: 0, gguf.Keys.LLM.CONTEXT_LENGTH: 1048576},
 }
 TINY_FAMILY["nomic-bert"] = TINY_FAMILY["bert"]
+# T5: heads of 16 (not n_embd / n_head), 32 relative buckets, the decoder started from token 3
+TINY_FAMILY["t5"] = TINY_FAMILY["t5encoder"] = {
+    gguf.Keys.Attention.HEAD_COUNT_KV: 4, gguf.Keys.Attention.KEY_LENGTH: 16, gguf.Keys.Attention.VALUE_LENGTH: 16,
+    gguf.Keys.Attention.REL_BUCKETS_COUNT: 32, gguf.Keys.LLM.DECODER_START_TOKEN_ID: 3,
+    gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
 # Mamba-2: 8 heads of 16 in 2 groups; 80 states, so the scan has both ggml's SIMD steps and its scalar tail
 TINY_FAMILY["mamba2"] = {**TINY_FAMILY["mamba"], gguf.Keys.SSM.STATE_SIZE: 80, gguf.Keys.SSM.TIME_STEP_RANK: 8,
                          gguf.Keys.SSM.GROUP_COUNT: 2}

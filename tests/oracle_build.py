@@ -36,7 +36,7 @@ AVX512_EXTRAS = {"avx512vbmi": "-DGGML_AVX512_VBMI=ON", "avx512vnni": "-DGGML_AV
 def flags(path: str) -> list[str]:
     if path != "avx512":
         return PATH_FLAGS[path]
-    from graphir.backends.isa import host_features
+    from graphir.backends.numba.primitives.isa import host_features
 
     return [*PATH_FLAGS[path], *(f for feat, f in AVX512_EXTRAS.items() if feat in host_features())]
 COMMON_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_TESTS=OFF",

@@ -32,8 +32,8 @@ from conftest import make_tiny_preset, oracle_is_exact, write_model_gguf
 from test_families import (divergent_continuations_equal_fresh_contexts, failing_second_ubatch_changes_nothing,
                            greedy_against_llama_cpp, interleaved_against_llama_cpp)
 
-from graphir.backends.quant.blocks import e8m0_half
-from graphir.backends.quant.weight import SUPPORTED, QWeight
+from graphir.backends.numba.quant.blocks import e8m0_half
+from graphir.backends.numba.quant.weight import SUPPORTED, QWeight
 from graphir.cli import main
 from graphir.errors import MetadataError
 from graphir.model.meta import from_preset, open_model

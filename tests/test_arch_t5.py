@@ -20,7 +20,7 @@ from typing import Any, Callable
 import gguf
 import numpy as np
 import pytest
-from conftest import TinyModels, fail_on_run, make_tiny_preset, memory_bytes, oracle_is_exact
+from conftest import TINY_FAMILY, TinyModels, fail_on_run, make_tiny_preset, memory_bytes, oracle_is_exact
 from test_families import LlamaCpp
 
 from graphir.cli import main
@@ -32,16 +32,14 @@ from graphir.running.encdec import EncoderDecoderContext
 
 K = gguf.Keys
 oracle = pytest.mark.oracle
-START = 3  # decoder_start_token_id of the tiny models
-T5_KEYS = {K.Attention.HEAD_COUNT_KV: 4, K.Attention.KEY_LENGTH: 16, K.Attention.VALUE_LENGTH: 16,
-           K.Attention.REL_BUCKETS_COUNT: 32, K.LLM.DECODER_START_TOKEN_ID: START, K.Attention.LAYERNORM_EPS: 1e-5}
+START = TINY_FAMILY["t5"][K.LLM.DECODER_START_TOKEN_ID]  # decoder_start_token_id of the tiny models
 GATES = r"(enc|dec)\.blk\.\d+\.ffn_gate\.weight"
 # The scales llama.cpp's loader takes beside the decoder's projections, under the names of their roles (blk.<il>)
 SCALES = r"blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.(scale|input_scale)"
 
 
 def _preset(arch: str, include: str) -> Preset:
-    p = make_tiny_preset(arch, tied=False, **T5_KEYS)
+    p = make_tiny_preset(arch, tied=False)
     return Preset(arch, p.keys, tied=False, matrix_type=gguf.GGMLQuantizationType.F32, include=include)
 
 

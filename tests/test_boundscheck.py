@@ -139,7 +139,7 @@ def _canary() -> None:
     """An index one past the end, in a kernel compiled with the backend's parallel options, raises IndexError."""
     from numba import prange
 
-    from graphir.backends.kernels.jit import PAR, parallel_and_serial
+    from graphir.backends.numba.primitives.jit import PAR, parallel_and_serial
 
     def past_end(a: np.ndarray) -> float:
         s = 0.0

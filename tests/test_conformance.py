@@ -1,18 +1,20 @@
 """One table, every family: each row is a tiny model, and every row runs the same scenarios.
 
 The tiny models come from llama.cpp itself where it can make them (tests/llama_made.py: its loader creates
-every tensor the architecture may read, optional ones included, and its own quantizer makes the F16 and Q8_0
-files), so the tensor set a row checks is llama.cpp's. Where llama.cpp cannot save a model of the family (its
+every tensor the architecture may read, optional ones included), so the tensor set a row checks is llama.cpp's;
+its own quantizer makes every row's F16 and Q8_0 files from the F32 one. Where llama.cpp cannot save a model of the family (its
 saver has no T5; the BERT file it writes lacks token_embd), the row's model is graphir's own tiny GGUF
 (tests/conftest.py). The scenarios:
 
-- logits: a prompt's logits at every position, then a few greedy steps, within 1e-3 of llama.cpp's (F32
-  weights and cache); an encoder's token embeddings instead;
+- logits: a prompt's logits at every position, then a few greedy steps, llama.cpp's (F32 weights and cache;
+  bit for bit on llama.cpp's own CPU path); an encoder's token embeddings instead; an encoder-decoder's decoder
+  after both engines encoded the prompt;
 - greedy: the tokens llama.cpp chooses for F16 and Q8_0 weights, token for token;
 - batch and ubatch invariance: a prompt as one ubatch, in ubatches of 3 and token by token gives the same logits;
 - sequences: several sequences interleaved in one batch equal llama.cpp's and each one alone;
 - state: a context saved and loaded into another continues bit for bit as the first;
 - failure: a ubatch whose computation fails leaves every byte of the memory as it was;
+- reference: the numba backend's outputs within 1e-3 of the reference backend's (numpy, graphir.backends.reference);
 - graph: graphir's graph of the model is llama.cpp's own (``graphir diff M llama.cpp:M``), in every phase;
 - snapshot: the family has golden graphs (tests/test_graphs.py).
 
@@ -29,8 +31,7 @@ import gguf
 import numpy as np
 import pytest
 from conftest import assert_llama_logits, make_tiny_preset, write_model_gguf
-from test_families import (LlamaCpp, failing_second_ubatch_changes_nothing, graphir_greedy,
-                           interleaved_against_llama_cpp, llama_cpp_greedy)
+from test_families import LlamaCpp, failing_second_ubatch_changes_nothing, interleaved_against_llama_cpp
 
 import llama_made
 from graphir.model.presets import all_presets
@@ -62,6 +63,7 @@ ROWS = [
     Row("bert", made_by="graphir"),
     Row("nomic-bert", made_by="graphir"),
     Row("t5encoder"),
+    Row("t5", made_by="graphir"),  # llama.cpp's saver has no T5
     Row("deepseek2", "moe", moe=True),  # llama.cpp builds it with experts only
     Row("gpt2"),
     Row("rwkv6"),
@@ -78,6 +80,11 @@ ROWS = [
     Row("gemma2", keys={"gemma2.attention.sliding_window": 4}),  # a window the prompt outgrows
     Row("gemma3", keys={"gemma3.attention.sliding_window": 4}),
     Row("command-r"),
+    Row("gpt-oss", moe=True),
+    Row("mamba"),
+    Row("mamba2"),
+    Row("granitehybrid"),
+    Row("granitehybrid", "moe", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
@@ -94,15 +101,18 @@ def _arch(row: Row) -> Any:
     return graphir.arch.get(row.arch).from_metadata(row.id, md)
 
 
-def rows(*, generates: bool | None = None, remembers: bool | None = None) -> Any:
-    """The table as a parametrization, narrowed to the rows a scenario applies to, by what the row's
-    architecture is: whether it generates (an LM head read causally), whether its memory keeps anything."""
-    def fits(row: Row) -> bool:
-        arch = _arch(row)
-        has_head = arch.causal and arch.hp.pooling == "none" and arch.encoder_stack is None
-        keeps = arch.contexts[0] != "none"
-        return (generates is None or generates == has_head) and (remembers is None or remembers == keeps)
-    return pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS if fits(r)])
+def kind(row: Row) -> str:
+    """What the row's architecture is: a decoder (an LM head read causally), an encoder (embeddings), or an
+    encoder-decoder (an encoder whose output a decoder's cross-attention reads)."""
+    arch = _arch(row)
+    if arch.encoder_stack is not None:
+        return "encoder-decoder"
+    return "decoder" if arch.causal and arch.hp.pooling == "none" else "encoder"
+
+
+def rows(*kinds: str) -> Any:
+    """The table as a parametrization, narrowed to the rows of the kinds a scenario applies to."""
+    return pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS if kind(r) in kinds])
 
 
 _PATHS: dict[tuple[str, Q], Path] = {}
@@ -115,11 +125,11 @@ def _path(row: Row, dtype: Q) -> Path:
         import tempfile
 
         folder = Path(tempfile.mkdtemp(prefix=f"conformance-{row.id}-"))
-        if row.made_by == "graphir":
-            path = write_model_gguf(folder / f"{dtype.name}.gguf", make_tiny_preset(row.arch, **row.keys), dtype)
+        if dtype == Q.F32 and row.made_by == "graphir":
+            path = write_model_gguf(folder / "F32.gguf", make_tiny_preset(row.arch, **row.keys))
         elif dtype == Q.F32:
             path = llama_made.make(folder / "F32.gguf", row.arch, moe=row.moe, **row.keys)
-        else:
+        else:  # llama.cpp's own quantizer, whoever made the F32 file
             path = llama_made.quantize(_path(row, Q.F32), folder / f"{dtype.name}.gguf", dtype.name)
         _PATHS[row.id, dtype] = path
     return _PATHS[row.id, dtype]
@@ -134,16 +144,27 @@ def _model(row: Row, dtype: Q) -> Model:
 # ---- the scenarios ---------------------------------------------------------------------------------------
 
 
+def begin(row: Row, ctx: Any, o: LlamaCpp) -> list[int]:
+    """The tokens a row's model is given to decode first, in both engines: the prompt, or for an
+    encoder-decoder the prompt encoded in both and the decoder's first few tokens."""
+    if kind(row) != "encoder-decoder":
+        return PROMPT
+    ctx.encode(Batch.from_tokens(PROMPT, 0))
+    o.encode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
+    return [_arch(row).decoder_start() or 0, *PROMPT[:3]]
+
+
 @pytest.mark.oracle
-@rows(generates=True)
+@rows("decoder", "encoder-decoder")
 def test_logits_equal_llama_cpps_at_every_position_and_step(row: Row) -> None:
     m, path = _model(row, Q.F32), _path(row, Q.F32)
     ctx, o = m.new_context(n_ctx=64), LlamaCpp(path, n_ctx=64)
     try:
-        ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
-        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
-        assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(PROMPT))]), "prompt logits")
-        for p in range(len(PROMPT), len(PROMPT) + 4):
+        prompt = begin(row, ctx, o)
+        ctx.decode(Batch.from_tokens(prompt, 0, outputs="all"))
+        o.decode(prompt, range(len(prompt)), [0] * len(prompt))
+        assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(prompt))]), "prompt logits")
+        for p in range(len(prompt), len(prompt) + 4):
             token = int(np.argmax(o.logits_ith(-1)))
             ctx.decode(Batch.one(token, p))
             o.decode([token], [p], [0])
@@ -153,7 +174,7 @@ def test_logits_equal_llama_cpps_at_every_position_and_step(row: Row) -> None:
 
 
 @pytest.mark.oracle
-@rows(generates=False)
+@rows("encoder")
 def test_token_embeddings_equal_llama_cpps(row: Row) -> None:
     m, path = _model(row, Q.F32), _path(row, Q.F32)
     ctx = m.new_context(n_ctx=64, pooling="none", embeddings=True)
@@ -170,12 +191,26 @@ def test_token_embeddings_equal_llama_cpps(row: Row) -> None:
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("dtype", [Q.F16, Q.Q8_0], ids=["F16", "Q8_0"])
-@rows(generates=True)
+@rows("decoder", "encoder-decoder")
 def test_greedy_tokens_are_llama_cpps(row: Row, dtype: Q) -> None:
-    assert graphir_greedy(_model(row, dtype), PROMPT, 8) == llama_cpp_greedy(_path(row, dtype), PROMPT, 8)
+    """Each engine chooses its own next token eight times over (the weights as llama.cpp quantized them)."""
+    ctx, o = _model(row, dtype).new_context(n_ctx=64), LlamaCpp(_path(row, dtype), n_ctx=64)
+    try:
+        prompt = begin(row, ctx, o)
+        ctx.decode(Batch.from_tokens(prompt, 0))
+        o.decode(prompt, range(len(prompt)), [0] * len(prompt))
+        ours, theirs = [], []
+        for p in range(len(prompt), len(prompt) + 8):
+            ours.append(int(np.argmax(ctx.logits_ith(-1))))
+            theirs.append(int(np.argmax(o.logits_ith(-1))))
+            ctx.decode(Batch.one(ours[-1], p))
+            o.decode([theirs[-1]], [p], [0])
+        assert ours == theirs
+    finally:
+        o.close()
 
 
-@rows(generates=True)
+@rows("decoder")
 def test_logits_do_not_depend_on_how_the_prompt_is_split(row: Row) -> None:
     m = _model(row, Q.F32)
     last = []
@@ -192,12 +227,12 @@ def test_logits_do_not_depend_on_how_the_prompt_is_split(row: Row) -> None:
 
 
 @pytest.mark.oracle
-@rows(generates=True)
+@rows("decoder")
 def test_sequences_in_one_batch_equal_llama_cpps_and_each_alone(row: Row) -> None:
     interleaved_against_llama_cpp(_model(row, Q.F32), _path(row, Q.F32), SEQS, n_ubatch=5)
 
 
-@rows(remembers=True)
+@rows("decoder")
 def test_a_saved_state_loaded_elsewhere_continues_bit_for_bit(row: Row) -> None:
     m = _model(row, Q.F32)
     ctx = m.new_context(n_ctx=64)
@@ -210,9 +245,39 @@ def test_a_saved_state_loaded_elsewhere_continues_bit_for_bit(row: Row) -> None:
     assert other.logits_ith(-1).tobytes() == ctx.logits_ith(-1).tobytes()
 
 
-@rows(remembers=True)
+@rows("decoder")
 def test_a_failing_ubatch_changes_nothing(row: Row, monkeypatch: pytest.MonkeyPatch) -> None:
     failing_second_ubatch_changes_nothing(_model(row, Q.F32), PROMPT, monkeypatch)
+
+
+def outputs(row: Row, backend: str) -> list[np.ndarray]:
+    """What the row's model computes on one backend (float32 caches): an encoder's token embeddings; a decoder's
+    logits of the prompt, then of two steps (an encoder-decoder's encoder output first)."""
+    ctx = load(str(_path(row, Q.F32)), backend=backend).new_context(n_ctx=64, type_k="f32", type_v="f32",
+                                                                    embeddings=kind(row) == "encoder")
+    got = []
+    if kind(row) == "encoder-decoder":
+        ctx.encode(Batch.from_tokens(PROMPT, 0))
+        got.append(ctx.encoder_embeddings().copy())
+    prompt = PROMPT if kind(row) != "encoder-decoder" else [_arch(row).decoder_start() or 0, *PROMPT[:3]]
+    ctx.decode(Batch.from_tokens(prompt, 0, outputs="all"))
+    if kind(row) == "encoder":
+        return [ctx.embeddings().copy()]
+    got.append(ctx.logits().copy())
+    for p, token in enumerate(PROMPT[:2], len(prompt)):
+        ctx.decode(Batch.one(token, p))
+        got.append(ctx.logits().copy())
+    return got
+
+
+@rows("decoder", "encoder", "encoder-decoder")
+def test_the_numba_backend_equals_the_reference_backend(row: Row) -> None:
+    """The numpy reference (graphir.backends.reference) computes the same real numbers in its own float order."""
+    ours, ref = outputs(row, "numba"), outputs(row, "reference")
+    assert len(ours) == len(ref) >= 1
+    for a, b in zip(ours, ref):
+        assert a.shape == b.shape and np.isfinite(b).all()
+        assert float(np.abs(a - b).max()) <= 1e-3
 
 
 @pytest.mark.oracle
@@ -223,6 +288,12 @@ def test_the_graph_is_llama_cpps_own(row: Row) -> None:
 
     phases = agreement(open_model(str(_path(row, Q.F32))))
     assert phases and all(first is None for first in phases.values()), phases
+
+
+def test_every_family_is_a_row() -> None:
+    import graphir.arch
+
+    assert {r.arch for r in ROWS} == set(graphir.arch.names())
 
 
 @pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from conftest import write_model_gguf
-from graphir.backends.isa import PATHS
-from graphir.backends.kernels.attention import attend
-from graphir.backends.kernels.mul_mat import mul_mat
-from graphir.backends.kernels.norm import rms_norm
-from graphir.backends.kernels.softmax import soft_max
+from graphir.backends.numba.primitives.isa import PATHS
+from graphir.backends.numba.kernels.attention import attend
+from graphir.backends.numba.kernels.mul_mat import mul_mat
+from graphir.backends.numba.kernels.norm import rms_norm
+from graphir.backends.numba.kernels.softmax import soft_max
 from graphir.batch import Batch
 from graphir.running.runtime import load
 

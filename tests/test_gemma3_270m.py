@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from graphir.backends.isa import APPROX
+from graphir.backends.numba.primitives.isa import APPROX
 from graphir.cli import main
 from graphir.files.gguf_file import strip
 from graphir.graph.forms import to_text

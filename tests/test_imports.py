@@ -10,20 +10,19 @@ from pathlib import Path
 
 import networkx as nx
 
-PACKAGES = ("graphir", "graphir.files", "graphir.graph", "graphir.llamacpp", "graphir.memory", "graphir.model",
-            "graphir.running", "graphir.tokenizer", "graphir.arch", "graphir.backends", "graphir.backends.kernels",
-            "graphir.backends.quant")
+ROOTS = ("graphir", "graphir.arch", "graphir.backends")   # the packages installed from folders of their own
 
 
 def modules() -> dict[str, Path]:
-    """Every module of the installed package, by dotted name (subpackages may live in other folders)."""
+    """Every module of the installed package, by dotted name, subpackages included at any depth."""
     out: dict[str, Path] = {}
-    for pkg in PACKAGES:
-        spec = importlib.util.find_spec(pkg)
-        assert spec is not None and spec.submodule_search_locations, pkg
-        for folder in spec.submodule_search_locations:
-            for f in Path(folder).glob("*.py"):
-                out[pkg if f.stem == "__init__" else f"{pkg}.{f.stem}"] = f
+    for root in ROOTS:
+        spec = importlib.util.find_spec(root)
+        assert spec is not None and spec.submodule_search_locations, root
+        for folder in map(Path, spec.submodule_search_locations):
+            for f in folder.rglob("*.py"):
+                parts = f.relative_to(folder).with_suffix("").parts
+                out[".".join((root,) + (parts[:-1] if parts[-1] == "__init__" else parts))] = f
     return out
 
 
@@ -168,3 +167,37 @@ def test_an_upward_import_would_be_found(tmp_path: Path) -> None:
     assert upward_imports(known) == ["graphir.memory.mem -> graphir.model.builder",
                                      "graphir.model.eager -> graphir.arch.fam (a plugin, imported when the "
                                      "module loads)"]
+
+
+NUMBA = "graphir.backends.numba"
+NUMBA_LAYERS = (("primitives",), ("quant", "kernels"), ("tape",), ("steps",), ("fusion",), ("plan",), ("program",),
+                ("backend",))   # lowest first; the units of one layer do not import each other
+
+
+def unit_of(module: str) -> str:
+    """The part of the numba backend a module belongs to: its subpackage, or its own name."""
+    return module[len(NUMBA) + 1:].split(".")[0]
+
+
+def back_edges(g: nx.DiGraph) -> list[str]:
+    """Imports inside the numba backend that do not point to a lower layer (or within the importer's own unit)."""
+    layer = {u: i for i, units in enumerate(NUMBA_LAYERS) for u in units}
+    inside = [(a, b) for a, b in g.edges if a.startswith(NUMBA + ".") and b.startswith(NUMBA + ".")]
+    return sorted(f"{a} -> {b}" for a, b in inside
+                  if unit_of(a) != unit_of(b) and layer[unit_of(b)] >= layer[unit_of(a)])
+
+
+def test_the_numba_backend_imports_one_way() -> None:
+    """primitives, then quant and kernels (beside each other), then the tape, the steps, fusion, plans, the program
+    and the backend object: every import inside the backend points down."""
+    g = import_graph()
+    units = {unit_of(n) for n in g if n.startswith(NUMBA + ".")}
+    assert units == {u for layer in NUMBA_LAYERS for u in layer}   # every part has its layer
+    assert g.has_edge(f"{NUMBA}.quant.exact", f"{NUMBA}.primitives.simd")   # the walk sees the backend
+    assert back_edges(g) == []
+
+
+def test_a_back_edge_would_be_found() -> None:
+    g = nx.DiGraph([(f"{NUMBA}.kernels.moe", f"{NUMBA}.quant.weight"), (f"{NUMBA}.steps.matmul", f"{NUMBA}.tape"),
+                    (f"{NUMBA}.tape", f"{NUMBA}.plan")])
+    assert back_edges(g) == [f"{NUMBA}.kernels.moe -> {NUMBA}.quant.weight", f"{NUMBA}.tape -> {NUMBA}.plan"]

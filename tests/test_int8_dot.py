@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from graphir.backends.kernels.simd import lanes, vstore
-from graphir.backends.quant.int8_dot import FLAVOURS, HOST, block_lanes, nibble_half_lanes
+from graphir.backends.numba.primitives.simd import lanes, vstore
+from graphir.backends.numba.quant.int8_dot import FLAVOURS, HOST, block_lanes, nibble_half_lanes
 
 def _elements(fmt: str, q: np.ndarray) -> np.ndarray:
     """A row's 32 weight quants in element order, from its block bytes."""

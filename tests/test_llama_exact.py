@@ -1,8 +1,8 @@
 """graphir's numba backend against llama.cpp's CPU backend, bit for bit (oracle tests, need llama-cpp-python).
 
 The backend emulates the order of every float operation llama.cpp's x86 build performs, on the CPU path the
-oracle was built for (see the docstrings of graphir.backends.isa, .quant and .kernels): Q4_1/Q8_0 dot products
-lane by lane with FMA and hsum_float_8, attention through tinyBLAS / ggml_vec_dot_f16 on the f16 cache with
+oracle was built for (see the docstrings of graphir.backends.numba: primitives.isa, quant, kernels): Q4_1/Q8_0
+dot products lane by lane with FMA and hsum_float_8, attention through tinyBLAS / ggml_vec_dot_f16 on the f16 cache with
 the KV length padded to 256, softmax with ggml_v_expf and per-register double sums, RoPE with glibc's cosf/sinf
 and the compiled FMA pattern, rms_norm's sequential double sum. So intermediates are compared with
 np.array_equal, not a tolerance (on a host whose llama.cpp path graphir does not emulate, with isa.APPROX:
@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 from conftest import assert_llama_logits, oracle_is_exact, write_model_gguf
 
-from graphir.backends.isa import APPROX
-from graphir.backends.quant.weight import QWeight
+from graphir.backends.numba.primitives.isa import APPROX
+from graphir.backends.numba.quant.weight import QWeight
 from graphir.batch import Batch
 from graphir.model.presets import Preset
 from graphir.running.runtime import load

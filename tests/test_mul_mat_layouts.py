@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphir.backends.isa import PATHS
-from graphir.backends.kernels.mul_mat import mul_mat
-from graphir.backends.kernels.softmax import soft_max
+from graphir.backends.numba.primitives.isa import PATHS
+from graphir.backends.numba.kernels.mul_mat import mul_mat
+from graphir.backends.numba.kernels.softmax import soft_max
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -57,17 +57,29 @@ def test_f32_rows_shorter_than_vec_dots_first_step_add_each_product_in_order(pat
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("rows", [2, 3, 4, 5, 7, 8, 9, 13])
 def test_tinyblas_tiles_give_every_output_its_own_chain(path, rows):
-    """tinyBLAS (n >= 2 rows of x against f16 rows of w) runs tiles of 4 rows of w by 3 or 4 rows of x, the last
-    x rows repeated to fill a tile, and single outputs where w's rows run out: where an output falls must not
-    change its bits. Each output equals the one its row pair gives alone beside another row, and w's rows taken
-    from an offset (other tiles, other singles) give the same outputs."""
+    """tinyBLAS (n >= 2 rows of x against f16 rows of w, a multiple of 4 of them) runs tiles of 4 rows of w by 3
+    or 4 rows of x, the last x rows repeated to fill a tile: where an output falls must not change its bits. Each
+    output equals the one its row pair gives alone beside another row, and w's rows taken from an offset (other
+    tiles) give the same outputs."""
     p = PATHS[path]
     rng = np.random.default_rng(rows)
-    w = rng.standard_normal((10, 64)).astype(np.float16)
+    w = rng.standard_normal((12, 64)).astype(np.float16)
     x = rng.standard_normal((rows, 64)).astype(np.float32)
     out = mul_mat(w, x, p)
     for i in range(rows):
         pair = mul_mat(w, x[[i, (i + 1) % rows]], p)
         assert np.array_equal(out[i], pair[0])
-    for skip in (1, 2, 3):
+    for skip in (4, 8):
         assert np.array_equal(mul_mat(w[skip:], x, p), out[:, skip:])
+
+
+@pytest.mark.parametrize("rows,path", [(258, "tinyBLAS declines"), (256, "tinyBLAS"), (2, "tinyBLAS declines"),
+                                       (4, "tinyBLAS")])
+def test_tinyblas_takes_only_weights_whose_rows_are_a_multiple_of_four(rows, path):
+    """llamafile_sgemm's matmul tiles w's rows by 4 and returns false for other counts (Mamba's 258-row x_proj,
+    a 2-expert router), so ggml multiplies those with vec_dot: graphir chooses the same path."""
+    from graphir.backends.numba.kernels.mul_mat import TINYBLAS, VEC_F16, VEC_F32, product_mode
+
+    for f16, vec in ((False, VEC_F32), (True, VEC_F16)):
+        mode = product_mode(f16, 8, rows, 512, 16, True, False)
+        assert mode == (TINYBLAS if path == "tinyBLAS" else vec)

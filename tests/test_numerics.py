@@ -24,8 +24,8 @@ import pytest
 from conftest import logit_distance, oracle_path
 from numba import njit
 
-from graphir.backends import isa
-from graphir.backends.kernels import expf
+from graphir.backends.numba.primitives import isa
+from graphir.backends.numba.primitives import expf
 from graphir.batch import Batch
 from graphir.errors import GraphirError
 from graphir.running.runtime import load

@@ -18,7 +18,7 @@ from numba import njit
 
 from graphir.cli import main
 from graphir.convert import convert_bert
-from graphir.backends.kernels.jit import compiling
+from graphir.backends.numba.primitives.jit import compiling
 from graphir.progress import stream
 
 COMPILING = "compiling kernels (first run only; numba caches them)"

@@ -1,4 +1,4 @@
-"""Specification of graphir.backends.quant: GGUF weights as matmul / get_rows operands.
+"""Specification of graphir.backends.numba.quant: GGUF weights as matmul / get_rows operands.
 
 Three references, from strict to loose:
 - gguf.quants.dequantize: dequantize() and get_rows() must equal it bit for bit;
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from conftest import half, make_weight
 
-from graphir.backends.quant.exact import exact_gemv
-from graphir.backends.quant.weight import SUPPORTED, QWeight
+from graphir.backends.numba.quant.exact import exact_gemv
+from graphir.backends.numba.quant.weight import SUPPORTED, QWeight
 
 T = gguf.GGMLQuantizationType
 F32 = np.float32

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from numba import njit
 
-from graphir.backends.kernels.simd import (lanes, vfma, vhadd_sum, vhadd_sums8, vhsum, vload, vload_part, vreduce4,
-                                           vsplat_at, vstore, vzero)
-from graphir.backends.kernels_util import fma, hsum
+from graphir.backends.numba.primitives.simd import (lanes, vfma, vhadd_sum, vhadd_sums8, vhsum, vload, vload_part,
+                                                    vreduce4, vsplat_at, vstore, vzero)
+from graphir.backends.numba.primitives.bits import fma, hsum
 
 F32 = np.float32
 
@@ -131,7 +131,7 @@ def test_loads_convert_f16_bits_exactly_and_partial_loads_read_zeros_past_the_co
 def test_a_vector_access_past_the_end_raises_under_boundscheck(tmp_path):
     code = ("import numpy as np\n"
             "from numba import njit\n"
-            "from graphir.backends.kernels.simd import lanes, vload, vload_part, vstore\n"
+            "from graphir.backends.numba.primitives.simd import lanes, vload, vload_part, vstore\n"
             "f = njit(lambda v, a, i, out: vstore(out, 0, vload(v, a, i)))\n"
             "g = njit(lambda v, a, i, n, out: vstore(out, 0, vload_part(v, a, i, n)))\n"
             "a, out = np.ones(20, np.float32), np.zeros(16, np.float32)\n"
@@ -151,7 +151,7 @@ def test_a_vector_access_past_the_end_raises_under_boundscheck(tmp_path):
 def test_a_prefetch_reads_nothing_and_may_point_past_the_end_even_under_boundscheck(tmp_path):
     code = ("import numpy as np\n"
             "from numba import njit\n"
-            "from graphir.backends.kernels.simd import prefetch\n"
+            "from graphir.backends.numba.primitives.simd import prefetch\n"
             "@njit\n"
             "def f(a, far):\n"
             "    for i in (0, 19, 20, far, -far):\n"

@@ -9,9 +9,9 @@ import gguf
 import numpy as np
 import pytest
 
-from graphir.backends import tape
-from graphir.backends.kernels.rows import (ADD, DIV, MUL, NEG, RELU, SCALE, SQR, SUB, binary_rows, move_rows,
-                                           set_rows_f16, unary_rows, weight_rows)
+from graphir.backends.numba import tape
+from graphir.backends.numba.kernels.rows import (ADD, DIV, MUL, NEG, RELU, SCALE, SQR, SUB, binary_rows, move_rows,
+                                                 set_rows_f16, unary_rows, weight_rows)
 from graphir.batch import Batch
 from graphir.running.runtime import load
 from test_fuzz_state import PRESETS

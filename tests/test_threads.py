@@ -174,7 +174,7 @@ def test_under_numbas_workqueue_layer_graphs_take_turns_instead_of_aborting() ->
     layer aborts the process when two threads launch parallel kernels at once. There the backend runs one
     graph at a time (a process-wide lock), and the parallel test above passes; elsewhere graphs run at once."""
     env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
-    probe = ("import numba; from graphir.backends.kernels.jit import _LAUNCH, kernel_launches; "
+    probe = ("import numba; from graphir.backends.numba.primitives.jit import _LAUNCH, kernel_launches; "
              "guard = kernel_launches(); print(numba.threading_layer(), guard is _LAUNCH)")
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
     assert p.stdout.split() == ["workqueue", "True"], p.stderr

@@ -10,14 +10,13 @@ from typing import Mapping
 
 from graphir.graph.dims import Dim, Sym, numel
 from graphir.graph.ir import Graph
-
-# ops whose first operand is a matrix (or stack of expert matrices) with rows of its ne0; mul_mat_id's output
-# holds the chosen experts' rows only, so its count follows the experts a token uses, not those a layer holds
-PRODUCTS = ("mul_mat", "mul_mat_id")
+from graphir.graph.ops import PRODUCTS
 
 
 def flops(graph: Graph) -> Dim:
-    """2 x K x (output values) summed over the graph's matrix products."""
+    """2 x K x (output values) summed over the graph's matrix products (the catalogue's ``product`` ops: operand
+    0 is a matrix, or a stack of expert matrices, with rows of its ne0; mul_mat_id's output holds the chosen
+    experts' rows only, so its count follows the experts a token uses, not those a layer holds)."""
     total: Dim = 0
     for n in graph.nodes:
         if n.op in PRODUCTS:

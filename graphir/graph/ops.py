@@ -294,6 +294,9 @@ class OpDef:
     doc: str
     open_attrs: bool = False  # leaves may carry further facts after the listed ones (e.g. a mask's causal flag)
     layout_only: bool = False  # the result holds the operand's values, only laid out differently (a view)
+    product: bool = False      # a matrix product: each output value sums rows of ne0 of operand 0 (FLOPs, kernels)
+    rows_of_weight: bool = False  # reads operand 0 by rows, so a backend may keep a quantized weight there as it is
+    in_place: bool = False     # the result is operand 0 written in place (a memory's buffer), not a fresh value
 
     @property
     def min_arity(self) -> int:
@@ -307,10 +310,13 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("input", "leaf", (), ("role",), _leaf, "runtime-fed tensor: tokens, positions, masks, ids, cache",
           open_attrs=True),
     OpDef("weight", "leaf", (), ("tensor",), _leaf, "a GGUF tensor, by name; never carries data"),
-    OpDef("get_rows", "movement", ("src", "ids"), (), _get_rows, "rows ids of src, dequantized to f32"),
-    OpDef("mul_mat", "matmul", ("w", "x"), (), _mul_mat, "out[m,n] = sum_k w[k,m] x[k,n], batched over ne2/ne3"),
+    OpDef("get_rows", "movement", ("src", "ids"), (), _get_rows, "rows ids of src, dequantized to f32",
+          rows_of_weight=True),
+    OpDef("mul_mat", "matmul", ("w", "x"), (), _mul_mat, "out[m,n] = sum_k w[k,m] x[k,n], batched over ne2/ne3",
+          product=True, rows_of_weight=True),
     OpDef("mul_mat_id", "matmul", ("w", "x", "ids"), (), _mul_mat_id,
-          "out[m,i,t] = sum_k w[k,m,ids[i,t]] x[k,i % ne1(x),t]: token t through its i-th selected expert (MoE)"),
+          "out[m,i,t] = sum_k w[k,m,ids[i,t]] x[k,i % ne1(x),t]: token t through its i-th selected expert (MoE)",
+          product=True, rows_of_weight=True),
     OpDef("argsort_top_k", "reduce", ("a",), ("k",), _argsort_top_k,
           "indices of the k largest values of each row (ne0), largest first"),
     OpDef("sum_rows", "reduce", ("a",), (), _sum_rows, "sum over ne0, accumulated in double"),
@@ -372,7 +378,7 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
           "with q / sqrt(head size); value head h reads key head h % n_key_heads; returns all outputs (v's layout) "
           "followed by the final states"),
     OpDef("set_rows", "memory", ("dst", "src", "ids"), (), _set_rows,
-          "write src's rows into dst at ids (with type conversion); the result is dst after the write"),
+          "write src's rows into dst at ids (with type conversion); the result is dst after the write", in_place=True),
 )}
 
 
@@ -382,6 +388,9 @@ UNARY = frozenset(n for n, d in OPS.items() if d.kind == "unary")
 BINARY = frozenset(n for n, d in OPS.items() if d.kind == "elementwise" and d.operands == ("a", "b"))
 VIEWS = frozenset(n for n, d in OPS.items() if d.layout_only)               # same values, another layout
 COMPUTING = frozenset(OPS) - LEAVES                                          # what a backend must run
+PRODUCTS = frozenset(n for n, d in OPS.items() if d.product)                # matrix products
+ROWS_OF_WEIGHT = frozenset(n for n, d in OPS.items() if d.rows_of_weight)   # operand 0 may stay a packed weight
+IN_PLACE = frozenset(n for n, d in OPS.items() if d.in_place)               # write operand 0, a held buffer
 
 
 def infer(op: str, inputs: list[Node], attrs: dict[str, Any]) -> Type:

@@ -1,0 +1,44 @@
+"""The numba backend as the core sees it (graphir.running.backend.Backend), registered as the entry point ``numba``:
+numerics paths from :mod:`graphir.backends.numba.primitives.isa`, weights from the quantized matmuls, graphs
+compiled by the program. The kernels (and numba) load on first use, so naming the backend's paths costs nothing."""
+
+from __future__ import annotations
+
+from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager
+
+from graphir.backends.numba.primitives.isa import PATHS, Numerics, numerics
+from graphir.graph.ir import Graph
+
+if TYPE_CHECKING:
+    from graphir.backends.numba.program import Program
+    from graphir.backends.numba.quant.weight import QWeight
+
+
+class NumbaBackend:
+    paths = tuple(PATHS)
+
+    def numerics(self, isa: str | None = None) -> Numerics:
+        return numerics(isa)
+
+    def compiling(self, out: IO[str] | None, on_first: Callable[[], None] | None = None) -> ContextManager[None]:
+        from graphir.backends.numba.primitives.jit import compiling
+
+        return compiling(out, on_first)
+
+    def weight_types(self) -> frozenset[Any]:
+        from graphir.backends.numba.quant.weight import SUPPORTED
+
+        return SUPPORTED
+
+    def prepare_weight(self, data: Any, qtype: Any, ne0: int) -> QWeight:
+        from graphir.backends.numba.quant.weight import QWeight
+
+        return QWeight.prepare(data, qtype, ne0)
+
+    def compile(self, graph: Graph, weight: Callable[..., Any], numerics: Numerics) -> Program:
+        from graphir.backends.numba.program import Program
+
+        return Program(graph, weight, numerics.path)
+
+
+BACKEND = NumbaBackend()

@@ -1,0 +1,334 @@
+"""GGUF weight blocks in the stream layout: raw blocks repacked into flat arrays, and rows of those back to floats.
+
+The repack (numpy) runs once per tensor, or per get_rows request for the rows asked for. The row dequantizers
+are the one place each format's arithmetic is written: the GEMM kernels of quant.stream inline them to expand
+weight rows into a tile, and the deq_* kernels below (get_rows, dequantize) to build whole rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from graphir.backends.numba.primitives.bits import f16_bits
+
+_F32 = np.float32
+_exact = dict(parallel=True, cache=True)                  # dequantization: no FMA contraction, bit-exact
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Repack (numpy, once per tensor or per get_rows request): raw GGUF rows -> tuple of C-contiguous arrays.
+# When a type has a min term, the last array is mins (rows, groups) f32.
+# ---------------------------------------------------------------------------------------------------------
+
+def _field(blocks: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Bytes [lo, hi) of every block, as a contiguous (rows, nblocks * (hi - lo)) uint8 array."""
+    return np.ascontiguousarray(blocks[:, :, lo:hi]).reshape(blocks.shape[0], -1)
+
+
+def block_f16(blocks: np.ndarray, lo: int) -> np.ndarray:
+    """The f16 at byte `lo` of every block, as float32 (rows, nblocks)."""
+    return _field(blocks, lo, lo + 2).view(np.float16).astype(_F32)
+
+
+def _k_scales(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K 12-byte packed 6-bit (scale, min) pairs -> two (rows, nblocks, 8) float32 arrays."""
+    a, b, c = sc12[..., 0:4].astype(np.uint8), sc12[..., 4:8], sc12[..., 8:12]
+    sc = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=-1)
+    mn = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=-1)
+    return sc.astype(_F32), mn.astype(_F32)
+
+
+def repack_q8_0(b):
+    return _field(b, 2, 34).view(np.int8), block_f16(b, 0)
+
+
+def repack_q4_0(b):
+    return _field(b, 2, 18), block_f16(b, 0)
+
+
+def repack_q5_0(b):
+    """qs, the fifth bits regrouped per qs byte (bit 0: the low nibble's element j, bit 1: the high nibble's
+    element j + 16), and d."""
+    hbits = _field(b, 2, 6).view(np.uint32).reshape(b.shape[0], b.shape[1], 1)
+    j = np.arange(16, dtype=np.uint32)
+    qh = ((hbits >> j) & 1) | (((hbits >> (j + 16)) & 1) << 1)
+    return _field(b, 6, 22), np.ascontiguousarray(qh.astype(np.uint8)).reshape(b.shape[0], -1), block_f16(b, 0)
+
+
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)  # e2m1, doubled
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """An MXFP4 block's E8M0 scale 2^(e - 127), halved as the doubled e2m1 values need (ggml's
+    GGML_E8M0_TO_FP32_HALF: e < 2 gives the subnormals 2^-128 and 2^-127), as float32."""
+    e = np.asarray(e, np.uint32)
+    return np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32).view(_F32)
+
+
+def repack_mxfp4(b):
+    """qs (byte j: element j in the low nibble, j + 16 in the high one, as Q4_0) and the halved scales."""
+    return _field(b, 1, 17), np.ascontiguousarray(e8m0_half(b[:, :, 0]))
+
+
+def repack_q4_1(b):
+    return _field(b, 4, 20), block_f16(b, 0), block_f16(b, 2)
+
+
+def _repack_k_common(b, qs_lo):
+    rows, nb = b.shape[:2]
+    d, dmin = block_f16(b, 0)[..., None], block_f16(b, 2)[..., None]
+    sc, mn = _k_scales(b[:, :, 4:16])
+    dsc = d * sc                                            # same f32 products as gguf's dequantizer
+    mins = -(dmin * mn)
+    return (_field(b, qs_lo, qs_lo + 128),
+            np.ascontiguousarray(dsc[..., 0::2]).reshape(rows, nb * 4),
+            np.ascontiguousarray(dsc[..., 1::2]).reshape(rows, nb * 4),
+            mins.reshape(rows, nb * 8))
+
+
+def repack_q4_k(b):
+    return _repack_k_common(b, 16)
+
+
+def repack_q5_k(b):
+    qs, slo, shi, mins = _repack_k_common(b, 48)
+    rows, nb = b.shape[:2]
+    qh = b[:, :, 16:48].reshape(rows, nb, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    return qs, (qh & 3).reshape(rows, nb * 128), slo, shi, mins     # high bits of both nibbles of qs[j]
+
+
+def repack_q6_k(b):
+    rows, nb = b.shape[:2]
+    ql = b[:, :, 0:128].reshape(rows, nb, 2, 2, 32)         # [half][first/second 32 bytes][l]
+    qa = np.ascontiguousarray(ql[:, :, :, 0]).reshape(rows, nb * 64)
+    qb = np.ascontiguousarray(ql[:, :, :, 1]).reshape(rows, nb * 64)
+    qh = _field(b, 128, 192)
+    sc = b[:, :, 192:208].view(np.int8).astype(_F32).reshape(rows, nb, 2, 4, 2)   # [half][k][l>>4]
+    dsc = block_f16(b, 208)[:, :, None, None, None] * sc
+    s = np.ascontiguousarray(dsc.transpose(0, 3, 1, 2, 4)).reshape(rows, 4, nb * 4)
+    return qa, qb, qh, s
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Row dequantizers: row i of the packed tensor -> w[a, :] (float32, length k) in *stream order*: the same
+# permuted element order as the activation (for Q4_x all low-nibble values, then all high-nibble values), so
+# every store is contiguous. with_min=False drops the additive min term (GEMM adds it as a separate product).
+# The arithmetic is gguf.quants.dequantize's, operation for operation; inlined into the deq_* kernels, which
+# have no fastmath, the values are bit-exact (no FMA contraction of d*q + m).
+# Two numba details decide their speed (5x): inline="always" (as a call, numba loses the knowledge that w is a
+# fresh local array and the stores stop vectorizing) and offsets written as max(n, 0) (numba wraps negative
+# indices; an offset of unknown sign keeps a per-element select in the loop that blocks vectorization).
+# ---------------------------------------------------------------------------------------------------------
+
+_inl = dict(cache=True, inline="always")
+
+
+@njit(**_inl)
+def row_f32(w0, i, w, a, with_min):
+    for j in range(w0.shape[1]):
+        w[a, j] = w0[i, j]
+
+
+@njit(**_inl)
+def row_f16(w0, i, w, a, with_min):
+    bits = w.view(np.uint32)
+    for j in range(w0.shape[1]):
+        bits[a, j] = f16_bits(w0[i, j])
+    for j in range(w0.shape[1]):                # zero and subnormal halves: m * 2**-24, exact in f32
+        h = np.int32(w0[i, j])
+        v = _F32(h & 0x3FF) * _F32(5.9604644775390625e-08)
+        w[a, j] = (-v if h & 0x8000 else v) if (h & 0x7C00) == 0 else w[a, j]
+
+
+@njit(**_inl)
+def row_bf16(w0, i, w, a, with_min):
+    bits = w.view(np.uint32)
+    for j in range(w0.shape[1]):
+        bits[a, j] = np.uint32(w0[i, j]) << np.uint32(16)
+
+
+@njit(**_inl)
+def row_q8_0(qs, d, i, w, a, with_min):
+    for j in range(qs.shape[1]):
+        w[a, j] = _F32(qs[i, j]) * d[i, j >> 5]
+
+
+@njit(**_inl)
+def row_q4_0(qs, d, i, w, a, with_min):
+    kp = max(qs.shape[1], 0)
+    for j in range(kp):
+        q = np.int32(qs[i, j])
+        w[a, j] = d[i, j >> 4] * _F32((q & 15) - 8)
+        w[a, kp + j] = d[i, j >> 4] * _F32((q >> 4) - 8)
+
+
+@njit(**_inl)
+def row_mxfp4(qs, d, i, w, a, with_min):
+    kp = max(qs.shape[1], 0)
+    for j in range(kp):
+        q = np.int32(qs[i, j])
+        w[a, j] = d[i, j >> 4] * MXFP4_VALUES[q & 15]
+        w[a, kp + j] = d[i, j >> 4] * MXFP4_VALUES[q >> 4]
+
+
+@njit(**_inl)
+def row_q5_0(qs, qh, d, i, w, a, with_min):
+    kp = max(qs.shape[1], 0)
+    for j in range(kp):
+        q = np.int32(qs[i, j])
+        h = np.int32(qh[i, j])
+        w[a, j] = d[i, j >> 4] * _F32(((q & 15) | ((h & 1) << 4)) - 16)
+        w[a, kp + j] = d[i, j >> 4] * _F32(((q >> 4) | ((h & 2) << 3)) - 16)
+
+
+@njit(**_inl)
+def row_q4_1(qs, d, m, i, w, a, with_min):
+    kp = max(qs.shape[1], 0)
+    for j in range(kp):
+        q = qs[i, j]
+        add = m[i, j >> 4] if with_min else _F32(0.0)
+        w[a, j] = d[i, j >> 4] * _F32(q & 15) + add
+        w[a, kp + j] = d[i, j >> 4] * _F32(q >> 4) + add
+
+
+@njit(**_inl)
+def row_q4_k(qs, slo, shi, mins, i, w, a, with_min):
+    kp = max(qs.shape[1], 0)
+    for j in range(kp):
+        q = qs[i, j]
+        c = j >> 5
+        alo = mins[i, 2 * c] if with_min else _F32(0.0)
+        ahi = mins[i, 2 * c + 1] if with_min else _F32(0.0)
+        w[a, j] = slo[i, c] * _F32(q & 15) + alo
+        w[a, kp + j] = shi[i, c] * _F32(q >> 4) + ahi
+
+
+@njit(**_inl)
+def row_q5_k(qs, qh, slo, shi, mins, i, w, a, with_min):
+    kp = max(qs.shape[1], 0)
+    for j in range(kp):
+        q = np.int32(qs[i, j])
+        h = np.int32(qh[i, j])
+        c = j >> 5
+        alo = mins[i, 2 * c] if with_min else _F32(0.0)
+        ahi = mins[i, 2 * c + 1] if with_min else _F32(0.0)
+        w[a, j] = slo[i, c] * _F32((q & 15) | ((h & 1) << 4)) + alo
+        w[a, kp + j] = shi[i, c] * _F32((q >> 4) | ((h & 2) << 3)) + ahi
+
+
+@njit(**_inl)
+def row_q6_k(qa, qb, qh, s, i, w, a, with_min):
+    kp = max(qh.shape[1], 0)
+    for t in range(kp):
+        x = np.int32(qa[i, t])
+        y = np.int32(qb[i, t])
+        h = np.int32(qh[i, t])
+        u = t >> 4
+        w[a, t] = s[i, 0, u] * _F32(((x & 15) | ((h & 3) << 4)) - 32)
+        w[a, kp + t] = s[i, 1, u] * _F32(((y & 15) | ((h & 12) << 2)) - 32)
+        w[a, 2 * kp + t] = s[i, 2, u] * _F32(((x >> 4) | (h & 48)) - 32)
+        w[a, 3 * kp + t] = s[i, 3, u] * _F32(((y >> 4) | ((h >> 2) & 48)) - 32)
+
+# ---------------------------------------------------------------------------------------------------------
+# Dequantizers for get_rows / dequantize: rows ids -> out (len(ids), k) in natural order (a row is built in
+# stream order, then gathered through inv), min term included. Exact: no fastmath.
+# ---------------------------------------------------------------------------------------------------------
+
+@njit(**_exact)
+def deq_f32(w0, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_f32(w0, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_f16(w0, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_f16(w0, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_bf16(w0, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_bf16(w0, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_q8_0(qs, d, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_q8_0(qs, d, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_q4_0(qs, d, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_q4_0(qs, d, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_mxfp4(qs, d, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_mxfp4(qs, d, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_q5_0(qs, qh, d, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_q5_0(qs, qh, d, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_q4_1(qs, d, mn, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_q4_1(qs, d, mn, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_q4_k(qs, slo, shi, mins, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_q4_k(qs, slo, shi, mins, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_q5_k(qs, qh, slo, shi, mins, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_q5_k(qs, qh, slo, shi, mins, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]
+
+
+@njit(**_exact)
+def deq_q6_k(qa, qb, qh, s, ids, inv, out):
+    for m in prange(ids.shape[0]):
+        w = np.empty((1, out.shape[1]), _F32)
+        row_q6_k(qa, qb, qh, s, ids[m], w, 0, True)
+        for e in range(out.shape[1]):
+            out[m, e] = w[0, inv[e]]

@@ -1,0 +1,147 @@
+"""Lane sums of quantized blocks in registers, with the integer dot-product instructions of the host.
+
+ggml's x86 vec_dot for Q4_1 x Q8_1 and Q8_0 x Q8_0 multiplies a block's 32 weight quants by the activation's
+32 int8 quants and adds each run of four products into one int32 lane (``vpdpbusd`` where the CPU has VNNI,
+``pmaddubsw`` then ``pmaddwd`` otherwise): eight lane sums per block, which it converts to float and
+accumulates. The lane sums are integers and exact however they are formed, so any host may take whichever
+instruction it has and get ggml's numbers: VNNI, the AVX2/AVX-512BW pair, or plain LLVM vector arithmetic
+(any other CPU). Which one is read from the host once (``HOST``); tests build the others by name.
+
+A register of n float32 lanes holds R = n / 8 weight rows' eight lanes each: ``lanes`` takes R rows' blocks
+laid one after another and the activation block, and returns their lane sums as floats, row by row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from graphir.backends.numba.primitives.simd import F32Vec, element_ptr
+
+__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "nibble_half_lanes"]
+
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+
+
+_FEATURES = llvm.get_host_cpu_features()
+_AVX512BW = bool(_FEATURES.get("avx512bw", False))
+WIDE_LANES = 16 if _AVX512BW else 8      # float32 lanes of the widest register the host has byte instructions for
+# the ways this host can form lane sums, fastest first
+FLAVOURS = tuple(name for name, needs in (("vnni", ("avx512vnni", "avx512bw", "avx512vl")), ("pmadd", ("avx2",)),
+                                          ("generic", ()))
+                 if all(_FEATURES.get(n, False) for n in needs))
+HOST = FLAVOURS[0]
+
+
+def _indices(values: list[int]) -> ir.Constant:
+    return ir.Constant(ir.VectorType(_I32, len(values)), values)
+
+
+def _x86(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _sums(builder: ir.IRBuilder, flavour: str, w: ir.Value, y: ir.Value, n: int) -> ir.Value:
+    """n int32 lane sums of four products each, w's bytes unsigned and y's signed (4n bytes each)."""
+    bits = 32 * n
+    vi = ir.VectorType(_I32, n)
+    if bits == 512 and not _AVX512BW:                         # no 512-bit byte instructions: LLVM splits the plain form
+        flavour = "generic"
+    if flavour == "vnni":
+        return _x86(builder, f"llvm.x86.avx512.vpdpbusd.{bits}", vi,
+                    [ir.Constant(vi, [0] * n), builder.bitcast(w, vi), builder.bitcast(y, vi)])
+    if flavour == "pmadd":
+        vw = ir.VectorType(_I16, 2 * n)
+        pre = "llvm.x86.avx512." if bits == 512 else "llvm.x86.avx2."
+        pairs = _x86(builder, pre + ("pmaddubs.w.512" if bits == 512 else "pmadd.ub.sw"), vw, [w, y])
+        ones = ir.Constant(vw, [1] * 2 * n)
+        return _x86(builder, pre + ("pmaddw.d.512" if bits == 512 else "pmadd.wd"), vi, [pairs, ones])
+    wide = ir.VectorType(_I32, 4 * n)                         # generic: widen, multiply, add runs of four
+    p = builder.mul(builder.zext(w, wide), builder.sext(y, wide))
+    parts = [builder.shuffle_vector(p, p, _indices(list(range(j, 4 * n, 4)))) for j in range(4)]
+    return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+
+Loader = Callable[[int, int], ir.Value]  # (offset, count) -> that many bytes (i8 vector) from an operand's index on
+
+
+def _on_blocks(sums: Callable[[ir.IRBuilder, int, Loader, Loader], ir.Value]) -> Callable[..., Any]:
+    """An intrinsic f(proto, q, qo, y, yo) over uint8 weight bytes q and int8 activation quants y: the int32 lane
+    sums that sums(builder, n, load_q, load_y) forms, as float32 in a register like proto (n lanes)."""
+
+    @intrinsic
+    def on_blocks(typingctx, proto, q, qo, y, yo):  # type: ignore[no-untyped-def]
+        if not (isinstance(proto, F32Vec) and isinstance(q, types.Array) and isinstance(y, types.Array)
+                and q.dtype == types.uint8 and y.dtype == types.int8):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            def loader(at: int) -> Loader:
+                def load(offset: int, count: int) -> ir.Value:
+                    idx = builder.add(args[at + 1], ir.Constant(args[at + 1].type, offset)) if offset else args[at + 1]
+                    ptr = element_ptr(context, builder, sig.args[at], args[at], idx, count)
+                    return builder.load(builder.bitcast(ptr, ir.VectorType(_I8, count).as_pointer()), align=1)
+                return load
+
+            return builder.sitofp(sums(builder, proto.n, loader(1), loader(3)), ir.VectorType(ir.FloatType(), proto.n))
+
+        return proto(proto, q, qo, y, yo), codegen
+
+    return on_blocks
+
+
+def block_lanes(fmt: str, flavour: str = HOST) -> Callable[..., Any]:
+    """An intrinsic lanes(proto, q, qo, y, yo): the lane sums (as float32, a register like proto) of R = n / 8
+    rows' blocks of format ``fmt`` laid one after another from q[qo] (uint8) against the 32 int8 activation
+    quants at y[yo]. q4_1: 16 bytes a row, byte j holding element j (low nibble) and j + 16 (high); q8_0: 32
+    int8 a row, taken as ggml takes them, |w| times y with w's sign."""
+    if fmt not in ("q4_1", "q8_0") or flavour not in ("vnni", "pmadd", "generic"):
+        raise ValueError(f"block_lanes: unknown format {fmt!r} or flavour {flavour!r}")
+    row_bytes = 16 if fmt == "q4_1" else 32
+
+    def sums(builder: ir.IRBuilder, n: int, load_q: Loader, load_y: Loader) -> ir.Value:
+        r = n // 8
+        raw, act = load_q(0, row_bytes * r), load_y(0, 32)
+        if r > 1:
+            act = builder.shuffle_vector(act, act, _indices(list(range(32)) * r))
+        if fmt == "q4_1":                                 # row by row: its 16 low nibbles, then its 16 high
+            lo = builder.and_(raw, ir.Constant(raw.type, [15] * 16 * r))
+            hi = builder.lshr(raw, ir.Constant(raw.type, [4] * 16 * r))
+            order: list[int] = []
+            for i in range(r):
+                order += list(range(16 * i, 16 * i + 16)) + list(range(16 * (r + i), 16 * (r + i) + 16))
+            w = builder.shuffle_vector(lo, hi, _indices(order))
+        else:                                             # |w| and y with w's sign (ggml's _mm256_sign_epi8)
+            zero = ir.Constant(raw.type, [0] * 32 * r)
+            neg = builder.icmp_signed("<", raw, zero)
+            w = builder.select(neg, builder.sub(zero, raw), raw)
+            act = builder.select(neg, builder.sub(zero, act), builder.select(builder.icmp_signed("==", raw, zero),
+                                                                             zero, act))
+        return _sums(builder, flavour, w, act, n)
+
+    return _on_blocks(sums)
+
+
+def nibble_half_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
+    """An intrinsic halves(proto, q, qo, y, yo): half of the lane sums of n / 4 rows' Q4_1 blocks (16 bytes each,
+    one after another from q[qo]) against the activation block at y[yo], as float32: the low nibbles (elements
+    0-15, lanes 0-3) or, ``high``, the high ones (elements 16-31, lanes 4-7), row r's four at lanes 4r-4r+3.
+    One load serves both halves of all the rows, and no byte is moved across the register: the rows' nibbles
+    meet the activation's half repeated, where block_lanes puts each row's halves side by side first."""
+    if flavour not in ("vnni", "pmadd", "generic"):
+        raise ValueError(f"nibble_half_lanes: unknown flavour {flavour!r}")
+
+    def sums(builder: ir.IRBuilder, n: int, load_q: Loader, load_y: Loader) -> ir.Value:
+        raw, act = load_q(0, 4 * n), load_y(16 * high, 16)
+        act = builder.shuffle_vector(act, act, _indices(list(range(16)) * (n // 4)))
+        if high:
+            raw = builder.lshr(raw, ir.Constant(raw.type, [4] * 4 * n))
+        return _sums(builder, flavour, builder.and_(raw, ir.Constant(raw.type, [15] * 4 * n)), act, n)
+
+    return _on_blocks(sums)

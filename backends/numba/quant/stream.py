@@ -1,0 +1,261 @@
+"""Matmul kernels of the stream-layout weight kinds (F32, F16, BF16 and the K-quants).
+
+They multiply the stream-order quantized activation of quant.activation with the weight: below GEMM_FROM
+activation rows one flat GEMV loop per format, from it a register-tiled GEMM fed by the format's row
+dequantizer (quant.blocks).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from numba import njit, prange
+
+from graphir.backends.numba.quant.blocks import row_bf16, row_f16, row_f32, row_q4_k, row_q5_k, row_q6_k
+
+_F32 = np.float32
+_fast = dict(parallel=True, fastmath=True, cache=True)   # GEMV: float reassociation allowed (vectorizes)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GEMV kernels (n < GEMM_FROM): prange over weight rows i; for each activation row r one flat loop over the
+# row's bytes with the block scale fetched as s[i, j >> k]. xq (n, k) is in stream order, so the values that
+# meet byte j of a Q4 row are xq[r, j] and xq[r, kp + j].
+# ---------------------------------------------------------------------------------------------------------
+
+@njit(**_fast)
+def gemv_f32(w, xq, asum, out):
+    rows, k = w.shape
+    for i in prange(rows):
+        for r in range(xq.shape[0]):
+            acc = _F32(0.0)
+            for j in range(k):
+                acc += w[i, j] * xq[r, j]
+            out[r, i] = acc
+
+
+def converting_gemv(bf16: bool) -> Callable:
+    """The GEMV of F16 or (bf16) BF16 weights: 64 weight rows per task, each converted in turn to f32 into one
+    row buffer (row_f16 / row_bf16) and multiplied with every activation row. The format is a closure constant,
+    so numba compiles only its branch; a closure over the row function itself would change numba's cache key
+    in every process (the key pickles a dispatcher with a per-process uuid), and the kernel would compile again
+    at each start."""
+
+    @njit(**_fast)
+    def gemv(w0, xq, asum, out):
+        rows, k = w0.shape
+        for c in prange((rows + 63) >> 6):
+            w = np.empty((1, k), _F32)
+            for i in range(c << 6, min(rows, (c + 1) << 6)):
+                if bf16:
+                    row_bf16(w0, i, w, 0, False)
+                else:
+                    row_f16(w0, i, w, 0, False)
+                for r in range(xq.shape[0]):
+                    acc = _F32(0.0)
+                    for j in range(k):
+                        acc += w[0, j] * xq[r, j]
+                    out[r, i] = acc
+
+    return gemv
+
+
+@njit(**_fast)
+def gemv_q4_k(qs, slo, shi, mins, xq, asum, out):
+    rows, kp = qs.shape[0], max(qs.shape[1], 0)
+    for i in prange(rows):
+        for r in range(xq.shape[0]):
+            acc = _F32(0.0)
+            for j in range(kp):
+                q = qs[i, j]
+                acc += _F32(q & 15) * xq[r, j] * slo[i, j >> 5] + _F32(q >> 4) * xq[r, kp + j] * shi[i, j >> 5]
+            for g in range(mins.shape[1]):
+                acc += mins[i, g] * asum[r, g]
+            out[r, i] = acc
+
+
+@njit(**_fast)
+def gemv_q5_k(qs, qh, slo, shi, mins, xq, asum, out):
+    rows, kp = qs.shape[0], max(qs.shape[1], 0)
+    for i in prange(rows):
+        for r in range(xq.shape[0]):
+            acc = _F32(0.0)
+            for j in range(kp):
+                q = np.int32(qs[i, j])
+                h = np.int32(qh[i, j])
+                lo = (q & 15) | ((h & 1) << 4)
+                hi = (q >> 4) | ((h & 2) << 3)
+                acc += _F32(lo) * xq[r, j] * slo[i, j >> 5] + _F32(hi) * xq[r, kp + j] * shi[i, j >> 5]
+            for g in range(mins.shape[1]):
+                acc += mins[i, g] * asum[r, g]
+            out[r, i] = acc
+
+
+@njit(**_fast)
+def gemv_q6_k(qa, qb, qh, s, xq, asum, out):
+    rows, kp = qh.shape[0], max(qh.shape[1], 0)
+    for i in prange(rows):
+        for r in range(xq.shape[0]):
+            acc = _F32(0.0)
+            for t in range(kp):
+                a = np.int32(qa[i, t])
+                b = np.int32(qb[i, t])
+                h = np.int32(qh[i, t])
+                u = t >> 4
+                acc += (_F32(((a & 15) | ((h & 3) << 4)) - 32) * xq[r, t] * s[i, 0, u]
+                        + _F32(((b & 15) | ((h & 12) << 2)) - 32) * xq[r, kp + t] * s[i, 1, u]
+                        + _F32(((a >> 4) | (h & 48)) - 32) * xq[r, 2 * kp + t] * s[i, 2, u]
+                        + _F32(((b >> 4) | ((h >> 2) & 48)) - 32) * xq[r, 3 * kp + t] * s[i, 3, u])
+            out[r, i] = acc
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GEMM kernels (n >= GEMM_FROM): each task dequantizes 6 weight rows at a time (w' only) into an L1-resident
+# buffer and multiplies them with 4 activation rows at a time held in 24 register accumulators; the min term
+# goes through the same tile. Why no BLAS: see the package docstring.
+# ---------------------------------------------------------------------------------------------------------
+
+_TR = 6                    # weight rows per tile (x 4 activation rows = 24 accumulators)
+GEMM_FROM = 4             # n from which GEMM beats GEMV, for every type (measured: bench/bench_quant.py)
+
+
+@njit(fastmath=True, cache=True)
+def _tile(w, cnt, xq, out, i0, add):
+    """out[r, i0 + a] (+)= w[a] . xq[r] for a < cnt; w is (_TR, k), xq (n, k)."""
+    n, k = xq.shape
+    r = 0
+    if cnt == _TR:
+        z = _F32(0.0)
+        while r + 4 <= n:
+            a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = a20 = a21 = a22 = a23 = z
+            a30 = a31 = a32 = a33 = a40 = a41 = a42 = a43 = a50 = a51 = a52 = a53 = z
+            for j in range(k):
+                x0, x1, x2, x3 = xq[r, j], xq[r + 1, j], xq[r + 2, j], xq[r + 3, j]
+                v = w[0, j]
+                a00 += v * x0; a01 += v * x1; a02 += v * x2; a03 += v * x3   # noqa: E702
+                v = w[1, j]
+                a10 += v * x0; a11 += v * x1; a12 += v * x2; a13 += v * x3   # noqa: E702
+                v = w[2, j]
+                a20 += v * x0; a21 += v * x1; a22 += v * x2; a23 += v * x3   # noqa: E702
+                v = w[3, j]
+                a30 += v * x0; a31 += v * x1; a32 += v * x2; a33 += v * x3   # noqa: E702
+                v = w[4, j]
+                a40 += v * x0; a41 += v * x1; a42 += v * x2; a43 += v * x3   # noqa: E702
+                v = w[5, j]
+                a50 += v * x0; a51 += v * x1; a52 += v * x2; a53 += v * x3   # noqa: E702
+            for a, (c0, c1, c2, c3) in enumerate(((a00, a01, a02, a03), (a10, a11, a12, a13), (a20, a21, a22, a23),
+                                                  (a30, a31, a32, a33), (a40, a41, a42, a43), (a50, a51, a52, a53))):
+                if add:
+                    c0 += out[r, i0 + a]
+                    c1 += out[r + 1, i0 + a]
+                    c2 += out[r + 2, i0 + a]
+                    c3 += out[r + 3, i0 + a]
+                out[r, i0 + a] = c0
+                out[r + 1, i0 + a] = c1
+                out[r + 2, i0 + a] = c2
+                out[r + 3, i0 + a] = c3
+            r += 4
+    for rr in range(r, n):
+        for a in range(cnt):
+            acc = _F32(0.0)
+            for j in range(k):
+                acc += w[a, j] * xq[rr, j]
+            out[rr, i0 + a] = acc + out[rr, i0 + a] if add else acc
+
+
+@njit(fastmath=True, cache=True)
+def _add_mins(mins, wm, asum, i0, cnt, out):
+    """out[r, i0 + a] += mins[i0 + a] . asum[r] (the min term, through the same register tile)."""
+    for a in range(cnt):
+        for g in range(mins.shape[1]):
+            wm[a, g] = mins[i0 + a, g]
+    _tile(wm, cnt, asum, out, i0, True)
+
+
+@njit(cache=True)
+def _tasks(rows):
+    nblk = (rows + _TR - 1) // _TR
+    return min(nblk, 64), nblk
+
+
+@njit(**_fast)
+def gemm_f32(w0, xq, asum, out):
+    rows = w0.shape[0]
+    ntask, nblk = _tasks(rows)
+    for t in prange(ntask):
+        w = np.empty((_TR, xq.shape[1]), _F32)
+        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
+            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
+            for a in range(cnt):
+                row_f32(w0, i0 + a, w, a, False)
+            _tile(w, cnt, xq, out, i0, False)
+
+
+@njit(**_fast)
+def gemm_f16(w0, xq, asum, out):
+    rows = w0.shape[0]
+    ntask, nblk = _tasks(rows)
+    for t in prange(ntask):
+        w = np.empty((_TR, xq.shape[1]), _F32)
+        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
+            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
+            for a in range(cnt):
+                row_f16(w0, i0 + a, w, a, False)
+            _tile(w, cnt, xq, out, i0, False)
+
+
+@njit(**_fast)
+def gemm_bf16(w0, xq, asum, out):
+    rows = w0.shape[0]
+    ntask, nblk = _tasks(rows)
+    for t in prange(ntask):
+        w = np.empty((_TR, xq.shape[1]), _F32)
+        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
+            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
+            for a in range(cnt):
+                row_bf16(w0, i0 + a, w, a, False)
+            _tile(w, cnt, xq, out, i0, False)
+
+
+@njit(**_fast)
+def gemm_q4_k(qs, slo, shi, mins, xq, asum, out):
+    rows = qs.shape[0]
+    ntask, nblk = _tasks(rows)
+    for t in prange(ntask):
+        w = np.empty((_TR, xq.shape[1]), _F32)
+        wm = np.empty((_TR, mins.shape[1]), _F32)
+        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
+            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
+            for a in range(cnt):
+                row_q4_k(qs, slo, shi, mins, i0 + a, w, a, False)
+            _tile(w, cnt, xq, out, i0, False)
+            _add_mins(mins, wm, asum, i0, cnt, out)
+
+
+@njit(**_fast)
+def gemm_q5_k(qs, qh, slo, shi, mins, xq, asum, out):
+    rows = qs.shape[0]
+    ntask, nblk = _tasks(rows)
+    for t in prange(ntask):
+        w = np.empty((_TR, xq.shape[1]), _F32)
+        wm = np.empty((_TR, mins.shape[1]), _F32)
+        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
+            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
+            for a in range(cnt):
+                row_q5_k(qs, qh, slo, shi, mins, i0 + a, w, a, False)
+            _tile(w, cnt, xq, out, i0, False)
+            _add_mins(mins, wm, asum, i0, cnt, out)
+
+
+@njit(**_fast)
+def gemm_q6_k(qa, qb, qh, s, xq, asum, out):
+    rows = qa.shape[0]
+    ntask, nblk = _tasks(rows)
+    for t in prange(ntask):
+        w = np.empty((_TR, xq.shape[1]), _F32)
+        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
+            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
+            for a in range(cnt):
+                row_q6_k(qa, qb, qh, s, i0 + a, w, a, False)
+            _tile(w, cnt, xq, out, i0, False)

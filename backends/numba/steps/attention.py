@@ -1,0 +1,122 @@
+"""The attention steps: soft_max with llama.cpp's KV padding, and the (kq, soft_max, kqv) chain fused into one."""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+
+from graphir.backends.numba import tape as T
+from graphir.backends.numba.kernels.attention import attention_mask, attention_over, open_prefix
+from graphir.backends.numba.kernels.softmax import exp_head, mask_rows, probabilities, soft_max, soft_max_kernel
+from graphir.backends.numba.primitives.isa import IsaPath
+from graphir.backends.numba.steps.base import F32, Env, Step, broadcast, dense, kernel, rows_of
+from graphir.backends.numba.tape import Tape
+from graphir.graph.ir import Node
+
+
+def kv_pad(soft_max_node: Node) -> int:
+    """The padding of the cells a mask covers, as the mask input states it (``pad``: a KV cache's n_kv, padded
+    to 256 masked cells as llama.cpp's); a mask over the ubatch or an encoder's output states none."""
+    n = soft_max_node
+    return int(n.inputs[1].attrs.get("pad", 1)) if len(n.inputs) > 1 and n.inputs[1].op == "input" else 1
+
+
+@kernel("soft_max")
+def _soft_max(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    return _SoftMax(n.attrs, kv_pad(n), path)
+
+
+class _SoftMax(Step):
+    def __init__(self, a: dict[str, Any], pad: int, path: IsaPath):
+        self.a, self.pad, self.path = a, pad, path
+
+    def __call__(self, env: Env, x: np.ndarray, mask: np.ndarray | None = None, sinks: Any = None) -> np.ndarray:
+        return soft_max(x, None if mask is None else broadcast(mask, x.shape), self.a["scale"], self.a["max_bias"],
+                        self.path, self.pad, None if sinks is None else dense(sinks))
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """soft_max with a mask (no sinks, no ALiBi) on the tape: its value marked as soft_max marks it (the KV
+        padding it ran with), which the mul_mat that reads it chooses its path by."""
+        if len(args) != 2 or self.a["max_bias"] or not rows_of(*args):
+            return None
+        x, mask = args
+        m, mrows = mask_rows(broadcast(mask, x.shape), x.shape)
+        if not np.shares_memory(m, mask):
+            return None
+        x2, lanes = x.reshape(-1, x.shape[-1]), self.path.lanes
+        head, scale, none = exp_head(x.shape[-1], lanes, self.pad), F32(self.a["scale"]), tape.arena((0,))
+        out, variant = tape.arena(x.shape), self.path.expf
+        o2 = out.reshape(x2.shape)
+        ok = tape.record(T.SOFT_MAX, soft_max_kernel(x.size), (x2, m, mrows, scale, head, lanes, variant, o2, none))
+        return probabilities(out, self.pad) if ok else None
+
+
+class Attention(Step):
+    """One step for an attention chain: kernels.attention for one query token, the chain's three kernels in
+    turn for anything else; bit-equal either way. A plan that knows the caches' views reads their layouts once."""
+
+    def __init__(self, sm: Node, kq_step: Callable[..., Any], sm_step: Callable[..., Any],
+                 kqv_step: Callable[..., Any], memo: threading.local, path: IsaPath):
+        self.steps, self.memo, self.path = (kq_step, sm_step, kqv_step), memo, path
+        self.scale, self.pad = sm.attrs["scale"], kv_pad(sm)
+
+    def __call__(self, env: Env, k: np.ndarray, q: np.ndarray, mask: np.ndarray, v: np.ndarray) -> np.ndarray:
+        return self._over(attention_over(k, v, self.scale, self.pad, self.path), env, k, q, mask, v)
+
+    def bind(self, env: Env, known: list[Any], shape: Callable[[int], tuple[int, ...]]) -> Callable[..., Any]:
+        k, _, _, v = known
+        if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
+            return partial(self, env)
+        q = shape(1)
+        one_token = len(q) == 3 and q[1] == 1   # a decode step's plan
+        return partial(self._over, attention_over(k, v, self.scale, self.pad, self.path, one_token), env)
+
+    def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """One query token's attention on the tape: the cells it reads up to set from the mask before each run."""
+        k, q, mask, v = args
+        if not all(isinstance(a, np.ndarray) for a in args) or not rows_of(q, mask) or q.ndim != 3 or q.shape[1] != 1:
+            return None
+        over = attention_over(k, v, self.scale, self.pad, self.path, True)
+        nh, n_kv = q.shape[0], k.shape[1]
+        m, mrows, _ = attention_mask(broadcast(mask, (nh, 1, n_kv)), nh, n_kv)
+        if over is None or not over.takes(q, mrows) or not np.shares_memory(m, mask):  # type: ignore[attr-defined]
+            return None
+        key = ("live", id(mask), mrows, n_kv)
+        live = tape.memo.get(key)
+        if live is None:
+            live = tape.memo[key] = tape.reg()
+
+            def cells(r: int = live) -> None:
+                tape.table()[1][r] = min(open_prefix(m[:mrows]), n_kv)
+
+            tape.before.append(cells)
+        kq, out = tape.arena((nh, 1, n_kv)), tape.arena((nh, 1, v.shape[1]))
+        kernel, a = over.call(q, m, mrows, 0, kq, out)  # type: ignore[attr-defined]
+        if not np.shares_memory(a[6], q):
+            return None
+        return out if tape.record(T.ATTEND, kernel, (*a[:12], live, *a[13:])) else None   # the cells: a register
+
+    def _over(self, over: Callable[..., np.ndarray | None] | None, env: Env, k: np.ndarray, q: np.ndarray,
+              mask: np.ndarray, v: np.ndarray) -> np.ndarray:
+        if over is not None and q.ndim == 3 and q.shape[1] == 1:
+            key = ("attention mask", id(mask), q.shape[0], k.shape[1])  # the same for every layer of a run
+            kept = self.memo.d.get(key)                 # (the mask kept with its rows: its id stays its own)
+            if kept is None:
+                kept = self.memo.d[key] = mask, attention_mask(broadcast(mask, (q.shape[0], 1, k.shape[1])), *key[2:])
+            rows = kept[1]
+            y = over(q, *rows)
+            if y is not None:
+                return y
+        kq_step, sm_step, kqv_step = self.steps
+        n_kv = k.shape[-2]
+        if mask.shape[-1] == n_kv == v.shape[-1]:   # the three over the cells up to the last one the mask opens
+            key = ("open prefix", id(mask))
+            kept = self.memo.d.get(key)
+            if kept is None:
+                kept = self.memo.d[key] = mask, max(-(-open_prefix(mask) // 64) * 64, 64)
+            if kept[1] < n_kv:
+                k, v, mask = k[..., :kept[1], :], v[..., :kept[1]], mask[..., :kept[1]]
+        return kqv_step(env, v, sm_step(env, kq_step(env, k, q), mask))

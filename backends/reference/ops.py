@@ -1,0 +1,355 @@
+"""What every op of the catalogue computes, in numpy, written to be read: the reference backend runs these, and
+tests/test_backend_ops.py holds the numba kernels to them op by op.
+
+Each function takes the operands (numpy order, the reverse of ggml's; float operands as float64 but where an op
+reads its operand 0 as it is stored: a weight's rows, a buffer written in place), the node's attributes, the
+value's numpy shape and the dims' values, and returns the value. Most work in ggml's 4-D order through ``gg``
+and ``back``, as ggml's definitions are written (index [i0, i1, i2, i3], ne0 first).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+import numpy as np
+
+from graphir.graph.dims import Sym
+
+Env = Mapping[str, int]
+
+
+def gg(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    return a.T.reshape(a.T.shape + (1,) * (4 - a.ndim))
+
+
+def back(A: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return A.T.reshape(shape)
+
+
+def get_rows(v: list[np.ndarray], a: dict, shape: tuple[int, ...], env: Env) -> np.ndarray:
+    A, ids = gg(v[0]), v[1]
+    out = np.empty((A.shape[0], len(ids), 1, 1))
+    for i, r in enumerate(ids):
+        out[:, i, 0, 0] = A[:, r, 0, 0]
+    return back(out, shape)
+
+
+def mul_mat(v: list[np.ndarray], a: dict, shape: tuple[int, ...], env: Env) -> np.ndarray:
+    Wg, Xg = gg(v[0]), gg(v[1])
+    K, M, A2, A3 = Wg.shape
+    _, N, B2, B3 = Xg.shape
+    out = np.zeros((M, N, B2, B3))
+    for i3 in range(B3):
+        for i2 in range(B2):  # x slice i2 reads w slice i2 // (B2 / A2): consecutive q heads share a kv head
+            w = Wg[:, :, i2 // (B2 // A2), i3 // (B3 // A3)]
+            out[:, :, i2, i3] = w.T @ Xg[:, :, i2, i3]
+    return back(out, shape)
+
+
+def _repeat_b(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    return B[np.ix_(*[np.arange(n) % m for n, m in zip(A.shape, B.shape)])]
+
+
+def add(v, a, shape, env):
+    A, B = gg(v[0]), gg(v[1])
+    return back(A + _repeat_b(A, B), shape)
+
+
+def mul(v, a, shape, env):
+    A, B = gg(v[0]), gg(v[1])
+    return back(A * _repeat_b(A, B), shape)
+
+
+def get_rows_batched(v, a, shape, env):
+    A, ids = gg(v[0]), gg(v[1])                       # [ne0, rows, B, C], [n, B, C]
+    out = np.empty((A.shape[0], ids.shape[0], ids.shape[1], ids.shape[2]))
+    for c in range(ids.shape[2]):
+        for b in range(ids.shape[1]):
+            for i in range(ids.shape[0]):
+                out[:, i, b, c] = A[:, ids[i, b, c, 0], b, c]
+    return back(out, shape)
+
+
+def repeat(v, a, shape, env):
+    A = gg(v[0])
+    ne = gg(np.empty(shape)).shape
+    return back(np.tile(A, tuple(n // m for n, m in zip(ne, A.shape))), shape)
+
+
+def mul_mat_id(v, a, shape, env):
+    Wg, Xg, ids = gg(v[0]), gg(v[1]), gg(v[2])     # [K, M, E], [K, ne1, T], [n_used, T]
+    out = np.empty((Wg.shape[1], ids.shape[0], ids.shape[1], 1))
+    for t in range(ids.shape[1]):
+        for i in range(ids.shape[0]):
+            out[:, i, t, 0] = Wg[:, :, ids[i, t, 0, 0], 0].T @ Xg[:, i % Xg.shape[1], t, 0]
+    return back(out, shape)
+
+
+def argsort_top_k(v, a, shape, env):
+    rows = v[0].reshape(-1, v[0].shape[-1])
+    top = [sorted(range(len(r)), key=lambda j: -r[j])[: a["k"]] for r in rows]
+    return np.array(top).reshape(shape)
+
+
+def sub(v, a, shape, env):
+    A, B = gg(v[0]), gg(v[1])
+    return back(A - _repeat_b(A, B), shape)
+
+
+def rms_norm(v, a, shape, env):
+    x = v[0]
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + a["eps"])
+
+
+def norm(v, a, shape, env):
+    x = v[0]
+    d = x - x.mean(axis=-1, keepdims=True)
+    return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + a["eps"])
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _gelu(x):
+    """GELU as llama.cpp's CPU computes it (GGML_GELU_FP16): the tanh formula read from a table of halves, so x is
+    rounded to f16 and its GELU to f16; 0 from x <= -10 on down, x itself from 10 on."""
+    h = np.asarray(x, np.float32).astype(np.float16).astype(np.float64)
+    g = (0.5 * h * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h ** 3)))).astype(np.float16)
+    return np.where(x <= -10, 0.0, np.where(x >= 10, x, g.astype(np.float64)))
+
+
+def ssm_conv(v, a, shape, env):
+    X, Wc = gg(v[0]), gg(v[1])       # [d_conv-1+T, Di, S], [d_conv, Di]
+    d_conv, n_tok = Wc.shape[0], X.shape[0] - Wc.shape[0] + 1
+    out = np.zeros((X.shape[1], n_tok, X.shape[2], 1))
+    for t in range(n_tok):
+        for j in range(d_conv):
+            out[:, t, :, 0] += X[t + j, :, :, 0] * Wc[j, :, 0, 0][:, None]
+    return back(out, shape)
+
+
+def ssm_scan(v, a, shape, env):
+    """Mamba-1: per sequence and channel, state = state * exp(d * A) + B * (x * d), y = state . C, d = softplus(dt)."""
+    s, x, dt, A, B, Cm = (gg(t)[..., 0] for t in v)        # [Ds, Di, S], [Di, T, S] x2, [Ds, Di, 1], [Ds, T, S] x2
+    state = s.copy()
+    d = np.where(dt > 20, dt, np.log1p(np.exp(np.minimum(dt, 20))))
+    y = np.empty(x.shape)
+    for t in range(x.shape[1]):
+        state = state * np.exp(d[None, :, t, :] * A) + B[:, None, t, :] * (x[:, t, :] * d[:, t, :])[None]
+        y[:, t, :] = (state * Cm[:, None, t, :]).sum(axis=0)
+    return np.concatenate([y.T.ravel(), state.T.ravel()]).reshape(shape)   # numpy order: y (S, T, Di), states
+
+
+def ssm_scan_heads(v, a, shape, env):
+    """Mamba-2: per sequence, head h (of group h // (H/G)) and channel: state = state * exp(d * A[h]) + B * (x * d),
+    y = state . C, d = softplus(dt)."""
+    s, x, B, Cm = (gg(v[i]) for i in (0, 1, 4, 5))          # [Ds, P, H, S], [P, H, T, S], [Ds, G, T, S] x2
+    dt, A = gg(v[2])[..., 0], gg(v[3])[0, :, 0, 0]          # [H, T, S], [H]
+    n_head, n_group = s.shape[2], B.shape[1]
+    grp = np.arange(n_head) // (n_head // n_group)
+    d = np.where(dt > 20, dt, np.log1p(np.exp(np.minimum(dt, 20))))
+    state, y = s.copy(), np.empty(x.shape)
+    for t in range(x.shape[2]):
+        xd = x[:, :, t, :] * d[None, :, t, :]                  # [P, H, S]
+        state = state * np.exp(d[:, t, :] * A[:, None])[None, None] + B[:, grp, t, :][:, None] * xd[None]
+        y[:, :, t, :] = (state * Cm[:, grp, t, :][:, None]).sum(axis=0)
+    return np.concatenate([y.T.ravel(), state.T.ravel()]).reshape(shape)   # numpy order: y (S, T, H, P), states
+
+
+def rope_multi(v, a, shape, env):
+    """Pair i lies in sector i % sum(sections); sectors cycle time, height, width (each while its section lasts),
+    the rest are the extra section. Text positions: time = height = width = the token's, extra = 0."""
+    X, p = gg(v[0]), v[1]
+    t, h, w, _ = a["sections"]
+    out = X.copy()
+    n_dims, base = a["n_dims"], a["freq_base"]
+    for i in range(n_dims // 2):
+        sector = i % sum(a["sections"])
+        turns = sector % 3 == 0 and sector < 3 * t or sector % 3 == 1 and sector < 3 * h or \
+            sector % 3 == 2 and sector < 3 * w
+        for j in range(X.shape[2]):
+            theta = (float(p[j]) if turns else 0.0) * base ** (-2.0 * i / n_dims)
+            c, s = math.cos(theta) * a["attn_factor"], math.sin(theta) * a["attn_factor"]
+            xa, xb = X[i, :, j, :], X[i + n_dims // 2, :, j, :]
+            out[i, :, j, :] = xa * c - xb * s
+            out[i + n_dims // 2, :, j, :] = xa * s + xb * c
+    return back(out, shape)
+
+
+def gated_delta_net(v, a, shape, env):
+    """Per sequence and value head h (key head h % Hk), with S[i, j] (key i, value j) = s[i, j]: S *= exp(g);
+    S += k (beta (v - S^T k))^T; y = S^T q / sqrt(d)."""
+    q, k, vv, g, beta, s = (gg(t) for t in v)        # [d, Hk, T, S] x2, [d, H, T, S], [1, H, T, S] x2, [d, d, H, S]
+    d, n_head, n_tok, n_seqs = vv.shape
+    n_khead = q.shape[1]
+    y, st = np.empty(vv.shape), s.copy()
+    for sq in range(n_seqs):
+        for hh in range(n_head):
+            S, hk = st[:, :, hh, sq], hh % n_khead
+            for t in range(n_tok):
+                S *= math.exp(g[0, hh, t, sq])
+                kt, qt = k[:, hk, t, sq], q[:, hk, t, sq]
+                S += np.outer(kt, beta[0, hh, t, sq] * (vv[:, hh, t, sq] - S.T @ kt))
+                y[:, hh, t, sq] = S.T @ qt / math.sqrt(d)
+    return np.concatenate([y.T.ravel(), st.T.ravel()]).reshape(shape)   # numpy order: y (S, T, H, d), states
+
+
+def rwkv_wkv6(v, a, shape, env):
+    """Per head: out[j] = sum_i r[i] (tf[i] k[i] v[j] + S[i, j]); S[i, j] = S[i, j] decay[i] + k[i] v[j]."""
+    k, val, r, tf, td, state = v       # numpy order: (T, H, hs) x3, (H, hs), (T, H, hs), (S, H*hs*hs)
+    n_tok, n_head, hs = k.shape
+    per_seq = n_tok // state.shape[0]
+    S = state.reshape(-1, n_head, hs, hs).copy()           # [seq][h][i = key][j = value]
+    out = np.empty(k.shape)
+    for t in range(n_tok):
+        st = S[t // per_seq]
+        kv = k[t][:, :, None] * val[t][:, None, :]
+        out[t] = np.einsum("hi,hij->hj", r[t], tf[:, :, None] * kv + st)
+        st[:] = st * td[t][:, :, None] + kv
+    return np.concatenate([out.ravel(), S.ravel()]).reshape(shape)
+
+
+def rope(v, a, shape, env):
+    X, p = gg(v[0]), v[1]
+    ff = v[2] if len(v) > 2 else None
+    n_dims, base, fs, ext = a["n_dims"], a["freq_base"], a["freq_scale"], a["ext_factor"]
+    out = X.copy()  # channels [n_dims, d) stay as they are
+
+    def corr(n_rot: float) -> float:
+        return n_dims * math.log(a["n_ctx_orig"] / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+    lo = max(0.0, math.floor(corr(a["beta_fast"])))
+    hi = min(n_dims - 1.0, math.ceil(corr(a["beta_slow"])))
+    for i in range(n_dims // 2):
+        ia, ib = (2 * i, 2 * i + 1) if a["mode"] == "norm" else (i, i + n_dims // 2)
+        for t in range(X.shape[2]):
+            theta_extrap = float(p[t]) * base ** (-2.0 * i / n_dims)
+            if ff is not None:
+                theta_extrap /= float(ff[i])
+            theta = fs * theta_extrap
+            mscale = a["attn_factor"]
+            if ext != 0.0:
+                ramp = 1.0 - min(1.0, max(0.0, (i - lo) / max(0.001, hi - lo)))
+                mix = ramp * ext
+                theta = theta * (1 - mix) + theta_extrap * mix
+                mscale *= 1.0 + 0.1 * math.log(1.0 / fs)
+            c, s = math.cos(theta) * mscale, math.sin(theta) * mscale
+            xa, xb = X[ia, :, t, :], X[ib, :, t, :]
+            out[ia, :, t, :] = xa * c - xb * s
+            out[ib, :, t, :] = xa * s + xb * c
+    return back(out, shape)
+
+
+def soft_max(v, a, shape, env):
+    Wt = gg(v[0]) * a["scale"]
+    if len(v) > 1:
+        Mk = gg(v[1])
+        for i3 in range(Wt.shape[3]):
+            for i2 in range(Wt.shape[2]):
+                Wt[:, :, i2, i3] += Mk[:, : Wt.shape[1], i2 % Mk.shape[2], i3 % Mk.shape[3]]
+    if len(v) > 2:  # head i2's sink: one more logit in the denominator
+        sink = np.asarray(v[2], np.float64).reshape(1, 1, -1, 1)
+        m = np.maximum(Wt.max(axis=0, keepdims=True), sink)
+        e = np.exp(Wt - m)
+        return back(e / (e.sum(axis=0, keepdims=True) + np.exp(sink - m)), shape)
+    e = np.exp(Wt - Wt.max(axis=0, keepdims=True))
+    return back(e / e.sum(axis=0, keepdims=True), shape)
+
+
+def swiglu_oai(v, a, shape, env):
+    g, u = np.minimum(v[0], a["limit"]), np.clip(v[1], -a["limit"], a["limit"])
+    return g / (1.0 + np.exp(-a["alpha"] * g)) * (u + 1.0)
+
+
+def reshape(v, a, shape, env):
+    return np.ascontiguousarray(v[0]).reshape(-1).reshape(shape)  # ggml element order == numpy C order
+
+
+def view(v, a, shape, env):
+    flat = np.ascontiguousarray(v[0]).reshape(-1)
+    ne = tuple(reversed(shape))
+    offset, *strides = (d.eval(env) if isinstance(d, Sym) else d for d in (a["offset"], *a["strides"]))
+    idx = np.full(ne, offset, dtype=np.int64)
+    for k, (n, st) in enumerate(zip(ne, strides)):
+        idx += (np.arange(n) * st).reshape((1,) * k + (n,) + (1,) * (len(ne) - k - 1))
+    return flat[idx].T
+
+
+def _permute_ref(x: np.ndarray, axes: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    A = gg(x).reshape(gg(x).shape[: len(axes)])
+    out = np.empty(tuple(A.shape[axes.index(k)] for k in range(len(axes))))
+    for src in np.ndindex(*A.shape):  # source axis i moves to position axes[i]
+        dst = [0] * len(axes)
+        for i, p in enumerate(axes):
+            dst[p] = src[i]
+        out[tuple(dst)] = A[src]
+    return back(out, shape)
+
+
+def permute(v, a, shape, env):
+    return _permute_ref(v[0], tuple(a["axes"]), shape)
+
+
+def transpose(v, a, shape, env):
+    return _permute_ref(v[0], (1, 0, 2, 3), shape)
+
+
+def cont(v, a, shape, env):
+    return v[0]
+
+
+def concat(v, a, shape, env):
+    A, B, d = gg(v[0]), gg(v[1]), a["dim"]
+    ne = list(A.shape)
+    ne[d] += B.shape[d]
+    out = np.full(ne, np.nan)
+    lead = (slice(None),) * d
+    out[lead + (slice(0, A.shape[d]),)] = A
+    out[lead + (slice(A.shape[d], ne[d]),)] = B
+    return back(out, shape)
+
+
+def set_rows(v, a, shape, env):
+    """dst's rows at ids replaced by src's, rounded to dst's type, in place: dst is a memory's buffer (or, batched,
+    dst[b] rows ids[b] of src[b]); the value is dst."""
+    dst, src, ids = v
+    if ids.ndim == 2:
+        for b in range(ids.shape[0]):
+            dst[b, ids[b]] = src[b]
+        return dst
+    dst[ids] = src
+    return dst
+
+
+REFERENCES: dict[str, Callable[..., np.ndarray]] = {
+    "get_rows": lambda v, a, shape, env: (get_rows_batched if v[1].ndim >= 2 else get_rows)(v, a, shape, env),
+    "fill": lambda v, a, shape, env: np.full(shape, a["c"]), "repeat": repeat,
+    "mul_mat": mul_mat, "mul_mat_id": mul_mat_id, "argsort_top_k": argsort_top_k,
+    "sum_rows": lambda v, a, shape, env: v[0].sum(-1, keepdims=True),
+    "moe_sum": lambda v, a, shape, env: v[0].sum(-2),
+    "add_id": lambda v, a, shape, env: v[0] + np.asarray(v[1], np.float64)[np.asarray(v[2])],
+    "swiglu_oai": swiglu_oai,
+    "clamp": lambda v, a, shape, env: np.clip(v[0], a["min"], a["max"]),
+    "div": lambda v, a, shape, env: back(gg(v[0]) / _repeat_b(gg(v[0]), gg(v[1])), shape),
+    "add": add, "sub": sub, "mul": mul,
+    "scale": lambda v, a, shape, env: v[0] * a["s"],
+    "rms_norm": rms_norm, "norm": norm,
+    "silu": lambda v, a, shape, env: _silu(v[0]),
+    "gelu": lambda v, a, shape, env: _gelu(v[0]),
+    "relu": lambda v, a, shape, env: np.maximum(v[0], 0.0),
+    "sqr": lambda v, a, shape, env: v[0] * v[0],
+    "neg": lambda v, a, shape, env: -v[0],
+    "exp": lambda v, a, shape, env: np.exp(v[0]),
+    "tanh": lambda v, a, shape, env: np.tanh(v[0]),
+    "sigmoid": lambda v, a, shape, env: 1.0 / (1.0 + np.exp(-v[0])),
+    "softplus": lambda v, a, shape, env: np.where(v[0] > 20, v[0], np.log1p(np.exp(np.minimum(v[0], 20)))),
+    "swiglu": lambda v, a, shape, env: _silu(v[0]) * v[1],
+    "geglu": lambda v, a, shape, env: _gelu(v[0]) * v[1],
+    "rope": rope, "rope_multi": rope_multi, "soft_max": soft_max, "reshape": reshape, "view": view,
+    "permute": permute, "transpose": transpose, "cont": cont, "concat": concat,
+    "set_rows": set_rows, "ssm_conv": ssm_conv, "ssm_scan": ssm_scan, "ssm_scan_heads": ssm_scan_heads,
+    "rwkv_wkv6": rwkv_wkv6, "gated_delta_net": gated_delta_net,
+}
