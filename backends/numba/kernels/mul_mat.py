@@ -542,11 +542,15 @@ def padding_call(rows: np.ndarray, kind: int, out: np.ndarray) -> tuple[Callable
     return (_rows_par if rows.size >= MM_PAR_MIN else _rows_ser), (src, 1 if src.dtype == np.uint16 else kind, out)
 
 
-def product_mode(f16: bool, n: int, m: int, kp: int, lanes: int, contiguous: bool, vec_dot: bool) -> int:
-    """ggml_compute_forward_mul_mat's path: tinyBLAS for n >= 2 columns when w's rows m are a multiple of 4
-    (its tiles' height; tinyBLAS declines other counts) and the padded inner length is a multiple of the
-    register's lanes (f16 always, f32 only when src1 is contiguous), else vec_dot."""
-    if not vec_dot and n >= 2 and m % 4 == 0 and kp % lanes == 0 and (f16 or contiguous):
+def product_mode(f16: bool, n: int, kp: int, lanes: int, contiguous: bool, vec_dot: bool,
+                 weight_rows: int | None = None) -> int:
+    """ggml_compute_forward_mul_mat's path: tinyBLAS for n >= 2 columns when the padded inner length is a
+    multiple of the register's lanes (f16 always, f32 only when src1 is contiguous) and w's rows are a multiple
+    of 4 (tinyBLAS declines other counts), else vec_dot. ``weight_rows``: a weight's rows, which may be any
+    count (Mamba's 258-row x_proj, a 2-expert router); None for attention's operands, whose rows llama.cpp pads
+    (n_kv to 256, heads to their size), where graphir may hold fewer cells than llama.cpp multiplies."""
+    if not vec_dot and n >= 2 and kp % lanes == 0 and (f16 or contiguous) \
+            and (weight_rows is None or weight_rows % 4 == 0):
         return TINYBLAS
     return VEC_F16 if f16 else VEC_F32
 
@@ -575,14 +579,14 @@ def as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
 
 
 def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = None,
-            contiguous: bool | None = None, vec_dot: bool = False) -> np.ndarray:
+            contiguous: bool | None = None, vec_dot: bool = False, weight: bool = False) -> np.ndarray:
     """Activation x activation (attention): out[b, n, m] = sum_k w[b', m, k] x[b, n, k], with ggml's broadcast
     b' = b // (B/A) per batch dim (query head h reads kv head h // (n_head / n_head_kv)).
 
     w f16 (the f16 KV cache): x is rounded to f16 first, as ggml converts src1 to the vec_dot type.
     Path per ggml_compute_forward_mul_mat: tinyBLAS for n >= 2 columns when the (padded) inner length is a
     multiple of the register's lanes (f16 always, after the conversion; f32 only when src1 is contiguous,
-    i.e. soft_max's output) and m is a multiple of 4, else ggml_vec_dot_f16/f32. pad: the contraction length llama.cpp sees is
+    i.e. soft_max's output) and, for a ``weight``'s rows, m is a multiple of 4, else ggml_vec_dot_f16/f32. pad: the contraction length llama.cpp sees is
     a multiple of this (default: the kv_pad of a soft_max result, else 1). Only the path choice depends on
     it. contiguous: whether ggml sees src1 contiguous (default: only a soft_max result, which carries kv_pad;
     an f32 or f16 weight's activations are). w is read as it is stored (f16 converted lane by lane).
@@ -600,7 +604,7 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
         raise ValueError(f"mul_mat: cannot broadcast {w.shape} over {x.shape}")
     k, n, m = x4.shape[-1], x4.shape[-2], w4.shape[-2]
     kp = -(-k // pad) * pad
-    mode = product_mode(mode16, n, m, kp, path.lanes, contiguous, vec_dot)
+    mode = product_mode(mode16, n, kp, path.lanes, contiguous, vec_dot, m if weight else None)
     out = np.empty(x4.shape[:-1] + (m,), F32)
     for a in range(x4.shape[0]):                              # dim 3: few (usually 1)
         wa, xa = w4[a // (x4.shape[0] // w4.shape[0])], x4[a]

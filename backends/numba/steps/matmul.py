@@ -28,7 +28,7 @@ def matrix_product(w: Any, x: np.ndarray, path: IsaPath, contiguous: bool | None
         x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32)
         floats = w.float_rows()
         # f32 and f16 weights: ggml's own float paths (tinyBLAS or vec_dot, in their summation order)
-        y = w.matmul(x2) if floats is None else mul_mat(floats, x2, path, pad=1, contiguous=True)
+        y = w.matmul(x2) if floats is None else mul_mat(floats, x2, path, pad=1, contiguous=True, weight=True)
         return y.reshape(x.shape[:-1] + (w.rows,))
     return mul_mat(w, x, path, contiguous=contiguous)
 
@@ -92,7 +92,7 @@ def _record_float_product(tape: Tape, w: QWeight, x: np.ndarray, path: IsaPath) 
     floats = w.float_rows()
     x2 = x.reshape(-1, x.shape[-1])
     (n, k), m, f16 = x2.shape, floats.shape[0], floats.dtype == np.float16
-    mode, kind = product_mode(f16, n, m, k, path.lanes, True, False), 2 if f16 else 0
+    mode, kind = product_mode(f16, n, k, path.lanes, True, False, m), 2 if f16 else 0
     x1 = x2
     if kind or k % 64:   # once per x and kind: the products of one input (q, k and v) share its rows
         key = ("rows", id(x), kind)
@@ -135,7 +135,7 @@ def _record_activation_product(tape: Tape, w: np.ndarray, x: np.ndarray, path: I
         return None
     k, n, m = x4.shape[3], x4.shape[2], w4.shape[2]
     kp = -(-k // pad) * pad
-    mode = product_mode(False, n, m, kp, path.lanes, contiguous, False)
+    mode = product_mode(False, n, kp, path.lanes, contiguous, False)
     out = tape.arena(x4.shape[:-1] + (m,))
     for a in range(x4.shape[0]):
         wa, xa = w4[a // (x4.shape[0] // w4.shape[0])], x4[a]
