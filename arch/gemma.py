@@ -30,7 +30,7 @@ from graphir.model.hf_config import TEXT, VOCAB, Family, derived, hf
 from graphir.model.hparams import HParams, Key, SlidingWindow
 from graphir.graph.floats import f32, inv_sqrt
 from graphir.model.presets import Preset
-from graphir.model.qkv import qk_norm, qk_norm_tensors, qkv_tensors
+from graphir.model.qkv import qk_norm_tensors, qkv, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
@@ -103,9 +103,7 @@ class Gemma2(Architecture):
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
             # self-attention; local layers rotate with rope.freq_base_swa
-            q, k, v = b.build_qkv(h, il)
-            if t.qk_norm:
-                q, k = qk_norm(b, q, k, il)
+            q, k, v = qkv(b, h, il, t.qk_norm)
             base, scale = (hp.rope_freq_base_swa, t.swa_rope_scale) if hp.is_swa(il) else (None, None)
             q = b.rope(q, pos, name="Qcur.rope", freq_base=base, freq_scale=scale)
             k = b.rope(k, pos, name="Kcur.rope", freq_base=base, freq_scale=scale)

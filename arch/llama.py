@@ -27,7 +27,7 @@ from graphir.model.hf_config import TEXT, VOCAB, Family, derived, hf
 from graphir.model.hparams import HParams, Key
 from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.presets import Preset
-from graphir.model.qkv import qk_norm, qk_norm_tensors, qkv_tensors
+from graphir.model.qkv import qk_norm_tensors, qkv, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
@@ -108,9 +108,7 @@ class Llama(Architecture):
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
             # self-attention
-            q, k, v = b.build_qkv(h, il)
-            if t.qk_norm:
-                q, k = qk_norm(b, q, k, il)
+            q, k, v = qkv(b, h, il, t.qk_norm)
             if not (t.nope_every and (il + 1) % t.nope_every == 0):
                 rope_factors = b.w_opt(T.ROPE_FREQS)  # Llama-3.1 writes them; absent elsewhere
                 q = b.rope(q, pos, rope_factors, name="Qcur.rope")

@@ -15,6 +15,7 @@ import gguf
 import numpy as np
 import pytest
 
+from graphir.convert import add_key
 from graphir.model.meta import from_preset
 from graphir.model.presets import Preset
 
@@ -234,20 +235,6 @@ KEEP_F32 = re.compile(r"blk\.\d+\.(ssm_conv1d|time_mix_first|time_mix_w[12]|time
 EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight")
 
 
-def add_kv(w: gguf.GGUFWriter, key: str, value: Any) -> None:
-    """One metadata value with the GGUF type its Python type implies (ints as u32, floats as f32)."""
-    if isinstance(value, bool):
-        w.add_bool(key, value)
-    elif isinstance(value, int):
-        w.add_uint32(key, value)
-    elif isinstance(value, float):
-        w.add_float32(key, value)
-    elif isinstance(value, str):
-        w.add_string(key, value)
-    else:
-        w.add_array(key, list(value))
-
-
 def write_vocab_gguf(path: Path, metadata: dict[str, object], arch: str = "llama",
                      hparams: dict[str, object] | None = None) -> Path:
     """A vocab-only GGUF llama.cpp loads with vocab_only=True: the hparams it requires, tokenizer keys, no tensors."""
@@ -263,7 +250,7 @@ def write_vocab_gguf(path: Path, metadata: dict[str, object], arch: str = "llama
         elif key == gguf.Keys.Tokenizer.TOKEN_TYPE:
             w.add_token_types([int(x) for x in value])  # type: ignore[attr-defined]
         else:
-            add_kv(w, key, value)
+            add_key(w, key, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -287,7 +274,7 @@ def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationTyp
     w = gguf.GGUFWriter(str(path), preset.arch)
     for key, value in {**preset.metadata(), **(extra_md or {})}.items():
         if key != gguf.Keys.General.ARCHITECTURE and key not in drop_md:
-            add_kv(w, key, value)
+            add_key(w, key, value)
     w.add_string(gguf.Keys.Tokenizer.MODEL, "gpt2")
     w.add_string(gguf.Keys.Tokenizer.PRE, "default")
     w.add_uint32(gguf.Keys.Tokenizer.EOS_ID, 0)
@@ -338,6 +325,7 @@ TINY_FAMILY: dict[str, dict[str, object]] = {
               gguf.Keys.Attention.HEAD_COUNT_KV: 0, gguf.Keys.LLM.CONTEXT_LENGTH: 1048576},
 }
 TINY_FAMILY["nomic-bert"] = TINY_FAMILY["bert"]
+TINY_FAMILY["command-r"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
 # T5: heads of 16 (not n_embd / n_head), 32 relative buckets, the decoder started from token 3
 TINY_FAMILY["t5"] = TINY_FAMILY["t5encoder"] = {
     gguf.Keys.Attention.HEAD_COUNT_KV: 4, gguf.Keys.Attention.KEY_LENGTH: 16, gguf.Keys.Attention.VALUE_LENGTH: 16,

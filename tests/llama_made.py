@@ -24,6 +24,8 @@ import gguf
 import numpy as np
 from gguf import Keys
 
+from graphir.convert import add_key
+
 L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
 
 # Sizes per architecture where test-llama-archs.cpp departs from its defaults (its reasons: MLA's fixed head
@@ -53,7 +55,8 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
     for template, value in ((L.VOCAB_SIZE, n_vocab), (L.CONTEXT_LENGTH, n_ctx), (L.EMBEDDING_LENGTH, n_embd),
                             (L.FEATURES_LENGTH, n_embd), (L.BLOCK_COUNT, n_layer), (L.LEADING_DENSE_BLOCK_COUNT, 1),
                             (L.FEED_FORWARD_LENGTH, n_ff), (L.USE_PARALLEL_RESIDUAL, False), (L.LOGIT_SCALE, 1.0),
-                            (L.TIME_MIX_EXTRA_DIM, 64), (L.TIME_DECAY_EXTRA_DIM, 128), (L.FULL_ATTENTION_INTERVAL, 2)):
+                            (L.TIME_MIX_EXTRA_DIM, 64), (L.TIME_DECAY_EXTRA_DIM, 128), (L.FULL_ATTENTION_INTERVAL, 2),
+                            (L.RESIDUAL_SCALE, 3.5565588200778455)):
         put(template, value)
     if arch in HYBRID_HEADS:
         per_layer = [0 if il == 1 else n_head for il in range(n_layer)]
@@ -79,7 +82,8 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
     if moe:
         for template, value in ((L.EXPERT_FEED_FORWARD_LENGTH, n_ff), (L.EXPERT_SHARED_FEED_FORWARD_LENGTH, n_ff // 2),
                                 (L.INTERLEAVE_MOE_LAYER_STEP, 2), (L.EXPERT_COUNT, 2), (L.EXPERT_USED_COUNT, 2),
-                                (L.EXPERT_SHARED_COUNT, 1), (L.EXPERT_GATING_FUNC, 2)):
+                                (L.EXPERT_SHARED_COUNT, 1), (L.EXPERT_GATING_FUNC, 2), (L.EXPERT_GROUP_SCALE, 1.0),
+                                (L.EXPERTS_PER_GROUP, 1)):
             put(template, value)
     for template, value in ((S.INNER_SIZE, 256 if arch == "qwen35" else 2 * n_embd), (S.CONV_KERNEL, 4),
                             (S.STATE_SIZE, 128), (S.TIME_STEP_RANK, n_head), (S.GROUP_COUNT, 2),
@@ -103,18 +107,8 @@ class _GgufInitParams(ctypes.Structure):
 def _write_header(path: Path, md: dict[str, Any]) -> None:
     w = gguf.GGUFWriter(str(path), md[Keys.General.ARCHITECTURE])
     for name, value in md.items():
-        if name == Keys.General.ARCHITECTURE:
-            continue
-        if isinstance(value, bool):
-            w.add_bool(name, value)
-        elif isinstance(value, int):
-            w.add_uint32(name, value)
-        elif isinstance(value, float):
-            w.add_float32(name, value)
-        elif isinstance(value, str):
-            w.add_string(name, value)
-        else:
-            w.add_array(name, value)
+        if name != Keys.General.ARCHITECTURE:
+            add_key(w, name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

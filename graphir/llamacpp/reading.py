@@ -21,6 +21,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from graphir.errors import GraphirError
+from graphir.model.hparams import POOLING_UNSPECIFIED
 
 if TYPE_CHECKING:
     from graphir.model.meta import ModelMeta
@@ -112,7 +113,8 @@ def reserve(meta: ModelMeta, phases: tuple[str, ...]) -> list[list[list[Any]]]:
     """The records of llama.cpp's graph of ``meta`` for each phase (see :mod:`graphir.llamacpp.reserve`)."""
     with tempfile.TemporaryDirectory(prefix="graphir-llamacpp-") as d:
         path, digest = _sparse_model(meta, d)
-        pooled = meta.arch.hp.pooling != "none"  # as graphir reads the key: -1 (unspecified) is none
+        # llama.cpp's own saver writes -1 (unspecified) for none; graphir's reading of the family is not asked for
+        pooled = meta.metadata.get(f"{meta.arch_name}.pooling_type", 0) not in (0, None, *POOLING_UNSPECIFIED)
         request = {"n_ctx": N_CTX, "n_ubatch": N_UBATCH, "embeddings": pooled,
                    "graphs": [PHASE_SIZES[p] for p in phases]}
         key = digest + json.dumps(request)

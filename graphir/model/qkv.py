@@ -27,6 +27,10 @@ def qk_norm_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     return [spec(T.ATTN_Q_NORM, (d,), il, kind="vector"), spec(T.ATTN_K_NORM, (d,), il, kind="vector")]
 
 
-def qk_norm(b: GraphBuilder, q: Node, k: Node, il: int) -> tuple[Node, Node]:
-    """QK-norm: each head of Q and K RMS-normalised over its own values, with a learned scale (Qwen3, Gemma 3)."""
-    return b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed"), b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
+def qkv(b: GraphBuilder, h: Node, il: int, normed: bool) -> tuple[Node, Node, Node]:
+    """Q, K, V of layer il (the builder's build_qkv), with QK-norm where the family has it (``normed``): each head
+    of Q and K RMS-normalised over its own values, with a learned scale (Qwen3, Gemma 3)."""
+    q, k, v = b.build_qkv(h, il)
+    if normed:
+        q, k = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed"), b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
+    return q, k, v
