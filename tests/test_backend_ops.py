@@ -230,6 +230,11 @@ CASES: list[Case] = [
       max_bias=0.0, tol=F32, env={"n_kv": 9, "n_tokens": 5}, note="sinks, one per head"),
     C("soft_max", I("f32", 20, 3, 2, lo=-50, hi=50), I("f32", 20, 3, init="mask"), I("f32", 2, lo=40, hi=60),
       scale=1.0, max_bias=0.0, tol=F32, note="sinks above every score"),
+    # ALiBi: the mask's distances times a slope per head (12 heads: 8 of ggml's m0 powers, 4 of m1's)
+    C("soft_max", I("f32", KV, T, 12), I("f32", KV, T, lo=-30, hi=0), scale=0.125, max_bias=8.0, tol=F32,
+      env={"n_kv": 9, "n_tokens": 5}, note="ALiBi, 12 heads"),
+    C("soft_max", I("f32", KV, T, 4), I("f16", KV, T, lo=-30, hi=0), scale=1.0, max_bias=4.0, tol=F32,
+      env={"n_kv": 20, "n_tokens": 3}, note="ALiBi, f16 mask"),
     # movement
     C("reshape", I("f32", 64, T), shape=(8, 8, T), tol=EXACT, env={"n_tokens": 3}),
     C("reshape", I("f32", 8, 4, T), shape=(32, T), tol=EXACT, env={"n_tokens": 5}),

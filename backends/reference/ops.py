@@ -243,13 +243,23 @@ def rope(v, a, shape, env):
     return back(out, shape)
 
 
+def alibi_slope(max_bias, n_head, h):
+    """ALiBi's slope of head h of n_head (ggml_soft_max): with n the largest power of two not above n_head,
+    2^(-max_bias (h+1) / n) for the first n heads, 2^(-max_bias (2(h-n)+1) / 2n) for the rest; 1 without ALiBi."""
+    if max_bias <= 0:
+        return 1.0
+    n = 2 ** int(np.floor(np.log2(n_head)))
+    return 2.0 ** (-max_bias * (h + 1) / n) if h < n else 2.0 ** (-max_bias * (2 * (h - n) + 1) / (2 * n))
+
+
 def soft_max(v, a, shape, env):
     Wt = gg(v[0]) * a["scale"]
     if len(v) > 1:
         Mk = gg(v[1])
         for i3 in range(Wt.shape[3]):
             for i2 in range(Wt.shape[2]):
-                Wt[:, :, i2, i3] += Mk[:, : Wt.shape[1], i2 % Mk.shape[2], i3 % Mk.shape[3]]
+                slope = alibi_slope(a["max_bias"], Wt.shape[2], i2)
+                Wt[:, :, i2, i3] += slope * Mk[:, : Wt.shape[1], i2 % Mk.shape[2], i3 % Mk.shape[3]]
     if len(v) > 2:  # head i2's sink: one more logit in the denominator
         sink = np.asarray(v[2], np.float64).reshape(1, 1, -1, 1)
         m = np.maximum(Wt.max(axis=0, keepdims=True), sink)

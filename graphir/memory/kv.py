@@ -390,7 +390,7 @@ class KVCache(CellMemory):
         # NOTE: visibility is decided by the cells, not the ubatch: same first seq id, key pos <= query pos.
         ok = (pos[None, :] >= 0) & (((seq[None, :] >> first[:, None]) & np.uint64(1)) == 1)
         ok &= self.rule.sees(q_pos, pos[None, :])
-        mask = np.where(ok, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+        mask = self.rule.mask(ok, q_pos, pos[None, :]).astype(np.float32)
         idxs = cells.astype(np.int64)
         feeds = {self._tail("kq_mask"): mask, self._tail("k_idxs"): idxs, self._tail("v_idxs"): idxs,
                  self.kv_dim.name: n_kv, self.size_dim.name: self.n_ctx}

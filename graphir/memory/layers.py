@@ -37,6 +37,7 @@ class Attention:
     causal: bool = True
     swa_type: str = "standard"
     rel_buckets: int = 0  # T5: scores get a learned bias per bucket of key-query distance (:meth:`buckets`)
+    alibi: bool = False  # ALiBi: a seen key's mask value is -|key pos - query pos| (softmax scales it per head)
 
     @property
     def kind(self) -> str:
@@ -51,7 +52,16 @@ class Attention:
 
     def mask_facts(self) -> dict[str, Any]:
         """What a mask input states of the rule that fills it (printed in graphs)."""
-        return {"causal": self.causal, **({"window": self.window, "swa": self.swa_type} if self.window else {})}
+        return {"causal": self.causal, **({"window": self.window, "swa": self.swa_type} if self.window else {}),
+                **({"alibi": True} if self.alibi else {})}
+
+    def mask(self, seen: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
+        """The float32 mask of keys at ``k_pos`` from queries at ``q_pos`` (broadcast): -inf where not
+        ``seen``, else 0, or with ALiBi minus the distance (llama.cpp's mask for it)."""
+        if not self.alibi:
+            return np.where(seen, np.float32(0), np.float32(-np.inf))
+        d = np.abs(np.asarray(k_pos, np.int64) - np.asarray(q_pos, np.int64)).astype(np.float32)
+        return np.where(seen, -d, np.float32(-np.inf)).astype(np.float32)
 
     def buckets(self, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
         """T5's relative position bucket of each (query, key) pair (broadcast), llama.cpp's

@@ -15,13 +15,13 @@ from graphir.memory.layers import Attention
 
 
 def ubatch_mask(ub: UBatch, need: Attention) -> np.ndarray:
-    """[n_tokens(query), n_tokens(key)]: 0 where a key is visible (same first seq id, and seen by the layer's
+    """[n_tokens(query), n_tokens(key)]: 0 (ALiBi: minus the distance) where a key is visible (same first seq id, and seen by the layer's
     rule: not in the future when causal, inside its window when sliding)."""
     ok = need.sees(ub.pos[:, None], ub.pos[None, :])
     first = [ids[0] for ids in ub.seq_ids]
     if first.count(first[0]) != len(first):   # several sequences (one, as a sentence of its own: every key)
         ok &= np.equal.outer(first, first)
-    return np.where(ok, np.float32(0), np.float32(-np.inf))
+    return need.mask(ok, ub.pos[:, None], ub.pos[None, :])
 
 
 class NoMemory(Memory):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 from gguf import Keys
 
 from graphir.errors import MetadataError
-from graphir.model.hparams import PER_LAYER, HParams, Key, SlidingWindow, read_hparams
+from graphir.model.hparams import PER_LAYER, Alibi, HParams, Key, SlidingWindow, read_hparams
 from graphir.memory.kinds import fitting
 from graphir.memory.layers import Attention, LayerNeeds, kinds_of, needs_of
 from graphir.model.tensors import TensorDecl, TensorSpec
@@ -42,6 +42,7 @@ class Architecture:
     per_layer: ClassVar[bool] = False
     learned_positions: ClassVar[bool] = False  # positions index a trained table: none beyond n_ctx_train
     swa: ClassVar[SlidingWindow | None] = None  # how its layers slide (hparams n_swa, swa_type, swa_layers)
+    alibi: ClassVar[Alibi | None] = None  # how its attention is biased by distance (hparams max_alibi_bias)
     # An encoder-decoder's encoder: the architecture of the stack ``encode`` runs (phase "encode"), made from
     # the same hparams and reading the same file; this class's own layers are then the decoder's.
     encoder: ClassVar[type[Architecture] | None] = None
@@ -61,7 +62,7 @@ class Architecture:
 
     @classmethod
     def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
-        hp = read_hparams(label, metadata, cls.name, cls.required_keys, cls.causal, cls.keys, cls.swa)
+        hp = read_hparams(label, metadata, cls.name, cls.required_keys, cls.causal, cls.keys, cls.swa, cls.alibi)
         varying = [t for t, v in zip(PER_LAYER, (hp.n_ff, hp.n_head, hp.n_head_kv)) if isinstance(v, tuple)]
         if varying and not cls.per_layer:
             raise MetadataError(f"{label}: key '{varying[0].format(arch=cls.name)}' differs between layers; the "
@@ -96,7 +97,8 @@ class Architecture:
         is assembled from these."""
         hp = self.hp
         return tuple(Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il), hp.n_swa if hp.is_swa(il) else 0,
-                               hp.causal, hp.swa_type if hp.is_swa(il) else "standard")
+                               hp.causal, hp.swa_type if hp.is_swa(il) else "standard",
+                               alibi=hp.max_alibi_bias > 0)
                      for il in range(hp.n_layer))
 
     @cached_property

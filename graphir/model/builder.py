@@ -537,7 +537,8 @@ class GraphBuilder:
                  v_mla: Node | None = None) -> Node:
         """softmax(K^T Q * scale + mask) V per head; query head h reads kv head h // (n_head / n_head_kv).
         Soft capping, then the bias ``kq_b``, change the scores before the softmax, in llama.cpp's order;
-        ``sinks`` [n_head] join the softmax's denominators, one logit per head.
+        ``sinks`` [n_head] join the softmax's denominators, one logit per head. With ALiBi (hparams
+        max_alibi_bias) the softmax scales the mask's distances by each head's slope.
         ``tag`` prefixes the node names (a layer's second attention: cross-attention)."""
         q = self.op("permute", q, axes=(0, 2, 1, 3), name=f"{tag}q")
         k = self.op("permute", k, axes=(0, 2, 1, 3), name=f"{tag}k")
@@ -546,8 +547,8 @@ class GraphBuilder:
             kq = self.softcap(kq, softcap, name=f"{tag}kq.softcap")
         if kq_b is not None:
             kq = self.op("add", kq, kq_b, name=f"{tag}kq.biased")
-        kq = self.op("soft_max", kq, mask, *(() if sinks is None else (sinks,)), scale=kq_scale, max_bias=0.0,
-                     name=f"{tag}kq_soft_max")
+        kq = self.op("soft_max", kq, mask, *(() if sinks is None else (sinks,)), scale=kq_scale,
+                     max_bias=self.hp.max_alibi_bias, name=f"{tag}kq_soft_max")
         v = self.op("cont", self.op("permute", v, axes=(1, 2, 0, 3), name=f"{tag}v"), name=f"{tag}v.cont")
         kqv = self.op("mul_mat", v, kq, name=f"{tag}kqv")
         if v_mla is not None:  # MLA: each head's latent output decompressed by its slice [d_v, d_out, n_head]

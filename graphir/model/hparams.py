@@ -53,6 +53,18 @@ class SlidingWindow:
     off_when_zero: bool = False
 
 
+@dataclass(frozen=True)
+class Alibi:
+    """How a family's attention takes ALiBi's linear position bias, as llama.cpp's loader sets
+    ``f_max_alibi_bias``: ``bias`` (the largest head's slope exponent, 8 in every model that has it), or, with
+    ``key``, the file's ``attention.max_alibi_bias`` (absent: 0, no bias); ``n_layer``: only models of that many
+    layers take it (Baichuan 13B of 40, where the 7B of 32 ropes instead)."""
+
+    bias: float = 8.0
+    key: bool = False
+    n_layer: int = 0
+
+
 PerLayer = Union[int, Tuple[int, ...]]
 
 
@@ -84,6 +96,7 @@ class HParams:
     n_swa: int = 0  # the sliding window of the layers that slide
     swa_type: str = "none"  # standard | chunked | symmetric (graphir.memory.layers.WINDOWS)
     swa_layers: tuple[int, ...] = ()  # 1 per sliding layer, 0 per global one
+    max_alibi_bias: float = 0.0  # ALiBi: scores biased by slope(head) * -|key pos - query pos| (0: none)
     # The family's own keys (Architecture.keys), as (field, value) in the family's order; read as attributes.
     family: tuple[tuple[str, Any], ...] = ()
 
@@ -212,9 +225,11 @@ PER_LAYER = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Atten
 
 
 def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: tuple[str, ...] = (),
-                 causal: bool = True, keys: tuple[Key, ...] = (), swa: SlidingWindow | None = None) -> HParams:
+                 causal: bool = True, keys: tuple[Key, ...] = (), swa: SlidingWindow | None = None,
+                 alibi: Alibi | None = None) -> HParams:
     """The hparams every architecture shares, and the family's ``keys``; ``required`` names extra key
-    templates the arch cannot do without; ``swa``: how the family's layers slide, if they do."""
+    templates the arch cannot do without; ``swa``: how the family's layers slide, if they do; ``alibi``: how
+    its attention is biased by distance, if it is."""
     r = KeyReader(label, metadata, arch)
     clash = [k.field for k in keys if k.field in _FIELDS]
     if clash:
@@ -263,6 +278,7 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
         pooling=_pooling(r),
         n_token_types=r.get(Keys.Tokenizer.TOKEN_TYPE_COUNT, int, 0, minimum=0),  # a tokenizer key: no {arch}
         **_sliding(r, swa, n_layer),
+        max_alibi_bias=_alibi(r, alibi, n_layer),
     )
     def family_value(k: Key) -> Any:
         default = getattr(hp, k.default_from) if k.default_from else k.default
@@ -299,6 +315,16 @@ def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str,
             raise MetadataError(f"{r.label}: key '{kp}' is {n}: a period of layers cannot be negative")
         layers = tuple(int(n == 0 or (il % n != 0 if swa.dense_first else il % n < n - 1)) for il in range(n_layer))
     return {"n_swa": n_swa, "swa_type": swa.kind, "swa_layers": layers}
+
+
+def _alibi(r: KeyReader, alibi: Alibi | None, n_layer: int) -> float:
+    if alibi is None or (alibi.n_layer and n_layer != alibi.n_layer):
+        return 0.0
+    bias = r.get(Keys.Attention.MAX_ALIBI_BIAS, float, 0.0) if alibi.key else f32(alibi.bias)
+    if bias < 0:
+        raise MetadataError(f"{r.label}: key '{r.key(Keys.Attention.MAX_ALIBI_BIAS)}' is {bias}: ALiBi's bias "
+                            f"cannot be negative")
+    return bias
 
 
 POOLING_UNSPECIFIED = (-1, 2**32 - 1)  # LLAMA_POOLING_TYPE_UNSPECIFIED, as an int32 or as the uint32 llama.cpp writes

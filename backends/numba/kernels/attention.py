@@ -56,7 +56,7 @@ def _head_kernel(n_lanes: int, hadd: bool, variant: int) -> Callable:
         kq[h, 0, live:] = 0.0
         w = np.empty(max(head, n_kv), F32)
         p = np.empty(n_kv, F32)
-        soft_max_row(kq[h, 0], mask[h % mrows], scale, head, lanes, variant, w, p, F32(0.0), False)
+        soft_max_row(kq[h, 0], mask[h % mrows], scale, F32(1.0), head, lanes, variant, w, p, F32(0.0), False)
         x = np.empty(ldp, F32)
         to_f32_row(p, 2, x)
         column_dots(v, vw, (h // ratio) * vsb, vsc, x, 0, live, kpv, hadd, out[h, 0])

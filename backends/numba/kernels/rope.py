@@ -8,8 +8,6 @@ The cache is built once per position vector and run (the executor keeps it in th
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 from typing import Callable
 
@@ -19,13 +17,11 @@ from numba import njit, prange
 
 from graphir.backends.numba.primitives.jit import INL, PAR_MIN, SER, parallel_and_serial
 from graphir.backends.numba.primitives.bits import fma
+from graphir.backends.numba.primitives.libm import libm
 
 F32 = np.float32
 _ONE, _ZERO = F32(1.0), F32(0.0)
 
-_libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-for _f, _n in (("powf", 2), ("logf", 1), ("cosf", 1), ("sinf", 1)):
-    getattr(_libm, _f).restype, getattr(_libm, _f).argtypes = ctypes.c_float, [ctypes.c_float] * _n
 
 
 @njit(**SER)
@@ -63,14 +59,14 @@ def _rope_cache(pos, half, theta_scale, ff, freq_scale, ext, lo, hi, mscale, cos
 def rope_cos_sin(pos: np.ndarray, n_dims: int, freq_factors: np.ndarray | None, a: dict) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [n_tokens, n_dims/2] as ggml's rope cache builds them (angle *= theta_scale per pair)."""
     half = n_dims // 2
-    theta_scale = F32(_libm.powf(F32(a["freq_base"]), F32(-2.0) / F32(n_dims)))
+    theta_scale = F32(libm.powf(F32(a["freq_base"]), F32(-2.0) / F32(n_dims)))
     ff = np.ones(half, F32) if freq_factors is None else np.ascontiguousarray(freq_factors, dtype=F32)[:half]
     freq_scale, ext = F32(a["freq_scale"]), F32(a["ext_factor"])
     mscale = F32(a["attn_factor"])
     lo = hi = 0.0
     if ext != 0:
         lo, hi = _yarn_corr_dims(n_dims, a["n_ctx_orig"], a["freq_base"], a["beta_fast"], a["beta_slow"])
-        mscale = mscale * _fma32(F32(0.1), F32(_libm.logf(F32(1) / freq_scale)), F32(1))
+        mscale = mscale * _fma32(F32(0.1), F32(libm.logf(F32(1) / freq_scale)), F32(1))
     cos, sin = np.empty((len(pos), half), F32), np.empty((len(pos), half), F32)
     _rope_cache(np.asarray(pos, np.int64), half, theta_scale, ff, freq_scale, ext, F32(lo), F32(hi), mscale, cos, sin)
     if numba.config.USING_SVML:     # numba may vectorize math.cos with SVML, which is not glibc's cosf
@@ -107,8 +103,8 @@ def _rope_cos_sin_libm(pos, half, theta_scale, ff, freq_scale, ext, lo, hi, msca
                 y = F32(F32(F32(i) - lo) / max(F32(0.001), F32(hi - lo)))
                 mix = F32((F32(1) - min(F32(1), max(F32(0), y))) * ext)
                 th = _fma32(ti, F32(1) - mix, F32(te * mix))
-            cos[r, i] = F32(_libm.cosf(th)) * mscale
-            sin[r, i] = F32(_libm.sinf(th)) * mscale
+            cos[r, i] = F32(libm.cosf(th)) * mscale
+            sin[r, i] = F32(libm.sinf(th)) * mscale
             theta = F32(theta * theta_scale)
     return cos, sin
 

@@ -10,7 +10,8 @@ import numpy as np
 
 from graphir.backends.numba import tape as T
 from graphir.backends.numba.kernels.attention import attention_mask, attention_over, open_prefix
-from graphir.backends.numba.kernels.softmax import exp_head, mask_rows, probabilities, soft_max, soft_max_kernel
+from graphir.backends.numba.kernels.softmax import (alibi_slopes, exp_head, heads, mask_rows, per_row, probabilities,
+                                                    soft_max, soft_max_kernel)
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.steps.base import F32, Env, Step, broadcast, dense, kernel, rows_of
 from graphir.backends.numba.tape import Tape
@@ -38,9 +39,9 @@ class _SoftMax(Step):
                         self.path, self.pad, None if sinks is None else dense(sinks))
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
-        """soft_max with a mask (no sinks, no ALiBi) on the tape: its value marked as soft_max marks it (the KV
-        padding it ran with), which the mul_mat that reads it chooses its path by."""
-        if len(args) != 2 or self.a["max_bias"] or not rows_of(*args):
+        """soft_max with a mask (no sinks) on the tape: its value marked as soft_max marks it (the KV padding it
+        ran with), which the mul_mat that reads it chooses its path by."""
+        if len(args) != 2 or not rows_of(*args):
             return None
         x, mask = args
         m, mrows = mask_rows(broadcast(mask, x.shape), x.shape)
@@ -48,9 +49,14 @@ class _SoftMax(Step):
             return None
         x2, lanes = x.reshape(-1, x.shape[-1]), self.path.lanes
         head, scale, none = exp_head(x.shape[-1], lanes, self.pad), F32(self.a["scale"]), tape.arena((0,))
+        slopes = none
+        if self.a["max_bias"] > 0:  # constants of the step, written once into the arena
+            slopes = tape.arena((x2.shape[0],), fresh=True)
+            slopes[:] = per_row(alibi_slopes(self.a["max_bias"], heads(x.shape)), x.shape)
         out, variant = tape.arena(x.shape), self.path.expf
         o2 = out.reshape(x2.shape)
-        ok = tape.record(T.SOFT_MAX, soft_max_kernel(x.size), (x2, m, mrows, scale, head, lanes, variant, o2, none))
+        ok = tape.record(T.SOFT_MAX, soft_max_kernel(x.size),
+                         (x2, m, mrows, scale, slopes, head, lanes, variant, o2, none))
         return probabilities(out, self.pad) if ok else None
 
 

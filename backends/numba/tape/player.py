@@ -90,9 +90,9 @@ def player(n_lanes: int) -> Callable:
             elif op == 18:  # GELU: gelu rows through ggml's table (geglu: gated by u): x, u, gated, table, out
                 call_at(at, (read_f2(t, a[0]), read_f2(t, a[1]), a[2] != 0, read_f1(t, a[3]), read_f2(t, a[4])))
                 pc += 7
-            elif op == 19:  # SOFT_MAX: x, mask rows, mrows, scale, head, lanes, variant, out, sinks
-                call_at(at, (read_f2(t, a[0]), read_f2(t, a[1]), a[2], f32s[a[3]], a[4], a[5], a[6], read_f2(t, a[7]), read_f1(t, a[8])))
-                pc += 11
+            elif op == 19:  # SOFT_MAX: x, mask rows, mrows, scale, ALiBi slopes, head, lanes, variant, out, sinks
+                call_at(at, (read_f2(t, a[0]), read_f2(t, a[1]), a[2], f32s[a[3]], read_f1(t, a[4]), a[5], a[6], a[7], read_f2(t, a[8]), read_f1(t, a[9])))
+                pc += 12
             elif op == 20:  # SHORT_DOTS: f16 rows shorter than a step, one x row: w by columns in blocks, x, k, out
                 call_at(at, (read_f3(t, a[0]), read_f1(t, a[1]), a[2], read_f2(t, a[3])))
                 pc += 6
