@@ -83,6 +83,13 @@ class UBatch:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def positions(self, per_token: int) -> np.ndarray:
+        """The positions a graph taking ``per_token`` a token is fed, section-major: a text token's M-RoPE
+        time, height and width are its position and its extra position is 0 (llama.cpp's inp_pos)."""
+        if per_token == 1:
+            return self.pos
+        return np.concatenate([self.pos] * (per_token - 1) + [np.zeros_like(self.pos)])
+
 
 def validate(batch: Batch, n_vocab: int, n_seq_max: int, last_pos: Callable[[int], int]) -> np.ndarray:
     """Check a batch against the model and the memory; return its positions (filled in where absent).

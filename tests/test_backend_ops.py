@@ -211,10 +211,12 @@ CASES: list[Case] = [
     C("rope", I("f32", 8, 2, T, 2), pos(), tol=ROPE, env={"n_tokens": 3}, note="4-D",
       **rope_attrs(8, "norm", freq_scale=0.5, attn_factor=0.5)),
     C("rope", I("f16", 8, 2, T), pos(), tol=F16, env={"n_tokens": 4}, note="f16 a", **rope_attrs(8, "neox")),
-    # rope_multi: sections of rotated pairs, interleaved (imrope); text positions: the extra section turns by 0
-    C("rope_multi", I("f32", 24, 2, T), pos(), tol=ROPE, env={"n_tokens": 5}, note="partial, extra section",
+    # rope_multi: sections of rotated pairs, interleaved (imrope), each turned by its own positions (four a token)
+    C("rope_multi", I("f32", 24, 2, T), I("i32", 4 * T, init="pos", n=200), tol=ROPE, env={"n_tokens": 5},
+      note="partial, extra section",
       sections=(3, 3, 1, 1), **rope_attrs(16, "imrope")),
-    C("rope_multi", I("f32", 64, 2, T), pos(), tol=ROPE, env={"n_tokens": 3}, note="Qwen3.5's sections",
+    C("rope_multi", I("f32", 64, 2, T), I("i32", 4 * T, init="pos", n=200), tol=ROPE, env={"n_tokens": 3},
+      note="Qwen3.5's sections",
       sections=(11, 11, 10, 0), **rope_attrs(64, "imrope", freq_base=10000000.0)),
     # soft_max over ne0 of a*scale + mask (mask rows follow ne1, broadcast over dims 2/3)
     C("soft_max", I("f32", 10, 4), scale=1.0, max_bias=0.0, tol=F32),

@@ -52,8 +52,6 @@ class Row:
     made_by: str = "llama.cpp"  # or "graphir": a family llama.cpp cannot save
     moe: bool = False
     keys: dict[str, Any] = field(default_factory=dict)
-    # False where graphir's graph differs from llama.cpp's in a documented way that a test of its own pins
-    same_graph_as_llama_cpp: bool = True
     # Where graphir on llama.cpp's AVX2 path is not yet bit for bit llama.cpp's on this row's model: the largest
     # logit difference measured there, which the row is then held to on that path (0: bit for bit everywhere)
     avx2_apart: float = 0.0
@@ -71,9 +69,7 @@ ROWS = [
     Row("deepseek2", "moe", moe=True),  # llama.cpp builds it with experts only
     Row("gpt2"),
     Row("rwkv6"),
-    # llama.cpp feeds M-RoPE four positions a token, graphir one (rope_multi makes the four):
-    # tests/test_llamacpp_graph.py::test_qwen35_differs_only_in_its_positions
-    Row("qwen35", same_graph_as_llama_cpp=False),
+    Row("qwen35"),
     Row("llama"),
     Row("llama", "moe", moe=True),
     Row("qwen2"),
@@ -295,7 +291,7 @@ def test_the_numba_backend_equals_the_reference_backend(row: Row) -> None:
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS if r.same_graph_as_llama_cpp])
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])
 def test_the_graph_is_llama_cpps_own(row: Row) -> None:
     from graphir.llamacpp.compare import agreement
     from graphir.model.meta import open_model

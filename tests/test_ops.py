@@ -325,8 +325,10 @@ def test_rope_rejects_freq_factors_of_the_wrong_length():
 MROPE = {**ROPE, "mode": "imrope", "sections": (11, 11, 10, 0)}
 
 
-def test_rope_multi_keeps_the_shape_of_its_heads():
-    assert infer("rope_multi", [t("f32", 256, 8, T), t("i32", T)], MROPE) == ("f32", (256, 8, T))
+def test_rope_multi_keeps_the_shape_of_its_heads_and_takes_four_positions_a_token():
+    assert infer("rope_multi", [t("f32", 256, 8, T), t("i32", 4 * T)], MROPE) == ("f32", (256, 8, T))
+    rejects("rope_multi", [t("f32", 256, 8, T), t("i32", T)], MROPE,
+            r"positions i32\[n_tokens\] do not match the token axis \(ne2\) of f32\[256, 8, n_tokens\], 4 a token")
 
 
 @pytest.mark.parametrize("attrs,match", [
@@ -337,7 +339,7 @@ def test_rope_multi_keeps_the_shape_of_its_heads():
     ({"n_dims": 66}, r"n_dims=66 does not fit head size 64"),
 ])
 def test_rope_multi_rejects_bad_sections_and_the_rules_of_rope(attrs, match):
-    rejects("rope_multi", [t("f32", 64, 8, T), t("i32", T)], {**MROPE, **attrs}, match)
+    rejects("rope_multi", [t("f32", 64, 8, T), t("i32", 4 * T)], {**MROPE, **attrs}, match)
 
 
 S_ = Sym.named("n_seqs")

@@ -167,11 +167,12 @@ def _rwkv_wkv6(xs: list[Node], a: dict[str, Any]) -> Type:
     return "f32", (hs * H, T + hs * state.shape[1])
 
 
-def _rope(xs: list[Node], a: dict[str, Any]) -> Type:
+def _rope(xs: list[Node], a: dict[str, Any], per_token: int = 1) -> Type:
     x, pos = xs[0], xs[1]
     s = _pad4(x.shape)
     _need(pos.dtype == "i32" and len(pos.shape) == 1, f"positions must be i32[n], got {pos.type_str}")
-    _need(pos.shape[0] == s[2], f"positions {pos.type_str} do not match the token axis (ne2) of {x.type_str}")
+    _need(pos.shape[0] == per_token * s[2], f"positions {pos.type_str} do not match the token axis (ne2) of "
+                                             f"{x.type_str}" + (f", {per_token} a token" if per_token > 1 else ""))
     _need(isinstance(s[0], int) and a["n_dims"] <= s[0] and a["n_dims"] % 2 == 0,
           f"n_dims={a['n_dims']} does not fit head size {s[0]}")
     if len(xs) == 3:
@@ -187,7 +188,7 @@ def _rope_multi(xs: list[Node], a: dict[str, Any]) -> Type:
           f"sections={list(sections)} must be 4 counts of rotated pairs, one of the first three positive")
     _need(sum(sections) <= _pad4(xs[0].shape)[0], f"sections={list(sections)} hold more pairs than head size "
                                                   f"{xs[0].shape[0]}")
-    return _rope(xs, a)
+    return _rope(xs, a, per_token=4)  # time, height, width and extra positions, section-major
 
 
 def _gated_delta_net(xs: list[Node], a: dict[str, Any]) -> Type:
@@ -349,8 +350,9 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("rope", "attention", ("a", "pos", "freq_factors?"), _ROPE_ATTRS, _rope,
           "rotary position embedding over the first n_dims of ne0; positions index ne2"),
     OpDef("rope_multi", "attention", ("a", "pos"), _ROPE_ATTRS + ("sections",), _rope_multi,
-          "RoPE whose rotated pairs fall into sections (time, height, width, extra; 'imrope': interleaved); text "
-          "positions give the first three the token's position and the extra one position 0"),
+          "RoPE whose rotated pairs fall into sections (time, height, width, extra; 'imrope': interleaved), each "
+          "section turned by its own position: four a token, section-major (every token's time, then heights, "
+          "widths, extras); a text token's are (p, p, p, 0)"),
     OpDef("soft_max", "attention", ("a", "mask?", "sinks?"), ("scale", "max_bias"), _soft_max,
           "softmax over ne0 of a*scale + mask; sinks[h]: one more logit of head h (ne2) in the denominator"),
     OpDef("reshape", "movement", ("a",), ("shape",), _reshape, "same elements, new shape (a contiguous)",

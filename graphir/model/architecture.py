@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from graphir.model.builder import GraphBuilder
 
 REGISTRY: dict[str, type[Architecture]] = {}
+# How many positions a token takes, by RoPE mode (llama.cpp's n_pos_per_embd): M-RoPE turns its sections by a
+# time, a height, a width and an extra position; every other mode by one.
+POSITIONS_PER_TOKEN = {"mrope": 4, "imrope": 4}
 
 
 class Architecture:
@@ -118,6 +121,10 @@ class Architecture:
             raise MetadataError(f"no memory kind holds a '{self.name}' model's layers (of kind "
                                 f"{', '.join(sorted(kinds_of(self.needs)))})")
         return kinds
+
+    @property
+    def positions_per_token(self) -> int:
+        return POSITIONS_PER_TOKEN.get(self.rope_mode, 1)
 
     def decoder_start(self) -> int | None:
         """The token an encoder-decoder's decoder starts from (None: the file names none; BOS is used)."""

@@ -259,7 +259,9 @@ class GraphBuilder:
         return self.op("get_rows", tok_embd, tokens, name="inp_embd")
 
     def build_inp_pos(self) -> Node:
-        return self.input("pos", "i32", (self.n_tokens,))
+        """The ubatch's positions: one a token, or the several its RoPE mode turns by (M-RoPE's four,
+        section-major), as llama.cpp's inp_pos."""
+        return self.input("pos", "i32", (self.arch.positions_per_token * self.n_tokens,))
 
     def build_inp_out_ids(self) -> Node:
         """Rows whose output is wanted; always present so the topology does not depend on n_outputs."""

@@ -142,6 +142,7 @@ class Context:
             raise GraphirError(f"a '{arch.name}' model runs with context {' or '.join(known)}, not '{self.kind}'")
         n_ctx_seq = self.n_ctx if unified else self.n_ctx // n_seq_max  # llama.cpp's n_ctx_seq
         self._table = hp.n_ctx_train if arch.learned_positions else 0  # rows of a learned position table
+        self._positions = arch.positions_per_token
         if self._table and self.n_ctx > self._table:
             raise GraphirError(f"n_ctx={self.n_ctx} exceeds the {hp.n_ctx_train} positions this model was trained "
                                f"with (its position embeddings end there)")
@@ -201,7 +202,7 @@ class Context:
                     feeds = mem.apply(ub, plan)
                     env = {"n_tokens": len(ub), "n_outputs": len(ub.out_ids), "n_ctx": self.n_ctx}
                     env.update((k, feeds.pop(k)) for k in [k for k, v in feeds.items() if isinstance(v, int)])
-                    feeds.update(tokens=ub.tokens, pos=ub.pos, out_ids=ub.out_ids)
+                    feeds.update(tokens=ub.tokens, pos=ub.positions(self._positions), out_ids=ub.out_ids)
                     seqs: list[int] = []
                     if self.pooling != "none":
                         seqs, extra = pooling_inputs(ub, self.pooling)

@@ -76,18 +76,25 @@ def rope_cos_sin(pos: np.ndarray, n_dims: int, freq_factors: np.ndarray | None, 
 
 
 def imrope_cos_sin(pos: np.ndarray, n_dims: int, sections: tuple[int, ...], a: dict) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin of ggml_mrope_cache_init (interleaved sections) for text positions, where the time, height and
-    width positions are the token's and the extra one is 0: a pair of the first three sections turns as plain
-    RoPE does (the angles run through the same multiplications), a pair of the extra section by angle 0."""
-    cos, sin = rope_cos_sin(pos, n_dims, None, a)
-    cos0, sin0 = rope_cos_sin(np.zeros(1, np.int64), n_dims, None, a)
+    """cos/sin of ggml_mrope_cache_init (interleaved sections): ``pos`` holds each token's time, height, width
+    and extra positions, section-major; every section's angles run through the same multiplications as plain
+    RoPE's, and pair i takes those of the section its sector falls in (time, height and width by turns while
+    each lasts, then the extra one)."""
+    per_section = np.asarray(pos).reshape(4, -1)
+    (cos_t, sin_t), (cos_h, sin_h), (cos_w, sin_w), (cos_e, sin_e) = (rope_cos_sin(p, n_dims, None, a)
+                                                                      for p in per_section)
+    cos, sin = cos_e.copy(), sin_e.copy()
     t, h, w = sections[:3]
     period = sum(sections)
     for i in range(n_dims // 2):
         sector = i % period
         r = sector % 3
-        if not (r == 1 and sector < 3 * h or r == 2 and sector < 3 * w or r == 0 and sector < 3 * t):
-            cos[:, i], sin[:, i] = cos0[0, i], sin0[0, i]
+        if r == 1 and sector < 3 * h:
+            cos[:, i], sin[:, i] = cos_h[:, i], sin_h[:, i]
+        elif r == 2 and sector < 3 * w:
+            cos[:, i], sin[:, i] = cos_w[:, i], sin_w[:, i]
+        elif r == 0 and sector < 3 * t:
+            cos[:, i], sin[:, i] = cos_t[:, i], sin_t[:, i]
     return cos, sin
 
 
