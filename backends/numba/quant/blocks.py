@@ -2,10 +2,13 @@
 
 The repack (numpy) runs once per tensor, or per get_rows request for the rows asked for. The row dequantizers
 are the one place each format's arithmetic is written: the GEMM kernels of quant.stream inline them to expand
-weight rows into a tile, and the deq_* kernels below (get_rows, dequantize) to build whole rows.
+weight rows into a tile, and the dequantizer kernels below (get_rows, dequantize) to build whole rows.
 """
 
 from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
 
 import numpy as np
 from numba import njit, prange
@@ -114,7 +117,7 @@ def repack_q6_k(b):
 # Row dequantizers: row i of the packed tensor -> w[a, :] (float32, length k) in *stream order*: the same
 # permuted element order as the activation (for Q4_x all low-nibble values, then all high-nibble values), so
 # every store is contiguous. with_min=False drops the additive min term (GEMM adds it as a separate product).
-# The arithmetic is gguf.quants.dequantize's, operation for operation; inlined into the deq_* kernels, which
+# The arithmetic is gguf.quants.dequantize's, operation for operation; inlined into the dequantizer kernels, which
 # have no fastmath, the values are bit-exact (no FMA contraction of d*q + m).
 # Two numba details decide their speed (5x): inline="always" (as a call, numba loses the knowledge that w is a
 # fresh local array and the stores stop vectorizing) and offsets written as max(n, 0) (numba wraps negative
@@ -235,100 +238,33 @@ def row_q6_k(qa, qb, qh, s, i, w, a, with_min):
 # stream order, then gathered through inv), min term included. Exact: no fastmath.
 # ---------------------------------------------------------------------------------------------------------
 
-@njit(**_exact)
-def deq_f32(w0, ids, inv, out):
-    for m in prange(ids.shape[0]):
+def per_format(template: str, row: Callable, namespace: dict[str, Any], options: dict[str, Any],
+               **fields: str) -> Callable:
+    """A kernel of the format whose row dequantizer is ``row``, compiled with numba ``options`` from ``template``:
+    a def of ``{name}`` that takes the format's packed arrays ``{arrays}`` one by one (``{first}`` the first) and
+    calls ``{row}``, in the module of ``namespace`` (its globals). One template serves every format because its
+    arrays are spelled out per format: the loops vectorize only over arrays passed one by one (handed over in a
+    tuple, the Q4_K GEMM measured 25% slower and its get_rows 2x), and numba's cache keeps only kernels whose
+    identity is their name (a closure over the row function pickles a per-process id into the cache key)."""
+    arrays = list(inspect.signature(row.py_func).parameters)[:-4]   # the row's (..., i, w, a, with_min)
+    name = template.split("def ", 1)[1].split("(", 1)[0].format(fmt=row.__name__.removeprefix("row_"))
+    source = template.format(fmt=row.__name__.removeprefix("row_"), arrays=", ".join(arrays), first=arrays[0],
+                             row=row.__name__, **fields)
+    scope = dict(namespace)
+    exec(compile(source, namespace["__file__"], "exec"), scope)
+    return njit(**options)(scope[name])
+
+
+_DEQ = """
+def deq_{fmt}({arrays}, ids, inv, out):
+    for r in prange(ids.shape[0]):
         w = np.empty((1, out.shape[1]), _F32)
-        row_f32(w0, ids[m], w, 0, True)
+        {row}({arrays}, ids[r], w, 0, True)
         for e in range(out.shape[1]):
-            out[m, e] = w[0, inv[e]]
+            out[r, e] = w[0, inv[e]]
+"""
 
 
-@njit(**_exact)
-def deq_f16(w0, ids, inv, out):
-    for m in prange(ids.shape[0]):
-        w = np.empty((1, out.shape[1]), _F32)
-        row_f16(w0, ids[m], w, 0, True)
-        for e in range(out.shape[1]):
-            out[m, e] = w[0, inv[e]]
-
-
-@njit(**_exact)
-def deq_bf16(w0, ids, inv, out):
-    for m in prange(ids.shape[0]):
-        w = np.empty((1, out.shape[1]), _F32)
-        row_bf16(w0, ids[m], w, 0, True)
-        for e in range(out.shape[1]):
-            out[m, e] = w[0, inv[e]]
-
-
-@njit(**_exact)
-def deq_q8_0(qs, d, ids, inv, out):
-    for m in prange(ids.shape[0]):
-        w = np.empty((1, out.shape[1]), _F32)
-        row_q8_0(qs, d, ids[m], w, 0, True)
-        for e in range(out.shape[1]):
-            out[m, e] = w[0, inv[e]]
-
-
-@njit(**_exact)
-def deq_q4_0(qs, d, ids, inv, out):
-    for m in prange(ids.shape[0]):
-        w = np.empty((1, out.shape[1]), _F32)
-        row_q4_0(qs, d, ids[m], w, 0, True)
-        for e in range(out.shape[1]):
-            out[m, e] = w[0, inv[e]]
-
-
-@njit(**_exact)
-def deq_mxfp4(qs, d, ids, inv, out):
-    for m in prange(ids.shape[0]):
-        w = np.empty((1, out.shape[1]), _F32)
-        row_mxfp4(qs, d, ids[m], w, 0, True)
-        for e in range(out.shape[1]):
-            out[m, e] = w[0, inv[e]]
-
-
-@njit(**_exact)
-def deq_q5_0(qs, qh, d, ids, inv, out):
-    for m in prange(ids.shape[0]):
-        w = np.empty((1, out.shape[1]), _F32)
-        row_q5_0(qs, qh, d, ids[m], w, 0, True)
-        for e in range(out.shape[1]):
-            out[m, e] = w[0, inv[e]]
-
-
-@njit(**_exact)
-def deq_q4_1(qs, d, mn, ids, inv, out):
-    for m in prange(ids.shape[0]):
-        w = np.empty((1, out.shape[1]), _F32)
-        row_q4_1(qs, d, mn, ids[m], w, 0, True)
-        for e in range(out.shape[1]):
-            out[m, e] = w[0, inv[e]]
-
-
-@njit(**_exact)
-def deq_q4_k(qs, slo, shi, mins, ids, inv, out):
-    for m in prange(ids.shape[0]):
-        w = np.empty((1, out.shape[1]), _F32)
-        row_q4_k(qs, slo, shi, mins, ids[m], w, 0, True)
-        for e in range(out.shape[1]):
-            out[m, e] = w[0, inv[e]]
-
-
-@njit(**_exact)
-def deq_q5_k(qs, qh, slo, shi, mins, ids, inv, out):
-    for m in prange(ids.shape[0]):
-        w = np.empty((1, out.shape[1]), _F32)
-        row_q5_k(qs, qh, slo, shi, mins, ids[m], w, 0, True)
-        for e in range(out.shape[1]):
-            out[m, e] = w[0, inv[e]]
-
-
-@njit(**_exact)
-def deq_q6_k(qa, qb, qh, s, ids, inv, out):
-    for m in prange(ids.shape[0]):
-        w = np.empty((1, out.shape[1]), _F32)
-        row_q6_k(qa, qb, qh, s, ids[m], w, 0, True)
-        for e in range(out.shape[1]):
-            out[m, e] = w[0, inv[e]]
+def dequantizer(row: Callable) -> Callable:
+    """The get_rows / dequantize kernel of ``row``'s format: (*packed, ids, inv, out)."""
+    return per_format(_DEQ, row, globals(), _exact)

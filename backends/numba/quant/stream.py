@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.numba.quant.blocks import row_bf16, row_f16, row_f32, row_q4_k, row_q5_k, row_q6_k
+from graphir.backends.numba.quant.blocks import per_format, row_bf16, row_f16, row_f32, row_q4_k, row_q5_k, row_q6_k
 
 _F32 = np.float32
 _fast = dict(parallel=True, fastmath=True, cache=True)   # GEMV: float reassociation allowed (vectorizes)
@@ -179,83 +179,27 @@ def _tasks(rows):
     return min(nblk, 64), nblk
 
 
-@njit(**_fast)
-def gemm_f32(w0, xq, asum, out):
-    rows = w0.shape[0]
+_GEMM = """
+def gemm_{fmt}({arrays}, xq, asum, out):
+    rows = {first}.shape[0]
     ntask, nblk = _tasks(rows)
     for t in prange(ntask):
         w = np.empty((_TR, xq.shape[1]), _F32)
+        {mins_tile}
         for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
             i0, cnt = c * _TR, min(_TR, rows - c * _TR)
             for a in range(cnt):
-                row_f32(w0, i0 + a, w, a, False)
+                {row}({arrays}, i0 + a, w, a, False)
             _tile(w, cnt, xq, out, i0, False)
+            {add_mins}
+"""
 
 
-@njit(**_fast)
-def gemm_f16(w0, xq, asum, out):
-    rows = w0.shape[0]
-    ntask, nblk = _tasks(rows)
-    for t in prange(ntask):
-        w = np.empty((_TR, xq.shape[1]), _F32)
-        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
-            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
-            for a in range(cnt):
-                row_f16(w0, i0 + a, w, a, False)
-            _tile(w, cnt, xq, out, i0, False)
-
-
-@njit(**_fast)
-def gemm_bf16(w0, xq, asum, out):
-    rows = w0.shape[0]
-    ntask, nblk = _tasks(rows)
-    for t in prange(ntask):
-        w = np.empty((_TR, xq.shape[1]), _F32)
-        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
-            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
-            for a in range(cnt):
-                row_bf16(w0, i0 + a, w, a, False)
-            _tile(w, cnt, xq, out, i0, False)
-
-
-@njit(**_fast)
-def gemm_q4_k(qs, slo, shi, mins, xq, asum, out):
-    rows = qs.shape[0]
-    ntask, nblk = _tasks(rows)
-    for t in prange(ntask):
-        w = np.empty((_TR, xq.shape[1]), _F32)
-        wm = np.empty((_TR, mins.shape[1]), _F32)
-        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
-            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
-            for a in range(cnt):
-                row_q4_k(qs, slo, shi, mins, i0 + a, w, a, False)
-            _tile(w, cnt, xq, out, i0, False)
-            _add_mins(mins, wm, asum, i0, cnt, out)
-
-
-@njit(**_fast)
-def gemm_q5_k(qs, qh, slo, shi, mins, xq, asum, out):
-    rows = qs.shape[0]
-    ntask, nblk = _tasks(rows)
-    for t in prange(ntask):
-        w = np.empty((_TR, xq.shape[1]), _F32)
-        wm = np.empty((_TR, mins.shape[1]), _F32)
-        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
-            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
-            for a in range(cnt):
-                row_q5_k(qs, qh, slo, shi, mins, i0 + a, w, a, False)
-            _tile(w, cnt, xq, out, i0, False)
-            _add_mins(mins, wm, asum, i0, cnt, out)
-
-
-@njit(**_fast)
-def gemm_q6_k(qa, qb, qh, s, xq, asum, out):
-    rows = qa.shape[0]
-    ntask, nblk = _tasks(rows)
-    for t in prange(ntask):
-        w = np.empty((_TR, xq.shape[1]), _F32)
-        for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
-            i0, cnt = c * _TR, min(_TR, rows - c * _TR)
-            for a in range(cnt):
-                row_q6_k(qa, qb, qh, s, i0 + a, w, a, False)
-            _tile(w, cnt, xq, out, i0, False)
+def tiled_gemm(row: Callable, with_mins: bool = False) -> Callable:
+    """The GEMM of ``row``'s format, (*packed, xq, asum, out): each task expands _TR weight rows (without their
+    min term) into a tile and multiplies it with every activation row; a format ``with_mins`` (Q4_K, Q5_K: its
+    last packed array ``mins``) then adds the min term through the same tile as a product of its own."""
+    if not with_mins:
+        return per_format(_GEMM, row, globals(), _fast, mins_tile="", add_mins="")
+    return per_format(_GEMM, row, globals(), _fast, mins_tile="wm = np.empty((_TR, mins.shape[1]), _F32)",
+                      add_mins="_add_mins(mins, wm, asum, i0, cnt, out)")

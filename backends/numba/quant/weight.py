@@ -18,15 +18,15 @@ import numpy as np
 
 from graphir.backends.numba.primitives.jit import PAR_MIN
 from graphir.backends.numba.quant.activation import ACT
-from graphir.backends.numba.quant.blocks import (deq_bf16, deq_f16, deq_f32, deq_mxfp4, deq_q4_0, deq_q4_1, deq_q4_k,
-                                                 deq_q5_0, deq_q5_k, deq_q6_k, deq_q8_0, repack_mxfp4, repack_q4_0,
-                                                 repack_q4_1, repack_q4_k, repack_q5_0, repack_q5_k, repack_q6_k,
-                                                 repack_q8_0)
+from graphir.backends.numba.quant.blocks import (dequantizer, repack_mxfp4, repack_q4_0, repack_q4_1, repack_q4_k,
+                                                 repack_q5_0, repack_q5_k, repack_q6_k, repack_q8_0, row_bf16, row_f16,
+                                                 row_f32, row_mxfp4, row_q4_0, row_q4_1, row_q4_k, row_q5_0, row_q5_k,
+                                                 row_q6_k, row_q8_0)
 from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1,
                                                 pack_q5_0_as_q8_0, pack_q8_0)
 from graphir.backends.numba.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
-from graphir.backends.numba.quant.stream import (GEMM_FROM, converting_gemv, gemm_bf16, gemm_f16, gemm_f32, gemm_q4_k,
-                                                 gemm_q5_k, gemm_q6_k, gemv_f32, gemv_q4_k, gemv_q5_k, gemv_q6_k)
+from graphir.backends.numba.quant.stream import (GEMM_FROM, converting_gemv, gemv_f32, gemv_q4_k, gemv_q5_k, gemv_q6_k,
+                                                 tiled_gemm)
 
 __all__ = ["QWeight", "QWeightGroup", "SUPPORTED"]
 
@@ -55,25 +55,30 @@ class _Kind:
 
 _Q8 = exact_gemv("q8_0")        # Q8_0's, and Q5_0's on Q8_0 blocks
 _Q4_0 = exact_gemv("q4_0x8")    # Q4_0 in the order of llama.cpp's repacked 8x8 kernels
+_DEQ_Q4_0 = dequantizer(row_q4_0)
 _TYPES: dict[T, _Kind] = {
-    T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, gemm_f32, deq_f32),
-    T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(bf16=False), gemm_f16, deq_f16),
-    T.BF16: _Kind(np.uint16, "bf16", 1, 1, None, converting_gemv(bf16=True), gemm_bf16, deq_bf16),
-    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, _Q8, _Q8, deq_q8_0, pack_q8_0, True),
-    T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q4_0, _Q4_0, deq_q4_0, pack_q4_0, True),
-    T.Q5_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q5_0, _Q8, _Q8, deq_q5_0, pack_q5_0_as_q8_0, True),
-    T.MXFP4: _Kind(np.uint8, "q8_0", 2, 16, repack_mxfp4, mxfp4_matmul, mxfp4_matmul, deq_mxfp4, pack_mxfp4),
-    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv("q4_1"), exact_gemv("q4_1"), deq_q4_1, pack_q4_1,
+    T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, tiled_gemm(row_f32), dequantizer(row_f32)),
+    T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(bf16=False), tiled_gemm(row_f16),
+                  dequantizer(row_f16)),
+    T.BF16: _Kind(np.uint16, "bf16", 1, 1, None, converting_gemv(bf16=True), tiled_gemm(row_bf16),
+                   dequantizer(row_bf16)),
+    T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, _Q8, _Q8, dequantizer(row_q8_0), pack_q8_0, True),
+    T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q4_0, _Q4_0, _DEQ_Q4_0, pack_q4_0, True),
+    T.Q5_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q5_0, _Q8, _Q8, dequantizer(row_q5_0), pack_q5_0_as_q8_0, True),
+    T.MXFP4: _Kind(np.uint8, "q8_0", 2, 16, repack_mxfp4, mxfp4_matmul, mxfp4_matmul, dequantizer(row_mxfp4), pack_mxfp4),
+    T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv("q4_1"), exact_gemv("q4_1"), dequantizer(row_q4_1), pack_q4_1,
                   True),
-    T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, gemm_q4_k, deq_q4_k),
-    T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, gemv_q5_k, gemm_q5_k, deq_q5_k),
-    T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, gemv_q6_k, gemm_q6_k, deq_q6_k),
+    T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, tiled_gemm(row_q4_k, True),
+                   dequantizer(row_q4_k)),
+    T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, gemv_q5_k, tiled_gemm(row_q5_k, True),
+                   dequantizer(row_q5_k)),
+    T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, gemv_q6_k, tiled_gemm(row_q6_k), dequantizer(row_q6_k)),
 }
 SUPPORTED = frozenset(_TYPES)
 # llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"); other row counts
 # take its vec_dot, which is Q8_0's on the same values
 _UNREPACKED: dict[T, _Kind] = {
-    T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q8, _Q8, deq_q4_0, pack_q4_0_as_q8_0, True)}
+    T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q8, _Q8, _DEQ_Q4_0, pack_q4_0_as_q8_0, True)}
 
 
 def _kind_of(qtype: T, rows: int) -> _Kind:
