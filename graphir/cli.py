@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from typing import Any, Callable, NoReturn, Sequence
@@ -21,9 +22,12 @@ from typing import Any, Callable, NoReturn, Sequence
 from graphir.errors import GraphirError
 
 PROG = "graphir"
+log = logging.getLogger("graphir.cli")
 PHASES = ("prefill", "decode", "encode")  # mirrors graphir.model.builder.PHASES
 FORMATS = ("text", "json", "dot", "svg")
 OUTTYPES = ("f32", "f16")  # mirrors graphir.convert.OUTTYPES
+SVG_MAX_LAYERS = 8  # what Graphviz lays out in under a minute
+CACHE_TYPES = ("f16", "f32")  # mirrors graphir.memory.kv.CACHE_DTYPES
 
 
 class UsageError(Exception):
@@ -83,6 +87,22 @@ def _table(rows: list[list[str]], right: frozenset[int] | set[int] = frozenset()
     return out
 
 
+def _size(nbytes: int) -> str:
+    """Bytes in binary units, as llama.cpp prints its buffers (MiB)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} B"
+
+
+def _count(n: int) -> str:
+    """A count in thousands, millions or billions (llama.cpp's model params line: 134.52 M)."""
+    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return str(n)
+
+
 def _n(count: int, word: str) -> str:
     return f"{count} {word}" + ("" if count == 1 else "s")
 
@@ -115,6 +135,11 @@ def cmd_dump(args: argparse.Namespace) -> int:
                 layers = parse_layers(args.layers, g.n_layer)
             except ValueError as e:
                 raise UsageError(f"bad --layers '{args.layers}': {e}") from None
+        drawn = g.n_layer if layers is None else layers[1] - layers[0]
+        if args.format == "svg" and drawn > SVG_MAX_LAYERS:  # before Graphviz spends minutes on it
+            raise UsageError(f"--format svg of {_n(drawn, 'layer')}: Graphviz's layout time grows fast with the "
+                             f"layers (8: about 40 s, 16: over 5 minutes); draw at most {SVG_MAX_LAYERS} with "
+                             f"--layers, e.g. --layers 0:2 (layers 0 and 1), or write --format dot")
         out = to_dot(g, layers)
         if args.format == "svg":
             out = to_svg(out)
@@ -418,14 +443,20 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.json:
         _emit(json.dumps(stats, indent=2) + "\n")
         return 0
-    lines = [f"source   {args.src}", f"arch     {m.arch.name}", f"params   {stats['params']}"
-             + (f" ({stats['active_params']} per token)" if stats["active_params"] is not None else ""),
-             f"weights  {stats['weight_bytes']} bytes"]
-    lines += _table([[k, _n(r["tensors"], "tensor"), f"{r['params']} params", f"{r['bytes']} bytes"]
-                     for k, r in stats["weights"].items()])
-    lines.append(f"memory   {memory['kind']}, n_ctx {memory['n_ctx']}: {memory['bytes']} bytes")
-    lines += _table([[dim, f"{p['cells']} cells", f"{p['bytes_per_cell']} bytes per cell", f"{p['bytes']} bytes"]
-                     for dim, p in memory["parts"].items()])
+    weights, mem = stats["weight_bytes"], memory["bytes"]
+    lines = [f"source   {args.src}", f"arch     {m.arch.name}",
+             f"params   {_count(stats['params'])} ({stats['params']})"
+             + (f", {_count(stats['active_params'])} per token ({stats['active_params']})"
+                if stats["active_params"] is not None else ""),
+             f"weights  {_size(weights)} ({weights} bytes)"]
+    lines += _table([[k, _n(r["tensors"], "tensor"), f"{_count(r['params'])} params", _size(r["bytes"])]
+                     for k, r in stats["weights"].items()], right={3})
+    cache = f", cache {args.cache_type_k}/{args.cache_type_v}" if memory["kind"] != "none" else ""
+    lines.append(f"memory   {memory['kind']}, n_ctx {memory['n_ctx']}{cache}: {_size(mem)} ({mem} bytes)")
+    lines += _table([[dim, f"{p['cells']} cells", f"{_size(p['bytes_per_cell'])} per cell", _size(p["bytes"])]
+                     for dim, p in memory["parts"].items()], right={3})
+    lines.append(f"total    {_size(weights + mem)} ({weights + mem} bytes) of weights and memory; a running "
+                 f"process holds more (README: What a run holds)")
     lines.append("flops    of the matrix products, in the graph's sizes (decode: one token)")
     lines += _table([[phase, f] for phase, f in cost.items()])
     _emit("\n".join(lines) + "\n")
@@ -440,8 +471,9 @@ def _memory_info(meta: Any, args: argparse.Namespace) -> dict[str, Any]:
 
     arch = meta.arch
     kind = arch.contexts[0]
-    n_ctx = args.n_ctx or min(arch.hp.n_ctx_train, 4096)
-    params = ContextParams(n_ctx, args.n_seq_max, args.n_ubatch, swa_full=args.swa_full, buffers=False)
+    n_ctx = min(arch.hp.n_ctx_train, 4096) if args.n_ctx is None else args.n_ctx or arch.hp.n_ctx_train
+    params = ContextParams(n_ctx, args.n_seq_max, args.n_ubatch, getattr(args, "cache_type_k", "f16"),
+                           getattr(args, "cache_type_v", "f16"), swa_full=args.swa_full, buffers=False)
     phase = "decode" if "decode" in KINDS[kind].phases else "prefill"
     parts = footprint(meta.build_graph(kind, phase), assemble(kind, arch.needs, params))
     return {"kind": kind, "n_ctx": n_ctx, "n_seq_max": args.n_seq_max, "n_ubatch": args.n_ubatch,
@@ -469,85 +501,206 @@ def _warm_up(model: Any, quiet: bool) -> None:
     warm_up(model, stream(quiet))
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _model_path(args: argparse.Namespace) -> str:
+    """The model, given as llama.cpp's ``-m FILE`` or as the first argument."""
+    if args.model and args.model_option and args.model != args.model_option:
+        raise UsageError(f"two models given: {args.model} and -m {args.model_option}")
+    path = args.model or args.model_option
+    if not path:
+        raise UsageError("the model is missing: give MODEL.gguf or -m MODEL.gguf")
+    return path
+
+
+def _prompt_text(args: argparse.Namespace) -> str:
+    """The prompt of ``-p TEXT`` or ``-f FILE`` (one of the two)."""
+    if (args.prompt is None) == (args.file is None):
+        raise UsageError("give the prompt with -p TEXT or -f FILE (one of the two)")
+    if args.prompt is not None:
+        return str(args.prompt)
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise GraphirError(f"{args.file}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise GraphirError(f"{args.file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _load_for_generation(args: argparse.Namespace) -> tuple[Any, Any, float]:
+    """The model, warmed up, and its context sized by the options; the seconds all that took."""
+    import time
+
+    from graphir.running.runtime import load
+    from graphir.running.threads import set_threads
+
+    t0 = time.perf_counter()
+    if args.threads is not None:
+        set_threads(args.threads)
+    model = load(_model_path(args), None if args.isa == "auto" else args.isa, args.backend)
+    log.info("numerics: %s", model.numerics.describe())
+    n_ctx = args.ctx_size if args.ctx_size is not None else min(model.hparams.n_ctx_train, 4096)
+    ctx = model.new_context(n_ctx=n_ctx or model.hparams.n_ctx_train, n_batch=args.batch_size,
+                            n_ubatch=args.ubatch_size, type_k=args.cache_type_k, type_v=args.cache_type_v)
+    log.info("context: %d cells, batch %d, ubatch %d, cache %s/%s", ctx.n_ctx, ctx.n_batch,
+             getattr(ctx, "n_ubatch", args.ubatch_size), args.cache_type_k, args.cache_type_v)
+    _warm_up(model, args.quiet)  # before timing the prompt
+    return model, ctx, time.perf_counter() - t0
+
+
+def _generation(model: Any, ctx: Any, args: argparse.Namespace, temp: float) -> Any:
+    from graphir.running.sampling import Sampling
+
+    sampling = Sampling(temperature=temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                        repeat_penalty=args.repeat_penalty, seed=None if args.seed == -1 else args.seed)
+    n_keep = args.keep if args.keep >= 0 else ctx.n_ctx  # -1: all of the first text
+    return model.generation(ctx, sampling, n_keep + (model.vocab.bos is not None and model.vocab.add_bos),
+                            shift=not args.no_context_shift)
+
+
+class Timings:
+    """What llama.cpp's tools print when they end: load, prompt and generation, tokens and speed (on stderr)."""
+
+    def __init__(self, load_s: float):
+        self.load_s, self.prompt_tokens, self.prompt_s, self.gen_tokens, self.gen_s = load_s, 0, 0.0, 0, 0.0
+
+    def add(self, stats: dict[str, Any]) -> None:
+        self.prompt_tokens += int(stats.get("prompt_tokens", 0))
+        self.prompt_s += float(stats.get("prompt_s", 0.0))
+        self.gen_tokens += int(stats.get("gen_tokens", 0))
+        self.gen_s += float(stats.get("gen_s", 0.0))
+
+    def line(self) -> str:
+        return (f"load: {self.load_s:.2f} s; prompt: {self.prompt_tokens} tokens, "
+                f"{_rate(self.prompt_tokens, self.prompt_s)}; generation: {self.gen_tokens} tokens, "
+                f"{_rate(self.gen_tokens, self.gen_s)}\n")
+
+
+def _feed(generation: Any, ids: list[int], args: argparse.Namespace, stats: dict[str, Any]) -> None:
+    """Decode a text into the context, drawing a bar of its tokens on a terminal when it takes several batches."""
     import time
 
     from graphir.progress import counting, stream
-    from graphir.running.runtime import load
 
+    out = stream(args.quiet) if len(ids) > generation.ctx.n_batch else None
+    bar = counting(out, len(ids), "prompt")
     t0 = time.perf_counter()
-    model = load(args.model, None if args.isa == "auto" else args.isa, args.backend)
-    sys.stderr.write(f"numerics: {model.numerics.describe()}\n")
-    _warm_up(model, args.quiet)  # before timing the prompt
-    load_s = time.perf_counter() - t0
-    stats: dict[str, float] = {}
-    ctx = model.new_context(n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size) \
-        if args.ctx_size else None
+    try:
+        generation.feed(ids, bar.update)
+    finally:
+        bar.close()
+        stats.update(prompt_tokens=stats.get("prompt_tokens", 0) + len(ids),
+                     prompt_s=stats.get("prompt_s", 0.0) + time.perf_counter() - t0)
+
+
+def _stream_reply(generation: Any, max_tokens: int | None, stats: dict[str, Any], bar: Any = None,
+                  pieces: list[str] | None = None) -> None:
+    """Write the reply to stdout as it comes, its pieces also into ``pieces``."""
+    pieces = [] if pieces is None else pieces
+    reply = generation.reply(max_tokens, stats)
+    try:
+        for piece in reply:
+            pieces.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            if bar is not None:
+                bar.update(1)  # one piece per token that completed a character: exact once the run ends
+    finally:
+        reply.close()
+
+
+def _context_full(generation: Any) -> None:
+    if generation.full:
+        log.warning("the context is full (%d cells) and a %s memory cannot shift: generation stopped; a larger "
+                    "-c/--ctx-size holds more", generation.ctx.n_ctx, generation.ctx.memory.kind)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """llama.cpp's completion: the prompt echoed, its continuation streamed, the timings on stderr at the end,
+    however it ends (Ctrl-C included: then exit 130)."""
+    from graphir.progress import counting, stream
+
+    text = _prompt_text(args)
+    model, ctx, load_s = _load_for_generation(args)
+    generation = _generation(model, ctx, args, args.temp)
+    ids = model.tokenize(text, add_special=True, parse_special=True)
+    if not ids:
+        raise GraphirError("the prompt has no tokens")
+    timings, stats = Timings(load_s), {}
+    n = None if args.n_predict == -1 else args.n_predict
     # the text streaming to a terminal shows the generation's progress; text going to a file or a pipe does not,
     # so then a bar of the tokens generated is drawn on stderr (when that is a terminal)
-    bar = counting(None if sys.stdout.isatty() else stream(args.quiet), args.n, "generating")
-    for piece in model.generate(args.prompt, max_tokens=args.n, temperature=args.temp, top_k=args.top_k,
-                                top_p=args.top_p, seed=args.seed, ctx=ctx, stats=stats, min_p=args.min_p,
-                                repeat_penalty=args.repeat_penalty):
-        sys.stdout.write(piece)
+    bar = counting(None if sys.stdout.isatty() else stream(args.quiet), n or 0, "generating")
+    try:
+        if args.display_prompt:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        _feed(generation, ids, args, stats)
+        _stream_reply(generation, n, stats, bar)
+    finally:
+        bar.close()
+        sys.stdout.write("\n")
         sys.stdout.flush()
-        bar.update(1)  # one piece per token that completed a character: exact once the run ends, just below
-    bar.n = int(stats["gen_tokens"])
-    bar.close()
-    sys.stdout.write("\n")
-    sys.stderr.write(f"load: {load_s:.2f} s; prompt: {stats['prompt_tokens']:.0f} tokens, {_rate(stats['prompt_tokens'], stats['prompt_s'])}; "
-                     f"generation: {stats['gen_tokens']:.0f} tokens, {_rate(stats['gen_tokens'], stats['gen_s'])}\n")
+        timings.add(stats)
+        sys.stderr.write(timings.line())
+    _context_full(generation)
     return 0
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     """A conversation on stdin: each line is the user's next message; each reply streams to stdout, then a blank
-    line. The whole conversation is the next prompt, rendered with the model's chat template."""
-    from graphir.running.runtime import load
-
-    model = load(args.model, None if args.isa == "auto" else args.isa, args.backend)
-    _warm_up(model, args.quiet)
-    template = None
+    line. The context holds the conversation as llama.cpp's chat does: each message adds only its own tokens, a
+    full context shifts (or, where it cannot, the chat ends with a message), a reply stops at -n tokens, Ctrl-C
+    stops the reply being written (another Ctrl-C, at the prompt, ends the chat)."""
+    template_source = None
     if args.chat_template:
         try:
             with open(args.chat_template, encoding="utf-8") as f:
-                template = f.read()
+                template_source = f.read()
         except OSError as e:
             raise GraphirError(f"{args.chat_template}: cannot read ({e.strerror or e})") from None
-    model.chat_template(template)  # a model without one fails here, before the first message
-    messages = [{"role": "system", "content": args.system}] if args.system else []
-    sampling = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                    repeat_penalty=args.repeat_penalty, seed=args.seed)
+    from graphir.running.conversation import Conversation
+
+    model, ctx, load_s = _load_for_generation(args)
+    template = model.chat_template(template_source)  # a model without one fails here, before the first message
+
+    from graphir.running.generation import ContextFull
+
+    conversation = Conversation(_generation(model, ctx, args, args.temp), template, args.system)
+    generation, timings = conversation.generation, Timings(load_s)
+    n = None if args.n_predict == -1 else args.n_predict
     tty = sys.stdin.isatty()
-    while True:
-        if tty:
-            sys.stderr.write("> ")
-            sys.stderr.flush()
-        line = sys.stdin.readline()
-        if not line:
-            return 0
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line.rstrip("\n")})
-        reply = []
-        for piece in model.chat(messages, max_tokens=args.n, chat_template=template, **sampling):
-            reply.append(piece)
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n\n")
-        sys.stdout.flush()
-        messages.append({"role": "assistant", "content": "".join(reply)})
-
-
-def _sampling_options(p: argparse.ArgumentParser, temp: float) -> None:
-    p.add_argument("--temp", type=float, default=temp, help=f"sampling temperature; 0 is greedy (default: {temp})")
-    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens; 0: all (default: 40)")
-    p.add_argument("--top-p", type=float, default=0.95, help="keep the smallest set with this mass (default: 0.95)")
-    p.add_argument("--min-p", type=float, default=0.05,
-                   help="keep tokens at least this fraction as likely as the best (default: 0.05)")
-    p.add_argument("--repeat-penalty", type=float, default=1.0,
-                   help="divide the logits of the last 64 tokens by this (default: 1, none)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed: the same seed, the same text")
+    try:
+        while True:
+            if tty:
+                sys.stderr.write("> ")
+                sys.stderr.flush()
+            line = sys.stdin.readline()
+            if not line:
+                return 0
+            if not line.strip():
+                continue
+            stats: dict[str, Any] = {}
+            pieces: list[str] = []
+            try:
+                conversation.ask(line.rstrip("\n"), lambda ids: _feed(generation, ids, args, stats))
+                try:
+                    _stream_reply(generation, n, stats, pieces=pieces)
+                finally:
+                    conversation.answer("".join(pieces))
+            except KeyboardInterrupt:  # the reply stops; the conversation goes on
+                pass
+            except ContextFull as e:
+                log.warning("%s: the chat ends here (a larger -c/--ctx-size holds more)", e)
+                return 0
+            finally:
+                timings.add(stats)
+                sys.stdout.write("\n\n")
+                sys.stdout.flush()
+            if generation.full:
+                _context_full(generation)
+                return 0
+    finally:
+        sys.stderr.write(timings.line())
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -558,6 +711,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from graphir.running.runtime import load
 
     model = load(args.model, None if args.isa == "auto" else args.isa, args.backend)
+    log.info("numerics: %s", model.numerics.describe())
     encoder = "encoder" if model.arch.encoder_stack is not None else None  # an encoder-decoder: its encoder's output
     ctx = model.new_context(kind=encoder, n_ctx=args.ctx_size or None, pooling=args.pooling, embeddings=True,
                             n_seq_max=len(args.prompt))
@@ -594,6 +748,88 @@ def _rate(n: float, seconds: float) -> str:
 
 
 # ---- parser ------------------------------------------------------------------------------------------------
+
+
+def _whole(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` (argparse names the option in the error)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes a whole number, not {text!r}") from None
+        if v < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, not {v}")
+        return v
+    return parse
+
+
+def _real(low: float, high: float | None = None, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a number from ``low`` (excluded with ``low_open``) to ``high`` (argparse names the option in the error)."""
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes a number, not {text!r}") from None
+        if math.isnan(v) or v < low or (low_open and v == low) or (high is not None and v > high):
+            span = (f"in {'(' if low_open else '['}{low:g}, {high:g}]" if high is not None
+                    else f"{'above' if low_open else 'at least'} {low:g}")
+            raise argparse.ArgumentTypeError(f"must be {span}, not {text}")
+        return v
+    return parse
+
+
+def _sampling_options(p: argparse.ArgumentParser, temp: float) -> None:
+    p.add_argument("--temp", type=_real(0), default=temp,
+                   help=f"sampling temperature; 0 is greedy (default: {temp})")
+    p.add_argument("--top-k", type=_whole(0), default=40,
+                   help="keep the k most likely tokens; 0: all (default: 40)")
+    p.add_argument("--top-p", type=_real(0, 1, low_open=True), default=0.95,
+                   help="keep the smallest set with this mass (default: 0.95)")
+    p.add_argument("--min-p", type=_real(0, 1), default=0.05,
+                   help="keep tokens at least this fraction as likely as the best (default: 0.05)")
+    p.add_argument("--repeat-penalty", type=_real(0, low_open=True), default=1.0,
+                   help="divide the logits of the last 64 tokens by this (default: 1, none)")
+    p.add_argument("-s", "--seed", type=_whole(-1), default=-1,
+                   help="sampling seed: the same seed, the same text; -1: a new one each run (default: -1)")
+
+
+def _generation_options(p: argparse.ArgumentParser, model_help: str) -> None:
+    """The options run and chat share, spelled as llama.cpp's tools spell them."""
+    p.add_argument("model", metavar="MODEL.gguf", nargs="?", default=None, help=model_help)
+    p.add_argument("-m", "--model", dest="model_option", metavar="MODEL.gguf", default=None,
+                   help="the model, as llama.cpp's -m (instead of MODEL.gguf)")
+    p.add_argument("-c", "--ctx-size", type=_whole(0), default=None,
+                   help="the context's cells; 0: the model's trained context (default: min(trained, 4096))")
+    p.add_argument("-b", "--batch-size", type=_whole(1), default=512,
+                   help="logical batch size: prompt tokens decoded at once (default: 512)")
+    p.add_argument("-ub", "--ubatch-size", type=_whole(1), default=512,
+                   help="physical batch size (default: 512)")
+    p.add_argument("--keep", type=_whole(-1), default=0,
+                   help="tokens of the start (after BOS) a context shift keeps; -1: all of the first text "
+                        "(default: 0)")
+    p.add_argument("--no-context-shift", action="store_true",
+                   help="stop when the context is full instead of forgetting the oldest half after --keep")
+    p.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default="f16",
+                   help="KV cache type of K (default: f16)")
+    p.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default="f16",
+                   help="KV cache type of V (default: f16)")
+    p.add_argument("-t", "--threads", type=_whole(1), default=None,
+                   help="threads the kernels run on (default: numba's, the host's cores)")
+    _quiet_option(p)
+    _verbose_option(p)
+    _isa_option(p)
+
+
+def _n_ctx_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--n-ctx", type=_whole(0), default=None, help="context size for the memory figures; "
+                   "0: the trained context, as llama.cpp's -c 0 (default: min(trained context, 4096))")
+
+
+def _verbose_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="say more on stderr: the numerics path that runs, the context's sizes")
 
 
 def _graph_options(p: argparse.ArgumentParser) -> None:
@@ -644,7 +880,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
     _graph_options(p)
     p.add_argument("--format", choices=FORMATS, default="text", help="output form (default: text)")
-    p.add_argument("--layers", metavar="A:B", default=None, help="with --format dot or svg: only draw layers A to B")
+    p.add_argument("--layers", metavar="A:B", default=None, help="with --format dot or svg: only draw layers A to B-1, as a Python slice (0:2: layers 0 and 1; "
+                        "N: layer N alone; -1: the last)")
     p.add_argument("--full", action="store_true", help="text: print every layer instead of folding identical ones")
     p.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
 
@@ -669,10 +906,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("info", cmd_info, "print architecture, hparams, tensor table and what a context's memory holds")
     p.add_argument("src", metavar="SRC", help=SRC_HELP)
     p.add_argument("--json", action="store_true", help="print as JSON")
-    p.add_argument("--n-ctx", type=int, default=0, help="context size for the memory figures (default: "
-                   "min(trained context, 4096))")
-    p.add_argument("--n-seq-max", type=int, default=1, help="sequences the context holds (default 1)")
-    p.add_argument("--n-ubatch", type=int, default=512, help="ubatch size, which sizes a sliding-window cache")
+    _n_ctx_option(p)
+    p.add_argument("--n-seq-max", type=_whole(1), default=1,
+                   help="sequences the context holds (default 1)")
+    p.add_argument("--n-ubatch", type=_whole(1), default=512,
+                   help="ubatch size, which sizes a sliding-window cache")
     p.add_argument("--swa-full", action="store_true", help="sliding-window layers keep every cell")
 
     p = add("stats", cmd_stats, "print what a model costs: parameters, weight bytes per type, memory per part, "
@@ -680,42 +918,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src", metavar="SRC", help="a GGUF file (full or header-only), a Hugging Face model directory "
                    "or its config.json, or a preset name")
     p.add_argument("--json", action="store_true", help="print as JSON")
-    p.add_argument("--n-ctx", type=int, default=0, help="context size for the memory figures (default: "
-                   "min(trained context, 4096))")
+    _n_ctx_option(p)
+    p.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default="f16",
+                   help="KV cache type of K (default: f16)")
+    p.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default="f16",
+                   help="KV cache type of V (default: f16)")
 
     p = add("strip", cmd_strip, "write a header-only copy of a GGUF (metadata and tensor infos, no data)")
     p.add_argument("model", metavar="MODEL.gguf", help="the GGUF file to strip")
     p.add_argument("-o", "--output", metavar="HEADER.gguf", required=True, help="where to write the header-only GGUF")
 
-    p = add("run", cmd_run, "generate text from a prompt with a backend (numba unless --backend), then print tokens/s")
-    p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file with weights")
-    p.add_argument("-p", "--prompt", required=True, help="the prompt text (special tokens are parsed)")
-    p.add_argument("-n", type=int, default=64, help="tokens to generate (default: 64)")
+    p = add("run", cmd_run, "generate text from a prompt with a backend (numba unless --backend), as llama.cpp's "
+                            "llama-completion does: the prompt, its continuation, then the timings on stderr")
+    _generation_options(p, "a GGUF file with weights")
+    p.add_argument("-p", "--prompt", default=None, help="the prompt text (special tokens are parsed)")
+    p.add_argument("-f", "--file", default=None, help="read the prompt from this file")
+    p.add_argument("-n", "--n-predict", type=_whole(-1), default=64,
+                   help="tokens to generate; -1: until the model ends the text (default: 64)")
+    p.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
+                   help="print only the generated text, not the prompt before it")
     _sampling_options(p, 0.0)
-    p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: prompt + n)")
-    p.add_argument("-b", "--batch-size", type=int, default=512, help="logical batch size (default: 512)")
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default: 512)")
-    _quiet_option(p)
-    _isa_option(p)
 
     p = add("chat", cmd_chat, "chat on stdin with a model's own chat template; replies stream to stdout")
-    p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file with weights and a chat template")
-    p.add_argument("-s", "--system", default=None, help="a system message to start the conversation with")
-    p.add_argument("-n", type=int, default=None, help="at most this many tokens per reply (default: until the "
-                                                      "model ends its turn or the context is full)")
+    _generation_options(p, "a GGUF file with weights and a chat template")
+    p.add_argument("-sys", "--system-prompt", "--system", dest="system", default=None,
+                   help="a system message to start the conversation with")
+    p.add_argument("-n", "--n-predict", type=_whole(-1), default=-1,
+                   help="at most this many tokens per reply; -1: until the model ends its turn (default: -1)")
     p.add_argument("--chat-template", metavar="FILE", default=None,
                    help="a jinja2 chat template to use instead of the model's (tokenizer.chat_template)")
     _sampling_options(p, 0.2)
-    _quiet_option(p)
-    _isa_option(p)
 
     p = add("embed", cmd_embed, "print the embedding of each prompt (pooled as the model says), one line each")
     p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file with weights (e.g. a converted BERT)")
     p.add_argument("-p", "--prompt", required=True, action="append", help="a text to embed; repeat for several")
+    _verbose_option(p)
     p.add_argument("--normalize", action="store_true", help="scale each embedding to unit Euclidean length")
     p.add_argument("--pooling", choices=("none", "mean", "cls", "last"), default=None,
                    help="how tokens are reduced (default: the model's; none prints the last token's embedding)")
-    p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: the trained one, at most 4096)")
+    p.add_argument("-c", "--ctx-size", type=_whole(0), default=0,
+                   help="context size (default: the trained one, at most 4096)")
     _quiet_option(p)
     _isa_option(p)
 
@@ -738,13 +980,46 @@ def _fail(message: str) -> int:
     return 2
 
 
+class _Diagnostics(logging.Formatter):
+    """Diagnostics on stderr, one line each: warnings as ``graphir: warning: ...``, the rest (``-v``) as they are."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = " ".join(record.getMessage().split())
+        return f"{PROG}: warning: {text}" if record.levelno >= logging.WARNING else text
+
+
+def _diagnostics(verbose: bool) -> Callable[[], None]:
+    """Route the package's log and Python warnings to stderr, one line each (quiet but for warnings unless
+    ``verbose``); the function that undoes it."""
+    import warnings
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Diagnostics())
+    root = logging.getLogger("graphir")
+    level, propagate = root.level, root.propagate
+    root.addHandler(handler)
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    root.propagate = False
+    show = warnings.showwarning
+    warnings.showwarning = lambda message, *_, **__: log.warning("%s", message)
+
+    def undo() -> None:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        root.propagate = propagate
+        warnings.showwarning = show
+    return undo
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    undo = None
     try:
         args = parser.parse_args(argv)
         if getattr(args, "func", None) is None:
             sys.stdout.write(parser.format_help())
             return 0
+        undo = _diagnostics(getattr(args, "verbose", False))
         return args.func(args)
     except SystemExit as e:  # --help / --version
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
@@ -764,3 +1039,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{where}{e.strerror or e}")
     except KeyboardInterrupt:
         return _fail("interrupted") + 128
+    finally:
+        if undo is not None:
+            undo()

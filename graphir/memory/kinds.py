@@ -50,12 +50,14 @@ def footprint(graph: Graph, memory: Memory) -> dict[str, tuple[int, int, int]]:
     cells it stands for, how many per-layer buffers are sized by it, and their bytes. The graph declares each
     buffer (an input of one of the memory's ``buffer_roles``) with its type, width and cells dim (its last);
     the memory says how many cells each dim is (``Memory.sizes``)."""
-    sizes, out = memory.sizes(), {}
+    sizes, declared, out = memory.sizes(), memory.buffer_shapes(), {}
     for n in graph.nodes:
         if n.op != "input" or n.attrs["role"] not in memory.buffer_roles:
             continue
         dim = str(n.shape[-1])
         cells, count, nbytes = out.get(dim, (sizes[dim], 0, 0))
         width = int(np.prod([int(d) for d in n.shape[:-1]]))
-        out[dim] = (cells, count + 1, nbytes + width * cells * ITEM_BYTES[n.dtype])
+        # the memory's own type where it declares the buffer (its cache types), else the graph's
+        item = np.dtype(declared[n.name][1]).itemsize if n.name in declared else ITEM_BYTES[n.dtype]
+        out[dim] = (cells, count + 1, nbytes + width * cells * item)
     return out

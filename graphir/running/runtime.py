@@ -7,7 +7,6 @@ through :mod:`graphir.running.backend`) with the file's memory-mapped weights.
 
 from __future__ import annotations
 
-import codecs
 import threading
 import time
 import uuid
@@ -19,10 +18,10 @@ import numpy as np
 from graphir.model.architecture import Architecture
 from graphir.running.backend import DEFAULT, Program
 from graphir.running.backend import get as get_backend
-from graphir.batch import Batch
 from graphir.running.chat import ChatTemplate
 from graphir.running.context import Context
 from graphir.running.encdec import EncoderDecoderContext
+from graphir.running.generation import Generation
 from graphir.running.sampling import Sampling
 from graphir.errors import GraphirError, TensorError
 from graphir.model.hparams import HParams
@@ -157,37 +156,26 @@ class Model:
         n_ctx = min(self.hparams.n_ctx_train, 4096) if max_tokens is None else len(ids) + max_tokens
         ctx = ctx or self.new_context(n_ctx=min(self.hparams.n_ctx_train, n_ctx), n_batch=max(512, len(ids)),
                                       n_ubatch=512)
-        if max_tokens is None:
-            max_tokens = max(0, ctx.n_ctx - len(ids))
-        pick, history = sampling.sampler(), list(ids)
-        return self._stream(ctx, ids, max_tokens, pick, history, stats)
+        generation = self.generation(ctx, sampling, shift=False)
+        return self._stream(generation, ids, max_tokens, stats)
 
-    def _stream(self, ctx: Context | EncoderDecoderContext, ids: list[int], max_tokens: int,
-                pick: Callable[[np.ndarray, list[int]], int], history: list[int],
+    def generation(self, ctx: Context | EncoderDecoderContext, sampling: Sampling, n_keep: int = 0,
+                   shift: bool = True) -> Generation:
+        """Sequence 0 of ``ctx`` as a generation (:class:`graphir.running.generation.Generation`); refused, in
+        one line, for a model that has no LM head (an embedding model's text is read with embed)."""
+        if not ctx.has_logits:
+            raise GraphirError(f"{self.meta.label} is an embedding model ('{self.arch.name}' has no LM head, so it "
+                               f"generates no text): read its embeddings (graphir embed, ctx.embeddings())")
+        return Generation(self, ctx, sampling.sampler(), n_keep, shift)
+
+    @staticmethod
+    def _stream(generation: Generation, ids: list[int], max_tokens: int | None,
                 stats: dict[str, Any] | None) -> Iterator[str]:
-        text_of = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds a character split across tokens
         t0 = time.perf_counter()
-        n_past = ctx.prompt(ids)
-        t1 = time.perf_counter()
-        n, finish = 0, "length"
-        for n in range(1, max_tokens + 1):
-            tok = pick(ctx.logits_ith(-1), history)
-            if self.vocab.is_eog(tok):
-                n, finish = n - 1, "stop"
-                break
-            history.append(tok)
-            text = text_of.decode(self.vocab.token_to_piece(tok))
-            if text:
-                yield text
-            if n == max_tokens:
-                break
-            ctx.decode(Batch.one(tok, n_past + n - 1))
-        rest = text_of.decode(b"", final=True)  # bytes the last token left incomplete
-        if rest:
-            yield rest
+        generation.feed(ids)
         if stats is not None:
-            t2 = time.perf_counter()
-            stats.update(prompt_tokens=len(ids), prompt_s=t1 - t0, gen_tokens=n, gen_s=t2 - t1, finish_reason=finish)
+            stats.update(prompt_tokens=len(ids), prompt_s=time.perf_counter() - t0)
+        yield from generation.reply(max_tokens, stats)
 
     # ---- llama-cpp-python's calls, with their names and result shapes -------------------------------------
 
