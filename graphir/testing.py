@@ -17,6 +17,7 @@ the fixture is used, and asks for syrupy only then.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 from typing import TYPE_CHECKING, Any, Callable
@@ -64,6 +65,14 @@ def graphir_snapshot(request: pytest.FixtureRequest) -> Callable[..., None]:
             graph = src if isinstance(src, Graph) else load_graph(src, context, phase)
         except GraphirError as e:  # the source's problem, said as graphir's CLI says it: one line
             pytest.fail(f"graphir: {e}", pytrace=False)
-        assert to_text(graph) == golden
+        # compared here, not by pytest's assert: pytest rewrites the asserts of a plugin installed from a wheel,
+        # not of one installed editable (pip install -e), where a bare assert would fail with no diff
+        text = to_text(graph)
+        if not golden == text:  # syrupy records the comparison (and, updating, the new graph)
+            stored = golden.executions[golden.num_executions - 1].recalled_data
+            if stored is None:
+                pytest.fail("the graph has no stored snapshot: pytest --snapshot-update writes it", pytrace=False)
+            diff = difflib.unified_diff(str(stored).splitlines(), text.splitlines(), "stored", "now", lineterm="", n=1)
+            pytest.fail("the graph is not the stored snapshot:\n" + "\n".join(diff), pytrace=False)
 
     return check

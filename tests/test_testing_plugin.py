@@ -68,3 +68,16 @@ def test_a_source_graphir_cannot_read_is_its_one_line_error(pytester: pytest.Pyt
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*graphir: model.gguf: no such file*"])
     result.stdout.no_fnmatch_line("*Traceback*")
+
+
+def test_a_changed_graph_shows_its_diff_in_an_editable_install_too(pytester: pytest.Pytester) -> None:
+    """pytest rewrites the asserts of plugins installed from a wheel only; graphir installed with pip install -e
+    (as the README installs it) must still show the lines that changed, in a pytest process of its own."""
+    pytester.makepyfile(test_model_graph=DOWNSTREAM)
+    model(pytester.path, 128)
+    pytester.runpytest_subprocess("--snapshot-update").assert_outcomes(passed=1)
+    model(pytester.path, 96)
+    changed = pytester.runpytest_subprocess()
+    changed.assert_outcomes(failed=1)
+    changed.stdout.fnmatch_lines(["*the graph is not the stored snapshot:*",
+                                  "-*128*", "+*96*"])
