@@ -526,8 +526,8 @@ def _prompt_text(args: argparse.Namespace) -> str:
         raise GraphirError(f"{args.file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def _load_for_generation(args: argparse.Namespace) -> tuple[Any, Any, float]:
-    """The model, warmed up, and its context sized by the options; the seconds all that took."""
+def _load_for_generation(args: argparse.Namespace, temp: float) -> tuple[Any, Any, float]:
+    """The model, warmed up, and a generation in a context sized by the options; the seconds all that took."""
     import time
 
     from graphir.running.runtime import load
@@ -543,8 +543,9 @@ def _load_for_generation(args: argparse.Namespace) -> tuple[Any, Any, float]:
                             n_ubatch=args.ubatch_size, type_k=args.cache_type_k, type_v=args.cache_type_v)
     log.info("context: %d cells, batch %d, ubatch %d, cache %s/%s", ctx.n_ctx, ctx.n_batch,
              getattr(ctx, "n_ubatch", args.ubatch_size), args.cache_type_k, args.cache_type_v)
+    generation = _generation(model, ctx, args, temp)  # refused for an embedding model, before compiling
     _warm_up(model, args.quiet)  # before timing the prompt
-    return model, ctx, time.perf_counter() - t0
+    return model, generation, time.perf_counter() - t0
 
 
 def _generation(model: Any, ctx: Any, args: argparse.Namespace, temp: float) -> Any:
@@ -620,8 +621,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from graphir.progress import counting, stream
 
     text = _prompt_text(args)
-    model, ctx, load_s = _load_for_generation(args)
-    generation = _generation(model, ctx, args, args.temp)
+    model, generation, load_s = _load_for_generation(args, args.temp)
     ids = model.tokenize(text, add_special=True, parse_special=True)
     if not ids:
         raise GraphirError("the prompt has no tokens")
@@ -660,13 +660,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
             raise GraphirError(f"{args.chat_template}: cannot read ({e.strerror or e})") from None
     from graphir.running.conversation import Conversation
 
-    model, ctx, load_s = _load_for_generation(args)
-    template = model.chat_template(template_source)  # a model without one fails here, before the first message
-
     from graphir.running.generation import ContextFull
 
-    conversation = Conversation(_generation(model, ctx, args, args.temp), template, args.system)
-    generation, timings = conversation.generation, Timings(load_s)
+    model, generation, load_s = _load_for_generation(args, args.temp)
+    template = model.chat_template(template_source)  # a model without one fails here, before the first message
+    conversation, timings = Conversation(generation, template, args.system), Timings(load_s)
     n = None if args.n_predict == -1 else args.n_predict
     tty = sys.stdin.isatty()
     try:

@@ -386,7 +386,7 @@ def test_run_encodes_the_prompt_and_generates(tiny: TinyModels, llama: Callable[
             break
         out.append(tok)
     assert main(["run", str(tiny.path("t5-gated")), "-p", "ab cd", "-n", "8"]) == 0
-    assert capsys.readouterr().out == model.detokenize(out) + "\n"
+    assert capsys.readouterr().out == "ab cd" + model.detokenize(out) + "\n"  # the prompt, then its continuation
 
 
 @oracle

@@ -169,7 +169,7 @@ def test_graphir_chat_answers_each_line_within_the_conversation(model: Model, sm
                                                                 capsys: pytest.CaptureFixture[str],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("What is the capital of France?\n\nAnd of Italy?\n"))
-    assert main(["chat", str(smollm2_gguf), "--temp", "0", "-n", "12", "-s", "Answer in one word."]) == 0
+    assert main(["chat", str(smollm2_gguf), "--temp", "0", "-n", "12", "-sys", "Answer in one word."]) == 0
     out = capsys.readouterr().out
     conversation = [{"role": "system", "content": "Answer in one word."}, *QUESTION]
     first = "".join(model.chat(conversation, max_tokens=12, temperature=0))

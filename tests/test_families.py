@@ -926,7 +926,7 @@ def test_graphir_run_streams_a_recurrent_models_continuation_and_reports_speed(
     out, err = capsys.readouterr()
     assert out.strip()
     stats: dict[str, float] = {}
-    assert out == "".join(tiny(arch).generate("the cat", max_tokens=6, stats=stats)) + "\n"
+    assert out == "the cat" + "".join(tiny(arch).generate("the cat", max_tokens=6, stats=stats)) + "\n"
     assert stats["gen_tokens"] > 0
     assert f"prompt: {int(stats['prompt_tokens'])} tokens, " in err
     assert f"generation: {int(stats['gen_tokens'])} tokens, " in err and err.rstrip().endswith("tokens/s")

@@ -171,11 +171,11 @@ def test_a_cacheless_context_attends_within_the_batch(tiny_f32: Path) -> None:
 def test_graphir_run_streams_a_continuation_and_reports_speed(tiny_f32: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from graphir.cli import main
 
-    assert main(["run", str(tiny_f32), "-p", "the cat", "-n", "6"]) == 0
+    assert main(["run", str(tiny_f32), "-p", "the cat", "-n", "6", "-v"]) == 0
     out, err = capsys.readouterr()
     model = load(str(tiny_f32))
     ids = model.tokenize("the cat")
-    assert out == "".join(model.generate("the cat", max_tokens=6)) + "\n"
+    assert out == "the cat" + "".join(model.generate("the cat", max_tokens=6)) + "\n"  # the prompt echoed
     assert f"prompt: {len(ids)} tokens" in err and "generation: 6 tokens" in err and "tokens/s" in err
     assert err.startswith(f"numerics: {model.numerics.describe()}\n")             # which llama.cpp path ran
 
@@ -183,5 +183,5 @@ def test_graphir_run_streams_a_continuation_and_reports_speed(tiny_f32: Path, ca
 def test_graphir_run_takes_the_numerics_path_asked_for(tiny_f32: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from graphir.cli import main
 
-    assert main(["run", str(tiny_f32), "-p", "the cat", "-n", "2", "--isa", "avx2"]) == 0
+    assert main(["run", str(tiny_f32), "-p", "the cat", "-n", "2", "--isa", "avx2", "-v"]) == 0
     assert capsys.readouterr().err.startswith("numerics: avx2 (llama.cpp's x86 AVX2 (+FMA, F16C) CPU build), chosen")

@@ -39,7 +39,7 @@ class EncoderDecoderContext:
         self.encoder = Context(model, kind="encoder", embeddings=True, pooling="none", **sizes)  # type: ignore[arg-type]
         self.decoder = Context(model, kind="cross", embeddings=embeddings, type_k=type_k, type_v=type_v,
                                unified=unified, pooling=pooling, swa_full=swa_full, **sizes)  # type: ignore[arg-type]
-        self.n_ctx, self.n_seq_max = self.decoder.n_ctx, n_seq_max
+        self.n_ctx, self.n_batch, self.n_seq_max = self.decoder.n_ctx, self.decoder.n_batch, n_seq_max
         self.name = f"{self.kind} context of {self.encoder.name} and {self.decoder.name}"
         self._busy = Busy(self.name)  # an encode stores into the decoder's memory: not during a decode
 

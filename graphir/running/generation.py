@@ -45,7 +45,7 @@ class Generation:
     def feed(self, ids: list[int], progress: Callable[[int], None] | None = None) -> None:
         """Decode the pending tokens and ``ids`` after what the context holds, n_batch tokens at a time,
         shifting when they do not fit; ``progress(n)``: n more tokens decoded."""
-        if self.encoder_decoder:  # the source goes to the encoder, the decoder starts on it: one feed
+        if self.encoder_decoder and ids:  # the source goes to the encoder, the decoder starts on it: one feed
             if self.tokens:
                 raise GraphirError("an encoder-decoder's generation takes one text: its source")
             self.tokens = [0] * self.ctx.prompt(ids)
