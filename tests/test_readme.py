@@ -1,6 +1,6 @@
 """README.md as tests: every code block says what it is in its fence, and every block but an illustration runs.
 
-* ``console``: a shell transcript. Its ``$`` lines run in one bash, in a scratch directory where ``tests`` is this
+* ``console``: a shell transcript. Its ``$`` lines (and ``>`` lines, a command's next lines) run in one bash, in a scratch directory where ``tests`` is this
   repository's tests; what they print on stdout must be the block's other lines, figure for figure.
 * ``python``: runs, the blocks in README order sharing one namespace and the scratch directory (a file one block
   writes, the next may read).
@@ -74,6 +74,8 @@ def run_transcript(body: str, cwd: Path) -> tuple[str, str]:
     for line in body.splitlines():
         if line.startswith("$ "):
             commands.append(line[2:])
+        elif line.startswith("> ") and commands:  # a command's next line, as the shell prompts for it
+            commands[-1] += "\n" + line[2:]
         else:
             expected.append(line + "\n")
     done = subprocess.run(["bash", "-c", "\n".join(commands)], cwd=cwd, capture_output=True, text=True,
