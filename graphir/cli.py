@@ -429,7 +429,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         row["tensors"] += 1
         row["params"] += t["params"]
         row["bytes"] += t["bytes"] or 0
-    memory = _memory_info(m, argparse.Namespace(n_ctx=args.n_ctx, n_seq_max=1, n_ubatch=512, swa_full=False))
+    memory = _memory_info(m, argparse.Namespace(n_ctx=args.n_ctx, n_seq_max=1, n_ubatch=512, swa_full=False,
+                                                 cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v))
     for part in memory["parts"].values():
         part["bytes_per_cell"] = part["bytes"] // part["cells"] if part["cells"] else 0
     cost = {}
@@ -472,8 +473,8 @@ def _memory_info(meta: Any, args: argparse.Namespace) -> dict[str, Any]:
     arch = meta.arch
     kind = arch.contexts[0]
     n_ctx = min(arch.hp.n_ctx_train, 4096) if args.n_ctx is None else args.n_ctx or arch.hp.n_ctx_train
-    params = ContextParams(n_ctx, args.n_seq_max, args.n_ubatch, getattr(args, "cache_type_k", "f16"),
-                           getattr(args, "cache_type_v", "f16"), swa_full=args.swa_full, buffers=False)
+    types = (getattr(args, "cache_type_k", "f16"), getattr(args, "cache_type_v", "f16"))  # info: the defaults
+    params = ContextParams(n_ctx, args.n_seq_max, args.n_ubatch, *types, swa_full=args.swa_full, buffers=False)
     phase = "decode" if "decode" in KINDS[kind].phases else "prefill"
     parts = footprint(meta.build_graph(kind, phase), assemble(kind, arch.needs, params))
     return {"kind": kind, "n_ctx": n_ctx, "n_seq_max": args.n_seq_max, "n_ubatch": args.n_ubatch,
@@ -611,8 +612,7 @@ def _stream_reply(generation: Any, max_tokens: int | None, stats: dict[str, Any]
 
 def _context_full(generation: Any) -> None:
     if generation.full:
-        log.warning("the context is full (%d cells) and a %s memory cannot shift: generation stopped; a larger "
-                    "-c/--ctx-size holds more", generation.ctx.n_ctx, generation.ctx.memory.kind)
+        log.warning("%s: generation stopped; a larger -c/--ctx-size holds more", generation.full)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

