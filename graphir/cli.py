@@ -629,7 +629,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     n = None if args.n_predict == -1 else args.n_predict
     # the text streaming to a terminal shows the generation's progress; text going to a file or a pipe does not,
     # so then a bar of the tokens generated is drawn on stderr (when that is a terminal)
-    bar = counting(None if sys.stdout.isatty() else stream(args.quiet), n or 0, "generating")
+    bar = counting(None if sys.stdout.isatty() else stream(args.quiet), n, "generating")
     try:
         if args.display_prompt:
             sys.stdout.write(text)

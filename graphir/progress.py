@@ -16,8 +16,9 @@ def stream(quiet: bool = False) -> IO[str] | None:
     return None if quiet or not sys.stderr.isatty() else sys.stderr
 
 
-def counting(out: IO[str] | None, total: int, what: str) -> Any:
-    """A bar of ``total`` steps on ``out`` (``update(n)``, ``close()``), drawing nothing where ``out`` is None."""
+def counting(out: IO[str] | None, total: int | None, what: str) -> Any:
+    """A bar of ``total`` steps (None: a count without an end) on ``out`` (``update(n)``, ``close()``), drawing
+    nothing where ``out`` is None."""
     from tqdm import tqdm
 
     return tqdm(total=total, desc=what, file=out, disable=out is None, **size(out))

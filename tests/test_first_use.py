@@ -26,7 +26,7 @@ TIMINGS = re.compile(r"^load: [\d.]+ s; prompt: (\d+) tokens, [^;]+; generation:
 
 def graphir(*argv: object, stdin: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "graphir", *map(str, argv)], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "default"})
+                          text=True, timeout=timeout)
 
 
 def timings(err: str) -> tuple[int, int]:
