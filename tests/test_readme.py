@@ -71,7 +71,7 @@ def shell_env() -> dict[str, str]:
 def run_transcript(body: str, cwd: Path) -> tuple[str, str]:
     """(what the $ lines print, what the block says they print)."""
     commands, expected = [], []
-    for line in body.splitlines():
+    for line in body.split("\n"):  # a blank last line is output too
         if line.startswith("$ "):
             commands.append(line[2:])
         elif line.startswith("> ") and commands:  # a command's next line, as the shell prompts for it
