@@ -32,6 +32,8 @@ class TokenizerModel:
     add_space_prefix = False
     add_bos = False
     add_eos = False
+    add_sep = False  # llama.cpp's default for tokenizer.ggml.add_sep_token (read by embedding callers)
+    always_bos = False  # add_bos is true whatever tokenizer.ggml.add_bos_token says
     clean_spaces = True  # detokenizing applies clean_up_tokenization_spaces
     always_wraps = False  # tokenizing with add_special adds bos and sep whatever add_bos and add_eos say
     pre: str | None = None  # the tokenizer.ggml.pre in effect: llama.cpp reads it for gpt2 vocabularies only

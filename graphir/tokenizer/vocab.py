@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import gguf
 
-from graphir.tokenizer.bpe import Bpe
+from graphir.tokenizer.bpe import Bpe, Gemma4Bpe
 from graphir.tokenizer.metadata import Metadata
 from graphir.tokenizer.model import TokenizerModel
 from graphir.tokenizer.spm import Spm
@@ -28,9 +28,9 @@ from graphir.tokenizer.wpm import Wpm
 _TK = gguf.Keys.Tokenizer
 
 # tokenizer.ggml.model -> the model that tokenizes for it
-MODELS: dict[str, type[TokenizerModel]] = {"bert": Wpm, "gpt2": Bpe, "llama": Spm, "t5": Ugm}
+MODELS: dict[str, type[TokenizerModel]] = {"bert": Wpm, "gpt2": Bpe, "gemma4": Gemma4Bpe, "llama": Spm, "t5": Ugm}
 # Tokenizer models llama.cpp knows but graphir does not implement.
-_OTHER_MODELS = ("rwkv", "plamo2", "gemma4", "hybriddna", "whitespace", "no_vocab", "none")
+_OTHER_MODELS = ("rwkv", "plamo2", "hybriddna", "whitespace", "test", "no_vocab", "none")
 
 _SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL  # dropped from output unless rendering specials
 _C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale: what lstrip/rstrip of special tokens eat
@@ -85,6 +85,7 @@ class Vocab(TokenTable):
     pad: int | None
     add_bos: bool
     add_eos: bool
+    add_sep: bool
     add_space_prefix: bool
     clean_spaces: bool
 
@@ -141,8 +142,9 @@ class Vocab(TokenTable):
             value = md.get(key, int)
             if value is not None and 0 <= value < n:
                 special[slot] = value
-        self.add_bos = md.get(_TK.ADD_BOS, bool, model.add_bos)
+        self.add_bos = md.get(_TK.ADD_BOS, bool, model.add_bos) or model.always_bos
         self.add_eos = md.get(_TK.ADD_EOS, bool, model.add_eos)
+        self.add_sep = md.get(_TK.ADD_SEP, bool, model.add_sep)
         model.finish(self, special, self.add_bos, self.add_eos)
 
         self._detect_specials(special)

@@ -78,6 +78,7 @@ class Wpm(WordModel):
 
     special_ids = {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
     add_bos = True
+    add_sep = True
     always_wraps = True
 
     def __init__(self, md: Metadata, pre: str | None) -> None:
