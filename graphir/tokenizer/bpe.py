@@ -69,11 +69,9 @@ class Bpe(WordModel):
     def load(self, md: Metadata, table: TokenTable) -> None:
         super().load(md, table)
         merges = md.array(_TK.MERGES, str, required=self.pre not in _MERGES_OPTIONAL) or []
-        ranks: dict[tuple[str, str], int] = {}
-        for i, m in enumerate(merges):
-            cut = m.find(" ", 1)
-            pair = (m[:cut], m[cut + 1 :]) if cut != -1 else ("", "")
-            ranks.setdefault(pair, i)
+        # "left right", cut at the first space after the first character; the first of equal pairs ranks
+        pairs = [(m[:cut], m[cut + 1 :]) if (cut := m.find(" ", 1)) != -1 else ("", "") for m in merges]
+        ranks = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))
 
         def rank(left: str, right: str) -> int | None:
             return ranks.get((left, right))

@@ -53,9 +53,9 @@ class Metadata:
             if isinstance(value, (str, bytes)):
                 raise TypeError
             if convert is str:
-                if not all(isinstance(v, str) for v in value):  # type: ignore[attr-defined]
+                if not set(map(type, value)) <= {str}:  # type: ignore[call-overload]
                     raise TypeError
                 return list(value)  # type: ignore[call-overload]
-            return [convert(v) for v in value]  # type: ignore[attr-defined]
+            return list(map(convert, value))  # type: ignore[call-overload]
         except (TypeError, ValueError):
             raise self.err(f"metadata key {key!r} is not an array of {convert.__name__}") from None
