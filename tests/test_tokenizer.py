@@ -578,6 +578,82 @@ def test_spm_random_text_matches_llama_cpp(spm_pair, text: str, add_special: boo
 
 
 # ---------------------------------------------------------------------------------------------
+# plamo2 vocabularies (PLaMo 2 and 3): a small synthetic vocabulary
+# ---------------------------------------------------------------------------------------------
+
+PLAMO2_CORPUS = ("hello world the quick brown fox 日本語のテキスト 東京都 привет мир café 12345 "
+                 "<|plamo:op|> [PAD1]").split(" ")
+
+
+def _plamo2_metadata() -> dict[str, object]:
+    """Control tokens, 256 byte tokens, every piece (up to 6 code points) of PLAMO2_CORPUS words and of the words
+    with a space before them, scores from a coarse grid (equal costs happen), one token whose scaled score is
+    exactly the unknown cost (as PLaMo's padding tokens have), one with an infinite score, and unused pads."""
+    rnd = random.Random(11)
+    tokens = ["<|plamo:unk|>", "<|plamo:bos|>", "<|plamo:eos|>", "<|plamo:pad|>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    pieces: set[str] = set()
+    for word in PLAMO2_CORPUS + [" " + w for w in PLAMO2_CORPUS]:
+        for i in range(len(word)):
+            pieces.update(word[i:j] for j in range(i + 1, min(len(word), i + 6) + 1))
+    for p in sorted(pieces):
+        tokens.append(p)
+        types.append(1)
+        scores.append(-rnd.randint(1, 16) / 2)
+    for text, score, ty in (("quick brown", -1000.0, 1), ("天気", float("-inf"), 1), ("[PAD2]", -1000.0, 5)):
+        tokens.append(text)
+        types.append(ty)
+        scores.append(score)
+    T = gguf.Keys.Tokenizer
+    return {T.MODEL: "plamo2", T.PRE: "default", T.LIST: tokens, T.SCORES: scores, T.TOKEN_TYPE: types,
+            T.BOS_ID: 1, T.EOS_ID: 2, T.UNK_ID: 0, T.PAD_ID: 3}
+
+
+PLAMO2_TEXTS = [
+    "", " ", "hello world", "the quick brown fox", "the quick brown", "日本語のテキスト", "東京都の天気", "привет мир",
+    "café 12345 67890", "\ufeffhello", "hello\ufeff", "xyz 😀 emoji", "<|plamo:bos|>hello<|plamo:eos|>",
+    "<|plamo:op|> [PAD1][PAD2]", "quick brownfox", "  two  spaces  ", "tab\tand\nnewline",
+]
+
+
+@pytest.fixture(scope="module")
+def plamo2_pair(tmp_path_factory: pytest.TempPathFactory):
+    path = write_vocab_gguf(tmp_path_factory.mktemp("plamo2") / "plamo2.gguf", _plamo2_metadata())
+    o = Oracle(path)
+    yield Vocab.from_file(path), o
+    o.close()
+
+
+@oracle
+def test_plamo2_matches_llama_cpp(plamo2_pair) -> None:
+    mine, o = plamo2_pair
+    assert (mine.model, mine.add_space_prefix, mine.clean_spaces) == ("plamo2", False, False)
+    assert (mine.bos, mine.eos, mine.add_bos, mine.add_eos) == o.facts()
+    assert_same_text_handling(mine, o, PLAMO2_TEXTS)
+    assert_same_pieces(mine, o)
+
+
+@oracle
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.lists(st.one_of(st.sampled_from(PLAMO2_CORPUS + [" ", "  ", "\ufeff"]), st.text(max_size=5)),
+                     max_size=6).map("".join))
+def test_plamo2_random_text_matches_llama_cpp(plamo2_pair, text: str) -> None:
+    mine, o = plamo2_pair
+    ids = mine.tokenize(text, True, True)
+    assert ids == o.tokenize(text, True, True)
+    assert mine.detokenize_bytes(ids, False, True) == o.detokenize(ids, False, True)
+
+
+def test_plamo2_without_a_byte_token_is_refused() -> None:
+    md = _plamo2_metadata()
+    tokens = list(md[gguf.Keys.Tokenizer.LIST])  # type: ignore[call-overload]
+    tokens[4 + 0x41] = "<0xZZ>"
+    with pytest.raises(MetadataError, match=r"p\.gguf: plamo2 vocabulary without the byte token <0x41>"):
+        Vocab.from_metadata("p.gguf", {**md, gguf.Keys.Tokenizer.LIST: tokens})
+
+
+# ---------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------
 

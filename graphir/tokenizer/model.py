@@ -14,7 +14,8 @@ import gguf
 
 from graphir.errors import MetadataError
 from graphir.tokenizer.metadata import Metadata
-from graphir.tokenizer.tokens import TokenTable, utf8
+from graphir.tokenizer.tokens import (ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED,
+                                      TokenTable, utf8)
 
 _TK = gguf.Keys.Tokenizer
 
@@ -36,6 +37,7 @@ class TokenizerModel:
     always_bos = False  # add_bos is true whatever tokenizer.ggml.add_bos_token says
     clean_spaces = True  # detokenizing applies clean_up_tokenization_spaces
     always_wraps = False  # tokenizing with add_special adds bos and sep whatever add_bos and add_eos say
+    adds_specials = True  # tokenizing with add_special adds bos/eos as add_bos/add_eos say
     pre: str | None = None  # the tokenizer.ggml.pre in effect: llama.cpp reads it for gpt2 vocabularies only
 
     def __init__(self, md: Metadata, pre: str | None) -> None:
@@ -57,6 +59,17 @@ class TokenizerModel:
     def tokenize(self, text: str, frags: list[int | tuple[int, int]], out: list[int]) -> None:
         """Append the ids of ``text`` cut into ``frags``: special token ids, and (start, end) spans to tokenize."""
         raise NotImplementedError
+
+    def render(self, attr: int, text: str) -> bytes:
+        """The bytes of a token with attributes ``attr``: special and user-defined tokens are their text, normal
+        ones :meth:`piece`, byte tokens their byte, the rest (unused, undefined) nothing."""
+        if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
+            return utf8(text)
+        if attr & ATTR_NORMAL:
+            return self.piece(text)
+        if attr & ATTR_BYTE:
+            return bytes([int(text[3:5], 16)])
+        return b""
 
     def piece(self, text: str) -> bytes:
         """The bytes of a normal token: its text, with U+2581 as a space."""

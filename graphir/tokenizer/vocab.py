@@ -19,8 +19,9 @@ import gguf
 from graphir.tokenizer.bpe import Bpe, Gemma4Bpe
 from graphir.tokenizer.metadata import Metadata
 from graphir.tokenizer.model import TokenizerModel
+from graphir.tokenizer.plamo2 import Plamo2
 from graphir.tokenizer.spm import Spm
-from graphir.tokenizer.tokens import (ATTR_BYTE, ATTR_CONTROL, ATTR_LSTRIP, ATTR_NORMAL, ATTR_RSTRIP, ATTR_UNKNOWN,
+from graphir.tokenizer.tokens import (ATTR_CONTROL, ATTR_LSTRIP, ATTR_NORMAL, ATTR_RSTRIP, ATTR_UNKNOWN,
                                       ATTR_UNUSED, ATTR_USER_DEFINED, TokenTable, utf8)
 from graphir.tokenizer.ugm import Ugm
 from graphir.tokenizer.wpm import Wpm
@@ -28,9 +29,10 @@ from graphir.tokenizer.wpm import Wpm
 _TK = gguf.Keys.Tokenizer
 
 # tokenizer.ggml.model -> the model that tokenizes for it
-MODELS: dict[str, type[TokenizerModel]] = {"bert": Wpm, "gpt2": Bpe, "gemma4": Gemma4Bpe, "llama": Spm, "t5": Ugm}
+MODELS: dict[str, type[TokenizerModel]] = {"bert": Wpm, "gpt2": Bpe, "gemma4": Gemma4Bpe, "llama": Spm, "plamo2": Plamo2,
+                                         "t5": Ugm}
 # Tokenizer models llama.cpp knows but graphir does not implement.
-_OTHER_MODELS = ("rwkv", "plamo2", "hybriddna", "whitespace", "test", "no_vocab", "none")
+_OTHER_MODELS = ("rwkv", "hybriddna", "whitespace", "test", "no_vocab", "none")
 
 _SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL  # dropped from output unless rendering specials
 _C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale: what lstrip/rstrip of special tokens eat
@@ -259,6 +261,7 @@ class Vocab(TokenTable):
         """
         out: list[int] = []
         frags = self._partition(text, parse_special) if text else []
+        add_special = add_special and self._model.adds_specials
         wrap = add_special and self._model.always_wraps
         if add_special and (self.add_bos or wrap):
             out.append(self.bos)  # type: ignore[arg-type]
@@ -324,14 +327,7 @@ class Vocab(TokenTable):
         return piece
 
     def _make_piece(self, id: int) -> bytes:
-        attr, text = self.attrs[id], self.tokens[id]
-        if attr & (_SPECIAL_ATTRS | ATTR_USER_DEFINED):
-            return utf8(text)
-        if attr & ATTR_NORMAL:
-            return self._model.piece(text)
-        if attr & ATTR_BYTE:
-            return bytes([int(text[3:5], 16)])
-        return b""  # undefined / unused tokens render as nothing
+        return self._model.render(self.attrs[id], self.tokens[id])
 
     def detokenize_bytes(
         self, ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False
