@@ -578,6 +578,49 @@ def test_spm_random_text_matches_llama_cpp(spm_pair, text: str, add_special: boo
 
 
 # ---------------------------------------------------------------------------------------------
+# gemma4 vocabularies: BPE the SentencePiece way (U+2581 spaces, UTF-8 words, <0xXX> byte tokens)
+# ---------------------------------------------------------------------------------------------
+
+GEMMA4_CORPUS = "hello world the quick brown fox 日本語 привет café".split()
+
+
+def _gemma4_metadata() -> dict[str, object]:
+    """<pad> <eos> <bos> <unk>, 256 byte tokens, the corpus' characters, and merges that build each word with its
+    U+2581 from the left; newline runs of two and three are tokens, only the first one built by a merge."""
+    chars = sorted({c for w in GEMMA4_CORPUS for c in w} | {"\u2581", "\n"})
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + chars
+    merges = ["\n \n"]
+    for word in ["\u2581" + w for w in GEMMA4_CORPUS] + ["\u2581\u2581"]:
+        for i in range(2, len(word) + 1):
+            merge = f"{word[:i - 1]} {word[i - 1]}"
+            if merge not in merges:
+                merges.append(merge)
+                tokens.append(word[:i])
+    tokens += ["\n\n", "\n\n\n"]
+    T = gguf.Keys.Tokenizer
+    return {T.MODEL: "gemma4", T.LIST: tokens, T.TOKEN_TYPE: [3, 3, 3, 2] + [6] * 256 + [1] * (len(tokens) - 260),
+            T.MERGES: merges, T.BOS_ID: 2, T.EOS_ID: 1, T.UNK_ID: 3, T.PAD_ID: 0, T.ADD_BOS: False}
+
+
+GEMMA4_TEXTS = ["", "hello world", " the  quick brown fox ", "a\n\nb\n\n\nc\n\n\n\n", "日本語 привет café!",
+                "😀 x", "<bos>hello<eos>", "\u2581hello", "tab\tx\r\n"]
+
+
+@oracle
+def test_gemma4_matches_llama_cpp(tmp_path: Path) -> None:
+    path = write_vocab_gguf(tmp_path / "gemma4.gguf", _gemma4_metadata())
+    mine, o = Vocab.from_file(path), Oracle(path)
+    try:
+        # the model implies the 'gemma4' pre-tokenizer, and BOS is added even where the file says not to
+        assert (mine.pre, mine.add_bos, mine.clean_spaces) == ("gemma4", True, True)
+        assert (mine.bos, mine.eos, mine.add_bos, mine.add_eos) == o.facts()
+        assert_same_text_handling(mine, o, GEMMA4_TEXTS)
+        assert_same_pieces(mine, o)
+    finally:
+        o.close()
+
+
+# ---------------------------------------------------------------------------------------------
 # plamo2 vocabularies (PLaMo 2 and 3): a small synthetic vocabulary
 # ---------------------------------------------------------------------------------------------
 
