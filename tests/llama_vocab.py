@@ -13,8 +13,8 @@ import llama_cpp  # noqa: E402  (only imported by oracle tests, which skip witho
 
 
 class Oracle:
-    def __init__(self, path: Path, overrides: dict[str, str] | None = None) -> None:
-        """``overrides``: metadata string values llama.cpp reads instead of the file's (its kv_overrides)."""
+    def __init__(self, path: Path, overrides: dict[str, str | bool] | None = None) -> None:
+        """``overrides``: metadata values llama.cpp reads instead of the file's, or where it has none (kv_overrides)."""
         self.llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False, kv_overrides=overrides)
         self.vocab = self.llm._model.vocab
 

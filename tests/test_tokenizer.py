@@ -397,6 +397,29 @@ def test_pre_tokenizer_matches_llama_cpp(pre_test_gguf: Path, pre_test_md: dict[
         o.close()
 
 
+@oracle
+@pytest.mark.parametrize(("pre", "lowercase"), [("whitespace", None), ("whitespace", True), ("gpt-2", None)])
+def test_whitespace_model_matches_llama_cpp(pre_test_gguf: Path, pre_test_md: dict[str, object], pre: str,
+                                            lowercase: bool | None) -> None:
+    """tokenizer.ggml.model 'whitespace': whitespace dropped, each run between tokenized with the pre-tokenizer,
+    lowercased unless the normalizer key (or, by default, the 'whitespace' pre-tokenizer) says not."""
+    from graphir.tokenizer.metadata import KEY_LOWERCASE
+
+    T = gguf.Keys.Tokenizer
+    keys: dict[str, str | bool] = {T.MODEL: "whitespace", T.PRE: pre}
+    if lowercase is not None:
+        keys[KEY_LOWERCASE] = lowercase
+    mine = Vocab.from_metadata(pre_test_gguf.name, {**pre_test_md, **keys})
+    o = Oracle(pre_test_gguf, keys)
+    try:
+        for text in PRE_TEXTS:
+            ids = [mine.tokenize(text, True, parse_special) for parse_special in (False, True)]
+            assert ids == [o.tokenize(text, True, parse_special) for parse_special in (False, True)], text
+            assert mine.detokenize_bytes(ids[1]) == o.detokenize(ids[1])
+    finally:
+        o.close()
+
+
 def test_pre_tokenizer_flags(smol_tokenizer_md: dict[str, object]) -> None:
     T = gguf.Keys.Tokenizer
     llama3 = Vocab.from_metadata("x.gguf", {**smol_tokenizer_md, T.PRE: "llama-bpe"})

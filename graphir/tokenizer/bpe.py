@@ -12,10 +12,11 @@ from __future__ import annotations
 import gguf
 
 from graphir.tokenizer.merge import merge
-from graphir.tokenizer.metadata import Metadata
+from graphir.tokenizer.metadata import KEY_LOWERCASE, Metadata
 from graphir.tokenizer.model import ESCAPED_SPACE, WordModel
 from graphir.tokenizer.pretokenize import PRE_TOKENIZERS, SUPPORTED_PRE_TOKENIZERS
 from graphir.tokenizer.tokens import TokenTable, utf8
+from graphir.tokenizer.unicode import LOWER, unicode_class
 
 _TK = gguf.Keys.Tokenizer
 
@@ -129,3 +130,22 @@ class Gemma4Bpe(Bpe):
 
     special_ids = {"bos": None, "eos": None}
     forced_pre = "gemma4"
+
+
+class WhitespaceBpe(Bpe):
+    """whitespace: BPE over each run of non-whitespace, the whitespace dropped, lowercased as the normalizer says."""
+
+    def load(self, md: Metadata, table: TokenTable) -> None:
+        super().load(md, table)
+        self._lowercase = md.get(KEY_LOWERCASE, bool, self.pre_tokenizer.lowercase)
+
+    def words(self, text: str) -> list[str]:
+        out: list[str] = []
+        start = 0
+        for i, c in enumerate(text + " "):
+            if unicode_class(ord(c)) == "W":
+                if i > start:
+                    run = text[start:i]
+                    out += super().words(run.translate(LOWER) if self._lowercase else run)
+                start = i + 1
+        return out

@@ -10,6 +10,11 @@ from collections.abc import Mapping
 
 from graphir.errors import MetadataError
 
+# BertNormalizer options (gguf-py's Keys.Tokenizer.NORMALIZER_*, which older gguf lacks): WordPiece reads both,
+# the whitespace model the first
+KEY_LOWERCASE = "tokenizer.ggml.normalizer.lowercase"
+KEY_STRIP_ACCENTS = "tokenizer.ggml.normalizer.strip_accents"
+
 
 class Metadata:
     """GGUF metadata (``read_header(path).metadata``) read for one vocabulary; ``label`` names the file in errors."""

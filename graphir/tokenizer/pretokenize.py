@@ -237,6 +237,7 @@ class PreTokenizer:
     byte_encode: bool = True  # words are spelled with GPT-2's byte-to-unicode characters
     always_bos: bool = False  # add_bos is true whatever the metadata says (Gemma 4)
     newline_runs_whole: bool = False  # a run of newlines that is a token is that token (Gemma 4)
+    lowercase: bool = True  # the whitespace model lowercases unless tokenizer.ggml.normalizer.lowercase says not
 
     def split(self, text: str) -> list[str]:
         """The words of ``text``: each regex cuts every piece the previous ones left, matches and gaps alike."""
@@ -287,7 +288,7 @@ _ROWS: tuple[tuple[tuple[str, ...], str, dict[str, bool]], ...] = (
     (("jais-2",), "jais-2", {}),
     (("gemma4", "granite-embed-multi-311m"), "gemma4", {**_SPM_STYLE, "always_bos": True, "newline_runs_whole": True}),
     (("sarvam-moe",), "gemma4", {**_SPM_STYLE, "clean_spaces": False}),
-    (("whitespace",), "whitespace", {"byte_encode": False}),
+    (("whitespace",), "whitespace", {"byte_encode": False, "lowercase": False}),
     (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "grok-2", "solar-open"), "qwen2", _NO_CLEAN),
     (("stablelm2", "megrez"), "qwen2", {}),
     (("qwen35",), "qwen35", _NO_CLEAN),
