@@ -720,6 +720,56 @@ def test_plamo2_without_a_byte_token_is_refused() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# rwkv vocabularies: escaped byte-string tokens, longest match from the left
+# ---------------------------------------------------------------------------------------------
+
+
+def _rwkv_metadata() -> dict[str, object]:
+    """Every byte (printable ASCII as itself, the rest \\xhh), words and pieces of text, escapes of each kind, an
+    upper-case hex escape (llama.cpp reads it as another byte, here the same as '"': the later token wins), and
+    a user-defined token."""
+    tokens = [chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in range(256)]
+    tokens += ["\\\\", "\\n\\n", "\\t\\t", "\\r\\n", " the", " quick", " qu", "hello", "hell", " world", "日本",
+               "日本語", "привет", "\\xe6\\x97", "ab\\'cd", "\\xAB", "<|user|>"]
+    T = gguf.Keys.Tokenizer
+    return {T.MODEL: "rwkv", T.LIST: tokens, T.TOKEN_TYPE: [1] * (len(tokens) - 1) + [4]}
+
+
+RWKV_TEXTS = ["", "hello world", " the quick brown", "hell", "日本語 日本 日", "привет\r\n\n\n\t\t\t",
+              "ab'cd ab\\cd \\", 'say "hi"', "<|user|>hello<|user|>", "😀 \x00\x7f"]
+
+
+@oracle
+def test_rwkv_matches_llama_cpp(tmp_path: Path) -> None:
+    path = write_vocab_gguf(tmp_path / "rwkv.gguf", _rwkv_metadata())
+    mine, o = Vocab.from_file(path), Oracle(path)
+    try:
+        assert (mine.model, mine.bos, mine.eos, mine.add_bos, mine.add_eos) == ("rwkv", *o.facts())
+        assert_same_text_handling(mine, o, RWKV_TEXTS)
+        assert_same_pieces(mine, o)
+        assert mine.tokenize('"')[0] == mine.token_to_id["\\xAB"]
+    finally:
+        o.close()
+
+
+def test_rwkv_text_no_token_starts_is_refused_or_unknown() -> None:
+    """Where llama.cpp would emit id -1 (no token starts with the byte, no unknown token) graphir refuses the text;
+    with an unknown token that token stands for the byte; a byte only longer tokens start with is refused too."""
+    md = _rwkv_metadata()
+    T = gguf.Keys.Tokenizer
+    tokens = list(md[T.LIST])  # type: ignore[call-overload]
+    tokens[ord("z")], tokens[ord("y")] = "yy", "<unk>"
+    no_z = Vocab.from_metadata("r.gguf", {**md, T.LIST: tokens})
+    with pytest.raises(ValueError, match="no token starts with the byte 0x7a"):
+        no_z.tokenize("z")
+    with pytest.raises(ValueError, match="no token is a prefix of the text at byte 0"):
+        no_z.tokenize("y")
+    unk = no_z.token_to_id["<unk>"]
+    assert Vocab.from_metadata("r.gguf", {**md, T.LIST: tokens, T.UNK_ID: unk}).tokenize("azyy") == [ord("a"), unk,
+                                                                                                        ord("z")]
+
+
+# ---------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------
 
@@ -727,8 +777,9 @@ def test_plamo2_without_a_byte_token_is_refused() -> None:
 def test_unknown_tokenizer_model_is_a_clear_error() -> None:
     with pytest.raises(MetadataError, match=r"weird\.gguf: unknown tokenizer model 'sentencepiece2'"):
         Vocab.from_metadata("weird.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: "sentencepiece2"}))
-    with pytest.raises(MetadataError, match=r"rwkv\.gguf: tokenizer model 'rwkv' .* is not supported"):
-        Vocab.from_metadata("rwkv.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: "rwkv"}))
+    for name in ("hybriddna", "test", "no_vocab", "none"):  # llama.cpp knows them, graphir does not tokenize them
+        with pytest.raises(MetadataError, match=rf"{name}\.gguf: tokenizer model '{name}' .* is not supported"):
+            Vocab.from_metadata(f"{name}.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: name}))
     md = _spm_metadata()
     del md[gguf.Keys.Tokenizer.MODEL]
     with pytest.raises(MetadataError, match=r"none\.gguf: .*tokenizer\.ggml\.model.* missing"):

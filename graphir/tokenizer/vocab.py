@@ -20,6 +20,7 @@ from graphir.tokenizer.bpe import Bpe, Gemma4Bpe, WhitespaceBpe
 from graphir.tokenizer.metadata import Metadata
 from graphir.tokenizer.model import TokenizerModel
 from graphir.tokenizer.plamo2 import Plamo2
+from graphir.tokenizer.rwkv import Rwkv
 from graphir.tokenizer.spm import Spm
 from graphir.tokenizer.tokens import (ATTR_CONTROL, ATTR_LSTRIP, ATTR_NORMAL, ATTR_RSTRIP, ATTR_UNKNOWN,
                                       ATTR_UNUSED, ATTR_USER_DEFINED, TokenTable, utf8)
@@ -30,9 +31,9 @@ _TK = gguf.Keys.Tokenizer
 
 # tokenizer.ggml.model -> the model that tokenizes for it
 MODELS: dict[str, type[TokenizerModel]] = {"bert": Wpm, "gpt2": Bpe, "gemma4": Gemma4Bpe, "llama": Spm, "plamo2": Plamo2,
-                                         "t5": Ugm, "whitespace": WhitespaceBpe}
+                                         "rwkv": Rwkv, "t5": Ugm, "whitespace": WhitespaceBpe}
 # Tokenizer models llama.cpp knows but graphir does not implement.
-_OTHER_MODELS = ("rwkv", "hybriddna", "test", "no_vocab", "none")
+_OTHER_MODELS = ("hybriddna", "test", "no_vocab", "none")
 
 _SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL  # dropped from output unless rendering specials
 _C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale: what lstrip/rstrip of special tokens eat
