@@ -770,6 +770,34 @@ def test_rwkv_text_no_token_starts_is_refused_or_unknown() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# hybriddna vocabularies: byte-level BPE, DNA between <dna> tags cut into marked 6-mers
+# ---------------------------------------------------------------------------------------------
+
+HYBRIDDNA_TEXTS = ["no dna here CCCCCC", "x <dna>acgtacCCCCCCaaa</dna> y", "<dna>AC", "<dna></dna><dna>GGGGGGT",
+                   "<dna>ééé</dna>é", "a</dna>b<dna>TTTTTTTTTTTT</dna></dna>"]
+
+
+@oracle
+def test_hybriddna_matches_llama_cpp(tmp_path: Path) -> None:
+    """The tags and <oov> are normal tokens; the k-mer CCCCCC shares its letters with a BPE token."""
+    from graphir.tokenizer.bpe import _BYTE_TO_UNI
+
+    T = gguf.Keys.Tokenizer
+    kmers = [k + "\ue000" for k in ("AAAAAA", "ACGTAC", "CCCCCC", "AAAAAT", "TTTTTT", "GAAAAA")]
+    tokens = list(_BYTE_TO_UNI) + ["CC", "CCCC", "CCCCCC", "<dna>", "</dna>", "<oov>"] + kmers
+    md = {T.MODEL: "hybriddna", T.PRE: "gpt-2", T.LIST: tokens, T.TOKEN_TYPE: [1] * len(tokens),
+          T.MERGES: ["C C", "CC CC", "CCCC CC"], T.BOS_ID: 0, T.EOS_ID: 0}
+    path = write_vocab_gguf(tmp_path / "dna.gguf", md)
+    mine, o = Vocab.from_file(path), Oracle(path)
+    try:
+        assert_same_text_handling(mine, o, HYBRIDDNA_TEXTS)
+        assert_same_pieces(mine, o)
+        assert mine.token_to_piece(mine.token_to_id["ACGTAC\ue000"]) == b"ACGTAC"
+    finally:
+        o.close()
+
+
+# ---------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------
 
@@ -777,7 +805,7 @@ def test_rwkv_text_no_token_starts_is_refused_or_unknown() -> None:
 def test_unknown_tokenizer_model_is_a_clear_error() -> None:
     with pytest.raises(MetadataError, match=r"weird\.gguf: unknown tokenizer model 'sentencepiece2'"):
         Vocab.from_metadata("weird.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: "sentencepiece2"}))
-    for name in ("hybriddna", "test", "no_vocab", "none"):  # llama.cpp knows them, graphir does not tokenize them
+    for name in ("test", "no_vocab", "none"):  # llama.cpp knows them, graphir does not tokenize them
         with pytest.raises(MetadataError, match=rf"{name}\.gguf: tokenizer model '{name}' .* is not supported"):
             Vocab.from_metadata(f"{name}.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: name}))
     md = _spm_metadata()

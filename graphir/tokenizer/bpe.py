@@ -149,3 +149,57 @@ class WhitespaceBpe(Bpe):
                     out += super().words(run.translate(LOWER) if self._lowercase else run)
                 start = i + 1
         return out
+
+
+_DNA_MARKER = "\ue000"  # ends a DNA k-mer's token text, keeping it apart from a BPE token of the same letters
+_DNA_K = 6
+
+
+class HybridDnaBpe(Bpe):
+    """hybriddna: BPE, but text between <dna> and </dna> is upper-cased DNA cut into 6-letter k-mers (the last
+    padded with A), each its k-mer token or <oov>; k-mer tokens render without their marker."""
+
+    def load(self, md: Metadata, table: TokenTable) -> None:
+        super().load(md, table)
+        tid = table.token_to_id
+        oov = tid.get("<oov>")
+        if oov is not None:  # llama.cpp erases the marker from the texts of the tokens after <oov>
+            for i in range(oov + 1, table.n_vocab):
+                text = table.tokens[i]
+                if len(text) > len(_DNA_MARKER) and text.endswith(_DNA_MARKER):
+                    table.tokens[i] = text[: -len(_DNA_MARKER)]
+        self._dna = (tid.get("<dna>"), tid.get("</dna>"), oov)
+
+    def tokenize(self, text: str, frags: list[int | tuple[int, int]], out: list[int]) -> None:
+        begin, end, oov = self._dna
+        if begin is None or end is None or oov is None:
+            super().tokenize(text, frags, out)
+            return
+        for f in frags:
+            if isinstance(f, int):
+                out.append(f)
+                continue
+            pos, stop = f
+            while pos < stop:
+                start = text.find("<dna>", pos, stop)
+                if start == -1:
+                    super().tokenize(text, [(pos, stop)], out)
+                    break
+                if start > pos:
+                    super().tokenize(text, [(pos, start)], out)
+                out.append(begin)
+                close = text.find("</dna>", start + 5, stop)
+                self._kmers(text[start + 5 : stop if close == -1 else close], oov, out)
+                if close == -1:
+                    break
+                out.append(end)
+                pos = close + 6
+
+    def _kmers(self, dna: str, oov: int, out: list[int]) -> None:
+        seq = bytes(b - 32 if 0x61 <= b <= 0x7A else b for b in utf8(dna))
+        for i in range(0, len(seq), _DNA_K):
+            try:
+                t = self._ids.get(seq[i : i + _DNA_K].ljust(_DNA_K, b"A").decode() + _DNA_MARKER)
+            except UnicodeDecodeError:  # a k-mer that cuts a character is no token
+                t = None
+            out.append(oov if t is None else t)

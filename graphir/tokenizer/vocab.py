@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import gguf
 
-from graphir.tokenizer.bpe import Bpe, Gemma4Bpe, WhitespaceBpe
+from graphir.tokenizer.bpe import Bpe, Gemma4Bpe, HybridDnaBpe, WhitespaceBpe
 from graphir.tokenizer.metadata import Metadata
 from graphir.tokenizer.model import TokenizerModel
 from graphir.tokenizer.plamo2 import Plamo2
@@ -30,10 +30,12 @@ from graphir.tokenizer.wpm import Wpm
 _TK = gguf.Keys.Tokenizer
 
 # tokenizer.ggml.model -> the model that tokenizes for it
-MODELS: dict[str, type[TokenizerModel]] = {"bert": Wpm, "gpt2": Bpe, "gemma4": Gemma4Bpe, "llama": Spm, "plamo2": Plamo2,
-                                         "rwkv": Rwkv, "t5": Ugm, "whitespace": WhitespaceBpe}
+MODELS: dict[str, type[TokenizerModel]] = {
+    "bert": Wpm, "gemma4": Gemma4Bpe, "gpt2": Bpe, "hybriddna": HybridDnaBpe, "llama": Spm, "plamo2": Plamo2,
+    "rwkv": Rwkv, "t5": Ugm, "whitespace": WhitespaceBpe,
+}
 # Tokenizer models llama.cpp knows but graphir does not implement.
-_OTHER_MODELS = ("hybriddna", "test", "no_vocab", "none")
+_OTHER_MODELS = ("test", "no_vocab", "none")
 
 _SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL  # dropped from output unless rendering specials
 _C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale: what lstrip/rstrip of special tokens eat
