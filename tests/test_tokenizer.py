@@ -797,6 +797,21 @@ def test_hybriddna_matches_llama_cpp(tmp_path: Path) -> None:
         o.close()
 
 
+@oracle
+def test_dummy_test_tokenizer_matches_llama_cpp(tmp_path: Path) -> None:
+    """tokenizer.ggml.model 'test', as the tiny models llama.cpp makes carry it: hashed 5-byte chunks."""
+    T = gguf.Keys.Tokenizer
+    tokens = [f"tok_{i}" for i in range(97)] + ["<|user|>"]
+    md = {T.MODEL: "test", T.LIST: tokens, T.SCORES: [0.0] * len(tokens), T.TOKEN_TYPE: [1] * 97 + [4]}
+    path = write_vocab_gguf(tmp_path / "test.gguf", md)
+    mine, o = Vocab.from_file(path), Oracle(path)
+    try:
+        assert_same_text_handling(mine, o, ["", "a", "hello world", "日本語のテキスト 😀", "x<|user|>yz" * 3])
+        assert_same_pieces(mine, o)
+    finally:
+        o.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------
@@ -805,7 +820,7 @@ def test_hybriddna_matches_llama_cpp(tmp_path: Path) -> None:
 def test_unknown_tokenizer_model_is_a_clear_error() -> None:
     with pytest.raises(MetadataError, match=r"weird\.gguf: unknown tokenizer model 'sentencepiece2'"):
         Vocab.from_metadata("weird.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: "sentencepiece2"}))
-    for name in ("test", "no_vocab", "none"):  # llama.cpp knows them, graphir does not tokenize them
+    for name in ("no_vocab", "none"):  # llama.cpp knows them (a file without a vocabulary): nothing to tokenize
         with pytest.raises(MetadataError, match=rf"{name}\.gguf: tokenizer model '{name}' .* is not supported"):
             Vocab.from_metadata(f"{name}.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: name}))
     md = _spm_metadata()

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import gguf
 
 from graphir.tokenizer.bpe import Bpe, Gemma4Bpe, HybridDnaBpe, WhitespaceBpe
+from graphir.tokenizer.chunks import Chunks
 from graphir.tokenizer.metadata import Metadata
 from graphir.tokenizer.model import TokenizerModel
 from graphir.tokenizer.plamo2 import Plamo2
@@ -32,10 +33,10 @@ _TK = gguf.Keys.Tokenizer
 # tokenizer.ggml.model -> the model that tokenizes for it
 MODELS: dict[str, type[TokenizerModel]] = {
     "bert": Wpm, "gemma4": Gemma4Bpe, "gpt2": Bpe, "hybriddna": HybridDnaBpe, "llama": Spm, "plamo2": Plamo2,
-    "rwkv": Rwkv, "t5": Ugm, "whitespace": WhitespaceBpe,
+    "rwkv": Rwkv, "t5": Ugm, "test": Chunks, "whitespace": WhitespaceBpe,
 }
-# Tokenizer models llama.cpp knows but graphir does not implement.
-_OTHER_MODELS = ("test", "no_vocab", "none")
+# Tokenizer models llama.cpp accepts for a file without a vocabulary: there is nothing to tokenize with.
+_NO_VOCAB_MODELS = ("no_vocab", "none")
 
 _SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL  # dropped from output unless rendering specials
 _C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale: what lstrip/rstrip of special tokens eat
@@ -127,8 +128,9 @@ class Vocab(TokenTable):
         model_class = MODELS.get(name)
         if model_class is None:
             supported = ", ".join(sorted(MODELS))
-            if name in _OTHER_MODELS:
-                raise md.err(f"tokenizer model {name!r} ({_TK.MODEL}) is not supported; supported: {supported}")
+            if name in _NO_VOCAB_MODELS:
+                raise md.err(f"tokenizer model {name!r} ({_TK.MODEL}) is not supported: the file has no vocabulary "
+                             f"(llama.cpp loads it without one); supported: {supported}")
             raise md.err(f"unknown tokenizer model {name!r} ({_TK.MODEL}); supported: {supported}")
         self.model = name
         self._model = model = model_class(md, pre)
