@@ -51,6 +51,20 @@ def smol_oracle(smollm2_gguf: Path):
     o.close()
 
 
+@pytest.fixture
+def oracle_of():
+    """Opens llama.cpp's tokenizer of a file (with metadata overrides), closed after the test."""
+    opened: list[Oracle] = []
+
+    def open_oracle(path: Path, overrides: dict[str, str | bool] | None = None) -> Oracle:
+        opened.append(Oracle(path, overrides))
+        return opened[-1]
+
+    yield open_oracle
+    for o in opened:
+        o.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # SmolLM2 (gpt2 byte-level BPE, pre-tokenizer "smollm")
 # ---------------------------------------------------------------------------------------------
@@ -374,32 +388,30 @@ def test_every_supported_pre_tokenizer_builds() -> None:
 
 @oracle
 @pytest.mark.parametrize("pre", SUPPORTED_PRE_TOKENIZERS)
-def test_pre_tokenizer_matches_llama_cpp(pre_test_gguf: Path, pre_test_md: dict[str, object], pre: str) -> None:
+def test_pre_tokenizer_matches_llama_cpp(oracle_of, pre_test_gguf: Path, pre_test_md: dict[str, object],
+                                         pre: str) -> None:
     """Every tokenizer.ggml.pre graphir knows: the same ids as llama.cpp on PRE_TEXTS, the same text back, and
     the same defaults (BOS id, add_bos/add_eos/add_sep) -- so a value added to the table is checked here."""
     T = gguf.Keys.Tokenizer
     mine = Vocab.from_metadata(pre_test_gguf.name, {**pre_test_md, T.PRE: pre})
-    o = Oracle(pre_test_gguf, {T.PRE: pre})
-    try:
-        assert ((mine.bos, mine.eos, mine.add_bos, mine.add_eos), mine.add_sep) == (o.facts(), o.add_sep())
-        for text in PRE_TEXTS:
-            try:
-                ids = [mine.tokenize(text, True, parse_special) for parse_special in (False, True)]
-            except ValueError as e:  # llama.cpp would abort the process on this text: graphir refuses it instead
-                assert "leaves a space inside the word" in str(e) and not PRE_TOKENIZERS[pre].byte_encode
-                continue
-            assert ids == [o.tokenize(text, True, parse_special) for parse_special in (False, True)], text
-            for remove_special in (False, True):
-                for unparse_special in (False, True):
-                    assert mine.detokenize_bytes(ids[1], remove_special, unparse_special) == o.detokenize(
-                        ids[1], remove_special, unparse_special), (text, remove_special, unparse_special)
-    finally:
-        o.close()
+    o = oracle_of(pre_test_gguf, {T.PRE: pre})
+    assert ((mine.bos, mine.eos, mine.add_bos, mine.add_eos), mine.add_sep) == (o.facts(), o.add_sep())
+    for text in PRE_TEXTS:
+        try:
+            ids = [mine.tokenize(text, True, parse_special) for parse_special in (False, True)]
+        except ValueError as e:  # llama.cpp would abort the process on this text: graphir refuses it instead
+            assert "leaves a space inside the word" in str(e) and not PRE_TOKENIZERS[pre].byte_encode
+            continue
+        assert ids == [o.tokenize(text, True, parse_special) for parse_special in (False, True)], text
+        for remove_special in (False, True):
+            for unparse_special in (False, True):
+                assert mine.detokenize_bytes(ids[1], remove_special, unparse_special) == o.detokenize(
+                    ids[1], remove_special, unparse_special), (text, remove_special, unparse_special)
 
 
 @oracle
 @pytest.mark.parametrize(("pre", "lowercase"), [("whitespace", None), ("whitespace", True), ("gpt-2", None)])
-def test_whitespace_model_matches_llama_cpp(pre_test_gguf: Path, pre_test_md: dict[str, object], pre: str,
+def test_whitespace_model_matches_llama_cpp(oracle_of, pre_test_gguf: Path, pre_test_md: dict[str, object], pre: str,
                                             lowercase: bool | None) -> None:
     """tokenizer.ggml.model 'whitespace': whitespace dropped, each run between tokenized with the pre-tokenizer,
     lowercased unless the normalizer key (or, by default, the 'whitespace' pre-tokenizer) says not."""
@@ -410,14 +422,11 @@ def test_whitespace_model_matches_llama_cpp(pre_test_gguf: Path, pre_test_md: di
     if lowercase is not None:
         keys[KEY_LOWERCASE] = lowercase
     mine = Vocab.from_metadata(pre_test_gguf.name, {**pre_test_md, **keys})
-    o = Oracle(pre_test_gguf, keys)
-    try:
-        for text in PRE_TEXTS:
-            ids = [mine.tokenize(text, True, parse_special) for parse_special in (False, True)]
-            assert ids == [o.tokenize(text, True, parse_special) for parse_special in (False, True)], text
-            assert mine.detokenize_bytes(ids[1]) == o.detokenize(ids[1])
-    finally:
-        o.close()
+    o = oracle_of(pre_test_gguf, keys)
+    for text in PRE_TEXTS:
+        ids = [mine.tokenize(text, True, parse_special) for parse_special in (False, True)]
+        assert ids == [o.tokenize(text, True, parse_special) for parse_special in (False, True)], text
+        assert mine.detokenize_bytes(ids[1]) == o.detokenize(ids[1])
 
 
 def test_pre_tokenizer_flags(smol_tokenizer_md: dict[str, object]) -> None:
@@ -630,17 +639,14 @@ GEMMA4_TEXTS = ["", "hello world", " the  quick brown fox ", "a\n\nb\n\n\nc\n\n\
 
 
 @oracle
-def test_gemma4_matches_llama_cpp(tmp_path: Path) -> None:
+def test_gemma4_matches_llama_cpp(oracle_of, tmp_path: Path) -> None:
     path = write_vocab_gguf(tmp_path / "gemma4.gguf", _gemma4_metadata())
-    mine, o = Vocab.from_file(path), Oracle(path)
-    try:
-        # the model implies the 'gemma4' pre-tokenizer, and BOS is added even where the file says not to
-        assert (mine.pre, mine.add_bos, mine.clean_spaces) == ("gemma4", True, True)
-        assert (mine.bos, mine.eos, mine.add_bos, mine.add_eos) == o.facts()
-        assert_same_text_handling(mine, o, GEMMA4_TEXTS)
-        assert_same_pieces(mine, o)
-    finally:
-        o.close()
+    mine, o = Vocab.from_file(path), oracle_of(path)
+    # the model implies the 'gemma4' pre-tokenizer, and BOS is added even where the file says not to
+    assert (mine.pre, mine.add_bos, mine.clean_spaces) == ("gemma4", True, True)
+    assert (mine.bos, mine.eos, mine.add_bos, mine.add_eos) == o.facts()
+    assert_same_text_handling(mine, o, GEMMA4_TEXTS)
+    assert_same_pieces(mine, o)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -740,16 +746,13 @@ RWKV_TEXTS = ["", "hello world", " the quick brown", "hell", "日本語 日本 �
 
 
 @oracle
-def test_rwkv_matches_llama_cpp(tmp_path: Path) -> None:
+def test_rwkv_matches_llama_cpp(oracle_of, tmp_path: Path) -> None:
     path = write_vocab_gguf(tmp_path / "rwkv.gguf", _rwkv_metadata())
-    mine, o = Vocab.from_file(path), Oracle(path)
-    try:
-        assert (mine.model, mine.bos, mine.eos, mine.add_bos, mine.add_eos) == ("rwkv", *o.facts())
-        assert_same_text_handling(mine, o, RWKV_TEXTS)
-        assert_same_pieces(mine, o)
-        assert mine.tokenize('"')[0] == mine.token_to_id["\\xAB"]
-    finally:
-        o.close()
+    mine, o = Vocab.from_file(path), oracle_of(path)
+    assert (mine.model, mine.bos, mine.eos, mine.add_bos, mine.add_eos) == ("rwkv", *o.facts())
+    assert_same_text_handling(mine, o, RWKV_TEXTS)
+    assert_same_pieces(mine, o)
+    assert mine.tokenize('"')[0] == mine.token_to_id["\\xAB"]
 
 
 def test_rwkv_text_no_token_starts_is_refused_or_unknown() -> None:
@@ -778,7 +781,7 @@ HYBRIDDNA_TEXTS = ["no dna here CCCCCC", "x <dna>acgtacCCCCCCaaa</dna> y", "<dna
 
 
 @oracle
-def test_hybriddna_matches_llama_cpp(tmp_path: Path) -> None:
+def test_hybriddna_matches_llama_cpp(oracle_of, tmp_path: Path) -> None:
     """The tags and <oov> are normal tokens; the k-mer CCCCCC shares its letters with a BPE token."""
     from graphir.tokenizer.bpe import _BYTE_TO_UNI
 
@@ -788,28 +791,22 @@ def test_hybriddna_matches_llama_cpp(tmp_path: Path) -> None:
     md = {T.MODEL: "hybriddna", T.PRE: "gpt-2", T.LIST: tokens, T.TOKEN_TYPE: [1] * len(tokens),
           T.MERGES: ["C C", "CC CC", "CCCC CC"], T.BOS_ID: 0, T.EOS_ID: 0}
     path = write_vocab_gguf(tmp_path / "dna.gguf", md)
-    mine, o = Vocab.from_file(path), Oracle(path)
-    try:
-        assert_same_text_handling(mine, o, HYBRIDDNA_TEXTS)
-        assert_same_pieces(mine, o)
-        assert mine.token_to_piece(mine.token_to_id["ACGTAC\ue000"]) == b"ACGTAC"
-    finally:
-        o.close()
+    mine, o = Vocab.from_file(path), oracle_of(path)
+    assert_same_text_handling(mine, o, HYBRIDDNA_TEXTS)
+    assert_same_pieces(mine, o)
+    assert mine.token_to_piece(mine.token_to_id["ACGTAC\ue000"]) == b"ACGTAC"
 
 
 @oracle
-def test_dummy_test_tokenizer_matches_llama_cpp(tmp_path: Path) -> None:
+def test_dummy_test_tokenizer_matches_llama_cpp(oracle_of, tmp_path: Path) -> None:
     """tokenizer.ggml.model 'test', as the tiny models llama.cpp makes carry it: hashed 5-byte chunks."""
     T = gguf.Keys.Tokenizer
     tokens = [f"tok_{i}" for i in range(97)] + ["<|user|>"]
     md = {T.MODEL: "test", T.LIST: tokens, T.SCORES: [0.0] * len(tokens), T.TOKEN_TYPE: [1] * 97 + [4]}
     path = write_vocab_gguf(tmp_path / "test.gguf", md)
-    mine, o = Vocab.from_file(path), Oracle(path)
-    try:
-        assert_same_text_handling(mine, o, ["", "a", "hello world", "日本語のテキスト 😀", "x<|user|>yz" * 3])
-        assert_same_pieces(mine, o)
-    finally:
-        o.close()
+    mine, o = Vocab.from_file(path), oracle_of(path)
+    assert_same_text_handling(mine, o, ["", "a", "hello world", "日本語のテキスト 😀", "x<|user|>yz" * 3])
+    assert_same_pieces(mine, o)
 
 
 # ---------------------------------------------------------------------------------------------

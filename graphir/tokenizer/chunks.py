@@ -9,34 +9,28 @@ EOS is added.
 from __future__ import annotations
 
 from graphir.tokenizer.metadata import Metadata
-from graphir.tokenizer.model import TokenizerModel
+from graphir.tokenizer.model import SpanModel
 from graphir.tokenizer.tokens import TokenTable, utf8
 
 _CHUNK = 5
 
 
-class Chunks(TokenizerModel):
+class Chunks(SpanModel):
     """test: ids hashed from 5-byte chunks, pieces the ids in hex."""
 
     special_ids = {"bos": None, "eos": None, "unk": None}
-    clean_spaces = False
-    adds_specials = False
 
     def load(self, md: Metadata, table: TokenTable) -> None:
         super().load(md, table)
         self._n_vocab = table.n_vocab
 
-    def tokenize(self, text: str, frags: list[int | tuple[int, int]], out: list[int]) -> None:
-        for f in frags:
-            if isinstance(f, int):
-                out.append(f)
-                continue
-            data = utf8(text[f[0] : f[1]])
-            for i in range(0, len(data), _CHUNK):
-                h = 0
-                for b in data[i : i + _CHUNK]:
-                    h = (h * 31 + b) & 0xFFFF_FFFF_FFFF_FFFF
-                out.append(h % self._n_vocab)
+    def encode(self, text: str, out: list[int]) -> None:
+        data = utf8(text)
+        for i in range(0, len(data), _CHUNK):
+            h = 0
+            for b in data[i : i + _CHUNK]:
+                h = (h * 31 + b) & 0xFFFF_FFFF_FFFF_FFFF
+            out.append(h % self._n_vocab)
 
     def render(self, attr: int, text: str) -> bytes:
         return b"%x" % self._ids[text]

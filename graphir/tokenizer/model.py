@@ -108,3 +108,22 @@ class WordModel(TokenizerModel):
                         words.clear()
                     words[w] = ids
                 out.extend(ids)
+
+
+class SpanModel(TokenizerModel):
+    """A model that tokenizes each span between special tokens whole (no words, no cache), adding no BOS or EOS
+    and cleaning no spaces: llama.cpp's plamo2, rwkv and test tokenizers."""
+
+    clean_spaces = False
+    adds_specials = False
+
+    def encode(self, text: str, out: list[int]) -> None:
+        """Append the ids of one span of text."""
+        raise NotImplementedError
+
+    def tokenize(self, text: str, frags: list[int | tuple[int, int]], out: list[int]) -> None:
+        for f in frags:
+            if isinstance(f, int):
+                out.append(f)
+            else:
+                self.encode(text[f[0] : f[1]], out)

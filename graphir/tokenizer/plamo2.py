@@ -15,7 +15,7 @@ import math
 import string
 
 from graphir.tokenizer.metadata import Metadata
-from graphir.tokenizer.model import TokenizerModel
+from graphir.tokenizer.model import SpanModel
 from graphir.tokenizer.tokens import ATTR_BYTE, TokenTable, utf8
 
 _UNKNOWN = -10_000_000  # the scaled score of a code point no token covers
@@ -38,12 +38,10 @@ def _scaled(score: float) -> int:
     return int(math.copysign(math.floor(abs(x) + 0.5), x))
 
 
-class Plamo2(TokenizerModel):
+class Plamo2(SpanModel):
     """plamo2: the cheapest cut into scored tokens, byte tokens for code points no token covers."""
 
     special_ids = {"bos": 1, "eos": 2, "unk": 0, "pad": 3}
-    clean_spaces = False
-    adds_specials = False
 
     def load(self, md: Metadata, table: TokenTable) -> None:
         super().load(md, table)
@@ -70,7 +68,7 @@ class Plamo2(TokenizerModel):
         rows = [(p, *known[p]) for n in range(len(longest), 0, -1) if (p := longest[:n]) in known]
         return [*rows, _SENTINEL]
 
-    def _encode(self, text: str) -> list[int]:
+    def encode(self, text: str, out: list[int]) -> None:
         if text[:1] == "\ufeff":
             text = text[1:]
         n = len(text)
@@ -95,23 +93,14 @@ class Plamo2(TokenizerModel):
                 if score == _UNKNOWN:
                     break
             cost[i] = best
-        ids: list[int] = []
         i = 0
         while i < n:
             length, tid = step[i]
             if tid >= 0:
-                ids.append(tid)
+                out.append(tid)
             else:
-                ids.extend(self._bytes[b] for b in utf8(text[i]))
+                out.extend(self._bytes[b] for b in utf8(text[i]))
             i += length
-        return ids
-
-    def tokenize(self, text: str, frags: list[int | tuple[int, int]], out: list[int]) -> None:
-        for f in frags:
-            if isinstance(f, int):
-                out.append(f)
-            else:
-                out.extend(self._encode(text[f[0] : f[1]]))
 
     def render(self, attr: int, text: str) -> bytes:
         """A byte token is its byte; every other token its text, unused ones too."""

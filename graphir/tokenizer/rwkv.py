@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from graphir.tokenizer.metadata import Metadata
-from graphir.tokenizer.model import TokenizerModel
+from graphir.tokenizer.model import SpanModel
 from graphir.tokenizer.tokens import TokenTable, utf8
 
 _ESCAPES = {ord("t"): b"\t", ord("n"): b"\n", ord("r"): b"\r"}
@@ -42,12 +42,10 @@ def unescape(text: str) -> bytes:
     return bytes(out)
 
 
-class Rwkv(TokenizerModel):
+class Rwkv(SpanModel):
     """rwkv: the longest token at each byte, from the left."""
 
     special_ids = {"bos": None, "eos": None, "unk": None}
-    clean_spaces = False
-    adds_specials = False
 
     def load(self, md: Metadata, table: TokenTable) -> None:
         super().load(md, table)
@@ -62,7 +60,8 @@ class Rwkv(TokenizerModel):
         super().finish(table, special, add_bos, add_eos)
         self._unk = special["unk"]
 
-    def _encode(self, data: bytes, out: list[int]) -> None:
+    def encode(self, text: str, out: list[int]) -> None:
+        data = utf8(text)
         pos, n = 0, len(data)
         while pos < n:
             if data[pos : pos + 1] not in self._continued:
@@ -83,13 +82,6 @@ class Rwkv(TokenizerModel):
                                  "(llama.cpp would loop forever)")
             out.append(self._by_bytes[data[pos:end]])
             pos = end
-
-    def tokenize(self, text: str, frags: list[int | tuple[int, int]], out: list[int]) -> None:
-        for f in frags:
-            if isinstance(f, int):
-                out.append(f)
-            else:
-                self._encode(utf8(text[f[0] : f[1]]), out)
 
     def render(self, attr: int, text: str) -> bytes:
         """Every token, special or not, is its unescaped bytes."""
