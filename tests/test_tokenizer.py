@@ -300,6 +300,7 @@ def test_unicode_classes_match_llama_cpp(tmp_path: Path) -> None:
 PRE_TEXTS = [
     "Hello world, it's 2024-01-02; ¿qué? “quotes” $5+3=8 ^~| `x`",
     " ".join("1234567890123456789012"[:n] for n in range(1, 21)) + " 3.14159 1,000,000 0x1F ١٢٣٤٥ ½ Ⅻ ²",
+    "a  ½  1234\t\t56 x  ٣٤",
     "don't I'll we're THEY'RE 'Ll 'S x'd DON'T You'VE it’s l'été it'sy they'rex I'dk",
     "def f(x):\n    return x**2  # comment\r\n\r\n  \n\tz\n\n\n",
     'if (a && b) { printf("%d\\n", a[i]); } // done\n#include <stdio.h>\nx->y ::z ... =>',

@@ -207,7 +207,9 @@ REGEXES: dict[str, tuple[str, ...]] = {
 }
 
 # Regexes llama.cpp does not run but hands to a scanner of its own, and the regex each scanner behaves like.
-_DIGITS_FROM_RIGHT = r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"  # a number cut in threes from its end
+# A number cut in threes from its end; what precedes a number goes with its first piece (the AFMoE scanner
+# cuts only after digits).
+_DIGITS_FROM_RIGHT = r"[^\p{N}]*\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
 _SCANNER_EQUIVALENTS = {
     _GPT2: _GPT2 + r"|\s+",  # the GPT-2 scanner also takes a lone whitespace before a non-space
     r"\p{Han}+": r"\p{Han}+|[^\r\n\p{L}\p{N}\p{Han}]?\p{L}+(?:'[sS]|'[tT]|'[mM]|'[dD]|'[rR][eE]|'[vV][eE]|'[lL][lL])?"
