@@ -35,7 +35,8 @@ _HAN_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700,
 
 
 class _Translation(dict):
-    """str.translate table: ASCII stays, every other code point becomes what ``_of`` says (memoized)."""
+    """str.translate table (memoized): ASCII stays; another code point becomes its class's placeholder when
+    ``collapse``, Han's when ``han`` and it is Han, else stays itself -- non-ASCII whitespace becomes ``\\v``."""
 
     def __init__(self, collapse: bool, han: bool) -> None:
         super().__init__((i, i) for i in range(128))
@@ -206,10 +207,10 @@ REGEXES: dict[str, tuple[str, ...]] = {
     "whitespace": (r"\S+",),
 }
 
-# Regexes llama.cpp does not run but hands to a scanner of its own, and the regex each scanner behaves like.
 # A number cut in threes from its end; what precedes a number goes with its first piece (the AFMoE scanner
 # cuts only after digits).
 _DIGITS_FROM_RIGHT = r"[^\p{N}]*\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
+# Regexes llama.cpp does not run but hands to a scanner of its own, and the regex each scanner behaves like.
 _SCANNER_EQUIVALENTS = {
     _GPT2: _GPT2 + r"|\s+",  # the GPT-2 scanner also takes a lone whitespace before a non-space
     r"\p{Han}+": r"\p{Han}+|[^\r\n\p{L}\p{N}\p{Han}]?\p{L}+(?:'[sS]|'[tT]|'[mM]|'[dD]|'[rR][eE]|'[vV][eE]|'[lL][lL])?"
