@@ -411,6 +411,18 @@ def test_pre_tokenizer_matches_llama_cpp(oracle_of, pre_test_gguf: Path, pre_tes
 
 
 @oracle
+def test_kimi_k2_without_merges_matches_llama_cpp(oracle_of, tmp_path: Path) -> None:
+    """Kimi-K2 files may lack merges (llama.cpp then merges nothing); any other pre-tokenizer needs them."""
+    T = gguf.Keys.Tokenizer
+    md = {k: v for k, v in _byte_bpe_metadata().items() if k != T.MERGES}
+    path = write_vocab_gguf(tmp_path / "kimi.gguf", {**md, T.PRE: "kimi-k2"})
+    mine, o = Vocab.from_file(path), oracle_of(path)
+    assert_same_text_handling(mine, o, PRE_TEXTS[:4])
+    with pytest.raises(MetadataError, match=r"k\.gguf: .*tokenizer\.ggml\.merges"):
+        Vocab.from_metadata("k.gguf", {**md, T.PRE: "qwen2"})
+
+
+@oracle
 @pytest.mark.parametrize(("pre", "lowercase"), [("whitespace", None), ("whitespace", True), ("gpt-2", None)])
 def test_whitespace_model_matches_llama_cpp(oracle_of, pre_test_gguf: Path, pre_test_md: dict[str, object], pre: str,
                                             lowercase: bool | None) -> None:
