@@ -87,6 +87,8 @@ ROWS = [
     Row("mamba2", avx2_apart=1e-7),
     Row("granitehybrid"),
     Row("granitehybrid", "moe", moe=True, avx2_apart=1e-7),
+    # pre-norm decoders of llama.cpp's own files (graphir.model.prenorm)
+    Row("arcee"),
 ]
 
 _rng = np.random.default_rng(7)

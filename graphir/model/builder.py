@@ -39,6 +39,7 @@ class Act(Enum):
     SILU = "silu"
     GELU = "gelu"
     RELU = "relu"
+    RELU_SQR = "relu_sqr"  # relu, then squared (llama.cpp's LLM_FFN_RELU_SQR)
     SWIGLU_OAI = "swiglu_oai"  # gated only: gpt-oss's clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE)
 
 
@@ -292,12 +293,17 @@ class GraphBuilder:
             if gate_mode is Gate.PAR and act in _GLU:
                 h = self.op(_GLU[act], g, t, name=f"ffn_{_GLU[act]}")
             else:
-                h = self.op(act.value, g, name=f"ffn_{act.value}")
+                h = self._activation(g, act)
                 if gate_mode is Gate.PAR:
                     h = self.op("mul", h, t, name="ffn_gate_par")
         else:
-            h = self.op(act.value, t, name=f"ffn_{act.value}")
+            h = self._activation(t, act)
         return self._scaled(self.linear(h, down, down_b, name=name), down_s, name=f"{name}_s")
+
+    def _activation(self, x: Node, act: Act) -> Node:
+        if act is Act.RELU_SQR:
+            return self.op("sqr", self.op("relu", x, name="ffn_relu"), name="ffn_sqr(relu)")
+        return self.op(act.value, x, name=f"ffn_{act.value}")
 
     def _scaled(self, y: Node, s: Node | None, *, name: str) -> Node:
         return y if s is None else self.op("mul", y, s, name=name)

@@ -1,0 +1,138 @@
+"""The pre-norm decoder many families share, its variants as data: each layer ``x += attn(norm(x))`` then
+``x += ffn(norm(x))``, a final norm and an LM head.
+
+llama.cpp writes each of these families as a file of its own (src/models/<family>.cpp), and the files differ by
+a norm, a bias, where a QK-norm sits, which tensors the loader creates and which of them the graph reads: the
+family states those as a :class:`Traits` record on a subclass of :class:`PreNormDecoder` and names nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from gguf import MODEL_TENSOR as T
+from gguf import Keys
+
+from graphir.graph.floats import inv_sqrt
+from graphir.graph.ir import Node
+from graphir.model.architecture import Architecture
+from graphir.model.builder import Act, GraphBuilder, Norm
+from graphir.model.qkv import qk_norm_tensors, qkv_tensors
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorSpec, spec, tensor_name
+
+# What a family's loader does with an optional tensor, and whether its graph reads it.
+ABSENT, UNREAD, READ, REQUIRED = "absent", "unread", "read", "required"
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What one family changes in the pre-norm decoder, each a line or two of its llama.cpp file."""
+
+    norm: Norm = Norm.RMS  # LAYER: LayerNorms, each with its bias (Orion)
+    tied_head: bool = True  # output.weight may be absent, the token embedding serving (else it is required)
+    rope_freqs: str = ABSENT  # Llama-3.1's per-dimension RoPE divisors: optional, read by the graph or not
+    wo_bias: str = ABSENT  # the output projection's bias: absent, optional (read or not), or required
+    qk_norm_after_rope: bool = False  # each head of Q and K RMS-normalised after RoPE, with a learned scale
+    ffn_extras: bool = False  # the dense FFN's optional biases and its matrices' scales, read by the graph
+    ffn_act: Act = Act.SILU  # RELU_SQR: an ungated FFN, relu(up x) squared
+    ffn_norm: T = T.FFN_NORM  # the FFN's norm as the file names it (Seed-OSS: attn_post_norm)
+    fused_qkv: bool = False  # one attn_qkv matrix and its bias, both required (Qwen 1)
+    ffn_halved: bool = False  # the gated FFN's width is half of feed_forward_length (Qwen 1)
+    rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
+
+
+class PreNormDecoder(Architecture):
+    """A family of the pre-norm decoder: set ``name``, ``rope_mode``, ``required_keys`` and ``traits``."""
+
+    traits: ClassVar[Traits] = Traits()
+
+    @property
+    def n_ff(self) -> int:
+        return self.hp.n_ff // 2 if self.traits.ffn_halved else self.hp.n_ff
+
+    @property
+    def ropes(self) -> bool:
+        at = self.traits.rope_at_n_layer
+        return not at or self.hp.n_layer == at
+
+    def tensors(self) -> list[TensorSpec]:
+        hp, t = self.hp, self.traits
+        E, F, V = hp.n_embd, self.n_ff, hp.n_vocab
+        norm_bias = t.norm is Norm.LAYER
+        specs = [spec(T.TOKEN_EMBD, (E, V)), *_norm(T.OUTPUT_NORM, E, None, norm_bias),
+                 spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD) if t.tied_head else None)]
+        if t.rope_freqs != ABSENT:
+            specs.append(spec(T.ROPE_FREQS, (hp.n_rot // 2,), kind="vector", optional=True))
+        for il in range(hp.n_layer):
+            layer = [*_norm(T.ATTN_NORM, E, il, norm_bias), *self._attention_tensors(il),
+                     *_norm(t.ffn_norm, E, il, norm_bias),
+                     spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il)]
+            if t.ffn_act is Act.SILU:
+                layer.append(spec(T.FFN_GATE, (E, F), il))
+            if t.ffn_extras:
+                layer += [spec(m, (n,), il, "bias", kind="vector", optional=True)
+                          for m, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))]
+            specs += layer + layer_scales(layer, il)
+        return specs
+
+    def _attention_tensors(self, il: int) -> list[TensorSpec]:
+        hp, t = self.hp, self.traits
+        E = hp.n_embd
+        if t.fused_qkv:
+            n = hp.head_count(il) * hp.n_embd_head_k + hp.n_embd_k_gqa_at(il) + hp.n_embd_v_gqa_at(il)
+            out = [spec(T.ATTN_QKV, (E, n), il), spec(T.ATTN_QKV, (n,), il, "bias", kind="vector"),
+                   spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il)]
+        else:
+            out = qkv_tensors(hp, il)
+        if t.wo_bias != ABSENT:
+            out.append(spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=t.wo_bias != REQUIRED))
+        if t.qk_norm_after_rope:
+            out += qk_norm_tensors(hp, il)
+        return out
+
+    def build(self, b: GraphBuilder) -> None:
+        hp, t = self.hp, self.traits
+        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
+        pos = b.build_inp_pos() if self.ropes else None
+        kq_scale = inv_sqrt(hp.n_embd_head_k)  # none of these families reads attention.scale
+        for il in b.layers():
+            h = b.norm(x, T.ATTN_NORM, il, t.norm, name="attn_norm")
+            # self-attention
+            q, k, v = b.build_qkv(h, il)
+            if pos is not None:
+                factors = b.w_opt(T.ROPE_FREQS) if t.rope_freqs == READ else None
+                q = b.rope(q, pos, factors, name="Qcur.rope")
+                k = b.rope(k, pos, factors, name="Kcur.rope")
+            if t.qk_norm_after_rope:
+                q, k = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed"), b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
+            wo_b = b.w_opt(T.ATTN_OUT, il, "bias") if t.wo_bias in (READ, REQUIRED) else None
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=wo_b, wo_s=b.scale(T.ATTN_OUT, il),
+                             kq_scale=kq_scale)
+            a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
+            x = b.op("add", a, x, name="ffn_inp")
+            # feed-forward network
+            h = b.norm(x, t.ffn_norm, il, t.norm, name="ffn_norm")
+            f = self._ffn(b, h, il)
+            x = b.op("add", f, x, name="l_out")
+        x = b.norm(x, T.OUTPUT_NORM, kind=t.norm, name="result_norm")
+        b.build_output(x, b.w(T.OUTPUT))
+
+    def _ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
+        t = self.traits
+        gate = b.w(T.FFN_GATE, il) if t.ffn_act is Act.SILU else None
+        if not t.ffn_extras:  # the matrices' scales unread, as the family's llama.cpp graph passes none
+            return b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=gate, down=b.w(T.FFN_DOWN, il), act=t.ffn_act)
+        up_b, gate_b, down_b = (b.w_opt(m, il, "bias") for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
+        up_s, gate_s, down_s = (b.scale(m, il) for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
+        return b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=gate, down=b.w(T.FFN_DOWN, il), up_b=up_b, gate_b=gate_b,
+                           down_b=down_b, up_s=up_s, gate_s=gate_s, down_s=down_s, act=t.ffn_act)
+
+
+def _norm(t: T, E: int, il: int | None, bias: bool) -> list[TensorSpec]:
+    out = [spec(t, (E,), il, kind="vector")]
+    return out + [spec(t, (E,), il, "bias", kind="vector")] if bias else out
+
+
+RMS_KEYS = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
