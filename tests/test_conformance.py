@@ -89,6 +89,7 @@ ROWS = [
     Row("granitehybrid", "moe", moe=True, avx2_apart=1e-7),
     # pre-norm decoders of llama.cpp's own files (graphir.model.prenorm)
     Row("arcee"),
+    Row("ernie4_5"),
 ]
 
 _rng = np.random.default_rng(7)
