@@ -90,6 +90,7 @@ ROWS = [
     # pre-norm decoders of llama.cpp's own files (graphir.model.prenorm)
     Row("arcee"),
     Row("ernie4_5"),
+    Row("exaone"),
 ]
 
 _rng = np.random.default_rng(7)
