@@ -91,6 +91,7 @@ ROWS = [
     Row("arcee"),
     Row("ernie4_5"),
     Row("exaone"),
+    Row("xverse"),
 ]
 
 _rng = np.random.default_rng(7)
