@@ -92,6 +92,7 @@ ROWS = [
     Row("ernie4_5"),
     Row("exaone"),
     Row("xverse"),
+    Row("orion"),
 ]
 
 _rng = np.random.default_rng(7)
