@@ -93,6 +93,7 @@ ROWS = [
     Row("exaone"),
     Row("xverse"),
     Row("orion"),
+    Row("internlm2"),
 ]
 
 _rng = np.random.default_rng(7)
