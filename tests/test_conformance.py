@@ -94,6 +94,7 @@ ROWS = [
     Row("xverse"),
     Row("orion"),
     Row("internlm2"),
+    Row("qwen"),
 ]
 
 _rng = np.random.default_rng(7)
