@@ -95,6 +95,7 @@ ROWS = [
     Row("orion"),
     Row("internlm2"),
     Row("qwen"),
+    Row("seed_oss"),
 ]
 
 _rng = np.random.default_rng(7)
