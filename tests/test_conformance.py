@@ -96,6 +96,7 @@ ROWS = [
     Row("internlm2"),
     Row("qwen"),
     Row("seed_oss"),
+    Row("pangu-embedded"),
 ]
 
 _rng = np.random.default_rng(7)
