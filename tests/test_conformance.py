@@ -97,6 +97,7 @@ ROWS = [
     Row("qwen"),
     Row("seed_oss"),
     Row("pangu-embedded"),
+    Row("maincoder"),
 ]
 
 _rng = np.random.default_rng(7)
