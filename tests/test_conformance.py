@@ -98,6 +98,8 @@ ROWS = [
     Row("seed_oss"),
     Row("pangu-embedded"),
     Row("maincoder"),
+    Row("hunyuan-dense"),
+    Row("hunyuan-dense", "alpha", keys={"hunyuan-dense.rope.scaling.alpha": 1000.0}),  # NTK-aware RoPE base
 ]
 
 _rng = np.random.default_rng(7)
