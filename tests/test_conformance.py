@@ -100,6 +100,7 @@ ROWS = [
     Row("maincoder"),
     Row("hunyuan-dense"),
     Row("hunyuan-dense", "alpha", keys={"hunyuan-dense.rope.scaling.alpha": 1000.0}),  # NTK-aware RoPE base
+    Row("baichuan"),  # a depth of neither released model: no positions at all
 ]
 
 _rng = np.random.default_rng(7)
