@@ -99,8 +99,11 @@ ROWS = [
     Row("pangu-embedded"),
     Row("maincoder"),
     Row("hunyuan-dense"),
+    Row("mistral3"),
     Row("hunyuan-dense", "alpha", keys={"hunyuan-dense.rope.scaling.alpha": 1000.0}),  # NTK-aware RoPE base
     Row("baichuan"),  # a depth of neither released model: no positions at all
+    Row("baichuan", "7b", keys={"n_layer": 32}),  # RoPE
+    Row("baichuan", "13b", keys={"n_layer": 40}),  # ALiBi
 ]
 
 _rng = np.random.default_rng(7)
