@@ -1,6 +1,6 @@
 """openPangu-Embedded (Huawei): the pre-norm decoder with RMSNorm, SwiGLU and GQA, RoPE over split halves, and a
-bias on the attention's output projection. The loader takes Llama-3.1's optional RoPE divisors, which the graph
-does not read.
+bias on the attention's output projection. The loader takes optional RoPE divisors (Llama-3.1's, or a LongRoPE
+file's long and short sets), which the graph does not read.
 
 References: Huawei 2025, "openPangu-Embedded-1B/7B" model cards; llama.cpp src/models/pangu-embed.cpp.
 """
@@ -14,4 +14,4 @@ class PanguEmbedded(PreNormDecoder):
     name = "pangu-embedded"
     rope_mode = "neox"
     required_keys = RMS_KEYS
-    traits = Traits(rope_freqs=UNREAD, wo_bias=REQUIRED)
+    traits = Traits(rope_freqs=UNREAD, longrope=True, wo_bias=REQUIRED)

@@ -97,10 +97,12 @@ ROWS = [
     Row("qwen"),
     Row("seed_oss"),
     Row("pangu-embedded"),
+    Row("pangu-embedded", "longrope", keys={"pangu-embedded.rope.scaling.type": "longrope"}),  # factors unread
     Row("maincoder"),
     Row("hunyuan-dense"),
-    Row("mistral3"),
     Row("hunyuan-dense", "alpha", keys={"hunyuan-dense.rope.scaling.alpha": 1000.0}),  # NTK-aware RoPE base
+    Row("mistral3"),
+    Row("mistral3", "longrope", keys={"mistral3.rope.scaling.type": "longrope"}),  # the short factors (64 cells)
     Row("baichuan"),  # a depth of neither released model: no positions at all
     Row("baichuan", "7b", keys={"n_layer": 32}),  # RoPE
     Row("baichuan", "13b", keys={"n_layer": 40}),  # ALiBi

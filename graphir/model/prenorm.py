@@ -33,6 +33,8 @@ class Traits:
     norm: Norm = Norm.RMS  # LAYER: LayerNorms, each with its bias (Orion)
     tied_head: bool = True  # output.weight may be absent, the token embedding serving (else it is required)
     rope_freqs: str = ABSENT  # Llama-3.1's per-dimension RoPE divisors: optional, read by the graph or not
+    longrope: bool = False  # a LongRoPE file's divisors are its long and short sets instead (the long past
+    #                         the trained context per sequence)
     wo_bias: str = ABSENT  # the output projection's bias: absent, optional (read or not), or required
     qk_norm_after_rope: bool = False  # each head of Q and K RMS-normalised after RoPE, with a learned scale
     ffn_extras: bool = False  # the dense FFN's optional biases and its matrices' scales, read by the graph
@@ -64,7 +66,7 @@ class PreNormDecoder(Architecture):
         specs = [spec(T.TOKEN_EMBD, (E, V)), *_norm(T.OUTPUT_NORM, E, None, norm_bias),
                  spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD) if t.tied_head else None)]
         if t.rope_freqs != ABSENT:
-            specs.append(spec(T.ROPE_FREQS, (hp.n_rot // 2,), kind="vector", optional=True))
+            specs += [spec(f, (hp.n_rot // 2,), kind="vector", optional=True) for f in self._rope_factor_tensors()]
         for il in range(hp.n_layer):
             layer = [*_norm(T.ATTN_NORM, E, il, norm_bias), *self._attention_tensors(il),
                      *_norm(t.ffn_norm, E, il, norm_bias),
@@ -76,6 +78,24 @@ class PreNormDecoder(Architecture):
                           for m, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))]
             specs += layer + layer_scales(layer, il)
         return specs
+
+    def _rope_factor_tensors(self) -> tuple[T, ...]:
+        if self.traits.longrope and self.hp.rope_scaling == "longrope":
+            return T.ROPE_FACTORS_LONG, T.ROPE_FACTORS_SHORT
+        return (T.ROPE_FREQS,)
+
+    def variant(self, n_ctx_seq: int) -> bool | None:
+        """A LongRoPE model read by the graph: whether a context of n_ctx_seq cells per sequence takes the long
+        factors (llama.cpp's get_rope_factors); None for the others, whose graph no context changes."""
+        if self.traits.rope_freqs == READ and len(self._rope_factor_tensors()) == 2:
+            return n_ctx_seq > self.hp.n_ctx_orig_yarn
+        return None
+
+    def _rope_factors(self, b: GraphBuilder) -> Node | None:
+        if self.traits.rope_freqs != READ:
+            return None
+        long = self.variant(b.n_ctx_seq)
+        return b.w_opt(T.ROPE_FREQS if long is None else T.ROPE_FACTORS_LONG if long else T.ROPE_FACTORS_SHORT)
 
     def _attention_tensors(self, il: int) -> list[TensorSpec]:
         hp, t = self.hp, self.traits
@@ -102,7 +122,7 @@ class PreNormDecoder(Architecture):
             # self-attention
             q, k, v = b.build_qkv(h, il)
             if pos is not None:
-                factors = b.w_opt(T.ROPE_FREQS) if t.rope_freqs == READ else None
+                factors = self._rope_factors(b)
                 q = b.rope(q, pos, factors, name="Qcur.rope")
                 k = b.rope(k, pos, factors, name="Kcur.rope")
             if t.qk_norm_after_rope:
@@ -136,3 +156,4 @@ def _norm(t: T, E: int, il: int | None, bias: bool) -> list[TensorSpec]:
 
 
 RMS_KEYS = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
+

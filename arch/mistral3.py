@@ -1,0 +1,42 @@
+"""Mistral 3 dense (Mistral Small 3.1 and its text part): the pre-norm decoder with RMSNorm, SwiGLU and GQA, RoPE
+over adjacent pairs with optional per-dimension divisors (or LongRoPE's long and short sets), an optional bias of
+the attention's output projection, and the FFN's optional biases and its matrices' scales, read by the graph.
+
+Ministral 3's Llama-4 attention temperature (``attention.temperature_scale``: queries scaled by a factor that
+grows with the position, a graph input of its own) and YaRN parameters other than llama.cpp's defaults are
+refused here, by name; the mixture-of-experts form is another family's.
+
+References: Mistral AI 2025, "Mistral Small 3.1" model card; llama.cpp src/models/mistral3.cpp.
+"""
+
+from __future__ import annotations
+
+from gguf import Keys
+
+from graphir.errors import MetadataError
+from graphir.model.hparams import HParams, Key
+from graphir.model.prenorm import READ, RMS_KEYS, PreNormDecoder, Traits
+
+A, R = Keys.Attention, Keys.Rope
+# Keys llama.cpp's mistral3 loader reads that graphir's graph does not follow yet, with the value that changes
+# nothing (llama.cpp's default: no temperature, the context's YaRN betas 32 and 1, no log multiplier).
+UNFOLLOWED = (Key("attn_temp_scale", A.TEMPERATURE_SCALE, float, 0.0),
+              Key("yarn_beta_fast", R.SCALING_YARN_BETA_FAST, float, 32.0),
+              Key("yarn_beta_slow", R.SCALING_YARN_BETA_SLOW, float, 1.0),
+              Key("rope_yarn_log_mul", R.SCALING_YARN_LOG_MUL, float, 0.0))
+
+
+class Mistral3(PreNormDecoder):
+    name = "mistral3"
+    rope_mode = "norm"
+    required_keys = RMS_KEYS
+    keys = UNFOLLOWED
+    traits = Traits(rope_freqs=READ, longrope=True, wo_bias=READ, ffn_extras=True)
+
+    def __init__(self, hp: HParams):
+        for k in UNFOLLOWED:
+            if getattr(hp, k.field) != k.default:
+                raise MetadataError(f"key '{k.template.format(arch=self.name)}' is {getattr(hp, k.field)}: graphir "
+                                    f"builds mistral3 with {k.default} only")
+        super().__init__(hp)
+
