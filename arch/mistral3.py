@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from gguf import Keys
 
-from graphir.errors import MetadataError
-from graphir.model.hparams import HParams, Key
+from graphir.model.hparams import Key
 from graphir.model.prenorm import READ, RMS_KEYS, PreNormDecoder, Traits
 
 A, R = Keys.Attention, Keys.Rope
@@ -31,12 +30,4 @@ class Mistral3(PreNormDecoder):
     rope_mode = "norm"
     required_keys = RMS_KEYS
     keys = UNFOLLOWED
-    traits = Traits(rope_freqs=READ, longrope=True, wo_bias=READ, ffn_extras=True)
-
-    def __init__(self, hp: HParams):
-        for k in UNFOLLOWED:
-            if getattr(hp, k.field) != k.default:
-                raise MetadataError(f"key '{k.template.format(arch=self.name)}' is {getattr(hp, k.field)}: graphir "
-                                    f"builds mistral3 with {k.default} only")
-        super().__init__(hp)
-
+    traits = Traits(rope_freqs=READ, longrope=True, wo_bias=READ, ffn_extras=True, refused=UNFOLLOWED)

@@ -8,16 +8,19 @@ family states those as a :class:`Traits` record on a subclass of :class:`PreNorm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.graph.floats import inv_sqrt
+from graphir.errors import MetadataError
+from graphir.graph.floats import f32, inv_sqrt
 from graphir.graph.ir import Node
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm
+from graphir.model.hparams import HParams, Key
 from graphir.model.qkv import qk_norm_tensors, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
@@ -43,12 +46,31 @@ class Traits:
     fused_qkv: bool = False  # one attn_qkv matrix and its bias, both required (Qwen 1)
     ffn_halved: bool = False  # the gated FFN's width is half of feed_forward_length (Qwen 1)
     rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
+    ntk_alpha: bool = False  # the RoPE base raised by the file's NTK_ALPHA key (Hunyuan's XDRoPE)
+    refused: tuple[Key, ...] = ()  # family keys the graph does not follow: a file must leave them at their default
+
+
+# Hunyuan's NTK-aware RoPE: with alpha > 0 the base becomes base * alpha^(d / (d - 2)) for heads of d values
+NTK_ALPHA = Key("rope_scaling_alpha", Keys.Rope.SCALING_ALPHA, float, 0.0)
 
 
 class PreNormDecoder(Architecture):
-    """A family of the pre-norm decoder: set ``name``, ``rope_mode``, ``required_keys`` and ``traits``."""
+    """A family of the pre-norm decoder: set ``name``, ``rope_mode``, ``required_keys`` and ``traits`` (and
+    ``keys``, which hold NTK_ALPHA and the refused keys where the traits name them)."""
 
     traits: ClassVar[Traits] = Traits()
+
+    def __init__(self, hp: HParams):
+        t = self.traits
+        for k in t.refused:
+            if getattr(hp, k.field) != k.default:
+                raise MetadataError(f"key '{k.template.format(arch=self.name)}' is {getattr(hp, k.field)}: graphir "
+                                    f"builds {self.name} with {k.default} only")
+        if t.ntk_alpha and hp.rope_scaling_alpha > 0:  # float32 steps, as llama.cpp's loader raises the base
+            d = hp.n_embd_head_k
+            scale = f32(math.pow(hp.rope_scaling_alpha, f32(d / (d - 2))))
+            hp = replace(hp, rope_freq_base=f32(hp.rope_freq_base * scale))
+        super().__init__(hp)
 
     @property
     def n_ff(self) -> int:
