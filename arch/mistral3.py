@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from gguf import Keys
 
+from graphir.model import hf_config, presets
+from graphir.model.hf_config import TEXT, VOCAB, Family, derived
 from graphir.model.hparams import Key
 from graphir.model.prenorm import READ, RMS_KEYS, PreNormDecoder, Traits
+from graphir.model.presets import Preset
 
-A, R = Keys.Attention, Keys.Rope
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 # Keys llama.cpp's mistral3 loader reads that graphir's graph does not follow yet, with the value that changes
 # nothing (llama.cpp's default: no temperature, the context's YaRN betas 32 and 1, no log multiplier).
 UNFOLLOWED = (Key("attn_temp_scale", A.TEMPERATURE_SCALE, float, 0.0),
@@ -31,3 +34,20 @@ class Mistral3(PreNormDecoder):
     required_keys = RMS_KEYS
     keys = UNFOLLOWED
     traits = Traits(rope_freqs=READ, longrope=True, wo_bias=READ, ffn_extras=True, refused=UNFOLLOWED)
+
+
+# ---- Hugging Face: convert_hf_to_gguf's Mistral3Model (its text part, as LlamaModel writes it) -------------
+
+hf_config.register(Family("mistral3", TEXT + (VOCAB, derived(R.DIMENSION_COUNT, hf_config.head_dim)),
+                          {"tie_word_embeddings": False}), "Mistral3ForConditionalGeneration")
+
+# ---- presets -----------------------------------------------------------------------------------------------
+
+presets.register({
+    # the text part: 40 layers of 32 heads (8 KV heads) of 128 over a width of 5120
+    "Mistral-Small-3.1-24B": Preset("mistral3", {
+        L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: 5120, L.BLOCK_COUNT: 40, L.FEED_FORWARD_LENGTH: 32768,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 8, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.FREQ_BASE: 1000000000.0,
+        A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 128, L.VOCAB_SIZE: 131072,
+    }, tied=False, source="mistralai/Mistral-Small-3.1-24B-Instruct-2503 config.json"),
+})

@@ -21,6 +21,7 @@ from graphir.graph.ir import Node
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm
 from graphir.model.hparams import HParams, Key
+from graphir.model.presets import Preset
 from graphir.model.qkv import qk_norm_tensors, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
@@ -179,3 +180,11 @@ def _norm(t: T, E: int, il: int | None, bias: bool) -> list[TensorSpec]:
 
 RMS_KEYS = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
 
+
+def synthetic(arch: str, source: str) -> Preset:
+    """A tiny header (four layers of 256, two heads, a vocabulary of 128), the golden graphs of a family for which no
+    released model's config is known here for certain; ``source`` says so."""
+    L, A = Keys.LLM, Keys.Attention
+    return Preset(arch, {L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 384,
+                         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, L.VOCAB_SIZE: 128},
+                  tied=False, source=source)
