@@ -2,9 +2,10 @@
 over adjacent pairs with optional per-dimension divisors (or LongRoPE's long and short sets), an optional bias of
 the attention's output projection, and the FFN's optional biases and its matrices' scales, read by the graph.
 
-Ministral 3's Llama-4 attention temperature (``attention.temperature_scale``: queries scaled by a factor that
-grows with the position, a graph input of its own) and YaRN parameters other than llama.cpp's defaults are
-refused here, by name; the mixture-of-experts form is another family's.
+Ministral 3 scales its queries by Llama 4's attention temperature (``attention.temperature_scale``), a factor that
+grows with the position every ``rope.scaling.original_context_length`` tokens, fed as an input of its own; YaRN
+parameters other than llama.cpp's defaults are refused here, by name; the mixture-of-experts form is another
+family's.
 
 References: Mistral AI 2025, "Mistral Small 3.1" model card; llama.cpp src/models/mistral3.cpp.
 """
@@ -16,14 +17,13 @@ from gguf import Keys
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import TEXT, VOCAB, Family, derived
 from graphir.model.hparams import Key
-from graphir.model.prenorm import READ, RMS_KEYS, PreNormDecoder, Traits
+from graphir.model.prenorm import ATTN_TEMP, READ, RMS_KEYS, PreNormDecoder, Traits
 from graphir.model.presets import Preset
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 # Keys llama.cpp's mistral3 loader reads that graphir's graph does not follow yet, with the value that changes
-# nothing (llama.cpp's default: no temperature, the context's YaRN betas 32 and 1, no log multiplier).
-UNFOLLOWED = (Key("attn_temp_scale", A.TEMPERATURE_SCALE, float, 0.0),
-              Key("yarn_beta_fast", R.SCALING_YARN_BETA_FAST, float, 32.0),
+# nothing (llama.cpp's default: the context's YaRN betas 32 and 1, no log multiplier).
+UNFOLLOWED = (Key("yarn_beta_fast", R.SCALING_YARN_BETA_FAST, float, 32.0),
               Key("yarn_beta_slow", R.SCALING_YARN_BETA_SLOW, float, 1.0),
               Key("rope_yarn_log_mul", R.SCALING_YARN_LOG_MUL, float, 0.0))
 
@@ -32,8 +32,9 @@ class Mistral3(PreNormDecoder):
     name = "mistral3"
     rope_mode = "norm"
     required_keys = RMS_KEYS
-    keys = UNFOLLOWED
-    traits = Traits(rope_freqs=READ, longrope=True, wo_bias=READ, ffn_extras=True, refused=UNFOLLOWED)
+    keys = (ATTN_TEMP, *UNFOLLOWED)
+    traits = Traits(rope_freqs=READ, longrope=True, wo_bias=READ, ffn_extras=True, attn_temperature=True,
+                    refused=UNFOLLOWED)
 
 
 # ---- Hugging Face: convert_hf_to_gguf's Mistral3Model (its text part, as LlamaModel writes it) -------------

@@ -46,7 +46,7 @@ def test_a_k_normalised_after_its_rope_cannot_be_reroped(preset: str, shiftable:
     assert rope_plan(open_model(preset).build_graph("kv", "prefill"))[0] is shiftable
 
 
-@pytest.mark.parametrize("key, value", [("attention.temperature_scale", 0.1), ("rope.scaling.yarn_beta_fast", 16.0),
+@pytest.mark.parametrize("key, value", [("rope.scaling.yarn_beta_fast", 16.0), ("rope.scaling.yarn_beta_slow", 2.0),
                                         ("rope.scaling.yarn_log_multiplier", 0.1)])
 def test_mistral3_refuses_the_keys_its_graph_does_not_follow(key: str, value: float) -> None:
     import graphir.arch

@@ -103,6 +103,8 @@ ROWS = [
     Row("hunyuan-dense", "alpha", keys={"hunyuan-dense.rope.scaling.alpha": 1000.0}),  # NTK-aware RoPE base
     Row("mistral3"),
     Row("mistral3", "longrope", keys={"mistral3.rope.scaling.type": "longrope"}),  # the short factors (64 cells)
+    Row("mistral3", "temperature", keys={"mistral3.attention.temperature_scale": 0.1,  # Llama 4's, rising
+                                         "mistral3.rope.scaling.original_context_length": 4}),  # every 4 tokens
     Row("baichuan"),  # a depth of neither released model: no positions at all
     Row("baichuan", "7b", keys={"n_layer": 32}),  # RoPE
     Row("baichuan", "13b", keys={"n_layer": 40}),  # ALiBi

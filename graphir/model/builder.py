@@ -264,6 +264,12 @@ class GraphBuilder:
         section-major), as llama.cpp's inp_pos."""
         return self.input("pos", "i32", (self.arch.positions_per_token * self.n_tokens,))
 
+    def build_inp_attn_temp(self, scale: float, floor: int, offset: float = 0.0) -> Node:
+        """Llama 4's attention temperature of each token, log(floor((pos + offset) / floor) + 1) * scale + 1, which
+        multiplies its queries (llama.cpp's inp_attn_scale, [1, 1, n_tokens]); the context computes it from the
+        ubatch's positions with these facts."""
+        return self.input("attn_temp", "f32", (1, 1, self.n_tokens), scale=scale, floor=floor, offset=offset)
+
     def build_inp_out_ids(self) -> Node:
         """Rows whose output is wanted; always present so the topology does not depend on n_outputs."""
         return self.input("out_ids", "i32", (self.n_outputs,))

@@ -44,15 +44,19 @@ class Traits:
     ffn_extras: bool = False  # the dense FFN's optional biases and its matrices' scales, read by the graph
     ffn_act: Act = Act.SILU  # RELU_SQR: an ungated FFN, relu(up x) squared
     ffn_norm: T = T.FFN_NORM  # the FFN's norm as the file names it (Seed-OSS: attn_post_norm)
-    fused_qkv: bool = False  # one attn_qkv matrix and its bias, both required (Qwen 1)
+    fused_qkv: bool = False  # one attn_qkv matrix of three model widths and its bias, both required (Qwen 1)
     ffn_halved: bool = False  # the gated FFN's width is half of feed_forward_length (Qwen 1)
     rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
     ntk_alpha: bool = False  # the RoPE base raised by the file's NTK_ALPHA key (Hunyuan's XDRoPE)
+    attn_temperature: bool = False  # queries scaled by Llama 4's temperature when the file's ATTN_TEMP key is set
     refused: tuple[Key, ...] = ()  # family keys the graph does not follow: a file must leave them at their default
 
 
 # Hunyuan's NTK-aware RoPE: with alpha > 0 the base becomes base * alpha^(d / (d - 2)) for heads of d values
 NTK_ALPHA = Key("rope_scaling_alpha", Keys.Rope.SCALING_ALPHA, float, 0.0)
+# Llama 4's attention temperature (Ministral 3): 0, none; else each token's queries are scaled by
+# log(floor(pos / n_ctx_orig) + 1) * scale + 1
+ATTN_TEMP = Key("attn_temp_scale", Keys.Attention.TEMPERATURE_SCALE, float, 0.0)
 
 
 class PreNormDecoder(Architecture):
@@ -67,6 +71,9 @@ class PreNormDecoder(Architecture):
             if getattr(hp, k.field) != k.default:
                 raise MetadataError(f"key '{k.template.format(arch=self.name)}' is {getattr(hp, k.field)}: graphir "
                                     f"builds {self.name} with {k.default} only")
+        if t.attn_temperature and hp.attn_temp_scale and not hp.n_ctx_orig_yarn:
+            raise MetadataError(f"an attention temperature needs the original context length (key "
+                                f"'{Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=self.name)}' is 0)")
         if t.ntk_alpha and hp.rope_scaling_alpha > 0:  # float32 steps, as llama.cpp's loader raises the base
             d = hp.n_embd_head_k
             scale = f32(math.pow(hp.rope_scaling_alpha, f32(d / (d - 2))))
@@ -123,10 +130,9 @@ class PreNormDecoder(Architecture):
     def _attention_tensors(self, il: int) -> list[TensorSpec]:
         hp, t = self.hp, self.traits
         E = hp.n_embd
-        if t.fused_qkv:
-            n = hp.head_count(il) * hp.n_embd_head_k + hp.n_embd_k_gqa_at(il) + hp.n_embd_v_gqa_at(il)
-            out = [spec(T.ATTN_QKV, (E, n), il), spec(T.ATTN_QKV, (n,), il, "bias", kind="vector"),
-                   spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il)]
+        if t.fused_qkv:  # three widths of the model, as llama.cpp's loader sizes them (a GQA file does not fit)
+            out = [spec(T.ATTN_QKV, (E, 3 * E), il), spec(T.ATTN_QKV, (3 * E,), il, "bias", kind="vector"),
+                   spec(T.ATTN_OUT, (E, E), il)]
         else:
             out = qkv_tensors(hp, il)
         if t.wo_bias != ABSENT:
@@ -139,6 +145,8 @@ class PreNormDecoder(Architecture):
         hp, t = self.hp, self.traits
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos() if self.ropes else None
+        temp = b.build_inp_attn_temp(hp.attn_temp_scale, hp.n_ctx_orig_yarn) \
+            if t.attn_temperature and hp.attn_temp_scale else None
         kq_scale = inv_sqrt(hp.n_embd_head_k)  # none of these families reads attention.scale
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, t.norm, name="attn_norm")
@@ -148,8 +156,11 @@ class PreNormDecoder(Architecture):
                 factors = self._rope_factors(b)
                 q = b.rope(q, pos, factors, name="Qcur.rope")
                 k = b.rope(k, pos, factors, name="Kcur.rope")
+            if temp is not None:
+                q = b.op("mul", q, temp, name="Qcur_attn_temp_scaled")
             if t.qk_norm_after_rope:
-                q, k = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed"), b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
+                q = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed")
+                k = b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
             wo_b = b.w_opt(T.ATTN_OUT, il, "bias") if t.wo_bias in (READ, REQUIRED) else None
             a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=wo_b, wo_s=b.scale(T.ATTN_OUT, il),
                              kq_scale=kq_scale)
