@@ -28,7 +28,8 @@ class Orion(PreNormDecoder):
 L, A = Keys.LLM, Keys.Attention
 
 hf_config.register(Family("orion", (
-    hf(L.BLOCK_COUNT, *BLOCKS), hf(L.CONTEXT_LENGTH, "max_sequence_length", "max_position_embeddings", "model_max_length"),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(L.CONTEXT_LENGTH, "max_sequence_length", "max_position_embeddings", "model_max_length"),
     hf(L.EMBEDDING_LENGTH, "hidden_size"), hf(L.FEED_FORWARD_LENGTH, "intermediate_size"),
     hf(A.HEAD_COUNT, "num_attention_heads"), hf(A.HEAD_COUNT_KV, "num_key_value_heads", "num_attention_heads"),
     hf(A.LAYERNORM_EPS, "rms_norm_eps", kind="number"),  # a LayerNorm's epsilon, though the config calls it RMS

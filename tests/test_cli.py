@@ -34,7 +34,9 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Mamba-2-2.7B", "Granite-4.0-H-Tiny", "Granite-4.0-H-Small", "Gemma-2-2B", "Gemma-2-27B",
            "Gemma-3-1B", "Gemma-3-27B", "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "T5-v1.1-XXL-encoder", "nomic-embed-text-v1.5", "Command-R-35B",
            "RWKV6-1.6B",
-           "Arcee-tiny", "ERNIE-4.5-0.3B", "EXAONE-3.5-2.4B", "XVERSE-tiny", "Orion-14B", "InternLM2-7B", "Qwen-7B", "Seed-OSS-36B", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny", "Mistral-Small-3.1-24B", "Baichuan2-7B", "Baichuan2-13B"]
+           "Arcee-tiny", "ERNIE-4.5-0.3B", "EXAONE-3.5-2.4B", "XVERSE-tiny", "Orion-14B", "InternLM2-7B", "Qwen-7B",
+           "Seed-OSS-36B", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny", "Mistral-Small-3.1-24B",
+           "Baichuan2-7B", "Baichuan2-13B"]
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers
@@ -571,8 +573,9 @@ ERROR_CASES = {
     "wrong tensor shape": (
         lambda tp: ["dump", write_tiny_gguf(tp / "shape.gguf", shapes={"blk.0.attn_k.weight": (E, 48)})],
         "{0}: tensor 'blk.0.attn_k.weight' has shape [64, 48], expected [64, 32]"),
-    "unknown preset": (lambda tp: ["dump", "Llama-9-1T"], "Llama-9-1T: no such file or preset (presets: all-MiniLM-L6-v2, "
-                                                           "Arcee-tiny, Baichuan2-13B, Baichuan2-7B, BERT-base"),
+    "unknown preset": (lambda tp: ["dump", "Llama-9-1T"], "Llama-9-1T: no such file or preset (presets: "
+                                                           "all-MiniLM-L6-v2, Arcee-tiny, Baichuan2-13B, Baichuan2-7B, "
+                                                           "BERT-base"),
     "none with decode": (
         lambda tp: ["dump", "SmolLM2-135M", "--context", "none", "--phase", "decode"],
         "context 'none' has no decode phase"),
