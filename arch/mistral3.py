@@ -3,9 +3,9 @@ over adjacent pairs with optional per-dimension divisors (or LongRoPE's long and
 the attention's output projection, and the FFN's optional biases and its matrices' scales, read by the graph.
 
 Ministral 3 scales its queries by Llama 4's attention temperature (``attention.temperature_scale``), a factor that
-grows with the position every ``rope.scaling.original_context_length`` tokens, fed as an input of its own; YaRN
-parameters other than llama.cpp's defaults are refused here, by name; the mixture-of-experts form is another
-family's.
+grows with the position every ``rope.scaling.original_context_length`` tokens, fed as an input of its own, and
+reads YaRN's ramp (``rope.scaling.yarn_beta_fast``/``_slow``) and the magnitude of all dimensions
+(``rope.scaling.yarn_log_multiplier``) from the file; the mixture-of-experts form is another family's.
 
 References: Mistral AI 2025, "Mistral Small 3.1" model card; llama.cpp src/models/mistral3.cpp.
 """
@@ -16,31 +16,35 @@ from gguf import Keys
 
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import TEXT, VOCAB, Family, derived
-from graphir.model.hparams import Key
-from graphir.model.prenorm import ATTN_TEMP, READ, RMS_KEYS, PreNormDecoder, Traits
+from graphir.model.prenorm import ATTN_TEMP, READ, RMS_KEYS, YARN_KEYS, PreNormDecoder, Traits
 from graphir.model.presets import Preset
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
-# Keys llama.cpp's mistral3 loader reads that graphir's graph does not follow yet, with the value that changes
-# nothing (llama.cpp's default: the context's YaRN betas 32 and 1, no log multiplier).
-UNFOLLOWED = (Key("yarn_beta_fast", R.SCALING_YARN_BETA_FAST, float, 32.0),
-              Key("yarn_beta_slow", R.SCALING_YARN_BETA_SLOW, float, 1.0),
-              Key("rope_yarn_log_mul", R.SCALING_YARN_LOG_MUL, float, 0.0))
 
 
 class Mistral3(PreNormDecoder):
     name = "mistral3"
     rope_mode = "norm"
     required_keys = RMS_KEYS
-    keys = (ATTN_TEMP, *UNFOLLOWED)
+    keys = (ATTN_TEMP, *YARN_KEYS)
     traits = Traits(rope_freqs=READ, longrope=True, wo_bias=READ, ffn_extras=True, attn_temperature=True,
-                    refused=UNFOLLOWED)
+                    yarn_keys=True)
 
 
 # ---- Hugging Face: convert_hf_to_gguf's Mistral3Model (its text part, as LlamaModel writes it) -------------
 
-hf_config.register(Family("mistral3", TEXT + (VOCAB, derived(R.DIMENSION_COUNT, hf_config.head_dim)),
-                          {"tie_word_embeddings": False}), "Mistral3ForConditionalGeneration")
+def _ministral3(c: hf_config.Config) -> dict[str, float]:
+    """Ministral 3 (model_type ministral3): the magnitude of all dimensions and Llama 4's temperature, from its
+    YaRN parameters."""
+    if c.doc.get("model_type") != "ministral3":
+        return {}
+    p = c.full_rope
+    return {R.SCALING_YARN_LOG_MUL: c.rope_value(p, "mscale_all_dim"),
+            A.TEMPERATURE_SCALE: c.rope_value(p, "llama_4_scaling_beta")}
+
+
+hf_config.register(Family("mistral3", TEXT + (VOCAB, derived(R.DIMENSION_COUNT, hf_config.head_dim), _ministral3),
+                          {"tie_word_embeddings": False}), "Mistral3ForConditionalGeneration", "Ministral3ForCausalLM")
 
 # ---- presets -----------------------------------------------------------------------------------------------
 

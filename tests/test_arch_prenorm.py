@@ -1,6 +1,6 @@
 """Facts of the pre-norm decoder families (graphir.model.prenorm) that the conformance table does not reach:
 Baichuan 13B's ALiBi past 256 tokens (where llama.cpp pads its mask) with a head count that is not a power of two,
-the K-shift a QK-norm after RoPE rules out, and what Mistral 3's graph refuses to follow."""
+and the K-shift a QK-norm after RoPE rules out."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from test_families import LlamaCpp
 
 import llama_made
 from graphir.batch import Batch
-from graphir.errors import MetadataError
 from graphir.memory.kv import rope_plan
 from graphir.model.meta import open_model
 from graphir.running.runtime import load
@@ -44,13 +43,3 @@ def test_a_k_normalised_after_its_rope_cannot_be_reroped(preset: str, shiftable:
     """Hunyuan dense and Maincoder cache K as norm(rope(K)): no rotation of it is the rotation of K, so the
     cache refuses a K-shift (graphir.memory.kv.rope_plan) where another family re-ropes."""
     assert rope_plan(open_model(preset).build_graph("kv", "prefill"))[0] is shiftable
-
-
-@pytest.mark.parametrize("key, value", [("rope.scaling.yarn_beta_fast", 16.0), ("rope.scaling.yarn_beta_slow", 2.0),
-                                        ("rope.scaling.yarn_log_multiplier", 0.1)])
-def test_mistral3_refuses_the_keys_its_graph_does_not_follow(key: str, value: float) -> None:
-    import graphir.arch
-
-    md = llama_made.metadata("mistral3", **{f"mistral3.{key}": value})
-    with pytest.raises(MetadataError, match=f"m.gguf: key 'mistral3.{key}' is "):
-        graphir.arch.get("mistral3").from_metadata("m.gguf", md)

@@ -19,7 +19,7 @@ from graphir.errors import MetadataError
 from graphir.graph.floats import f32, inv_sqrt
 from graphir.graph.ir import Node
 from graphir.model.architecture import Architecture
-from graphir.model.builder import Act, GraphBuilder, Norm
+from graphir.model.builder import Act, GraphBuilder, Norm, yarn_attn_factor
 from graphir.model.hparams import HParams, Key
 from graphir.model.presets import Preset
 from graphir.model.qkv import qk_norm_tensors, qkv_tensors
@@ -49,7 +49,7 @@ class Traits:
     rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
     ntk_alpha: bool = False  # the RoPE base raised by the file's NTK_ALPHA key (Hunyuan's XDRoPE)
     attn_temperature: bool = False  # queries scaled by Llama 4's temperature when the file's ATTN_TEMP key is set
-    refused: tuple[Key, ...] = ()  # family keys the graph does not follow: a file must leave them at their default
+    yarn_keys: bool = False  # YaRN's ramp and magnitude from the file's YARN_KEYS (else llama.cpp's defaults)
 
 
 # Hunyuan's NTK-aware RoPE: with alpha > 0 the base becomes base * alpha^(d / (d - 2)) for heads of d values
@@ -57,20 +57,20 @@ NTK_ALPHA = Key("rope_scaling_alpha", Keys.Rope.SCALING_ALPHA, float, 0.0)
 # Llama 4's attention temperature (Ministral 3): 0, none; else each token's queries are scaled by
 # log(floor(pos / n_ctx_orig) + 1) * scale + 1
 ATTN_TEMP = Key("attn_temp_scale", Keys.Attention.TEMPERATURE_SCALE, float, 0.0)
+# YaRN's ramp (llama.cpp's defaults 32 and 1) and the magnitude of all dimensions (0: none), as Mistral 3 reads them
+YARN_KEYS = (Key("yarn_beta_fast", Keys.Rope.SCALING_YARN_BETA_FAST, float, 32.0),
+             Key("yarn_beta_slow", Keys.Rope.SCALING_YARN_BETA_SLOW, float, 1.0),
+             Key("rope_yarn_log_mul", Keys.Rope.SCALING_YARN_LOG_MUL, float, 0.0))
 
 
 class PreNormDecoder(Architecture):
     """A family of the pre-norm decoder: set ``name``, ``rope_mode``, ``required_keys`` and ``traits`` (and
-    ``keys``, which hold NTK_ALPHA and the refused keys where the traits name them)."""
+    ``keys``, which hold NTK_ALPHA, ATTN_TEMP and YARN_KEYS where the traits read them)."""
 
     traits: ClassVar[Traits] = Traits()
 
     def __init__(self, hp: HParams):
         t = self.traits
-        for k in t.refused:
-            if getattr(hp, k.field) != k.default:
-                raise MetadataError(f"key '{k.template.format(arch=self.name)}' is {getattr(hp, k.field)}: graphir "
-                                    f"builds {self.name} with {k.default} only")
         if t.attn_temperature and hp.attn_temp_scale and not hp.n_ctx_orig_yarn:
             raise MetadataError(f"an attention temperature needs the original context length (key "
                                 f"'{Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=self.name)}' is 0)")
@@ -127,6 +127,15 @@ class PreNormDecoder(Architecture):
         long = self.variant(b.n_ctx_seq)
         return b.w_opt(T.ROPE_FREQS if long is None else T.ROPE_FACTORS_LONG if long else T.ROPE_FACTORS_SHORT)
 
+    def _yarn(self) -> dict[str, float]:
+        """The rope's YaRN parameters where the family reads them from the file (llama.cpp's context uses them)."""
+        hp = self.hp
+        if not self.traits.yarn_keys:
+            return {}
+        factor = yarn_attn_factor(hp.rope_freq_scale, hp.rope_attn_factor, hp.rope_yarn_log_mul) \
+            if hp.rope_scaling == "yarn" else hp.rope_attn_factor
+        return dict(beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow, attn_factor=factor)
+
     def _attention_tensors(self, il: int) -> list[TensorSpec]:
         hp, t = self.hp, self.traits
         E = hp.n_embd
@@ -153,9 +162,9 @@ class PreNormDecoder(Architecture):
             # self-attention
             q, k, v = b.build_qkv(h, il)
             if pos is not None:
-                factors = self._rope_factors(b)
-                q = b.rope(q, pos, factors, name="Qcur.rope")
-                k = b.rope(k, pos, factors, name="Kcur.rope")
+                factors, yarn = self._rope_factors(b), self._yarn()
+                q = b.rope(q, pos, factors, name="Qcur.rope", **yarn)
+                k = b.rope(k, pos, factors, name="Kcur.rope", **yarn)
             if temp is not None:
                 q = b.op("mul", q, temp, name="Qcur_attn_temp_scaled")
             if t.qk_norm_after_rope:
