@@ -227,6 +227,18 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128, A.HEAD_COUNT: 4,
         A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 16,
         L.VOCAB_SIZE: 256}, tied=True)),
+    # Ministral 3: YaRN with the magnitude of all dimensions, and Llama 4's attention temperature
+    "mistral3": ({**TINY_LLAMA, "architectures": ["Ministral3ForCausalLM"], "model_type": "ministral3", "head_dim": 16,
+                  "tie_word_embeddings": False, "rope_parameters": {
+                      "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                      "beta_slow": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1, "rope_theta": 1e6}}, False,
+                 Preset("mistral3", {
+                     L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                     A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16,
+                     R.SCALING_TYPE: "yarn", R.SCALING_FACTOR: 4.0, R.SCALING_ORIG_CTX_LEN: 64,
+                     R.SCALING_YARN_BETA_FAST: 32.0, R.SCALING_YARN_BETA_SLOW: 1.0, R.FREQ_BASE: 1e6,
+                     A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 16, L.VOCAB_SIZE: 256,
+                     R.SCALING_YARN_LOG_MUL: 1.0, A.TEMPERATURE_SCALE: 0.1}, tied=False)),
     # the NTK-aware alpha: the converter raises the base itself, and a "dynamic" one takes a context of 256K
     "hunyuan-dense": ({**TINY_LLAMA, "architectures": ["HunYuanDenseV1ForCausalLM"], "head_dim": 16,
                        "max_position_embeddings": 32768, "rope_theta": 10000.0,
