@@ -326,6 +326,9 @@ TINY_FAMILY: dict[str, dict[str, object]] = {
 }
 TINY_FAMILY["nomic-bert"] = TINY_FAMILY["bert"]
 TINY_FAMILY["command-r"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
+# pre-norm decoders (graphir.model.prenorm): Orion's LayerNorms; Qwen 1's fused QKV is three widths (no GQA)
+TINY_FAMILY["orion"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
+TINY_FAMILY["qwen"] = {gguf.Keys.Attention.HEAD_COUNT_KV: 4}
 # T5: heads of 16 (not n_embd / n_head), 32 relative buckets, the decoder started from token 3
 TINY_FAMILY["t5"] = TINY_FAMILY["t5encoder"] = {
     gguf.Keys.Attention.HEAD_COUNT_KV: 4, gguf.Keys.Attention.KEY_LENGTH: 16, gguf.Keys.Attention.VALUE_LENGTH: 16,

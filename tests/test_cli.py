@@ -33,7 +33,10 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Phi-3-mini-4k", "Phi-3.5-mini", "Phi-4-mini", "BERT-base", "all-MiniLM-L6-v2", "Mamba-130M", "Mamba-2.8B",
            "Mamba-2-2.7B", "Granite-4.0-H-Tiny", "Granite-4.0-H-Small", "Gemma-2-2B", "Gemma-2-27B",
            "Gemma-3-1B", "Gemma-3-27B", "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "T5-v1.1-XXL-encoder", "nomic-embed-text-v1.5", "Command-R-35B",
-           "RWKV6-1.6B"]
+           "RWKV6-1.6B",
+           "Arcee-tiny", "ERNIE-4.5-0.3B", "EXAONE-3.5-2.4B", "XVERSE-tiny", "Orion-14B", "InternLM2-7B", "Qwen-7B",
+           "Seed-OSS-36B", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny", "Mistral-Small-3.1-24B",
+           "Baichuan2-7B", "Baichuan2-13B"]
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers
@@ -460,8 +463,9 @@ def test_archs_lists_architectures_and_presets(capsys):
     out = ok(capsys, "archs")
     lines = out.splitlines()
     assert lines[0] == "architectures:"
-    assert "  llama          rope=norm" in lines and "  qwen2          rope=neox" in lines
-    assert "  mamba          rope=none" in lines and "  qwen35         rope=imrope" in lines
+    rows = [line.split() for line in lines]  # names padded to the longest architecture name
+    assert ["llama", "rope=norm"] in rows and ["qwen2", "rope=neox"] in rows
+    assert ["mamba", "rope=none"] in rows and ["qwen35", "rope=imrope"] in rows
     pre = lines[lines.index("presets:") + 1:]
     assert len(pre) == len(PRESETS)
     assert ["SmolLM2-135M", "llama", "30", "layers"] in [p.split() for p in pre]
@@ -569,7 +573,9 @@ ERROR_CASES = {
     "wrong tensor shape": (
         lambda tp: ["dump", write_tiny_gguf(tp / "shape.gguf", shapes={"blk.0.attn_k.weight": (E, 48)})],
         "{0}: tensor 'blk.0.attn_k.weight' has shape [64, 48], expected [64, 32]"),
-    "unknown preset": (lambda tp: ["dump", "Llama-9-1T"], "Llama-9-1T: no such file or preset (presets: all-MiniLM-L6-v2, BERT-base"),
+    "unknown preset": (lambda tp: ["dump", "Llama-9-1T"], "Llama-9-1T: no such file or preset (presets: "
+                                                           "all-MiniLM-L6-v2, Arcee-tiny, Baichuan2-13B, Baichuan2-7B, "
+                                                           "BERT-base"),
     "none with decode": (
         lambda tp: ["dump", "SmolLM2-135M", "--context", "none", "--phase", "decode"],
         "context 'none' has no decode phase"),

@@ -87,6 +87,30 @@ ROWS = [
     Row("mamba2", avx2_apart=1e-7),
     Row("granitehybrid"),
     Row("granitehybrid", "moe", moe=True, avx2_apart=1e-7),
+    # pre-norm decoders of llama.cpp's own files (graphir.model.prenorm)
+    Row("arcee"),
+    Row("ernie4_5"),
+    Row("exaone"),
+    Row("xverse"),
+    Row("orion"),
+    Row("internlm2"),
+    Row("qwen"),
+    Row("seed_oss"),
+    Row("pangu-embedded"),
+    Row("pangu-embedded", "longrope", keys={"pangu-embedded.rope.scaling.type": "longrope"}),  # factors unread
+    Row("maincoder"),
+    Row("hunyuan-dense"),
+    Row("hunyuan-dense", "alpha", keys={"hunyuan-dense.rope.scaling.alpha": 1000.0}),  # NTK-aware RoPE base
+    Row("mistral3"),
+    Row("mistral3", "longrope", keys={"mistral3.rope.scaling.type": "longrope"}),  # the short factors (64 cells)
+    Row("mistral3", "temperature", keys={"mistral3.attention.temperature_scale": 0.1,  # Llama 4's, rising
+                                         "mistral3.rope.scaling.original_context_length": 4}),  # every 4 tokens
+    Row("mistral3", "yarn", keys={f"mistral3.rope.scaling.{k}": v for k, v in (  # Ministral 3's YaRN keys
+        ("type", "yarn"), ("factor", 4.0), ("original_context_length", 64), ("yarn_beta_fast", 16.0),
+        ("yarn_beta_slow", 2.0), ("yarn_log_multiplier", 2.0))}),
+    Row("baichuan"),  # a depth of neither released model: no positions at all
+    Row("baichuan", "7b", keys={"n_layer": 32}),  # RoPE
+    Row("baichuan", "13b", keys={"n_layer": 40}),  # ALiBi
 ]
 
 _rng = np.random.default_rng(7)

@@ -25,8 +25,11 @@ from graphir.graph.verify import verify
 
 SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"
 CASES = graph_cases()
+# K normalised after its RoPE: no exact re-roping, which graphir refuses (tests/test_arch_prenorm.py)
+NOT_SHIFTABLE = ("Hunyuan-dense-tiny", "Maincoder-tiny")
 SHIFT_CASES = sorted(p for p in all_presets()  # presets with a KV cache whose K is roped
-                     if "kv" in open_model(p).arch.contexts and open_model(p).arch.rope_mode != "none")
+                     if "kv" in open_model(p).arch.contexts and open_model(p).arch.rope_mode != "none"
+                     and p not in NOT_SHIFTABLE)
 LATENT_SHIFT_CASES = sorted(p for p in all_presets() if "mla" in open_model(p).arch.contexts)  # MLA's latent rows
 
 

@@ -47,6 +47,8 @@ NOT_COMPARED = {
     "Qwen2.5-72B": "its public config's context and norm epsilon are not known here for certain",
     "Granite-4.0-H-Tiny": "its public config's multipliers are not known here (the preset lacks them)",
     "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
+    **{name: "a synthetic header of tiny sizes: the family's mapping is held to a tiny config below" for name in (
+        "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny")},
 }
 
 
@@ -210,6 +212,43 @@ def tiny(tmp_path: Path, config: dict[str, Any], pooling: bool = False) -> Path:
 
 # name -> (config, sentence-transformers pooling, the GGUF the converter writes: arch, keys, tied, optional tensors)
 TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
+    # pre-norm decoders whose presets are synthetic headers (graphir.model.prenorm)
+    **{arch: ({**TINY_LLAMA, "architectures": [name], "tie_word_embeddings": False, "rope_theta": 10000.0}, False,
+              Preset(arch, {L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                            A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-5,
+                            R.DIMENSION_COUNT: 16, L.VOCAB_SIZE: 256}, tied=False))
+       for arch, name in (("arcee", "ArceeForCausalLM"), ("xverse", "XverseForCausalLM"))},
+    "maincoder": ({**TINY_LLAMA, "architectures": ["MaincoderForCausalLM"], "head_dim": 16}, False,
+                  Preset("maincoder", {
+                      L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                      A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16,
+                      A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 16, L.VOCAB_SIZE: 256}, tied=True)),
+    "pangu-embedded": ({**TINY_LLAMA, "architectures": ["PanguEmbeddedForCausalLM"]}, False, Preset("pangu-embedded", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128, A.HEAD_COUNT: 4,
+        A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 16,
+        L.VOCAB_SIZE: 256}, tied=True)),
+    # Ministral 3: YaRN with the magnitude of all dimensions, and Llama 4's attention temperature
+    "mistral3": ({**TINY_LLAMA, "architectures": ["Ministral3ForCausalLM"], "model_type": "ministral3", "head_dim": 16,
+                  "tie_word_embeddings": False, "rope_parameters": {
+                      "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                      "beta_slow": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1, "rope_theta": 1e6}}, False,
+                 Preset("mistral3", {
+                     L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                     A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16,
+                     R.SCALING_TYPE: "yarn", R.SCALING_FACTOR: 4.0, R.SCALING_ORIG_CTX_LEN: 64,
+                     R.SCALING_YARN_BETA_FAST: 32.0, R.SCALING_YARN_BETA_SLOW: 1.0, R.FREQ_BASE: 1e6,
+                     A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 16, L.VOCAB_SIZE: 256,
+                     R.SCALING_YARN_LOG_MUL: 1.0, A.TEMPERATURE_SCALE: 0.1}, tied=False)),
+    # the NTK-aware alpha: the converter raises the base itself, and a "dynamic" one takes a context of 256K
+    "hunyuan-dense": ({**TINY_LLAMA, "architectures": ["HunYuanDenseV1ForCausalLM"], "head_dim": 16,
+                       "max_position_embeddings": 32768, "rope_theta": 10000.0,
+                       "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}}, False,
+                      Preset("hunyuan-dense", {
+                          L.CONTEXT_LENGTH: 262144, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2,
+                          L.FEED_FORWARD_LENGTH: 128, A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16,
+                          A.VALUE_LENGTH: 16, R.FREQ_BASE: 10000.0 * 1000.0 ** (16 / 14), R.SCALING_TYPE: "none",
+                          R.SCALING_FACTOR: 1.0, R.SCALING_ORIG_CTX_LEN: 262144, A.LAYERNORM_RMS_EPS: 1e-5,
+                          L.VOCAB_SIZE: 256}, tied=True)),
     "nomic-bert": ({
         "architectures": ["NomicBertModel"], "model_type": "nomic_bert", "n_embd": 64, "n_head": 4, "n_layer": 2,
         "n_inner": 128, "n_positions": 8192, "max_trained_positions": 2048, "layer_norm_epsilon": 1e-12,
@@ -278,7 +317,8 @@ def write(tmp_path: Path, text: str) -> Path:
 SMOL = json.loads((DATA / "SmolLM2-135M" / "config.json").read_text())
 ERRORS = {
     "unsupported": ({**SMOL, "architectures": ["FalconForCausalLM"]},
-                    "architecture 'FalconForCausalLM' is not supported (supported: BertForMaskedLM, BertModel, "),
+                    "architecture 'FalconForCausalLM' is not supported (supported: ArceeForCausalLM, "
+                    "BaiChuanForCausalLM, BaichuanForCausalLM, BertForMaskedLM, BertModel, "),
     "no architecture": ({k: v for k, v in SMOL.items() if k != "architectures"}, "missing key 'architectures'"),
     "architectures not a list": ({**SMOL, "architectures": "LlamaForCausalLM"},
                                  "architectures must be a list of model class names, not 'LlamaForCausalLM'"),

@@ -39,6 +39,7 @@ class Act(Enum):
     SILU = "silu"
     GELU = "gelu"
     RELU = "relu"
+    RELU_SQR = "relu_sqr"  # relu, then squared (llama.cpp's LLM_FFN_RELU_SQR)
     SWIGLU_OAI = "swiglu_oai"  # gated only: gpt-oss's clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE)
 
 
@@ -61,13 +62,17 @@ MOE_WEIGHT_SUM_MIN = 6.103515625e-05  # the normalising sum is clamped here (the
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = f32(1.702), 7.0  # llama.cpp's fixed constants of gpt-oss's clamped SwiGLU
 
 
-def yarn_attn_factor(freq_scale: float, attn_factor: float) -> float:
+def yarn_attn_factor(freq_scale: float, attn_factor: float, log_mul: float = 0.0) -> float:
     """The attn_factor llama.cpp gives a YaRN rope (its context's yarn_attn_factor): YaRN's magnitude
-    0.1 ln(s) + 1 for s = 1 / freq_scale, divided by the same (ggml's rope multiplies it in itself), times
-    rope.scaling.attn_factor; in float32 steps, as llama.cpp computes it (1.0 for s = 32)."""
+    0.1 ln(s) + 1 for s = 1 / freq_scale (over 0.1 log_mul ln(s) + 1, the magnitude of all dimensions, where the
+    file gives ``rope.scaling.yarn_log_multiplier`` as it is read raw), divided by the same (ggml's rope
+    multiplies it in itself), times rope.scaling.attn_factor; in float32 steps, as llama.cpp computes it (1.0 for
+    s = 32)."""
     s = f32(1.0 / freq_scale)
     grow = f32(f32(0.1) * f32(math.log(s))) if s > 0 else 0.0
     mscale = f32(grow + 1.0) if s > 1.0 else 1.0
+    if log_mul and s > 1.0:
+        mscale = f32(mscale / f32(f32(f32(f32(0.1) * log_mul) * f32(math.log(s))) + 1.0))
     return f32(f32(mscale * f32(1.0 / f32(1.0 + grow))) * attn_factor)
 
 
@@ -263,6 +268,12 @@ class GraphBuilder:
         section-major), as llama.cpp's inp_pos."""
         return self.input("pos", "i32", (self.arch.positions_per_token * self.n_tokens,))
 
+    def build_inp_attn_temp(self, scale: float, floor: int, offset: float = 0.0) -> Node:
+        """Llama 4's attention temperature of each token, log(floor((pos + offset) / floor) + 1) * scale + 1, which
+        multiplies its queries (llama.cpp's inp_attn_scale, [1, 1, n_tokens]); the context computes it from the
+        ubatch's positions with these facts."""
+        return self.input("attn_temp", "f32", (1, 1, self.n_tokens), scale=scale, floor=floor, offset=offset)
+
     def build_inp_out_ids(self) -> Node:
         """Rows whose output is wanted; always present so the topology does not depend on n_outputs."""
         return self.input("out_ids", "i32", (self.n_outputs,))
@@ -292,12 +303,17 @@ class GraphBuilder:
             if gate_mode is Gate.PAR and act in _GLU:
                 h = self.op(_GLU[act], g, t, name=f"ffn_{_GLU[act]}")
             else:
-                h = self.op(act.value, g, name=f"ffn_{act.value}")
+                h = self._activation(g, act)
                 if gate_mode is Gate.PAR:
                     h = self.op("mul", h, t, name="ffn_gate_par")
         else:
-            h = self.op(act.value, t, name=f"ffn_{act.value}")
+            h = self._activation(t, act)
         return self._scaled(self.linear(h, down, down_b, name=name), down_s, name=f"{name}_s")
+
+    def _activation(self, x: Node, act: Act) -> Node:
+        if act is Act.RELU_SQR:
+            return self.op("sqr", self.op("relu", x, name="ffn_relu"), name="ffn_sqr(relu)")
+        return self.op(act.value, x, name=f"ffn_{act.value}")
 
     def _scaled(self, y: Node, s: Node | None, *, name: str) -> Node:
         return y if s is None else self.op("mul", y, s, name=name)
@@ -405,11 +421,13 @@ class GraphBuilder:
 
     def rope(self, x: Node, pos: Node, freq_factors: Node | None = None, *, name: str,
              freq_base: float | None = None, freq_scale: float | None = None,
-             sections: tuple[int, ...] | None = None, attn_factor: float | None = None) -> Node:
+             sections: tuple[int, ...] | None = None, attn_factor: float | None = None, beta_fast: float = 32.0,
+             beta_slow: float = 1.0) -> Node:
         """RoPE with the model's parameters; ``freq_base``/``freq_scale`` override them for one layer (e.g.
         the sliding layers of Gemma 3, llama.cpp's ``get_rope_freq_base``); ``sections``: the rotated pairs
         fall into position sections (llama.cpp's ``ggml_rope_multi``, Qwen3.5's interleaved M-RoPE);
-        ``attn_factor`` replaces the magnitude factor (DeepSeek-V2's YaRN, which llama.cpp's context sets apart)."""
+        ``attn_factor`` replaces the magnitude factor (DeepSeek-V2's YaRN, which llama.cpp's context sets apart);
+        ``beta_fast``/``beta_slow``: YaRN's ramp, llama.cpp's defaults unless the family reads them from the file."""
         hp = self.hp
         ops = (x, pos) if freq_factors is None else (x, pos, freq_factors)
         yarn = hp.rope_scaling == "yarn"
@@ -418,7 +436,7 @@ class GraphBuilder:
         attrs = dict(n_dims=hp.n_rot, mode=self.arch.rope_mode, n_ctx_orig=hp.n_ctx_orig_yarn,
                      freq_base=hp.rope_freq_base if freq_base is None else freq_base,
                      freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
-                     ext_factor=1.0 if yarn else 0.0, attn_factor=attn, beta_fast=32.0, beta_slow=1.0)
+                     ext_factor=1.0 if yarn else 0.0, attn_factor=attn, beta_fast=beta_fast, beta_slow=beta_slow)
         if sections is not None:
             return self.op("rope_multi", *ops, name=name, sections=sections, **attrs)
         return self.op("rope", *ops, name=name, **attrs)
