@@ -87,6 +87,10 @@ ROWS = [
     Row("mamba2", avx2_apart=1e-7),
     Row("granitehybrid"),
     Row("granitehybrid", "moe", moe=True, avx2_apart=1e-7),
+    # dense decoders: Granite's multipliers (MiniCPM's graph), MLA over a plain cache, per-layer sizes, loops, xIELU
+    Row("granite"),
+    Row("granite", "moe", moe=True),
+    Row("minicpm"),
 ]
 
 _rng = np.random.default_rng(7)

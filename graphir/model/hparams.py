@@ -34,7 +34,8 @@ class Key:
     default_from: str = ""
     minimum: int | None = None
     maximum: int | None = None
-    count: int = 0  # kind tuple: how many values (0: one per layer); one value alone stands for them all
+    count: int = 0  # kind tuple: how many values (0: one per layer; -1: any number up to LLAMA_MAX_LAYERS, as
+    # llama.cpp's get_arr fills its per-layer arrays); one value alone stands for them all
 
 
 @dataclass(frozen=True)
@@ -176,16 +177,17 @@ class KeyReader:
 
     def values(self, template: str, n: int, default: Any, minimum: int | None = None,
                maximum: int | None = None) -> Any:
-        """An array key of exactly ``n`` ints, or one int standing for all n (``get_key_or_arr``), as a tuple;
-        each within [minimum, maximum]. ``default`` when absent."""
+        """An array key of exactly ``n`` ints (n < 0: of any number up to LLAMA_MAX_LAYERS), or one int standing for
+        all n (``get_key_or_arr``), as a tuple; each within [minimum, maximum]. ``default`` when absent."""
         k = self.key(template)
         if k not in self.md:
             return default
         v = self.md[k]
         if not isinstance(v, (list, tuple)):
-            return (self._bounded(k, self._typed(k, v, int), minimum, maximum),) * n
-        if len(v) != n:
-            raise MetadataError(f"{self.label}: key '{k}' has {len(v)} values, {n} expected")
+            return (self._bounded(k, self._typed(k, v, int), minimum, maximum),) * max(n, 1)
+        if len(v) != n and not (n < 0 and len(v) <= LAYER_COUNT["maximum"]):
+            raise MetadataError(f"{self.label}: key '{k}' has {len(v)} values, "
+                                f"{n if n >= 0 else 'at most ' + str(LAYER_COUNT['maximum'])} expected")
         return tuple(self._bounded(f"{k}[{i}]", int(x) if isinstance(x, bool) else self._typed(f"{k}[{i}]", x, int),
                                    minimum, maximum) for i, x in enumerate(v))
 
