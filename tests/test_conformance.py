@@ -91,6 +91,8 @@ ROWS = [
     Row("granite"),
     Row("granite", "moe", moe=True),
     Row("minicpm"),
+    Row("minicpm3", keys={"minicpm3.rope.dimension_count": 64}),
+    Row("minicpm3", "zero"),  # heads of 64 values without positions, 64 with
 ]
 
 _rng = np.random.default_rng(7)
