@@ -91,8 +91,10 @@ ROWS = [
     Row("granite"),
     Row("granite", "moe", moe=True),
     Row("minicpm"),
-    Row("minicpm3", keys={"minicpm3.rope.dimension_count": 64}),
-    Row("minicpm3", "zero"),  # heads of 64 values without positions, 64 with
+    Row("minicpm3"),  # every value of a head RoPE'd (llama.cpp's own test's sizes)
+    Row("minicpm3", "nope", keys={"minicpm3.rope.dimension_count": 64}),  # 64 values without positions, 64 with
+    Row("plm"),
+    Row("plm", "nope", keys={"plm.rope.dimension_count": 64}),
 ]
 
 _rng = np.random.default_rng(7)
