@@ -50,9 +50,11 @@ class PLM(Architecture):
         for il in range(hp.n_layer):
             F = hp.ff_length(il)
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), spec(T.ATTN_Q, (E, H * hp.n_embd_head_k), il),
-                     spec(T.ATTN_KV_A_MQA, (E, R_kv + hp.n_rot), il), spec(T.ATTN_KV_A_NORM, (R_kv,), il, kind="vector"),
+                     spec(T.ATTN_KV_A_MQA, (E, R_kv + hp.n_rot), il),
+                     spec(T.ATTN_KV_A_NORM, (R_kv,), il, kind="vector"),
                      spec(T.ATTN_KV_B, (R_kv, H * (d_nope + d_v)), il), spec(T.ATTN_OUT, (H * d_v, E), il),
-                     spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
+                     spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_DOWN, (F, E), il),
+                     spec(T.FFN_UP, (E, F), il)]
             specs += layer + layer_scales(layer, il)  # read: attention's output scale alone
         return specs
 

@@ -95,6 +95,11 @@ ROWS = [
     Row("minicpm3", "nope", keys={"minicpm3.rope.dimension_count": 64}),  # 64 values without positions, 64 with
     Row("plm"),
     Row("plm", "nope", keys={"plm.rope.dimension_count": 64}),
+    Row("deci"),
+    # attending (one KV head), linear-attention, FFN-free, attention-free and attending layers
+    Row("deci", "layers", keys={"n_layer": 5, "deci.attention.head_count": [2, 2, 2, 0, 2],
+                                "deci.attention.head_count_kv": [1, 0, 1, 0, 1],
+                                "deci.feed_forward_length": [384, 384, 0, 256, 384]}),
 ]
 
 _rng = np.random.default_rng(7)
