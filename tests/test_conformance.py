@@ -100,6 +100,10 @@ ROWS = [
     Row("deci", "layers", keys={"n_layer": 5, "deci.attention.head_count": [2, 2, 2, 0, 2],
                                 "deci.attention.head_count_kv": [1, 0, 1, 0, 1],
                                 "deci.feed_forward_length": [384, 384, 0, 256, 384]}),
+    Row("openelm"),
+    Row("openelm", "layers", keys={"openelm.attention.head_count": [2, 4], "openelm.attention.head_count_kv": [1, 1],
+                                   "openelm.attention.key_length": 64, "openelm.attention.value_length": 64,
+                                   "openelm.rope.dimension_count": 64, "openelm.feed_forward_length": [256, 384]}),
 ]
 
 _rng = np.random.default_rng(7)
