@@ -120,33 +120,33 @@ def _ffn_length(ffn_mult: float, n_embd: int) -> int:
 
 
 def _sizes(c: Config) -> dict[str, object]:
-    """Per-layer head counts and FFN lengths: from Nemotron's ``block_configs`` (an attention that is a no-op has
-    no heads, one replaced by a linear layer no KV heads; an FFN that is a no-op a length of 0), or from DeciLM's
-    ``num_key_value_heads_per_layer``."""
-    n_head, E = c.find("num_attention_heads"), c.find("hidden_size")
+    """Per-layer sizes: Nemotron's ``block_configs`` (an attention without ``n_heads_in_group`` is a linear layer
+    where ``replace_with_linear``, else absent; an FFN without ``ffn_mult`` is absent) with heads of
+    n_embd / n_head; or DeciLM's ``num_key_value_heads_per_layer`` beside the text keys."""
     blocks = c.find("block_configs", kind="list", default=None)
     if blocks is None:
-        kv = c.find("num_key_value_heads_per_layer", kind="list")
-        return {A.HEAD_COUNT: [n_head] * len(kv), A.HEAD_COUNT_KV: kv,
-                L.FEED_FORWARD_LENGTH: [c.find("intermediate_size")] * len(kv)}
+        return {A.HEAD_COUNT_KV: c.find("num_key_value_heads_per_layer", kind="list")}
+    n_head, E = c.find("num_attention_heads"), c.find("hidden_size")
     heads, kv, ff = [], [], []
     for i, block in enumerate(blocks):
-        attn, ffn = c.check(f"block_configs[{i}].attention", block.get("attention"), "map"), \
-            c.check(f"block_configs[{i}].ffn", block.get("ffn"), "map")
-        if attn.get("no_op"):
-            heads.append(0), kv.append(0)
-        elif attn.get("replace_with_linear"):
-            heads.append(n_head), kv.append(0)
-        else:
-            heads.append(n_head), kv.append(n_head // c.check(f"block_configs[{i}].attention.n_heads_in_group",
-                                                              attn.get("n_heads_in_group"), "count"))
-        ff.append(0 if ffn.get("no_op") or ffn.get("replace_with_linear") else _ffn_length(
-            c.check(f"block_configs[{i}].ffn.ffn_mult", ffn.get("ffn_mult"), "number"), E))
-    return {A.HEAD_COUNT: heads, A.HEAD_COUNT_KV: kv, L.FEED_FORWARD_LENGTH: ff}
+        attn = c.check(f"block_configs[{i}].attention", block.get("attention"), "map")
+        ffn = c.check(f"block_configs[{i}].ffn", block.get("ffn"), "map")
+        group = attn.get("n_heads_in_group")
+        heads.append(n_head if group is not None or attn.get("replace_with_linear") is True else 0)
+        kv.append(0 if group is None else n_head // c.check(f"block_configs[{i}].attention.n_heads_in_group",
+                                                            group, "count"))
+        mult = ffn.get("ffn_mult")
+        ff.append(0 if mult is None else _ffn_length(c.check(f"block_configs[{i}].ffn.ffn_mult", mult, "number"), E))
+    return {A.HEAD_COUNT: heads, A.HEAD_COUNT_KV: kv, L.FEED_FORWARD_LENGTH: ff, A.KEY_LENGTH: E // n_head,
+            A.VALUE_LENGTH: E // n_head}
+
+
+def _deci_include(c: Config) -> str:
+    return r"rope_freqs\.weight" if str(c.full_rope.get("rope_type", "")).lower() == "llama3" else ""
 
 
 DECI = TEXT_BASE + (VOCAB, derived(R.DIMENSION_COUNT, head_dim), _sizes)  # the sizes per layer replace TEXT's
-hf_config.register(Family("deci", DECI, {"tie_word_embeddings": False}), "DeciLMForCausalLM")
+hf_config.register(Family("deci", DECI, {"tie_word_embeddings": False}, _deci_include), "DeciLMForCausalLM")
 
 # ---- presets -----------------------------------------------------------------------------------------------
 
@@ -156,6 +156,7 @@ presets.register({
     "Deci-tiny": Preset("deci", {
         L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 512, L.BLOCK_COUNT: 8, A.HEAD_COUNT: [8, 8, 8, 0, 8, 8, 8, 8],
         A.HEAD_COUNT_KV: [8, 2, 0, 0, 2, 2, 2, 2], L.FEED_FORWARD_LENGTH: [1536, 1536, 1024, 1024, 0, 1536, 1536, 1536],
-        A.LAYERNORM_RMS_EPS: 1e-5, R.FREQ_BASE: 500000.0, R.DIMENSION_COUNT: 64, L.VOCAB_SIZE: 1024,
+        A.LAYERNORM_RMS_EPS: 1e-5, R.FREQ_BASE: 500000.0, R.DIMENSION_COUNT: 64, A.KEY_LENGTH: 64, A.VALUE_LENGTH: 64,
+        L.VOCAB_SIZE: 1024,
     }, tied=False, source="a synthetic header of deci's kinds of layer"),
 })

@@ -23,7 +23,7 @@ from graphir.graph.ir import Node
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
-from graphir.model.hf_config import TEXT_BASE, VOCAB, Family, derived, hf
+from graphir.model.hf_config import BLOCKS, VOCAB, Family, derived, hf
 from graphir.model.hparams import HParams, Key
 from graphir.model.mla import decompressed_attention, latent_qkv
 from graphir.model.presets import Preset
@@ -97,9 +97,16 @@ class MiniCPM3(Architecture):
 
 # ---- Hugging Face: convert_hf_to_gguf's MiniCPM3Model ------------------------------------------------------
 
-MINICPM3 = TEXT_BASE + (
+MINICPM3 = (  # its own keys alone: no RoPE base or scaling type (llama.cpp takes the long and short factors as they are)
+    hf(L.CONTEXT_LENGTH, "max_position_embeddings"),
+    hf(L.EMBEDDING_LENGTH, "hidden_size"),
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(L.FEED_FORWARD_LENGTH, "intermediate_size"),
+    hf(A.HEAD_COUNT, "num_attention_heads"),
+    hf(A.HEAD_COUNT_KV, "num_key_value_heads"),
+    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number"),
     VOCAB,
-    hf(A.Q_LORA_RANK, "q_lora_rank"),
+    hf(A.Q_LORA_RANK, "q_lora_rank", default=None),
     hf(A.KV_LORA_RANK, "kv_lora_rank"),
     derived(A.KEY_LENGTH, lambda c: c.find("qk_nope_head_dim") + c.find("qk_rope_head_dim")),
     hf(R.DIMENSION_COUNT, "qk_rope_head_dim"),
@@ -121,8 +128,7 @@ presets.register({
     "MiniCPM3-4B": Preset("minicpm3", {
         L.CONTEXT_LENGTH: 32768, L.EMBEDDING_LENGTH: 2560, L.BLOCK_COUNT: 62, L.FEED_FORWARD_LENGTH: 6400,
         A.HEAD_COUNT: 40, A.HEAD_COUNT_KV: 40, A.LAYERNORM_RMS_EPS: 1e-5, A.Q_LORA_RANK: 768, A.KV_LORA_RANK: 256,
-        A.KEY_LENGTH: 96, R.DIMENSION_COUNT: 32, R.FREQ_BASE: 10000.0, R.SCALING_TYPE: "longrope",
-        L.VOCAB_SIZE: 73448,
+        A.KEY_LENGTH: 96, R.DIMENSION_COUNT: 32, L.VOCAB_SIZE: 73448,
     }, tied=False, include=r"rope_factors_(long|short)\.weight",
         source="openbmb/MiniCPM3-4B config.json (its LongRoPE factors, tensor data, are not copied: only there)"),
 })
