@@ -104,6 +104,11 @@ ROWS = [
     Row("openelm", "layers", keys={"openelm.attention.head_count": [2, 4], "openelm.attention.head_count_kv": [1, 1],
                                    "openelm.attention.key_length": 64, "openelm.attention.value_length": 64,
                                    "openelm.rope.dimension_count": 64, "openelm.feed_forward_length": [256, 384]}),
+    Row("nanbeige"),
+    # two passes through the stack (llama.cpp's saver writes a looped model's logical layers, which it cannot load)
+    Row("nanbeige", "loops", made_by="graphir", keys={"nanbeige.num_loops": 2, "nanbeige.block_count": 1}),
+    Row("nanbeige", "loops-unnormed", made_by="graphir",
+        keys={"nanbeige.num_loops": 3, "nanbeige.skip_loop_final_norm": True}),
 ]
 
 _rng = np.random.default_rng(7)
