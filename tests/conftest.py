@@ -371,7 +371,8 @@ TINY_FAMILY["deepseek2"] = {
 }
 # Optional tensors a family's converter writes, which its tiny model has too (DeepSeek's experts: the two stacks
 # it converts to, where llama.cpp's loader takes them joined as well)
-TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight"}
+TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
+                "bitnet": r"blk\.\d+\.\w+\.scale"}  # BitNet's per-tensor weight scales
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 

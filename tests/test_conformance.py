@@ -109,6 +109,7 @@ ROWS = [
     Row("nanbeige", "loops", made_by="graphir", keys={"nanbeige.num_loops": 2, "nanbeige.block_count": 1}),
     Row("nanbeige", "loops-unnormed", made_by="graphir",
         keys={"nanbeige.num_loops": 3, "nanbeige.skip_loop_final_norm": True}),
+    Row("bitnet", made_by="graphir"),  # llama.cpp's saver has no BitNet; its weight scales in the file
 ]
 
 _rng = np.random.default_rng(7)
