@@ -34,7 +34,7 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Mamba-2-2.7B", "Granite-4.0-H-Tiny", "Granite-4.0-H-Small", "Gemma-2-2B", "Gemma-2-27B",
            "Gemma-3-1B", "Gemma-3-27B", "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "T5-v1.1-XXL-encoder", "nomic-embed-text-v1.5", "Command-R-35B",
            "RWKV6-1.6B",
-           "Granite-3.1-2B", "MiniCPM-2B", "MiniCPM3-4B", "PLM-tiny", "Deci-tiny", "OpenELM-270M", "Nanbeige-tiny", "BitNet-b1.58-2B-4T"]
+           "Granite-3.1-2B", "MiniCPM-2B", "MiniCPM3-4B", "PLM-tiny", "Deci-tiny", "OpenELM-270M", "Nanbeige-tiny", "BitNet-b1.58-2B-4T", "Apertus-tiny"]
 UNFOLDED = {"OpenELM-270M"}  # every layer of a size of its own: no layer's text folds into another's
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 

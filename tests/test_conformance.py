@@ -110,6 +110,9 @@ ROWS = [
     Row("nanbeige", "loops-unnormed", made_by="graphir",
         keys={"nanbeige.num_loops": 3, "nanbeige.skip_loop_final_norm": True}),
     Row("bitnet", made_by="graphir"),  # llama.cpp's saver has no BitNet; its weight scales in the file
+    # llama.cpp's saver has no Apertus; each layer's xIELU its own, the second's alpha_p past softplus's 20
+    Row("apertus", made_by="graphir", keys={"xielu.alpha_n": [0.8, -1.5], "xielu.alpha_p": [0.8, 21.0],
+                                            "xielu.beta": [0.5, 0.25], "xielu.eps": [-1e-6, 1e-7]}),
 ]
 
 _rng = np.random.default_rng(7)
