@@ -88,7 +88,7 @@ class Granite(Architecture):
                                 f"graphir takes token input only")
         if t.minicpm_defaults:
             defaults = {"logit_scale": f32(256.0 / hp.n_embd), "embedding_scale": 12.0,
-                        "residual_scale": f32(1.4 / f32(math.sqrt(hp.n_layer)))}
+                        "residual_scale": f32(f32(1.4) / f32(math.sqrt(hp.n_layer)))}
             given = {**{k: defaults[k] if given.get(k) is None else v for k, v in given.items()}, "n_ff_shexp": 0}
         hp = replace(hp, family=tuple(given.items()), attn_scale=0.0 if t.minicpm_defaults else hp.attn_scale)
         if not (t.hybrid or hp.logit_scale):

@@ -17,7 +17,6 @@ import math
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
 from graphir.graph.floats import f32, inv_sqrt
 from graphir.graph.ir import Node
 from graphir.model import hf_config, presets
@@ -25,7 +24,7 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hf_config import BLOCKS, VOCAB, Family, derived, hf
 from graphir.model.hparams import HParams, Key
-from graphir.model.mla import decompressed_attention, latent_qkv
+from graphir.model.mla import check_decompressed, decompressed_attention, latent_qkv
 from graphir.model.presets import Preset
 from graphir.model.rope_factors import long_context, rope_factor_tensors, rope_factors
 from graphir.model.scales import layer_scales
@@ -42,9 +41,7 @@ class MiniCPM3(Architecture):
     keys = (Key("n_lora_q", A.Q_LORA_RANK, int, 0, minimum=1), Key("n_lora_kv", A.KV_LORA_RANK, int, 0, minimum=1))
 
     def __init__(self, hp: HParams):
-        if hp.n_embd_head_k < hp.n_rot:
-            raise MetadataError(f"heads of {hp.n_embd_head_k} values ('{A.KEY_LENGTH.format(arch=self.name)}') are "
-                                f"fewer than the {hp.n_rot} RoPE'd ones ('{R.DIMENSION_COUNT.format(arch=self.name)}')")
+        check_decompressed(hp, self.name)
         super().__init__(hp)
 
     def variant(self, n_ctx_seq: int) -> bool:

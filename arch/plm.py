@@ -14,7 +14,6 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
 from graphir.graph.floats import inv_sqrt
 from graphir.graph.ir import Node
 from graphir.model import hf_config, presets
@@ -22,7 +21,7 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hf_config import TEXT_BASE, VOCAB, Family, derived, hf
 from graphir.model.hparams import HParams, Key
-from graphir.model.mla import decompressed_attention, latent_qkv
+from graphir.model.mla import check_decompressed, decompressed_attention, latent_qkv
 from graphir.model.presets import Preset
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec
@@ -37,9 +36,7 @@ class PLM(Architecture):
     keys = (Key("n_lora_kv", A.KV_LORA_RANK, int, 0, minimum=1),)
 
     def __init__(self, hp: HParams):
-        if hp.n_embd_head_k < hp.n_rot:
-            raise MetadataError(f"heads of {hp.n_embd_head_k} values ('{A.KEY_LENGTH.format(arch=self.name)}') are "
-                                f"fewer than the {hp.n_rot} RoPE'd ones ('{R.DIMENSION_COUNT.format(arch=self.name)}')")
+        check_decompressed(hp, self.name)
         super().__init__(hp)
 
     def tensors(self) -> list[TensorSpec]:

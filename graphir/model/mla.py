@@ -9,11 +9,25 @@ from __future__ import annotations
 from typing import Callable
 
 from gguf import MODEL_TENSOR as T
+from gguf import Keys
 
+from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.model.builder import GraphBuilder
+from graphir.model.hparams import HParams
 
 Rope = Callable[[GraphBuilder, Node, Node, str], Node]  # (builder, x, positions, name) -> x RoPE'd
+
+
+def check_decompressed(hp: HParams, arch: str) -> None:
+    """The decompressed form makes K and V for every query head, and a head's RoPE'd part is part of it."""
+    A, R = Keys.Attention, Keys.Rope
+    if hp.n_embd_head_k < hp.n_rot:
+        raise MetadataError(f"heads of {hp.n_embd_head_k} values ('{A.KEY_LENGTH.format(arch=arch)}') are fewer than "
+                            f"the {hp.n_rot} RoPE'd ones ('{R.DIMENSION_COUNT.format(arch=arch)}')")
+    if hp.head_count_kv(0) != hp.head_count(0):
+        raise MetadataError(f"K and V are decompressed for every head, but '{A.HEAD_COUNT_KV.format(arch=arch)}' = "
+                            f"{hp.head_count_kv(0)} of {hp.head_count(0)} heads")
 
 
 def latent_qkv(b: GraphBuilder, h: Node, q: Node, pos: Node, il: int, d_nope: int,
