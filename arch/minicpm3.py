@@ -94,7 +94,8 @@ class MiniCPM3(Architecture):
 
 # ---- Hugging Face: convert_hf_to_gguf's MiniCPM3Model ------------------------------------------------------
 
-MINICPM3 = (  # its own keys alone: no RoPE base or scaling type (llama.cpp takes the long and short factors as they are)
+# its own keys alone: no RoPE base or scaling type (llama.cpp takes the long and short factors as they are)
+MINICPM3 = (
     hf(L.CONTEXT_LENGTH, "max_position_embeddings"),
     hf(L.EMBEDDING_LENGTH, "hidden_size"),
     hf(L.BLOCK_COUNT, *BLOCKS),

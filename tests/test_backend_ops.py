@@ -667,7 +667,8 @@ if __name__ == "__main__":  # print the measured NMSE of every case (to re-pin t
 # ---- xIELU against ggml's own ------------------------------------------------------------------------------
 
 
-def _ggml_xielu(x: np.ndarray, alpha_n: float, alpha_p: float, beta: float, eps: float) -> tuple[np.ndarray, list[float]]:
+def _ggml_xielu(x: np.ndarray, alpha_n: float, alpha_p: float, beta: float,
+                eps: float) -> tuple[np.ndarray, list[float]]:
     """ggml_xielu of a layer's parameters over x, computed by ggml's CPU backend on one thread (the llama.cpp the
     oracle tests load), and the op parameters ggml stored: [alpha_n, alpha_p, beta, eps] as its kernel reads them."""
     import ctypes as C
