@@ -28,6 +28,7 @@ from typing import Any, Mapping
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
+from graphir.model.mla import decompressed_attention, latent_qkv
 from graphir.model.moe import MOE_KEYS, check_experts, gate_up, gate_up_problems, gate_up_tensors
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
@@ -222,7 +223,7 @@ class DeepSeek2(Architecture):
 
     def attention(self, b: GraphBuilder, h: Node, pos: Node, il: int) -> Node:
         hp, w = self.hp, b.w
-        H, T_, R_kv, rot, d_k, nope = hp.head_count(il), b.n_tokens, hp.n_lora_kv, hp.n_rot, self.d_k, self.d_nope
+        H, T_, R_kv, d_k, nope = hp.head_count(il), b.n_tokens, hp.n_lora_kv, self.d_k, self.d_nope
         if self.q_lora:
             q = b.linear(h, w(T.ATTN_Q_A, il), name="q_a")  # type: ignore[arg-type]
             q = b.norm(q, T.ATTN_Q_A_NORM, il, name="q_a_norm")
@@ -230,14 +231,7 @@ class DeepSeek2(Architecture):
         else:
             q = b.linear(h, w(T.ATTN_Q, il), name="q_proj")  # type: ignore[arg-type]
         q = b.reshape(q, (d_k, H, T_), name="q.heads")
-        q_nope = b.op("view", q, shape=(nope, H, T_), strides=(1, d_k, d_k * H), offset=0, name="q_nope")
-        q_pe = b.op("view", q, shape=(rot, H, T_), strides=(1, d_k, d_k * H), offset=nope, name="q_pe")
-        q_pe = self.rope(b, q_pe, pos, "q_pe.rope")
-        kv_pe = b.linear(h, w(T.ATTN_KV_A_MQA, il), name="kv_cmpr_pe")  # type: ignore[arg-type]
-        kv = b.op("view", kv_pe, shape=(R_kv, T_), strides=(1, R_kv + rot), offset=0, name="kv_cmpr")
-        k_pe = b.op("view", kv_pe, shape=(rot, 1, T_), strides=(1, R_kv + rot, R_kv + rot), offset=R_kv, name="k_pe")
-        k_pe = self.rope(b, k_pe, pos, "k_pe.rope")
-        kv = b.norm(kv, T.ATTN_KV_A_NORM, il, name="kv_cmpr_norm")
+        q_nope, q_pe, kv, k_pe = latent_qkv(b, h, q, pos, il, nope, self.rope)
         if self.mla:
             # each head's no-position query in latent space: [nope, T, H] through its [nope, R_kv] slice of k_b
             q_nope = b.op("permute", q_nope, axes=(0, 2, 1, 3), name="q_nope_perm")
@@ -249,15 +243,7 @@ class DeepSeek2(Architecture):
             return b.build_attn_mla(q, k, latent, wo=w(T.ATTN_OUT, il), v_mla=w(T.ATTN_V_B, il),  # type: ignore[arg-type]
                                     kq_scale=self.kq_scale(), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"))
         # legacy: K and V decompressed per head, the key part repeated to every head
-        kvb = b.linear(kv, w(T.ATTN_KV_B, il), name="kv")  # type: ignore[arg-type]
-        row = nope + self.d_v
-        k_nope = b.op("view", kvb, shape=(nope, H, T_), strides=(1, row, row * H), offset=0, name="k_nope")
-        v = b.op("cont", b.op("view", kvb, shape=(self.d_v, H, T_), strides=(1, row, row * H), offset=nope,
-                              name="Vcur.view"), name="Vcur")
-        q = b.op("concat", q_nope, q_pe, dim=0, name="Qcur")
-        k = b.op("concat", k_nope, b.op("repeat", k_pe, shape=(rot, H, T_), name="k_pe.heads"), dim=0, name="Kcur")
-        return b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"),
-                            kq_scale=self.kq_scale())
+        return decompressed_attention(b, q_nope, q_pe, kv, k_pe, il, self.d_v, self.kq_scale())
 
     def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
         hp, w = self.hp, b.w

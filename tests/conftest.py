@@ -374,7 +374,19 @@ TINY_FAMILY["deepseek2"] = {
 }
 # Optional tensors a family's converter writes, which its tiny model has too (DeepSeek's experts: the two stacks
 # it converts to, where llama.cpp's loader takes them joined as well)
-TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight"}
+# Latent attention decompressed per head (MiniCPM3, PLM): heads of 16 without positions and 16 RoPE'd, values of
+# 32, K and V for every head, a latent of 32 (MiniCPM3's queries through a rank of 48); Apertus: each layer's
+# xIELU its own
+TINY_FAMILY["minicpm3"] = {gguf.Keys.Attention.Q_LORA_RANK: 48, gguf.Keys.Attention.KV_LORA_RANK: 32,
+                           gguf.Keys.Attention.KEY_LENGTH: 32, gguf.Keys.Attention.VALUE_LENGTH: 32,
+                           gguf.Keys.Rope.DIMENSION_COUNT: 16, gguf.Keys.Attention.HEAD_COUNT_KV: 4}
+TINY_FAMILY["plm"] = {k: v for k, v in TINY_FAMILY["minicpm3"].items() if k != gguf.Keys.Attention.Q_LORA_RANK}
+TINY_FAMILY["granite"] = {gguf.Keys.LLM.LOGIT_SCALE: 2.5, gguf.Keys.LLM.RESIDUAL_SCALE: 0.7,
+                          gguf.Keys.LLM.EMBEDDING_SCALE: 3.0, gguf.Keys.Attention.SCALE: 0.2}  # Granite's multipliers
+TINY_FAMILY["apertus"] = {"xielu.alpha_n": [0.8, -1.5], "xielu.alpha_p": [0.8, 21.0], "xielu.beta": [0.5, 0.25],
+                          "xielu.eps": [-1e-6, 1e-7]}
+TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
+                "bitnet": r"blk\.\d+\.\w+\.scale"}  # BitNet's per-tensor weight scales
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 

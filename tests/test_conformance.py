@@ -111,6 +111,32 @@ ROWS = [
     Row("baichuan"),  # a depth of neither released model: no positions at all
     Row("baichuan", "7b", keys={"n_layer": 32}),  # RoPE
     Row("baichuan", "13b", keys={"n_layer": 40}),  # ALiBi
+    # dense decoders: Granite's multipliers (MiniCPM's graph), MLA over a plain cache, per-layer sizes, loops, xIELU
+    Row("granite"),
+    Row("granite", "moe", moe=True),
+    Row("minicpm"),
+    Row("minicpm3"),  # every value of a head RoPE'd (llama.cpp's own test's sizes)
+    Row("minicpm3", "nope", keys={"minicpm3.rope.dimension_count": 64}),  # 64 values without positions, 64 with
+    Row("plm"),
+    Row("plm", "nope", keys={"plm.rope.dimension_count": 64}),
+    Row("deci"),
+    # attending (one KV head), linear-attention, FFN-free, attention-free and attending layers
+    Row("deci", "layers", keys={"n_layer": 5, "deci.attention.head_count": [2, 2, 2, 0, 2],
+                                "deci.attention.head_count_kv": [1, 0, 1, 0, 1],
+                                "deci.feed_forward_length": [384, 384, 0, 256, 384]}),
+    Row("openelm"),
+    Row("openelm", "layers", keys={"openelm.attention.head_count": [2, 4], "openelm.attention.head_count_kv": [1, 1],
+                                   "openelm.attention.key_length": 64, "openelm.attention.value_length": 64,
+                                   "openelm.rope.dimension_count": 64, "openelm.feed_forward_length": [256, 384]}),
+    Row("nanbeige"),
+    # two passes through the stack (llama.cpp's saver writes a looped model's logical layers, which it cannot load)
+    Row("nanbeige", "loops", made_by="graphir", keys={"nanbeige.num_loops": 2, "nanbeige.block_count": 1}),
+    Row("nanbeige", "loops-unnormed", made_by="graphir",
+        keys={"nanbeige.num_loops": 3, "nanbeige.skip_loop_final_norm": True}),
+    Row("bitnet", made_by="graphir"),  # llama.cpp's saver has no BitNet; its weight scales in the file
+    # llama.cpp's saver has no Apertus; each layer's xIELU its own, the second's alpha_p past softplus's 20
+    Row("apertus", made_by="graphir", keys={"xielu.alpha_n": [0.8, -1.5], "xielu.alpha_p": [0.8, 21.0],
+                                            "xielu.beta": [0.5, 0.25], "xielu.eps": [-1e-6, 1e-7]}),
 ]
 
 _rng = np.random.default_rng(7)

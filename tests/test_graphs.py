@@ -58,7 +58,7 @@ def test_k_shift_graph(preset: str, graph_snapshot: Any) -> None:
     m = open_model(preset)
     graph = m.build_graph("kv", "prefill")
     shiftable, plan = rope_plan(graph)
-    assert shiftable and sorted(plan) == sorted({n.layer for n in graph.nodes if n.name.endswith("Kcur.rope")})
+    assert shiftable and sorted(plan) == sorted({n.layer for n in graph.nodes if n.name.endswith(("Kcur.rope", "k_pe.rope"))})
     cache = assemble("kv", m.arch.needs, ContextParams(n_ctx=4))
     assert isinstance(cache, KVCache)
     shift = cache.k_shift_graph(graph.meta, plan)

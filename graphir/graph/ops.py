@@ -341,6 +341,9 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("tanh", "unary", ("a",), (), _same, "tanh(a)"),
     OpDef("sigmoid", "unary", ("a",), (), _same, "1 / (1 + e^-a)"),
     OpDef("softplus", "unary", ("a",), (), _same, "log(1 + e^a), a itself above 20"),
+    OpDef("xielu", "unary", ("a",), ("alpha_n", "alpha_p", "beta", "eps"), _same,
+          "xIELU (Apertus): alpha_p a^2 + beta a for a > 0, else (e^min(a, eps) - 1 - a) alpha_n + beta a; the "
+          "attributes are ggml's op parameters (alpha_n: beta + softplus of the layer's, alpha_p: softplus of it)"),
     OpDef("swiglu", "elementwise", ("gate", "up"), (), _glu, "silu(gate) * up"),
     OpDef("geglu", "elementwise", ("gate", "up"), (), _glu, "gelu(gate) * up"),
     OpDef("swiglu_oai", "elementwise", ("gate", "up"), ("alpha", "limit"), _glu,

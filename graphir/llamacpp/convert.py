@@ -43,6 +43,7 @@ _SUFFIX = re.compile(r" \((\w+)\)")
 _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id", "SUM_ROWS": "sum_rows",
          "ADD": "add", "SUB": "sub", "MUL": "mul", "DIV": "div", "SQR": "sqr", "SILU": "silu", "GELU": "gelu",
          "RELU": "relu", "NEG": "neg", "EXP": "exp", "TANH": "tanh", "SIGMOID": "sigmoid", "SOFTPLUS": "softplus",
+         "XIELU": "xielu",
          "SWIGLU": "swiglu", "GEGLU": "geglu", "ADD_ID": "add_id", "RESHAPE": "reshape", "PERMUTE": "permute",
          "TRANSPOSE": "transpose", "CONT": "cont", "CONCAT": "concat", "REPEAT": "repeat", "SSM_CONV": "ssm_conv",
          "RWKV_WKV6": "rwkv_wkv6", "GATED_DELTA_NET": "gated_delta_net", "SET_ROWS": "set_rows", "VIEW": "view",
@@ -99,6 +100,8 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
         return kind, {"c": _f32(p[0])}
     if kind == "swiglu_oai":
         return kind, {"alpha": _f32(p[2]), "limit": _f32(p[3])}
+    if kind == "xielu":
+        return kind, {k: _f32(v) for k, v in zip(("alpha_n", "alpha_p", "beta", "eps"), p[1:5])}
     if kind == "concat":
         return kind, {"dim": p[0]}
     if kind == "argsort_top_k":

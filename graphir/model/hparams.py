@@ -34,7 +34,9 @@ class Key:
     default_from: str = ""
     minimum: int | None = None
     maximum: int | None = None
-    count: int = 0  # kind tuple: how many values (0: one per layer); one value alone stands for them all
+    count: int = 0  # kind tuple: how many values (0: one per layer; -1: any number up to LLAMA_MAX_LAYERS, as
+    # llama.cpp's get_arr fills its per-layer arrays); one value alone stands for them all
+    item: type = int  # kind tuple: the values' type (int, or float: float32 values)
 
 
 @dataclass(frozen=True)
@@ -175,19 +177,21 @@ class KeyReader:
         return self._bounded(k, self._typed(k, v, kind), minimum, maximum)
 
     def values(self, template: str, n: int, default: Any, minimum: int | None = None,
-               maximum: int | None = None) -> Any:
-        """An array key of exactly ``n`` ints, or one int standing for all n (``get_key_or_arr``), as a tuple;
-        each within [minimum, maximum]. ``default`` when absent."""
+               maximum: int | None = None, item: type = int) -> Any:
+        """An array key of exactly ``n`` values of type ``item`` (n < 0: of any number up to LLAMA_MAX_LAYERS), or one
+        value standing for all n (``get_key_or_arr``), as a tuple; each within [minimum, maximum]. ``default`` when
+        absent."""
         k = self.key(template)
         if k not in self.md:
             return default
         v = self.md[k]
         if not isinstance(v, (list, tuple)):
-            return (self._bounded(k, self._typed(k, v, int), minimum, maximum),) * n
-        if len(v) != n:
-            raise MetadataError(f"{self.label}: key '{k}' has {len(v)} values, {n} expected")
-        return tuple(self._bounded(f"{k}[{i}]", int(x) if isinstance(x, bool) else self._typed(f"{k}[{i}]", x, int),
-                                   minimum, maximum) for i, x in enumerate(v))
+            return (self._bounded(k, self._typed(k, v, item), minimum, maximum),) * max(n, 1)
+        if len(v) != n and not (n < 0 and len(v) <= LAYER_COUNT["maximum"]):
+            raise MetadataError(f"{self.label}: key '{k}' has {len(v)} values, "
+                                f"{n if n >= 0 else 'at most ' + str(LAYER_COUNT['maximum'])} expected")
+        return tuple(self._bounded(f"{k}[{i}]", int(x) if isinstance(x, bool) and item is int
+                                   else self._typed(f"{k}[{i}]", x, item), minimum, maximum) for i, x in enumerate(v))
 
     def per_layer(self, template: str, n_layer: int, default: PerLayer) -> PerLayer:
         """A key llama.cpp reads as one value or one per layer (``get_key_or_arr``); an array whose layers all
@@ -283,7 +287,8 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
     def family_value(k: Key) -> Any:
         default = getattr(hp, k.default_from) if k.default_from else k.default
         if k.kind is tuple:
-            return r.values(k.template, k.count or n_layer, default, minimum=k.minimum, maximum=k.maximum)
+            return r.values(k.template, k.count or n_layer, default, minimum=k.minimum, maximum=k.maximum,
+                            item=k.item)
         return r.get(k.template, k.kind, default, minimum=k.minimum, maximum=k.maximum)
 
     return replace(hp, family=tuple((k.field, family_value(k)) for k in keys))

@@ -1,5 +1,5 @@
 """Unary and gated elementwise kernels: silu (and swiglu's gate), relu, gelu / geglu, the libm ops (exp, tanh,
-sigmoid, softplus), sqr, neg, and gpt-oss's clamped SwiGLU (swiglu_oai).
+sigmoid, softplus), sqr, neg, gpt-oss's clamped SwiGLU (swiglu_oai) and Apertus's xIELU.
 
 Each follows its ggml-cpu function: SiLU with ggml_v_expf on full registers and libm's expf for the tail,
 exp / tanh / sigmoid / softplus with glibc calls per element, GELU through ggml's fp16 table.
@@ -248,3 +248,33 @@ def swiglu_oai(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.n
     out = np.empty_like(gr)
     (_swiglu_oai_par if gr.size >= PAR_MIN else _swiglu_oai_ser)(gr, ur, F32(alpha), F32(limit), out)
     return out.reshape(g.shape)
+
+
+@njit(**INL)
+def _xielu_row(x, alpha_n, alpha_p, beta, eps, out):
+    """ggml's op_xielu as GCC compiles it, each sum contracted into an FMA: x > 0: fma(alpha_p * x, x, beta * x);
+    else fma(expm1f(fminf(x, eps)) - x, alpha_n, beta * x), expm1f glibc's (fminf of a nan x is eps)."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        if v > _ZERO:
+            out[i] = fma(alpha_p * v, v, beta * v)
+        else:
+            m = v if v < eps else eps
+            out[i] = fma(math.expm1(m) - v, alpha_n, beta * v)
+
+
+def _xielu_rows(x, alpha_n, alpha_p, beta, eps, out):
+    for r in prange(x.shape[0]):
+        _xielu_row(x[r], alpha_n, alpha_p, beta, eps, out[r])
+
+
+_xielu_par, _xielu_ser = parallel_and_serial(_xielu_rows)
+
+
+def xielu(x: np.ndarray, alpha_n: float, alpha_p: float, beta: float, eps: float) -> np.ndarray:
+    """xIELU of x with ggml's op parameters (alpha_n already beta + softplus of the layer's, alpha_p softplus of
+    it)."""
+    r = f32_rows(x)
+    out = np.empty_like(r)
+    (_xielu_par if r.size >= PAR_MIN else _xielu_ser)(r, F32(alpha_n), F32(alpha_p), F32(beta), F32(eps), out)
+    return out.reshape(x.shape)
