@@ -90,6 +90,7 @@ ROWS = [
     Row("granitehybrid", "moe", moe=True, avx2_apart=1e-7),
     # mixtures of experts: sigmoid and softmax routing, shared experts, leading dense layers
     Row("glm4moe", moe=True, keys={"glm4moe.rope.dimension_sections": [0, 0, 0, 0]}),
+    Row("qwen2moe", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
