@@ -91,6 +91,7 @@ ROWS = [
     # mixtures of experts: sigmoid and softmax routing, shared experts, leading dense layers
     Row("glm4moe", moe=True, keys={"glm4moe.rope.dimension_sections": [0, 0, 0, 0]}),
     Row("qwen2moe", moe=True),
+    Row("minimax-m2", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

@@ -116,11 +116,12 @@ def shared_expert(b: GraphBuilder, x: Node, il: int) -> Node:
 GATING_FUNC_KEY = Key("expert_gating_func", Keys.LLM.EXPERT_GATING_FUNC, int, 0, minimum=0)
 
 
-def gating(hp: HParams, arch: str, absent: Gating) -> Gating:
+def gating(hp: HParams, arch: str, absent: Gating | None) -> Gating:
     """The file's ``expert_gating_func`` (llama.cpp's numbers: 1 softmax, 2 sigmoid, 3 softmax of the chosen);
-    ``absent`` where the key is missing or 0, as the family's loader takes it."""
+    ``absent`` where the key is missing or 0, as the family's loader takes it (None: llama.cpp has no gating then
+    and aborts, so the file is refused)."""
     funcs = {1: Gating.SOFTMAX, 2: Gating.SIGMOID, 3: Gating.SOFTMAX_WEIGHT}
-    if hp.expert_gating_func and hp.expert_gating_func not in funcs:
+    if hp.expert_gating_func not in funcs and (hp.expert_gating_func or absent is None):
         raise MetadataError(f"'{Keys.LLM.EXPERT_GATING_FUNC.format(arch=arch)}' = {hp.expert_gating_func}: not a "
                             f"gating function (1 softmax, 2 sigmoid, 3 softmax of the chosen)")
-    return funcs.get(hp.expert_gating_func, absent)
+    return funcs.get(hp.expert_gating_func, absent)  # type: ignore[arg-type]

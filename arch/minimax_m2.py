@@ -1,0 +1,108 @@
+"""MiniMax-M2 (minimax-m2): a pre-norm decoder whose every FFN is a mixture of experts, with full-width QK-norm.
+
+Q and K are RMS-normalised across all their heads at once (one learned scale per value of the whole projection,
+before they are split into heads), then NEOX RoPE turns the first ``rope.dimension_count`` values of each head
+(64 of 128). Each FFN routes a token to its ``expert_used_count`` best experts by the file's gating function
+(sigmoid in MiniMax-M2) plus a selection bias, weights renormalised; the experts are ``feed_forward_length``
+wide, as llama.cpp's loader sizes them (it reads ``expert_feed_forward_length`` and requires it, but does not use
+it). There is no shared expert.
+
+References: MiniMax 2025, "MiniMax-M2"; llama.cpp src/models/minimax-m2.cpp.
+"""
+
+from __future__ import annotations
+
+from gguf import MODEL_TENSOR as T
+from gguf import Keys
+
+from graphir.errors import MetadataError
+from graphir.graph.floats import inv_sqrt
+from graphir.model import hf_config, presets
+from graphir.model.architecture import Architecture
+from graphir.model.builder import GraphBuilder
+from graphir.model.hf_config import TEXT, VOCAB, Family, hf
+from graphir.model.hparams import HParams
+from graphir.model.moe import GATING_FUNC_KEY, MOE_KEYS, check_experts, gating
+from graphir.model.presets import Preset
+from graphir.model.qkv import qkv_tensors
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorSpec, spec
+
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+
+
+class MiniMaxM2(Architecture):
+    name = "minimax-m2"
+    rope_mode = "neox"
+    required_keys = (A.HEAD_COUNT, A.LAYERNORM_RMS_EPS, L.EXPERT_FEED_FORWARD_LENGTH)
+    keys = MOE_KEYS + (GATING_FUNC_KEY,)
+
+    def __init__(self, hp: HParams):
+        check_experts(hp, self.name)
+        if not hp.n_expert:
+            raise MetadataError(f"a '{self.name}' model needs experts ('{L.EXPERT_COUNT.format(arch=self.name)}' > 0)")
+        self.gating = gating(hp, self.name, None)
+        super().__init__(hp)
+
+    def tensors(self) -> list[TensorSpec]:
+        hp = self.hp
+        E, V, X = hp.n_embd, hp.n_vocab, hp.n_expert
+        specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"), spec(T.OUTPUT, (E, V))]
+        for il in range(hp.n_layer):
+            F = hp.ff_length(il)
+            layer = [*qkv_tensors(hp, il), spec(T.ATTN_NORM, (E,), il, kind="vector"),
+                     spec(T.ATTN_Q_NORM, (hp.n_embd_head_k * hp.head_count(il),), il, kind="vector"),
+                     spec(T.ATTN_K_NORM, (hp.n_embd_k_gqa_at(il),), il, kind="vector"),
+                     spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE_INP, (E, X), il),
+                     spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
+                     spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector")]
+            specs += layer + layer_scales(layer, il, X)
+        return specs
+
+    def build(self, b: GraphBuilder) -> None:
+        hp, w = self.hp, b.w
+        d, T_ = hp.n_embd_head_k, b.n_tokens
+        x = b.build_inp_embd(w(T.TOKEN_EMBD))
+        pos = b.build_inp_pos()
+        for il in b.layers():
+            h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
+            q, k, v = b.build_qkv(h, il, heads=False)
+            q = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed")
+            k = b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
+            q = b.reshape(q, (d, hp.head_count(il), T_), name="Qcur.heads")
+            k = b.reshape(k, (d, hp.head_count_kv(il), T_), name="Kcur.heads")
+            v = b.reshape(v, (d, hp.head_count_kv(il), T_), name="Vcur.heads")
+            q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
+            a = b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il), kq_scale=inv_sqrt(d))
+            a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
+            x = b.op("add", a, x, name="ffn_inp")
+            h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
+            f = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),
+                                gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),
+                                n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, gating=self.gating,
+                                norm_w=True, probs_b=w(T.FFN_EXP_PROBS_B, il, "bias"))
+            x = b.op("add", f, x, name="l_out")
+        b.build_output(b.norm(x, T.OUTPUT_NORM, name="result_norm"), w(T.OUTPUT))
+
+
+# ---- Hugging Face: what convert_hf_to_gguf writes for MiniMaxM2ForCausalLM ----------------------------------
+
+hf_config.register(Family("minimax-m2", TEXT + (
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "intermediate_size"),
+    hf(R.DIMENSION_COUNT, "rotary_dim"),
+    VOCAB,
+), {"tie_word_embeddings": False}), "MiniMaxM2ForCausalLM")
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+presets.register({
+    # 62 layers, 48 query and 8 KV heads of 128 (64 values of each rotated), 256 experts of 1536 with 8 per token by
+    # sigmoid scores and a selection bias; its multi-token-prediction modules are not converted
+    "MiniMax-M2": Preset("minimax-m2", {
+        L.CONTEXT_LENGTH: 196608, L.EMBEDDING_LENGTH: 3072, L.BLOCK_COUNT: 62, L.FEED_FORWARD_LENGTH: 1536,
+        A.HEAD_COUNT: 48, A.HEAD_COUNT_KV: 8, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.DIMENSION_COUNT: 64,
+        R.FREQ_BASE: 5000000.0, A.LAYERNORM_RMS_EPS: 1e-6, L.EXPERT_COUNT: 256, L.EXPERT_USED_COUNT: 8,
+        L.EXPERT_FEED_FORWARD_LENGTH: 1536, L.EXPERT_GATING_FUNC: 2, L.VOCAB_SIZE: 200064,
+    }, tied=False, f32=presets.ROUTER_F32, source="MiniMaxAI/MiniMax-M2 config.json"),
+})
