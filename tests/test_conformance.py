@@ -92,6 +92,7 @@ ROWS = [
     Row("glm4moe", moe=True, keys={"glm4moe.rope.dimension_sections": [0, 0, 0, 0]}),
     Row("qwen2moe", moe=True),
     Row("minimax-m2", moe=True),
+    Row("olmoe", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

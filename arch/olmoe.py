@@ -1,16 +1,21 @@
-"""MiniMax-M2 (minimax-m2): a pre-norm decoder whose every FFN is a mixture of experts, with full-width QK-norm.
+"""OLMoE (olmoe) and MiniMax-M2 (minimax-m2): pre-norm decoders whose every FFN is a mixture of experts, with
+full-width QK-norm. One graph; what MiniMax-M2 changes is data (:class:`Routing`).
 
 Q and K are RMS-normalised across all their heads at once (one learned scale per value of the whole projection,
 before they are split into heads), then NEOX RoPE turns the first ``rope.dimension_count`` values of each head
-(64 of 128). Each FFN routes a token to its ``expert_used_count`` best experts by the file's gating function
-(sigmoid in MiniMax-M2) plus a selection bias, weights renormalised; the experts are ``feed_forward_length``
-wide, as llama.cpp's loader sizes them (it reads ``expert_feed_forward_length`` and requires it, but does not use
-it). There is no shared expert.
+(all of them in OLMoE, 64 of 128 in MiniMax-M2). Each FFN routes a token to its ``expert_used_count`` best
+experts: OLMoE by softmax, weights as the softmax gave them; MiniMax-M2 by the file's gating function (sigmoid)
+plus a selection bias, weights renormalised. The experts are ``feed_forward_length`` wide, as llama.cpp's loader
+sizes them (MiniMax-M2's requires ``expert_feed_forward_length`` but does not use it). No shared expert.
 
-References: MiniMax 2025, "MiniMax-M2"; llama.cpp src/models/minimax-m2.cpp.
+References: Muennighoff et al. 2024, "OLMoE: Open Mixture-of-Experts Language Models"; MiniMax 2025,
+"MiniMax-M2"; llama.cpp src/models/olmoe.cpp, minimax-m2.cpp.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
@@ -19,7 +24,7 @@ from graphir.errors import MetadataError
 from graphir.graph.floats import inv_sqrt
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
-from graphir.model.builder import GraphBuilder
+from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Family, hf
 from graphir.model.hparams import HParams
 from graphir.model.moe import GATING_FUNC_KEY, MOE_KEYS, check_experts, gating
@@ -31,17 +36,33 @@ from graphir.model.tensors import TensorSpec, spec
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
-class MiniMaxM2(Architecture):
-    name = "minimax-m2"
+@dataclass(frozen=True)
+class Routing:
+    """How a variant routes its tokens and turns its heads, each a line of its llama.cpp file."""
+
+    gating: Gating | None = Gating.SOFTMAX  # None: the file's expert_gating_func, required
+    selection_bias: bool = False  # exp_probs_b added to the scores for choosing only (MiniMax-M2)
+    norm_w: bool = False  # the chosen experts' weights renormalised to sum 1
+    whole_heads: bool = True  # RoPE must turn whole heads (OLMoE: llama.cpp asserts n_rot == head size)
+
+
+class OLMoE(Architecture):
+    name = "olmoe"
     rope_mode = "neox"
-    required_keys = (A.HEAD_COUNT, A.LAYERNORM_RMS_EPS, L.EXPERT_FEED_FORWARD_LENGTH)
-    keys = MOE_KEYS + (GATING_FUNC_KEY,)
+    required_keys: ClassVar[tuple[str, ...]] = (A.HEAD_COUNT, A.LAYERNORM_RMS_EPS)
+    keys = MOE_KEYS
+    routing: ClassVar[Routing] = Routing()
 
     def __init__(self, hp: HParams):
+        r = self.routing
         check_experts(hp, self.name)
-        if not hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model needs experts ('{L.EXPERT_COUNT.format(arch=self.name)}' > 0)")
-        self.gating = gating(hp, self.name, None)
+        if not (hp.n_expert and hp.n_expert_used):
+            raise MetadataError(f"a '{self.name}' model needs experts ('{L.EXPERT_COUNT.format(arch=self.name)}' "
+                                f"and '{L.EXPERT_USED_COUNT.format(arch=self.name)}' > 0)")
+        if r.whole_heads and hp.n_rot != hp.n_embd_head_k:
+            raise MetadataError(f"'{R.DIMENSION_COUNT.format(arch=self.name)}' = {hp.n_rot}: llama.cpp's graph rotates "
+                                f"whole heads of {hp.n_embd_head_k}")
+        self.gating = r.gating or gating(hp, self.name, None)
         super().__init__(hp)
 
     def tensors(self) -> list[TensorSpec]:
@@ -55,7 +76,9 @@ class MiniMaxM2(Architecture):
                      spec(T.ATTN_K_NORM, (hp.n_embd_k_gqa_at(il),), il, kind="vector"),
                      spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE_INP, (E, X), il),
                      spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
-                     spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector")]
+                     spec(T.FFN_UP_EXP, (E, F, X), il)]
+            if self.routing.selection_bias:
+                layer.append(spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector"))
             specs += layer + layer_scales(layer, il, X)
         return specs
 
@@ -80,13 +103,22 @@ class MiniMaxM2(Architecture):
             f = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),
                                 gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),
                                 n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, gating=self.gating,
-                                norm_w=True, probs_b=w(T.FFN_EXP_PROBS_B, il, "bias"))
+                                norm_w=self.routing.norm_w,
+                                probs_b=w(T.FFN_EXP_PROBS_B, il, "bias") if self.routing.selection_bias else None)
             x = b.op("add", f, x, name="l_out")
         b.build_output(b.norm(x, T.OUTPUT_NORM, name="result_norm"), w(T.OUTPUT))
 
 
-# ---- Hugging Face: what convert_hf_to_gguf writes for MiniMaxM2ForCausalLM ----------------------------------
+class MiniMaxM2(OLMoE):
+    name = "minimax-m2"
+    required_keys = (A.HEAD_COUNT, A.LAYERNORM_RMS_EPS, L.EXPERT_FEED_FORWARD_LENGTH)
+    keys = MOE_KEYS + (GATING_FUNC_KEY,)
+    routing = Routing(gating=None, selection_bias=True, norm_w=True, whole_heads=False)
 
+
+# ---- Hugging Face: what convert_hf_to_gguf writes for these configs -----------------------------------------
+
+hf_config.register(Family("olmoe", TEXT + (VOCAB,), {"tie_word_embeddings": False}), "OlmoeForCausalLM")
 hf_config.register(Family("minimax-m2", TEXT + (
     hf(L.EXPERT_FEED_FORWARD_LENGTH, "intermediate_size"),
     hf(R.DIMENSION_COUNT, "rotary_dim"),
@@ -97,6 +129,12 @@ hf_config.register(Family("minimax-m2", TEXT + (
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
 
 presets.register({
+    # 16 layers, 16 heads of 128, 64 experts of 1024 with 8 per token by softmax, not renormalised
+    "OLMoE-1B-7B": Preset("olmoe", {
+        L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 16, L.FEED_FORWARD_LENGTH: 1024,
+        A.HEAD_COUNT: 16, A.HEAD_COUNT_KV: 16, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-5,
+        L.EXPERT_COUNT: 64, L.EXPERT_USED_COUNT: 8, L.VOCAB_SIZE: 50304,
+    }, tied=False, f32=presets.ROUTER_F32, source="allenai/OLMoE-1B-7B-0924 config.json"),
     # 62 layers, 48 query and 8 KV heads of 128 (64 values of each rotated), 256 experts of 1536 with 8 per token by
     # sigmoid scores and a selection bias; its multi-token-prediction modules are not converted
     "MiniMax-M2": Preset("minimax-m2", {
