@@ -27,8 +27,8 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, fixed, hf
 from graphir.model.hparams import HParams, Key
-from graphir.model.moe import (GATING_FUNC_KEY, MOE_KEYS, NEXTN_KEY, check_experts, gating, nextn_layer,
-                               shared_expert, shared_expert_tensors, trunk_layers)
+from graphir.model.moe import (GATING_FUNC_KEY, MOE_KEYS, NEXTN_KEY, check_experts, expert_width, gating,
+                               nextn_layer, shared_expert, shared_expert_tensors, trunk_layers)
 from graphir.model.presets import Preset
 from graphir.model.qkv import qkv_tensors
 from graphir.model.scales import layer_scales
@@ -74,11 +74,6 @@ class Glm4Moe(Architecture):
     def moe_layer(self, il: int) -> bool:
         return il >= self.hp.n_layer_dense_lead
 
-    def expert_ff_length(self, il: int) -> int:
-        """expert_feed_forward_length of the layer; 0: the FFN length shared among the used experts."""
-        hp = self.hp
-        n_ff_exp = hp.n_ff_exp if isinstance(hp.n_ff_exp, int) else hp.n_ff_exp[il]
-        return n_ff_exp or hp.ff_length(il) // hp.n_expert_used
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
@@ -91,7 +86,7 @@ class Glm4Moe(Architecture):
                      spec(T.ATTN_K_NORM, (d,), il, kind="vector", optional=True),
                      spec(T.ATTN_POST_NORM, (E,), il, kind="vector")]
             if self.moe_layer(il):
-                X, F = hp.n_expert, self.expert_ff_length(il)
+                X, F = hp.n_expert, expert_width(hp)
                 layer += [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector"),
                           spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
                           spec(T.FFN_UP_EXP, (E, F, X), il)]

@@ -23,7 +23,7 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Family, hf
 from graphir.model.hparams import HParams, Key
-from graphir.model.moe import MOE_KEYS, check_experts, shared_expert, shared_expert_tensors
+from graphir.model.moe import MOE_KEYS, check_experts, expert_width, shared_expert, shared_expert_tensors
 from graphir.model.presets import Preset
 from graphir.model.qkv import qkv_tensors
 from graphir.model.scales import layer_scales
@@ -50,22 +50,18 @@ class Qwen2Moe(Architecture):
                                 f"whole heads of {hp.n_embd_head_k}")
         super().__init__(hp)
 
-    def expert_ff_length(self, il: int) -> int:
-        hp = self.hp
-        n_ff_exp = hp.n_ff_exp if isinstance(hp.n_ff_exp, int) else hp.n_ff_exp[il]
-        return n_ff_exp or hp.ff_length(il) // hp.n_expert_used
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
         E, V, X = hp.n_embd, hp.n_vocab, hp.n_expert
         specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"), spec(T.OUTPUT, (E, V))]
         for il in range(hp.n_layer):
-            F = self.expert_ff_length(il)
+            F = expert_width(hp)
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il),
                      spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE_INP, (E, X), il),
                      spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
                      spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_GATE_INP_SHEXP, (E,), il),
-                     *shared_expert_tensors(E, hp.n_ff_shexp or hp.ff_length(il), il)]
+                     *shared_expert_tensors(E, hp.n_ff_shexp or hp.ff_length(0), il)]
             specs += layer + layer_scales(layer, il, X)
         return specs
 

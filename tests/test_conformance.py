@@ -93,6 +93,7 @@ ROWS = [
     Row("qwen2moe", moe=True),
     Row("minimax-m2", moe=True),
     Row("olmoe", moe=True),
+    Row("ernie4_5-moe", moe=True),  # its second layer, the last of a step of 2, routes
 ]
 
 _rng = np.random.default_rng(7)

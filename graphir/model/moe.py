@@ -125,3 +125,11 @@ def gating(hp: HParams, arch: str, absent: Gating | None) -> Gating:
         raise MetadataError(f"'{Keys.LLM.EXPERT_GATING_FUNC.format(arch=arch)}' = {hp.expert_gating_func}: not a "
                             f"gating function (1 softmax, 2 sigmoid, 3 softmax of the chosen)")
     return funcs.get(hp.expert_gating_func, absent)  # type: ignore[arg-type]
+
+
+def expert_width(hp: HParams) -> int:
+    """One routed expert's hidden width as llama.cpp's loaders size every layer's experts: layer 0's
+    ``expert_feed_forward_length`` (a family's ``n_ff_exp``, one value or one per layer), or, 0, layer 0's FFN
+    length shared among the used experts."""
+    first = hp.n_ff_exp if isinstance(hp.n_ff_exp, int) else hp.n_ff_exp[0]
+    return first or hp.ff_length(0) // hp.n_expert_used
