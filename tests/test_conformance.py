@@ -94,6 +94,7 @@ ROWS = [
     Row("minimax-m2", moe=True),
     Row("olmoe", moe=True),
     Row("ernie4_5-moe", moe=True),  # its second layer, the last of a step of 2, routes
+    Row("dbrx", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
