@@ -35,7 +35,8 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Gemma-3-1B", "Gemma-3-27B", "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "T5-v1.1-XXL-encoder", "nomic-embed-text-v1.5", "Command-R-35B",
            "RWKV6-1.6B",
            "GLM-4.5-Air", "GLM-4.6", "Qwen1.5-MoE-A2.7B", "MiniMax-M2", "OLMoE-1B-7B",
-           "ERNIE-4.5-21B-A3B", "DBRX"]
+           "ERNIE-4.5-21B-A3B", "DBRX", "DeepSeek-MoE-16B",
+           "dots.llm1"]
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers

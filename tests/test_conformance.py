@@ -95,6 +95,8 @@ ROWS = [
     Row("olmoe", moe=True),
     Row("ernie4_5-moe", moe=True),  # its second layer, the last of a step of 2, routes
     Row("dbrx", moe=True),
+    Row("deepseek", moe=True),
+    Row("dots1", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
