@@ -1,11 +1,11 @@
-"""DeepSeek-MoE (deepseek), GLM-4.5 (glm4moe) and dots.llm1 (dots1): pre-norm decoders whose FFNs, after a few
-dense ones, route each token to its best experts and add shared experts every token takes. One graph; what a
-variant changes is data (:class:`Traits`).
+"""DeepSeek-MoE (deepseek), GLM-4.5 (glm4moe), dots.llm1 (dots1) and Ling (bailingmoe): pre-norm decoders whose
+FFNs, after a few dense ones (none in Ling), route each token to its best experts and add shared experts every
+token takes. One graph; what a variant changes is data (:class:`Traits`).
 
 The first ``leading_dense_block_count`` FFNs are dense SwiGLU; the others route each token to its
 ``expert_used_count`` best of ``expert_count`` experts of ``expert_feed_forward_length`` (DeepSeek-MoE: softmax,
-weights as they come; GLM-4.5 and dots.llm1: the file's gating function, sigmoid, plus a selection bias, weights
-renormalised and scaled as the file says) and add ``expert_shared_count`` shared experts as one FFN. Attention:
+weights as they come; Ling: softmax, renormalised as the file says; GLM-4.5 and dots.llm1: the file's gating
+function, sigmoid, plus a selection bias, weights renormalised and scaled as the file says) and add ``expert_shared_count`` shared experts as one FFN. Attention:
 Q, K, V (biases where the file has them), RoPE over ``rope.dimension_count`` values of each head, with a per-head
 RMS norm of Q and K in dots.llm1 and where a GLM-4.5 file has it (the 355B model; Air has none). GLM-4.5 names the
 FFN's norm ``post_attention_norm``, and its last ``nextn_predict_layers`` layers are multi-token-prediction
@@ -14,7 +14,8 @@ layers: loaded, never run here (llama.cpp runs them only in its draft graph). GL
 
 References: Dai et al. 2024, "DeepSeekMoE: Towards Ultimate Expert Specialization in Mixture-of-Experts Language
 Models"; Zhipu AI 2025, "GLM-4.5: Agentic, Reasoning, and Coding (ARC) Foundation Models"; rednote-hilab 2025,
-"dots.llm1 Technical Report"; llama.cpp src/models/deepseek.cpp, glm4-moe.cpp, dots1.cpp.
+"dots.llm1 Technical Report"; Ling Team 2025, "Every FLOP Counts: Scaling a 300B Mixture-of-Experts LING LLM
+without Premium GPUs"; llama.cpp src/models/deepseek.cpp, glm4-moe.cpp, dots1.cpp, bailingmoe.cpp.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class Traits:
     head_optional: bool = True  # the LM head may be tied to the embedding
     nextn: bool = False  # the file's last nextn_predict_layers layers are left out of the graph
     mha_only: bool = False  # K and V are sized as Q (dots.llm1's loader): one KV head per query head
+    whole_heads: bool = True  # RoPE turns whole heads (llama.cpp asserts it; GLM-4.5 turns half)
+    dense_lead: bool = True  # the first leading_dense_block_count FFNs are dense (Ling: the key is read, unused)
 
 
 class DeepSeek(Architecture):
@@ -80,15 +83,19 @@ class DeepSeek(Architecture):
         t, key = self.traits, lambda k: k.format(arch=self.name)  # noqa: E731
         check_experts(hp, self.name)
         self.n_trunk = trunk_layers(hp, self.name) if t.nextn else hp.n_layer
-        if hp.n_layer_dense_lead < self.n_trunk and not (hp.n_expert and hp.n_expert_used):
-            raise MetadataError(f"layers {hp.n_layer_dense_lead}.. are mixtures of experts but "
-                                f"'{key(L.EXPERT_COUNT)}' or '{key(L.EXPERT_USED_COUNT)}' is 0")
+        routed = not t.dense_lead or hp.n_layer_dense_lead < self.n_trunk
+        if routed and not (hp.n_expert and hp.n_expert_used):
+            raise MetadataError(f"the model's FFNs are mixtures of experts but '{key(L.EXPERT_COUNT)}' or "
+                                f"'{key(L.EXPERT_USED_COUNT)}' is 0")
         if not hp.n_expert_shared:
             raise MetadataError(f"'{key(L.EXPERT_SHARED_COUNT)}' = 0: llama.cpp's graph adds shared experts to "
                                 f"every mixture of experts")
         if t.mha_only and hp.head_count_kv(0) != hp.head_count(0):
             raise MetadataError(f"'{key(A.HEAD_COUNT_KV)}' = {hp.head_count_kv(0)}: llama.cpp's loader sizes K and V "
                                 f"as Q, one KV head per query head ({hp.head_count(0)})")
+        if t.whole_heads and hp.n_rot != hp.n_embd_head_k:
+            raise MetadataError(f"'{key(R.DIMENSION_COUNT)}' = {hp.n_rot}: llama.cpp's graph rotates whole heads of "
+                                f"{hp.n_embd_head_k}")
         self.gating = t.gating or gating(hp, self.name, t.gating_absent)
         super().__init__(hp)
 
@@ -96,7 +103,7 @@ class DeepSeek(Architecture):
         return super().layers()[:self.n_trunk]
 
     def moe_layer(self, il: int) -> bool:
-        return il >= self.hp.n_layer_dense_lead
+        return il >= self.hp.n_layer_dense_lead or not self.traits.dense_lead
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
@@ -169,7 +176,7 @@ class Glm4Moe(DeepSeek):
         Key("rope_sections", R.DIMENSION_SECTIONS, tuple, (), count=4),  # (): none
     )
     traits = Traits(ffn_norm=T.ATTN_POST_NORM, qk_norm="optional", selection_bias="required", gating=None,
-                    gating_absent=Gating.SIGMOID, weights_norm=True, nextn=True)
+                    gating_absent=Gating.SIGMOID, weights_norm=True, nextn=True, whole_heads=False)
 
     def __init__(self, hp: HParams):
         if hp.rope_sections and hp.rope_sections[0] and hp.rope_sections[1]:
@@ -186,13 +193,21 @@ class Dots1(DeepSeek):
                     head_optional=False, mha_only=True)
 
 
+class BailingMoe(DeepSeek):
+    """Ling (bailingmoe): DeepSeek-MoE's graph with every FFN routed, weights renormalised as the file says."""
+
+    name = "bailingmoe"
+    keys = SHARED_EXPERT_KEYS + (WEIGHTS_NORM_KEY,)
+    traits = Traits(weights_norm=True, head_optional=False, dense_lead=False)
+
+
 # ---- Hugging Face: what convert_hf_to_gguf writes for each of these configs ----------------------------------
 
 # DeepseekModel, Dots1Model: the dense lead, the experts' and shared experts' sizes, the weights' scale and norm
 SHARED_EXPERT_RULES = (
     hf(L.LEADING_DENSE_BLOCK_COUNT, "first_k_dense_replace", kind="size", default=0),
     hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size"),
-    hf(L.EXPERT_SHARED_COUNT, "n_shared_experts", kind="size", default=0),
+    hf(L.EXPERT_SHARED_COUNT, "n_shared_experts", "num_shared_experts", kind="size", default=0),
     hf(L.EXPERT_WEIGHTS_SCALE, "routed_scaling_factor", kind="number", default=None),
     derived(L.EXPERT_WEIGHTS_NORM, lambda c: c.find("norm_topk_prob", kind="flag", default=False) or None),
     VOCAB,
@@ -201,6 +216,8 @@ SELECTION_BIAS = r"blk\.\d+\.exp_probs_b\.bias"  # e_score_correction_bias
 
 hf_config.register(Family("deepseek", TEXT + SHARED_EXPERT_RULES, {"tie_word_embeddings": False}),
                    "DeepseekForCausalLM")
+hf_config.register(Family("bailingmoe", TEXT + SHARED_EXPERT_RULES + (derived(R.DIMENSION_COUNT, hf_config.head_dim),),
+                          {"tie_word_embeddings": False}), "BailingMoeForCausalLM")
 hf_config.register(Family("dots1", TEXT + SHARED_EXPERT_RULES, {"tie_word_embeddings": False},
                           lambda c: SELECTION_BIAS if c.find("topk_method", kind="text", default="") == "noaux_tc"
                           else ""), "Dots1ForCausalLM")
@@ -267,6 +284,14 @@ presets.register({
         L.EXPERT_COUNT: 64, L.EXPERT_USED_COUNT: 6, L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_FEED_FORWARD_LENGTH: 1408,
         L.EXPERT_SHARED_COUNT: 2, L.VOCAB_SIZE: 102400,
     }, tied=False, f32=presets.ROUTER_F32, source="deepseek-ai/deepseek-moe-16b-base config.json"),
+    # 28 layers, 16 query and 4 KV heads of 128, 64 experts of 1408 with 6 per token by softmax, renormalised, 2 shared
+    "Ling-lite": Preset("bailingmoe", {
+        L.CONTEXT_LENGTH: 16384, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 28, L.FEED_FORWARD_LENGTH: 5632,
+        A.HEAD_COUNT: 16, A.HEAD_COUNT_KV: 4, R.DIMENSION_COUNT: 128, R.FREQ_BASE: 600000.0,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.EXPERT_COUNT: 64, L.EXPERT_USED_COUNT: 6, L.LEADING_DENSE_BLOCK_COUNT: 0,
+        L.EXPERT_FEED_FORWARD_LENGTH: 1408, L.EXPERT_SHARED_COUNT: 2, L.EXPERT_WEIGHTS_NORM: True,
+        L.VOCAB_SIZE: 126464,
+    }, tied=False, f32=presets.ROUTER_F32, source="inclusionAI/Ling-lite config.json"),
     # 62 layers (the first dense), 32 heads of 128 with QK-norm, 128 experts of 1408 with 6 per token by sigmoid
     # scores and a selection bias, renormalised and scaled by 2.5, and 2 shared
     "dots.llm1": Preset("dots1", {

@@ -97,6 +97,7 @@ ROWS = [
     Row("dbrx", moe=True),
     Row("deepseek", moe=True),
     Row("dots1", moe=True),
+    Row("bailingmoe", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

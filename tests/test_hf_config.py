@@ -278,7 +278,8 @@ def write(tmp_path: Path, text: str) -> Path:
 SMOL = json.loads((DATA / "SmolLM2-135M" / "config.json").read_text())
 ERRORS = {
     "unsupported": ({**SMOL, "architectures": ["FalconForCausalLM"]},
-                    "architecture 'FalconForCausalLM' is not supported (supported: BertForMaskedLM, BertModel, "),
+                    "architecture 'FalconForCausalLM' is not supported (supported: BailingMoeForCausalLM, "
+                    "BertForMaskedLM, BertModel, "),
     "no architecture": ({k: v for k, v in SMOL.items() if k != "architectures"}, "missing key 'architectures'"),
     "architectures not a list": ({**SMOL, "architectures": "LlamaForCausalLM"},
                                  "architectures must be a list of model class names, not 'LlamaForCausalLM'"),
