@@ -21,7 +21,7 @@ without Premium GPUs"; llama.cpp src/models/deepseek.cpp, glm4-moe.cpp, dots1.cp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
@@ -69,6 +69,11 @@ class Traits:
     mha_only: bool = False  # K and V are sized as Q (dots.llm1's loader): one KV head per query head
     whole_heads: bool = True  # RoPE turns whole heads (llama.cpp asserts it; GLM-4.5 turns half)
     dense_lead: bool = True  # the first leading_dense_block_count FFNs are dense (Ling: the key is read, unused)
+    fused_qkv: bool = False  # Q, K and V from one projection, attn_qkv (Ling 2.0)
+    shared_width_key: bool = False  # expert_shared_feed_forward_length sizes a shared expert (else the experts' width)
+    groups: bool = False  # group-limited routing where the file has expert groups (Ling 2.0)
+    nextn_extra: tuple[T, ...] = ()  # what a NextN layer holds beyond the others' (Ling 2.0: layer_output_norm)
+    residual_name: str = "ffn_inp"  # llama.cpp's name of the stream after attention (Ling 2.0: sa_out)
 
 
 class DeepSeek(Architecture):
@@ -81,7 +86,7 @@ class DeepSeek(Architecture):
 
     def __init__(self, hp: HParams):
         t, key = self.traits, lambda k: k.format(arch=self.name)  # noqa: E731
-        check_experts(hp, self.name)
+        check_experts(hp, self.name, groups=t.groups)
         self.n_trunk = trunk_layers(hp, self.name) if t.nextn else hp.n_layer
         routed = not t.dense_lead or hp.n_layer_dense_lead < self.n_trunk
         if routed and not (hp.n_expert and hp.n_expert_used):
@@ -112,7 +117,12 @@ class DeepSeek(Architecture):
         specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"),
                  spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD) if t.head_optional else None)]
         for il in range(hp.n_layer):
-            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il)]
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector")]
+            if t.fused_qkv:
+                layer += [spec(T.ATTN_QKV, (E, E + 2 * hp.n_embd_v_gqa), il),
+                          spec(T.ATTN_OUT, (d * hp.head_count(il), E), il)]
+            else:
+                layer += qkv_tensors(hp, il)
             if t.qk_norm != "none":
                 layer += [spec(n, (d,), il, kind="vector", optional=t.qk_norm == "optional")
                           for n in (T.ATTN_Q_NORM, T.ATTN_K_NORM)]
@@ -124,12 +134,15 @@ class DeepSeek(Architecture):
                     layer.append(spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector",
                                       optional=t.selection_bias == "optional"))
                 layer += [spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
-                          spec(T.FFN_UP_EXP, (E, F, X), il), *shared_expert_tensors(E, F * hp.n_expert_shared, il)]
+                          spec(T.FFN_UP_EXP, (E, F, X), il),
+                          *shared_expert_tensors(E, ((t.shared_width_key and hp.n_ff_shexp) or F) * hp.n_expert_shared,
+                                                 il)]
             else:
                 F = hp.ff_length(0)
                 layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
             layer += layer_scales(layer, il, hp.n_expert)
-            specs += layer if il < self.n_trunk else nextn_layer(layer, hp, il)
+            own = [spec(n, (E,), il, kind="vector") for n in t.nextn_extra]
+            specs += layer if il < self.n_trunk else nextn_layer(layer + own, hp, il)
         return specs
 
     def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
@@ -142,7 +155,8 @@ class DeepSeek(Architecture):
                                  norm_w=self.traits.weights_norm and hp.expert_weights_norm,
                                  w_scale=hp.expert_weights_scale,
                                  probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias")
-                                 if self.traits.selection_bias != "none" else None)
+                                 if self.traits.selection_bias != "none" else None,
+                                 n_groups=hp.n_expert_groups, n_group_used=hp.n_group_used if self.traits.groups else 0)
         return b.op("add", routed, shared_expert(b, h, il), name="ffn_out")
 
     def build(self, b: GraphBuilder) -> None:
@@ -160,7 +174,7 @@ class DeepSeek(Architecture):
             a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il),
                              kq_scale=inv_sqrt(hp.n_embd_head_k))
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
-            x = b.op("add", a, x, name="ffn_inp")
+            x = b.op("add", a, x, name=self.traits.residual_name)
             norm = "post_attn_norm" if self.traits.ffn_norm is T.ATTN_POST_NORM else "ffn_norm"
             f = self.ffn(b, b.norm(x, self.traits.ffn_norm, il, name=norm), il)
             x = b.op("add", f, x, name="l_out")
@@ -201,6 +215,23 @@ class BailingMoe(DeepSeek):
     traits = Traits(weights_norm=True, head_optional=False, dense_lead=False)
 
 
+class BailingMoe2(DeepSeek):
+    """Ling 2.0 (bailingmoe2): dots.llm1's graph with one fused QKV, partial rotation, the file's gating function
+    (required) with group-limited routing where the file has groups, NextN layers left out."""
+
+    name = "bailingmoe2"
+    rope_mode = "neox"
+    required_keys = DeepSeek.required_keys + (L.EXPERT_GATING_FUNC,)
+    keys = SHARED_EXPERT_KEYS + (
+        WEIGHTS_NORM_KEY, GATING_FUNC_KEY, NEXTN_KEY,
+        Key("n_group_used", L.EXPERT_GROUP_USED_COUNT, int, 0, minimum=0),
+        Key("n_ff_shexp", L.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, 0, minimum=0),
+    )
+    traits = Traits(qk_norm="required", selection_bias="optional", gating=None, weights_norm=True,
+                    head_optional=False, nextn=True, whole_heads=False, fused_qkv=True, shared_width_key=True,
+                    groups=True, nextn_extra=(T.LAYER_OUT_NORM,), residual_name="sa_out")
+
+
 # ---- Hugging Face: what convert_hf_to_gguf writes for each of these configs ----------------------------------
 
 # DeepseekModel, Dots1Model: the dense lead, the experts' and shared experts' sizes, the weights' scale and norm
@@ -223,20 +254,32 @@ hf_config.register(Family("dots1", TEXT + SHARED_EXPERT_RULES, {"tie_word_embedd
                           else ""), "Dots1ForCausalLM")
 
 
-# GLM-4.5 (Glm4MoeModel): NextN layers counted in block_count, half of each head rotated, sigmoid routing
 
 
-def _written(n_layer: int, n_nextn: int, qk_norm: bool) -> str:
-    """The optional tensors the converter writes: Q/K/V biases, QK-norm where the config asks for it, and the
-    NextN layers' tensors (their trunk part, eh_proj, the two norms and the shared head's norm)."""
+def _nextn_written(n_layer: int, n_nextn: int, trunk: str) -> str:
+    """The NextN layers' tensors the converter writes: those of a trunk layer it names (``trunk``: a regex of
+    weight names), the routers' selection bias, eh_proj, the two norms and the shared head's norm."""
     nextn = "|".join(str(il) for il in range(n_layer, n_layer + n_nextn))
+    return (rf"blk\.({nextn})\.({trunk}|ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp)|"
+            rf"nextn\.(eh_proj|enorm|hnorm|shared_head_norm))\.weight|blk\.({nextn})\.exp_probs_b\.bias")
+
+
+def _glm_written(n_layer: int, n_nextn: int, qk_norm: bool) -> str:
+    """GLM-4.5's optional tensors: Q/K/V biases, QK-norm where the config asks for it, its NextN layers."""
     out = [r"blk\.\d+\.attn_[qkv]\.bias"]
     if qk_norm:
         out.append(r"blk\.\d+\.attn_[qk]_norm\.weight")
     if n_nextn:
-        out.append(rf"blk\.({nextn})\.(attn_norm|attn_[qkv]|attn_output|post_attention_norm|ffn_gate_inp|"
-                   rf"ffn_(gate|up|down)_(exps|shexp)|nextn\.(eh_proj|enorm|hnorm|shared_head_norm))\.weight|"
-                   rf"blk\.({nextn})\.exp_probs_b\.bias")
+        out.append(_nextn_written(n_layer, n_nextn, r"attn_norm|attn_[qkv]|attn_output|post_attention_norm"))
+    return "|".join(out)
+
+
+def _ling2_written(c: Config) -> str:
+    """Ling 2.0's optional tensors: the selection bias where the router trains one, its NextN layers."""
+    out = [SELECTION_BIAS] if c.find("moe_router_enable_expert_bias", kind="flag", default=False) else []
+    if _nextn(c):
+        out.append(_nextn_written(c.find("num_hidden_layers"), _nextn(c),
+                                  r"attn_norm|attn_qkv|attn_output|attn_[qk]_norm|ffn_norm|layer_output_norm"))
     return "|".join(out)
 
 
@@ -244,18 +287,28 @@ def _nextn(c: Config) -> int:
     return c.find("num_nextn_predict_layers", kind="size", default=0)
 
 
-def _rotated(c: Config) -> int:
-    return int(hf_config.head_dim(c) * c.find("partial_rotary_factor", kind="number", default=0.5))
+def _rotated(default: float) -> Callable[[Config], int]:
+    """The rotated values of a head: its size times partial_rotary_factor (``default`` where absent)."""
+    return lambda c: int(hf_config.head_dim(c) * c.find("partial_rotary_factor", kind="number", default=default))
 
 
-hf_config.register(Family("glm4moe", TEXT + SHARED_EXPERT_RULES + (
-    derived(L.BLOCK_COUNT, lambda c: c.find("num_hidden_layers") + _nextn(c)),  # the converter counts NextN layers
+# GLM-4.5 and Ling 2.0 (Glm4MoeModel, BailingMoeV2Model): NextN layers counted in block_count, heads partly rotated
+NEXTN_RULES = (
+    derived(L.BLOCK_COUNT, lambda c: c.find("num_hidden_layers") + _nextn(c)),
     derived(L.NEXTN_PREDICT_LAYERS, lambda c: _nextn(c) or None),
-    derived(R.DIMENSION_COUNT, _rotated),
+)
+
+hf_config.register(Family("glm4moe", TEXT + SHARED_EXPERT_RULES + NEXTN_RULES + (
+    derived(R.DIMENSION_COUNT, _rotated(0.5)),
     fixed(L.EXPERT_GATING_FUNC, 2),  # sigmoid
 ), {"tie_word_embeddings": False},
-    lambda c: _written(c.find("num_hidden_layers"), _nextn(c), c.find("use_qk_norm", kind="flag", default=False))),
+    lambda c: _glm_written(c.find("num_hidden_layers"), _nextn(c),
+                           c.find("use_qk_norm", kind="flag", default=False))),
     "Glm4MoeForCausalLM")
+hf_config.register(Family("bailingmoe2", TEXT + SHARED_EXPERT_RULES + NEXTN_RULES + (
+    derived(R.DIMENSION_COUNT, _rotated(1.0)),
+    hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "moe_shared_expert_intermediate_size", default=None),
+), {"tie_word_embeddings": False}, _ling2_written), "BailingMoeV2ForCausalLM")
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
@@ -273,10 +326,20 @@ def _glm45(E: int, n_layer: int, n_ff: int, n_dense: int, n_expert: int, n_ff_ex
         L.EXPERT_GROUP_COUNT: 1, L.EXPERT_GROUP_USED_COUNT: 1, L.EXPERT_FEED_FORWARD_LENGTH: n_ff_exp,
         L.EXPERT_SHARED_COUNT: 1, L.LEADING_DENSE_BLOCK_COUNT: n_dense, L.EXPERT_WEIGHTS_SCALE: scale,
         L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_GATING_FUNC: 2, L.NEXTN_PREDICT_LAYERS: 1, L.VOCAB_SIZE: 151552,
-    }, tied=False, include=_written(n_layer, 1, qk_norm), f32=presets.ROUTER_F32, source=source)
+    }, tied=False, include=_glm_written(n_layer, 1, qk_norm), f32=presets.ROUTER_F32, source=source)
 
 
 presets.register({
+    # a synthetic header (no public config is given here): the conformance row's sizes with 8 experts in 4 groups,
+    # 2 used from the 2 best groups, partial rotation and one NextN layer
+    "bailingmoe2-synthetic": Preset("bailingmoe2", {
+        L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 3, L.FEED_FORWARD_LENGTH: 384,
+        A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 1, R.DIMENSION_COUNT: 64, R.FREQ_BASE: 600000.0, A.LAYERNORM_RMS_EPS: 1e-6,
+        L.EXPERT_COUNT: 8, L.EXPERT_USED_COUNT: 2, L.EXPERT_GROUP_COUNT: 4, L.EXPERT_GROUP_USED_COUNT: 2,
+        L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_FEED_FORWARD_LENGTH: 128, L.EXPERT_SHARED_COUNT: 1,
+        L.EXPERT_WEIGHTS_SCALE: 2.5, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_GATING_FUNC: 2, L.NEXTN_PREDICT_LAYERS: 1,
+        L.VOCAB_SIZE: 1024,
+    }, tied=False, include=SELECTION_BIAS, f32=presets.ROUTER_F32, source="synthetic header"),
     # 28 layers (the first dense), 16 heads of 128, 64 experts of 1408 with 6 per token by softmax and 2 shared
     "DeepSeek-MoE-16B": Preset("deepseek", {
         L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 28, L.FEED_FORWARD_LENGTH: 10944,

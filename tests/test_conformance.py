@@ -98,6 +98,7 @@ ROWS = [
     Row("deepseek", moe=True),
     Row("dots1", moe=True),
     Row("bailingmoe", moe=True),
+    Row("bailingmoe2", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
