@@ -99,6 +99,7 @@ ROWS = [
     Row("dots1", moe=True),
     Row("bailingmoe", moe=True),
     Row("bailingmoe2", moe=True),
+    Row("hunyuan-moe", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
