@@ -100,6 +100,7 @@ ROWS = [
     Row("bailingmoe", moe=True),
     Row("bailingmoe2", moe=True),
     Row("hunyuan-moe", moe=True),
+    Row("phimoe", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
