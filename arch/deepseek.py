@@ -101,6 +101,9 @@ class DeepSeek(Architecture):
         if t.whole_heads and hp.n_rot != hp.n_embd_head_k:
             raise MetadataError(f"'{key(R.DIMENSION_COUNT)}' = {hp.n_rot}: llama.cpp's graph rotates whole heads of "
                                 f"{hp.n_embd_head_k}")
+        sections = dict(hp.family).get("rope_sections")
+        if sections and sections[0] and sections[1]:
+            raise MetadataError(f"'{key(R.DIMENSION_SECTIONS)}' = {list(sections)}: M-RoPE (GLM-4.5V) is not built")
         self.gating = t.gating or gating(hp, self.name, t.gating_absent)
         super().__init__(hp)
 
@@ -191,12 +194,6 @@ class Glm4Moe(DeepSeek):
     )
     traits = Traits(ffn_norm=T.ATTN_POST_NORM, qk_norm="optional", selection_bias="required", gating=None,
                     gating_absent=Gating.SIGMOID, weights_norm=True, nextn=True, whole_heads=False)
-
-    def __init__(self, hp: HParams):
-        if hp.rope_sections and hp.rope_sections[0] and hp.rope_sections[1]:
-            raise MetadataError(f"'{R.DIMENSION_SECTIONS.format(arch=self.name)}' = {list(hp.rope_sections)}: "
-                                f"M-RoPE (GLM-4.5V) is not built")
-        super().__init__(hp)
 
 
 class Dots1(DeepSeek):

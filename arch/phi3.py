@@ -47,6 +47,14 @@ class Phi3(Architecture):
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
     experts: ClassVar[bool] = False  # PhiMoE: mixtures of experts, and biases on the norms, W_o and the LM head
 
+    def __init__(self, hp: HParams):
+        if self.experts:
+            check_experts(hp, self.name)
+            if not hp.n_expert:
+                raise MetadataError(f"a '{self.name}' model needs experts "
+                                    f"('{L.EXPERT_COUNT.format(arch=self.name)}' > 0)")
+        super().__init__(hp)
+
     def variant(self, n_ctx_seq: int) -> bool:
         """Whether a context of n_ctx_seq cells per sequence uses the long RoPE factors."""
         return n_ctx_seq > self.hp.n_ctx_orig_yarn
@@ -128,12 +136,6 @@ class PhiMoe(Phi3):
     name = "phimoe"
     keys = MOE_KEYS
     experts = True
-
-    def __init__(self, hp: HParams):
-        check_experts(hp, self.name)
-        if not hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model needs experts ('{L.EXPERT_COUNT.format(arch=self.name)}' > 0)")
-        super().__init__(hp)
 
 
 # ---- Hugging Face: what convert_hf_to_gguf writes for these configs -----------------------------------------
