@@ -9,8 +9,8 @@ function, sigmoid, plus a selection bias, weights renormalised and scaled as the
 Q, K, V (biases where the file has them), RoPE over ``rope.dimension_count`` values of each head, with a per-head
 RMS norm of Q and K in dots.llm1 and where a GLM-4.5 file has it (the 355B model; Air has none). GLM-4.5 names the
 FFN's norm ``post_attention_norm``, and its last ``nextn_predict_layers`` layers are multi-token-prediction
-layers: loaded, never run here (llama.cpp runs them only in its draft graph). GLM files with M-RoPE sections
-(GLM-4.5V's text model) are refused.
+layers: loaded, never run here (llama.cpp runs them only in its draft graph). A GLM file with M-RoPE sections
+(GLM-4.5V's text model) turns its heads by sections one after the other (M-RoPE), a text token at (p, p, p, 0).
 
 References: Dai et al. 2024, "DeepSeekMoE: Towards Ultimate Expert Specialization in Mixture-of-Experts Language
 Models"; Zhipu AI 2025, "GLM-4.5: Agentic, Reasoning, and Coding (ARC) Foundation Models"; rednote-hilab 2025,
@@ -101,9 +101,11 @@ class DeepSeek(Architecture):
         if t.whole_heads and hp.n_rot != hp.n_embd_head_k:
             raise MetadataError(f"'{key(R.DIMENSION_COUNT)}' = {hp.n_rot}: llama.cpp's graph rotates whole heads of "
                                 f"{hp.n_embd_head_k}")
+        # GLM-4.5V's text model: M-RoPE (sections one after the other) where the file gives time and height sections
         sections = dict(hp.family).get("rope_sections")
-        if sections and sections[0] and sections[1]:
-            raise MetadataError(f"'{key(R.DIMENSION_SECTIONS)}' = {list(sections)}: M-RoPE (GLM-4.5V) is not built")
+        self.sections = tuple(sections) if sections and sections[0] and sections[1] else None
+        if self.sections:
+            self.rope_mode = "mrope"  # type: ignore[misc]  # the file decides, as llama.cpp's rope type
         self.gating = t.gating or gating(hp, self.name, t.gating_absent)
         super().__init__(hp)
 
@@ -173,7 +175,8 @@ class DeepSeek(Architecture):
                 q = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed")
             if self.traits.qk_norm != "none" and b.w_opt(T.ATTN_K_NORM, il) is not None:
                 k = b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
-            q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
+            q = b.rope(q, pos, name="Qcur.rope", sections=self.sections)
+            k = b.rope(k, pos, name="Kcur.rope", sections=self.sections)
             a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il),
                              kq_scale=inv_sqrt(hp.n_embd_head_k))
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
@@ -327,10 +330,10 @@ def _glm45(E: int, n_layer: int, n_ff: int, n_dense: int, n_expert: int, n_ff_ex
 
 
 presets.register({
-    # a synthetic header (no public config is given here): the conformance row's sizes with 8 experts in 4 groups,
-    # 2 used from the 2 best groups, partial rotation and one NextN layer
-    "bailingmoe2-synthetic": Preset("bailingmoe2", {
-        L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 3, L.FEED_FORWARD_LENGTH: 384,
+    # a synthetic header (no public config is given here): the conformance row's sizes, 4 layers (the first dense)
+    # with 8 experts in 4 groups, 2 used from the 2 best groups, partial rotation, and one NextN layer
+    "Ling-2.0-synthetic": Preset("bailingmoe2", {
+        L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 5, L.FEED_FORWARD_LENGTH: 384,
         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 1, R.DIMENSION_COUNT: 64, R.FREQ_BASE: 600000.0, A.LAYERNORM_RMS_EPS: 1e-6,
         L.EXPERT_COUNT: 8, L.EXPERT_USED_COUNT: 2, L.EXPERT_GROUP_COUNT: 4, L.EXPERT_GROUP_USED_COUNT: 2,
         L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_FEED_FORWARD_LENGTH: 128, L.EXPERT_SHARED_COUNT: 1,

@@ -89,7 +89,8 @@ ROWS = [
     Row("granitehybrid"),
     Row("granitehybrid", "moe", moe=True, avx2_apart=1e-7),
     # mixtures of experts: sigmoid and softmax routing, shared experts, leading dense layers
-    Row("glm4moe", moe=True, keys={"glm4moe.rope.dimension_sections": [0, 0, 0, 0]}),
+    Row("glm4moe", moe=True),  # the M-RoPE sections every tiny model is given: GLM-4.5V's text form
+    Row("glm4moe", "rope", moe=True, keys={"glm4moe.rope.dimension_sections": [0, 0, 0, 0]}),  # GLM-4.5's
     Row("qwen2moe", moe=True),
     Row("minimax-m2", moe=True),
     Row("olmoe", moe=True),

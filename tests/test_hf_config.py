@@ -47,7 +47,7 @@ NOT_COMPARED = {
     "Qwen2.5-72B": "its public config's context and norm epsilon are not known here for certain",
     "Granite-4.0-H-Tiny": "its public config's multipliers are not known here (the preset lacks them)",
     "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
-    "bailingmoe2-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
+    "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
 }
 
 
