@@ -15,15 +15,14 @@ from typing import Any, Mapping
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
-from graphir.graph.floats import inv_sqrt
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder, Norm
 from graphir.model.hf_config import Config, Family, fixed, hf
 from graphir.model.hparams import HParams, Key
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, check_routed, routed_expert_tensors, routed_experts
 from graphir.model.presets import Preset
+from graphir.model.qkv import check_whole_heads, roped_attention
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec
 
@@ -37,12 +36,8 @@ class Dbrx(Architecture):
     keys = MOE_KEYS + (Key("clamp_kqv", A.CLAMP_KQV, float, 0.0),)
 
     def __init__(self, hp: HParams):
-        check_experts(hp, self.name)
-        if not hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model needs experts ('{L.EXPERT_COUNT.format(arch=self.name)}' > 0)")
-        if hp.n_rot != hp.n_embd_head_k:
-            raise MetadataError(f"'{R.DIMENSION_COUNT.format(arch=self.name)}' = {hp.n_rot}: llama.cpp's graph rotates "
-                                f"whole heads of {hp.n_embd_head_k}")
+        check_routed(hp, self.name)
+        check_whole_heads(hp, self.name)
         super().__init__(hp)
 
     def tensors(self) -> list[TensorSpec]:
@@ -52,8 +47,7 @@ class Dbrx(Architecture):
         for il in range(hp.n_layer):
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), spec(T.ATTN_QKV, (E, E + 2 * hp.n_embd_v_gqa), il),
                      spec(T.ATTN_OUT, (E, E), il), spec(T.ATTN_OUT_NORM, (E,), il, kind="vector"),
-                     spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il),
-                     spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_UP_EXP, (E, F, X), il)]
+                     *routed_expert_tensors(E, F, X, il)]
             specs += layer + layer_scales(layer, il, X)
         return specs
 
@@ -63,16 +57,11 @@ class Dbrx(Architecture):
         pos = b.build_inp_pos()
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, Norm.LAYER, name="attn_norm")
-            q, k, v = b.build_qkv(h, il, clamp=hp.clamp_kqv)
-            q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
-            a = b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il),
-                             kq_scale=inv_sqrt(hp.n_embd_head_k))
+            a = roped_attention(b, h, pos, il, clamp=hp.clamp_kqv)
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             h = b.norm(x, T.ATTN_OUT_NORM, il, Norm.LAYER, name="attn_out_norm")
-            f = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),
-                                gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),
-                                n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
+            f = routed_experts(b, h, il, norm_w=True)
             x = b.op("add", f, x, name="l_out")
         b.build_output(b.norm(x, T.OUTPUT_NORM, kind=Norm.LAYER, name="result_norm"), w(T.OUTPUT))
 

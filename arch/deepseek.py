@@ -36,9 +36,10 @@ from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, fixed, hf
 from graphir.model.hparams import HParams, Key
 from graphir.model.moe import (GATING_FUNC_KEY, MOE_KEYS, NEXTN_KEY, check_experts, expert_width, gating,
-                               nextn_layer, shared_expert, shared_expert_tensors, trunk_layers)
+                               nextn_layer, routed_expert_tensors, routed_experts, shared_expert, shared_expert_tensors,
+                               trunk_layers)
 from graphir.model.presets import Preset
-from graphir.model.qkv import qkv_tensors
+from graphir.model.qkv import check_whole_heads, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
@@ -98,9 +99,8 @@ class DeepSeek(Architecture):
         if t.mha_only and hp.head_count_kv(0) != hp.head_count(0):
             raise MetadataError(f"'{key(A.HEAD_COUNT_KV)}' = {hp.head_count_kv(0)}: llama.cpp's loader sizes K and V "
                                 f"as Q, one KV head per query head ({hp.head_count(0)})")
-        if t.whole_heads and hp.n_rot != hp.n_embd_head_k:
-            raise MetadataError(f"'{key(R.DIMENSION_COUNT)}' = {hp.n_rot}: llama.cpp's graph rotates whole heads of "
-                                f"{hp.n_embd_head_k}")
+        if t.whole_heads:
+            check_whole_heads(hp, self.name)
         # GLM-4.5V's text model: M-RoPE (sections one after the other) where the file gives time and height sections
         sections = dict(hp.family).get("rope_sections")
         self.sections = tuple(sections) if sections and sections[0] and sections[1] else None
@@ -134,14 +134,11 @@ class DeepSeek(Architecture):
             layer.append(spec(t.ffn_norm, (E,), il, kind="vector"))
             if self.moe_layer(il):
                 X, F = hp.n_expert, expert_width(hp)
-                layer.append(spec(T.FFN_GATE_INP, (E, X), il))
+                layer += routed_expert_tensors(E, F, X, il)
                 if t.selection_bias != "none":
                     layer.append(spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector",
                                       optional=t.selection_bias == "optional"))
-                layer += [spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
-                          spec(T.FFN_UP_EXP, (E, F, X), il),
-                          *shared_expert_tensors(E, ((t.shared_width_key and hp.n_ff_shexp) or F) * hp.n_expert_shared,
-                                                 il)]
+                layer += shared_expert_tensors(E, ((t.shared_width_key and hp.n_ff_shexp) or F) * hp.n_expert_shared, il)
             else:
                 F = hp.ff_length(0)
                 layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
@@ -154,14 +151,12 @@ class DeepSeek(Architecture):
         hp, w = self.hp, b.w
         if not self.moe_layer(il):
             return b.build_ffn(h, up=w(T.FFN_UP, il), gate=w(T.FFN_GATE, il), down=w(T.FFN_DOWN, il))
-        routed = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),
-                                 gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),
-                                 n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, gating=self.gating,
-                                 norm_w=self.traits.weights_norm and hp.expert_weights_norm,
-                                 w_scale=hp.expert_weights_scale,
-                                 probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias")
-                                 if self.traits.selection_bias != "none" else None,
-                                 n_groups=hp.n_expert_groups, n_group_used=hp.n_group_used if self.traits.groups else 0)
+        routed = routed_experts(b, h, il, gating=self.gating,
+                                norm_w=self.traits.weights_norm and hp.expert_weights_norm,
+                                w_scale=hp.expert_weights_scale,
+                                probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias")
+                                if self.traits.selection_bias != "none" else None,
+                                n_groups=hp.n_expert_groups, n_group_used=hp.n_group_used if self.traits.groups else 0)
         return b.op("add", routed, shared_expert(b, h, il), name="ffn_out")
 
     def build(self, b: GraphBuilder) -> None:

@@ -17,7 +17,6 @@ from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from graphir.errors import MetadataError
-from graphir.graph.floats import inv_sqrt
 from graphir.graph.ir import Node
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
@@ -26,7 +25,7 @@ from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, hf
 from graphir.model.hparams import HParams, Key
 from graphir.model.moe import MOE_KEYS, check_experts, expert_width, shared_expert, shared_expert_tensors
 from graphir.model.presets import Preset
-from graphir.model.qkv import qkv_tensors
+from graphir.model.qkv import check_whole_heads, qkv_tensors, roped_attention
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
@@ -56,9 +55,7 @@ class Ernie45Moe(Architecture):
         if lead < hp.n_layer and not (hp.n_expert and hp.n_expert_used):
             raise MetadataError(f"layers {lead}.. are mixtures of experts but '{key(L.EXPERT_COUNT)}' or "
                                 f"'{key(L.EXPERT_USED_COUNT)}' is 0")
-        if hp.n_rot != hp.n_embd_head_k:
-            raise MetadataError(f"'{key(R.DIMENSION_COUNT)}' = {hp.n_rot}: llama.cpp's graph rotates whole heads of "
-                                f"{hp.n_embd_head_k}")
+        check_whole_heads(hp, self.name)
         super().__init__(hp)
 
     def moe_layer(self, il: int) -> bool:
@@ -98,15 +95,12 @@ class Ernie45Moe(Architecture):
         return b.op("add", moe, shared_expert(b, h, il), name="ffn_out") if hp.n_ff_shexp else moe
 
     def build(self, b: GraphBuilder) -> None:
-        hp, w = self.hp, b.w
+        w = b.w
         x = b.build_inp_embd(w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
-            q, k, v = b.build_qkv(h, il)
-            q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
-            a = b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il),
-                             kq_scale=inv_sqrt(hp.n_embd_head_k))
+            a = roped_attention(b, h, pos, il)
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             f = self.ffn(b, b.norm(x, T.FFN_NORM, il, name="ffn_norm"), il)

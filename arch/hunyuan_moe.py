@@ -16,16 +16,16 @@ from typing import Any, Mapping
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
 from graphir.graph.floats import inv_sqrt
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
-from graphir.model.hf_config import TEXT, VOCAB, Config, Family, hf
+from graphir.model.hf_config import TEXT, VOCAB, Config, Family
 from graphir.model.hparams import HParams, Key
-from graphir.model.moe import MOE_KEYS, check_experts, shared_expert, shared_expert_tensors
+from graphir.model.moe import (MOE_KEYS, check_routed, routed_expert_tensors, routed_experts, shared_expert,
+                               shared_expert_tensors)
 from graphir.model.presets import Preset
-from graphir.model.qkv import qk_norm_tensors, qkv_tensors
+from graphir.model.qkv import check_whole_heads, qk_norm_tensors, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
@@ -39,12 +39,8 @@ class HunyuanMoe(Architecture):
     keys = MOE_KEYS + (Key("n_ff_shexp", L.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, 0, minimum=0),)  # 0: n_ff
 
     def __init__(self, hp: HParams):
-        check_experts(hp, self.name)
-        if not hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model needs experts ('{L.EXPERT_COUNT.format(arch=self.name)}' > 0)")
-        if hp.n_rot != hp.n_embd_head_k:
-            raise MetadataError(f"'{R.DIMENSION_COUNT.format(arch=self.name)}' = {hp.n_rot}: llama.cpp's graph rotates "
-                                f"whole heads of {hp.n_embd_head_k}")
+        check_routed(hp, self.name)
+        check_whole_heads(hp, self.name)
         super().__init__(hp)
 
     def tensors(self) -> list[TensorSpec]:
@@ -55,9 +51,8 @@ class HunyuanMoe(Architecture):
         for il in range(hp.n_layer):
             F = hp.ff_length(il)
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il), *qk_norm_tensors(hp, il),
-                     spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE_INP, (E, X), il),
-                     spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
-                     spec(T.FFN_UP_EXP, (E, F, X), il), *shared_expert_tensors(E, hp.n_ff_shexp or F, il)]
+                     spec(T.FFN_NORM, (E,), il, kind="vector"), *routed_expert_tensors(E, F, X, il),
+                     *shared_expert_tensors(E, hp.n_ff_shexp or F, il)]
             specs += layer + layer_scales(layer, il, X)
         return specs
 
@@ -77,9 +72,7 @@ class HunyuanMoe(Architecture):
             x = b.op("add", a, x, name="ffn_inp")
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
             mlp = shared_expert(b, h, il)
-            moe = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),
-                                  gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),
-                                  n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
+            moe = routed_experts(b, h, il, norm_w=True)
             x = b.op("add", b.op("add", moe, mlp, name="ffn_out"), x, name="l_out")
         b.build_output(b.norm(x, T.OUTPUT_NORM, name="result_norm"), w(T.OUTPUT))
 

@@ -20,16 +20,16 @@ from typing import ClassVar
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
 from graphir.graph.floats import inv_sqrt
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Family, hf
 from graphir.model.hparams import HParams
-from graphir.model.moe import GATING_FUNC_KEY, MOE_KEYS, check_experts, gating
+from graphir.model.moe import (GATING_FUNC_KEY, MOE_KEYS, check_routed, gating, routed_expert_tensors,
+                               routed_experts)
 from graphir.model.presets import Preset
-from graphir.model.qkv import qkv_tensors
+from graphir.model.qkv import check_whole_heads, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec
 
@@ -55,13 +55,9 @@ class OLMoE(Architecture):
 
     def __init__(self, hp: HParams):
         r = self.routing
-        check_experts(hp, self.name)
-        if not (hp.n_expert and hp.n_expert_used):
-            raise MetadataError(f"a '{self.name}' model needs experts ('{L.EXPERT_COUNT.format(arch=self.name)}' "
-                                f"and '{L.EXPERT_USED_COUNT.format(arch=self.name)}' > 0)")
-        if r.whole_heads and hp.n_rot != hp.n_embd_head_k:
-            raise MetadataError(f"'{R.DIMENSION_COUNT.format(arch=self.name)}' = {hp.n_rot}: llama.cpp's graph rotates "
-                                f"whole heads of {hp.n_embd_head_k}")
+        check_routed(hp, self.name)
+        if r.whole_heads:
+            check_whole_heads(hp, self.name)
         self.gating = r.gating or gating(hp, self.name, None)
         super().__init__(hp)
 
@@ -74,9 +70,7 @@ class OLMoE(Architecture):
             layer = [*qkv_tensors(hp, il), spec(T.ATTN_NORM, (E,), il, kind="vector"),
                      spec(T.ATTN_Q_NORM, (hp.n_embd_head_k * hp.head_count(il),), il, kind="vector"),
                      spec(T.ATTN_K_NORM, (hp.n_embd_k_gqa_at(il),), il, kind="vector"),
-                     spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE_INP, (E, X), il),
-                     spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
-                     spec(T.FFN_UP_EXP, (E, F, X), il)]
+                     spec(T.FFN_NORM, (E,), il, kind="vector"), *routed_expert_tensors(E, F, X, il)]
             if self.routing.selection_bias:
                 layer.append(spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector"))
             specs += layer + layer_scales(layer, il, X)
@@ -100,11 +94,8 @@ class OLMoE(Architecture):
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
-            f = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),
-                                gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),
-                                n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, gating=self.gating,
-                                norm_w=self.routing.norm_w,
-                                probs_b=w(T.FFN_EXP_PROBS_B, il, "bias") if self.routing.selection_bias else None)
+            f = routed_experts(b, h, il, gating=self.gating, norm_w=self.routing.norm_w,
+                               probs_b=w(T.FFN_EXP_PROBS_B, il, "bias") if self.routing.selection_bias else None)
             x = b.op("add", f, x, name="l_out")
         b.build_output(b.norm(x, T.OUTPUT_NORM, name="result_norm"), w(T.OUTPUT))
 

@@ -25,10 +25,9 @@ from gguf import Keys
 
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
-from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.model.builder import GraphBuilder
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, check_routed, routed_expert_tensors, routed_experts
 from graphir.model.hf_config import VOCAB, Family, derived, hf
 from graphir.graph.floats import inv_sqrt
 from graphir.model.hparams import HParams
@@ -49,10 +48,7 @@ class Phi3(Architecture):
 
     def __init__(self, hp: HParams):
         if self.experts:
-            check_experts(hp, self.name)
-            if not hp.n_expert:
-                raise MetadataError(f"a '{self.name}' model needs experts "
-                                    f"('{L.EXPERT_COUNT.format(arch=self.name)}' > 0)")
+            check_routed(hp, self.name)
         super().__init__(hp)
 
     def variant(self, n_ctx_seq: int) -> bool:
@@ -84,8 +80,7 @@ class Phi3(Architecture):
             if moe:
                 X = self.hp.n_expert
                 layer += [*(spec(t, (E,), il, "bias", kind="vector") for t in (T.ATTN_NORM, T.ATTN_OUT, T.FFN_NORM)),
-                          spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il),
-                          spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_UP_EXP, (E, F, X), il)]
+                          *routed_expert_tensors(E, F, X, il)]
             else:
                 layer += [spec(T.FFN_UP, (E, 2 * F), il), spec(T.FFN_DOWN, (F, E), il)]  # [gate; up]
             # the dense FFN's scales are not read by llama.cpp's graph
@@ -122,9 +117,7 @@ class Phi3(Architecture):
         """SwiGLU over the two halves of one projection, silu(gate rows) * up rows; PhiMoE: each token's best
         experts by softmax, weights renormalised."""
         if self.experts:
-            return b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
-                                   gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
-                                   n_expert=self.hp.n_expert, n_expert_used=self.hp.n_expert_used, norm_w=True)
+            return routed_experts(b, h, il, norm_w=True)
         gu = b.linear(h, b.w(T.FFN_UP, il), name="ffn_up")
         F, n = gu.shape[0] // 2, gu.shape[1]
         gate, up = (b.op("view", gu, shape=(F, n), strides=(1, 2 * F), offset=off, name=tag)

@@ -15,17 +15,16 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
-from graphir.graph.floats import inv_sqrt
 from graphir.graph.ir import Node
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Family, hf
 from graphir.model.hparams import HParams, Key
-from graphir.model.moe import MOE_KEYS, check_experts, expert_width, shared_expert, shared_expert_tensors
+from graphir.model.moe import (MOE_KEYS, check_routed, expert_width, routed_expert_tensors, routed_experts,
+                               shared_expert, shared_expert_tensors)
 from graphir.model.presets import Preset
-from graphir.model.qkv import qkv_tensors
+from graphir.model.qkv import check_whole_heads, qkv_tensors, roped_attention
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec
 
@@ -42,12 +41,8 @@ class Qwen2Moe(Architecture):
     )
 
     def __init__(self, hp: HParams):
-        check_experts(hp, self.name)
-        if not hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model needs experts ('{L.EXPERT_COUNT.format(arch=self.name)}' > 0)")
-        if hp.n_rot != hp.n_embd_head_k:
-            raise MetadataError(f"'{R.DIMENSION_COUNT.format(arch=self.name)}' = {hp.n_rot}: llama.cpp's graph rotates "
-                                f"whole heads of {hp.n_embd_head_k}")
+        check_routed(hp, self.name)
+        check_whole_heads(hp, self.name)
         super().__init__(hp)
 
 
@@ -58,29 +53,23 @@ class Qwen2Moe(Architecture):
         for il in range(hp.n_layer):
             F = expert_width(hp)
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il),
-                     spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE_INP, (E, X), il),
-                     spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
-                     spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_GATE_INP_SHEXP, (E,), il),
+                     spec(T.FFN_NORM, (E,), il, kind="vector"), *routed_expert_tensors(E, F, X, il),
+                     spec(T.FFN_GATE_INP_SHEXP, (E,), il),
                      *shared_expert_tensors(E, hp.n_ff_shexp or hp.ff_length(0), il)]
             specs += layer + layer_scales(layer, il, X)
         return specs
 
     def build(self, b: GraphBuilder) -> None:
-        hp, w = self.hp, b.w
+        w = b.w
         x = b.build_inp_embd(w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
-            q, k, v = b.build_qkv(h, il)
-            q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
-            a = b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il),
-                             kq_scale=inv_sqrt(hp.n_embd_head_k))
+            a = roped_attention(b, h, pos, il)
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
-            moe = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), up_exps=w(T.FFN_UP_EXP, il),
-                                  gate_exps=w(T.FFN_GATE_EXP, il), down_exps=w(T.FFN_DOWN_EXP, il),
-                                  n_expert=hp.n_expert, n_expert_used=hp.n_expert_used)
+            moe = routed_experts(b, h, il)
             x = b.op("add", b.op("add", moe, self.gated_shared_expert(b, h, il), name="ffn_out"), x, name="l_out")
         b.build_output(b.norm(x, T.OUTPUT_NORM, name="result_norm"), w(T.OUTPUT))
 

@@ -133,3 +133,26 @@ def expert_width(hp: HParams) -> int:
     length shared among the used experts."""
     first = hp.n_ff_exp if isinstance(hp.n_ff_exp, int) else hp.n_ff_exp[0]
     return first or hp.ff_length(0) // hp.n_expert_used
+
+
+def check_routed(hp: HParams, arch: str) -> None:
+    """:func:`check_experts`, for a family whose FFNs are all mixtures of experts: it needs experts, and a token
+    some of them (llama.cpp's loaders refuse 0 of either)."""
+    check_experts(hp, arch)
+    if not (hp.n_expert and hp.n_expert_used):
+        raise MetadataError(f"a '{arch}' model needs experts ('{Keys.LLM.EXPERT_COUNT.format(arch=arch)}' and "
+                            f"'{Keys.LLM.EXPERT_USED_COUNT.format(arch=arch)}' > 0)")
+
+
+def routed_expert_tensors(n_embd: int, n_ff: int, n_expert: int, il: int) -> list[TensorSpec]:
+    """Layer il's router and its experts' gate, down and up stacks, all required."""
+    return [spec(T.FFN_GATE_INP, (n_embd, n_expert), il), spec(T.FFN_GATE_EXP, (n_embd, n_ff, n_expert), il),
+            spec(T.FFN_DOWN_EXP, (n_ff, n_embd, n_expert), il), spec(T.FFN_UP_EXP, (n_embd, n_ff, n_expert), il)]
+
+
+def routed_experts(b: GraphBuilder, x: Node, il: int, **routing: Any) -> Node:
+    """``build_moe_ffn`` over layer il's router and expert stacks (:func:`routed_expert_tensors`), every token to
+    its ``expert_used_count`` best of ``expert_count``, routed as ``routing`` says (gating, norm_w, probs_b...)."""
+    return b.build_moe_ffn(x, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
+                           gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
+                           n_expert=b.hp.n_expert, n_expert_used=b.hp.n_expert_used, **routing)
