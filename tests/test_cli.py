@@ -37,7 +37,7 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "GLM-4.5-Air", "GLM-4.6", "Qwen1.5-MoE-A2.7B", "MiniMax-M2", "OLMoE-1B-7B",
            "ERNIE-4.5-21B-A3B", "DBRX", "DeepSeek-MoE-16B",
            "dots.llm1", "Ling-lite", "Ling-2.0-synthetic",
-           "Hunyuan-A13B", "Phi-3.5-MoE"]
+           "Hunyuan-A13B", "Phi-3.5-MoE", "HY-V3-synthetic"]
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers

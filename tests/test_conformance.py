@@ -102,6 +102,7 @@ ROWS = [
     Row("bailingmoe2", moe=True),
     Row("hunyuan-moe", moe=True),
     Row("phimoe", moe=True),
+    Row("hy_v3", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

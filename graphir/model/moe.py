@@ -130,9 +130,9 @@ def gating(hp: HParams, arch: str, absent: Gating | None) -> Gating:
 def expert_width(hp: HParams) -> int:
     """One routed expert's hidden width as llama.cpp's loaders size every layer's experts: layer 0's
     ``expert_feed_forward_length`` (a family's ``n_ff_exp``, one value or one per layer), or, 0, layer 0's FFN
-    length shared among the used experts."""
+    length shared among the used experts (at least one)."""
     first = hp.n_ff_exp if isinstance(hp.n_ff_exp, int) else hp.n_ff_exp[0]
-    return first or hp.ff_length(0) // hp.n_expert_used
+    return first or hp.ff_length(0) // max(hp.n_expert_used, 1)
 
 
 def check_routed(hp: HParams, arch: str) -> None:
