@@ -37,7 +37,11 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Arcee-tiny", "ERNIE-4.5-0.3B", "EXAONE-3.5-2.4B", "XVERSE-tiny", "Orion-14B", "InternLM2-7B", "Qwen-7B",
            "Seed-OSS-36B", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny", "Mistral-Small-3.1-24B",
            "Baichuan2-7B", "Baichuan2-13B",
-           "Granite-3.1-2B", "MiniCPM-2B", "MiniCPM3-4B", "PLM-tiny", "Deci-tiny", "OpenELM-270M", "Nanbeige-tiny", "BitNet-b1.58-2B-4T", "Apertus-tiny"]
+           "Granite-3.1-2B", "MiniCPM-2B", "MiniCPM3-4B", "PLM-tiny", "Deci-tiny", "OpenELM-270M", "Nanbeige-tiny", "BitNet-b1.58-2B-4T", "Apertus-tiny",
+           "GLM-4.5-Air", "GLM-4.6", "Qwen1.5-MoE-A2.7B", "MiniMax-M2", "OLMoE-1B-7B",
+           "ERNIE-4.5-21B-A3B", "DBRX", "DeepSeek-MoE-16B",
+           "dots.llm1", "Ling-lite", "Ling-2.0-synthetic",
+           "Hunyuan-A13B", "Phi-3.5-MoE", "HY-V3-synthetic"]
 UNFOLDED = {"OpenELM-270M"}  # every layer of a size of its own: no layer's text folds into another's
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 

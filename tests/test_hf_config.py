@@ -49,6 +49,8 @@ NOT_COMPARED = {
     "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
     **{name: "a synthetic header of tiny sizes: the family's mapping is held to a tiny config below" for name in (
         "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny")},
+    "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
+    "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
 }
 
 
@@ -288,6 +290,41 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         S.TIME_STEP_RANK: 8, S.GROUP_COUNT: 1, R.SCALING_FINETUNED: False, R.DIMENSION_COUNT: 16,
         L.VOCAB_SIZE: 256,  # padded to a multiple of 8
     }, tied=True, include=r"blk\.\d+\.ffn_gate_exps\.weight")),
+    # mixtures of experts (issue 39's families without a public config here)
+    "bailingmoe2": ({
+        "architectures": ["BailingMoeV2ForCausalLM"], "model_type": "bailing_moe", "hidden_size": 64,
+        "num_hidden_layers": 2, "num_nextn_predict_layers": 1, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "partial_rotary_factor": 0.5, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6, "rope_theta": 600000, "num_experts": 8, "num_experts_per_tok": 2, "n_group": 4,
+        "topk_group": 2, "first_k_dense_replace": 1, "moe_intermediate_size": 32, "num_shared_experts": 1,
+        "moe_shared_expert_intermediate_size": 32, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+        "score_function": "sigmoid", "moe_router_enable_expert_bias": True, "tie_word_embeddings": False,
+        "vocab_size": 256,
+    }, False, Preset("bailingmoe2", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 3, L.FEED_FORWARD_LENGTH: 128,
+        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, R.DIMENSION_COUNT: 8,
+        R.FREQ_BASE: 600000.0, A.LAYERNORM_RMS_EPS: 1e-6, L.EXPERT_COUNT: 8, L.EXPERT_USED_COUNT: 2,
+        L.EXPERT_GROUP_COUNT: 4, L.EXPERT_GROUP_USED_COUNT: 2, L.EXPERT_GATING_FUNC: 2,
+        L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_FEED_FORWARD_LENGTH: 32, L.EXPERT_SHARED_COUNT: 1,
+        L.EXPERT_WEIGHTS_SCALE: 2.5, L.EXPERT_WEIGHTS_NORM: True, L.NEXTN_PREDICT_LAYERS: 1,
+        L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.VOCAB_SIZE: 256,
+    }, tied=False, include=r"blk\.\d+\.exp_probs_b\.bias|blk\.2\.(attn_norm|attn_qkv|attn_output|attn_[qk]_norm|"
+                           r"ffn_norm|layer_output_norm|ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp)|"
+                           r"nextn\.(eh_proj|enorm|hnorm|shared_head_norm))\.weight")),
+    "hy_v3": ({
+        "architectures": ["HYV3ForCausalLM"], "model_type": "hy_v3", "hidden_size": 64, "num_hidden_layers": 3,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000, "num_experts": 8,
+        "num_experts_per_tok": 2, "first_k_dense_replace": 1, "moe_intermediate_size": 32, "num_shared_experts": 1,
+        "router_scaling_factor": 2.5, "route_norm": True, "tie_word_embeddings": False, "vocab_size": 256,
+    }, False, Preset("hy_v3", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 3, L.FEED_FORWARD_LENGTH: 128,
+        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, R.FREQ_BASE: 10000.0,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.EXPERT_COUNT: 8, L.EXPERT_USED_COUNT: 2, L.EXPERT_FEED_FORWARD_LENGTH: 32,
+        L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_WEIGHTS_SCALE: 2.5, L.EXPERT_WEIGHTS_NORM: True,
+        L.EXPERT_GATING_FUNC: 2, L.VOCAB_SIZE: 256,
+    }, tied=False, include=r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.(1|2)\.(ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp))"
+                           r"\.weight|blk\.(1|2)\.exp_probs_b")),
 }
 
 

@@ -160,8 +160,9 @@ def ssm_scan_heads(v, a, shape, env):
 
 
 def rope_multi(v, a, shape, env):
-    """Pair i lies in sector i % sum(sections); sectors cycle time, height, width (each while its section lasts),
-    the rest are the extra section; each section turns by its own positions (p: times, heights, widths, extras)."""
+    """Pair i lies in sector i % sum(sections); imrope: sectors cycle time, height, width (each while its section
+    lasts), the rest are the extra section; mrope: the sections follow one another; each section turns by its own
+    positions (p: times, heights, widths, extras)."""
     X = gg(v[0])
     p = np.asarray(v[1], np.float64).reshape(4, -1)
     t, h, w, _ = a["sections"]
@@ -169,8 +170,11 @@ def rope_multi(v, a, shape, env):
     n_dims, base = a["n_dims"], a["freq_base"]
     for i in range(n_dims // 2):
         sector = i % sum(a["sections"])
-        section = 1 if sector % 3 == 1 and sector < 3 * h else 2 if sector % 3 == 2 and sector < 3 * w else \
-            0 if sector % 3 == 0 and sector < 3 * t else 3
+        if a["mode"] == "imrope":
+            section = 1 if sector % 3 == 1 and sector < 3 * h else 2 if sector % 3 == 2 and sector < 3 * w else \
+                0 if sector % 3 == 0 and sector < 3 * t else 3
+        else:
+            section = 0 if sector < t else 1 if sector < t + h else 2 if sector < t + h + w else 3
         for j in range(X.shape[2]):
             theta = p[section, j] * base ** (-2.0 * i / n_dims)
             c, s = math.cos(theta) * a["attn_factor"], math.sin(theta) * a["attn_factor"]

@@ -183,7 +183,8 @@ def _rope(xs: list[Node], a: dict[str, Any], per_token: int = 1) -> Type:
 
 def _rope_multi(xs: list[Node], a: dict[str, Any]) -> Type:
     sections = tuple(a["sections"])
-    _need(a["mode"] == "imrope", f"mode={a['mode']!r}: multi-section RoPE is 'imrope' (interleaved sections)")
+    _need(a["mode"] in ("imrope", "mrope"), f"mode={a['mode']!r}: multi-section RoPE is 'imrope' (interleaved "
+                                            f"sections) or 'mrope' (one after the other)")
     _need(len(sections) == 4 and all(isinstance(n, int) and n >= 0 for n in sections) and any(sections[:3]),
           f"sections={list(sections)} must be 4 counts of rotated pairs, one of the first three positive")
     _need(sum(sections) <= _pad4(xs[0].shape)[0], f"sections={list(sections)} hold more pairs than head size "
@@ -353,7 +354,8 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("rope", "attention", ("a", "pos", "freq_factors?"), _ROPE_ATTRS, _rope,
           "rotary position embedding over the first n_dims of ne0; positions index ne2"),
     OpDef("rope_multi", "attention", ("a", "pos"), _ROPE_ATTRS + ("sections",), _rope_multi,
-          "RoPE whose rotated pairs fall into sections (time, height, width, extra; 'imrope': interleaved), each "
+          "RoPE whose rotated pairs fall into sections (time, height, width, extra; 'imrope': interleaved; 'mrope': "
+          "one after the other), each "
           "section turned by its own position: four a token, section-major (every token's time, then heights, "
           "widths, extras); a text token's are (p, p, p, 0)"),
     OpDef("soft_max", "attention", ("a", "mask?", "sinks?"), ("scale", "max_bias"), _soft_max,

@@ -449,15 +449,24 @@ class GraphBuilder:
     def kq_scale(self) -> float:
         return self.hp.attn_scale or inv_sqrt(self.hp.n_embd_head_k)
 
-    def build_qkv(self, x: Node, il: int) -> tuple[Node, Node, Node]:
+    def build_qkv(self, x: Node, il: int, heads: bool = True, clamp: float = 0.0) -> tuple[Node, Node, Node]:
         """Q, K, V as [d, heads, tokens] from layer il's fused ``attn_qkv`` (strided views of one product) or
-        its three projections, each with its bias when the file has one (llama.cpp's ``build_qkv``)."""
+        its three projections, each with its bias when the file has one (llama.cpp's ``build_qkv``); ``heads``
+        False: each whole [width, tokens] (llama.cpp's ``reshape`` false, for a family that normalises Q and K
+        across all their heads at once); ``clamp`` > 0: the products (with their biases) clamped to [-clamp, clamp]
+        before the split into heads (llama.cpp's ``clamp_kqv``, DBRX)."""
         hp, T_ = self.hp, self.n_tokens
         d, dv, H, Hkv = hp.n_embd_head_k, hp.n_embd_head_v, hp.head_count(il), hp.head_count_kv(il)
+
+        def clamped(y: Node, tag: str) -> Node:
+            return self.op("clamp", y, min=-clamp, max=clamp, name=f"{tag}_clamped") if clamp > 0 and heads else y
+
         fused = self._declared(MODEL_TENSOR.ATTN_QKV, il)
         if fused is None:
-            q, k, v = (self._projection(x, t, il, tag) for t, tag in (
+            q, k, v = (clamped(self._projection(x, t, il, tag), tag) for t, tag in (
                 (MODEL_TENSOR.ATTN_Q, "Qcur"), (MODEL_TENSOR.ATTN_K, "Kcur"), (MODEL_TENSOR.ATTN_V, "Vcur")))
+            if not heads:
+                return q, k, v
             return (self.reshape(q, (d, H, T_), name="Qcur.heads"), self.reshape(k, (d, Hkv, T_), name="Kcur.heads"),
                     self.reshape(v, (dv, Hkv, T_), name="Vcur.heads"))
         bias = self._declared(MODEL_TENSOR.ATTN_QKV, il, "bias")
@@ -467,9 +476,13 @@ class GraphBuilder:
                 q_b, k_b, v_b = (self.weight(n) for n in names)
                 qk_b = self.op("concat", q_b, k_b, dim=0, name="qk_b")  # type: ignore[arg-type]
                 bias = self.op("concat", qk_b, v_b, dim=0, name="qkv_b")  # type: ignore[arg-type]
-        qkv = self.linear(x, fused, bias, name="wqkv", s=self.scale(MODEL_TENSOR.ATTN_QKV, il))
+        qkv = clamped(self.linear(x, fused, bias, name="wqkv", s=self.scale(MODEL_TENSOR.ATTN_QKV, il)), "wqkv")
         q_w, k_w = d * H, d * Hkv
         row = q_w + k_w + dv * Hkv
+        if not heads:
+            return tuple(self.op("cont", self.op("view", qkv, shape=(w, T_), strides=(1, row), offset=off,  # type: ignore[return-value]
+                                                 name=f"{tag}.view"), name=tag)
+                         for tag, w, off in (("Qcur", q_w, 0), ("Kcur", k_w, q_w), ("Vcur", dv * Hkv, q_w + k_w)))
         return tuple(self.op("view", qkv, shape=(w, h, T_), strides=(1, w, row), offset=off, name=tag)  # type: ignore[return-value]
                      for tag, w, h, off in (("Qcur", d, H, 0), ("Kcur", d, Hkv, q_w), ("Vcur", dv, Hkv, q_w + k_w)))
 

@@ -24,7 +24,8 @@ class Key:
     common field ``default_from`` (e.g. Gemma 2's local RoPE base is the model's unless the file says).
     ``minimum``/``maximum``: the range of an int a file may give (a size of 0 or -1 would divide by zero or
     shape a negative tensor further on). Kind ``tuple``: ``count`` ints (or bools, as 0/1) from an array of
-    that length or one value repeated, as llama.cpp's ``get_key_or_arr`` reads them."""
+    that length or one value repeated, as llama.cpp's ``get_key_or_arr`` reads them; kind ``list``: a per-layer
+    size read as the common ones (an int, or one per layer where the layers differ)."""
 
     field: str
     template: str
@@ -286,6 +287,8 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
     )
     def family_value(k: Key) -> Any:
         default = getattr(hp, k.default_from) if k.default_from else k.default
+        if k.kind is list:  # a per-layer size: one value, or an array (one value when its layers agree)
+            return r.per_layer(k.template, n_layer, default)
         if k.kind is tuple:
             return r.values(k.template, k.count or n_layer, default, minimum=k.minimum, maximum=k.maximum,
                             item=k.item)
