@@ -29,7 +29,8 @@ _FLAG_INPUT, _FLAG_OUTPUT = 1, 2
 INPUT_ROLES = {"inp_tokens": "tokens", "inp_embd": "embd", "inp_pos": "pos", "out_ids": "out_ids",
                "attn_inp_k_idxs": "k_idxs", "attn_inp_v_idxs": "v_idxs", "attn_inp_kq_mask": "kq_mask",
                "self_kq_mask": "kq_mask", "rs_s_copy": "rs_src", "mean": "inp_mean", "cls": "inp_cls",
-               "pos_bucket_dec": "pos_bucket", "pos_bucket_enc": "pos_bucket", "cross_embd": "cross_embd"}
+               "pos_bucket_dec": "pos_bucket", "pos_bucket_enc": "pos_bucket", "cross_embd": "cross_embd",
+               "inp_attn_scale": "attn_scale"}
 CACHE_ROLES = {"k": "cache_k", "v": "cache_v", "r": "rs_r", "s": "rs_s"}
 OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd": "embd",
                 "result_embd_pooled": "pooled"}

@@ -25,6 +25,8 @@ from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS, ShapeError, infer
 from graphir.memory.inputs import (CrossMask, CrossRows, LatentRows, PosBuckets, R, RecurrentState, Request,
                                    SelfAttention)
+from graphir.model.temperature import ROLE as TEMPERATURE
+from graphir.model.temperature import Temperature
 from graphir.model.tensors import TensorDecl, TensorSpec, dtype_name, tensor_name
 
 PHASES = ("prefill", "decode", "encode")  # encode: the encoder of an encoder-decoder, one whole batch
@@ -263,6 +265,11 @@ class GraphBuilder:
         section-major), as llama.cpp's inp_pos."""
         return self.input("pos", "i32", (self.arch.positions_per_token * self.n_tokens,))
 
+    def build_inp_attn_scale(self, rule: Temperature) -> Node:
+        """Each token's attention temperature [1, 1, n_tokens], which the context fills by ``rule`` from its
+        position (llama.cpp's inp_attn_scale)."""
+        return self.input(TEMPERATURE, "f32", (1, 1, self.n_tokens), **rule.facts())
+
     def build_inp_out_ids(self) -> Node:
         """Rows whose output is wanted; always present so the topology does not depend on n_outputs."""
         return self.input("out_ids", "i32", (self.n_outputs,))
@@ -308,7 +315,8 @@ class GraphBuilder:
                       gate_inp_b: Node | None = None, up_exps_b: Node | None = None, gate_exps_b: Node | None = None,
                       down_exps_b: Node | None = None, up_exps_s: Node | None = None,
                       gate_exps_s: Node | None = None, down_exps_s: Node | None = None, n_groups: int = 0,
-                      n_group_used: int = 0, gate_up_exps: Node | None = None, name: str = "ffn_moe_out") -> Node:
+                      n_group_used: int = 0, gate_up_exps: Node | None = None, weight_before: bool = False,
+                      select_logits: bool = False, name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
@@ -319,7 +327,10 @@ class GraphBuilder:
         joined stack's is ``up_exps_s``, as there).
         ``n_groups`` > 1: the experts form that many groups and a token chooses among the ``n_group_used`` best
         groups only (:meth:`_moe_best_groups`, DeepSeek-V3). ``gate_up_exps`` [n_embd, 2 n_ff, n_expert]: the gate
-        and up stacks as one, each expert's gate rows before its up rows (in place of ``gate_exps``/``up_exps``)."""
+        and up stacks as one, each expert's gate rows before its up rows (in place of ``gate_exps``/``up_exps``).
+        ``weight_before``: each token's input is weighted per chosen expert before that expert's FFN, not its
+        output after (Llama 4). ``select_logits``: the experts are chosen by the router's logits, not by its
+        probabilities (Llama 4, whose gating applies after the choice)."""
         n_embd, n_tok = x.shape
         logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")
         if gate_inp_b is not None:
@@ -331,6 +342,8 @@ class GraphBuilder:
         else:
             probs = logits
         choice = probs if probs_b is None else self.op("add", probs, probs_b, name="ffn_moe_probs_biased")
+        if select_logits:
+            choice = logits
         if n_groups > 1:
             choice = self._moe_best_groups(choice, n_expert, n_groups, n_group_used)
         selected = self.op("argsort_top_k", choice, k=n_expert_used, name="ffn_moe_topk")
@@ -349,6 +362,9 @@ class GraphBuilder:
         if w_scale not in (0.0, 1.0):
             weights = self.op("scale", weights, s=w_scale, name="ffn_moe_weights_scaled")
         cur = self.reshape(x, (n_embd, 1, n_tok), name="ffn_moe_in")
+        if weight_before:
+            cur = self.op("mul", self.op("repeat", cur, shape=(n_embd, n_expert_used, n_tok), name="ffn_moe_in.repeat"),
+                          weights, name="ffn_moe_weighted")
         gate: Node | None
         if gate_up_exps is not None:
             both = self._expert_mm(gate_up_exps, None, up_exps_s, cur, selected, name="ffn_moe_gate_up")
@@ -369,7 +385,8 @@ class GraphBuilder:
         else:
             h = self.op(act.value, up, name=f"ffn_moe_{act.value}")
         experts = self._expert_mm(down_exps, down_exps_b, down_exps_s, h, selected, name="ffn_moe_down")
-        experts = self.op("mul", experts, weights, name="ffn_moe_weighted")
+        if not weight_before:
+            experts = self.op("mul", experts, weights, name="ffn_moe_weighted")
         return self.op("moe_sum", experts, name=name)
 
     def _moe_best_groups(self, choice: Node, n_expert: int, n_groups: int, n_group_used: int) -> Node:
