@@ -89,6 +89,7 @@ ROWS = [
     Row("granitehybrid", "moe", moe=True, avx2_apart=1e-7),
     # mixture-of-experts families, second group (issue 39)
     Row("llama4", moe=True, keys={"n_layer": 4}),  # its fourth layer attends without positions
+    Row("qwen35moe", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
