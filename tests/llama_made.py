@@ -33,9 +33,10 @@ L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
 DEFAULTS = dict(n_vocab=128, n_embd=256, n_head=2, n_ff=384, n_layer=2, n_ctx=256)
 SIZES: dict[str, dict[str, int]] = {
     "deepseek2": dict(n_embd=128, n_head=1, n_ff=192),
+    "mistral4": dict(n_embd=128, n_head=1, n_ff=192),
     "qwen3": dict(n_head=4, n_head_kv=1),
 }
-MLA = ("deepseek2",)
+MLA = ("deepseek2", "mistral4")
 HYBRID_HEADS = ("granitehybrid",)  # per-layer head counts: layer 1 has none (an SSM layer)
 
 

@@ -90,6 +90,7 @@ ROWS = [
     # mixture-of-experts families, second group (issue 39)
     Row("llama4", moe=True, keys={"n_layer": 4}),  # its fourth layer attends without positions
     Row("qwen35moe", moe=True),
+    Row("mistral4", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

@@ -47,6 +47,7 @@ NOT_COMPARED = {
     "Qwen2.5-72B": "its public config's context and norm epsilon are not known here for certain",
     "Granite-4.0-H-Tiny": "its public config's multipliers are not known here (the preset lacks them)",
     "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
+    "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
 
