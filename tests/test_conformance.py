@@ -91,6 +91,7 @@ ROWS = [
     Row("llama4", moe=True, keys={"n_layer": 4}),  # its fourth layer attends without positions
     Row("qwen35moe", moe=True),
     Row("mistral4", moe=True),
+    Row("grok", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

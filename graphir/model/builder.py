@@ -422,11 +422,13 @@ class GraphBuilder:
 
     def rope(self, x: Node, pos: Node, freq_factors: Node | None = None, *, name: str,
              freq_base: float | None = None, freq_scale: float | None = None,
-             sections: tuple[int, ...] | None = None, attn_factor: float | None = None) -> Node:
+             sections: tuple[int, ...] | None = None, attn_factor: float | None = None,
+             ext_factor: float | None = None, beta_fast: float = 32.0, beta_slow: float = 1.0) -> Node:
         """RoPE with the model's parameters; ``freq_base``/``freq_scale`` override them for one layer (e.g.
         the sliding layers of Gemma 3, llama.cpp's ``get_rope_freq_base``); ``sections``: the rotated pairs
         fall into position sections (llama.cpp's ``ggml_rope_multi``, Qwen3.5's interleaved M-RoPE);
-        ``attn_factor`` replaces the magnitude factor (DeepSeek-V2's YaRN, which llama.cpp's context sets apart)."""
+        ``attn_factor`` replaces the magnitude factor (DeepSeek-V2's YaRN, which llama.cpp's context sets apart);
+        ``ext_factor``, ``beta_fast``, ``beta_slow``: YaRN's parameters where the file gives them (Grok)."""
         hp = self.hp
         ops = (x, pos) if freq_factors is None else (x, pos, freq_factors)
         yarn = hp.rope_scaling == "yarn"
@@ -435,14 +437,16 @@ class GraphBuilder:
         attrs = dict(n_dims=hp.n_rot, mode=self.arch.rope_mode, n_ctx_orig=hp.n_ctx_orig_yarn,
                      freq_base=hp.rope_freq_base if freq_base is None else freq_base,
                      freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
-                     ext_factor=1.0 if yarn else 0.0, attn_factor=attn, beta_fast=32.0, beta_slow=1.0)
+                     ext_factor=(1.0 if yarn else 0.0) if ext_factor is None else ext_factor, attn_factor=attn,
+                     beta_fast=beta_fast, beta_slow=beta_slow)
         if sections is not None:
             return self.op("rope_multi", *ops, name=name, sections=sections, **attrs)
         return self.op("rope", *ops, name=name, **attrs)
 
-    def softcap(self, x: Node, cap: float, *, name: str) -> Node:
-        """cap * tanh(x / cap): Gemma's soft capping of attention scores and logits (f32, as ggml computes it)."""
-        y = self.op("scale", x, s=f32(1.0 / cap), name=f"{name}.scaled")
+    def softcap(self, x: Node, cap: float, *, name: str, inner: float = 1.0) -> Node:
+        """cap * tanh(inner * x / cap): Gemma's soft capping of attention scores and logits (f32, as ggml computes
+        it); ``inner`` scales the scores first (Grok's attention output multiplier)."""
+        y = self.op("scale", x, s=f32(inner / cap), name=f"{name}.scaled")
         return self.op("scale", self.op("tanh", y, name=f"{name}.tanh"), s=cap, name=name)
 
     def kq_scale(self) -> float:
@@ -486,16 +490,17 @@ class GraphBuilder:
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
                    wo_s: Node | None = None, kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
-                   sinks: Node | None = None) -> Node:
+                   sinks: Node | None = None, softcap_in: float = 1.0) -> Node:
         """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] and what the memory keeps, then W_o (times
         its scale ``wo_s``, plus ``wo_b``; ``wo`` None: the heads' output [d * n_head, T], for a family that gates
         it before projecting);
-        ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
+        ``softcap``: scores are soft-capped (:meth:`softcap`, their multiplier inside the tanh ``softcap_in``) before
+        the mask and softmax (Gemma 2; Grok);
         ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`); ``sinks`` [n_head]: one more logit per
         head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks); ``wo_s``:
         W_o's per-tensor scale."""
         inp = self._inputs("build_attn", SelfAttention(k, v))
-        out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, softcap, kq_b, sinks=sinks)
+        out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, softcap, kq_b, sinks=sinks, softcap_in=softcap_in)
         return out if wo is None else self.linear(out, wo, wo_b, name="attn_out", s=wo_s)
 
     def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float,
@@ -553,7 +558,7 @@ class GraphBuilder:
 
     def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float, softcap: float = 0.0,
                  kq_b: Node | None = None, tag: str = "", sinks: Node | None = None,
-                 v_mla: Node | None = None) -> Node:
+                 v_mla: Node | None = None, softcap_in: float = 1.0) -> Node:
         """softmax(K^T Q * scale + mask) V per head; query head h reads kv head h // (n_head / n_head_kv).
         Soft capping, then the bias ``kq_b``, change the scores before the softmax, in llama.cpp's order;
         ``sinks`` [n_head] join the softmax's denominators, one logit per head. With ALiBi (hparams
@@ -563,7 +568,7 @@ class GraphBuilder:
         k = self.op("permute", k, axes=(0, 2, 1, 3), name=f"{tag}k")
         kq = self.op("mul_mat", k, q, name=f"{tag}kq")
         if softcap:
-            kq = self.softcap(kq, softcap, name=f"{tag}kq.softcap")
+            kq = self.softcap(kq, softcap, name=f"{tag}kq.softcap", inner=softcap_in)
         if kq_b is not None:
             kq = self.op("add", kq, kq_b, name=f"{tag}kq.biased")
         kq = self.op("soft_max", kq, mask, *(() if sinks is None else (sinks,)), scale=kq_scale,
