@@ -92,6 +92,7 @@ ROWS = [
     Row("qwen35moe", moe=True),
     Row("mistral4", moe=True),
     Row("grok", moe=True),
+    Row("arctic", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
