@@ -1,8 +1,8 @@
-"""Grok (grok): a pre-norm decoder over scaled token embeddings, whose attention output is RMS-normalised before the residual, whose scores are
-scaled by an output multiplier and soft-capped (cap * tanh(scores * multiplier / cap), unscaled by 1/sqrt(d)),
-and whose FFN is a softmax-routed mixture of GELU experts (renormalised), in Grok-2 averaged with a parallel dense
-GELU FFN (their sum times sqrt(2)/2), RMS-normalised again before the residual; the logits are scaled, and
-soft-capped where the file says.
+"""Grok (grok): a pre-norm decoder over scaled token embeddings, whose attention output is RMS-normalised before
+the residual, whose scores are scaled by an output multiplier and soft-capped (cap * tanh(scores * multiplier /
+cap), unscaled by 1/sqrt(d)), and whose FFN is a softmax-routed mixture of GELU experts (renormalised), in Grok-2
+averaged with a parallel dense GELU FFN (their sum times sqrt(2)/2), RMS-normalised again before the residual; the
+logits are scaled, and soft-capped where the file says.
 
 References: xAI 2024, "Grok-1"; llama.cpp src/models/grok.cpp.
 """

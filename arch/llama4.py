@@ -12,7 +12,7 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from arch.llama import LLAMA_RULES
+from graphir.arch.llama import LLAMA_RULES
 from graphir.errors import MetadataError
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture

@@ -1,6 +1,6 @@
 """Mistral 4 (mistral4): DeepSeek-V2's graph (multi-head latent attention, shared and routed experts, optional
 attention temperature tuning), which llama.cpp loads and builds as deepseek2's; the one difference is YaRN's
-magnitude, whose mscale llama.cpp leaves at 1 here. So it is data over :class:`arch.deepseek2.DeepSeek2`.
+magnitude, whose mscale llama.cpp leaves at 1 here. So it is data over :class:`graphir.arch.deepseek2.DeepSeek2`.
 
 No public configuration is at hand: the family's golden graphs come from llama.cpp's tiny header of it (the
 sizes tests/test-llama-archs.cpp gives mistral4), and no Hugging Face mapping is registered.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from gguf import Keys
 
-from arch.deepseek2 import DeepSeek2
+from graphir.arch.deepseek2 import DeepSeek2
 from graphir.model import presets
 from graphir.model.presets import Preset
 
