@@ -196,6 +196,8 @@ CASES: list[Case] = [
     C("swiglu_oai", I("f32", 16, 3, 2, lo=-3, hi=3), I("f32", 16, 3, 2), alpha=1.0, limit=2.5, tol=F32),
     C("geglu", I("f32", 11, 5), I("f32", 11, 5), tol=F16),
     C("geglu", I("f32", 16, 3, 2, lo=-12, hi=12), I("f32", 16, 3, 2), tol=F16),
+    C("reglu", I("f32", 11, 5), I("f32", 11, 5), tol=F32),
+    C("reglu", I("f32", 16, 3, 2, lo=-4, hi=4), I("f32", 16, 3, 2), tol=F32),
     # rope: x [d, heads, tokens(, seqs)], positions index ne2
     C("rope", I("f32", 16, 4, T), pos(), tol=ROPE, env={"n_tokens": 5}, **rope_attrs(16, "norm")),
     C("rope", I("f32", 16, 3, T), pos(), tol=ROPE, env={"n_tokens": 7}, **rope_attrs(16, "neox")),

@@ -359,6 +359,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "softplus": lambda v, a, shape, env: np.where(v[0] > 20, v[0], np.log1p(np.exp(np.minimum(v[0], 20)))),
     "swiglu": lambda v, a, shape, env: _silu(v[0]) * v[1],
     "geglu": lambda v, a, shape, env: _gelu(v[0]) * v[1],
+    "reglu": lambda v, a, shape, env: np.where(v[0] > 0, v[0] * v[1], 0.0),
     "rope": rope, "rope_multi": rope_multi, "soft_max": soft_max, "reshape": reshape, "view": view,
     "permute": permute, "transpose": transpose, "cont": cont, "concat": concat,
     "set_rows": set_rows, "ssm_conv": ssm_conv, "ssm_scan": ssm_scan, "ssm_scan_heads": ssm_scan_heads,

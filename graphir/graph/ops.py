@@ -343,6 +343,7 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("softplus", "unary", ("a",), (), _same, "log(1 + e^a), a itself above 20"),
     OpDef("swiglu", "elementwise", ("gate", "up"), (), _glu, "silu(gate) * up"),
     OpDef("geglu", "elementwise", ("gate", "up"), (), _glu, "gelu(gate) * up"),
+    OpDef("reglu", "elementwise", ("gate", "up"), (), _glu, "relu(gate) * up (0 where gate <= 0)"),
     OpDef("swiglu_oai", "elementwise", ("gate", "up"), ("alpha", "limit"), _glu,
           "g * sigmoid(alpha * g) * (u + 1) with g = min(gate, limit), u = clamp(up, -limit, limit) (gpt-oss)"),
     OpDef("add_id", "elementwise", ("a", "b", "ids"), (), _add_id,

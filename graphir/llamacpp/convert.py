@@ -43,7 +43,7 @@ _SUFFIX = re.compile(r" \((\w+)\)")
 _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id", "SUM_ROWS": "sum_rows",
          "ADD": "add", "SUB": "sub", "MUL": "mul", "DIV": "div", "SQR": "sqr", "SILU": "silu", "GELU": "gelu",
          "RELU": "relu", "NEG": "neg", "EXP": "exp", "TANH": "tanh", "SIGMOID": "sigmoid", "SOFTPLUS": "softplus",
-         "SWIGLU": "swiglu", "GEGLU": "geglu", "ADD_ID": "add_id", "RESHAPE": "reshape", "PERMUTE": "permute",
+         "SWIGLU": "swiglu", "GEGLU": "geglu", "REGLU": "reglu", "ADD_ID": "add_id", "RESHAPE": "reshape", "PERMUTE": "permute",
          "TRANSPOSE": "transpose", "CONT": "cont", "CONCAT": "concat", "REPEAT": "repeat", "SSM_CONV": "ssm_conv",
          "RWKV_WKV6": "rwkv_wkv6", "GATED_DELTA_NET": "gated_delta_net", "SET_ROWS": "set_rows", "VIEW": "view",
          "ROPE": "rope", "SOFT_MAX": "soft_max", "RMS_NORM": "rms_norm", "NORM": "norm", "SCALE": "scale",

@@ -49,7 +49,7 @@ class Gate(Enum):
     SEQ = "seq"  # gate reads up's output
 
 
-_GLU = {Act.SILU: "swiglu", Act.GELU: "geglu"}
+_GLU = {Act.SILU: "swiglu", Act.GELU: "geglu", Act.RELU: "reglu"}
 
 
 class Gating(Enum):
@@ -309,14 +309,15 @@ class GraphBuilder:
     def _scaled(self, y: Node, s: Node | None, *, name: str) -> Node:
         return y if s is None else self.op("mul", y, s, name=name)
 
-    def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node | None, gate_exps: Node | None, down_exps: Node,
+    def build_moe_ffn(self, x: Node, *, gate_inp: Node | None, up_exps: Node | None, gate_exps: Node | None,
+                      down_exps: Node,
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
                       w_scale: float = 0.0, probs_b: Node | None = None, act: Act = Act.SILU,
                       gate_inp_b: Node | None = None, up_exps_b: Node | None = None, gate_exps_b: Node | None = None,
                       down_exps_b: Node | None = None, up_exps_s: Node | None = None,
                       gate_exps_s: Node | None = None, down_exps_s: Node | None = None, n_groups: int = 0,
                       n_group_used: int = 0, gate_up_exps: Node | None = None, weight_before: bool = False,
-                      select_logits: bool = False, name: str = "ffn_moe_out") -> Node:
+                      select_logits: bool = False, logits: Node | None = None, name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
@@ -330,9 +331,11 @@ class GraphBuilder:
         and up stacks as one, each expert's gate rows before its up rows (in place of ``gate_exps``/``up_exps``).
         ``weight_before``: each token's input is weighted per chosen expert before that expert's FFN, not its
         output after (Llama 4). ``select_logits``: the experts are chosen by the router's logits, not by its
-        probabilities (Llama 4, whose gating applies after the choice)."""
+        probabilities (Llama 4, whose gating applies after the choice). ``logits``: the router's logits computed
+        elsewhere (SmallThinker routes from the layer's input), in place of ``gate_inp``'s product."""
         n_embd, n_tok = x.shape
-        logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")
+        if logits is None:
+            logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")  # type: ignore[arg-type]
         if gate_inp_b is not None:
             logits = self.op("add", logits, gate_inp_b, name="ffn_moe_logits_biased")
         if gating is Gating.SOFTMAX:

@@ -1,4 +1,4 @@
-"""Unary and gated elementwise kernels: silu (and swiglu's gate), relu, gelu / geglu, the libm ops (exp, tanh,
+"""Unary and gated elementwise kernels: silu (and swiglu's gate), relu / reglu, gelu / geglu, the libm ops (exp, tanh,
 sigmoid, softplus), sqr, neg, and gpt-oss's clamped SwiGLU (swiglu_oai).
 
 Each follows its ggml-cpu function: SiLU with ggml_v_expf on full registers and libm's expf for the tail,
@@ -82,6 +82,11 @@ def silu_kernel(size: int) -> Callable:
 
 def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, F32(0))
+
+
+def reglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """ggml_vec_reglu_f32: g * u where g > 0, else 0 (whatever u is)."""
+    return np.where(g > 0, g * u, F32(0)).astype(F32)
 
 
 _EXP, _TANH, _SIGMOID, _SOFTPLUS = 0, 1, 2, 3
