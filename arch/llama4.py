@@ -28,7 +28,8 @@ from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
-CHUNK = 8192  # llama.cpp's fixed chunk, whatever attention.sliding_window says (0 there: no chunks)
+CHUNK = 8192  # llama.cpp's fixed chunk, whatever attention.sliding_window says (0 there is refused: llama.cpp then
+# attends unchunked but still scales the last layer's queries by a temperature it cannot compute)
 NOPE_EVERY = 4  # the last layer of every four attends without positions (llama.cpp's fixed step)
 # the temperature of the layers without positions, as llama.cpp fixes it for the chunked form
 TEMPERATURE = Temperature(floor_scale=CHUNK, scale=0.1, offset=1.0)
@@ -39,7 +40,7 @@ class Llama4(Architecture):
     name = "llama4"
     rope_mode = "norm"
     required_keys = (A.HEAD_COUNT, A.LAYERNORM_RMS_EPS, L.EXPERT_FEED_FORWARD_LENGTH, L.INTERLEAVE_MOE_LAYER_STEP)
-    swa = SlidingWindow("chunked", window=CHUNK, period=4, fixed=True)  # 3 chunked layers, then a full one
+    swa = SlidingWindow("chunked", window=CHUNK, period=4, fixed=CHUNK)  # 3 chunked layers, then a full one
     keys = MOE_KEYS + (
         Key("n_ff_exp", L.EXPERT_FEED_FORWARD_LENGTH, tuple, (), minimum=0),
         Key("n_moe_layer_step", L.INTERLEAVE_MOE_LAYER_STEP, int, 0, minimum=0),

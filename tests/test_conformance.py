@@ -93,6 +93,7 @@ ROWS = [
     Row("mistral4", moe=True),
     Row("grok", moe=True),
     Row("arctic", moe=True),
+    Row("smallthinker", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
