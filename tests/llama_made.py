@@ -37,6 +37,9 @@ SIZES: dict[str, dict[str, int]] = {
     "qwen3": dict(n_head=4, n_head_kv=1),
 }
 MLA = ("deepseek2", "mistral4")
+# mixture-of-experts group two: a per-layer window pattern (odd layers slide) and a clamped SwiGLU, as that test gives
+SWA_PER_LAYER = ("maple",)
+SWIGLU_CLAMP = {"maple": 7.0}
 HYBRID_HEADS = ("granitehybrid",)  # per-layer head counts: layer 1 has none (an SSM layer)
 
 
@@ -76,6 +79,10 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
                             (A.KV_LORA_RANK, 512), (A.REL_BUCKETS_COUNT, 8), (A.SLIDING_WINDOW, n_ctx // 8),
                             (A.SLIDING_WINDOW_PATTERN, 2), (R.DIMENSION_SECTIONS, [head // 4] * 4)):
         put(template, value)
+    if arch in SWA_PER_LAYER:
+        put(A.SLIDING_WINDOW_PATTERN, [il % 2 for il in range(n_layer)])
+    if arch in SWIGLU_CLAMP:
+        put(L.SWIGLU_CLAMP_EXP, SWIGLU_CLAMP[arch])
     k[Keys.Tokenizer.MODEL] = "test"  # llama.cpp's dummy tokenizer: ids are what the tests feed
     k[Keys.Tokenizer.LIST] = [f"tok_{i}" for i in range(n_vocab)]
     k[Keys.Tokenizer.SCORES] = [0.0] * n_vocab

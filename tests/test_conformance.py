@@ -94,6 +94,7 @@ ROWS = [
     Row("grok", moe=True),
     Row("arctic", moe=True),
     Row("smallthinker", moe=True),
+    Row("maple", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

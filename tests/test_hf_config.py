@@ -49,6 +49,7 @@ NOT_COMPARED = {
     "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "smallthinker-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "maple-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
 

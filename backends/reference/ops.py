@@ -275,6 +275,11 @@ def swiglu_oai(v, a, shape, env):
     return g / (1.0 + np.exp(-a["alpha"] * g)) * (u + 1.0)
 
 
+def swiglu_clamp(v, a, shape, env):
+    g, u = np.minimum(v[0], a["limit"]), np.clip(v[1], -a["limit"], a["limit"])
+    return g / (1.0 + np.exp(-g)) * u
+
+
 def reshape(v, a, shape, env):
     return np.ascontiguousarray(v[0]).reshape(-1).reshape(shape)  # ggml element order == numpy C order
 
@@ -342,7 +347,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "sum_rows": lambda v, a, shape, env: v[0].sum(-1, keepdims=True),
     "moe_sum": lambda v, a, shape, env: v[0].sum(-2),
     "add_id": lambda v, a, shape, env: v[0] + np.asarray(v[1], np.float64)[np.asarray(v[2])],
-    "swiglu_oai": swiglu_oai,
+    "swiglu_oai": swiglu_oai, "swiglu_clamp": swiglu_clamp,
     "clamp": lambda v, a, shape, env: np.clip(v[0], a["min"], a["max"]),
     "div": lambda v, a, shape, env: back(gg(v[0]) / _repeat_b(gg(v[0]), gg(v[1])), shape),
     "add": add, "sub": sub, "mul": mul,

@@ -346,6 +346,8 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("reglu", "elementwise", ("gate", "up"), (), _glu, "relu(gate) * up (0 where gate <= 0)"),
     OpDef("swiglu_oai", "elementwise", ("gate", "up"), ("alpha", "limit"), _glu,
           "g * sigmoid(alpha * g) * (u + 1) with g = min(gate, limit), u = clamp(up, -limit, limit) (gpt-oss)"),
+    OpDef("swiglu_clamp", "elementwise", ("gate", "up"), ("limit",), _glu,
+          "silu(g) * u with g = min(gate, limit), u = clamp(up, -limit, limit)"),
     OpDef("add_id", "elementwise", ("a", "b", "ids"), (), _add_id,
           "a[:, i, t] + b[:, ids[i, t]]: each token's slot i plus the bias row of the expert it chose"),
     OpDef("rope", "attention", ("a", "pos", "freq_factors?"), _ROPE_ATTRS, _rope,

@@ -47,7 +47,7 @@ _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id
          "TRANSPOSE": "transpose", "CONT": "cont", "CONCAT": "concat", "REPEAT": "repeat", "SSM_CONV": "ssm_conv",
          "RWKV_WKV6": "rwkv_wkv6", "GATED_DELTA_NET": "gated_delta_net", "SET_ROWS": "set_rows", "VIEW": "view",
          "ROPE": "rope", "SOFT_MAX": "soft_max", "RMS_NORM": "rms_norm", "NORM": "norm", "SCALE": "scale",
-         "CLAMP": "clamp", "FILL": "fill", "SWIGLU_OAI": "swiglu_oai", "SSM_SCAN": "ssm_scan",
+         "CLAMP": "clamp", "FILL": "fill", "SWIGLU_OAI": "swiglu_oai", "SWIGLU_CLAMP": "swiglu_clamp", "SSM_SCAN": "ssm_scan",
          "ARGSORT": "argsort_top_k", "TOP_K": "argsort_top_k"}
 # Ops whose result the catalogue lists as one run of elements (outputs, then final states) where ggml gives it
 # two dimensions: the same elements in the same order.
@@ -99,6 +99,8 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
         return kind, {"c": _f32(p[0])}
     if kind == "swiglu_oai":
         return kind, {"alpha": _f32(p[2]), "limit": _f32(p[3])}
+    if kind == "swiglu_clamp":
+        return kind, {"limit": _f32(p[3])}
     if kind == "concat":
         return kind, {"dim": p[0]}
     if kind == "argsort_top_k":

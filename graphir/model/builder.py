@@ -60,6 +60,7 @@ class Gating(Enum):
 
 
 MOE_WEIGHT_SUM_MIN = 6.103515625e-05  # the normalising sum is clamped here (the smallest normal f16), as llama.cpp
+SWIGLU_LIMIT_MIN = 1e-6  # a swiglu_clamp_exp at most this leaves the SwiGLU unclamped, as llama.cpp
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = f32(1.702), 7.0  # llama.cpp's fixed constants of gpt-oss's clamped SwiGLU
 
 
@@ -317,7 +318,8 @@ class GraphBuilder:
                       down_exps_b: Node | None = None, up_exps_s: Node | None = None,
                       gate_exps_s: Node | None = None, down_exps_s: Node | None = None, n_groups: int = 0,
                       n_group_used: int = 0, gate_up_exps: Node | None = None, weight_before: bool = False,
-                      select_logits: bool = False, logits: Node | None = None, name: str = "ffn_moe_out") -> Node:
+                      select_logits: bool = False, logits: Node | None = None, swiglu_limit: float = 0.0,
+                      name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
@@ -332,7 +334,9 @@ class GraphBuilder:
         ``weight_before``: each token's input is weighted per chosen expert before that expert's FFN, not its
         output after (Llama 4). ``select_logits``: the experts are chosen by the router's logits, not by its
         probabilities (Llama 4, whose gating applies after the choice). ``logits``: the router's logits computed
-        elsewhere (SmallThinker routes from the layer's input), in place of ``gate_inp``'s product."""
+        elsewhere (SmallThinker routes from the layer's input), in place of ``gate_inp``'s product.
+        ``swiglu_limit``: a SwiGLU's gate capped and its up clamped at that limit (ggml's swiglu_clamp, the layer's
+        ``swiglu_clamp_exp``; at most 1e-6: not clamped)."""
         n_embd, n_tok = x.shape
         if logits is None:
             logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")  # type: ignore[arg-type]
@@ -380,7 +384,9 @@ class GraphBuilder:
             gate = None if gate_exps is None else self._expert_mm(gate_exps, gate_exps_b, gate_exps_s, cur,
                                                                   selected, name="ffn_moe_gate")
         if gate is not None:
-            if act is Act.SWIGLU_OAI:
+            if act is Act.SILU and swiglu_limit > SWIGLU_LIMIT_MIN:
+                h = self.op("swiglu_clamp", gate, up, limit=swiglu_limit, name="ffn_moe_swiglu_limited")
+            elif act is Act.SWIGLU_OAI:
                 h = self.op("swiglu_oai", gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT,
                             name="ffn_moe_swiglu_oai")
             else:
@@ -426,18 +432,21 @@ class GraphBuilder:
     def rope(self, x: Node, pos: Node, freq_factors: Node | None = None, *, name: str,
              freq_base: float | None = None, freq_scale: float | None = None,
              sections: tuple[int, ...] | None = None, attn_factor: float | None = None,
-             ext_factor: float | None = None, beta_fast: float = 32.0, beta_slow: float = 1.0) -> Node:
+             ext_factor: float | None = None, beta_fast: float = 32.0, beta_slow: float = 1.0,
+             n_dims: int | None = None) -> Node:
         """RoPE with the model's parameters; ``freq_base``/``freq_scale`` override them for one layer (e.g.
         the sliding layers of Gemma 3, llama.cpp's ``get_rope_freq_base``); ``sections``: the rotated pairs
         fall into position sections (llama.cpp's ``ggml_rope_multi``, Qwen3.5's interleaved M-RoPE);
         ``attn_factor`` replaces the magnitude factor (DeepSeek-V2's YaRN, which llama.cpp's context sets apart);
-        ``ext_factor``, ``beta_fast``, ``beta_slow``: YaRN's parameters where the file gives them (Grok)."""
+        ``ext_factor``, ``beta_fast``, ``beta_slow``: YaRN's parameters where the file gives them (Grok);
+        ``n_dims``: the rotated dims where a layer's differ from the model's (rope.dimension_count_swa)."""
         hp = self.hp
         ops = (x, pos) if freq_factors is None else (x, pos, freq_factors)
         yarn = hp.rope_scaling == "yarn"
         attn = yarn_attn_factor(hp.rope_freq_scale, hp.rope_attn_factor) if yarn else hp.rope_attn_factor
         attn = attn if attn_factor is None else attn_factor
-        attrs = dict(n_dims=hp.n_rot, mode=self.arch.rope_mode, n_ctx_orig=hp.n_ctx_orig_yarn,
+        attrs = dict(n_dims=hp.n_rot if n_dims is None else n_dims, mode=self.arch.rope_mode,
+                     n_ctx_orig=hp.n_ctx_orig_yarn,
                      freq_base=hp.rope_freq_base if freq_base is None else freq_base,
                      freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
                      ext_factor=(1.0 if yarn else 0.0) if ext_factor is None else ext_factor, attn_factor=attn,

@@ -35,6 +35,7 @@ class Key:
     minimum: int | None = None
     maximum: int | None = None
     count: int = 0  # kind tuple: how many values (0: one per layer); one value alone stands for them all
+    element: type = int  # kind tuple: each value's type (float: llama.cpp's per-layer float arrays)
 
 
 @dataclass(frozen=True)
@@ -177,18 +178,18 @@ class KeyReader:
         return self._bounded(k, self._typed(k, v, kind), minimum, maximum)
 
     def values(self, template: str, n: int, default: Any, minimum: int | None = None,
-               maximum: int | None = None) -> Any:
-        """An array key of exactly ``n`` ints, or one int standing for all n (``get_key_or_arr``), as a tuple;
-        each within [minimum, maximum]. ``default`` when absent."""
+               maximum: int | None = None, element: type = int) -> Any:
+        """An array key of exactly ``n`` values of type ``element`` (ints, or floats), or one standing for all n
+        (``get_key_or_arr``), as a tuple; each within [minimum, maximum]. ``default`` when absent."""
         k = self.key(template)
         if k not in self.md:
             return default
         v = self.md[k]
         if not isinstance(v, (list, tuple)):
-            return (self._bounded(k, self._typed(k, v, int), minimum, maximum),) * n
+            return (self._bounded(k, self._typed(k, v, element), minimum, maximum),) * n
         if len(v) != n:
             raise MetadataError(f"{self.label}: key '{k}' has {len(v)} values, {n} expected")
-        return tuple(self._bounded(f"{k}[{i}]", int(x) if isinstance(x, bool) else self._typed(f"{k}[{i}]", x, int),
+        return tuple(self._bounded(f"{k}[{i}]", int(x) if isinstance(x, bool) else self._typed(f"{k}[{i}]", x, element),
                                    minimum, maximum) for i, x in enumerate(v))
 
     def per_layer(self, template: str, n_layer: int, default: PerLayer) -> PerLayer:
@@ -285,7 +286,8 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
     def family_value(k: Key) -> Any:
         default = getattr(hp, k.default_from) if k.default_from else k.default
         if k.kind is tuple:
-            return r.values(k.template, k.count or n_layer, default, minimum=k.minimum, maximum=k.maximum)
+            return r.values(k.template, k.count or n_layer, default, minimum=k.minimum, maximum=k.maximum,
+                            element=k.element)
         return r.get(k.template, k.kind, default, minimum=k.minimum, maximum=k.maximum)
 
     return replace(hp, family=tuple((k.field, family_value(k)) for k in keys))

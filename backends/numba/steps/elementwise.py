@@ -1,5 +1,5 @@
 """The elementwise steps: binary ops with ggml's repetition, unary ops, scale, clamp, and the gated units (silu,
-swiglu, geglu, reglu, swiglu_oai); with their tape faces."""
+swiglu, geglu, reglu, swiglu_oai, swiglu_clamp); with their tape faces."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from graphir.backends.numba import tape as T
 from graphir.backends.numba.kernels import rows as R
 from graphir.backends.numba.kernels.unary import (LIBM, exp, geglu, gelu, gelu_kernel, gelu_table, libm_kernel, neg,
                                                   reglu, relu, sigmoid, silu, silu_kernel, softplus, sqr, swiglu,
-                                                  swiglu_oai, tanh)
+                                                  swiglu_clamp, swiglu_oai, tanh)
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.quant.weight import QWeight
 from graphir.backends.numba.steps.base import Env, Function, Step, broadcast, dense, kernel, rows_of
@@ -176,3 +176,9 @@ def _reglu(n: Node, memo: threading.local, path: IsaPath) -> Step:
 def _swiglu_oai(n: Node, memo: threading.local, path: IsaPath) -> Step:
     alpha, limit = n.attrs["alpha"], n.attrs["limit"]
     return Function(lambda env, g, u: swiglu_oai(g, u, alpha, limit))
+
+
+@kernel("swiglu_clamp")
+def _swiglu_clamp(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    limit = n.attrs["limit"]
+    return Function(lambda env, g, u: swiglu_clamp(g, u, limit))
