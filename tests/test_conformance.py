@@ -95,6 +95,7 @@ ROWS = [
     Row("arctic", moe=True),
     Row("smallthinker", moe=True),
     Row("maple", moe=True),
+    Row("mellum", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

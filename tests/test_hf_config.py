@@ -50,6 +50,7 @@ NOT_COMPARED = {
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "smallthinker-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "maple-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "mellum-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
 
