@@ -96,6 +96,7 @@ ROWS = [
     Row("smallthinker", moe=True),
     Row("maple", moe=True),
     Row("mellum", moe=True),
+    Row("exaone-moe", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

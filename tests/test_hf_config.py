@@ -51,6 +51,7 @@ NOT_COMPARED = {
     "smallthinker-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "maple-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "mellum-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "exaone-moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
 
