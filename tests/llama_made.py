@@ -34,6 +34,7 @@ DEFAULTS = dict(n_vocab=128, n_embd=256, n_head=2, n_ff=384, n_layer=2, n_ctx=25
 SIZES: dict[str, dict[str, int]] = {
     "deepseek2": dict(n_embd=128, n_head=1, n_ff=192),
     "mistral4": dict(n_embd=128, n_head=1, n_ff=192),
+    "laguna": dict(n_embd=160),
     "qwen3": dict(n_head=4, n_head_kv=1),
 }
 MLA = ("deepseek2", "mistral4")

@@ -97,6 +97,7 @@ ROWS = [
     Row("maple", moe=True),
     Row("mellum", moe=True),
     Row("exaone-moe", moe=True),
+    Row("laguna", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

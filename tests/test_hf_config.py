@@ -52,6 +52,7 @@ NOT_COMPARED = {
     "maple-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "mellum-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "exaone-moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "laguna-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
 

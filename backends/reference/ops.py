@@ -222,8 +222,9 @@ def rope(v, a, shape, env):
     def corr(n_rot: float) -> float:
         return n_dims * math.log(a["n_ctx_orig"] / (n_rot * 2 * math.pi)) / (2 * math.log(base))
 
-    lo = max(0.0, math.floor(corr(a["beta_fast"])))
-    hi = min(n_dims - 1.0, math.ceil(corr(a["beta_slow"])))
+    if ext != 0.0:  # YaRN's ramp (a layer without YaRN may give betas of 0, whose log is undefined)
+        lo = max(0.0, math.floor(corr(a["beta_fast"])))
+        hi = min(n_dims - 1.0, math.ceil(corr(a["beta_slow"])))
     for i in range(n_dims // 2):
         ia, ib = (2 * i, 2 * i + 1) if a["mode"] == "norm" else (i, i + n_dims // 2)
         for t in range(X.shape[2]):

@@ -433,20 +433,21 @@ class GraphBuilder:
              freq_base: float | None = None, freq_scale: float | None = None,
              sections: tuple[int, ...] | None = None, attn_factor: float | None = None,
              ext_factor: float | None = None, beta_fast: float = 32.0, beta_slow: float = 1.0,
-             n_dims: int | None = None) -> Node:
+             n_dims: int | None = None, n_ctx_orig: int | None = None) -> Node:
         """RoPE with the model's parameters; ``freq_base``/``freq_scale`` override them for one layer (e.g.
         the sliding layers of Gemma 3, llama.cpp's ``get_rope_freq_base``); ``sections``: the rotated pairs
         fall into position sections (llama.cpp's ``ggml_rope_multi``, Qwen3.5's interleaved M-RoPE);
         ``attn_factor`` replaces the magnitude factor (DeepSeek-V2's YaRN, which llama.cpp's context sets apart);
         ``ext_factor``, ``beta_fast``, ``beta_slow``: YaRN's parameters where the file gives them (Grok);
-        ``n_dims``: the rotated dims where a layer's differ from the model's (rope.dimension_count_swa)."""
+        ``n_dims``: the rotated dims where a layer's differ from the model's (rope.dimension_count_swa);
+        ``n_ctx_orig``: YaRN's original context where a layer's differs (Laguna's sliding layers: the trained one)."""
         hp = self.hp
         ops = (x, pos) if freq_factors is None else (x, pos, freq_factors)
         yarn = hp.rope_scaling == "yarn"
         attn = yarn_attn_factor(hp.rope_freq_scale, hp.rope_attn_factor) if yarn else hp.rope_attn_factor
         attn = attn if attn_factor is None else attn_factor
         attrs = dict(n_dims=hp.n_rot if n_dims is None else n_dims, mode=self.arch.rope_mode,
-                     n_ctx_orig=hp.n_ctx_orig_yarn,
+                     n_ctx_orig=hp.n_ctx_orig_yarn if n_ctx_orig is None else n_ctx_orig,
                      freq_base=hp.rope_freq_base if freq_base is None else freq_base,
                      freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
                      ext_factor=(1.0 if yarn else 0.0) if ext_factor is None else ext_factor, attn_factor=attn,
