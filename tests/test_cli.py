@@ -33,7 +33,8 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Phi-3-mini-4k", "Phi-3.5-mini", "Phi-4-mini", "BERT-base", "all-MiniLM-L6-v2", "Mamba-130M", "Mamba-2.8B",
            "Mamba-2-2.7B", "Granite-4.0-H-Tiny", "Granite-4.0-H-Small", "Gemma-2-2B", "Gemma-2-27B",
            "Gemma-3-1B", "Gemma-3-27B", "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "T5-v1.1-XXL-encoder", "nomic-embed-text-v1.5", "Command-R-35B",
-           "RWKV6-1.6B"]
+           "RWKV6-1.6B",
+           "Llama-4-Scout", "Qwen3.5-397B-A17B", "Grok-1", "Snowflake-Arctic"]
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers
