@@ -98,6 +98,7 @@ ROWS = [
     Row("mellum", moe=True),
     Row("exaone-moe", moe=True),
     Row("laguna", moe=True),
+    Row("mimo2", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

@@ -53,6 +53,7 @@ NOT_COMPARED = {
     "mellum-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "exaone-moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "laguna-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "mimo2-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
 
