@@ -150,7 +150,7 @@ def _attn_out_scale(c: hf_config.Config) -> float:
 hf_config.register(Family("grok", TEXT + (
     VOCAB,
     hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
-    hf(L.ATTN_LOGIT_SOFTCAPPING, "attn_logit_softcapping", "max_attn_value", kind="number", default=30.0),
+    hf(L.ATTN_LOGIT_SOFTCAPPING, "attn_logit_softcapping", kind="number", default=30.0),
     hf(L.ROUTER_LOGIT_SOFTCAPPING, "router_logit_softcapping", kind="number", default=30.0),
     hf(L.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping", kind="number", default=None),
     hf_config.derived(A.OUTPUT_SCALE, _attn_out_scale),

@@ -133,7 +133,8 @@ hf_config.register(Family("llama4", LLAMA_RULES + (
     hf(L.FEED_FORWARD_LENGTH, "intermediate_size_mlp"),
     hf(L.EXPERT_FEED_FORWARD_LENGTH, "intermediate_size"),
     hf(L.INTERLEAVE_MOE_LAYER_STEP, "interleave_moe_layer_step"),
-), {"tie_word_embeddings": False}, lambda c: r"rope_freqs\.weight"), "Llama4ForConditionalGeneration")
+), {"tie_word_embeddings": False}, lambda c: r"rope_freqs\.weight"), "Llama4ForConditionalGeneration",
+    "Llama4ForCausalLM")
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
