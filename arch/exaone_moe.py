@@ -5,7 +5,7 @@ function (with an optional selection bias; weights normalised and scaled as the 
 Multi-token-prediction layers (``nextn_predict_layers``) are not built: such a file is refused.
 
 No public configuration is at hand: the family's golden graphs come from llama.cpp's tiny header of it (the sizes
-tests/test-llama-archs.cpp gives exaone-moe), and no Hugging Face mapping is registered.
+tests/test-llama-archs.cpp gives exaone-moe).
 
 Reference: LG AI Research 2025, "K-EXAONE"; llama.cpp src/models/exaone-moe.cpp.
 """
@@ -17,7 +17,8 @@ from gguf import Keys
 
 from graphir.arch.deepseek2 import GATINGS
 from graphir.errors import MetadataError
-from graphir.model import presets
+from graphir.model import hf_config, presets
+from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, derived, fixed, hf
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow
@@ -119,6 +120,43 @@ class ExaoneMoe(Architecture):
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
+
+
+def _sliding(c: Config) -> dict[str, object]:
+    """The window, and which layers slide: layer_types, or a sliding_window_pattern such as "LLLG" or 4."""
+    window = c.find("sliding_window", kind="size", default=None)
+    if window is None:
+        return {}
+    n, types = c.find(*BLOCKS), c.find("layer_types", kind="list", default=None)
+    pattern = c.doc.get("sliding_window_pattern")
+    if types is not None:
+        layers = [t == "sliding_attention" for t in types]
+    elif isinstance(pattern, str):
+        layers = [pattern[il % len(pattern)] == "L" for il in range(n)]
+    elif isinstance(pattern, int):
+        layers = [(il + 1) % pattern != 0 for il in range(n)]
+    else:
+        return {A.SLIDING_WINDOW: window}
+    return {A.SLIDING_WINDOW: window, A.SLIDING_WINDOW_PATTERN: layers}
+
+
+def _shared(c: Config) -> dict[str, object]:
+    width, n = c.find("moe_intermediate_size"), c.find("num_shared_experts", kind="size")
+    return {L.EXPERT_FEED_FORWARD_LENGTH: width, L.EXPERT_SHARED_COUNT: n,
+            L.EXPERT_SHARED_FEED_FORWARD_LENGTH: width * n}
+
+
+# ExaoneMoEModel: Exaone4Model's keys (the window and its pattern), the experts', and no RoPE scaling; its
+# multi-token-prediction layers counted in the blocks
+hf_config.register(Family("exaone-moe", TEXT + (
+    VOCAB, _sliding, _shared,
+    hf(L.EXPERT_WEIGHTS_SCALE, "routed_scaling_factor", kind="number"),
+    hf(L.EXPERT_WEIGHTS_NORM, "norm_topk_prob", kind="flag"),
+    hf(L.LEADING_DENSE_BLOCK_COUNT, "first_k_dense_replace", "first_last_k_dense_replace", kind="size", default=0),
+    hf(L.NEXTN_PREDICT_LAYERS, "num_nextn_predict_layers", kind="size", default=0),
+    derived(L.BLOCK_COUNT, lambda c: c.find(*BLOCKS) + c.find("num_nextn_predict_layers", kind="size", default=0)),
+    fixed(R.SCALING_TYPE, "none"),
+), {"tie_word_embeddings": False}), "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM")
 
 
 presets.register({

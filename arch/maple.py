@@ -4,7 +4,7 @@ softmax-routed mixture of SwiGLU experts (weights renormalised) whose gate and u
 ``swiglu_clamp_exp`` (ggml's swiglu_clamp).
 
 No public configuration is at hand: the family's golden graphs come from llama.cpp's tiny header of it (the sizes
-tests/test-llama-archs.cpp gives maple), and no Hugging Face mapping is registered.
+tests/test-llama-archs.cpp gives maple).
 
 Reference: llama.cpp src/models/maple.cpp.
 """
@@ -15,7 +15,9 @@ from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from graphir.errors import MetadataError
-from graphir.model import presets
+from graphir.arch.mellum import sliding_layers
+from graphir.model import hf_config, presets
+from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, head_dim, hf
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow
@@ -85,6 +87,17 @@ class Maple(Architecture):
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
+
+
+def _rotated(c: Config) -> int:
+    return int(head_dim(c) * c.rope.get("partial_rotary_factor", 1.0))
+
+
+# the converter clamps every layer's experts at 7, as the reference model does
+hf_config.register(Family("maple", TEXT + (VOCAB, derived(R.DIMENSION_COUNT, _rotated), sliding_layers,
+                                           hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size"),
+                                           derived(L.SWIGLU_CLAMP_EXP, lambda c: [7.0] * c.find(*hf_config.BLOCKS))),
+                          {"tie_word_embeddings": False}), "MapleForCausalLM")
 
 
 presets.register({

@@ -5,7 +5,7 @@ any RoPE scaling (llama.cpp's graph gives them scale 1, no YaRN, the model's bas
 says.
 
 No public configuration is at hand: the family's golden graphs come from llama.cpp's tiny header of it (the sizes
-tests/test-llama-archs.cpp gives mellum), and no Hugging Face mapping is registered.
+tests/test-llama-archs.cpp gives mellum).
 
 Reference: JetBrains 2025, "Mellum"; llama.cpp src/models/mellum.cpp.
 """
@@ -16,7 +16,8 @@ from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from graphir.errors import MetadataError
-from graphir.model import presets
+from graphir.model import hf_config, presets
+from graphir.model.hf_config import TEXT, VOCAB, Config, Family, hf
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow
@@ -87,6 +88,21 @@ class Mellum(Architecture):
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
+
+
+def sliding_layers(c: Config) -> dict[str, object]:
+    """The window and the per-layer pattern of layer_types, where the config slides (use_sliding_window not
+    false): what the converter writes for Mellum and Maple."""
+    window = c.find("sliding_window", kind="size", default=None)
+    if window is None or c.find("use_sliding_window", kind="flag", default=True) is False:
+        return {}
+    return {A.SLIDING_WINDOW: window,
+            A.SLIDING_WINDOW_PATTERN: [t == "sliding_attention" for t in c.find("layer_types", kind="list")]}
+
+
+hf_config.register(Family("mellum", TEXT + (VOCAB, hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size",
+                                                       default=None), sliding_layers),
+                          {"tie_word_embeddings": False}), "MellumForCausalLM")
 
 
 presets.register({

@@ -5,7 +5,7 @@ all but the first of every four (``sliding_window_pattern``), and that first one
 without it every layer is global and RoPE'd.
 
 No public configuration is at hand: the family's golden graphs come from llama.cpp's tiny header of it (the sizes
-tests/test-llama-archs.cpp gives smallthinker), and no Hugging Face mapping is registered.
+tests/test-llama-archs.cpp gives smallthinker).
 
 Reference: PowerInfer 2025, "SmallThinker"; llama.cpp src/models/smallthinker.cpp.
 """
@@ -17,7 +17,8 @@ from gguf import Keys
 
 from graphir.arch.deepseek2 import GATINGS
 from graphir.errors import MetadataError
-from graphir.model import presets
+from graphir.model import hf_config, presets
+from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, hf
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow
@@ -96,6 +97,25 @@ class SmallThinker(Architecture):
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
+
+
+def _window(c: Config) -> int | None:
+    """sliding_window_size, where sliding_window_layout has a sliding layer."""
+    if any(c.find("sliding_window_layout", kind="list", default=[])):
+        return c.find("sliding_window_size", kind="size", default=None) or None
+    return None
+
+
+hf_config.register(Family("smallthinker", TEXT + (
+    VOCAB,
+    hf(L.EXPERT_COUNT, "moe_num_primary_experts", kind="size", default=None),
+    hf(L.EXPERT_USED_COUNT, "moe_num_active_primary_experts", kind="size", default=None),
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_ffn_hidden_size", default=None),
+    hf(L.FEED_FORWARD_LENGTH, "moe_ffn_hidden_size", default=None),
+    derived(L.EXPERT_GATING_FUNC, lambda c: 1 if c.find("moe_primary_router_apply_softmax", kind="flag",
+                                                        default=False) else 2),
+    derived(A.SLIDING_WINDOW, _window),
+), {"tie_word_embeddings": False}), "SmallThinkerForCausalLM")
 
 
 presets.register({
