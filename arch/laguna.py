@@ -7,7 +7,7 @@ four layers slide and rotate plainly (no YaRN: scale 1, the trained context, ``r
 reads them. Gates of one value per head element (a width of head_dim * n_head) are not built.
 
 No public configuration is at hand: the family's golden graphs come from llama.cpp's tiny header of it (the sizes
-tests/test-llama-archs.cpp gives laguna), and no Hugging Face mapping is registered.
+tests/test-llama-archs.cpp gives laguna).
 
 Reference: llama.cpp src/models/laguna.cpp.
 """
@@ -19,7 +19,8 @@ from gguf import Keys
 
 from graphir.arch.deepseek2 import GATINGS
 from graphir.errors import MetadataError
-from graphir.model import presets
+from graphir.model import hf_config, presets
+from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, derived, fixed, hf
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow
@@ -37,6 +38,7 @@ class Laguna(Architecture):
     rope_mode = "neox"
     required_keys = (A.LAYERNORM_RMS_EPS, L.LEADING_DENSE_BLOCK_COUNT, L.EXPERT_FEED_FORWARD_LENGTH)
     swa = SlidingWindow("standard", period=4, dense_first=True, off_when_zero=True)
+    per_layer = True  # head counts per layer, as llama.cpp reads them
     keys = MOE_KEYS + (
         Key("n_layer_dense_lead", L.LEADING_DENSE_BLOCK_COUNT, int, 0, minimum=0),
         Key("n_ff_exp", L.EXPERT_FEED_FORWARD_LENGTH, tuple, (), minimum=0),
@@ -125,6 +127,41 @@ class Laguna(Architecture):
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
+
+
+def _heads(c: Config) -> list[int]:
+    """num_attention_heads_per_layer, or num_attention_heads for every layer: the converter writes an array."""
+    return c.find("num_attention_heads_per_layer", kind="list", default=None) or \
+        [c.find("num_attention_heads")] * c.find(*BLOCKS)
+
+
+def _dense_lead(c: Config) -> int:
+    """The leading "dense" entries of mlp_layer_types."""
+    n = 0
+    for t in c.find("mlp_layer_types", kind="list"):
+        if t != "dense":
+            break
+        n += 1
+    return n
+
+
+def _rotated(c: Config) -> dict[str, int]:
+    """Each layer type's rotated dims: head_dim times its partial rotary factor."""
+    d, swa = c.find("head_dim"), c.rope.get("sliding_attention")
+    out = {R.DIMENSION_COUNT: int(d * float(c.full_rope.get("partial_rotary_factor", 1.0)))}
+    if isinstance(swa, dict):
+        out[R.DIMENSION_COUNT_SWA] = int(d * float(swa.get("partial_rotary_factor", 1.0)))
+    return out
+
+
+hf_config.register(Family("laguna", TEXT + (
+    VOCAB, derived(A.HEAD_COUNT, _heads),
+    derived(A.SLIDING_WINDOW, lambda c: c.find("sliding_window", kind="size", default=0) or None),
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size"),
+    hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size"),
+    fixed(L.EXPERT_WEIGHTS_NORM, True), hf(L.EXPERT_WEIGHTS_SCALE, "moe_routed_scaling_factor", kind="number"),
+    fixed(L.EXPERT_GATING_FUNC, 2), derived(L.LEADING_DENSE_BLOCK_COUNT, _dense_lead), _rotated,
+), {"tie_word_embeddings": False}), "LagunaForCausalLM")
 
 
 presets.register({

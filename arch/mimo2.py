@@ -40,6 +40,7 @@ class Mimo2(Architecture):
     required_keys = (A.HEAD_COUNT, A.LAYERNORM_RMS_EPS, A.SLIDING_WINDOW, A.SLIDING_WINDOW_PATTERN,
                      L.EXPERT_FEED_FORWARD_LENGTH)
     swa = SlidingWindow("standard")  # the window and the per-layer pattern from the file
+    per_layer = True  # head counts per layer, as llama.cpp reads them
     keys = MOE_KEYS + (
         Key("n_ff_exp", L.EXPERT_FEED_FORWARD_LENGTH, tuple, (), minimum=0),
         Key("rope_freq_base_swa", R.FREQ_BASE_SWA, float, default_from="rope_freq_base"),

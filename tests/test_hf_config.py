@@ -299,6 +299,20 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         L.EXPERT_SHARED_COUNT: 1, L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_WEIGHTS_SCALE: 2.5,
         L.EXPERT_WEIGHTS_NORM: True, L.LEADING_DENSE_BLOCK_COUNT: 1, L.NEXTN_PREDICT_LAYERS: 0,
         R.SCALING_TYPE: "none", L.EXPERT_GATING_FUNC: 2}, tied=False)),
+    "laguna": ({
+        "architectures": ["LagunaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_attention_heads_per_layer": [4, 2, 2, 2], "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 256, "vocab_size": 256, "sliding_window": 16, "gating": True,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "tie_word_embeddings": False,
+        "rope_parameters": {"full_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                            "sliding_attention": {"rope_theta": 20000.0}},
+    }, False, Preset("laguna", {
+        **MOE_TINY, A.HEAD_COUNT: [4, 2, 2, 2], A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, A.SLIDING_WINDOW: 16,
+        L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_WEIGHTS_SCALE: 2.5,
+        L.EXPERT_GATING_FUNC: 2, L.LEADING_DENSE_BLOCK_COUNT: 1, R.DIMENSION_COUNT: 8, R.DIMENSION_COUNT_SWA: 16,
+        R.FREQ_BASE_SWA: 20000.0}, tied=False)),
 }
 
 
