@@ -8,7 +8,11 @@ llama.cpp's (both engines see the same load on a shared machine); the median mil
 mul_mat_id multiplies only the experts a token chose, so the time should follow n_expert_used (about 3 x 768 x 2048
 weights per used expert per token), not the experts the layer holds: the last two rows hold 8 and 64 experts
 with 4 used each, and should take about the same time.
-Run: python bench/bench_moe.py [N_EXPERT:N_USED ...]   (default: 128:1 128:2 128:4 128:8 8:4 64:4)
+Llama 4's form (``llama4:`` rows: a sigmoid router choosing by logits, each token weighted before its experts'
+FFN, and a shared expert of the experts' width) is timed on four layers of the same sizes, the last a mixture, at
+Llama-4-Scout's 16 experts and Maverick's 128, one used.
+Run: python bench/bench_moe.py [[llama4:]N_EXPERT:N_USED ...]
+     (default: 128:1 128:2 128:4 128:8 8:4 64:4, then llama4:16:1 llama4:128:1)
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ LAYER = {K.LLM.EMBEDDING_LENGTH: 2048, K.LLM.BLOCK_COUNT: 1, K.LLM.FEED_FORWARD_
          K.Attention.HEAD_COUNT: 32, K.Attention.HEAD_COUNT_KV: 4, K.Attention.KEY_LENGTH: 128,
          K.Attention.VALUE_LENGTH: 128, K.Rope.FREQ_BASE: 1000000.0, K.Attention.LAYERNORM_RMS_EPS: 1e-6,
          K.LLM.VOCAB_SIZE: VOCAB, K.LLM.EXPERT_FEED_FORWARD_LENGTH: 768}
+# Llama 4's form: four layers of the same sizes (llama.cpp's graph needs its fourth, positionless one to read
+# the temperature input), the fourth a mixture (interleave step 4), the others dense FFNs of the experts' width
+LLAMA4_SHAPES = (("llama4", 16, 1), ("llama4", 128, 1))
+LLAMA4_LAYER = {**LAYER, K.LLM.BLOCK_COUNT: 4, K.LLM.FEED_FORWARD_LENGTH: 768, K.LLM.INTERLEAVE_MOE_LAYER_STEP: 4}
+FAMILIES = {"qwen3moe": LAYER, "llama4": LLAMA4_LAYER}  # each family's layer
 
 
 def tokens() -> list[int]:
@@ -88,15 +97,16 @@ def llama_cpp_generation(path: str) -> tuple[Callable[[], list[float]], Any]:
 
 
 def main() -> None:
-    shapes = [tuple(int(n) for n in a.split(":")) for a in sys.argv[1:]] or list(SHAPES)
-    print(f"qwen3moe, 1 layer at Qwen3-30B-A3B's sizes, experts of 768, F32, {THREADS} threads; "
+    rows = [(a.split(":")[0] if a.count(":") == 2 else "qwen3moe", *(int(n) for n in a.split(":")[-2:]))
+            for a in sys.argv[1:]] or [("qwen3moe", *shape) for shape in SHAPES] + list(LLAMA4_SHAPES)
+    print(f"layers at Qwen3-30B-A3B's sizes (qwen3moe 1, llama4 4), experts of 768, F32, {THREADS} threads; "
           f"ms per generated token (median of {REPEAT} x {N_GEN})")
-    print(f"{'n_expert':>8} {'n_expert_used':>13} {'graphir ms':>11} {'llama.cpp ms':>13} {'ratio':>6}")
+    print(f"{'family':>8} {'n_expert':>8} {'n_expert_used':>13} {'graphir ms':>11} {'llama.cpp ms':>13} {'ratio':>6}")
     with tempfile.TemporaryDirectory() as d:
-        for n_expert, n_used in shapes:
-            preset = make_tiny_preset("qwen3moe", tied=False, **{**LAYER, K.LLM.EXPERT_COUNT: n_expert,
-                                                                  K.LLM.EXPERT_USED_COUNT: n_used})
-            path = str(write_model_gguf(Path(d) / f"moe-{n_expert}-{n_used}.gguf", preset,
+        for family, n_expert, n_used in rows:
+            preset = make_tiny_preset(family, tied=False, **{**FAMILIES[family], K.LLM.EXPERT_COUNT: n_expert,
+                                                             K.LLM.EXPERT_USED_COUNT: n_used})
+            path = str(write_model_gguf(Path(d) / f"{family}-{n_expert}-{n_used}.gguf", preset,
                                         gguf.GGMLQuantizationType.F32))
             ours_run, (theirs_run, llm) = graphir_generation(path), llama_cpp_generation(path)
             ours_t: list[float] = []
@@ -106,7 +116,8 @@ def main() -> None:
                 theirs_t += theirs_run()
             llm.close()
             ours, theirs = 1000 * float(np.median(ours_t)), 1000 * float(np.median(theirs_t))
-            print(f"{n_expert:8d} {n_used:13d} {ours:11.1f} {theirs:13.1f} {ours / theirs:6.2f}", flush=True)
+            print(f"{family:>8} {n_expert:8d} {n_used:13d} {ours:11.1f} {theirs:13.1f} {ours / theirs:6.2f}",
+                  flush=True)
             os.remove(path)
 
 if __name__ == "__main__":
