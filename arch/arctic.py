@@ -10,15 +10,14 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Family
 from graphir.model.hparams import HParams
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, expert_tensors, experts, require_experts
 from graphir.model.presets import Preset
-from graphir.model.qkv import qkv_tensors
+from graphir.model.qkv import check_head_sizes, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
@@ -32,14 +31,8 @@ class Arctic(Architecture):
     keys = MOE_KEYS
 
     def __init__(self, hp: HParams):
-        key = lambda t: t.format(arch=self.name)  # noqa: E731
-        if not hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model needs experts ('{key(L.EXPERT_COUNT)}' > 0)")
-        check_experts(hp, self.name)
-        if not hp.n_embd_head_k == hp.n_embd_head_v == hp.n_rot:
-            raise MetadataError(f"heads of {hp.n_embd_head_k} keys ('{key(A.KEY_LENGTH)}'), {hp.n_embd_head_v} values "
-                                f"('{key(A.VALUE_LENGTH)}') and {hp.n_rot} rotated dims ('{key(R.DIMENSION_COUNT)}'): "
-                                f"llama.cpp's graph needs all three equal")
+        require_experts(hp, self.name)
+        check_head_sizes(hp, self.name)
         super().__init__(hp)
 
     def tensors(self) -> list[TensorSpec]:
@@ -52,9 +45,8 @@ class Arctic(Architecture):
             F = hp.ff_length(il)
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il),
                      spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE, (E, E), il),
-                     spec(T.FFN_DOWN, (E, E), il), spec(T.FFN_UP, (E, E), il), spec(T.FFN_GATE_INP, (E, X), il),
-                     spec(T.FFN_NORM_EXP, (E,), il, kind="vector"), spec(T.FFN_GATE_EXP, (E, F, X), il),
-                     spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_UP_EXP, (E, F, X), il)]
+                     spec(T.FFN_DOWN, (E, E), il), spec(T.FFN_UP, (E, E), il),
+                     spec(T.FFN_NORM_EXP, (E,), il, kind="vector"), *expert_tensors(E, F, X, il)]
             specs += layer + layer_scales(layer, il, X)
         return specs
 
@@ -75,9 +67,8 @@ class Arctic(Architecture):
                             gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))
             y = b.op("add", f, y, name="ffn_res")
             h = b.norm(x, T.FFN_NORM_EXP, il, name="ffn_norm_exps")
-            moe = b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
-                                  gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
-                                  n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
+            moe = b.build_moe_ffn(h, **experts(b, il), n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
+                                  norm_w=True)
             x = b.op("add", moe, y, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))

@@ -22,9 +22,9 @@ from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, derived
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, check_experts, expert_tensors, experts, shared_expert, shared_expert_tensors
 from graphir.model.presets import Preset
-from graphir.model.qkv import qk_norm_tensors, qkv, qkv_tensors
+from graphir.model.qkv import check_head_sizes, qk_norm_tensors, qkv, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec
 
@@ -60,10 +60,7 @@ class ExaoneMoe(Architecture):
         if hp.expert_gating_func not in GATINGS:
             raise MetadataError(f"'{key(L.EXPERT_GATING_FUNC)}' = {hp.expert_gating_func}: not a gating graphir "
                                 f"builds (1 softmax, 2 sigmoid, 3 softmax of the chosen)")
-        if not hp.n_embd_head_k == hp.n_embd_head_v == hp.n_rot:
-            raise MetadataError(f"heads of {hp.n_embd_head_k} keys ('{key(A.KEY_LENGTH)}'), {hp.n_embd_head_v} values "
-                                f"('{key(A.VALUE_LENGTH)}') and {hp.n_rot} rotated dims ('{key(R.DIMENSION_COUNT)}'): "
-                                f"llama.cpp's graph needs all three equal")
+        check_head_sizes(hp, self.name)
         super().__init__(hp)
 
     def moe_layer(self, il: int) -> bool:
@@ -80,11 +77,8 @@ class ExaoneMoe(Architecture):
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il), *qk_norm_tensors(hp, il),
                      spec(T.FFN_NORM, (E,), il, kind="vector")]
             if self.moe_layer(il):
-                layer += [spec(T.FFN_GATE_INP, (E, X), il),
-                          spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector", optional=True),
-                          spec(T.FFN_GATE_EXP, (E, Fx, X), il), spec(T.FFN_DOWN_EXP, (Fx, E, X), il),
-                          spec(T.FFN_UP_EXP, (E, Fx, X), il), spec(T.FFN_GATE_SHEXP, (E, Fs), il),
-                          spec(T.FFN_DOWN_SHEXP, (Fs, E), il), spec(T.FFN_UP_SHEXP, (E, Fs), il)]
+                layer += [*expert_tensors(E, Fx, X, il), *shared_expert_tensors(E, Fs, il),
+                          spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector", optional=True)]
             else:
                 F = hp.ff_length(il)
                 layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
@@ -107,14 +101,11 @@ class ExaoneMoe(Architecture):
             x = b.op("add", a, x, name="ffn_inp")
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
             if self.moe_layer(il):
-                moe = b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
-                                      gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
-                                      probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias"), n_expert=hp.n_expert,
-                                      n_expert_used=hp.n_expert_used, gating=GATINGS[hp.expert_gating_func],
+                moe = b.build_moe_ffn(h, **experts(b, il), probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias"),
+                                      n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
+                                      gating=GATINGS[hp.expert_gating_func],
                                       norm_w=hp.expert_weights_norm, w_scale=hp.expert_weights_scale)
-                shared = b.build_ffn(h, up=b.w(T.FFN_UP_SHEXP, il), gate=b.w(T.FFN_GATE_SHEXP, il),
-                                     down=b.w(T.FFN_DOWN_SHEXP, il), name="ffn_shexp")
-                f = b.op("add", moe, shared, name="ffn_out")
+                f = b.op("add", moe, shared_expert(b, h, il), name="ffn_out")
             else:
                 f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))
             x = b.op("add", f, x, name="l_out")
@@ -160,11 +151,11 @@ hf_config.register(Family("exaone-moe", TEXT + (
 
 
 presets.register({
-    # llama.cpp's tiny exaone-moe: width 256, two heads of 128; layer 0 slides over 32 positions (pattern 2) with a
-    # dense FFN of 384, layer 1 is global without positions with 2 experts of 384 (both used, sigmoid-routed) and a
-    # shared expert of 192
+    # llama.cpp's tiny exaone-moe, over five layers (so that alike ones fold) alternating as its first two: width 256,
+    # two heads of 128; layer 0 slides over 32 positions (pattern 2) with a dense FFN of 384, layer 1 is global without
+    # positions with 2 experts of 384 (both used, sigmoid-routed) and a shared expert of 192
     "exaone-moe-tiny-header": Preset("exaone-moe", {
-        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 384,
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 5, L.FEED_FORWARD_LENGTH: 384,
         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 32,
         A.SLIDING_WINDOW_PATTERN: 2, L.VOCAB_SIZE: 128, L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_COUNT: 2,
         L.EXPERT_USED_COUNT: 2, L.EXPERT_FEED_FORWARD_LENGTH: 384, L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 192,

@@ -21,9 +21,9 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, yarn_attn_factor
 from graphir.model.hf_config import TEXT, VOCAB, Family, hf
 from graphir.model.hparams import HParams, Key
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, require_experts
 from graphir.model.presets import Preset
-from graphir.model.qkv import qkv_tensors
+from graphir.model.qkv import check_head_sizes, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
@@ -54,13 +54,8 @@ class Grok(Architecture):
 
     def __init__(self, hp: HParams):
         key = lambda t: t.format(arch=self.name)  # noqa: E731
-        if not hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model needs experts ('{key(L.EXPERT_COUNT)}' > 0)")
-        check_experts(hp, self.name)
-        if not hp.n_embd_head_k == hp.n_embd_head_v == hp.n_rot:
-            raise MetadataError(f"heads of {hp.n_embd_head_k} keys ('{key(A.KEY_LENGTH)}'), {hp.n_embd_head_v} values "
-                                f"('{key(A.VALUE_LENGTH)}') and {hp.n_rot} rotated dims ('{key(R.DIMENSION_COUNT)}'): "
-                                f"llama.cpp's graph needs all three equal")
+        require_experts(hp, self.name)
+        check_head_sizes(hp, self.name)
         if hp.attn_softcap <= 0:
             raise MetadataError(f"'{key(L.ATTN_LOGIT_SOFTCAPPING)}' = {hp.attn_softcap}: the scores' cap must be "
                                 f"positive")

@@ -13,15 +13,14 @@ from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from graphir.arch.llama import LLAMA_RULES
-from graphir.errors import MetadataError
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hf_config import Family, hf
 from graphir.model.hparams import HParams, Key, SlidingWindow
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, expert_tensors, experts, require_experts, shared_expert, shared_expert_tensors
 from graphir.model.presets import Preset
-from graphir.model.qkv import qkv_tensors
+from graphir.model.qkv import check_head_sizes, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.temperature import Temperature
 from graphir.model.tensors import TensorSpec, spec, tensor_name
@@ -48,14 +47,8 @@ class Llama4(Architecture):
     )
 
     def __init__(self, hp: HParams):
-        key = lambda t: t.format(arch=self.name)  # noqa: E731
-        if not hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model needs experts ('{key(L.EXPERT_COUNT)}' > 0)")
-        check_experts(hp, self.name)
-        if not hp.n_embd_head_k == hp.n_embd_head_v == hp.n_rot:
-            raise MetadataError(f"heads of {hp.n_embd_head_k} keys ('{key(A.KEY_LENGTH)}'), {hp.n_embd_head_v} values "
-                                f"('{key(A.VALUE_LENGTH)}') and {hp.n_rot} rotated dims ('{key(R.DIMENSION_COUNT)}'): "
-                                f"llama.cpp's graph needs all three equal")
+        require_experts(hp, self.name)
+        check_head_sizes(hp, self.name)
         super().__init__(hp)
 
     def is_moe(self, il: int) -> bool:
@@ -72,10 +65,7 @@ class Llama4(Architecture):
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il),
                      spec(T.FFN_NORM, (E,), il, kind="vector")]
             if self.is_moe(il):
-                layer += [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_EXP, (E, Fx, X), il),
-                          spec(T.FFN_DOWN_EXP, (Fx, E, X), il), spec(T.FFN_UP_EXP, (E, Fx, X), il),
-                          spec(T.FFN_GATE_SHEXP, (E, Fx), il), spec(T.FFN_DOWN_SHEXP, (Fx, E), il),
-                          spec(T.FFN_UP_SHEXP, (E, Fx), il)]
+                layer += expert_tensors(E, Fx, X, il) + shared_expert_tensors(E, Fx, il)
             else:
                 F = hp.ff_length(il)
                 layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
@@ -111,12 +101,9 @@ class Llama4(Architecture):
             # plus the shared expert
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
             if self.is_moe(il):
-                moe = b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
-                                      gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
-                                      n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, gating=Gating.SIGMOID,
-                                      weight_before=True, select_logits=True)
-                shared = b.build_ffn(h, up=b.w(T.FFN_UP_SHEXP, il), gate=b.w(T.FFN_GATE_SHEXP, il),
-                                     down=b.w(T.FFN_DOWN_SHEXP, il), name="ffn_moe_shexp")
+                moe = b.build_moe_ffn(h, **experts(b, il), n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
+                                      gating=Gating.SIGMOID, weight_before=True, select_logits=True)
+                shared = shared_expert(b, h, il, name="ffn_moe_shexp")
                 f = b.op("add", moe, shared, name="ffn_moe_out_merged")
             else:
                 f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il))

@@ -14,16 +14,15 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
 from graphir.arch.mellum import sliding_layers
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, head_dim, hf
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, expert_tensors, experts, require_experts
 from graphir.model.presets import Preset
-from graphir.model.qkv import qk_norm_tensors, qkv, qkv_tensors
+from graphir.model.qkv import check_head_sizes, qk_norm_tensors, qkv, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec
 
@@ -44,13 +43,8 @@ class Maple(Architecture):
     )
 
     def __init__(self, hp: HParams):
-        key = lambda t: t.format(arch=self.name)  # noqa: E731
-        if not hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model needs experts ('{key(L.EXPERT_COUNT)}' > 0)")
-        check_experts(hp, self.name)
-        if hp.n_embd_head_k != hp.n_embd_head_v:
-            raise MetadataError(f"heads of {hp.n_embd_head_k} keys ('{key(A.KEY_LENGTH)}') and {hp.n_embd_head_v} "
-                                f"values ('{key(A.VALUE_LENGTH)}'): llama.cpp's graph needs them equal")
+        require_experts(hp, self.name)
+        check_head_sizes(hp, self.name, rotated=False)
         super().__init__(hp)
 
     def tensors(self) -> list[TensorSpec]:
@@ -59,9 +53,7 @@ class Maple(Architecture):
         specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"), spec(T.OUTPUT, (E, V))]
         for il in range(hp.n_layer):
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il), *qk_norm_tensors(hp, il),
-                     spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE_INP, (E, X), il),
-                     spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
-                     spec(T.FFN_UP_EXP, (E, F, X), il)]
+                     spec(T.FFN_NORM, (E,), il, kind="vector"), *expert_tensors(E, F, X, il)]
             specs += layer + layer_scales(layer, il, X)
         return specs
 
@@ -80,8 +72,7 @@ class Maple(Architecture):
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
-            f = b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
-                                gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
+            f = b.build_moe_ffn(h, **experts(b, il),
                                 n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True,
                                 swiglu_limit=hp.swiglu_clamp_exp[il])
             x = b.op("add", f, x, name="l_out")
@@ -101,12 +92,14 @@ hf_config.register(Family("maple", TEXT + (VOCAB, derived(R.DIMENSION_COUNT, _ro
 
 
 presets.register({
-    # llama.cpp's tiny maple: width 256, two heads of 128; layer 1 slides over 32 positions (RoPE'd), layer 0 is
-    # global without positions; each FFN 2 experts of 384, both used, their SwiGLU clamped at 7
+    # llama.cpp's tiny maple, over five layers (so that alike ones fold) alternating as its first two: width 256, two
+    # heads of 128; layer 1 slides over 32 positions (RoPE'd), layer 0 is global without positions; each FFN 2 experts
+    # of 384, both used, their SwiGLU clamped at 7
     "maple-tiny-header": Preset("maple", {
-        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 384,
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 5, L.FEED_FORWARD_LENGTH: 384,
         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 32,
-        A.SLIDING_WINDOW_PATTERN: [False, True], L.VOCAB_SIZE: 128, L.EXPERT_COUNT: 2, L.EXPERT_USED_COUNT: 2,
+        A.SLIDING_WINDOW_PATTERN: [il % 2 == 1 for il in range(5)], L.VOCAB_SIZE: 128, L.EXPERT_COUNT: 2,
+        L.EXPERT_USED_COUNT: 2,
         L.EXPERT_FEED_FORWARD_LENGTH: 384, L.SWIGLU_CLAMP_EXP: 7.0,
     }, tied=False, f32=presets.ROUTER_F32, source="llama.cpp tests/test-llama-archs.cpp, its tiny maple header"),
 })

@@ -15,15 +15,14 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, hf
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, expert_tensors, experts, require_experts
 from graphir.model.presets import Preset
-from graphir.model.qkv import qk_norm_tensors, qkv, qkv_tensors
+from graphir.model.qkv import check_head_sizes, qk_norm_tensors, qkv, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec
 
@@ -43,14 +42,8 @@ class Mellum(Architecture):
     )
 
     def __init__(self, hp: HParams):
-        key = lambda t: t.format(arch=self.name)  # noqa: E731
-        if not hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model needs experts ('{key(L.EXPERT_COUNT)}' > 0)")
-        check_experts(hp, self.name)
-        if not hp.n_embd_head_k == hp.n_embd_head_v == hp.n_rot:
-            raise MetadataError(f"heads of {hp.n_embd_head_k} keys ('{key(A.KEY_LENGTH)}'), {hp.n_embd_head_v} values "
-                                f"('{key(A.VALUE_LENGTH)}') and {hp.n_rot} rotated dims ('{key(R.DIMENSION_COUNT)}'): "
-                                f"llama.cpp's graph needs all three equal")
+        require_experts(hp, self.name)
+        check_head_sizes(hp, self.name)
         super().__init__(hp)
 
     def tensors(self) -> list[TensorSpec]:
@@ -60,9 +53,7 @@ class Mellum(Architecture):
         specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"), spec(T.OUTPUT, (E, V))]
         for il in range(hp.n_layer):
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il), *qk_norm_tensors(hp, il),
-                     spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE_INP, (E, X), il),
-                     spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
-                     spec(T.FFN_UP_EXP, (E, F, X), il)]
+                     spec(T.FFN_NORM, (E,), il, kind="vector"), *expert_tensors(E, F, X, il)]
             specs += layer + layer_scales(layer, il, X)
         return specs
 
@@ -80,8 +71,7 @@ class Mellum(Architecture):
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
-            f = b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
-                                gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
+            f = b.build_moe_ffn(h, **experts(b, il),
                                 up_exps_s=b.scale(T.FFN_UP_EXP, il), gate_exps_s=b.scale(T.FFN_GATE_EXP, il),
                                 down_exps_s=b.scale(T.FFN_DOWN_EXP, il),
                                 n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
@@ -106,10 +96,11 @@ hf_config.register(Family("mellum", TEXT + (VOCAB, hf(L.EXPERT_FEED_FORWARD_LENG
 
 
 presets.register({
-    # llama.cpp's tiny mellum: width 256, two heads of 128; layer 0 slides over 32 positions (pattern 2), layer 1
-    # is global; each FFN 2 experts of 384, both used
+    # llama.cpp's tiny mellum, over five layers (so that alike ones fold) alternating as its first two: width 256, two
+    # heads of 128; layer 0 slides over 32 positions (pattern 2), layer 1 is global; each FFN 2 experts of 384, both
+    # used
     "mellum-tiny-header": Preset("mellum", {
-        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 384,
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 5, L.FEED_FORWARD_LENGTH: 384,
         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 32,
         A.SLIDING_WINDOW_PATTERN: 2, L.VOCAB_SIZE: 128, L.EXPERT_COUNT: 2, L.EXPERT_USED_COUNT: 2,
         L.EXPERT_FEED_FORWARD_LENGTH: 384,

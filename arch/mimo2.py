@@ -115,12 +115,14 @@ class Mimo2(Architecture):
 
 
 presets.register({
-    # llama.cpp's tiny mimo2: width 256, two heads of 128; layer 1 slides over 32 positions, layer 0 is global; each
-    # FFN 2 experts of 384, both used, sigmoid-routed
+    # llama.cpp's tiny mimo2, over five layers (so that alike ones fold) alternating as its first two: width 256, two
+    # heads of 128; layer 1 slides over 32 positions, layer 0 is global; each FFN 2 experts of 384, both used, sigmoid-
+    # routed
     "mimo2-tiny-header": Preset("mimo2", {
-        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 384,
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 5, L.FEED_FORWARD_LENGTH: 384,
         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 32,
-        A.SLIDING_WINDOW_PATTERN: [False, True], L.VOCAB_SIZE: 128, L.EXPERT_COUNT: 2, L.EXPERT_USED_COUNT: 2,
+        A.SLIDING_WINDOW_PATTERN: [il % 2 == 1 for il in range(5)], L.VOCAB_SIZE: 128, L.EXPERT_COUNT: 2,
+        L.EXPERT_USED_COUNT: 2,
         L.EXPERT_FEED_FORWARD_LENGTH: 384,
     }, tied=False, include=r"blk\.\d+\.(ffn_gate_inp|ffn_(gate|up|down)_exps)\.weight", f32=presets.ROUTER_F32,
         source="llama.cpp tests/test-llama-archs.cpp, its tiny mimo2 header"),

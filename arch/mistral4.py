@@ -25,10 +25,11 @@ class Mistral4(DeepSeek2):
 
 
 presets.register({
-    # llama.cpp's tiny mistral4: width 128, one head of 192 (64 RoPE'd) over a latent of 512, values of 128; the
-    # first layer dense (192), the second 2 experts of 192, both used, sigmoid-routed, beside a shared one
+    # llama.cpp's tiny mistral4, over four layers (so that alike ones fold): width 128, one head of 192 (64 RoPE'd) over
+    # a latent of 512, values of 128; the first layer dense (192), the second 2 experts of 192, both used, sigmoid-
+    # routed, beside a shared one
     "mistral4-tiny-header": Preset("mistral4", {
-        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 128, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 192,
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 128, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 192,
         A.HEAD_COUNT: 1, A.HEAD_COUNT_KV: 1, A.KEY_LENGTH: 576, A.VALUE_LENGTH: 512, A.KEY_LENGTH_MLA: 192,
         A.VALUE_LENGTH_MLA: 128, A.Q_LORA_RANK: 512, A.KV_LORA_RANK: 512, R.DIMENSION_COUNT: 64,
         A.LAYERNORM_RMS_EPS: 1e-5, L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_COUNT: 2, L.EXPERT_USED_COUNT: 2,

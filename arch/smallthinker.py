@@ -22,9 +22,9 @@ from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, hf
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.moe import MOE_KEYS, expert_tensors, experts, require_experts
 from graphir.model.presets import Preset
-from graphir.model.qkv import qkv_tensors
+from graphir.model.qkv import check_head_sizes, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
@@ -48,16 +48,11 @@ class SmallThinker(Architecture):
 
     def __init__(self, hp: HParams):
         key = lambda t: t.format(arch=self.name)  # noqa: E731
-        if not hp.n_expert:
-            raise MetadataError(f"a '{self.name}' model needs experts ('{key(L.EXPERT_COUNT)}' > 0)")
-        check_experts(hp, self.name)
+        require_experts(hp, self.name)
         if hp.expert_gating_func not in GATINGS:
             raise MetadataError(f"'{key(L.EXPERT_GATING_FUNC)}' = {hp.expert_gating_func}: not a gating graphir "
                                 f"builds (1 softmax, 2 sigmoid, 3 softmax of the chosen)")
-        if not hp.n_embd_head_k == hp.n_embd_head_v == hp.n_rot:
-            raise MetadataError(f"heads of {hp.n_embd_head_k} keys ('{key(A.KEY_LENGTH)}'), {hp.n_embd_head_v} values "
-                                f"('{key(A.VALUE_LENGTH)}') and {hp.n_rot} rotated dims ('{key(R.DIMENSION_COUNT)}'): "
-                                f"llama.cpp's graph needs all three equal")
+        check_head_sizes(hp, self.name)
         super().__init__(hp)
 
     def tensors(self) -> list[TensorSpec]:
@@ -67,9 +62,7 @@ class SmallThinker(Architecture):
                  spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD))]
         for il in range(hp.n_layer):
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il),
-                     spec(T.FFN_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE_INP, (E, X), il),
-                     spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
-                     spec(T.FFN_UP_EXP, (E, F, X), il)]
+                     spec(T.FFN_NORM, (E,), il, kind="vector"), *expert_tensors(E, F, X, il)]
             specs += layer + layer_scales(layer, il, X)
         return specs
 
@@ -90,8 +83,7 @@ class SmallThinker(Architecture):
             a, x, logits = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"), (logits, "ffn_moe_logits.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
-            f = b.build_moe_ffn(h, gate_inp=None, logits=logits, up_exps=b.w(T.FFN_UP_EXP, il),
-                                gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
+            f = b.build_moe_ffn(h, **{**experts(b, il), "gate_inp": None}, logits=logits,
                                 n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
                                 gating=GATINGS[hp.expert_gating_func], norm_w=True, act=Act.RELU)
             x = b.op("add", f, x, name="l_out")
@@ -119,10 +111,11 @@ hf_config.register(Family("smallthinker", TEXT + (
 
 
 presets.register({
-    # llama.cpp's tiny smallthinker: width 256, two heads of 128; layer 0 global and without positions, layer 1
-    # sliding (pattern 2); each FFN 2 experts of 384, both used, sigmoid-routed
+    # llama.cpp's tiny smallthinker, over five layers (so that alike ones fold) alternating as its first two: width 256,
+    # two heads of 128; layer 0 global and without positions, layer 1 sliding (pattern 2); each FFN 2 experts of 384,
+    # both used, sigmoid-routed
     "smallthinker-tiny-header": Preset("smallthinker", {
-        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 384,
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 5, L.FEED_FORWARD_LENGTH: 384,
         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 32,
         A.SLIDING_WINDOW_PATTERN: 2, L.VOCAB_SIZE: 128, L.EXPERT_COUNT: 2, L.EXPERT_USED_COUNT: 2,
         L.EXPERT_FEED_FORWARD_LENGTH: 384, L.EXPERT_GATING_FUNC: 2,

@@ -34,7 +34,9 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Mamba-2-2.7B", "Granite-4.0-H-Tiny", "Granite-4.0-H-Small", "Gemma-2-2B", "Gemma-2-27B",
            "Gemma-3-1B", "Gemma-3-27B", "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "T5-v1.1-XXL-encoder", "nomic-embed-text-v1.5", "Command-R-35B",
            "RWKV6-1.6B",
-           "Llama-4-Scout", "Qwen3.5-397B-A17B", "Grok-1", "Snowflake-Arctic"]
+           "Llama-4-Scout", "Qwen3.5-397B-A17B", "Grok-1", "Snowflake-Arctic", "mistral4-tiny-header",  # issue 39
+           "smallthinker-tiny-header", "maple-tiny-header", "mellum-tiny-header", "exaone-moe-tiny-header",
+           "laguna-tiny-header", "mimo2-tiny-header"]
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers

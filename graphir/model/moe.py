@@ -71,3 +71,36 @@ def gate_up(b: GraphBuilder, il: int) -> dict[str, Node | None]:
     if problems:
         raise TensorError(f"{b.label}: {problems[0]}")
     return {"up_exps": b.w_opt(T.FFN_UP_EXP, il), "gate_exps": b.w_opt(T.FFN_GATE_EXP, il)}
+
+
+def require_experts(hp: HParams, arch: str) -> None:
+    """The checks of a family whose FFNs are mixtures of experts only: llama.cpp's loader refuses a file without
+    any, then checks the counts (:func:`check_experts`)."""
+    if not hp.n_expert:
+        raise MetadataError(f"a '{arch}' model needs experts ('{Keys.LLM.EXPERT_COUNT.format(arch=arch)}' > 0)")
+    check_experts(hp, arch)
+
+
+def expert_tensors(n_embd: int, n_ff: int, n_expert: int, il: int) -> list[TensorSpec]:
+    """A layer's router and its experts' gate, down and up stacks, all required."""
+    E, F, X = n_embd, n_ff, n_expert
+    return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
+            spec(T.FFN_UP_EXP, (E, F, X), il)]
+
+
+def shared_expert_tensors(n_embd: int, n_ff: int, il: int) -> list[TensorSpec]:
+    """A layer's shared expert: gate, down and up of width ``n_ff``."""
+    return [spec(T.FFN_GATE_SHEXP, (n_embd, n_ff), il), spec(T.FFN_DOWN_SHEXP, (n_ff, n_embd), il),
+            spec(T.FFN_UP_SHEXP, (n_embd, n_ff), il)]
+
+
+def experts(b: GraphBuilder, il: int) -> dict[str, Node | None]:
+    """Layer il's router and expert stacks (:func:`expert_tensors`) as ``build_moe_ffn`` takes them."""
+    return {"gate_inp": b.w(T.FFN_GATE_INP, il), "up_exps": b.w(T.FFN_UP_EXP, il),
+            "gate_exps": b.w(T.FFN_GATE_EXP, il), "down_exps": b.w(T.FFN_DOWN_EXP, il)}
+
+
+def shared_expert(b: GraphBuilder, x: Node, il: int, name: str = "ffn_shexp") -> Node:
+    """Layer il's shared expert over x: a SwiGLU FFN without biases or scales."""
+    return b.build_ffn(x, up=b.w(T.FFN_UP_SHEXP, il), gate=b.w(T.FFN_GATE_SHEXP, il), down=b.w(T.FFN_DOWN_SHEXP, il),
+                       name=name)

@@ -1,10 +1,13 @@
 """Self-attention's projections as most decoder families declare and use them: Q, K, V and the output
-projection (llama.cpp's ``create_tensor_qkv`` and ``wo``), and the per-head QK-norm several of them apply."""
+projection (llama.cpp's ``create_tensor_qkv`` and ``wo``), the per-head QK-norm several of them apply, and the
+check of head sizes their graphs assume."""
 
 from __future__ import annotations
 
 from gguf import MODEL_TENSOR as T
+from gguf import Keys
 
+from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams
@@ -34,3 +37,14 @@ def qkv(b: GraphBuilder, h: Node, il: int, normed: bool) -> tuple[Node, Node, No
     if normed:
         q, k = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed"), b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
     return q, k, v
+
+
+def check_head_sizes(hp: HParams, arch: str, rotated: bool = True) -> None:
+    """llama.cpp's assertion of the graphs that read one head size: keys and values (and, ``rotated``, the RoPE'd
+    dims) equally wide; a file that breaks it is refused naming the keys."""
+    key = lambda t: t.format(arch=arch)  # noqa: E731
+    if hp.n_embd_head_k != hp.n_embd_head_v or (rotated and hp.n_rot != hp.n_embd_head_k):
+        rot = f" and {hp.n_rot} rotated dims ('{key(Keys.Rope.DIMENSION_COUNT)}')" if rotated else ""
+        raise MetadataError(f"heads of {hp.n_embd_head_k} keys ('{key(Keys.Attention.KEY_LENGTH)}'), "
+                            f"{hp.n_embd_head_v} values ('{key(Keys.Attention.VALUE_LENGTH)}'){rot}: llama.cpp's "
+                            f"graph needs them equal")
