@@ -34,7 +34,7 @@ from graphir.model import ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key
-from graphir.graph.floats import f32, inv_sqrt
+from graphir.graph.floats import f32
 from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.rope_factors import long_context, longrope, rope_factor_tensors, rope_factors
 from graphir.model.tensors import TensorSpec, scales, spec, tensor_name

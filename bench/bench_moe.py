@@ -11,7 +11,11 @@ with 4 used each, and should take about the same time.
 Then sigmoid routing with a selection bias and a shared expert: one glm4moe layer at GLM-4.5's shape scaled down
 (n_embd 2048, 16 query and 2 KV heads of 128 with half of each rotated, 64 experts of 768 with 8 used, one shared
 expert of 768, weights renormalised and scaled by 2.5).
-Run: python bench/bench_moe.py [N_EXPERT:N_USED | glm4moe ...]   (default: 128:1 128:2 128:4 128:8 8:4 64:4 glm4moe)
+Llama 4's form (``llama4:`` rows: a sigmoid router choosing by logits, each token weighted before its experts'
+FFN, and a shared expert of the experts' width) is timed on four layers of the same sizes, the last a mixture, at
+Llama-4-Scout's 16 experts and Maverick's 128, one used.
+Run: python bench/bench_moe.py [N_EXPERT:N_USED | glm4moe | llama4:N_EXPERT:N_USED ...]
+     (default: 128:1 128:2 128:4 128:8 8:4 64:4 glm4moe llama4:16:1 llama4:128:1)
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from conftest import make_tiny_preset, write_model_gguf  # noqa: E402
 
 K = gguf.Keys
 N_PROMPT, N_GEN, REPEAT, THREADS, VOCAB = 16, 32, 5, 2, 256
-SHAPES = ("128:1", "128:2", "128:4", "128:8", "8:4", "64:4", "glm4moe")  # qwen3moe's (n_expert:n_expert_used), GLM
+SHAPES = ("128:1", "128:2", "128:4", "128:8", "8:4", "64:4",  # qwen3moe's (n_expert:n_expert_used)
+          "glm4moe", "llama4:16:1", "llama4:128:1")
 LAYER = {K.LLM.EMBEDDING_LENGTH: 2048, K.LLM.BLOCK_COUNT: 1, K.LLM.FEED_FORWARD_LENGTH: 6144,
          K.Attention.HEAD_COUNT: 32, K.Attention.HEAD_COUNT_KV: 4, K.Attention.KEY_LENGTH: 128,
          K.Attention.VALUE_LENGTH: 128, K.Rope.FREQ_BASE: 1000000.0, K.Attention.LAYERNORM_RMS_EPS: 1e-6,
@@ -45,13 +50,20 @@ GLM_LAYER = {K.LLM.EMBEDDING_LENGTH: 2048, K.LLM.BLOCK_COUNT: 1, K.LLM.FEED_FORW
              K.LLM.EXPERT_WEIGHTS_SCALE: 2.5}
 
 
+# Llama 4's form: four layers of the same sizes (llama.cpp's graph needs its fourth, positionless one to read
+# the temperature input), the fourth a mixture (interleave step 4), the others dense FFNs of the experts' width
+LLAMA4_LAYER = {**LAYER, K.LLM.BLOCK_COUNT: 4, K.LLM.FEED_FORWARD_LENGTH: 768, K.LLM.INTERLEAVE_MOE_LAYER_STEP: 4}
+
+
 def layer_preset(shape: str) -> tuple[str, Any]:
-    """The row's label and its one-layer preset: qwen3moe's n_expert:n_expert_used, or GLM-4.5's scaled down."""
+    """The row's label and its preset: qwen3moe's n_expert:n_expert_used (one layer), GLM-4.5's layer scaled
+    down, or Llama 4's four layers with llama4:n_expert:n_expert_used."""
     if shape == "glm4moe":
         return "glm4moe 64:8 +1 shared", make_tiny_preset("glm4moe", tied=False, **GLM_LAYER)
-    n_expert, n_used = (int(n) for n in shape.split(":"))
-    return f"qwen3moe {n_expert}:{n_used}", make_tiny_preset("qwen3moe", tied=False, **{
-        **LAYER, K.LLM.EXPERT_COUNT: n_expert, K.LLM.EXPERT_USED_COUNT: n_used})
+    family, layer = ("llama4", LLAMA4_LAYER) if shape.startswith("llama4:") else ("qwen3moe", LAYER)
+    n_expert, n_used = (int(n) for n in shape.split(":")[-2:])
+    return f"{family} {n_expert}:{n_used}", make_tiny_preset(family, tied=False, **{
+        **layer, K.LLM.EXPERT_COUNT: n_expert, K.LLM.EXPERT_USED_COUNT: n_used})
 
 
 def tokens() -> list[int]:

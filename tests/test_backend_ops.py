@@ -198,8 +198,13 @@ CASES: list[Case] = [
       note="both branches"),
     C("xielu", I("f32", 16, 3, T, lo=-1e-5, hi=1e-5), tol=F32, env={"n_tokens": 2}, alpha_n=1.3132616,
       alpha_p=1.3132616, beta=1.0, eps=1e-7, note="around 0 and eps"),
+    C("swiglu_clamp", I("f32", 37, 4, lo=-12, hi=12), I("f32", 37, 4, lo=-12, hi=12), limit=7.0, tol=F32,
+      note="both clamps hit"),
+    C("swiglu_clamp", I("f32", 16, 3, 2, lo=-3, hi=3), I("f32", 16, 3, 2), limit=2.5, tol=F32),
     C("geglu", I("f32", 11, 5), I("f32", 11, 5), tol=F16),
     C("geglu", I("f32", 16, 3, 2, lo=-12, hi=12), I("f32", 16, 3, 2), tol=F16),
+    C("reglu", I("f32", 11, 5), I("f32", 11, 5), tol=F32),
+    C("reglu", I("f32", 16, 3, 2, lo=-4, hi=4), I("f32", 16, 3, 2), tol=F32),
     # rope: x [d, heads, tokens(, seqs)], positions index ne2
     C("rope", I("f32", 16, 4, T), pos(), tol=ROPE, env={"n_tokens": 5}, **rope_attrs(16, "norm")),
     C("rope", I("f32", 16, 3, T), pos(), tol=ROPE, env={"n_tokens": 7}, **rope_attrs(16, "neox")),

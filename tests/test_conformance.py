@@ -153,6 +153,18 @@ ROWS = [
     Row("hunyuan-moe", moe=True),
     Row("phimoe", moe=True),
     Row("hy_v3", moe=True),
+    # mixture-of-experts families, second group (issue 39)
+    Row("llama4", moe=True, keys={"n_layer": 4}),  # its fourth layer attends without positions
+    Row("qwen35moe", moe=True),
+    Row("mistral4", moe=True),
+    Row("grok", moe=True),
+    Row("arctic", moe=True),
+    Row("smallthinker", moe=True),
+    Row("maple", moe=True),
+    Row("mellum", moe=True),
+    Row("exaone-moe", moe=True),
+    Row("laguna", moe=True),
+    Row("mimo2", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

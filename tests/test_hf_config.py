@@ -51,6 +51,13 @@ NOT_COMPARED = {
         "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny")},
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
+    "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "smallthinker-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "maple-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "mellum-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "exaone-moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "laguna-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "mimo2-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
 
@@ -88,8 +95,8 @@ def test_every_preset_has_a_config_or_a_reason():
 @pytest.mark.parametrize("name", [n for n in CONFIG_DIRS if n not in NOT_COMPARED])
 def test_public_config_is_its_preset(name):
     ignore = ()
-    if all_presets()[name].arch == "qwen35":  # the converter writes layer_types as recurrent_layers; the preset leaves
-        ignore = ("recurrent_layers",)  # them to full_attention_interval, which gives the same layers (below)
+    if all_presets()[name].arch in ("qwen35", "qwen35moe"):  # the converter writes layer_types as recurrent_layers;
+        ignore = ("recurrent_layers",)  # the preset leaves them to full_attention_interval: the same layers (below)
     ours, preset = open_model(str(DATA / name)), open_model(name)
     assert_same_model(ours, preset, ignore=ignore)
     if ignore:
@@ -213,6 +220,10 @@ def tiny(tmp_path: Path, config: dict[str, Any], pooling: bool = False) -> Path:
 
 
 # name -> (config, sentence-transformers pooling, the GGUF the converter writes: arch, keys, tied, optional tensors)
+# the keys every tiny mixture-of-experts config below gives
+MOE_TINY = {L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 128,
+            A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-6, L.EXPERT_COUNT: 4,
+            L.EXPERT_USED_COUNT: 2, L.EXPERT_FEED_FORWARD_LENGTH: 32, L.VOCAB_SIZE: 256}
 TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
     # pre-norm decoders whose presets are synthetic headers (graphir.model.prenorm)
     **{arch: ({**TINY_LLAMA, "architectures": [name], "tie_word_embeddings": False, "rope_theta": 10000.0}, False,
@@ -325,6 +336,59 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         L.EXPERT_GATING_FUNC: 2, L.VOCAB_SIZE: 256,
     }, tied=False, include=r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.(1|2)\.(ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp))"
                            r"\.weight|blk\.(1|2)\.exp_probs_b")),
+    # mixture-of-experts group two (issue 39): three sliding layers of four (Mellum, Maple; SmallThinker's first
+    # of four is global), 4 experts of 32, 2 per token
+    "mellum": ({
+        "architectures": ["MellumForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+        "num_experts_per_tok": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "vocab_size": 256,
+        "rope_theta": 10000.0, "sliding_window": 16, "tie_word_embeddings": False,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    }, False, Preset("mellum", {**MOE_TINY, A.SLIDING_WINDOW: 16, A.SLIDING_WINDOW_PATTERN: [True, True, True, False]},
+                     tied=False)),
+    "maple": ({
+        "architectures": ["MapleForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+        "num_experts_per_tok": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "vocab_size": 256,
+        "rope_theta": 10000.0, "sliding_window": 16, "tie_word_embeddings": False, "hidden_act": "silu",
+        "partial_rotary_factor": 0.5, "nope_on_global_attention": True,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    }, False, Preset("maple", {**MOE_TINY, A.SLIDING_WINDOW: 16, A.SLIDING_WINDOW_PATTERN: [True, True, True, False],
+                               R.DIMENSION_COUNT: 8, L.SWIGLU_CLAMP_EXP: [7.0] * 4}, tied=False)),
+    "smallthinker": ({
+        "architectures": ["SmallThinkerForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "moe_ffn_hidden_size": 32, "moe_num_primary_experts": 4,
+        "moe_num_active_primary_experts": 2, "moe_primary_router_apply_softmax": True, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 256, "vocab_size": 256, "rope_theta": 10000.0, "sliding_window_size": 16,
+        "sliding_window_layout": [0, 1, 1, 1], "tie_word_embeddings": False,
+    }, False, Preset("smallthinker", {**MOE_TINY, L.FEED_FORWARD_LENGTH: 32, A.SLIDING_WINDOW: 16,
+                                      L.EXPERT_GATING_FUNC: 1}, tied=False)),
+    "exaone-moe": ({
+        "architectures": ["ExaoneMoEForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+        "num_experts_per_tok": 2, "num_shared_experts": 1, "rms_norm_eps": 1e-6, "max_position_embeddings": 256,
+        "vocab_size": 256, "rope_theta": 10000.0, "sliding_window": 16, "sliding_window_pattern": "LLLG",
+        "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1, "scoring_func": "sigmoid",
+        "tie_word_embeddings": False,
+    }, False, Preset("exaone-moe", {
+        **MOE_TINY, A.SLIDING_WINDOW: 16, A.SLIDING_WINDOW_PATTERN: [True, True, True, False],
+        L.EXPERT_SHARED_COUNT: 1, L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_WEIGHTS_SCALE: 2.5,
+        L.EXPERT_WEIGHTS_NORM: True, L.LEADING_DENSE_BLOCK_COUNT: 1, L.NEXTN_PREDICT_LAYERS: 0,
+        R.SCALING_TYPE: "none", L.EXPERT_GATING_FUNC: 2}, tied=False)),
+    "laguna": ({
+        "architectures": ["LagunaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_attention_heads_per_layer": [4, 2, 2, 2], "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 256, "vocab_size": 256, "sliding_window": 16, "gating": True,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "tie_word_embeddings": False,
+        "rope_parameters": {"full_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                            "sliding_attention": {"rope_theta": 20000.0}},
+    }, False, Preset("laguna", {
+        **MOE_TINY, A.HEAD_COUNT: [4, 2, 2, 2], A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, A.SLIDING_WINDOW: 16,
+        L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_WEIGHTS_SCALE: 2.5,
+        L.EXPERT_GATING_FUNC: 2, L.LEADING_DENSE_BLOCK_COUNT: 1, R.DIMENSION_COUNT: 8, R.DIMENSION_COUNT_SWA: 16,
+        R.FREQ_BASE_SWA: 20000.0}, tied=False)),
 }
 
 
@@ -355,6 +419,9 @@ SMOL = json.loads((DATA / "SmolLM2-135M" / "config.json").read_text())
 ERRORS = {
     "unsupported": ({**SMOL, "architectures": ["NoSuchModelForCausalLM"]},
                     "architecture 'NoSuchModelForCausalLM' is not supported (supported: "),
+    "unsupported": ({**SMOL, "architectures": ["FalconForCausalLM"]},
+                    "architecture 'FalconForCausalLM' is not supported (supported: ArcticForCausalLM, "
+                    "BertForMaskedLM, "),
     "no architecture": ({k: v for k, v in SMOL.items() if k != "architectures"}, "missing key 'architectures'"),
     "architectures not a list": ({**SMOL, "architectures": "LlamaForCausalLM"},
                                  "architectures must be a list of model class names, not 'LlamaForCausalLM'"),

@@ -86,7 +86,7 @@ def _attr(v: Any, env: dict[str, int]) -> Any:
     return v
 
 
-_HALVES = {"ggml.swiglu": "swiglu", "ggml.geglu": "geglu"}  # ggml's GLU of one operand (its two halves)
+_HALVES = {"ggml.swiglu": "swiglu", "ggml.geglu": "geglu", "ggml.reglu": "reglu"}  # ggml's GLU of one operand (its two halves)
 _COMMUTING = frozenset({"add", "mul"})
 _SCANS = frozenset({"ssm_scan", "ssm_scan_heads"})
 _WRITES = frozenset({"set_rows", "ggml.cpy"})  # memory writes: kept though nothing in the graph reads them

@@ -47,13 +47,15 @@ class SlidingWindow:
     required, unless ``off_when_zero``), and the ``attention.sliding_window_pattern`` period when that key is absent too. With period
     n, layer il slides when il % n < n - 1 (the last of every n is global; ``dense_first``: the first is);
     period 0 makes every layer slide. ``off_when_zero``: a window of 0 means the model does not slide at all
-    (Gemma 3) instead of being an error."""
+    (Gemma 3) instead of being an error. ``fixed``: the window whatever positive value the key gives (Llama 4's
+    chunks of 8192, SmallThinker's 4096; 0: the key's)."""
 
     kind: str = "standard"
     window: int = 0
     period: int = 0
     dense_first: bool = False
     off_when_zero: bool = False
+    fixed: int = 0
 
 
 @dataclass(frozen=True)
@@ -322,7 +324,7 @@ def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str,
         if n < 0:
             raise MetadataError(f"{r.label}: key '{kp}' is {n}: a period of layers cannot be negative")
         layers = tuple(int(n == 0 or (il % n != 0 if swa.dense_first else il % n < n - 1)) for il in range(n_layer))
-    return {"n_swa": n_swa, "swa_type": swa.kind, "swa_layers": layers}
+    return {"n_swa": swa.fixed or n_swa, "swa_type": swa.kind, "swa_layers": layers}
 
 
 def _alibi(r: KeyReader, alibi: Alibi | None, n_layer: int) -> float:

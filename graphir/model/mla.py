@@ -49,10 +49,10 @@ def latent_qkv(b: GraphBuilder, h: Node, q: Node, pos: Node, il: int, d_nope: in
 
 
 def decompressed_attention(b: GraphBuilder, q_nope: Node, q_pe: Node, kv: Node, k_pe: Node, il: int, d_v: int,
-                           kq_scale: float) -> Node:
+                           kq_scale: float, temperature: Node | None = None) -> Node:
     """K and V of every head decompressed from the latent through ``attn_kv_b`` (per head: d_nope key values, then
     d_v values), the shared key part repeated to every head, then attention over a KV cache and ``attn_output``
-    (times its scale)."""
+    (times its scale); the queries times each token's ``temperature`` where the model tunes it."""
     d_nope, H, T_ = q_nope.shape
     rot = k_pe.shape[0]
     kvb = b.linear(kv, b.w(T.ATTN_KV_B, il), name="kv")
@@ -62,5 +62,7 @@ def decompressed_attention(b: GraphBuilder, q_nope: Node, q_pe: Node, kv: Node, 
                           name="Vcur.view"), name="Vcur")
     # without a no-position part (d_nope 0) the queries are their RoPE'd part, as llama.cpp ropes them whole
     q = b.op("concat", q_nope, q_pe, dim=0, name="Qcur") if d_nope else q_pe
+    if temperature is not None:
+        q = b.op("mul", q, temperature, name="Qcur_attn_temp_scaled")
     k = b.op("concat", k_nope, b.op("repeat", k_pe, shape=(rot, H, T_), name="k_pe.heads"), dim=0, name="Kcur")
     return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), kq_scale=kq_scale)

@@ -107,10 +107,10 @@ def shared_expert_tensors(n_embd: int, n_ff: int, il: int) -> list[TensorSpec]:
             spec(T.FFN_UP_SHEXP, (n_embd, n_ff), il)]
 
 
-def shared_expert(b: GraphBuilder, x: Node, il: int) -> Node:
+def shared_expert(b: GraphBuilder, x: Node, il: int, name: str = "ffn_shexp") -> Node:
     """The shared expert's output on x (llama.cpp's build_ffn over the *_shexp tensors, no scales)."""
     return b.build_ffn(x, up=b.w(T.FFN_UP_SHEXP, il), gate=b.w(T.FFN_GATE_SHEXP, il), down=b.w(T.FFN_DOWN_SHEXP, il),
-                       name="ffn_shexp")
+                       name=name)
 
 
 GATING_FUNC_KEY = Key("expert_gating_func", Keys.LLM.EXPERT_GATING_FUNC, int, 0, minimum=0)
@@ -153,6 +153,10 @@ def routed_expert_tensors(n_embd: int, n_ff: int, n_expert: int, il: int) -> lis
 def routed_experts(b: GraphBuilder, x: Node, il: int, **routing: Any) -> Node:
     """``build_moe_ffn`` over layer il's router and expert stacks (:func:`routed_expert_tensors`), every token to
     its ``expert_used_count`` best of ``expert_count``, routed as ``routing`` says (gating, norm_w, probs_b...)."""
-    return b.build_moe_ffn(x, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
-                           gate_exps=b.w(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
-                           n_expert=b.hp.n_expert, n_expert_used=b.hp.n_expert_used, **routing)
+    return b.build_moe_ffn(x, **experts(b, il), n_expert=b.hp.n_expert, n_expert_used=b.hp.n_expert_used, **routing)
+
+
+def experts(b: GraphBuilder, il: int) -> dict[str, Node | None]:
+    """Layer il's router and expert stacks (:func:`routed_expert_tensors`) as ``build_moe_ffn`` takes them."""
+    return {"gate_inp": b.w(T.FFN_GATE_INP, il), "up_exps": b.w(T.FFN_UP_EXP, il),
+            "gate_exps": b.w(T.FFN_GATE_EXP, il), "down_exps": b.w(T.FFN_DOWN_EXP, il)}

@@ -24,6 +24,7 @@ from graphir.model.hparams import HParams, Key
 from graphir.model.presets import Preset
 from graphir.model.qkv import qk_norm_tensors, qkv_tensors
 from graphir.model.scales import layer_scales
+from graphir.model.temperature import Temperature
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 # What a family's loader does with an optional tensor, and whether its graph reads it.
@@ -154,7 +155,7 @@ class PreNormDecoder(Architecture):
         hp, t = self.hp, self.traits
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos() if self.ropes else None
-        temp = b.build_inp_attn_temp(hp.attn_temp_scale, hp.n_ctx_orig_yarn) \
+        temp = b.build_inp_attn_scale(Temperature(hp.n_ctx_orig_yarn, hp.attn_temp_scale, 0.0)) \
             if t.attn_temperature and hp.attn_temp_scale else None
         kq_scale = inv_sqrt(hp.n_embd_head_k)  # none of these families reads attention.scale
         for il in b.layers():

@@ -1,5 +1,6 @@
 """Self-attention's projections as most decoder families declare and use them: Q, K, V and the output
-projection (llama.cpp's ``create_tensor_qkv`` and ``wo``), and the per-head QK-norm several of them apply."""
+projection (llama.cpp's ``create_tensor_qkv`` and ``wo``), the per-head QK-norm several of them apply, and the
+check of head sizes their graphs assume."""
 
 from __future__ import annotations
 
@@ -54,3 +55,14 @@ def roped_attention(b: GraphBuilder, h: Node, pos: Node, il: int, clamp: float =
     q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
     return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il),
                         kq_scale=inv_sqrt(b.hp.n_embd_head_k))
+
+
+def check_head_sizes(hp: HParams, arch: str, rotated: bool = True) -> None:
+    """llama.cpp's assertion of the graphs that read one head size: keys and values (and, ``rotated``, the RoPE'd
+    dims) equally wide; a file that breaks it is refused naming the keys."""
+    key = lambda t: t.format(arch=arch)  # noqa: E731
+    if hp.n_embd_head_k != hp.n_embd_head_v or (rotated and hp.n_rot != hp.n_embd_head_k):
+        rot = f" and {hp.n_rot} rotated dims ('{key(Keys.Rope.DIMENSION_COUNT)}')" if rotated else ""
+        raise MetadataError(f"heads of {hp.n_embd_head_k} keys ('{key(Keys.Attention.KEY_LENGTH)}'), "
+                            f"{hp.n_embd_head_v} values ('{key(Keys.Attention.VALUE_LENGTH)}'){rot}: llama.cpp's "
+                            f"graph needs them equal")

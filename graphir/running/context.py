@@ -23,7 +23,7 @@ import os
 import threading
 import warnings
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -32,6 +32,8 @@ from graphir.model.architecture import Architecture
 from graphir.batch import SPLITS, Batch, validate
 from graphir.errors import BatchError, GraphirError, StateError
 from graphir.model.hparams import HParams
+from graphir.model.temperature import ROLE as TEMPERATURE
+from graphir.model.temperature import temperature_of
 from graphir.graph.ir import Graph
 from graphir.memory import Memory
 from graphir.memory.kinds import assemble
@@ -155,9 +157,9 @@ class Context:
         check_fits(assemble(memory_kind, arch.needs, replace(params, buffers=False)).nbytes(), self.name)
         self._memory: Memory = assemble(memory_kind, arch.needs, params)
         self.program, self._graph = model.program(memory_kind, self.pooling, n_ctx_seq, phase)
+        self._temperature = temperature_of(self._graph)  # attention temperature tuning, fed from positions
         self._plans: dict[tuple[Any, ...], Any] = {}  # the program's plans over this context's memory (Program.run)
         self._variant = arch.variant(n_ctx_seq)
-        self._attn_temp = next((n.attrs for n in self._graph.nodes if n.op == "input" and n.name == "attn_temp"), None)
         self._memory.bind_shift(self._graph, self._run_graph)
         self.has_logits = "logits" in self.program.outputs
         self.embeddings_enabled = embeddings or not self.has_logits  # an encoder's only output is embeddings
@@ -204,8 +206,8 @@ class Context:
                     env = {"n_tokens": len(ub), "n_outputs": len(ub.out_ids), "n_ctx": self.n_ctx}
                     env.update((k, feeds.pop(k)) for k in [k for k, v in feeds.items() if isinstance(v, int)])
                     feeds.update(tokens=ub.tokens, pos=ub.positions(self._positions), out_ids=ub.out_ids)
-                    if self._attn_temp is not None:
-                        feeds["attn_temp"] = attn_temperature(ub.pos, self._attn_temp)
+                    if self._temperature is not None:
+                        feeds[TEMPERATURE] = self._temperature.factors(ub.pos)
                     seqs: list[int] = []
                     if self.pooling != "none":
                         seqs, extra = pooling_inputs(ub, self.pooling)
@@ -349,10 +351,3 @@ class Context:
         if i not in self._row:
             raise IndexError(f"token {i} of the last batch has no output (its output flag was off)")
         return self._row[i]
-
-
-def attn_temperature(pos: np.ndarray, facts: Mapping[str, Any]) -> np.ndarray:
-    """The attention temperature of each position (the builder's build_inp_attn_temp), as llama.cpp's context
-    computes it: float32 position plus offset over the floor, floored, then its logarithm in double."""
-    steps = np.floor((pos.astype(np.float32) + np.float32(facts["offset"])) / np.float32(facts["floor"]))
-    return (np.log(steps.astype(np.float64) + 1.0) * float(facts["scale"]) + 1.0).astype(np.float32).reshape(-1, 1, 1)
