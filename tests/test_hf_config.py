@@ -399,9 +399,18 @@ def test_tiny_config_is_the_gguf_of_its_keys(tmp_path, name):
     assert_same_model(open_model(str(tiny(tmp_path, config, pooling))), open_model(str(gguf_path)))
 
 
+# Families with no Hugging Face mapping yet, and why
+NO_MAPPING = {
+    "mistral4": "its checkpoints are Mistral3ForConditionalGeneration, which the converter sends by model_type; "
+                "graphir's mapping of that class is mistral3's",
+    "mimo2": "its converter writes the multi-token-prediction layers and a fused Q/K/V, which graphir's mimo2 "
+             "refuses; a config would describe files graphir cannot read",
+}
+
+
 def test_every_family_has_a_config():
     covered = {all_presets()[n].arch for n in CONFIG_DIRS} | {p.arch for _, _, p in TINY.values()}
-    assert covered == set(arch_names())
+    assert covered == set(arch_names()) - set(NO_MAPPING)
     assert {f.arch for f in families().values()} == covered
 
 
@@ -419,9 +428,6 @@ SMOL = json.loads((DATA / "SmolLM2-135M" / "config.json").read_text())
 ERRORS = {
     "unsupported": ({**SMOL, "architectures": ["NoSuchModelForCausalLM"]},
                     "architecture 'NoSuchModelForCausalLM' is not supported (supported: "),
-    "unsupported": ({**SMOL, "architectures": ["FalconForCausalLM"]},
-                    "architecture 'FalconForCausalLM' is not supported (supported: ArcticForCausalLM, "
-                    "BertForMaskedLM, "),
     "no architecture": ({k: v for k, v in SMOL.items() if k != "architectures"}, "missing key 'architectures'"),
     "architectures not a list": ({**SMOL, "architectures": "LlamaForCausalLM"},
                                  "architectures must be a list of model class names, not 'LlamaForCausalLM'"),
