@@ -334,7 +334,9 @@ presets.register({
         L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_FEED_FORWARD_LENGTH: 128, L.EXPERT_SHARED_COUNT: 1,
         L.EXPERT_WEIGHTS_SCALE: 2.5, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_GATING_FUNC: 2, L.NEXTN_PREDICT_LAYERS: 1,
         L.VOCAB_SIZE: 1024,
-    }, tied=False, include=SELECTION_BIAS, f32=presets.ROUTER_F32, source="synthetic header"),
+    }, tied=False, f32=presets.ROUTER_F32, source="synthetic header",  # its NextN layer written, as llama.cpp requires
+        include=SELECTION_BIAS + "|" + _nextn_written(4, 1, r"attn_norm|attn_qkv|attn_output|attn_[qk]_norm|ffn_norm|"
+                                                           r"layer_output_norm")),
     # 28 layers (the first dense), 16 heads of 128, 64 experts of 1408 with 6 per token by softmax and 2 shared
     "DeepSeek-MoE-16B": Preset("deepseek", {
         L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 28, L.FEED_FORWARD_LENGTH: 10944,

@@ -23,6 +23,7 @@ from graphir.model.builder import Act, GraphBuilder, Norm, yarn_attn_factor
 from graphir.model.hparams import HParams, Key
 from graphir.model.presets import Preset
 from graphir.model.qkv import qk_norm_tensors, qkv_tensors
+from graphir.model.rope_factors import long_context, longrope, rope_factor_tensors, rope_factors
 from graphir.model.scales import layer_scales
 from graphir.model.temperature import Temperature
 from graphir.model.tensors import TensorSpec, spec, tensor_name
@@ -97,7 +98,7 @@ class PreNormDecoder(Architecture):
         specs = [spec(T.TOKEN_EMBD, (E, V)), *_norm(T.OUTPUT_NORM, E, None, norm_bias),
                  spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD) if t.tied_head else None)]
         if t.rope_freqs != ABSENT:
-            specs += [spec(f, (hp.n_rot // 2,), kind="vector", optional=True) for f in self._rope_factor_tensors()]
+            specs += rope_factor_tensors(hp, long_short=t.longrope and longrope(hp))
         for il in range(hp.n_layer):
             layer = [*_norm(T.ATTN_NORM, E, il, norm_bias), *self._attention_tensors(il),
                      *_norm(t.ffn_norm, E, il, norm_bias),
@@ -110,23 +111,15 @@ class PreNormDecoder(Architecture):
             specs += layer + layer_scales(layer, il)
         return specs
 
-    def _rope_factor_tensors(self) -> tuple[T, ...]:
-        if self.traits.longrope and self.hp.rope_scaling == "longrope":
-            return T.ROPE_FACTORS_LONG, T.ROPE_FACTORS_SHORT
-        return (T.ROPE_FREQS,)
-
     def variant(self, n_ctx_seq: int) -> bool | None:
         """A LongRoPE model read by the graph: whether a context of n_ctx_seq cells per sequence takes the long
         factors (llama.cpp's get_rope_factors); None for the others, whose graph no context changes."""
-        if self.traits.rope_freqs == READ and len(self._rope_factor_tensors()) == 2:
-            return n_ctx_seq > self.hp.n_ctx_orig_yarn
+        if self.traits.rope_freqs == READ and self.traits.longrope and longrope(self.hp):
+            return long_context(self.hp, n_ctx_seq)
         return None
 
     def _rope_factors(self, b: GraphBuilder) -> Node | None:
-        if self.traits.rope_freqs != READ:
-            return None
-        long = self.variant(b.n_ctx_seq)
-        return b.w_opt(T.ROPE_FREQS if long is None else T.ROPE_FACTORS_LONG if long else T.ROPE_FACTORS_SHORT)
+        return rope_factors(b) if self.traits.rope_freqs == READ else None
 
     def _yarn(self) -> dict[str, float]:
         """The rope's YaRN parameters where the family reads them from the file (llama.cpp's context uses them)."""
