@@ -65,6 +65,9 @@ class Traits:
     # MiniCPM: the multipliers a file leaves out take llama.cpp's defaults (embeddings times 12, residuals times
     # 1.4 / sqrt(n_layer), logits divided by 256 / n_embd), attention.scale is not read, and every layer ropes
     minicpm_defaults: bool = False
+    # Granite 3 (and the hybrids) read rope.scaling.finetuned as a switch for RoPE; MiniCPM and Granite's
+    # mixtures of experts rope every layer whatever a file says
+    rope_switch: bool = True
 
 
 class Granite(Architecture):
@@ -106,7 +109,7 @@ class Granite(Architecture):
 
     @property
     def roped(self) -> bool:
-        return self.traits.minicpm_defaults or self.hp.rope_finetuned
+        return not self.traits.rope_switch or self.hp.rope_finetuned
 
     def layers(self) -> LayerNeeds:
         hp = self.hp
@@ -217,7 +220,16 @@ class MiniCPM(Granite):
     keys = (Key("logit_scale", Keys.LLM.LOGIT_SCALE, float, None),  # None: llama.cpp's default (Traits)
             Key("residual_scale", Keys.LLM.RESIDUAL_SCALE, float, None),
             Key("embedding_scale", Keys.LLM.EMBEDDING_SCALE, float, None), *MOE_KEYS)
-    traits = Traits(minicpm_defaults=True)
+    traits = Traits(minicpm_defaults=True, rope_switch=False)
+
+
+class GraniteMoe(Granite):
+    """Granite 3's mixtures of experts (Granite-3.1-3B-A800M, -1B-A400M, and with a shared expert): Granite's graph,
+    read by llama.cpp's granitemoe loader, which has no RoPE switch and no projector streams."""
+
+    name = "granitemoe"
+    keys = GRANITE_KEYS
+    traits = Traits(rope_switch=False)
 
 
 class GraniteHybrid(Granite):
@@ -265,6 +277,14 @@ presets.register({
     }, tied=True, source="ibm-granite/granite-3.1-2b-instruct config.json"),
     # MiniCPM 2B: 40 layers of 36 heads of 64 (no grouping); the converter writes the three multipliers
     # (scale_emb, scale_depth / sqrt(n_layer), hidden_size / dim_model_base)
+    # Granite 3.1 3B-A800M: 32 layers of 24 heads (8 KV heads) of 64; 40 experts of 512, 8 per token; its multipliers
+    "Granite-3.1-3B-A800M": Preset("granitemoe", {
+        L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: 1536, L.BLOCK_COUNT: 32, L.FEED_FORWARD_LENGTH: 512,
+        A.HEAD_COUNT: 24, A.HEAD_COUNT_KV: 8, R.FREQ_BASE: 10000000.0, A.LAYERNORM_RMS_EPS: 1e-6, L.EXPERT_COUNT: 40,
+        L.EXPERT_USED_COUNT: 8, A.SCALE: 0.015625, L.EMBEDDING_SCALE: 12.0, L.RESIDUAL_SCALE: 0.22,
+        L.LOGIT_SCALE: 6.0, L.VOCAB_SIZE: 49155,
+    }, tied=True, include=presets.EXPERT_GATES, f32=presets.ROUTER_F32,
+        source="ibm-granite/granite-3.1-3b-a800m-instruct config.json"),
     "MiniCPM-2B": Preset("minicpm", {
         L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 2304, L.BLOCK_COUNT: 40, L.FEED_FORWARD_LENGTH: 5760,
         A.HEAD_COUNT: 36, A.HEAD_COUNT_KV: 36, A.LAYERNORM_RMS_EPS: 1e-5, L.EMBEDDING_SCALE: 12.0,
@@ -337,6 +357,10 @@ def _granite_include(c: Config) -> str:
 hf_config.register(Family("granitehybrid", GRANITE_HYBRID, {"tie_word_embeddings": False}, _granite_include,
                           pad_vocab=8), "GraniteMoeHybridForCausalLM")
 hf_config.register(Family("granite", GRANITE, {"tie_word_embeddings": False}), "GraniteForCausalLM")
+hf_config.register(Family("granitemoe", GRANITE + (hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_intermediate_size",
+                                                     default=None),),
+                          {"tie_word_embeddings": False}, _granite_include),
+                   "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 
 
 # MiniCPMModel: the text keys and the multipliers from scale_emb, scale_depth and dim_model_base

@@ -38,6 +38,7 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Seed-OSS-36B", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny", "Mistral-Small-3.1-24B",
            "Baichuan2-7B", "Baichuan2-13B",
            "Granite-3.1-2B", "MiniCPM-2B", "MiniCPM3-4B", "PLM-tiny", "Deci-tiny", "OpenELM-270M", "Nanbeige-tiny", "BitNet-b1.58-2B-4T", "Apertus-tiny",
+           "Granite-3.1-3B-A800M",
            "GLM-4.5-Air", "GLM-4.6", "Qwen1.5-MoE-A2.7B", "MiniMax-M2", "OLMoE-1B-7B",
            "ERNIE-4.5-21B-A3B", "DBRX", "DeepSeek-MoE-16B",
            "dots.llm1", "Ling-lite", "Ling-2.0-synthetic",

@@ -115,6 +115,7 @@ ROWS = [
     # dense decoders: Granite's multipliers (MiniCPM's graph), MLA over a plain cache, per-layer sizes, loops, xIELU
     Row("granite"),
     Row("granite", "moe", moe=True),
+    Row("granitemoe", moe=True),  # Granite's graph, RoPE'd whatever rope.scaling.finetuned says
     Row("minicpm"),
     Row("minicpm3"),  # every value of a head RoPE'd (llama.cpp's own test's sizes)
     Row("minicpm3", "nope", keys={"minicpm3.rope.dimension_count": 64}),  # 64 values without positions, 64 with
