@@ -61,10 +61,16 @@ class HyV3(Architecture):
         return super().layers()[:self.n_trunk]
 
     def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
-        """The table's checks, and each routed layer's gate and up stacks in one whole form."""
-        return super().check(tensors) + [p for il in range(self.n_trunk)
-                                         if tensor_name(T.FFN_GATE_INP, il) in tensors
-                                         for p in gate_up_problems(tensors, il)]
+        """The table's checks, each routed layer's gate and up stacks in one whole form, and each other layer's
+        dense FFN (a layer is routed when the file holds its router, else dense)."""
+        problems = super().check(tensors)
+        for il in range(self.n_trunk):
+            if tensor_name(T.FFN_GATE_INP, il) in tensors:
+                problems += gate_up_problems(tensors, il)
+            else:
+                problems += [f"missing tensor '{tensor_name(t, il)}' (a layer without a router is a dense FFN)"
+                             for t in (T.FFN_GATE, T.FFN_DOWN, T.FFN_UP) if tensor_name(t, il) not in tensors]
+        return problems
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
