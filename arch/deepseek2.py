@@ -23,11 +23,12 @@ References: DeepSeek-AI 2024, "DeepSeek-V2" and "DeepSeek-V3 Technical Report"; 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
+from graphir.model.mla import decompressed_attention, latent_qkv
 from graphir.model.moe import MOE_KEYS, check_experts, gate_up, gate_up_problems, gate_up_tensors
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
@@ -37,6 +38,7 @@ from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import HParams, Key
 from graphir.graph.floats import f32
 from graphir.model.scales import layer_scales
+from graphir.model.temperature import Temperature
 from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, derived, fixed, hf
@@ -70,6 +72,8 @@ def _mscale(factor: float, m: float) -> float:
 class DeepSeek2(Architecture):
     name = "deepseek2"
     rope_mode = "norm"
+    # YaRN's mscale taken equal to mscale_all_dim (llama.cpp's special case for deepseek2); False: mscale 1
+    mscale_is_all_dim: ClassVar[bool] = True
     required_keys = (L.FEED_FORWARD_LENGTH, A.HEAD_COUNT, A.LAYERNORM_RMS_EPS, A.KV_LORA_RANK,
                      L.EXPERT_FEED_FORWARD_LENGTH, L.EXPERT_SHARED_COUNT)
     keys = MOE_KEYS + (
@@ -85,14 +89,16 @@ class DeepSeek2(Architecture):
         Key("expert_weights_norm", L.EXPERT_WEIGHTS_NORM, bool, False),
         Key("expert_gating_func", L.EXPERT_GATING_FUNC, int, 0, minimum=0),
         Key("rope_yarn_log_mul", R.SCALING_YARN_LOG_MUL, float, 0.0),  # as stored: 0.1 * mscale_all_dim
-        Key("attn_temp_scale", A.TEMPERATURE_SCALE, float, 0.0),
+        Key("attn_temp_scale", A.TEMPERATURE_SCALE, float, 0.0),  # 0: no attention temperature tuning
+        Key("attn_temp_length", A.TEMPERATURE_LENGTH, int, 0, minimum=0),  # its positions per step of the log
         Key("n_layer_nextn", L.NEXTN_PREDICT_LAYERS, int, 0, minimum=0),
     )
 
     def __init__(self, hp: HParams):
         key = lambda t: t.format(arch=self.name)  # noqa: E731
-        if hp.attn_temp_scale:
-            raise MetadataError(f"'{key(A.TEMPERATURE_SCALE)}' is set: attention temperature tuning is not built")
+        if hp.attn_temp_scale and not hp.attn_temp_length:
+            raise MetadataError(f"'{key(A.TEMPERATURE_SCALE)}' is set but '{key(A.TEMPERATURE_LENGTH)}' is not: "
+                                f"attention temperature tuning needs both")
         if hp.n_layer_nextn:
             raise MetadataError(f"'{key(L.NEXTN_PREDICT_LAYERS)}' = {hp.n_layer_nextn}: multi-token-prediction layers "
                                 f"are not built (convert without them)")
@@ -193,13 +199,18 @@ class DeepSeek2(Architecture):
     def rope_attn_factor(self) -> float:
         """The rope magnitude factor llama.cpp's context gives a deepseek2 model (cparams.yarn_attn_factor): with
         YaRN, mscale / mscale_all_dim's (llama.cpp takes mscale equal to mscale_all_dim for deepseek2, so 1 when
-        ``yarn_log_multiplier`` is set; YaRN's own mscale when it is not) divided by the magnitude ggml's rope
-        multiplies in itself; times rope.scaling.attn_factor. The magnitude left is what kq_scale adds back."""
+        ``yarn_log_multiplier`` is set; mscale 1 where ``mscale_is_all_dim`` is False; YaRN's own mscale when it
+        is not set) divided by the magnitude ggml's rope multiplies in itself; times rope.scaling.attn_factor. The
+        magnitude left is what kq_scale adds back."""
         hp = self.hp
         yaf = 1.0
         if hp.rope_scaling == "yarn":
             factor = f32(1.0 / hp.rope_freq_scale)
-            yaf = 1.0 if self.log_mul() else _mscale(factor, 1.0)
+            m = self.log_mul()
+            if not m:
+                yaf = _mscale(factor, 1.0)
+            else:
+                yaf = 1.0 if self.mscale_is_all_dim else f32(_mscale(factor, 1.0) / _mscale(factor, m))
             yaf = f32(yaf * f32(1.0 / f32(1.0 + f32(f32(0.1) * f32(math.log(factor))))))
         return f32(yaf * hp.rope_attn_factor)
 
@@ -220,9 +231,10 @@ class DeepSeek2(Architecture):
     def rope(self, b: GraphBuilder, x: Node, pos: Node, name: str) -> Node:
         return b.rope(x, pos, name=name, attn_factor=self.rope_attn_factor())
 
-    def attention(self, b: GraphBuilder, h: Node, pos: Node, il: int) -> Node:
+    def attention(self, b: GraphBuilder, h: Node, pos: Node, temperature: Node | None, il: int) -> Node:
+        """MLA; queries times each token's ``temperature`` where the file tunes it (Mistral Large 3)."""
         hp, w = self.hp, b.w
-        H, T_, R_kv, rot, d_k, nope = hp.head_count(il), b.n_tokens, hp.n_lora_kv, hp.n_rot, self.d_k, self.d_nope
+        H, T_, R_kv, d_k, nope = hp.head_count(il), b.n_tokens, hp.n_lora_kv, self.d_k, self.d_nope
         if self.q_lora:
             q = b.linear(h, w(T.ATTN_Q_A, il), name="q_a")  # type: ignore[arg-type]
             q = b.norm(q, T.ATTN_Q_A_NORM, il, name="q_a_norm")
@@ -230,34 +242,21 @@ class DeepSeek2(Architecture):
         else:
             q = b.linear(h, w(T.ATTN_Q, il), name="q_proj")  # type: ignore[arg-type]
         q = b.reshape(q, (d_k, H, T_), name="q.heads")
-        q_nope = b.op("view", q, shape=(nope, H, T_), strides=(1, d_k, d_k * H), offset=0, name="q_nope")
-        q_pe = b.op("view", q, shape=(rot, H, T_), strides=(1, d_k, d_k * H), offset=nope, name="q_pe")
-        q_pe = self.rope(b, q_pe, pos, "q_pe.rope")
-        kv_pe = b.linear(h, w(T.ATTN_KV_A_MQA, il), name="kv_cmpr_pe")  # type: ignore[arg-type]
-        kv = b.op("view", kv_pe, shape=(R_kv, T_), strides=(1, R_kv + rot), offset=0, name="kv_cmpr")
-        k_pe = b.op("view", kv_pe, shape=(rot, 1, T_), strides=(1, R_kv + rot, R_kv + rot), offset=R_kv, name="k_pe")
-        k_pe = self.rope(b, k_pe, pos, "k_pe.rope")
-        kv = b.norm(kv, T.ATTN_KV_A_NORM, il, name="kv_cmpr_norm")
+        q_nope, q_pe, kv, k_pe = latent_qkv(b, h, q, pos, il, nope, self.rope)
         if self.mla:
             # each head's no-position query in latent space: [nope, T, H] through its [nope, R_kv] slice of k_b
             q_nope = b.op("permute", q_nope, axes=(0, 2, 1, 3), name="q_nope_perm")
             q_abs = b.op("mul_mat", w(T.ATTN_K_B, il), q_nope, name="q_nope_absorbed")  # type: ignore[arg-type]
             q_abs = b.op("permute", q_abs, axes=(0, 2, 1, 3), name="q_nope_absorbed_perm")
             q = b.op("concat", q_abs, q_pe, dim=0, name="Qcur")
+            if temperature is not None:
+                q = b.op("mul", q, temperature, name="Qcur_attn_temp_scaled")
             latent = b.reshape(kv, (R_kv, 1, T_), name="kv_cmpr.heads")
             k = b.op("concat", latent, k_pe, dim=0, name="Kcur")
             return b.build_attn_mla(q, k, latent, wo=w(T.ATTN_OUT, il), v_mla=w(T.ATTN_V_B, il),  # type: ignore[arg-type]
                                     kq_scale=self.kq_scale(), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"))
         # legacy: K and V decompressed per head, the key part repeated to every head
-        kvb = b.linear(kv, w(T.ATTN_KV_B, il), name="kv")  # type: ignore[arg-type]
-        row = nope + self.d_v
-        k_nope = b.op("view", kvb, shape=(nope, H, T_), strides=(1, row, row * H), offset=0, name="k_nope")
-        v = b.op("cont", b.op("view", kvb, shape=(self.d_v, H, T_), strides=(1, row, row * H), offset=nope,
-                              name="Vcur.view"), name="Vcur")
-        q = b.op("concat", q_nope, q_pe, dim=0, name="Qcur")
-        k = b.op("concat", k_nope, b.op("repeat", k_pe, shape=(rot, H, T_), name="k_pe.heads"), dim=0, name="Kcur")
-        return b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"),
-                            kq_scale=self.kq_scale())
+        return decompressed_attention(b, q_nope, q_pe, kv, k_pe, il, self.d_v, self.kq_scale(), temperature)
 
     def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
         hp, w = self.hp, b.w
@@ -275,10 +274,13 @@ class DeepSeek2(Architecture):
         return b.op("add", moe, shared, name="ffn_out")
 
     def build(self, b: GraphBuilder) -> None:
+        hp = self.hp
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))  # type: ignore[arg-type]
+        temperature = (b.build_inp_attn_scale(Temperature(hp.attn_temp_length, hp.attn_temp_scale, 0.0))
+                       if hp.attn_temp_scale else None)
         pos = b.build_inp_pos()
         for il in b.layers():
-            a = self.attention(b, b.norm(x, T.ATTN_NORM, il, name="attn_norm"), pos, il)
+            a = self.attention(b, b.norm(x, T.ATTN_NORM, il, name="attn_norm"), pos, temperature, il)
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             f = self.ffn(b, b.norm(x, T.FFN_NORM, il, name="ffn_norm"), il)

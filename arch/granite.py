@@ -1,23 +1,33 @@
-"""Granite 4.0 hybrids (granitehybrid): Mamba-2 layers and attention layers in one decoder.
+"""IBM Granite 3 (granite), MiniCPM (minicpm: the same graph) and
+the Granite 4.0 hybrids (granitehybrid): Mamba-2 layers and attention layers in one decoder.
 
-A layer whose ``attention.head_count_kv`` entry is 0 is a Mamba-2 block (arch/mamba.py), the others are
-grouped-query attention, RoPE'd unless ``rope.scaling.finetuned`` is false (Granite 4.0-H has no positions
-at all); every layer then has a SwiGLU FFN: dense (Granite-4.0-H-Micro), or with ``expert_count`` > 0 a mixture of
-experts (each token through its top ``expert_used_count``, softmax weights renormalised) plus, when
-``expert_shared_feed_forward_length`` > 0, a shared SwiGLU expert every token takes, ungated
-(Granite-4.0-H-Tiny and -Small). Granite's multipliers scale the token embeddings, both residual branches and
-(as a divisor) the logits, and ``attention.scale`` replaces 1/sqrt(head size). The memory holds a KV cache for
-the attention layers and state cells for the others (the ``hybrid`` kind).
-Reference: IBM 2025, "Granite 4.0"; llama.cpp src/models/granite-hybrid.cpp.
+Granite 3 is a pre-RMSNorm decoder, each layer ``x += r * attn(norm(x))`` then ``x += r * ffn(norm(x))``: its four
+multipliers scale the token embeddings (``embedding_scale``), both residual branches (``residual_scale``, r), the
+attention scores (``attention.scale`` replaces 1/sqrt(head size)) and, as a divisor, the logits (``logit_scale``,
+required). Attention is RoPE'd unless ``rope.scaling.finetuned`` is false; the FFN is a SwiGLU, or with
+``expert_count`` > 0 a mixture of experts (each token through its top ``expert_used_count``, softmax weights
+renormalised) plus, when ``expert_shared_feed_forward_length`` > 0, a shared SwiGLU expert every token takes,
+ungated. MiniCPM builds the same graph from llama.cpp's defaults where a file lacks the keys (embeddings times 12,
+residuals times 1.4 / sqrt(n_layer), logits divided by 256 / n_embd), always RoPE'd, scores by 1/sqrt(head size).
+
+In a hybrid, a layer whose ``attention.head_count_kv`` entry is 0 is a Mamba-2 block (arch/mamba.py), the others
+Granite's attention (Granite 4.0-H has no positions at all); every layer then has Granite's FFN, dense
+(Granite-4.0-H-Micro) or with experts (Granite-4.0-H-Tiny and -Small). The memory holds a KV cache for the
+attention layers and state cells for the others (the ``hybrid`` kind).
+References: IBM 2024, "Granite 3.0 Language Models"; Hu et al. 2024, "MiniCPM"; IBM 2025, "Granite 4.0"; llama.cpp
+src/models/granite.cpp, minicpm.cpp, granite-hybrid.cpp.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
+from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.memory.layers import Attention, LayerNeeds
 from graphir.model import ssm
@@ -26,34 +36,80 @@ from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key
 from graphir.graph.floats import f32
 from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.model.rope_factors import long_context, longrope, rope_factor_tensors, rope_factors
 from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
 from graphir.model import presets
 from graphir.model.presets import Preset
 from graphir.model import hf_config
-from graphir.model.hf_config import BLOCKS, TEXT_BASE, VOCAB, WIDTH, Config, Family, heads, derived, hf
+from graphir.model.hf_config import BLOCKS, TEXT, TEXT_BASE, VOCAB, WIDTH, Config, Family, heads, derived, hf
+
+# Granite's multipliers and switches, as llama.cpp's granite loader reads them
+GRANITE_KEYS = (
+    Key("logit_scale", Keys.LLM.LOGIT_SCALE, float, 0.0),  # 0: none (a hybrid's; required of Granite 3)
+    Key("residual_scale", Keys.LLM.RESIDUAL_SCALE, float, 0.0),
+    Key("embedding_scale", Keys.LLM.EMBEDDING_SCALE, float, 0.0),
+    Key("rope_finetuned", Keys.Rope.SCALING_FINETUNED, bool, True),  # Granite's switch for RoPE
+    *MOE_KEYS,
+    Key("n_ff_shexp", Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, 0, minimum=0),  # 0: no shared expert
+)
+DEEPSTACK = "{arch}.deepstack_mapping"  # Granite Vision's projector streams (llama.cpp's LLM_KV_DEEPSTACK_MAPPING)
 
 
-class GraniteHybrid(Architecture):
-    name = "granitehybrid"
-    rope_mode = "norm"
-    required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
-    per_layer = True  # head_count_kv per layer says which layers are recurrent
-    keys = ssm.MAMBA2_KEYS + (
-        Key("logit_scale", Keys.LLM.LOGIT_SCALE, float, 0.0),  # 0: none
-        Key("residual_scale", Keys.LLM.RESIDUAL_SCALE, float, 0.0),
-        Key("embedding_scale", Keys.LLM.EMBEDDING_SCALE, float, 0.0),
-        Key("rope_finetuned", Keys.Rope.SCALING_FINETUNED, bool, True),  # Granite's switch for RoPE
-        *MOE_KEYS,
-        Key("n_ff_shexp", Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, 0, minimum=0),  # 0: no shared expert
-    )
+@dataclass(frozen=True)
+class Traits:
+    """What MiniCPM's and the hybrids' reading of Granite's graph changes."""
+
+    # Mamba-2 layers where head_count_kv is 0 (granitehybrid): then a logit_scale of 0 leaves the logits as they
+    # are, the positions input is there even where no layer ropes, and rope_freqs is the only factor vector
+    hybrid: bool = False
+    # MiniCPM: the multipliers a file leaves out take llama.cpp's defaults (embeddings times 12, residuals times
+    # 1.4 / sqrt(n_layer), logits divided by 256 / n_embd), attention.scale is not read, and every layer ropes
+    minicpm_defaults: bool = False
+    # Granite 3 (and the hybrids) read rope.scaling.finetuned as a switch for RoPE; MiniCPM and Granite's
+    # mixtures of experts rope every layer whatever a file says
+    rope_switch: bool = True
+
+
+class Granite(Architecture):
+    """Granite 3's decoder as llama.cpp's src/models/granite.cpp builds it; minicpm and granitehybrid are data."""
+
+    name = "granite"
+    rope_mode = "norm"  # the converter (a LlamaModel) permuted Q/K rows so that adjacent pairs rotate
+    required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS,
+                     Keys.LLM.LOGIT_SCALE)
+    keys = GRANITE_KEYS + (Key("deepstack", DEEPSTACK, tuple, (), minimum=-1, count=-1),)
+    traits: ClassVar[Traits] = Traits()
 
     def __init__(self, hp: HParams):
+        t = self.traits
         check_experts(hp, self.name)
-        ssm.check_mamba2(hp)
+        if t.hybrid:
+            ssm.check_mamba2(hp)
+        given = dict(hp.family)
+        if any(i >= 0 for i in given.pop("deepstack", ())):  # llama.cpp's saver writes 512 entries of -1: none
+            raise MetadataError(f"key '{DEEPSTACK.format(arch=self.name)}' feeds projector embeddings into layers: "
+                                f"graphir takes token input only")
+        if t.minicpm_defaults:
+            defaults = {"logit_scale": f32(256.0 / hp.n_embd), "embedding_scale": 12.0,
+                        "residual_scale": f32(f32(1.4) / f32(math.sqrt(hp.n_layer)))}
+            given = {**{k: defaults[k] if given.get(k) is None else v for k, v in given.items()}, "n_ff_shexp": 0}
+        hp = replace(hp, family=tuple(given.items()), attn_scale=0.0 if t.minicpm_defaults else hp.attn_scale)
+        if not (t.hybrid or hp.logit_scale):
+            raise MetadataError(f"key '{Keys.LLM.LOGIT_SCALE.format(arch=self.name)}' is 0: the logits are divided "
+                                f"by it")
         super().__init__(hp)
 
+    def variant(self, n_ctx_seq: int) -> bool:
+        """Under LongRoPE, whether a context of n_ctx_seq cells per sequence takes the long factors."""
+        return not self.traits.hybrid and longrope(self.hp) and long_context(self.hp, n_ctx_seq)
+
     def recurrent(self, il: int) -> bool:
-        return self.hp.head_count_kv(il) == 0
+        """Whether layer il is a Mamba-2 block: a hybrid's layer without KV heads."""
+        return self.traits.hybrid and self.hp.head_count_kv(il) == 0
+
+    @property
+    def roped(self) -> bool:
+        return not self.traits.rope_switch or self.hp.rope_finetuned
 
     def layers(self) -> LayerNeeds:
         hp = self.hp
@@ -67,7 +123,7 @@ class GraniteHybrid(Architecture):
         E, V = hp.n_embd, hp.n_vocab
         specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"),
                  spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
-                 spec(T.ROPE_FREQS, (hp.n_rot // 2,), kind="vector", optional=True)]
+                 *rope_factor_tensors(hp, False if self.traits.hybrid else None)]
         for il in range(hp.n_layer):
             specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"),
                       *(ssm.mamba2_tensors(hp, il) if self.recurrent(il) else self.attn_tensors(il)),
@@ -113,7 +169,7 @@ class GraniteHybrid(Architecture):
     def attention(self, b: GraphBuilder, h: Node, pos: Node, freq_factors: Node | None, il: int) -> Node:
         """Grouped-query attention, RoPE'd unless ``rope.scaling.finetuned`` is false."""
         q, k, v = b.build_qkv(h, il)
-        if self.hp.rope_finetuned:
+        if self.roped:
             q = b.rope(q, pos, freq_factors, name="Qcur.rope")
             k = b.rope(k, pos, freq_factors, name="Kcur.rope")
         return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w_opt(T.ATTN_OUT, il, "bias"),
@@ -138,19 +194,50 @@ class GraniteHybrid(Architecture):
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp
         x = _scaled(b, b.build_inp_embd(b.w(T.TOKEN_EMBD)), hp.embedding_scale, "inp_scaled")
-        pos = b.build_inp_pos()
-        freq_factors = b.w_opt(T.ROPE_FREQS)
+        pos = b.build_inp_pos() if self.roped or self.traits.hybrid else None
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
-            a = ssm.mamba2_layer(b, h, il) if self.recurrent(il) else self.attention(b, h, pos, freq_factors, il)
+            if self.recurrent(il):
+                a = ssm.mamba2_layer(b, h, il)
+            else:
+                a = self.attention(b, h, pos, rope_factors(b) if self.roped else None, il)
             a, x = b.last_layer_rows((a, "mix_out.rows"), (x, "inp.rows"))
             x = b.op("add", _scaled(b, a, hp.residual_scale, "mix_out.scaled"), x, name="ffn_inp")
             f = self.ffn(b, b.norm(x, T.FFN_NORM, il, name="ffn_norm"), il)
             x = b.op("add", _scaled(b, f, hp.residual_scale, "ffn_out.scaled"), x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
-        if hp.logit_scale:
+        if hp.logit_scale:  # a hybrid's 0: the logits as they are
             b.outputs["logits"] = b.op("scale", b.outputs["logits"], s=f32(1.0 / hp.logit_scale), name="result_scaled")
+
+
+class MiniCPM(Granite):
+    """MiniCPM 1 and 2 (MiniCPM-2B, -1B): Granite's graph, its multipliers llama.cpp's defaults where a file (an
+    older conversion) leaves them out; no shared expert, no attention.scale, RoPE in every layer."""
+
+    name = "minicpm"
+    required_keys = Granite.required_keys[:-1]
+    keys = (Key("logit_scale", Keys.LLM.LOGIT_SCALE, float, None),  # None: llama.cpp's default (Traits)
+            Key("residual_scale", Keys.LLM.RESIDUAL_SCALE, float, None),
+            Key("embedding_scale", Keys.LLM.EMBEDDING_SCALE, float, None), *MOE_KEYS)
+    traits = Traits(minicpm_defaults=True, rope_switch=False)
+
+
+class GraniteMoe(Granite):
+    """Granite 3's mixtures of experts (Granite-3.1-3B-A800M, -1B-A400M, and with a shared expert): Granite's graph,
+    read by llama.cpp's granitemoe loader, which has no RoPE switch and no projector streams."""
+
+    name = "granitemoe"
+    keys = GRANITE_KEYS
+    traits = Traits(rope_switch=False)
+
+
+class GraniteHybrid(Granite):
+    name = "granitehybrid"
+    required_keys = Granite.required_keys[:-1]
+    per_layer = True  # head_count_kv per layer says which layers are recurrent
+    keys = ssm.MAMBA2_KEYS + GRANITE_KEYS
+    traits = Traits(hybrid=True)
 
 
 def _scaled(b: GraphBuilder, x: Node, s: float, name: str) -> Node:
@@ -182,6 +269,27 @@ def _granite4h(E: int, n_head: int, n_head_kv: int, n_ff_exp: int, n_ff_shexp: i
 
 
 presets.register({
+    # Granite 3.1 2B: 40 layers of 32 heads (8 KV heads) of 64, RoPE base 5e6 over 128k positions; its multipliers
+    "Granite-3.1-2B": Preset("granite", {
+        L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 40, L.FEED_FORWARD_LENGTH: 8192,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 8, R.FREQ_BASE: 5000000.0, A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 64,
+        A.SCALE: 0.015625, L.EMBEDDING_SCALE: 12.0, L.RESIDUAL_SCALE: 0.22, L.LOGIT_SCALE: 8.0, L.VOCAB_SIZE: 49155,
+    }, tied=True, source="ibm-granite/granite-3.1-2b-instruct config.json"),
+    # MiniCPM 2B: 40 layers of 36 heads of 64 (no grouping); the converter writes the three multipliers
+    # (scale_emb, scale_depth / sqrt(n_layer), hidden_size / dim_model_base)
+    # Granite 3.1 3B-A800M: 32 layers of 24 heads (8 KV heads) of 64; 40 experts of 512, 8 per token; its multipliers
+    "Granite-3.1-3B-A800M": Preset("granitemoe", {
+        L.CONTEXT_LENGTH: 131072, L.EMBEDDING_LENGTH: 1536, L.BLOCK_COUNT: 32, L.FEED_FORWARD_LENGTH: 512,
+        A.HEAD_COUNT: 24, A.HEAD_COUNT_KV: 8, R.FREQ_BASE: 10000000.0, A.LAYERNORM_RMS_EPS: 1e-6, L.EXPERT_COUNT: 40,
+        L.EXPERT_USED_COUNT: 8, A.SCALE: 0.015625, L.EMBEDDING_SCALE: 12.0, L.RESIDUAL_SCALE: 0.22,
+        L.LOGIT_SCALE: 6.0, L.VOCAB_SIZE: 49155,
+    }, tied=True, include=presets.EXPERT_GATES, f32=presets.ROUTER_F32,
+        source="ibm-granite/granite-3.1-3b-a800m-instruct config.json"),
+    "MiniCPM-2B": Preset("minicpm", {
+        L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 2304, L.BLOCK_COUNT: 40, L.FEED_FORWARD_LENGTH: 5760,
+        A.HEAD_COUNT: 36, A.HEAD_COUNT_KV: 36, A.LAYERNORM_RMS_EPS: 1e-5, L.EMBEDDING_SCALE: 12.0,
+        L.RESIDUAL_SCALE: 1.4 / 40 ** 0.5, L.LOGIT_SCALE: 9.0, L.VOCAB_SIZE: 122753,
+    }, tied=True, source="openbmb/MiniCPM-2B-sft-bf16 config.json"),
     "Granite-4.0-H-Tiny": _granite4h(1536, 12, 4, 512, 1024, 64, 6, 48, "ibm-granite/granite-4.0-h-tiny model card "
                                      "and config excerpts (sizes; not the multipliers)"),
     "Granite-4.0-H-Small": _granite4h(4096, 32, 8, 768, 1536, 72, 10, 128, "ibm-granite/granite-4.0-h-small model "
@@ -218,13 +326,16 @@ def _granite_rope(c: Config) -> dict[str, Any]:
     return {R.SCALING_FINETUNED: roped, **({} if roped else {L.CONTEXT_LENGTH: 1 << 20})}
 
 
-GRANITE_HYBRID = TEXT_BASE + (  # GraniteModel drops head_dim
+# GraniteModel: LlamaModel's keys without head_dim, and the four multipliers
+GRANITE = TEXT_BASE + (
     VOCAB,
     derived(R.DIMENSION_COUNT, lambda c: c.find(*WIDTH) // heads(c)),
     hf(A.SCALE, "attention_multiplier", kind="number", default=None),
     hf(L.EMBEDDING_SCALE, "embedding_multiplier", kind="number", default=None),
     hf(L.RESIDUAL_SCALE, "residual_multiplier", kind="number", default=None),
     hf(L.LOGIT_SCALE, "logits_scaling", kind="number", default=None),
+)
+GRANITE_HYBRID = GRANITE + (
     hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_intermediate_size", default=None),
     hf(S.CONV_KERNEL, *_prefixed("conv_kernel", "d_conv")),
     hf(S.STATE_SIZE, *_prefixed("state_size", "d_state", "state_dim", "ssm_state_size")),
@@ -245,3 +356,18 @@ def _granite_include(c: Config) -> str:
 
 hf_config.register(Family("granitehybrid", GRANITE_HYBRID, {"tie_word_embeddings": False}, _granite_include,
                           pad_vocab=8), "GraniteMoeHybridForCausalLM")
+hf_config.register(Family("granite", GRANITE, {"tie_word_embeddings": False}), "GraniteForCausalLM")
+hf_config.register(Family("granitemoe", GRANITE + (hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_intermediate_size",
+                                                     default=None),),
+                          {"tie_word_embeddings": False}, _granite_include),
+                   "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
+
+
+# MiniCPMModel: the text keys and the multipliers from scale_emb, scale_depth and dim_model_base
+MINICPM = TEXT + (
+    VOCAB,
+    hf(L.EMBEDDING_SCALE, "scale_emb", kind="number"),
+    derived(L.RESIDUAL_SCALE, lambda c: c.find("scale_depth", kind="number") / math.sqrt(c.find(*BLOCKS))),
+    derived(L.LOGIT_SCALE, lambda c: c.find(*WIDTH) / c.find("dim_model_base")),
+)
+hf_config.register(Family("minicpm", MINICPM, {"tie_word_embeddings": True}), "MiniCPMForCausalLM")

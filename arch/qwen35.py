@@ -1,4 +1,5 @@
-"""Qwen3.5, dense (qwen35): gated DeltaNet layers and gated full-attention layers in one decoder.
+"""Qwen3.5, dense (qwen35) and mixture-of-experts (qwen35moe): gated DeltaNet layers and gated full-attention
+layers in one decoder.
 
 Three layers of every four (``full_attention_interval``, or the flags of ``attention.recurrent_layers``) mix
 tokens by gated DeltaNet: one projection gives q, k and v, which go through a short causal convolution and
@@ -6,14 +7,18 @@ SiLU; q and k are L2-normalised, and each value head keeps a matrix state that d
 corrected toward v along k by a step beta (the gated delta rule); the read-out is RMS-normalised per head and
 gated by SiLU(z). The other layers are grouped-query attention with QK-norm and interleaved multi-section RoPE
 (M-RoPE; a text token gives every section its position), whose Q projection also yields a sigmoid gate on the
-heads' output. Each layer then adds a SwiGLU FFN behind a post-attention norm. The memory holds a KV cache for
+heads' output. Each layer then adds a SwiGLU FFN behind a post-attention norm; in Qwen3.5-MoE a softmax-routed
+mixture of experts (gate and up stacks fused or apart) plus a shared expert scaled by a sigmoid gate of its
+own, the one variant as data (:attr:`Qwen35.experts`). The memory holds a KV cache for
 the attention layers and conv columns plus delta states per sequence for the others (the ``hybrid`` kind).
 Multi-token-prediction layers (``nextn_predict_layers``) are not built yet: such a file is refused.
 Reference: Qwen Team 2026, "Qwen3.5"; Yang, Kautz & Hatamizadeh 2025, "Gated Delta Networks"; llama.cpp
-src/models/qwen35.cpp, delta-net-base.cpp.
+src/models/qwen35.cpp, qwen35moe.cpp, delta-net-base.cpp.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
@@ -25,6 +30,7 @@ from graphir.model import ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key
+from graphir.model.moe import MOE_KEYS, check_experts, gate_up, gate_up_tensors
 from graphir.graph.floats import f32, inv_sqrt
 from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
 from graphir.model import presets
@@ -33,6 +39,7 @@ from graphir.model import hf_config
 from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, head_dim, derived, hf
 
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; gguf-py has no constant for it yet
+FUSED_EXPERTS = r"blk\.\d+\.ffn_gate_up_exps\.weight"  # the converter writes Qwen3.5-MoE's experts' gate and up as one
 
 
 class Qwen35(Architecture):
@@ -48,6 +55,7 @@ class Qwen35(Architecture):
             Key("recurrent_layers", RECURRENT_LAYERS, tuple, (), minimum=0, maximum=1),  # (): by the interval
             Key("full_attention_interval", Keys.LLM.FULL_ATTENTION_INTERVAL, int, 4, minimum=1),
             Key("n_nextn", Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0, minimum=0))
+    experts: ClassVar[bool] = False  # every FFN a mixture of experts with a gated shared expert (qwen35moe)
 
     def __init__(self, hp: HParams):
         def key(template: str) -> str:
@@ -57,6 +65,10 @@ class Qwen35(Architecture):
             raise MetadataError(f"a '{self.name}' model with {hp.n_nextn} multi-token-prediction layers "
                                 f"({key(Keys.LLM.NEXTN_PREDICT_LAYERS)}) needs them built, which graphir does not "
                                 f"do yet")
+        if self.experts:
+            if not hp.n_expert:
+                raise MetadataError(f"a '{self.name}' model needs experts ({key(Keys.LLM.EXPERT_COUNT)} > 0)")
+            check_experts(hp, self.name)
         heads, k_heads, d = hp.ssm_dt_rank, hp.ssm_n_group, hp.ssm_d_state
         if hp.ssm_d_inner != heads * d or heads % k_heads:  # k and v heads are equally wide; k heads are shared
             raise MetadataError(f"DeltaNet inner size {hp.ssm_d_inner} ({key(Keys.SSM.INNER_SIZE)}) must be {heads} "
@@ -78,6 +90,13 @@ class Qwen35(Architecture):
         if hp.recurrent_layers:
             return bool(hp.recurrent_layers[il])
         return (il + 1) % hp.full_attention_interval != 0
+
+    @property
+    def n_ff_exp(self) -> int:
+        """One expert's width: layer 0's ``expert_feed_forward_length``, else the FFN length shared among the used
+        experts (as llama.cpp)."""
+        hp = self.hp
+        return (hp.n_ff_exp[0] if hp.n_ff_exp else 0) or hp.ff_length(0) // hp.n_expert_used
 
     @property
     def key_dim(self) -> int:
@@ -103,9 +122,23 @@ class Qwen35(Architecture):
         for il in range(hp.n_layer):
             specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), spec(T.ATTN_POST_NORM, (E,), il, kind="vector"),
                       *(self.delta_tensors(il) if self.recurrent(il) else self.attn_tensors(il)),
-                      spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
-                      *(s for t in (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN) for s in scales(t, il))]
+                      *(self.moe_tensors(il) if self.experts else
+                        [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
+                         *(s for t in (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN) for s in scales(t, il))])]
         return specs
+
+    def moe_tensors(self, il: int) -> list[TensorSpec]:
+        """The router, the experts' stacks (gate and up fused or apart), the shared expert of
+        ``expert_shared_feed_forward_length`` (absent: the FFN length) and its gate [n_embd], each matrix's
+        optional scales (one per expert for the stacks)."""
+        hp = self.hp
+        E, X, F, Fs = hp.n_embd, hp.n_expert, self.n_ff_exp, hp.n_ff_shexp or hp.ff_length(0)
+        return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
+                *gate_up_tensors(E, F, X, il),
+                spec(T.FFN_GATE_INP_SHEXP, (E,), il, kind="vector"), spec(T.FFN_GATE_SHEXP, (E, Fs), il),
+                spec(T.FFN_UP_SHEXP, (E, Fs), il), spec(T.FFN_DOWN_SHEXP, (Fs, E), il),
+                *(s for t in (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP) for s in scales(t, il, X)),
+                *(s for t in (T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP, T.FFN_DOWN_SHEXP) for s in scales(t, il))]
 
     def attn_tensors(self, il: int) -> list[TensorSpec]:
         """Q (and its gate, head by head), K, V with optional biases; the output; the QK-norm scales; each
@@ -198,6 +231,21 @@ class Qwen35(Architecture):
         y = b.mm(b.w(T.SSM_OUT, il), y, b.scale(T.SSM_OUT, il), name="linear_attn_out")
         return b.reshape(y, (hp.n_embd, b.n_tokens), name="linear_attn_out.tokens")
 
+    def moe(self, b: GraphBuilder, h: Node, il: int) -> Node:
+        """The experts' softmax-weighted sum (weights normalised) plus the shared expert times sigmoid(its gate)."""
+        hp = self.hp
+        moe = b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
+                              **gate_up(b, il), n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True,
+                              up_exps_s=b.scale(T.FFN_UP_EXP, il), gate_exps_s=b.scale(T.FFN_GATE_EXP, il),
+                              down_exps_s=b.scale(T.FFN_DOWN_EXP, il))
+        shared = b.build_ffn(h, up=b.w(T.FFN_UP_SHEXP, il), gate=b.w(T.FFN_GATE_SHEXP, il),
+                             down=b.w(T.FFN_DOWN_SHEXP, il), up_s=b.scale(T.FFN_UP_SHEXP, il),
+                             gate_s=b.scale(T.FFN_GATE_SHEXP, il), down_s=b.scale(T.FFN_DOWN_SHEXP, il),
+                             name="ffn_shexp")
+        gate = b.op("sigmoid", b.mm(b.w(T.FFN_GATE_INP_SHEXP, il), h, name="shared_expert_gate"),
+                    name="shared_expert_gate_sigmoid")
+        return b.op("add", moe, b.op("mul", shared, gate, name="ffn_shexp_gated"), name="ffn_out")
+
     def build(self, b: GraphBuilder) -> None:
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
@@ -205,14 +253,22 @@ class Qwen35(Architecture):
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
             a = self.delta_net(b, h, il) if self.recurrent(il) else self.attention(b, h, pos, il)
             x = b.op("add", a, x, name="attn_residual")
-            f = b.build_ffn(b.norm(x, T.ATTN_POST_NORM, il, name="attn_post_norm"),
-                            up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
-                            up_s=b.scale(T.FFN_UP, il), gate_s=b.scale(T.FFN_GATE, il),
-                            down_s=b.scale(T.FFN_DOWN, il))
+            h = b.norm(x, T.ATTN_POST_NORM, il, name="attn_post_norm")
+            f = self.moe(b, h, il) if self.experts else b.build_ffn(
+                h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
+                up_s=b.scale(T.FFN_UP, il), gate_s=b.scale(T.FFN_GATE, il), down_s=b.scale(T.FFN_DOWN, il))
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm.all")
         # llama.cpp keeps every row through the last layer and picks the requested ones after the final norm
         b.build_output(b.op("get_rows", x, b.build_inp_out_ids(), name="result_norm"), b.w(T.OUTPUT))
+
+
+class Qwen35Moe(Qwen35):
+    name = "qwen35moe"
+    keys = Qwen35.keys + MOE_KEYS + (
+        Key("n_ff_exp", Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, tuple, (), minimum=0),
+        Key("n_ff_shexp", Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, 0, minimum=0))
+    experts = True
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
@@ -231,6 +287,18 @@ presets.register({
         L.FULL_ATTENTION_INTERVAL: 4, S.CONV_KERNEL: 4, S.STATE_SIZE: 128, S.GROUP_COUNT: 16, S.TIME_STEP_RANK: 16,
         S.INNER_SIZE: 2048, L.VOCAB_SIZE: 248320,
     }, tied=True, f32=r"blk\.\d+\.ssm_conv1d\.weight", source="Qwen/Qwen3.5-0.8B config.json (text_config)"),
+    # The largest Qwen3.5 mixture: Qwen3.5's layout at width 4096 over 60 layers (32 query and 2 KV heads of 256;
+    # 16 key and 64 value DeltaNet heads of 128); each FFN 512 experts of 1024, 10 per token, and a shared expert
+    # of 1024; converted without its multi-token-prediction layer.
+    "Qwen3.5-397B-A17B": Preset("qwen35moe", {
+        L.CONTEXT_LENGTH: 262144, L.EMBEDDING_LENGTH: 4096, L.BLOCK_COUNT: 60, A.HEAD_COUNT: 32,
+        A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256, R.FREQ_BASE: 10000000.0, R.DIMENSION_COUNT: 64,
+        R.DIMENSION_SECTIONS: [11, 11, 10, 0], A.LAYERNORM_RMS_EPS: 1e-6, L.FULL_ATTENTION_INTERVAL: 4,
+        S.CONV_KERNEL: 4, S.STATE_SIZE: 128, S.GROUP_COUNT: 16, S.TIME_STEP_RANK: 64, S.INNER_SIZE: 8192,
+        L.VOCAB_SIZE: 248320, L.EXPERT_COUNT: 512, L.EXPERT_USED_COUNT: 10, L.EXPERT_FEED_FORWARD_LENGTH: 1024,
+        L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 1024,
+    }, tied=False, include=FUSED_EXPERTS, f32=r"blk\.\d+\.(ssm_conv1d|ffn_gate_inp|ffn_gate_inp_shexp)\.weight",
+        source="Qwen/Qwen3.5-397B-A17B config.json (text_config)"),
 })
 
 
@@ -267,3 +335,5 @@ QWEN35 = TEXT + (
 
 hf_config.register(Family("qwen35", QWEN35, {"tie_word_embeddings": False}), "Qwen3_5ForCausalLM",
                    "Qwen3_5ForConditionalGeneration")
+hf_config.register(Family("qwen35moe", QWEN35, {"tie_word_embeddings": False}, lambda c: FUSED_EXPERTS),
+                   "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")

@@ -326,6 +326,9 @@ TINY_FAMILY: dict[str, dict[str, object]] = {
 }
 TINY_FAMILY["nomic-bert"] = TINY_FAMILY["bert"]
 TINY_FAMILY["command-r"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
+# pre-norm decoders (graphir.model.prenorm): Orion's LayerNorms; Qwen 1's fused QKV is three widths (no GQA)
+TINY_FAMILY["orion"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
+TINY_FAMILY["qwen"] = {gguf.Keys.Attention.HEAD_COUNT_KV: 4}
 # T5: heads of 16 (not n_embd / n_head), 32 relative buckets, the decoder started from token 3
 TINY_FAMILY["t5"] = TINY_FAMILY["t5encoder"] = {
     gguf.Keys.Attention.HEAD_COUNT_KV: 4, gguf.Keys.Attention.KEY_LENGTH: 16, gguf.Keys.Attention.VALUE_LENGTH: 16,
@@ -371,7 +374,24 @@ TINY_FAMILY["deepseek2"] = {
 }
 # Optional tensors a family's converter writes, which its tiny model has too (DeepSeek's experts: the two stacks
 # it converts to, where llama.cpp's loader takes them joined as well)
-TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight"}
+# Latent attention decompressed per head (MiniCPM3, PLM): heads of 16 without positions and 16 RoPE'd, values of
+# 32, K and V for every head, a latent of 32 (MiniCPM3's queries through a rank of 48); Apertus: each layer's
+# xIELU its own
+TINY_FAMILY["minicpm3"] = {gguf.Keys.Attention.Q_LORA_RANK: 48, gguf.Keys.Attention.KV_LORA_RANK: 32,
+                           gguf.Keys.Attention.KEY_LENGTH: 32, gguf.Keys.Attention.VALUE_LENGTH: 32,
+                           gguf.Keys.Rope.DIMENSION_COUNT: 16, gguf.Keys.Attention.HEAD_COUNT_KV: 4}
+TINY_FAMILY["plm"] = {k: v for k, v in TINY_FAMILY["minicpm3"].items() if k != gguf.Keys.Attention.Q_LORA_RANK}
+TINY_FAMILY["granite"] = {gguf.Keys.LLM.LOGIT_SCALE: 2.5, gguf.Keys.LLM.RESIDUAL_SCALE: 0.7,
+                          gguf.Keys.LLM.EMBEDDING_SCALE: 3.0, gguf.Keys.Attention.SCALE: 0.2}  # Granite's multipliers
+TINY_FAMILY["apertus"] = {"xielu.alpha_n": [0.8, -1.5], "xielu.alpha_p": [0.8, 21.0], "xielu.beta": [0.5, 0.25],
+                          "xielu.eps": [-1e-6, 1e-7]}
+TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
+                "bitnet": r"blk\.\d+\.\w+\.scale",  # BitNet's per-tensor weight scales
+                # the experts' separate gate and up stacks (or the fused one's alternative), a dense first layer
+                "mistral4": r"blk\.\d+\.ffn_(gate|up)_exps\.weight", "qwen35moe": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
+                "hy_v3": r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.[1-9]\.(ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp))\.weight",
+                "mimo2": r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.[1-9]\.(ffn_gate_inp|ffn_(gate|up|down)_exps)\.weight",
+                "phimoe": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "grok": r"blk\.\d+\.layer_output_norm\.weight"}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 
@@ -470,3 +490,27 @@ def deadline(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+# The mixture-of-experts families' tiny defaults: 4 layers (the first dense where a family leads with dense layers,
+# windows of 16 on the ones that slide), 4 experts of 32, 2 per token, one shared expert of 32, sigmoid routing;
+# each family reads the keys it knows (llama.cpp's tiny models are made alike: tests/llama_made.py)
+TINY_MOE: dict[str, object] = {
+    gguf.Keys.LLM.BLOCK_COUNT: 4, gguf.Keys.LLM.EXPERT_COUNT: 4, gguf.Keys.LLM.EXPERT_USED_COUNT: 2,
+    gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: 32, gguf.Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32,
+    gguf.Keys.LLM.EXPERT_SHARED_COUNT: 1, gguf.Keys.LLM.LEADING_DENSE_BLOCK_COUNT: 1,
+    gguf.Keys.LLM.EXPERT_GATING_FUNC: 2, gguf.Keys.LLM.EXPERT_WEIGHTS_SCALE: 1.0,
+    gguf.Keys.Attention.SLIDING_WINDOW: 16, gguf.Keys.Attention.LAYERNORM_EPS: 1e-5, gguf.Keys.LLM.LOGIT_SCALE: 1.0,
+}
+for _family in ("arctic", "bailingmoe", "bailingmoe2", "dbrx", "deepseek", "dots1", "ernie4_5-moe", "exaone-moe",
+                "glm4moe", "granitemoe", "grok", "hunyuan-moe", "hy_v3", "laguna", "llama4", "maple", "mellum", "mimo2",
+                "minimax-m2", "olmoe", "phimoe", "qwen2moe", "smallthinker"):
+    TINY_FAMILY[_family] = {**TINY_MOE, **TINY_FAMILY.get(_family, {})}
+TINY_FAMILY["mistral4"] = {**TINY_FAMILY["deepseek2"], gguf.Keys.Attention.Q_LORA_RANK: 0}
+TINY_FAMILY["qwen35moe"] = {**TINY_MOE, **TINY_FAMILY["qwen35"]}
+TINY_FAMILY["dbrx"][gguf.Keys.Attention.CLAMP_KQV] = 8.0
+TINY_FAMILY["dots1"][gguf.Keys.Attention.HEAD_COUNT_KV] = 4
+TINY_FAMILY["llama4"].update({gguf.Keys.LLM.INTERLEAVE_MOE_LAYER_STEP: 2,  # a mixture every second layer
+                              gguf.Keys.LLM.LEADING_DENSE_BLOCK_COUNT: 0})
+TINY_FAMILY["ernie4_5-moe"][gguf.Keys.LLM.INTERLEAVE_MOE_LAYER_STEP] = 1  # a mixture in every layer after the first
+TINY_FAMILY["maple"][gguf.Keys.LLM.SWIGLU_CLAMP_EXP] = [7.0] * 4
+for _family in ("maple", "mimo2"):  # three sliding layers, then a global one
+    TINY_FAMILY[_family][gguf.Keys.Attention.SLIDING_WINDOW_PATTERN] = [True, True, True, False]

@@ -33,9 +33,14 @@ L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
 DEFAULTS = dict(n_vocab=128, n_embd=256, n_head=2, n_ff=384, n_layer=2, n_ctx=256)
 SIZES: dict[str, dict[str, int]] = {
     "deepseek2": dict(n_embd=128, n_head=1, n_ff=192),
+    "mistral4": dict(n_embd=128, n_head=1, n_ff=192),
+    "laguna": dict(n_embd=160),
     "qwen3": dict(n_head=4, n_head_kv=1),
 }
-MLA = ("deepseek2",)
+MLA = ("deepseek2", "mistral4")
+# mixture-of-experts group two: a per-layer window pattern (odd layers slide) and a clamped SwiGLU, as that test gives
+SWA_PER_LAYER = ("maple", "mimo2")
+SWIGLU_CLAMP = {"maple": 7.0}
 HYBRID_HEADS = ("granitehybrid",)  # per-layer head counts: layer 1 has none (an SSM layer)
 
 
@@ -75,6 +80,10 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
                             (A.KV_LORA_RANK, 512), (A.REL_BUCKETS_COUNT, 8), (A.SLIDING_WINDOW, n_ctx // 8),
                             (A.SLIDING_WINDOW_PATTERN, 2), (R.DIMENSION_SECTIONS, [head // 4] * 4)):
         put(template, value)
+    if arch in SWA_PER_LAYER:
+        put(A.SLIDING_WINDOW_PATTERN, [il % 2 for il in range(n_layer)])
+    if arch in SWIGLU_CLAMP:
+        put(L.SWIGLU_CLAMP_EXP, SWIGLU_CLAMP[arch])
     k[Keys.Tokenizer.MODEL] = "test"  # llama.cpp's dummy tokenizer: ids are what the tests feed
     k[Keys.Tokenizer.LIST] = [f"tok_{i}" for i in range(n_vocab)]
     k[Keys.Tokenizer.SCORES] = [0.0] * n_vocab
@@ -85,7 +94,7 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
                                 (L.EXPERT_SHARED_COUNT, 1), (L.EXPERT_GATING_FUNC, 2), (L.EXPERT_GROUP_SCALE, 1.0),
                                 (L.EXPERTS_PER_GROUP, 1)):
             put(template, value)
-    for template, value in ((S.INNER_SIZE, 256 if arch == "qwen35" else 2 * n_embd), (S.CONV_KERNEL, 4),
+    for template, value in ((S.INNER_SIZE, 256 if arch in ("qwen35", "qwen35moe") else 2 * n_embd), (S.CONV_KERNEL, 4),
                             (S.STATE_SIZE, 128), (S.TIME_STEP_RANK, n_head), (S.GROUP_COUNT, 2),
                             (Keys.WKV.HEAD_SIZE, n_embd // n_head)):
         put(template, value)

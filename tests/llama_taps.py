@@ -22,22 +22,27 @@ class _GGMLTensor(ctypes.Structure):
                 ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
 
 
+_I32 = 26  # GGML_TYPE_I32
+
+
 @L.llama_log_callback
 def _quiet(level: int, text: bytes, user_data: int) -> None:  # module-level: the C side keeps the pointer
     pass
 
 
-def llama_cpp_taps(path: str, tokens: list[int], cache_type: int = 1) -> dict[str, np.ndarray]:
+def llama_cpp_taps(path: str, tokens: list[int], cache_type: int = 1, ints: bool = False) -> dict[str, np.ndarray]:
     """Decode ``tokens`` in one batch (no flash attention, KV cache of ggml type cache_type: 1 = f16, 0 = f32)
-    and return every contiguous f32 tensor by llama.cpp's name (``attn_norm-3``, ``result_output``, ...)."""
+    and return every contiguous f32 tensor by llama.cpp's name (``attn_norm-3``, ``result_output``, ...);
+    ``ints``: the contiguous i32 ones too (``ffn_moe_argsort-1``: each token's experts, best first)."""
     got: dict[str, np.ndarray] = {}
 
     @L.ggml_backend_sched_eval_callback
     def callback(t: int, ask: bool, _: int) -> bool:
         tt = ctypes.cast(t, ctypes.POINTER(_GGMLTensor)).contents
-        if not ask and tt.type == 0 and tt.nb[0] == 4 and tt.nb[1] == 4 * tt.ne[0] and tt.nb[2] == tt.nb[1] * tt.ne[1]:
+        kind = {0: ctypes.c_float, **({_I32: ctypes.c_int32} if ints else {})}.get(tt.type)
+        if not ask and kind and tt.nb[0] == 4 and tt.nb[1] == 4 * tt.ne[0] and tt.nb[2] == tt.nb[1] * tt.ne[1]:
             n = tt.ne[0] * tt.ne[1] * tt.ne[2] * tt.ne[3]
-            data = np.ctypeslib.as_array(ctypes.cast(tt.data, ctypes.POINTER(ctypes.c_float)), shape=(n,))
+            data = np.ctypeslib.as_array(ctypes.cast(tt.data, ctypes.POINTER(kind)), shape=(n,))
             got[tt.name.decode()] = data.reshape(tt.ne[3], tt.ne[2], tt.ne[1], tt.ne[0]).squeeze().copy()
         return True
 

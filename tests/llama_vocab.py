@@ -13,8 +13,9 @@ import llama_cpp  # noqa: E402  (only imported by oracle tests, which skip witho
 
 
 class Oracle:
-    def __init__(self, path: Path) -> None:
-        self.llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    def __init__(self, path: Path, overrides: dict[str, str | bool] | None = None) -> None:
+        """``overrides``: metadata values llama.cpp reads instead of the file's, or where it has none (kv_overrides)."""
+        self.llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False, kv_overrides=overrides)
         self.vocab = self.llm._model.vocab
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
@@ -43,6 +44,9 @@ class Oracle:
         ids = (llama_cpp.llama_vocab_bos(v), llama_cpp.llama_vocab_eos(v)) + ((llama_cpp.llama_vocab_sep(v),) if sep else ())
         flags = (bool(llama_cpp.llama_vocab_get_add_bos(v)), bool(llama_cpp.llama_vocab_get_add_eos(v)))
         return (*(None if i < 0 else i for i in ids), *flags)
+
+    def add_sep(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_sep(self.vocab))
 
     def close(self) -> None:
         self.llm.close()

@@ -194,8 +194,17 @@ CASES: list[Case] = [
     C("swiglu_oai", I("f32", 37, 4, lo=-12, hi=12), I("f32", 37, 4, lo=-12, hi=12), alpha=1.7020000219345093,
       limit=7.0, tol=F32, note="both clamps hit"),
     C("swiglu_oai", I("f32", 16, 3, 2, lo=-3, hi=3), I("f32", 16, 3, 2), alpha=1.0, limit=2.5, tol=F32),
+    C("xielu", I("f32", 37, 4, lo=-12, hi=12), tol=F32, alpha_n=1.6711006, alpha_p=1.1711006, beta=0.5, eps=-1e-6,
+      note="both branches"),
+    C("xielu", I("f32", 16, 3, T, lo=-1e-5, hi=1e-5), tol=F32, env={"n_tokens": 2}, alpha_n=1.3132616,
+      alpha_p=1.3132616, beta=1.0, eps=1e-7, note="around 0 and eps"),
+    C("swiglu_clamp", I("f32", 37, 4, lo=-12, hi=12), I("f32", 37, 4, lo=-12, hi=12), limit=7.0, tol=F32,
+      note="both clamps hit"),
+    C("swiglu_clamp", I("f32", 16, 3, 2, lo=-3, hi=3), I("f32", 16, 3, 2), limit=2.5, tol=F32),
     C("geglu", I("f32", 11, 5), I("f32", 11, 5), tol=F16),
     C("geglu", I("f32", 16, 3, 2, lo=-12, hi=12), I("f32", 16, 3, 2), tol=F16),
+    C("reglu", I("f32", 11, 5), I("f32", 11, 5), tol=F32),
+    C("reglu", I("f32", 16, 3, 2, lo=-4, hi=4), I("f32", 16, 3, 2), tol=F32),
     # rope: x [d, heads, tokens(, seqs)], positions index ne2
     C("rope", I("f32", 16, 4, T), pos(), tol=ROPE, env={"n_tokens": 5}, **rope_attrs(16, "norm")),
     C("rope", I("f32", 16, 3, T), pos(), tol=ROPE, env={"n_tokens": 7}, **rope_attrs(16, "neox")),
@@ -658,3 +667,66 @@ if __name__ == "__main__":  # print the measured NMSE of every case (to re-pin t
             print(f"{i:03d} {c.id:70s} nmse={e:.3g} tol={c.tol:g} shape={o.shape} want={r.shape} {o.dtype}")
         except Exception as ex:  # noqa: BLE001
             print(f"{i:03d} {c.id:70s} ERROR {type(ex).__name__}: {ex}")
+
+
+# ---- xIELU against ggml's own ------------------------------------------------------------------------------
+
+
+def _ggml_xielu(x: np.ndarray, alpha_n: float, alpha_p: float, beta: float,
+                eps: float) -> tuple[np.ndarray, list[float]]:
+    """ggml_xielu of a layer's parameters over x, computed by ggml's CPU backend on one thread (the llama.cpp the
+    oracle tests load), and the op parameters ggml stored: [alpha_n, alpha_p, beta, eps] as its kernel reads them."""
+    import ctypes as C
+
+    import llama_made
+    from graphir.llamacpp.reserve import GGMLTensor
+
+    class InitParams(C.Structure):
+        _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
+
+    base, cpu = llama_made._lib("ggml-base"), llama_made._lib("ggml-cpu")
+    for fn, res, args in (("ggml_init", C.c_void_p, [InitParams]), ("ggml_free", None, [C.c_void_p]),
+                          ("ggml_new_tensor_1d", C.c_void_p, [C.c_void_p, C.c_int, C.c_int64]),
+                          ("ggml_xielu", C.c_void_p, [C.c_void_p, C.c_void_p] + [C.c_float] * 4),
+                          ("ggml_new_graph", C.c_void_p, [C.c_void_p]),
+                          ("ggml_build_forward_expand", None, [C.c_void_p, C.c_void_p])):
+        getattr(base, fn).restype, getattr(base, fn).argtypes = res, args
+    cpu.ggml_graph_compute_with_ctx.argtypes = [C.c_void_p, C.c_void_p, C.c_int]
+    ctx = base.ggml_init(InitParams(x.nbytes * 2 + (1 << 20), None, False))
+    try:
+        a = base.ggml_new_tensor_1d(ctx, 0, len(x))  # GGML_TYPE_F32
+        C.memmove(GGMLTensor.from_address(a).data, x.ctypes.data, x.nbytes)
+        y = base.ggml_xielu(ctx, a, alpha_n, alpha_p, beta, eps)
+        graph = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(graph, y)
+        cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
+        t = GGMLTensor.from_address(y)
+        out = np.empty_like(x)
+        C.memmove(out.ctypes.data, t.data, x.nbytes)
+        return out, list(np.array(t.op_params[1:5], np.int32).view(np.float32))
+    finally:
+        base.ggml_free(ctx)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("layer", [(0.8, 0.8, 0.5, -1e-6), (1.0, 1.0, 1.0, 1e-7), (-3.0, 25.0, 0.25, -1e-3)],
+                         ids=["apertus-init", "llama-archs", "softplus-past-20"])
+def test_xielu_is_ggmls_bit_for_bit(layer: tuple[float, float, float, float]) -> None:
+    """A layer's xIELU parameters become ggml's op parameters as ggml_xielu makes them (alpha_n: beta +
+    softplus(alpha_n), alpha_p: softplus(alpha_p), glibc's logf and expf), and the kernel gives ggml's values bit
+    for bit on both branches: around 0 and eps, subnormals, far out, infinities and nan."""
+    from graphir.graph.floats import f32, softplus
+
+    alpha_n, alpha_p, beta, eps = layer
+    attrs = {"alpha_n": f32(f32(beta) + softplus(alpha_n)), "alpha_p": softplus(alpha_p), "beta": f32(beta),
+             "eps": f32(eps)}
+    rng = np.random.default_rng(0)
+    special = np.array([0.0, -0.0, 1e-8, -1e-8, 1e-7, -1e-7, 1e-6, -1e-6, 1e-3, -1e-3, 1e-40, -1e-40, 88.0, -88.0,
+                        1e18, -1e18, np.inf, -np.inf, np.nan], np.float32)
+    x = np.concatenate([rng.standard_normal(20000).astype(np.float32) * 4, rng.uniform(-1e-5, 1e-5, 2000)
+                        .astype(np.float32), special])
+    want, params = _ggml_xielu(x, alpha_n, alpha_p, beta, eps)
+    assert params == list(attrs.values())
+    graph, _ = build_graph(C("xielu", I("f32", len(x)), tol=EXACT, **attrs))
+    got = Program(graph, dict().__getitem__, numerics().path).run({}, {"src0": x})["out"]
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -16,6 +16,7 @@ saver has no T5; the BERT file it writes lacks token_embd), the row's model is g
 - failure: a ubatch whose computation fails leaves every byte of the memory as it was;
 - reference: the numba backend's outputs within 1e-3 of the reference backend's (numpy, graphir.backends.reference);
 - graph: graphir's graph of the model is llama.cpp's own (``graphir diff M llama.cpp:M``), in every phase;
+- experts (mixture-of-experts rows): each token's chosen experts and their weights are llama.cpp's, layer by layer;
 - snapshot: the family has golden graphs (tests/test_graphs.py).
 
 Adding a family to CI is adding a row.
@@ -87,6 +88,84 @@ ROWS = [
     Row("mamba2", avx2_apart=1e-7),
     Row("granitehybrid"),
     Row("granitehybrid", "moe", moe=True, avx2_apart=1e-7),
+    # pre-norm decoders of llama.cpp's own files (graphir.model.prenorm)
+    Row("arcee"),
+    Row("ernie4_5"),
+    Row("exaone"),
+    Row("xverse"),
+    Row("orion"),
+    Row("internlm2"),
+    Row("qwen"),
+    Row("seed_oss"),
+    Row("pangu-embedded"),
+    Row("pangu-embedded", "longrope", keys={"pangu-embedded.rope.scaling.type": "longrope"}),  # factors unread
+    Row("maincoder"),
+    Row("hunyuan-dense"),
+    Row("hunyuan-dense", "alpha", keys={"hunyuan-dense.rope.scaling.alpha": 1000.0}),  # NTK-aware RoPE base
+    Row("mistral3"),
+    Row("mistral3", "longrope", keys={"mistral3.rope.scaling.type": "longrope"}),  # the short factors (64 cells)
+    Row("mistral3", "temperature", keys={"mistral3.attention.temperature_scale": 0.1,  # Llama 4's, rising
+                                         "mistral3.rope.scaling.original_context_length": 4}),  # every 4 tokens
+    Row("mistral3", "yarn", keys={f"mistral3.rope.scaling.{k}": v for k, v in (  # Ministral 3's YaRN keys
+        ("type", "yarn"), ("factor", 4.0), ("original_context_length", 64), ("yarn_beta_fast", 16.0),
+        ("yarn_beta_slow", 2.0), ("yarn_log_multiplier", 2.0))}),
+    Row("baichuan"),  # a depth of neither released model: no positions at all
+    Row("baichuan", "7b", keys={"n_layer": 32}),  # RoPE
+    Row("baichuan", "13b", keys={"n_layer": 40}),  # ALiBi
+    # dense decoders: Granite's multipliers (MiniCPM's graph), MLA over a plain cache, per-layer sizes, loops, xIELU
+    Row("granite"),
+    Row("granite", "moe", moe=True),
+    Row("granitemoe", moe=True),  # Granite's graph, RoPE'd whatever rope.scaling.finetuned says
+    Row("minicpm"),
+    Row("minicpm3"),  # every value of a head RoPE'd (llama.cpp's own test's sizes)
+    Row("minicpm3", "nope", keys={"minicpm3.rope.dimension_count": 64}),  # 64 values without positions, 64 with
+    Row("plm"),
+    Row("plm", "nope", keys={"plm.rope.dimension_count": 64}),
+    Row("deci"),
+    # attending (one KV head), linear-attention, FFN-free, attention-free and attending layers
+    Row("deci", "layers", keys={"n_layer": 5, "deci.attention.head_count": [2, 2, 2, 0, 2],
+                                "deci.attention.head_count_kv": [1, 0, 1, 0, 1],
+                                "deci.feed_forward_length": [384, 384, 0, 256, 384]}),
+    Row("openelm"),
+    Row("openelm", "layers", keys={"openelm.attention.head_count": [2, 4], "openelm.attention.head_count_kv": [1, 1],
+                                   "openelm.attention.key_length": 64, "openelm.attention.value_length": 64,
+                                   "openelm.rope.dimension_count": 64, "openelm.feed_forward_length": [256, 384]}),
+    Row("nanbeige"),
+    # two passes through the stack (llama.cpp's saver writes a looped model's logical layers, which it cannot load)
+    Row("nanbeige", "loops", made_by="graphir", keys={"nanbeige.num_loops": 2, "nanbeige.block_count": 1}),
+    Row("nanbeige", "loops-unnormed", made_by="graphir",
+        keys={"nanbeige.num_loops": 3, "nanbeige.skip_loop_final_norm": True}),
+    Row("bitnet", made_by="graphir"),  # llama.cpp's saver has no BitNet; its weight scales in the file
+    # llama.cpp's saver has no Apertus; each layer's xIELU its own, the second's alpha_p past softplus's 20
+    Row("apertus", made_by="graphir", keys={"xielu.alpha_n": [0.8, -1.5], "xielu.alpha_p": [0.8, 21.0],
+                                            "xielu.beta": [0.5, 0.25], "xielu.eps": [-1e-6, 1e-7]}),
+    # mixtures of experts: sigmoid and softmax routing, shared experts, leading dense layers
+    Row("glm4moe", moe=True),  # the M-RoPE sections every tiny model is given: GLM-4.5V's text form
+    Row("glm4moe", "rope", moe=True, keys={"glm4moe.rope.dimension_sections": [0, 0, 0, 0]}),  # GLM-4.5's
+    Row("qwen2moe", moe=True),
+    Row("minimax-m2", moe=True),
+    Row("olmoe", moe=True),
+    Row("ernie4_5-moe", moe=True),  # its second layer, the last of a step of 2, routes
+    Row("dbrx", moe=True),
+    Row("deepseek", moe=True),
+    Row("dots1", moe=True),
+    Row("bailingmoe", moe=True),
+    Row("bailingmoe2", moe=True),
+    Row("hunyuan-moe", moe=True),
+    Row("phimoe", moe=True),
+    Row("hy_v3", moe=True),
+    # mixture-of-experts families, second group (issue 39)
+    Row("llama4", moe=True, keys={"n_layer": 4}),  # its fourth layer attends without positions
+    Row("qwen35moe", moe=True),
+    Row("mistral4", moe=True),
+    Row("grok", moe=True),
+    Row("arctic", moe=True),
+    Row("smallthinker", moe=True),
+    Row("maple", moe=True),
+    Row("mellum", moe=True),
+    Row("exaone-moe", moe=True),
+    Row("laguna", moe=True),
+    Row("mimo2", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
@@ -298,6 +377,36 @@ def test_the_graph_is_llama_cpps_own(row: Row) -> None:
 
     phases = agreement(open_model(str(_path(row, Q.F32))))
     assert phases and all(first is None for first in phases.values()), phases
+
+
+# the routing weights llama.cpp's build_moe_ffn names, in the order it makes them: the last one a layer has is what
+# its experts' outputs are multiplied by
+ROUTING_WEIGHTS = ("ffn_moe_weights", "ffn_moe_weights_softmax", "ffn_moe_weights_norm", "ffn_moe_weights_scaled")
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS if r.moe])
+def test_each_token_takes_llama_cpps_experts_with_its_weights(row: Row) -> None:
+    """Every mixture-of-experts layer, node by node through llama.cpp's eval callback: each token's chosen experts
+    (llama.cpp's ``ffn_moe_argsort``, best first) are graphir's ``ffn_moe_topk``, in the same order, and the weights
+    its experts' outputs are multiplied by are llama.cpp's. llama.cpp's last layer routes its output row only."""
+    from llama_taps import llama_cpp_taps
+
+    hp = _arch(row).hp
+    k, T_ = hp.n_expert_used, len(PROMPT)
+    taps: dict[str, np.ndarray] = {}
+    _model(row, Q.F32).new_context(n_ctx=64).decode(Batch.from_tokens(PROMPT, 0, outputs="all"), taps=taps)
+    theirs = llama_cpp_taps(str(_path(row, Q.F32)), PROMPT, ints=True)
+    layers = [il for il in range(hp.n_layer) if f"ffn_moe_argsort-{il}" in theirs]
+    assert layers, "llama.cpp routed no token"
+    for il in layers:
+        order = theirs[f"ffn_moe_argsort-{il}"].reshape(-1, hp.n_expert)
+        rows = len(order)
+        chosen = taps[f"blk.{il}.ffn_moe_topk"].reshape(T_, k)[T_ - rows:]
+        assert np.array_equal(chosen, order[:, :k]), f"layer {il}: experts {chosen.tolist()}, llama.cpp's {order[:, :k]}"
+        name = [n for n in ROUTING_WEIGHTS if f"{n}-{il}" in theirs][-1]
+        ours = taps[f"blk.{il}.{name}"].reshape(T_, k)[T_ - rows:]
+        assert float(np.abs(ours - theirs[f"{name}-{il}"].reshape(rows, k)).max()) <= 1e-6, f"layer {il}: {name}"
 
 
 def test_every_family_is_a_row() -> None:

@@ -47,6 +47,17 @@ NOT_COMPARED = {
     "Qwen2.5-72B": "its public config's context and norm epsilon are not known here for certain",
     "Granite-4.0-H-Tiny": "its public config's multipliers are not known here (the preset lacks them)",
     "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
+    **{name: "a synthetic header of tiny sizes: the family's mapping is held to a tiny config below" for name in (
+        "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny")},
+    "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
+    "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
+    "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "smallthinker-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "maple-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "mellum-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "exaone-moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "laguna-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "mimo2-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
 
@@ -84,8 +95,8 @@ def test_every_preset_has_a_config_or_a_reason():
 @pytest.mark.parametrize("name", [n for n in CONFIG_DIRS if n not in NOT_COMPARED])
 def test_public_config_is_its_preset(name):
     ignore = ()
-    if all_presets()[name].arch == "qwen35":  # the converter writes layer_types as recurrent_layers; the preset leaves
-        ignore = ("recurrent_layers",)  # them to full_attention_interval, which gives the same layers (below)
+    if all_presets()[name].arch in ("qwen35", "qwen35moe"):  # the converter writes layer_types as recurrent_layers;
+        ignore = ("recurrent_layers",)  # the preset leaves them to full_attention_interval: the same layers (below)
     ours, preset = open_model(str(DATA / name)), open_model(name)
     assert_same_model(ours, preset, ignore=ignore)
     if ignore:
@@ -209,7 +220,48 @@ def tiny(tmp_path: Path, config: dict[str, Any], pooling: bool = False) -> Path:
 
 
 # name -> (config, sentence-transformers pooling, the GGUF the converter writes: arch, keys, tied, optional tensors)
+# the keys every tiny mixture-of-experts config below gives
+MOE_TINY = {L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 128,
+            A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-6, L.EXPERT_COUNT: 4,
+            L.EXPERT_USED_COUNT: 2, L.EXPERT_FEED_FORWARD_LENGTH: 32, L.VOCAB_SIZE: 256}
 TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
+    # pre-norm decoders whose presets are synthetic headers (graphir.model.prenorm)
+    **{arch: ({**TINY_LLAMA, "architectures": [name], "tie_word_embeddings": False, "rope_theta": 10000.0}, False,
+              Preset(arch, {L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                            A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-5,
+                            R.DIMENSION_COUNT: 16, L.VOCAB_SIZE: 256}, tied=False))
+       for arch, name in (("arcee", "ArceeForCausalLM"), ("xverse", "XverseForCausalLM"))},
+    "maincoder": ({**TINY_LLAMA, "architectures": ["MaincoderForCausalLM"], "head_dim": 16}, False,
+                  Preset("maincoder", {
+                      L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                      A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16,
+                      A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 16, L.VOCAB_SIZE: 256}, tied=True)),
+    "pangu-embedded": ({**TINY_LLAMA, "architectures": ["PanguEmbeddedForCausalLM"]}, False, Preset("pangu-embedded", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128, A.HEAD_COUNT: 4,
+        A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 16,
+        L.VOCAB_SIZE: 256}, tied=True)),
+    # Ministral 3: YaRN with the magnitude of all dimensions, and Llama 4's attention temperature
+    "mistral3": ({**TINY_LLAMA, "architectures": ["Ministral3ForCausalLM"], "model_type": "ministral3", "head_dim": 16,
+                  "tie_word_embeddings": False, "rope_parameters": {
+                      "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                      "beta_slow": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1, "rope_theta": 1e6}}, False,
+                 Preset("mistral3", {
+                     L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                     A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16,
+                     R.SCALING_TYPE: "yarn", R.SCALING_FACTOR: 4.0, R.SCALING_ORIG_CTX_LEN: 64,
+                     R.SCALING_YARN_BETA_FAST: 32.0, R.SCALING_YARN_BETA_SLOW: 1.0, R.FREQ_BASE: 1e6,
+                     A.LAYERNORM_RMS_EPS: 1e-5, R.DIMENSION_COUNT: 16, L.VOCAB_SIZE: 256,
+                     R.SCALING_YARN_LOG_MUL: 1.0, A.TEMPERATURE_SCALE: 0.1}, tied=False)),
+    # the NTK-aware alpha: the converter raises the base itself, and a "dynamic" one takes a context of 256K
+    "hunyuan-dense": ({**TINY_LLAMA, "architectures": ["HunYuanDenseV1ForCausalLM"], "head_dim": 16,
+                       "max_position_embeddings": 32768, "rope_theta": 10000.0,
+                       "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}}, False,
+                      Preset("hunyuan-dense", {
+                          L.CONTEXT_LENGTH: 262144, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2,
+                          L.FEED_FORWARD_LENGTH: 128, A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16,
+                          A.VALUE_LENGTH: 16, R.FREQ_BASE: 10000.0 * 1000.0 ** (16 / 14), R.SCALING_TYPE: "none",
+                          R.SCALING_FACTOR: 1.0, R.SCALING_ORIG_CTX_LEN: 262144, A.LAYERNORM_RMS_EPS: 1e-5,
+                          L.VOCAB_SIZE: 256}, tied=True)),
     "nomic-bert": ({
         "architectures": ["NomicBertModel"], "model_type": "nomic_bert", "n_embd": 64, "n_head": 4, "n_layer": 2,
         "n_inner": 128, "n_positions": 8192, "max_trained_positions": 2048, "layer_norm_epsilon": 1e-12,
@@ -249,6 +301,94 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         S.TIME_STEP_RANK: 8, S.GROUP_COUNT: 1, R.SCALING_FINETUNED: False, R.DIMENSION_COUNT: 16,
         L.VOCAB_SIZE: 256,  # padded to a multiple of 8
     }, tied=True, include=r"blk\.\d+\.ffn_gate_exps\.weight")),
+    # mixtures of experts (issue 39's families without a public config here)
+    "bailingmoe2": ({
+        "architectures": ["BailingMoeV2ForCausalLM"], "model_type": "bailing_moe", "hidden_size": 64,
+        "num_hidden_layers": 2, "num_nextn_predict_layers": 1, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "partial_rotary_factor": 0.5, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6, "rope_theta": 600000, "num_experts": 8, "num_experts_per_tok": 2, "n_group": 4,
+        "topk_group": 2, "first_k_dense_replace": 1, "moe_intermediate_size": 32, "num_shared_experts": 1,
+        "moe_shared_expert_intermediate_size": 32, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+        "score_function": "sigmoid", "moe_router_enable_expert_bias": True, "tie_word_embeddings": False,
+        "vocab_size": 256,
+    }, False, Preset("bailingmoe2", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 3, L.FEED_FORWARD_LENGTH: 128,
+        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, R.DIMENSION_COUNT: 8,
+        R.FREQ_BASE: 600000.0, A.LAYERNORM_RMS_EPS: 1e-6, L.EXPERT_COUNT: 8, L.EXPERT_USED_COUNT: 2,
+        L.EXPERT_GROUP_COUNT: 4, L.EXPERT_GROUP_USED_COUNT: 2, L.EXPERT_GATING_FUNC: 2,
+        L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_FEED_FORWARD_LENGTH: 32, L.EXPERT_SHARED_COUNT: 1,
+        L.EXPERT_WEIGHTS_SCALE: 2.5, L.EXPERT_WEIGHTS_NORM: True, L.NEXTN_PREDICT_LAYERS: 1,
+        L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.VOCAB_SIZE: 256,
+    }, tied=False, include=r"blk\.\d+\.exp_probs_b\.bias|blk\.2\.(attn_norm|attn_qkv|attn_output|attn_[qk]_norm|"
+                           r"ffn_norm|layer_output_norm|ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp)|"
+                           r"nextn\.(eh_proj|enorm|hnorm|shared_head_norm))\.weight")),
+    "hy_v3": ({
+        "architectures": ["HYV3ForCausalLM"], "model_type": "hy_v3", "hidden_size": 64, "num_hidden_layers": 3,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000, "num_experts": 8,
+        "num_experts_per_tok": 2, "first_k_dense_replace": 1, "moe_intermediate_size": 32, "num_shared_experts": 1,
+        "router_scaling_factor": 2.5, "route_norm": True, "tie_word_embeddings": False, "vocab_size": 256,
+    }, False, Preset("hy_v3", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 3, L.FEED_FORWARD_LENGTH: 128,
+        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, R.FREQ_BASE: 10000.0,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.EXPERT_COUNT: 8, L.EXPERT_USED_COUNT: 2, L.EXPERT_FEED_FORWARD_LENGTH: 32,
+        L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_WEIGHTS_SCALE: 2.5, L.EXPERT_WEIGHTS_NORM: True,
+        L.EXPERT_GATING_FUNC: 2, L.VOCAB_SIZE: 256,
+    }, tied=False, include=r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.(1|2)\.(ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp))"
+                           r"\.weight|blk\.(1|2)\.exp_probs_b")),
+    # mixture-of-experts group two (issue 39): three sliding layers of four (Mellum, Maple; SmallThinker's first
+    # of four is global), 4 experts of 32, 2 per token
+    "mellum": ({
+        "architectures": ["MellumForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+        "num_experts_per_tok": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "vocab_size": 256,
+        "rope_theta": 10000.0, "sliding_window": 16, "tie_word_embeddings": False,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    }, False, Preset("mellum", {**MOE_TINY, A.SLIDING_WINDOW: 16, A.SLIDING_WINDOW_PATTERN: [True, True, True, False]},
+                     tied=False)),
+    "maple": ({
+        "architectures": ["MapleForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+        "num_experts_per_tok": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "vocab_size": 256,
+        "rope_theta": 10000.0, "sliding_window": 16, "tie_word_embeddings": False, "hidden_act": "silu",
+        "partial_rotary_factor": 0.5, "nope_on_global_attention": True,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    }, False, Preset("maple", {**MOE_TINY, A.SLIDING_WINDOW: 16, A.SLIDING_WINDOW_PATTERN: [True, True, True, False],
+                               R.DIMENSION_COUNT: 8, L.SWIGLU_CLAMP_EXP: [7.0] * 4}, tied=False)),
+    "smallthinker": ({
+        "architectures": ["SmallThinkerForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "moe_ffn_hidden_size": 32, "moe_num_primary_experts": 4,
+        "moe_num_active_primary_experts": 2, "moe_primary_router_apply_softmax": True, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 256, "vocab_size": 256, "rope_theta": 10000.0, "sliding_window_size": 16,
+        "sliding_window_layout": [0, 1, 1, 1], "tie_word_embeddings": False,
+    }, False, Preset("smallthinker", {**MOE_TINY, L.FEED_FORWARD_LENGTH: 32, A.SLIDING_WINDOW: 16,
+                                      L.EXPERT_GATING_FUNC: 1}, tied=False)),
+    "exaone-moe": ({
+        "architectures": ["ExaoneMoEForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+        "num_experts_per_tok": 2, "num_shared_experts": 1, "rms_norm_eps": 1e-6, "max_position_embeddings": 256,
+        "vocab_size": 256, "rope_theta": 10000.0, "sliding_window": 16, "sliding_window_pattern": "LLLG",
+        "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1, "scoring_func": "sigmoid",
+        "tie_word_embeddings": False,
+    }, False, Preset("exaone-moe", {
+        **MOE_TINY, A.SLIDING_WINDOW: 16, A.SLIDING_WINDOW_PATTERN: [True, True, True, False],
+        L.EXPERT_SHARED_COUNT: 1, L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_WEIGHTS_SCALE: 2.5,
+        L.EXPERT_WEIGHTS_NORM: True, L.LEADING_DENSE_BLOCK_COUNT: 1, L.NEXTN_PREDICT_LAYERS: 0,
+        R.SCALING_TYPE: "none", L.EXPERT_GATING_FUNC: 2}, tied=False)),
+    "laguna": ({
+        "architectures": ["LagunaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_attention_heads_per_layer": [4, 2, 2, 2], "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 256, "vocab_size": 256, "sliding_window": 16, "gating": True,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "tie_word_embeddings": False,
+        "rope_parameters": {"full_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                            "sliding_attention": {"rope_theta": 20000.0}},
+    }, False, Preset("laguna", {
+        **MOE_TINY, A.HEAD_COUNT: [4, 2, 2, 2], A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, A.SLIDING_WINDOW: 16,
+        L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_WEIGHTS_SCALE: 2.5,
+        L.EXPERT_GATING_FUNC: 2, L.LEADING_DENSE_BLOCK_COUNT: 1, R.DIMENSION_COUNT: 8, R.DIMENSION_COUNT_SWA: 16,
+        R.FREQ_BASE_SWA: 20000.0}, tied=False)),
 }
 
 
@@ -259,9 +399,18 @@ def test_tiny_config_is_the_gguf_of_its_keys(tmp_path, name):
     assert_same_model(open_model(str(tiny(tmp_path, config, pooling))), open_model(str(gguf_path)))
 
 
+# Families with no Hugging Face mapping yet, and why
+NO_MAPPING = {
+    "mistral4": "its checkpoints are Mistral3ForConditionalGeneration, which the converter sends by model_type; "
+                "graphir's mapping of that class is mistral3's",
+    "mimo2": "its converter writes the multi-token-prediction layers and a fused Q/K/V, which graphir's mimo2 "
+             "refuses; a config would describe files graphir cannot read",
+}
+
+
 def test_every_family_has_a_config():
     covered = {all_presets()[n].arch for n in CONFIG_DIRS} | {p.arch for _, _, p in TINY.values()}
-    assert covered == set(arch_names())
+    assert covered == set(arch_names()) - set(NO_MAPPING)
     assert {f.arch for f in families().values()} == covered
 
 
@@ -277,8 +426,8 @@ def write(tmp_path: Path, text: str) -> Path:
 
 SMOL = json.loads((DATA / "SmolLM2-135M" / "config.json").read_text())
 ERRORS = {
-    "unsupported": ({**SMOL, "architectures": ["FalconForCausalLM"]},
-                    "architecture 'FalconForCausalLM' is not supported (supported: BertForMaskedLM, BertModel, "),
+    "unsupported": ({**SMOL, "architectures": ["NoSuchModelForCausalLM"]},
+                    "architecture 'NoSuchModelForCausalLM' is not supported (supported: "),
     "no architecture": ({k: v for k, v in SMOL.items() if k != "architectures"}, "missing key 'architectures'"),
     "architectures not a list": ({**SMOL, "architectures": "LlamaForCausalLM"},
                                  "architectures must be a list of model class names, not 'LlamaForCausalLM'"),

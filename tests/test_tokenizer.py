@@ -24,7 +24,7 @@ from conftest import write_vocab_gguf
 
 from graphir.errors import MetadataError
 from graphir.files.gguf_file import read_header
-from graphir.tokenizer.pretokenize import SUPPORTED_PRE_TOKENIZERS
+from graphir.tokenizer.pretokenize import PRE_TOKENIZERS, SUPPORTED_PRE_TOKENIZERS
 from graphir.tokenizer.unicode import unicode_class
 from graphir.tokenizer.vocab import Vocab
 
@@ -49,6 +49,20 @@ def smol_oracle(smollm2_gguf: Path):
     o = Oracle(smollm2_gguf)
     yield o
     o.close()
+
+
+@pytest.fixture
+def oracle_of():
+    """Opens llama.cpp's tokenizer of a file (with metadata overrides), closed after the test."""
+    opened: list[Oracle] = []
+
+    def open_oracle(path: Path, overrides: dict[str, str | bool] | None = None) -> Oracle:
+        opened.append(Oracle(path, overrides))
+        return opened[-1]
+
+    yield open_oracle
+    for o in opened:
+        o.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,32 +294,75 @@ def test_unicode_classes_match_llama_cpp(tmp_path: Path) -> None:
 # Pre-tokenizers: the SmolLM2 vocabulary and merges under another tokenizer.ggml.pre
 # ---------------------------------------------------------------------------------------------
 
+# A varied text set: code, numbers of every length up to 20 digits, CJK (Han, kana, Hangul), Arabic, Devanagari,
+# Thai, emoji, contractions in both cases, whitespace runs (one longer than 512), newlines, full-width and
+# CJK punctuation, marks, and the literal markers some pre-tokenizers cut out (chameleon's).
 PRE_TEXTS = [
     "Hello world, it's 2024-01-02; ¿qué? “quotes” $5+3=8 ^~| `x`",
-    "12345678901 3.14159 ١٢٣٤٥ ½ Ⅻ",
-    "don't I'll we're THEY'RE 'Ll 'S x'd",
-    "def f(x):\n    return x**2  # comment\r\n\r\n  \n\tz",
-    "  leading and trailing   ",
-    "a  b   c\n\n\td \n x",
-    "(hello) [world] {foo} <bar> $baz @qux #tag",
-    "!!!...??? ---=== +++ ***",
+    " ".join("1234567890123456789012"[:n] for n in range(1, 21)) + " 3.14159 1,000,000 0x1F ١٢٣٤٥ ½ Ⅻ ²",
+    "a  ½  1234\t\t56 x  ٣٤",
+    "don't I'll we're THEY'RE 'Ll 'S x'd DON'T You'VE it’s l'été it'sy they'rex I'dk",
+    "def f(x):\n    return x**2  # comment\r\n\r\n  \n\tz\n\n\n",
+    'if (a && b) { printf("%d\\n", a[i]); } // done\n#include <stdio.h>\nx->y ::z ... =>',
+    "  leading and trailing   " + " " * 600 + "x" + "\t" * 20 + "\n" * 5 + " \n \r\n\r\n",
+    "(hello) [world] {foo} <bar> $baz @qux #tag !!!...??? ---=== +++ *** ~~~ ___",
     "hello , world . foo ' bar 's 'm 're 've",
-    "😀👍🏽 日本語テキスト 中文 Привет мир مرحبا",
-    "x\u00a0y\u2003z\u3000w \u0085v",
-    "e\u0301 a\u0308 \u200b\u200d",
-    "<|im_start|>user\nhi<|im_end|>",
+    "camelCaseWord HTMLParser XMLHttpRequest ÉCOLE École iPhone McDonald's",
+    "😀👍🏽 🏳️\u200d🌈 日本語のテキストです。中文文本，还有标点、顿号…… 한국어 텍스트 ㄱㄴ ㄅㄆ",
+    "Привет, мир! مرحبا بالعالم، كيف حالك؟ ۔ नमस्ते दुनिया। สวัสดีครับ ខ្មែរ",
+    "x\u00a0y\u2003z\u3000w \u0085v\u2028u",
+    "e\u0301 a\u0308 \u200b\u200d n\u0303o ﬁ ＡＢＣ ａｂｃ １２３ ！？",
+    "<sentinel:12>IMGIMGABZ IMGIMGZ <sentinel:x>",
+    "\u2581spaced\u2581out ▁▁x",
+    "<|im_start|>user\nhi 12345<|im_end|>\n<|endoftext|>",
 ]
-
-# one name per group of regexes/flags, plus variants that differ only in flags
-PRE_CASES = ["default", "gpt-2", "smollm", "starcoder", "llama3", "llama-bpe", "dbrx", "glm4", "qwen2",
-             "stablelm2", "falcon", "trillion"]
 
 
 @pytest.fixture(scope="module")
 def smol_tokenizer_md(smollm2_gguf: Path) -> dict[str, object]:
+    """SmolLM2's token list and merges, with no BOS/EOS ids and no flags: every default of the pre shows."""
     md = read_header(smollm2_gguf).metadata
     T = gguf.Keys.Tokenizer
-    return {k: md[k] for k in (T.MODEL, T.LIST, T.TOKEN_TYPE, T.MERGES, T.BOS_ID, T.EOS_ID)}
+    return {k: md[k] for k in (T.MODEL, T.LIST, T.TOKEN_TYPE, T.MERGES)}
+
+
+# Words of PRE_TEXTS that several pre-tokenizers keep whole but SmolLM2's merges never build, added as tokens
+# (byte-level spelled, and one raw for the pre-tokenizers that keep words UTF-8): they show whether a
+# pre-tokenizer takes a word that is a token as that token (ignore_merges, Gemma 4's newline runs).
+_UNMERGED_WORDS = (" Привет", "123", "日本語のテキストです", "\n\n\n")
+_PRE_TEST_VOCAB = 8192  # SmolLM2's first tokens: llama.cpp loads them ~6x faster than all 49152
+_JOINED = 6  # byte characters up to which every piece of PRE_TEXTS is a token
+
+
+@pytest.fixture(scope="module")
+def pre_test_md(smol_tokenizer_md: dict[str, object]) -> dict[str, object]:
+    """SmolLM2's first tokens and the merges that build them (a prefix of a BPE is a BPE), then, ranked after
+    them, every piece of PRE_TEXTS up to _JOINED byte characters as a token, made from any two parts of it: two
+    neighbours merge whenever they spell such a piece, so a cut between them shows in the ids (SmolLM2 alone
+    never merges digits, nor many other neighbours). And the extra words."""
+    from graphir.tokenizer.bpe import _BYTE_TO_UNI
+
+    T = gguf.Keys.Tokenizer
+    tokens = list(smol_tokenizer_md[T.LIST])[:_PRE_TEST_VOCAB]  # type: ignore[call-overload]
+    kept = set(tokens)
+    merges = [m for m in smol_tokenizer_md[T.MERGES]  # type: ignore[attr-defined]
+              if {*(pair := m.split(" ", 1)), "".join(pair)} <= kept]
+    spelled = ["".join(_BYTE_TO_UNI[b] for b in text.encode()) for text in PRE_TEXTS]
+    pieces = sorted(dict.fromkeys(t[i : i + n] for t in spelled for n in range(2, _JOINED + 1)
+                                  for i in range(len(t) - n + 1)), key=len)
+    known = set(merges)
+    merges += [m for p in pieces for j in range(1, len(p)) if (m := f"{p[:j]} {p[j:]}") not in known]
+    words = ["".join(_BYTE_TO_UNI[b] for b in w.encode()) for w in _UNMERGED_WORDS] + ["\n\n\n"]
+    extra = list(dict.fromkeys(t for t in pieces + words if t not in kept))
+    types = list(smol_tokenizer_md[T.TOKEN_TYPE])[:_PRE_TEST_VOCAB]  # type: ignore[call-overload]
+    return {**smol_tokenizer_md, T.LIST: tokens + extra, T.TOKEN_TYPE: types + [1] * len(extra), T.MERGES: merges}
+
+
+@pytest.fixture(scope="module")
+def pre_test_gguf(tmp_path_factory: pytest.TempPathFactory, pre_test_md: dict[str, object]) -> Path:
+    """A vocab-only GGUF of that vocabulary; each test gives it its pre-tokenizer (llama.cpp's kv_overrides)."""
+    path = tmp_path_factory.mktemp("pre") / "smollm2-vocab.gguf"
+    return write_vocab_gguf(path, {**pre_test_md, gguf.Keys.Tokenizer.PRE: "default"})
 
 
 def _byte_bpe_metadata() -> dict[str, object]:
@@ -319,33 +376,70 @@ def _byte_bpe_metadata() -> dict[str, object]:
 
 def test_every_supported_pre_tokenizer_builds() -> None:
     md = _byte_bpe_metadata()
-    text = "It's 2024!\n  ok ünï 中文 😀"
+    text = "It's 2024!\n\tok ünï 中文 😀"
     for name in SUPPORTED_PRE_TOKENIZERS:
         v = Vocab.from_metadata("x.gguf", {**md, gguf.Keys.Tokenizer.PRE: name})
         assert v.pre == name
         ids = v.tokenize(text, add_special=False)
-        assert len(ids) == len(text.encode()) and v.detokenize(ids) == text  # one byte token per byte
+        if PRE_TOKENIZERS[name].byte_encode:  # one byte token per byte
+            assert len(ids) == len(text.encode()) and v.detokenize(ids) == text
     # no pre key at all: llama.cpp falls back to 'default'
     assert Vocab.from_metadata("x.gguf", md).pre == "default"
 
 
 @oracle
-@pytest.mark.parametrize("pre", PRE_CASES)
-def test_pre_tokenizer_matches_llama_cpp(tmp_path: Path, smol_tokenizer_md: dict[str, object], pre: str) -> None:
-    path = write_vocab_gguf(tmp_path / f"{pre}.gguf", {**smol_tokenizer_md, gguf.Keys.Tokenizer.PRE: pre})
-    mine = Vocab.from_file(path)
-    o = Oracle(path)
-    try:
-        for text in PRE_TEXTS:
-            for parse_special in (False, True):
-                ids = mine.tokenize(text, True, parse_special)
-                assert ids == o.tokenize(text, True, parse_special), (text, parse_special)
+@pytest.mark.parametrize("pre", SUPPORTED_PRE_TOKENIZERS)
+def test_pre_tokenizer_matches_llama_cpp(oracle_of, pre_test_gguf: Path, pre_test_md: dict[str, object],
+                                         pre: str) -> None:
+    """Every tokenizer.ggml.pre graphir knows: the same ids as llama.cpp on PRE_TEXTS, the same text back, and
+    the same defaults (BOS id, add_bos/add_eos/add_sep) -- so a value added to the table is checked here."""
+    T = gguf.Keys.Tokenizer
+    mine = Vocab.from_metadata(pre_test_gguf.name, {**pre_test_md, T.PRE: pre})
+    o = oracle_of(pre_test_gguf, {T.PRE: pre})
+    assert ((mine.bos, mine.eos, mine.add_bos, mine.add_eos), mine.add_sep) == (o.facts(), o.add_sep())
+    for text in PRE_TEXTS:
+        try:
+            ids = [mine.tokenize(text, True, parse_special) for parse_special in (False, True)]
+        except ValueError as e:  # llama.cpp would abort the process on this text: graphir refuses it instead
+            assert "leaves a space inside the word" in str(e) and not PRE_TOKENIZERS[pre].byte_encode
+            continue
+        assert ids == [o.tokenize(text, True, parse_special) for parse_special in (False, True)], text
+        for remove_special in (False, True):
             for unparse_special in (False, True):
-                assert mine.detokenize_bytes(ids, False, unparse_special) == o.detokenize(ids, False, unparse_special)
-                assert mine.detokenize_bytes(ids, True, unparse_special) == o.detokenize(ids, True, unparse_special)
-        assert (mine.bos, mine.eos, mine.add_bos, mine.add_eos) == o.facts()
-    finally:
-        o.close()
+                assert mine.detokenize_bytes(ids[1], remove_special, unparse_special) == o.detokenize(
+                    ids[1], remove_special, unparse_special), (text, remove_special, unparse_special)
+
+
+@oracle
+def test_kimi_k2_without_merges_matches_llama_cpp(oracle_of, tmp_path: Path) -> None:
+    """Kimi-K2 files may lack merges (llama.cpp then merges nothing); any other pre-tokenizer needs them."""
+    T = gguf.Keys.Tokenizer
+    md = {k: v for k, v in _byte_bpe_metadata().items() if k != T.MERGES}
+    path = write_vocab_gguf(tmp_path / "kimi.gguf", {**md, T.PRE: "kimi-k2"})
+    mine, o = Vocab.from_file(path), oracle_of(path)
+    assert_same_text_handling(mine, o, PRE_TEXTS[:4])
+    with pytest.raises(MetadataError, match=r"k\.gguf: .*tokenizer\.ggml\.merges"):
+        Vocab.from_metadata("k.gguf", {**md, T.PRE: "qwen2"})
+
+
+@oracle
+@pytest.mark.parametrize(("pre", "lowercase"), [("whitespace", None), ("whitespace", True), ("gpt-2", None)])
+def test_whitespace_model_matches_llama_cpp(oracle_of, pre_test_gguf: Path, pre_test_md: dict[str, object], pre: str,
+                                            lowercase: bool | None) -> None:
+    """tokenizer.ggml.model 'whitespace': whitespace dropped, each run between tokenized with the pre-tokenizer,
+    lowercased unless the normalizer key (or, by default, the 'whitespace' pre-tokenizer) says not."""
+    from graphir.tokenizer.metadata import KEY_LOWERCASE
+
+    T = gguf.Keys.Tokenizer
+    keys: dict[str, str | bool] = {T.MODEL: "whitespace", T.PRE: pre}
+    if lowercase is not None:
+        keys[KEY_LOWERCASE] = lowercase
+    mine = Vocab.from_metadata(pre_test_gguf.name, {**pre_test_md, **keys})
+    o = oracle_of(pre_test_gguf, keys)
+    for text in PRE_TEXTS:
+        ids = [mine.tokenize(text, True, parse_special) for parse_special in (False, True)]
+        assert ids == [o.tokenize(text, True, parse_special) for parse_special in (False, True)], text
+        assert mine.detokenize_bytes(ids[1]) == o.detokenize(ids[1])
 
 
 def test_pre_tokenizer_flags(smol_tokenizer_md: dict[str, object]) -> None:
@@ -529,6 +623,206 @@ def test_spm_random_text_matches_llama_cpp(spm_pair, text: str, add_special: boo
 
 
 # ---------------------------------------------------------------------------------------------
+# gemma4 vocabularies: BPE the SentencePiece way (U+2581 spaces, UTF-8 words, <0xXX> byte tokens)
+# ---------------------------------------------------------------------------------------------
+
+GEMMA4_CORPUS = "hello world the quick brown fox 日本語 привет café".split()
+
+
+def _gemma4_metadata() -> dict[str, object]:
+    """<pad> <eos> <bos> <unk>, 256 byte tokens, the corpus' characters, and merges that build each word with its
+    U+2581 from the left; newline runs of two and three are tokens, only the first one built by a merge."""
+    chars = sorted({c for w in GEMMA4_CORPUS for c in w} | {"\u2581", "\n"})
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + chars
+    merges = ["\n \n"]
+    for word in ["\u2581" + w for w in GEMMA4_CORPUS] + ["\u2581\u2581"]:
+        for i in range(2, len(word) + 1):
+            merge = f"{word[:i - 1]} {word[i - 1]}"
+            if merge not in merges:
+                merges.append(merge)
+                tokens.append(word[:i])
+    tokens += ["\n\n", "\n\n\n"]
+    T = gguf.Keys.Tokenizer
+    return {T.MODEL: "gemma4", T.LIST: tokens, T.TOKEN_TYPE: [3, 3, 3, 2] + [6] * 256 + [1] * (len(tokens) - 260),
+            T.MERGES: merges, T.BOS_ID: 2, T.EOS_ID: 1, T.UNK_ID: 3, T.PAD_ID: 0, T.ADD_BOS: False}
+
+
+GEMMA4_TEXTS = ["", "hello world", " the  quick brown fox ", "a\n\nb\n\n\nc\n\n\n\n", "日本語 привет café!",
+                "😀 x", "<bos>hello<eos>", "\u2581hello", "tab\tx\r\n"]
+
+
+@oracle
+def test_gemma4_matches_llama_cpp(oracle_of, tmp_path: Path) -> None:
+    path = write_vocab_gguf(tmp_path / "gemma4.gguf", _gemma4_metadata())
+    mine, o = Vocab.from_file(path), oracle_of(path)
+    # the model implies the 'gemma4' pre-tokenizer, and BOS is added even where the file says not to
+    assert (mine.pre, mine.add_bos, mine.clean_spaces) == ("gemma4", True, True)
+    assert (mine.bos, mine.eos, mine.add_bos, mine.add_eos) == o.facts()
+    assert_same_text_handling(mine, o, GEMMA4_TEXTS)
+    assert_same_pieces(mine, o)
+
+
+# ---------------------------------------------------------------------------------------------
+# plamo2 vocabularies (PLaMo 2 and 3): a small synthetic vocabulary
+# ---------------------------------------------------------------------------------------------
+
+PLAMO2_CORPUS = ("hello world the quick brown fox 日本語のテキスト 東京都 привет мир café 12345 "
+                 "<|plamo:op|> [PAD1]").split(" ")
+
+
+def _plamo2_metadata() -> dict[str, object]:
+    """Control tokens, 256 byte tokens, every piece (up to 6 code points) of PLAMO2_CORPUS words and of the words
+    with a space before them, scores from a coarse grid (equal costs happen), one token whose scaled score is
+    exactly the unknown cost (as PLaMo's padding tokens have), one with an infinite score, and unused pads."""
+    rnd = random.Random(11)
+    tokens = ["<|plamo:unk|>", "<|plamo:bos|>", "<|plamo:eos|>", "<|plamo:pad|>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    pieces: set[str] = set()
+    for word in PLAMO2_CORPUS + [" " + w for w in PLAMO2_CORPUS]:
+        for i in range(len(word)):
+            pieces.update(word[i:j] for j in range(i + 1, min(len(word), i + 6) + 1))
+    for p in sorted(pieces):
+        tokens.append(p)
+        types.append(1)
+        scores.append(-rnd.randint(1, 16) / 2)
+    for text, score, ty in (("quick brown", -1000.0, 1), ("天気", float("-inf"), 1), ("[PAD2]", -1000.0, 5)):
+        tokens.append(text)
+        types.append(ty)
+        scores.append(score)
+    T = gguf.Keys.Tokenizer
+    return {T.MODEL: "plamo2", T.PRE: "default", T.LIST: tokens, T.SCORES: scores, T.TOKEN_TYPE: types,
+            T.BOS_ID: 1, T.EOS_ID: 2, T.UNK_ID: 0, T.PAD_ID: 3}
+
+
+PLAMO2_TEXTS = [
+    "", " ", "hello world", "the quick brown fox", "the quick brown", "日本語のテキスト", "東京都の天気", "привет мир",
+    "café 12345 67890", "\ufeffhello", "hello\ufeff", "xyz 😀 emoji", "<|plamo:bos|>hello<|plamo:eos|>",
+    "<|plamo:op|> [PAD1][PAD2]", "quick brownfox", "  two  spaces  ", "tab\tand\nnewline",
+]
+
+
+@pytest.fixture(scope="module")
+def plamo2_pair(tmp_path_factory: pytest.TempPathFactory):
+    path = write_vocab_gguf(tmp_path_factory.mktemp("plamo2") / "plamo2.gguf", _plamo2_metadata())
+    o = Oracle(path)
+    yield Vocab.from_file(path), o
+    o.close()
+
+
+@oracle
+def test_plamo2_matches_llama_cpp(plamo2_pair) -> None:
+    mine, o = plamo2_pair
+    assert (mine.model, mine.add_space_prefix, mine.clean_spaces) == ("plamo2", False, False)
+    assert (mine.bos, mine.eos, mine.add_bos, mine.add_eos) == o.facts()
+    assert_same_text_handling(mine, o, PLAMO2_TEXTS)
+    assert_same_pieces(mine, o)
+
+
+@oracle
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.lists(st.one_of(st.sampled_from(PLAMO2_CORPUS + [" ", "  ", "\ufeff"]), st.text(max_size=5)),
+                     max_size=6).map("".join))
+def test_plamo2_random_text_matches_llama_cpp(plamo2_pair, text: str) -> None:
+    mine, o = plamo2_pair
+    ids = mine.tokenize(text, True, True)
+    assert ids == o.tokenize(text, True, True)
+    assert mine.detokenize_bytes(ids, False, True) == o.detokenize(ids, False, True)
+
+
+def test_plamo2_without_a_byte_token_is_refused() -> None:
+    md = _plamo2_metadata()
+    tokens = list(md[gguf.Keys.Tokenizer.LIST])  # type: ignore[call-overload]
+    tokens[4 + 0x41] = "<0xZZ>"
+    with pytest.raises(MetadataError, match=r"p\.gguf: plamo2 vocabulary without the byte token <0x41>"):
+        Vocab.from_metadata("p.gguf", {**md, gguf.Keys.Tokenizer.LIST: tokens})
+
+
+# ---------------------------------------------------------------------------------------------
+# rwkv vocabularies: escaped byte-string tokens, longest match from the left
+# ---------------------------------------------------------------------------------------------
+
+
+def _rwkv_metadata() -> dict[str, object]:
+    """Every byte (printable ASCII as itself, the rest \\xhh), words and pieces of text, escapes of each kind, an
+    upper-case hex escape (llama.cpp reads it as another byte, here the same as '"': the later token wins), and
+    a user-defined token."""
+    tokens = [chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in range(256)]
+    tokens += ["\\\\", "\\n\\n", "\\t\\t", "\\r\\n", " the", " quick", " qu", "hello", "hell", " world", "日本",
+               "日本語", "привет", "\\xe6\\x97", "ab\\'cd", "\\xAB", "<|user|>"]
+    T = gguf.Keys.Tokenizer
+    return {T.MODEL: "rwkv", T.LIST: tokens, T.TOKEN_TYPE: [1] * (len(tokens) - 1) + [4]}
+
+
+RWKV_TEXTS = ["", "hello world", " the quick brown", "hell", "日本語 日本 日", "привет\r\n\n\n\t\t\t",
+              "ab'cd ab\\cd \\", 'say "hi"', "<|user|>hello<|user|>", "😀 \x00\x7f"]
+
+
+@oracle
+def test_rwkv_matches_llama_cpp(oracle_of, tmp_path: Path) -> None:
+    path = write_vocab_gguf(tmp_path / "rwkv.gguf", _rwkv_metadata())
+    mine, o = Vocab.from_file(path), oracle_of(path)
+    assert (mine.model, mine.bos, mine.eos, mine.add_bos, mine.add_eos) == ("rwkv", *o.facts())
+    assert_same_text_handling(mine, o, RWKV_TEXTS)
+    assert_same_pieces(mine, o)
+    assert mine.tokenize('"')[0] == mine.token_to_id["\\xAB"]
+
+
+def test_rwkv_text_no_token_starts_is_refused_or_unknown() -> None:
+    """Where llama.cpp would emit id -1 (no token starts with the byte, no unknown token) graphir refuses the text;
+    with an unknown token that token stands for the byte; a byte only longer tokens start with is refused too."""
+    md = _rwkv_metadata()
+    T = gguf.Keys.Tokenizer
+    tokens = list(md[T.LIST])  # type: ignore[call-overload]
+    tokens[ord("z")], tokens[ord("y")] = "yy", "<unk>"
+    no_z = Vocab.from_metadata("r.gguf", {**md, T.LIST: tokens})
+    with pytest.raises(ValueError, match="no token starts with the byte 0x7a"):
+        no_z.tokenize("z")
+    with pytest.raises(ValueError, match="no token is a prefix of the text at byte 0"):
+        no_z.tokenize("y")
+    unk = no_z.token_to_id["<unk>"]
+    assert Vocab.from_metadata("r.gguf", {**md, T.LIST: tokens, T.UNK_ID: unk}).tokenize("azyy") == [ord("a"), unk,
+                                                                                                        ord("z")]
+
+
+# ---------------------------------------------------------------------------------------------
+# hybriddna vocabularies: byte-level BPE, DNA between <dna> tags cut into marked 6-mers
+# ---------------------------------------------------------------------------------------------
+
+HYBRIDDNA_TEXTS = ["no dna here CCCCCC", "x <dna>acgtacCCCCCCaaa</dna> y", "<dna>AC", "<dna></dna><dna>GGGGGGT",
+                   "<dna>ééé</dna>é", "a</dna>b<dna>TTTTTTTTTTTT</dna></dna>"]
+
+
+@oracle
+def test_hybriddna_matches_llama_cpp(oracle_of, tmp_path: Path) -> None:
+    """The tags and <oov> are normal tokens; the k-mer CCCCCC shares its letters with a BPE token."""
+    from graphir.tokenizer.bpe import _BYTE_TO_UNI
+
+    T = gguf.Keys.Tokenizer
+    kmers = [k + "\ue000" for k in ("AAAAAA", "ACGTAC", "CCCCCC", "AAAAAT", "TTTTTT", "GAAAAA")]
+    tokens = list(_BYTE_TO_UNI) + ["CC", "CCCC", "CCCCCC", "<dna>", "</dna>", "<oov>"] + kmers
+    md = {T.MODEL: "hybriddna", T.PRE: "gpt-2", T.LIST: tokens, T.TOKEN_TYPE: [1] * len(tokens),
+          T.MERGES: ["C C", "CC CC", "CCCC CC"], T.BOS_ID: 0, T.EOS_ID: 0}
+    path = write_vocab_gguf(tmp_path / "dna.gguf", md)
+    mine, o = Vocab.from_file(path), oracle_of(path)
+    assert_same_text_handling(mine, o, HYBRIDDNA_TEXTS)
+    assert_same_pieces(mine, o)
+    assert mine.token_to_piece(mine.token_to_id["ACGTAC\ue000"]) == b"ACGTAC"
+
+
+@oracle
+def test_dummy_test_tokenizer_matches_llama_cpp(oracle_of, tmp_path: Path) -> None:
+    """tokenizer.ggml.model 'test', as the tiny models llama.cpp makes carry it: hashed 5-byte chunks."""
+    T = gguf.Keys.Tokenizer
+    tokens = [f"tok_{i}" for i in range(97)] + ["<|user|>"]
+    md = {T.MODEL: "test", T.LIST: tokens, T.SCORES: [0.0] * len(tokens), T.TOKEN_TYPE: [1] * 97 + [4]}
+    path = write_vocab_gguf(tmp_path / "test.gguf", md)
+    mine, o = Vocab.from_file(path), oracle_of(path)
+    assert_same_text_handling(mine, o, ["", "a", "hello world", "日本語のテキスト 😀", "x<|user|>yz" * 3])
+    assert_same_pieces(mine, o)
+
+
+# ---------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------
 
@@ -536,8 +830,9 @@ def test_spm_random_text_matches_llama_cpp(spm_pair, text: str, add_special: boo
 def test_unknown_tokenizer_model_is_a_clear_error() -> None:
     with pytest.raises(MetadataError, match=r"weird\.gguf: unknown tokenizer model 'sentencepiece2'"):
         Vocab.from_metadata("weird.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: "sentencepiece2"}))
-    with pytest.raises(MetadataError, match=r"rwkv\.gguf: tokenizer model 'rwkv' .* is not supported"):
-        Vocab.from_metadata("rwkv.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: "rwkv"}))
+    for name in ("no_vocab", "none"):  # llama.cpp knows them (a file without a vocabulary): nothing to tokenize
+        with pytest.raises(MetadataError, match=rf"{name}\.gguf: tokenizer model '{name}' .* is not supported"):
+            Vocab.from_metadata(f"{name}.gguf", _spm_metadata(**{gguf.Keys.Tokenizer.MODEL: name}))
     md = _spm_metadata()
     del md[gguf.Keys.Tokenizer.MODEL]
     with pytest.raises(MetadataError, match=r"none\.gguf: .*tokenizer\.ggml\.model.* missing"):

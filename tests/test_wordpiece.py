@@ -25,7 +25,8 @@ from conftest import write_vocab_gguf
 from graphir.errors import MetadataError
 from graphir.tokenizer.unicode import _RUN_STARTS, LOWER, unicode_class
 from graphir.tokenizer.vocab import Vocab
-from graphir.tokenizer.wpm import _CJK, _CONTROL, _KEY_LOWERCASE, _KEY_STRIP_ACCENTS
+from graphir.tokenizer.metadata import KEY_LOWERCASE, KEY_STRIP_ACCENTS
+from graphir.tokenizer.wpm import _CJK, _CONTROL
 
 try:
     import llama_cpp
@@ -60,7 +61,7 @@ def minilm_metadata(model_dir: Path) -> dict[str, object]:
         T.TOKEN_TYPE: [3 if i in control else 1 for i in range(len(tokens))],
         T.BOS_ID: cls, T.EOS_ID: sep, T.SEP_ID: sep, T.UNK_ID: vocab[config["unk_token"]],
         T.PAD_ID: vocab[config["pad_token"]], T.MASK_ID: vocab[config["mask_token"]],
-        T.ADD_BOS: True, T.ADD_EOS: True, T.ADD_SEP: False, _KEY_LOWERCASE: tj["normalizer"]["lowercase"],
+        T.ADD_BOS: True, T.ADD_EOS: True, T.ADD_SEP: False, KEY_LOWERCASE: tj["normalizer"]["lowercase"],
     }
 
 
@@ -86,10 +87,10 @@ def minilm_md(minilm_dir: Path) -> dict[str, object]:
 VARIANTS: dict[str, dict[str, object]] = {
     "minilm": {},
     "defaults": {k: None for k in (T.BOS_ID, T.EOS_ID, T.UNK_ID, T.SEP_ID, T.PAD_ID, T.MASK_ID, T.ADD_BOS, T.ADD_EOS,
-                                   T.ADD_SEP, _KEY_LOWERCASE)},
-    "cased": {_KEY_LOWERCASE: False},  # strip_accents follows lowercase unless written
-    "lower_keep_accents": {_KEY_STRIP_ACCENTS: False},
-    "strip_only": {_KEY_LOWERCASE: False, _KEY_STRIP_ACCENTS: True},
+                                   T.ADD_SEP, KEY_LOWERCASE)},
+    "cased": {KEY_LOWERCASE: False},  # strip_accents follows lowercase unless written
+    "lower_keep_accents": {KEY_STRIP_ACCENTS: False},
+    "strip_only": {KEY_LOWERCASE: False, KEY_STRIP_ACCENTS: True},
     "no_add_flags": {T.ADD_BOS: False, T.ADD_EOS: False},
 }
 
@@ -298,7 +299,7 @@ def test_normalization_of_every_probe_code_point_matches_llama_cpp(tmp_path: Pat
     tokens = ["[UNK]", "[CLS]", "[SEP]", *sorted({p + c for c in [*chars, "x"] for p in ("", "\u2581")})]
     md = {T.MODEL: "bert", T.LIST: tokens, T.TOKEN_TYPE: [3, 3, 3] + [1] * (len(tokens) - 3), T.UNK_ID: 0,
           T.BOS_ID: 1, T.SEP_ID: 2,
-          **{k: v for k, v in VARIANTS[variant].items() if k in (_KEY_LOWERCASE, _KEY_STRIP_ACCENTS)}}
+          **{k: v for k, v in VARIANTS[variant].items() if k in (KEY_LOWERCASE, KEY_STRIP_ACCENTS)}}
     path = write_bert_vocab(tmp_path / "probe.gguf", md)
     mine, o = Vocab.from_file(path), Oracle(path)
     try:
@@ -366,4 +367,4 @@ def test_bad_wordpiece_vocabularies_are_clear_errors() -> None:
     with pytest.raises(MetadataError, match=r"u\.gguf: .*no token covers.*tokenizer\.ggml\.unknown_token_id"):
         no_unk.tokenize("hello")
     with pytest.raises(MetadataError, match=r"l\.gguf: .*tokenizer\.ggml\.normalizer\.lowercase.*wrong type"):
-        Vocab.from_metadata("l.gguf", _tiny(**{_KEY_LOWERCASE: "yes"}))
+        Vocab.from_metadata("l.gguf", _tiny(**{KEY_LOWERCASE: "yes"}))

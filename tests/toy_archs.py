@@ -93,5 +93,5 @@ class ToyLatentHybrid(DeepSeek2):
     def attn_tensors(self, il: int) -> list[TensorSpec]:
         return ssm.mamba_tensors(self.hp, il) if self.is_recurrent(il) else super().attn_tensors(il)
 
-    def attention(self, b: GraphBuilder, h: Node, pos: Node, il: int) -> Node:
-        return mamba_mix(b, h, il) if self.is_recurrent(il) else super().attention(b, h, pos, il)
+    def attention(self, b: GraphBuilder, h: Node, pos: Node, temperature: Node | None, il: int) -> Node:
+        return mamba_mix(b, h, il) if self.is_recurrent(il) else super().attention(b, h, pos, temperature, il)

@@ -160,8 +160,9 @@ def ssm_scan_heads(v, a, shape, env):
 
 
 def rope_multi(v, a, shape, env):
-    """Pair i lies in sector i % sum(sections); sectors cycle time, height, width (each while its section lasts),
-    the rest are the extra section; each section turns by its own positions (p: times, heights, widths, extras)."""
+    """Pair i lies in sector i % sum(sections); imrope: sectors cycle time, height, width (each while its section
+    lasts), the rest are the extra section; mrope: the sections follow one another; each section turns by its own
+    positions (p: times, heights, widths, extras)."""
     X = gg(v[0])
     p = np.asarray(v[1], np.float64).reshape(4, -1)
     t, h, w, _ = a["sections"]
@@ -169,8 +170,11 @@ def rope_multi(v, a, shape, env):
     n_dims, base = a["n_dims"], a["freq_base"]
     for i in range(n_dims // 2):
         sector = i % sum(a["sections"])
-        section = 1 if sector % 3 == 1 and sector < 3 * h else 2 if sector % 3 == 2 and sector < 3 * w else \
-            0 if sector % 3 == 0 and sector < 3 * t else 3
+        if a["mode"] == "imrope":
+            section = 1 if sector % 3 == 1 and sector < 3 * h else 2 if sector % 3 == 2 and sector < 3 * w else \
+                0 if sector % 3 == 0 and sector < 3 * t else 3
+        else:
+            section = 0 if sector < t else 1 if sector < t + h else 2 if sector < t + h + w else 3
         for j in range(X.shape[2]):
             theta = p[section, j] * base ** (-2.0 * i / n_dims)
             c, s = math.cos(theta) * a["attn_factor"], math.sin(theta) * a["attn_factor"]
@@ -222,8 +226,9 @@ def rope(v, a, shape, env):
     def corr(n_rot: float) -> float:
         return n_dims * math.log(a["n_ctx_orig"] / (n_rot * 2 * math.pi)) / (2 * math.log(base))
 
-    lo = max(0.0, math.floor(corr(a["beta_fast"])))
-    hi = min(n_dims - 1.0, math.ceil(corr(a["beta_slow"])))
+    if ext != 0.0:  # YaRN's ramp (a layer without YaRN may give betas of 0, whose log is undefined)
+        lo = max(0.0, math.floor(corr(a["beta_fast"])))
+        hi = min(n_dims - 1.0, math.ceil(corr(a["beta_slow"])))
     for i in range(n_dims // 2):
         ia, ib = (2 * i, 2 * i + 1) if a["mode"] == "norm" else (i, i + n_dims // 2)
         for t in range(X.shape[2]):
@@ -273,6 +278,17 @@ def soft_max(v, a, shape, env):
 def swiglu_oai(v, a, shape, env):
     g, u = np.minimum(v[0], a["limit"]), np.clip(v[1], -a["limit"], a["limit"])
     return g / (1.0 + np.exp(-a["alpha"] * g)) * (u + 1.0)
+
+
+def xielu(v, a, shape, env):
+    x = v[0]
+    neg = (np.expm1(np.minimum(x, a["eps"])) - x) * a["alpha_n"] + a["beta"] * x
+    return np.where(x > 0, a["alpha_p"] * x * x + a["beta"] * x, neg)
+
+
+def swiglu_clamp(v, a, shape, env):
+    g, u = np.minimum(v[0], a["limit"]), np.clip(v[1], -a["limit"], a["limit"])
+    return g / (1.0 + np.exp(-g)) * u
 
 
 def reshape(v, a, shape, env):
@@ -342,7 +358,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "sum_rows": lambda v, a, shape, env: v[0].sum(-1, keepdims=True),
     "moe_sum": lambda v, a, shape, env: v[0].sum(-2),
     "add_id": lambda v, a, shape, env: v[0] + np.asarray(v[1], np.float64)[np.asarray(v[2])],
-    "swiglu_oai": swiglu_oai,
+    "swiglu_oai": swiglu_oai, "swiglu_clamp": swiglu_clamp, "xielu": xielu,
     "clamp": lambda v, a, shape, env: np.clip(v[0], a["min"], a["max"]),
     "div": lambda v, a, shape, env: back(gg(v[0]) / _repeat_b(gg(v[0]), gg(v[1])), shape),
     "add": add, "sub": sub, "mul": mul,
@@ -359,6 +375,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "softplus": lambda v, a, shape, env: np.where(v[0] > 20, v[0], np.log1p(np.exp(np.minimum(v[0], 20)))),
     "swiglu": lambda v, a, shape, env: _silu(v[0]) * v[1],
     "geglu": lambda v, a, shape, env: _gelu(v[0]) * v[1],
+    "reglu": lambda v, a, shape, env: np.where(v[0] > 0, v[0] * v[1], 0.0),
     "rope": rope, "rope_multi": rope_multi, "soft_max": soft_max, "reshape": reshape, "view": view,
     "permute": permute, "transpose": transpose, "cont": cont, "concat": concat,
     "set_rows": set_rows, "ssm_conv": ssm_conv, "ssm_scan": ssm_scan, "ssm_scan_heads": ssm_scan_heads,

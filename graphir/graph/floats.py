@@ -3,8 +3,14 @@ so every layer that writes one rounds it the same way (a leaf: it imports nothin
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import struct
+
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+for _f in ("expf", "logf"):
+    getattr(_LIBM, _f).restype, getattr(_LIBM, _f).argtypes = ctypes.c_float, [ctypes.c_float]
 
 
 def f32(x: float) -> float:
@@ -19,3 +25,10 @@ def inv_sqrt(x: float) -> float:
     """``1.0f / sqrtf(x)`` as llama.cpp computes attention scales: both steps rounded to float32 (1/sqrt in
     double rounds differently, e.g. for 24 and 96)."""
     return f32(1.0 / f32(math.sqrt(f32(float(x)))))
+
+
+def softplus(x: float) -> float:
+    """``ggml_compute_softplus_f32`` as ggml computes an op's constants: x above 20, else logf(1 + expf(x)),
+    glibc's float32 functions (Python's double log and exp round differently)."""
+    x = f32(x)
+    return x if x > 20.0 else f32(_LIBM.logf(f32(1.0 + f32(_LIBM.expf(x)))))

@@ -42,11 +42,14 @@ def _attr(v: Any) -> str:
         return _float(v)
     if isinstance(v, (int, Sym)):
         return str(v)
-    if isinstance(v, tuple):
-        return "[" + ", ".join(map(str, v)) + "]"
+    if isinstance(v, tuple):  # sizes, or per-layer values (floats as float32 prints them)
+        return "[" + ", ".join(_float(x) if isinstance(x, float) else str(x) for x in v) + "]"
     if isinstance(v, str) and _BARE.match(v) and v not in ("true", "false", "inf", "nan"):
         return v
     return json.dumps(v)
+
+
+_FLOAT = r"-?(\d+\.\d*(e[-+]?\d+)?|\d+e[-+]?\d+|inf|nan)"
 
 
 def _parse_attr(s: str) -> Any:
@@ -54,16 +57,21 @@ def _parse_attr(s: str) -> Any:
         return s == "true"
     if s.startswith("["):
         inner = s[1:-1].strip()
-        return tuple(parse_dim(p.strip()) for p in inner.split(",")) if inner else ()
+        return tuple(_parse_item(p.strip()) for p in inner.split(",")) if inner else ()
     if s.startswith('"'):
         return json.loads(s)
     if re.fullmatch(r"-?\d+", s):
         return int(s)
-    if re.fullmatch(r"-?(\d+\.\d*(e[-+]?\d+)?|\d+e[-+]?\d+|inf|nan)", s):
+    if re.fullmatch(_FLOAT, s):
         return f32(float(s))
     if _BARE.match(s):
         return s
     return parse_dim(s)
+
+
+def _parse_item(s: str) -> Any:
+    """An element of a bracketed list: a float (a per-layer value) or a size."""
+    return f32(float(s)) if re.fullmatch(_FLOAT, s) else parse_dim(s)
 
 
 def _split_top(s: str) -> list[str]:

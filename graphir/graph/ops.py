@@ -183,7 +183,8 @@ def _rope(xs: list[Node], a: dict[str, Any], per_token: int = 1) -> Type:
 
 def _rope_multi(xs: list[Node], a: dict[str, Any]) -> Type:
     sections = tuple(a["sections"])
-    _need(a["mode"] == "imrope", f"mode={a['mode']!r}: multi-section RoPE is 'imrope' (interleaved sections)")
+    _need(a["mode"] in ("imrope", "mrope"), f"mode={a['mode']!r}: multi-section RoPE is 'imrope' (interleaved "
+                                            f"sections) or 'mrope' (one after the other)")
     _need(len(sections) == 4 and all(isinstance(n, int) and n >= 0 for n in sections) and any(sections[:3]),
           f"sections={list(sections)} must be 4 counts of rotated pairs, one of the first three positive")
     _need(sum(sections) <= _pad4(xs[0].shape)[0], f"sections={list(sections)} hold more pairs than head size "
@@ -341,16 +342,23 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("tanh", "unary", ("a",), (), _same, "tanh(a)"),
     OpDef("sigmoid", "unary", ("a",), (), _same, "1 / (1 + e^-a)"),
     OpDef("softplus", "unary", ("a",), (), _same, "log(1 + e^a), a itself above 20"),
+    OpDef("xielu", "unary", ("a",), ("alpha_n", "alpha_p", "beta", "eps"), _same,
+          "xIELU (Apertus): alpha_p a^2 + beta a for a > 0, else (e^min(a, eps) - 1 - a) alpha_n + beta a; the "
+          "attributes are ggml's op parameters (alpha_n: beta + softplus of the layer's, alpha_p: softplus of it)"),
     OpDef("swiglu", "elementwise", ("gate", "up"), (), _glu, "silu(gate) * up"),
     OpDef("geglu", "elementwise", ("gate", "up"), (), _glu, "gelu(gate) * up"),
+    OpDef("reglu", "elementwise", ("gate", "up"), (), _glu, "relu(gate) * up (0 where gate <= 0)"),
     OpDef("swiglu_oai", "elementwise", ("gate", "up"), ("alpha", "limit"), _glu,
           "g * sigmoid(alpha * g) * (u + 1) with g = min(gate, limit), u = clamp(up, -limit, limit) (gpt-oss)"),
+    OpDef("swiglu_clamp", "elementwise", ("gate", "up"), ("limit",), _glu,
+          "silu(g) * u with g = min(gate, limit), u = clamp(up, -limit, limit)"),
     OpDef("add_id", "elementwise", ("a", "b", "ids"), (), _add_id,
           "a[:, i, t] + b[:, ids[i, t]]: each token's slot i plus the bias row of the expert it chose"),
     OpDef("rope", "attention", ("a", "pos", "freq_factors?"), _ROPE_ATTRS, _rope,
           "rotary position embedding over the first n_dims of ne0; positions index ne2"),
     OpDef("rope_multi", "attention", ("a", "pos"), _ROPE_ATTRS + ("sections",), _rope_multi,
-          "RoPE whose rotated pairs fall into sections (time, height, width, extra; 'imrope': interleaved), each "
+          "RoPE whose rotated pairs fall into sections (time, height, width, extra; 'imrope': interleaved; 'mrope': "
+          "one after the other), each "
           "section turned by its own position: four a token, section-major (every token's time, then heights, "
           "widths, extras); a text token's are (p, p, p, 0)"),
     OpDef("soft_max", "attention", ("a", "mask?", "sinks?"), ("scale", "max_bias"), _soft_max,

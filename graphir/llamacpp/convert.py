@@ -29,7 +29,8 @@ _FLAG_INPUT, _FLAG_OUTPUT = 1, 2
 INPUT_ROLES = {"inp_tokens": "tokens", "inp_embd": "embd", "inp_pos": "pos", "out_ids": "out_ids",
                "attn_inp_k_idxs": "k_idxs", "attn_inp_v_idxs": "v_idxs", "attn_inp_kq_mask": "kq_mask",
                "self_kq_mask": "kq_mask", "rs_s_copy": "rs_src", "mean": "inp_mean", "cls": "inp_cls",
-               "pos_bucket_dec": "pos_bucket", "pos_bucket_enc": "pos_bucket", "cross_embd": "cross_embd"}
+               "pos_bucket_dec": "pos_bucket", "pos_bucket_enc": "pos_bucket", "cross_embd": "cross_embd",
+               "inp_attn_scale": "attn_scale"}
 CACHE_ROLES = {"k": "cache_k", "v": "cache_v", "r": "rs_r", "s": "rs_s"}
 OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd": "embd",
                 "result_embd_pooled": "pooled"}
@@ -42,11 +43,13 @@ _SUFFIX = re.compile(r" \((\w+)\)")
 _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id", "SUM_ROWS": "sum_rows",
          "ADD": "add", "SUB": "sub", "MUL": "mul", "DIV": "div", "SQR": "sqr", "SILU": "silu", "GELU": "gelu",
          "RELU": "relu", "NEG": "neg", "EXP": "exp", "TANH": "tanh", "SIGMOID": "sigmoid", "SOFTPLUS": "softplus",
-         "SWIGLU": "swiglu", "GEGLU": "geglu", "ADD_ID": "add_id", "RESHAPE": "reshape", "PERMUTE": "permute",
+         "XIELU": "xielu",
+         "SWIGLU": "swiglu", "GEGLU": "geglu", "REGLU": "reglu", "ADD_ID": "add_id", "RESHAPE": "reshape",
+         "PERMUTE": "permute",
          "TRANSPOSE": "transpose", "CONT": "cont", "CONCAT": "concat", "REPEAT": "repeat", "SSM_CONV": "ssm_conv",
          "RWKV_WKV6": "rwkv_wkv6", "GATED_DELTA_NET": "gated_delta_net", "SET_ROWS": "set_rows", "VIEW": "view",
          "ROPE": "rope", "SOFT_MAX": "soft_max", "RMS_NORM": "rms_norm", "NORM": "norm", "SCALE": "scale",
-         "CLAMP": "clamp", "FILL": "fill", "SWIGLU_OAI": "swiglu_oai", "SSM_SCAN": "ssm_scan",
+         "CLAMP": "clamp", "FILL": "fill", "SWIGLU_OAI": "swiglu_oai", "SWIGLU_CLAMP": "swiglu_clamp", "SSM_SCAN": "ssm_scan",
          "ARGSORT": "argsort_top_k", "TOP_K": "argsort_top_k"}
 # Ops whose result the catalogue lists as one run of elements (outputs, then final states) where ggml gives it
 # two dimensions: the same elements in the same order.
@@ -98,6 +101,10 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
         return kind, {"c": _f32(p[0])}
     if kind == "swiglu_oai":
         return kind, {"alpha": _f32(p[2]), "limit": _f32(p[3])}
+    if kind == "xielu":
+        return kind, {k: _f32(v) for k, v in zip(("alpha_n", "alpha_p", "beta", "eps"), p[1:5])}
+    if kind == "swiglu_clamp":
+        return kind, {"limit": _f32(p[3])}
     if kind == "concat":
         return kind, {"dim": p[0]}
     if kind == "argsort_top_k":

@@ -17,7 +17,8 @@ by a rule stated here (the README lists them with the differences that remain):
    ``set_rows(cache, state)``, the cells left to the memory. ggml's scans read their start states through ids
    (a seventh operand); graphir gathers them first: both are ``get_rows(states, ids)`` read by the scan.
    Inputs are compared by role, type and shape (what graphir notes about a mask, such as its window, is
-   graphir's own).
+   graphir's own); a V cache by its cells alone: llama.cpp's transposed one is as wide as the widest layer's
+   where layers' V widths differ, and each layer's write and read say its own width.
 4. **Names.** Each side names its nodes its own way, so names are made from structure alone: from the
    outputs (by role) and then every other node nothing uses, operands are visited in order, and each
    computing node is named ``<layer>.<op>.<k>`` (the k-th such op of its layer in that order; its layer is the
@@ -85,7 +86,7 @@ def _attr(v: Any, env: dict[str, int]) -> Any:
     return v
 
 
-_HALVES = {"ggml.swiglu": "swiglu", "ggml.geglu": "geglu"}  # ggml's GLU of one operand (its two halves)
+_HALVES = {"ggml.swiglu": "swiglu", "ggml.geglu": "geglu", "ggml.reglu": "reglu"}  # ggml's GLU of one operand (its two halves)
 _COMMUTING = frozenset({"add", "mul"})
 _SCANS = frozenset({"ssm_scan", "ssm_scan_heads"})
 _WRITES = frozenset({"set_rows", "ggml.cpy"})  # memory writes: kept though nothing in the graph reads them
@@ -126,6 +127,8 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
             attrs = {"role": n.attrs["role"]}
             if "idxs" in n.attrs["role"]:
                 shape = ()
+            elif n.attrs["role"] == "cache_v":  # rule 3: a V cache by its cells (llama.cpp's transposed one is as
+                shape = shape[1:]  # wide as the widest layer's where widths differ; each layer reads its own)
         elif n.op in _HALVES and len(operands) == 1:  # rule 5: a GLU of one operand's halves
             op, attrs, operands = _HALVES[n.op], {}, operands * 2
         elif n.op == "ggml.rope" and _rope_at_the_end(n, shape):  # rule 5: a rope of a head's last dims
@@ -143,6 +146,8 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
             start = Node(s.name + ".read", "get_rows", (s, ids), {}, s.dtype, shape_of([s.shape[0], ids.shape[0]]))
             digest[id(start)] = _digest(start, digest)
             operands = [start] + operands[1:6]
+        if op == "set_rows" and operands[0].attrs.get("role") == "cache_v" and operands[1].op == "ggml.pad":
+            operands[1] = operands[1].inputs[0]  # rule 3: llama.cpp pads a layer's V rows to its wider cache's
         if op == "set_rows" and operands[0].attrs.get("role", "").startswith("rs_"):
             operands = operands[:2]  # rule 3: which cells a state goes to is the memory's business
         picked = _rows_of_a_sum(op, operands)

@@ -25,6 +25,8 @@ from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS, ShapeError, infer
 from graphir.memory.inputs import (CrossMask, CrossRows, LatentRows, PosBuckets, R, RecurrentState, Request,
                                    SelfAttention)
+from graphir.model.temperature import ROLE as TEMPERATURE
+from graphir.model.temperature import Temperature
 from graphir.model.tensors import TensorDecl, TensorSpec, dtype_name, tensor_name
 
 PHASES = ("prefill", "decode", "encode")  # encode: the encoder of an encoder-decoder, one whole batch
@@ -39,6 +41,7 @@ class Act(Enum):
     SILU = "silu"
     GELU = "gelu"
     RELU = "relu"
+    RELU_SQR = "relu_sqr"  # relu, then squared (llama.cpp's LLM_FFN_RELU_SQR)
     SWIGLU_OAI = "swiglu_oai"  # gated only: gpt-oss's clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE)
 
 
@@ -47,7 +50,7 @@ class Gate(Enum):
     SEQ = "seq"  # gate reads up's output
 
 
-_GLU = {Act.SILU: "swiglu", Act.GELU: "geglu"}
+_GLU = {Act.SILU: "swiglu", Act.GELU: "geglu", Act.RELU: "reglu"}
 
 
 class Gating(Enum):
@@ -58,16 +61,21 @@ class Gating(Enum):
 
 
 MOE_WEIGHT_SUM_MIN = 6.103515625e-05  # the normalising sum is clamped here (the smallest normal f16), as llama.cpp
+SWIGLU_LIMIT_MIN = 1e-6  # a swiglu_clamp_exp at most this leaves the SwiGLU unclamped, as llama.cpp
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = f32(1.702), 7.0  # llama.cpp's fixed constants of gpt-oss's clamped SwiGLU
 
 
-def yarn_attn_factor(freq_scale: float, attn_factor: float) -> float:
+def yarn_attn_factor(freq_scale: float, attn_factor: float, log_mul: float = 0.0) -> float:
     """The attn_factor llama.cpp gives a YaRN rope (its context's yarn_attn_factor): YaRN's magnitude
-    0.1 ln(s) + 1 for s = 1 / freq_scale, divided by the same (ggml's rope multiplies it in itself), times
-    rope.scaling.attn_factor; in float32 steps, as llama.cpp computes it (1.0 for s = 32)."""
+    0.1 ln(s) + 1 for s = 1 / freq_scale (over 0.1 log_mul ln(s) + 1, the magnitude of all dimensions, where the
+    file gives ``rope.scaling.yarn_log_multiplier`` as it is read raw), divided by the same (ggml's rope
+    multiplies it in itself), times rope.scaling.attn_factor; in float32 steps, as llama.cpp computes it (1.0 for
+    s = 32)."""
     s = f32(1.0 / freq_scale)
     grow = f32(f32(0.1) * f32(math.log(s))) if s > 0 else 0.0
     mscale = f32(grow + 1.0) if s > 1.0 else 1.0
+    if log_mul and s > 1.0:
+        mscale = f32(mscale / f32(f32(f32(f32(0.1) * log_mul) * f32(math.log(s))) + 1.0))
     return f32(f32(mscale * f32(1.0 / f32(1.0 + grow))) * attn_factor)
 
 
@@ -263,6 +271,11 @@ class GraphBuilder:
         section-major), as llama.cpp's inp_pos."""
         return self.input("pos", "i32", (self.arch.positions_per_token * self.n_tokens,))
 
+    def build_inp_attn_scale(self, rule: Temperature) -> Node:
+        """Each token's attention temperature [1, 1, n_tokens], which the context fills by ``rule`` from its
+        position (llama.cpp's inp_attn_scale)."""
+        return self.input(TEMPERATURE, "f32", (1, 1, self.n_tokens), **rule.facts())
+
     def build_inp_out_ids(self) -> Node:
         """Rows whose output is wanted; always present so the topology does not depend on n_outputs."""
         return self.input("out_ids", "i32", (self.n_outputs,))
@@ -292,23 +305,31 @@ class GraphBuilder:
             if gate_mode is Gate.PAR and act in _GLU:
                 h = self.op(_GLU[act], g, t, name=f"ffn_{_GLU[act]}")
             else:
-                h = self.op(act.value, g, name=f"ffn_{act.value}")
+                h = self._activation(g, act)
                 if gate_mode is Gate.PAR:
                     h = self.op("mul", h, t, name="ffn_gate_par")
         else:
-            h = self.op(act.value, t, name=f"ffn_{act.value}")
+            h = self._activation(t, act)
         return self._scaled(self.linear(h, down, down_b, name=name), down_s, name=f"{name}_s")
+
+    def _activation(self, x: Node, act: Act) -> Node:
+        if act is Act.RELU_SQR:
+            return self.op("sqr", self.op("relu", x, name="ffn_relu"), name="ffn_sqr(relu)")
+        return self.op(act.value, x, name=f"ffn_{act.value}")
 
     def _scaled(self, y: Node, s: Node | None, *, name: str) -> Node:
         return y if s is None else self.op("mul", y, s, name=name)
 
-    def build_moe_ffn(self, x: Node, *, gate_inp: Node, up_exps: Node | None, gate_exps: Node | None, down_exps: Node,
+    def build_moe_ffn(self, x: Node, *, gate_inp: Node | None, up_exps: Node | None, gate_exps: Node | None,
+                      down_exps: Node,
                       n_expert: int, n_expert_used: int, gating: Gating = Gating.SOFTMAX, norm_w: bool = False,
                       w_scale: float = 0.0, probs_b: Node | None = None, act: Act = Act.SILU,
                       gate_inp_b: Node | None = None, up_exps_b: Node | None = None, gate_exps_b: Node | None = None,
                       down_exps_b: Node | None = None, up_exps_s: Node | None = None,
                       gate_exps_s: Node | None = None, down_exps_s: Node | None = None, n_groups: int = 0,
-                      n_group_used: int = 0, gate_up_exps: Node | None = None, name: str = "ffn_moe_out") -> Node:
+                      n_group_used: int = 0, gate_up_exps: Node | None = None, weight_before: bool = False,
+                      select_logits: bool = False, logits: Node | None = None, swiglu_limit: float = 0.0,
+                      name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
@@ -319,9 +340,16 @@ class GraphBuilder:
         joined stack's is ``up_exps_s``, as there).
         ``n_groups`` > 1: the experts form that many groups and a token chooses among the ``n_group_used`` best
         groups only (:meth:`_moe_best_groups`, DeepSeek-V3). ``gate_up_exps`` [n_embd, 2 n_ff, n_expert]: the gate
-        and up stacks as one, each expert's gate rows before its up rows (in place of ``gate_exps``/``up_exps``)."""
+        and up stacks as one, each expert's gate rows before its up rows (in place of ``gate_exps``/``up_exps``).
+        ``weight_before``: each token's input is weighted per chosen expert before that expert's FFN, not its
+        output after (Llama 4). ``select_logits``: the experts are chosen by the router's logits, not by its
+        probabilities (Llama 4, whose gating applies after the choice). ``logits``: the router's logits computed
+        elsewhere (SmallThinker routes from the layer's input), in place of ``gate_inp``'s product.
+        ``swiglu_limit``: a SwiGLU's gate capped and its up clamped at that limit (ggml's swiglu_clamp, the layer's
+        ``swiglu_clamp_exp``; at most 1e-6: not clamped)."""
         n_embd, n_tok = x.shape
-        logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")
+        if logits is None:
+            logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")  # type: ignore[arg-type]
         if gate_inp_b is not None:
             logits = self.op("add", logits, gate_inp_b, name="ffn_moe_logits_biased")
         if gating is Gating.SOFTMAX:
@@ -331,6 +359,8 @@ class GraphBuilder:
         else:
             probs = logits
         choice = probs if probs_b is None else self.op("add", probs, probs_b, name="ffn_moe_probs_biased")
+        if select_logits:
+            choice = logits
         if n_groups > 1:
             choice = self._moe_best_groups(choice, n_expert, n_groups, n_group_used)
         selected = self.op("argsort_top_k", choice, k=n_expert_used, name="ffn_moe_topk")
@@ -349,6 +379,9 @@ class GraphBuilder:
         if w_scale not in (0.0, 1.0):
             weights = self.op("scale", weights, s=w_scale, name="ffn_moe_weights_scaled")
         cur = self.reshape(x, (n_embd, 1, n_tok), name="ffn_moe_in")
+        if weight_before:
+            cur = self.op("mul", self.op("repeat", cur, shape=(n_embd, n_expert_used, n_tok), name="ffn_moe_in.repeat"),
+                          weights, name="ffn_moe_weighted")
         gate: Node | None
         if gate_up_exps is not None:
             both = self._expert_mm(gate_up_exps, None, up_exps_s, cur, selected, name="ffn_moe_gate_up")
@@ -361,7 +394,9 @@ class GraphBuilder:
             gate = None if gate_exps is None else self._expert_mm(gate_exps, gate_exps_b, gate_exps_s, cur,
                                                                   selected, name="ffn_moe_gate")
         if gate is not None:
-            if act is Act.SWIGLU_OAI:
+            if act is Act.SILU and swiglu_limit > SWIGLU_LIMIT_MIN:
+                h = self.op("swiglu_clamp", gate, up, limit=swiglu_limit, name="ffn_moe_swiglu_limited")
+            elif act is Act.SWIGLU_OAI:
                 h = self.op("swiglu_oai", gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT,
                             name="ffn_moe_swiglu_oai")
             else:
@@ -369,7 +404,8 @@ class GraphBuilder:
         else:
             h = self.op(act.value, up, name=f"ffn_moe_{act.value}")
         experts = self._expert_mm(down_exps, down_exps_b, down_exps_s, h, selected, name="ffn_moe_down")
-        experts = self.op("mul", experts, weights, name="ffn_moe_weighted")
+        if not weight_before:
+            experts = self.op("mul", experts, weights, name="ffn_moe_weighted")
         return self.op("moe_sum", experts, name=name)
 
     def _moe_best_groups(self, choice: Node, n_expert: int, n_groups: int, n_group_used: int) -> Node:
@@ -405,41 +441,58 @@ class GraphBuilder:
 
     def rope(self, x: Node, pos: Node, freq_factors: Node | None = None, *, name: str,
              freq_base: float | None = None, freq_scale: float | None = None,
-             sections: tuple[int, ...] | None = None, attn_factor: float | None = None) -> Node:
+             sections: tuple[int, ...] | None = None, attn_factor: float | None = None,
+             ext_factor: float | None = None, beta_fast: float = 32.0, beta_slow: float = 1.0,
+             n_dims: int | None = None, n_ctx_orig: int | None = None) -> Node:
         """RoPE with the model's parameters; ``freq_base``/``freq_scale`` override them for one layer (e.g.
         the sliding layers of Gemma 3, llama.cpp's ``get_rope_freq_base``); ``sections``: the rotated pairs
         fall into position sections (llama.cpp's ``ggml_rope_multi``, Qwen3.5's interleaved M-RoPE);
-        ``attn_factor`` replaces the magnitude factor (DeepSeek-V2's YaRN, which llama.cpp's context sets apart)."""
+        ``attn_factor`` replaces the magnitude factor (DeepSeek-V2's YaRN, which llama.cpp's context sets apart);
+        ``ext_factor``, ``beta_fast``, ``beta_slow``: YaRN's parameters where the file gives them (Grok, Ministral 3);
+        ``n_dims``: the rotated dims where a layer's differ from the model's (rope.dimension_count_swa);
+        ``n_ctx_orig``: YaRN's original context where a layer's differs (Laguna's sliding layers: the trained one)."""
         hp = self.hp
         ops = (x, pos) if freq_factors is None else (x, pos, freq_factors)
         yarn = hp.rope_scaling == "yarn"
         attn = yarn_attn_factor(hp.rope_freq_scale, hp.rope_attn_factor) if yarn else hp.rope_attn_factor
         attn = attn if attn_factor is None else attn_factor
-        attrs = dict(n_dims=hp.n_rot, mode=self.arch.rope_mode, n_ctx_orig=hp.n_ctx_orig_yarn,
+        attrs = dict(n_dims=hp.n_rot if n_dims is None else n_dims, mode=self.arch.rope_mode,
+                     n_ctx_orig=hp.n_ctx_orig_yarn if n_ctx_orig is None else n_ctx_orig,
                      freq_base=hp.rope_freq_base if freq_base is None else freq_base,
                      freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
-                     ext_factor=1.0 if yarn else 0.0, attn_factor=attn, beta_fast=32.0, beta_slow=1.0)
+                     ext_factor=(1.0 if yarn else 0.0) if ext_factor is None else ext_factor, attn_factor=attn,
+                     beta_fast=beta_fast, beta_slow=beta_slow)
         if sections is not None:
             return self.op("rope_multi", *ops, name=name, sections=sections, **attrs)
         return self.op("rope", *ops, name=name, **attrs)
 
-    def softcap(self, x: Node, cap: float, *, name: str) -> Node:
-        """cap * tanh(x / cap): Gemma's soft capping of attention scores and logits (f32, as ggml computes it)."""
-        y = self.op("scale", x, s=f32(1.0 / cap), name=f"{name}.scaled")
+    def softcap(self, x: Node, cap: float, *, name: str, inner: float = 1.0) -> Node:
+        """cap * tanh(inner * x / cap): Gemma's soft capping of attention scores and logits (f32, as ggml computes
+        it); ``inner`` scales the scores first (Grok's attention output multiplier)."""
+        y = self.op("scale", x, s=f32(inner / cap), name=f"{name}.scaled")
         return self.op("scale", self.op("tanh", y, name=f"{name}.tanh"), s=cap, name=name)
 
     def kq_scale(self) -> float:
         return self.hp.attn_scale or inv_sqrt(self.hp.n_embd_head_k)
 
-    def build_qkv(self, x: Node, il: int) -> tuple[Node, Node, Node]:
+    def build_qkv(self, x: Node, il: int, heads: bool = True, clamp: float = 0.0) -> tuple[Node, Node, Node]:
         """Q, K, V as [d, heads, tokens] from layer il's fused ``attn_qkv`` (strided views of one product) or
-        its three projections, each with its bias when the file has one (llama.cpp's ``build_qkv``)."""
+        its three projections, each with its bias when the file has one (llama.cpp's ``build_qkv``); ``heads``
+        False: each whole [width, tokens] (llama.cpp's ``reshape`` false, for a family that normalises Q and K
+        across all their heads at once); ``clamp`` > 0: the products (with their biases) clamped to [-clamp, clamp]
+        before the split into heads (llama.cpp's ``clamp_kqv``, DBRX)."""
         hp, T_ = self.hp, self.n_tokens
         d, dv, H, Hkv = hp.n_embd_head_k, hp.n_embd_head_v, hp.head_count(il), hp.head_count_kv(il)
+
+        def clamped(y: Node, tag: str) -> Node:
+            return self.op("clamp", y, min=-clamp, max=clamp, name=f"{tag}_clamped") if clamp > 0 and heads else y
+
         fused = self._declared(MODEL_TENSOR.ATTN_QKV, il)
         if fused is None:
-            q, k, v = (self._projection(x, t, il, tag) for t, tag in (
+            q, k, v = (clamped(self._projection(x, t, il, tag), tag) for t, tag in (
                 (MODEL_TENSOR.ATTN_Q, "Qcur"), (MODEL_TENSOR.ATTN_K, "Kcur"), (MODEL_TENSOR.ATTN_V, "Vcur")))
+            if not heads:
+                return q, k, v
             return (self.reshape(q, (d, H, T_), name="Qcur.heads"), self.reshape(k, (d, Hkv, T_), name="Kcur.heads"),
                     self.reshape(v, (dv, Hkv, T_), name="Vcur.heads"))
         bias = self._declared(MODEL_TENSOR.ATTN_QKV, il, "bias")
@@ -449,9 +502,13 @@ class GraphBuilder:
                 q_b, k_b, v_b = (self.weight(n) for n in names)
                 qk_b = self.op("concat", q_b, k_b, dim=0, name="qk_b")  # type: ignore[arg-type]
                 bias = self.op("concat", qk_b, v_b, dim=0, name="qkv_b")  # type: ignore[arg-type]
-        qkv = self.linear(x, fused, bias, name="wqkv", s=self.scale(MODEL_TENSOR.ATTN_QKV, il))
+        qkv = clamped(self.linear(x, fused, bias, name="wqkv", s=self.scale(MODEL_TENSOR.ATTN_QKV, il)), "wqkv")
         q_w, k_w = d * H, d * Hkv
         row = q_w + k_w + dv * Hkv
+        if not heads:
+            return tuple(self.op("cont", self.op("view", qkv, shape=(w, T_), strides=(1, row), offset=off,  # type: ignore[return-value]
+                                                 name=f"{tag}.view"), name=tag)
+                         for tag, w, off in (("Qcur", q_w, 0), ("Kcur", k_w, q_w), ("Vcur", dv * Hkv, q_w + k_w)))
         return tuple(self.op("view", qkv, shape=(w, h, T_), strides=(1, w, row), offset=off, name=tag)  # type: ignore[return-value]
                      for tag, w, h, off in (("Qcur", d, H, 0), ("Kcur", d, Hkv, q_w), ("Vcur", dv, Hkv, q_w + k_w)))
 
@@ -469,16 +526,17 @@ class GraphBuilder:
 
     def build_attn(self, q: Node, k: Node, v: Node, *, wo: Node | None, wo_b: Node | None = None,
                    wo_s: Node | None = None, kq_scale: float, softcap: float = 0.0, kq_b: Node | None = None,
-                   sinks: Node | None = None) -> Node:
+                   sinks: Node | None = None, softcap_in: float = 1.0) -> Node:
         """Attention of q [d, n_head, T] over k/v [d, n_head_kv, T] and what the memory keeps, then W_o (times
         its scale ``wo_s``, plus ``wo_b``; ``wo`` None: the heads' output [d * n_head, T], for a family that gates
         it before projecting);
-        ``softcap``: scores are soft-capped (:meth:`softcap`) before the mask and softmax (Gemma 2);
+        ``softcap``: scores are soft-capped (:meth:`softcap`, their multiplier inside the tanh ``softcap_in``) before
+        the mask and softmax (Gemma 2; Grok);
         ``kq_b``: a bias added to the scores (:meth:`build_pos_bias`); ``sinks`` [n_head]: one more logit per
         head that joins each softmax's denominator and attends to nothing (gpt-oss's attention sinks); ``wo_s``:
         W_o's per-tensor scale."""
         inp = self._inputs("build_attn", SelfAttention(k, v))
-        out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, softcap, kq_b, sinks=sinks)
+        out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, softcap, kq_b, sinks=sinks, softcap_in=softcap_in)
         return out if wo is None else self.linear(out, wo, wo_b, name="attn_out", s=wo_s)
 
     def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float,
@@ -536,7 +594,7 @@ class GraphBuilder:
 
     def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float, softcap: float = 0.0,
                  kq_b: Node | None = None, tag: str = "", sinks: Node | None = None,
-                 v_mla: Node | None = None) -> Node:
+                 v_mla: Node | None = None, softcap_in: float = 1.0) -> Node:
         """softmax(K^T Q * scale + mask) V per head; query head h reads kv head h // (n_head / n_head_kv).
         Soft capping, then the bias ``kq_b``, change the scores before the softmax, in llama.cpp's order;
         ``sinks`` [n_head] join the softmax's denominators, one logit per head. With ALiBi (hparams
@@ -546,7 +604,7 @@ class GraphBuilder:
         k = self.op("permute", k, axes=(0, 2, 1, 3), name=f"{tag}k")
         kq = self.op("mul_mat", k, q, name=f"{tag}kq")
         if softcap:
-            kq = self.softcap(kq, softcap, name=f"{tag}kq.softcap")
+            kq = self.softcap(kq, softcap, name=f"{tag}kq.softcap", inner=softcap_in)
         if kq_b is not None:
             kq = self.op("add", kq, kq_b, name=f"{tag}kq.biased")
         kq = self.op("soft_max", kq, mask, *(() if sinks is None else (sinks,)), scale=kq_scale,

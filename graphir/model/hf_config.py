@@ -213,7 +213,8 @@ def _rope_theta(c: Config) -> dict[str, Any]:
     return out
 
 
-_GATING = {"softmax": 1, "sigmoid": 2}  # gguf.ExpertGatingFuncType
+# gguf.ExpertGatingFuncType; dots.llm1 names its sigmoid routing with a selection bias by the top-k method
+_GATING = {"softmax": 1, "sigmoid": 2, "noaux_tc": 2}
 
 
 def _gating(c: Config) -> int | None:

@@ -24,7 +24,8 @@ class Key:
     common field ``default_from`` (e.g. Gemma 2's local RoPE base is the model's unless the file says).
     ``minimum``/``maximum``: the range of an int a file may give (a size of 0 or -1 would divide by zero or
     shape a negative tensor further on). Kind ``tuple``: ``count`` ints (or bools, as 0/1) from an array of
-    that length or one value repeated, as llama.cpp's ``get_key_or_arr`` reads them."""
+    that length or one value repeated, as llama.cpp's ``get_key_or_arr`` reads them; kind ``list``: a per-layer
+    size read as the common ones (an int, or one per layer where the layers differ)."""
 
     field: str
     template: str
@@ -34,7 +35,9 @@ class Key:
     default_from: str = ""
     minimum: int | None = None
     maximum: int | None = None
-    count: int = 0  # kind tuple: how many values (0: one per layer); one value alone stands for them all
+    count: int = 0  # kind tuple: how many values (0: one per layer; -1: any number up to LLAMA_MAX_LAYERS, as
+    # llama.cpp's get_arr fills its per-layer arrays); one value alone stands for them all
+    item: type = int  # kind tuple: the values' type (int, or float: float32 values)
 
 
 @dataclass(frozen=True)
@@ -44,13 +47,15 @@ class SlidingWindow:
     required, unless ``off_when_zero``), and the ``attention.sliding_window_pattern`` period when that key is absent too. With period
     n, layer il slides when il % n < n - 1 (the last of every n is global; ``dense_first``: the first is);
     period 0 makes every layer slide. ``off_when_zero``: a window of 0 means the model does not slide at all
-    (Gemma 3) instead of being an error."""
+    (Gemma 3) instead of being an error. ``fixed``: the window whatever positive value the key gives (Llama 4's
+    chunks of 8192, SmallThinker's 4096; 0: the key's)."""
 
     kind: str = "standard"
     window: int = 0
     period: int = 0
     dense_first: bool = False
     off_when_zero: bool = False
+    fixed: int = 0
 
 
 @dataclass(frozen=True)
@@ -175,19 +180,21 @@ class KeyReader:
         return self._bounded(k, self._typed(k, v, kind), minimum, maximum)
 
     def values(self, template: str, n: int, default: Any, minimum: int | None = None,
-               maximum: int | None = None) -> Any:
-        """An array key of exactly ``n`` ints, or one int standing for all n (``get_key_or_arr``), as a tuple;
-        each within [minimum, maximum]. ``default`` when absent."""
+               maximum: int | None = None, item: type = int) -> Any:
+        """An array key of exactly ``n`` values of type ``item`` (n < 0: of any number up to LLAMA_MAX_LAYERS), or one
+        value standing for all n (``get_key_or_arr``), as a tuple; each within [minimum, maximum]. ``default`` when
+        absent."""
         k = self.key(template)
         if k not in self.md:
             return default
         v = self.md[k]
         if not isinstance(v, (list, tuple)):
-            return (self._bounded(k, self._typed(k, v, int), minimum, maximum),) * n
-        if len(v) != n:
-            raise MetadataError(f"{self.label}: key '{k}' has {len(v)} values, {n} expected")
-        return tuple(self._bounded(f"{k}[{i}]", int(x) if isinstance(x, bool) else self._typed(f"{k}[{i}]", x, int),
-                                   minimum, maximum) for i, x in enumerate(v))
+            return (self._bounded(k, self._typed(k, v, item), minimum, maximum),) * max(n, 1)
+        if len(v) != n and not (n < 0 and len(v) <= LAYER_COUNT["maximum"]):
+            raise MetadataError(f"{self.label}: key '{k}' has {len(v)} values, "
+                                f"{n if n >= 0 else 'at most ' + str(LAYER_COUNT['maximum'])} expected")
+        return tuple(self._bounded(f"{k}[{i}]", int(x) if isinstance(x, bool) and item is int
+                                   else self._typed(f"{k}[{i}]", x, item), minimum, maximum) for i, x in enumerate(v))
 
     def per_layer(self, template: str, n_layer: int, default: PerLayer) -> PerLayer:
         """A key llama.cpp reads as one value or one per layer (``get_key_or_arr``); an array whose layers all
@@ -282,8 +289,11 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
     )
     def family_value(k: Key) -> Any:
         default = getattr(hp, k.default_from) if k.default_from else k.default
+        if k.kind is list:  # a per-layer size: one value, or an array (one value when its layers agree)
+            return r.per_layer(k.template, n_layer, default)
         if k.kind is tuple:
-            return r.values(k.template, k.count or n_layer, default, minimum=k.minimum, maximum=k.maximum)
+            return r.values(k.template, k.count or n_layer, default, minimum=k.minimum, maximum=k.maximum,
+                            item=k.item)
         return r.get(k.template, k.kind, default, minimum=k.minimum, maximum=k.maximum)
 
     return replace(hp, family=tuple((k.field, family_value(k)) for k in keys))
@@ -314,7 +324,7 @@ def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str,
         if n < 0:
             raise MetadataError(f"{r.label}: key '{kp}' is {n}: a period of layers cannot be negative")
         layers = tuple(int(n == 0 or (il % n != 0 if swa.dense_first else il % n < n - 1)) for il in range(n_layer))
-    return {"n_swa": n_swa, "swa_type": swa.kind, "swa_layers": layers}
+    return {"n_swa": swa.fixed or n_swa, "swa_type": swa.kind, "swa_layers": layers}
 
 
 def _alibi(r: KeyReader, alibi: Alibi | None, n_layer: int) -> float:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from graphir.errors import MetadataError, TensorError
+from graphir.model.builder import Gating
 from graphir.model.hparams import HParams, Key
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
@@ -71,3 +73,90 @@ def gate_up(b: GraphBuilder, il: int) -> dict[str, Node | None]:
     if problems:
         raise TensorError(f"{b.label}: {problems[0]}")
     return {"up_exps": b.w_opt(T.FFN_UP_EXP, il), "gate_exps": b.w_opt(T.FFN_GATE_EXP, il)}
+
+
+# ---- shared experts and multi-token-prediction layers, as several mixture-of-experts families load them ---------
+
+# llama.cpp's count of multi-token-prediction (NextN) layers, the last ones of block_count: loaded, not built
+NEXTN_KEY = Key("n_layer_nextn", Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0, minimum=0)
+# what a NextN layer holds beside a trunk layer's tensors (llama.cpp's ``layer.nextn``)
+NEXTN_TENSORS = ((T.NEXTN_EH_PROJ, "eh"), (T.NEXTN_ENORM, "e"), (T.NEXTN_HNORM, "e"),
+                 (T.NEXTN_EMBED_TOKENS, "ev"), (T.NEXTN_SHARED_HEAD_HEAD, "ev"), (T.NEXTN_SHARED_HEAD_NORM, "e"))
+
+
+def trunk_layers(hp: HParams, arch: str) -> int:
+    """The layers the graph runs: block_count less the NextN layers llama.cpp leaves to its draft graph."""
+    if hp.n_layer_nextn >= hp.n_layer:
+        raise MetadataError(f"'{Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch)}' = {hp.n_layer_nextn} of "
+                            f"{hp.n_layer} layers leaves no layer to run")
+    return hp.n_layer - hp.n_layer_nextn
+
+
+def nextn_layer(layer: list[TensorSpec], hp: HParams, il: int) -> list[TensorSpec]:
+    """A NextN layer's tensors: a trunk layer's and its own, all optional (the graph never reads them; a file
+    may hold them or not, as llama.cpp loads them)."""
+    E, V = hp.n_embd, hp.n_vocab
+    sizes = {"eh": (2 * E, E), "e": (E,), "ev": (E, V)}
+    own = [spec(t, sizes[s], il, kind="vector" if s == "e" else "matrix") for t, s in NEXTN_TENSORS]
+    return [replace(s, optional=True, tied_to=None) for s in layer + own]
+
+
+def shared_expert_tensors(n_embd: int, n_ff: int, il: int) -> list[TensorSpec]:
+    """Layer il's shared expert: a SwiGLU FFN every token takes beside its routed experts."""
+    return [spec(T.FFN_GATE_SHEXP, (n_embd, n_ff), il), spec(T.FFN_DOWN_SHEXP, (n_ff, n_embd), il),
+            spec(T.FFN_UP_SHEXP, (n_embd, n_ff), il)]
+
+
+def shared_expert(b: GraphBuilder, x: Node, il: int, name: str = "ffn_shexp") -> Node:
+    """The shared expert's output on x (llama.cpp's build_ffn over the *_shexp tensors, no scales)."""
+    return b.build_ffn(x, up=b.w(T.FFN_UP_SHEXP, il), gate=b.w(T.FFN_GATE_SHEXP, il), down=b.w(T.FFN_DOWN_SHEXP, il),
+                       name=name)
+
+
+GATING_FUNC_KEY = Key("expert_gating_func", Keys.LLM.EXPERT_GATING_FUNC, int, 0, minimum=0)
+
+
+def gating(hp: HParams, arch: str, absent: Gating | None) -> Gating:
+    """The file's ``expert_gating_func`` (llama.cpp's numbers: 1 softmax, 2 sigmoid, 3 softmax of the chosen);
+    ``absent`` where the key is missing or 0, as the family's loader takes it (None: llama.cpp has no gating then
+    and aborts, so the file is refused)."""
+    funcs = {1: Gating.SOFTMAX, 2: Gating.SIGMOID, 3: Gating.SOFTMAX_WEIGHT}
+    if hp.expert_gating_func not in funcs and (hp.expert_gating_func or absent is None):
+        raise MetadataError(f"'{Keys.LLM.EXPERT_GATING_FUNC.format(arch=arch)}' = {hp.expert_gating_func}: not a "
+                            f"gating function (1 softmax, 2 sigmoid, 3 softmax of the chosen)")
+    return funcs.get(hp.expert_gating_func, absent)  # type: ignore[arg-type]
+
+
+def expert_width(hp: HParams) -> int:
+    """One routed expert's hidden width as llama.cpp's loaders size every layer's experts: layer 0's
+    ``expert_feed_forward_length`` (a family's ``n_ff_exp``, one value or one per layer), or, 0, layer 0's FFN
+    length shared among the used experts (at least one)."""
+    first = hp.n_ff_exp if isinstance(hp.n_ff_exp, int) else hp.n_ff_exp[0]
+    return first or hp.ff_length(0) // max(hp.n_expert_used, 1)
+
+
+def check_routed(hp: HParams, arch: str) -> None:
+    """:func:`check_experts`, for a family whose FFNs are all mixtures of experts: it needs experts, and a token
+    some of them (llama.cpp's loaders refuse 0 of either)."""
+    check_experts(hp, arch)
+    if not (hp.n_expert and hp.n_expert_used):
+        raise MetadataError(f"a '{arch}' model needs experts ('{Keys.LLM.EXPERT_COUNT.format(arch=arch)}' and "
+                            f"'{Keys.LLM.EXPERT_USED_COUNT.format(arch=arch)}' > 0)")
+
+
+def routed_expert_tensors(n_embd: int, n_ff: int, n_expert: int, il: int) -> list[TensorSpec]:
+    """Layer il's router and its experts' gate, down and up stacks, all required."""
+    return [spec(T.FFN_GATE_INP, (n_embd, n_expert), il), spec(T.FFN_GATE_EXP, (n_embd, n_ff, n_expert), il),
+            spec(T.FFN_DOWN_EXP, (n_ff, n_embd, n_expert), il), spec(T.FFN_UP_EXP, (n_embd, n_ff, n_expert), il)]
+
+
+def routed_experts(b: GraphBuilder, x: Node, il: int, **routing: Any) -> Node:
+    """``build_moe_ffn`` over layer il's router and expert stacks (:func:`routed_expert_tensors`), every token to
+    its ``expert_used_count`` best of ``expert_count``, routed as ``routing`` says (gating, norm_w, probs_b...)."""
+    return b.build_moe_ffn(x, **experts(b, il), n_expert=b.hp.n_expert, n_expert_used=b.hp.n_expert_used, **routing)
+
+
+def experts(b: GraphBuilder, il: int) -> dict[str, Node | None]:
+    """Layer il's router and expert stacks (:func:`routed_expert_tensors`) as ``build_moe_ffn`` takes them."""
+    return {"gate_inp": b.w(T.FFN_GATE_INP, il), "up_exps": b.w(T.FFN_UP_EXP, il),
+            "gate_exps": b.w(T.FFN_GATE_EXP, il), "down_exps": b.w(T.FFN_DOWN_EXP, il)}

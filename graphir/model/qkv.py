@@ -1,10 +1,14 @@
 """Self-attention's projections as most decoder families declare and use them: Q, K, V and the output
-projection (llama.cpp's ``create_tensor_qkv`` and ``wo``), and the per-head QK-norm several of them apply."""
+projection (llama.cpp's ``create_tensor_qkv`` and ``wo``), the per-head QK-norm several of them apply, and the
+check of head sizes their graphs assume."""
 
 from __future__ import annotations
 
 from gguf import MODEL_TENSOR as T
+from gguf import Keys
 
+from graphir.errors import MetadataError
+from graphir.graph.floats import inv_sqrt
 from graphir.graph.ir import Node
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams
@@ -34,3 +38,31 @@ def qkv(b: GraphBuilder, h: Node, il: int, normed: bool) -> tuple[Node, Node, No
     if normed:
         q, k = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed"), b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
     return q, k, v
+
+
+def check_whole_heads(hp: HParams, arch: str) -> None:
+    """The families whose llama.cpp graph asserts that RoPE turns whole heads (n_rot == head size) refuse a file
+    that says otherwise."""
+    if hp.n_rot != hp.n_embd_head_k:
+        raise MetadataError(f"'{Keys.Rope.DIMENSION_COUNT.format(arch=arch)}' = {hp.n_rot}: llama.cpp's graph "
+                            f"rotates whole heads of {hp.n_embd_head_k}")
+
+
+def roped_attention(b: GraphBuilder, h: Node, pos: Node, il: int, clamp: float = 0.0) -> Node:
+    """Layer il's self-attention over h as most families build it: Q, K, V (clamped to [-clamp, clamp] where the
+    family clamps), RoPE'd, scores scaled by 1/sqrt(head size), heads projected by W_o (times its scale)."""
+    q, k, v = b.build_qkv(h, il, clamp=clamp)
+    q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
+    return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il),
+                        kq_scale=inv_sqrt(b.hp.n_embd_head_k))
+
+
+def check_head_sizes(hp: HParams, arch: str, rotated: bool = True) -> None:
+    """llama.cpp's assertion of the graphs that read one head size: keys and values (and, ``rotated``, the RoPE'd
+    dims) equally wide; a file that breaks it is refused naming the keys."""
+    key = lambda t: t.format(arch=arch)  # noqa: E731
+    if hp.n_embd_head_k != hp.n_embd_head_v or (rotated and hp.n_rot != hp.n_embd_head_k):
+        rot = f" and {hp.n_rot} rotated dims ('{key(Keys.Rope.DIMENSION_COUNT)}')" if rotated else ""
+        raise MetadataError(f"heads of {hp.n_embd_head_k} keys ('{key(Keys.Attention.KEY_LENGTH)}'), "
+                            f"{hp.n_embd_head_v} values ('{key(Keys.Attention.VALUE_LENGTH)}'){rot}: llama.cpp's "
+                            f"graph needs them equal")

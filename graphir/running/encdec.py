@@ -12,6 +12,7 @@ ids, are stored into the decoder's memory.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 

@@ -10,6 +10,11 @@ from collections.abc import Mapping
 
 from graphir.errors import MetadataError
 
+# BertNormalizer options (gguf-py's Keys.Tokenizer.NORMALIZER_*, which older gguf lacks): WordPiece reads both,
+# the whitespace model the first
+KEY_LOWERCASE = "tokenizer.ggml.normalizer.lowercase"
+KEY_STRIP_ACCENTS = "tokenizer.ggml.normalizer.strip_accents"
+
 
 class Metadata:
     """GGUF metadata (``read_header(path).metadata``) read for one vocabulary; ``label`` names the file in errors."""
@@ -53,9 +58,9 @@ class Metadata:
             if isinstance(value, (str, bytes)):
                 raise TypeError
             if convert is str:
-                if not all(isinstance(v, str) for v in value):  # type: ignore[attr-defined]
+                if not set(map(type, value)) <= {str}:  # type: ignore[call-overload]
                     raise TypeError
                 return list(value)  # type: ignore[call-overload]
-            return [convert(v) for v in value]  # type: ignore[attr-defined]
+            return list(map(convert, value))  # type: ignore[call-overload]
         except (TypeError, ValueError):
             raise self.err(f"metadata key {key!r} is not an array of {convert.__name__}") from None

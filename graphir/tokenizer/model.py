@@ -14,7 +14,8 @@ import gguf
 
 from graphir.errors import MetadataError
 from graphir.tokenizer.metadata import Metadata
-from graphir.tokenizer.tokens import TokenTable, utf8
+from graphir.tokenizer.tokens import (ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED,
+                                      TokenTable, utf8)
 
 _TK = gguf.Keys.Tokenizer
 
@@ -32,8 +33,11 @@ class TokenizerModel:
     add_space_prefix = False
     add_bos = False
     add_eos = False
+    add_sep = False  # llama.cpp's default for tokenizer.ggml.add_sep_token (read by embedding callers)
+    always_bos = False  # add_bos is true whatever tokenizer.ggml.add_bos_token says
     clean_spaces = True  # detokenizing applies clean_up_tokenization_spaces
     always_wraps = False  # tokenizing with add_special adds bos and sep whatever add_bos and add_eos say
+    adds_specials = True  # tokenizing with add_special adds bos/eos as add_bos/add_eos say
     pre: str | None = None  # the tokenizer.ggml.pre in effect: llama.cpp reads it for gpt2 vocabularies only
 
     def __init__(self, md: Metadata, pre: str | None) -> None:
@@ -55,6 +59,17 @@ class TokenizerModel:
     def tokenize(self, text: str, frags: list[int | tuple[int, int]], out: list[int]) -> None:
         """Append the ids of ``text`` cut into ``frags``: special token ids, and (start, end) spans to tokenize."""
         raise NotImplementedError
+
+    def render(self, attr: int, text: str) -> bytes:
+        """The bytes of a token with attributes ``attr``: special and user-defined tokens are their text, normal
+        ones :meth:`piece`, byte tokens their byte, the rest (unused, undefined) nothing."""
+        if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
+            return utf8(text)
+        if attr & ATTR_NORMAL:
+            return self.piece(text)
+        if attr & ATTR_BYTE:
+            return bytes([int(text[3:5], 16)])
+        return b""
 
     def piece(self, text: str) -> bytes:
         """The bytes of a normal token: its text, with U+2581 as a space."""
@@ -93,3 +108,22 @@ class WordModel(TokenizerModel):
                         words.clear()
                     words[w] = ids
                 out.extend(ids)
+
+
+class SpanModel(TokenizerModel):
+    """A model that tokenizes each span between special tokens whole (no words, no cache), adding no BOS or EOS
+    and cleaning no spaces: llama.cpp's plamo2, rwkv and test tokenizers."""
+
+    clean_spaces = False
+    adds_specials = False
+
+    def encode(self, text: str, out: list[int]) -> None:
+        """Append the ids of one span of text."""
+        raise NotImplementedError
+
+    def tokenize(self, text: str, frags: list[int | tuple[int, int]], out: list[int]) -> None:
+        for f in frags:
+            if isinstance(f, int):
+                out.append(f)
+            else:
+                self.encode(text[f[0] : f[1]], out)

@@ -60,10 +60,12 @@ class TokenTable:
                 raise md.err(f"{key} has {len(arr)} entries for {n} tokens")
 
         self.tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        self.token_to_id = {}
-        for i, t in enumerate(self.tokens):
-            j = self.token_to_id.setdefault(t, i)
-            if j != i:
-                raise md.err(f"duplicate token in vocabulary: {t!r} has ids {j} and {i}")
+        self.token_to_id = dict(zip(self.tokens, range(n)))
+        if len(self.token_to_id) != n:
+            first: dict[str, int] = {}
+            for i, t in enumerate(self.tokens):
+                j = first.setdefault(t, i)
+                if j != i:
+                    raise md.err(f"duplicate token in vocabulary: {t!r} has ids {j} and {i}")
         self.scores = scores[:n] if scores is not None else [0.0] * n
         self.attrs = [_TYPE_TO_ATTR.get(t, ATTR_UNDEFINED) for t in types[:n]] if types else [ATTR_NORMAL] * n

@@ -16,11 +16,14 @@ from collections.abc import Mapping, Sequence
 
 import gguf
 
-from graphir.tokenizer.bpe import Bpe
+from graphir.tokenizer.bpe import Bpe, Gemma4Bpe, HybridDnaBpe, WhitespaceBpe
+from graphir.tokenizer.chunks import Chunks
 from graphir.tokenizer.metadata import Metadata
 from graphir.tokenizer.model import TokenizerModel
+from graphir.tokenizer.plamo2 import Plamo2
+from graphir.tokenizer.rwkv import Rwkv
 from graphir.tokenizer.spm import Spm
-from graphir.tokenizer.tokens import (ATTR_BYTE, ATTR_CONTROL, ATTR_LSTRIP, ATTR_NORMAL, ATTR_RSTRIP, ATTR_UNKNOWN,
+from graphir.tokenizer.tokens import (ATTR_CONTROL, ATTR_LSTRIP, ATTR_NORMAL, ATTR_RSTRIP, ATTR_UNKNOWN,
                                       ATTR_UNUSED, ATTR_USER_DEFINED, TokenTable, utf8)
 from graphir.tokenizer.ugm import Ugm
 from graphir.tokenizer.wpm import Wpm
@@ -28,9 +31,12 @@ from graphir.tokenizer.wpm import Wpm
 _TK = gguf.Keys.Tokenizer
 
 # tokenizer.ggml.model -> the model that tokenizes for it
-MODELS: dict[str, type[TokenizerModel]] = {"bert": Wpm, "gpt2": Bpe, "llama": Spm, "t5": Ugm}
-# Tokenizer models llama.cpp knows but graphir does not implement.
-_OTHER_MODELS = ("rwkv", "plamo2", "gemma4", "hybriddna", "whitespace", "no_vocab", "none")
+MODELS: dict[str, type[TokenizerModel]] = {
+    "bert": Wpm, "gemma4": Gemma4Bpe, "gpt2": Bpe, "hybriddna": HybridDnaBpe, "llama": Spm, "plamo2": Plamo2,
+    "rwkv": Rwkv, "t5": Ugm, "test": Chunks, "whitespace": WhitespaceBpe,
+}
+# Tokenizer models llama.cpp accepts for a file without a vocabulary: there is nothing to tokenize with.
+_NO_VOCAB_MODELS = ("no_vocab", "none")
 
 _SPECIAL_ATTRS = ATTR_UNKNOWN | ATTR_CONTROL  # dropped from output unless rendering specials
 _C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale: what lstrip/rstrip of special tokens eat
@@ -85,6 +91,7 @@ class Vocab(TokenTable):
     pad: int | None
     add_bos: bool
     add_eos: bool
+    add_sep: bool
     add_space_prefix: bool
     clean_spaces: bool
 
@@ -121,8 +128,9 @@ class Vocab(TokenTable):
         model_class = MODELS.get(name)
         if model_class is None:
             supported = ", ".join(sorted(MODELS))
-            if name in _OTHER_MODELS:
-                raise md.err(f"tokenizer model {name!r} ({_TK.MODEL}) is not supported; supported: {supported}")
+            if name in _NO_VOCAB_MODELS:
+                raise md.err(f"tokenizer model {name!r} ({_TK.MODEL}) is not supported: the file has no vocabulary "
+                             f"(llama.cpp loads it without one); supported: {supported}")
             raise md.err(f"unknown tokenizer model {name!r} ({_TK.MODEL}); supported: {supported}")
         self.model = name
         self._model = model = model_class(md, pre)
@@ -141,8 +149,9 @@ class Vocab(TokenTable):
             value = md.get(key, int)
             if value is not None and 0 <= value < n:
                 special[slot] = value
-        self.add_bos = md.get(_TK.ADD_BOS, bool, model.add_bos)
+        self.add_bos = md.get(_TK.ADD_BOS, bool, model.add_bos) or model.always_bos
         self.add_eos = md.get(_TK.ADD_EOS, bool, model.add_eos)
+        self.add_sep = md.get(_TK.ADD_SEP, bool, model.add_sep)
         model.finish(self, special, self.add_bos, self.add_eos)
 
         self._detect_specials(special)
@@ -257,6 +266,7 @@ class Vocab(TokenTable):
         """
         out: list[int] = []
         frags = self._partition(text, parse_special) if text else []
+        add_special = add_special and self._model.adds_specials
         wrap = add_special and self._model.always_wraps
         if add_special and (self.add_bos or wrap):
             out.append(self.bos)  # type: ignore[arg-type]
@@ -322,14 +332,7 @@ class Vocab(TokenTable):
         return piece
 
     def _make_piece(self, id: int) -> bytes:
-        attr, text = self.attrs[id], self.tokens[id]
-        if attr & (_SPECIAL_ATTRS | ATTR_USER_DEFINED):
-            return utf8(text)
-        if attr & ATTR_NORMAL:
-            return self._model.piece(text)
-        if attr & ATTR_BYTE:
-            return bytes([int(text[3:5], 16)])
-        return b""  # undefined / unused tokens render as nothing
+        return self._model.render(self.attrs[id], self.tokens[id])
 
     def detokenize_bytes(
         self, ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False

@@ -14,16 +14,12 @@ from collections.abc import Iterable, Mapping
 
 import gguf
 
-from graphir.tokenizer.metadata import Metadata
+from graphir.tokenizer.metadata import KEY_LOWERCASE, KEY_STRIP_ACCENTS, Metadata
 from graphir.tokenizer.model import ESCAPED_SPACE, WordModel
 from graphir.tokenizer.tokens import ATTR_BYTE, TokenTable
 from graphir.tokenizer.unicode import LOWER, unicode_class
 
 _TK = gguf.Keys.Tokenizer
-
-# BertNormalizer options (gguf-py's Keys.Tokenizer.NORMALIZER_*, which older gguf lacks)
-_KEY_LOWERCASE = "tokenizer.ggml.normalizer.lowercase"
-_KEY_STRIP_ACCENTS = "tokenizer.ggml.normalizer.strip_accents"
 
 # Unicode 15.1's Cc, Cf, Cs and Co (\p{C} without the unassigned Cn): the controls WordPiece drops.
 # Listed because unicodedata before Python 3.12 lacks 15.0's format controls U+13439-U+1343F.
@@ -78,11 +74,12 @@ class Wpm(WordModel):
 
     special_ids = {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
     add_bos = True
+    add_sep = True
     always_wraps = True
 
     def __init__(self, md: Metadata, pre: str | None) -> None:
-        lowercase = md.get(_KEY_LOWERCASE, bool, True)
-        self._table = _WpmTable(lowercase, md.get(_KEY_STRIP_ACCENTS, bool, lowercase))
+        lowercase = md.get(KEY_LOWERCASE, bool, True)
+        self._table = _WpmTable(lowercase, md.get(KEY_STRIP_ACCENTS, bool, lowercase))
         super().__init__(md, pre)
 
     def finish(self, table: TokenTable, special: Mapping[str, int | None], add_bos: bool, add_eos: bool) -> None:

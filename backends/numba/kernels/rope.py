@@ -75,27 +75,29 @@ def rope_cos_sin(pos: np.ndarray, n_dims: int, freq_factors: np.ndarray | None, 
     return cos, sin
 
 
-def imrope_cos_sin(pos: np.ndarray, n_dims: int, sections: tuple[int, ...], a: dict) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin of ggml_mrope_cache_init (interleaved sections): ``pos`` holds each token's time, height, width
-    and extra positions, section-major; every section's angles run through the same multiplications as plain
-    RoPE's, and pair i takes those of the section its sector falls in (time, height and width by turns while
-    each lasts, then the extra one)."""
+def multi_cos_sin(pos: np.ndarray, n_dims: int, sections: tuple[int, ...], a: dict) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin of ggml_mrope_cache_init: ``pos`` holds each token's time, height, width and extra positions,
+    section-major; every section's angles run through the same multiplications as plain RoPE's, and pair i takes
+    those of the section its sector falls in (mode imrope: time, height and width by turns while each lasts, then
+    the extra one; mrope: the sections one after the other)."""
     per_section = np.asarray(pos).reshape(4, -1)
-    (cos_t, sin_t), (cos_h, sin_h), (cos_w, sin_w), (cos_e, sin_e) = (rope_cos_sin(p, n_dims, None, a)
-                                                                      for p in per_section)
-    cos, sin = cos_e.copy(), sin_e.copy()
-    t, h, w = sections[:3]
-    period = sum(sections)
+    rows = [rope_cos_sin(p, n_dims, None, a) for p in per_section]
+    cos, sin = rows[3][0].copy(), rows[3][1].copy()
     for i in range(n_dims // 2):
-        sector = i % period
-        r = sector % 3
-        if r == 1 and sector < 3 * h:
-            cos[:, i], sin[:, i] = cos_h[:, i], sin_h[:, i]
-        elif r == 2 and sector < 3 * w:
-            cos[:, i], sin[:, i] = cos_w[:, i], sin_w[:, i]
-        elif r == 0 and sector < 3 * t:
-            cos[:, i], sin[:, i] = cos_t[:, i], sin_t[:, i]
+        section = multi_section(i, sections, a["mode"] == "imrope")
+        cos[:, i], sin[:, i] = rows[section][0][:, i], rows[section][1][:, i]
     return cos, sin
+
+
+def multi_section(i: int, sections: tuple[int, ...], interleaved: bool) -> int:
+    """The section (0 time, 1 height, 2 width, 3 extra) whose positions turn pair i, as ggml_mrope_cache_init."""
+    t, h, w = sections[:3]
+    sector = i % sum(sections)
+    if interleaved:
+        r = sector % 3
+        return 1 if r == 1 and sector < 3 * h else 2 if r == 2 and sector < 3 * w else 0 if r == 0 and sector < 3 * t \
+            else 3
+    return 0 if sector < t else 1 if sector < t + h else 2 if sector < t + h + w else 3
 
 
 def _rope_cos_sin_libm(pos, half, theta_scale, ff, freq_scale, ext, lo, hi, mscale):
@@ -171,10 +173,10 @@ def rope_kernel(a: dict, shape: tuple[int, ...]) -> tuple[Callable, int, int, bo
     """The rotation's kernel for x of this shape, (rows, cos, sin, n_tokens, n_heads, n_dims, neox, n_fused, out),
     and its constant arguments n_heads, n_dims, neox and n_fused."""
     n_dims, mode = a["n_dims"], a["mode"]
-    if mode not in ("norm", "neox", "imrope"):
+    if mode not in ("norm", "neox", "imrope", "mrope"):
         raise NotImplementedError(f"rope mode {mode!r}")
     half = n_dims // 2
-    if mode != "norm":                       # neox and imrope rotate the same pairs, through the same loop
+    if mode != "norm":                       # neox and the M-RoPEs rotate the same pairs, through the same loop
         n_fused = half                       # scalar loop, contracted
     else:
         n_fused = half - half % 4            # zmm/ymm loop: 4 pairs a vector; the tail pairs: addsubps, no FMA

@@ -1,5 +1,5 @@
-"""Unary and gated elementwise kernels: silu (and swiglu's gate), relu, gelu / geglu, the libm ops (exp, tanh,
-sigmoid, softplus), sqr, neg, and gpt-oss's clamped SwiGLU (swiglu_oai).
+"""Unary and gated elementwise kernels: silu (and swiglu's gate), relu / reglu, gelu / geglu, the libm ops (exp, tanh,
+sigmoid, softplus), sqr, neg, gpt-oss's clamped SwiGLU (swiglu_oai) and Apertus's xIELU.
 
 Each follows its ggml-cpu function: SiLU with ggml_v_expf on full registers and libm's expf for the tail,
 exp / tanh / sigmoid / softplus with glibc calls per element, GELU through ggml's fp16 table.
@@ -82,6 +82,11 @@ def silu_kernel(size: int) -> Callable:
 
 def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, F32(0))
+
+
+def reglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """ggml_vec_reglu_f32: g * u where g > 0, else 0 (whatever u is)."""
+    return np.where(g > 0, g * u, F32(0)).astype(F32)
 
 
 _EXP, _TANH, _SIGMOID, _SOFTPLUS = 0, 1, 2, 3
@@ -224,18 +229,19 @@ def geglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 
 @njit(**INL)
-def _swiglu_oai_row(g, u, alpha, limit, out):
+def _swiglu_oai_row(g, u, alpha, limit, shifted, out):
     """ggml_compute_forward_swiglu_oai_f32: x = min(g, limit), y = clamp(u, -limit, limit), then
-    (x / (1 + expf(alpha * -x))) * (y + 1), each step a float32 operation and expf glibc's."""
+    (x / (1 + expf(alpha * -x))) * (y + 1), each step a float32 operation and expf glibc's; not ``shifted``,
+    ggml_compute_forward_swiglu_clamp_f32's (x / (1 + expf(-x))) * y (alpha 1: alpha * -x is -x)."""
     for i in range(g.shape[0]):
         x = limit if limit < g[i] else g[i]
         y = -limit if u[i] < -limit else (limit if limit < u[i] else u[i])
-        out[i] = (x / (_ONE + math.exp(alpha * (-x)))) * (y + _ONE)
+        out[i] = (x / (_ONE + math.exp(alpha * (-x)))) * ((y + _ONE) if shifted else y)
 
 
-def _swiglu_oai_rows(g, u, alpha, limit, out):
+def _swiglu_oai_rows(g, u, alpha, limit, shifted, out):
     for r in prange(g.shape[0]):
-        _swiglu_oai_row(g[r], u[r], alpha, limit, out[r])
+        _swiglu_oai_row(g[r], u[r], alpha, limit, shifted, out[r])
 
 
 _swiglu_oai_par, _swiglu_oai_ser = parallel_and_serial(_swiglu_oai_rows)
@@ -244,7 +250,47 @@ _swiglu_oai_par, _swiglu_oai_ser = parallel_and_serial(_swiglu_oai_rows)
 def swiglu_oai(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.ndarray:
     """gpt-oss's clamped SwiGLU of gate g and up u (same shapes): the gate capped above at limit, up clamped to
     [-limit, limit] and shifted by 1, the gate's sigmoid sharpened by alpha."""
+    return _clamped_swiglu(g, u, alpha, limit, True)
+
+
+def swiglu_clamp(g: np.ndarray, u: np.ndarray, limit: float) -> np.ndarray:
+    """ggml's swiglu_clamp of gate g and up u (same shapes): the gate capped above at limit, up clamped to
+    [-limit, limit], silu(gate) * up."""
+    return _clamped_swiglu(g, u, 1.0, limit, False)
+
+
+def _clamped_swiglu(g: np.ndarray, u: np.ndarray, alpha: float, limit: float, shifted: bool) -> np.ndarray:
     gr, ur = f32_rows(g), f32_rows(u)
     out = np.empty_like(gr)
-    (_swiglu_oai_par if gr.size >= PAR_MIN else _swiglu_oai_ser)(gr, ur, F32(alpha), F32(limit), out)
+    (_swiglu_oai_par if gr.size >= PAR_MIN else _swiglu_oai_ser)(gr, ur, F32(alpha), F32(limit), shifted, out)
     return out.reshape(g.shape)
+
+
+@njit(**INL)
+def _xielu_row(x, alpha_n, alpha_p, beta, eps, out):
+    """ggml's op_xielu as GCC compiles it, each sum contracted into an FMA: x > 0: fma(alpha_p * x, x, beta * x);
+    else fma(expm1f(fminf(x, eps)) - x, alpha_n, beta * x), expm1f glibc's (fminf of a nan x is eps)."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        if v > _ZERO:
+            out[i] = fma(alpha_p * v, v, beta * v)
+        else:
+            m = v if v < eps else eps
+            out[i] = fma(math.expm1(m) - v, alpha_n, beta * v)
+
+
+def _xielu_rows(x, alpha_n, alpha_p, beta, eps, out):
+    for r in prange(x.shape[0]):
+        _xielu_row(x[r], alpha_n, alpha_p, beta, eps, out[r])
+
+
+_xielu_par, _xielu_ser = parallel_and_serial(_xielu_rows)
+
+
+def xielu(x: np.ndarray, alpha_n: float, alpha_p: float, beta: float, eps: float) -> np.ndarray:
+    """xIELU of x with ggml's op parameters (alpha_n already beta + softplus of the layer's, alpha_p softplus of
+    it)."""
+    r = f32_rows(x)
+    out = np.empty_like(r)
+    (_xielu_par if r.size >= PAR_MIN else _xielu_ser)(r, F32(alpha_n), F32(alpha_p), F32(beta), F32(eps), out)
+    return out.reshape(x.shape)

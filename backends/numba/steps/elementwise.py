@@ -1,5 +1,5 @@
-"""The elementwise steps: binary ops with ggml's repetition, unary ops, scale, clamp, and the gated units (silu,
-swiglu, geglu, swiglu_oai); with their tape faces."""
+"""The elementwise steps: binary ops with ggml's repetition, unary ops, scale, clamp, xielu, and the gated units
+(silu, swiglu, geglu, reglu, swiglu_oai, swiglu_clamp); with their tape faces."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 from graphir.backends.numba import tape as T
 from graphir.backends.numba.kernels import rows as R
 from graphir.backends.numba.kernels.unary import (LIBM, exp, geglu, gelu, gelu_kernel, gelu_table, libm_kernel, neg,
-                                                  relu, sigmoid, silu, silu_kernel, softplus, sqr, swiglu, swiglu_oai,
-                                                  tanh)
+                                                  reglu, relu, sigmoid, silu, silu_kernel, softplus, sqr, swiglu,
+                                                  swiglu_clamp, swiglu_oai, tanh, xielu)
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.quant.weight import QWeight
 from graphir.backends.numba.steps.base import Env, Function, Step, broadcast, dense, kernel, rows_of
@@ -167,7 +167,24 @@ def _geglu(n: Node, memo: threading.local, path: IsaPath) -> Step:
     return Function(lambda env, g, u: geglu(g, u))
 
 
+@kernel("reglu")
+def _reglu(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    return Function(lambda env, g, u: reglu(g, u))
+
+
 @kernel("swiglu_oai")
 def _swiglu_oai(n: Node, memo: threading.local, path: IsaPath) -> Step:
     alpha, limit = n.attrs["alpha"], n.attrs["limit"]
     return Function(lambda env, g, u: swiglu_oai(g, u, alpha, limit))
+
+
+@kernel("xielu")
+def _xielu(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    a = n.attrs
+    return Function(lambda env, x: xielu(x, a["alpha_n"], a["alpha_p"], a["beta"], a["eps"]))
+
+
+@kernel("swiglu_clamp")
+def _swiglu_clamp(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    limit = n.attrs["limit"]
+    return Function(lambda env, g, u: swiglu_clamp(g, u, limit))

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import numpy as np
 
 from graphir.backends.numba import tape as T
-from graphir.backends.numba.kernels.rope import imrope_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
+from graphir.backends.numba.kernels.rope import multi_cos_sin, rope_apply, rope_cos_sin, rope_kernel, roping
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.steps.base import Env, Step, dense, kernel, rows_of
 from graphir.backends.numba.tape import Tape
@@ -25,7 +25,7 @@ def _rope(n: Node, memo: threading.local, path: IsaPath) -> Step:
 @kernel("rope_multi")
 def _rope_multi(n: Node, memo: threading.local, path: IsaPath) -> Step:
     a = n.attrs
-    return _Rope(a, memo, lambda pos, ff: imrope_cos_sin(pos, a["n_dims"], a["sections"], a))
+    return _Rope(a, memo, lambda pos, ff: multi_cos_sin(pos, a["n_dims"], a["sections"], a))
 
 
 class _Rope(Step):

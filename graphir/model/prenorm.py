@@ -1,0 +1,204 @@
+"""The pre-norm decoder many families share, its variants as data: each layer ``x += attn(norm(x))`` then
+``x += ffn(norm(x))``, a final norm and an LM head.
+
+llama.cpp writes each of these families as a file of its own (src/models/<family>.cpp), and the files differ by
+a norm, a bias, where a QK-norm sits, which tensors the loader creates and which of them the graph reads: the
+family states those as a :class:`Traits` record on a subclass of :class:`PreNormDecoder` and names nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from gguf import MODEL_TENSOR as T
+from gguf import Keys
+
+from graphir.errors import MetadataError
+from graphir.graph.floats import f32, inv_sqrt
+from graphir.graph.ir import Node
+from graphir.model.architecture import Architecture
+from graphir.model.builder import Act, GraphBuilder, Norm, yarn_attn_factor
+from graphir.model.hparams import HParams, Key
+from graphir.model.presets import Preset
+from graphir.model.qkv import qk_norm_tensors, qkv_tensors
+from graphir.model.rope_factors import long_context, longrope, rope_factor_tensors, rope_factors
+from graphir.model.scales import layer_scales
+from graphir.model.temperature import Temperature
+from graphir.model.tensors import TensorSpec, spec, tensor_name
+
+# What a family's loader does with an optional tensor, and whether its graph reads it.
+ABSENT, UNREAD, READ, REQUIRED = "absent", "unread", "read", "required"
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What one family changes in the pre-norm decoder, each a line or two of its llama.cpp file."""
+
+    norm: Norm = Norm.RMS  # LAYER: LayerNorms, each with its bias (Orion)
+    tied_head: bool = True  # output.weight may be absent, the token embedding serving (else it is required)
+    rope_freqs: str = ABSENT  # Llama-3.1's per-dimension RoPE divisors: optional, read by the graph or not
+    longrope: bool = False  # a LongRoPE file's divisors are its long and short sets instead (the long past
+    #                         the trained context per sequence)
+    wo_bias: str = ABSENT  # the output projection's bias: absent, optional (read or not), or required
+    qk_norm_after_rope: bool = False  # each head of Q and K RMS-normalised after RoPE, with a learned scale
+    ffn_extras: bool = False  # the dense FFN's optional biases and its matrices' scales, read by the graph
+    ffn_act: Act = Act.SILU  # RELU_SQR: an ungated FFN, relu(up x) squared
+    ffn_norm: T = T.FFN_NORM  # the FFN's norm as the file names it (Seed-OSS: attn_post_norm)
+    fused_qkv: bool = False  # one attn_qkv matrix of three model widths and its bias, both required (Qwen 1)
+    ffn_halved: bool = False  # the gated FFN's width is half of feed_forward_length (Qwen 1)
+    rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
+    ntk_alpha: bool = False  # the RoPE base raised by the file's NTK_ALPHA key (Hunyuan's XDRoPE)
+    attn_temperature: bool = False  # queries scaled by Llama 4's temperature when the file's ATTN_TEMP key is set
+    yarn_keys: bool = False  # YaRN's ramp and magnitude from the file's YARN_KEYS (else llama.cpp's defaults)
+
+
+# Hunyuan's NTK-aware RoPE: with alpha > 0 the base becomes base * alpha^(d / (d - 2)) for heads of d values
+NTK_ALPHA = Key("rope_scaling_alpha", Keys.Rope.SCALING_ALPHA, float, 0.0)
+# Llama 4's attention temperature (Ministral 3): 0, none; else each token's queries are scaled by
+# log(floor(pos / n_ctx_orig) + 1) * scale + 1
+ATTN_TEMP = Key("attn_temp_scale", Keys.Attention.TEMPERATURE_SCALE, float, 0.0)
+# YaRN's ramp (llama.cpp's defaults 32 and 1) and the magnitude of all dimensions (0: none), as Mistral 3 reads them
+YARN_KEYS = (Key("yarn_beta_fast", Keys.Rope.SCALING_YARN_BETA_FAST, float, 32.0),
+             Key("yarn_beta_slow", Keys.Rope.SCALING_YARN_BETA_SLOW, float, 1.0),
+             Key("rope_yarn_log_mul", Keys.Rope.SCALING_YARN_LOG_MUL, float, 0.0))
+
+
+class PreNormDecoder(Architecture):
+    """A family of the pre-norm decoder: set ``name``, ``rope_mode``, ``required_keys`` and ``traits`` (and
+    ``keys``, which hold NTK_ALPHA, ATTN_TEMP and YARN_KEYS where the traits read them)."""
+
+    traits: ClassVar[Traits] = Traits()
+
+    def __init__(self, hp: HParams):
+        t = self.traits
+        if t.attn_temperature and hp.attn_temp_scale and not hp.n_ctx_orig_yarn:
+            raise MetadataError(f"an attention temperature needs the original context length (key "
+                                f"'{Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=self.name)}' is 0)")
+        if t.ntk_alpha and hp.rope_scaling_alpha > 0:  # float32 steps, as llama.cpp's loader raises the base
+            d = hp.n_embd_head_k
+            scale = f32(math.pow(hp.rope_scaling_alpha, f32(d / (d - 2))))
+            hp = replace(hp, rope_freq_base=f32(hp.rope_freq_base * scale))
+        super().__init__(hp)
+
+    @property
+    def n_ff(self) -> int:
+        return self.hp.n_ff // 2 if self.traits.ffn_halved else self.hp.n_ff
+
+    @property
+    def ropes(self) -> bool:
+        at = self.traits.rope_at_n_layer
+        return not at or self.hp.n_layer == at
+
+    def tensors(self) -> list[TensorSpec]:
+        hp, t = self.hp, self.traits
+        E, F, V = hp.n_embd, self.n_ff, hp.n_vocab
+        norm_bias = t.norm is Norm.LAYER
+        specs = [spec(T.TOKEN_EMBD, (E, V)), *_norm(T.OUTPUT_NORM, E, None, norm_bias),
+                 spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD) if t.tied_head else None)]
+        if t.rope_freqs != ABSENT:
+            specs += rope_factor_tensors(hp, long_short=t.longrope and longrope(hp))
+        for il in range(hp.n_layer):
+            layer = [*_norm(T.ATTN_NORM, E, il, norm_bias), *self._attention_tensors(il),
+                     *_norm(t.ffn_norm, E, il, norm_bias),
+                     spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il)]
+            if t.ffn_act is Act.SILU:
+                layer.append(spec(T.FFN_GATE, (E, F), il))
+            if t.ffn_extras:
+                layer += [spec(m, (n,), il, "bias", kind="vector", optional=True)
+                          for m, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))]
+            specs += layer + layer_scales(layer, il)
+        return specs
+
+    def variant(self, n_ctx_seq: int) -> bool | None:
+        """A LongRoPE model read by the graph: whether a context of n_ctx_seq cells per sequence takes the long
+        factors (llama.cpp's get_rope_factors); None for the others, whose graph no context changes."""
+        if self.traits.rope_freqs == READ and self.traits.longrope and longrope(self.hp):
+            return long_context(self.hp, n_ctx_seq)
+        return None
+
+    def _rope_factors(self, b: GraphBuilder) -> Node | None:
+        return rope_factors(b) if self.traits.rope_freqs == READ else None
+
+    def _yarn(self) -> dict[str, float]:
+        """The rope's YaRN parameters where the family reads them from the file (llama.cpp's context uses them)."""
+        hp = self.hp
+        if not self.traits.yarn_keys:
+            return {}
+        factor = yarn_attn_factor(hp.rope_freq_scale, hp.rope_attn_factor, hp.rope_yarn_log_mul) \
+            if hp.rope_scaling == "yarn" else hp.rope_attn_factor
+        return dict(beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow, attn_factor=factor)
+
+    def _attention_tensors(self, il: int) -> list[TensorSpec]:
+        hp, t = self.hp, self.traits
+        E = hp.n_embd
+        if t.fused_qkv:  # three widths of the model, as llama.cpp's loader sizes them (a GQA file does not fit)
+            out = [spec(T.ATTN_QKV, (E, 3 * E), il), spec(T.ATTN_QKV, (3 * E,), il, "bias", kind="vector"),
+                   spec(T.ATTN_OUT, (E, E), il)]
+        else:
+            out = qkv_tensors(hp, il)
+        if t.wo_bias != ABSENT:
+            out.append(spec(T.ATTN_OUT, (E,), il, "bias", kind="vector", optional=t.wo_bias != REQUIRED))
+        if t.qk_norm_after_rope:
+            out += qk_norm_tensors(hp, il)
+        return out
+
+    def build(self, b: GraphBuilder) -> None:
+        hp, t = self.hp, self.traits
+        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
+        pos = b.build_inp_pos() if self.ropes else None
+        temp = b.build_inp_attn_scale(Temperature(hp.n_ctx_orig_yarn, hp.attn_temp_scale, 0.0)) \
+            if t.attn_temperature and hp.attn_temp_scale else None
+        kq_scale = inv_sqrt(hp.n_embd_head_k)  # none of these families reads attention.scale
+        for il in b.layers():
+            h = b.norm(x, T.ATTN_NORM, il, t.norm, name="attn_norm")
+            # self-attention
+            q, k, v = b.build_qkv(h, il)
+            if pos is not None:
+                factors, yarn = self._rope_factors(b), self._yarn()
+                q = b.rope(q, pos, factors, name="Qcur.rope", **yarn)
+                k = b.rope(k, pos, factors, name="Kcur.rope", **yarn)
+            if temp is not None:
+                q = b.op("mul", q, temp, name="Qcur_attn_temp_scaled")
+            if t.qk_norm_after_rope:
+                q = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed")
+                k = b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
+            wo_b = b.w_opt(T.ATTN_OUT, il, "bias") if t.wo_bias in (READ, REQUIRED) else None
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=wo_b, wo_s=b.scale(T.ATTN_OUT, il),
+                             kq_scale=kq_scale)
+            a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
+            x = b.op("add", a, x, name="ffn_inp")
+            # feed-forward network
+            h = b.norm(x, t.ffn_norm, il, t.norm, name="ffn_norm")
+            f = self._ffn(b, h, il)
+            x = b.op("add", f, x, name="l_out")
+        x = b.norm(x, T.OUTPUT_NORM, kind=t.norm, name="result_norm")
+        b.build_output(x, b.w(T.OUTPUT))
+
+    def _ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
+        t = self.traits
+        gate = b.w(T.FFN_GATE, il) if t.ffn_act is Act.SILU else None
+        if not t.ffn_extras:  # the matrices' scales unread, as the family's llama.cpp graph passes none
+            return b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=gate, down=b.w(T.FFN_DOWN, il), act=t.ffn_act)
+        up_b, gate_b, down_b = (b.w_opt(m, il, "bias") for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
+        up_s, gate_s, down_s = (b.scale(m, il) for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
+        return b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=gate, down=b.w(T.FFN_DOWN, il), up_b=up_b, gate_b=gate_b,
+                           down_b=down_b, up_s=up_s, gate_s=gate_s, down_s=down_s, act=t.ffn_act)
+
+
+def _norm(t: T, E: int, il: int | None, bias: bool) -> list[TensorSpec]:
+    out = [spec(t, (E,), il, kind="vector")]
+    return out + [spec(t, (E,), il, "bias", kind="vector")] if bias else out
+
+
+RMS_KEYS = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
+
+
+def synthetic(arch: str, source: str) -> Preset:
+    """A tiny header (four layers of 256, two heads, a vocabulary of 128), the golden graphs of a family for which no
+    released model's config is known here for certain; ``source`` says so."""
+    L, A = Keys.LLM, Keys.Attention
+    return Preset(arch, {L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 384,
+                         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, L.VOCAB_SIZE: 128},
+                  tied=False, source=source)

@@ -1,0 +1,44 @@
+"""Attention temperature tuning: the queries of layers that attend without positions are scaled by a factor that
+grows with the log of the position's chunk (Llama 4), so that attention stays sharp over long contexts. llama.cpp
+feeds the factor of each token as an input (``inp_attn_scale``); the graph states the rule that fills it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from graphir.graph.floats import f32
+
+if TYPE_CHECKING:
+    from graphir.graph.ir import Graph
+
+ROLE = "attn_scale"
+
+
+@dataclass(frozen=True)
+class Temperature:
+    """log(floor((pos + offset) / floor_scale) + 1) * scale + 1 per token."""
+
+    floor_scale: int
+    scale: float
+    offset: float
+
+    def facts(self) -> dict[str, float]:
+        return {"floor_scale": self.floor_scale, "scale": self.scale, "offset": self.offset}
+
+    def factors(self, pos: np.ndarray) -> np.ndarray:
+        """The factors [1, 1, n_tokens] (numpy order: n_tokens first), as llama.cpp computes them: the chunk in
+        float32, its log in double."""
+        chunk = np.floor((pos.astype(np.float32) + np.float32(self.offset)) / np.float32(self.floor_scale))
+        out = np.log(chunk.astype(np.float64) + 1.0) * float(f32(self.scale)) + 1.0
+        return out.astype(np.float32).reshape(-1, 1, 1)
+
+
+def temperature_of(g: Graph) -> Optional[Temperature]:
+    """The rule of a graph's temperature input, if it has one."""
+    for n in g.inputs:
+        if n.attrs["role"] == ROLE:
+            return Temperature(int(n.attrs["floor_scale"]), n.attrs["scale"], n.attrs["offset"])
+    return None

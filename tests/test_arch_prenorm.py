@@ -1,0 +1,45 @@
+"""Facts of the pre-norm decoder families (graphir.model.prenorm) that the conformance table does not reach:
+Baichuan 13B's ALiBi past 256 tokens (where llama.cpp pads its mask) with a head count that is not a power of two,
+and the K-shift a QK-norm after RoPE rules out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import assert_llama_logits
+from test_families import LlamaCpp
+
+import llama_made
+from graphir.batch import Batch
+from graphir.memory.kv import rope_plan
+from graphir.model.meta import open_model
+from graphir.running.runtime import load
+
+
+@pytest.mark.oracle
+def test_baichuan_13b_past_256_tokens_with_12_heads_is_llama_cpps(tmp_path: Path) -> None:
+    """12 heads: the last four take the second slope base; 300 tokens: past the 256 cells llama.cpp pads to."""
+    path = llama_made.make(tmp_path / "baichuan-13b.gguf", "baichuan", n_layer=40, n_embd=384, n_head=12, n_ctx=512)
+    assert open_model(str(path)).arch.hp.max_alibi_bias == 8.0
+    prompt = np.random.default_rng(3).integers(0, 128, 300).tolist()
+    ctx, o = load(str(path)).new_context(n_ctx=512), LlamaCpp(path, n_ctx=512)
+    try:
+        ctx.decode(Batch.from_tokens(prompt, 0, outputs="all"))  # as llama.cpp's context here: every row out
+        o.decode(prompt, range(len(prompt)), [0] * len(prompt))
+        assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(prompt))]), "prompt logits")
+        token = int(np.argmax(o.logits_ith(-1)))
+        ctx.decode(Batch.one(token, len(prompt)))
+        o.decode([token], [len(prompt)], [0])
+        assert_llama_logits(ctx.logits_ith(-1), o.logits_ith(0), "a step past it")
+    finally:
+        o.close()
+
+
+@pytest.mark.parametrize("preset, shiftable", [("Hunyuan-dense-tiny", False), ("Maincoder-tiny", False),
+                                               ("Arcee-tiny", True)])
+def test_a_k_normalised_after_its_rope_cannot_be_reroped(preset: str, shiftable: bool) -> None:
+    """Hunyuan dense and Maincoder cache K as norm(rope(K)): no rotation of it is the rotation of K, so the
+    cache refuses a K-shift (graphir.memory.kv.rope_plan) where another family re-ropes."""
+    assert rope_plan(open_model(preset).build_graph("kv", "prefill"))[0] is shiftable
