@@ -79,8 +79,7 @@ def build(path: str, log=sys.stderr) -> Path:
             subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                             "-d", tmp, f"llama-cpp-python=={version}"], check=True, stdout=log, stderr=log)
             sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
-            with tarfile.open(sdist) as tar:
-                tar.extractall(tmp, filter="data")
+            unpack(sdist, Path(tmp))
             src = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
             work = Path(tmp) / "build"
             subprocess.run([cmake, "-S", str(src), "-B", str(work), *COMMON_FLAGS, *options],
@@ -96,6 +95,21 @@ def build(path: str, log=sys.stderr) -> Path:
                 shutil.copy2(f, staging / "bin" / f.name, follow_symlinks=False)
             staging.rename(out)
     return lib.parent
+
+
+def unpack(sdist: Path, into: Path) -> None:
+    """Unpack the sdist, refusing members that would land outside ``into``: Python before 3.11.4 (Debian 12's
+    3.11.2) has no ``filter=`` argument, so the check it would make is made here."""
+    with tarfile.open(sdist) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(into, filter="data")
+            return
+        root = into.resolve()
+        for member in tar.getmembers():
+            target = (into / member.name).resolve()
+            if root not in target.parents or member.issym() or member.islnk() or member.isdev():
+                raise RuntimeError(f"{sdist.name}: member {member.name!r} is not a plain file inside the archive")
+        tar.extractall(into)
 
 
 if __name__ == "__main__":
