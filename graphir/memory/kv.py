@@ -18,8 +18,10 @@ Layouts. ``unified=True``: every sequence may use any of the ``n_ctx`` cells, an
 several sequences (a shared prompt is stored once). ``unified=False`` is llama.cpp's non-unified mode:
 sequence s owns the cell range ``[s*n, (s+1)*n)`` with ``n = n_ctx // n_seq_max`` (its "stream"), tokens
 may not be shared between sequences, and ``seq_cp`` copies whole sequences (K/V rows included). It is the
-same cell array and the same graph: the mask isolates the streams exactly as it isolates sequences in the
-unified layout, so both layouts give the same logits.
+same cell array and the same graph: the mask isolates the streams as it isolates sequences in the unified
+layout. What differs is how the tokens of a ubatch attend: each stream's as a batch of its own, as llama.cpp's
+per-stream views compute them (:func:`stream_binding`), so a sequence decoded beside others gives the bits it
+gives alone; in the unified layout llama.cpp's products over all the ubatch's tokens sum in another order.
 
 Slot search takes the first free cells from a moving head, wrapping around, and they need not be
 contiguous (K/V rows are written with ``set_rows``, the mask is per cell). Fragmentation therefore never
@@ -121,6 +123,14 @@ def _roped_tail(k: Node) -> Node | None:
     return t if t.op == "rope" else None
 
 
+def stream_binding(kv_dim: str) -> str:
+    """The run-time binding by which a cache in per-sequence streams (unified=False) tells a backend its cells
+    per stream. llama.cpp views such a cache per stream, so each stream's tokens attend as a batch of their own
+    (one token: its single-row products; several: its matrix products): the order its kernels sum in, and so
+    a sequence's bits, do not depend on what other sequences share the ubatch."""
+    return f"{kv_dim}.stream"
+
+
 def split_heads(graph: Graph) -> dict[int, tuple[int, int]]:
     """Per layer whose cached K heads are [part without positions | RoPE'd part] (see :func:`rope_plan`), the
     (head size, heads) of its cached rows: the K-shift turns the last n_rot values of each such head."""
@@ -171,6 +181,8 @@ class KVCache(CellMemory):
         n_ctx = params.n_ctx if size is None else size
         self.n_ctx, self.unified = n_ctx, bool(params.unified)
         self.n_stream = 1 if self.unified else self.n_seq_max
+        if not self.unified:  # llama.cpp cuts a batch for streams into equal parts per sequence (split_equal)
+            self.split = "equal"
         self.stream_size = n_ctx // self.n_stream  # cells per stream; per-sequence: n_ctx % n_seq_max stay unused
         if n_ctx and not self.stream_size:
             raise GraphirError(f"n_ctx={n_ctx} gives no cells per sequence with n_seq_max={self.n_seq_max} "
@@ -396,6 +408,8 @@ class KVCache(CellMemory):
                  self.kv_dim.name: n_kv, self.size_dim.name: self.n_ctx}
         if self.rule.rel_buckets:
             feeds[self._tail("pos_bucket")] = self.rule.buckets(q_pos, pos[None, :])
+        if not self.unified:
+            feeds[stream_binding(self.kv_dim.name)] = self.stream_size
         return feeds
 
     def _stream_of_cell(self, cell: int) -> int:

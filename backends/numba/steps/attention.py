@@ -16,6 +16,7 @@ from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.steps.base import F32, Env, Step, broadcast, dense, kernel, rows_of
 from graphir.backends.numba.tape import Tape
 from graphir.graph.ir import Node
+from graphir.memory.kv import stream_binding
 
 
 def kv_pad(soft_max_node: Node) -> int:
@@ -68,6 +69,8 @@ class Attention(Step):
                  kqv_step: Callable[..., Any], memo: threading.local, path: IsaPath):
         self.steps, self.memo, self.path = (kq_step, sm_step, kqv_step), memo, path
         self.scale, self.pad = sm.attrs["scale"], kv_pad(sm)
+        mask = sm.inputs[1] if len(sm.inputs) > 1 else None
+        self.streams = stream_binding(str(mask.shape[0])) if mask is not None and mask.op == "input" else None
 
     def __call__(self, env: Env, k: np.ndarray, q: np.ndarray, mask: np.ndarray, v: np.ndarray) -> np.ndarray:
         return self._over(attention_over(k, v, self.scale, self.pad, self.path), env, k, q, mask, v)
@@ -107,6 +110,34 @@ class Attention(Step):
 
     def _over(self, over: Callable[..., np.ndarray | None] | None, env: Env, k: np.ndarray, q: np.ndarray,
               mask: np.ndarray, v: np.ndarray) -> np.ndarray:
+        stream = env.get(self.streams, 0) if self.streams else 0
+        if stream and q.ndim == 3 and q.shape[1] > 1 and mask.ndim == 2:
+            return self._per_stream(stream, env, k, q, mask, v)
+        return self._joint(over, env, k, q, mask, v)
+
+    def _per_stream(self, stream: int, env: Env, k: np.ndarray, q: np.ndarray, mask: np.ndarray,
+                    v: np.ndarray) -> np.ndarray:
+        """A cache in per-sequence streams: each stream's tokens attend as a batch of their own over its cells,
+        as many as llama.cpp's per-stream views hold (the most any of the ubatch's streams opens, padded)."""
+        n_kv = k.shape[-2]
+        opened = np.isfinite(mask)
+        first = opened.argmax(axis=1) // stream
+        groups = {int(s): np.flatnonzero(first == s) for s in np.unique(first)}
+        last = max(int(np.flatnonzero(opened[rows].any(axis=0)).max()) - s * stream for s, rows in groups.items())
+        width = -(-(last + 1) // self.pad) * self.pad
+        out = None
+        for s, rows in groups.items():
+            a = s * stream
+            b = min(a + width, n_kv)
+            y = self._joint(None, env, k[..., a:b, :], q[:, rows], mask[rows][:, a:b], v[..., a:b])
+            if out is None:
+                out = np.empty((y.shape[0], q.shape[1], y.shape[2]), y.dtype)
+            out[:, rows] = y
+        assert out is not None
+        return out
+
+    def _joint(self, over: Callable[..., np.ndarray | None] | None, env: Env, k: np.ndarray, q: np.ndarray,
+               mask: np.ndarray, v: np.ndarray) -> np.ndarray:
         if over is not None and q.ndim == 3 and q.shape[1] == 1:
             key = ("attention mask", id(mask), q.shape[0], k.shape[1])  # the same for every layer of a run
             kept = self.memo.d.get(key)                 # (the mask kept with its rows: its id stays its own)
