@@ -646,18 +646,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _template_source(path: str | None) -> str | None:
+    """The text of a --chat-template FILE."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise GraphirError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     """A conversation on stdin: each line is the user's next message; each reply streams to stdout, then a blank
     line. The context holds the conversation as llama.cpp's chat does: each message adds only its own tokens, a
     full context shifts (or, where it cannot, the chat ends with a message), a reply stops at -n tokens, Ctrl-C
     stops the reply being written (another Ctrl-C, at the prompt, ends the chat)."""
-    template_source = None
-    if args.chat_template:
-        try:
-            with open(args.chat_template, encoding="utf-8") as f:
-                template_source = f.read()
-        except OSError as e:
-            raise GraphirError(f"{args.chat_template}: cannot read ({e.strerror or e})") from None
+    template_source = _template_source(args.chat_template)
     from graphir.running.conversation import Conversation
 
     from graphir.running.generation import ContextFull
@@ -699,6 +704,32 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 return 0
     finally:
         sys.stderr.write(timings.line())
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """llama-server's OpenAI-compatible endpoints over one context of --parallel sequences, decoded together."""
+    from graphir.running.runtime import load
+    from graphir.running.threads import set_threads
+    from graphir.serving import server
+
+    if args.threads is not None:
+        set_threads(args.threads)
+    model = load(_model_path(args), None if args.isa == "auto" else args.isa, args.backend)
+    log.info("numerics: %s", model.numerics.describe())
+    n_ctx = args.ctx_size if args.ctx_size is not None else min(model.hparams.n_ctx_train, 4096)
+    svc = server.service(model, n_ctx or model.hparams.n_ctx_train, args.parallel, args.batch_size,
+                         args.ubatch_size, args.cache_type_k, args.cache_type_v, args.queue_size, args.alias,
+                         _template_source(args.chat_template), args.pooling)
+    if not svc.embedding:
+        _warm_up(model, args.quiet)
+
+    def announce(url: str) -> None:
+        sys.stderr.write(f"graphir: serving {svc.name} on {url} ({args.parallel} slots of {svc.n_ctx_seq} "
+                         f"cells each)\n")
+        sys.stderr.flush()
+
+    server.run(svc, args.host, args.port, announce)
+    return 0
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -793,8 +824,8 @@ def _sampling_options(p: argparse.ArgumentParser, temp: float) -> None:
                    help="sampling seed: the same seed, the same text; -1: a new one each run (default: -1)")
 
 
-def _generation_options(p: argparse.ArgumentParser, model_help: str) -> None:
-    """The options run and chat share, spelled as llama.cpp's tools spell them."""
+def _model_options(p: argparse.ArgumentParser, model_help: str) -> None:
+    """The options of the commands that run a model, spelled as llama.cpp's tools spell them."""
     p.add_argument("model", metavar="MODEL.gguf", nargs="?", default=None, help=model_help)
     p.add_argument("-m", "--model", dest="model_option", metavar="MODEL.gguf", default=None,
                    help="the model, as llama.cpp's -m (instead of MODEL.gguf)")
@@ -804,11 +835,6 @@ def _generation_options(p: argparse.ArgumentParser, model_help: str) -> None:
                    help="logical batch size: prompt tokens decoded at once (default: 512)")
     p.add_argument("-ub", "--ubatch-size", type=_whole(1), default=512,
                    help="physical batch size (default: 512)")
-    p.add_argument("--keep", type=_whole(-1), default=0,
-                   help="tokens of the start (after BOS) a context shift keeps; -1: all of the first text "
-                        "(default: 0)")
-    p.add_argument("--no-context-shift", action="store_true",
-                   help="stop when the context is full instead of forgetting the oldest half after --keep")
     p.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default="f16",
                    help="KV cache type of K (default: f16)")
     p.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default="f16",
@@ -818,6 +844,16 @@ def _generation_options(p: argparse.ArgumentParser, model_help: str) -> None:
     _quiet_option(p)
     _verbose_option(p)
     _isa_option(p)
+
+
+def _generation_options(p: argparse.ArgumentParser, model_help: str) -> None:
+    """The options run and chat share: the model's, and what a full context does."""
+    _model_options(p, model_help)
+    p.add_argument("--keep", type=_whole(-1), default=0,
+                   help="tokens of the start (after BOS) a context shift keeps; -1: all of the first text "
+                        "(default: 0)")
+    p.add_argument("--no-context-shift", action="store_true",
+                   help="stop when the context is full instead of forgetting the oldest half after --keep")
 
 
 def _n_ctx_option(p: argparse.ArgumentParser) -> None:
@@ -946,6 +982,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", metavar="FILE", default=None,
                    help="a jinja2 chat template to use instead of the model's (tokenizer.chat_template)")
     _sampling_options(p, 0.2)
+
+    p = add("serve", cmd_serve, "serve a model over HTTP as llama.cpp's llama-server does: OpenAI-compatible "
+                                "endpoints, --parallel requests decoded together")
+    _model_options(p, "a GGUF file with weights")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=_whole(0), default=8080, help="the port; 0: any free one (default: 8080)")
+    p.add_argument("-np", "--parallel", type=_whole(1), default=4,
+                   help="requests decoded together, each a sequence of -c/P cells (default: 4)")
+    p.add_argument("--queue-size", type=_whole(0), default=64,
+                   help="requests that may wait for a slot; more get 503 (default: 64)")
+    p.add_argument("-a", "--alias", default=None, help="the model's name in the API (default: the file's stem)")
+    p.add_argument("--chat-template", metavar="FILE", default=None,
+                   help="a jinja2 chat template to use instead of the model's (tokenizer.chat_template)")
+    p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
+                   help="an embedding model's pooling (default: the model's)")
 
     p = add("embed", cmd_embed, "print the embedding of each prompt (pooled as the model says), one line each")
     p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file with weights (e.g. a converted BERT)")

@@ -114,6 +114,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("graphir.convert",),        # Hugging Face checkpoints to GGUF, by the model's mapping
     ("graphir.llamacpp",),       # llama.cpp's own graphs, read through llama-cpp-python, and their normal form
     ("graphir.running",),        # contexts, state files, runtime
+    ("graphir.serving",),        # the HTTP server: many requests as sequences of one context
     ("graphir.source",),
     ("graphir.testing",),
     ("graphir.cli", "graphir.__main__"),
