@@ -162,9 +162,9 @@ def make_app(service: Service) -> Starlette:
             raise RequestError(f"the prompt has {len(ids)} tokens; a request's context holds {service.n_ctx_seq} "
                                f"(-c/--ctx-size divided by --parallel), prompt and reply together", "messages"
                                if "messages" in req else "prompt")
-        if n is not None and n > service.n_ctx_seq:
-            raise RequestError(f"max_tokens={n} can never be generated: a request's context holds "
-                               f"{service.n_ctx_seq} tokens", "max_tokens")
+        if n is not None and n > model.hparams.n_ctx_train:  # more than the model can ever hold: a mistake
+            raise RequestError(f"max_tokens={n} is more than the {model.hparams.n_ctx_train} positions the model "
+                               f"was trained with", "max_tokens")
         sampling, stop = rq.sampling(req), rq.stops(req)
         return lambda sink: Job(ids, sink, sampling, n, stop, top_logprobs)
 

@@ -5,9 +5,10 @@ and closed cleanly on Ctrl-C or SIGTERM (uvicorn's handling: running requests en
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from graphir.errors import GraphirError
 from graphir.serving.api import Service, make_app
@@ -61,9 +62,25 @@ def run(svc: Service, host: str, port: int, announce: Callable[[str], None]) -> 
         finally:
             svc.scheduler.stop()
 
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            """Ctrl-C or SIGTERM stop the server (a second one at once); once stopped, the process exits 0
+            (uvicorn would raise the signal again)."""
+            def stop(sig: int, frame: Any) -> None:
+                self.force_exit = self.should_exit
+                self.should_exit = True
+
+            before = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in before.items():
+                    signal.signal(sig, handler)
+
     app.router.lifespan_context = lifespan
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                           timeout_graceful_shutdown=5))
+    server = Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                   timeout_graceful_shutdown=5))
     try:
         server.run(sockets=[sock])
     finally:

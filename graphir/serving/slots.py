@@ -12,6 +12,7 @@ starts afresh. The loop runs on a thread of its own; requests and their events c
 from __future__ import annotations
 
 import codecs
+import logging
 import threading
 import time
 from collections import deque
@@ -24,6 +25,8 @@ from graphir.batch import Batch
 from graphir.errors import GraphirError
 from graphir.running.sampling import Sampling
 from graphir.serving.stops import StopScan
+
+log = logging.getLogger("graphir.serve")
 
 
 @dataclass(frozen=True)
@@ -169,11 +172,17 @@ class Scheduler:
                     break
                 self._drop_cancelled()
                 admitted = self._admit()
-            for slot in admitted:
-                if slot.job is not None and slot.job.embed:
-                    self._embed(slot)
-            if any(s.job for s in self.slots):
-                self.step()
+            try:
+                for slot in admitted:
+                    if slot.job is not None and slot.job.embed:
+                        self._embed(slot)
+                if any(s.job for s in self.slots):
+                    self.step()
+            except Exception as e:  # a fault of the server's own: its requests end with it, the loop goes on
+                log.exception("the scheduler failed")
+                for s in self.slots:
+                    if s.job is not None:
+                        self._end(s, Failed(f"internal error: {type(e).__name__}: {e}"))
         for s in self.slots:
             if s.job is not None:
                 self._end(s, Failed("the server is shutting down"))
@@ -333,5 +342,6 @@ class Scheduler:
             job.on_event(event)
 
     def _free(self, s: Slot) -> None:
-        self.ctx.memory.seq_rm(s.seq, -1, -1)
+        if self.ctx.memory.keeps_cells:  # an encoder's memory keeps nothing between decodes
+            self.ctx.memory.seq_rm(s.seq, -1, -1)
         s.job, s.held, s.todo, s.pending = None, [], [], None
