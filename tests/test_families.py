@@ -80,7 +80,7 @@ class LlamaCpp:
     POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}  # llama_pooling_type
 
     def __init__(self, path: Path, n_ctx: int = 96, n_seq_max: int = 1, n_ubatch: int | None = None,
-                 pooling: str | None = None):
+                 pooling: str | None = None, unified: bool = True):
         os.environ.setdefault("GGML_NO_BACKTRACE", "1")
         import llama_cpp
         from llama_cpp import _internals, _logger
@@ -92,7 +92,7 @@ class LlamaCpp:
         p = llama_cpp.llama_context_default_params()
         p.n_ctx = p.n_batch = n_ctx  # a multiple of n_seq_max (else llama.cpp rounds it and may assert)
         p.n_ubatch = n_ubatch or n_ctx
-        p.n_seq_max, p.kv_unified = n_seq_max, True
+        p.n_seq_max, p.kv_unified = n_seq_max, unified
         p.n_threads = p.n_threads_batch = 2
         # f32 attention, as graphir computes it: with flash attention llama.cpp casts an encoder's K and V to f16
         # (there is no cache to hold them in f32), which moves embeddings by ~1e-3

@@ -147,6 +147,39 @@ def test_smollm2_decode_steps_match_llama_cpp_token_by_token(smollm2_gguf):  # t
         assert greedy == CONTINUATION[:n]
 
 
+@pytest.mark.oracle
+@pytest.mark.parametrize("unified", [False, True], ids=["streams", "unified"])
+def test_smollm2_sequences_decoded_together_are_llama_cpps_in_either_layout(smollm2_gguf, unified):  # type: ignore[no-untyped-def]
+    """Three prompts, then five steps decoding one token of each in one batch. With a stream per sequence
+    (kv_unified=false, llama-server's layout) each stream attends as a batch of its own, so every sequence gets
+    the bits it gets alone; in the unified layout one matrix product over the three tokens sums in another order
+    (up to 0.8 apart in the logits here), and llama.cpp's bits are those too."""
+    from test_families import LlamaCpp
+
+    model = load(str(smollm2_gguf))
+    prompts = [PROMPT, PROMPT[:5], PROMPT[3:]]
+    ours = model.new_context(n_ctx=2048, n_seq_max=4, unified=unified)
+    theirs = LlamaCpp(smollm2_gguf, n_ctx=2048, n_seq_max=4, n_ubatch=512, unified=unified)
+    alone = [model.new_context(n_ctx=2048, n_seq_max=4, unified=unified) for _ in prompts]
+    try:
+        for s, (p, c) in enumerate(zip(prompts, alone)):
+            ours.decode(Batch.from_tokens(p, 0, seq_id=s))
+            theirs.decode(p, range(len(p)), [s] * len(p))
+            c.decode(Batch.from_tokens(p, 0))
+        apart = 0.0
+        for k, t in enumerate(CONTINUATION[:5]):
+            pos = [len(p) + k for p in prompts]
+            ours.decode(Batch(np.full(3, t), np.array(pos), [(0,), (1,), (2,)], np.ones(3, bool)))
+            theirs.decode([t] * 3, pos, [0, 1, 2])
+            for s, c in enumerate(alone):
+                c.decode(Batch.one(t, pos[s]))
+                assert_llama_logits(ours.logits_ith(s), theirs.logits_ith(s), f"step {k}, sequence {s}")
+                apart = max(apart, float(np.abs(ours.logits_ith(s) - c.logits_ith(-1)).max()))
+    finally:
+        theirs.close()
+    assert (apart == 0.0) == (not unified), apart
+
+
 # --- unit level: the quantized dot products on random weights ---------------------------------------------
 
 @pytest.fixture(scope="module", params=[Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
