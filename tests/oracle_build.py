@@ -11,6 +11,7 @@ which crash on the first decode (llama.cpp issue #20824), so the tests use an AV
 with every other AVX-512 extension the host has, as llama.cpp on any other AVX-512 CPU runs.
 
     python3 tests/oracle_build.py avx2      # build (or find) it and print the folder
+    python3 tests/oracle_build.py avx512 llama-server   # llama.cpp's server too, for bench/bench_serve.py
 """
 
 from __future__ import annotations
@@ -55,26 +56,36 @@ def llama_cpp_version() -> str:
     return version("llama_cpp_python")
 
 
-def build(path: str, log=sys.stderr) -> Path:
-    """The folder holding libllama.so built for `path` (a PATH_FLAGS key), building it if it is not cached."""
+# what is built: the library the oracles load, or llama.cpp's server (bench/bench_serve.py), with the options
+# that enable it and the file that marks a finished build
+TARGETS: dict[str, tuple[list[str], str]] = {
+    "llama": ([], "libllama.so"),
+    "llama-server": (["-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_COMMON=ON"], "llama-server"),
+}
+
+
+def build(path: str, log=sys.stderr, target: str = "llama") -> Path:
+    """The folder holding libllama.so (and, for target llama-server, that program) built for `path` (a
+    PATH_FLAGS key), building it if it is not cached."""
     if path not in PATH_FLAGS:
         raise ValueError(f"no build flags for path {path!r}; known: {', '.join(PATH_FLAGS)}")
     version = llama_cpp_version()
     root = cache_root()
-    options = flags(path)
-    key = hashlib.sha256(" ".join(COMMON_FLAGS + options).encode()).hexdigest()[:8]
+    extra, made = TARGETS[target]
+    options = [*COMMON_FLAGS, *flags(path), *extra]  # later options win: a target's enable what COMMON_FLAGS disable
+    key = hashlib.sha256(" ".join(options).encode()).hexdigest()[:8]
     out = root / f"llama-cpp-python-{version}-{path}-{key}"
-    lib = out / "bin" / "libllama.so"
-    if lib.exists():
-        return lib.parent
+    done = out / "bin" / made
+    if done.exists():
+        return done.parent
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)            # one build at a time, even from parallel test processes
-        if lib.exists():
-            return lib.parent
+        if done.exists():
+            return done.parent
         cmake = shutil.which("cmake")
         if cmake is None:
-            raise RuntimeError("cmake is needed to build the second llama.cpp oracle (apt-get install cmake)")
+            raise RuntimeError("cmake is needed to build llama.cpp for another CPU path (apt-get install cmake)")
         with tempfile.TemporaryDirectory(prefix="graphir-oracle-") as tmp:
             subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                             "-d", tmp, f"llama-cpp-python=={version}"], check=True, stdout=log, stderr=log)
@@ -82,19 +93,18 @@ def build(path: str, log=sys.stderr) -> Path:
             unpack(sdist, Path(tmp))
             src = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
             work = Path(tmp) / "build"
-            subprocess.run([cmake, "-S", str(src), "-B", str(work), *COMMON_FLAGS, *options],
+            subprocess.run([cmake, "-S", str(src), "-B", str(work), *options], check=True, stdout=log, stderr=log)
+            subprocess.run([cmake, "--build", str(work), "--target", target, "-j", str(os.cpu_count() or 2)],
                            check=True, stdout=log, stderr=log)
-            subprocess.run([cmake, "--build", str(work), "--target", "llama", "-j", str(os.cpu_count() or 2)],
-                           check=True, stdout=log, stderr=log)
-            if not (work / "bin" / "libllama.so").exists():
-                raise RuntimeError(f"the build in {work} made no bin/libllama.so")
-            staging = out.with_name(out.name + ".partial")    # only the libraries are kept
+            if not (work / "bin" / made).exists():
+                raise RuntimeError(f"the build in {work} made no bin/{made}")
+            staging = out.with_name(out.name + ".partial")    # only the libraries (and the program) are kept
             shutil.rmtree(staging, ignore_errors=True)
             (staging / "bin").mkdir(parents=True)
-            for f in (work / "bin").glob("lib*.so*"):
+            for f in [*(work / "bin").glob("lib*.so*"), *((work / "bin" / made,) if made != "libllama.so" else ())]:
                 shutil.copy2(f, staging / "bin" / f.name, follow_symlinks=False)
             staging.rename(out)
-    return lib.parent
+    return done.parent
 
 
 def unpack(sdist: Path, into: Path) -> None:
@@ -112,5 +122,5 @@ def unpack(sdist: Path, into: Path) -> None:
         tar.extractall(into)
 
 
-if __name__ == "__main__":
-    print(build(sys.argv[1] if len(sys.argv) > 1 else "avx2"))
+if __name__ == "__main__":  # python3 tests/oracle_build.py [PATH [TARGET]]
+    print(build(sys.argv[1] if len(sys.argv) > 1 else "avx2", target=sys.argv[2] if len(sys.argv) > 2 else "llama"))

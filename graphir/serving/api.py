@@ -166,7 +166,7 @@ def make_app(service: Service) -> Starlette:
             raise RequestError(f"max_tokens={n} is more than the {model.hparams.n_ctx_train} positions the model "
                                f"was trained with", "max_tokens")
         sampling, stop = rq.sampling(req), rq.stops(req)
-        return lambda sink: Job(ids, sink, sampling, n, stop, top_logprobs)
+        return lambda sink: Job(ids, sink, sampling, n, stop, top_logprobs, ignore_eos=req["ignore_eos"])
 
     async def chat(request: Request) -> Response:
         req = rq.parse(await request.body(), rq.CHAT, ("messages",))

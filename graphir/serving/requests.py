@@ -86,6 +86,7 @@ SAMPLING = {
     "frequency_penalty": Field(_between(-2, 2), "a number in [-2, 2]", 0, lambda v: v == 0),
     "logit_bias": Field(lambda v: isinstance(v, dict), "an object", None, lambda v: not v),
     "user": Field(lambda v: isinstance(v, str), "a string"),
+    "ignore_eos": Field(lambda v: isinstance(v, bool), "true or false", False),  # llama-server's: generate on
 }
 
 CHAT = {

@@ -77,6 +77,7 @@ class Job:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None    # None: none; k: each token's log-probability and the k most likely
     embed: bool = False            # a pooled embedding of the prompt instead of a continuation
+    ignore_eos: bool = False       # llama-server's: end-of-generation tokens are never sampled
     cancelled: bool = False
 
 
@@ -281,6 +282,9 @@ class Scheduler:
         """Sample the slot's next token and send what it adds to the text."""
         job = s.job
         assert job is not None
+        if job.ignore_eos:
+            logits = logits.copy()
+            logits[list(self.model.vocab.eog_ids)] = -np.inf
         tok = s.pick(logits, s.history)
         vocab = self.model.vocab
         if vocab.is_eog(tok):
