@@ -369,6 +369,7 @@ def test_the_numba_backend_equals_the_reference_backend(row: Row) -> None:
         assert float(np.abs(a - b).max()) <= 1e-3
 
 
+@pytest.mark.same_on_every_path
 @pytest.mark.oracle
 @pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])
 def test_the_graph_is_llama_cpps_own(row: Row) -> None:

@@ -28,7 +28,7 @@ from graphir.model.presets import all_presets
 from graphir.source import load_graph
 from graphir.testing import graph_text
 
-pytestmark = pytest.mark.oracle
+pytestmark = [pytest.mark.oracle, pytest.mark.same_on_every_path]
 pytest.importorskip("llama_cpp", reason="llama.cpp's graphs need llama-cpp-python (the test extra has it)")
 
 SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "snapshots"

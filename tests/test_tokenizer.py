@@ -28,6 +28,8 @@ from graphir.tokenizer.pretokenize import PRE_TOKENIZERS, SUPPORTED_PRE_TOKENIZE
 from graphir.tokenizer.unicode import unicode_class
 from graphir.tokenizer.vocab import Vocab
 
+pytestmark = pytest.mark.same_on_every_path  # tokenizing is the same on every CPU path
+
 try:
     import llama_cpp
     from llama_vocab import Oracle, assert_same_detokenize, assert_same_pieces, assert_same_text_handling

@@ -30,6 +30,8 @@ from conftest import write_vocab_gguf
 from graphir.errors import MetadataError
 from graphir.tokenizer.vocab import Vocab
 
+pytestmark = pytest.mark.same_on_every_path  # tokenizing is the same on every CPU path
+
 try:
     import llama_cpp
     from llama_vocab import Oracle, assert_same_detokenize, assert_same_pieces, assert_same_text_handling

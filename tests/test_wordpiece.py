@@ -28,6 +28,8 @@ from graphir.tokenizer.vocab import Vocab
 from graphir.tokenizer.metadata import KEY_LOWERCASE, KEY_STRIP_ACCENTS
 from graphir.tokenizer.wpm import _CJK, _CONTROL
 
+pytestmark = pytest.mark.same_on_every_path  # tokenizing is the same on every CPU path
+
 try:
     import llama_cpp
     from llama_vocab import Oracle, assert_same_detokenize, assert_same_pieces, assert_same_text_handling
