@@ -1,15 +1,16 @@
-"""The Gemma family from its second generation: Gemma 2 and Gemma 3 (text).
+"""The Gemma family: Gemma 1, Gemma 2 and Gemma 3 (text).
 
-Both are decoders whose layers alternate local attention, through a sliding window, with global attention
-over the whole context; both sandwich attention and the GELU-gated FFN between RMS norms (pre and post),
-scale token embeddings by sqrt(n_embd), and scale queries by a fixed factor before attention. Gemma 2 also
-soft-caps attention scores and the final logits (c * tanh(x / c)). Gemma 3 replaces the score cap by
-QK-norm, makes five of every six layers local, and gives local and global layers their own RoPE base and
-scaling. One graph serves both; what Gemma 3 changes is data (:class:`Traits`).
+All three scale token embeddings by sqrt(n_embd), put RMS norms before attention and the GELU-gated FFN, and
+scale queries by a fixed factor before attention. Gemma 2 alternates local attention, through a sliding window,
+with global attention over the whole context, sandwiches attention and FFN between norms (pre and post), and
+soft-caps attention scores and the final logits (c * tanh(x / c)). Gemma 3 replaces the score cap by QK-norm,
+makes five of every six layers local, and gives local and global layers their own RoPE base and scaling.
+Gemma 1 is the plain pre-norm form. One graph serves all three; what each changes is data (:class:`Traits`).
 
-References: Gemma Team 2024, "Gemma 2: Improving Open Language Models at a Practical Size"
-(arXiv:2408.00118); Gemma Team 2025, "Gemma 3 Technical Report" (arXiv:2503.19786); llama.cpp
-src/models/gemma2.cpp and gemma3.cpp (as vendored in llama-cpp-python 0.3.36).
+References: Gemma Team 2024, "Gemma: Open Models Based on Gemini Research and Technology" (arXiv:2403.08295);
+Gemma Team 2024, "Gemma 2: Improving Open Language Models at a Practical Size" (arXiv:2408.00118); Gemma Team
+2025, "Gemma 3 Technical Report" (arXiv:2503.19786); llama.cpp src/models/gemma.cpp, gemma2.cpp and gemma3.cpp
+(as vendored in llama-cpp-python 0.3.36).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 @dataclass(frozen=True)
 class Traits:
-    """What Gemma 3 changes in Gemma 2's graph."""
+    """What each generation changes in the graph."""
 
+    sandwich: bool  # Gemma 2 and 3: attention and FFN outputs normalised (post norms) before the residual add
+    final_cap: bool  # Gemma 2 and 3 read final_logit_softcapping (Gemma 3's default 0: no cap)
     score_cap: bool  # Gemma 2: attention scores soft-capped by attn_logit_softcapping
     qk_norm: bool  # Gemma 3: each head of Q and K RMS-normalised before RoPE (instead of capped scores)
     own_head: bool  # Gemma 3: an output.weight may be written (else token_embd); Gemma 2's head is token_embd
@@ -59,8 +62,8 @@ class Gemma2(Architecture):
     keys = (Key("attn_softcap", L.ATTN_LOGIT_SOFTCAPPING, float, 50.0),
             Key("final_softcap", L.FINAL_LOGIT_SOFTCAPPING, float, 30.0),
             Key("rope_freq_base_swa", R.FREQ_BASE_SWA, float, default_from="rope_freq_base"))
-    traits: ClassVar[Traits] = Traits(score_cap=True, qk_norm=False, own_head=False, swa_rope_scale=None,
-                                      layers_of_27b=46)
+    traits: ClassVar[Traits] = Traits(sandwich=True, final_cap=True, score_cap=True, qk_norm=False, own_head=False,
+                                      swa_rope_scale=None, layers_of_27b=46)
 
     def __init__(self, hp: HParams):
         if self.traits.score_cap:  # Gemma 2 always caps scores and logits: a cap of 0 would divide by zero
@@ -80,9 +83,10 @@ class Gemma2(Architecture):
             F = hp.ff_length(il)
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il),
                      *(qk_norm_tensors(hp, il) if t.qk_norm else ()),
-                     spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), spec(T.FFN_NORM, (E,), il, kind="vector"),
+                     *((spec(T.ATTN_POST_NORM, (E,), il, kind="vector"),) if t.sandwich else ()),
+                     spec(T.FFN_NORM, (E,), il, kind="vector"),
                      spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
-                     spec(T.FFN_POST_NORM, (E,), il, kind="vector")]
+                     *((spec(T.FFN_POST_NORM, (E,), il, kind="vector"),) if t.sandwich else ())]
             specs += layer + layer_scales(layer, il)  # the FFN's scales are not read by llama.cpp's graph
         return specs
 
@@ -112,15 +116,18 @@ class Gemma2(Architecture):
                              softcap=hp.attn_softcap if t.score_cap else 0.0)
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             # sandwich norms: attention and FFN outputs are normalised before they join the residual stream
-            a = b.norm(a, T.ATTN_POST_NORM, il, name="attn_post_norm")
+            if t.sandwich:
+                a = b.norm(a, T.ATTN_POST_NORM, il, name="attn_post_norm")
             x = b.op("add", a, x, name="sa_out")
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
             f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
                             act=Act.GELU)
-            f = b.norm(f, T.FFN_POST_NORM, il, name="ffn_post_norm")
+            if t.sandwich:
+                f = b.norm(f, T.FFN_POST_NORM, il, name="ffn_post_norm")
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
-        b.build_output(x, b.w(T.OUTPUT if t.own_head else T.TOKEN_EMBD), softcap=hp.final_softcap)
+        b.build_output(x, b.w(T.OUTPUT if t.own_head else T.TOKEN_EMBD),
+                       softcap=hp.final_softcap if t.final_cap else 0.0)
 
 
 class Gemma3(Gemma2):
@@ -129,7 +136,19 @@ class Gemma3(Gemma2):
     swa = SlidingWindow("standard", window=0, period=6, off_when_zero=True)
     keys = (Key("final_softcap", L.FINAL_LOGIT_SOFTCAPPING, float, 0.0),  # 0: logits not capped
             Key("rope_freq_base_swa", R.FREQ_BASE_SWA, float, 10000.0))
-    traits = Traits(score_cap=False, qk_norm=True, own_head=True, swa_rope_scale=1.0, layers_of_27b=62)
+    traits = Traits(sandwich=True, final_cap=True, score_cap=False, qk_norm=True, own_head=True, swa_rope_scale=1.0,
+                    layers_of_27b=62)
+
+
+class Gemma(Gemma2):
+    """Gemma 1 (2B, 7B): no window, no caps, no post norms; llama.cpp's src/models/gemma.cpp. Its LM head is
+    always the token embedding (the loader duplicates it; an output.weight is not read)."""
+
+    name = "gemma"
+    swa = None
+    keys = ()
+    traits = Traits(sandwich=False, final_cap=False, score_cap=False, qk_norm=False, own_head=False,
+                    swa_rope_scale=None, layers_of_27b=0)
 
 
 # ---- Hugging Face: what convert_hf_to_gguf writes for each of these configs -------------------------------
@@ -152,7 +171,7 @@ GEMMA3_RULES = TEXT + (
     VOCAB,
 )
 
-GEMMA2_RULES: tuple[hf_config.Rule, ...] = (
+GEMMA_RULES: tuple[hf_config.Rule, ...] = (
     hf(L.CONTEXT_LENGTH, "max_position_embeddings"),
     hf(L.EMBEDDING_LENGTH, "hidden_size"),
     hf(L.BLOCK_COUNT, *hf_config.BLOCKS),
@@ -161,16 +180,21 @@ GEMMA2_RULES: tuple[hf_config.Rule, ...] = (
     derived(A.HEAD_COUNT_KV, lambda c: c.find("num_key_value_heads", default=None) or c.find("num_attention_heads")),
     hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number"),
     lambda c: {A.KEY_LENGTH: (d := c.find("head_dim")), A.VALUE_LENGTH: d},
+    VOCAB,
+)
+
+GEMMA2_RULES = GEMMA_RULES + (
     hf(L.ATTN_LOGIT_SOFTCAPPING, "attn_logit_softcapping", kind="number"),
     hf(L.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping", kind="number"),
     hf(A.SLIDING_WINDOW, "sliding_window"),
-    VOCAB,
 )
 
 _TIED = {"tie_word_embeddings": True}
 # Gemma3TextConfig's defaults, which a multimodal config's text_config leaves out
 _GEMMA3 = {**_TIED, "max_position_embeddings": 131072, "rope_local_base_freq": 10000.0, "sliding_window": 4096,
            "vocab_size": 262208}
+hf_config.register(Family("gemma", GEMMA_RULES, {**_TIED, "head_dim": 256, "rms_norm_eps": 1e-6}),
+                   "GemmaForCausalLM")
 hf_config.register(Family("gemma2", GEMMA2_RULES, {**_TIED, "head_dim": 256, "attn_logit_softcapping": 50.0,
                                                    "final_logit_softcapping": 30.0, "sliding_window": 4096,
                                                    "rms_norm_eps": 1e-6}), "Gemma2ForCausalLM")
@@ -202,7 +226,18 @@ def _gemma3(n_ctx: int, E: int, n_layer: int, n_ff: int, n_head: int, n_head_kv:
     }, tied=True, source=source, **types)  # type: ignore[arg-type]
 
 
+def _gemma(E: int, n_layer: int, n_ff: int, n_head: int, n_head_kv: int, source: str) -> Preset:
+    # as convert_hf_to_gguf writes it: heads of 256, norm weights with the +1 folded in, the LM head is token_embd
+    return Preset("gemma", {
+        L.CONTEXT_LENGTH: 8192, L.EMBEDDING_LENGTH: E, L.BLOCK_COUNT: n_layer, L.FEED_FORWARD_LENGTH: n_ff,
+        A.HEAD_COUNT: n_head, A.HEAD_COUNT_KV: n_head_kv, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.VOCAB_SIZE: 256000,
+    }, tied=True, source=source)
+
+
 presets.register({
+    "Gemma-2B": _gemma(2048, 18, 16384, 8, 1, "google/gemma-2b config.json"),
+    "Gemma-7B": _gemma(3072, 28, 24576, 16, 16, "google/gemma-7b config.json"),
     "Gemma-2-2B": _gemma2(2304, 26, 9216, 8, 256, "google/gemma-2-2b config.json"),
     "Gemma-2-27B": _gemma2(4608, 46, 36864, 32, 128, "google/gemma-2-27b config.json"),
     "Gemma-3-1B": _gemma3(32768, 1152, 26, 6912, 4, 1, 256, 512, 262144, "google/gemma-3-1b-pt config.json",

@@ -31,7 +31,7 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Qwen3-30B-A3B", "gpt-oss-20b", "gpt-oss-120b", "Qwen3.5-0.8B",
            "SmolLM3-3B", "GPT-2",
            "Phi-3-mini-4k", "Phi-3.5-mini", "Phi-4-mini", "BERT-base", "all-MiniLM-L6-v2", "Mamba-130M", "Mamba-2.8B",
-           "Mamba-2-2.7B", "Granite-4.0-H-Tiny", "Granite-4.0-H-Small", "Gemma-2-2B", "Gemma-2-27B",
+           "Mamba-2-2.7B", "Granite-4.0-H-Tiny", "Granite-4.0-H-Small", "Gemma-2B", "Gemma-7B", "Gemma-2-2B", "Gemma-2-27B",
            "Gemma-3-1B", "Gemma-3-27B", "Gemma-3-270M", "T5-small", "T5-large", "flan-t5-xl", "T5-v1.1-XXL-encoder", "nomic-embed-text-v1.5", "Command-R-35B",
            "RWKV6-1.6B",
            "Arcee-tiny", "ERNIE-4.5-0.3B", "EXAONE-3.5-2.4B", "XVERSE-tiny", "Orion-14B", "InternLM2-7B", "Qwen-7B",

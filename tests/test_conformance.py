@@ -80,6 +80,7 @@ ROWS = [
     Row("phi3"),
     Row("gemma2", keys={"gemma2.attention.sliding_window": 4}),  # a window the prompt outgrows
     Row("gemma3", keys={"gemma3.attention.sliding_window": 4}),
+    Row("gemma"),
     Row("command-r"),
     Row("gpt-oss", moe=True),
     # on the AVX2 path these three are within 3e-8 of llama.cpp (decode steps; the MoE hybrid's attention), not
