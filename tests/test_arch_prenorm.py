@@ -19,9 +19,10 @@ from graphir.running.runtime import load
 
 
 @pytest.mark.oracle
-def test_baichuan_13b_past_256_tokens_with_12_heads_is_llama_cpps(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch, n_layer", [("baichuan", 40), ("refact", 2)])  # Baichuan's 13B: 40 layers
+def test_alibi_past_256_tokens_with_12_heads_is_llama_cpps(tmp_path: Path, arch: str, n_layer: int) -> None:
     """12 heads: the last four take the second slope base; 300 tokens: past the 256 cells llama.cpp pads to."""
-    path = llama_made.make(tmp_path / "baichuan-13b.gguf", "baichuan", n_layer=40, n_embd=384, n_head=12, n_ctx=512)
+    path = llama_made.make(tmp_path / f"{arch}.gguf", arch, n_layer=n_layer, n_embd=384, n_head=12, n_ctx=512)
     assert open_model(str(path)).arch.hp.max_alibi_bias == 8.0
     prompt = np.random.default_rng(3).integers(0, 128, 300).tolist()
     ctx, o = load(str(path)).new_context(n_ctx=512), LlamaCpp(path, n_ctx=512)

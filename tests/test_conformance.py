@@ -167,6 +167,8 @@ ROWS = [
     Row("exaone-moe", moe=True),
     Row("laguna", moe=True),
     Row("mimo2", moe=True),
+    # issue 38, ALiBi and the rest
+    Row("refact"),
 ]
 
 _rng = np.random.default_rng(7)

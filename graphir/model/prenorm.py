@@ -43,11 +43,13 @@ class Traits:
     #                         the trained context per sequence)
     wo_bias: str = ABSENT  # the output projection's bias: absent, optional (read or not), or required
     qk_norm_after_rope: bool = False  # each head of Q and K RMS-normalised after RoPE, with a learned scale
-    ffn_extras: bool = False  # the dense FFN's optional biases and its matrices' scales, read by the graph
+    ffn_bias: str = ABSENT  # the FFN's optional biases: absent, loaded unread (Refact), or read, with its
+    #                         matrices' scales (Mistral 3)
     ffn_act: Act = Act.SILU  # RELU_SQR: an ungated FFN, relu(up x) squared
     ffn_norm: T = T.FFN_NORM  # the FFN's norm as the file names it (Seed-OSS: attn_post_norm)
     fused_qkv: bool = False  # one attn_qkv matrix of three model widths and its bias, both required (Qwen 1)
     ffn_halved: bool = False  # the gated FFN's width is half of feed_forward_length (Qwen 1)
+    rope: bool = True  # False: Q and K are never rotated (positions enter through ALiBi only: Refact)
     rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
     ntk_alpha: bool = False  # the RoPE base raised by the file's NTK_ALPHA key (Hunyuan's XDRoPE)
     attn_temperature: bool = False  # queries scaled by Llama 4's temperature when the file's ATTN_TEMP key is set
@@ -89,7 +91,7 @@ class PreNormDecoder(Architecture):
     @property
     def ropes(self) -> bool:
         at = self.traits.rope_at_n_layer
-        return not at or self.hp.n_layer == at
+        return self.traits.rope and (not at or self.hp.n_layer == at)
 
     def tensors(self) -> list[TensorSpec]:
         hp, t = self.hp, self.traits
@@ -105,7 +107,7 @@ class PreNormDecoder(Architecture):
                      spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il)]
             if t.ffn_act is Act.SILU:
                 layer.append(spec(T.FFN_GATE, (E, F), il))
-            if t.ffn_extras:
+            if t.ffn_bias != ABSENT:
                 layer += [spec(m, (n,), il, "bias", kind="vector", optional=True)
                           for m, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))]
             specs += layer + layer_scales(layer, il)
@@ -179,7 +181,7 @@ class PreNormDecoder(Architecture):
     def _ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
         t = self.traits
         gate = b.w(T.FFN_GATE, il) if t.ffn_act is Act.SILU else None
-        if not t.ffn_extras:  # the matrices' scales unread, as the family's llama.cpp graph passes none
+        if t.ffn_bias != READ:  # biases and the matrices' scales unread, as the family's llama.cpp graph passes none
             return b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=gate, down=b.w(T.FFN_DOWN, il), act=t.ffn_act)
         up_b, gate_b, down_b = (b.w_opt(m, il, "bias") for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
         up_s, gate_s, down_s = (b.scale(m, il) for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
