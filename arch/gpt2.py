@@ -1,21 +1,26 @@
-"""GPT-2: a pre-LN decoder with a learned position table, fused biased QKV and a GELU MLP.
+"""GPT-2: a pre-LN decoder with a learned position table, fused biased QKV and a GELU MLP; BLOOM, the same
+block with positions by ALiBi.
 
 Each block is ``x += attn(LN(x))`` then ``x += mlp(LN(x))``, every LayerNorm and projection with a bias;
-attention is causal multi-head attention without rotary positions: positions are the rows of a trained table
-added to the token embeddings, so a context cannot hold more than ``n_ctx_train`` positions. The LM head is
-the token embedding unless the file has its own ``output.weight``.
-Reference: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners"; llama.cpp
-src/models/gpt2.cpp.
+attention is causal multi-head attention without rotary positions. In GPT-2 positions are the rows of a trained
+table added to the token embeddings, so a context cannot hold more than ``n_ctx_train`` positions; BLOOM biases
+each head's scores by distance (ALiBi) instead, and normalises the token embeddings first. The LM head is the
+token embedding unless the file has its own ``output.weight``.
+References: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners"; BigScience 2022,
+"BLOOM: A 176B-Parameter Open-Access Multilingual Language Model" (arXiv:2211.05100); llama.cpp
+src/models/gpt2.cpp and bloom.cpp.
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from graphir.model.architecture import Architecture
+from graphir.model.hparams import Alibi
 from graphir.model.builder import Act, GraphBuilder, Norm
 from graphir.graph.floats import f32
 from graphir.model.scales import layer_scales
@@ -30,13 +35,15 @@ class Gpt2(Architecture):
     rope_mode = "none"  # positions come from the table, not from rotations
     learned_positions = True
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_EPS)
+    embd_norm: ClassVar[bool] = False  # a LayerNorm over the token embeddings before the first block (BLOOM)
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
         E, F, V = hp.n_embd, hp.n_ff, hp.n_vocab
         specs = [
             spec(T.TOKEN_EMBD, (E, V)),
-            spec(T.POS_EMBD, (E, hp.n_ctx_train)),
+            *((spec(T.POS_EMBD, (E, hp.n_ctx_train)),) if self.learned_positions else ()),
+            *(with_bias(T.TOKEN_EMBD_NORM, (E,)) if self.embd_norm else ()),
             *with_bias(T.OUTPUT_NORM, (E,)),
             spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD)),
         ]
@@ -53,9 +60,11 @@ class Gpt2(Architecture):
         return specs
 
     def build(self, b: GraphBuilder) -> None:
-        pos = b.build_inp_pos()
-        x = b.op("add", b.build_inp_embd(b.w(T.TOKEN_EMBD)), b.op("get_rows", b.w(T.POS_EMBD), pos, name="pos_embd"),
-                 name="inpL")
+        x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
+        if self.learned_positions:
+            x = b.op("add", x, b.op("get_rows", b.w(T.POS_EMBD), b.build_inp_pos(), name="pos_embd"), name="inpL")
+        if self.embd_norm:
+            x = b.norm(x, T.TOKEN_EMBD_NORM, kind=Norm.LAYER, name="inp_norm")
         kq_scale = f32(1.0 / f32(math.sqrt(self.hp.n_embd_head_k)))  # 1.0f / sqrtf(d): no attention.scale key is read
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, Norm.LAYER, name="attn_norm")
@@ -69,6 +78,13 @@ class Gpt2(Architecture):
                             down=b.w(T.FFN_DOWN, il), down_b=b.w(T.FFN_DOWN, il, "bias"), act=Act.GELU)
             x = b.op("add", f, x, name="l_out")
         b.build_output(b.norm(x, T.OUTPUT_NORM, kind=Norm.LAYER, name="result_norm"), b.w(T.OUTPUT))
+
+
+class Bloom(Gpt2):
+    name = "bloom"
+    learned_positions = False
+    alibi = Alibi()  # llama.cpp sets the bias itself (8), no key
+    embd_norm = True
 
 
 # ---- Hugging Face: what convert_hf_to_gguf writes for a GPT2LMHeadModel config ---------------------------
@@ -86,6 +102,19 @@ hf_config.register(Family("gpt2", (
 ), {"tie_word_embeddings": True, "layer_norm_epsilon": 1e-5}), "GPT2LMHeadModel")
 
 
+# BloomModel: the context length is seq_length, else (as the converter falls back) the width
+hf_config.register(Family("bloom", (
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    derived(L.CONTEXT_LENGTH, lambda c: c.find("seq_length", default=None) or c.find("hidden_size", "n_embed")),
+    hf(L.EMBEDDING_LENGTH, "hidden_size", "n_embed"),
+    derived(L.FEED_FORWARD_LENGTH, lambda c: 4 * c.find("hidden_size", "n_embed")),
+    hf(A.HEAD_COUNT, "n_head", "num_attention_heads"),
+    hf(A.HEAD_COUNT_KV, "n_head", "num_attention_heads"),
+    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
+    VOCAB,
+), {"tie_word_embeddings": True}), "BloomForCausalLM", "BloomModel")
+
+
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
 
 presets.register({
@@ -94,4 +123,8 @@ presets.register({
         L.CONTEXT_LENGTH: 1024, L.EMBEDDING_LENGTH: 768, L.BLOCK_COUNT: 12, L.FEED_FORWARD_LENGTH: 3072,
         A.HEAD_COUNT: 12, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 50257,
     }, tied=True, f32=r"position_embd\.weight", source="openai-community/gpt2 config.json"),
+    "BLOOM-560M": Preset("bloom", {
+        L.CONTEXT_LENGTH: 1024, L.EMBEDDING_LENGTH: 1024, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 4096,
+        A.HEAD_COUNT: 16, A.HEAD_COUNT_KV: 16, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 250880,
+    }, tied=True, source="bigscience/bloom-560m config.json"),
 })

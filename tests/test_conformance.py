@@ -169,6 +169,7 @@ ROWS = [
     Row("mimo2", moe=True),
     # issue 38, ALiBi and the rest
     Row("refact"),
+    Row("bloom"),
 ]
 
 _rng = np.random.default_rng(7)

@@ -225,7 +225,8 @@ def greedy_against_llama_cpp(model: Model, path: Path, prompt: list[int], steps:
 def interleaved_against_llama_cpp(model: Model, path: Path, seqs: Sequence[Sequence[int]], n_ubatch: int,
                                   bound: float = 1e-3) -> None:
     """Sequences interleaved in one batch, split in ubatches of ``n_ubatch``: each sequence's last logits within
-    ``bound`` of llama.cpp's for the same batch, and within 1e-5 of what the sequence gives alone."""
+    ``bound`` of llama.cpp's for the same batch, and within 1e-5 of what the sequence gives alone (every row out
+    in both, so that the last layer's products take the same path)."""
     tokens, pos, ids = multi(seqs, "interleaved")
     ctx = model.new_context(n_ctx=64, n_seq_max=len(seqs), n_ubatch=n_ubatch)
     ctx.decode(Batch(np.array(tokens), np.array(pos), [(s,) for s in ids], np.ones(len(tokens), bool)))
@@ -236,7 +237,7 @@ def interleaved_against_llama_cpp(model: Model, path: Path, seqs: Sequence[Seque
             i = last_index(ids, j)
             assert np.abs(ctx.logits_ith(i) - o.logits_ith(i)).max() <= bound, j
             alone = model.new_context(n_ctx=64)
-            alone.decode(Batch.from_tokens(seq, 0))
+            alone.decode(Batch.from_tokens(seq, 0, outputs="all"))
             assert np.abs(ctx.logits_ith(i) - alone.logits_ith(-1)).max() <= 1e-5, j
     finally:
         o.close()
