@@ -80,6 +80,13 @@ class Gpt2(Architecture):
         b.build_output(b.norm(x, T.OUTPUT_NORM, kind=Norm.LAYER, name="result_norm"), b.w(T.OUTPUT))
 
 
+class StarCoder(Gpt2):
+    """StarCoder and SantaCoder (GPTBigCode): GPT-2's graph, llama.cpp's starcoder.cpp; multi-query attention is
+    its fused QKV's width."""
+
+    name = "starcoder"
+
+
 class Bloom(Gpt2):
     name = "bloom"
     learned_positions = False
@@ -102,6 +109,18 @@ hf_config.register(Family("gpt2", (
 ), {"tie_word_embeddings": True, "layer_norm_epsilon": 1e-5}), "GPT2LMHeadModel")
 
 
+# StarCoderModel: one K/V head, the FFN four times the width
+hf_config.register(Family("starcoder", (
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(L.CONTEXT_LENGTH, "n_positions"),
+    hf(L.EMBEDDING_LENGTH, "n_embd"),
+    derived(L.FEED_FORWARD_LENGTH, lambda c: 4 * c.find("n_embd")),
+    hf(A.HEAD_COUNT, "n_head"),
+    derived(A.HEAD_COUNT_KV, lambda c: 1),
+    hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
+    VOCAB,
+), {"tie_word_embeddings": True, "layer_norm_epsilon": 1e-5}), "GPTBigCodeForCausalLM")
+
 # BloomModel: the context length is seq_length, else (as the converter falls back) the width
 hf_config.register(Family("bloom", (
     hf(L.BLOCK_COUNT, *BLOCKS),
@@ -123,6 +142,10 @@ presets.register({
         L.CONTEXT_LENGTH: 1024, L.EMBEDDING_LENGTH: 768, L.BLOCK_COUNT: 12, L.FEED_FORWARD_LENGTH: 3072,
         A.HEAD_COUNT: 12, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 50257,
     }, tied=True, f32=r"position_embd\.weight", source="openai-community/gpt2 config.json"),
+    "StarCoder-15.5B": Preset("starcoder", {
+        L.CONTEXT_LENGTH: 8192, L.EMBEDDING_LENGTH: 6144, L.BLOCK_COUNT: 40, L.FEED_FORWARD_LENGTH: 24576,
+        A.HEAD_COUNT: 48, A.HEAD_COUNT_KV: 1, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 49152,
+    }, tied=True, f32=r"position_embd\.weight", source="bigcode/starcoder config.json"),
     "BLOOM-560M": Preset("bloom", {
         L.CONTEXT_LENGTH: 1024, L.EMBEDDING_LENGTH: 1024, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 4096,
         A.HEAD_COUNT: 16, A.HEAD_COUNT_KV: 16, A.LAYERNORM_EPS: 1e-5, L.VOCAB_SIZE: 250880,

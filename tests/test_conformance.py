@@ -170,6 +170,7 @@ ROWS = [
     # issue 38, ALiBi and the rest
     Row("refact"),
     Row("bloom"),
+    Row("starcoder"),
 ]
 
 _rng = np.random.default_rng(7)
