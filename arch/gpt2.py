@@ -60,9 +60,10 @@ class Gpt2(Architecture):
         return specs
 
     def build(self, b: GraphBuilder) -> None:
+        pos = b.build_inp_pos() if self.learned_positions else None
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
-        if self.learned_positions:
-            x = b.op("add", x, b.op("get_rows", b.w(T.POS_EMBD), b.build_inp_pos(), name="pos_embd"), name="inpL")
+        if pos is not None:
+            x = b.op("add", x, b.op("get_rows", b.w(T.POS_EMBD), pos, name="pos_embd"), name="inpL")
         if self.embd_norm:
             x = b.norm(x, T.TOKEN_EMBD_NORM, kind=Norm.LAYER, name="inp_norm")
         kq_scale = f32(1.0 / f32(math.sqrt(self.hp.n_embd_head_k)))  # 1.0f / sqrtf(d): no attention.scale key is read

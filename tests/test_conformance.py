@@ -171,6 +171,7 @@ ROWS = [
     Row("refact"),
     Row("bloom"),
     Row("starcoder"),
+    Row("starcoder2"),
 ]
 
 _rng = np.random.default_rng(7)

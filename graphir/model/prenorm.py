@@ -43,8 +43,8 @@ class Traits:
     #                         the trained context per sequence)
     wo_bias: str = ABSENT  # the output projection's bias: absent, optional (read or not), or required
     qk_norm_after_rope: bool = False  # each head of Q and K RMS-normalised after RoPE, with a learned scale
-    ffn_bias: str = ABSENT  # the FFN's optional biases: absent, loaded unread (Refact), or read, with its
-    #                         matrices' scales (Mistral 3)
+    ffn_bias: str = ABSENT  # the FFN's biases: absent, optional and unread (Refact), optional and read with the
+    #                         matrices' scales (Mistral 3), or required and read (StarCoder 2)
     ffn_act: Act = Act.SILU  # RELU_SQR: an ungated FFN, relu(up x) squared
     ffn_norm: T = T.FFN_NORM  # the FFN's norm as the file names it (Seed-OSS: attn_post_norm)
     fused_qkv: bool = False  # one attn_qkv matrix of three model widths and its bias, both required (Qwen 1)
@@ -108,8 +108,9 @@ class PreNormDecoder(Architecture):
             if t.ffn_act is Act.SILU:
                 layer.append(spec(T.FFN_GATE, (E, F), il))
             if t.ffn_bias != ABSENT:
-                layer += [spec(m, (n,), il, "bias", kind="vector", optional=True)
-                          for m, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))]
+                layer += [spec(m, (n,), il, "bias", kind="vector", optional=t.ffn_bias != REQUIRED)
+                          for m, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))
+                          if m is not T.FFN_GATE or t.ffn_act is Act.SILU]
             specs += layer + layer_scales(layer, il)
         return specs
 
@@ -181,6 +182,9 @@ class PreNormDecoder(Architecture):
     def _ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
         t = self.traits
         gate = b.w(T.FFN_GATE, il) if t.ffn_act is Act.SILU else None
+        if t.ffn_bias == REQUIRED:  # the biases, not the matrices' scales
+            return b.build_ffn(h, up=b.w(T.FFN_UP, il), up_b=b.w(T.FFN_UP, il, "bias"), gate=gate,
+                               down=b.w(T.FFN_DOWN, il), down_b=b.w(T.FFN_DOWN, il, "bias"), act=t.ffn_act)
         if t.ffn_bias != READ:  # biases and the matrices' scales unread, as the family's llama.cpp graph passes none
             return b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=gate, down=b.w(T.FFN_DOWN, il), act=t.ffn_act)
         up_b, gate_b, down_b = (b.w_opt(m, il, "bias") for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
