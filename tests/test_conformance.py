@@ -172,6 +172,7 @@ ROWS = [
     Row("bloom"),
     Row("starcoder"),
     Row("starcoder2"),
+    Row("cohere2", keys={"cohere2.attention.sliding_window": 4}),  # a window the prompt outgrows
 ]
 
 _rng = np.random.default_rng(7)
