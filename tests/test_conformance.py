@@ -173,6 +173,8 @@ ROWS = [
     Row("starcoder"),
     Row("starcoder2"),
     Row("cohere2", keys={"cohere2.attention.sliding_window": 4}),  # a window the prompt outgrows
+    Row("olmo2"),
+    Row("olmo2", "olmo3", keys={"olmo2.attention.sliding_window": 4}),  # OLMo 3's window
 ]
 
 _rng = np.random.default_rng(7)
