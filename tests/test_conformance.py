@@ -175,6 +175,8 @@ ROWS = [
     Row("cohere2", keys={"cohere2.attention.sliding_window": 4}),  # a window the prompt outgrows
     Row("olmo2"),
     Row("olmo2", "olmo3", keys={"olmo2.attention.sliding_window": 4}),  # OLMo 3's window
+    Row("gptneox", keys={"gptneox.use_parallel_residual": True, "gptneox.rope.dimension_count": 16}),
+    Row("gptneox", "sequential", keys={"gptneox.use_parallel_residual": False}),
 ]
 
 _rng = np.random.default_rng(7)
