@@ -177,6 +177,7 @@ ROWS = [
     Row("olmo2", "olmo3", keys={"olmo2.attention.sliding_window": 4}),  # OLMo 3's window
     Row("gptneox", keys={"gptneox.use_parallel_residual": True, "gptneox.rope.dimension_count": 16}),
     Row("gptneox", "sequential", keys={"gptneox.use_parallel_residual": False}),
+    Row("phi2", keys={"phi2.rope.dimension_count": 16}),
 ]
 
 _rng = np.random.default_rng(7)
