@@ -178,6 +178,7 @@ ROWS = [
     Row("gptneox", keys={"gptneox.use_parallel_residual": True, "gptneox.rope.dimension_count": 16}),
     Row("gptneox", "sequential", keys={"gptneox.use_parallel_residual": False}),
     Row("phi2", keys={"phi2.rope.dimension_count": 16}),
+    Row("falcon"),
 ]
 
 _rng = np.random.default_rng(7)
