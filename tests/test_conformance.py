@@ -179,6 +179,7 @@ ROWS = [
     Row("gptneox", "sequential", keys={"gptneox.use_parallel_residual": False}),
     Row("phi2", keys={"phi2.rope.dimension_count": 16}),
     Row("falcon"),
+    Row("stablelm", keys={"stablelm.rope.dimension_count": 32}),
 ]
 
 _rng = np.random.default_rng(7)
