@@ -32,6 +32,7 @@ from graphir.model.hf_config import VOCAB, Family, derived, hf
 from graphir.graph.floats import inv_sqrt
 from graphir.model.hparams import HParams
 from graphir.model.presets import Preset
+from graphir.model.qkv import fused_or_split_qkv_tensors, missing_qkv
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
 
@@ -59,7 +60,7 @@ class Phi3(Architecture):
         """One fused attention projection (what the converter writes) or three, each with an optional bias; one
         fused [gate; up] FFN projection."""
         hp = self.hp
-        E, V, F, E_gqa, n = hp.n_embd, hp.n_vocab, hp.n_ff, hp.n_embd_v_gqa, hp.n_rot // 2
+        E, V, F, n = hp.n_embd, hp.n_vocab, hp.n_ff, hp.n_rot // 2
         moe = self.experts
         specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"),
                  spec(T.OUTPUT, (E, V), tied_to=None if moe else tensor_name(T.TOKEN_EMBD)),
@@ -70,13 +71,7 @@ class Phi3(Architecture):
                       spec(T.OUTPUT, (V,), suffix="bias", kind="vector")]
         for il in range(hp.n_layer):
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"),
-                     spec(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
-                     spec(T.ATTN_QKV, (E + 2 * E_gqa,), il, "bias", kind="vector", optional=True),
-                     *(spec(t, (E, w), il, optional=True) for t, w in ((T.ATTN_Q, E), (T.ATTN_K, E_gqa),
-                                                                       (T.ATTN_V, E_gqa))),
-                     *(spec(t, (w,), il, "bias", kind="vector", optional=True)
-                       for t, w in ((T.ATTN_Q, E), (T.ATTN_K, E_gqa), (T.ATTN_V, E_gqa))),
-                     spec(T.ATTN_OUT, (E, E), il), spec(T.FFN_NORM, (E,), il, kind="vector")]
+                     *fused_or_split_qkv_tensors(hp, il), spec(T.ATTN_OUT, (E, E), il), spec(T.FFN_NORM, (E,), il, kind="vector")]
             if moe:
                 X = self.hp.n_expert
                 layer += [*(spec(t, (E,), il, "bias", kind="vector") for t in (T.ATTN_NORM, T.ATTN_OUT, T.FFN_NORM)),
@@ -88,9 +83,7 @@ class Phi3(Architecture):
         return specs
 
     def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
-        missing = [f"missing tensor '{tensor_name(T.ATTN_QKV, il)}'" for il in range(self.hp.n_layer)
-                   if tensor_name(T.ATTN_QKV, il) not in tensors and tensor_name(T.ATTN_Q, il) not in tensors]
-        return super().check(tensors) + missing
+        return super().check(tensors) + missing_qkv(self.hp, tensors)
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp
@@ -118,11 +111,7 @@ class Phi3(Architecture):
         experts by softmax, weights renormalised."""
         if self.experts:
             return routed_experts(b, h, il, norm_w=True)
-        gu = b.linear(h, b.w(T.FFN_UP, il), name="ffn_up")
-        F, n = gu.shape[0] // 2, gu.shape[1]
-        gate, up = (b.op("view", gu, shape=(F, n), strides=(1, 2 * F), offset=off, name=tag)
-                    for tag, off in (("ffn_gate", 0), ("ffn_up.half", F)))
-        return b.linear(b.op("swiglu", gate, up, name="ffn_swiglu"), b.w(T.FFN_DOWN, il), name="ffn_out")
+        return b.build_ffn_fused_swiglu(h, il)
 
 
 class PhiMoe(Phi3):

@@ -10,7 +10,7 @@ from gguf import Keys
 
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import TEXT, VOCAB, Family, hf
-from graphir.model.prenorm import RMS_KEYS, PreNormDecoder, Traits
+from graphir.model.prenorm import REQUIRED, RMS_KEYS, PreNormDecoder, Traits
 from graphir.model.presets import Preset
 
 
@@ -18,7 +18,7 @@ class Qwen(PreNormDecoder):
     name = "qwen"
     rope_mode = "neox"
     required_keys = RMS_KEYS
-    traits = Traits(tied_head=False, fused_qkv=True, ffn_halved=True)
+    traits = Traits(tied_head=False, fused_qkv=REQUIRED, ffn_halved=True)
 
 
 # ---- Hugging Face: convert_hf_to_gguf's QwenModel (the generic text keys) ---------------------------------

@@ -180,6 +180,7 @@ ROWS = [
     Row("phi2", keys={"phi2.rope.dimension_count": 16}),
     Row("falcon"),
     Row("stablelm", keys={"stablelm.rope.dimension_count": 32}),
+    Row("chatglm", keys={"chatglm.rope.dimension_count": 64}),
 ]
 
 _rng = np.random.default_rng(7)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
@@ -22,11 +22,11 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm, yarn_attn_factor
 from graphir.model.hparams import HParams, Key
 from graphir.model.presets import Preset
-from graphir.model.qkv import qk_norm_tensors, qkv_tensors
+from graphir.model.qkv import fused_or_split_qkv_tensors, missing_qkv, qk_norm_tensors, qkv_tensors
 from graphir.model.rope_factors import long_context, longrope, rope_factor_tensors, rope_factors
 from graphir.model.scales import layer_scales
 from graphir.model.temperature import Temperature
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
 
 # What a family's loader does with an optional tensor, and whether its graph reads it.
 ABSENT, UNREAD, READ, REQUIRED = "absent", "unread", "read", "required"
@@ -47,7 +47,9 @@ class Traits:
     #                         matrices' scales (Mistral 3), or required and read (StarCoder 2)
     ffn_act: Act = Act.SILU  # RELU_SQR: an ungated FFN, relu(up x) squared
     ffn_norm: T = T.FFN_NORM  # the FFN's norm as the file names it (Seed-OSS: attn_post_norm)
-    fused_qkv: bool = False  # one attn_qkv matrix of three model widths and its bias, both required (Qwen 1)
+    fused_qkv: str = ABSENT  # one attn_qkv and its bias, required, of three model widths (Qwen 1); or READ: that or
+    #                          Q, K, V apart, as llama.cpp's create_tensor_qkv takes either (ChatGLM)
+    ffn_fused: bool = False  # SwiGLU over the two halves of one ffn_up of twice the width (ChatGLM)
     ffn_halved: bool = False  # the gated FFN's width is half of feed_forward_length (Qwen 1)
     rope: bool = True  # False: Q and K are never rotated (positions enter through ALiBi only: Refact)
     rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
@@ -84,6 +86,10 @@ class PreNormDecoder(Architecture):
             hp = replace(hp, rope_freq_base=f32(hp.rope_freq_base * scale))
         super().__init__(hp)
 
+    def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
+        missing = missing_qkv(self.hp, tensors) if self.traits.fused_qkv == READ else []
+        return super().check(tensors) + missing
+
     @property
     def n_ff(self) -> int:
         return self.hp.n_ff // 2 if self.traits.ffn_halved else self.hp.n_ff
@@ -104,8 +110,8 @@ class PreNormDecoder(Architecture):
         for il in range(hp.n_layer):
             layer = [*_norm(T.ATTN_NORM, E, il, norm_bias), *self._attention_tensors(il),
                      *_norm(t.ffn_norm, E, il, norm_bias),
-                     spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il)]
-            if t.ffn_act is Act.SILU:
+                     spec(T.FFN_UP, (E, 2 * F if t.ffn_fused else F), il), spec(T.FFN_DOWN, (F, E), il)]
+            if t.ffn_act is Act.SILU and not t.ffn_fused:
                 layer.append(spec(T.FFN_GATE, (E, F), il))
             if t.ffn_bias != ABSENT:
                 layer += [spec(m, (n,), il, "bias", kind="vector", optional=t.ffn_bias != REQUIRED)
@@ -136,9 +142,11 @@ class PreNormDecoder(Architecture):
     def _attention_tensors(self, il: int) -> list[TensorSpec]:
         hp, t = self.hp, self.traits
         E = hp.n_embd
-        if t.fused_qkv:  # three widths of the model, as llama.cpp's loader sizes them (a GQA file does not fit)
+        if t.fused_qkv == REQUIRED:  # three widths of the model, as llama.cpp's loader sizes them (Qwen 1)
             out = [spec(T.ATTN_QKV, (E, 3 * E), il), spec(T.ATTN_QKV, (3 * E,), il, "bias", kind="vector"),
                    spec(T.ATTN_OUT, (E, E), il)]
+        elif t.fused_qkv == READ:
+            out = [*fused_or_split_qkv_tensors(hp, il), spec(T.ATTN_OUT, (E, E), il)]
         else:
             out = qkv_tensors(hp, il)
         if t.wo_bias != ABSENT:
@@ -181,6 +189,8 @@ class PreNormDecoder(Architecture):
 
     def _ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
         t = self.traits
+        if t.ffn_fused:
+            return b.build_ffn_fused_swiglu(h, il)
         gate = b.w(T.FFN_GATE, il) if t.ffn_act is Act.SILU else None
         if t.ffn_bias == REQUIRED:  # the biases, not the matrices' scales
             return b.build_ffn(h, up=b.w(T.FFN_UP, il), up_b=b.w(T.FFN_UP, il, "bias"), gate=gate,

@@ -4,6 +4,8 @@ check of head sizes their graphs assume."""
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
@@ -12,7 +14,7 @@ from graphir.graph.floats import inv_sqrt
 from graphir.graph.ir import Node
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams
-from graphir.model.tensors import TensorSpec, spec
+from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 
 def qkv_tensors(hp: HParams, il: int, *, biases_required: bool = False) -> list[TensorSpec]:
@@ -24,6 +26,24 @@ def qkv_tensors(hp: HParams, il: int, *, biases_required: bool = False) -> list[
             spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il),
             *(spec(t, (n,), il, "bias", kind="vector", optional=not biases_required)
               for t, n in ((T.ATTN_Q, q_out), (T.ATTN_K, k_out), (T.ATTN_V, v_out)))]
+
+
+def fused_or_split_qkv_tensors(hp: HParams, il: int) -> list[TensorSpec]:
+    """Layer il's Q, K and V as llama.cpp's ``create_tensor_qkv`` takes them: one attn_qkv with its bias, or the
+    three apart with theirs; all optional here, :func:`missing_qkv` asks for one of the two forms."""
+    E = hp.n_embd
+    widths = ((T.ATTN_Q, hp.head_count(il) * hp.n_embd_head_k), (T.ATTN_K, hp.n_embd_k_gqa_at(il)),
+              (T.ATTN_V, hp.n_embd_v_gqa_at(il)))
+    W = sum(w for _, w in widths)
+    return [spec(T.ATTN_QKV, (E, W), il, optional=True), spec(T.ATTN_QKV, (W,), il, "bias", kind="vector", optional=True),
+            *(spec(t, (E, w), il, optional=True) for t, w in widths),
+            *(spec(t, (w,), il, "bias", kind="vector", optional=True) for t, w in widths)]
+
+
+def missing_qkv(hp: HParams, tensors: Mapping[str, Any]) -> list[str]:
+    """The layers whose file has neither form of :func:`fused_or_split_qkv_tensors`, one line each."""
+    return [f"missing tensor '{tensor_name(T.ATTN_QKV, il)}'" for il in range(hp.n_layer)
+            if tensor_name(T.ATTN_QKV, il) not in tensors and tensor_name(T.ATTN_Q, il) not in tensors]
 
 
 def qk_norm_tensors(hp: HParams, il: int) -> list[TensorSpec]:
