@@ -531,12 +531,12 @@ def _load_for_generation(args: argparse.Namespace, temp: float) -> tuple[Any, An
     """The model, warmed up, and a generation in a context sized by the options; the seconds all that took."""
     import time
 
+    from graphir.running.backend import get
     from graphir.running.runtime import load
-    from graphir.running.threads import set_threads
 
     t0 = time.perf_counter()
     if args.threads is not None:
-        set_threads(args.threads)
+        get(args.backend).set_threads(args.threads)
     model = load(_model_path(args), None if args.isa == "auto" else args.isa, args.backend)
     log.info("numerics: %s", model.numerics.describe())
     n_ctx = args.ctx_size if args.ctx_size is not None else min(model.hparams.n_ctx_train, 4096)

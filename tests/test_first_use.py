@@ -204,8 +204,9 @@ def test_stats_bounds_the_resident_memory_of_a_run(smol: Path, capsys: pytest.Ca
     code = ("import resource, sys\nfrom graphir.cli import main\n"
             f"main(['run', {str(smol)!r}, '-p', 'The capital of France is', '-n', '8', '-c', '4096', '-q'])\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    resident = int(p.stderr.strip().splitlines()[-1])
+    # the first run may compile kernels (LLVM's heap is not the run's); the second loads them from numba's cache
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600) for _ in "12"]
+    resident = int(runs[-1].stderr.strip().splitlines()[-1])
     assert stated <= resident <= stated + RESIDENT_BEYOND_STATS, (stated, resident)
 
 

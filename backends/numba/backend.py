@@ -4,9 +4,12 @@ compiled by the program. The kernels (and numba) load on first use, so naming th
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager
 
 from graphir.backends.numba.primitives.isa import PATHS, Numerics, numerics
+from graphir.errors import GraphirError
 from graphir.graph.ir import Graph
 
 if TYPE_CHECKING:
@@ -39,6 +42,20 @@ class NumbaBackend:
         from graphir.backends.numba.program import Program
 
         return Program(graph, weight, numerics.path)
+
+    def set_threads(self, n: int) -> None:
+        """numba's parallel loops take their count from ``numba.set_num_threads``, which can only lower the pool
+        numba starts with (NUMBA_NUM_THREADS, the host's cores): a larger count goes into the environment while
+        numba is not yet imported."""
+        if "numba" not in sys.modules:
+            pool = max(n, os.cpu_count() or 1, int(os.environ.get("NUMBA_NUM_THREADS", "0") or 0))
+            os.environ["NUMBA_NUM_THREADS"] = str(pool)
+        import numba
+
+        if n > numba.config.NUMBA_NUM_THREADS:
+            raise GraphirError(f"threads={n}: numba started with a pool of {numba.config.NUMBA_NUM_THREADS} threads "
+                               f"(NUMBA_NUM_THREADS); it cannot run more")
+        numba.set_num_threads(n)
 
 
 BACKEND = NumbaBackend()

@@ -71,6 +71,11 @@ class ReferenceBackend:
     def compile(self, graph: Graph, weight: Callable[..., Any], numerics: Any) -> Program:
         return Program(graph, weight)
 
+    def set_threads(self, n: int) -> None:
+        """numpy runs the ops on its own threads (its BLAS's): there is no pool of the backend's to size."""
+        if n < 1:
+            raise GraphirError(f"threads={n}: the kernels need at least one thread")
+
 
 @functools.cache
 def _dequantized_types() -> frozenset[gguf.GGMLQuantizationType]:

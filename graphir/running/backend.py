@@ -80,6 +80,9 @@ class Backend(Protocol):
         matrix as prepare_weight made it), or ``weight(name, stacked=True)`` for a 3-D tensor of matrices that
         only the expert-indexed matmul reads (one prepared weight of all their rows)."""
 
+    def set_threads(self, n: int) -> None:
+        """Run the kernels on ``n`` threads (llama.cpp's -t/--threads); a count it cannot run is a GraphirError."""
+
 
 @functools.cache
 def get(name: str = DEFAULT) -> Backend:
