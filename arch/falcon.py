@@ -14,13 +14,12 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.graph.floats import inv_sqrt
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm
 from graphir.model.hf_config import BLOCKS, VOCAB, Family, derived, fixed, hf
 from graphir.model.presets import Preset
-from graphir.model.qkv import check_whole_heads
+from graphir.model.qkv import check_whole_heads, roped_attention
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name, with_bias
 
@@ -48,7 +47,6 @@ class Falcon(Architecture):
         return specs
 
     def build(self, b: GraphBuilder) -> None:
-        hp = self.hp
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
         for il in b.layers():
@@ -56,10 +54,7 @@ class Falcon(Architecture):
             # Falcon-40B's second norm feeds attention where the file has it
             h2 = b.norm(x, T.ATTN_NORM_2, il, Norm.LAYER, name="attn_norm_2") \
                 if b.w_opt(T.ATTN_NORM_2, il) is not None else h
-            q, k, v = b.build_qkv(h2, il)
-            q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
-            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il),
-                             kq_scale=inv_sqrt(hp.n_embd_head_k))
+            a = roped_attention(b, h2, pos, il)
             a, x, h = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"), (h, "ffn_inp.rows"))
             # the MLP reads the first norm (its matrices' scales unread, as llama.cpp's graph passes none)
             f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=None, down=b.w(T.FFN_DOWN, il), act=Act.GELU)

@@ -14,13 +14,13 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.graph.floats import inv_sqrt
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm
 from graphir.model.hf_config import BLOCKS, VOCAB, Family, derived, hf
 from graphir.model.hparams import Key
 from graphir.model.presets import Preset
+from graphir.model.qkv import roped_attention
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, with_bias
 
@@ -53,10 +53,7 @@ class GPTNeoX(Architecture):
         pos = b.build_inp_pos()
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, Norm.LAYER, name="attn_norm")
-            q, k, v = b.build_qkv(h, il)
-            q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
-            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias"),
-                             wo_s=b.scale(T.ATTN_OUT, il), kq_scale=inv_sqrt(hp.n_embd_head_k))
+            a = roped_attention(b, h, pos, il, wo_bias=True)
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             if hp.use_par_res:  # both branches read the layer's input
                 h = b.norm(x, T.FFN_NORM, il, Norm.LAYER, name="ffn_norm")

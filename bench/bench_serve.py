@@ -14,6 +14,7 @@ On a CPU with AMX the server is built for AVX-512 without AMX, as the oracles ar
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -25,7 +26,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
-import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,8 +69,10 @@ def llama_server(model: str) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
                     break
             time.sleep(0.1)
         else:
@@ -84,16 +86,24 @@ def llama_server(model: str) -> Iterator[str]:
 def one_request(url: str, prompt: list[int]) -> tuple[float, int]:
     """A streamed completion: its time to first token and how many tokens it generated."""
     body = {"prompt": prompt, "max_tokens": N_GEN, "temperature": 0, "stream": True, "ignore_eos": True}
+    host, port = url.removeprefix("http://").split(":")
     t0, first, n = time.perf_counter(), None, 0
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
+    c = http.client.HTTPConnection(host, int(port), timeout=600)
+    try:
+        c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise SystemExit(f"{url}: {r.status} {r.read()[:200]!r}")
+        for raw in r:
+            line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
             if chunk.get("choices") and chunk["choices"][0].get("text"):
                 first = first if first is not None else time.perf_counter() - t0
                 n += 1
+    finally:
+        c.close()
     return first or 0.0, n
 
 

@@ -708,27 +708,26 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """llama-server's OpenAI-compatible endpoints over one context of --parallel sequences, decoded together."""
+    from graphir.running.backend import get
     from graphir.running.runtime import load
-    from graphir.running.threads import set_threads
     from graphir.serving import server
 
     if args.threads is not None:
-        set_threads(args.threads)
+        get(args.backend).set_threads(args.threads)
     model = load(_model_path(args), None if args.isa == "auto" else args.isa, args.backend)
     log.info("numerics: %s", model.numerics.describe())
     n_ctx = args.ctx_size if args.ctx_size is not None else min(model.hparams.n_ctx_train, 4096)
     svc = server.service(model, n_ctx or model.hparams.n_ctx_train, args.parallel, args.batch_size,
                          args.ubatch_size, args.cache_type_k, args.cache_type_v, args.queue_size, args.alias,
                          _template_source(args.chat_template), args.pooling)
-    if not svc.embedding:
-        _warm_up(model, args.quiet)
 
     def announce(url: str) -> None:
         sys.stderr.write(f"graphir: serving {svc.name} on {url} ({args.parallel} slots of {svc.n_ctx_seq} "
                          f"cells each)\n")
         sys.stderr.flush()
 
-    server.run(svc, args.host, args.port, announce)
+    server.run(svc, args.host, args.port, announce,  # kernels compiled and first run on the scheduler's thread
+               None if svc.embedding else lambda: _warm_up(model, args.quiet))
     return 0
 
 

@@ -71,7 +71,7 @@ def smol(smollm2_gguf: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(smol: Path) -> Iterator[str]:
-    with serving(smol, "-np", "8", "-c", "4096") as (url, _):
+    with serving(smol, "-np", "8", "-c", "4096", "-t", "2") as (url, _):
         yield url
 
 

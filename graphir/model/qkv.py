@@ -68,13 +68,14 @@ def check_whole_heads(hp: HParams, arch: str) -> None:
                             f"rotates whole heads of {hp.n_embd_head_k}")
 
 
-def roped_attention(b: GraphBuilder, h: Node, pos: Node, il: int, clamp: float = 0.0) -> Node:
+def roped_attention(b: GraphBuilder, h: Node, pos: Node, il: int, clamp: float = 0.0, wo_bias: bool = False) -> Node:
     """Layer il's self-attention over h as most families build it: Q, K, V (clamped to [-clamp, clamp] where the
-    family clamps), RoPE'd, scores scaled by 1/sqrt(head size), heads projected by W_o (times its scale)."""
+    family clamps), RoPE'd, scores scaled by 1/sqrt(head size), heads projected by W_o (plus its bias where the
+    family has one, times its scale)."""
     q, k, v = b.build_qkv(h, il, clamp=clamp)
     q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
-    return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il),
-                        kq_scale=inv_sqrt(b.hp.n_embd_head_k))
+    return b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w(T.ATTN_OUT, il, "bias") if wo_bias else None,
+                        wo_s=b.scale(T.ATTN_OUT, il), kq_scale=inv_sqrt(b.hp.n_embd_head_k))
 
 
 def check_head_sizes(hp: HParams, arch: str, rotated: bool = True) -> None:

@@ -4,6 +4,7 @@ and closed cleanly on Ctrl-C or SIGTERM (uvicorn's handling: running requests en
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import socket
@@ -38,8 +39,10 @@ def service(model: Any, n_ctx: int, parallel: int, n_batch: int, n_ubatch: int, 
                    ctx.n_ubatch)
 
 
-def run(svc: Service, host: str, port: int, announce: Callable[[str], None]) -> None:
-    """Serve until Ctrl-C or SIGTERM; ``announce`` is told the address once the socket listens."""
+def run(svc: Service, host: str, port: int, announce: Callable[[str], None],
+        warm_up: Callable[[], None] | None = None) -> None:
+    """Serve until Ctrl-C or SIGTERM; ``warm_up`` runs first on the scheduler's thread, and ``announce`` is told
+    the address once the server is ready."""
     import uvicorn
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -54,7 +57,8 @@ def run(svc: Service, host: str, port: int, announce: Callable[[str], None]) -> 
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
-        svc.scheduler.start()
+        ready = svc.scheduler.start(warm_up)
+        await asyncio.to_thread(ready.wait)
         bound = sock.getsockname()
         announce(f"http://{'[' + host + ']' if family == socket.AF_INET6 else host}:{bound[1]}")
         try:
