@@ -181,6 +181,7 @@ ROWS = [
     Row("falcon"),
     Row("stablelm", keys={"stablelm.rope.dimension_count": 32}),
     Row("chatglm", keys={"chatglm.rope.dimension_count": 64}),
+    Row("codeshell"),
 ]
 
 _rng = np.random.default_rng(7)

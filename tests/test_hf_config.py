@@ -48,7 +48,8 @@ NOT_COMPARED = {
     "Granite-4.0-H-Tiny": "its public config's multipliers are not known here (the preset lacks them)",
     "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
     **{name: "a synthetic header of tiny sizes: the family's mapping is held to a tiny config below" for name in (
-        "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny")},
+        "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny",
+        "CodeShell-tiny")},
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -389,6 +390,14 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_WEIGHTS_SCALE: 2.5,
         L.EXPERT_GATING_FUNC: 2, L.LEADING_DENSE_BLOCK_COUNT: 1, R.DIMENSION_COUNT: 8, R.DIMENSION_COUNT_SWA: 16,
         R.FREQ_BASE_SWA: 20000.0}, tied=False)),
+    # issue 38's dense decoders whose presets are synthetic headers
+    "codeshell": ({
+        "architectures": ["CodeShellForCausalLM"], "n_embd": 64, "n_head": 4, "num_query_groups": 2, "n_layer": 2,
+        "n_positions": 256, "layer_norm_epsilon": 1e-5, "vocab_size": 256,
+    }, False, Preset("codeshell", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 256, A.HEAD_COUNT: 4,
+        A.HEAD_COUNT_KV: 2, A.LAYERNORM_EPS: 1e-5, R.FREQ_BASE: 10000.0, R.SCALING_TYPE: "linear",
+        R.SCALING_FACTOR: 1.0, L.VOCAB_SIZE: 256}, tied=False, include=r"blk\.\d+\.attn_qkv\.(weight|bias)")),
 }
 
 

@@ -38,6 +38,7 @@ class Traits:
 
     norm: Norm = Norm.RMS  # LAYER: LayerNorms, each with its bias (Orion)
     tied_head: bool = True  # output.weight may be absent, the token embedding serving (else it is required)
+    embd_from_head: bool = False  # the other way round: token_embd may be absent, output.weight serving (CodeShell)
     rope_freqs: str = ABSENT  # Llama-3.1's per-dimension RoPE divisors: optional, read by the graph or not
     longrope: bool = False  # a LongRoPE file's divisors are its long and short sets instead (the long past
     #                         the trained context per sequence)
@@ -103,7 +104,8 @@ class PreNormDecoder(Architecture):
         hp, t = self.hp, self.traits
         E, F, V = hp.n_embd, self.n_ff, hp.n_vocab
         norm_bias = t.norm is Norm.LAYER
-        specs = [spec(T.TOKEN_EMBD, (E, V)), *_norm(T.OUTPUT_NORM, E, None, norm_bias),
+        specs = [spec(T.TOKEN_EMBD, (E, V), tied_to=tensor_name(T.OUTPUT) if t.embd_from_head else None),
+                 *_norm(T.OUTPUT_NORM, E, None, norm_bias),
                  spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD) if t.tied_head else None)]
         if t.rope_freqs != ABSENT:
             specs += rope_factor_tensors(hp, long_short=t.longrope and longrope(hp))
@@ -209,12 +211,14 @@ def _norm(t: T, E: int, il: int | None, bias: bool) -> list[TensorSpec]:
 
 
 RMS_KEYS = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
+LAYER_NORM_KEYS = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_EPS)
 
 
-def synthetic(arch: str, source: str) -> Preset:
+def synthetic(arch: str, source: str, eps: str = Keys.Attention.LAYERNORM_RMS_EPS) -> Preset:
     """A tiny header (four layers of 256, two heads, a vocabulary of 128), the golden graphs of a family for which no
-    released model's config is known here for certain; ``source`` says so."""
+    released model's config is known here for certain; ``source`` says so. ``eps``: the key of its norms' epsilon
+    (LAYERNORM_EPS for a family of LayerNorms)."""
     L, A = Keys.LLM, Keys.Attention
     return Preset(arch, {L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 384,
-                         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, L.VOCAB_SIZE: 128},
+                         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, eps: 1e-5, L.VOCAB_SIZE: 128},
                   tied=False, source=source)
