@@ -27,7 +27,7 @@ class Mistral3(PreNormDecoder):
     rope_mode = "norm"
     required_keys = RMS_KEYS
     keys = (ATTN_TEMP, *YARN_KEYS)
-    traits = Traits(rope_freqs=READ, longrope=True, wo_bias=READ, ffn_bias=READ, attn_temperature=True,
+    traits = Traits(rope_freqs=READ, longrope=True, wo_bias=READ, ffn_bias=READ, ffn_scales=True, attn_temperature=True,
                     yarn_keys=True)
 
 

@@ -182,6 +182,8 @@ ROWS = [
     Row("stablelm", keys={"stablelm.rope.dimension_count": 32}),
     Row("chatglm", keys={"chatglm.rope.dimension_count": 64}),
     Row("codeshell"),
+    Row("jais2"),
+    Row("nemotron", keys={"nemotron.rope.dimension_count": 64}),  # RoPE over half of each head
 ]
 
 _rng = np.random.default_rng(7)

@@ -49,7 +49,7 @@ NOT_COMPARED = {
     "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
     **{name: "a synthetic header of tiny sizes: the family's mapping is held to a tiny config below" for name in (
         "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny",
-        "CodeShell-tiny")},
+        "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny")},
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -177,6 +177,7 @@ def write_header(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
 TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "rms_norm_eps": 1e-5,
               "max_position_embeddings": 256, "vocab_size": 256, "tie_word_embeddings": True}
+TINY_LAYER_NORM = {k: v for k, v in TINY_LLAMA.items() if k != "rms_norm_eps"}  # its epsilon under a family's name
 
 
 @pytest.mark.parametrize("dtypes, expected", [
@@ -398,6 +399,20 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 256, A.HEAD_COUNT: 4,
         A.HEAD_COUNT_KV: 2, A.LAYERNORM_EPS: 1e-5, R.FREQ_BASE: 10000.0, R.SCALING_TYPE: "linear",
         R.SCALING_FACTOR: 1.0, L.VOCAB_SIZE: 256}, tied=False, include=r"blk\.\d+\.attn_qkv\.(weight|bias)")),
+    "jais2": ({**TINY_LAYER_NORM, "architectures": ["Jais2ForCausalLM"], "layer_norm_eps": 1e-5,
+               "tie_word_embeddings": False}, False,
+              Preset("jais2", {
+                  L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                  A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.LAYERNORM_EPS: 1e-5, R.DIMENSION_COUNT: 16,
+                  L.VOCAB_SIZE: 256}, tied=False, include=r"blk\.\d+\.attn_[qkv]\.(weight|bias)")),
+    # half of each head rotated; the MLP's biases but not the attention's
+    "nemotron": ({**TINY_LAYER_NORM, "architectures": ["NemotronForCausalLM"], "norm_eps": 1e-5,
+                  "partial_rotary_factor": 0.5, "mlp_bias": True, "tie_word_embeddings": False}, False,
+                 Preset("nemotron", {
+                     L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                     A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.LAYERNORM_EPS: 1e-5, A.LAYERNORM_RMS_EPS: 1e-5,
+                     R.DIMENSION_COUNT: 8, R.SCALING_TYPE: "none", L.VOCAB_SIZE: 256}, tied=False,
+                     include=r"blk\.\d+\.attn_[qkv]\.weight|blk\.\d+\.ffn_(up|down)\.bias")),
 }
 
 

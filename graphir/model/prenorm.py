@@ -44,8 +44,9 @@ class Traits:
     #                         the trained context per sequence)
     wo_bias: str = ABSENT  # the output projection's bias: absent, optional (read or not), or required
     qk_norm_after_rope: bool = False  # each head of Q and K RMS-normalised after RoPE, with a learned scale
-    ffn_bias: str = ABSENT  # the FFN's biases: absent, optional and unread (Refact), optional and read with the
-    #                         matrices' scales (Mistral 3), or required and read (StarCoder 2)
+    ffn_bias: str = ABSENT  # the FFN's biases: absent, optional and unread (Refact), optional and read (Mistral 3,
+    #                         Nemotron), or required and read (StarCoder 2)
+    ffn_scales: bool = False  # the FFN's matrices times their per-tensor scales, where the file has them (Mistral 3)
     ffn_act: Act = Act.SILU  # RELU_SQR: an ungated FFN, relu(up x) squared
     ffn_norm: T = T.FFN_NORM  # the FFN's norm as the file names it (Seed-OSS: attn_post_norm)
     fused_qkv: str = ABSENT  # one attn_qkv and its bias, required, of three model widths (Qwen 1); or READ: that or
@@ -113,12 +114,11 @@ class PreNormDecoder(Architecture):
             layer = [*_norm(T.ATTN_NORM, E, il, norm_bias), *self._attention_tensors(il),
                      *_norm(t.ffn_norm, E, il, norm_bias),
                      spec(T.FFN_UP, (E, 2 * F if t.ffn_fused else F), il), spec(T.FFN_DOWN, (F, E), il)]
-            if t.ffn_act is Act.SILU and not t.ffn_fused:
+            if T.FFN_GATE in self.ffn_roles and not t.ffn_fused:
                 layer.append(spec(T.FFN_GATE, (E, F), il))
             if t.ffn_bias != ABSENT:
-                layer += [spec(m, (n,), il, "bias", kind="vector", optional=t.ffn_bias != REQUIRED)
-                          for m, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, E))
-                          if m is not T.FFN_GATE or t.ffn_act is Act.SILU]
+                layer += [spec(m, (E if m is T.FFN_DOWN else F,), il, "bias", kind="vector",
+                               optional=t.ffn_bias != REQUIRED) for m in self.ffn_roles]
             specs += layer + layer_scales(layer, il)
         return specs
 
@@ -148,7 +148,7 @@ class PreNormDecoder(Architecture):
             out = [spec(T.ATTN_QKV, (E, 3 * E), il), spec(T.ATTN_QKV, (3 * E,), il, "bias", kind="vector"),
                    spec(T.ATTN_OUT, (E, E), il)]
         elif t.fused_qkv == READ:
-            out = [*fused_or_split_qkv_tensors(hp, il), spec(T.ATTN_OUT, (E, E), il)]
+            out = [*fused_or_split_qkv_tensors(hp, il), spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il)]
         else:
             out = qkv_tensors(hp, il)
         if t.wo_bias != ABSENT:
@@ -193,16 +193,18 @@ class PreNormDecoder(Architecture):
         t = self.traits
         if t.ffn_fused:
             return b.build_ffn_fused_swiglu(h, il)
-        gate = b.w(T.FFN_GATE, il) if t.ffn_act is Act.SILU else None
-        if t.ffn_bias == REQUIRED:  # the biases, not the matrices' scales
-            return b.build_ffn(h, up=b.w(T.FFN_UP, il), up_b=b.w(T.FFN_UP, il, "bias"), gate=gate,
-                               down=b.w(T.FFN_DOWN, il), down_b=b.w(T.FFN_DOWN, il, "bias"), act=t.ffn_act)
-        if t.ffn_bias != READ:  # biases and the matrices' scales unread, as the family's llama.cpp graph passes none
-            return b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=gate, down=b.w(T.FFN_DOWN, il), act=t.ffn_act)
-        up_b, gate_b, down_b = (b.w_opt(m, il, "bias") for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
-        up_s, gate_s, down_s = (b.scale(m, il) for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
+        gate = b.w(T.FFN_GATE, il) if T.FFN_GATE in self.ffn_roles else None
+        roles = (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN)
+        up_b, gate_b, down_b = (b.w_opt(m, il, "bias") if m in self.ffn_roles and t.ffn_bias in (READ, REQUIRED)
+                                else None for m in roles)
+        up_s, gate_s, down_s = (b.scale(m, il) if m in self.ffn_roles and t.ffn_scales else None for m in roles)
         return b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=gate, down=b.w(T.FFN_DOWN, il), up_b=up_b, gate_b=gate_b,
                            down_b=down_b, up_s=up_s, gate_s=gate_s, down_s=down_s, act=t.ffn_act)
+
+    @property
+    def ffn_roles(self) -> tuple[T, ...]:
+        """The FFN's matrices: up and down, and a gate for a gated (SiLU) one."""
+        return (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN) if self.traits.ffn_act is Act.SILU else (T.FFN_UP, T.FFN_DOWN)
 
 
 def _norm(t: T, E: int, il: int | None, bias: bool) -> list[TensorSpec]:
