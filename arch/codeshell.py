@@ -7,13 +7,11 @@ References: Xie et al. 2024, "CodeShell Technical Report" (arXiv:2403.15747); ll
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gguf import Keys
 
 from graphir.model import hf_config, presets
 from graphir.model.builder import Act, Norm
-from graphir.model.hf_config import BLOCKS, VOCAB, Family, derived, hf
+from graphir.model.hf_config import BLOCKS, VOCAB, Family, derived, fixed, hf
 from graphir.model.hparams import HParams
 from graphir.model.prenorm import LAYER_NORM_KEYS, READ, REQUIRED, PreNormDecoder, Traits, synthetic
 from graphir.model.qkv import check_whole_heads
@@ -44,12 +42,12 @@ hf_config.register(Family("codeshell", (
     hf(A.HEAD_COUNT, "n_head"),
     hf(A.HEAD_COUNT_KV, "num_query_groups"),
     hf(A.LAYERNORM_EPS, "layer_norm_epsilon", kind="number"),
-    derived(R.FREQ_BASE, lambda c: 10000.0),
-    derived(R.SCALING_TYPE, lambda c: "linear"),
-    derived(R.SCALING_FACTOR, lambda c: 1.0),
+    fixed(R.FREQ_BASE, 10000.0),
+    fixed(R.SCALING_TYPE, "linear"),
+    fixed(R.SCALING_FACTOR, 1.0),
     VOCAB,
 ), {"tie_word_embeddings": False}, include=lambda c: QKV_FUSED), "CodeShellForCausalLM")
 
 # its checkpoints fuse Q, K and V with their bias (c_attn), as GPT-2's do
-presets.register({"CodeShell-tiny": replace(synthetic("codeshell", "a synthetic header of tiny sizes", A.LAYERNORM_EPS),
-                                            include=QKV_FUSED)})
+presets.register({"CodeShell-tiny": synthetic("codeshell", "a synthetic header of tiny sizes", A.LAYERNORM_EPS,
+                                             QKV_FUSED)})

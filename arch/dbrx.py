@@ -19,10 +19,10 @@ from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder, Norm
 from graphir.model.hf_config import Config, Family, fixed, hf
-from graphir.model.hparams import HParams, Key
+from graphir.model.hparams import HParams
 from graphir.model.moe import MOE_KEYS, check_routed, routed_expert_tensors, routed_experts
 from graphir.model.presets import Preset
-from graphir.model.qkv import check_whole_heads, roped_attention
+from graphir.model.qkv import CLAMP_KQV, check_whole_heads, roped_attention
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec
 
@@ -33,7 +33,7 @@ class Dbrx(Architecture):
     name = "dbrx"
     rope_mode = "neox"
     required_keys = (A.LAYERNORM_EPS, A.CLAMP_KQV)
-    keys = MOE_KEYS + (Key("clamp_kqv", A.CLAMP_KQV, float, 0.0),)
+    keys = MOE_KEYS + (CLAMP_KQV,)
 
     def __init__(self, hp: HParams):
         check_routed(hp, self.name)

@@ -6,8 +6,6 @@ References: Inception 2025, Jais 2 model card; llama.cpp src/models/jais2.cpp.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gguf import Keys
 
 from graphir.model import hf_config, presets
@@ -46,5 +44,5 @@ def _qkv(c: Config) -> str:
 hf_config.register(Family("jais2", TEXT + (derived(R.DIMENSION_COUNT, head_dim), VOCAB),
                           {"tie_word_embeddings": False}, _qkv), "Jais2ForCausalLM")
 
-presets.register({"Jais2-tiny": replace(synthetic("jais2", "a synthetic header of tiny sizes",
-                                                  Keys.Attention.LAYERNORM_EPS), include=QKV_BIASES)})
+presets.register({"Jais2-tiny": synthetic("jais2", "a synthetic header of tiny sizes", Keys.Attention.LAYERNORM_EPS,
+                                         QKV_BIASES)})

@@ -9,7 +9,6 @@ src/models/nemotron.cpp.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Mapping
 
 from gguf import Keys
@@ -61,5 +60,4 @@ hf_config.register(Family("nemotron", TEXT + (
     derived(R.DIMENSION_COUNT, _rotated), _scaling, VOCAB),
                           {"tie_word_embeddings": False}, _biases), "NemotronForCausalLM")
 
-presets.register({"Nemotron-tiny": replace(synthetic("nemotron", "a synthetic header of tiny sizes", A.LAYERNORM_EPS),
-                                           include=QKV)})
+presets.register({"Nemotron-tiny": synthetic("nemotron", "a synthetic header of tiny sizes", A.LAYERNORM_EPS, QKV)})

@@ -383,7 +383,7 @@ TINY_FAMILY["minicpm3"] = {gguf.Keys.Attention.Q_LORA_RANK: 48, gguf.Keys.Attent
 TINY_FAMILY["plm"] = {k: v for k, v in TINY_FAMILY["minicpm3"].items() if k != gguf.Keys.Attention.Q_LORA_RANK}
 # LayerNorm families (issue 38's dense decoders); GPT-NeoX says which residual; Command R7B's window is required
 for _arch in ("bloom", "starcoder", "starcoder2", "gptneox", "phi2", "falcon", "stablelm", "cohere2", "codeshell", "jais2",
-              "nemotron"):
+              "nemotron", "olmo"):
     TINY_FAMILY[_arch] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
 TINY_FAMILY["gptneox"][gguf.Keys.LLM.USE_PARALLEL_RESIDUAL] = True
 TINY_FAMILY["cohere2"][gguf.Keys.Attention.SLIDING_WINDOW] = 4
@@ -399,7 +399,8 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
                 "mimo2": r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.[1-9]\.(ffn_gate_inp|ffn_(gate|up|down)_exps)\.weight",
                 "phimoe": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "grok": r"blk\.\d+\.layer_output_norm\.weight",
                 "chatglm": r"blk\.\d+\.attn_qkv\.(weight|bias)", "codeshell": r"blk\.\d+\.attn_qkv\.(weight|bias)",
-                "jais2": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "nemotron": r"blk\.\d+\.attn_[qkv]\.weight"}  # Q, K, V fused (or apart: either is optional)
+                "jais2": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "nemotron": r"blk\.\d+\.attn_[qkv]\.weight",
+                "olmo": r"blk\.\d+\.attn_[qkv]\.weight", "plamo": r"blk\.\d+\.attn_[qkv]\.weight"}  # Q, K, V fused (or apart: either is optional)
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 

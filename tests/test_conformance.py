@@ -147,7 +147,7 @@ ROWS = [
     Row("minimax-m2", moe=True),
     Row("olmoe", moe=True),
     Row("ernie4_5-moe", moe=True),  # its second layer, the last of a step of 2, routes
-    Row("dbrx", moe=True),
+    Row("dbrx", moe=True, keys={"dbrx.attention.clamp_kqv": 0.001}),  # a bound the tiny model's QKV passes
     Row("deepseek", moe=True),
     Row("dots1", moe=True),
     Row("bailingmoe", moe=True),
@@ -184,6 +184,8 @@ ROWS = [
     Row("codeshell"),
     Row("jais2"),
     Row("nemotron", keys={"nemotron.rope.dimension_count": 64}),  # RoPE over half of each head
+    Row("olmo", keys={"olmo.attention.clamp_kqv": 0.3}),  # a bound its Q, K and V pass (llama.cpp's 1.0: none do)
+    Row("plamo"),
 ]
 
 _rng = np.random.default_rng(7)

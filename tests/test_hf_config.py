@@ -49,7 +49,8 @@ NOT_COMPARED = {
     "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
     **{name: "a synthetic header of tiny sizes: the family's mapping is held to a tiny config below" for name in (
         "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny",
-        "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny")},
+        "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny", "OLMo-tiny",
+        "PLaMo-tiny")},
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -413,6 +414,20 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
                      A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.LAYERNORM_EPS: 1e-5, A.LAYERNORM_RMS_EPS: 1e-5,
                      R.DIMENSION_COUNT: 8, R.SCALING_TYPE: "none", L.VOCAB_SIZE: 256}, tied=False,
                      include=r"blk\.\d+\.attn_[qkv]\.weight|blk\.\d+\.ffn_(up|down)\.bias")),
+    # clip_qkv is clamp_kqv; the epsilon is the converter's own
+    "olmo": ({**TINY_LAYER_NORM, "architectures": ["OlmoForCausalLM"], "clip_qkv": 8.0, "tie_word_embeddings": False,
+              "rope_theta": 10000.0}, False,
+             Preset("olmo", {
+                 L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                 A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.LAYERNORM_EPS: 1e-5, A.CLAMP_KQV: 8.0, R.FREQ_BASE: 10000.0,
+                 L.VOCAB_SIZE: 256}, tied=False, include=r"blk\.\d+\.attn_[qkv]\.weight")),
+    # the converter's own context (4096) and K/V heads (5), whatever the config says
+    "plamo": ({**TINY_LLAMA, "architectures": ["PlamoForCausalLM"], "hidden_size": 80, "num_attention_heads": 10,
+               "num_key_value_heads": 10, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}, False,
+              Preset("plamo", {
+                  L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 80, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                  A.HEAD_COUNT: 10, A.HEAD_COUNT_KV: 5, A.LAYERNORM_RMS_EPS: 1e-6, L.VOCAB_SIZE: 256}, tied=False,
+                  include=r"blk\.\d+\.attn_[qkv]\.weight")),
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import ClassVar, Mapping
 
 from gguf import MODEL_TENSOR as T
@@ -37,6 +38,7 @@ class Traits:
     """What one family changes in the pre-norm decoder, each a line or two of its llama.cpp file."""
 
     norm: Norm = Norm.RMS  # LAYER: LayerNorms, each with its bias (Orion)
+    norm_weights: bool = True  # False: the norms have no parameters at all (OLMo's LayerNorms)
     tied_head: bool = True  # output.weight may be absent, the token embedding serving (else it is required)
     embd_from_head: bool = False  # the other way round: token_embd may be absent, output.weight serving (CodeShell)
     rope_freqs: str = ABSENT  # Llama-3.1's per-dimension RoPE divisors: optional, read by the graph or not
@@ -49,10 +51,12 @@ class Traits:
     ffn_scales: bool = False  # the FFN's matrices times their per-tensor scales, where the file has them (Mistral 3)
     ffn_act: Act = Act.SILU  # RELU_SQR: an ungated FFN, relu(up x) squared
     ffn_norm: T = T.FFN_NORM  # the FFN's norm as the file names it (Seed-OSS: attn_post_norm)
+    parallel: bool = False  # the FFN reads the attention's norm too, and x += ffn + attn at once (PLaMo)
     fused_qkv: str = ABSENT  # one attn_qkv and its bias, required, of three model widths (Qwen 1); or READ: that or
     #                          Q, K, V apart, as llama.cpp's create_tensor_qkv takes either (ChatGLM)
     ffn_fused: bool = False  # SwiGLU over the two halves of one ffn_up of twice the width (ChatGLM)
     ffn_halved: bool = False  # the gated FFN's width is half of feed_forward_length (Qwen 1)
+    clamp_kqv: bool = False  # Q, K and V clamped to [-c, c] where the file's CLAMP_KQV key sets c > 0 (OLMo)
     rope: bool = True  # False: Q and K are never rotated (positions enter through ALiBi only: Refact)
     rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
     ntk_alpha: bool = False  # the RoPE base raised by the file's NTK_ALPHA key (Hunyuan's XDRoPE)
@@ -104,15 +108,15 @@ class PreNormDecoder(Architecture):
     def tensors(self) -> list[TensorSpec]:
         hp, t = self.hp, self.traits
         E, F, V = hp.n_embd, self.n_ff, hp.n_vocab
-        norm_bias = t.norm is Norm.LAYER
+        norm = partial(_norm_tensors, E=E, bias=t.norm is Norm.LAYER) if t.norm_weights else lambda *_: []
         specs = [spec(T.TOKEN_EMBD, (E, V), tied_to=tensor_name(T.OUTPUT) if t.embd_from_head else None),
-                 *_norm(T.OUTPUT_NORM, E, None, norm_bias),
+                 *norm(T.OUTPUT_NORM, None),
                  spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD) if t.tied_head else None)]
         if t.rope_freqs != ABSENT:
             specs += rope_factor_tensors(hp, long_short=t.longrope and longrope(hp))
         for il in range(hp.n_layer):
-            layer = [*_norm(T.ATTN_NORM, E, il, norm_bias), *self._attention_tensors(il),
-                     *_norm(t.ffn_norm, E, il, norm_bias),
+            layer = [*norm(T.ATTN_NORM, il), *self._attention_tensors(il),
+                     *(norm(t.ffn_norm, il) if not t.parallel else ()),
                      spec(T.FFN_UP, (E, 2 * F if t.ffn_fused else F), il), spec(T.FFN_DOWN, (F, E), il)]
             if T.FFN_GATE in self.ffn_roles and not t.ffn_fused:
                 layer.append(spec(T.FFN_GATE, (E, F), il))
@@ -165,9 +169,9 @@ class PreNormDecoder(Architecture):
             if t.attn_temperature and hp.attn_temp_scale else None
         kq_scale = inv_sqrt(hp.n_embd_head_k)  # none of these families reads attention.scale
         for il in b.layers():
-            h = b.norm(x, T.ATTN_NORM, il, t.norm, name="attn_norm")
+            h = self._norm(b, x, T.ATTN_NORM, il, name="attn_norm")
             # self-attention
-            q, k, v = b.build_qkv(h, il)
+            q, k, v = b.build_qkv(h, il, clamp=hp.clamp_kqv if t.clamp_kqv else 0.0)
             if pos is not None:
                 factors, yarn = self._rope_factors(b), self._yarn()
                 q = b.rope(q, pos, factors, name="Qcur.rope", **yarn)
@@ -180,14 +184,23 @@ class PreNormDecoder(Architecture):
             wo_b = b.w_opt(T.ATTN_OUT, il, "bias") if t.wo_bias in (READ, REQUIRED) else None
             a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=wo_b, wo_s=b.scale(T.ATTN_OUT, il),
                              kq_scale=kq_scale)
+            if t.parallel:  # the FFN of the same norm, both branches joining the stream together
+                a, x, h = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"), (h, "ffn_inp.rows"))
+                x = b.op("add", b.op("add", self._ffn(b, h, il), a, name="ffn_attn"), x, name="l_out")
+                continue
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             # feed-forward network
-            h = b.norm(x, t.ffn_norm, il, t.norm, name="ffn_norm")
+            h = self._norm(b, x, t.ffn_norm, il, name="ffn_norm")
             f = self._ffn(b, h, il)
             x = b.op("add", f, x, name="l_out")
-        x = b.norm(x, T.OUTPUT_NORM, kind=t.norm, name="result_norm")
+        x = self._norm(b, x, T.OUTPUT_NORM, None, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))
+
+    def _norm(self, b: GraphBuilder, x: Node, tensor: T, il: int | None, *, name: str) -> Node:
+        if self.traits.norm_weights:
+            return b.norm(x, tensor, il, self.traits.norm, name=name)
+        return b.build_norm(x, None, None, self.traits.norm, name=name)
 
     def _ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
         t = self.traits
@@ -207,7 +220,7 @@ class PreNormDecoder(Architecture):
         return (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN) if self.traits.ffn_act is Act.SILU else (T.FFN_UP, T.FFN_DOWN)
 
 
-def _norm(t: T, E: int, il: int | None, bias: bool) -> list[TensorSpec]:
+def _norm_tensors(t: T, il: int | None, E: int, bias: bool) -> list[TensorSpec]:
     out = [spec(t, (E,), il, kind="vector")]
     return out + [spec(t, (E,), il, "bias", kind="vector")] if bias else out
 
@@ -216,11 +229,12 @@ RMS_KEYS = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attent
 LAYER_NORM_KEYS = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_EPS)
 
 
-def synthetic(arch: str, source: str, eps: str = Keys.Attention.LAYERNORM_RMS_EPS) -> Preset:
+def synthetic(arch: str, source: str, eps: str = Keys.Attention.LAYERNORM_RMS_EPS, include: str = "",
+              keys: Mapping[str, object] | None = None) -> Preset:
     """A tiny header (four layers of 256, two heads, a vocabulary of 128), the golden graphs of a family for which no
     released model's config is known here for certain; ``source`` says so. ``eps``: the key of its norms' epsilon
-    (LAYERNORM_EPS for a family of LayerNorms)."""
+    (LAYERNORM_EPS for a family of LayerNorms); ``include``: the optional tensors it holds; ``keys``: its own."""
     L, A = Keys.LLM, Keys.Attention
     return Preset(arch, {L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 384,
-                         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, eps: 1e-5, L.VOCAB_SIZE: 128},
-                  tied=False, source=source)
+                         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, eps: 1e-5, L.VOCAB_SIZE: 128, **(keys or {})},
+                  tied=False, include=include, source=source)

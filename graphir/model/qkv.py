@@ -13,8 +13,11 @@ from graphir.errors import MetadataError
 from graphir.graph.floats import inv_sqrt
 from graphir.graph.ir import Node
 from graphir.model.builder import GraphBuilder
-from graphir.model.hparams import HParams
+from graphir.model.hparams import HParams, Key
 from graphir.model.tensors import TensorSpec, spec, tensor_name
+
+# The bound llama.cpp's build_qkv clamps Q, K and V to, for the families that read it (DBRX, MPT, OLMo); 0: none
+CLAMP_KQV = Key("clamp_kqv", Keys.Attention.CLAMP_KQV, float, 0.0)
 
 
 def qkv_tensors(hp: HParams, il: int, *, biases_required: bool = False) -> list[TensorSpec]:
