@@ -29,7 +29,7 @@ class Bert(Architecture):
     name = "bert"
     rope_mode = "neox"  # declared by llama.cpp for the family; BERT itself rotates nothing
     causal = False  # bidirectional attention: its layers need no cache, so the context keeps none
-    learned_positions = True  # a trained position table added to the input; else Q and K are rotated
+    learned_positions: ClassVar[bool] = True  # a trained position table added to the input; else Q and K are rotated
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_EPS)
     gated: ClassVar[bool] = False  # SwiGLU without biases; else a GELU MLP with its biases where the file has them
     classifier: ClassVar[bool] = True  # llama.cpp loads the optional classifier head (cls, cls.output)

@@ -12,9 +12,7 @@ from gguf import Keys
 from graphir.model import hf_config, presets
 from graphir.model.builder import Act, Norm
 from graphir.model.hf_config import BLOCKS, VOCAB, Family, derived, fixed, hf
-from graphir.model.hparams import HParams
 from graphir.model.prenorm import LAYER_NORM_KEYS, READ, REQUIRED, PreNormDecoder, Traits, synthetic
-from graphir.model.qkv import check_whole_heads
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 QKV_FUSED = r"blk\.\d+\.attn_qkv\.(weight|bias)"
@@ -24,12 +22,8 @@ class CodeShell(PreNormDecoder):
     name = "codeshell"
     rope_mode = "neox"
     required_keys = LAYER_NORM_KEYS
-    traits = Traits(norm=Norm.LAYER, tied_head=False, embd_from_head=True, fused_qkv=READ, wo_bias=REQUIRED,
-                    ffn_act=Act.GELU, ffn_bias=REQUIRED)
-
-    def __init__(self, hp: HParams):
-        check_whole_heads(hp, self.name)
-        super().__init__(hp)
+    traits = Traits(whole_heads=True, norm=Norm.LAYER, tied_head=False, embd_from_head=True, fused_qkv=READ,
+                    wo_bias=REQUIRED, ffn_act=Act.GELU, ffn_bias=REQUIRED)
 
 
 # ---- Hugging Face: convert_hf_to_gguf's CodeShellModel (GPT-2's names; RoPE's base fixed at 10000) -------------

@@ -33,7 +33,7 @@ from graphir.model.presets import Preset
 class Gpt2(Architecture):
     name = "gpt2"
     rope_mode = "none"  # positions come from the table, not from rotations
-    learned_positions = True
+    learned_positions: ClassVar[bool] = True  # a trained position table added to the token embeddings
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_EPS)
     embd_norm: ClassVar[bool] = False  # a LayerNorm over the token embeddings before the first block (BLOOM)
 

@@ -11,9 +11,7 @@ from gguf import Keys
 from graphir.model import hf_config, presets
 from graphir.model.builder import Act, Norm
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, head_dim
-from graphir.model.hparams import HParams
 from graphir.model.prenorm import LAYER_NORM_KEYS, READ, REQUIRED, PreNormDecoder, Traits, synthetic
-from graphir.model.qkv import check_whole_heads
 
 R = Keys.Rope
 
@@ -22,11 +20,8 @@ class Jais2(PreNormDecoder):
     name = "jais2"
     rope_mode = "neox"
     required_keys = LAYER_NORM_KEYS
-    traits = Traits(norm=Norm.LAYER, fused_qkv=READ, wo_bias=REQUIRED, ffn_act=Act.RELU_SQR, ffn_bias=REQUIRED)
-
-    def __init__(self, hp: HParams):
-        check_whole_heads(hp, self.name)
-        super().__init__(hp)
+    traits = Traits(whole_heads=True, norm=Norm.LAYER, fused_qkv=READ, wo_bias=REQUIRED, ffn_act=Act.RELU_SQR,
+                    ffn_bias=REQUIRED)
 
 
 # ---- Hugging Face: convert_hf_to_gguf's Jais2Model, the text model's keys and RoPE over whole heads -------------

@@ -13,9 +13,8 @@ from gguf import Keys
 from graphir.model import hf_config, presets
 from graphir.model.builder import Norm
 from graphir.model.hf_config import TEXT, VOCAB, Family, fixed, hf
-from graphir.model.hparams import HParams
 from graphir.model.prenorm import LAYER_NORM_KEYS, READ, PreNormDecoder, Traits, synthetic
-from graphir.model.qkv import CLAMP_KQV, check_whole_heads
+from graphir.model.qkv import CLAMP_KQV
 
 A = Keys.Attention
 
@@ -25,11 +24,7 @@ class Olmo(PreNormDecoder):
     rope_mode = "norm"
     required_keys = LAYER_NORM_KEYS
     keys = (CLAMP_KQV,)
-    traits = Traits(norm=Norm.LAYER, norm_weights=False, fused_qkv=READ, clamp_kqv=True)
-
-    def __init__(self, hp: HParams):
-        check_whole_heads(hp, self.name)
-        super().__init__(hp)
+    traits = Traits(whole_heads=True, norm=Norm.LAYER, norm_weights=False, fused_qkv=READ, clamp_kqv=True)
 
 
 # ---- Hugging Face: convert_hf_to_gguf's OlmoModel: the text model's keys, an epsilon of 1e-5, clip_qkv ------------

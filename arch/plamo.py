@@ -11,9 +11,7 @@ from gguf import Keys
 
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import BLOCKS, VOCAB, Family, fixed, hf
-from graphir.model.hparams import HParams
 from graphir.model.prenorm import READ, RMS_KEYS, PreNormDecoder, Traits, synthetic
-from graphir.model.qkv import check_whole_heads
 
 L, A = Keys.LLM, Keys.Attention
 
@@ -22,11 +20,7 @@ class Plamo(PreNormDecoder):
     name = "plamo"
     rope_mode = "neox"
     required_keys = RMS_KEYS
-    traits = Traits(parallel=True, tied_head=False, fused_qkv=READ)
-
-    def __init__(self, hp: HParams):
-        check_whole_heads(hp, self.name)
-        super().__init__(hp)
+    traits = Traits(whole_heads=True, parallel=True, tied_head=False, fused_qkv=READ)
 
 
 # ---- Hugging Face: convert_hf_to_gguf's PlamoModel, which writes its keys itself: a context of 4096 and 5 K/V heads

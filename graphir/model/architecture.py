@@ -43,7 +43,6 @@ class Architecture:
     # Whether the family sizes each layer by its own entry of the per-layer arrays (head counts, FFN length);
     # a family that does not (llama.cpp reads layer 0 for it) refuses a file whose layers differ.
     per_layer: ClassVar[bool] = False
-    learned_positions: ClassVar[bool] = False  # positions index a trained table: none beyond n_ctx_train
     swa: ClassVar[SlidingWindow | None] = None  # how its layers slide (hparams n_swa, swa_type, swa_layers)
     alibi: ClassVar[Alibi | None] = None  # how its attention is biased by distance (hparams max_alibi_bias)
     # An encoder-decoder's encoder: the architecture of the stack ``encode`` runs (phase "encode"), made from

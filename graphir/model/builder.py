@@ -295,9 +295,9 @@ class GraphBuilder:
     def build_ffn(self, x: Node, *, up: Node, gate: Node | None, down: Node, up_b: Node | None = None,
                   gate_b: Node | None = None, down_b: Node | None = None, act: Act = Act.SILU,
                   gate_mode: Gate = Gate.PAR, name: str = "ffn_out", up_s: Node | None = None,
-                  gate_s: Node | None = None, down_s: Node | None = None) -> Node:
+                  gate_s: Node | None = None, down_s: Node | None = None, act_scales: Node | None = None) -> Node:
         """The FFN of x; each matrix's per-tensor scale ``*_s`` multiplies its output after its bias (as
-        llama.cpp's ``build_ffn``)."""
+        llama.cpp's ``build_ffn``); ``act_scales``: a GELU's output divided by them (AWQ's ScaleActivation, MPT)."""
         t = self._scaled(self.linear(x, up, up_b, name="ffn_up"), up_s, name="ffn_up_s")
         if gate is not None:
             g = self._scaled(self.linear(t if gate_mode is Gate.SEQ else x, gate, gate_b, name="ffn_gate"), gate_s,
@@ -305,11 +305,11 @@ class GraphBuilder:
             if gate_mode is Gate.PAR and act in _GLU:
                 h = self.op(_GLU[act], g, t, name=f"ffn_{_GLU[act]}")
             else:
-                h = self._activation(g, act)
+                h = self._activation(g, act, act_scales)
                 if gate_mode is Gate.PAR:
                     h = self.op("mul", h, t, name="ffn_gate_par")
         else:
-            h = self._activation(t, act)
+            h = self._activation(t, act, act_scales)
         return self._scaled(self.linear(h, down, down_b, name=name), down_s, name=f"{name}_s")
 
     def build_ffn_fused_swiglu(self, x: Node, il: int) -> Node:
@@ -322,10 +322,11 @@ class GraphBuilder:
         return self.linear(self.op("swiglu", gate, rest, name="ffn_swiglu"), self.w(MODEL_TENSOR.FFN_DOWN, il),
                            name="ffn_out")
 
-    def _activation(self, x: Node, act: Act) -> Node:
+    def _activation(self, x: Node, act: Act, act_scales: Node | None = None) -> Node:
         if act is Act.RELU_SQR:
             return self.op("sqr", self.op("relu", x, name="ffn_relu"), name="ffn_sqr(relu)")
-        return self.op(act.value, x, name=f"ffn_{act.value}")
+        y = self.op(act.value, x, name=f"ffn_{act.value}")
+        return self.op("div", y, act_scales, name="ffn_act") if act_scales is not None and act is Act.GELU else y
 
     def _scaled(self, y: Node, s: Node | None, *, name: str) -> Node:
         return y if s is None else self.op("mul", y, s, name=name)

@@ -23,7 +23,7 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm, yarn_attn_factor
 from graphir.model.hparams import HParams, Key
 from graphir.model.presets import Preset
-from graphir.model.qkv import fused_or_split_qkv_tensors, missing_qkv, qk_norm_tensors, qkv_tensors
+from graphir.model.qkv import check_whole_heads, fused_or_split_qkv_tensors, missing_qkv, qk_norm_tensors, qkv_tensors
 from graphir.model.rope_factors import long_context, longrope, rope_factor_tensors, rope_factors
 from graphir.model.scales import layer_scales
 from graphir.model.temperature import Temperature
@@ -57,6 +57,8 @@ class Traits:
     ffn_fused: bool = False  # SwiGLU over the two halves of one ffn_up of twice the width (ChatGLM)
     ffn_halved: bool = False  # the gated FFN's width is half of feed_forward_length (Qwen 1)
     clamp_kqv: bool = False  # Q, K and V clamped to [-c, c] where the file's CLAMP_KQV key sets c > 0 (OLMo)
+    whole_heads: bool = False  # a file whose RoPE turns less than a whole head is refused (llama.cpp's graph asserts
+    #                            n_rot == head size: CodeShell, OLMo, PLaMo, Jais 2)
     rope: bool = True  # False: Q and K are never rotated (positions enter through ALiBi only: Refact)
     rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
     ntk_alpha: bool = False  # the RoPE base raised by the file's NTK_ALPHA key (Hunyuan's XDRoPE)
@@ -83,6 +85,8 @@ class PreNormDecoder(Architecture):
 
     def __init__(self, hp: HParams):
         t = self.traits
+        if t.whole_heads:
+            check_whole_heads(hp, self.name)
         if t.attn_temperature and hp.attn_temp_scale and not hp.n_ctx_orig_yarn:
             raise MetadataError(f"an attention temperature needs the original context length (key "
                                 f"'{Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=self.name)}' is 0)")

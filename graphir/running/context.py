@@ -101,6 +101,9 @@ class ModelView(Protocol):
     @property
     def hparams(self) -> HParams: ...
 
+    @property
+    def position_rows(self) -> int: ...
+
     def program(self, kind: str, pooling: str = "none", n_ctx_seq: int = 0, phase: str = "prefill") -> tuple[Any, Graph]: ...
 
     def compiled(self, key: tuple[Any, ...], make: Callable[[], Graph]) -> Any: ...
@@ -143,10 +146,10 @@ class Context:
         elif self.kind not in arch.contexts:
             raise GraphirError(f"a '{arch.name}' model runs with context {' or '.join(known)}, not '{self.kind}'")
         n_ctx_seq = self.n_ctx if unified else self.n_ctx // n_seq_max  # llama.cpp's n_ctx_seq
-        self._table = hp.n_ctx_train if arch.learned_positions else 0  # rows of a learned position table
+        self._table = model.position_rows  # rows of a learned position table
         self._positions = arch.positions_per_token
         if self._table and self.n_ctx > self._table:
-            raise GraphirError(f"n_ctx={self.n_ctx} exceeds the {hp.n_ctx_train} positions this model was trained "
+            raise GraphirError(f"n_ctx={self.n_ctx} exceeds the {self._table} positions this model was trained "
                                f"with (its position embeddings end there)")
         if n_ctx_seq > hp.n_ctx_train:  # llama.cpp warns at the same point, and goes on
             warnings.warn(f"{self.name}: a sequence may hold {n_ctx_seq} positions, more than the {hp.n_ctx_train} "

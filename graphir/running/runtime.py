@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
+from gguf import MODEL_TENSOR
 
 from graphir.model.architecture import Architecture
 from graphir.running.backend import DEFAULT, Program
@@ -27,6 +28,7 @@ from graphir.errors import GraphirError, TensorError
 from graphir.model.hparams import HParams
 from graphir.graph.ir import Graph
 from graphir.model.meta import ModelMeta, open_model
+from graphir.model.tensors import tensor_name
 from graphir.files.weights import GGUFWeights
 
 
@@ -65,6 +67,12 @@ class Model:
     @property
     def hparams(self) -> HParams:
         return self.meta.arch.hp
+
+    @property
+    def position_rows(self) -> int:
+        """The rows of the model's learned position table (0: it has none): no token's position may reach them."""
+        table = self.meta.tensors.get(tensor_name(MODEL_TENSOR.POS_EMBD))
+        return int(table.shape[1]) if table is not None else 0
 
     @cached_property
     def vocab(self) -> Any:
