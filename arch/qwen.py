@@ -18,7 +18,7 @@ class Qwen(PreNormDecoder):
     name = "qwen"
     rope_mode = "neox"
     required_keys = RMS_KEYS
-    traits = Traits(tied_head=False, fused_qkv=REQUIRED, ffn_halved=True)
+    traits = Traits(tied_head=False, fused_qkv=REQUIRED, qkv_model_widths=True, ffn_halved=True)
 
 
 # ---- Hugging Face: convert_hf_to_gguf's QwenModel (the generic text keys) ---------------------------------

@@ -383,7 +383,7 @@ TINY_FAMILY["minicpm3"] = {gguf.Keys.Attention.Q_LORA_RANK: 48, gguf.Keys.Attent
 TINY_FAMILY["plm"] = {k: v for k, v in TINY_FAMILY["minicpm3"].items() if k != gguf.Keys.Attention.Q_LORA_RANK}
 # LayerNorm families (issue 38's dense decoders); GPT-NeoX says which residual; Command R7B's window is required
 for _arch in ("bloom", "starcoder", "starcoder2", "gptneox", "phi2", "falcon", "stablelm", "cohere2", "codeshell", "jais2",
-              "nemotron", "olmo", "mpt"):
+              "nemotron", "olmo", "mpt", "jais"):
     TINY_FAMILY[_arch] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
 TINY_FAMILY["gptneox"][gguf.Keys.LLM.USE_PARALLEL_RESIDUAL] = True
 TINY_FAMILY["cohere2"][gguf.Keys.Attention.SLIDING_WINDOW] = 4

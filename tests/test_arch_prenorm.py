@@ -22,7 +22,8 @@ from graphir.running.runtime import load
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("arch, n_layer", [("baichuan", 40), ("refact", 2), ("bloom", 2), ("mpt", 2)])  # Baichuan 13B: 40
+@pytest.mark.parametrize("arch, n_layer", [("baichuan", 40), ("refact", 2), ("bloom", 2), ("mpt", 2),
+                                           ("jais", 2)])  # Baichuan 13B: 40
 def test_alibi_past_256_tokens_with_12_heads_is_llama_cpps(tmp_path: Path, arch: str, n_layer: int) -> None:
     """12 heads: the last four take the second slope base; 300 tokens: past the 256 cells llama.cpp pads to."""
     path = llama_made.make(tmp_path / f"{arch}.gguf", arch, n_layer=n_layer, n_embd=384, n_head=12, n_ctx=512)

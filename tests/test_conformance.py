@@ -186,6 +186,7 @@ ROWS = [
     Row("nemotron", keys={"nemotron.rope.dimension_count": 64}),  # RoPE over half of each head
     Row("olmo", keys={"olmo.attention.clamp_kqv": 0.3}),  # a bound its Q, K and V pass (llama.cpp's 1.0: none do)
     Row("plamo"),
+    Row("jais"),
     Row("mpt", keys={"mpt.attention.clamp_kqv": 0.3}),  # ALiBi, a position table, AWQ's scales, a clamp that bites
 ]
 

@@ -50,7 +50,7 @@ NOT_COMPARED = {
     **{name: "a synthetic header of tiny sizes: the family's mapping is held to a tiny config below" for name in (
         "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny",
         "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny", "OLMo-tiny",
-        "PLaMo-tiny")},
+        "PLaMo-tiny", "Jais-tiny")},
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -428,6 +428,13 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
                   L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 80, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
                   A.HEAD_COUNT: 10, A.HEAD_COUNT_KV: 5, A.LAYERNORM_RMS_EPS: 1e-6, L.VOCAB_SIZE: 256}, tied=False,
                   include=r"blk\.\d+\.attn_[qkv]\.weight")),
+    # ALiBi's bias is the checkpoint's (its slopes); from the config alone, the converter's 8
+    "jais": ({"architectures": ["JAISLMHeadModel"], "model_type": "jais", "n_embd": 64, "n_head": 4, "n_layer": 2,
+              "n_inner": 128, "n_positions": 256, "layer_norm_epsilon": 1e-5, "vocab_size": 256,
+              "activation_function": "swiglu", "position_embedding_type": "alibi"}, False,
+             Preset("jais", {
+                 L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                 A.HEAD_COUNT: 4, A.LAYERNORM_EPS: 1e-5, A.MAX_ALIBI_BIAS: 8.0, L.VOCAB_SIZE: 256}, tied=False)),
 }
 
 

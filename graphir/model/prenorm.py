@@ -52,13 +52,15 @@ class Traits:
     ffn_act: Act = Act.SILU  # RELU_SQR: an ungated FFN, relu(up x) squared
     ffn_norm: T = T.FFN_NORM  # the FFN's norm as the file names it (Seed-OSS: attn_post_norm)
     parallel: bool = False  # the FFN reads the attention's norm too, and x += ffn + attn at once (PLaMo)
-    fused_qkv: str = ABSENT  # one attn_qkv and its bias, required, of three model widths (Qwen 1); or READ: that or
-    #                          Q, K, V apart, as llama.cpp's create_tensor_qkv takes either (ChatGLM)
+    fused_qkv: str = ABSENT  # REQUIRED: one attn_qkv and its bias (Jais); READ: that or Q, K, V apart, as llama.cpp's
+    #                          create_tensor_qkv takes either (ChatGLM)
+    qkv_model_widths: bool = False  # the required attn_qkv is three model widths whatever the heads (Qwen 1's loader)
     ffn_fused: bool = False  # SwiGLU over the two halves of one ffn_up of twice the width (ChatGLM)
     ffn_halved: bool = False  # the gated FFN's width is half of feed_forward_length (Qwen 1)
     clamp_kqv: bool = False  # Q, K and V clamped to [-c, c] where the file's CLAMP_KQV key sets c > 0 (OLMo)
     whole_heads: bool = False  # a file whose RoPE turns less than a whole head is refused (llama.cpp's graph asserts
     #                            n_rot == head size: CodeShell, OLMo, PLaMo, Jais 2)
+    kq_scale_d: bool = False  # scores scaled by 1/d, not 1/sqrt(d), for heads of d (Jais: muP)
     rope: bool = True  # False: Q and K are never rotated (positions enter through ALiBi only: Refact)
     rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
     ntk_alpha: bool = False  # the RoPE base raised by the file's NTK_ALPHA key (Hunyuan's XDRoPE)
@@ -152,8 +154,9 @@ class PreNormDecoder(Architecture):
     def _attention_tensors(self, il: int) -> list[TensorSpec]:
         hp, t = self.hp, self.traits
         E = hp.n_embd
-        if t.fused_qkv == REQUIRED:  # three widths of the model, as llama.cpp's loader sizes them (Qwen 1)
-            out = [spec(T.ATTN_QKV, (E, 3 * E), il), spec(T.ATTN_QKV, (3 * E,), il, "bias", kind="vector"),
+        if t.fused_qkv == REQUIRED:
+            W = 3 * E if t.qkv_model_widths else E + hp.n_embd_k_gqa_at(il) + hp.n_embd_v_gqa_at(il)
+            out = [spec(T.ATTN_QKV, (E, W), il), spec(T.ATTN_QKV, (W,), il, "bias", kind="vector"),
                    spec(T.ATTN_OUT, (E, E), il)]
         elif t.fused_qkv == READ:
             out = [*fused_or_split_qkv_tensors(hp, il), spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il)]
@@ -171,7 +174,8 @@ class PreNormDecoder(Architecture):
         pos = b.build_inp_pos() if self.ropes else None
         temp = b.build_inp_attn_scale(Temperature(hp.n_ctx_orig_yarn, hp.attn_temp_scale, 0.0)) \
             if t.attn_temperature and hp.attn_temp_scale else None
-        kq_scale = inv_sqrt(hp.n_embd_head_k)  # none of these families reads attention.scale
+        # none of these families reads attention.scale
+        kq_scale = f32(1.0 / hp.n_embd_head_k) if t.kq_scale_d else inv_sqrt(hp.n_embd_head_k)
         for il in b.layers():
             h = self._norm(b, x, T.ATTN_NORM, il, name="attn_norm")
             # self-attention
