@@ -187,6 +187,10 @@ ROWS = [
     Row("olmo", keys={"olmo.attention.clamp_kqv": 0.3}),  # a bound its Q, K and V pass (llama.cpp's 1.0: none do)
     Row("plamo"),
     Row("jais"),
+    Row("glm4", keys={"glm4.rope.dimension_sections": [0, 0, 0, 0], "glm4.rope.dimension_count": 64}),
+    Row("glm4", "mrope"),  # llama.cpp's tiny model has RoPE sections: GLM-4.1V's text model
+    # GLM-OCR's multi-token-prediction layer after two: llama.cpp cannot make a model whose loader skips tensors
+    Row("glm4", "nextn", made_by="graphir", keys={"glm4.nextn_predict_layers": 1, "glm4.block_count": 3}),
     Row("mpt", keys={"mpt.attention.clamp_kqv": 0.3}),  # ALiBi, a position table, AWQ's scales, a clamp that bites
 ]
 

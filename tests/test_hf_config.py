@@ -50,7 +50,7 @@ NOT_COMPARED = {
     **{name: "a synthetic header of tiny sizes: the family's mapping is held to a tiny config below" for name in (
         "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny",
         "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny", "OLMo-tiny",
-        "PLaMo-tiny", "Jais-tiny")},
+        "PLaMo-tiny", "Jais-tiny", "GLM-4-tiny")},
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -435,6 +435,13 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
              Preset("jais", {
                  L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
                  A.HEAD_COUNT: 4, A.LAYERNORM_EPS: 1e-5, A.MAX_ALIBI_BIAS: 8.0, L.VOCAB_SIZE: 256}, tied=False)),
+    # RoPE over half of each head by default; Q, K and V with their biases
+    "glm4": ({**TINY_LLAMA, "architectures": ["Glm4ForCausalLM"], "head_dim": 16, "attention_bias": True,
+              "tie_word_embeddings": False}, False,
+             Preset("glm4", {
+                 L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                 A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, A.LAYERNORM_RMS_EPS: 1e-5,
+                 R.DIMENSION_COUNT: 8, L.VOCAB_SIZE: 256}, tied=False, include=r"blk\.\d+\.attn_[qkv]\.(weight|bias)")),
 }
 
 

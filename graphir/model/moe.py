@@ -92,13 +92,15 @@ def trunk_layers(hp: HParams, arch: str) -> int:
     return hp.n_layer - hp.n_layer_nextn
 
 
-def nextn_layer(layer: list[TensorSpec], hp: HParams, il: int) -> list[TensorSpec]:
-    """A NextN layer's tensors: a trunk layer's and its own, all optional (the graph never reads them; a file
-    may hold them or not, as llama.cpp loads them)."""
+def nextn_layer(layer: list[TensorSpec], hp: HParams, il: int, required: bool = False) -> list[TensorSpec]:
+    """A NextN layer's tensors: a trunk layer's and its own, which the graph never reads. All optional (a file may
+    hold them or not, as llama.cpp loads them), or ``required``: as a trunk layer's, with the projection and its two
+    norms (GLM-4's loader skips them but asks for them); its own embedding and head stay optional."""
     E, V = hp.n_embd, hp.n_vocab
     sizes = {"eh": (2 * E, E), "e": (E,), "ev": (E, V)}
-    own = [spec(t, sizes[s], il, kind="vector" if s == "e" else "matrix") for t, s in NEXTN_TENSORS]
-    return [replace(s, optional=True, tied_to=None) for s in layer + own]
+    own = [spec(t, sizes[s], il, kind="vector" if s == "e" else "matrix", optional=not required or s == "ev")
+           for t, s in NEXTN_TENSORS]
+    return [replace(s, tied_to=None) if required else replace(s, optional=True, tied_to=None) for s in layer + own]
 
 
 def shared_expert_tensors(n_embd: int, n_ff: int, il: int) -> list[TensorSpec]:

@@ -22,6 +22,8 @@ from graphir.graph.ir import Node
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm, yarn_attn_factor
 from graphir.model.hparams import HParams, Key
+from graphir.memory.layers import LayerNeeds
+from graphir.model.moe import nextn_layer, trunk_layers
 from graphir.model.presets import Preset
 from graphir.model.qkv import check_whole_heads, fused_or_split_qkv_tensors, missing_qkv, qk_norm_tensors, qkv_tensors
 from graphir.model.rope_factors import long_context, longrope, rope_factor_tensors, rope_factors
@@ -52,6 +54,11 @@ class Traits:
     ffn_act: Act = Act.SILU  # RELU_SQR: an ungated FFN, relu(up x) squared
     ffn_norm: T = T.FFN_NORM  # the FFN's norm as the file names it (Seed-OSS: attn_post_norm)
     parallel: bool = False  # the FFN reads the attention's norm too, and x += ffn + attn at once (PLaMo)
+    post_norms: bool = False  # the attention's and the FFN's outputs normalised before each residual add (GLM-4)
+    mrope: bool = False  # a file with time and height RoPE sections rotates by M-RoPE (GLM-4.1V's text model; the
+    #                      family's keys hold ROPE_SECTIONS)
+    nextn: bool = False  # the file's last nextn_predict_layers layers are multi-token prediction, required as the
+    #                      loader asks for them, never run (GLM-OCR; the family's keys hold NEXTN_KEY)
     fused_qkv: str = ABSENT  # REQUIRED: one attn_qkv and its bias (Jais); READ: that or Q, K, V apart, as llama.cpp's
     #                          create_tensor_qkv takes either (ChatGLM)
     qkv_model_widths: bool = False  # the required attn_qkv is three model widths whatever the heads (Qwen 1's loader)
@@ -65,7 +72,9 @@ class Traits:
     rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
     ntk_alpha: bool = False  # the RoPE base raised by the file's NTK_ALPHA key (Hunyuan's XDRoPE)
     attn_temperature: bool = False  # queries scaled by Llama 4's temperature when the file's ATTN_TEMP key is set
-    yarn_keys: bool = False  # YaRN's ramp and magnitude from the file's YARN_KEYS (else llama.cpp's defaults)
+    yarn_keys: bool = False  # M-RoPE's sections of the rotated pairs (time, height, width, extra), where a family's file may give them
+ROPE_SECTIONS = Key("rope_sections", Keys.Rope.DIMENSION_SECTIONS, tuple, (), count=4)
+# YaRN's ramp and magnitude from the file's YARN_KEYS (else llama.cpp's defaults)
 
 
 # Hunyuan's NTK-aware RoPE: with alpha > 0 the base becomes base * alpha^(d / (d - 2)) for heads of d values
@@ -73,6 +82,8 @@ NTK_ALPHA = Key("rope_scaling_alpha", Keys.Rope.SCALING_ALPHA, float, 0.0)
 # Llama 4's attention temperature (Ministral 3): 0, none; else each token's queries are scaled by
 # log(floor(pos / n_ctx_orig) + 1) * scale + 1
 ATTN_TEMP = Key("attn_temp_scale", Keys.Attention.TEMPERATURE_SCALE, float, 0.0)
+# M-RoPE's sections of the rotated pairs (time, height, width, extra), where a family's file may give them
+ROPE_SECTIONS = Key("rope_sections", Keys.Rope.DIMENSION_SECTIONS, tuple, (), count=4)
 # YaRN's ramp (llama.cpp's defaults 32 and 1) and the magnitude of all dimensions (0: none), as Mistral 3 reads them
 YARN_KEYS = (Key("yarn_beta_fast", Keys.Rope.SCALING_YARN_BETA_FAST, float, 32.0),
              Key("yarn_beta_slow", Keys.Rope.SCALING_YARN_BETA_SLOW, float, 1.0),
@@ -97,9 +108,17 @@ class PreNormDecoder(Architecture):
             scale = f32(math.pow(hp.rope_scaling_alpha, f32(d / (d - 2))))
             hp = replace(hp, rope_freq_base=f32(hp.rope_freq_base * scale))
         super().__init__(hp)
+        self.n_trunk = trunk_layers(hp, self.name) if t.nextn else hp.n_layer  # the layers the graph runs
+        sections = dict(hp.family).get("rope_sections") if t.mrope else None
+        self.sections = tuple(sections) if sections and sections[0] and sections[1] else None
+        if self.sections:
+            self.rope_mode = "mrope"  # type: ignore[misc]  # the file decides, as llama.cpp's rope type
+
+    def layers(self) -> LayerNeeds:
+        return super().layers()[:self.n_trunk]
 
     def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
-        missing = missing_qkv(self.hp, tensors) if self.traits.fused_qkv == READ else []
+        missing = missing_qkv(self.hp, tensors, self.n_trunk) if self.traits.fused_qkv == READ else []
         return super().check(tensors) + missing
 
     @property
@@ -123,13 +142,15 @@ class PreNormDecoder(Architecture):
         for il in range(hp.n_layer):
             layer = [*norm(T.ATTN_NORM, il), *self._attention_tensors(il),
                      *(norm(t.ffn_norm, il) if not t.parallel else ()),
+                     *(norm(T.ATTN_POST_NORM, il) + norm(T.FFN_POST_NORM, il) if t.post_norms else ()),
                      spec(T.FFN_UP, (E, 2 * F if t.ffn_fused else F), il), spec(T.FFN_DOWN, (F, E), il)]
             if T.FFN_GATE in self.ffn_roles and not t.ffn_fused:
                 layer.append(spec(T.FFN_GATE, (E, F), il))
             if t.ffn_bias != ABSENT:
                 layer += [spec(m, (E if m is T.FFN_DOWN else F,), il, "bias", kind="vector",
                                optional=t.ffn_bias != REQUIRED) for m in self.ffn_roles]
-            specs += layer + layer_scales(layer, il)
+            layer += layer_scales(layer, il)
+            specs += layer if il < self.n_trunk else nextn_layer(layer, hp, il, required=True)
         return specs
 
     def variant(self, n_ctx_seq: int) -> bool | None:
@@ -176,14 +197,14 @@ class PreNormDecoder(Architecture):
             if t.attn_temperature and hp.attn_temp_scale else None
         # none of these families reads attention.scale
         kq_scale = f32(1.0 / hp.n_embd_head_k) if t.kq_scale_d else inv_sqrt(hp.n_embd_head_k)
-        for il in b.layers():
+        for il in b.layers(self.n_trunk):
             h = self._norm(b, x, T.ATTN_NORM, il, name="attn_norm")
             # self-attention
             q, k, v = b.build_qkv(h, il, clamp=hp.clamp_kqv if t.clamp_kqv else 0.0)
             if pos is not None:
                 factors, yarn = self._rope_factors(b), self._yarn()
-                q = b.rope(q, pos, factors, name="Qcur.rope", **yarn)
-                k = b.rope(k, pos, factors, name="Kcur.rope", **yarn)
+                q = b.rope(q, pos, factors, name="Qcur.rope", sections=self.sections, **yarn)
+                k = b.rope(k, pos, factors, name="Kcur.rope", sections=self.sections, **yarn)
             if temp is not None:
                 q = b.op("mul", q, temp, name="Qcur_attn_temp_scaled")
             if t.qk_norm_after_rope:
@@ -197,10 +218,14 @@ class PreNormDecoder(Architecture):
                 x = b.op("add", b.op("add", self._ffn(b, h, il), a, name="ffn_attn"), x, name="l_out")
                 continue
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
+            if t.post_norms:
+                a = self._norm(b, a, T.ATTN_POST_NORM, il, name="attn_post_norm")
             x = b.op("add", a, x, name="ffn_inp")
             # feed-forward network
             h = self._norm(b, x, t.ffn_norm, il, name="ffn_norm")
             f = self._ffn(b, h, il)
+            if t.post_norms:
+                f = self._norm(b, f, T.FFN_POST_NORM, il, name="ffn_post_norm")
             x = b.op("add", f, x, name="l_out")
         x = self._norm(b, x, T.OUTPUT_NORM, None, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT))

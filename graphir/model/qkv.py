@@ -43,9 +43,11 @@ def fused_or_split_qkv_tensors(hp: HParams, il: int) -> list[TensorSpec]:
             *(spec(t, (w,), il, "bias", kind="vector", optional=True) for t, w in widths)]
 
 
-def missing_qkv(hp: HParams, tensors: Mapping[str, Any]) -> list[str]:
-    """The layers whose file has neither form of :func:`fused_or_split_qkv_tensors`, one line each."""
-    return [f"missing tensor '{tensor_name(T.ATTN_QKV, il)}'" for il in range(hp.n_layer)
+def missing_qkv(hp: HParams, tensors: Mapping[str, Any], n_layer: int | None = None) -> list[str]:
+    """The layers (the first ``n_layer``: those the graph runs) whose file has neither form of
+    :func:`fused_or_split_qkv_tensors`, one line each."""
+    layers = range(hp.n_layer if n_layer is None else n_layer)
+    return [f"missing tensor '{tensor_name(T.ATTN_QKV, il)}'" for il in layers
             if tensor_name(T.ATTN_QKV, il) not in tensors and tensor_name(T.ATTN_Q, il) not in tensors]
 
 
