@@ -16,6 +16,7 @@ from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from graphir.arch.deepseek2 import GATINGS
+from graphir.arch.exaone4 import sliding
 from graphir.errors import MetadataError
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, derived, fixed, hf
@@ -113,24 +114,6 @@ class ExaoneMoe(Architecture):
         b.build_output(x, b.w(T.OUTPUT))
 
 
-def _sliding(c: Config) -> dict[str, object]:
-    """The window, and which layers slide: layer_types, or a sliding_window_pattern such as "LLLG" or 4."""
-    window = c.find("sliding_window", kind="size", default=None)
-    if window is None:
-        return {}
-    n, types = c.find(*BLOCKS), c.find("layer_types", kind="list", default=None)
-    pattern = c.doc.get("sliding_window_pattern")
-    if types is not None:
-        layers = [t == "sliding_attention" for t in types]
-    elif isinstance(pattern, str):
-        layers = [pattern[il % len(pattern)] == "L" for il in range(n)]
-    elif isinstance(pattern, int):
-        layers = [(il + 1) % pattern != 0 for il in range(n)]
-    else:
-        return {A.SLIDING_WINDOW: window}
-    return {A.SLIDING_WINDOW: window, A.SLIDING_WINDOW_PATTERN: layers}
-
-
 def _shared(c: Config) -> dict[str, object]:
     width, n = c.find("moe_intermediate_size"), c.find("num_shared_experts", kind="size")
     return {L.EXPERT_FEED_FORWARD_LENGTH: width, L.EXPERT_SHARED_COUNT: n,
@@ -140,7 +123,7 @@ def _shared(c: Config) -> dict[str, object]:
 # ExaoneMoEModel: Exaone4Model's keys (the window and its pattern), the experts', and no RoPE scaling; its
 # multi-token-prediction layers counted in the blocks
 hf_config.register(Family("exaone-moe", TEXT + (
-    VOCAB, _sliding, _shared,
+    VOCAB, sliding, _shared,
     hf(L.EXPERT_WEIGHTS_SCALE, "routed_scaling_factor", kind="number"),
     hf(L.EXPERT_WEIGHTS_NORM, "norm_topk_prob", kind="flag"),
     hf(L.LEADING_DENSE_BLOCK_COUNT, "first_k_dense_replace", "first_last_k_dense_replace", kind="size", default=0),

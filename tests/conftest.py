@@ -401,7 +401,7 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
                 "chatglm": r"blk\.\d+\.attn_qkv\.(weight|bias)", "codeshell": r"blk\.\d+\.attn_qkv\.(weight|bias)",
                 "jais2": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "nemotron": r"blk\.\d+\.attn_[qkv]\.weight",
                 "olmo": r"blk\.\d+\.attn_[qkv]\.weight", "plamo": r"blk\.\d+\.attn_[qkv]\.weight",
-                "glm4": r"blk\.\d+\.attn_[qkv]\.(weight|bias)"}  # Q, K, V fused (or apart: either is optional)
+                "glm4": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "exaone4": r"blk\.\d+\.attn_[qkv]\.weight"}  # Q, K, V fused (or apart: either is optional)
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 

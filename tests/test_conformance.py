@@ -187,6 +187,10 @@ ROWS = [
     Row("olmo", keys={"olmo.attention.clamp_kqv": 0.3}),  # a bound its Q, K and V pass (llama.cpp's 1.0: none do)
     Row("plamo"),
     Row("jais"),
+    Row("exaone4"),  # the 1.2B's form: every layer global and RoPE'd
+    # the 32B's form (64 layers): the sliding layers (every other, as the tiny model's pattern says) rotate, over a
+    # window the prompt outgrows
+    Row("exaone4", "32b", keys={"n_layer": 64, "n_embd": 64, "n_ff": 64, "exaone4.attention.sliding_window": 4}),
     Row("glm4", keys={"glm4.rope.dimension_sections": [0, 0, 0, 0], "glm4.rope.dimension_count": 64}),
     Row("glm4", "mrope"),  # llama.cpp's tiny model has RoPE sections: GLM-4.1V's text model
     # GLM-OCR's multi-token-prediction layer after two: llama.cpp cannot make a model whose loader skips tensors

@@ -50,7 +50,7 @@ NOT_COMPARED = {
     **{name: "a synthetic header of tiny sizes: the family's mapping is held to a tiny config below" for name in (
         "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny",
         "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny", "OLMo-tiny",
-        "PLaMo-tiny", "Jais-tiny", "GLM-4-tiny")},
+        "PLaMo-tiny", "Jais-tiny", "GLM-4-tiny", "EXAONE-4-tiny", "EXAONE-4-32B-tiny")},
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -442,6 +442,14 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
                  L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
                  A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, A.LAYERNORM_RMS_EPS: 1e-5,
                  R.DIMENSION_COUNT: 8, L.VOCAB_SIZE: 256}, tied=False, include=r"blk\.\d+\.attn_[qkv]\.(weight|bias)")),
+    # the window and which layers slide, from layer_types
+    "exaone4": ({**TINY_LLAMA, "architectures": ["Exaone4ForCausalLM"], "sliding_window": 16,
+                 "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": False}, False,
+                Preset("exaone4", {
+                    L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                    A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 16,
+                    A.SLIDING_WINDOW_PATTERN: [True, False], L.VOCAB_SIZE: 256}, tied=False,
+                    include=r"blk\.\d+\.attn_[qkv]\.weight")),
 }
 
 

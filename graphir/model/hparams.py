@@ -48,7 +48,8 @@ class SlidingWindow:
     n, layer il slides when il % n < n - 1 (the last of every n is global; ``dense_first``: the first is);
     period 0 makes every layer slide. ``off_when_zero``: a window of 0 means the model does not slide at all
     (Gemma 3) instead of being an error. ``fixed``: the window whatever positive value the key gives (Llama 4's
-    chunks of 8192, SmallThinker's 4096; 0: the key's)."""
+    chunks of 8192, SmallThinker's 4096; 0: the key's). ``n_layer``: only models of that many layers slide (EXAONE
+    4.0's 32B of 64; 0: every model)."""
 
     kind: str = "standard"
     window: int = 0
@@ -56,6 +57,7 @@ class SlidingWindow:
     dense_first: bool = False
     off_when_zero: bool = False
     fixed: int = 0
+    n_layer: int = 0
 
 
 @dataclass(frozen=True)
@@ -302,7 +304,7 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
 def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str, Any]:
     """n_swa, swa_type and swa_layers as llama.cpp's load_swa_pattern reads them (nothing for families
     that do not slide, or whose window is 0 where that means off)."""
-    if swa is None:
+    if swa is None or swa.n_layer and n_layer != swa.n_layer:
         return {}
     k = r.key(Keys.Attention.SLIDING_WINDOW)
     optional = bool(swa.window or swa.off_when_zero)
