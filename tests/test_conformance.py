@@ -187,6 +187,10 @@ ROWS = [
     Row("olmo", keys={"olmo.attention.clamp_kqv": 0.3}),  # a bound its Q, K and V pass (llama.cpp's 1.0: none do)
     Row("plamo"),
     Row("jais"),
+    Row("plamo3", keys={"plamo3.attention.sliding_window": 0}),  # no window: every layer global
+    # a window the prompt outgrows on the sliding layers, their own RoPE base, a head count per layer
+    Row("plamo3", "swa", keys={"plamo3.attention.sliding_window": 4, "plamo3.rope.freq_base_swa": 500.0,
+                               "plamo3.attention.head_count": [2, 1], "plamo3.attention.head_count_kv": [2, 1]}),
     Row("exaone4"),  # the 1.2B's form: every layer global and RoPE'd
     # the 32B's form (64 layers): the sliding layers (every other, as the tiny model's pattern says) rotate, over a
     # window the prompt outgrows

@@ -50,7 +50,8 @@ NOT_COMPARED = {
     **{name: "a synthetic header of tiny sizes: the family's mapping is held to a tiny config below" for name in (
         "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny",
         "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny", "OLMo-tiny",
-        "PLaMo-tiny", "Jais-tiny", "GLM-4-tiny", "EXAONE-4-tiny", "EXAONE-4-32B-tiny")},
+        "PLaMo-tiny", "Jais-tiny", "GLM-4-tiny", "EXAONE-4-tiny", "EXAONE-4-32B-tiny",
+        "PLaMo-3-tiny", "PLaMo-3-tiny-swa")},
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -450,6 +451,15 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
                     A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 16,
                     A.SLIDING_WINDOW_PATTERN: [True, False], L.VOCAB_SIZE: 256}, tied=False,
                     include=r"blk\.\d+\.attn_[qkv]\.weight")),
+    # window_size and its pattern; a flat rope_scaling_factor is YaRN over initial_context_length
+    "plamo3": ({**TINY_LLAMA, "architectures": ["Plamo3ForCausalLM"], "window_size": 16, "sliding_window_pattern": 2,
+                "rope_scaling_factor": 4.0, "initial_context_length": 64, "rope_theta": 10000.0}, False,
+               Preset("plamo3", {
+                   L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                   A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 16,
+                   A.SLIDING_WINDOW_PATTERN: 2, R.FREQ_BASE: 10000.0, R.SCALING_TYPE: "yarn", R.SCALING_FACTOR: 4.0,
+                   R.SCALING_ORIG_CTX_LEN: 64, R.SCALING_YARN_BETA_FAST: 32.0, R.SCALING_YARN_BETA_SLOW: 1.0,
+                   L.VOCAB_SIZE: 256}, tied=True)),
 }
 
 

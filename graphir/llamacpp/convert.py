@@ -212,7 +212,18 @@ def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any
             nodes.append(node)
         of_record.append(node)
     _name_cross_mask(nodes)
-    return Graph(meta, (), nodes, outputs)
+    return Graph(meta, (), nodes, outputs or _unnamed_outputs(records, of_record))
+
+
+def _unnamed_outputs(records: list[Record], of_record: list[Node]) -> dict[str, Node]:
+    """The outputs of a graph whose builder names neither (PLaMo 3's): llama.cpp expands the graph from its logits,
+    so they are the last output-flagged product, and the final embedding the output-flagged tensor it multiplies."""
+    flagged = [i for i, r in enumerate(records) if r[8] & _FLAG_OUTPUT and r[1] != "NONE"]
+    if not flagged or records[flagged[-1]][1] != "MUL_MAT":
+        return {}
+    logits = flagged[-1]
+    embd = [i for i in records[logits][7] if i in flagged]
+    return {"logits": of_record[logits], **({"embd": of_record[embd[0]]} if embd else {})}
 
 
 def _name_cross_mask(nodes: list[Node]) -> None:
