@@ -187,6 +187,7 @@ ROWS = [
     Row("olmo", keys={"olmo.attention.clamp_kqv": 0.3}),  # a bound its Q, K and V pass (llama.cpp's 1.0: none do)
     Row("plamo"),
     Row("jais"),
+    Row("talkie"),
     Row("plamo3", keys={"plamo3.attention.sliding_window": 0}),  # no window: every layer global
     # a window the prompt outgrows on the sliding layers, their own RoPE base, a head count per layer
     Row("plamo3", "swa", keys={"plamo3.attention.sliding_window": 4, "plamo3.rope.freq_base_swa": 500.0,

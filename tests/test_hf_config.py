@@ -52,6 +52,7 @@ NOT_COMPARED = {
         "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny", "OLMo-tiny",
         "PLaMo-tiny", "Jais-tiny", "GLM-4-tiny", "EXAONE-4-tiny", "EXAONE-4-32B-tiny",
         "PLaMo-3-tiny", "PLaMo-3-tiny-swa")},
+    "Talkie-tiny": "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)",
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -474,6 +475,7 @@ def test_tiny_config_is_the_gguf_of_its_keys(tmp_path, name):
 NO_MAPPING = {
     "mistral4": "its checkpoints are Mistral3ForConditionalGeneration, which the converter sends by model_type; "
                 "graphir's mapping of that class is mistral3's",
+    "talkie": "its converter reads the logit scale from a checkpoint weight (lm_head_gain), which no config gives",
     "mimo2": "its converter writes the multi-token-prediction layers and a fused Q/K/V, which graphir's mimo2 "
              "refuses; a config would describe files graphir cannot read",
 }
