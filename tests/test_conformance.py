@@ -188,6 +188,9 @@ ROWS = [
     Row("plamo"),
     Row("jais"),
     Row("talkie"),
+    # a window the prompt outgrows, a logit multiplier and a cap that bites
+    Row("muse-glimmer", keys={"muse-glimmer.attention.sliding_window": 4, "muse-glimmer.logit_scale": 0.5,
+                              "muse-glimmer.final_logit_softcapping": 3.0}),
     Row("plamo3", keys={"plamo3.attention.sliding_window": 0}),  # no window: every layer global
     # a window the prompt outgrows on the sliding layers, their own RoPE base, a head count per layer
     Row("plamo3", "swa", keys={"plamo3.attention.sliding_window": 4, "plamo3.rope.freq_base_swa": 500.0,

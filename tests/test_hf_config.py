@@ -51,7 +51,7 @@ NOT_COMPARED = {
         "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny",
         "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny", "OLMo-tiny",
         "PLaMo-tiny", "Jais-tiny", "GLM-4-tiny", "EXAONE-4-tiny", "EXAONE-4-32B-tiny",
-        "PLaMo-3-tiny", "PLaMo-3-tiny-swa")},
+        "PLaMo-3-tiny", "PLaMo-3-tiny-swa", "Muse-Glimmer-tiny")},
     "Talkie-tiny": "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)",
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
@@ -461,6 +461,16 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
                    A.SLIDING_WINDOW_PATTERN: 2, R.FREQ_BASE: 10000.0, R.SCALING_TYPE: "yarn", R.SCALING_FACTOR: 4.0,
                    R.SCALING_ORIG_CTX_LEN: 64, R.SCALING_YARN_BETA_FAST: 32.0, R.SCALING_YARN_BETA_SLOW: 1.0,
                    L.VOCAB_SIZE: 256}, tied=True)),
+    # the text model under text_config; its multiplier, cap and which layers slide
+    "muse-glimmer": ({"architectures": ["MuseGlimmerForConditionalGeneration"], "text_config": {
+        **{k: v for k, v in TINY_LLAMA.items() if k != "architectures"}, "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"], "final_logit_softcapping": 30.0,
+        "output_multiplier": 0.25, "rope_theta": 10000.0, "tie_word_embeddings": False}}, False,
+        Preset("muse-glimmer", {
+            L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+            A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 16,
+            A.SLIDING_WINDOW_PATTERN: [True, False], L.FINAL_LOGIT_SOFTCAPPING: 30.0, L.LOGIT_SCALE: 0.25,
+            R.FREQ_BASE: 10000.0, L.VOCAB_SIZE: 256}, tied=False, include=r"blk\.\d+\.attn_[qkv]\.weight")),
 }
 
 
