@@ -388,6 +388,7 @@ for _arch in ("bloom", "starcoder", "starcoder2", "gptneox", "phi2", "falcon", "
 TINY_FAMILY["gptneox"][gguf.Keys.LLM.USE_PARALLEL_RESIDUAL] = True
 TINY_FAMILY["cohere2"][gguf.Keys.Attention.SLIDING_WINDOW] = 4
 TINY_FAMILY["talkie"] = {gguf.Keys.LLM.LOGIT_SCALE: 0.5}  # required
+TINY_FAMILY["spark2_5"] = {gguf.Keys.Attention.SLIDING_WINDOW: 4, gguf.Keys.Attention.SLIDING_WINDOW_PATTERN: [True, False]}
 TINY_FAMILY["muse-glimmer"] = {gguf.Keys.LLM.LOGIT_SCALE: 0.5, gguf.Keys.Attention.SLIDING_WINDOW: 4}
 TINY_FAMILY["granite"] = {gguf.Keys.LLM.LOGIT_SCALE: 2.5, gguf.Keys.LLM.RESIDUAL_SCALE: 0.7,
                           gguf.Keys.LLM.EMBEDDING_SCALE: 3.0, gguf.Keys.Attention.SCALE: 0.2}  # Granite's multipliers
@@ -404,7 +405,8 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
                 "jais2": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "nemotron": r"blk\.\d+\.attn_[qkv]\.weight",
                 "olmo": r"blk\.\d+\.attn_[qkv]\.weight", "plamo": r"blk\.\d+\.attn_[qkv]\.weight",
                 "glm4": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "exaone4": r"blk\.\d+\.attn_[qkv]\.weight",
-                "talkie": r"blk\.\d+\.attn_[qkv]\.weight", "muse-glimmer": r"blk\.\d+\.attn_[qkv]\.weight"}  # Q, K, V fused (or apart: either is optional)
+                "talkie": r"blk\.\d+\.attn_[qkv]\.weight", "muse-glimmer": r"blk\.\d+\.attn_[qkv]\.weight",
+                "spark2_5": r"blk\.\d+\.attn_qkv\.weight"}  # Q, K, V fused (or apart: either is optional)
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 

@@ -188,6 +188,11 @@ ROWS = [
     Row("plamo"),
     Row("jais"),
     Row("talkie"),
+    # layer 0 slides over a window the prompt outgrows, rotating half its heads with its own base; heads per layer
+    Row("spark2_5", keys={"spark2_5.attention.sliding_window": 4,
+                          "spark2_5.attention.sliding_window_pattern": [True, False],
+                          "spark2_5.rope.dimension_count_swa": 64, "spark2_5.rope.freq_base_swa": 500.0,
+                          "spark2_5.attention.head_count": [2, 1], "spark2_5.attention.head_count_kv": [2, 1]}),
     # a window the prompt outgrows, a logit multiplier and a cap that bites
     Row("muse-glimmer", keys={"muse-glimmer.attention.sliding_window": 4, "muse-glimmer.logit_scale": 0.5,
                               "muse-glimmer.final_logit_softcapping": 3.0}),

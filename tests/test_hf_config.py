@@ -51,7 +51,8 @@ NOT_COMPARED = {
         "Arcee-tiny", "XVERSE-tiny", "openPangu-Embedded-tiny", "Maincoder-tiny", "Hunyuan-dense-tiny",
         "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny", "OLMo-tiny",
         "PLaMo-tiny", "Jais-tiny", "GLM-4-tiny", "EXAONE-4-tiny", "EXAONE-4-32B-tiny",
-        "PLaMo-3-tiny", "PLaMo-3-tiny-swa", "Muse-Glimmer-tiny")},
+        "PLaMo-3-tiny", "PLaMo-3-tiny-swa", "Muse-Glimmer-tiny",
+        "Spark-2.5-tiny")},
     "Talkie-tiny": "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)",
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
@@ -471,6 +472,17 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
             A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 16,
             A.SLIDING_WINDOW_PATTERN: [True, False], L.FINAL_LOGIT_SOFTCAPPING: 30.0, L.LOGIT_SCALE: 0.25,
             R.FREQ_BASE: 10000.0, L.VOCAB_SIZE: 256}, tied=False, include=r"blk\.\d+\.attn_[qkv]\.weight")),
+    # which layers slide, and each layer type's RoPE (its part of the head, its base)
+    "spark2_5": ({**TINY_LLAMA, "architectures": ["Spark2_5ForCausalLM"], "head_dim": 16, "sliding_window": 16,
+                  "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": False,
+                  "rope_parameters": {"full_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+                                      "sliding_attention": {"rope_theta": 1000.0, "partial_rotary_factor": 0.5}}},
+                 False, Preset("spark2_5", {
+                     L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                     A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16,
+                     A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 16, A.SLIDING_WINDOW_PATTERN: [True, False],
+                     R.DIMENSION_COUNT: 16, R.DIMENSION_COUNT_SWA: 8, R.FREQ_BASE: 10000.0, R.FREQ_BASE_SWA: 1000.0,
+                     L.VOCAB_SIZE: 256}, tied=False, include=r"blk\.\d+\.attn_qkv\.weight")),
 }
 
 
