@@ -3,7 +3,7 @@ after attention and after the FFN, before each residual add), with per-head RMS 
 halves of whole heads and a SwiGLU FFN. The 32B model (64 layers) slides three layers of every four over a window
 (4096 unless the file says) and rotates only those, its global layers attending without positions; the 1.2B model
 attends globally everywhere and rotates every layer. The LM head is the token embedding unless the file has its own.
-Multi-token-prediction layers are not built: such a file is refused.
+Multi-token-prediction layers (EXAONE 4.5's) are loaded as llama.cpp asks for them and never run.
 
 References: LG AI Research 2025, "EXAONE 4.0: Unified Large Language Models Integrating Non-reasoning and Reasoning
 Modes" (arXiv:2507.11407); llama.cpp src/models/exaone4.cpp.
@@ -16,14 +16,14 @@ from typing import Mapping
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
 from graphir.graph.floats import inv_sqrt
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family
 from graphir.model.hparams import HParams, SlidingWindow
-from graphir.model.moe import NEXTN_KEY
+from graphir.memory.layers import LayerNeeds
+from graphir.model.moe import NEXTN_KEY, nextn_layer, trunk_layers
 from graphir.model.prenorm import RMS_KEYS, synthetic
 from graphir.model.qkv import check_whole_heads, fused_or_split_qkv_tensors, missing_qkv, qk_norm_tensors, qkv
 from graphir.model.scales import layer_scales
@@ -41,11 +41,12 @@ class Exaone4(Architecture):
     swa = SlidingWindow("standard", window=4096, period=4, n_layer=64)
 
     def __init__(self, hp: HParams):
-        if hp.n_layer_nextn:
-            raise MetadataError(f"'{L.NEXTN_PREDICT_LAYERS.format(arch=self.name)}' = {hp.n_layer_nextn}: "
-                                f"multi-token-prediction layers are not built (convert without them)")
         check_whole_heads(hp, self.name)
         super().__init__(hp)
+        self.n_trunk = trunk_layers(hp, self.name)  # the prediction layers after it are loaded, never run
+
+    def layers(self) -> LayerNeeds:
+        return super().layers()[:self.n_trunk]
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
@@ -58,17 +59,18 @@ class Exaone4(Architecture):
                      spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), spec(T.FFN_GATE, (E, F), il),
                      spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il),
                      spec(T.FFN_POST_NORM, (E,), il, kind="vector")]
-            specs += layer + layer_scales(layer, il)
+            layer += layer_scales(layer, il)
+            specs += layer if il < self.n_trunk else nextn_layer(layer, hp, il, required=True)
         return specs
 
     def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
-        return super().check(tensors) + missing_qkv(self.hp, tensors)
+        return super().check(tensors) + missing_qkv(self.hp, tensors, self.n_trunk)
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
-        for il in b.layers():
+        for il in b.layers(self.n_trunk):
             # self-attention on the stream itself, Q and K normalised per head, then RoPE'd (sliding layers only,
             # where the model slides)
             q, k, v = qkv(b, x, il, True)

@@ -2,7 +2,7 @@
 over ``attention.sliding_window`` positions) are RoPE'd and whose global layers attend without positions; the first
 ``leading_dense_block_count`` FFNs are dense SwiGLU, the others a mixture of experts routed by the file's gating
 function (with an optional selection bias; weights normalised and scaled as the file says) plus a shared expert.
-Multi-token-prediction layers (``nextn_predict_layers``) are not built: such a file is refused.
+Multi-token-prediction layers (``nextn_predict_layers``, dense) are loaded as llama.cpp asks for them and never run.
 
 No public configuration is at hand: the family's golden graphs come from llama.cpp's tiny header of it (the sizes
 tests/test-llama-archs.cpp gives exaone-moe).
@@ -23,11 +23,13 @@ from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, derived
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow
-from graphir.model.moe import MOE_KEYS, check_experts, routed_expert_tensors, experts, shared_expert, shared_expert_tensors
+from graphir.model.moe import (MOE_KEYS, NEXTN_KEY, check_experts, experts, nextn_layer, routed_expert_tensors,
+                               shared_expert, shared_expert_tensors, trunk_layers)
 from graphir.model.presets import Preset
 from graphir.model.qkv import check_head_sizes, qk_norm_tensors, qkv, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec
+from graphir.memory.layers import LayerNeeds
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -47,15 +49,13 @@ class ExaoneMoe(Architecture):
         Key("expert_weights_norm", L.EXPERT_WEIGHTS_NORM, bool, False),
         Key("n_layer_dense_lead", L.LEADING_DENSE_BLOCK_COUNT, int, 0, minimum=0),
         Key("rope_freq_base_swa", R.FREQ_BASE_SWA, float, default_from="rope_freq_base"),  # read, not used
-        Key("n_layer_nextn", L.NEXTN_PREDICT_LAYERS, int, 0, minimum=0),
+        NEXTN_KEY,
     )
 
     def __init__(self, hp: HParams):
         key = lambda t: t.format(arch=self.name)  # noqa: E731
-        if hp.n_layer_nextn:
-            raise MetadataError(f"'{key(L.NEXTN_PREDICT_LAYERS)}' = {hp.n_layer_nextn}: multi-token-prediction layers "
-                                f"are not built (convert without them)")
-        if hp.n_layer_dense_lead < hp.n_layer and not hp.n_expert:
+        self.n_trunk = trunk_layers(hp, self.name)  # the prediction layers after it are loaded, never run
+        if hp.n_layer_dense_lead < self.n_trunk and not hp.n_expert:
             raise MetadataError(f"a '{self.name}' model needs experts ('{key(L.EXPERT_COUNT)}' > 0)")
         check_experts(hp, self.name)
         if hp.expert_gating_func not in GATINGS:
@@ -65,7 +65,11 @@ class ExaoneMoe(Architecture):
         super().__init__(hp)
 
     def moe_layer(self, il: int) -> bool:
-        return il >= self.hp.n_layer_dense_lead
+        """A mixture of experts after the leading dense layers; the prediction layers are dense."""
+        return self.hp.n_layer_dense_lead <= il < self.n_trunk
+
+    def layers(self) -> LayerNeeds:
+        return super().layers()[:self.n_trunk]
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
@@ -83,14 +87,15 @@ class ExaoneMoe(Architecture):
             else:
                 F = hp.ff_length(il)
                 layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
-            specs += layer + layer_scales(layer, il, X)
+            layer += layer_scales(layer, il, X)
+            specs += layer if il < self.n_trunk else nextn_layer(layer, hp, il, required=True)
         return specs
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
-        for il in b.layers():
+        for il in b.layers(self.n_trunk):
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
             q, k, v = qkv(b, h, il, True)
             if hp.is_swa(il):  # only the sliding layers know positions

@@ -25,10 +25,10 @@ import numpy as np
 from gguf import MODEL_TENSOR as T
 import pytest
 from conftest import TINY_FAMILY, TINY_KEYS, TinyModels, make_tiny_preset, oracle_is_exact, write_model_gguf
-from test_families import greedy_against_llama_cpp, interleaved_against_llama_cpp
+from test_families import LlamaCpp, greedy_against_llama_cpp, interleaved_against_llama_cpp
 
 from graphir.arch.llama import Qwen3Moe
-from graphir.errors import MetadataError
+from graphir.errors import MetadataError, TensorError
 from graphir.graph.forms import to_text
 from graphir.memory.layers import LayerNeeds
 from graphir.model.architecture import Architecture
@@ -36,6 +36,7 @@ from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import Key
 from graphir.model.presets import Preset
 from graphir.model.tensors import TensorSpec, spec
+from graphir.running.runtime import load
 from graphir.batch import Batch
 
 oracle = pytest.mark.oracle
@@ -266,3 +267,28 @@ def test_quantized_experts_give_llama_cpps_greedy_tokens(tiny: TinyModels, name:
 
     ours, theirs = greedy_against_llama_cpp(tiny.model(name, dtype), tiny.path(name, dtype), PROMPT, 8, check)
     assert ours == theirs
+
+
+@oracle
+@pytest.mark.parametrize("arch", ["exaone-moe", "glm4", "exaone4"])
+def test_prediction_layers_are_loaded_and_left_out_as_llama_cpp_leaves_them(tmp_path: Path, arch: str) -> None:
+    """A file whose last layer is a multi-token-prediction layer (nextn_predict_layers 1; graphir writes it, as
+    llama.cpp cannot make a model whose loader skips tensors): both engines load it and run the layers before it,
+    bit for bit; without the layer's tensors llama.cpp refuses the file, and so does graphir."""
+    keys = {gguf.Keys.LLM.NEXTN_PREDICT_LAYERS: 1, gguf.Keys.LLM.BLOCK_COUNT: 5}
+    path = write_model_gguf(tmp_path / f"{arch}.gguf", make_tiny_preset(arch, **keys))
+    model = load(str(path))
+    assert len(model.arch.layers()) == 4
+
+    def check(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
+        assert max_delta(ours, ref) <= 1e-3, what
+        if oracle_is_exact():
+            assert np.array_equal(ours, ref), what
+
+    ours, theirs = greedy_against_llama_cpp(model, path, PROMPT, 4, check)
+    assert ours == theirs
+    cut = write_model_gguf(tmp_path / "cut.gguf", make_tiny_preset(arch, **keys), drop=("blk.4.nextn.eh_proj.weight",))
+    with pytest.raises(TensorError, match=r"missing tensor 'blk\.4\.nextn\.eh_proj\.weight'"):
+        load(str(cut))
+    with pytest.raises(ValueError, match="Failed to load model"):
+        LlamaCpp(cut)

@@ -203,6 +203,8 @@ ROWS = [
     Row("exaone4"),  # the 1.2B's form: every layer global and RoPE'd
     # the 32B's form (64 layers): the sliding layers (every other, as the tiny model's pattern says) rotate, over a
     # window the prompt outgrows
+    # EXAONE 4.5's prediction layer after two: loaded, never run (llama.cpp cannot make a model it skips tensors of)
+    Row("exaone4", "nextn", made_by="graphir", keys={"exaone4.nextn_predict_layers": 1, "exaone4.block_count": 3}),
     Row("exaone4", "32b", keys={"n_layer": 64, "n_embd": 64, "n_ff": 64, "exaone4.attention.sliding_window": 4}),
     Row("glm4", keys={"glm4.rope.dimension_sections": [0, 0, 0, 0], "glm4.rope.dimension_count": 64}),
     Row("glm4", "mrope"),  # llama.cpp's tiny model has RoPE sections: GLM-4.1V's text model

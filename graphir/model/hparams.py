@@ -304,7 +304,10 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
 def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str, Any]:
     """n_swa, swa_type and swa_layers as llama.cpp's load_swa_pattern reads them (nothing for families
     that do not slide, or whose window is 0 where that means off)."""
-    if swa is None or swa.n_layer and n_layer != swa.n_layer:
+    # llama.cpp sizes the pattern and the window's model by its layers less the multi-token-prediction ones (read
+    # for every architecture), which never slide
+    trunk = n_layer - r.get(Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0)
+    if swa is None or swa.n_layer and trunk != swa.n_layer:
         return {}
     k = r.key(Keys.Attention.SLIDING_WINDOW)
     optional = bool(swa.window or swa.off_when_zero)
@@ -325,7 +328,8 @@ def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str,
         n = r._typed(kp, pattern, int)
         if n < 0:
             raise MetadataError(f"{r.label}: key '{kp}' is {n}: a period of layers cannot be negative")
-        layers = tuple(int(n == 0 or (il % n != 0 if swa.dense_first else il % n < n - 1)) for il in range(n_layer))
+        layers = tuple(int(il < trunk and (n == 0 or (il % n != 0 if swa.dense_first else il % n < n - 1)))
+                       for il in range(n_layer))
     return {"n_swa": swa.fixed or n_swa, "swa_type": swa.kind, "swa_layers": layers}
 
 

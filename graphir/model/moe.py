@@ -100,7 +100,10 @@ def nextn_layer(layer: list[TensorSpec], hp: HParams, il: int, required: bool = 
     sizes = {"eh": (2 * E, E), "e": (E,), "ev": (E, V)}
     own = [spec(t, sizes[s], il, kind="vector" if s == "e" else "matrix", optional=not required or s == "ev")
            for t, s in NEXTN_TENSORS]
-    return [replace(s, tied_to=None) if required else replace(s, optional=True, tied_to=None) for s in layer + own]
+    # Q, K and V stay optional either way: create_tensor_qkv asks for neither form in a skipped layer
+    qkv = {tensor_name(t, il, suffix) for t in (T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_QKV)
+           for suffix in ("weight", "bias")}
+    return [replace(s, optional=s.optional or not required or s.name in qkv, tied_to=None) for s in layer + own]
 
 
 def shared_expert_tensors(n_embd: int, n_ff: int, il: int) -> list[TensorSpec]:
