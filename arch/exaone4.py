@@ -11,8 +11,6 @@ Modes" (arXiv:2507.11407); llama.cpp src/models/exaone4.cpp.
 
 from __future__ import annotations
 
-from typing import Mapping
-
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
@@ -25,9 +23,9 @@ from graphir.model.hparams import HParams, SlidingWindow
 from graphir.memory.layers import LayerNeeds
 from graphir.model.moe import NEXTN_KEY, nextn_layer, trunk_layers
 from graphir.model.prenorm import RMS_KEYS, synthetic
-from graphir.model.qkv import check_whole_heads, fused_or_split_qkv_tensors, missing_qkv, qk_norm_tensors, qkv
+from graphir.model.qkv import check_whole_heads, fused_or_split_qkv_tensors, qk_norm_tensors, qkv
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 L, A = Keys.LLM, Keys.Attention
 QKV = r"blk\.\d+\.attn_[qkv]\.weight"  # Q, K and V apart, as its checkpoints hold them
@@ -63,8 +61,6 @@ class Exaone4(Architecture):
             specs += layer if il < self.n_trunk else nextn_layer(layer, hp, il, required=True)
         return specs
 
-    def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
-        return super().check(tensors) + missing_qkv(self.hp, tensors, self.n_trunk)
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp

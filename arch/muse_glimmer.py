@@ -9,8 +9,6 @@ Reference: llama.cpp src/models/muse-glimmer.cpp (the text model of MuseGlimmerF
 
 from __future__ import annotations
 
-from typing import Mapping
-
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
@@ -22,9 +20,9 @@ from graphir.model.builder import GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, hf
 from graphir.model.hparams import Key, SlidingWindow
 from graphir.model.prenorm import RMS_KEYS, synthetic
-from graphir.model.qkv import fused_or_split_qkv_tensors, missing_qkv, qk_norm_tensors, qkv
+from graphir.model.qkv import fused_or_split_qkv_tensors, qk_norm_tensors, qkv
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorDecl, TensorSpec, spec
+from graphir.model.tensors import TensorSpec, spec
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 POST_NORM_EPS = 1e-8  # the post-norms' own epsilon, fixed in llama.cpp's graph
@@ -53,8 +51,6 @@ class MuseGlimmer(Architecture):
             specs += layer + layer_scales(layer, il)
         return specs
 
-    def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
-        return super().check(tensors) + missing_qkv(self.hp, tensors)
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp

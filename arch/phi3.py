@@ -18,7 +18,7 @@ src/models/phi3.cpp, phimoe.cpp and llama_model::get_rope_factors.
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
@@ -32,9 +32,9 @@ from graphir.model.hf_config import VOCAB, Family, derived, hf
 from graphir.graph.floats import inv_sqrt
 from graphir.model.hparams import HParams
 from graphir.model.presets import Preset
-from graphir.model.qkv import fused_or_split_qkv_tensors, missing_qkv
+from graphir.model.qkv import fused_or_split_qkv_tensors
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -82,8 +82,6 @@ class Phi3(Architecture):
             specs += layer + layer_scales(layer, il, self.hp.n_expert if moe else 0)
         return specs
 
-    def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
-        return super().check(tensors) + missing_qkv(self.hp, tensors)
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp

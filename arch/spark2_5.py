@@ -8,8 +8,6 @@ Reference: llama.cpp src/models/spark2-5.cpp (and convert_hf_to_gguf's Spark2_5M
 
 from __future__ import annotations
 
-from typing import Mapping
-
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
@@ -21,9 +19,9 @@ from graphir.model.builder import Act, GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, head_dim
 from graphir.model.hparams import HParams, Key, SlidingWindow
 from graphir.model.prenorm import RMS_KEYS, synthetic
-from graphir.model.qkv import fused_or_split_qkv_tensors, missing_qkv
+from graphir.model.qkv import fused_or_split_qkv_tensors
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -61,8 +59,6 @@ class Spark2_5(Architecture):
             specs += layer + layer_scales(layer, il)
         return specs
 
-    def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
-        return super().check(tensors) + missing_qkv(self.hp, tensors)
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp

@@ -9,8 +9,6 @@ Reference: llama.cpp src/models/talkie.cpp (and convert_hf_to_gguf's TalkieModel
 
 from __future__ import annotations
 
-from typing import Mapping
-
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
@@ -21,9 +19,9 @@ from graphir.graph.ir import Node
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key
 from graphir.model.prenorm import RMS_KEYS, synthetic
-from graphir.model.qkv import check_whole_heads, fused_or_split_qkv_tensors, missing_qkv
+from graphir.model.qkv import check_whole_heads, fused_or_split_qkv_tensors
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorDecl, TensorSpec, spec
+from graphir.model.tensors import TensorSpec, spec
 
 L = Keys.LLM
 
@@ -51,8 +49,6 @@ class Talkie(Architecture):
             specs += layer + layer_scales(layer, il)
         return specs
 
-    def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
-        return super().check(tensors) + missing_qkv(self.hp, tensors)
 
     def build(self, b: GraphBuilder) -> None:
         hp = self.hp

@@ -13,13 +13,13 @@ from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
-from gguf import Keys
+from gguf import MODEL_TENSOR, Keys
 
 from graphir.errors import MetadataError
 from graphir.model.hparams import PER_LAYER, Alibi, HParams, Key, SlidingWindow, read_hparams
 from graphir.memory.kinds import fitting
 from graphir.memory.layers import Attention, LayerNeeds, kinds_of, needs_of
-from graphir.model.tensors import TensorDecl, TensorSpec
+from graphir.model.tensors import TensorDecl, TensorSpec, tensor_name
 
 if TYPE_CHECKING:
     from graphir.model.builder import GraphBuilder
@@ -153,4 +153,15 @@ class Architecture:
             if why:
                 out.append(f"tensor '{name}' {why}")
         out += [f"unexpected tensor '{n}'" for n in tensors if n not in self.specs]
+        return out + self._missing_qkv(tensors)
+
+    def _missing_qkv(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
+        """A layer the graph runs whose Q, K and V the family takes fused or apart (llama.cpp's create_tensor_qkv:
+        both forms optional) needs one of the two; one line per layer that has neither."""
+        out = []
+        for il in range(len(self.layers())):
+            fused, apart = (self.specs.get(tensor_name(t, il)) for t in (MODEL_TENSOR.ATTN_QKV, MODEL_TENSOR.ATTN_Q))
+            if fused and apart and fused.optional and apart.optional and fused.name not in tensors \
+                    and apart.name not in tensors:
+                out.append(f"missing tensor '{fused.name}'")
         return out

@@ -25,11 +25,11 @@ from graphir.model.hparams import HParams, Key
 from graphir.memory.layers import LayerNeeds
 from graphir.model.moe import nextn_layer, trunk_layers
 from graphir.model.presets import Preset
-from graphir.model.qkv import check_whole_heads, fused_or_split_qkv_tensors, missing_qkv, qk_norm_tensors, qkv_tensors
+from graphir.model.qkv import check_whole_heads, fused_or_split_qkv_tensors, qk_norm_tensors, qkv_tensors
 from graphir.model.rope_factors import long_context, longrope, rope_factor_tensors, rope_factors
 from graphir.model.scales import layer_scales
 from graphir.model.temperature import Temperature
-from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 # What a family's loader does with an optional tensor, and whether its graph reads it.
 ABSENT, UNREAD, READ, REQUIRED = "absent", "unread", "read", "required"
@@ -116,10 +116,6 @@ class PreNormDecoder(Architecture):
 
     def layers(self) -> LayerNeeds:
         return super().layers()[:self.n_trunk]
-
-    def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
-        missing = missing_qkv(self.hp, tensors, self.n_trunk) if self.traits.fused_qkv == READ else []
-        return super().check(tensors) + missing
 
     @property
     def n_ff(self) -> int:

@@ -4,8 +4,6 @@ check of head sizes their graphs assume."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
@@ -14,7 +12,7 @@ from graphir.graph.floats import inv_sqrt
 from graphir.graph.ir import Node
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, spec
 
 # The bound llama.cpp's build_qkv clamps Q, K and V to, for the families that read it (DBRX, MPT, OLMo); 0: none
 CLAMP_KQV = Key("clamp_kqv", Keys.Attention.CLAMP_KQV, float, 0.0)
@@ -33,7 +31,7 @@ def qkv_tensors(hp: HParams, il: int, *, biases_required: bool = False) -> list[
 
 def fused_or_split_qkv_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     """Layer il's Q, K and V as llama.cpp's ``create_tensor_qkv`` takes them: one attn_qkv with its bias, or the
-    three apart with theirs; all optional here, :func:`missing_qkv` asks for one of the two forms."""
+    three apart with theirs; all optional here, the architecture's check asks for one of the two forms."""
     E = hp.n_embd
     widths = ((T.ATTN_Q, hp.head_count(il) * hp.n_embd_head_k), (T.ATTN_K, hp.n_embd_k_gqa_at(il)),
               (T.ATTN_V, hp.n_embd_v_gqa_at(il)))
@@ -41,14 +39,6 @@ def fused_or_split_qkv_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     return [spec(T.ATTN_QKV, (E, W), il, optional=True), spec(T.ATTN_QKV, (W,), il, "bias", kind="vector", optional=True),
             *(spec(t, (E, w), il, optional=True) for t, w in widths),
             *(spec(t, (w,), il, "bias", kind="vector", optional=True) for t, w in widths)]
-
-
-def missing_qkv(hp: HParams, tensors: Mapping[str, Any], n_layer: int | None = None) -> list[str]:
-    """The layers (the first ``n_layer``: those the graph runs) whose file has neither form of
-    :func:`fused_or_split_qkv_tensors`, one line each."""
-    layers = range(hp.n_layer if n_layer is None else n_layer)
-    return [f"missing tensor '{tensor_name(T.ATTN_QKV, il)}'" for il in layers
-            if tensor_name(T.ATTN_QKV, il) not in tensors and tensor_name(T.ATTN_Q, il) not in tensors]
 
 
 def qk_norm_tensors(hp: HParams, il: int) -> list[TensorSpec]:
