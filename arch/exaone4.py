@@ -28,7 +28,6 @@ from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
 L, A = Keys.LLM, Keys.Attention
-QKV = r"blk\.\d+\.attn_[qkv]\.weight"  # Q, K and V apart, as its checkpoints hold them
 
 
 class Exaone4(Architecture):
@@ -103,11 +102,11 @@ def sliding(c: Config) -> dict[str, object]:
 
 
 hf_config.register(Family("exaone4", TEXT + (VOCAB, sliding), {"tie_word_embeddings": False},
-                          lambda c: QKV), "Exaone4ForCausalLM")
+                          lambda c: presets.SPLIT_QKV), "Exaone4ForCausalLM")
 
 presets.register({
-    "EXAONE-4-tiny": synthetic("exaone4", "a synthetic header of tiny sizes", include=QKV),
+    "EXAONE-4-tiny": synthetic("exaone4", "a synthetic header of tiny sizes", include=presets.SPLIT_QKV),
     # the 32B's layer count, so that three of every four layers slide over the default window of 4096
     "EXAONE-4-32B-tiny": synthetic("exaone4", "a synthetic header of tiny widths and the 32B's 64 layers",
-                                   include=QKV, keys={L.BLOCK_COUNT: 64, L.CONTEXT_LENGTH: 8192}),
+                                   include=presets.SPLIT_QKV, keys={L.BLOCK_COUNT: 64, L.CONTEXT_LENGTH: 8192}),
 })

@@ -30,7 +30,6 @@ class Glm4(PreNormDecoder):
 
 # ---- Hugging Face: convert_hf_to_gguf's Glm4Model: RoPE over partial_rotary_factor (0.5) of each head ---------
 
-QKV = r"blk\.\d+\.attn_[qkv]\.weight"
 QKV_BIASES = r"blk\.\d+\.attn_[qkv]\.(weight|bias)"
 
 
@@ -40,7 +39,8 @@ def _rotated(c: Config) -> int:
 
 hf_config.register(Family("glm4", TEXT + (derived(R.DIMENSION_COUNT, _rotated), VOCAB),
                           {"tie_word_embeddings": False},
-                          lambda c: QKV_BIASES if c.find("attention_bias", kind="flag", default=False) else QKV),
+                          lambda c: QKV_BIASES if c.find("attention_bias", kind="flag", default=False)
+                          else presets.SPLIT_QKV),
                    "Glm4ForCausalLM")
 
 presets.register({"GLM-4-tiny": synthetic("glm4", "a synthetic header of tiny sizes, RoPE over half of each head",

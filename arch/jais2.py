@@ -26,14 +26,13 @@ class Jais2(PreNormDecoder):
 
 # ---- Hugging Face: convert_hf_to_gguf's Jais2Model, the text model's keys and RoPE over whole heads -------------
 
-QKV = r"blk\.\d+\.attn_[qkv]\.weight"
 QKV_BIASES = r"blk\.\d+\.attn_[qkv]\.(weight|bias)"
 
 
 def _qkv(c: Config) -> str:
     """Q, K and V apart, with their biases unless attention_bias says otherwise (the output projection's bias, which
     llama.cpp requires, is always written)."""
-    return QKV_BIASES if c.find("attention_bias", kind="flag", default=True) else QKV
+    return QKV_BIASES if c.find("attention_bias", kind="flag", default=True) else presets.SPLIT_QKV
 
 
 hf_config.register(Family("jais2", TEXT + (derived(R.DIMENSION_COUNT, head_dim), VOCAB),

@@ -96,8 +96,8 @@ def _window(c: Config) -> dict[str, object]:
 hf_config.register(Family("muse-glimmer", TEXT + (
     VOCAB, _window, hf(L.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping", kind="number"),
     hf(L.LOGIT_SCALE, "output_multiplier", kind="number"),
-), {"tie_word_embeddings": False}, lambda c: r"blk\.\d+\.attn_[qkv]\.weight"), "MuseGlimmerForConditionalGeneration")
+), {"tie_word_embeddings": False}, lambda c: presets.SPLIT_QKV), "MuseGlimmerForConditionalGeneration")
 
 presets.register({"Muse-Glimmer-tiny": synthetic(
     "muse-glimmer", "a synthetic header of tiny sizes: three layers of four slide over 64 positions",
-    include=r"blk\.\d+\.attn_[qkv]\.weight", keys={A.SLIDING_WINDOW: 64, L.LOGIT_SCALE: 0.5})})
+    include=presets.SPLIT_QKV, keys={A.SLIDING_WINDOW: 64, L.LOGIT_SCALE: 0.5})})

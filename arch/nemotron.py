@@ -42,12 +42,11 @@ def _scaling(c: Config) -> Mapping[str, Any]:
     return {R.SCALING_TYPE: "none"} if factor is None else {R.SCALING_TYPE: "linear", R.SCALING_FACTOR: factor}
 
 
-QKV = r"blk\.\d+\.attn_[qkv]\.weight"
 
 
 def _biases(c: Config) -> str:
     """Q, K and V apart; the attention's biases with attention_bias, the MLP's with mlp_bias."""
-    out = [QKV]
+    out = [presets.SPLIT_QKV]
     if c.find("attention_bias", kind="flag", default=False):
         out.append(r"blk\.\d+\.attn_(q|k|v|output)\.bias")
     if c.find("mlp_bias", kind="flag", default=False):
@@ -60,4 +59,5 @@ hf_config.register(Family("nemotron", TEXT + (
     derived(R.DIMENSION_COUNT, _rotated), _scaling, VOCAB),
                           {"tie_word_embeddings": False}, _biases), "NemotronForCausalLM")
 
-presets.register({"Nemotron-tiny": synthetic("nemotron", "a synthetic header of tiny sizes", A.LAYERNORM_EPS, QKV)})
+presets.register({"Nemotron-tiny": synthetic("nemotron", "a synthetic header of tiny sizes", A.LAYERNORM_EPS,
+                                             presets.SPLIT_QKV)})

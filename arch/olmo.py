@@ -29,11 +29,10 @@ class Olmo(PreNormDecoder):
 
 # ---- Hugging Face: convert_hf_to_gguf's OlmoModel: the text model's keys, an epsilon of 1e-5, clip_qkv ------------
 
-QKV = r"blk\.\d+\.attn_[qkv]\.weight"
 
 hf_config.register(Family("olmo", TEXT + (VOCAB, fixed(A.LAYERNORM_EPS, 1e-5), hf(A.CLAMP_KQV, "clip_qkv", kind="number",
                                                                                   default=None)),
-                          {"tie_word_embeddings": False}, lambda c: QKV), "OlmoForCausalLM")
+                          {"tie_word_embeddings": False}, lambda c: presets.SPLIT_QKV), "OlmoForCausalLM")
 
 presets.register({"OLMo-tiny": synthetic("olmo", "a synthetic header of tiny sizes, Q, K and V clamped to 8",
-                                         A.LAYERNORM_EPS, QKV, {A.CLAMP_KQV: 8.0})})
+                                         A.LAYERNORM_EPS, presets.SPLIT_QKV, {A.CLAMP_KQV: 8.0})})

@@ -26,7 +26,6 @@ class Plamo(PreNormDecoder):
 # ---- Hugging Face: convert_hf_to_gguf's PlamoModel, which writes its keys itself: a context of 4096 and 5 K/V heads
 # whatever the config says (it reorders Q's and the output's heads for that grouping) ------------------------------
 
-QKV = r"blk\.\d+\.attn_[qkv]\.weight"
 
 hf_config.register(Family("plamo", (
     fixed(L.CONTEXT_LENGTH, 4096),
@@ -37,6 +36,6 @@ hf_config.register(Family("plamo", (
     fixed(A.HEAD_COUNT_KV, 5),
     hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number"),
     VOCAB,
-), {"tie_word_embeddings": False}, lambda c: QKV), "PlamoForCausalLM")
+), {"tie_word_embeddings": False}, lambda c: presets.SPLIT_QKV), "PlamoForCausalLM")
 
-presets.register({"PLaMo-tiny": synthetic("plamo", "a synthetic header of tiny sizes", include=QKV)})
+presets.register({"PLaMo-tiny": synthetic("plamo", "a synthetic header of tiny sizes", include=presets.SPLIT_QKV)})

@@ -80,4 +80,4 @@ class Talkie(Architecture):
 # ---- presets (no Hugging Face mapping: the converter reads logit_scale from a checkpoint weight, lm_head_gain) ----
 
 presets.register({"Talkie-tiny": synthetic("talkie", "a synthetic header of tiny sizes",
-                                           include=r"blk\.\d+\.attn_[qkv]\.weight", keys={L.LOGIT_SCALE: 0.5})})
+                                           include=presets.SPLIT_QKV, keys={L.LOGIT_SCALE: 0.5})})

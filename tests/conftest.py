@@ -232,7 +232,7 @@ _DENSE["qwen35"] = {  # A = -exp(A_log) < 0 so states decay; a step bias per val
 KEEP_F32 = re.compile(r"blk\.\d+\.(ssm_conv1d|time_mix_first|time_mix_w[12]|time_mix_decay_w[12]|time_mix_lerp_fused"
                       r"|ffn_gate_inp)\.weight|position_embd\.weight|token_types\.weight|.+\.bias")
 # Stacked expert matrices [n_embd, n_ff, n_expert]: written in the file's matrix type like any matrix
-EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight")
+EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.weight")
 
 
 def write_vocab_gguf(path: Path, metadata: dict[str, object], arch: str = "llama",

@@ -39,7 +39,7 @@ SIZES: dict[str, dict[str, int]] = {
 }
 MLA = ("deepseek2", "mistral4")
 # mixture-of-experts group two: a per-layer window pattern (odd layers slide) and a clamped SwiGLU, as that test gives
-SWA_PER_LAYER = ("maple", "mimo2")
+SWA_PER_LAYER = ("maple", "mimo2", "granite_swa")
 SWIGLU_CLAMP = {"maple": 7.0}
 HYBRID_HEADS = ("granitehybrid",)  # per-layer head counts: layer 1 has none (an SSM layer)
 

@@ -167,6 +167,10 @@ ROWS = [
     Row("exaone-moe", moe=True),
     Row("laguna", moe=True),
     Row("mimo2", moe=True),
+    # Granite's sliding-window form: sinks, a window the prompt outgrows on odd layers; fused gate/up stacks
+    Row("granite_swa", keys={"granite_swa.attention.sliding_window": 4}),
+    Row("granite_swa", "moe", moe=True, keys={"granite_swa.attention.sliding_window": 4,
+                                              "granite_swa.attention.rope_pattern": [1, 0]}),  # layer 1 without RoPE
     # issue 38, ALiBi and the rest
     Row("refact"),
     Row("bloom"),

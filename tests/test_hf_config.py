@@ -62,6 +62,7 @@ NOT_COMPARED = {
     "mellum-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "exaone-moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "laguna-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "granite_swa-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "mimo2-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
@@ -306,7 +307,7 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         L.RESIDUAL_SCALE: 0.7, L.LOGIT_SCALE: 2.5, S.CONV_KERNEL: 4, S.INNER_SIZE: 128, S.STATE_SIZE: 16,
         S.TIME_STEP_RANK: 8, S.GROUP_COUNT: 1, R.SCALING_FINETUNED: False, R.DIMENSION_COUNT: 16,
         L.VOCAB_SIZE: 256,  # padded to a multiple of 8
-    }, tied=True, include=r"blk\.\d+\.ffn_gate_exps\.weight")),
+    }, tied=True, include=r"blk\.\d+\.(ffn_gate_exps|attn_[qkv])\.weight")),
     # mixtures of experts (issue 39's families without a public config here)
     "bailingmoe2": ({
         "architectures": ["BailingMoeV2ForCausalLM"], "model_type": "bailing_moe", "hidden_size": 64,
@@ -395,6 +396,19 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_WEIGHTS_SCALE: 2.5,
         L.EXPERT_GATING_FUNC: 2, L.LEADING_DENSE_BLOCK_COUNT: 1, R.DIMENSION_COUNT: 8, R.DIMENSION_COUNT_SWA: 16,
         R.FREQ_BASE_SWA: 20000.0}, tied=False)),
+    # Granite's sliding-window form with experts: layers 1-3 sliding as the default pattern, layer 2 without RoPE
+    "granite_swa": ({
+        "architectures": ["GraniteMoeSWAForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32, "shared_intermediate_size": 64,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 256,
+        "vocab_size": 256, "rope_theta": 10000.0, "sliding_window": 16, "no_rope_layers": [1, 1, 0, 1],
+        "attention_multiplier": 0.2, "embedding_multiplier": 3.0, "residual_multiplier": 0.7, "logits_scaling": 2.5,
+        "tie_word_embeddings": False,
+    }, False, Preset("granite_swa", {
+        **MOE_TINY, L.FEED_FORWARD_LENGTH: 32, A.SLIDING_WINDOW: 16, A.SLIDING_WINDOW_PATTERN: [False, True, True, True],
+        "granite_swa.attention.rope_pattern": [True, True, False, True], L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 64,
+        A.SCALE: 0.2, L.EMBEDDING_SCALE: 3.0, L.RESIDUAL_SCALE: 0.7, L.LOGIT_SCALE: 2.5, R.DIMENSION_COUNT: 16,
+    }, tied=False, include=r"blk\.\d+\.(attn_[qkv]|ffn_gate_up_exps)\.weight")),
     # issue 38's dense decoders whose presets are synthetic headers
     "codeshell": ({
         "architectures": ["CodeShellForCausalLM"], "n_embd": 64, "n_head": 4, "num_query_groups": 2, "n_layer": 2,

@@ -312,15 +312,15 @@ class GraphBuilder:
             h = self._activation(t, act, act_scales)
         return self._scaled(self.linear(h, down, down_b, name=name), down_s, name=f"{name}_s")
 
-    def build_ffn_fused_swiglu(self, x: Node, il: int) -> Node:
-        """Layer il's SwiGLU over the two halves of one projection ffn_up = [gate; up]: silu(gate rows) * up rows
-        (llama.cpp's ``ggml_swiglu`` of a single tensor: Phi-3, ChatGLM), then ffn_down."""
-        gu = self.linear(x, self.w(MODEL_TENSOR.FFN_UP, il), name="ffn_up")
+    def build_ffn_fused_swiglu(self, x: Node, il: int, up: MODEL_TENSOR = MODEL_TENSOR.FFN_UP,
+                               down: MODEL_TENSOR = MODEL_TENSOR.FFN_DOWN, name: str = "ffn_out") -> Node:
+        """Layer il's SwiGLU over the two halves of one projection up = [gate; up]: silu(gate rows) * up rows
+        (llama.cpp's ``ggml_swiglu`` of a single tensor: Phi-3, ChatGLM, Granite's fused shared expert), then down."""
+        gu = self.linear(x, self.w(up, il), name="ffn_up")
         F, n = gu.shape[0] // 2, gu.shape[1]
         gate, rest = (self.op("view", gu, shape=(F, n), strides=(1, 2 * F), offset=off, name=tag)
                       for tag, off in (("ffn_gate", 0), ("ffn_up.half", F)))
-        return self.linear(self.op("swiglu", gate, rest, name="ffn_swiglu"), self.w(MODEL_TENSOR.FFN_DOWN, il),
-                           name="ffn_out")
+        return self.linear(self.op("swiglu", gate, rest, name="ffn_swiglu"), self.w(down, il), name=name)
 
     def _activation(self, x: Node, act: Act, act_scales: Node | None = None) -> Node:
         if act is Act.RELU_SQR:

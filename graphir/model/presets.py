@@ -54,6 +54,7 @@ class Preset:
 
 # Tensors the converter writes in a form of its own, named by the presets of several families:
 ROUTER_F32 = r"blk\.\d+\.ffn_gate_inp\.weight"  # MoE routers, kept in f32
+SPLIT_QKV = r"blk\.\d+\.attn_[qkv]\.weight"  # Q, K and V apart, where llama.cpp's loader takes them fused or apart
 EXPERT_GATES = r"blk\.\d+\.ffn_gate_exps\.weight"  # optional to llama.cpp's llama and granitehybrid, always written
 
 PRESETS: dict[str, Preset] = {}  # name -> preset, filled by the family modules through :func:`register`
