@@ -15,7 +15,7 @@ from gguf import Keys
 from graphir.arch.llama import LLAMA_RULES
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
-from graphir.model.builder import Gating, GraphBuilder
+from graphir.model.builder import Gating, GraphBuilder, Select
 from graphir.model.hf_config import Family, hf
 from graphir.model.hparams import HParams, Key, SlidingWindow
 from graphir.model.moe import MOE_KEYS, routed_expert_tensors, experts, check_routed, shared_expert, shared_expert_tensors
@@ -102,7 +102,7 @@ class Llama4(Architecture):
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
             if self.is_moe(il):
                 moe = b.build_moe_ffn(h, **experts(b, il), n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
-                                      gating=Gating.SIGMOID, weight_before=True, select_logits=True)
+                                      gating=Gating.SIGMOID, weight_before=True, select=Select.LOGITS)
                 shared = shared_expert(b, h, il, name="ffn_moe_shexp")
                 f = b.op("add", moe, shared, name="ffn_moe_out_merged")
             else:

@@ -30,9 +30,11 @@ def _quiet(level: int, text: bytes, user_data: int) -> None:  # module-level: th
     pass
 
 
-def llama_cpp_taps(path: str, tokens: list[int], cache_type: int = 1, ints: bool = False) -> dict[str, np.ndarray]:
+def llama_cpp_taps(path: str, tokens: list[int], cache_type: int = 1, ints: bool = False,
+                   first: bool = False) -> dict[str, np.ndarray]:
     """Decode ``tokens`` in one batch (no flash attention, KV cache of ggml type cache_type: 1 = f16, 0 = f32)
-    and return every contiguous f32 tensor by llama.cpp's name (``attn_norm-3``, ``result_output``, ...);
+    and return every contiguous f32 tensor by llama.cpp's name (``attn_norm-3``, ``result_output``, ...), the
+    last of a name computed twice, or with ``first`` the first (GroveMoE's two mixtures name their nodes alike);
     ``ints``: the contiguous i32 ones too (``ffn_moe_argsort-1``: each token's experts, best first)."""
     got: dict[str, np.ndarray] = {}
 
@@ -43,7 +45,9 @@ def llama_cpp_taps(path: str, tokens: list[int], cache_type: int = 1, ints: bool
         if not ask and kind and tt.nb[0] == 4 and tt.nb[1] == 4 * tt.ne[0] and tt.nb[2] == tt.nb[1] * tt.ne[1]:
             n = tt.ne[0] * tt.ne[1] * tt.ne[2] * tt.ne[3]
             data = np.ctypeslib.as_array(ctypes.cast(tt.data, ctypes.POINTER(kind)), shape=(n,))
-            got[tt.name.decode()] = data.reshape(tt.ne[3], tt.ne[2], tt.ne[1], tt.ne[0]).squeeze().copy()
+            name = tt.name.decode()
+            if not (first and name in got):
+                got[name] = data.reshape(tt.ne[3], tt.ne[2], tt.ne[1], tt.ne[0]).squeeze().copy()
         return True
 
     L.llama_log_set(_quiet, None)

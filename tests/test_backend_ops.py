@@ -342,6 +342,9 @@ CASES: list[Case] = [
     C("get_rows", I("f32", 3, 5, 2), I("i32", 4, 2, init="ids", n=5), tol=EXACT, note="batched, 3 wide"),
     C("get_rows", I("f32", 1, 4, 3, T), I("i32", 2, 3, T, init="ids", n=4), tol=EXACT, env={"n_tokens": 2},
       note="batched twice: each group's top 2"),
+    # GroveMoE's expert ids divided by the group size: ids to f32 and back, truncated toward zero
+    C("cast", I("i32", 4, T, init="ids", n=9), type="f32", tol=EXACT, env={"n_tokens": 3}),
+    C("cast", I("f32", 5, 3, lo=-4.0, hi=4.0), type="i32", tol=EXACT, note="negative and fractional values truncated"),
     # group-limited routing's mask: every score -inf, then the kept groups' rows written back per token
     C("fill", I("f32", 4, 3, T), c=-2.5, tol=EXACT, env={"n_tokens": 2}),
     C("fill", I("f16", 7, 2), c=0.75, tol=EXACT, note="f16 shape, f32 values"),

@@ -28,7 +28,7 @@ def rejects(op: str, inputs: list[Node], attrs: dict, match: str) -> None:
 
 # --------------------------------------------------------------------------- the catalogue
 
-ALL_OPS = ["add", "add_id", "argsort_top_k", "clamp", "concat", "cont", "div", "exp", "fill", "gated_delta_net", "geglu",
+ALL_OPS = ["add", "add_id", "argsort_top_k", "cast", "clamp", "concat", "cont", "div", "exp", "fill", "gated_delta_net", "geglu",
            "gelu", "get_rows", "input", "moe_sum", "mul", "mul_mat", "mul_mat_id", "neg", "norm", "permute", "reglu",
            "relu", "repeat", "reshape", "rms_norm", "rope", "rope_multi", "rwkv_wkv6", "scale",
            "set_rows", "sigmoid", "silu", "soft_max", "softplus", "sqr", "ssm_conv", "ssm_scan", "ssm_scan_heads",
@@ -79,7 +79,7 @@ def test_the_named_groups_are_the_catalogues():
     assert LEAVES == {"input", "weight"}
     assert BINARY == {"add", "sub", "mul", "div"}
     assert UNARY == {"scale", "silu", "gelu", "relu", "sqr", "neg", "exp", "tanh", "sigmoid", "softplus", "clamp",
-                     "fill", "xielu"}
+                     "fill", "cast", "xielu"}
     assert VIEWS == {"reshape", "view", "permute", "transpose", "cont"}
     assert COMPUTING == set(OPS) - LEAVES
 
@@ -494,6 +494,13 @@ def test_get_rows_with_3d_ids_gathers_per_two_batch_dims():
 def test_repeat_tiles_to_a_shape_each_size_divides():
     assert infer("repeat", [t("f32", 64, 1, T)], {"shape": (64, 16, T)}) == ("f32", (64, 16, T))
     rejects("repeat", [t("f32", 64, 3, T)], {"shape": (64, 16, T)}, "cannot repeat")
+
+
+def test_cast_changes_the_type_between_f32_and_i32_only():
+    assert infer("cast", [t("i32", 2, T)], {"type": "f32"}) == ("f32", (2, T))
+    assert infer("cast", [t("f32", 2, T)], {"type": "i32"}) == ("i32", (2, T))
+    with pytest.raises(ShapeError, match="casts between f32 and i32, not f16 to i32"):
+        infer("cast", [t("f16", 2, T)], {"type": "i32"})
 
 
 def test_fill_keeps_the_shape():

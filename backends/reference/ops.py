@@ -354,6 +354,8 @@ def set_rows(v, a, shape, env):
 REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "get_rows": lambda v, a, shape, env: (get_rows_batched if v[1].ndim >= 2 else get_rows)(v, a, shape, env),
     "fill": lambda v, a, shape, env: np.full(shape, a["c"]), "repeat": repeat,
+    # float32 values, so that a scale of them rounds as ggml's does (GroveMoE's expert ids divided by a group size)
+    "cast": lambda v, a, shape, env: np.asarray(v[0]).astype(np.float32 if a["type"] == "f32" else np.int32),
     "mul_mat": mul_mat, "mul_mat_id": mul_mat_id, "argsort_top_k": argsort_top_k,
     "sum_rows": lambda v, a, shape, env: v[0].sum(-1, keepdims=True),
     "moe_sum": lambda v, a, shape, env: v[0].sum(-2),

@@ -109,6 +109,12 @@ def _argsort_top_k(xs: list[Node], a: dict[str, Any]) -> Type:
     return "i32", (k,) + tuple(x.shape[1:])
 
 
+def _cast(xs: list[Node], a: dict[str, Any]) -> Type:
+    t = a["type"]
+    _need(t in ("f32", "i32") and xs[0].dtype in ("f32", "i32"), f"casts between f32 and i32, not {xs[0].dtype} to {t}")
+    return t, xs[0].shape
+
+
 def _sum_rows(xs: list[Node], a: dict[str, Any]) -> Type:
     x = xs[0]
     _need(x.dtype in FLOAT_TYPES, f"expects a float operand, got {x.dtype}")
@@ -326,6 +332,8 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
           "sum over ne1 (a token's expert slots), slot 0 first, in float32"),
     OpDef("clamp", "unary", ("a",), ("min", "max"), _same, "min(max(a, min), max)"),
     OpDef("fill", "unary", ("a",), ("c",), _same, "a's shape, every value c (MoE's group mask starts at -inf)"),
+    OpDef("cast", "unary", ("a",), ("type",), _cast,
+          "a's values as another type: i32 to f32 exactly, f32 to i32 truncated toward zero (ggml_cast)"),
     OpDef("add", "elementwise", ("a", "b"), (), _binary, "a + b, b broadcast by repetition"),
     OpDef("sub", "elementwise", ("a", "b"), (), _binary, "a - b, b broadcast by repetition"),
     OpDef("mul", "elementwise", ("a", "b"), (), _binary, "a * b, b broadcast by repetition"),

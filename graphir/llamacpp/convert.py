@@ -82,7 +82,9 @@ def shape_of(ne: list[int]) -> tuple[int, ...]:
 
 def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
     """The catalogue's op and attributes for one ggml node (``ggml.<op>`` with its raw parameters if none)."""
-    name, op, desc, _, ne, nb, p = r[:7]
+    name, op, desc, dtype, ne, nb, p = r[:7]
+    if op == "CPY" and len(srcs) == 1 and {srcs[0].dtype, dtype} == {"f32", "i32"}:  # ggml_cast
+        return "cast", {"type": dtype}
     kind = _SAME.get(desc if op in ("UNARY", "GLU") else op)
     if kind is None or op == "GLU" and len(srcs) != 2 or op == "SCALE" and p[1] != 0 or op == "ROPE" and p[15]:
         n = len(p)

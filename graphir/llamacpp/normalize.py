@@ -108,6 +108,7 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
                 k = _size(n.shape[0], env)
                 x = Node(x.name, x.op, x.inputs, {"k": k}, x.dtype, (k,) + x.shape[1:])
                 digest[id(x)] = _digest(x, digest)
+                x = computed.setdefault(digest[id(x)], x)  # two such views of one sort: computed once
             alias[id(n)] = x
             continue
         operands = []

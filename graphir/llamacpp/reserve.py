@@ -126,7 +126,7 @@ def _records(lib: Library, gf: int) -> list[list[Any]]:
             if q in index:
                 continue
             t = GGMLTensor.from_address(q)
-            srcs = [s for s in t.src if s]
+            srcs = [s for s in t.src if s and s != q]  # ggml_cast makes its result its own destination source
             if not expanded:
                 stack.append((q, True))
                 stack.extend((s, False) for s in reversed(srcs) if s not in index)

@@ -60,6 +60,13 @@ class Gating(Enum):
     SOFTMAX_WEIGHT = "softmax_weight"  # the top k logits, then a softmax over those k
 
 
+class Select(Enum):
+    """What a router ranks its experts by when it chooses a token's best ones (llama.cpp's build_moe_ffn)."""
+    PROBS = "probs"  # the gating's probabilities (plus a selection bias where there is one)
+    LOGITS = "logits"  # the router's logits (Llama 4, whose gating applies after the choice)
+    SIGMOID = "sigmoid"  # the logits' sigmoid, whatever the gating (GroveMoE)
+
+
 MOE_WEIGHT_SUM_MIN = 6.103515625e-05  # the normalising sum is clamped here (the smallest normal f16), as llama.cpp
 SWIGLU_LIMIT_MIN = 1e-6  # a swiglu_clamp_exp at most this leaves the SwiGLU unclamped, as llama.cpp
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = f32(1.702), 7.0  # llama.cpp's fixed constants of gpt-oss's clamped SwiGLU
@@ -339,8 +346,8 @@ class GraphBuilder:
                       down_exps_b: Node | None = None, up_exps_s: Node | None = None,
                       gate_exps_s: Node | None = None, down_exps_s: Node | None = None, n_groups: int = 0,
                       n_group_used: int = 0, gate_up_exps: Node | None = None, weight_before: bool = False,
-                      select_logits: bool = False, logits: Node | None = None, swiglu_limit: float = 0.0,
-                      name: str = "ffn_moe_out") -> Node:
+                      select: Select = Select.PROBS, logits: Node | None = None, swiglu_limit: float = 0.0,
+                      group_experts: int = 0, name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
@@ -353,9 +360,11 @@ class GraphBuilder:
         groups only (:meth:`_moe_best_groups`, DeepSeek-V3). ``gate_up_exps`` [n_embd, 2 n_ff, n_expert]: the gate
         and up stacks as one, each expert's gate rows before its up rows (in place of ``gate_exps``/``up_exps``).
         ``weight_before``: each token's input is weighted per chosen expert before that expert's FFN, not its
-        output after (Llama 4). ``select_logits``: the experts are chosen by the router's logits, not by its
-        probabilities (Llama 4, whose gating applies after the choice). ``logits``: the router's logits computed
-        elsewhere (SmallThinker routes from the layer's input), in place of ``gate_inp``'s product.
+        output after (Llama 4). ``select``: what the experts are chosen by (:class:`Select`). ``logits``: the
+        router's logits computed elsewhere (SmallThinker routes from the layer's input; GroveMoE shares them between
+        two mixtures), in place of ``gate_inp``'s product. ``group_experts`` > 0: the chosen ids among the logits'
+        experts are divided by it (through f32, truncated, as ggml's casts) into ids of this mixture's ``n_expert``
+        experts, one per group (GroveMoE's adjugate experts), their weights the chosen groups' first experts'.
         ``swiglu_limit``: a SwiGLU's gate capped and its up clamped at that limit (ggml's swiglu_clamp, the layer's
         ``swiglu_clamp_exp``; at most 1e-6: not clamped)."""
         n_embd, n_tok = x.shape
@@ -370,13 +379,19 @@ class GraphBuilder:
         else:
             probs = logits
         choice = probs if probs_b is None else self.op("add", probs, probs_b, name="ffn_moe_probs_biased")
-        if select_logits:
+        if select is Select.LOGITS:
             choice = logits
+        elif select is Select.SIGMOID:
+            choice = self.op("sigmoid", logits, name="ffn_moe_probs_biased")
         if n_groups > 1:
             choice = self._moe_best_groups(choice, n_expert, n_groups, n_group_used)
         selected = self.op("argsort_top_k", choice, k=n_expert_used, name="ffn_moe_topk")
-        weights = self.op("get_rows", self.reshape(probs, (1, n_expert, n_tok), name="ffn_moe_probs.3d"), selected,
-                          name="ffn_moe_weights")
+        if group_experts:
+            ids = self.op("cast", selected, type="f32", name="ffn_moe_topk.f32")
+            ids = self.op("scale", ids, s=f32(1.0 / group_experts), name="ffn_moe_topk.groups")
+            selected = self.op("cast", ids, type="i32", name="ffn_moe_topk.group_ids")
+        weights = self.op("get_rows", self.reshape(probs, (1, probs.shape[0], n_tok), name="ffn_moe_probs.3d"),
+                          selected, name="ffn_moe_weights")
         if gating is Gating.SOFTMAX_WEIGHT:
             w = self.reshape(weights, (n_expert_used, n_tok), name="ffn_moe_weights.2d")
             weights = self.reshape(self.op("soft_max", w, scale=1.0, max_bias=0.0, name="ffn_moe_weights_softmax"),

@@ -1,5 +1,5 @@
-"""The movement steps: windows (reshape, view, permute, transpose), cont, concat, get_rows, set_rows, fill and
-repeat; with their tape faces."""
+"""The movement steps: windows (reshape, view, permute, transpose), cont, concat, get_rows, set_rows, fill, cast
+and repeat; with their tape faces."""
 
 from __future__ import annotations
 
@@ -223,6 +223,12 @@ class _SetRows(Step):
 def _fill(n: Node, memo: threading.local, path: IsaPath) -> Step:
     c = np.float32(n.attrs["c"])
     return Function(lambda env, x: np.full(x.shape, c, np.float32))
+
+
+@kernel("cast")
+def _cast(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    to = np.float32 if n.attrs["type"] == "f32" else np.int32  # to i32: truncated toward zero, as C's conversion
+    return Function(lambda env, x: x.astype(to))
 
 
 @kernel("repeat")
