@@ -36,8 +36,8 @@ from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, fixed, hf
 from graphir.model.hparams import HParams, Key
 from graphir.model.moe import (GATING_FUNC_KEY, MOE_KEYS, NEXTN_KEY, check_experts, expert_width, gating,
-                               nextn_layer, routed_expert_tensors, routed_experts, shared_expert, shared_expert_tensors,
-                               trunk_layers)
+                               nextn_layer, nextn_written, routed_expert_tensors, routed_experts, shared_expert,
+                               shared_expert_tensors, trunk_layers)
 from graphir.model.presets import Preset
 from graphir.model.qkv import check_whole_heads, qkv_tensors
 from graphir.model.scales import layer_scales
@@ -251,21 +251,13 @@ hf_config.register(Family("dots1", TEXT + SHARED_EXPERT_RULES, {"tie_word_embedd
 
 
 
-def _nextn_written(n_layer: int, n_nextn: int, trunk: str) -> str:
-    """The NextN layers' tensors the converter writes: those of a trunk layer it names (``trunk``: a regex of
-    weight names), the routers' selection bias, eh_proj, the two norms and the shared head's norm."""
-    nextn = "|".join(str(il) for il in range(n_layer, n_layer + n_nextn))
-    return (rf"blk\.({nextn})\.({trunk}|ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp)|"
-            rf"nextn\.(eh_proj|enorm|hnorm|shared_head_norm))\.weight|blk\.({nextn})\.exp_probs_b\.bias")
-
-
 def _glm_written(n_layer: int, n_nextn: int, qk_norm: bool) -> str:
     """GLM-4.5's optional tensors: Q/K/V biases, QK-norm where the config asks for it, its NextN layers."""
     out = [r"blk\.\d+\.attn_[qkv]\.bias"]
     if qk_norm:
         out.append(r"blk\.\d+\.attn_[qk]_norm\.weight")
     if n_nextn:
-        out.append(_nextn_written(n_layer, n_nextn, r"attn_norm|attn_[qkv]|attn_output|post_attention_norm"))
+        out.append(nextn_written(n_layer, n_nextn, r"attn_norm|attn_[qkv]|attn_output|post_attention_norm"))
     return "|".join(out)
 
 
@@ -273,7 +265,7 @@ def _ling2_written(c: Config) -> str:
     """Ling 2.0's optional tensors: the selection bias where the router trains one, its NextN layers."""
     out = [SELECTION_BIAS] if c.find("moe_router_enable_expert_bias", kind="flag", default=False) else []
     if _nextn(c):
-        out.append(_nextn_written(c.find("num_hidden_layers"), _nextn(c),
+        out.append(nextn_written(c.find("num_hidden_layers"), _nextn(c),
                                   r"attn_norm|attn_qkv|attn_output|attn_[qk]_norm|ffn_norm|layer_output_norm"))
     return "|".join(out)
 
@@ -335,7 +327,7 @@ presets.register({
         L.EXPERT_WEIGHTS_SCALE: 2.5, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_GATING_FUNC: 2, L.NEXTN_PREDICT_LAYERS: 1,
         L.VOCAB_SIZE: 1024,
     }, tied=False, f32=presets.ROUTER_F32, source="synthetic header",  # its NextN layer written, as llama.cpp requires
-        include=SELECTION_BIAS + "|" + _nextn_written(4, 1, r"attn_norm|attn_qkv|attn_output|attn_[qk]_norm|ffn_norm|"
+        include=SELECTION_BIAS + "|" + nextn_written(4, 1, r"attn_norm|attn_qkv|attn_output|attn_[qk]_norm|ffn_norm|"
                                                            r"layer_output_norm")),
     # 28 layers (the first dense), 16 heads of 128, 64 experts of 1408 with 6 per token by softmax and 2 shared
     "DeepSeek-MoE-16B": Preset("deepseek", {

@@ -232,7 +232,7 @@ _DENSE["qwen35"] = {  # A = -exp(A_log) < 0 so states decay; a step bias per val
 KEEP_F32 = re.compile(r"blk\.\d+\.(ssm_conv1d|time_mix_first|time_mix_w[12]|time_mix_decay_w[12]|time_mix_lerp_fused"
                       r"|ffn_gate_inp)\.weight|position_embd\.weight|token_types\.weight|.+\.bias")
 # Stacked expert matrices [n_embd, n_ff, n_expert]: written in the file's matrix type like any matrix
-EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.weight")
+EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down|gate_up)_(ch)?exps\.weight")
 
 
 def write_vocab_gguf(path: Path, metadata: dict[str, object], arch: str = "llama",
@@ -406,7 +406,13 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
                 "olmo": r"blk\.\d+\.attn_[qkv]\.weight", "plamo": r"blk\.\d+\.attn_[qkv]\.weight",
                 "glm4": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "exaone4": r"blk\.\d+\.attn_[qkv]\.weight",
                 "talkie": r"blk\.\d+\.attn_[qkv]\.weight", "muse-glimmer": r"blk\.\d+\.attn_[qkv]\.weight",
-                "spark2_5": r"blk\.\d+\.attn_qkv\.weight"}  # Q, K, V fused (or apart: either is optional)
+                "spark2_5": r"blk\.\d+\.attn_qkv\.weight",  # Q, K, V fused (or apart: either is optional)
+                # Granite's Q, K and V apart (fused is the other form llama.cpp takes)
+                **{a: r"blk\.\d+\.attn_[qkv]\.weight" for a in ("granite", "granitemoe", "minicpm", "granitehybrid")},
+                "granite_swa": r"blk\.\d+\.(attn_[qkv]|ffn_gate_up_exps)\.weight",
+                # a prediction layer's tensors (all optional) and every layer's Q, K, V and gate and up stacks apart
+                "cohere2moe": r"blk\.\d+\.(attn_norm|attn_[qkv]|attn_output|ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp)"
+                              r"|nextn\.(eh_proj|enorm|hnorm))\.weight"}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 
@@ -515,7 +521,8 @@ TINY_MOE: dict[str, object] = {
     gguf.Keys.LLM.EXPERT_GATING_FUNC: 2, gguf.Keys.LLM.EXPERT_WEIGHTS_SCALE: 1.0,
     gguf.Keys.Attention.SLIDING_WINDOW: 16, gguf.Keys.Attention.LAYERNORM_EPS: 1e-5, gguf.Keys.LLM.LOGIT_SCALE: 1.0,
 }
-for _family in ("arctic", "bailingmoe", "bailingmoe2", "dbrx", "deepseek", "dots1", "ernie4_5-moe", "exaone-moe",
+for _family in ("arctic", "bailingmoe", "bailingmoe2", "cohere2moe", "dbrx", "deepseek", "dots1", "ernie4_5-moe",
+                "exaone-moe",
                 "glm4moe", "granitemoe", "grok", "hunyuan-moe", "hy_v3", "laguna", "llama4", "maple", "mellum", "mimo2",
                 "minimax-m2", "olmoe", "phimoe", "qwen2moe", "smallthinker"):
     TINY_FAMILY[_family] = {**TINY_MOE, **TINY_FAMILY.get(_family, {})}

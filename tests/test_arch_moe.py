@@ -34,7 +34,7 @@ from graphir.memory.layers import LayerNeeds
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import Key
-from graphir.model.presets import Preset
+from graphir.model.presets import SPLIT_QKV, Preset
 from graphir.model.tensors import TensorSpec, spec
 from graphir.running.runtime import load
 from graphir.batch import Batch
@@ -58,7 +58,7 @@ PRESETS = {
     "qwen3moe-wide": make_tiny_preset("qwen3moe", tied=False, **WIDE),
     "mixtral": Preset("llama", MIXTRAL, tied=False, matrix_type=Q.F32, include=GATES),
     "mixtral-ungated": Preset("llama", MIXTRAL, tied=False, matrix_type=Q.F32),
-    "granite": Preset("granitehybrid", GRANITE, tied=False, matrix_type=Q.F32, include=GATES),
+    "granite": Preset("granitehybrid", GRANITE, tied=False, matrix_type=Q.F32, include=rf"{GATES}|{SPLIT_QKV}"),
 }
 F32_MODELS = ["qwen3moe", "mixtral", "mixtral-ungated", "granite"]
 
@@ -292,3 +292,37 @@ def test_prediction_layers_are_loaded_and_left_out_as_llama_cpp_leaves_them(tmp_
         load(str(cut))
     with pytest.raises(ValueError, match="Failed to load model"):
         LlamaCpp(cut)
+
+
+@oracle
+def test_cohere2moe_runs_the_layers_before_its_prediction_layer_with_or_without_that_layers_tensors(
+        tmp_path: Path) -> None:
+    """Cohere's loader asks for a prediction layer's tensors only where the file has its projection (a file without
+    it holds the trunk alone): with the layer and without any of its tensors, both engines run the four layers
+    before it, bit for bit."""
+    keys = {gguf.Keys.LLM.NEXTN_PREDICT_LAYERS: 1, gguf.Keys.LLM.BLOCK_COUNT: 5}
+    whole = write_model_gguf(tmp_path / "whole.gguf", make_tiny_preset("cohere2moe", **keys))
+    mtp = tuple(name for name in load(str(whole)).arch.specs if name.startswith("blk.4."))
+    trunk = write_model_gguf(tmp_path / "trunk.gguf", make_tiny_preset("cohere2moe", **keys), drop=mtp)
+
+    def check(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
+        assert max_delta(ours, ref) <= 1e-3, what
+        if oracle_is_exact():
+            assert np.array_equal(ours, ref), what
+
+    for path in (whole, trunk):
+        model = load(str(path))
+        assert len(model.arch.layers()) == 4
+        ours, theirs = greedy_against_llama_cpp(model, path, PROMPT, 4, check)
+        assert ours == theirs
+
+
+def test_grovemoe_refuses_groups_that_do_not_divide_its_experts_naming_the_key(tmp_path: Path) -> None:
+    """Four experts in groups of 3: llama.cpp would make one adjugate expert and let ids reach past it."""
+    from graphir.model.presets import all_presets
+    from graphir.running.runtime import load
+
+    path = write_model_gguf(tmp_path / "bad.gguf", all_presets()["grovemoe-tiny-header"],
+                            extra_md={"grovemoe.experts_per_group": 3})
+    with pytest.raises(MetadataError, match=r"'grovemoe\.experts_per_group' = 3 does not divide the 4 experts"):
+        load(str(path)).hparams  # noqa: B018

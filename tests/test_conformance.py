@@ -169,6 +169,13 @@ ROWS = [
     Row("mimo2", moe=True),
     # Granite's sliding-window form: sinks, a window the prompt outgrows on odd layers; fused gate/up stacks
     Row("granite_swa", keys={"granite_swa.attention.sliding_window": 4}),
+    # GroveMoE: 4 experts in groups of 2, so the adjugate mixture's ids are the chosen experts' halved
+    Row("grovemoe", moe=True, keys={"grovemoe.expert_count": 4, "grovemoe.experts_per_group": 2,
+                                    "grovemoe.expert_group_scale": 0.5}),
+    Row("grovemoe", "ungrouped", moe=True, keys={"grovemoe.expert_count": 3, "grovemoe.expert_used_count": 3}),
+    # layer 0 dense and roped, 1-3 sliding over a window the prompt outgrows, 4 global without positions
+    Row("cohere2moe", moe=True, keys={"n_layer": 5, "cohere2moe.attention.sliding_window": 4}),
+    Row("cohere2moe", "layernorm", moe=True, keys={"cohere2moe.attention.layer_norm_rms_epsilon": 0.0}),
     Row("granite_swa", "moe", moe=True, keys={"granite_swa.attention.sliding_window": 4,
                                               "granite_swa.attention.rope_pattern": [1, 0]}),  # layer 1 without RoPE
     # issue 38, ALiBi and the rest
@@ -439,14 +446,15 @@ ROUTING_WEIGHTS = ("ffn_moe_weights", "ffn_moe_weights_softmax", "ffn_moe_weight
 def test_each_token_takes_llama_cpps_experts_with_its_weights(row: Row) -> None:
     """Every mixture-of-experts layer, node by node through llama.cpp's eval callback: each token's chosen experts
     (llama.cpp's ``ffn_moe_argsort``, best first) are graphir's ``ffn_moe_topk``, in the same order, and the weights
-    its experts' outputs are multiplied by are llama.cpp's. llama.cpp's last layer routes its output row only."""
+    its experts' outputs are multiplied by are llama.cpp's (a layer's first mixture where it has two). llama.cpp's
+    last layer routes its output row only."""
     from llama_taps import llama_cpp_taps
 
     hp = _arch(row).hp
     k, T_ = hp.n_expert_used, len(PROMPT)
     taps: dict[str, np.ndarray] = {}
     _model(row, Q.F32).new_context(n_ctx=64).decode(Batch.from_tokens(PROMPT, 0, outputs="all"), taps=taps)
-    theirs = llama_cpp_taps(str(_path(row, Q.F32)), PROMPT, ints=True)
+    theirs = llama_cpp_taps(str(_path(row, Q.F32)), PROMPT, ints=True, first=True)
     layers = [il for il in range(hp.n_layer) if f"ffn_moe_argsort-{il}" in theirs]
     assert layers, "llama.cpp routed no token"
     for il in layers:

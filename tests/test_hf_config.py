@@ -63,6 +63,8 @@ NOT_COMPARED = {
     "exaone-moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "laguna-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "granite_swa-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "grovemoe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "cohere2moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "mimo2-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
@@ -409,6 +411,33 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         "granite_swa.attention.rope_pattern": [True, True, False, True], L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 64,
         A.SCALE: 0.2, L.EMBEDDING_SCALE: 3.0, L.RESIDUAL_SCALE: 0.7, L.LOGIT_SCALE: 2.5, R.DIMENSION_COUNT: 16,
     }, tied=False, include=r"blk\.\d+\.(attn_[qkv]|ffn_gate_up_exps)\.weight")),
+    # GroveMoE: 4 experts in the converter's groups of 2, adjugate experts as wide as a head
+    "grovemoe": ({
+        "architectures": ["GroveMoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "moe_intermediate_size": 32,
+        "num_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 256,
+        "vocab_size": 256, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    }, False, Preset("grovemoe", {
+        **MOE_TINY, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, L.EXPERT_CHUNK_FEED_FORWARD_LENGTH: 16,
+        L.EXPERTS_PER_GROUP: 2, L.EXPERT_GROUP_SCALE: 0.05}, tied=False, include=r"blk\.\d+\.attn_[qkv]\.weight")),
+    # Cohere's mixture of experts: a dense first layer, three sliding layers, a shared expert, a prediction layer
+    "cohere2moe": ({
+        "architectures": ["Cohere2MoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 32,
+        "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1, "norm_topk_prob": True,
+        "layer_norm_eps": 1e-5, "logit_scale": 0.25, "max_position_embeddings": 256, "vocab_size": 256,
+        "rope_theta": 10000.0, "sliding_window": 16, "num_nextn_predict_layers": 1,
+        "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"],
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "tie_word_embeddings": True,
+    }, False, Preset("cohere2moe", {
+        **{k: v for k, v in MOE_TINY.items() if k != A.LAYERNORM_RMS_EPS}, L.BLOCK_COUNT: 5,
+        L.FEED_FORWARD_LENGTH: 32, A.LAYERNORM_EPS: 1e-5,
+        L.LOGIT_SCALE: 0.25, A.SLIDING_WINDOW: 16, A.SLIDING_WINDOW_PATTERN: [False, True, True, True],
+        L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_SHARED_COUNT: 1,
+        L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.NEXTN_PREDICT_LAYERS: 1, R.DIMENSION_COUNT: 16,
+        R.SCALING_TYPE: "none"}, tied=True,
+        include=r"blk\.\d+\.(attn_[qkv]|ffn_(gate|up)_exps)\.weight|blk\.4\.(attn_norm|attn_output|ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp)"
+                r"|nextn\.(eh_proj|enorm|hnorm|shared_head_norm))\.weight")),
     # issue 38's dense decoders whose presets are synthetic headers
     "codeshell": ({
         "architectures": ["CodeShellForCausalLM"], "n_embd": 64, "n_head": 4, "num_query_groups": 2, "n_layer": 2,

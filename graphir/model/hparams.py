@@ -319,11 +319,11 @@ def _sliding(r: KeyReader, swa: SlidingWindow | None, n_layer: int) -> dict[str,
     kp = r.key(Keys.Attention.SLIDING_WINDOW_PATTERN)
     pattern = r.md.get(kp, swa.period)
     if isinstance(pattern, (list, tuple)):
-        if len(pattern) != n_layer:
+        if len(pattern) not in (n_layer, trunk):  # converters write the trunk's (the prediction layers never slide)
             raise MetadataError(f"{r.label}: key '{kp}' has {len(pattern)} values, one per layer needs {n_layer}")
         # llama.cpp reads bool, int32 and uint32 arrays alike here, any nonzero value meaning a sliding layer
         layers = tuple(int(bool(v if isinstance(v, bool) else r._typed(f"{kp}[{i}]", v, int)))
-                       for i, v in enumerate(pattern))
+                       for i, v in enumerate(pattern)) + (0,) * (n_layer - len(pattern))
     else:
         n = r._typed(kp, pattern, int)
         if n < 0:

@@ -106,6 +106,14 @@ def nextn_layer(layer: list[TensorSpec], hp: HParams, il: int, required: bool = 
     return [replace(s, optional=s.optional or not required or s.name in qkv, tied_to=None) for s in layer + own]
 
 
+def nextn_written(n_layer: int, n_nextn: int, trunk: str) -> str:
+    """The NextN layers' tensors the converter writes: those of a trunk layer it names (``trunk``: a regex of
+    weight names), the routers' selection bias, eh_proj, the two norms and the shared head's norm."""
+    nextn = "|".join(str(il) for il in range(n_layer, n_layer + n_nextn))
+    return (rf"blk\.({nextn})\.({trunk}|ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp)|"
+            rf"nextn\.(eh_proj|enorm|hnorm|shared_head_norm))\.weight|blk\.({nextn})\.exp_probs_b\.bias")
+
+
 def shared_expert_tensors(n_embd: int, n_ff: int, il: int) -> list[TensorSpec]:
     """Layer il's shared expert: a SwiGLU FFN every token takes beside its routed experts."""
     return [spec(T.FFN_GATE_SHEXP, (n_embd, n_ff), il), spec(T.FFN_DOWN_SHEXP, (n_ff, n_embd), il),
