@@ -15,7 +15,9 @@ stores times 0.1).
 FFNs: the first ``leading_dense_block_count`` layers are dense SwiGLU; the others route each token to its
 ``expert_used_count`` best experts (softmax, or sigmoid with a selection bias in V3; renormalised and scaled as the
 file says; V3 first keeps the ``expert_group_used_count`` best of ``expert_group_count`` groups) and add
-``expert_shared_count`` shared experts every token takes.
+``expert_shared_count`` shared experts every token takes. Multi-token-prediction layers (``nextn_predict_layers``,
+V3's) load and never run: llama.cpp's main graph leaves them to its draft graph, and asks for their tensors only
+where the file has their projection (a file without it holds the trunk alone).
 
 References: DeepSeek-AI 2024, "DeepSeek-V2" and "DeepSeek-V3 Technical Report"; llama.cpp src/models/deepseek2.cpp.
 """
@@ -29,7 +31,8 @@ from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from graphir.model.mla import decompressed_attention, latent_qkv
-from graphir.model.moe import MOE_KEYS, check_experts, gate_up, gate_up_problems, gate_up_tensors
+from graphir.model.moe import (MOE_KEYS, check_experts, gate_up, gate_up_problems, gate_up_tensors, nextn_layer,
+                               trunk_layers)
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.memory.layers import LatentAttention, LayerNeeds
@@ -56,12 +59,12 @@ def _lite(n_layer: int, n_vocab: int) -> bool:
     return n_layer in (26, 27) or (n_layer == 48 and n_vocab == 128256)
 
 
-def _gating(hp: HParams) -> Gating:
+def _gating(hp: HParams, n_trunk: int) -> Gating:
     """The file's expert gating; absent, what llama.cpp takes for the files written before the key: sigmoid for
-    GLM-4.7-Lite's sizes, softmax for DeepSeek-V2 and V2.5."""
+    GLM-4.7-Lite's sizes (of ``n_trunk`` layers before any prediction layer), softmax for DeepSeek-V2 and V2.5."""
     if hp.expert_gating_func:
         return GATINGS[hp.expert_gating_func]
-    return Gating.SIGMOID if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else Gating.SOFTMAX
+    return Gating.SIGMOID if n_trunk in (47, 48) and hp.n_vocab == 154880 else Gating.SOFTMAX
 
 
 def _mscale(factor: float, m: float) -> float:
@@ -99,11 +102,10 @@ class DeepSeek2(Architecture):
         if hp.attn_temp_scale and not hp.attn_temp_length:
             raise MetadataError(f"'{key(A.TEMPERATURE_SCALE)}' is set but '{key(A.TEMPERATURE_LENGTH)}' is not: "
                                 f"attention temperature tuning needs both")
-        if hp.n_layer_nextn:
-            raise MetadataError(f"'{key(L.NEXTN_PREDICT_LAYERS)}' = {hp.n_layer_nextn}: multi-token-prediction layers "
-                                f"are not built (convert without them)")
+        # the prediction layers after the trunk are loaded, never run; llama.cpp sizes the variants by the trunk
+        self.n_trunk = trunk_layers(hp, self.name)
         check_experts(hp, self.name, groups=True)
-        if hp.n_layer_dense_lead < hp.n_layer and not hp.n_expert:
+        if hp.n_layer_dense_lead < self.n_trunk and not hp.n_expert:
             raise MetadataError(f"layers {hp.n_layer_dense_lead}.. are mixtures of experts "
                                 f"('{key(L.LEADING_DENSE_BLOCK_COUNT)}' = {hp.n_layer_dense_lead}) but "
                                 f"'{key(L.EXPERT_COUNT)}' is 0")
@@ -118,7 +120,7 @@ class DeepSeek2(Architecture):
         self.d_k = hp.n_embd_head_k_mla if self.mla else hp.n_embd_head_k
         self.d_v = hp.n_embd_head_v_mla if self.mla else hp.n_embd_head_v
         self.d_nope = self.d_k - hp.n_rot
-        self.q_lora = 0 if _lite(hp.n_layer, hp.n_vocab) else hp.n_lora_q
+        self.q_lora = 0 if _lite(self.n_trunk, hp.n_vocab) else hp.n_lora_q
         if self.d_nope < 1:
             raise MetadataError(f"heads of {self.d_k} values ('{key(A.KEY_LENGTH_MLA if self.mla else A.KEY_LENGTH)}') "
                                 f"leave no part without positions beside the {hp.n_rot} RoPE'd ones "
@@ -138,7 +140,7 @@ class DeepSeek2(Architecture):
         compression; absence is not)."""
         arch = super().from_metadata(label, metadata)
         k = A.Q_LORA_RANK.format(arch=cls.name)
-        if not _lite(arch.hp.n_layer, arch.hp.n_vocab) and k not in metadata:
+        if not _lite(arch.n_trunk, arch.hp.n_vocab) and k not in metadata:  # type: ignore[attr-defined]
             raise MetadataError(f"{label}: missing key '{k}'")
         return arch
 
@@ -146,8 +148,8 @@ class DeepSeek2(Architecture):
         """Absorbed: one latent row per token (kv_lora_rank + n_rot values); legacy: per-head K and V."""
         hp = self.hp
         if self.mla:
-            return tuple(LatentAttention(hp.n_lora_kv + hp.n_rot) for _ in range(hp.n_layer))
-        return super().layers()
+            return tuple(LatentAttention(hp.n_lora_kv + hp.n_rot) for _ in range(self.n_trunk))
+        return super().layers()[:self.n_trunk]
 
     def moe_layer(self, il: int) -> bool:
         return il >= self.hp.n_layer_dense_lead
@@ -155,7 +157,7 @@ class DeepSeek2(Architecture):
     def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
         """The table's checks, and each expert layer's gate and up stacks in one whole form (the table declares
         both forms optional)."""
-        return super().check(tensors) + [p for il in range(self.hp.n_layer) if self.moe_layer(il)
+        return super().check(tensors) + [p for il in range(self.n_trunk) if self.moe_layer(il)
                                          for p in gate_up_problems(tensors, il)]
 
     # ---- tensors ---------------------------------------------------------------------------------------
@@ -168,7 +170,8 @@ class DeepSeek2(Architecture):
         for il in range(hp.n_layer):
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.attn_tensors(il),
                      spec(T.FFN_NORM, (E,), il, kind="vector"), *self.ffn_tensors(il)]
-            specs += layer + layer_scales(layer, il, hp.n_expert)  # read: attention's output scale alone
+            layer += layer_scales(layer, il, hp.n_expert)  # read: attention's output scale alone
+            specs += layer if il < self.n_trunk else nextn_layer(layer, hp, il)
         return specs
 
     def attn_tensors(self, il: int) -> list[TensorSpec]:
@@ -265,7 +268,7 @@ class DeepSeek2(Architecture):
         moe = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), **gate_up(b, il),  # type: ignore[arg-type]
                               down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
                               n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
-                              gating=_gating(hp),
+                              gating=_gating(hp, self.n_trunk),
                               norm_w=hp.expert_weights_norm, w_scale=hp.expert_weights_scale,
                               probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias"), n_groups=hp.n_expert_groups,
                               n_group_used=hp.n_group_used)
@@ -279,7 +282,7 @@ class DeepSeek2(Architecture):
         temperature = (b.build_inp_attn_scale(Temperature(hp.attn_temp_length, hp.attn_temp_scale, 0.0))
                        if hp.attn_temp_scale else None)
         pos = b.build_inp_pos()
-        for il in b.layers():
+        for il in b.layers(self.n_trunk):
             a = self.attention(b, b.norm(x, T.ATTN_NORM, il, name="attn_norm"), pos, temperature, il)
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")

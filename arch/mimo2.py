@@ -5,7 +5,9 @@ rotate with ``rope.freq_base_swa``), whose attention has optional per-head sinks
 optional selection bias, weights renormalised) where the layer has a router, else a dense SwiGLU.
 Q, K and V are projected without biases or scales, as llama.cpp's graph does (files of one fused Q/K/V projection
 are not built).
-Multi-token-prediction layers (``nextn_predict_layers``) are not built: such a file is refused.
+Multi-token-prediction layers (``nextn_predict_layers``) load and never run: llama.cpp's main graph leaves them to its
+draft graph, and asks for their tensors only where the file has their projection (a file without it holds the
+trunk alone).
 
 No public configuration is at hand: the family's golden graphs come from llama.cpp's tiny header of it (the sizes
 tests/test-llama-archs.cpp gives mimo2), and no Hugging Face mapping is registered.
@@ -18,13 +20,13 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.model import presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import HParams, Key, SlidingWindow
-from graphir.model.moe import MOE_KEYS, check_experts
+from graphir.memory.layers import LayerNeeds
+from graphir.model.moe import MOE_KEYS, NEXTN_KEY, check_experts, nextn_layer, trunk_layers
 from graphir.model.presets import Preset
 from graphir.model.qkv import qkv_tensors
 from graphir.model.scales import layer_scales
@@ -45,16 +47,16 @@ class Mimo2(Architecture):
         Key("n_ff_exp", L.EXPERT_FEED_FORWARD_LENGTH, tuple, (), minimum=0),
         Key("rope_freq_base_swa", R.FREQ_BASE_SWA, float, default_from="rope_freq_base"),
         Key("value_scale", VALUE_SCALE, float, 0.0),  # 0 or 1: the attention output is not scaled
-        Key("n_layer_nextn", L.NEXTN_PREDICT_LAYERS, int, 0, minimum=0),
+        NEXTN_KEY,
     )
 
     def __init__(self, hp: HParams):
-        key = lambda t: t.format(arch=self.name)  # noqa: E731
-        if hp.n_layer_nextn:
-            raise MetadataError(f"'{key(L.NEXTN_PREDICT_LAYERS)}' = {hp.n_layer_nextn}: multi-token-prediction layers "
-                                f"are not built (convert without them)")
         check_experts(hp, self.name)
+        self.n_trunk = trunk_layers(hp, self.name)  # the prediction layers after it are loaded, never run
         super().__init__(hp)
+
+    def layers(self) -> LayerNeeds:
+        return super().layers()[:self.n_trunk]
 
     def tensors(self) -> list[TensorSpec]:
         """Per layer the attention (sinks optional), and both FFN forms optional: the router decides which a
@@ -73,7 +75,9 @@ class Mimo2(Architecture):
                      spec(T.FFN_DOWN_EXP, (Fx, E, X), il, optional=True),
                      spec(T.FFN_UP_EXP, (E, Fx, X), il, optional=True),
                      spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector", optional=True)]
-            specs += layer + layer_scales(layer, il, X)
+            layer += layer_scales(layer, il, X)
+            specs += layer if il < self.n_trunk else nextn_layer(
+                layer + [spec(T.LAYER_OUT_NORM, (E,), il, kind="vector", optional=True)], hp, il)
         return specs
 
     def qkv(self, b: GraphBuilder, h: Node, il: int) -> tuple[Node, Node, Node]:
@@ -88,7 +92,7 @@ class Mimo2(Architecture):
         hp = self.hp
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
-        for il in b.layers():
+        for il in b.layers(self.n_trunk):
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
             q, k, v = self.qkv(b, h, il)
             base = hp.rope_freq_base_swa if hp.is_swa(il) else None

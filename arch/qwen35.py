@@ -11,7 +11,8 @@ heads' output. Each layer then adds a SwiGLU FFN behind a post-attention norm; i
 mixture of experts (gate and up stacks fused or apart) plus a shared expert scaled by a sigmoid gate of its
 own, the one variant as data (:attr:`Qwen35.experts`). The memory holds a KV cache for
 the attention layers and conv columns plus delta states per sequence for the others (the ``hybrid`` kind).
-Multi-token-prediction layers (``nextn_predict_layers``) are not built yet: such a file is refused.
+Multi-token-prediction layers (``nextn_predict_layers``, each a gated-attention layer with its projection and norms)
+load as llama.cpp asks for them and never run: its main graph leaves them to its draft graph.
 Reference: Qwen Team 2026, "Qwen3.5"; Yang, Kautz & Hatamizadeh 2025, "Gated Delta Networks"; llama.cpp
 src/models/qwen35.cpp, qwen35moe.cpp, delta-net-base.cpp.
 """
@@ -30,7 +31,7 @@ from graphir.model import ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key
-from graphir.model.moe import MOE_KEYS, check_experts, gate_up, gate_up_tensors
+from graphir.model.moe import MOE_KEYS, NEXTN_KEY, check_experts, gate_up, gate_up_tensors, nextn_layer, trunk_layers
 from graphir.graph.floats import f32, inv_sqrt
 from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
 from graphir.model import presets
@@ -40,6 +41,7 @@ from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, head_di
 
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; gguf-py has no constant for it yet
 FUSED_EXPERTS = r"blk\.\d+\.ffn_gate_up_exps\.weight"  # the converter writes Qwen3.5-MoE's experts' gate and up as one
+MTP_NORM = r"blk\.\d+\.nextn\.shared_head_norm\.weight"  # and a prediction layer's final norm (mtp.norm)
 
 
 class Qwen35(Architecture):
@@ -54,17 +56,14 @@ class Qwen35(Architecture):
             Key("rope_sections", Keys.Rope.DIMENSION_SECTIONS, tuple, required=True, minimum=0, count=4),
             Key("recurrent_layers", RECURRENT_LAYERS, tuple, (), minimum=0, maximum=1),  # (): by the interval
             Key("full_attention_interval", Keys.LLM.FULL_ATTENTION_INTERVAL, int, 4, minimum=1),
-            Key("n_nextn", Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0, minimum=0))
+            NEXTN_KEY)
     experts: ClassVar[bool] = False  # every FFN a mixture of experts with a gated shared expert (qwen35moe)
 
     def __init__(self, hp: HParams):
         def key(template: str) -> str:
             return f"'{template.format(arch=hp.arch)}'"
 
-        if hp.n_nextn:
-            raise MetadataError(f"a '{self.name}' model with {hp.n_nextn} multi-token-prediction layers "
-                                f"({key(Keys.LLM.NEXTN_PREDICT_LAYERS)}) needs them built, which graphir does not "
-                                f"do yet")
+        self.n_trunk = trunk_layers(hp, self.name)  # the prediction layers after it are loaded, never run
         if self.experts:
             if not hp.n_expert:
                 raise MetadataError(f"a '{self.name}' model needs experts ({key(Keys.LLM.EXPERT_COUNT)} > 0)")
@@ -86,10 +85,12 @@ class Qwen35(Architecture):
     # ---- sizes -------------------------------------------------------------------------------------------
 
     def recurrent(self, il: int) -> bool:
+        """Whether layer il is a DeltaNet layer: as the file's flags say, else three of every four of the trunk
+        (a prediction layer attends)."""
         hp = self.hp
         if hp.recurrent_layers:
             return bool(hp.recurrent_layers[il])
-        return (il + 1) % hp.full_attention_interval != 0
+        return il < self.n_trunk and (il + 1) % hp.full_attention_interval != 0
 
     @property
     def n_ff_exp(self) -> int:
@@ -110,7 +111,7 @@ class Qwen35(Architecture):
     def layers(self) -> LayerNeeds:
         hp = self.hp
         return tuple(ssm.recurrent_state(hp, self.conv_dim) if self.recurrent(il)
-                     else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(hp.n_layer))
+                     else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(self.n_trunk))
 
     # ---- tensors -----------------------------------------------------------------------------------------
 
@@ -120,11 +121,12 @@ class Qwen35(Architecture):
         specs = [spec(T.TOKEN_EMBD, (E, hp.n_vocab)), spec(T.OUTPUT_NORM, (E,), kind="vector"),
                  spec(T.OUTPUT, (E, hp.n_vocab), tied_to=tensor_name(T.TOKEN_EMBD))]
         for il in range(hp.n_layer):
-            specs += [spec(T.ATTN_NORM, (E,), il, kind="vector"), spec(T.ATTN_POST_NORM, (E,), il, kind="vector"),
-                      *(self.delta_tensors(il) if self.recurrent(il) else self.attn_tensors(il)),
-                      *(self.moe_tensors(il) if self.experts else
-                        [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
-                         *(s for t in (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN) for s in scales(t, il))])]
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), spec(T.ATTN_POST_NORM, (E,), il, kind="vector"),
+                     *(self.delta_tensors(il) if self.recurrent(il) else self.attn_tensors(il)),
+                     *(self.moe_tensors(il) if self.experts else
+                       [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_UP, (E, F), il), spec(T.FFN_DOWN, (F, E), il),
+                        *(s for t in (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN) for s in scales(t, il))])]
+            specs += layer if il < self.n_trunk else nextn_layer(layer, hp, il, required=True)
         return specs
 
     def moe_tensors(self, il: int) -> list[TensorSpec]:
@@ -249,7 +251,7 @@ class Qwen35(Architecture):
     def build(self, b: GraphBuilder) -> None:
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
-        for il in b.layers():
+        for il in b.layers(self.n_trunk):
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
             a = self.delta_net(b, h, il) if self.recurrent(il) else self.attention(b, h, pos, il)
             x = b.op("add", a, x, name="attn_residual")
@@ -278,40 +280,49 @@ L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
 
 presets.register({
     # Gated DeltaNet in three layers of four (16 key and 16 value heads of 128, conv kernel 4), gated attention
-    # in every fourth (8 query heads and 2 KV heads of 256, a quarter of each head RoPE'd in M-RoPE sections);
-    # converted without its multi-token-prediction layer (convert_hf_to_gguf --no-mtp), which graphir does not build.
+    # in every fourth (8 query heads and 2 KV heads of 256, a quarter of each head RoPE'd in M-RoPE sections), and a
+    # multi-token-prediction layer after them (loaded, never run).
     "Qwen3.5-0.8B": Preset("qwen35", {
-        L.CONTEXT_LENGTH: 262144, L.EMBEDDING_LENGTH: 1024, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 3584,
+        L.CONTEXT_LENGTH: 262144, L.EMBEDDING_LENGTH: 1024, L.BLOCK_COUNT: 25, L.NEXTN_PREDICT_LAYERS: 1,
+        L.FEED_FORWARD_LENGTH: 3584,
         A.HEAD_COUNT: 8, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256, R.FREQ_BASE: 10000000.0,
         R.DIMENSION_COUNT: 64, R.DIMENSION_SECTIONS: [11, 11, 10, 0], A.LAYERNORM_RMS_EPS: 1e-6,
         L.FULL_ATTENTION_INTERVAL: 4, S.CONV_KERNEL: 4, S.STATE_SIZE: 128, S.GROUP_COUNT: 16, S.TIME_STEP_RANK: 16,
         S.INNER_SIZE: 2048, L.VOCAB_SIZE: 248320,
-    }, tied=True, f32=r"blk\.\d+\.ssm_conv1d\.weight", source="Qwen/Qwen3.5-0.8B config.json (text_config)"),
+    }, tied=True, include=MTP_NORM, f32=r"blk\.\d+\.ssm_conv1d\.weight",
+        source="Qwen/Qwen3.5-0.8B config.json (text_config)"),
     # The largest Qwen3.5 mixture: Qwen3.5's layout at width 4096 over 60 layers (32 query and 2 KV heads of 256;
     # 16 key and 64 value DeltaNet heads of 128); each FFN 512 experts of 1024, 10 per token, and a shared expert
-    # of 1024; converted without its multi-token-prediction layer.
+    # of 1024; a multi-token-prediction layer after them.
     "Qwen3.5-397B-A17B": Preset("qwen35moe", {
-        L.CONTEXT_LENGTH: 262144, L.EMBEDDING_LENGTH: 4096, L.BLOCK_COUNT: 60, A.HEAD_COUNT: 32,
-        A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256, R.FREQ_BASE: 10000000.0, R.DIMENSION_COUNT: 64,
+        L.CONTEXT_LENGTH: 262144, L.EMBEDDING_LENGTH: 4096, L.BLOCK_COUNT: 61, L.NEXTN_PREDICT_LAYERS: 1,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256, R.FREQ_BASE: 10000000.0,
+        R.DIMENSION_COUNT: 64,
         R.DIMENSION_SECTIONS: [11, 11, 10, 0], A.LAYERNORM_RMS_EPS: 1e-6, L.FULL_ATTENTION_INTERVAL: 4,
         S.CONV_KERNEL: 4, S.STATE_SIZE: 128, S.GROUP_COUNT: 16, S.TIME_STEP_RANK: 64, S.INNER_SIZE: 8192,
         L.VOCAB_SIZE: 248320, L.EXPERT_COUNT: 512, L.EXPERT_USED_COUNT: 10, L.EXPERT_FEED_FORWARD_LENGTH: 1024,
         L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 1024,
-    }, tied=False, include=FUSED_EXPERTS, f32=r"blk\.\d+\.(ssm_conv1d|ffn_gate_inp|ffn_gate_inp_shexp)\.weight",
+    }, tied=False, include=f"{FUSED_EXPERTS}|{MTP_NORM}",
+        f32=r"blk\.\d+\.(ssm_conv1d|ffn_gate_inp|ffn_gate_inp_shexp)\.weight",
         source="Qwen/Qwen3.5-397B-A17B config.json (text_config)"),
 })
 
 
 # ---- Hugging Face: the keys convert_hf_to_gguf writes for Qwen3.5 -------------------------------------------------
 
+def _mtp(c: Config) -> int:
+    return c.find("mtp_num_hidden_layers", kind="size", default=0)
+
+
 def _qwen35_layers(c: Config) -> list[bool] | None:
+    """layer_types' DeltaNet layers, then the prediction layers (attention)."""
     types = c.find("layer_types", kind="list", default=None)
     if types is None:
         return None
     n = c.find(*BLOCKS)
     if len(types) != n:
         raise c.error(f"layer_types has {len(types)} entries, num_hidden_layers {n}")
-    return [t == "linear_attention" for t in types]
+    return [t == "linear_attention" for t in types] + [False] * _mtp(c)
 
 
 QWEN35 = TEXT + (
@@ -328,12 +339,16 @@ QWEN35 = TEXT + (
         "partial_rotary_factor", c.rope.get("partial_rotary_factor", 0.25), "number"))),
     lambda c: {} if "mrope_section" in c.rope else {R.DIMENSION_SECTIONS: [11, 11, 10, 0]},
     VOCAB,
+    # the converter writes the multi-token-prediction layers after the others
+    derived(L.BLOCK_COUNT, lambda c: c.find(*BLOCKS) + _mtp(c)),
+    derived(L.NEXTN_PREDICT_LAYERS, lambda c: _mtp(c) or None),
 )
 
 
 
 
-hf_config.register(Family("qwen35", QWEN35, {"tie_word_embeddings": False}), "Qwen3_5ForCausalLM",
+hf_config.register(Family("qwen35", QWEN35, {"tie_word_embeddings": False}, lambda c: MTP_NORM), "Qwen3_5ForCausalLM",
                    "Qwen3_5ForConditionalGeneration")
-hf_config.register(Family("qwen35moe", QWEN35, {"tie_word_embeddings": False}, lambda c: FUSED_EXPERTS),
+hf_config.register(Family("qwen35moe", QWEN35, {"tie_word_embeddings": False},
+                          lambda c: f"{FUSED_EXPERTS}|{MTP_NORM}"),
                    "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")

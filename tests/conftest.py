@@ -394,12 +394,17 @@ TINY_FAMILY["granite"] = {gguf.Keys.LLM.LOGIT_SCALE: 2.5, gguf.Keys.LLM.RESIDUAL
                           gguf.Keys.LLM.EMBEDDING_SCALE: 3.0, gguf.Keys.Attention.SCALE: 0.2}  # Granite's multipliers
 TINY_FAMILY["apertus"] = {"xielu.alpha_n": [0.8, -1.5], "xielu.alpha_p": [0.8, 21.0], "xielu.beta": [0.5, 0.25],
                           "xielu.eps": [-1e-6, 1e-7]}
-TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
+# A prediction layer 4 (a 5-layer tiny model with nextn_predict_layers 1) where a family's loader takes its tensors as
+# optional (the file may hold the trunk alone): a trunk layer's tensors, the projection and its norms
+NEXTN_4 = (r"blk\.4\.(attn_norm|attn_q_a_norm|attn_kv_a_norm|attn_q_a|attn_q_b|attn_[qkv]|attn_kv_a_mqa|attn_[kv]_b|"
+           r"attn_output|ffn_norm|ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp)|nextn\.(eh_proj|enorm|hnorm))\.weight")
+TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight|" + NEXTN_4,
                 "bitnet": r"blk\.\d+\.\w+\.scale",  # BitNet's per-tensor weight scales
                 # the experts' separate gate and up stacks (or the fused one's alternative), a dense first layer
                 "mistral4": r"blk\.\d+\.ffn_(gate|up)_exps\.weight", "qwen35moe": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
                 "hy_v3": r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.[1-9]\.(ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp))\.weight",
-                "mimo2": r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.[1-9]\.(ffn_gate_inp|ffn_(gate|up|down)_exps)\.weight",
+                "mimo2": r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.[1-9]\.(ffn_gate_inp|ffn_(gate|up|down)_exps)\.weight|"
+                         + NEXTN_4,
                 "phimoe": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "grok": r"blk\.\d+\.layer_output_norm\.weight",
                 "chatglm": r"blk\.\d+\.attn_qkv\.(weight|bias)", "codeshell": r"blk\.\d+\.attn_qkv\.(weight|bias)",
                 "jais2": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "nemotron": r"blk\.\d+\.attn_[qkv]\.weight",
@@ -410,9 +415,8 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
                 # Granite's Q, K and V apart (fused is the other form llama.cpp takes)
                 **{a: r"blk\.\d+\.attn_[qkv]\.weight" for a in ("granite", "granitemoe", "minicpm", "granitehybrid")},
                 "granite_swa": r"blk\.\d+\.(attn_[qkv]|ffn_gate_up_exps)\.weight",
-                # a prediction layer's tensors (all optional) and every layer's Q, K, V and gate and up stacks apart
-                "cohere2moe": r"blk\.\d+\.(attn_norm|attn_[qkv]|attn_output|ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp)"
-                              r"|nextn\.(eh_proj|enorm|hnorm))\.weight"}
+                # every layer's Q, K, V and gate and up stacks apart
+                "cohere2moe": r"blk\.\d+\.(attn_[qkv]|ffn_(gate|up)_exps)\.weight|" + NEXTN_4}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
 

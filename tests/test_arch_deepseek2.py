@@ -283,7 +283,7 @@ def test_the_lite_sizes_ignore_q_lora_rank_and_the_others_require_it(tmp_path: P
     ({L.EXPERT_GATING_FUNC: 4}, r"expert_gating_func' = 4"),
     ({L.EXPERT_COUNT: 0, L.EXPERT_USED_COUNT: 0}, r"layers 1\.\. are mixtures of experts"),
     ({A.TEMPERATURE_SCALE: 0.1}, r"temperature_scale' is set"),
-    ({L.NEXTN_PREDICT_LAYERS: 1}, r"nextn_predict_layers' = 1: multi-token-prediction layers are not built"),
+    ({L.NEXTN_PREDICT_LAYERS: 99}, r"nextn_predict_layers' = 99 of \d+ layers leaves no layer to run"),
 ])
 def test_what_llama_cpp_refuses_is_refused_naming_the_key(keys: dict, match: str) -> None:
     with pytest.raises(MetadataError, match=match):

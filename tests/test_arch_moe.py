@@ -29,6 +29,7 @@ from test_families import LlamaCpp, greedy_against_llama_cpp, interleaved_agains
 
 from graphir.arch.llama import Qwen3Moe
 from graphir.errors import MetadataError, TensorError
+from graphir.files.gguf_file import read_header
 from graphir.graph.forms import to_text
 from graphir.memory.layers import LayerNeeds
 from graphir.model.architecture import Architecture
@@ -270,7 +271,7 @@ def test_quantized_experts_give_llama_cpps_greedy_tokens(tiny: TinyModels, name:
 
 
 @oracle
-@pytest.mark.parametrize("arch", ["exaone-moe", "glm4", "exaone4"])
+@pytest.mark.parametrize("arch", ["exaone-moe", "glm4", "exaone4", "qwen35", "qwen35moe"])
 def test_prediction_layers_are_loaded_and_left_out_as_llama_cpp_leaves_them(tmp_path: Path, arch: str) -> None:
     """A file whose last layer is a multi-token-prediction layer (nextn_predict_layers 1; graphir writes it, as
     llama.cpp cannot make a model whose loader skips tensors): both engines load it and run the layers before it,
@@ -295,15 +296,17 @@ def test_prediction_layers_are_loaded_and_left_out_as_llama_cpp_leaves_them(tmp_
 
 
 @oracle
-def test_cohere2moe_runs_the_layers_before_its_prediction_layer_with_or_without_that_layers_tensors(
-        tmp_path: Path) -> None:
-    """Cohere's loader asks for a prediction layer's tensors only where the file has its projection (a file without
+@pytest.mark.parametrize("arch", ["cohere2moe", "mimo2", "deepseek2"])
+def test_the_layers_before_a_prediction_layer_run_with_or_without_that_layers_tensors(tmp_path: Path,
+                                                                                        arch: str) -> None:
+    """These loaders ask for a prediction layer's tensors only where the file has its projection (a file without
     it holds the trunk alone): with the layer and without any of its tensors, both engines run the four layers
     before it, bit for bit."""
     keys = {gguf.Keys.LLM.NEXTN_PREDICT_LAYERS: 1, gguf.Keys.LLM.BLOCK_COUNT: 5}
-    whole = write_model_gguf(tmp_path / "whole.gguf", make_tiny_preset("cohere2moe", **keys))
+    whole = write_model_gguf(tmp_path / "whole.gguf", make_tiny_preset(arch, **keys))
     mtp = tuple(name for name in load(str(whole)).arch.specs if name.startswith("blk.4."))
-    trunk = write_model_gguf(tmp_path / "trunk.gguf", make_tiny_preset("cohere2moe", **keys), drop=mtp)
+    assert "blk.4.nextn.eh_proj.weight" in read_header(whole).tensors
+    trunk = write_model_gguf(tmp_path / "trunk.gguf", make_tiny_preset(arch, **keys), drop=mtp)
 
     def check(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
         assert max_delta(ours, ref) <= 1e-3, what

@@ -173,7 +173,7 @@ def test_state_save_and_load_restore_both_parts(tiny: TinyModels) -> None:
     ({K.Attention.VALUE_LENGTH: 16}, r"heads of 32 keys .* and 16 values .* must be equal"),
     ({"{arch}.attention.recurrent_layers": [True, False]}, r"recurrent_layers' has 2 values, 4 expected"),
     ({K.LLM.FULL_ATTENTION_INTERVAL: 0}, r"full_attention_interval' is 0: it must be at least 1"),
-    ({K.LLM.NEXTN_PREDICT_LAYERS: 1}, r"1 multi-token-prediction layers \('qwen35\.nextn_predict_layers'\)"),
+    ({K.LLM.NEXTN_PREDICT_LAYERS: 4}, r"'qwen35\.nextn_predict_layers' = 4 of 4 layers leaves no layer to run"),
 ], ids=["inner", "key-heads", "sections-extra-only", "sections-length", "head-sizes", "flags-length", "interval",
         "mtp"])
 def test_inconsistent_sizes_are_refused_naming_the_key(tmp_path: Path, keys: dict[str, object], match: str) -> None:
