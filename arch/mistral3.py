@@ -5,7 +5,8 @@ the attention's output projection, and the FFN's optional biases and its matrice
 Ministral 3 scales its queries by Llama 4's attention temperature (``attention.temperature_scale``), a factor that
 grows with the position every ``rope.scaling.original_context_length`` tokens, fed as an input of its own, and
 reads YaRN's ramp (``rope.scaling.yarn_beta_fast``/``_slow``) and the magnitude of all dimensions
-(``rope.scaling.yarn_log_multiplier``) from the file; the mixture-of-experts form is another family's.
+(``rope.scaling.yarn_log_multiplier``) from the file. With ``expert_count`` > 0 every FFN is a mixture of experts of
+``feed_forward_length`` (softmax-routed, renormalised; the gates optional, each stack's scales read).
 
 References: Mistral AI 2025, "Mistral Small 3.1" model card; llama.cpp src/models/mistral3.cpp.
 """
@@ -16,6 +17,7 @@ from gguf import Keys
 
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import TEXT, VOCAB, Family, derived
+from graphir.model.moe import MOE_KEYS
 from graphir.model.prenorm import ATTN_TEMP, READ, RMS_KEYS, YARN_KEYS, PreNormDecoder, Traits
 from graphir.model.presets import Preset
 
@@ -26,9 +28,9 @@ class Mistral3(PreNormDecoder):
     name = "mistral3"
     rope_mode = "norm"
     required_keys = RMS_KEYS
-    keys = (ATTN_TEMP, *YARN_KEYS)
+    keys = (ATTN_TEMP, *YARN_KEYS, *MOE_KEYS)
     traits = Traits(rope_freqs=READ, longrope=True, wo_bias=READ, ffn_bias=READ, ffn_scales=True, attn_temperature=True,
-                    yarn_keys=True)
+                    yarn_keys=True, experts=True)
 
 
 # ---- Hugging Face: convert_hf_to_gguf's Mistral3Model (its text part, as LlamaModel writes it) -------------

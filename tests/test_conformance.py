@@ -104,6 +104,7 @@ ROWS = [
     Row("hunyuan-dense"),
     Row("hunyuan-dense", "alpha", keys={"hunyuan-dense.rope.scaling.alpha": 1000.0}),  # NTK-aware RoPE base
     Row("mistral3"),
+    Row("mistral3", "moe", moe=True),  # every FFN a mixture of experts
     Row("mistral3", "longrope", keys={"mistral3.rope.scaling.type": "longrope"}),  # the short factors (64 cells)
     Row("mistral3", "temperature", keys={"mistral3.attention.temperature_scale": 0.1,  # Llama 4's, rising
                                          "mistral3.rope.scaling.original_context_length": 4}),  # every 4 tokens

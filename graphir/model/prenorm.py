@@ -23,7 +23,7 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Act, GraphBuilder, Norm, yarn_attn_factor
 from graphir.model.hparams import HParams, Key
 from graphir.memory.layers import LayerNeeds
-from graphir.model.moe import nextn_layer, trunk_layers
+from graphir.model.moe import check_experts, nextn_layer, trunk_layers
 from graphir.model.presets import Preset
 from graphir.model.qkv import check_whole_heads, fused_or_split_qkv_tensors, qk_norm_tensors, qkv_tensors
 from graphir.model.rope_factors import long_context, longrope, rope_factor_tensors, rope_factors
@@ -72,9 +72,9 @@ class Traits:
     rope_at_n_layer: int = 0  # only a model of this many layers rotates Q and K (Baichuan 7B); 0: every model
     ntk_alpha: bool = False  # the RoPE base raised by the file's NTK_ALPHA key (Hunyuan's XDRoPE)
     attn_temperature: bool = False  # queries scaled by Llama 4's temperature when the file's ATTN_TEMP key is set
-    yarn_keys: bool = False  # M-RoPE's sections of the rotated pairs (time, height, width, extra), where a family's file may give them
-ROPE_SECTIONS = Key("rope_sections", Keys.Rope.DIMENSION_SECTIONS, tuple, (), count=4)
-# YaRN's ramp and magnitude from the file's YARN_KEYS (else llama.cpp's defaults)
+    yarn_keys: bool = False  # YaRN's ramp and magnitude from the file's YARN_KEYS (else llama.cpp's defaults)
+    experts: bool = False  # with expert_count > 0, every FFN a mixture of experts of feed_forward_length, their gates
+    #                        optional, softmax-routed and renormalised (Mistral 3's MoE form; the keys hold MOE_KEYS)
 
 
 # Hunyuan's NTK-aware RoPE: with alpha > 0 the base becomes base * alpha^(d / (d - 2)) for heads of d values
@@ -107,6 +107,8 @@ class PreNormDecoder(Architecture):
             d = hp.n_embd_head_k
             scale = f32(math.pow(hp.rope_scaling_alpha, f32(d / (d - 2))))
             hp = replace(hp, rope_freq_base=f32(hp.rope_freq_base * scale))
+        if t.experts:
+            check_experts(hp, self.name)
         super().__init__(hp)
         self.n_trunk = trunk_layers(hp, self.name) if t.nextn else hp.n_layer  # the layers the graph runs
         sections = dict(hp.family).get("rope_sections") if t.mrope else None
@@ -116,6 +118,11 @@ class PreNormDecoder(Architecture):
 
     def layers(self) -> LayerNeeds:
         return super().layers()[:self.n_trunk]
+
+    @property
+    def n_expert(self) -> int:
+        """The experts of every FFN (0: dense FFNs)."""
+        return self.hp.n_expert if self.traits.experts else 0
 
     @property
     def n_ff(self) -> int:
@@ -138,14 +145,19 @@ class PreNormDecoder(Architecture):
         for il in range(hp.n_layer):
             layer = [*norm(T.ATTN_NORM, il), *self._attention_tensors(il),
                      *(norm(t.ffn_norm, il) if not t.parallel else ()),
-                     *(norm(T.ATTN_POST_NORM, il) + norm(T.FFN_POST_NORM, il) if t.post_norms else ()),
-                     spec(T.FFN_UP, (E, 2 * F if t.ffn_fused else F), il), spec(T.FFN_DOWN, (F, E), il)]
-            if T.FFN_GATE in self.ffn_roles and not t.ffn_fused:
-                layer.append(spec(T.FFN_GATE, (E, F), il))
-            if t.ffn_bias != ABSENT:
-                layer += [spec(m, (E if m is T.FFN_DOWN else F,), il, "bias", kind="vector",
-                               optional=t.ffn_bias != REQUIRED) for m in self.ffn_roles]
-            layer += layer_scales(layer, il)
+                     *(norm(T.ATTN_POST_NORM, il) + norm(T.FFN_POST_NORM, il) if t.post_norms else ())]
+            if self.n_expert:
+                X = self.n_expert
+                layer += [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_GATE_EXP, (E, F, X), il, optional=True),
+                          spec(T.FFN_DOWN_EXP, (F, E, X), il), spec(T.FFN_UP_EXP, (E, F, X), il)]
+            else:
+                layer += [spec(T.FFN_UP, (E, 2 * F if t.ffn_fused else F), il), spec(T.FFN_DOWN, (F, E), il)]
+                if T.FFN_GATE in self.ffn_roles and not t.ffn_fused:
+                    layer.append(spec(T.FFN_GATE, (E, F), il))
+                if t.ffn_bias != ABSENT:
+                    layer += [spec(m, (E if m is T.FFN_DOWN else F,), il, "bias", kind="vector",
+                                   optional=t.ffn_bias != REQUIRED) for m in self.ffn_roles]
+            layer += layer_scales(layer, il, self.n_expert)
             specs += layer if il < self.n_trunk else nextn_layer(layer, hp, il, required=True)
         return specs
 
@@ -232,7 +244,13 @@ class PreNormDecoder(Architecture):
         return b.build_norm(x, None, None, self.traits.norm, name=name)
 
     def _ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
-        t = self.traits
+        t, s = self.traits, b.scale
+        if self.n_expert:
+            return b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
+                                   gate_exps=b.w_opt(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
+                                   n_expert=self.n_expert, n_expert_used=self.hp.n_expert_used, norm_w=True,
+                                   up_exps_s=s(T.FFN_UP_EXP, il), gate_exps_s=s(T.FFN_GATE_EXP, il),
+                                   down_exps_s=s(T.FFN_DOWN_EXP, il))
         if t.ffn_fused:
             return b.build_ffn_fused_swiglu(h, il)
         gate = b.w(T.FFN_GATE, il) if T.FFN_GATE in self.ffn_roles else None
