@@ -112,6 +112,9 @@ def test_without_the_experts_gates_up_feeds_silu(tiny: TinyModels) -> None:
     ("qwen3moe", {L.EXPERT_USED_COUNT: 9}, r"8 experts per layer .* of which 9 are used"),
     ("llama", {L.EXPERT_COUNT: 4, L.EXPERT_USED_COUNT: 0}, r"4 experts per layer .* of which 0 are used"),
     ("qwen3moe", {L.EXPERT_GROUP_COUNT: 2}, r"'qwen3moe\.expert_group_count' = 2: group-limited expert routing"),
+    # llama.cpp chooses layer 0's count in every layer, and would sum past the chosen ones
+    ("qwen3moe", {L.EXPERT_USED_COUNT: [1, 2]}, r"layer 1 sums 2 experts \('qwen3moe\.expert_used_count'\), more "
+                                                 r"than the 1 every layer chooses"),
 ])
 def test_expert_counts_llama_cpp_refuses_are_refused_naming_the_key(tmp_path: Path, arch: str, keys: dict,
                                                                    match: str) -> None:

@@ -76,6 +76,9 @@ ROWS = [
     Row("qwen2"),
     Row("qwen3"),
     Row("qwen3moe", moe=True),
+    # every layer chooses layer 0's two experts; layer 1 sums the first only (a per-layer expert_used_count)
+    # (llama.cpp's saver writes one count: graphir writes the file)
+    Row("qwen3moe", "used-per-layer", made_by="graphir", moe=True, keys={"qwen3moe.expert_used_count": [2, 1]}),
     Row("smollm3", keys={"n_layer": 4}),  # its fourth layer attends without positions
     Row("phi3"),
     Row("gemma2", keys={"gemma2.attention.sliding_window": 4}),  # a window the prompt outgrows

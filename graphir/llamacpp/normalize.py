@@ -138,7 +138,8 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
             rope = _made(Node(n.name + ".part", "rope", tuple(operands), attrs, n.dtype, part), digest, made)
             op, attrs, operands = "concat", {"dim": 0}, [operands[0], rope]
         elif n.op == "moe_sum":  # rule 5: graphir's sum of a token's expert slots is llama.cpp's chain of adds
-            alias[id(n)] = _chain_of_adds(operands[0], shape, made, digest)
+            slots = _size(n.inputs[0].shape[1], env) if len(n.inputs[0].shape) > 1 else 1  # a view's, where it is one
+            alias[id(n)] = _chain_of_adds(operands[0], shape, made, digest, slots)
             continue
         elif n.op == "ggml.cpy" and operands[1].op == "input":  # rule 3: a state copied into its cache's cells
             op, attrs, operands, shape = "set_rows", {}, [operands[1], operands[0]], operands[1].shape
@@ -210,10 +211,11 @@ def _digest(n: Node, digest: dict[int, str]) -> str:
     return hashlib.sha1("\x00".join(parts).encode()).hexdigest()
 
 
-def _chain_of_adds(x: Node, shape: tuple[int, ...], made: list[Node], digest: dict[int, str]) -> Node:
-    """x's slots (ne1) summed as ``add(add(slot 0, slot 1), slot 2)...``, the slots being views of x."""
+def _chain_of_adds(x: Node, shape: tuple[int, ...], made: list[Node], digest: dict[int, str], slots: int) -> Node:
+    """x's first ``slots`` slots (ne1) summed as ``add(add(slot 0, slot 1), slot 2)...``, the slots being views of
+    x."""
     out = x
-    for _ in range(1, x.shape[1] if len(x.shape) > 1 else 1):
+    for _ in range(1, slots):
         out = _made(Node(x.name + ".sum", "add", (out, x), {}, "f32", shape), digest, made)
     return out
 

@@ -432,7 +432,17 @@ class GraphBuilder:
         experts = self._expert_mm(down_exps, down_exps_b, down_exps_s, h, selected, name="ffn_moe_down")
         if not weight_before:
             experts = self.op("mul", experts, weights, name="ffn_moe_weighted")
+        summed = self._experts_summed(n_expert_used)
+        if summed < n_expert_used:  # a layer of fewer used experts sums its first ones only
+            experts = self.op("view", experts, shape=(n_embd, summed, n_tok),
+                              strides=(1, n_embd, n_embd * n_expert_used), offset=0, name="ffn_moe_summed")
         return self.op("moe_sum", experts, name=name)
+
+    def _experts_summed(self, n_chosen: int) -> int:
+        """How many of the chosen experts' outputs the current layer sums: its own expert_used_count where the file
+        gives one per layer (llama.cpp's hparams.n_expert_used(il)), else all ``n_chosen``."""
+        per_layer = dict(self.hp.family).get("n_expert_used_layers", ())
+        return per_layer[self.il] if per_layer and self.il is not None else n_chosen
 
     def _moe_best_groups(self, choice: Node, n_expert: int, n_groups: int, n_group_used: int) -> Node:
         """Group-limited routing, as llama.cpp's build_moe_ffn: a group scores the sum of its two best selection

@@ -38,6 +38,10 @@ class Key:
     count: int = 0  # kind tuple: how many values (0: one per layer; -1: any number up to LLAMA_MAX_LAYERS, as
     # llama.cpp's get_arr fills its per-layer arrays); one value alone stands for them all
     item: type = int  # kind tuple: the values' type (int, or float: float32 values)
+    first: bool = False  # kind int: the file may give one value per layer, of which the field is layer 0's (what
+    #                      llama.cpp's graph context reads of a get_key_or_arr key)
+    varying: bool = False  # kind list: the values only where the layers differ, else () (a uniform model's headers
+    #                        stay as they are)
 
 
 @dataclass(frozen=True)
@@ -292,7 +296,11 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
     def family_value(k: Key) -> Any:
         default = getattr(hp, k.default_from) if k.default_from else k.default
         if k.kind is list:  # a per-layer size: one value, or an array (one value when its layers agree)
-            return r.per_layer(k.template, n_layer, default)
+            v = r.per_layer(k.template, n_layer, default)
+            return () if k.varying and isinstance(v, int) else v
+        if k.first:
+            v = r.per_layer(k.template, n_layer, default)
+            return v if isinstance(v, int) else v[0]
         if k.kind is tuple:
             return r.values(k.template, k.count or n_layer, default, minimum=k.minimum, maximum=k.maximum,
                             item=k.item)

@@ -17,10 +17,13 @@ if TYPE_CHECKING:
     from graphir.graph.ir import Node
     from graphir.model.builder import GraphBuilder
 
-# Mixture-of-experts hparams as llama.cpp's loader reads them for every family (0: absent)
+# Mixture-of-experts hparams as llama.cpp's loader reads them for every family (0: absent). The used experts may be
+# one count per layer: every layer then chooses layer 0's count of experts and sums the first of them its own count
+# gives (llama.cpp's build_moe_ffn), which the builder reads from n_expert_used_layers
 MOE_KEYS = (
     Key("n_expert", Keys.LLM.EXPERT_COUNT, int, 0, minimum=0),
-    Key("n_expert_used", Keys.LLM.EXPERT_USED_COUNT, int, 0, minimum=0),
+    Key("n_expert_used", Keys.LLM.EXPERT_USED_COUNT, int, 0, minimum=0, first=True),
+    Key("n_expert_used_layers", Keys.LLM.EXPERT_USED_COUNT, list, 0, varying=True),
     Key("n_expert_groups", Keys.LLM.EXPERT_GROUP_COUNT, int, 0, minimum=0),
 )
 
@@ -34,6 +37,10 @@ def check_experts(hp: HParams, arch: str, groups: bool = False) -> None:
         raise MetadataError(f"{hp.n_expert} experts per layer ('{key(Keys.LLM.EXPERT_COUNT)}') of which "
                             f"{hp.n_expert_used} are used ('{key(Keys.LLM.EXPERT_USED_COUNT)}'): a token needs "
                             f"between 1 and all of them")
+    for il, used in enumerate(hp.n_expert_used_layers):
+        if used > hp.n_expert_used:
+            raise MetadataError(f"layer {il} sums {used} experts ('{key(Keys.LLM.EXPERT_USED_COUNT)}'), more than the "
+                                f"{hp.n_expert_used} every layer chooses (layer 0's)")
     if hp.n_expert_groups > 1 and not groups:
         raise MetadataError(f"'{key(Keys.LLM.EXPERT_GROUP_COUNT)}' = {hp.n_expert_groups}: group-limited expert "
                             f"routing is not built")
