@@ -4,7 +4,8 @@ mixture of experts (sigmoid-routed unless the file says otherwise, with a select
 scaled as the file says) plus a shared expert. With ``attention.sliding_window`` set, all but the first of every
 four layers slide and rotate plainly (no YaRN: scale 1, the trained context, ``rope.freq_base_swa`` and
 ``rope.dimension_count_swa``); the others rotate as the file says. Per-layer head counts are read as llama.cpp
-reads them. Gates of one value per head element (a width of head_dim * n_head) are not built.
+reads them. The gate has one value per head (XS.2) or per element of every head (M.1, ``attn_gate`` of
+head_dim * n_head rows), as the file's gate says.
 
 No public configuration is at hand: the family's golden graphs come from llama.cpp's tiny header of it (the sizes
 tests/test-llama-archs.cpp gives laguna).
@@ -76,7 +77,8 @@ class Laguna(Architecture):
                  spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD))]
         for il in range(hp.n_layer):
             layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il), *qk_norm_tensors(hp, il),
-                     spec(T.ATTN_GATE, (E, hp.head_count(il)), il), spec(T.FFN_NORM, (E,), il, kind="vector")]
+                     spec(T.ATTN_GATE, (E, hp.head_count(il)), il, also=(E, hp.n_embd_head_k * hp.head_count(il))),
+                     spec(T.FFN_NORM, (E,), il, kind="vector")]
             if self.moe_layer(il):
                 layer += [*routed_expert_tensors(E, Fx, X, il), *shared_expert_tensors(E, Fs, il),
                           spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector")]
@@ -102,10 +104,14 @@ class Laguna(Architecture):
             q = b.rope(q, pos, name="Qcur_rope", **rope)  # type: ignore[arg-type]
             k = b.rope(k, pos, name="Kcur_rope", **rope)  # type: ignore[arg-type]
             a = b.build_attn(q, k, v, wo=None, kq_scale=b.kq_scale())
-            gate = b.reshape(b.op("softplus", gate, name="attn_gate_softplus"), (1, H, n_tok), name="attn_gate.heads")
-            a = b.op("mul", b.reshape(a, (d, H, n_tok), name="attn_out.heads"), gate, name="attn_gated.heads")
-            a = b.mm(b.w(T.ATTN_OUT, il), b.reshape(a, (d * H, n_tok), name="attn_gated"), b.scale(T.ATTN_OUT, il),
-                     name="attn_o_proj")
+            gate = b.op("softplus", gate, name="attn_gate_softplus")
+            if gate.shape[0] == H:  # a gate per head, over its values
+                gate = b.reshape(gate, (1, H, n_tok), name="attn_gate.heads")
+                a = b.op("mul", b.reshape(a, (d, H, n_tok), name="attn_out.heads"), gate, name="attn_gated.heads")
+                a = b.reshape(a, (d * H, n_tok), name="attn_gated")
+            else:  # a gate per value
+                a = b.op("mul", a, gate, name="attn_gated")
+            a = b.mm(b.w(T.ATTN_OUT, il), a, b.scale(T.ATTN_OUT, il), name="attn_o_proj")
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")

@@ -35,6 +35,7 @@ from graphir.memory.layers import LayerNeeds
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import Key
+from graphir.model.meta import from_preset
 from graphir.model.presets import SPLIT_QKV, Preset
 from graphir.model.tensors import TensorSpec, spec
 from graphir.running.runtime import load
@@ -321,6 +322,31 @@ def test_the_layers_before_a_prediction_layer_run_with_or_without_that_layers_te
         assert len(model.arch.layers()) == 4
         ours, theirs = greedy_against_llama_cpp(model, path, PROMPT, 4, check)
         assert ours == theirs
+
+
+@oracle
+def test_laguna_gates_each_value_where_its_gate_has_a_row_per_value(tmp_path: Path) -> None:
+    """Laguna M.1's attention gate has head_dim * n_head rows (one per value) where XS.2's has one per head: llama.cpp
+    reads the form off the file's tensor, and so does graphir, bit for bit; a third width is refused."""
+    preset = make_tiny_preset("laguna")
+    hp = from_preset("laguna", preset).arch.hp
+    widths = [hp.n_embd_head_k * hp.head_count(il) for il in range(hp.n_layer)]
+    per_value = {f"blk.{il}.attn_gate.weight": (hp.n_embd, w) for il, w in enumerate(widths)}
+    path = write_model_gguf(tmp_path / "m1.gguf", preset, reshape=per_value)
+    model = load(str(path))
+    assert "blk.0.attn_gated.heads" not in {n.name for n in model.meta.build_graph(phase="decode").nodes}
+
+    def check(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
+        assert max_delta(ours, ref) <= 1e-3, what
+        if oracle_is_exact():
+            assert np.array_equal(ours, ref), what
+
+    ours, theirs = greedy_against_llama_cpp(model, path, PROMPT, 4, check)
+    assert ours == theirs
+    odd = write_model_gguf(tmp_path / "odd.gguf", preset, reshape={"blk.0.attn_gate.weight": (hp.n_embd, 3)})
+    with pytest.raises(TensorError, match=rf"'blk\.0\.attn_gate\.weight' has shape \[{hp.n_embd}, 3\], expected "
+                                          rf"\[{hp.n_embd}, {hp.head_count(0)}\] or \[{hp.n_embd}, {widths[0]}\]"):
+        load(str(odd)).meta.build_graph(phase="decode")
 
 
 def test_grovemoe_refuses_groups_that_do_not_divide_its_experts_naming_the_key(tmp_path: Path) -> None:

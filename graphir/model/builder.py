@@ -27,7 +27,7 @@ from graphir.memory.inputs import (CrossMask, CrossRows, LatentRows, PosBuckets,
                                    SelfAttention)
 from graphir.model.temperature import ROLE as TEMPERATURE
 from graphir.model.temperature import Temperature
-from graphir.model.tensors import TensorDecl, TensorSpec, dtype_name, tensor_name
+from graphir.model.tensors import TensorDecl, TensorSpec, dtype_name, same_shape, tensor_name
 
 PHASES = ("prefill", "decode", "encode")  # encode: the encoder of an encoder-decoder, one whole batch
 
@@ -243,8 +243,10 @@ class GraphBuilder:
         why = spec.problem(tuple(decl.shape), decl.dtype)
         if why:
             raise TensorError(f"{self.label}: tensor '{name}' {why}")
-        # the family's shape: a file may leave out trailing dimensions of 1 (problem() compared them as equal)
-        return self._add(Node(name, "weight", (), {"tensor": name}, dtype_name(decl.dtype), spec.shape))
+        # the family's shape (its other one where the file has that): a file may leave out trailing dimensions of 1
+        # (problem() compared them as equal)
+        shape = spec.also if spec.also and same_shape(tuple(decl.shape), spec.also) else spec.shape
+        return self._add(Node(name, "weight", (), {"tensor": name}, dtype_name(decl.dtype), shape))
 
     # ---- small op helpers (names are tags inside the current scope) -------------------------------------
 

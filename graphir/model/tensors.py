@@ -32,12 +32,14 @@ class TensorSpec:
     kind: str = "matrix"  # matrix: any float or block-quantized type; vector: f32 only
     optional: bool = False
     tied_to: str | None = None  # absent => this other tensor's data serves (tied LM head)
+    also: tuple[int, ...] = ()  # another shape the loader takes, the graph following the file's (Laguna's gate)
 
     def problem(self, shape: tuple[int, ...], dtype: GGMLQuantizationType) -> str | None:
         """Why a declared tensor does not fit this spec, or None. Shapes compare as llama.cpp's loader compares
         them (``check_tensor_dims``): a missing trailing dimension is 1, so ``[n]`` fits ``[n, 1, 1]``."""
-        if not same_shape(shape, self.shape):
-            return f"has shape {list(shape)}, expected {list(self.shape)}"
+        if not (same_shape(shape, self.shape) or self.also and same_shape(shape, self.also)):
+            return f"has shape {list(shape)}, expected {list(self.shape)}" + (f" or {list(self.also)}" if self.also
+                                                                                else "")
         if self.kind == "vector" and dtype != GGMLQuantizationType.F32:
             return f"has type {dtype_name(dtype)}, expected f32"
         if dtype.name in _NOT_WEIGHTS:
