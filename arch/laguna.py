@@ -105,13 +105,14 @@ class Laguna(Architecture):
             k = b.rope(k, pos, name="Kcur_rope", **rope)  # type: ignore[arg-type]
             a = b.build_attn(q, k, v, wo=None, kq_scale=b.kq_scale())
             gate = b.op("softplus", gate, name="attn_gate_softplus")
-            if gate.shape[0] == H:  # a gate per head, over its values
+            per_head = gate.shape[0] == H  # a gate per head, over its values; else one per value
+            if per_head:
                 gate = b.reshape(gate, (1, H, n_tok), name="attn_gate.heads")
                 a = b.op("mul", b.reshape(a, (d, H, n_tok), name="attn_out.heads"), gate, name="attn_gated.heads")
-                a = b.reshape(a, (d * H, n_tok), name="attn_gated")
-            else:  # a gate per value
+            else:
                 a = b.op("mul", a, gate, name="attn_gated")
-            a = b.mm(b.w(T.ATTN_OUT, il), a, b.scale(T.ATTN_OUT, il), name="attn_o_proj")
+            a = b.mm(b.w(T.ATTN_OUT, il), b.reshape(a, (d * H, n_tok), name="attn_gated") if per_head else a,
+                     b.scale(T.ATTN_OUT, il), name="attn_o_proj")
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
             h = b.norm(x, T.FFN_NORM, il, name="ffn_norm")
