@@ -3,8 +3,8 @@ rotate with ``rope.freq_base_swa``), whose attention has optional per-head sinks
 (``key_length``, ``value_length``) and per-layer head counts, and whose output is scaled by
 ``attention.value_scale`` where the file sets one; each FFN is a sigmoid-routed mixture of SwiGLU experts (an
 optional selection bias, weights renormalised) where the layer has a router, else a dense SwiGLU.
-Q, K and V are projected without biases or scales, as llama.cpp's graph does (files of one fused Q/K/V projection
-are not built).
+Q, K and V are projected by one fused ``attn_qkv`` or three matrices, without biases or scales, as llama.cpp's graph
+does.
 Multi-token-prediction layers (``nextn_predict_layers``) load and never run: llama.cpp's main graph leaves them to its
 draft graph, and asks for their tensors only where the file has their projection (a file without it holds the
 trunk alone).
@@ -28,7 +28,7 @@ from graphir.model.hparams import HParams, Key, SlidingWindow
 from graphir.memory.layers import LayerNeeds
 from graphir.model.moe import MOE_KEYS, NEXTN_KEY, check_experts, nextn_layer, trunk_layers
 from graphir.model.presets import Preset
-from graphir.model.qkv import qkv_tensors
+from graphir.model.qkv import fused_or_split_qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec
 
@@ -66,7 +66,8 @@ class Mimo2(Architecture):
         specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"), spec(T.OUTPUT, (E, V))]
         for il in range(hp.n_layer):
             F = hp.ff_length(il)
-            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *qkv_tensors(hp, il),
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *fused_or_split_qkv_tensors(hp, il),
+                     spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il),
                      spec(T.ATTN_SINKS, (hp.head_count(il),), il, kind="vector", optional=True),
                      spec(T.FFN_NORM, (E,), il, kind="vector"),
                      spec(T.FFN_GATE, (E, F), il, optional=True), spec(T.FFN_DOWN, (F, E), il, optional=True),
@@ -81,9 +82,18 @@ class Mimo2(Architecture):
         return specs
 
     def qkv(self, b: GraphBuilder, h: Node, il: int) -> tuple[Node, Node, Node]:
-        """Q, K, V [head, heads, tokens], each projection without its bias or scale."""
+        """Q, K, V [head, heads, tokens] from the fused projection (strided views of one product) or the three, each
+        without its bias or scale."""
         hp = self.hp
         dk, dv, H, Hkv, n_tok = hp.n_embd_head_k, hp.n_embd_head_v, hp.head_count(il), hp.head_count_kv(il), b.n_tokens
+        fused = b.w_opt(T.ATTN_QKV, il)
+        if fused is not None:
+            qkv = b.mm(fused, h, name="wqkv")
+            row = dk * (H + Hkv) + dv * Hkv
+            views = (b.op("view", qkv, shape=(w, n, n_tok), strides=(1, w, row), offset=off, name=tag)
+                     for tag, w, n, off in (("Qcur", dk, H, 0), ("Kcur", dk, Hkv, dk * H),
+                                           ("Vcur", dv, Hkv, dk * (H + Hkv))))
+            return tuple(views)  # type: ignore[return-value]
         return tuple(b.reshape(b.mm(b.w(t, il), h, name=tag), shape, name=f"{tag}.heads")  # type: ignore[return-value]
                      for t, tag, shape in ((T.ATTN_Q, "Qcur", (dk, H, n_tok)), (T.ATTN_K, "Kcur", (dk, Hkv, n_tok)),
                                            (T.ATTN_V, "Vcur", (dv, Hkv, n_tok))))
@@ -128,6 +138,7 @@ presets.register({
         A.SLIDING_WINDOW_PATTERN: [il % 2 == 1 for il in range(5)], L.VOCAB_SIZE: 128, L.EXPERT_COUNT: 2,
         L.EXPERT_USED_COUNT: 2,
         L.EXPERT_FEED_FORWARD_LENGTH: 384,
-    }, tied=False, include=r"blk\.\d+\.(ffn_gate_inp|ffn_(gate|up|down)_exps)\.weight", f32=presets.ROUTER_F32,
+    }, tied=False, include=r"blk\.\d+\.(attn_[qkv]|ffn_gate_inp|ffn_(gate|up|down)_exps)\.weight",
+        f32=presets.ROUTER_F32,
         source="llama.cpp tests/test-llama-archs.cpp, its tiny mimo2 header"),
 })

@@ -403,8 +403,8 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight|" + NEXTN_4,
                 # the experts' separate gate and up stacks (or the fused one's alternative), a dense first layer
                 "mistral4": r"blk\.\d+\.ffn_(gate|up)_exps\.weight", "qwen35moe": r"blk\.\d+\.ffn_(gate|up)_exps\.weight",
                 "hy_v3": r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.[1-9]\.(ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp))\.weight",
-                "mimo2": r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.[1-9]\.(ffn_gate_inp|ffn_(gate|up|down)_exps)\.weight|"
-                         + NEXTN_4,
+                "mimo2": r"blk\.\d+\.attn_[qkv]\.weight|blk\.0\.ffn_(gate|up|down)\.weight|"
+                         r"blk\.[1-9]\.(ffn_gate_inp|ffn_(gate|up|down)_exps)\.weight|" + NEXTN_4,
                 "phimoe": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "grok": r"blk\.\d+\.layer_output_norm\.weight",
                 "chatglm": r"blk\.\d+\.attn_qkv\.(weight|bias)", "codeshell": r"blk\.\d+\.attn_qkv\.(weight|bias)",
                 "jais2": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "nemotron": r"blk\.\d+\.attn_[qkv]\.weight",

@@ -349,6 +349,29 @@ def test_laguna_gates_each_value_where_its_gate_has_a_row_per_value(tmp_path: Pa
         load(str(odd)).meta.build_graph(phase="decode")
 
 
+@oracle
+def test_mimo2_takes_q_k_and_v_fused_as_llama_cpp_takes_them(tmp_path: Path) -> None:
+    """MiMo-V2.5's converter writes one attn_qkv (K and V heads of their own sizes): both engines split its product,
+    bit for bit."""
+    from dataclasses import replace
+
+    from conftest import TINY_INCLUDE
+
+    preset = make_tiny_preset("mimo2", **{gguf.Keys.Attention.VALUE_LENGTH: 8})
+    fused = replace(preset, include=TINY_INCLUDE["mimo2"].replace(r"attn_[qkv]\.weight", r"attn_qkv\.weight", 1))
+    path = write_model_gguf(tmp_path / "fused.gguf", fused)
+    assert "blk.0.attn_qkv.weight" in read_header(path).tensors and "blk.0.attn_q.weight" not in read_header(path).tensors
+    model = load(str(path))
+
+    def check(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
+        assert max_delta(ours, ref) <= 1e-3, what
+        if oracle_is_exact():
+            assert np.array_equal(ours, ref), what
+
+    ours, theirs = greedy_against_llama_cpp(model, path, PROMPT, 4, check)
+    assert ours == theirs
+
+
 def test_grovemoe_refuses_groups_that_do_not_divide_its_experts_naming_the_key(tmp_path: Path) -> None:
     """Four experts in groups of 3: llama.cpp would make one adjugate expert and let ids reach past it."""
     from graphir.model.presets import all_presets
