@@ -48,9 +48,14 @@ class GroveMoE(Architecture):
     def __init__(self, hp: HParams):
         check_routed(hp, self.name)
         check_whole_heads(hp, self.name)
+        key = lambda t: t.format(arch=self.name)  # noqa: E731
         if hp.n_expert % hp.n_group_experts:
-            raise MetadataError(f"'{L.EXPERTS_PER_GROUP.format(arch=self.name)}' = {hp.n_group_experts} does not "
-                                f"divide the {hp.n_expert} experts into groups")
+            raise MetadataError(f"'{key(L.EXPERTS_PER_GROUP)}' = {hp.n_group_experts} does not divide the "
+                                f"{hp.n_expert} experts into groups")
+        if hp.n_expert_used > hp.n_expert // hp.n_group_experts:  # llama.cpp's sum reads past the chosen groups
+            raise MetadataError(f"'{key(L.EXPERT_USED_COUNT)}' = {hp.n_expert_used} exceeds the "
+                                f"{hp.n_expert // hp.n_group_experts} adjugate experts ('{key(L.EXPERT_COUNT)}' / "
+                                f"'{key(L.EXPERTS_PER_GROUP)}'): llama.cpp sums that many of their outputs")
         super().__init__(hp)
 
     @property

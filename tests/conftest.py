@@ -392,6 +392,9 @@ TINY_FAMILY["spark2_5"] = {gguf.Keys.Attention.SLIDING_WINDOW: 4, gguf.Keys.Atte
 TINY_FAMILY["muse-glimmer"] = {gguf.Keys.LLM.LOGIT_SCALE: 0.5, gguf.Keys.Attention.SLIDING_WINDOW: 4}
 TINY_FAMILY["granite"] = {gguf.Keys.LLM.LOGIT_SCALE: 2.5, gguf.Keys.LLM.RESIDUAL_SCALE: 0.7,
                           gguf.Keys.LLM.EMBEDDING_SCALE: 3.0, gguf.Keys.Attention.SCALE: 0.2}  # Granite's multipliers
+# Granite's sliding-window form: the multipliers, and a window on its second layer (the file must give the pattern)
+TINY_FAMILY["granite_swa"] = {**TINY_FAMILY["granite"], gguf.Keys.Attention.SLIDING_WINDOW: 4,
+                              gguf.Keys.Attention.SLIDING_WINDOW_PATTERN: [False, True]}
 TINY_FAMILY["apertus"] = {"xielu.alpha_n": [0.8, -1.5], "xielu.alpha_p": [0.8, 21.0], "xielu.beta": [0.5, 0.25],
                           "xielu.eps": [-1e-6, 1e-7]}
 # A prediction layer 4 (a 5-layer tiny model with nextn_predict_layers 1) where a family's loader takes its tensors as
@@ -414,7 +417,7 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight|" + NEXTN_4,
                 "spark2_5": r"blk\.\d+\.attn_qkv\.weight",  # Q, K, V fused (or apart: either is optional)
                 # Granite's Q, K and V apart (fused is the other form llama.cpp takes)
                 **{a: r"blk\.\d+\.attn_[qkv]\.weight" for a in ("granite", "granitemoe", "minicpm", "granitehybrid")},
-                "granite_swa": r"blk\.\d+\.(attn_[qkv]|ffn_gate_up_exps)\.weight",
+                "granite_swa": r"blk\.\d+\.(attn_[qkv]|ffn_gate_up_exps)\.weight", "grovemoe": r"blk\.\d+\.attn_[qkv]\.weight",
                 # every layer's Q, K, V and gate and up stacks apart
                 "cohere2moe": r"blk\.\d+\.(attn_[qkv]|ffn_(gate|up)_exps)\.weight|" + NEXTN_4}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
@@ -531,6 +534,7 @@ for _family in ("arctic", "bailingmoe", "bailingmoe2", "cohere2moe", "dbrx", "de
                 "minimax-m2", "olmoe", "phimoe", "qwen2moe", "smallthinker"):
     TINY_FAMILY[_family] = {**TINY_MOE, **TINY_FAMILY.get(_family, {})}
 TINY_FAMILY["mistral4"] = {**TINY_FAMILY["deepseek2"], gguf.Keys.Attention.Q_LORA_RANK: 0}
+TINY_FAMILY["grovemoe"] = {**TINY_MOE, gguf.Keys.LLM.EXPERTS_PER_GROUP: 2, gguf.Keys.LLM.EXPERT_GROUP_SCALE: 0.5}
 TINY_FAMILY["qwen35moe"] = {**TINY_MOE, **TINY_FAMILY["qwen35"]}
 TINY_FAMILY["dbrx"][gguf.Keys.Attention.CLAMP_KQV] = 8.0
 TINY_FAMILY["dots1"][gguf.Keys.Attention.HEAD_COUNT_KV] = 4

@@ -372,12 +372,15 @@ def test_mimo2_takes_q_k_and_v_fused_as_llama_cpp_takes_them(tmp_path: Path) -> 
     assert ours == theirs
 
 
-def test_grovemoe_refuses_groups_that_do_not_divide_its_experts_naming_the_key(tmp_path: Path) -> None:
-    """Four experts in groups of 3: llama.cpp would make one adjugate expert and let ids reach past it."""
+@pytest.mark.parametrize("keys,match", [
+    # four experts in groups of 3: one adjugate expert, ids reaching past it
+    ({"grovemoe.experts_per_group": 3}, r"'grovemoe\.experts_per_group' = 3 does not divide the 4 experts"),
+    # three used of two adjugate experts: llama.cpp's sum of three outputs reads past the two it has (it aborts)
+    ({"grovemoe.expert_used_count": 3}, r"'grovemoe\.expert_used_count' = 3 exceeds the 2 adjugate experts"),
+])
+def test_grovemoe_refuses_groups_llama_cpp_cannot_run_naming_the_key(tmp_path: Path, keys: dict, match: str) -> None:
     from graphir.model.presets import all_presets
-    from graphir.running.runtime import load
 
-    path = write_model_gguf(tmp_path / "bad.gguf", all_presets()["grovemoe-tiny-header"],
-                            extra_md={"grovemoe.experts_per_group": 3})
-    with pytest.raises(MetadataError, match=r"'grovemoe\.experts_per_group' = 3 does not divide the 4 experts"):
+    path = write_model_gguf(tmp_path / "bad.gguf", all_presets()["grovemoe-tiny-header"], extra_md=keys)
+    with pytest.raises(MetadataError, match=match):
         load(str(path)).hparams  # noqa: B018
