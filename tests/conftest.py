@@ -531,7 +531,7 @@ TINY_MOE: dict[str, object] = {
 for _family in ("arctic", "bailingmoe", "bailingmoe2", "cohere2moe", "dbrx", "deepseek", "dots1", "ernie4_5-moe",
                 "exaone-moe",
                 "glm4moe", "granitemoe", "grok", "hunyuan-moe", "hy_v3", "laguna", "llama4", "maple", "mellum", "mimo2",
-                "minimax-m2", "olmoe", "phimoe", "qwen2moe", "smallthinker"):
+                "minimax-m2", "olmoe", "phimoe", "qwen2moe", "smallthinker", "step35"):
     TINY_FAMILY[_family] = {**TINY_MOE, **TINY_FAMILY.get(_family, {})}
 TINY_FAMILY["mistral4"] = {**TINY_FAMILY["deepseek2"], gguf.Keys.Attention.Q_LORA_RANK: 0}
 TINY_FAMILY["grovemoe"] = {**TINY_MOE, gguf.Keys.LLM.EXPERTS_PER_GROUP: 2, gguf.Keys.LLM.EXPERT_GROUP_SCALE: 0.5}
@@ -544,3 +544,15 @@ TINY_FAMILY["ernie4_5-moe"][gguf.Keys.LLM.INTERLEAVE_MOE_LAYER_STEP] = 1  # a mi
 TINY_FAMILY["maple"][gguf.Keys.LLM.SWIGLU_CLAMP_EXP] = [7.0] * 4
 for _family in ("maple", "mimo2"):  # three sliding layers, then a global one
     TINY_FAMILY[_family][gguf.Keys.Attention.SLIDING_WINDOW_PATTERN] = [True, True, True, False]
+# Step-3.5: a global layer of 4 heads, then three sliding ones of 8 over a window the prompt outgrows (heads of 16: the
+# global layer rotates 8 dims, the sliding ones all 16), renormalised weights scaled by 2.5, and SwiGLU limits per
+# layer (0: none) for the experts and for the shared expert and dense FFN; every layer's QK-norms, a head-wise gate on
+# the first three, layer 0 dense, the frequency factors (the global layer reads the first 4)
+TINY_FAMILY["step35"].update({
+    gguf.Keys.Attention.SLIDING_WINDOW: 4, gguf.Keys.Attention.SLIDING_WINDOW_PATTERN: [False, True, True, True],
+    gguf.Keys.Attention.HEAD_COUNT: [4, 8, 8, 8], gguf.Keys.LLM.EXPERT_WEIGHTS_NORM: True,
+    gguf.Keys.LLM.EXPERT_WEIGHTS_SCALE: 2.5, gguf.Keys.LLM.SWIGLU_CLAMP_EXP: [0.0, 0.5, 0.0, 1.0],
+    gguf.Keys.LLM.SWIGLU_CLAMP_SHEXP: [0.8, 0.0, 0.6, 7.0]})
+TINY_INCLUDE["step35"] = (r"rope_freqs\.weight|blk\.\d+\.(attn_[qkv]|attn_[qk]_norm)\.weight|blk\.[0-2]\.attn_gate\.weight|"
+                          r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.[1-9]\.(ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp))\.weight|"
+                          r"blk\.[1-9]\.exp_probs_b\.bias|" + NEXTN_4)

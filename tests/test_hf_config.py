@@ -66,6 +66,7 @@ NOT_COMPARED = {
     "grovemoe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "cohere2moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "mimo2-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "step35-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
 
@@ -398,6 +399,33 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_WEIGHTS_SCALE: 2.5,
         L.EXPERT_GATING_FUNC: 2, L.LEADING_DENSE_BLOCK_COUNT: 1, R.DIMENSION_COUNT: 8, R.DIMENSION_COUNT_SWA: 16,
         R.FREQ_BASE_SWA: 20000.0}, tied=False)),
+    # Step-3.5: a global layer of 4 heads, three sliding ones of 8 (attention_other_setting), a base per layer, the
+    # experts from layer 1 on, SwiGLU limits, a head-wise gate, a router bias, and a prediction layer (dense)
+    "step35": ({
+        "architectures": ["Step3p5ForCausalLM"], "model_type": "step3p5", "hidden_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_attention_groups": 2, "head_dim": 16, "intermediate_size": 128,
+        "attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 2},
+        "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"],
+        "partial_rotary_factors": [0.5, 1.0, 1.0, 1.0], "sliding_window": 16,
+        "rope_theta": [1000000.0, 10000.0, 10000.0, 10000.0, 1000000.0], "moe_num_experts": 4, "moe_top_k": 2,
+        "moe_intermediate_size": 32, "share_expert_dim": 32, "moe_layers_enum": "1,2,3",
+        "moe_router_activation": "sigmoid", "moe_router_scaling_factor": 2.5, "norm_expert_weight": True,
+        "use_head_wise_attn_gate": True, "use_moe_router_bias": True, "swiglu_limits": [0.0, 7.0, 7.0, 7.0],
+        "swiglu_limits_shared": [0.0, 16.0, 16.0, 16.0], "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 256, "vocab_size": 256, "tie_word_embeddings": False,
+    }, False, Preset("step35", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 5, L.FEED_FORWARD_LENGTH: 128,
+        A.HEAD_COUNT: [4, 8, 8, 8, 4], A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16,
+        A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 16, A.SLIDING_WINDOW_PATTERN: [False, True, True, True, False],
+        R.FREQ_BASE: 1000000.0, R.FREQ_BASE_SWA: 10000.0, L.EXPERT_COUNT: 4, L.EXPERT_USED_COUNT: 2,
+        L.EXPERT_FEED_FORWARD_LENGTH: 32, L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32, L.EXPERT_GATING_FUNC: 2,
+        L.EXPERT_WEIGHTS_SCALE: 2.5, L.EXPERT_WEIGHTS_NORM: True, L.LEADING_DENSE_BLOCK_COUNT: 1,
+        L.MOE_EVERY_N_LAYERS: 1, L.SWIGLU_CLAMP_EXP: [0.0, 7.0, 7.0, 7.0, 0.0],
+        L.SWIGLU_CLAMP_SHEXP: [0.0, 16.0, 16.0, 16.0, 0.0], L.NEXTN_PREDICT_LAYERS: 1, L.VOCAB_SIZE: 256,
+    }, tied=False, include=r"blk\.\d+\.(attn_[qkv]|attn_[qk]_norm|attn_gate)\.weight|blk\.(0|4)\.ffn_(gate|up|down)\.weight|"
+                           r"blk\.[1-3]\.(ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp))\.weight|blk\.[1-3]\.exp_probs_b\.bias|"
+                           r"blk\.4\.(attn_norm|attn_output|ffn_norm|nextn\.(eh_proj|enorm|hnorm|shared_head_norm|"
+                           r"shared_head_head))\.weight")),
     # Granite's sliding-window form with experts: layers 1-3 sliding as the default pattern, layer 2 without RoPE
     "granite_swa": ({
         "architectures": ["GraniteMoeSWAForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,

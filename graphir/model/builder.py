@@ -304,14 +304,18 @@ class GraphBuilder:
     def build_ffn(self, x: Node, *, up: Node, gate: Node | None, down: Node, up_b: Node | None = None,
                   gate_b: Node | None = None, down_b: Node | None = None, act: Act = Act.SILU,
                   gate_mode: Gate = Gate.PAR, name: str = "ffn_out", up_s: Node | None = None,
-                  gate_s: Node | None = None, down_s: Node | None = None, act_scales: Node | None = None) -> Node:
+                  gate_s: Node | None = None, down_s: Node | None = None, act_scales: Node | None = None,
+                  swiglu_limit: float = 0.0, clamp_apart: bool = False) -> Node:
         """The FFN of x; each matrix's per-tensor scale ``*_s`` multiplies its output after its bias (as
-        llama.cpp's ``build_ffn``); ``act_scales``: a GELU's output divided by them (AWQ's ScaleActivation, MPT)."""
+        llama.cpp's ``build_ffn``); ``act_scales``: a GELU's output divided by them (AWQ's ScaleActivation, MPT);
+        ``swiglu_limit``, ``clamp_apart``: a SwiGLU clamped at that limit (:meth:`_swiglu_limited`)."""
         t = self._scaled(self.linear(x, up, up_b, name="ffn_up"), up_s, name="ffn_up_s")
         if gate is not None:
             g = self._scaled(self.linear(t if gate_mode is Gate.SEQ else x, gate, gate_b, name="ffn_gate"), gate_s,
                              name="ffn_gate_s")
-            if gate_mode is Gate.PAR and act in _GLU:
+            if gate_mode is Gate.PAR and act is Act.SILU and swiglu_limit > SWIGLU_LIMIT_MIN:
+                h = self._swiglu_limited(g, t, swiglu_limit, clamp_apart, prefix="ffn")
+            elif gate_mode is Gate.PAR and act in _GLU:
                 h = self.op(_GLU[act], g, t, name=f"ffn_{_GLU[act]}")
             else:
                 h = self._activation(g, act, act_scales)
@@ -331,6 +335,17 @@ class GraphBuilder:
                       for tag, off in (("ffn_gate", 0), ("ffn_up.half", F)))
         return self.linear(self.op("swiglu", gate, rest, name="ffn_swiglu"), self.w(down, il), name=name)
 
+    def _swiglu_limited(self, gate: Node, up: Node, limit: float, apart: bool, *, prefix: str) -> Node:
+        """silu(gate) * up clamped at ``limit`` (a layer's ``swiglu_clamp_exp`` or ``_shexp``): ggml's swiglu_clamp
+        (gate capped at the limit, up clamped to it), or, ``apart``, as separate ops: up clamped to [-limit, limit]
+        and silu(gate) capped at the limit before their product (llama.cpp's form where its fused op is not used)."""
+        if not apart:
+            return self.op("swiglu_clamp", gate, up, limit=limit, name=f"{prefix}_swiglu_limited")
+        up = self.op("clamp", up, min=-limit, max=limit, name=f"{prefix}_up_clamped")
+        act = self.op("silu", gate, name=f"{prefix}_silu")
+        act = self.op("clamp", act, min=float("-inf"), max=limit, name=f"{prefix}_silu_clamped")
+        return self.op("mul", act, up, name=f"{prefix}_swiglu_limited")
+
     def _activation(self, x: Node, act: Act, act_scales: Node | None = None) -> Node:
         if act is Act.RELU_SQR:
             return self.op("sqr", self.op("relu", x, name="ffn_relu"), name="ffn_sqr(relu)")
@@ -349,7 +364,7 @@ class GraphBuilder:
                       gate_exps_s: Node | None = None, down_exps_s: Node | None = None, n_groups: int = 0,
                       n_group_used: int = 0, gate_up_exps: Node | None = None, weight_before: bool = False,
                       select: Select = Select.PROBS, logits: Node | None = None, swiglu_limit: float = 0.0,
-                      group_experts: int = 0, name: str = "ffn_moe_out") -> Node:
+                      group_experts: int = 0, clamp_apart: bool = False, name: str = "ffn_moe_out") -> Node:
         """A mixture of experts over x [n_embd, T] (llama.cpp's ``build_moe_ffn``): the router ``gate_inp``
         scores the experts, each token takes the ``n_expert_used`` best (by probability, plus ``probs_b`` for
         choosing only), runs the FFN of each through ``mul_mat_id`` (stacked ``*_exps`` [n_embd, n_ff,
@@ -368,7 +383,8 @@ class GraphBuilder:
         experts are divided by it (through f32, truncated, as ggml's casts) into ids of this mixture's ``n_expert``
         experts, one per group (GroveMoE's adjugate experts), their weights the chosen groups' first experts'.
         ``swiglu_limit``: a SwiGLU's gate capped and its up clamped at that limit (ggml's swiglu_clamp, the layer's
-        ``swiglu_clamp_exp``; at most 1e-6: not clamped)."""
+        ``swiglu_clamp_exp``; at most 1e-6: not clamped), as separate ops where ``clamp_apart``
+        (:meth:`_swiglu_limited`)."""
         n_embd, n_tok = x.shape
         if logits is None:
             logits = self.op("mul_mat", gate_inp, x, name="ffn_moe_logits")  # type: ignore[arg-type]
@@ -423,7 +439,7 @@ class GraphBuilder:
                                                                   selected, name="ffn_moe_gate")
         if gate is not None:
             if act is Act.SILU and swiglu_limit > SWIGLU_LIMIT_MIN:
-                h = self.op("swiglu_clamp", gate, up, limit=swiglu_limit, name="ffn_moe_swiglu_limited")
+                h = self._swiglu_limited(gate, up, swiglu_limit, clamp_apart, prefix="ffn_moe")
             elif act is Act.SWIGLU_OAI:
                 h = self.op("swiglu_oai", gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT,
                             name="ffn_moe_swiglu_oai")
