@@ -418,6 +418,7 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight|" + NEXTN_4,
                 # Granite's Q, K and V apart (fused is the other form llama.cpp takes)
                 **{a: r"blk\.\d+\.attn_[qkv]\.weight" for a in ("granite", "granitemoe", "minicpm", "granitehybrid")},
                 "granite_swa": r"blk\.\d+\.(attn_[qkv]|ffn_gate_up_exps)\.weight", "grovemoe": r"blk\.\d+\.attn_[qkv]\.weight",
+                "afmoe": r"blk\.\d+\.attn_[qkv]\.weight",
                 # every layer's Q, K, V and gate and up stacks apart
                 "cohere2moe": r"blk\.\d+\.(attn_[qkv]|ffn_(gate|up)_exps)\.weight|" + NEXTN_4}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
@@ -528,7 +529,7 @@ TINY_MOE: dict[str, object] = {
     gguf.Keys.LLM.EXPERT_GATING_FUNC: 2, gguf.Keys.LLM.EXPERT_WEIGHTS_SCALE: 1.0,
     gguf.Keys.Attention.SLIDING_WINDOW: 16, gguf.Keys.Attention.LAYERNORM_EPS: 1e-5, gguf.Keys.LLM.LOGIT_SCALE: 1.0,
 }
-for _family in ("arctic", "bailingmoe", "bailingmoe2", "cohere2moe", "dbrx", "deepseek", "dots1", "ernie4_5-moe",
+for _family in ("afmoe", "arctic", "bailingmoe", "bailingmoe2", "cohere2moe", "dbrx", "deepseek", "dots1", "ernie4_5-moe",
                 "exaone-moe",
                 "glm4moe", "granitemoe", "grok", "hunyuan-moe", "hy_v3", "laguna", "llama4", "maple", "mellum", "mimo2",
                 "minimax-m2", "olmoe", "phimoe", "qwen2moe", "smallthinker", "step35"):

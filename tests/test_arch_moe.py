@@ -372,6 +372,21 @@ def test_mimo2_takes_q_k_and_v_fused_as_llama_cpp_takes_them(tmp_path: Path) -> 
     assert ours == theirs
 
 
+@pytest.mark.parametrize("drop,keys,match", [
+    ((), {"afmoe.attention.sliding_window": 0}, r"'afmoe\.attention\.sliding_window' is 0: a sliding window needs"),
+    (("afmoe.attention.sliding_window",), {}, r"missing key 'afmoe\.attention\.sliding_window'"),
+])
+def test_afmoe_without_a_window_is_refused_naming_the_key(tmp_path: Path, drop: tuple, keys: dict,
+                                                          match: str) -> None:
+    """llama.cpp's afmoe loader takes a file without a window, but its graph reads a sliding cache such a context
+    lacks (its context creation crashes): graphir refuses the file."""
+    from graphir.model.presets import all_presets
+
+    path = write_model_gguf(tmp_path / "bad.gguf", all_presets()["afmoe-tiny-header"], extra_md=keys, drop_md=drop)
+    with pytest.raises(MetadataError, match=match):
+        load(str(path)).hparams  # noqa: B018
+
+
 @pytest.mark.parametrize("keys,match", [
     # four experts in groups of 3: one adjugate expert, ids reaching past it
     ({"grovemoe.experts_per_group": 3}, r"'grovemoe\.experts_per_group' = 3 does not divide the 4 experts"),

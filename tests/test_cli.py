@@ -45,7 +45,7 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Hunyuan-A13B", "Phi-3.5-MoE", "HY-V3-synthetic",
            "Llama-4-Scout", "Qwen3.5-397B-A17B", "Grok-1", "Snowflake-Arctic", "mistral4-tiny-header",  # issue 39
            "smallthinker-tiny-header", "maple-tiny-header", "mellum-tiny-header", "exaone-moe-tiny-header",
-           "laguna-tiny-header", "mimo2-tiny-header", "step35-tiny-header", "granite_swa-tiny-header", "grovemoe-tiny-header", "cohere2moe-tiny-header",
+           "laguna-tiny-header", "mimo2-tiny-header", "step35-tiny-header", "granite_swa-tiny-header", "grovemoe-tiny-header", "cohere2moe-tiny-header", "afmoe-tiny-header",
            "Refact-1.6B", "BLOOM-560M", "StarCoder-15.5B", "StarCoder2-3B", "Command-R7B", "OLMo-2-7B", "Pythia-1.4B", "Phi-2", "Falcon-7B", "StableLM-2-1.6B", "GLM-4-9B",
            "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny", "OLMo-tiny", "PLaMo-tiny", "MPT-7B", "Jais-tiny", "GLM-4-tiny", "EXAONE-4-tiny",
            "EXAONE-4-32B-tiny", "PLaMo-3-tiny", "PLaMo-3-tiny-swa", "Talkie-tiny",

@@ -65,6 +65,7 @@ NOT_COMPARED = {
     "granite_swa-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "grovemoe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "cohere2moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "afmoe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "mimo2-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "step35-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
@@ -466,6 +467,17 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         R.SCALING_TYPE: "none"}, tied=True,
         include=r"blk\.\d+\.(attn_[qkv]|ffn_(gate|up)_exps)\.weight|blk\.4\.(attn_norm|attn_output|ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp)"
                 r"|nextn\.(eh_proj|enorm|hnorm|shared_head_norm))\.weight")),
+    # AFMoE: a dense first layer, then experts with a shared expert, normalised and scaled; a window of 16
+    "afmoe": ({
+        "architectures": ["AfmoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "moe_intermediate_size": 32,
+        "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1, "num_dense_layers": 1,
+        "route_norm": True, "route_scale": 2.5, "rms_norm_eps": 1e-6, "max_position_embeddings": 256,
+        "vocab_size": 256, "rope_theta": 10000.0, "sliding_window": 16, "tie_word_embeddings": False,
+    }, False, Preset("afmoe", {
+        **MOE_TINY, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, L.EXPERT_SHARED_COUNT: 1, L.LEADING_DENSE_BLOCK_COUNT: 1,
+        L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_WEIGHTS_SCALE: 2.5, A.SLIDING_WINDOW: 16},
+        tied=False, include=r"blk\.\d+\.attn_[qkv]\.weight")),
     # issue 38's dense decoders whose presets are synthetic headers
     "codeshell": ({
         "architectures": ["CodeShellForCausalLM"], "n_embd": 64, "n_head": 4, "num_query_groups": 2, "n_layer": 2,
