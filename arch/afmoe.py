@@ -3,8 +3,8 @@ QK-norm, and the attention's output gated per value by sigmoid(W_gate x) before 
 
 The token embeddings are scaled by sqrt(n_embd) (muP). Every fourth layer attends without positions; the others
 rotate Q and K (NEOX), the sliding ones with ``rope.freq_base_swa``. Three layers of every four slide over
-``attention.sliding_window`` positions (the pattern from the file where it gives one). The first ``leading_dense_block_count``
-FFNs are dense SwiGLU; the others route each token to its ``expert_used_count`` best experts (sigmoid unless the
+``attention.sliding_window`` positions (the pattern from the file where it gives one). The first
+``leading_dense_block_count`` FFNs are dense SwiGLU; the others route each token to its ``expert_used_count`` best experts (sigmoid unless the
 file's gating function says otherwise, with a selection bias; weights normalised and scaled as the file says) and
 add ``expert_shared_count`` shared experts.
 
@@ -28,7 +28,7 @@ from graphir.model.moe import (MOE_KEYS, check_routed, experts, gating, routed_e
 from graphir.model.presets import Preset
 from graphir.model.qkv import fused_or_split_qkv_tensors, qk_norm_tensors
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, spec, swiglu_tensors, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 NO_ROPE_STEP = 4  # llama.cpp's n_no_rope_layer_step, which AFMoE's loader leaves at its default: layer 4k+3 has no RoPE
@@ -76,8 +76,7 @@ class Afmoe(Architecture):
                           spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector"),
                           *(shared_expert_tensors(E, Fx * hp.n_expert_shared, il) if hp.n_expert_shared else ())]
             else:
-                F = hp.ff_length(il)
-                layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
+                layer += swiglu_tensors(E, hp.ff_length(il), il)
             specs += layer + layer_scales(layer, il, X)
         return specs
 

@@ -32,7 +32,7 @@ from graphir.model.moe import (MOE_KEYS, NEXTN_KEY, check_routed, gate_up, gate_
 from graphir.model.presets import Preset
 from graphir.model.qkv import check_whole_heads, fused_or_split_qkv_tensors
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, spec, swiglu_tensors, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -92,7 +92,7 @@ class Cohere2Moe(Architecture):
                      spec(T.ATTN_OUT, (hp.head_count(il) * hp.n_embd_head_v, E), il)]
             if il < hp.n_layer_dense_lead:
                 F = hp.ff_length(il)
-                layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
+                layer += swiglu_tensors(E, F, il)
             else:
                 layer += [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_DOWN_EXP, (Fx, E, X), il),
                           *gate_up_tensors(E, Fx, X, il), *(shared_expert_tensors(E, Fs, il) if hp.n_expert_shared

@@ -41,7 +41,7 @@ from graphir.model.moe import (GATING_FUNC_KEY, MOE_KEYS, NEXTN_KEY, check_exper
 from graphir.model.presets import Preset
 from graphir.model.qkv import check_whole_heads, qkv_tensors
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, spec, swiglu_tensors, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -141,7 +141,7 @@ class DeepSeek(Architecture):
                 layer += shared_expert_tensors(E, ((t.shared_width_key and hp.n_ff_shexp) or F) * hp.n_expert_shared, il)
             else:
                 F = hp.ff_length(0)
-                layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
+                layer += swiglu_tensors(E, F, il)
             layer += layer_scales(layer, il, hp.n_expert)
             own = [spec(n, (E,), il, kind="vector") for n in t.nextn_extra]
             specs += layer if il < self.n_trunk else nextn_layer(layer + own, hp, il)

@@ -42,7 +42,7 @@ from graphir.model.hparams import HParams, Key
 from graphir.graph.floats import f32
 from graphir.model.scales import layer_scales
 from graphir.model.temperature import Temperature
-from graphir.model.tensors import TensorDecl, TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorDecl, TensorSpec, spec, swiglu_tensors, tensor_name
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, derived, fixed, hf
 from graphir.model.presets import Preset
@@ -191,7 +191,7 @@ class DeepSeek2(Architecture):
         E = hp.n_embd
         if not self.moe_layer(il):
             F = hp.ff_length(il)
-            return [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
+            return swiglu_tensors(E, F, il)
         X, F, S = hp.n_expert, hp.n_ff_exp, hp.n_ff_exp * hp.n_expert_shared
         return [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector", optional=True),
                 spec(T.FFN_DOWN_EXP, (F, E, X), il), *gate_up_tensors(E, F, X, il),

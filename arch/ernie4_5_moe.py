@@ -27,7 +27,7 @@ from graphir.model.moe import MOE_KEYS, check_experts, expert_width, shared_expe
 from graphir.model.presets import Preset
 from graphir.model.qkv import check_whole_heads, qkv_tensors, roped_attention
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, spec, swiglu_tensors, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -80,7 +80,7 @@ class Ernie45Moe(Architecture):
                     layer += shared_expert_tensors(E, hp.n_ff_shexp, il)
             else:
                 F = hp.ff_length(0)
-                layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
+                layer += swiglu_tensors(E, F, il)
             specs += layer + layer_scales(layer, il, hp.n_expert)
         return specs
 

@@ -28,7 +28,7 @@ from graphir.model.moe import (MOE_KEYS, NEXTN_KEY, check_experts, experts, next
 from graphir.model.presets import Preset
 from graphir.model.qkv import check_head_sizes, qk_norm_tensors, qkv, qkv_tensors
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorSpec, spec
+from graphir.model.tensors import TensorSpec, spec, swiglu_tensors
 from graphir.memory.layers import LayerNeeds
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
@@ -86,7 +86,7 @@ class ExaoneMoe(Architecture):
                           spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector", optional=True)]
             else:
                 F = hp.ff_length(il)
-                layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
+                layer += swiglu_tensors(E, F, il)
             layer += layer_scales(layer, il, X)
             specs += layer if il < self.n_trunk else nextn_layer(layer, hp, il, required=True)
         return specs

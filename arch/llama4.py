@@ -23,7 +23,7 @@ from graphir.model.presets import Preset
 from graphir.model.qkv import check_head_sizes, qkv_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.temperature import Temperature
-from graphir.model.tensors import TensorSpec, spec, tensor_name
+from graphir.model.tensors import TensorSpec, spec, swiglu_tensors, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -68,7 +68,7 @@ class Llama4(Architecture):
                 layer += routed_expert_tensors(E, Fx, X, il) + shared_expert_tensors(E, Fx, il)
             else:
                 F = hp.ff_length(il)
-                layer += [spec(T.FFN_GATE, (E, F), il), spec(T.FFN_DOWN, (F, E), il), spec(T.FFN_UP, (E, F), il)]
+                layer += swiglu_tensors(E, F, il)
             specs += layer + layer_scales(layer, il, X)
         return specs
 

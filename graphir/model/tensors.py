@@ -66,6 +66,12 @@ def spec(t: MODEL_TENSOR, shape: tuple[int, ...], il: int | None = None, suffix:
     return TensorSpec(tensor_name(t, il, suffix), shape, **kw)
 
 
+def swiglu_tensors(n_embd: int, n_ff: int, il: int) -> list[TensorSpec]:
+    """Layer il's dense SwiGLU FFN: gate, down and up, all required."""
+    return [spec(MODEL_TENSOR.FFN_GATE, (n_embd, n_ff), il), spec(MODEL_TENSOR.FFN_DOWN, (n_ff, n_embd), il),
+            spec(MODEL_TENSOR.FFN_UP, (n_embd, n_ff), il)]
+
+
 def with_bias(t: MODEL_TENSOR, shape: tuple[int, ...], il: int | None = None, *, optional: bool = False,
               bias_optional: bool = False) -> list[TensorSpec]:
     """A weight and its bias, which spans the weight's output dimension (``shape[-1]``); a 1-D weight (a
