@@ -589,7 +589,7 @@ ERROR_CASES = {
         lambda tp: ["dump", write_tiny_gguf(tp / "shape.gguf", shapes={"blk.0.attn_k.weight": (E, 48)})],
         "{0}: tensor 'blk.0.attn_k.weight' has shape [64, 48], expected [64, 32]"),
     "unknown preset": (lambda tp: ["dump", "Llama-9-1T"], "Llama-9-1T: no such file or preset (presets: "
-                                                           "all-MiniLM-L6-v2, "),
+                                                           "afmoe-tiny-header, all-MiniLM-L6-v2, "),
     "none with decode": (
         lambda tp: ["dump", "SmolLM2-135M", "--context", "none", "--phase", "decode"],
         "context 'none' has no decode phase"),

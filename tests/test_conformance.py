@@ -186,13 +186,6 @@ ROWS = [
                                               "granite_swa.attention.rope_pattern": [1, 0]}),  # layer 1 without RoPE
     # llama.cpp's saver has no Step-3.5: a global layer, three sliding ones with their own RoPE base and more heads
     Row("step35", made_by="graphir", moe=True, keys={"step35.rope.freq_base_swa": 500.0}),
-    # a prediction layer after four, loaded and never run; the sliding layers' RoPE base llama.cpp's 10000, not the
-    # model's; routing weights renormalised, not scaled
-    Row("step35", "nextn", made_by="graphir", moe=True, keys={
-        "step35.nextn_predict_layers": 1, "step35.block_count": 5, "step35.rope.freq_base": 1000000.0,
-        "step35.expert_weights_scale": 1.0,
-        "step35.attention.head_count": [4, 8, 8, 8, 4], "step35.swiglu_clamp_exp": [0.0, 0.5, 0.0, 1.0, 0.0],
-        "step35.swiglu_clamp_shexp": [0.8, 0.0, 0.6, 7.0, 0.0]}),
     # issue 38, ALiBi and the rest
     Row("refact"),
     Row("bloom"),
