@@ -21,7 +21,7 @@ from graphir.graph.floats import f32, inv_sqrt
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
-from graphir.model.hf_config import TEXT, VOCAB, Family, hf
+from graphir.model.hf_config import TEXT, VOCAB, Family, derived, hf
 from graphir.model.hparams import HParams, Key, SlidingWindow
 from graphir.model.moe import (MOE_KEYS, check_routed, experts, gating, routed_expert_tensors, shared_expert,
                                shared_expert_tensors)
@@ -113,10 +113,11 @@ class Afmoe(Architecture):
         b.build_output(b.norm(x, T.OUTPUT_NORM, name="result_norm"), b.w(T.OUTPUT))
 
 
-# AfmoeModel: LlamaModel's keys, the shared experts, the experts' width, the leading dense layers, the routing's
-# normalisation and scale, the window
+# AfmoeModel: LlamaModel's keys (the rotated dimensions a head), the shared experts, the experts' width, the
+# leading dense layers, the routing's normalisation and scale, the window
 hf_config.register(Family("afmoe", TEXT + (
-    VOCAB, hf(L.EXPERT_SHARED_COUNT, "num_shared_experts", kind="size", default=None),
+    VOCAB, derived(R.DIMENSION_COUNT, hf_config.head_dim),
+    hf(L.EXPERT_SHARED_COUNT, "num_shared_experts", kind="size", default=None),
     hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
     hf(L.LEADING_DENSE_BLOCK_COUNT, "num_dense_layers", kind="size", default=None),
     hf(L.EXPERT_WEIGHTS_NORM, "route_norm", kind="flag", default=None),
@@ -126,12 +127,12 @@ hf_config.register(Family("afmoe", TEXT + (
 
 
 presets.register({
-    # llama.cpp's tiny afmoe over five layers (so that alike ones fold): width 256, two heads of 128; layer 0 dense
-    # (384), then 2 experts of 384 (both used, sigmoid-routed with a selection bias) and a shared expert of 384;
-    # three layers of four sliding over 32 positions, the fourth without positions
+    # llama.cpp's tiny afmoe over five layers (so that alike ones fold): width 256, four heads of 64 sharing two
+    # K/V heads; layer 0 dense (384), then 2 experts of 384 (both used, sigmoid-routed with a selection bias) and a
+    # shared expert of 384; three layers of four sliding over 32 positions, the fourth without positions
     "afmoe-tiny-header": Preset("afmoe", {
         L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 5, L.FEED_FORWARD_LENGTH: 384,
-        A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 32, L.VOCAB_SIZE: 128,
+        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.SLIDING_WINDOW: 32, L.VOCAB_SIZE: 128,
         L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_COUNT: 2, L.EXPERT_USED_COUNT: 2, L.EXPERT_FEED_FORWARD_LENGTH: 384,
         L.EXPERT_SHARED_COUNT: 1, L.EXPERT_GATING_FUNC: 2,
     }, tied=False, include=presets.SPLIT_QKV, f32=presets.ROUTER_F32,

@@ -29,13 +29,14 @@ from graphir.convert import add_key
 L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
 
 # Sizes per architecture where test-llama-archs.cpp departs from its defaults (its reasons: MLA's fixed head
-# layout needs n_embd 128 and one head; Qwen3 is its MQA case; DeepSeek-V2's latent sizes).
+# layout needs n_embd 128 and one head; Qwen3 is its MQA case, AFMoE its GQA one; DeepSeek-V2's latent sizes).
 DEFAULTS = dict(n_vocab=128, n_embd=256, n_head=2, n_ff=384, n_layer=2, n_ctx=256)
 SIZES: dict[str, dict[str, int]] = {
     "deepseek2": dict(n_embd=128, n_head=1, n_ff=192),
     "mistral4": dict(n_embd=128, n_head=1, n_ff=192),
     "laguna": dict(n_embd=160),
     "qwen3": dict(n_head=4, n_head_kv=1),
+    "afmoe": dict(n_head=4, n_head_kv=2),  # its GQA case
 }
 MLA = ("deepseek2", "mistral4")
 # mixture-of-experts group two: a per-layer window pattern (odd layers slide) and a clamped SwiGLU, as that test gives

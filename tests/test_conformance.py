@@ -180,8 +180,9 @@ ROWS = [
     # layer 0 dense and roped, 1-3 sliding over a window the prompt outgrows, 4 global without positions
     Row("cohere2moe", moe=True, keys={"n_layer": 5, "cohere2moe.attention.sliding_window": 4}),
     Row("cohere2moe", "layernorm", moe=True, keys={"cohere2moe.attention.layer_norm_rms_epsilon": 0.0}),
-    # AFMoE: layers 0-3 of four, the fourth without positions; a window the prompt outgrows on the sliding ones
-    Row("afmoe", moe=True, keys={"n_layer": 4, "afmoe.attention.sliding_window": 4}),
+    # AFMoE: layers 0-3 of four, the fourth without positions; a window the prompt outgrows on the sliding ones,
+    # which rotate at their own base
+    Row("afmoe", moe=True, keys={"n_layer": 4, "afmoe.attention.sliding_window": 4, "afmoe.rope.freq_base_swa": 500.0}),
     Row("granite_swa", "moe", moe=True, keys={"granite_swa.attention.sliding_window": 4,
                                               "granite_swa.attention.rope_pattern": [1, 0]}),  # layer 1 without RoPE
     # llama.cpp's saver has no Step-3.5: a global layer, three sliding ones with their own RoPE base and more heads

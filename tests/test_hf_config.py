@@ -476,7 +476,7 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
         "vocab_size": 256, "rope_theta": 10000.0, "sliding_window": 16, "tie_word_embeddings": False,
     }, False, Preset("afmoe", {
         **MOE_TINY, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, L.EXPERT_SHARED_COUNT: 1, L.LEADING_DENSE_BLOCK_COUNT: 1,
-        L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_WEIGHTS_SCALE: 2.5, A.SLIDING_WINDOW: 16},
+        L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_WEIGHTS_SCALE: 2.5, A.SLIDING_WINDOW: 16, R.DIMENSION_COUNT: 16},
         tied=False, include=r"blk\.\d+\.attn_[qkv]\.weight")),
     # issue 38's dense decoders whose presets are synthetic headers
     "codeshell": ({
