@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-openai = pytest.importorskip("openai")
+openai = pytest.importorskip("openai", reason="the server is tested through the openai client (the test extra has it)")
 
 from graphir.running.runtime import load  # noqa: E402
 
