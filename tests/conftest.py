@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import importlib.util
 import os
 import re
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -256,6 +259,14 @@ def write_vocab_gguf(path: Path, metadata: dict[str, object], arch: str = "llama
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def process_folder(prefix: str) -> Path:
+    """A new temporary folder that lives as long as the test process, for models a module writes once and keeps
+    loaded (memoized) across its tests; removed when the process ends, whether the tests passed or not."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def write_model_gguf(path: Path, preset: Preset, dtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,

@@ -11,10 +11,7 @@ same tokens decoded at once.
 
 from __future__ import annotations
 
-import atexit
 import re
-import shutil
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,8 @@ import numpy as np
 import pytest
 
 import toy_archs  # noqa: F401  (registers test-iswa, test-hybrid and test-mla-hybrid)
-from conftest import TINY_FAMILY, TINY_INCLUDE, TINY_KEYS, fail_on_run, memory_bytes, write_model_gguf
+from conftest import (TINY_FAMILY, TINY_INCLUDE, TINY_KEYS, fail_on_run, memory_bytes, process_folder,
+                      write_model_gguf)
 
 from graphir.batch import Batch
 from graphir.errors import GraphirError, MetadataError, StateError
@@ -51,8 +49,7 @@ CLOSE = 2e-4  # max |logit difference| between two evaluation orders of the same
 @lru_cache(maxsize=None)
 def model(arch: str, include: str = "", **keys: Any) -> Model:
     """A tiny model of ``arch``; ``include``: the optional tensors it has."""
-    d = Path(tempfile.mkdtemp(prefix="graphir-composite-"))
-    atexit.register(shutil.rmtree, d, True)
+    d = process_folder("graphir-composite-")
     preset = Preset(arch, {**TINY_KEYS, **LONG, **dict(keys)}, tied=False, matrix_type=gguf.GGMLQuantizationType.F32,
                     include=include)
     return load(str(write_model_gguf(d / f"{arch}.gguf", preset)))

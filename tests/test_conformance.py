@@ -32,7 +32,7 @@ import gguf
 import numpy as np
 import pytest
 from conftest import assert_llama_logits as assert_logits
-from conftest import make_tiny_preset, oracle_is_exact, write_model_gguf
+from conftest import make_tiny_preset, oracle_is_exact, process_folder, write_model_gguf
 from test_families import LlamaCpp, failing_second_ubatch_changes_nothing, interleaved_against_llama_cpp
 
 import llama_made
@@ -268,9 +268,7 @@ _MODELS: dict[tuple[str, Q], Model] = {}
 def _path(row: Row, dtype: Q) -> Path:
     """The row's model file of type ``dtype`` (made once per test session)."""
     if (row.id, dtype) not in _PATHS:
-        import tempfile
-
-        folder = Path(tempfile.mkdtemp(prefix=f"conformance-{row.id}-"))
+        folder = process_folder(f"conformance-{row.id}-")
         if dtype == Q.F32 and row.made_by == "graphir":
             path = write_model_gguf(folder / "F32.gguf", make_tiny_preset(row.arch, **row.keys))
         elif dtype == Q.F32:

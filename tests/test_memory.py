@@ -9,11 +9,8 @@ to tokens since removed, which no fresh context reproduces (true of llama.cpp's 
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import struct
-import tempfile
 import threading
 from collections import Counter
 from functools import lru_cache
@@ -23,7 +20,7 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
-from conftest import TINY_KEYS, memory_bytes, write_model_gguf
+from conftest import TINY_KEYS, memory_bytes, process_folder, write_model_gguf
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -42,8 +39,7 @@ F32 = {"type_k": "f32", "type_v": "f32"}
 @lru_cache(maxsize=None)
 def model_path(arch: str = "llama", n_layer: int = 2, **keys: Any) -> Path:
     """A tiny random model's GGUF, written once per process (lru_cache) into a temporary directory."""
-    d = Path(tempfile.mkdtemp(prefix="graphir-mem-"))
-    atexit.register(shutil.rmtree, d, True)
+    d = process_folder("graphir-mem-")
     preset = Preset(arch, {**TINY_KEYS, gguf.Keys.LLM.BLOCK_COUNT: n_layer, **keys}, tied=False,
                     matrix_type=gguf.GGMLQuantizationType.F32)
     return write_model_gguf(d / f"{arch}-{n_layer}.gguf", preset)
