@@ -51,8 +51,8 @@ def _head_kernel(n_lanes: int, hadd: bool, variant: int) -> Callable:
         if hadd and lanes == 8 and simd_kq == d:
             dots_hadd8(v, kw, (h // ratio) * ksb * ldk, ksm * ldk, q1, h * qsb * ldq, d, live, kq[h, 0])
         else:
-            call_at(task_at, (v, kw, ldk, q1, ldq, d, d, ksb, ksm, qsb, _ONE, ratio, hadd, _VEC_F16, simd_kq, h,
-                              _ZERO, _ONE, _ZERO, live, kq))
+            call_at(task_at, (v, kw, ldk, q1, ldq, d, d, (h // ratio) * ksb, ksm, h * qsb, _ONE, hadd, _VEC_F16,
+                              simd_kq, h, _ZERO, _ONE, _ZERO, live, kq))
         kq[h, 0, live:] = 0.0
         w = np.empty(max(head, n_kv), F32)
         p = np.empty(n_kv, F32)

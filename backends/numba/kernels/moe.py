@@ -17,25 +17,35 @@ import numpy as np
 F32 = np.float32
 
 
+def routed_pairs(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A ubatch's (token, slot) pairs grouped by expert as ggml's mul_mat_id groups them: the flat pair numbers
+    t * n_expert_used + i in that order (tokens in order within an expert), the chosen experts in ascending order,
+    and where each one's pairs start (one more entry: the end)."""
+    flat = np.asarray(ids, np.int64).reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= n_expert):
+        raise IndexError(f"expert ids must be in [0, {n_expert}), got {flat.min()}..{flat.max()}")
+    order = np.argsort(flat, kind="stable")
+    chosen, starts = np.unique(flat[order], return_index=True)
+    return order, chosen, np.append(starts, flat.size)
+
+
+def pair_rows(x: np.ndarray, pairs: np.ndarray, n_used: int) -> np.ndarray:
+    """The rows of x (T, ne1, K) the pairs read, contiguous float32: ne1 1 gives every slot its token's row."""
+    return np.ascontiguousarray(x[pairs // n_used, pairs % n_used % x.shape[1]], dtype=F32)
+
+
 def mul_mat_id(product: Callable[[int, np.ndarray], np.ndarray], n_expert: int, m: int, x: np.ndarray,
                ids: np.ndarray) -> np.ndarray:
     """out[t, i] = product(ids[t, i], x[t, i % ne1]) for x (T, ne1, K) (ne1 1: one row per token, read by every
     slot; or n_expert_used: a row per slot) and ids (T, n_expert_used): (T, n_expert_used, m) float32.
     ``product(e, rows)``: rows (n, K) float32 through expert e's matrix, (n, m)."""
     n_tok, n_used = ids.shape
-    flat = np.asarray(ids, np.int64).reshape(-1)
-    if flat.size and (flat.min() < 0 or flat.max() >= n_expert):
-        raise IndexError(f"expert ids must be in [0, {n_expert}), got {flat.min()}..{flat.max()}")
-    out = np.empty((n_tok, n_used, m), F32)
-    order = np.argsort(flat, kind="stable")               # pairs grouped by expert, tokens in order within each
-    chosen, starts = np.unique(flat[order], return_index=True)
-    ends = np.append(starts[1:], flat.size)
-    for e, lo, hi in zip(chosen, starts, ends):
+    order, chosen, starts = routed_pairs(ids, n_expert)
+    out = np.empty((n_tok * n_used, m), F32)
+    for e, lo, hi in zip(chosen, starts[:-1], starts[1:]):
         pairs = order[lo:hi]
-        tok, slot = pairs // n_used, pairs % n_used
-        rows = np.ascontiguousarray(x[tok, slot % x.shape[1]], dtype=F32)
-        out[tok, slot] = product(int(e), rows)
-    return out
+        out[pairs] = product(int(e), pair_rows(x, pairs, n_used))
+    return out.reshape(n_tok, n_used, m)
 
 
 def argsort_top_k(x: np.ndarray, k: int) -> np.ndarray:

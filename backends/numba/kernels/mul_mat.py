@@ -251,11 +251,10 @@ def _vec_dot4(v, w1, wb0, wb1, wb2, wb3, x1, xb, k, kp, simd, hadd, f16):
 
 
 @njit(**SER)
-def products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0, n1, m0, m1, out):
-    """One task of _products: out[b, n0:n1, m0:m1]."""
+def products_task(v, w1, ldw, x1, ldx, k, kp, wr, wsm, xr, xsn, hadd, mode, simd, b, n0, n1, m0, m1, out):
+    """One task of _products: out[b, n0:n1, m0:m1], from w rows wr + m * wsm and x rows xr + n * xsn."""
     n = width(v)
     tiny = mode == TINYBLAS
-    wr, xr = (b // ratio) * wsb, b * xsb
     m = m0
     if tiny and k % n == 0:                              # x rows past n1 repeat the last: computed, not stored
         last = n1 - 1
@@ -291,13 +290,12 @@ def products_task(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, m
 
 
 @njit(**SER)
-def _tail_block(v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, b, n0, n1, m0, m1, out):
+def _tail_block(v, w1, ldw, x1, ldx, k, kp, wr, wsm, xr, xsn, b, n0, n1, m0, m1, out):
     """ggml_vec_dot_f32 for rows shorter than its first step (k < four registers: heads of 32): all of it is the
     scalar tail, one sequential chain per output (_vec_dot4's leftovers). Sixteen outputs' chains run side by side
     in the lanes of a register, from the block's w rows laid out column by column once for all its x rows; each
     lane takes its own output's products and additions in their order, so the bits are the same."""
     n = width(v)
-    wr, xr = (b // ratio) * wsb, b * xsb
     rows = m1 - m0
     mv = (rows + 4 * n - 1) // (4 * n) * 4               # registers across the rows, four chains at a time
     line = mv * n
@@ -397,12 +395,13 @@ def _products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, 
     for task in prange(bx * m_blocks * n_blocks):
         b, r = np.int64(task // (m_blocks * n_blocks)), np.int64(task % (m_blocks * n_blocks))
         m0, nbl = r // n_blocks * bm, r % n_blocks * _BLOCK_N
+        wr, xr = (b // ratio) * wsb, b * xsb
         if mode == VEC_F32 and simd == 0:
-            call_at(tail_at, (v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, b, nbl, min(nbl + _BLOCK_N, nn),
+            call_at(tail_at, (v, w1, ldw, x1, ldx, k, kp, wr, wsm, xr, xsn, b, nbl, min(nbl + _BLOCK_N, nn),
                               m0, min(m0 + bm, mm), out))
             continue
         for n0 in range(nbl, min(nbl + _BLOCK_N, nn), nb):
-            call_at(task_at, (v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, simd, b, n0,
+            call_at(task_at, (v, w1, ldw, x1, ldx, k, kp, wr, wsm, xr, xsn, hadd, mode, simd, b, n0,
                               min(n0 + nb, nn), m0, min(m0 + bm, mm), out))
 
 
@@ -413,11 +412,56 @@ def task_addresses(n_lanes: int, w_dtype: np.dtype, hadd: bool, tail: bool) -> t
     their argument types."""
     v, w1, x1, out = simd.lanes(n_lanes), np.zeros(1, w_dtype), np.empty(1, F32), np.empty((1, 1, 1), F32)
     w1.flags.writeable = False
-    task = native_address(products_task, v, w1, 0, x1, 0, 0, 0, 0, 0, 0, 0, 0, hadd, 0, 0, 0, 0, 0, 0, 0, out)
-    return task, native_address(_tail_block, v, w1, 0, x1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, out) if tail else 0
+    task = native_address(products_task, v, w1, 0, x1, 0, 0, 0, 0, 0, 0, 0, hadd, 0, 0, 0, 0, 0, 0, 0, out)
+    return task, native_address(_tail_block, v, w1, 0, x1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, out) if tail else 0
 
 
 _products_par, _products_ser = parallel_and_serial(_products)
+
+
+def _expert_products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, m_rows, experts, starts, hadd, mode, out):
+    """mul_mat_id of float experts in one launch: out[0, p, m] = ggml_vec_dot of row m of expert experts[g]
+    (rows experts[g] * m_rows ... of w1) with x row p, for the rows p in starts[g] .. starts[g + 1] that the
+    ubatch routed to that expert. Tasks are (expert, block of its rows), numbered so that consecutive ones share
+    an expert: one launch instead of one per expert (24 a token for a layer of 8 used experts), each thread
+    streaming its own part of the chosen experts' weights."""
+    mm = out.shape[2]
+    n = width(v)
+    simd = kp // (4 * n) * (4 * n)
+    m_blocks = (mm + _BLOCK_M - 1) // _BLOCK_M
+    bm = ((mm + m_blocks - 1) // m_blocks + 3) // 4 * 4
+    m_blocks = (mm + bm - 1) // bm
+    zero, one = np.int64(0), np.int64(1)
+    for task in prange(experts.shape[0] * m_blocks):
+        g, r = task // m_blocks, task % m_blocks
+        m0 = np.int64(r * bm)
+        m1, wr, n0, n1 = min(m0 + bm, mm), experts[g] * m_rows, starts[g], starts[g + 1]
+        if mode == VEC_F32 and simd == 0:
+            call_at(tail_at, (v, w1, ldw, x1, ldx, k, kp, wr, one, zero, one, zero, n0, n1, m0, m1, out))
+        else:
+            call_at(task_at, (v, w1, ldw, x1, ldx, k, kp, wr, one, zero, one, hadd, mode, simd, zero, n0, n1, m0, m1,
+                              out))
+
+
+_expert_products_par, _expert_products_ser = parallel_and_serial(_expert_products)
+
+
+def expert_products(rows: np.ndarray, n_expert: int, x: np.ndarray, experts: np.ndarray, starts: np.ndarray,
+                    path: isa.IsaPath) -> np.ndarray:
+    """x's rows (P, K) through the float experts stacked in ``rows`` (n_expert * M, K; float32 or float16), the
+    rows starts[g] .. starts[g + 1] through expert experts[g]: (P, M) float32, each element ggml_vec_dot_f32/f16
+    as mul_mat(..., vec_dot=True) gives it expert by expert (x rounded to f16 first for f16 experts)."""
+    m, k = rows.shape[0] // n_expert, rows.shape[1]
+    f16 = rows.dtype == np.float16
+    mode = VEC_F16 if f16 else VEC_F32
+    x1 = padded_rows(np.asarray(x), 2 if f16 else 0)
+    w1, hadd = kernel_view(rows.reshape(-1)), path.reduce == _REDUCE_HADD
+    task_at, tail_at = task_addresses(path.lanes, w1.dtype, hadd, mode == VEC_F32 and k < 4 * path.lanes)
+    out = np.empty((1, x.shape[0], m), F32)
+    fn = _expert_products_par if x.shape[0] * m * k >= MM_PAR_MIN else _expert_products_ser
+    fn(task_at, tail_at, simd.lanes(path.lanes), w1, k, x1.reshape(-1), x1.shape[1], k, k, np.int64(m),
+       np.asarray(experts, np.int64), np.asarray(starts, np.int64), hadd, np.int64(mode), out)
+    return out[0]
 
 
 @njit(**INL)

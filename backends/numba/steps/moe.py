@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from graphir.backends.numba.kernels.moe import add_id, argsort_top_k, moe_sum, mul_mat_id, sum_rows
-from graphir.backends.numba.kernels.mul_mat import mul_mat
+from graphir.backends.numba.kernels.moe import (add_id, argsort_top_k, moe_sum, mul_mat_id, pair_rows, routed_pairs,
+                                                sum_rows)
+from graphir.backends.numba.kernels.mul_mat import expert_products
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.quant.weight import QWeight, expert_matrices
 from graphir.backends.numba.steps.base import Env, Function, Step, dense, kernel
@@ -20,22 +21,28 @@ def _mul_mat_id(n: Node, memo: threading.local, path: IsaPath) -> Step:
     n_expert = n.inputs[0].shape[2]
 
     def by_experts(env: Env, w: Any, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        rows = _float_rows(w, n_expert)
+        if rows is not None:   # every chosen expert in one launch
+            (n_tok, n_used), m = ids.shape, rows.shape[0] // n_expert
+            order, chosen, starts = routed_pairs(ids, n_expert)
+            out = np.empty((n_tok * n_used, m), np.float32)
+            out[order] = expert_products(rows, n_expert, pair_rows(x, order, n_used), chosen, starts, path)
+            return out.reshape(n_tok, n_used, m)
         experts = expert_matrices(w, n_expert)
-        m = experts[0].rows if isinstance(experts[0], QWeight) else experts[0].shape[0]
-        return mul_mat_id(lambda e, rows: _expert_product(experts[e], rows, path), n_expert, m, x, ids)
+        return mul_mat_id(lambda e, r: experts[e].matmul(r), n_expert, experts[0].rows, x, ids)
 
     return Function(by_experts)
 
 
-def _expert_product(w: Any, x: np.ndarray, path: IsaPath) -> np.ndarray:
-    """x (n, K) float32 through one expert: (n, M). F32 and F16 experts take ggml_vec_dot, never tinyBLAS, as
-    ggml's mul_mat_id does."""
+def _float_rows(w: Any, n_expert: int) -> np.ndarray | None:
+    """Stacked F32 or F16 experts as their rows (n_expert * n_ff, n_embd), as stored: ggml's mul_mat_id takes
+    ggml_vec_dot_f32/f16 for them, never tinyBLAS. None for quantized experts, which multiply expert by expert."""
     if isinstance(w, QWeight):
-        floats = w.float_rows()
-        if floats is None:
-            return w.matmul(x)
-        return mul_mat(floats, x, path, pad=1, contiguous=False, vec_dot=True)
-    return mul_mat(w, x, path, contiguous=False, vec_dot=True)
+        return w.float_rows()
+    w = np.asarray(w)
+    if w.ndim != 3 or w.shape[0] != n_expert:
+        raise ValueError(f"stacked expert weights must be (n_expert={n_expert}, n_ff, n_embd), got {w.shape}")
+    return (w if w.dtype in (np.float16, np.float32) else w.astype(np.float32)).reshape(-1, w.shape[2])
 
 
 @kernel("argsort_top_k")
