@@ -419,51 +419,6 @@ def task_addresses(n_lanes: int, w_dtype: np.dtype, hadd: bool, tail: bool) -> t
 _products_par, _products_ser = parallel_and_serial(_products)
 
 
-def _expert_products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, m_rows, experts, starts, hadd, mode, out):
-    """mul_mat_id of float experts in one launch: out[0, p, m] = ggml_vec_dot of row m of expert experts[g]
-    (rows experts[g] * m_rows ... of w1) with x row p, for the rows p in starts[g] .. starts[g + 1] that the
-    ubatch routed to that expert. Tasks are (expert, block of its rows), numbered so that consecutive ones share
-    an expert: one launch instead of one per expert (24 a token for a layer of 8 used experts), each thread
-    streaming its own part of the chosen experts' weights."""
-    mm = out.shape[2]
-    n = width(v)
-    simd = kp // (4 * n) * (4 * n)
-    m_blocks = (mm + _BLOCK_M - 1) // _BLOCK_M
-    bm = ((mm + m_blocks - 1) // m_blocks + 3) // 4 * 4
-    m_blocks = (mm + bm - 1) // bm
-    zero, one = np.int64(0), np.int64(1)
-    for task in prange(experts.shape[0] * m_blocks):
-        g, r = task // m_blocks, task % m_blocks
-        m0 = np.int64(r * bm)
-        m1, wr, n0, n1 = min(m0 + bm, mm), experts[g] * m_rows, starts[g], starts[g + 1]
-        if mode == VEC_F32 and simd == 0:
-            call_at(tail_at, (v, w1, ldw, x1, ldx, k, kp, wr, one, zero, one, zero, n0, n1, m0, m1, out))
-        else:
-            call_at(task_at, (v, w1, ldw, x1, ldx, k, kp, wr, one, zero, one, hadd, mode, simd, zero, n0, n1, m0, m1,
-                              out))
-
-
-_expert_products_par, _expert_products_ser = parallel_and_serial(_expert_products)
-
-
-def expert_products(rows: np.ndarray, n_expert: int, x: np.ndarray, experts: np.ndarray, starts: np.ndarray,
-                    path: isa.IsaPath) -> np.ndarray:
-    """x's rows (P, K) through the float experts stacked in ``rows`` (n_expert * M, K; float32 or float16), the
-    rows starts[g] .. starts[g + 1] through expert experts[g]: (P, M) float32, each element ggml_vec_dot_f32/f16
-    as mul_mat(..., vec_dot=True) gives it expert by expert (x rounded to f16 first for f16 experts)."""
-    m, k = rows.shape[0] // n_expert, rows.shape[1]
-    f16 = rows.dtype == np.float16
-    mode = VEC_F16 if f16 else VEC_F32
-    x1 = padded_rows(np.asarray(x), 2 if f16 else 0)
-    w1, hadd = kernel_view(rows.reshape(-1)), path.reduce == _REDUCE_HADD
-    task_at, tail_at = task_addresses(path.lanes, w1.dtype, hadd, mode == VEC_F32 and k < 4 * path.lanes)
-    out = np.empty((1, x.shape[0], m), F32)
-    fn = _expert_products_par if x.shape[0] * m * k >= MM_PAR_MIN else _expert_products_ser
-    fn(task_at, tail_at, simd.lanes(path.lanes), w1, k, x1.reshape(-1), x1.shape[1], k, k, np.int64(m),
-       np.asarray(experts, np.int64), np.asarray(starts, np.int64), hadd, np.int64(mode), out)
-    return out[0]
-
-
 @njit(**INL)
 def column_dots(v, w1, wb, sc, x1, xb, k, kp, hadd, out):
     """ggml_vec_dot_f16 of one row of x (x1 from xb) with every row of a w stored transposed: w[m, c] at

@@ -7,9 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from graphir.backends.numba.kernels.moe import (add_id, argsort_top_k, moe_sum, mul_mat_id, pair_rows, routed_pairs,
-                                                sum_rows)
-from graphir.backends.numba.kernels.mul_mat import expert_products
+from graphir.backends.numba.kernels.moe import FloatExperts, add_id, argsort_top_k, moe_sum, mul_mat_id, sum_rows
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.quant.weight import QWeight, expert_matrices
 from graphir.backends.numba.steps.base import Env, Function, Step, dense, kernel
@@ -19,15 +17,15 @@ from graphir.graph.ir import Node
 @kernel("mul_mat_id")
 def _mul_mat_id(n: Node, memo: threading.local, path: IsaPath) -> Step:
     n_expert = n.inputs[0].shape[2]
+    floats: dict[int, tuple[Any, FloatExperts | None]] = {}   # by the weight's id: the weight, and its kernel
 
     def by_experts(env: Env, w: Any, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        rows = _float_rows(w, n_expert)
-        if rows is not None:   # every chosen expert in one launch
-            (n_tok, n_used), m = ids.shape, rows.shape[0] // n_expert
-            order, chosen, starts = routed_pairs(ids, n_expert)
-            out = np.empty((n_tok * n_used, m), np.float32)
-            out[order] = expert_products(rows, n_expert, pair_rows(x, order, n_used), chosen, starts, path)
-            return out.reshape(n_tok, n_used, m)
+        if id(w) not in floats:
+            rows = _float_rows(w, n_expert)
+            floats[id(w)] = w, None if rows is None else FloatExperts(rows, n_expert, path)
+        float_experts = floats[id(w)][1]
+        if float_experts is not None:   # every chosen expert in one call
+            return float_experts(x, ids)
         experts = expert_matrices(w, n_expert)
         return mul_mat_id(lambda e, r: experts[e].matmul(r), n_expert, experts[0].rows, x, ids)
 
