@@ -216,7 +216,7 @@ _DENSE: dict[str, dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.
 }
 
 _DENSE["test-hybrid"] = _DENSE["test-mla-hybrid"] = _DENSE["mamba"]  # the toy hybrids' Mamba layers (tests/toy_archs.py)
-_DENSE["granitehybrid"] = _DENSE["mamba2"] = {  # a decay, step bias and skip per head; group norm scales near 1
+_DENSE["falcon-h1"] = _DENSE["granitehybrid"] = _DENSE["mamba2"] = {  # a decay, step bias and skip per head; group norm scales near 1
     **{f"blk.{il}.ssm_a": (lambda r, shp: -np.exp(r.uniform(-1, 1.5, shp))) for il in range(8)},
     **{f"blk.{il}.ssm_dt.bias": (lambda r, shp: r.uniform(-3, -1, shp)) for il in range(8)},
     **{f"blk.{il}.ssm_d": (lambda r, shp: r.uniform(0.5, 1.5, shp)) for il in range(8)},
@@ -357,6 +357,11 @@ TINY_FAMILY["granitehybrid"] = {
     gguf.Keys.LLM.LOGIT_SCALE: 2.5, gguf.Keys.LLM.RESIDUAL_SCALE: 0.7, gguf.Keys.LLM.EMBEDDING_SCALE: 3.0,
     gguf.Keys.Attention.SCALE: 0.2,
 }
+# Falcon-H1: attention (4 heads of 16 sharing 2 K/V heads) and Mamba-2 (8 heads of 16 in 2 groups, 80 states) in
+# both layers, the grouped norm on
+TINY_FAMILY["falcon-h1"] = {k: v for k, v in TINY_FAMILY["mamba2"].items() if k not in (
+    gguf.Keys.Attention.HEAD_COUNT, gguf.Keys.Attention.HEAD_COUNT_KV, gguf.Keys.LLM.FEED_FORWARD_LENGTH,
+    gguf.Keys.LLM.CONTEXT_LENGTH)}
 # Qwen3.5: DeltaNet layers 0 and 2, gated attention layers 1 and 3 (full_attention_interval 2); heads of 32 with
 # half RoPE'd in sections whose extra one turns by position 0; 4 value heads of 80 sharing 2 key heads, so the
 # delta rule's dot products have both ggml's SIMD steps and its scalar tail
@@ -430,6 +435,7 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight|" + NEXTN_4,
                 **{a: r"blk\.\d+\.attn_[qkv]\.weight" for a in ("granite", "granitemoe", "minicpm", "granitehybrid")},
                 "granite_swa": r"blk\.\d+\.(attn_[qkv]|ffn_gate_up_exps)\.weight", "grovemoe": r"blk\.\d+\.attn_[qkv]\.weight",
                 "afmoe": r"blk\.\d+\.attn_[qkv]\.weight",
+                "falcon-h1": r"blk\.\d+\.(attn_[qkv]|ssm_norm)\.weight",  # Q, K, V apart; the grouped norm on
                 # every layer's Q, K, V and gate and up stacks apart
                 "cohere2moe": r"blk\.\d+\.(attn_[qkv]|ffn_(gate|up)_exps)\.weight|" + NEXTN_4}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",

@@ -187,6 +187,8 @@ ROWS = [
                                               "granite_swa.attention.rope_pattern": [1, 0]}),  # layer 1 without RoPE
     # llama.cpp's saver has no Step-3.5: a global layer, three sliding ones with their own RoPE base and more heads
     Row("step35", made_by="graphir", moe=True, keys={"step35.rope.freq_base_swa": 500.0}),
+    # issue 40: every layer attention and Mamba-2 at once (both needs of one layer, in the hybrid memory's two parts)
+    Row("falcon-h1"),
     # issue 38, ALiBi and the rest
     Row("refact"),
     Row("bloom"),

@@ -295,6 +295,22 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
     }, tied=True, include=r"enc\.blk\.\d+\.ffn_gate\.weight")),
     # Mamba-2 layers 0 and 2, attention without RoPE (so an unlimited context) in 1 and 3, experts with a shared
     # expert, Granite's four multipliers
+    # Falcon-H1: attention and Mamba-2 in every layer (2 heads of Mamba-2 of 32 in one group), the grouped norm
+    # on, the converter's Mamba-2 keys under their "mamba_" names
+    "falcon-h1": ({
+        "architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "hidden_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 96, "max_position_embeddings": 256, "rope_theta": 1e11, "rms_norm_eps": 1e-5,
+        "mamba_d_ssm": 64, "mamba_n_heads": 2, "mamba_d_head": 32, "mamba_d_state": 16, "mamba_n_groups": 1,
+        "mamba_d_conv": 4, "mamba_rms_norm": True, "vocab_size": 250, "tie_word_embeddings": False,
+        "hidden_act": "silu",
+    }, False, Preset("falcon-h1", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 96,
+        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 16, A.VALUE_LENGTH: 16, R.FREQ_BASE: 1e11,
+        A.LAYERNORM_RMS_EPS: 1e-5, S.CONV_KERNEL: 4, S.INNER_SIZE: 64, S.STATE_SIZE: 16, S.TIME_STEP_RANK: 2,
+        S.GROUP_COUNT: 1, L.VOCAB_SIZE: 250,
+    }, tied=False, include=r"blk\.\d+\.attn_[qkv]\.weight|blk\.\d+\.ssm_norm\.weight",
+        f32=r"blk\.\d+\.ssm_(conv1d\.weight|a|d|norm\.weight)")),
     "granitehybrid": ({
         "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "hidden_size": 64,
         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32,

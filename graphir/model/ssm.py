@@ -19,7 +19,7 @@ from graphir.graph.ir import Node
 from graphir.memory.layers import Recurrent
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key
-from graphir.model.tensors import TensorSpec, scales, spec
+from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
 
 # The sizes of a Mamba block, as llama.cpp's loader reads them for every state-space family
 SSM_KEYS = (Key("ssm_d_conv", Keys.SSM.CONV_KERNEL, int, required=True, minimum=1),  # conv kernel width
@@ -131,9 +131,10 @@ def mamba2_conv_dim(hp: HParams) -> int:
     return hp.ssm_d_inner + 2 * hp.ssm_n_group * hp.ssm_d_state
 
 
-def mamba2_tensors(hp: HParams, il: int) -> list[TensorSpec]:
+def mamba2_tensors(hp: HParams, il: int, norm_optional: bool = False) -> list[TensorSpec]:
     """Layer il's Mamba-2 block. Granite's loader takes the conv bias as optional, but llama.cpp's graph adds it
-    unconditionally (a file without it crashes there): it is required here."""
+    unconditionally (a file without it crashes there): it is required here. The grouped norm is optional where a
+    family's loader takes it so (``norm_optional``: Falcon-H1); the block then leaves it out."""
     E, Di, H, G, K, cd = hp.n_embd, hp.ssm_d_inner, hp.ssm_dt_rank, hp.ssm_n_group, hp.ssm_d_conv, mamba2_conv_dim(hp)
     return [
         spec(T.SSM_IN, (E, Di + cd + H), il),  # z, x B C, dt
@@ -142,7 +143,7 @@ def mamba2_tensors(hp: HParams, il: int) -> list[TensorSpec]:
         spec(T.SSM_DT, (H,), il, "bias", kind="vector"),
         spec(T.SSM_A, (1, H), il, suffix=None),  # -exp(A_log), one per head
         spec(T.SSM_D, (1, H), il, suffix=None),
-        spec(T.SSM_NORM, (Di // G, G), il),
+        spec(T.SSM_NORM, (Di // G, G), il, optional=norm_optional),
         spec(T.SSM_OUT, (Di, E), il),
         *scales(T.SSM_IN, il), *scales(T.SSM_OUT, il),
     ]
@@ -178,6 +179,7 @@ def mamba2_layer(b: GraphBuilder, x: Node, il: int) -> Node:
 
     y = b.op("add", y, b.op("mul", xs, b.w(T.SSM_D, il, None), name="ssm_skip"), name="ssm_y.skip")
     y = b.op("swiglu", b.op("cont", z, name="ssm_z.cont"), y, name="ssm_gated")
-    y = b.norm(b.reshape(y, (Di // G, G, Ts, S), name="ssm_gated.groups"), T.SSM_NORM, il, name="ssm_norm")
+    if tensor_name(T.SSM_NORM, il) in b.tensors:  # Falcon-H1's may be absent
+        y = b.norm(b.reshape(y, (Di // G, G, Ts, S), name="ssm_gated.groups"), T.SSM_NORM, il, name="ssm_norm")
     return b.mm(b.w(T.SSM_OUT, il), b.reshape(y, (Di, b.n_tokens), name="ssm_norm.tokens"),
                 b.scale(T.SSM_OUT, il), name="ssm_out")
