@@ -16,7 +16,6 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.graph.floats import inv_sqrt
 from graphir.memory.layers import LayerNeeds
 from graphir.model import hf_config, presets, ssm
 from graphir.model.architecture import Architecture
@@ -24,7 +23,7 @@ from graphir.model.builder import GraphBuilder, Norm
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, hf
 from graphir.model.hparams import HParams
 from graphir.model.presets import Preset
-from graphir.model.qkv import fused_or_split_qkv_tensors
+from graphir.model.qkv import fused_or_split_qkv_tensors, roped_attention
 from graphir.model.rope_factors import rope_factor_tensors
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
@@ -64,19 +63,13 @@ class FalconH1(Architecture):
         return specs
 
     def build(self, b: GraphBuilder) -> None:
-        hp, w, w_opt = self.hp, b.w, b.w_opt
+        w, w_opt = b.w, b.w_opt
         x = b.build_inp_embd(w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
             # attention and the Mamba-2 mixer, both from the same norm
-            q, k, v = b.build_qkv(h, il)
-            q = b.rope(q, pos, name="Qcur.rope")
-            k = b.rope(k, pos, name="Kcur.rope")
-            a = b.build_attn(q, k, v, wo=w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il),
-                             kq_scale=inv_sqrt(hp.n_embd_head_k))
-            m = ssm.mamba2_layer(b, h, il)
-            mixed = b.op("add", a, m, name="layer_out")
+            mixed = b.op("add", roped_attention(b, h, pos, il), ssm.mamba2_layer(b, h, il), name="layer_out")
             x = b.op("add", mixed, x, name="ffn_inp")
             (x,) = b.last_layer_rows((x, "ffn_inp.rows"))
             # the FFN (llama.cpp's graph passes none of its matrices' scales)
