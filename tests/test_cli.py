@@ -49,7 +49,8 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Refact-1.6B", "BLOOM-560M", "StarCoder-15.5B", "StarCoder2-3B", "Command-R7B", "OLMo-2-7B", "Pythia-1.4B", "Phi-2", "Falcon-7B", "StableLM-2-1.6B", "GLM-4-9B",
            "CodeShell-tiny", "Jais2-tiny", "Nemotron-tiny", "OLMo-tiny", "PLaMo-tiny", "MPT-7B", "Jais-tiny", "GLM-4-tiny", "EXAONE-4-tiny",
            "EXAONE-4-32B-tiny", "PLaMo-3-tiny", "PLaMo-3-tiny-swa", "Talkie-tiny",
-           "Muse-Glimmer-tiny", "Spark-2.5-tiny"]
+           "Muse-Glimmer-tiny", "Spark-2.5-tiny",
+           "LFM2-1.2B"]
 UNFOLDED = {"OpenELM-270M"}  # every layer of a size of its own: no layer's text folds into another's
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
