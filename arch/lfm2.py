@@ -160,6 +160,15 @@ class Lfm2(Architecture):
         b.build_output(x, b.w(T.OUTPUT))
 
 
+class Lfm2Moe(Lfm2):
+    name = "lfm2moe"
+    keys = Lfm2.keys + moe.MOE_KEYS + (
+        Key("n_layer_dense_lead", L.LEADING_DENSE_BLOCK_COUNT, int, 0, minimum=0),
+        Key("n_ff_exp", L.EXPERT_FEED_FORWARD_LENGTH, int, required=True, minimum=1, first=True),
+        moe.GATING_FUNC_KEY)
+    experts = True
+
+
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
 
 presets.register({
@@ -171,6 +180,17 @@ presets.register({
         R.FREQ_BASE: 1000000.0, A.LAYERNORM_RMS_EPS: 1e-5, Keys.ShortConv.L_CACHE: 3, L.VOCAB_SIZE: 65536,
     }, tied=True, include=QKV_APART, f32=r"blk\.\d+\.shortconv\.conv\.weight",
         source="LiquidAI/LFM2-1.2B config.json"),
+    # Eighteen short-convolution and six attention layers of LFM2's width; the first two FFNs dense (7168), the
+    # others 32 experts of 1792, 4 per token, chosen by sigmoid scores plus a bias, weights normalised.
+    "LFM2-8B-A1B": Preset("lfm2moe", {
+        L.CONTEXT_LENGTH: 128000, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 7168,
+        A.HEAD_COUNT: 32,
+        A.HEAD_COUNT_KV: [0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 8, 0, 0],
+        R.FREQ_BASE: 1000000.0, A.LAYERNORM_RMS_EPS: 1e-5, Keys.ShortConv.L_CACHE: 3, L.VOCAB_SIZE: 65536,
+        L.EXPERT_COUNT: 32, L.EXPERT_USED_COUNT: 4, L.EXPERT_FEED_FORWARD_LENGTH: 1792,
+        L.LEADING_DENSE_BLOCK_COUNT: 2, L.EXPERT_GATING_FUNC: 2,
+    }, tied=True, include=QKV_APART, f32=r"blk\.\d+\.(shortconv\.conv|ffn_gate_inp)\.weight",
+        source="LiquidAI/LFM2-8B-A1B config.json"),
 })
 
 
@@ -212,6 +232,17 @@ LFM2 = TEXT + (
     hf(Keys.ShortConv.L_CACHE, "conv_L_cache"),
     VOCAB,
 )
+LFM2_MOE = TEXT + (
+    derived(A.HEAD_COUNT_KV, _kv_heads),
+    hf(A.LAYERNORM_RMS_EPS, "norm_eps", kind="number"),
+    hf(Keys.ShortConv.L_CACHE, "conv_L_cache"),
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size"),
+    hf(L.LEADING_DENSE_BLOCK_COUNT, "num_dense_layers", kind="size"),
+    derived(L.EXPERT_GATING_FUNC, lambda c: 2),  # the converter writes sigmoid routing
+    VOCAB,
+)
 
 hf_config.register(Family("lfm2", LFM2, {"tie_word_embeddings": True}, lambda c: QKV_APART), "Lfm2ForCausalLM",
                    "LFM2ForCausalLM")
+hf_config.register(Family("lfm2moe", LFM2_MOE, {"tie_word_embeddings": True}, lambda c: QKV_APART),
+                   "Lfm2MoeForCausalLM")

@@ -48,6 +48,22 @@ def test_non_causal_attention_is_refused() -> None:
         from_preset("x", preset("LFM2-1.2B", **{K.Attention.CAUSAL: False}))
 
 
+def test_the_moe_layers_follow_the_leading_dense_ones() -> None:
+    arch = from_preset("LFM2-8B-A1B", all_presets()["LFM2-8B-A1B"]).arch
+    dense = [il for il in range(24) if "blk.%d.ffn_gate.weight" % il in arch.specs]
+    routed = [il for il in range(24) if "blk.%d.ffn_gate_exps.weight" % il in arch.specs]
+    assert dense == [0, 1] and routed == list(range(2, 24))
+    assert arch.specs["blk.2.exp_probs_b.bias"].shape == (32,)
+    with pytest.raises(MetadataError, match=r"'lfm2moe\.expert_count'"):  # llama.cpp's loader asserts them
+        from_preset("x", preset("LFM2-8B-A1B", **{K.LLM.EXPERT_COUNT: 0}))
+
+
+@pytest.mark.parametrize("func", [0, 7])
+def test_an_unknown_gating_function_is_refused_naming_its_key(func: int) -> None:
+    with pytest.raises(MetadataError, match=r"'lfm2moe\.expert_gating_func' = \d+: not a gating function"):
+        from_preset("x", preset("LFM2-8B-A1B", **{K.LLM.EXPERT_GATING_FUNC: func}))
+
+
 def test_an_older_config_names_its_attention_layers_by_index(tmp_path: Path) -> None:
     doc = json.loads((DATA / "LFM2-1.2B" / "config.json").read_text())
     doc["full_attn_idxs"] = [il for il, t in enumerate(doc.pop("layer_types")) if t == "full_attention"]

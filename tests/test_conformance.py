@@ -233,6 +233,7 @@ ROWS = [
     Row("mpt", keys={"mpt.attention.clamp_kqv": 0.3}),  # ALiBi, a position table, AWQ's scales, a clamp that bites
     # short convolutions beside attention (issue 40): llama.cpp's tiny models slide, a form graphir refuses
     Row("lfm2", keys={"lfm2.attention.sliding_window": 0}),
+    Row("lfm2moe", moe=True, keys={"lfm2moe.attention.sliding_window": 0}),
 ]
 
 _rng = np.random.default_rng(7)
