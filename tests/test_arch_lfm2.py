@@ -11,7 +11,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from graphir.errors import MetadataError
+from graphir.errors import MetadataError, TensorError
 from graphir.memory.kinds import assemble
 from graphir.memory.layers import Attention, ContextParams, Recurrent
 from graphir.model.meta import from_preset, open_model
@@ -70,3 +70,26 @@ def test_an_older_config_names_its_attention_layers_by_index(tmp_path: Path) -> 
     (tmp_path / "config.json").write_text(json.dumps(doc))
     ours, theirs = open_model(str(tmp_path)), open_model(str(DATA / "LFM2-1.2B"))
     assert ours.metadata == theirs.metadata
+
+
+@pytest.mark.parametrize("name", ["LFM2-1.2B", "LFM2-8B-A1B"])
+def test_the_graph_holds_kv_in_the_attention_layers_and_conv_rows_in_the_others(name: str) -> None:
+    from graphir.graph.forms import to_text
+
+    meta = open_model(name)
+    text = to_text(meta.build_graph(phase="decode"), fold=False)
+    held = [line.split()[1] for line in text.splitlines() if line.startswith("input %blk.")]
+    kv = meta.arch.hp.n_head_kv
+    assert held == [f"%blk.{il}.{b}" for il in range(meta.arch.hp.n_layer)
+                    for b in (("cache_k", "cache_v") if kv[il] else ("rs_r",))]
+
+
+def test_q_k_and_v_load_fused_or_apart_as_llama_cpps_loader_takes_them() -> None:
+    from graphir.graph.forms import to_text
+
+    fused = replace(all_presets()["LFM2-1.2B"], include=r"blk\.\d+\.attn_qkv\.weight")
+    text = to_text(from_preset("x", fused).build_graph(phase="decode"), fold=False)
+    assert "%blk.2.wqkv = mul_mat(%blk.2.attn_qkv.weight" in text and "attn_q.weight" not in text
+    neither = replace(all_presets()["LFM2-1.2B"], include="")
+    with pytest.raises(TensorError, match=r"missing tensor 'blk\.2\.attn_qkv\.weight'"):
+        from_preset("x", neither).build_graph(phase="decode")
