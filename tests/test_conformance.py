@@ -233,6 +233,9 @@ ROWS = [
     # GLM-OCR's multi-token-prediction layer after two: llama.cpp cannot make a model whose loader skips tensors
     Row("glm4", "nextn", made_by="graphir", keys={"glm4.nextn_predict_layers": 1, "glm4.block_count": 3}),
     Row("mpt", keys={"mpt.attention.clamp_kqv": 0.3}),  # ALiBi, a position table, AWQ's scales, a clamp that bites
+    # short convolutions beside attention (issue 40): llama.cpp's tiny models slide, a form graphir refuses
+    Row("lfm2", keys={"lfm2.attention.sliding_window": 0}),
+    Row("lfm2moe", moe=True, keys={"lfm2moe.attention.sliding_window": 0}),
 ]
 
 _rng = np.random.default_rng(7)

@@ -17,17 +17,18 @@ def context_of(g: Graph) -> str:
     """The memory llama.cpp gave the model, by graphir's name for it, read off the graph's inputs: an encoder's
     output (cross), caches of keys and of recurrent states (hybrid), of states (recurrent), of keys with a
     second, sliding-window mask (iswa), of keys alone (mla: values are read from the key cache), of keys and
-    values (kv), or none."""
+    values (kv), or none. A recurrent state is either kind of row (LFM2's convolutions keep rolling rows only)."""
     roles = {n.attrs["role"] for n in g.inputs}
+    states = bool(roles & {"rs_r", "rs_s"})
     if "cross_embd" in roles:
         return "cross"
     if "cache_k" in roles:
-        if "rs_s" in roles:
+        if states:
             return "hybrid"
         if "kq_mask_swa" in roles:
             return "iswa"
         return "kv" if "cache_v" in roles else "mla"
-    return "recurrent" if "rs_s" in roles else "none"
+    return "recurrent" if states else "none"
 
 
 def graphs(meta: ModelMeta, phases: tuple[str, ...], context: str | None = None) -> list[Graph]:

@@ -1,9 +1,9 @@
 """The state-space blocks several families share, after llama.cpp's mamba-base.cpp and its ``build_conv_state``.
 
 A short causal convolution reads each sequence's last ``d_conv - 1`` input columns, kept in the layer's rolling
-state ``r`` (:func:`conv_input`): Mamba, Mamba-2 (and Granite 4.0-H's Mamba-2 layers) and Qwen3.5's DeltaNet
-all convolve so. A scan's value holds its outputs, then the final states, which go back to the state ``s``
-(:func:`store_states`). The Mamba and Mamba-2 mixers themselves (:func:`mamba_layer`, :func:`mamba2_layer`) are
+state ``r`` (:func:`conv_input`): Mamba, Mamba-2 (and Granite 4.0-H's Mamba-2 layers), Qwen3.5's DeltaNet and
+LFM2's short convolutions all convolve so. A scan's value holds its outputs, then the final states, which go back
+to the state ``s`` (:func:`store_states`). The Mamba and Mamba-2 mixers themselves (:func:`mamba_layer`, :func:`mamba2_layer`) are
 shared by the Mamba family and the Granite hybrids. Reference: Gu & Dao 2023, "Mamba"; Dao & Gu 2024,
 "Transformers are SSMs" (Mamba-2).
 """
@@ -42,11 +42,14 @@ def recurrent_state(hp: HParams, channels: int) -> Recurrent:
 def conv_input(b: GraphBuilder, x: Node, *, name: str, transposed: str) -> Node:
     """x [channels, n_seq_tokens, n_seqs] behind each sequence's saved columns: the conv's input
     [d_conv - 1 + n_seq_tokens, channels, n_seqs]. Its last d_conv - 1 columns become the new state
-    (``transposed``: the name of x's transpose)."""
-    K, Ts, S = b.hp.ssm_d_conv, b.n_seq_tokens, b.n_seqs
+    (``transposed``: the name of x's transpose). How many columns are saved is the layer's rolling state's width
+    over the channels, as the family stated it (Mamba's ``ssm_d_conv`` - 1, LFM2's ``shortconv.l_cache`` - 1)."""
+    Ts, S = b.n_seq_tokens, b.n_seqs
     assert Ts is not None
     channels = x.shape[0]
-    conv = b.reshape(b.build_rs("r"), (K - 1, channels, S), name="conv_state")
+    saved = b.build_rs("r")
+    K = int(saved.shape[0]) // channels + 1
+    conv = b.reshape(saved, (K - 1, channels, S), name="conv_state")
     conv_x = b.op("concat", conv, b.op("transpose", x, name=transposed), dim=0, name=name)
     last = b.op("view", conv_x, shape=(K - 1, channels, S), strides=(1, K - 1 + Ts, (K - 1 + Ts) * channels),
                 offset=Ts, name="conv_state.new")
