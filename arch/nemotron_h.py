@@ -147,18 +147,14 @@ class NemotronH(Architecture):
                 *layer, *layer_scales(layer, il, X)]
 
     def nextn_tensors(self, il: int) -> list[TensorSpec]:
-        """A draft layer: an attention sub-layer and a mixture-of-experts sub-layer with the NextN projection and
-        norms; all optional (llama.cpp skips them unless it loads the draft head)."""
-        hp = self.hp
-        E = hp.n_embd
-        attention = [s for s in self.attn_tensors(il) if not s.name.endswith("scale")]
-        experts = [s for s in self.moe_tensors(il) if not s.name.endswith("scale")]
+        """A draft layer: the NextN projection and norms, an attention sub-layer and a mixture-of-experts sub-layer
+        after its own norm. llama.cpp's loader asks for them (and skips them unless it loads the draft head)."""
+        E = self.hp.n_embd
         own = {T.NEXTN_EH_PROJ: (2 * E, E), T.NEXTN_ENORM: (E,), T.NEXTN_HNORM: (E,), T.NEXTN_SHARED_HEAD_NORM: (E,)}
-        return [TensorSpec(s.name, s.shape, s.kind, optional=True) for s in (
-            *(spec(t, own[t], il, kind="vector" if len(own[t]) == 1 else "matrix") for t, _ in NEXTN_TENSORS
-              if t in own),
-            spec(T.ATTN_NORM, (E,), il, kind="vector"), *attention,
-            spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), *experts)]
+        return [*(spec(t, own[t], il, kind="vector" if len(own[t]) == 1 else "matrix") for t, _ in NEXTN_TENSORS
+                  if t in own),
+                spec(T.ATTN_NORM, (E,), il, kind="vector"), *self.attn_tensors(il),
+                spec(T.ATTN_POST_NORM, (E,), il, kind="vector"), *self.moe_tensors(il)]
 
     # ---- graph --------------------------------------------------------------------------------------------
 

@@ -197,6 +197,10 @@ ROWS = [
     Row("nemotron_h_moe", moe=True, keys={"nemotron_h_moe.expert_weights_norm": True,
                                          "nemotron_h_moe.expert_weights_scale": 2.5}),
     Row("nemotron_h_moe", "latent", made_by="graphir", moe=True),
+    Row("nemotron_h_moe", "nextn", made_by="graphir", moe=True, keys={  # a draft layer, loaded and left out
+        "nemotron_h_moe.nextn_predict_layers": 1, "nemotron_h_moe.block_count": 4,
+        "nemotron_h_moe.attention.head_count_kv": [2, 0, 2, 2], "nemotron_h_moe.feed_forward_length": [0, 0, 128, 128],
+        "nemotron_h_moe.expert_used_count": [2, 2, 1, 2]}),
     # issue 38, ALiBi and the rest
     Row("refact"),
     Row("bloom"),
