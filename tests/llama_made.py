@@ -44,7 +44,7 @@ MLA = ("deepseek2", "mistral4")
 SWA_PER_LAYER = ("maple", "mimo2", "granite_swa")
 SWIGLU_CLAMP = {"maple": 7.0}
 # per-layer head counts: layer 1 has none (an SSM layer)
-HYBRID_HEADS = ("granitehybrid", "nemotron_h", "nemotron_h_moe")
+HYBRID_HEADS = ("granitehybrid", "nemotron_h", "nemotron_h_moe", "jamba")
 FFN_LAYERS = ("nemotron_h", "nemotron_h_moe")  # per-layer FFN widths: only from layer 2 on
 
 

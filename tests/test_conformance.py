@@ -197,6 +197,9 @@ ROWS = [
     Row("nemotron_h_moe", moe=True, keys={"nemotron_h_moe.expert_weights_norm": True,
                                          "nemotron_h_moe.expert_weights_scale": 2.5}),
     Row("nemotron_h_moe", "latent", made_by="graphir", moe=True),
+    # Jamba: attention (layer 0) and Mamba with dt, B and C norms (layer 1), dense SwiGLUs or experts in every layer
+    Row("jamba"),
+    Row("jamba", "moe", moe=True),
     Row("nemotron_h_moe", "nextn", made_by="graphir", moe=True, keys={  # a draft layer, loaded and left out
         "nemotron_h_moe.nextn_predict_layers": 1, "nemotron_h_moe.block_count": 4,
         "nemotron_h_moe.attention.head_count_kv": [2, 0, 2, 2], "nemotron_h_moe.feed_forward_length": [0, 0, 128, 128],
