@@ -142,7 +142,8 @@ presets.register({
         A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: [8 if il in _every(32, 8, 4) else 0 for il in range(32)],
         S.CONV_KERNEL: 4, S.INNER_SIZE: 8192, S.STATE_SIZE: 16, S.TIME_STEP_RANK: 256, A.LAYERNORM_RMS_EPS: 1e-6,
         L.EXPERT_COUNT: 16, L.EXPERT_USED_COUNT: 2, L.VOCAB_SIZE: 65536,
-    }, tied=False, include=_written(32, _every(32, 2, 1)), f32=presets.ROUTER_F32 + r"|blk\.\d+\.ssm_(conv1d\.weight|a)",
+    }, tied=False, include=_written(32, _every(32, 2, 1)),
+        f32=presets.ROUTER_F32 + r"|blk\.\d+\.ssm_(conv1d\.weight|a)",
         source="ai21labs/AI21-Jamba-Mini-1.6 config.json"),
 })
 

@@ -72,8 +72,9 @@ class NemotronH(Architecture):
         super().__init__(hp)
         for il in range(self.n_trunk):
             if self.ffn_layer(il) and hp.n_expert and not self.expert_width(il):
-                keys = (L.EXPERT_FEED_FORWARD_LENGTH.format(arch=self.name), L.FEED_FORWARD_LENGTH.format(arch=self.name))
-                raise MetadataError(f"layer {il}'s experts have no width ('{keys[0]}' and '{keys[1]}' are 0)")
+                widths = (t.format(arch=self.name) for t in (L.EXPERT_FEED_FORWARD_LENGTH, L.FEED_FORWARD_LENGTH))
+                raise MetadataError(f"layer {il}'s experts have no width ('{next(widths)}' and '{next(widths)}' "
+                                    f"are 0)")
 
     # ---- which block a layer is ---------------------------------------------------------------------------
 

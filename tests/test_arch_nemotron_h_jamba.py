@@ -39,8 +39,8 @@ def test_each_moe_layer_sizes_its_experts_by_its_own_entry() -> None:
 
 
 def test_experts_without_a_width_are_refused_naming_the_keys() -> None:
-    preset = make_tiny_preset("nemotron_h_moe", tied=False, **{L.EXPERT_FEED_FORWARD_LENGTH: 0,
-                                                               L.FEED_FORWARD_LENGTH: [0, 0, 1], L.EXPERT_USED_COUNT: 2})
+    preset = make_tiny_preset("nemotron_h_moe", tied=False, **{
+        L.EXPERT_FEED_FORWARD_LENGTH: 0, L.FEED_FORWARD_LENGTH: [0, 0, 1], L.EXPERT_USED_COUNT: 2})
     with pytest.raises(MetadataError, match="layer 2's experts have no width .*expert_feed_forward_length"):
         from_preset("tiny", preset).arch
 
