@@ -13,18 +13,20 @@ own, the one variant as data (:attr:`Qwen35.experts`). The memory holds a KV cac
 the attention layers and conv columns plus delta states per sequence for the others (the ``hybrid`` kind).
 Multi-token-prediction layers (``nextn_predict_layers``, each a gated-attention layer with its projection and norms)
 load as llama.cpp asks for them and never run: its main graph leaves them to its draft graph.
+Qwen3-Next (arch/qwen3next.py) is this build as data: NeoX RoPE without sections (:attr:`Qwen35.sections`) and its
+DeltaNet projections packed key head by key head (:attr:`Qwen35.packed`).
 Reference: Qwen Team 2026, "Qwen3.5"; Yang, Kautz & Hatamizadeh 2025, "Gated Delta Networks"; llama.cpp
 src/models/qwen35.cpp, qwen35moe.cpp, delta-net-base.cpp.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
+from graphir.errors import MetadataError, TensorError
 from graphir.graph.ir import Node
 from graphir.memory.layers import Attention, LayerNeeds
 from graphir.model import ssm
@@ -42,6 +44,7 @@ from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, head_di
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; gguf-py has no constant for it yet
 FUSED_EXPERTS = r"blk\.\d+\.ffn_gate_up_exps\.weight"  # the converter writes Qwen3.5-MoE's experts' gate and up as one
 MTP_NORM = r"blk\.\d+\.nextn\.shared_head_norm\.weight"  # and a prediction layer's final norm (mtp.norm)
+MOE_F32 = r"blk\.\d+\.(ssm_conv1d|ffn_gate_inp|ffn_gate_inp_shexp)\.weight"  # kept F32: conv kernels, routers
 
 
 class Qwen35(Architecture):
@@ -58,6 +61,11 @@ class Qwen35(Architecture):
             Key("full_attention_interval", Keys.LLM.FULL_ATTENTION_INTERVAL, int, 4, minimum=1),
             NEXTN_KEY)
     experts: ClassVar[bool] = False  # every FFN a mixture of experts with a gated shared expert (qwen35moe)
+    sections: ClassVar[bool] = True  # RoPE in M-RoPE sections (``rope.dimension_sections``), else over n_rot alone
+    # Qwen3-Next's DeltaNet (qwen3next): beta and alpha in one ssm_ba and, in older files, q, k, v and z in one
+    # ssm_in, each laid out key head by key head; q and k repeated in place for the value heads a key head serves;
+    # no per-tensor scale of the projections read (llama.cpp loads them and leaves them unread)
+    packed: ClassVar[bool] = False
 
     def __init__(self, hp: HParams):
         def key(template: str) -> str:
@@ -73,8 +81,8 @@ class Qwen35(Architecture):
             raise MetadataError(f"DeltaNet inner size {hp.ssm_d_inner} ({key(Keys.SSM.INNER_SIZE)}) must be {heads} "
                                 f"value heads ({key(Keys.SSM.TIME_STEP_RANK)}) of {d} ({key(Keys.SSM.STATE_SIZE)}), "
                                 f"sharing {k_heads} key heads ({key(Keys.SSM.GROUP_COUNT)}) evenly")
-        s = hp.rope_sections
-        if not any(s[:3]) or sum(s) > hp.n_embd_head_k:
+        s = hp.rope_sections if self.sections else None
+        if s is not None and (not any(s[:3]) or sum(s) > hp.n_embd_head_k):
             raise MetadataError(f"RoPE sections {list(s)} ({key(Keys.Rope.DIMENSION_SECTIONS)}) need a positive "
                                 f"one among the first three and at most {hp.n_embd_head_k} pairs in all")
         super().__init__(hp)
@@ -102,6 +110,11 @@ class Qwen35(Architecture):
     @property
     def key_dim(self) -> int:
         return self.hp.ssm_d_state * self.hp.ssm_n_group
+
+    @property
+    def per_key_head(self) -> int:
+        """Value heads per key head."""
+        return self.hp.ssm_dt_rank // self.hp.ssm_n_group
 
     @property
     def conv_dim(self) -> int:
@@ -158,6 +171,8 @@ class Qwen35(Architecture):
     def delta_tensors(self, il: int) -> list[TensorSpec]:
         """Layer il's gated DeltaNet. llama.cpp loads attn_qkv and attn_gate as optional but its graph uses them
         unconditionally (a file without them crashes there): here they are required."""
+        if self.packed:
+            return self.packed_delta_tensors(il)
         hp = self.hp
         E, H, d, V = hp.n_embd, hp.ssm_dt_rank, hp.ssm_d_state, hp.ssm_d_inner
         return [spec(T.ATTN_QKV, (E, self.conv_dim), il), spec(T.ATTN_GATE, (E, V), il),
@@ -167,6 +182,21 @@ class Qwen35(Architecture):
                 spec(T.SSM_BETA, (E, H), il), spec(T.SSM_ALPHA, (E, H), il),
                 spec(T.SSM_NORM, (d,), il, kind="vector"), spec(T.SSM_OUT, (V, E), il),
                 *(s for t in (T.ATTN_QKV, T.ATTN_GATE, T.SSM_BETA, T.SSM_ALPHA, T.SSM_OUT) for s in scales(t, il))]
+
+    def packed_delta_tensors(self, il: int) -> list[TensorSpec]:
+        """Layer il's gated DeltaNet in Qwen3-Next's files: q, k, v and z split (attn_qkv, attn_gate) or in one (ssm_in), all optional
+        as llama.cpp loads them (its graph takes the split pair when attn_qkv is there); beta and alpha in one."""
+        hp = self.hp
+        E, H, d, V = hp.n_embd, hp.ssm_dt_rank, hp.ssm_d_state, hp.ssm_d_inner
+        return [spec(T.SSM_IN, (E, 2 * self.key_dim + 2 * V), il, optional=True),
+                spec(T.ATTN_QKV, (E, self.conv_dim), il, optional=True),
+                spec(T.ATTN_GATE, (E, V), il, optional=True),
+                spec(T.SSM_CONV1D, (hp.ssm_d_conv, self.conv_dim), il),
+                spec(T.SSM_DT, (H,), il, "bias", kind="vector"),
+                spec(T.SSM_A, (H,), il, suffix=None, kind="vector"),
+                spec(T.SSM_BETA_ALPHA, (E, 2 * H), il),
+                spec(T.SSM_NORM, (d,), il, kind="vector"), spec(T.SSM_OUT, (V, E), il),
+                *(s for t in (T.SSM_IN, T.ATTN_QKV, T.ATTN_GATE, T.SSM_OUT) for s in scales(t, il))]
 
     # ---- graph -------------------------------------------------------------------------------------------
 
@@ -183,8 +213,9 @@ class Qwen35(Architecture):
                           name=f"{tag}.heads") for t, tag in ((T.ATTN_K, "Kcur"), (T.ATTN_V, "Vcur")))
         q = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed")
         k = b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
-        q = b.rope(q, pos, name="Qcur.rope", sections=hp.rope_sections)
-        k = b.rope(k, pos, name="Kcur.rope", sections=hp.rope_sections)
+        sections = hp.rope_sections if self.sections else None
+        q = b.rope(q, pos, name="Qcur.rope", sections=sections)
+        k = b.rope(k, pos, name="Kcur.rope", sections=sections)
         out = b.build_attn(q, k, v, wo=None, kq_scale=b.kq_scale())
         out = b.op("mul", out, b.op("sigmoid", gate, name="gate_sigmoid"), name="attn_gated")
         return b.mm(b.w(T.ATTN_OUT, il), out, b.scale(T.ATTN_OUT, il), name="attn_output")
@@ -195,11 +226,13 @@ class Qwen35(Architecture):
         y = b.op("rms_norm", x, eps=f32(self.hp.norm_rms_eps / n), name=f"{name}.rms")
         return b.op("scale", y, s=inv_sqrt(n), name=name)
 
-    def delta_net(self, b: GraphBuilder, h: Node, il: int) -> Node:
-        """Gated DeltaNet over the ubatch's sequences ([E, n_tokens] in and out)."""
+    def delta_inputs(self, b: GraphBuilder, h: Node, il: int) -> tuple[Node, Node, Node, Node]:
+        """The DeltaNet's projections of h: q, k and v for the conv [conv_dim, Ts, S], the output gate z, the
+        step beta [1, Hv, Ts, S] (after its sigmoid) and the log-decay g [1, Hv, Ts, S]."""
+        if self.packed:
+            return self.packed_delta_inputs(b, h, il)
         hp = self.hp
-        Dk, Hk, Hv, cd = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank, self.conv_dim
-        Ts, S = b.n_seq_tokens, b.n_seqs
+        Hv, cd, Ts, S = hp.ssm_dt_rank, self.conv_dim, b.n_seq_tokens, b.n_seqs
         assert Ts is not None
         qkv = b.reshape(b.mm(b.w(T.ATTN_QKV, il), h, b.scale(T.ATTN_QKV, il), name="qkv_mixed"), (cd, Ts, S),
                         name="qkv_mixed.seqs")
@@ -209,18 +242,90 @@ class Qwen35(Architecture):
         beta = b.op("sigmoid", beta, name="beta_sigmoid")
         alpha = b.reshape(b.mm(b.w(T.SSM_ALPHA, il), h, b.scale(T.SSM_ALPHA, il), name="alpha"), (Hv, Ts, S),
                           name="alpha.seqs")
+        return qkv, z, beta, self.decay(b, alpha, il)
+
+    def decay(self, b: GraphBuilder, alpha: Node, il: int) -> Node:
+        """g = A * softplus(alpha + dt_bias) per value head ([Hv, Ts, S] in, [1, Hv, Ts, S] out)."""
         alpha = b.op("softplus", b.op("add", alpha, b.w(T.SSM_DT, il, "bias"), name="alpha_biased"),
                      name="a_softplus")
-        g = b.reshape(b.op("mul", alpha, b.w(T.SSM_A, il, None), name="gate"), (1, Hv, Ts, S),
-                      name="gate.seqs")
+        return b.reshape(b.op("mul", alpha, b.w(T.SSM_A, il, None), name="gate"), (1, *alpha.shape), name="gate.seqs")
 
+    def packed_delta_inputs(self, b: GraphBuilder, h: Node, il: int) -> tuple[Node, Node, Node, Node]:
+        """:meth:`delta_inputs` from Qwen3-Next's projections: attn_qkv and attn_gate where the file has them (as
+        llama.cpp's graph prefers), else ssm_in; beta and alpha from ssm_ba."""
+        hp = self.hp
+        Hk, Hv, r, Ts, S = hp.ssm_n_group, hp.ssm_dt_rank, self.per_key_head, b.n_seq_tokens, b.n_seqs
+        assert Ts is not None
+        qkv_w = b.w_opt(T.ATTN_QKV, il)
+        if qkv_w is not None:
+            qkv = b.reshape(b.mm(qkv_w, h, name="linear_attn_qkv_mixed"), (self.conv_dim, Ts, S),
+                            name="linear_attn_qkv_mixed.seqs")
+            z = b.mm(self.projection(b, T.ATTN_GATE, il), h, name="z")
+        else:
+            qkvz = b.mm(self.projection(b, T.SSM_IN, il), h, name="linear_attn_mixed_qkvz")
+            qkv, z = self.split_qkvz(b, qkvz)
+        ba = b.reshape(b.mm(b.w(T.SSM_BETA_ALPHA, il), h, name="linear_attn_mixed_ba"), (2 * r, Hk, Ts, S),
+                       name="linear_attn_mixed_ba.heads")
+        beta, alpha = (b.op("cont", b.op("view", ba, shape=(r, Hk, Ts, S), strides=(1, 2 * r, 2 * r * Hk,
+                                                                                      2 * r * Hk * Ts),
+                                         offset=off, name=tag), name=f"{tag}.cont")
+                       for tag, off in (("b", 0), ("a", r)))
+        beta = b.reshape(b.op("sigmoid", beta, name="beta_sigmoid"), (1, Hv, Ts, S), name="beta.seqs")
+        return qkv, z, beta, self.decay(b, b.reshape(alpha, (Hv, Ts, S), name="alpha"), il)
+
+    def projection(self, b: GraphBuilder, t: T, il: int) -> Node:
+        """A projection of Qwen3-Next's DeltaNet that its file's form needs (llama.cpp's graph would read it
+        missing): attn_gate beside attn_qkv, else ssm_in."""
+        w = b.w_opt(t, il)
+        if w is None:
+            qkv, qkvz = tensor_name(T.ATTN_QKV, il), tensor_name(T.SSM_IN, il)
+            raise TensorError(f"{b.label}: " + (f"missing tensor '{tensor_name(t, il)}' beside '{qkv}'" if t != T.SSM_IN
+                                                else f"missing tensor '{qkv}' (or '{qkvz}' of q, k, v and z in one)"))
+        return w
+
+    def split_qkvz(self, b: GraphBuilder, mixed: Node) -> tuple[Node, Node]:
+        """ssm_in's product, key head by key head [q, k, v, z], as [q..., k..., v...] for the conv and z."""
+        hp = self.hp
+        Dk, Hk, Ts, S = hp.ssm_d_state, hp.ssm_n_group, b.n_seq_tokens, b.n_seqs
+        assert Ts is not None
+        Dv = hp.ssm_d_inner // hp.ssm_n_group  # v (and z) of the value heads one key head serves
+        width = 2 * Dk + 2 * Dv
+        mixed = b.reshape(mixed, (width, Hk, Ts, S), name="linear_attn_mixed_qkvz.heads")
+        q, k, v, z = (b.op("view", mixed, shape=(size, Hk, Ts, S), strides=(1, width, width * Hk, width * Hk * Ts),
+                           offset=off, name=tag)
+                      for tag, size, off in (("q", Dk, 0), ("k", Dk, Dk), ("v", Dv, 2 * Dk), ("z", Dv, 2 * Dk + Dv)))
+        q, k, v = (b.reshape(b.op("cont", x, name=f"{tag}.cont"), (x.shape[0] * Hk, Ts, S), name=tag)
+                   for x, tag in ((q, "query_flat"), (k, "key_flat"), (v, "value_flat")))
+        qkv = b.op("concat", b.op("concat", q, k, dim=0, name="qk_mixed"), v, dim=0, name="qkv_mixed")
+        return qkv, b.op("cont", z, name="z")
+
+    def key_heads(self, b: GraphBuilder, q: Node, k: Node) -> tuple[Node, Node]:
+        """q and k as the delta rule reads them: the op shares each key head among the value heads in turn
+        (Qwen3.5); Qwen3-Next's are repeated here, each for the value heads it serves in place."""
+        hp = self.hp
+        r = self.per_key_head
+        if not self.packed or r == 1:
+            return q, k
+        Dk, Hk, Ts, S = q.shape
+        return tuple(b.reshape(b.op("repeat", b.reshape(x, (Dk, 1, Hk, Ts * S), name=f"{tag}.heads"),
+                                    shape=(Dk, r, Hk, Ts * S), name=f"{tag}.repeat"),
+                               (Dk, hp.ssm_dt_rank, Ts, S), name=f"{tag}_predelta")
+                     for x, tag in ((q, "q_conv"), (k, "k_conv")))
+
+    def delta_net(self, b: GraphBuilder, h: Node, il: int) -> Node:
+        """Gated DeltaNet over the ubatch's sequences ([E, n_tokens] in and out)."""
+        hp = self.hp
+        Dk, Hk, Hv, cd = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank, self.conv_dim
+        Ts, S = b.n_seq_tokens, b.n_seqs
+        assert Ts is not None
+        qkv, z, beta, g = self.delta_inputs(b, h, il)
         conv_x = ssm.conv_input(b, qkv, name="conv_input", transposed="qkv_mixed.t")
         x = b.op("silu", b.op("ssm_conv", conv_x, b.w(T.SSM_CONV1D, il), name="conv_output_raw"),
                  name="conv_output_silu")
         q, k = (b.op("view", x, shape=(Dk, Hk, Ts, S), strides=(1, Dk, cd, cd * Ts), offset=off, name=tag)
                 for tag, off in (("q_conv", 0), ("k_conv", Dk * Hk)))
         v = b.op("view", x, shape=(Dk, Hv, Ts, S), strides=(1, Dk, cd, cd * Ts), offset=2 * Dk * Hk, name="v_conv")
-        q, k = self.l2_norm(b, q, "q_normed"), self.l2_norm(b, k, "k_normed")
+        q, k = self.key_heads(b, self.l2_norm(b, q, "q_normed"), self.l2_norm(b, k, "k_normed"))
 
         state = b.reshape(b.build_rs("s"), (Dk, Dk, Hv, S), name="state")
         ys = b.op("gated_delta_net", q, k, v, g, beta, state, name="delta_net")
@@ -230,7 +335,7 @@ class Qwen35(Architecture):
         y = b.norm(y, T.SSM_NORM, il, name="attn_output_normed")
         y = b.op("mul", y, b.op("silu", b.reshape(z, (Dk, Hv, Ts, S), name="z.heads"), name="z_silu"), name="gated")
         y = b.reshape(y, (hp.ssm_d_inner, Ts, S), name="final_output")
-        y = b.mm(b.w(T.SSM_OUT, il), y, b.scale(T.SSM_OUT, il), name="linear_attn_out")
+        y = b.mm(b.w(T.SSM_OUT, il), y, None if self.packed else b.scale(T.SSM_OUT, il), name="linear_attn_out")
         return b.reshape(y, (hp.n_embd, b.n_tokens), name="linear_attn_out.tokens")
 
     def moe(self, b: GraphBuilder, h: Node, il: int) -> Node:
@@ -303,7 +408,7 @@ presets.register({
         L.VOCAB_SIZE: 248320, L.EXPERT_COUNT: 512, L.EXPERT_USED_COUNT: 10, L.EXPERT_FEED_FORWARD_LENGTH: 1024,
         L.EXPERT_SHARED_FEED_FORWARD_LENGTH: 1024,
     }, tied=False, include=f"{FUSED_EXPERTS}|{MTP_NORM}",
-        f32=r"blk\.\d+\.(ssm_conv1d|ffn_gate_inp|ffn_gate_inp_shexp)\.weight",
+        f32=MOE_F32,
         source="Qwen/Qwen3.5-397B-A17B config.json (text_config)"),
 })
 
@@ -314,37 +419,38 @@ def _mtp(c: Config) -> int:
     return c.find("mtp_num_hidden_layers", kind="size", default=0)
 
 
-def _qwen35_layers(c: Config) -> list[bool] | None:
-    """layer_types' DeltaNet layers, then the prediction layers (attention)."""
-    types = c.find("layer_types", kind="list", default=None)
-    if types is None:
-        return None
-    n = c.find(*BLOCKS)
-    if len(types) != n:
-        raise c.error(f"layer_types has {len(types)} entries, num_hidden_layers {n}")
-    return [t == "linear_attention" for t in types] + [False] * _mtp(c)
+def deltanet_keys(mtp: Callable[[Config], int]) -> tuple:
+    """The keys convert_hf_to_gguf writes for a gated-DeltaNet hybrid whose ``mtp(config)`` prediction layers
+    come after the others (as attention layers)."""
+    def layers(c: Config) -> list[bool] | None:
+        types = c.find("layer_types", kind="list", default=None)  # absent: by the interval
+        if types is None:
+            return None
+        n = c.find(*BLOCKS)
+        if len(types) != n:
+            raise c.error(f"layer_types has {len(types)} entries, num_hidden_layers {n}")
+        return [t == "linear_attention" for t in types] + [False] * mtp(c)
+
+    return TEXT + (
+        hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
+        hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None),
+        hf(S.CONV_KERNEL, "linear_conv_kernel_dim"),
+        hf(S.STATE_SIZE, "linear_key_head_dim"),
+        hf(S.GROUP_COUNT, "linear_num_key_heads"),
+        hf(S.TIME_STEP_RANK, "linear_num_value_heads"),
+        derived(S.INNER_SIZE, lambda c: c.find("linear_value_head_dim") * c.find("linear_num_value_heads")),
+        derived(RECURRENT_LAYERS, layers),
+        hf(L.FULL_ATTENTION_INTERVAL, "full_attention_interval", default=4),
+        derived(R.DIMENSION_COUNT, lambda c: int(head_dim(c) * c.check(
+            "partial_rotary_factor", c.rope.get("partial_rotary_factor", 0.25), "number"))),
+        VOCAB,
+        derived(L.BLOCK_COUNT, lambda c: c.find(*BLOCKS) + mtp(c)),
+        derived(L.NEXTN_PREDICT_LAYERS, lambda c: mtp(c) or None),
+    )
 
 
-QWEN35 = TEXT + (
-    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
-    hf(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None),
-    hf(S.CONV_KERNEL, "linear_conv_kernel_dim"),
-    hf(S.STATE_SIZE, "linear_key_head_dim"),
-    hf(S.GROUP_COUNT, "linear_num_key_heads"),
-    hf(S.TIME_STEP_RANK, "linear_num_value_heads"),
-    derived(S.INNER_SIZE, lambda c: c.find("linear_value_head_dim") * c.find("linear_num_value_heads")),
-    derived(RECURRENT_LAYERS, _qwen35_layers),
-    hf(L.FULL_ATTENTION_INTERVAL, "full_attention_interval", default=4),
-    derived(R.DIMENSION_COUNT, lambda c: int(head_dim(c) * c.check(
-        "partial_rotary_factor", c.rope.get("partial_rotary_factor", 0.25), "number"))),
-    lambda c: {} if "mrope_section" in c.rope else {R.DIMENSION_SECTIONS: [11, 11, 10, 0]},
-    VOCAB,
-    # the converter writes the multi-token-prediction layers after the others
-    derived(L.BLOCK_COUNT, lambda c: c.find(*BLOCKS) + _mtp(c)),
-    derived(L.NEXTN_PREDICT_LAYERS, lambda c: _mtp(c) or None),
-)
-
-
+QWEN35 = deltanet_keys(_mtp) + (
+    lambda c: {} if "mrope_section" in c.rope else {R.DIMENSION_SECTIONS: [11, 11, 10, 0]},)
 
 
 hf_config.register(Family("qwen35", QWEN35, {"tie_word_embeddings": False}, lambda c: MTP_NORM), "Qwen3_5ForCausalLM",

@@ -223,7 +223,7 @@ _DENSE["falcon-h1"] = _DENSE["granitehybrid"] = _DENSE["mamba2"] = {  # a decay,
     **{f"blk.{il}.ssm_norm.weight": (lambda r, shp: 1 + 0.1 * r.standard_normal(shp)) for il in range(8)},
 }
 
-_DENSE["qwen35"] = {  # A = -exp(A_log) < 0 so states decay; a step bias per value head
+_DENSE["qwen35"] = _DENSE["qwen3next"] = {  # A = -exp(A_log) < 0 so states decay; a step bias per value head
     **{f"blk.{il}.ssm_a": (lambda r, shp: -np.exp(r.uniform(-1, 0.5, shp))) for il in range(8)},
     **{f"blk.{il}.ssm_dt.bias": (lambda r, shp: r.uniform(-2, 0, shp)) for il in range(8)},
 }
@@ -554,6 +554,9 @@ for _family in ("afmoe", "arctic", "bailingmoe", "bailingmoe2", "cohere2moe", "d
 TINY_FAMILY["mistral4"] = {**TINY_FAMILY["deepseek2"], gguf.Keys.Attention.Q_LORA_RANK: 0}
 TINY_FAMILY["grovemoe"] = {**TINY_MOE, gguf.Keys.LLM.EXPERTS_PER_GROUP: 2, gguf.Keys.LLM.EXPERT_GROUP_SCALE: 0.5}
 TINY_FAMILY["qwen35moe"] = {**TINY_MOE, **TINY_FAMILY["qwen35"]}
+# Qwen3-Next: Qwen3.5-MoE's sizes without RoPE sections, written in the older form (q, k, v and z in one ssm_in)
+TINY_FAMILY["qwen3next"] = {k: v for k, v in TINY_FAMILY["qwen35moe"].items() if k != gguf.Keys.Rope.DIMENSION_SECTIONS}
+TINY_INCLUDE["qwen3next"] = r"blk\.\d+\.(ssm_in|ffn_(gate|up)_exps)\.weight"
 TINY_FAMILY["dbrx"][gguf.Keys.Attention.CLAMP_KQV] = 8.0
 TINY_FAMILY["dots1"][gguf.Keys.Attention.HEAD_COUNT_KV] = 4
 TINY_FAMILY["llama4"].update({gguf.Keys.LLM.INTERLEAVE_MOE_LAYER_STEP: 2,  # a mixture every second layer

@@ -100,7 +100,7 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
                                 (L.EXPERT_SHARED_COUNT, 1), (L.EXPERT_GATING_FUNC, 2), (L.EXPERT_GROUP_SCALE, 1.0),
                                 (L.EXPERTS_PER_GROUP, 1)):
             put(template, value)
-    for template, value in ((S.INNER_SIZE, 256 if arch in ("qwen35", "qwen35moe") else 2 * n_embd), (S.CONV_KERNEL, 4),
+    for template, value in ((S.INNER_SIZE, 256 if arch in ("qwen3next", "qwen35", "qwen35moe") else 2 * n_embd), (S.CONV_KERNEL, 4),
                             (S.STATE_SIZE, 128), (S.TIME_STEP_RANK, n_head), (S.GROUP_COUNT, 2),
                             (Keys.WKV.HEAD_SIZE, n_embd // n_head), (Keys.ShortConv.L_CACHE, 3)):
         put(template, value)

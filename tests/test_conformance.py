@@ -251,6 +251,10 @@ ROWS = [
     # short convolutions beside attention (issue 40): llama.cpp's tiny models slide, a form graphir refuses
     Row("lfm2", keys={"lfm2.attention.sliding_window": 0}),
     Row("lfm2moe", moe=True, keys={"lfm2moe.attention.sliding_window": 0}),
+    # gated DeltaNet and Mamba-2-like hybrids (issue 40)
+    Row("qwen3next", moe=True),
+    # twice the value heads of key heads: each key head's q and k repeated in place for its two value heads
+    Row("qwen3next", "heads", moe=True, keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
 ]
 
 _rng = np.random.default_rng(7)
