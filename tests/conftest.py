@@ -591,3 +591,14 @@ TINY_FAMILY["nemotron_h_moe"] = {
 _DENSE["nemotron_h"] = _DENSE["nemotron_h_moe"] = _DENSE["mamba2"]
 TINY_INCLUDE["nemotron_h"] = r"blk\.\d+\.attn_[qkv]\.weight"
 TINY_INCLUDE["nemotron_h_moe"] = r"blk\.\d+\.(attn_[qkv]|ffn_latent_(down|up))\.weight"
+
+# Jamba: a Mamba layer (inner twice the width, as llama.cpp asserts) and an attention layer; LFM2: a short-conv
+# layer and an attention layer, and LFM2-MoE's second layer through sigmoid-routed experts
+TINY_FAMILY["jamba"] = {gguf.Keys.Attention.HEAD_COUNT_KV: [0, 2], gguf.Keys.SSM.CONV_KERNEL: 4,
+                        gguf.Keys.SSM.INNER_SIZE: 128, gguf.Keys.SSM.STATE_SIZE: 16, gguf.Keys.SSM.TIME_STEP_RANK: 4}
+TINY_FAMILY["lfm2"] = {gguf.Keys.Attention.HEAD_COUNT_KV: [0, 2], gguf.Keys.ShortConv.L_CACHE: 3}
+TINY_FAMILY["lfm2moe"] = {**TINY_FAMILY["lfm2"], gguf.Keys.LLM.LEADING_DENSE_BLOCK_COUNT: 1,
+                          gguf.Keys.LLM.EXPERT_COUNT: 4, gguf.Keys.LLM.EXPERT_USED_COUNT: 2,
+                          gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: 32, gguf.Keys.LLM.EXPERT_GATING_FUNC: 2}
+TINY_INCLUDE.update({a: r"blk\.\d+\.attn_[qkv]\.weight" for a in ("lfm2", "lfm2moe")})  # Q, K, V apart
+TINY_INCLUDE["jamba"] = r"blk\.\d+\.(attn_[qkv]|ffn_(gate|down|up))\.weight"  # Q, K, V apart; dense FFNs

@@ -196,11 +196,12 @@ ROWS = [
     Row("nemotron_h"),
     Row("nemotron_h_moe", moe=True, keys={"nemotron_h_moe.expert_weights_norm": True,
                                          "nemotron_h_moe.expert_weights_scale": 2.5}),
-    Row("nemotron_h_moe", "latent", made_by="graphir", moe=True),
+    Row("nemotron_h_moe", "latent", made_by="graphir", moe=True, avx2_apart=2e-6),
     # Jamba: attention (layer 0) and Mamba with dt, B and C norms (layer 1), dense SwiGLUs or experts in every layer
-    Row("jamba"),
+    Row("jamba", avx2_apart=1e-7),
     Row("jamba", "moe", moe=True),
-    Row("nemotron_h_moe", "nextn", made_by="graphir", moe=True, keys={  # a draft layer, loaded and left out
+    # a draft layer, loaded and left out
+    Row("nemotron_h_moe", "nextn", made_by="graphir", moe=True, avx2_apart=2e-6, keys={
         "nemotron_h_moe.nextn_predict_layers": 1, "nemotron_h_moe.block_count": 4,
         "nemotron_h_moe.attention.head_count_kv": [2, 0, 2, 2], "nemotron_h_moe.feed_forward_length": [0, 0, 128, 128],
         "nemotron_h_moe.expert_used_count": [2, 2, 1, 2]}),
@@ -252,9 +253,10 @@ ROWS = [
     Row("lfm2", keys={"lfm2.attention.sliding_window": 0}),
     Row("lfm2moe", moe=True, keys={"lfm2moe.attention.sliding_window": 0}),
     # gated DeltaNet and Mamba-2-like hybrids (issue 40)
-    Row("qwen3next", moe=True),
+    Row("qwen3next", moe=True, avx2_apart=1e-7),
     # twice the value heads of key heads: each key head's q and k repeated in place for its two value heads
-    Row("qwen3next", "heads", moe=True, keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
+    Row("qwen3next", "heads", moe=True, avx2_apart=1e-7,
+        keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
 ]
 
 _rng = np.random.default_rng(7)
