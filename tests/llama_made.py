@@ -183,15 +183,13 @@ def make(path: Path, arch: str, moe: bool = False, seed: int = 42, stdev: float 
     return path
 
 
-FTYPES = {"F16": 1, "Q8_0": 7}  # llama_ftype: LLAMA_FTYPE_MOSTLY_F16, LLAMA_FTYPE_MOSTLY_Q8_0
-
-
 def quantize(src: Path, dst: Path, ftype: str) -> Path:
-    """``dst``: ``src`` through llama.cpp's own quantizer (``llama_model_quantize``) to ``ftype``."""
+    """``dst``: ``src`` through llama.cpp's own quantizer (``llama_model_quantize``) to ``ftype``, a name of
+    llama.cpp's file types (F16, Q8_0, Q4_K_M, IQ4_XS, ...: LLAMA_FTYPE_MOSTLY_<ftype>)."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = FTYPES[ftype]
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.nthread = 2
     if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
         raise RuntimeError(f"llama.cpp could not quantize {src} to {ftype}")

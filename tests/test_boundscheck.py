@@ -60,7 +60,7 @@ FAMILY_KEYS: dict[str, dict[str, object]] = {
 INCLUDE = {"phi3": r"blk\.\d+\.attn_qkv\.weight|rope_factors_(long|short)\.weight",
            "deepseek2": r"blk\.\d+\.exp_probs_b\.bias",
            "t5": r"(enc|dec)\.blk\.\d+\.ffn_gate\.weight"}
-MATRIX_TYPES = (Q.F16, Q.BF16, Q.Q8_0, Q.Q4_1, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4)
+MATRIX_TYPES = (Q.F16, Q.BF16, Q.Q8_0, Q.Q4_1, Q.Q5_1, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4)
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 ROWS_256 = {K.LLM.EMBEDDING_LENGTH: 256, K.LLM.FEED_FORWARD_LENGTH: 512}  # rows a K-quant block fits
 STEPS = 2

@@ -24,12 +24,12 @@ from graphir.backends.numba.quant.weight import SUPPORTED, QWeight
 T = gguf.GGMLQuantizationType
 F32 = np.float32
 FLOATS = [T.F32, T.F16, T.BF16]
-QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
+QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
 # NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
 # 3.6e-6 (BF16), 3-6e-5 (Q8_0/Q4_0/Q4_1; MXFP4 2.9e-5), 5-12e-5 (K-quants, random blocks); pinned at 2-3x.
-NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q5_0: 2e-4, T.Q4_1: 2e-4,
+NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q5_0: 2e-4, T.Q4_1: 2e-4, T.Q5_1: 2e-4,
             T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4, T.MXFP4: 2e-4}
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
@@ -93,6 +93,9 @@ def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
         return nib(b[..., 6:22]) + ((hbits >> np.arange(32)) & 1) * 16 - 16, f16(0)
     if qtype == T.Q4_1:
         return nib(b[..., 4:20]), f16(0), f16(2)
+    if qtype == T.Q5_1:
+        hbits = b[..., 4:8].copy().view(np.uint32).astype(np.int64)
+        return nib(b[..., 8:24]) + ((hbits >> np.arange(32)) & 1) * 16, f16(0), f16(2)
     if qtype in (T.Q4_K, T.Q5_K):
         sc, mn = gguf.quants.Q4_K.get_scale_min(b[..., 4:16].reshape(-1, 12))
         sc, mn = sc.reshape(*b.shape[:2], 8).astype(np.int64), mn.reshape(*b.shape[:2], 8).astype(np.int64)
@@ -131,12 +134,12 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
         xr = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(F32)
         return xr.astype(f64) @ w.T
     wi = weight_ints(raw, qtype, ne0)
-    if qtype in (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.MXFP4):
+    if qtype in (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.MXFP4):
         qw, dw = wi[0].reshape(raw.shape[0], -1, 32), wi[1]
         qx, dx, sx = q8_blocks(x)
         isum = np.einsum("rbk,nbk->nrb", qw, qx)
         y = ((dw[None] * dx[:, None]).astype(f64) * isum).sum(-1)    # f32(d_w*d_x) * isum, summed
-        if qtype == T.Q4_1:
+        if qtype in (T.Q4_1, T.Q5_1):
             y += (wi[2][None] * sx[:, None]).astype(f64).sum(-1)     # + f32(m*s)
         return y
     qx, dx, bsums = q8k_blocks(x)
@@ -328,7 +331,7 @@ def test_smollm2_q8_0_token_embd(smollm2_tensors):
     assert_bits_equal(w.get_rows(ids), gguf_dequant(raw[ids], T.Q8_0, len(ids), ne0))
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_0])
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_1, T.Q8_0, T.Q4_0])
 def test_the_exact_gemv_gives_the_same_bits_with_one_row_or_two_to_a_register(qtype):
     rng = np.random.default_rng(11)
     rows, ne0 = 40, 96                                  # a last group of 8 rows: padding the 16 of a group
@@ -337,7 +340,7 @@ def test_the_exact_gemv_gives_the_same_bits_with_one_row_or_two_to_a_register(qt
     outs = []
     for n_lanes in (8, 16):
         out = np.full((2, rows), np.nan, np.float32)
-        exact_gemv({T.Q4_1: "q4_1", T.Q8_0: "q8_0", T.Q4_0: "q4_0x8"}[qtype], n_lanes)(*w.packed, x, out)
+        exact_gemv({T.Q4_1: "q4_1", T.Q5_1: "q5_1", T.Q8_0: "q8_0", T.Q4_0: "q4_0x8"}[qtype], n_lanes)(*w.packed, x, out)
         outs.append(out)
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], w.matmul(x))
 

@@ -50,13 +50,23 @@ def repack_q4_0(b):
     return _field(b, 2, 18), block_f16(b, 0)
 
 
-def repack_q5_0(b):
-    """qs, the fifth bits regrouped per qs byte (bit 0: the low nibble's element j, bit 1: the high nibble's
-    element j + 16), and d."""
-    hbits = _field(b, 2, 6).view(np.uint32).reshape(b.shape[0], b.shape[1], 1)
+def _fifth_bits_per_byte(b, lo):
+    """The 32 fifth bits at byte ``lo`` of every block, regrouped per qs byte (bit 0: the low nibble's element j,
+    bit 1: the high nibble's element j + 16)."""
+    hbits = _field(b, lo, lo + 4).view(np.uint32).reshape(b.shape[0], b.shape[1], 1)
     j = np.arange(16, dtype=np.uint32)
     qh = ((hbits >> j) & 1) | (((hbits >> (j + 16)) & 1) << 1)
-    return _field(b, 6, 22), np.ascontiguousarray(qh.astype(np.uint8)).reshape(b.shape[0], -1), block_f16(b, 0)
+    return np.ascontiguousarray(qh.astype(np.uint8)).reshape(b.shape[0], -1)
+
+
+def repack_q5_0(b):
+    """qs, the fifth bits per qs byte and d."""
+    return _field(b, 6, 22), _fifth_bits_per_byte(b, 2), block_f16(b, 0)
+
+
+def repack_q5_1(b):
+    """qs, the fifth bits per qs byte, d and m."""
+    return _field(b, 8, 24), _fifth_bits_per_byte(b, 4), block_f16(b, 0), block_f16(b, 2)
 
 
 MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)  # e2m1, doubled
@@ -183,6 +193,17 @@ def row_q5_0(qs, qh, d, i, w, a, with_min):
         h = np.int32(qh[i, j])
         w[a, j] = d[i, j >> 4] * _F32(((q & 15) | ((h & 1) << 4)) - 16)
         w[a, kp + j] = d[i, j >> 4] * _F32(((q >> 4) | ((h & 2) << 3)) - 16)
+
+
+@njit(**_inl)
+def row_q5_1(qs, qh, d, m, i, w, a, with_min):
+    kp = max(qs.shape[1], 0)
+    for j in range(kp):
+        q = np.int32(qs[i, j])
+        h = np.int32(qh[i, j])
+        add = m[i, j >> 4] if with_min else _F32(0.0)
+        w[a, j] = d[i, j >> 4] * _F32((q & 15) | ((h & 1) << 4)) + add
+        w[a, kp + j] = d[i, j >> 4] * _F32((q >> 4) | ((h & 2) << 3)) + add
 
 
 @njit(**_inl)

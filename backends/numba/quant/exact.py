@@ -1,10 +1,12 @@
-"""Q4_1, Q8_0 and Q4_0: llama.cpp's dot products bit for bit, in a layout of their own.
+"""Q4_1, Q5_1, Q8_0 and Q4_0: llama.cpp's dot products bit for bit, in a layout of their own.
 
-ggml_vec_dot_q4_1_q8_1 and ggml_vec_dot_q8_0_q8_0 (x86 quants.c, AVX2 path; tinyBLAS_Q0_AVX, which takes
+ggml_vec_dot_q4_1_q8_1, _q5_1_q8_1 and ggml_vec_dot_q8_0_q8_0 (x86 quants.c, AVX2 path; tinyBLAS_Q0_AVX, which takes
 Q8_0 x Q8_0 when n >= 2, keeps the same order per output element): per 32-block, eight int32 lane sums of
 four consecutive products (VNNI dpbusd / maddubs+madd), converted to float and accumulated lane-wise as
-acc[l] = fma(d_w * d_x, lane[l], acc[l]) in block order; the result is hsum8(acc), plus for Q4_1 the min
-term summs = fma(m_w, s_x, summs) chained over the blocks (a scalar vfmadd231ss in the build) and added last.
+acc[l] = fma(d_w * d_x, lane[l], acc[l]) in block order; the result is hsum8(acc), plus for Q4_1 and Q5_1 the
+min term summs = fma(m_w, s_x, summs) chained over the blocks (a scalar vfmadd231ss in the build) and added last.
+Q5_1's blocks are laid out as Q8_0's with their values 0-31 as unsigned bytes (ggml forms the same bytes from the
+nibbles and the fifth bits before its unsigned-by-signed multiply-add), its m beside d.
 Layout: weight rows in groups of _G; inside a group, block by block, the quant bytes of its rows one row after
 another as GGUF stores them, and apart the rows' d (and m) as f16, [group][block][row]: a plain regrouping of
 the GGUF blocks, no byte changed. The GEMV forms the lane sums with the host's integer dot product
@@ -41,7 +43,7 @@ _exact = dict(parallel=True, cache=True)                  # no FMA contraction b
 _G = 16                    # weight rows per group of the layout (an AVX-512 register of their scales)
 GEMV_LANES = WIDE_LANES    # float32 lanes of the GEMV's registers: AVX-512 holds two rows' eight lanes
 
-_lanes_q4_1, _lanes_q8_0 = block_lanes("q4_1"), block_lanes("q8_0")
+_lanes_q4_1, _lanes_q8_0, _lanes_u8 = block_lanes("q4_1"), block_lanes("q8_0"), block_lanes("u8")
 _low_q4_1, _high_q4_1 = nibble_half_lanes(False), nibble_half_lanes(True)
 _AHEAD = 16                # blocks of a group run that the GEMV asks the memory for ahead of their use
 
@@ -82,6 +84,12 @@ def pack_q8_0(b):
     return _regrouped(b, 2, 34, False)
 
 
+def pack_q5_1(b):
+    """Q5_1 blocks (f16 d, f16 m, 32 fifth bits, 16 nibble bytes) -> d, m and the 32 values as bytes, grouped."""
+    values = _nibbles(b[:, :, 8:24]) | (_fifth_bits(b[:, :, 4:8]) << 4).astype(np.uint8)
+    return _regrouped(np.concatenate([b[:, :, 0:4], values], axis=-1), 4, 36, True)
+
+
 def _nibbles(qs: np.ndarray) -> np.ndarray:
     """A block's 16 bytes -> its 32 four-bit codes in natural order (byte j: element j low, j + 16 high)."""
     return np.concatenate([qs & 15, qs >> 4], axis=-1)
@@ -102,19 +110,29 @@ def pack_q4_0_as_q8_0(b):
     return _as_q8_0(b, _nibbles(b[:, :, 2:18]).astype(np.int16) - 8)
 
 
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """A block's 4 bytes of fifth bits -> one per element (bit j: element j's)."""
+    return qh.copy().view(np.uint32) >> np.arange(32, dtype=np.uint32) & 1
+
+
 def pack_q5_0_as_q8_0(b):
-    high = b[:, :, 2:6].copy().view(np.uint32) >> np.arange(32, dtype=np.uint32) & 1   # bit j: element j's fifth
-    return _as_q8_0(b, _nibbles(b[:, :, 6:22]).astype(np.int16) + 16 * high.astype(np.int16) - 16)
+    return _as_q8_0(b, _nibbles(b[:, :, 6:22]).astype(np.int16) + 16 * _fifth_bits(b[:, :, 2:6]).astype(np.int16) - 16)
 
 
 @njit(cache=True, inline="always")
-def _rows_out(acc, r, out, i, row, rows):
-    """The results of a register of r Q8_0 rows, the first of them ``row``: each row's hsum8, where the row
-    exists."""
+def _lanes_8(u8, v, qs, qo, y, yo):
+    """A register of Q8_0 rows' lane sums, or with ``u8`` of Q5_1 rows' (their values as unsigned bytes)."""
+    return _lanes_u8(v, qs, qo, y, yo) if u8 else _lanes_q8_0(v, qs, qo, y, yo)
+
+
+@njit(cache=True, inline="always")
+def _rows_out(acc, r, with_min, sm, j, out, i, row, rows):
+    """The results of a register of r Q8_0 (or Q5_1) rows, the first of them ``row``: each row's hsum8 (plus, with
+    a min term, its own from sm[j]), where the row exists."""
     if row < rows:
-        out[i, row] = vhsum8_at(acc, 0)
+        out[i, row] = vhsum8_at(acc, 0) + sm[j] if with_min else vhsum8_at(acc, 0)
     if r == 2 and row + 1 < rows:
-        out[i, row + 1] = vhsum8_at(acc, 1)
+        out[i, row + 1] = vhsum8_at(acc, 1) + sm[j + 1] if with_min else vhsum8_at(acc, 1)
 
 
 @njit(cache=True, inline="always")
@@ -140,7 +158,8 @@ def _row_sums(a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
-    """ggml_vec_dot_q4_1_q8_1 (fmt "q4_1") or ggml_vec_dot_q8_0_q8_0 ("q8_0") for any n: prange over
+    """ggml_vec_dot_q4_1_q8_1 (fmt "q4_1"), ggml_vec_dot_q8_0_q8_0 ("q8_0") or ggml_vec_dot_q5_1_q8_1 ("q5_1",
+    Q8_0's registers with Q4_1's min term) for any n: prange over
     groups of _G weight rows; per activation row, 8 registers of R rows each at a time, their lane chains held in
     registers over the blocks. The block's d_w * d_x for those rows is one register (spread over each row's lanes
     by vspread), and Q4_1's min term chains in one register across the rows. n_lanes: float32 lanes of a register
@@ -152,10 +171,10 @@ def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
     one register, 4-7 in another, four such pairs): one load of n / 4 rows' bytes serves both, where putting a
     row's halves side by side took a byte shuffle per row (SmolLM2's ffn_up at n = 1 on AVX2: 31.8 -> 26.5 us).
     The chains are the same, lane for lane, so are the bits."""
-    if fmt not in ("q4_1", "q8_0", "q4_0x8"):
+    if fmt not in ("q4_1", "q8_0", "q5_1", "q4_0x8"):
         raise ValueError(f"exact_gemv: unknown format {fmt!r}")
-    q4_1, whole = fmt == "q4_1", fmt == "q4_0x8"
-    qb = 32 if fmt == "q8_0" else 16                       # quant bytes of a block of one row (16: nibbles)
+    q4_1, q5_1, whole = fmt == "q4_1", fmt == "q5_1", fmt == "q4_0x8"
+    qb = 32 if fmt in ("q8_0", "q5_1") else 16                      # quant bytes of a block of one row (16: nibbles)
     v_, r = lanes(n_lanes), n_lanes // 8
 
     @njit(**_exact)
@@ -225,27 +244,30 @@ def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
                         _halves_out(l2, h2, sm, out, i, r0 + 2 * r4, rows)
                         _halves_out(l3, h3, sm, out, i, r0 + 3 * r4, rows)
                         continue
-                    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = vzero(v)   # Q8_0: 8 registers of R rows
+                    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = summ = vzero(v)   # Q8_0, Q5_1: 8 registers of R rows
                     for b in range(nb):
                         o = (g * nb + b) * _G + h             # the first row's scale; its quants at o * qb
                         vstore(dd, 0, vmul(vload(v, d, o), vsplat(v, yd[i, b])))
+                        if q5_1:
+                            summ = vfma(vload(v, m, o), vsplat(v, ys[i, b]), summ)
                         qo, yo, step = o * qb, i * k + b * 32, r * qb
-                        a0 = vfma(vspread(v, dd, 0), _lanes_q8_0(v, qs, qo, yf, yo), a0)
-                        a1 = vfma(vspread(v, dd, r), _lanes_q8_0(v, qs, qo + step, yf, yo), a1)
-                        a2 = vfma(vspread(v, dd, 2 * r), _lanes_q8_0(v, qs, qo + 2 * step, yf, yo), a2)
-                        a3 = vfma(vspread(v, dd, 3 * r), _lanes_q8_0(v, qs, qo + 3 * step, yf, yo), a3)
-                        a4 = vfma(vspread(v, dd, 4 * r), _lanes_q8_0(v, qs, qo + 4 * step, yf, yo), a4)
-                        a5 = vfma(vspread(v, dd, 5 * r), _lanes_q8_0(v, qs, qo + 5 * step, yf, yo), a5)
-                        a6 = vfma(vspread(v, dd, 6 * r), _lanes_q8_0(v, qs, qo + 6 * step, yf, yo), a6)
-                        a7 = vfma(vspread(v, dd, 7 * r), _lanes_q8_0(v, qs, qo + 7 * step, yf, yo), a7)
+                        a0 = vfma(vspread(v, dd, 0), _lanes_8(q5_1, v, qs, qo, yf, yo), a0)
+                        a1 = vfma(vspread(v, dd, r), _lanes_8(q5_1, v, qs, qo + step, yf, yo), a1)
+                        a2 = vfma(vspread(v, dd, 2 * r), _lanes_8(q5_1, v, qs, qo + 2 * step, yf, yo), a2)
+                        a3 = vfma(vspread(v, dd, 3 * r), _lanes_8(q5_1, v, qs, qo + 3 * step, yf, yo), a3)
+                        a4 = vfma(vspread(v, dd, 4 * r), _lanes_8(q5_1, v, qs, qo + 4 * step, yf, yo), a4)
+                        a5 = vfma(vspread(v, dd, 5 * r), _lanes_8(q5_1, v, qs, qo + 5 * step, yf, yo), a5)
+                        a6 = vfma(vspread(v, dd, 6 * r), _lanes_8(q5_1, v, qs, qo + 6 * step, yf, yo), a6)
+                        a7 = vfma(vspread(v, dd, 7 * r), _lanes_8(q5_1, v, qs, qo + 7 * step, yf, yo), a7)
+                    vstore(sm, 0, summ)
                     r0 = g * _G + h
-                    _rows_out(a0, r, out, i, r0, rows)
-                    _rows_out(a1, r, out, i, r0 + r, rows)
-                    _rows_out(a2, r, out, i, r0 + 2 * r, rows)
-                    _rows_out(a3, r, out, i, r0 + 3 * r, rows)
-                    _rows_out(a4, r, out, i, r0 + 4 * r, rows)
-                    _rows_out(a5, r, out, i, r0 + 5 * r, rows)
-                    _rows_out(a6, r, out, i, r0 + 6 * r, rows)
-                    _rows_out(a7, r, out, i, r0 + 7 * r, rows)
+                    _rows_out(a0, r, q5_1, sm, 0, out, i, r0, rows)
+                    _rows_out(a1, r, q5_1, sm, r, out, i, r0 + r, rows)
+                    _rows_out(a2, r, q5_1, sm, 2 * r, out, i, r0 + 2 * r, rows)
+                    _rows_out(a3, r, q5_1, sm, 3 * r, out, i, r0 + 3 * r, rows)
+                    _rows_out(a4, r, q5_1, sm, 4 * r, out, i, r0 + 4 * r, rows)
+                    _rows_out(a5, r, q5_1, sm, 5 * r, out, i, r0 + 5 * r, rows)
+                    _rows_out(a6, r, q5_1, sm, 6 * r, out, i, r0 + 6 * r, rows)
+                    _rows_out(a7, r, q5_1, sm, 7 * r, out, i, r0 + 7 * r, rows)
 
     return gemv

@@ -100,8 +100,9 @@ def block_lanes(fmt: str, flavour: str = HOST) -> Callable[..., Any]:
     """An intrinsic lanes(proto, q, qo, y, yo): the lane sums (as float32, a register like proto) of R = n / 8
     rows' blocks of format ``fmt`` laid one after another from q[qo] (uint8) against the 32 int8 activation
     quants at y[yo]. q4_1: 16 bytes a row, byte j holding element j (low nibble) and j + 16 (high); q8_0: 32
-    int8 a row, taken as ggml takes them, |w| times y with w's sign."""
-    if fmt not in ("q4_1", "q8_0") or flavour not in ("vnni", "pmadd", "generic"):
+    int8 a row, taken as ggml takes them, |w| times y with w's sign; u8: 32 unsigned bytes a row (Q5_1's values,
+    0-31, as ggml_vec_dot_q5_1_q8_1 forms them before its unsigned-by-signed multiply-add)."""
+    if fmt not in ("q4_1", "q8_0", "u8") or flavour not in ("vnni", "pmadd", "generic"):
         raise ValueError(f"block_lanes: unknown format {fmt!r} or flavour {flavour!r}")
     row_bytes = 16 if fmt == "q4_1" else 32
 
@@ -117,6 +118,8 @@ def block_lanes(fmt: str, flavour: str = HOST) -> Callable[..., Any]:
             for i in range(r):
                 order += list(range(16 * i, 16 * i + 16)) + list(range(16 * (r + i), 16 * (r + i) + 16))
             w = builder.shuffle_vector(lo, hi, _indices(order))
+        elif fmt == "u8":
+            w = raw
         else:                                             # |w| and y with w's sign (ggml's _mm256_sign_epi8)
             zero = ir.Constant(raw.type, [0] * 32 * r)
             neg = builder.icmp_signed("<", raw, zero)

@@ -19,11 +19,11 @@ import numpy as np
 from graphir.backends.numba.primitives.jit import PAR_MIN
 from graphir.backends.numba.quant.activation import ACT
 from graphir.backends.numba.quant.blocks import (dequantizer, repack_mxfp4, repack_q4_0, repack_q4_1, repack_q4_k,
-                                                 repack_q5_0, repack_q5_k, repack_q6_k, repack_q8_0, row_bf16, row_f16,
-                                                 row_f32, row_mxfp4, row_q4_0, row_q4_1, row_q4_k, row_q5_0, row_q5_k,
-                                                 row_q6_k, row_q8_0)
+                                                 repack_q5_0, repack_q5_1, repack_q5_k, repack_q6_k, repack_q8_0,
+                                                 row_bf16, row_f16, row_f32, row_mxfp4, row_q4_0, row_q4_1, row_q4_k,
+                                                 row_q5_0, row_q5_1, row_q5_k, row_q6_k, row_q8_0)
 from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1,
-                                                pack_q5_0_as_q8_0, pack_q8_0)
+                                                pack_q5_0_as_q8_0, pack_q5_1, pack_q8_0)
 from graphir.backends.numba.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
 from graphir.backends.numba.quant.stream import (GEMM_FROM, converting_gemv, gemv_f32, gemv_q4_k, gemv_q5_k, gemv_q6_k,
                                                  tiled_gemm)
@@ -44,7 +44,7 @@ class _Kind:
     gemv: Callable                 # (*packed, xq, asum, out), n < GEMM_FROM
     gemm: Callable                 # (*packed, xq, asum, out), n >= GEMM_FROM
     deq: Callable                  # (*packed, ids, inv, out)
-    # Exact kinds (Q4_1, Q8_0, Q5_0, Q4_0, MXFP4): matmul uses its own layout, `pack` (qs, d, m), and one kernel
+    # Exact kinds (Q4_1, Q5_1, Q8_0, Q5_0, Q4_0, MXFP4): matmul uses its own layout, `pack` (qs, d, m), and one kernel
     # for every n, gemv (gemm is the same), takes (qs, d, m, x, out) and quantizes x itself. `repack`/`deq` then
     # serve get_rows only (from raw rows).
     pack: Callable | None = None
@@ -68,6 +68,8 @@ _TYPES: dict[T, _Kind] = {
     T.MXFP4: _Kind(np.uint8, "q8_0", 2, 16, repack_mxfp4, mxfp4_matmul, mxfp4_matmul, dequantizer(row_mxfp4), pack_mxfp4),
     T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv("q4_1"), exact_gemv("q4_1"), dequantizer(row_q4_1), pack_q4_1,
                   True),
+    T.Q5_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q5_1, exact_gemv("q5_1"), exact_gemv("q5_1"), dequantizer(row_q5_1),
+                  pack_q5_1, True),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, tiled_gemm(row_q4_k, True),
                    dequantizer(row_q4_k)),
     T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, gemv_q5_k, tiled_gemm(row_q5_k, True),
@@ -286,7 +288,7 @@ def expert_matrices(w: Any, n_expert: int) -> Sequence[Any]:
 
 class QWeightGroup:
     """Weights multiplied by the same x (attention's q, k, v; the FFN's gate and up): matmul(x) equals
-    [w.matmul(x) for w in weights] bit for bit, and for weights of one kind that joins (Q4_1, Q8_0, Q5_0, Q4_0)
+    [w.matmul(x) for w in weights] bit for bit, and for weights of one kind that joins (Q4_1, Q5_1, Q8_0, Q5_0, Q4_0)
     whose row counts are whole groups of _G, is one GEMV over all their rows: x quantized once, the
     threads started once. For that the weights' packed rows are laid one after another in one array on the first
     call, and each weight's own packed layout becomes its part of it (no second copy)."""

@@ -1,0 +1,67 @@
+"""Every weight type graphir multiplies, on files llama.cpp's own quantizer wrote: llama.cpp's logits and tokens.
+
+A tiny F32 model made by llama.cpp (tests/llama_made.py) goes through ``llama_model_quantize`` with ``pure`` set,
+so every matrix, the token embeddings (row lookups) and the LM head are of the one type under test, in the bytes
+llama.cpp writes. Both engines then read the same prompt: the logits at every position and at each of eight
+greedy steps must be llama.cpp's bit for bit on the host's path (README, Numerics), and so the tokens. The MoE
+model puts the type into expert matrices (mul_mat_id) too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import assert_llama_logits, process_folder
+from test_families import LlamaCpp
+
+import llama_made
+from graphir import load
+from graphir.batch import Batch
+
+PROMPT = [1, 5, 9, 17, 33, 65, 3, 7, 11, 13, 2, 4]
+# the types whose products graphir sums in llama.cpp's order on every path (the README's Numerics table)
+EXACT = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+MODELS = {"dense": ("llama", False), "experts": ("qwen3moe", True)}
+_FILES: dict[tuple[str, str], Path] = {}
+
+
+def pure(model: str, ftype: str) -> Path:
+    """The tiny ``model`` with every weight matrix of llama.cpp's file type ``ftype`` (made once per process)."""
+    if (model, ftype) not in _FILES:
+        folder = process_folder(f"weight-types-{model}-{ftype}-")
+        arch, moe = MODELS[model]
+        src = _FILES.get((model, "F32")) or llama_made.make(folder / "F32.gguf", arch, moe=moe)
+        _FILES[model, "F32"] = src
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread, params.pure = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}"), 2, True
+        dst = folder / f"{ftype}.gguf"
+        assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
+        _FILES[model, ftype] = dst
+    return _FILES[model, ftype]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("ftype", EXACT)
+def test_a_file_of_one_weight_type_gives_llama_cpps_logits_and_tokens(ftype: str, model: str) -> None:
+    path = pure(model, ftype)
+    ctx, o = load(str(path)).new_context(n_ctx=64), LlamaCpp(path, n_ctx=64)
+    try:
+        ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
+        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
+        assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(PROMPT))]), "prompt logits")
+        ours, theirs = [], []
+        for p in range(len(PROMPT), len(PROMPT) + 8):
+            ours.append(int(np.argmax(ctx.logits_ith(-1))))
+            theirs.append(int(np.argmax(o.logits_ith(-1))))
+            ctx.decode(Batch.one(ours[-1], p))
+            o.decode([theirs[-1]], [p], [0])
+            assert_llama_logits(ctx.logits_ith(-1), o.logits_ith(0), f"step {p}")
+        assert ours == theirs
+    finally:
+        o.close()
