@@ -33,19 +33,21 @@ L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
 DEFAULTS = dict(n_vocab=128, n_embd=256, n_head=2, n_ff=384, n_layer=2, n_ctx=256)
 SIZES: dict[str, dict[str, int]] = {
     "deepseek2": dict(n_embd=128, n_head=1, n_ff=192),
+    "kimi-linear": dict(n_embd=128, n_head=1, n_ff=192),
     "mistral4": dict(n_embd=128, n_head=1, n_ff=192),
     "laguna": dict(n_embd=160),
     "qwen3": dict(n_head=4, n_head_kv=1),
     "afmoe": dict(n_head=4, n_head_kv=2),  # its GQA case
     "nemotron_h": dict(n_layer=3), "nemotron_h_moe": dict(n_layer=3),  # attention, Mamba-2 and FFN layers
 }
-MLA = ("deepseek2", "mistral4")
+MLA = ("deepseek2", "mistral4", "kimi-linear")
 # mixture-of-experts group two: a per-layer window pattern (odd layers slide) and a clamped SwiGLU, as that test gives
 SWA_PER_LAYER = ("maple", "mimo2", "granite_swa")
 SWIGLU_CLAMP = {"maple": 7.0}
 # per-layer head counts: layer 1 has none (a recurrent layer)
-HYBRID_HEADS = ("granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "jamba")
-FFN_LAYERS = ("nemotron_h", "nemotron_h_moe")  # per-layer FFN widths: only from layer 2 on
+HYBRID_HEADS = ("granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "jamba", "kimi-linear")
+FFN_LAYERS = ("nemotron_h", "nemotron_h_moe")
+KDA_SAFE_GATE, KDA_GATE_LOWER_BOUND = "{arch}.kda.safe_gate", "{arch}.kda.gate_lower_bound"  # gguf-py lacks them  # per-layer FFN widths: only from layer 2 on
 
 
 def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
@@ -102,7 +104,8 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
             put(template, value)
     for template, value in ((S.INNER_SIZE, 256 if arch in ("qwen3next", "qwen35", "qwen35moe") else 2 * n_embd), (S.CONV_KERNEL, 4),
                             (S.STATE_SIZE, 128), (S.TIME_STEP_RANK, n_head), (S.GROUP_COUNT, 2),
-                            (Keys.WKV.HEAD_SIZE, n_embd // n_head), (Keys.ShortConv.L_CACHE, 3)):
+                            (Keys.WKV.HEAD_SIZE, n_embd // n_head), (Keys.ShortConv.L_CACHE, 3),
+                            (Keys.KDA.HEAD_DIM, 128), (KDA_SAFE_GATE, True), (KDA_GATE_LOWER_BOUND, -5.0)):
         put(template, value)
     k.update({name: v for name, v in changes.items() if name not in size})
     return k
