@@ -27,7 +27,7 @@ from typing import Mapping
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.deepseek2 import GATINGS
+from graphir.arch.deepseek2 import GATINGS, _mla
 from graphir.errors import MetadataError
 from graphir.graph.floats import f32, inv_sqrt
 from graphir.graph.ir import Node
@@ -35,7 +35,7 @@ from graphir.memory.layers import LatentAttention, LayerNeeds, Recurrent
 from graphir.model import hf_config, presets, ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
-from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, hf
+from graphir.model.hf_config import BLOCKS, TEXT, VOCAB, Config, Family, derived, hf
 from graphir.model.hparams import HParams, Key
 from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.presets import Preset
@@ -278,3 +278,63 @@ class KimiLinear(Architecture):
             f = self.ffn(b, b.norm(x, T.FFN_NORM, il, name="ffn_norm"), il)
             x = b.op("add", f, x, name="l_out")
         b.build_output(b.norm(x, T.OUTPUT_NORM, name="result_norm"), b.w(T.OUTPUT))
+
+
+# ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
+
+F32 = presets.ROUTER_F32 + r"|blk\.\d+\.ssm_a"  # routers and A (a bare name) kept f32; the q/k/v conv kernels not
+
+
+def _kv_heads(n_layer: int, mla_layers: list[int]) -> list[int]:
+    """One shared (latent) head in the MLA layers, none in the KDA layers: the per-layer count that tells them apart
+    and sizes the latent row (key_length)."""
+    return [1 if il in mla_layers else 0 for il in range(n_layer)]
+
+
+presets.register({
+    # 27 layers of width 2304: MLA (32 heads of 128 + 64, values of 128, a latent of 512 + 64, no query compression)
+    # in every fourth layer and the last, KDA (32 heads of 128, conv kernel 4) in the others; the first layer's FFN
+    # dense (9216), the others 256 experts of 1024 with 8 per token by sigmoid with a selection bias, renormalised
+    # and scaled by 2.446, plus one shared expert
+    "Kimi-Linear-48B-A3B": Preset("kimi-linear", {
+        L.CONTEXT_LENGTH: 1048576, L.EMBEDDING_LENGTH: 2304, L.BLOCK_COUNT: 27, L.FEED_FORWARD_LENGTH: 9216,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: _kv_heads(27, [3, 7, 11, 15, 19, 23, 26]), A.KEY_LENGTH: 576,
+        A.VALUE_LENGTH: 512, A.KEY_LENGTH_MLA: 192, A.VALUE_LENGTH_MLA: 128, A.KV_LORA_RANK: 512,
+        R.DIMENSION_COUNT: 64, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-5, S.CONV_KERNEL: 4,
+        Keys.KDA.HEAD_DIM: 128, L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_COUNT: 256, L.EXPERT_USED_COUNT: 8,
+        L.EXPERT_FEED_FORWARD_LENGTH: 1024, L.EXPERT_SHARED_COUNT: 1, L.EXPERT_WEIGHTS_SCALE: 2.446,
+        L.EXPERT_GATING_FUNC: 2, L.VOCAB_SIZE: 163840,
+    }, tied=False, include=presets.SPLIT_QKV, f32=F32, source="moonshotai/Kimi-Linear-48B-A3B-Instruct config.json"),
+})
+
+
+# ---- Hugging Face: convert_hf_to_gguf's KimiLinearModel -----------------------------------------------------
+
+
+def _linear(c: Config, name: str) -> int:
+    """A figure of the KDA layers (``linear_attn_config``)."""
+    return c.check(f"linear_attn_config.{name}", c.find("linear_attn_config", kind="map").get(name), "count")
+
+
+def _mla_layers(c: Config) -> list[int]:
+    """The MLA layers, from linear_attn_config.full_attn_layers (numbered from 1)."""
+    full = c.check("linear_attn_config.full_attn_layers",
+                   c.find("linear_attn_config", kind="map").get("full_attn_layers"), "list")
+    return [c.check("linear_attn_config.full_attn_layers", il, "count") - 1 for il in full]
+
+
+KIMI_LINEAR = TEXT + (
+    derived(A.HEAD_COUNT_KV, lambda c: _kv_heads(c.find(*BLOCKS), _mla_layers(c))),
+    _mla,
+    hf(A.Q_LORA_RANK, "q_lora_rank", default=None),
+    hf(R.DIMENSION_COUNT, "qk_rope_head_dim"),
+    derived(S.CONV_KERNEL, lambda c: _linear(c, "short_conv_kernel_size")),
+    derived(Keys.KDA.HEAD_DIM, lambda c: _linear(c, "head_dim")),
+    hf(L.LEADING_DENSE_BLOCK_COUNT, "first_k_dense_replace", kind="size", default=None),
+    hf(L.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size"),
+    hf(L.EXPERT_SHARED_COUNT, "num_shared_experts", kind="size"),
+    hf(L.EXPERT_WEIGHTS_SCALE, "routed_scaling_factor", kind="number", default=None),
+    VOCAB,
+)
+hf_config.register(Family("kimi-linear", KIMI_LINEAR, {"tie_word_embeddings": False}, lambda c: presets.SPLIT_QKV),
+                   "KimiLinearForCausalLM")
