@@ -260,6 +260,9 @@ ROWS = [
     # issue 40: Kimi Delta Attention (layer 1: q, k and v convolved apart, a decay per key channel) beside absorbed
     # MLA without positions (layer 0), the latent cache as the hybrid memory's attention part
     Row("kimi-linear", moe=True),
+    # Ling 3.0: the same composition with the safe gate, M-RoPE'd (its VL files' sections) and gated MLA with a
+    # compressed query, clamped SwiGLUs in layer 1 (llama.cpp's own test's figures)
+    Row("bailingmoe3", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
