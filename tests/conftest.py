@@ -602,3 +602,16 @@ TINY_FAMILY["lfm2moe"] = {**TINY_FAMILY["lfm2"], gguf.Keys.LLM.LEADING_DENSE_BLO
                           gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: 32, gguf.Keys.LLM.EXPERT_GATING_FUNC: 2}
 TINY_INCLUDE.update({a: r"blk\.\d+\.attn_[qkv]\.weight" for a in ("lfm2", "lfm2moe")})  # Q, K, V apart
 TINY_INCLUDE["jamba"] = r"blk\.\d+\.(attn_[qkv]|ffn_(gate|down|up))\.weight"  # Q, K, V apart; dense FFNs
+
+# Kimi-Linear and Ling 3.0: an MLA layer (latent 16 + a key part of 8, heads of 16 + 8 and values of 16) and a KDA
+# layer (4 heads of 16); the second layer's FFN four experts with a shared one
+_K = gguf.Keys
+TINY_FAMILY["kimi-linear"] = {
+    _K.Attention.HEAD_COUNT_KV: [1, 0], _K.Attention.KEY_LENGTH: 24, _K.Attention.VALUE_LENGTH: 16,
+    _K.Attention.KEY_LENGTH_MLA: 24, _K.Attention.VALUE_LENGTH_MLA: 16, _K.Attention.KV_LORA_RANK: 16,
+    _K.Rope.DIMENSION_COUNT: 8, _K.SSM.CONV_KERNEL: 4, _K.KDA.HEAD_DIM: 16, _K.LLM.LEADING_DENSE_BLOCK_COUNT: 1,
+    _K.LLM.EXPERT_COUNT: 4, _K.LLM.EXPERT_USED_COUNT: 2, _K.LLM.EXPERT_FEED_FORWARD_LENGTH: 32,
+    _K.LLM.EXPERT_SHARED_COUNT: 1, _K.LLM.EXPERT_GATING_FUNC: 2}
+TINY_FAMILY["bailingmoe3"] = {**TINY_FAMILY["kimi-linear"], _K.Attention.Q_LORA_RANK: 32,
+                              "{arch}.kda.gate_lower_bound": -5.0}
+TINY_INCLUDE["kimi-linear"] = r"blk\.\d+\.attn_[qkv]\.weight"  # the KDA's Q, K, V apart

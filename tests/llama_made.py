@@ -33,19 +33,25 @@ L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
 DEFAULTS = dict(n_vocab=128, n_embd=256, n_head=2, n_ff=384, n_layer=2, n_ctx=256)
 SIZES: dict[str, dict[str, int]] = {
     "deepseek2": dict(n_embd=128, n_head=1, n_ff=192),
+    "kimi-linear": dict(n_embd=128, n_head=1, n_ff=192), "bailingmoe3": dict(n_embd=128, n_head=1, n_ff=192),
     "mistral4": dict(n_embd=128, n_head=1, n_ff=192),
     "laguna": dict(n_embd=160),
     "qwen3": dict(n_head=4, n_head_kv=1),
     "afmoe": dict(n_head=4, n_head_kv=2),  # its GQA case
     "nemotron_h": dict(n_layer=3), "nemotron_h_moe": dict(n_layer=3),  # attention, Mamba-2 and FFN layers
 }
-MLA = ("deepseek2", "mistral4")
+MLA = ("deepseek2", "mistral4", "kimi-linear", "bailingmoe3")
 # mixture-of-experts group two: a per-layer window pattern (odd layers slide) and a clamped SwiGLU, as that test gives
 SWA_PER_LAYER = ("maple", "mimo2", "granite_swa")
 SWIGLU_CLAMP = {"maple": 7.0}
+# Ling 3.0's per-layer clamps of its experts' and shared experts' SwiGLUs, and the M-RoPE sections of its VL files
+PER_LAYER_CLAMPS = {"bailingmoe3": ([0.0, 4.0], [0.0, 5.0])}
+SECTIONS = {"bailingmoe3": [8, 12, 12, 0]}
 # per-layer head counts: layer 1 has none (a recurrent layer)
-HYBRID_HEADS = ("granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "jamba")
+HYBRID_HEADS = ("granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "jamba", "kimi-linear",
+                "bailingmoe3")
 FFN_LAYERS = ("nemotron_h", "nemotron_h_moe")  # per-layer FFN widths: only from layer 2 on
+KDA_SAFE_GATE, KDA_GATE_LOWER_BOUND = "{arch}.kda.safe_gate", "{arch}.kda.gate_lower_bound"  # gguf-py lacks them
 
 
 def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
@@ -84,12 +90,15 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
     for template, value in ((A.CLAMP_KQV, 1.0), (A.LAYERNORM_EPS, 1e-5), (A.LAYERNORM_RMS_EPS, 1e-5),
                             (A.GROUPNORM_EPS, 1e-5), (A.GROUPNORM_GROUPS, 8), (A.Q_LORA_RANK, 512),
                             (A.KV_LORA_RANK, 512), (A.REL_BUCKETS_COUNT, 8), (A.SLIDING_WINDOW, n_ctx // 8),
-                            (A.SLIDING_WINDOW_PATTERN, 2), (R.DIMENSION_SECTIONS, [head // 4] * 4)):
+                            (A.SLIDING_WINDOW_PATTERN, 2), (R.DIMENSION_SECTIONS, SECTIONS.get(arch, [head // 4] * 4))):
         put(template, value)
     if arch in SWA_PER_LAYER:
         put(A.SLIDING_WINDOW_PATTERN, [il % 2 for il in range(n_layer)])
     if arch in SWIGLU_CLAMP:
         put(L.SWIGLU_CLAMP_EXP, SWIGLU_CLAMP[arch])
+    if arch in PER_LAYER_CLAMPS:
+        put(L.SWIGLU_CLAMP_EXP, PER_LAYER_CLAMPS[arch][0])
+        put(L.SWIGLU_CLAMP_SHEXP, PER_LAYER_CLAMPS[arch][1])
     k[Keys.Tokenizer.MODEL] = "test"  # llama.cpp's dummy tokenizer: ids are what the tests feed
     k[Keys.Tokenizer.LIST] = [f"tok_{i}" for i in range(n_vocab)]
     k[Keys.Tokenizer.SCORES] = [0.0] * n_vocab
@@ -102,7 +111,8 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
             put(template, value)
     for template, value in ((S.INNER_SIZE, 256 if arch in ("qwen3next", "qwen35", "qwen35moe") else 2 * n_embd), (S.CONV_KERNEL, 4),
                             (S.STATE_SIZE, 128), (S.TIME_STEP_RANK, n_head), (S.GROUP_COUNT, 2),
-                            (Keys.WKV.HEAD_SIZE, n_embd // n_head), (Keys.ShortConv.L_CACHE, 3)):
+                            (Keys.WKV.HEAD_SIZE, n_embd // n_head), (Keys.ShortConv.L_CACHE, 3),
+                            (Keys.KDA.HEAD_DIM, 128), (KDA_SAFE_GATE, True), (KDA_GATE_LOWER_BOUND, -5.0)):
         put(template, value)
     k.update({name: v for name, v in changes.items() if name not in size})
     return k

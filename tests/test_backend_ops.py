@@ -308,13 +308,17 @@ CASES: list[Case] = [
       I("f32", 16, 3, T, lo=0.2, hi=1), I("f32", 768, 1), tol=F32, env={"n_tokens": 1}, note="decode"),
     C("rwkv_wkv6", I("f32", 4, 2, 4, strided=True), I("f32", 4, 2, 4), I("f32", 4, 2, 4), W("f32", 4, 2, store="np"),
       I("f32", 4, 2, 4, lo=0.2, hi=1), I("f32", 32, 1), tol=F32, note="1 seq x 4 tokens, strided k"),
-    # gated_delta_net(q, k [d, Hk, T, S], v [d, H, T, S], g, beta [1, H, T, S], s [d, d, H, S]) -> y, states
+    # gated_delta_net(q, k [d, Hk, T, S], v [d, H, T, S], g [1 or d, H, T, S], beta [1, H, T, S], s [d, d, H, S])
+    # -> y, states; g of d: a decay per key channel (Kimi's delta rule)
     *[C("gated_delta_net", I("f32", d, Hk, n, S, lo=-0.4, hi=0.4), I("f32", d, Hk, n, S, lo=-kr, hi=kr),
-        I("f32", d, H, n, S, strided=strided), I("f32", 1, H, n, S, lo=-1, hi=0), I("f32", 1, H, n, S, lo=0, hi=1),
+        I("f32", d, H, n, S, strided=strided), I("f32", gw, H, n, S, lo=-1, hi=0), I("f32", 1, H, n, S, lo=0, hi=1),
         I("f32", d, d, H, S), tol=F32, note=note)
-      for d, Hk, H, n, S, kr, strided, note in ((16, 2, 4, 3, 2, 0.4, False, "2 seqs x 3 tokens, shared k heads"),
-                                               (80, 1, 2, 1, 1, 0.2, False, "decode, 80 wide: SIMD steps and a tail"),
-                                               (16, 2, 2, 4, 1, 0.4, True, "strided v"))],
+      for d, Hk, H, n, S, kr, strided, gw, note in (
+          (16, 2, 4, 3, 2, 0.4, False, 1, "2 seqs x 3 tokens, shared k heads"),
+          (80, 1, 2, 1, 1, 0.2, False, 1, "decode, 80 wide: SIMD steps and a tail"),
+          (16, 2, 2, 4, 1, 0.4, True, 1, "strided v"),
+          (16, 2, 2, 3, 2, 0.4, False, 16, "a decay per key channel, 2 seqs x 3 tokens"),
+          (80, 1, 1, 1, 1, 0.2, False, 80, "a decay per key channel, decode, 80 wide"))],
     # set_rows: dst[:, ids[i]] = src[:, i], converted to dst's type
     C("set_rows", I("f16", 12, CTX), I("f32", 12, T), I("i64", T, init="uids", n=16), tol=EXACT,
       env={"n_ctx": 16, "n_tokens": 5}, note="kv write"),

@@ -257,6 +257,12 @@ ROWS = [
     # twice the value heads of key heads: each key head's q and k repeated in place for its two value heads
     Row("qwen3next", "heads", moe=True, avx2_apart=1e-7,
         keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
+    # issue 40: Kimi Delta Attention (layer 1: q, k and v convolved apart, a decay per key channel) beside absorbed
+    # MLA without positions (layer 0), the latent cache as the hybrid memory's attention part
+    Row("kimi-linear", moe=True),
+    # Ling 3.0: the same composition with the safe gate, M-RoPE'd (its VL files' sections) and gated MLA with a
+    # compressed query, clamped SwiGLUs in layer 1 (llama.cpp's own test's figures)
+    Row("bailingmoe3", moe=True),
 ]
 
 _rng = np.random.default_rng(7)

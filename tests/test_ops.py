@@ -356,11 +356,15 @@ def test_gated_delta_net_returns_every_output_then_the_final_states_flat():
     assert infer("gated_delta_net", gdn(n=5, s=2), {}) == ("f32", (80 * 4 * 5 * 2 + 80 * 80 * 4 * 2,))
 
 
+def test_gated_delta_net_takes_a_decay_per_key_channel_too():
+    assert infer("gated_delta_net", gdn(n=5, s=2, g=(80, 4, 5, 2)), {}) == ("f32", (80 * 4 * 5 * 2 + 80 * 80 * 4 * 2,))
+
+
 @pytest.mark.parametrize("over,match", [
     ({"k": (80, 2, T)}, r"q f32\[80, 2, n_tokens, n_seqs\] and k f32\[80, 2, n_tokens\] must be the same 4-D"),
     ({"q": (64, 2, T, S_), "k": (64, 2, T, S_)}, r"does not fit v .*: key and value heads are both 80 wide"),
     ({"q": (80, 3, T, S_), "k": (80, 3, T, S_)}, r"4 value heads do not share 3 key heads evenly"),
-    ({"g": (80, 4, T, S_)}, r"g f32\[80, 4, n_tokens, n_seqs\] is not \[1, 4, \.\.\.v's tokens\]"),
+    ({"g": (16, 4, T, S_)}, r"g f32\[16, 4, n_tokens, n_seqs\] is not \[1 \(a decay per head\) or 80 \(per key"),
     ({"beta": (1, 2, T, S_)}, r"beta f32\[1, 2, n_tokens, n_seqs\] is not \[1, 4"),
     ({"state": (80, 80, 2, S_)}, r"state f32\[80, 80, 2, n_seqs\] is not \[80, 80, 4, n_seqs\]"),
 ])

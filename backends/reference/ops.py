@@ -185,9 +185,11 @@ def rope_multi(v, a, shape, env):
 
 
 def gated_delta_net(v, a, shape, env):
-    """Per sequence and value head h (key head h % Hk), with S[i, j] (key i, value j) = s[i, j]: S *= exp(g);
-    S += k (beta (v - S^T k))^T; y = S^T q / sqrt(d)."""
-    q, k, vv, g, beta, s = (gg(t) for t in v)        # [d, Hk, T, S] x2, [d, H, T, S], [1, H, T, S] x2, [d, d, H, S]
+    """Per sequence and value head h (key head h % Hk), with S[i, j] (key i, value j) = s[i, j]: S[i, :] *= exp(g)
+    (g one decay per head, or one per key channel i: Kimi's delta rule); S += k (beta (v - S^T k))^T;
+    y = S^T q / sqrt(d)."""
+    q, k, vv, g, beta, s = (gg(t) for t in v)    # [d, Hk, T, S] x2, [d, H, T, S], [1 or d, H, T, S], [1, H, T, S],
+    #                                              [d, d, H, S]
     d, n_head, n_tok, n_seqs = vv.shape
     n_khead = q.shape[1]
     y, st = np.empty(vv.shape), s.copy()
@@ -195,7 +197,7 @@ def gated_delta_net(v, a, shape, env):
         for hh in range(n_head):
             S, hk = st[:, :, hh, sq], hh % n_khead
             for t in range(n_tok):
-                S *= math.exp(g[0, hh, t, sq])
+                S *= np.array([math.exp(x) for x in g[:, hh, t, sq]])[:, None]
                 kt, qt = k[:, hk, t, sq], q[:, hk, t, sq]
                 S += np.outer(kt, beta[0, hh, t, sq] * (vv[:, hh, t, sq] - S.T @ kt))
                 y[:, hh, t, sq] = S.T @ qt / math.sqrt(d)

@@ -207,8 +207,9 @@ def _gated_delta_net(xs: list[Node], a: dict[str, Any]) -> Type:
           f"q {q.type_str} does not fit v {v.type_str}: key and value heads are both {d} wide")
     _need(isinstance(n_head, int) and isinstance(n_khead, int) and n_khead > 0 and n_head % n_khead == 0,
           f"{n_head} value heads do not share {n_khead} key heads evenly")
-    for name, t in (("g", g), ("beta", beta)):
-        _need(tuple(t.shape) == (1, n_head, n_tok, n_seqs), f"{name} {t.type_str} is not [1, {n_head}, ...v's tokens]")
+    _need(tuple(beta.shape) == (1, n_head, n_tok, n_seqs), f"beta {beta.type_str} is not [1, {n_head}, ...v's tokens]")
+    _need(tuple(g.shape) in ((1, n_head, n_tok, n_seqs), (d, n_head, n_tok, n_seqs)),
+          f"g {g.type_str} is not [1 (a decay per head) or {d} (per key channel), {n_head}, ...v's tokens]")
     _need(tuple(s.shape) == (d, d, n_head, n_seqs), f"state {s.type_str} is not [{d}, {d}, {n_head}, n_seqs]")
     return "f32", (numel(v.shape) + numel(s.shape),)
 

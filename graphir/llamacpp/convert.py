@@ -32,6 +32,8 @@ INPUT_ROLES = {"inp_tokens": "tokens", "inp_embd": "embd", "inp_pos": "pos", "ou
                "pos_bucket_dec": "pos_bucket", "pos_bucket_enc": "pos_bucket", "cross_embd": "cross_embd",
                "inp_attn_scale": "attn_scale"}
 CACHE_ROLES = {"k": "cache_k", "v": "cache_v", "r": "rs_r", "s": "rs_s"}
+# A layer's cache a model's graph names through its callback (renaming the buffer), by its role
+RENAMED_CACHES = {"conv_states_all": "rs_r"}  # kimi-linear's rolling state
 OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd": "embd",
                 "result_embd_pooled": "pooled"}
 
@@ -165,6 +167,10 @@ def _leaf(r: Record, weights: frozenset[str], names: _Names, second: set[int]) -
     m = _CACHE.match(name)
     if m and not m.group(3):
         role = CACHE_ROLES[m.group(1)]
+        return Node(names.take(f"blk.{m.group(2)}.{role}", "input"), "input", (), {"role": role}, dtype, shape)
+    m = _SCOPED.match(name)
+    if m and m.group(1) in RENAMED_CACHES and not m.group(3):
+        role = RENAMED_CACHES[m.group(1)]
         return Node(names.take(f"blk.{m.group(2)}.{role}", "input"), "input", (), {"role": role}, dtype, shape)
     if name in weights:
         names.used.add(name)

@@ -14,7 +14,9 @@ by a rule stated here (the README lists them with the differences that remain):
    write's row ids are compared by type only: without flash attention llama.cpp keeps values transposed, one
    row per element, which only changes how many ids the same values take. A recurrent state is written by
    ggml as a copy into its cache's cells (``ggml.cpy``), by graphir as ``set_rows`` at ``rs_dst``: both are
-   ``set_rows(cache, state)``, the cells left to the memory. ggml's scans read their start states through ids
+   ``set_rows(cache, state)``, the cells left to the memory. A state ggml copies in parts into adjacent column
+   ranges of its cells (kimi-linear's q, k and v conv columns, each part [columns, channels, sequences]) is
+   written as one: the parts joined along their channels (``concat`` dim 1), as graphir builds the row. ggml's scans read their start states through ids
    (a seventh operand); graphir gathers them first: both are ``get_rows(states, ids)`` read by the scan.
    Inputs are compared by role, type and shape (what graphir notes about a mask, such as its window, is
    graphir's own); a V cache by its cells alone: llama.cpp's transposed one is as wide as the widest layer's
@@ -100,6 +102,7 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
     made: list[Node] = []
     digest: dict[int, str] = {}  # id of a normal node -> a digest of what it computes, names aside
     computed: dict[str, Node] = {}  # digest -> the first normal node computing it
+    parts: dict[int, tuple[int, int]] = {}  # id of a normal state write -> (its first part's offset, its row's end)
 
     for n in g.nodes:
         if n.op in VIEWS:
@@ -119,6 +122,7 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
             operands.append(y)
         shape = shape_of([_size(d, env) for d in n.shape])
         empty = 0 in shape
+        continued = None  # the span of the earlier parts a state's part continues
         op, attrs = n.op, {k: _attr(v, env) for k, v in n.attrs.items()}
         if "shape" in attrs:  # repeat's target: a shape like any other (rule 2)
             attrs["shape"] = shape_of(list(attrs["shape"]))
@@ -143,6 +147,15 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
             continue
         elif n.op == "ggml.cpy" and operands[1].op == "input":  # rule 3: a state copied into its cache's cells
             op, attrs, operands, shape = "set_rows", {}, [operands[1], operands[0]], operands[1].shape
+        elif n.op == "ggml.cpy" and _next_part(n, operands[1], parts, env):  # rule 3: the next part of a state
+            earlier = operands[1]
+            part_shape = shape_of([_size(d, env) for d in n.inputs[0].shape])
+            continued = first, end = parts[id(earlier)]
+            joined = shape_of([part_shape[0], (end - first) // part_shape[0] + part_shape[1], *part_shape[2:]])
+            state = _made(Node(n.name + ".parts", "concat", (earlier.inputs[1], operands[0]), {"dim": 1}, n.dtype,
+                               joined), digest, made)
+            made.remove(earlier)
+            op, attrs, operands, shape = "set_rows", {}, [earlier.inputs[0], state], earlier.shape
         elif n.op in _SCANS and len(operands) == 7:  # rule 3: a scan from the states at ids reads them first
             s, ids = operands[0], operands[6]
             start = Node(s.name + ".read", "get_rows", (s, ids), {}, s.dtype, shape_of([s.shape[0], ids.shape[0]]))
@@ -167,6 +180,8 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
         computed.setdefault(digest[id(node)], node)
         if op == "set_rows" and not empty:
             written[id(operands[0])] = node
+            if n.op == "ggml.cpy":
+                parts[id(node)] = _part_span(n, env, continued)
         alias[id(n)] = node
         if not empty:  # rule 2: a value of no element is nothing to compare
             made.append(node)
@@ -174,6 +189,24 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
     writes = sorted((m for m in made if m.op in _WRITES), key=lambda m: (m.inputs[0].name, digest[id(m)]))
     roots = list(outputs.values()) + writes
     return _renamed(g, roots, outputs)
+
+
+def _part_span(cpy: Node, env: dict[str, int], before: tuple[int, int] | None) -> tuple[int, int]:
+    """Where in a cell's row a ``ggml.cpy`` of a state (a part) writes: (its offset, the end of one sequence's
+    part); continuing the parts ``before`` spans, the span of them all."""
+    dst = cpy.inputs[1]
+    offset = _size(dst.attrs["offset"], env) if dst.op == "view" else 0
+    sizes = [_size(d, env) for d in cpy.inputs[0].shape]
+    end = offset + (sizes[0] * sizes[1] if len(sizes) > 1 else sizes[0])
+    return (before[0], end) if before is not None else (offset, end)
+
+
+def _next_part(cpy: Node, dst: Node, parts: dict[int, tuple[int, int]], env: dict[str, int]) -> bool:
+    """Whether ``cpy`` copies the part of a state that follows, in its cells' rows, the part the write ``dst``
+    already copied."""
+    if dst.op != "set_rows" or id(dst) not in parts or cpy.inputs[1].op != "view":
+        return False
+    return _size(cpy.inputs[1].attrs["offset"], env) == parts[id(dst)][1]
 
 
 def _rope_at_the_end(n: Node, shape: tuple[int, ...]) -> bool:

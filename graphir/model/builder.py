@@ -595,15 +595,16 @@ class GraphBuilder:
         out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, softcap, kq_b, sinks=sinks, softcap_in=softcap_in)
         return out if wo is None else self.linear(out, wo, wo_b, name="attn_out", s=wo_s)
 
-    def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node, v_mla: Node, kq_scale: float,
+    def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node | None, v_mla: Node, kq_scale: float,
                        wo_s: Node | None = None) -> Node:
         """Multi-head latent attention (absorbed MLA): q [d_latent, n_head, T] over one shared head k
         [d_latent, 1, T] whose first ``v``'s width values are V (``v`` [kv_lora_rank, 1, T] is that view); each
         head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o (times
-        its scale ``wo_s``). Only a memory that keeps latent rows serves it."""
+        its scale ``wo_s``; ``wo`` None: the heads' outputs [d_v * n_head, T], for the family to finish). Only a
+        memory that keeps latent rows serves it."""
         inp = self._inputs("build_attn_mla", LatentRows(k, v))
         out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, v_mla=v_mla)
-        return self.linear(out, wo, name="attn_out", s=wo_s)
+        return out if wo is None else self.linear(out, wo, name="attn_out", s=wo_s)
 
     def build_pos_bias(self, rel_b: Node) -> Node:
         """T5's relative position bias of every score [n_kv, n_tokens, n_head]: the row of ``rel_b``

@@ -223,11 +223,12 @@ def _vec_dot(v, a, b, hadd):
 def _gated_delta_net(q, k, v, g, beta, s0, y, st, r, hadd):
     """ggml_compute_forward_gated_delta_net_f32 (one state slot) per sequence s and value head h, which reads
     key head h % n_khead. The state is kept transposed, row j = column j of S. Per token: every element times
-    expf(g); delta[j] = (v[j] - dot(row j, k)) * beta; row j += k * delta[j] (fused, ggml_vec_mad_f32);
+    expf(g), or with a decay per key channel (g [..., d]) element i of every row times expf(g[i]); delta[j] = (v[j] - dot(row j, k)) * beta; row j += k * delta[j] (fused, ggml_vec_mad_f32);
     y[j] = dot(row j, q) * (1 / sqrtf(d)). Rows go through registers of ``r``'s lanes (the dots' chains held
     there: a 64-token prompt of Qwen3.5-0.8B's sizes took 10 ms a layer with them in a scratch array)."""
     n_seqs, n_tok, n_head, d = v.shape
     n_khead = q.shape[2]
+    per_channel = g.shape[3] == d > 1
     scale = _ONE / math.sqrt(F32(d))
     w = width(r)
     whole = d // w * w
@@ -235,18 +236,27 @@ def _gated_delta_net(q, k, v, g, beta, s0, y, st, r, hadd):
         s, h = sh // n_head, sh % n_head
         hk = h % n_khead
         delta = np.empty(d, F32)
+        decays = np.empty(d, F32)
         m = st[s, h]
         m[:, :] = s0[s, h]
         for t in range(n_tok):
-            decay = F32(math.exp(g[s, t, h]))
-            dv = vsplat(r, decay)
             kt, qt, b = k[s, t, hk], q[s, t, hk], beta[s, t, h]
+            if per_channel:
+                for i in range(d):
+                    decays[i] = F32(math.exp(g[s, t, h, i]))
+                for j in range(d):
+                    row = m[j]
+                    for i in range(d):
+                        row[i] = row[i] * decays[i]
             for j in range(d):
                 row = m[j]
-                for i in range(0, whole, w):
-                    vstore(row, i, vmul(vload(r, row, i), dv))
-                for i in range(whole, d):
-                    row[i] = row[i] * decay
+                if not per_channel:
+                    decay = F32(math.exp(g[s, t, h, 0]))
+                    dv = vsplat(r, decay)
+                    for i in range(0, whole, w):
+                        vstore(row, i, vmul(vload(r, row, i), dv))
+                    for i in range(whole, d):
+                        row[i] = row[i] * decay
                 delta[j] = (v[s, t, h, j] - _vec_dot(r, row, kt, hadd)) * b
             for j in range(d):
                 row, dj = m[j], vsplat(r, delta[j])
@@ -260,14 +270,14 @@ def _gated_delta_net(q, k, v, g, beta, s0, y, st, r, hadd):
 def gated_delta_net(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, s: np.ndarray,
                     lanes: int, hadd: bool) -> np.ndarray:
     """The gated delta rule from the gathered states s (n_seqs, n_head, d, d); q, k (n_seqs, n_tok, n_khead, d);
-    v (n_seqs, n_tok, n_head, d); g, beta (n_seqs, n_tok, n_head, 1). Returns every output (v's shape) followed
+    v (n_seqs, n_tok, n_head, d); g (n_seqs, n_tok, n_head, 1 or d); beta (n_seqs, n_tok, n_head, 1). Returns every output (v's shape) followed
     by the final states (s's shape), flat, as ggml does."""
     v = _f32(v)
     n_seqs, n_tok, n_head, d = v.shape
     s = _f32(s).reshape(n_seqs, n_head, d, d)
     out = np.empty(v.size + s.size, F32)
     y, st = out[:v.size].reshape(v.shape), out[v.size:].reshape(s.shape)
-    _gated_delta_net(_f32(q), _f32(k), v, _f32(g).reshape(v.shape[:3]), _f32(beta).reshape(v.shape[:3]), s, y, st,
+    _gated_delta_net(_f32(q), _f32(k), v, _f32(g).reshape(*v.shape[:3], -1), _f32(beta).reshape(v.shape[:3]), s, y, st,
                      simd.lanes(lanes), hadd)
     return out
 
