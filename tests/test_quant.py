@@ -378,3 +378,42 @@ def test_unrepacked_q4_0_and_q5_0_are_q8_0s_vec_dot_on_their_values(qtype, n):
     as_q8_0 = np.concatenate([d, qw.astype(np.int8).view(np.uint8)], axis=-1).reshape(rows, -1)
     x = rng.standard_normal((n, 256)).astype(F32)
     assert_bits_equal(QWeight.prepare(raw, qtype, 256).matmul(x), QWeight.prepare(as_q8_0, T.Q8_0, 256).matmul(x))
+
+
+def _fma_chain(terms, scales, acc):
+    """acc = fma(term, scale, acc) over the last axis, as float32 FMAs (emulated in float64: one rounding)."""
+    for t in range(terms.shape[-1]):
+        acc = (terms[..., t].astype(np.float64) * scales[..., t].astype(np.float64) + acc.astype(np.float64)).astype(F32)
+    return acc
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 9])
+def test_q4_k_rows_in_eights_are_llama_cpps_repacked_order(n):
+    """ggml_gemv/gemm_q4_K_8x8_q8_K: exact integers sum_j sc_j * (q . q8) and sum_j m_j * bsum_j, per super-block in
+    the GEMV and per pair of sub-blocks in the GEMM (rows in fours; the last n % 4 rows through the GEMV), then
+    acc = fma(isum, d * d_x, acc), acc_min = fma(imin, dmin * d_x, acc_min), result acc - acc_min. One row holds the
+    largest sums a block can have (every nibble 15, every scale 63, x all equal), past 2^24."""
+    rng = np.random.default_rng(n)
+    rows, ne0 = 16, 512
+    raw = make_weight(T.Q4_K, rows, ne0, rng)
+    blocks = raw.reshape(rows, -1, 144)
+    blocks[3, :, 4:16], blocks[3, :, 16:] = 255, 255                      # scales and mins 63, nibbles 15
+    x = rng.standard_normal((n, ne0)).astype(F32)
+    x[-1] = 1.0
+    q, d, dmin, sc, mn = weight_ints(raw, T.Q4_K, ne0)                    # (rows, nb, 256), (rows, nb), .., (rows, nb, 8)
+    qx, dx, bsums = q8k_blocks(x)                                         # (n, nb, 256), (n, nb), (n, nb, 16)
+    dots = np.einsum("rbjk,nbjk->nrbj", q.reshape(rows, -1, 8, 32), qx.reshape(n, -1, 8, 32))      # (n, rows, nb, 8)
+    isum, imin = dots * sc[None], mn[None] * bsums.reshape(n, 1, -1, 8, 2).sum(-1)
+    in_fours = n - n % 4
+    per = [isum.reshape(n, rows, -1, 4, 2).sum(-1) if r < in_fours else isum.sum(-1, keepdims=True) for r in range(n)]
+    per_min = [imin.reshape(n, rows, -1, 4, 2).sum(-1) if r < in_fours else imin.sum(-1, keepdims=True) for r in range(n)]
+    want = np.empty((n, rows), F32)
+    for r in range(n):
+        links = per[r].shape[-1]
+        terms = per[r][r].astype(F32).reshape(rows, -1)                   # float(isum): one rounding, as cvtepi32_ps
+        mins = per_min[r][r].astype(F32).reshape(rows, -1)
+        sw = np.repeat((d * dx[r][None]).astype(F32), links, axis=-1)
+        sm = np.repeat((dmin * dx[r][None]).astype(F32), links, axis=-1)
+        want[r] = _fma_chain(terms, sw, np.zeros(rows, F32)) - _fma_chain(mins, sm, np.zeros(rows, F32))
+    assert np.abs(isum[-1, 3].sum(-1)).max() >= 2 ** 24
+    assert_bits_equal(QWeight.prepare(raw, T.Q4_K, ne0).matmul(x), want)

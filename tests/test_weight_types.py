@@ -23,7 +23,7 @@ from graphir.batch import Batch
 
 PROMPT = [1, 5, 9, 17, 33, 65, 3, 7, 11, 13, 2, 4]
 # the types whose products graphir sums in llama.cpp's order on every path (the README's Numerics table)
-EXACT = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+EXACT = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_S")
 MODELS = {"dense": ("llama", False), "experts": ("qwen3moe", True)}
 _FILES: dict[tuple[str, str], Path] = {}
 
@@ -65,3 +65,19 @@ def test_a_file_of_one_weight_type_gives_llama_cpps_logits_and_tokens(ftype: str
         assert ours == theirs
     finally:
         o.close()
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("ftype", EXACT)
+def test_the_expert_products_are_llama_cpps_node_for_node(ftype: str) -> None:
+    """mul_mat_id multiplies an expert's rows one activation row at a time where a mul_mat of the same rows takes
+    its four-row kernel (Q4_K: another order of the same sums); the logits rarely show the difference, so the
+    experts' outputs are compared as llama.cpp's eval callback reports them."""
+    from llama_taps import llama_cpp_taps
+
+    path, taps = pure("experts", ftype), {}
+    load(str(path)).new_context(n_ctx=64).decode(Batch.from_tokens(PROMPT, 0, outputs="all"), taps=taps)
+    theirs = llama_cpp_taps(str(path), PROMPT)
+    for name in ("ffn_moe_gate_scaled", "ffn_moe_up_scaled", "ffn_moe_out"):   # the first layer: every token
+        ref = theirs[f"{name}-0"]
+        assert_llama_logits(taps[f"blk.0.{name}"].reshape(ref.shape), ref, name)

@@ -3,7 +3,7 @@
 Why this package exists
     The conformance target is llama.cpp's CPU backend, and its matmul is not "dequantize, then float GEMM":
     the activation rows are first converted to the weight type's *vec_dot type* (Q4_0/Q8_0/MXFP4 -> Q8_0,
-    Q4_1 -> Q8_1, Q4_K/Q5_K/Q6_K -> Q8_K, F16 -> f16, BF16 -> bf16) and the dot products are taken between
+    Q4_1/Q5_1 -> Q8_1, Q4_K/Q5_K/Q6_K -> Q8_K, F16 -> f16, BF16 -> bf16) and the dot products are taken between
     the two quantized operands. A float engine that skips this lands 0.1-1.4 logit away on SmolLM2; one that
     copies it lands within float-summation noise, which the next layers' 8-bit activation quantization then
     amplifies (~0.2 in the residual after 10 layers). So `QWeight.matmul` quantizes x exactly like llama.cpp,
@@ -34,7 +34,10 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     Q5_0  Q8_0  as Q8_0, its values unpacked to int8 (*3)             1.0625      [0.6875]
     MXFP4 Q8_0  the raw e2m1 codes + f32 2^(e-128) per 32 (*2)        0.625       [0.53125]
     Q4_1  Q8_1  GGUF's bytes in groups of 16 rows (*): q, f16 d, m    0.625       [0.625]
-    Q4_K  Q8_K  nibbles + f32 d*sc and -dmin*m per 32                 0.75        [0.5625]
+    Q5_1  Q8_1  as Q8_0 (values 0-31 as bytes, grouped) + f16 m       1.125       [0.75]
+    Q4_K  Q8_K  rows in eights (quant.kquant): GGUF's nibbles, scales 0.6875      [0.5625]
+                and mins as bytes, f32 d and dmin; other row counts:
+                nibbles + f32 d*sc and -dmin*m per 32                 0.75
     Q5_K  Q8_K  as Q4_K + the 5th bits spread to one byte per nibble  1.25        [0.6875]
     Q6_K  Q8_K  two low-nibble streams + qh + f32 d*sc per 16         1.0         [0.8203]
     F32, F16, BF16: no copy; the kernels read the data in place (F16/BF16 converted per row in registers/L1).
@@ -57,7 +60,8 @@ Numerics: what is bit-exact and what is only close
     largest-magnitude value, nearest-even, clamp at 127, d = 1/iscale in f32), f16/bf16 nearest-even rounding
     of x for F16/BF16 weights. (llama.cpp's portable reference Q8_0/Q8_1 quantizer uses id = 1/d and rounds
     half away from zero; it differs in rare 1-ulp/tie cases; this machine's llama.cpp runs the x86 code.)
-    Bit-exact also: Q4_1, Q8_0, Q5_0, Q4_0 and MXFP4 matmuls, every output element, for any number of rows:
+    Bit-exact also: Q4_1, Q5_1, Q8_0, Q5_0, Q4_0, MXFP4 and Q4_K (rows in eights, quant.kquant) matmuls, every
+    output element, for any number of rows:
     Q4_0 and MXFP4 as (*2) above; the others replay ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 of the
     x86 build (AVX2 + VNNI: eight int32 lane sums per block, fma(d_w*d_x, lane, acc) per lane in block order,
     hsum_float_8, Q4_1's min term as an FMA chain added last); tinyBLAS_Q0_AVX, which llama.cpp takes for Q8_0
@@ -93,8 +97,9 @@ Modules
     activation  the activation quantizers (x rows -> the weight type's vec_dot type), one per format
     blocks      GGUF blocks -> the stream layout (repack), and rows of it back to floats (get_rows)
     stream      GEMV and GEMM kernels of the stream-layout kinds
-    exact       Q4_1, Q8_0, Q4_0 (and Q5_0 as Q8_0): their grouped layout and the kernels that replay
+    exact       Q4_1, Q5_1, Q8_0, Q4_0 (and Q5_0 as Q8_0): their grouped layout and the kernels that replay
                 llama.cpp's dot products
+    kquant      Q4_K in the order of llama.cpp's repacked 8x8 kernels
     mxfp4       MXFP4: llama.cpp's repacked MXFP4 dot products, on the raw blocks
     weight      QWeight and the table of weight kinds its matmul and get_rows dispatch through
 

@@ -34,7 +34,7 @@ def block_f16(blocks: np.ndarray, lo: int) -> np.ndarray:
     return _field(blocks, lo, lo + 2).view(np.float16).astype(_F32)
 
 
-def _k_scales(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def k_scales(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K/Q5_K 12-byte packed 6-bit (scale, min) pairs -> two (rows, nblocks, 8) float32 arrays."""
     a, b, c = sc12[..., 0:4].astype(np.uint8), sc12[..., 4:8], sc12[..., 8:12]
     sc = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=-1)
@@ -91,7 +91,7 @@ def repack_q4_1(b):
 def _repack_k_common(b, qs_lo):
     rows, nb = b.shape[:2]
     d, dmin = block_f16(b, 0)[..., None], block_f16(b, 2)[..., None]
-    sc, mn = _k_scales(b[:, :, 4:16])
+    sc, mn = k_scales(b[:, :, 4:16])
     dsc = d * sc                                            # same f32 products as gguf's dequantizer
     mins = -(dmin * mn)
     return (_field(b, qs_lo, qs_lo + 128),

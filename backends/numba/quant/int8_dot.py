@@ -23,7 +23,7 @@ from numba.extending import intrinsic
 
 from graphir.backends.numba.primitives.simd import F32Vec, element_ptr
 
-__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "nibble_half_lanes"]
+__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "nibble_half_lanes", "nibble_lanes"]
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
@@ -146,5 +146,21 @@ def nibble_half_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
         if high:
             raw = builder.lshr(raw, ir.Constant(raw.type, [4] * 4 * n))
         return _sums(builder, flavour, builder.and_(raw, ir.Constant(raw.type, [15] * 4 * n)), act, n)
+
+    return _on_blocks(sums)
+
+
+def nibble_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
+    """An intrinsic lanes(proto, q, qo, y, yo) for a register of 8 lanes: the lane sums of 32 bytes' low nibbles
+    (or, ``high``, their high nibbles) from q[qo] against the 32 activation quants at y[yo] (``high``: y[yo + 32]),
+    as float32: Q4_K's layout, where a 32-byte run holds two sub-blocks of 32, one in each half of its bytes."""
+    if flavour not in ("vnni", "pmadd", "generic"):
+        raise ValueError(f"nibble_lanes: unknown flavour {flavour!r}")
+
+    def sums(builder: ir.IRBuilder, n: int, load_q: Loader, load_y: Loader) -> ir.Value:
+        raw, act = load_q(0, 32), load_y(32 * high, 32)
+        if high:
+            raw = builder.lshr(raw, ir.Constant(raw.type, [4] * 32))
+        return _sums(builder, flavour, builder.and_(raw, ir.Constant(raw.type, [15] * 32)), act, 8)
 
     return _on_blocks(sums)

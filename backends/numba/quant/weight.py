@@ -24,6 +24,7 @@ from graphir.backends.numba.quant.blocks import (dequantizer, repack_mxfp4, repa
                                                  row_q5_0, row_q5_1, row_q5_k, row_q6_k, row_q8_0)
 from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1,
                                                 pack_q5_0_as_q8_0, pack_q5_1, pack_q8_0)
+from graphir.backends.numba.quant.kquant import pack_q4_k, q4_k_x8
 from graphir.backends.numba.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
 from graphir.backends.numba.quant.stream import (GEMM_FROM, converting_gemv, gemv_f32, gemv_q4_k, gemv_q5_k, gemv_q6_k,
                                                  tiled_gemm)
@@ -70,8 +71,7 @@ _TYPES: dict[T, _Kind] = {
                   True),
     T.Q5_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q5_1, exact_gemv("q5_1"), exact_gemv("q5_1"), dequantizer(row_q5_1),
                   pack_q5_1, True),
-    T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, tiled_gemm(row_q4_k, True),
-                   dequantizer(row_q4_k)),
+    T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, q4_k_x8(True), q4_k_x8(True), dequantizer(row_q4_k), pack_q4_k),
     T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, gemv_q5_k, tiled_gemm(row_q5_k, True),
                    dequantizer(row_q5_k)),
     T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, gemv_q6_k, tiled_gemm(row_q6_k), dequantizer(row_q6_k)),
@@ -80,11 +80,19 @@ SUPPORTED = frozenset(_TYPES)
 # llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"); other row counts
 # take its vec_dot, which is Q8_0's on the same values
 _UNREPACKED: dict[T, _Kind] = {
-    T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q8, _Q8, _DEQ_Q4_0, pack_q4_0_as_q8_0, True)}
+    T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q8, _Q8, _DEQ_Q4_0, pack_q4_0_as_q8_0, True),
+    T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, tiled_gemm(row_q4_k, True), dequantizer(row_q4_k))}
+
+# an expert's rows of a repacked kind, which llama.cpp's mul_mat_id multiplies one activation row at a time
+_EXPERT: dict[T, _Kind] = {
+    T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, q4_k_x8(False), q4_k_x8(False), dequantizer(row_q4_k),
+                  pack_q4_k)}
 
 
-def _kind_of(qtype: T, rows: int) -> _Kind:
-    return _UNREPACKED[qtype] if rows % 8 and qtype in _UNREPACKED else _TYPES[qtype]
+def _kind_of(qtype: T, rows: int, expert: bool) -> _Kind:
+    if rows % 8 and qtype in _UNREPACKED:
+        return _UNREPACKED[qtype]
+    return _EXPERT[qtype] if expert and qtype in _EXPERT else _TYPES[qtype]
 
 _perm_cache: dict[tuple[int, int, int], np.ndarray] = {}
 
@@ -105,9 +113,10 @@ class QWeight:
     # __weakref__: what is derived from a weight (an expert's slice of a stacked one) lives as long as it does
     __slots__ = ("raw", "qtype", "rows", "ne0", "_kind", "_inv", "_packed", "_lock", "__weakref__")
 
-    def __init__(self, raw: np.ndarray, qtype: T, ne0: int):
+    def __init__(self, raw: np.ndarray, qtype: T, ne0: int, expert: bool = False):
+        """``expert``: one expert's rows of a stacked weight (mul_mat_id's order where it differs)."""
         self.raw, self.qtype, self.ne0, self.rows = raw, T(qtype), int(ne0), int(raw.shape[0])
-        self._kind = _kind_of(self.qtype, self.rows)
+        self._kind = _kind_of(self.qtype, self.rows, expert)
         self._inv = _inverse_perm(self._kind.parts, self._kind.run, self.ne0)
         self._packed: tuple[np.ndarray, ...] | None = None
         self._lock = threading.Lock()
@@ -278,7 +287,8 @@ def expert_matrices(w: Any, n_expert: int) -> Sequence[Any]:
         with _EXPERTS_LOCK:
             if w not in _EXPERTS:
                 rows = w.rows // n_expert
-                _EXPERTS[w] = [QWeight(w.raw[e * rows:(e + 1) * rows], w.qtype, w.ne0) for e in range(n_expert)]
+                _EXPERTS[w] = [QWeight(w.raw[e * rows:(e + 1) * rows], w.qtype, w.ne0, expert=True)
+                               for e in range(n_expert)]
             return _EXPERTS[w]
     w = np.ascontiguousarray(w, dtype=np.float32)  # no copy of a float32 array: expert e is the view w[e]
     if w.ndim != 3 or w.shape[0] != n_expert:
