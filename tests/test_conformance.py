@@ -257,6 +257,11 @@ ROWS = [
     # twice the value heads of key heads: each key head's q and k repeated in place for its two value heads
     Row("qwen3next", "heads", moe=True, avx2_apart=1e-7,
         keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
+    # linear-attention recurrent blocks (issue 40): QRWKV6's gated linear attention, k and v heads shared by two heads
+    # (llama.cpp's saver writes RWKV6's time_first, which sends its graph to a tensor its loader never makes: graphir
+    # writes the file); and with a k and v head per head
+    Row("rwkv6qwen2", made_by="graphir"),
+    Row("rwkv6qwen2", "heads", made_by="graphir", keys={"rwkv6qwen2.attention.head_count_kv": 4}),
 ]
 
 _rng = np.random.default_rng(7)

@@ -217,6 +217,20 @@ def rwkv_wkv6(v, a, shape, env):
     return np.concatenate([out.ravel(), S.ravel()]).reshape(shape)
 
 
+def gated_linear_attn(v, a, shape, env):
+    """Per head: S[i, j] = S[i, j] g[i] + k[i] v[j]; out[j] = sum_i scale q[i] S[i, j] (the state after the token)."""
+    k, val, q, g, state = v            # numpy order: (T, H, hs) x4, (S, H*hs*hs)
+    n_tok, n_head, hs = k.shape
+    per_seq = n_tok // state.shape[0]
+    S = state.reshape(-1, n_head, hs, hs).copy()           # [seq][h][i = key][j = value]
+    out = np.empty(k.shape)
+    for t in range(n_tok):
+        st = S[t // per_seq]
+        st[:] = st * g[t][:, :, None] + k[t][:, :, None] * val[t][:, None, :]
+        out[t] = np.einsum("hi,hij->hj", a["scale"] * q[t], st)
+    return np.concatenate([out.ravel(), S.ravel()]).reshape(shape)
+
+
 def rope(v, a, shape, env):
     X, p = gg(v[0]), v[1]
     ff = v[2] if len(v) > 2 else None
@@ -381,5 +395,5 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "rope": rope, "rope_multi": rope_multi, "soft_max": soft_max, "reshape": reshape, "view": view,
     "permute": permute, "transpose": transpose, "cont": cont, "concat": concat,
     "set_rows": set_rows, "ssm_conv": ssm_conv, "ssm_scan": ssm_scan, "ssm_scan_heads": ssm_scan_heads,
-    "rwkv_wkv6": rwkv_wkv6, "gated_delta_net": gated_delta_net,
+    "rwkv_wkv6": rwkv_wkv6, "gated_linear_attn": gated_linear_attn, "gated_delta_net": gated_delta_net,
 }
