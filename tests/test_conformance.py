@@ -463,6 +463,60 @@ def test_the_numba_backend_equals_the_reference_backend(row: Row) -> None:
         assert float(np.abs(a - b).max()) <= 1e-3
 
 
+def llama_cpp_recurrent_rows(o: LlamaCpp, seq: int) -> dict[str, np.ndarray]:
+    """The rows llama.cpp's recurrent memory keeps for one sequence, by graphir's buffer name (``blk.0.rs_r``,
+    ``blk.0.rs_s``), read from its saved state of the sequence (llama_context::state_seq_get_data: a magic number
+    and the sequence id, then llama_memory_recurrent::state_write: the cells' positions and sequence counts, then
+    per layer the r rows, then per layer the s rows, each as type and row size before the data)."""
+    import ctypes
+
+    size = o.lib.llama_state_seq_get_size(o.ctx.ctx, seq)
+    buf = (ctypes.c_uint8 * size)()
+    assert o.lib.llama_state_seq_get_data(o.ctx.ctx, buf, size, seq) == size
+    data, at = bytes(buf), 0
+
+    def take(fmt: str) -> Any:
+        nonlocal at
+        (v,) = np.frombuffer(data, fmt, 1, at)
+        at += np.dtype(fmt).itemsize
+        return int(v)
+
+    take("<u4")  # llama_context's io_magic
+    assert take("<i4") == seq
+    n_cells = take("<u4")
+    for _ in range(n_cells):
+        take("<i4")
+        assert take("<u4") == 0  # one sequence's state: no sequence ids listed
+    assert take("<u4") == 0  # s_trans
+    n_layer, rows = take("<u4"), {}
+    for role in ("rs_r", "rs_s"):
+        for il in range(n_layer):
+            assert take("<i4") == 0  # GGML_TYPE_F32
+            n = take("<u8") * n_cells
+            rows[f"blk.{il}.{role}"] = np.frombuffer(data, np.float32, n // 4, at).reshape(n_cells, -1)
+            at += n
+    assert at == size
+    return rows
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS if _arch(r).contexts[0] == "recurrent"])
+def test_the_recurrent_state_after_the_prompt_is_llama_cpps(row: Row) -> None:
+    """Every layer's rolling and recurrent state of the sequence, as llama.cpp saves it after the same prompt."""
+    ctx, o = _model(row, Q.F32).new_context(n_ctx=64), LlamaCpp(_path(row, Q.F32), n_ctx=64)
+    try:
+        ctx.decode(Batch.from_tokens(PROMPT, 0))
+        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
+        theirs = llama_cpp_recurrent_rows(o, 0)
+    finally:
+        o.close()
+    (cell,) = np.flatnonzero(ctx.memory.seq & np.uint64(1))
+    ours = ctx.memory.buffers()
+    assert set(ours) == set(theirs)
+    for name, rows in theirs.items():
+        assert_logits(ours[name][cell], rows[0], name)
+
+
 @pytest.mark.same_on_every_path
 @pytest.mark.oracle
 @pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])
