@@ -220,14 +220,12 @@ def rwkv_wkv6(v, a, shape, env):
 def gated_linear_attn(v, a, shape, env):
     """Per head: S[i, j] = S[i, j] g[i] + k[i] v[j]; out[j] = sum_i scale q[i] S[i, j] (the state after the token)."""
     k, val, q, g, state = v            # numpy order: (T, H, hs) x4, (S, H*hs*hs)
-    n_tok, n_head, hs = k.shape
-    per_seq = n_tok // state.shape[0]
-    S = state.reshape(-1, n_head, hs, hs).copy()           # [seq][h][i = key][j = value]
-    out = np.empty(k.shape)
-    for t in range(n_tok):
-        st = S[t // per_seq]
-        st[:] = st * g[t][:, :, None] + k[t][:, :, None] * val[t][:, None, :]
-        out[t] = np.einsum("hi,hij->hj", a["scale"] * q[t], st)
+    S = state.reshape(len(state), k.shape[1], k.shape[2], k.shape[2]).copy()  # [seq][h][i = key][j = value]
+    seq_of = np.arange(len(k)) // (len(k) // len(S))        # sequence-major tokens
+    out = np.stack([np.zeros(k.shape[1:])] * len(k))
+    for t, s in enumerate(seq_of):
+        S[s] = S[s] * g[t][:, :, None] + np.einsum("hi,hj->hij", k[t], val[t])
+        out[t] = a["scale"] * np.einsum("hi,hij->hj", q[t], S[s])
     return np.concatenate([out.ravel(), S.ravel()]).reshape(shape)
 
 

@@ -328,24 +328,19 @@ def rwkv_wkv6(k: np.ndarray, v: np.ndarray, r: np.ndarray, time_first: np.ndarra
 def _gla(k, v, q, g, scale, s0, out, st):
     """ggml_compute_forward_gla_f32 (its vector path, whose FMAs the scalar tail repeats) per head h and token t
     of sequence s, key channel i in order, value channel j: q' = q[i] * scale; S[i, j] = fma(S[i, j], g[i],
-    v[j] * k[i]); out[j] = fma(S[i, j], q', out[j]) from 0."""
-    n_tok, n_head, hs = k.shape
-    n_seqs = s0.shape[0]
-    per_seq = n_tok // n_seqs
-    for h in prange(n_head):
-        for s in range(n_seqs):
-            for i in range(hs):
-                for j in range(hs):
-                    st[s, h, i, j] = s0[s, h, i, j]
-            for t in range(s * per_seq, (s + 1) * per_seq):
-                for j in range(hs):
-                    out[t, h, j] = _ZERO
-                for i in range(hs):
-                    ki, qi, gi = k[t, h, i], q[t, h, i] * scale, g[t, h, i]
-                    for j in range(hs):
-                        new = fma(st[s, h, i, j], gi, v[t, h, j] * ki)
-                        out[t, h, j] = fma(new, qi, out[t, h, j])
-                        st[s, h, i, j] = new
+    v[j] * k[i]); out[j] = fma(S[i, j], q', out[j]) from 0. A sequence's first token reads its saved state."""
+    st[:] = s0
+    out[:] = _ZERO
+    per_seq = k.shape[0] // s0.shape[0]
+    for h in prange(k.shape[1]):
+        for t in range(k.shape[0]):
+            s = t // per_seq
+            for i in range(k.shape[2]):
+                ki, qi, gi = k[t, h, i], q[t, h, i] * scale, g[t, h, i]
+                for j in range(k.shape[2]):
+                    new = fma(st[s, h, i, j], gi, v[t, h, j] * ki)
+                    out[t, h, j] = fma(new, qi, out[t, h, j])
+                    st[s, h, i, j] = new
 
 
 def gated_linear_attn(k: np.ndarray, v: np.ndarray, q: np.ndarray, g: np.ndarray, state: np.ndarray,
