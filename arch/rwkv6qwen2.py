@@ -124,8 +124,10 @@ class Rwkv6Qwen2(Architecture):
         g = b.op("sigmoid", b.op("mul_mat", b.w(T.TIME_MIX_GATE, il), xg, name="tm_g"), name="tm_g.sigmoid")
         if n_kv not in (0, H):  # each key/value head repeated for its group of heads
             k, v = (b.op("repeat", b.reshape(t, (hs, 1, n_kv, n_tok), name=f"{tag}.kv_heads"),
-                         shape=(hs, H // n_kv, n_kv, n_tok), name=f"{tag}.repeated") for tag, t in (("tm_k", k), ("tm_v", v)))
-        k, v, r = (b.reshape(t, (hs, H, n_tok), name=f"{tag}.heads") for tag, t in (("tm_k", k), ("tm_v", v), ("tm_r", r)))
+                         shape=(hs, H // n_kv, n_kv, n_tok), name=f"{tag}.repeated")
+                    for tag, t in (("tm_k", k), ("tm_v", v)))
+        k, v, r = (b.reshape(t, (hs, H, n_tok), name=f"{tag}.heads")
+                   for tag, t in (("tm_k", k), ("tm_v", v), ("tm_r", r)))
         w = decay(b, xw, il)
         k = b.op("sub", k, b.op("mul", k, w, name="tm_k.decayed"), name="tm_k.kept")  # k (1 - w)
         out = b.op("gated_linear_attn", k, v, r, w, b.build_rs("s"), scale=float(hs ** -0.5), name="gla")
