@@ -33,6 +33,58 @@ _LERPS = (T.TIME_MIX_LERP_W, T.TIME_MIX_LERP_K, T.TIME_MIX_LERP_V, T.TIME_MIX_LE
 # fused lerp it stacks as [n_embd, 1, 1, 5]
 SQUEEZED = r"blk\.\d+\.(time_mix_lerp_x|channel_mix_lerp_[kr])\.weight"
 
+def mix_and_decay_tensors(hp: HParams, il: int) -> list[TensorSpec]:
+    """Layer il's token-shift mixes (low-rank, fused) and data-dependent decay, as RWKV6 and QRWKV6 load them."""
+    E, Dx, Dd = hp.n_embd, hp.time_mix_extra_dim, hp.time_decay_extra_dim
+    return [spec(T.TIME_MIX_W1, (E, Dx * _MIXES), il),
+            spec(T.TIME_MIX_W2, (Dx, E, _MIXES), il),
+            spec(T.TIME_MIX_LERP_X, (E, 1, 1), il, kind="vector"),
+            spec(T.TIME_MIX_LERP_FUSED, (E, 1, 1, _MIXES), il, kind="vector"),
+            spec(T.TIME_MIX_DECAY, (E,), il, kind="vector"),
+            spec(T.TIME_MIX_DECAY_W1, (E, Dd), il),
+            spec(T.TIME_MIX_DECAY_W2, (Dd, E), il)]
+
+
+def shifted(b: GraphBuilder, prev: Node, x: Node, name: str) -> Node:
+    """Each token's predecessor: the saved last token of its sequence, then x without its last token."""
+    E, Ts, S = b.hp.n_embd, b.n_seq_tokens, b.n_seqs
+    assert Ts is not None
+    head = b.op("view", x, shape=(E, Ts - 1, S), strides=(1, E, E * Ts), offset=0, name=f"{name}.head")
+    return b.op("concat", prev, head, dim=1, name=name)
+
+
+def token_shift_mixes(b: GraphBuilder, x: Node, x_prev: Node, il: int) -> tuple[Node, ...]:
+    """The time mix's five inputs (w, k, v, r, g), each x moved toward its predecessor by a data-dependent
+    amount: a low-rank tanh correction to the fused lerps (llama.cpp's build_rwkv6_time_mix)."""
+    E, n_tok, Dx = b.hp.n_embd, b.n_tokens, b.hp.time_mix_extra_dim
+    sx = b.reshape(b.op("sub", x_prev, x, name="tm_sx"), (E, n_tok), name="tm_sx.tokens")
+    x = b.reshape(x, (E, n_tok), name="tm_x.tokens")
+    xxx = b.op("add", b.op("mul", sx, b.w(T.TIME_MIX_LERP_X, il), name="tm_lerp_x"), x, name="tm_xxx")
+    xxx = b.op("tanh", b.op("mul_mat", b.w(T.TIME_MIX_W1, il), xxx, name="tm_w1"), name="tm_w1.tanh")
+    xxx = b.reshape(xxx, (Dx, 1, _MIXES, n_tok), name="tm_w1.mixes")
+    xxx = b.op("cont", b.op("permute", xxx, axes=(0, 1, 3, 2), name="tm_w1.perm"), name="tm_w1.cont")
+    w2 = b.reshape(b.w(T.TIME_MIX_W2, il), (Dx, E, 1, _MIXES), name="tm_w2.4d")
+    xxx = b.op("mul_mat", w2, xxx, name="tm_w2")  # [E, 1, n_tok, 5]
+    sx3 = b.reshape(sx, (E, 1, n_tok), name="tm_sx.3d")
+    x3 = b.reshape(x, (E, 1, n_tok), name="tm_x.3d")
+    xxx = b.op("add", xxx, b.w(T.TIME_MIX_LERP_FUSED, il), name="tm_lerp")
+    xxx = b.op("add", b.op("mul", xxx, sx3, name="tm_lerp.sx"), x3, name="tm_mixed")
+    return tuple(b.op("view", xxx, shape=(E, n_tok), strides=(1, E), offset=j * E * n_tok, name=f"tm_x{tag}")
+                 for j, tag in enumerate("wkvrg"))
+
+
+def decay(b: GraphBuilder, xw: Node, il: int) -> Node:
+    """Each token's decay per head and key channel, exp(-exp(w)) of a low-rank tanh correction to the layer's
+    decay: [head_size, n_head, n_tokens]."""
+    hs = b.hp.wkv_head_size
+    w = b.op("mul_mat", b.w(T.TIME_MIX_DECAY_W2, il),
+             b.op("tanh", b.op("mul_mat", b.w(T.TIME_MIX_DECAY_W1, il), xw, name="tm_decay_w1"),
+                  name="tm_decay_w1.tanh"), name="tm_decay_w2")
+    w = b.op("add", w, b.w(T.TIME_MIX_DECAY, il), name="tm_decay")
+    w = b.op("exp", b.op("neg", b.op("exp", w, name="tm_decay.exp"), name="tm_decay.neg"), name="tm_decay.w")
+    return b.reshape(w, (hs, b.hp.n_embd // hs, b.n_tokens), name="tm_decay.heads")
+
+
 class Rwkv6(Architecture):
     name = "rwkv6"
     required_keys = (Keys.Attention.LAYERNORM_EPS, Keys.LLM.FEED_FORWARD_LENGTH)
@@ -67,7 +119,6 @@ class Rwkv6(Architecture):
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
         E, V, F, hs = hp.n_embd, hp.n_vocab, hp.n_ff, hp.wkv_head_size
-        Dx, Dd = hp.time_mix_extra_dim, hp.time_decay_extra_dim
         specs = [
             spec(T.TOKEN_EMBD, (E, V)),
             spec(T.TOKEN_EMBD_NORM, (E,), kind="vector"),
@@ -82,15 +133,9 @@ class Rwkv6(Architecture):
                 spec(T.ATTN_NORM, (E,), il, "bias", kind="vector"),
                 spec(T.ATTN_NORM_2, (E,), il, kind="vector"),
                 spec(T.ATTN_NORM_2, (E,), il, "bias", kind="vector"),
-                spec(T.TIME_MIX_W1, (E, Dx * _MIXES), il),
-                spec(T.TIME_MIX_W2, (Dx, E, _MIXES), il),
-                spec(T.TIME_MIX_LERP_X, (E, 1, 1), il, kind="vector"),
-                spec(T.TIME_MIX_LERP_FUSED, (E, 1, 1, _MIXES), il, kind="vector"),
+                *mix_and_decay_tensors(hp, il),
                 *(spec(t, (E, 1, 1), il, kind="vector", optional=True) for t in _LERPS),
                 spec(T.TIME_MIX_FIRST, (hs, E // hs), il),
-                spec(T.TIME_MIX_DECAY, (E,), il, kind="vector"),
-                spec(T.TIME_MIX_DECAY_W1, (E, Dd), il),
-                spec(T.TIME_MIX_DECAY_W2, (Dd, E), il),
                 spec(T.TIME_MIX_KEY, (E, E), il),
                 spec(T.TIME_MIX_VALUE, (E, E), il),
                 spec(T.TIME_MIX_RECEPTANCE, (E, E), il),
@@ -106,42 +151,17 @@ class Rwkv6(Architecture):
             ]
         return specs
 
-    def shifted(self, b: GraphBuilder, prev: Node, x: Node, name: str) -> Node:
-        """Each token's predecessor: the saved last token of its sequence, then x without its last token."""
-        E, Ts, S = self.hp.n_embd, b.n_seq_tokens, b.n_seqs
-        assert Ts is not None
-        head = b.op("view", x, shape=(E, Ts - 1, S), strides=(1, E, E * Ts), offset=0, name=f"{name}.head")
-        return b.op("concat", prev, head, dim=1, name=name)
-
     def time_mix(self, b: GraphBuilder, x: Node, x_prev: Node, il: int) -> Node:
         hp = self.hp
-        E, hs, n_tok, Dx = hp.n_embd, hp.wkv_head_size, b.n_tokens, hp.time_mix_extra_dim
+        E, hs, n_tok = hp.n_embd, hp.wkv_head_size, b.n_tokens
         H = E // hs
-        sx = b.reshape(b.op("sub", x_prev, x, name="tm_sx"), (E, n_tok), name="tm_sx.tokens")
-        x = b.reshape(x, (E, n_tok), name="tm_x.tokens")
-        xxx = b.op("add", b.op("mul", sx, b.w(T.TIME_MIX_LERP_X, il), name="tm_lerp_x"), x, name="tm_xxx")
-        xxx = b.op("tanh", b.op("mul_mat", b.w(T.TIME_MIX_W1, il), xxx, name="tm_w1"), name="tm_w1.tanh")
-        xxx = b.reshape(xxx, (Dx, 1, _MIXES, n_tok), name="tm_w1.mixes")
-        xxx = b.op("cont", b.op("permute", xxx, axes=(0, 1, 3, 2), name="tm_w1.perm"), name="tm_w1.cont")
-        w2 = b.reshape(b.w(T.TIME_MIX_W2, il), (Dx, E, 1, _MIXES), name="tm_w2.4d")
-        xxx = b.op("mul_mat", w2, xxx, name="tm_w2")  # [E, 1, n_tok, 5]
-        sx3 = b.reshape(sx, (E, 1, n_tok), name="tm_sx.3d")
-        x3 = b.reshape(x, (E, 1, n_tok), name="tm_x.3d")
-        xxx = b.op("add", xxx, b.w(T.TIME_MIX_LERP_FUSED, il), name="tm_lerp")
-        xxx = b.op("add", b.op("mul", xxx, sx3, name="tm_lerp.sx"), x3, name="tm_mixed")
-        xw, xk, xv, xr, xg = (b.op("view", xxx, shape=(E, n_tok), strides=(1, E), offset=j * E * n_tok,
-                                   name=f"tm_x{tag}") for j, tag in enumerate("wkvrg"))
+        xw, xk, xv, xr, xg = token_shift_mixes(b, x, x_prev, il)
         r = b.op("mul_mat", b.w(T.TIME_MIX_RECEPTANCE, il), xr, name="tm_r")
         k = b.op("mul_mat", b.w(T.TIME_MIX_KEY, il), xk, name="tm_k")
         v = b.op("mul_mat", b.w(T.TIME_MIX_VALUE, il), xv, name="tm_v")
         g = b.op("silu", b.op("mul_mat", b.w(T.TIME_MIX_GATE, il), xg, name="tm_g"), name="tm_g.silu")
         k, v, r = (b.reshape(t, (hs, H, n_tok), name=f"{tag}.heads") for tag, t in (("tm_k", k), ("tm_v", v), ("tm_r", r)))
-        w = b.op("mul_mat", b.w(T.TIME_MIX_DECAY_W2, il),
-                 b.op("tanh", b.op("mul_mat", b.w(T.TIME_MIX_DECAY_W1, il), xw, name="tm_decay_w1"),
-                      name="tm_decay_w1.tanh"), name="tm_decay_w2")
-        w = b.op("add", w, b.w(T.TIME_MIX_DECAY, il), name="tm_decay")
-        w = b.op("exp", b.op("neg", b.op("exp", w, name="tm_decay.exp"), name="tm_decay.neg"), name="tm_decay.w")
-        w = b.reshape(w, (hs, H, n_tok), name="tm_decay.heads")
+        w = decay(b, xw, il)
 
         state = b.build_rs("s")
         out = b.op("rwkv_wkv6", k, v, r, b.w(T.TIME_MIX_FIRST, il), w, state, name="wkv")
@@ -176,10 +196,10 @@ class Rwkv6(Architecture):
             att_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=0, name="shift.att")
             ffn_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=E, name="shift.ffn")
             a = b.norm(x, T.ATTN_NORM, il, Norm.LAYER, name="attn_norm")
-            tm = self.time_mix(b, a, self.shifted(b, att_shift, a, "attn_prev"), il)
+            tm = self.time_mix(b, a, shifted(b, att_shift, a, "attn_prev"), il)
             ffn_inp = b.op("add", b.reshape(tm, (E, Ts, S), name="tm_out.seqs"), x, name="ffn_inp")
             f = b.norm(ffn_inp, T.ATTN_NORM_2, il, Norm.LAYER, name="ffn_norm")
-            f_prev = self.shifted(b, ffn_shift, f, "ffn_prev")
+            f_prev = shifted(b, ffn_shift, f, "ffn_prev")
             new_shift = b.op("concat", *(b.op("view", t, shape=(E, 1, S), strides=(1, E, E * Ts), offset=last,
                                               name=f"{tag}.last") for tag, t in (("attn_norm", a), ("ffn_norm", f))),
                              dim=1, name="shift.new")

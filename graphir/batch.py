@@ -147,11 +147,13 @@ def split_simple(batch: Batch, pos: np.ndarray, n_ubatch: int) -> list[UBatch]:
     return [_ubatch(batch, pos, slice(a, min(a + n_ubatch, len(batch)))) for a in range(0, len(batch), n_ubatch)]
 
 
-def split_equal(batch: Batch, pos: np.ndarray, n_ubatch: int) -> list[UBatch]:
+def split_equal(batch: Batch, pos: np.ndarray, n_ubatch: int, sequential: bool = False) -> list[UBatch]:
     """Ubatches holding the same number of tokens from each of several sequence sets, set by set.
 
     For memories that advance one state per sequence per ubatch (recurrent). Sequence sets that overlap
     without being equal (a token shared by sequences that also have tokens of their own) cannot be split so.
+    ``sequential``: a ubatch's sets are taken in the order of their first unused token, each one's first sequence
+    id following the previous one's (llama.cpp's split_equal with ``sequential``, as its recurrent memory splits).
     """
     if all(ids == batch.seq_ids[0] for ids in batch.seq_ids):  # one sequence set: chunks, as split_simple's
         return split_simple(batch, pos, n_ubatch)
@@ -165,13 +167,28 @@ def split_equal(batch: Batch, pos: np.ndarray, n_ubatch: int) -> list[UBatch]:
     queues = {s: [i for i, t in enumerate(sets) if t == s] for s in distinct}
     out = []
     while any(queues.values()):
-        live = [s for s in distinct if queues[s]][:n_ubatch]
+        live = _consecutive(batch, queues) if sequential else [s for s in distinct if queues[s]]
+        live = live[:n_ubatch]
         n = min(min(len(queues[s]) for s in live), max(1, n_ubatch // len(live)))
         idx = [i for s in live for i in queues[s][:n]]
         for s in live:
             del queues[s][:n]
         out.append(_ubatch(batch, pos, np.array(idx)))
     return out
+
+
+def _consecutive(batch: Batch, queues: dict[frozenset[int], list[int]]) -> list[frozenset[int]]:
+    """The sets with tokens left, by their first unused token, keeping each whose first sequence id is one past
+    the last kept one's (a set skipped there may still follow a later one)."""
+    live: list[frozenset[int]] = []
+    last = -1
+    for i in sorted(i for q in queues.values() for i in q):
+        s = frozenset(batch.seq_ids[i])
+        if s in live or live and batch.seq_ids[i][0] != last + 1:
+            continue
+        live.append(s)
+        last = batch.seq_ids[i][0]
+    return live
 
 
 def split_seq(batch: Batch, pos: np.ndarray, n_ubatch: int) -> list[UBatch]:
@@ -194,4 +211,5 @@ def split_seq(batch: Batch, pos: np.ndarray, n_ubatch: int) -> list[UBatch]:
     return out
 
 
-SPLITS = {"simple": split_simple, "equal": split_equal, "seq": split_seq}
+SPLITS = {"simple": split_simple, "equal": split_equal, "seq": split_seq,
+          "sequential": lambda batch, pos, n_ubatch: split_equal(batch, pos, n_ubatch, sequential=True)}

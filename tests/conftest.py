@@ -615,3 +615,11 @@ TINY_FAMILY["kimi-linear"] = {
 TINY_FAMILY["bailingmoe3"] = {**TINY_FAMILY["kimi-linear"], _K.Attention.Q_LORA_RANK: 32,
                               "{arch}.kda.gate_lower_bound": -5.0}
 TINY_INCLUDE["kimi-linear"] = r"blk\.\d+\.attn_[qkv]\.weight"  # the KDA's Q, K, V apart
+# QRWKV6: RWKV6's mixes in heads of 16 (4 heads), k and v in 2 heads each shared by two, Qwen's biases on r, k and v;
+# one token shift; decay logits as RWKV6's
+TINY_FAMILY["rwkv6qwen2"] = {gguf.Keys.WKV.HEAD_SIZE: 16, gguf.Keys.LLM.TIME_MIX_EXTRA_DIM: 8,
+                             gguf.Keys.LLM.TIME_DECAY_EXTRA_DIM: 16, gguf.Keys.LLM.TOKEN_SHIFT_COUNT: 1,
+                             gguf.Keys.Attention.HEAD_COUNT: 0, gguf.Keys.Attention.HEAD_COUNT_KV: 2,
+                             gguf.Keys.LLM.CONTEXT_LENGTH: 1048576}
+TINY_INCLUDE["rwkv6qwen2"] = r"output_norm\.bias|blk\.\d+\.time_mix_(key|value|receptance)\.bias"
+_DENSE["rwkv6qwen2"] = _DENSE["rwkv6"]

@@ -308,6 +308,13 @@ CASES: list[Case] = [
       I("f32", 16, 3, T, lo=0.2, hi=1), I("f32", 768, 1), tol=F32, env={"n_tokens": 1}, note="decode"),
     C("rwkv_wkv6", I("f32", 4, 2, 4, strided=True), I("f32", 4, 2, 4), I("f32", 4, 2, 4), W("f32", 4, 2, store="np"),
       I("f32", 4, 2, 4, lo=0.2, hi=1), I("f32", 32, 1), tol=F32, note="1 seq x 4 tokens, strided k"),
+    # gated_linear_attn(k, v, q, g [hs, H, T], state [hs*hs*H, S]) -> [hs*H, T + hs*S]
+    C("gated_linear_attn", I("f32", 8, 2, 6), I("f32", 8, 2, 6), I("f32", 8, 2, 6), I("f32", 8, 2, 6, lo=0.2, hi=1),
+      I("f32", 128, 2), tol=F32, scale=8 ** -0.5, note="2 seqs x 3 tokens"),
+    C("gated_linear_attn", I("f32", 16, 3, T), I("f32", 16, 3, T), I("f32", 16, 3, T), I("f32", 16, 3, T, lo=0.2, hi=1),
+      I("f32", 768, 1), tol=F32, env={"n_tokens": 1}, scale=0.25, note="decode"),
+    C("gated_linear_attn", I("f32", 4, 2, 4, strided=True), I("f32", 4, 2, 4), I("f32", 4, 2, 4),
+      I("f32", 4, 2, 4, lo=0.2, hi=1), I("f32", 32, 1), tol=F32, scale=0.5, note="1 seq x 4 tokens, strided k"),
     # gated_delta_net(q, k [d, Hk, T, S], v [d, H, T, S], g [1 or d, H, T, S], beta [1, H, T, S], s [d, d, H, S])
     # -> y, states; g of d: a decay per key channel (Kimi's delta rule)
     *[C("gated_delta_net", I("f32", d, Hk, n, S, lo=-0.4, hi=0.4), I("f32", d, Hk, n, S, lo=-kr, hi=kr),

@@ -1,4 +1,4 @@
-"""Cutting batches into ubatches: the three split modes, and outputs in batch order whichever a memory picks."""
+"""Cutting batches into ubatches: the split modes, and outputs in batch order whichever a memory picks."""
 
 from __future__ import annotations
 
@@ -35,6 +35,22 @@ def test_equal_takes_as_many_tokens_from_each_sequence_set() -> None:
     assert indices(split_equal, batch(), 4) == [[0, 2, 1, 3], [4, 5], [6, 7]]
 
 
+def test_sequential_takes_only_sets_of_consecutive_sequence_ids() -> None:
+    """Sequences 0, 1 and 2 (6, 3 and 8 tokens, interleaved): all three advance together until 1 ends; then 0 and 2
+    are not consecutive, so each goes on alone, where the plain equal split keeps them together (llama.cpp's
+    recurrent memory splits so)."""
+    seqs = [(s,) for n in range(8) for s, length in enumerate((6, 3, 8)) if n < length]
+    pos = np.array([n for n in range(8) for length in (6, 3, 8) if n < length])
+    sets = [[tuple(seqs[i]) for i in ub] for ub in indices(split_equal, batch(seqs, pos), 5)]
+    assert [sorted(set(s)) for s in sets] == [[(0,), (1,), (2,)]] * 3 + [[(0,), (2,)]] * 2 + [[(2,)]]
+
+    def sequential(b: Batch, p: np.ndarray, n: int) -> list:
+        return split_equal(b, p, n, sequential=True)
+    sets = [[tuple(seqs[i]) for i in ub] for ub in indices(sequential, batch(seqs, pos), 5)]
+    assert [sorted(set(s)) for s in sets] == [[(0,), (1,), (2,)]] * 3 + [[(0,)], [(2,)]]
+    assert indices(SPLITS["sequential"], batch(seqs, pos), 5) == indices(sequential, batch(seqs, pos), 5)
+
+
 def test_equal_refuses_coupled_sequences() -> None:
     with pytest.raises(BatchError, match=r"sequences \[0\] and \[0, 1\] are coupled"):
         split_equal(batch([(0,), (0, 1)], np.array([0, 1])), np.array([0, 1]), 4)
@@ -46,7 +62,7 @@ def test_seq_narrows_to_subsets_of_the_first_tokens_set() -> None:
     assert indices(split_seq, batch(), 2) == [[0, 2], [1, 3], [4], [5, 6], [7]]
 
 
-@pytest.mark.parametrize("mode", ["equal", "seq"])
+@pytest.mark.parametrize("mode", ["equal", "sequential", "seq"])
 def test_every_split_gives_the_same_logits_in_batch_order(tmp_path: Path, tiny_preset: Callable[..., Preset],
                                                           mode: str) -> None:
     model = load(str(write_model_gguf(tmp_path / "m.gguf", tiny_preset())))
@@ -57,5 +73,5 @@ def test_every_split_gives_the_same_logits_in_batch_order(tmp_path: Path, tiny_p
         ctx.decode(batch())
         return ctx.logits()
 
-    assert set(SPLITS) == {"simple", "equal", "seq"}
+    assert set(SPLITS) == {"simple", "equal", "sequential", "seq"}
     assert np.abs(run(mode) - run("simple")).max() <= 1e-5

@@ -263,6 +263,11 @@ ROWS = [
     # Ling 3.0: the same composition with the safe gate, M-RoPE'd (its VL files' sections) and gated MLA with a
     # compressed query, clamped SwiGLUs in layer 1 (llama.cpp's own test's figures)
     Row("bailingmoe3", moe=True),
+    # linear-attention recurrent blocks (issue 40): QRWKV6's gated linear attention, k and v heads shared by two heads
+    # (llama.cpp's saver writes RWKV6's time_first, which sends its graph to a tensor its loader never makes: graphir
+    # writes the file); and with a k and v head per head
+    Row("rwkv6qwen2", made_by="graphir"),
+    Row("rwkv6qwen2", "heads", made_by="graphir", keys={"rwkv6qwen2.attention.head_count_kv": 4}),
 ]
 
 _rng = np.random.default_rng(7)
@@ -330,29 +335,32 @@ def begin(row: Row, ctx: Any, o: LlamaCpp) -> list[int]:
     return [_arch(row).decoder_start() or 0, *PROMPT[:3]]
 
 
+def assert_as_llama_cpps(row: Row, ours: np.ndarray, ref: np.ndarray, what: str) -> None:
+    """llama.cpp's values (conftest's assert_llama_logits), or within the row's measured gap on the AVX2 path."""
+    from graphir.backends.numba.primitives.isa import numerics
+
+    if row.avx2_apart and numerics().path.name == "avx2" and oracle_is_exact():
+        assert float(np.abs(np.asarray(ours, np.float32) - ref).max()) <= row.avx2_apart, what
+    else:
+        assert_logits(ours, ref, what)
+
+
 @pytest.mark.oracle
 @rows("decoder", "encoder-decoder")
 def test_logits_equal_llama_cpps_at_every_position_and_step(row: Row) -> None:
-    from graphir.backends.numba.primitives.isa import numerics
-
-    def assert_llama_logits(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
-        if row.avx2_apart and numerics().path.name == "avx2" and oracle_is_exact():
-            assert float(np.abs(np.asarray(ours, np.float32) - ref).max()) <= row.avx2_apart, what
-        else:
-            assert_logits(ours, ref, what)
-
     m, path = _model(row, Q.F32), _path(row, Q.F32)
     ctx, o = m.new_context(n_ctx=64), LlamaCpp(path, n_ctx=64)
     try:
         prompt = begin(row, ctx, o)
         ctx.decode(Batch.from_tokens(prompt, 0, outputs="all"))
         o.decode(prompt, range(len(prompt)), [0] * len(prompt))
-        assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(prompt))]), "prompt logits")
+        theirs = np.stack([o.logits_ith(i) for i in range(len(prompt))])
+        assert_as_llama_cpps(row, ctx.logits(), theirs, "prompt logits")
         for p in range(len(prompt), len(prompt) + 4):
             token = int(np.argmax(o.logits_ith(-1)))
             ctx.decode(Batch.one(token, p))
             o.decode([token], [p], [0])
-            assert_llama_logits(ctx.logits_ith(-1), o.logits_ith(0), f"step {p}")
+            assert_as_llama_cpps(row, ctx.logits_ith(-1), o.logits_ith(0), f"step {p}")
     finally:
         o.close()
 
@@ -462,6 +470,60 @@ def test_the_numba_backend_equals_the_reference_backend(row: Row) -> None:
     for a, b in zip(ours, ref):
         assert a.shape == b.shape and np.isfinite(b).all()
         assert float(np.abs(a - b).max()) <= 1e-3
+
+
+def llama_cpp_recurrent_rows(o: LlamaCpp, seq: int) -> dict[str, np.ndarray]:
+    """The rows llama.cpp's recurrent memory keeps for one sequence, by graphir's buffer name (``blk.0.rs_r``,
+    ``blk.0.rs_s``), read from its saved state of the sequence (llama_context::state_seq_get_data: a magic number
+    and the sequence id, then llama_memory_recurrent::state_write: the cells' positions and sequence counts, then
+    per layer the r rows, then per layer the s rows, each as type and row size before the data)."""
+    import ctypes
+
+    size = o.lib.llama_state_seq_get_size(o.ctx.ctx, seq)
+    buf = (ctypes.c_uint8 * size)()
+    assert o.lib.llama_state_seq_get_data(o.ctx.ctx, buf, size, seq) == size
+    data, at = bytes(buf), 0
+
+    def take(fmt: str) -> Any:
+        nonlocal at
+        (v,) = np.frombuffer(data, fmt, 1, at)
+        at += np.dtype(fmt).itemsize
+        return int(v)
+
+    take("<u4")  # llama_context's io_magic
+    assert take("<i4") == seq
+    n_cells = take("<u4")
+    for _ in range(n_cells):
+        take("<i4")
+        assert take("<u4") == 0  # one sequence's state: no sequence ids listed
+    assert take("<u4") == 0  # s_trans
+    n_layer, rows = take("<u4"), {}
+    for role in ("rs_r", "rs_s"):
+        for il in range(n_layer):
+            assert take("<i4") == 0  # GGML_TYPE_F32
+            n = take("<u8") * n_cells
+            rows[f"blk.{il}.{role}"] = np.frombuffer(data, np.float32, n // 4, at).reshape(n_cells, -1)
+            at += n
+    assert at == size
+    return rows
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS if _arch(r).contexts[0] == "recurrent"])
+def test_the_recurrent_state_after_the_prompt_is_llama_cpps(row: Row) -> None:
+    """Every layer's rolling and recurrent state of the sequence, as llama.cpp saves it after the same prompt."""
+    ctx, o = _model(row, Q.F32).new_context(n_ctx=64), LlamaCpp(_path(row, Q.F32), n_ctx=64)
+    try:
+        ctx.decode(Batch.from_tokens(PROMPT, 0))
+        o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
+        theirs = llama_cpp_recurrent_rows(o, 0)
+    finally:
+        o.close()
+    (cell,) = np.flatnonzero(ctx.memory.seq & np.uint64(1))
+    ours = ctx.memory.buffers()
+    assert set(ours) == set(theirs)
+    for name, rows in theirs.items():
+        assert_as_llama_cpps(row, ours[name][cell], rows[0], name)
 
 
 @pytest.mark.same_on_every_path

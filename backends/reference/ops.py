@@ -219,6 +219,18 @@ def rwkv_wkv6(v, a, shape, env):
     return np.concatenate([out.ravel(), S.ravel()]).reshape(shape)
 
 
+def gated_linear_attn(v, a, shape, env):
+    """Per head: S[i, j] = S[i, j] g[i] + k[i] v[j]; out[j] = sum_i scale q[i] S[i, j] (the state after the token)."""
+    k, val, q, g, state = v            # numpy order: (T, H, hs) x4, (S, H*hs*hs)
+    S = state.reshape(len(state), k.shape[1], k.shape[2], k.shape[2]).copy()  # [seq][h][i = key][j = value]
+    seq_of = np.arange(len(k)) // (len(k) // len(S))        # sequence-major tokens
+    out = np.stack([np.zeros(k.shape[1:])] * len(k))
+    for t, s in enumerate(seq_of):
+        S[s] = S[s] * g[t][:, :, None] + np.einsum("hi,hj->hij", k[t], val[t])
+        out[t] = a["scale"] * np.einsum("hi,hij->hj", q[t], S[s])
+    return np.concatenate([out.ravel(), S.ravel()]).reshape(shape)
+
+
 def rope(v, a, shape, env):
     X, p = gg(v[0]), v[1]
     ff = v[2] if len(v) > 2 else None
@@ -383,5 +395,5 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "rope": rope, "rope_multi": rope_multi, "soft_max": soft_max, "reshape": reshape, "view": view,
     "permute": permute, "transpose": transpose, "cont": cont, "concat": concat,
     "set_rows": set_rows, "ssm_conv": ssm_conv, "ssm_scan": ssm_scan, "ssm_scan_heads": ssm_scan_heads,
-    "rwkv_wkv6": rwkv_wkv6, "gated_delta_net": gated_delta_net,
+    "rwkv_wkv6": rwkv_wkv6, "gated_linear_attn": gated_linear_attn, "gated_delta_net": gated_delta_net,
 }

@@ -173,6 +173,16 @@ def _rwkv_wkv6(xs: list[Node], a: dict[str, Any]) -> Type:
     return "f32", (hs * H, T + hs * state.shape[1])
 
 
+def _gated_linear_attn(xs: list[Node], a: dict[str, Any]) -> Type:
+    k, v, q, g, state = xs
+    hs, H, T = _pad4(k.shape)[:3]
+    for name, t in (("v", v), ("q", q), ("g", g)):
+        _need(t.shape == k.shape, f"{name} {t.type_str} differs from k {k.type_str}")
+    _need(len(state.shape) == 2 and state.shape[0] == hs * hs * H,
+          f"state {state.type_str} is not [{hs * hs * H}, n_seqs]")
+    return "f32", (hs * H, T + hs * state.shape[1])
+
+
 def _rope(xs: list[Node], a: dict[str, Any], per_token: int = 1) -> Type:
     x, pos = xs[0], xs[1]
     s = _pad4(x.shape)
@@ -392,6 +402,9 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
           "returns all y (x's layout) followed by the final states"),
     OpDef("rwkv_wkv6", "recurrent", ("k", "v", "r", "time_first", "decay", "state"), (), _rwkv_wkv6,
           "RWKV6 linear attention per head from states; returns all outputs followed by the final states"),
+    OpDef("gated_linear_attn", "recurrent", ("k", "v", "q", "g", "state"), ("scale",), _gated_linear_attn,
+          "gated linear attention per head from states: S[i, j] = S[i, j] g[i] + k[i] v[j], out[j] = sum_i "
+          "scale q[i] S[i, j]; returns all outputs followed by the final states"),
     OpDef("gated_delta_net", "recurrent", ("q", "k", "v", "g", "beta", "s"), (), _gated_delta_net,
           "gated delta rule per value head from states s: decay by e^g, correct toward v by beta along k, read "
           "with q / sqrt(head size); value head h reads key head h % n_key_heads; returns all outputs (v's layout) "

@@ -50,6 +50,7 @@ _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id
          "PERMUTE": "permute",
          "TRANSPOSE": "transpose", "CONT": "cont", "CONCAT": "concat", "REPEAT": "repeat", "SSM_CONV": "ssm_conv",
          "RWKV_WKV6": "rwkv_wkv6", "GATED_DELTA_NET": "gated_delta_net", "SET_ROWS": "set_rows", "VIEW": "view",
+         "GATED_LINEAR_ATTN": "gated_linear_attn",
          "ROPE": "rope", "SOFT_MAX": "soft_max", "RMS_NORM": "rms_norm", "NORM": "norm", "SCALE": "scale",
          "CLAMP": "clamp", "FILL": "fill", "SWIGLU_OAI": "swiglu_oai", "SWIGLU_CLAMP": "swiglu_clamp", "SSM_SCAN": "ssm_scan",
          "ARGSORT": "argsort_top_k", "TOP_K": "argsort_top_k"}
@@ -97,6 +98,8 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
         return kind, {"eps": _f32(p[0])}
     if kind == "scale":
         return kind, {"s": _f32(p[0])}
+    if kind == "gated_linear_attn":
+        return kind, {"scale": _f32(p[0])}
     if kind == "soft_max":
         return kind, {"scale": _f32(p[0]), "max_bias": _f32(p[1])}
     if kind == "clamp":

@@ -288,3 +288,9 @@ class HybridMemory(Composite):
         attn = (LatentCache(needs, params, frozenset({"latent"})) if "latent" in kinds_of(needs)
                 else KVCache(needs, params, frozenset({"full"})))
         return {"attn": attn, "recr": RecurrentMemory(needs, params, frozenset({"recurrent"}))}
+
+    def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
+                 layer_kinds: frozenset[str] | None = None):
+        super().__init__(needs, params, layer_kinds)
+        if "recr" in self.parts:  # llama.cpp's hybrid: equal parts, sequential only with a stream per sequence
+            self.split = "equal" if params.unified else "sequential"

@@ -42,7 +42,9 @@ class RecurrentMemory(CellMemory):
     kind = "recurrent"
     serves = frozenset({"recurrent"})
     requires = frozenset({"recurrent"})
-    split = "equal"  # every sequence of a ubatch advances by the same number of tokens
+    # every sequence of a ubatch advances by the same number of tokens; the sequences of a ubatch have consecutive
+    # ids (llama.cpp's llama_memory_recurrent splits with split_equal(sequential))
+    split = "sequential"
     buffer_roles = frozenset({"rs_r", "rs_s"})
 
     def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),

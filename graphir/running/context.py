@@ -9,7 +9,7 @@ after ``seq_add``/``seq_div``), as llama.cpp does, once the batch is known to fi
 state can be swapped (``get_memory``/``set_memory``) and saved (``state_save``/``state_load``, per sequence
 ``state_seq_save``/``state_seq_load``; format in :mod:`graphir.running.state`).
 
-The memory kind chooses how a batch is cut into ubatches (``Memory.split``: simple, equal or seq, see
+The memory kind chooses how a batch is cut into ubatches (``Memory.split``: simple, equal, sequential or seq, see
 :mod:`graphir.batch`). A KV cache needs ``simple``: a token may carry several sequence ids, every token's
 cell is chosen per token, and the mask (built from cells) isolates the sequences; ``equal``/``seq`` are for
 memories that advance one state per sequence per ubatch. Outputs always come back in batch order.

@@ -1,5 +1,5 @@
-"""Recurrent-state kernels (Mamba's ssm_conv / ssm_scan, RWKV6's wkv6, gated DeltaNet's delta rule), in ggml's
-CPU order of operations.
+"""Recurrent-state kernels (Mamba's ssm_conv / ssm_scan, RWKV6's wkv6, gated linear attention, gated DeltaNet's
+delta rule), in ggml's CPU order of operations.
 
 Arrays are in numpy order (the reverse of the IR's ggml order). Each kernel says which ggml function it follows;
 its products and sums are those of llama.cpp's x86 build (GCC with FMA contraction: `s += a*b` is one fused
@@ -331,4 +331,39 @@ def rwkv_wkv6(k: np.ndarray, v: np.ndarray, r: np.ndarray, time_first: np.ndarra
     y = flat[:k.size].reshape(k.shape)
     st = flat[k.size:].reshape(n_seqs, n_head, hs, hs)
     _wkv6(k, v, r, _f32(time_first), decay, _f32(state).reshape(n_seqs, n_head, hs, hs), y, st)
+    return out
+
+
+@njit(**PAR)
+def _gla(k, v, q, g, scale, s0, out, st):
+    """ggml_compute_forward_gla_f32 (its vector path, whose FMAs the scalar tail repeats) per head h and token t
+    of sequence s, key channel i in order, value channel j: q' = q[i] * scale; S[i, j] = fma(S[i, j], g[i],
+    v[j] * k[i]); out[j] = fma(S[i, j], q', out[j]) from 0. A sequence's first token reads its saved state."""
+    st[:] = s0
+    out[:] = _ZERO
+    per_seq = k.shape[0] // s0.shape[0]
+    for h in prange(k.shape[1]):
+        for t in range(k.shape[0]):
+            s = t // per_seq
+            for i in range(k.shape[2]):
+                ki, qi, gi = k[t, h, i], q[t, h, i] * scale, g[t, h, i]
+                for j in range(k.shape[2]):
+                    new = fma(st[s, h, i, j], gi, v[t, h, j] * ki)
+                    out[t, h, j] = fma(new, qi, out[t, h, j])
+                    st[s, h, i, j] = new
+
+
+def gated_linear_attn(k: np.ndarray, v: np.ndarray, q: np.ndarray, g: np.ndarray, state: np.ndarray,
+                      scale: float) -> np.ndarray:
+    """Gated linear attention. k, v, q, g (n_tok, n_head, hs), sequence-major (n_tok / n_seqs tokens a
+    sequence); state (n_seqs, n_head * hs * hs), each [h][i][j] with i the key channel. Returns (n_tok + hs *
+    n_seqs, n_head * hs): the outputs, then the final states, as rwkv_wkv6's."""
+    n_seqs, hs = state.shape[0], k.shape[-1]
+    k, v, q, g = (_f32(a).reshape(-1, a.shape[-2], hs) for a in (k, v, q, g))
+    n_tok, n_head = k.shape[:2]
+    out = np.empty((n_tok + hs * n_seqs, n_head * hs), F32)
+    flat = out.reshape(-1)
+    y = flat[:k.size].reshape(k.shape)
+    st = flat[k.size:].reshape(n_seqs, n_head, hs, hs)
+    _gla(k, v, q, g, F32(scale), _f32(state).reshape(n_seqs, n_head, hs, hs), y, st)
     return out

@@ -1,4 +1,5 @@
-"""The recurrent steps: Mamba's ssm_conv and scans, RWKV6's wkv6, the gated delta net; with their tape faces."""
+"""The recurrent steps: Mamba's ssm_conv and scans, RWKV6's wkv6, gated linear attention, the gated delta net; with
+their tape faces."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from graphir.backends.numba import tape as T
-from graphir.backends.numba.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
-                                                      ssm_scan_heads, ssm_scan_heads_kernel, ssm_scan_kernel,
-                                                      wkv6_kernel)
+from graphir.backends.numba.kernels.recurrent import (gated_delta_net, gated_linear_attn, rwkv_wkv6, ssm_conv,
+                                                      ssm_conv_kernel, ssm_scan, ssm_scan_heads, ssm_scan_heads_kernel,
+                                                      ssm_scan_kernel, wkv6_kernel)
 from graphir.backends.numba.primitives import simd
 from graphir.backends.numba.primitives.isa import REDUCE_HADD, IsaPath
 from graphir.backends.numba.steps.base import Env, Function, Step, dense_kept, kernel, rows_of
@@ -122,6 +123,12 @@ class _Wkv6(Step):
                                          (n_seqs * n_head, hs, hs))
         args = (k, v, r, tf, td, state.reshape(n_seqs, n_head, hs, hs), y, st.reshape(n_seqs, n_head, hs, hs))
         return out if tape.record(T.WKV6, wkv6_kernel(), args) else None
+
+
+@kernel("gated_linear_attn")
+def _gated_linear_attn(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    scale = n.attrs["scale"]
+    return Function(lambda env, k, v, q, g, state: gated_linear_attn(k, v, q, g, state, scale))
 
 
 @kernel("gated_delta_net")
