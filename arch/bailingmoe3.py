@@ -1,6 +1,6 @@
-"""Ling 3.0 (bailingmoe3): Kimi-Linear's composition (arch/kimi_linear.py) of Kimi Delta Attention layers and
-absorbed-MLA layers in the hybrid memory, with its own gates, RoPE'd and gated latent attention, clamped SwiGLUs
-and draft layers.
+"""Ling 3.0 (bailingmoe3): Kimi-Linear's composition (arch/kimi_linear.py, graphir/model/kda.py) of Kimi Delta
+Attention layers and absorbed-MLA layers in the hybrid memory, with its own gates, RoPE'd and gated latent
+attention, clamped SwiGLUs and draft layers.
 
 Against Kimi-Linear: KDA's decay is the safe gate, lower_bound * sigmoid(A * (f_a(x) + dt_bias)) per key channel
 (``kda.gate_lower_bound`` < 0; one full-width projection, no softplus), and the read-out's gate is sigmoid(g_a(x))
@@ -22,27 +22,30 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.kimi_linear import KimiLinear
+from graphir.arch.kimi_linear import EXPERT_KEYS, check_routing, expert_tensors
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
-from graphir.model import presets
+from graphir.memory.layers import LayerNeeds
+from graphir.model import kda, presets
+from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key
-from graphir.model.moe import NEXTN_KEY, nextn_layer, trunk_layers
+from graphir.model.moe import MOE_KEYS, NEXTN_KEY, nextn_layer, trunk_layers
 from graphir.model.presets import Preset
-from graphir.model.tensors import TensorSpec, spec
+from graphir.model.scales import layer_scales
+from graphir.model.tensors import TensorSpec, spec, swiglu_tensors, tensor_name
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 KDA_SAFE_GATE, KDA_GATE_LOWER_BOUND = "{arch}.kda.safe_gate", "{arch}.kda.gate_lower_bound"  # gguf-py lacks them
 
 
-class BailingMoe3(KimiLinear):
+class BailingMoe3(Architecture):
     name = "bailingmoe3"
+    required_keys = (A.LAYERNORM_RMS_EPS, A.HEAD_COUNT)
+    per_layer = True  # head_count_kv per layer says which layers are KDA layers
     rope_mode = "norm"  # text files; a file with M-RoPE sections rotates by sections (instance's rope_mode)
-    fused_qkv = False  # llama.cpp loads attn_qkv too, but its graph reads attn_q, attn_k and attn_v
-    tied_head = True
-    keys = KimiLinear.keys + (
+    keys = MOE_KEYS + kda.KEYS + EXPERT_KEYS + (
         Key("n_lora_q", A.Q_LORA_RANK, int, 0, minimum=0),
         Key("kda_safe_gate", KDA_SAFE_GATE, bool, True),
         Key("kda_gate_lower_bound", KDA_GATE_LOWER_BOUND, float, required=True),
@@ -59,74 +62,82 @@ class BailingMoe3(KimiLinear):
             raise MetadataError(f"{key(KDA_SAFE_GATE)} = {hp.kda_safe_gate} and {key(KDA_GATE_LOWER_BOUND)} = "
                                 f"{hp.kda_gate_lower_bound}: Ling 3.0's decay is the safe gate, bounded below by a "
                                 f"negative number")
-        if self.mrope(hp):
+        # M-RoPE where the file gives its first two sections (llama.cpp's use_mrope), else normal RoPE
+        self.sections = tuple(hp.rope_sections) if hp.rope_sections[0] > 0 and hp.rope_sections[1] > 0 else None
+        if self.sections:
             self.rope_mode = "mrope"
+        self.gating = check_routing(hp, self.name)
+        self.kda = kda.Hybrid(hp, trunk_layers(hp, self.name))  # prediction layers after the trunk load, never run
+        self.kda.check(self.name)
+        # the shared expert: expert_shared_feed_forward_length, else an expert's width times the shared count
+        self.n_ff_shexp = hp.n_ff_shexp or hp.n_ff_exp * max(hp.n_expert_shared, 1)
         super().__init__(hp)
 
-    @staticmethod
-    def mrope(hp: HParams) -> bool:
-        """Whether the file rotates in M-RoPE sections (llama.cpp's use_mrope: the first two sections set)."""
-        return hp.rope_sections[0] > 0 and hp.rope_sections[1] > 0
+    def layers(self) -> LayerNeeds:
+        return self.kda.layers()
 
-    def trunk(self, hp: HParams) -> int:
-        """The layers the graph runs: the prediction layers after them are loaded, never run."""
-        return trunk_layers(hp, self.name)
-
-    @property
-    def n_ff_shexp(self) -> int:
-        """``expert_shared_feed_forward_length``, else an expert's width times the shared count."""
-        return self.hp.n_ff_shexp or super().n_ff_shexp
+    def check_heads(self, label: str) -> None:
+        """A latent layer attends as one shared head (its K/V head count says only that it attends)."""
 
     # ---- tensors ------------------------------------------------------------------------------------------
 
-    def draft_layer(self, layer: list[TensorSpec], il: int) -> list[TensorSpec]:
-        """A prediction layer: an MLA layer's tensors, its own projection and norms and its final norm
-        (layer_output_norm), all optional as llama.cpp loads them."""
-        return nextn_layer(layer + [spec(T.LAYER_OUT_NORM, (self.hp.n_embd,), il, kind="vector")], self.hp, il)
-
-    def gate_tensors(self, il: int) -> list[TensorSpec]:
-        E, Di = self.hp.n_embd, self.d_inner
-        return [spec(T.SSM_F_A, (E, Di), il), spec(T.SSM_G_A, (E, Di), il)]
-
-    def mla_tensors(self, il: int) -> list[TensorSpec]:
-        """Absorbed MLA with queries compressed (``q_lora_rank`` > 0) or direct, and a sigmoid gate per head."""
-        hp = self.hp
-        E, H, Rq, dk = hp.n_embd, self.n_head, hp.n_lora_q, hp.n_embd_head_k_mla
-        q = ([spec(T.ATTN_Q_A, (E, Rq), il), spec(T.ATTN_Q_A_NORM, (Rq,), il, kind="vector"),
-              spec(T.ATTN_Q_B, (Rq, H * dk), il)] if Rq else [spec(T.ATTN_Q, (E, H * dk), il)])
-        return [*q, *self.latent_tensors(il), spec(T.ATTN_GATE, (E, H), il),
-                spec(T.ATTN_OUT, (H * hp.n_embd_head_v_mla, E), il)]
+    def tensors(self) -> list[TensorSpec]:
+        hp, m = self.hp, self.kda
+        E, V, H, Di, Rq, dk = hp.n_embd, hp.n_vocab, m.n_head, m.d_inner, hp.n_lora_q, hp.n_embd_head_k_mla
+        specs = [spec(T.TOKEN_EMBD, (E, V)), spec(T.OUTPUT_NORM, (E,), kind="vector"),
+                 spec(T.OUTPUT, (E, V), tied_to=tensor_name(T.TOKEN_EMBD))]
+        for il in range(hp.n_layer):
+            if m.recurrent(il):  # q, k and v apart (llama.cpp loads attn_qkv too, but its graph reads the three)
+                mixer = m.kda_tensors(il, m.split_qkv_tensors(il),
+                                      [spec(T.SSM_F_A, (E, Di), il), spec(T.SSM_G_A, (E, Di), il)])
+            else:  # queries compressed (q_lora_rank > 0) or direct, and a sigmoid gate per head
+                q = ([spec(T.ATTN_Q_A, (E, Rq), il), spec(T.ATTN_Q_A_NORM, (Rq,), il, kind="vector"),
+                      spec(T.ATTN_Q_B, (Rq, H * dk), il)] if Rq else [spec(T.ATTN_Q, (E, H * dk), il)])
+                mixer = [*q, *m.latent_tensors(il), spec(T.ATTN_GATE, (E, H), il),
+                         spec(T.ATTN_OUT, (H * hp.n_embd_head_v_mla, E), il)]
+            ffn = (swiglu_tensors(E, hp.ff_length(il), il) if il < hp.n_layer_dense_lead
+                   else expert_tensors(hp, il, self.n_ff_shexp))
+            layer = [spec(T.ATTN_NORM, (E,), il, kind="vector"), *mixer, spec(T.FFN_NORM, (E,), il, kind="vector"),
+                     *ffn, *layer_scales([*mixer, *ffn], il, hp.n_expert)]
+            # a prediction layer: its own projection and norms and its final norm, all optional as llama.cpp loads
+            specs += layer if il < m.n_trunk else nextn_layer(
+                layer + [spec(T.LAYER_OUT_NORM, (E,), il, kind="vector")], hp, il)
+        return specs
 
     # ---- graph --------------------------------------------------------------------------------------------
 
-    def decay(self, b: GraphBuilder, h: Node, il: int) -> Node:
-        """The safe gate: lower_bound * sigmoid(A * (f_a(x) + dt_bias)) [head_dim, n_head, n_tokens]."""
-        g = b.op("add", b.mm(b.w(T.SSM_F_A, il), h, name="f_a"), b.w(T.SSM_DT, il, "bias"), name="kda_gate_biased")
-        g = b.op("mul", b.reshape(g, (self.hp.kda_head_dim, self.n_head, b.n_tokens), name="kda_gate.heads"),
-                 self.per_head_a(b, il), name="kda_gate_a")
-        return b.op("scale", b.op("sigmoid", g, name="kda_gate_sigmoid"), s=self.hp.kda_gate_lower_bound,
-                    name="kda_gate")
+    def kda_layer(self, b: GraphBuilder, h: Node, il: int) -> Node:
+        """KDA over q, k and v apart, with the safe gate, lower_bound * sigmoid(A * (f_a(x) + dt_bias)), and the
+        read-out gate g_a(x)."""
+        m, d = self.kda, self.hp.kda_head_dim
 
-    def out_gate(self, b: GraphBuilder, h: Node, il: int) -> Node:
-        return b.reshape(b.mm(b.w(T.SSM_G_A, il), h, name="g_a"), (self.hp.kda_head_dim, self.n_head, b.n_tokens),
-                         name="g_a.heads")
+        def decay() -> Node:
+            g = b.op("add", b.mm(b.w(T.SSM_F_A, il), h, name="f_a"), b.w(T.SSM_DT, il, "bias"),
+                     name="kda_gate_biased")
+            g = b.op("mul", b.reshape(g, (d, m.n_head, b.n_tokens), name="kda_gate.heads"), m.per_head_a(b, il),
+                     name="kda_gate_a")
+            return b.op("scale", b.op("sigmoid", g, name="kda_gate_sigmoid"), s=self.hp.kda_gate_lower_bound,
+                        name="kda_gate")
 
-    def rotate(self, b: GraphBuilder, x: Node, pos: Node | None, name: str) -> Node:
+        return m.kda(b, h, il, lambda: [b.mm(b.w(t, il), h, name=f"{tag}_proj") for t, _, tag in kda.QKV], decay,
+                     lambda: b.reshape(b.mm(b.w(T.SSM_G_A, il), h, name="g_a"), (d, m.n_head, b.n_tokens),
+                                       name="g_a.heads"))
+
+    def rotate(self, b: GraphBuilder, x: Node, pos: Node, name: str) -> Node:
         """RoPE: in M-RoPE sections where the file has them, else normal."""
-        assert pos is not None
-        return b.rope(x, pos, name=name, sections=tuple(self.hp.rope_sections) if self.mrope(self.hp) else None)
+        return b.rope(x, pos, name=name, sections=self.sections)
 
     def gated_mla(self, b: GraphBuilder, h: Node, pos: Node, il: int) -> Node:
         """Absorbed MLA, RoPE'd, over compressed or direct queries; each head's output times
         sigmoid(attn_gate(x)), then W_o."""
         hp = self.hp
-        H, Tn, dv = self.n_head, b.n_tokens, hp.n_embd_head_v_mla
+        H, Tn, dv = self.kda.n_head, b.n_tokens, hp.n_embd_head_v_mla
         if hp.n_lora_q:
             q = b.norm(b.mm(b.w(T.ATTN_Q_A, il), h, name="q_a"), T.ATTN_Q_A_NORM, il, name="q_a_norm")
             q = b.mm(b.w(T.ATTN_Q_B, il), q, name="q_b")
         else:
             q = b.mm(b.w(T.ATTN_Q, il), h, name="q_proj")
-        out = self.latent_attention(b, h, q, pos, il, wo=None)
+        out = self.kda.latent_attention(b, h, q, pos, il, self.rotate, wo=None)
         gate = b.reshape(b.mm(b.w(T.ATTN_GATE, il), h, name="attn_gate"), (1, H, Tn), name="attn_gate.heads")
         out = b.op("mul", b.reshape(out, (dv, H, Tn), name="attn_out.heads"),
                    b.op("sigmoid", gate, name="attn_gate_sigmoid"), name="attn_gated")
@@ -153,9 +164,9 @@ class BailingMoe3(KimiLinear):
     def build(self, b: GraphBuilder) -> None:
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         pos = b.build_inp_pos()
-        for il in b.layers(self.n_trunk):
+        for il in b.layers(self.kda.n_trunk):
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
-            a = self.kda(b, h, il) if self.recurrent(il) else self.gated_mla(b, h, pos, il)
+            a = self.kda_layer(b, h, il) if self.kda.recurrent(il) else self.gated_mla(b, h, pos, il)
             x = b.op("add", a, x, name="ffn_inp")
             f = self.ffn(b, b.norm(x, T.FFN_NORM, il, name="ffn_norm"), il)
             x = b.op("add", f, x, name="l_out")

@@ -55,6 +55,6 @@ def test_ling3_text_files_rope_plainly_and_its_vl_files_by_sections() -> None:
 def test_ling3s_draft_layer_loads_and_stays_out_of_the_graph() -> None:
     arch = arch_of(LING, block_count=5, nextn_predict_layers=1, swiglu_clamp_exp=[0.0] * 5, swiglu_clamp_shexp=[0.0] * 5,
                    **{"attention.head_count_kv": [1, 0, 0, 1, 1]})
-    assert arch.n_trunk == 4 and len(arch.needs) == 4
+    assert arch.kda.n_trunk == 4 and len(arch.needs) == 4
     draft = {s.name: s for s in arch.tensors() if s.name.startswith("blk.4.")}
     assert draft["blk.4.nextn.eh_proj.weight"].optional and draft["blk.4.layer_output_norm.weight"].optional
