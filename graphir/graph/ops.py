@@ -213,6 +213,19 @@ def _gated_delta_net(xs: list[Node], a: dict[str, Any]) -> Type:
     return "f32", (numel(v.shape) + numel(s.shape),)
 
 
+def _lightning_indexer(xs: list[Node], a: dict[str, Any]) -> Type:
+    q, k, w, m = xs
+    d, n_head, n_tok, n_seqs = _pad4(q.shape)
+    kd, k1, n_kv, k_seqs = _pad4(k.shape)
+    _need(q.dtype == "f32" and w.dtype == "f32" and m.dtype == "f16",
+          f"q {q.type_str} and weights {w.type_str} must be f32, the mask {m.type_str} f16")
+    _need(kd == d and k1 == 1 and k_seqs == n_seqs, f"k {k.type_str} is not one key head of q's {d} values")
+    _need(tuple(_pad4(w.shape)) == (n_head, n_tok, 1, n_seqs), f"weights {w.type_str} are not one per head and token")
+    mm = _pad4(m.shape)
+    _need(mm[0] == n_kv and mm[1] == n_tok and mm[2] == 1, f"mask {m.type_str} is not [{n_kv}, {n_tok}]")
+    return "f32", _trim((n_kv, n_tok, 1, n_seqs), 2)
+
+
 def _soft_max(xs: list[Node], a: dict[str, Any]) -> Type:
     x = xs[0]
     if len(xs) >= 2:
@@ -369,6 +382,9 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
           "one after the other), each "
           "section turned by its own position: four a token, section-major (every token's time, then heights, "
           "widths, extras); a text token's are (p, p, p, 0)"),
+    OpDef("lightning_indexer", "attention", ("q", "k", "weights", "mask"), (), _lightning_indexer,
+          "DeepSeek's sparse-attention indexer: score[j, t] = sum over heads h of max(q[:, h, t] . k[:, 0, j], 0) "
+          "w[h, t], plus the (f16) mask; heads summed in order, float32"),
     OpDef("soft_max", "attention", ("a", "mask?", "sinks?"), ("scale", "max_bias"), _soft_max,
           "softmax over ne0 of a*scale + mask; sinks[h]: one more logit of head h (ne2) in the denominator"),
     OpDef("reshape", "movement", ("a",), ("shape",), _reshape, "same elements, new shape (a contiguous)",
