@@ -77,6 +77,8 @@ class DeepSeek2(Architecture):
     rope_mode = "norm"
     # YaRN's mscale taken equal to mscale_all_dim (llama.cpp's special case for deepseek2); False: mscale 1
     mscale_is_all_dim: ClassVar[bool] = True
+    # the FFNs' and experts' per-tensor scales multiplied in (llama.cpp's deepseek32 graph; deepseek2's reads none)
+    ffn_scales: ClassVar[bool] = False
     required_keys = (L.FEED_FORWARD_LENGTH, A.HEAD_COUNT, A.LAYERNORM_RMS_EPS, A.KV_LORA_RANK,
                      L.EXPERT_FEED_FORWARD_LENGTH, L.EXPERT_SHARED_COUNT)
     keys = MOE_KEYS + (
@@ -263,17 +265,23 @@ class DeepSeek2(Architecture):
 
     def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
         hp, w = self.hp, b.w
+
+        def s(t: T) -> Node | None:  # a matrix's per-tensor scale, where the family's graph multiplies it in
+            return b.w_opt(t, il, "scale") if self.ffn_scales else None
         if not self.moe_layer(il):
-            return b.build_ffn(h, up=w(T.FFN_UP, il), gate=w(T.FFN_GATE, il), down=w(T.FFN_DOWN, il))  # type: ignore[arg-type]
+            return b.build_ffn(h, up=w(T.FFN_UP, il), gate=w(T.FFN_GATE, il), down=w(T.FFN_DOWN, il),  # type: ignore[arg-type]
+                               up_s=s(T.FFN_UP), gate_s=s(T.FFN_GATE), down_s=s(T.FFN_DOWN))
         moe = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), **gate_up(b, il),  # type: ignore[arg-type]
                               down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
                               n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
                               gating=_gating(hp, self.n_trunk),
                               norm_w=hp.expert_weights_norm, w_scale=hp.expert_weights_scale,
                               probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias"), n_groups=hp.n_expert_groups,
-                              n_group_used=hp.n_group_used)
+                              n_group_used=hp.n_group_used, up_exps_s=s(T.FFN_UP_EXP), gate_exps_s=s(T.FFN_GATE_EXP),
+                              down_exps_s=s(T.FFN_DOWN_EXP))
         shared = b.build_ffn(h, up=w(T.FFN_UP_SHEXP, il), gate=w(T.FFN_GATE_SHEXP, il),  # type: ignore[arg-type]
-                             down=w(T.FFN_DOWN_SHEXP, il), name="ffn_shexp")  # type: ignore[arg-type]
+                             down=w(T.FFN_DOWN_SHEXP, il), name="ffn_shexp", up_s=s(T.FFN_UP_SHEXP),  # type: ignore[arg-type]
+                             gate_s=s(T.FFN_GATE_SHEXP), down_s=s(T.FFN_DOWN_SHEXP))
         return b.op("add", moe, shared, name="ffn_out")
 
     def build(self, b: GraphBuilder) -> None:

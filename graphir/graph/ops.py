@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from graphir.graph.dims import Dim, divides, numel
+from graphir.graph.dims import Dim, Sym, divides, numel
 from graphir.graph.ir import FLOAT_TYPES, INDEX_TYPES, Node
 
 Type = tuple[str, tuple[Dim, ...]]
@@ -47,6 +47,10 @@ def _same(xs: list[Node], a: dict[str, Any]) -> Type:
     x = xs[0]
     _need(x.dtype in FLOAT_TYPES, f"expects a float operand, got {x.dtype}")
     return "f32", x.shape
+
+
+def _filled(xs: list[Node], a: dict[str, Any]) -> Type:
+    return "f32", xs[0].shape
 
 
 def _binary(xs: list[Node], a: dict[str, Any]) -> Type:
@@ -104,7 +108,8 @@ def _mul_mat_id(xs: list[Node], a: dict[str, Any]) -> Type:
 
 def _argsort_top_k(xs: list[Node], a: dict[str, Any]) -> Type:
     x, k = xs[0], a["k"]
-    _need(isinstance(k, int) and isinstance(x.shape[0], int) and 0 < k <= x.shape[0],
+    # a size of the memory's (the keys an indexer keeps, at most the cells it scores) stands for its value
+    _need(isinstance(k, Sym) or isinstance(k, int) and isinstance(x.shape[0], int) and 0 < k <= x.shape[0],
           f"k={k} must be in [1, {x.shape[0]}] (the rows of {x.type_str})")
     return "i32", (k,) + tuple(x.shape[1:])
 
@@ -344,7 +349,8 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("moe_sum", "reduce", ("a",), (), _moe_sum,
           "sum over ne1 (a token's expert slots), slot 0 first, in float32"),
     OpDef("clamp", "unary", ("a",), ("min", "max"), _same, "min(max(a, min), max)"),
-    OpDef("fill", "unary", ("a",), ("c",), _same, "a's shape, every value c (MoE's group mask starts at -inf)"),
+    OpDef("fill", "unary", ("a",), ("c",), _filled,
+          "f32 of a's shape, every value c; a's values (of any type) are not read (MoE's group mask starts at -inf)"),
     OpDef("cast", "unary", ("a",), ("type",), _cast,
           "a's values as another type: i32 to f32 exactly, f32 to i32 truncated toward zero (ggml_cast)"),
     OpDef("add", "elementwise", ("a", "b"), (), _binary, "a + b, b broadcast by repetition"),
