@@ -89,7 +89,7 @@ def mul_mat_id(v, a, shape, env):
 
 def argsort_top_k(v, a, shape, env):
     rows = v[0].reshape(-1, v[0].shape[-1])
-    top = [sorted(range(len(r)), key=lambda j: -r[j])[: a["k"]] for r in rows]
+    top = [sorted(range(len(r)), key=lambda j: -r[j])[: shape[-1]] for r in rows]
     return np.array(top).reshape(shape)
 
 

@@ -31,7 +31,7 @@ from graphir.memory.composite import Composite
 from graphir.memory.inputs import IndexerInputs, IndexerRotation, IndexerRows
 from graphir.memory.kv import CACHE_DTYPES, N_KV_PAD, KVCache
 from graphir.memory.latent import LatentCache
-from graphir.memory.layers import ContextParams, LayerNeeds
+from graphir.memory.layers import ContextParams, LayerNeeds, needs_of
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -61,11 +61,11 @@ class IndexerCache(KVCache):
     buffer_roles = frozenset({"cache_k_lid"})
 
     def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams()):
-        super().__init__(needs, params, self.serves, name="lid")
-        widths = {n.n_embd for n in self.need.values()}  # type: ignore[union-attr]
+        widths = {n.n_embd for entry in needs for n in needs_of(entry) if n.kind in self.serves}  # type: ignore[union-attr]
         if len(widths) > 1:
             raise GraphirError(f"one indexer cache keeps keys of one width; layers ask for {sorted(widths)}")
-        self.width = widths.pop() if widths else 0
+        self.width = widths.pop() if widths else 0  # before the buffers are made
+        super().__init__(needs, params, self.serves, name="lid")
         self.rotation = hadamard(rotation_width(self.width)) if self.width else np.zeros((0, 0), np.float32)
         self.top_k = min((n.top_k for n in self.need.values()), default=0)  # type: ignore[union-attr]
         self.top_dim = DimDecl("n_top_k", 1, self.top_k, "cached keys each token's indexer keeps: min(n_kv_lid, top_k)")
