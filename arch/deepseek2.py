@@ -331,7 +331,7 @@ def _optional_written(c: Config) -> str:
     return EXPERT_STACKS + (r"|blk\.\d+\.exp_probs_b\.bias" if bias else "")
 
 
-hf_config.register(Family("deepseek2", TEXT + (
+RULES = TEXT + (
     fixed(A.HEAD_COUNT_KV, 1),  # MLA is written as multi-query attention
     derived(L.LEADING_DENSE_BLOCK_COUNT, _dense_lead),
     VOCAB,
@@ -343,8 +343,10 @@ hf_config.register(Family("deepseek2", TEXT + (
     derived(L.EXPERT_WEIGHTS_NORM, lambda c: c.find("norm_topk_prob", kind="flag", default=False) or None),
     hf(R.DIMENSION_COUNT, "qk_rope_head_dim"),
     derived(R.SCALING_YARN_LOG_MUL, _yarn_log_mul),
-), {"tie_word_embeddings": False, "rms_norm_eps": 1e-6}, _optional_written, tie_drops_head=True),
-    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+)
+DEFAULTS = {"tie_word_embeddings": False, "rms_norm_eps": 1e-6}
+hf_config.register(Family("deepseek2", RULES, DEFAULTS, _optional_written, tie_drops_head=True),
+                   "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------

@@ -24,17 +24,20 @@ import math
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.arch.deepseek2 import EXPERT_STACKS, DeepSeek2
+from dataclasses import replace
+
+from graphir.arch.deepseek import NEXTN_RULES
+from graphir.arch.deepseek2 import DEFAULTS, RULES, DeepSeek2, _deepseek2, _optional_written
 from graphir.errors import MetadataError
 from graphir.graph.floats import f32
 from graphir.graph.ir import Node
 from graphir.memory.layers import IndexerKeys, LatentAttention, LayerNeeds
 from graphir.model import hf_config, presets
 from graphir.model.builder import GraphBuilder
-from graphir.model.hf_config import Family, hf
+from graphir.model.hf_config import Config, Family, hf
+from graphir.model.moe import nextn_written
 from graphir.model.hparams import HParams, Key
 from graphir.model.mla import latent_qkv
-from graphir.model.presets import Preset
 from graphir.model.tensors import TensorSpec, spec
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
@@ -121,3 +124,44 @@ class DeepSeek32(DeepSeek2):
         k = b.op("concat", latent, k_pe, dim=0, name="Kcur")
         return b.build_attn_mla(q, k, latent, wo=w(T.ATTN_OUT, il), v_mla=w(T.ATTN_V_B, il),  # type: ignore[arg-type]
                                 kq_scale=self.kq_scale(), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), selected=top_k)
+
+
+# ---- Hugging Face: what convert_hf_to_gguf writes for DeepSeek-V3.2 configs ----------------------------------
+
+# the trunk tensors of the multi-token-prediction layer the converter appends (blk.<num_hidden_layers>)
+MTP_TRUNK = (r"attn_norm|attn_q_a|attn_q_a_norm|attn_q_b|attn_kv_a_mqa|attn_kv_a_norm|attn_k_b|attn_v_b|attn_output|"
+             r"ffn_norm|indexer\.(k_norm|proj|attn_k|attn_q_b)")
+
+
+def _written(c: Config) -> str:
+    """DeepSeek-V3's optional tensors, and the multi-token-prediction layer (with its indexer) appended."""
+    n_layer, n_nextn = c.find("num_hidden_layers"), c.find("num_nextn_predict_layers", kind="size", default=0)
+    if not n_nextn:
+        return _optional_written(c)
+    last = "|".join(str(il) for il in range(n_layer, n_layer + n_nextn))
+    return (f"{_optional_written(c)}|{nextn_written(n_layer, n_nextn, MTP_TRUNK)}"
+            rf"|blk\.({last})\.indexer\.k_norm\.bias")
+
+
+hf_config.register(Family("deepseek32", RULES + NEXTN_RULES + (
+    hf(I.HEAD_COUNT, "index_n_heads"),
+    hf(I.KEY_LENGTH, "index_head_dim"),
+    hf(I.TOP_K, "index_topk"),
+), DEFAULTS, _written, tie_drops_head=True), "DeepseekV32ForCausalLM")
+
+
+# ---- presets ------------------------------------------------------------------------------------------
+
+# DeepSeek-V3's figures (61 layers, the first 3 dense, 256 experts of 2048 with 8 per token and 1 shared, sigmoid
+# routing with a selection bias among the 4 best of 8 groups, scaled by 2.5; YaRN x40, mscale_all_dim 1.0) with
+# the multi-token-prediction layer the converter appends (blk.61) and the indexer: 64 heads of 128, 2048 keys kept
+_V3 = _deepseek2(7168, 61, 18432, 128, 1536, 3, 256, 8, 2048, 1, 129280, {
+    L.EXPERT_WEIGHTS_SCALE: 2.5, L.EXPERT_WEIGHTS_NORM: True, L.EXPERT_GATING_FUNC: 2, L.EXPERT_GROUP_COUNT: 8,
+    L.EXPERT_GROUP_USED_COUNT: 4,
+}, 0.1, True, "deepseek-ai/DeepSeek-V3.2-Exp config.json")
+
+presets.register({
+    "DeepSeek-V3.2-Exp": replace(_V3, arch="deepseek32", keys={
+        **_V3.keys, L.BLOCK_COUNT: 62, L.NEXTN_PREDICT_LAYERS: 1, I.HEAD_COUNT: 64, I.KEY_LENGTH: 128, I.TOP_K: 2048,
+    }, include=f"{_V3.include}|{nextn_written(61, 1, MTP_TRUNK)}" + r"|blk\.61\.indexer\.k_norm\.bias"),
+})
