@@ -259,6 +259,8 @@ ROWS = [
         keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
     # sparse attention: MLA beside a lightning indexer's key cache (issue 40)
     Row("deepseek32", moe=True),
+    # a top_k below the prompt's length: each token attends to the 4 keys its indexer scores best
+    Row("deepseek32", "top_k", moe=True, keys={"deepseek32.attention.indexer.top_k": 4}),
 ]
 
 _rng = np.random.default_rng(7)
