@@ -156,6 +156,9 @@ class DeepSeek2(Architecture):
     def moe_layer(self, il: int) -> bool:
         return il >= self.hp.n_layer_dense_lead
 
+    def gating(self) -> Gating:
+        return _gating(self.hp, self.n_trunk)
+
     def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
         """The table's checks, and each expert layer's gate and up stacks in one whole form (the table declares
         both forms optional)."""
@@ -274,7 +277,7 @@ class DeepSeek2(Architecture):
         moe = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), **gate_up(b, il),  # type: ignore[arg-type]
                               down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
                               n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
-                              gating=_gating(hp, self.n_trunk),
+                              gating=self.gating(),
                               norm_w=hp.expert_weights_norm, w_scale=hp.expert_weights_scale,
                               probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias"), n_groups=hp.n_expert_groups,
                               n_group_used=hp.n_group_used, up_exps_s=s(T.FFN_UP_EXP), gate_exps_s=s(T.FFN_GATE_EXP),

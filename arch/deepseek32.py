@@ -20,6 +20,7 @@ Attention"; llama.cpp src/models/deepseek32.cpp, src/llama-kv-cache-dsa.cpp.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
@@ -58,6 +59,9 @@ class DeepSeek32(DeepSeek2):
         Key("indexer_top_k", I.TOP_K, int, 0, minimum=1),
     )
 
+    indexer_rope_mode: ClassVar[str] = "neox"
+    indexer_optional: ClassVar[bool] = False  # the loader asks for the indexer's tensors as not required
+
     def __init__(self, hp: HParams):
         key = lambda t: t.format(arch=self.name)  # noqa: E731
         if not hp.n_embd_head_k_mla:
@@ -69,24 +73,32 @@ class DeepSeek32(DeepSeek2):
         super().__init__(hp)
         self.q_lora = hp.n_lora_q  # every size reads q_lora_rank (no Lite variant)
 
+    def indexer_full(self, il: int) -> bool:
+        """Whether layer il runs its own indexer (else it takes the selection of the last layer that did)."""
+        return True
+
+    def indexer_eps(self) -> float:
+        return INDEXER_NORM_EPS
+
     def layers(self) -> LayerNeeds:
-        """Each layer keeps its latent row and its indexer key."""
+        """Each layer keeps its latent row, and its indexer key where it runs an indexer."""
         hp = self.hp
-        return tuple((LatentAttention(hp.n_lora_kv + hp.n_rot), IndexerKeys(hp.indexer_head_size, hp.indexer_top_k))
-                     for _ in range(self.n_trunk))
+        latent, keys = LatentAttention(hp.n_lora_kv + hp.n_rot), IndexerKeys(hp.indexer_head_size, hp.indexer_top_k)
+        return tuple((latent, keys) if self.indexer_full(il) else latent for il in range(self.n_trunk))
 
     def attn_tensors(self, il: int) -> list[TensorSpec]:
         hp = self.hp
-        E, D, H = hp.n_embd, hp.indexer_head_size, hp.indexer_n_head
+        E, D, H, opt = hp.n_embd, hp.indexer_head_size, hp.indexer_n_head, self.indexer_optional
         return super().attn_tensors(il) + [
-            spec(T.INDEXER_K_NORM, (D,), il, kind="vector"), spec(T.INDEXER_K_NORM, (D,), il, "bias", kind="vector"),
-            spec(T.INDEXER_PROJ, (E, H), il), spec(T.INDEXER_ATTN_K, (E, D), il),
-            spec(T.INDEXER_ATTN_Q_B, (hp.n_lora_q, H * D), il)]
+            spec(T.INDEXER_K_NORM, (D,), il, kind="vector", optional=opt),
+            spec(T.INDEXER_K_NORM, (D,), il, "bias", kind="vector", optional=opt),
+            spec(T.INDEXER_PROJ, (E, H), il, optional=opt), spec(T.INDEXER_ATTN_K, (E, D), il, optional=opt),
+            spec(T.INDEXER_ATTN_Q_B, (hp.n_lora_q, H * D), il, optional=opt)]
 
     # ---- graph -----------------------------------------------------------------------------------------
 
     def indexer_rope(self, b: GraphBuilder, x: Node, pos: Node, name: str) -> Node:
-        return b.rope(x, pos, name=name, attn_factor=self.rope_attn_factor(), mode="neox")
+        return b.rope(x, pos, name=name, attn_factor=self.rope_attn_factor(), mode=self.indexer_rope_mode)
 
     def selection(self, b: GraphBuilder, h: Node, qr: Node, pos: Node, il: int) -> Node:
         """The keys each token attends to [n_top_k, T]: the indexer's best-scored cached keys."""
@@ -95,7 +107,7 @@ class DeepSeek32(DeepSeek2):
         q = b.linear(qr, w(T.INDEXER_ATTN_Q_B, il), name="indexer_q")  # type: ignore[arg-type]
         q = self.indexer_rope(b, b.reshape(q, (D, H, T_), name="indexer_q.heads"), pos, "indexer_q.rope")
         k = b.linear(h, w(T.INDEXER_ATTN_K, il), name="indexer_k")  # type: ignore[arg-type]
-        k = b.op("norm", k, eps=INDEXER_NORM_EPS, name="indexer_k.norm")
+        k = b.op("norm", k, eps=self.indexer_eps(), name="indexer_k.norm")
         k = b.op("mul", k, w(T.INDEXER_K_NORM, il), name="indexer_k.w")  # type: ignore[arg-type]
         k = b.op("add", k, w(T.INDEXER_K_NORM, il, "bias"), name="indexer_k.b")  # type: ignore[arg-type]
         k = self.indexer_rope(b, b.reshape(k, (D, 1, T_), name="indexer_k.heads"), pos, "indexer_k.rope")
@@ -113,7 +125,11 @@ class DeepSeek32(DeepSeek2):
         H, T_, R_kv, d_k, nope = hp.head_count(il), b.n_tokens, hp.n_lora_kv, self.d_k, self.d_nope
         qr = b.linear(h, w(T.ATTN_Q_A, il), name="qr")  # type: ignore[arg-type]
         qr = b.norm(qr, T.ATTN_Q_A_NORM, il, name="qr_norm")
-        top_k = self.selection(b, h, qr, pos, il)
+        if self.indexer_full(il):
+            top_k = self.selection(b, h, qr, pos, il)
+        else:  # the selection of the last layer that ran an indexer
+            last = max(j for j in range(il) if self.indexer_full(j))
+            top_k = b.made(f"blk.{last}.top_k")  # type: ignore[assignment]
         q = b.reshape(b.linear(qr, w(T.ATTN_Q_B, il), name="q"), (d_k, H, T_), name="q.heads")  # type: ignore[arg-type]
         q_nope, q_pe, kv, k_pe = latent_qkv(b, h, q, pos, il, nope, self.rope)
         q_nope = b.op("permute", q_nope, axes=(0, 2, 1, 3), name="q_nope_perm")

@@ -227,6 +227,10 @@ class GraphBuilder:
         return self.build_norm(x, self.w(t, il), self.weight(bias) if bias in self.arch.specs else None, kind,
                                name=name)
 
+    def made(self, name: str) -> Node | None:
+        """A node already made, by its full name (a layer reusing what an earlier one computed)."""
+        return self._names.get(name)
+
     def weight(self, name: str) -> Node | None:
         if name in self._names:
             return self._names[name]

@@ -1,0 +1,81 @@
+"""GLM-5 (glm-dsa): DeepSeek-V3.2's sparse attention (:mod:`graphir.arch.deepseek32`) in GLM's form.
+
+Three differences from deepseek32, all data: the indexer turns its queries and keys in RoPE's adjacent-pair
+layout (as the rest of the model); only some layers run an indexer (``attention.indexer.types``, 1 for a layer
+that does), the others attend over the keys the last such layer selected, so only the former keep indexer keys
+(the indexer cache serves them alone); and what the file leaves out takes GLM's values: the gating sigmoid, every
+layer an indexer for the files written before GLM-5.2 (a trained context under 2^20 positions), GLM-5.2's
+pattern (the first two layers, then every fourth) for the others. Its indexer's LayerNorm uses llama.cpp's
+``f_norm_eps``, which this family never reads (0), and its indexer tensors are asked for as not required.
+
+No public configuration is at hand: the family's golden graphs come from llama.cpp's tiny header of it (the sizes
+tests/test-llama-archs.cpp gives glm-dsa), and no Hugging Face mapping is registered.
+
+Reference: llama.cpp src/models/glm-dsa.cpp.
+"""
+
+from __future__ import annotations
+
+from gguf import Keys
+
+from graphir.arch.deepseek2 import GATINGS, DeepSeek2
+from graphir.arch.deepseek32 import DeepSeek32
+from graphir.errors import MetadataError
+from graphir.model import presets
+from graphir.model.builder import Gating
+from graphir.model.hparams import HParams, Key
+from graphir.model.presets import Preset
+
+L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+I = Keys.Attention.Indexer  # noqa: E741
+INDEXER_TYPES = "{arch}.attention.indexer.types"
+GLM_5_2_CONTEXT = 1 << 20  # files of a trained context this long or longer are GLM-5.2's (llama.cpp's test)
+
+
+def glm_5_2_indexers(n_layer: int) -> tuple[int, ...]:
+    """GLM-5.2's indexer layers: the first two, then one in four, over its 78 (none past them)."""
+    return tuple(int(il < 2 or il < 78 and (il - 2) % 4 == 0) for il in range(n_layer))
+
+
+class GlmDsa(DeepSeek32):
+    name = "glm-dsa"
+    indexer_rope_mode = "norm"
+    indexer_optional = True
+    required_keys = DeepSeek2.required_keys + (A.Q_LORA_RANK, I.HEAD_COUNT, I.KEY_LENGTH, I.TOP_K)
+    keys = DeepSeek32.keys + (Key("indexer_types", INDEXER_TYPES, tuple, None, minimum=0, maximum=1),)
+
+    def __init__(self, hp: HParams):
+        n_trunk = hp.n_layer - hp.n_layer_nextn
+        given = hp.indexer_types
+        if given is None:
+            given = (1,) * n_trunk if hp.n_ctx_train < GLM_5_2_CONTEXT else glm_5_2_indexers(n_trunk)
+        self.full = tuple(given[:n_trunk])
+        if n_trunk and not self.full[0]:
+            raise MetadataError(f"'{INDEXER_TYPES.format(arch=self.name)}': layer 0 runs no indexer, but a layer "
+                                f"without one takes the selection of an earlier layer that has one")
+        super().__init__(hp)
+
+    def indexer_full(self, il: int) -> bool:
+        return bool(self.full[il])
+
+    def indexer_eps(self) -> float:
+        return 0.0
+
+    def gating(self) -> Gating:
+        return GATINGS[self.hp.expert_gating_func] if self.hp.expert_gating_func else Gating.SIGMOID
+
+
+presets.register({
+    # llama.cpp's tiny glm-dsa, over four layers (so that alike ones fold): width 128, one head of 192 (64 RoPE'd)
+    # over a latent of 512, values of 128, an indexer of 64 heads of 128 keeping every key; the first layer dense
+    # (192), then 2 experts of 192, both used, sigmoid-routed, beside a shared one
+    "glm-dsa-tiny-header": Preset("glm-dsa", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 128, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 192,
+        A.HEAD_COUNT: 1, A.HEAD_COUNT_KV: 1, A.KEY_LENGTH: 576, A.VALUE_LENGTH: 512, A.KEY_LENGTH_MLA: 192,
+        A.VALUE_LENGTH_MLA: 128, A.Q_LORA_RANK: 512, A.KV_LORA_RANK: 512, R.DIMENSION_COUNT: 64,
+        A.LAYERNORM_RMS_EPS: 1e-5, L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_COUNT: 2, L.EXPERT_USED_COUNT: 2,
+        L.EXPERT_FEED_FORWARD_LENGTH: 192, L.EXPERT_SHARED_COUNT: 1, L.EXPERT_GATING_FUNC: 2, L.VOCAB_SIZE: 128,
+        I.HEAD_COUNT: 64, I.KEY_LENGTH: 128, I.TOP_K: 131072,
+    }, tied=False, include=r"blk\.\d+\.ffn_(gate|up)_exps\.weight|blk\.\d+\.indexer\..*",
+        f32=presets.ROUTER_F32, source="llama.cpp tests/test-llama-archs.cpp, its tiny glm-dsa header"),
+})
