@@ -19,127 +19,29 @@ Attention"; llama.cpp src/models/deepseek32.cpp, src/llama-kv-cache-dsa.cpp.
 
 from __future__ import annotations
 
-import math
-from typing import ClassVar
-
-from gguf import MODEL_TENSOR as T
-from gguf import Keys
-
 from dataclasses import replace
+
+from gguf import Keys
 
 from graphir.arch.deepseek import NEXTN_RULES
 from graphir.arch.deepseek2 import DEFAULTS, RULES, DeepSeek2, _deepseek2, _optional_written
-from graphir.errors import MetadataError
-from graphir.graph.floats import f32
-from graphir.graph.ir import Node
-from graphir.memory.layers import IndexerKeys, LatentAttention, LayerNeeds
-from graphir.model import hf_config, presets
-from graphir.model.builder import GraphBuilder
+from graphir.model import dsa, hf_config, presets
+from graphir.model.dsa import Sparse
 from graphir.model.hf_config import Config, Family, hf
 from graphir.model.moe import nextn_written
-from graphir.model.hparams import HParams, Key
-from graphir.model.mla import latent_qkv
-from graphir.model.tensors import TensorSpec, spec
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 I = Keys.Attention.Indexer  # noqa: E741
-
-INDEXER_NORM_EPS = 1e-6  # llama.cpp's f_norm_eps for this family, whatever the file says
 
 
 class DeepSeek32(DeepSeek2):
     name = "deepseek32"
     mscale_is_all_dim = False
     ffn_scales = True
-    required_keys = DeepSeek2.required_keys + (A.Q_LORA_RANK, L.EXPERT_GATING_FUNC, I.HEAD_COUNT, I.KEY_LENGTH,
-                                               I.TOP_K)
-    keys = DeepSeek2.keys + (
-        Key("indexer_n_head", I.HEAD_COUNT, int, 0, minimum=1),
-        Key("indexer_head_size", I.KEY_LENGTH, int, 0, minimum=1),
-        Key("indexer_top_k", I.TOP_K, int, 0, minimum=1),
-    )
-
-    indexer_rope_mode: ClassVar[str] = "neox"
-    indexer_optional: ClassVar[bool] = False  # the loader asks for the indexer's tensors as not required
-
-    def __init__(self, hp: HParams):
-        key = lambda t: t.format(arch=self.name)  # noqa: E731
-        if not hp.n_embd_head_k_mla:
-            raise MetadataError(f"'{key(A.KEY_LENGTH_MLA)}' is missing: {self.name} is built in the absorbed MLA "
-                                f"form only")
-        if hp.n_rot > hp.indexer_head_size:
-            raise MetadataError(f"'{key(R.DIMENSION_COUNT)}' = {hp.n_rot} RoPE'd values do not fit an indexer head "
-                                f"of {hp.indexer_head_size} ('{key(I.KEY_LENGTH)}')")
-        super().__init__(hp)
-        self.q_lora = hp.n_lora_q  # every size reads q_lora_rank (no Lite variant)
-
-    def indexer_full(self, il: int) -> bool:
-        """Whether layer il runs its own indexer (else it takes the selection of the last layer that did)."""
-        return True
-
-    def indexer_eps(self) -> float:
-        return INDEXER_NORM_EPS
-
-    def layers(self) -> LayerNeeds:
-        """Each layer keeps its latent row, and its indexer key where it runs an indexer."""
-        hp = self.hp
-        latent, keys = LatentAttention(hp.n_lora_kv + hp.n_rot), IndexerKeys(hp.indexer_head_size, hp.indexer_top_k)
-        return tuple((latent, keys) if self.indexer_full(il) else latent for il in range(self.n_trunk))
-
-    def attn_tensors(self, il: int) -> list[TensorSpec]:
-        hp = self.hp
-        E, D, H, opt = hp.n_embd, hp.indexer_head_size, hp.indexer_n_head, self.indexer_optional
-        return super().attn_tensors(il) + [
-            spec(T.INDEXER_K_NORM, (D,), il, kind="vector", optional=opt),
-            spec(T.INDEXER_K_NORM, (D,), il, "bias", kind="vector", optional=opt),
-            spec(T.INDEXER_PROJ, (E, H), il, optional=opt), spec(T.INDEXER_ATTN_K, (E, D), il, optional=opt),
-            spec(T.INDEXER_ATTN_Q_B, (hp.n_lora_q, H * D), il, optional=opt)]
-
-    # ---- graph -----------------------------------------------------------------------------------------
-
-    def indexer_rope(self, b: GraphBuilder, x: Node, pos: Node, name: str) -> Node:
-        return b.rope(x, pos, name=name, attn_factor=self.rope_attn_factor(), mode=self.indexer_rope_mode)
-
-    def selection(self, b: GraphBuilder, h: Node, qr: Node, pos: Node, il: int) -> Node:
-        """The keys each token attends to [n_top_k, T]: the indexer's best-scored cached keys."""
-        hp, w, T_ = self.hp, b.w, b.n_tokens
-        D, H = hp.indexer_head_size, hp.indexer_n_head
-        q = b.linear(qr, w(T.INDEXER_ATTN_Q_B, il), name="indexer_q")  # type: ignore[arg-type]
-        q = self.indexer_rope(b, b.reshape(q, (D, H, T_), name="indexer_q.heads"), pos, "indexer_q.rope")
-        k = b.linear(h, w(T.INDEXER_ATTN_K, il), name="indexer_k")  # type: ignore[arg-type]
-        k = b.op("norm", k, eps=self.indexer_eps(), name="indexer_k.norm")
-        k = b.op("mul", k, w(T.INDEXER_K_NORM, il), name="indexer_k.w")  # type: ignore[arg-type]
-        k = b.op("add", k, w(T.INDEXER_K_NORM, il, "bias"), name="indexer_k.b")  # type: ignore[arg-type]
-        k = self.indexer_rope(b, b.reshape(k, (D, 1, T_), name="indexer_k.heads"), pos, "indexer_k.rope")
-        rot = b.build_indexer_rotation()
-        q = b.op("mul_mat", rot, q, name="indexer_q.rot")
-        k = b.op("mul_mat", rot, k, name="indexer_k.rot")
-        keys, mask, n_top = b.build_indexer_keys(k)
-        weights = b.linear(h, w(T.INDEXER_PROJ, il), name="indexer_weights")  # type: ignore[arg-type]
-        weights = b.op("scale", weights, s=f32(1.0 / math.sqrt(float(D * H))), name="indexer_weights.scaled")
-        score = b.op("lightning_indexer", q, keys, weights, mask, name="indexer_score")
-        return b.op("cont", b.op("argsort_top_k", score, k=n_top, name="top_k.sel"), name="top_k")
-
-    def attention(self, b: GraphBuilder, h: Node, pos: Node, temperature: Node | None, il: int) -> Node:
-        hp, w = self.hp, b.w
-        H, T_, R_kv, d_k, nope = hp.head_count(il), b.n_tokens, hp.n_lora_kv, self.d_k, self.d_nope
-        qr = b.linear(h, w(T.ATTN_Q_A, il), name="qr")  # type: ignore[arg-type]
-        qr = b.norm(qr, T.ATTN_Q_A_NORM, il, name="qr_norm")
-        if self.indexer_full(il):
-            top_k = self.selection(b, h, qr, pos, il)
-        else:  # the selection of the last layer that ran an indexer
-            last = max(j for j in range(il) if self.indexer_full(j))
-            top_k = b.made(f"blk.{last}.top_k")  # type: ignore[assignment]
-        q = b.reshape(b.linear(qr, w(T.ATTN_Q_B, il), name="q"), (d_k, H, T_), name="q.heads")  # type: ignore[arg-type]
-        q_nope, q_pe, kv, k_pe = latent_qkv(b, h, q, pos, il, nope, self.rope)
-        q_nope = b.op("permute", q_nope, axes=(0, 2, 1, 3), name="q_nope_perm")
-        q_abs = b.op("mul_mat", w(T.ATTN_K_B, il), q_nope, name="q_nope_absorbed")  # type: ignore[arg-type]
-        q_abs = b.op("permute", q_abs, axes=(0, 2, 1, 3), name="q_nope_absorbed_perm")
-        q = b.op("concat", q_abs, q_pe, dim=0, name="Qcur")
-        latent = b.reshape(kv, (R_kv, 1, T_), name="kv_cmpr.heads")
-        k = b.op("concat", latent, k_pe, dim=0, name="Kcur")
-        return b.build_attn_mla(q, k, latent, wo=w(T.ATTN_OUT, il), v_mla=w(T.ATTN_V_B, il),  # type: ignore[arg-type]
-                                kq_scale=self.kq_scale(), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), selected=top_k)
+    # NeoX's halves in the indexer; its LayerNorm at llama.cpp's fixed f_norm_eps for this family
+    sparse = Sparse(rope_mode="neox", norm_eps=1e-6)
+    required_keys = DeepSeek2.required_keys + (A.Q_LORA_RANK, L.EXPERT_GATING_FUNC) + dsa.REQUIRED
+    keys = DeepSeek2.keys + dsa.KEYS
 
 
 # ---- Hugging Face: what convert_hf_to_gguf writes for DeepSeek-V3.2 configs ----------------------------------

@@ -1,6 +1,6 @@
 """GLM-5 (glm-dsa): DeepSeek-V3.2's sparse attention (:mod:`graphir.arch.deepseek32`) in GLM's form.
 
-Three differences from deepseek32, all data: the indexer turns its queries and keys in RoPE's adjacent-pair
+Three differences from deepseek32, all data (a :class:`~graphir.model.dsa.Sparse` record): the indexer turns its queries and keys in RoPE's adjacent-pair
 layout (as the rest of the model); only some layers run an indexer (``attention.indexer.types``, 1 for a layer
 that does), the others attend over the keys the last such layer selected, so only the former keep indexer keys
 (the indexer cache serves them alone); and what the file leaves out takes GLM's values: the gating sigmoid, every
@@ -18,51 +18,33 @@ from __future__ import annotations
 
 from gguf import Keys
 
-from graphir.arch.deepseek2 import GATINGS, DeepSeek2
-from graphir.arch.deepseek32 import DeepSeek32
-from graphir.errors import MetadataError
-from graphir.model import presets
+from graphir.arch.deepseek2 import DeepSeek2
+from graphir.model import dsa, presets
 from graphir.model.builder import Gating
+from graphir.model.dsa import INDEXER_TYPES, Sparse
 from graphir.model.hparams import HParams, Key
 from graphir.model.presets import Preset
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 I = Keys.Attention.Indexer  # noqa: E741
-INDEXER_TYPES = "{arch}.attention.indexer.types"
 GLM_5_2_CONTEXT = 1 << 20  # files of a trained context this long or longer are GLM-5.2's (llama.cpp's test)
 
 
-def glm_5_2_indexers(n_layer: int) -> tuple[int, ...]:
-    """GLM-5.2's indexer layers: the first two, then one in four, over its 78 (none past them)."""
-    return tuple(int(il < 2 or il < 78 and (il - 2) % 4 == 0) for il in range(n_layer))
+def glm_indexers(hp: HParams, n_trunk: int) -> tuple[int, ...]:
+    """Every layer for the files before GLM-5.2; GLM-5.2's pattern for the others: the first two layers, then one
+    in four, over its 78 (none past them)."""
+    if hp.n_ctx_train < GLM_5_2_CONTEXT:
+        return (1,) * n_trunk
+    return tuple(int(il < 2 or il < 78 and (il - 2) % 4 == 0) for il in range(n_trunk))
 
 
-class GlmDsa(DeepSeek32):
+class GlmDsa(DeepSeek2):
     name = "glm-dsa"
-    indexer_rope_mode = "norm"
-    indexer_optional = True
-    required_keys = DeepSeek2.required_keys + (A.Q_LORA_RANK, I.HEAD_COUNT, I.KEY_LENGTH, I.TOP_K)
-    keys = DeepSeek32.keys + (Key("indexer_types", INDEXER_TYPES, tuple, None, minimum=0, maximum=1),)
-
-    def __init__(self, hp: HParams):
-        n_trunk = hp.n_layer - hp.n_layer_nextn
-        given = hp.indexer_types
-        if given is None:
-            given = (1,) * n_trunk if hp.n_ctx_train < GLM_5_2_CONTEXT else glm_5_2_indexers(n_trunk)
-        self.full = tuple(given[:n_trunk])
-        if n_trunk and not self.full[0]:
-            raise MetadataError(f"'{INDEXER_TYPES.format(arch=self.name)}': layer 0 runs no indexer, but a layer "
-                                f"without one takes the selection of an earlier layer that has one")
-        super().__init__(hp)
-
-    def indexer_full(self, il: int) -> bool:
-        return bool(self.full[il])
-
-    def indexer_eps(self) -> float:
-        return 0.0
-
-    def gating(self) -> Gating:
-        return GATINGS[self.hp.expert_gating_func] if self.hp.expert_gating_func else Gating.SIGMOID
+    mscale_is_all_dim = False
+    ffn_scales = True
+    sparse = Sparse(rope_mode="norm", norm_eps=0.0, optional=True, gating=Gating.SIGMOID, default_types=glm_indexers)
+    required_keys = DeepSeek2.required_keys + (A.Q_LORA_RANK,) + dsa.REQUIRED
+    keys = DeepSeek2.keys + dsa.KEYS + (Key("indexer_types", INDEXER_TYPES, tuple, None, minimum=0, maximum=1),)
 
 
 presets.register({
