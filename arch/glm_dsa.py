@@ -16,14 +16,17 @@ Reference: llama.cpp src/models/glm-dsa.cpp.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gguf import Keys
+
+import graphir.arch.mistral4  # noqa: F401  (registers the tiny header this one extends)
 
 from graphir.arch.deepseek2 import DeepSeek2
 from graphir.model import dsa, presets
 from graphir.model.builder import Gating
 from graphir.model.dsa import INDEXER_TYPES, Sparse
 from graphir.model.hparams import HParams, Key
-from graphir.model.presets import Preset
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 I = Keys.Attention.Indexer  # noqa: E741
@@ -47,17 +50,12 @@ class GlmDsa(DeepSeek2):
     keys = DeepSeek2.keys + dsa.KEYS + (Key("indexer_types", INDEXER_TYPES, tuple, None, minimum=0, maximum=1),)
 
 
+# llama.cpp's tiny glm-dsa: its tiny mistral4 header (test-llama-archs.cpp gives the MLA families one) and an
+# indexer of 64 heads of 128 keeping every key, over four layers (so that alike ones fold)
+_TINY = presets.PRESETS["mistral4-tiny-header"]
 presets.register({
-    # llama.cpp's tiny glm-dsa, over four layers (so that alike ones fold): width 128, one head of 192 (64 RoPE'd)
-    # over a latent of 512, values of 128, an indexer of 64 heads of 128 keeping every key; the first layer dense
-    # (192), then 2 experts of 192, both used, sigmoid-routed, beside a shared one
-    "glm-dsa-tiny-header": Preset("glm-dsa", {
-        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 128, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 192,
-        A.HEAD_COUNT: 1, A.HEAD_COUNT_KV: 1, A.KEY_LENGTH: 576, A.VALUE_LENGTH: 512, A.KEY_LENGTH_MLA: 192,
-        A.VALUE_LENGTH_MLA: 128, A.Q_LORA_RANK: 512, A.KV_LORA_RANK: 512, R.DIMENSION_COUNT: 64,
-        A.LAYERNORM_RMS_EPS: 1e-5, L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_COUNT: 2, L.EXPERT_USED_COUNT: 2,
-        L.EXPERT_FEED_FORWARD_LENGTH: 192, L.EXPERT_SHARED_COUNT: 1, L.EXPERT_GATING_FUNC: 2, L.VOCAB_SIZE: 128,
-        I.HEAD_COUNT: 64, I.KEY_LENGTH: 128, I.TOP_K: 131072,
-    }, tied=False, include=r"blk\.\d+\.ffn_(gate|up)_exps\.weight|blk\.\d+\.indexer\..*",
-        f32=presets.ROUTER_F32, source="llama.cpp tests/test-llama-archs.cpp, its tiny glm-dsa header"),
+    "glm-dsa-tiny-header": replace(_TINY, arch="glm-dsa", keys={
+        **_TINY.keys, I.HEAD_COUNT: 64, I.KEY_LENGTH: 128, I.TOP_K: 131072,
+    }, include=_TINY.include + r"|blk\.\d+\.indexer\..*",
+        source="llama.cpp tests/test-llama-archs.cpp, its tiny glm-dsa header"),
 })
