@@ -30,12 +30,13 @@ from typing import Any, ClassVar, Mapping
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
+from graphir.model.dsa import Sparse, indexer_layers, indexer_tensors, select_keys
 from graphir.model.mla import decompressed_attention, latent_qkv
 from graphir.model.moe import (MOE_KEYS, check_experts, gate_up, gate_up_problems, gate_up_tensors, nextn_layer,
                                trunk_layers)
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
-from graphir.memory.layers import LatentAttention, LayerNeeds
+from graphir.memory.layers import IndexerKeys, LatentAttention, LayerNeeds
 from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hparams import HParams, Key
@@ -77,6 +78,10 @@ class DeepSeek2(Architecture):
     rope_mode = "norm"
     # YaRN's mscale taken equal to mscale_all_dim (llama.cpp's special case for deepseek2); False: mscale 1
     mscale_is_all_dim: ClassVar[bool] = True
+    # the FFNs' and experts' per-tensor scales multiplied in (llama.cpp's deepseek32 graph; deepseek2's reads none)
+    ffn_scales: ClassVar[bool] = False
+    # sparse attention: each layer's lightning indexer picks the keys it attends to (graphir.model.dsa)
+    sparse: ClassVar[Sparse | None] = None
     required_keys = (L.FEED_FORWARD_LENGTH, A.HEAD_COUNT, A.LAYERNORM_RMS_EPS, A.KV_LORA_RANK,
                      L.EXPERT_FEED_FORWARD_LENGTH, L.EXPERT_SHARED_COUNT)
     keys = MOE_KEYS + (
@@ -120,7 +125,14 @@ class DeepSeek2(Architecture):
         self.d_k = hp.n_embd_head_k_mla if self.mla else hp.n_embd_head_k
         self.d_v = hp.n_embd_head_v_mla if self.mla else hp.n_embd_head_v
         self.d_nope = self.d_k - hp.n_rot
-        self.q_lora = 0 if _lite(self.n_trunk, hp.n_vocab) else hp.n_lora_q
+        self.q_lora = 0 if _lite(self.n_trunk, hp.n_vocab) and not self.sparse else hp.n_lora_q
+        self.indexers = indexer_layers(self.sparse, hp, self.n_trunk, self.name) if self.sparse else ()
+        if self.sparse and not self.mla:
+            raise MetadataError(f"'{key(A.KEY_LENGTH_MLA)}' is missing: {self.name} is built in the absorbed MLA "
+                                f"form only")
+        if self.sparse and hp.n_rot > hp.indexer_head_size:
+            raise MetadataError(f"'{key(R.DIMENSION_COUNT)}' = {hp.n_rot} RoPE'd values do not fit an indexer head "
+                                f"of {hp.indexer_head_size} ('{key(Keys.Attention.Indexer.KEY_LENGTH)}')")
         if self.d_nope < 1:
             raise MetadataError(f"heads of {self.d_k} values ('{key(A.KEY_LENGTH_MLA if self.mla else A.KEY_LENGTH)}') "
                                 f"leave no part without positions beside the {hp.n_rot} RoPE'd ones "
@@ -140,19 +152,27 @@ class DeepSeek2(Architecture):
         compression; absence is not)."""
         arch = super().from_metadata(label, metadata)
         k = A.Q_LORA_RANK.format(arch=cls.name)
-        if not _lite(arch.n_trunk, arch.hp.n_vocab) and k not in metadata:  # type: ignore[attr-defined]
+        if not (_lite(arch.n_trunk, arch.hp.n_vocab) and not cls.sparse) and k not in metadata:  # type: ignore[attr-defined]
             raise MetadataError(f"{label}: missing key '{k}'")
         return arch
 
     def layers(self) -> LayerNeeds:
         """Absorbed: one latent row per token (kv_lora_rank + n_rot values); legacy: per-head K and V."""
         hp = self.hp
+        if self.sparse:  # and the indexer's keys where a layer runs its own indexer
+            latent, keys = LatentAttention(hp.n_lora_kv + hp.n_rot), IndexerKeys(hp.indexer_head_size, hp.indexer_top_k)
+            return tuple((latent, keys) if full else latent for full in self.indexers)
         if self.mla:
             return tuple(LatentAttention(hp.n_lora_kv + hp.n_rot) for _ in range(self.n_trunk))
         return super().layers()[:self.n_trunk]
 
     def moe_layer(self, il: int) -> bool:
         return il >= self.hp.n_layer_dense_lead
+
+    def gating(self) -> Gating:
+        if not self.hp.expert_gating_func and self.sparse and self.sparse.gating:
+            return self.sparse.gating
+        return _gating(self.hp, self.n_trunk)
 
     def check(self, tensors: Mapping[str, TensorDecl]) -> list[str]:
         """The table's checks, and each expert layer's gate and up stacks in one whole form (the table declares
@@ -184,7 +204,8 @@ class DeepSeek2(Architecture):
             kv += [spec(T.ATTN_K_B, (self.d_nope, R_kv, H), il), spec(T.ATTN_V_B, (R_kv, self.d_v, H), il)]
         else:
             kv += [spec(T.ATTN_KV_B, (R_kv, H * (self.d_nope + self.d_v)), il)]
-        return q + kv + [spec(T.ATTN_OUT, (H * self.d_v, E), il)]
+        indexer = indexer_tensors(hp, il, self.sparse.optional) if self.sparse else []
+        return q + kv + [spec(T.ATTN_OUT, (H * self.d_v, E), il)] + indexer
 
     def ffn_tensors(self, il: int) -> list[TensorSpec]:
         hp = self.hp
@@ -241,9 +262,10 @@ class DeepSeek2(Architecture):
         if self.q_lora:
             q = b.linear(h, w(T.ATTN_Q_A, il), name="q_a")  # type: ignore[arg-type]
             q = b.norm(q, T.ATTN_Q_A_NORM, il, name="q_a_norm")
+            selected = self.selection(b, h, q, pos, il)
             q = b.linear(q, w(T.ATTN_Q_B, il), name="q_proj")  # type: ignore[arg-type]
         else:
-            q = b.linear(h, w(T.ATTN_Q, il), name="q_proj")  # type: ignore[arg-type]
+            q, selected = b.linear(h, w(T.ATTN_Q, il), name="q_proj"), None  # type: ignore[arg-type]
         q = b.reshape(q, (d_k, H, T_), name="q.heads")
         q_nope, q_pe, kv, k_pe = latent_qkv(b, h, q, pos, il, nope, self.rope)
         if self.mla:
@@ -257,23 +279,39 @@ class DeepSeek2(Architecture):
             latent = b.reshape(kv, (R_kv, 1, T_), name="kv_cmpr.heads")
             k = b.op("concat", latent, k_pe, dim=0, name="Kcur")
             return b.build_attn_mla(q, k, latent, wo=w(T.ATTN_OUT, il), v_mla=w(T.ATTN_V_B, il),  # type: ignore[arg-type]
-                                    kq_scale=self.kq_scale(), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"))
+                                    kq_scale=self.kq_scale(), wo_s=b.w_opt(T.ATTN_OUT, il, "scale"),
+                                    selected=selected)
         # legacy: K and V decompressed per head, the key part repeated to every head
         return decompressed_attention(b, q_nope, q_pe, kv, k_pe, il, self.d_v, self.kq_scale(), temperature)
 
+    def selection(self, b: GraphBuilder, h: Node, qr: Node, pos: Node, il: int) -> Node | None:
+        """Sparse attention's cells per token: the layer's own indexer's, or those of the last layer that ran
+        one; None without sparse attention."""
+        if not self.sparse:
+            return None
+        if self.indexers[il]:
+            return select_keys(b, self.sparse, h, qr, pos, il, self.rope_attn_factor())
+        return b.made(f"blk.{max(j for j in range(il) if self.indexers[j])}.top_k")
+
     def ffn(self, b: GraphBuilder, h: Node, il: int) -> Node:
         hp, w = self.hp, b.w
+
+        def s(t: T) -> Node | None:  # a matrix's per-tensor scale, where the family's graph multiplies it in
+            return b.w_opt(t, il, "scale") if self.ffn_scales else None
         if not self.moe_layer(il):
-            return b.build_ffn(h, up=w(T.FFN_UP, il), gate=w(T.FFN_GATE, il), down=w(T.FFN_DOWN, il))  # type: ignore[arg-type]
+            return b.build_ffn(h, up=w(T.FFN_UP, il), gate=w(T.FFN_GATE, il), down=w(T.FFN_DOWN, il),  # type: ignore[arg-type]
+                               up_s=s(T.FFN_UP), gate_s=s(T.FFN_GATE), down_s=s(T.FFN_DOWN))
         moe = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), **gate_up(b, il),  # type: ignore[arg-type]
                               down_exps=w(T.FFN_DOWN_EXP, il),  # type: ignore[arg-type]
                               n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
-                              gating=_gating(hp, self.n_trunk),
+                              gating=self.gating(),
                               norm_w=hp.expert_weights_norm, w_scale=hp.expert_weights_scale,
                               probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias"), n_groups=hp.n_expert_groups,
-                              n_group_used=hp.n_group_used)
+                              n_group_used=hp.n_group_used, up_exps_s=s(T.FFN_UP_EXP), gate_exps_s=s(T.FFN_GATE_EXP),
+                              down_exps_s=s(T.FFN_DOWN_EXP))
         shared = b.build_ffn(h, up=w(T.FFN_UP_SHEXP, il), gate=w(T.FFN_GATE_SHEXP, il),  # type: ignore[arg-type]
-                             down=w(T.FFN_DOWN_SHEXP, il), name="ffn_shexp")  # type: ignore[arg-type]
+                             down=w(T.FFN_DOWN_SHEXP, il), name="ffn_shexp", up_s=s(T.FFN_UP_SHEXP),  # type: ignore[arg-type]
+                             gate_s=s(T.FFN_GATE_SHEXP), down_s=s(T.FFN_DOWN_SHEXP))
         return b.op("add", moe, shared, name="ffn_out")
 
     def build(self, b: GraphBuilder) -> None:
@@ -323,7 +361,7 @@ def _optional_written(c: Config) -> str:
     return EXPERT_STACKS + (r"|blk\.\d+\.exp_probs_b\.bias" if bias else "")
 
 
-hf_config.register(Family("deepseek2", TEXT + (
+RULES = TEXT + (
     fixed(A.HEAD_COUNT_KV, 1),  # MLA is written as multi-query attention
     derived(L.LEADING_DENSE_BLOCK_COUNT, _dense_lead),
     VOCAB,
@@ -335,8 +373,10 @@ hf_config.register(Family("deepseek2", TEXT + (
     derived(L.EXPERT_WEIGHTS_NORM, lambda c: c.find("norm_topk_prob", kind="flag", default=False) or None),
     hf(R.DIMENSION_COUNT, "qk_rope_head_dim"),
     derived(R.SCALING_YARN_LOG_MUL, _yarn_log_mul),
-), {"tie_word_embeddings": False, "rms_norm_eps": 1e-6}, _optional_written, tie_drops_head=True),
-    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+)
+DEFAULTS = {"tie_word_embeddings": False, "rms_norm_eps": 1e-6}
+hf_config.register(Family("deepseek2", RULES, DEFAULTS, _optional_written, tie_drops_head=True),
+                   "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------

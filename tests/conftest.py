@@ -552,6 +552,11 @@ for _family in ("afmoe", "arctic", "bailingmoe", "bailingmoe2", "cohere2moe", "d
                 "minimax-m2", "olmoe", "phimoe", "qwen2moe", "smallthinker", "step35"):
     TINY_FAMILY[_family] = {**TINY_MOE, **TINY_FAMILY.get(_family, {})}
 TINY_FAMILY["mistral4"] = {**TINY_FAMILY["deepseek2"], gguf.Keys.Attention.Q_LORA_RANK: 0}
+# DeepSeek-V3.2 in small: the tiny DeepSeek-V3 with an indexer of 2 heads of 64 that keeps 4 keys per token
+TINY_FAMILY["deepseek32"] = {**TINY_FAMILY["deepseek2"], gguf.Keys.Attention.Indexer.HEAD_COUNT: 2,
+                             gguf.Keys.Attention.Indexer.KEY_LENGTH: 64, gguf.Keys.Attention.Indexer.TOP_K: 4}
+TINY_INCLUDE["deepseek32"] = TINY_INCLUDE["deepseek2"]
+TINY_FAMILY["glm-dsa"] = TINY_FAMILY["deepseek32"]
 TINY_FAMILY["grovemoe"] = {**TINY_MOE, gguf.Keys.LLM.EXPERTS_PER_GROUP: 2, gguf.Keys.LLM.EXPERT_GROUP_SCALE: 0.5}
 TINY_FAMILY["qwen35moe"] = {**TINY_MOE, **TINY_FAMILY["qwen35"]}
 # Qwen3-Next: Qwen3.5-MoE's sizes without RoPE sections, written in the older form (q, k, v and z in one ssm_in)

@@ -35,12 +35,13 @@ SIZES: dict[str, dict[str, int]] = {
     "deepseek2": dict(n_embd=128, n_head=1, n_ff=192),
     "kimi-linear": dict(n_embd=128, n_head=1, n_ff=192), "bailingmoe3": dict(n_embd=128, n_head=1, n_ff=192),
     "mistral4": dict(n_embd=128, n_head=1, n_ff=192),
+    "deepseek32": dict(n_embd=128, n_head=1, n_ff=192), "glm-dsa": dict(n_embd=128, n_head=1, n_ff=192),
     "laguna": dict(n_embd=160),
     "qwen3": dict(n_head=4, n_head_kv=1),
     "afmoe": dict(n_head=4, n_head_kv=2),  # its GQA case
     "nemotron_h": dict(n_layer=3), "nemotron_h_moe": dict(n_layer=3),  # attention, Mamba-2 and FFN layers
 }
-MLA = ("deepseek2", "mistral4", "kimi-linear", "bailingmoe3")
+MLA = ("deepseek2", "mistral4", "kimi-linear", "bailingmoe3", "deepseek32", "glm-dsa")
 # mixture-of-experts group two: a per-layer window pattern (odd layers slide) and a clamped SwiGLU, as that test gives
 SWA_PER_LAYER = ("maple", "mimo2", "granite_swa")
 SWIGLU_CLAMP = {"maple": 7.0}
@@ -91,6 +92,9 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
                             (A.GROUPNORM_EPS, 1e-5), (A.GROUPNORM_GROUPS, 8), (A.Q_LORA_RANK, 512),
                             (A.KV_LORA_RANK, 512), (A.REL_BUCKETS_COUNT, 8), (A.SLIDING_WINDOW, n_ctx // 8),
                             (A.SLIDING_WINDOW_PATTERN, 2), (R.DIMENSION_SECTIONS, SECTIONS.get(arch, [head // 4] * 4))):
+        put(template, value)
+    # sparse attention's indexer (every arch is given it); a top_k above any cache keeps every key, as there
+    for template, value in ((A.Indexer.HEAD_COUNT, 64), (A.Indexer.KEY_LENGTH, 128), (A.Indexer.TOP_K, 131072)):
         put(template, value)
     if arch in SWA_PER_LAYER:
         put(A.SLIDING_WINDOW_PATTERN, [il % 2 for il in range(n_layer)])

@@ -326,6 +326,13 @@ CASES: list[Case] = [
           (16, 2, 2, 4, 1, 0.4, True, 1, "strided v"),
           (16, 2, 2, 3, 2, 0.4, False, 16, "a decay per key channel, 2 seqs x 3 tokens"),
           (80, 1, 1, 1, 1, 0.2, False, 80, "a decay per key channel, decode, 80 wide"))],
+    # lightning_indexer(q [d, H, T], k [d, 1, n_kv] (the f16 indexer cache), weights [H, T], mask f16 [n_kv, T])
+    C("lightning_indexer", I("f32", 128, 8, T), I("f16", 128, 1, KV), I("f32", 8, T), I("f16", KV, T, lo=-8, hi=0),
+      tol=F32, env={"n_tokens": 5, "n_kv": 9}, note="prompt, DeepSeek-V3.2's head size"),
+    C("lightning_indexer", I("f32", 40, 3, 1), I("f32", 40, 1, 7, strided=True), I("f32", 3, 1),
+      I("f16", 7, 1, lo=-8, hi=0), tol=F32, note="decode, 40 wide: SIMD steps and a tail, strided f32 keys"),
+    C("lightning_indexer", I("f32", 16, 4, 3, 2), I("f16", 16, 1, 6, 2), I("f32", 4, 3, 1, 2),
+      I("f16", 6, 3, 1, 1, lo=-8, hi=0), tol=F32, note="2 streams, one mask for both"),
     # set_rows: dst[:, ids[i]] = src[:, i], converted to dst's type
     C("set_rows", I("f16", 12, CTX), I("f32", 12, T), I("i64", T, init="uids", n=16), tol=EXACT,
       env={"n_ctx": 16, "n_tokens": 5}, note="kv write"),

@@ -268,6 +268,13 @@ ROWS = [
     # writes the file); and with a k and v head per head
     Row("rwkv6qwen2", made_by="graphir"),
     Row("rwkv6qwen2", "heads", made_by="graphir", keys={"rwkv6qwen2.attention.head_count_kv": 4}),
+    # sparse attention: MLA beside a lightning indexer's key cache (issue 40)
+    Row("deepseek32", moe=True),
+    # a top_k below the prompt's length: each token attends to the 4 keys its indexer scores best
+    Row("deepseek32", "top_k", moe=True, keys={"deepseek32.attention.indexer.top_k": 4}),
+    Row("glm-dsa", moe=True),
+    # layer 1 runs no indexer: it attends over the keys layer 0 selected, and keeps no indexer keys
+    Row("glm-dsa", "shared", moe=True, keys={"glm-dsa.attention.indexer.types": [1, 0]}),
 ]
 
 _rng = np.random.default_rng(7)

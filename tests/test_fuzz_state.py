@@ -67,6 +67,7 @@ PRESETS = {
                                      K.SSM.CONV_KERNEL: 4, K.SSM.TIME_STEP_RANK: 4, **SMALL_SSM}, tied=False,
                      matrix_type=gguf.GGMLQuantizationType.F32),
     "deepseek2": make_tiny_preset("deepseek2", tied=False),
+    "deepseek32": make_tiny_preset("deepseek32", tied=False),
     "t5": make_tiny_preset("t5", tied=False, **{K.Attention.HEAD_COUNT_KV: 4, K.Attention.KEY_LENGTH: 16,
                                                 K.Attention.VALUE_LENGTH: 16, K.Attention.REL_BUCKETS_COUNT: 32,
                                                 K.LLM.DECODER_START_TOKEN_ID: 3, K.Attention.LAYERNORM_EPS: 1e-5}),
@@ -74,6 +75,7 @@ PRESETS = {
 KINDS = {  # memory kind -> (model, context parameters beyond SIZES)
     "kv": ("llama", {}), "kv-per-seq": ("llama", {"unified": False}), "iswa": ("iswa", {}),
     "recurrent": ("mamba", {}), "hybrid": ("hybrid", {}), "cross": ("t5", {}), "mla": ("deepseek2", {}),
+    "kv_dsa": ("deepseek32", {}),
 }
 VARIANTS = [{"n_ctx": 32}, {"n_seq_max": 3}, {"type_k": "f32", "type_v": "f32"}, {"unified": False}]
 

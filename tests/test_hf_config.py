@@ -57,6 +57,7 @@ NOT_COMPARED = {
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "glm-dsa-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "smallthinker-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "maple-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "mellum-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -602,6 +603,7 @@ NO_MAPPING = {
     "talkie": "its converter reads the logit scale from a checkpoint weight (lm_head_gain), which no config gives",
     "mimo2": "its converter writes the multi-token-prediction layers and a fused Q/K/V, which graphir's mimo2 "
              "refuses; a config would describe files graphir cannot read",
+    "glm-dsa": "no public GLM-5 configuration was at hand to write its mapping from",
     "nemotron_h_moe": "its configs are NemotronHForCausalLM's, which the converter sends to nemotron_h_moe when they "
                       "name num_experts_per_tok; graphir maps that class to nemotron_h and refuses such a config",
 }

@@ -531,7 +531,7 @@ def test_none_context_refuses_the_decode_phase():
 
 
 def test_an_unknown_context_is_refused():
-    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: kv, iswa, recurrent, hybrid, cross, mla, none)")):
+    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: kv, iswa, recurrent, hybrid, cross, mla, kv_dsa, none)")):
         open_model(SMOL).build_graph("paged", "prefill")
 
 

@@ -89,7 +89,7 @@ def mul_mat_id(v, a, shape, env):
 
 def argsort_top_k(v, a, shape, env):
     rows = v[0].reshape(-1, v[0].shape[-1])
-    top = [sorted(range(len(r)), key=lambda j: -r[j])[: a["k"]] for r in rows]
+    top = [sorted(range(len(r)), key=lambda j: -r[j])[: shape[-1]] for r in rows]
     return np.array(top).reshape(shape)
 
 
@@ -202,6 +202,15 @@ def gated_delta_net(v, a, shape, env):
                 S += np.outer(kt, beta[0, hh, t, sq] * (vv[:, hh, t, sq] - S.T @ kt))
                 y[:, hh, t, sq] = S.T @ qt / math.sqrt(d)
     return np.concatenate([y.T.ravel(), st.T.ravel()]).reshape(shape)   # numpy order: y (S, T, H, d), states
+
+
+def lightning_indexer(v, a, shape, env):
+    """score[j, t] = sum_h relu(q[:, h, t] . k[:, 0, j]) w[h, t] + mask[j, t], per sequence."""
+    q, k, w, m = (gg(t) for t in v)                  # [d, H, T, S], [d, 1, n_kv, S], [H, T, 1, S], [n_kv, T, 1, S']
+    qk = np.einsum("dhts,djs->jhts", q, k[:, 0])     # [n_kv, H, T, S]
+    score = (np.maximum(qk, 0.0) * w[None, :, :, 0, :]).sum(axis=1)        # [n_kv, T, S]
+    out = score + m[:, :, 0, np.arange(q.shape[3]) % m.shape[3]]
+    return back(out[:, :, None, :], shape)
 
 
 def rwkv_wkv6(v, a, shape, env):
@@ -396,4 +405,5 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "permute": permute, "transpose": transpose, "cont": cont, "concat": concat,
     "set_rows": set_rows, "ssm_conv": ssm_conv, "ssm_scan": ssm_scan, "ssm_scan_heads": ssm_scan_heads,
     "rwkv_wkv6": rwkv_wkv6, "gated_linear_attn": gated_linear_attn, "gated_delta_net": gated_delta_net,
+    "lightning_indexer": lightning_indexer,
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from graphir.graph.dims import Dim, divides, numel
+from graphir.graph.dims import Dim, Sym, divides, numel
 from graphir.graph.ir import FLOAT_TYPES, INDEX_TYPES, Node
 
 Type = tuple[str, tuple[Dim, ...]]
@@ -47,6 +47,10 @@ def _same(xs: list[Node], a: dict[str, Any]) -> Type:
     x = xs[0]
     _need(x.dtype in FLOAT_TYPES, f"expects a float operand, got {x.dtype}")
     return "f32", x.shape
+
+
+def _filled(xs: list[Node], a: dict[str, Any]) -> Type:
+    return "f32", xs[0].shape
 
 
 def _binary(xs: list[Node], a: dict[str, Any]) -> Type:
@@ -104,7 +108,8 @@ def _mul_mat_id(xs: list[Node], a: dict[str, Any]) -> Type:
 
 def _argsort_top_k(xs: list[Node], a: dict[str, Any]) -> Type:
     x, k = xs[0], a["k"]
-    _need(isinstance(k, int) and isinstance(x.shape[0], int) and 0 < k <= x.shape[0],
+    # a size of the memory's (the keys an indexer keeps, at most the cells it scores) stands for its value
+    _need(isinstance(k, Sym) or isinstance(k, int) and isinstance(x.shape[0], int) and 0 < k <= x.shape[0],
           f"k={k} must be in [1, {x.shape[0]}] (the rows of {x.type_str})")
     return "i32", (k,) + tuple(x.shape[1:])
 
@@ -222,6 +227,19 @@ def _gated_delta_net(xs: list[Node], a: dict[str, Any]) -> Type:
           f"g {g.type_str} is not [1 (a decay per head) or {d} (per key channel), {n_head}, ...v's tokens]")
     _need(tuple(s.shape) == (d, d, n_head, n_seqs), f"state {s.type_str} is not [{d}, {d}, {n_head}, n_seqs]")
     return "f32", (numel(v.shape) + numel(s.shape),)
+
+
+def _lightning_indexer(xs: list[Node], a: dict[str, Any]) -> Type:
+    q, k, w, m = xs
+    d, n_head, n_tok, n_seqs = _pad4(q.shape)
+    kd, k1, n_kv, k_seqs = _pad4(k.shape)
+    _need(q.dtype == "f32" and w.dtype == "f32" and m.dtype == "f16",
+          f"q {q.type_str} and weights {w.type_str} must be f32, the mask {m.type_str} f16")
+    _need(kd == d and k1 == 1 and k_seqs == n_seqs, f"k {k.type_str} is not one key head of q's {d} values")
+    _need(tuple(_pad4(w.shape)) == (n_head, n_tok, 1, n_seqs), f"weights {w.type_str} are not one per head and token")
+    mm = _pad4(m.shape)
+    _need(mm[0] == n_kv and mm[1] == n_tok and mm[2] == 1, f"mask {m.type_str} is not [{n_kv}, {n_tok}]")
+    return "f32", _trim((n_kv, n_tok, 1, n_seqs), 2)
 
 
 def _soft_max(xs: list[Node], a: dict[str, Any]) -> Type:
@@ -342,7 +360,8 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("moe_sum", "reduce", ("a",), (), _moe_sum,
           "sum over ne1 (a token's expert slots), slot 0 first, in float32"),
     OpDef("clamp", "unary", ("a",), ("min", "max"), _same, "min(max(a, min), max)"),
-    OpDef("fill", "unary", ("a",), ("c",), _same, "a's shape, every value c (MoE's group mask starts at -inf)"),
+    OpDef("fill", "unary", ("a",), ("c",), _filled,
+          "f32 of a's shape, every value c; a's values (of any type) are not read (MoE's group mask starts at -inf)"),
     OpDef("cast", "unary", ("a",), ("type",), _cast,
           "a's values as another type: i32 to f32 exactly, f32 to i32 truncated toward zero (ggml_cast)"),
     OpDef("add", "elementwise", ("a", "b"), (), _binary, "a + b, b broadcast by repetition"),
@@ -380,6 +399,9 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
           "one after the other), each "
           "section turned by its own position: four a token, section-major (every token's time, then heights, "
           "widths, extras); a text token's are (p, p, p, 0)"),
+    OpDef("lightning_indexer", "attention", ("q", "k", "weights", "mask"), (), _lightning_indexer,
+          "DeepSeek's sparse-attention indexer: score[j, t] = sum over heads h of max(q[:, h, t] . k[:, 0, j], 0) "
+          "w[h, t], plus the (f16) mask; heads summed in order, float32"),
     OpDef("soft_max", "attention", ("a", "mask?", "sinks?"), ("scale", "max_bias"), _soft_max,
           "softmax over ne0 of a*scale + mask; sinks[h]: one more logit of head h (ne2) in the denominator"),
     OpDef("reshape", "movement", ("a",), ("shape",), _reshape, "same elements, new shape (a contiguous)",

@@ -30,7 +30,7 @@ INPUT_ROLES = {"inp_tokens": "tokens", "inp_embd": "embd", "inp_pos": "pos", "ou
                "attn_inp_k_idxs": "k_idxs", "attn_inp_v_idxs": "v_idxs", "attn_inp_kq_mask": "kq_mask",
                "self_kq_mask": "kq_mask", "rs_s_copy": "rs_src", "mean": "inp_mean", "cls": "inp_cls",
                "pos_bucket_dec": "pos_bucket", "pos_bucket_enc": "pos_bucket", "cross_embd": "cross_embd",
-               "inp_attn_scale": "attn_scale"}
+               "inp_attn_scale": "attn_scale", "attn_inp_k_rot": "k_rot"}
 CACHE_ROLES = {"k": "cache_k", "v": "cache_v", "r": "rs_r", "s": "rs_s"}
 # A layer's cache a model's graph names through its callback (renaming the buffer), by its role
 RENAMED_CACHES = {"conv_states_all": "rs_r"}  # kimi-linear's rolling state
@@ -51,6 +51,7 @@ _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id
          "TRANSPOSE": "transpose", "CONT": "cont", "CONCAT": "concat", "REPEAT": "repeat", "SSM_CONV": "ssm_conv",
          "RWKV_WKV6": "rwkv_wkv6", "GATED_DELTA_NET": "gated_delta_net", "SET_ROWS": "set_rows", "VIEW": "view",
          "GATED_LINEAR_ATTN": "gated_linear_attn",
+         "LIGHTNING_INDEXER": "lightning_indexer",
          "ROPE": "rope", "SOFT_MAX": "soft_max", "RMS_NORM": "rms_norm", "NORM": "norm", "SCALE": "scale",
          "CLAMP": "clamp", "FILL": "fill", "SWIGLU_OAI": "swiglu_oai", "SWIGLU_CLAMP": "swiglu_clamp", "SSM_SCAN": "ssm_scan",
          "ARGSORT": "argsort_top_k", "TOP_K": "argsort_top_k"}
@@ -157,19 +158,25 @@ class _Names:
 
 
 def _second_inputs(records: list[Record]) -> set[int]:
-    """The addresses of the inputs created second under a name already given (a sliding-window cache's)."""
+    """The addresses of the inputs (and caches) created second under a name already given: a sliding-window
+    cache's inputs, or an indexer cache's inputs and per-layer caches beside a latent cache's."""
     by_name: dict[str, set[int]] = {}
     for r in records:
-        if r[1] == "NONE" and r[8] & _FLAG_INPUT:
+        if r[1] == "NONE" and (r[8] & _FLAG_INPUT or _CACHE.match(r[0])):
             by_name.setdefault(r[0], set()).add(r[10])
     return {a for addresses in by_name.values() if len(addresses) == 2 for a in sorted(addresses)[1:]}
 
 
-def _leaf(r: Record, weights: frozenset[str], names: _Names, second: set[int]) -> Node:
+def _second_tail(records: list[Record]) -> str:
+    """What the second cache's names end in: ``_lid`` for a sparse-attention indexer's, else ``_swa``."""
+    return "_lid" if any(r[1] == "LIGHTNING_INDEXER" for r in records) else "_swa"
+
+
+def _leaf(r: Record, weights: frozenset[str], names: _Names, second: set[int], tail: str) -> Node:
     name, dtype, shape = r[0], r[3], shape_of(r[4])
     m = _CACHE.match(name)
     if m and not m.group(3):
-        role = CACHE_ROLES[m.group(1)]
+        role = CACHE_ROLES[m.group(1)] + (tail if r[10] in second else "")
         return Node(names.take(f"blk.{m.group(2)}.{role}", "input"), "input", (), {"role": role}, dtype, shape)
     m = _SCOPED.match(name)
     if m and m.group(1) in RENAMED_CACHES and not m.group(3):
@@ -178,7 +185,7 @@ def _leaf(r: Record, weights: frozenset[str], names: _Names, second: set[int]) -
     if name in weights:
         names.used.add(name)
         return names.weights.setdefault(name, Node(name, "weight", (), {"tensor": name}, dtype, shape))
-    role = INPUT_ROLES.get(name, name) + ("_swa" if r[10] in second else "")
+    role = INPUT_ROLES.get(name, name) + (tail if r[10] in second else "")
     return Node(names.take(role, "input"), "input", (), {"role": role}, dtype, shape)
 
 
@@ -203,11 +210,11 @@ def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any
     nodes: list[Node] = []
     emitted: set[int] = set()
     outputs: dict[str, Node] = {}
-    second = _second_inputs(records)
+    second, tail = _second_inputs(records), _second_tail(records)
     for r in records:
         srcs = [of_record[i] for i in r[7]]
         if r[1] == "NONE":
-            node = _leaf(r, weights, names, second)
+            node = _leaf(r, weights, names, second, tail)
         else:
             kind, attrs = _op(r, srcs)
             operands = _operands(kind, srcs)

@@ -16,13 +16,15 @@ if TYPE_CHECKING:
 def context_of(g: Graph) -> str:
     """The memory llama.cpp gave the model, by graphir's name for it, read off the graph's inputs: an encoder's
     output (cross), caches of keys and of recurrent states (hybrid), of states (recurrent), of keys with a
-    second, sliding-window mask (iswa), of keys alone (mla: values are read from the key cache), of keys and
+    second, sliding-window mask (iswa), of latent keys beside an indexer's keys (kv_dsa), of keys alone (mla: values are read from the key cache), of keys and
     values (kv), or none. A recurrent state is either kind of row (LFM2's convolutions keep rolling rows only)."""
     roles = {n.attrs["role"] for n in g.inputs}
     states = bool(roles & {"rs_r", "rs_s"})
     if "cross_embd" in roles:
         return "cross"
     if "cache_k" in roles:
+        if "cache_k_lid" in roles:
+            return "kv_dsa"
         if states:
             return "hybrid"
         if "kq_mask_swa" in roles:

@@ -37,7 +37,8 @@ by a rule stated here (the README lists them with the differences that remain):
    multiplication commute exactly, so the operands of an ``add`` or ``mul`` of two same-shaped values are put
    in one order (by what they compute). The rows ``ids`` picks from a plus those it picks from b are the rows
    it picks from a + b (llama.cpp's T5 decoder picks its output rows before its last residual add, graphir
-   after). A value computed again from the same operands (llama.cpp's T5
+   after). A ``fill`` is its shape and value alone (llama.cpp fills a new tensor, graphir a value of that
+   shape). A value computed again from the same operands (llama.cpp's T5
    decoder gathers the shared relative-position bias in every layer, graphir once) is computed once.
 """
 
@@ -73,6 +74,9 @@ def bind_sizes(ours: Graph, theirs: Graph) -> dict[str, int]:
                 env[name] = v
                 bound.add(name)
     env.setdefault("n_kv_swa", env.get("n_ctx_swa", n_ctx))
+    for d in ours.dims:  # a size capped by a number (an indexer's top_k): the full cache's, at most the cap
+        if d.name not in env and isinstance(d.max, int):
+            env[d.name] = min(n_ctx, d.max)
     return env
 
 
@@ -121,7 +125,7 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
                 y = written.get(id(y), y)
             operands.append(y)
         shape = shape_of([_size(d, env) for d in n.shape])
-        empty = 0 in shape
+        name, empty = n.name, 0 in shape
         continued = None  # the span of the earlier parts a state's part continues
         op, attrs = n.op, {k: _attr(v, env) for k, v in n.attrs.items()}
         if "shape" in attrs:  # repeat's target: a shape like any other (rule 2)
@@ -134,6 +138,8 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
                 shape = ()
             elif n.attrs["role"] == "cache_v":  # rule 3: a V cache by its cells (llama.cpp's transposed one is as
                 shape = shape[1:]  # wide as the widest layer's where widths differ; each layer reads its own)
+        elif n.op == "fill":  # rule 5: a fill is its shape and value; what it was made from is not read
+            operands, name = [], f"fill.{attrs['c']}." + "x".join(map(str, shape))
         elif n.op in _HALVES and len(operands) == 1:  # rule 5: a GLU of one operand's halves
             op, attrs, operands = _HALVES[n.op], {}, operands * 2
         elif n.op == "ggml.rope" and _rope_at_the_end(n, shape):  # rule 5: a rope of a head's last dims
@@ -172,7 +178,7 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
             op, operands = "get_rows", [total, ids]
         if op in _COMMUTING and len({x.shape for x in operands}) == 1:  # rule 5: a + b is b + a, bit for bit
             operands = _ordered(operands, digest)
-        node = Node(n.name, op, tuple(operands), attrs, n.dtype, shape)
+        node = Node(name, op, tuple(operands), attrs, n.dtype, shape)
         digest[id(node)] = _digest(node, digest)
         if op not in _WRITES and op != "input" and digest[id(node)] in computed:  # rule 5: computed once
             alias[id(n)] = computed[digest[id(node)]]

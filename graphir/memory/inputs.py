@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Generic, TypeVar
 
+from graphir.graph.dims import Dim
 from graphir.graph.ir import Node
-from graphir.memory.layers import Attention, CrossAttention, LatentAttention, Need, Recurrent
+from graphir.memory.layers import Attention, CrossAttention, IndexerKeys, LatentAttention, Need, Recurrent
 
 R = TypeVar("R")
 
@@ -24,6 +25,8 @@ LACKS: dict[type[Need], str] = {
                       "needs a memory of latent attention (kind 'mla')"),
     CrossAttention: "memory kind '{kind}' holds no encoder output for layer {il}",
     Recurrent: "memory kind '{kind}' holds no recurrent state for layer {il}",
+    IndexerKeys: ("memory kind '{kind}' keeps no indexer keys for layer {il}: sparse attention with a lightning "
+                  "indexer needs a memory of kind 'kv_dsa'"),
 }
 
 
@@ -45,6 +48,16 @@ class AttnInputs:
     k: Node
     v: Node
     mask: Node
+
+
+@dataclass(frozen=True)
+class IndexerInputs:
+    """What an indexer scores: the keys of every cell it may see ([d, 1, n_keys]) and its mask [n_keys,
+    n_tokens] (f16, as llama.cpp's fused indexer reads it)."""
+
+    k: Node
+    mask: Node
+    n_top: Dim  # the keys a token keeps: min(cells attended over, the indexer's top_k)
 
 
 @dataclass(frozen=True)
@@ -104,3 +117,19 @@ class RecurrentState(Request[StateInputs]):
     which: str
     write: bool = False
     need: ClassVar[type[Need]] = Recurrent
+
+
+@dataclass(frozen=True)
+class IndexerRotation(Request[Node]):
+    """The rotation [d, d] the indexer's queries and keys go through before they are scored and kept (a
+    normalised Hadamard matrix: llama.cpp's ``attn_inp_k_rot`` of the indexer cache)."""
+
+    need: ClassVar[type[Need]] = IndexerKeys
+
+
+@dataclass(frozen=True)
+class IndexerRows(Request[IndexerInputs]):
+    """The ubatch's indexer keys [d, 1, n_tokens], kept, then scored with the cached ones."""
+
+    k: Node
+    need: ClassVar[type[Need]] = IndexerKeys

@@ -16,6 +16,7 @@ from graphir.graph.ir import Graph
 from graphir.memory import Memory
 from graphir.memory.composite import HybridMemory, SWAPair
 from graphir.memory.cross import CrossMemory
+from graphir.memory.dsa import DSACache
 from graphir.memory.kv import KVCache
 from graphir.memory.latent import LatentCache
 from graphir.memory.layers import ContextParams, LayerNeeds, kinds_of
@@ -23,7 +24,7 @@ from graphir.memory.none import NoMemory
 from graphir.memory.recurrent import RecurrentMemory
 
 KINDS: dict[str, type[Memory]] = {m.kind: m for m in (KVCache, SWAPair, RecurrentMemory, HybridMemory, CrossMemory,
-                                                      LatentCache, NoMemory)}
+                                                      LatentCache, DSACache, NoMemory)}
 
 
 def fitting(needs: LayerNeeds) -> tuple[str, ...]:

@@ -113,7 +113,17 @@ class LatentAttention:
     kind = "latent"
 
 
-Need = Union[Attention, Recurrent, CrossAttention, LatentAttention]
+@dataclass(frozen=True)
+class IndexerKeys:
+    """A sparse-attention indexer's keys (DeepSeek-V3.2's lightning indexer): one row of ``n_embd`` floats per
+    token, which later tokens score to pick the ``top_k`` keys their attention may see."""
+
+    n_embd: int
+    top_k: int
+    kind = "indexer"
+
+
+Need = Union[Attention, Recurrent, CrossAttention, LatentAttention, IndexerKeys]
 LayerNeed = Union[Need, tuple[Need, ...], None]
 LayerNeeds = tuple[LayerNeed, ...]  # one per layer: a need, several, or None where a layer keeps nothing
 
@@ -125,7 +135,7 @@ def needs_of(entry: LayerNeed) -> tuple[Need, ...]:
 
 def kinds_of(needs: LayerNeeds) -> set[str]:
     """The kinds of need a model's layers have: ``full`` and ``swa`` attention, ``encoder`` (non-causal)
-    attention, ``recurrent``, ``cross``, ``latent``; what the memory registry matches memories against."""
+    attention, ``recurrent``, ``cross``, ``latent``, ``indexer``; what the memory registry matches memories against."""
     return {n.kind for entry in needs for n in needs_of(entry)}
 
 

@@ -23,8 +23,8 @@ from graphir.model.hparams import HParams
 from graphir.graph.emit import Emitter
 from graphir.graph.ir import Graph, Node
 from graphir.graph.ops import OPS, ShapeError, infer
-from graphir.memory.inputs import (CrossMask, CrossRows, LatentRows, PosBuckets, R, RecurrentState, Request,
-                                   SelfAttention)
+from graphir.memory.inputs import (CrossMask, CrossRows, IndexerInputs, IndexerRotation, IndexerRows, LatentRows,
+                                   PosBuckets, R, RecurrentState, Request, SelfAttention)
 from graphir.model.temperature import ROLE as TEMPERATURE
 from graphir.model.temperature import Temperature
 from graphir.model.tensors import TensorDecl, TensorSpec, dtype_name, same_shape, tensor_name
@@ -226,6 +226,10 @@ class GraphBuilder:
         bias = tensor_name(t, il, "bias")
         return self.build_norm(x, self.w(t, il), self.weight(bias) if bias in self.arch.specs else None, kind,
                                name=name)
+
+    def made(self, name: str) -> Node | None:
+        """A node already made, by its full name (a layer reusing what an earlier one computed)."""
+        return self._names.get(name)
 
     def weight(self, name: str) -> Node | None:
         if name in self._names:
@@ -499,20 +503,21 @@ class GraphBuilder:
              freq_base: float | None = None, freq_scale: float | None = None,
              sections: tuple[int, ...] | None = None, attn_factor: float | None = None,
              ext_factor: float | None = None, beta_fast: float = 32.0, beta_slow: float = 1.0,
-             n_dims: int | None = None, n_ctx_orig: int | None = None) -> Node:
+             n_dims: int | None = None, n_ctx_orig: int | None = None, mode: str | None = None) -> Node:
         """RoPE with the model's parameters; ``freq_base``/``freq_scale`` override them for one layer (e.g.
         the sliding layers of Gemma 3, llama.cpp's ``get_rope_freq_base``); ``sections``: the rotated pairs
         fall into position sections (llama.cpp's ``ggml_rope_multi``, Qwen3.5's interleaved M-RoPE);
         ``attn_factor`` replaces the magnitude factor (DeepSeek-V2's YaRN, which llama.cpp's context sets apart);
         ``ext_factor``, ``beta_fast``, ``beta_slow``: YaRN's parameters where the file gives them (Grok, Ministral 3);
         ``n_dims``: the rotated dims where a layer's differ from the model's (rope.dimension_count_swa);
-        ``n_ctx_orig``: YaRN's original context where a layer's differs (Laguna's sliding layers: the trained one)."""
+        ``n_ctx_orig``: YaRN's original context where a layer's differs (Laguna's sliding layers: the trained one);
+        ``mode``: a layout other than the model's (DeepSeek-V3.2's indexer turns NeoX halves)."""
         hp = self.hp
         ops = (x, pos) if freq_factors is None else (x, pos, freq_factors)
         yarn = hp.rope_scaling == "yarn"
         attn = yarn_attn_factor(hp.rope_freq_scale, hp.rope_attn_factor) if yarn else hp.rope_attn_factor
         attn = attn if attn_factor is None else attn_factor
-        attrs = dict(n_dims=hp.n_rot if n_dims is None else n_dims, mode=self.arch.rope_mode,
+        attrs = dict(n_dims=hp.n_rot if n_dims is None else n_dims, mode=self.arch.rope_mode if mode is None else mode,
                      n_ctx_orig=hp.n_ctx_orig_yarn if n_ctx_orig is None else n_ctx_orig,
                      freq_base=hp.rope_freq_base if freq_base is None else freq_base,
                      freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
@@ -596,15 +601,41 @@ class GraphBuilder:
         return out if wo is None else self.linear(out, wo, wo_b, name="attn_out", s=wo_s)
 
     def build_attn_mla(self, q: Node, k: Node, v: Node, *, wo: Node | None, v_mla: Node, kq_scale: float,
-                       wo_s: Node | None = None) -> Node:
+                       wo_s: Node | None = None, selected: Node | None = None) -> Node:
         """Multi-head latent attention (absorbed MLA): q [d_latent, n_head, T] over one shared head k
         [d_latent, 1, T] whose first ``v``'s width values are V (``v`` [kv_lora_rank, 1, T] is that view); each
         head's output is decompressed through its slice of ``v_mla`` [kv_lora_rank, d_v, n_head], then W_o (times
         its scale ``wo_s``; ``wo`` None: the heads' outputs [d_v * n_head, T], for the family to finish). Only a
-        memory that keeps latent rows serves it."""
+        memory that keeps latent rows serves it. ``selected`` [n_top, T]: the cells each token may attend to
+        (sparse attention, :meth:`selected_mask`)."""
         inp = self._inputs("build_attn_mla", LatentRows(k, v))
-        out = self.attn_mha(q, inp.k, inp.v, inp.mask, kq_scale, v_mla=v_mla)
+        mask = inp.mask if selected is None else self.selected_mask(inp.mask, selected)
+        out = self.attn_mha(q, inp.k, inp.v, mask, kq_scale, v_mla=v_mla)
         return out if wo is None else self.linear(out, wo, name="attn_out", s=wo_s)
+
+    def selected_mask(self, mask: Node, selected: Node) -> Node:
+        """The mask [n_kv, T] with every cell masked but those ``selected`` [n_top, T] per token, plus the mask
+        itself (llama.cpp's sparse attention: zeros written into an all -inf mask at the selected rows)."""
+        n_kv, n_tok = mask.shape
+        n_top = selected.shape[0]
+        hidden = self.op("fill", mask, c=float("-inf"), name="kq_mask_all")
+        hidden = self.op("view", hidden, shape=(1, n_kv, n_tok), strides=(1, 1, n_kv), offset=0,
+                         name="kq_mask_all.rows")
+        zeros = self.op("fill", self.reshape(selected, (1, n_top, n_tok), name="top_k.rows"), c=0.0,
+                        name="kq_mask_zeros")
+        shown = self.op("set_rows", hidden, zeros, selected, name="kq_mask_top_k.rows")
+        shown = self.op("view", shown, shape=(n_kv, n_tok), strides=(1, n_kv), offset=0, name="kq_mask_top_k.view")
+        return self.op("add", shown, mask, name="kq_mask_top_k")
+
+    def build_indexer_rotation(self) -> Node:
+        """The rotation the indexer's queries and keys go through before they are scored (the memory's)."""
+        return self._inputs("build_indexer_rotation", IndexerRotation())
+
+    def build_indexer_keys(self, k: Node) -> tuple[Node, Node, Dim]:
+        """Keep the layer's indexer keys k [d, 1, T]; every cached key [d, 1, n_kv], the indexer's mask and how
+        many keys a token keeps."""
+        inp: IndexerInputs = self._inputs("build_indexer_keys", IndexerRows(k))
+        return inp.k, inp.mask, inp.n_top
 
     def build_pos_bias(self, rel_b: Node) -> Node:
         """T5's relative position bias of every score [n_kv, n_tokens, n_head]: the row of ``rel_b``

@@ -10,10 +10,11 @@ import numpy as np
 
 from graphir.backends.numba import tape as T
 from graphir.backends.numba.kernels.attention import attention_mask, attention_over, open_prefix
+from graphir.backends.numba.kernels.indexer import lightning_indexer
 from graphir.backends.numba.kernels.softmax import (alibi_slopes, exp_head, heads, mask_rows, per_row, probabilities,
                                                     soft_max, soft_max_kernel)
-from graphir.backends.numba.primitives.isa import IsaPath
-from graphir.backends.numba.steps.base import F32, Env, Step, broadcast, dense, kernel, rows_of
+from graphir.backends.numba.primitives.isa import REDUCE_HADD, IsaPath
+from graphir.backends.numba.steps.base import F32, Env, Function, Step, broadcast, dense, kernel, rows_of
 from graphir.backends.numba.tape import Tape
 from graphir.graph.ir import Node
 from graphir.memory.kv import stream_binding
@@ -24,6 +25,19 @@ def kv_pad(soft_max_node: Node) -> int:
     to 256 masked cells as llama.cpp's); a mask over the ubatch or an encoder's output states none."""
     n = soft_max_node
     return int(n.inputs[1].attrs.get("pad", 1)) if len(n.inputs) > 1 and n.inputs[1].op == "input" else 1
+
+
+@kernel("lightning_indexer")
+def _lightning_indexer(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    hadd = path.reduce == REDUCE_HADD
+    streams = len(n.shape) > 2  # [n_kv, T, 1, S]; without streams [n_kv, T]
+    return Function(lambda env, q, k, w, mask: _ggml_rank(lightning_indexer(q, k, w, mask, path.lanes, hadd),
+                                                          streams))
+
+
+def _ggml_rank(scores: np.ndarray, streams: bool) -> np.ndarray:
+    """The indexer's (S, T, n_kv) scores in the node's numpy layout: (S, 1, T, n_kv), or (T, n_kv)."""
+    return scores[:, None] if streams else scores[0]
 
 
 @kernel("soft_max")

@@ -11,6 +11,7 @@ from graphir.backends.numba.kernels.moe import FloatExperts, add_id, argsort_top
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.quant.weight import QWeight, expert_matrices
 from graphir.backends.numba.steps.base import Env, Function, Step, dense, kernel
+from graphir.graph.dims import Sym
 from graphir.graph.ir import Node
 
 
@@ -45,7 +46,8 @@ def _float_rows(w: Any, n_expert: int) -> np.ndarray | None:
 
 @kernel("argsort_top_k")
 def _argsort_top_k(n: Node, memo: threading.local, path: IsaPath) -> Step:
-    return Function(lambda env, x: argsort_top_k(x, n.attrs["k"]))
+    k = n.attrs["k"]  # a size of the memory's (an indexer's kept keys) is bound at run time
+    return Function(lambda env, x: argsort_top_k(x, k.eval(env) if isinstance(k, Sym) else k))
 
 
 @kernel("sum_rows")

@@ -192,6 +192,8 @@ class _Concat(Step):
 def _set_rows_kernel(n: Node, memo: threading.local, path: IsaPath) -> Step:
     if len(n.inputs[2].shape) == 2:  # batched: dst (B, rows, ne0), src (B, n, ne0), ids (B, n); dst a fresh value
         def set_batched(env: Env, dst: np.ndarray, src: np.ndarray, ids: np.ndarray) -> np.ndarray:
+            if not dst.flags.writeable:  # a strided view of the fresh value (sparse attention's mask rows)
+                dst = dst.copy()
             np.put_along_axis(dst, ids[..., None].astype(np.intp), src, axis=1)
             return dst
         return Function(set_batched)
