@@ -42,7 +42,7 @@ MLA = ("deepseek2", "mistral4")
 # mixture-of-experts group two: a per-layer window pattern (odd layers slide) and a clamped SwiGLU, as that test gives
 SWA_PER_LAYER = ("maple", "mimo2", "granite_swa")
 SWIGLU_CLAMP = {"maple": 7.0}
-HYBRID_HEADS = ("granitehybrid", "lfm2", "lfm2moe")  # per-layer head counts: layer 1 has none (a recurrent layer)
+HYBRID_HEADS = ("granitehybrid", "lfm2", "lfm2moe", "plamo2")  # per-layer head counts: layer 1 has none (a recurrent layer)
 
 
 def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
                                 (L.EXPERTS_PER_GROUP, 1)):
             put(template, value)
     for template, value in ((S.INNER_SIZE, 256 if arch in ("qwen3next", "qwen35", "qwen35moe") else 2 * n_embd), (S.CONV_KERNEL, 4),
-                            (S.STATE_SIZE, 128), (S.TIME_STEP_RANK, n_head), (S.GROUP_COUNT, 2),
+                            (S.STATE_SIZE, 128), (S.TIME_STEP_RANK, n_head), (S.GROUP_COUNT, 0 if arch == "plamo2" else 2),
                             (Keys.WKV.HEAD_SIZE, n_embd // n_head), (Keys.ShortConv.L_CACHE, 3)):
         put(template, value)
     k.update({name: v for name, v in changes.items() if name not in size})

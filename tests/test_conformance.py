@@ -240,6 +240,7 @@ ROWS = [
     Row("qwen3next", moe=True),
     # twice the value heads of key heads: each key head's q and k repeated in place for its two value heads
     Row("qwen3next", "heads", moe=True, keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
+    Row("plamo2"),  # layer 1 of 2 the state-space block (no K/V heads)
 ]
 
 _rng = np.random.default_rng(7)
