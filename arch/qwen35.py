@@ -26,7 +26,7 @@ from typing import Callable, ClassVar
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
-from graphir.errors import MetadataError
+from graphir.errors import MetadataError, TensorError
 from graphir.graph.ir import Node
 from graphir.memory.layers import Attention, LayerNeeds
 from graphir.model import ssm
@@ -260,9 +260,10 @@ class Qwen35(Architecture):
         if qkv_w is not None:
             qkv = b.reshape(b.mm(qkv_w, h, name="linear_attn_qkv_mixed"), (self.conv_dim, Ts, S),
                             name="linear_attn_qkv_mixed.seqs")
-            z = b.mm(b.w(T.ATTN_GATE, il), h, name="z")
+            z = b.mm(self.projection(b, T.ATTN_GATE, il), h, name="z")
         else:
-            qkv, z = self.split_qkvz(b, b.mm(b.w(T.SSM_IN, il), h, name="linear_attn_mixed_qkvz"))
+            qkvz = b.mm(self.projection(b, T.SSM_IN, il), h, name="linear_attn_mixed_qkvz")
+            qkv, z = self.split_qkvz(b, qkvz)
         ba = b.reshape(b.mm(b.w(T.SSM_BETA_ALPHA, il), h, name="linear_attn_mixed_ba"), (2 * r, Hk, Ts, S),
                        name="linear_attn_mixed_ba.heads")
         beta, alpha = (b.op("cont", b.op("view", ba, shape=(r, Hk, Ts, S), strides=(1, 2 * r, 2 * r * Hk,
@@ -271,6 +272,16 @@ class Qwen35(Architecture):
                        for tag, off in (("b", 0), ("a", r)))
         beta = b.reshape(b.op("sigmoid", beta, name="beta_sigmoid"), (1, Hv, Ts, S), name="beta.seqs")
         return qkv, z, beta, self.decay(b, b.reshape(alpha, (Hv, Ts, S), name="alpha"), il)
+
+    def projection(self, b: GraphBuilder, t: T, il: int) -> Node:
+        """A projection of Qwen3-Next's DeltaNet that its file's form needs (llama.cpp's graph would read it
+        missing): attn_gate beside attn_qkv, else ssm_in."""
+        w = b.w_opt(t, il)
+        if w is None:
+            qkv, qkvz = tensor_name(T.ATTN_QKV, il), tensor_name(T.SSM_IN, il)
+            raise TensorError(f"{b.label}: " + (f"missing tensor '{tensor_name(t, il)}' beside '{qkv}'" if t != T.SSM_IN
+                                                else f"missing tensor '{qkv}' (or '{qkvz}' of q, k, v and z in one)"))
+        return w
 
     def split_qkvz(self, b: GraphBuilder, mixed: Node) -> tuple[Node, Node]:
         """ssm_in's product, key head by key head [q, k, v, z], as [q..., k..., v...] for the conv and z."""

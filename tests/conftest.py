@@ -577,3 +577,28 @@ TINY_FAMILY["step35"].update({
 TINY_INCLUDE["step35"] = (r"rope_freqs\.weight|blk\.\d+\.(attn_[qkv]|attn_[qk]_norm)\.weight|blk\.[0-2]\.attn_gate\.weight|"
                           r"blk\.0\.ffn_(gate|up|down)\.weight|blk\.[1-9]\.(ffn_gate_inp|ffn_(gate|up|down)_(exps|shexp))\.weight|"
                           r"blk\.[1-9]\.exp_probs_b\.bias|" + NEXTN_4)
+# Nemotron-H: layer 0 attention (4 heads of 16 sharing 2 K/V heads), layer 1 Mamba-2 (8 heads of 16 in 2 groups, 80
+# states), layer 2 an FFN (which keeps nothing); its MoE form: 4 experts of 32 in a latent space of 32, two per token
+# (one in layer 2), a shared expert of 32, the weights normalised and scaled
+TINY_FAMILY["nemotron_h"] = {
+    **{k: v for k, v in TINY_FAMILY["mamba2"].items() if k.startswith("{arch}.ssm.")},
+    gguf.Keys.LLM.BLOCK_COUNT: 3, gguf.Keys.Attention.HEAD_COUNT_KV: [2, 0, 2],
+    gguf.Keys.LLM.FEED_FORWARD_LENGTH: [0, 0, 128], gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
+TINY_FAMILY["nemotron_h_moe"] = {
+    **TINY_FAMILY["nemotron_h"], gguf.Keys.LLM.EXPERT_COUNT: 4, gguf.Keys.LLM.EXPERT_USED_COUNT: [2, 2, 1],
+    gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: 32, gguf.Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: 32,
+    gguf.Keys.LLM.MOE_LATENT_SIZE: 32, gguf.Keys.LLM.EXPERT_WEIGHTS_NORM: True, gguf.Keys.LLM.EXPERT_WEIGHTS_SCALE: 2.5}
+_DENSE["nemotron_h"] = _DENSE["nemotron_h_moe"] = _DENSE["mamba2"]
+TINY_INCLUDE["nemotron_h"] = r"blk\.\d+\.attn_[qkv]\.weight"
+TINY_INCLUDE["nemotron_h_moe"] = r"blk\.\d+\.(attn_[qkv]|ffn_latent_(down|up))\.weight"
+
+# Jamba: a Mamba layer (inner twice the width, as llama.cpp asserts) and an attention layer; LFM2: a short-conv
+# layer and an attention layer, and LFM2-MoE's second layer through sigmoid-routed experts
+TINY_FAMILY["jamba"] = {gguf.Keys.Attention.HEAD_COUNT_KV: [0, 2], gguf.Keys.SSM.CONV_KERNEL: 4,
+                        gguf.Keys.SSM.INNER_SIZE: 128, gguf.Keys.SSM.STATE_SIZE: 16, gguf.Keys.SSM.TIME_STEP_RANK: 4}
+TINY_FAMILY["lfm2"] = {gguf.Keys.Attention.HEAD_COUNT_KV: [0, 2], gguf.Keys.ShortConv.L_CACHE: 3}
+TINY_FAMILY["lfm2moe"] = {**TINY_FAMILY["lfm2"], gguf.Keys.LLM.LEADING_DENSE_BLOCK_COUNT: 1,
+                          gguf.Keys.LLM.EXPERT_COUNT: 4, gguf.Keys.LLM.EXPERT_USED_COUNT: 2,
+                          gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: 32, gguf.Keys.LLM.EXPERT_GATING_FUNC: 2}
+TINY_INCLUDE.update({a: r"blk\.\d+\.attn_[qkv]\.weight" for a in ("lfm2", "lfm2moe")})  # Q, K, V apart
+TINY_INCLUDE["jamba"] = r"blk\.\d+\.(attn_[qkv]|ffn_(gate|down|up))\.weight"  # Q, K, V apart; dense FFNs

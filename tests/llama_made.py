@@ -37,12 +37,15 @@ SIZES: dict[str, dict[str, int]] = {
     "laguna": dict(n_embd=160),
     "qwen3": dict(n_head=4, n_head_kv=1),
     "afmoe": dict(n_head=4, n_head_kv=2),  # its GQA case
+    "nemotron_h": dict(n_layer=3), "nemotron_h_moe": dict(n_layer=3),  # attention, Mamba-2 and FFN layers
 }
 MLA = ("deepseek2", "mistral4")
 # mixture-of-experts group two: a per-layer window pattern (odd layers slide) and a clamped SwiGLU, as that test gives
 SWA_PER_LAYER = ("maple", "mimo2", "granite_swa")
 SWIGLU_CLAMP = {"maple": 7.0}
-HYBRID_HEADS = ("granitehybrid", "lfm2", "lfm2moe", "plamo2")  # per-layer head counts: layer 1 has none (a recurrent layer)
+# per-layer head counts: layer 1 has none (a recurrent layer)
+HYBRID_HEADS = ("granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "jamba", "plamo2")
+FFN_LAYERS = ("nemotron_h", "nemotron_h_moe")  # per-layer FFN widths: only from layer 2 on
 
 
 def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
@@ -64,6 +67,8 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
                             (L.TIME_MIX_EXTRA_DIM, 64), (L.TIME_DECAY_EXTRA_DIM, 128), (L.FULL_ATTENTION_INTERVAL, 2),
                             (L.RESIDUAL_SCALE, 3.5565588200778455)):
         put(template, value)
+    if arch in FFN_LAYERS:
+        put(L.FEED_FORWARD_LENGTH, [0 if il <= 1 else n_ff for il in range(n_layer)])
     if arch in HYBRID_HEADS:
         per_layer = [0 if il == 1 else n_head for il in range(n_layer)]
         put(A.HEAD_COUNT, per_layer)

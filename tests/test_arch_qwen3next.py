@@ -7,12 +7,17 @@ llama.cpp is the oracle: the prompt's logits and greedy steps bit for bit on its
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pytest
-from conftest import TinyModels, make_tiny_preset, oracle_is_exact, oracle_path
+from conftest import TinyModels, make_tiny_preset, oracle_is_exact, oracle_path, write_model_gguf
 from test_families import greedy_against_llama_cpp
 
 from graphir.batch import Batch
+from graphir.errors import GraphirError
 from graphir.llamacpp.compare import agreement
 from graphir.model.meta import open_model
 
@@ -57,3 +62,18 @@ def test_logits_do_not_depend_on_ubatches_of_several_tokens(tiny: TinyModels) ->
         ctx.decode(Batch.from_tokens(PROMPT, 0))
         last.append(ctx.logits_ith(-1).copy())
     assert np.abs(last[1] - last[0]).max() <= 1e-5
+
+
+SPLIT = r"blk\.\d+\.(attn_qkv|attn_gate|ffn_(gate|up)_exps)\.weight"  # the converter's form
+
+
+@pytest.mark.parametrize("include, drop, missing", [
+    ("", "blk.0.ssm_in.weight", "'blk.0.attn_qkv.weight' (or 'blk.0.ssm_in.weight' of q, k, v and z in one)"),
+    (SPLIT, "blk.0.attn_gate.weight", "'blk.0.attn_gate.weight' beside 'blk.0.attn_qkv.weight'")])
+def test_a_deltanet_layer_without_its_projections_is_one_line_naming_them(tmp_path: Path, include: str, drop: str,
+                                                                          missing: str) -> None:
+    """A layer llama.cpp's graph would read a tensor it does not have of: the file is refused, naming it."""
+    preset = make_tiny_preset("qwen3next", tied=False)
+    path = write_model_gguf(tmp_path / "cut.gguf", replace(preset, include=include or preset.include), drop=(drop,))
+    with pytest.raises(GraphirError, match=re.escape(f"missing tensor {missing}")):
+        open_model(str(path)).build_graph("hybrid", "decode")

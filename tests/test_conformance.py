@@ -189,6 +189,22 @@ ROWS = [
     Row("step35", made_by="graphir", moe=True, keys={"step35.rope.freq_base_swa": 500.0}),
     # issue 40: every layer attention and Mamba-2 at once (both needs of one layer, in the hybrid memory's two parts)
     Row("falcon-h1"),
+    # issue 40: Nemotron-H's attention, Mamba-2 and FFN-only layers (an FFN layer keeps nothing in the hybrid memory);
+    # its experts' weights normalised and scaled; in a latent space narrower than the model with the last layer
+    # using one of its experts (llama.cpp's saver writes neither the latent size nor per-layer counts: graphir writes
+    # that file, tests/conftest.py's TINY_FAMILY)
+    Row("nemotron_h"),
+    Row("nemotron_h_moe", moe=True, keys={"nemotron_h_moe.expert_weights_norm": True,
+                                         "nemotron_h_moe.expert_weights_scale": 2.5}),
+    Row("nemotron_h_moe", "latent", made_by="graphir", moe=True, avx2_apart=2e-6),
+    # Jamba: attention (layer 0) and Mamba with dt, B and C norms (layer 1), dense SwiGLUs or experts in every layer
+    Row("jamba", avx2_apart=1e-7),
+    Row("jamba", "moe", moe=True),
+    # a draft layer, loaded and left out
+    Row("nemotron_h_moe", "nextn", made_by="graphir", moe=True, avx2_apart=2e-6, keys={
+        "nemotron_h_moe.nextn_predict_layers": 1, "nemotron_h_moe.block_count": 4,
+        "nemotron_h_moe.attention.head_count_kv": [2, 0, 2, 2], "nemotron_h_moe.feed_forward_length": [0, 0, 128, 128],
+        "nemotron_h_moe.expert_used_count": [2, 2, 1, 2]}),
     # issue 38, ALiBi and the rest
     Row("refact"),
     Row("bloom"),
@@ -237,9 +253,10 @@ ROWS = [
     Row("lfm2", keys={"lfm2.attention.sliding_window": 0}),
     Row("lfm2moe", moe=True, keys={"lfm2moe.attention.sliding_window": 0}),
     # gated DeltaNet and Mamba-2-like hybrids (issue 40)
-    Row("qwen3next", moe=True),
+    Row("qwen3next", moe=True, avx2_apart=1e-7),
     # twice the value heads of key heads: each key head's q and k repeated in place for its two value heads
-    Row("qwen3next", "heads", moe=True, keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
+    Row("qwen3next", "heads", moe=True, avx2_apart=1e-7,
+        keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
     Row("plamo2"),  # layer 1 of 2 the state-space block (no K/V heads)
 ]
 
@@ -468,7 +485,7 @@ def test_each_token_takes_llama_cpps_experts_with_its_weights(row: Row) -> None:
     from llama_taps import llama_cpp_taps
 
     hp = _arch(row).hp
-    k, T_ = hp.n_expert_used, len(PROMPT)
+    T_ = len(PROMPT)
     taps: dict[str, np.ndarray] = {}
     _model(row, Q.F32).new_context(n_ctx=64).decode(Batch.from_tokens(PROMPT, 0, outputs="all"), taps=taps)
     theirs = llama_cpp_taps(str(_path(row, Q.F32)), PROMPT, ints=True, first=True)
@@ -476,7 +493,7 @@ def test_each_token_takes_llama_cpps_experts_with_its_weights(row: Row) -> None:
     assert layers, "llama.cpp routed no token"
     for il in layers:
         order = theirs[f"ffn_moe_argsort-{il}"].reshape(-1, hp.n_expert)
-        rows = len(order)
+        rows, k = len(order), taps[f"blk.{il}.ffn_moe_topk"].size // T_  # the layer's count where it has its own
         chosen = taps[f"blk.{il}.ffn_moe_topk"].reshape(T_, k)[T_ - rows:]
         assert np.array_equal(chosen, order[:, :k]), f"layer {il}: experts {chosen.tolist()}, llama.cpp's {order[:, :k]}"
         name = [n for n in ROUTING_WEIGHTS if f"{n}-{il}" in theirs][-1]

@@ -68,6 +68,7 @@ NOT_COMPARED = {
     "afmoe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "mimo2-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "step35-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "nemotron_h_moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
 }
 
 
@@ -599,6 +600,8 @@ NO_MAPPING = {
     "talkie": "its converter reads the logit scale from a checkpoint weight (lm_head_gain), which no config gives",
     "mimo2": "its converter writes the multi-token-prediction layers and a fused Q/K/V, which graphir's mimo2 "
              "refuses; a config would describe files graphir cannot read",
+    "nemotron_h_moe": "its configs are NemotronHForCausalLM's, which the converter sends to nemotron_h_moe when they "
+                      "name num_experts_per_tok; graphir maps that class to nemotron_h and refuses such a config",
 }
 
 
@@ -635,6 +638,8 @@ ERRORS = {
     "yarn without its context": ({**SMOL, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
                                  "missing key 'rope_scaling.original_max_position_embeddings'"),
     "not an object": ([1, 2], "not a model config (a JSON object)"),
+    "Nemotron-H with experts": ({**json.loads((DATA / "Nemotron-H-8B" / "config.json").read_text()),
+                                 "num_experts_per_tok": 6}, "num_experts_per_tok: the mixture-of-experts form"),
 }
 
 

@@ -445,6 +445,8 @@ class GraphBuilder:
                             name="ffn_moe_swiglu_oai")
             else:
                 h = self.op(_GLU[act], gate, up, name=f"ffn_moe_{_GLU[act]}")
+        elif act is Act.RELU_SQR:  # ungated experts' squared ReLU (Nemotron-H's)
+            h = self.op("sqr", self.op("relu", up, name="ffn_moe_relu"), name="ffn_moe_relu_sqr")
         else:
             h = self.op(act.value, up, name=f"ffn_moe_{act.value}")
         experts = self._expert_mm(down_exps, down_exps_b, down_exps_s, h, selected, name="ffn_moe_down")

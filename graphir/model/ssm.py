@@ -66,10 +66,11 @@ def store_states(b: GraphBuilder, value: Node, n_out: Dim, n_embd_s: int, *, nam
 # ---- Mamba -------------------------------------------------------------------------------------------------
 
 
-def mamba_tensors(hp: HParams, il: int) -> list[TensorSpec]:
-    """Layer il's selective SSM block."""
+def mamba_tensors(hp: HParams, il: int, dt_b_c_norms: bool = False) -> list[TensorSpec]:
+    """Layer il's selective SSM block; ``dt_b_c_norms``: with the RMS norms' weights of dt, B and C (Jamba's)."""
     E, Di, Ds, R, K = hp.n_embd, hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_d_conv
-    return [
+    norms = [spec(t, (n,), il, kind="vector") for t, n in ((T.SSM_DT_NORM, R), (T.SSM_B_NORM, Ds), (T.SSM_C_NORM, Ds))]
+    return [*(norms if dt_b_c_norms else ()),
         spec(T.SSM_IN, (E, 2 * Di), il),
         spec(T.SSM_CONV1D, (K, Di), il),
         spec(T.SSM_CONV1D, (Di,), il, "bias", kind="vector"),
@@ -100,9 +101,18 @@ def mamba_layer(b: GraphBuilder, x: Node, il: int) -> Node:
 
     dbc = b.op("mul_mat", b.w(T.SSM_X, il), xs, name="ssm_dbc")  # [R + 2*Ds, Ts, S]
     row = R + 2 * Ds
-    dt, B, C = (b.op("view", dbc, shape=(n, Ts, S), strides=(1, row, row * Ts), offset=off, name=tag)
-                for tag, n, off in (("ssm_dt_in", R, 0), ("ssm_B", Ds, R), ("ssm_C", Ds, R + Ds)))
-    if hp.ssm_dt_b_c_rms:  # Falcon-Mamba: dt, B and C RMS-normalised, without a scale
+    norms = (T.SSM_DT_NORM, T.SSM_B_NORM, T.SSM_C_NORM)
+    weighted = all(tensor_name(t, il) in b.tensors for t in norms)  # Jamba's norms of dt, B and C
+    dt = b.op("view", dbc, shape=(R, Ts, S), strides=(1, row, row * Ts), offset=0, name="ssm_dt_in")
+    # B and C normalised with weights are viewed as llama.cpp does, in one group ([Ds, 1, Ts, S])
+    group, group_stride = ((1,), (Ds,)) if weighted else ((), ())
+    B, C = (b.op("view", dbc, shape=(Ds, *group, Ts, S), strides=(1, *group_stride, row, row * Ts), offset=off,
+                 name=tag) for tag, off in (("ssm_B", R), ("ssm_C", R + Ds)))
+    if weighted:
+        dt, B, C = (b.norm(v, t, il, name=f"{tag}_norm") for v, t, tag in zip((dt, B, C), norms,
+                                                                              ("ssm_dt_in", "ssm_B", "ssm_C")))
+        B, C = (b.reshape(v, (Ds, Ts, S), name=f"{tag}_norm.tokens") for v, tag in ((B, "ssm_B"), (C, "ssm_C")))
+    elif hp.ssm_dt_b_c_rms:  # Falcon-Mamba: dt, B and C RMS-normalised, without a scale
         dt, B, C = (b.op("rms_norm", t, eps=hp.norm_rms_eps, name=f"{tag}_norm")
                     for t, tag in ((dt, "ssm_dt_in"), (B, "ssm_B"), (C, "ssm_C")))
     dt = b.linear(dt, b.w(T.SSM_DT, il), b.w(T.SSM_DT, il, "bias"), name="ssm_dt")
