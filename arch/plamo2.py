@@ -9,13 +9,14 @@ do, add x times D, and are gated by SiLU(z). Its state is the conv's last column
 Mixer layers with attention heads are grouped-query attention from one fused QKV projection, per-head QK-norm
 scales and NeoX RoPE. The FFN is a SwiGLU over the two halves of one up projection.
 The memory is the ``hybrid`` kind: a KV cache for the attention layers, state cells for the others.
-No released model's config is known here for certain: the golden graphs come from a tiny header of llama.cpp's
-tiny model's shape. Reference: Preferred Networks 2025, "PLaMo 2"; llama.cpp src/models/plamo2.cpp.
+PLaMo-2-1B is the released model's preset (from its public config.json, which the mapping below reads as
+convert_hf_to_gguf does). Reference: Preferred Networks 2025, "PLaMo 2"; llama.cpp src/models/plamo2.cpp.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
@@ -23,12 +24,16 @@ from gguf import Keys
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
 from graphir.memory.layers import Attention, LayerNeeds
-from graphir.model import presets, ssm
+from graphir.model import hf_config, presets, ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder, Norm
+from graphir.model.hf_config import BLOCKS, CONTEXT, VOCAB, WIDTH, Config, Family, derived, fixed, hf
 from graphir.model.hparams import HParams, Key
 from graphir.model.presets import Preset
 from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
+
+
+F32 = r"blk\.\d+\.(ssm_conv1d|attn_[qk]_norm)\.weight"  # the converter keeps these matrices in f32
 
 
 class Plamo2(Architecture):
@@ -124,8 +129,9 @@ class Plamo2(Architecture):
         assert Ts is not None
         P, R = Di // H, self.dt_dim
         zx = b.mm(b.w(T.SSM_IN, il), b.reshape(h, (hp.n_embd, Ts, S), name="attn_norm.seqs"), name="mamba_in_proj")
-        # llama.cpp swaps the token and sequence axes before reading the rows as [z, x] per head, token, sequence
-        zx = b.op("cont", b.op("permute", zx, axes=(0, 2, 1), name="mamba_in_proj.perm"), name="mamba_in_proj.cont")
+        # llama.cpp swaps the token and sequence axes here and reads the result back in the unswapped order: the
+        # same rows when a ubatch has one sequence or one token of each, another sequence's rows otherwise (a
+        # sequence would read its neighbours' tokens); each sequence's own rows are PLaMo 2's mixer
         zx = b.reshape(zx, (2 * P, H, Ts, S), name="mamba_in_proj_out")
         z, x = (b.op("view", zx, shape=(P, H, Ts, S), strides=(1, 2 * P, 2 * P * H, 2 * P * H * Ts), offset=off,
                      name=tag) for tag, off in (("mamba_z_split", 0), ("mamba_x_split.view", P)))
@@ -179,16 +185,59 @@ class Plamo2(Architecture):
         b.build_output(b.norm(x, T.OUTPUT_NORM, name="result_norm"), b.w(T.OUTPUT))
 
 
-# ---- presets: no released model's config is known here for certain ----------------------------------------
+# ---- presets --------------------------------------------------------------------------------------------
 
-L, A, S = Keys.LLM, Keys.Attention, Keys.SSM
+L, A, R, S = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
 
 presets.register({
-    # llama.cpp's tiny model's shape at four layers: attention in layers 0 and 2 (2 heads of 128, K/V heads as
-    # many), PLaMo 2's state-space block in 1 and 3 (2 heads of 256, 128 states, conv kernel 4)
-    "plamo2-tiny-header": Preset("plamo2", {
-        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 384,
-        A.HEAD_COUNT: [2, 0, 2, 0], A.HEAD_COUNT_KV: [2, 0, 2, 0], A.LAYERNORM_RMS_EPS: 1e-5, L.VOCAB_SIZE: 128,
-        S.CONV_KERNEL: 4, S.INNER_SIZE: 512, S.STATE_SIZE: 128, S.TIME_STEP_RANK: 2, S.GROUP_COUNT: 0,
-    }, tied=False, source="llama.cpp's tiny plamo2 model, not a released model"),
+    # 16 layers of width 2048: the state-space block in the even ones (32 heads of 128, inner 4096, 64 states,
+    # conv kernel 4), attention in the odd ones (16 query heads of 128 sharing one K/V head); a SwiGLU of 8192
+    "PLaMo-2-1B": Preset("plamo2", {
+        L.CONTEXT_LENGTH: 10485760, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 16, L.FEED_FORWARD_LENGTH: 8192,
+        A.HEAD_COUNT: [0, 16] * 8, A.HEAD_COUNT_KV: [0, 1] * 8, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128,
+        R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-6, S.CONV_KERNEL: 4, S.INNER_SIZE: 4096, S.STATE_SIZE: 64,
+        S.TIME_STEP_RANK: 32, S.GROUP_COUNT: 0, L.VOCAB_SIZE: 100000,
+    }, tied=True, f32=F32, source="pfnet/plamo-2-1b config.json"),
 })
+
+
+# ---- Hugging Face: the keys convert_hf_to_gguf writes for PLaMo 2 --------------------------------------------------
+
+def _attention_layers(c: Config) -> set[int]:
+    """The layers PLaMo 2's modelling code gives attention: every mamba_step-th from mamba_step // 2 (the last one
+    alone when there are too few layers), none with mamba_enabled false."""
+    n, step = c.find(*BLOCKS), c.find("mamba_step", default=2)
+    if not c.find("mamba_enabled", kind="flag", default=True):
+        return set(range(n))
+    if n <= step // 2:
+        return {n - 1}
+    return {il for il in range(n) if il % step == step // 2}
+
+
+def _per_layer(name: str, default: int) -> Callable[[Config], list[int]]:
+    def heads(c: Config) -> list[int]:
+        attention, count = _attention_layers(c), c.find(name, default=default)
+        return [count if il in attention else 0 for il in range(c.find(*BLOCKS))]
+    return heads
+
+
+PLAMO2 = (
+    hf(L.BLOCK_COUNT, *BLOCKS),
+    hf(L.CONTEXT_LENGTH, *CONTEXT, default=2048),
+    hf(L.EMBEDDING_LENGTH, *WIDTH),
+    hf(A.KEY_LENGTH, "hidden_size_per_head", default=128),
+    hf(A.VALUE_LENGTH, "hidden_size_per_head", default=128),
+    derived(A.HEAD_COUNT, _per_layer("num_attention_heads", 32)),
+    derived(A.HEAD_COUNT_KV, _per_layer("num_key_value_heads", 4)),
+    hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number", default=1e-6),
+    hf(R.FREQ_BASE, "rope_theta", kind="number", default=10000.0),
+    hf(S.STATE_SIZE, "mamba_d_state", default=64),
+    hf(S.CONV_KERNEL, "mamba_d_conv", default=4),
+    hf(S.TIME_STEP_RANK, "mamba_num_heads", default=64),
+    derived(S.INNER_SIZE, lambda c: c.find("mamba_num_heads", default=64) * c.find("hidden_size_per_head", default=128)),
+    fixed(S.GROUP_COUNT, 0),
+    hf(L.FEED_FORWARD_LENGTH, "intermediate_size", default=13312),
+    VOCAB,
+)
+
+hf_config.register(Family("plamo2", PLAMO2, {"tie_word_embeddings": True}), "Plamo2ForCausalLM")
