@@ -264,6 +264,8 @@ ROWS = [
     # a ubatch of several tokens of several sequences (tests/test_plamo2.py), so the sequences scenario's ubatches
     # hold one sequence or one token of each
     Row("plamo2", seq_ubatch=3),
+    # LFM2 with a window the prompt outgrows: its attention layers slide, in the hybrid_iswa memory
+    Row("lfm2", "swa", keys={"lfm2.attention.sliding_window": 4}),
 ]
 
 _rng = np.random.default_rng(7)

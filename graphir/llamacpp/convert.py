@@ -151,13 +151,23 @@ class _Names:
         return name
 
 
-def _second_inputs(records: list[Record]) -> set[int]:
-    """The addresses of the inputs created second under a name already given (a sliding-window cache's)."""
+# the inputs of one KV cache, as llama.cpp names them (a sliding-window cache's are named alike)
+_CACHE_INPUTS = ("attn_inp_k_idxs", "attn_inp_v_idxs", "attn_inp_kq_mask")
+
+
+def _second_inputs(records: list[Record], n_ctx: int) -> set[int]:
+    """The addresses of a sliding-window cache's inputs: those created second under a name already given, or,
+    where the graph reads one cache only, its inputs when its mask spans fewer cells than the context (llama.cpp
+    sizes only a window's cache below n_ctx: every attention layer slides, as in LFM2 with a window)."""
     by_name: dict[str, set[int]] = {}
     for r in records:
         if r[1] == "NONE" and r[8] & _FLAG_INPUT:
             by_name.setdefault(r[0], set()).add(r[10])
-    return {a for addresses in by_name.values() if len(addresses) == 2 for a in sorted(addresses)[1:]}
+    second = {a for addresses in by_name.values() if len(addresses) == 2 for a in sorted(addresses)[1:]}
+    masks = [r for r in records if r[1] == "NONE" and r[8] & _FLAG_INPUT and r[0] == _CACHE_INPUTS[-1]]
+    if len(masks) == 1 and masks[0][4][0] < n_ctx:
+        second |= {a for name in _CACHE_INPUTS for a in by_name.get(name, ())}
+    return second
 
 
 # ggml ops that move a tensor's rows without computing: what a recurrent state passes through between its cache
@@ -230,14 +240,15 @@ def _base_name(name: str, op: str, srcs: list[Node]) -> str:
     return re.sub(r"\s+", "_", plain)
 
 
-def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any]) -> Graph:
-    """The graph of one reserve's records; ``weights`` are the GGUF's tensor names."""
+def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any], n_ctx: int) -> Graph:
+    """The graph of one reserve's records in a context of ``n_ctx`` cells; ``weights`` are the GGUF's tensor
+    names."""
     names = _Names()
     of_record: list[Node] = []  # the node of each record (a tied matrix's two records share one)
     nodes: list[Node] = []
     emitted: set[int] = set()
     outputs: dict[str, Node] = {}
-    second = _second_inputs(records)
+    second = _second_inputs(records, n_ctx)
     states = _renamed_states(records, weights)
     for index, r in enumerate(records):
         srcs = [of_record[i] for i in r[7]]
