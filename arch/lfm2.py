@@ -9,8 +9,9 @@ sigmoid-scored experts chosen with a selection bias, their weights normalised (t
 :attr:`Lfm2.experts`). The memory is the ``hybrid`` kind: a KV cache for the attention layers and, per sequence,
 the convolution's saved columns for the others, a rolling state with no scan state beside it (0 floats).
 
-Refused, as graphir builds neither: a sliding window (``attention.sliding_window`` > 0: llama.cpp's hybrid_iswa
-memory) and non-causal attention (llama.cpp pads the convolution on both sides then). The optional ``dense_2``
+With ``attention.sliding_window`` > 0 every attention layer of LFM2 slides (a standard window) and the memory is
+the ``hybrid_iswa`` kind, its attention part an iswa pair; LFM2-MoE's loader reads no window. Refused: non-causal
+attention (llama.cpp pads the convolution on both sides then). The optional ``dense_2``
 projection (LFM2-ColBert) loads and is not built: llama.cpp applies it to pooled embeddings only, after its graph.
 Reference: Liquid AI 2025, "LFM2 Technical Report"; llama.cpp src/models/lfm2.cpp, lfm2moe.cpp.
 """
@@ -48,14 +49,12 @@ class Lfm2(Architecture):
     per_layer = True  # head_count_kv per layer says which layers convolve
     required_keys = (A.LAYERNORM_RMS_EPS,)
     keys = (Key("shortconv_l_cache", Keys.ShortConv.L_CACHE, int, required=True, minimum=2),  # conv taps
-            Key("sliding_window", A.SLIDING_WINDOW, int, 0),  # read to refuse: > 0 is the hybrid_iswa form
+            Key("sliding_window", A.SLIDING_WINDOW, int, 0, minimum=0),  # > 0: every attention layer slides
             Key("n_embd_out", L.EMBEDDING_LENGTH_OUT, int, 0, minimum=0))  # dense_2's width (0: n_embd)
     experts: ClassVar[bool] = False  # the FFNs after the leading dense ones are mixtures of experts (lfm2moe)
+    windowed: ClassVar[bool] = True  # attention.sliding_window > 0 makes the attention layers slide
 
     def __init__(self, hp: HParams):
-        if hp.sliding_window > 0:
-            raise MetadataError(f"'{A.SLIDING_WINDOW.format(arch=hp.arch)}' = {hp.sliding_window}: LFM2 with a "
-                                f"sliding window (llama.cpp's hybrid_iswa memory) is not built")
         if not hp.causal:
             raise MetadataError(f"'{A.CAUSAL.format(arch=hp.arch)}' is false: non-causal LFM2 (its convolution "
                                 f"padded on both sides) is not built")
@@ -71,6 +70,11 @@ class Lfm2(Architecture):
         return self.hp.head_count_kv(il) == 0
 
     @property
+    def window(self) -> int:
+        """The attention layers' sliding window (0: they see every earlier token)."""
+        return self.hp.sliding_window if self.windowed else 0
+
+    @property
     def n_dense(self) -> int:
         """The leading layers with a dense FFN: all of LFM2's, ``leading_dense_block_count`` of LFM2-MoE's."""
         return self.hp.n_layer_dense_lead if self.experts else self.hp.n_layer
@@ -79,7 +83,8 @@ class Lfm2(Architecture):
         """Attention's K and V rows, or the convolution's last l_cache - 1 input columns and no scan state."""
         hp = self.hp
         conv = Recurrent((hp.shortconv_l_cache - 1) * hp.n_embd, 0)
-        return tuple(conv if self.recurrent(il) else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il))
+        return tuple(conv if self.recurrent(il) else
+                     Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il), self.window)
                      for il in range(hp.n_layer))
 
     # ---- tensors -----------------------------------------------------------------------------------------
@@ -167,6 +172,7 @@ class Lfm2Moe(Lfm2):
         Key("n_ff_exp", L.EXPERT_FEED_FORWARD_LENGTH, int, required=True, minimum=1, first=True),
         moe.GATING_FUNC_KEY)
     experts = True
+    windowed = False
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------

@@ -232,7 +232,7 @@ _DENSE["qwen35"] = _DENSE["qwen3next"] = {  # A = -exp(A_log) < 0 so states deca
 # Matrices llama.cpp's converter always writes as F32 whatever the output type (convert_hf_to_gguf): its kernels
 # for these read float32 only (ssm_conv asserts; rwkv_wkv6 reads time_first's bytes as floats); MoE routers
 # (ffn_gate_inp) it keeps F32 for precision; a tensor not named .weight (gpt-oss's [n_ff, n_expert] expert biases) too.
-KEEP_F32 = re.compile(r"blk\.\d+\.(ssm_conv1d|time_mix_first|time_mix_w[12]|time_mix_decay_w[12]|time_mix_lerp_fused"
+KEEP_F32 = re.compile(r"blk\.\d+\.(ssm_conv1d|shortconv\.conv|time_mix_first|time_mix_w[12]|time_mix_decay_w[12]|time_mix_lerp_fused"
                       r"|ffn_gate_inp)\.weight|position_embd\.weight|token_types\.weight|.+\.bias")
 # Stacked expert matrices [n_embd, n_ff, n_expert]: written in the file's matrix type like any matrix
 EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down|gate_up)_(ch)?exps\.weight")

@@ -50,7 +50,7 @@ PER_LAYER_CLAMPS = {"bailingmoe3": ([0.0, 4.0], [0.0, 5.0])}
 SECTIONS = {"bailingmoe3": [8, 12, 12, 0]}
 # per-layer head counts: layer 1 has none (a recurrent layer)
 HYBRID_HEADS = ("granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "jamba", "kimi-linear",
-                "bailingmoe3")
+                "bailingmoe3", "plamo2")
 FFN_LAYERS = ("nemotron_h", "nemotron_h_moe")  # per-layer FFN widths: only from layer 2 on
 KDA_SAFE_GATE, KDA_GATE_LOWER_BOUND = "{arch}.kda.safe_gate", "{arch}.kda.gate_lower_bound"  # gguf-py lacks them
 
@@ -114,7 +114,7 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
                                 (L.EXPERTS_PER_GROUP, 1)):
             put(template, value)
     for template, value in ((S.INNER_SIZE, 256 if arch in ("qwen3next", "qwen35", "qwen35moe") else 2 * n_embd), (S.CONV_KERNEL, 4),
-                            (S.STATE_SIZE, 128), (S.TIME_STEP_RANK, n_head), (S.GROUP_COUNT, 2),
+                            (S.STATE_SIZE, 128), (S.TIME_STEP_RANK, n_head), (S.GROUP_COUNT, 0 if arch == "plamo2" else 2),
                             (Keys.WKV.HEAD_SIZE, n_embd // n_head), (Keys.ShortConv.L_CACHE, 3),
                             (Keys.KDA.HEAD_DIM, 128), (KDA_SAFE_GATE, True), (KDA_GATE_LOWER_BOUND, -5.0)):
         put(template, value)

@@ -10,15 +10,20 @@ from pathlib import Path
 
 import gguf
 import pytest
+from conftest import process_folder
+from test_families import SEQ_RM_CASES, seq_rm_against_llama_cpp
 
-from graphir.errors import MetadataError, TensorError
+import llama_made
+from graphir.errors import GraphirError, MetadataError, TensorError
 from graphir.memory.kinds import assemble
 from graphir.memory.layers import Attention, ContextParams, Recurrent
 from graphir.model.meta import from_preset, open_model
 from graphir.model.presets import all_presets
+from graphir.running.runtime import load
 
 K = gguf.Keys
 DATA = Path(__file__).parent / "data" / "hf"
+_made: dict[str, Path] = {}
 
 
 def preset(name: str, **keys: object):
@@ -37,10 +42,34 @@ def test_layers_without_kv_heads_convolve_and_keep_their_last_inputs_only() -> N
     assert len(rows) == 2 * 10 and all(shape[1] in (0, 4096) for shape, _ in rows.values())
 
 
-def test_a_sliding_window_is_refused_naming_its_key() -> None:
-    with pytest.raises(MetadataError, match=r"'lfm2\.attention\.sliding_window' = 4096: .*hybrid_iswa"):
-        from_preset("x", preset("LFM2-1.2B", **{K.Attention.SLIDING_WINDOW: 4096}))
-    from_preset("x", preset("LFM2-1.2B", **{K.Attention.SLIDING_WINDOW: 0}))  # 0: no window, as in llama.cpp
+def test_a_sliding_window_makes_every_attention_layer_slide_in_the_hybrid_iswa_memory() -> None:
+    """As llama.cpp's loader: a window > 0 makes each attention layer of LFM2 slide (none stays full), and the
+    memory is the hybrid whose attention part is an iswa pair (llama_memory_hybrid_iswa); its window cache holds
+    the window of each sequence and a ubatch. LFM2-MoE's loader reads no window; 0 is no window."""
+    arch = from_preset("x", preset("LFM2-1.2B", **{K.Attention.SLIDING_WINDOW: 4096})).arch
+    assert {n.window for n in arch.needs if isinstance(n, Attention)} == {4096}
+    assert arch.contexts[0] == "hybrid_iswa"
+    memory = assemble("hybrid_iswa", arch.needs, ContextParams(n_ctx=16384, n_ubatch=512))
+    attn = memory.parts["attn"]
+    assert list(memory.parts) == ["attn", "recr"] and list(attn.parts) == ["swa"]  # type: ignore[attr-defined]
+    assert attn.parts["swa"].n_ctx == 4608  # type: ignore[attr-defined]
+    with pytest.raises(GraphirError, match="swa_full"):
+        memory.seq_add(0, 0, -1, 1)
+    for name, keys in (("LFM2-8B-A1B", {K.Attention.SLIDING_WINDOW: 4096}), ("LFM2-1.2B", {K.Attention.SLIDING_WINDOW: 0})):
+        assert from_preset("x", preset(name, **keys)).arch.contexts[0] == "hybrid"
+
+
+@pytest.mark.oracle
+@SEQ_RM_CASES
+def test_seq_rm_with_a_window_answers_as_the_hybrid_does(p0: int, p1: int, ours: bool, llama_cpps: bool) -> None:
+    """Positions 0..4 held by llama.cpp's tiny LFM2 with a window of 4: the recurrent part decides first, as in
+    llama.cpp's llama_memory_hybrid_iswa (a cut into the state's history is refused; graphir refuses a cut in
+    the middle too, see tests/test_arch_granite.py)."""
+    if "swa" not in _made:
+        _made["swa"] = llama_made.make(process_folder("lfm2-swa-") / "F32.gguf", "lfm2",
+                                       **{"lfm2.attention.sliding_window": 4})
+    model = load(str(_made["swa"]))
+    assert seq_rm_against_llama_cpp(model, _made["swa"], [5, 17, 40, 3, 9], p0, p1) == (ours, llama_cpps)
 
 
 def test_non_causal_attention_is_refused() -> None:

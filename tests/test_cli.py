@@ -51,7 +51,7 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "EXAONE-4-32B-tiny", "PLaMo-3-tiny", "PLaMo-3-tiny-swa", "Talkie-tiny",
            "Muse-Glimmer-tiny", "Spark-2.5-tiny",
            "Falcon-H1-1.5B", "LFM2-1.2B", "LFM2-8B-A1B", "Qwen3-Next-80B-A3B",
-           "Nemotron-H-8B", "Nemotron-Nano-9B-v2", "nemotron_h_moe-tiny-header", "Jamba-Mini-1.6",  # issue 40
+           "Nemotron-H-8B", "Nemotron-Nano-9B-v2", "nemotron_h_moe-tiny-header", "Jamba-Mini-1.6", "PLaMo-2-1B",  # issue 40
            "Kimi-Linear-48B-A3B", "bailingmoe3-tiny-header",  # issue 40, new recurrent blocks
            "QRWKV6-32B",  # issue 40, linear-attention blocks
            "DeepSeek-V3.2-Exp", "glm-dsa-tiny-header"]  # issue 40: sparse attention

@@ -56,6 +56,9 @@ class Row:
     # Where graphir on llama.cpp's AVX2 path is not yet bit for bit llama.cpp's on this row's model: the largest
     # logit difference measured there, which the row is then held to on that path (0: bit for bit everywhere)
     avx2_apart: float = 0.0
+    # The sequences scenario's ubatch size: smaller where llama.cpp's graph mixes the sequences of a ubatch that
+    # holds several tokens of several sequences (every ubatch then has one sequence or one token of each)
+    seq_ubatch: int = 5
 
     @property
     def id(self) -> str:
@@ -275,6 +278,12 @@ ROWS = [
     Row("glm-dsa", moe=True),
     # layer 1 runs no indexer: it attends over the keys layer 0 selected, and keeps no indexer keys
     Row("glm-dsa", "shared", moe=True, keys={"glm-dsa.attention.indexer.types": [1, 0]}),
+    # PLaMo 2: layer 1 of 2 the state-space block (no K/V heads); llama.cpp's mixer reads another sequence's rows in
+    # a ubatch of several tokens of several sequences (tests/test_plamo2.py), so the sequences scenario's ubatches
+    # hold one sequence or one token of each
+    Row("plamo2", seq_ubatch=3),
+    # LFM2 with a window the prompt outgrows: its attention layers slide, in the hybrid_iswa memory
+    Row("lfm2", "swa", keys={"lfm2.attention.sliding_window": 4}),
 ]
 
 _rng = np.random.default_rng(7)
@@ -428,7 +437,7 @@ def test_logits_do_not_depend_on_how_the_prompt_is_split(row: Row) -> None:
 @pytest.mark.oracle
 @rows("decoder")
 def test_sequences_in_one_batch_equal_llama_cpps_and_each_alone(row: Row) -> None:
-    interleaved_against_llama_cpp(_model(row, Q.F32), _path(row, Q.F32), SEQS, n_ubatch=5)
+    interleaved_against_llama_cpp(_model(row, Q.F32), _path(row, Q.F32), SEQS, n_ubatch=row.seq_ubatch)
 
 
 @rows("decoder")

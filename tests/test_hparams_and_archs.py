@@ -22,7 +22,7 @@ from graphir.model.hparams import read_hparams
 from graphir.graph.ir import Graph
 from graphir.memory.inputs import RecurrentState
 from graphir.memory.kinds import assemble
-from graphir.memory.layers import Attention, Recurrent
+from graphir.memory.layers import Attention, LatentAttention
 from graphir.model.meta import ModelMeta, from_preset, open_model
 from graphir.model.presets import all_presets
 
@@ -531,7 +531,7 @@ def test_none_context_refuses_the_decode_phase():
 
 
 def test_an_unknown_context_is_refused():
-    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: kv, iswa, recurrent, hybrid, cross, mla, kv_dsa, none)")):
+    with pytest.raises(GraphirError, match=re.escape("unknown context 'paged' (known: kv, iswa, recurrent, hybrid, hybrid_iswa, cross, mla, kv_dsa, none)")):
         open_model(SMOL).build_graph("paged", "prefill")
 
 
@@ -541,15 +541,15 @@ def test_an_unknown_phase_is_refused():
 
 
 def test_a_model_whose_layers_no_memory_holds_is_refused_naming_the_layer_kind():
-    class Unheld(Llama):  # a test-only family: sliding-window layers and recurrent ones, which no memory kind mixes
+    class Unheld(Llama):  # a test-only family: latent-attention layers and sliding-window ones, which no kind mixes
         name = "test-unheld"
 
         def layers(self):
-            return tuple(Attention(512, 512, window=4) if il % 2 else Recurrent(8, 8) for il in range(self.hp.n_layer))
+            return tuple(Attention(512, 512, window=4) if il % 2 else LatentAttention(8) for il in range(self.hp.n_layer))
 
     try:
         with pytest.raises(MetadataError, match=re.escape("no memory kind holds a 'test-unheld' model's layers "
-                                                          "(of kind recurrent, swa)")):
+                                                          "(of kind latent, swa)")):
             Unheld(open_model(SMOL).arch.hp).contexts
     finally:
         REGISTRY.pop("test-unheld")

@@ -157,14 +157,24 @@ class _Names:
         return name
 
 
-def _second_inputs(records: list[Record]) -> set[int]:
-    """The addresses of the inputs (and caches) created second under a name already given: a sliding-window
-    cache's inputs, or an indexer cache's inputs and per-layer caches beside a latent cache's."""
+# the inputs of one KV cache, as llama.cpp names them (a sliding-window cache's are named alike)
+_CACHE_INPUTS = ("attn_inp_k_idxs", "attn_inp_v_idxs", "attn_inp_kq_mask")
+
+
+def _second_inputs(records: list[Record], n_ctx: int) -> set[int]:
+    """The addresses of the inputs (and caches) created second under a name already given (a sliding-window
+    cache's inputs, or an indexer cache's inputs and per-layer caches beside a latent cache's), or, where the graph
+    reads one cache only, its inputs when its mask spans fewer cells than the context (llama.cpp sizes only a
+    window's cache below n_ctx: every attention layer slides, as in LFM2 with a window)."""
     by_name: dict[str, set[int]] = {}
     for r in records:
         if r[1] == "NONE" and (r[8] & _FLAG_INPUT or _CACHE.match(r[0])):
             by_name.setdefault(r[0], set()).add(r[10])
-    return {a for addresses in by_name.values() if len(addresses) == 2 for a in sorted(addresses)[1:]}
+    second = {a for addresses in by_name.values() if len(addresses) == 2 for a in sorted(addresses)[1:]}
+    masks = [r for r in records if r[1] == "NONE" and r[8] & _FLAG_INPUT and r[0] == _CACHE_INPUTS[-1]]
+    if len(masks) == 1 and masks[0][4][0] < n_ctx:
+        second |= {a for name in _CACHE_INPUTS for a in by_name.get(name, ())}
+    return second
 
 
 def _second_tail(records: list[Record]) -> str:
@@ -172,7 +182,48 @@ def _second_tail(records: list[Record]) -> str:
     return "_lid" if any(r[1] == "LIGHTNING_INDEXER" for r in records) else "_swa"
 
 
-def _leaf(r: Record, weights: frozenset[str], names: _Names, second: set[int], tail: str) -> Node:
+# ggml ops that move a tensor's rows without computing: what a recurrent state passes through between its cache
+# and the op that reads it
+_MOVES = frozenset({"RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "CONT", "GET_ROWS"})
+
+
+def _renamed_states(records: list[Record], weights: frozenset[str]) -> dict[int, tuple[str, str]]:
+    """Recurrent states whose cache lost its ``cache_r_l``/``cache_s_l`` name (a builder's cb() renames the cache
+    tensor itself, as PLaMo 2's does), by what they are, at their record's index: (layer, role). A state is a leaf
+    that is neither a weight nor a graph input, whose rows are picked by the recurrent memory's row ids
+    (``rs_s_copy``); its rows roll (``rs_r``: a convolution's last inputs) when they are joined to the ubatch's
+    new columns (a ``CONCAT``), else it is the scan's state (``rs_s``). Its layer is the one cb() named it in."""
+    users: dict[int, list[int]] = {}
+    for j, r in enumerate(records):
+        for i in r[7]:
+            users.setdefault(i, []).append(j)
+
+    def root(i: int) -> int:
+        while records[i][1] in _MOVES and records[i][7]:
+            i = records[i][7][0]
+        return i
+
+    ids = {i for i, r in enumerate(records) if r[1] == "NONE" and r[8] & _FLAG_INPUT and r[0] == "rs_s_copy"}
+    out: dict[int, tuple[str, str]] = {}
+    for i, r in enumerate(records):
+        scoped = _SCOPED.match(r[0])
+        if r[1] != "NONE" or r[8] & _FLAG_INPUT or r[0] in weights or _CACHE.match(r[0]) or not scoped:
+            continue
+        reached, todo = set(), [i]
+        while todo:
+            for j in users.get(todo.pop(), []):
+                if j not in reached:
+                    reached.add(j)
+                    if records[j][1] in _MOVES and records[j][7][0] in reached | {i}:
+                        todo.append(j)
+        if any(root(k) in ids for j in reached for k in records[j][7]):
+            joined = any(records[j][1] == "CONCAT" for j in reached)
+            out[i] = (scoped.group(2), CACHE_ROLES["r" if joined else "s"])
+    return out
+
+
+def _leaf(r: Record, weights: frozenset[str], names: _Names, second: set[int], tail: str,
+          state: tuple[str, str] | None = None) -> Node:
     name, dtype, shape = r[0], r[3], shape_of(r[4])
     m = _CACHE.match(name)
     if m and not m.group(3):
@@ -180,8 +231,10 @@ def _leaf(r: Record, weights: frozenset[str], names: _Names, second: set[int], t
         return Node(names.take(f"blk.{m.group(2)}.{role}", "input"), "input", (), {"role": role}, dtype, shape)
     m = _SCOPED.match(name)
     if m and m.group(1) in RENAMED_CACHES and not m.group(3):
-        role = RENAMED_CACHES[m.group(1)]
-        return Node(names.take(f"blk.{m.group(2)}.{role}", "input"), "input", (), {"role": role}, dtype, shape)
+        state = m.group(2), RENAMED_CACHES[m.group(1)]
+    if state is not None:
+        layer, role = state
+        return Node(names.take(f"blk.{layer}.{role}", "input"), "input", (), {"role": role}, dtype, shape)
     if name in weights:
         names.used.add(name)
         return names.weights.setdefault(name, Node(name, "weight", (), {"tensor": name}, dtype, shape))
@@ -203,18 +256,20 @@ def _base_name(name: str, op: str, srcs: list[Node]) -> str:
     return re.sub(r"\s+", "_", plain)
 
 
-def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any]) -> Graph:
-    """The graph of one reserve's records; ``weights`` are the GGUF's tensor names."""
+def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any], n_ctx: int) -> Graph:
+    """The graph of one reserve's records in a context of ``n_ctx`` cells; ``weights`` are the GGUF's tensor
+    names."""
     names = _Names()
     of_record: list[Node] = []  # the node of each record (a tied matrix's two records share one)
     nodes: list[Node] = []
     emitted: set[int] = set()
     outputs: dict[str, Node] = {}
-    second, tail = _second_inputs(records), _second_tail(records)
-    for r in records:
+    second, tail = _second_inputs(records, n_ctx), _second_tail(records)
+    states = _renamed_states(records, weights)
+    for index, r in enumerate(records):
         srcs = [of_record[i] for i in r[7]]
         if r[1] == "NONE":
-            node = _leaf(r, weights, names, second, tail)
+            node = _leaf(r, weights, names, second, tail, states.get(index))
         else:
             kind, attrs = _op(r, srcs)
             operands = _operands(kind, srcs)

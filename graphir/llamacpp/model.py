@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 
 def context_of(g: Graph) -> str:
     """The memory llama.cpp gave the model, by graphir's name for it, read off the graph's inputs: an encoder's
-    output (cross), caches of keys and of recurrent states (hybrid), of states (recurrent), of keys with a
-    second, sliding-window mask (iswa), of latent keys beside an indexer's keys (kv_dsa), of keys alone (mla: values are read from the key cache), of keys and
+    output (cross), caches of keys and of recurrent states (hybrid; hybrid_iswa with a sliding-window mask), of
+    states (recurrent), of keys with a second, sliding-window mask (iswa), of latent keys beside an indexer's keys
+    (kv_dsa), of keys alone (mla: values are read from the key cache), of keys and
     values (kv), or none. A recurrent state is either kind of row (LFM2's convolutions keep rolling rows only)."""
     roles = {n.attrs["role"] for n in g.inputs}
     states = bool(roles & {"rs_r", "rs_s"})
@@ -26,7 +27,7 @@ def context_of(g: Graph) -> str:
         if "cache_k_lid" in roles:
             return "kv_dsa"
         if states:
-            return "hybrid"
+            return "hybrid_iswa" if "kq_mask_swa" in roles else "hybrid"
         if "kq_mask_swa" in roles:
             return "iswa"
         return "kv" if "cache_v" in roles else "mla"
@@ -45,7 +46,7 @@ def graphs(meta: ModelMeta, phases: tuple[str, ...], context: str | None = None)
         n_tokens, _, n_outputs = PHASE_SIZES[phase]
         sizes = {"n_layer": meta.metadata.get(f"{meta.arch_name}.block_count", 0), "n_ctx": N_CTX,
                  "n_tokens": n_tokens, "n_outputs": n_outputs}  # printed as the graph's hparams
-        g = to_graph(records, weights, {})
+        g = to_graph(records, weights, {}, N_CTX)
         own = context_of(g)
         if context is not None and context != own:
             raise GraphirError(f"{meta.label}: llama.cpp builds a '{meta.arch_name}' model with its own memory "

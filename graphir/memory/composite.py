@@ -11,6 +11,8 @@ part's own section in turn.
 - :class:`HybridMemory` (``hybrid``, ``llama_memory_hybrid``): attention layers in a KV cache (a latent
   cache when they are multi-head latent attention), recurrent layers in a recurrent memory; ubatches are split
   equally, as the recurrent part needs.
+- :class:`HybridISWA` (``hybrid_iswa``, ``llama_memory_hybrid_iswa``): the hybrid whose attention part is an
+  iswa pair (attention layers that slide, as LFM2's do with a window), its recurrent part as the hybrid's.
 
 The graph side is one route: each layer's request (:mod:`graphir.memory.inputs`) goes to the part keeping
 that kind of need of that layer, whatever the request is.
@@ -294,3 +296,16 @@ class HybridMemory(Composite):
         super().__init__(needs, params, layer_kinds)
         if "recr" in self.parts:  # llama.cpp's hybrid: equal parts, sequential only with a stream per sequence
             self.split = "equal" if params.unified else "sequential"
+
+class HybridISWA(Composite):
+    """Recurrent layers beside attention layers of which some or all slide: the attention part is an
+    :class:`SWAPair` (its refusals of edits the window forgot are the whole memory's), the recurrent part a
+    recurrent memory; ubatches are split equally, as the recurrent part needs."""
+
+    kind = "hybrid_iswa"
+    serves = frozenset({"full", "swa", "recurrent"})
+    requires = frozenset({"swa", "recurrent"})
+
+    def make_parts(self, needs: LayerNeeds, params: ContextParams) -> dict[str, Memory]:
+        return {"attn": SWAPair(needs, params, frozenset({"full", "swa"})),
+                "recr": RecurrentMemory(needs, params, frozenset({"recurrent"}))}

@@ -14,7 +14,7 @@ import numpy as np
 from graphir.errors import GraphirError
 from graphir.graph.ir import Graph
 from graphir.memory import Memory
-from graphir.memory.composite import HybridMemory, SWAPair
+from graphir.memory.composite import HybridISWA, HybridMemory, SWAPair
 from graphir.memory.cross import CrossMemory
 from graphir.memory.dsa import DSACache
 from graphir.memory.kv import KVCache
@@ -23,8 +23,8 @@ from graphir.memory.layers import ContextParams, LayerNeeds, kinds_of
 from graphir.memory.none import NoMemory
 from graphir.memory.recurrent import RecurrentMemory
 
-KINDS: dict[str, type[Memory]] = {m.kind: m for m in (KVCache, SWAPair, RecurrentMemory, HybridMemory, CrossMemory,
-                                                      LatentCache, DSACache, NoMemory)}
+KINDS: dict[str, type[Memory]] = {m.kind: m for m in (KVCache, SWAPair, RecurrentMemory, HybridMemory, HybridISWA,
+                                                      CrossMemory, LatentCache, DSACache, NoMemory)}
 
 
 def fitting(needs: LayerNeeds) -> tuple[str, ...]:

@@ -278,7 +278,8 @@ def read_hparams(label: str, metadata: Mapping[str, Any], arch: str, required: t
         n_head_kv=n_head_kv,
         n_embd_head_k=head_k,
         n_embd_head_v=head_v,
-        n_rot=r.get(R.DIMENSION_COUNT, int, head_k, minimum=0),
+        # llama.cpp reads no rotary width when layer 0 has no heads: a model whose first layer is recurrent ropes none
+        n_rot=r.get(R.DIMENSION_COUNT, int, head_k, minimum=0) if n_head_0 else 0,
         rope_freq_base=r.get(R.FREQ_BASE, float, f32(10000.0)),
         rope_freq_scale=f32(1.0 / factor) if factor and scaling != "none" else 1.0,
         rope_scaling=scaling,
