@@ -1,4 +1,5 @@
-"""The recurrent steps: Mamba's ssm_conv and scans, RWKV6's wkv6, the gated delta net; with their tape faces."""
+"""The recurrent steps: Mamba's ssm_conv and scans, RWKV6's wkv6 and RWKV7's wkv7, the gated delta net; with their
+tape faces."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from graphir.backends.numba import tape as T
-from graphir.backends.numba.kernels.recurrent import (gated_delta_net, rwkv_wkv6, ssm_conv, ssm_conv_kernel, ssm_scan,
-                                                      ssm_scan_heads, ssm_scan_heads_kernel, ssm_scan_kernel,
+from graphir.backends.numba.kernels.recurrent import (gated_delta_net, rwkv_wkv6, rwkv_wkv7, ssm_conv, ssm_conv_kernel,
+                                                      ssm_scan, ssm_scan_heads, ssm_scan_heads_kernel, ssm_scan_kernel,
                                                       wkv6_kernel)
 from graphir.backends.numba.primitives import simd
 from graphir.backends.numba.primitives.isa import REDUCE_HADD, IsaPath
@@ -122,6 +123,12 @@ class _Wkv6(Step):
                                          (n_seqs * n_head, hs, hs))
         args = (k, v, r, tf, td, state.reshape(n_seqs, n_head, hs, hs), y, st.reshape(n_seqs, n_head, hs, hs))
         return out if tape.record(T.WKV6, wkv6_kernel(), args) else None
+
+
+@kernel("rwkv_wkv7")
+def _rwkv_wkv7(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    hadd = path.reduce == REDUCE_HADD
+    return Function(lambda env, r, w, k, v, a, b, s: rwkv_wkv7(r, w, k, v, a, b, s, path.lanes, hadd))
 
 
 @kernel("gated_delta_net")
