@@ -33,6 +33,31 @@ _LERPS = (T.TIME_MIX_LERP_W, T.TIME_MIX_LERP_K, T.TIME_MIX_LERP_V, T.TIME_MIX_LE
 # fused lerp it stacks as [n_embd, 1, 1, 5]
 SQUEEZED = r"blk\.\d+\.(time_mix_lerp_x|channel_mix_lerp_[kr])\.weight"
 
+
+def check_wkv(name: str, hp: HParams, token_shifts: int) -> None:
+    """The token shifts llama.cpp's RWKV graphs assert, and heads that split n_embd."""
+    if hp.token_shift_count != token_shifts:
+        raise MetadataError(f"{name} needs {Keys.LLM.TOKEN_SHIFT_COUNT.format(arch=name)} = {token_shifts}, got "
+                            f"{hp.token_shift_count}")
+    if hp.n_embd % hp.wkv_head_size:
+        raise MetadataError(f"{name} needs {Keys.WKV.HEAD_SIZE.format(arch=name)} to divide n_embd {hp.n_embd}, "
+                            f"got {hp.wkv_head_size}")
+
+
+def wkv_state(hp: HParams) -> Recurrent:
+    """Per sequence and layer, the token shifts (the last token's normed inputs to the shifted blocks) and one
+    head_size x head_size WKV matrix per head."""
+    return Recurrent(hp.token_shift_count * hp.n_embd, hp.n_embd * hp.wkv_head_size)
+
+
+def shifted(b: GraphBuilder, prev: Node, x: Node, name: str) -> Node:
+    """Each token's predecessor in x [E, Ts, S]: the saved last token of its sequence, then x without its last."""
+    E, Ts, S = x.shape[0], b.n_seq_tokens, b.n_seqs
+    assert Ts is not None
+    head = b.op("view", x, shape=(E, Ts - 1, S), strides=(1, E, E * Ts), offset=0, name=f"{name}.head")
+    return b.op("concat", prev, head, dim=1, name=name)
+
+
 class Rwkv6(Architecture):
     name = "rwkv6"
     required_keys = (Keys.Attention.LAYERNORM_EPS, Keys.LLM.FEED_FORWARD_LENGTH)
@@ -43,26 +68,19 @@ class Rwkv6(Architecture):
             Key("token_shift_count", Keys.LLM.TOKEN_SHIFT_COUNT, int, 2))  # llama_hparams::token_shift_count
 
     def __init__(self, hp: HParams):
-        if hp.token_shift_count != 2:
-            raise MetadataError(f"rwkv6 needs {Keys.LLM.TOKEN_SHIFT_COUNT.format(arch='rwkv6')} = 2 (attention and "
-                                f"FFN shift), got {hp.token_shift_count}")
-        if hp.n_embd % hp.wkv_head_size:  # the heads split n_embd
-            raise MetadataError(f"rwkv6 needs {Keys.WKV.HEAD_SIZE.format(arch='rwkv6')} to divide n_embd "
-                                f"{hp.n_embd}, got {hp.wkv_head_size}")
+        check_wkv(self.name, hp, token_shifts=2)
         super().__init__(hp)
 
     @property
     def n_embd_r(self) -> int:
-        """Per sequence and layer, the token shifts: the last token's normed input to time and channel mix."""
-        return self.hp.token_shift_count * self.hp.n_embd
+        return wkv_state(self.hp).n_embd_r
 
     @property
     def n_embd_s(self) -> int:
-        """Per sequence and layer, one head_size x head_size WKV matrix per head."""
-        return self.hp.n_embd * self.hp.wkv_head_size
+        return wkv_state(self.hp).n_embd_s
 
     def layers(self) -> LayerNeeds:
-        return (Recurrent(self.n_embd_r, self.n_embd_s),) * self.hp.n_layer
+        return (wkv_state(self.hp),) * self.hp.n_layer
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
@@ -105,13 +123,6 @@ class Rwkv6(Architecture):
                 spec(T.CHANNEL_MIX_RECEPTANCE, (E, E), il),
             ]
         return specs
-
-    def shifted(self, b: GraphBuilder, prev: Node, x: Node, name: str) -> Node:
-        """Each token's predecessor: the saved last token of its sequence, then x without its last token."""
-        E, Ts, S = self.hp.n_embd, b.n_seq_tokens, b.n_seqs
-        assert Ts is not None
-        head = b.op("view", x, shape=(E, Ts - 1, S), strides=(1, E, E * Ts), offset=0, name=f"{name}.head")
-        return b.op("concat", prev, head, dim=1, name=name)
 
     def time_mix(self, b: GraphBuilder, x: Node, x_prev: Node, il: int) -> Node:
         hp = self.hp
@@ -176,10 +187,10 @@ class Rwkv6(Architecture):
             att_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=0, name="shift.att")
             ffn_shift = b.op("view", shift, shape=(E, 1, S), strides=(1, E, 2 * E), offset=E, name="shift.ffn")
             a = b.norm(x, T.ATTN_NORM, il, Norm.LAYER, name="attn_norm")
-            tm = self.time_mix(b, a, self.shifted(b, att_shift, a, "attn_prev"), il)
+            tm = self.time_mix(b, a, shifted(b, att_shift, a, "attn_prev"), il)
             ffn_inp = b.op("add", b.reshape(tm, (E, Ts, S), name="tm_out.seqs"), x, name="ffn_inp")
             f = b.norm(ffn_inp, T.ATTN_NORM_2, il, Norm.LAYER, name="ffn_norm")
-            f_prev = self.shifted(b, ffn_shift, f, "ffn_prev")
+            f_prev = shifted(b, ffn_shift, f, "ffn_prev")
             new_shift = b.op("concat", *(b.op("view", t, shape=(E, 1, S), strides=(1, E, E * Ts), offset=last,
                                               name=f"{tag}.last") for tag, t in (("attn_norm", a), ("ffn_norm", f))),
                              dim=1, name="shift.new")

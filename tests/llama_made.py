@@ -46,6 +46,9 @@ SWIGLU_CLAMP = {"maple": 7.0}
 # per-layer head counts: layer 1 has none (a recurrent layer)
 HYBRID_HEADS = ("granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "jamba")
 FFN_LAYERS = ("nemotron_h", "nemotron_h_moe")  # per-layer FFN widths: only from layer 2 on
+# RWKV-7's low-rank sizes (test-llama-archs.cpp skips RWKV: those of RWKV7-World-0.1B), and ARWKV-7's one token shift
+RWKV7_LORA = {A.DECAY_LORA_RANK: 64, A.ICLR_LORA_RANK: 64, A.VALUE_RESIDUAL_MIX_LORA_RANK: 32, A.GATE_LORA_RANK: 128}
+TOKEN_SHIFTS = {"arwkv7": 1}
 
 
 def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
@@ -90,6 +93,10 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
         put(A.SLIDING_WINDOW_PATTERN, [il % 2 for il in range(n_layer)])
     if arch in SWIGLU_CLAMP:
         put(L.SWIGLU_CLAMP_EXP, SWIGLU_CLAMP[arch])
+    for template, value in RWKV7_LORA.items():
+        put(template, value)
+    if arch in TOKEN_SHIFTS:
+        put(L.TOKEN_SHIFT_COUNT, TOKEN_SHIFTS[arch])
     k[Keys.Tokenizer.MODEL] = "test"  # llama.cpp's dummy tokenizer: ids are what the tests feed
     k[Keys.Tokenizer.LIST] = [f"tok_{i}" for i in range(n_vocab)]
     k[Keys.Tokenizer.SCORES] = [0.0] * n_vocab

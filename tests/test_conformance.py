@@ -257,6 +257,11 @@ ROWS = [
     # twice the value heads of key heads: each key head's q and k repeated in place for its two value heads
     Row("qwen3next", "heads", moe=True, avx2_apart=1e-7,
         keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
+    # RWKV-7 (issue 40): heads of 128 (llama.cpp's wkv7 is deterministic only for heads a multiple of its vector
+    # step: tests/test_arch_rwkv7.py), and of 64, the released models'
+    Row("rwkv7"),
+    Row("rwkv7", "head64", keys={"rwkv7.wkv.head_size": 64}),
+    Row("arwkv7"),
 ]
 
 _rng = np.random.default_rng(7)
