@@ -333,7 +333,6 @@ def _wkv7_update(lanes, row, j, dv, dsa, kt, wt, bt, rt, acc):
     return vfma(x, vload(lanes, rt, j), acc)
 
 
-@njit(**PAR)
 def _wkv7(r, w, k, v, a, b, s0, out, st, lanes, hadd):
     """ggml_compute_forward_rwkv_wkv7_f32's vector path per head h and token t of sequence s, with the state's row
     i (a value channel) in registers of ``lanes``: sa = dot(row i, a) over steps of four registers (fused lane by
@@ -383,16 +382,21 @@ def _wkv7(r, w, k, v, a, b, s0, out, st, lanes, hadd):
                     out[t, h, i] = y
 
 
+_wkv7_par, _wkv7_ser = parallel_and_serial(_wkv7)
+
+
 def rwkv_wkv7(r: np.ndarray, w: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray,
               state: np.ndarray, lanes: int, hadd: bool) -> np.ndarray:
     """RWKV7 linear attention. r, w, k, v, a, b (n_tok, n_head, hs), sequence-major (n_tok / n_seqs tokens a
     sequence); state (n_seqs, n_head * hs * hs), each [h][i][j] with i the value channel. Returns (n_tok + hs *
-    n_seqs, n_head * hs): the outputs, then the final states."""
+    n_seqs, n_head * hs): the outputs, then the final states. A token of each sequence runs on the calling thread
+    (waking the workers cost more than its 128 KB of state at RWKV7-1.5B's sizes)."""
     n_seqs, n_head, hs = state.shape[0], k.shape[-2], k.shape[-1]
     r, w, k, v, a, b = (_f32(x).reshape(-1, n_head, hs) for x in (r, w, k, v, a, b))
     out = np.empty((k.shape[0] + hs * n_seqs, n_head * hs), F32)
     flat = out.reshape(-1)
     y = flat[:k.size].reshape(k.shape)
     st = flat[k.size:].reshape(n_seqs, n_head, hs, hs)
-    _wkv7(r, w, k, v, a, b, _f32(state).reshape(n_seqs, n_head, hs, hs), y, st, simd.lanes(lanes), hadd)
+    kernel = _wkv7_ser if k.shape[0] == n_seqs else _wkv7_par
+    kernel(r, w, k, v, a, b, _f32(state).reshape(n_seqs, n_head, hs, hs), y, st, simd.lanes(lanes), hadd)
     return out
