@@ -6,7 +6,8 @@ and few layers (the per-layer cost is what is compared): prompt processing of 64
 2 threads, best of 3, tokens/s for both engines and the ratio graphir / llama.cpp (>= 1: graphir is faster). Each
 engine keeps one context and clears its memory between runs (what llama.cpp's side does with kv_cache_clear, and
 how a server runs: a new context makes its plans again, a few ms that a run of 32 tokens would count).
-Run: python bench/bench_recurrent.py [family ...]   (families: mamba, mamba2, rwkv6, granitehybrid, qwen35)
+RWKV-7's row reads a prompt of 512 tokens (PROMPTS).
+Run: python bench/bench_recurrent.py [family ...]   (families: mamba, mamba2, rwkv6, granitehybrid, qwen35, rwkv7)
 """
 
 from __future__ import annotations
@@ -43,23 +44,29 @@ MODELS = {
         K.Attention.KEY_LENGTH: 256, K.Attention.VALUE_LENGTH: 256, K.Rope.DIMENSION_COUNT: 64,
         K.Rope.DIMENSION_SECTIONS: [11, 11, 10, 0], K.SSM.INNER_SIZE: 2048, K.SSM.STATE_SIZE: 128,
         K.SSM.TIME_STEP_RANK: 16, K.SSM.GROUP_COUNT: 16}),
+    "rwkv7": ("RWKV7-World-1.5B", {
+        K.LLM.EMBEDDING_LENGTH: 2048, K.LLM.BLOCK_COUNT: 2, K.LLM.FEED_FORWARD_LENGTH: 8192, K.WKV.HEAD_SIZE: 64,
+        K.Attention.DECAY_LORA_RANK: 96, K.Attention.ICLR_LORA_RANK: 96, K.Attention.VALUE_RESIDUAL_MIX_LORA_RANK: 64,
+        K.Attention.GATE_LORA_RANK: 256, K.Attention.LAYERNORM_EPS: 1e-5, K.LLM.CONTEXT_LENGTH: 1048576}),
 }
+PROMPTS = {"rwkv7": 512}  # families timed on a longer prompt than N_PROMPT
+UNTIED = ("rwkv7",)  # families whose LM head llama.cpp requires
 
 
-def tokens() -> list[int]:
-    return [int(t) for t in np.random.default_rng(0).integers(0, VOCAB, N_PROMPT)]
+def tokens(n: int = N_PROMPT) -> list[int]:
+    return [int(t) for t in np.random.default_rng(0).integers(0, VOCAB, n)]
 
 
 def best(fn) -> float:  # type: ignore[no-untyped-def]
     return min(fn() for _ in range(REPEAT))
 
 
-def bench_graphir(path: str) -> tuple[float, float]:
+def bench_graphir(path: str, n_prompt: int = N_PROMPT) -> tuple[float, float]:
     from graphir.batch import Batch
     from graphir.running.runtime import load
 
-    model, toks = load(path), tokens()
-    ctx = model.new_context(n_ctx=N_PROMPT + N_GEN)   # one context, cleared between runs as llama.cpp's is
+    model, toks = load(path), tokens(n_prompt)
+    ctx = model.new_context(n_ctx=n_prompt + N_GEN)   # one context, cleared between runs as llama.cpp's is
 
     def pp() -> float:
         ctx.memory.clear()
@@ -72,19 +79,19 @@ def bench_graphir(path: str) -> tuple[float, float]:
         ctx.decode(Batch.from_tokens(toks, 0))
         t = time.perf_counter()
         for i in range(N_GEN):
-            ctx.decode(Batch.one(int(ctx.logits_ith(-1).argmax()), N_PROMPT + i))
+            ctx.decode(Batch.one(int(ctx.logits_ith(-1).argmax()), n_prompt + i))
         return time.perf_counter() - t
 
     pp(), tg()  # warm-up: numba's compile (or cache load) and weight preparation
-    return N_PROMPT / best(pp), N_GEN / best(tg)
+    return n_prompt / best(pp), N_GEN / best(tg)
 
 
-def bench_llama_cpp(path: str) -> tuple[float, float]:
+def bench_llama_cpp(path: str, n_prompt: int = N_PROMPT) -> tuple[float, float]:
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     from llama_cpp import Llama
 
-    llm = Llama(model_path=path, n_ctx=N_PROMPT + N_GEN, n_batch=N_PROMPT, n_threads=THREADS, verbose=False)
-    toks = tokens()
+    llm = Llama(model_path=path, n_ctx=n_prompt + N_GEN, n_batch=n_prompt, n_threads=THREADS, verbose=False)
+    toks = tokens(n_prompt)
 
     def logits() -> np.ndarray:
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
@@ -106,7 +113,7 @@ def bench_llama_cpp(path: str) -> tuple[float, float]:
         return time.perf_counter() - t
 
     pp(), tg()
-    return N_PROMPT / best(pp), N_GEN / best(tg)
+    return n_prompt / best(pp), N_GEN / best(tg)
 
 
 def main() -> None:
@@ -115,9 +122,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for fam in families:
             source, keys = MODELS[fam]
-            preset = make_tiny_preset(fam, tied=True, **{K.LLM.VOCAB_SIZE: VOCAB, **keys})
+            preset = make_tiny_preset(fam, tied=fam not in UNTIED, **{K.LLM.VOCAB_SIZE: VOCAB, **keys})
             path = str(write_model_gguf(Path(d) / f"{fam}.gguf", preset, gguf.GGMLQuantizationType.F16))
-            ours, theirs = bench_graphir(path), bench_llama_cpp(path)
+            n_prompt = PROMPTS.get(fam, N_PROMPT)
+            ours, theirs = bench_graphir(path, n_prompt), bench_llama_cpp(path, n_prompt)
             for phase, a, b in (("pp", ours[0], theirs[0]), ("tg", ours[1], theirs[1])):
                 print(f"{fam:14} {source:26} {phase:6} {a:14.1f} {b:16.1f} {a / b:6.2f}", flush=True)
             os.remove(path)
