@@ -24,7 +24,7 @@ from graphir.memory.layers import LayerNeeds
 from graphir.model import hf_config, presets, ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder, Norm
-from graphir.model.hf_config import BLOCKS, VOCAB, Family, derived, fixed, hf
+from graphir.model.hf_config import BLOCKS, VOCAB, Config, Family, Rule, derived, fixed, hf
 from graphir.model.hparams import HParams, Key
 from graphir.model.prenorm import synthetic
 from graphir.model.presets import Preset
@@ -307,14 +307,13 @@ presets.register({
 # ---- Hugging Face: the keys convert_hf_to_gguf writes for RWKV7ForCausalLM ------------------------------------
 
 
-def _lora_rank(exponent: float, multiplier: float):  # type: ignore[no-untyped-def]
-    """The converter's rank where a config gives none: hidden_size^exponent * multiplier, in multiples of 32."""
-    return lambda c: max(1, round(c.find("hidden_size") ** exponent * multiplier / 32)) * 32
-
-
-def _rank(template: str, names: tuple[str, ...], exponent: float, multiplier: float):  # type: ignore[no-untyped-def]
-    default = _lora_rank(exponent, multiplier)
-    return derived(template, lambda c: c.find(*names, default=None) or default(c))
+def _rank(template: str, names: tuple[str, ...], exponent: float, multiplier: float) -> Rule:
+    """A LoRA rank from the first of ``names`` the config gives, else the converter's own: hidden_size^exponent *
+    multiplier, rounded to a multiple of 32."""
+    def rank(c: Config) -> int:
+        given = c.find(*names, default=None)
+        return given or max(1, round(c.find("hidden_size") ** exponent * multiplier / 32)) * 32
+    return derived(template, rank)
 
 
 RWKV7 = (
