@@ -45,9 +45,25 @@ def mix_and_decay_tensors(hp: HParams, il: int) -> list[TensorSpec]:
             spec(T.TIME_MIX_DECAY_W2, (Dd, E), il)]
 
 
+def check_wkv(name: str, hp: HParams, token_shifts: int) -> None:
+    """The token shifts llama.cpp's RWKV graphs assert, and heads that split n_embd."""
+    if hp.token_shift_count != token_shifts:
+        raise MetadataError(f"{name} needs {Keys.LLM.TOKEN_SHIFT_COUNT.format(arch=name)} = {token_shifts}, got "
+                            f"{hp.token_shift_count}")
+    if hp.n_embd % hp.wkv_head_size:
+        raise MetadataError(f"{name} needs {Keys.WKV.HEAD_SIZE.format(arch=name)} to divide n_embd {hp.n_embd}, "
+                            f"got {hp.wkv_head_size}")
+
+
+def wkv_state(hp: HParams) -> Recurrent:
+    """Per sequence and layer, the token shifts (the last token's normed inputs to the shifted blocks) and one
+    head_size x head_size WKV matrix per head."""
+    return Recurrent(hp.token_shift_count * hp.n_embd, hp.n_embd * hp.wkv_head_size)
+
+
 def shifted(b: GraphBuilder, prev: Node, x: Node, name: str) -> Node:
-    """Each token's predecessor: the saved last token of its sequence, then x without its last token."""
-    E, Ts, S = b.hp.n_embd, b.n_seq_tokens, b.n_seqs
+    """Each token's predecessor in x [E, Ts, S]: the saved last token of its sequence, then x without its last."""
+    E, Ts, S = x.shape[0], b.n_seq_tokens, b.n_seqs
     assert Ts is not None
     head = b.op("view", x, shape=(E, Ts - 1, S), strides=(1, E, E * Ts), offset=0, name=f"{name}.head")
     return b.op("concat", prev, head, dim=1, name=name)
@@ -95,26 +111,19 @@ class Rwkv6(Architecture):
             Key("token_shift_count", Keys.LLM.TOKEN_SHIFT_COUNT, int, 2))  # llama_hparams::token_shift_count
 
     def __init__(self, hp: HParams):
-        if hp.token_shift_count != 2:
-            raise MetadataError(f"rwkv6 needs {Keys.LLM.TOKEN_SHIFT_COUNT.format(arch='rwkv6')} = 2 (attention and "
-                                f"FFN shift), got {hp.token_shift_count}")
-        if hp.n_embd % hp.wkv_head_size:  # the heads split n_embd
-            raise MetadataError(f"rwkv6 needs {Keys.WKV.HEAD_SIZE.format(arch='rwkv6')} to divide n_embd "
-                                f"{hp.n_embd}, got {hp.wkv_head_size}")
+        check_wkv(self.name, hp, token_shifts=2)
         super().__init__(hp)
 
     @property
     def n_embd_r(self) -> int:
-        """Per sequence and layer, the token shifts: the last token's normed input to time and channel mix."""
-        return self.hp.token_shift_count * self.hp.n_embd
+        return wkv_state(self.hp).n_embd_r
 
     @property
     def n_embd_s(self) -> int:
-        """Per sequence and layer, one head_size x head_size WKV matrix per head."""
-        return self.hp.n_embd * self.hp.wkv_head_size
+        return wkv_state(self.hp).n_embd_s
 
     def layers(self) -> LayerNeeds:
-        return (Recurrent(self.n_embd_r, self.n_embd_s),) * self.hp.n_layer
+        return (wkv_state(self.hp),) * self.hp.n_layer
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp

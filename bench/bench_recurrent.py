@@ -6,7 +6,8 @@ and few layers (the per-layer cost is what is compared): prompt processing of 64
 2 threads, best of 3, tokens/s for both engines and the ratio graphir / llama.cpp (>= 1: graphir is faster). Each
 engine keeps one context and clears its memory between runs (what llama.cpp's side does with kv_cache_clear, and
 how a server runs: a new context makes its plans again, a few ms that a run of 32 tokens would count).
-Run: python bench/bench_recurrent.py [family ...]   (families: mamba, mamba2, rwkv6, granitehybrid, qwen35, lfm2)
+LFM2's and RWKV-7's rows read a prompt of 512 tokens (PROMPTS).
+Run: python bench/bench_recurrent.py [family ...]   (families: mamba, mamba2, rwkv6, granitehybrid, qwen35, lfm2, rwkv7)
 """
 
 from __future__ import annotations
@@ -46,12 +47,17 @@ MODELS = {
     "lfm2": ("LFM2-1.2B", {  # three short-convolution layers (3 taps) and one attention layer (32 heads, 8 KV)
         K.LLM.CONTEXT_LENGTH: 4096, K.LLM.EMBEDDING_LENGTH: 2048, K.LLM.BLOCK_COUNT: 4, K.LLM.FEED_FORWARD_LENGTH: 8192,
         K.Attention.HEAD_COUNT: 32, K.Attention.HEAD_COUNT_KV: [0, 0, 8, 0], K.ShortConv.L_CACHE: 3}),
+    "rwkv7": ("RWKV7-World-1.5B", {
+        K.LLM.EMBEDDING_LENGTH: 2048, K.LLM.BLOCK_COUNT: 2, K.LLM.FEED_FORWARD_LENGTH: 8192, K.WKV.HEAD_SIZE: 64,
+        K.Attention.DECAY_LORA_RANK: 96, K.Attention.ICLR_LORA_RANK: 96, K.Attention.VALUE_RESIDUAL_MIX_LORA_RANK: 64,
+        K.Attention.GATE_LORA_RANK: 256, K.Attention.LAYERNORM_EPS: 1e-5, K.LLM.CONTEXT_LENGTH: 1048576}),
 }
-PROMPT_LENGTH = {"lfm2": 512}  # families measured on a longer prompt than N_PROMPT
+PROMPTS = {"lfm2": 512, "rwkv7": 512}  # families timed on a longer prompt than N_PROMPT
+UNTIED = ("rwkv7",)  # families whose LM head llama.cpp requires
 
 
-def tokens(n_prompt: int = N_PROMPT) -> list[int]:
-    return [int(t) for t in np.random.default_rng(0).integers(0, VOCAB, n_prompt)]
+def tokens(n: int = N_PROMPT) -> list[int]:
+    return [int(t) for t in np.random.default_rng(0).integers(0, VOCAB, n)]
 
 
 def best(fn) -> float:  # type: ignore[no-untyped-def]
@@ -119,9 +125,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for fam in families:
             source, keys = MODELS[fam]
-            preset = make_tiny_preset(fam, tied=True, **{K.LLM.VOCAB_SIZE: VOCAB, **keys})
+            preset = make_tiny_preset(fam, tied=fam not in UNTIED, **{K.LLM.VOCAB_SIZE: VOCAB, **keys})
             path = str(write_model_gguf(Path(d) / f"{fam}.gguf", preset, gguf.GGMLQuantizationType.F16))
-            n_prompt = PROMPT_LENGTH.get(fam, N_PROMPT)
+            n_prompt = PROMPTS.get(fam, N_PROMPT)
             ours, theirs = bench_graphir(path, n_prompt), bench_llama_cpp(path, n_prompt)
             for phase, a, b in (("pp", ours[0], theirs[0]), ("tg", ours[1], theirs[1])):
                 print(f"{fam:14} {source:26} {phase:6} {a:14.1f} {b:16.1f} {a / b:6.2f}", flush=True)

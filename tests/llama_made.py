@@ -53,6 +53,9 @@ HYBRID_HEADS = ("granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_mo
                 "bailingmoe3", "plamo2")
 FFN_LAYERS = ("nemotron_h", "nemotron_h_moe")  # per-layer FFN widths: only from layer 2 on
 KDA_SAFE_GATE, KDA_GATE_LOWER_BOUND = "{arch}.kda.safe_gate", "{arch}.kda.gate_lower_bound"  # gguf-py lacks them
+# RWKV-7's low-rank sizes (test-llama-archs.cpp skips RWKV: those of RWKV7-World-0.1B), and ARWKV-7's one token shift
+RWKV7_LORA = {A.DECAY_LORA_RANK: 64, A.ICLR_LORA_RANK: 64, A.VALUE_RESIDUAL_MIX_LORA_RANK: 32, A.GATE_LORA_RANK: 128}
+TOKEN_SHIFTS = {"arwkv7": 1}
 
 
 def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
@@ -103,6 +106,10 @@ def metadata(arch: str, moe: bool = False, **changes: Any) -> dict[str, Any]:
     if arch in PER_LAYER_CLAMPS:
         put(L.SWIGLU_CLAMP_EXP, PER_LAYER_CLAMPS[arch][0])
         put(L.SWIGLU_CLAMP_SHEXP, PER_LAYER_CLAMPS[arch][1])
+    for template, value in RWKV7_LORA.items():
+        put(template, value)
+    if arch in TOKEN_SHIFTS:
+        put(L.TOKEN_SHIFT_COUNT, TOKEN_SHIFTS[arch])
     k[Keys.Tokenizer.MODEL] = "test"  # llama.cpp's dummy tokenizer: ids are what the tests feed
     k[Keys.Tokenizer.LIST] = [f"tok_{i}" for i in range(n_vocab)]
     k[Keys.Tokenizer.SCORES] = [0.0] * n_vocab

@@ -170,6 +170,8 @@ CASES: list[Case] = [
     C("norm", I("f32", 64, 5), eps=1e-5, tol=F32),
     C("norm", I("f32", 31, 3, 2, lo=2, hi=4), eps=1e-5, tol=F32, note="offset mean"),
     C("norm", I("f32", 16, 1), eps=1e-6, tol=F32),
+    C("l2_norm", I("f32", 64, 2, 5), eps=1e-12, tol=F32, note="RWKV7's kk"),
+    C("l2_norm", I("f32", 33, T, lo=-1e-7, hi=1e-7), eps=1e-6, tol=F32, env={"n_tokens": 3}, note="eps bites"),
     C("silu", I("f32", 7, 5), tol=F32),
     C("silu", I("f32", 16, 4, 3, lo=-8, hi=8), tol=F32),
     C("silu", I("f16", 10, 3), tol=F16, note="f16 a"),
@@ -315,6 +317,12 @@ CASES: list[Case] = [
       I("f32", 768, 1), tol=F32, env={"n_tokens": 1}, scale=0.25, note="decode"),
     C("gated_linear_attn", I("f32", 4, 2, 4, strided=True), I("f32", 4, 2, 4), I("f32", 4, 2, 4),
       I("f32", 4, 2, 4, lo=0.2, hi=1), I("f32", 32, 1), tol=F32, scale=0.5, note="1 seq x 4 tokens, strided k"),
+    # rwkv_wkv7(r, w, k, v, a, b [hs, H, T], state [hs*hs*H, S]) -> [hs*H, T + hs*S]
+    *[C("rwkv_wkv7", I("f32", hs, H, n), I("f32", hs, H, n, lo=0.5, hi=1), I("f32", hs, H, n), I("f32", hs, H, n),
+        I("f32", hs, H, n, lo=-0.2, hi=0.2), I("f32", hs, H, n, lo=-0.2, hi=0.2), I("f32", hs * hs * H, S), tol=F32,
+        note=note)
+      for hs, H, n, S, note in ((64, 2, 6, 2, "2 seqs x 3 tokens"), (64, 1, 1, 1, "decode"),
+                                (128, 1, 2, 1, "head 128"), (20, 2, 2, 1, "head 20: steps and a tail"))],
     # gated_delta_net(q, k [d, Hk, T, S], v [d, H, T, S], g [1 or d, H, T, S], beta [1, H, T, S], s [d, d, H, S])
     # -> y, states; g of d: a decay per key channel (Kimi's delta rule)
     *[C("gated_delta_net", I("f32", d, Hk, n, S, lo=-0.4, hi=0.4), I("f32", d, Hk, n, S, lo=-kr, hi=kr),
@@ -693,10 +701,10 @@ if __name__ == "__main__":  # print the measured NMSE of every case (to re-pin t
 # ---- xIELU against ggml's own ------------------------------------------------------------------------------
 
 
-def _ggml_xielu(x: np.ndarray, alpha_n: float, alpha_p: float, beta: float,
-                eps: float) -> tuple[np.ndarray, list[float]]:
-    """ggml_xielu of a layer's parameters over x, computed by ggml's CPU backend on one thread (the llama.cpp the
-    oracle tests load), and the op parameters ggml stored: [alpha_n, alpha_p, beta, eps] as its kernel reads them."""
+def _ggml_op(op: str, args: list[Any], *sources: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """ggml's ``op`` of float32 ``sources`` (numpy order, each a ggml tensor of the reversed shape) and the scalar
+    ``args`` after them, computed by ggml's CPU backend on one thread (the llama.cpp the oracle tests load): its
+    result (flat) and the op parameters ggml stored."""
     import ctypes as C
 
     import llama_made
@@ -706,27 +714,41 @@ def _ggml_xielu(x: np.ndarray, alpha_n: float, alpha_p: float, beta: float,
         _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
 
     base, cpu = llama_made._lib("ggml-base"), llama_made._lib("ggml-cpu")
-    for fn, res, args in (("ggml_init", C.c_void_p, [InitParams]), ("ggml_free", None, [C.c_void_p]),
-                          ("ggml_new_tensor_1d", C.c_void_p, [C.c_void_p, C.c_int, C.c_int64]),
-                          ("ggml_xielu", C.c_void_p, [C.c_void_p, C.c_void_p] + [C.c_float] * 4),
-                          ("ggml_new_graph", C.c_void_p, [C.c_void_p]),
-                          ("ggml_build_forward_expand", None, [C.c_void_p, C.c_void_p])):
-        getattr(base, fn).restype, getattr(base, fn).argtypes = res, args
+    for fn, res, argtypes in (("ggml_init", C.c_void_p, [InitParams]), ("ggml_free", None, [C.c_void_p]),
+                              ("ggml_new_tensor", C.c_void_p, [C.c_void_p, C.c_int, C.c_int, C.POINTER(C.c_int64)]),
+                              ("ggml_nbytes", C.c_size_t, [C.c_void_p]),
+                              (op, C.c_void_p, [C.c_void_p] * (1 + len(sources)) + [C.c_float] * len(args)),
+                              ("ggml_new_graph", C.c_void_p, [C.c_void_p]),
+                              ("ggml_build_forward_expand", None, [C.c_void_p, C.c_void_p])):
+        getattr(base, fn).restype, getattr(base, fn).argtypes = res, argtypes
     cpu.ggml_graph_compute_with_ctx.argtypes = [C.c_void_p, C.c_void_p, C.c_int]
-    ctx = base.ggml_init(InitParams(x.nbytes * 2 + (1 << 20), None, False))
+    size = sum(x.nbytes for x in sources)
+    ctx = base.ggml_init(InitParams(4 * size + (1 << 20), None, False))
     try:
-        a = base.ggml_new_tensor_1d(ctx, 0, len(x))  # GGML_TYPE_F32
-        C.memmove(GGMLTensor.from_address(a).data, x.ctypes.data, x.nbytes)
-        y = base.ggml_xielu(ctx, a, alpha_n, alpha_p, beta, eps)
+        tensors = []
+        for x in sources:
+            ne = (C.c_int64 * x.ndim)(*reversed(x.shape))
+            t = base.ggml_new_tensor(ctx, 0, x.ndim, ne)  # GGML_TYPE_F32
+            C.memmove(GGMLTensor.from_address(t).data, np.ascontiguousarray(x, np.float32).ctypes.data, x.nbytes)
+            tensors.append(t)
+        y = getattr(base, op)(ctx, *tensors, *args)
         graph = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(graph, y)
         cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
         t = GGMLTensor.from_address(y)
-        out = np.empty_like(x)
-        C.memmove(out.ctypes.data, t.data, x.nbytes)
-        return out, list(np.array(t.op_params[1:5], np.int32).view(np.float32))
+        out = np.empty(base.ggml_nbytes(y) // 4, np.float32)
+        C.memmove(out.ctypes.data, t.data, out.nbytes)
+        return out, list(t.op_params)
     finally:
         base.ggml_free(ctx)
+
+
+def _ggml_xielu(x: np.ndarray, alpha_n: float, alpha_p: float, beta: float,
+                eps: float) -> tuple[np.ndarray, list[float]]:
+    """ggml_xielu of a layer's parameters over x and the op parameters ggml stored: [alpha_n, alpha_p, beta, eps]
+    as its kernel reads them."""
+    out, params = _ggml_op("ggml_xielu", [alpha_n, alpha_p, beta, eps], x)
+    return out, list(np.array(params[1:5], np.int32).view(np.float32))
 
 
 @pytest.mark.oracle
@@ -751,3 +773,45 @@ def test_xielu_is_ggmls_bit_for_bit(layer: tuple[float, float, float, float]) ->
     graph, _ = build_graph(C("xielu", I("f32", len(x)), tol=EXACT, **attrs))
     got = Program(graph, dict().__getitem__, numerics().path).run({}, {"src0": x})["out"]
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+# ---- RWKV7's ops against ggml's own ------------------------------------------------------------------------
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("hs, n_head, per_seq, n_seqs", [(64, 2, 3, 2), (64, 3, 1, 1), (128, 1, 4, 1)],
+                         ids=["head64-2seqs", "head64-decode", "head128"])
+def test_rwkv_wkv7_is_ggmls_bit_for_bit(hs: int, n_head: int, per_seq: int, n_seqs: int) -> None:
+    """rwkv_wkv7's outputs and final states are ggml's bit for bit on this CPU's path, for head sizes that are a
+    multiple of ggml's vector step (64 floats on AVX-512, 32 on AVX2: its loops read past a smaller head)."""
+    rng = np.random.default_rng(hs + n_head)
+    n = per_seq * n_seqs
+
+    def tokens(lo: float = -1.0, hi: float = 1.0) -> np.ndarray:
+        return rng.uniform(lo, hi, (n, n_head, hs)).astype(np.float32)
+
+    r, w, k, v = tokens(), tokens(0.5, 1.0), tokens(), tokens()
+    kk = tokens()
+    kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
+    a, b = -kk, kk * tokens(0, 1)  # RWKV7's in-context learning rate: -kk and kk * a
+    state = rng.uniform(-1, 1, (n_seqs, n_head * hs * hs)).astype(np.float32)
+    want, _ = _ggml_op("ggml_rwkv_wkv7", [], r, w, k, v, a, b, state)
+    case = C("rwkv_wkv7", *(I("f32", hs, n_head, n),) * 6, I("f32", hs * hs * n_head, n_seqs), tol=EXACT)
+    graph, _ = build_graph(case)
+    feeds = {f"src{i}": x for i, x in enumerate((r, w, k, v, a, b, state))}
+    got = Program(graph, dict().__getitem__, numerics().path).run({}, feeds)["out"]
+    np.testing.assert_array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.oracle
+def test_l2_norm_is_ggmls_bit_for_bit() -> None:
+    """l2_norm is ggml's bit for bit: the squares summed in double, the root of that sum as a float, eps where the
+    root is smaller (RWKV7's kk, eps 1e-12; and rows whose root is below a larger eps)."""
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.standard_normal((40, 64)), rng.uniform(-1e-8, 1e-8, (4, 64))]).astype(np.float32)
+    for eps in (1e-12, 1e-6):
+        want, params = _ggml_op("ggml_l2_norm", [eps], x)
+        assert np.array(params[:1], np.int32).view(np.float32)[0] == np.float32(eps)
+        graph, _ = build_graph(C("l2_norm", I("f32", 64, 44), tol=EXACT, eps=eps))
+        got = Program(graph, dict().__getitem__, numerics().path).run({}, {"src0": x})["out"]
+        np.testing.assert_array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))

@@ -54,7 +54,8 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Nemotron-H-8B", "Nemotron-Nano-9B-v2", "nemotron_h_moe-tiny-header", "Jamba-Mini-1.6", "PLaMo-2-1B",  # issue 40
            "Kimi-Linear-48B-A3B", "bailingmoe3-tiny-header",  # issue 40, new recurrent blocks
            "QRWKV6-32B",  # issue 40, linear-attention blocks
-           "DeepSeek-V3.2-Exp", "glm-dsa-tiny-header"]  # issue 40: sparse attention
+           "DeepSeek-V3.2-Exp", "glm-dsa-tiny-header",  # issue 40: sparse attention
+           "RWKV7-World-0.1B", "RWKV7-World-1.5B", "ARWKV7-tiny"]  # issue 40: RWKV-7
 UNFOLDED = {"OpenELM-270M"}  # every layer of a size of its own: no layer's text folds into another's
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 

@@ -284,6 +284,11 @@ ROWS = [
     Row("plamo2", seq_ubatch=3),
     # LFM2 with a window the prompt outgrows: its attention layers slide, in the hybrid_iswa memory
     Row("lfm2", "swa", keys={"lfm2.attention.sliding_window": 4}),
+    # RWKV-7 (issue 40): heads of 128 (llama.cpp's wkv7 is deterministic only for heads a multiple of its vector
+    # step: tests/test_arch_rwkv7.py), and of 64, the released models'
+    Row("rwkv7"),
+    Row("rwkv7", "head64", keys={"rwkv7.wkv.head_size": 64}),
+    Row("arwkv7"),
 ]
 
 _rng = np.random.default_rng(7)

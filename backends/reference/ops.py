@@ -109,6 +109,11 @@ def norm(v, a, shape, env):
     return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + a["eps"])
 
 
+def l2_norm(v, a, shape, env):
+    x = v[0]
+    return x / np.maximum(np.sqrt((x * x).sum(axis=-1, keepdims=True)), a["eps"])
+
+
 def _silu(x):
     return x / (1.0 + np.exp(-x))
 
@@ -237,6 +242,21 @@ def gated_linear_attn(v, a, shape, env):
     for t, s in enumerate(seq_of):
         S[s] = S[s] * g[t][:, :, None] + np.einsum("hi,hj->hij", k[t], val[t])
         out[t] = a["scale"] * np.einsum("hi,hij->hj", q[t], S[s])
+    return np.concatenate([out.ravel(), S.ravel()]).reshape(shape)
+
+
+def rwkv_wkv7(v, a, shape, env):
+    """Per head, S[i = value, j = key]: sa = S a; S = S diag(w) + v k^T + sa b^T; out = S r (after the update)."""
+    r, w, k, val, ia, ib, state = v    # numpy order: (T, H, hs) x6, (S, H*hs*hs)
+    n_tok, n_head, hs = k.shape
+    per_seq = n_tok // state.shape[0]
+    S = state.reshape(-1, n_head, hs, hs).copy()
+    out = np.empty(k.shape)
+    for t in range(n_tok):
+        st = S[t // per_seq]
+        sa = np.einsum("hij,hj->hi", st, ia[t])
+        st[:] = st * w[t][:, None, :] + val[t][:, :, None] * k[t][:, None, :] + sa[:, :, None] * ib[t][:, None, :]
+        out[t] = np.einsum("hij,hj->hi", st, r[t])
     return np.concatenate([out.ravel(), S.ravel()]).reshape(shape)
 
 
@@ -388,7 +408,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "div": lambda v, a, shape, env: back(gg(v[0]) / _repeat_b(gg(v[0]), gg(v[1])), shape),
     "add": add, "sub": sub, "mul": mul,
     "scale": lambda v, a, shape, env: v[0] * a["s"],
-    "rms_norm": rms_norm, "norm": norm,
+    "rms_norm": rms_norm, "norm": norm, "l2_norm": l2_norm,
     "silu": lambda v, a, shape, env: _silu(v[0]),
     "gelu": lambda v, a, shape, env: _gelu(v[0]),
     "relu": lambda v, a, shape, env: np.maximum(v[0], 0.0),
@@ -404,6 +424,6 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "rope": rope, "rope_multi": rope_multi, "soft_max": soft_max, "reshape": reshape, "view": view,
     "permute": permute, "transpose": transpose, "cont": cont, "concat": concat,
     "set_rows": set_rows, "ssm_conv": ssm_conv, "ssm_scan": ssm_scan, "ssm_scan_heads": ssm_scan_heads,
-    "rwkv_wkv6": rwkv_wkv6, "gated_linear_attn": gated_linear_attn, "gated_delta_net": gated_delta_net,
-    "lightning_indexer": lightning_indexer,
+    "rwkv_wkv6": rwkv_wkv6, "rwkv_wkv7": rwkv_wkv7, "gated_linear_attn": gated_linear_attn,
+    "gated_delta_net": gated_delta_net, "lightning_indexer": lightning_indexer,
 }

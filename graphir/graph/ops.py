@@ -188,6 +188,16 @@ def _gated_linear_attn(xs: list[Node], a: dict[str, Any]) -> Type:
     return "f32", (hs * H, T + hs * state.shape[1])
 
 
+def _rwkv_wkv7(xs: list[Node], a: dict[str, Any]) -> Type:
+    r, w, k, v, ia, ib, state = xs
+    hs, H, T = _pad4(k.shape)[:3]
+    for name, t in (("r", r), ("w", w), ("v", v), ("a", ia), ("b", ib)):
+        _need(t.shape == k.shape, f"{name} {t.type_str} differs from k {k.type_str}")
+    _need(len(state.shape) == 2 and state.shape[0] == hs * hs * H,
+          f"state {state.type_str} is not [{hs * hs * H}, n_seqs]")
+    return "f32", (hs * H, T + hs * state.shape[1])
+
+
 def _rope(xs: list[Node], a: dict[str, Any], per_token: int = 1) -> Type:
     x, pos = xs[0], xs[1]
     s = _pad4(x.shape)
@@ -371,6 +381,7 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("scale", "unary", ("a",), ("s",), _same, "a * s"),
     OpDef("rms_norm", "norm", ("a",), ("eps",), _same, "a / sqrt(mean(a^2) + eps) over ne0"),
     OpDef("norm", "norm", ("a",), ("eps",), _same, "(a - mean) / sqrt(var + eps) over ne0"),
+    OpDef("l2_norm", "norm", ("a",), ("eps",), _same, "a / max(sqrt(sum(a^2)), eps) over ne0"),
     OpDef("silu", "unary", ("a",), (), _same, "a * sigmoid(a)"),
     OpDef("gelu", "unary", ("a",), (), _same, "tanh-approximated GELU"),
     OpDef("relu", "unary", ("a",), (), _same, "max(a, 0)"),
@@ -427,6 +438,9 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("gated_linear_attn", "recurrent", ("k", "v", "q", "g", "state"), ("scale",), _gated_linear_attn,
           "gated linear attention per head from states: S[i, j] = S[i, j] g[i] + k[i] v[j], out[j] = sum_i "
           "scale q[i] S[i, j]; returns all outputs followed by the final states"),
+    OpDef("rwkv_wkv7", "recurrent", ("r", "w", "k", "v", "a", "b", "state"), (), _rwkv_wkv7,
+          "RWKV7 linear attention per head from states: S = S diag(w) + (S a) b^T + v k^T, out = S r; returns all "
+          "outputs followed by the final states"),
     OpDef("gated_delta_net", "recurrent", ("q", "k", "v", "g", "beta", "s"), (), _gated_delta_net,
           "gated delta rule per value head from states s: decay by e^g, correct toward v by beta along k, read "
           "with q / sqrt(head size); value head h reads key head h % n_key_heads; returns all outputs (v's layout) "

@@ -49,10 +49,11 @@ _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id
          "SWIGLU": "swiglu", "GEGLU": "geglu", "REGLU": "reglu", "ADD_ID": "add_id", "RESHAPE": "reshape",
          "PERMUTE": "permute",
          "TRANSPOSE": "transpose", "CONT": "cont", "CONCAT": "concat", "REPEAT": "repeat", "SSM_CONV": "ssm_conv",
-         "RWKV_WKV6": "rwkv_wkv6", "GATED_DELTA_NET": "gated_delta_net", "SET_ROWS": "set_rows", "VIEW": "view",
-         "GATED_LINEAR_ATTN": "gated_linear_attn",
+         "RWKV_WKV6": "rwkv_wkv6", "RWKV_WKV7": "rwkv_wkv7", "GATED_DELTA_NET": "gated_delta_net",
+         "SET_ROWS": "set_rows", "VIEW": "view", "GATED_LINEAR_ATTN": "gated_linear_attn",
          "LIGHTNING_INDEXER": "lightning_indexer",
-         "ROPE": "rope", "SOFT_MAX": "soft_max", "RMS_NORM": "rms_norm", "NORM": "norm", "SCALE": "scale",
+         "ROPE": "rope", "SOFT_MAX": "soft_max", "RMS_NORM": "rms_norm", "NORM": "norm", "L2_NORM": "l2_norm",
+         "SCALE": "scale",
          "CLAMP": "clamp", "FILL": "fill", "SWIGLU_OAI": "swiglu_oai", "SWIGLU_CLAMP": "swiglu_clamp", "SSM_SCAN": "ssm_scan",
          "ARGSORT": "argsort_top_k", "TOP_K": "argsort_top_k"}
 # Ops whose result the catalogue lists as one run of elements (outputs, then final states) where ggml gives it
@@ -95,7 +96,7 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
         while n and p[n - 1] == 0:
             n -= 1
         return f"ggml.{(desc if op in ('UNARY', 'GLU') else op).lower()}", {"params": tuple(p[:n])}
-    if kind in ("rms_norm", "norm"):
+    if kind in ("rms_norm", "norm", "l2_norm"):
         return kind, {"eps": _f32(p[0])}
     if kind == "scale":
         return kind, {"s": _f32(p[0])}

@@ -1,4 +1,5 @@
-"""Normalizations: rms_norm and norm, in ggml's order of sums (in double, and per register for norm's variance)."""
+"""Normalizations: rms_norm, norm and l2_norm, in ggml's order of sums (in double, and per register for norm's
+variance)."""
 
 from __future__ import annotations
 
@@ -119,3 +120,26 @@ def norm(x: np.ndarray, eps: float, path: isa.IsaPath) -> np.ndarray:
 def norm_kernel() -> Callable:
     """norm's kernel, (rows, eps, lanes, out)."""
     return _norm_rows
+
+
+@njit(**SER)
+def _l2_norm_rows(x, eps, out):
+    """ggml_compute_forward_l2_norm_f32: sum += (double)(x*x) in order, scale = 1.0f/fmaxf(sqrtf((float)sum), eps),
+    y = x * scale."""
+    rows, n = x.shape
+    for r in range(rows):
+        s = 0.0
+        for i in range(n):
+            v = x[r, i]
+            s += np.float64(v * v)
+        root = np.sqrt(F32(s))
+        scale = _ONE / (root if root > eps else eps)  # fmaxf: eps where the root is NaN
+        for i in range(n):
+            out[r, i] = x[r, i] * scale
+
+
+def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    r = f32_rows(x)
+    out = np.empty_like(r)
+    _l2_norm_rows(r, F32(eps), out)
+    return out.reshape(x.shape)

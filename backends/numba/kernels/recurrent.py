@@ -1,5 +1,5 @@
-"""Recurrent-state kernels (Mamba's ssm_conv / ssm_scan, RWKV6's wkv6, gated linear attention, gated DeltaNet's
-delta rule), in ggml's CPU order of operations.
+"""Recurrent-state kernels (Mamba's ssm_conv / ssm_scan, RWKV6's wkv6, RWKV7's wkv7, gated linear attention,
+gated DeltaNet's delta rule), in ggml's CPU order of operations.
 
 Arrays are in numpy order (the reverse of the IR's ggml order). Each kernel says which ggml function it follows;
 its products and sums are those of llama.cpp's x86 build (GCC with FMA contraction: `s += a*b` is one fused
@@ -366,4 +366,82 @@ def gated_linear_attn(k: np.ndarray, v: np.ndarray, q: np.ndarray, g: np.ndarray
     y = flat[:k.size].reshape(k.shape)
     st = flat[k.size:].reshape(n_seqs, n_head, hs, hs)
     _gla(k, v, q, g, F32(scale), _f32(state).reshape(n_seqs, n_head, hs, hs), y, st)
+    return out
+
+
+@njit(**INL)
+def _wkv7_update(lanes, row, j, dv, dsa, kt, wt, bt, rt, acc):
+    """One register of a state row: row[j..] = (row * w + v[i] k) + sa b, each step fused; acc + row * r."""
+    x = vfma(vload(lanes, row, j), vload(lanes, wt, j), vmul(dv, vload(lanes, kt, j)))
+    x = vfma(dsa, vload(lanes, bt, j), x)
+    vstore(row, j, x)
+    return vfma(x, vload(lanes, rt, j), acc)
+
+
+def _wkv7(r, w, k, v, a, b, s0, out, st, lanes, hadd):
+    """ggml_compute_forward_rwkv_wkv7_f32's vector path per head h and token t of sequence s, with the state's row
+    i (a value channel) in registers of ``lanes``: sa = dot(row i, a) over steps of four registers (fused lane by
+    lane, reduced as GGML_F32_VEC_REDUCE); then per lane row[j] = fma(sa, b[j], fma(row[j], w[j], v[i] * k[j]))
+    and out[i] = dot(new row i, r), summed the same way. ggml's loops step four registers at a time bounded only
+    by the head size, so a head that is not a multiple of that step reads past it there (llama.cpp's result is
+    then undefined); here the rest of such a head is summed element by element after the steps."""
+    n_tok, n_head, hs = k.shape
+    n_seqs = s0.shape[0]
+    per_seq = n_tok // n_seqs
+    lw = width(lanes)
+    step = 4 * lw
+    whole = hs // step * step
+    for h in prange(n_head):
+        for s in range(n_seqs):
+            st[s, h] = s0[s, h]
+            for t in range(s * per_seq, (s + 1) * per_seq):
+                rt, wt, kt, at, bt = r[t, h], w[t, h], k[t, h], a[t, h], b[t, h]
+                for i in range(hs):
+                    row = st[s, h, i]
+                    sa = _ZERO
+                    if whole:
+                        a0 = a1 = a2 = a3 = vzero(lanes)
+                        for c in range(0, whole, step):
+                            a0 = vfma(vload(lanes, at, c), vload(lanes, row, c), a0)
+                            a1 = vfma(vload(lanes, at, c + lw), vload(lanes, row, c + lw), a1)
+                            a2 = vfma(vload(lanes, at, c + 2 * lw), vload(lanes, row, c + 2 * lw), a2)
+                            a3 = vfma(vload(lanes, at, c + 3 * lw), vload(lanes, row, c + 3 * lw), a3)
+                        sa = vreduce4(a0, a1, a2, a3, hadd)
+                    for j in range(whole, hs):
+                        sa = fma(at[j], row[j], sa)
+                    vi = v[t, h, i]
+                    dv, dsa = vsplat(lanes, vi), vsplat(lanes, sa)
+                    y = _ZERO
+                    if whole:
+                        y0 = y1 = y2 = y3 = vzero(lanes)
+                        for c in range(0, whole, step):
+                            y0 = _wkv7_update(lanes, row, c, dv, dsa, kt, wt, bt, rt, y0)
+                            y1 = _wkv7_update(lanes, row, c + lw, dv, dsa, kt, wt, bt, rt, y1)
+                            y2 = _wkv7_update(lanes, row, c + 2 * lw, dv, dsa, kt, wt, bt, rt, y2)
+                            y3 = _wkv7_update(lanes, row, c + 3 * lw, dv, dsa, kt, wt, bt, rt, y3)
+                        y = vreduce4(y0, y1, y2, y3, hadd)
+                    for j in range(whole, hs):
+                        x = fma(sa, bt[j], fma(row[j], wt[j], vi * kt[j]))
+                        row[j] = x
+                        y = fma(x, rt[j], y)
+                    out[t, h, i] = y
+
+
+_wkv7_par, _wkv7_ser = parallel_and_serial(_wkv7)
+
+
+def rwkv_wkv7(r: np.ndarray, w: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray,
+              state: np.ndarray, lanes: int, hadd: bool) -> np.ndarray:
+    """RWKV7 linear attention. r, w, k, v, a, b (n_tok, n_head, hs), sequence-major (n_tok / n_seqs tokens a
+    sequence); state (n_seqs, n_head * hs * hs), each [h][i][j] with i the value channel. Returns (n_tok + hs *
+    n_seqs, n_head * hs): the outputs, then the final states. A token of each sequence runs on the calling thread
+    (waking the workers cost more than its 128 KB of state at RWKV7-1.5B's sizes)."""
+    n_seqs, n_head, hs = state.shape[0], k.shape[-2], k.shape[-1]
+    r, w, k, v, a, b = (_f32(x).reshape(-1, n_head, hs) for x in (r, w, k, v, a, b))
+    out = np.empty((k.shape[0] + hs * n_seqs, n_head * hs), F32)
+    flat = out.reshape(-1)
+    y = flat[:k.size].reshape(k.shape)
+    st = flat[k.size:].reshape(n_seqs, n_head, hs, hs)
+    kernel = _wkv7_ser if k.shape[0] == n_seqs else _wkv7_par
+    kernel(r, w, k, v, a, b, _f32(state).reshape(n_seqs, n_head, hs, hs), y, st, simd.lanes(lanes), hadd)
     return out

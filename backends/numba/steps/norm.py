@@ -1,4 +1,4 @@
-"""The norm steps: rms_norm and norm, and rms_norm fused with the product by its weight."""
+"""The norm steps: rms_norm, norm and l2_norm, and rms_norm fused with the product by its weight."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any, Callable
 import numpy as np
 
 from graphir.backends.numba import tape as T
-from graphir.backends.numba.kernels.norm import norm, norm_kernel, rms_norm, rms_norm_kernel, rms_norming
+from graphir.backends.numba.kernels.norm import l2_norm, norm, norm_kernel, rms_norm, rms_norm_kernel, rms_norming
 from graphir.backends.numba.primitives.isa import IsaPath
-from graphir.backends.numba.steps.base import F32, Env, Step, kernel, rows_of
+from graphir.backends.numba.steps.base import F32, Env, Function, Step, kernel, rows_of
 from graphir.backends.numba.tape import Tape
 from graphir.graph.ir import Node
 
@@ -25,6 +25,12 @@ def _rms_norm(n: Node, memo: threading.local, path: IsaPath) -> Step:
 @kernel("norm")
 def _norm(n: Node, memo: threading.local, path: IsaPath) -> Step:
     return _Norm(n.attrs["eps"], path, rms=False)
+
+
+@kernel("l2_norm")
+def _l2_norm(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    eps = n.attrs["eps"]
+    return Function(lambda env, x: l2_norm(x, eps))
 
 
 _NO_WEIGHT = np.zeros(0, F32)   # rms_norm's kernel without a product by a weight

@@ -1,5 +1,5 @@
-"""The recurrent steps: Mamba's ssm_conv and scans, RWKV6's wkv6, gated linear attention, the gated delta net; with
-their tape faces."""
+"""The recurrent steps: Mamba's ssm_conv and scans, RWKV6's wkv6 and RWKV7's wkv7, gated linear attention, the gated
+delta net; with their tape faces."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from graphir.backends.numba import tape as T
-from graphir.backends.numba.kernels.recurrent import (gated_delta_net, gated_linear_attn, rwkv_wkv6, ssm_conv,
+from graphir.backends.numba.kernels.recurrent import (gated_delta_net, gated_linear_attn, rwkv_wkv6, rwkv_wkv7, ssm_conv,
                                                       ssm_conv_kernel, ssm_scan, ssm_scan_heads, ssm_scan_heads_kernel,
                                                       ssm_scan_kernel, wkv6_kernel)
 from graphir.backends.numba.primitives import simd
@@ -129,6 +129,12 @@ class _Wkv6(Step):
 def _gated_linear_attn(n: Node, memo: threading.local, path: IsaPath) -> Step:
     scale = n.attrs["scale"]
     return Function(lambda env, k, v, q, g, state: gated_linear_attn(k, v, q, g, state, scale))
+
+
+@kernel("rwkv_wkv7")
+def _rwkv_wkv7(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    hadd = path.reduce == REDUCE_HADD
+    return Function(lambda env, r, w, k, v, a, b, s: rwkv_wkv7(r, w, k, v, a, b, s, path.lanes, hadd))
 
 
 @kernel("gated_delta_net")
