@@ -41,6 +41,7 @@ _SUFFIX = re.compile(r" \((\w+)\)")
 
 # ggml ops (by ggml_op_name, or ggml_op_desc for UNARY and GLU) that are the catalogue's op of this name.
 _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id", "SUM_ROWS": "sum_rows",
+         "MEAN": "mean", "SQRT": "sqrt",
          "ADD": "add", "SUB": "sub", "MUL": "mul", "DIV": "div", "SQR": "sqr", "SILU": "silu", "GELU": "gelu",
          "RELU": "relu", "NEG": "neg", "EXP": "exp", "TANH": "tanh", "SIGMOID": "sigmoid", "SOFTPLUS": "softplus",
          "XIELU": "xielu",
@@ -86,15 +87,15 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
     if op == "CPY" and len(srcs) == 1 and {srcs[0].dtype, dtype} == {"f32", "i32"}:  # ggml_cast
         return "cast", {"type": dtype}
     kind = _SAME.get(desc if op in ("UNARY", "GLU") else op)
-    if kind is None or op == "GLU" and len(srcs) != 2 or op == "SCALE" and p[1] != 0 or op == "ROPE" and p[15]:
+    if kind is None or op == "GLU" and len(srcs) != 2 or op == "ROPE" and p[15]:
         n = len(p)
         while n and p[n - 1] == 0:
             n -= 1
         return f"ggml.{(desc if op in ('UNARY', 'GLU') else op).lower()}", {"params": tuple(p[:n])}
     if kind in ("rms_norm", "norm"):
         return kind, {"eps": _f32(p[0])}
-    if kind == "scale":
-        return kind, {"s": _f32(p[0])}
+    if kind == "scale":  # ggml_scale_bias is a SCALE with a bias
+        return ("scale_bias", {"s": _f32(p[0]), "b": _f32(p[1])}) if p[1] else (kind, {"s": _f32(p[0])})
     if kind == "soft_max":
         return kind, {"scale": _f32(p[0]), "max_bias": _f32(p[1])}
     if kind == "clamp":
