@@ -196,10 +196,14 @@ def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any
     emitted: set[int] = set()
     outputs: dict[str, Node] = {}
     second = _second_inputs(records)
+    tokens: Node | None = None
     for r in records:
         srcs = [of_record[i] for i in r[7]]
-        if r[1] == "NONE":
+        if r[1] == "NONE" and tokens is not None and _more_tokens(r, tokens):
+            node = tokens
+        elif r[1] == "NONE":
             node = _leaf(r, weights, names, second)
+            tokens = node if node.op == "input" and node.attrs["role"] == "tokens" else tokens
         else:
             kind, attrs = _op(r, srcs)
             operands = _operands(kind, srcs)
@@ -216,6 +220,14 @@ def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any
         of_record.append(node)
     _name_cross_mask(nodes)
     return Graph(meta, (), nodes, outputs or _unnamed_outputs(records, of_record))
+
+
+def _more_tokens(r: Record, tokens: Node) -> bool:
+    """Whether a leaf is another input of the ubatch's tokens: llama.cpp fills every token tensor of its
+    ``llm_graph_input_embd`` with them, and leaves one made after ``inp_tokens`` unnamed (Gemma 3n's
+    per-layer embeddings read their rows with it), an i32 input of the token input's shape."""
+    return bool(r[8] & _FLAG_INPUT) and re.fullmatch(r"leaf_\d+", r[0]) is not None and r[3] == "i32" \
+        and shape_of(r[4]) == tokens.shape
 
 
 def _unnamed_outputs(records: list[Record], of_record: list[Node]) -> dict[str, Node]:
