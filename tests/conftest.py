@@ -223,6 +223,12 @@ _DENSE["falcon-h1"] = _DENSE["granitehybrid"] = _DENSE["mamba2"] = {  # a decay,
     **{f"blk.{il}.ssm_norm.weight": (lambda r, shp: 1 + 0.1 * r.standard_normal(shp)) for il in range(8)},
 }
 
+# Gemma 3n attends with unscaled scores: its Q and K norms scale a head to 1/sqrt(head size) of its RMS, as a
+# trained model's do, so the tiny model's softmax is not so sharp that a rounding apart flips what a token sees
+_DENSE["gemma3n"] = {f"blk.{il}.{t}.weight": (lambda r, shp: 0.2 * (1 + 0.1 * r.standard_normal(shp)))
+                     for il in range(22) for t in ("post_attention_norm", "post_ffw_norm", "laurel_post_norm", "post_norm",
+                                                  "attn_q_norm", "attn_k_norm")}
+
 _DENSE["qwen35"] = _DENSE["qwen3next"] = {  # A = -exp(A_log) < 0 so states decay; a step bias per value head
     **{f"blk.{il}.ssm_a": (lambda r, shp: -np.exp(r.uniform(-1, 0.5, shp))) for il in range(8)},
     **{f"blk.{il}.ssm_dt.bias": (lambda r, shp: r.uniform(-2, 0, shp)) for il in range(8)},

@@ -257,6 +257,8 @@ ROWS = [
     # twice the value heads of key heads: each key head's q and k repeated in place for its two value heads
     Row("qwen3next", "heads", moe=True, avx2_apart=1e-7,
         keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
+    # layers reading another layer's cache (issue 40); llama.cpp's saver has no Gemma 3n
+    Row("gemma3n", made_by="graphir"),
 ]
 
 _rng = np.random.default_rng(7)
