@@ -30,7 +30,7 @@ from graphir.memory.layers import Attention, LayerNeeds
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
-from graphir.model.hf_config import TEXT, VOCAB, Family, hf
+from graphir.model.hf_config import VOCAB, Family, derived, hf
 from graphir.model.hparams import Key, SlidingWindow
 from graphir.model.presets import Preset
 from graphir.model.qkv import fused_or_split_qkv_tensors, qk_norm_tensors
@@ -279,7 +279,11 @@ class Gemma3n(Architecture):
 
 # ---- Hugging Face: Gemma3nForConditionalGeneration's text_config, as convert_hf_to_gguf writes it -----------
 
-GEMMA3N_RULES = TEXT + (
+GEMMA3N_RULES: tuple[hf_config.Rule, ...] = (
+    hf(L.BLOCK_COUNT, *hf_config.BLOCKS),
+    hf(L.EMBEDDING_LENGTH, "hidden_size"),
+    # one width per layer, as the converter writes it (every released size gives all layers the same)
+    derived(L.FEED_FORWARD_LENGTH, lambda c: c.doc["intermediate_size"]),
     hf(L.CONTEXT_LENGTH, "max_position_embeddings", default=32768),
     hf(A.HEAD_COUNT, "num_attention_heads", default=8),
     hf(A.HEAD_COUNT_KV, "num_key_value_heads", default=2),
@@ -290,16 +294,16 @@ GEMMA3N_RULES = TEXT + (
     hf(A.SLIDING_WINDOW, "sliding_window", default=512),
     VOCAB,
 )
-hf_config.register(Family("gemma3n", GEMMA3N_RULES, {"tie_word_embeddings": True, "vocab_size": 262400}),
-                   "Gemma3nForConditionalGeneration", "Gemma3nForCausalLM")
+hf_config.register(Family("gemma3n", GEMMA3N_RULES, {"tie_word_embeddings": True, "vocab_size": 262400},
+                          lambda c: presets.SPLIT_QKV), "Gemma3nForConditionalGeneration", "Gemma3nForCausalLM")
 
 
 presets.register({
     # the text model of google/gemma-3n-E2B: 30 layers of 2048 (FFN 8192), 8 heads of 256 over 2 KV heads,
     # a window of 512 on four of every five layers; the last ten layers read layers 18 and 19's caches
     "Gemma-3n-E2B": Preset("gemma3n", {
-        L.CONTEXT_LENGTH: 32768, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 30, L.FEED_FORWARD_LENGTH: 8192,
+        L.CONTEXT_LENGTH: 32768, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 30, L.FEED_FORWARD_LENGTH: [8192] * 30,
         A.HEAD_COUNT: 8, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 256, A.VALUE_LENGTH: 256, A.LAYERNORM_RMS_EPS: 1e-6,
         R.FREQ_BASE: 1000000.0, R.FREQ_BASE_SWA: 10000.0, A.SLIDING_WINDOW: 512, L.VOCAB_SIZE: 262400,
-    }, tied=True, source="google/gemma-3n-E2B config.json (text_config)"),
+    }, tied=True, include=presets.SPLIT_QKV, source="google/gemma-3n-E2B config.json (text_config)"),
 })
