@@ -53,7 +53,9 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Falcon-H1-1.5B", "LFM2-1.2B", "LFM2-8B-A1B", "Qwen3-Next-80B-A3B",
            "Nemotron-H-8B", "Nemotron-Nano-9B-v2", "nemotron_h_moe-tiny-header", "Jamba-Mini-1.6",
            "Gemma-3n-E2B"]  # issue 40
-UNFOLDED = {"OpenELM-270M"}  # every layer of a size of its own: no layer's text folds into another's
+# no layer's text folds into another's: OpenELM's layers each have a size of their own, Gemma 3n's each read their
+# own slice of the per-layer inputs (at an offset of its own)
+UNFOLDED = {"OpenELM-270M", "Gemma-3n-E2B"}
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers
