@@ -223,6 +223,13 @@ _DENSE["falcon-h1"] = _DENSE["granitehybrid"] = _DENSE["mamba2"] = {  # a decay,
     **{f"blk.{il}.ssm_norm.weight": (lambda r, shp: 1 + 0.1 * r.standard_normal(shp)) for il in range(8)},
 }
 
+# Gemma 3n: 22 layers of AltUp, unscaled scores and two GELUs read from ggml's f16 table: with norms near 1 a
+# rounding apart grows past the reference scenario's 1e-3 (3.9e-3 measured); post norms and Q/K norms near 0.2
+# keep each layer's update small beside the residual, as a trained model's are
+_DENSE["gemma3n"] = {f"blk.{il}.{t}.weight": (lambda r, shp: 0.2 * (1 + 0.1 * r.standard_normal(shp)))
+                     for il in range(22) for t in ("post_attention_norm", "post_ffw_norm", "laurel_post_norm", "post_norm",
+                                                  "attn_q_norm", "attn_k_norm")}
+
 _DENSE["qwen35"] = _DENSE["qwen3next"] = {  # A = -exp(A_log) < 0 so states decay; a step bias per value head
     **{f"blk.{il}.ssm_a": (lambda r, shp: -np.exp(r.uniform(-1, 0.5, shp))) for il in range(8)},
     **{f"blk.{il}.ssm_dt.bias": (lambda r, shp: r.uniform(-2, 0, shp)) for il in range(8)},
@@ -404,6 +411,9 @@ for _arch in ("bloom", "starcoder", "starcoder2", "gptneox", "phi2", "falcon", "
 TINY_FAMILY["gptneox"][gguf.Keys.LLM.USE_PARALLEL_RESIDUAL] = True
 TINY_FAMILY["cohere2"][gguf.Keys.Attention.SLIDING_WINDOW] = 4
 TINY_FAMILY["talkie"] = {gguf.Keys.LLM.LOGIT_SCALE: 0.5}  # required
+# Gemma 3n: 22 layers (its KV layers end at 20: layers 20 and 21 read layers 18 and 19's caches), a window of 4
+TINY_FAMILY["gemma3n"] = {gguf.Keys.LLM.BLOCK_COUNT: 22, gguf.Keys.LLM.FEED_FORWARD_LENGTH: 96,
+                          gguf.Keys.Attention.SLIDING_WINDOW: 4, gguf.Keys.LLM.VOCAB_SIZE: 128}
 TINY_FAMILY["spark2_5"] = {gguf.Keys.Attention.SLIDING_WINDOW: 4, gguf.Keys.Attention.SLIDING_WINDOW_PATTERN: [True, False]}
 TINY_FAMILY["muse-glimmer"] = {gguf.Keys.LLM.LOGIT_SCALE: 0.5, gguf.Keys.Attention.SLIDING_WINDOW: 4}
 TINY_FAMILY["granite"] = {gguf.Keys.LLM.LOGIT_SCALE: 2.5, gguf.Keys.LLM.RESIDUAL_SCALE: 0.7,
@@ -431,6 +441,7 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight|" + NEXTN_4,
                 "glm4": r"blk\.\d+\.attn_[qkv]\.(weight|bias)", "exaone4": r"blk\.\d+\.attn_[qkv]\.weight",
                 "talkie": r"blk\.\d+\.attn_[qkv]\.weight", "muse-glimmer": r"blk\.\d+\.attn_[qkv]\.weight",
                 "spark2_5": r"blk\.\d+\.attn_qkv\.weight",  # Q, K, V fused (or apart: either is optional)
+                "gemma3n": r"blk\.\d+\.attn_[qkv]\.weight",  # Q, K and V apart (llama.cpp's create_tensor_qkv)
                 # Granite's Q, K and V apart (fused is the other form llama.cpp takes)
                 **{a: r"blk\.\d+\.attn_[qkv]\.weight" for a in ("granite", "granitemoe", "minicpm", "granitehybrid")},
                 "granite_swa": r"blk\.\d+\.(attn_[qkv]|ffn_gate_up_exps)\.weight", "grovemoe": r"blk\.\d+\.attn_[qkv]\.weight",

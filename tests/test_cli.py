@@ -55,8 +55,11 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Kimi-Linear-48B-A3B", "bailingmoe3-tiny-header",  # issue 40, new recurrent blocks
            "QRWKV6-32B",  # issue 40, linear-attention blocks
            "DeepSeek-V3.2-Exp", "glm-dsa-tiny-header",  # issue 40: sparse attention
-           "RWKV7-World-0.1B", "RWKV7-World-1.5B", "ARWKV7-tiny"]  # issue 40: RWKV-7
-UNFOLDED = {"OpenELM-270M"}  # every layer of a size of its own: no layer's text folds into another's
+           "RWKV7-World-0.1B", "RWKV7-World-1.5B", "ARWKV7-tiny",  # issue 40: RWKV-7
+           "Gemma-3n-E2B"]  # issue 40: cross-layer KV reuse
+# no layer's text folds into another's: OpenELM's layers each have a size of their own, Gemma 3n's each read their
+# own slice of the per-layer inputs (at an offset of its own)
+UNFOLDED = {"OpenELM-270M", "Gemma-3n-E2B"}
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers

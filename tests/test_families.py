@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import gguf
 import numpy as np
 import pytest
-from conftest import fail_on_run, make_tiny_preset, memory_bytes, write_model_gguf
+from conftest import assert_llama_logits, fail_on_run, make_tiny_preset, memory_bytes, write_model_gguf
 
 from graphir.batch import Batch, split_equal
 from graphir.cli import main
@@ -223,10 +223,11 @@ def greedy_against_llama_cpp(model: Model, path: Path, prompt: list[int], steps:
 
 
 def interleaved_against_llama_cpp(model: Model, path: Path, seqs: Sequence[Sequence[int]], n_ubatch: int,
-                                  bound: float = 1e-3) -> None:
+                                  bound: float = 1e-3, alone_moves: bool = False) -> None:
     """Sequences interleaved in one batch, split in ubatches of ``n_ubatch``: each sequence's last logits within
     ``bound`` of llama.cpp's for the same batch, and within 1e-5 of what the sequence gives alone (every row out
-    in both, so that the last layer's products take the same path)."""
+    in both, so that the last layer's products take the same path); ``alone_moves``: where llama.cpp's own
+    logits alone differ from its interleaved ones, each sequence alone is llama.cpp's alone, bit for bit."""
     tokens, pos, ids = multi(seqs, "interleaved")
     ctx = model.new_context(n_ctx=64, n_seq_max=len(seqs), n_ubatch=n_ubatch)
     ctx.decode(Batch(np.array(tokens), np.array(pos), [(s,) for s in ids], np.ones(len(tokens), bool)))
@@ -238,6 +239,14 @@ def interleaved_against_llama_cpp(model: Model, path: Path, seqs: Sequence[Seque
             assert np.abs(ctx.logits_ith(i) - o.logits_ith(i)).max() <= bound, j
             alone = model.new_context(n_ctx=64)
             alone.decode(Batch.from_tokens(seq, 0, outputs="all"))
+            if alone_moves:
+                theirs = LlamaCpp(path, n_ctx=64)
+                try:
+                    theirs.decode(seq, range(len(seq)), [0] * len(seq))
+                    assert_llama_logits(alone.logits_ith(-1), theirs.logits_ith(len(seq) - 1), f"sequence {j} alone")
+                finally:
+                    theirs.close()
+                continue
             assert np.abs(ctx.logits_ith(i) - alone.logits_ith(-1)).max() <= 1e-5, j
     finally:
         o.close()

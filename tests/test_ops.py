@@ -30,10 +30,10 @@ def rejects(op: str, inputs: list[Node], attrs: dict, match: str) -> None:
 
 ALL_OPS = ["add", "add_id", "argsort_top_k", "cast", "clamp", "concat", "cont", "div", "exp", "fill", "gated_delta_net",
            "gated_linear_attn", "geglu",
-           "gelu", "get_rows", "input", "l2_norm", "lightning_indexer", "moe_sum", "mul", "mul_mat", "mul_mat_id", "neg",
-           "norm", "permute", "reglu",
-           "relu", "repeat", "reshape", "rms_norm", "rope", "rope_multi", "rwkv_wkv6", "rwkv_wkv7", "scale",
-           "set_rows", "sigmoid", "silu", "soft_max", "softplus", "sqr", "ssm_conv", "ssm_scan", "ssm_scan_heads",
+           "gelu", "get_rows", "input", "l2_norm", "lightning_indexer", "mean", "moe_sum", "mul", "mul_mat", "mul_mat_id",
+           "neg", "norm", "permute", "reglu",
+           "relu", "repeat", "reshape", "rms_norm", "rope", "rope_multi", "rwkv_wkv6", "rwkv_wkv7", "scale", "scale_bias",
+           "set_rows", "sigmoid", "silu", "soft_max", "softplus", "sqr", "sqrt", "ssm_conv", "ssm_scan", "ssm_scan_heads",
            "sub", "sum_rows", "swiglu", "swiglu_clamp", "swiglu_oai", "tanh", "transpose", "view", "weight", "xielu"]
 KINDS = {"leaf", "movement", "elementwise", "unary", "norm", "reduce", "matmul", "attention", "recurrent", "memory"}
 
@@ -81,7 +81,7 @@ def test_the_named_groups_are_the_catalogues():
     assert LEAVES == {"input", "weight"}
     assert BINARY == {"add", "sub", "mul", "div"}
     assert UNARY == {"scale", "silu", "gelu", "relu", "sqr", "neg", "exp", "tanh", "sigmoid", "softplus", "clamp",
-                     "fill", "cast", "xielu"}
+                     "fill", "cast", "xielu", "sqrt", "scale_bias"}
     assert VIEWS == {"reshape", "view", "permute", "transpose", "cont"}
     assert COMPUTING == set(OPS) - LEAVES
 

@@ -43,6 +43,7 @@ _SUFFIX = re.compile(r" \((\w+)\)")
 
 # ggml ops (by ggml_op_name, or ggml_op_desc for UNARY and GLU) that are the catalogue's op of this name.
 _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id", "SUM_ROWS": "sum_rows",
+         "MEAN": "mean", "SQRT": "sqrt",
          "ADD": "add", "SUB": "sub", "MUL": "mul", "DIV": "div", "SQR": "sqr", "SILU": "silu", "GELU": "gelu",
          "RELU": "relu", "NEG": "neg", "EXP": "exp", "TANH": "tanh", "SIGMOID": "sigmoid", "SOFTPLUS": "softplus",
          "XIELU": "xielu",
@@ -91,15 +92,15 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
     if op == "CPY" and len(srcs) == 1 and {srcs[0].dtype, dtype} == {"f32", "i32"}:  # ggml_cast
         return "cast", {"type": dtype}
     kind = _SAME.get(desc if op in ("UNARY", "GLU") else op)
-    if kind is None or op == "GLU" and len(srcs) != 2 or op == "SCALE" and p[1] != 0 or op == "ROPE" and p[15]:
+    if kind is None or op == "GLU" and len(srcs) != 2 or op == "ROPE" and p[15]:
         n = len(p)
         while n and p[n - 1] == 0:
             n -= 1
         return f"ggml.{(desc if op in ('UNARY', 'GLU') else op).lower()}", {"params": tuple(p[:n])}
     if kind in ("rms_norm", "norm", "l2_norm"):
         return kind, {"eps": _f32(p[0])}
-    if kind == "scale":
-        return kind, {"s": _f32(p[0])}
+    if kind == "scale":  # ggml_scale_bias is a SCALE with a bias
+        return ("scale_bias", {"s": _f32(p[0]), "b": _f32(p[1])}) if p[1] else (kind, {"s": _f32(p[0])})
     if kind == "gated_linear_attn":
         return kind, {"scale": _f32(p[0])}
     if kind == "soft_max":
@@ -267,10 +268,14 @@ def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any
     outputs: dict[str, Node] = {}
     second, tail = _second_inputs(records, n_ctx), _second_tail(records)
     states = _renamed_states(records, weights)
+    tokens: Node | None = None
     for index, r in enumerate(records):
         srcs = [of_record[i] for i in r[7]]
-        if r[1] == "NONE":
+        if r[1] == "NONE" and tokens is not None and _more_tokens(r, tokens):
+            node = tokens
+        elif r[1] == "NONE":
             node = _leaf(r, weights, names, second, tail, states.get(index))
+            tokens = node if node.op == "input" and node.attrs["role"] == "tokens" else tokens
         else:
             kind, attrs = _op(r, srcs)
             operands = _operands(kind, srcs)
@@ -287,6 +292,14 @@ def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any
         of_record.append(node)
     _name_cross_mask(nodes)
     return Graph(meta, (), nodes, outputs or _unnamed_outputs(records, of_record))
+
+
+def _more_tokens(r: Record, tokens: Node) -> bool:
+    """Whether a leaf is another input of the ubatch's tokens: llama.cpp fills every token tensor of its
+    ``llm_graph_input_embd`` with them, and leaves one made after ``inp_tokens`` unnamed (Gemma 3n's
+    per-layer embeddings read their rows with it), an i32 input of the token input's shape."""
+    return bool(r[8] & _FLAG_INPUT) and re.fullmatch(r"leaf_\d+", r[0]) is not None and r[3] == "i32" \
+        and shape_of(r[4]) == tokens.shape
 
 
 def _unnamed_outputs(records: list[Record], of_record: list[Node]) -> dict[str, Node]:

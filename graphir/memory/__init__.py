@@ -34,6 +34,7 @@ from graphir.graph.ir import Node
 from graphir.memory.inputs import R, Request
 from graphir.memory.io import Reader, Writer
 from graphir.memory.layers import ContextParams, LayerNeeds, Need, needs_of
+from graphir.memory.reuse import reads_of
 
 Commit = Callable[[], None]
 """What a checked saved section does to the memory: called only once every part of the state has parsed."""
@@ -64,7 +65,8 @@ class Memory:
         self.needs, self.params = needs, params
         # per served layer, the need this memory keeps for it (a layer may have others, kept by other parts)
         self.need: dict[int, Need] = {il: n for il, entry in enumerate(needs) for n in needs_of(entry) if n.kind in kinds}
-        self.layers = tuple(self.need)
+        # the served layers that keep rows of their own (the others read another layer's: graphir.memory.reuse)
+        self.layers = tuple(il for il, n in self.need.items() if reads_of(n) is None)
 
     @classmethod
     def fits(cls, layer_kinds: set[str]) -> bool:

@@ -72,10 +72,11 @@ class StateInputs:
 @dataclass(frozen=True)
 class SelfAttention(Request[AttnInputs]):
     """Per-head K and V of the ubatch's tokens ([d, n_head_kv, n_tokens]), to be attended with the keys the
-    memory keeps (a cache writes them first, so the tokens see themselves through it)."""
+    memory keeps (a cache writes them first, so the tokens see themselves through it); None for a layer that
+    reads another layer's cache."""
 
-    k: Node
-    v: Node
+    k: Node | None
+    v: Node | None
     need: ClassVar[type[Need]] = Attention
 
 

@@ -45,12 +45,13 @@ import numpy as np
 
 from graphir.batch import POS_MAX, UBatch
 from graphir.graph.dims import DimDecl
-from graphir.errors import BatchError, CacheFullError, GraphirError
+from graphir.errors import BatchError, CacheFullError, GraphError, GraphirError
 from graphir.graph.emit import Emitter
 from graphir.graph.ir import Graph, Node
 from graphir.memory import CellMemory, RunGraph
 from graphir.memory.inputs import AttnInputs, PosBuckets, SelfAttention
 from graphir.memory.layers import Attention, ContextParams, LayerNeeds
+from graphir.memory.reuse import SharedRows, check_readers, reads_of
 from graphir.graph.ops import VIEWS, infer
 
 CACHE_DTYPES = {"f16": np.float16, "f32": np.float32}
@@ -170,7 +171,9 @@ class KVCache(CellMemory):
         for which, t in (("type_k", params.type_k), ("type_v", params.type_v)):
             if t not in CACHE_DTYPES:
                 raise GraphirError(f"{which} '{t}' is not supported (supported: {', '.join(CACHE_DTYPES)})")
-        rules = {replace(n, n_embd_k=0, n_embd_v=0) for n in self.need.values()  # type: ignore[type-var]
+        check_readers(self.need, self.kind)
+        self.shared = SharedRows()
+        rules = {replace(n, n_embd_k=0, n_embd_v=0, reads=None) for n in self.need.values()  # type: ignore[type-var]
                  if isinstance(n, Attention)}  # latent rows (graphir.memory.latent) attend causally, unwindowed
         if len(rules) > 1:
             raise GraphirError(f"one KV cache serves one attention window; layers ask for "
@@ -204,7 +207,8 @@ class KVCache(CellMemory):
             return {}
         out: dict[str, tuple[tuple[int, ...], Any]] = {}
         k, v = CACHE_DTYPES[self.type_k], CACHE_DTYPES[self.type_v]
-        for il, need in self.need.items():
+        for il in self.layers:
+            need = self.need[il]
             out[f"blk.{il}.cache_k"] = (self.n_ctx, need.n_embd_k), k  # type: ignore[union-attr]
             out[f"blk.{il}.cache_v"] = (self.n_ctx, need.n_embd_v), v  # type: ignore[union-attr]
         return out
@@ -236,8 +240,14 @@ class KVCache(CellMemory):
                        pad=N_KV_PAD)
 
     def _attend(self, e: Emitter, il: int, r: SelfAttention) -> AttnInputs:
-        return AttnInputs(self._store_and_view(e, r.k, "k", self.type_k),
-                          self._store_and_view(e, r.v, "v", self.type_v), self._mask(e))
+        j = reads_of(self.need[il])
+        if j is not None:  # the rows layer j wrote and attends over
+            return self.shared.read(e, il, j, self._mask(e))
+        if r.k is None or r.v is None:
+            raise GraphError(f"layer {il} keeps its own K and V in this cache: its attention needs them")
+        k, v = self._store_and_view(e, r.k, "k", self.type_k), self._store_and_view(e, r.v, "v", self.type_v)
+        self.shared.keep(e, il, k, v)
+        return AttnInputs(k, v, self._mask(e))
 
     def _buckets(self, e: Emitter, il: int, r: PosBuckets) -> Node:
         """Buckets of (cell position - query position); an empty cell counts as position -1 (it is masked)."""

@@ -28,7 +28,7 @@ WINDOWS: dict[str, Callable[[np.ndarray, np.ndarray, int], np.ndarray]] = {
 class Attention:
     """Self-attention over the layer's own K and V rows: all earlier tokens (``window`` 0) or, with a
     sliding window, the positions ``WINDOWS[swa_type]`` keeps (standard: a key at p_k is seen from p_q while
-    p_q - p_k < window). ``causal`` False: every token of a sequence sees every other (encoders; nothing can
+    p_q - p_k < window); with ``reads`` j, over the rows layer j keeps (same window), keeping none itself. ``causal`` False: every token of a sequence sees every other (encoders; nothing can
     be cached)."""
 
     n_embd_k: int
@@ -38,6 +38,7 @@ class Attention:
     swa_type: str = "standard"
     rel_buckets: int = 0  # T5: scores get a learned bias per bucket of key-query distance (:meth:`buckets`)
     alibi: bool = False  # ALiBi: a seen key's mask value is -|key pos - query pos| (softmax scales it per head)
+    reads: Optional[int] = None  # the layer whose cache this one attends over, writing none (graphir.memory.reuse)
 
     @property
     def kind(self) -> str:

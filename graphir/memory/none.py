@@ -11,7 +11,8 @@ from graphir.graph.emit import Emitter
 from graphir.graph.ir import Node
 from graphir.memory import Memory
 from graphir.memory.inputs import AttnInputs, PosBuckets, SelfAttention
-from graphir.memory.layers import Attention
+from graphir.memory.layers import Attention, ContextParams, LayerNeeds
+from graphir.memory.reuse import SharedRows, check_readers, reads_of
 
 
 def ubatch_mask(ub: UBatch, need: Attention) -> np.ndarray:
@@ -29,6 +30,12 @@ class NoMemory(Memory):
     serves = frozenset({"full", "swa", "encoder"})
     phases = ("prefill",)  # decoding token by token needs a cache to see the earlier tokens
 
+    def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
+                 layer_kinds: frozenset[str] | None = None):
+        super().__init__(needs, params, layer_kinds)
+        check_readers(self.need, self.kind)
+        self.shared = SharedRows()
+
     def _mask_name(self, il: int) -> str:
         return "kq_mask_swa" if self.need[il].window else "kq_mask"  # type: ignore[union-attr]
 
@@ -36,7 +43,12 @@ class NoMemory(Memory):
         """The ubatch's own K and V, under a mask over its tokens."""
         # NOTE: the mask is filled per ubatch: same first seq id, and key pos <= query pos when causal.
         facts = self.need[il].mask_facts()  # type: ignore[union-attr]
-        return AttnInputs(r.k, r.v, e.input(self._mask_name(il), "f32", (e.n_tokens, e.n_tokens), **facts))
+        mask = e.input(self._mask_name(il), "f32", (e.n_tokens, e.n_tokens), **facts)
+        j = reads_of(self.need[il])
+        if j is not None:  # layer j's K and V of the ubatch (graphir.memory.reuse)
+            return self.shared.read(e, il, j, mask)
+        self.shared.keep(e, il, r.k, r.v)
+        return AttnInputs(r.k, r.v, mask)
 
     def _buckets(self, e: Emitter, il: int, r: PosBuckets) -> Node:
         """Buckets of (key position - query position) within the ubatch."""

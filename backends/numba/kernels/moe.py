@@ -179,6 +179,11 @@ def sum_rows(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def mean_rows(x: np.ndarray) -> np.ndarray:
+    """ggml_mean: each row's sum as sum_rows gives it (in double, rounded once), divided by its length in float32."""
+    return np.divide(sum_rows(x), F32(x.shape[-1]), dtype=F32)
+
+
 @njit(**SER)
 def _sum_rows(x, out):
     for r in range(x.shape[0]):

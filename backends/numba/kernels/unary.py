@@ -157,6 +157,32 @@ def neg(x: np.ndarray) -> np.ndarray:
     return np.negative(x, dtype=F32)
 
 
+def sqrt(x: np.ndarray) -> np.ndarray:
+    """ggml_vec_sqrt_f32: sqrtf per element, correctly rounded as numpy's float32 sqrt is."""
+    return np.sqrt(x, dtype=F32)
+
+
+@njit(**SER)
+def _scale_bias_rows(x, s, b, step, out):
+    """ggml_vec_mad1_f32 on each row: x * s + b fused (vfmadd) over whole steps of four registers, then x * s
+    rounded and b added in the row's tail (ops.cpp is built without FP contraction)."""
+    for r in range(x.shape[0]):
+        n = x.shape[1]
+        head = n // step * step
+        for i in range(head):
+            out[r, i] = fma(x[r, i], s, b)
+        for i in range(head, n):
+            out[r, i] = x[r, i] * s + b
+
+
+def scale_bias(x: np.ndarray, s: float, b: float, path: isa.IsaPath) -> np.ndarray:
+    """ggml_scale_bias (a SCALE whose bias is not 0): rows of x, in blocks of GGML_F32_STEP = 4 registers."""
+    r = f32_rows(x)
+    out = np.empty_like(r)
+    _scale_bias_rows(r, F32(s), F32(b), 4 * path.lanes, out)
+    return out.reshape(x.shape)
+
+
 _GELU_LIMIT = F32(10.0)
 
 

@@ -12,7 +12,8 @@ import numpy as np
 from graphir.backends.numba import tape as T
 from graphir.backends.numba.kernels import rows as R
 from graphir.backends.numba.kernels.unary import (LIBM, exp, geglu, gelu, gelu_kernel, gelu_table, libm_kernel, neg,
-                                                  reglu, relu, sigmoid, silu, silu_kernel, softplus, sqr, swiglu,
+                                                  reglu, relu, scale_bias, sigmoid, silu, silu_kernel, softplus, sqr,
+                                                  sqrt, swiglu,
                                                   swiglu_clamp, swiglu_oai, tanh, xielu)
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.quant.weight import QWeight
@@ -22,7 +23,7 @@ from graphir.graph.ir import Node
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 _ROW_OPS = {np.add: R.ADD, np.subtract: R.SUB, np.multiply: R.MUL, np.divide: R.DIV}   # a tape's kernel for each
-_UNARY_FN = {"gelu": gelu, "relu": relu, "sqr": sqr, "neg": neg, "exp": exp, "tanh": tanh, "sigmoid": sigmoid,
+_UNARY_FN = {"gelu": gelu, "relu": relu, "sqr": sqr, "sqrt": sqrt, "neg": neg, "exp": exp, "tanh": tanh, "sigmoid": sigmoid,
              "softplus": softplus}
 
 
@@ -81,6 +82,12 @@ def _unary(n: Node, memo: threading.local, path: IsaPath) -> Step:
 @kernel("scale")
 def _scale(n: Node, memo: threading.local, path: IsaPath) -> Step:
     return _Unary("scale", np.float32(n.attrs["s"]))
+
+
+@kernel("scale_bias")
+def _scale_bias(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    s, b = n.attrs["s"], n.attrs["b"]
+    return Function(lambda env, x: scale_bias(x, s, b, path))
 
 
 _ROW_UNARY = {"relu": R.RELU, "sqr": R.SQR, "neg": R.NEG, "scale": R.SCALE}   # numpy's, as row kernels

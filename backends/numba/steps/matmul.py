@@ -170,8 +170,23 @@ def _mul_mat_kernel(n: Node, memo: threading.local, path: IsaPath) -> Step:
     w, x = n.inputs
     if w.op == "weight" and len(w.shape) == 3:  # a stack of matrices (MLA's per-head k_b, v_b): held dense; ggml
         # may take tinyBLAS for it where the activations are contiguous (not a permuted or strided view)
-        return _StackProduct(path, x.op not in ("permute", "transpose", "view"))
+        return _StackProduct(path, _seen_contiguous(x))
     return _Product(path)
+
+
+def _seen_contiguous(x: Node) -> bool:
+    """Whether ggml sees x contiguous: not a permutation, and a view only where its strides are a dense array's
+    (Gemma 3n's view of all but the first AltUp stream, at an offset)."""
+    if x.op in ("permute", "transpose"):
+        return False
+    if x.op != "view":
+        return True
+    dense = 1
+    for size, stride in zip(x.attrs["shape"], x.attrs["strides"]):
+        if stride != dense:
+            return False
+        dense = dense * size
+    return True
 
 
 class _StackProduct(Step):

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from graphir.backends.numba.kernels.moe import FloatExperts, add_id, argsort_top_k, moe_sum, mul_mat_id, sum_rows
+from graphir.backends.numba.kernels.moe import FloatExperts, add_id, argsort_top_k, mean_rows, moe_sum, mul_mat_id, sum_rows
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.quant.weight import QWeight, expert_matrices
 from graphir.backends.numba.steps.base import Env, Function, Step, dense, kernel
@@ -53,6 +53,11 @@ def _argsort_top_k(n: Node, memo: threading.local, path: IsaPath) -> Step:
 @kernel("sum_rows")
 def _sum_rows(n: Node, memo: threading.local, path: IsaPath) -> Step:
     return Function(lambda env, x: sum_rows(x))
+
+
+@kernel("mean")
+def _mean(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    return Function(lambda env, x: mean_rows(x))
 
 
 @kernel("moe_sum")
