@@ -1,10 +1,12 @@
-"""Encoder-only transformers: BERT (learned positions, post-LN, GELU MLP) and nomic-bert (RoPE, SwiGLU).
+"""Encoder-only transformers of llama.cpp's one BERT graph: BERT, nomic-bert, jina-bert-v2 and jina-bert-v3.
 
 Attention is bidirectional within each sequence and there is no LM head: the output is one embedding per
 token, reduced per sequence by the context's pooling. Token types are not an input: row 0 of the type table
-("sentence A") is added to every token, as llama.cpp does. llama.cpp builds both with one graph; what tells
-them apart is data: where positions come from and which FFN a layer has.
-Reference: Devlin et al. 2019, "BERT"; Nussbaum et al. 2024, "Nomic Embed"; llama.cpp src/models/bert.cpp.
+("sentence A") is added to every token, as llama.cpp does. llama.cpp builds all four with one graph
+(src/models/bert.cpp, the others ``using`` it); what tells them apart is data: where positions come from
+(a trained table, rotations, or ALiBi's distance bias) and which FFN a layer has.
+Reference: Devlin et al. 2019, "BERT"; Nussbaum et al. 2024, "Nomic Embed"; Günther et al. 2023, "Jina
+Embeddings 2"; Sturua et al. 2024, "jina-embeddings-v3"; llama.cpp src/models/bert.cpp.
 """
 
 from __future__ import annotations
@@ -17,21 +19,24 @@ from gguf import Keys, PoolingType
 
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
-from graphir.model.builder import Act, Gate, GraphBuilder, Norm
+from graphir.model.builder import Act, Gate, GraphBuilder, Node, Norm
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, fixed, hf, pooling_rule
-from graphir.model.hparams import HParams
+from graphir.model.hparams import Alibi, HParams
 from graphir.model.presets import Preset
 from graphir.model.scales import layer_scales
-from graphir.model.tensors import TensorSpec, spec, with_bias
+from graphir.model.tensors import TensorSpec, spec, tensor_name, with_bias
 
 
 class Bert(Architecture):
     name = "bert"
     rope_mode = "neox"  # declared by llama.cpp for the family; BERT itself rotates nothing
     causal = False  # bidirectional attention: its layers need no cache, so the context keeps none
-    learned_positions: ClassVar[bool] = True  # a trained position table added to the input; else Q and K are rotated
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_EPS)
-    gated: ClassVar[bool] = False  # SwiGLU without biases; else a GELU MLP with its biases where the file has them
+    # table: a trained position table added to the input; rope: Q and K rotated; alibi: scores biased by distance
+    positions: ClassVar[str] = "table"
+    # gelu: a GELU MLP with its biases where the file has them; swiglu: SwiGLU without biases; jina: GELU gated by
+    # ffn_gate where the file has one, else GEGLU over an up projection that holds the gate rows first
+    ffn: ClassVar[str] = "gelu"
     classifier: ClassVar[bool] = True  # llama.cpp loads the optional classifier head (cls, cls.output)
     n_cls_out = 1  # the classifier's outputs: one per label the file names (classifier.output_labels)
 
@@ -48,19 +53,23 @@ class Bert(Architecture):
             arch.n_cls_out = len(labels)  # type: ignore[attr-defined]
         return arch
 
+    def classifier_tensors(self) -> list[TensorSpec]:
+        E = self.hp.n_embd
+        return [*with_bias(T.CLS, (E, E), optional=True), *with_bias(T.CLS_OUT, (E, self.n_cls_out), optional=True)]
+
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
         E, F, E_gqa = hp.n_embd, hp.n_ff, hp.n_embd_k_gqa
+        jina = self.ffn == "jina"
         specs = [
             spec(T.TOKEN_EMBD, (E, hp.n_vocab)),
-            spec(T.TOKEN_TYPES, (E, max(hp.n_token_types, 1)), optional=True),
+            spec(T.TOKEN_TYPES, (E, max(hp.n_token_types, 1)), optional=not jina),
             *with_bias(T.TOKEN_EMBD_NORM, (E,)),
         ]
-        if self.learned_positions:
+        if self.positions == "table":
             specs.append(spec(T.POS_EMBD, (E, hp.n_ctx_train)))
-        if self.classifier:  # declared for files that carry it: no pooling reads it yet
-            specs += [*with_bias(T.CLS, (E, E), optional=True),
-                      *with_bias(T.CLS_OUT, (E, self.n_cls_out), optional=True)]
+        if self.classifier:
+            specs += self.classifier_tensors()
         for il in range(hp.n_layer):
             layer = [
                 *with_bias(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
@@ -70,50 +79,106 @@ class Bert(Architecture):
                 spec(T.ATTN_Q, (E,), il, "bias", kind="vector", optional=True),
                 spec(T.ATTN_K, (E_gqa,), il, "bias", kind="vector", optional=True),
                 spec(T.ATTN_V, (E_gqa,), il, "bias", kind="vector", optional=True),
-                *with_bias(T.ATTN_OUT, (E, E), il, bias_optional=True),
+                *with_bias(T.ATTN_OUT, (E, E), il, bias_optional=not jina),
                 *with_bias(T.ATTN_OUT_NORM, (E,), il),
-                *with_bias(T.FFN_UP, (E, F), il, bias_optional=True),  # nomic-bert's biases are loaded, never read
-                *with_bias(T.FFN_DOWN, (F, E), il, bias_optional=True),
                 *with_bias(T.LAYER_OUT_NORM, (E,), il),
-            ] + ([spec(T.FFN_GATE, (E, F), il)] if self.gated else [])
+            ]
+            if jina:  # LayerNorms of Q and K, a second one after attention, the FFN's gate: where the file has them
+                layer += [*with_bias(T.ATTN_Q_NORM, (E,), il, optional=True),
+                          *with_bias(T.ATTN_K_NORM, (E,), il, optional=True),
+                          *with_bias(T.ATTN_NORM_2, (E,), il, optional=True),
+                          spec(T.FFN_GATE, (E, F), il, optional=True),
+                          spec(T.FFN_UP, (E, F), il, also=(E, 2 * F)),
+                          spec(T.FFN_UP, (F,), il, "bias", kind="vector", optional=True, also=(2 * F,)),
+                          *with_bias(T.FFN_DOWN, (F, E), il)]
+            else:
+                layer += [*with_bias(T.FFN_UP, (E, F), il, bias_optional=True),  # nomic-bert's: loaded, never read
+                          *with_bias(T.FFN_DOWN, (F, E), il, bias_optional=True)]
+            if self.ffn == "swiglu":
+                layer.append(spec(T.FFN_GATE, (E, F), il))
             specs += layer + layer_scales(layer, il)  # read: those of the attention projections
         return specs
 
     def build(self, b: GraphBuilder) -> None:
-        pos = b.build_inp_pos()
+        pos = b.build_inp_pos() if self.positions != "alibi" else None
         x = b.build_inp_embd(b.w(T.TOKEN_EMBD))
         types = b.w_opt(T.TOKEN_TYPES)
         if types is not None:
             row0 = b.op("view", types, shape=(self.hp.n_embd,), strides=(1,), offset=0, name="token_types.row0")
             x = b.op("add", x, row0, name="inp_embd.types")
-        if self.learned_positions:
+        if self.positions == "table":
             x = b.op("add", b.op("get_rows", b.w(T.POS_EMBD), pos, name="inp_pos_embd"), x, name="inp_embd.pos")
         x = b.norm(x, T.TOKEN_EMBD_NORM, kind=Norm.LAYER, name="inp_norm")
         for il in b.layers():
             q, k, v = b.build_qkv(x, il)
-            if not self.learned_positions:
+            q, k = self._qk_norm(b, q, T.ATTN_Q_NORM, il, "Qcur"), self._qk_norm(b, k, T.ATTN_K_NORM, il, "Kcur")
+            if self.positions == "rope":
                 q, k = b.rope(q, pos, name="Qcur.rope"), b.rope(k, pos, name="Kcur.rope")
             a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w_opt(T.ATTN_OUT, il, "bias"),
                              wo_s=b.w_opt(T.ATTN_OUT, il, "scale"), kq_scale=b.kq_scale())
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
-            x = b.norm(b.op("add", a, x, name="attn_res"), T.ATTN_OUT_NORM, il, Norm.LAYER, name="ffn_inp")
-            if self.gated:
-                f = b.build_ffn(x, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
-                                act=Act.SILU, gate_mode=Gate.PAR)
-            else:
-                f = b.build_ffn(x, up=b.w(T.FFN_UP, il), up_b=b.w_opt(T.FFN_UP, il, "bias"), gate=None,
-                                down=b.w(T.FFN_DOWN, il), down_b=b.w_opt(T.FFN_DOWN, il, "bias"), act=Act.GELU)
-            x = b.norm(b.op("add", f, x, name="ffn_res"), T.LAYER_OUT_NORM, il, Norm.LAYER, name="l_out")
+            h = b.norm(b.op("add", a, x, name="attn_res"), T.ATTN_OUT_NORM, il, Norm.LAYER, name="ffn_inp")
+            if self._has(b, T.ATTN_NORM_2, il):  # jina-bert-v2's second norm: the layer input re-added
+                h = b.norm(b.op("add", h, x, name="attn_res_2"), T.ATTN_NORM_2, il, Norm.LAYER, name="ffn_inp_2")
+            f = self._ffn(b, h, il)
+            x = b.norm(b.op("add", f, h, name="ffn_res"), T.LAYER_OUT_NORM, il, Norm.LAYER, name="l_out")
         b.build_output(x)
+
+    def _has(self, b: GraphBuilder, t: T, il: int) -> bool:
+        """Whether the family declares layer il's tensor t and the file has it."""
+        return tensor_name(t, il) in self.specs and b.w_opt(t, il) is not None
+
+    def _qk_norm(self, b: GraphBuilder, x: Node, t: T, il: int, tag: str) -> Node:
+        """A LayerNorm across all heads of Q or K, where the file has one (jina-bert-v2)."""
+        if not self._has(b, t, il):
+            return x
+        d, heads, n = x.shape
+        flat = b.reshape(x, (d * heads, n), name=f"{tag}.flat")
+        return b.reshape(b.norm(flat, t, il, Norm.LAYER, name=f"{tag}_normed"), (d, heads, n), name=f"{tag}.heads_normed")
+
+    def _ffn(self, b: GraphBuilder, x: Node, il: int) -> Node:
+        if self.ffn == "swiglu":
+            return b.build_ffn(x, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
+                               act=Act.SILU, gate_mode=Gate.PAR)
+        up, up_b = b.w(T.FFN_UP, il), b.w_opt(T.FFN_UP, il, "bias")
+        gate = b.w(T.FFN_GATE, il) if self._has(b, T.FFN_GATE, il) else None
+        if self.ffn == "jina" and gate is None and up.shape[-1] != self.hp.n_ff:  # up = [gate; up]: GEGLU
+            return b.build_ffn_fused_swiglu(x, il, act=Act.GELU, up_b=up_b, down_b=b.w_opt(T.FFN_DOWN, il, "bias"))
+        down = b.w(T.FFN_DOWN, il)
+        return b.build_ffn(x, up=up, up_b=up_b, gate=gate, down=down, down_b=b.w_opt(T.FFN_DOWN, il, "bias"),
+                           act=Act.GELU, gate_mode=Gate.PAR)
 
 
 class NomicBert(Bert):
     """BERT's graph with rotary positions (NEOX) instead of a position table, and a SwiGLU MLP without biases."""
 
     name = "nomic-bert"
-    learned_positions = False
+    positions = "rope"
     required_keys = Bert.required_keys + (Keys.LLM.POOLING_TYPE,)
-    gated = True
+    ffn = "swiglu"
+    classifier = False
+
+
+class JinaBertV2(Bert):
+    """BERT's graph with ALiBi (slopes of max bias 8, both directions) in place of positions, optional LayerNorms
+    of Q and K and a second one after attention, and a GELU-gated FFN (jina-embeddings-v2, jina-reranker-v1)."""
+
+    name = "jina-bert-v2"
+    rope_mode = "none"
+    alibi = Alibi(bias=8.0)
+    positions = "alibi"
+    ffn = "jina"
+
+    def classifier_tensors(self) -> list[TensorSpec]:
+        return with_bias(T.CLS, (self.hp.n_embd, 1), optional=True)  # a single projection (jina-reranker-v1)
+
+
+class JinaBertV3(Bert):
+    """XLM-RoBERTa with rotary positions (NEOX): BERT's graph and GELU MLP, no position table, no classifier
+    (jina-embeddings-v3; its task LoRA adapters merged or left out by the converter)."""
+
+    name = "jina-bert-v3"
+    positions = "rope"
     classifier = False
 
 

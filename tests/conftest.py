@@ -335,7 +335,7 @@ TINY_FAMILY: dict[str, dict[str, object]] = {
               gguf.Keys.Attention.LAYERNORM_EPS: 1e-5, gguf.Keys.Attention.HEAD_COUNT: 0,
               gguf.Keys.Attention.HEAD_COUNT_KV: 0, gguf.Keys.LLM.CONTEXT_LENGTH: 1048576},
 }
-TINY_FAMILY["nomic-bert"] = TINY_FAMILY["bert"]
+TINY_FAMILY["nomic-bert"] = TINY_FAMILY["jina-bert-v2"] = TINY_FAMILY["jina-bert-v3"] = TINY_FAMILY["bert"]
 TINY_FAMILY["command-r"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
 # pre-norm decoders (graphir.model.prenorm): Orion's LayerNorms; Qwen 1's fused QKV is three widths (no GQA)
 TINY_FAMILY["orion"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
@@ -439,7 +439,11 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight|" + NEXTN_4,
                 # every layer's Q, K, V and gate and up stacks apart
                 "cohere2moe": r"blk\.\d+\.(attn_[qkv]|ffn_(gate|up)_exps)\.weight|" + NEXTN_4}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
-               "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
+               "nomic-bert": r"blk\.\d+\.attn_qkv\.weight",
+               # jina-bert-v2: every optional LayerNorm (Q, K, after attention), the FFN's gate and biases
+               "jina-bert-v2": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_[qk]_norm|attn_norm_2)\.(weight|bias)|"
+                               r"blk\.\d+\.ffn_gate\.weight|blk\.\d+\.ffn_up\.bias",
+               "jina-bert-v3": r"blk\.\d+\.attn_qkv\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias"}
 
 
 def make_tiny_preset(arch: str = "llama", tied: bool = True, **keys: object) -> Preset:

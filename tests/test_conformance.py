@@ -257,6 +257,9 @@ ROWS = [
     # twice the value heads of key heads: each key head's q and k repeated in place for its two value heads
     Row("qwen3next", "heads", moe=True, avx2_apart=1e-7,
         keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
+    # encoders of llama.cpp's BERT graph (issue 41; its saver writes no token_embd for them: graphir writes the file)
+    Row("jina-bert-v2", made_by="graphir"),  # ALiBi, Q/K LayerNorms, the second norm, a GELU-gated FFN
+    Row("jina-bert-v3", made_by="graphir"),  # fused QKV with its bias, RoPE, a GELU MLP
 ]
 
 _rng = np.random.default_rng(7)

@@ -326,14 +326,16 @@ class GraphBuilder:
         return self._scaled(self.linear(h, down, down_b, name=name), down_s, name=f"{name}_s")
 
     def build_ffn_fused_swiglu(self, x: Node, il: int, up: MODEL_TENSOR = MODEL_TENSOR.FFN_UP,
-                               down: MODEL_TENSOR = MODEL_TENSOR.FFN_DOWN, name: str = "ffn_out") -> Node:
+                               down: MODEL_TENSOR = MODEL_TENSOR.FFN_DOWN, name: str = "ffn_out", act: Act = Act.SILU,
+                               up_b: Node | None = None, down_b: Node | None = None) -> Node:
         """Layer il's SwiGLU over the two halves of one projection up = [gate; up]: silu(gate rows) * up rows
-        (llama.cpp's ``ggml_swiglu`` of a single tensor: Phi-3, ChatGLM, Granite's fused shared expert), then down."""
-        gu = self.linear(x, self.w(up, il), name="ffn_up")
+        (llama.cpp's ``ggml_swiglu`` of a single tensor: Phi-3, ChatGLM, Granite's fused shared expert), then down;
+        ``act`` GELU: the same with ``ggml_geglu`` (jina-bert-v2), each projection with its bias where given."""
+        gu = self.linear(x, self.w(up, il), up_b, name="ffn_up")
         F, n = gu.shape[0] // 2, gu.shape[1]
         gate, rest = (self.op("view", gu, shape=(F, n), strides=(1, 2 * F), offset=off, name=tag)
                       for tag, off in (("ffn_gate", 0), ("ffn_up.half", F)))
-        return self.linear(self.op("swiglu", gate, rest, name="ffn_swiglu"), self.w(down, il), name=name)
+        return self.linear(self.op(_GLU[act], gate, rest, name=f"ffn_{_GLU[act]}"), self.w(down, il), down_b, name=name)
 
     def _swiglu_limited(self, gate: Node, up: Node, limit: float, apart: bool, *, prefix: str) -> Node:
         """silu(gate) * up clamped at ``limit`` (a layer's ``swiglu_clamp_exp`` or ``_shexp``): ggml's swiglu_clamp
