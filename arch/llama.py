@@ -149,6 +149,7 @@ class Qwen3(Llama):
     rope_mode = "neox"
     keys = ()
     traits = Traits(qk_norm=True, ffn_bias=False, classifier=True)
+    rank_softmax = True  # Qwen3-Reranker's scores (llama.cpp's rank pooling of qwen3)
 
 
 class Qwen3Moe(Llama):

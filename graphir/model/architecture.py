@@ -48,6 +48,7 @@ class Architecture:
     # An encoder-decoder's encoder: the architecture of the stack ``encode`` runs (phase "encode"), made from
     # the same hparams and reading the same file; this class's own layers are then the decoder's.
     encoder: ClassVar[type[Architecture] | None] = None
+    rank_softmax: ClassVar[bool] = False  # rank pooling: a softmax over the classifier's scores (Qwen3's rerankers)
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)

@@ -94,6 +94,7 @@ class ArchView(Protocol):
     hp: HParams
     specs: Mapping[str, TensorSpec]
     rope_mode: str
+    rank_softmax: bool
 
 
 class MemoryView(Protocol):
@@ -686,7 +687,9 @@ class GraphBuilder:
     def build_pooling(self, pooling: str) -> None:
         """Reduce the final embeddings per sequence of the ubatch (llama.cpp's pooling types).
 
-        mean: average over the sequence's tokens; cls / last: the token with the smallest / largest position.
+        mean: average over the sequence's tokens; cls / last: the token with the smallest / largest position;
+        rank: the cls token (the last, when the model is causal) through the model's classifier head (``cls``, then tanh, then ``cls.output``, each
+        where the file has it; a softmax over the scores where the family says so), one score per label.
         The context feeds ``inp_mean`` [n_outputs, n_seqs] or ``inp_cls`` [n_seqs] (:mod:`graphir.running.pooling`);
         it asks for every token's output when it pools, so the rows are the ubatch's tokens.
         """
@@ -695,11 +698,27 @@ class GraphBuilder:
             mean = self.input("inp_mean", "f32", (self.n_outputs, self.n_seqs))  # pooled contexts output all rows
             rows = self.op("cont", self.op("transpose", embd, name="embd.t"), name="embd.t.cont")
             self.outputs["pooled"] = self.op("mul_mat", rows, mean, name="result_pooled")
-        elif pooling in ("cls", "last"):
-            ids = self.input("inp_cls", "i32", (self.n_seqs,), pick=pooling)
-            self.outputs["pooled"] = self.op("get_rows", embd, ids, name="result_pooled")
+        elif pooling in ("cls", "last", "rank"):
+            last = pooling == "last" or pooling == "rank" and self.hp.causal  # a causal reranker reads the end
+            ids = self.input("inp_cls", "i32", (self.n_seqs,), pick="last" if last else "cls")
+            pooled = self.op("get_rows", embd, ids, name="result_pooled")
+            self.outputs["pooled"] = self._classifier(pooled) if pooling == "rank" else pooled
         elif pooling != "none":
-            raise GraphError(f"pooling '{pooling}' is not supported (none, mean, cls, last)")
+            raise GraphError(f"pooling '{pooling}' is not supported (none, mean, cls, last, rank)")
+
+    def _classifier(self, x: Node) -> Node:
+        """A reranker's head over the pooled rows (llama.cpp's rank pooling)."""
+        cls, cls_b, out, out_b = (self.weight(n) if n in self.arch.specs else None for n in (
+            tensor_name(MODEL_TENSOR.CLS), tensor_name(MODEL_TENSOR.CLS, suffix="bias"),
+            tensor_name(MODEL_TENSOR.CLS_OUT), tensor_name(MODEL_TENSOR.CLS_OUT, suffix="bias")))
+        if cls is None and out is None:
+            raise GraphError(f"pooling 'rank' needs a classifier head (tensor {tensor_name(MODEL_TENSOR.CLS)} or "
+                             f"{tensor_name(MODEL_TENSOR.CLS_OUT)}), which this {self.arch.name} model does not have")
+        if cls is not None:
+            x = self.op("tanh", self.linear(x, cls, cls_b, name="result_cls"), name="result_cls.tanh")
+        if out is not None:
+            x = self.linear(x, out, out_b, name="result_cls_out")
+        return self.op("soft_max", x, scale=1.0, max_bias=0.0, name="result_rank") if self.arch.rank_softmax else x
 
     def graph(self, meta: dict[str, Any]) -> Graph:
         # Canonical order: leaves outside any layer first (as every form prints them), then emission order.

@@ -12,10 +12,18 @@ from __future__ import annotations
 import numpy as np
 
 from graphir.batch import UBatch
+from graphir.graph.ir import Graph
+
+
+def pooling_rule(graph: Graph, pooling: str) -> str:
+    """How a graph pooling by ``pooling`` reads its rows: mean, or the token its ``inp_cls`` input picks (cls or
+    last: rank pooling reads a row as one of them)."""
+    return graph["inp_cls"].attrs["pick"] if "inp_cls" in graph else pooling
 
 
 def pooling_inputs(ub: UBatch, pooling: str) -> tuple[list[int], dict[str, np.ndarray]]:
-    """(sequence ids in pooled-row order, graph inputs) for one ubatch."""
+    """(sequence ids in pooled-row order, graph inputs) for one ubatch; ``pooling``: mean, cls or last
+    (:func:`pooling_rule`)."""
     seqs = sorted({s for ids in ub.seq_ids for s in ids})
     if pooling == "mean" and len(seqs) == 1:   # one sentence: every token, 1/n each (the division below, in double)
         return seqs, {"inp_mean": np.full((1, len(ub)), 1.0 / len(ub), np.float32)}

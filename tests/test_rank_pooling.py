@@ -1,0 +1,65 @@
+"""Rank pooling: a reranker's classifier head over each sequence's cls row, as llama.cpp's build_pooling has it
+(``cls`` then tanh, then ``cls.output``, each where the file has it), and its refusal on a model without a head."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from conftest import make_tiny_preset, write_model_gguf
+from test_families import SEQS, LlamaCpp, encode, llama_cpp_encode
+
+from graphir.batch import Batch
+from graphir.cli import main
+from graphir.errors import GraphirError
+from graphir.running.runtime import load
+
+LABELS = {gguf.Keys.Classifier.OUTPUT_LABELS: ["no", "maybe", "yes"]}
+# (family, the head its reranker files carry, keys): BERT's two layers (bge-reranker's RoBERTa head, three labels),
+# jina-bert-v2's single projection (jina-reranker-v1)
+HEADS = [("bert", r"cls(\.output)?\.(weight|bias)", LABELS), ("jina-bert-v2", r"cls\.(weight|bias)", {})]
+
+
+def _reranker(tmp_path: Path, arch: str, head: str, keys: dict[str, object]) -> Path:
+    tiny = make_tiny_preset(arch, **keys)
+    return write_model_gguf(tmp_path / f"{arch}-rank.gguf", replace(tiny, include=f"{tiny.include}|{head}"))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("arch,head,keys", HEADS, ids=[h[0] for h in HEADS])
+def test_rank_scores_of_a_multi_sequence_batch_are_llama_cpps(tmp_path: Path, arch: str, head: str,
+                                                               keys: dict[str, object]) -> None:
+    path = _reranker(tmp_path, arch, head, keys)
+    n_out = len(keys.get(gguf.Keys.Classifier.OUTPUT_LABELS, [])) or 1
+    ref = llama_cpp_encode(path, SEQS, "rank")
+    try:
+        want = [ref.embeddings_seq(j, n_out) for j in range(len(SEQS))]
+    finally:
+        ref.close()
+    model = load(str(path))
+    ctx = encode(model, SEQS, "rank")
+    cls = encode(model, SEQS, "cls")
+    for j in range(len(SEQS)):
+        got = ctx.embeddings_seq(j)
+        assert got.shape == (n_out,)
+        assert np.abs(got - want[j]).max() <= 1e-4
+        assert not np.allclose(got, cls.embeddings_seq(j)[:n_out])  # the head ran
+
+
+def test_rank_pooling_on_a_model_without_a_classifier_head_is_one_line_and_changes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_model_gguf(tmp_path / "nomic.gguf", make_tiny_preset("nomic-bert"))
+    model = load(str(path))
+    ctx = model.new_context(pooling="mean")
+    ctx.decode(Batch.from_tokens(SEQS[0], 0))
+    before = ctx.embeddings_seq(0).copy()
+    with pytest.raises(GraphirError, match=r"^pooling 'rank' needs a classifier head \(tensor cls\.weight or "
+                                           r"cls\.output\.weight\), which this nomic-bert model does not have$"):
+        model.new_context(pooling="rank")
+    assert np.array_equal(ctx.embeddings_seq(0), before)
+    assert main(["embed", str(path), "-p", "hello", "--pooling", "rank"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pooling 'rank' needs a classifier head" in err[0]
