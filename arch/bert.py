@@ -182,16 +182,31 @@ class JinaBertV3(Bert):
     classifier = False
 
 
-# ---- Hugging Face: what convert_hf_to_gguf writes for BERT and nomic-bert configs --------------------------
+# ---- Hugging Face: what convert_hf_to_gguf writes for BERT, nomic-bert, JinaBERT and XLM-RoBERTa configs ----
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+
+
+def _classifier_labels(c: Config) -> list[str] | None:
+    """A sequence classifier's labels (id2label in id order), as the converter writes them: none for the two
+    placeholders transformers gives a config without labels of its own."""
+    labels = c.find("id2label", kind="map", default=None)
+    if not labels:
+        return None
+    ordered = [labels[k] for k in sorted(labels, key=int)]
+    return None if len(ordered) == 2 and ordered[0] == "LABEL_0" else ordered
+
 
 BERT_RULES = TEXT + (
     fixed(A.CAUSAL, False),
     pooling_rule,
     hf(Keys.Tokenizer.TOKEN_TYPE_COUNT, "type_vocab_size"),
+    derived(Keys.Classifier.OUTPUT_LABELS, _classifier_labels),
     VOCAB,
 )
+BERT_TENSORS = r"token_types\.weight|blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias"
+JINA_V3_TENSORS = r"token_types\.weight|blk\.\d+\.attn_qkv\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias"
+CLASSIFIER = r"cls(\.output)?\.(weight|bias)"  # a sequence classifier's dense layer and projection (rerankers)
 
 
 def _nomic_context(c: Config) -> int:
@@ -210,11 +225,31 @@ def _no_moe(c: Config) -> Mapping[str, Any]:
     return {}
 
 
+def _xlmr_context(c: Config) -> int:
+    """XLM-RoBERTa's positions start after the padding token's: the converter drops the first pad_token_id + 1."""
+    return c.find("max_position_embeddings") - (c.find("pad_token_id", kind="size") + 1)
+
+
+def _xlmr_arch(c: Config) -> str:
+    """An XLM-RoBERTa with task LoRA adaptations is jina-embeddings-v3 (rotary, fused QKV): jina-bert-v3."""
+    return "jina-bert-v3" if c.find("lora_adaptations", kind="list", default=None) else "bert"
+
+
+XLMR = {"layer_norm_eps": 1e-12, "type_vocab_size": 2, "pad_token_id": 1}  # XLMRobertaConfig's defaults
+XLMR_RULES = BERT_RULES + (derived(L.CONTEXT_LENGTH, _xlmr_context),)
+
 # BertModel's converter writes separate q/k/v and every bias
 hf_config.register(Family("bert", BERT_RULES, {"layer_norm_eps": 1e-12, "type_vocab_size": 2},
-                          lambda c: r"token_types\.weight|blk\.\d+\.attn_[qkv]\.(weight|bias)|"
-                                    r"blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias"),
-                   "BertModel", "BertForMaskedLM")
+                          lambda c: BERT_TENSORS), "BertModel", "BertForMaskedLM")
+hf_config.register(Family("bert", XLMR_RULES, XLMR,
+                          lambda c: JINA_V3_TENSORS if _xlmr_arch(c) == "jina-bert-v3" else BERT_TENSORS,
+                          arch_of=_xlmr_arch, other_archs=("jina-bert-v3",)), "XLMRobertaModel")
+hf_config.register(Family("bert", XLMR_RULES, XLMR, lambda c: f"{BERT_TENSORS}|{CLASSIFIER}"),
+                   "XLMRobertaForSequenceClassification")
+# JinaBERT: q/k/v apart with biases; its GLU's gated_layers written whole as ffn_up, [gate; up] (GEGLU)
+hf_config.register(Family("jina-bert-v2", BERT_RULES, {"layer_norm_eps": 1e-12, "type_vocab_size": 2},
+                          lambda c: r"blk\.\d+\.attn_[qkv]\.(weight|bias)", other_shape=r"blk\.\d+\.ffn_up\.weight"),
+                   "JinaBertModel", "JinaBertForMaskedLM")
 hf_config.register(Family("nomic-bert", BERT_RULES + (derived(L.CONTEXT_LENGTH, _nomic_context), _no_moe), {},
                           lambda c: r"token_types\.weight|blk\.\d+\.attn_qkv\.weight"), "NomicBertModel")
 
@@ -247,4 +282,26 @@ presets.register({
         L.POOLING_TYPE: int(PoolingType.MEAN), Keys.Tokenizer.TOKEN_TYPE_COUNT: 2,
     }, tied=False, include=r"token_types\.weight|blk\.\d+\.attn_qkv\.weight", f32=r"token_types\.weight",
         source="nomic-ai/nomic-embed-text-v1.5 config.json and 1_Pooling (mean)"),
+    # JinaBERT v2: ALiBi, GEGLU over one up projection of 2 x 3072 rows; the sentence-transformers mean pooling
+    "jina-embeddings-v2-base": Preset("jina-bert-v2", {
+        L.CONTEXT_LENGTH: 8192, L.EMBEDDING_LENGTH: 768, L.BLOCK_COUNT: 12, L.FEED_FORWARD_LENGTH: 3072,
+        A.HEAD_COUNT: 12, A.LAYERNORM_EPS: 1e-12, A.CAUSAL: False, L.VOCAB_SIZE: 30528,
+        L.POOLING_TYPE: int(PoolingType.MEAN), Keys.Tokenizer.TOKEN_TYPE_COUNT: 2,
+    }, tied=False, include=r"blk\.\d+\.attn_[qkv]\.(weight|bias)", f32=r"token_types\.weight",
+        other_shape=r"blk\.\d+\.ffn_up\.weight", source="jinaai/jina-embeddings-v2-base-en config.json and 1_Pooling (mean)"),
+    # XLM-RoBERTa with RoPE (base 20000), fused QKV with biases; its task LoRAs go to files of their own
+    "jina-embeddings-v3": Preset("jina-bert-v3", {
+        L.CONTEXT_LENGTH: 8192, L.EMBEDDING_LENGTH: 1024, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 4096,
+        A.HEAD_COUNT: 16, A.LAYERNORM_EPS: 1e-5, A.CAUSAL: False, R.FREQ_BASE: 20000.0, L.VOCAB_SIZE: 250002,
+        L.POOLING_TYPE: int(PoolingType.MEAN), Keys.Tokenizer.TOKEN_TYPE_COUNT: 1,
+    }, tied=False, include=JINA_V3_TENSORS, f32=r"token_types\.weight",
+        source="jinaai/jina-embeddings-v3 config.json and 1_Pooling (mean)"),
+    # XLM-RoBERTa reranker: BERT's graph and RoBERTa's classifier head, one score (rank pooling, as llama.cpp's
+    # --pooling rank; the file names no pooling)
+    "bge-reranker-v2-m3": Preset("bert", {
+        L.CONTEXT_LENGTH: 8192, L.EMBEDDING_LENGTH: 1024, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 4096,
+        A.HEAD_COUNT: 16, A.LAYERNORM_EPS: 1e-5, A.CAUSAL: False, L.VOCAB_SIZE: 250002,
+        Keys.Tokenizer.TOKEN_TYPE_COUNT: 1, Keys.Classifier.OUTPUT_LABELS: ["LABEL_0"],
+    }, tied=False, include=f"{BERT_TENSORS}|{CLASSIFIER}", f32=r"position_embd\.weight|token_types\.weight",
+        source="BAAI/bge-reranker-v2-m3 config.json (XLMRobertaForSequenceClassification)"),
 })

@@ -440,10 +440,13 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight|" + NEXTN_4,
                 "cohere2moe": r"blk\.\d+\.(attn_[qkv]|ffn_(gate|up)_exps)\.weight|" + NEXTN_4}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
                "nomic-bert": r"blk\.\d+\.attn_qkv\.weight",
-               # jina-bert-v2: every optional LayerNorm (Q, K, after attention), the FFN's gate and biases
+               # jina-bert-v2: every optional LayerNorm (Q, K, after attention), the up projection's bias; layer 1's
+               # FFN gated by ffn_gate, layer 0's up projection holding its gate (TINY_OTHER_SHAPE)
                "jina-bert-v2": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_[qk]_norm|attn_norm_2)\.(weight|bias)|"
-                               r"blk\.\d+\.ffn_gate\.weight|blk\.\d+\.ffn_up\.bias",
+                               r"blk\.1\.ffn_gate\.weight|blk\.\d+\.ffn_up\.bias",
                "jina-bert-v3": r"blk\.\d+\.attn_qkv\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias"}
+
+TINY_OTHER_SHAPE = {"jina-bert-v2": r"blk\.0\.ffn_up\.(weight|bias)"}  # [gate; up] in one projection: GEGLU
 
 
 def make_tiny_preset(arch: str = "llama", tied: bool = True, **keys: object) -> Preset:
@@ -451,7 +454,7 @@ def make_tiny_preset(arch: str = "llama", tied: bool = True, **keys: object) -> 
     keys = {**TINY_KEYS, **TINY_FAMILY.get(arch, {}), **keys}
     if arch in ENCODER_QKV:  # encoders: no LM head; q/k/v as their converter writes them
         return Preset(arch, keys, tied=False, matrix_type=gguf.GGMLQuantizationType.F32,
-                      include=r"token_types\.weight|" + ENCODER_QKV[arch])
+                      include=r"token_types\.weight|" + ENCODER_QKV[arch], other_shape=TINY_OTHER_SHAPE.get(arch, ""))
     return Preset(arch, keys, tied=tied, matrix_type=gguf.GGMLQuantizationType.F32, include=TINY_INCLUDE.get(arch, ""))
 
 

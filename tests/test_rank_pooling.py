@@ -63,3 +63,15 @@ def test_rank_pooling_on_a_model_without_a_classifier_head_is_one_line_and_chang
     assert main(["embed", str(path), "-p", "hello", "--pooling", "rank"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pooling 'rank' needs a classifier head" in err[0]
+
+
+def test_bge_reranker_v2_m3_scores_each_sequence_through_robertas_head() -> None:
+    """The preset's rank graph: the cls row through cls (1024 x 1024, bias), tanh, then cls.output to one score."""
+    from graphir.model.meta import open_model
+
+    graph = open_model("bge-reranker-v2-m3").build_graph("none", "prefill", pooling="rank")
+    score = graph.outputs["pooled"]
+    assert score.name == "result_cls_out.b" and score.shape[0] == 1
+    assert [n.op for n in graph.nodes if n.name.startswith("result_")] == [
+        "get_rows", "mul_mat", "add", "tanh", "mul_mat", "add"]
+    assert graph["inp_cls"].attrs["pick"] == "cls"
