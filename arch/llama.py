@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from gguf import GGMLQuantizationType as Q
 from gguf import MODEL_TENSOR as T
-from gguf import Keys
+from gguf import Keys, PoolingType
 
 from graphir.errors import MetadataError
 from graphir.model import hf_config, presets
@@ -251,6 +251,11 @@ presets.register({
     "Qwen2.5-72B": _qwen25(8192, 80, 29568, 64, 8, 152064, False, "Qwen/Qwen2.5-72B config.json"),
     "Qwen3-0.6B": _qwen3(1024, 28, 3072, 16, True, "Qwen/Qwen3-0.6B config.json"),
     "Qwen3-8B": _qwen3(4096, 36, 12288, 32, False, "Qwen/Qwen3-8B config.json"),
+    # Qwen3-0.6B's layers read at the last token (its sentence-transformers pooling: lasttoken)
+    "Qwen3-Embedding-0.6B": Preset("qwen3", {
+        **_qwen3(1024, 28, 3072, 16, True, "").keys, L.CONTEXT_LENGTH: 32768, L.VOCAB_SIZE: 151669,
+        L.POOLING_TYPE: int(PoolingType.LAST),
+    }, tied=True, source="Qwen/Qwen3-Embedding-0.6B config.json and 1_Pooling (lasttoken)"),
     "Qwen3-30B-A3B": Preset("qwen3moe", {
         L.CONTEXT_LENGTH: 40960, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 48, L.FEED_FORWARD_LENGTH: 6144,
         A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 4, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.FREQ_BASE: 1000000.0,
