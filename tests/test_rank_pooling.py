@@ -75,3 +75,29 @@ def test_bge_reranker_v2_m3_scores_each_sequence_through_robertas_head() -> None
     assert [n.op for n in graph.nodes if n.name.startswith("result_")] == [
         "get_rows", "mul_mat", "add", "tanh", "mul_mat", "add"]
     assert graph["inp_cls"].attrs["pick"] == "cls"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("pooling", ["last", "rank"])
+def test_a_causal_model_pools_each_sequences_last_token_as_llama_cpp(tmp_path: Path, pooling: str) -> None:
+    """Qwen3 (Qwen3-Embedding's last-token pooling; Qwen3-Reranker's rank: the last token, not the first, through
+    cls.output and a softmax), on llama.cpp's own tiny qwen3, which carries the optional cls.output."""
+    import llama_made
+
+    path = llama_made.make(tmp_path / "qwen3.gguf", "qwen3")
+    n = 1 if pooling == "rank" else 0
+    seqs = [[t % 128 for t in s] for s in SEQS]  # llama.cpp's tiny vocabulary has 128 tokens
+    ref = llama_cpp_encode(path, seqs, pooling)
+    try:
+        want = [ref.embeddings_seq(j, n) for j in range(len(seqs))]
+    finally:
+        ref.close()
+    model = load(str(path))
+    assert "cls.output.weight" in model.meta.tensors
+    ctx = encode(model, seqs, pooling)
+    for j in range(len(seqs)):
+        assert np.abs(ctx.embeddings_seq(j) - want[j]).max() <= 1e-4
+    graph = model.meta.build_graph("kv", "prefill", pooling=pooling)
+    assert graph["inp_cls"].attrs["pick"] == "last"
+    if pooling == "rank":
+        assert graph.outputs["pooled"].op == "soft_max"
