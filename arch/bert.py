@@ -19,9 +19,10 @@ from gguf import Keys, PoolingType
 
 from graphir.model import hf_config, presets
 from graphir.model.architecture import Architecture
-from graphir.model.builder import Act, Gate, GraphBuilder, Node, Norm
+from graphir.model.builder import Act, Gate, Gating, GraphBuilder, Node, Norm
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, fixed, hf, pooling_rule
-from graphir.model.hparams import Alibi, HParams
+from graphir.model.hparams import Alibi, HParams, Key
+from graphir.model.moe import MOE_KEYS, check_experts
 from graphir.model.presets import Preset
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name, with_bias
@@ -91,6 +92,10 @@ class Bert(Architecture):
                           spec(T.FFN_UP, (E, F), il, also=(E, 2 * F)),
                           spec(T.FFN_UP, (F,), il, "bias", kind="vector", optional=True, also=(2 * F,)),
                           *with_bias(T.FFN_DOWN, (F, E), il)]
+            elif self.moe_layer(il):  # GELU experts, ungated and without biases
+                X = self.hp.n_expert
+                layer += [spec(T.FFN_UP_EXP, (E, F, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
+                          spec(T.FFN_GATE_INP, (E, X), il)]
             else:
                 layer += [*with_bias(T.FFN_UP, (E, F), il, bias_optional=True),  # nomic-bert's: loaded, never read
                           *with_bias(T.FFN_DOWN, (F, E), il, bias_optional=True)]
@@ -136,7 +141,17 @@ class Bert(Architecture):
         flat = b.reshape(x, (d * heads, n), name=f"{tag}.flat")
         return b.reshape(b.norm(flat, t, il, Norm.LAYER, name=f"{tag}_normed"), (d, heads, n), name=f"{tag}.heads_normed")
 
+    def moe_layer(self, il: int) -> bool:
+        """Whether layer il's FFN is a mixture of experts (nomic-bert-moe: the second of every n layers)."""
+        n = dict(self.hp.family).get("moe_every_n_layers", 0)
+        return n > 0 and il % n == 1
+
     def _ffn(self, b: GraphBuilder, x: Node, il: int) -> Node:
+        hp = self.hp
+        if self.moe_layer(il):
+            return b.build_moe_ffn(x, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il), gate_exps=None,
+                                   down_exps=b.w(T.FFN_DOWN_EXP, il), n_expert=hp.n_expert,
+                                   n_expert_used=hp.n_expert_used, gating=Gating.SOFTMAX, act=Act.GELU)
         if self.ffn == "swiglu":
             return b.build_ffn(x, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
                                act=Act.SILU, gate_mode=Gate.PAR)
@@ -157,6 +172,20 @@ class NomicBert(Bert):
     required_keys = Bert.required_keys + (Keys.LLM.POOLING_TYPE,)
     ffn = "swiglu"
     classifier = False
+
+
+class NomicBertMoe(Bert):
+    """nomic-bert's rotary positions with BERT's GELU MLP, and on the second of every ``moe_every_n_layers`` a
+    mixture of GELU experts routed by softmax (nomic-embed-text-v2-moe)."""
+
+    name = "nomic-bert-moe"
+    positions = "rope"
+    classifier = False
+    keys = MOE_KEYS + (Key("moe_every_n_layers", Keys.LLM.MOE_EVERY_N_LAYERS, int, 0, minimum=0),)
+
+    def __init__(self, hp: HParams):
+        check_experts(hp, self.name)
+        super().__init__(hp)
 
 
 class JinaBertV2(Bert):
@@ -205,24 +234,31 @@ BERT_RULES = TEXT + (
     VOCAB,
 )
 BERT_TENSORS = r"token_types\.weight|blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias"
-JINA_V3_TENSORS = r"token_types\.weight|blk\.\d+\.attn_qkv\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias"
+# fused QKV and every bias (jina-embeddings-v3, nomic-embed-text-v2-moe)
+FUSED_TENSORS = r"token_types\.weight|blk\.\d+\.attn_qkv\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias"
 CLASSIFIER = r"cls(\.output)?\.(weight|bias)"  # a sequence classifier's dense layer and projection (rerankers)
 
 
 def _nomic_context(c: Config) -> int:
-    """nomic-embed-text v1 and v1.5 say 8192 positions but are trained for 2048, as the converter writes."""
+    """nomic-embed-text v1 and v1.5 say 8192 positions but are trained for 2048, v2-moe says 2048 and is trained
+    for 512, as the converter writes."""
     npos, trained = c.find("n_positions"), c.find("max_trained_positions", default=2048)
-    if (npos, trained) == (8192, 2048):
-        return 2048
-    raise c.error(f"n_positions {npos} with max_trained_positions {trained} is not a nomic-embed-text v1 model "
-                  f"(8192 and 2048)")
+    if (npos, trained) in ((8192, 2048), (2048, 2048)):
+        return 2048 if npos == 8192 else 512
+    raise c.error(f"n_positions {npos} with max_trained_positions {trained} is neither a nomic-embed-text v1 model "
+                  f"(8192 and 2048) nor v2-moe (2048 and 2048)")
 
 
-def _no_moe(c: Config) -> Mapping[str, Any]:
-    """nomic-bert-moe (moe_every_n_layers) is another architecture, which graphir does not build."""
-    if c.find("moe_every_n_layers", kind="size", default=0):
-        raise c.error("moe_every_n_layers: nomic-bert's mixture-of-experts layers are not supported")
-    return {}
+def _nomic_arch(c: Config) -> str:
+    """Mixture-of-experts layers (moe_every_n_layers) make the converter write nomic-bert-moe."""
+    return "nomic-bert-moe" if c.find("moe_every_n_layers", kind="size", default=0) else "nomic-bert"
+
+
+def _nomic_tensors(c: Config) -> str:
+    """v1's fused QKV has no bias; v2-moe's projections and dense MLPs all have theirs."""
+    if _nomic_arch(c) == "nomic-bert":
+        return r"token_types\.weight|blk\.\d+\.attn_qkv\.weight"
+    return FUSED_TENSORS
 
 
 def _xlmr_context(c: Config) -> int:
@@ -242,7 +278,7 @@ XLMR_RULES = BERT_RULES + (derived(L.CONTEXT_LENGTH, _xlmr_context),)
 hf_config.register(Family("bert", BERT_RULES, {"layer_norm_eps": 1e-12, "type_vocab_size": 2},
                           lambda c: BERT_TENSORS), "BertModel", "BertForMaskedLM")
 hf_config.register(Family("bert", XLMR_RULES, XLMR,
-                          lambda c: JINA_V3_TENSORS if _xlmr_arch(c) == "jina-bert-v3" else BERT_TENSORS,
+                          lambda c: FUSED_TENSORS if _xlmr_arch(c) == "jina-bert-v3" else BERT_TENSORS,
                           arch_of=_xlmr_arch, other_archs=("jina-bert-v3",)), "XLMRobertaModel")
 hf_config.register(Family("bert", XLMR_RULES, XLMR, lambda c: f"{BERT_TENSORS}|{CLASSIFIER}"),
                    "XLMRobertaForSequenceClassification")
@@ -250,8 +286,10 @@ hf_config.register(Family("bert", XLMR_RULES, XLMR, lambda c: f"{BERT_TENSORS}|{
 hf_config.register(Family("jina-bert-v2", BERT_RULES, {"layer_norm_eps": 1e-12, "type_vocab_size": 2},
                           lambda c: r"blk\.\d+\.attn_[qkv]\.(weight|bias)", other_shape=r"blk\.\d+\.ffn_up\.weight"),
                    "JinaBertModel", "JinaBertForMaskedLM")
-hf_config.register(Family("nomic-bert", BERT_RULES + (derived(L.CONTEXT_LENGTH, _nomic_context), _no_moe), {},
-                          lambda c: r"token_types\.weight|blk\.\d+\.attn_qkv\.weight"), "NomicBertModel")
+hf_config.register(Family("nomic-bert", BERT_RULES + (
+    derived(L.CONTEXT_LENGTH, _nomic_context), hf(L.MOE_EVERY_N_LAYERS, "moe_every_n_layers", kind="size", default=None),
+    hf(L.EXPERT_USED_COUNT, "moe_top_k", kind="size", default=None)), {}, _nomic_tensors, arch_of=_nomic_arch,
+    other_archs=("nomic-bert-moe",)), "NomicBertModel")
 
 
 # ---- presets: released models of this family, as their converted GGUFs declare them ---------------------
@@ -294,7 +332,7 @@ presets.register({
         L.CONTEXT_LENGTH: 8192, L.EMBEDDING_LENGTH: 1024, L.BLOCK_COUNT: 24, L.FEED_FORWARD_LENGTH: 4096,
         A.HEAD_COUNT: 16, A.LAYERNORM_EPS: 1e-5, A.CAUSAL: False, R.FREQ_BASE: 20000.0, L.VOCAB_SIZE: 250002,
         L.POOLING_TYPE: int(PoolingType.MEAN), Keys.Tokenizer.TOKEN_TYPE_COUNT: 1,
-    }, tied=False, include=JINA_V3_TENSORS, f32=r"token_types\.weight",
+    }, tied=False, include=FUSED_TENSORS, f32=r"token_types\.weight",
         source="jinaai/jina-embeddings-v3 config.json and 1_Pooling (mean)"),
     # XLM-RoBERTa reranker: BERT's graph and RoBERTa's classifier head, one score (rank pooling, as llama.cpp's
     # --pooling rank; the file names no pooling)
@@ -304,4 +342,13 @@ presets.register({
         Keys.Tokenizer.TOKEN_TYPE_COUNT: 1, Keys.Classifier.OUTPUT_LABELS: ["LABEL_0"],
     }, tied=False, include=f"{BERT_TENSORS}|{CLASSIFIER}", f32=r"position_embd\.weight|token_types\.weight",
         source="BAAI/bge-reranker-v2-m3 config.json (XLMRobertaForSequenceClassification)"),
+    # nomic-embed-text v2: XLM-R's vocabulary, RoPE (base 10000), every second layer 8 GELU experts of which 2
+    # are used; projections and dense MLPs with biases; trained for 512 positions
+    "nomic-embed-text-v2-moe": Preset("nomic-bert-moe", {
+        L.CONTEXT_LENGTH: 512, L.EMBEDDING_LENGTH: 768, L.BLOCK_COUNT: 12, L.FEED_FORWARD_LENGTH: 3072,
+        A.HEAD_COUNT: 12, A.LAYERNORM_EPS: 1e-5, A.CAUSAL: False, R.FREQ_BASE: 10000.0, L.VOCAB_SIZE: 250048,
+        L.EXPERT_COUNT: 8, L.EXPERT_USED_COUNT: 2, L.MOE_EVERY_N_LAYERS: 2,
+        L.POOLING_TYPE: int(PoolingType.MEAN), Keys.Tokenizer.TOKEN_TYPE_COUNT: 1,
+    }, tied=False, include=FUSED_TENSORS, f32=rf"token_types\.weight|{presets.ROUTER_F32}",
+        source="nomic-ai/nomic-embed-text-v2-moe config.json and 1_Pooling (mean)"),
 })

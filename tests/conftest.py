@@ -336,6 +336,9 @@ TINY_FAMILY: dict[str, dict[str, object]] = {
               gguf.Keys.Attention.HEAD_COUNT_KV: 0, gguf.Keys.LLM.CONTEXT_LENGTH: 1048576},
 }
 TINY_FAMILY["nomic-bert"] = TINY_FAMILY["jina-bert-v2"] = TINY_FAMILY["jina-bert-v3"] = TINY_FAMILY["bert"]
+# nomic-bert-moe: layer 1 of 2 a mixture of 4 GELU experts, 2 per token
+TINY_FAMILY["nomic-bert-moe"] = {**TINY_FAMILY["bert"], gguf.Keys.LLM.EXPERT_COUNT: 4, gguf.Keys.LLM.EXPERT_USED_COUNT: 2,
+                                 gguf.Keys.LLM.MOE_EVERY_N_LAYERS: 2}
 TINY_FAMILY["command-r"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
 # pre-norm decoders (graphir.model.prenorm): Orion's LayerNorms; Qwen 1's fused QKV is three widths (no GQA)
 TINY_FAMILY["orion"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
@@ -444,6 +447,7 @@ ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_out
                # FFN gated by ffn_gate, layer 0's up projection holding its gate (TINY_OTHER_SHAPE)
                "jina-bert-v2": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_[qk]_norm|attn_norm_2)\.(weight|bias)|"
                                r"blk\.1\.ffn_gate\.weight|blk\.\d+\.ffn_up\.bias",
+               "nomic-bert-moe": r"blk\.\d+\.attn_qkv\.weight|blk\.\d+\.ffn_(up|down)\.bias",
                "jina-bert-v3": r"blk\.\d+\.attn_qkv\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias"}
 
 TINY_OTHER_SHAPE = {"jina-bert-v2": r"blk\.0\.ffn_up\.(weight|bias)"}  # [gate; up] in one projection: GEGLU

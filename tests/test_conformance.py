@@ -260,6 +260,7 @@ ROWS = [
     # encoders of llama.cpp's BERT graph (issue 41; its saver writes no token_embd for them: graphir writes the file)
     Row("jina-bert-v2", made_by="graphir"),  # ALiBi, Q/K LayerNorms, the second norm, a GELU-gated FFN
     Row("jina-bert-v3", made_by="graphir"),  # fused QKV with its bias, RoPE, a GELU MLP
+    Row("nomic-bert-moe", made_by="graphir", moe=True),  # layer 1 of 2 a mixture of GELU experts
 ]
 
 _rng = np.random.default_rng(7)
