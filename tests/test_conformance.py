@@ -261,6 +261,8 @@ ROWS = [
     Row("jina-bert-v2", made_by="graphir"),  # ALiBi, Q/K LayerNorms, the second norm, a GELU-gated FFN
     Row("jina-bert-v3", made_by="graphir"),  # fused QKV with its bias, RoPE, a GELU MLP
     Row("nomic-bert-moe", made_by="graphir", moe=True),  # layer 1 of 2 a mixture of GELU experts
+    # Gemma 3's layers both ways, the local ones through a symmetric window the prompt outgrows (2 either side)
+    Row("gemma-embedding", keys={"gemma-embedding.attention.sliding_window": 4}),
 ]
 
 _rng = np.random.default_rng(7)

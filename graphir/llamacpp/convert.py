@@ -214,6 +214,7 @@ def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any
             nodes.append(node)
         of_record.append(node)
     _name_cross_mask(nodes)
+    _name_encoder_swa_mask(nodes)
     return Graph(meta, (), nodes, outputs or _unnamed_outputs(records, of_record))
 
 
@@ -226,6 +227,18 @@ def _unnamed_outputs(records: list[Record], of_record: list[Node]) -> dict[str, 
     logits = flagged[-1]
     embd = [i for i in records[logits][7] if i in flagged]
     return {"logits": of_record[logits], **({"embd": of_record[embd[0]]} if embd else {})}
+
+
+def _name_encoder_swa_mask(nodes: list[Node]) -> None:
+    """llama.cpp leaves the sliding-window mask of attention without a cache unnamed (build_attn_inp_no_cache): it
+    is the unnamed input a softmax uses as its mask where no cache is read (EmbeddingGemma's local layers)."""
+    if any(n.op == "input" and n.attrs.get("role") in CACHE_ROLES.values() for n in nodes):
+        return
+    for n in nodes:
+        if n.op == "soft_max" and len(n.inputs) > 1:
+            mask = n.inputs[1]
+            if mask.op == "input" and mask.name.startswith("leaf_"):
+                mask.name, mask.attrs = "kq_mask_swa", {"role": "kq_mask_swa"}
 
 
 def _name_cross_mask(nodes: list[Node]) -> None:
