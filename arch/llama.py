@@ -46,6 +46,7 @@ class Traits:
     # FFNs are mixtures of experts of feed_forward_length when expert_count > 0, gates optional; the variants
     # whose keys leave out the expert counts have dense FFNs only)
     experts_always: bool = False
+    lm_head: bool = True  # False: the final norm's output is the model's (llama-embed: embeddings, no logits)
 
 
 class Llama(Architecture):
@@ -134,7 +135,10 @@ class Llama(Architecture):
                                 up_b=up_b, gate_b=gate_b, down_b=down_b, up_s=up_s, gate_s=gate_s, down_s=down_s)
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
-        b.build_output(x, b.w(T.OUTPUT), b.w_opt(T.OUTPUT, suffix="bias"))
+        if t.lm_head:
+            b.build_output(x, b.w(T.OUTPUT), b.w_opt(T.OUTPUT, suffix="bias"))
+        else:
+            b.build_output(x)
 
 
 class Qwen2(Llama):

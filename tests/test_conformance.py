@@ -263,6 +263,9 @@ ROWS = [
     Row("nomic-bert-moe", made_by="graphir", moe=True),  # layer 1 of 2 a mixture of GELU experts
     # Gemma 3's layers both ways, the local ones through a symmetric window the prompt outgrows (2 either side)
     Row("gemma-embedding", keys={"gemma-embedding.attention.sliding_window": 4}),
+    # Llama without a cache or an LM head, bidirectional (the converted, causal form: tests/test_encoders.py)
+    Row("llama-embed", keys={"llama-embed.attention.causal": False}),
+    Row("llama-embed", "moe", moe=True, keys={"llama-embed.attention.causal": False}),
 ]
 
 _rng = np.random.default_rng(7)
@@ -285,7 +288,7 @@ def kind(row: Row) -> str:
     arch = _arch(row)
     if arch.encoder_stack is not None:
         return "encoder-decoder"
-    return "decoder" if arch.causal and arch.hp.pooling == "none" else "encoder"
+    return "decoder" if arch.hp.causal and arch.hp.pooling == "none" else "encoder"
 
 
 def rows(*kinds: str) -> Any:

@@ -57,6 +57,7 @@ NOT_COMPARED = {
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "llama-embed-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "smallthinker-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "maple-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "mellum-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -243,6 +244,12 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
                             A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-5,
                             R.DIMENSION_COUNT: 16, L.VOCAB_SIZE: 256}, tied=False))
        for arch, name in (("arcee", "ArceeForCausalLM"), ("xverse", "XverseForCausalLM"))},
+    # llama-embed-nemotron's class: Llama's keys (no causal key: llama.cpp keeps it causal), mean-pooled
+    "llama-embed": ({**TINY_LLAMA, "architectures": ["LlamaBidirectionalModel"], "rope_theta": 10000.0}, True,
+                    Preset("llama-embed", {
+                        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-5,
+                        R.DIMENSION_COUNT: 16, L.VOCAB_SIZE: 256, L.POOLING_TYPE: 1}, tied=True)),
     "maincoder": ({**TINY_LLAMA, "architectures": ["MaincoderForCausalLM"], "head_dim": 16}, False,
                   Preset("maincoder", {
                       L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
