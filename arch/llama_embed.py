@@ -34,10 +34,10 @@ hf_config.register(Family("llama-embed", LLAMA_RULES + (pooling_rule,), {"tie_wo
                    "LlamaBidirectionalModel")
 
 presets.register({
-    # llama.cpp's tiny llama-embed (2 layers of 256, 2 heads, FFN 384), bidirectional and mean-pooled: no released
-    # model's config is known here for certain
+    # llama.cpp's tiny llama-embed over four layers (so that alike ones fold; 256 wide, 2 heads, FFN 384),
+    # bidirectional and mean-pooled: no released model's config is known here for certain
     "llama-embed-tiny-header": Preset("llama-embed", {
-        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 384,
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 384,
         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, A.CAUSAL: False, L.VOCAB_SIZE: 128,
         L.POOLING_TYPE: 1,
     }, tied=False, source="llama.cpp tests/test-llama-archs.cpp, its tiny llama-embed header"),
