@@ -336,6 +336,11 @@ TINY_FAMILY: dict[str, dict[str, object]] = {
               gguf.Keys.Attention.HEAD_COUNT_KV: 0, gguf.Keys.LLM.CONTEXT_LENGTH: 1048576},
 }
 TINY_FAMILY["nomic-bert"] = TINY_FAMILY["jina-bert-v2"] = TINY_FAMILY["jina-bert-v3"] = TINY_FAMILY["bert"]
+# ModernBERT: layer 0 global, layers 1 and 2 through a symmetric window the prompt outgrows (2 either side), their
+# own RoPE base
+TINY_FAMILY["modern-bert"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5, gguf.Keys.Attention.CAUSAL: False,
+                              gguf.Keys.Attention.HEAD_COUNT_KV: 4, gguf.Keys.LLM.BLOCK_COUNT: 3,
+                              gguf.Keys.Attention.SLIDING_WINDOW: 4, gguf.Keys.Rope.FREQ_BASE_SWA: 500.0}
 # nomic-bert-moe: layer 1 of 2 a mixture of 4 GELU experts, 2 per token
 TINY_FAMILY["nomic-bert-moe"] = {**TINY_FAMILY["bert"], gguf.Keys.LLM.EXPERT_COUNT: 4, gguf.Keys.LLM.EXPERT_USED_COUNT: 2,
                                  gguf.Keys.LLM.MOE_EVERY_N_LAYERS: 2}

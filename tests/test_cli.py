@@ -53,7 +53,7 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Falcon-H1-1.5B", "LFM2-1.2B", "LFM2-8B-A1B", "Qwen3-Next-80B-A3B",
            "Nemotron-H-8B", "Nemotron-Nano-9B-v2", "nemotron_h_moe-tiny-header", "Jamba-Mini-1.6",  # issue 40
            "jina-embeddings-v2-base", "jina-embeddings-v3", "bge-reranker-v2-m3", "Qwen3-Embedding-0.6B", "nomic-embed-text-v2-moe",
-           "EmbeddingGemma-300M", "llama-embed-tiny-header"]  # issue 41
+           "EmbeddingGemma-300M", "llama-embed-tiny-header", "ModernBERT-base"]  # issue 41
 UNFOLDED = {"OpenELM-270M"}  # every layer of a size of its own: no layer's text folds into another's
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 

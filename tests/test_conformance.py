@@ -263,6 +263,7 @@ ROWS = [
     Row("nomic-bert-moe", made_by="graphir", moe=True),  # layer 1 of 2 a mixture of GELU experts
     # Gemma 3's layers both ways, the local ones through a symmetric window the prompt outgrows (2 either side)
     Row("gemma-embedding", keys={"gemma-embedding.attention.sliding_window": 4}),
+    Row("modern-bert", made_by="graphir"),  # llama.cpp's saver writes no token_embd for it
     # Llama without a cache or an LM head, bidirectional (the converted, causal form: tests/test_encoders.py)
     Row("llama-embed", keys={"llama-embed.attention.causal": False}),
     Row("llama-embed", "moe", moe=True, keys={"llama-embed.attention.causal": False}),

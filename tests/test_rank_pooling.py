@@ -19,8 +19,10 @@ from graphir.running.runtime import load
 
 LABELS = {gguf.Keys.Classifier.OUTPUT_LABELS: ["no", "maybe", "yes"]}
 # (family, the head its reranker files carry, keys): BERT's two layers (bge-reranker's RoBERTa head, three labels),
-# jina-bert-v2's single projection (jina-reranker-v1)
-HEADS = [("bert", r"cls(\.output)?\.(weight|bias)", LABELS), ("jina-bert-v2", r"cls\.(weight|bias)", {})]
+# jina-bert-v2's single projection (jina-reranker-v1), ModernBERT's (gte-reranker-modernbert), ModernBERT's (gte-reranker-modernbert)
+HEADS = [("bert", r"cls(\.output)?\.(weight|bias)", LABELS), ("jina-bert-v2", r"cls\.(weight|bias)", {}),
+         # ModernBERT's: the mean of each sequence through dense, GELU, its norm and the projection
+         ("modern-bert", r"cls(\.output)?\.weight|cls\.norm\.weight|cls\.output\.bias", {})]
 
 
 def _reranker(tmp_path: Path, arch: str, head: str, keys: dict[str, object]) -> Path:

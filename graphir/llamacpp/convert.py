@@ -32,7 +32,7 @@ INPUT_ROLES = {"inp_tokens": "tokens", "inp_embd": "embd", "inp_pos": "pos", "ou
                "pos_bucket_dec": "pos_bucket", "pos_bucket_enc": "pos_bucket", "cross_embd": "cross_embd",
                "inp_attn_scale": "attn_scale"}
 CACHE_ROLES = {"k": "cache_k", "v": "cache_v", "r": "rs_r", "s": "rs_s"}
-OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd": "embd",
+OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd": "embd", "final_norm_out": "embd",
                 "result_embd_pooled": "pooled"}
 
 _CACHE = re.compile(r"^cache_([kvrs])_l(\d+)((?: \(\w+\))*)$")

@@ -49,6 +49,8 @@ class Architecture:
     # the same hparams and reading the same file; this class's own layers are then the decoder's.
     encoder: ClassVar[type[Architecture] | None] = None
     rank_softmax: ClassVar[bool] = False  # rank pooling: a softmax over the classifier's scores (Qwen3's rerankers)
+    rank_pooling: str = "cls"  # rank pooling reads the cls row, or the mean of the sequence (ModernBERT's default)
+    classifier_act: ClassVar[str] = "tanh"  # the activation after the classifier's dense layer (ModernBERT: gelu)
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)

@@ -95,6 +95,8 @@ class ArchView(Protocol):
     specs: Mapping[str, TensorSpec]
     rope_mode: str
     rank_softmax: bool
+    rank_pooling: str
+    classifier_act: str
 
 
 class MemoryView(Protocol):
@@ -688,16 +690,18 @@ class GraphBuilder:
         """Reduce the final embeddings per sequence of the ubatch (llama.cpp's pooling types).
 
         mean: average over the sequence's tokens; cls / last: the token with the smallest / largest position;
-        rank: the cls token (the last, when the model is causal) through the model's classifier head (``cls``, then tanh, then ``cls.output``, each
-        where the file has it; a softmax over the scores where the family says so), one score per label.
+        rank: the cls token (the last, when the model is causal; the mean where the family pools so first) through
+        the model's classifier head (``cls``, its activation and ``cls.norm``, then ``cls.output``, each where the
+        file has it; a softmax over the scores where the family says so), one score per label.
         The context feeds ``inp_mean`` [n_outputs, n_seqs] or ``inp_cls`` [n_seqs] (:mod:`graphir.running.pooling`);
         it asks for every token's output when it pools, so the rows are the ubatch's tokens.
         """
         embd = self.outputs["embd"]
-        if pooling == "mean":
+        if pooling == "mean" or pooling == "rank" and self.arch.rank_pooling == "mean":
             mean = self.input("inp_mean", "f32", (self.n_outputs, self.n_seqs))  # pooled contexts output all rows
             rows = self.op("cont", self.op("transpose", embd, name="embd.t"), name="embd.t.cont")
-            self.outputs["pooled"] = self.op("mul_mat", rows, mean, name="result_pooled")
+            pooled = self.op("mul_mat", rows, mean, name="result_pooled")
+            self.outputs["pooled"] = self._classifier(pooled) if pooling == "rank" else pooled
         elif pooling in ("cls", "last", "rank"):
             last = pooling == "last" or pooling == "rank" and self.hp.causal  # a causal reranker reads the end
             ids = self.input("inp_cls", "i32", (self.n_seqs,), pick="last" if last else "cls")
@@ -715,7 +719,11 @@ class GraphBuilder:
             raise GraphError(f"pooling 'rank' needs a classifier head (tensor {tensor_name(MODEL_TENSOR.CLS)} or "
                              f"{tensor_name(MODEL_TENSOR.CLS_OUT)}), which this {self.arch.name} model does not have")
         if cls is not None:
-            x = self.op("tanh", self.linear(x, cls, cls_b, name="result_cls"), name="result_cls.tanh")
+            act = self.arch.classifier_act
+            x = self.op(act, self.linear(x, cls, cls_b, name="result_cls"), name=f"result_cls.{act}")
+            norm = tensor_name(MODEL_TENSOR.CLS_NORM)
+            if norm in self.arch.specs and self.weight(norm) is not None:  # ModernBERT's head norm
+                x = self.build_norm(x, self.weight(norm), None, Norm.LAYER, name="result_cls_norm")
         if out is not None:
             x = self.linear(x, out, out_b, name="result_cls_out")
         return self.op("soft_max", x, scale=1.0, max_bias=0.0, name="result_rank") if self.arch.rank_softmax else x

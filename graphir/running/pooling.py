@@ -16,9 +16,11 @@ from graphir.graph.ir import Graph
 
 
 def pooling_rule(graph: Graph, pooling: str) -> str:
-    """How a graph pooling by ``pooling`` reads its rows: mean, or the token its ``inp_cls`` input picks (cls or
-    last: rank pooling reads a row as one of them)."""
-    return graph["inp_cls"].attrs["pick"] if "inp_cls" in graph else pooling
+    """How a graph pooling by ``pooling`` reads its rows: the token its ``inp_cls`` input picks (cls or last), the
+    mean where it has ``inp_mean`` (rank pooling reads its rows as one of these), else as ``pooling`` says."""
+    if "inp_cls" in graph:
+        return str(graph["inp_cls"].attrs["pick"])
+    return "mean" if "inp_mean" in graph else pooling
 
 
 def pooling_inputs(ub: UBatch, pooling: str) -> tuple[list[int], dict[str, np.ndarray]]:
