@@ -11,7 +11,6 @@ Embeddings 2"; Sturua et al. 2024, "jina-embeddings-v3"; llama.cpp src/models/be
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, ClassVar, Mapping
 
 from gguf import MODEL_TENSOR as T
@@ -38,13 +37,17 @@ class Bert(Architecture):
     # gelu: a GELU MLP with its biases where the file has them; swiglu: SwiGLU without biases; jina: GELU gated by
     # ffn_gate where the file has one, else GEGLU over an up projection that holds the gate rows first
     ffn: ClassVar[str] = "gelu"
-    classifier: ClassVar[bool] = True  # llama.cpp loads the optional classifier head (cls, cls.output)
+    # the optional classifier head llama.cpp loads: head (cls, cls.output: RoBERTa's), projection (cls to one
+    # score: jina-reranker-v1's), or none
+    classifier: ClassVar[str] = "head"
     n_cls_out = 1  # the classifier's outputs: one per label the file names (classifier.output_labels)
 
     def __init__(self, hp: HParams):
         # llama.cpp gives these models no memory, so its llama_decode runs them as llama_encode, which attends both
-        # ways whatever attention.causal says (the files llama.cpp writes itself say true)
-        super().__init__(replace(hp, causal=False))
+        # ways whatever attention.causal says (Architecture, for a family that is not causal)
+        if "n_expert" in dict(hp.family):  # nomic-bert-moe's experts, checked as llama.cpp's loader checks them
+            check_experts(hp, self.name)
+        super().__init__(hp)
 
     @classmethod
     def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
@@ -53,10 +56,6 @@ class Bert(Architecture):
         if isinstance(labels, list) and labels:
             arch.n_cls_out = len(labels)  # type: ignore[attr-defined]
         return arch
-
-    def classifier_tensors(self) -> list[TensorSpec]:
-        E = self.hp.n_embd
-        return [*with_bias(T.CLS, (E, E), optional=True), *with_bias(T.CLS_OUT, (E, self.n_cls_out), optional=True)]
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp
@@ -69,8 +68,10 @@ class Bert(Architecture):
         ]
         if self.positions == "table":
             specs.append(spec(T.POS_EMBD, (E, hp.n_ctx_train)))
-        if self.classifier:
-            specs += self.classifier_tensors()
+        if self.classifier == "head":
+            specs += [*with_bias(T.CLS, (E, E), optional=True), *with_bias(T.CLS_OUT, (E, self.n_cls_out), optional=True)]
+        elif self.classifier == "projection":
+            specs += with_bias(T.CLS, (E, 1), optional=True)
         for il in range(hp.n_layer):
             layer = [
                 *with_bias(T.ATTN_QKV, (E, E + 2 * E_gqa), il, optional=True),
@@ -171,7 +172,7 @@ class NomicBert(Bert):
     positions = "rope"
     required_keys = Bert.required_keys + (Keys.LLM.POOLING_TYPE,)
     ffn = "swiglu"
-    classifier = False
+    classifier = ""
 
 
 class NomicBertMoe(Bert):
@@ -180,12 +181,8 @@ class NomicBertMoe(Bert):
 
     name = "nomic-bert-moe"
     positions = "rope"
-    classifier = False
+    classifier = ""
     keys = MOE_KEYS + (Key("moe_every_n_layers", Keys.LLM.MOE_EVERY_N_LAYERS, int, 0, minimum=0),)
-
-    def __init__(self, hp: HParams):
-        check_experts(hp, self.name)
-        super().__init__(hp)
 
 
 class JinaBertV2(Bert):
@@ -197,9 +194,7 @@ class JinaBertV2(Bert):
     alibi = Alibi(bias=8.0)
     positions = "alibi"
     ffn = "jina"
-
-    def classifier_tensors(self) -> list[TensorSpec]:
-        return with_bias(T.CLS, (self.hp.n_embd, 1), optional=True)  # a single projection (jina-reranker-v1)
+    classifier = "projection"
 
 
 class JinaBertV3(Bert):
@@ -208,7 +203,7 @@ class JinaBertV3(Bert):
 
     name = "jina-bert-v3"
     positions = "rope"
-    classifier = False
+    classifier = ""
 
 
 # ---- Hugging Face: what convert_hf_to_gguf writes for BERT, nomic-bert, JinaBERT and XLM-RoBERTa configs ----

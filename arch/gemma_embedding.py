@@ -12,31 +12,25 @@ src/models/gemma-embedding.cpp.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gguf import Keys
 
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import Family, hf, pooling_rule
-from graphir.model.hparams import HParams, Key, SlidingWindow
+from graphir.model.hparams import Key, SlidingWindow
 from graphir.model.presets import Preset
 
-from graphir.arch.gemma import _GEMMA3, GEMMA3_RULES, Gemma3, Traits
+from graphir.arch.gemma import _GEMMA3, GEMMA3_RULES, Gemma2, Traits
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
-class GemmaEmbedding(Gemma3):
+class GemmaEmbedding(Gemma2):
     name = "gemma-embedding"
-    causal = False
+    causal = False  # llama.cpp's loader makes it bidirectional whatever attention.causal says
     swa = SlidingWindow("symmetric", window=0, period=6)  # the window is required
     keys = (Key("rope_freq_base_swa", R.FREQ_BASE_SWA, float, 10000.0),)  # llama.cpp's default
     traits = Traits(sandwich=True, final_cap=False, score_cap=False, qk_norm=True, own_head=True, swa_rope_scale=1.0,
                     layers_of_27b=0, lm_head=False)
-
-    def __init__(self, hp: HParams):
-        # llama.cpp's loader makes it bidirectional whatever attention.causal says
-        super().__init__(replace(hp, causal=False))
 
 
 # Gemma3TextModel's converter: Gemma 3's keys, the sentence-transformers pooling

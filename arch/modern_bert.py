@@ -11,8 +11,6 @@ src/models/modern-bert.cpp.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
@@ -51,7 +49,7 @@ class ModernBert(Architecture):
         if hp.n_head != hp.n_head_kv:
             raise MetadataError(f"{hp.n_head} query heads and {hp.n_head_kv} KV heads: ModernBERT's fused QKV of 3 x "
                                 f"n_embd rows holds as many K and V heads as query heads")
-        super().__init__(replace(hp, causal=False))  # llama.cpp gives it no memory: it always attends both ways
+        super().__init__(hp)  # llama.cpp gives it no memory: it attends both ways (Architecture, not causal)
         self.rank_pooling = "cls" if hp.classifier_pooling == 2 else "mean"  # type: ignore[attr-defined]
 
     def tensors(self) -> list[TensorSpec]:

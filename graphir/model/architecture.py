@@ -58,7 +58,9 @@ class Architecture:
             REGISTRY[cls.name] = cls
 
     def __init__(self, hp: HParams):
-        self.hp = hp
+        # a family llama.cpp runs without a cache attends both ways whatever attention.causal says (its files, and
+        # those llama.cpp writes itself, may say true)
+        self.hp = hp if self.causal else replace(hp, causal=False)
 
     @cached_property
     def specs(self) -> dict[str, TensorSpec]:
