@@ -15,7 +15,7 @@ from __future__ import annotations
 from gguf import Keys
 
 from graphir.model import hf_config, presets
-from graphir.model.hf_config import Family, hf, pooling_rule
+from graphir.model.hf_config import Family, pooling_rule
 from graphir.model.hparams import Key, SlidingWindow
 from graphir.model.presets import Preset
 

@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 from conftest import make_tiny_preset, write_model_gguf
-from test_families import SEQS, LlamaCpp, encode, llama_cpp_encode
+from test_families import SEQS, encode, llama_cpp_encode
 
 from graphir.batch import Batch
 from graphir.cli import main
