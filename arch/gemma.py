@@ -50,6 +50,7 @@ class Traits:
     swa_rope_scale: float | None  # the local layers' RoPE scaling (None: the model's; Gemma 3: 1, none)
     layers_of_27b: int  # the 27B model (known to llama.cpp by its layer count) scales queries by
     # 1/sqrt(n_embd / n_head) (its query_pre_attn_scalar), the other sizes by 1/sqrt(head_dim)
+    lm_head: bool = True  # False: the final norm's output is the model's (EmbeddingGemma: embeddings, no logits)
 
 
 class Gemma2(Architecture):
@@ -126,6 +127,9 @@ class Gemma2(Architecture):
                 f = b.norm(f, T.FFN_POST_NORM, il, name="ffn_post_norm")
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
+        if not t.lm_head:
+            b.build_output(x)
+            return
         b.build_output(x, b.w(T.OUTPUT if t.own_head else T.TOKEN_EMBD),
                        softcap=hp.final_softcap if t.final_cap else 0.0)
 

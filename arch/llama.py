@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from gguf import GGMLQuantizationType as Q
 from gguf import MODEL_TENSOR as T
-from gguf import Keys
+from gguf import Keys, PoolingType
 
 from graphir.errors import MetadataError
 from graphir.model import hf_config, presets
@@ -46,6 +46,7 @@ class Traits:
     # FFNs are mixtures of experts of feed_forward_length when expert_count > 0, gates optional; the variants
     # whose keys leave out the expert counts have dense FFNs only)
     experts_always: bool = False
+    lm_head: bool = True  # False: the final norm's output is the model's (llama-embed: embeddings, no logits)
 
 
 class Llama(Architecture):
@@ -134,7 +135,10 @@ class Llama(Architecture):
                                 up_b=up_b, gate_b=gate_b, down_b=down_b, up_s=up_s, gate_s=gate_s, down_s=down_s)
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
-        b.build_output(x, b.w(T.OUTPUT), b.w_opt(T.OUTPUT, suffix="bias"))
+        if t.lm_head:
+            b.build_output(x, b.w(T.OUTPUT), b.w_opt(T.OUTPUT, suffix="bias"))
+        else:
+            b.build_output(x)
 
 
 class Qwen2(Llama):
@@ -149,6 +153,7 @@ class Qwen3(Llama):
     rope_mode = "neox"
     keys = ()
     traits = Traits(qk_norm=True, ffn_bias=False, classifier=True)
+    rank_softmax = True  # Qwen3-Reranker's scores (llama.cpp's rank pooling of qwen3)
 
 
 class Qwen3Moe(Llama):
@@ -250,6 +255,11 @@ presets.register({
     "Qwen2.5-72B": _qwen25(8192, 80, 29568, 64, 8, 152064, False, "Qwen/Qwen2.5-72B config.json"),
     "Qwen3-0.6B": _qwen3(1024, 28, 3072, 16, True, "Qwen/Qwen3-0.6B config.json"),
     "Qwen3-8B": _qwen3(4096, 36, 12288, 32, False, "Qwen/Qwen3-8B config.json"),
+    # Qwen3-0.6B's layers read at the last token (its sentence-transformers pooling: lasttoken)
+    "Qwen3-Embedding-0.6B": Preset("qwen3", {
+        **_qwen3(1024, 28, 3072, 16, True, "").keys, L.CONTEXT_LENGTH: 32768, L.VOCAB_SIZE: 151669,
+        L.POOLING_TYPE: int(PoolingType.LAST),
+    }, tied=True, source="Qwen/Qwen3-Embedding-0.6B config.json and 1_Pooling (lasttoken)"),
     "Qwen3-30B-A3B": Preset("qwen3moe", {
         L.CONTEXT_LENGTH: 40960, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 48, L.FEED_FORWARD_LENGTH: 6144,
         A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 4, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.FREQ_BASE: 1000000.0,

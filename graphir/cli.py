@@ -1002,7 +1002,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--prompt", required=True, action="append", help="a text to embed; repeat for several")
     _verbose_option(p)
     p.add_argument("--normalize", action="store_true", help="scale each embedding to unit Euclidean length")
-    p.add_argument("--pooling", choices=("none", "mean", "cls", "last"), default=None,
+    p.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,
                    help="how tokens are reduced (default: the model's; none prints the last token's embedding)")
     p.add_argument("-c", "--ctx-size", type=_whole(0), default=0,
                    help="context size (default: the trained one, at most 4096)")

@@ -342,7 +342,15 @@ TINY_FAMILY: dict[str, dict[str, object]] = {
               gguf.Keys.Attention.LAYERNORM_EPS: 1e-5, gguf.Keys.Attention.HEAD_COUNT: 0,
               gguf.Keys.Attention.HEAD_COUNT_KV: 0, gguf.Keys.LLM.CONTEXT_LENGTH: 1048576},
 }
-TINY_FAMILY["nomic-bert"] = TINY_FAMILY["bert"]
+TINY_FAMILY["nomic-bert"] = TINY_FAMILY["jina-bert-v2"] = TINY_FAMILY["jina-bert-v3"] = TINY_FAMILY["bert"]
+# ModernBERT: layer 0 global, layers 1 and 2 through a symmetric window the prompt outgrows (2 either side), their
+# own RoPE base
+TINY_FAMILY["modern-bert"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5, gguf.Keys.Attention.CAUSAL: False,
+                              gguf.Keys.Attention.HEAD_COUNT_KV: 4, gguf.Keys.LLM.BLOCK_COUNT: 3,
+                              gguf.Keys.Attention.SLIDING_WINDOW: 4, gguf.Keys.Rope.FREQ_BASE_SWA: 500.0}
+# nomic-bert-moe: layer 1 of 2 a mixture of 4 GELU experts, 2 per token
+TINY_FAMILY["nomic-bert-moe"] = {**TINY_FAMILY["bert"], gguf.Keys.LLM.EXPERT_COUNT: 4, gguf.Keys.LLM.EXPERT_USED_COUNT: 2,
+                                 gguf.Keys.LLM.MOE_EVERY_N_LAYERS: 2}
 TINY_FAMILY["command-r"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
 # pre-norm decoders (graphir.model.prenorm): Orion's LayerNorms; Qwen 1's fused QKV is three widths (no GQA)
 TINY_FAMILY["orion"] = {gguf.Keys.Attention.LAYERNORM_EPS: 1e-5}
@@ -450,7 +458,15 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight|" + NEXTN_4,
                 # every layer's Q, K, V and gate and up stacks apart
                 "cohere2moe": r"blk\.\d+\.(attn_[qkv]|ffn_(gate|up)_exps)\.weight|" + NEXTN_4}
 ENCODER_QKV = {"bert": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias",
-               "nomic-bert": r"blk\.\d+\.attn_qkv\.weight"}
+               "nomic-bert": r"blk\.\d+\.attn_qkv\.weight",
+               # jina-bert-v2: every optional LayerNorm (Q, K, after attention), the up projection's bias; layer 1's
+               # FFN gated by ffn_gate, layer 0's up projection holding its gate (TINY_OTHER_SHAPE)
+               "jina-bert-v2": r"blk\.\d+\.attn_[qkv]\.(weight|bias)|blk\.\d+\.(attn_[qk]_norm|attn_norm_2)\.(weight|bias)|"
+                               r"blk\.1\.ffn_gate\.weight|blk\.\d+\.ffn_up\.bias",
+               "nomic-bert-moe": r"blk\.\d+\.attn_qkv\.weight|blk\.\d+\.ffn_(up|down)\.bias",
+               "jina-bert-v3": r"blk\.\d+\.attn_qkv\.(weight|bias)|blk\.\d+\.(attn_output|ffn_up|ffn_down)\.bias"}
+
+TINY_OTHER_SHAPE = {"jina-bert-v2": r"blk\.0\.ffn_up\.(weight|bias)"}  # [gate; up] in one projection: GEGLU
 
 
 def make_tiny_preset(arch: str = "llama", tied: bool = True, **keys: object) -> Preset:
@@ -458,7 +474,7 @@ def make_tiny_preset(arch: str = "llama", tied: bool = True, **keys: object) -> 
     keys = {**TINY_KEYS, **TINY_FAMILY.get(arch, {}), **keys}
     if arch in ENCODER_QKV:  # encoders: no LM head; q/k/v as their converter writes them
         return Preset(arch, keys, tied=False, matrix_type=gguf.GGMLQuantizationType.F32,
-                      include=r"token_types\.weight|" + ENCODER_QKV[arch])
+                      include=r"token_types\.weight|" + ENCODER_QKV[arch], other_shape=TINY_OTHER_SHAPE.get(arch, ""))
     return Preset(arch, keys, tied=tied, matrix_type=gguf.GGMLQuantizationType.F32, include=TINY_INCLUDE.get(arch, ""))
 
 

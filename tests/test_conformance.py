@@ -298,6 +298,16 @@ ROWS = [
     # apart (one token's vec_dot, several tokens' tinyBLAS) can round to the next half there, and 22 layers make
     # that likely: llama.cpp's own last logits move by 1.3e-4 between n_ubatch 64 and 1 (5.2e-6 between 64 and 3)
     Row("gemma3n", made_by="graphir", split_moves=True),
+    # encoders of llama.cpp's BERT graph (issue 41; its saver writes no token_embd for them: graphir writes the file)
+    Row("jina-bert-v2", made_by="graphir"),  # ALiBi, Q/K LayerNorms, the second norm, a GELU-gated FFN
+    Row("jina-bert-v3", made_by="graphir"),  # fused QKV with its bias, RoPE, a GELU MLP
+    Row("nomic-bert-moe", made_by="graphir", moe=True),  # layer 1 of 2 a mixture of GELU experts
+    # Gemma 3's layers both ways, the local ones through a symmetric window the prompt outgrows (2 either side)
+    Row("gemma-embedding", keys={"gemma-embedding.attention.sliding_window": 4}),
+    Row("modern-bert", made_by="graphir"),  # llama.cpp's saver writes no token_embd for it
+    # Llama without a cache or an LM head, bidirectional (the converted, causal form: tests/test_encoders.py)
+    Row("llama-embed", keys={"llama-embed.attention.causal": False}),
+    Row("llama-embed", "moe", moe=True, keys={"llama-embed.attention.causal": False}),
 ]
 
 _rng = np.random.default_rng(7)
@@ -320,7 +330,7 @@ def kind(row: Row) -> str:
     arch = _arch(row)
     if arch.encoder_stack is not None:
         return "encoder-decoder"
-    return "decoder" if arch.causal and arch.hp.pooling == "none" else "encoder"
+    return "decoder" if arch.hp.causal and arch.hp.pooling == "none" else "encoder"
 
 
 def rows(*kinds: str) -> Any:

@@ -77,7 +77,7 @@ def tiny(gguf_file: Callable[..., Path]) -> Callable[..., Model]:
 class LlamaCpp:
     """A llama.cpp context through its C API: any batch of (token, position, sequence), outputs by index."""
 
-    POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}  # llama_pooling_type
+    POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # llama_pooling_type
 
     def __init__(self, path: Path, n_ctx: int = 96, n_seq_max: int = 1, n_ubatch: int | None = None,
                  pooling: str | None = None, unified: bool = True):
@@ -134,8 +134,9 @@ class LlamaCpp:
     def embeddings_ith(self, i: int) -> np.ndarray:
         return self._row(self.lib.llama_get_embeddings_ith(self.ctx.ctx, i), self.n_embd)
 
-    def embeddings_seq(self, seq: int) -> np.ndarray:
-        return self._row(self.lib.llama_get_embeddings_seq(self.ctx.ctx, seq), self.n_embd)
+    def embeddings_seq(self, seq: int, n: int = 0) -> np.ndarray:
+        """Sequence ``seq``'s pooled row: n_embd values, or ``n`` (rank pooling: one score per label)."""
+        return self._row(self.lib.llama_get_embeddings_seq(self.ctx.ctx, seq), n or self.n_embd)
 
     def close(self) -> None:
         self.ctx.close()

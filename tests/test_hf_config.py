@@ -58,6 +58,7 @@ NOT_COMPARED = {
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "glm-dsa-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "llama-embed-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "smallthinker-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "maple-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "mellum-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -246,6 +247,12 @@ TINY: dict[str, tuple[dict[str, Any], bool, Preset]] = {
                             A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-5,
                             R.DIMENSION_COUNT: 16, L.VOCAB_SIZE: 256}, tied=False))
        for arch, name in (("arcee", "ArceeForCausalLM"), ("xverse", "XverseForCausalLM"))},
+    # llama-embed-nemotron's class: Llama's keys (no causal key: llama.cpp keeps it causal), mean-pooled
+    "llama-embed": ({**TINY_LLAMA, "architectures": ["LlamaBidirectionalModel"], "rope_theta": 10000.0}, True,
+                    Preset("llama-embed", {
+                        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
+                        A.HEAD_COUNT: 4, A.HEAD_COUNT_KV: 2, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-5,
+                        R.DIMENSION_COUNT: 16, L.VOCAB_SIZE: 256, L.POOLING_TYPE: 1}, tied=True)),
     "maincoder": ({**TINY_LLAMA, "architectures": ["MaincoderForCausalLM"], "head_dim": 16}, False,
                   Preset("maincoder", {
                       L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 64, L.BLOCK_COUNT: 2, L.FEED_FORWARD_LENGTH: 128,
@@ -615,7 +622,7 @@ NO_MAPPING = {
 def test_every_family_has_a_config():
     covered = {all_presets()[n].arch for n in CONFIG_DIRS} | {p.arch for _, _, p in TINY.values()}
     assert covered == set(arch_names()) - set(NO_MAPPING)
-    assert {f.arch for f in families().values()} == covered
+    assert {a for f in families().values() for a in (f.arch, *f.other_archs)} == covered
 
 
 # --------------------------------------------------------------------------- errors

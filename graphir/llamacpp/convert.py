@@ -34,7 +34,7 @@ INPUT_ROLES = {"inp_tokens": "tokens", "inp_embd": "embd", "inp_pos": "pos", "ou
 CACHE_ROLES = {"k": "cache_k", "v": "cache_v", "r": "rs_r", "s": "rs_s"}
 # A layer's cache a model's graph names through its callback (renaming the buffer), by its role
 RENAMED_CACHES = {"conv_states_all": "rs_r"}  # kimi-linear's rolling state
-OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd": "embd",
+OUTPUT_ROLES = {"result_output": "logits", "result_norm": "embd", "result_embd": "embd", "final_norm_out": "embd",
                 "result_embd_pooled": "pooled"}
 
 _CACHE = re.compile(r"^cache_([kvrs])_l(\d+)((?: \(\w+\))*)$")
@@ -291,6 +291,7 @@ def to_graph(records: list[Record], weights: frozenset[str], meta: dict[str, Any
             nodes.append(node)
         of_record.append(node)
     _name_cross_mask(nodes)
+    _name_encoder_swa_mask(nodes)
     return Graph(meta, (), nodes, outputs or _unnamed_outputs(records, of_record))
 
 
@@ -313,14 +314,24 @@ def _unnamed_outputs(records: list[Record], of_record: list[Node]) -> dict[str, 
     return {"logits": of_record[logits], **({"embd": of_record[embd[0]]} if embd else {})}
 
 
+def _unnamed_masks(nodes: list[Node]) -> list[Node]:
+    """The inputs softmaxes use as their masks that llama.cpp left unnamed, in order of use."""
+    masks = [n.inputs[1] for n in nodes if n.op == "soft_max" and len(n.inputs) > 1]
+    return list(dict.fromkeys(m for m in masks if m.op == "input" and m.name.startswith("leaf_")))
+
+
+def _name_encoder_swa_mask(nodes: list[Node]) -> None:
+    """llama.cpp leaves the sliding-window mask of attention without a cache unnamed (build_attn_inp_no_cache): it
+    is the unnamed input a softmax uses as its mask where no cache is read (EmbeddingGemma's local layers)."""
+    if any(n.op == "input" and n.attrs.get("role") in CACHE_ROLES.values() for n in nodes):
+        return
+    for mask in _unnamed_masks(nodes):
+        mask.name, mask.attrs = "kq_mask_swa", {"role": "kq_mask_swa"}
+
+
 def _name_cross_mask(nodes: list[Node]) -> None:
     """llama.cpp leaves the mask of attention over an encoder's output unnamed: it is the input a softmax uses
     as its mask beside the encoder's output (``cross_embd``)."""
-    if not any(n.op == "input" and n.name == "cross_embd" for n in nodes):
-        return
-    for n in nodes:
-        if n.op == "soft_max" and len(n.inputs) > 1:
-            mask = n.inputs[1]
-            if mask.op == "input" and mask.name.startswith("leaf_"):
-                mask.name, mask.attrs = "cross_mask", {"role": "cross_mask"}
-                return
+    masks = _unnamed_masks(nodes)
+    if masks and any(n.op == "input" and n.name == "cross_embd" for n in nodes):
+        masks[0].name, masks[0].attrs = "cross_mask", {"role": "cross_mask"}

@@ -48,6 +48,9 @@ class Architecture:
     # An encoder-decoder's encoder: the architecture of the stack ``encode`` runs (phase "encode"), made from
     # the same hparams and reading the same file; this class's own layers are then the decoder's.
     encoder: ClassVar[type[Architecture] | None] = None
+    rank_softmax: ClassVar[bool] = False  # rank pooling: a softmax over the classifier's scores (Qwen3's rerankers)
+    rank_pooling: str = "cls"  # rank pooling reads the cls row, or the mean of the sequence (ModernBERT's default)
+    classifier_act: ClassVar[str] = "tanh"  # the activation after the classifier's dense layer (ModernBERT: gelu)
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -55,7 +58,9 @@ class Architecture:
             REGISTRY[cls.name] = cls
 
     def __init__(self, hp: HParams):
-        self.hp = hp
+        # a family llama.cpp runs without a cache attends both ways whatever attention.causal says (its files, and
+        # those llama.cpp writes itself, may say true)
+        self.hp = hp if self.causal else replace(hp, causal=False)
 
     @cached_property
     def specs(self) -> dict[str, TensorSpec]:

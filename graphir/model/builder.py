@@ -94,6 +94,9 @@ class ArchView(Protocol):
     hp: HParams
     specs: Mapping[str, TensorSpec]
     rope_mode: str
+    rank_softmax: bool
+    rank_pooling: str
+    classifier_act: str
 
 
 class MemoryView(Protocol):
@@ -330,14 +333,16 @@ class GraphBuilder:
         return self._scaled(self.linear(h, down, down_b, name=name), down_s, name=f"{name}_s")
 
     def build_ffn_fused_swiglu(self, x: Node, il: int, up: MODEL_TENSOR = MODEL_TENSOR.FFN_UP,
-                               down: MODEL_TENSOR = MODEL_TENSOR.FFN_DOWN, name: str = "ffn_out") -> Node:
+                               down: MODEL_TENSOR = MODEL_TENSOR.FFN_DOWN, name: str = "ffn_out", act: Act = Act.SILU,
+                               up_b: Node | None = None, down_b: Node | None = None) -> Node:
         """Layer il's SwiGLU over the two halves of one projection up = [gate; up]: silu(gate rows) * up rows
-        (llama.cpp's ``ggml_swiglu`` of a single tensor: Phi-3, ChatGLM, Granite's fused shared expert), then down."""
-        gu = self.linear(x, self.w(up, il), name="ffn_up")
+        (llama.cpp's ``ggml_swiglu`` of a single tensor: Phi-3, ChatGLM, Granite's fused shared expert), then down;
+        ``act`` GELU: the same with ``ggml_geglu`` (jina-bert-v2), each projection with its bias where given."""
+        gu = self.linear(x, self.w(up, il), up_b, name="ffn_up")
         F, n = gu.shape[0] // 2, gu.shape[1]
         gate, rest = (self.op("view", gu, shape=(F, n), strides=(1, 2 * F), offset=off, name=tag)
                       for tag, off in (("ffn_gate", 0), ("ffn_up.half", F)))
-        return self.linear(self.op("swiglu", gate, rest, name="ffn_swiglu"), self.w(down, il), name=name)
+        return self.linear(self.op(_GLU[act], gate, rest, name=f"ffn_{_GLU[act]}"), self.w(down, il), down_b, name=name)
 
     def _swiglu_limited(self, gate: Node, up: Node, limit: float, apart: bool, *, prefix: str) -> Node:
         """silu(gate) * up clamped at ``limit`` (a layer's ``swiglu_clamp_exp`` or ``_shexp``): ggml's swiglu_clamp
@@ -716,20 +721,44 @@ class GraphBuilder:
     def build_pooling(self, pooling: str) -> None:
         """Reduce the final embeddings per sequence of the ubatch (llama.cpp's pooling types).
 
-        mean: average over the sequence's tokens; cls / last: the token with the smallest / largest position.
+        mean: average over the sequence's tokens; cls / last: the token with the smallest / largest position;
+        rank: the cls token (the last, when the model is causal; the mean where the family pools so first) through
+        the model's classifier head (``cls``, its activation and ``cls.norm``, then ``cls.output``, each where the
+        file has it; a softmax over the scores where the family says so), one score per label.
         The context feeds ``inp_mean`` [n_outputs, n_seqs] or ``inp_cls`` [n_seqs] (:mod:`graphir.running.pooling`);
         it asks for every token's output when it pools, so the rows are the ubatch's tokens.
         """
         embd = self.outputs["embd"]
-        if pooling == "mean":
+        if pooling == "mean" or pooling == "rank" and self.arch.rank_pooling == "mean":
             mean = self.input("inp_mean", "f32", (self.n_outputs, self.n_seqs))  # pooled contexts output all rows
             rows = self.op("cont", self.op("transpose", embd, name="embd.t"), name="embd.t.cont")
-            self.outputs["pooled"] = self.op("mul_mat", rows, mean, name="result_pooled")
-        elif pooling in ("cls", "last"):
-            ids = self.input("inp_cls", "i32", (self.n_seqs,), pick=pooling)
-            self.outputs["pooled"] = self.op("get_rows", embd, ids, name="result_pooled")
+            pooled = self.op("mul_mat", rows, mean, name="result_pooled")
+            self.outputs["pooled"] = self._classifier(pooled) if pooling == "rank" else pooled
+        elif pooling in ("cls", "last", "rank"):
+            last = pooling == "last" or pooling == "rank" and self.hp.causal  # a causal reranker reads the end
+            ids = self.input("inp_cls", "i32", (self.n_seqs,), pick="last" if last else "cls")
+            pooled = self.op("get_rows", embd, ids, name="result_pooled")
+            self.outputs["pooled"] = self._classifier(pooled) if pooling == "rank" else pooled
         elif pooling != "none":
-            raise GraphError(f"pooling '{pooling}' is not supported (none, mean, cls, last)")
+            raise GraphError(f"pooling '{pooling}' is not supported (none, mean, cls, last, rank)")
+
+    def _classifier(self, x: Node) -> Node:
+        """A reranker's head over the pooled rows (llama.cpp's rank pooling)."""
+        cls, cls_b, out, out_b = (self.weight(n) if n in self.arch.specs else None for n in (
+            tensor_name(MODEL_TENSOR.CLS), tensor_name(MODEL_TENSOR.CLS, suffix="bias"),
+            tensor_name(MODEL_TENSOR.CLS_OUT), tensor_name(MODEL_TENSOR.CLS_OUT, suffix="bias")))
+        if cls is None and out is None:
+            raise GraphError(f"pooling 'rank' needs a classifier head (tensor {tensor_name(MODEL_TENSOR.CLS)} or "
+                             f"{tensor_name(MODEL_TENSOR.CLS_OUT)}), which this {self.arch.name} model does not have")
+        if cls is not None:
+            act = self.arch.classifier_act
+            x = self.op(act, self.linear(x, cls, cls_b, name="result_cls"), name=f"result_cls.{act}")
+            norm = tensor_name(MODEL_TENSOR.CLS_NORM)
+            if norm in self.arch.specs and self.weight(norm) is not None:  # ModernBERT's head norm
+                x = self.build_norm(x, self.weight(norm), None, Norm.LAYER, name="result_cls_norm")
+        if out is not None:
+            x = self.linear(x, out, out_b, name="result_cls_out")
+        return self.op("soft_max", x, scale=1.0, max_bias=0.0, name="result_rank") if self.arch.rank_softmax else x
 
     def graph(self, meta: dict[str, Any]) -> Graph:
         # Canonical order: leaves outside any layer first (as every form prints them), then emission order.

@@ -293,6 +293,11 @@ class Family:
     tie_drops_head: bool = False  # a tied config's LM head is dropped (DeepSeek-V2; Mamba's, equal to the embedding)
     mxfp4: str = ""  # tensors written in MXFP4 when the checkpoint holds them so (quantization_config)
     squeezed: str = ""  # tensors written without their trailing dimensions of 1 (Preset.squeezed)
+    other_shape: str = ""  # tensors written in the family's other shape (Preset.other_shape)
+    # the architecture, where the converter picks it by the config (XLM-RoBERTa with LoRA adaptations: jina-bert-v3),
+    # and the others than ``arch`` it may pick
+    arch_of: Callable[[Config], str] | None = None
+    other_archs: tuple[str, ...] = ()
 
 
 # Hugging Face architecture name -> its family: the family modules (graphir.arch) register theirs with
@@ -428,8 +433,9 @@ def preset_of(src: str | os.PathLike[str]) -> tuple[Preset, str]:
     tensors = _checkpoint(config.parent)
     tie = c.find("tie_embeddings", "tie_word_embeddings", kind="flag", default=False)  # mamba_ssm's name first
     tied = tie if not tensors or fam.tie_drops_head and tie else not _has_head(tensors)
-    preset = Preset(fam.arch, keys, tied=tied, matrix_type=outtype(tensors), include=fam.include(c), f32=KEEP_F32,
-                    source=f"{config} ({name})", squeezed=fam.squeezed)
+    preset = Preset(fam.arch_of(c) if fam.arch_of else fam.arch, keys, tied=tied, matrix_type=outtype(tensors),
+                    include=fam.include(c), f32=KEEP_F32, source=f"{config} ({name})", squeezed=fam.squeezed,
+                    other_shape=fam.other_shape)
     return preset, fam.mxfp4 if fam.mxfp4 and _mxfp4(c) else ""
 
 

@@ -95,7 +95,7 @@ def from_preset(name: str, p: presets.Preset) -> ModelMeta:
     for s in arch.tensors():
         if s.tied_to and p.tied or not p.declares(s.name, s.optional):
             continue
-        tensors[s.name] = TensorInfo(s.name, p.shape(s.name, s.shape), p.dtype(s.name, s.kind == "vector"), 0)
+        tensors[s.name] = TensorInfo(s.name, p.shape(s.name, s.shape, s.also), p.dtype(s.name, s.kind == "vector"), 0)
     return ModelMeta(name, md, tensors)
 
 

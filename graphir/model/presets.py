@@ -29,6 +29,7 @@ class Preset:
     f32: str = ""  # regex: matrices the converter keeps in f32 (position tables, state-space parameters)
     source: str = ""
     squeezed: str = ""  # regex: tensors the converter writes without their trailing dimensions of 1 (RWKV6's lerps)
+    other_shape: str = ""  # regex: tensors the converter writes in the family's other shape (TensorSpec.also)
 
     def declares(self, name: str, optional: bool) -> bool:
         return not optional or bool(self.include and re.fullmatch(self.include, name))
@@ -38,8 +39,11 @@ class Preset:
             return Q.F32
         return self.overrides.get(name, self.matrix_type)
 
-    def shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The tensor's shape in the converted file: the family's, squeezed where the converter squeezes it."""
+    def shape(self, name: str, shape: tuple[int, ...], also: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """The tensor's shape in the converted file: the family's (its other one, ``also``, where the converter
+        writes that), squeezed where the converter squeezes it."""
+        if also and self.other_shape and re.fullmatch(self.other_shape, name):
+            shape = also
         if not (self.squeezed and re.fullmatch(self.squeezed, name)):
             return shape
         while len(shape) > 1 and shape[-1] == 1:

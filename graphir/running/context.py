@@ -38,7 +38,7 @@ from graphir.graph.ir import Graph
 from graphir.memory import Memory
 from graphir.memory.kinds import assemble
 from graphir.memory.layers import ContextParams
-from graphir.running.pooling import pooling_inputs
+from graphir.running.pooling import pooling_inputs, pooling_rule
 
 _serial = itertools.count(1)  # contexts are named by number in errors (a context busy in another thread)
 
@@ -127,7 +127,7 @@ class Context:
         """``kind``: the memory (default: the first the model's layers fit, graphir.memory.kinds: kv for
         decoders, none for encoders, recurrent for Mamba/RWKV). ``unified``: one pool of n_ctx cells shared by all sequences (default), or False for
         llama.cpp's non-unified layout, n_ctx // n_seq_max cells per sequence (see :mod:`graphir.memory.kv`).
-        ``pooling``: none, mean, cls or last (default: the model's); pooled contexts output every token.
+        ``pooling``: none, mean, cls, last or rank (default: the model's); pooled contexts output every token.
         ``swa_full``: sliding-window layers keep every cell instead of a window-sized cache (llama.cpp's option;
         needed for position edits and for rolling back further than the window)."""
         hp, arch = model.hparams, model.arch
@@ -160,6 +160,7 @@ class Context:
         check_fits(assemble(memory_kind, arch.needs, replace(params, buffers=False)).nbytes(), self.name)
         self._memory: Memory = assemble(memory_kind, arch.needs, params)
         self.program, self._graph = model.program(memory_kind, self.pooling, n_ctx_seq, phase)
+        self._pool_rule = pooling_rule(self._graph, self.pooling)
         self._temperature = temperature_of(self._graph)  # attention temperature tuning, fed from positions
         self._plans: dict[tuple[Any, ...], Any] = {}  # the program's plans over this context's memory (Program.run)
         self._variant = arch.variant(n_ctx_seq)
@@ -213,7 +214,7 @@ class Context:
                         feeds[TEMPERATURE] = self._temperature.factors(ub.pos)
                     seqs: list[int] = []
                     if self.pooling != "none":
-                        seqs, extra = pooling_inputs(ub, self.pooling)
+                        seqs, extra = pooling_inputs(ub, self._pool_rule)
                         feeds.update(extra)
                         env["n_seqs"] = len(seqs)
                     out = self.program.run(env, feeds, taps, held=mem.buffers(), plans=self._plans)
@@ -341,7 +342,7 @@ class Context:
     def embeddings_seq(self, seq: int) -> np.ndarray:
         """(n_embd,): sequence ``seq``'s pooled embedding from the last decode (its last ubatch)."""
         if self.pooling == "none":
-            raise GraphirError("this context does not pool: create it with pooling='mean', 'cls' or 'last'")
+            raise GraphirError("this context does not pool: create it with pooling='mean', 'cls', 'last' or 'rank'")
         if seq not in self._pooled:
             raise GraphirError(f"seq {seq} has no pooled embedding: it was not in the last decoded batch")
         return self._pooled[seq]

@@ -12,10 +12,20 @@ from __future__ import annotations
 import numpy as np
 
 from graphir.batch import UBatch
+from graphir.graph.ir import Graph
+
+
+def pooling_rule(graph: Graph, pooling: str) -> str:
+    """How a graph pooling by ``pooling`` reads its rows: the token its ``inp_cls`` input picks (cls or last), the
+    mean where it has ``inp_mean`` (rank pooling reads its rows as one of these), else as ``pooling`` says."""
+    if "inp_cls" in graph:
+        return str(graph["inp_cls"].attrs["pick"])
+    return "mean" if "inp_mean" in graph else pooling
 
 
 def pooling_inputs(ub: UBatch, pooling: str) -> tuple[list[int], dict[str, np.ndarray]]:
-    """(sequence ids in pooled-row order, graph inputs) for one ubatch."""
+    """(sequence ids in pooled-row order, graph inputs) for one ubatch; ``pooling``: mean, cls or last
+    (:func:`pooling_rule`)."""
     seqs = sorted({s for ids in ub.seq_ids for s in ids})
     if pooling == "mean" and len(seqs) == 1:   # one sentence: every token, 1/n each (the division below, in double)
         return seqs, {"inp_mean": np.full((1, len(ub)), 1.0 / len(ub), np.float32)}

@@ -26,6 +26,7 @@ from graphir.running.generation import Generation
 from graphir.running.sampling import Sampling
 from graphir.errors import GraphirError, TensorError
 from graphir.model.hparams import HParams
+from graphir.model.tensors import same_shape
 from graphir.graph.ir import Graph
 from graphir.model.meta import ModelMeta, open_model
 from graphir.model.tensors import tensor_name
@@ -90,7 +91,9 @@ class Model:
             if key not in self._prepared:
                 t = self.weights[name]
                 spec = self.arch.specs.get(name)
-                shape = t.shape if spec is None else spec.shape  # as the graph has it (trailing 1s of the family's)
+                # as the graph has it: the family's shape (its other one where the file has that), trailing 1s kept
+                shape = t.shape if spec is None else spec.also if spec.also and same_shape(t.shape, spec.also) \
+                    else spec.shape
                 if len(shape) == 2 or (stacked and len(shape) == 3):
                     if t.qtype not in self.backend.weight_types():  # matrices are checked at load; stacks here
                         raise TensorError(f"{self.meta.header.path}: tensor '{name}' is {t.qtype.name}, a type the "
