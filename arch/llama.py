@@ -46,6 +46,8 @@ class Traits:
     # FFNs are mixtures of experts of feed_forward_length when expert_count > 0, gates optional; the variants
     # whose keys leave out the expert counts have dense FFNs only)
     experts_always: bool = False
+    head_bias: bool = True  # the LM head adds the file's optional output.bias (Qwen2-VL's loader creates it, unread)
+    mrope: bool = False  # Qwen2-VL's text model: RoPE by M-RoPE sections (time, height, width, extra) one after the other
 
 
 class Llama(Architecture):
@@ -65,6 +67,7 @@ class Llama(Architecture):
         if "n_expert" in dict(hp.family):
             check_experts(hp, self.name)
         super().__init__(hp)
+        self.sections = tuple(hp.rope_sections) if self.traits.mrope else None
 
     def expert_ff_length(self, il: int) -> int:
         """One expert's hidden width: llama's FFN length; Qwen3-MoE's ``expert_feed_forward_length``, or (absent)
@@ -111,8 +114,8 @@ class Llama(Architecture):
             q, k, v = qkv(b, h, il, t.qk_norm)
             if not (t.nope_every and (il + 1) % t.nope_every == 0):
                 rope_factors = b.w_opt(T.ROPE_FREQS)  # Llama-3.1 writes them; absent elsewhere
-                q = b.rope(q, pos, rope_factors, name="Qcur.rope")
-                k = b.rope(k, pos, rope_factors, name="Kcur.rope")
+                q = b.rope(q, pos, rope_factors, name="Qcur.rope", sections=self.sections)
+                k = b.rope(k, pos, rope_factors, name="Kcur.rope", sections=self.sections)
             a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w_opt(T.ATTN_OUT, il, "bias"),
                              wo_s=b.scale(T.ATTN_OUT, il), kq_scale=b.kq_scale())
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
@@ -134,7 +137,7 @@ class Llama(Architecture):
                                 up_b=up_b, gate_b=gate_b, down_b=down_b, up_s=up_s, gate_s=gate_s, down_s=down_s)
             x = b.op("add", f, x, name="l_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
-        b.build_output(x, b.w(T.OUTPUT), b.w_opt(T.OUTPUT, suffix="bias"))
+        b.build_output(x, b.w(T.OUTPUT), b.w_opt(T.OUTPUT, suffix="bias") if t.head_bias else None)
 
 
 class Qwen2(Llama):
@@ -142,6 +145,16 @@ class Qwen2(Llama):
     rope_mode = "neox"  # HF rotate-half layout, kept by the converter
     keys = ()
     traits = Traits(qkv_bias=True, ffn_bias=False, ffn_scales=False)  # dense FFNs only (Qwen2-MoE: another arch)
+
+
+class Qwen2VL(Llama):
+    """Qwen2-VL's and Qwen2.5-VL's text model: Qwen2 whose RoPE turns by M-RoPE's sections (time, height, width)
+    one after the other; an image's rows enter through the batch with their positions per section."""
+
+    name = "qwen2vl"
+    rope_mode = "mrope"
+    keys = (Key("rope_sections", Keys.Rope.DIMENSION_SECTIONS, tuple, required=True, minimum=0, count=4),)
+    traits = Traits(qkv_bias=True, ffn_bias=False, ffn_scales=False, head_bias=False, mrope=True)
 
 
 class Qwen3(Llama):
