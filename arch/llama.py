@@ -203,6 +203,8 @@ _QWEN3 = {**_UNTIED, "head_dim": 128}
 hf_config.register(Family("llama", LLAMA_RULES, _UNTIED, _llama_include),
                    "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
 hf_config.register(Family("qwen2", TEXT + (hf_config.pooling_rule, VOCAB), _UNTIED), "Qwen2ForCausalLM")
+hf_config.register(Family("qwen2vl", TEXT + (VOCAB,), _UNTIED), "Qwen2VLForConditionalGeneration",
+                   "Qwen2_5_VLForConditionalGeneration")
 hf_config.register(Family("qwen3", TEXT + (hf_config.pooling_rule, VOCAB), _QWEN3), "Qwen3ForCausalLM")
 hf_config.register(Family("qwen3moe", TEXT + (
     hf(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
@@ -261,6 +263,12 @@ presets.register({
     }, tied=False, include=presets.EXPERT_GATES, f32=presets.ROUTER_F32, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
     "Qwen2.5-0.5B": _qwen25(896, 24, 4864, 14, 2, 151936, True, "Qwen/Qwen2.5-0.5B config.json"),
     "Qwen2.5-72B": _qwen25(8192, 80, 29568, 64, 8, 152064, False, "Qwen/Qwen2.5-72B config.json"),
+    # Qwen2.5-VL's text model; M-RoPE over 16 time, 24 height and 24 width pairs of each 128-value head
+    "Qwen2.5-VL-7B": Preset("qwen2vl", {
+        L.CONTEXT_LENGTH: 128000, L.EMBEDDING_LENGTH: 3584, L.BLOCK_COUNT: 28, L.FEED_FORWARD_LENGTH: 18944,
+        A.HEAD_COUNT: 28, A.HEAD_COUNT_KV: 4, R.FREQ_BASE: 1000000.0, A.LAYERNORM_RMS_EPS: 1e-6,
+        R.DIMENSION_SECTIONS: [16, 24, 24, 0], L.VOCAB_SIZE: 152064,
+    }, tied=False, source="Qwen/Qwen2.5-VL-7B-Instruct config.json"),
     "Qwen3-0.6B": _qwen3(1024, 28, 3072, 16, True, "Qwen/Qwen3-0.6B config.json"),
     "Qwen3-8B": _qwen3(4096, 36, 12288, 32, False, "Qwen/Qwen3-8B config.json"),
     "Qwen3-30B-A3B": Preset("qwen3moe", {

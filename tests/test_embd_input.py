@@ -18,7 +18,7 @@ from test_families import LlamaCpp
 import llama_made
 from graphir.batch import Batch
 from graphir.errors import BatchError
-from graphir.running.runtime import load
+from graphir.running.runtime import Model, load
 
 _rng = np.random.default_rng(11)
 TEXT = _rng.integers(0, 128, 5).tolist()
@@ -26,7 +26,7 @@ AFTER = _rng.integers(0, 128, 3).tolist()
 GRID = (2, 3)  # an image of 2 x 3 patches
 
 # (arch, keys): families whose RoPE takes one position a token and families with M-RoPE sections
-CASES = {"qwen2": {}, "glm4-mrope": {}, "qwen2vl": {}}
+CASES = {"qwen2": {}, "qwen2vl": {}}  # the table's M-RoPE rows run rows_between_text too
 _MADE: dict[str, Path] = {}
 
 
@@ -67,11 +67,9 @@ def _rows_decode(o: LlamaCpp, rows: np.ndarray, pos: np.ndarray, seq: int = 0) -
         b.close()
 
 
-@pytest.mark.oracle
-@pytest.mark.parametrize("case", list(CASES))
-def test_rows_between_text_give_llama_cpps_logits(case: str) -> None:
-    path = _file(case)
-    model = load(str(path))
+def rows_between_text(path: Path, model: Model) -> None:
+    """Text, an image's rows (each with its positions per section, where the model's RoPE has sections), then
+    text again, in one sequence of graphir and of llama.cpp: the logits of every step are llama.cpp's."""
     per_token = model.arch.positions_per_token
     n_img = GRID[0] * GRID[1]
     rows = _rng.normal(0.0, 1.0, (n_img, model.arch.n_embd_inp)).astype(np.float32)
@@ -93,6 +91,13 @@ def test_rows_between_text_give_llama_cpps_logits(case: str) -> None:
         assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(AFTER))]), "text after")
     finally:
         o.close()
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("case", list(CASES))
+def test_rows_between_text_give_llama_cpps_logits(case: str) -> None:
+    path = _file(case)
+    rows_between_text(path, load(str(path)))
 
 
 @pytest.mark.parametrize("case", ["qwen2", "qwen2vl"])
