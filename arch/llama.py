@@ -40,7 +40,7 @@ class Traits:
     qk_norm: bool = False  # Qwen3: each head of Q and K RMS-normalised, with a learned scale, before RoPE
     nope_every: int = 0  # SmolLM3: the last layer of every n attends without positions (llama.cpp's fixed 4)
     ffn_bias: bool = True  # the dense FFN's optional biases (llama's loader alone takes them)
-    ffn_scales: bool = True  # the dense FFN's products times their matrices' scales (Qwen2, SmolLM3: not read)
+    ffn_scales: bool = True  # the FFN's products times their matrices' scales (Qwen2, SmolLM3, Qwen3-VL: not read)
     classifier: bool = False  # Qwen3: an optional cls_out head, which only llama.cpp's rank pooling reads
     # Qwen3-MoE: every FFN a mixture of experts of expert_feed_forward_length, their gates required (llama's
     # FFNs are mixtures of experts of feed_forward_length when expert_count > 0, gates optional; the variants
@@ -48,6 +48,9 @@ class Traits:
     experts_always: bool = False
     head_bias: bool = True  # the LM head adds the file's optional output.bias (Qwen2-VL's loader creates it, unread)
     mrope: bool = False  # Qwen2-VL's text model: RoPE by M-RoPE sections (time, height, width, extra) one after the other
+    # Qwen3-VL: the input rows are n_deepstack + 1 model widths wide, the first n_deepstack layers' outputs each
+    # plus its own slice of them (the vision encoder's features of its deeper layers, at the image's rows)
+    deepstack: bool = False
 
 
 class Llama(Architecture):
@@ -68,6 +71,15 @@ class Llama(Architecture):
             check_experts(hp, self.name)
         super().__init__(hp)
         self.sections = tuple(hp.rope_sections) if self.traits.mrope else None
+        self.n_deepstack = hp.n_deepstack if self.traits.deepstack else 0
+        if self.n_deepstack >= hp.n_layer:
+            key = Keys.LLM.NUM_DEEPSTACK_LAYERS.format(arch=self.name)
+            raise MetadataError(f"'{key}' is {self.n_deepstack}: deepstack adds to layers before the last "
+                                f"(of {hp.n_layer})")
+
+    @property
+    def n_embd_inp(self) -> int:
+        return self.hp.n_embd * (1 + self.n_deepstack)
 
     def expert_ff_length(self, il: int) -> int:
         """One expert's hidden width: llama's FFN length; Qwen3-MoE's ``expert_feed_forward_length``, or (absent)
@@ -125,8 +137,9 @@ class Llama(Architecture):
             if self.n_expert:
                 f = b.build_moe_ffn(h, gate_inp=b.w(T.FFN_GATE_INP, il), up_exps=b.w(T.FFN_UP_EXP, il),
                                     gate_exps=b.w_opt(T.FFN_GATE_EXP, il), down_exps=b.w(T.FFN_DOWN_EXP, il),
-                                    up_exps_s=b.scale(T.FFN_UP_EXP, il), gate_exps_s=b.scale(T.FFN_GATE_EXP, il),
-                                    down_exps_s=b.scale(T.FFN_DOWN_EXP, il),
+                                    **({} if not t.ffn_scales else dict(
+                                        up_exps_s=b.scale(T.FFN_UP_EXP, il), gate_exps_s=b.scale(T.FFN_GATE_EXP, il),
+                                        down_exps_s=b.scale(T.FFN_DOWN_EXP, il))),
                                     n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
             else:
                 up_b, gate_b, down_b = (b.w_opt(m, il, "bias") if t.ffn_bias else None
@@ -136,6 +149,10 @@ class Llama(Architecture):
                 f = b.build_ffn(h, up=b.w(T.FFN_UP, il), gate=b.w(T.FFN_GATE, il), down=b.w(T.FFN_DOWN, il),
                                 up_b=up_b, gate_b=gate_b, down_b=down_b, up_s=up_s, gate_s=gate_s, down_s=down_s)
             x = b.op("add", f, x, name="l_out")
+            if il < self.n_deepstack:
+                rows = b.op("view", b.input_embeddings, shape=(hp.n_embd, b.n_tokens), strides=(1, self.n_embd_inp),
+                            offset=(il + 1) * hp.n_embd, name="deepstack")
+                x = b.op("add", x, rows, name="deepstack_out")
         x = b.norm(x, T.OUTPUT_NORM, name="result_norm")
         b.build_output(x, b.w(T.OUTPUT), b.w_opt(T.OUTPUT, suffix="bias") if t.head_bias else None)
 
@@ -174,6 +191,30 @@ class Qwen3Moe(Llama):
     traits = Traits(qk_norm=True, experts_always=True)
 
 
+DEEPSTACK = Key("n_deepstack", Keys.LLM.NUM_DEEPSTACK_LAYERS, int, 0, minimum=0)
+VL_SECTIONS = Key("rope_sections", Keys.Rope.DIMENSION_SECTIONS, tuple, required=True, minimum=0, count=4)
+
+
+class Qwen3VL(Llama):
+    """Qwen3-VL's text model: Qwen3 turning by interleaved M-RoPE, and deepstack: its first n_deepstack layers add
+    their slices of the input rows (llama.cpp src/models/qwen3vl.cpp)."""
+
+    name = "qwen3vl"
+    rope_mode = "imrope"
+    keys = (VL_SECTIONS, DEEPSTACK)
+    traits = Traits(qk_norm=True, ffn_bias=False, ffn_scales=False, classifier=True, head_bias=False, mrope=True,
+                    deepstack=True)
+
+
+class Qwen3VLMoe(Llama):
+    """Qwen3-VL-MoE's text model: Qwen3-MoE with Qwen3-VL's interleaved M-RoPE and deepstack."""
+
+    name = "qwen3vlmoe"
+    rope_mode = "imrope"
+    keys = Qwen3Moe.keys + (VL_SECTIONS, DEEPSTACK)
+    traits = Traits(qk_norm=True, experts_always=True, ffn_scales=False, head_bias=False, mrope=True, deepstack=True)
+
+
 class SmolLM3(Llama):
     name = "smollm3"
     keys = ()
@@ -210,6 +251,17 @@ hf_config.register(Family("qwen3moe", TEXT + (
     hf(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None),
     hf(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, "shared_expert_intermediate_size", default=None), VOCAB), _QWEN3),
     "Qwen3MoeForCausalLM")
+# Qwen3-VL: the text_config, and as many deepstack layers as the vision encoder feeds (deepstack_visual_indexes)
+def _deepstack(c: hf_config.Config) -> int:
+    vision = c.check("vision_config", c.doc.get("vision_config", {}), "map")
+    return len(c.check("deepstack_visual_indexes", vision.get("deepstack_visual_indexes", []), "list"))
+
+
+DEEPSTACK_RULE = derived(Keys.LLM.NUM_DEEPSTACK_LAYERS, _deepstack)
+hf_config.register(Family("qwen3vl", TEXT + (VOCAB, DEEPSTACK_RULE), _QWEN3), "Qwen3VLForConditionalGeneration")
+hf_config.register(Family("qwen3vlmoe", TEXT + (
+    hf(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, "moe_intermediate_size", default=None), VOCAB, DEEPSTACK_RULE), _QWEN3),
+    "Qwen3VLMoeForConditionalGeneration")
 hf_config.register(Family("smollm3", LLAMA_RULES, {"tie_word_embeddings": True}), "SmolLM3ForCausalLM")
 
 
@@ -277,6 +329,19 @@ presets.register({
         A.LAYERNORM_RMS_EPS: 1e-6, L.VOCAB_SIZE: 151936, L.EXPERT_COUNT: 128, L.EXPERT_USED_COUNT: 8,
         L.EXPERT_FEED_FORWARD_LENGTH: 768,
     }, tied=False, f32=presets.ROUTER_F32, source="Qwen/Qwen3-30B-A3B config.json"),
+    # Qwen3-VL's text models: interleaved M-RoPE over 24 time, 20 height and 20 width pairs, three deepstack layers
+    "Qwen3-VL-8B": Preset("qwen3vl", {
+        L.CONTEXT_LENGTH: 262144, L.EMBEDDING_LENGTH: 4096, L.BLOCK_COUNT: 36, L.FEED_FORWARD_LENGTH: 12288,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 8, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.FREQ_BASE: 5000000.0,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.VOCAB_SIZE: 151936, R.DIMENSION_SECTIONS: [24, 20, 20, 0],
+        L.NUM_DEEPSTACK_LAYERS: 3,
+    }, tied=False, source="Qwen/Qwen3-VL-8B-Instruct config.json"),
+    "Qwen3-VL-30B-A3B": Preset("qwen3vlmoe", {
+        L.CONTEXT_LENGTH: 262144, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 48, L.FEED_FORWARD_LENGTH: 6144,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 4, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.FREQ_BASE: 5000000.0,
+        A.LAYERNORM_RMS_EPS: 1e-6, L.VOCAB_SIZE: 151936, L.EXPERT_COUNT: 128, L.EXPERT_USED_COUNT: 8,
+        L.EXPERT_FEED_FORWARD_LENGTH: 768, R.DIMENSION_SECTIONS: [24, 20, 20, 0], L.NUM_DEEPSTACK_LAYERS: 3,
+    }, tied=False, f32=presets.ROUTER_F32, source="Qwen/Qwen3-VL-30B-A3B-Instruct config.json"),
     "SmolLM3-3B": Preset("smollm3", {
         L.CONTEXT_LENGTH: 65536, L.EMBEDDING_LENGTH: 2048, L.BLOCK_COUNT: 36, L.FEED_FORWARD_LENGTH: 11008,
         A.HEAD_COUNT: 16, A.HEAD_COUNT_KV: 4, R.FREQ_BASE: 5000000.0, A.LAYERNORM_RMS_EPS: 1e-6,

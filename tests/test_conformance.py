@@ -260,6 +260,9 @@ ROWS = [
         keys={"qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 512}),
     # vision-language text decoders (issue 41): M-RoPE sections, an image's rows entering through the batch
     Row("qwen2vl"),
+    Row("qwen3vl"),
+    Row("qwen3vl", "deepstack", keys={"qwen3vl.n_deepstack_layers": 1}),  # rows twice n_embd wide, layer 0 adds half
+    Row("qwen3vlmoe", moe=True, keys={"qwen3vlmoe.n_deepstack_layers": 1}),
 ]
 
 _rng = np.random.default_rng(7)

@@ -287,7 +287,7 @@ class GraphBuilder:
             x = self.op("get_rows", tok_embd, tokens, name="inp_embd")
             if E_inp != E:
                 x = self.op("pad", x, pad=(E_inp - E, 0, 0, 0), name="inp_embd.pad")
-        self.inp_embd = x
+        self.input_embeddings = x  # all n_embd_inp columns: a deepstack model's layers add their slices
         if E_inp != E:
             x = self.op("view", x, shape=(E, self.n_tokens), strides=(1, E_inp), offset=0, name="inp_embd.text")
         return x
