@@ -263,6 +263,7 @@ ROWS = [
     Row("qwen3vl"),
     Row("qwen3vl", "deepstack", keys={"qwen3vl.n_deepstack_layers": 1}),  # rows twice n_embd wide, layer 0 adds half
     Row("qwen3vlmoe", moe=True, keys={"qwen3vlmoe.n_deepstack_layers": 1}),
+    Row("paddleocr"),
 ]
 
 _rng = np.random.default_rng(7)

@@ -54,6 +54,7 @@ NOT_COMPARED = {
         "PLaMo-3-tiny", "PLaMo-3-tiny-swa", "Muse-Glimmer-tiny",
         "Spark-2.5-tiny")},
     "Talkie-tiny": "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)",
+    "PaddleOCR-VL-tiny": "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)",
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -600,6 +601,7 @@ NO_MAPPING = {
     "talkie": "its converter reads the logit scale from a checkpoint weight (lm_head_gain), which no config gives",
     "mimo2": "its converter writes the multi-token-prediction layers and a fused Q/K/V, which graphir's mimo2 "
              "refuses; a config would describe files graphir cannot read",
+    "paddleocr": "PaddleOCR-VL's released config (its text part's keys and defaults) is not known here for certain",
     "nemotron_h_moe": "its configs are NemotronHForCausalLM's, which the converter sends to nemotron_h_moe when they "
                       "name num_experts_per_tok; graphir maps that class to nemotron_h and refuses such a config",
 }
