@@ -264,6 +264,8 @@ ROWS = [
     Row("qwen3vl", "deepstack", keys={"qwen3vl.n_deepstack_layers": 1}),  # rows twice n_embd wide, layer 0 adds half
     Row("qwen3vlmoe", moe=True, keys={"qwen3vlmoe.n_deepstack_layers": 1}),
     Row("paddleocr"),
+    Row("hunyuan_vl"),  # M-RoPE: llama.cpp's tiny model has sections
+    Row("hunyuan_vl", "neox", keys={"hunyuan_vl.rope.dimension_sections": [0, 0, 0, 0]}),  # none: split halves
 ]
 
 _rng = np.random.default_rng(7)

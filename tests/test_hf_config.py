@@ -54,7 +54,8 @@ NOT_COMPARED = {
         "PLaMo-3-tiny", "PLaMo-3-tiny-swa", "Muse-Glimmer-tiny",
         "Spark-2.5-tiny")},
     "Talkie-tiny": "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)",
-    "PaddleOCR-VL-tiny": "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)",
+    **{name: "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)"
+       for name in ("PaddleOCR-VL-tiny", "Hunyuan-VL-tiny")},
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -601,7 +602,8 @@ NO_MAPPING = {
     "talkie": "its converter reads the logit scale from a checkpoint weight (lm_head_gain), which no config gives",
     "mimo2": "its converter writes the multi-token-prediction layers and a fused Q/K/V, which graphir's mimo2 "
              "refuses; a config would describe files graphir cannot read",
-    "paddleocr": "PaddleOCR-VL's released config (its text part's keys and defaults) is not known here for certain",
+    **{arch: f"{model}'s released config (its text part's keys and defaults) is not known here for certain"
+       for arch, model in (("paddleocr", "PaddleOCR-VL"), ("hunyuan_vl", "HunyuanOCR"))},
     "nemotron_h_moe": "its configs are NemotronHForCausalLM's, which the converter sends to nemotron_h_moe when they "
                       "name num_experts_per_tok; graphir maps that class to nemotron_h and refuses such a config",
 }
