@@ -266,6 +266,7 @@ ROWS = [
     Row("paddleocr"),
     Row("hunyuan_vl"),  # M-RoPE: llama.cpp's tiny model has sections
     Row("hunyuan_vl", "neox", keys={"hunyuan_vl.rope.dimension_sections": [0, 0, 0, 0]}),  # none: split halves
+    Row("deepseek2-ocr", moe=True),
 ]
 
 _rng = np.random.default_rng(7)
