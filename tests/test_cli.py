@@ -52,7 +52,7 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Muse-Glimmer-tiny", "Spark-2.5-tiny",
            "Falcon-H1-1.5B", "LFM2-1.2B", "LFM2-8B-A1B", "Qwen3-Next-80B-A3B",
            "Nemotron-H-8B", "Nemotron-Nano-9B-v2", "nemotron_h_moe-tiny-header", "Jamba-Mini-1.6",  # issue 40
-           "Qwen2.5-VL-7B", "Qwen3-VL-8B", "Qwen3-VL-30B-A3B", "PaddleOCR-VL-tiny", "Hunyuan-VL-tiny", "DeepSeek-OCR-tiny"]  # issue 41: vision-language text decoders
+           "Qwen2.5-VL-7B", "Qwen3-VL-8B", "Qwen3-VL-30B-A3B", "PaddleOCR-VL-tiny", "Hunyuan-VL-tiny", "DeepSeek-OCR-tiny", "CogVLM-tiny"]  # issue 41: vision-language text decoders
 UNFOLDED = {"OpenELM-270M"}  # every layer of a size of its own: no layer's text folds into another's
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 

@@ -267,6 +267,7 @@ ROWS = [
     Row("hunyuan_vl"),  # M-RoPE: llama.cpp's tiny model has sections
     Row("hunyuan_vl", "neox", keys={"hunyuan_vl.rope.dimension_sections": [0, 0, 0, 0]}),  # none: split halves
     Row("deepseek2-ocr", moe=True),
+    Row("cogvlm"),  # rows take the vision expert's matrices
 ]
 
 _rng = np.random.default_rng(7)

@@ -26,7 +26,8 @@ AFTER = _rng.integers(0, 128, 3).tolist()
 GRID = (2, 3)  # an image of 2 x 3 patches
 
 # (arch, keys): families whose RoPE takes one position a token and families with M-RoPE sections
-CASES = {"qwen2": {}, "qwen2vl": {}}  # the table's M-RoPE rows run rows_between_text too
+# the table's M-RoPE rows run rows_between_text too; CogVLM's rows take its vision expert's matrices
+CASES = {"qwen2": {}, "qwen2vl": {}, "cogvlm": {}}
 _MADE: dict[str, Path] = {}
 
 

@@ -55,7 +55,7 @@ NOT_COMPARED = {
         "Spark-2.5-tiny")},
     "Talkie-tiny": "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)",
     **{name: "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)"
-       for name in ("PaddleOCR-VL-tiny", "Hunyuan-VL-tiny", "DeepSeek-OCR-tiny")},
+       for name in ("PaddleOCR-VL-tiny", "Hunyuan-VL-tiny", "DeepSeek-OCR-tiny", "CogVLM-tiny")},
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -604,7 +604,7 @@ NO_MAPPING = {
              "refuses; a config would describe files graphir cannot read",
     **{arch: f"{model}'s released config (its text part's keys and defaults) is not known here for certain"
        for arch, model in (("paddleocr", "PaddleOCR-VL"), ("hunyuan_vl", "HunyuanOCR"),
-                           ("deepseek2-ocr", "DeepSeek-OCR"))},
+                           ("deepseek2-ocr", "DeepSeek-OCR"), ("cogvlm", "CogVLM"))},
     "nemotron_h_moe": "its configs are NemotronHForCausalLM's, which the converter sends to nemotron_h_moe when they "
                       "name num_experts_per_tok; graphir maps that class to nemotron_h and refuses such a config",
 }

@@ -29,7 +29,7 @@ import numpy as np
 
 from graphir.files.atomic import write_atomic
 from graphir.model.architecture import Architecture
-from graphir.batch import SPLITS, Batch, validate
+from graphir.batch import SPLITS, Batch, UBatch, validate
 from graphir.errors import BatchError, GraphirError, StateError
 from graphir.model.hparams import HParams
 from graphir.model.temperature import ROLE as TEMPERATURE
@@ -117,6 +117,12 @@ def _in_order(parts: list[np.ndarray], rows: list[int]) -> np.ndarray:
     if len(parts) == 1 and parts[0].flags.owndata and all(a < b for a, b in zip(rows, rows[1:])):
         return parts[0]
     return np.concatenate(parts)[np.argsort(rows, kind="stable")]
+
+
+def _requested(rows: np.ndarray, ub: UBatch) -> np.ndarray:
+    """The rows of the ubatch's requested outputs: a graph that selects none (llama.cpp's CogVLM takes every
+    token's row to its head) gives one per token, of which the requested ones are taken here."""
+    return rows[ub.out_ids] if len(rows) == len(ub) != len(ub.out_ids) else rows
 
 
 class Context:
@@ -226,9 +232,9 @@ class Context:
                         env["n_seqs"] = len(seqs)
                     out = program.run(env, feeds, taps, held=mem.buffers(), plans=own_plans)
                     if self.has_logits:
-                        logits.append(out["logits"])
+                        logits.append(_requested(out["logits"], ub))
                     if self.embeddings_enabled:
-                        embd.append(out["embd"])
+                        embd.append(_requested(out["embd"], ub))
                     for r, s in enumerate(seqs):  # a sequence spanning ubatches keeps the last (llama.cpp)
                         pooled[s] = out["pooled"][r].copy()
                     rows.extend(ub.batch_index[ub.out_ids].tolist())
