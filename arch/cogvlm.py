@@ -23,6 +23,7 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams
 from graphir.model.prenorm import synthetic
+from graphir.model.qkv import check_whole_heads
 from graphir.model.scales import layer_scales
 from graphir.model.tensors import TensorSpec, spec, tensor_name
 
@@ -37,10 +38,11 @@ class CogVLM(Architecture):
     required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT, Keys.Attention.LAYERNORM_RMS_EPS)
 
     def __init__(self, hp: HParams):
-        if hp.head_count_kv(0) != hp.head_count(0) or hp.n_rot != hp.n_embd_head_k:
-            raise MetadataError(f"'{self.name}' attends with one KV head per query head ({hp.head_count(0)}), turning "
-                                f"whole heads: the file gives {hp.head_count_kv(0)} KV heads and RoPE over "
-                                f"{hp.n_rot} of {hp.n_embd_head_k} values")
+        check_whole_heads(hp, self.name)
+        if hp.head_count_kv(0) != hp.head_count(0):  # the fused projection holds Q, K and V of one width each
+            key = Keys.Attention.HEAD_COUNT_KV.format(arch=self.name)
+            raise MetadataError(f"'{key}' = {hp.head_count_kv(0)}: '{self.name}' attends with one KV head per query "
+                                f"head ({hp.head_count(0)})")
         super().__init__(hp)
 
     def tensors(self) -> list[TensorSpec]:

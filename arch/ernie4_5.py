@@ -14,8 +14,6 @@ from gguf import Keys
 
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import TEXT, VOCAB, Family
-from graphir.errors import MetadataError
-from graphir.model.hparams import HParams
 from graphir.model.prenorm import READ, RMS_KEYS, ROPE_SECTIONS, UNREAD, PreNormDecoder, Traits, synthetic
 from graphir.model.presets import Preset
 
@@ -33,13 +31,6 @@ class PaddleOCR(PreNormDecoder):
     required_keys = RMS_KEYS
     keys = (ROPE_SECTIONS,)
     traits = Traits(wo_bias=READ, mrope=True)
-
-    def __init__(self, hp: HParams):
-        super().__init__(hp)
-        if not self.sections:  # llama.cpp turns it by M-RoPE whatever the file says: sections it must have
-            raise MetadataError(f"a '{self.name}' model turns by M-RoPE: key "
-                                f"'{Keys.Rope.DIMENSION_SECTIONS.format(arch=self.name)}' must give time and height "
-                                f"sections")
 
 
 # ---- Hugging Face: convert_hf_to_gguf's Ernie4_5Model (the generic text keys) -----------------------------
