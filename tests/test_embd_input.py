@@ -68,9 +68,16 @@ def _rows_decode(o: LlamaCpp, rows: np.ndarray, pos: np.ndarray, seq: int = 0) -
         b.close()
 
 
+def _positions_held(o: LlamaCpp) -> tuple[int, int]:
+    """The first and last position llama.cpp's memory holds for sequence 0."""
+    mem = o.lib.llama_get_memory(o.ctx.ctx)
+    return o.lib.llama_memory_seq_pos_min(mem, 0), o.lib.llama_memory_seq_pos_max(mem, 0)
+
+
 def rows_between_text(path: Path, model: Model) -> None:
     """Text, an image's rows (each with its positions per section, where the model's RoPE has sections), then
-    text again, in one sequence of graphir and of llama.cpp: the logits of every step are llama.cpp's."""
+    text again, in one sequence of graphir and of llama.cpp: the logits of every step are llama.cpp's, and so are
+    the positions each memory holds after it."""
     per_token = model.arch.positions_per_token
     n_img = GRID[0] * GRID[1]
     rows = _rng.normal(0.0, 1.0, (n_img, model.arch.n_embd_inp)).astype(np.float32)
@@ -87,9 +94,11 @@ def rows_between_text(path: Path, model: Model) -> None:
         ctx.decode(Batch.from_embd(rows, pos, outputs="all"))
         _rows_decode(o, rows, pos)
         assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(n_img)]), "rows")
+        assert (ctx.memory.seq_pos_min(0), ctx.memory.seq_pos_max(0)) == _positions_held(o)
         ctx.decode(Batch.from_tokens(AFTER, after, outputs="all"))
         o.decode(AFTER, range(after, after + len(AFTER)), [0] * len(AFTER))
         assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(AFTER))]), "text after")
+        assert (ctx.memory.seq_pos_min(0), ctx.memory.seq_pos_max(0)) == _positions_held(o)
     finally:
         o.close()
 
@@ -150,3 +159,14 @@ def test_a_wrong_batch_of_rows_is_one_line_naming_its_cause_and_changes_nothing(
 def test_a_batch_is_tokens_or_rows_not_both() -> None:
     with pytest.raises(BatchError, match="token ids or embedding rows, not both"):
         Batch([1, 2], None, [(0,), (0,)], [True, True], np.zeros((2, 8), np.float32))
+
+
+def test_m_rope_positions_may_jump_forward_but_not_back() -> None:
+    """As llama.cpp's batch check for M-RoPE models: a sequence's next position is any later one."""
+    model = load(str(_file("qwen2vl")))
+    ctx = model.new_context(n_ctx=32)
+    ctx.decode(Batch.from_tokens(TEXT, 0))
+    ctx.decode(Batch.from_tokens(AFTER, len(TEXT) + 4))
+    assert ctx.memory.seq_pos_max(0) == len(TEXT) + 4 + len(AFTER) - 1
+    with pytest.raises(BatchError, match=f"continues at {len(TEXT) + 4 + len(AFTER)} or later"):
+        ctx.decode(Batch.from_tokens(AFTER, 3))
