@@ -12,7 +12,7 @@ qwen3moe.cpp, smollm3.cpp.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from gguf import GGMLQuantizationType as Q
@@ -46,6 +46,7 @@ class Traits:
     # FFNs are mixtures of experts of feed_forward_length when expert_count > 0, gates optional; the variants
     # whose keys leave out the expert counts have dense FFNs only)
     experts_always: bool = False
+    rms_eps: bool = True  # the file's RMSNorm epsilon is read (Qwen2-VL's loader reads none: its norms take 0)
     head_bias: bool = True  # the LM head adds the file's optional output.bias (Qwen2-VL's loader creates it, unread)
     mrope: bool = False  # Qwen2-VL's text model: RoPE by M-RoPE sections (time, height, width, extra) one after the other
     # Qwen3-VL: the input rows are n_deepstack + 1 model widths wide, the first n_deepstack layers' outputs each
@@ -63,6 +64,8 @@ class Llama(Architecture):
     traits: ClassVar[Traits] = Traits()
 
     def __init__(self, hp: HParams):
+        if not self.traits.rms_eps:
+            hp = replace(hp, norm_rms_eps=0.0)
         if self.traits.experts_always and not hp.n_expert:
             key = Keys.LLM.EXPERT_COUNT.format(arch=self.name)
             raise MetadataError(f"a '{self.name}' model needs experts ('{key}' > 0)")
@@ -170,8 +173,9 @@ class Qwen2VL(Llama):
 
     name = "qwen2vl"
     rope_mode = "mrope"
+    required_keys = (Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT)
     keys = (Key("rope_sections", Keys.Rope.DIMENSION_SECTIONS, tuple, required=True, minimum=0, count=4),)
-    traits = Traits(qkv_bias=True, ffn_bias=False, ffn_scales=False, head_bias=False, mrope=True)
+    traits = Traits(qkv_bias=True, ffn_bias=False, ffn_scales=False, rms_eps=False, head_bias=False, mrope=True)
 
 
 class Qwen3(Llama):
