@@ -35,9 +35,9 @@ from graphir.model.architecture import Architecture
 from graphir.model.builder import Gating, GraphBuilder
 from graphir.model.hf_config import TEXT, VOCAB, Config, Family, derived, fixed, hf
 from graphir.model.hparams import HParams, Key
-from graphir.model.moe import (GATING_FUNC_KEY, MOE_KEYS, NEXTN_KEY, check_experts, expert_width, gating,
-                               nextn_layer, nextn_written, routed_expert_tensors, routed_experts, shared_expert,
-                               shared_expert_tensors, trunk_layers)
+from graphir.model.moe import (GATING_FUNC_KEY, MOE_KEYS, NEXTN_KEY, check_experts, expert_width, gate_up,
+                               gate_up_tensors, gating, nextn_layer, nextn_written, routed_expert_tensors,
+                               routed_experts, shared_expert, shared_expert_tensors, trunk_layers)
 from graphir.model.presets import Preset
 from graphir.model.qkv import check_whole_heads, qkv_tensors
 from graphir.model.scales import layer_scales
@@ -75,6 +75,10 @@ class Traits:
     groups: bool = False  # group-limited routing where the file has expert groups (Ling 2.0)
     nextn_extra: tuple[T, ...] = ()  # what a NextN layer holds beyond the others' (Ling 2.0: layer_output_norm)
     residual_name: str = "ffn_inp"  # llama.cpp's name of the stream after attention (Ling 2.0: sa_out)
+    # DeepSeek-OCR: RoPE over whole heads at base 10000, unscaled, whatever the file says of scaling (llama.cpp's
+    # graph fixes it so, and asserts the base)
+    plain_rope: bool = False
+    gate_up_either: bool = False  # the experts' gate and up as one stack or two (llama.cpp's create_tensor_gate_up_exps)
 
 
 class DeepSeek(Architecture):
@@ -107,6 +111,9 @@ class DeepSeek(Architecture):
         if self.sections:
             self.rope_mode = "mrope"  # type: ignore[misc]  # the file decides, as llama.cpp's rope type
         self.gating = t.gating or gating(hp, self.name, t.gating_absent)
+        if t.plain_rope and abs(hp.rope_freq_base - 10000.0) >= 1e-4:
+            raise MetadataError(f"'{key(R.FREQ_BASE)}' is {hp.rope_freq_base}: llama.cpp's '{self.name}' graph turns "
+                                f"by base 10000 alone")
         super().__init__(hp)
 
     def layers(self) -> LayerNeeds:
@@ -134,7 +141,11 @@ class DeepSeek(Architecture):
             layer.append(spec(t.ffn_norm, (E,), il, kind="vector"))
             if self.moe_layer(il):
                 X, F = hp.n_expert, expert_width(hp)
-                layer += routed_expert_tensors(E, F, X, il)
+                if t.gate_up_either:
+                    layer += [spec(T.FFN_GATE_INP, (E, X), il), spec(T.FFN_DOWN_EXP, (F, E, X), il),
+                              *gate_up_tensors(E, F, X, il)]
+                else:
+                    layer += routed_expert_tensors(E, F, X, il)
                 if t.selection_bias != "none":
                     layer.append(spec(T.FFN_EXP_PROBS_B, (X,), il, "bias", kind="vector",
                                       optional=t.selection_bias == "optional"))
@@ -151,12 +162,15 @@ class DeepSeek(Architecture):
         hp, w = self.hp, b.w
         if not self.moe_layer(il):
             return b.build_ffn(h, up=w(T.FFN_UP, il), gate=w(T.FFN_GATE, il), down=w(T.FFN_DOWN, il))
-        routed = routed_experts(b, h, il, gating=self.gating,
-                                norm_w=self.traits.weights_norm and hp.expert_weights_norm,
-                                w_scale=hp.expert_weights_scale,
-                                probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias")
-                                if self.traits.selection_bias != "none" else None,
-                                n_groups=hp.n_expert_groups, n_group_used=hp.n_group_used if self.traits.groups else 0)
+        routing = dict(gating=self.gating, norm_w=self.traits.weights_norm and hp.expert_weights_norm,
+                       w_scale=hp.expert_weights_scale,
+                       probs_b=b.w_opt(T.FFN_EXP_PROBS_B, il, "bias") if self.traits.selection_bias != "none" else None,
+                       n_groups=hp.n_expert_groups, n_group_used=hp.n_group_used if self.traits.groups else 0)
+        if self.traits.gate_up_either:
+            routed = b.build_moe_ffn(h, gate_inp=w(T.FFN_GATE_INP, il), down_exps=w(T.FFN_DOWN_EXP, il),
+                                     **gate_up(b, il), n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, **routing)
+        else:
+            routed = routed_experts(b, h, il, **routing)
         return b.op("add", routed, shared_expert(b, h, il), name="ffn_out")
 
     def build(self, b: GraphBuilder) -> None:
@@ -170,8 +184,10 @@ class DeepSeek(Architecture):
                 q = b.norm(q, T.ATTN_Q_NORM, il, name="Qcur_normed")
             if self.traits.qk_norm != "none" and b.w_opt(T.ATTN_K_NORM, il) is not None:
                 k = b.norm(k, T.ATTN_K_NORM, il, name="Kcur_normed")
-            q = b.rope(q, pos, name="Qcur.rope", sections=self.sections)
-            k = b.rope(k, pos, name="Kcur.rope", sections=self.sections)
+            rope = dict(n_dims=hp.n_embd_head_k, n_ctx_orig=0, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0,
+                        beta_fast=0.0, beta_slow=0.0) if self.traits.plain_rope else {}
+            q = b.rope(q, pos, name="Qcur.rope", sections=self.sections, **rope)
+            k = b.rope(k, pos, name="Kcur.rope", sections=self.sections, **rope)
             a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_s=b.scale(T.ATTN_OUT, il),
                              kq_scale=inv_sqrt(hp.n_embd_head_k))
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
@@ -192,6 +208,19 @@ class Glm4Moe(DeepSeek):
     )
     traits = Traits(ffn_norm=T.ATTN_POST_NORM, qk_norm="optional", selection_bias="required", gating=None,
                     gating_absent=Gating.SIGMOID, weights_norm=True, nextn=True, whole_heads=False)
+
+
+class DeepSeek2OCR(DeepSeek):
+    """DeepSeek-OCR's text model: DeepSeek-V2's mixture of experts (softmax routing where the file names no gating,
+    weights renormalised and scaled as the file says, an optional selection bias) under plain multi-head attention
+    (no MLA) turned over whole heads by llama.cpp's fixed NeoX RoPE (src/models/deepseek2.cpp, its OCR branch)."""
+
+    name = "deepseek2-ocr"
+    rope_mode = "neox"
+    required_keys = (A.LAYERNORM_RMS_EPS, L.EXPERT_FEED_FORWARD_LENGTH, L.EXPERT_SHARED_COUNT)
+    keys = SHARED_EXPERT_KEYS + (WEIGHTS_NORM_KEY, GATING_FUNC_KEY)
+    traits = Traits(selection_bias="optional", gating=None, gating_absent=Gating.SOFTMAX, weights_norm=True,
+                    mha_only=True, plain_rope=True, gate_up_either=True)
 
 
 class Dots1(DeepSeek):
@@ -317,6 +346,14 @@ def _glm45(E: int, n_layer: int, n_ff: int, n_dense: int, n_expert: int, n_ff_ex
 
 
 presets.register({
+    # DeepSeek-OCR's text model at tiny sizes (its released config is not known here for certain): 4 layers, the
+    # first dense, 4 experts (2 used) in one gate-and-up stack each, a shared expert, multi-head attention
+    "DeepSeek-OCR-tiny": Preset("deepseek2-ocr", {
+        L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 384,
+        A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, R.FREQ_BASE: 10000.0, A.LAYERNORM_RMS_EPS: 1e-6, L.EXPERT_COUNT: 4,
+        L.EXPERT_USED_COUNT: 2, L.LEADING_DENSE_BLOCK_COUNT: 1, L.EXPERT_FEED_FORWARD_LENGTH: 128,
+        L.EXPERT_SHARED_COUNT: 1, L.VOCAB_SIZE: 1024,
+    }, tied=False, f32=presets.ROUTER_F32, source="synthetic header", include=r"blk\.\d+\.ffn_gate_up_exps\.weight"),
     # a synthetic header (no public config is given here): the conformance row's sizes, 4 layers (the first dense)
     # with 8 experts in 4 groups, 2 used from the 2 best groups, partial rotation, and one NextN layer
     "Ling-2.0-synthetic": Preset("bailingmoe2", {

@@ -1,8 +1,11 @@
 """ERNIE 4.5 dense (Baidu): the pre-norm decoder with RMSNorm, SwiGLU and GQA, RoPE over adjacent pairs.
 
 The loader takes an optional bias of the attention's output projection, which the graph does not read.
+PaddleOCR-VL's text model is ERNIE 4.5's tensors in Qwen2-VL's graph: M-RoPE sections one after the other, and the
+output projection's bias read where the file has it.
 
-References: Baidu ERNIE Team 2025, "ERNIE 4.5 Technical Report"; llama.cpp src/models/ernie4-5.cpp.
+References: Baidu ERNIE Team 2025, "ERNIE 4.5 Technical Report"; PaddlePaddle 2025, "PaddleOCR-VL"; llama.cpp
+src/models/ernie4-5.cpp, paddleocr.cpp.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from gguf import Keys
 
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import TEXT, VOCAB, Family
-from graphir.model.prenorm import RMS_KEYS, UNREAD, PreNormDecoder, Traits
+from graphir.model.prenorm import READ, RMS_KEYS, ROPE_SECTIONS, UNREAD, PreNormDecoder, Traits, synthetic
 from graphir.model.presets import Preset
 
 
@@ -20,6 +23,14 @@ class Ernie45(PreNormDecoder):
     rope_mode = "norm"
     required_keys = RMS_KEYS
     traits = Traits(wo_bias=UNREAD)
+
+
+class PaddleOCR(PreNormDecoder):
+    name = "paddleocr"
+    rope_mode = "mrope"
+    required_keys = RMS_KEYS
+    keys = (ROPE_SECTIONS,)
+    traits = Traits(wo_bias=READ, mrope=True)
 
 
 # ---- Hugging Face: convert_hf_to_gguf's Ernie4_5Model (the generic text keys) -----------------------------
@@ -38,4 +49,8 @@ presets.register({
         A.HEAD_COUNT: 16, A.HEAD_COUNT_KV: 2, A.KEY_LENGTH: 128, A.VALUE_LENGTH: 128, R.FREQ_BASE: 500000.0,
         A.LAYERNORM_RMS_EPS: 1e-5, L.VOCAB_SIZE: 103424,
     }, tied=True, source="baidu/ERNIE-4.5-0.3B-PT config.json"),
+    # PaddleOCR-VL's text model at tiny sizes (its released config is not known here for certain): heads of 128,
+    # M-RoPE over 16 time, 24 height and 24 width pairs, the output projection's bias
+    "PaddleOCR-VL-tiny": synthetic("paddleocr", "a synthetic header of tiny sizes, M-RoPE sections",
+                                   include=r"blk\.\d+\.attn_output\.bias", keys={R.DIMENSION_SECTIONS: [16, 24, 24, 0]}),
 })

@@ -5,6 +5,10 @@ Its NTK-aware RoPE ("XDRoPE") raises the base to base * alpha^(d / (d - 2)) for 
 gives ``rope.scaling.alpha`` (the converter usually writes the raised base itself and no alpha). A file's M-RoPE
 sections change nothing here: llama.cpp turns them with the family's split-halves RoPE, which reads no section.
 
+HunyuanOCR's text model (``hunyuan_vl``) is the same graph turning by M-RoPE where its file gives time and height
+sections (split halves otherwise); llama.cpp passes it RoPE frequency factors that its loader never creates, so
+none are read.
+
 References: Tencent Hunyuan Team 2025, "Hunyuan-7B" model card; llama.cpp src/models/hunyuan-vl.cpp (the graph
 llama.cpp's hunyuan-dense reuses).
 """
@@ -15,7 +19,7 @@ from gguf import Keys
 
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import TEXT, VOCAB, Family
-from graphir.model.prenorm import NTK_ALPHA, RMS_KEYS, PreNormDecoder, Traits, synthetic
+from graphir.model.prenorm import NTK_ALPHA, RMS_KEYS, ROPE_SECTIONS, PreNormDecoder, Traits, synthetic
 
 
 class HunyuanDense(PreNormDecoder):
@@ -24,6 +28,14 @@ class HunyuanDense(PreNormDecoder):
     required_keys = RMS_KEYS
     keys = (NTK_ALPHA,)  # 0: the base as the file says
     traits = Traits(qk_norm_after_rope=True, ntk_alpha=True)
+
+
+class HunyuanVL(PreNormDecoder):
+    name = "hunyuan_vl"
+    rope_mode = "neox"  # M-RoPE where the file's sections say so
+    required_keys = RMS_KEYS
+    keys = (NTK_ALPHA, ROPE_SECTIONS)
+    traits = Traits(qk_norm_after_rope=True, ntk_alpha=True, mrope=True)
 
 
 # ---- Hugging Face: convert_hf_to_gguf's HunYuanModel ------------------------------------------------------
@@ -53,4 +65,7 @@ hf_config.register(Family("hunyuan-dense", TEXT + (VOCAB, _ntk_alpha), {"tie_wor
 # ---- presets -----------------------------------------------------------------------------------------------
 
 # Hunyuan-7B's public config is not known here for certain: the golden graphs come from a tiny header
-presets.register({"Hunyuan-dense-tiny": synthetic("hunyuan-dense", "a synthetic header of tiny sizes")})
+presets.register({"Hunyuan-dense-tiny": synthetic("hunyuan-dense", "a synthetic header of tiny sizes"),
+                  # HunyuanOCR's public config is not known here for certain either
+                  "Hunyuan-VL-tiny": synthetic("hunyuan_vl", "a synthetic header of tiny sizes, M-RoPE sections",
+                                               keys={R.DIMENSION_SECTIONS: [16, 16, 16, 16]})})

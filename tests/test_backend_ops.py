@@ -276,6 +276,8 @@ CASES: list[Case] = [
     C("cont", I("f32", 7, 5, strided=True), tol=EXACT),
     C("cont", I("f16", 4, 6, 3, strided=True), tol=EXACT),
     C("cont", I("f32", 5, 3), tol=EXACT),
+    C("pad", I("f32", 5, 3), pad=(7, 0, 0, 0), tol=EXACT, note="deepstack's token rows"),
+    C("pad", I("f32", 4, 3, 2), pad=(1, 2, 0, 1), tol=EXACT),
     C("concat", I("f32", 5, 3), I("f32", 4, 3), dim=0, tol=EXACT),
     C("concat", I("f32", 6, 2, 4), I("f32", 6, 3, 4), dim=1, tol=EXACT),
     C("concat", I("f32", 4, 3, 2), I("f32", 4, 3, 5), dim=2, tol=EXACT),

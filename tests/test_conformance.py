@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 from conftest import assert_llama_logits as assert_logits
 from conftest import make_tiny_preset, oracle_is_exact, process_folder, write_model_gguf
+from test_embd_input import rows_between_text
 from test_families import LlamaCpp, failing_second_ubatch_changes_nothing, interleaved_against_llama_cpp
 
 import llama_made
@@ -308,6 +309,16 @@ ROWS = [
     # Llama without a cache or an LM head, bidirectional (the converted, causal form: tests/test_encoders.py)
     Row("llama-embed", keys={"llama-embed.attention.causal": False}),
     Row("llama-embed", "moe", moe=True, keys={"llama-embed.attention.causal": False}),
+    # vision-language text decoders (issue 41): M-RoPE sections, an image's rows entering through the batch
+    Row("qwen2vl"),
+    Row("qwen3vl"),
+    Row("qwen3vl", "deepstack", keys={"qwen3vl.n_deepstack_layers": 1}),  # rows twice n_embd wide, layer 0 adds half
+    Row("qwen3vlmoe", moe=True, keys={"qwen3vlmoe.n_deepstack_layers": 1}),
+    Row("paddleocr"),
+    Row("hunyuan_vl"),  # M-RoPE: llama.cpp's tiny model has sections
+    Row("hunyuan_vl", "neox", keys={"hunyuan_vl.rope.dimension_sections": [0, 0, 0, 0]}),  # none: split halves
+    Row("deepseek2-ocr", moe=True),
+    Row("cogvlm"),  # rows take the vision expert's matrices
 ]
 
 _rng = np.random.default_rng(7)
@@ -622,6 +633,14 @@ def test_each_token_takes_llama_cpps_experts_with_its_weights(row: Row) -> None:
         name = [n for n in ROUTING_WEIGHTS if f"{n}-{il}" in theirs][-1]
         ours = taps[f"blk.{il}.{name}"].reshape(T_, k)[T_ - rows:]
         assert float(np.abs(ours - theirs[f"{name}-{il}"].reshape(rows, k)).max()) <= 1e-6, f"layer {il}: {name}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS if r.made_by == "llama.cpp"
+                                 and kind(r) == "decoder" and _arch(r).positions_per_token > 1])
+def test_embedding_rows_with_positions_per_section_give_llama_cpps_logits(row: Row) -> None:
+    """M-RoPE families: an image's rows between text, each with its time, row and column (test_embd_input)."""
+    rows_between_text(_path(row, Q.F32), _model(row, Q.F32))
 
 
 def test_every_family_is_a_row() -> None:

@@ -54,6 +54,8 @@ NOT_COMPARED = {
         "PLaMo-3-tiny", "PLaMo-3-tiny-swa", "Muse-Glimmer-tiny",
         "Spark-2.5-tiny")},
     "Talkie-tiny": "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)",
+    **{name: "a synthetic header of tiny sizes: the family has no Hugging Face mapping (NO_MAPPING)"
+       for name in ("PaddleOCR-VL-tiny", "Hunyuan-VL-tiny", "DeepSeek-OCR-tiny", "CogVLM-tiny")},
     "Ling-2.0-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "HY-V3-synthetic": "a synthetic header of the family: its tiny config is compared below (TINY)",
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -614,6 +616,9 @@ NO_MAPPING = {
     "mimo2": "its converter writes the multi-token-prediction layers and a fused Q/K/V, which graphir's mimo2 "
              "refuses; a config would describe files graphir cannot read",
     "glm-dsa": "no public GLM-5 configuration was at hand to write its mapping from",
+    **{arch: f"{model}'s released config (its text part's keys and defaults) is not known here for certain"
+       for arch, model in (("paddleocr", "PaddleOCR-VL"), ("hunyuan_vl", "HunyuanOCR"),
+                           ("deepseek2-ocr", "DeepSeek-OCR"), ("cogvlm", "CogVLM"))},
     "nemotron_h_moe": "its configs are NemotronHForCausalLM's, which the converter sends to nemotron_h_moe when they "
                       "name num_experts_per_tok; graphir maps that class to nemotron_h and refuses such a config",
 }

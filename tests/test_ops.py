@@ -31,7 +31,7 @@ def rejects(op: str, inputs: list[Node], attrs: dict, match: str) -> None:
 ALL_OPS = ["add", "add_id", "argsort_top_k", "cast", "clamp", "concat", "cont", "div", "exp", "fill", "gated_delta_net",
            "gated_linear_attn", "geglu",
            "gelu", "get_rows", "input", "l2_norm", "lightning_indexer", "mean", "moe_sum", "mul", "mul_mat", "mul_mat_id",
-           "neg", "norm", "permute", "reglu",
+           "neg", "norm", "pad", "permute", "reglu",
            "relu", "repeat", "reshape", "rms_norm", "rope", "rope_multi", "rwkv_wkv6", "rwkv_wkv7", "scale", "scale_bias",
            "set_rows", "sigmoid", "silu", "soft_max", "softplus", "sqr", "sqrt", "ssm_conv", "ssm_scan", "ssm_scan_heads",
            "sub", "sum_rows", "swiglu", "swiglu_clamp", "swiglu_oai", "tanh", "transpose", "view", "weight", "xielu"]
@@ -463,6 +463,10 @@ def test_concat_adds_the_sizes_along_dim():
 
 def test_concat_along_ne0():
     assert infer("concat", [t("f32", 32, T), t("f32", 32, T)], {"dim": 0}) == ("f32", (64, T))
+
+
+def test_pad_appends_zeros_along_each_dim():
+    assert infer("pad", [t("f32", 64, T)], {"pad": (192, 0, 0, 0)}) == ("f32", (256, T))
 
 
 def test_concat_rejects_operands_that_differ_off_the_axis():

@@ -371,6 +371,13 @@ def cont(v, a, shape, env):
     return v[0]
 
 
+def pad(v, a, shape, env):
+    A = gg(v[0])
+    out = np.zeros(tuple(n + p for n, p in zip(A.shape, a["pad"])))
+    out[tuple(slice(0, n) for n in A.shape)] = A
+    return back(out, shape)
+
+
 def concat(v, a, shape, env):
     A, B, d = gg(v[0]), gg(v[1]), a["dim"]
     ne = list(A.shape)
@@ -396,7 +403,7 @@ def set_rows(v, a, shape, env):
 
 REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "get_rows": lambda v, a, shape, env: (get_rows_batched if v[1].ndim >= 2 else get_rows)(v, a, shape, env),
-    "fill": lambda v, a, shape, env: np.full(shape, a["c"]), "repeat": repeat,
+    "fill": lambda v, a, shape, env: np.full(shape, a["c"]), "repeat": repeat, "pad": pad,
     # float32 values, so that a scale of them rounds as ggml's does (GroveMoE's expert ids divided by a group size)
     "cast": lambda v, a, shape, env: np.asarray(v[0]).astype(np.float32 if a["type"] == "f32" else np.int32),
     "mul_mat": mul_mat, "mul_mat_id": mul_mat_id, "argsort_top_k": argsort_top_k,

@@ -307,6 +307,13 @@ def _repeat(xs: list[Node], a: dict[str, Any]) -> Type:
     return "f32", shape
 
 
+def _pad(xs: list[Node], a: dict[str, Any]) -> Type:
+    x, pad = xs[0], tuple(a["pad"])
+    _need(len(pad) == 4 and all(isinstance(p, int) and p >= 0 for p in pad), f"pad={list(pad)} must be 4 counts")
+    s = _pad4(x.shape)
+    return "f32", _trim([d + p if p else d for d, p in zip(s, pad)], len(x.shape))
+
+
 def _concat(xs: list[Node], a: dict[str, Any]) -> Type:
     x, y, d = xs[0], xs[1], a["dim"]
     sx, sy = _pad4(x.shape), _pad4(y.shape)
@@ -430,6 +437,7 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
           layout_only=True),
     OpDef("cont", "movement", ("a",), (), _cont, "materialise a (strided) view contiguously", layout_only=True),
     OpDef("concat", "movement", ("a", "b"), ("dim",), _concat, "join a and b along dim"),
+    OpDef("pad", "movement", ("a",), ("pad",), _pad, "a followed by pad[d] zeros along each dim d (ggml_pad)"),
     OpDef("repeat", "movement", ("a",), ("shape",), _repeat, "a tiled to shape (each of a's sizes divides it)"),
     OpDef("ssm_conv", "recurrent", ("sx", "w"), (), _ssm_conv,
           "depthwise causal conv: y[c,t,s] = sum_j sx[t+j,c,s] w[j,c]; sx holds d_conv-1 state columns first"),

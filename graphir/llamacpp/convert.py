@@ -49,7 +49,7 @@ _SAME = {"GET_ROWS": "get_rows", "MUL_MAT": "mul_mat", "MUL_MAT_ID": "mul_mat_id
          "XIELU": "xielu",
          "SWIGLU": "swiglu", "GEGLU": "geglu", "REGLU": "reglu", "ADD_ID": "add_id", "RESHAPE": "reshape",
          "PERMUTE": "permute",
-         "TRANSPOSE": "transpose", "CONT": "cont", "CONCAT": "concat", "REPEAT": "repeat", "SSM_CONV": "ssm_conv",
+         "TRANSPOSE": "transpose", "CONT": "cont", "CONCAT": "concat", "PAD": "pad", "REPEAT": "repeat", "SSM_CONV": "ssm_conv",
          "RWKV_WKV6": "rwkv_wkv6", "RWKV_WKV7": "rwkv_wkv7", "GATED_DELTA_NET": "gated_delta_net",
          "SET_ROWS": "set_rows", "VIEW": "view", "GATED_LINEAR_ATTN": "gated_linear_attn",
          "LIGHTNING_INDEXER": "lightning_indexer",
@@ -92,7 +92,8 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
     if op == "CPY" and len(srcs) == 1 and {srcs[0].dtype, dtype} == {"f32", "i32"}:  # ggml_cast
         return "cast", {"type": dtype}
     kind = _SAME.get(desc if op in ("UNARY", "GLU") else op)
-    if kind is None or op == "GLU" and len(srcs) != 2 or op == "ROPE" and p[15]:
+    if kind is None or op == "GLU" and len(srcs) != 2 or op == "ROPE" and p[15] \
+            or op == "PAD" and (any(p[0:8:2]) or p[8]):
         n = len(p)
         while n and p[n - 1] == 0:
             n -= 1
@@ -117,6 +118,8 @@ def _op(r: Record, srcs: list[Node]) -> tuple[str, dict[str, Any]]:
         return kind, {"limit": _f32(p[3])}
     if kind == "concat":
         return kind, {"dim": p[0]}
+    if kind == "pad":  # ggml_pad_ext's (before, after) per dim, with nothing before: the catalogue's pad
+        return kind, {"pad": tuple(p[1:8:2])}
     if kind == "argsort_top_k":
         return kind, {"k": ne[0]}
     if kind == "rope":

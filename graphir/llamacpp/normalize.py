@@ -167,7 +167,7 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
             start = Node(s.name + ".read", "get_rows", (s, ids), {}, s.dtype, shape_of([s.shape[0], ids.shape[0]]))
             digest[id(start)] = _digest(start, digest)
             operands = [start] + operands[1:6]
-        if op == "set_rows" and operands[0].attrs.get("role") == "cache_v" and operands[1].op == "ggml.pad":
+        if op == "set_rows" and operands[0].attrs.get("role") == "cache_v" and operands[1].op == "pad":
             operands[1] = operands[1].inputs[0]  # rule 3: llama.cpp pads a layer's V rows to its wider cache's
         if op == "set_rows" and operands[0].attrs.get("role", "").startswith("rs_"):
             operands = operands[:2]  # rule 3: which cells a state goes to is the memory's business

@@ -127,6 +127,11 @@ class Architecture:
         return kinds
 
     @property
+    def n_embd_inp(self) -> int:
+        """The width of the embedding rows a batch may carry in place of tokens (llama.cpp's n_embd_inp)."""
+        return self.hp.n_embd
+
+    @property
     def positions_per_token(self) -> int:
         return POSITIONS_PER_TOKEN.get(self.rope_mode, 1)
 

@@ -117,9 +117,11 @@ class GraphBuilder:
     """Records the graph of one (model, context, phase). ``n_tokens``/``n_outputs`` are the ubatch sizes."""
 
     def __init__(self, arch: ArchView, label: str, tensors: Mapping[str, TensorDecl], memory: MemoryView,
-                 phase: str, n_ctx_seq: int = 0):
+                 phase: str, n_ctx_seq: int = 0, rows: bool = False):
         self.arch, self.hp, self.label, self.tensors, self.memory = arch, arch.hp, label, tensors, memory
         self.phase = phase
+        self.rows = rows  # the ubatch carries embedding rows in place of token ids (llama.cpp's ubatch.embd)
+        self._token_table: Node | None = None  # the token embedding the rows stand in for
         self.n_ctx_seq = n_ctx_seq  # cells per sequence of the context (0: unspecified); see Architecture.variant
         self.nodes: list[Node] = []
         self.outputs: dict[str, Node] = {}
@@ -279,8 +281,23 @@ class GraphBuilder:
     # ---- inputs ------------------------------------------------------------------------------------------
 
     def build_inp_embd(self, tok_embd: Node) -> Node:
-        tokens = self.input("tokens", "i32", (self.n_tokens,))
-        return self.op("get_rows", tok_embd, tokens, name="inp_embd")
+        """The ubatch's input embeddings: its tokens' rows of ``tok_embd``, or the rows it carries (``embd``,
+        n_embd_inp wide: a deepstack model's rows hold its early layers' additions after the first n_embd), as
+        llama.cpp's build_inp_embd selects one of its two inputs by the ubatch's contents. A token ubatch of a
+        model taking wider rows pads its token rows with zeros to that width (the later columns read as 0)."""
+        E, E_inp = self.hp.n_embd, self.arch.n_embd_inp
+        if self.rows:
+            self._token_table = tok_embd
+            x = self.input("embd", "f32", (E_inp, self.n_tokens))
+        else:
+            tokens = self.input("tokens", "i32", (self.n_tokens,))
+            x = self.op("get_rows", tok_embd, tokens, name="inp_embd")
+            if E_inp != E:
+                x = self.op("pad", x, pad=(E_inp - E, 0, 0, 0), name="inp_embd.pad")
+        self.input_embeddings = x  # all n_embd_inp columns: a deepstack model's layers add their slices
+        if E_inp != E:
+            x = self.op("view", x, shape=(E, self.n_tokens), strides=(1, E_inp), offset=0, name="inp_embd.text")
+        return x
 
     def build_inp_pos(self) -> Node:
         """The ubatch's positions: one a token, or the several its RoPE mode turns by (M-RoPE's four,
@@ -762,9 +779,12 @@ class GraphBuilder:
 
     def graph(self, meta: dict[str, Any]) -> Graph:
         # Canonical order: leaves outside any layer first (as every form prints them), then emission order.
-        head = [n for n in self.nodes if n.op in ("input", "weight") and n.layer is None]
-        body = [n for n in self.nodes if not (n.op in ("input", "weight") and n.layer is None)]
-        return Graph(meta, tuple(_used_dims(self.dims, self.nodes)), head + body, self.outputs)
+        nodes = self.nodes
+        if self._token_table is not None and not any(self._token_table in n.inputs for n in nodes):
+            nodes = [n for n in nodes if n is not self._token_table]  # a graph of rows reads no token
+        head = [n for n in nodes if n.op in ("input", "weight") and n.layer is None]
+        body = [n for n in nodes if not (n.op in ("input", "weight") and n.layer is None)]
+        return Graph(meta, tuple(_used_dims(self.dims, nodes)), head + body, self.outputs)
 
 
 def _used_dims(dims: list[DimDecl], nodes: list[Node]) -> list[DimDecl]:

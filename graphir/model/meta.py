@@ -51,11 +51,12 @@ class ModelMeta:
         return cls.from_metadata(self.label, self.metadata)
 
     def build_graph(self, context: str | None = None, phase: str = "prefill", pooling: str | None = None,
-                    n_ctx_seq: int = 0) -> Graph:
+                    n_ctx_seq: int = 0, rows: bool = False) -> Graph:
         """The graph of one ubatch: ``context`` picks the memory kind (default: the architecture's first),
         ``phase`` prefill or decode, ``pooling`` how embeddings are reduced per sequence (default: the model's),
         ``n_ctx_seq`` the cells a sequence may use, for the few families whose graph depends on it (Phi-3's
-        LongRoPE factors; 0: not beyond the trained context)."""
+        LongRoPE factors; 0: not beyond the trained context); ``rows``: the ubatch carries embedding rows in place
+        of token ids."""
         arch = model = self.arch
         if phase == "encode":  # the encoder stack of an encoder-decoder: no cache, one whole batch
             if arch.encoder_stack is None:
@@ -73,7 +74,7 @@ class ModelMeta:
         if ("prefill" if phase == "encode" else phase) not in KINDS[context].phases:  # an encoder runs as one prefill
             raise GraphirError(f"context '{context}' has no {phase} phase (it has: {', '.join(KINDS[context].phases)})")
         memory = assemble(context, arch.needs, _GRAPH_ONLY)  # sizes its graph, allocates nothing
-        b = GraphBuilder(arch, self.label, self.tensors, memory, phase, n_ctx_seq)
+        b = GraphBuilder(arch, self.label, self.tensors, memory, phase, n_ctx_seq, rows)
         arch.build(b)
         b.build_pooling(pooling or arch.hp.pooling)
         return b.graph({"arch": model.name, "context": context, "phase": phase, "hparams": arch.hp.as_dict()})

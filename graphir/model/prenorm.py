@@ -115,6 +115,10 @@ class PreNormDecoder(Architecture):
         self.sections = tuple(sections) if sections and sections[0] and sections[1] else None
         if self.sections:
             self.rope_mode = "mrope"  # type: ignore[misc]  # the file decides, as llama.cpp's rope type
+        elif t.mrope and self.rope_mode == "mrope":  # a family that always turns by M-RoPE (PaddleOCR-VL's)
+            raise MetadataError(f"a '{self.name}' model turns by M-RoPE: key "
+                                f"'{Keys.Rope.DIMENSION_SECTIONS.format(arch=self.name)}' must give time and height "
+                                f"sections")
 
     def layers(self) -> LayerNeeds:
         return super().layers()[:self.n_trunk]

@@ -29,7 +29,7 @@ import numpy as np
 
 from graphir.files.atomic import write_atomic
 from graphir.model.architecture import Architecture
-from graphir.batch import SPLITS, Batch, validate
+from graphir.batch import SPLITS, Batch, UBatch, validate
 from graphir.errors import BatchError, GraphirError, StateError
 from graphir.model.hparams import HParams
 from graphir.model.temperature import ROLE as TEMPERATURE
@@ -104,7 +104,8 @@ class ModelView(Protocol):
     @property
     def position_rows(self) -> int: ...
 
-    def program(self, kind: str, pooling: str = "none", n_ctx_seq: int = 0, phase: str = "prefill") -> tuple[Any, Graph]: ...
+    def program(self, kind: str, pooling: str = "none", n_ctx_seq: int = 0, phase: str = "prefill",
+                rows: bool = False) -> tuple[Any, Graph]: ...
 
     def compiled(self, key: tuple[Any, ...], make: Callable[[], Graph]) -> Any: ...
 
@@ -116,6 +117,12 @@ def _in_order(parts: list[np.ndarray], rows: list[int]) -> np.ndarray:
     if len(parts) == 1 and parts[0].flags.owndata and all(a < b for a, b in zip(rows, rows[1:])):
         return parts[0]
     return np.concatenate(parts)[np.argsort(rows, kind="stable")]
+
+
+def _requested(rows: np.ndarray, ub: UBatch) -> np.ndarray:
+    """The rows of the ubatch's requested outputs: a graph that selects none (llama.cpp's CogVLM takes every
+    token's row to its head) gives one per token, of which the requested ones are taken here."""
+    return rows[ub.out_ids] if len(rows) == len(ub) != len(ub.out_ids) else rows
 
 
 class Context:
@@ -161,8 +168,12 @@ class Context:
         self._memory: Memory = assemble(memory_kind, arch.needs, params)
         self.program, self._graph = model.program(memory_kind, self.pooling, n_ctx_seq, phase)
         self._pool_rule = pooling_rule(self._graph, self.pooling)
+        # the graph of ubatches carrying embedding rows, compiled when a batch first brings rows
+        self._rows_program = lambda: model.program(memory_kind, self.pooling, n_ctx_seq, phase, rows=True)[0]
+        self._n_embd_inp = arch.n_embd_inp
         self._temperature = temperature_of(self._graph)  # attention temperature tuning, fed from positions
         self._plans: dict[tuple[Any, ...], Any] = {}  # the program's plans over this context's memory (Program.run)
+        self._row_plans: dict[tuple[Any, ...], Any] = {}  # and those of the program of rows
         self._variant = arch.variant(n_ctx_seq)
         self._memory.bind_shift(self._graph, self._run_graph)
         self.has_logits = "logits" in self.program.outputs
@@ -195,11 +206,14 @@ class Context:
             batch = batch.every_output()
         with self._busy("decode"), np.errstate(all="ignore"):  # IEEE arithmetic, as ggml's: an overflow is inf
             mem = self.memory
-            pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.last_pos)
+            pos = validate(batch, self.model.hparams.n_vocab, self.n_seq_max, mem.last_pos, self._n_embd_inp,
+                           self._positions)
             why = mem.refuse(batch, pos) or self._beyond_table(pos)
             if why:
                 raise BatchError(why)
             ubatches = SPLITS[mem.split](batch, pos, self.n_ubatch)
+            program, own_plans = (self.program, self._plans) if batch.embd is None else \
+                (self._rows_program(), self._row_plans)
             plans = mem.prepare(ubatches)  # raises CacheFullError before anything changed
             snap = mem.snapshot(plans)
             logits, embd, rows, pooled = [], [], [], {}
@@ -209,7 +223,7 @@ class Context:
                     feeds = mem.apply(ub, plan)
                     env = {"n_tokens": len(ub), "n_outputs": len(ub.out_ids), "n_ctx": self.n_ctx}
                     env.update((k, feeds.pop(k)) for k in [k for k, v in feeds.items() if isinstance(v, int)])
-                    feeds.update(tokens=ub.tokens, pos=ub.positions(self._positions), out_ids=ub.out_ids)
+                    feeds.update(ub.feeds(self._positions), out_ids=ub.out_ids)
                     if self._temperature is not None:
                         feeds[TEMPERATURE] = self._temperature.factors(ub.pos)
                     seqs: list[int] = []
@@ -217,11 +231,11 @@ class Context:
                         seqs, extra = pooling_inputs(ub, self._pool_rule)
                         feeds.update(extra)
                         env["n_seqs"] = len(seqs)
-                    out = self.program.run(env, feeds, taps, held=mem.buffers(), plans=self._plans)
+                    out = program.run(env, feeds, taps, held=mem.buffers(), plans=own_plans)
                     if self.has_logits:
-                        logits.append(out["logits"])
+                        logits.append(_requested(out["logits"], ub))
                     if self.embeddings_enabled:
-                        embd.append(out["embd"])
+                        embd.append(_requested(out["embd"], ub))
                     for r, s in enumerate(seqs):  # a sequence spanning ubatches keeps the last (llama.cpp)
                         pooled[s] = out["pooled"][r].copy()
                     rows.extend(ub.batch_index[ub.out_ids].tolist())
@@ -279,6 +293,7 @@ class Context:
             mem.bind_shift(self._graph, self._run_graph)
             self._memory = mem
             self._plans.clear()  # they view the buffers of the memory it replaces
+            self._row_plans.clear()
 
     def state_save(self, path: str | os.PathLike[str] | None = None) -> bytes:
         """The whole context (memory cells, K/V rows, last outputs) as bytes; also written to ``path`` if given,

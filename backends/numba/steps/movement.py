@@ -221,6 +221,17 @@ class _SetRows(Step):
         return dst if ok else None
 
 
+@kernel("pad")
+def _pad(n: Node, memo: threading.local, path: IsaPath) -> Step:
+    """Zeros after a's values along each dim: numpy's axes are ggml's dims reversed."""
+    widths, rank = [(0, p) for p in reversed(n.attrs["pad"])], len(n.shape)
+
+    def pad(env: Env, x: np.ndarray) -> np.ndarray:
+        y = np.pad(x.reshape((1,) * (4 - x.ndim) + x.shape), widths).astype(np.float32, copy=False)
+        return y.reshape(y.shape[4 - rank:])
+    return Function(pad)
+
+
 @kernel("fill")
 def _fill(n: Node, memo: threading.local, path: IsaPath) -> Step:
     c = np.float32(n.attrs["c"])
