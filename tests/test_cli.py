@@ -53,7 +53,8 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Falcon-H1-1.5B", "LFM2-1.2B", "LFM2-8B-A1B", "Qwen3-Next-80B-A3B",
            "Nemotron-H-8B", "Nemotron-Nano-9B-v2", "nemotron_h_moe-tiny-header", "Jamba-Mini-1.6",  # issue 40
            "Kimi-Linear-48B-A3B", "bailingmoe3-tiny-header",  # issue 40, new recurrent blocks
-           "QRWKV6-32B"]  # issue 40, linear-attention blocks
+           "QRWKV6-32B",  # issue 40, linear-attention blocks
+           "MiniMax-Text-01"]  # issue 40, lightning attention
 UNFOLDED = {"OpenELM-270M"}  # every layer of a size of its own: no layer's text folds into another's
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
