@@ -22,9 +22,15 @@ RULES: dict[str, Rule] = {}
 
 
 def register(role: str, rule: Rule) -> None:
-    """Fill every graph input of ``role`` by ``rule``; a role has one rule."""
-    if RULES.setdefault(role, rule) is not rule:
-        raise ValueError(f"a per-ubatch rule for inputs '{role}' is already registered")
+    """Fill every graph input of ``role`` by ``rule``; a role has one rule (a module imported again registers
+    the same function again)."""
+    known = RULES.setdefault(role, rule)
+    if _where(known) != _where(rule):
+        raise ValueError(f"a per-ubatch rule for inputs '{role}' is already registered ({_where(known)})")
+
+
+def _where(rule: Rule) -> str:
+    return f"{rule.__module__}.{rule.__qualname__}"
 
 
 def rules_of(g: Graph) -> list[tuple[str, Mapping[str, Any], Rule]]:
