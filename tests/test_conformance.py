@@ -271,6 +271,9 @@ ROWS = [
     Row("rwkv6qwen2", "heads", made_by="graphir", keys={"rwkv6qwen2.attention.head_count_kv": 4}),
     # MiniMax-Text-01 (issue 40): lightning attention (layer 0, decays filled per ubatch) beside softmax attention
     Row("minimax-01", moe=True),
+    # by the flags of attention.recurrent_layers: lightning in the last layer (its output rows, its slopes scaled to
+    # 1e-5), softmax attention before it
+    Row("minimax-01", "flags", moe=True, keys={"minimax-01.attention.recurrent_layers": [False, True]}),
 ]
 
 _rng = np.random.default_rng(7)
