@@ -39,6 +39,7 @@ from test_families import LlamaCpp, failing_second_ubatch_changes_nothing, inter
 import llama_made
 from graphir.model.presets import all_presets
 from graphir.batch import Batch
+from graphir.memory.layers import kinds_of
 from graphir.running.runtime import Model, load
 
 Q = gguf.GGMLQuantizationType
@@ -319,6 +320,11 @@ ROWS = [
     Row("hunyuan_vl", "neox", keys={"hunyuan_vl.rope.dimension_sections": [0, 0, 0, 0]}),  # none: split halves
     Row("deepseek2-ocr", moe=True),
     Row("cogvlm"),  # rows take the vision expert's matrices
+    # MiniMax-Text-01 (issue 40): lightning attention (layer 0, decays filled per ubatch) beside softmax attention
+    Row("minimax-01", moe=True),
+    # by the flags of attention.recurrent_layers: lightning in the last layer (its output rows, its slopes scaled to
+    # 1e-5), softmax attention before it
+    Row("minimax-01", "flags", moe=True, keys={"minimax-01.attention.recurrent_layers": [False, True]}),
 ]
 
 _rng = np.random.default_rng(7)
@@ -539,16 +545,19 @@ def test_the_numba_backend_equals_the_reference_backend(row: Row) -> None:
         assert float(np.abs(a - b).max()) <= 1e-3
 
 
-def llama_cpp_recurrent_rows(o: LlamaCpp, seq: int) -> dict[str, np.ndarray]:
+def llama_cpp_recurrent_rows(o: LlamaCpp, seq: int, layers: list[int]) -> dict[str, np.ndarray]:
     """The rows llama.cpp's recurrent memory keeps for one sequence, by graphir's buffer name (``blk.0.rs_r``,
-    ``blk.0.rs_s``), read from its saved state of the sequence (llama_context::state_seq_get_data: a magic number
-    and the sequence id, then llama_memory_recurrent::state_write: the cells' positions and sequence counts, then
-    per layer the r rows, then per layer the s rows, each as type and row size before the data)."""
+    ``blk.0.rs_s``), read from its saved state of the sequence's recurrent part (llama_state_seq_get_data_ext with
+    LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid memory leaves its attention part out; then
+    llama_memory_recurrent::state_write: the cells' positions and sequence counts, then per layer of ``layers``
+    (those with a recurrent part) the r rows, then per such layer the s rows, each as type and row size before the
+    data)."""
     import ctypes
 
-    size = o.lib.llama_state_seq_get_size(o.ctx.ctx, seq)
+    flags = o.lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+    size = o.lib.llama_state_seq_get_size_ext(o.ctx.ctx, seq, flags)
     buf = (ctypes.c_uint8 * size)()
-    assert o.lib.llama_state_seq_get_data(o.ctx.ctx, buf, size, seq) == size
+    assert o.lib.llama_state_seq_get_data_ext(o.ctx.ctx, buf, size, seq, flags) == size
     data, at = bytes(buf), 0
 
     def take(fmt: str) -> Any:
@@ -564,9 +573,10 @@ def llama_cpp_recurrent_rows(o: LlamaCpp, seq: int) -> dict[str, np.ndarray]:
         take("<i4")
         assert take("<u4") == 0  # one sequence's state: no sequence ids listed
     assert take("<u4") == 0  # s_trans
-    n_layer, rows = take("<u4"), {}
+    take("<u4")  # n_layer: every layer's, though only those with a recurrent part follow
+    rows = {}
     for role in ("rs_r", "rs_s"):
-        for il in range(n_layer):
+        for il in layers:
             assert take("<i4") == 0  # GGML_TYPE_F32
             n = take("<u8") * n_cells
             rows[f"blk.{il}.{role}"] = np.frombuffer(data, np.float32, n // 4, at).reshape(n_cells, -1)
@@ -575,19 +585,27 @@ def llama_cpp_recurrent_rows(o: LlamaCpp, seq: int) -> dict[str, np.ndarray]:
     return rows
 
 
+# memories whose saved recurrent part llama.cpp writes alone (its hybrid_iswa memory writes its attention part too)
+PARTIAL_STATES = ("recurrent", "hybrid")
+
+
 @pytest.mark.oracle
-@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS if _arch(r).contexts[0] == "recurrent"])
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS if _arch(r).contexts[0] in PARTIAL_STATES])
 def test_the_recurrent_state_after_the_prompt_is_llama_cpps(row: Row) -> None:
-    """Every layer's rolling and recurrent state of the sequence, as llama.cpp saves it after the same prompt."""
+    """Every recurrent layer's rolling and recurrent state of the sequence (a hybrid's too), as llama.cpp saves it
+    after the same prompt."""
     ctx, o = _model(row, Q.F32).new_context(n_ctx=64), LlamaCpp(_path(row, Q.F32), n_ctx=64)
     try:
         ctx.decode(Batch.from_tokens(PROMPT, 0))
         o.decode(PROMPT, range(len(PROMPT)), [0] * len(PROMPT))
-        theirs = llama_cpp_recurrent_rows(o, 0)
+        layers = [il for il, need in enumerate(_arch(row).needs) if "recurrent" in kinds_of((need,))]
+        theirs = llama_cpp_recurrent_rows(o, 0, layers)
     finally:
         o.close()
-    (cell,) = np.flatnonzero(ctx.memory.seq & np.uint64(1))
-    ours = ctx.memory.buffers()
+    parts = getattr(ctx.memory, "parts", {"": ctx.memory}).values()  # a hybrid's recurrent part holds the states
+    recurrent = next(p for p in parts if any(".rs_" in name for name in p.buffers()))
+    (cell,) = np.flatnonzero(recurrent.seq & np.uint64(1))
+    ours = recurrent.buffers()
     assert set(ours) == set(theirs)
     for name, rows in theirs.items():
         assert_as_llama_cpps(row, ours[name][cell], rows[0], name)

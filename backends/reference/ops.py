@@ -415,7 +415,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "clamp": lambda v, a, shape, env: np.clip(v[0], a["min"], a["max"]),
     "div": lambda v, a, shape, env: back(gg(v[0]) / _repeat_b(gg(v[0]), gg(v[1])), shape),
     "add": add, "sub": sub, "mul": mul,
-    "scale": lambda v, a, shape, env: v[0] * a["s"],
+    "scale": lambda v, a, shape, env: v[0] * (a["s"].eval(env) if isinstance(a["s"], Sym) else a["s"]),
     "scale_bias": lambda v, a, shape, env: v[0] * a["s"] + a["b"],
     "rms_norm": rms_norm, "norm": norm, "l2_norm": l2_norm,
     "silu": lambda v, a, shape, env: _silu(v[0]),

@@ -9,8 +9,18 @@ import math
 import struct
 
 _LIBM = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-for _f in ("expf", "logf"):
-    getattr(_LIBM, _f).restype, getattr(_LIBM, _f).argtypes = ctypes.c_float, [ctypes.c_float]
+for _f, _n in (("expf", 1), ("logf", 1), ("log2f", 1), ("powf", 2)):
+    getattr(_LIBM, _f).restype, getattr(_LIBM, _f).argtypes = ctypes.c_float, [ctypes.c_float] * _n
+
+
+def powf(x: float, y: float) -> float:
+    """glibc's float32 ``powf`` (a constant llama.cpp computes with it: the same bits)."""
+    return float(_LIBM.powf(f32(x), f32(y)))
+
+
+def log2f(x: float) -> float:
+    """glibc's float32 ``log2f``."""
+    return float(_LIBM.log2f(f32(x)))
 
 
 def f32(x: float) -> float:

@@ -5,7 +5,8 @@ by a rule stated here (the README lists them with the differences that remain):
 
 1. **Sizes.** graphir's graph leaves the batch and cache sizes open; llama.cpp's is built for one ubatch in one
    cache. graphir's symbols take llama.cpp's sizes, read off the inputs both graphs name alike (``tokens``,
-   ``kq_mask``, ``blk.N.cache_k``, ...); the ones no input decides take the sizes llama.cpp reserved.
+   ``kq_mask``, ``blk.N.cache_k``, ...); the ones no input decides take the sizes llama.cpp reserved. A scale by
+   a size (lightning attention's block length) is that size as ggml's float parameter.
 2. **Layout.** Views, reshapes, permutations, transposes and copies into contiguous memory (the ops the
    catalogue marks layout-only) move no value: each is replaced by its operand, and shapes lose trailing 1s.
    A value of no element (llama.cpp's copies of states beyond the ubatch's, none with one sequence) is dropped.
@@ -128,6 +129,8 @@ def normal_form(g: Graph, env: dict[str, int] | None = None) -> Graph:
         name, empty = n.name, 0 in shape
         continued = None  # the span of the earlier parts a state's part continues
         op, attrs = n.op, {k: _attr(v, env) for k, v in n.attrs.items()}
+        if n.op == "scale":  # a scale by a size (rule 1) is ggml's float parameter
+            attrs["s"] = float(attrs["s"])
         if "shape" in attrs:  # repeat's target: a shape like any other (rule 2)
             attrs["shape"] = shape_of(list(attrs["shape"]))
         if n.op == "set_rows":

@@ -1,18 +1,18 @@
 """Attention temperature tuning: the queries of layers that attend without positions are scaled by a factor that
 grows with the log of the position's chunk (Llama 4), so that attention stays sharp over long contexts. llama.cpp
-feeds the factor of each token as an input (``inp_attn_scale``); the graph states the rule that fills it."""
+feeds the factor of each token as an input (``inp_attn_scale``); the graph states the rule that fills it, one entry
+of :mod:`graphir.model.ubatch_inputs`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Mapping
 
 import numpy as np
 
+from graphir.batch import UBatch
 from graphir.graph.floats import f32
-
-if TYPE_CHECKING:
-    from graphir.graph.ir import Graph
+from graphir.model import ubatch_inputs
 
 ROLE = "attn_scale"
 
@@ -36,9 +36,9 @@ class Temperature:
         return out.astype(np.float32).reshape(-1, 1, 1)
 
 
-def temperature_of(g: Graph) -> Optional[Temperature]:
-    """The rule of a graph's temperature input, if it has one."""
-    for n in g.inputs:
-        if n.attrs["role"] == ROLE:
-            return Temperature(int(n.attrs["floor_scale"]), n.attrs["scale"], n.attrs["offset"])
-    return None
+def _factors(facts: Mapping[str, Any], ub: UBatch) -> np.ndarray:
+    """The temperature input of a ubatch, by the rule its facts state."""
+    return Temperature(int(facts["floor_scale"]), facts["scale"], facts["offset"]).factors(ub.pos)
+
+
+ubatch_inputs.register(ROLE, _factors)

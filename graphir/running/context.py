@@ -32,8 +32,7 @@ from graphir.model.architecture import Architecture
 from graphir.batch import SPLITS, Batch, UBatch, validate
 from graphir.errors import BatchError, GraphirError, StateError
 from graphir.model.hparams import HParams
-from graphir.model.temperature import ROLE as TEMPERATURE
-from graphir.model.temperature import temperature_of
+from graphir.model import ubatch_inputs
 from graphir.graph.ir import Graph
 from graphir.memory import Memory
 from graphir.memory.kinds import assemble
@@ -171,7 +170,7 @@ class Context:
         # the graph of ubatches carrying embedding rows, compiled when a batch first brings rows
         self._rows_program = lambda: model.program(memory_kind, self.pooling, n_ctx_seq, phase, rows=True)[0]
         self._n_embd_inp = arch.n_embd_inp
-        self._temperature = temperature_of(self._graph)  # attention temperature tuning, fed from positions
+        self._ruled = ubatch_inputs.rules_of(self._graph)  # inputs filled per ubatch by a rule the graph states
         self._plans: dict[tuple[Any, ...], Any] = {}  # the program's plans over this context's memory (Program.run)
         self._row_plans: dict[tuple[Any, ...], Any] = {}  # and those of the program of rows
         self._variant = arch.variant(n_ctx_seq)
@@ -224,8 +223,7 @@ class Context:
                     env = {"n_tokens": len(ub), "n_outputs": len(ub.out_ids), "n_ctx": self.n_ctx}
                     env.update((k, feeds.pop(k)) for k in [k for k, v in feeds.items() if isinstance(v, int)])
                     feeds.update(ub.feeds(self._positions), out_ids=ub.out_ids)
-                    if self._temperature is not None:
-                        feeds[TEMPERATURE] = self._temperature.factors(ub.pos)
+                    feeds.update(ubatch_inputs.fill(self._ruled, ub))
                     seqs: list[int] = []
                     if self.pooling != "none":
                         seqs, extra = pooling_inputs(ub, self._pool_rule)

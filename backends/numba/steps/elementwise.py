@@ -17,8 +17,9 @@ from graphir.backends.numba.kernels.unary import (LIBM, exp, geglu, gelu, gelu_k
                                                   swiglu_clamp, swiglu_oai, tanh, xielu)
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.quant.weight import QWeight
-from graphir.backends.numba.steps.base import Env, Function, Step, broadcast, dense, kernel, rows_of
+from graphir.backends.numba.steps.base import F32, Env, Function, Step, broadcast, dense, kernel, rows_of
 from graphir.backends.numba.tape import Tape
+from graphir.graph.dims import Sym
 from graphir.graph.ir import Node
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
@@ -81,7 +82,10 @@ def _unary(n: Node, memo: threading.local, path: IsaPath) -> Step:
 
 @kernel("scale")
 def _scale(n: Node, memo: threading.local, path: IsaPath) -> Step:
-    return _Unary("scale", np.float32(n.attrs["s"]))
+    s = n.attrs["s"]
+    if isinstance(s, Sym):  # a size of the ubatch (lightning attention's block length), known when it runs
+        return Function(lambda env, x: np.multiply(x, F32(s.eval(env)), dtype=np.float32))
+    return _Unary("scale", np.float32(s))
 
 
 @kernel("scale_bias")
