@@ -389,6 +389,36 @@ def test_each_token_takes_llama_cpps_experts_in_its_groups(tiny: TinyModels) -> 
 
 
 @oracle
+@pytest.mark.parametrize("arch", ["deepseek2", "kimi-linear", "bailingmoe3"])
+def test_quantized_per_head_stacks_multiply_as_llama_cpp_does(tmp_path: Path, arch: str) -> None:
+    """llama.cpp's tiny model of each MLA family, quantized by its own quantizer to Q8_0 (attn_k_b and attn_v_b
+    become Q8_0 stacks of per-head matrices): llama.cpp multiplies each head's matrix by activations it first
+    quantizes to Q8_0, and graphir as well, so the absorbed queries and the decompressed heads of layer 0 (its
+    eval callback's tensors, where it names them), every position's logits and each greedy step's are llama.cpp's
+    (conftest's assert_llama_logits), and so are the greedy tokens."""
+    import llama_made
+    from conftest import assert_llama_logits
+    from llama_taps import llama_cpp_taps
+
+    from graphir import load
+
+    path = llama_made.quantize(llama_made.make(tmp_path / "F32.gguf", arch, moe=True), tmp_path / "Q8_0.gguf", "Q8_0")
+    stored = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    assert stored["blk.0.attn_k_b.weight"] == stored["blk.0.attn_v_b.weight"] == Q.Q8_0
+    prompt = [t % llama_made.DEFAULTS["n_vocab"] for t in PROMPT]
+    model, taps = load(str(path)), {}
+    model.new_context(n_ctx=64).decode(Batch.from_tokens(prompt, 0, outputs="all"), taps=taps)
+    theirs = llama_cpp_taps(str(path), prompt)
+    latent = [name for name in ("q_nope_absorbed", "kqv_mla") if f"{name}-0" in theirs]
+    assert "kqv_mla" in latent
+    for name in latent:
+        ref = theirs[f"{name}-0"]
+        assert_llama_logits(taps[f"blk.0.{name}"].reshape(ref.shape), ref, name)
+    ours, llamas = greedy_against_llama_cpp(model, path, prompt, 8, assert_llama_logits)
+    assert ours == llamas
+
+
+@oracle
 @pytest.mark.parametrize("name", ["mla", "v3", "legacy"])
 @pytest.mark.parametrize("n_ubatch", [64, 4])
 def test_several_sequences_of_different_lengths_in_one_batch(tiny: TinyModels, name: str, n_ubatch: int) -> None:
