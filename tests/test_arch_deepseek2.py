@@ -15,7 +15,8 @@ values without positions plus 16 RoPE'd, a latent of 32, values of 16:
 
 llama.cpp (llama-cpp-python, in the same test) is the oracle: logits within 1e-3 (F32 weights; bit for bit on
 the oracle's own CPU path), greedy tokens identical, sequences interleaved, seq_rm and the K-shift after
-seq_add; Q8_0 and Q4_K experts give its greedy tokens.
+seq_add; Q8_0 and Q4_K experts give its greedy tokens; llama.cpp's own Q8_0 and F16 files of the MLA families
+(per-head attn_k_b and attn_v_b stacks of that type) its intermediates and logits bit for bit.
 """
 
 from __future__ import annotations
@@ -389,22 +390,25 @@ def test_each_token_takes_llama_cpps_experts_in_its_groups(tiny: TinyModels) -> 
 
 
 @oracle
+@pytest.mark.parametrize("ftype", ["Q8_0", "F16"])
 @pytest.mark.parametrize("arch", ["deepseek2", "kimi-linear", "bailingmoe3"])
-def test_quantized_per_head_stacks_multiply_as_llama_cpp_does(tmp_path: Path, arch: str) -> None:
-    """llama.cpp's tiny model of each MLA family, quantized by its own quantizer to Q8_0 (attn_k_b and attn_v_b
-    become Q8_0 stacks of per-head matrices): llama.cpp multiplies each head's matrix by activations it first
-    quantizes to Q8_0, and graphir as well, so the absorbed queries and the decompressed heads of layer 0 (its
-    eval callback's tensors, where it names them), every position's logits and each greedy step's are llama.cpp's
-    (conftest's assert_llama_logits), and so are the greedy tokens."""
+def test_per_head_stacks_of_a_llama_cpp_quantized_file_multiply_as_llama_cpp_does(
+        tmp_path: Path, arch: str, ftype: str) -> None:
+    """llama.cpp's tiny model of each MLA family through its own quantizer (attn_k_b and attn_v_b become Q8_0 or
+    F16 stacks of per-head matrices): llama.cpp multiplies each head's matrix by activations it first converts to
+    the type's dot-product format (Q8_0 blocks; f16), and graphir as well, so the absorbed queries and the
+    decompressed heads of layer 0 (its eval callback's tensors, where it names them), every position's logits and
+    each greedy step's are llama.cpp's (conftest's assert_llama_logits), and so are the greedy tokens."""
     import llama_made
     from conftest import assert_llama_logits
     from llama_taps import llama_cpp_taps
 
     from graphir import load
 
-    path = llama_made.quantize(llama_made.make(tmp_path / "F32.gguf", arch, moe=True), tmp_path / "Q8_0.gguf", "Q8_0")
+    f32 = llama_made.make(tmp_path / "F32.gguf", arch, moe=True)
+    path = llama_made.quantize(f32, tmp_path / f"{ftype}.gguf", ftype)
     stored = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
-    assert stored["blk.0.attn_k_b.weight"] == stored["blk.0.attn_v_b.weight"] == Q.Q8_0
+    assert stored["blk.0.attn_k_b.weight"] == stored["blk.0.attn_v_b.weight"] == Q[ftype]
     prompt = [t % llama_made.DEFAULTS["n_vocab"] for t in PROMPT]
     model, taps = load(str(path)), {}
     model.new_context(n_ctx=64).decode(Batch.from_tokens(prompt, 0, outputs="all"), taps=taps)
