@@ -423,6 +423,49 @@ def test_per_head_stacks_of_a_llama_cpp_quantized_file_multiply_as_llama_cpp_doe
 
 
 @oracle
+def test_a_q4_0_stack_of_several_heads_multiplies_unrepacked_as_llama_cpp_does(tiny: TinyModels,
+                                                                               tmp_path: Path) -> None:
+    """ggml repacks Q4_0 matrices whose rows come in eights, but only 2-D ones: the 4 heads' attn_v_b [32, 16, 4]
+    of the mla model through llama.cpp's Q4_0 quantizer multiply in its vec_dot order (attn_k_b, 16 values a row,
+    stays F16), so the decompressed heads, the logits and the greedy tokens are llama.cpp's."""
+    import llama_made
+    from conftest import assert_llama_logits
+    from llama_taps import llama_cpp_taps
+
+    from graphir import load
+
+    path = llama_made.quantize(tiny.path("mla"), tmp_path / "Q4_0.gguf", "Q4_0")
+    stored = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    assert (stored["blk.0.attn_v_b.weight"], stored["blk.0.attn_k_b.weight"]) == (Q.Q4_0, Q.F16)
+    model, taps = load(str(path)), {}
+    model.new_context(n_ctx=64).decode(Batch.from_tokens(PROMPT, 0, outputs="all"), taps=taps)
+    ref = llama_cpp_taps(str(path), PROMPT)["kqv_mla-0"]
+    assert_llama_logits(taps["blk.0.kqv_mla"].reshape(ref.shape), ref, "kqv_mla")
+    ours, llamas = greedy_against_llama_cpp(model, path, PROMPT, 8, assert_llama_logits)
+    assert ours == llamas
+
+
+@oracle
+def test_a_stack_of_one_head_multiplies_as_the_matrix_ggml_takes_it_for(tmp_path: Path) -> None:
+    """A stack of one matrix is 2-D to ggml, which repacks it as any matrix: the single head's Q4_0 attn_v_b of
+    llama.cpp's tiny deepseek2 model, multiplied by llama.cpp's own input to it, gives its kqv_mla bit for bit."""
+    import llama_made
+    from conftest import assert_llama_logits
+    from llama_taps import llama_cpp_taps
+
+    from graphir.backends.numba.quant.weight import QWeight, stack_matrices
+
+    path = llama_made.quantize(llama_made.make(tmp_path / "F32.gguf", "deepseek2", moe=True), tmp_path / "Q4_0.gguf",
+                               "Q4_0")
+    v_b = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.0.attn_v_b.weight")
+    assert v_b.tensor_type == Q.Q4_0 and len(v_b.shape) == 2  # [kv_lora_rank, d_v], the one head's
+    theirs = llama_cpp_taps(str(path), [t % llama_made.DEFAULTS["n_vocab"] for t in PROMPT])
+    kqv, ref = theirs["kqv-0"], theirs["kqv_mla-0"]
+    (head,) = stack_matrices(QWeight.prepare(v_b.data, v_b.tensor_type, int(v_b.shape[0])), 1)
+    assert_llama_logits(head.matmul(np.ascontiguousarray(kqv, np.float32)), ref, "kqv_mla")
+
+
+@oracle
 @pytest.mark.parametrize("name", ["mla", "v3", "legacy"])
 @pytest.mark.parametrize("n_ubatch", [64, 4])
 def test_several_sequences_of_different_lengths_in_one_batch(tiny: TinyModels, name: str, n_ubatch: int) -> None:

@@ -312,8 +312,9 @@ def expert_matrices(w: Any, n_expert: int) -> Sequence[Any]:
 def stack_matrices(w: QWeight, n: int) -> list[QWeight]:
     """The n matrices of a quantized 3-D weight that mul_mat multiplies matrix by matrix (MLA's per-head k_b and
     v_b, [k, m, n]): each a QWeight of its m rows, multiplied as llama.cpp multiplies a matrix it does not
-    repack (x quantized to the type's activation format, its vec_dot order)."""
-    return _split(w, n, "stack")
+    repack (x quantized to the type's activation format, its vec_dot order). A stack of one matrix is 2-D to
+    ggml (ggml_n_dims), which repacks it as any matrix."""
+    return _split(w, n, "stack" if n > 1 else "matrix")
 
 
 class QWeightGroup:
