@@ -15,7 +15,8 @@ values without positions plus 16 RoPE'd, a latent of 32, values of 16:
 
 llama.cpp (llama-cpp-python, in the same test) is the oracle: logits within 1e-3 (F32 weights; bit for bit on
 the oracle's own CPU path), greedy tokens identical, sequences interleaved, seq_rm and the K-shift after
-seq_add; Q8_0 and Q4_K experts give its greedy tokens.
+seq_add; Q8_0 and Q4_K experts give its greedy tokens; llama.cpp's own Q8_0 and F16 files of the MLA families
+(per-head attn_k_b and attn_v_b stacks of that type) its intermediates and logits bit for bit.
 """
 
 from __future__ import annotations
@@ -386,6 +387,82 @@ def test_each_token_takes_llama_cpps_experts_in_its_groups(tiny: TinyModels) -> 
     assert np.array_equal(np.isinf(ours), np.isinf(ref)) and (np.isinf(ref).sum(1) == 8).all()
     assert max_delta(np.where(np.isinf(ours), 0, ours), np.where(np.isinf(ref), 0, ref)) <= 1e-6
     assert max_delta(taps["blk.1.ffn_moe_weights_scaled"].ravel(), theirs["ffn_moe_weights_scaled-1"].ravel()) <= 1e-6
+
+
+@oracle
+@pytest.mark.parametrize("ftype", ["Q8_0", "F16"])
+@pytest.mark.parametrize("arch", ["deepseek2", "kimi-linear", "bailingmoe3"])
+def test_per_head_stacks_of_a_llama_cpp_quantized_file_multiply_as_llama_cpp_does(
+        tmp_path: Path, arch: str, ftype: str) -> None:
+    """llama.cpp's tiny model of each MLA family through its own quantizer (attn_k_b and attn_v_b become Q8_0 or
+    F16 stacks of per-head matrices): llama.cpp multiplies each head's matrix by activations it first converts to
+    the type's dot-product format (Q8_0 blocks; f16), and graphir as well, so the absorbed queries and the
+    decompressed heads of layer 0 (its eval callback's tensors, where it names them), every position's logits and
+    each greedy step's are llama.cpp's (conftest's assert_llama_logits), and so are the greedy tokens."""
+    import llama_made
+    from conftest import assert_llama_logits
+    from llama_taps import llama_cpp_taps
+
+    from graphir import load
+
+    f32 = llama_made.make(tmp_path / "F32.gguf", arch, moe=True)
+    path = llama_made.quantize(f32, tmp_path / f"{ftype}.gguf", ftype)
+    stored = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    assert stored["blk.0.attn_k_b.weight"] == stored["blk.0.attn_v_b.weight"] == Q[ftype]
+    prompt = [t % llama_made.DEFAULTS["n_vocab"] for t in PROMPT]
+    model, taps = load(str(path)), {}
+    model.new_context(n_ctx=64).decode(Batch.from_tokens(prompt, 0, outputs="all"), taps=taps)
+    theirs = llama_cpp_taps(str(path), prompt)
+    latent = [name for name in ("q_nope_absorbed", "kqv_mla") if f"{name}-0" in theirs]
+    assert "kqv_mla" in latent
+    for name in latent:
+        ref = theirs[f"{name}-0"]
+        assert_llama_logits(taps[f"blk.0.{name}"].reshape(ref.shape), ref, name)
+    ours, llamas = greedy_against_llama_cpp(model, path, prompt, 8, assert_llama_logits)
+    assert ours == llamas
+
+
+@oracle
+def test_a_q4_0_stack_of_several_heads_multiplies_unrepacked_as_llama_cpp_does(tiny: TinyModels,
+                                                                               tmp_path: Path) -> None:
+    """ggml repacks Q4_0 matrices whose rows come in eights, but only 2-D ones: the 4 heads' attn_v_b [32, 16, 4]
+    of the mla model through llama.cpp's Q4_0 quantizer multiply in its vec_dot order (attn_k_b, 16 values a row,
+    stays F16), so the decompressed heads, the logits and the greedy tokens are llama.cpp's."""
+    import llama_made
+    from conftest import assert_llama_logits
+    from llama_taps import llama_cpp_taps
+
+    from graphir import load
+
+    path = llama_made.quantize(tiny.path("mla"), tmp_path / "Q4_0.gguf", "Q4_0")
+    stored = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    assert (stored["blk.0.attn_v_b.weight"], stored["blk.0.attn_k_b.weight"]) == (Q.Q4_0, Q.F16)
+    model, taps = load(str(path)), {}
+    model.new_context(n_ctx=64).decode(Batch.from_tokens(PROMPT, 0, outputs="all"), taps=taps)
+    ref = llama_cpp_taps(str(path), PROMPT)["kqv_mla-0"]
+    assert_llama_logits(taps["blk.0.kqv_mla"].reshape(ref.shape), ref, "kqv_mla")
+    ours, llamas = greedy_against_llama_cpp(model, path, PROMPT, 8, assert_llama_logits)
+    assert ours == llamas
+
+
+@oracle
+def test_a_stack_of_one_head_multiplies_as_the_matrix_ggml_takes_it_for(tmp_path: Path) -> None:
+    """A stack of one matrix is 2-D to ggml, which repacks it as any matrix: the single head's Q4_0 attn_v_b of
+    llama.cpp's tiny deepseek2 model, multiplied by llama.cpp's own input to it, gives its kqv_mla bit for bit."""
+    import llama_made
+    from conftest import assert_llama_logits
+    from llama_taps import llama_cpp_taps
+
+    from graphir.backends.numba.quant.weight import QWeight, stack_matrices
+
+    path = llama_made.quantize(llama_made.make(tmp_path / "F32.gguf", "deepseek2", moe=True), tmp_path / "Q4_0.gguf",
+                               "Q4_0")
+    v_b = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.0.attn_v_b.weight")
+    assert v_b.tensor_type == Q.Q4_0 and len(v_b.shape) == 2  # [kv_lora_rank, d_v], the one head's
+    theirs = llama_cpp_taps(str(path), [t % llama_made.DEFAULTS["n_vocab"] for t in PROMPT])
+    kqv, ref = theirs["kqv-0"], theirs["kqv_mla-0"]
+    (head,) = stack_matrices(QWeight.prepare(v_b.data, v_b.tensor_type, int(v_b.shape[0])), 1)
+    assert_llama_logits(head.matmul(np.ascontiguousarray(kqv, np.float32)), ref, "kqv_mla")
 
 
 @oracle

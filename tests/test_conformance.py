@@ -272,6 +272,8 @@ ROWS = [
     # Ling 3.0: the same composition with the safe gate, M-RoPE'd (its VL files' sections) and gated MLA with a
     # compressed query, clamped SwiGLUs in layer 1 (llama.cpp's own test's figures)
     Row("bailingmoe3", moe=True),
+    # and its text files' plain RoPE (no sections)
+    Row("bailingmoe3", "rope", moe=True, keys={"bailingmoe3.rope.dimension_sections": [0, 0, 0, 0]}),
     # linear-attention recurrent blocks (issue 40): QRWKV6's gated linear attention, k and v heads shared by two heads
     # (llama.cpp's saver writes RWKV6's time_first, which sends its graph to a tensor its loader never makes: graphir
     # writes the file); and with a k and v head per head

@@ -50,7 +50,9 @@ class Program:
         self.steps: list[Placed] = []
         matrix_use = {id(x) for n in graph.nodes if n.op in ROWS_OF_WEIGHT for x in n.inputs[:1]}
         other_use = {id(x) for n in graph.nodes if n.op not in ROWS_OF_WEIGHT for x in n.inputs}
-        stacked = {id(n.inputs[0]) for n in graph.nodes if n.op == "mul_mat_id"} - other_use  # experts, as rows
+        # experts, and the 3-D weights mul_mat multiplies matrix by matrix (MLA's per-head k_b, v_b): as rows
+        stacked = {id(n.inputs[0]) for n in graph.nodes if n.op == "mul_mat_id" or (
+            n.op == "mul_mat" and n.inputs[0].op == "weight" and len(n.inputs[0].shape) == 3)} - other_use
         readers = Readers(graph, index, keep)
         in_place = contiguous_for_mul_mat_only(graph, readers)
         for i, n in enumerate(graph.nodes):

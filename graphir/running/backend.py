@@ -78,7 +78,8 @@ class Backend(Protocol):
     def compile(self, graph: Graph, weight: Callable[..., Any], numerics: Numerics) -> Program:
         """A graph ready to run, its weights bound through ``weight(name)`` (a vector as a float32 array, a
         matrix as prepare_weight made it), or ``weight(name, stacked=True)`` for a 3-D tensor of matrices that
-        only the expert-indexed matmul reads (one prepared weight of all their rows)."""
+        only matrix products read (a mixture's experts, MLA's per-head k_b and v_b: one prepared weight of all
+        their rows)."""
 
     def set_threads(self, n: int) -> None:
         """Run the kernels on ``n`` threads (llama.cpp's -t/--threads); a count it cannot run is a GraphirError."""

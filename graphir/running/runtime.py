@@ -83,8 +83,8 @@ class Model:
 
     def weight(self, name: str, stacked: bool = False) -> Any:
         """A vector as its f32 array; a matrix as a backend weight (repacked once, shared by contexts); with
-        ``stacked``, a 3-D tensor of matrices (a mixture's experts, [n_embd, n_ff, n_expert]) as one backend
-        weight of all their rows, which the expert-indexed matmul splits. All are read-only: contexts in several
+        ``stacked``, a 3-D tensor of matrices (a mixture's experts, [n_embd, n_ff, n_expert]; MLA's per-head k_b
+        and v_b) as one backend weight of all their rows, which the matrix products split. All are read-only: contexts in several
         threads read them at once (the matrices are memory-mapped read-only)."""
         with self._lock:
             key = (name, stacked)

@@ -77,8 +77,9 @@ _TYPES: dict[T, _Kind] = {
     T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, gemv_q6_k, tiled_gemm(row_q6_k), dequantizer(row_q6_k)),
 }
 SUPPORTED = frozenset(_TYPES)
-# llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"); other row counts
-# take its vec_dot, which is Q8_0's on the same values
+# llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"), and only a 2-D one
+# (a stack's matrices, mul_mat of a 3-D weight, never): the others take its vec_dot, which is Q8_0's on the same
+# values
 _UNREPACKED: dict[T, _Kind] = {
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q8, _Q8, _DEQ_Q4_0, pack_q4_0_as_q8_0, True),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, tiled_gemm(row_q4_k, True), dequantizer(row_q4_k))}
@@ -89,10 +90,16 @@ _EXPERT: dict[T, _Kind] = {
                   pack_q4_k)}
 
 
-def _kind_of(qtype: T, rows: int, expert: bool) -> _Kind:
-    if rows % 8 and qtype in _UNREPACKED:
+# what a QWeight's rows are, for the order llama.cpp multiplies them in: a 2-D weight of mul_mat ("matrix"), one
+# expert's rows of a mul_mat_id stack ("expert"), one matrix of a 3-D weight of mul_mat ("stack": MLA's per-head
+# k_b and v_b, which ggml's repacking leaves alone)
+USES = ("matrix", "expert", "stack")
+
+
+def _kind_of(qtype: T, rows: int, use: str) -> _Kind:
+    if qtype in _UNREPACKED and (rows % 8 or use == "stack"):
         return _UNREPACKED[qtype]
-    return _EXPERT[qtype] if expert and qtype in _EXPERT else _TYPES[qtype]
+    return _EXPERT[qtype] if use == "expert" and qtype in _EXPERT else _TYPES[qtype]
 
 _perm_cache: dict[tuple[int, int, int], np.ndarray] = {}
 
@@ -113,10 +120,12 @@ class QWeight:
     # __weakref__: what is derived from a weight (an expert's slice of a stacked one) lives as long as it does
     __slots__ = ("raw", "qtype", "rows", "ne0", "_kind", "_inv", "_packed", "_lock", "__weakref__")
 
-    def __init__(self, raw: np.ndarray, qtype: T, ne0: int, expert: bool = False):
-        """``expert``: one expert's rows of a stacked weight (mul_mat_id's order where it differs)."""
+    def __init__(self, raw: np.ndarray, qtype: T, ne0: int, use: str = "matrix"):
+        """``use``: what the rows are (USES), where llama.cpp's order depends on it."""
+        if use not in USES:
+            raise ValueError(f"use must be one of {USES}, got {use!r}")
         self.raw, self.qtype, self.ne0, self.rows = raw, T(qtype), int(ne0), int(raw.shape[0])
-        self._kind = _kind_of(self.qtype, self.rows, expert)
+        self._kind = _kind_of(self.qtype, self.rows, use)
         self._inv = _inverse_perm(self._kind.parts, self._kind.run, self.ne0)
         self._packed: tuple[np.ndarray, ...] | None = None
         self._lock = threading.Lock()
@@ -272,28 +281,40 @@ def release_pages(a: np.ndarray) -> None:
         _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED)
 
 
-_EXPERTS: weakref.WeakKeyDictionary[QWeight, list[QWeight]] = weakref.WeakKeyDictionary()
-_EXPERTS_LOCK = threading.Lock()
+_MATRICES: weakref.WeakKeyDictionary[QWeight, list[QWeight]] = weakref.WeakKeyDictionary()
+_MATRICES_LOCK = threading.Lock()
+
+
+def _split(w: QWeight, n: int, use: str) -> list[QWeight]:
+    """w's rows as n QWeights of consecutive row ranges (matrix i's rows are i * rows/n .. (i + 1) * rows/n, as
+    GGUF stores a 3-D tensor), made once per weight and shared by every graph and thread that multiplies it (each
+    repacks on its first use)."""
+    if w.rows % n:
+        raise ValueError(f"{w!r} does not split into {n} matrices")
+    with _MATRICES_LOCK:
+        if w not in _MATRICES:
+            rows = w.rows // n
+            _MATRICES[w] = [QWeight(w.raw[i * rows:(i + 1) * rows], w.qtype, w.ne0, use) for i in range(n)]
+        return _MATRICES[w]
 
 
 def expert_matrices(w: Any, n_expert: int) -> Sequence[Any]:
-    """The n_expert matrices of a stacked weight: QWeights over consecutive row ranges of a QWeight (expert e's
-    rows are e * n_ff .. (e + 1) * n_ff, as GGUF stores [n_embd, n_ff, n_expert]), made once per weight and
-    shared by every graph and thread that multiplies it (each repacks on its first use); or a float array
-    (n_expert, n_ff, n_embd), expert e being its view [e]."""
+    """The n_expert matrices of a stacked weight [n_embd, n_ff, n_expert]: QWeights of a QWeight's rows (_split);
+    or a float array (n_expert, n_ff, n_embd), expert e being its view [e]."""
     if isinstance(w, QWeight):
-        if w.rows % n_expert:
-            raise ValueError(f"{w!r} does not split into {n_expert} experts")
-        with _EXPERTS_LOCK:
-            if w not in _EXPERTS:
-                rows = w.rows // n_expert
-                _EXPERTS[w] = [QWeight(w.raw[e * rows:(e + 1) * rows], w.qtype, w.ne0, expert=True)
-                               for e in range(n_expert)]
-            return _EXPERTS[w]
+        return _split(w, n_expert, "expert")
     w = np.ascontiguousarray(w, dtype=np.float32)  # no copy of a float32 array: expert e is the view w[e]
     if w.ndim != 3 or w.shape[0] != n_expert:
         raise ValueError(f"stacked expert weights must be (n_expert={n_expert}, n_ff, n_embd), got {w.shape}")
     return w
+
+
+def stack_matrices(w: QWeight, n: int) -> list[QWeight]:
+    """The n matrices of a quantized 3-D weight that mul_mat multiplies matrix by matrix (MLA's per-head k_b and
+    v_b, [k, m, n]): each a QWeight of its m rows, multiplied as llama.cpp multiplies a matrix it does not
+    repack (x quantized to the type's activation format, its vec_dot order). A stack of one matrix is 2-D to
+    ggml (ggml_n_dims), which repacks it as any matrix."""
+    return _split(w, n, "stack" if n > 1 else "matrix")
 
 
 class QWeightGroup:

@@ -15,7 +15,7 @@ from graphir.backends.numba.kernels.mul_mat import (VEC_F16, VEC_F32, as_rows, f
                                                     short_dots_blocks_ser)
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.primitives.jit import PAR_MIN
-from graphir.backends.numba.quant.weight import QWeight, QWeightGroup
+from graphir.backends.numba.quant.weight import QWeight, QWeightGroup, stack_matrices
 from graphir.backends.numba.steps.base import F32, Env, Step, kernel, rows_of
 from graphir.backends.numba.tape import Tape
 from graphir.graph.ir import Node
@@ -168,9 +168,9 @@ def _record_gemv(tape: Tape, gemv: Callable, packed: tuple[np.ndarray, ...], x: 
 @kernel("mul_mat")
 def _mul_mat_kernel(n: Node, memo: threading.local, path: IsaPath) -> Step:
     w, x = n.inputs
-    if w.op == "weight" and len(w.shape) == 3:  # a stack of matrices (MLA's per-head k_b, v_b): held dense; ggml
-        # may take tinyBLAS for it where the activations are contiguous (not a permuted or strided view)
-        return _StackProduct(path, _seen_contiguous(x))
+    if w.op == "weight" and len(w.shape) == 3:  # a stack of matrices (MLA's per-head k_b, v_b); ggml may take
+        # tinyBLAS for float ones where the activations are contiguous (not a permuted or strided view)
+        return _StackProduct(path, w.shape[2], _seen_contiguous(x))
     return _Product(path)
 
 
@@ -190,19 +190,59 @@ def _seen_contiguous(x: Node) -> bool:
 
 
 class _StackProduct(Step):
-    """mul_mat of a stack of matrices (MLA's per-head k_b and v_b) by x; ``contiguous``: whether ggml sees x
-    contiguous (not a permuted or strided view), which may give tinyBLAS its path."""
+    """mul_mat of a stack of ``n`` matrices [k, m, n] (MLA's per-head k_b and v_b) by x [k, t, n * r], matrix i
+    by x's batches i * r .. (i + 1) * r - 1 (ggml's broadcast). Float matrices as a product of float arrays
+    (``contiguous``: whether ggml sees x contiguous, which may give tinyBLAS its path); quantized ones as ggml
+    multiplies a matrix it does not repack: x's rows quantized to the type's activation format, then its
+    vec_dot order (each matrix a QWeight of its own, quant.weight.stack_matrices)."""
 
-    def __init__(self, path: IsaPath, contiguous: bool):
-        self.path, self.contiguous = path, contiguous
+    def __init__(self, path: IsaPath, n: int, contiguous: bool):
+        self.path, self.n, self.contiguous = path, n, contiguous
 
     def __call__(self, env: Env, w: Any, x: np.ndarray) -> np.ndarray:
-        return matrix_product(w, x, self.path, contiguous=self.contiguous)
+        floats = self._floats(w)
+        if floats is not None:
+            return mul_mat(floats, x, self.path, contiguous=self.contiguous)
+        matrices, x3 = self._operands(w, x)
+        out = np.empty(x3.shape[:-1] + (matrices[0].rows,), F32)
+        r = x3.shape[0] // self.n
+        for b in range(x3.shape[0]):
+            matrices[b // r].matmul(np.ascontiguousarray(x3[b], dtype=F32), out[b])
+        return out.reshape(x.shape[:-1] + (out.shape[-1],))
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
+        """Float matrices as _record_activation_product; quantized ones of an exact kind as one GEMV a batch of
+        x, where x is rows (not a permuted view)."""
         w, x = args
-        return _record_activation_product(tape, w, x, self.path, self.contiguous) if isinstance(w, np.ndarray) \
-            else None
+        floats = self._floats(w)
+        if floats is not None:
+            return _record_activation_product(tape, floats, x, self.path, self.contiguous)
+        if not rows_of(x):
+            return None
+        matrices, x3 = self._operands(w, x)
+        calls = [m.gemv_call() for m in matrices]
+        if any(c is None or len(c[1]) not in (2, 3) for c in calls):
+            return None
+        out = tape.arena(x3.shape[:-1] + (matrices[0].rows,))
+        r = x3.shape[0] // self.n
+        for b in range(x3.shape[0]):
+            if not _record_gemv(tape, *calls[b // r], x3[b], out[b]):  # type: ignore[misc]
+                return None
+        return out.reshape(x.shape[:-1] + (out.shape[-1],))
+
+    def _floats(self, w: Any) -> np.ndarray | None:
+        """The stack as a float array (n, m, k) (F32 or F16 as stored); None for a quantized one."""
+        if isinstance(w, np.ndarray):
+            return w
+        floats = w.float_rows()
+        return None if floats is None else floats.reshape(self.n, -1, floats.shape[-1])
+
+    def _operands(self, w: QWeight, x: np.ndarray) -> tuple[list[QWeight], np.ndarray]:
+        """The stack's matrices, and x as (batches, t, k), a multiple of n batches."""
+        x3 = x.reshape((-1,) + x.shape[-2:])
+        if x3.shape[0] % self.n:
+            raise ValueError(f"mul_mat: cannot broadcast a stack of {self.n} matrices over {x.shape}")
+        return stack_matrices(w, self.n), x3
 
 
 class _Product(Step):
