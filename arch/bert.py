@@ -11,7 +11,7 @@ Embeddings 2"; Sturua et al. 2024, "jina-embeddings-v3"; llama.cpp src/models/be
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar
 
 from gguf import MODEL_TENSOR as T
 from gguf import Keys, PoolingType
@@ -40,7 +40,6 @@ class Bert(Architecture):
     # the optional classifier head llama.cpp loads: head (cls, cls.output: RoBERTa's), projection (cls to one
     # score: jina-reranker-v1's), or none
     classifier: ClassVar[str] = "head"
-    n_cls_out = 1  # the classifier's outputs: one per label the file names (classifier.output_labels)
 
     def __init__(self, hp: HParams):
         # llama.cpp gives these models no memory, so its llama_decode runs them as llama_encode, which attends both
@@ -48,14 +47,6 @@ class Bert(Architecture):
         if "n_expert" in dict(hp.family):  # nomic-bert-moe's experts, checked as llama.cpp's loader checks them
             check_experts(hp, self.name)
         super().__init__(hp)
-
-    @classmethod
-    def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
-        arch = super().from_metadata(label, metadata)
-        labels = metadata.get(Keys.Classifier.OUTPUT_LABELS.format(arch=cls.name))
-        if isinstance(labels, list) and labels:
-            arch.n_cls_out = len(labels)  # type: ignore[attr-defined]
-        return arch
 
     def tensors(self) -> list[TensorSpec]:
         hp = self.hp

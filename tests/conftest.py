@@ -634,6 +634,9 @@ TINY_FAMILY["lfm2moe"] = {**TINY_FAMILY["lfm2"], gguf.Keys.LLM.LEADING_DENSE_BLO
                           gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: 32, gguf.Keys.LLM.EXPERT_GATING_FUNC: 2}
 TINY_INCLUDE.update({a: r"blk\.\d+\.attn_[qkv]\.weight" for a in ("lfm2", "lfm2moe")})  # Q, K, V apart
 TINY_INCLUDE["jamba"] = r"blk\.\d+\.(attn_[qkv]|ffn_(gate|down|up))\.weight"  # Q, K, V apart; dense FFNs
+# NeoBERT and EuroBERT, mean-pooled; EuroBERT's Q, K, V apart with their biases
+TINY_FAMILY["neo-bert"] = TINY_FAMILY["eurobert"] = {gguf.Keys.Attention.CAUSAL: False, gguf.Keys.LLM.POOLING_TYPE: 1}
+TINY_INCLUDE["eurobert"] = r"blk\.\d+\.attn_[qkv]\.(weight|bias)"
 
 # Kimi-Linear and Ling 3.0: an MLA layer (latent 16 + a key part of 8, heads of 16 + 8 and values of 16) and a KDA
 # layer (4 heads of 16); the second layer's FFN four experts with a shared one

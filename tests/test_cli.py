@@ -59,6 +59,7 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Gemma-3n-E2B",  # issue 40: cross-layer KV reuse
            "jina-embeddings-v2-base", "jina-embeddings-v3", "bge-reranker-v2-m3", "Qwen3-Embedding-0.6B", "nomic-embed-text-v2-moe",
            "EmbeddingGemma-300M", "llama-embed-tiny-header", "ModernBERT-base",  # issue 41
+           "NeoBERT", "EuroBERT-210m",  # issue 41: pre-RMSNorm encoders
            "Qwen2.5-VL-7B", "Qwen3-VL-8B", "Qwen3-VL-30B-A3B", "PaddleOCR-VL-tiny", "Hunyuan-VL-tiny", "DeepSeek-OCR-tiny",
            "CogVLM-tiny",  # issue 41: vision-language text decoders
            "MiniMax-Text-01"]  # issue 40, lightning attention

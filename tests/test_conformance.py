@@ -309,6 +309,10 @@ ROWS = [
     # Gemma 3's layers both ways, the local ones through a symmetric window the prompt outgrows (2 either side)
     Row("gemma-embedding", keys={"gemma-embedding.attention.sliding_window": 4}),
     Row("modern-bert", made_by="graphir"),  # llama.cpp's saver writes no token_embd for it
+    # pre-RMSNorm encoders with RoPE and SwiGLU (llama.cpp's saver writes no token_embd for them): NeoBERT's fused
+    # QKV and [gate; up], grouped KV heads; EuroBERT's Q, K, V and gate apart
+    Row("neo-bert", made_by="graphir"),
+    Row("eurobert", made_by="graphir"),
     # Llama without a cache or an LM head, bidirectional (the converted, causal form: tests/test_encoders.py)
     Row("llama-embed", keys={"llama-embed.attention.causal": False}),
     Row("llama-embed", "moe", moe=True, keys={"llama-embed.attention.causal": False}),

@@ -51,6 +51,7 @@ class Architecture:
     rank_softmax: ClassVar[bool] = False  # rank pooling: a softmax over the classifier's scores (Qwen3's rerankers)
     rank_pooling: str = "cls"  # rank pooling reads the cls row, or the mean of the sequence (ModernBERT's default)
     classifier_act: ClassVar[str] = "tanh"  # the activation after the classifier's dense layer (ModernBERT: gelu)
+    n_cls_out: int = 1  # the classifier's outputs: one per label the file names (classifier.output_labels)
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -78,6 +79,9 @@ class Architecture:
             arch = cls(hp)  # a family's own checks of its hparams
         except MetadataError as e:
             raise MetadataError(f"{label}: {e}") from None
+        labels = metadata.get(Keys.Classifier.OUTPUT_LABELS.format(arch=cls.name))
+        if isinstance(labels, list) and labels:  # llama.cpp reads them for every family
+            arch.n_cls_out = len(labels)
         arch.check_heads(label)
         return arch
 
