@@ -22,7 +22,9 @@ LABELS = {gguf.Keys.Classifier.OUTPUT_LABELS: ["no", "maybe", "yes"]}
 # jina-bert-v2's single projection (jina-reranker-v1), ModernBERT's (gte-reranker-modernbert), ModernBERT's (gte-reranker-modernbert)
 HEADS = [("bert", r"cls(\.output)?\.(weight|bias)", LABELS), ("jina-bert-v2", r"cls\.(weight|bias)", {}),
          # ModernBERT's: the mean of each sequence through dense, GELU, its norm and the projection
-         ("modern-bert", r"cls(\.output)?\.weight|cls\.norm\.weight|cls\.output\.bias", {})]
+         ("modern-bert", r"cls(\.output)?\.weight|cls\.norm\.weight|cls\.output\.bias", {}),
+         # NeoBERT's sequence-classification head: dense, tanh, the projection to three labels
+         ("neo-bert", r"cls(\.output)?\.(weight|bias)", LABELS)]
 
 
 def _reranker(tmp_path: Path, arch: str, head: str, keys: dict[str, object]) -> Path:
