@@ -33,10 +33,10 @@ from graphir.errors import GraphError, GraphirError
 from graphir.graph.dims import DimDecl
 from graphir.graph.emit import Emitter
 from graphir.graph.ir import Graph, Node
+from graphir.graph.ops import VIEWS
 from graphir.memory import Memory, RunGraph
 from graphir.memory.composite import Composite
 from graphir.memory.inputs import IndexerInputs, IndexerRotation, IndexerRows
-from graphir.graph.ops import VIEWS
 from graphir.memory.kv import CACHE_DTYPES, N_KV_PAD, KVCache, writes_cached_k
 from graphir.memory.latent import LatentCache
 from graphir.memory.layers import ContextParams, LayerNeeds, needs_of
