@@ -1,7 +1,7 @@
 """Sparse attention's memory (``kv_dsa``) and indexer facts the conformance table does not reach.
 
 The table's deepseek32 and glm-dsa rows run every scenario against llama.cpp; here: the rotation the indexer
-cache hands its layers, which layers keep indexer keys, the position edits the memory refuses (changing nothing),
+cache hands its layers, which layers keep indexer keys, position edits against llama.cpp (both caches re-roped),
 and GLM-5.2's indexer layers where the file leaves them out.
 """
 
@@ -12,12 +12,12 @@ from functools import lru_cache
 import gguf
 import numpy as np
 import pytest
-from conftest import make_tiny_preset, memory_bytes, process_folder, write_model_gguf
+from conftest import make_tiny_preset, oracle_is_exact, process_folder, write_model_gguf
 
 from graphir.arch import get
 from graphir.arch.glm_dsa import glm_indexers
 from graphir.batch import Batch
-from graphir.errors import GraphirError, MetadataError
+from graphir.errors import MetadataError
 from graphir.memory.dsa import hadamard, rotation_width
 from graphir.memory.layers import IndexerKeys, LatentAttention
 from graphir.running.runtime import Model, load
@@ -62,14 +62,49 @@ def test_glm_5_2s_indexer_layers_are_the_first_two_then_one_in_four():
     assert glm_indexers(SimpleNamespace(n_ctx_train=202752), 78) == (1,) * 78  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("edit", ["seq_add", "seq_div"])
-def test_position_edits_are_refused_and_change_nothing(edit: str):
-    ctx = tiny().new_context(n_ctx=64)
-    ctx.decode(Batch(list(range(4, 12)), None, [(0,)] * 8, [False] * 7 + [True]))
-    before = memory_bytes(ctx)
-    with pytest.raises(GraphirError, match=f"{edit}: the indexer keys of a 'kv_dsa' memory"):
-        getattr(ctx.memory, edit)(0, 2, -1, 2)
-    assert memory_bytes(ctx) == before and not ctx.memory.can_shift()
+# The edits after a 16-token prompt, graphir's and llama.cpp's: drop the first 5 positions and slide the rest back
+# (a context shift), or halve positions 12-15. llama.cpp's own seq_div records each cell's pending shift as
+# old - new, turning K the wrong way (graphir.memory.kv: trap 9), so its side halves them by one seq_add per cell.
+SLIDE = (("seq_rm", 0, 0, 5), ("seq_add", 0, 5, -1, -5))
+EDITS = {"seq_add": (SLIDE, SLIDE),
+         "seq_div": ((("seq_div", 0, 12, -1, 2),), tuple(("seq_add", 0, p, p + 1, p // 2 - p) for p in range(12, 16)))}
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("edit", sorted(EDITS))
+@pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa"])
+def test_position_edits_shift_both_caches_as_llama_cpp_does(arch: str, edit: str):
+    """After seq_rm + seq_add or seq_div the next tokens' logits are llama.cpp's (bit for bit on its own CPU
+    path): both caches re-rope their rows (the latent rows' key part, the indexer keys' tail), with an indexer
+    that keeps 4 of the cached keys, so the shifted indexer keys decide which rows are attended."""
+    import llama_made
+    from test_families import LlamaCpp
+
+    path = llama_made.make(process_folder(f"graphir-dsa-{arch}-") / "F32.gguf", arch, moe=True,
+                           **{f"{arch}.attention.indexer.top_k": 4})
+    prompt, then = [(7 * i + 3) % 128 for i in range(16)], [11, 29, 53, 71]
+    ctx, o = load(str(path)).new_context(n_ctx=64), LlamaCpp(path, n_ctx=64)
+    try:
+        ctx.decode(Batch.from_tokens(prompt, 0))
+        o.decode(prompt, range(len(prompt)), [0] * len(prompt))
+        assert ctx.memory.can_shift()
+        keys = {k: b.copy() for k, b in ctx.memory.buffers().items() if k.endswith("cache_k_lid")}
+        mem = o.lib.llama_get_memory(o.ctx.ctx)
+        graphirs, llama_cpps = EDITS[edit]
+        for name, *args in graphirs:
+            getattr(ctx.memory, name)(*args)
+        for name, *args in llama_cpps:
+            getattr(o.lib, f"llama_memory_{name}")(mem, *args)
+        start = ctx.memory.seq_pos_max(0) + 1
+        assert start == o.lib.llama_memory_seq_pos_max(mem, 0) + 1
+        assert ctx.memory.update() and all((ctx.memory.buffers()[k] != b).any() for k, b in keys.items())
+        ctx.decode(Batch(then, np.arange(start, start + len(then)), [(0,)] * len(then), [True] * len(then)))
+        o.decode(then, range(start, start + len(then)), [0] * len(then))
+        theirs = np.array([o.logits_ith(i) for i in range(len(then))])
+    finally:
+        o.close()
+    apart = float(np.abs(ctx.logits() - theirs).max())
+    assert theirs.std() > 0.05 and apart <= (0.0 if oracle_is_exact() else 1e-3), apart
 
 
 def test_a_sequence_copied_then_cut_continues_as_the_original_in_both_caches():

@@ -11,8 +11,15 @@ every ubatch alike; here they are the two parts of a composite (:class:`DSACache
 The indexer cache (:class:`IndexerCache`) is a K-only cache named ``lid``: its inputs are ``cache_k_lid``,
 ``k_idxs_lid`` and ``kq_mask_lid`` (f16: llama.cpp's fused indexer reads an f16 mask), and it hands the layer the
 rotation its queries and keys go through (``k_rot``, the normalised Sylvester-Hadamard matrix of the key
-width). Position edits are refused: the cached indexer keys were rotated after their RoPE, and graphir does not
-re-rope them through the rotation as llama.cpp's K-shift does.
+width).
+
+Position edits move both caches' cells and each re-ropes its own rows at the next update, as llama.cpp's
+``llama_kv_cache_dsa`` does: the latent cache turns the key part of its rows (:mod:`graphir.memory.latent`),
+the indexer cache the last ``n_rot`` values of each cached key, NeoX-style (llama.cpp makes its indexer cache
+with its own hyperparameters: one key head of ``indexer_head_size`` values, NeoX RoPE, and the model's
+``kv_lora_rank``, by which its K-shift views the RoPE'd part at the end of the head), with the layer's rope
+frequencies. llama.cpp turns back the Hadamard rotation around that rope for quantized caches only; f16 and f32
+ones (the types graphir keeps) are roped as stored, rotated, so that is the shift here too.
 """
 
 from __future__ import annotations
@@ -25,11 +32,12 @@ from graphir.batch import UBatch
 from graphir.errors import GraphError, GraphirError
 from graphir.graph.dims import DimDecl
 from graphir.graph.emit import Emitter
-from graphir.graph.ir import Node
-from graphir.memory import Memory
+from graphir.graph.ir import Graph, Node
+from graphir.graph.ops import VIEWS
+from graphir.memory import Memory, RunGraph
 from graphir.memory.composite import Composite
 from graphir.memory.inputs import IndexerInputs, IndexerRotation, IndexerRows
-from graphir.memory.kv import CACHE_DTYPES, N_KV_PAD, KVCache
+from graphir.memory.kv import CACHE_DTYPES, N_KV_PAD, KVCache, writes_cached_k
 from graphir.memory.latent import LatentCache
 from graphir.memory.layers import ContextParams, LayerNeeds, needs_of
 
@@ -52,6 +60,26 @@ def rotation_width(n_embd: int) -> int:
     return n
 
 
+def indexer_ropes(graph: Graph) -> dict[int, Node]:
+    """Per layer, the rope its cached indexer keys went through before their rotation (a ``mul_mat`` by the
+    rotation matrix), followed back from each ``cache_k_lid`` write."""
+    out: dict[int, Node] = {}
+    for n in graph.nodes:
+        if not writes_cached_k(n, "cache_k_lid"):
+            continue
+        x = n.inputs[1]
+        while x.op in VIEWS:
+            x = x.inputs[0]
+        if x.op != "mul_mat":
+            continue
+        k = x.inputs[1]
+        while k.op in VIEWS:
+            k = k.inputs[0]
+        if k.op == "rope" and n.layer is not None:
+            out[n.layer] = k
+    return out
+
+
 class IndexerCache(KVCache):
     """Cells as the KV cache's; per served layer one buffer of indexer keys and no V."""
 
@@ -59,6 +87,7 @@ class IndexerCache(KVCache):
     serves = frozenset({"indexer"})
     requires = frozenset({"indexer"})
     buffer_roles = frozenset({"cache_k_lid"})
+    k_role = "cache_k_lid"
 
     def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams()):
         widths = {n.n_embd for entry in needs for n in needs_of(entry) if n.kind in self.serves}  # type: ignore[union-attr]
@@ -111,11 +140,16 @@ class IndexerCache(KVCache):
         feeds[self.top_dim.name] = min(feeds[self.kv_dim.name], self.top_k)
         return feeds
 
-    def bind_shift(self, graph: Any, run: Any) -> None:
-        """Nothing to bind: position edits are refused (:class:`DSACache`)."""
-
-    def can_shift(self) -> bool:
-        return False
+    def bind_shift(self, graph: Graph, run: RunGraph) -> None:
+        """Each served layer's indexer key rope, as llama.cpp's K-shift of this cache turns it: NeoX over the
+        last n_rot values of the stored (rotated) key; a layer whose stored key is not a rotation of a roped
+        one cannot be shifted."""
+        self._graph, self._run = graph, run
+        ropes = {il: r for il, r in indexer_ropes(graph).items() if il in self.layers}
+        self._ropes = {il: Node(r.name, r.op, r.inputs, {**r.attrs, "mode": "neox"}, r.dtype, r.shape)
+                       for il, r in ropes.items()}
+        self._split = {il: (self.width, 1) for il in self._ropes}
+        self.shiftable = set(self._ropes) == set(self.layers)
 
 
 class DSACache(Composite):
@@ -127,16 +161,3 @@ class DSACache(Composite):
 
     def make_parts(self, needs: LayerNeeds, params: ContextParams) -> dict[str, Memory]:
         return {"mla": LatentCache(needs, params, frozenset({"latent"})), "lid": IndexerCache(needs, params)}
-
-    def _edit(self, what: str) -> None:
-        raise GraphirError(f"{what}: the indexer keys of a '{self.kind}' memory were rotated after their RoPE and "
-                           f"cannot be moved to other positions here")
-
-    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
-        if delta:
-            self._edit("seq_add")
-
-    def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
-        if d != 1:
-            self._edit("seq_div")
-

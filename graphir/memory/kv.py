@@ -70,10 +70,10 @@ def cache_dims(name: str) -> tuple[DimDecl, DimDecl, DimDecl]:
 TURNS = ("rope", "rope_multi")  # the ops that rotate K by its position
 
 
-def writes_cached_k(n: Node) -> bool:
-    """Whether a node writes a layer's K rows into its cache: a set_rows into an input of role ``cache_k``."""
+def writes_cached_k(n: Node, role: str = "cache_k") -> bool:
+    """Whether a node writes a layer's K rows into its cache: a set_rows into an input of role ``role``."""
     dst = n.inputs[0] if n.op == "set_rows" else None
-    return dst is not None and dst.op == "input" and dst.attrs["role"] == "cache_k"
+    return dst is not None and dst.op == "input" and dst.attrs["role"] == role
 
 
 def rope_plan(graph: Graph) -> tuple[bool, dict[int, Node]]:
@@ -158,6 +158,7 @@ class KVCache(CellMemory):
     serves = frozenset({"full"})
     requires = frozenset({"full"})
     buffer_roles = frozenset({"cache_k", "cache_v"})
+    k_role = "cache_k"  # the buffer a K-shift turns
     cell_fields = ("pos", "seq", "shift")
     seq_layout = ("kind", "type_k", "type_v")
 
@@ -274,8 +275,8 @@ class KVCache(CellMemory):
         theta_i but keeps it linear in p), so turning by delta*theta_i moves a row from p to p + delta. The turn
         has unit magnitude: the YaRN/attention magnitude factor the forward rope applied is not applied again.
         ``split``: layers whose cached heads are [part without positions | RoPE'd part], as (head size, heads)
-        (:func:`split_heads`): only the last n_rot values of each head turn, the rest is written back as read
-        (llama.cpp's K-shift of MLA caches, a rope over a view at that offset)."""
+        (:func:`split_heads`): only the last n_dims values of each head (the rope's) turn, the rest is written
+        back as read (llama.cpp's K-shift of MLA caches, a rope over a view at that offset)."""
         n = self.shift_dim.sym
         idxs = Node("shift_idxs", "input", (), {"role": "shift_idxs"}, "i64", (n,))
         delta = Node("shift_pos", "input", (), {"role": "shift_pos"}, "i32", (n,))
@@ -285,9 +286,12 @@ class KVCache(CellMemory):
             d, h = rope.inputs[0].shape[:2]
             a = dict(rope.attrs)
             a["attn_factor"] = 1.0 / (1.0 + 0.1 * math.log(1.0 / float(a["freq_scale"]))) if a["ext_factor"] else 1.0
-            d_head, h = (split or {}).get(il, (d, h))
-            width = d_head * h
-            cache = Node(f"blk.{il}.cache_k", "input", (), {"role": "cache_k"}, self.type_k, (width, self.size_dim.sym))
+            if il in (split or {}):  # the head's turned tail: as many values as the rope turns
+                (d_head, h), d = split[il], int(a["n_dims"])  # type: ignore[index]
+            else:
+                d_head = d
+            width, role = d_head * h, self.k_role
+            cache = Node(f"blk.{il}.{role}", "input", (), {"role": role}, self.type_k, (width, self.size_dim.sym))
             rows = _node(f"blk.{il}.k_shift.rows", "get_rows", cache, idxs)
             heads = _node(f"blk.{il}.k_shift.heads", "reshape", rows, shape=(d_head, h, n))
             kept: list[Node] = []
@@ -302,11 +306,11 @@ class KVCache(CellMemory):
                 turned = _node(f"blk.{il}.k_shift.joined", "concat", kept[0], pe, dim=0)
                 kept.append(pe)
             flat = _node(f"blk.{il}.k_shift.rows_out", "reshape", turned, shape=(width, n))
-            write = _node(f"blk.{il}.cache_k.shift", "set_rows", cache, flat, idxs)
+            write = _node(f"blk.{il}.{role}.shift", "set_rows", cache, flat, idxs)
             factors = [f for f in rope.inputs[2:] if f.name not in shared]     # one leaf for all layers
             shared.update(f.name for f in factors)
             nodes += [cache, *factors, rows, heads, *kept, turned, flat, write]
-            outputs[f"blk.{il}.cache_k"] = write
+            outputs[f"blk.{il}.{role}"] = write
         return Graph({**meta, "phase": "k_shift"}, (self.size_dim, self.shift_dim), nodes, outputs)
 
     def cell_range(self, seq: int) -> tuple[int, int]:
@@ -544,7 +548,7 @@ class KVCache(CellMemory):
             raise GraphirError("this KV cache is not bound to a compiled model (bind_shift), so pending position "
                                "shifts cannot be applied; use the memory of a context")
         idx = np.flatnonzero((self.pos >= 0) & (self.shift != 0))
-        feeds = {f"blk.{il}.cache_k": self._buffers[f"blk.{il}.cache_k"] for il in self._ropes}
+        feeds = {f"blk.{il}.{self.k_role}": self._buffers[f"blk.{il}.{self.k_role}"] for il in self._ropes}
         feeds.update(shift_idxs=idx.astype(np.int64), shift_pos=self.shift[idx].astype(np.int32))
         graph, ropes, split = self._graph, self._ropes, self._split
         self._run(("k_shift", self.name, self.type_k), lambda: self.k_shift_graph(graph.meta, ropes, split),
