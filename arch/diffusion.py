@@ -3,7 +3,8 @@ steps (llama.cpp's diffusion example calls llama_decode on the whole sequence at
 logits out).
 
 llama.cpp's graphs of them are literally those of causal families with the attention over the ubatch's own tokens
-(its no-cache attention input) and no mask: Dream is Qwen2's layers (src/models/dream.cpp); each is the causal
+(its no-cache attention input) and no mask: Dream is Qwen2's layers (src/models/dream.cpp), LLaDA Llama's
+(src/models/llada.cpp); each is the causal
 family's module here, made non-causal (``causal = False``: llama.cpp's loader sets causal_attn false whatever the
 file says, and gives the family no memory).
 """
@@ -15,9 +16,9 @@ from dataclasses import replace
 from gguf import Keys
 
 from graphir.model import hf_config, presets
-from graphir.model.hf_config import TEXT, VOCAB, Family
+from graphir.model.hf_config import TEXT, VOCAB, Family, hf
 from graphir.model.presets import Preset
-from graphir.arch.llama import Qwen2
+from graphir.arch.llama import Llama, Qwen2
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -31,7 +32,23 @@ class Dream(Qwen2):
     traits = replace(Qwen2.traits, head_bias=False)
 
 
+class LLaDA(Llama):
+    """LLaDA: Llama's graph, bidirectional, dense; its loader creates the optional attention-output and FFN biases
+    and rope_freqs, which its graph does not read, and no output.bias."""
+
+    name = "llada"
+    causal = False
+    keys = ()
+    traits = replace(Llama.traits, extras_read=False, ffn_scales=False, head_bias=False)
+
+
 hf_config.register(Family("dream", TEXT + (VOCAB,), {"tie_word_embeddings": False}), "DreamModel")
+# LLaDA's config speaks OLMo's names (d_model, n_layers, mlp_hidden_size, weight_tying)
+hf_config.register(Family("llada", (
+    hf(L.BLOCK_COUNT, "n_layers"), hf(L.CONTEXT_LENGTH, "max_sequence_length"), hf(L.EMBEDDING_LENGTH, "d_model"),
+    hf(L.FEED_FORWARD_LENGTH, "mlp_hidden_size"), hf(A.HEAD_COUNT, "n_heads"), hf(A.HEAD_COUNT_KV, "n_kv_heads"),
+    hf(R.FREQ_BASE, "rope_theta", kind="number"), hf(A.LAYERNORM_RMS_EPS, "rms_norm_eps", kind="number"), VOCAB)),
+    "LLaDAModelLM")
 
 presets.register({
     # Dream-org/Dream-v0-Instruct-7B: Qwen2.5-7B's shape (its config.json)
@@ -40,4 +57,10 @@ presets.register({
         A.HEAD_COUNT: 28, A.HEAD_COUNT_KV: 4, R.FREQ_BASE: 1000000.0, A.LAYERNORM_RMS_EPS: 1e-6,
         L.VOCAB_SIZE: 152064,
     }, tied=False, source="Dream-org/Dream-v0-Instruct-7B config.json"),
+    # GSAI-ML/LLaDA-8B-Instruct: 32 layers of 4096, 32 heads without grouping
+    "LLaDA-8B-Instruct": Preset("llada", {
+        L.CONTEXT_LENGTH: 4096, L.EMBEDDING_LENGTH: 4096, L.BLOCK_COUNT: 32, L.FEED_FORWARD_LENGTH: 12288,
+        A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 32, R.FREQ_BASE: 500000.0, A.LAYERNORM_RMS_EPS: 1e-5,
+        L.VOCAB_SIZE: 126464,
+    }, tied=False, source="GSAI-ML/LLaDA-8B-Instruct config.json"),
 })

@@ -333,6 +333,7 @@ ROWS = [
     Row("minimax-01", "flags", moe=True, keys={"minimax-01.attention.recurrent_layers": [False, True]}),
     # diffusion decoders (issue 41): an LM head over tokens attending both ways, no cache
     Row("dream"),
+    Row("llada"),  # Llama's layers; the attention-output and FFN biases and rope_freqs its loader takes, unread
 ]
 
 _rng = np.random.default_rng(7)
