@@ -4,7 +4,8 @@ logits out).
 
 llama.cpp's graphs of them are literally those of causal families with the attention over the ubatch's own tokens
 (its no-cache attention input) and no mask: Dream is Qwen2's layers (src/models/dream.cpp), LLaDA Llama's
-(src/models/llada.cpp); each is the causal
+(src/models/llada.cpp), LLaDA-MoE Qwen3-MoE's with its experts' weights as the softmax gave them
+(src/models/llada-moe.cpp); each is the causal
 family's module here, made non-causal (``causal = False``: llama.cpp's loader sets causal_attn false whatever the
 file says, and gives the family no memory).
 """
@@ -18,7 +19,7 @@ from gguf import Keys
 from graphir.model import hf_config, presets
 from graphir.model.hf_config import TEXT, VOCAB, Family, hf
 from graphir.model.presets import Preset
-from graphir.arch.llama import Llama, Qwen2
+from graphir.arch.llama import Llama, Qwen2, Qwen3Moe
 
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
@@ -42,6 +43,15 @@ class LLaDA(Llama):
     traits = replace(Llama.traits, extras_read=False, ffn_scales=False, head_bias=False)
 
 
+class LLaDAMoe(Qwen3Moe):
+    """LLaDA-MoE: Qwen3-MoE's graph (Q and K RMS-normalised per head, every FFN a mixture of experts), bidirectional,
+    its experts' weights not renormalised, no weight scales read; its loader creates no optional tensor."""
+
+    name = "llada-moe"
+    causal = False
+    traits = replace(Qwen3Moe.traits, extras_read=False, ffn_scales=False, head_bias=False, moe_norm_w=False)
+
+
 hf_config.register(Family("dream", TEXT + (VOCAB,), {"tie_word_embeddings": False}), "DreamModel")
 # LLaDA's config speaks OLMo's names (d_model, n_layers, mlp_hidden_size, weight_tying)
 hf_config.register(Family("llada", (
@@ -63,4 +73,11 @@ presets.register({
         A.HEAD_COUNT: 32, A.HEAD_COUNT_KV: 32, R.FREQ_BASE: 500000.0, A.LAYERNORM_RMS_EPS: 1e-5,
         L.VOCAB_SIZE: 126464,
     }, tied=False, source="GSAI-ML/LLaDA-8B-Instruct config.json"),
+    # llama.cpp's tiny LLaDA-MoE over four layers (so that alike ones fold; 256 wide, 2 heads, 4 experts of 384
+    # with 2 per token): the released LLaDA-MoE-7B-A1B's config is not known here for certain
+    "llada-moe-tiny-header": Preset("llada-moe", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 384,
+        A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, L.EXPERT_COUNT: 4, L.EXPERT_USED_COUNT: 2,
+        L.EXPERT_FEED_FORWARD_LENGTH: 384, L.VOCAB_SIZE: 128,
+    }, tied=False, source="llama.cpp tests/test-llama-archs.cpp, its tiny llada-moe header, 4 experts"),
 })

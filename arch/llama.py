@@ -51,6 +51,7 @@ class Traits:
     head_bias: bool = True  # the LM head adds the file's optional output.bias (Qwen2-VL's loader creates it, unread)
     # the optional attention-output and FFN biases and rope_freqs are read (LLaDA's loader creates them, unread)
     extras_read: bool = True
+    moe_norm_w: bool = True  # the chosen experts' weights renormalised to sum 1 (LLaDA-MoE: as the softmax gave them)
     mrope: bool = False  # Qwen2-VL's text model: RoPE by M-RoPE sections (time, height, width, extra) one after the other
     # Qwen3-VL: the input rows are n_deepstack + 1 model widths wide, the first n_deepstack layers' outputs each
     # plus its own slice of them (the vision encoder's features of its deeper layers, at the image's rows)
@@ -146,7 +147,7 @@ class Llama(Architecture):
                                     **({} if not t.ffn_scales else dict(
                                         up_exps_s=b.scale(T.FFN_UP_EXP, il), gate_exps_s=b.scale(T.FFN_GATE_EXP, il),
                                         down_exps_s=b.scale(T.FFN_DOWN_EXP, il))),
-                                    n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
+                                    n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=t.moe_norm_w)
             else:
                 up_b, gate_b, down_b = (b.w_opt(m, il, "bias") if t.ffn_bias and t.extras_read else None
                                         for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))

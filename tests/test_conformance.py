@@ -334,6 +334,7 @@ ROWS = [
     # diffusion decoders (issue 41): an LM head over tokens attending both ways, no cache
     Row("dream"),
     Row("llada"),  # Llama's layers; the attention-output and FFN biases and rope_freqs its loader takes, unread
+    Row("llada-moe", moe=True, keys={"llada-moe.expert_count": 4}),  # 2 of 4 experts: weights not renormalised
 ]
 
 _rng = np.random.default_rng(7)
