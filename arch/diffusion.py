@@ -5,7 +5,7 @@ logits out).
 llama.cpp's graphs of them are literally those of causal families with the attention over the ubatch's own tokens
 (its no-cache attention input) and no mask: Dream is Qwen2's layers (src/models/dream.cpp), LLaDA Llama's
 (src/models/llada.cpp), LLaDA-MoE Qwen3-MoE's with its experts' weights as the softmax gave them
-(src/models/llada-moe.cpp); each is the causal
+(src/models/llada-moe.cpp), RND1 Qwen3-MoE's (src/models/rnd1.cpp); each is the causal
 family's module here, made non-causal (``causal = False``: llama.cpp's loader sets causal_attn false whatever the
 file says, and gives the family no memory).
 """
@@ -52,6 +52,15 @@ class LLaDAMoe(Qwen3Moe):
     traits = replace(Qwen3Moe.traits, extras_read=False, ffn_scales=False, head_bias=False, moe_norm_w=False)
 
 
+class RND1(Qwen3Moe):
+    """RND1: Qwen3-MoE's graph, bidirectional; its experts' weight scales not read, the optional extras of
+    Llama's loader not created."""
+
+    name = "rnd1"
+    causal = False
+    traits = replace(Qwen3Moe.traits, extras_read=False, ffn_scales=False, head_bias=False)
+
+
 hf_config.register(Family("dream", TEXT + (VOCAB,), {"tie_word_embeddings": False}), "DreamModel")
 # LLaDA's config speaks OLMo's names (d_model, n_layers, mlp_hidden_size, weight_tying)
 hf_config.register(Family("llada", (
@@ -80,4 +89,11 @@ presets.register({
         A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, L.EXPERT_COUNT: 4, L.EXPERT_USED_COUNT: 2,
         L.EXPERT_FEED_FORWARD_LENGTH: 384, L.VOCAB_SIZE: 128,
     }, tied=False, source="llama.cpp tests/test-llama-archs.cpp, its tiny llada-moe header, 4 experts"),
+    # llama.cpp's tiny RND1 over four layers, as LLaDA-MoE's: RND1-Base's released config is not known here for
+    # certain
+    "rnd1-tiny-header": Preset("rnd1", {
+        L.CONTEXT_LENGTH: 256, L.EMBEDDING_LENGTH: 256, L.BLOCK_COUNT: 4, L.FEED_FORWARD_LENGTH: 384,
+        A.HEAD_COUNT: 2, A.HEAD_COUNT_KV: 2, A.LAYERNORM_RMS_EPS: 1e-5, L.EXPERT_COUNT: 4, L.EXPERT_USED_COUNT: 2,
+        L.EXPERT_FEED_FORWARD_LENGTH: 384, L.VOCAB_SIZE: 128,
+    }, tied=False, source="llama.cpp tests/test-llama-archs.cpp, its tiny rnd1 header, 4 experts"),
 })

@@ -335,6 +335,7 @@ ROWS = [
     Row("dream"),
     Row("llada"),  # Llama's layers; the attention-output and FFN biases and rope_freqs its loader takes, unread
     Row("llada-moe", moe=True, keys={"llada-moe.expert_count": 4}),  # 2 of 4 experts: weights not renormalised
+    Row("rnd1", moe=True, keys={"rnd1.expert_count": 4}),  # 2 of 4 experts, their weights renormalised
 ]
 
 _rng = np.random.default_rng(7)
