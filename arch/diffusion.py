@@ -5,9 +5,9 @@ logits out).
 llama.cpp's graphs of them are literally those of causal families with the attention over the ubatch's own tokens
 (its no-cache attention input) and no mask: Dream is Qwen2's layers (src/models/dream.cpp), LLaDA Llama's
 (src/models/llada.cpp), LLaDA-MoE Qwen3-MoE's with its experts' weights as the softmax gave them
-(src/models/llada-moe.cpp), RND1 Qwen3-MoE's (src/models/rnd1.cpp); each is the causal
-family's module here, made non-causal (``causal = False``: llama.cpp's loader sets causal_attn false whatever the
-file says, and gives the family no memory).
+(src/models/llada-moe.cpp), RND1 Qwen3-MoE's (src/models/rnd1.cpp); each is a variant of arch/llama.py with
+the causal family's constants, made non-causal (``causal = False``: llama.cpp's loader sets causal_attn false whatever the file says, and gives the
+family no memory).
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from graphir.arch.llama import Llama, Qwen2, Qwen3Moe
 L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
 
 
-class Dream(Qwen2):
+class Dream(Llama):
     """Dream: Qwen2's graph and tensors, bidirectional; its loader creates the optional output.bias, which its
     graph does not add."""
 
     name = "dream"
     causal = False
+    rope_mode, keys = Qwen2.rope_mode, Qwen2.keys
     traits = replace(Qwen2.traits, head_bias=False)
 
 
@@ -43,21 +44,23 @@ class LLaDA(Llama):
     traits = replace(Llama.traits, extras_read=False, ffn_scales=False, head_bias=False)
 
 
-class LLaDAMoe(Qwen3Moe):
+class LLaDAMoe(Llama):
     """LLaDA-MoE: Qwen3-MoE's graph (Q and K RMS-normalised per head, every FFN a mixture of experts), bidirectional,
     its experts' weights not renormalised, no weight scales read; its loader creates no optional tensor."""
 
     name = "llada-moe"
     causal = False
+    rope_mode, keys = Qwen3Moe.rope_mode, Qwen3Moe.keys
     traits = replace(Qwen3Moe.traits, extras_read=False, ffn_scales=False, head_bias=False, moe_norm_w=False)
 
 
-class RND1(Qwen3Moe):
+class RND1(Llama):
     """RND1: Qwen3-MoE's graph, bidirectional; its experts' weight scales not read, the optional extras of
     Llama's loader not created."""
 
     name = "rnd1"
     causal = False
+    rope_mode, keys = Qwen3Moe.rope_mode, Qwen3Moe.keys
     traits = replace(Qwen3Moe.traits, extras_read=False, ffn_scales=False, head_bias=False)
 
 
