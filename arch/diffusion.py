@@ -6,8 +6,8 @@ llama.cpp's graphs of them are literally those of causal families with the atten
 (its no-cache attention input) and no mask: Dream is Qwen2's layers (src/models/dream.cpp), LLaDA Llama's
 (src/models/llada.cpp), LLaDA-MoE Qwen3-MoE's with its experts' weights as the softmax gave them
 (src/models/llada-moe.cpp), RND1 Qwen3-MoE's (src/models/rnd1.cpp); each is a variant of arch/llama.py with
-the causal family's constants, made non-causal (``causal = False``: llama.cpp's loader sets causal_attn false whatever the file says, and gives the
-family no memory).
+the causal family's constants, made non-causal (``causal = False``: llama.cpp's loader sets causal_attn false
+whatever the file says, and gives the family no memory).
 """
 
 from __future__ import annotations

@@ -135,7 +135,8 @@ class Llama(Architecture):
                 rope_factors = b.w_opt(T.ROPE_FREQS) if t.extras_read else None  # Llama-3.1 writes them
                 q = b.rope(q, pos, rope_factors, name="Qcur.rope", sections=self.sections)
                 k = b.rope(k, pos, rope_factors, name="Kcur.rope", sections=self.sections)
-            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w_opt(T.ATTN_OUT, il, "bias") if t.extras_read else None,
+            wo_b = b.w_opt(T.ATTN_OUT, il, "bias") if t.extras_read else None
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=wo_b,
                              wo_s=b.scale(T.ATTN_OUT, il), kq_scale=b.kq_scale())
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")

@@ -376,7 +376,8 @@ def kind(row: Row) -> str:
 def _has_lm_head(row: Row) -> bool:
     """Whether the graph of the row's architecture has logits among its outputs (every tensor it may read
     declared, optional ones too)."""
-    return "logits" in from_preset(row.id, Preset(row.arch, _metadata(row), tied=False, include=".*")).build_graph().outputs
+    preset = Preset(row.arch, _metadata(row), tied=False, include=".*")
+    return "logits" in from_preset(row.id, preset).build_graph().outputs
 
 
 def rows(*kinds: str) -> Any:
