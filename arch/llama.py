@@ -49,6 +49,9 @@ class Traits:
     lm_head: bool = True  # False: the final norm's output is the model's (llama-embed: embeddings, no logits)
     rms_eps: bool = True  # the file's RMSNorm epsilon is read (Qwen2-VL's loader reads none: its norms take 0)
     head_bias: bool = True  # the LM head adds the file's optional output.bias (Qwen2-VL's loader creates it, unread)
+    # the optional attention-output and FFN biases and rope_freqs are read (LLaDA's loader creates them, unread)
+    extras_read: bool = True
+    moe_norm_w: bool = True  # the chosen experts' weights renormalised to sum 1 (LLaDA-MoE: as the softmax gave them)
     mrope: bool = False  # Qwen2-VL's text model: RoPE by M-RoPE sections (time, height, width, extra) one after the other
     # Qwen3-VL: the input rows are n_deepstack + 1 model widths wide, the first n_deepstack layers' outputs each
     # plus its own slice of them (the vision encoder's features of its deeper layers, at the image's rows)
@@ -129,10 +132,11 @@ class Llama(Architecture):
             # self-attention
             q, k, v = qkv(b, h, il, t.qk_norm)
             if not (t.nope_every and (il + 1) % t.nope_every == 0):
-                rope_factors = b.w_opt(T.ROPE_FREQS)  # Llama-3.1 writes them; absent elsewhere
+                rope_factors = b.w_opt(T.ROPE_FREQS) if t.extras_read else None  # Llama-3.1 writes them
                 q = b.rope(q, pos, rope_factors, name="Qcur.rope", sections=self.sections)
                 k = b.rope(k, pos, rope_factors, name="Kcur.rope", sections=self.sections)
-            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=b.w_opt(T.ATTN_OUT, il, "bias"),
+            wo_b = b.w_opt(T.ATTN_OUT, il, "bias") if t.extras_read else None
+            a = b.build_attn(q, k, v, wo=b.w(T.ATTN_OUT, il), wo_b=wo_b,
                              wo_s=b.scale(T.ATTN_OUT, il), kq_scale=b.kq_scale())
             a, x = b.last_layer_rows((a, "attn_out.rows"), (x, "inp.rows"))
             x = b.op("add", a, x, name="ffn_inp")
@@ -144,9 +148,9 @@ class Llama(Architecture):
                                     **({} if not t.ffn_scales else dict(
                                         up_exps_s=b.scale(T.FFN_UP_EXP, il), gate_exps_s=b.scale(T.FFN_GATE_EXP, il),
                                         down_exps_s=b.scale(T.FFN_DOWN_EXP, il))),
-                                    n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=True)
+                                    n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, norm_w=t.moe_norm_w)
             else:
-                up_b, gate_b, down_b = (b.w_opt(m, il, "bias") if t.ffn_bias else None
+                up_b, gate_b, down_b = (b.w_opt(m, il, "bias") if t.ffn_bias and t.extras_read else None
                                         for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))
                 up_s, gate_s, down_s = (b.scale(m, il) if t.ffn_scales else None
                                         for m in (T.FFN_UP, T.FFN_GATE, T.FFN_DOWN))

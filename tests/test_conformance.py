@@ -10,6 +10,9 @@ saver has no T5; the BERT file it writes lacks token_embd), the row's model is g
   bit for bit on llama.cpp's own CPU path); an encoder's token embeddings instead; an encoder-decoder's decoder
   after both engines encoded the prompt;
 - greedy: the tokens llama.cpp chooses for F16 and Q8_0 weights, token for token;
+- a bidirectional decoder (no cache: the diffusion models) instead refines a masked sequence as llama.cpp's
+  diffusion example does, every step's logits llama.cpp's, and each engine's own choices llama.cpp's for F16 and
+  Q8_0; a batch beyond one ubatch is refused;
 - batch and ubatch invariance: a prompt as one ubatch, in ubatches of 3 and token by token gives the same logits;
 - sequences: several sequences interleaved in one batch equal llama.cpp's and each one alone;
 - state: a context saved and loaded into another continues bit for bit as the first;
@@ -37,7 +40,8 @@ from test_embd_input import rows_between_text
 from test_families import LlamaCpp, failing_second_ubatch_changes_nothing, interleaved_against_llama_cpp
 
 import llama_made
-from graphir.model.presets import all_presets
+from graphir.model.meta import from_preset
+from graphir.model.presets import Preset, all_presets
 from graphir.batch import Batch
 from graphir.memory.layers import kinds_of
 from graphir.running.runtime import Model, load
@@ -331,6 +335,11 @@ ROWS = [
     # by the flags of attention.recurrent_layers: lightning in the last layer (its output rows, its slopes scaled to
     # 1e-5), softmax attention before it
     Row("minimax-01", "flags", moe=True, keys={"minimax-01.attention.recurrent_layers": [False, True]}),
+    # diffusion decoders (issue 41): an LM head over tokens attending both ways, no cache
+    Row("dream"),
+    Row("llada"),  # Llama's layers; the attention-output and FFN biases and rope_freqs its loader takes, unread
+    Row("llada-moe", moe=True, keys={"llada-moe.expert_count": 4}),  # 2 of 4 experts: weights not renormalised
+    Row("rnd1", moe=True, keys={"rnd1.expert_count": 4}),  # 2 of 4 experts, their weights renormalised
 ]
 
 _rng = np.random.default_rng(7)
@@ -342,18 +351,37 @@ def _arch(row: Row) -> Any:
     """The row's architecture from its metadata alone (no model is made to collect the table)."""
     import graphir.arch
 
-    md = make_tiny_preset(row.arch, **row.keys).metadata() if row.made_by == "graphir" else \
+    return graphir.arch.get(row.arch).from_metadata(row.id, _metadata(row))
+
+
+def _metadata(row: Row) -> dict[str, Any]:
+    return make_tiny_preset(row.arch, **row.keys).metadata() if row.made_by == "graphir" else \
         llama_made.metadata(row.arch, row.moe, **row.keys)
-    return graphir.arch.get(row.arch).from_metadata(row.id, md)
+
+
+_KINDS: dict[str, str] = {}
 
 
 def kind(row: Row) -> str:
-    """What the row's architecture is: a decoder (an LM head read causally), an encoder (embeddings), or an
-    encoder-decoder (an encoder whose output a decoder's cross-attention reads)."""
-    arch = _arch(row)
-    if arch.encoder_stack is not None:
-        return "encoder-decoder"
-    return "decoder" if arch.hp.causal and arch.hp.pooling == "none" else "encoder"
+    """What the row's architecture is: a decoder (an LM head read causally), an encoder (embeddings), an
+    encoder-decoder (an encoder whose output a decoder's cross-attention reads), or a bidirectional decoder (an
+    LM head over tokens that attend both ways without a cache: the diffusion models)."""
+    if row.id not in _KINDS:
+        arch = _arch(row)
+        if arch.encoder_stack is not None:
+            _KINDS[row.id] = "encoder-decoder"
+        elif arch.hp.causal and arch.hp.pooling == "none":
+            _KINDS[row.id] = "decoder"
+        else:
+            _KINDS[row.id] = "bidirectional decoder" if _has_lm_head(row) else "encoder"
+    return _KINDS[row.id]
+
+
+def _has_lm_head(row: Row) -> bool:
+    """Whether the graph of the row's architecture has logits among its outputs (every tensor it may read
+    declared, optional ones too)."""
+    preset = Preset(row.arch, _metadata(row), tied=False, include=".*")
+    return "logits" in from_preset(row.id, preset).build_graph().outputs
 
 
 def rows(*kinds: str) -> Any:
@@ -465,6 +493,75 @@ def test_greedy_tokens_are_llama_cpps(row: Row, dtype: Q) -> None:
         o.close()
 
 
+# the diffusion example's mask token, standing at the end of the sequence it refines (the tiny vocabulary's last)
+MASK = 127
+N_MASKED = 4
+
+
+def unmask(decode: Any) -> list[int]:
+    """llama.cpp's diffusion example in its simplest order: the prompt and masked positions after it decoded whole,
+    every position's logits out (``decode`` returns them), then the first masked position takes its most likely
+    token, until none is left; the sequence refined."""
+    seq = PROMPT + [MASK] * N_MASKED
+    for at in range(len(PROMPT), len(seq)):
+        seq[at] = int(np.argmax(decode(seq)[at]))
+    return seq
+
+
+@pytest.mark.oracle
+@rows("bidirectional decoder")
+def test_a_masked_sequence_refines_through_llama_cpps_logits(row: Row) -> None:
+    """Every step's logits at every position are llama.cpp's; both fill in llama.cpp's choice."""
+    ctx, o = _model(row, Q.F32).new_context(n_ctx=64), LlamaCpp(_path(row, Q.F32), n_ctx=64)
+
+    def theirs(seq: list[int]) -> np.ndarray:
+        ctx.decode(Batch.from_tokens(seq, 0, outputs="all"))
+        o.decode(seq, range(len(seq)), [0] * len(seq))
+        logits = np.stack([o.logits_ith(i) for i in range(len(seq))])
+        assert_as_llama_cpps(row, ctx.logits(), logits, f"{seq.count(MASK)} masked")
+        return logits
+
+    try:
+        unmask(theirs)
+    finally:
+        o.close()
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("dtype", [Q.F16, Q.Q8_0], ids=["F16", "Q8_0"])
+@rows("bidirectional decoder")
+def test_each_engine_refines_a_masked_sequence_to_llama_cpps_tokens(row: Row, dtype: Q) -> None:
+    """Each engine fills the masked positions with its own choices (the weights as llama.cpp quantized them)."""
+    ctx, o = _model(row, dtype).new_context(n_ctx=64), LlamaCpp(_path(row, dtype), n_ctx=64)
+
+    def ours(seq: list[int]) -> np.ndarray:
+        ctx.decode(Batch.from_tokens(seq, 0, outputs="all"))
+        return ctx.logits()
+
+    def theirs(seq: list[int]) -> np.ndarray:
+        o.decode(seq, range(len(seq)), [0] * len(seq))
+        return np.stack([o.logits_ith(i) for i in range(len(seq))])
+
+    try:
+        assert unmask(ours) == unmask(theirs)
+    finally:
+        o.close()
+
+
+@rows("bidirectional decoder")
+def test_a_batch_beyond_one_ubatch_is_refused_and_the_outputs_stay(row: Row) -> None:
+    """Without a cache a token attends to its ubatch only, so a batch must be one ubatch (llama.cpp asserts
+    n_ubatch >= n_tokens): one line naming the cause, the last outputs as they were."""
+    from graphir.errors import BatchError
+
+    ctx = _model(row, Q.F32).new_context(n_ctx=64, n_ubatch=4)
+    ctx.decode(Batch.from_tokens(PROMPT[:4], 0, outputs="all"))
+    before = ctx.logits().copy()
+    with pytest.raises(BatchError, match="n_ubatch=4"):
+        ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
+    assert ctx.logits().tobytes() == before.tobytes()
+
+
 @rows("decoder")
 def test_logits_do_not_depend_on_how_the_prompt_is_split(row: Row) -> None:
     if row.split_moves:
@@ -497,9 +594,11 @@ def each_split_is_llama_cpps(row: Row) -> None:
 
 
 @pytest.mark.oracle
-@rows("decoder")
+@rows("decoder", "bidirectional decoder")
 def test_sequences_in_one_batch_equal_llama_cpps_and_each_alone(row: Row) -> None:
-    interleaved_against_llama_cpp(_model(row, Q.F32), _path(row, Q.F32), SEQS, n_ubatch=row.seq_ubatch,
+    # without a cache the batch is one ubatch
+    n_ubatch = row.seq_ubatch if kind(row) == "decoder" else sum(map(len, SEQS))
+    interleaved_against_llama_cpp(_model(row, Q.F32), _path(row, Q.F32), SEQS, n_ubatch=n_ubatch,
                                   alone_moves=row.split_moves)
 
 
@@ -541,7 +640,7 @@ def outputs(row: Row, backend: str) -> list[np.ndarray]:
     return got
 
 
-@rows("decoder", "encoder", "encoder-decoder")
+@rows("decoder", "encoder", "encoder-decoder", "bidirectional decoder")
 def test_the_numba_backend_equals_the_reference_backend(row: Row) -> None:
     """The numpy reference (graphir.backends.reference) computes the same real numbers in its own float order."""
     ours, ref = outputs(row, "numba"), outputs(row, "reference")

@@ -61,6 +61,8 @@ NOT_COMPARED = {
     "mistral4-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "glm-dsa-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "llama-embed-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "llada-moe-tiny-header": "llama.cpp's tiny header of the family, not a released model",
+    "rnd1-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "smallthinker-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "maple-tiny-header": "llama.cpp's tiny header of the family, not a released model",
     "mellum-tiny-header": "llama.cpp's tiny header of the family, not a released model",
@@ -618,7 +620,8 @@ NO_MAPPING = {
     "glm-dsa": "no public GLM-5 configuration was at hand to write its mapping from",
     **{arch: f"{model}'s released config (its text part's keys and defaults) is not known here for certain"
        for arch, model in (("paddleocr", "PaddleOCR-VL"), ("hunyuan_vl", "HunyuanOCR"),
-                           ("deepseek2-ocr", "DeepSeek-OCR"), ("cogvlm", "CogVLM"))},
+                           ("deepseek2-ocr", "DeepSeek-OCR"), ("cogvlm", "CogVLM"),
+                           ("llada-moe", "LLaDA-MoE-7B-A1B"), ("rnd1", "RND1-Base"))},
     "nemotron_h_moe": "its configs are NemotronHForCausalLM's, which the converter sends to nemotron_h_moe when they "
                       "name num_experts_per_tok; graphir maps that class to nemotron_h and refuses such a config",
 }
