@@ -290,7 +290,7 @@ def _parse_node(line: str, nodes: dict[str, Node]) -> Node:
 
 
 # Scalar attributes that are sizes: a bare name there is a dim (``offset=n_seq_tokens``), not a string.
-_DIM_ATTRS = frozenset({"offset"})
+_DIM_ATTRS = frozenset({"offset", "k", "s"})  # attributes that may be a size: a view's offset, a top-k's k, a scale
 
 
 def _as_dim(k: str, v: Any) -> Any:
