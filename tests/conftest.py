@@ -658,3 +658,28 @@ TINY_FAMILY["rwkv6qwen2"] = {gguf.Keys.WKV.HEAD_SIZE: 16, gguf.Keys.LLM.TIME_MIX
                              gguf.Keys.LLM.CONTEXT_LENGTH: 1048576}
 TINY_INCLUDE["rwkv6qwen2"] = r"output_norm\.bias|blk\.\d+\.time_mix_(key|value|receptance)\.bias"
 _DENSE["rwkv6qwen2"] = _DENSE["rwkv6"]
+# The families of issues 40 and 41 whose rows llama.cpp makes, as tiny presets for the fuzzer's seeds: RWKV-7's
+# low ranks, MiniMax-01's lightning layer then attention, PLaMo 2's mixer then attention, M-RoPE sections over
+# heads of 16, the diffusion and OCR decoders' experts
+_RWKV7 = {gguf.Keys.WKV.HEAD_SIZE: 16, gguf.Keys.Attention.DECAY_LORA_RANK: 8, gguf.Keys.Attention.ICLR_LORA_RANK: 8,
+          gguf.Keys.Attention.VALUE_RESIDUAL_MIX_LORA_RANK: 8, gguf.Keys.Attention.GATE_LORA_RANK: 16,
+          gguf.Keys.Attention.LAYERNORM_EPS: 1e-5, gguf.Keys.Attention.HEAD_COUNT: 0,
+          gguf.Keys.Attention.HEAD_COUNT_KV: 0, gguf.Keys.LLM.CONTEXT_LENGTH: 1048576}
+TINY_FAMILY["rwkv7"] = {**_RWKV7, gguf.Keys.LLM.TOKEN_SHIFT_COUNT: 2}
+TINY_FAMILY["arwkv7"] = {**_RWKV7, gguf.Keys.LLM.TOKEN_SHIFT_COUNT: 1}
+TINY_FAMILY["minimax-01"] = {**TINY_FAMILY["qwen3moe"], gguf.Keys.LLM.RESIDUAL_SCALE: 1.5,
+                             gguf.Keys.LLM.FULL_ATTENTION_INTERVAL: 2}
+TINY_FAMILY["plamo2"] = {gguf.Keys.Attention.HEAD_COUNT_KV: [0, 2], gguf.Keys.SSM.CONV_KERNEL: 4,
+                         gguf.Keys.SSM.STATE_SIZE: 16, gguf.Keys.SSM.INNER_SIZE: 128, gguf.Keys.SSM.TIME_STEP_RANK: 4,
+                         gguf.Keys.SSM.GROUP_COUNT: 0}
+_SECTIONS = {gguf.Keys.Rope.DIMENSION_SECTIONS: [4, 2, 2, 0]}
+TINY_FAMILY["qwen2vl"] = TINY_FAMILY["qwen3vl"] = TINY_FAMILY["paddleocr"] = _SECTIONS
+TINY_FAMILY["qwen3vlmoe"] = {**TINY_FAMILY["qwen3moe"], **_SECTIONS}
+TINY_FAMILY["llada-moe"] = TINY_FAMILY["rnd1"] = TINY_FAMILY["qwen3moe"]
+TINY_FAMILY["deepseek2-ocr"] = {**TINY_MOE, gguf.Keys.Attention.HEAD_COUNT_KV: 4}  # K and V sized as Q
+TINY_FAMILY["cogvlm"] = {gguf.Keys.Attention.HEAD_COUNT_KV: 4}
+TINY_FAMILY["gemma-embedding"] = {gguf.Keys.Attention.SLIDING_WINDOW: 4}
+TINY_INCLUDE["glm-dsa"] = TINY_INCLUDE["deepseek2"] + r"|blk\.\d+\.indexer\.\w+\.(weight|bias)"  # every layer indexes
+TINY_INCLUDE["arwkv7"] = r"blk\.\d+\.time_mix_(g1|g2|ln)\.(weight|bias)"  # the gate and the head norm
+TINY_INCLUDE["minimax-01"] = r"blk\.\d+\.(attn_[qkv]|ffn_gate_exps)\.weight"  # attention's Q, K, V apart; experts' gates
+TINY_INCLUDE["deepseek2-ocr"] = r"blk\.\d+\.ffn_(gate|up)_exps\.weight"  # the experts' two stacks
