@@ -83,9 +83,16 @@ def test_a_chat_reply_ends_with_the_models_turn_and_the_cap_holds(smol: Path) ->
     assert p.returncode == 0 and timings(p.stderr)[1] == 3
 
 
+def interruptible() -> None:
+    """In the child, before Python starts: Ctrl-C acts as at a terminal even where the suite itself runs with SIGINT
+    ignored (a shell's background job), which a child inherits and Python then leaves ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(smol: Path) -> None:
     with subprocess.Popen([sys.executable, "-m", "graphir", "chat", str(smol), "--temp", "0", "-n", "200"],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as chat:
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=interruptible) as chat:
         assert chat.stdin is not None and chat.stdout is not None
         chat.stdin.write("What is the capital of France?\n")
         chat.stdin.flush()
@@ -258,7 +265,7 @@ def test_a_long_prompt_draws_its_progress_on_a_terminal(tmp_path: Path, capsys: 
 
 def test_ctrl_c_ends_the_text_line_and_prints_the_timings(smol: Path) -> None:
     run = subprocess.Popen([sys.executable, "-m", "graphir", "run", str(smol), "-p", "Once upon a time", "-n", "-1"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     assert run.stdout is not None
     run.stdout.read(len("Once upon a time") + 1)  # the prompt, and the first piece of the text
     run.send_signal(signal.SIGINT)
