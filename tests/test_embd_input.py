@@ -7,6 +7,8 @@ Each case feeds the same rows and positions to llama.cpp (a ``llama_batch`` with
 
 from __future__ import annotations
 
+from typing import Callable
+
 import ctypes
 from pathlib import Path
 
@@ -74,7 +76,8 @@ def _positions_held(o: LlamaCpp) -> tuple[int, int]:
     return o.lib.llama_memory_seq_pos_min(mem, 0), o.lib.llama_memory_seq_pos_max(mem, 0)
 
 
-def rows_between_text(path: Path, model: Model) -> None:
+def rows_between_text(path: Path, model: Model,
+                      check: Callable[[np.ndarray, np.ndarray, str], None] = assert_llama_logits) -> None:
     """Text, an image's rows (each with its positions per section, where the model's RoPE has sections), then
     text again, in one sequence of graphir and of llama.cpp: the logits of every step are llama.cpp's, and so are
     the positions each memory holds after it."""
@@ -90,14 +93,14 @@ def rows_between_text(path: Path, model: Model) -> None:
     try:
         ctx.decode(Batch.from_tokens(TEXT, 0, outputs="all"))
         o.decode(TEXT, range(len(TEXT)), [0] * len(TEXT))
-        assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(TEXT))]), "text")
+        check(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(TEXT))]), "text")
         ctx.decode(Batch.from_embd(rows, pos, outputs="all"))
         _rows_decode(o, rows, pos)
-        assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(n_img)]), "rows")
+        check(ctx.logits(), np.stack([o.logits_ith(i) for i in range(n_img)]), "rows")
         assert (ctx.memory.seq_pos_min(0), ctx.memory.seq_pos_max(0)) == _positions_held(o)
         ctx.decode(Batch.from_tokens(AFTER, after, outputs="all"))
         o.decode(AFTER, range(after, after + len(AFTER)), [0] * len(AFTER))
-        assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(AFTER))]), "text after")
+        check(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(AFTER))]), "text after")
         assert (ctx.memory.seq_pos_min(0), ctx.memory.seq_pos_max(0)) == _positions_held(o)
     finally:
         o.close()
