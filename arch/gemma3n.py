@@ -103,7 +103,7 @@ class Gemma3n(Architecture):
         E, T_ = hp.n_embd, b.n_tokens
         x = b.op("scale", b.build_inp_embd(b.w(T.TOKEN_EMBD)), s=f32(math.sqrt(E)), name="inp_scaled")
         pos = b.build_inp_pos()
-        per_layer = self.per_layer_inputs(b, x)
+        per_layer = per_layer_inputs(b, x, N_EMBD_ALTUP)
         # the token's embedding is the active stream; the others are projections of it at its magnitude
         magnitude = self.magnitude(b, x, "inp_magnitude")
         added = b.op("mul_mat", b.w(T.ALTUP_PROJ), b.op("repeat", x, shape=(E, T_, N_ALTUP - 1), name="inp_repeated"),
@@ -112,7 +112,7 @@ class Gemma3n(Architecture):
         x = b.op("concat", x, added, dim=2, name="inp_stacked")
         for il in b.layers():
             predictions = self.altup_predict(b, x, il)
-            active = self.stream(b, predictions, ALTUP_ACTIVE, "active_prediction")
+            active = layer_slice(b, predictions, ALTUP_ACTIVE, "active_prediction")
             h = b.norm(active, T.ATTN_NORM, il, name="attn_norm")
             laurel = self.laurel(b, h, il)
             a = self.attention(b, h, pos, il)
@@ -125,40 +125,19 @@ class Gemma3n(Architecture):
             corrected = self.altup_correct(b, predictions, f, il)
             x = self.add_per_layer_input(b, corrected, per_layer, il)
         # back to one stream: the mean of the active one and the others projected back at its magnitude
-        magnitude = self.magnitude(b, self.stream(b, x, ALTUP_ACTIVE, "unembd_active"), "unembd_magnitude")
+        magnitude = self.magnitude(b, layer_slice(b, x, ALTUP_ACTIVE, "unembd_active"), "unembd_magnitude")
         rest = self.streams_after_first(b, x, "unembd_rest")
         back = self.rescaled(b, b.op("mul_mat", b.w(T.ALTUP_UNEMBD_PROJ), rest, name="altup_unembd.proj"), magnitude,
                              "altup_unembd")
-        y = self.stream(b, x, 0, "unembd_first")
+        y = layer_slice(b, x, 0, "unembd_first")
         for i in range(N_ALTUP - 1):
-            y = b.op("add", y, self.stream(b, back, i, f"altup_unembd.{i}"), name=f"unembd_sum.{i}")
+            y = b.op("add", y, layer_slice(b, back, i, f"altup_unembd.{i}"), name=f"unembd_sum.{i}")
         y = b.op("scale", y, s=f32(1.0 / N_ALTUP), name="unembd_merged")
         y = b.op("get_rows", y, b.build_inp_out_ids(), name="unembd_merged.rows")
         y = b.norm(y, T.OUTPUT_NORM, name="result_norm")
         b.build_output(y, b.w(T.OUTPUT), softcap=FINAL_SOFTCAP)
 
     # ---- its blocks -----------------------------------------------------------------------------------
-
-    def per_layer_inputs(self, b: GraphBuilder, x: Node) -> Node:
-        """Every layer's input [N_EMBD_ALTUP, n_tokens, n_layer]: the token's row of the per-layer table, plus
-        the normalised projection of its embedding, over sqrt(2)."""
-        n_layer, T_ = self.hp.n_layer, b.n_tokens
-        tokens = b.input("tokens", "i32", (T_,))
-        rows = b.op("get_rows", b.w(T.PER_LAYER_TOKEN_EMBD), tokens, name="inp_per_layer.rows")
-        rows = b.reshape(rows, (N_EMBD_ALTUP, n_layer, T_), name="inp_per_layer.3d")
-        rows = b.op("scale", rows, s=f32(math.sqrt(N_EMBD_ALTUP)), name="inp_per_layer_selected")
-        proj = b.op("mul_mat", b.w(T.PER_LAYER_MODEL_PROJ), x, name="per_layer_proj.mm")
-        proj = b.op("scale", proj, s=f32(inv_sqrt(self.hp.n_embd)), name="per_layer_proj.scaled")
-        proj = b.reshape(proj, (N_EMBD_ALTUP, n_layer, T_), name="per_layer_proj.3d")
-        proj = b.norm(proj, T.PER_LAYER_PROJ_NORM, name="per_layer_proj")
-        both = b.op("scale", b.op("add", proj, rows, name="inp_per_layer.sum"), s=f32(inv_sqrt(2)), name="inp_per_layer")
-        return b.op("cont", b.op("permute", both, axes=(0, 2, 1, 3), name="inp_per_layer.t"), name="inp_per_layer.cont")
-
-    @staticmethod
-    def stream(b: GraphBuilder, x: Node, i: int, name: str) -> Node:
-        """Stream i of x [n, n_tokens, streams] (a view)."""
-        n, T_ = x.shape[0], x.shape[1]
-        return b.op("view", x, shape=(n, T_), strides=(1, n), offset=i * n * T_, name=name)
 
     @staticmethod
     def streams_after_first(b: GraphBuilder, x: Node, name: str) -> Node:
@@ -186,7 +165,7 @@ class Gemma3n(Architecture):
     def altup_predict(self, b: GraphBuilder, x: Node, il: int) -> Node:
         """Every stream predicted as itself plus a mix of all four, the mix chosen per token by the router."""
         T_ = b.n_tokens
-        modalities = self.router(b, self.stream(b, x, ALTUP_ACTIVE, "activated"), il, "modalities")
+        modalities = self.router(b, layer_slice(b, x, ALTUP_ACTIVE, "activated"), il, "modalities")
         coefs = b.op("mul_mat", b.w(T.ALTUP_PREDICT_COEF, il), modalities, name="all_coefs")
         coefs = b.reshape(coefs, (N_ALTUP, N_ALTUP, T_), name="all_coefs.3d")
         streams = b.op("cont", b.op("permute", x, axes=(1, 2, 0, 3), name="streams.t"), name="streams")
@@ -199,7 +178,7 @@ class Gemma3n(Architecture):
         per stream by 1 + the router's coefficients."""
         E, T_ = self.hp.n_embd, b.n_tokens
         modalities = self.router(b, activated, il, "modalities.correct")
-        innovation = b.op("sub", activated, self.stream(b, predictions, ALTUP_ACTIVE, "predicted"), name="innovation")
+        innovation = b.op("sub", activated, layer_slice(b, predictions, ALTUP_ACTIVE, "predicted"), name="innovation")
         coefs = b.op("mul_mat", b.w(T.ALTUP_CORRECT_COEF, il), modalities, name="correct_coefs.mm")
         coefs = b.op("scale_bias", coefs, s=1.0, b=1.0, name="correct_coefs")
         coefs = b.op("cont", b.op("transpose", coefs, name="correct_coefs.t"), name="correct_coefs.cont")
@@ -209,15 +188,15 @@ class Gemma3n(Architecture):
 
     def add_per_layer_input(self, b: GraphBuilder, corrected: Node, per_layer: Node, il: int) -> Node:
         """The corrected streams, all but the first plus the layer's input gated by the active stream."""
-        g = b.op("mul", self.stream(b, corrected, ALTUP_ACTIVE, "first_prediction"), b.w(T.ALTUP_CORRECT_SCALE, il),
+        g = b.op("mul", layer_slice(b, corrected, ALTUP_ACTIVE, "first_prediction"), b.w(T.ALTUP_CORRECT_SCALE, il),
                  name="first_prediction.scaled")
         g = b.op("gelu", b.op("mul_mat", b.w(T.PER_LAYER_INP_GATE, il), g, name="first_prediction.gate"),
                  name="first_prediction_gated")
-        g = b.op("mul", g, self.stream(b, per_layer, il, "inp_this_layer"), name="first_prediction_scaled")
+        g = b.op("mul", g, layer_slice(b, per_layer, il, "inp_this_layer"), name="first_prediction_scaled")
         g = b.op("mul_mat", b.w(T.PER_LAYER_PROJ, il), g, name="first_prediction.proj")
         g = b.norm(g, T.PER_LAYER_POST_NORM, il, name="first_prediction_out")
         rest = b.op("add", self.streams_after_first(b, corrected, "corrected_rest"), g, name="corrected_rest.sum")
-        return b.op("concat", self.stream(b, corrected, 0, "corrected_first"), rest, dim=2, name="l_out")
+        return b.op("concat", layer_slice(b, corrected, 0, "corrected_first"), rest, dim=2, name="l_out")
 
     @staticmethod
     def laurel(b: GraphBuilder, h: Node, il: int) -> Node:
@@ -275,6 +254,28 @@ class Gemma3n(Architecture):
         cutoff = b.op("add", mean, b.op("scale", b.op("sqrt", var, name="sparsity_std"), s=f32(SPARSITY_STD),
                                         name="sparsity_std.scaled"), name="sparsity_cutoff")
         return b.op("relu", b.op("sub", x, cutoff, name="sparsity_gap"), name="ffn_gate_sparse")
+
+
+def per_layer_inputs(b: GraphBuilder, x: Node, width: int) -> Node:
+    """Every layer's own input [width, n_tokens, n_layer] (per-layer embeddings, shared with Gemma 4): the token's
+    row of the per-layer table at sqrt(width), plus the normalised projection of its embedding x, over sqrt(2)."""
+    n_layer, T_ = b.hp.n_layer, b.n_tokens
+    tokens = b.input("tokens", "i32", (T_,))
+    rows = b.op("get_rows", b.w(T.PER_LAYER_TOKEN_EMBD), tokens, name="inp_per_layer.rows")
+    rows = b.reshape(rows, (width, n_layer, T_), name="inp_per_layer.3d")
+    rows = b.op("scale", rows, s=f32(math.sqrt(width)), name="inp_per_layer_selected")
+    proj = b.op("mul_mat", b.w(T.PER_LAYER_MODEL_PROJ), x, name="per_layer_proj.mm")
+    proj = b.op("scale", proj, s=f32(inv_sqrt(b.hp.n_embd)), name="per_layer_proj.scaled")
+    proj = b.reshape(proj, (width, n_layer, T_), name="per_layer_proj.3d")
+    proj = b.norm(proj, T.PER_LAYER_PROJ_NORM, name="per_layer_proj")
+    both = b.op("scale", b.op("add", proj, rows, name="inp_per_layer.sum"), s=f32(inv_sqrt(2)), name="inp_per_layer")
+    return b.op("cont", b.op("permute", both, axes=(0, 2, 1, 3), name="inp_per_layer.t"), name="inp_per_layer.cont")
+
+
+def layer_slice(b: GraphBuilder, x: Node, i: int, name: str) -> Node:
+    """Slice i [n, n_tokens] of x [n, n_tokens, k] (a view): one AltUp stream, or one layer's own input."""
+    n, T_ = x.shape[0], x.shape[1]
+    return b.op("view", x, shape=(n, T_), strides=(1, n), offset=i * n * T_, name=name)
 
 
 # ---- Hugging Face: Gemma3nForConditionalGeneration's text_config, as convert_hf_to_gguf writes it -----------

@@ -422,6 +422,13 @@ TINY_FAMILY["talkie"] = {gguf.Keys.LLM.LOGIT_SCALE: 0.5}  # required
 # Gemma 3n: 22 layers (its KV layers end at 20: layers 20 and 21 read layers 18 and 19's caches), a window of 4
 TINY_FAMILY["gemma3n"] = {gguf.Keys.LLM.BLOCK_COUNT: 22, gguf.Keys.LLM.FEED_FORWARD_LENGTH: 96,
                           gguf.Keys.Attention.SLIDING_WINDOW: 4, gguf.Keys.LLM.VOCAB_SIZE: 128}
+# Gemma 4 with per-layer inputs: six layers, the sliding ones with heads of 8 (the global ones' 16), the last three
+# reading layers 1 and 2's caches
+TINY_FAMILY["gemma4"] = {gguf.Keys.LLM.BLOCK_COUNT: 6, gguf.Keys.Attention.SLIDING_WINDOW: 4,
+                         gguf.Keys.Attention.SLIDING_WINDOW_PATTERN: [True, True, False, True, True, False],
+                         gguf.Keys.Attention.SHARED_KV_LAYERS: 3, gguf.Keys.Attention.KEY_LENGTH_SWA: 8,
+                         gguf.Keys.Attention.VALUE_LENGTH_SWA: 8, gguf.Keys.Rope.DIMENSION_COUNT_SWA: 8,
+                         gguf.Keys.LLM.EMBD_LENGTH_PER_LAYER_INP: 16}
 TINY_FAMILY["spark2_5"] = {gguf.Keys.Attention.SLIDING_WINDOW: 4, gguf.Keys.Attention.SLIDING_WINDOW_PATTERN: [True, False]}
 TINY_FAMILY["muse-glimmer"] = {gguf.Keys.LLM.LOGIT_SCALE: 0.5, gguf.Keys.Attention.SLIDING_WINDOW: 4}
 TINY_FAMILY["granite"] = {gguf.Keys.LLM.LOGIT_SCALE: 2.5, gguf.Keys.LLM.RESIDUAL_SCALE: 0.7,
@@ -450,6 +457,10 @@ TINY_INCLUDE = {"deepseek2": r"blk\.\d+\.ffn_(gate|up)_exps\.weight|" + NEXTN_4,
                 "talkie": r"blk\.\d+\.attn_[qkv]\.weight", "muse-glimmer": r"blk\.\d+\.attn_[qkv]\.weight",
                 "spark2_5": r"blk\.\d+\.attn_qkv\.weight",  # Q, K, V fused (or apart: either is optional)
                 "gemma3n": r"blk\.\d+\.attn_[qkv]\.weight",  # Q, K and V apart (llama.cpp's create_tensor_qkv)
+                # Q apart; K and V where a layer keeps its own; each layer's output scale; the experts (fused gate and up)
+                "gemma4": r"blk\.\d+\.(attn_q|layer_output_scale|ffn_gate_inp|pre_ffw_norm_2|post_ffw_norm_[12]|"
+                          r"ffn_gate_up_exps|ffn_down_exps)\.weight|blk\.\d+\.(ffn_gate_inp|ffn_down_exps)\.scale|"
+                          r"blk\.[0-2]\.attn_[kv]\.weight",
                 # Granite's Q, K and V apart (fused is the other form llama.cpp takes)
                 **{a: r"blk\.\d+\.attn_[qkv]\.weight" for a in ("granite", "granitemoe", "minicpm", "granitehybrid")},
                 "granite_swa": r"blk\.\d+\.(attn_[qkv]|ffn_gate_up_exps)\.weight", "grovemoe": r"blk\.\d+\.attn_[qkv]\.weight",

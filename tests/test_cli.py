@@ -56,7 +56,7 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "QRWKV6-32B",  # issue 40, linear-attention blocks
            "DeepSeek-V3.2-Exp", "glm-dsa-tiny-header",  # issue 40: sparse attention
            "RWKV7-World-0.1B", "RWKV7-World-1.5B", "ARWKV7-tiny",  # issue 40: RWKV-7
-           "Gemma-3n-E2B",  # issue 40: cross-layer KV reuse
+           "Gemma-3n-E2B", "Gemma-4-E2B",  # issue 40: cross-layer KV reuse
            "jina-embeddings-v2-base", "jina-embeddings-v3", "bge-reranker-v2-m3", "Qwen3-Embedding-0.6B", "nomic-embed-text-v2-moe",
            "EmbeddingGemma-300M", "llama-embed-tiny-header", "ModernBERT-base",  # issue 41
            "NeoBERT", "EuroBERT-210m",  # issue 41: pre-RMSNorm encoders
@@ -64,9 +64,9 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "CogVLM-tiny",  # issue 41: vision-language text decoders
            "MiniMax-Text-01",  # issue 40, lightning attention
            "Dream-v0-Instruct-7B", "LLaDA-8B-Instruct", "llada-moe-tiny-header", "rnd1-tiny-header"]  # issue 41: diffusion decoders
-# no layer's text folds into another's: OpenELM's layers each have a size of their own, Gemma 3n's each read their
-# own slice of the per-layer inputs (at an offset of its own)
-UNFOLDED = {"OpenELM-270M", "Gemma-3n-E2B"}
+# no layer's text folds into another's: OpenELM's layers each have a size of their own, Gemma 3n's and Gemma 4's each
+# read their own slice of the per-layer inputs (at an offset of its own)
+UNFOLDED = {"OpenELM-270M", "Gemma-3n-E2B", "Gemma-4-E2B"}
 GRAPH_KINDS = [("kv", "prefill"), ("kv", "decode"), ("none", "prefill")]
 
 # --------------------------------------------------------------------------- helpers

@@ -309,6 +309,16 @@ ROWS = [
     # apart (one token's vec_dot, several tokens' tinyBLAS) can round to the next half there, and 22 layers make
     # that likely: llama.cpp's own last logits move by 1.3e-4 between n_ubatch 64 and 1 (5.2e-6 between 64 and 3)
     Row("gemma3n", made_by="graphir", split_moves=True),
+    # Gemma 4 (issue 40; llama.cpp's saver writes neither its per-layer input width nor its shared layers: graphir
+    # writes the files): sliding and global layers of different head sizes (a window the prompt outgrows), the global
+    # ones through rope_freqs, layers 3-5 reading layers 1 and 2's caches, per-layer inputs, per-layer output scales;
+    # and with experts beside the dense FFN (their fused gate and up, per-expert scales), without per-layer inputs: as
+    # Gemma 3n's, its GELUs read ggml's f16 table, where products a rounding apart (one token's vec_dot, several
+    # tokens' tinyBLAS) can fall into neighbouring entries, so llama.cpp's own logits move with the ubatch split
+    Row("gemma4", made_by="graphir"),
+    Row("gemma4", "moe", made_by="graphir", moe=True, split_moves=True,
+        keys={"gemma4.embedding_length_per_layer_input": 0, "gemma4.expert_count": 4, "gemma4.expert_used_count": 2,
+              "gemma4.expert_feed_forward_length": 32}),
     # encoders of llama.cpp's BERT graph (issue 41; its saver writes no token_embd for them: graphir writes the file)
     Row("jina-bert-v2", made_by="graphir"),  # ALiBi, Q/K LayerNorms, the second norm, a GELU-gated FFN
     Row("jina-bert-v3", made_by="graphir"),  # fused QKV with its bias, RoPE, a GELU MLP
