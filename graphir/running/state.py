@@ -26,8 +26,9 @@ Format version 3::
     checksum     32 bytes SHA-256 of every byte before it
 
 Version 2 is read as well: it is version 3 without the cells' rows and columns, which its cells take from their
-positions (as a text token's are; graphir.memory.kv). Version 1 (graphir 0.1's first layout, with one K/V-shaped section for every memory kind) is refused with
-a StateError that says so: its recurrent sections carried made-up cache fields, and its cells no layer map.
+positions (as a text token's are; graphir.memory.kv). Version 1 (graphir 0.1's first layout, with one
+K/V-shaped section for every memory kind) is refused with a StateError that says so: its recurrent sections
+carried made-up cache fields, and its cells no layer map.
 """
 
 from __future__ import annotations
