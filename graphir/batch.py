@@ -136,8 +136,10 @@ def validate(batch: Batch, n_vocab: int, n_seq_max: int, last_pos: Callable[[int
     ``last_pos(s)`` is the last position the memory holds for sequence s, asked only of the batch's sequences:
     the batch must continue from the next one, and an empty sequence (-1) may start anywhere (0 when positions
     are left out), as in llama.cpp. ``n_embd_inp`` is the width of the rows the model takes in place of tokens,
-    ``per_token`` the positions its RoPE turns a token by (M-RoPE's sections): there a sequence's positions need
-    only grow (llama.cpp lets them jump forward), and embedding rows may give each section its own. The checks
+    ``per_token`` the positions its RoPE turns a token by (M-RoPE's sections), and there llama.cpp's rules for
+    M-RoPE hold: a sequence's positions may jump forward and, within a batch, repeat (an image's patches share one
+    time); text continues after the last position the memory holds, embedding rows may share it (an image sent in
+    several batches); no position goes back. Embedding rows may give each section its own position. The checks
     run on Python ints: a generation step's one token is checked in a few microseconds, not in a dozen numpy calls.
     """
     n = len(batch)
@@ -157,7 +159,9 @@ def validate(batch: Batch, n_vocab: int, n_seq_max: int, last_pos: Callable[[int
         if min(tokens) < 0 or max(tokens) >= n_vocab:
             i = next(i for i, t in enumerate(tokens) if not 0 <= t < n_vocab)
             raise BatchError(f"token {i} has id {tokens[i]}, outside the vocabulary [0, {n_vocab})")
-    expect: dict[int, int | None] = {}
+    mrope, rows = per_token > 1, batch.embd is not None
+    expect: dict[int, int | None] = {}  # per sequence: its next position (one past the last, held or given)
+    held: dict[int, bool] = {}  # whether that last position is the memory's (else this batch's)
     for i, ids in enumerate(batch.seq_ids):
         if not ids:
             raise BatchError(f"token {i} belongs to no sequence")
@@ -167,6 +171,7 @@ def validate(batch: Batch, n_vocab: int, n_seq_max: int, last_pos: Callable[[int
                     raise BatchError(f"token {i} has seq id {s}, outside [0, {n_seq_max}) (n_seq_max={n_seq_max})")
                 last = last_pos(s)
                 expect[s] = last + 1 if last >= 0 else None
+                held[s] = True
     given = batch.pos[:n].tolist() if batch.pos is not None else None
     if given is not None:
         for k in range(1, batch.sections):  # a row's other sections: positions as int32, as its first
@@ -184,13 +189,23 @@ def validate(batch: Batch, n_vocab: int, n_seq_max: int, last_pos: Callable[[int
             raise BatchError(f"token {i} has position {p}, beyond {POS_MAX}: positions are int32, as llama.cpp's")
         for s in ids:
             e = expect[s]
-            if e is not None and (p < e if per_token > 1 else p != e):
-                raise BatchError(f"token {i} of seq {s} has position {p}, but the sequence continues at {e}"
-                                 + (" or later (M-RoPE positions grow per sequence)" if per_token > 1 else
-                                    " (positions must be consecutive per sequence)"))
-            expect[s] = p + 1
+            if e is not None and mrope and p < e - (rows or not held[s]):
+                raise BatchError(f"token {i} of seq {s} has position {p}, but " + _mrope_floor(e - 1, held[s], rows))
+            if e is not None and not mrope and p != e:
+                raise BatchError(f"token {i} of seq {s} has position {p}, but the sequence continues at {e} "
+                                 f"(positions must be consecutive per sequence)")
+            expect[s], held[s] = p + 1, False
         pos.append(p)
     return np.array(pos, dtype=np.int64)
+
+
+def _mrope_floor(last: int, held: bool, rows: bool) -> str:
+    """Why an M-RoPE position is too low, after ``last`` (held by the memory, or given earlier in the batch)."""
+    if not held:
+        return f"the sequence is at {last} in this batch: M-RoPE positions may repeat or grow, not go back"
+    if rows:
+        return f"the sequence holds position {last}: M-RoPE rows may share it or go on, not go back"
+    return f"the sequence continues at {last + 1} or later: M-RoPE text follows the last position held, {last}"
 
 
 def _ubatch(batch: Batch, pos: np.ndarray, idx: np.ndarray | slice) -> UBatch:

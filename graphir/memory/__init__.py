@@ -256,6 +256,14 @@ class CellMemory(Memory):
     def restored(self) -> None:
         """After a saved state was written into the cells: rebuild what is derived from them."""
 
+    def saved_fields(self, version: int | None) -> tuple[str, ...]:
+        """The cell fields a state of format ``version`` (None: the current one) holds, in order."""
+        return self.cell_fields
+
+    def older_fields(self, fields: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """All the cell fields, from those an older format saved (what it did not save, made from them)."""
+        return fields
+
     def _check_seq(self, seq: int, what: str) -> None:
         if not 0 <= seq < self.n_seq_max:
             raise GraphirError(f"{what}: seq id {seq} is outside [0, {self.n_seq_max}) (n_seq_max={self.n_seq_max})")
@@ -320,7 +328,8 @@ class CellMemory(Memory):
             raise StateError("state data is malformed: its layers and row widths disagree with this model's")
         n = r.u("I", "cell count")
         cell = r.arr(np.int32, n, "cell indices").astype(np.int64)
-        fields = {f: r.arr(getattr(self, f).dtype, n, f"cell {f}") for f in self.cell_fields}
+        fields = self.older_fields({f: r.arr(getattr(self, f).dtype, n, f"cell {f}")
+                                    for f in self.saved_fields(r.version)})
         rows = {il: [r.arr(b.dtype, n * b.shape[1], f"layer {il} rows").reshape(n, b.shape[1])
                      for b in self.layer_rows(il)] for il in self.layers}
         if ((fields["pos"] < 0) | (fields["pos"] > POS_MAX)).any():

@@ -32,10 +32,11 @@ class Writer:
 
 
 class Reader:
-    """Reads what a Writer wrote; anything that runs past ``end`` is a StateError naming what was read."""
+    """Reads what a Writer wrote; anything that runs past ``end`` is a StateError naming what was read.
+    ``version``: the format the data is in (a memory reads an older one's section as that format wrote it)."""
 
-    def __init__(self, data: bytes, end: int, off: int = 0):
-        self.data, self.off, self.end = data, off, end
+    def __init__(self, data: bytes, end: int, off: int = 0, version: int | None = None):
+        self.data, self.off, self.end, self.version = data, off, end, version
 
     def take(self, n: int, what: str) -> bytes:
         if n < 0 or self.off + n > self.end:

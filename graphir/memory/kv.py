@@ -33,6 +33,15 @@ accumulate a per-cell pending ``shift``; :meth:`KVCache.update` (called by the c
 decode) rotates the cached K rows by the angle of their shift, with the rope parameters of the layer's own
 K rope node in the compiled graph (mode, n_dims, freq base/scale, YaRN, freq factors). That rotation is a
 graph of its own (:meth:`KVCache.k_shift_graph`, snapshot-tested), which the context's backend runs like any other.
+
+Planes (llama.cpp's ``llama_kv_cell_ext``). A model whose tokens take three or more positions (M-RoPE:
+``ContextParams.n_pos``) has its cache keep each cell's ``row`` and ``col``, its second and third sections (an
+image patch's row and column as llama.cpp's mtmd lays them out; a text token's are its position). Patches of one
+image share their time, so a key at the query's own time is seen only if its (row, col) does not come after the
+query's, row first: within an image attention is causal in raster order. Position edits leave the planes where
+they were, as llama.cpp's cells do (its seq_add and seq_div refuse such models outright; here their K cannot be
+re-roped, so the next decode refuses the edit); seq_cp, saved states, clones and a failed decode's rollback carry
+them.
 """
 
 from __future__ import annotations
@@ -56,6 +65,9 @@ from graphir.graph.ops import VIEWS, infer
 
 CACHE_DTYPES = {"f16": np.float16, "f32": np.float32}
 N_KV_PAD = 256  # n_kv is the used prefix rounded up to this (and at most the cache), as llama_kv_cache::get_n_kv
+PLANES = ("row", "col")  # the cell fields of a cache whose tokens take M-RoPE's sections
+PLANES_SAVED = 3  # the state format (graphir.running.state) from which saved cells hold their planes
+EMPTY = {"pos": -1, "seq": 0, "shift": 0, "row": 0, "col": 0}  # each cell field's value in an empty cell
 
 
 def cache_dims(name: str) -> tuple[DimDecl, DimDecl, DimDecl]:
@@ -159,7 +171,7 @@ class KVCache(CellMemory):
     requires = frozenset({"full"})
     buffer_roles = frozenset({"cache_k", "cache_v"})
     k_role = "cache_k"  # the buffer a K-shift turns
-    cell_fields = ("pos", "seq", "shift")
+    cell_fields: tuple[str, ...] = ("pos", "seq", "shift")  # with planes, "row" and "col" too
     seq_layout = ("kind", "type_k", "type_v")
 
     def __init__(self, needs: LayerNeeds, params: ContextParams = ContextParams(),
@@ -195,6 +207,11 @@ class KVCache(CellMemory):
         self.pos = np.full(cells, -1, dtype=np.int64)  # -1: empty cell
         self.seq = np.zeros(cells, dtype=np.uint64)  # bit s: the cell belongs to sequence s
         self.shift = np.zeros(cells, dtype=np.int64)  # pending position delta not yet applied to K
+        self.planar = params.n_pos >= 3  # llama.cpp's is_pos_2d: the cells keep their row and column
+        if self.planar:
+            self.cell_fields = (*self.cell_fields, *PLANES)
+            self.row = np.zeros(cells, dtype=np.int64)  # the cell's second section (an image patch's row)
+            self.col = np.zeros(cells, dtype=np.int64)  # and third (its column)
         self.heads = [s * self.stream_size for s in range(self.n_stream)]  # per stream: where the next slot search starts (not state)
         self._run: RunGraph | None = None  # by the context
         self._graph: Graph | None = None
@@ -320,11 +337,23 @@ class KVCache(CellMemory):
         roped = fields["pos"] - fields["shift"]  # where K was roped: a shift moves it from there
         if ((roped < 0) | (roped > POS_MAX)).any():
             return f"a saved cell's pending shift starts outside the positions [0, {POS_MAX}]"
+        if any(((fields[f] < 0) | (fields[f] > POS_MAX)).any() for f in PLANES if f in fields):
+            return f"a saved cell's row or column is outside the positions [0, {POS_MAX}]"
         if not self.unified:
             for c, m in zip(cells, fields["seq"]):
                 if int(m) != 1 << (int(c) // self.stream_size):
                     return f"cell {int(c)} is not in its sequence's stream"
         return None
+
+    def saved_fields(self, version: int | None) -> tuple[str, ...]:
+        """Formats before PLANES_SAVED hold no planes."""
+        return self.cell_fields if version is None or version >= PLANES_SAVED else self.cell_fields[:3]
+
+    def older_fields(self, fields: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Cells saved without their planes take their position as row and column, as text's: such a state
+        held no image whose patches share a time (they were refused), though its rows may have had other
+        rows and columns, which only a later batch of rows at the same time could have told apart."""
+        return {**fields, **{f: fields["pos"].copy() for f in self.cell_fields if f not in fields}}
 
     def restored(self) -> None:
         for st in range(self.n_stream):  # heads: just after the last used cell of each stream
@@ -403,6 +432,9 @@ class KVCache(CellMemory):
         self.pos[cells] = ub.pos
         self.seq[cells] = [sum(1 << s for s in ids) for ids in ub.seq_ids]
         self.shift[cells] = 0
+        planes = ub.positions(self.params.n_pos).reshape(self.params.n_pos, -1)[1:3] if self.planar else None
+        if planes is not None:
+            self.row[cells], self.col[cells] = planes
         if self.unified:  # after the last cell written in each stream
             self.heads[0] = self._next_head(int(cells[-1]))
         else:
@@ -416,6 +448,10 @@ class KVCache(CellMemory):
         # NOTE: visibility is decided by the cells, not the ubatch: same first seq id, key pos <= query pos.
         ok = (pos[None, :] >= 0) & (((seq[None, :] >> first[:, None]) & np.uint64(1)) == 1)
         ok &= self.rule.sees(q_pos, pos[None, :])
+        if planes is not None and self.rule.causal:  # a key at the query's time: seen up to the query's (row, col)
+            row, col = self.row[None, :n_kv], self.col[None, :n_kv]
+            q_row, q_col = planes[:, :, None].astype(np.int64)
+            ok &= (pos[None, :] != q_pos) | (row < q_row) | ((row == q_row) & (col <= q_col))
         mask = self.rule.mask(ok, q_pos, pos[None, :]).astype(np.float32)
         idxs = cells.astype(np.int64)
         feeds = {self._tail("kq_mask"): mask, self._tail("k_idxs"): idxs, self._tail("v_idxs"): idxs,
@@ -439,26 +475,31 @@ class KVCache(CellMemory):
             rows = {k: v[run].copy() for k, v in self._buffers.items()}
         else:
             rows = {k: v[taken] for k, v in self._buffers.items()} if len(taken) else {}
-        return self.pos.copy(), self.seq.copy(), self.shift.copy(), list(self.heads), taken, rows
+        return {f: getattr(self, f).copy() for f in self.cell_fields}, list(self.heads), taken, rows
 
     def restore(self, snap: Any) -> None:
-        self.pos, self.seq, self.shift, self.heads = snap[0].copy(), snap[1].copy(), snap[2].copy(), list(snap[3])
-        for k, rows in snap[5].items():
-            self._buffers[k][snap[4]] = rows
+        fields, heads, taken, rows = snap
+        for f, a in fields.items():
+            setattr(self, f, a.copy())
+        self.heads = list(heads)
+        for k, saved in rows.items():
+            self._buffers[k][taken] = saved
 
     # ---- the memory API -----------------------------------------------------------------------------
 
     def _free(self, cells: np.ndarray) -> None:
         """Empty the given cells (bool mask) and move the heads back to the first freed cell of their stream."""
         idx = np.flatnonzero(cells)
-        self.pos[idx], self.seq[idx], self.shift[idx] = -1, 0, 0
+        for f in self.cell_fields:
+            getattr(self, f)[idx] = EMPTY[f]
         for c in idx[::-1]:
             s = self._stream_of_cell(int(c))
             if c < self.heads[s]:
                 self.heads[s] = int(c)
 
     def clear(self, data: bool = True) -> None:
-        self.pos[:], self.seq[:], self.shift[:] = -1, 0, 0
+        for f in self.cell_fields:
+            getattr(self, f)[:] = EMPTY[f]
         self.heads = [self.stream_range(s)[0] for s in range(self.n_stream)]
         if data:
             for b in self._buffers.values():
@@ -492,8 +533,10 @@ class KVCache(CellMemory):
                                f"only whole sequences are copied; pass p0=-1, p1=-1")
         (a, b), (c, d) = self.stream_range(self.stream_of(src)), self.stream_range(self.stream_of(dst))
         keep = self._holds(src)[a:b]
-        self.pos[c:d] = np.where(keep, self.pos[a:b], -1)
-        self.shift[c:d] = np.where(keep, self.shift[a:b], 0)
+        for f in self.cell_fields:
+            if f != "seq":
+                cell = getattr(self, f)
+                cell[c:d] = np.where(keep, cell[a:b], EMPTY[f])
         self.seq[c:d] = np.where(keep, np.uint64(1 << dst), np.uint64(0))
         for buf in self._buffers.values():
             buf[c:d] = buf[a:b]

@@ -151,5 +151,7 @@ class ContextParams:
     type_v: str = "f16"
     unified: bool = True
     swa_full: bool = False  # sliding-window layers keep every cell, as full layers do (llama.cpp's swa_full)
+    n_pos: int = 1  # positions a token takes (llama.cpp's n_pos_per_embd): with M-RoPE's 4 a KV cache keeps each
+    #                 cell's row and column too (its second and third sections: graphir.memory.kv)
     buffers: bool = True  # False: sizes only, nothing allocated (what a context of these sizes would hold)
     owner: Any = None  # the hparams of the model the memory is for: compared by set_memory, never read

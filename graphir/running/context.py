@@ -162,7 +162,8 @@ class Context:
                           f"the model was trained with; outputs beyond them may degrade", stacklevel=3)
         self.n_batch, self.n_ubatch, self.n_seq_max = n_batch, min(n_ubatch, n_batch), n_seq_max
         self.pooling = pooling or hp.pooling
-        params = ContextParams(self.n_ctx, n_seq_max, self.n_ubatch, type_k, type_v, unified, swa_full, owner=hp)
+        params = ContextParams(self.n_ctx, n_seq_max, self.n_ubatch, type_k, type_v, unified, swa_full,
+                               n_pos=self._positions, owner=hp)
         check_fits(assemble(memory_kind, arch.needs, replace(params, buffers=False)).nbytes(), self.name)
         self._memory: Memory = assemble(memory_kind, arch.needs, params)
         self.program, self._graph = model.program(memory_kind, self.pooling, n_ctx_seq, phase)

@@ -6,10 +6,10 @@ before anything changes. This module only frames the data: what a memory keeps i
 (``Memory.state_write``/``state_read``, each kind its own section; composites one section per part). All
 integers little-endian.
 
-Format version 2::
+Format version 3::
 
     magic        8 bytes  b"GIRSTATE"
-    version      u32      2
+    version      u32      3
     scope        u32      0 = whole context, 1 = one sequence
     total_len    u64      length of the whole blob, checksum included (detects truncation)
     arch         str      architecture name                        (str = u32 byte length + UTF-8)
@@ -18,14 +18,17 @@ Format version 2::
     kind         str      memory kind
     seq          i32      scope 1: the saved sequence id; scope 0: -1
     memory       ...      the memory's own section (a cell memory: its layout as JSON, the saved cells'
-                          indices and fields, then per served layer the cells' rows)
+                          indices and fields, then per served layer the cells' rows; a KV cache of a model
+                          with M-RoPE sections keeps each cell's row and column among its fields)
     scope 0 only, the last decode's outputs:
     n_out        u32      output rows;  n_vocab u32;  batch index i64[n_out];  logits f32[n_out * n_vocab]
     n_embd_rows  u32      rows of embeddings (0 when off);  n_embd u32;  embeddings f32[rows * n_embd]
     checksum     32 bytes SHA-256 of every byte before it
 
-Version 1 (graphir 0.1's first layout, with one K/V-shaped section for every memory kind) is refused with
-a StateError that says so: its recurrent sections carried made-up cache fields, and its cells no layer map.
+Version 2 is read as well: it is version 3 without the cells' rows and columns, which its cells take from their
+positions (as a text token's are; graphir.memory.kv). Version 1 (graphir 0.1's first layout, with one
+K/V-shaped section for every memory kind) is refused with a StateError that says so: its recurrent sections
+carried made-up cache fields, and its cells no layer map.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from graphir.model.hparams import HParams
 from graphir.memory.io import Reader, Writer
 
 MAGIC = b"GIRSTATE"
-VERSION = 2
+VERSION = 3
+READS = (2, VERSION)  # the versions this graphir loads
 SCOPE_CONTEXT, SCOPE_SEQ = 0, 1
 _HEAD, _SUM = len(MAGIC) + 16, 32  # magic, version, scope and total length; the checksum
 
@@ -130,8 +134,9 @@ def _open(data: bytes | bytearray | memoryview | str | os.PathLike[str]) -> tupl
     if version == 1:
         raise StateError("state format version 1 is no longer read: it predates memories that save their own "
                          "sections (per-layer caches, composite memories); save the state again")
-    if version != VERSION:
-        raise StateError(f"state format version {version} is not supported (this graphir reads version {VERSION})")
+    if version not in READS:
+        raise StateError(f"state format version {version} is not supported (this graphir reads versions "
+                         f"{', '.join(map(str, READS))})")
     if len(data) < total:
         raise StateError(f"state data is truncated: {len(data)} of {total} bytes")
     if len(data) > total:
@@ -140,7 +145,7 @@ def _open(data: bytes | bytearray | memoryview | str | os.PathLike[str]) -> tupl
         raise StateError("state data is corrupt: checksum mismatch")
     if scope not in (SCOPE_CONTEXT, SCOPE_SEQ):
         raise StateError(f"state data is malformed: unknown scope {scope}")
-    return Reader(data, len(data) - _SUM, _HEAD), scope
+    return Reader(data, len(data) - _SUM, _HEAD, version), scope
 
 
 def _check_model(hp: HParams, mem: Any, r: Reader) -> int:
