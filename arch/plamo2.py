@@ -23,7 +23,7 @@ from gguf import Keys
 
 from graphir.errors import MetadataError
 from graphir.graph.ir import Node
-from graphir.memory.layers import Attention, LayerNeeds
+from graphir.memory.layers import LayerNeeds
 from graphir.model import hf_config, presets, ssm
 from graphir.model.architecture import Architecture
 from graphir.model.builder import GraphBuilder, Norm
@@ -62,9 +62,7 @@ class Plamo2(Architecture):
         return max(64, self.hp.n_embd // 16)
 
     def layers(self) -> LayerNeeds:
-        hp = self.hp
-        return tuple(ssm.recurrent_state(hp, hp.ssm_d_inner) if self.recurrent(il)
-                     else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(hp.n_layer))
+        return ssm.state_or_attention(self.hp, self.hp.ssm_d_inner, self.recurrent, self.hp.n_layer)
 
     # ---- tensors -----------------------------------------------------------------------------------------
 

@@ -122,9 +122,7 @@ class Qwen35(Architecture):
         return 2 * self.key_dim + self.hp.ssm_d_inner
 
     def layers(self) -> LayerNeeds:
-        hp = self.hp
-        return tuple(ssm.recurrent_state(hp, self.conv_dim) if self.recurrent(il)
-                     else Attention(hp.n_embd_k_gqa_at(il), hp.n_embd_v_gqa_at(il)) for il in range(self.n_trunk))
+        return ssm.state_or_attention(self.hp, self.conv_dim, self.recurrent, self.n_trunk)
 
     # ---- tensors -----------------------------------------------------------------------------------------
 

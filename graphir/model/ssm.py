@@ -10,13 +10,15 @@ shared by the Mamba family and the Granite hybrids. Reference: Gu & Dao 2023, "M
 
 from __future__ import annotations
 
+from typing import Callable
+
 from gguf import MODEL_TENSOR as T
 from gguf import Keys
 
 from graphir.errors import MetadataError
 from graphir.graph.dims import Dim
 from graphir.graph.ir import Node
-from graphir.memory.layers import Recurrent
+from graphir.memory.layers import Attention, LayerNeeds, Recurrent
 from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key
 from graphir.model.tensors import TensorSpec, scales, spec, tensor_name
@@ -37,6 +39,14 @@ def recurrent_state(hp: HParams, channels: int) -> Recurrent:
     """Per sequence: the last d_conv - 1 columns of the conv's ``channels``, and d_state per inner channel (Mamba's
     states; DeltaNet's d_state x d_state matrix per value head is as many)."""
     return Recurrent((hp.ssm_d_conv - 1) * channels, hp.ssm_d_state * hp.ssm_d_inner)
+
+
+def state_or_attention(hp: HParams, channels: int, recurrent: Callable[[int], bool], n_layer: int) -> LayerNeeds:
+    """The needs of a hybrid's first ``n_layer`` layers: a :func:`recurrent_state` of ``channels`` where
+    ``recurrent(il)``, else self-attention at the layer's K/V widths."""
+    return tuple(recurrent_state(hp, channels) if recurrent(il) else Attention(hp.n_embd_k_gqa_at(il),
+                                                                               hp.n_embd_v_gqa_at(il))
+                 for il in range(n_layer))
 
 
 def conv_input(b: GraphBuilder, x: Node, *, name: str, transposed: str) -> Node:
