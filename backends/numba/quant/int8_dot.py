@@ -23,7 +23,7 @@ from numba.extending import intrinsic
 
 from graphir.backends.numba.primitives.simd import F32Vec, element_ptr
 
-__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "nibble_half_lanes", "nibble_lanes"]
+__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "k_lanes", "nibble_half_lanes", "nibble_lanes"]
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
@@ -164,3 +164,52 @@ def nibble_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
         return _sums(builder, flavour, builder.and_(raw, ir.Constant(raw.type, [15] * 32)), act, 8)
 
     return _on_blocks(sums)
+
+
+def k_lanes(sub: int, bias: int, whole: bool, flavour: str = HOST) -> Callable[..., Any]:
+    """An intrinsic lanes(proto, q, qo, y, yo, sc, so, bs, bo) for a register of 8 lanes: a K-quant super-block's
+    int32 lanes as ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (AVX2) form them, as float32. q: the 256 values as
+    unsigned bytes in element order from q[qo] (uint8); y: the 256 activation quants from y[yo] (int8); sc: the
+    256 / ``sub`` sub-block scales from sc[so] (int8); bs: the activation's 16 sums per 16 quants from bs[bo]
+    (int32). Lane l is, over the eight runs of 32 elements, the sum of (its elements 4l .. 4l + 3 . y) times the
+    scale of their sub-block (of ``sub`` = 16 or 32 elements), less ``bias`` * (sc[2l] * bs[2l] + sc[2l + 1] *
+    bs[2l + 1]) (Q6_K's offset of 32, taken out through the activation sums lane by lane). The integers are
+    exact (int32, as ggml's); converted to float lane by lane, or ``whole``: their sum converted once (the tiled
+    kernels' per-block integer), a float32 scalar."""
+    if sub not in (16, 32) or (bias and sub != 16) or flavour not in ("vnni", "pmadd", "generic"):
+        raise ValueError(f"k_lanes: no sub-block size {sub} with bias {bias}, or unknown flavour {flavour!r}")
+    i32x8 = ir.VectorType(_I32, 8)
+
+    @intrinsic
+    def lanes(typingctx, proto, q, qo, y, yo, sc, so, bs, bo):  # type: ignore[no-untyped-def]
+        if not (isinstance(proto, F32Vec) and proto.n == 8 and all(isinstance(a, types.Array) for a in (q, y, sc, bs))
+                and (q.dtype, y.dtype, sc.dtype, bs.dtype) == (types.uint8, types.int8, types.int8, types.int32)):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            def load(at: int, offset: int, count: int, elem: ir.Type) -> ir.Value:
+                idx = builder.add(args[at + 1], ir.Constant(args[at + 1].type, offset)) if offset else args[at + 1]
+                ptr = element_ptr(context, builder, sig.args[at], args[at], idx, count)
+                return builder.load(builder.bitcast(ptr, ir.VectorType(elem, count).as_pointer()), align=1)
+
+            scales = builder.sext(load(5, 0, 16, _I8), ir.VectorType(_I32, 16))   # sub 32: 8 scales, 8 more bytes
+            acc = ir.Constant(i32x8, [0] * 8)
+            for g in range(8):
+                dots = _sums(builder, flavour, load(1, 32 * g, 32, _I8), load(3, 32 * g, 32, _I8), 8)
+                per_lane = _indices([(32 * g + 4 * lane) // sub for lane in range(8)])
+                acc = builder.add(acc, builder.mul(dots, builder.shuffle_vector(scales, scales, per_lane)))
+            if bias:
+                sums = builder.mul(load(7, 0, 16, _I32), scales)
+                pairs = builder.add(builder.shuffle_vector(sums, sums, _indices(list(range(0, 16, 2)))),
+                                    builder.shuffle_vector(sums, sums, _indices(list(range(1, 16, 2)))))
+                acc = builder.sub(acc, builder.mul(pairs, ir.Constant(i32x8, [bias] * 8)))
+            if not whole:
+                return builder.sitofp(acc, ir.VectorType(ir.FloatType(), 8))
+            total = builder.extract_element(acc, ir.Constant(_I32, 0))
+            for lane in range(1, 8):
+                total = builder.add(total, builder.extract_element(acc, ir.Constant(_I32, lane)))
+            return builder.sitofp(total, ir.FloatType())
+
+        return (types.float32 if whole else proto)(proto, q, qo, y, yo, sc, so, bs, bo), codegen
+
+    return lanes

@@ -24,10 +24,9 @@ from graphir.backends.numba.quant.blocks import (dequantizer, repack_mxfp4, repa
                                                  row_q5_0, row_q5_1, row_q5_k, row_q6_k, row_q8_0)
 from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1,
                                                 pack_q5_0_as_q8_0, pack_q5_1, pack_q8_0)
-from graphir.backends.numba.quant.kquant import pack_q4_k, q4_k_x8
+from graphir.backends.numba.quant.kquant import k_product, pack_q4_k, pack_q5_k, pack_q6_k, q4_k_x8
 from graphir.backends.numba.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
-from graphir.backends.numba.quant.stream import (GEMM_FROM, converting_gemv, gemv_f32, gemv_q4_k, gemv_q5_k, gemv_q6_k,
-                                                 tiled_gemm)
+from graphir.backends.numba.quant.stream import GEMM_FROM, converting_gemv, gemv_f32, gemv_q4_k, tiled_gemm
 
 __all__ = ["QWeight", "QWeightGroup", "SUPPORTED"]
 
@@ -72,9 +71,10 @@ _TYPES: dict[T, _Kind] = {
     T.Q5_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q5_1, exact_gemv("q5_1"), exact_gemv("q5_1"), dequantizer(row_q5_1),
                   pack_q5_1, True),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, q4_k_x8(True), q4_k_x8(True), dequantizer(row_q4_k), pack_q4_k),
-    T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, gemv_q5_k, tiled_gemm(row_q5_k, True),
-                   dequantizer(row_q5_k)),
-    T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, gemv_q6_k, tiled_gemm(row_q6_k), dequantizer(row_q6_k)),
+    T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, k_product("q5_k"), k_product("q5_k"), dequantizer(row_q5_k),
+                  pack_q5_k),
+    T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, k_product("q6_k"), k_product("q6_k"), dequantizer(row_q6_k),
+                  pack_q6_k),
 }
 SUPPORTED = frozenset(_TYPES)
 # llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"), and only a 2-D one
