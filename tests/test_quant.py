@@ -463,7 +463,8 @@ def test_q6_k_and_q5_k_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_ker
     dots = np.einsum("rbgle,nbgle->nrbgl", q.reshape(rows, nb, 8, 8, 4), qx.reshape(n, nb, 8, 8, 4))
     lanes = (dots * sc[:, :, (32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub][None]).sum(3)  # (n, rows, nb, 8)
     if bias:
-        lanes -= bias * (sc[None, :, :, 0::2] * bsums[:, None, :, 0::2] + sc[None, :, :, 1::2] * bsums[:, None, :, 1::2])
+        pairs = sc[None, :, :, 0::2] * bsums[:, None, :, 0::2] + sc[None, :, :, 1::2] * bsums[:, None, :, 1::2]
+        lanes -= bias * pairs
     want = np.empty((n, rows), F32)
     for r in range(n):
         acc, summs = np.zeros((rows, 8) if n < 8 else rows, F32), np.zeros(rows, F32)

@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends.numba.primitives.bits import fma
-from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vsplat, vzero
+from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vsplat, vzero
 from graphir.backends.numba.quant.blocks import k_scales
 from graphir.backends.numba.quant.int8_dot import k_lanes, nibble_lanes
 
@@ -88,6 +88,15 @@ def q8_k_rows(x, y, yd, ysum):
 
 
 @njit(cache=True, inline="always")
+def _q8_k(x):
+    """x quantized to Q8_K (q8_k_rows): the quants of all rows flat, d per super-block, the sums per 16."""
+    n, k = x.shape
+    y, yd, ysum = np.empty((n, k), np.int8), np.empty((n, k >> 8), _F32), np.empty((n, k >> 4), _I32)
+    q8_k_rows(x, y, yd, ysum)
+    return y.reshape(-1), yd, ysum
+
+
+@njit(cache=True, inline="always")
 def _sub_block_sum(ysum, r, b, j):
     """The sum of activation row r's quants over 32-element sub-block j of super-block b (two bsums)."""
     return ysum[r, b * 16 + 2 * j] + ysum[r, b * 16 + 2 * j + 1]
@@ -123,9 +132,8 @@ def q4_k_x8(gemm: bool) -> Callable:
     def product(qs, sm, dd, x, out):
         n, k = x.shape
         nb, rows = k >> 8, out.shape[1]
-        y, yd, ysum = np.empty((n, k), np.int8), np.empty((n, nb), _F32), np.empty((n, nb * 16), _I32)
-        q8_k_rows(x, y, yd, ysum)
-        yf, qf, sf = y.reshape(-1), qs.reshape(-1), sm.reshape(-1)
+        yf, yd, ysum = _q8_k(x)
+        qf, sf = qs.reshape(-1), sm.reshape(-1)
         in_fours = n - (n & 3) if gemm else 0                 # rows the GEMM takes; the rest go one by one
         for i in prange(rows):
             for r in range(n):
@@ -176,20 +184,45 @@ def pack_q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
-_q6_lanes, _q6_whole = k_lanes(16, 32, False), k_lanes(16, 32, True)
-_q5_lanes, _q5_whole = k_lanes(32, 0, False), k_lanes(32, 0, True)
+_q6_lanes, _q6_sums, _q6_sums4 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 4)
+_q5_lanes, _q5_sums, _q5_sums4 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 4)
 
 
 @njit(cache=True, inline="always")
 def _lanes(q6, q, qo, y, yo, sc, so, bs, bo):
-    """A super-block's eight lanes (int8_dot.k_lanes) of Q6_K (``q6``) or Q5_K."""
-    return _q6_lanes(_V8, q, qo, y, yo, sc, so, bs, bo) if q6 else _q5_lanes(_V8, q, qo, y, yo, sc, so, bs, bo)
+    """A super-block's eight lanes (int8_dot.k_lanes) of Q6_K (``q6``) or Q5_K, for one activation row."""
+    if q6:
+        return _q6_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    return _q5_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
 
 
 @njit(cache=True, inline="always")
-def _whole(q6, q, qo, y, yo, sc, so, bs, bo):
-    """The sum of those lanes, converted once."""
-    return _q6_whole(_V8, q, qo, y, yo, sc, so, bs, bo) if q6 else _q5_whole(_V8, q, qo, y, yo, sc, so, bs, bo)
+def _sums(q6, four, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):
+    """The sums of those lanes for four activation rows (``four``) or one, in lanes 0-3 or 0."""
+    if q6:
+        return _q6_sums4(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if four else \
+            _q6_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    return _q5_sums4(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if four else \
+        _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+
+
+@njit(cache=True, inline="always")
+def _imin(q6, sc, so, ysum, r, b):
+    """Q5_K's sum_j m_j * (activation row r's sum over sub-block j) of super-block b; 0 for Q6_K."""
+    imin = 0
+    if not q6:
+        for j in range(8):
+            imin += _I32(sc[so + 8 + j]) * _sub_block_sum(ysum, r, b, j)
+    return imin
+
+
+@njit(cache=True, inline="always")
+def _tiled_link(q6, s1, dd, i, b, imin, dx, acc):
+    """One super-block of the tiled kernels' chain: res = d * s1, fnmadd(dmin, imin, res), fma(res, d_x, acc)."""
+    res = dd[i, b, 0] * s1
+    if not q6:
+        res = fma(-dd[i, b, 1], _F32(imin), res)
+    return fma(res, dx, acc)
 
 
 def k_product(fmt: str) -> Callable:
@@ -200,7 +233,8 @@ def k_product(fmt: str) -> Callable:
     lane, hsum_float_8 at the end, and Q5_K's min term chained apart, summs = fma(-d_x * dmin_w, float(imin),
     summs) (the build contracts it), added last. From _TILED_FROM rows, ggml-cpu/tiled: per super-block the
     exact integer s1 (all lanes' sum) and Q5_K's imin, res = d_w * float(s1), res = fnmadd(dmin_w, float(imin),
-    res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels alike; their final add is contracted).
+    res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels alike; their final add is contracted);
+    here four activation rows at a time, which share the weight's loads.
     imin = sum_j m_j * (the activation's sum over sub-block j)."""
     if fmt not in ("q6_k", "q5_k"):
         raise ValueError(f"k_product: unknown format {fmt!r}")
@@ -210,33 +244,35 @@ def k_product(fmt: str) -> Callable:
     def product(qv, sc, dd, x, out):
         n, k = x.shape
         nb, rows = k >> 8, out.shape[1]
-        y, yd, ysum = np.empty((n, k), np.int8), np.empty((n, nb), _F32), np.empty((n, nb * 16), _I32)
-        q8_k_rows(x, y, yd, ysum)
-        yf, qf, sf, bf = y.reshape(-1), qv.reshape(-1), sc.reshape(-1), ysum.reshape(-1)
-        tiled = n >= _TILED_FROM
+        yf, yd, ysum = _q8_k(x)
+        qf, sf, bf = qv.reshape(-1), sc.reshape(-1), ysum.reshape(-1)
+        in_fours = n - (n & 3) if n >= _TILED_FROM else 0
         for i in prange(rows):
-            for r in range(n):
+            for r in range(0, in_fours, 4):                   # the tiled kernels, four rows at a time
+                a0 = a1 = a2 = a3 = _F32(0.0)
+                for b in range(nb):
+                    qo, so = max((i * nb + b) * 256, 0), max((i * nb + b) * 16, 0)
+                    s = _sums(q6, True, qf, qo, yf, max(r * k + b * 256, 0), k, sf, so, bf,
+                              max((r * nb + b) * 16, 0), nb * 16)
+                    a0 = _tiled_link(q6, vlane(s, 0), dd, i, b, _imin(q6, sf, so, ysum, r, b), yd[r, b], a0)
+                    a1 = _tiled_link(q6, vlane(s, 1), dd, i, b, _imin(q6, sf, so, ysum, r + 1, b), yd[r + 1, b], a1)
+                    a2 = _tiled_link(q6, vlane(s, 2), dd, i, b, _imin(q6, sf, so, ysum, r + 2, b), yd[r + 2, b], a2)
+                    a3 = _tiled_link(q6, vlane(s, 3), dd, i, b, _imin(q6, sf, so, ysum, r + 3, b), yd[r + 3, b], a3)
+                out[r, i], out[r + 1, i], out[r + 2, i], out[r + 3, i] = a0, a1, a2, a3
+            for r in range(in_fours, n):
                 acc, summs, lanes_acc = _F32(0.0), _F32(0.0), vzero(_V8)
                 for b in range(nb):
                     qo, yo = max((i * nb + b) * 256, 0), max(r * k + b * 256, 0)
                     so, bo = max((i * nb + b) * 16, 0), max((r * nb + b) * 16, 0)
-                    imin = 0
-                    if not q6:
-                        for j in range(8):
-                            imin += _I32(sf[so + 8 + j]) * _sub_block_sum(ysum, r, b, j)
-                    if tiled:
-                        res = dd[i, b, 0] * _whole(q6, qf, qo, yf, yo, sf, so, bf, bo)
-                        if not q6:
-                            res = fma(-dd[i, b, 1], _F32(imin), res)
-                        acc = fma(res, yd[r, b], acc)
-                    else:
-                        lanes_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]),
-                                         _lanes(q6, qf, qo, yf, yo, sf, so, bf, bo), lanes_acc)
+                    imin = _imin(q6, sf, so, ysum, r, b)
+                    if n >= _TILED_FROM:                      # the tiled kernels' last rows
+                        acc = _tiled_link(q6, vlane(_sums(q6, False, qf, qo, yf, yo, 0, sf, so, bf, bo, 0), 0),
+                                          dd, i, b, imin, yd[r, b], acc)
+                    else:                                     # the vec_dot
+                        lanes = _lanes(q6, qf, qo, yf, yo, sf, so, bf, bo)
+                        lanes_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]), lanes, lanes_acc)
                         if not q6:
                             summs = fma(-yd[r, b] * dd[i, b, 1], _F32(imin), summs)
-                if tiled:
-                    out[r, i] = acc
-                else:
-                    out[r, i] = vhsum(lanes_acc) if q6 else vhsum(lanes_acc) + summs
+                out[r, i] = acc if n >= _TILED_FROM else vhsum(lanes_acc) if q6 else vhsum(lanes_acc) + summs
 
     return product
