@@ -417,3 +417,64 @@ def test_q4_k_rows_in_eights_are_llama_cpps_repacked_order(n):
         want[r] = _fma_chain(terms, sw, np.zeros(rows, F32)) - _fma_chain(mins, sm, np.zeros(rows, F32))
     assert np.abs(isum[-1, 3].sum(-1)).max() >= 2 ** 24
     assert_bits_equal(QWeight.prepare(raw, T.Q4_K, ne0).matmul(x), want)
+
+
+def _fma(a, b, c) -> np.ndarray:
+    """float32 fma(a, b, c), emulated in float64 (the product exact there, one rounding to float32)."""
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(F32)
+
+
+def _hsum8(a: np.ndarray) -> np.ndarray:
+    """hsum_float_8 over the last axis (8 lanes): ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), in float32."""
+    a = a.astype(F32)
+    return ((a[..., 0] + a[..., 4]) + (a[..., 2] + a[..., 6])) + ((a[..., 1] + a[..., 5]) + (a[..., 3] + a[..., 7]))
+
+
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 7, 8, 9])
+def test_q6_k_and_q5_k_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
+    """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (their AVX2 code, which AVX-512 builds take too) for fewer than 8
+    activation rows: per super-block eight int32 lanes, lane l over the runs of 32 elements the scale of its
+    sub-block times (elements 4l .. 4l + 3 . q8), less for Q6_K 32 * (sc[2l] * bsum[2l] + sc[2l + 1] * bsum[2l + 1])
+    (its values' offset); acc = fma(d_x * d_w, lane, acc) lane by lane, hsum_float_8, plus Q5_K's min chain
+    summs = fma(-d_x * dmin, imin, summs). From 8 rows ggml-cpu/tiled: res = d_w * float(sum of the lanes),
+    res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc). imin = sum_j m_j * (bsum[2j] + bsum[2j + 1]).
+    One row holds the largest values and scales, and x's last row +-1 (1 on lane 0's elements): sums past 2^24,
+    for Q6_K in a lane (its products and offset of one sign)."""
+    rng = np.random.default_rng(n)
+    rows, ne0 = 16, 512
+    raw = make_weight(qtype, rows, ne0, rng)
+    blocks = raw.reshape(rows, -1, gguf.GGML_QUANT_SIZES[qtype][1])
+    if qtype == T.Q6_K:
+        blocks[3, :, 0:192], blocks[3, :, 192:208] = 255, 127              # values 63, scales 127
+    else:
+        blocks[3, :, 4:176] = 255                                          # scales and mins 63, values 31
+    x = rng.standard_normal((n, ne0)).astype(F32)
+    x[-1] = np.where(np.arange(ne0) % 32 < 4, 1.0, -1.0)                  # lane 0's elements against the others
+    qx, dx, bsums = q8k_blocks(x)                                          # (n, nb, 256), (n, nb), (n, nb, 16)
+    if qtype == T.Q6_K:
+        q, d, sc = weight_ints(raw, qtype, ne0)
+        q, dmin, sub, bias, imin = q + 32, np.zeros_like(d), 16, 32, np.zeros((n, rows, d.shape[1]), np.int64)
+    else:
+        q, d, dmin, sc, mn = weight_ints(raw, qtype, ne0)
+        sub, bias = 32, 0
+        imin = (mn[None] * bsums.reshape(n, 1, -1, 8, 2).sum(-1)).sum(-1)                         # (n, rows, nb)
+    nb = d.shape[1]
+    dots = np.einsum("rbgle,nbgle->nrbgl", q.reshape(rows, nb, 8, 8, 4), qx.reshape(n, nb, 8, 8, 4))
+    lanes = (dots * sc[:, :, (32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub][None]).sum(3)  # (n, rows, nb, 8)
+    if bias:
+        pairs = sc[None, :, :, 0::2] * bsums[:, None, :, 0::2] + sc[None, :, :, 1::2] * bsums[:, None, :, 1::2]
+        lanes -= bias * pairs
+    want = np.empty((n, rows), F32)
+    for r in range(n):
+        acc, summs = np.zeros((rows, 8) if n < 8 else rows, F32), np.zeros(rows, F32)
+        for b in range(nb):
+            if n < 8:
+                acc = _fma(lanes[r, :, b].astype(F32), (dx[r, b] * d[:, b, None]).astype(F32), acc)
+                summs = _fma(imin[r, :, b].astype(F32), (-dx[r, b] * dmin[:, b]).astype(F32), summs)
+            else:
+                res = (d[:, b] * lanes[r, :, b].sum(-1).astype(F32)).astype(F32)
+                acc = _fma(_fma(-dmin[:, b], imin[r, :, b].astype(F32), res), dx[r, b], acc)
+        want[r] = acc if n >= 8 else _hsum8(acc) if qtype == T.Q6_K else _hsum8(acc) + summs
+    assert np.abs(lanes[-1, 3]).max() >= 2 ** 24 if qtype == T.Q6_K else np.abs(lanes[-1, 3].sum(-1)).max() >= 2 ** 24
+    assert_bits_equal(QWeight.prepare(raw, qtype, ne0).matmul(x), want)

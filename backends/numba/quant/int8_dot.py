@@ -23,7 +23,7 @@ from numba.extending import intrinsic
 
 from graphir.backends.numba.primitives.simd import F32Vec, element_ptr
 
-__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "nibble_half_lanes", "nibble_lanes"]
+__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "k_lanes", "nibble_half_lanes", "nibble_lanes"]
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
@@ -66,6 +66,21 @@ def _sums(builder: ir.IRBuilder, flavour: str, w: ir.Value, y: ir.Value, n: int)
     p = builder.mul(builder.zext(w, wide), builder.sext(y, wide))
     parts = [builder.shuffle_vector(p, p, _indices(list(range(j, 4 * n, 4)))) for j in range(4)]
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+
+def _scaled_sums(builder: ir.IRBuilder, flavour: str, w: ir.Value, y: ir.Value, scales: ir.Value, n: int) -> ir.Value:
+    """n int32 lanes, each its scale (an int32 lane of ``scales``, within int16) times the sum of four products,
+    w's bytes unsigned and y's signed: ggml's K-quant lanes, as it forms them where the host can (pmaddubsw, then
+    pmaddwd against the scales; VNNI has no scaled form), else _sums times the scales."""
+    bits = 32 * n
+    if flavour == "generic" or (bits == 512 and not _AVX512BW):
+        return builder.mul(_sums(builder, "generic", w, y, n), scales)
+    vw = ir.VectorType(_I16, 2 * n)
+    pre = "llvm.x86.avx512." if bits == 512 else "llvm.x86.avx2."
+    pairs = _x86(builder, pre + ("pmaddubs.w.512" if bits == 512 else "pmadd.ub.sw"), vw, [w, y])
+    twice = builder.shuffle_vector(scales, scales, _indices([i // 2 for i in range(2 * n)]))
+    return _x86(builder, pre + ("pmaddw.d.512" if bits == 512 else "pmadd.wd"), ir.VectorType(_I32, n),
+                [pairs, builder.trunc(twice, vw)])
 
 
 Loader = Callable[[int, int], ir.Value]  # (offset, count) -> that many bytes (i8 vector) from an operand's index on
@@ -164,3 +179,67 @@ def nibble_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
         return _sums(builder, flavour, builder.and_(raw, ir.Constant(raw.type, [15] * 32)), act, 8)
 
     return _on_blocks(sums)
+
+
+def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST) -> Callable[..., Any]:
+    """An intrinsic lanes(proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) for a register of 8 lanes: a K-quant
+    super-block's int32 lanes as ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (AVX2) form them, as float32. q: the 256
+    values as unsigned bytes in element order from q[qo] (uint8); y: the 256 activation quants from y[yo] (int8);
+    sc: the 256 / ``sub`` sub-block scales from sc[so] (int8); bs: the activation's 16 sums per 16 quants from
+    bs[bo] (int32). Lane l is, over the eight runs of 32 elements, the sum of (its elements 4l .. 4l + 3 . y)
+    times the scale of their sub-block (of ``sub`` = 16 or 32 elements), less ``bias`` * (sc[2l] * bs[2l] +
+    sc[2l + 1] * bs[2l + 1]) (Q6_K's offset of 32, taken out through the activation sums lane by lane). The
+    integers are exact (int32, as ggml's), converted to float lane by lane; or, ``rows`` > 0, the lanes' sum
+    converted once (the tiled kernels' per-block integer) for that many activation rows at y[yo + t * ystep],
+    bs[bo + t * bstep], row t's in lane t: the weight's values and scales are loaded once for them all."""
+    if sub not in (16, 32) or (bias and sub != 16) or not 0 <= rows <= 8 or flavour not in ("vnni", "pmadd", "generic"):
+        raise ValueError(f"k_lanes: no sub-block size {sub} with bias {bias} for {rows} rows, or unknown "
+                         f"flavour {flavour!r}")
+    i32x8, wide = ir.VectorType(_I32, 8), WIDE_LANES        # runs of 32 formed two at a time on AVX-512
+
+    @intrinsic
+    def lanes(typingctx, proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):  # type: ignore[no-untyped-def]
+        if not (isinstance(proto, F32Vec) and proto.n == 8 and all(isinstance(a, types.Array) for a in (q, y, sc, bs))
+                and (q.dtype, y.dtype, sc.dtype, bs.dtype) == (types.uint8, types.int8, types.int8, types.int32)):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            def load(at: int, offset: int | ir.Value, count: int, elem: ir.Type) -> ir.Value:
+                idx = args[at + 1]
+                if not isinstance(offset, int) or offset:
+                    idx = builder.add(idx, offset if not isinstance(offset, int) else ir.Constant(idx.type, offset))
+                ptr = element_ptr(context, builder, sig.args[at], args[at], idx, count)
+                return builder.load(builder.bitcast(ptr, ir.VectorType(elem, count).as_pointer()), align=1)
+
+            raw_scales = load(6, 0, 16, _I8)                  # sub 32: 8 scales (and 8 bytes not read)
+            runs = range(0, 8, wide // 8)
+            values = [load(1, 32 * g, 4 * wide, _I8) for g in runs]
+            scales = [builder.sext(builder.shuffle_vector(raw_scales, raw_scales, _indices(
+                [(32 * g + 4 * lane) // sub for lane in range(wide)])), ir.VectorType(_I32, wide)) for g in runs]
+            out = ir.Constant(ir.VectorType(ir.FloatType(), 8), [0.0] * 8)
+            for t in range(max(rows, 1)):
+                yo = builder.mul(args[5], ir.Constant(args[5].type, t))
+                acc = ir.Constant(ir.VectorType(_I32, wide), [0] * wide)
+                for k, g in enumerate(runs):
+                    y_run = load(3, builder.add(yo, ir.Constant(yo.type, 32 * g)), 4 * wide, _I8)
+                    acc = builder.add(acc, _scaled_sums(builder, flavour, values[k], y_run, scales[k], wide))
+                if wide > 8:                                  # the runs' lanes added in integers: ggml's 8 lanes
+                    acc = builder.add(builder.shuffle_vector(acc, acc, _indices(list(range(8)))),
+                                      builder.shuffle_vector(acc, acc, _indices(list(range(8, 16)))))
+                if bias:
+                    bo = builder.mul(args[10], ir.Constant(args[10].type, t))
+                    sums = builder.mul(load(8, bo, 16, _I32), builder.sext(raw_scales, ir.VectorType(_I32, 16)))
+                    pairs = builder.add(builder.shuffle_vector(sums, sums, _indices(list(range(0, 16, 2)))),
+                                        builder.shuffle_vector(sums, sums, _indices(list(range(1, 16, 2)))))
+                    acc = builder.sub(acc, builder.mul(pairs, ir.Constant(i32x8, [bias] * 8)))
+                if not rows:
+                    return builder.sitofp(acc, ir.VectorType(ir.FloatType(), 8))
+                total = builder.extract_element(acc, ir.Constant(_I32, 0))
+                for lane in range(1, 8):
+                    total = builder.add(total, builder.extract_element(acc, ir.Constant(_I32, lane)))
+                out = builder.insert_element(out, builder.sitofp(total, ir.FloatType()), ir.Constant(_I32, t))
+            return out
+
+        return proto(proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep), codegen
+
+    return lanes

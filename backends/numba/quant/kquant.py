@@ -1,4 +1,5 @@
-"""Q4_K bit for bit: the order of llama.cpp's repacked 8x8 kernels.
+"""The K-quants bit for bit: Q4_K in the order of llama.cpp's repacked 8x8 kernels, Q6_K and Q5_K in that of its
+vec_dot and tiled kernels.
 
 On an x86 host with AVX2, llama.cpp moves every Q4_K matrix whose rows come in eights into its repack buffer
 (ggml-cpu/repack.cpp, block_q4_Kx8) and multiplies it with ggml_gemv_q4_K_8x8_q8_K (one activation row) or
@@ -13,6 +14,12 @@ GEMM gives the same numbers). Integer sums are exact however they are formed, so
 plain loops and keeps only the float order.
 Layout (pack_q4_k): the GGUF quant bytes as they are, and per row and super-block the eight 6-bit scales and
 eight mins unpacked to bytes and d, dmin as float32.
+Q6_K and Q5_K, which x86 builds never repack, go through ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K below 8
+activation rows and through ggml-cpu/tiled from 8 (k_product). Both form per super-block exact int32 lane sums
+of unsigned values times Q8_K quants, which the host's integer dot product forms here too (int8_dot.k_lanes).
+Layout (pack_q6_k, pack_q5_k): the values as bytes in element order (1 byte a weight: 0.82 / 0.69 in GGUF),
+16 scale bytes a super-block (Q6_K's int8 scales; Q5_K's scales and mins as pack_q4_k's) and d, dmin as
+float32 (Q6_K's dmin 0): the lane sums read 32 values with one load, as ggml's do after it has assembled them.
 """
 
 from __future__ import annotations
@@ -23,9 +30,9 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends.numba.primitives.bits import fma
-from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vsplat, vzero
+from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vsplat, vzero
 from graphir.backends.numba.quant.blocks import k_scales
-from graphir.backends.numba.quant.int8_dot import nibble_lanes
+from graphir.backends.numba.quant.int8_dot import k_lanes, nibble_lanes
 
 _V8 = lanes(8)
 _low, _high = nibble_lanes(False), nibble_lanes(True)
@@ -35,21 +42,24 @@ _I32 = np.int32
 _exact = dict(parallel=True, cache=True)                  # no FMA contraction but the written ones: bit-exact
 
 
-def pack_q4_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q4_K blocks (rows, nb, 144) -> quant bytes (rows, nb * 128), scales and mins (rows, nb, 16) uint8 (eight
-    scales, then eight mins) and (rows, nb, 2) float32 d, dmin."""
-    rows, nb = b.shape[:2]
+def _scales_mins_d(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K blocks (rows, nb, size) -> scales and mins (rows, nb, 16) uint8 (eight 6-bit scales, then
+    eight mins) and (rows, nb, 2) float32 d, dmin."""
     sc, mn = k_scales(b[:, :, 4:16])
-    d = np.ascontiguousarray(b[:, :, 0:4]).view(np.float16).astype(_F32).reshape(rows, nb, 2)
-    return (np.ascontiguousarray(b[:, :, 16:144]).reshape(rows, -1),
-            np.ascontiguousarray(np.concatenate([sc, mn], axis=-1).astype(np.uint8)), d)
+    d = np.ascontiguousarray(b[:, :, 0:4]).view(np.float16).astype(_F32).reshape(*b.shape[:2], 2)
+    return np.ascontiguousarray(np.concatenate([sc, mn], axis=-1).astype(np.uint8)), d
+
+
+def pack_q4_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K blocks (rows, nb, 144) -> quant bytes (rows, nb * 128), _scales_mins_d."""
+    return (np.ascontiguousarray(b[:, :, 16:144]).reshape(b.shape[0], -1), *_scales_mins_d(b))
 
 
 @njit(cache=True)
 def q8_k_rows(x, y, yd, ysum):
     """quantize_row_q8_K_ref over each row of x: per super-block the scale -127 / (the first value of largest
-    magnitude), quants round-half-even clamped at 127 into y, d = 1 / scale into yd, and each 32-block's sum of
-    quants into ysum (llama.cpp's bsums, added in pairs)."""
+    magnitude), quants round-half-even clamped at 127 into y, d = 1 / scale into yd, and each 16 quants' sum
+    into ysum (llama.cpp's bsums)."""
     n, k = x.shape
     for r in range(n):
         for sb in range(k >> 8):
@@ -63,22 +73,33 @@ def q8_k_rows(x, y, yd, ysum):
                 yd[r, sb] = _F32(0.0)
                 for j in range(256):
                     y[r, o + j] = 0
-                for g in range(8):
-                    ysum[r, sb * 8 + g] = 0
+                for g in range(16):
+                    ysum[r, sb * 16 + g] = 0
                 continue
             iscale = _F32(-127.0) / vmax
             yd[r, sb] = _F32(1.0) / iscale
-            for g in range(8):
+            for g in range(16):
                 t = 0
-                for j in range(32):
-                    q = _I32(min(np.rint(iscale * x[r, o + g * 32 + j]), _F32(127.0)))
-                    y[r, o + g * 32 + j] = q
+                for j in range(16):
+                    q = _I32(min(np.rint(iscale * x[r, o + g * 16 + j]), _F32(127.0)))
+                    y[r, o + g * 16 + j] = q
                     t += q
-                ysum[r, sb * 8 + g] = t
+                ysum[r, sb * 16 + g] = t
 
 
-_V8 = lanes(8)
-_low, _high = nibble_lanes(False), nibble_lanes(True)
+@njit(cache=True, inline="always")
+def _q8_k(x):
+    """x quantized to Q8_K (q8_k_rows): the quants of all rows flat, d per super-block, the sums per 16."""
+    n, k = x.shape
+    y, yd, ysum = np.empty((n, k), np.int8), np.empty((n, k >> 8), _F32), np.empty((n, k >> 4), _I32)
+    q8_k_rows(x, y, yd, ysum)
+    return y.reshape(-1), yd, ysum
+
+
+@njit(cache=True, inline="always")
+def _sub_block_sum(ysum, r, b, j):
+    """The sum of activation row r's quants over 32-element sub-block j of super-block b (two bsums)."""
+    return ysum[r, b * 16 + 2 * j] + ysum[r, b * 16 + 2 * j + 1]
 
 
 @njit(cache=True, inline="always")
@@ -111,9 +132,8 @@ def q4_k_x8(gemm: bool) -> Callable:
     def product(qs, sm, dd, x, out):
         n, k = x.shape
         nb, rows = k >> 8, out.shape[1]
-        y, yd, ysum = np.empty((n, k), np.int8), np.empty((n, nb), _F32), np.empty((n, nb * 8), _I32)
-        q8_k_rows(x, y, yd, ysum)
-        yf, qf, sf = y.reshape(-1), qs.reshape(-1), sm.reshape(-1)
+        yf, yd, ysum = _q8_k(x)
+        qf, sf = qs.reshape(-1), sm.reshape(-1)
         in_fours = n - (n & 3) if gemm else 0                 # rows the GEMM takes; the rest go one by one
         for i in prange(rows):
             for r in range(n):
@@ -123,16 +143,136 @@ def q4_k_x8(gemm: bool) -> Callable:
                     qo, yo, so = max((i * nb + b) * 128, 0), max(r * k + b * 256, 0), max((i * nb + b) * 16, 0)
                     if r < in_fours:                          # the GEMM: one FMA per pair of sub-blocks
                         for p in range(4):
-                            imin = _I32(sf[so + 8 + 2 * p]) * ysum[r, b * 8 + 2 * p] \
-                                + _I32(sf[so + 9 + 2 * p]) * ysum[r, b * 8 + 2 * p + 1]
+                            imin = _I32(sf[so + 8 + 2 * p]) * _sub_block_sum(ysum, r, b, 2 * p) \
+                                + _I32(sf[so + 9 + 2 * p]) * _sub_block_sum(ysum, r, b, 2 * p + 1)
                             acc = fma(_scaled_dots(qf, qo + 32 * p, yf, yo + 64 * p, sf, so + 2 * p, 1), dw, acc)
                             acc_min = fma(_F32(imin), dm, acc_min)
                     else:                                     # the GEMV: one FMA per super-block
                         imin = 0
                         for j in range(8):
-                            imin += _I32(sf[so + 8 + j]) * ysum[r, b * 8 + j]
+                            imin += _I32(sf[so + 8 + j]) * _sub_block_sum(ysum, r, b, j)
                         acc = fma(_scaled_dots(qf, qo, yf, yo, sf, so, 4), dw, acc)
                         acc_min = fma(_F32(imin), dm, acc_min)
                 out[r, i] = acc - acc_min
+
+    return product
+
+
+# --- Q6_K and Q5_K: llama.cpp's vec_dot and its tiled kernels -------------------------------------------------
+
+def pack_q6_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K blocks (rows, nb, 210) -> the values 0-63 as bytes in element order (rows, nb * 256), the sixteen
+    int8 scales (rows, nb, 16) and (rows, nb, 2) float32 d, 0 (no min)."""
+    rows, nb = b.shape[:2]
+    ql, qh = b[:, :, 0:128].reshape(rows, nb, 2, 1, 64), b[:, :, 128:192].reshape(rows, nb, 2, 1, 32)
+    low = np.concatenate([ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=3)
+    high = qh >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1) & 3              # [half][run of 32][l]
+    d = np.zeros((rows, nb, 2), _F32)
+    d[:, :, 0] = np.ascontiguousarray(b[:, :, 208:210]).view(np.float16)[..., 0]
+    return (low | high << 4).reshape(rows, -1), np.ascontiguousarray(b[:, :, 192:208]).view(np.int8), d
+
+
+def pack_q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q5_K blocks (rows, nb, 176) -> the values 0-31 as bytes in element order (rows, nb * 256), then as
+    _scales_mins_d (the scales and mins as int8)."""
+    rows, nb = b.shape[:2]
+    qs, qh = b[:, :, 48:176].reshape(rows, nb, 4, 1, 32), b[:, :, 16:48].reshape(rows, nb, 1, 32)
+    nibbles = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(rows, nb, 8, 32)  # run 2j + t of 32
+    fifth = qh >> np.arange(8, dtype=np.uint8).reshape(8, 1) & 1                 # run g: bit g of qh[l]
+    sm, d = _scales_mins_d(b)
+    return (nibbles | fifth << 4).reshape(rows, -1), sm.view(np.int8), d
+
+
+_TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
+_q6_lanes, _q6_sums, _q6_sums4 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 4)
+_q5_lanes, _q5_sums, _q5_sums4 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 4)
+
+
+@njit(cache=True, inline="always")
+def _lanes(q6, q, qo, y, yo, sc, so, bs, bo):
+    """A super-block's eight lanes (int8_dot.k_lanes) of Q6_K (``q6``) or Q5_K, for one activation row."""
+    if q6:
+        return _q6_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    return _q5_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+
+
+@njit(cache=True, inline="always")
+def _sums(q6, four, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):
+    """The sums of those lanes for four activation rows (``four``) or one, in lanes 0-3 or 0."""
+    if q6:
+        return _q6_sums4(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if four else \
+            _q6_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    return _q5_sums4(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if four else \
+        _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+
+
+@njit(cache=True, inline="always")
+def _imin(q6, sc, so, ysum, r, b):
+    """Q5_K's sum_j m_j * (activation row r's sum over sub-block j) of super-block b; 0 for Q6_K."""
+    imin = 0
+    if not q6:
+        for j in range(8):
+            imin += _I32(sc[so + 8 + j]) * _sub_block_sum(ysum, r, b, j)
+    return imin
+
+
+@njit(cache=True, inline="always")
+def _tiled_link(q6, s1, dd, i, b, imin, dx, acc):
+    """One super-block of the tiled kernels' chain: res = d * s1, fnmadd(dmin, imin, res), fma(res, d_x, acc)."""
+    res = dd[i, b, 0] * s1
+    if not q6:
+        res = fma(-dd[i, b, 1], _F32(imin), res)
+    return fma(res, dx, acc)
+
+
+def k_product(fmt: str) -> Callable:
+    """The product of Q6_K (fmt "q6_k") or Q5_K ("q5_k") rows with x (n, k), quantizing x itself (Q8_K), as
+    llama.cpp's mul_mat and mul_mat_id multiply a K-quant matrix it does not repack (x86 repacks neither):
+    below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (their AVX2 code, which AVX-512 builds take
+    too): per super-block eight int32 lanes (int8_dot.k_lanes), acc = fma(d_x * d_w, float(lane), acc) lane by
+    lane, hsum_float_8 at the end, and Q5_K's min term chained apart, summs = fma(-d_x * dmin_w, float(imin),
+    summs) (the build contracts it), added last. From _TILED_FROM rows, ggml-cpu/tiled: per super-block the
+    exact integer s1 (all lanes' sum) and Q5_K's imin, res = d_w * float(s1), res = fnmadd(dmin_w, float(imin),
+    res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels alike; their final add is contracted);
+    here four activation rows at a time, which share the weight's loads.
+    imin = sum_j m_j * (the activation's sum over sub-block j)."""
+    if fmt not in ("q6_k", "q5_k"):
+        raise ValueError(f"k_product: unknown format {fmt!r}")
+    q6 = fmt == "q6_k"
+
+    @njit(**_exact)
+    def product(qv, sc, dd, x, out):
+        n, k = x.shape
+        nb, rows = k >> 8, out.shape[1]
+        yf, yd, ysum = _q8_k(x)
+        qf, sf, bf = qv.reshape(-1), sc.reshape(-1), ysum.reshape(-1)
+        in_fours = n - (n & 3) if n >= _TILED_FROM else 0
+        for i in prange(rows):
+            for r in range(0, in_fours, 4):                   # the tiled kernels, four rows at a time
+                a0 = a1 = a2 = a3 = _F32(0.0)
+                for b in range(nb):
+                    qo, so = max((i * nb + b) * 256, 0), max((i * nb + b) * 16, 0)
+                    s = _sums(q6, True, qf, qo, yf, max(r * k + b * 256, 0), k, sf, so, bf,
+                              max((r * nb + b) * 16, 0), nb * 16)
+                    a0 = _tiled_link(q6, vlane(s, 0), dd, i, b, _imin(q6, sf, so, ysum, r, b), yd[r, b], a0)
+                    a1 = _tiled_link(q6, vlane(s, 1), dd, i, b, _imin(q6, sf, so, ysum, r + 1, b), yd[r + 1, b], a1)
+                    a2 = _tiled_link(q6, vlane(s, 2), dd, i, b, _imin(q6, sf, so, ysum, r + 2, b), yd[r + 2, b], a2)
+                    a3 = _tiled_link(q6, vlane(s, 3), dd, i, b, _imin(q6, sf, so, ysum, r + 3, b), yd[r + 3, b], a3)
+                out[r, i], out[r + 1, i], out[r + 2, i], out[r + 3, i] = a0, a1, a2, a3
+            for r in range(in_fours, n):
+                acc, summs, lanes_acc = _F32(0.0), _F32(0.0), vzero(_V8)
+                for b in range(nb):
+                    qo, yo = max((i * nb + b) * 256, 0), max(r * k + b * 256, 0)
+                    so, bo = max((i * nb + b) * 16, 0), max((r * nb + b) * 16, 0)
+                    imin = _imin(q6, sf, so, ysum, r, b)
+                    if n >= _TILED_FROM:                      # the tiled kernels' last rows
+                        acc = _tiled_link(q6, vlane(_sums(q6, False, qf, qo, yf, yo, 0, sf, so, bf, bo, 0), 0),
+                                          dd, i, b, imin, yd[r, b], acc)
+                    else:                                     # the vec_dot
+                        lanes = _lanes(q6, qf, qo, yf, yo, sf, so, bf, bo)
+                        lanes_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]), lanes, lanes_acc)
+                        if not q6:
+                            summs = fma(-yd[r, b] * dd[i, b, 1], _F32(imin), summs)
+                out[r, i] = acc if n >= _TILED_FROM else vhsum(lanes_acc) if q6 else vhsum(lanes_acc) + summs
 
     return product

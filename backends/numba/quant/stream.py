@@ -1,4 +1,4 @@
-"""Matmul kernels of the stream-layout weight kinds (F32, F16, BF16 and the K-quants).
+"""Matmul kernels of the stream-layout weight kinds (F32, F16, BF16, and Q4_K where llama.cpp does not repack it).
 
 They multiply the stream-order quantized activation of quant.activation with the weight: below GEMM_FROM
 activation rows one flat GEMV loop per format, from it a register-tiled GEMM fed by the format's row
@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.numba.quant.blocks import per_format, row_bf16, row_f16, row_f32, row_q4_k, row_q5_k, row_q6_k
+from graphir.backends.numba.quant.blocks import per_format, row_bf16, row_f16, row_f32
 
 _F32 = np.float32
 _fast = dict(parallel=True, fastmath=True, cache=True)   # GEMV: float reassociation allowed (vectorizes)
@@ -72,41 +72,6 @@ def gemv_q4_k(qs, slo, shi, mins, xq, asum, out):
                 acc += _F32(q & 15) * xq[r, j] * slo[i, j >> 5] + _F32(q >> 4) * xq[r, kp + j] * shi[i, j >> 5]
             for g in range(mins.shape[1]):
                 acc += mins[i, g] * asum[r, g]
-            out[r, i] = acc
-
-
-@njit(**_fast)
-def gemv_q5_k(qs, qh, slo, shi, mins, xq, asum, out):
-    rows, kp = qs.shape[0], max(qs.shape[1], 0)
-    for i in prange(rows):
-        for r in range(xq.shape[0]):
-            acc = _F32(0.0)
-            for j in range(kp):
-                q = np.int32(qs[i, j])
-                h = np.int32(qh[i, j])
-                lo = (q & 15) | ((h & 1) << 4)
-                hi = (q >> 4) | ((h & 2) << 3)
-                acc += _F32(lo) * xq[r, j] * slo[i, j >> 5] + _F32(hi) * xq[r, kp + j] * shi[i, j >> 5]
-            for g in range(mins.shape[1]):
-                acc += mins[i, g] * asum[r, g]
-            out[r, i] = acc
-
-
-@njit(**_fast)
-def gemv_q6_k(qa, qb, qh, s, xq, asum, out):
-    rows, kp = qh.shape[0], max(qh.shape[1], 0)
-    for i in prange(rows):
-        for r in range(xq.shape[0]):
-            acc = _F32(0.0)
-            for t in range(kp):
-                a = np.int32(qa[i, t])
-                b = np.int32(qb[i, t])
-                h = np.int32(qh[i, t])
-                u = t >> 4
-                acc += (_F32(((a & 15) | ((h & 3) << 4)) - 32) * xq[r, t] * s[i, 0, u]
-                        + _F32(((b & 15) | ((h & 12) << 2)) - 32) * xq[r, kp + t] * s[i, 1, u]
-                        + _F32(((a >> 4) | (h & 48)) - 32) * xq[r, 2 * kp + t] * s[i, 2, u]
-                        + _F32(((b >> 4) | ((h >> 2) & 48)) - 32) * xq[r, 3 * kp + t] * s[i, 3, u])
             out[r, i] = acc
 
 
@@ -197,7 +162,7 @@ def gemm_{fmt}({arrays}, xq, asum, out):
 
 def tiled_gemm(row: Callable, with_mins: bool = False) -> Callable:
     """The GEMM of ``row``'s format, (*packed, xq, asum, out): each task expands _TR weight rows (without their
-    min term) into a tile and multiplies it with every activation row; a format ``with_mins`` (Q4_K, Q5_K: its
+    min term) into a tile and multiplies it with every activation row; a format ``with_mins`` (Q4_K: its
     last packed array ``mins``) then adds the min term through the same tile as a product of its own."""
     if not with_mins:
         return per_format(_GEMM, row, globals(), _fast, mins_tile="", add_mins="")

@@ -24,10 +24,9 @@ from graphir.backends.numba.quant.blocks import (dequantizer, repack_mxfp4, repa
                                                  row_q5_0, row_q5_1, row_q5_k, row_q6_k, row_q8_0)
 from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1,
                                                 pack_q5_0_as_q8_0, pack_q5_1, pack_q8_0)
-from graphir.backends.numba.quant.kquant import pack_q4_k, q4_k_x8
+from graphir.backends.numba.quant.kquant import k_product, pack_q4_k, pack_q5_k, pack_q6_k, q4_k_x8
 from graphir.backends.numba.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
-from graphir.backends.numba.quant.stream import (GEMM_FROM, converting_gemv, gemv_f32, gemv_q4_k, gemv_q5_k, gemv_q6_k,
-                                                 tiled_gemm)
+from graphir.backends.numba.quant.stream import GEMM_FROM, converting_gemv, gemv_f32, gemv_q4_k, tiled_gemm
 
 __all__ = ["QWeight", "QWeightGroup", "SUPPORTED"]
 
@@ -45,9 +44,9 @@ class _Kind:
     gemv: Callable                 # (*packed, xq, asum, out), n < GEMM_FROM
     gemm: Callable                 # (*packed, xq, asum, out), n >= GEMM_FROM
     deq: Callable                  # (*packed, ids, inv, out)
-    # Exact kinds (Q4_1, Q5_1, Q8_0, Q5_0, Q4_0, MXFP4): matmul uses its own layout, `pack` (qs, d, m), and one kernel
-    # for every n, gemv (gemm is the same), takes (qs, d, m, x, out) and quantizes x itself. `repack`/`deq` then
-    # serve get_rows only (from raw rows).
+    # Exact kinds (Q4_1, Q5_1, Q8_0, Q5_0, Q4_0, MXFP4, the K-quants): matmul uses its own layout, `pack` (qs, d, m),
+    # and one kernel for every n, gemv (gemm is the same), takes (*packed, x, out) and quantizes x itself.
+    # `repack`/`deq` then serve get_rows only (from raw rows).
     pack: Callable | None = None
     # rows of several weights can be packed one after another and run as one GEMV (QWeightGroup): their layout
     # keeps each group of _G rows apart
@@ -57,6 +56,7 @@ class _Kind:
 _Q8 = exact_gemv("q8_0")        # Q8_0's, and Q5_0's on Q8_0 blocks
 _Q4_0 = exact_gemv("q4_0x8")    # Q4_0 in the order of llama.cpp's repacked 8x8 kernels
 _DEQ_Q4_0 = dequantizer(row_q4_0)
+_Q5_K, _Q6_K = k_product("q5_k"), k_product("q6_k")   # llama.cpp's vec_dot below 8 rows, its tiled kernels from 8
 _TYPES: dict[T, _Kind] = {
     T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, tiled_gemm(row_f32), dequantizer(row_f32)),
     T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(bf16=False), tiled_gemm(row_f16),
@@ -72,9 +72,8 @@ _TYPES: dict[T, _Kind] = {
     T.Q5_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q5_1, exact_gemv("q5_1"), exact_gemv("q5_1"), dequantizer(row_q5_1),
                   pack_q5_1, True),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, q4_k_x8(True), q4_k_x8(True), dequantizer(row_q4_k), pack_q4_k),
-    T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, gemv_q5_k, tiled_gemm(row_q5_k, True),
-                   dequantizer(row_q5_k)),
-    T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, gemv_q6_k, tiled_gemm(row_q6_k), dequantizer(row_q6_k)),
+    T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, _Q5_K, _Q5_K, dequantizer(row_q5_k), pack_q5_k),
+    T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, _Q6_K, _Q6_K, dequantizer(row_q6_k), pack_q6_k),
 }
 SUPPORTED = frozenset(_TYPES)
 # llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"), and only a 2-D one
