@@ -1,0 +1,69 @@
+"""The released real models re-quantized by llama.cpp's own quantizer to the types people download: llama.cpp's
+logits and greedy tokens, bit for bit.
+
+SmolLM2-135M (Q4_1) and Gemma-3-270M (Q4_K_M) go through ``llama_model_quantize`` with ``allow_requantize`` (as
+``llama-quantize --allow-requantize`` does) to each file type below; where a matrix's rows are not a multiple of
+a K-quant's 256 (SmolLM2's 576, Gemma's 640 columns) llama.cpp itself falls back to Q5_0, Q5_1 or Q8_0, so every
+file mixes several types, as the released ones do. Both engines read the same prompt and take llama.cpp's greedy
+tokens: every step's logits must be llama.cpp's (on the oracle's own path; README, Numerics).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import assert_llama_logits, process_folder
+from test_families import LlamaCpp
+
+from graphir import load
+from graphir.batch import Batch
+
+FTYPES = ("Q4_K_M", "Q5_K_M", "Q6_K")
+PROMPT, STEPS = "The capital of France is", 12
+_FILES: dict[tuple[str, str], Path] = {}
+
+
+@pytest.fixture(scope="module")
+def sources(smollm2_gguf: Path, gemma3_gguf: Path) -> dict[str, Path]:
+    return {"smollm2": smollm2_gguf, "gemma3": gemma3_gguf}
+
+
+def requantized(src: Path, name: str, ftype: str) -> Path:
+    """``src`` re-quantized to ``ftype`` by llama.cpp (made once per process)."""
+    if (name, ftype) not in _FILES:
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread, params.allow_requantize = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}"), 2, True
+        dst = process_folder(f"requantized-{name}-{ftype}-") / f"{ftype}.gguf"
+        assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
+        _FILES[name, ftype] = dst
+    return _FILES[name, ftype]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("ftype", FTYPES)
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_a_requantized_real_model_gives_llama_cpps_logits_and_tokens(sources: dict[str, Path], name: str,
+                                                                       ftype: str) -> None:
+    path = requantized(sources[name], name, ftype)
+    model = load(str(path))
+    ids = model.tokenize(PROMPT, parse_special=True)
+    ctx, o = model.new_context(n_ctx=64), LlamaCpp(path, n_ctx=64)
+    try:
+        ctx.decode(Batch.from_tokens(ids, 0, outputs="all"))
+        o.decode(ids, range(len(ids)), [0] * len(ids))
+        assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(ids))]), "prompt logits")
+        ours, theirs = [], []
+        for p in range(len(ids), len(ids) + STEPS):
+            ours.append(int(np.argmax(ctx.logits_ith(-1))))
+            theirs.append(int(np.argmax(o.logits_ith(-1))))
+            ctx.decode(Batch.one(theirs[-1], p))
+            o.decode([theirs[-1]], [p], [0])
+            assert_llama_logits(ctx.logits_ith(-1), o.logits_ith(0), f"step {p}")
+        assert ours == theirs
+    finally:
+        o.close()
