@@ -13,13 +13,11 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import assert_llama_logits, process_folder
-from test_families import LlamaCpp
+from test_families import greedy_against_llama_cpp
 
 from graphir import load
-from graphir.batch import Batch
 
 FTYPES = ("Q4_K_M", "Q5_K_M", "Q6_K")
 PROMPT, STEPS = "The capital of France is", 12
@@ -51,19 +49,6 @@ def test_a_requantized_real_model_gives_llama_cpps_logits_and_tokens(sources: di
                                                                        ftype: str) -> None:
     path = requantized(sources[name], name, ftype)
     model = load(str(path))
-    ids = model.tokenize(PROMPT, parse_special=True)
-    ctx, o = model.new_context(n_ctx=64), LlamaCpp(path, n_ctx=64)
-    try:
-        ctx.decode(Batch.from_tokens(ids, 0, outputs="all"))
-        o.decode(ids, range(len(ids)), [0] * len(ids))
-        assert_llama_logits(ctx.logits(), np.stack([o.logits_ith(i) for i in range(len(ids))]), "prompt logits")
-        ours, theirs = [], []
-        for p in range(len(ids), len(ids) + STEPS):
-            ours.append(int(np.argmax(ctx.logits_ith(-1))))
-            theirs.append(int(np.argmax(o.logits_ith(-1))))
-            ctx.decode(Batch.one(theirs[-1], p))
-            o.decode([theirs[-1]], [p], [0])
-            assert_llama_logits(ctx.logits_ith(-1), o.logits_ith(0), f"step {p}")
-        assert ours == theirs
-    finally:
-        o.close()
+    ours, theirs = greedy_against_llama_cpp(model, path, model.tokenize(PROMPT, parse_special=True), STEPS,
+                                            assert_llama_logits)
+    assert ours == theirs
