@@ -431,7 +431,7 @@ def _hsum8(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K], ids=lambda t: t.name)
-@pytest.mark.parametrize("n", [1, 7, 8, 9])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 17])
 def test_q6_k_and_q5_k_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
     """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (their AVX2 code, which AVX-512 builds take too) for fewer than 8
     activation rows: per super-block eight int32 lanes, lane l over the runs of 32 elements the scale of its

@@ -30,9 +30,9 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends.numba.primitives.bits import fma
-from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vsplat, vzero
+from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
 from graphir.backends.numba.quant.blocks import k_scales
-from graphir.backends.numba.quant.int8_dot import k_lanes, nibble_lanes
+from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
 _V8 = lanes(8)
 _low, _high = nibble_lanes(False), nibble_lanes(True)
@@ -184,8 +184,9 @@ def pack_q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
-_q6_lanes, _q6_sums, _q6_sums4 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 4)
-_q5_lanes, _q5_sums, _q5_sums4 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 4)
+_q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
+_q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
+_mins, _mins8 = k_mins(1), k_mins(8)
 
 
 @njit(cache=True, inline="always")
@@ -197,32 +198,18 @@ def _lanes(q6, q, qo, y, yo, sc, so, bs, bo):
 
 
 @njit(cache=True, inline="always")
-def _sums(q6, four, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):
-    """The sums of those lanes for four activation rows (``four``) or one, in lanes 0-3 or 0."""
+def _tiled_link(q6, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, dx, acc):
+    """One super-block of the tiled kernels' chain for eight activation rows (``eight``, lane t row t) or one
+    (lane 0): s1 the lanes' exact sum, imin Q5_K's min integer, res = d * s1, res = fnmadd(dmin, imin, res),
+    acc = fma(res, d_x, acc), lane by lane."""
     if q6:
-        return _q6_sums4(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if four else \
+        s1 = _q6_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _q6_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
-    return _q5_sums4(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if four else \
+        return vfma(vmul(vsplat(_V8, dd[i, b, 0]), s1), dx, acc)
+    s1 = _q5_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
         _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
-
-
-@njit(cache=True, inline="always")
-def _imin(q6, sc, so, ysum, r, b):
-    """Q5_K's sum_j m_j * (activation row r's sum over sub-block j) of super-block b; 0 for Q6_K."""
-    imin = 0
-    if not q6:
-        for j in range(8):
-            imin += _I32(sc[so + 8 + j]) * _sub_block_sum(ysum, r, b, j)
-    return imin
-
-
-@njit(cache=True, inline="always")
-def _tiled_link(q6, s1, dd, i, b, imin, dx, acc):
-    """One super-block of the tiled kernels' chain: res = d * s1, fnmadd(dmin, imin, res), fma(res, d_x, acc)."""
-    res = dd[i, b, 0] * s1
-    if not q6:
-        res = fma(-dd[i, b, 1], _F32(imin), res)
-    return fma(res, dx, acc)
+    imin = _mins8(_V8, sc, so, bs, bo, bstep) if eight else _mins(_V8, sc, so, bs, bo, bstep)
+    return vfma(vfma(vsplat(_V8, -dd[i, b, 1]), imin, vmul(vsplat(_V8, dd[i, b, 0]), s1)), dx, acc)
 
 
 def k_product(fmt: str) -> Callable:
@@ -234,7 +221,7 @@ def k_product(fmt: str) -> Callable:
     summs) (the build contracts it), added last. From _TILED_FROM rows, ggml-cpu/tiled: per super-block the
     exact integer s1 (all lanes' sum) and Q5_K's imin, res = d_w * float(s1), res = fnmadd(dmin_w, float(imin),
     res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels alike; their final add is contracted);
-    here four activation rows at a time, which share the weight's loads.
+    here eight activation rows at a time, one in each lane, which share the weight's loads.
     imin = sum_j m_j * (the activation's sum over sub-block j)."""
     if fmt not in ("q6_k", "q5_k"):
         raise ValueError(f"k_product: unknown format {fmt!r}")
@@ -246,33 +233,31 @@ def k_product(fmt: str) -> Callable:
         nb, rows = k >> 8, out.shape[1]
         yf, yd, ysum = _q8_k(x)
         qf, sf, bf = qv.reshape(-1), sc.reshape(-1), ysum.reshape(-1)
-        in_fours = n - (n & 3) if n >= _TILED_FROM else 0
+        ydt = np.ascontiguousarray(yd.T).reshape(-1)         # d_x of rows r .. r + 7 side by side
+        tiled = n >= _TILED_FROM
+        in_eights = n - (n & 7) if tiled else 0
         for i in prange(rows):
-            for r in range(0, in_fours, 4):                   # the tiled kernels, four rows at a time
-                a0 = a1 = a2 = a3 = _F32(0.0)
+            for r in range(0, in_eights, 8):                  # the tiled kernels, eight rows at a time
+                acc = vzero(_V8)
                 for b in range(nb):
-                    qo, so = max((i * nb + b) * 256, 0), max((i * nb + b) * 16, 0)
-                    s = _sums(q6, True, qf, qo, yf, max(r * k + b * 256, 0), k, sf, so, bf,
-                              max((r * nb + b) * 16, 0), nb * 16)
-                    a0 = _tiled_link(q6, vlane(s, 0), dd, i, b, _imin(q6, sf, so, ysum, r, b), yd[r, b], a0)
-                    a1 = _tiled_link(q6, vlane(s, 1), dd, i, b, _imin(q6, sf, so, ysum, r + 1, b), yd[r + 1, b], a1)
-                    a2 = _tiled_link(q6, vlane(s, 2), dd, i, b, _imin(q6, sf, so, ysum, r + 2, b), yd[r + 2, b], a2)
-                    a3 = _tiled_link(q6, vlane(s, 3), dd, i, b, _imin(q6, sf, so, ysum, r + 3, b), yd[r + 3, b], a3)
-                out[r, i], out[r + 1, i], out[r + 2, i], out[r + 3, i] = a0, a1, a2, a3
-            for r in range(in_fours, n):
-                acc, summs, lanes_acc = _F32(0.0), _F32(0.0), vzero(_V8)
+                    acc = _tiled_link(q6, True, dd, i, b, qf, max((i * nb + b) * 256, 0), yf, max(r * k + b * 256, 0),
+                                      k, sf, max((i * nb + b) * 16, 0), bf, max((r * nb + b) * 16, 0), nb * 16,
+                                      vload(_V8, ydt, max(b * n + r, 0)), acc)
+                for t in range(8):
+                    out[r + t, i] = vlane(acc, t)
+            for r in range(in_eights, n):
+                acc, summs, lanes_acc = vzero(_V8), _F32(0.0), vzero(_V8)
                 for b in range(nb):
                     qo, yo = max((i * nb + b) * 256, 0), max(r * k + b * 256, 0)
                     so, bo = max((i * nb + b) * 16, 0), max((r * nb + b) * 16, 0)
-                    imin = _imin(q6, sf, so, ysum, r, b)
-                    if n >= _TILED_FROM:                      # the tiled kernels' last rows
-                        acc = _tiled_link(q6, vlane(_sums(q6, False, qf, qo, yf, yo, 0, sf, so, bf, bo, 0), 0),
-                                          dd, i, b, imin, yd[r, b], acc)
+                    if tiled:                                 # the tiled kernels' last rows
+                        acc = _tiled_link(q6, False, dd, i, b, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
+                                          vsplat(_V8, yd[r, b]), acc)
                     else:                                     # the vec_dot
                         lanes = _lanes(q6, qf, qo, yf, yo, sf, so, bf, bo)
                         lanes_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]), lanes, lanes_acc)
                         if not q6:
-                            summs = fma(-yd[r, b] * dd[i, b, 1], _F32(imin), summs)
-                out[r, i] = acc if n >= _TILED_FROM else vhsum(lanes_acc) if q6 else vhsum(lanes_acc) + summs
+                            summs = fma(-yd[r, b] * dd[i, b, 1], vlane(_mins(_V8, sf, so, bf, bo, 0), 0), summs)
+                out[r, i] = vlane(acc, 0) if tiled else vhsum(lanes_acc) if q6 else vhsum(lanes_acc) + summs
 
     return product
