@@ -116,11 +116,12 @@ def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, 
         assert np.array_equal(out[16:], want.sum(axis=1).astype(np.float32)), (flavour, sub, trial)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8])
-def test_k_quant_mins_are_each_rows_min_integer(rows):
+@pytest.mark.parametrize("rows, pairs", [(1, False), (3, False), (8, False), (1, True)])
+def test_k_quant_mins_are_each_rows_min_integer(rows, pairs):
     """Lane t (t < rows): sum_j min_j * (activation row t's sum over sub-block j of 32, two sums of 16), past the
-    rows 0; the extremes (mins 63, every quant -127) reach past 2^16 and stay exact."""
-    mins = k_mins(rows)
+    rows 0; with pairs, lane p < 4 the terms j = 2p and 2p + 1 (Q4_K's vec_dot register). The extremes (mins 63,
+    every quant -127) reach past 2^16 and stay exact."""
+    mins = k_mins(rows, pairs)
 
     @njit
     def run(v, sc, bs, out):
@@ -134,9 +135,10 @@ def test_k_quant_mins_are_each_rows_min_integer(rows):
             sc[:], bs[:] = 63, -127 * 16
         out = np.empty(8, np.float32)
         run(lanes(8), sc, bs, out)
-        per_row = [bs[32 + 20 * t:48 + 20 * t].reshape(8, 2).sum(axis=1) @ sc[24:32].astype(np.int64)
-                   for t in range(rows)]
-        assert np.array_equal(out, np.array(per_row + [0] * (8 - rows), np.float32)), (rows, trial)
+        terms = [bs[32 + 20 * t:48 + 20 * t].reshape(8, 2).sum(axis=1) * sc[24:32].astype(np.int64) for t in range(rows)]
+        want = list(terms[0].reshape(4, 2).sum(axis=1)) + [0] * 4 if pairs else \
+            [t.sum() for t in terms] + [0] * (8 - rows)
+        assert np.array_equal(out, np.array(want, np.float32)), (rows, pairs, trial)
 
 
 def test_the_host_takes_its_fastest_way():

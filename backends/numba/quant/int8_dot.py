@@ -256,12 +256,14 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST) -> Callable[...
     return lanes
 
 
-def k_mins(rows: int) -> Callable[..., Any]:
+def k_mins(rows: int, pairs: bool = False) -> Callable[..., Any]:
     """An intrinsic mins(proto, sc, so, bs, bo, bstep) for a register of 8 lanes: lane t (t < ``rows``) is
-    Q5_K's min integer of activation row t, sum_j sc[so + 8 + j] * (bs[bo + t * bstep + 2j] + bs[... + 2j + 1])
-    (the eight mins after the eight scales, int8; the activation's sums per 16 quants, int32), as float32."""
-    if not 1 <= rows <= 8:
-        raise ValueError(f"k_mins: {rows} rows (1 to 8)")
+    Q4_K/Q5_K's min integer of activation row t, sum_j sc[so + 8 + j] * (bs[bo + t * bstep + 2j] + bs[... + 2j + 1])
+    (the eight mins after the eight scales, int8; the activation's sums per 16 quants, int32), as float32. With
+    ``pairs`` (one row), lanes 0-3 hold its four halves, the terms of j = 2p and 2p + 1 in lane p (the register
+    ggml_vec_dot_q4_K_q8_K keeps its min term in)."""
+    if not 1 <= rows <= 8 or (pairs and rows != 1):
+        raise ValueError(f"k_mins: {rows} rows (1 to 8; pairs: 1)")
 
     @intrinsic
     def mins(typingctx, proto, sc, so, bs, bo, bstep):  # type: ignore[no-untyped-def]
@@ -280,6 +282,10 @@ def k_mins(rows: int) -> Callable[..., Any]:
             for t in range(rows):
                 sums = load(3, builder.add(args[4], builder.mul(args[5], ir.Constant(args[5].type, t))), 16, _I32)
                 per_row.append(builder.mul(_pair_sums(builder, sums), m))
+            if pairs:
+                four = _pair_sums(builder, per_row[0])
+                return builder.sitofp(builder.shuffle_vector(four, ir.Constant(four.type, [0] * 4),
+                                                             _indices(list(range(8)))), ir.VectorType(ir.FloatType(), 8))
             return builder.sitofp(_row_totals(builder, per_row), ir.VectorType(ir.FloatType(), 8))
 
         return proto(proto, sc, so, bs, bo, bstep), codegen
