@@ -1,7 +1,8 @@
 """Lane sums of quantized blocks (quant.int8_dot): every way this host can form them (VNNI, pmaddubsw + pmaddwd,
 plain vector arithmetic), for registers of one row and of two, and for Q4_1 in halves of two or four rows, gives
 ggml's integers: lane l of a row is the sum of the products of its elements 4l .. 4l + 3. A K-quant super-block's
-lanes (k_lanes) add those of its eight runs of 32 elements, each times its sub-block's scale."""
+lanes (k_lanes) add those of its eight runs of 32 elements, each times its sub-block's scale, and
+Q5_K's min integers (k_mins) those of its mins with the activation's sums, row by row."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from numba import njit
 
 from graphir.backends.numba.primitives.simd import lanes, vstore
-from graphir.backends.numba.quant.int8_dot import FLAVOURS, HOST, block_lanes, k_lanes, nibble_half_lanes
+from graphir.backends.numba.quant.int8_dot import FLAVOURS, HOST, block_lanes, k_lanes, k_mins, nibble_half_lanes
 
 def _elements(fmt: str, q: np.ndarray) -> np.ndarray:
     """A row's 32 weight quants in element order, from its block bytes."""
@@ -85,34 +86,59 @@ def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, 
     run, less bias * (scale[2l] * bsum[2l] + scale[2l + 1] * bsum[2l + 1]); with rows, lane t holds activation
     row t's lanes' integer sum as one float. The extremes reach past 2^24 in a lane (Q6_K) or in the sum (Q5_K):
     the integers stay exact."""
-    each, one, four = k_lanes(sub, bias, 0, flavour), k_lanes(sub, bias, 1, flavour), k_lanes(sub, bias, 4, flavour)
+    each, one, eight = k_lanes(sub, bias, 0, flavour), k_lanes(sub, bias, 1, flavour), k_lanes(sub, bias, 8, flavour)
 
     @njit
     def run(v, q, y, sc, bs, out):
         vstore(out, 0, each(v, q, 0, y, 0, 0, sc, 0, bs, 0, 0))
         vstore(out, 8, one(v, q, 0, y, 256, 0, sc, 0, bs, 16, 0))
-        vstore(out, 16, four(v, q, 0, y, 0, 256, sc, 0, bs, 0, 16))
+        vstore(out, 16, eight(v, q, 0, y, 0, 256, sc, 0, bs, 0, 16))
 
     rng = np.random.default_rng(sub)
     for trial in range(20):
         q = rng.integers(0, top + 1, 256).astype(np.uint8)
-        y = rng.integers(-127, 128, (4, 256)).astype(np.int8)
+        y = rng.integers(-127, 128, (8, 256)).astype(np.int8)
         sc = rng.integers(-128 if bias else 0, 128 if bias else 64, 16).astype(np.int8)
         if trial == 0:          # the largest values and scales; with the offset, lane 0's elements 127, the rest
             q[:], sc[:] = top, 127 if bias else 63           # -127 (the products and the offset add up)
             y[0] = np.where((np.arange(256) % 32 < 4) & (bias > 0), 127, -127)
-        bs = y.astype(np.int32).reshape(4, 16, 16).sum(axis=2).astype(np.int32)
+        bs = y.astype(np.int32).reshape(8, 16, 16).sum(axis=2).astype(np.int32)
         out = np.empty(24, np.float32)
         run(lanes(8), q, y.reshape(-1), sc, bs.reshape(-1), out)
         per_lane = sc.astype(np.int64)[(32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub]     # [run][lane]
-        want = ((q.astype(np.int64) * y).reshape(4, 8, 8, 4).sum(axis=3) * per_lane).sum(axis=1)      # [row][lane]
+        want = ((q.astype(np.int64) * y).reshape(8, 8, 8, 4).sum(axis=3) * per_lane).sum(axis=1)      # [row][lane]
         if bias:
             want -= bias * (sc[0::2].astype(np.int64) * bs[:, 0::2] + sc[1::2].astype(np.int64) * bs[:, 1::2])
         if trial == 0:
             assert np.abs(want[0]).max() >= 2 ** 24 if bias else np.abs(want[0].sum()) >= 2 ** 24
         assert np.array_equal(out[:8], want[0].astype(np.float32)), (flavour, sub, trial)
         assert out[8] == np.float32(want[1].sum()) and np.all(out[9:16] == 0), (flavour, sub, trial)
-        assert np.array_equal(out[16:20], want.sum(axis=1).astype(np.float32)) and np.all(out[20:] == 0)
+        assert np.array_equal(out[16:], want.sum(axis=1).astype(np.float32)), (flavour, sub, trial)
+
+
+@pytest.mark.parametrize("rows, pairs", [(1, False), (3, False), (8, False), (1, True)])
+def test_k_quant_mins_are_each_rows_min_integer(rows, pairs):
+    """Lane t (t < rows): sum_j min_j * (activation row t's sum over sub-block j of 32, two sums of 16), past the
+    rows 0; with pairs, lane p < 4 the terms j = 2p and 2p + 1 (Q4_K's vec_dot register). The extremes (mins 63,
+    every quant -127) reach past 2^16 and stay exact."""
+    mins = k_mins(rows, pairs)
+
+    @njit
+    def run(v, sc, bs, out):
+        vstore(out, 0, mins(v, sc, 16, bs, 32, 20))
+
+    rng = np.random.default_rng(rows)
+    for trial in range(20):
+        sc = rng.integers(0, 64, 40).astype(np.int8)
+        bs = rng.integers(-127 * 16, 127 * 16 + 1, 32 + 20 * 8).astype(np.int32)
+        if trial == 0:
+            sc[:], bs[:] = 63, -127 * 16
+        out = np.empty(8, np.float32)
+        run(lanes(8), sc, bs, out)
+        terms = [bs[32 + 20 * t:48 + 20 * t].reshape(8, 2).sum(axis=1) * sc[24:32].astype(np.int64) for t in range(rows)]
+        want = list(terms[0].reshape(4, 2).sum(axis=1)) + [0] * 4 if pairs else \
+            [t.sum() for t in terms] + [0] * (8 - rows)
+        assert np.array_equal(out, np.array(want, np.float32)), (rows, pairs, trial)
 
 
 def test_the_host_takes_its_fastest_way():

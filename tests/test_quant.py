@@ -430,14 +430,16 @@ def _hsum8(a: np.ndarray) -> np.ndarray:
     return ((a[..., 0] + a[..., 4]) + (a[..., 2] + a[..., 6])) + ((a[..., 1] + a[..., 5]) + (a[..., 3] + a[..., 7]))
 
 
-@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K], ids=lambda t: t.name)
-@pytest.mark.parametrize("n", [1, 7, 8, 9])
-def test_q6_k_and_q5_k_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
-    """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (their AVX2 code, which AVX-512 builds take too) for fewer than 8
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 17])
+def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
+    """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K (their AVX2 code, which AVX-512 builds take too) for Q6_K, Q5_K
+    and the Q4_K matrices llama.cpp does not repack (rows not in eights, a 3-D weight's matrices), fewer than 8
     activation rows: per super-block eight int32 lanes, lane l over the runs of 32 elements the scale of its
     sub-block times (elements 4l .. 4l + 3 . q8), less for Q6_K 32 * (sc[2l] * bsum[2l] + sc[2l + 1] * bsum[2l + 1])
     (its values' offset); acc = fma(d_x * d_w, lane, acc) lane by lane, hsum_float_8, plus Q5_K's min chain
-    summs = fma(-d_x * dmin, imin, summs). From 8 rows ggml-cpu/tiled: res = d_w * float(sum of the lanes),
+    summs = fma(-d_x * dmin, imin, summs), or Q4_K's in four lanes (sub-blocks 2p and 2p + 1 in lane p) added
+    (0 + 2) + (1 + 3) at the end. From 8 rows ggml-cpu/tiled: res = d_w * float(sum of the lanes),
     res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc). imin = sum_j m_j * (bsum[2j] + bsum[2j + 1]).
     One row holds the largest values and scales, and x's last row +-1 (1 on lane 0's elements): sums past 2^24,
     for Q6_K in a lane (its products and offset of one sign)."""
@@ -448,7 +450,7 @@ def test_q6_k_and_q5_k_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_ker
     if qtype == T.Q6_K:
         blocks[3, :, 0:192], blocks[3, :, 192:208] = 255, 127              # values 63, scales 127
     else:
-        blocks[3, :, 4:176] = 255                                          # scales and mins 63, values 31
+        blocks[3, :, 4:] = 255                                             # scales and mins 63, values 31 / 15
     x = rng.standard_normal((n, ne0)).astype(F32)
     x[-1] = np.where(np.arange(ne0) % 32 < 4, 1.0, -1.0)                  # lane 0's elements against the others
     qx, dx, bsums = q8k_blocks(x)                                          # (n, nb, 256), (n, nb), (n, nb, 16)
@@ -458,7 +460,8 @@ def test_q6_k_and_q5_k_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_ker
     else:
         q, d, dmin, sc, mn = weight_ints(raw, qtype, ne0)
         sub, bias = 32, 0
-        imin = (mn[None] * bsums.reshape(n, 1, -1, 8, 2).sum(-1)).sum(-1)                         # (n, rows, nb)
+        min_pairs = (mn[None] * bsums.reshape(n, 1, -1, 8, 2).sum(-1)).reshape(n, rows, -1, 4, 2).sum(-1)
+        imin = min_pairs.sum(-1)                                                                    # (n, rows, nb)
     nb = d.shape[1]
     dots = np.einsum("rbgle,nbgle->nrbgl", q.reshape(rows, nb, 8, 8, 4), qx.reshape(n, nb, 8, 8, 4))
     lanes = (dots * sc[:, :, (32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub][None]).sum(3)  # (n, rows, nb, 8)
@@ -467,14 +470,21 @@ def test_q6_k_and_q5_k_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_ker
         lanes -= bias * pairs
     want = np.empty((n, rows), F32)
     for r in range(n):
-        acc, summs = np.zeros((rows, 8) if n < 8 else rows, F32), np.zeros(rows, F32)
+        acc, summs = np.zeros((rows, 8) if n < 8 else rows, F32), np.zeros((rows, 4) if qtype == T.Q4_K else rows, F32)
         for b in range(nb):
             if n < 8:
                 acc = _fma(lanes[r, :, b].astype(F32), (dx[r, b] * d[:, b, None]).astype(F32), acc)
-                summs = _fma(imin[r, :, b].astype(F32), (-dx[r, b] * dmin[:, b]).astype(F32), summs)
+                mins = min_pairs[r, :, b] if qtype == T.Q4_K else imin[r, :, b]
+                summs = _fma(mins.astype(F32), (-dx[r, b] * dmin[:, b, None] if qtype == T.Q4_K else
+                                                -dx[r, b] * dmin[:, b]).astype(F32), summs)
             else:
                 res = (d[:, b] * lanes[r, :, b].sum(-1).astype(F32)).astype(F32)
                 acc = _fma(_fma(-dmin[:, b], imin[r, :, b].astype(F32), res), dx[r, b], acc)
+        if qtype == T.Q4_K:
+            summs = (summs[:, 0] + summs[:, 2]) + (summs[:, 1] + summs[:, 3])
         want[r] = acc if n >= 8 else _hsum8(acc) if qtype == T.Q6_K else _hsum8(acc) + summs
     assert np.abs(lanes[-1, 3]).max() >= 2 ** 24 if qtype == T.Q6_K else np.abs(lanes[-1, 3].sum(-1)).max() >= 2 ** 24
+    if qtype == T.Q4_K:                                                   # the kinds llama.cpp does not repack
+        assert_bits_equal(QWeight(raw, qtype, ne0, use="stack").matmul(x), want)
+        raw, want = raw[:12], want[:, :12]
     assert_bits_equal(QWeight.prepare(raw, qtype, ne0).matmul(x), want)

@@ -21,10 +21,9 @@ API
 
 The table (quant.weight) has one row per type: activation format, the stream layout of a row, repack function
     and the three kernels (GEMV, GEMM, dequantize). Q4_1 and Q8_0 (the SmolLM2 types) have their own exact kernels
-    and layout, see below. Every other kernel computes
-        out[r, i] = sum_j w'[i, j] * xq[r, j]  +  sum_g mins[i, g] * asum[r, g]
-    where w' is the weight without its additive min term, xq the quantized activation dequantized (exact in
-    f32), and the second sum is llama.cpp's min term (Q4_K: dmin*m * d*bsums).
+    and layout, see below. Every other kernel (F32, F16, BF16) computes
+        out[r, i] = sum_j w[i, j] * xq[r, j]
+    where xq is the activation as the weight's vec_dot type takes it (exact in f32).
     Elements are taken in "stream order": for Q4_x all low nibbles of a row, then all high nibbles (Q6_K: four
     streams), so each weight byte meets activations at j and kp + j and every load/store is contiguous.
 
@@ -37,7 +36,7 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     Q5_1  Q8_1  as Q8_0 (values 0-31 as bytes, grouped) + f16 m       1.125       [0.75]
     Q4_K  Q8_K  rows in eights (quant.kquant): GGUF's nibbles, scales 0.6875      [0.5625]
                 and mins as bytes, f32 d and dmin; other row counts:
-                nibbles + f32 d*sc and -dmin*m per 32                 0.75
+                as Q5_K (the values 0-15)                             1.094
     Q5_K  Q8_K  the values as bytes (quant.kquant), scales, mins      1.094       [0.6875]
                 as bytes, f32 d and dmin
     Q6_K  Q8_K  the values as bytes, the int8 scales, f32 d and 0     1.094       [0.8203]
@@ -60,7 +59,7 @@ Numerics: what is bit-exact and what is only close
     largest-magnitude value, nearest-even, clamp at 127, d = 1/iscale in f32), f16/bf16 nearest-even rounding
     of x for F16/BF16 weights. (llama.cpp's portable reference Q8_0/Q8_1 quantizer uses id = 1/d and rounds
     half away from zero; it differs in rare 1-ulp/tie cases; this machine's llama.cpp runs the x86 code.)
-    Bit-exact also: Q4_1, Q5_1, Q8_0, Q5_0, Q4_0, MXFP4, Q4_K (rows in eights), Q5_K and Q6_K (quant.kquant)
+    Bit-exact also: Q4_1, Q5_1, Q8_0, Q5_0, Q4_0, MXFP4, Q4_K, Q5_K and Q6_K (quant.kquant)
     matmuls, every output element, for any number of rows:
     Q4_0 and MXFP4 as (*2) above; the others replay ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 of the
     x86 build (AVX2 + VNNI: eight int32 lane sums per block, fma(d_w*d_x, lane, acc) per lane in block order,
@@ -68,7 +67,7 @@ Numerics: what is bit-exact and what is only close
     with n >= 2, has the same per-element order.
     Checked against llama.cpp's own tensors in tests/test_llama_exact.py (SmolLM2: all 30 layers identical).
     Only close (max error ~4e-7 of max|y| against an exact emulation, tests/test_quant.py): the other types'
-    products (BF16, Q4_K rows not in eights), accumulated in f32 in numba's vector order.
+    products (BF16), accumulated in f32 in numba's vector order.
 
 Speed choices (2 threads, this machine; bench/bench_quant.py)
     Exact kinds (Q4_1, Q8_0, Q5_0, Q4_0), every n, GEMV: prange over groups of 16 weight rows; per activation
@@ -98,8 +97,8 @@ Modules
     stream      GEMV and GEMM kernels of the stream-layout kinds
     exact       Q4_1, Q5_1, Q8_0, Q4_0 (and Q5_0 as Q8_0): their grouped layout and the kernels that replay
                 llama.cpp's dot products
-    kquant      Q4_K in the order of llama.cpp's repacked 8x8 kernels, Q6_K and Q5_K in that of its vec_dot and
-                tiled kernels
+    kquant      Q4_K in the order of llama.cpp's repacked 8x8 kernels, Q6_K, Q5_K and unrepacked Q4_K in that of
+                its vec_dot and tiled kernels
     mxfp4       MXFP4: llama.cpp's repacked MXFP4 dot products, on the raw blocks
     weight      QWeight and the table of weight kinds its matmul and get_rows dispatch through
 

@@ -60,36 +60,6 @@ def _act_q8_0(x, inv, xq, asum):
                 xq[r, inv[o + j]] = np.rint(x[r, o + j] * iscale) * d
 
 
-@njit(cache=True)
-def _act_q8_k(x, inv, xq, asum):
-    n, k = x.shape
-    for r in range(n):
-        for sb in range(k >> 8):
-            o = sb << 8
-            amax = _F32(0.0)
-            vmax = _F32(0.0)
-            for j in range(256):                              # first element of largest magnitude, signed
-                a = abs(x[r, o + j])
-                if a > amax:
-                    amax = a
-                    vmax = x[r, o + j]
-            if amax == _F32(0.0):
-                for j in range(256):
-                    xq[r, inv[o + j]] = _F32(0.0)
-                for g in range(8):
-                    asum[r, sb * 8 + g] = _F32(0.0)
-                continue
-            iscale = _F32(-127.0) / vmax
-            d = _F32(1.0) / iscale
-            for g in range(8):
-                qsum = 0
-                for j in range(32):
-                    q = min(np.rint(iscale * x[r, o + g * 32 + j]), _F32(127.0))
-                    qsum += int(q)
-                    xq[r, inv[o + g * 32 + j]] = q * d
-                asum[r, sb * 8 + g] = d * _F32(qsum)
-
-
 def _act_f32(x, inv, xq, asum):
     xq[:] = x
 
@@ -106,7 +76,6 @@ def _act_bf16(x, inv, xq, asum):
 # Q8_0: Q8_0) quantize inside their kernels, with q8_blocks.
 ACT: dict[str, tuple[Callable, int]] = {
     "q8_0": (_act_q8_0, 0),
-    "q8_K": (_act_q8_k, 32),
     "f32": (_act_f32, 0),
     "f16": (_act_f16, 0),
     "bf16": (_act_bf16, 0),

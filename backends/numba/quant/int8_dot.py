@@ -23,7 +23,7 @@ from numba.extending import intrinsic
 
 from graphir.backends.numba.primitives.simd import F32Vec, element_ptr
 
-__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "k_lanes", "nibble_half_lanes", "nibble_lanes"]
+__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "k_lanes", "k_mins", "nibble_half_lanes", "nibble_lanes"]
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
@@ -81,6 +81,23 @@ def _scaled_sums(builder: ir.IRBuilder, flavour: str, w: ir.Value, y: ir.Value, 
     twice = builder.shuffle_vector(scales, scales, _indices([i // 2 for i in range(2 * n)]))
     return _x86(builder, pre + ("pmaddw.d.512" if bits == 512 else "pmadd.wd"), ir.VectorType(_I32, n),
                 [pairs, builder.trunc(twice, vw)])
+
+
+def _pair_sums(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """A register of 2m int32 lanes -> m: lane j the sum of lanes 2j and 2j + 1."""
+    n = v.type.count
+    return builder.add(builder.shuffle_vector(v, v, _indices(list(range(0, n, 2)))),
+                       builder.shuffle_vector(v, v, _indices(list(range(1, n, 2)))))
+
+
+def _row_totals(builder: ir.IRBuilder, per_row: list[ir.Value]) -> ir.Value:
+    """Up to eight int32x8 registers -> one whose lane t is the sum of register t's lanes (0 past the last):
+    three rounds of adding neighbouring lanes, each packing two registers' pair sums into one."""
+    vs = per_row + [ir.Constant(ir.VectorType(_I32, 8), [0] * 8)] * (8 - len(per_row))
+    while len(vs) > 1:
+        vs = [builder.add(builder.shuffle_vector(a, b, _indices(list(range(0, 16, 2)))),
+                          builder.shuffle_vector(a, b, _indices(list(range(1, 16, 2))))) for a, b in zip(vs[::2], vs[1::2])]
+    return vs[0]
 
 
 Loader = Callable[[int, int], ir.Value]  # (offset, count) -> that many bytes (i8 vector) from an operand's index on
@@ -216,7 +233,7 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST) -> Callable[...
             values = [load(1, 32 * g, 4 * wide, _I8) for g in runs]
             scales = [builder.sext(builder.shuffle_vector(raw_scales, raw_scales, _indices(
                 [(32 * g + 4 * lane) // sub for lane in range(wide)])), ir.VectorType(_I32, wide)) for g in runs]
-            out = ir.Constant(ir.VectorType(ir.FloatType(), 8), [0.0] * 8)
+            per_row = []
             for t in range(max(rows, 1)):
                 yo = builder.mul(args[5], ir.Constant(args[5].type, t))
                 acc = ir.Constant(ir.VectorType(_I32, wide), [0] * wide)
@@ -229,17 +246,48 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST) -> Callable[...
                 if bias:
                     bo = builder.mul(args[10], ir.Constant(args[10].type, t))
                     sums = builder.mul(load(8, bo, 16, _I32), builder.sext(raw_scales, ir.VectorType(_I32, 16)))
-                    pairs = builder.add(builder.shuffle_vector(sums, sums, _indices(list(range(0, 16, 2)))),
-                                        builder.shuffle_vector(sums, sums, _indices(list(range(1, 16, 2)))))
-                    acc = builder.sub(acc, builder.mul(pairs, ir.Constant(i32x8, [bias] * 8)))
-                if not rows:
-                    return builder.sitofp(acc, ir.VectorType(ir.FloatType(), 8))
-                total = builder.extract_element(acc, ir.Constant(_I32, 0))
-                for lane in range(1, 8):
-                    total = builder.add(total, builder.extract_element(acc, ir.Constant(_I32, lane)))
-                out = builder.insert_element(out, builder.sitofp(total, ir.FloatType()), ir.Constant(_I32, t))
-            return out
+                    acc = builder.sub(acc, builder.mul(_pair_sums(builder, sums), ir.Constant(i32x8, [bias] * 8)))
+                per_row.append(acc)
+            return builder.sitofp(_row_totals(builder, per_row) if rows else per_row[0],
+                                  ir.VectorType(ir.FloatType(), 8))
 
         return proto(proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep), codegen
 
     return lanes
+
+
+def k_mins(rows: int, pairs: bool = False) -> Callable[..., Any]:
+    """An intrinsic mins(proto, sc, so, bs, bo, bstep) for a register of 8 lanes: lane t (t < ``rows``) is
+    Q4_K/Q5_K's min integer of activation row t, sum_j sc[so + 8 + j] * (bs[bo + t * bstep + 2j] + bs[... + 2j + 1])
+    (the eight mins after the eight scales, int8; the activation's sums per 16 quants, int32), as float32. With
+    ``pairs`` (one row), lanes 0-3 hold its four halves, the terms of j = 2p and 2p + 1 in lane p (the register
+    ggml_vec_dot_q4_K_q8_K keeps its min term in)."""
+    if not 1 <= rows <= 8 or (pairs and rows != 1):
+        raise ValueError(f"k_mins: {rows} rows (1 to 8; pairs: 1)")
+
+    @intrinsic
+    def mins(typingctx, proto, sc, so, bs, bo, bstep):  # type: ignore[no-untyped-def]
+        if not (isinstance(proto, F32Vec) and proto.n == 8 and isinstance(sc, types.Array)
+                and isinstance(bs, types.Array) and (sc.dtype, bs.dtype) == (types.int8, types.int32)):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            def load(at: int, idx: ir.Value, count: int, elem: ir.Type) -> ir.Value:
+                ptr = element_ptr(context, builder, sig.args[at], args[at], idx, count)
+                return builder.load(builder.bitcast(ptr, ir.VectorType(elem, count).as_pointer()), align=1)
+
+            i32x8 = ir.VectorType(_I32, 8)
+            m = builder.sext(load(1, builder.add(args[2], ir.Constant(args[2].type, 8)), 8, _I8), i32x8)
+            per_row = []
+            for t in range(rows):
+                sums = load(3, builder.add(args[4], builder.mul(args[5], ir.Constant(args[5].type, t))), 16, _I32)
+                per_row.append(builder.mul(_pair_sums(builder, sums), m))
+            if pairs:
+                four = _pair_sums(builder, per_row[0])
+                return builder.sitofp(builder.shuffle_vector(four, ir.Constant(four.type, [0] * 4),
+                                                             _indices(list(range(8)))), ir.VectorType(ir.FloatType(), 8))
+            return builder.sitofp(_row_totals(builder, per_row), ir.VectorType(ir.FloatType(), 8))
+
+        return proto(proto, sc, so, bs, bo, bstep), codegen
+
+    return mins

@@ -1,5 +1,5 @@
-"""The K-quants bit for bit: Q4_K in the order of llama.cpp's repacked 8x8 kernels, Q6_K and Q5_K in that of its
-vec_dot and tiled kernels.
+"""The K-quants bit for bit: Q4_K in the order of llama.cpp's repacked 8x8 kernels, Q6_K, Q5_K and the Q4_K
+matrices it does not repack in that of its vec_dot and tiled kernels.
 
 On an x86 host with AVX2, llama.cpp moves every Q4_K matrix whose rows come in eights into its repack buffer
 (ggml-cpu/repack.cpp, block_q4_Kx8) and multiplies it with ggml_gemv_q4_K_8x8_q8_K (one activation row) or
@@ -14,11 +14,13 @@ GEMM gives the same numbers). Integer sums are exact however they are formed, so
 plain loops and keeps only the float order.
 Layout (pack_q4_k): the GGUF quant bytes as they are, and per row and super-block the eight 6-bit scales and
 eight mins unpacked to bytes and d, dmin as float32.
-Q6_K and Q5_K, which x86 builds never repack, go through ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K below 8
+Q6_K and Q5_K, which x86 builds never repack, and Q4_K matrices whose rows do not come in eights or that are
+one of a 3-D weight's (never repacked either) go through ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K below 8
 activation rows and through ggml-cpu/tiled from 8 (k_product). Both form per super-block exact int32 lane sums
 of unsigned values times Q8_K quants, which the host's integer dot product forms here too (int8_dot.k_lanes).
-Layout (pack_q6_k, pack_q5_k): the values as bytes in element order (1 byte a weight: 0.82 / 0.69 in GGUF),
-16 scale bytes a super-block (Q6_K's int8 scales; Q5_K's scales and mins as pack_q4_k's) and d, dmin as
+Layout (pack_q6_k, pack_q5_k, pack_q4_k_values): the values as bytes in element order (1 byte a weight: 0.82 /
+0.69 / 0.56 in GGUF), 16 scale bytes a super-block (Q6_K's int8 scales; Q5_K's and Q4_K's scales and mins as
+pack_q4_k's) and d, dmin as
 float32 (Q6_K's dmin 0): the lane sums read 32 values with one load, as ggml's do after it has assembled them.
 """
 
@@ -30,9 +32,9 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends.numba.primitives.bits import fma
-from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vsplat, vzero
+from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
 from graphir.backends.numba.quant.blocks import k_scales
-from graphir.backends.numba.quant.int8_dot import k_lanes, nibble_lanes
+from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
 _V8 = lanes(8)
 _low, _high = nibble_lanes(False), nibble_lanes(True)
@@ -172,20 +174,32 @@ def pack_q6_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (low | high << 4).reshape(rows, -1), np.ascontiguousarray(b[:, :, 192:208]).view(np.int8), d
 
 
+def _nibble_runs(qs: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K nibble bytes (rows, nb, 128) -> (rows, nb, 8, 32): run 2j + t of 32 elements, the low (t = 0)
+    or high nibbles of bytes 32j .. 32j + 31."""
+    qs = qs.reshape(*qs.shape[:2], 4, 1, 32)
+    return np.concatenate([qs & 15, qs >> 4], axis=3).reshape(*qs.shape[:2], 8, 32)
+
+
 def pack_q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q5_K blocks (rows, nb, 176) -> the values 0-31 as bytes in element order (rows, nb * 256), then as
     _scales_mins_d (the scales and mins as int8)."""
     rows, nb = b.shape[:2]
-    qs, qh = b[:, :, 48:176].reshape(rows, nb, 4, 1, 32), b[:, :, 16:48].reshape(rows, nb, 1, 32)
-    nibbles = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(rows, nb, 8, 32)  # run 2j + t of 32
-    fifth = qh >> np.arange(8, dtype=np.uint8).reshape(8, 1) & 1                 # run g: bit g of qh[l]
+    fifth = b[:, :, 16:48].reshape(rows, nb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1) & 1  # run g: bit g
     sm, d = _scales_mins_d(b)
-    return (nibbles | fifth << 4).reshape(rows, -1), sm.view(np.int8), d
+    return (_nibble_runs(b[:, :, 48:176]) | fifth << 4).reshape(rows, -1), sm.view(np.int8), d
+
+
+def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K blocks (rows, nb, 144) -> as pack_q5_k (the values 0-15): Q4_K rows k_product multiplies."""
+    sm, d = _scales_mins_d(b)
+    return _nibble_runs(b[:, :, 16:144]).reshape(b.shape[0], -1), sm.view(np.int8), d
 
 
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
-_q6_lanes, _q6_sums, _q6_sums4 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 4)
-_q5_lanes, _q5_sums, _q5_sums4 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 4)
+_q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
+_q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
+_mins, _mins8, _min_pairs = k_mins(1), k_mins(8), k_mins(1, True)
 
 
 @njit(cache=True, inline="always")
@@ -197,48 +211,53 @@ def _lanes(q6, q, qo, y, yo, sc, so, bs, bo):
 
 
 @njit(cache=True, inline="always")
-def _sums(q6, four, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):
-    """The sums of those lanes for four activation rows (``four``) or one, in lanes 0-3 or 0."""
+def _tiled_link(q6, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, dx, acc):
+    """One super-block of the tiled kernels' chain for eight activation rows (``eight``, lane t row t) or one
+    (lane 0): s1 the lanes' exact sum, imin Q5_K's min integer, res = d * s1, res = fnmadd(dmin, imin, res),
+    acc = fma(res, d_x, acc), lane by lane."""
     if q6:
-        return _q6_sums4(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if four else \
+        s1 = _q6_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _q6_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
-    return _q5_sums4(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if four else \
+        return vfma(vmul(vsplat(_V8, dd[i, b, 0]), s1), dx, acc)
+    s1 = _q5_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
         _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    imin = _mins8(_V8, sc, so, bs, bo, bstep) if eight else _mins(_V8, sc, so, bs, bo, bstep)
+    return vfma(vfma(vsplat(_V8, -dd[i, b, 1]), imin, vmul(vsplat(_V8, dd[i, b, 0]), s1)), dx, acc)
 
 
 @njit(cache=True, inline="always")
-def _imin(q6, sc, so, ysum, r, b):
-    """Q5_K's sum_j m_j * (activation row r's sum over sub-block j) of super-block b; 0 for Q6_K."""
-    imin = 0
-    if not q6:
-        for j in range(8):
-            imin += _I32(sc[so + 8 + j]) * _sub_block_sum(ysum, r, b, j)
-    return imin
+def _min_lanes(q4, sc, so, bs, bo):
+    """The min term of one activation row's vec_dot as its register gets it: Q4_K's four halves or Q5_K's
+    integer (k_mins)."""
+    return _min_pairs(_V8, sc, so, bs, bo, 0) if q4 else _mins(_V8, sc, so, bs, bo, 0)
 
 
 @njit(cache=True, inline="always")
-def _tiled_link(q6, s1, dd, i, b, imin, dx, acc):
-    """One super-block of the tiled kernels' chain: res = d * s1, fnmadd(dmin, imin, res), fma(res, d_x, acc)."""
-    res = dd[i, b, 0] * s1
-    if not q6:
-        res = fma(-dd[i, b, 1], _F32(imin), res)
-    return fma(res, dx, acc)
+def _vec_dot_total(q6, q4, lanes_acc, mins_acc):
+    """hsum_float_8 of the lanes, plus the min term: Q5_K's chain, or Q4_K's four lanes added (0 + 2) + (1 + 3)."""
+    if q6:
+        return vhsum(lanes_acc)
+    if q4:
+        return vhsum(lanes_acc) + ((vlane(mins_acc, 0) + vlane(mins_acc, 2)) + (vlane(mins_acc, 1) + vlane(mins_acc, 3)))
+    return vhsum(lanes_acc) + vlane(mins_acc, 0)
 
 
 def k_product(fmt: str) -> Callable:
-    """The product of Q6_K (fmt "q6_k") or Q5_K ("q5_k") rows with x (n, k), quantizing x itself (Q8_K), as
-    llama.cpp's mul_mat and mul_mat_id multiply a K-quant matrix it does not repack (x86 repacks neither):
-    below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (their AVX2 code, which AVX-512 builds take
-    too): per super-block eight int32 lanes (int8_dot.k_lanes), acc = fma(d_x * d_w, float(lane), acc) lane by
-    lane, hsum_float_8 at the end, and Q5_K's min term chained apart, summs = fma(-d_x * dmin_w, float(imin),
-    summs) (the build contracts it), added last. From _TILED_FROM rows, ggml-cpu/tiled: per super-block the
+    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k") or Q4_K ("q4_k") rows with x (n, k), quantizing x itself
+    (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a K-quant matrix it does not repack: below
+    _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K (their AVX2 code, which AVX-512 builds
+    take too): per super-block eight int32 lanes (int8_dot.k_lanes; Q4_K's as Q5_K's), acc = fma(d_x * d_w,
+    float(lane), acc) lane by lane, hsum_float_8 at the end, and the min term chained apart, added last: Q5_K's
+    summs = fma(-d_x * dmin_w, float(imin), summs) (the build contracts it), Q4_K's the same in four lanes, lane p
+    the terms of sub-blocks 2p and 2p + 1, added (0 + 2) + (1 + 3). From _TILED_FROM rows, ggml-cpu/tiled
+    (Q4_K's as Q5_K's): per super-block the
     exact integer s1 (all lanes' sum) and Q5_K's imin, res = d_w * float(s1), res = fnmadd(dmin_w, float(imin),
     res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels alike; their final add is contracted);
-    here four activation rows at a time, which share the weight's loads.
+    here eight activation rows at a time, one in each lane, which share the weight's loads.
     imin = sum_j m_j * (the activation's sum over sub-block j)."""
-    if fmt not in ("q6_k", "q5_k"):
+    if fmt not in ("q6_k", "q5_k", "q4_k"):
         raise ValueError(f"k_product: unknown format {fmt!r}")
-    q6 = fmt == "q6_k"
+    q6, q4 = fmt == "q6_k", fmt == "q4_k"
 
     @njit(**_exact)
     def product(qv, sc, dd, x, out):
@@ -246,33 +265,32 @@ def k_product(fmt: str) -> Callable:
         nb, rows = k >> 8, out.shape[1]
         yf, yd, ysum = _q8_k(x)
         qf, sf, bf = qv.reshape(-1), sc.reshape(-1), ysum.reshape(-1)
-        in_fours = n - (n & 3) if n >= _TILED_FROM else 0
+        ydt = np.ascontiguousarray(yd.T).reshape(-1)         # d_x of rows r .. r + 7 side by side
+        tiled = n >= _TILED_FROM
+        in_eights = n - (n & 7) if tiled else 0
         for i in prange(rows):
-            for r in range(0, in_fours, 4):                   # the tiled kernels, four rows at a time
-                a0 = a1 = a2 = a3 = _F32(0.0)
+            for r in range(0, in_eights, 8):                  # the tiled kernels, eight rows at a time
+                acc = vzero(_V8)
                 for b in range(nb):
-                    qo, so = max((i * nb + b) * 256, 0), max((i * nb + b) * 16, 0)
-                    s = _sums(q6, True, qf, qo, yf, max(r * k + b * 256, 0), k, sf, so, bf,
-                              max((r * nb + b) * 16, 0), nb * 16)
-                    a0 = _tiled_link(q6, vlane(s, 0), dd, i, b, _imin(q6, sf, so, ysum, r, b), yd[r, b], a0)
-                    a1 = _tiled_link(q6, vlane(s, 1), dd, i, b, _imin(q6, sf, so, ysum, r + 1, b), yd[r + 1, b], a1)
-                    a2 = _tiled_link(q6, vlane(s, 2), dd, i, b, _imin(q6, sf, so, ysum, r + 2, b), yd[r + 2, b], a2)
-                    a3 = _tiled_link(q6, vlane(s, 3), dd, i, b, _imin(q6, sf, so, ysum, r + 3, b), yd[r + 3, b], a3)
-                out[r, i], out[r + 1, i], out[r + 2, i], out[r + 3, i] = a0, a1, a2, a3
-            for r in range(in_fours, n):
-                acc, summs, lanes_acc = _F32(0.0), _F32(0.0), vzero(_V8)
+                    acc = _tiled_link(q6, True, dd, i, b, qf, max((i * nb + b) * 256, 0), yf, max(r * k + b * 256, 0),
+                                      k, sf, max((i * nb + b) * 16, 0), bf, max((r * nb + b) * 16, 0), nb * 16,
+                                      vload(_V8, ydt, max(b * n + r, 0)), acc)
+                for t in range(8):
+                    out[r + t, i] = vlane(acc, t)
+            for r in range(in_eights, n):
+                acc, mins_acc, lanes_acc = vzero(_V8), vzero(_V8), vzero(_V8)
                 for b in range(nb):
                     qo, yo = max((i * nb + b) * 256, 0), max(r * k + b * 256, 0)
                     so, bo = max((i * nb + b) * 16, 0), max((r * nb + b) * 16, 0)
-                    imin = _imin(q6, sf, so, ysum, r, b)
-                    if n >= _TILED_FROM:                      # the tiled kernels' last rows
-                        acc = _tiled_link(q6, vlane(_sums(q6, False, qf, qo, yf, yo, 0, sf, so, bf, bo, 0), 0),
-                                          dd, i, b, imin, yd[r, b], acc)
+                    if tiled:                                 # the tiled kernels' last rows
+                        acc = _tiled_link(q6, False, dd, i, b, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
+                                          vsplat(_V8, yd[r, b]), acc)
                     else:                                     # the vec_dot
                         lanes = _lanes(q6, qf, qo, yf, yo, sf, so, bf, bo)
                         lanes_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]), lanes, lanes_acc)
                         if not q6:
-                            summs = fma(-yd[r, b] * dd[i, b, 1], _F32(imin), summs)
-                out[r, i] = acc if n >= _TILED_FROM else vhsum(lanes_acc) if q6 else vhsum(lanes_acc) + summs
+                            mins_acc = vfma(vsplat(_V8, -yd[r, b] * dd[i, b, 1]), _min_lanes(q4, sf, so, bf, bo),
+                                            mins_acc)
+                out[r, i] = vlane(acc, 0) if tiled else _vec_dot_total(q6, q4, lanes_acc, mins_acc)
 
     return product

@@ -1,4 +1,4 @@
-"""Matmul kernels of the stream-layout weight kinds (F32, F16, BF16, and Q4_K where llama.cpp does not repack it).
+"""Matmul kernels of the stream-layout weight kinds (F32, F16, BF16).
 
 They multiply the stream-order quantized activation of quant.activation with the weight: below GEMM_FROM
 activation rows one flat GEMV loop per format, from it a register-tiled GEMM fed by the format's row
@@ -61,20 +61,6 @@ def converting_gemv(bf16: bool) -> Callable:
     return gemv
 
 
-@njit(**_fast)
-def gemv_q4_k(qs, slo, shi, mins, xq, asum, out):
-    rows, kp = qs.shape[0], max(qs.shape[1], 0)
-    for i in prange(rows):
-        for r in range(xq.shape[0]):
-            acc = _F32(0.0)
-            for j in range(kp):
-                q = qs[i, j]
-                acc += _F32(q & 15) * xq[r, j] * slo[i, j >> 5] + _F32(q >> 4) * xq[r, kp + j] * shi[i, j >> 5]
-            for g in range(mins.shape[1]):
-                acc += mins[i, g] * asum[r, g]
-            out[r, i] = acc
-
-
 # ---------------------------------------------------------------------------------------------------------
 # GEMM kernels (n >= GEMM_FROM): each task dequantizes 6 weight rows at a time (w' only) into an L1-resident
 # buffer and multiplies them with 4 activation rows at a time held in 24 register accumulators; the min term
@@ -86,8 +72,8 @@ GEMM_FROM = 4             # n from which GEMM beats GEMV, for every type (measur
 
 
 @njit(fastmath=True, cache=True)
-def _tile(w, cnt, xq, out, i0, add):
-    """out[r, i0 + a] (+)= w[a] . xq[r] for a < cnt; w is (_TR, k), xq (n, k)."""
+def _tile(w, cnt, xq, out, i0):
+    """out[r, i0 + a] = w[a] . xq[r] for a < cnt; w is (_TR, k), xq (n, k)."""
     n, k = xq.shape
     r = 0
     if cnt == _TR:
@@ -111,11 +97,6 @@ def _tile(w, cnt, xq, out, i0, add):
                 a50 += v * x0; a51 += v * x1; a52 += v * x2; a53 += v * x3   # noqa: E702
             for a, (c0, c1, c2, c3) in enumerate(((a00, a01, a02, a03), (a10, a11, a12, a13), (a20, a21, a22, a23),
                                                   (a30, a31, a32, a33), (a40, a41, a42, a43), (a50, a51, a52, a53))):
-                if add:
-                    c0 += out[r, i0 + a]
-                    c1 += out[r + 1, i0 + a]
-                    c2 += out[r + 2, i0 + a]
-                    c3 += out[r + 3, i0 + a]
                 out[r, i0 + a] = c0
                 out[r + 1, i0 + a] = c1
                 out[r + 2, i0 + a] = c2
@@ -126,16 +107,7 @@ def _tile(w, cnt, xq, out, i0, add):
             acc = _F32(0.0)
             for j in range(k):
                 acc += w[a, j] * xq[rr, j]
-            out[rr, i0 + a] = acc + out[rr, i0 + a] if add else acc
-
-
-@njit(fastmath=True, cache=True)
-def _add_mins(mins, wm, asum, i0, cnt, out):
-    """out[r, i0 + a] += mins[i0 + a] . asum[r] (the min term, through the same register tile)."""
-    for a in range(cnt):
-        for g in range(mins.shape[1]):
-            wm[a, g] = mins[i0 + a, g]
-    _tile(wm, cnt, asum, out, i0, True)
+            out[rr, i0 + a] = acc
 
 
 @njit(cache=True)
@@ -150,21 +122,15 @@ def gemm_{fmt}({arrays}, xq, asum, out):
     ntask, nblk = _tasks(rows)
     for t in prange(ntask):
         w = np.empty((_TR, xq.shape[1]), _F32)
-        {mins_tile}
         for c in range(t * nblk // ntask, (t + 1) * nblk // ntask):
             i0, cnt = c * _TR, min(_TR, rows - c * _TR)
             for a in range(cnt):
                 {row}({arrays}, i0 + a, w, a, False)
-            _tile(w, cnt, xq, out, i0, False)
-            {add_mins}
+            _tile(w, cnt, xq, out, i0)
 """
 
 
-def tiled_gemm(row: Callable, with_mins: bool = False) -> Callable:
-    """The GEMM of ``row``'s format, (*packed, xq, asum, out): each task expands _TR weight rows (without their
-    min term) into a tile and multiplies it with every activation row; a format ``with_mins`` (Q4_K: its
-    last packed array ``mins``) then adds the min term through the same tile as a product of its own."""
-    if not with_mins:
-        return per_format(_GEMM, row, globals(), _fast, mins_tile="", add_mins="")
-    return per_format(_GEMM, row, globals(), _fast, mins_tile="wm = np.empty((_TR, mins.shape[1]), _F32)",
-                      add_mins="_add_mins(mins, wm, asum, i0, cnt, out)")
+def tiled_gemm(row: Callable) -> Callable:
+    """The GEMM of ``row``'s format, (*packed, xq, asum, out): each task expands _TR weight rows into a tile and
+    multiplies it with every activation row."""
+    return per_format(_GEMM, row, globals(), _fast)

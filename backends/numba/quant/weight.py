@@ -24,9 +24,9 @@ from graphir.backends.numba.quant.blocks import (dequantizer, repack_mxfp4, repa
                                                  row_q5_0, row_q5_1, row_q5_k, row_q6_k, row_q8_0)
 from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1,
                                                 pack_q5_0_as_q8_0, pack_q5_1, pack_q8_0)
-from graphir.backends.numba.quant.kquant import k_product, pack_q4_k, pack_q5_k, pack_q6_k, q4_k_x8
+from graphir.backends.numba.quant.kquant import k_product, pack_q4_k, pack_q4_k_values, pack_q5_k, pack_q6_k, q4_k_x8
 from graphir.backends.numba.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
-from graphir.backends.numba.quant.stream import GEMM_FROM, converting_gemv, gemv_f32, gemv_q4_k, tiled_gemm
+from graphir.backends.numba.quant.stream import GEMM_FROM, converting_gemv, gemv_f32, tiled_gemm
 
 __all__ = ["QWeight", "QWeightGroup", "SUPPORTED"]
 
@@ -56,7 +56,8 @@ class _Kind:
 _Q8 = exact_gemv("q8_0")        # Q8_0's, and Q5_0's on Q8_0 blocks
 _Q4_0 = exact_gemv("q4_0x8")    # Q4_0 in the order of llama.cpp's repacked 8x8 kernels
 _DEQ_Q4_0 = dequantizer(row_q4_0)
-_Q5_K, _Q6_K = k_product("q5_k"), k_product("q6_k")   # llama.cpp's vec_dot below 8 rows, its tiled kernels from 8
+# llama.cpp's vec_dot below 8 rows, its tiled kernels from 8 (Q4_K: where it does not repack)
+_Q4_K, _Q5_K, _Q6_K = k_product("q4_k"), k_product("q5_k"), k_product("q6_k")
 _TYPES: dict[T, _Kind] = {
     T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, tiled_gemm(row_f32), dequantizer(row_f32)),
     T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(bf16=False), tiled_gemm(row_f16),
@@ -78,10 +79,10 @@ _TYPES: dict[T, _Kind] = {
 SUPPORTED = frozenset(_TYPES)
 # llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"), and only a 2-D one
 # (a stack's matrices, mul_mat of a 3-D weight, never): the others take its vec_dot, which is Q8_0's on the same
-# values
+# values; so with Q4_K, whose others take its vec_dot and tiled kernels as Q5_K does (k_product)
 _UNREPACKED: dict[T, _Kind] = {
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q8, _Q8, _DEQ_Q4_0, pack_q4_0_as_q8_0, True),
-    T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, gemv_q4_k, tiled_gemm(row_q4_k, True), dequantizer(row_q4_k))}
+    T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, _Q4_K, _Q4_K, dequantizer(row_q4_k), pack_q4_k_values)}
 
 # an expert's rows of a repacked kind, which llama.cpp's mul_mat_id multiplies one activation row at a time
 _EXPERT: dict[T, _Kind] = {
