@@ -20,20 +20,43 @@ _F32 = np.float32
 
 
 @njit(cache=True, inline="always")
+def maxps(a, b):
+    """x86's maxps on one lane: a if a > b, else b (so b whenever either is NaN)."""
+    return a if a > b else b
+
+
+@njit(cache=True, inline="always")
 def _q8_scales(x, r, o):
     """Of the Q8_0/Q8_1 block x[r, o:o + 32]: d before its rounding to f16, amax / 127, and the quantizing
-    scale 127 / amax (0 for an all-zero block)."""
-    amax = _F32(0.0)
-    for j in range(32):
-        amax = max(amax, abs(x[r, o + j]))
+    scale 127 / amax (0 for an all-zero block). amax is taken as the x86 build takes it: four registers of
+    eight |x| folded lane by lane with maxps, then the halves, pairs and the last two, so a NaN counts or not by
+    where it sits (the same maximum as any order where there is none; an infinity gives scale 0)."""
+    m = np.empty(8, _F32)
+    for j in range(8):
+        a = abs(x[r, o + j])
+        for g in range(1, 4):
+            a = maxps(a, abs(x[r, o + 8 * g + j]))
+        m[j] = a
+    amax = maxps(maxps(maxps(m[4], m[0]), maxps(m[6], m[2])), maxps(maxps(m[5], m[1]), maxps(m[7], m[3])))
     return amax / _F32(127.0), (_F32(127.0) / amax if amax != _F32(0.0) else _F32(0.0))
+
+
+_INT_MIN = -2147483648
+
+
+@njit(cache=True, inline="always")
+def cvt_i32(v):
+    """x86's float -> int32 conversion of an already rounded value: INT_MIN for NaN and out of range."""
+    return int(v) if abs(v) < _F32(2147483648.0) else _INT_MIN
 
 
 @njit(cache=True)
 def q8_blocks(x, y, yd, ys):
     """quantize_row_q8_1 as the x86 build runs it, per block of 32: d = f16(amax / 127), the quants
-    q = round-half-even(x * (127 / amax)) into y (as float32, natural order), d into yd and Q8_1's
-    s = f16(d * sum q) with the unrounded d into ys. quantize_row_q8_0 is the same without s."""
+    q = round-half-even(x * (127 / amax)) into y (natural order), d into yd and Q8_1's s = f16(d * sum q)
+    with the unrounded d into ys. quantize_row_q8_0 is the same without s. What no healthy row has is kept too:
+    a quant that is NaN or beyond int32 converts to INT_MIN and packs (saturating) to -128, and s sums the
+    int32 values with wrap-around, as the vector code does."""
     n, k = x.shape
     for r in range(n):
         for b in range(k >> 5):
@@ -41,9 +64,9 @@ def q8_blocks(x, y, yd, ys):
             d32, iscale = _q8_scales(x, r, o)
             qsum = 0
             for j in range(32):
-                q = np.rint(x[r, o + j] * iscale)
-                qsum += int(q)
-                y[r, o + j] = q
+                q = cvt_i32(np.rint(x[r, o + j] * iscale))
+                qsum = (qsum + q + 2147483648) % 4294967296 - 2147483648
+                y[r, o + j] = min(max(q, -128), 127)
             yd[r, b] = f16_round(d32)
             ys[r, b] = f16_round(d32 * _F32(qsum))
 
@@ -57,7 +80,7 @@ def _act_q8_0(x, inv, xq, asum):
             d32, iscale = _q8_scales(x, r, o)
             d = f16_round(d32)
             for j in range(32):
-                xq[r, inv[o + j]] = np.rint(x[r, o + j] * iscale) * d
+                xq[r, inv[o + j]] = _F32(min(max(cvt_i32(np.rint(x[r, o + j] * iscale)), -128), 127)) * d
 
 
 def _act_f32(x, inv, xq, asum):

@@ -31,8 +31,9 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from graphir.backends.numba.primitives.bits import fma
+from graphir.backends.numba.primitives.bits import bits_u32, fma
 from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
+from graphir.backends.numba.quant.activation import cvt_i32, maxps
 from graphir.backends.numba.quant.blocks import k_scales
 from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
@@ -57,11 +58,18 @@ def pack_q4_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (np.ascontiguousarray(b[:, :, 16:144]).reshape(b.shape[0], -1), *_scales_mins_d(b))
 
 
+@njit(cache=True, inline="always")
+def _nearest_int(v):
+    """ggml's nearest_int: v + 1.5 * 2^23 in float32, whose low 23 bits less 2^22 are round-half-even(v) for
+    |v| < 2^22, and for what no healthy row holds (a NaN from an infinite scale) whatever those bits are."""
+    return np.int32(bits_u32(v + _F32(12582912.0)) & np.uint32(0x7FFFFF)) - np.int32(0x400000)
+
+
 @njit(cache=True)
 def q8_k_rows(x, y, yd, ysum):
     """quantize_row_q8_K_ref over each row of x: per super-block the scale -127 / (the first value of largest
-    magnitude), quants round-half-even clamped at 127 into y, d = 1 / scale into yd, and each 16 quants' sum
-    into ysum (llama.cpp's bsums)."""
+    magnitude, NaNs never), quants round-half-even (nearest_int) clamped at 127 and kept as a byte into y,
+    d = 1 / scale into yd, and each 16 quants' sum into ysum (llama.cpp's bsums)."""
     n, k = x.shape
     for r in range(n):
         for sb in range(k >> 8):
@@ -83,18 +91,66 @@ def q8_k_rows(x, y, yd, ysum):
             for g in range(16):
                 t = 0
                 for j in range(16):
-                    q = _I32(min(np.rint(iscale * x[r, o + g * 16 + j]), _F32(127.0)))
+                    q = _nearest_int(iscale * x[r, o + g * 16 + j])
+                    q = min(q, 127) & 255                      # stored to a byte
+                    q = q - 256 if q > 127 else q
+                    y[r, o + g * 16 + j] = q
+                    t += q
+                ysum[r, sb * 16 + g] = t
+
+
+@njit(cache=True)
+def q8_k_fours(x, y, yd, ysum, rows):
+    """ggml_quantize_mat_q8_K_4x8 (its AVX2 code, which AVX-512 builds take too) over x's first ``rows`` rows,
+    which the repacked GEMM takes in fours. Per super-block, eight lanes keep the largest |x| of their column
+    of 32 registers (maxps: a NaN counts or not by where it sits) and whether a positive value reached it since
+    it last grew; the maximum is the lanes' folded as quantize_row_q8_0 folds them, and its sign is + where any
+    lane holding it saw it positive (quantize_row_q8_K_ref takes the first value of that magnitude: the two
+    differ only where +max and -max both occur, and where NaN or infinity does). Quants convert and saturate as
+    quantize_row_q8_0's (q8_blocks); d = 1 / scale unless the maximum is 0."""
+    m, pos = np.empty(8, _F32), np.empty(8, np.bool_)
+    for r in range(rows):
+        for sb in range(x.shape[1] >> 8):
+            o = sb << 8
+            for l in range(8):
+                a = abs(x[r, o + l])
+                for g in range(1, 4):
+                    a = maxps(a, abs(x[r, o + 8 * g + l]))
+                seen = False
+                for g in range(4):
+                    seen |= x[r, o + 8 * g + l] == a
+                for s in range(1, 8):
+                    before = a
+                    for g in range(4):
+                        a = maxps(a, abs(x[r, o + 32 * s + 8 * g + l]))
+                    seen &= before == a
+                    for g in range(4):
+                        seen |= x[r, o + 32 * s + 8 * g + l] == a
+                m[l], pos[l] = a, seen
+            vmax = maxps(maxps(maxps(m[4], m[0]), maxps(m[6], m[2])),
+                          maxps(maxps(m[5], m[1]), maxps(m[7], m[3])))
+            positive = False
+            for l in range(8):
+                positive |= pos[l] and m[l] == vmax
+            iscale = _F32(0.0) if vmax == _F32(0.0) else (_F32(-127.0) if positive else _F32(127.0)) / vmax
+            yd[r, sb] = _F32(0.0) if vmax == _F32(0.0) else _F32(1.0) / iscale
+            for g in range(16):
+                t = 0
+                for j in range(16):
+                    q = min(max(cvt_i32(np.rint(x[r, o + g * 16 + j] * iscale)), -128), 127)
                     y[r, o + g * 16 + j] = q
                     t += q
                 ysum[r, sb * 16 + g] = t
 
 
 @njit(cache=True, inline="always")
-def _q8_k(x):
-    """x quantized to Q8_K (q8_k_rows): the quants of all rows flat, d per super-block, the sums per 16."""
+def _q8_k(x, fours=0):
+    """x quantized to Q8_K: the quants of all rows flat, d per super-block, the sums per 16; the first ``fours``
+    rows as the repacked GEMM quantizes them (q8_k_fours), the others as quantize_row_q8_K_ref (q8_k_rows)."""
     n, k = x.shape
     y, yd, ysum = np.empty((n, k), np.int8), np.empty((n, k >> 8), _F32), np.empty((n, k >> 4), _I32)
-    q8_k_rows(x, y, yd, ysum)
+    q8_k_fours(x, y, yd, ysum, fours)
+    q8_k_rows(x[fours:], y[fours:], yd[fours:], ysum[fours:])
     return y.reshape(-1), yd, ysum
 
 
@@ -134,9 +190,9 @@ def q4_k_x8(gemm: bool) -> Callable:
     def product(qs, sm, dd, x, out):
         n, k = x.shape
         nb, rows = k >> 8, out.shape[1]
-        yf, yd, ysum = _q8_k(x)
-        qf, sf = qs.reshape(-1), sm.reshape(-1)
         in_fours = n - (n & 3) if gemm else 0                 # rows the GEMM takes; the rest go one by one
+        yf, yd, ysum = _q8_k(x, in_fours)
+        qf, sf = qs.reshape(-1), sm.reshape(-1)
         for i in prange(rows):
             for r in range(n):
                 acc, acc_min = _F32(0.0), _F32(0.0)
