@@ -192,11 +192,12 @@ def make_weight(qtype: gguf.GGMLQuantizationType, rows: int, ne0: int, rng: np.r
     raw = rng.integers(0, 256, (rows, ne0 // block, tsize), dtype=np.uint8)
     scale = 2e-3 * 16 / np.sqrt(ne0)
     d = half(rng.uniform(0.5, 1.5, raw.shape[:2]) * scale)
-    if qtype == Q.Q6_K:
-        raw[..., 208:210] = d  # d is last in Q6_K; the int8 scales are any bytes
+    if qtype in (Q.Q6_K, Q.Q3_K):
+        raw[..., tsize - 2:] = d  # d is last in Q6_K and Q3_K; their scales are any bytes
     else:
-        raw[..., 0:2] = d
-        raw[..., 2:4] = half(rng.uniform(0.5, 1.5, raw.shape[:2]) * scale)  # dmin
+        at = 80 if qtype == Q.Q2_K else 0  # Q2_K's d and dmin follow its scales and values
+        raw[..., at:at + 2] = d
+        raw[..., at + 2:at + 4] = half(rng.uniform(0.5, 1.5, raw.shape[:2]) * scale)  # dmin
     return raw.reshape(rows, -1)
 
 

@@ -377,8 +377,8 @@ def test_a_weight_type_the_backend_cannot_run_is_a_tensor_error(seeds: dict[str,
     p = tmp_path / "iq4_nl.gguf"
     p.write_bytes(_with(seeds["tiny-llama.full"], "ttype", "blk.0.attn_output.weight", QT.IQ4_NL))
     with pytest.raises(TensorError, match=rf"^{p}: tensor 'blk.0.attn_output.weight' is IQ4_NL, a type the numba "
-                                          rf"backend does not multiply \(it runs BF16, F16, F32, MXFP4, Q4_0, Q4_1, Q4_K, "
-                                          rf"Q5_0, Q5_1, Q5_K, Q6_K, Q8_0\)$"):
+                                          rf"backend does not multiply \(it runs BF16, F16, F32, MXFP4, Q2_K, Q3_K, Q4_0, "
+                                          rf"Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0\)$"):
         graphir.load(str(p))
 
 

@@ -2,7 +2,7 @@
 plain vector arithmetic), for registers of one row and of two, and for Q4_1 in halves of two or four rows, gives
 ggml's integers: lane l of a row is the sum of the products of its elements 4l .. 4l + 3. A K-quant super-block's
 lanes (k_lanes) add those of its eight runs of 32 elements, each times its sub-block's scale, and
-Q5_K's min integers (k_mins) those of its mins with the activation's sums, row by row."""
+Q5_K's and Q2_K's min integers (k_mins) those of its mins with the activation's sums, row by row."""
 
 from __future__ import annotations
 
@@ -80,13 +80,14 @@ def test_q4_1_halves_hold_each_rows_low_then_high_lane_sums(flavour, n):
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
-@pytest.mark.parametrize("sub, bias, top", [(16, 32, 63), (32, 0, 31)], ids=["q6_k", "q5_k"])
-def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, sub, bias, top):
+@pytest.mark.parametrize("sub, bias, top, lane_bias", [(16, 32, 63, False), (32, 0, 31, False), (16, 4, 7, True),
+                                                      (16, 0, 3, False)], ids=["q6_k", "q5_k", "q3_k", "q2_k"])
+def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, sub, bias, top, lane_bias):
     """Lane l: over runs g of 32, scale[(32g + 4l) // sub] times the products of elements 4l .. 4l + 3 of the
-    run, less bias * (scale[2l] * bsum[2l] + scale[2l + 1] * bsum[2l + 1]); with rows, lane t holds activation
-    row t's lanes' integer sum as one float. The extremes reach past 2^24 in a lane (Q6_K) or in the sum (Q5_K):
-    the integers stay exact."""
-    each, one, eight = k_lanes(sub, bias, 0, flavour), k_lanes(sub, bias, 1, flavour), k_lanes(sub, bias, 8, flavour)
+    run, less bias * (scale[2l] * bsum[2l] + scale[2l + 1] * bsum[2l + 1]), or with lane_bias (Q3_K) the
+    products of the values less bias; with rows, lane t holds activation row t's lanes' integer sum as one float.
+    The extremes reach past 2^24 in a lane (Q6_K) or in the sum (Q5_K): the integers stay exact."""
+    each, one, eight = (k_lanes(sub, bias, rows, flavour, lane_bias=lane_bias) for rows in (0, 1, 8))
 
     @njit
     def run(v, q, y, sc, bs, out):
@@ -106,22 +107,44 @@ def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, 
         out = np.empty(24, np.float32)
         run(lanes(8), q, y.reshape(-1), sc, bs.reshape(-1), out)
         per_lane = sc.astype(np.int64)[(32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub]     # [run][lane]
-        want = ((q.astype(np.int64) * y).reshape(8, 8, 8, 4).sum(axis=3) * per_lane).sum(axis=1)      # [row][lane]
-        if bias:
+        values = q.astype(np.int64) - (bias if lane_bias else 0)
+        want = ((values * y).reshape(8, 8, 8, 4).sum(axis=3) * per_lane).sum(axis=1)                  # [row][lane]
+        if bias and not lane_bias:
             want -= bias * (sc[0::2].astype(np.int64) * bs[:, 0::2] + sc[1::2].astype(np.int64) * bs[:, 1::2])
-        if trial == 0:
+        if trial == 0 and top > 7:                       # Q3_K's and Q2_K's sums stay below 2^24
             assert np.abs(want[0]).max() >= 2 ** 24 if bias else np.abs(want[0].sum()) >= 2 ** 24
         assert np.array_equal(out[:8], want[0].astype(np.float32)), (flavour, sub, trial)
         assert out[8] == np.float32(want[1].sum()) and np.all(out[9:16] == 0), (flavour, sub, trial)
         assert np.array_equal(out[16:], want.sum(axis=1).astype(np.float32)), (flavour, sub, trial)
 
 
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_k_quant_lanes_of_half_a_super_block_are_its_second_halfs_integer(flavour):
+    """runs=4 from element 128 and scale 8 on (the integer of ggml_gemm_q2_K_8x8_q8_K per half super-block): lane 0
+    is sum over elements 128 .. 255 of scale[e // 16] * q * y, the other lanes 0."""
+    half = k_lanes(16, 0, 1, flavour, runs=4)
+
+    @njit
+    def run(v, q, y, sc, bs, out):
+        vstore(out, 0, half(v, q, 128, y, 128, 0, sc, 8, bs, 0, 0))
+
+    rng = np.random.default_rng(4)
+    for trial in range(20):
+        q, y = rng.integers(0, 4, 256).astype(np.uint8), rng.integers(-127, 128, 256).astype(np.int8)
+        sc = rng.integers(0, 16, 32).astype(np.int8)
+        out = np.empty(8, np.float32)
+        run(lanes(8), q, y, sc, np.zeros(16, np.int32), out)
+        want = (q[128:].astype(np.int64) * y[128:] * sc[np.arange(128, 256) // 16].astype(np.int64)).sum()
+        assert out[0] == np.float32(want) and np.all(out[1:] == 0), (flavour, trial)
+
+
+@pytest.mark.parametrize("sub", [32, 16])
 @pytest.mark.parametrize("rows, pairs", [(1, False), (3, False), (8, False), (1, True)])
-def test_k_quant_mins_are_each_rows_min_integer(rows, pairs):
-    """Lane t (t < rows): sum_j min_j * (activation row t's sum over sub-block j of 32, two sums of 16), past the
-    rows 0; with pairs, lane p < 4 the terms j = 2p and 2p + 1 (Q4_K's vec_dot register). The extremes (mins 63,
-    every quant -127) reach past 2^16 and stay exact."""
-    mins = k_mins(rows, pairs)
+def test_k_quant_mins_are_each_rows_min_integer(rows, pairs, sub):
+    """Lane t (t < rows): sum_j min_j * (activation row t's sum over sub-block j of 32, two sums of 16; or of 16,
+    one sum), past the rows 0; with pairs, lane p the terms j = 2p and 2p + 1 (Q4_K's vec_dot register, lanes 0-3;
+    Q2_K's, all eight). The extremes (mins 63, every quant -127) reach past 2^16 and stay exact."""
+    mins, n = k_mins(rows, pairs, sub), 256 // sub
 
     @njit
     def run(v, sc, bs, out):
@@ -129,14 +152,15 @@ def test_k_quant_mins_are_each_rows_min_integer(rows, pairs):
 
     rng = np.random.default_rng(rows)
     for trial in range(20):
-        sc = rng.integers(0, 64, 40).astype(np.int8)
+        sc = rng.integers(0, 64, 16 + 2 * n).astype(np.int8)
         bs = rng.integers(-127 * 16, 127 * 16 + 1, 32 + 20 * 8).astype(np.int32)
         if trial == 0:
             sc[:], bs[:] = 63, -127 * 16
         out = np.empty(8, np.float32)
         run(lanes(8), sc, bs, out)
-        terms = [bs[32 + 20 * t:48 + 20 * t].reshape(8, 2).sum(axis=1) * sc[24:32].astype(np.int64) for t in range(rows)]
-        want = list(terms[0].reshape(4, 2).sum(axis=1)) + [0] * 4 if pairs else \
+        terms = [bs[32 + 20 * t:48 + 20 * t].reshape(n, -1).sum(axis=1) * sc[16 + n:16 + 2 * n].astype(np.int64)
+                 for t in range(rows)]
+        want = list(terms[0].reshape(-1, 2).sum(axis=1)) + [0] * (8 - n // 2) if pairs else \
             [t.sum() for t in terms] + [0] * (8 - rows)
         assert np.array_equal(out, np.array(want, np.float32)), (rows, pairs, trial)
 

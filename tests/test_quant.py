@@ -18,19 +18,21 @@ import numpy as np
 import pytest
 from conftest import half, make_weight
 
+from graphir.backends.numba.primitives import isa
+from graphir.backends.numba.quant import weight
 from graphir.backends.numba.quant.exact import exact_gemv
 from graphir.backends.numba.quant.weight import SUPPORTED, QWeight
 
 T = gguf.GGMLQuantizationType
 F32 = np.float32
 FLOATS = [T.F32, T.F16, T.BF16]
-QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
+QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
 # NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
 # 3.6e-6 (BF16), 3-6e-5 (Q8_0/Q4_0/Q4_1; MXFP4 2.9e-5), 5-12e-5 (K-quants, random blocks); pinned at 2-3x.
 NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q5_0: 2e-4, T.Q4_1: 2e-4, T.Q5_1: 2e-4,
-            T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4, T.MXFP4: 2e-4}
+            T.Q2_K: 2e-4, T.Q3_K: 2e-4, T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4, T.MXFP4: 2e-4}
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
 # rounding of Q8_1's s alone gives 3e-4)
@@ -96,6 +98,19 @@ def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
     if qtype == T.Q5_1:
         hbits = b[..., 4:8].copy().view(np.uint32).astype(np.int64)
         return nib(b[..., 8:24]) + ((hbits >> np.arange(32)) & 1) * 16, f16(0), f16(2)
+    if qtype == T.Q2_K:                                   # 16 sub-blocks of 16: a 4-bit scale and min each
+        q = (b[..., 16:80].reshape(*b.shape[:2], 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3
+        sc, mn = (b[..., 0:16] & 15).astype(np.int64), (b[..., 0:16] >> 4).astype(np.int64)
+        return q.reshape(*b.shape[:2], 256).astype(np.int64), f16(80), f16(82), sc, mn
+    if qtype == T.Q3_K:                                   # values -4..3: 4 off where the high bit is clear
+        low = (b[..., 32:96].reshape(*b.shape[:2], 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3
+        high = (b[..., 0:32].reshape(*b.shape[:2], 1, 32) >> np.arange(8, dtype=np.uint8)[:, None]) & 1
+        q = low.reshape(*b.shape[:2], 256).astype(np.int64) - 4 * (1 - high.reshape(*b.shape[:2], 256))
+        lo = (b[..., 96:104, None] >> np.array([0, 4], np.uint8)) & 15          # byte j: scales j, j + 8
+        hi = (b[..., 104:108, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3    # byte j: scales j + 4m's top bits
+        sc = (lo.transpose(0, 1, 3, 2).reshape(*b.shape[:2], 16)
+              | hi.transpose(0, 1, 3, 2).reshape(*b.shape[:2], 16) << 4)
+        return q, f16(108), sc.astype(np.int64) - 32
     if qtype in (T.Q4_K, T.Q5_K):
         sc, mn = gguf.quants.Q4_K.get_scale_min(b[..., 4:16].reshape(-1, 12))
         sc, mn = sc.reshape(*b.shape[:2], 8).astype(np.int64), mn.reshape(*b.shape[:2], 8).astype(np.int64)
@@ -143,13 +158,14 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
             y += (wi[2][None] * sx[:, None]).astype(f64).sum(-1)     # + f32(m*s)
         return y
     qx, dx, bsums = q8k_blocks(x)
-    if qtype == T.Q6_K:
+    if qtype in (T.Q6_K, T.Q3_K):
         qw, dw, sc = wi
         isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], 16, 16), qx.reshape(*qx.shape[:2], 16, 16))
         return ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1)).sum(-1)
     qw, dw, dmin, sc, mn = wi
-    isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], 8, 32), qx.reshape(*qx.shape[:2], 8, 32))
-    msum = (mn[None] * bsums.reshape(*bsums.shape[:2], 8, 2).sum(-1)[:, None]).sum(-1)
+    g = sc.shape[-1]                                                    # sub-blocks a super-block (Q2_K: 16)
+    isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
+    msum = (mn[None] * bsums.reshape(*bsums.shape[:2], g, -1).sum(-1)[:, None]).sum(-1)
     return ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1)
             - (dmin[None] * dx[:, None]).astype(f64) * msum).sum(-1)
 
@@ -282,7 +298,7 @@ def test_prepare_rejects_bad_input():
     with pytest.raises(ValueError):
         QWeight.prepare(raw[:, :-2], T.Q4_0, 64)
     with pytest.raises(NotImplementedError):
-        QWeight.prepare(raw, T.Q2_K, 64)
+        QWeight.prepare(raw, T.IQ4_NL, 64)
     w = QWeight.prepare(raw, T.Q4_0, 64)
     with pytest.raises(ValueError):
         w.matmul(np.zeros((2, 64), np.float64))
@@ -430,38 +446,33 @@ def _hsum8(a: np.ndarray) -> np.ndarray:
     return ((a[..., 0] + a[..., 4]) + (a[..., 2] + a[..., 6])) + ((a[..., 1] + a[..., 5]) + (a[..., 3] + a[..., 7]))
 
 
-@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K], ids=lambda t: t.name)
-@pytest.mark.parametrize("n", [1, 7, 8, 9, 17])
-def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
-    """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K (their AVX2 code, which AVX-512 builds take too) for Q6_K, Q5_K
-    and the Q4_K matrices llama.cpp does not repack (rows not in eights, a 3-D weight's matrices), fewer than 8
-    activation rows: per super-block eight int32 lanes, lane l over the runs of 32 elements the scale of its
-    sub-block times (elements 4l .. 4l + 3 . q8), less for Q6_K 32 * (sc[2l] * bsum[2l] + sc[2l + 1] * bsum[2l + 1])
-    (its values' offset); acc = fma(d_x * d_w, lane, acc) lane by lane, hsum_float_8, plus Q5_K's min chain
-    summs = fma(-d_x * dmin, imin, summs), or Q4_K's in four lanes (sub-blocks 2p and 2p + 1 in lane p) added
-    (0 + 2) + (1 + 3) at the end. From 8 rows ggml-cpu/tiled: res = d_w * float(sum of the lanes),
-    res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc). imin = sum_j m_j * (bsum[2j] + bsum[2j + 1]).
-    One row holds the largest values and scales, and x's last row +-1 (1 on lane 0's elements): sums past 2^24,
-    for Q6_K in a lane (its products and offset of one sign)."""
-    rng = np.random.default_rng(n)
-    rows, ne0 = 16, 512
-    raw = make_weight(qtype, rows, ne0, rng)
-    blocks = raw.reshape(rows, -1, gguf.GGML_QUANT_SIZES[qtype][1])
+def _extremes(blocks: np.ndarray, qtype: T) -> None:
+    """Every super-block of ``blocks`` (one row) given the largest values and scales of its type."""
     if qtype == T.Q6_K:
-        blocks[3, :, 0:192], blocks[3, :, 192:208] = 255, 127              # values 63, scales 127
+        blocks[:, 0:192], blocks[:, 192:208] = 255, 127                   # values 63, scales 127
+    elif qtype == T.Q3_K:
+        blocks[:, 0:108] = 0                                               # values -4, scales -32
+    elif qtype == T.Q2_K:
+        blocks[:, 0:80] = 255                                              # values 3, scales and mins 15
     else:
-        blocks[3, :, 4:] = 255                                             # scales and mins 63, values 31 / 15
-    x = rng.standard_normal((n, ne0)).astype(F32)
-    x[-1] = np.where(np.arange(ne0) % 32 < 4, 1.0, -1.0)                  # lane 0's elements against the others
+        blocks[:, 4:] = 255                                                # scales and mins 63, values 31 / 15
+
+
+def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The llama.cpp order of an unrepacked K-quant matrix (see the test below), and its lanes."""
+    rows, n = raw.shape[0], x.shape[0]
     qx, dx, bsums = q8k_blocks(x)                                          # (n, nb, 256), (n, nb), (n, nb, 16)
-    if qtype == T.Q6_K:
+    if qtype in (T.Q6_K, T.Q3_K):
         q, d, sc = weight_ints(raw, qtype, ne0)
-        q, dmin, sub, bias, imin = q + 32, np.zeros_like(d), 16, 32, np.zeros((n, rows, d.shape[1]), np.int64)
+        dmin, imin = np.zeros_like(d), np.zeros((n, rows, d.shape[1]), np.int64)
+        q, sub, bias = (q + 32, 16, 32) if qtype == T.Q6_K else (q, 16, 0)   # Q3_K's lanes: its signed values
     else:
         q, d, dmin, sc, mn = weight_ints(raw, qtype, ne0)
-        sub, bias = 32, 0
-        min_pairs = (mn[None] * bsums.reshape(n, 1, -1, 8, 2).sum(-1)).reshape(n, rows, -1, 4, 2).sum(-1)
-        imin = min_pairs.sum(-1)                                                                    # (n, rows, nb)
+        g = sc.shape[-1]                                                   # sub-blocks a super-block
+        sub, bias = 256 // g, 0
+        terms = mn[None] * bsums.reshape(n, 1, -1, g, 16 // g).sum(-1)    # (n, rows, nb, g)
+        min_pairs = terms.reshape(*terms.shape[:3], -1, 2).sum(-1)                            # sub-blocks 2p, 2p + 1
+        imin = terms.sum(-1)                                                                   # (n, rows, nb)
     nb = d.shape[1]
     dots = np.einsum("rbgle,nbgle->nrbgl", q.reshape(rows, nb, 8, 8, 4), qx.reshape(n, nb, 8, 8, 4))
     lanes = (dots * sc[:, :, (32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub][None]).sum(3)  # (n, rows, nb, 8)
@@ -473,18 +484,92 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
         acc, summs = np.zeros((rows, 8) if n < 8 else rows, F32), np.zeros((rows, 4) if qtype == T.Q4_K else rows, F32)
         for b in range(nb):
             if n < 8:
+                if qtype == T.Q2_K:                                        # its mins first, in the lanes' chain
+                    acc = _fma(min_pairs[r, :, b].astype(F32), (-dx[r, b] * dmin[:, b, None]).astype(F32), acc)
                 acc = _fma(lanes[r, :, b].astype(F32), (dx[r, b] * d[:, b, None]).astype(F32), acc)
-                mins = min_pairs[r, :, b] if qtype == T.Q4_K else imin[r, :, b]
-                summs = _fma(mins.astype(F32), (-dx[r, b] * dmin[:, b, None] if qtype == T.Q4_K else
-                                                -dx[r, b] * dmin[:, b]).astype(F32), summs)
+                if qtype in (T.Q5_K, T.Q4_K):
+                    mins = min_pairs[r, :, b] if qtype == T.Q4_K else imin[r, :, b]
+                    summs = _fma(mins.astype(F32), (-dx[r, b] * dmin[:, b, None] if qtype == T.Q4_K else
+                                                    -dx[r, b] * dmin[:, b]).astype(F32), summs)
             else:
                 res = (d[:, b] * lanes[r, :, b].sum(-1).astype(F32)).astype(F32)
                 acc = _fma(_fma(-dmin[:, b], imin[r, :, b].astype(F32), res), dx[r, b], acc)
         if qtype == T.Q4_K:
             summs = (summs[:, 0] + summs[:, 2]) + (summs[:, 1] + summs[:, 3])
-        want[r] = acc if n >= 8 else _hsum8(acc) if qtype == T.Q6_K else _hsum8(acc) + summs
-    assert np.abs(lanes[-1, 3]).max() >= 2 ** 24 if qtype == T.Q6_K else np.abs(lanes[-1, 3].sum(-1)).max() >= 2 ** 24
-    if qtype == T.Q4_K:                                                   # the kinds llama.cpp does not repack
+        want[r] = acc if n >= 8 else _hsum8(acc) if qtype in (T.Q6_K, T.Q3_K, T.Q2_K) else _hsum8(acc) + summs
+    return want, lanes
+
+
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17])
+def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
+    """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K (their AVX2 code, which AVX-512
+    builds take too) for Q6_K, Q5_K, Q3_K and the Q4_K and Q2_K matrices llama.cpp does not repack (rows not in
+    eights, a 3-D weight's matrices; Q2_K on AVX2 always), fewer than 8 activation rows: per super-block eight
+    int32 lanes, lane l over the runs of 32 elements the scale of its sub-block times (elements 4l .. 4l + 3 . q8)
+    (Q3_K's values signed), less for Q6_K 32 * (sc[2l] * bsum[2l] + sc[2l + 1] * bsum[2l + 1]) (its values'
+    offset); acc = fma(d_x * d_w, lane, acc) lane by lane, hsum_float_8, plus Q5_K's min chain
+    summs = fma(-d_x * dmin, imin, summs), or Q4_K's in four lanes (sub-blocks 2p and 2p + 1 in lane p) added
+    (0 + 2) + (1 + 3) at the end; Q2_K's mins go into the lanes' own chain, each super-block
+    acc = fma(-d_x * dmin, m_2p * bsum_2p + m_2p+1 * bsum_2p+1, acc) before its lanes' FMA. From 8 rows
+    ggml-cpu/tiled: res = d_w * float(sum of the lanes), res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc).
+    imin = sum_j m_j * (the activation's sum over sub-block j). One row holds the largest values and scales, and
+    x's last row +-1 (1 on lane 0's elements): for the 6-bit scales, sums past 2^24, for Q6_K in a lane (its
+    products and offset of one sign)."""
+    rng = np.random.default_rng(n)
+    rows, ne0 = 16, 512
+    raw = make_weight(qtype, rows, ne0, rng)
+    _extremes(raw.reshape(rows, -1, gguf.GGML_QUANT_SIZES[qtype][1])[3], qtype)
+    x = rng.standard_normal((n, ne0)).astype(F32)
+    x[-1] = np.where(np.arange(ne0) % 32 < 4, 1.0, -1.0)                  # lane 0's elements against the others
+    want, lanes = _vec_dot_and_tiled(raw, qtype, ne0, x)
+    if qtype == T.Q6_K:
+        assert np.abs(lanes[-1, 3]).max() >= 2 ** 24
+    elif qtype in (T.Q5_K, T.Q4_K):
+        assert np.abs(lanes[-1, 3].sum(-1)).max() >= 2 ** 24
+    if qtype in (T.Q4_K, T.Q2_K):                                         # the kinds llama.cpp does not repack
         assert_bits_equal(QWeight(raw, qtype, ne0, use="stack").matmul(x), want)
         raw, want = raw[:12], want[:, :12]
     assert_bits_equal(QWeight.prepare(raw, qtype, ne0).matmul(x), want)
+
+
+@pytest.mark.parametrize("path", ["avx512", "avx2"])
+@pytest.mark.parametrize("n", [1, 3, 4, 9])
+def test_q2_k_rows_in_eights_are_llama_cpps_repacked_order_on_avx512_and_its_vec_dot_on_avx2(monkeypatch, path, n):
+    """AVX-512 builds repack a Q2_K matrix whose rows come in eights (block_q2_Kx8) and multiply it with
+    ggml_gemv/gemm_q2_K_8x8_q8_K: exact integers isum = sum_j sc_j * (q . q8 over sub-block j of 16) and
+    imin = sum_j m_j * bsum_j, per super-block in the GEMV and per half (128 elements) in the GEMM (rows in fours;
+    the last n % 4 rows through the GEMV), then acc = fma(isum, d * d_x, acc), acc_min = fma(imin, dmin * d_x,
+    acc_min), result acc - acc_min. An expert's rows (mul_mat_id) all go through the GEMV. AVX2 builds do not
+    repack Q2_K: its vec_dot (and tiled kernels from 8 rows), as above."""
+    monkeypatch.setattr(weight, "numerics", lambda: isa.numerics(path))
+    rng = np.random.default_rng(n)
+    rows, ne0 = 16, 512
+    raw = make_weight(T.Q2_K, rows, ne0, rng)
+    _extremes(raw.reshape(rows, -1, 84)[3], T.Q2_K)
+    x = rng.standard_normal((n, ne0)).astype(F32)
+    x[-1] = 1.0
+    q, d, dmin, sc, mn = weight_ints(raw, T.Q2_K, ne0)                    # (rows, nb, 256), (rows, nb), .., (.., 16)
+    qx, dx, bsums = q8k_blocks(x)                                         # (n, nb, 256), (n, nb), (n, nb, 16)
+    dots = np.einsum("rbjk,nbjk->nrbj", q.reshape(rows, -1, 16, 16), qx.reshape(n, -1, 16, 16))    # (n, rows, nb, 16)
+    isum, imin = dots * sc[None], mn[None] * bsums[:, None]
+
+    def chains(in_fours: int) -> np.ndarray:
+        want = np.empty((n, rows), F32)
+        for r in range(n):
+            links = 2 if r < in_fours else 1
+            terms = isum[r].reshape(rows, -1, links, 16 // links).sum(-1).astype(F32).reshape(rows, -1)
+            mins = imin[r].reshape(rows, -1, links, 16 // links).sum(-1).astype(F32).reshape(rows, -1)
+            sw = np.repeat((d * dx[r][None]).astype(F32), links, axis=-1)
+            sm = np.repeat((dmin * dx[r][None]).astype(F32), links, axis=-1)
+            want[r] = _fma_chain(terms, sw, np.zeros(rows, F32)) - _fma_chain(mins, sm, np.zeros(rows, F32))
+        return want
+
+    matrix, expert = QWeight.prepare(raw, T.Q2_K, ne0), QWeight(raw, T.Q2_K, ne0, use="expert")
+    if path == "avx512":
+        assert_bits_equal(matrix.matmul(x), chains(n - n % 4))
+        assert_bits_equal(expert.matmul(x), chains(0))
+    else:
+        want = _vec_dot_and_tiled(raw, T.Q2_K, ne0, x)[0]
+        assert_bits_equal(matrix.matmul(x), want)
+        assert_bits_equal(expert.matmul(x), want)

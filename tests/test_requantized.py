@@ -19,7 +19,7 @@ from test_families import greedy_against_llama_cpp
 
 from graphir import load
 
-FTYPES = ("Q4_K_M", "Q5_K_M", "Q6_K")
+FTYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K")
 PROMPT, STEPS = "The capital of France is", 12
 _FILES: dict[tuple[str, str], Path] = {}
 

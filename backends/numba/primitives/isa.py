@@ -59,9 +59,9 @@ class IsaPath:
     requires: the CPU features a native llama.cpp build needs to take this path (LLVM's names).
     ggml_features: the features llama.cpp's system info reports as 1 for a build of this path (the most
         specific path whose features all show is the build's).
-    repacked: weight types this path's llama.cpp moves into its REPACK buffer (ggml-cpu repack.cpp), whose
-        interleaved kernels sum in another order than graphir's: close there, not bit-exact (MXFP4 and Q4_0, also
-        repacked there, are not listed: graphir sums them in the repacked kernels' order).
+    repacked: weight types this path's llama.cpp moves into its REPACK buffer where a 2-D matrix's rows come in
+        eights (ggml-cpu repack.cpp), whose interleaved kernels sum in their own order; graphir's products take
+        that order there (quant.weight), for every type it runs (IQ4_NL it does not).
     tinyBLAS's tile shapes (4x6 with 32 vector registers, 4x3 with 16) are not listed: they change which
     outputs a task computes, not the order in which any one output is summed.
     """
@@ -78,9 +78,9 @@ class IsaPath:
 
 PATHS: dict[str, IsaPath] = {p.name: p for p in (
     IsaPath("avx512", 16, REDUCE_HALVES, EXPF_SCALEF, ("avx512f", "avx512dq"), ("AVX512",),
-            ("Q4_K", "Q2_K", "IQ4_NL"), "llama.cpp's x86 AVX-512 CPU build"),
+            ("Q4_0", "Q4_K", "Q2_K", "IQ4_NL", "MXFP4"), "llama.cpp's x86 AVX-512 CPU build"),
     IsaPath("avx2", 8, REDUCE_HADD, EXPF_SPLIT, ("avx2", "fma", "f16c"), ("AVX2", "FMA", "F16C"),
-            ("Q4_K", "IQ4_NL"), "llama.cpp's x86 AVX2 (+FMA, F16C) CPU build"),
+            ("Q4_0", "Q4_K", "IQ4_NL", "MXFP4"), "llama.cpp's x86 AVX2 (+FMA, F16C) CPU build"),
 )}
 
 
@@ -104,8 +104,7 @@ class Numerics:
             return f"{head}; this host's llama.cpp path ({self.host}) is not reproduced: {near} it"
         amx = ("; llama.cpp's AMX kernels are not reproduced: the numbers are a build's without AMX (README)"
                if self.path.name == "avx512" and "amx-int8" in host_features() else "")
-        return (f"{head}: bit-exact with this host's llama.cpp where the README's numerics section says so "
-                f"(its repacked {', '.join(self.path.repacked)} kernels only close){amx}")
+        return f"{head}: bit-exact with this host's llama.cpp where the README's numerics section says so{amx}"
 
 
 @functools.cache

@@ -254,6 +254,25 @@ def row_q6_k(qa, qb, qh, s, i, w, a, with_min):
         w[a, 2 * kp + t] = s[i, 2, u] * _F32(((x >> 4) | (h & 48)) - 32)
         w[a, 3 * kp + t] = s[i, 3, u] * _F32(((y >> 4) | ((h >> 2) & 48)) - 32)
 
+
+@njit(**_inl)
+def row_q2_k(qv, sm, dd, i, w, a, with_min):
+    """From quant.kquant's layout (values as bytes in element order, scales then mins, d and dmin): gguf's
+    (d * scale) * q - dmin * min, in natural order."""
+    for j in range(qv.shape[1]):
+        b, s = j >> 8, (j >> 4) & 15
+        sub = dd[i, b, 1] * _F32(sm[i, b, 16 + s]) if with_min else _F32(0.0)
+        w[a, j] = dd[i, b, 0] * _F32(sm[i, b, s]) * _F32(qv[i, j]) - sub
+
+
+@njit(**_inl)
+def row_q3_k(qv, sc, dd, i, w, a, with_min):
+    """From quant.kquant's layout (the values plus 4 as bytes in element order, the scales, d): gguf's
+    (d * scale) * q, in natural order."""
+    for j in range(qv.shape[1]):
+        b = j >> 8
+        w[a, j] = dd[i, b, 0] * _F32(sc[i, b, (j >> 4) & 15]) * _F32(np.int32(qv[i, j]) - 4)
+
 # ---------------------------------------------------------------------------------------------------------
 # Dequantizers for get_rows / dequantize: rows ids -> out (len(ids), k) in natural order (a row is built in
 # stream order, then gathered through inv), min term included. Exact: no fastmath.

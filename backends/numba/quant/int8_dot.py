@@ -198,20 +198,25 @@ def nibble_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
     return _on_blocks(sums)
 
 
-def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST) -> Callable[..., Any]:
+def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8,
+            lane_bias: bool = False) -> Callable[..., Any]:
     """An intrinsic lanes(proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) for a register of 8 lanes: a K-quant
     super-block's int32 lanes as ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (AVX2) form them, as float32. q: the 256
     values as unsigned bytes in element order from q[qo] (uint8); y: the 256 activation quants from y[yo] (int8);
     sc: the 256 / ``sub`` sub-block scales from sc[so] (int8); bs: the activation's 16 sums per 16 quants from
     bs[bo] (int32). Lane l is, over the eight runs of 32 elements, the sum of (its elements 4l .. 4l + 3 . y)
     times the scale of their sub-block (of ``sub`` = 16 or 32 elements), less ``bias`` * (sc[2l] * bs[2l] +
-    sc[2l + 1] * bs[2l + 1]) (Q6_K's offset of 32, taken out through the activation sums lane by lane). The
-    integers are exact (int32, as ggml's), converted to float lane by lane; or, ``rows`` > 0, the lanes' sum
-    converted once (the tiled kernels' per-block integer) for that many activation rows at y[yo + t * ystep],
-    bs[bo + t * bstep], row t's in lane t: the weight's values and scales are loaded once for them all."""
-    if sub not in (16, 32) or (bias and sub != 16) or not 0 <= rows <= 8 or flavour not in ("vnni", "pmadd", "generic"):
-        raise ValueError(f"k_lanes: no sub-block size {sub} with bias {bias} for {rows} rows, or unknown "
-                         f"flavour {flavour!r}")
+    sc[2l + 1] * bs[2l + 1]) (Q6_K's offset of 32, taken out through the activation sums lane by lane); with
+    ``lane_bias``, less ``bias`` times the lane's own scaled sums of y (ggml_vec_dot_q3_K_q8_K multiplies its
+    values with their offset of 4 taken out). ``runs`` < 8: only the first that many runs of 32 (half a
+    super-block: 4). The integers are exact (int32, as ggml's), converted to float lane by lane; or, ``rows`` > 0,
+    the lanes' sum converted once (the tiled kernels' per-block integer) for that many activation rows at
+    y[yo + t * ystep], bs[bo + t * bstep], row t's in lane t: the weight's values and scales are loaded once for
+    them all."""
+    if sub not in (16, 32) or (bias and sub != 16) or not 0 <= rows <= 8 or runs not in (4, 8) \
+            or (runs < 8 and bias and not lane_bias) or flavour not in ("vnni", "pmadd", "generic"):
+        raise ValueError(f"k_lanes: no sub-block size {sub} with bias {bias} for {rows} rows over {runs} runs, or "
+                         f"unknown flavour {flavour!r}")
     i32x8, wide = ir.VectorType(_I32, 8), WIDE_LANES        # runs of 32 formed two at a time on AVX-512
 
     @intrinsic
@@ -229,21 +234,25 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST) -> Callable[...
                 return builder.load(builder.bitcast(ptr, ir.VectorType(elem, count).as_pointer()), align=1)
 
             raw_scales = load(6, 0, 16, _I8)                  # sub 32: 8 scales (and 8 bytes not read)
-            runs = range(0, 8, wide // 8)
-            values = [load(1, 32 * g, 4 * wide, _I8) for g in runs]
+            step = wide // 8
+            group = range(0, runs, step)
+            values = [load(1, 32 * g, 4 * wide, _I8) for g in group]
             scales = [builder.sext(builder.shuffle_vector(raw_scales, raw_scales, _indices(
-                [(32 * g + 4 * lane) // sub for lane in range(wide)])), ir.VectorType(_I32, wide)) for g in runs]
+                [(32 * g + 4 * lane) // sub for lane in range(wide)])), ir.VectorType(_I32, wide)) for g in group]
+            offset = ir.Constant(ir.VectorType(_I8, 4 * wide), [bias] * 4 * wide)
             per_row = []
             for t in range(max(rows, 1)):
                 yo = builder.mul(args[5], ir.Constant(args[5].type, t))
                 acc = ir.Constant(ir.VectorType(_I32, wide), [0] * wide)
-                for k, g in enumerate(runs):
+                for k, g in enumerate(group):
                     y_run = load(3, builder.add(yo, ir.Constant(yo.type, 32 * g)), 4 * wide, _I8)
                     acc = builder.add(acc, _scaled_sums(builder, flavour, values[k], y_run, scales[k], wide))
+                    if lane_bias:
+                        acc = builder.sub(acc, _scaled_sums(builder, flavour, offset, y_run, scales[k], wide))
                 if wide > 8:                                  # the runs' lanes added in integers: ggml's 8 lanes
                     acc = builder.add(builder.shuffle_vector(acc, acc, _indices(list(range(8)))),
                                       builder.shuffle_vector(acc, acc, _indices(list(range(8, 16)))))
-                if bias:
+                if bias and not lane_bias:
                     bo = builder.mul(args[10], ir.Constant(args[10].type, t))
                     sums = builder.mul(load(8, bo, 16, _I32), builder.sext(raw_scales, ir.VectorType(_I32, 16)))
                     acc = builder.sub(acc, builder.mul(_pair_sums(builder, sums), ir.Constant(i32x8, [bias] * 8)))
@@ -256,14 +265,16 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST) -> Callable[...
     return lanes
 
 
-def k_mins(rows: int, pairs: bool = False) -> Callable[..., Any]:
-    """An intrinsic mins(proto, sc, so, bs, bo, bstep) for a register of 8 lanes: lane t (t < ``rows``) is
-    Q4_K/Q5_K's min integer of activation row t, sum_j sc[so + 8 + j] * (bs[bo + t * bstep + 2j] + bs[... + 2j + 1])
-    (the eight mins after the eight scales, int8; the activation's sums per 16 quants, int32), as float32. With
-    ``pairs`` (one row), lanes 0-3 hold its four halves, the terms of j = 2p and 2p + 1 in lane p (the register
-    ggml_vec_dot_q4_K_q8_K keeps its min term in)."""
-    if not 1 <= rows <= 8 or (pairs and rows != 1):
-        raise ValueError(f"k_mins: {rows} rows (1 to 8; pairs: 1)")
+def k_mins(rows: int, pairs: bool = False, sub: int = 32) -> Callable[..., Any]:
+    """An intrinsic mins(proto, sc, so, bs, bo, bstep) for a register of 8 lanes: lane t (t < ``rows``) is a
+    K-quant's min integer of activation row t, sum_j sc[so + n + j] * (the activation's sum over sub-block j) (the
+    n = 256 / ``sub`` mins after the n scales, int8; the activation's sums per 16 quants from bs[bo + t * bstep],
+    int32; Q4_K/Q5_K: sub 32, two sums a sub-block; Q2_K: sub 16), as float32. With ``pairs`` (one row), lane p
+    holds the terms of j = 2p and 2p + 1: ggml_vec_dot_q4_K_q8_K's four (the rest 0), or the eight of
+    ggml_vec_dot_q2_K_q8_K's multiply-add of mins and sums."""
+    if not 1 <= rows <= 8 or (pairs and rows != 1) or sub not in (16, 32):
+        raise ValueError(f"k_mins: {rows} rows (1 to 8; pairs: 1), sub-blocks of {sub} (16 or 32)")
+    n = 256 // sub
 
     @intrinsic
     def mins(typingctx, proto, sc, so, bs, bo, bstep):  # type: ignore[no-untyped-def]
@@ -276,16 +287,19 @@ def k_mins(rows: int, pairs: bool = False) -> Callable[..., Any]:
                 ptr = element_ptr(context, builder, sig.args[at], args[at], idx, count)
                 return builder.load(builder.bitcast(ptr, ir.VectorType(elem, count).as_pointer()), align=1)
 
-            i32x8 = ir.VectorType(_I32, 8)
-            m = builder.sext(load(1, builder.add(args[2], ir.Constant(args[2].type, 8)), 8, _I8), i32x8)
-            per_row = []
-            for t in range(rows):
+            m = builder.sext(load(1, builder.add(args[2], ir.Constant(args[2].type, n)), n, _I8),
+                             ir.VectorType(_I32, n))
+            per_row = []                                      # int32x8: lane p the terms of j = 2p, 2p + 1 (sub 16)
+            for t in range(rows):                             # or the term of j = p (sub 32)
                 sums = load(3, builder.add(args[4], builder.mul(args[5], ir.Constant(args[5].type, t))), 16, _I32)
-                per_row.append(builder.mul(_pair_sums(builder, sums), m))
-            if pairs:
+                per_row.append(_pair_sums(builder, builder.mul(sums, m)) if sub == 16
+                               else builder.mul(_pair_sums(builder, sums), m))
+            if pairs and sub == 32:
                 four = _pair_sums(builder, per_row[0])
                 return builder.sitofp(builder.shuffle_vector(four, ir.Constant(four.type, [0] * 4),
                                                              _indices(list(range(8)))), ir.VectorType(ir.FloatType(), 8))
+            if pairs:
+                return builder.sitofp(per_row[0], ir.VectorType(ir.FloatType(), 8))
             return builder.sitofp(_row_totals(builder, per_row), ir.VectorType(ir.FloatType(), 8))
 
         return proto(proto, sc, so, bs, bo, bstep), codegen

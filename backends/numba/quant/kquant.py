@@ -1,5 +1,5 @@
-"""The K-quants bit for bit: Q4_K in the order of llama.cpp's repacked 8x8 kernels, Q6_K, Q5_K and the Q4_K
-matrices it does not repack in that of its vec_dot and tiled kernels.
+"""The K-quants bit for bit: Q4_K (and, on AVX-512, Q2_K) in the order of llama.cpp's repacked 8x8 kernels, Q6_K,
+Q5_K, Q3_K and the Q4_K and Q2_K matrices it does not repack in that of its vec_dot and tiled kernels.
 
 On an x86 host with AVX2, llama.cpp moves every Q4_K matrix whose rows come in eights into its repack buffer
 (ggml-cpu/repack.cpp, block_q4_Kx8) and multiplies it with ggml_gemv_q4_K_8x8_q8_K (one activation row) or
@@ -14,14 +14,17 @@ GEMM gives the same numbers). Integer sums are exact however they are formed, so
 plain loops and keeps only the float order.
 Layout (pack_q4_k): the GGUF quant bytes as they are, and per row and super-block the eight 6-bit scales and
 eight mins unpacked to bytes and d, dmin as float32.
-Q6_K and Q5_K, which x86 builds never repack, and Q4_K matrices whose rows do not come in eights or that are
-one of a 3-D weight's (never repacked either) go through ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K below 8
+AVX-512 builds repack Q2_K matrices whose rows come in eights the same way (block_q2_Kx8, q2_k_x8): the same two
+chains, the GEMM's links per half super-block.
+Q6_K, Q5_K and Q3_K, which x86 builds never repack, and the Q4_K and Q2_K matrices they do not (rows not in eights,
+one of a 3-D weight's; Q2_K on AVX2 always) go through ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / ... below 8
 activation rows and through ggml-cpu/tiled from 8 (k_product). Both form per super-block exact int32 lane sums
 of unsigned values times Q8_K quants, which the host's integer dot product forms here too (int8_dot.k_lanes).
-Layout (pack_q6_k, pack_q5_k, pack_q4_k_values): the values as bytes in element order (1 byte a weight: 0.82 /
-0.69 / 0.56 in GGUF), 16 scale bytes a super-block (Q6_K's int8 scales; Q5_K's and Q4_K's scales and mins as
-pack_q4_k's) and d, dmin as
-float32 (Q6_K's dmin 0): the lane sums read 32 values with one load, as ggml's do after it has assembled them.
+Layout (pack_q6_k, pack_q5_k, pack_q4_k_values, pack_q3_k, pack_q2_k): the values as bytes in element order (1 byte
+a weight: 0.82 / 0.69 / 0.56 / 0.43 / 0.33 in GGUF), the scale bytes of a super-block (Q6_K's int8 scales; Q5_K's
+and Q4_K's scales and mins as pack_q4_k's; Q3_K's sixteen scales less 32; Q2_K's sixteen scales, then its sixteen
+mins) and d, dmin as float32 (Q6_K's and Q3_K's dmin 0): the lane sums read 32 values with one load, as ggml's do
+after it has assembled them.
 """
 
 from __future__ import annotations
@@ -216,7 +219,62 @@ def q4_k_x8(gemm: bool) -> Callable:
     return product
 
 
-# --- Q6_K and Q5_K: llama.cpp's vec_dot and its tiled kernels -------------------------------------------------
+# --- Q2_K in the order of llama.cpp's repacked kernels (AVX-512 builds) ---------------------------------------
+
+def pack_q2_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q2_K blocks (rows, nb, 84) -> the values 0-3 as bytes in element order (rows, nb * 256), the sixteen 4-bit
+    scales then the sixteen mins as bytes (rows, nb, 32) int8 and (rows, nb, 2) float32 d, dmin."""
+    rows, nb = b.shape[:2]
+    values = b[:, :, 16:80].reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1) & 3
+    sm = np.concatenate([b[:, :, 0:16] & 15, b[:, :, 0:16] >> 4], axis=-1).view(np.int8)
+    d = np.ascontiguousarray(b[:, :, 80:84]).view(np.float16).astype(_F32)
+    return values.reshape(rows, -1), np.ascontiguousarray(sm), d
+
+
+_q2_total, _q2_half = k_lanes(16, 0, 1), k_lanes(16, 0, 1, runs=4)
+
+
+def q2_k_x8(gemm: bool) -> Callable:
+    """The product of Q2_K rows in eights with x (n, k), quantizing x itself, as llama.cpp's AVX-512 builds
+    multiply the Q2_K matrices they repack (block_q2_Kx8; AVX2 builds do not): ggml_gemv_q2_K_8x8_q8_K for one
+    activation row, ggml_gemm_q2_K_8x8_q8_K for four (``gemm``: rows in fours through the GEMM, the rest one by one;
+    else every row through the GEMV, as mul_mat_id multiplies an expert's rows). Both form exact integers
+    isum = sum_j sc_j * (q . q8 over sub-block j of 16) and imin = sum_j m_j * bsum_j, the GEMV per super-block and
+    the GEMM per half (128 elements, two links a super-block), then Q4_K's two chains,
+    acc = fma(float(isum), d_w * d_x, acc), acc_min = fma(float(imin), dmin_w * d_x, acc_min), and acc - acc_min.
+    The sums stay below 2^24 (16 * 15 * 16 * 3 * 127), exact as floats."""
+
+    @njit(**_exact)
+    def product(qv, sm, dd, x, out):
+        n, k = x.shape
+        nb, rows = k >> 8, out.shape[1]
+        yf, yd, ysum = _q8_k(x)
+        qf, sf, bf = qv.reshape(-1), sm.reshape(-1), ysum.reshape(-1)
+        in_fours = n - (n & 3) if gemm else 0
+        for i in prange(rows):
+            for r in range(n):
+                acc, acc_min = _F32(0.0), _F32(0.0)
+                for b in range(nb):
+                    dw, dm = dd[i, b, 0] * yd[r, b], dd[i, b, 1] * yd[r, b]
+                    qo, yo, so = max((i * nb + b) * 256, 0), max(r * k + b * 256, 0), max((i * nb + b) * 32, 0)
+                    links = 2 if r < in_fours else 1          # the GEMM's per half, the GEMV's per super-block
+                    for h in range(links):
+                        if links == 2:
+                            isum = vlane(_q2_half(_V8, qf, qo + 128 * h, yf, yo + 128 * h, 0, sf, so + 8 * h, bf, 0,
+                                                  0), 0)
+                        else:
+                            isum = vlane(_q2_total(_V8, qf, qo, yf, yo, 0, sf, so, bf, 0, 0), 0)
+                        imin = 0
+                        for j in range(16 // links * h, 16 // links * (h + 1)):
+                            imin += _I32(sf[so + 16 + j]) * ysum[r, b * 16 + j]
+                        acc = fma(isum, dw, acc)
+                        acc_min = fma(_F32(imin), dm, acc_min)
+                out[r, i] = acc - acc_min
+
+    return product
+
+
+# --- Q6_K, Q5_K, Q3_K and unrepacked Q4_K and Q2_K: llama.cpp's vec_dot and its tiled kernels -------------------
 
 def pack_q6_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q6_K blocks (rows, nb, 210) -> the values 0-63 as bytes in element order (rows, nb * 256), the sixteen
@@ -228,6 +286,21 @@ def pack_q6_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     d = np.zeros((rows, nb, 2), _F32)
     d[:, :, 0] = np.ascontiguousarray(b[:, :, 208:210]).view(np.float16)[..., 0]
     return (low | high << 4).reshape(rows, -1), np.ascontiguousarray(b[:, :, 192:208]).view(np.int8), d
+
+
+def pack_q3_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q3_K blocks (rows, nb, 110) -> the values plus their offset of 4 (0-7: two low bits, and 4 where the high
+    bit is set) as bytes in element order (rows, nb * 256), the sixteen 6-bit scales less 32 (rows, nb, 16) int8
+    and (rows, nb, 2) float32 d, 0 (no min)."""
+    rows, nb = b.shape[:2]
+    low = b[:, :, 32:96].reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1) & 3
+    high = b[:, :, 0:32].reshape(rows, nb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1) & 1   # run g: bit g
+    lo = b[:, :, 96:104].reshape(rows, nb, 1, 8) >> np.array([0, 4], np.uint8).reshape(2, 1) & 15
+    hi = b[:, :, 104:108].reshape(rows, nb, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1) & 3
+    scales = (lo.reshape(rows, nb, 16) | hi.reshape(rows, nb, 16) << 4).astype(np.int8) - np.int8(32)
+    d = np.zeros((rows, nb, 2), _F32)
+    d[:, :, 0] = np.ascontiguousarray(b[:, :, 108:110]).view(np.float16)[..., 0]
+    return (low.reshape(rows, nb, 256) | high.reshape(rows, nb, 256) << 2).reshape(rows, -1), scales, d
 
 
 def _nibble_runs(qs: np.ndarray) -> np.ndarray:
@@ -253,67 +326,105 @@ def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
+# the formats k_product multiplies, as the constants its kernels branch on
+_Q6, _Q5, _Q4, _Q3, _Q2 = range(5)
+_FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2}
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
 _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
+_q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
+_q2_lanes, _q2_sums, _q2_sums8 = k_lanes(16, 0, 0), _q2_total, k_lanes(16, 0, 8)
 _mins, _mins8, _min_pairs = k_mins(1), k_mins(8), k_mins(1, True)
+_q2_mins, _q2_mins8, _q2_min_lanes = k_mins(1, sub=16), k_mins(8, sub=16), k_mins(1, True, sub=16)
 
 
 @njit(cache=True, inline="always")
-def _lanes(q6, q, qo, y, yo, sc, so, bs, bo):
-    """A super-block's eight lanes (int8_dot.k_lanes) of Q6_K (``q6``) or Q5_K, for one activation row."""
-    if q6:
+def _lanes(f, q, qo, y, yo, sc, so, bs, bo):
+    """A super-block's eight lanes (int8_dot.k_lanes) of format f (Q4_K's as Q5_K's), for one activation row."""
+    if f == _Q6:
         return _q6_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    if f == _Q3:
+        return _q3_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    if f == _Q2:
+        return _q2_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     return _q5_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
 
 
 @njit(cache=True, inline="always")
-def _tiled_link(q6, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, dx, acc):
-    """One super-block of the tiled kernels' chain for eight activation rows (``eight``, lane t row t) or one
-    (lane 0): s1 the lanes' exact sum, imin Q5_K's min integer, res = d * s1, res = fnmadd(dmin, imin, res),
-    acc = fma(res, d_x, acc), lane by lane."""
-    if q6:
-        s1 = _q6_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+def _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):
+    """The tiled kernels' exact integer s1 of a super-block, for eight activation rows (``eight``, lane t row t)
+    or one (lane 0)."""
+    if f == _Q6:
+        return _q6_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _q6_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
-        return vfma(vmul(vsplat(_V8, dd[i, b, 0]), s1), dx, acc)
-    s1 = _q5_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+    if f == _Q3:
+        return _q3_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+            _q3_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    if f == _Q2:
+        return _q2_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+            _q2_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    return _q5_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
         _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
-    imin = _mins8(_V8, sc, so, bs, bo, bstep) if eight else _mins(_V8, sc, so, bs, bo, bstep)
-    return vfma(vfma(vsplat(_V8, -dd[i, b, 1]), imin, vmul(vsplat(_V8, dd[i, b, 0]), s1)), dx, acc)
 
 
 @njit(cache=True, inline="always")
-def _min_lanes(q4, sc, so, bs, bo):
-    """The min term of one activation row's vec_dot as its register gets it: Q4_K's four halves or Q5_K's
-    integer (k_mins)."""
-    return _min_pairs(_V8, sc, so, bs, bo, 0) if q4 else _mins(_V8, sc, so, bs, bo, 0)
+def _imin(f, eight, sc, so, bs, bo, bstep):
+    """The min integer imin of a super-block (k_mins), for eight activation rows or one (lane 0)."""
+    if f == _Q2:
+        return _q2_mins8(_V8, sc, so, bs, bo, bstep) if eight else _q2_mins(_V8, sc, so, bs, bo, bstep)
+    return _mins8(_V8, sc, so, bs, bo, bstep) if eight else _mins(_V8, sc, so, bs, bo, bstep)
 
 
 @njit(cache=True, inline="always")
-def _vec_dot_total(q6, q4, lanes_acc, mins_acc):
-    """hsum_float_8 of the lanes, plus the min term: Q5_K's chain, or Q4_K's four lanes added (0 + 2) + (1 + 3)."""
-    if q6:
-        return vhsum(lanes_acc)
-    if q4:
+def _tiled_link(f, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, dx, acc):
+    """One super-block of the tiled kernels' chain for eight activation rows (``eight``, lane t row t) or one
+    (lane 0): s1 the lanes' exact sum, imin the min integer of the formats with mins, res = d * s1,
+    res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc), lane by lane."""
+    res = vmul(vsplat(_V8, dd[i, b, 0]), _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep))
+    if f == _Q6 or f == _Q3:
+        return vfma(res, dx, acc)
+    return vfma(vfma(vsplat(_V8, -dd[i, b, 1]), _imin(f, eight, sc, so, bs, bo, bstep), res), dx, acc)
+
+
+@njit(cache=True, inline="always")
+def _min_lanes(f, sc, so, bs, bo):
+    """The min term of one activation row's vec_dot as its register gets it: Q4_K's four halves, Q2_K's eight
+    pairs or Q5_K's integer (k_mins)."""
+    if f == _Q4:
+        return _min_pairs(_V8, sc, so, bs, bo, 0)
+    if f == _Q2:
+        return _q2_min_lanes(_V8, sc, so, bs, bo, 0)
+    return _mins(_V8, sc, so, bs, bo, 0)
+
+
+@njit(cache=True, inline="always")
+def _vec_dot_total(f, lanes_acc, mins_acc):
+    """hsum_float_8 of the lanes, plus the min term: Q5_K's chain, or Q4_K's four lanes added (0 + 2) + (1 + 3)
+    (Q2_K's is in the lanes already)."""
+    if f == _Q4:
         return vhsum(lanes_acc) + ((vlane(mins_acc, 0) + vlane(mins_acc, 2)) + (vlane(mins_acc, 1) + vlane(mins_acc, 3)))
-    return vhsum(lanes_acc) + vlane(mins_acc, 0)
+    if f == _Q5:
+        return vhsum(lanes_acc) + vlane(mins_acc, 0)
+    return vhsum(lanes_acc)
 
 
 def k_product(fmt: str) -> Callable:
-    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k") or Q4_K ("q4_k") rows with x (n, k), quantizing x itself
-    (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a K-quant matrix it does not repack: below
-    _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K (their AVX2 code, which AVX-512 builds
-    take too): per super-block eight int32 lanes (int8_dot.k_lanes; Q4_K's as Q5_K's), acc = fma(d_x * d_w,
-    float(lane), acc) lane by lane, hsum_float_8 at the end, and the min term chained apart, added last: Q5_K's
+    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k") or Q2_K ("q2_k") rows with
+    x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a K-quant matrix it does
+    not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K
+    (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes (int8_dot.k_lanes; Q4_K's
+    as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products), acc = fma(d_x * d_w,
+    float(lane), acc) lane by lane, hsum_float_8 at the end, and the min term: Q5_K's chained apart, added last,
     summs = fma(-d_x * dmin_w, float(imin), summs) (the build contracts it), Q4_K's the same in four lanes, lane p
-    the terms of sub-blocks 2p and 2p + 1, added (0 + 2) + (1 + 3). From _TILED_FROM rows, ggml-cpu/tiled
-    (Q4_K's as Q5_K's): per super-block the
-    exact integer s1 (all lanes' sum) and Q5_K's imin, res = d_w * float(s1), res = fnmadd(dmin_w, float(imin),
-    res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels alike; their final add is contracted);
-    here eight activation rows at a time, one in each lane, which share the weight's loads.
-    imin = sum_j m_j * (the activation's sum over sub-block j)."""
-    if fmt not in ("q6_k", "q5_k", "q4_k"):
+    the terms of sub-blocks 2p and 2p + 1, added (0 + 2) + (1 + 3); Q2_K's in the lanes' own chain, each super-block
+    acc = fma(-d_x * dmin_w, float(pair), acc) before its lanes' FMA, pair p the terms of its sub-blocks 2p and
+    2p + 1 (of 16). From _TILED_FROM rows, ggml-cpu/tiled (Q4_K's as Q5_K's): per super-block the
+    exact integer s1 (all lanes' sum) and the min integer imin of the formats with mins, res = d_w * float(s1),
+    res = fnmadd(dmin_w, float(imin), res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels alike;
+    their final add is contracted); here eight activation rows at a time, one in each lane, which share the
+    weight's loads. imin = sum_j m_j * (the activation's sum over sub-block j)."""
+    if fmt not in _FORMATS:
         raise ValueError(f"k_product: unknown format {fmt!r}")
-    q6, q4 = fmt == "q6_k", fmt == "q4_k"
+    f, stride = _FORMATS[fmt], 32 if fmt == "q2_k" else 16         # scale bytes a super-block
 
     @njit(**_exact)
     def product(qv, sc, dd, x, out):
@@ -328,8 +439,8 @@ def k_product(fmt: str) -> Callable:
             for r in range(0, in_eights, 8):                  # the tiled kernels, eight rows at a time
                 acc = vzero(_V8)
                 for b in range(nb):
-                    acc = _tiled_link(q6, True, dd, i, b, qf, max((i * nb + b) * 256, 0), yf, max(r * k + b * 256, 0),
-                                      k, sf, max((i * nb + b) * 16, 0), bf, max((r * nb + b) * 16, 0), nb * 16,
+                    acc = _tiled_link(f, True, dd, i, b, qf, max((i * nb + b) * 256, 0), yf, max(r * k + b * 256, 0),
+                                      k, sf, max((i * nb + b) * stride, 0), bf, max((r * nb + b) * 16, 0), nb * 16,
                                       vload(_V8, ydt, max(b * n + r, 0)), acc)
                 for t in range(8):
                     out[r + t, i] = vlane(acc, t)
@@ -337,16 +448,19 @@ def k_product(fmt: str) -> Callable:
                 acc, mins_acc, lanes_acc = vzero(_V8), vzero(_V8), vzero(_V8)
                 for b in range(nb):
                     qo, yo = max((i * nb + b) * 256, 0), max(r * k + b * 256, 0)
-                    so, bo = max((i * nb + b) * 16, 0), max((r * nb + b) * 16, 0)
+                    so, bo = max((i * nb + b) * stride, 0), max((r * nb + b) * 16, 0)
                     if tiled:                                 # the tiled kernels' last rows
-                        acc = _tiled_link(q6, False, dd, i, b, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
+                        acc = _tiled_link(f, False, dd, i, b, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
                                           vsplat(_V8, yd[r, b]), acc)
-                    else:                                     # the vec_dot
-                        lanes = _lanes(q6, qf, qo, yf, yo, sf, so, bf, bo)
-                        lanes_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]), lanes, lanes_acc)
-                        if not q6:
-                            mins_acc = vfma(vsplat(_V8, -yd[r, b] * dd[i, b, 1]), _min_lanes(q4, sf, so, bf, bo),
-                                            mins_acc)
-                out[r, i] = vlane(acc, 0) if tiled else _vec_dot_total(q6, q4, lanes_acc, mins_acc)
+                        continue
+                    if f == _Q2:                              # the vec_dot: Q2_K's mins go first into its chain
+                        lanes_acc = vfma(vsplat(_V8, -yd[r, b] * dd[i, b, 1]), _min_lanes(f, sf, so, bf, bo),
+                                         lanes_acc)
+                    elif f == _Q5 or f == _Q4:
+                        mins_acc = vfma(vsplat(_V8, -yd[r, b] * dd[i, b, 1]), _min_lanes(f, sf, so, bf, bo),
+                                        mins_acc)
+                    lanes_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]), _lanes(f, qf, qo, yf, yo, sf, so, bf, bo),
+                                     lanes_acc)
+                out[r, i] = vlane(acc, 0) if tiled else _vec_dot_total(f, lanes_acc, mins_acc)
 
     return product
