@@ -39,6 +39,8 @@ POISON: dict[str, tuple[gguf.GGMLQuantizationType, list[tuple[int, bytes]]]] = {
                                                  (4, b"\xff" * 12)]),                            # every scale/min 63
     "Q5_K_S": (gguf.GGMLQuantizationType.Q5_K, [(0, INF), (0, NAN), (2, INF), (2, NAN), (4, b"\xff" * 12)]),
     "Q6_K": (gguf.GGMLQuantizationType.Q6_K, [(208, INF), (208, NAN), (192, b"\x80" * 16)]),   # d; scales -128
+    "Q3_K_S": (gguf.GGMLQuantizationType.Q3_K, [(108, INF), (108, NAN), (96, b"\xff" * 12)]),  # d; scales
+    "Q2_K": (gguf.GGMLQuantizationType.Q2_K, [(80, INF), (80, NAN), (82, INF), (82, NAN)]),     # d, then dmin
 }
 ROWS_APART = 7  # poisoned rows 0, 7, 14, ...: several of the kernels' row groups, healthy rows between them
 

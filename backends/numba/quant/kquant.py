@@ -248,9 +248,9 @@ def q2_k_x8(gemm: bool) -> Callable:
     def product(qv, sm, dd, x, out):
         n, k = x.shape
         nb, rows = k >> 8, out.shape[1]
-        yf, yd, ysum = _q8_k(x)
-        qf, sf, bf = qv.reshape(-1), sm.reshape(-1), ysum.reshape(-1)
         in_fours = n - (n & 3) if gemm else 0
+        yf, yd, ysum = _q8_k(x, in_fours)
+        qf, sf, bf = qv.reshape(-1), sm.reshape(-1), ysum.reshape(-1)
         for i in prange(rows):
             for r in range(n):
                 acc, acc_min = _F32(0.0), _F32(0.0)
