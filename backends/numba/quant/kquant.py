@@ -1,5 +1,5 @@
-"""The K-quants bit for bit: Q4_K in the order of llama.cpp's repacked 8x8 kernels, Q6_K, Q5_K and the Q4_K
-matrices it does not repack in that of its vec_dot and tiled kernels.
+"""The K-quants (and IQ4_XS, on their super-blocks) bit for bit: Q4_K in the order of llama.cpp's repacked 8x8
+kernels, Q6_K, Q5_K, IQ4_XS and the Q4_K matrices it does not repack in that of its vec_dot and tiled kernels.
 
 On an x86 host with AVX2, llama.cpp moves every Q4_K matrix whose rows come in eights into its repack buffer
 (ggml-cpu/repack.cpp, block_q4_Kx8) and multiplies it with ggml_gemv_q4_K_8x8_q8_K (one activation row) or
@@ -22,6 +22,9 @@ Layout (pack_q6_k, pack_q5_k, pack_q4_k_values): the values as bytes in element 
 0.69 / 0.56 in GGUF), 16 scale bytes a super-block (Q6_K's int8 scales; Q5_K's and Q4_K's scales and mins as
 pack_q4_k's) and d, dmin as
 float32 (Q6_K's dmin 0): the lane sums read 32 values with one load, as ggml's do after it has assembled them.
+IQ4_XS (256-element super-blocks of 4-bit codes into kvalues_iq4nl, an f16 d and eight 6-bit scales less 32) is
+never repacked either and takes the same two kernels (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC): Q6_K's
+arithmetic on signed values (pack_iq4_xs: the values as int8 bytes, 1 byte a weight against 0.53 in GGUF).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from numba import njit, prange
 
 from graphir.backends.numba.primitives.bits import fma
 from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
-from graphir.backends.numba.quant.blocks import k_scales
+from graphir.backends.numba.quant.blocks import iq4_xs_fields, k_scales
 from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
 _V8 = lanes(8)
@@ -190,6 +193,17 @@ def pack_q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (_nibble_runs(b[:, :, 48:176]) | fifth << 4).reshape(rows, -1), sm.view(np.int8), d
 
 
+def pack_iq4_xs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ4_XS blocks (rows, nb, 136) -> the values (kvalues_iq4nl) as int8 bytes in element order (rows, nb * 256),
+    the eight scales less 32 as int8 then eight zero bytes (rows, nb, 16: the sixteen bytes k_lanes reads) and
+    (rows, nb, 2) float32 d, 0 (no min)."""
+    values, scales, d = iq4_xs_fields(b)
+    rows, nb = b.shape[:2]
+    sc = np.zeros((rows, nb, 16), np.int8)
+    sc[:, :, :8] = scales
+    return values.view(np.uint8), sc, np.stack([d, np.zeros_like(d)], axis=-1)
+
+
 def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K blocks (rows, nb, 144) -> as pack_q5_k (the values 0-15): Q4_K rows k_product multiplies."""
     sm, d = _scales_mins_d(b)
@@ -199,25 +213,35 @@ def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
 _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
+_iq4_lanes, _iq4_sums, _iq4_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (0, 1, 8))
+# the lane shapes of k_product's formats: Q6_K's (sub-blocks of 16, values offset by 32), Q5_K's (and unrepacked
+# Q4_K's, whose values are Q5_K's without the fifth bit; with a min term), IQ4_XS's (signed values, no min)
+_Q6, _Q5, _IQ4 = 0, 1, 2
 _mins, _mins8, _min_pairs = k_mins(1), k_mins(8), k_mins(1, True)
 
 
 @njit(cache=True, inline="always")
-def _lanes(q6, q, qo, y, yo, sc, so, bs, bo):
-    """A super-block's eight lanes (int8_dot.k_lanes) of Q6_K (``q6``) or Q5_K, for one activation row."""
-    if q6:
+def _lanes(shape, q, qo, y, yo, sc, so, bs, bo):
+    """A super-block's eight lanes (int8_dot.k_lanes) of the lane shape ``shape``, for one activation row."""
+    if shape == _Q6:
         return _q6_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    if shape == _IQ4:
+        return _iq4_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     return _q5_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
 
 
 @njit(cache=True, inline="always")
-def _tiled_link(q6, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, dx, acc):
+def _tiled_link(shape, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, dx, acc):
     """One super-block of the tiled kernels' chain for eight activation rows (``eight``, lane t row t) or one
     (lane 0): s1 the lanes' exact sum, imin Q5_K's min integer, res = d * s1, res = fnmadd(dmin, imin, res),
     acc = fma(res, d_x, acc), lane by lane."""
-    if q6:
+    if shape == _Q6:
         s1 = _q6_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _q6_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+        return vfma(vmul(vsplat(_V8, dd[i, b, 0]), s1), dx, acc)
+    if shape == _IQ4:
+        s1 = _iq4_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+            _iq4_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
         return vfma(vmul(vsplat(_V8, dd[i, b, 0]), s1), dx, acc)
     s1 = _q5_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
         _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
@@ -233,9 +257,9 @@ def _min_lanes(q4, sc, so, bs, bo):
 
 
 @njit(cache=True, inline="always")
-def _vec_dot_total(q6, q4, lanes_acc, mins_acc):
+def _vec_dot_total(no_min, q4, lanes_acc, mins_acc):
     """hsum_float_8 of the lanes, plus the min term: Q5_K's chain, or Q4_K's four lanes added (0 + 2) + (1 + 3)."""
-    if q6:
+    if no_min:
         return vhsum(lanes_acc)
     if q4:
         return vhsum(lanes_acc) + ((vlane(mins_acc, 0) + vlane(mins_acc, 2)) + (vlane(mins_acc, 1) + vlane(mins_acc, 3)))
@@ -243,8 +267,8 @@ def _vec_dot_total(q6, q4, lanes_acc, mins_acc):
 
 
 def k_product(fmt: str) -> Callable:
-    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k") or Q4_K ("q4_k") rows with x (n, k), quantizing x itself
-    (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a K-quant matrix it does not repack: below
+    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k") or IQ4_XS ("iq4_xs") rows with x (n, k),
+    quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a matrix it does not repack: below
     _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K (their AVX2 code, which AVX-512 builds
     take too): per super-block eight int32 lanes (int8_dot.k_lanes; Q4_K's as Q5_K's), acc = fma(d_x * d_w,
     float(lane), acc) lane by lane, hsum_float_8 at the end, and the min term chained apart, added last: Q5_K's
@@ -254,10 +278,13 @@ def k_product(fmt: str) -> Callable:
     exact integer s1 (all lanes' sum) and Q5_K's imin, res = d_w * float(s1), res = fnmadd(dmin_w, float(imin),
     res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels alike; their final add is contracted);
     here eight activation rows at a time, one in each lane, which share the weight's loads.
-    imin = sum_j m_j * (the activation's sum over sub-block j)."""
-    if fmt not in ("q6_k", "q5_k", "q4_k"):
+    imin = sum_j m_j * (the activation's sum over sub-block j).
+    IQ4_XS (ggml_vec_dot_iq4_xs_q8_K's AVX2 code, the tiled kernels' sign-trick MAC) is Q6_K's arithmetic on
+    its own lanes: the values signed, sub-blocks of 32, no offset and no min term."""
+    if fmt not in ("q6_k", "q5_k", "q4_k", "iq4_xs"):
         raise ValueError(f"k_product: unknown format {fmt!r}")
-    q6, q4 = fmt == "q6_k", fmt == "q4_k"
+    shape = {"q6_k": _Q6, "iq4_xs": _IQ4}.get(fmt, _Q5)
+    no_min, q4 = shape != _Q5, fmt == "q4_k"
 
     @njit(**_exact)
     def product(qv, sc, dd, x, out):
@@ -272,7 +299,7 @@ def k_product(fmt: str) -> Callable:
             for r in range(0, in_eights, 8):                  # the tiled kernels, eight rows at a time
                 acc = vzero(_V8)
                 for b in range(nb):
-                    acc = _tiled_link(q6, True, dd, i, b, qf, max((i * nb + b) * 256, 0), yf, max(r * k + b * 256, 0),
+                    acc = _tiled_link(shape, True, dd, i, b, qf, max((i * nb + b) * 256, 0), yf, max(r * k + b * 256, 0),
                                       k, sf, max((i * nb + b) * 16, 0), bf, max((r * nb + b) * 16, 0), nb * 16,
                                       vload(_V8, ydt, max(b * n + r, 0)), acc)
                 for t in range(8):
@@ -283,14 +310,14 @@ def k_product(fmt: str) -> Callable:
                     qo, yo = max((i * nb + b) * 256, 0), max(r * k + b * 256, 0)
                     so, bo = max((i * nb + b) * 16, 0), max((r * nb + b) * 16, 0)
                     if tiled:                                 # the tiled kernels' last rows
-                        acc = _tiled_link(q6, False, dd, i, b, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
+                        acc = _tiled_link(shape, False, dd, i, b, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
                                           vsplat(_V8, yd[r, b]), acc)
                     else:                                     # the vec_dot
-                        lanes = _lanes(q6, qf, qo, yf, yo, sf, so, bf, bo)
+                        lanes = _lanes(shape, qf, qo, yf, yo, sf, so, bf, bo)
                         lanes_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]), lanes, lanes_acc)
-                        if not q6:
+                        if not no_min:
                             mins_acc = vfma(vsplat(_V8, -yd[r, b] * dd[i, b, 1]), _min_lanes(q4, sf, so, bf, bo),
                                             mins_acc)
-                out[r, i] = vlane(acc, 0) if tiled else _vec_dot_total(q6, q4, lanes_acc, mins_acc)
+                out[r, i] = vlane(acc, 0) if tiled else _vec_dot_total(no_min, q4, lanes_acc, mins_acc)
 
     return product
