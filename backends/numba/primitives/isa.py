@@ -60,8 +60,8 @@ class IsaPath:
     ggml_features: the features llama.cpp's system info reports as 1 for a build of this path (the most
         specific path whose features all show is the build's).
     repacked: weight types this path's llama.cpp moves into its REPACK buffer (ggml-cpu repack.cpp), whose
-        interleaved kernels sum in another order than graphir's: close there, not bit-exact (MXFP4 and Q4_0, also
-        repacked there, are not listed: graphir sums them in the repacked kernels' order).
+        interleaved kernels sum in another order than graphir's: close there, not bit-exact (MXFP4, Q4_0 and IQ4_NL,
+        also repacked there, are not listed: graphir sums them in the repacked kernels' order).
     tinyBLAS's tile shapes (4x6 with 32 vector registers, 4x3 with 16) are not listed: they change which
     outputs a task computes, not the order in which any one output is summed.
     """
@@ -78,9 +78,9 @@ class IsaPath:
 
 PATHS: dict[str, IsaPath] = {p.name: p for p in (
     IsaPath("avx512", 16, REDUCE_HALVES, EXPF_SCALEF, ("avx512f", "avx512dq"), ("AVX512",),
-            ("Q4_K", "Q2_K", "IQ4_NL"), "llama.cpp's x86 AVX-512 CPU build"),
+            ("Q4_K", "Q2_K"), "llama.cpp's x86 AVX-512 CPU build"),
     IsaPath("avx2", 8, REDUCE_HADD, EXPF_SPLIT, ("avx2", "fma", "f16c"), ("AVX2", "FMA", "F16C"),
-            ("Q4_K", "IQ4_NL"), "llama.cpp's x86 AVX2 (+FMA, F16C) CPU build"),
+            ("Q4_K",), "llama.cpp's x86 AVX2 (+FMA, F16C) CPU build"),
 )}
 
 
