@@ -235,13 +235,13 @@ def _tiled_link(shape, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bst
     """One super-block of the tiled kernels' chain for eight activation rows (``eight``, lane t row t) or one
     (lane 0): s1 the lanes' exact sum, imin Q5_K's min integer, res = d * s1, res = fnmadd(dmin, imin, res),
     acc = fma(res, d_x, acc), lane by lane."""
-    if shape == _Q6:
-        s1 = _q6_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
-            _q6_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
-        return vfma(vmul(vsplat(_V8, dd[i, b, 0]), s1), dx, acc)
-    if shape == _IQ4:
-        s1 = _iq4_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
-            _iq4_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    if shape != _Q5:                                          # no min term
+        if shape == _Q6:
+            s1 = _q6_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+                _q6_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+        else:
+            s1 = _iq4_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+                _iq4_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
         return vfma(vmul(vsplat(_V8, dd[i, b, 0]), s1), dx, acc)
     s1 = _q5_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
         _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
