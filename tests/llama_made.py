@@ -204,14 +204,15 @@ def make(path: Path, arch: str, moe: bool = False, seed: int = 42, stdev: float 
     return path
 
 
-def quantize(src: Path, dst: Path, ftype: str) -> Path:
+def quantize(src: Path, dst: Path, ftype: str, pure: bool = False) -> Path:
     """``dst``: ``src`` through llama.cpp's own quantizer (``llama_model_quantize``) to ``ftype``, a name of
-    llama.cpp's file types (F16, Q8_0, Q4_K_M, IQ4_XS, ...: LLAMA_FTYPE_MOSTLY_<ftype>)."""
+    llama.cpp's file types (F16, Q8_0, Q4_K_M, IQ4_XS, ...: LLAMA_FTYPE_MOSTLY_<ftype>); ``pure``: every matrix of
+    the type's own weight type (llama-quantize --pure), where its shape allows."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-    params.nthread = 2
+    params.nthread, params.pure = 2, pure
     if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
         raise RuntimeError(f"llama.cpp could not quantize {src} to {ftype}")
     return dst

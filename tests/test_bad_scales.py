@@ -41,6 +41,8 @@ POISON: dict[str, tuple[gguf.GGMLQuantizationType, list[tuple[int, bytes]]]] = {
     "Q6_K": (gguf.GGMLQuantizationType.Q6_K, [(208, INF), (208, NAN), (192, b"\x80" * 16)]),   # d; scales -128
     "Q3_K_S": (gguf.GGMLQuantizationType.Q3_K, [(108, INF), (108, NAN), (96, b"\xff" * 12)]),  # d; scales
     "Q2_K": (gguf.GGMLQuantizationType.Q2_K, [(80, INF), (80, NAN), (82, INF), (82, NAN)]),     # d, then dmin
+    "IQ4_NL": (gguf.GGMLQuantizationType.IQ4_NL, [(0, INF), (0, NAN), (0, NEG_INF)]),
+    "IQ4_XS": (gguf.GGMLQuantizationType.IQ4_XS, [(0, INF), (0, NAN), (2, b"\xff" * 6)]),      # d; scales 31
 }
 ROWS_APART = 7  # poisoned rows 0, 7, 14, ...: several of the kernels' row groups, healthy rows between them
 

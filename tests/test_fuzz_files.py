@@ -371,14 +371,14 @@ def test_strip_that_fails_midway_leaves_the_destination_as_it_was(seeds: dict[st
 
 
 def test_a_weight_type_the_backend_cannot_run_is_a_tensor_error(seeds: dict[str, Any], tmp_path: Path) -> None:
-    """A complete tiny Llama whose first layer's attention output matrix is IQ4_NL (a GGUF type the numba backend
-    does not run; 18 bytes per 32 values, so its extent shrinks and overlaps nothing): graphir.load raises a
+    """A complete tiny Llama whose first layer's attention output matrix is Q8_1 (a GGUF type the numba backend
+    does not run; 36 bytes per 32 values, so its extent shrinks and overlaps nothing): graphir.load raises a
     TensorError naming the tensor and its type, before any context is made."""
-    p = tmp_path / "iq4_nl.gguf"
-    p.write_bytes(_with(seeds["tiny-llama.full"], "ttype", "blk.0.attn_output.weight", QT.IQ4_NL))
-    with pytest.raises(TensorError, match=rf"^{p}: tensor 'blk.0.attn_output.weight' is IQ4_NL, a type the numba "
-                                          rf"backend does not multiply \(it runs BF16, F16, F32, MXFP4, Q2_K, Q3_K, Q4_0, "
-                                          rf"Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0\)$"):
+    p = tmp_path / "q8_1.gguf"
+    p.write_bytes(_with(seeds["tiny-llama.full"], "ttype", "blk.0.attn_output.weight", QT.Q8_1))
+    with pytest.raises(TensorError, match=rf"^{p}: tensor 'blk.0.attn_output.weight' is Q8_1, a type the numba "
+                                          rf"backend does not multiply \(it runs BF16, F16, F32, IQ4_NL, IQ4_XS, MXFP4, "
+                                          rf"Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0\)$"):
         graphir.load(str(p))
 
 

@@ -80,14 +80,16 @@ def test_q4_1_halves_hold_each_rows_low_then_high_lane_sums(flavour, n):
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
-@pytest.mark.parametrize("sub, bias, top, lane_bias", [(16, 32, 63, False), (32, 0, 31, False), (16, 4, 7, True),
-                                                      (16, 0, 3, False)], ids=["q6_k", "q5_k", "q3_k", "q2_k"])
-def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, sub, bias, top, lane_bias):
+@pytest.mark.parametrize("sub, bias, top, lane_bias, signed", [
+    (16, 32, 63, False, False), (32, 0, 31, False, False), (16, 4, 7, True, False), (16, 0, 3, False, False),
+    (32, 0, 127, False, True)], ids=["q6_k", "q5_k", "q3_k", "q2_k", "iq4_xs"])
+def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, sub, bias, top, lane_bias, signed):
     """Lane l: over runs g of 32, scale[(32g + 4l) // sub] times the products of elements 4l .. 4l + 3 of the
     run, less bias * (scale[2l] * bsum[2l] + scale[2l + 1] * bsum[2l + 1]), or with lane_bias (Q3_K) the
     products of the values less bias; with rows, lane t holds activation row t's lanes' integer sum as one float.
-    The extremes reach past 2^24 in a lane (Q6_K) or in the sum (Q5_K): the integers stay exact."""
-    each, one, eight = (k_lanes(sub, bias, rows, flavour, lane_bias=lane_bias) for rows in (0, 1, 8))
+    ``signed``: the value bytes are int8 (IQ4_XS's grid, -127 .. 113), its scales -32 .. 31. The extremes reach
+    past 2^24 in a lane (Q6_K) or in the sum (Q5_K, IQ4_XS): the integers stay exact."""
+    each, one, eight = (k_lanes(sub, bias, rows, flavour, lane_bias=lane_bias, signed=signed) for rows in (0, 1, 8))
 
     @njit
     def run(v, q, y, sc, bs, out):
@@ -97,15 +99,16 @@ def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, 
 
     rng = np.random.default_rng(sub)
     for trial in range(20):
-        q = rng.integers(0, top + 1, 256).astype(np.uint8)
+        q = rng.integers(-top if signed else 0, top + 1, 256).astype(np.int8 if signed else np.uint8)
         y = rng.integers(-127, 128, (8, 256)).astype(np.int8)
-        sc = rng.integers(-128 if bias else 0, 128 if bias else 64, 16).astype(np.int8)
+        low, high = (-128, 128) if bias else (-32, 32) if signed else (0, 64)
+        sc = rng.integers(low, high, 16).astype(np.int8)
         if trial == 0:          # the largest values and scales; with the offset, lane 0's elements 127, the rest
-            q[:], sc[:] = top, 127 if bias else 63           # -127 (the products and the offset add up)
-            y[0] = np.where((np.arange(256) % 32 < 4) & (bias > 0), 127, -127)
+            q[:], sc[:] = -top if signed else top, 127 if bias else -32 if signed else 63   # -127 (the products
+            y[0] = np.where((np.arange(256) % 32 < 4) & (bias > 0), 127, -127)              # and the offset add up)
         bs = y.astype(np.int32).reshape(8, 16, 16).sum(axis=2).astype(np.int32)
         out = np.empty(24, np.float32)
-        run(lanes(8), q, y.reshape(-1), sc, bs.reshape(-1), out)
+        run(lanes(8), q.view(np.uint8), y.reshape(-1), sc, bs.reshape(-1), out)
         per_lane = sc.astype(np.int64)[(32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub]     # [run][lane]
         values = q.astype(np.int64) - (bias if lane_bias else 0)
         want = ((values * y).reshape(8, 8, 8, 4).sum(axis=3) * per_lane).sum(axis=1)                  # [row][lane]

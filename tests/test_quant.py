@@ -26,13 +26,16 @@ from graphir.backends.numba.quant.weight import SUPPORTED, QWeight
 T = gguf.GGMLQuantizationType
 F32 = np.float32
 FLOATS = [T.F32, T.F16, T.BF16]
-QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
+QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.IQ4_NL,
+          T.IQ4_XS]
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
 # NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
-# 3.6e-6 (BF16), 3-6e-5 (Q8_0/Q4_0/Q4_1; MXFP4 2.9e-5), 5-12e-5 (K-quants, random blocks); pinned at 2-3x.
+# 3.6e-6 (BF16), 3-6e-5 (Q8_0/Q4_0/Q4_1; MXFP4 2.9e-5), 5-12e-5 (K-quants, random blocks; IQ4_NL 3.9e-5, IQ4_XS
+# 5.9e-5); pinned at 2-3x.
 NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q5_0: 2e-4, T.Q4_1: 2e-4, T.Q5_1: 2e-4,
-            T.Q2_K: 2e-4, T.Q3_K: 2e-4, T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4, T.MXFP4: 2e-4}
+            T.Q2_K: 2e-4, T.Q3_K: 2e-4, T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4, T.MXFP4: 2e-4, T.IQ4_NL: 2e-4,
+            T.IQ4_XS: 2e-4}
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
 # rounding of Q8_1's s alone gives 3e-4)
@@ -78,6 +81,9 @@ def q8k_blocks(x: np.ndarray):
     q = np.minimum(np.rint(iscale[..., None] * xb), 127).astype(np.int64)
     d = np.divide(F32(1), iscale, out=np.zeros_like(iscale), where=iscale != 0)
     return q, d, q.reshape(*q.shape[:2], 16, 16).sum(-1)               # qs, d, bsums
+
+
+KVALUES = np.array(gguf.quants.IQ4_NL.kvalues, np.int64)      # kvalues_iq4nl
 
 
 def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
@@ -129,6 +135,13 @@ def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
                                               (l_[..., :32] >> 4, 4), (l_[..., 32:] >> 4, 6)]):
                 q[..., 128 * h + 32 * k:128 * h + 32 * k + 32] = (lo | (((h_ >> shift) & 3) << 4)) - 32
         return q, f16(208), b[..., 192:208].view(np.int8).astype(np.int64)
+    if qtype == T.IQ4_NL:  # codes into the non-linear grid
+        return KVALUES[nib(b[..., 2:18])], f16(0)
+    if qtype == T.IQ4_XS:  # f16 d, 2 bytes of high scale bits, 4 of low ones, 8 sub-blocks of 16 code bytes
+        sh, j = b[..., 2:4].copy().view(np.uint16)[..., 0].astype(np.int64), np.arange(8)
+        ls = ((b[..., 4 + j // 2].astype(np.int64) >> 4 * (j % 2)) & 15) | (((sh[..., None] >> 2 * j) & 3) << 4)
+        q = np.stack([nib(b[..., 8 + 16 * s:24 + 16 * s]) for s in range(8)], 2).reshape(*b.shape[:2], 256)
+        return KVALUES[q], f16(0), ls - 32
     if qtype == T.MXFP4:  # doubled e2m1 values; the E8M0 scale halved (subnormal below e = 2)
         e = b[..., 0].astype(np.uint32)
         d = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32)
@@ -149,7 +162,7 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
         xr = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(F32)
         return xr.astype(f64) @ w.T
     wi = weight_ints(raw, qtype, ne0)
-    if qtype in (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.MXFP4):
+    if qtype in (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.MXFP4, T.IQ4_NL):
         qw, dw = wi[0].reshape(raw.shape[0], -1, 32), wi[1]
         qx, dx, sx = q8_blocks(x)
         isum = np.einsum("rbk,nbk->nrb", qw, qx)
@@ -158,9 +171,10 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
             y += (wi[2][None] * sx[:, None]).astype(f64).sum(-1)     # + f32(m*s)
         return y
     qx, dx, bsums = q8k_blocks(x)
-    if qtype in (T.Q6_K, T.Q3_K):
+    if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS):                           # sub-blocks of 16 / 32, no min
         qw, dw, sc = wi
-        isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], 16, 16), qx.reshape(*qx.shape[:2], 16, 16))
+        g = sc.shape[-1]
+        isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
         return ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1)).sum(-1)
     qw, dw, dmin, sc, mn = wi
     g = sc.shape[-1]                                                    # sub-blocks a super-block (Q2_K: 16)
@@ -298,7 +312,7 @@ def test_prepare_rejects_bad_input():
     with pytest.raises(ValueError):
         QWeight.prepare(raw[:, :-2], T.Q4_0, 64)
     with pytest.raises(NotImplementedError):
-        QWeight.prepare(raw, T.IQ4_NL, 64)
+        QWeight.prepare(raw, T.IQ3_S, 64)
     w = QWeight.prepare(raw, T.Q4_0, 64)
     with pytest.raises(ValueError):
         w.matmul(np.zeros((2, 64), np.float64))
@@ -361,7 +375,7 @@ def test_the_exact_gemv_gives_the_same_bits_with_one_row_or_two_to_a_register(qt
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], w.matmul(x))
 
 
-@pytest.mark.parametrize("qtype", [T.MXFP4, T.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.MXFP4, T.Q4_0, T.IQ4_NL], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 3, 9])
 def test_rows_in_eights_are_llama_cpps_repacked_block_by_block_fma_chain(qtype, n):
     """x is quantized to Q8_0 first; then per output and 32-block the exact integer sum of the weight's values
@@ -394,6 +408,39 @@ def test_unrepacked_q4_0_and_q5_0_are_q8_0s_vec_dot_on_their_values(qtype, n):
     as_q8_0 = np.concatenate([d, qw.astype(np.int8).view(np.uint8)], axis=-1).reshape(rows, -1)
     x = rng.standard_normal((n, 256)).astype(F32)
     assert_bits_equal(QWeight.prepare(raw, qtype, 256).matmul(x), QWeight.prepare(as_q8_0, T.Q8_0, 256).matmul(x))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 9])
+def test_unrepacked_iq4_nl_is_its_vec_dot_for_one_row_and_tiny_blas_from_two(n):
+    """IQ4_NL rows llama.cpp does not repack (not in eights, or a 3-D weight's matrices): one activation row through
+    ggml_vec_dot_iq4_nl_q8_0, per block Q8_0's eight lane sums (lane l: elements 4l .. 4l + 3 of the values times
+    x's quants), the even blocks chained in one register and the odd ones in another, acc = fma(d_x * d_w, lane,
+    acc), hsum_float_8 of the two added, and an odd last block's exact sum added as fma(d_x * d_w, sum, total);
+    from two rows tinyBLAS_Q0_AVX: one chain over the blocks, then hsum_float_8. An expert's rows (mul_mat_id)
+    stay on the vec_dot for every n. Seven blocks a row: an odd last one."""
+    rng = np.random.default_rng(n)
+    rows, ne0, nb = 44, 224, 7
+    raw = make_weight(T.IQ4_NL, rows, ne0, rng)
+    x = rng.standard_normal((n, ne0)).astype(F32)
+    qw, dw = weight_ints(raw, T.IQ4_NL, ne0)                                             # (rows, nb, 32), (rows, nb)
+    qx, dx, _ = q8_blocks(x)                                                             # (n, nb, 32), (n, nb)
+    lanes = (qw[None] * qx[:, None]).reshape(n, rows, nb, 8, 4).sum(-1).astype(F32)     # (n, rows, nb, 8)
+    scale = (dx[:, None] * dw[None]).astype(F32)[..., None]                              # (n, rows, nb, 1)
+    vec_dot, one_chain = np.empty((n, rows), F32), np.empty((n, rows), F32)
+    for r in range(n):
+        chains = [np.zeros((rows, 8), F32), np.zeros((rows, 8), F32)]
+        for b in range(nb - 1):
+            chains[b % 2] = _fma(scale[r, :, b], lanes[r, :, b], chains[b % 2])
+        vec_dot[r] = _fma(scale[r, :, -1, 0], lanes[r, :, -1].sum(-1), _hsum8(chains[0] + chains[1]))
+        one = np.zeros((rows, 8), F32)
+        for b in range(nb):
+            one = _fma(scale[r, :, b], lanes[r, :, b], one)
+        one_chain[r] = _hsum8(one)
+    assert not np.array_equal(vec_dot, one_chain)                           # the orders differ in the last bits
+    mul_mat = vec_dot if n == 1 else one_chain
+    assert_bits_equal(QWeight.prepare(raw, T.IQ4_NL, ne0).matmul(x), mul_mat)
+    assert_bits_equal(QWeight(raw[:40], T.IQ4_NL, ne0, use="stack").matmul(x), mul_mat[:, :40])
+    assert_bits_equal(QWeight(raw, T.IQ4_NL, ne0, use="expert").matmul(x), vec_dot)
 
 
 def _fma_chain(terms, scales, acc):
@@ -454,6 +501,8 @@ def _extremes(blocks: np.ndarray, qtype: T) -> None:
         blocks[:, 0:108] = 0                                               # values -4, scales -32
     elif qtype == T.Q2_K:
         blocks[:, 0:80] = 255                                              # values 3, scales and mins 15
+    elif qtype == T.IQ4_XS:
+        blocks[:, 2:] = 0                                                  # scales -32, values -127
     else:
         blocks[:, 4:] = 255                                                # scales and mins 63, values 31 / 15
 
@@ -466,6 +515,9 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
         q, d, sc = weight_ints(raw, qtype, ne0)
         dmin, imin = np.zeros_like(d), np.zeros((n, rows, d.shape[1]), np.int64)
         q, sub, bias = (q + 32, 16, 32) if qtype == T.Q6_K else (q, 16, 0)   # Q3_K's lanes: its signed values
+    elif qtype == T.IQ4_XS:
+        q, d, sc = weight_ints(raw, qtype, ne0)
+        dmin, sub, bias, imin = np.zeros_like(d), 32, 0, np.zeros((n, rows, d.shape[1]), np.int64)
     else:
         q, d, dmin, sc, mn = weight_ints(raw, qtype, ne0)
         g = sc.shape[-1]                                                   # sub-blocks a super-block
@@ -496,11 +548,11 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
                 acc = _fma(_fma(-dmin[:, b], imin[r, :, b].astype(F32), res), dx[r, b], acc)
         if qtype == T.Q4_K:
             summs = (summs[:, 0] + summs[:, 2]) + (summs[:, 1] + summs[:, 3])
-        want[r] = acc if n >= 8 else _hsum8(acc) if qtype in (T.Q6_K, T.Q3_K, T.Q2_K) else _hsum8(acc) + summs
+        want[r] = acc if n >= 8 else _hsum8(acc) if qtype in (T.Q6_K, T.Q3_K, T.Q2_K, T.IQ4_XS) else _hsum8(acc) + summs
     return want, lanes
 
 
-@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K, T.IQ4_XS], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17])
 def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
     """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K (their AVX2 code, which AVX-512
@@ -515,7 +567,8 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
     ggml-cpu/tiled: res = d_w * float(sum of the lanes), res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc).
     imin = sum_j m_j * (the activation's sum over sub-block j). One row holds the largest values and scales, and
     x's last row +-1 (1 on lane 0's elements): for the 6-bit scales, sums past 2^24, for Q6_K in a lane (its
-    products and offset of one sign)."""
+    products and offset of one sign). IQ4_XS (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC) is Q6_K's arithmetic
+    on its signed values, sub-blocks of 32 and no offset."""
     rng = np.random.default_rng(n)
     rows, ne0 = 16, 512
     raw = make_weight(qtype, rows, ne0, rng)
@@ -525,7 +578,7 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
     want, lanes = _vec_dot_and_tiled(raw, qtype, ne0, x)
     if qtype == T.Q6_K:
         assert np.abs(lanes[-1, 3]).max() >= 2 ** 24
-    elif qtype in (T.Q5_K, T.Q4_K):
+    elif qtype in (T.Q5_K, T.Q4_K, T.IQ4_XS):
         assert np.abs(lanes[-1, 3].sum(-1)).max() >= 2 ** 24
     if qtype in (T.Q4_K, T.Q2_K):                                         # the kinds llama.cpp does not repack
         assert_bits_equal(QWeight(raw, qtype, ne0, use="stack").matmul(x), want)

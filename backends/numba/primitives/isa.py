@@ -61,7 +61,7 @@ class IsaPath:
         specific path whose features all show is the build's).
     repacked: weight types this path's llama.cpp moves into its REPACK buffer where a 2-D matrix's rows come in
         eights (ggml-cpu repack.cpp), whose interleaved kernels sum in their own order; graphir's products take
-        that order there (quant.weight), for every type it runs (IQ4_NL it does not).
+        that order there (quant.weight).
     tinyBLAS's tile shapes (4x6 with 32 vector registers, 4x3 with 16) are not listed: they change which
     outputs a task computes, not the order in which any one output is summed.
     """

@@ -2,9 +2,9 @@
 
 Why this package exists
     The conformance target is llama.cpp's CPU backend, and its matmul is not "dequantize, then float GEMM":
-    the activation rows are first converted to the weight type's *vec_dot type* (Q4_0/Q8_0/MXFP4 -> Q8_0,
-    Q4_1/Q5_1 -> Q8_1, Q2_K..Q6_K -> Q8_K, F16 -> f16, BF16 -> bf16) and the dot products are taken between
-    the two quantized operands. A float engine that skips this lands 0.1-1.4 logit away on SmolLM2; one that
+    the activation rows are first converted to the weight type's *vec_dot type* (Q4_0/Q8_0/MXFP4/IQ4_NL -> Q8_0,
+    Q4_1/Q5_1 -> Q8_1, Q2_K..Q6_K/IQ4_XS -> Q8_K, F16 -> f16, BF16 -> bf16) and the dot products are taken
+    between the two quantized operands. A float engine that skips this lands 0.1-1.4 logit away on SmolLM2; one that
     copies it lands within float-summation noise, which the next layers' 8-bit activation quantization then
     amplifies (~0.2 in the residual after 10 layers). So `QWeight.matmul` quantizes x exactly like llama.cpp,
     then multiplies, for Q4_1 and Q8_0 in llama.cpp's exact operation order. Speed matters as much (decode
@@ -32,6 +32,8 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     Q4_0  Q8_0  GGUF's bytes in groups of 16 rows (*), q apart, d    0.5625      [0.5625]
     Q5_0  Q8_0  as Q8_0, its values unpacked to int8 (*3)             1.0625      [0.6875]
     MXFP4 Q8_0  the raw e2m1 codes + f32 2^(e-128) per 32 (*2)        0.625       [0.53125]
+    IQ4_NL Q8_0 the raw codes + f32 d per 32 (*2); other row counts:  0.625       [0.5625]
+                as Q8_0 (its values as bytes)                         1.0625
     Q4_1  Q8_1  GGUF's bytes in groups of 16 rows (*): q, f16 d, m    0.625       [0.625]
     Q5_1  Q8_1  as Q8_0 (values 0-31 as bytes, grouped) + f16 m       1.125       [0.75]
     Q4_K  Q8_K  rows in eights (quant.kquant): GGUF's nibbles, scales 0.6875      [0.5625]
@@ -44,12 +46,15 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     Q2_K  Q8_K  the values as bytes, scales then mins as bytes,       1.156       [0.3281]
                 f32 d and dmin (rows in eights: llama.cpp's repacked
                 order on AVX-512, quant.kquant)
+    IQ4_XS Q8_K the values (int8) as bytes, the scales less 32 as     1.094       [0.5313]
+                int8, f32 d and 0 (quant.kquant)
     F32, F16, BF16: no copy; the kernels read the data in place (F16/BF16 converted per row in registers/L1).
     (*2) MXFP4 (gpt-oss's experts) lays nibbles out as Q4_0; a code indexes ggml's doubled e2m1 table
     (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), so the E8M0 scale is halved (GGML_E8M0_TO_FP32_HALF).
-    Its matmul is exact, in the order of llama.cpp's repacked 8x8 MXFP4 kernels (quant.mxfp4), as Q4_0's is
+    Its matmul is exact, in the order of llama.cpp's repacked 8x8 MXFP4 kernels (quant.lut4), as Q4_0's is
     (quant.exact's "q4_0x8" GEMV); a Q4_0 matrix whose rows do not come in eights, which llama.cpp does not
-    repack, is laid out as Q5_0.
+    repack, is laid out as Q5_0. IQ4_NL is MXFP4's layout and kernel with its own table (kvalues_iq4nl) and an
+    f16 d; the matrices llama.cpp does not repack take its vec_dot (one activation row) and tinyBLAS (more).
     (*3) ggml_vec_dot_q5_0_q8_0 unpacks a block's values to bytes and forms Q8_0's lane sums from them: Q8_0
     blocks of the same numbers give its bits, through Q8_0's kernels.
     (*) [group][block][row] (see quant.exact): a block's quant bytes of the group's rows one after another,
@@ -63,9 +68,10 @@ Numerics: what is bit-exact and what is only close
     largest-magnitude value, nearest-even, clamp at 127, d = 1/iscale in f32), f16/bf16 nearest-even rounding
     of x for F16/BF16 weights. (llama.cpp's portable reference Q8_0/Q8_1 quantizer uses id = 1/d and rounds
     half away from zero; it differs in rare 1-ulp/tie cases; this machine's llama.cpp runs the x86 code.)
-    Bit-exact also: Q4_1, Q5_1, Q8_0, Q5_0, Q4_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (quant.kquant)
+    Bit-exact also: Q4_1, Q5_1, Q8_0, Q5_0, Q4_0, MXFP4, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS
+    (quant.kquant)
     matmuls, every output element, for any number of rows:
-    Q4_0 and MXFP4 as (*2) above; the others replay ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 of the
+    Q4_0, MXFP4 and IQ4_NL as (*2) above; the others replay ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 of the
     x86 build (AVX2 + VNNI: eight int32 lane sums per block, fma(d_w*d_x, lane, acc) per lane in block order,
     hsum_float_8, Q4_1's min term as an FMA chain added last); tinyBLAS_Q0_AVX, which llama.cpp takes for Q8_0
     with n >= 2, has the same per-element order.
@@ -101,9 +107,10 @@ Modules
     stream      GEMV and GEMM kernels of the stream-layout kinds
     exact       Q4_1, Q5_1, Q8_0, Q4_0 (and Q5_0 as Q8_0): their grouped layout and the kernels that replay
                 llama.cpp's dot products
-    kquant      Q4_K (and Q2_K on AVX-512) in the order of llama.cpp's repacked 8x8 kernels, Q6_K, Q5_K, Q3_K and
-                unrepacked Q4_K and Q2_K in that of its vec_dot and tiled kernels
-    mxfp4       MXFP4: llama.cpp's repacked MXFP4 dot products, on the raw blocks
+    kquant      Q4_K (and Q2_K on AVX-512) in the order of llama.cpp's repacked 8x8 kernels, Q6_K, Q5_K, Q3_K,
+                IQ4_XS and unrepacked Q4_K and Q2_K in that of its vec_dot and tiled kernels
+    lut4        MXFP4 and IQ4_NL (4-bit codes into a table): llama.cpp's repacked dot products on the raw blocks,
+                IQ4_NL's vec_dot where it does not repack
     weight      QWeight and the table of weight kinds its matmul and get_rows dispatch through
 
 numba caches a kernel under its own module's file, with the helpers it inlines or calls compiled in: the

@@ -70,6 +70,8 @@ def repack_q5_1(b):
 
 
 MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)  # e2m1, doubled
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                         np.float32)  # kvalues_iq4nl: IQ4_NL's and IQ4_XS's non-linear grid
 
 
 def e8m0_half(e: np.ndarray) -> np.ndarray:
@@ -80,8 +82,35 @@ def e8m0_half(e: np.ndarray) -> np.ndarray:
 
 
 def repack_mxfp4(b):
-    """qs (byte j: element j in the low nibble, j + 16 in the high one, as Q4_0) and the halved scales."""
-    return _field(b, 1, 17), np.ascontiguousarray(e8m0_half(b[:, :, 0]))
+    """qs (byte j: element j in the low nibble, j + 16 in the high one, as Q4_0), the halved scales and the
+    codes' values (row_lut4)."""
+    return _field(b, 1, 17), np.ascontiguousarray(e8m0_half(b[:, :, 0])), MXFP4_VALUES
+
+
+def repack_iq4_nl(b):
+    """qs (as Q4_0's), d and the codes' values (row_lut4)."""
+    return _field(b, 2, 18), block_f16(b, 0), IQ4_NL_VALUES
+
+
+def iq4_xs_fields(b):
+    """IQ4_XS blocks (f16 d, 16 high scale bits, 4 bytes of low ones, 128 nibble bytes) -> the values as int8 in
+    element order (rows, nb * 256) (sub-block j: bytes 16j .. 16j + 15, element l low, l + 16 high), the eight
+    6-bit scales less 32 (rows, nb, 8) int8 and d (rows, nb) float32."""
+    rows, nb = b.shape[:2]
+    qs = b[:, :, 8:136].reshape(rows, nb, 8, 1, 16)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(rows, nb * 256)
+    j = np.arange(8)
+    high = (b[:, :, 2:4].copy().view(np.uint16) >> (2 * j).astype(np.uint16)) & 3           # (rows, nb, 8)
+    low = (b[:, :, 4 + j // 2] >> (4 * (j % 2)).astype(np.uint8)) & 15
+    scales = (low.astype(np.int16) | high.astype(np.int16) << 4) - 32
+    return (IQ4_NL_VALUES.astype(np.int8)[codes], scales.astype(np.int8),
+            block_f16(b, 0).reshape(rows, nb))
+
+
+def repack_iq4_xs(b):
+    """The values as int8 in element order and each sub-block's d * scale (float32, gguf's product)."""
+    values, scales, d = iq4_xs_fields(b)
+    return values, (d[:, :, None] * scales.astype(_F32)).reshape(b.shape[0], -1)
 
 
 def repack_q4_1(b):
@@ -177,12 +206,19 @@ def row_q4_0(qs, d, i, w, a, with_min):
 
 
 @njit(**_inl)
-def row_mxfp4(qs, d, i, w, a, with_min):
+def row_lut4(qs, d, values, i, w, a, with_min):
+    """4-bit codes into a table of values (MXFP4's, IQ4_NL's), one scale per 32, laid out as Q4_0's."""
     kp = max(qs.shape[1], 0)
     for j in range(kp):
         q = np.int32(qs[i, j])
-        w[a, j] = d[i, j >> 4] * MXFP4_VALUES[q & 15]
-        w[a, kp + j] = d[i, j >> 4] * MXFP4_VALUES[q >> 4]
+        w[a, j] = d[i, j >> 4] * values[q & 15]
+        w[a, kp + j] = d[i, j >> 4] * values[q >> 4]
+
+
+@njit(**_inl)
+def row_iq4_xs(q, dl, i, w, a, with_min):
+    for j in range(q.shape[1]):
+        w[a, j] = dl[i, j >> 5] * _F32(q[i, j])
 
 
 @njit(**_inl)

@@ -35,6 +35,7 @@ from graphir.backends.numba.primitives.jit import INL
 from graphir.backends.numba.primitives.simd import (lanes, prefetch, vfma, vfold_blocks, vhsum8_at, vhsum8_halves,
                                                     vload, vmul, vsplat, vspread, vspread4, vstore, vsub, vzero, width)
 from graphir.backends.numba.quant.activation import q8_blocks
+from graphir.backends.numba.quant.blocks import IQ4_NL_VALUES
 from graphir.backends.numba.quant.int8_dot import WIDE_LANES, block_lanes, nibble_half_lanes
 
 _F32 = np.float32
@@ -108,6 +109,12 @@ def pack_q4_0(b):
 
 def pack_q4_0_as_q8_0(b):
     return _as_q8_0(b, _nibbles(b[:, :, 2:18]).astype(np.int16) - 8)
+
+
+def pack_iq4_nl_as_q8_0(b):
+    """IQ4_NL blocks as Q8_0 blocks of their values (kvalues_iq4nl): tinyBLAS_Q0_AVX and
+    ggml_vec_dot_iq4_nl_q8_0 look a block's codes up to those bytes, then form Q8_0's lane sums."""
+    return _as_q8_0(b, IQ4_NL_VALUES.astype(np.int16)[_nibbles(b[:, :, 2:18])])
 
 
 def _fifth_bits(qh: np.ndarray) -> np.ndarray:

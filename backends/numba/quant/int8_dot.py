@@ -83,6 +83,15 @@ def _scaled_sums(builder: ir.IRBuilder, flavour: str, w: ir.Value, y: ir.Value, 
                 [pairs, builder.trunc(twice, vw)])
 
 
+def _sign_trick(builder: ir.IRBuilder, w: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Signed bytes w and y -> |w| and y with w's sign (0 where w is 0), whose unsigned-by-signed products are
+    w * y: how ggml multiplies two signed operands (_mm256_sign_epi8 twice)."""
+    zero = ir.Constant(w.type, [0] * w.type.count)
+    neg = builder.icmp_signed("<", w, zero)
+    return (builder.select(neg, builder.sub(zero, w), w),
+            builder.select(neg, builder.sub(zero, y), builder.select(builder.icmp_signed("==", w, zero), zero, y)))
+
+
 def _pair_sums(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
     """A register of 2m int32 lanes -> m: lane j the sum of lanes 2j and 2j + 1."""
     n = v.type.count
@@ -152,12 +161,8 @@ def block_lanes(fmt: str, flavour: str = HOST) -> Callable[..., Any]:
             w = builder.shuffle_vector(lo, hi, _indices(order))
         elif fmt == "u8":
             w = raw
-        else:                                             # |w| and y with w's sign (ggml's _mm256_sign_epi8)
-            zero = ir.Constant(raw.type, [0] * 32 * r)
-            neg = builder.icmp_signed("<", raw, zero)
-            w = builder.select(neg, builder.sub(zero, raw), raw)
-            act = builder.select(neg, builder.sub(zero, act), builder.select(builder.icmp_signed("==", raw, zero),
-                                                                             zero, act))
+        else:
+            w, act = _sign_trick(builder, raw, act)
         return _sums(builder, flavour, w, act, n)
 
     return _on_blocks(sums)
@@ -198,8 +203,8 @@ def nibble_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
     return _on_blocks(sums)
 
 
-def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8,
-            lane_bias: bool = False) -> Callable[..., Any]:
+def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, lane_bias: bool = False,
+            signed: bool = False) -> Callable[..., Any]:
     """An intrinsic lanes(proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) for a register of 8 lanes: a K-quant
     super-block's int32 lanes as ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (AVX2) form them, as float32. q: the 256
     values as unsigned bytes in element order from q[qo] (uint8); y: the 256 activation quants from y[yo] (int8);
@@ -212,11 +217,13 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8,
     super-block: 4). The integers are exact (int32, as ggml's), converted to float lane by lane; or, ``rows`` > 0,
     the lanes' sum converted once (the tiled kernels' per-block integer) for that many activation rows at
     y[yo + t * ystep], bs[bo + t * bstep], row t's in lane t: the weight's values and scales are loaded once for
-    them all."""
+    them all. ``signed``: q's bytes are int8 values (IQ4_XS's), multiplied as ggml does, |value| by the quant
+    with the value's sign."""
     if sub not in (16, 32) or (bias and sub != 16) or not 0 <= rows <= 8 or runs not in (4, 8) \
-            or (runs < 8 and bias and not lane_bias) or flavour not in ("vnni", "pmadd", "generic"):
-        raise ValueError(f"k_lanes: no sub-block size {sub} with bias {bias} for {rows} rows over {runs} runs, or "
-                         f"unknown flavour {flavour!r}")
+            or (runs < 8 and bias and not lane_bias) or (signed and (bias or lane_bias)) \
+            or flavour not in ("vnni", "pmadd", "generic"):
+        raise ValueError(f"k_lanes: no sub-block size {sub} with bias {bias} for {rows} rows over {runs} runs"
+                         f"{' of signed values' if signed else ''}, or unknown flavour {flavour!r}")
     i32x8, wide = ir.VectorType(_I32, 8), WIDE_LANES        # runs of 32 formed two at a time on AVX-512
 
     @intrinsic
@@ -246,7 +253,10 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8,
                 acc = ir.Constant(ir.VectorType(_I32, wide), [0] * wide)
                 for k, g in enumerate(group):
                     y_run = load(3, builder.add(yo, ir.Constant(yo.type, 32 * g)), 4 * wide, _I8)
-                    acc = builder.add(acc, _scaled_sums(builder, flavour, values[k], y_run, scales[k], wide))
+                    w = values[k]
+                    if signed:
+                        w, y_run = _sign_trick(builder, w, y_run)
+                    acc = builder.add(acc, _scaled_sums(builder, flavour, w, y_run, scales[k], wide))
                     if lane_bias:
                         acc = builder.sub(acc, _scaled_sums(builder, flavour, offset, y_run, scales[k], wide))
                 if wide > 8:                                  # the runs' lanes added in integers: ggml's 8 lanes

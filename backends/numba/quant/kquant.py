@@ -1,5 +1,6 @@
-"""The K-quants bit for bit: Q4_K (and, on AVX-512, Q2_K) in the order of llama.cpp's repacked 8x8 kernels, Q6_K,
-Q5_K, Q3_K and the Q4_K and Q2_K matrices it does not repack in that of its vec_dot and tiled kernels.
+"""The K-quants (and IQ4_XS, on their super-blocks) bit for bit: Q4_K (and, on AVX-512, Q2_K) in the order of
+llama.cpp's repacked 8x8 kernels, Q6_K, Q5_K, Q3_K, IQ4_XS and the Q4_K and Q2_K matrices it does not repack in
+that of its vec_dot and tiled kernels.
 
 On an x86 host with AVX2, llama.cpp moves every Q4_K matrix whose rows come in eights into its repack buffer
 (ggml-cpu/repack.cpp, block_q4_Kx8) and multiplies it with ggml_gemv_q4_K_8x8_q8_K (one activation row) or
@@ -25,6 +26,9 @@ a weight: 0.82 / 0.69 / 0.56 / 0.43 / 0.33 in GGUF), the scale bytes of a super-
 and Q4_K's scales and mins as pack_q4_k's; Q3_K's sixteen scales less 32; Q2_K's sixteen scales, then its sixteen
 mins) and d, dmin as float32 (Q6_K's and Q3_K's dmin 0): the lane sums read 32 values with one load, as ggml's do
 after it has assembled them.
+IQ4_XS (256-element super-blocks of 4-bit codes into kvalues_iq4nl, an f16 d and eight 6-bit scales less 32) is
+never repacked either and takes the same two kernels (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC): Q6_K's
+arithmetic on signed values (pack_iq4_xs: the values as int8 bytes, 1 byte a weight against 0.53 in GGUF).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from numba import njit, prange
 from graphir.backends.numba.primitives.bits import bits_u32, fma
 from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
-from graphir.backends.numba.quant.blocks import k_scales
+from graphir.backends.numba.quant.blocks import iq4_xs_fields, k_scales
 from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
 _V8 = lanes(8)
@@ -319,6 +323,17 @@ def pack_q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (_nibble_runs(b[:, :, 48:176]) | fifth << 4).reshape(rows, -1), sm.view(np.int8), d
 
 
+def pack_iq4_xs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ4_XS blocks (rows, nb, 136) -> the values (kvalues_iq4nl) as int8 bytes in element order (rows, nb * 256),
+    the eight scales less 32 as int8 then eight zero bytes (rows, nb, 16: the sixteen bytes k_lanes reads) and
+    (rows, nb, 2) float32 d, 0 (no min)."""
+    values, scales, d = iq4_xs_fields(b)
+    rows, nb = b.shape[:2]
+    sc = np.zeros((rows, nb, 16), np.int8)
+    sc[:, :, :8] = scales
+    return values.view(np.uint8), sc, np.stack([d, np.zeros_like(d)], axis=-1)
+
+
 def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K blocks (rows, nb, 144) -> as pack_q5_k (the values 0-15): Q4_K rows k_product multiplies."""
     sm, d = _scales_mins_d(b)
@@ -327,12 +342,13 @@ def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
 # the formats k_product multiplies, as the constants its kernels branch on
-_Q6, _Q5, _Q4, _Q3, _Q2 = range(5)
-_FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2}
+_Q6, _Q5, _Q4, _Q3, _Q2, _IQ4 = range(6)
+_FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4}
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
 _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
 _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
 _q2_lanes, _q2_sums, _q2_sums8 = k_lanes(16, 0, 0), _q2_total, k_lanes(16, 0, 8)
+_iq4_lanes, _iq4_sums, _iq4_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (0, 1, 8))
 _mins, _mins8, _min_pairs = k_mins(1), k_mins(8), k_mins(1, True)
 _q2_mins, _q2_mins8, _q2_min_lanes = k_mins(1, sub=16), k_mins(8, sub=16), k_mins(1, True, sub=16)
 
@@ -346,6 +362,8 @@ def _lanes(f, q, qo, y, yo, sc, so, bs, bo):
         return _q3_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     if f == _Q2:
         return _q2_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    if f == _IQ4:
+        return _iq4_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     return _q5_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
 
 
@@ -362,6 +380,9 @@ def _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):
     if f == _Q2:
         return _q2_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _q2_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    if f == _IQ4:
+        return _iq4_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+            _iq4_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
     return _q5_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
         _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
 
@@ -380,7 +401,7 @@ def _tiled_link(f, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, 
     (lane 0): s1 the lanes' exact sum, imin the min integer of the formats with mins, res = d * s1,
     res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc), lane by lane."""
     res = vmul(vsplat(_V8, dd[i, b, 0]), _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep))
-    if f == _Q6 or f == _Q3:
+    if f == _Q6 or f == _Q3 or f == _IQ4:
         return vfma(res, dx, acc)
     return vfma(vfma(vsplat(_V8, -dd[i, b, 1]), _imin(f, eight, sc, so, bs, bo, bstep), res), dx, acc)
 
@@ -399,7 +420,7 @@ def _min_lanes(f, sc, so, bs, bo):
 @njit(cache=True, inline="always")
 def _vec_dot_total(f, lanes_acc, mins_acc):
     """hsum_float_8 of the lanes, plus the min term: Q5_K's chain, or Q4_K's four lanes added (0 + 2) + (1 + 3)
-    (Q2_K's is in the lanes already)."""
+    (Q2_K's is in the lanes already; Q6_K, Q3_K and IQ4_XS have none)."""
     if f == _Q4:
         return vhsum(lanes_acc) + ((vlane(mins_acc, 0) + vlane(mins_acc, 2)) + (vlane(mins_acc, 1) + vlane(mins_acc, 3)))
     if f == _Q5:
@@ -408,12 +429,13 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 
 
 def k_product(fmt: str) -> Callable:
-    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k") or Q2_K ("q2_k") rows with
-    x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a K-quant matrix it does
-    not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K
-    (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes (int8_dot.k_lanes; Q4_K's
-    as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products), acc = fma(d_x * d_w,
-    float(lane), acc) lane by lane, hsum_float_8 at the end, and the min term: Q5_K's chained apart, added last,
+    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k") or IQ4_XS
+    ("iq4_xs") rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a
+    matrix it does not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K
+    / _q2_K_q8_K / _iq4_xs_q8_K (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes
+    (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products;
+    IQ4_XS's signed values through the sign trick, sub-blocks of 32, no offset), acc = fma(d_x * d_w, float(lane),
+    acc) lane by lane, hsum_float_8 at the end, and the min term: Q5_K's chained apart, added last,
     summs = fma(-d_x * dmin_w, float(imin), summs) (the build contracts it), Q4_K's the same in four lanes, lane p
     the terms of sub-blocks 2p and 2p + 1, added (0 + 2) + (1 + 3); Q2_K's in the lanes' own chain, each super-block
     acc = fma(-d_x * dmin_w, float(pair), acc) before its lanes' FMA, pair p the terms of its sub-blocks 2p and

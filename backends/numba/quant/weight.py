@@ -19,15 +19,16 @@ import numpy as np
 from graphir.backends.numba.primitives.isa import numerics
 from graphir.backends.numba.primitives.jit import PAR_MIN
 from graphir.backends.numba.quant.activation import ACT
-from graphir.backends.numba.quant.blocks import (dequantizer, repack_mxfp4, repack_q4_0, repack_q4_1, repack_q4_k,
-                                                 repack_q5_0, repack_q5_1, repack_q5_k, repack_q6_k, repack_q8_0,
-                                                 row_bf16, row_f16, row_f32, row_mxfp4, row_q2_k, row_q3_k, row_q4_0,
-                                                 row_q4_1, row_q4_k, row_q5_0, row_q5_1, row_q5_k, row_q6_k, row_q8_0)
-from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_q4_0, pack_q4_0_as_q8_0, pack_q4_1,
-                                                pack_q5_0_as_q8_0, pack_q5_1, pack_q8_0)
-from graphir.backends.numba.quant.kquant import (k_product, pack_q2_k, pack_q3_k, pack_q4_k, pack_q4_k_values,
-                                                 pack_q5_k, pack_q6_k, q2_k_x8, q4_k_x8)
-from graphir.backends.numba.quant.mxfp4 import mxfp4_matmul, pack_mxfp4
+from graphir.backends.numba.quant.blocks import (dequantizer, repack_iq4_nl, repack_iq4_xs, repack_mxfp4, repack_q4_0,
+                                                 repack_q4_1, repack_q4_k, repack_q5_0, repack_q5_1, repack_q5_k,
+                                                 repack_q6_k, repack_q8_0, row_bf16, row_f16, row_f32, row_iq4_xs,
+                                                 row_lut4, row_q2_k, row_q3_k, row_q4_0, row_q4_1, row_q4_k, row_q5_0,
+                                                 row_q5_1, row_q5_k, row_q6_k, row_q8_0)
+from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_iq4_nl_as_q8_0, pack_q4_0, pack_q4_0_as_q8_0,
+                                                pack_q4_1, pack_q5_0_as_q8_0, pack_q5_1, pack_q8_0)
+from graphir.backends.numba.quant.kquant import (k_product, pack_iq4_xs, pack_q2_k, pack_q3_k, pack_q4_k,
+                                                 pack_q4_k_values, pack_q5_k, pack_q6_k, q2_k_x8, q4_k_x8)
+from graphir.backends.numba.quant.lut4 import iq4_nl_unrepacked, lut_matmul, pack_iq4_nl, pack_mxfp4
 from graphir.backends.numba.quant.stream import GEMM_FROM, converting_gemv, gemv_f32, tiled_gemm
 
 __all__ = ["QWeight", "QWeightGroup", "SUPPORTED"]
@@ -58,8 +59,10 @@ class _Kind:
 _Q8 = exact_gemv("q8_0")        # Q8_0's, and Q5_0's on Q8_0 blocks
 _Q4_0 = exact_gemv("q4_0x8")    # Q4_0 in the order of llama.cpp's repacked 8x8 kernels
 _DEQ_Q4_0 = dequantizer(row_q4_0)
+_DEQ_LUT4 = dequantizer(row_lut4)                   # MXFP4's and IQ4_NL's codes into their table of values
 # llama.cpp's vec_dot below 8 rows, its tiled kernels from 8 (Q4_K, Q2_K: where it does not repack)
-_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = (k_product(f) for f in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
+_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K, _IQ4_XS = (k_product(f) for f in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+                                                                     "iq4_xs"))
 _DEQ_Q2_K = dequantizer(row_q2_k)
 _TYPES: dict[T, _Kind] = {
     T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, tiled_gemm(row_f32), dequantizer(row_f32)),
@@ -70,7 +73,8 @@ _TYPES: dict[T, _Kind] = {
     T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, _Q8, _Q8, dequantizer(row_q8_0), pack_q8_0, True),
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q4_0, _Q4_0, _DEQ_Q4_0, pack_q4_0, True),
     T.Q5_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q5_0, _Q8, _Q8, dequantizer(row_q5_0), pack_q5_0_as_q8_0, True),
-    T.MXFP4: _Kind(np.uint8, "q8_0", 2, 16, repack_mxfp4, mxfp4_matmul, mxfp4_matmul, dequantizer(row_mxfp4), pack_mxfp4),
+    T.MXFP4: _Kind(np.uint8, "q8_0", 2, 16, repack_mxfp4, lut_matmul, lut_matmul, _DEQ_LUT4, pack_mxfp4),
+    T.IQ4_NL: _Kind(np.uint8, "q8_0", 2, 16, repack_iq4_nl, lut_matmul, lut_matmul, _DEQ_LUT4, pack_iq4_nl),
     T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv("q4_1"), exact_gemv("q4_1"), dequantizer(row_q4_1), pack_q4_1,
                   True),
     T.Q5_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q5_1, exact_gemv("q5_1"), exact_gemv("q5_1"), dequantizer(row_q5_1),
@@ -78,19 +82,29 @@ _TYPES: dict[T, _Kind] = {
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, q4_k_x8(True), q4_k_x8(True), dequantizer(row_q4_k), pack_q4_k),
     T.Q5_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q5_k, _Q5_K, _Q5_K, dequantizer(row_q5_k), pack_q5_k),
     T.Q6_K: _Kind(np.uint8, "q8_K", 4, 32, repack_q6_k, _Q6_K, _Q6_K, dequantizer(row_q6_k), pack_q6_k),
-    # Q3_K and Q2_K: get_rows reads matmul's layout (values as bytes in element order)
+    # Q3_K, Q2_K and IQ4_XS: get_rows reads matmul's layout (values as bytes in element order)
     T.Q3_K: _Kind(np.uint8, "q8_K", 1, 1, pack_q3_k, _Q3_K, _Q3_K, dequantizer(row_q3_k), pack_q3_k),
     T.Q2_K: _Kind(np.uint8, "q8_K", 1, 1, pack_q2_k, q2_k_x8(True), q2_k_x8(True), _DEQ_Q2_K, pack_q2_k),
+    T.IQ4_XS: _Kind(np.uint8, "q8_K", 1, 1, repack_iq4_xs, _IQ4_XS, _IQ4_XS, dequantizer(row_iq4_xs), pack_iq4_xs),
 }
 SUPPORTED = frozenset(_TYPES)
 # llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"), only a 2-D one
 # (a stack's matrices, mul_mat of a 3-D weight, never), and only on the paths that list its type as repacked
 # (isa.PATHS: Q2_K on AVX-512 alone): the others take its vec_dot, which is Q8_0's on the same values; so with
-# Q4_K and Q2_K, whose others take its vec_dot and tiled kernels (k_product)
+# Q4_K and Q2_K, whose others take its vec_dot and tiled kernels (k_product), and IQ4_NL, whose others take its
+# vec_dot for one activation row and tinyBLAS from two (lut4.iq4_nl_unrepacked)
+_IQ4_NL_MUL_MAT = iq4_nl_unrepacked(tiny_blas=True)
 _UNREPACKED: dict[T, _Kind] = {
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q8, _Q8, _DEQ_Q4_0, pack_q4_0_as_q8_0, True),
     T.Q4_K: _Kind(np.uint8, "q8_K", 2, 32, repack_q4_k, _Q4_K, _Q4_K, dequantizer(row_q4_k), pack_q4_k_values),
-    T.Q2_K: _Kind(np.uint8, "q8_K", 1, 1, pack_q2_k, _Q2_K, _Q2_K, _DEQ_Q2_K, pack_q2_k)}
+    T.Q2_K: _Kind(np.uint8, "q8_K", 1, 1, pack_q2_k, _Q2_K, _Q2_K, _DEQ_Q2_K, pack_q2_k),
+    T.IQ4_NL: _Kind(np.uint8, "q8_0", 2, 16, repack_iq4_nl, _IQ4_NL_MUL_MAT, _IQ4_NL_MUL_MAT, _DEQ_LUT4,
+                    pack_iq4_nl_as_q8_0)}
+# where an expert's rows are not repacked, mul_mat_id takes the vec_dot for every activation row (never tinyBLAS)
+_IQ4_NL_MUL_MAT_ID = iq4_nl_unrepacked(tiny_blas=False)
+_UNREPACKED_EXPERT: dict[T, _Kind] = {
+    T.IQ4_NL: _Kind(np.uint8, "q8_0", 2, 16, repack_iq4_nl, _IQ4_NL_MUL_MAT_ID, _IQ4_NL_MUL_MAT_ID, _DEQ_LUT4,
+                    pack_iq4_nl_as_q8_0)}
 
 # an expert's rows of a repacked kind, which llama.cpp's mul_mat_id multiplies one activation row at a time
 _EXPERT: dict[T, _Kind] = {
@@ -109,7 +123,7 @@ def _kind_of(qtype: T, rows: int, use: str) -> _Kind:
     """The kind of a weight's rows: the repacked one where llama.cpp on the numerics path in use (GRAPHIR_ISA, else
     the host's) repacks them."""
     if qtype in _UNREPACKED and (rows % 8 or use == "stack" or qtype.name not in numerics().path.repacked):
-        return _UNREPACKED[qtype]
+        return _UNREPACKED_EXPERT.get(qtype, _UNREPACKED[qtype]) if use == "expert" else _UNREPACKED[qtype]
     return _EXPERT[qtype] if use == "expert" and qtype in _EXPERT else _TYPES[qtype]
 
 _perm_cache: dict[tuple[int, int, int], np.ndarray] = {}

@@ -1,0 +1,132 @@
+"""4-bit codes into a table of values, one scale per 32 (MXFP4, IQ4_NL): llama.cpp's dot products bit for bit.
+
+A block is 32 codes, two per byte (byte j: element j low, j + 16 high), and a scale: MXFP4's E8M0 exponent e,
+its codes indexing ggml's doubled e2m1 table (so the scale is 2^(e - 128), GGML_E8M0_TO_FP32_HALF); IQ4_NL's f16
+d, its codes indexing kvalues_iq4nl (-127 .. 113). The activation is quantized to Q8_0 (vec_dot_type).
+Where llama.cpp's x86 build repacks the weight (a 2-D matrix whose rows come in eights, or a mul_mat_id stack:
+its CPU "repack" buffer, one 8x8 GEMV and GEMM template for both types, lut_matmul): per output element and
+block, the exact integer sum of the 32 value * quant products, then acc = fma(float(sum), d_w * d_x, acc) in
+block order. Those steps are the same in its GEMV and GEMM, so the result does not depend on the number of
+activation rows.
+IQ4_NL where it does not repack (rows not in eights, a 3-D weight's matrices; iq4_nl_unrepacked): one
+activation row through ggml_vec_dot_iq4_nl_q8_0, whose AVX2 code (the AVX-512 build's too) forms Q8_0's eight
+lane sums per block and chains the even blocks in one register and the odd ones in another,
+acc = fma(d_x * d_w, lane, acc), then hsum_float_8 of the two registers added, and an odd last block as
+fma(d_x * d_w, float(sum), total) (the compiler contracts it); from two rows tinyBLAS_Q0_AVX, whose order is
+Q8_0's on the values (quant.exact). mul_mat_id never takes tinyBLAS: an expert's rows stay on the vec_dot.
+(An MXFP4 weight llama.cpp does not repack takes ggml_vec_dot_mxfp4_q8_0, the same two chains on an f32 scale:
+not reproduced, within float rounding of it.)
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from numba import njit, prange
+
+from graphir.backends.numba.primitives.bits import fma
+from graphir.backends.numba.primitives.simd import as_f32, lanes, vadd, vfma, vhsum, vsplat, vzero
+from graphir.backends.numba.quant.activation import q8_blocks
+from graphir.backends.numba.quant.blocks import IQ4_NL_VALUES, MXFP4_VALUES, e8m0_half
+from graphir.backends.numba.quant.exact import _G, exact_gemv
+from graphir.backends.numba.quant.int8_dot import block_lanes
+
+_F32 = np.float32
+_exact = dict(parallel=True, cache=True)                  # no FMA contraction but the written ones: bit-exact
+_V8 = lanes(8)
+_lanes_q8_0 = block_lanes("q8_0")
+_Q8_0 = exact_gemv("q8_0")
+
+
+def _codes(b: np.ndarray, at: int) -> np.ndarray:
+    """The 16 code bytes from byte ``at`` of every block, as (rows, nblocks * 16)."""
+    return np.ascontiguousarray(b[:, :, at:at + 16]).reshape(b.shape[0], -1)
+
+
+def pack_mxfp4(b):
+    """(rows, nblocks, 17) raw blocks -> the codes' bytes (rows, nblocks * 16), the halved scales (rows, nblocks)
+    and the codes' values (int32)."""
+    return _codes(b, 1), np.ascontiguousarray(e8m0_half(b[:, :, 0])), MXFP4_VALUES.astype(np.int32)
+
+
+def pack_iq4_nl(b):
+    """(rows, nblocks, 18) raw blocks -> the codes' bytes, d as float32 (rows, nblocks) and the codes' values."""
+    d = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[..., 0].astype(_F32)
+    return _codes(b, 2), d, IQ4_NL_VALUES.astype(np.int32)
+
+
+@njit(**_exact)
+def lut_matmul(qs, d, values, x, out):
+    """out[r, i] = row i of the weight . x[r] in the order of llama.cpp's repacked 8x8 kernels (see the module
+    docstring); prange over weight rows, each block's 32 values decoded once and met by every activation row."""
+    n, k = x.shape
+    rows, nb = out.shape[1], k >> 5
+    y, yd, ys = np.empty((n, k), _F32), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
+    q8_blocks(x, y, yd, ys)
+    yi = np.empty((n, k), np.int32)
+    for r in range(n):
+        for j in range(k):
+            yi[r, j] = np.int32(y[r, j])
+    for i in prange(rows):
+        w = np.empty(32, np.int32)
+        acc = np.zeros(n, _F32)
+        for b in range(nb):
+            for j in range(16):
+                c = np.int32(qs[i, b * 16 + j])
+                w[j] = values[c & 15]
+                w[j + 16] = values[c >> 4]
+            dw = d[i, b]
+            o = b << 5
+            for r in range(n):
+                s = np.int32(0)
+                for j in range(32):
+                    s += w[j] * yi[r, o + j]
+                acc[r] = fma(_F32(s), dw * yd[r, b], acc[r])
+        for r in range(n):
+            out[r, i] = acc[r]
+
+
+@njit(**_exact)
+def _iq4_nl_vec_dot(qs, d, m, x, out):
+    """ggml_vec_dot_iq4_nl_q8_0 of every weight row with every row of x, on IQ4_NL's values packed as Q8_0
+    blocks (quant.exact's grouped layout: a block's quant bytes at ((g * nb + b) * _G + j) * 32 for row
+    g * _G + j, its f16 d at (g * nb + b) * _G + j)."""
+    n, k = x.shape
+    nb, rows = k >> 5, out.shape[1]
+    y, yd, ys = np.empty((n, k), np.int8), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
+    q8_blocks(x, y, yd, ys)
+    yf = y.reshape(-1)
+    for i in prange(rows):
+        g, j = i // _G, i % _G
+        for r in range(n):
+            even, odd = vzero(_V8), vzero(_V8)
+            for b in range(0, nb - 1, 2):
+                o = (g * nb + b) * _G + j
+                even = vfma(vsplat(_V8, yd[r, b] * as_f32(d[o])), _lanes_q8_0(_V8, qs, o * 32, yf, r * k + b * 32),
+                            even)
+                o += _G
+                odd = vfma(vsplat(_V8, yd[r, b + 1] * as_f32(d[o])),
+                           _lanes_q8_0(_V8, qs, o * 32, yf, r * k + b * 32 + 32), odd)
+            total = vhsum(vadd(even, odd))
+            if nb & 1:                                        # the last block alone: its sum, exact in float32
+                o = (g * nb + nb - 1) * _G + j
+                total = fma(yd[r, nb - 1] * as_f32(d[o]),
+                            vhsum(_lanes_q8_0(_V8, qs, o * 32, yf, r * k + (nb - 1) * 32)), total)
+            out[r, i] = total
+
+
+def iq4_nl_unrepacked(tiny_blas: bool) -> Callable:
+    """The product of IQ4_NL rows llama.cpp does not repack (values packed as Q8_0 blocks, quant.exact), x
+    quantized inside: one activation row through its vec_dot; more through tinyBLAS (Q8_0's order) where
+    ``tiny_blas`` (mul_mat), else through the vec_dot too (mul_mat_id)."""
+    from_rows = 2 if tiny_blas else 1 << 62
+
+    @njit(cache=True)
+    def product(qs, d, m, x, out):
+        if x.shape[0] >= from_rows:
+            _Q8_0(qs, d, m, x, out)
+        else:
+            _iq4_nl_vec_dot(qs, d, m, x, out)
+
+    return product
