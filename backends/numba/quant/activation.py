@@ -26,18 +26,24 @@ def maxps(a, b):
 
 
 @njit(cache=True, inline="always")
+def _lane_max(x, r, o, j):
+    """|x| of lane j of the block's four registers folded with maxps, in register order."""
+    a = abs(x[r, o + j])
+    for g in range(1, 4):
+        a = maxps(a, abs(x[r, o + 8 * g + j]))
+    return a
+
+
+@njit(cache=True, inline="always")
 def _q8_scales(x, r, o):
     """Of the Q8_0/Q8_1 block x[r, o:o + 32]: d before its rounding to f16, amax / 127, and the quantizing
     scale 127 / amax (0 for an all-zero block). amax is taken as the x86 build takes it: four registers of
     eight |x| folded lane by lane with maxps, then the halves, pairs and the last two, so a NaN counts or not by
     where it sits (the same maximum as any order where there is none; an infinity gives scale 0)."""
-    m = np.empty(8, _F32)
-    for j in range(8):
-        a = abs(x[r, o + j])
-        for g in range(1, 4):
-            a = maxps(a, abs(x[r, o + 8 * g + j]))
-        m[j] = a
-    amax = maxps(maxps(maxps(m[4], m[0]), maxps(m[6], m[2])), maxps(maxps(m[5], m[1]), maxps(m[7], m[3])))
+    amax = maxps(maxps(maxps(_lane_max(x, r, o, 4), _lane_max(x, r, o, 0)),
+                       maxps(_lane_max(x, r, o, 6), _lane_max(x, r, o, 2))),
+                 maxps(maxps(_lane_max(x, r, o, 5), _lane_max(x, r, o, 1)),
+                       maxps(_lane_max(x, r, o, 7), _lane_max(x, r, o, 3))))
     return amax / _F32(127.0), (_F32(127.0) / amax if amax != _F32(0.0) else _F32(0.0))
 
 
