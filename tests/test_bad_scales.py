@@ -96,3 +96,19 @@ def test_inf_and_nan_scales_give_llama_cpps_numbers(ftype: str) -> None:
     token = int(np.argmax(ctx.logits_ith(-1)))   # NaN logits: a token is still chosen, and decoded
     ctx.decode(Batch.one(token, len(PROMPT)))
     assert ctx.logits_ith(-1).shape == (theirs["result_output"].shape[-1],)
+
+
+def test_an_infinite_activation_quantizes_to_q8_k_as_llama_cpp_does() -> None:
+    """quantize_row_q8_K_ref on a row whose largest value is +inf: iscale = -127 / inf = -0, so d = 1 / -0 = -inf
+    (C's division, no error), every finite value's quant 0 and the infinity's nearest_int(NaN) 0; the repacked
+    GEMM's quantizer (ggml_quantize_mat_q8_K_4x8) takes the same maximum, positive: scale -0, d -inf, its
+    NaN quant converted and saturated to -128."""
+    from graphir.backends.numba.quant.kquant import q8_k_fours, q8_k_rows
+
+    x = np.linspace(-1.0, 1.0, 256, dtype=np.float32).reshape(1, 256)
+    x[0, 17] = np.inf
+    y, yd, ysum = np.empty((1, 256), np.int8), np.empty((1, 1), np.float32), np.empty((1, 16), np.int32)
+    q8_k_rows(x, y, yd, ysum)
+    assert yd[0, 0] == -np.inf and not y.any() and not ysum.any()
+    q8_k_fours(x, y, yd, ysum, 1)
+    assert yd[0, 0] == -np.inf and y[0, 17] == -128 and np.count_nonzero(y) == 1 and ysum[0, 1] == -128

@@ -72,7 +72,7 @@ def _nearest_int(v):
     return np.int32(bits_u32(v + _F32(12582912.0)) & np.uint32(0x7FFFFF)) - np.int32(0x400000)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")   # 1 / -0 is -inf (an infinite row), as in C
 def q8_k_rows(x, y, yd, ysum):
     """quantize_row_q8_K_ref over each row of x: per super-block the scale -127 / (the first value of largest
     magnitude, NaNs never), quants round-half-even (nearest_int) clamped at 127 and kept as a byte into y,
@@ -106,7 +106,7 @@ def q8_k_rows(x, y, yd, ysum):
                 ysum[r, sb * 16 + g] = t
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def q8_k_fours(x, y, yd, ysum, rows):
     """ggml_quantize_mat_q8_K_4x8 (its AVX2 code, which AVX-512 builds take too) over x's first ``rows`` rows,
     which the repacked GEMM takes in fours. Per super-block, eight lanes keep the largest |x| of their column
