@@ -204,18 +204,38 @@ def make(path: Path, arch: str, moe: bool = False, seed: int = 42, stdev: float 
     return path
 
 
-def quantize(src: Path, dst: Path, ftype: str, pure: bool = False) -> Path:
+def quantize(src: Path, dst: Path, ftype: str, pure: bool = False, imatrix: bool = False) -> Path:
     """``dst``: ``src`` through llama.cpp's own quantizer (``llama_model_quantize``) to ``ftype``, a name of
     llama.cpp's file types (F16, Q8_0, Q4_K_M, IQ4_XS, ...: LLAMA_FTYPE_MOSTLY_<ftype>); ``pure``: every matrix of
-    the type's own weight type (llama-quantize --pure), where its shape allows."""
+    the type's own weight type (llama-quantize --pure), where its shape allows; ``imatrix``: with an importance
+    matrix (llama.cpp refuses IQ1_S..IQ3_XXS without one), seeded positive weights per input column."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.nthread, params.pure = 2, pure
+    if imatrix:
+        entries = importance(src)
+        params.imatrix = (llama_cpp.llama_model_imatrix_data * len(entries))(*entries)
     if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
         raise RuntimeError(f"llama.cpp could not quantize {src} to {ftype}")
     return dst
+
+
+def importance(src: Path) -> list[Any]:
+    """llama.cpp's importance-matrix entries for every matrix of ``src`` (one weight per input column, per expert
+    for a 3-D tensor), closed by a nameless entry; the arrays live as long as the list."""
+    import llama_cpp
+
+    entries = []
+    for t in gguf.GGUFReader(src).tensors:
+        if len(t.shape) >= 2:
+            n = int(t.shape[0]) * (int(t.shape[2]) if len(t.shape) > 2 else 1)
+            w = np.random.default_rng(zlib.crc32(t.name.encode())).uniform(0.5, 1.5, n).astype(np.float32)
+            e = llama_cpp.llama_model_imatrix_data(t.name.encode(), w.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n)
+            e._keep = w
+            entries.append(e)
+    return [*entries, llama_cpp.llama_model_imatrix_data(None, None, 0)]
 
 
 if __name__ == "__main__":  # python3 tests/llama_made.py ARCH [moe] OUT.gguf

@@ -9,7 +9,6 @@ model puts the type into expert matrices (mul_mat_id) too.
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,8 @@ from graphir.batch import Batch
 PROMPT = [1, 5, 9, 17, 33, 65, 3, 7, 11, 13, 2, 4]
 # the types whose products graphir sums in llama.cpp's order on every path (the README's Numerics table)
 EXACT = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q4_K_S", "Q5_K_S", "Q6_K", "IQ4_NL", "IQ4_XS")
+# the types llama.cpp's quantizer makes only with an importance matrix (llama-quant.cpp, tensor_requires_imatrix)
+NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
 MODELS = {"dense": ("llama", False), "experts": ("qwen3moe", True)}
 _FILES: dict[tuple[str, str], Path] = {}
 
@@ -35,13 +36,8 @@ def pure(model: str, ftype: str) -> Path:
         arch, moe = MODELS[model]
         src = _FILES.get((model, "F32")) or llama_made.make(folder / "F32.gguf", arch, moe=moe)
         _FILES[model, "F32"] = src
-        import llama_cpp
-
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.nthread, params.pure = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}"), 2, True
-        dst = folder / f"{ftype}.gguf"
-        assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
-        _FILES[model, ftype] = dst
+        _FILES[model, ftype] = llama_made.quantize(src, folder / f"{ftype}.gguf", ftype, pure=True,
+                                                   imatrix=ftype in NEEDS_IMATRIX)
     return _FILES[model, ftype]
 
 
