@@ -3,7 +3,8 @@
 
 Layers, each importing only those below it (tests/test_imports.py checks it):
     primitives  numba helpers every kernel sits on: the numerics paths (isa), exact float bits, SIMD registers,
-                compile options and native calls (jit), ggml's and glibc's expf
+                compile options and native calls (jit), numba's cache stamped by the whole backend's source
+                (cache), ggml's and glibc's expf
     quant       GGUF weights as matmul / get_rows operands, and their kernels
     kernels     the activation kernels of the IR's ops
     tape        a plan's kernel calls recorded once and replayed in native code
@@ -13,3 +14,5 @@ Layers, each importing only those below it (tests/test_imports.py checks it):
     program     lowering a graph to steps, and the run loop
     backend     what the core sees (graphir.running.backend.Backend)
 """
+
+from graphir.backends.numba.primitives import cache as _cache  # noqa: F401  (before any kernel is defined)

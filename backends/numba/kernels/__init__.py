@@ -37,7 +37,6 @@ expf, ggml_v_expf in the variant of each path)
     moe        mul_mat_id and the routing's small reductions
     rows       the row kernels a tape plays (binary, unary, moves, concat)
 
-numba caches a kernel under its own module's file, with the helpers it inlines or calls compiled in; an
-edit of a helper in another module (graphir.backends.numba.primitives) does not invalidate it. After
-editing one, clear the caches (__pycache__/*.nbi, *.nbc under backends/numba/).
+A kernel is compiled with the helpers it inlines or calls from other modules inside it; its cached copy is
+stamped by the whole backend's source (primitives.cache), so an edit anywhere recompiles it.
 """

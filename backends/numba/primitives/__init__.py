@@ -1,3 +1,3 @@
 """What the numba backend's kernels and weight kernels are both built from: the llama.cpp CPU paths they
 reproduce (isa), float bits and exact roundings (bits), SIMD registers (simd), how kernels are compiled and
-called (jit), and the exp and log of ggml and glibc (expf)."""
+called (jit), how numba's cache knows them (cache), and the exp and log of ggml and glibc (expf)."""

@@ -4,8 +4,6 @@ numba has no float16 type, so everything that must round like llama.cpp's fp16/b
 with integer or exact float arithmetic. None of these helpers uses fastmath: they are bit-exact.
 `fma` is the fused multiply-add llama.cpp's SIMD code uses (one rounding); numba never contracts a*b + c on
 its own, so every FMA of the emulated ggml arithmetic is written out with it.
-numba's on-disk cache is keyed on the caller's source file: after editing an inlined helper here, clear the
-callers' caches (__pycache__/*.nbi, *.nbc under backends/numba/) or they keep the old code.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ Modules
                 IQ4_NL's vec_dot where it does not repack
     weight      QWeight and the table of weight kinds its matmul and get_rows dispatch through
 
-numba caches a kernel under its own module's file, with the helpers it inlines or calls compiled in: the
-GEMMs of stream inline the row dequantizers of blocks, the kernels of exact call q8_blocks of activation.
-After editing such a helper, clear the caches (__pycache__/*.nbi, *.nbc under backends/numba/).
+A kernel is compiled with the helpers it inlines or calls compiled in (the GEMMs of stream inline the row
+dequantizers of blocks, the kernels of exact call q8_blocks of activation); numba's cache of it is stamped by
+the whole backend's source (primitives.cache), so editing a helper recompiles its callers.
 """
