@@ -11,10 +11,14 @@ tokens: every step's logits must be llama.cpp's (on the oracle's own path; READM
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
+import os
 from pathlib import Path
 
 import pytest
-from conftest import assert_llama_logits, process_folder
+from conftest import assert_llama_logits
+from oracle_build import cache_root
 from test_families import greedy_against_llama_cpp
 
 from graphir import load
@@ -30,16 +34,33 @@ def sources(smollm2_gguf: Path, gemma3_gguf: Path) -> dict[str, Path]:
 
 
 def requantized(src: Path, name: str, ftype: str) -> Path:
-    """``src`` re-quantized to ``ftype`` by llama.cpp (made once per process)."""
+    """``src`` re-quantized to ``ftype`` by llama.cpp, made once and kept beside the oracle builds under a key of
+    the source's bytes, the type and llama.cpp's version: the AVX2 re-run (tests/test_numerics.py) and later runs
+    take the same file, where llama.cpp's IQ4 quantizer alone spent three minutes a process on these two models."""
     if (name, ftype) not in _FILES:
         import llama_cpp
 
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.nthread, params.allow_requantize = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}"), 2, True
-        dst = process_folder(f"requantized-{name}-{ftype}-") / f"{ftype}.gguf"
-        assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
+        folder = cache_root().parent / "requantized"
+        folder.mkdir(parents=True, exist_ok=True)
+        dst = folder / f"{name}-{_digest(src)[:16]}-{ftype}-llama-cpp-{llama_cpp.__version__}.gguf"
+        if not dst.exists():
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+            params.nthread, params.allow_requantize = 2, True
+            part = dst.with_suffix(f".{os.getpid()}.part")
+            assert llama_cpp.llama_model_quantize(str(src).encode(), str(part).encode(), ctypes.byref(params)) == 0
+            os.replace(part, dst)                       # whole or absent, whoever made it
         _FILES[name, ftype] = dst
     return _FILES[name, ftype]
+
+
+@functools.cache
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 @pytest.mark.oracle
