@@ -19,9 +19,8 @@ import pytest
 from conftest import half, make_weight
 
 from graphir.backends.numba.primitives import isa
-from graphir.backends.numba.quant import weight
 from graphir.backends.numba.quant.exact import exact_gemv
-from graphir.backends.numba.quant.weight import SUPPORTED, QWeight
+from graphir.backends.numba.quant.weight import SUPPORTED, QWeight, expert_matrices
 
 T = gguf.GGMLQuantizationType
 F32 = np.float32
@@ -588,14 +587,14 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
 
 @pytest.mark.parametrize("path", ["avx512", "avx2"])
 @pytest.mark.parametrize("n", [1, 3, 4, 9])
-def test_q2_k_rows_in_eights_are_llama_cpps_repacked_order_on_avx512_and_its_vec_dot_on_avx2(monkeypatch, path, n):
+def test_q2_k_rows_in_eights_are_llama_cpps_repacked_order_on_avx512_and_its_vec_dot_on_avx2(path, n):
     """AVX-512 builds repack a Q2_K matrix whose rows come in eights (block_q2_Kx8) and multiply it with
     ggml_gemv/gemm_q2_K_8x8_q8_K: exact integers isum = sum_j sc_j * (q . q8 over sub-block j of 16) and
     imin = sum_j m_j * bsum_j, per super-block in the GEMV and per half (128 elements) in the GEMM (rows in fours;
     the last n % 4 rows through the GEMV), then acc = fma(isum, d * d_x, acc), acc_min = fma(imin, dmin * d_x,
     acc_min), result acc - acc_min. An expert's rows (mul_mat_id) all go through the GEMV. AVX2 builds do not
-    repack Q2_K: its vec_dot (and tiled kernels from 8 rows), as above."""
-    monkeypatch.setattr(weight, "numerics", lambda: isa.numerics(path))
+    repack Q2_K: its vec_dot (and tiled kernels from 8 rows), as above. The path is the weight's own (a model
+    loaded with isa=...), whatever the host's or GRAPHIR_ISA's."""
     rng = np.random.default_rng(n)
     rows, ne0 = 16, 512
     raw = make_weight(T.Q2_K, rows, ne0, rng)
@@ -618,7 +617,8 @@ def test_q2_k_rows_in_eights_are_llama_cpps_repacked_order_on_avx512_and_its_vec
             want[r] = _fma_chain(terms, sw, np.zeros(rows, F32)) - _fma_chain(mins, sm, np.zeros(rows, F32))
         return want
 
-    matrix, expert = QWeight.prepare(raw, T.Q2_K, ne0), QWeight(raw, T.Q2_K, ne0, use="expert")
+    matrix = QWeight.prepare(raw, T.Q2_K, ne0, isa.PATHS[path])
+    (expert,) = expert_matrices(QWeight.prepare(raw, T.Q2_K, ne0, isa.PATHS[path]), 1)
     if path == "avx512":
         assert_bits_equal(matrix.matmul(x), chains(n - n % 4))
         assert_bits_equal(expert.matmul(x), chains(0))

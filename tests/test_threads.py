@@ -48,10 +48,10 @@ class Counting:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
 
-    def prepare_weight(self, data: Any, qtype: Any, ne0: int) -> Any:
+    def prepare_weight(self, data: Any, qtype: Any, ne0: int, numerics: Any) -> Any:
         with self.lock:
             self.prepared[np.asarray(data).ctypes.data] += 1  # where the tensor's bytes are mapped
-        return self.backend.prepare_weight(data, qtype, ne0)
+        return self.backend.prepare_weight(data, qtype, ne0, numerics)
 
     def compile(self, graph: Any, weight: Callable[[str], Any], numerics: Any) -> Any:
         with self.lock:

@@ -9,6 +9,7 @@ model puts the type into expert matrices (mul_mat_id) too.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -77,3 +78,27 @@ def test_the_expert_products_are_llama_cpps_node_for_node(ftype: str) -> None:
     for name in ("ffn_moe_gate_scaled", "ffn_moe_up_scaled", "ffn_moe_out"):   # the first layer: every token
         ref = theirs[f"{name}-0"]
         assert_llama_logits(taps[f"blk.0.{name}"].reshape(ref.shape), ref, name)
+
+
+@pytest.mark.oracle
+def test_a_model_loaded_for_another_path_multiplies_in_that_paths_order() -> None:
+    """Q2_K is repacked by llama.cpp on AVX-512 and not on AVX2: a model loaded with ``isa=`` the path this process
+    does not default to gives the logits a process defaulting to that path gives (the one the other path's oracle
+    holds to llama.cpp's bits), not the default path's order."""
+    import subprocess
+    import sys
+
+    from graphir.backends.numba.primitives.isa import PATHS, numerics
+
+    other = next(p for p in PATHS if p != numerics().path.name)
+    path = pure("dense", "Q2_K")
+    ctx = load(str(path), isa=other).new_context(n_ctx=64)
+    ctx.decode(Batch.from_tokens(PROMPT, 0, outputs="all"))
+    script = ("import sys, numpy as np; from graphir import load; from graphir.batch import Batch\n"
+              "ctx = load(sys.argv[1]).new_context(n_ctx=64)\n"
+              f"ctx.decode(Batch.from_tokens({PROMPT}, 0, outputs='all'))\n"
+              "sys.stdout.buffer.write(np.ascontiguousarray(ctx.logits(), np.float32).tobytes())\n")
+    run = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, check=True,
+                         env={**os.environ, "GRAPHIR_ISA": other})
+    theirs = np.frombuffer(run.stdout, np.float32).reshape(len(PROMPT), -1)
+    assert np.array_equal(np.asarray(ctx.logits(), np.float32).view(np.uint32), theirs.view(np.uint32))

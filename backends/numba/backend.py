@@ -33,10 +33,10 @@ class NumbaBackend:
 
         return SUPPORTED
 
-    def prepare_weight(self, data: Any, qtype: Any, ne0: int) -> QWeight:
+    def prepare_weight(self, data: Any, qtype: Any, ne0: int, numerics: Numerics) -> QWeight:
         from graphir.backends.numba.quant.weight import QWeight
 
-        return QWeight.prepare(data, qtype, ne0)
+        return QWeight.prepare(data, qtype, ne0, numerics.path)
 
     def compile(self, graph: Graph, weight: Callable[..., Any], numerics: Numerics) -> Program:
         from graphir.backends.numba.program import Program

@@ -61,9 +61,9 @@ class ReferenceBackend:
     def weight_types(self) -> frozenset[Any]:
         return _dequantized_types()
 
-    def prepare_weight(self, data: Any, qtype: Any, ne0: int) -> np.ndarray:
+    def prepare_weight(self, data: Any, qtype: Any, ne0: int, numerics: Any) -> np.ndarray:
         """The matrix as floats: F16 as it is (a product with it rounds x to f16, as ggml's does), every other
-        type dequantized to float32."""
+        type dequantized to float32 (the same on every numerics path)."""
         if qtype == gguf.GGMLQuantizationType.F16:
             return np.asarray(data, np.float16).reshape(-1, ne0)
         return np.asarray(dequantize(np.asarray(data), qtype), np.float32).reshape(-1, ne0)

@@ -71,9 +71,10 @@ class Backend(Protocol):
     def weight_types(self) -> frozenset[Any]:
         """The GGUF types of the matrices it multiplies (a model holding another is refused at load)."""
 
-    def prepare_weight(self, data: Any, qtype: Any, ne0: int) -> Any:
+    def prepare_weight(self, data: Any, qtype: Any, ne0: int, numerics: Numerics) -> Any:
         """A matrix in the form the backend multiplies, from its raw GGUF rows (``data``: uint8 rows of blocks for
-        a quantized type, else the values), ``ne0`` values a row (repacked once, shared by contexts)."""
+        a quantized type, else the values), ``ne0`` values a row (repacked once, shared by contexts), laid out
+        for the model's numerics path (llama.cpp repacks other types on other paths)."""
 
     def compile(self, graph: Graph, weight: Callable[..., Any], numerics: Numerics) -> Program:
         """A graph ready to run, its weights bound through ``weight(name)`` (a vector as a float32 array, a

@@ -100,7 +100,7 @@ class Model:
                                           f"backend does not multiply")
                     data = np.asarray(t.data)
                     rows = data.reshape(-1, data.shape[-1])  # quantized data already is rows
-                    self._prepared[key] = self.backend.prepare_weight(rows, t.qtype, t.ne0)
+                    self._prepared[key] = self.backend.prepare_weight(rows, t.qtype, t.ne0, self.numerics)
                 else:  # vectors and stacked parameters (RWKV's [E,1,1,5] mixes) stay dense
                     from gguf.quants import dequantize
 

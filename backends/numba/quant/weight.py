@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import gguf
 import numpy as np
 
-from graphir.backends.numba.primitives.isa import numerics
+from graphir.backends.numba.primitives.isa import IsaPath, numerics
 from graphir.backends.numba.primitives.jit import PAR_MIN
 from graphir.backends.numba.quant.activation import ACT
 from graphir.backends.numba.quant.blocks import (dequantizer, repack_iq4_nl, repack_iq4_xs, repack_mxfp4, repack_q4_0,
@@ -119,10 +119,9 @@ _EXPERT: dict[T, _Kind] = {
 USES = ("matrix", "expert", "stack")
 
 
-def _kind_of(qtype: T, rows: int, use: str) -> _Kind:
-    """The kind of a weight's rows: the repacked one where llama.cpp on the numerics path in use (GRAPHIR_ISA, else
-    the host's) repacks them."""
-    if qtype in _UNREPACKED and (rows % 8 or use == "stack" or qtype.name not in numerics().path.repacked):
+def _kind_of(qtype: T, rows: int, use: str, path: IsaPath) -> _Kind:
+    """The kind of a weight's rows: the repacked one where llama.cpp on the numerics path ``path`` repacks them."""
+    if qtype in _UNREPACKED and (rows % 8 or use == "stack" or qtype.name not in path.repacked):
         return _UNREPACKED_EXPERT.get(qtype, _UNREPACKED[qtype]) if use == "expert" else _UNREPACKED[qtype]
     return _EXPERT[qtype] if use == "expert" and qtype in _EXPERT else _TYPES[qtype]
 
@@ -143,20 +142,23 @@ class QWeight:
     """A weight matrix (rows, ne0) in its GGUF storage type, ready for x @ W.T and row lookups."""
 
     # __weakref__: what is derived from a weight (an expert's slice of a stacked one) lives as long as it does
-    __slots__ = ("raw", "qtype", "rows", "ne0", "_kind", "_inv", "_packed", "_lock", "__weakref__")
+    __slots__ = ("raw", "qtype", "rows", "ne0", "path", "_kind", "_inv", "_packed", "_lock", "__weakref__")
 
-    def __init__(self, raw: np.ndarray, qtype: T, ne0: int, use: str = "matrix"):
-        """``use``: what the rows are (USES), where llama.cpp's order depends on it."""
+    def __init__(self, raw: np.ndarray, qtype: T, ne0: int, use: str = "matrix", path: IsaPath | None = None):
+        """``use``: what the rows are (USES), where llama.cpp's order depends on it; ``path``: the numerics path
+        whose llama.cpp order to take where the paths differ (which types it repacks; default: GRAPHIR_ISA, else
+        the host's)."""
         if use not in USES:
             raise ValueError(f"use must be one of {USES}, got {use!r}")
         self.raw, self.qtype, self.ne0, self.rows = raw, T(qtype), int(ne0), int(raw.shape[0])
-        self._kind = _kind_of(self.qtype, self.rows, use)
+        self.path = numerics().path if path is None else path
+        self._kind = _kind_of(self.qtype, self.rows, use, self.path)
         self._inv = _inverse_perm(self._kind.parts, self._kind.run, self.ne0)
         self._packed: tuple[np.ndarray, ...] | None = None
         self._lock = threading.Lock()
 
     @staticmethod
-    def prepare(raw: np.ndarray, qtype: gguf.GGMLQuantizationType, ne0: int) -> "QWeight":
+    def prepare(raw: np.ndarray, qtype: gguf.GGMLQuantizationType, ne0: int, path: IsaPath | None = None) -> "QWeight":
         """Wrap raw GGUF tensor data (no copy; the repack happens on first use)."""
         qtype = T(qtype)
         if qtype not in _TYPES:
@@ -171,7 +173,7 @@ class QWeight:
         if raw.ndim != 2 or ne0 % block or raw.shape[1] != width or raw.dtype != want or not raw.flags.c_contiguous:
             raise ValueError(f"{qtype.name} weight with ne0={ne0} must be C-contiguous {want.name} (rows, {width}) "
                              f"or its bytes; got {raw.dtype} {raw.shape}")
-        return QWeight(raw, qtype, ne0)
+        return QWeight(raw, qtype, ne0, path=path)
 
     # -- storage ------------------------------------------------------------------------------------------
 
@@ -319,7 +321,7 @@ def _split(w: QWeight, n: int, use: str) -> list[QWeight]:
     with _MATRICES_LOCK:
         if w not in _MATRICES:
             rows = w.rows // n
-            _MATRICES[w] = [QWeight(w.raw[i * rows:(i + 1) * rows], w.qtype, w.ne0, use) for i in range(n)]
+            _MATRICES[w] = [QWeight(w.raw[i * rows:(i + 1) * rows], w.qtype, w.ne0, use, w.path) for i in range(n)]
         return _MATRICES[w]
 
 
