@@ -46,6 +46,7 @@ POISON: dict[str, tuple[gguf.GGMLQuantizationType, list[tuple[int, bytes]]]] = {
     "IQ2_XXS": (gguf.GGMLQuantizationType.IQ2_XXS, [(0, INF), (0, NAN), (0, NEG_INF),
                                                     (2, b"\xff" * 8)]),       # d; grid row 255, signs -, scale 31
     "IQ2_XS": (gguf.GGMLQuantizationType.IQ2_XS, [(0, INF), (0, NAN), (0, NEG_INF), (66, b"\xff" * 8)]),  # d; scales 31
+    "IQ2_M": (gguf.GGMLQuantizationType.IQ2_S, [(0, INF), (0, NAN), (0, NEG_INF), (74, b"\xff" * 8)]),    # d; scales 31
 }
 ROWS_APART = 7  # poisoned rows 0, 7, 14, ...: several of the kernels' row groups, healthy rows between them
 

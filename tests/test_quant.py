@@ -28,7 +28,7 @@ F32 = np.float32
 FLOATS = [T.F32, T.F16, T.BF16]
 QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.IQ4_NL,
           T.IQ4_XS]
-GRIDS = [T.IQ2_XXS, T.IQ2_XS]    # signed values of a grid codebook, scales 2s + 1, a factor 1/8
+GRIDS = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]    # signed values of a grid codebook, scales 2s + 1, a factor 1/8
 QUANTS += GRIDS
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
@@ -38,7 +38,7 @@ ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes 
 NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q5_0: 2e-4, T.Q4_1: 2e-4, T.Q5_1: 2e-4,
             T.Q2_K: 2e-4, T.Q3_K: 2e-4, T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4, T.MXFP4: 2e-4, T.IQ4_NL: 2e-4,
             T.IQ4_XS: 2e-4}
-NMSE_MAX |= {T.IQ2_XXS: 2e-4, T.IQ2_XS: 2e-4}   # measured 4.9e-5, 5.4e-5
+NMSE_MAX |= {T.IQ2_XXS: 2e-4, T.IQ2_XS: 2e-4, T.IQ2_S: 2e-4}   # measured 4.9e-5, 5.4e-5, 5.6e-5
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
 # rounding of Q8_1's s alone gives 3e-4)
@@ -542,6 +542,8 @@ def _extremes(blocks: np.ndarray, qtype: T) -> None:
     elif qtype == T.IQ2_XS:                                                # grid row 511 (all 43), signs +, scales 31
         blocks[:, 2:66] = np.full((len(blocks), 32), 511, np.uint16).view(np.uint8)
         blocks[:, 66:74] = 255
+    elif qtype == T.IQ2_S:                                                 # grid row 1023 (all 43), signs +, scales 31
+        blocks[:, 2:34], blocks[:, 34:66], blocks[:, 66:82] = 255, 0, 255
     else:
         blocks[:, 4:] = 255                                                # scales and mins 63, values 31 / 15
 
@@ -625,8 +627,8 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
     imin = sum_j m_j * (the activation's sum over sub-block j). One row holds the largest values and scales, and
     x's last row +-1 (1 on lane 0's elements): for the 6-bit scales, sums past 2^24, for Q6_K in a lane (its
     products and offset of one sign). IQ4_XS (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC) is Q6_K's arithmetic
-    on its signed values, sub-blocks of 32 and no offset. The grid types (IQ2_XXS and IQ2_XS: ggml_vec_dot_iq2_xxs_q8_K,
-    _xs_q8_K, and tiled's act-bias MAC) take the same lanes on their signed grid values, sub-blocks of 32 (IQ2_XXS) or 16 and
+    on its signed values, sub-blocks of 32 and no offset. The grid types (IQ2_XXS, IQ2_XS and IQ2_S:
+    ggml_vec_dot_iq2_xxs_q8_K, _xs_q8_K, _s_q8_K, and tiled's act-bias MAC) take the same lanes on their signed grid values, sub-blocks of 32 (IQ2_XXS) or 16 and
     scales 2s + 1, with a factor 1/8 on the vec_dot's hsum and on the tiled kernels' d; three super-blocks a row,
     rows 4 to 7 with every sign pattern."""
     rng = np.random.default_rng(n)

@@ -51,6 +51,7 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     IQ2_XXS Q8_K the signed grid values (int8) as bytes, the scales   1.094       [0.2578]
                 2s + 1 per 16 as int8, f32 d and 0 (quant.grids)
     IQ2_XS  Q8_K as IQ2_XXS (a 512-entry grid, a scale per 16)         1.094       [0.2891]
+    IQ2_S   Q8_K as IQ2_XXS (a 1024-entry grid, a scale per 16)        1.094       [0.3203]
     F32, F16, BF16: no copy; the kernels read the data in place (F16/BF16 converted per row in registers/L1).
     (*2) MXFP4 (gpt-oss's experts) lays nibbles out as Q4_0; a code indexes ggml's doubled e2m1 table
     (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), so the E8M0 scale is halved (GGML_E8M0_TO_FP32_HALF).
@@ -73,7 +74,7 @@ Numerics: what is bit-exact and what is only close
     half away from zero; it differs in rare 1-ulp/tie cases; this machine's llama.cpp runs the x86 code.)
     Bit-exact also: Q4_1, Q5_1, Q8_0, Q5_0, Q4_0, MXFP4, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS
     (quant.kquant)
-    and IQ2_XXS, IQ2_XS (quant.kquant's IQ4_XS lanes on the grid values, the 1/8 on the vec_dot's hsum, the tiled d)
+    and IQ2_XXS, IQ2_XS, IQ2_S (quant.kquant's IQ4_XS lanes on the grid values, the 1/8 on the vec_dot's hsum, the tiled d)
     matmuls, every output element, for any number of rows:
     Q4_0, MXFP4 and IQ4_NL as (*2) above; the others replay ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 of the
     x86 build (AVX2 + VNNI: eight int32 lane sums per block, fma(d_w*d_x, lane, acc) per lane in block order,

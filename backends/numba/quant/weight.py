@@ -91,6 +91,7 @@ _TYPES: dict[T, _Kind] = {
     T.IQ4_XS: _Kind(np.uint8, "q8_K", 1, 1, repack_iq4_xs, _IQ4_XS, _IQ4_XS, dequantizer(row_iq4_xs), pack_iq4_xs),
     T.IQ2_XXS: _Kind(np.uint8, "q8_K", 1, 1, pack_iq2_xxs, _IQ2, _IQ2, _DEQ_IQ2, pack_iq2_xxs),
     T.IQ2_XS: _Kind(np.uint8, "q8_K", 1, 1, pack_iq2_xs, _IQ2, _IQ2, _DEQ_IQ2, pack_iq2_xs),
+    T.IQ2_S: _Kind(np.uint8, "q8_K", 1, 1, pack_iq2_s, _IQ2, _IQ2, _DEQ_IQ2, pack_iq2_s),
 }
 SUPPORTED = frozenset(_TYPES)
 # llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"), only a 2-D one
