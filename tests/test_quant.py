@@ -628,9 +628,9 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
     x's last row +-1 (1 on lane 0's elements): for the 6-bit scales, sums past 2^24, for Q6_K in a lane (its
     products and offset of one sign). IQ4_XS (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC) is Q6_K's arithmetic
     on its signed values, sub-blocks of 32 and no offset. The grid types (IQ2_XXS, IQ2_XS and IQ2_S:
-    ggml_vec_dot_iq2_xxs_q8_K, _xs_q8_K, _s_q8_K, and tiled's act-bias MAC) take the same lanes on their signed grid values, sub-blocks of 32 (IQ2_XXS) or 16 and
-    scales 2s + 1, with a factor 1/8 on the vec_dot's hsum and on the tiled kernels' d; three super-blocks a row,
-    rows 4 to 7 with every sign pattern."""
+    ggml_vec_dot_iq2_xxs_q8_K, _xs_q8_K, _s_q8_K, and tiled's act-bias MAC) take the same lanes on their signed
+    grid values, sub-blocks of 32 (IQ2_XXS) or 16 and scales 2s + 1, with a factor 1/8 on the vec_dot's hsum and
+    on the tiled kernels' d; three super-blocks a row, rows 4 to 7 with every sign pattern."""
     rng = np.random.default_rng(n)
     rows, ne0 = 16, 768 if qtype in GRIDS else 512
     raw = make_weight(qtype, rows, ne0, rng)

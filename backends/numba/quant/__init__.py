@@ -74,7 +74,8 @@ Numerics: what is bit-exact and what is only close
     half away from zero; it differs in rare 1-ulp/tie cases; this machine's llama.cpp runs the x86 code.)
     Bit-exact also: Q4_1, Q5_1, Q8_0, Q5_0, Q4_0, MXFP4, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS
     (quant.kquant)
-    and IQ2_XXS, IQ2_XS, IQ2_S (quant.kquant's IQ4_XS lanes on the grid values, the 1/8 on the vec_dot's hsum, the tiled d)
+    and IQ2_XXS, IQ2_XS, IQ2_S (quant.kquant's IQ4_XS lanes on the grid values, the 1/8 on the vec_dot's hsum
+    and on the tiled d)
     matmuls, every output element, for any number of rows:
     Q4_0, MXFP4 and IQ4_NL as (*2) above; the others replay ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 of the
     x86 build (AVX2 + VNNI: eight int32 lane sums per block, fma(d_w*d_x, lane, acc) per lane in block order,

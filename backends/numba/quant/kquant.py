@@ -468,9 +468,10 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 def k_product(fmt: str) -> Callable:
     """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k"), IQ4_XS
     ("iq4_xs") or IQ2_XXS, IQ2_XS and IQ2_S ("iq2": IQ4_XS's signed lanes over sub-blocks of 16, the hsum times 1/8,
-    the tiled d the weight's times 1/8) rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a
-    matrix it does not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K
-    / _q2_K_q8_K / _iq4_xs_q8_K (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes
+    the tiled d the weight's times 1/8) rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat
+    and mul_mat_id multiply a matrix it does not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K /
+    _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K / _iq4_xs_q8_K / _iq2_xxs_q8_K / _iq2_xs_q8_K / _iq2_s_q8_K
+    (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes
     (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products;
     IQ4_XS's signed values through the sign trick, sub-blocks of 32, no offset), acc = fma(d_x * d_w, float(lane),
     acc) lane by lane, hsum_float_8 at the end, and the min term: Q5_K's chained apart, added last,
