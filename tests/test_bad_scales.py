@@ -43,6 +43,10 @@ POISON: dict[str, tuple[gguf.GGMLQuantizationType, list[tuple[int, bytes]]]] = {
     "Q2_K": (gguf.GGMLQuantizationType.Q2_K, [(80, INF), (80, NAN), (82, INF), (82, NAN)]),     # d, then dmin
     "IQ4_NL": (gguf.GGMLQuantizationType.IQ4_NL, [(0, INF), (0, NAN), (0, NEG_INF)]),
     "IQ4_XS": (gguf.GGMLQuantizationType.IQ4_XS, [(0, INF), (0, NAN), (2, b"\xff" * 6)]),      # d; scales 31
+    "IQ2_XXS": (gguf.GGMLQuantizationType.IQ2_XXS, [(0, INF), (0, NAN), (0, NEG_INF),
+                                                    (2, b"\xff" * 8)]),       # d; grid row 255, signs -, scale 31
+    "IQ2_XS": (gguf.GGMLQuantizationType.IQ2_XS, [(0, INF), (0, NAN), (0, NEG_INF), (66, b"\xff" * 8)]),  # d; scales 31
+    "IQ2_M": (gguf.GGMLQuantizationType.IQ2_S, [(0, INF), (0, NAN), (0, NEG_INF), (74, b"\xff" * 8)]),    # d; scales 31
 }
 ROWS_APART = 7  # poisoned rows 0, 7, 14, ...: several of the kernels' row groups, healthy rows between them
 

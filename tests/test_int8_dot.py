@@ -82,13 +82,15 @@ def test_q4_1_halves_hold_each_rows_low_then_high_lane_sums(flavour, n):
 @pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("sub, bias, top, lane_bias, signed", [
     (16, 32, 63, False, False), (32, 0, 31, False, False), (16, 4, 7, True, False), (16, 0, 3, False, False),
-    (32, 0, 127, False, True)], ids=["q6_k", "q5_k", "q3_k", "q2_k", "iq4_xs"])
+    (32, 0, 127, False, True),
+    (16, 0, 43, False, True)], ids=["q6_k", "q5_k", "q3_k", "q2_k", "iq4_xs", "iq2"])
 def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, sub, bias, top, lane_bias, signed):
     """Lane l: over runs g of 32, scale[(32g + 4l) // sub] times the products of elements 4l .. 4l + 3 of the
     run, less bias * (scale[2l] * bsum[2l] + scale[2l + 1] * bsum[2l + 1]), or with lane_bias (Q3_K) the
     products of the values less bias; with rows, lane t holds activation row t's lanes' integer sum as one float.
-    ``signed``: the value bytes are int8 (IQ4_XS's grid, -127 .. 113), its scales -32 .. 31. The extremes reach
-    past 2^24 in a lane (Q6_K) or in the sum (Q5_K, IQ4_XS): the integers stay exact."""
+    ``signed``: the value bytes are int8 (IQ4_XS's grid, -127 .. 113; the IQ2 types' signed grid values, -43 .. 43,
+    scales per 16), its scales -32 .. 31. The extremes reach past 2^24 in a lane (Q6_K) or in the sum (Q5_K,
+    IQ4_XS, IQ2): the integers stay exact."""
     each, one, eight = (k_lanes(sub, bias, rows, flavour, lane_bias=lane_bias, signed=signed) for rows in (0, 1, 8))
 
     @njit

@@ -27,6 +27,8 @@ F32 = np.float32
 FLOATS = [T.F32, T.F16, T.BF16]
 QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.IQ4_NL,
           T.IQ4_XS]
+GRIDS = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]    # signed values of a grid codebook, scales 2s + 1, a factor 1/8
+QUANTS += GRIDS
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
 # NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
@@ -35,6 +37,7 @@ ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes 
 NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q5_0: 2e-4, T.Q4_1: 2e-4, T.Q5_1: 2e-4,
             T.Q2_K: 2e-4, T.Q3_K: 2e-4, T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4, T.MXFP4: 2e-4, T.IQ4_NL: 2e-4,
             T.IQ4_XS: 2e-4}
+NMSE_MAX |= {T.IQ2_XXS: 2e-4, T.IQ2_XS: 2e-4, T.IQ2_S: 2e-4}   # measured 4.9e-5, 5.4e-5, 5.6e-5
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
 # rounding of Q8_1's s alone gives 3e-4)
@@ -145,7 +148,35 @@ def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
         e = b[..., 0].astype(np.uint32)
         d = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32)
         return np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12])[nib(b[..., 1:17])], d.view(F32)
+    if qtype in GRIDS:
+        return grid_ints(b, qtype)
     raise AssertionError(qtype)
+
+
+KSIGNS = np.frombuffer(gguf.quants.IQ2_XXS.ksigns, np.uint8)  # ksigns_iq2xs: 7 sign bits and their parity
+
+
+def grid_ints(b: np.ndarray, qtype: T):
+    """The grid types' signed values (rows, nb, 256), d and the odd scales 2s + 1 (per 32 for IQ2_XXS, per 16)."""
+    cls = getattr(gguf.quants, qtype.name)
+    cls.init_grid()
+    table = cls.grid.reshape(cls.grid_shape).astype(np.int64)
+    f16 = b[..., 0:2].copy().view(np.float16)[..., 0].astype(F32)
+    nibbles = lambda sc: np.stack([sc & 15, sc >> 4], -1).reshape(*b.shape[:2], 16).astype(np.int64)  # noqa: E731
+    if qtype == T.IQ2_XXS:      # per 32: 4 index bytes, then 4 x 7 sign bits and the scale in one word
+        aux = b[..., 2:66].copy().view(np.uint32).reshape(*b.shape[:2], 8, 2).astype(np.int64)
+        index = b[..., 2:66].reshape(*b.shape[:2], 8, 8)[..., :4]
+        signs = KSIGNS[(aux[..., 1:2] >> np.array([0, 7, 14, 21])) & 127]
+        scales = 2 * (aux[..., 1] >> 28) + 1
+    elif qtype == T.IQ2_XS:     # words of a 9-bit index and 7 sign bits; a scale nibble per 16
+        words = b[..., 2:66].copy().view(np.uint16).reshape(*b.shape[:2], 8, 4).astype(np.int64)
+        index, signs, scales = words & 511, KSIGNS[words >> 9], 2 * nibbles(b[..., 66:74]) + 1
+    else:                       # IQ2_S: 8-bit index bytes, 2 high bits each in qh, 8 sign bits stored
+        high = (b[..., 66:74, None].astype(np.int64) >> np.array([0, 2, 4, 6])) & 3
+        index = b[..., 2:34].reshape(*b.shape[:2], 8, 4).astype(np.int64) | high << 8
+        signs, scales = b[..., 34:66].reshape(*b.shape[:2], 8, 4), 2 * nibbles(b[..., 74:82]) + 1
+    negative = (signs[..., None].astype(np.int64) >> np.arange(8)) & 1
+    return (table[index] * (1 - 2 * negative)).reshape(*b.shape[:2], 256), f16, scales
 
 
 def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarray:
@@ -170,11 +201,12 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
             y += (wi[2][None] * sx[:, None]).astype(f64).sum(-1)     # + f32(m*s)
         return y
     qx, dx, bsums = q8k_blocks(x)
-    if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS):                           # sub-blocks of 16 / 32, no min
+    if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS, *GRIDS):                   # sub-blocks of 16 / 32, no min
         qw, dw, sc = wi
         g = sc.shape[-1]
         isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
-        return ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1)).sum(-1)
+        y = ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1)).sum(-1)
+        return y * 0.125 if qtype in GRIDS else y
     qw, dw, dmin, sc, mn = wi
     g = sc.shape[-1]                                                    # sub-blocks a super-block (Q2_K: 16)
     isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
@@ -502,8 +534,34 @@ def _extremes(blocks: np.ndarray, qtype: T) -> None:
         blocks[:, 0:80] = 255                                              # values 3, scales and mins 15
     elif qtype == T.IQ4_XS:
         blocks[:, 2:] = 0                                                  # scales -32, values -127
+    elif qtype == T.IQ2_XXS:                                               # scales 31, grid row 57 (sum 203)
+        words = np.zeros((len(blocks), 8, 2), np.uint32)
+        words[..., 0], words[..., 1] = 0x39393939, 15 << 28               # all signs +
+        blocks[:, 2:66] = words.view(np.uint8).reshape(len(blocks), 64)
+    elif qtype == T.IQ2_XS:                                                # grid row 511 (all 43), signs +, scales 31
+        blocks[:, 2:66] = np.full((len(blocks), 32), 511, np.uint16).view(np.uint8)
+        blocks[:, 66:74] = 255
+    elif qtype == T.IQ2_S:                                                 # grid row 1023 (all 43), signs +, scales 31
+        blocks[:, 2:34], blocks[:, 34:66], blocks[:, 66:82] = 255, 0, 255
     else:
         blocks[:, 4:] = 255                                                # scales and mins 63, values 31 / 15
+
+
+def _every_sign(blocks: np.ndarray, qtype: T) -> None:
+    """The sign fields of ``blocks`` (rows, nb, size) of a grid type given every pattern in turn (IQ2_XXS and
+    IQ2_XS: 7 bits, the 8th their parity; IQ2_S: 8 bits)."""
+    rows, nb = blocks.shape[:2]
+    p = np.arange(rows * nb * 32, dtype=np.uint32) % (256 if qtype == T.IQ2_S else 128)
+    if qtype == T.IQ2_XXS:
+        words = blocks[..., 2:66].copy().view(np.uint32).reshape(rows, nb, 8, 2)
+        groups = p.reshape(rows, nb, 8, 4) << np.array([0, 7, 14, 21], np.uint32)
+        words[..., 1] = words[..., 1] & np.uint32(0xF0000000) | groups.sum(-1, dtype=np.uint32)
+        blocks[..., 2:66] = words.view(np.uint8).reshape(rows, nb, 64)
+    elif qtype == T.IQ2_XS:
+        words = blocks[..., 2:66].copy().view(np.uint16)
+        blocks[..., 2:66] = (words & 511 | p.reshape(rows, nb, 32).astype(np.uint16) << 9).view(np.uint8)
+    else:
+        blocks[..., 34:66] = p.reshape(rows, nb, 32)
 
 
 def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -514,9 +572,9 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
         q, d, sc = weight_ints(raw, qtype, ne0)
         dmin, imin = np.zeros_like(d), np.zeros((n, rows, d.shape[1]), np.int64)
         q, sub, bias = (q + 32, 16, 32) if qtype == T.Q6_K else (q, 16, 0)   # Q3_K's lanes: its signed values
-    elif qtype == T.IQ4_XS:
+    elif qtype in (T.IQ4_XS, *GRIDS):
         q, d, sc = weight_ints(raw, qtype, ne0)
-        dmin, sub, bias, imin = np.zeros_like(d), 32, 0, np.zeros((n, rows, d.shape[1]), np.int64)
+        dmin, sub, bias, imin = np.zeros_like(d), 256 // sc.shape[-1], 0, np.zeros((n, rows, d.shape[1]), np.int64)
     else:
         q, d, dmin, sc, mn = weight_ints(raw, qtype, ne0)
         g = sc.shape[-1]                                                   # sub-blocks a super-block
@@ -524,7 +582,7 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
         terms = mn[None] * bsums.reshape(n, 1, -1, g, 16 // g).sum(-1)    # (n, rows, nb, g)
         min_pairs = terms.reshape(*terms.shape[:3], -1, 2).sum(-1)                            # sub-blocks 2p, 2p + 1
         imin = terms.sum(-1)                                                                   # (n, rows, nb)
-    nb = d.shape[1]
+    nb, eighth = d.shape[1], F32(0.125 if qtype in GRIDS else 1.0)   # the grid types' 1/8: on the tiled d, the hsum
     dots = np.einsum("rbgle,nbgle->nrbgl", q.reshape(rows, nb, 8, 8, 4), qx.reshape(n, nb, 8, 8, 4))
     lanes = (dots * sc[:, :, (32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub][None]).sum(3)  # (n, rows, nb, 8)
     if bias:
@@ -543,15 +601,16 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
                     summs = _fma(mins.astype(F32), (-dx[r, b] * dmin[:, b, None] if qtype == T.Q4_K else
                                                     -dx[r, b] * dmin[:, b]).astype(F32), summs)
             else:
-                res = (d[:, b] * lanes[r, :, b].sum(-1).astype(F32)).astype(F32)
+                res = ((d[:, b] * eighth).astype(F32) * lanes[r, :, b].sum(-1).astype(F32)).astype(F32)
                 acc = _fma(_fma(-dmin[:, b], imin[r, :, b].astype(F32), res), dx[r, b], acc)
         if qtype == T.Q4_K:
             summs = (summs[:, 0] + summs[:, 2]) + (summs[:, 1] + summs[:, 3])
-        want[r] = acc if n >= 8 else _hsum8(acc) if qtype in (T.Q6_K, T.Q3_K, T.Q2_K, T.IQ4_XS) else _hsum8(acc) + summs
+        want[r] = acc if n >= 8 else eighth * _hsum8(acc) if qtype in (T.Q6_K, T.Q3_K, T.Q2_K, T.IQ4_XS, *GRIDS) \
+            else _hsum8(acc) + summs
     return want, lanes
 
 
-@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K, T.IQ4_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K, T.IQ4_XS, *GRIDS], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17])
 def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
     """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K (their AVX2 code, which AVX-512
@@ -567,17 +626,22 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
     imin = sum_j m_j * (the activation's sum over sub-block j). One row holds the largest values and scales, and
     x's last row +-1 (1 on lane 0's elements): for the 6-bit scales, sums past 2^24, for Q6_K in a lane (its
     products and offset of one sign). IQ4_XS (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC) is Q6_K's arithmetic
-    on its signed values, sub-blocks of 32 and no offset."""
+    on its signed values, sub-blocks of 32 and no offset. The grid types (IQ2_XXS, IQ2_XS and IQ2_S:
+    ggml_vec_dot_iq2_xxs_q8_K, _xs_q8_K, _s_q8_K, and tiled's act-bias MAC) take the same lanes on their signed
+    grid values, sub-blocks of 32 (IQ2_XXS) or 16 and scales 2s + 1, with a factor 1/8 on the vec_dot's hsum and
+    on the tiled kernels' d; three super-blocks a row, rows 4 to 7 with every sign pattern."""
     rng = np.random.default_rng(n)
-    rows, ne0 = 16, 512
+    rows, ne0 = 16, 768 if qtype in GRIDS else 512
     raw = make_weight(qtype, rows, ne0, rng)
     _extremes(raw.reshape(rows, -1, gguf.GGML_QUANT_SIZES[qtype][1])[3], qtype)
+    if qtype in GRIDS:
+        _every_sign(raw.reshape(rows, -1, gguf.GGML_QUANT_SIZES[qtype][1])[4:8], qtype)
     x = rng.standard_normal((n, ne0)).astype(F32)
     x[-1] = np.where(np.arange(ne0) % 32 < 4, 1.0, -1.0)                  # lane 0's elements against the others
     want, lanes = _vec_dot_and_tiled(raw, qtype, ne0, x)
     if qtype == T.Q6_K:
         assert np.abs(lanes[-1, 3]).max() >= 2 ** 24
-    elif qtype in (T.Q5_K, T.Q4_K, T.IQ4_XS):
+    elif qtype in (T.Q5_K, T.Q4_K, T.IQ4_XS, *GRIDS):
         assert np.abs(lanes[-1, 3].sum(-1)).max() >= 2 ** 24
     if qtype in (T.Q4_K, T.Q2_K):                                         # the kinds llama.cpp does not repack
         assert_bits_equal(QWeight(raw, qtype, ne0, use="stack").matmul(x), want)

@@ -309,6 +309,16 @@ def row_q3_k(qv, sc, dd, i, w, a, with_min):
         b = j >> 8
         w[a, j] = dd[i, b, 0] * _F32(sc[i, b, (j >> 4) & 15]) * _F32(np.int32(qv[i, j]) - 4)
 
+
+@njit(**_inl)
+def row_iq2(qv, sc, dd, i, w, a, with_min):
+    """From quant.kquant's layout of the grid types (quant.grids: signed values as bytes in element order, the
+    scales 2s + 1 per 16, d): gguf's (d * (0.5 + s) * 0.25) * value, as (d * (2s + 1)) * 0.125 * value (the same
+    float: the factors of two are exact), in natural order."""
+    for j in range(qv.shape[1]):
+        b, v = j >> 8, np.int32(qv[i, j])
+        w[a, j] = dd[i, b, 0] * _F32(sc[i, b, (j >> 4) & 15]) * _F32(0.125) * _F32(v - 256 if v > 127 else v)
+
 # ---------------------------------------------------------------------------------------------------------
 # Dequantizers for get_rows / dequantize: rows ids -> out (len(ids), k) in natural order (a row is built in
 # stream order, then gathered through inv), min term included. Exact: no fastmath.

@@ -29,6 +29,10 @@ after it has assembled them.
 IQ4_XS (256-element super-blocks of 4-bit codes into kvalues_iq4nl, an f16 d and eight 6-bit scales less 32) is
 never repacked either and takes the same two kernels (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC): Q6_K's
 arithmetic on signed values (pack_iq4_xs: the values as int8 bytes, 1 byte a weight against 0.53 in GGUF).
+IQ2_XXS, IQ2_XS and IQ2_S (quant.grids: signed grid values, odd scales 2s + 1 per 16 or 32, an f16 d) take the
+same two kernels on the same lanes (ggml_vec_dot_iq2_xxs_q8_K / _xs_ / _s_, tiled's act-bias MAC), with their
+factor 1/8 where llama.cpp applies it: on the vec_dot's hsum, on the tiled kernels' d (pack_iq2_*: the values as
+int8 bytes, the scales per 16, 1 byte a weight against 0.26 / 0.29 / 0.32 in GGUF).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from graphir.backends.numba.primitives.bits import bits_u32, fma
 from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
 from graphir.backends.numba.quant.blocks import iq4_xs_fields, k_scales
+from graphir.backends.numba.quant.grids import iq2_s_fields, iq2_xs_fields, iq2_xxs_fields
 from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
 _V8 = lanes(8)
@@ -334,6 +339,27 @@ def pack_iq4_xs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return values.view(np.uint8), sc, np.stack([d, np.zeros_like(d)], axis=-1)
 
 
+def _signed_per_16(values: np.ndarray, scales: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Signed values (rows, nb * 256) int8, scales per 16 (rows, nb, 16) int8 and d (rows, nb) -> k_product's
+    layout: the values' bytes, the scales and (rows, nb, 2) float32 d, 0 (no min)."""
+    return values.view(np.uint8), np.ascontiguousarray(scales), np.stack([d, np.zeros_like(d)], axis=-1)
+
+
+def pack_iq2_xxs(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """IQ2_XXS blocks (rows, nb, 66) -> _signed_per_16 (each scale of 32 twice)."""
+    return _signed_per_16(*iq2_xxs_fields(b))
+
+
+def pack_iq2_xs(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """IQ2_XS blocks (rows, nb, 74) -> _signed_per_16."""
+    return _signed_per_16(*iq2_xs_fields(b))
+
+
+def pack_iq2_s(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """IQ2_S blocks (rows, nb, 82) -> _signed_per_16."""
+    return _signed_per_16(*iq2_s_fields(b))
+
+
 def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K blocks (rows, nb, 144) -> as pack_q5_k (the values 0-15): Q4_K rows k_product multiplies."""
     sm, d = _scales_mins_d(b)
@@ -343,12 +369,15 @@ def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
 # the formats k_product multiplies, as the constants its kernels branch on
 _Q6, _Q5, _Q4, _Q3, _Q2, _IQ4 = range(6)
+_IQ2 = 6
 _FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4}
+_FORMATS["iq2"] = _IQ2
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
 _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
 _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
 _q2_lanes, _q2_sums, _q2_sums8 = k_lanes(16, 0, 0), _q2_total, k_lanes(16, 0, 8)
 _iq4_lanes, _iq4_sums, _iq4_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (0, 1, 8))
+_iq2_lanes, _iq2_sums, _iq2_sums8 = (k_lanes(16, 0, rows, signed=True) for rows in (0, 1, 8))
 _mins, _mins8, _min_pairs = k_mins(1), k_mins(8), k_mins(1, True)
 _q2_mins, _q2_mins8, _q2_min_lanes = k_mins(1, sub=16), k_mins(8, sub=16), k_mins(1, True, sub=16)
 
@@ -364,6 +393,8 @@ def _lanes(f, q, qo, y, yo, sc, so, bs, bo):
         return _q2_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     if f == _IQ4:
         return _iq4_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    if f == _IQ2:
+        return _iq2_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     return _q5_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
 
 
@@ -383,6 +414,9 @@ def _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):
     if f == _IQ4:
         return _iq4_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _iq4_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    if f == _IQ2:
+        return _iq2_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+            _iq2_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
     return _q5_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
         _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
 
@@ -400,8 +434,9 @@ def _tiled_link(f, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, 
     """One super-block of the tiled kernels' chain for eight activation rows (``eight``, lane t row t) or one
     (lane 0): s1 the lanes' exact sum, imin the min integer of the formats with mins, res = d * s1,
     res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc), lane by lane."""
-    res = vmul(vsplat(_V8, dd[i, b, 0]), _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep))
-    if f == _Q6 or f == _Q3 or f == _IQ4:
+    d = dd[i, b, 0] * _F32(0.125) if f == _IQ2 else dd[i, b, 0]      # the grid types' 1/8 in the unpacked d
+    res = vmul(vsplat(_V8, d), _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep))
+    if f == _Q6 or f == _Q3 or f == _IQ4 or f == _IQ2:
         return vfma(res, dx, acc)
     return vfma(vfma(vsplat(_V8, -dd[i, b, 1]), _imin(f, eight, sc, so, bs, bo, bstep), res), dx, acc)
 
@@ -420,7 +455,9 @@ def _min_lanes(f, sc, so, bs, bo):
 @njit(cache=True, inline="always")
 def _vec_dot_total(f, lanes_acc, mins_acc):
     """hsum_float_8 of the lanes, plus the min term: Q5_K's chain, or Q4_K's four lanes added (0 + 2) + (1 + 3)
-    (Q2_K's is in the lanes already; Q6_K, Q3_K and IQ4_XS have none)."""
+    (Q2_K's is in the lanes already; Q6_K, Q3_K and IQ4_XS have none); the IQ2 types' hsum times 1/8."""
+    if f == _IQ2:
+        return _F32(0.125) * vhsum(lanes_acc)
     if f == _Q4:
         return vhsum(lanes_acc) + ((vlane(mins_acc, 0) + vlane(mins_acc, 2)) + (vlane(mins_acc, 1) + vlane(mins_acc, 3)))
     if f == _Q5:
@@ -429,10 +466,12 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 
 
 def k_product(fmt: str) -> Callable:
-    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k") or IQ4_XS
-    ("iq4_xs") rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a
-    matrix it does not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K
-    / _q2_K_q8_K / _iq4_xs_q8_K (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes
+    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k"), IQ4_XS
+    ("iq4_xs") or IQ2_XXS, IQ2_XS and IQ2_S ("iq2": IQ4_XS's signed lanes over sub-blocks of 16, the hsum times 1/8,
+    the tiled d the weight's times 1/8) rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat
+    and mul_mat_id multiply a matrix it does not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K /
+    _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K / _iq4_xs_q8_K / _iq2_xxs_q8_K / _iq2_xs_q8_K / _iq2_s_q8_K
+    (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes
     (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products;
     IQ4_XS's signed values through the sign trick, sub-blocks of 32, no offset), acc = fma(d_x * d_w, float(lane),
     acc) lane by lane, hsum_float_8 at the end, and the min term: Q5_K's chained apart, added last,
