@@ -43,6 +43,8 @@ POISON: dict[str, tuple[gguf.GGMLQuantizationType, list[tuple[int, bytes]]]] = {
     "Q2_K": (gguf.GGMLQuantizationType.Q2_K, [(80, INF), (80, NAN), (82, INF), (82, NAN)]),     # d, then dmin
     "IQ4_NL": (gguf.GGMLQuantizationType.IQ4_NL, [(0, INF), (0, NAN), (0, NEG_INF)]),
     "IQ4_XS": (gguf.GGMLQuantizationType.IQ4_XS, [(0, INF), (0, NAN), (2, b"\xff" * 6)]),      # d; scales 31
+    # d; every scale 15, delta -1/8 and high index bits 7
+    "IQ1_S": (gguf.GGMLQuantizationType.IQ1_S, [(0, INF), (0, NAN), (0, NEG_INF), (34, b"\xff" * 16)]),
 }
 ROWS_APART = 7  # poisoned rows 0, 7, 14, ...: several of the kernels' row groups, healthy rows between them
 
