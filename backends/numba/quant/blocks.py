@@ -136,7 +136,7 @@ def iq1_s_fields(b):
     rows, nb = b.shape[:2]
     qh = b[:, :, 34:50].copy().view(np.uint16).astype(np.int32)                        # (rows, nb, 8)
     high = qh[..., None] >> np.array([0, 3, 6, 9]) & 7                                 # (rows, nb, 8, 4)
-    idx = (b[:, :, 2:34].astype(np.int32) | high.reshape(rows, nb, 32) << 8)
+    idx = b[:, :, 2:34].astype(np.int32) | high.reshape(rows, nb, 32) << 8
     negative = np.repeat(qh & 0x8000 != 0, 4, axis=-1)
     scales = (2 * (qh >> 12 & 7) + 1).astype(np.int8)
     return _iq1_values(idx, negative), scales, block_f16(b, 0).reshape(rows, nb)
