@@ -198,6 +198,11 @@ def make_weight(qtype: gguf.GGMLQuantizationType, rows: int, ne0: int, rng: np.r
         at = 80 if qtype == Q.Q2_K else 0  # Q2_K's d and dmin follow its scales and values
         raw[..., at:at + 2] = d
         raw[..., at + 2:at + 4] = half(rng.uniform(0.5, 1.5, raw.shape[:2]) * scale)  # dmin
+    if qtype == Q.IQ1_M:  # no d field: its f16 is the top nibbles of the last 8 bytes' four 16-bit words
+        words = raw[..., 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+        bits = d.copy().view(np.uint16)
+        words |= (bits >> np.array([0, 4, 8, 12], np.uint16) & np.uint16(15)) << np.uint16(12)
+        raw[..., 48:56] = words.view(np.uint8)
     return raw.reshape(rows, -1)
 
 

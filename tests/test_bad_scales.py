@@ -47,6 +47,12 @@ POISON: dict[str, tuple[gguf.GGMLQuantizationType, list[tuple[int, bytes]]]] = {
                                                     (2, b"\xff" * 8)]),       # d; grid row 255, signs -, scale 31
     "IQ2_XS": (gguf.GGMLQuantizationType.IQ2_XS, [(0, INF), (0, NAN), (0, NEG_INF), (66, b"\xff" * 8)]),  # d; scales 31
     "IQ2_M": (gguf.GGMLQuantizationType.IQ2_S, [(0, INF), (0, NAN), (0, NEG_INF), (74, b"\xff" * 8)]),    # d; scales 31
+    # d; every scale 15, delta -1/8 and high index bits 7
+    "IQ1_S": (gguf.GGMLQuantizationType.IQ1_S, [(0, INF), (0, NAN), (0, NEG_INF), (34, b"\xff" * 16)]),
+    # its f16 d is the top nibbles of the four scale words (their scales 0 here): inf, NaN, -inf
+    "IQ1_M": (gguf.GGMLQuantizationType.IQ1_M, [(48, struct.pack("<4H", 0, 0, 0xC000, 0x7000)),
+                                                 (48, struct.pack("<4H", 0, 0, 0xE000, 0x7000)),
+                                                 (48, struct.pack("<4H", 0, 0, 0xC000, 0xF000))]),
 }
 ROWS_APART = 7  # poisoned rows 0, 7, 14, ...: several of the kernels' row groups, healthy rows between them
 

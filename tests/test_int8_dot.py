@@ -174,3 +174,42 @@ def test_the_host_takes_its_fastest_way():
     assert HOST == FLAVOURS[0] and FLAVOURS[-1] == "generic"
     if llvm.get_host_cpu_features().get("avx512vnni", False):
         assert HOST == "vnni"
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("sub", [32, 16], ids=["iq1_s", "iq1_m"])
+def test_iq1_lanes_take_the_grid_and_the_delta_apart(flavour, sub):
+    """Values 8 * g + e (g in -1 .. 1, e = +-1: IQ1_S's and IQ1_M's, as ggml-cpu/tiled stores them): part "grid"
+    gives the lanes of g, "delta" those of e, no part those of the values whole (= 8 * grid + delta), each lane
+    scale times the products of elements 4l .. 4l + 3 over the runs, as k_lanes' signed values; every sign of
+    g, e and the quants, the largest scales (15) against +-127 included."""
+    grid, delta, whole, grid8, delta8, whole8 = (k_lanes(sub, 0, rows, flavour, signed=True, part=part)
+                                                 for rows in (0, 8) for part in ("grid", "delta", None))
+
+    @njit
+    def run(v, q, y, sc, bs, out):
+        vstore(out, 0, grid(v, q, 0, y, 0, 0, sc, 0, bs, 0, 0))
+        vstore(out, 8, delta(v, q, 0, y, 0, 0, sc, 0, bs, 0, 0))
+        vstore(out, 16, whole(v, q, 0, y, 0, 0, sc, 0, bs, 0, 0))
+        vstore(out, 24, grid8(v, q, 0, y, 0, 256, sc, 0, bs, 0, 16))
+        vstore(out, 32, delta8(v, q, 0, y, 0, 256, sc, 0, bs, 0, 16))
+        vstore(out, 40, whole8(v, q, 0, y, 0, 256, sc, 0, bs, 0, 16))
+
+    rng = np.random.default_rng(sub)
+    for trial in range(20):
+        g, e = rng.integers(-1, 2, 256), rng.choice([-1, 1], 256)
+        y = rng.integers(-127, 128, (8, 256)).astype(np.int8)
+        sc = rng.choice(np.arange(1, 16, 2), 16).astype(np.int8)
+        if trial == 0:                                           # every value +-1 in the grid's sign, quants +-127
+            g, sc[:] = np.where(np.arange(256) % 2, 1, -1), 15
+            y[:] = np.where(np.arange(256) % 2, 127, -127)
+        q = (8 * g + e).astype(np.int8)
+        out = np.empty(48, np.float32)
+        run(lanes(8), q.view(np.uint8), y.reshape(-1), sc, np.zeros(128, np.int32), out)
+        per_lane = sc.astype(np.int64)[(32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub]     # [run][lane]
+        want = {name: ((values * y).reshape(8, 8, 8, 4).sum(axis=3) * per_lane).sum(axis=1)       # [row][lane]
+                for name, values in (("grid", g), ("delta", e), ("whole", 8 * g + e))}
+        for at, name in enumerate(("grid", "delta", "whole")):
+            assert np.array_equal(out[8 * at:8 * at + 8], want[name][0].astype(np.float32)), (flavour, name, trial)
+            assert np.array_equal(out[24 + 8 * at:32 + 8 * at], want[name].sum(axis=1).astype(np.float32)), \
+                (flavour, name, trial)

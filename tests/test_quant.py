@@ -29,6 +29,7 @@ QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K
           T.IQ4_XS]
 GRIDS = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]    # signed values of a grid codebook, scales 2s + 1, a factor 1/8
 QUANTS += GRIDS
+QUANTS += [T.IQ1_S, T.IQ1_M]
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
 # NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
@@ -38,6 +39,7 @@ NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4,
             T.Q2_K: 2e-4, T.Q3_K: 2e-4, T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4, T.MXFP4: 2e-4, T.IQ4_NL: 2e-4,
             T.IQ4_XS: 2e-4}
 NMSE_MAX |= {T.IQ2_XXS: 2e-4, T.IQ2_XS: 2e-4, T.IQ2_S: 2e-4}   # measured 4.9e-5, 5.4e-5, 5.6e-5
+NMSE_MAX.update({T.IQ1_S: 2e-4, T.IQ1_M: 2e-4})     # measured the same way: 5.9e-5 and 7.9e-5
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
 # rounding of Q8_1's s alone gives 3e-4)
@@ -86,6 +88,8 @@ def q8k_blocks(x: np.ndarray):
 
 
 KVALUES = np.array(gguf.quants.IQ4_NL.kvalues, np.int64)      # kvalues_iq4nl
+gguf.quants.IQ1_S.init_grid()
+IQ1_GRID = gguf.quants.IQ1_S.grid.reshape(2048, 8).astype(np.int64)   # iq1s_grid: eight of -1, 0, 1 a row
 
 
 def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
@@ -144,6 +148,19 @@ def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
         ls = ((b[..., 4 + j // 2].astype(np.int64) >> 4 * (j % 2)) & 15) | (((sh[..., None] >> 2 * j) & 3) << 4)
         q = np.stack([nib(b[..., 8 + 16 * s:24 + 16 * s]) for s in range(8)], 2).reshape(*b.shape[:2], 256)
         return KVALUES[q], f16(0), ls - 32
+    if qtype == T.IQ1_S:  # f16 d, 32 index bytes, per 32 a word: 4 x 3 high index bits, a 3-bit scale, the delta sign
+        qh = b[..., 34:50].copy().view(np.uint16).astype(np.int64)                               # (rows, nb, 8)
+        idx = b[..., 2:34].astype(np.int64).reshape(*qh.shape, 4) | ((qh[..., None] >> 3 * np.arange(4)) & 7) << 8
+        delta = np.repeat(np.where(qh & 0x8000, -1, 1), 32, axis=-1)
+        return IQ1_GRID[idx].reshape(*b.shape[:2], 256), f16(0), 2 * (qh >> 12 & 7) + 1, delta
+    if qtype == T.IQ1_M:  # 32 index bytes, a nibble per 8 (3 high index bits, the delta sign), 4 scale words
+        nib = ((b[..., 32:48, None] >> np.array([0, 4], np.uint8)) & 15).reshape(*b.shape[:2], 32).astype(np.int64)
+        idx = b[..., 0:32].astype(np.int64) | (nib & 7) << 8
+        sc = b[..., 48:56].copy().view(np.uint16).astype(np.int64)                               # (rows, nb, 4)
+        scales = (2 * ((sc[..., None] >> 3 * np.arange(4)) & 7) + 1).reshape(*b.shape[:2], 16)   # per 16
+        bits = (sc[..., 0] >> 12) | (sc[..., 1] >> 8 & 0xF0) | (sc[..., 2] >> 4 & 0xF00) | (sc[..., 3] & 0xF000)
+        d = bits.astype(np.uint16).view(np.float16).astype(F32)
+        return IQ1_GRID[idx].reshape(*b.shape[:2], 256), d, scales, np.repeat(np.where(nib & 8, -1, 1), 8, axis=-1)
     if qtype == T.MXFP4:  # doubled e2m1 values; the E8M0 scale halved (subnormal below e = 2)
         e = b[..., 0].astype(np.uint32)
         d = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32)
@@ -201,6 +218,11 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
             y += (wi[2][None] * sx[:, None]).astype(f64).sum(-1)     # + f32(m*s)
         return y
     qx, dx, bsums = q8k_blocks(x)
+    if qtype in (T.IQ1_S, T.IQ1_M):                                    # grid + delta / 8, sub-blocks of 32 / 16
+        qw, dw, sc, delta = wi
+        g, values = sc.shape[-1], 8 * qw + delta
+        isum = np.einsum("rbgk,nbgk->nrbg", values.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
+        return ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1) / 8).sum(-1)
     if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS, *GRIDS):                   # sub-blocks of 16 / 32, no min
         qw, dw, sc = wi
         g = sc.shape[-1]
@@ -690,3 +712,83 @@ def test_q2_k_rows_in_eights_are_llama_cpps_repacked_order_on_avx512_and_its_vec
         want = _vec_dot_and_tiled(raw, T.Q2_K, ne0, x)[0]
         assert_bits_equal(matrix.matmul(x), want)
         assert_bits_equal(expert.matmul(x), want)
+
+
+def _iq1_extremes(blocks: np.ndarray, qtype: T) -> None:
+    """Every super-block of ``blocks`` (one row) given the largest scales (15) and, group by group, grid rows of
+    eight +-1 (no zero), the delta's signs alternating."""
+    full = np.flatnonzero((IQ1_GRID != 0).all(axis=1))                 # the rows of eight +-1
+    idx = full[np.arange(32) % len(full)]
+    if qtype == T.IQ1_S:
+        blocks[:, 2:34] = idx & 255
+        high = (idx >> 8).reshape(8, 4) << 3 * np.arange(4)
+        words = high.sum(axis=1) | 7 << 12 | (np.arange(8) % 2) << 15
+        blocks[:, 34:50] = words.astype(np.uint16).view(np.uint8)
+    else:
+        blocks[:, 0:32] = idx & 255
+        nib = (idx >> 8) | (np.arange(32) % 2) << 3
+        blocks[:, 32:48] = (nib[0::2] | nib[1::2] << 4).astype(np.uint8)
+        blocks[:, 48:56] |= np.array([0xFF, 0x0F], np.uint8)[np.arange(8) % 2]      # the twelve scale bits of a word
+
+
+def _iq1_orders(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarray:
+    """llama.cpp's order of an IQ1 matrix (see the test below)."""
+    rows, n = raw.shape[0], x.shape[0]
+    grid, d, sc, delta = weight_ints(raw, qtype, ne0)                     # (rows, nb, 256), (rows, nb), .., (.., 256)
+    qx, dx, _ = q8k_blocks(x)                                             # (n, nb, 256), (n, nb)
+    nb, sub = d.shape[1], 256 // sc.shape[-1]
+    per_lane = sc[:, :, (32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub][None]    # (1, rows, nb, run, lane)
+
+    def lanes(values):                               # (n, rows, nb, 8): scale times 4 products, over the runs
+        dots = np.einsum("rbgle,nbgle->nrbgl", values.reshape(rows, nb, 8, 8, 4), qx.reshape(n, nb, 8, 8, 4))
+        return (dots * per_lane).sum(3)
+
+    grid_lanes, delta_lanes, whole = lanes(grid), lanes(delta), lanes(8 * grid + delta).sum(-1)
+    want = np.empty((n, rows), F32)
+    for r in range(n):
+        acc = np.zeros((rows, 8) if n < 8 else rows, F32)
+        acc1 = np.zeros((rows, 8) if qtype == T.IQ1_M else rows, F32)
+        for b in range(nb):
+            if n < 8:                                                     # ggml_vec_dot_iq1_s_q8_K / _iq1_m_q8_K
+                dd = (dx[r, b] * d[:, b]).astype(F32)
+                acc = _fma(dd[:, None], grid_lanes[r, :, b].astype(F32), acc)
+                if qtype == T.IQ1_S:                                      # one integer, a scalar chain
+                    acc1 = _fma(dd, delta_lanes[r, :, b].sum(-1).astype(F32), acc1)
+                else:
+                    acc1 = _fma(dd[:, None], delta_lanes[r, :, b].astype(F32), acc1)
+            else:                                                         # ggml-cpu/tiled: d / 8, values whole
+                res = ((d[:, b] * F32(0.125)).astype(F32) * whole[r, :, b].astype(F32)).astype(F32)
+                acc = _fma(res, dx[r, b], acc)
+        if n >= 8:
+            want[r] = acc
+        else:
+            want[r] = _hsum8(acc) + F32(0.125) * (acc1 if qtype == T.IQ1_S else _hsum8(acc1))
+    return want
+
+
+@pytest.mark.parametrize("qtype", [T.IQ1_S, T.IQ1_M], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17])
+def test_iq1_is_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
+    """IQ1_S and IQ1_M (values grid + delta / 8, grid rows of eight from iq1s_grid, delta +-1/8 per 32 or per 8,
+    scales 2s + 1 per 32 or per 16), never repacked: below 8 activation rows ggml_vec_dot_iq1_s_q8_K /
+    _iq1_m_q8_K (their AVX2 code, which AVX-512 builds take too): per super-block the grid's eight int32 lanes,
+    lane l over the runs of 32 elements the scale of its sub-block times (elements 4l .. 4l + 3 . q8),
+    acc = fma(d_x * d_w, lane, acc) lane by lane, and the delta's apart: IQ1_S's one integer
+    sum_j sign_j * scale_j * (the activation's sum over sub-block j) in a scalar chain acc1 = fma(d_x * d_w, int,
+    acc1), IQ1_M's eight lanes as the grid's in a second register; the result hsum_float_8(acc) + 1/8 * acc1
+    (IQ1_M: hsum_float_8(acc1)). From 8 rows ggml-cpu/tiled: the values 8 * grid + delta whole, s1 the exact sum
+    of scale times their products, res = (d_w * 1/8) * float(s1), acc = fma(res, d_x, acc). Three super-blocks a
+    row (an odd count); row 3 holds rows of the grid without zeros, the largest scales and both delta signs, x's
+    last row +-127 in quants (1 on lane 0's elements, -1 on the others): the largest lanes (|s1| stays below
+    2^24: 15 * 9 * 127 * 256). An expert's rows (mul_mat_id) are multiplied the same way."""
+    rng = np.random.default_rng(n)
+    rows, ne0 = 16, 768
+    raw = make_weight(qtype, rows, ne0, rng)
+    _iq1_extremes(raw.reshape(rows, 3, -1)[3], qtype)
+    x = rng.standard_normal((n, ne0)).astype(F32)
+    x[-1] = np.where(np.arange(ne0) % 32 < 4, 1.0, -1.0)
+    want = _iq1_orders(raw, qtype, ne0, x)
+    grid, _, sc, _ = weight_ints(raw[3:4], qtype, ne0)
+    assert (np.abs(grid) == 1).all() and (sc == 15).all() and (np.abs(q8k_blocks(x[-1:])[0]) == 127).all()
+    assert_bits_equal(QWeight.prepare(raw, qtype, ne0).matmul(x), want)
+    assert_bits_equal(QWeight(raw, qtype, ne0, use="expert").matmul(x), want)

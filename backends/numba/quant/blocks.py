@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+import gguf
 import numpy as np
 from numba import njit, prange
 
@@ -111,6 +112,69 @@ def repack_iq4_xs(b):
     """The values as int8 in element order and each sub-block's d * scale (float32, gguf's product)."""
     values, scales, d = iq4_xs_fields(b)
     return values, (d[:, :, None] * scales.astype(_F32)).reshape(b.shape[0], -1)
+
+
+def _iq1_grid() -> np.ndarray:
+    """iq1s_grid (IQ1_S's and IQ1_M's 2048 rows of eight values -1, 0, 1), as gguf decodes it: (2048, 8) int8."""
+    gguf.quants.IQ1_S.init_grid()
+    return gguf.quants.IQ1_S.grid.reshape(2048, 8).astype(np.int8)
+
+
+def _iq1_values(idx: np.ndarray, negative: np.ndarray) -> np.ndarray:
+    """Grid indices (rows, nb, 32) of the groups of eight and their delta signs (True: -1), broadcast to the
+    groups -> the values 8 * grid + delta as int8 in element order (rows, nb * 256): ggml-cpu/tiled's codes less
+    128, exact in eighths (the delta is 1/8)."""
+    rows, nb = idx.shape[:2]
+    delta = np.where(negative, np.int8(-1), np.int8(1))
+    return (_iq1_grid()[idx] * np.int8(8) + delta[..., None]).reshape(rows, nb * 256)
+
+
+def iq1_s_fields(b):
+    """IQ1_S blocks (f16 d, 32 index bytes, eight 16-bit words: three high index bits per group of eight, a 3-bit
+    scale and the delta's sign per 32) -> the values 8 * grid + delta as int8 in element order (rows, nb * 256),
+    the eight scales 2s + 1 (rows, nb, 8) int8 and d (rows, nb) float32."""
+    rows, nb = b.shape[:2]
+    qh = b[:, :, 34:50].copy().view(np.uint16).astype(np.int32)                        # (rows, nb, 8)
+    high = qh[..., None] >> np.array([0, 3, 6, 9]) & 7                                 # (rows, nb, 8, 4)
+    idx = b[:, :, 2:34].astype(np.int32) | high.reshape(rows, nb, 32) << 8
+    negative = np.repeat(qh & 0x8000 != 0, 4, axis=-1)
+    scales = (2 * (qh >> 12 & 7) + 1).astype(np.int8)
+    return _iq1_values(idx, negative), scales, block_f16(b, 0).reshape(rows, nb)
+
+
+def iq1_m_fields(b):
+    """IQ1_M blocks (32 index bytes, 16 bytes of a nibble per group of eight: three high index bits and the
+    delta's sign, four 16-bit words: four 3-bit scales per 64 and a nibble of the f16 d) -> the values
+    8 * grid + delta as int8 in element order (rows, nb * 256), the sixteen scales 2s + 1 (rows, nb, 16) int8
+    and d (rows, nb) float32."""
+    rows, nb = b.shape[:2]
+    nibbles = (b[:, :, 32:48, None] >> np.array([0, 4], np.uint8) & 15).reshape(rows, nb, 32).astype(np.int32)
+    idx = b[:, :, 0:32].astype(np.int32) | (nibbles & 7) << 8
+    sc = b[:, :, 48:56].copy().view(np.uint16)                                        # (rows, nb, 4)
+    scales = (2 * (sc[..., None] >> np.array([0, 3, 6, 9], np.uint16) & 7) + 1).astype(np.int8)
+    bits = sc >> np.array([12, 8, 4, 0], np.uint16) & np.array([0xF, 0xF0, 0xF00, 0xF000], np.uint16)
+    d = np.bitwise_or.reduce(bits, axis=-1).astype(np.uint16).view(np.float16).astype(_F32)
+    return _iq1_values(idx, nibbles & 8 != 0), scales.reshape(rows, nb, 16), d
+
+
+def _per_16(scales: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Scales of sub-blocks of 16 or 32 (rows, nb, 16 or 8) and d (rows, nb) -> gguf's f32 d * scale per 16
+    elements (rows, nb * 16)."""
+    dl = d[:, :, None] * scales.astype(_F32)
+    return np.repeat(dl, 16 // scales.shape[-1], axis=-1).reshape(d.shape[0], -1)
+
+
+def repack_iq1_s(b):
+    """The values 8 * grid + delta (int8, element order) and d * scale per 16 elements (float32, gguf's
+    product)."""
+    values, scales, d = iq1_s_fields(b)
+    return values, _per_16(scales, d)
+
+
+def repack_iq1_m(b):
+    """As repack_iq1_s."""
+    values, scales, d = iq1_m_fields(b)
+    return values, _per_16(scales, d)
 
 
 def repack_q4_1(b):
@@ -219,6 +283,13 @@ def row_lut4(qs, d, values, i, w, a, with_min):
 def row_iq4_xs(q, dl, i, w, a, with_min):
     for j in range(q.shape[1]):
         w[a, j] = dl[i, j >> 5] * _F32(q[i, j])
+
+
+@njit(**_inl)
+def row_iq1(q, dl, i, w, a, with_min):
+    """IQ1_S and IQ1_M: gguf's (d * scale) * (grid + delta), grid + delta being the value byte over 8 (exact)."""
+    for j in range(q.shape[1]):
+        w[a, j] = dl[i, j >> 4] * (_F32(q[i, j]) * _F32(0.125))
 
 
 @njit(**_inl)

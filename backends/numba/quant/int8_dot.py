@@ -204,7 +204,7 @@ def nibble_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
 
 
 def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, lane_bias: bool = False,
-            signed: bool = False) -> Callable[..., Any]:
+            signed: bool = False, part: str | None = None) -> Callable[..., Any]:
     """An intrinsic lanes(proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) for a register of 8 lanes: a K-quant
     super-block's int32 lanes as ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (AVX2) form them, as float32. q: the 256
     values as unsigned bytes in element order from q[qo] (uint8); y: the 256 activation quants from y[yo] (int8);
@@ -218,12 +218,16 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, 
     the lanes' sum converted once (the tiled kernels' per-block integer) for that many activation rows at
     y[yo + t * ystep], bs[bo + t * bstep], row t's in lane t: the weight's values and scales are loaded once for
     them all. ``signed``: q's bytes are int8 values (IQ4_XS's), multiplied as ggml does, |value| by the quant
-    with the value's sign."""
+    with the value's sign. ``part`` (signed values 8 * g + e, g in -1 .. 1 and e = +-1: IQ1_S's and IQ1_M's grid
+    value and delta sign, as ggml-cpu/tiled multiplies them whole): "grid" takes g, "delta" e, the two sums
+    ggml_vec_dot_iq1_s_q8_K / _iq1_m_q8_K keep apart."""
     if sub not in (16, 32) or (bias and sub != 16) or not 0 <= rows <= 8 or runs not in (4, 8) \
             or (runs < 8 and bias and not lane_bias) or (signed and (bias or lane_bias)) \
+            or part not in (None, "grid", "delta") or (part and not signed) \
             or flavour not in ("vnni", "pmadd", "generic"):
         raise ValueError(f"k_lanes: no sub-block size {sub} with bias {bias} for {rows} rows over {runs} runs"
-                         f"{' of signed values' if signed else ''}, or unknown flavour {flavour!r}")
+                         f"{' of signed values' if signed else ''}{f' ({part})' if part else ''}, or unknown "
+                         f"flavour {flavour!r}")
     i32x8, wide = ir.VectorType(_I32, 8), WIDE_LANES        # runs of 32 formed two at a time on AVX-512
 
     @intrinsic
@@ -243,7 +247,7 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, 
             raw_scales = load(6, 0, 16, _I8)                  # sub 32: 8 scales (and 8 bytes not read)
             step = wide // 8
             group = range(0, runs, step)
-            values = [load(1, 32 * g, 4 * wide, _I8) for g in group]
+            values = [_part(builder, load(1, 32 * g, 4 * wide, _I8), part) for g in group]
             scales = [builder.sext(builder.shuffle_vector(raw_scales, raw_scales, _indices(
                 [(32 * g + 4 * lane) // sub for lane in range(wide)])), ir.VectorType(_I32, wide)) for g in group]
             offset = ir.Constant(ir.VectorType(_I8, 4 * wide), [bias] * 4 * wide)
@@ -273,6 +277,16 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, 
         return proto(proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep), codegen
 
     return lanes
+
+
+def _part(builder: ir.IRBuilder, v: ir.Value, part: str | None) -> ir.Value:
+    """Bytes 8 * g + e (g in -1 .. 1, e = +-1) -> g = (v + 4) >> 3 ("grid") or e = v - 8 * g ("delta"); v as it is
+    for no part."""
+    if part is None:
+        return v
+    n = v.type.count
+    grid = builder.ashr(builder.add(v, ir.Constant(v.type, [4] * n)), ir.Constant(v.type, [3] * n))
+    return grid if part == "grid" else builder.sub(v, builder.shl(grid, ir.Constant(v.type, [3] * n)))
 
 
 def k_mins(rows: int, pairs: bool = False, sub: int = 32) -> Callable[..., Any]:

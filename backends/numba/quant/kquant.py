@@ -1,6 +1,6 @@
 """The K-quants (and IQ4_XS, on their super-blocks) bit for bit: Q4_K (and, on AVX-512, Q2_K) in the order of
 llama.cpp's repacked 8x8 kernels, Q6_K, Q5_K, Q3_K, IQ4_XS and the Q4_K and Q2_K matrices it does not repack in
-that of its vec_dot and tiled kernels.
+that of its vec_dot and tiled kernels; IQ1_S and IQ1_M likewise.
 
 On an x86 host with AVX2, llama.cpp moves every Q4_K matrix whose rows come in eights into its repack buffer
 (ggml-cpu/repack.cpp, block_q4_Kx8) and multiplies it with ggml_gemv_q4_K_8x8_q8_K (one activation row) or
@@ -33,6 +33,9 @@ IQ2_XXS, IQ2_XS and IQ2_S (quant.grids: signed grid values, odd scales 2s + 1 pe
 same two kernels on the same lanes (ggml_vec_dot_iq2_xxs_q8_K / _xs_ / _s_, tiled's act-bias MAC), with their
 factor 1/8 where llama.cpp applies it: on the vec_dot's hsum, on the tiled kernels' d (pack_iq2_*: the values as
 int8 bytes, the scales per 16, 1 byte a weight against 0.26 / 0.29 / 0.32 in GGUF).
+IQ1_S and IQ1_M (rows of eight values -1, 0, 1 from iq1s_grid, a delta of +-1/8 per 32 or per 8, 3-bit scales per
+32 or 16) take the same two kernels too: ggml-cpu/tiled's values 8 * grid + delta as int8 bytes (pack_iq1), whose
+two parts the vec_dot's two sums take apart (k_lanes' part).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from numba import njit, prange
 from graphir.backends.numba.primitives.bits import bits_u32, fma
 from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
-from graphir.backends.numba.quant.blocks import iq4_xs_fields, k_scales
+from graphir.backends.numba.quant.blocks import iq1_m_fields, iq1_s_fields, iq4_xs_fields, k_scales
 from graphir.backends.numba.quant.grids import iq2_s_fields, iq2_xs_fields, iq2_xxs_fields
 from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
@@ -360,6 +363,24 @@ def pack_iq2_s(b: np.ndarray) -> tuple[np.ndarray, ...]:
     return _signed_per_16(*iq2_s_fields(b))
 
 
+def pack_iq1(fields: Callable) -> Callable:
+    """IQ1_S (``fields`` blocks.iq1_s_fields) or IQ1_M (iq1_m_fields) blocks -> the values 8 * grid + delta as
+    int8 bytes in element order (rows, nb * 256: 1 byte a weight against 0.195 / 0.219 in GGUF), the scales
+    2s + 1 (rows, nb, 16: IQ1_S's eight then eight zero bytes) int8 and (rows, nb, 2) float32 d, 0."""
+
+    def pack(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        values, scales, d = fields(b)
+        rows, nb = b.shape[:2]
+        sc = np.zeros((rows, nb, 16), np.int8)
+        sc[:, :, :scales.shape[-1]] = scales
+        return values.view(np.uint8), sc, np.stack([d, np.zeros_like(d)], axis=-1)
+
+    return pack
+
+
+pack_iq1_s, pack_iq1_m = pack_iq1(iq1_s_fields), pack_iq1(iq1_m_fields)
+
+
 def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K blocks (rows, nb, 144) -> as pack_q5_k (the values 0-15): Q4_K rows k_product multiplies."""
     sm, d = _scales_mins_d(b)
@@ -368,16 +389,20 @@ def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
 # the formats k_product multiplies, as the constants its kernels branch on
-_Q6, _Q5, _Q4, _Q3, _Q2, _IQ4 = range(6)
-_IQ2 = 6
-_FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4}
-_FORMATS["iq2"] = _IQ2
+_Q6, _Q5, _Q4, _Q3, _Q2, _IQ4, _IQ2, _IQ1S, _IQ1M = range(9)
+_FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4, "iq2": _IQ2,
+            "iq1_s": _IQ1S, "iq1_m": _IQ1M}
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
 _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
 _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
 _q2_lanes, _q2_sums, _q2_sums8 = k_lanes(16, 0, 0), _q2_total, k_lanes(16, 0, 8)
 _iq4_lanes, _iq4_sums, _iq4_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (0, 1, 8))
 _iq2_lanes, _iq2_sums, _iq2_sums8 = (k_lanes(16, 0, rows, signed=True) for rows in (0, 1, 8))
+# IQ1_S and IQ1_M: the vec_dot's grid lanes and delta lanes (IQ1_S's summed) apart, the tiled kernels' values whole
+_iq1s_lanes, _iq1s_delta = k_lanes(32, 0, 0, signed=True, part="grid"), k_lanes(32, 0, 1, signed=True, part="delta")
+_iq1s_sums, _iq1s_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (1, 8))
+_iq1m_lanes, _iq1m_delta = k_lanes(16, 0, 0, signed=True, part="grid"), k_lanes(16, 0, 0, signed=True, part="delta")
+_iq1m_sums, _iq1m_sums8 = (k_lanes(16, 0, rows, signed=True) for rows in (1, 8))
 _mins, _mins8, _min_pairs = k_mins(1), k_mins(8), k_mins(1, True)
 _q2_mins, _q2_mins8, _q2_min_lanes = k_mins(1, sub=16), k_mins(8, sub=16), k_mins(1, True, sub=16)
 
@@ -395,6 +420,10 @@ def _lanes(f, q, qo, y, yo, sc, so, bs, bo):
         return _iq4_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     if f == _IQ2:
         return _iq2_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    if f == _IQ1S:
+        return _iq1s_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    if f == _IQ1M:
+        return _iq1m_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     return _q5_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
 
 
@@ -417,6 +446,12 @@ def _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):
     if f == _IQ2:
         return _iq2_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _iq2_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    if f == _IQ1S:
+        return _iq1s_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+            _iq1s_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    if f == _IQ1M:
+        return _iq1m_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+            _iq1m_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
     return _q5_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
         _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
 
@@ -433,10 +468,11 @@ def _imin(f, eight, sc, so, bs, bo, bstep):
 def _tiled_link(f, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, dx, acc):
     """One super-block of the tiled kernels' chain for eight activation rows (``eight``, lane t row t) or one
     (lane 0): s1 the lanes' exact sum, imin the min integer of the formats with mins, res = d * s1,
-    res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc), lane by lane."""
-    d = dd[i, b, 0] * _F32(0.125) if f == _IQ2 else dd[i, b, 0]      # the grid types' 1/8 in the unpacked d
+    res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc), lane by lane. The IQ2 types' 1/8 and IQ1_S's and
+    IQ1_M's eighths: d / 8 (exact), as tiled takes it."""
+    d = dd[i, b, 0] * _F32(0.125) if f == _IQ2 or f == _IQ1S or f == _IQ1M else dd[i, b, 0]
     res = vmul(vsplat(_V8, d), _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep))
-    if f == _Q6 or f == _Q3 or f == _IQ4 or f == _IQ2:
+    if f == _Q6 or f == _Q3 or f == _IQ4 or f == _IQ2 or f == _IQ1S or f == _IQ1M:
         return vfma(res, dx, acc)
     return vfma(vfma(vsplat(_V8, -dd[i, b, 1]), _imin(f, eight, sc, so, bs, bo, bstep), res), dx, acc)
 
@@ -453,9 +489,22 @@ def _min_lanes(f, sc, so, bs, bo):
 
 
 @njit(cache=True, inline="always")
+def _delta_lanes(f, q, qo, y, yo, sc, so, bs, bo):
+    """The delta's integers of one activation row's IQ1 vec_dot: IQ1_S's one (in lane 0), IQ1_M's eight lanes."""
+    if f == _IQ1S:
+        return _iq1s_delta(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    return _iq1m_delta(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+
+
+@njit(cache=True, inline="always")
 def _vec_dot_total(f, lanes_acc, mins_acc):
     """hsum_float_8 of the lanes, plus the min term: Q5_K's chain, or Q4_K's four lanes added (0 + 2) + (1 + 3)
-    (Q2_K's is in the lanes already; Q6_K, Q3_K and IQ4_XS have none); the IQ2 types' hsum times 1/8."""
+    (Q2_K's is in the lanes already; Q6_K, Q3_K and IQ4_XS have none); the IQ2 types' hsum times 1/8; or the
+    delta's chain times IQ1S_DELTA / IQ1M_DELTA, 1/8 (IQ1_S's one lane, IQ1_M's eight through hsum_float_8)."""
+    if f == _IQ1S:
+        return vhsum(lanes_acc) + _F32(0.125) * vlane(mins_acc, 0)
+    if f == _IQ1M:
+        return vhsum(lanes_acc) + _F32(0.125) * vhsum(mins_acc)
     if f == _IQ2:
         return _F32(0.125) * vhsum(lanes_acc)
     if f == _Q4:
@@ -482,7 +531,12 @@ def k_product(fmt: str) -> Callable:
     exact integer s1 (all lanes' sum) and the min integer imin of the formats with mins, res = d_w * float(s1),
     res = fnmadd(dmin_w, float(imin), res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels alike;
     their final add is contracted); here eight activation rows at a time, one in each lane, which share the
-    weight's loads. imin = sum_j m_j * (the activation's sum over sub-block j)."""
+    weight's loads. imin = sum_j m_j * (the activation's sum over sub-block j).
+    IQ1_S ("iq1_s") and IQ1_M ("iq1_m"), values 8 * grid + delta: ggml_vec_dot_iq1_s_q8_K / _iq1_m_q8_K chain the
+    grid's lanes (sub-blocks of 32 / 16) as IQ4_XS's and the delta's apart, acc1 = fma(d_x * d_w, float(delta),
+    acc1): IQ1_S's one integer (the build contracts its scalar chain), IQ1_M's eight lanes; the result
+    hsum_float_8(acc) + 1/8 * acc1 (IQ1_M: hsum_float_8(acc1)). The tiled kernels multiply the values whole,
+    with d_w / 8."""
     if fmt not in _FORMATS:
         raise ValueError(f"k_product: unknown format {fmt!r}")
     f, stride = _FORMATS[fmt], 32 if fmt == "q2_k" else 16         # scale bytes a super-block
@@ -520,6 +574,9 @@ def k_product(fmt: str) -> Callable:
                     elif f == _Q5 or f == _Q4:
                         mins_acc = vfma(vsplat(_V8, -yd[r, b] * dd[i, b, 1]), _min_lanes(f, sf, so, bf, bo),
                                         mins_acc)
+                    elif f == _IQ1S or f == _IQ1M:               # the delta's chain, beside the grid's
+                        mins_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]),
+                                        _delta_lanes(f, qf, qo, yf, yo, sf, so, bf, bo), mins_acc)
                     lanes_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]), _lanes(f, qf, qo, yf, yo, sf, so, bf, bo),
                                      lanes_acc)
                 out[r, i] = vlane(acc, 0) if tiled else _vec_dot_total(f, lanes_acc, mins_acc)

@@ -25,11 +25,13 @@ from graphir.backends.numba.quant.blocks import (dequantizer, repack_iq4_nl, rep
                                                  row_lut4, row_q2_k, row_q3_k, row_q4_0, row_q4_1, row_q4_k, row_q5_0,
                                                  row_q5_1, row_q5_k, row_q6_k, row_q8_0)
 from graphir.backends.numba.quant.blocks import row_iq2
+from graphir.backends.numba.quant.blocks import repack_iq1_m, repack_iq1_s, row_iq1
 from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_iq4_nl_as_q8_0, pack_q4_0, pack_q4_0_as_q8_0,
                                                 pack_q4_1, pack_q5_0_as_q8_0, pack_q5_1, pack_q8_0)
 from graphir.backends.numba.quant.kquant import (k_product, pack_iq4_xs, pack_q2_k, pack_q3_k, pack_q4_k,
                                                  pack_q4_k_values, pack_q5_k, pack_q6_k, q2_k_x8, q4_k_x8)
 from graphir.backends.numba.quant.kquant import pack_iq2_s, pack_iq2_xs, pack_iq2_xxs
+from graphir.backends.numba.quant.kquant import pack_iq1_m, pack_iq1_s
 from graphir.backends.numba.quant.lut4 import iq4_nl_unrepacked, lut_matmul, pack_iq4_nl, pack_mxfp4
 from graphir.backends.numba.quant.stream import GEMM_FROM, converting_gemv, gemv_f32, tiled_gemm
 
@@ -67,6 +69,7 @@ _Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K, _IQ4_XS = (k_product(f) for f in ("q2_k", "q3
                                                                      "iq4_xs"))
 _DEQ_Q2_K = dequantizer(row_q2_k)
 _IQ2, _DEQ_IQ2 = k_product("iq2"), dequantizer(row_iq2)             # IQ2_XXS, IQ2_XS, IQ2_S: one layout
+_IQ1_S, _IQ1_M, _DEQ_IQ1 = k_product("iq1_s"), k_product("iq1_m"), dequantizer(row_iq1)
 _TYPES: dict[T, _Kind] = {
     T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, tiled_gemm(row_f32), dequantizer(row_f32)),
     T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(bf16=False), tiled_gemm(row_f16),
@@ -92,6 +95,8 @@ _TYPES: dict[T, _Kind] = {
     T.IQ2_XXS: _Kind(np.uint8, "q8_K", 1, 1, pack_iq2_xxs, _IQ2, _IQ2, _DEQ_IQ2, pack_iq2_xxs),
     T.IQ2_XS: _Kind(np.uint8, "q8_K", 1, 1, pack_iq2_xs, _IQ2, _IQ2, _DEQ_IQ2, pack_iq2_xs),
     T.IQ2_S: _Kind(np.uint8, "q8_K", 1, 1, pack_iq2_s, _IQ2, _IQ2, _DEQ_IQ2, pack_iq2_s),
+    T.IQ1_S: _Kind(np.uint8, "q8_K", 1, 1, repack_iq1_s, _IQ1_S, _IQ1_S, _DEQ_IQ1, pack_iq1_s),
+    T.IQ1_M: _Kind(np.uint8, "q8_K", 1, 1, repack_iq1_m, _IQ1_M, _IQ1_M, _DEQ_IQ1, pack_iq1_m),
 }
 SUPPORTED = frozenset(_TYPES)
 # llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"), only a 2-D one
