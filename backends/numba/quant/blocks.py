@@ -113,6 +113,28 @@ def repack_iq4_xs(b):
     return values, (d[:, :, None] * scales.astype(_F32)).reshape(b.shape[0], -1)
 
 
+def tq1_0_values(b):
+    """TQ1_0 blocks (48 bytes of five base-3 digits each, 4 of four, f16 d) -> the digits 0-2 (the value plus 1) as
+    bytes in element order (rows, nb * 256) and d (rows, nb) float32. Digit k of byte q is the top of
+    (q * 3^k mod 256) * 3 in 10 bits: elements 32k + l from byte l, 160 + 16k + l from byte 32 + l, and
+    240 + 4k + l from byte 48 + l."""
+    rows, nb = b.shape[:2]
+    powers = lambda n: np.array([1, 3, 9, 27, 81][:n], np.uint8).reshape(n, 1)     # noqa: E731
+    digits = [(b[:, :, lo:hi].reshape(rows, nb, 1, hi - lo) * powers(n)).reshape(rows, nb, -1)
+              for lo, hi, n in ((0, 32, 5), (32, 48, 5), (48, 52, 4))]
+    values = (np.concatenate(digits, axis=-1).astype(np.uint16) * 3 >> 8).astype(np.uint8)
+    return values.reshape(rows, -1), block_f16(b, 52).reshape(rows, nb)
+
+
+def tq2_0_values(b):
+    """TQ2_0 blocks (64 bytes of four 2-bit values, f16 d) -> the values 0-3 (0-2 the weight plus 1; 3, which no
+    quantizer writes, counts as 2 as llama.cpp reads it) as bytes in element order (rows, nb * 256) and d
+    (rows, nb) float32: elements 128h + 32s + l are bits 2s of byte 32h + l."""
+    rows, nb = b.shape[:2]
+    values = b[:, :, 0:64].reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1) & 3
+    return values.reshape(rows, -1), block_f16(b, 64).reshape(rows, nb)
+
+
 def repack_q4_1(b):
     return _field(b, 4, 20), block_f16(b, 0), block_f16(b, 2)
 
@@ -308,6 +330,14 @@ def row_q3_k(qv, sc, dd, i, w, a, with_min):
     for j in range(qv.shape[1]):
         b = j >> 8
         w[a, j] = dd[i, b, 0] * _F32(sc[i, b, (j >> 4) & 15]) * _F32(np.int32(qv[i, j]) - 4)
+
+
+@njit(**_inl)
+def row_ternary(qv, sc, dd, i, w, a, with_min):
+    """From quant.kquant's layout of TQ1_0 and TQ2_0 (the values plus 1 as bytes in element order, d): gguf's
+    d * (value - 1), in natural order."""
+    for j in range(qv.shape[1]):
+        w[a, j] = dd[i, j >> 8, 0] * _F32(np.int32(qv[i, j]) - 1)
 
 # ---------------------------------------------------------------------------------------------------------
 # Dequantizers for get_rows / dequantize: rows ids -> out (len(ids), k) in natural order (a row is built in

@@ -29,6 +29,10 @@ after it has assembled them.
 IQ4_XS (256-element super-blocks of 4-bit codes into kvalues_iq4nl, an f16 d and eight 6-bit scales less 32) is
 never repacked either and takes the same two kernels (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC): Q6_K's
 arithmetic on signed values (pack_iq4_xs: the values as int8 bytes, 1 byte a weight against 0.53 in GGUF).
+TQ1_0 and TQ2_0 (ternary: 256 values -1, 0, 1 and one f16 d) are neither repacked nor tiled: every activation row
+goes through ggml_vec_dot_tq1_0_q8_K / _tq2_0_q8_K, which multiply the values plus 1 (0-2) and take the offset
+out through the activation's sums, lane by lane as Q6_K's vec_dot does, with every scale 1 (pack_tq1_0,
+pack_tq2_0: the values plus 1 as bytes, one shared row of unit scales; 1 byte a weight against 0.21 / 0.26).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from numba import njit, prange
 from graphir.backends.numba.primitives.bits import bits_u32, fma
 from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
-from graphir.backends.numba.quant.blocks import iq4_xs_fields, k_scales
+from graphir.backends.numba.quant.blocks import iq4_xs_fields, k_scales, tq1_0_values, tq2_0_values
 from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
 _V8 = lanes(8)
@@ -334,6 +338,24 @@ def pack_iq4_xs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return values.view(np.uint8), sc, np.stack([d, np.zeros_like(d)], axis=-1)
 
 
+_UNIT_SCALES = np.ones(16, np.int8)     # the ternary types' scales: one row every super-block reads (stride 0)
+
+
+def _pack_ternary(values: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return values, _UNIT_SCALES, np.stack([d, np.zeros_like(d)], axis=-1)
+
+
+def pack_tq1_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TQ1_0 blocks (rows, nb, 54) -> the values plus 1 (0-2) as bytes in element order (rows, nb * 256), the
+    sixteen unit scales every super-block shares and (rows, nb, 2) float32 d, 0 (no min)."""
+    return _pack_ternary(*tq1_0_values(b))
+
+
+def pack_tq2_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TQ2_0 blocks (rows, nb, 66) -> as pack_tq1_0 (the values plus 1, 0-3)."""
+    return _pack_ternary(*tq2_0_values(b))
+
+
 def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K blocks (rows, nb, 144) -> as pack_q5_k (the values 0-15): Q4_K rows k_product multiplies."""
     sm, d = _scales_mins_d(b)
@@ -342,13 +364,15 @@ def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
 # the formats k_product multiplies, as the constants its kernels branch on
-_Q6, _Q5, _Q4, _Q3, _Q2, _IQ4 = range(6)
-_FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4}
+_Q6, _Q5, _Q4, _Q3, _Q2, _IQ4, _TQ = range(7)
+_FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4, "ternary": _TQ}
+_SCALE_BYTES = {"q2_k": 32, "ternary": 0}                  # a super-block's scale bytes, where not 16
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
 _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
 _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
 _q2_lanes, _q2_sums, _q2_sums8 = k_lanes(16, 0, 0), _q2_total, k_lanes(16, 0, 8)
 _iq4_lanes, _iq4_sums, _iq4_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (0, 1, 8))
+_tq_lanes = k_lanes(16, 1, 0)                               # the values plus 1, the 1 out through the sums
 _mins, _mins8, _min_pairs = k_mins(1), k_mins(8), k_mins(1, True)
 _q2_mins, _q2_mins8, _q2_min_lanes = k_mins(1, sub=16), k_mins(8, sub=16), k_mins(1, True, sub=16)
 
@@ -364,6 +388,8 @@ def _lanes(f, q, qo, y, yo, sc, so, bs, bo):
         return _q2_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     if f == _IQ4:
         return _iq4_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    if f == _TQ:
+        return _tq_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     return _q5_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
 
 
@@ -420,7 +446,7 @@ def _min_lanes(f, sc, so, bs, bo):
 @njit(cache=True, inline="always")
 def _vec_dot_total(f, lanes_acc, mins_acc):
     """hsum_float_8 of the lanes, plus the min term: Q5_K's chain, or Q4_K's four lanes added (0 + 2) + (1 + 3)
-    (Q2_K's is in the lanes already; Q6_K, Q3_K and IQ4_XS have none)."""
+    (Q2_K's is in the lanes already; Q6_K, Q3_K, IQ4_XS and the ternary types have none)."""
     if f == _Q4:
         return vhsum(lanes_acc) + ((vlane(mins_acc, 0) + vlane(mins_acc, 2)) + (vlane(mins_acc, 1) + vlane(mins_acc, 3)))
     if f == _Q5:
@@ -429,12 +455,16 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 
 
 def k_product(fmt: str) -> Callable:
-    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k") or IQ4_XS
-    ("iq4_xs") rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a
-    matrix it does not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K
-    / _q2_K_q8_K / _iq4_xs_q8_K (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes
+    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k"), IQ4_XS
+    ("iq4_xs") or TQ1_0 and TQ2_0 ("ternary") rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat
+    and mul_mat_id multiply a matrix it does not repack: below _TILED_FROM rows (the ternary types: always),
+    ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K / _iq4_xs_q8_K / _tq1_0_q8_K /
+    _tq2_0_q8_K (their AVX2 code, which AVX-512 builds take too; the ternary ones' sum of the values plus 1 less
+    the activation's sums in int16 lanes, which cannot overflow, and their mul + add, which the build contracts):
+    per super-block eight int32 lanes
     (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products;
-    IQ4_XS's signed values through the sign trick, sub-blocks of 32, no offset), acc = fma(d_x * d_w, float(lane),
+    IQ4_XS's signed values through the sign trick, sub-blocks of 32, no offset; the ternary types' as Q6_K's with
+    unit scales and an offset of 1), acc = fma(d_x * d_w, float(lane),
     acc) lane by lane, hsum_float_8 at the end, and the min term: Q5_K's chained apart, added last,
     summs = fma(-d_x * dmin_w, float(imin), summs) (the build contracts it), Q4_K's the same in four lanes, lane p
     the terms of sub-blocks 2p and 2p + 1, added (0 + 2) + (1 + 3); Q2_K's in the lanes' own chain, each super-block
@@ -446,7 +476,7 @@ def k_product(fmt: str) -> Callable:
     weight's loads. imin = sum_j m_j * (the activation's sum over sub-block j)."""
     if fmt not in _FORMATS:
         raise ValueError(f"k_product: unknown format {fmt!r}")
-    f, stride = _FORMATS[fmt], 32 if fmt == "q2_k" else 16         # scale bytes a super-block
+    f, stride = _FORMATS[fmt], _SCALE_BYTES.get(fmt, 16)
 
     @njit(**_exact)
     def product(qv, sc, dd, x, out):
@@ -455,7 +485,7 @@ def k_product(fmt: str) -> Callable:
         yf, yd, ysum = _q8_k(x)
         qf, sf, bf = qv.reshape(-1), sc.reshape(-1), ysum.reshape(-1)
         ydt = np.ascontiguousarray(yd.T).reshape(-1)         # d_x of rows r .. r + 7 side by side
-        tiled = n >= _TILED_FROM
+        tiled = n >= _TILED_FROM and f != _TQ                # ggml-cpu/tiled leaves the ternary types to the vec_dot
         in_eights = n - (n & 7) if tiled else 0
         for i in prange(rows):
             for r in range(0, in_eights, 8):                  # the tiled kernels, eight rows at a time
