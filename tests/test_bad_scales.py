@@ -43,6 +43,9 @@ POISON: dict[str, tuple[gguf.GGMLQuantizationType, list[tuple[int, bytes]]]] = {
     "Q2_K": (gguf.GGMLQuantizationType.Q2_K, [(80, INF), (80, NAN), (82, INF), (82, NAN)]),     # d, then dmin
     "IQ4_NL": (gguf.GGMLQuantizationType.IQ4_NL, [(0, INF), (0, NAN), (0, NEG_INF)]),
     "IQ4_XS": (gguf.GGMLQuantizationType.IQ4_XS, [(0, INF), (0, NAN), (2, b"\xff" * 6)]),      # d; scales 31
+    # d, then bytes no quantizer writes (TQ1_0's 1, which its base-3 encoding skips; TQ2_0's 2-bit 3s)
+    "TQ1_0": (gguf.GGMLQuantizationType.TQ1_0, [(52, INF), (52, NAN), (52, NEG_INF), (0, b"\x01" * 48)]),
+    "TQ2_0": (gguf.GGMLQuantizationType.TQ2_0, [(64, INF), (64, NAN), (0, b"\xff" * 64)]),
 }
 ROWS_APART = 7  # poisoned rows 0, 7, 14, ...: several of the kernels' row groups, healthy rows between them
 

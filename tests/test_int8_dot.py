@@ -82,7 +82,7 @@ def test_q4_1_halves_hold_each_rows_low_then_high_lane_sums(flavour, n):
 @pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("sub, bias, top, lane_bias, signed", [
     (16, 32, 63, False, False), (32, 0, 31, False, False), (16, 4, 7, True, False), (16, 0, 3, False, False),
-    (32, 0, 127, False, True)], ids=["q6_k", "q5_k", "q3_k", "q2_k", "iq4_xs"])
+    (32, 0, 127, False, True), (16, 1, 3, False, False)], ids=["q6_k", "q5_k", "q3_k", "q2_k", "iq4_xs", "ternary"])
 def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, sub, bias, top, lane_bias, signed):
     """Lane l: over runs g of 32, scale[(32g + 4l) // sub] times the products of elements 4l .. 4l + 3 of the
     run, less bias * (scale[2l] * bsum[2l] + scale[2l + 1] * bsum[2l + 1]), or with lane_bias (Q3_K) the
