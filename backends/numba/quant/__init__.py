@@ -48,9 +48,10 @@ The table (quant.weight) has one row per type: activation format, the stream lay
                 order on AVX-512, quant.kquant)
     IQ4_XS Q8_K the values (int8) as bytes, the scales less 32 as     1.094       [0.5313]
                 int8, f32 d and 0 (quant.kquant)
-    TQ1_0 Q8_K  the values plus 1 (0-2) as bytes, f32 d and 0; one   1.031       [0.2109]
-                row of unit scales for all (quant.kquant)
-    TQ2_0 Q8_K  as TQ1_0                                             1.031       [0.2578]
+    TQ1_0 Q8_K  the values plus 1 (0-2) two bits each in TQ2_0's      0.281       [0.2109]
+                order, f32 d and 0; one row of unit scales for all
+                (quant.kquant)
+    TQ2_0 Q8_K  as TQ1_0 (GGUF's value bytes as they are)             0.281       [0.2578]
     F32, F16, BF16: no copy; the kernels read the data in place (F16/BF16 converted per row in registers/L1).
     (*2) MXFP4 (gpt-oss's experts) lays nibbles out as Q4_0; a code indexes ggml's doubled e2m1 table
     (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), so the E8M0 scale is halved (GGML_E8M0_TO_FP32_HALF).

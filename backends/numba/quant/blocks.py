@@ -126,15 +126,6 @@ def tq1_0_values(b):
     return values.reshape(rows, -1), block_f16(b, 52).reshape(rows, nb)
 
 
-def tq2_0_values(b):
-    """TQ2_0 blocks (64 bytes of four 2-bit values, f16 d) -> the values 0-3 (0-2 the weight plus 1; 3, which no
-    quantizer writes, counts as 2 as llama.cpp reads it) as bytes in element order (rows, nb * 256) and d
-    (rows, nb) float32: elements 128h + 32s + l are bits 2s of byte 32h + l."""
-    rows, nb = b.shape[:2]
-    values = b[:, :, 0:64].reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1) & 3
-    return values.reshape(rows, -1), block_f16(b, 64).reshape(rows, nb)
-
-
 def repack_q4_1(b):
     return _field(b, 4, 20), block_f16(b, 0), block_f16(b, 2)
 
@@ -334,10 +325,11 @@ def row_q3_k(qv, sc, dd, i, w, a, with_min):
 
 @njit(**_inl)
 def row_ternary(qv, sc, dd, i, w, a, with_min):
-    """From quant.kquant's layout of TQ1_0 and TQ2_0 (the values plus 1 as bytes in element order, d): gguf's
+    """From quant.kquant's layout of TQ1_0 and TQ2_0 (the values plus 1 two bits each in TQ2_0's order, d): gguf's
     d * (value - 1), in natural order."""
-    for j in range(qv.shape[1]):
-        w[a, j] = dd[i, j >> 8, 0] * _F32(np.int32(qv[i, j]) - 1)
+    for j in range(qv.shape[1] << 2):
+        q = np.int32(qv[i, (j >> 8 << 6) + ((j >> 7 & 1) << 5) + (j & 31)]) >> ((j >> 5 & 3) << 1) & 3
+        w[a, j] = dd[i, j >> 8, 0] * _F32(q - 1)
 
 # ---------------------------------------------------------------------------------------------------------
 # Dequantizers for get_rows / dequantize: rows ids -> out (len(ids), k) in natural order (a row is built in

@@ -32,7 +32,8 @@ arithmetic on signed values (pack_iq4_xs: the values as int8 bytes, 1 byte a wei
 TQ1_0 and TQ2_0 (ternary: 256 values -1, 0, 1 and one f16 d) are neither repacked nor tiled: every activation row
 goes through ggml_vec_dot_tq1_0_q8_K / _tq2_0_q8_K, which multiply the values plus 1 (0-2) and take the offset
 out through the activation's sums, lane by lane as Q6_K's vec_dot does, with every scale 1 (pack_tq1_0,
-pack_tq2_0: the values plus 1 as bytes, one shared row of unit scales; 1 byte a weight against 0.21 / 0.26).
+pack_tq2_0: the values plus 1 two bits each in TQ2_0's order, unpacked in registers, and one shared row of unit
+scales; 0.28 bytes a weight against 0.21 / 0.26 in GGUF).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from numba import njit, prange
 from graphir.backends.numba.primitives.bits import bits_u32, fma
 from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
-from graphir.backends.numba.quant.blocks import iq4_xs_fields, k_scales, tq1_0_values, tq2_0_values
+from graphir.backends.numba.quant.blocks import block_f16, iq4_xs_fields, k_scales, tq1_0_values
 from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
 _V8 = lanes(8)
@@ -341,19 +342,25 @@ def pack_iq4_xs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 _UNIT_SCALES = np.ones(16, np.int8)     # the ternary types' scales: one row every super-block reads (stride 0)
 
 
-def _pack_ternary(values: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return values, _UNIT_SCALES, np.stack([d, np.zeros_like(d)], axis=-1)
-
-
-def pack_tq1_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """TQ1_0 blocks (rows, nb, 54) -> the values plus 1 (0-2) as bytes in element order (rows, nb * 256), the
-    sixteen unit scales every super-block shares and (rows, nb, 2) float32 d, 0 (no min)."""
-    return _pack_ternary(*tq1_0_values(b))
+def _pack_ternary(crumbs: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return crumbs, _UNIT_SCALES, np.stack([d, np.zeros_like(d)], axis=-1)
 
 
 def pack_tq2_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """TQ2_0 blocks (rows, nb, 66) -> as pack_tq1_0 (the values plus 1, 0-3)."""
-    return _pack_ternary(*tq2_0_values(b))
+    """TQ2_0 blocks (rows, nb, 66) -> the values plus 1 (0-2; 3, which no quantizer writes, read as llama.cpp reads
+    it) two bits each, GGUF's 64 bytes a super-block as they are (rows, nb * 64) (element 128h + 32s + l: bits 2s
+    of byte 32h + l), the sixteen unit scales every super-block shares and (rows, nb, 2) float32 d, 0 (no min)."""
+    rows, nb = b.shape[:2]
+    return _pack_ternary(np.ascontiguousarray(b[:, :, 0:64]).reshape(rows, -1), block_f16(b, 64).reshape(rows, nb))
+
+
+def pack_tq1_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TQ1_0 blocks (rows, nb, 54) -> as pack_tq2_0: its base-3 digits (the values plus 1) in TQ2_0's bits."""
+    values, d = tq1_0_values(b)
+    rows, nb = d.shape
+    runs = values.reshape(rows, nb, 2, 4, 32) << np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    crumbs = runs[:, :, :, 0] | runs[:, :, :, 1] | runs[:, :, :, 2] | runs[:, :, :, 3]
+    return _pack_ternary(crumbs.reshape(rows, -1), d)
 
 
 def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -367,12 +374,13 @@ _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) t
 _Q6, _Q5, _Q4, _Q3, _Q2, _IQ4, _TQ = range(7)
 _FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4, "ternary": _TQ}
 _SCALE_BYTES = {"q2_k": 32, "ternary": 0}                  # a super-block's scale bytes, where not 16
+_VALUE_BYTES = {"ternary": 64}                              # and its value bytes, where not 256
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
 _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
 _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
 _q2_lanes, _q2_sums, _q2_sums8 = k_lanes(16, 0, 0), _q2_total, k_lanes(16, 0, 8)
 _iq4_lanes, _iq4_sums, _iq4_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (0, 1, 8))
-_tq_lanes = k_lanes(16, 1, 0)                               # the values plus 1, the 1 out through the sums
+_tq_lanes = k_lanes(16, 1, 0, crumbs=True)                  # the values plus 1, the 1 out through the sums
 _mins, _mins8, _min_pairs = k_mins(1), k_mins(8), k_mins(1, True)
 _q2_mins, _q2_mins8, _q2_min_lanes = k_mins(1, sub=16), k_mins(8, sub=16), k_mins(1, True, sub=16)
 
@@ -476,7 +484,7 @@ def k_product(fmt: str) -> Callable:
     weight's loads. imin = sum_j m_j * (the activation's sum over sub-block j)."""
     if fmt not in _FORMATS:
         raise ValueError(f"k_product: unknown format {fmt!r}")
-    f, stride = _FORMATS[fmt], _SCALE_BYTES.get(fmt, 16)
+    f, stride, vstride = _FORMATS[fmt], _SCALE_BYTES.get(fmt, 16), _VALUE_BYTES.get(fmt, 256)
 
     @njit(**_exact)
     def product(qv, sc, dd, x, out):
@@ -491,7 +499,7 @@ def k_product(fmt: str) -> Callable:
             for r in range(0, in_eights, 8):                  # the tiled kernels, eight rows at a time
                 acc = vzero(_V8)
                 for b in range(nb):
-                    acc = _tiled_link(f, True, dd, i, b, qf, max((i * nb + b) * 256, 0), yf, max(r * k + b * 256, 0),
+                    acc = _tiled_link(f, True, dd, i, b, qf, max((i * nb + b) * vstride, 0), yf, max(r * k + b * 256, 0),
                                       k, sf, max((i * nb + b) * stride, 0), bf, max((r * nb + b) * 16, 0), nb * 16,
                                       vload(_V8, ydt, max(b * n + r, 0)), acc)
                 for t in range(8):
@@ -499,7 +507,7 @@ def k_product(fmt: str) -> Callable:
             for r in range(in_eights, n):
                 acc, mins_acc, lanes_acc = vzero(_V8), vzero(_V8), vzero(_V8)
                 for b in range(nb):
-                    qo, yo = max((i * nb + b) * 256, 0), max(r * k + b * 256, 0)
+                    qo, yo = max((i * nb + b) * vstride, 0), max(r * k + b * 256, 0)
                     so, bo = max((i * nb + b) * stride, 0), max((r * nb + b) * 16, 0)
                     if tiled:                                 # the tiled kernels' last rows
                         acc = _tiled_link(f, False, dd, i, b, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
