@@ -469,12 +469,11 @@ def k_product(fmt: str) -> Callable:
     ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K / _iq4_xs_q8_K / _tq1_0_q8_K /
     _tq2_0_q8_K (their AVX2 code, which AVX-512 builds take too; the ternary ones' sum of the values plus 1 less
     the activation's sums in int16 lanes, which cannot overflow, and their mul + add, which the build contracts):
-    per super-block eight int32 lanes
-    (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products;
-    IQ4_XS's signed values through the sign trick, sub-blocks of 32, no offset; the ternary types' as Q6_K's with
-    unit scales and an offset of 1), acc = fma(d_x * d_w, float(lane),
-    acc) lane by lane, hsum_float_8 at the end, and the min term: Q5_K's chained apart, added last,
-    summs = fma(-d_x * dmin_w, float(imin), summs) (the build contracts it), Q4_K's the same in four lanes, lane p
+    per super-block eight int32 lanes (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values signed, its offset of 4
+    out of each lane's own products; IQ4_XS's signed values through the sign trick, sub-blocks of 32, no offset;
+    the ternary types' as Q6_K's with unit scales and an offset of 1, from two bits a value),
+    acc = fma(d_x * d_w, float(lane), acc) lane by lane, hsum_float_8 at the end, and the min term: Q5_K's
+    chained apart, added last, summs = fma(-d_x * dmin_w, float(imin), summs) (the build contracts it), Q4_K's the same in four lanes, lane p
     the terms of sub-blocks 2p and 2p + 1, added (0 + 2) + (1 + 3); Q2_K's in the lanes' own chain, each super-block
     acc = fma(-d_x * dmin_w, float(pair), acc) before its lanes' FMA, pair p the terms of its sub-blocks 2p and
     2p + 1 (of 16). From _TILED_FROM rows, ggml-cpu/tiled (Q4_K's as Q5_K's): per super-block the
