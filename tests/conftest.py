@@ -179,14 +179,14 @@ def half(x: np.ndarray) -> np.ndarray:
 
 def make_weight(qtype: gguf.GGMLQuantizationType, rows: int, ne0: int, rng: np.random.Generator) -> np.ndarray:
     """Raw GGUF data for a random weight (std ~ 1/sqrt(ne0)): gguf's quantizers where they exist (F16, BF16,
-    Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4), random valid blocks otherwise (K-quants, which gguf cannot quantize)."""
+    Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4, TQ1_0, TQ2_0), random valid blocks otherwise (K-quants, which gguf cannot quantize)."""
     Q = gguf.GGMLQuantizationType
     w = (rng.standard_normal((rows, ne0)) / np.sqrt(ne0)).astype(np.float32)
     if qtype == Q.F32:
         return w
     if qtype == Q.F16:
         return w.astype(np.float16)
-    if qtype in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.MXFP4):
+    if qtype in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.MXFP4, Q.TQ1_0, Q.TQ2_0):
         return gguf.quants.quantize(w, qtype)
     block, tsize = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, ne0 // block, tsize), dtype=np.uint8)

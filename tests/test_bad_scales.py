@@ -53,6 +53,9 @@ POISON: dict[str, tuple[gguf.GGMLQuantizationType, list[tuple[int, bytes]]]] = {
     "IQ1_M": (gguf.GGMLQuantizationType.IQ1_M, [(48, struct.pack("<4H", 0, 0, 0xC000, 0x7000)),
                                                  (48, struct.pack("<4H", 0, 0, 0xE000, 0x7000)),
                                                  (48, struct.pack("<4H", 0, 0, 0xC000, 0xF000))]),
+    # d, then bytes no quantizer writes (TQ1_0's 1, which its base-3 encoding skips; TQ2_0's 2-bit 3s)
+    "TQ1_0": (gguf.GGMLQuantizationType.TQ1_0, [(52, INF), (52, NAN), (52, NEG_INF), (0, b"\x01" * 48)]),
+    "TQ2_0": (gguf.GGMLQuantizationType.TQ2_0, [(64, INF), (64, NAN), (0, b"\xff" * 64)]),
 }
 ROWS_APART = 7  # poisoned rows 0, 7, 14, ...: several of the kernels' row groups, healthy rows between them
 

@@ -124,6 +124,38 @@ def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, 
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
+def test_k_quant_lanes_of_crumbs_are_those_of_their_values(flavour):
+    """``crumbs`` (the ternary types' layout): values 0-3 two bits each, 64 bytes a super-block, element
+    128h + 32s + l in bits 2s of byte 32h + l, give the lanes of those values, here with the offset of 1 taken out
+    through the activation's sums (lane l less sc[2l] * bsum[2l] + sc[2l + 1] * bsum[2l + 1]), for one row's
+    lanes and eight rows' sums; the largest values (every crumb 3) against quants of +-127 included."""
+    each, eight = (k_lanes(16, 1, rows, flavour, crumbs=True) for rows in (0, 8))
+
+    @njit
+    def run(v, q, y, sc, bs, out):
+        vstore(out, 0, each(v, q, 64, y, 256, 0, sc, 0, bs, 16, 0))
+        vstore(out, 8, eight(v, q, 64, y, 0, 256, sc, 0, bs, 0, 16))
+
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        values = rng.integers(0, 4, 256).astype(np.uint8)
+        y = rng.integers(-127, 128, (8, 256)).astype(np.int8)
+        sc = rng.integers(-128, 128, 16).astype(np.int8)
+        if trial == 0:
+            values[:], y[1] = 3, np.where(np.arange(256) % 32 < 4, 127, -127)
+        crumbs = (values.reshape(2, 4, 32) << np.array([0, 2, 4, 6], np.uint8)[:, None]).sum(1, dtype=np.uint8)
+        q = np.concatenate([rng.integers(0, 256, 64).astype(np.uint8), crumbs.reshape(-1)])  # a block before it
+        bs = y.astype(np.int32).reshape(8, 16, 16).sum(axis=2).astype(np.int32)
+        out = np.empty(16, np.float32)
+        run(lanes(8), q, y.reshape(-1), sc, bs.reshape(-1), out)
+        per_lane = sc.astype(np.int64)[(32 * np.arange(8)[:, None] + 4 * np.arange(8)) // 16]     # [run][lane]
+        want = ((values.astype(np.int64) * y).reshape(8, 8, 8, 4).sum(axis=3) * per_lane).sum(axis=1)
+        want -= sc[0::2].astype(np.int64) * bs[:, 0::2] + sc[1::2].astype(np.int64) * bs[:, 1::2]
+        assert np.array_equal(out[:8], want[1].astype(np.float32)), (flavour, trial)
+        assert np.array_equal(out[8:], want.sum(axis=1).astype(np.float32)), (flavour, trial)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_k_quant_lanes_of_half_a_super_block_are_its_second_halfs_integer(flavour):
     """runs=4 from element 128 and scale 8 on (the integer of ggml_gemm_q2_K_8x8_q8_K per half super-block): lane 0
     is sum over elements 128 .. 255 of scale[e // 16] * q * y, the other lanes 0."""

@@ -30,6 +30,7 @@ QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K
 GRIDS = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]    # signed values of a grid codebook, scales 2s + 1, a factor 1/8
 QUANTS += GRIDS
 QUANTS += [T.IQ1_S, T.IQ1_M]
+QUANTS += [T.TQ1_0, T.TQ2_0]
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
 # NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
@@ -40,6 +41,7 @@ NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4,
             T.IQ4_XS: 2e-4}
 NMSE_MAX |= {T.IQ2_XXS: 2e-4, T.IQ2_XS: 2e-4, T.IQ2_S: 2e-4}   # measured 4.9e-5, 5.4e-5, 5.6e-5
 NMSE_MAX.update({T.IQ1_S: 2e-4, T.IQ1_M: 2e-4})     # measured the same way: 5.9e-5 and 7.9e-5
+NMSE_MAX.update({T.TQ1_0: 2e-4, T.TQ2_0: 2e-4})        # measured 6.4e-5 (gguf's ternary blocks)
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
 # rounding of Q8_1's s alone gives 3e-4)
@@ -165,6 +167,8 @@ def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
         e = b[..., 0].astype(np.uint32)
         d = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32)
         return np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12])[nib(b[..., 1:17])], d.view(F32)
+    if qtype in (T.TQ1_0, T.TQ2_0):  # ternary values -1..1 (TQ2_0's 2-bit 3, no quantizer's, reads as 2), one d
+        return ternary_digits(b, qtype) - 1, f16(tsize - 2), np.ones((*b.shape[:2], 1), np.int64)
     if qtype in GRIDS:
         return grid_ints(b, qtype)
     raise AssertionError(qtype)
@@ -196,6 +200,21 @@ def grid_ints(b: np.ndarray, qtype: T):
     return (table[index] * (1 - 2 * negative)).reshape(*b.shape[:2], 256), f16, scales
 
 
+def ternary_digits(b: np.ndarray, qtype: T) -> np.ndarray:
+    """The values plus 1 of TQ1_0 / TQ2_0 blocks (rows, nb, size) in element order, as ggml_vec_dot_tq1_0_q8_K and
+    _tq2_0_q8_K read them: TQ1_0's byte q (the first 48 five digits each, the next 4 four) times 3^k in 8 bits, less
+    1 without going below 0, averaged (rounding up) with its own average with 0, bits 6-7 of that; TQ2_0's
+    element 128h + 32s + l the bits 2s of byte 32h + l."""
+    b = b.astype(np.int64)
+    if qtype == T.TQ2_0:
+        return np.concatenate([(b[..., 32 * h:32 * h + 32] >> 2 * s) & 3 for h in range(2) for s in range(4)], -1)
+    parts = [b[..., 0:32] * 3 ** k for k in range(5)] + [b[..., 32:48] * 3 ** k for k in range(5)]
+    q = np.concatenate(parts + [np.tile(b[..., 48:52], 4) * 3 ** (np.arange(16) // 4)], -1) & 255
+    q = np.maximum(q - 1, 0)                                        # _mm256_subs_epu8(q, 1)
+    avg = lambda a, c: (a + c + 1) >> 1                             # noqa: E731  (_mm256_avg_epu8)
+    return (avg(q, avg(q, 0)) >> 6) & 3
+
+
 def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarray:
     """x @ W.T the way ggml's CPU backend computes it, in float64 after the exact integer parts."""
     f64 = np.float64
@@ -223,7 +242,7 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
         g, values = sc.shape[-1], 8 * qw + delta
         isum = np.einsum("rbgk,nbgk->nrbg", values.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
         return ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1) / 8).sum(-1)
-    if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS, *GRIDS):                   # sub-blocks of 16 / 32, no min
+    if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS, *GRIDS, T.TQ1_0, T.TQ2_0):  # sub-blocks of 16 / 32 / 256, no min
         qw, dw, sc = wi
         g = sc.shape[-1]
         isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
@@ -792,3 +811,44 @@ def test_iq1_is_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_e
     assert (np.abs(grid) == 1).all() and (sc == 15).all() and (np.abs(q8k_blocks(x[-1:])[0]) == 127).all()
     assert_bits_equal(QWeight.prepare(raw, qtype, ne0).matmul(x), want)
     assert_bits_equal(QWeight(raw, qtype, ne0, use="expert").matmul(x), want)
+
+
+@pytest.mark.parametrize("qtype", [T.TQ1_0, T.TQ2_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17])
+def test_ternary_types_are_llama_cpps_vec_dot_for_every_number_of_rows(qtype, n):
+    """ggml_vec_dot_tq1_0_q8_K / _tq2_0_q8_K (AVX2 code, which AVX-512 builds take too), which llama.cpp's mul_mat
+    and mul_mat_id take for any number of activation rows (ggml-cpu/tiled, tinyBLAS and the repacked kernels leave
+    these types alone): per super-block sixteen int16 lanes, lane k the products of the values plus 1 (0-2; TQ2_0's
+    3 counts as 3) of bytes 2k, 2k + 1 of each run of 32 elements with the activation's quants, less the
+    activation's sum over its sub-block k of 16; pairs of them added into eight int32 lanes, converted, and
+    acc = fma(float(lane), d_x * d_w, acc) lane by lane (the build contracts its mul and add), hsum_float_8 at the
+    end. Three super-blocks a row; one row all +1 (TQ2_0: its largest bytes, the 2-bit 3s), one all -1, and x's
+    last row +-1 over its first super-block (1 on lane 0's elements), so the int16 lanes reach their largest
+    sums, which stay in range; the other super-blocks random, where the order of the float operations shows."""
+    rng = np.random.default_rng(n)
+    rows, ne0, tsize = 16, 768, gguf.GGML_QUANT_SIZES[qtype][1]
+    raw = make_weight(qtype, rows, ne0, rng)
+    blocks = raw.reshape(rows, -1, tsize)
+    blocks[3, :, :tsize - 2], blocks[4, :, :tsize - 2] = 255, 0
+    x = rng.standard_normal((n, ne0)).astype(F32)
+    x[-1, :256] = np.where(np.arange(256) % 32 < 4, 1.0, -1.0)
+    values = ternary_digits(blocks, qtype)                                # (rows, nb, 256)
+    d = blocks[..., tsize - 2:].copy().view(np.float16)[..., 0].astype(F32)
+    assert values[3].min() == (2 if qtype == T.TQ1_0 else 3) and values[4].max() == 0
+    qx, dx, bsums = q8k_blocks(x)                                         # (n, nb, 256), (n, nb), (n, nb, 16)
+    nb = d.shape[1]
+    products = np.einsum("rbtkp,nbtkp->nrbk", values.reshape(rows, nb, 8, 16, 2), qx.reshape(n, nb, 8, 16, 2))
+    int16_lanes = products - bsums[:, None]                               # (n, rows, nb, 16)
+    assert np.abs(int16_lanes).max() < 2 ** 15 and np.abs(int16_lanes[-1, 3]).max() >= 16 * 2 * 127
+    lanes = int16_lanes.reshape(n, rows, nb, 8, 2).sum(-1).astype(F32)
+    want, tiled = np.empty((n, rows), F32), np.empty((n, rows), F32)
+    for r in range(n):
+        acc, tiled_acc = np.zeros((rows, 8), F32), np.zeros(rows, F32)
+        for b in range(nb):
+            acc = _fma(lanes[r, :, b], (dx[r, b] * d[:, b, None]).astype(F32), acc)
+            tiled_acc = _fma(d[:, b] * lanes[r, :, b].sum(-1), dx[r, b], tiled_acc)
+        want[r], tiled[r] = _hsum8(acc), tiled_acc
+    assert not np.array_equal(want, tiled)                                # the other order shows in the bits
+    assert_bits_equal(QWeight.prepare(raw, qtype, ne0).matmul(x), want)
+    assert_bits_equal(QWeight(raw, qtype, ne0, use="expert").matmul(x), want)
+    assert_bits_equal(QWeight(raw, qtype, ne0, use="stack").matmul(x), want)

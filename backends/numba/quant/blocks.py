@@ -177,6 +177,19 @@ def repack_iq1_m(b):
     return values, _per_16(scales, d)
 
 
+def tq1_0_values(b):
+    """TQ1_0 blocks (48 bytes of five base-3 digits each, 4 of four, f16 d) -> the digits 0-2 (the value plus 1) as
+    bytes in element order (rows, nb * 256) and d (rows, nb) float32. Digit k of byte q is the top of
+    (q * 3^k mod 256) * 3 in 10 bits: elements 32k + l from byte l, 160 + 16k + l from byte 32 + l, and
+    240 + 4k + l from byte 48 + l."""
+    rows, nb = b.shape[:2]
+    powers = lambda n: np.array([1, 3, 9, 27, 81][:n], np.uint8).reshape(n, 1)     # noqa: E731
+    digits = [(b[:, :, lo:hi].reshape(rows, nb, 1, hi - lo) * powers(n)).reshape(rows, nb, -1)
+              for lo, hi, n in ((0, 32, 5), (32, 48, 5), (48, 52, 4))]
+    values = (np.concatenate(digits, axis=-1).astype(np.uint16) * 3 >> 8).astype(np.uint8)
+    return values.reshape(rows, -1), block_f16(b, 52).reshape(rows, nb)
+
+
 def repack_q4_1(b):
     return _field(b, 4, 20), block_f16(b, 0), block_f16(b, 2)
 
@@ -389,6 +402,16 @@ def row_iq2(qv, sc, dd, i, w, a, with_min):
     for j in range(qv.shape[1]):
         b, v = j >> 8, np.int32(qv[i, j])
         w[a, j] = dd[i, b, 0] * _F32(sc[i, b, (j >> 4) & 15]) * _F32(0.125) * _F32(v - 256 if v > 127 else v)
+
+
+@njit(**_inl)
+def row_ternary(qv, sc, dd, i, w, a, with_min):
+    """From quant.kquant's layout of TQ1_0 and TQ2_0 (the values plus 1 two bits each in TQ2_0's order, d): gguf's
+    d * (value - 1), in natural order."""
+    for j in range(qv.shape[1] << 2):
+        q = np.int32(qv[i, (j >> 8 << 6) + ((j >> 7 & 1) << 5) + (j & 31)]) >> ((j >> 5 & 3) << 1) & 3
+        w[a, j] = dd[i, j >> 8, 0] * _F32(q - 1)
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Dequantizers for get_rows / dequantize: rows ids -> out (len(ids), k) in natural order (a row is built in

@@ -204,7 +204,8 @@ def nibble_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
 
 
 def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, lane_bias: bool = False,
-            signed: bool = False, part: str | None = None) -> Callable[..., Any]:
+            signed: bool = False, part: str | None = None,
+            crumbs: bool = False) -> Callable[..., Any]:
     """An intrinsic lanes(proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) for a register of 8 lanes: a K-quant
     super-block's int32 lanes as ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (AVX2) form them, as float32. q: the 256
     values as unsigned bytes in element order from q[qo] (uint8); y: the 256 activation quants from y[yo] (int8);
@@ -220,13 +221,16 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, 
     them all. ``signed``: q's bytes are int8 values (IQ4_XS's), multiplied as ggml does, |value| by the quant
     with the value's sign. ``part`` (signed values 8 * g + e, g in -1 .. 1 and e = +-1: IQ1_S's and IQ1_M's grid
     value and delta sign, as ggml-cpu/tiled multiplies them whole): "grid" takes g, "delta" e, the two sums
-    ggml_vec_dot_iq1_s_q8_K / _iq1_m_q8_K keep apart."""
+    ggml_vec_dot_iq1_s_q8_K / _iq1_m_q8_K keep apart. ``crumbs``: the values 0-3 two bits each, 64 bytes a
+    super-block in TQ2_0's order (element 128h + 32s + l in bits 2s of byte 32h + l), unpacked in registers as
+    ggml_vec_dot_tq2_0_q8_K does."""
     if sub not in (16, 32) or (bias and sub != 16) or not 0 <= rows <= 8 or runs not in (4, 8) \
             or (runs < 8 and bias and not lane_bias) or (signed and (bias or lane_bias)) \
-            or part not in (None, "grid", "delta") or (part and not signed) \
+            or part not in (None, "grid", "delta") or (part and not signed) or (crumbs and signed) \
             or flavour not in ("vnni", "pmadd", "generic"):
         raise ValueError(f"k_lanes: no sub-block size {sub} with bias {bias} for {rows} rows over {runs} runs"
-                         f"{' of signed values' if signed else ''}{f' ({part})' if part else ''}, or unknown "
+                         f"{' of signed values' if signed else ''}{f' ({part})' if part else ''}"
+                         f"{' in crumbs' if crumbs else ''}, or unknown "
                          f"flavour {flavour!r}")
     i32x8, wide = ir.VectorType(_I32, 8), WIDE_LANES        # runs of 32 formed two at a time on AVX-512
 
@@ -247,7 +251,17 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, 
             raw_scales = load(6, 0, 16, _I8)                  # sub 32: 8 scales (and 8 bytes not read)
             step = wide // 8
             group = range(0, runs, step)
-            values = [_part(builder, load(1, 32 * g, 4 * wide, _I8), part) for g in group]
+
+            def crumb_run(g: int) -> ir.Value:               # run g of 32 values from its 2-bit fields
+                raw = load(1, 32 * (g // 4), 32, _I8)
+                shifted = builder.lshr(raw, ir.Constant(raw.type, [2 * (g % 4)] * 32)) if g % 4 else raw
+                return builder.and_(shifted, ir.Constant(raw.type, [3] * 32))
+
+            if crumbs:
+                values = [crumb_run(g) if step == 1 else builder.shuffle_vector(
+                    crumb_run(g), crumb_run(g + 1), _indices(list(range(64)))) for g in group]
+            else:
+                values = [_part(builder, load(1, 32 * g, 4 * wide, _I8), part) for g in group]
             scales = [builder.sext(builder.shuffle_vector(raw_scales, raw_scales, _indices(
                 [(32 * g + 4 * lane) // sub for lane in range(wide)])), ir.VectorType(_I32, wide)) for g in group]
             offset = ir.Constant(ir.VectorType(_I8, 4 * wide), [bias] * 4 * wide)

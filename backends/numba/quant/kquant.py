@@ -36,6 +36,11 @@ int8 bytes, the scales per 16, 1 byte a weight against 0.26 / 0.29 / 0.32 in GGU
 IQ1_S and IQ1_M (rows of eight values -1, 0, 1 from iq1s_grid, a delta of +-1/8 per 32 or per 8, 3-bit scales per
 32 or 16) take the same two kernels too: ggml-cpu/tiled's values 8 * grid + delta as int8 bytes (pack_iq1), whose
 two parts the vec_dot's two sums take apart (k_lanes' part).
+TQ1_0 and TQ2_0 (ternary: 256 values -1, 0, 1 and one f16 d) are neither repacked nor tiled: every activation row
+goes through ggml_vec_dot_tq1_0_q8_K / _tq2_0_q8_K, which multiply the values plus 1 (0-2) and take the offset
+out through the activation's sums, lane by lane as Q6_K's vec_dot does, with every scale 1 (pack_tq1_0,
+pack_tq2_0: the values plus 1 two bits each in TQ2_0's order, unpacked in registers, and one shared row of unit
+scales; 0.28 bytes a weight against 0.21 / 0.26 in GGUF).
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ from numba import njit, prange
 from graphir.backends.numba.primitives.bits import bits_u32, fma
 from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
-from graphir.backends.numba.quant.blocks import iq1_m_fields, iq1_s_fields, iq4_xs_fields, k_scales
+from graphir.backends.numba.quant.blocks import (block_f16, iq1_m_fields, iq1_s_fields, iq4_xs_fields, k_scales,
+                                                 tq1_0_values)
 from graphir.backends.numba.quant.grids import iq2_s_fields, iq2_xs_fields, iq2_xxs_fields
 from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
@@ -381,6 +387,30 @@ def pack_iq1(fields: Callable) -> Callable:
 pack_iq1_s, pack_iq1_m = pack_iq1(iq1_s_fields), pack_iq1(iq1_m_fields)
 
 
+_UNIT_SCALES = np.ones(16, np.int8)     # the ternary types' scales: one row every super-block reads (stride 0)
+
+
+def _pack_ternary(crumbs: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return crumbs, _UNIT_SCALES, np.stack([d, np.zeros_like(d)], axis=-1)
+
+
+def pack_tq2_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TQ2_0 blocks (rows, nb, 66) -> the values plus 1 (0-2; 3, which no quantizer writes, read as llama.cpp reads
+    it) two bits each, GGUF's 64 bytes a super-block as they are (rows, nb * 64) (element 128h + 32s + l: bits 2s
+    of byte 32h + l), the sixteen unit scales every super-block shares and (rows, nb, 2) float32 d, 0 (no min)."""
+    rows, nb = b.shape[:2]
+    return _pack_ternary(np.ascontiguousarray(b[:, :, 0:64]).reshape(rows, -1), block_f16(b, 64).reshape(rows, nb))
+
+
+def pack_tq1_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TQ1_0 blocks (rows, nb, 54) -> as pack_tq2_0: its base-3 digits (the values plus 1) in TQ2_0's bits."""
+    values, d = tq1_0_values(b)
+    rows, nb = d.shape
+    runs = values.reshape(rows, nb, 2, 4, 32) << np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    crumbs = runs[:, :, :, 0] | runs[:, :, :, 1] | runs[:, :, :, 2] | runs[:, :, :, 3]
+    return _pack_ternary(crumbs.reshape(rows, -1), d)
+
+
 def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K blocks (rows, nb, 144) -> as pack_q5_k (the values 0-15): Q4_K rows k_product multiplies."""
     sm, d = _scales_mins_d(b)
@@ -389,9 +419,11 @@ def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
 # the formats k_product multiplies, as the constants its kernels branch on
-_Q6, _Q5, _Q4, _Q3, _Q2, _IQ4, _IQ2, _IQ1S, _IQ1M = range(9)
+_Q6, _Q5, _Q4, _Q3, _Q2, _IQ4, _IQ2, _IQ1S, _IQ1M, _TQ = range(10)
 _FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4, "iq2": _IQ2,
-            "iq1_s": _IQ1S, "iq1_m": _IQ1M}
+            "iq1_s": _IQ1S, "iq1_m": _IQ1M, "ternary": _TQ}
+_SCALE_BYTES = {"q2_k": 32, "ternary": 0}                  # a super-block's scale bytes, where not 16
+_VALUE_BYTES = {"ternary": 64}                              # and its value bytes, where not 256
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
 _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
 _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
@@ -403,6 +435,7 @@ _iq1s_lanes, _iq1s_delta = k_lanes(32, 0, 0, signed=True, part="grid"), k_lanes(
 _iq1s_sums, _iq1s_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (1, 8))
 _iq1m_lanes, _iq1m_delta = k_lanes(16, 0, 0, signed=True, part="grid"), k_lanes(16, 0, 0, signed=True, part="delta")
 _iq1m_sums, _iq1m_sums8 = (k_lanes(16, 0, rows, signed=True) for rows in (1, 8))
+_tq_lanes = k_lanes(16, 1, 0, crumbs=True)                  # the values plus 1, the 1 out through the sums
 _mins, _mins8, _min_pairs = k_mins(1), k_mins(8), k_mins(1, True)
 _q2_mins, _q2_mins8, _q2_min_lanes = k_mins(1, sub=16), k_mins(8, sub=16), k_mins(1, True, sub=16)
 
@@ -424,6 +457,8 @@ def _lanes(f, q, qo, y, yo, sc, so, bs, bo):
         return _iq1s_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     if f == _IQ1M:
         return _iq1m_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    if f == _TQ:
+        return _tq_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     return _q5_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
 
 
@@ -499,7 +534,7 @@ def _delta_lanes(f, q, qo, y, yo, sc, so, bs, bo):
 @njit(cache=True, inline="always")
 def _vec_dot_total(f, lanes_acc, mins_acc):
     """hsum_float_8 of the lanes, plus the min term: Q5_K's chain, or Q4_K's four lanes added (0 + 2) + (1 + 3)
-    (Q2_K's is in the lanes already; Q6_K, Q3_K and IQ4_XS have none); the IQ2 types' hsum times 1/8; or the
+    (Q2_K's is in the lanes already; Q6_K, Q3_K, IQ4_XS and the ternary types have none); the IQ2 types' hsum times 1/8; or the
     delta's chain times IQ1S_DELTA / IQ1M_DELTA, 1/8 (IQ1_S's one lane, IQ1_M's eight through hsum_float_8)."""
     if f == _IQ1S:
         return vhsum(lanes_acc) + _F32(0.125) * vlane(mins_acc, 0)
@@ -516,15 +551,18 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 
 def k_product(fmt: str) -> Callable:
     """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k"), IQ4_XS
-    ("iq4_xs") or IQ2_XXS, IQ2_XS and IQ2_S ("iq2": IQ4_XS's signed lanes over sub-blocks of 16, the hsum times 1/8,
-    the tiled d the weight's times 1/8) rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat
-    and mul_mat_id multiply a matrix it does not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K /
-    _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K / _iq4_xs_q8_K / _iq2_xxs_q8_K / _iq2_xs_q8_K / _iq2_s_q8_K
-    (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes
+    ("iq4_xs"), IQ2_XXS, IQ2_XS and IQ2_S ("iq2": IQ4_XS's signed lanes over sub-blocks of 16, the hsum times 1/8,
+    the tiled d the weight's times 1/8) or TQ1_0 and TQ2_0 ("ternary") rows with x (n, k), quantizing x itself
+    (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a matrix it does not repack: below _TILED_FROM rows (the
+    ternary types: always), ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K /
+    _iq4_xs_q8_K / _iq2_xxs_q8_K / _iq2_xs_q8_K / _iq2_s_q8_K / _tq1_0_q8_K / _tq2_0_q8_K (their AVX2 code, which
+    AVX-512 builds take too; the ternary ones' sum of the values plus 1 less the activation's sums in int16 lanes,
+    which cannot overflow, and their mul + add, which the build contracts): per super-block eight int32 lanes
     (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products;
-    IQ4_XS's signed values through the sign trick, sub-blocks of 32, no offset), acc = fma(d_x * d_w, float(lane),
-    acc) lane by lane, hsum_float_8 at the end, and the min term: Q5_K's chained apart, added last,
-    summs = fma(-d_x * dmin_w, float(imin), summs) (the build contracts it), Q4_K's the same in four lanes, lane p
+    IQ4_XS's signed values through the sign trick, sub-blocks of 32, no offset; the ternary types' as Q6_K's with
+    unit scales and an offset of 1, from two bits a value), acc = fma(d_x * d_w, float(lane), acc) lane by lane,
+    hsum_float_8 at the end, and the min term: Q5_K's chained apart, added last, summs = fma(-d_x * dmin_w,
+    float(imin), summs) (the build contracts it), Q4_K's the same in four lanes, lane p
     the terms of sub-blocks 2p and 2p + 1, added (0 + 2) + (1 + 3); Q2_K's in the lanes' own chain, each super-block
     acc = fma(-d_x * dmin_w, float(pair), acc) before its lanes' FMA, pair p the terms of its sub-blocks 2p and
     2p + 1 (of 16). From _TILED_FROM rows, ggml-cpu/tiled (Q4_K's as Q5_K's): per super-block the
@@ -539,7 +577,7 @@ def k_product(fmt: str) -> Callable:
     with d_w / 8."""
     if fmt not in _FORMATS:
         raise ValueError(f"k_product: unknown format {fmt!r}")
-    f, stride = _FORMATS[fmt], 32 if fmt == "q2_k" else 16         # scale bytes a super-block
+    f, stride, vstride = _FORMATS[fmt], _SCALE_BYTES.get(fmt, 16), _VALUE_BYTES.get(fmt, 256)
 
     @njit(**_exact)
     def product(qv, sc, dd, x, out):
@@ -548,13 +586,13 @@ def k_product(fmt: str) -> Callable:
         yf, yd, ysum = _q8_k(x)
         qf, sf, bf = qv.reshape(-1), sc.reshape(-1), ysum.reshape(-1)
         ydt = np.ascontiguousarray(yd.T).reshape(-1)         # d_x of rows r .. r + 7 side by side
-        tiled = n >= _TILED_FROM
+        tiled = n >= _TILED_FROM and f != _TQ                # ggml-cpu/tiled leaves the ternary types to the vec_dot
         in_eights = n - (n & 7) if tiled else 0
         for i in prange(rows):
             for r in range(0, in_eights, 8):                  # the tiled kernels, eight rows at a time
                 acc = vzero(_V8)
                 for b in range(nb):
-                    acc = _tiled_link(f, True, dd, i, b, qf, max((i * nb + b) * 256, 0), yf, max(r * k + b * 256, 0),
+                    acc = _tiled_link(f, True, dd, i, b, qf, max((i * nb + b) * vstride, 0), yf, max(r * k + b * 256, 0),
                                       k, sf, max((i * nb + b) * stride, 0), bf, max((r * nb + b) * 16, 0), nb * 16,
                                       vload(_V8, ydt, max(b * n + r, 0)), acc)
                 for t in range(8):
@@ -562,7 +600,7 @@ def k_product(fmt: str) -> Callable:
             for r in range(in_eights, n):
                 acc, mins_acc, lanes_acc = vzero(_V8), vzero(_V8), vzero(_V8)
                 for b in range(nb):
-                    qo, yo = max((i * nb + b) * 256, 0), max(r * k + b * 256, 0)
+                    qo, yo = max((i * nb + b) * vstride, 0), max(r * k + b * 256, 0)
                     so, bo = max((i * nb + b) * stride, 0), max((r * nb + b) * 16, 0)
                     if tiled:                                 # the tiled kernels' last rows
                         acc = _tiled_link(f, False, dd, i, b, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
