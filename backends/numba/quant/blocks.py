@@ -11,9 +11,11 @@ import inspect
 from typing import Any, Callable
 
 import numpy as np
+from gguf import GGMLQuantizationType
 from numba import njit, prange
 
 from graphir.backends.numba.primitives.bits import f16_bits
+from graphir.backends.numba.quant import grid
 
 _F32 = np.float32
 _exact = dict(parallel=True, cache=True)                  # dequantization: no FMA contraction, bit-exact
@@ -111,6 +113,23 @@ def repack_iq4_xs(b):
     """The values as int8 in element order and each sub-block's d * scale (float32, gguf's product)."""
     values, scales, d = iq4_xs_fields(b)
     return values, (d[:, :, None] * scales.astype(_F32)).reshape(b.shape[0], -1)
+
+
+def iq3_s_fields(b):
+    """IQ3_S blocks (f16 d, 64 grid index bytes, 8 bytes of their ninth bits, 32 sign bytes, 4 scale bytes) -> the
+    values as int8 in element order (rows, nb * 256), the eight 4-bit scales (rows, nb, 8: sub-block 2k in byte k's
+    low nibble, 2k + 1 in its high one) and d (rows, nb) float32."""
+    rows, nb = b.shape[:2]
+    index = b[:, :, 2:66].astype(np.uint16) | grid.bits(b[:, :, 66:74]).astype(np.uint16) << 8
+    scales = (b[:, :, 106:110, None] >> np.array([0, 4], np.uint8)) & 15
+    return (grid.signed_values(GGMLQuantizationType.IQ3_S, index, b[:, :, 74:106]).reshape(rows, -1),
+            scales.reshape(rows, nb, 8), block_f16(b, 0).reshape(rows, nb))
+
+
+def repack_iq3_s(b):
+    """The values as int8 in element order and each sub-block's d * (1 + 2 * scale) (float32, gguf's product)."""
+    values, scales, d = iq3_s_fields(b)
+    return values, (d[:, :, None] * (1 + 2 * scales).astype(_F32)).reshape(b.shape[0], -1)
 
 
 def repack_q4_1(b):

@@ -29,6 +29,9 @@ after it has assembled them.
 IQ4_XS (256-element super-blocks of 4-bit codes into kvalues_iq4nl, an f16 d and eight 6-bit scales less 32) is
 never repacked either and takes the same two kernels (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC): Q6_K's
 arithmetic on signed values (pack_iq4_xs: the values as int8 bytes, 1 byte a weight against 0.53 in GGUF).
+IQ3_S (per four elements an index into its grid, a sign bit per element, a 4-bit scale s per 32 that counts as
+1 + 2s) is IQ4_XS's format to both kernels (ggml_vec_dot_iq3_s_q8_K, tiled's act-bias MAC: the same exact
+integers): pack_iq3_s, its signed grid values as int8 bytes (quant.grid), 1 byte a weight against 0.43 in GGUF.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from numba import njit, prange
 from graphir.backends.numba.primitives.bits import bits_u32, fma
 from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
-from graphir.backends.numba.quant.blocks import iq4_xs_fields, k_scales
+from graphir.backends.numba.quant.blocks import iq3_s_fields, iq4_xs_fields, k_scales
 from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
 _V8 = lanes(8)
@@ -323,15 +326,24 @@ def pack_q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (_nibble_runs(b[:, :, 48:176]) | fifth << 4).reshape(rows, -1), sm.view(np.int8), d
 
 
-def pack_iq4_xs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """IQ4_XS blocks (rows, nb, 136) -> the values (kvalues_iq4nl) as int8 bytes in element order (rows, nb * 256),
-    the eight scales less 32 as int8 then eight zero bytes (rows, nb, 16: the sixteen bytes k_lanes reads) and
-    (rows, nb, 2) float32 d, 0 (no min)."""
-    values, scales, d = iq4_xs_fields(b)
-    rows, nb = b.shape[:2]
-    sc = np.zeros((rows, nb, 16), np.int8)
+def _signed_layout(values: np.ndarray, scales: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A signed format's values (rows, nb * 256) int8, its eight scales a super-block (rows, nb, 8) and d (rows, nb)
+    -> the values as bytes, the scales as int8 then eight zero bytes (rows, nb, 16: the sixteen bytes k_lanes reads)
+    and (rows, nb, 2) float32 d, 0 (no min)."""
+    sc = np.zeros((*scales.shape[:2], 16), np.int8)
     sc[:, :, :8] = scales
     return values.view(np.uint8), sc, np.stack([d, np.zeros_like(d)], axis=-1)
+
+
+def pack_iq4_xs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ4_XS blocks (rows, nb, 136) -> _signed_layout of the values (kvalues_iq4nl) and the scales less 32."""
+    return _signed_layout(*iq4_xs_fields(b))
+
+
+def pack_iq3_s(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ3_S blocks (rows, nb, 110) -> _signed_layout of the signed grid values and the scales 1 + 2 * field."""
+    values, scales, d = iq3_s_fields(b)
+    return _signed_layout(values, (1 + 2 * scales).astype(np.int8), d)
 
 
 def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -344,6 +356,7 @@ _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) t
 # the formats k_product multiplies, as the constants its kernels branch on
 _Q6, _Q5, _Q4, _Q3, _Q2, _IQ4 = range(6)
 _FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4}
+_FORMATS["iq3_s"] = _IQ4                 # signed grid values, a scale per 32: IQ4_XS's arithmetic
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
 _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
 _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
@@ -429,8 +442,8 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 
 
 def k_product(fmt: str) -> Callable:
-    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k") or IQ4_XS
-    ("iq4_xs") rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a
+    """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k"), IQ4_XS
+    ("iq4_xs") or IQ3_S ("iq3_s", as IQ4_XS) rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a
     matrix it does not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K
     / _q2_K_q8_K / _iq4_xs_q8_K (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes
     (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products;
