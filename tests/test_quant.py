@@ -28,6 +28,7 @@ F32 = np.float32
 FLOATS = [T.F32, T.F16, T.BF16]
 QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.IQ4_NL,
           T.IQ4_XS]
+QUANTS += [T.IQ3_S]
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
 # NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
@@ -36,6 +37,7 @@ ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes 
 NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q5_0: 2e-4, T.Q4_1: 2e-4, T.Q5_1: 2e-4,
             T.Q2_K: 2e-4, T.Q3_K: 2e-4, T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4, T.MXFP4: 2e-4, T.IQ4_NL: 2e-4,
             T.IQ4_XS: 2e-4}
+NMSE_MAX.update({T.IQ3_S: 2e-4})                   # measured 6.2e-5
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
 # rounding of Q8_1's s alone gives 3e-4)
@@ -84,6 +86,18 @@ def q8k_blocks(x: np.ndarray):
 
 
 KVALUES = np.array(gguf.quants.IQ4_NL.kvalues, np.int64)      # kvalues_iq4nl
+
+
+def grid_of(qtype: T) -> np.ndarray:
+    """gguf's grid of an i-quant: (entries, values an entry) int64."""
+    cls = getattr(gguf.quants, qtype.name)
+    cls.init_grid()
+    return cls.grid.reshape(cls.grid_shape).astype(np.int64)
+
+
+def bits_of(b: np.ndarray) -> np.ndarray:
+    """Bytes (..., n) -> their bits (..., 8n) as int64, each byte's least significant first."""
+    return ((b[..., None].astype(np.int64) >> np.arange(8)) & 1).reshape(*b.shape[:-1], -1)
 
 
 def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
@@ -142,6 +156,11 @@ def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
         ls = ((b[..., 4 + j // 2].astype(np.int64) >> 4 * (j % 2)) & 15) | (((sh[..., None] >> 2 * j) & 3) << 4)
         q = np.stack([nib(b[..., 8 + 16 * s:24 + 16 * s]) for s in range(8)], 2).reshape(*b.shape[:2], 256)
         return KVALUES[q], f16(0), ls - 32
+    if qtype == T.IQ3_S:  # f16 d, 64 grid index bytes, their ninth bits, 32 sign bytes, 4 bytes of scale nibbles
+        idx = b[..., 2:66].astype(np.int64) | bits_of(b[..., 66:74]) << 8
+        q = grid_of(qtype)[idx].reshape(*b.shape[:2], 256) * (1 - 2 * bits_of(b[..., 74:106]))
+        ls = (b[..., 106:110, None].astype(np.int64) >> np.array([0, 4])) & 15      # byte k: sub-blocks 2k, 2k + 1
+        return q, f16(0), 2 * ls.reshape(*b.shape[:2], 8) + 1
     if qtype == T.MXFP4:  # doubled e2m1 values; the E8M0 scale halved (subnormal below e = 2)
         e = b[..., 0].astype(np.uint32)
         d = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32)
@@ -171,7 +190,7 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
             y += (wi[2][None] * sx[:, None]).astype(f64).sum(-1)     # + f32(m*s)
         return y
     qx, dx, bsums = q8k_blocks(x)
-    if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS):                           # sub-blocks of 16 / 32, no min
+    if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS, T.IQ3_S):                  # sub-blocks of 16 / 32, no min
         qw, dw, sc = wi
         g = sc.shape[-1]
         isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
@@ -312,7 +331,7 @@ def test_prepare_rejects_bad_input():
     with pytest.raises(ValueError):
         QWeight.prepare(raw[:, :-2], T.Q4_0, 64)
     with pytest.raises(NotImplementedError):
-        QWeight.prepare(raw, T.IQ3_S, 64)
+        QWeight.prepare(raw, T.Q8_1, 64)
     w = QWeight.prepare(raw, T.Q4_0, 64)
     with pytest.raises(ValueError):
         w.matmul(np.zeros((2, 64), np.float64))
@@ -503,6 +522,9 @@ def _extremes(blocks: np.ndarray, qtype: T) -> None:
         blocks[:, 0:80] = 255                                              # values 3, scales and mins 15
     elif qtype == T.IQ4_XS:
         blocks[:, 2:] = 0                                                  # scales -32, values -127
+    elif qtype == T.IQ3_S:                                                 # the entry of the largest values, all
+        e = int(grid_of(qtype).sum(-1).argmax())                           # negative, scales 31
+        blocks[:, 2:66], blocks[:, 66:74], blocks[:, 74:] = e & 255, 255 * (e >> 8), 255
     else:
         blocks[:, 4:] = 255                                                # scales and mins 63, values 31 / 15
 
@@ -515,7 +537,7 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
         q, d, sc = weight_ints(raw, qtype, ne0)
         dmin, imin = np.zeros_like(d), np.zeros((n, rows, d.shape[1]), np.int64)
         q, sub, bias = (q + 32, 16, 32) if qtype == T.Q6_K else (q, 16, 0)   # Q3_K's lanes: its signed values
-    elif qtype == T.IQ4_XS:
+    elif qtype in (T.IQ4_XS, T.IQ3_S):
         q, d, sc = weight_ints(raw, qtype, ne0)
         dmin, sub, bias, imin = np.zeros_like(d), 32, 0, np.zeros((n, rows, d.shape[1]), np.int64)
     else:
@@ -548,11 +570,12 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
                 acc = _fma(_fma(-dmin[:, b], imin[r, :, b].astype(F32), res), dx[r, b], acc)
         if qtype == T.Q4_K:
             summs = (summs[:, 0] + summs[:, 2]) + (summs[:, 1] + summs[:, 3])
-        want[r] = acc if n >= 8 else _hsum8(acc) if qtype in (T.Q6_K, T.Q3_K, T.Q2_K, T.IQ4_XS) else _hsum8(acc) + summs
+        want[r] = acc if n >= 8 else _hsum8(acc) if qtype in (T.Q6_K, T.Q3_K, T.Q2_K, T.IQ4_XS, T.IQ3_S) else \
+            _hsum8(acc) + summs
     return want, lanes
 
 
-@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K, T.IQ4_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K, T.IQ4_XS, T.IQ3_S], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17])
 def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
     """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K (their AVX2 code, which AVX-512
@@ -568,7 +591,8 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
     imin = sum_j m_j * (the activation's sum over sub-block j). One row holds the largest values and scales, and
     x's last row +-1 (1 on lane 0's elements): for the 6-bit scales, sums past 2^24, for Q6_K in a lane (its
     products and offset of one sign). IQ4_XS (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC) is Q6_K's arithmetic
-    on its signed values, sub-blocks of 32 and no offset."""
+    on its signed values, sub-blocks of 32 and no offset; so is IQ3_S's (ggml_vec_dot_iq3_s_q8_K, tiled's act-bias
+    MAC) on its signed grid values, scales 1 + 2 * field (its sums stay below 2^24)."""
     rng = np.random.default_rng(n)
     rows, ne0 = 16, 512
     raw = make_weight(qtype, rows, ne0, rng)
@@ -584,6 +608,32 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
         assert_bits_equal(QWeight(raw, qtype, ne0, use="stack").matmul(x), want)
         raw, want = raw[:12], want[:, :12]
     assert_bits_equal(QWeight.prepare(raw, qtype, ne0).matmul(x), want)
+
+
+def _every_entry_and_sign(raw: np.ndarray, qtype: T) -> None:
+    """Grid-coded rows given every grid entry and every sign pattern in turn, group after group."""
+    b = raw.reshape(-1, gguf.GGML_QUANT_SIZES[qtype][1])
+    entries = np.arange(64 * b.shape[0]) % len(grid_of(qtype))
+    if qtype == T.IQ3_S:                                                  # ninth index bits, then the sign bytes
+        b[:, 2:66] = (entries & 255).reshape(-1, 64)
+        b[:, 66:74] = np.packbits((entries >> 8).reshape(-1, 8, 8).astype(np.uint8), axis=-1, bitorder="little")[..., 0]
+        b[:, 74:106] = (np.arange(32 * b.shape[0]) % 256).reshape(-1, 32)
+
+
+@pytest.mark.parametrize("qtype", [T.IQ3_S], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 5, 8, 11])
+def test_grid_types_take_every_entry_and_sign_pattern_over_an_odd_number_of_super_blocks(qtype, n):
+    """Rows of three super-blocks (an odd count) holding every grid entry and every sign pattern: the products are
+    llama.cpp's vec_dot below 8 activation rows and its tiled kernels from 8 (the emulation above), and the rows
+    read back are gguf's."""
+    rng = np.random.default_rng(40 + n)
+    rows, ne0 = 24, 768
+    raw = make_weight(qtype, rows, ne0, rng)
+    _every_entry_and_sign(raw, qtype)
+    x = rng.standard_normal((n, ne0)).astype(F32)
+    w = QWeight.prepare(raw, qtype, ne0)
+    assert_bits_equal(w.matmul(x), _vec_dot_and_tiled(raw, qtype, ne0, x)[0])
+    assert_bits_equal(w.dequantize(), gguf_dequant(raw, qtype, rows, ne0))
 
 
 @pytest.mark.parametrize("path", ["avx512", "avx2"])
