@@ -132,6 +132,24 @@ def repack_iq3_s(b):
     return values, (d[:, :, None] * (1 + 2 * scales).astype(_F32)).reshape(b.shape[0], -1)
 
 
+def iq3_xxs_fields(b):
+    """IQ3_XXS blocks (f16 d, 64 grid index bytes, per sub-block of 32 a 32-bit word: four groups' seven sign bits,
+    then a 4-bit scale) -> the values as int8 in element order (rows, nb * 256), the eight 4-bit scales
+    (rows, nb, 8) and d (rows, nb) float32."""
+    rows, nb = b.shape[:2]
+    words = np.ascontiguousarray(b[:, :, 66:98]).view("<u4")                                  # (rows, nb, 8)
+    signs = grid.parity_signs(words[..., None] >> np.array([0, 7, 14, 21], np.uint32))      # (rows, nb, 8, 4)
+    values = grid.signed_values(GGMLQuantizationType.IQ3_XXS, b[:, :, 2:66], signs.reshape(rows, nb, 32))
+    return values.reshape(rows, -1), (words >> 28).astype(np.uint8), block_f16(b, 0).reshape(rows, nb)
+
+
+def repack_iq3_xxs(b):
+    """The values as int8 in element order and each sub-block's d * (0.5 + scale) * 0.5 (float32, gguf's
+    product: the grid holds twice the steps of its values, and the scale counts as 1 + 2s)."""
+    values, scales, d = iq3_xxs_fields(b)
+    return values, (d[:, :, None] * (_F32(0.5) + scales.astype(_F32)) * _F32(0.5)).reshape(b.shape[0], -1)
+
+
 def repack_q4_1(b):
     return _field(b, 4, 20), block_f16(b, 0), block_f16(b, 2)
 

@@ -32,6 +32,9 @@ arithmetic on signed values (pack_iq4_xs: the values as int8 bytes, 1 byte a wei
 IQ3_S (per four elements an index into its grid, a sign bit per element, a 4-bit scale s per 32 that counts as
 1 + 2s) is IQ4_XS's format to both kernels (ggml_vec_dot_iq3_s_q8_K, tiled's act-bias MAC: the same exact
 integers): pack_iq3_s, its signed grid values as int8 bytes (quant.grid), 1 byte a weight against 0.43 in GGUF.
+IQ3_XXS (an index per four elements into its own grid, seven sign bits per eight with their parity the eighth, a
+4-bit scale per 32) likewise, its grid holding twice the values' steps and the scale counting 1 + 2s: a factor of
+1/4, which its vec_dot applies to the total and its tiled kernels to d (pack_iq3_xxs, 0.38 bytes a weight in GGUF).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from numba import njit, prange
 from graphir.backends.numba.primitives.bits import bits_u32, fma
 from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
-from graphir.backends.numba.quant.blocks import iq3_s_fields, iq4_xs_fields, k_scales
+from graphir.backends.numba.quant.blocks import iq3_s_fields, iq3_xxs_fields, iq4_xs_fields, k_scales
 from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
 _V8 = lanes(8)
@@ -346,6 +349,13 @@ def pack_iq3_s(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return _signed_layout(values, (1 + 2 * scales).astype(np.int8), d)
 
 
+def pack_iq3_xxs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ3_XXS blocks (rows, nb, 98) -> _signed_layout of the signed grid values and the scales 1 + 2 * field (the
+    kernels apply its factor of 1/4)."""
+    values, scales, d = iq3_xxs_fields(b)
+    return _signed_layout(values, (1 + 2 * scales).astype(np.int8), d)
+
+
 def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K blocks (rows, nb, 144) -> as pack_q5_k (the values 0-15): Q4_K rows k_product multiplies."""
     sm, d = _scales_mins_d(b)
@@ -356,7 +366,9 @@ _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) t
 # the formats k_product multiplies, as the constants its kernels branch on
 _Q6, _Q5, _Q4, _Q3, _Q2, _IQ4 = range(6)
 _FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4}
-_FORMATS["iq3_s"] = _IQ4                 # signed grid values, a scale per 32: IQ4_XS's arithmetic
+_FORMATS["iq3_s"] = _FORMATS["iq3_xxs"] = _IQ4   # signed grid values, a scale per 32: IQ4_XS's arithmetic
+# a format's constant factor: its vec_dot multiplies its total by it, its tiled kernels the weight's d
+_FACTORS = {"iq3_xxs": 0.25}
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
 _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
 _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
@@ -409,11 +421,11 @@ def _imin(f, eight, sc, so, bs, bo, bstep):
 
 
 @njit(cache=True, inline="always")
-def _tiled_link(f, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, dx, acc):
+def _tiled_link(f, eight, dd, i, b, factor, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, dx, acc):
     """One super-block of the tiled kernels' chain for eight activation rows (``eight``, lane t row t) or one
-    (lane 0): s1 the lanes' exact sum, imin the min integer of the formats with mins, res = d * s1,
+    (lane 0): s1 the lanes' exact sum, imin the min integer of the formats with mins, res = (d * factor) * s1,
     res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc), lane by lane."""
-    res = vmul(vsplat(_V8, dd[i, b, 0]), _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep))
+    res = vmul(vsplat(_V8, dd[i, b, 0] * factor), _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep))
     if f == _Q6 or f == _Q3 or f == _IQ4:
         return vfma(res, dx, acc)
     return vfma(vfma(vsplat(_V8, -dd[i, b, 1]), _imin(f, eight, sc, so, bs, bo, bstep), res), dx, acc)
@@ -443,7 +455,7 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 
 def k_product(fmt: str) -> Callable:
     """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k"), IQ4_XS
-    ("iq4_xs") or IQ3_S ("iq3_s", as IQ4_XS) rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a
+    ("iq4_xs") or IQ3_S ("iq3_s", as IQ4_XS) or IQ3_XXS ("iq3_xxs", as IQ4_XS with a factor of 1/4) rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a
     matrix it does not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K
     / _q2_K_q8_K / _iq4_xs_q8_K (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes
     (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products;
@@ -456,10 +468,12 @@ def k_product(fmt: str) -> Callable:
     exact integer s1 (all lanes' sum) and the min integer imin of the formats with mins, res = d_w * float(s1),
     res = fnmadd(dmin_w, float(imin), res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels alike;
     their final add is contracted); here eight activation rows at a time, one in each lane, which share the
-    weight's loads. imin = sum_j m_j * (the activation's sum over sub-block j)."""
+    weight's loads. imin = sum_j m_j * (the activation's sum over sub-block j). IQ3_XXS's factor of 1/4 goes where
+    llama.cpp puts it: its vec_dot's total is 0.25f * hsum_float_8, its tiled kernels' d is f16(d) * 0.25f."""
     if fmt not in _FORMATS:
         raise ValueError(f"k_product: unknown format {fmt!r}")
     f, stride = _FORMATS[fmt], 32 if fmt == "q2_k" else 16         # scale bytes a super-block
+    factor = _F32(_FACTORS.get(fmt, 1.0))
 
     @njit(**_exact)
     def product(qv, sc, dd, x, out):
@@ -474,8 +488,8 @@ def k_product(fmt: str) -> Callable:
             for r in range(0, in_eights, 8):                  # the tiled kernels, eight rows at a time
                 acc = vzero(_V8)
                 for b in range(nb):
-                    acc = _tiled_link(f, True, dd, i, b, qf, max((i * nb + b) * 256, 0), yf, max(r * k + b * 256, 0),
-                                      k, sf, max((i * nb + b) * stride, 0), bf, max((r * nb + b) * 16, 0), nb * 16,
+                    acc = _tiled_link(f, True, dd, i, b, factor, qf, max((i * nb + b) * 256, 0), yf,
+                                      max(r * k + b * 256, 0), k, sf, max((i * nb + b) * stride, 0), bf, max((r * nb + b) * 16, 0), nb * 16,
                                       vload(_V8, ydt, max(b * n + r, 0)), acc)
                 for t in range(8):
                     out[r + t, i] = vlane(acc, t)
@@ -485,7 +499,7 @@ def k_product(fmt: str) -> Callable:
                     qo, yo = max((i * nb + b) * 256, 0), max(r * k + b * 256, 0)
                     so, bo = max((i * nb + b) * stride, 0), max((r * nb + b) * 16, 0)
                     if tiled:                                 # the tiled kernels' last rows
-                        acc = _tiled_link(f, False, dd, i, b, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
+                        acc = _tiled_link(f, False, dd, i, b, factor, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
                                           vsplat(_V8, yd[r, b]), acc)
                         continue
                     if f == _Q2:                              # the vec_dot: Q2_K's mins go first into its chain
@@ -496,6 +510,6 @@ def k_product(fmt: str) -> Callable:
                                         mins_acc)
                     lanes_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]), _lanes(f, qf, qo, yf, yo, sf, so, bf, bo),
                                      lanes_acc)
-                out[r, i] = vlane(acc, 0) if tiled else _vec_dot_total(f, lanes_acc, mins_acc)
+                out[r, i] = vlane(acc, 0) if tiled else factor * _vec_dot_total(f, lanes_acc, mins_acc)
 
     return product

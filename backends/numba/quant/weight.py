@@ -24,12 +24,12 @@ from graphir.backends.numba.quant.blocks import (dequantizer, repack_iq4_nl, rep
                                                  repack_q6_k, repack_q8_0, row_bf16, row_f16, row_f32, row_iq4_xs,
                                                  row_lut4, row_q2_k, row_q3_k, row_q4_0, row_q4_1, row_q4_k, row_q5_0,
                                                  row_q5_1, row_q5_k, row_q6_k, row_q8_0)
-from graphir.backends.numba.quant.blocks import repack_iq3_s
+from graphir.backends.numba.quant.blocks import repack_iq3_s, repack_iq3_xxs
 from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_iq4_nl_as_q8_0, pack_q4_0, pack_q4_0_as_q8_0,
                                                 pack_q4_1, pack_q5_0_as_q8_0, pack_q5_1, pack_q8_0)
 from graphir.backends.numba.quant.kquant import (k_product, pack_iq4_xs, pack_q2_k, pack_q3_k, pack_q4_k,
                                                  pack_q4_k_values, pack_q5_k, pack_q6_k, q2_k_x8, q4_k_x8)
-from graphir.backends.numba.quant.kquant import pack_iq3_s
+from graphir.backends.numba.quant.kquant import pack_iq3_s, pack_iq3_xxs
 from graphir.backends.numba.quant.lut4 import iq4_nl_unrepacked, lut_matmul, pack_iq4_nl, pack_mxfp4
 from graphir.backends.numba.quant.stream import GEMM_FROM, converting_gemv, gemv_f32, tiled_gemm
 
@@ -66,8 +66,8 @@ _DEQ_LUT4 = dequantizer(row_lut4)                   # MXFP4's and IQ4_NL's codes
 _Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K, _IQ4_XS = (k_product(f) for f in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
                                                                      "iq4_xs"))
 _DEQ_Q2_K = dequantizer(row_q2_k)
-_IQ3_S = k_product("iq3_s")
-_DEQ_SIGNED = dequantizer(row_iq4_xs)               # int8 values times a scale per 32 (IQ3_S's as IQ4_XS's)
+_IQ3_S, _IQ3_XXS = k_product("iq3_s"), k_product("iq3_xxs")
+_DEQ_SIGNED = dequantizer(row_iq4_xs)               # int8 values times a scale per 32 (IQ3_S's, IQ3_XXS's as IQ4_XS's)
 _TYPES: dict[T, _Kind] = {
     T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, tiled_gemm(row_f32), dequantizer(row_f32)),
     T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(bf16=False), tiled_gemm(row_f16),
@@ -91,6 +91,7 @@ _TYPES: dict[T, _Kind] = {
     T.Q2_K: _Kind(np.uint8, "q8_K", 1, 1, pack_q2_k, q2_k_x8(True), q2_k_x8(True), _DEQ_Q2_K, pack_q2_k),
     T.IQ4_XS: _Kind(np.uint8, "q8_K", 1, 1, repack_iq4_xs, _IQ4_XS, _IQ4_XS, dequantizer(row_iq4_xs), pack_iq4_xs),
     T.IQ3_S: _Kind(np.uint8, "q8_K", 1, 1, repack_iq3_s, _IQ3_S, _IQ3_S, _DEQ_SIGNED, pack_iq3_s),
+    T.IQ3_XXS: _Kind(np.uint8, "q8_K", 1, 1, repack_iq3_xxs, _IQ3_XXS, _IQ3_XXS, _DEQ_SIGNED, pack_iq3_xxs),
 }
 SUPPORTED = frozenset(_TYPES)
 # llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"), only a 2-D one
