@@ -28,7 +28,7 @@ F32 = np.float32
 FLOATS = [T.F32, T.F16, T.BF16]
 QUANTS = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.IQ4_NL,
           T.IQ4_XS]
-QUANTS += [T.IQ3_S]
+QUANTS += [T.IQ3_S, T.IQ3_XXS]
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
 # NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
@@ -37,7 +37,7 @@ ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes 
 NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4, T.Q5_0: 2e-4, T.Q4_1: 2e-4, T.Q5_1: 2e-4,
             T.Q2_K: 2e-4, T.Q3_K: 2e-4, T.Q4_K: 3e-4, T.Q5_K: 4e-4, T.Q6_K: 2e-4, T.MXFP4: 2e-4, T.IQ4_NL: 2e-4,
             T.IQ4_XS: 2e-4}
-NMSE_MAX.update({T.IQ3_S: 2e-4})                   # measured 6.2e-5
+NMSE_MAX.update({T.IQ3_S: 2e-4, T.IQ3_XXS: 2e-4})   # measured 6.2e-5, 5.7e-5
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
 # rounding of Q8_1's s alone gives 3e-4)
@@ -93,6 +93,10 @@ def grid_of(qtype: T) -> np.ndarray:
     cls = getattr(gguf.quants, qtype.name)
     cls.init_grid()
     return cls.grid.reshape(cls.grid_shape).astype(np.int64)
+
+
+# the constant factor of a format's values: ggml's vec_dot applies it to its total, the tiled kernels to d
+FACTOR = {T.IQ3_XXS: 0.25}
 
 
 def bits_of(b: np.ndarray) -> np.ndarray:
@@ -161,6 +165,12 @@ def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
         q = grid_of(qtype)[idx].reshape(*b.shape[:2], 256) * (1 - 2 * bits_of(b[..., 74:106]))
         ls = (b[..., 106:110, None].astype(np.int64) >> np.array([0, 4])) & 15      # byte k: sub-blocks 2k, 2k + 1
         return q, f16(0), 2 * ls.reshape(*b.shape[:2], 8) + 1
+    if qtype == T.IQ3_XXS:  # f16 d, 64 grid index bytes, per 32 a word: four groups' 7 sign bits, a scale nibble
+        words = b[..., 66:98].copy().view(np.uint32).astype(np.int64)                      # (rows, nb, 8)
+        seven = ((words[..., None] >> 7 * np.arange(4)) & 127)[..., None] >> np.arange(7) & 1   # (.., 8, 4, 7)
+        sign = np.concatenate([seven, seven.sum(-1, keepdims=True) & 1], -1)                # the eighth: parity
+        q = grid_of(qtype)[b[..., 2:66]].reshape(*b.shape[:2], 256) * (1 - 2 * sign.reshape(*b.shape[:2], 256))
+        return q, f16(0), 2 * (words >> 28) + 1
     if qtype == T.MXFP4:  # doubled e2m1 values; the E8M0 scale halved (subnormal below e = 2)
         e = b[..., 0].astype(np.uint32)
         d = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32)
@@ -190,11 +200,11 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
             y += (wi[2][None] * sx[:, None]).astype(f64).sum(-1)     # + f32(m*s)
         return y
     qx, dx, bsums = q8k_blocks(x)
-    if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS, T.IQ3_S):                  # sub-blocks of 16 / 32, no min
+    if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS):       # sub-blocks of 16 / 32, no min
         qw, dw, sc = wi
         g = sc.shape[-1]
         isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
-        return ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1)).sum(-1)
+        return FACTOR.get(qtype, 1) * ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1)).sum(-1)
     qw, dw, dmin, sc, mn = wi
     g = sc.shape[-1]                                                    # sub-blocks a super-block (Q2_K: 16)
     isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
@@ -525,6 +535,8 @@ def _extremes(blocks: np.ndarray, qtype: T) -> None:
     elif qtype == T.IQ3_S:                                                 # the entry of the largest values, all
         e = int(grid_of(qtype).sum(-1).argmax())                           # negative, scales 31
         blocks[:, 2:66], blocks[:, 66:74], blocks[:, 74:] = e & 255, 255 * (e >> 8), 255
+    elif qtype == T.IQ3_XXS:                                               # the same: every sign group 127
+        blocks[:, 2:66], blocks[:, 66:] = int(grid_of(qtype).sum(-1).argmax()), 255   # (and its parity), scales 31
     else:
         blocks[:, 4:] = 255                                                # scales and mins 63, values 31 / 15
 
@@ -537,7 +549,7 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
         q, d, sc = weight_ints(raw, qtype, ne0)
         dmin, imin = np.zeros_like(d), np.zeros((n, rows, d.shape[1]), np.int64)
         q, sub, bias = (q + 32, 16, 32) if qtype == T.Q6_K else (q, 16, 0)   # Q3_K's lanes: its signed values
-    elif qtype in (T.IQ4_XS, T.IQ3_S):
+    elif qtype in (T.IQ4_XS, T.IQ3_S, T.IQ3_XXS):
         q, d, sc = weight_ints(raw, qtype, ne0)
         dmin, sub, bias, imin = np.zeros_like(d), 32, 0, np.zeros((n, rows, d.shape[1]), np.int64)
     else:
@@ -566,16 +578,17 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
                     summs = _fma(mins.astype(F32), (-dx[r, b] * dmin[:, b, None] if qtype == T.Q4_K else
                                                     -dx[r, b] * dmin[:, b]).astype(F32), summs)
             else:
-                res = (d[:, b] * lanes[r, :, b].sum(-1).astype(F32)).astype(F32)
+                res = ((d[:, b] * F32(FACTOR.get(qtype, 1))) * lanes[r, :, b].sum(-1).astype(F32)).astype(F32)
                 acc = _fma(_fma(-dmin[:, b], imin[r, :, b].astype(F32), res), dx[r, b], acc)
         if qtype == T.Q4_K:
             summs = (summs[:, 0] + summs[:, 2]) + (summs[:, 1] + summs[:, 3])
-        want[r] = acc if n >= 8 else _hsum8(acc) if qtype in (T.Q6_K, T.Q3_K, T.Q2_K, T.IQ4_XS, T.IQ3_S) else \
-            _hsum8(acc) + summs
+        want[r] = acc if n >= 8 else F32(FACTOR.get(qtype, 1)) * _hsum8(acc) \
+            if qtype in (T.Q6_K, T.Q3_K, T.Q2_K, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS) else _hsum8(acc) + summs
     return want, lanes
 
 
-@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K, T.IQ4_XS, T.IQ3_S], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17])
 def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
     """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K (their AVX2 code, which AVX-512
@@ -592,7 +605,8 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
     x's last row +-1 (1 on lane 0's elements): for the 6-bit scales, sums past 2^24, for Q6_K in a lane (its
     products and offset of one sign). IQ4_XS (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC) is Q6_K's arithmetic
     on its signed values, sub-blocks of 32 and no offset; so is IQ3_S's (ggml_vec_dot_iq3_s_q8_K, tiled's act-bias
-    MAC) on its signed grid values, scales 1 + 2 * field (its sums stay below 2^24)."""
+    MAC) on its signed grid values, scales 1 + 2 * field (its sums stay below 2^24), and IQ3_XXS's, whose factor
+    of 1/4 multiplies the vec_dot's total (0.25f * hsum_float_8) and the tiled kernels' d."""
     rng = np.random.default_rng(n)
     rows, ne0 = 16, 512
     raw = make_weight(qtype, rows, ne0, rng)
@@ -602,7 +616,7 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
     want, lanes = _vec_dot_and_tiled(raw, qtype, ne0, x)
     if qtype == T.Q6_K:
         assert np.abs(lanes[-1, 3]).max() >= 2 ** 24
-    elif qtype in (T.Q5_K, T.Q4_K, T.IQ4_XS):
+    elif qtype in (T.Q5_K, T.Q4_K, T.IQ4_XS, T.IQ3_XXS):
         assert np.abs(lanes[-1, 3].sum(-1)).max() >= 2 ** 24
     if qtype in (T.Q4_K, T.Q2_K):                                         # the kinds llama.cpp does not repack
         assert_bits_equal(QWeight(raw, qtype, ne0, use="stack").matmul(x), want)
@@ -618,9 +632,15 @@ def _every_entry_and_sign(raw: np.ndarray, qtype: T) -> None:
         b[:, 2:66] = (entries & 255).reshape(-1, 64)
         b[:, 66:74] = np.packbits((entries >> 8).reshape(-1, 8, 8).astype(np.uint8), axis=-1, bitorder="little")[..., 0]
         b[:, 74:106] = (np.arange(32 * b.shape[0]) % 256).reshape(-1, 32)
+    else:                                                                 # seven sign bits a group, four a word
+        b[:, 2:66] = entries.reshape(-1, 64)
+        seven = (np.arange(32 * b.shape[0], dtype=np.uint32) % 128).reshape(-1, 8, 4) << np.uint32(7) * np.arange(
+            4, dtype=np.uint32)
+        words = b[:, 66:98].copy().view(np.uint32) & np.uint32(0xF0000000) | seven.sum(-1, dtype=np.uint32)
+        b[:, 66:98] = words.view(np.uint8)
 
 
-@pytest.mark.parametrize("qtype", [T.IQ3_S], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.IQ3_S, T.IQ3_XXS], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 5, 8, 11])
 def test_grid_types_take_every_entry_and_sign_pattern_over_an_odd_number_of_super_blocks(qtype, n):
     """Rows of three super-blocks (an odd count) holding every grid entry and every sign pattern: the products are

@@ -23,7 +23,7 @@ from graphir.batch import Batch
 PROMPT = [1, 5, 9, 17, 33, 65, 3, 7, 11, 13, 2, 4]
 # the types whose products graphir sums in llama.cpp's order on every path (the README's Numerics table)
 EXACT = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q4_K_S", "Q5_K_S", "Q6_K", "IQ4_NL", "IQ4_XS")
-EXACT += ("IQ3_S",)
+EXACT += ("IQ3_S", "IQ3_XXS")
 # the types llama.cpp's quantizer makes only with an importance matrix (llama-quant.cpp, tensor_requires_imatrix)
 NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
 MODELS = {"dense": ("llama", False), "experts": ("qwen3moe", True)}
