@@ -656,6 +656,30 @@ def test_grid_types_take_every_entry_and_sign_pattern_over_an_odd_number_of_supe
     assert_bits_equal(w.dequantize(), gguf_dequant(raw, qtype, rows, ne0))
 
 
+@pytest.mark.parametrize("n", [1, 9])
+def test_iq3_xxs_quarter_is_taken_where_llama_cpp_takes_it(monkeypatch, n):
+    """ggml_vec_dot_iq3_xxs_q8_K multiplies its total by 0.25f after its FMA chains (a lane past float's largest
+    value stays infinite), the tiled kernels multiply d by it before theirs (a sum that would pass it before the
+    quarter stays finite): with d = 4 and activations near 1e34 the other place gives other numbers, and the
+    products are llama.cpp's."""
+    rng = np.random.default_rng(n)
+    rows, ne0 = 8, 512
+    raw = make_weight(T.IQ3_XXS, rows, ne0, rng)
+    raw.reshape(rows, -1, 98)[:, :, 0:2] = half(np.full((rows, 2), 4.0))
+    x = (rng.standard_normal((n, ne0)) * 1e34).astype(F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = _vec_dot_and_tiled(raw, T.IQ3_XXS, ne0, x)[0]
+        monkeypatch.setitem(FACTOR, T.IQ3_XXS, 1.0)
+        if n < 8:                                                         # the quarter in d: d = 1, no factor
+            folded = raw.copy()
+            folded.reshape(rows, -1, 98)[:, :, 0:2] = half(np.full((rows, 2), 1.0))
+            other = _vec_dot_and_tiled(folded, T.IQ3_XXS, ne0, x)[0]
+        else:                                                             # the quarter on the result
+            other = _vec_dot_and_tiled(raw, T.IQ3_XXS, ne0, x)[0] * F32(0.25)
+    assert not np.array_equal(want.view(np.uint32), other.view(np.uint32))
+    assert_bits_equal(QWeight.prepare(raw, T.IQ3_XXS, ne0).matmul(x), want)
+
+
 @pytest.mark.parametrize("path", ["avx512", "avx2"])
 @pytest.mark.parametrize("n", [1, 3, 4, 9])
 def test_q2_k_rows_in_eights_are_llama_cpps_repacked_order_on_avx512_and_its_vec_dot_on_avx2(monkeypatch, path, n):
