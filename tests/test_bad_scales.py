@@ -44,7 +44,8 @@ POISON: dict[str, tuple[gguf.GGMLQuantizationType, list[tuple[int, bytes]]]] = {
     "IQ4_NL": (gguf.GGMLQuantizationType.IQ4_NL, [(0, INF), (0, NAN), (0, NEG_INF)]),
     "IQ4_XS": (gguf.GGMLQuantizationType.IQ4_XS, [(0, INF), (0, NAN), (2, b"\xff" * 6)]),      # d; scales 31
 }
-POISON["IQ3_S"] = (gguf.GGMLQuantizationType.IQ3_S, [(0, INF), (0, NAN), (0, NEG_INF), (106, b"\xff" * 4)])  # d; scales 31
+POISON["IQ3_S"] = (gguf.GGMLQuantizationType.IQ3_S, [(0, INF), (0, NAN), (0, NEG_INF),
+                                                  (106, b"\xff" * 4)])        # d; scales 31
 POISON["IQ3_XXS"] = (gguf.GGMLQuantizationType.IQ3_XXS, [(0, INF), (0, NAN), (0, NEG_INF),
                                                       (66, b"\xff" * 32)])    # d; every sign set, scales 31
 ROWS_APART = 7  # poisoned rows 0, 7, 14, ...: several of the kernels' row groups, healthy rows between them

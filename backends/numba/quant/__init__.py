@@ -3,7 +3,7 @@
 Why this package exists
     The conformance target is llama.cpp's CPU backend, and its matmul is not "dequantize, then float GEMM":
     the activation rows are first converted to the weight type's *vec_dot type* (Q4_0/Q8_0/MXFP4/IQ4_NL -> Q8_0,
-    Q4_1/Q5_1 -> Q8_1, Q2_K..Q6_K/IQ4_XS/IQ3_S/IQ3_XXS -> Q8_K, F16 -> f16, BF16 -> bf16) and the dot products are taken
+    Q4_1/Q5_1 -> Q8_1, Q2_K..Q6_K/IQ4_XS/IQ3 -> Q8_K, F16 -> f16, BF16 -> bf16) and the dot products are taken
     between the two quantized operands. A float engine that skips this lands 0.1-1.4 logit away on SmolLM2; one that
     copies it lands within float-summation noise, which the next layers' 8-bit activation quantization then
     amplifies (~0.2 in the residual after 10 layers). So `QWeight.matmul` quantizes x exactly like llama.cpp,

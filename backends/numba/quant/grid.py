@@ -26,10 +26,9 @@ def grid(qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     """The grid of ``qtype`` as gguf decodes it: (entries, values an entry) int8."""
     cls = getattr(gguf.quants, gguf.GGMLQuantizationType(qtype).name)
     cls.init_grid()
-    table = cls.grid.reshape(cls.grid_shape)
-    out = table.astype(np.int8)
-    out.flags.writeable = False
-    return out
+    table = cls.grid.reshape(cls.grid_shape).astype(np.int8)
+    table.flags.writeable = False                           # shared by every caller
+    return table
 
 
 def bits(b: np.ndarray) -> np.ndarray:

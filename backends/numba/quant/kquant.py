@@ -329,7 +329,8 @@ def pack_q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (_nibble_runs(b[:, :, 48:176]) | fifth << 4).reshape(rows, -1), sm.view(np.int8), d
 
 
-def _signed_layout(values: np.ndarray, scales: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _signed_layout(values: np.ndarray, scales: np.ndarray,
+                   d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A signed format's values (rows, nb * 256) int8, its eight scales a super-block (rows, nb, 8) and d (rows, nb)
     -> the values as bytes, the scales as int8 then eight zero bytes (rows, nb, 16: the sixteen bytes k_lanes reads)
     and (rows, nb, 2) float32 d, 0 (no min)."""
@@ -455,9 +456,10 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 
 def k_product(fmt: str) -> Callable:
     """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k"), IQ4_XS
-    ("iq4_xs") or IQ3_S ("iq3_s", as IQ4_XS) or IQ3_XXS ("iq3_xxs", as IQ4_XS with a factor of 1/4) rows with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a
-    matrix it does not repack: below _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K
-    / _q2_K_q8_K / _iq4_xs_q8_K (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes
+    ("iq4_xs"), IQ3_S ("iq3_s", as IQ4_XS) or IQ3_XXS ("iq3_xxs", as IQ4_XS with a factor of 1/4) rows with x (n, k),
+    quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a matrix it does not repack: below
+    _TILED_FROM rows, ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K / _iq4_xs_q8_K /
+    _iq3_s_q8_K / _iq3_xxs_q8_K (their AVX2 code, which AVX-512 builds take too): per super-block eight int32 lanes
     (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products;
     IQ4_XS's signed values through the sign trick, sub-blocks of 32, no offset), acc = fma(d_x * d_w, float(lane),
     acc) lane by lane, hsum_float_8 at the end, and the min term: Q5_K's chained apart, added last,
@@ -489,8 +491,8 @@ def k_product(fmt: str) -> Callable:
                 acc = vzero(_V8)
                 for b in range(nb):
                     acc = _tiled_link(f, True, dd, i, b, factor, qf, max((i * nb + b) * 256, 0), yf,
-                                      max(r * k + b * 256, 0), k, sf, max((i * nb + b) * stride, 0), bf, max((r * nb + b) * 16, 0), nb * 16,
-                                      vload(_V8, ydt, max(b * n + r, 0)), acc)
+                                      max(r * k + b * 256, 0), k, sf, max((i * nb + b) * stride, 0), bf,
+                                      max((r * nb + b) * 16, 0), nb * 16, vload(_V8, ydt, max(b * n + r, 0)), acc)
                 for t in range(8):
                     out[r + t, i] = vlane(acc, t)
             for r in range(in_eights, n):
