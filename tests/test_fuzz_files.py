@@ -377,8 +377,9 @@ def test_a_weight_type_the_backend_cannot_run_is_a_tensor_error(seeds: dict[str,
     p = tmp_path / "q8_1.gguf"
     p.write_bytes(_with(seeds["tiny-llama.full"], "ttype", "blk.0.attn_output.weight", QT.Q8_1))
     with pytest.raises(TensorError, match=rf"^{p}: tensor 'blk.0.attn_output.weight' is Q8_1, a type the numba "
-                                          rf"backend does not multiply \(it runs BF16, F16, F32, IQ4_NL, IQ4_XS, MXFP4, "
-                                          rf"Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0\)$"):
+                                          rf"backend does not multiply \(it runs BF16, F16, F32, IQ3_S, IQ3_XXS, "
+                                          rf"IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, "
+                                          rf"Q8_0\)$"):
         graphir.load(str(p))
 
 
