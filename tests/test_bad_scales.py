@@ -57,6 +57,10 @@ POISON: dict[str, tuple[gguf.GGMLQuantizationType, list[tuple[int, bytes]]]] = {
     "TQ1_0": (gguf.GGMLQuantizationType.TQ1_0, [(52, INF), (52, NAN), (52, NEG_INF), (0, b"\x01" * 48)]),
     "TQ2_0": (gguf.GGMLQuantizationType.TQ2_0, [(64, INF), (64, NAN), (0, b"\xff" * 64)]),
 }
+POISON["IQ3_S"] = (gguf.GGMLQuantizationType.IQ3_S, [(0, INF), (0, NAN), (0, NEG_INF),
+                                                  (106, b"\xff" * 4)])        # d; scales 31
+POISON["IQ3_XXS"] = (gguf.GGMLQuantizationType.IQ3_XXS, [(0, INF), (0, NAN), (0, NEG_INF),
+                                                      (66, b"\xff" * 32)])    # d; every sign set, scales 31
 ROWS_APART = 7  # poisoned rows 0, 7, 14, ...: several of the kernels' row groups, healthy rows between them
 
 

@@ -378,8 +378,8 @@ def test_a_weight_type_the_backend_cannot_run_is_a_tensor_error(seeds: dict[str,
     p.write_bytes(_with(seeds["tiny-llama.full"], "ttype", "blk.0.attn_output.weight", QT.Q8_1))
     with pytest.raises(TensorError, match=rf"^{p}: tensor 'blk.0.attn_output.weight' is Q8_1, a type the numba "
                                           rf"backend does not multiply \(it runs BF16, F16, F32, IQ1_M, IQ1_S, "
-                                          rf"IQ2_S, IQ2_XS, IQ2_XXS, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, "
-                                          rf"Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TQ1_0, TQ2_0\)$"):
+                                          rf"IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, "
+                                          rf"Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TQ1_0, TQ2_0\)$"):
         graphir.load(str(p))
 
 

@@ -31,6 +31,7 @@ GRIDS = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]    # signed values of a grid codebook, sc
 QUANTS += GRIDS
 QUANTS += [T.IQ1_S, T.IQ1_M]
 QUANTS += [T.TQ1_0, T.TQ2_0]
+QUANTS += [T.IQ3_S, T.IQ3_XXS]
 ROWS, NE0 = 72, 512                  # 72 rows = 12 GEMM tiles of 6; odd shapes have their own test
 
 # NMSE of matmul against f32 math on the dequantized weight (x ~ N(0,1)), worst of 5 seeds: 5e-8 (F16),
@@ -42,6 +43,7 @@ NMSE_MAX = {T.F32: 1e-12, T.F16: 2e-7, T.BF16: 1e-5, T.Q8_0: 2e-4, T.Q4_0: 2e-4,
 NMSE_MAX |= {T.IQ2_XXS: 2e-4, T.IQ2_XS: 2e-4, T.IQ2_S: 2e-4}   # measured 4.9e-5, 5.4e-5, 5.6e-5
 NMSE_MAX.update({T.IQ1_S: 2e-4, T.IQ1_M: 2e-4})     # measured the same way: 5.9e-5 and 7.9e-5
 NMSE_MAX.update({T.TQ1_0: 2e-4, T.TQ2_0: 2e-4})        # measured 6.4e-5 (gguf's ternary blocks)
+NMSE_MAX.update({T.IQ3_S: 2e-4, T.IQ3_XXS: 2e-4})   # measured 6.2e-5, 5.7e-5
 # max |matmul - llama.cpp emulation| / max |emulation|: only the float summation order differs (measured
 # <= 3.5e-7; skipping the activation quantization gives 3e-4 (F16) to 2e-2 (K-quants), dropping the f16
 # rounding of Q8_1's s alone gives 3e-4)
@@ -92,6 +94,22 @@ def q8k_blocks(x: np.ndarray):
 KVALUES = np.array(gguf.quants.IQ4_NL.kvalues, np.int64)      # kvalues_iq4nl
 gguf.quants.IQ1_S.init_grid()
 IQ1_GRID = gguf.quants.IQ1_S.grid.reshape(2048, 8).astype(np.int64)   # iq1s_grid: eight of -1, 0, 1 a row
+
+
+def grid_of(qtype: T) -> np.ndarray:
+    """gguf's grid of an i-quant: (entries, values an entry) int64."""
+    cls = getattr(gguf.quants, qtype.name)
+    cls.init_grid()
+    return cls.grid.reshape(cls.grid_shape).astype(np.int64)
+
+
+# the constant factor of a format's values: ggml's vec_dot applies it to its total, the tiled kernels to d
+FACTOR = {T.IQ3_XXS: 0.25, **dict.fromkeys(GRIDS, 0.125)}   # on the vec_dot's total and the tiled d
+
+
+def bits_of(b: np.ndarray) -> np.ndarray:
+    """Bytes (..., n) -> their bits (..., 8n) as int64, each byte's least significant first."""
+    return ((b[..., None].astype(np.int64) >> np.arange(8)) & 1).reshape(*b.shape[:-1], -1)
 
 
 def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
@@ -163,6 +181,17 @@ def weight_ints(raw: np.ndarray, qtype: T, ne0: int):
         bits = (sc[..., 0] >> 12) | (sc[..., 1] >> 8 & 0xF0) | (sc[..., 2] >> 4 & 0xF00) | (sc[..., 3] & 0xF000)
         d = bits.astype(np.uint16).view(np.float16).astype(F32)
         return IQ1_GRID[idx].reshape(*b.shape[:2], 256), d, scales, np.repeat(np.where(nib & 8, -1, 1), 8, axis=-1)
+    if qtype == T.IQ3_S:  # f16 d, 64 grid index bytes, their ninth bits, 32 sign bytes, 4 bytes of scale nibbles
+        idx = b[..., 2:66].astype(np.int64) | bits_of(b[..., 66:74]) << 8
+        q = grid_of(qtype)[idx].reshape(*b.shape[:2], 256) * (1 - 2 * bits_of(b[..., 74:106]))
+        ls = (b[..., 106:110, None].astype(np.int64) >> np.array([0, 4])) & 15      # byte k: sub-blocks 2k, 2k + 1
+        return q, f16(0), 2 * ls.reshape(*b.shape[:2], 8) + 1
+    if qtype == T.IQ3_XXS:  # f16 d, 64 grid index bytes, per 32 a word: four groups' 7 sign bits, a scale nibble
+        words = b[..., 66:98].copy().view(np.uint32).astype(np.int64)                      # (rows, nb, 8)
+        seven = ((words[..., None] >> 7 * np.arange(4)) & 127)[..., None] >> np.arange(7) & 1   # (.., 8, 4, 7)
+        sign = np.concatenate([seven, seven.sum(-1, keepdims=True) & 1], -1)                # the eighth: parity
+        q = grid_of(qtype)[b[..., 2:66]].reshape(*b.shape[:2], 256) * (1 - 2 * sign.reshape(*b.shape[:2], 256))
+        return q, f16(0), 2 * (words >> 28) + 1
     if qtype == T.MXFP4:  # doubled e2m1 values; the E8M0 scale halved (subnormal below e = 2)
         e = b[..., 0].astype(np.uint32)
         d = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32)
@@ -242,12 +271,11 @@ def llama_matmul(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> np.ndarr
         g, values = sc.shape[-1], 8 * qw + delta
         isum = np.einsum("rbgk,nbgk->nrbg", values.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
         return ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1) / 8).sum(-1)
-    if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS, *GRIDS, T.TQ1_0, T.TQ2_0):  # sub-blocks of 16 / 32 / 256, no min
+    if qtype in (T.Q6_K, T.Q3_K, T.IQ4_XS, *GRIDS, T.IQ3_S, T.IQ3_XXS, T.TQ1_0, T.TQ2_0):  # no min
         qw, dw, sc = wi
         g = sc.shape[-1]
         isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
-        y = ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1)).sum(-1)
-        return y * 0.125 if qtype in GRIDS else y
+        return FACTOR.get(qtype, 1) * ((dw[None] * dx[:, None]).astype(f64) * (isum * sc[None]).sum(-1)).sum(-1)
     qw, dw, dmin, sc, mn = wi
     g = sc.shape[-1]                                                    # sub-blocks a super-block (Q2_K: 16)
     isum = np.einsum("rbgk,nbgk->nrbg", qw.reshape(*qw.shape[:2], g, -1), qx.reshape(*qx.shape[:2], g, -1))
@@ -384,7 +412,7 @@ def test_prepare_rejects_bad_input():
     with pytest.raises(ValueError):
         QWeight.prepare(raw[:, :-2], T.Q4_0, 64)
     with pytest.raises(NotImplementedError):
-        QWeight.prepare(raw, T.IQ3_S, 64)
+        QWeight.prepare(raw, T.Q8_1, 64)
     w = QWeight.prepare(raw, T.Q4_0, 64)
     with pytest.raises(ValueError):
         w.matmul(np.zeros((2, 64), np.float64))
@@ -584,6 +612,11 @@ def _extremes(blocks: np.ndarray, qtype: T) -> None:
         blocks[:, 66:74] = 255
     elif qtype == T.IQ2_S:                                                 # grid row 1023 (all 43), signs +, scales 31
         blocks[:, 2:34], blocks[:, 34:66], blocks[:, 66:82] = 255, 0, 255
+    elif qtype == T.IQ3_S:                                                 # the entry of the largest values, all
+        e = int(grid_of(qtype).sum(-1).argmax())                           # negative, scales 31
+        blocks[:, 2:66], blocks[:, 66:74], blocks[:, 74:] = e & 255, 255 * (e >> 8), 255
+    elif qtype == T.IQ3_XXS:                                               # the same: every sign group 127
+        blocks[:, 2:66], blocks[:, 66:] = int(grid_of(qtype).sum(-1).argmax()), 255   # (and its parity), scales 31
     else:
         blocks[:, 4:] = 255                                                # scales and mins 63, values 31 / 15
 
@@ -613,7 +646,7 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
         q, d, sc = weight_ints(raw, qtype, ne0)
         dmin, imin = np.zeros_like(d), np.zeros((n, rows, d.shape[1]), np.int64)
         q, sub, bias = (q + 32, 16, 32) if qtype == T.Q6_K else (q, 16, 0)   # Q3_K's lanes: its signed values
-    elif qtype in (T.IQ4_XS, *GRIDS):
+    elif qtype in (T.IQ4_XS, *GRIDS, T.IQ3_S, T.IQ3_XXS):
         q, d, sc = weight_ints(raw, qtype, ne0)
         dmin, sub, bias, imin = np.zeros_like(d), 256 // sc.shape[-1], 0, np.zeros((n, rows, d.shape[1]), np.int64)
     else:
@@ -623,7 +656,7 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
         terms = mn[None] * bsums.reshape(n, 1, -1, g, 16 // g).sum(-1)    # (n, rows, nb, g)
         min_pairs = terms.reshape(*terms.shape[:3], -1, 2).sum(-1)                            # sub-blocks 2p, 2p + 1
         imin = terms.sum(-1)                                                                   # (n, rows, nb)
-    nb, eighth = d.shape[1], F32(0.125 if qtype in GRIDS else 1.0)   # the grid types' 1/8: on the tiled d, the hsum
+    nb = d.shape[1]
     dots = np.einsum("rbgle,nbgle->nrbgl", q.reshape(rows, nb, 8, 8, 4), qx.reshape(n, nb, 8, 8, 4))
     lanes = (dots * sc[:, :, (32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub][None]).sum(3)  # (n, rows, nb, 8)
     if bias:
@@ -642,16 +675,19 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
                     summs = _fma(mins.astype(F32), (-dx[r, b] * dmin[:, b, None] if qtype == T.Q4_K else
                                                     -dx[r, b] * dmin[:, b]).astype(F32), summs)
             else:
-                res = ((d[:, b] * eighth).astype(F32) * lanes[r, :, b].sum(-1).astype(F32)).astype(F32)
+                res = ((d[:, b] * F32(FACTOR.get(qtype, 1))) * lanes[r, :, b].sum(-1).astype(F32)).astype(F32)
                 acc = _fma(_fma(-dmin[:, b], imin[r, :, b].astype(F32), res), dx[r, b], acc)
         if qtype == T.Q4_K:
             summs = (summs[:, 0] + summs[:, 2]) + (summs[:, 1] + summs[:, 3])
-        want[r] = acc if n >= 8 else eighth * _hsum8(acc) if qtype in (T.Q6_K, T.Q3_K, T.Q2_K, T.IQ4_XS, *GRIDS) \
+        want[r] = acc if n >= 8 else F32(FACTOR.get(qtype, 1)) * _hsum8(acc) \
+            if qtype in (T.Q6_K, T.Q3_K, T.Q2_K, T.IQ4_XS, *GRIDS, T.IQ3_S, T.IQ3_XXS) \
             else _hsum8(acc) + summs
     return want, lanes
 
 
-@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K, T.IQ4_XS, *GRIDS], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K, T.IQ4_XS, *GRIDS, T.IQ3_S,
+                                   T.IQ3_XXS],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17])
 def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
     """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K (their AVX2 code, which AVX-512
@@ -670,7 +706,9 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
     on its signed values, sub-blocks of 32 and no offset. The grid types (IQ2_XXS, IQ2_XS and IQ2_S:
     ggml_vec_dot_iq2_xxs_q8_K, _xs_q8_K, _s_q8_K, and tiled's act-bias MAC) take the same lanes on their signed
     grid values, sub-blocks of 32 (IQ2_XXS) or 16 and scales 2s + 1, with a factor 1/8 on the vec_dot's hsum and
-    on the tiled kernels' d; three super-blocks a row, rows 4 to 7 with every sign pattern."""
+    on the tiled kernels' d; three super-blocks a row, rows 4 to 7 with every sign pattern. IQ3_S's
+    (ggml_vec_dot_iq3_s_q8_K, tiled's act-bias MAC) too, on its signed grid values, scales 1 + 2 * field (its sums
+    stay below 2^24), and IQ3_XXS's, whose factor of 1/4 multiplies the vec_dot's total (0.25f * hsum_float_8) and the tiled kernels' d."""
     rng = np.random.default_rng(n)
     rows, ne0 = 16, 768 if qtype in GRIDS else 512
     raw = make_weight(qtype, rows, ne0, rng)
@@ -682,12 +720,68 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
     want, lanes = _vec_dot_and_tiled(raw, qtype, ne0, x)
     if qtype == T.Q6_K:
         assert np.abs(lanes[-1, 3]).max() >= 2 ** 24
-    elif qtype in (T.Q5_K, T.Q4_K, T.IQ4_XS, *GRIDS):
+    elif qtype in (T.Q5_K, T.Q4_K, T.IQ4_XS, *GRIDS, T.IQ3_XXS):
         assert np.abs(lanes[-1, 3].sum(-1)).max() >= 2 ** 24
     if qtype in (T.Q4_K, T.Q2_K):                                         # the kinds llama.cpp does not repack
         assert_bits_equal(QWeight(raw, qtype, ne0, use="stack").matmul(x), want)
         raw, want = raw[:12], want[:, :12]
     assert_bits_equal(QWeight.prepare(raw, qtype, ne0).matmul(x), want)
+
+
+def _every_entry_and_sign(raw: np.ndarray, qtype: T) -> None:
+    """Grid-coded rows given every grid entry and every sign pattern in turn, group after group."""
+    b = raw.reshape(-1, gguf.GGML_QUANT_SIZES[qtype][1])
+    entries = np.arange(64 * b.shape[0]) % len(grid_of(qtype))
+    if qtype == T.IQ3_S:                                                  # ninth index bits, then the sign bytes
+        b[:, 2:66] = (entries & 255).reshape(-1, 64)
+        b[:, 66:74] = np.packbits((entries >> 8).reshape(-1, 8, 8).astype(np.uint8), axis=-1, bitorder="little")[..., 0]
+        b[:, 74:106] = (np.arange(32 * b.shape[0]) % 256).reshape(-1, 32)
+    else:                                                                 # seven sign bits a group, four a word
+        b[:, 2:66] = entries.reshape(-1, 64)
+        seven = (np.arange(32 * b.shape[0], dtype=np.uint32) % 128).reshape(-1, 8, 4) << np.uint32(7) * np.arange(
+            4, dtype=np.uint32)
+        words = b[:, 66:98].copy().view(np.uint32) & np.uint32(0xF0000000) | seven.sum(-1, dtype=np.uint32)
+        b[:, 66:98] = words.view(np.uint8)
+
+
+@pytest.mark.parametrize("qtype", [T.IQ3_S, T.IQ3_XXS], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 5, 8, 11])
+def test_grid_types_take_every_entry_and_sign_pattern_over_an_odd_number_of_super_blocks(qtype, n):
+    """Rows of three super-blocks (an odd count) holding every grid entry and every sign pattern: the products are
+    llama.cpp's vec_dot below 8 activation rows and its tiled kernels from 8 (the emulation above), and the rows
+    read back are gguf's."""
+    rng = np.random.default_rng(40 + n)
+    rows, ne0 = 24, 768
+    raw = make_weight(qtype, rows, ne0, rng)
+    _every_entry_and_sign(raw, qtype)
+    x = rng.standard_normal((n, ne0)).astype(F32)
+    w = QWeight.prepare(raw, qtype, ne0)
+    assert_bits_equal(w.matmul(x), _vec_dot_and_tiled(raw, qtype, ne0, x)[0])
+    assert_bits_equal(w.dequantize(), gguf_dequant(raw, qtype, rows, ne0))
+
+
+@pytest.mark.parametrize("n", [1, 9])
+def test_iq3_xxs_quarter_is_taken_where_llama_cpp_takes_it(monkeypatch, n):
+    """ggml_vec_dot_iq3_xxs_q8_K multiplies its total by 0.25f after its FMA chains (a lane past float's largest
+    value stays infinite), the tiled kernels multiply d by it before theirs (a sum that would pass it before the
+    quarter stays finite): with d = 4 and activations near 1e34 the other place gives other numbers, and the
+    products are llama.cpp's."""
+    rng = np.random.default_rng(n)
+    rows, ne0 = 8, 512
+    raw = make_weight(T.IQ3_XXS, rows, ne0, rng)
+    raw.reshape(rows, -1, 98)[:, :, 0:2] = half(np.full((rows, 2), 4.0))
+    x = (rng.standard_normal((n, ne0)) * 1e34).astype(F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = _vec_dot_and_tiled(raw, T.IQ3_XXS, ne0, x)[0]
+        monkeypatch.setitem(FACTOR, T.IQ3_XXS, 1.0)
+        if n < 8:                                                         # the quarter in d: d = 1, no factor
+            folded = raw.copy()
+            folded.reshape(rows, -1, 98)[:, :, 0:2] = half(np.full((rows, 2), 1.0))
+            other = _vec_dot_and_tiled(folded, T.IQ3_XXS, ne0, x)[0]
+        else:                                                             # the quarter on the result
+            other = _vec_dot_and_tiled(raw, T.IQ3_XXS, ne0, x)[0] * F32(0.25)
+    assert not np.array_equal(want.view(np.uint32), other.view(np.uint32))
+    assert_bits_equal(QWeight.prepare(raw, T.IQ3_XXS, ne0).matmul(x), want)
 
 
 @pytest.mark.parametrize("path", ["avx512", "avx2"])

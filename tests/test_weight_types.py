@@ -27,6 +27,7 @@ EXACT = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q4_K_
 EXACT += ("IQ2_XXS", "IQ2_XS", "IQ2_M")   # llama.cpp's IQ2_M file type holds IQ2_S matrices (its IQ2_S, IQ2_XS)
 EXACT += ("IQ1_S", "IQ1_M")
 EXACT += ("TQ1_0", "TQ2_0")
+EXACT += ("IQ3_S", "IQ3_XXS")
 # the types llama.cpp's quantizer makes only with an importance matrix (llama-quant.cpp, tensor_requires_imatrix)
 NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
 NEEDS_IMATRIX += ("IQ2_M",)

@@ -3,10 +3,10 @@
 Why this package exists
     The conformance target is llama.cpp's CPU backend, and its matmul is not "dequantize, then float GEMM":
     the activation rows are first converted to the weight type's *vec_dot type* (Q4_0/Q8_0/MXFP4/IQ4_NL -> Q8_0,
-    Q4_1/Q5_1 -> Q8_1, Q2_K..Q6_K/IQ4_XS/IQ2_*/IQ1_*/TQ1_0/TQ2_0 -> Q8_K, F16 -> f16, BF16 -> bf16) and the dot products
-    are taken    between the two quantized operands. A float engine that skips this lands 0.1-1.4 logit away on SmolLM2; one that
-    copies it lands within float-summation noise, which the next layers' 8-bit activation quantization then
-    amplifies (~0.2 in the residual after 10 layers). So `QWeight.matmul` quantizes x exactly like llama.cpp,
+    Q4_1/Q5_1 -> Q8_1, Q2_K..Q6_K/IQ4_XS/IQ1_*..IQ3_*/TQ1_0/TQ2_0 -> Q8_K, F16 -> f16, BF16 -> bf16) and the dot
+    products are taken between the two quantized operands. A float engine that skips this lands 0.1-1.4 logit away
+    on SmolLM2; one that copies it lands within float-summation noise, which the next layers' 8-bit activation
+    quantization then amplifies (~0.2 in the residual after 10 layers). So `QWeight.matmul` quantizes x exactly like llama.cpp,
     then multiplies, for Q4_1 and Q8_0 in llama.cpp's exact operation order. Speed matters as much (decode
     must run near memory bandwidth), hence repacked layouts and flat numba loops.
 
@@ -49,7 +49,7 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     IQ4_XS Q8_K the values (int8) as bytes, the scales less 32 as     1.094       [0.5313]
                 int8, f32 d and 0 (quant.kquant)
     IQ2_XXS Q8_K the signed grid values (int8) as bytes, the scales   1.094       [0.2578]
-                2s + 1 per 16 as int8, f32 d and 0 (quant.grids)
+                2s + 1 per 16 as int8, f32 d and 0 (quant.grid)
     IQ2_XS  Q8_K as IQ2_XXS (a 512-entry grid, a scale per 16)         1.094       [0.2891]
     IQ2_S   Q8_K as IQ2_XXS (a 1024-entry grid, a scale per 16)        1.094       [0.3203]
     IQ1_S Q8_K  the values 8 * grid + delta (int8) as bytes, the      1.094       [0.1953]
@@ -60,6 +60,9 @@ The table (quant.weight) has one row per type: activation format, the stream lay
                 order, f32 d and 0; one row of unit scales for all
                 (quant.kquant)
     TQ2_0 Q8_K  as TQ1_0 (GGUF's value bytes as they are)             0.281       [0.2578]
+    IQ3_S  Q8_K as IQ4_XS: the signed grid values (quant.grid), the     1.094       [0.4297]
+                scales 1 + 2 * field
+    IQ3_XXS Q8_K as IQ3_S (its factor 1/4 in the kernels)              1.094       [0.3828]
     F32, F16, BF16: no copy; the kernels read the data in place (F16/BF16 converted per row in registers/L1).
     (*2) MXFP4 (gpt-oss's experts) lays nibbles out as Q4_0; a code indexes ggml's doubled e2m1 table
     (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), so the E8M0 scale is halved (GGML_E8M0_TO_FP32_HALF).
@@ -81,10 +84,10 @@ Numerics: what is bit-exact and what is only close
     of x for F16/BF16 weights. (llama.cpp's portable reference Q8_0/Q8_1 quantizer uses id = 1/d and rounds
     half away from zero; it differs in rare 1-ulp/tie cases; this machine's llama.cpp runs the x86 code.)
     Bit-exact also: Q4_1, Q5_1, Q8_0, Q5_0, Q4_0, MXFP4, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS
-    (quant.kquant)
-    and IQ2_XXS, IQ2_XS, IQ2_S (quant.kquant's IQ4_XS lanes on the grid values, the 1/8 on the vec_dot's hsum
-    and on the tiled d), IQ1_S and IQ1_M (quant.kquant: the vec_dot's grid and delta sums apart,
-    tiled's values whole), TQ1_0 and TQ2_0 (quant.kquant: their vec_dot for every number of rows)
+    (quant.kquant), IQ2_XXS, IQ2_XS, IQ2_S (quant.kquant's IQ4_XS lanes on the grid values, the 1/8 on the
+    vec_dot's hsum and on the tiled d), IQ3_S and IQ3_XXS (the same kernels, IQ3_XXS's factor 1/4), IQ1_S and
+    IQ1_M (quant.kquant: the vec_dot's grid and delta sums apart, tiled's values whole), TQ1_0 and TQ2_0
+    (quant.kquant: their vec_dot for every number of rows)
     matmuls, every output element, for any number of rows:
     Q4_0, MXFP4 and IQ4_NL as (*2) above; the others replay ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 of the
     x86 build (AVX2 + VNNI: eight int32 lane sums per block, fma(d_w*d_x, lane, acc) per lane in block order,
@@ -123,10 +126,10 @@ Modules
     exact       Q4_1, Q5_1, Q8_0, Q4_0 (and Q5_0 as Q8_0): their grouped layout and the kernels that replay
                 llama.cpp's dot products
     kquant      Q4_K (and Q2_K on AVX-512) in the order of llama.cpp's repacked 8x8 kernels, Q6_K, Q5_K, Q3_K,
-                IQ4_XS, the IQ2 and IQ1 types and unrepacked Q4_K and Q2_K in that of its vec_dot and tiled kernels,
-                TQ1_0 and TQ2_0 in that of their vec_dot
-    grids       the grid-codebook types (IQ2_XXS, IQ2_XS, IQ2_S): gguf's grids, the sign table, raw blocks to
-                signed values, scales 2s + 1 and d
+                IQ4_XS, the IQ1, IQ2 and IQ3 types and unrepacked Q4_K and Q2_K in that of its vec_dot and tiled
+                kernels, TQ1_0 and TQ2_0 in that of their vec_dot
+    grid        the i-quants' grid codebooks (gguf's tables) and grid-coded blocks (IQ2_*, IQ3_*) unpacked to
+                signed values, their scales and d
     lut4        MXFP4 and IQ4_NL (4-bit codes into a table): llama.cpp's repacked dot products on the raw blocks,
                 IQ4_NL's vec_dot where it does not repack
     weight      QWeight and the table of weight kinds its matmul and get_rows dispatch through

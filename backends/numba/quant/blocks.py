@@ -10,11 +10,12 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-import gguf
 import numpy as np
+from gguf import GGMLQuantizationType
 from numba import njit, prange
 
 from graphir.backends.numba.primitives.bits import f16_bits
+from graphir.backends.numba.quant import grid
 
 _F32 = np.float32
 _exact = dict(parallel=True, cache=True)                  # dequantization: no FMA contraction, bit-exact
@@ -114,19 +115,13 @@ def repack_iq4_xs(b):
     return values, (d[:, :, None] * scales.astype(_F32)).reshape(b.shape[0], -1)
 
 
-def _iq1_grid() -> np.ndarray:
-    """iq1s_grid (IQ1_S's and IQ1_M's 2048 rows of eight values -1, 0, 1), as gguf decodes it: (2048, 8) int8."""
-    gguf.quants.IQ1_S.init_grid()
-    return gguf.quants.IQ1_S.grid.reshape(2048, 8).astype(np.int8)
-
-
 def _iq1_values(idx: np.ndarray, negative: np.ndarray) -> np.ndarray:
     """Grid indices (rows, nb, 32) of the groups of eight and their delta signs (True: -1), broadcast to the
     groups -> the values 8 * grid + delta as int8 in element order (rows, nb * 256): ggml-cpu/tiled's codes less
     128, exact in eighths (the delta is 1/8)."""
     rows, nb = idx.shape[:2]
     delta = np.where(negative, np.int8(-1), np.int8(1))
-    return (_iq1_grid()[idx] * np.int8(8) + delta[..., None]).reshape(rows, nb * 256)
+    return (grid.grid(GGMLQuantizationType.IQ1_S)[idx] * np.int8(8) + delta[..., None]).reshape(rows, nb * 256)
 
 
 def iq1_s_fields(b):
@@ -188,6 +183,76 @@ def tq1_0_values(b):
               for lo, hi, n in ((0, 32, 5), (32, 48, 5), (48, 52, 4))]
     values = (np.concatenate(digits, axis=-1).astype(np.uint16) * 3 >> 8).astype(np.uint8)
     return values.reshape(rows, -1), block_f16(b, 52).reshape(rows, nb)
+def _odd_nibbles(sc: np.ndarray) -> np.ndarray:
+    """Scale bytes (rows, nb, 8), the low nibble for the first 16 weights of 32, the high one for the next 16
+    -> 2s + 1 per 16 (rows, nb, 16) int8."""
+    return (2 * np.stack([sc & 15, sc >> 4], axis=-1).reshape(*sc.shape[:2], 16).astype(np.int16) + 1).astype(np.int8)
+
+
+def iq2_xxs_fields(b):
+    """IQ2_XXS blocks (rows, nb, 66: f16 d, then per 32 weights 4 grid index bytes and a word of four 7-bit sign
+    groups and the 4-bit scale on top) -> the values (rows, nb * 256) int8, the scales 2s + 1 per 16 (rows, nb,
+    16) int8 (each of the 32's twice) and d (rows, nb) float32."""
+    rows, nb = b.shape[:2]
+    words = np.ascontiguousarray(b[:, :, 2:66]).view(np.uint32).reshape(rows, nb, 8, 2)
+    signs = grid.parity_signs(words[..., 1:2] >> np.array([0, 7, 14, 21], np.uint32))
+    values = grid.signed_values(GGMLQuantizationType.IQ2_XXS, b[:, :, 2:66].reshape(rows, nb, 8, 8)[..., :4], signs)
+    scales = (2 * (words[..., 1] >> 28).astype(np.int16) + 1).astype(np.int8)
+    return values.reshape(rows, -1), np.repeat(scales, 2, axis=-1), block_f16(b, 0).reshape(rows, nb)
+
+
+def iq2_xs_fields(b):
+    """IQ2_XS blocks (rows, nb, 74: f16 d, 32 words of a 9-bit index and 7 sign bits, 8 scale bytes) -> as
+    iq2_xxs_fields."""
+    rows, nb = b.shape[:2]
+    q = np.ascontiguousarray(b[:, :, 2:66]).view(np.uint16)
+    values = grid.signed_values(GGMLQuantizationType.IQ2_XS, q & 511, grid.parity_signs(q >> 9))
+    return values.reshape(rows, -1), _odd_nibbles(b[:, :, 66:74]), block_f16(b, 0).reshape(rows, nb)
+
+
+def iq2_s_fields(b):
+    """IQ2_S blocks (rows, nb, 82: f16 d, 32 low index bytes, 32 sign bytes, 8 bytes of the indices' two high
+    bits (bits 2l, 2l + 1 of byte j for group l of weights 32j ..), 8 scale bytes) -> as iq2_xxs_fields."""
+    rows, nb = b.shape[:2]
+    high = b[:, :, 66:74, None] >> np.array([0, 2, 4, 6], np.uint8) & 3          # (rows, nb, 8, 4)
+    index = b[:, :, 2:34].astype(np.uint16) | high.reshape(rows, nb, 32).astype(np.uint16) << 8
+    values = grid.signed_values(GGMLQuantizationType.IQ2_S, index, b[:, :, 34:66])
+    return values.reshape(rows, -1), _odd_nibbles(b[:, :, 74:82]), block_f16(b, 0).reshape(rows, nb)
+
+
+def iq3_s_fields(b):
+    """IQ3_S blocks (f16 d, 64 grid index bytes, 8 bytes of their ninth bits, 32 sign bytes, 4 scale bytes) -> the
+    values as int8 in element order (rows, nb * 256), the eight 4-bit scales (rows, nb, 8: sub-block 2k in byte k's
+    low nibble, 2k + 1 in its high one) and d (rows, nb) float32."""
+    rows, nb = b.shape[:2]
+    index = b[:, :, 2:66].astype(np.uint16) | grid.bits(b[:, :, 66:74]).astype(np.uint16) << 8
+    scales = (b[:, :, 106:110, None] >> np.array([0, 4], np.uint8)) & 15
+    return (grid.signed_values(GGMLQuantizationType.IQ3_S, index, b[:, :, 74:106]).reshape(rows, -1),
+            scales.reshape(rows, nb, 8), block_f16(b, 0).reshape(rows, nb))
+
+
+def repack_iq3_s(b):
+    """The values as int8 in element order and each sub-block's d * (1 + 2 * scale) (float32, gguf's product)."""
+    values, scales, d = iq3_s_fields(b)
+    return values, (d[:, :, None] * (1 + 2 * scales).astype(_F32)).reshape(b.shape[0], -1)
+
+
+def iq3_xxs_fields(b):
+    """IQ3_XXS blocks (f16 d, 64 grid index bytes, per sub-block of 32 a 32-bit word: four groups' seven sign bits,
+    then a 4-bit scale) -> the values as int8 in element order (rows, nb * 256), the eight 4-bit scales
+    (rows, nb, 8) and d (rows, nb) float32."""
+    rows, nb = b.shape[:2]
+    words = np.ascontiguousarray(b[:, :, 66:98]).view("<u4")                                  # (rows, nb, 8)
+    signs = grid.parity_signs(words[..., None] >> np.array([0, 7, 14, 21], np.uint32))      # (rows, nb, 8, 4)
+    values = grid.signed_values(GGMLQuantizationType.IQ3_XXS, b[:, :, 2:66], signs.reshape(rows, nb, 32))
+    return values.reshape(rows, -1), (words >> 28).astype(np.uint8), block_f16(b, 0).reshape(rows, nb)
+
+
+def repack_iq3_xxs(b):
+    """The values as int8 in element order and each sub-block's d * (0.5 + scale) * 0.5 (float32, gguf's
+    product: the grid holds twice the steps of its values, and the scale counts as 1 + 2s)."""
+    values, scales, d = iq3_xxs_fields(b)
+    return values, (d[:, :, None] * (_F32(0.5) + scales.astype(_F32)) * _F32(0.5)).reshape(b.shape[0], -1)
 
 
 def repack_q4_1(b):
@@ -396,7 +461,7 @@ def row_q3_k(qv, sc, dd, i, w, a, with_min):
 
 @njit(**_inl)
 def row_iq2(qv, sc, dd, i, w, a, with_min):
-    """From quant.kquant's layout of the grid types (quant.grids: signed values as bytes in element order, the
+    """From quant.kquant's layout of the grid types (quant.grid: signed values as bytes in element order, the
     scales 2s + 1 per 16, d): gguf's (d * (0.5 + s) * 0.25) * value, as (d * (2s + 1)) * 0.125 * value (the same
     float: the factors of two are exact), in natural order."""
     for j in range(qv.shape[1]):

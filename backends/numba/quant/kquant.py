@@ -29,7 +29,7 @@ after it has assembled them.
 IQ4_XS (256-element super-blocks of 4-bit codes into kvalues_iq4nl, an f16 d and eight 6-bit scales less 32) is
 never repacked either and takes the same two kernels (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC): Q6_K's
 arithmetic on signed values (pack_iq4_xs: the values as int8 bytes, 1 byte a weight against 0.53 in GGUF).
-IQ2_XXS, IQ2_XS and IQ2_S (quant.grids: signed grid values, odd scales 2s + 1 per 16 or 32, an f16 d) take the
+IQ2_XXS, IQ2_XS and IQ2_S (quant.grid: signed grid values, odd scales 2s + 1 per 16 or 32, an f16 d) take the
 same two kernels on the same lanes (ggml_vec_dot_iq2_xxs_q8_K / _xs_ / _s_, tiled's act-bias MAC), with their
 factor 1/8 where llama.cpp applies it: on the vec_dot's hsum, on the tiled kernels' d (pack_iq2_*: the values as
 int8 bytes, the scales per 16, 1 byte a weight against 0.26 / 0.29 / 0.32 in GGUF).
@@ -41,6 +41,12 @@ goes through ggml_vec_dot_tq1_0_q8_K / _tq2_0_q8_K, which multiply the values pl
 out through the activation's sums, lane by lane as Q6_K's vec_dot does, with every scale 1 (pack_tq1_0,
 pack_tq2_0: the values plus 1 two bits each in TQ2_0's order, unpacked in registers, and one shared row of unit
 scales; 0.28 bytes a weight against 0.21 / 0.26 in GGUF).
+IQ3_S (per four elements an index into its grid, a sign bit per element, a 4-bit scale s per 32 that counts as
+1 + 2s) is IQ4_XS's format to both kernels (ggml_vec_dot_iq3_s_q8_K, tiled's act-bias MAC: the same exact
+integers): pack_iq3_s, its signed grid values as int8 bytes (quant.grid), 1 byte a weight against 0.43 in GGUF.
+IQ3_XXS (an index per four elements into its own grid, seven sign bits per eight with their parity the eighth, a
+4-bit scale per 32) likewise, its grid holding twice the values' steps and the scale counting 1 + 2s: a factor of
+1/4, which its vec_dot applies to the total and its tiled kernels to d (pack_iq3_xxs, 0.38 bytes a weight in GGUF).
 """
 
 from __future__ import annotations
@@ -53,9 +59,9 @@ from numba import njit, prange
 from graphir.backends.numba.primitives.bits import bits_u32, fma
 from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
-from graphir.backends.numba.quant.blocks import (block_f16, iq1_m_fields, iq1_s_fields, iq4_xs_fields, k_scales,
+from graphir.backends.numba.quant.blocks import (block_f16, iq1_m_fields, iq1_s_fields, iq2_s_fields, iq2_xs_fields,
+                                                 iq2_xxs_fields, iq3_s_fields, iq3_xxs_fields, iq4_xs_fields, k_scales,
                                                  tq1_0_values)
-from graphir.backends.numba.quant.grids import iq2_s_fields, iq2_xs_fields, iq2_xxs_fields
 from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
 
 _V8 = lanes(8)
@@ -337,54 +343,45 @@ def pack_q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (_nibble_runs(b[:, :, 48:176]) | fifth << 4).reshape(rows, -1), sm.view(np.int8), d
 
 
-def pack_iq4_xs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """IQ4_XS blocks (rows, nb, 136) -> the values (kvalues_iq4nl) as int8 bytes in element order (rows, nb * 256),
-    the eight scales less 32 as int8 then eight zero bytes (rows, nb, 16: the sixteen bytes k_lanes reads) and
-    (rows, nb, 2) float32 d, 0 (no min)."""
-    values, scales, d = iq4_xs_fields(b)
-    rows, nb = b.shape[:2]
-    sc = np.zeros((rows, nb, 16), np.int8)
-    sc[:, :, :8] = scales
+def _signed_layout(values: np.ndarray, scales: np.ndarray,
+                   d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A signed format's values (rows, nb * 256) int8, its scales a super-block (rows, nb, 8 or 16) and d
+    (rows, nb) -> the values as bytes, the scales as int8 (eight of them followed by eight zero bytes: rows, nb,
+    16, the sixteen bytes k_lanes reads) and (rows, nb, 2) float32 d, 0 (no min)."""
+    sc = np.zeros((*scales.shape[:2], 16), np.int8)
+    sc[:, :, :scales.shape[-1]] = scales
     return values.view(np.uint8), sc, np.stack([d, np.zeros_like(d)], axis=-1)
 
 
-def _signed_per_16(values: np.ndarray, scales: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Signed values (rows, nb * 256) int8, scales per 16 (rows, nb, 16) int8 and d (rows, nb) -> k_product's
-    layout: the values' bytes, the scales and (rows, nb, 2) float32 d, 0 (no min)."""
-    return values.view(np.uint8), np.ascontiguousarray(scales), np.stack([d, np.zeros_like(d)], axis=-1)
+def pack_iq4_xs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ4_XS blocks (rows, nb, 136) -> _signed_layout of the values (kvalues_iq4nl) and the scales less 32."""
+    return _signed_layout(*iq4_xs_fields(b))
 
 
 def pack_iq2_xxs(b: np.ndarray) -> tuple[np.ndarray, ...]:
-    """IQ2_XXS blocks (rows, nb, 66) -> _signed_per_16 (each scale of 32 twice)."""
-    return _signed_per_16(*iq2_xxs_fields(b))
+    """IQ2_XXS blocks (rows, nb, 66) -> _signed_layout (each scale of 32 twice)."""
+    return _signed_layout(*iq2_xxs_fields(b))
 
 
 def pack_iq2_xs(b: np.ndarray) -> tuple[np.ndarray, ...]:
-    """IQ2_XS blocks (rows, nb, 74) -> _signed_per_16."""
-    return _signed_per_16(*iq2_xs_fields(b))
+    """IQ2_XS blocks (rows, nb, 74) -> _signed_layout."""
+    return _signed_layout(*iq2_xs_fields(b))
 
 
 def pack_iq2_s(b: np.ndarray) -> tuple[np.ndarray, ...]:
-    """IQ2_S blocks (rows, nb, 82) -> _signed_per_16."""
-    return _signed_per_16(*iq2_s_fields(b))
+    """IQ2_S blocks (rows, nb, 82) -> _signed_layout."""
+    return _signed_layout(*iq2_s_fields(b))
 
 
-def pack_iq1(fields: Callable) -> Callable:
-    """IQ1_S (``fields`` blocks.iq1_s_fields) or IQ1_M (iq1_m_fields) blocks -> the values 8 * grid + delta as
-    int8 bytes in element order (rows, nb * 256: 1 byte a weight against 0.195 / 0.219 in GGUF), the scales
-    2s + 1 (rows, nb, 16: IQ1_S's eight then eight zero bytes) int8 and (rows, nb, 2) float32 d, 0."""
-
-    def pack(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        values, scales, d = fields(b)
-        rows, nb = b.shape[:2]
-        sc = np.zeros((rows, nb, 16), np.int8)
-        sc[:, :, :scales.shape[-1]] = scales
-        return values.view(np.uint8), sc, np.stack([d, np.zeros_like(d)], axis=-1)
-
-    return pack
+def pack_iq1_s(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ1_S blocks (rows, nb, 50) -> _signed_layout of the values 8 * grid + delta (1 byte a weight against 0.195
+    in GGUF) and the scales 2s + 1."""
+    return _signed_layout(*iq1_s_fields(b))
 
 
-pack_iq1_s, pack_iq1_m = pack_iq1(iq1_s_fields), pack_iq1(iq1_m_fields)
+def pack_iq1_m(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ1_M blocks (rows, nb, 56) -> as pack_iq1_s, sixteen scales (0.219 bytes a weight in GGUF)."""
+    return _signed_layout(*iq1_m_fields(b))
 
 
 _UNIT_SCALES = np.ones(16, np.int8)     # the ternary types' scales: one row every super-block reads (stride 0)
@@ -411,6 +408,19 @@ def pack_tq1_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return _pack_ternary(crumbs.reshape(rows, -1), d)
 
 
+def pack_iq3_s(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ3_S blocks (rows, nb, 110) -> _signed_layout of the signed grid values and the scales 1 + 2 * field."""
+    values, scales, d = iq3_s_fields(b)
+    return _signed_layout(values, (1 + 2 * scales).astype(np.int8), d)
+
+
+def pack_iq3_xxs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ3_XXS blocks (rows, nb, 98) -> _signed_layout of the signed grid values and the scales 1 + 2 * field (the
+    kernels apply its factor of 1/4)."""
+    values, scales, d = iq3_xxs_fields(b)
+    return _signed_layout(values, (1 + 2 * scales).astype(np.int8), d)
+
+
 def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K blocks (rows, nb, 144) -> as pack_q5_k (the values 0-15): Q4_K rows k_product multiplies."""
     sm, d = _scales_mins_d(b)
@@ -424,6 +434,9 @@ _FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq
             "iq1_s": _IQ1S, "iq1_m": _IQ1M, "ternary": _TQ}
 _SCALE_BYTES = {"q2_k": 32, "ternary": 0}                  # a super-block's scale bytes, where not 16
 _VALUE_BYTES = {"ternary": 64}                              # and its value bytes, where not 256
+_FORMATS["iq3_s"] = _FORMATS["iq3_xxs"] = _IQ4   # signed grid values, a scale per 32: IQ4_XS's arithmetic
+# a format's constant factor: its vec_dot multiplies its total by it, its tiled kernels the weight's d
+_FACTORS = {"iq2": 0.125, "iq3_xxs": 0.25}
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
 _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
 _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
@@ -500,12 +513,12 @@ def _imin(f, eight, sc, so, bs, bo, bstep):
 
 
 @njit(cache=True, inline="always")
-def _tiled_link(f, eight, dd, i, b, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, dx, acc):
+def _tiled_link(f, eight, dd, i, b, factor, q, qo, y, yo, ystep, sc, so, bs, bo, bstep, dx, acc):
     """One super-block of the tiled kernels' chain for eight activation rows (``eight``, lane t row t) or one
-    (lane 0): s1 the lanes' exact sum, imin the min integer of the formats with mins, res = d * s1,
-    res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc), lane by lane. The IQ2 types' 1/8 and IQ1_S's and
-    IQ1_M's eighths: d / 8 (exact), as tiled takes it."""
-    d = dd[i, b, 0] * _F32(0.125) if f == _IQ2 or f == _IQ1S or f == _IQ1M else dd[i, b, 0]
+    (lane 0): s1 the lanes' exact sum, imin the min integer of the formats with mins, res = (d * factor) * s1,
+    res = fnmadd(dmin, imin, res), acc = fma(res, d_x, acc), lane by lane. IQ1_S's and IQ1_M's values are in
+    eighths: d / 8 (exact), as tiled takes it."""
+    d = dd[i, b, 0] * (_F32(0.125) if f == _IQ1S or f == _IQ1M else factor)
     res = vmul(vsplat(_V8, d), _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep))
     if f == _Q6 or f == _Q3 or f == _IQ4 or f == _IQ2 or f == _IQ1S or f == _IQ1M:
         return vfma(res, dx, acc)
@@ -534,14 +547,12 @@ def _delta_lanes(f, q, qo, y, yo, sc, so, bs, bo):
 @njit(cache=True, inline="always")
 def _vec_dot_total(f, lanes_acc, mins_acc):
     """hsum_float_8 of the lanes, plus the min term: Q5_K's chain, or Q4_K's four lanes added (0 + 2) + (1 + 3)
-    (Q2_K's is in the lanes already; Q6_K, Q3_K, IQ4_XS and the ternary types have none); the IQ2 types' hsum times 1/8; or the
-    delta's chain times IQ1S_DELTA / IQ1M_DELTA, 1/8 (IQ1_S's one lane, IQ1_M's eight through hsum_float_8)."""
+    (Q2_K's is in the lanes already; Q6_K, Q3_K, IQ4_XS and the ternary types have none); or the delta's chain
+    times IQ1S_DELTA / IQ1M_DELTA, 1/8 (IQ1_S's one lane, IQ1_M's eight through hsum_float_8)."""
     if f == _IQ1S:
         return vhsum(lanes_acc) + _F32(0.125) * vlane(mins_acc, 0)
     if f == _IQ1M:
         return vhsum(lanes_acc) + _F32(0.125) * vhsum(mins_acc)
-    if f == _IQ2:
-        return _F32(0.125) * vhsum(lanes_acc)
     if f == _Q4:
         return vhsum(lanes_acc) + ((vlane(mins_acc, 0) + vlane(mins_acc, 2)) + (vlane(mins_acc, 1) + vlane(mins_acc, 3)))
     if f == _Q5:
@@ -551,33 +562,35 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 
 def k_product(fmt: str) -> Callable:
     """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k"), IQ4_XS
-    ("iq4_xs"), IQ2_XXS, IQ2_XS and IQ2_S ("iq2": IQ4_XS's signed lanes over sub-blocks of 16, the hsum times 1/8,
-    the tiled d the weight's times 1/8) or TQ1_0 and TQ2_0 ("ternary") rows with x (n, k), quantizing x itself
-    (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a matrix it does not repack: below _TILED_FROM rows (the
-    ternary types: always), ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K /
-    _iq4_xs_q8_K / _iq2_xxs_q8_K / _iq2_xs_q8_K / _iq2_s_q8_K / _tq1_0_q8_K / _tq2_0_q8_K (their AVX2 code, which
-    AVX-512 builds take too; the ternary ones' sum of the values plus 1 less the activation's sums in int16 lanes,
-    which cannot overflow, and their mul + add, which the build contracts): per super-block eight int32 lanes
-    (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values signed, its offset of 4 out of each lane's own products;
-    IQ4_XS's signed values through the sign trick, sub-blocks of 32, no offset; the ternary types' as Q6_K's with
-    unit scales and an offset of 1, from two bits a value), acc = fma(d_x * d_w, float(lane), acc) lane by lane,
-    hsum_float_8 at the end, and the min term: Q5_K's chained apart, added last, summs = fma(-d_x * dmin_w,
-    float(imin), summs) (the build contracts it), Q4_K's the same in four lanes, lane p
-    the terms of sub-blocks 2p and 2p + 1, added (0 + 2) + (1 + 3); Q2_K's in the lanes' own chain, each super-block
-    acc = fma(-d_x * dmin_w, float(pair), acc) before its lanes' FMA, pair p the terms of its sub-blocks 2p and
-    2p + 1 (of 16). From _TILED_FROM rows, ggml-cpu/tiled (Q4_K's as Q5_K's): per super-block the
-    exact integer s1 (all lanes' sum) and the min integer imin of the formats with mins, res = d_w * float(s1),
-    res = fnmadd(dmin_w, float(imin), res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels alike;
-    their final add is contracted); here eight activation rows at a time, one in each lane, which share the
-    weight's loads. imin = sum_j m_j * (the activation's sum over sub-block j).
-    IQ1_S ("iq1_s") and IQ1_M ("iq1_m"), values 8 * grid + delta: ggml_vec_dot_iq1_s_q8_K / _iq1_m_q8_K chain the
-    grid's lanes (sub-blocks of 32 / 16) as IQ4_XS's and the delta's apart, acc1 = fma(d_x * d_w, float(delta),
-    acc1): IQ1_S's one integer (the build contracts its scalar chain), IQ1_M's eight lanes; the result
-    hsum_float_8(acc) + 1/8 * acc1 (IQ1_M: hsum_float_8(acc1)). The tiled kernels multiply the values whole,
-    with d_w / 8."""
+    ("iq4_xs"), IQ3_S ("iq3_s", as IQ4_XS), IQ3_XXS ("iq3_xxs", as IQ4_XS with a factor of 1/4), IQ2_XXS, IQ2_XS and
+    IQ2_S ("iq2": IQ4_XS's signed lanes over sub-blocks of 16, a factor of 1/8) or TQ1_0 and TQ2_0 ("ternary") rows
+    with x (n, k), quantizing x itself (Q8_K), as llama.cpp's mul_mat and mul_mat_id multiply a matrix it does not
+    repack: below _TILED_FROM rows (the ternary types: always), ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K /
+    _q3_K_q8_K / _q2_K_q8_K / _iq4_xs_q8_K / _iq3_s_q8_K / _iq3_xxs_q8_K / _iq2_xxs_q8_K / _iq2_xs_q8_K /
+    _iq2_s_q8_K / _tq1_0_q8_K / _tq2_0_q8_K (their AVX2 code, which AVX-512 builds take too; the ternary ones' sum
+    of the values plus 1 less the activation's sums in int16 lanes, which cannot overflow, and their mul + add,
+    which the build contracts): per super-block eight int32 lanes (int8_dot.k_lanes; Q4_K's as Q5_K's; Q3_K's values
+    signed, its offset of 4 out of each lane's own products; IQ4_XS's signed values through the sign trick,
+    sub-blocks of 32, no offset; the ternary types' as Q6_K's with unit scales and an offset of 1, from two bits a
+    value), acc = fma(d_x * d_w, float(lane), acc) lane by lane, hsum_float_8 at the end, and the min term: Q5_K's
+    chained apart, added last, summs = fma(-d_x * dmin_w, float(imin), summs) (the build contracts it), Q4_K's the
+    same in four lanes, lane p the terms of sub-blocks 2p and 2p + 1, added (0 + 2) + (1 + 3); Q2_K's in the lanes'
+    own chain, each super-block acc = fma(-d_x * dmin_w, float(pair), acc) before its lanes' FMA, pair p the terms
+    of its sub-blocks 2p and 2p + 1 (of 16). From _TILED_FROM rows, ggml-cpu/tiled (Q4_K's as Q5_K's): per
+    super-block the exact integer s1 (all lanes' sum) and the min integer imin of the formats with mins, res = d_w *
+    float(s1), res = fnmadd(dmin_w, float(imin), res), acc = fma(res, d_x, acc) (AVX2 and AVX512-VNNI microkernels
+    alike; their final add is contracted); here eight activation rows at a time, one in each lane, which share the
+    weight's loads. imin = sum_j m_j * (the activation's sum over sub-block j). A format's factor (_FACTORS:
+    IQ3_XXS's 1/4, the IQ2 types' 1/8) goes where llama.cpp puts it: its vec_dot's total is factor * hsum_float_8,
+    its tiled kernels' d is f16(d) * factor. IQ1_S ("iq1_s") and IQ1_M ("iq1_m"), values 8 * grid + delta:
+    ggml_vec_dot_iq1_s_q8_K / _iq1_m_q8_K chain the grid's lanes (sub-blocks of 32 / 16) as IQ4_XS's and the delta's
+    apart, acc1 = fma(d_x * d_w, float(delta), acc1): IQ1_S's one integer (the build contracts its scalar chain),
+    IQ1_M's eight lanes; the result hsum_float_8(acc) + 1/8 * acc1 (IQ1_M: hsum_float_8(acc1)). The tiled kernels
+    multiply the values whole, with d_w / 8."""
     if fmt not in _FORMATS:
         raise ValueError(f"k_product: unknown format {fmt!r}")
     f, stride, vstride = _FORMATS[fmt], _SCALE_BYTES.get(fmt, 16), _VALUE_BYTES.get(fmt, 256)
+    factor = _F32(_FACTORS.get(fmt, 1.0))
 
     @njit(**_exact)
     def product(qv, sc, dd, x, out):
@@ -592,9 +605,9 @@ def k_product(fmt: str) -> Callable:
             for r in range(0, in_eights, 8):                  # the tiled kernels, eight rows at a time
                 acc = vzero(_V8)
                 for b in range(nb):
-                    acc = _tiled_link(f, True, dd, i, b, qf, max((i * nb + b) * vstride, 0), yf, max(r * k + b * 256, 0),
-                                      k, sf, max((i * nb + b) * stride, 0), bf, max((r * nb + b) * 16, 0), nb * 16,
-                                      vload(_V8, ydt, max(b * n + r, 0)), acc)
+                    acc = _tiled_link(f, True, dd, i, b, factor, qf, max((i * nb + b) * vstride, 0), yf,
+                                      max(r * k + b * 256, 0), k, sf, max((i * nb + b) * stride, 0), bf,
+                                      max((r * nb + b) * 16, 0), nb * 16, vload(_V8, ydt, max(b * n + r, 0)), acc)
                 for t in range(8):
                     out[r + t, i] = vlane(acc, t)
             for r in range(in_eights, n):
@@ -603,7 +616,7 @@ def k_product(fmt: str) -> Callable:
                     qo, yo = max((i * nb + b) * vstride, 0), max(r * k + b * 256, 0)
                     so, bo = max((i * nb + b) * stride, 0), max((r * nb + b) * 16, 0)
                     if tiled:                                 # the tiled kernels' last rows
-                        acc = _tiled_link(f, False, dd, i, b, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
+                        acc = _tiled_link(f, False, dd, i, b, factor, qf, qo, yf, yo, 0, sf, so, bf, bo, 0,
                                           vsplat(_V8, yd[r, b]), acc)
                         continue
                     if f == _Q2:                              # the vec_dot: Q2_K's mins go first into its chain
@@ -617,6 +630,6 @@ def k_product(fmt: str) -> Callable:
                                         _delta_lanes(f, qf, qo, yf, yo, sf, so, bf, bo), mins_acc)
                     lanes_acc = vfma(vsplat(_V8, yd[r, b] * dd[i, b, 0]), _lanes(f, qf, qo, yf, yo, sf, so, bf, bo),
                                      lanes_acc)
-                out[r, i] = vlane(acc, 0) if tiled else _vec_dot_total(f, lanes_acc, mins_acc)
+                out[r, i] = vlane(acc, 0) if tiled else factor * _vec_dot_total(f, lanes_acc, mins_acc)
 
     return product

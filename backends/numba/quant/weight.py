@@ -19,20 +19,18 @@ import numpy as np
 from graphir.backends.numba.primitives.isa import IsaPath, numerics
 from graphir.backends.numba.primitives.jit import PAR_MIN
 from graphir.backends.numba.quant.activation import ACT
-from graphir.backends.numba.quant.blocks import (dequantizer, repack_iq4_nl, repack_iq4_xs, repack_mxfp4, repack_q4_0,
-                                                 repack_q4_1, repack_q4_k, repack_q5_0, repack_q5_1, repack_q5_k,
-                                                 repack_q6_k, repack_q8_0, row_bf16, row_f16, row_f32, row_iq4_xs,
+from graphir.backends.numba.quant.blocks import (dequantizer, repack_iq1_m, repack_iq1_s, repack_iq3_s, repack_iq3_xxs,
+                                                 repack_iq4_nl, repack_iq4_xs, repack_mxfp4, repack_q4_0, repack_q4_1,
+                                                 repack_q4_k, repack_q5_0, repack_q5_1, repack_q5_k, repack_q6_k,
+                                                 repack_q8_0, row_bf16, row_f16, row_f32, row_iq1, row_iq2, row_iq4_xs,
                                                  row_lut4, row_q2_k, row_q3_k, row_q4_0, row_q4_1, row_q4_k, row_q5_0,
                                                  row_q5_1, row_q5_k, row_q6_k, row_q8_0, row_ternary)
-from graphir.backends.numba.quant.blocks import row_iq2
-from graphir.backends.numba.quant.blocks import repack_iq1_m, repack_iq1_s, row_iq1
 from graphir.backends.numba.quant.exact import (_G, exact_gemv, pack_iq4_nl_as_q8_0, pack_q4_0, pack_q4_0_as_q8_0,
                                                 pack_q4_1, pack_q5_0_as_q8_0, pack_q5_1, pack_q8_0)
-from graphir.backends.numba.quant.kquant import (k_product, pack_iq4_xs, pack_q2_k, pack_q3_k, pack_q4_k,
-                                                 pack_q4_k_values, pack_q5_k, pack_q6_k, pack_tq1_0, pack_tq2_0,
-                                                 q2_k_x8, q4_k_x8)
-from graphir.backends.numba.quant.kquant import pack_iq2_s, pack_iq2_xs, pack_iq2_xxs
-from graphir.backends.numba.quant.kquant import pack_iq1_m, pack_iq1_s
+from graphir.backends.numba.quant.kquant import (k_product, pack_iq1_m, pack_iq1_s, pack_iq2_s, pack_iq2_xs,
+                                                 pack_iq2_xxs, pack_iq3_s, pack_iq3_xxs, pack_iq4_xs, pack_q2_k,
+                                                 pack_q3_k, pack_q4_k, pack_q4_k_values, pack_q5_k, pack_q6_k,
+                                                 pack_tq1_0, pack_tq2_0, q2_k_x8, q4_k_x8)
 from graphir.backends.numba.quant.lut4 import iq4_nl_unrepacked, lut_matmul, pack_iq4_nl, pack_mxfp4
 from graphir.backends.numba.quant.stream import GEMM_FROM, converting_gemv, gemv_f32, tiled_gemm
 
@@ -72,6 +70,8 @@ _DEQ_Q2_K = dequantizer(row_q2_k)
 _IQ2, _DEQ_IQ2 = k_product("iq2"), dequantizer(row_iq2)             # IQ2_XXS, IQ2_XS, IQ2_S: one layout
 _IQ1_S, _IQ1_M, _DEQ_IQ1 = k_product("iq1_s"), k_product("iq1_m"), dequantizer(row_iq1)
 _TERNARY, _DEQ_TERNARY = k_product("ternary"), dequantizer(row_ternary)    # TQ1_0's and TQ2_0's: never tiled
+_IQ3_S, _IQ3_XXS = k_product("iq3_s"), k_product("iq3_xxs")
+_DEQ_SIGNED = dequantizer(row_iq4_xs)     # int8 values times a scale per 32 (IQ4_XS's; IQ3_S's, IQ3_XXS's alike)
 _TYPES: dict[T, _Kind] = {
     T.F32: _Kind(np.float32, "f32", 1, 1, None, gemv_f32, tiled_gemm(row_f32), dequantizer(row_f32)),
     T.F16: _Kind(np.uint16, "f16", 1, 1, None, converting_gemv(bf16=False), tiled_gemm(row_f16),
@@ -93,7 +93,7 @@ _TYPES: dict[T, _Kind] = {
     # Q3_K, Q2_K, IQ4_XS and the ternary types: get_rows reads matmul's layout (values as bytes in element order)
     T.Q3_K: _Kind(np.uint8, "q8_K", 1, 1, pack_q3_k, _Q3_K, _Q3_K, dequantizer(row_q3_k), pack_q3_k),
     T.Q2_K: _Kind(np.uint8, "q8_K", 1, 1, pack_q2_k, q2_k_x8(True), q2_k_x8(True), _DEQ_Q2_K, pack_q2_k),
-    T.IQ4_XS: _Kind(np.uint8, "q8_K", 1, 1, repack_iq4_xs, _IQ4_XS, _IQ4_XS, dequantizer(row_iq4_xs), pack_iq4_xs),
+    T.IQ4_XS: _Kind(np.uint8, "q8_K", 1, 1, repack_iq4_xs, _IQ4_XS, _IQ4_XS, _DEQ_SIGNED, pack_iq4_xs),
     T.IQ2_XXS: _Kind(np.uint8, "q8_K", 1, 1, pack_iq2_xxs, _IQ2, _IQ2, _DEQ_IQ2, pack_iq2_xxs),
     T.IQ2_XS: _Kind(np.uint8, "q8_K", 1, 1, pack_iq2_xs, _IQ2, _IQ2, _DEQ_IQ2, pack_iq2_xs),
     T.IQ2_S: _Kind(np.uint8, "q8_K", 1, 1, pack_iq2_s, _IQ2, _IQ2, _DEQ_IQ2, pack_iq2_s),
@@ -101,6 +101,8 @@ _TYPES: dict[T, _Kind] = {
     T.IQ1_M: _Kind(np.uint8, "q8_K", 1, 1, repack_iq1_m, _IQ1_M, _IQ1_M, _DEQ_IQ1, pack_iq1_m),
     T.TQ1_0: _Kind(np.uint8, "q8_K", 1, 1, pack_tq1_0, _TERNARY, _TERNARY, _DEQ_TERNARY, pack_tq1_0),
     T.TQ2_0: _Kind(np.uint8, "q8_K", 1, 1, pack_tq2_0, _TERNARY, _TERNARY, _DEQ_TERNARY, pack_tq2_0),
+    T.IQ3_S: _Kind(np.uint8, "q8_K", 1, 1, repack_iq3_s, _IQ3_S, _IQ3_S, _DEQ_SIGNED, pack_iq3_s),
+    T.IQ3_XXS: _Kind(np.uint8, "q8_K", 1, 1, repack_iq3_xxs, _IQ3_XXS, _IQ3_XXS, _DEQ_SIGNED, pack_iq3_xxs),
 }
 SUPPORTED = frozenset(_TYPES)
 # llama.cpp repacks a Q4_0 matrix only when its rows come in eights (exact_gemv's "q4_0x8"), only a 2-D one
