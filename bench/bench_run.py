@@ -124,20 +124,19 @@ def random_1b() -> str:
 
 
 def quantized(src: str, ftype: str) -> str:
-    """``src`` through llama.cpp's quantizer to ``ftype`` (a LLAMA_FTYPE_MOSTLY_ name), made once."""
-    import ctypes
-
-    import llama_cpp
+    """``src`` through llama.cpp's quantizer to ``ftype`` (a LLAMA_FTYPE_MOSTLY_ name; with the tests' importance
+    matrix where llama.cpp requires one), made once."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import llama_made
 
     dst = TYPES_CACHE / f"{Path(src).stem}-{ftype}.gguf"
     if not dst.exists():
         TYPES_CACHE.mkdir(parents=True, exist_ok=True)
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.nthread, params.allow_requantize = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}"), THREADS, True
-        partial = dst.with_suffix(".partial")
-        if llama_cpp.llama_model_quantize(src.encode(), str(partial).encode(), ctypes.byref(params)) != 0:
-            sys.exit(f"llama.cpp could not quantize {src} to {ftype}")
-        partial.rename(dst)
+        try:
+            llama_made.quantize(Path(src), dst.with_suffix(".partial"), ftype, allow_requantize=True, nthread=THREADS)
+        except RuntimeError as e:
+            sys.exit(str(e))
+        dst.with_suffix(".partial").rename(dst)
     return str(dst)
 
 

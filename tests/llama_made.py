@@ -204,17 +204,23 @@ def make(path: Path, arch: str, moe: bool = False, seed: int = 42, stdev: float 
     return path
 
 
-def quantize(src: Path, dst: Path, ftype: str, pure: bool = False, imatrix: bool = False) -> Path:
+# llama.cpp's file types its quantizer makes only with an importance matrix (llama-quant.cpp,
+# tensor_requires_imatrix: IQ1_S .. IQ3_XXS tensors; IQ2_M's are IQ2_S)
+NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS")
+
+
+def quantize(src: Path, dst: Path, ftype: str, pure: bool = False, allow_requantize: bool = False,
+             nthread: int = 2) -> Path:
     """``dst``: ``src`` through llama.cpp's own quantizer (``llama_model_quantize``) to ``ftype``, a name of
     llama.cpp's file types (F16, Q8_0, Q4_K_M, IQ4_XS, ...: LLAMA_FTYPE_MOSTLY_<ftype>); ``pure``: every matrix of
-    the type's own weight type (llama-quantize --pure), where its shape allows; ``imatrix``: with an importance
-    matrix (llama.cpp refuses IQ1_S..IQ3_XXS without one), seeded positive weights per input column."""
+    the type's own weight type (llama-quantize --pure), where its shape allows; ``allow_requantize``: ``src`` may
+    be quantized already. The types of NEEDS_IMATRIX get an importance matrix of seeded weights per input column."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-    params.nthread, params.pure = 2, pure
-    if imatrix:
+    params.nthread, params.pure, params.allow_requantize = nthread, pure, allow_requantize
+    if ftype in NEEDS_IMATRIX:
         entries = importance(src)
         params.imatrix = (llama_cpp.llama_model_imatrix_data * len(entries))(*entries)
     if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:

@@ -10,7 +10,6 @@ tokens: every step's logits must be llama.cpp's (on the oracle's own path; READM
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import os
@@ -20,6 +19,8 @@ import pytest
 from conftest import assert_llama_logits
 from oracle_build import cache_root
 from test_families import greedy_against_llama_cpp
+
+import llama_made
 
 from graphir import load
 
@@ -44,11 +45,7 @@ def requantized(src: Path, name: str, ftype: str) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         dst = folder / f"{name}-{_digest(src)[:16]}-{ftype}-llama-cpp-{llama_cpp.__version__}.gguf"
         if not dst.exists():
-            params = llama_cpp.llama_model_quantize_default_params()
-            params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-            params.nthread, params.allow_requantize = 2, True
-            part = dst.with_suffix(f".{os.getpid()}.part")
-            assert llama_cpp.llama_model_quantize(str(src).encode(), str(part).encode(), ctypes.byref(params)) == 0
+            part = llama_made.quantize(src, dst.with_suffix(f".{os.getpid()}.part"), ftype, allow_requantize=True)
             os.replace(part, dst)                       # whole or absent, whoever made it
         _FILES[name, ftype] = dst
     return _FILES[name, ftype]

@@ -23,14 +23,9 @@ from graphir.batch import Batch
 
 PROMPT = [1, 5, 9, 17, 33, 65, 3, 7, 11, 13, 2, 4]
 # the types whose products graphir sums in llama.cpp's order on every path (the README's Numerics table)
-EXACT = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q4_K_S", "Q5_K_S", "Q6_K", "IQ4_NL", "IQ4_XS")
-EXACT += ("IQ2_XXS", "IQ2_XS", "IQ2_M")   # llama.cpp's IQ2_M file type holds IQ2_S matrices (its IQ2_S, IQ2_XS)
-EXACT += ("IQ1_S", "IQ1_M")
-EXACT += ("TQ1_0", "TQ2_0")
-EXACT += ("IQ3_S", "IQ3_XXS")
-# the types llama.cpp's quantizer makes only with an importance matrix (llama-quant.cpp, tensor_requires_imatrix)
-NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
-NEEDS_IMATRIX += ("IQ2_M",)
+# (llama.cpp's IQ2_M file type holds IQ2_S matrices; its IQ2_S file type, IQ2_XS ones)
+EXACT = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q4_K_S", "Q5_K_S", "Q6_K", "IQ4_NL", "IQ4_XS",
+         "IQ3_S", "IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_M", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
 MODELS = {"dense": ("llama", False), "experts": ("qwen3moe", True)}
 _FILES: dict[tuple[str, str], Path] = {}
 
@@ -42,8 +37,7 @@ def pure(model: str, ftype: str) -> Path:
         arch, moe = MODELS[model]
         src = _FILES.get((model, "F32")) or llama_made.make(folder / "F32.gguf", arch, moe=moe)
         _FILES[model, "F32"] = src
-        _FILES[model, ftype] = llama_made.quantize(src, folder / f"{ftype}.gguf", ftype, pure=True,
-                                                   imatrix=ftype in NEEDS_IMATRIX)
+        _FILES[model, ftype] = llama_made.quantize(src, folder / f"{ftype}.gguf", ftype, pure=True)
     return _FILES[model, ftype]
 
 
