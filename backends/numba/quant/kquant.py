@@ -443,11 +443,10 @@ _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 
 _q2_lanes, _q2_sums, _q2_sums8 = k_lanes(16, 0, 0), _q2_total, k_lanes(16, 0, 8)
 _iq4_lanes, _iq4_sums, _iq4_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (0, 1, 8))
 _iq2_lanes, _iq2_sums, _iq2_sums8 = (k_lanes(16, 0, rows, signed=True) for rows in (0, 1, 8))
-# IQ1_S and IQ1_M: the vec_dot's grid lanes and delta lanes (IQ1_S's summed) apart, the tiled kernels' values whole
+# IQ1_S and IQ1_M: the vec_dot's grid lanes and delta lanes (IQ1_S's summed) apart; the tiled kernels' sums of the
+# values whole are IQ4_XS's (sub-blocks of 32) and the IQ2 types' (16)
 _iq1s_lanes, _iq1s_delta = k_lanes(32, 0, 0, signed=True, part="grid"), k_lanes(32, 0, 1, signed=True, part="delta")
-_iq1s_sums, _iq1s_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (1, 8))
 _iq1m_lanes, _iq1m_delta = k_lanes(16, 0, 0, signed=True, part="grid"), k_lanes(16, 0, 0, signed=True, part="delta")
-_iq1m_sums, _iq1m_sums8 = (k_lanes(16, 0, rows, signed=True) for rows in (1, 8))
 _tq_lanes = k_lanes(16, 1, 0, crumbs=True)                  # the values plus 1, the 1 out through the sums
 _mins, _mins8, _min_pairs = k_mins(1), k_mins(8), k_mins(1, True)
 _q2_mins, _q2_mins8, _q2_min_lanes = k_mins(1, sub=16), k_mins(8, sub=16), k_mins(1, True, sub=16)
@@ -488,18 +487,12 @@ def _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):
     if f == _Q2:
         return _q2_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _q2_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
-    if f == _IQ4:
+    if f == _IQ4 or f == _IQ1S:
         return _iq4_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _iq4_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
-    if f == _IQ2:
+    if f == _IQ2 or f == _IQ1M:
         return _iq2_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _iq2_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
-    if f == _IQ1S:
-        return _iq1s_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
-            _iq1s_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
-    if f == _IQ1M:
-        return _iq1m_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
-            _iq1m_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
     return _q5_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
         _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
 
