@@ -14,5 +14,3 @@ Layers, each importing only those below it (tests/test_imports.py checks it):
     program     lowering a graph to steps, and the run loop
     backend     what the core sees (graphir.running.backend.Backend)
 """
-
-from graphir.backends.numba.primitives import cache as _cache  # noqa: F401  (before any kernel is defined)

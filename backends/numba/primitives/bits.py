@@ -16,6 +16,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from graphir.backends.numba.primitives import cache  # noqa: F401  (installed before this module's kernels)
+
 __all__ = ["fma", "hsum8", "hsum16", "hsum", "bits_f32", "bits_u32", "bits_f64", "bits_u64", "half_bits", "f16_round",
            "f16_bits", "round_f16", "round_bf16"]
 

@@ -6,6 +6,9 @@ activation quantizer, every kernel the SIMD and int8 primitives): edit one of th
 the kernels of the untouched files load from the cache with the old helper inside, computing what the source no
 longer says. So every kernel of this backend takes as its cache stamp one digest of all of the backend's
 sources: a change to any of them recompiles them all on first use, and nothing stale is ever loaded.
+The primitives every kernel module builds on (bits, expf, jit, simd) import this module before their own kernels,
+which installs the stamp; the package does not, so that importing the backend for its paths (as the CLI's parser
+does) imports no numba.
 """
 
 from __future__ import annotations

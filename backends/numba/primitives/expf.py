@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from graphir.backends.numba.primitives import cache  # noqa: F401  (installed before this module's kernels)
 from graphir.backends.numba.primitives.isa import EXPF_SPLIT
 from graphir.backends.numba.primitives.jit import INL
 from graphir.backends.numba.primitives.bits import bits_f32, bits_f64, bits_u32, bits_u64, fma

@@ -17,6 +17,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from graphir.backends.numba.primitives import cache  # noqa: F401  (installed before this module's kernels)
+
 # error_model="numpy": a float division by zero gives inf/nan as in C; numba's default (raise) keeps a branch in
 # every division that stops loops from vectorizing (silu: 8x slower)
 SER = dict(cache=True, error_model="numpy")

@@ -19,6 +19,8 @@ from numba.core import cgutils
 from numba.core.imputils import lower_constant
 from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
 
+from graphir.backends.numba.primitives import cache  # noqa: F401  (installed before this module's kernels)
+
 __all__ = ["Lanes", "lanes", "vzero", "vsplat", "vsplat_at", "vload", "vload_part", "vstore", "vfma", "vadd", "vsub",
            "vmul", "vhadd_sum", "vhadd_sums8", "vhsum", "vhsum8_at", "vhsum8_halves",
            "vreduce4", "vspread", "vspread4", "width", "as_f32", "element_ptr", "prefetch", "vfold_blocks", "vlane",
