@@ -12,7 +12,8 @@ import pytest
 from numba import njit
 
 from graphir.backends.numba.primitives.simd import lanes, vstore
-from graphir.backends.numba.quant.int8_dot import FLAVOURS, HOST, block_lanes, k_lanes, k_mins, nibble_half_lanes
+from graphir.backends.numba.quant.int8_dot import (FLAVOURS, HOST, block_lanes, k_lanes, k_mins, nibble_half_lanes,
+                                                   row_nibble_dots)
 
 def _elements(fmt: str, q: np.ndarray) -> np.ndarray:
     """A row's 32 weight quants in element order, from its block bytes."""
@@ -52,6 +53,51 @@ def test_every_way_gives_ggml_lane_sums(flavour, fmt, n):
         want = np.concatenate([(_elements(fmt, q[r * size:(r + 1) * size]) * y).reshape(8, 4).sum(axis=1)
                                for r in range(rows)])
         assert np.array_equal(out, want.astype(np.float32)), (flavour, fmt, n, trial)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("n", [8, 16])
+def test_a_q8_0_quant_of_minus_128_meets_negative_weights_as_ggmls_sign_trick_does(flavour, n):
+    """-128 in the activation (the quantizer's output for a NaN) against a negative weight: _mm256_sign_epi8
+    negates it to itself, so ggml's product is |w| * -128, not w * -128; every way must give ggml's."""
+    rng = np.random.default_rng(128 + n)
+    run = _kernel("q8_0", flavour)
+    for trial in range(10):
+        q = rng.integers(0, 256, 4 * n, dtype=np.uint8)
+        y = rng.integers(-127, 128, 32, dtype=np.int8)
+        y[rng.integers(0, 32, 1 + trial)] = -128
+        out = np.empty(n, np.float32)
+        run(lanes(n), q, y, out)
+        w = q.view(np.int8).astype(np.int64).reshape(n // 8, 32)
+        y_signed = np.where(w < 0, np.where(y == -128, -128, -y.astype(np.int64)), np.where(w == 0, 0, y))
+        want = (np.abs(w) * y_signed).reshape(n // 8, 8, 4).sum(axis=2).reshape(-1)
+        assert np.array_equal(out, want.astype(np.float32)), (flavour, n, trial)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("pairs", [1, 4])
+@pytest.mark.parametrize("n", [8, 16])
+def test_rows_side_by_side_give_each_rows_scaled_nibble_dots(flavour, pairs, n):
+    """row_nibble_dots: lane l is row l's sum over the pairs of sub-blocks of scale times (4-bit values . 32
+    quants), from the chunked layout (four bytes a row, the rows one after another, eight chunks a pair)."""
+    dots = row_nibble_dots(pairs, flavour)
+
+    @njit
+    def run(v, q, y, sc, out):
+        vstore(out, 0, dots(v, q, 0, y, 0, sc, 0))
+
+    rng = np.random.default_rng(pairs * n)
+    for trial in range(10):
+        values = rng.integers(0, 16, (n, pairs, 2, 32), dtype=np.uint8)   # row, pair, sub-block, element
+        y = rng.integers(-128, 128, (pairs, 2, 32), dtype=np.int8)
+        sc = rng.integers(0, 64, (pairs, 2, n), dtype=np.uint8)
+        if trial == 0:                                        # the extremes: every product and scale at its largest
+            values[:], y[:], sc[:] = 15, -128, 63
+        packed = (values[:, :, 0] | values[:, :, 1] << 4).reshape(n, pairs, 8, 4).transpose(1, 2, 0, 3)
+        out = np.empty(n, np.float32)
+        run(lanes(n), np.ascontiguousarray(packed).reshape(-1), y.reshape(-1), sc.reshape(-1), out)
+        want = np.einsum("rpse,pse,psr->r", values.astype(np.int64), y.astype(np.int64), sc.astype(np.int64))
+        assert np.array_equal(out, want.astype(np.float32)), (flavour, pairs, n, trial)
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

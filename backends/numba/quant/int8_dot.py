@@ -23,7 +23,8 @@ from numba.extending import intrinsic
 
 from graphir.backends.numba.primitives.simd import F32Vec, element_ptr
 
-__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "k_lanes", "k_mins", "nibble_half_lanes", "nibble_lanes"]
+__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "k_lanes", "k_mins", "nibble_half_lanes",
+           "row_nibble_dots"]
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
@@ -92,6 +93,32 @@ def _sign_trick(builder: ir.IRBuilder, w: ir.Value, y: ir.Value) -> tuple[ir.Val
             builder.select(neg, builder.sub(zero, y), builder.select(builder.icmp_signed("==", w, zero), zero, y)))
 
 
+def _offset_sums(builder: ir.IRBuilder, w: ir.Value, y: ir.Value, n: int) -> ir.Value:
+    """n int32 lane sums of signed bytes w times signed y as ggml's sign trick forms them, with VNNI and without
+    the trick's selects: w + 128 (a flip of the top bit) is unsigned, and each lane starts from -128 times its
+    four y's (vpdpbusd of 128s by y, the same for every weight row a block's activation meets, so computed once
+    a block). The integers are the products', which are the trick's unless y holds -128 (only where the
+    activation held NaN: the trick negates it to itself); such a block takes the trick."""
+    vi = ir.VectorType(_I32, n)
+    top = ir.Constant(w.type, [-128] * w.type.count)
+    dp = f"llvm.x86.avx512.vpdpbusd.{32 * n}"
+    y_sums = _x86(builder, dp, vi, [ir.Constant(vi, [0] * n), builder.bitcast(top, vi), builder.bitcast(y, vi)])
+    start = builder.sub(ir.Constant(vi, [0] * n), y_sums)
+    fast = _x86(builder, dp, vi, [start, builder.bitcast(builder.xor(w, top), vi), builder.bitcast(y, vi)])
+    lowest = builder.icmp_signed("==", y, top)
+    any_lowest = _x86(builder, f"llvm.vector.reduce.or.v{w.type.count}i1", ir.IntType(1), [lowest])
+    with builder.if_else(any_lowest, likely=False) as (trick, plain):
+        with trick:
+            slow = _sums(builder, "vnni", *_sign_trick(builder, w, y), n)
+            trick_end = builder.basic_block
+        with plain:
+            plain_end = builder.basic_block
+    merged = builder.phi(vi)
+    merged.add_incoming(slow, trick_end)
+    merged.add_incoming(fast, plain_end)
+    return merged
+
+
 def _pair_sums(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
     """A register of 2m int32 lanes -> m: lane j the sum of lanes 2j and 2j + 1."""
     n = v.type.count
@@ -141,8 +168,9 @@ def block_lanes(fmt: str, flavour: str = HOST) -> Callable[..., Any]:
     """An intrinsic lanes(proto, q, qo, y, yo): the lane sums (as float32, a register like proto) of R = n / 8
     rows' blocks of format ``fmt`` laid one after another from q[qo] (uint8) against the 32 int8 activation
     quants at y[yo]. q4_1: 16 bytes a row, byte j holding element j (low nibble) and j + 16 (high); q8_0: 32
-    int8 a row, taken as ggml takes them, |w| times y with w's sign; u8: 32 unsigned bytes a row (Q5_1's values,
-    0-31, as ggml_vec_dot_q5_1_q8_1 forms them before its unsigned-by-signed multiply-add)."""
+    int8 a row, taken as ggml takes them, |w| times y with w's sign (with VNNI, w + 128 times y from a start of
+    -128 times y's sums: the same integers, without the sign trick's selects); u8: 32 unsigned bytes a row
+    (Q5_1's values, 0-31, as ggml_vec_dot_q5_1_q8_1 forms them before its unsigned-by-signed multiply-add)."""
     if fmt not in ("q4_1", "q8_0", "u8") or flavour not in ("vnni", "pmadd", "generic"):
         raise ValueError(f"block_lanes: unknown format {fmt!r} or flavour {flavour!r}")
     row_bytes = 16 if fmt == "q4_1" else 32
@@ -161,6 +189,8 @@ def block_lanes(fmt: str, flavour: str = HOST) -> Callable[..., Any]:
             w = builder.shuffle_vector(lo, hi, _indices(order))
         elif fmt == "u8":
             w = raw
+        elif flavour == "vnni":
+            return _offset_sums(builder, raw, act, n)
         else:
             w, act = _sign_trick(builder, raw, act)
         return _sums(builder, flavour, w, act, n)
@@ -183,22 +213,6 @@ def nibble_half_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
         if high:
             raw = builder.lshr(raw, ir.Constant(raw.type, [4] * 4 * n))
         return _sums(builder, flavour, builder.and_(raw, ir.Constant(raw.type, [15] * 4 * n)), act, n)
-
-    return _on_blocks(sums)
-
-
-def nibble_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
-    """An intrinsic lanes(proto, q, qo, y, yo) for a register of 8 lanes: the lane sums of 32 bytes' low nibbles
-    (or, ``high``, their high nibbles) from q[qo] against the 32 activation quants at y[yo] (``high``: y[yo + 32]),
-    as float32: Q4_K's layout, where a 32-byte run holds two sub-blocks of 32, one in each half of its bytes."""
-    if flavour not in ("vnni", "pmadd", "generic"):
-        raise ValueError(f"nibble_lanes: unknown flavour {flavour!r}")
-
-    def sums(builder: ir.IRBuilder, n: int, load_q: Loader, load_y: Loader) -> ir.Value:
-        raw, act = load_q(0, 32), load_y(32 * high, 32)
-        if high:
-            raw = builder.lshr(raw, ir.Constant(raw.type, [4] * 32))
-        return _sums(builder, flavour, builder.and_(raw, ir.Constant(raw.type, [15] * 32)), act, 8)
 
     return _on_blocks(sums)
 
@@ -343,3 +357,65 @@ def k_mins(rows: int, pairs: bool = False, sub: int = 32) -> Callable[..., Any]:
         return proto(proto, sc, so, bs, bo, bstep), codegen
 
     return mins
+
+
+def _dot_into(builder: ir.IRBuilder, flavour: str, acc: ir.Value, w: ir.Value, y: ir.Value, n: int) -> ir.Value:
+    """acc plus _sums(w, y): VNNI's vpdpbusd accumulates in the instruction itself."""
+    if flavour == "vnni" and (n != 16 or _AVX512BW):
+        vi = ir.VectorType(_I32, n)
+        return _x86(builder, f"llvm.x86.avx512.vpdpbusd.{32 * n}", vi, [acc, builder.bitcast(w, vi),
+                                                                          builder.bitcast(y, vi)])
+    return builder.add(acc, _sums(builder, flavour, w, y, n))
+
+
+def row_nibble_dots(pairs: int, flavour: str = HOST) -> Callable[..., Any]:
+    """An intrinsic dots(proto, q, qo, y, yo, sc, so): for n = proto's lanes weight rows side by side (lane l is
+    row l), the exact integer sum over ``pairs`` consecutive pairs of 32-element sub-blocks of sc_j * (the
+    sub-block's 4-bit values . its 32 activation quants), as float32. Layout: pair t's 32 bytes of every row
+    (low nibbles sub-block 2t, high nibbles 2t + 1, as Q4_K stores them) in eight chunks of four bytes, chunk c
+    the n rows' four bytes one row after another, from q[qo + 32nt + 4nc]; sub-block j's n scales (uint8) at
+    sc[so + nj]; the pair's 64 activation quants (int8) at y[yo + 64t]. A chunk's four quants are broadcast to
+    every row and meet each row's four values in one lane (vpdpbusd, or pmaddubsw and pmaddwd): no sum across
+    lanes, and each nibble byte loaded once for both of its sub-blocks."""
+    if pairs not in (1, 4) or flavour not in ("vnni", "pmadd", "generic"):
+        raise ValueError(f"row_nibble_dots: {pairs} pairs (1 or 4) or unknown flavour {flavour!r}")
+
+    @intrinsic
+    def dots(typingctx, proto, q, qo, y, yo, sc, so):  # type: ignore[no-untyped-def]
+        if not (isinstance(proto, F32Vec) and all(isinstance(a, types.Array) for a in (q, y, sc))
+                and (q.dtype, y.dtype, sc.dtype) == (types.uint8, types.int8, types.uint8)):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            n = proto.n
+            vi, vb = ir.VectorType(_I32, n), ir.VectorType(_I8, 4 * n)
+
+            def at(i: int, offset: int) -> ir.Value:
+                idx = args[i + 1]
+                return builder.add(idx, ir.Constant(idx.type, offset)) if offset else idx
+
+            def load(i: int, offset: int, ty: ir.Type) -> ir.Value:
+                ptr = element_ptr(context, builder, sig.args[i], args[i], at(i, offset), 1)
+                return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
+
+            def four(offset: int) -> ir.Value:               # y's four quants at yo + offset, in every lane
+                one = builder.insert_element(ir.Constant(vi, ir.Undefined), load(3, offset, _I32),
+                                             ir.Constant(_I32, 0))
+                return builder.bitcast(builder.shuffle_vector(one, one, ir.Constant(vi, [0] * n)), vb)
+
+            low = ir.Constant(vb, [15] * 4 * n)
+            total = ir.Constant(vi, [0] * n)
+            for t in range(pairs):
+                lo_dot = hi_dot = ir.Constant(vi, [0] * n)
+                for c in range(8):
+                    raw = load(1, 32 * n * t + 4 * n * c, vb)
+                    lo_dot = _dot_into(builder, flavour, lo_dot, builder.and_(raw, low), four(64 * t + 4 * c), n)
+                    hi_dot = _dot_into(builder, flavour, hi_dot, builder.lshr(raw, ir.Constant(vb, [4] * 4 * n)),
+                                       four(64 * t + 32 + 4 * c), n)
+                s_lo, s_hi = (builder.zext(load(5, n * (2 * t + h), ir.VectorType(_I8, n)), vi) for h in (0, 1))
+                total = builder.add(total, builder.add(builder.mul(s_lo, lo_dot), builder.mul(s_hi, hi_dot)))
+            return builder.sitofp(total, ir.VectorType(ir.FloatType(), n))
+
+        return proto(proto, q, qo, y, yo, sc, so), codegen
+
+    return dots

@@ -11,10 +11,11 @@ then two float chains,
 and the result acc - acc_min. The GEMV forms the integers per 256-element super-block, the GEMM per pair of
 32-element sub-blocks (four links of the chains a super-block); a ubatch's rows go to the GEMM in fours and
 its last n % 4 rows to the GEMV. The activation is Q8_K (quantize_row_q8_K_ref; the 4-row quantizer of the
-GEMM gives the same numbers). Integer sums are exact however they are formed, so the kernel forms them in
-plain loops and keeps only the float order.
-Layout (pack_q4_k): the GGUF quant bytes as they are, and per row and super-block the eight 6-bit scales and
-eight mins unpacked to bytes and d, dmin as float32.
+GEMM gives the same numbers). Integer sums are exact however they are formed, so the kernel forms them as
+ggml's GEMM does, with a register's lanes holding as many weight rows (int8_dot.row_nibble_dots), and keeps
+the float order of each row's chains.
+Layout (pack_q4_k): per group of rows a register holds and super-block, the GGUF quant bytes in chunks of four a
+row, the eight 6-bit scales as bytes and the eight mins as float32 a row each, d and dmin as float32.
 AVX-512 builds repack Q2_K matrices whose rows come in eights the same way (block_q2_Kx8, q2_k_x8): the same two
 chains, the GEMM's links per half super-block.
 Q6_K, Q5_K and Q3_K, which x86 builds never repack, and the Q4_K and Q2_K matrices they do not (rows not in eights,
@@ -57,15 +58,16 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends.numba.primitives.bits import bits_u32, fma
-from graphir.backends.numba.primitives.simd import lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vzero
+from graphir.backends.numba.primitives.simd import (lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vstore, vsub, vzero,
+                                                    width)
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
 from graphir.backends.numba.quant.blocks import (block_f16, iq1_m_fields, iq1_s_fields, iq2_s_fields, iq2_xs_fields,
                                                  iq2_xxs_fields, iq3_s_fields, iq3_xxs_fields, iq4_xs_fields, k_scales,
                                                  tq1_0_values)
-from graphir.backends.numba.quant.int8_dot import k_lanes, k_mins, nibble_lanes
+from graphir.backends.numba.quant.int8_dot import WIDE_LANES, k_lanes, k_mins, row_nibble_dots
 
 _V8 = lanes(8)
-_low, _high = nibble_lanes(False), nibble_lanes(True)
+_pair_dots, _block_dots = row_nibble_dots(1), row_nibble_dots(4)
 
 _F32 = np.float32
 _I32 = np.int32
@@ -80,9 +82,20 @@ def _scales_mins_d(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(np.concatenate([sc, mn], axis=-1).astype(np.uint8)), d
 
 
-def pack_q4_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q4_K blocks (rows, nb, 144) -> quant bytes (rows, nb * 128), _scales_mins_d."""
-    return (np.ascontiguousarray(b[:, :, 16:144]).reshape(b.shape[0], -1), *_scales_mins_d(b))
+def pack_q4_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K blocks (rows, nb, 144) -> the repacked kernels' layout for groups of G = WIDE_LANES rows side by side
+    (rows padded with zero blocks to whole groups; their results are never written), per group and super-block:
+    the quant bytes in chunks of four per row (int8_dot.row_nibble_dots), the eight scales as bytes and the eight
+    mins as float32, each [sub-block][row], and d, dmin as float32 [d | dmin][row]."""
+    g = WIDE_LANES
+    if b.shape[0] % g:
+        b = np.concatenate([b, np.zeros((-b.shape[0] % g, *b.shape[1:]), b.dtype)])
+    rows, nb = b.shape[:2]
+    qs = b[:, :, 16:144].reshape(rows // g, g, nb, 4, 8, 4).transpose(0, 2, 3, 4, 1, 5)
+    sc, mn = (a.reshape(rows // g, g, nb, 8).transpose(0, 2, 3, 1) for a in k_scales(b[:, :, 4:16]))
+    d = np.ascontiguousarray(b[:, :, 0:4]).view(np.float16).astype(_F32).reshape(rows // g, g, nb, 2)
+    return (np.ascontiguousarray(qs).reshape(-1), np.ascontiguousarray(sc.astype(np.uint8)).reshape(-1),
+            np.ascontiguousarray(mn).reshape(-1), np.ascontiguousarray(d.transpose(0, 2, 3, 1)).reshape(-1))
 
 
 @njit(cache=True, inline="always")
@@ -187,58 +200,48 @@ def _sub_block_sum(ysum, r, b, j):
     return ysum[r, b * 16 + 2 * j] + ysum[r, b * 16 + 2 * j + 1]
 
 
-@njit(cache=True, inline="always")
-def _scaled_dots(q, qo, y, yo, sc, s0, pairs):
-    """sum over ``pairs`` 32-byte runs from q[qo] of sc[s0 + 2p] * (low nibbles . 32 quants of y) + sc[s0 + 2p + 1] *
-    (high nibbles . the next 32), an exact integer: lanes of float32 integers below 2^24 (at most 8 * 63 * 4 * 15 *
-    128), summed across once; a sum whose magnitude reaches 2^24 is formed again in integers."""
-    acc = vzero(_V8)
-    for p in range(pairs):
-        acc = vfma(_low(_V8, q, qo + 32 * p, y, yo + 64 * p), vsplat(_V8, _F32(sc[s0 + 2 * p])), acc)
-        acc = vfma(_high(_V8, q, qo + 32 * p, y, yo + 64 * p), vsplat(_V8, _F32(sc[s0 + 2 * p + 1])), acc)
-    total = vhsum(acc)
-    if abs(total) < _F32(16777216.0):
-        return total
-    exact = 0
-    for p in range(pairs):
-        for l in range(32):
-            v = _I32(q[qo + 32 * p + l])
-            exact += _I32(sc[s0 + 2 * p]) * (v & 15) * _I32(y[yo + 64 * p + l]) \
-                + _I32(sc[s0 + 2 * p + 1]) * (v >> 4) * _I32(y[yo + 64 * p + 32 + l])
-    return _F32(exact)
-
-
 def q4_k_x8(gemm: bool) -> Callable:
     """The product of Q4_K rows in eights with x (n, k), quantizing x itself: with ``gemm``, as a mul_mat does it
     (rows in fours through the GEMM, the rest one by one), else every row through the GEMV, as llama.cpp's
-    mul_mat_id multiplies an expert's rows."""
+    mul_mat_id multiplies an expert's rows. A group of G rows side by side (pack_q4_k) meets one activation row
+    at a time, lane l holding row l's two chains; the min integers are formed in float32, exactly (at most
+    8 * 63 * 4096 < 2^24)."""
+    v_ = lanes(WIDE_LANES)
 
     @njit(**_exact)
-    def product(qs, sm, dd, x, out):
+    def product(qs, sc, mn, dd, x, out):
+        v = v_
+        g_rows = width(v)
         n, k = x.shape
         nb, rows = k >> 8, out.shape[1]
         in_fours = n - (n & 3) if gemm else 0                 # rows the GEMM takes; the rest go one by one
         yf, yd, ysum = _q8_k(x, in_fours)
-        qf, sf = qs.reshape(-1), sm.reshape(-1)
-        for i in prange(rows):
+        for g in prange((rows + g_rows - 1) // g_rows):
+            res = np.empty(g_rows, _F32)
             for r in range(n):
-                acc, acc_min = _F32(0.0), _F32(0.0)
+                acc = acc_min = vzero(v)
                 for b in range(nb):
-                    dw, dm = dd[i, b, 0] * yd[r, b], dd[i, b, 1] * yd[r, b]
-                    qo, yo, so = max((i * nb + b) * 128, 0), max(r * k + b * 256, 0), max((i * nb + b) * 16, 0)
+                    o = g * nb + b
+                    dx = vsplat(v, yd[r, b])
+                    dw, dm = vmul(vload(v, dd, 2 * o * g_rows), dx), vmul(vload(v, dd, (2 * o + 1) * g_rows), dx)
+                    qo, yo, so = o * 128 * g_rows, r * k + b * 256, o * 8 * g_rows
                     if r < in_fours:                          # the GEMM: one FMA per pair of sub-blocks
                         for p in range(4):
-                            imin = _I32(sf[so + 8 + 2 * p]) * _sub_block_sum(ysum, r, b, 2 * p) \
-                                + _I32(sf[so + 9 + 2 * p]) * _sub_block_sum(ysum, r, b, 2 * p + 1)
-                            acc = fma(_scaled_dots(qf, qo + 32 * p, yf, yo + 64 * p, sf, so + 2 * p, 1), dw, acc)
-                            acc_min = fma(_F32(imin), dm, acc_min)
+                            lo, hi = so + 2 * p * g_rows, so + (2 * p + 1) * g_rows
+                            imin = vfma(vload(v, mn, hi), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 2 * p + 1))),
+                                        vmul(vload(v, mn, lo), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 2 * p)))))
+                            acc = vfma(_pair_dots(v, qs, qo + 32 * p * g_rows, yf, yo + 64 * p, sc, lo), dw, acc)
+                            acc_min = vfma(imin, dm, acc_min)
                     else:                                     # the GEMV: one FMA per super-block
-                        imin = 0
-                        for j in range(8):
-                            imin += _I32(sf[so + 8 + j]) * _sub_block_sum(ysum, r, b, j)
-                        acc = fma(_scaled_dots(qf, qo, yf, yo, sf, so, 4), dw, acc)
-                        acc_min = fma(_F32(imin), dm, acc_min)
-                out[r, i] = acc - acc_min
+                        imin = vmul(vload(v, mn, so), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 0))))
+                        for j in range(1, 8):
+                            imin = vfma(vload(v, mn, so + j * g_rows), vsplat(v, _F32(_sub_block_sum(ysum, r, b, j))),
+                                        imin)
+                        acc = vfma(_block_dots(v, qs, qo, yf, yo, sc, so), dw, acc)
+                        acc_min = vfma(imin, dm, acc_min)
+                vstore(res, 0, vsub(acc, acc_min))
+                for j in range(min(g_rows, rows - g * g_rows)):
+                    out[r, g * g_rows + j] = res[j]
 
     return product
 
