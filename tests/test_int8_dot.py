@@ -12,8 +12,9 @@ import pytest
 from numba import njit
 
 from graphir.backends.numba.primitives.simd import lanes, vstore
+from graphir.backends.numba.quant.blocks import IQ4_NL_VALUES, MXFP4_VALUES
 from graphir.backends.numba.quant.int8_dot import (FLAVOURS, HOST, block_lanes, k_lanes, k_mins, nibble_half_lanes,
-                                                   row_nibble_dots)
+                                                   row_code_dots, row_nibble_dots)
 
 def _elements(fmt: str, q: np.ndarray) -> np.ndarray:
     """A row's 32 weight quants in element order, from its block bytes."""
@@ -98,6 +99,34 @@ def test_rows_side_by_side_give_each_rows_scaled_nibble_dots(flavour, pairs, n):
         run(lanes(n), np.ascontiguousarray(packed).reshape(-1), y.reshape(-1), sc.reshape(-1), out)
         want = np.einsum("rpse,pse,psr->r", values.astype(np.int64), y.astype(np.int64), sc.astype(np.int64))
         assert np.array_equal(out, want.astype(np.float32)), (flavour, pairs, n, trial)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("table", ["iq4_nl", "mxfp4"])
+@pytest.mark.parametrize("n", [8, 16])
+def test_rows_side_by_side_give_each_rows_exact_code_products(flavour, table, n):
+    """row_code_dots: lane l is row l's exact sum of values[code] * quant over a block, from GGUF's code bytes in
+    chunks of four a row; a quant of -128 (what a NaN quantizes to) multiplies exactly too, as the repacked
+    kernels' products do."""
+    values = (IQ4_NL_VALUES if table == "iq4_nl" else MXFP4_VALUES).astype(np.int64)
+    dots = row_code_dots(values.tolist(), flavour)
+
+    @njit
+    def run(v, q, y, ysum, out):
+        vstore(out, 0, dots(v, q, 0, y, 0, ysum))
+
+    rng = np.random.default_rng(n)
+    for trial in range(10):
+        codes = rng.integers(0, 256, (n, 16), dtype=np.uint8)           # byte j: element j low, j + 16 high
+        y = rng.integers(-128, 128, 32, dtype=np.int8)
+        if trial == 0:                                        # the extremes: the largest value against -128
+            codes[:], y[:] = 0x00 if table == "iq4_nl" else 0xFF, -128
+        packed = codes.reshape(n, 4, 4).transpose(1, 0, 2)
+        out = np.empty(n, np.float32)
+        run(lanes(n), np.ascontiguousarray(packed).reshape(-1), y, int(y.astype(np.int64).sum()), out)
+        elements = values[np.concatenate([codes & 15, codes >> 4], axis=1)]
+        want = elements @ y.astype(np.int64)
+        assert np.array_equal(out, want.astype(np.float32)), (flavour, table, n, trial)
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

@@ -13,7 +13,7 @@ laid one after another and the activation block, and returns their lane sums as 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import llvmlite.binding as llvm
 from llvmlite import ir
@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 from graphir.backends.numba.primitives.simd import F32Vec, element_ptr
 
 __all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "k_lanes", "k_mins", "nibble_half_lanes",
-           "row_nibble_dots"]
+           "row_code_dots", "row_nibble_dots"]
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
@@ -368,6 +368,91 @@ def _dot_into(builder: ir.IRBuilder, flavour: str, acc: ir.Value, w: ir.Value, y
     return builder.add(acc, _sums(builder, flavour, w, y, n))
 
 
+def _signed_products(builder: ir.IRBuilder, w: ir.Value, y: ir.Value, n: int) -> ir.Value:
+    """n int32 lane sums of four products of signed bytes w and y, each the exact product (also for -128, where
+    ggml's sign trick differs): widened to int32, multiplied, runs of four added."""
+    wide = ir.VectorType(_I32, 4 * n)
+    p = builder.mul(builder.sext(w, wide), builder.sext(y, wide))
+    parts = [builder.shuffle_vector(p, p, _indices(list(range(j, 4 * n, 4)))) for j in range(4)]
+    return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+
+def _broadcast_four(context, builder, aty, arr, idx, n):  # type: ignore[no-untyped-def]
+    """The four int8 at arr[idx] (a 1-D array) in each of n int32 lanes, as a 4n-byte vector."""
+    vi = ir.VectorType(_I32, n)
+    ptr = element_ptr(context, builder, aty, arr, idx, 4)
+    one = builder.insert_element(ir.Constant(vi, ir.Undefined), builder.load(builder.bitcast(ptr, _I32.as_pointer()),
+                                                                             align=1), ir.Constant(_I32, 0))
+    return builder.bitcast(builder.shuffle_vector(one, one, ir.Constant(vi, [0] * n)), ir.VectorType(_I8, 4 * n))
+
+
+def _look_up(builder: ir.IRBuilder, flavour: str, table: list[int], codes: ir.Value) -> ir.Value:
+    """Bytes 0-15 -> table[code] (16 byte values): one pshufb per register on x86, compares elsewhere."""
+    n = codes.type.count
+    if flavour == "generic":
+        out = ir.Constant(codes.type, [0] * n)
+        for c, value in enumerate(table):
+            hit = builder.icmp_unsigned("==", codes, ir.Constant(codes.type, [c] * n))
+            out = builder.select(hit, ir.Constant(codes.type, [value] * n), out)
+        return out
+    name = "llvm.x86.avx512.pshuf.b.512" if n == 64 else "llvm.x86.avx2.pshuf.b"
+    return _x86(builder, name, codes.type, [ir.Constant(codes.type, table * (n // 16)), codes])
+
+
+def row_code_dots(values: Sequence[int], flavour: str = HOST) -> Callable[..., Any]:
+    """An intrinsic dots(proto, q, qo, y, yo, ysum): for n = proto's lanes weight rows side by side (lane l is
+    row l), the exact sum over a 32-element block of values[code] (16 signed byte values) times its activation
+    quants, as float32 (at most 32 * 128 * 128 in magnitude). Layout: a block's 16 code bytes a row as GGUF
+    keeps them (byte j: element j low, j + 16 high) in four chunks of four, chunk c the n rows' four bytes one
+    row after another from q[qo + 4nc]; the quants (int8) at y[yo]; ysum their sum. The codes become values in
+    registers (pshufb); with VNNI as values + 128, unsigned, from a start of -128 * ysum, elsewhere as they are,
+    multiplied widened: the exact products either way (ggml's sign trick differs where a quant is -128)."""
+    if len(values) != 16 or flavour not in ("vnni", "pmadd", "generic"):
+        raise ValueError(f"row_code_dots: {len(values)} values (16) or unknown flavour {flavour!r}")
+    signed = [int(v) & 255 for v in values]
+    offset = [(int(v) + 128) & 255 for v in values]
+
+    @intrinsic
+    def dots(typingctx, proto, q, qo, y, yo, ysum):  # type: ignore[no-untyped-def]
+        if not (isinstance(proto, F32Vec) and isinstance(q, types.Array) and isinstance(y, types.Array)
+                and (q.dtype, y.dtype) == (types.uint8, types.int8) and isinstance(ysum, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            n = proto.n
+            vi, vb = ir.VectorType(_I32, n), ir.VectorType(_I8, 4 * n)
+            vnni = flavour == "vnni" and (n != 16 or _AVX512BW)
+            if vnni:
+                total = args[5] if args[5].type.width == 32 else builder.trunc(args[5], _I32)
+                start = builder.insert_element(ir.Constant(vi, ir.Undefined),
+                                               builder.mul(total, ir.Constant(_I32, -128)), ir.Constant(_I32, 0))
+                acc = builder.shuffle_vector(start, start, ir.Constant(vi, [0] * n))
+            else:
+                acc = ir.Constant(vi, [0] * n)
+            for c in range(4):
+                idx = builder.add(args[2], ir.Constant(args[2].type, 4 * n * c)) if c else args[2]
+                raw = builder.load(builder.bitcast(element_ptr(context, builder, sig.args[1], args[1], idx, 4 * n),
+                                                   vb.as_pointer()), align=1)
+                halves = (builder.and_(raw, ir.Constant(vb, [15] * 4 * n)),
+                          builder.lshr(raw, ir.Constant(vb, [4] * 4 * n)))
+                for h, codes in enumerate(halves):
+                    yidx = builder.add(args[4], ir.Constant(args[4].type, 16 * h + 4 * c)) \
+                        if 16 * h + 4 * c else args[4]
+                    four = _broadcast_four(context, builder, sig.args[3], args[3], yidx, n)
+                    if vnni:
+                        w = _look_up(builder, flavour, offset, codes)
+                        acc = _x86(builder, f"llvm.x86.avx512.vpdpbusd.{32 * n}", vi,
+                                   [acc, builder.bitcast(w, vi), builder.bitcast(four, vi)])
+                    else:
+                        acc = builder.add(acc, _signed_products(builder, _look_up(builder, flavour, signed, codes),
+                                                                four, n))
+            return builder.sitofp(acc, ir.VectorType(ir.FloatType(), n))
+
+        return proto(proto, q, qo, y, yo, ysum), codegen
+
+    return dots
+
+
 def row_nibble_dots(pairs: int, flavour: str = HOST) -> Callable[..., Any]:
     """An intrinsic dots(proto, q, qo, y, yo, sc, so): for n = proto's lanes weight rows side by side (lane l is
     row l), the exact integer sum over ``pairs`` consecutive pairs of 32-element sub-blocks of sc_j * (the
@@ -399,9 +484,7 @@ def row_nibble_dots(pairs: int, flavour: str = HOST) -> Callable[..., Any]:
                 return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
 
             def four(offset: int) -> ir.Value:               # y's four quants at yo + offset, in every lane
-                one = builder.insert_element(ir.Constant(vi, ir.Undefined), load(3, offset, _I32),
-                                             ir.Constant(_I32, 0))
-                return builder.bitcast(builder.shuffle_vector(one, one, ir.Constant(vi, [0] * n)), vb)
+                return _broadcast_four(context, builder, sig.args[3], args[3], at(3, offset), n)
 
             low = ir.Constant(vb, [15] * 4 * n)
             total = ir.Constant(vi, [0] * n)

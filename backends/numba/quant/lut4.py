@@ -6,7 +6,8 @@ d, its codes indexing kvalues_iq4nl (-127 .. 113). The activation is quantized t
 Where llama.cpp's x86 build repacks the weight (a 2-D matrix whose rows come in eights, or a mul_mat_id stack:
 its CPU "repack" buffer, one 8x8 GEMV and GEMM template for both types, lut_matmul): per output element and
 block, the exact integer sum of the 32 value * quant products, then acc = fma(float(sum), d_w * d_x, acc) in
-block order. Those steps are the same in its GEMV and GEMM, so the result does not depend on the number of
+block order; here with a register's lanes holding as many weight rows, their codes as GGUF keeps them and
+looked up in registers. Those steps are the same in its GEMV and GEMM, so the result does not depend on the number of
 activation rows.
 IQ4_NL where it does not repack (rows not in eights, a 3-D weight's matrices; iq4_nl_unrepacked): one
 activation row through ggml_vec_dot_iq4_nl_q8_0, whose AVX2 code (the AVX-512 build's too) forms Q8_0's eight
@@ -26,65 +27,89 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends.numba.primitives.bits import fma
-from graphir.backends.numba.primitives.simd import as_f32, lanes, vadd, vfma, vhsum, vsplat, vzero
+from graphir.backends.numba.primitives.simd import (as_f32, lanes, vadd, vfma, vhsum, vload, vmul, vsplat, vstore,
+                                                    vzero, width)
 from graphir.backends.numba.quant.activation import q8_blocks
 from graphir.backends.numba.quant.blocks import IQ4_NL_VALUES, MXFP4_VALUES, e8m0_half
 from graphir.backends.numba.quant.exact import _G, exact_gemv
-from graphir.backends.numba.quant.int8_dot import block_lanes
+from graphir.backends.numba.quant.int8_dot import WIDE_LANES, block_lanes, row_code_dots
 
 _F32 = np.float32
 _exact = dict(parallel=True, cache=True)                  # no FMA contraction but the written ones: bit-exact
 _V8 = lanes(8)
+_VW = lanes(WIDE_LANES)
 _lanes_q8_0 = block_lanes("q8_0")
 _Q8_0 = exact_gemv("q8_0")
 
 
-def _codes(b: np.ndarray, at: int) -> np.ndarray:
-    """The 16 code bytes from byte ``at`` of every block, as (rows, nblocks * 16)."""
-    return np.ascontiguousarray(b[:, :, at:at + 16]).reshape(b.shape[0], -1)
+def _side_by_side(b: np.ndarray, at: int, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, nblocks, size) raw blocks with 16 code bytes from byte ``at`` -> the code bytes in groups of
+    G = WIDE_LANES rows side by side (int8_dot.row_code_dots: per block four chunks of four bytes a row) and the
+    scales (rows, nblocks) as float32 [group][block][row]; rows padded with zero blocks to whole groups (their
+    results are never written)."""
+    g = WIDE_LANES
+    if b.shape[0] % g:
+        pad = -b.shape[0] % g
+        b = np.concatenate([b, np.zeros((pad, *b.shape[1:]), b.dtype)])
+        scale = np.concatenate([scale, np.zeros((pad, scale.shape[1]), scale.dtype)])
+    rows, nb = b.shape[:2]
+    codes = b[:, :, at:at + 16].reshape(rows // g, g, nb, 4, 4).transpose(0, 2, 3, 1, 4)
+    return (np.ascontiguousarray(codes).reshape(-1),
+            np.ascontiguousarray(scale.astype(_F32).reshape(rows // g, g, nb).transpose(0, 2, 1)).reshape(-1))
 
 
 def pack_mxfp4(b):
-    """(rows, nblocks, 17) raw blocks -> the codes' bytes (rows, nblocks * 16), the halved scales (rows, nblocks)
-    and the codes' values (int32)."""
-    return _codes(b, 1), np.ascontiguousarray(e8m0_half(b[:, :, 0])), MXFP4_VALUES.astype(np.int32)
+    """(rows, nblocks, 17) raw blocks -> their codes and halved scales side by side."""
+    return _side_by_side(b, 1, e8m0_half(b[:, :, 0]))
 
 
 def pack_iq4_nl(b):
-    """(rows, nblocks, 18) raw blocks -> the codes' bytes, d as float32 (rows, nblocks) and the codes' values."""
-    d = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[..., 0].astype(_F32)
-    return _codes(b, 2), d, IQ4_NL_VALUES.astype(np.int32)
+    """(rows, nblocks, 18) raw blocks -> their codes and d side by side."""
+    return _side_by_side(b, 2, np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[..., 0])
 
 
-@njit(**_exact)
-def lut_matmul(qs, d, values, x, out):
+_MXFP4_DOTS, _IQ4_NL_DOTS = row_code_dots(MXFP4_VALUES.tolist()), row_code_dots(IQ4_NL_VALUES.tolist())
+
+
+def _lut_matmul(mxfp4: bool) -> Callable:
     """out[r, i] = row i of the weight . x[r] in the order of llama.cpp's repacked 8x8 kernels (see the module
-    docstring); prange over weight rows, each block's 32 values decoded once and met by every activation row."""
-    n, k = x.shape
-    rows, nb = out.shape[1], k >> 5
-    y, yd, ys = np.empty((n, k), _F32), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
-    q8_blocks(x, y, yd, ys)
-    yi = np.empty((n, k), np.int32)
-    for r in range(n):
-        for j in range(k):
-            yi[r, j] = np.int32(y[r, j])
-    for i in prange(rows):
-        w = np.empty(32, np.int32)
-        acc = np.zeros(n, _F32)
-        for b in range(nb):
-            for j in range(16):
-                c = np.int32(qs[i, b * 16 + j])
-                w[j] = values[c & 15]
-                w[j + 16] = values[c >> 4]
-            dw = d[i, b]
-            o = b << 5
-            for r in range(n):
-                s = np.int32(0)
-                for j in range(32):
-                    s += w[j] * yi[r, o + j]
-                acc[r] = fma(_F32(s), dw * yd[r, b], acc[r])
+    docstring), MXFP4's codes or IQ4_NL's: prange over groups of rows side by side (_side_by_side), lane l
+    holding row l's chain, each block met by one activation row at a time. (The format is a closure constant,
+    not the intrinsic itself, which would change numba's cache key in every process.)"""
+
+    @njit(**_exact)
+    def lut_matmul(qs, d, x, out):
+        v = _VW
+        g_rows = width(v)
+        n, k = x.shape
+        rows, nb = out.shape[1], k >> 5
+        y, yd, ys = np.empty((n, k), np.int8), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
+        q8_blocks(x, y, yd, ys)
+        yf = y.reshape(-1)
+        ysum = np.zeros((n, nb), np.int32)
         for r in range(n):
-            out[r, i] = acc[r]
+            for b in range(nb):
+                for j in range(32):
+                    ysum[r, b] += yf[r * k + b * 32 + j]
+        for g in prange((rows + g_rows - 1) // g_rows):
+            res = np.empty(g_rows, _F32)
+            for r in range(n):
+                acc = vzero(v)
+                for b in range(nb):
+                    o = g * nb + b
+                    dwx = vmul(vload(v, d, o * g_rows), vsplat(v, yd[r, b]))
+                    qo, yo = o * 16 * g_rows, r * k + b * 32
+                    dots = _MXFP4_DOTS(v, qs, qo, yf, yo, ysum[r, b]) if mxfp4 else \
+                        _IQ4_NL_DOTS(v, qs, qo, yf, yo, ysum[r, b])
+                    acc = vfma(dots, dwx, acc)
+                vstore(res, 0, acc)
+                for j in range(min(g_rows, rows - g * g_rows)):
+                    out[r, g * g_rows + j] = res[j]
+
+    return lut_matmul
+
+
+mxfp4_matmul, iq4_nl_matmul = _lut_matmul(True), _lut_matmul(False)
 
 
 @njit(**_exact)

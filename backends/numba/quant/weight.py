@@ -31,7 +31,7 @@ from graphir.backends.numba.quant.kquant import (k_product, pack_iq1_m, pack_iq1
                                                  pack_iq2_xxs, pack_iq3_s, pack_iq3_xxs, pack_iq4_xs, pack_q2_k,
                                                  pack_q3_k, pack_q4_k, pack_q4_k_values, pack_q5_k, pack_q6_k,
                                                  pack_tq1_0, pack_tq2_0, q2_k_x8, q4_k_x8)
-from graphir.backends.numba.quant.lut4 import iq4_nl_unrepacked, lut_matmul, pack_iq4_nl, pack_mxfp4
+from graphir.backends.numba.quant.lut4 import iq4_nl_matmul, iq4_nl_unrepacked, mxfp4_matmul, pack_iq4_nl, pack_mxfp4
 from graphir.backends.numba.quant.stream import GEMM_FROM, converting_gemv, gemv_f32, tiled_gemm
 
 __all__ = ["QWeight", "QWeightGroup", "SUPPORTED"]
@@ -81,8 +81,8 @@ _TYPES: dict[T, _Kind] = {
     T.Q8_0: _Kind(np.uint8, "q8_0", 1, 32, repack_q8_0, _Q8, _Q8, dequantizer(row_q8_0), pack_q8_0, True),
     T.Q4_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q4_0, _Q4_0, _Q4_0, _DEQ_Q4_0, pack_q4_0, True),
     T.Q5_0: _Kind(np.uint8, "q8_0", 2, 16, repack_q5_0, _Q8, _Q8, dequantizer(row_q5_0), pack_q5_0_as_q8_0, True),
-    T.MXFP4: _Kind(np.uint8, "q8_0", 2, 16, repack_mxfp4, lut_matmul, lut_matmul, _DEQ_LUT4, pack_mxfp4),
-    T.IQ4_NL: _Kind(np.uint8, "q8_0", 2, 16, repack_iq4_nl, lut_matmul, lut_matmul, _DEQ_LUT4, pack_iq4_nl),
+    T.MXFP4: _Kind(np.uint8, "q8_0", 2, 16, repack_mxfp4, mxfp4_matmul, mxfp4_matmul, _DEQ_LUT4, pack_mxfp4),
+    T.IQ4_NL: _Kind(np.uint8, "q8_0", 2, 16, repack_iq4_nl, iq4_nl_matmul, iq4_nl_matmul, _DEQ_LUT4, pack_iq4_nl),
     T.Q4_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q4_1, exact_gemv("q4_1"), exact_gemv("q4_1"), dequantizer(row_q4_1), pack_q4_1,
                   True),
     T.Q5_1: _Kind(np.uint8, "q8_1", 2, 16, repack_q5_1, exact_gemv("q5_1"), exact_gemv("q5_1"), dequantizer(row_q5_1),
