@@ -199,6 +199,44 @@ def test_k_quant_lanes_are_ggml_vec_dots_and_their_sums_converted_once(flavour, 
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
+def test_k_quant_lanes_of_codes_are_those_of_their_values(flavour):
+    """``codes`` (IQ4_XS as GGUF keeps it: 4-bit codes into kvalues_iq4nl, 16 bytes a run of 32, byte j holding
+    element j low and j + 16 high) give the lanes of the values they index, through the sign trick as the
+    signed values' (a quant of -128 against a negative value included), for one row's lanes and eight rows'
+    sums; the largest products (every code 0, -127, against -127) included."""
+    table = IQ4_NL_VALUES.astype(np.int64)
+    each, eight = (k_lanes(32, 0, rows, flavour, signed=True, codes=table.tolist()) for rows in (0, 8))
+    each_v, eight_v = (k_lanes(32, 0, rows, flavour, signed=True) for rows in (0, 8))
+
+    @njit
+    def run(v, q, values, y, sc, bs, out):
+        vstore(out, 0, each(v, q, 128, y, 256, 0, sc, 0, bs, 16, 0))
+        vstore(out, 8, eight(v, q, 128, y, 0, 256, sc, 0, bs, 0, 16))
+        vstore(out, 16, each_v(v, values, 0, y, 256, 0, sc, 0, bs, 16, 0))
+        vstore(out, 24, eight_v(v, values, 0, y, 0, 256, sc, 0, bs, 0, 16))
+
+    rng = np.random.default_rng(4)
+    for trial in range(20):
+        codes = rng.integers(0, 256, 256).astype(np.uint8)             # the second super-block's are read
+        y = rng.integers(-128, 128, (8, 256)).astype(np.int8)
+        sc = rng.integers(-32, 32, 16).astype(np.int8)
+        if trial == 0:
+            codes[:], y[:], sc[:] = 0, -127, -32
+        runs = codes[128:].reshape(8, 16)
+        values = table[np.concatenate([runs & 15, runs >> 4], axis=1).reshape(-1)].astype(np.int8)
+        bs = y.astype(np.int32).reshape(8, 16, 16).sum(axis=2).astype(np.int32)
+        out = np.empty(32, np.float32)
+        run(lanes(8), codes, values.view(np.uint8), y.reshape(-1), sc, bs.reshape(-1), out)
+        assert np.array_equal(out[:16], out[16:]), (flavour, trial)
+        w = values.astype(np.int64)
+        y_signed = np.where(w < 0, np.where(y == -128, -128, -y.astype(np.int64)), np.where(w == 0, 0, y))
+        per_lane = sc.astype(np.int64)[(32 * np.arange(8)[:, None] + 4 * np.arange(8)) // 32]     # [run][lane]
+        want = ((np.abs(w) * y_signed).reshape(8, 8, 8, 4).sum(axis=3) * per_lane).sum(axis=1)  # [row][lane]
+        assert np.array_equal(out[:8], want[1].astype(np.float32)), (flavour, trial)
+        assert np.array_equal(out[8:16], want.sum(axis=1).astype(np.float32)), (flavour, trial)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_k_quant_lanes_of_crumbs_are_those_of_their_values(flavour):
     """``crumbs`` (the ternary types' layout): values 0-3 two bits each, 64 bytes a super-block, element
     128h + 32s + l in bits 2s of byte 32h + l, give the lanes of those values, here with the offset of 1 taken out

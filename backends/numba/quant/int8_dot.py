@@ -219,7 +219,7 @@ def nibble_half_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
 
 def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, lane_bias: bool = False,
             signed: bool = False, part: str | None = None,
-            crumbs: bool = False) -> Callable[..., Any]:
+            crumbs: bool = False, codes: Sequence[int] | None = None) -> Callable[..., Any]:
     """An intrinsic lanes(proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) for a register of 8 lanes: a K-quant
     super-block's int32 lanes as ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (AVX2) form them, as float32. q: the 256
     values as unsigned bytes in element order from q[qo] (uint8); y: the 256 activation quants from y[yo] (int8);
@@ -237,16 +237,20 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, 
     value and delta sign, as ggml-cpu/tiled multiplies them whole): "grid" takes g, "delta" e, the two sums
     ggml_vec_dot_iq1_s_q8_K / _iq1_m_q8_K keep apart. ``crumbs``: the values 0-3 two bits each, 64 bytes a
     super-block in TQ2_0's order (element 128h + 32s + l in bits 2s of byte 32h + l), unpacked in registers as
-    ggml_vec_dot_tq2_0_q8_K does."""
+    ggml_vec_dot_tq2_0_q8_K does. ``codes`` (16 signed values; with ``signed``): q holds 4-bit codes into them,
+    16 bytes a run of 32 (byte j: element j low, j + 16 high; IQ4_XS's qs as GGUF keeps them, 128 bytes a
+    super-block), looked up in registers as ggml_vec_dot_iq4_xs_q8_K does (pshufb)."""
     if sub not in (16, 32) or (bias and sub != 16) or not 0 <= rows <= 8 or runs not in (4, 8) \
             or (runs < 8 and bias and not lane_bias) or (signed and (bias or lane_bias)) \
             or part not in (None, "grid", "delta") or (part and not signed) or (crumbs and signed) \
+            or (codes is not None and (not signed or part or len(codes) != 16)) \
             or flavour not in ("vnni", "pmadd", "generic"):
         raise ValueError(f"k_lanes: no sub-block size {sub} with bias {bias} for {rows} rows over {runs} runs"
                          f"{' of signed values' if signed else ''}{f' ({part})' if part else ''}"
                          f"{' in crumbs' if crumbs else ''}, or unknown "
                          f"flavour {flavour!r}")
     i32x8, wide = ir.VectorType(_I32, 8), WIDE_LANES        # runs of 32 formed two at a time on AVX-512
+    table = [int(v) & 255 for v in codes] if codes is not None else []
 
     @intrinsic
     def lanes(typingctx, proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):  # type: ignore[no-untyped-def]
@@ -271,9 +275,19 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, 
                 shifted = builder.lshr(raw, ir.Constant(raw.type, [2 * (g % 4)] * 32)) if g % 4 else raw
                 return builder.and_(shifted, ir.Constant(raw.type, [3] * 32))
 
+            def code_runs(g: int) -> ir.Value:               # runs g .. g + step - 1 from their codes
+                raw = load(1, 16 * g, 2 * wide, _I8)
+                lo = builder.and_(raw, ir.Constant(raw.type, [15] * 2 * wide))
+                hi = builder.lshr(raw, ir.Constant(raw.type, [4] * 2 * wide))
+                order = [i for r in range(step) for i in list(range(16 * r, 16 * r + 16))
+                         + list(range(2 * wide + 16 * r, 2 * wide + 16 * r + 16))]
+                return _look_up(builder, flavour, table, builder.shuffle_vector(lo, hi, _indices(order)))
+
             if crumbs:
                 values = [crumb_run(g) if step == 1 else builder.shuffle_vector(
                     crumb_run(g), crumb_run(g + 1), _indices(list(range(64)))) for g in group]
+            elif codes is not None:
+                values = [code_runs(g) for g in group]
             else:
                 values = [_part(builder, load(1, 32 * g, 4 * wide, _I8), part) for g in group]
             scales = [builder.sext(builder.shuffle_vector(raw_scales, raw_scales, _indices(

@@ -29,7 +29,7 @@ mins) and d, dmin as float32 (Q6_K's and Q3_K's dmin 0): the lane sums read 32 v
 after it has assembled them.
 IQ4_XS (256-element super-blocks of 4-bit codes into kvalues_iq4nl, an f16 d and eight 6-bit scales less 32) is
 never repacked either and takes the same two kernels (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC): Q6_K's
-arithmetic on signed values (pack_iq4_xs: the values as int8 bytes, 1 byte a weight against 0.53 in GGUF).
+arithmetic on signed values (pack_iq4_xs: the codes as GGUF keeps them, looked up in registers as ggml does).
 IQ2_XXS, IQ2_XS and IQ2_S (quant.grid: signed grid values, odd scales 2s + 1 per 16 or 32, an f16 d) take the
 same two kernels on the same lanes (ggml_vec_dot_iq2_xxs_q8_K / _xs_ / _s_, tiled's act-bias MAC), with their
 factor 1/8 where llama.cpp applies it: on the vec_dot's hsum, on the tiled kernels' d (pack_iq2_*: the values as
@@ -61,9 +61,9 @@ from graphir.backends.numba.primitives.bits import bits_u32, fma
 from graphir.backends.numba.primitives.simd import (lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vstore, vsub, vzero,
                                                     width)
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
-from graphir.backends.numba.quant.blocks import (block_f16, iq1_m_fields, iq1_s_fields, iq2_s_fields, iq2_xs_fields,
-                                                 iq2_xxs_fields, iq3_s_fields, iq3_xxs_fields, iq4_xs_fields, k_scales,
-                                                 tq1_0_values)
+from graphir.backends.numba.quant.blocks import (IQ4_NL_VALUES, block_f16, iq1_m_fields, iq1_s_fields,
+                                                 iq2_s_fields, iq2_xs_fields, iq2_xxs_fields, iq3_s_fields,
+                                                 iq3_xxs_fields, iq4_xs_fields, k_scales, tq1_0_values)
 from graphir.backends.numba.quant.int8_dot import WIDE_LANES, k_lanes, k_mins, row_nibble_dots
 
 _V8 = lanes(8)
@@ -357,8 +357,10 @@ def _signed_layout(values: np.ndarray, scales: np.ndarray,
 
 
 def pack_iq4_xs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """IQ4_XS blocks (rows, nb, 136) -> _signed_layout of the values (kvalues_iq4nl) and the scales less 32."""
-    return _signed_layout(*iq4_xs_fields(b))
+    """IQ4_XS blocks (rows, nb, 136) -> _signed_layout of the codes as GGUF keeps them (rows, nb * 128; k_lanes
+    looks them up in kvalues_iq4nl) and the scales less 32."""
+    _, scales, d = iq4_xs_fields(b)
+    return _signed_layout(np.ascontiguousarray(b[:, :, 8:136]).reshape(b.shape[0], -1).view(np.int8), scales, d)
 
 
 def pack_iq2_xxs(b: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -432,12 +434,13 @@ def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
 # the formats k_product multiplies, as the constants its kernels branch on
-_Q6, _Q5, _Q4, _Q3, _Q2, _IQ4, _IQ2, _IQ1S, _IQ1M, _TQ = range(10)
-_FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4, "iq2": _IQ2,
+_Q6, _Q5, _Q4, _Q3, _Q2, _IQ4, _IQ2, _IQ1S, _IQ1M, _TQ, _IQ4C = range(11)
+_FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4C, "iq2": _IQ2,
             "iq1_s": _IQ1S, "iq1_m": _IQ1M, "ternary": _TQ}
 _SCALE_BYTES = {"q2_k": 32, "ternary": 0}                  # a super-block's scale bytes, where not 16
-_VALUE_BYTES = {"ternary": 64}                              # and its value bytes, where not 256
-_FORMATS["iq3_s"] = _FORMATS["iq3_xxs"] = _IQ4   # signed grid values, a scale per 32: IQ4_XS's arithmetic
+_VALUE_BYTES = {"ternary": 64, "iq4_xs": 128}               # and its value bytes, where not 256
+# signed grid values as bytes, a scale per 32: IQ4_XS's arithmetic on values IQ4_XS keeps as codes (_IQ4C)
+_FORMATS["iq3_s"] = _FORMATS["iq3_xxs"] = _IQ4
 # a format's constant factor: its vec_dot multiplies its total by it, its tiled kernels the weight's d
 _FACTORS = {"iq2": 0.125, "iq3_xxs": 0.25}
 _q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
@@ -445,6 +448,8 @@ _q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(3
 _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
 _q2_lanes, _q2_sums, _q2_sums8 = k_lanes(16, 0, 0), _q2_total, k_lanes(16, 0, 8)
 _iq4_lanes, _iq4_sums, _iq4_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (0, 1, 8))
+_iq4c_lanes, _iq4c_sums, _iq4c_sums8 = (k_lanes(32, 0, rows, signed=True, codes=IQ4_NL_VALUES.tolist())
+                                        for rows in (0, 1, 8))
 _iq2_lanes, _iq2_sums, _iq2_sums8 = (k_lanes(16, 0, rows, signed=True) for rows in (0, 1, 8))
 # IQ1_S and IQ1_M: the vec_dot's grid lanes and delta lanes (IQ1_S's summed) apart; the tiled kernels' sums of the
 # values whole are IQ4_XS's (sub-blocks of 32) and the IQ2 types' (16)
@@ -466,6 +471,8 @@ def _lanes(f, q, qo, y, yo, sc, so, bs, bo):
         return _q2_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     if f == _IQ4:
         return _iq4_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    if f == _IQ4C:
+        return _iq4c_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     if f == _IQ2:
         return _iq2_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     if f == _IQ1S:
@@ -493,6 +500,9 @@ def _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):
     if f == _IQ4 or f == _IQ1S:
         return _iq4_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _iq4_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    if f == _IQ4C:
+        return _iq4c_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+            _iq4c_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
     if f == _IQ2 or f == _IQ1M:
         return _iq2_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _iq2_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
@@ -516,7 +526,7 @@ def _tiled_link(f, eight, dd, i, b, factor, q, qo, y, yo, ystep, sc, so, bs, bo,
     eighths: d / 8 (exact), as tiled takes it."""
     d = dd[i, b, 0] * (_F32(0.125) if f == _IQ1S or f == _IQ1M else factor)
     res = vmul(vsplat(_V8, d), _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep))
-    if f == _Q6 or f == _Q3 or f == _IQ4 or f == _IQ2 or f == _IQ1S or f == _IQ1M:
+    if f == _Q6 or f == _Q3 or f == _IQ4 or f == _IQ4C or f == _IQ2 or f == _IQ1S or f == _IQ1M:
         return vfma(res, dx, acc)
     return vfma(vfma(vsplat(_V8, -dd[i, b, 1]), _imin(f, eight, sc, so, bs, bo, bstep), res), dx, acc)
 
