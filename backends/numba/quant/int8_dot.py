@@ -24,7 +24,8 @@ from numba.extending import intrinsic
 from graphir.backends.numba.primitives.simd import F32Vec, element_ptr
 
 __all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "k_lanes", "k_mins", "nibble_half_lanes",
-           "row_code_dots", "row_nibble_dots"]
+           "row_code_dots", "row_k_dots",
+           "row_nibble_dots"]
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
@@ -463,6 +464,54 @@ def row_code_dots(values: Sequence[int], flavour: str = HOST) -> Callable[..., A
             return builder.sitofp(acc, ir.VectorType(ir.FloatType(), n))
 
         return proto(proto, q, qo, y, yo, ysum), codegen
+
+    return dots
+
+
+def row_k_dots(sub: int, bias: int, flavour: str = HOST) -> Callable[..., Any]:
+    """An intrinsic dots(proto, q, qo, y, yo, sc, so, bs, bo): for n = proto's lanes weight rows side by side
+    (lane l is row l), a K-quant super-block's exact integer s1 = sum_j sc_j * (sub-block j's unsigned values .
+    its activation quants, less ``bias`` times their sum), as float32: ggml-cpu/tiled's per-block integer of
+    Q6_K (sub 16, bias 32) or Q5_K and Q4_K (sub 32, no bias). Layout: 64 chunks of four values a row, chunk c
+    the n rows' four bytes one row after another from q[qo + 4nc]; sub-block j's n scales (int8) at
+    sc[so + nj]; the 256 quants (int8) at y[yo]; their sums per 16 (int32) at bs[bo]. A chunk's four quants are
+    broadcast to every row (vpdpbusd, or pmaddubsw and pmaddwd): no sum across lanes."""
+    if (sub, bias) not in ((16, 32), (32, 0)) or flavour not in ("vnni", "pmadd", "generic"):
+        raise ValueError(f"row_k_dots: no sub-blocks of {sub} with bias {bias}, or unknown flavour {flavour!r}")
+
+    @intrinsic
+    def dots(typingctx, proto, q, qo, y, yo, sc, so, bs, bo):  # type: ignore[no-untyped-def]
+        if not (isinstance(proto, F32Vec) and all(isinstance(a, types.Array) for a in (q, y, sc, bs))
+                and (q.dtype, y.dtype, sc.dtype, bs.dtype) == (types.uint8, types.int8, types.int8, types.int32)):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            n = proto.n
+            vi, vb = ir.VectorType(_I32, n), ir.VectorType(_I8, 4 * n)
+
+            def at(i: int, offset: int) -> ir.Value:
+                idx = args[i + 1]
+                return builder.add(idx, ir.Constant(idx.type, offset)) if offset else idx
+
+            def load(i: int, offset: int, ty: ir.Type, count: int) -> ir.Value:
+                ptr = element_ptr(context, builder, sig.args[i], args[i], at(i, offset), count)
+                return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
+
+            s1 = ir.Constant(vi, [0] * n)
+            for j in range(256 // sub):
+                dot = ir.Constant(vi, [0] * n)
+                if bias:
+                    start = builder.mul(load(7, j, _I32, 1), ir.Constant(_I32, -bias))
+                    one = builder.insert_element(ir.Constant(vi, ir.Undefined), start, ir.Constant(_I32, 0))
+                    dot = builder.shuffle_vector(one, one, ir.Constant(vi, [0] * n))
+                for c in range(j * sub // 4, (j + 1) * sub // 4):
+                    four = _broadcast_four(context, builder, sig.args[3], args[3], at(3, 4 * c), n)
+                    dot = _dot_into(builder, flavour, dot, load(1, 4 * n * c, vb, 4 * n), four, n)
+                scale = builder.sext(load(5, n * j, ir.VectorType(_I8, n), n), vi)
+                s1 = builder.add(s1, builder.mul(scale, dot))
+            return builder.sitofp(s1, ir.VectorType(ir.FloatType(), n))
+
+        return proto(proto, q, qo, y, yo, sc, so, bs, bo), codegen
 
     return dots
 

@@ -64,7 +64,7 @@ from graphir.backends.numba.quant.activation import cvt_i32, maxps
 from graphir.backends.numba.quant.blocks import (IQ4_NL_VALUES, block_f16, iq1_m_fields, iq1_s_fields,
                                                  iq2_s_fields, iq2_xs_fields, iq2_xxs_fields, iq3_s_fields,
                                                  iq3_xxs_fields, iq4_xs_fields, k_scales, tq1_0_values)
-from graphir.backends.numba.quant.int8_dot import WIDE_LANES, k_lanes, k_mins, row_nibble_dots
+from graphir.backends.numba.quant.int8_dot import WIDE_LANES, k_lanes, k_mins, row_k_dots, row_nibble_dots
 
 _V8 = lanes(8)
 _pair_dots, _block_dots = row_nibble_dots(1), row_nibble_dots(4)
@@ -566,6 +566,60 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
     return vhsum(lanes_acc)
 
 
+_q6_side, _q5_side = row_k_dots(16, 32), row_k_dots(32, 0)
+_VW = lanes(WIDE_LANES)
+
+
+@njit(**_exact)
+def _tiled_side(q6, qv, sc, dd, yf, yd, ysum, out):
+    """ggml-cpu/tiled's chains for Q6_K (``q6``) or Q5_K and Q4_K (their values 0-31 / 0-15, scales and mins)
+    rows, every activation row: per super-block res = d_w * float(s1), less dmin_w * float(imin) (Q5_K, Q4_K),
+    acc = fma(res, d_x, acc). A group of G rows is laid side by side once (values in chunks of four a row,
+    int8_dot.row_k_dots; scales, mins and d a row each) and then meets every activation row, lane l holding
+    row l's chain: no sum across lanes, where the eight activation rows in lanes need one per super-block. imin
+    is formed in float32, exactly (at most 8 * 63 * 4096 < 2^24)."""
+    v = _VW
+    g_rows = width(v)
+    n, k = yd.shape[0], qv.shape[1]
+    nb, rows = k >> 8, out.shape[1]
+    src = qv.reshape(-1).view(np.uint32)
+    bf = ysum.reshape(-1)
+    for g in prange((rows + g_rows - 1) // g_rows):
+        values = np.zeros(nb * 64 * g_rows, np.uint32)       # [super-block][chunk][row]
+        scales = np.zeros(nb * 16 * g_rows, np.int8)          # [super-block][scale][row]
+        mins = np.zeros(nb * 8 * g_rows, _F32)                # [super-block][min][row]
+        d = np.zeros(nb * 2 * g_rows, _F32)                   # [super-block][d, -dmin][row]
+        for l in range(min(g_rows, rows - g * g_rows)):
+            i = g * g_rows + l
+            for b in range(nb):
+                for c in range(64):
+                    values[(b * 64 + c) * g_rows + l] = src[(i * nb + b) * 64 + c]
+                for j in range(16):
+                    scales[(b * 16 + j) * g_rows + l] = sc[i, b, j]
+                for j in range(8):
+                    mins[(b * 8 + j) * g_rows + l] = _F32(sc[i, b, 8 + j])
+                d[(b * 2) * g_rows + l], d[(b * 2 + 1) * g_rows + l] = dd[i, b, 0], -dd[i, b, 1]
+        q = values.view(np.uint8)
+        res_out = np.empty(g_rows, _F32)
+        for r in range(n):
+            acc = vzero(v)
+            for b in range(nb):
+                qo, yo, so, bo = b * 256 * g_rows, r * k + b * 256, b * 16 * g_rows, (r * nb + b) * 16
+                if q6:
+                    res = vmul(vload(v, d, 2 * b * g_rows), _q6_side(v, q, qo, yf, yo, scales, so, bf, bo))
+                else:
+                    imin = vmul(vload(v, mins, b * 8 * g_rows), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 0))))
+                    for j in range(1, 8):
+                        imin = vfma(vload(v, mins, (b * 8 + j) * g_rows),
+                                    vsplat(v, _F32(_sub_block_sum(ysum, r, b, j))), imin)
+                    res = vfma(vload(v, d, (2 * b + 1) * g_rows), imin,
+                               vmul(vload(v, d, 2 * b * g_rows), _q5_side(v, q, qo, yf, yo, scales, so, bf, bo)))
+                acc = vfma(res, vsplat(v, yd[r, b]), acc)
+            vstore(res_out, 0, acc)
+            for l in range(min(g_rows, rows - g * g_rows)):
+                out[r, g * g_rows + l] = res_out[l]
+
+
 def k_product(fmt: str) -> Callable:
     """The product of Q6_K (fmt "q6_k"), Q5_K ("q5_k"), Q4_K ("q4_k"), Q3_K ("q3_k"), Q2_K ("q2_k"), IQ4_XS
     ("iq4_xs"), IQ3_S ("iq3_s", as IQ4_XS), IQ3_XXS ("iq3_xxs", as IQ4_XS with a factor of 1/4), IQ2_XXS, IQ2_XS and
@@ -606,6 +660,9 @@ def k_product(fmt: str) -> Callable:
         qf, sf, bf = qv.reshape(-1), sc.reshape(-1), ysum.reshape(-1)
         ydt = np.ascontiguousarray(yd.T).reshape(-1)         # d_x of rows r .. r + 7 side by side
         tiled = n >= _TILED_FROM and f != _TQ                # ggml-cpu/tiled leaves the ternary types to the vec_dot
+        if tiled and (f == _Q6 or f == _Q5 or f == _Q4):
+            _tiled_side(f == _Q6, qv, sc, dd, yf, yd, ysum, out)
+            return
         in_eights = n - (n & 7) if tiled else 0
         for i in prange(rows):
             for r in range(0, in_eights, 8):                  # the tiled kernels, eight rows at a time
