@@ -688,7 +688,7 @@ def _vec_dot_and_tiled(raw: np.ndarray, qtype: T, ne0: int, x: np.ndarray) -> tu
 @pytest.mark.parametrize("qtype", [T.Q6_K, T.Q5_K, T.Q4_K, T.Q3_K, T.Q2_K, T.IQ4_XS, *GRIDS, T.IQ3_S,
                                    T.IQ3_XXS],
                          ids=lambda t: t.name)
-@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17])
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17, 33])   # 33: the tiled chains formed with rows side by side
 def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_tiled_kernels_from_eight(qtype, n):
     """ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / _q4_K_q8_K / _q3_K_q8_K / _q2_K_q8_K (their AVX2 code, which AVX-512
     builds take too) for Q6_K, Q5_K, Q3_K and the Q4_K and Q2_K matrices llama.cpp does not repack (rows not in
