@@ -414,6 +414,20 @@ def _look_up(builder: ir.IRBuilder, flavour: str, table: list[int], codes: ir.Va
     return _x86(builder, name, codes.type, [ir.Constant(codes.type, table * (n // 16)), codes])
 
 
+def _operands(context, builder, sig, args):  # type: ignore[no-untyped-def]
+    """For an intrinsic whose array arguments are each followed by an index: at(i, offset), array argument i's
+    index plus offset, and load(i, offset, ty, count), the ty (a vector of count elements, or one) there."""
+    def at(i: int, offset: int) -> ir.Value:
+        idx = args[i + 1]
+        return builder.add(idx, ir.Constant(idx.type, offset)) if offset else idx
+
+    def load(i: int, offset: int, ty: ir.Type, count: int = 1) -> ir.Value:
+        ptr = element_ptr(context, builder, sig.args[i], args[i], at(i, offset), count)
+        return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
+
+    return at, load
+
+
 def row_code_dots(values: Sequence[int], flavour: str = HOST) -> Callable[..., Any]:
     """An intrinsic dots(proto, q, qo, y, yo, ysum): for n = proto's lanes weight rows side by side (lane l is
     row l), the exact sum over a 32-element block of values[code] (16 signed byte values) times its activation
@@ -444,16 +458,13 @@ def row_code_dots(values: Sequence[int], flavour: str = HOST) -> Callable[..., A
                 acc = builder.shuffle_vector(start, start, ir.Constant(vi, [0] * n))
             else:
                 acc = ir.Constant(vi, [0] * n)
+            at, load = _operands(context, builder, sig, args)
             for c in range(4):
-                idx = builder.add(args[2], ir.Constant(args[2].type, 4 * n * c)) if c else args[2]
-                raw = builder.load(builder.bitcast(element_ptr(context, builder, sig.args[1], args[1], idx, 4 * n),
-                                                   vb.as_pointer()), align=1)
+                raw = load(1, 4 * n * c, vb, 4 * n)
                 halves = (builder.and_(raw, ir.Constant(vb, [15] * 4 * n)),
                           builder.lshr(raw, ir.Constant(vb, [4] * 4 * n)))
                 for h, codes in enumerate(halves):
-                    yidx = builder.add(args[4], ir.Constant(args[4].type, 16 * h + 4 * c)) \
-                        if 16 * h + 4 * c else args[4]
-                    four = _broadcast_four(context, builder, sig.args[3], args[3], yidx, n)
+                    four = _broadcast_four(context, builder, sig.args[3], args[3], at(3, 16 * h + 4 * c), n)
                     if vnni:
                         w = _look_up(builder, flavour, offset, codes)
                         acc = _x86(builder, f"llvm.x86.avx512.vpdpbusd.{32 * n}", vi,
@@ -489,13 +500,7 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST) -> Callable[..., Any]:
             n = proto.n
             vi, vb = ir.VectorType(_I32, n), ir.VectorType(_I8, 4 * n)
 
-            def at(i: int, offset: int) -> ir.Value:
-                idx = args[i + 1]
-                return builder.add(idx, ir.Constant(idx.type, offset)) if offset else idx
-
-            def load(i: int, offset: int, ty: ir.Type, count: int) -> ir.Value:
-                ptr = element_ptr(context, builder, sig.args[i], args[i], at(i, offset), count)
-                return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
+            at, load = _operands(context, builder, sig, args)
 
             s1 = ir.Constant(vi, [0] * n)
             for j in range(256 // sub):
@@ -538,13 +543,7 @@ def row_nibble_dots(pairs: int, flavour: str = HOST) -> Callable[..., Any]:
             n = proto.n
             vi, vb = ir.VectorType(_I32, n), ir.VectorType(_I8, 4 * n)
 
-            def at(i: int, offset: int) -> ir.Value:
-                idx = args[i + 1]
-                return builder.add(idx, ir.Constant(idx.type, offset)) if offset else idx
-
-            def load(i: int, offset: int, ty: ir.Type) -> ir.Value:
-                ptr = element_ptr(context, builder, sig.args[i], args[i], at(i, offset), 1)
-                return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
+            at, load = _operands(context, builder, sig, args)
 
             def four(offset: int) -> ir.Value:               # y's four quants at yo + offset, in every lane
                 return _broadcast_four(context, builder, sig.args[3], args[3], at(3, offset), n)
@@ -554,11 +553,11 @@ def row_nibble_dots(pairs: int, flavour: str = HOST) -> Callable[..., Any]:
             for t in range(pairs):
                 lo_dot = hi_dot = ir.Constant(vi, [0] * n)
                 for c in range(8):
-                    raw = load(1, 32 * n * t + 4 * n * c, vb)
+                    raw = load(1, 32 * n * t + 4 * n * c, vb, 4 * n)
                     lo_dot = _dot_into(builder, flavour, lo_dot, builder.and_(raw, low), four(64 * t + 4 * c), n)
                     hi_dot = _dot_into(builder, flavour, hi_dot, builder.lshr(raw, ir.Constant(vb, [4] * 4 * n)),
                                        four(64 * t + 32 + 4 * c), n)
-                s_lo, s_hi = (builder.zext(load(5, n * (2 * t + h), ir.VectorType(_I8, n)), vi) for h in (0, 1))
+                s_lo, s_hi = (builder.zext(load(5, n * (2 * t + h), ir.VectorType(_I8, n), n), vi) for h in (0, 1))
                 total = builder.add(total, builder.add(builder.mul(s_lo, lo_dot), builder.mul(s_hi, hi_dot)))
             return builder.sitofp(total, ir.VectorType(ir.FloatType(), n))
 
