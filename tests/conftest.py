@@ -159,7 +159,8 @@ def byte_level_tokens() -> list[str]:
 
 
 def tiny_vocab(n_vocab: int) -> dict[str, list[Any]]:
-    """A byte-level BPE vocabulary llama.cpp accepts: byte tokens, then merged letter pairs (up to 932 tokens)."""
+    """A byte-level BPE vocabulary llama.cpp accepts: byte tokens, then merged letter pairs (up to 932 tokens),
+    then as many control tokens as a larger n_vocab asks for (a 1B-class shape's LM head)."""
     tokens = byte_level_tokens()
     merges = []
     letters = "abcdefghijklmnopqrstuvwxyz"
@@ -168,8 +169,10 @@ def tiny_vocab(n_vocab: int) -> dict[str, list[Any]]:
             break
         merges.append(f"{a} {b}")
         tokens.append(a + b)
-    return {gguf.Keys.Tokenizer.LIST: tokens[:n_vocab], gguf.Keys.Tokenizer.MERGES: merges or ["e t"],
-            gguf.Keys.Tokenizer.TOKEN_TYPE: [1] * min(n_vocab, len(tokens))}
+    normal = min(n_vocab, len(tokens))
+    tokens = tokens[:n_vocab] + [f"<unused{i}>" for i in range(n_vocab - normal)]
+    return {gguf.Keys.Tokenizer.LIST: tokens, gguf.Keys.Tokenizer.MERGES: merges or ["e t"],
+            gguf.Keys.Tokenizer.TOKEN_TYPE: [1] * normal + [3] * (n_vocab - normal)}
 
 
 def half(x: np.ndarray) -> np.ndarray:

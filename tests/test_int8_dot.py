@@ -14,7 +14,7 @@ from numba import njit
 from graphir.backends.numba.primitives.simd import lanes, vstore
 from graphir.backends.numba.quant.blocks import IQ4_NL_VALUES, MXFP4_VALUES
 from graphir.backends.numba.quant.int8_dot import (FLAVOURS, HOST, block_lanes, k_lanes, k_mins, nibble_half_lanes,
-                                                   row_code_dots, row_nibble_dots)
+                                                   row_code_dots, row_k_dots, row_nibble_dots)
 
 def _elements(fmt: str, q: np.ndarray) -> np.ndarray:
     """A row's 32 weight quants in element order, from its block bytes."""
@@ -127,6 +127,50 @@ def test_rows_side_by_side_give_each_rows_exact_code_products(flavour, table, n)
         elements = values[np.concatenate([codes & 15, codes >> 4], axis=1)]
         want = elements @ y.astype(np.int64)
         assert np.array_equal(out, want.astype(np.float32)), (flavour, table, n, trial)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("fmt", ["q6_k", "q5_k", "iq4_xs"])
+@pytest.mark.parametrize("n", [8, 16])
+def test_rows_side_by_side_give_each_rows_tiled_k_quant_integer(flavour, fmt, n):
+    """row_k_dots: lane l is row l's exact s1 over a super-block, sum_j sc_j * (sub-block j's values . quants),
+    Q6_K's values less 32 (sub-blocks of 16), Q5_K's as they are, IQ4_XS's codes looked up in kvalues_iq4nl
+    (sub-blocks of 32); the largest magnitudes (past 2^24 in the sum) included."""
+    codes = fmt == "iq4_xs"
+    sub, bias = (16, 32) if fmt == "q6_k" else (32, 0)
+    table = IQ4_NL_VALUES.astype(np.int64)
+    dots = row_k_dots(sub, bias, flavour, codes=table.tolist() if codes else None)
+
+    @njit
+    def run(v, q, y, sc, bs, out):
+        vstore(out, 0, dots(v, q, 0, y, 0, sc, 0, bs, 0))
+
+    rng = np.random.default_rng(n)
+    for trial in range(10):
+        y = rng.integers(-127, 128, 256).astype(np.int8)
+        sc = rng.integers(-128 if fmt == "q6_k" else -32 if codes else 0, 128 if fmt == "q6_k" else 32 if codes else 64,
+                          (256 // sub, n)).astype(np.int8)
+        if codes:
+            raw = rng.integers(0, 256, (n, 8, 16)).astype(np.uint8)     # row, run, code byte
+            if trial == 0:
+                raw[:], y[:], sc[:] = 0, -127, -32
+            values = table[np.concatenate([raw & 15, raw >> 4], axis=2)].reshape(n, 256)
+            packed = raw.reshape(n, 8, 4, 4).transpose(1, 2, 0, 3)
+        else:
+            top = 63 if fmt == "q6_k" else 31
+            raw = rng.integers(0, top + 1, (n, 256)).astype(np.uint8)
+            if trial == 0:
+                raw[:], y[:] = (0, 127) if fmt == "q6_k" else (top, -127)
+                sc[:] = 127 if fmt == "q6_k" else 63
+            values = raw.astype(np.int64) - bias
+            packed = raw.reshape(n, 64, 4).transpose(1, 0, 2)
+        bs = y.astype(np.int32).reshape(16, 16).sum(axis=1).astype(np.int32)
+        out = np.empty(n, np.float32)
+        run(lanes(n), np.ascontiguousarray(packed).reshape(-1), y, sc.reshape(-1), bs, out)
+        want = ((values * y.astype(np.int64)).reshape(n, 256 // sub, sub).sum(axis=2) * sc.T.astype(np.int64)).sum(1)
+        if trial == 0:
+            assert np.abs(want).max() >= 2 ** 24
+        assert np.array_equal(out, want.astype(np.float32)), (flavour, fmt, n, trial)
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

@@ -433,8 +433,9 @@ def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
-# and from which its Q6_K, Q5_K and Q4_K chains are formed with rows side by side (_tiled_side), where laying a
-# group out pays for itself (640 x 2048 Q6_K on AVX-512: 0.22 ms at 8 rows, ~0.15 of it the layout; 1.5 at 128)
+# and from which its Q6_K, Q5_K, Q4_K and IQ4_XS chains are formed with rows side by side (_tiled_side), where
+# laying a group out pays for itself (640 x 2048 Q6_K on AVX-512: 0.22 ms at 8 rows, ~0.15 of it the layout; 1.5
+# at 128)
 _SIDE_FROM = 32
 # the formats k_product multiplies, as the constants its kernels branch on
 _Q6, _Q5, _Q4, _Q3, _Q2, _IQ4, _IQ2, _IQ1S, _IQ1M, _TQ, _IQ4C = range(11)
@@ -570,33 +571,36 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 
 
 _q6_side, _q5_side = row_k_dots(16, 32), row_k_dots(32, 0)
+_iq4_side = row_k_dots(32, 0, codes=IQ4_NL_VALUES.tolist())
 _VW = lanes(WIDE_LANES)
 
 
 @njit(**_exact)
-def _tiled_side(q6, qv, sc, dd, yf, yd, ysum, out):
-    """ggml-cpu/tiled's chains for Q6_K (``q6``) or Q5_K and Q4_K (their values 0-31 / 0-15, scales and mins)
-    rows, every activation row: per super-block res = d_w * float(s1), less dmin_w * float(imin) (Q5_K, Q4_K),
-    acc = fma(res, d_x, acc). A group of G rows is laid side by side once (values in chunks of four a row,
-    int8_dot.row_k_dots; scales, mins and d a row each) and then meets every activation row, lane l holding
-    row l's chain: no sum across lanes, where the eight activation rows in lanes need one per super-block. imin
-    is formed in float32, exactly (at most 8 * 63 * 4096 < 2^24)."""
+def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
+    """ggml-cpu/tiled's chains for Q6_K, Q5_K and Q4_K (their values 0-31 / 0-15, scales and mins) or IQ4_XS (its
+    codes) rows, every activation row: per super-block res = d_w * float(s1), less dmin_w * float(imin) (Q5_K,
+    Q4_K), acc = fma(res, d_x, acc). A group of G rows is laid side by side once (values or codes in chunks of
+    four bytes a row, int8_dot.row_k_dots; scales, mins and d a row each) and then meets every activation row,
+    lane l holding row l's chain: no sum across lanes, where the eight activation rows in lanes need one per
+    super-block. imin is formed in float32, exactly (at most 8 * 63 * 4096 < 2^24)."""
     v = _VW
     g_rows = width(v)
-    n, k = yd.shape[0], qv.shape[1]
+    codes = f == _IQ4C
+    words = 32 if codes else 64                               # a super-block's 4-byte words a row
+    n, k = yd.shape[0], qv.shape[1] * 256 // (4 * words)
     nb, rows = k >> 8, out.shape[1]
     src = qv.reshape(-1).view(np.uint32)
     bf = ysum.reshape(-1)
     for g in prange((rows + g_rows - 1) // g_rows):
-        values = np.zeros(nb * 64 * g_rows, np.uint32)       # [super-block][chunk][row]
+        values = np.zeros(nb * words * g_rows, np.uint32)    # [super-block][word][row]
         scales = np.zeros(nb * 16 * g_rows, np.int8)          # [super-block][scale][row]
         mins = np.zeros(nb * 8 * g_rows, _F32)                # [super-block][min][row]
         d = np.zeros(nb * 2 * g_rows, _F32)                   # [super-block][d, -dmin][row]
         for l in range(min(g_rows, rows - g * g_rows)):
             i = g * g_rows + l
             for b in range(nb):
-                for c in range(64):
-                    values[(b * 64 + c) * g_rows + l] = src[(i * nb + b) * 64 + c]
+                for c in range(words):
+                    values[(b * words + c) * g_rows + l] = src[(i * nb + b) * words + c]
                 for j in range(16):
                     scales[(b * 16 + j) * g_rows + l] = sc[i, b, j]
                 for j in range(8):
@@ -607,16 +611,19 @@ def _tiled_side(q6, qv, sc, dd, yf, yd, ysum, out):
         for r in range(n):
             acc = vzero(v)
             for b in range(nb):
-                qo, yo, so, bo = b * 256 * g_rows, r * k + b * 256, b * 16 * g_rows, (r * nb + b) * 16
-                if q6:
-                    res = vmul(vload(v, d, 2 * b * g_rows), _q6_side(v, q, qo, yf, yo, scales, so, bf, bo))
+                qo, yo, so, bo = b * 4 * words * g_rows, r * k + b * 256, b * 16 * g_rows, (r * nb + b) * 16
+                dw = vload(v, d, 2 * b * g_rows)
+                if f == _Q6:
+                    res = vmul(dw, _q6_side(v, q, qo, yf, yo, scales, so, bf, bo))
+                elif codes:
+                    res = vmul(dw, _iq4_side(v, q, qo, yf, yo, scales, so, bf, bo))
                 else:
                     imin = vmul(vload(v, mins, b * 8 * g_rows), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 0))))
                     for j in range(1, 8):
                         imin = vfma(vload(v, mins, (b * 8 + j) * g_rows),
                                     vsplat(v, _F32(_sub_block_sum(ysum, r, b, j))), imin)
                     res = vfma(vload(v, d, (2 * b + 1) * g_rows), imin,
-                               vmul(vload(v, d, 2 * b * g_rows), _q5_side(v, q, qo, yf, yo, scales, so, bf, bo)))
+                               vmul(dw, _q5_side(v, q, qo, yf, yo, scales, so, bf, bo)))
                 acc = vfma(res, vsplat(v, yd[r, b]), acc)
             vstore(res_out, 0, acc)
             for l in range(min(g_rows, rows - g * g_rows)):
@@ -663,8 +670,8 @@ def k_product(fmt: str) -> Callable:
         qf, sf, bf = qv.reshape(-1), sc.reshape(-1), ysum.reshape(-1)
         ydt = np.ascontiguousarray(yd.T).reshape(-1)         # d_x of rows r .. r + 7 side by side
         tiled = n >= _TILED_FROM and f != _TQ                # ggml-cpu/tiled leaves the ternary types to the vec_dot
-        if n >= _SIDE_FROM and (f == _Q6 or f == _Q5 or f == _Q4):
-            _tiled_side(f == _Q6, qv, sc, dd, yf, yd, ysum, out)
+        if n >= _SIDE_FROM and (f == _Q6 or f == _Q5 or f == _Q4 or f == _IQ4C):
+            _tiled_side(f, qv, sc, dd, yf, yd, ysum, out)
             return
         in_eights = n - (n & 7) if tiled else 0
         for i in prange(rows):
