@@ -31,13 +31,16 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     Q8_0  Q8_0  GGUF's bytes in groups of 16 rows (*): q apart, f16 d 1.0625      [1.0625]
     Q4_0  Q8_0  GGUF's bytes in groups of 16 rows (*), q apart, d    0.5625      [0.5625]
     Q5_0  Q8_0  as Q8_0, its values unpacked to int8 (*3)             1.0625      [0.6875]
-    MXFP4 Q8_0  the raw e2m1 codes + f32 2^(e-128) per 32 (*2)        0.625       [0.53125]
-    IQ4_NL Q8_0 the raw codes + f32 d per 32 (*2); other row counts:  0.625       [0.5625]
+    MXFP4 Q8_0  the raw e2m1 codes, rows side by side (*2), + f32     0.625       [0.53125]
+                2^(e-128) per 32
+    IQ4_NL Q8_0 the raw codes, rows side by side (*2), + f32 d per    0.625       [0.5625]
+                32; other row counts:
                 as Q8_0 (its values as bytes)                         1.0625
     Q4_1  Q8_1  GGUF's bytes in groups of 16 rows (*): q, f16 d, m    0.625       [0.625]
     Q5_1  Q8_1  as Q8_0 (values 0-31 as bytes, grouped) + f16 m       1.125       [0.75]
-    Q4_K  Q8_K  rows in eights (quant.kquant): GGUF's nibbles, scales 0.6875      [0.5625]
-                and mins as bytes, f32 d and dmin; other row counts:
+    Q4_K  Q8_K  rows in eights (quant.kquant): GGUF's nibbles, rows   0.6875      [0.5625]
+                side by side, scales as bytes, mins, d and dmin as
+                f32; other row counts:
                 as Q5_K (the values 0-15)                             1.094
     Q5_K  Q8_K  the values as bytes (quant.kquant), scales, mins      1.094       [0.6875]
                 as bytes, f32 d and dmin
@@ -46,8 +49,8 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     Q2_K  Q8_K  the values as bytes, scales then mins as bytes,       1.156       [0.3281]
                 f32 d and dmin (rows in eights: llama.cpp's repacked
                 order on AVX-512, quant.kquant)
-    IQ4_XS Q8_K the values (int8) as bytes, the scales less 32 as     1.094       [0.5313]
-                int8, f32 d and 0 (quant.kquant)
+    IQ4_XS Q8_K GGUF's codes, the scales less 32 as int8, f32 d and   0.594       [0.5313]
+                0 (quant.kquant)
     IQ2_XXS Q8_K the signed grid values (int8) as bytes, the scales   1.094       [0.2578]
                 2s + 1 per 16 as int8, f32 d and 0 (quant.grid)
     IQ2_XS  Q8_K as IQ2_XXS (a 512-entry grid, a scale per 16)         1.094       [0.2891]
@@ -70,6 +73,9 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     (quant.exact's "q4_0x8" GEMV); a Q4_0 matrix whose rows do not come in eights, which llama.cpp does not
     repack, is laid out as Q5_0. IQ4_NL is MXFP4's layout and kernel with its own table (kvalues_iq4nl) and an
     f16 d; the matrices llama.cpp does not repack take its vec_dot (one activation row) and tinyBLAS (more).
+    Side by side: a group of as many rows as a register has float lanes, each block's code bytes in chunks of
+    four a row, one row's after another (int8_dot.row_code_dots), so that one instruction meets four
+    activation quants with every row of the group.
     (*3) ggml_vec_dot_q5_0_q8_0 unpacks a block's values to bytes and forms Q8_0's lane sums from them: Q8_0
     blocks of the same numbers give its bits, through Q8_0's kernels.
     (*) [group][block][row] (see quant.exact): a block's quant bytes of the group's rows one after another,
@@ -130,7 +136,7 @@ Modules
                 kernels, TQ1_0 and TQ2_0 in that of their vec_dot
     grid        the i-quants' grid codebooks (gguf's tables) and grid-coded blocks (IQ2_*, IQ3_*) unpacked to
                 signed values, their scales and d
-    lut4        MXFP4 and IQ4_NL (4-bit codes into a table): llama.cpp's repacked dot products on the raw blocks,
+    lut4        MXFP4 and IQ4_NL (4-bit codes into a table): llama.cpp's repacked dot products on their codes,
                 IQ4_NL's vec_dot where it does not repack
     weight      QWeight and the table of weight kinds its matmul and get_rows dispatch through
 

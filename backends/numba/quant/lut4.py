@@ -6,9 +6,9 @@ d, its codes indexing kvalues_iq4nl (-127 .. 113). The activation is quantized t
 Where llama.cpp's x86 build repacks the weight (a 2-D matrix whose rows come in eights, or a mul_mat_id stack:
 its CPU "repack" buffer, one 8x8 GEMV and GEMM template for both types, lut_matmul): per output element and
 block, the exact integer sum of the 32 value * quant products, then acc = fma(float(sum), d_w * d_x, acc) in
-block order; here with a register's lanes holding as many weight rows, their codes as GGUF keeps them and
-looked up in registers. Those steps are the same in its GEMV and GEMM, so the result does not depend on the number of
-activation rows.
+block order (here with a register's lanes holding as many weight rows, their codes as GGUF keeps them and
+looked up in registers). Those steps are the same in its GEMV and GEMM, so the result does not depend on the
+number of activation rows.
 IQ4_NL where it does not repack (rows not in eights, a 3-D weight's matrices; iq4_nl_unrepacked): one
 activation row through ggml_vec_dot_iq4_nl_q8_0, whose AVX2 code (the AVX-512 build's too) forms Q8_0's eight
 lane sums per block and chains the even blocks in one register and the odd ones in another,
