@@ -437,6 +437,7 @@ _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) t
 # laying a group out pays for itself (640 x 2048 Q6_K on AVX-512: 0.22 ms at 8 rows, ~0.15 of it the layout; 1.5
 # at 128)
 _SIDE_FROM = 32
+_SIDE_PASS = 4           # super-blocks of a group laid side by side at a time: 16 rows' 16 KB of values, in L1
 # the formats k_product multiplies, as the constants its kernels branch on
 _Q6, _Q5, _Q4, _Q3, _Q2, _IQ4, _IQ2, _IQ1S, _IQ1M, _TQ, _IQ4C = range(11)
 _FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4C, "iq2": _IQ2,
@@ -579,10 +580,11 @@ _VW = lanes(WIDE_LANES)
 def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
     """ggml-cpu/tiled's chains for Q6_K, Q5_K and Q4_K (their values 0-31 / 0-15, scales and mins) or IQ4_XS (its
     codes) rows, every activation row: per super-block res = d_w * float(s1), less dmin_w * float(imin) (Q5_K,
-    Q4_K), acc = fma(res, d_x, acc). A group of G rows is laid side by side once (values or codes in chunks of
-    four bytes a row, int8_dot.row_k_dots; scales, mins and d a row each) and then meets every activation row,
-    lane l holding row l's chain: no sum across lanes, where the eight activation rows in lanes need one per
-    super-block. imin is formed in float32, exactly (at most 8 * 63 * 4096 < 2^24)."""
+    Q4_K), acc = fma(res, d_x, acc). A group of G rows is laid side by side (values or codes in chunks of four
+    bytes a row, int8_dot.row_k_dots; scales, mins and d a row each), _SIDE_PASS super-blocks at a time, which
+    then meet every activation row while they sit in L1, lane l holding row l's chain (kept in memory between
+    passes, as float32: the same chain): no sum across lanes, where the eight activation rows in lanes need one
+    per super-block. imin is formed in float32, exactly (at most 8 * 63 * 4096 < 2^24)."""
     v = _VW
     g_rows = width(v)
     codes = f == _IQ4C
@@ -592,42 +594,46 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
     src = qv.reshape(-1).view(np.uint32)
     bf = ysum.reshape(-1)
     for g in prange((rows + g_rows - 1) // g_rows):
-        values = np.zeros(nb * words * g_rows, np.uint32)    # [super-block][word][row]
-        scales = np.zeros(nb * 16 * g_rows, np.int8)          # [super-block][scale][row]
-        mins = np.zeros(nb * 8 * g_rows, _F32)                # [super-block][min][row]
-        d = np.zeros(nb * 2 * g_rows, _F32)                   # [super-block][d, -dmin][row]
-        for l in range(min(g_rows, rows - g * g_rows)):
-            i = g * g_rows + l
-            for b in range(nb):
-                for c in range(words):
-                    values[(b * words + c) * g_rows + l] = src[(i * nb + b) * words + c]
-                for j in range(16):
-                    scales[(b * 16 + j) * g_rows + l] = sc[i, b, j]
-                for j in range(8):
-                    mins[(b * 8 + j) * g_rows + l] = _F32(sc[i, b, 8 + j])
-                d[(b * 2) * g_rows + l], d[(b * 2 + 1) * g_rows + l] = dd[i, b, 0], -dd[i, b, 1]
+        values = np.zeros(_SIDE_PASS * words * g_rows, np.uint32)   # [super-block][word][row]
+        scales = np.zeros(_SIDE_PASS * 16 * g_rows, np.int8)         # [super-block][scale][row]
+        mins = np.zeros(_SIDE_PASS * 8 * g_rows, _F32)               # [super-block][min][row]
+        d = np.zeros(_SIDE_PASS * 2 * g_rows, _F32)                  # [super-block][d, -dmin][row]
         q = values.view(np.uint8)
-        res_out = np.empty(g_rows, _F32)
-        for r in range(n):
-            acc = vzero(v)
-            for b in range(nb):
-                qo, yo, so, bo = b * 4 * words * g_rows, r * k + b * 256, b * 16 * g_rows, (r * nb + b) * 16
-                dw = vload(v, d, 2 * b * g_rows)
-                if f == _Q6:
-                    res = vmul(dw, _q6_side(v, q, qo, yf, yo, scales, so, bf, bo))
-                elif codes:
-                    res = vmul(dw, _iq4_side(v, q, qo, yf, yo, scales, so, bf, bo))
-                else:
-                    imin = vmul(vload(v, mins, b * 8 * g_rows), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 0))))
-                    for j in range(1, 8):
-                        imin = vfma(vload(v, mins, (b * 8 + j) * g_rows),
-                                    vsplat(v, _F32(_sub_block_sum(ysum, r, b, j))), imin)
-                    res = vfma(vload(v, d, (2 * b + 1) * g_rows), imin,
-                               vmul(dw, _q5_side(v, q, qo, yf, yo, scales, so, bf, bo)))
-                acc = vfma(res, vsplat(v, yd[r, b]), acc)
-            vstore(res_out, 0, acc)
+        chains = np.zeros(n * g_rows, _F32)                          # [activation row][row]
+        for b0 in range(0, nb, _SIDE_PASS):
             for l in range(min(g_rows, rows - g * g_rows)):
-                out[r, g * g_rows + l] = res_out[l]
+                i = g * g_rows + l
+                for b in range(b0, min(nb, b0 + _SIDE_PASS)):
+                    t = b - b0
+                    for c in range(words):
+                        values[(t * words + c) * g_rows + l] = src[(i * nb + b) * words + c]
+                    for j in range(16):
+                        scales[(t * 16 + j) * g_rows + l] = sc[i, b, j]
+                    for j in range(8):
+                        mins[(t * 8 + j) * g_rows + l] = _F32(sc[i, b, 8 + j])
+                    d[(t * 2) * g_rows + l], d[(t * 2 + 1) * g_rows + l] = dd[i, b, 0], -dd[i, b, 1]
+            for r in range(n):
+                acc = vload(v, chains, r * g_rows)
+                for b in range(b0, min(nb, b0 + _SIDE_PASS)):
+                    t = b - b0
+                    qo, yo, so, bo = t * 4 * words * g_rows, r * k + b * 256, t * 16 * g_rows, (r * nb + b) * 16
+                    dw = vload(v, d, 2 * t * g_rows)
+                    if f == _Q6:
+                        res = vmul(dw, _q6_side(v, q, qo, yf, yo, scales, so, bf, bo))
+                    elif codes:
+                        res = vmul(dw, _iq4_side(v, q, qo, yf, yo, scales, so, bf, bo))
+                    else:
+                        imin = vmul(vload(v, mins, t * 8 * g_rows), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 0))))
+                        for j in range(1, 8):
+                            imin = vfma(vload(v, mins, (t * 8 + j) * g_rows),
+                                        vsplat(v, _F32(_sub_block_sum(ysum, r, b, j))), imin)
+                        res = vfma(vload(v, d, (2 * t + 1) * g_rows), imin,
+                                   vmul(dw, _q5_side(v, q, qo, yf, yo, scales, so, bf, bo)))
+                    acc = vfma(res, vsplat(v, yd[r, b]), acc)
+                vstore(chains, r * g_rows, acc)
+        for r in range(n):
+            for l in range(min(g_rows, rows - g * g_rows)):
+                out[r, g * g_rows + l] = chains[r * g_rows + l]
 
 
 def k_product(fmt: str) -> Callable:
