@@ -67,6 +67,7 @@ from graphir.backends.numba.quant.blocks import (IQ4_NL_VALUES, block_f16, iq1_m
 from graphir.backends.numba.quant.int8_dot import WIDE_LANES, k_lanes, k_mins, row_k_dots, row_nibble_dots
 
 _V8 = lanes(8)
+_VW = lanes(WIDE_LANES)     # rows side by side: a register of the widest width the host has byte instructions for
 _pair_dots, _block_dots = row_nibble_dots(1), row_nibble_dots(4)
 
 _F32 = np.float32
@@ -200,17 +201,27 @@ def _sub_block_sum(ysum, r, b, j):
     return ysum[r, b * 16 + 2 * j] + ysum[r, b * 16 + 2 * j + 1]
 
 
+@njit(cache=True, inline="always")
+def _side_mins(v, mn, at, ysum, r, b):
+    """Side by side, each row's min integer of super-block b for activation row r: sum_j m_j * (the activation's
+    sum over sub-block j), the rows' eight mins as float32 from mn[at] ([sub-block][row]); exact in float32 (at
+    most 8 * 63 * 4096 < 2^24)."""
+    g_rows = width(v)
+    imin = vmul(vload(v, mn, at), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 0))))
+    for j in range(1, 8):
+        imin = vfma(vload(v, mn, at + j * g_rows), vsplat(v, _F32(_sub_block_sum(ysum, r, b, j))), imin)
+    return imin
+
+
 def q4_k_x8(gemm: bool) -> Callable:
     """The product of Q4_K rows in eights with x (n, k), quantizing x itself: with ``gemm``, as a mul_mat does it
     (rows in fours through the GEMM, the rest one by one), else every row through the GEMV, as llama.cpp's
     mul_mat_id multiplies an expert's rows. A group of G rows side by side (pack_q4_k) meets one activation row
-    at a time, lane l holding row l's two chains; the min integers are formed in float32, exactly (at most
-    8 * 63 * 4096 < 2^24)."""
-    v_ = lanes(WIDE_LANES)
+    at a time, lane l holding row l's two chains; the min integers are formed in float32, exactly (_side_mins)."""
 
     @njit(**_exact)
     def product(qs, sc, mn, dd, x, out):
-        v = v_
+        v = _VW
         g_rows = width(v)
         n, k = x.shape
         nb, rows = k >> 8, out.shape[1]
@@ -233,12 +244,8 @@ def q4_k_x8(gemm: bool) -> Callable:
                             acc = vfma(_pair_dots(v, qs, qo + 32 * p * g_rows, yf, yo + 64 * p, sc, lo), dw, acc)
                             acc_min = vfma(imin, dm, acc_min)
                     else:                                     # the GEMV: one FMA per super-block
-                        imin = vmul(vload(v, mn, so), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 0))))
-                        for j in range(1, 8):
-                            imin = vfma(vload(v, mn, so + j * g_rows), vsplat(v, _F32(_sub_block_sum(ysum, r, b, j))),
-                                        imin)
                         acc = vfma(_block_dots(v, qs, qo, yf, yo, sc, so), dw, acc)
-                        acc_min = vfma(imin, dm, acc_min)
+                        acc_min = vfma(_side_mins(v, mn, so, ysum, r, b), dm, acc_min)
                 vstore(res, 0, vsub(acc, acc_min))
                 for j in range(min(g_rows, rows - g * g_rows)):
                     out[r, g * g_rows + j] = res[j]
@@ -573,7 +580,6 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 
 _q6_side, _q5_side = row_k_dots(16, 32), row_k_dots(32, 0)
 _iq4_side = row_k_dots(32, 0, codes=IQ4_NL_VALUES.tolist())
-_VW = lanes(WIDE_LANES)
 
 
 @njit(**_exact)
@@ -584,7 +590,7 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
     bytes a row, int8_dot.row_k_dots; scales, mins and d a row each), _SIDE_PASS super-blocks at a time, which
     then meet every activation row while they sit in L1, lane l holding row l's chain (kept in memory between
     passes, as float32: the same chain): no sum across lanes, where the eight activation rows in lanes need one
-    per super-block. imin is formed in float32, exactly (at most 8 * 63 * 4096 < 2^24)."""
+    per super-block. imin is formed in float32, exactly (_side_mins)."""
     v = _VW
     g_rows = width(v)
     codes = f == _IQ4C
@@ -623,11 +629,7 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
                     elif codes:
                         res = vmul(dw, _iq4_side(v, q, qo, yf, yo, scales, so, bf, bo))
                     else:
-                        imin = vmul(vload(v, mins, t * 8 * g_rows), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 0))))
-                        for j in range(1, 8):
-                            imin = vfma(vload(v, mins, (t * 8 + j) * g_rows),
-                                        vsplat(v, _F32(_sub_block_sum(ysum, r, b, j))), imin)
-                        res = vfma(vload(v, d, (2 * t + 1) * g_rows), imin,
+                        res = vfma(vload(v, d, (2 * t + 1) * g_rows), _side_mins(v, mins, t * 8 * g_rows, ysum, r, b),
                                    vmul(dw, _q5_side(v, q, qo, yf, yo, scales, so, bf, bo)))
                     acc = vfma(res, vsplat(v, yd[r, b]), acc)
                 vstore(chains, r * g_rows, acc)
