@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphir.backends.numba.kernels.rows import ADD, binary_rows, move_rows
+from graphir.backends.numba.kernels.rows import ADD, binary_kernel, move_rows
 from graphir.backends.numba.tape import Tape
 from graphir.backends.numba.tape.arrays import KINDS
 from graphir.backends.numba.tape.opcodes import OPCODES, PLAYER_PATH, SCALARS, Op, player_source
@@ -29,11 +29,11 @@ def test_recording_encodes_the_arguments_as_the_table_declares_them() -> None:
     by_table, by_hand = Tape(16), Tape(16)
     src, dst, ids = np.ones((2, 4), np.float32), np.zeros((2, 4), np.float32), np.array([1, 0], np.int64)
     assert by_table.record(Op.MOVE, move_rows, (src, dst, ids, True))
-    assert by_table.record(Op.BINARY, binary_rows, (src, src, dst, ADD))
+    assert by_table.record(Op.BINARY, binary_kernel(src.size), (src, src, 1, dst, ADD))
     assert by_hand.emit(Op.MOVE, move_rows, (src, dst, ids, True),
                         (by_hand.ref("f2", src), by_hand.ref("f2", dst), by_hand.ref("i64", ids), 1))
-    assert by_hand.emit(Op.BINARY, binary_rows, (src, src, dst, ADD),
-                        (by_hand.ref("f2", src), by_hand.ref("f2", src), by_hand.ref("f2", dst), ADD))
+    assert by_hand.emit(Op.BINARY, binary_kernel(src.size), (src, src, 1, dst, ADD),
+                        (by_hand.ref("f2", src), by_hand.ref("f2", src), 1, by_hand.ref("f2", dst), ADD))
     assert by_table.code == by_hand.code and len(by_table.code) == OPCODES[Op.MOVE].words + OPCODES[Op.BINARY].words
     assert not by_table.record(Op.MOVE, move_rows, (src, dst, ids.astype(np.int32), True))
     by_table.segment()()

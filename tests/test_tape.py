@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from graphir.backends.numba import tape
-from graphir.backends.numba.kernels.rows import (ADD, DIV, MUL, NEG, RELU, SCALE, SQR, SUB, binary_rows, move_rows,
-                                                 set_rows_f16, unary_rows, weight_rows)
+from graphir.backends.numba.kernels.rows import (ADD, DIV, MUL, NEG, RELU, SCALE, SQR, SUB, binary_kernel, move_rows,
+                                                 set_rows_f16, unary_kernel, weight_rows)
+from graphir.backends.numba.primitives.jit import ARITH_PAR_MIN
 from graphir.batch import Batch
 from graphir.running.runtime import load
 from test_fuzz_state import PRESETS
@@ -123,8 +124,8 @@ def test_a_row_gathered_from_a_memory_is_read_in_place_or_copied_before_the_run(
     t.writes_rows(buf, dst)
     if python == "writes":
         t.writes_rows(buf, None)
-    assert t.emit(tape.BINARY, binary_rows, (window, window, out, ADD),
-                  (t.ref("f2", window), t.ref("f2", window), t.ref("f2", out), ADD))
+    assert t.emit(tape.BINARY, binary_kernel(window.size), (window, window, 1, out, ADD),
+                  (t.ref("f2", window), t.ref("f2", window), 1, t.ref("f2", out), ADD))
     run, place = t.segment(), t.finish([value] if python == "reads" else [])
     src[0], dst[0] = 1, written_row
     place()
@@ -202,23 +203,31 @@ def test_set_rows_into_f16_rounds_as_numpy():
     assert np.array_equal(dst[ids], want) and not dst[0].any() and not dst[-1].any()
 
 
+_SERIAL_AND_PARALLEL = [0, ARITH_PAR_MIN]    # sizes that pick each variant of a row kernel
+
+
 @pytest.mark.parametrize("op, f", [(ADD, np.add), (SUB, np.subtract), (MUL, np.multiply), (DIV, np.divide)])
-@pytest.mark.parametrize("rows_of_y", [3, 1])                    # y of x's rows, or one row every row takes
-def test_row_arithmetic_is_numpys(op, f, rows_of_y):
+@pytest.mark.parametrize("y_shape, div", [((2, 3, 1000), 1),   # y of x's rows
+                                          ((1000,), 1),        # one row every row takes
+                                          ((3, 1000), 1),      # rows that x's repeat: x's rows 0-2, 3-5 take them
+                                          ((2, 1, 1000), 3)])  # a row for each three of x's
+@pytest.mark.parametrize("size", _SERIAL_AND_PARALLEL)
+def test_row_arithmetic_is_numpys(op, f, y_shape, div, size):
+    """x of (2, 3, 1000) as six rows, y numpy-broadcast to it as rows the kernel takes by div."""
     rng = np.random.default_rng(op)
-    x, y = rng.standard_normal((3, 1000)).astype(np.float32) * 1e3, rng.standard_normal((rows_of_y, 1000))
-    y = y.astype(np.float32)
-    out = np.empty_like(x)
-    binary_rows(x, y, out, op)
-    assert np.array_equal(out, f(x, y))
+    x, y = rng.standard_normal((2, 3, 1000)).astype(np.float32) * 1e3, rng.standard_normal(y_shape).astype(np.float32)
+    out = np.empty((6, 1000), np.float32)
+    binary_kernel(size)(x.reshape(6, 1000), y.reshape(-1, 1000), div, out, op)
+    assert np.array_equal(out, f(x, y).reshape(out.shape))
 
 
-def test_row_unary_ops_are_numpys():
+@pytest.mark.parametrize("size", _SERIAL_AND_PARALLEL)
+def test_row_unary_ops_are_numpys(size):
     x = np.array([-0.0, 0.0, np.nan, -np.nan, -1.5, 2.25, -np.inf, np.inf, 3e38, -1e-45], np.float32).reshape(2, 5)
     s = np.float32(0.7)
     with np.errstate(all="ignore"):     # 3e38 squared: inf, as numpy and C give it
         wants = ((RELU, np.maximum(x, np.float32(0))), (SQR, np.multiply(x, x)), (NEG, np.negative(x)), (SCALE, x * s))
     for op, want in wants:
         out = np.empty_like(x)
-        unary_rows(x, out, op, s)
+        unary_kernel(size)(x, out, op, s)
         assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), op

@@ -57,22 +57,21 @@ def _cvar_blocks(x, mean, head, lanes, sq, out):
     return v2
 
 
-@njit(**SER)
 def _norm_rows(x, eps, lanes, out):
     """ggml_compute_forward_norm_f32: mean = (float)(double sum)/n; ggml_vec_cvar_f32 (x - mean, squares summed
     per register of `lanes` into a double, the tail one by one); scale = 1/sqrtf(var + eps)."""
     rows, n = x.shape
     head = n // lanes * lanes
-    sq = np.empty(16, F32)
-    for r in range(rows):
+    sq = np.empty((rows, 16), F32)           # a register's squares, a row's own
+    for r in prange(rows):
         s = 0.0
         for i in range(n):
             s += np.float64(x[r, i])
         mean = F32(s) / F32(n)
         if lanes == 16:                      # literal widths: the block loops unroll (a runtime width: 20% slower)
-            v2 = _cvar_blocks(x[r], mean, head, 16, sq, out[r])
+            v2 = _cvar_blocks(x[r], mean, head, 16, sq[r], out[r])
         else:
-            v2 = _cvar_blocks(x[r], mean, head, 8, sq, out[r])
+            v2 = _cvar_blocks(x[r], mean, head, 8, sq[r], out[r])
         for i in range(head, n):
             d = x[r, i] - mean
             out[r, i] = d
@@ -80,6 +79,9 @@ def _norm_rows(x, eps, lanes, out):
         scale = _ONE / np.sqrt(F32(v2 / n) + eps)
         for i in range(n):
             out[r, i] = out[r, i] * scale
+
+
+_norm_par, _norm_ser = parallel_and_serial(_norm_rows)
 
 
 _NO_WEIGHT = np.empty(0, F32)
@@ -113,21 +115,20 @@ def rms_norm_kernel(size: int) -> Callable:
 def norm(x: np.ndarray, eps: float, path: isa.IsaPath) -> np.ndarray:
     r = f32_rows(x)
     out = np.empty_like(r)
-    _norm_rows(r, F32(eps), path.lanes, out)
+    norm_kernel(r.size)(r, F32(eps), path.lanes, out)
     return out.reshape(x.shape)
 
 
-def norm_kernel() -> Callable:
-    """norm's kernel, (rows, eps, lanes, out)."""
-    return _norm_rows
+def norm_kernel(size: int) -> Callable:
+    """norm's kernel for x of ``size`` elements, (rows, eps, lanes, out): parallel from PAR_MIN."""
+    return _norm_par if size >= PAR_MIN else _norm_ser
 
 
-@njit(**SER)
 def _l2_norm_rows(x, eps, out):
     """ggml_compute_forward_l2_norm_f32: sum += (double)(x*x) in order, scale = 1.0f/fmaxf(sqrtf((float)sum), eps),
     y = x * scale."""
     rows, n = x.shape
-    for r in range(rows):
+    for r in prange(rows):
         s = 0.0
         for i in range(n):
             v = x[r, i]
@@ -138,8 +139,11 @@ def _l2_norm_rows(x, eps, out):
             out[r, i] = x[r, i] * scale
 
 
+_l2_norm_par, _l2_norm_ser = parallel_and_serial(_l2_norm_rows)
+
+
 def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
     r = f32_rows(x)
     out = np.empty_like(r)
-    _l2_norm_rows(r, F32(eps), out)
+    (_l2_norm_par if r.size >= PAR_MIN else _l2_norm_ser)(r, F32(eps), out)
     return out.reshape(x.shape)

@@ -5,10 +5,12 @@ float16 conversion does, NaN payloads included). Each gives the bits numpy gives
 
 from __future__ import annotations
 
-import numpy as np
-from numba import njit
+from typing import Callable
 
-from graphir.backends.numba.primitives.jit import SER
+import numpy as np
+from numba import njit, prange
+
+from graphir.backends.numba.primitives.jit import ARITH_PAR_MIN, SER, parallel_and_serial
 from graphir.backends.numba.primitives.simd import as_f32
 from graphir.backends.numba.primitives.bits import bits_u32
 
@@ -20,10 +22,9 @@ RELU, SQR, NEG, SCALE = range(4)
 _ZERO = np.float32(0.0)
 
 
-@njit(**SER)
-def unary_rows(x, out, op, s):
+def _unary_rows(x, out, op, s):
     """out = op(x): RELU (np.maximum(x, 0): NaN kept, -0 to +0), SQR (x * x), NEG (-x), SCALE (x * s)."""
-    for r in range(x.shape[0]):
+    for r in prange(x.shape[0]):
         for i in range(x.shape[1]):
             v = x[r, i]
             if op == RELU:
@@ -36,12 +37,11 @@ def unary_rows(x, out, op, s):
                 out[r, i] = v * s
 
 
-@njit(**SER)
-def binary_rows(x, y, out, op):
-    """out = x op y row by row (op: ADD, SUB, MUL, DIV); y has x's rows or one row, which every row takes."""
-    one = y.shape[0] == 1
-    for r in range(x.shape[0]):
-        yr = y[0] if one else y[r]
+def _binary_rows(x, y, div, out, op):
+    """out = x op y row by row (op: ADD, SUB, MUL, DIV); row r takes y's row (r // div) % len(y): y has x's rows,
+    one row, rows that x's repeat (div 1), or rows that each cover div of x's in turn."""
+    for r in prange(x.shape[0]):
+        yr = y[(r // div) % y.shape[0]]
         for i in range(x.shape[1]):
             if op == ADD:
                 out[r, i] = x[r, i] + yr[i]
@@ -51,6 +51,20 @@ def binary_rows(x, y, out, op):
                 out[r, i] = x[r, i] * yr[i]
             else:
                 out[r, i] = x[r, i] / yr[i]
+
+
+_unary_par, _unary_ser = parallel_and_serial(_unary_rows)
+_binary_par, _binary_ser = parallel_and_serial(_binary_rows)
+
+
+def unary_kernel(size: int) -> Callable:
+    """The row unary ops' kernel for x of ``size`` elements, (x, out, op, s): parallel from ARITH_PAR_MIN."""
+    return _unary_par if size >= ARITH_PAR_MIN else _unary_ser
+
+
+def binary_kernel(size: int) -> Callable:
+    """The row binary ops' kernel for x of ``size`` elements, (x, y, div, out, op): parallel from ARITH_PAR_MIN."""
+    return _binary_par if size >= ARITH_PAR_MIN else _binary_ser
 
 
 @njit(**SER)

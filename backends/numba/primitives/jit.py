@@ -26,6 +26,7 @@ PAR = dict(parallel=True, cache=True, error_model="numpy")
 INL = dict(cache=True, error_model="numpy", inline="always")
 
 PAR_MIN = 1 << 15       # elements from which a kernel's parallel variant pays for waking the worker threads
+ARITH_PAR_MIN = 1 << 18  # the same for a kernel of one arithmetic operation an element (add, relu): memory's pace
 
 
 def f32_rows(x: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from functools import partial
 from typing import Any, Callable
@@ -54,7 +55,19 @@ class _Binary(Step):
         if isinstance(known[1], QWeight) or len(ys) > len(xs) \
                 or any(n != 1 and n != m for n, m in zip(reversed(ys), reversed(xs))):
             return partial(self, env)
-        return lambda x, y: f(x, y, dtype=np.float32)
+        div = _row_period(xs, ys)
+        if div is None:
+            return lambda x, y: f(x, y, dtype=np.float32)
+        kernel, op, width = R.binary_kernel(math.prod(xs)), _ROW_OPS[f], xs[-1]
+
+        def rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            if not rows_of(x, y):
+                return f(x, y, dtype=np.float32)
+            out = np.empty(xs, np.float32)
+            kernel(x.reshape(-1, width), y.reshape(-1, width), div, out.reshape(-1, width), op)
+            return out
+
+        return rows
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
         """x op y on the tape where y has x's shape or x's trailing dims (a bias, a scale: one row, or a block that
@@ -71,8 +84,21 @@ class _Binary(Step):
         out = tape.arena(x.shape)
         x2, y2, o2 = x.reshape(-1, width), y.reshape(-1, width), out.reshape(-1, width)
         op = _ROW_OPS[self.f]
-        ok = tape.record(T.BINARY, R.binary_rows, (x2, y2, o2, op))
+        ok = tape.record(T.BINARY, R.binary_kernel(x.size), (x2, y2, 1, o2, op))
         return out if ok else None
+
+
+def _row_period(xs: tuple[int, ...], ys: tuple[int, ...]) -> int | None:
+    """For y broadcasting numpy's way to x (no dims of its own): the div by which binary_rows takes y's rows, if
+    y's sizes other than 1 lie in one run of x's dims past the last (x's 1s aside) and y's last is x's: x's row
+    r then takes y's row (r // div) % len(y), div the rows of x's dims after the run. None otherwise."""
+    if not ys or ys[-1] != xs[-1] or 0 in xs:
+        return None
+    lead = [(m, n) for m, n in zip(xs[:-1], (1,) * (len(xs) - len(ys)) + ys[:-1]) if m != 1]
+    run = [i for i, (m, n) in enumerate(lead) if n != 1]
+    if run and run[-1] - run[0] + 1 != len(run):
+        return None
+    return math.prod(m for m, _ in lead[run[-1] + 1:]) if run else 1
 
 
 @kernel(*_UNARY_FN)
@@ -106,7 +132,12 @@ class _Unary(Step):
         self.f = (lambda x: x * s) if op == "scale" else _UNARY_FN[op]
 
     def __call__(self, env: Env, x: np.ndarray) -> np.ndarray:
-        return self.f(x)
+        if self.op not in _ROW_UNARY or not rows_of(x) or not x.size:
+            return self.f(x)
+        out = np.empty_like(x)
+        x2 = x.reshape(-1, x.shape[-1])
+        R.unary_kernel(x.size)(x2, out.reshape(x2.shape), _ROW_UNARY[self.op], self.s)
+        return out
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
         x = args[0]
@@ -122,7 +153,7 @@ class _Unary(Step):
             ok = tape.record(T.LIBM, libm_kernel(x.size), (x2, which, o2))
         else:
             which = _ROW_UNARY[self.op]
-            ok = tape.record(T.UNARY, R.unary_rows, (x2, o2, which, self.s))
+            ok = tape.record(T.UNARY, R.unary_kernel(x.size), (x2, o2, which, self.s))
         return out if ok else None
 
 

@@ -56,7 +56,7 @@ class _Norm(Step):
         if self.rms:
             ok = tape.record(T.NORM, rms_norm_kernel(x.size), (x2, eps, _NO_WEIGHT, o2))
         else:
-            ok = tape.record(T.LAYER_NORM, norm_kernel(), (x2, eps, lanes, o2))
+            ok = tape.record(T.LAYER_NORM, norm_kernel(x.size), (x2, eps, lanes, o2))
         return out if ok else None
 
 

@@ -42,9 +42,9 @@ def player(n_lanes: int) -> Callable:
             elif op == 2:  # NORM: rms_norm rows: x, eps, w, out
                 call_at(at, (read_f2(t, a[0]), f32s[a[1]], read_f1r(t, a[2]), read_f2(t, a[3])))
                 pc += 6
-            elif op == 3:  # BINARY: x op y -> out, rows (y: x's rows or one row), op
-                call_at(at, (read_f2(t, a[0]), read_f2(t, a[1]), read_f2(t, a[2]), a[3]))
-                pc += 6
+            elif op == 3:  # BINARY: x op y -> out by rows, row r with y's (r // div) % len(y): x, y, div, out, op
+                call_at(at, (read_f2(t, a[0]), read_f2(t, a[1]), a[2], read_f2(t, a[3]), a[4]))
+                pc += 7
             elif op == 4:  # SILU: silu rows, gated: x, lanes, variant, gate, out
                 call_at(at, (read_f2(t, a[0]), a[1], a[2], read_f2(t, a[3]), read_f2(t, a[4])))
                 pc += 7
