@@ -17,6 +17,7 @@ from graphir.backends.numba.kernels.unary import (LIBM, exp, geglu, gelu, gelu_k
                                                   sqrt, swiglu,
                                                   swiglu_clamp, swiglu_oai, tanh, xielu)
 from graphir.backends.numba.primitives.isa import IsaPath
+from graphir.backends.numba.primitives.jit import PAR_MIN
 from graphir.backends.numba.quant.weight import QWeight
 from graphir.backends.numba.steps.base import F32, Env, Function, Step, broadcast, dense, kernel, rows_of
 from graphir.backends.numba.tape import Tape
@@ -55,10 +56,10 @@ class _Binary(Step):
         if isinstance(known[1], QWeight) or len(ys) > len(xs) \
                 or any(n != 1 and n != m for n, m in zip(reversed(ys), reversed(xs))):
             return partial(self, env)
-        div = _row_period(xs, ys)
-        if div is None:
+        div, size = _row_period(xs, ys), math.prod(xs)
+        if div is None or size < PAR_MIN:    # numpy's call costs less than a kernel's below PAR_MIN
             return lambda x, y: f(x, y, dtype=np.float32)
-        kernel, op, width = R.binary_kernel(math.prod(xs)), _ROW_OPS[f], xs[-1]
+        kernel, op, width = R.binary_kernel(size), _ROW_OPS[f], xs[-1]
 
         def rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
             if not rows_of(x, y):
@@ -132,7 +133,7 @@ class _Unary(Step):
         self.f = (lambda x: x * s) if op == "scale" else _UNARY_FN[op]
 
     def __call__(self, env: Env, x: np.ndarray) -> np.ndarray:
-        if self.op not in _ROW_UNARY or not rows_of(x) or not x.size:
+        if self.op not in _ROW_UNARY or x.size < PAR_MIN or not rows_of(x):
             return self.f(x)
         out = np.empty_like(x)
         x2 = x.reshape(-1, x.shape[-1])
