@@ -825,3 +825,43 @@ def test_l2_norm_is_ggmls_bit_for_bit() -> None:
         graph, _ = build_graph(C("l2_norm", I("f32", 64, 44), tol=EXACT, eps=eps))
         got = Program(graph, dict().__getitem__, numerics().path).run({}, {"src0": x})["out"]
         np.testing.assert_array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
+
+
+_PROMPT_SIZED = (4, 1, 128, 512)   # numpy order: 4 blocks of 128 rows, as RWKV-7's six token-shift mixes of a prompt
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("y_shape", [(512,), (4, 1, 1, 512), (1, 128, 512), (4, 1, 128, 512), (128, 1)])
+def test_prompt_sized_arithmetic_is_ggmls_bit_for_bit(y_shape: tuple[int, ...]) -> None:
+    """add, sub, mul, div of a prompt-sized x (past the size from which they run on both threads, as rows) and a y
+    that broadcasts to it (a bias; a row per block of x's rows; rows x's repeat; x's own shape; a column) are
+    ggml's bit for bit."""
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal(_PROMPT_SIZED).astype(np.float32), rng.standard_normal(y_shape).astype(np.float32)
+    for op in ("add", "sub", "mul", "div"):
+        want, _ = _ggml_op(f"ggml_{op}", [], x, y)
+        graph, _ = build_graph(C(op, I("f32", *reversed(x.shape)), I("f32", *reversed(y_shape)), tol=EXACT))
+        got = Program(graph, dict().__getitem__, numerics().path).run({}, {"src0": x, "src1": y})["out"]
+        np.testing.assert_array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32), err_msg=op)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("op, eps", [("norm", 1e-5), ("l2_norm", 1e-12)])
+def test_prompt_sized_norms_are_ggmls_bit_for_bit(op: str, eps: float) -> None:
+    """norm and l2_norm of a prompt's rows (run on both threads) are ggml's bit for bit."""
+    x = np.random.default_rng(5).standard_normal(_PROMPT_SIZED).astype(np.float32)
+    want, _ = _ggml_op(f"ggml_{op}", [eps], x)
+    graph, _ = build_graph(C(op, I("f32", *reversed(x.shape)), tol=EXACT, eps=eps))
+    got = Program(graph, dict().__getitem__, numerics().path).run({}, {"src0": x})["out"]
+    np.testing.assert_array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("op, args", [("relu", {}), ("sqr", {}), ("neg", {}), ("scale", {"s": 0.7})])
+def test_prompt_sized_unary_ops_are_ggmls_bit_for_bit(op: str, args: dict[str, float]) -> None:
+    """relu, sqr, neg and scale of a prompt's rows (run on both threads) are ggml's bit for bit."""
+    x = np.random.default_rng(6).standard_normal(_PROMPT_SIZED).astype(np.float32)
+    want, _ = _ggml_op(f"ggml_{op}", list(args.values()), x)
+    graph, _ = build_graph(C(op, I("f32", *reversed(x.shape)), tol=EXACT, **args))
+    got = Program(graph, dict().__getitem__, numerics().path).run({}, {"src0": x})["out"]
+    np.testing.assert_array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
