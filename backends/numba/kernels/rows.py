@@ -1,7 +1,8 @@
 """Row kernels a planned graph's tape runs where its Python steps take numpy: elementwise arithmetic of rows (a
-second operand of one row repeats; relu, square, negation, scaling), gathering (of a float weight's rows too),
-scattering and concatenating rows, copying a strided view, and set_rows into an f16 cache (each row rounded to f16 as numpy's float32 ->
-float16 conversion does, NaN payloads included). Each gives the bits numpy gives."""
+second operand's rows repeat; relu, square, negation, scaling: a prompt's steps run these too, on both threads),
+gathering (of a float weight's rows too), scattering and concatenating rows, copying a strided view, and set_rows
+into an f16 cache (each row rounded to f16 as numpy's float32 -> float16 conversion does, NaN payloads included).
+Each gives the bits numpy gives."""
 
 from __future__ import annotations
 

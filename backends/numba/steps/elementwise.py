@@ -43,7 +43,8 @@ def _binary(n: Node, memo: threading.local, path: IsaPath) -> Step:
 
 class _Binary(Step):
     """add, sub, mul, div: y repeated over x as ggml does; a plan where y's shape broadcasts numpy's way (each of
-    its sizes 1 or x's, no more dims than x) binds the ufunc alone."""
+    its sizes 1 or x's, no more dims than x) binds the ufunc alone, or from PAR_MIN elements the row kernel where
+    y's rows repeat by a period (_row_period), which a prompt's sizes run on both threads."""
 
     def __init__(self, f: np.ufunc):
         self.f = f
@@ -90,7 +91,7 @@ class _Binary(Step):
 
 
 def _row_period(xs: tuple[int, ...], ys: tuple[int, ...]) -> int | None:
-    """For y broadcasting numpy's way to x (no dims of its own): the div by which binary_rows takes y's rows, if
+    """For y broadcasting numpy's way to x (no dims of its own): the div by which binary_kernel takes y's rows, if
     y's sizes other than 1 lie in one run of x's dims past the last (x's 1s aside) and y's last is x's: x's row
     r then takes y's row (r // div) % len(y), div the rows of x's dims after the run. None otherwise."""
     if not ys or ys[-1] != xs[-1] or 0 in xs:
@@ -126,7 +127,7 @@ _ROW_UNARY = {"relu": R.RELU, "sqr": R.SQR, "neg": R.NEG, "scale": R.SCALE}   # 
 
 class _Unary(Step):
     """A unary op (or scale by s); on a tape, the glibc ones (exp, tanh, ...), numpy's (relu, sqr, neg, scale) and
-    gelu (ggml's table)."""
+    gelu (ggml's table); numpy's also as row kernels from PAR_MIN elements (a prompt's, on both threads)."""
 
     def __init__(self, op: str, s: np.float32 = np.float32(1.0)):
         self.op, self.s = op, s
