@@ -170,16 +170,34 @@ def _second_inputs(records: list[Record], n_ctx: int) -> set[int]:
     """The addresses of the inputs (and caches) created second under a name already given (a sliding-window
     cache's inputs, or an indexer cache's inputs and per-layer caches beside a latent cache's), or, where the graph
     reads one cache only, its inputs when its mask spans fewer cells than the context (llama.cpp sizes only a
-    window's cache below n_ctx: every attention layer slides, as in LFM2 with a window)."""
+    window's cache below n_ctx: every attention layer slides, as in LFM2 with a window). An indexer's are the ones
+    its graph feeds the indexer with (_indexer_side): the two caches sit in separately allocated buffers, whose
+    addresses come in no fixed order."""
     by_name: dict[str, set[int]] = {}
     for r in records:
         if r[1] == "NONE" and (r[8] & _FLAG_INPUT or _CACHE.match(r[0])):
             by_name.setdefault(r[0], set()).add(r[10])
-    second = {a for addresses in by_name.values() if len(addresses) == 2 for a in sorted(addresses)[1:]}
+    indexer = _indexer_side(records)
+    second = {a for addresses in by_name.values() if len(addresses) == 2
+              for a in (addresses & indexer if indexer else sorted(addresses)[1:])}
     masks = [r for r in records if r[1] == "NONE" and r[8] & _FLAG_INPUT and r[0] == _CACHE_INPUTS[-1]]
     if len(masks) == 1 and masks[0][4][0] < n_ctx:
         second |= {a for name in _CACHE_INPUTS for a in by_name.get(name, ())}
     return second
+
+
+def _indexer_side(records: list[Record]) -> set[int]:
+    """The addresses of the leaves a sparse-attention indexer reads (its cache through views, its mask), with the
+    row ids that write that cache (ggml's set_rows: sources values, row ids, destination): empty where the graph has
+    no indexer."""
+    def root(i: int) -> int:
+        while records[i][1] in _MOVES and records[i][7]:
+            i = records[i][7][0]
+        return i
+
+    caches = {root(i) for r in records if r[1] == "LIGHTNING_INDEXER" for i in r[7]}
+    ids = {r[7][1] for r in records if r[1] == "SET_ROWS" and len(r[7]) == 3 and root(r[7][2]) in caches}
+    return {records[i][10] for i in caches | ids if records[i][1] == "NONE"}
 
 
 def _second_tail(records: list[Record]) -> str:
