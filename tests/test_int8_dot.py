@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from graphir.backends.numba.primitives.simd import lanes, vstore
+from graphir.backends.numba.primitives.simd import lanes, vstore, width
 from graphir.backends.numba.quant.blocks import IQ4_NL_VALUES, MXFP4_VALUES
 from graphir.backends.numba.quant.int8_dot import (FLAVOURS, HOST, block_lanes, k_lanes, k_mins, nibble_half_lanes,
                                                    row_code_dots, row_k_dots, row_nibble_dots)
@@ -132,22 +132,32 @@ def test_rows_side_by_side_give_each_rows_exact_code_products(flavour, table, n)
 @pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("fmt", ["q6_k", "q5_k", "iq4_xs"])
 @pytest.mark.parametrize("n", [8, 16])
-def test_rows_side_by_side_give_each_rows_tiled_k_quant_integer(flavour, fmt, n):
+@pytest.mark.parametrize("rows", [1, 4])
+def test_rows_side_by_side_give_each_rows_tiled_k_quant_integer(flavour, fmt, n, rows):
     """row_k_dots: lane l is row l's exact s1 over a super-block, sum_j sc_j * (sub-block j's values . quants),
     Q6_K's values less 32 (sub-blocks of 16), Q5_K's as they are, IQ4_XS's codes looked up in kvalues_iq4nl
-    (sub-blocks of 32); the largest magnitudes (past 2^24 in the sum) included."""
+    (sub-blocks of 32); the largest magnitudes (past 2^24 in the sum) included; several activation rows at once
+    (rows 300 quants apart, their sums 20 apart), each its own."""
     codes = fmt == "iq4_xs"
     sub, bias = (16, 32) if fmt == "q6_k" else (32, 0)
     table = IQ4_NL_VALUES.astype(np.int64)
-    dots = row_k_dots(sub, bias, flavour, codes=table.tolist() if codes else None)
+    dots = row_k_dots(sub, bias, flavour, codes=table.tolist() if codes else None, rows=rows)
 
     @njit
-    def run(v, q, y, sc, bs, out):
-        vstore(out, 0, dots(v, q, 0, y, 0, sc, 0, bs, 0))
+    def one(v, q, y, sc, bs, out):
+        vstore(out, 0, dots(v, q, 0, y, 0, 300, sc, 0, bs, 0, 20))
+
+    @njit
+    def four(v, q, y, sc, bs, out):
+        a, b, c, d = dots(v, q, 0, y, 0, 300, sc, 0, bs, 0, 20)
+        vstore(out, 0, a)
+        vstore(out, width(v), b)
+        vstore(out, 2 * width(v), c)
+        vstore(out, 3 * width(v), d)
 
     rng = np.random.default_rng(n)
     for trial in range(10):
-        y = rng.integers(-127, 128, 256).astype(np.int8)
+        y = rng.integers(-127, 128, (rows, 256)).astype(np.int8)
         sc = rng.integers(-128 if fmt == "q6_k" else -32 if codes else 0, 128 if fmt == "q6_k" else 32 if codes else 64,
                           (256 // sub, n)).astype(np.int8)
         if codes:
@@ -164,13 +174,19 @@ def test_rows_side_by_side_give_each_rows_tiled_k_quant_integer(flavour, fmt, n)
                 sc[:] = 127 if fmt == "q6_k" else 63
             values = raw.astype(np.int64) - bias
             packed = raw.reshape(n, 64, 4).transpose(1, 0, 2)
-        bs = y.astype(np.int32).reshape(16, 16).sum(axis=1).astype(np.int32)
-        out = np.empty(n, np.float32)
-        run(lanes(n), np.ascontiguousarray(packed).reshape(-1), y, sc.reshape(-1), bs, out)
-        want = ((values * y.astype(np.int64)).reshape(n, 256 // sub, sub).sum(axis=2) * sc.T.astype(np.int64)).sum(1)
-        if trial == 0:
-            assert np.abs(want).max() >= 2 ** 24
-        assert np.array_equal(out, want.astype(np.float32)), (flavour, fmt, n, trial)
+        y_rows = np.zeros((rows, 300), np.int8)
+        y_rows[:, :256] = y
+        bs = np.zeros((rows, 20), np.int32)
+        bs[:, :16] = y.astype(np.int32).reshape(rows, 16, 16).sum(axis=2)
+        out = np.empty(rows * n, np.float32)
+        (one if rows == 1 else four)(lanes(n), np.ascontiguousarray(packed).reshape(-1), y_rows.reshape(-1),
+                                     sc.reshape(-1), bs.reshape(-1), out)
+        for r in range(rows):
+            want = ((values * y[r].astype(np.int64)).reshape(n, 256 // sub, sub).sum(axis=2)
+                    * sc.T.astype(np.int64)).sum(1)
+            if trial == 0:
+                assert np.abs(want).max() >= 2 ** 24
+            assert np.array_equal(out[r * n:(r + 1) * n], want.astype(np.float32)), (flavour, fmt, n, trial, r)
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

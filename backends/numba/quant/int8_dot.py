@@ -479,28 +479,31 @@ def row_code_dots(values: Sequence[int], flavour: str = HOST) -> Callable[..., A
     return dots
 
 
-def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | None = None) -> Callable[..., Any]:
-    """An intrinsic dots(proto, q, qo, y, yo, sc, so, bs, bo): for n = proto's lanes weight rows side by side
-    (lane l is row l), a K-quant super-block's exact integer s1 = sum_j sc_j * (sub-block j's unsigned values .
-    its activation quants, less ``bias`` times their sum), as float32: ggml-cpu/tiled's per-block integer of
-    Q6_K (sub 16, bias 32) or Q5_K and Q4_K (sub 32, no bias). Layout: 64 chunks of four values a row, chunk c
-    the n rows' four bytes one row after another from q[qo + 4nc]; sub-block j's n scales (int8) at
-    sc[so + nj]; the 256 quants (int8) at y[yo]; their sums per 16 (int32) at bs[bo]. A chunk's four quants are
-    broadcast to every row (vpdpbusd, or pmaddubsw and pmaddwd): no sum across lanes. ``codes`` (16 signed
-    values; sub 32): q holds 4-bit codes into them, per run of 32 four chunks of four code bytes a row (the
-    run's 16 GGUF bytes: byte j element j low, j + 16 high) from q[qo + 16nj + 4nc], looked up in registers
-    (IQ4_XS): ggml's tiled kernels multiply them with the sign trick, whose products are the true ones unless a
-    quant is -128, which quantize_row_q8_K never makes (its NaN and infinities quantize to 0 .. 127); with VNNI
-    they go in as values + 128 from a start of -128 times the run's quants, elsewhere through the sign trick."""
+def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | None = None,
+               rows: int = 1) -> Callable[..., Any]:
+    """An intrinsic dots(proto, q, qo, y, yo, ys, sc, so, bs, bo, bss): for n = proto's lanes weight rows side by
+    side (lane l is row l), a K-quant super-block's exact integer s1 = sum_j sc_j * (sub-block j's unsigned values
+    . its activation quants, less ``bias`` times their sum), as float32, for ``rows`` activation rows at once (a
+    tuple of them when more than one): ggml-cpu/tiled's per-block integer of Q6_K (sub 16, bias 32) or Q5_K and
+    Q4_K (sub 32, no bias). Layout: 64 chunks of four values a row, chunk c the n rows' four bytes one row after
+    another from q[qo + 4nc]; sub-block j's n scales (int8) at sc[so + nj]; activation row r's 256 quants (int8) at
+    y[yo + r * ys], their sums per 16 (int32) at bs[bo + r * bss]. A chunk's four quants are broadcast to every
+    row (vpdpbusd, or pmaddubsw and pmaddwd): no sum across lanes; each chunk is loaded (and its codes looked up)
+    once for all the activation rows, whose chains run side by side. ``codes`` (16 signed values; sub 32): q holds
+    4-bit codes into them, per run of 32 four chunks of four code bytes a row (the run's 16 GGUF bytes: byte j
+    element j low, j + 16 high) from q[qo + 16nj + 4nc], looked up in registers (IQ4_XS): ggml's tiled kernels
+    multiply them with the sign trick, whose products are the true ones unless a quant is -128, which
+    quantize_row_q8_K never makes (its NaN and infinities quantize to 0 .. 127); with VNNI they go in as values +
+    128 from a start of -128 times the run's quants, elsewhere through the sign trick."""
     if ((sub, bias) not in ((16, 32), (32, 0)) or flavour not in ("vnni", "pmadd", "generic")
-            or (codes is not None and (sub, len(codes)) != (32, 16))):
-        raise ValueError(f"row_k_dots: no sub-blocks of {sub} with bias {bias}{' of codes' if codes else ''}, or "
-                         f"unknown flavour {flavour!r}")
+            or (codes is not None and (sub, len(codes)) != (32, 16)) or rows < 1):
+        raise ValueError(f"row_k_dots: no sub-blocks of {sub} with bias {bias}{' of codes' if codes else ''}, "
+                         f"{rows} activation rows, or unknown flavour {flavour!r}")
     signed = [int(v) & 255 for v in codes] if codes is not None else []
     offset = [(int(v) + 128) & 255 for v in codes] if codes is not None else []
 
     @intrinsic
-    def dots(typingctx, proto, q, qo, y, yo, sc, so, bs, bo):  # type: ignore[no-untyped-def]
+    def dots(typingctx, proto, q, qo, y, yo, ys, sc, so, bs, bo, bss):  # type: ignore[no-untyped-def]
         if not (isinstance(proto, F32Vec) and all(isinstance(a, types.Array) for a in (q, y, sc, bs))
                 and (q.dtype, y.dtype, sc.dtype, bs.dtype) == (types.uint8, types.int8, types.int8, types.int32)):
             return None
@@ -510,40 +513,55 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | 
             vi, vb = ir.VectorType(_I32, n), ir.VectorType(_I8, 4 * n)
 
             at, load = _operands(context, builder, sig, args)
+            ystep, bstep = args[5], args[10]
+
+            def y_at(r: int, offset: int) -> ir.Value:      # activation row r's quant index plus offset
+                row = builder.add(args[4], builder.mul(ystep, ir.Constant(ystep.type, r))) if r else args[4]
+                return builder.add(row, ir.Constant(row.type, offset)) if offset else row
+
+            def bsum(r: int, j: int) -> ir.Value:           # activation row r's sum over the jth run of 16
+                idx = builder.add(args[9], ir.Constant(args[9].type, j))
+                if r:
+                    idx = builder.add(idx, builder.mul(bstep, ir.Constant(bstep.type, r)))
+                ptr = element_ptr(context, builder, sig.args[8], args[8], idx, 1)
+                return builder.load(builder.bitcast(ptr, _I32.as_pointer()), align=1)
 
             def splat(x: ir.Value) -> ir.Value:
                 one = builder.insert_element(ir.Constant(vi, ir.Undefined), x, ir.Constant(_I32, 0))
                 return builder.shuffle_vector(one, one, ir.Constant(vi, [0] * n))
 
+            def four(r: int, offset: int) -> ir.Value:
+                return _broadcast_four(context, builder, sig.args[3], args[3], y_at(r, offset), n)
+
             offsets = codes is not None and flavour == "vnni" and (n != 16 or _AVX512BW)
-            s1 = ir.Constant(vi, [0] * n)
+            s1 = [ir.Constant(vi, [0] * n)] * rows
             for j in range(256 // sub):
-                dot = ir.Constant(vi, [0] * n)
+                dot = [ir.Constant(vi, [0] * n)] * rows
                 if bias:
-                    dot = splat(builder.mul(load(7, j, _I32, 1), ir.Constant(_I32, -bias)))
+                    dot = [splat(builder.mul(bsum(r, j), ir.Constant(_I32, -bias))) for r in range(rows)]
                 if offsets:                                   # -128 times the run's quants (two sums of 16)
-                    dot = splat(builder.mul(builder.add(load(7, 2 * j, _I32, 1), load(7, 2 * j + 1, _I32, 1)),
-                                            ir.Constant(_I32, -128)))
+                    dot = [splat(builder.mul(builder.add(bsum(r, 2 * j), bsum(r, 2 * j + 1)), ir.Constant(_I32, -128)))
+                           for r in range(rows)]
                 if codes is None:
                     for c in range(j * sub // 4, (j + 1) * sub // 4):
-                        four = _broadcast_four(context, builder, sig.args[3], args[3], at(3, 4 * c), n)
-                        dot = _dot_into(builder, flavour, dot, load(1, 4 * n * c, vb, 4 * n), four, n)
+                        w = load(1, 4 * n * c, vb, 4 * n)
+                        dot = [_dot_into(builder, flavour, dot[r], w, four(r, 4 * c), n) for r in range(rows)]
                 for c in range(4 if codes is not None else 0):
                     raw = load(1, 16 * n * j + 4 * n * c, vb, 4 * n)
                     for h, part in enumerate((builder.and_(raw, ir.Constant(vb, [15] * 4 * n)),
                                               builder.lshr(raw, ir.Constant(vb, [4] * 4 * n)))):
-                        four = _broadcast_four(context, builder, sig.args[3], args[3], at(3, 32 * j + 16 * h + 4 * c),
-                                               n)
-                        if offsets:
-                            dot = _dot_into(builder, flavour, dot, _look_up(builder, flavour, offset, part), four, n)
-                        else:
-                            dot = _dot_into(builder, flavour, dot,
-                                            *_sign_trick(builder, _look_up(builder, flavour, signed, part), four), n)
-                scale = builder.sext(load(5, n * j, ir.VectorType(_I8, n), n), vi)
-                s1 = builder.add(s1, builder.mul(scale, dot))
-            return builder.sitofp(s1, ir.VectorType(ir.FloatType(), n))
+                        value = _look_up(builder, flavour, offset if offsets else signed, part)
+                        for r in range(rows):
+                            y4 = four(r, 32 * j + 16 * h + 4 * c)
+                            dot[r] = (_dot_into(builder, flavour, dot[r], value, y4, n) if offsets else
+                                      _dot_into(builder, flavour, dot[r], *_sign_trick(builder, value, y4), n))
+                scale = builder.sext(load(6, n * j, ir.VectorType(_I8, n), n), vi)
+                s1 = [builder.add(s1[r], builder.mul(scale, dot[r])) for r in range(rows)]
+            floats = [builder.sitofp(s, ir.VectorType(ir.FloatType(), n)) for s in s1]
+            return floats[0] if rows == 1 else context.make_tuple(builder, sig.return_type, floats)
 
-        return proto(proto, q, qo, y, yo, sc, so, bs, bo), codegen
+        result = proto if rows == 1 else types.UniTuple(proto, rows)
+        return result(proto, q, qo, y, yo, ys, sc, so, bs, bo, bss), codegen
 
     return dots
 

@@ -578,8 +578,20 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
     return vhsum(lanes_acc)
 
 
-_q6_side, _q5_side = row_k_dots(16, 32), row_k_dots(32, 0)
-_iq4_side = row_k_dots(32, 0, codes=IQ4_NL_VALUES.tolist())
+_SIDE_ROWS = 4          # activation rows that meet a group's values at once (their chains side by side)
+_q6_side, _q5_side = row_k_dots(16, 32, rows=_SIDE_ROWS), row_k_dots(32, 0, rows=_SIDE_ROWS)
+_iq4_side = row_k_dots(32, 0, codes=IQ4_NL_VALUES.tolist(), rows=_SIDE_ROWS)
+
+
+@njit(cache=True, inline="always")
+def _side_chain(f, v, s1, d, mins, t, ysum, yd, r, b, acc):
+    """One activation row's chain after super-block b (pass slot t): res = d_w * float(s1), less dmin_w *
+    float(imin) for the formats with mins, then acc = fma(res, d_x, acc)."""
+    g_rows = width(v)
+    res = vmul(vload(v, d, 2 * t * g_rows), s1)
+    if f != _Q6 and f != _IQ4C:
+        res = vfma(vload(v, d, (2 * t + 1) * g_rows), _side_mins(v, mins, t * 8 * g_rows, ysum, r, b), res)
+    return vfma(res, vsplat(v, yd[r, b]), acc)
 
 
 @njit(**_exact)
@@ -590,7 +602,9 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
     bytes a row, int8_dot.row_k_dots; scales, mins and d a row each), _SIDE_PASS super-blocks at a time, which
     then meet every activation row while they sit in L1, lane l holding row l's chain (kept in memory between
     passes, as float32: the same chain): no sum across lanes, where the eight activation rows in lanes need one
-    per super-block. imin is formed in float32, exactly (_side_mins)."""
+    per super-block. _SIDE_ROWS activation rows meet each loaded chunk of values (the last such run starts at
+    n - _SIDE_ROWS and stores only the rows it adds: n >= _SIDE_FROM). imin is formed in float32, exactly
+    (_side_mins)."""
     v = _VW
     g_rows = width(v)
     codes = f == _IQ4C
@@ -618,21 +632,30 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
                     for j in range(8):
                         mins[(t * 8 + j) * g_rows + l] = _F32(sc[i, b, 8 + j])
                     d[(t * 2) * g_rows + l], d[(t * 2 + 1) * g_rows + l] = dd[i, b, 0], -dd[i, b, 1]
-            for r in range(n):
-                acc = vload(v, chains, r * g_rows)
+            for r in range(0, n, _SIDE_ROWS):
+                r0 = min(r, n - _SIDE_ROWS)
+                a0, a1 = vload(v, chains, r0 * g_rows), vload(v, chains, (r0 + 1) * g_rows)
+                a2, a3 = vload(v, chains, (r0 + 2) * g_rows), vload(v, chains, (r0 + 3) * g_rows)
                 for b in range(b0, min(nb, b0 + _SIDE_PASS)):
                     t = b - b0
-                    qo, yo, so, bo = t * 4 * words * g_rows, r * k + b * 256, t * 16 * g_rows, (r * nb + b) * 16
-                    dw = vload(v, d, 2 * t * g_rows)
+                    qo, yo, so, bo = t * 4 * words * g_rows, r0 * k + b * 256, t * 16 * g_rows, (r0 * nb + b) * 16
                     if f == _Q6:
-                        res = vmul(dw, _q6_side(v, q, qo, yf, yo, scales, so, bf, bo))
+                        s0, s1, s2, s3 = _q6_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
                     elif codes:
-                        res = vmul(dw, _iq4_side(v, q, qo, yf, yo, scales, so, bf, bo))
+                        s0, s1, s2, s3 = _iq4_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
                     else:
-                        res = vfma(vload(v, d, (2 * t + 1) * g_rows), _side_mins(v, mins, t * 8 * g_rows, ysum, r, b),
-                                   vmul(dw, _q5_side(v, q, qo, yf, yo, scales, so, bf, bo)))
-                    acc = vfma(res, vsplat(v, yd[r, b]), acc)
-                vstore(chains, r * g_rows, acc)
+                        s0, s1, s2, s3 = _q5_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
+                    a0 = _side_chain(f, v, s0, d, mins, t, ysum, yd, r0, b, a0)
+                    a1 = _side_chain(f, v, s1, d, mins, t, ysum, yd, r0 + 1, b, a1)
+                    a2 = _side_chain(f, v, s2, d, mins, t, ysum, yd, r0 + 2, b, a2)
+                    a3 = _side_chain(f, v, s3, d, mins, t, ysum, yd, r0 + 3, b, a3)
+                if r0 == r:                                   # a run moved back stores only the rows it adds
+                    vstore(chains, r0 * g_rows, a0)
+                if r0 + 1 >= r:
+                    vstore(chains, (r0 + 1) * g_rows, a1)
+                if r0 + 2 >= r:
+                    vstore(chains, (r0 + 2) * g_rows, a2)
+                vstore(chains, (r0 + 3) * g_rows, a3)
         for r in range(n):
             for l in range(min(g_rows, rows - g * g_rows)):
                 out[r, g * g_rows + l] = chains[r * g_rows + l]
