@@ -578,7 +578,7 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
     return vhsum(lanes_acc)
 
 
-_SIDE_ROWS = 4          # activation rows that meet a group's values at once (their chains side by side)
+_SIDE_ROWS = 8          # activation rows that meet a group's values at once (their chains side by side)
 _q6_side, _q5_side = row_k_dots(16, 32, rows=_SIDE_ROWS), row_k_dots(32, 0, rows=_SIDE_ROWS)
 _iq4_side = row_k_dots(32, 0, codes=IQ4_NL_VALUES.tolist(), rows=_SIDE_ROWS)
 
@@ -636,26 +636,40 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
                 r0 = min(r, n - _SIDE_ROWS)
                 a0, a1 = vload(v, chains, r0 * g_rows), vload(v, chains, (r0 + 1) * g_rows)
                 a2, a3 = vload(v, chains, (r0 + 2) * g_rows), vload(v, chains, (r0 + 3) * g_rows)
+                a4, a5 = vload(v, chains, (r0 + 4) * g_rows), vload(v, chains, (r0 + 5) * g_rows)
+                a6, a7 = vload(v, chains, (r0 + 6) * g_rows), vload(v, chains, (r0 + 7) * g_rows)
                 for b in range(b0, min(nb, b0 + _SIDE_PASS)):
                     t = b - b0
                     qo, yo, so, bo = t * 4 * words * g_rows, r0 * k + b * 256, t * 16 * g_rows, (r0 * nb + b) * 16
                     if f == _Q6:
-                        s0, s1, s2, s3 = _q6_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
+                        s0, s1, s2, s3, s4, s5, s6, s7 = _q6_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
                     elif codes:
-                        s0, s1, s2, s3 = _iq4_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
+                        s0, s1, s2, s3, s4, s5, s6, s7 = _iq4_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
                     else:
-                        s0, s1, s2, s3 = _q5_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
+                        s0, s1, s2, s3, s4, s5, s6, s7 = _q5_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
                     a0 = _side_chain(f, v, s0, d, mins, t, ysum, yd, r0, b, a0)
                     a1 = _side_chain(f, v, s1, d, mins, t, ysum, yd, r0 + 1, b, a1)
                     a2 = _side_chain(f, v, s2, d, mins, t, ysum, yd, r0 + 2, b, a2)
                     a3 = _side_chain(f, v, s3, d, mins, t, ysum, yd, r0 + 3, b, a3)
+                    a4 = _side_chain(f, v, s4, d, mins, t, ysum, yd, r0 + 4, b, a4)
+                    a5 = _side_chain(f, v, s5, d, mins, t, ysum, yd, r0 + 5, b, a5)
+                    a6 = _side_chain(f, v, s6, d, mins, t, ysum, yd, r0 + 6, b, a6)
+                    a7 = _side_chain(f, v, s7, d, mins, t, ysum, yd, r0 + 7, b, a7)
                 if r0 == r:                                   # a run moved back stores only the rows it adds
                     vstore(chains, r0 * g_rows, a0)
                 if r0 + 1 >= r:
                     vstore(chains, (r0 + 1) * g_rows, a1)
                 if r0 + 2 >= r:
                     vstore(chains, (r0 + 2) * g_rows, a2)
-                vstore(chains, (r0 + 3) * g_rows, a3)
+                if r0 + 3 >= r:
+                    vstore(chains, (r0 + 3) * g_rows, a3)
+                if r0 + 4 >= r:
+                    vstore(chains, (r0 + 4) * g_rows, a4)
+                if r0 + 5 >= r:
+                    vstore(chains, (r0 + 5) * g_rows, a5)
+                if r0 + 6 >= r:
+                    vstore(chains, (r0 + 6) * g_rows, a6)
+                vstore(chains, (r0 + 7) * g_rows, a7)
         for r in range(n):
             for l in range(min(g_rows, rows - g * g_rows)):
                 out[r, g * g_rows + l] = chains[r * g_rows + l]
