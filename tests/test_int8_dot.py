@@ -76,29 +76,42 @@ def test_a_q8_0_quant_of_minus_128_meets_negative_weights_as_ggmls_sign_trick_do
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
-@pytest.mark.parametrize("pairs", [1, 4])
+@pytest.mark.parametrize("pairs, rows", [(1, 1), (4, 1), (1, 4)])
 @pytest.mark.parametrize("n", [8, 16])
-def test_rows_side_by_side_give_each_rows_scaled_nibble_dots(flavour, pairs, n):
+def test_rows_side_by_side_give_each_rows_scaled_nibble_dots(flavour, pairs, rows, n):
     """row_nibble_dots: lane l is row l's sum over the pairs of sub-blocks of scale times (4-bit values . 32
-    quants), from the chunked layout (four bytes a row, the rows one after another, eight chunks a pair)."""
-    dots = row_nibble_dots(pairs, flavour)
+    quants), from the chunked layout (four bytes a row, the rows one after another, eight chunks a pair); several
+    activation rows at once (100 quants apart), each its own."""
+    dots = row_nibble_dots(pairs, flavour, rows=rows)
 
     @njit
-    def run(v, q, y, sc, out):
-        vstore(out, 0, dots(v, q, 0, y, 0, sc, 0))
+    def one(v, q, y, sc, out):
+        vstore(out, 0, dots(v, q, 0, y, 0, 100, sc, 0))
+
+    @njit
+    def four(v, q, y, sc, out):
+        r0, r1, r2, r3 = dots(v, q, 0, y, 0, 100, sc, 0)
+        vstore(out, 0, r0)
+        vstore(out, width(v), r1)
+        vstore(out, 2 * width(v), r2)
+        vstore(out, 3 * width(v), r3)
 
     rng = np.random.default_rng(pairs * n)
     for trial in range(10):
         values = rng.integers(0, 16, (n, pairs, 2, 32), dtype=np.uint8)   # row, pair, sub-block, element
-        y = rng.integers(-128, 128, (pairs, 2, 32), dtype=np.int8)
+        y = rng.integers(-128, 128, (rows, pairs, 2, 32), dtype=np.int8)
         sc = rng.integers(0, 64, (pairs, 2, n), dtype=np.uint8)
         if trial == 0:                                        # the extremes: every product and scale at its largest
             values[:], y[:], sc[:] = 15, -128, 63
         packed = (values[:, :, 0] | values[:, :, 1] << 4).reshape(n, pairs, 8, 4).transpose(1, 2, 0, 3)
-        out = np.empty(n, np.float32)
-        run(lanes(n), np.ascontiguousarray(packed).reshape(-1), y.reshape(-1), sc.reshape(-1), out)
-        want = np.einsum("rpse,pse,psr->r", values.astype(np.int64), y.astype(np.int64), sc.astype(np.int64))
-        assert np.array_equal(out, want.astype(np.float32)), (flavour, pairs, n, trial)
+        y_rows = np.zeros((rows, 100 if pairs == 1 else 256), np.int8)
+        y_rows[:, :64 * pairs] = y.reshape(rows, -1)
+        out = np.empty(rows * n, np.float32)
+        (one if rows == 1 else four)(lanes(n), np.ascontiguousarray(packed).reshape(-1), y_rows.reshape(-1),
+                                     sc.reshape(-1), out)
+        for r in range(rows):
+            want = np.einsum("rpse,pse,psr->r", values.astype(np.int64), y[r].astype(np.int64), sc.astype(np.int64))
+            assert np.array_equal(out[r * n:(r + 1) * n], want.astype(np.float32)), (flavour, pairs, n, trial, r)
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

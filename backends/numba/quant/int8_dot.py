@@ -566,20 +566,22 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | 
     return dots
 
 
-def row_nibble_dots(pairs: int, flavour: str = HOST) -> Callable[..., Any]:
-    """An intrinsic dots(proto, q, qo, y, yo, sc, so): for n = proto's lanes weight rows side by side (lane l is
-    row l), the exact integer sum over ``pairs`` consecutive pairs of 32-element sub-blocks of sc_j * (the
-    sub-block's 4-bit values . its 32 activation quants), as float32. Layout: pair t's 32 bytes of every row
-    (low nibbles sub-block 2t, high nibbles 2t + 1, as Q4_K stores them) in eight chunks of four bytes, chunk c
-    the n rows' four bytes one row after another, from q[qo + 32nt + 4nc]; sub-block j's n scales (uint8) at
-    sc[so + nj]; the pair's 64 activation quants (int8) at y[yo + 64t]. A chunk's four quants are broadcast to
-    every row and meet each row's four values in one lane (vpdpbusd, or pmaddubsw and pmaddwd): no sum across
-    lanes, and each nibble byte loaded once for both of its sub-blocks."""
-    if pairs not in (1, 4) or flavour not in ("vnni", "pmadd", "generic"):
-        raise ValueError(f"row_nibble_dots: {pairs} pairs (1 or 4) or unknown flavour {flavour!r}")
+def row_nibble_dots(pairs: int, flavour: str = HOST, rows: int = 1) -> Callable[..., Any]:
+    """An intrinsic dots(proto, q, qo, y, yo, ys, sc, so): for n = proto's lanes weight rows side by side (lane l
+    is row l), the exact integer sum over ``pairs`` consecutive pairs of 32-element sub-blocks of sc_j * (the
+    sub-block's 4-bit values . its 32 activation quants), as float32, for ``rows`` activation rows at once (a
+    tuple of them when more than one). Layout: pair t's 32 bytes of every row (low nibbles sub-block 2t, high
+    nibbles 2t + 1, as Q4_K stores them) in eight chunks of four bytes, chunk c the n rows' four bytes one row
+    after another, from q[qo + 32nt + 4nc]; sub-block j's n scales (uint8) at sc[so + nj]; activation row r's
+    pair of 64 quants (int8) at y[yo + r * ys + 64t]. A chunk's four quants are broadcast to every row and meet
+    each row's four values in one lane (vpdpbusd, or pmaddubsw and pmaddwd): no sum across lanes, and each nibble
+    byte loaded once for both of its sub-blocks and all the activation rows."""
+    if pairs not in (1, 4) or flavour not in ("vnni", "pmadd", "generic") or rows < 1:
+        raise ValueError(f"row_nibble_dots: {pairs} pairs (1 or 4), {rows} activation rows, or unknown flavour "
+                         f"{flavour!r}")
 
     @intrinsic
-    def dots(typingctx, proto, q, qo, y, yo, sc, so):  # type: ignore[no-untyped-def]
+    def dots(typingctx, proto, q, qo, y, yo, ys, sc, so):  # type: ignore[no-untyped-def]
         if not (isinstance(proto, F32Vec) and all(isinstance(a, types.Array) for a in (q, y, sc))
                 and (q.dtype, y.dtype, sc.dtype) == (types.uint8, types.int8, types.uint8)):
             return None
@@ -590,22 +592,28 @@ def row_nibble_dots(pairs: int, flavour: str = HOST) -> Callable[..., Any]:
 
             at, load = _operands(context, builder, sig, args)
 
-            def four(offset: int) -> ir.Value:               # y's four quants at yo + offset, in every lane
-                return _broadcast_four(context, builder, sig.args[3], args[3], at(3, offset), n)
+            def four(r: int, offset: int) -> ir.Value:       # row r's four quants at yo + r * ys + offset, in every lane
+                idx = builder.add(args[4], builder.mul(args[5], ir.Constant(args[5].type, r))) if r else args[4]
+                idx = builder.add(idx, ir.Constant(idx.type, offset)) if offset else idx
+                return _broadcast_four(context, builder, sig.args[3], args[3], idx, n)
 
             low = ir.Constant(vb, [15] * 4 * n)
-            total = ir.Constant(vi, [0] * n)
+            total = [ir.Constant(vi, [0] * n)] * rows
             for t in range(pairs):
-                lo_dot = hi_dot = ir.Constant(vi, [0] * n)
+                lo_dot = hi_dot = [ir.Constant(vi, [0] * n)] * rows
                 for c in range(8):
                     raw = load(1, 32 * n * t + 4 * n * c, vb, 4 * n)
-                    lo_dot = _dot_into(builder, flavour, lo_dot, builder.and_(raw, low), four(64 * t + 4 * c), n)
-                    hi_dot = _dot_into(builder, flavour, hi_dot, builder.lshr(raw, ir.Constant(vb, [4] * 4 * n)),
-                                       four(64 * t + 32 + 4 * c), n)
-                s_lo, s_hi = (builder.zext(load(5, n * (2 * t + h), ir.VectorType(_I8, n), n), vi) for h in (0, 1))
-                total = builder.add(total, builder.add(builder.mul(s_lo, lo_dot), builder.mul(s_hi, hi_dot)))
-            return builder.sitofp(total, ir.VectorType(ir.FloatType(), n))
+                    lo, hi = builder.and_(raw, low), builder.lshr(raw, ir.Constant(vb, [4] * 4 * n))
+                    lo_dot = [_dot_into(builder, flavour, lo_dot[r], lo, four(r, 64 * t + 4 * c), n) for r in range(rows)]
+                    hi_dot = [_dot_into(builder, flavour, hi_dot[r], hi, four(r, 64 * t + 32 + 4 * c), n)
+                              for r in range(rows)]
+                s_lo, s_hi = (builder.zext(load(6, n * (2 * t + h), ir.VectorType(_I8, n), n), vi) for h in (0, 1))
+                total = [builder.add(total[r], builder.add(builder.mul(s_lo, lo_dot[r]), builder.mul(s_hi, hi_dot[r])))
+                         for r in range(rows)]
+            floats = [builder.sitofp(x, ir.VectorType(ir.FloatType(), n)) for x in total]
+            return floats[0] if rows == 1 else context.make_tuple(builder, sig.return_type, floats)
 
-        return proto(proto, q, qo, y, yo, sc, so), codegen
+        result = proto if rows == 1 else types.UniTuple(proto, rows)
+        return result(proto, q, qo, y, yo, ys, sc, so), codegen
 
     return dots

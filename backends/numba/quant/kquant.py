@@ -68,7 +68,8 @@ from graphir.backends.numba.quant.int8_dot import WIDE_LANES, k_lanes, k_mins, r
 
 _V8 = lanes(8)
 _VW = lanes(WIDE_LANES)     # rows side by side: a register of the widest width the host has byte instructions for
-_pair_dots, _block_dots = row_nibble_dots(1), row_nibble_dots(4)
+_GEMM_ROWS = 4          # activation rows of Q4_K's GEMM that meet a group's values at once
+_pair_dots, _block_dots = row_nibble_dots(1, rows=_GEMM_ROWS), row_nibble_dots(4)
 
 _F32 = np.float32
 _I32 = np.int32
@@ -213,11 +214,23 @@ def _side_mins(v, mn, at, ysum, r, b):
     return imin
 
 
+@njit(cache=True, inline="always")
+def _gemm_step(v, dots, wd, wm, mn, lo, g_rows, ysum, yd, r, b, p, acc, acc_min):
+    """One pair p of sub-blocks of super-block b in Q4_K's GEMM for activation row r, side by side: acc =
+    fma(dots, d_w * d_x, acc), acc_min = fma(imin, dmin_w * d_x, acc_min), imin the pair's min integer (the high
+    sub-block's term fused onto the low one's product)."""
+    dx = vsplat(v, yd[r, b])
+    imin = vfma(vload(v, mn, lo + g_rows), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 2 * p + 1))),
+                vmul(vload(v, mn, lo), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 2 * p)))))
+    return vfma(dots, vmul(wd, dx), acc), vfma(imin, vmul(wm, dx), acc_min)
+
+
 def q4_k_x8(gemm: bool) -> Callable:
     """The product of Q4_K rows in eights with x (n, k), quantizing x itself: with ``gemm``, as a mul_mat does it
     (rows in fours through the GEMM, the rest one by one), else every row through the GEMV, as llama.cpp's
-    mul_mat_id multiplies an expert's rows. A group of G rows side by side (pack_q4_k) meets one activation row
-    at a time, lane l holding row l's two chains; the min integers are formed in float32, exactly (_side_mins)."""
+    mul_mat_id multiplies an expert's rows. A group of G rows side by side (pack_q4_k) meets the GEMM's
+    activation rows _GEMM_ROWS at a time (the GEMV's one at a time), lane l holding row l's two chains; the min
+    integers are formed in float32, exactly (_side_mins)."""
 
     @njit(**_exact)
     def product(qs, sc, mn, dd, x, out):
@@ -228,24 +241,36 @@ def q4_k_x8(gemm: bool) -> Callable:
         in_fours = n - (n & 3) if gemm else 0                 # rows the GEMM takes; the rest go one by one
         yf, yd, ysum = _q8_k(x, in_fours)
         for g in prange((rows + g_rows - 1) // g_rows):
-            res = np.empty(g_rows, _F32)
-            for r in range(n):
+            res = np.empty(_GEMM_ROWS * g_rows, _F32)
+            for r in range(0, in_fours, _GEMM_ROWS):        # the GEMM: one FMA per pair of sub-blocks
+                a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = vzero(v)
+                for b in range(nb):
+                    o = g * nb + b
+                    wd, wm = vload(v, dd, 2 * o * g_rows), vload(v, dd, (2 * o + 1) * g_rows)
+                    qo, yo, so = o * 128 * g_rows, r * k + b * 256, o * 8 * g_rows
+                    for p in range(4):
+                        lo = so + 2 * p * g_rows
+                        p0, p1, p2, p3 = _pair_dots(v, qs, qo + 32 * p * g_rows, yf, yo + 64 * p, k, sc, lo)
+                        a0, m0 = _gemm_step(v, p0, wd, wm, mn, lo, g_rows, ysum, yd, r, b, p, a0, m0)
+                        a1, m1 = _gemm_step(v, p1, wd, wm, mn, lo, g_rows, ysum, yd, r + 1, b, p, a1, m1)
+                        a2, m2 = _gemm_step(v, p2, wd, wm, mn, lo, g_rows, ysum, yd, r + 2, b, p, a2, m2)
+                        a3, m3 = _gemm_step(v, p3, wd, wm, mn, lo, g_rows, ysum, yd, r + 3, b, p, a3, m3)
+                vstore(res, 0, vsub(a0, m0))
+                vstore(res, g_rows, vsub(a1, m1))
+                vstore(res, 2 * g_rows, vsub(a2, m2))
+                vstore(res, 3 * g_rows, vsub(a3, m3))
+                for i in range(_GEMM_ROWS):
+                    for j in range(min(g_rows, rows - g * g_rows)):
+                        out[r + i, g * g_rows + j] = res[i * g_rows + j]
+            for r in range(in_fours, n):                     # the GEMV: one FMA per super-block
                 acc = acc_min = vzero(v)
                 for b in range(nb):
                     o = g * nb + b
                     dx = vsplat(v, yd[r, b])
                     dw, dm = vmul(vload(v, dd, 2 * o * g_rows), dx), vmul(vload(v, dd, (2 * o + 1) * g_rows), dx)
                     qo, yo, so = o * 128 * g_rows, r * k + b * 256, o * 8 * g_rows
-                    if r < in_fours:                          # the GEMM: one FMA per pair of sub-blocks
-                        for p in range(4):
-                            lo, hi = so + 2 * p * g_rows, so + (2 * p + 1) * g_rows
-                            imin = vfma(vload(v, mn, hi), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 2 * p + 1))),
-                                        vmul(vload(v, mn, lo), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 2 * p)))))
-                            acc = vfma(_pair_dots(v, qs, qo + 32 * p * g_rows, yf, yo + 64 * p, sc, lo), dw, acc)
-                            acc_min = vfma(imin, dm, acc_min)
-                    else:                                     # the GEMV: one FMA per super-block
-                        acc = vfma(_block_dots(v, qs, qo, yf, yo, sc, so), dw, acc)
-                        acc_min = vfma(_side_mins(v, mn, so, ysum, r, b), dm, acc_min)
+                    acc = vfma(_block_dots(v, qs, qo, yf, yo, 0, sc, so), dw, acc)
+                    acc_min = vfma(_side_mins(v, mn, so, ysum, r, b), dm, acc_min)
                 vstore(res, 0, vsub(acc, acc_min))
                 for j in range(min(g_rows, rows - g * g_rows)):
                     out[r, g * g_rows + j] = res[j]
