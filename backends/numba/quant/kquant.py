@@ -609,6 +609,39 @@ _iq4_side = row_k_dots(32, 0, codes=IQ4_NL_VALUES.tolist(), rows=_SIDE_ROWS)
 
 
 @njit(cache=True, inline="always")
+def _load_rows(v, chains, at):
+    """The _SIDE_ROWS chains of consecutive activation rows from chains[at] (a register's width apart)."""
+    g = width(v)
+    return (vload(v, chains, at), vload(v, chains, at + g), vload(v, chains, at + 2 * g), vload(v, chains, at + 3 * g),
+            vload(v, chains, at + 4 * g), vload(v, chains, at + 5 * g), vload(v, chains, at + 6 * g),
+            vload(v, chains, at + 7 * g))
+
+
+@njit(cache=True, inline="always")
+def _store_rows(v, chains, at, a0, a1, a2, a3, a4, a5, a6, a7):
+    """_load_rows' way back."""
+    g = width(v)
+    for i, a in enumerate((a0, a1, a2, a3, a4, a5, a6, a7)):
+        vstore(chains, at + i * g, a)
+
+
+@njit(cache=True)
+def _zero_rows(yf, yd, ysum, k):
+    """Q8_K activation rows (flat quants, d, sums per 16) with rows of zeros after them up to a multiple of
+    _SIDE_ROWS: a run of rows that reaches past the last reads those."""
+    n = yd.shape[0]
+    n_pad = (n + _SIDE_ROWS - 1) // _SIDE_ROWS * _SIDE_ROWS
+    if n_pad == n:
+        return yf, yd, ysum
+    yf2, yd2 = np.zeros(n_pad * k, np.int8), np.zeros((n_pad, yd.shape[1]), _F32)
+    ysum2 = np.zeros((n_pad, ysum.shape[1]), _I32)
+    yf2[:n * k] = yf
+    yd2[:n] = yd
+    ysum2[:n] = ysum
+    return yf2, yd2, ysum2
+
+
+@njit(cache=True, inline="always")
 def _side_chain(f, v, s1, d, mins, t, ysum, yd, r, b, acc):
     """One activation row's chain after super-block b (pass slot t): res = d_w * float(s1), less dmin_w *
     float(imin) for the formats with mins, then acc = fma(res, d_x, acc)."""
@@ -627,16 +660,17 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
     bytes a row, int8_dot.row_k_dots; scales, mins and d a row each), _SIDE_PASS super-blocks at a time, which
     then meet every activation row while they sit in L1, lane l holding row l's chain (kept in memory between
     passes, as float32: the same chain): no sum across lanes, where the eight activation rows in lanes need one
-    per super-block. _SIDE_ROWS activation rows meet each loaded chunk of values (the last such run starts at
-    n - _SIDE_ROWS and stores only the rows it adds: n >= _SIDE_FROM). imin is formed in float32, exactly
-    (_side_mins)."""
+    per super-block. _SIDE_ROWS activation rows meet each loaded chunk of values (rows of zero quants after the
+    last, whose chains are not read). imin is formed in float32, exactly (_side_mins)."""
     v = _VW
     g_rows = width(v)
     codes = f == _IQ4C
     words = 32 if codes else 64                               # a super-block's 4-byte words a row
-    n, k = yd.shape[0], qv.shape[1] * 256 // (4 * words)
+    n, k = out.shape[0], qv.shape[1] * 256 // (4 * words)
     nb, rows = k >> 8, out.shape[1]
     src = qv.reshape(-1).view(np.uint32)
+    yf, yd, ysum = _zero_rows(yf, yd, ysum, k)                     # rows up to a multiple of _SIDE_ROWS
+    n_pad = yd.shape[0]
     bf = ysum.reshape(-1)
     for g in prange((rows + g_rows - 1) // g_rows):
         values = np.zeros(_SIDE_PASS * words * g_rows, np.uint32)   # [super-block][word][row]
@@ -644,7 +678,7 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
         mins = np.zeros(_SIDE_PASS * 8 * g_rows, _F32)               # [super-block][min][row]
         d = np.zeros(_SIDE_PASS * 2 * g_rows, _F32)                  # [super-block][d, -dmin][row]
         q = values.view(np.uint8)
-        chains = np.zeros(n * g_rows, _F32)                          # [activation row][row]
+        chains = np.zeros(n_pad * g_rows, _F32)                      # [activation row][row]
         for b0 in range(0, nb, _SIDE_PASS):
             for l in range(min(g_rows, rows - g * g_rows)):
                 i = g * g_rows + l
@@ -657,44 +691,26 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
                     for j in range(8):
                         mins[(t * 8 + j) * g_rows + l] = _F32(sc[i, b, 8 + j])
                     d[(t * 2) * g_rows + l], d[(t * 2 + 1) * g_rows + l] = dd[i, b, 0], -dd[i, b, 1]
-            for r in range(0, n, _SIDE_ROWS):
-                r0 = min(r, n - _SIDE_ROWS)
-                a0, a1 = vload(v, chains, r0 * g_rows), vload(v, chains, (r0 + 1) * g_rows)
-                a2, a3 = vload(v, chains, (r0 + 2) * g_rows), vload(v, chains, (r0 + 3) * g_rows)
-                a4, a5 = vload(v, chains, (r0 + 4) * g_rows), vload(v, chains, (r0 + 5) * g_rows)
-                a6, a7 = vload(v, chains, (r0 + 6) * g_rows), vload(v, chains, (r0 + 7) * g_rows)
+            for r in range(0, n_pad, _SIDE_ROWS):
+                a0, a1, a2, a3, a4, a5, a6, a7 = _load_rows(v, chains, r * g_rows)
                 for b in range(b0, min(nb, b0 + _SIDE_PASS)):
                     t = b - b0
-                    qo, yo, so, bo = t * 4 * words * g_rows, r0 * k + b * 256, t * 16 * g_rows, (r0 * nb + b) * 16
+                    qo, yo, so, bo = t * 4 * words * g_rows, r * k + b * 256, t * 16 * g_rows, (r * nb + b) * 16
                     if f == _Q6:
                         s0, s1, s2, s3, s4, s5, s6, s7 = _q6_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
                     elif codes:
                         s0, s1, s2, s3, s4, s5, s6, s7 = _iq4_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
                     else:
                         s0, s1, s2, s3, s4, s5, s6, s7 = _q5_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
-                    a0 = _side_chain(f, v, s0, d, mins, t, ysum, yd, r0, b, a0)
-                    a1 = _side_chain(f, v, s1, d, mins, t, ysum, yd, r0 + 1, b, a1)
-                    a2 = _side_chain(f, v, s2, d, mins, t, ysum, yd, r0 + 2, b, a2)
-                    a3 = _side_chain(f, v, s3, d, mins, t, ysum, yd, r0 + 3, b, a3)
-                    a4 = _side_chain(f, v, s4, d, mins, t, ysum, yd, r0 + 4, b, a4)
-                    a5 = _side_chain(f, v, s5, d, mins, t, ysum, yd, r0 + 5, b, a5)
-                    a6 = _side_chain(f, v, s6, d, mins, t, ysum, yd, r0 + 6, b, a6)
-                    a7 = _side_chain(f, v, s7, d, mins, t, ysum, yd, r0 + 7, b, a7)
-                if r0 == r:                                   # a run moved back stores only the rows it adds
-                    vstore(chains, r0 * g_rows, a0)
-                if r0 + 1 >= r:
-                    vstore(chains, (r0 + 1) * g_rows, a1)
-                if r0 + 2 >= r:
-                    vstore(chains, (r0 + 2) * g_rows, a2)
-                if r0 + 3 >= r:
-                    vstore(chains, (r0 + 3) * g_rows, a3)
-                if r0 + 4 >= r:
-                    vstore(chains, (r0 + 4) * g_rows, a4)
-                if r0 + 5 >= r:
-                    vstore(chains, (r0 + 5) * g_rows, a5)
-                if r0 + 6 >= r:
-                    vstore(chains, (r0 + 6) * g_rows, a6)
-                vstore(chains, (r0 + 7) * g_rows, a7)
+                    a0 = _side_chain(f, v, s0, d, mins, t, ysum, yd, r, b, a0)
+                    a1 = _side_chain(f, v, s1, d, mins, t, ysum, yd, r + 1, b, a1)
+                    a2 = _side_chain(f, v, s2, d, mins, t, ysum, yd, r + 2, b, a2)
+                    a3 = _side_chain(f, v, s3, d, mins, t, ysum, yd, r + 3, b, a3)
+                    a4 = _side_chain(f, v, s4, d, mins, t, ysum, yd, r + 4, b, a4)
+                    a5 = _side_chain(f, v, s5, d, mins, t, ysum, yd, r + 5, b, a5)
+                    a6 = _side_chain(f, v, s6, d, mins, t, ysum, yd, r + 6, b, a6)
+                    a7 = _side_chain(f, v, s7, d, mins, t, ysum, yd, r + 7, b, a7)
+                _store_rows(v, chains, r * g_rows, a0, a1, a2, a3, a4, a5, a6, a7)
         for r in range(n):
             for l in range(min(g_rows, rows - g * g_rows)):
                 out[r, g * g_rows + l] = chains[r * g_rows + l]
