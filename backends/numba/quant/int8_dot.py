@@ -428,6 +428,20 @@ def _operands(context, builder, sig, args):  # type: ignore[no-untyped-def]
     return at, load
 
 
+def _row_four(context, builder, sig, args, r, offset, n):  # type: ignore[no-untyped-def]
+    """For an intrinsic taking activation rows as (y, yo, ys) at arguments 3-5: the four int8 of row r at
+    y[yo + r * ys + offset], in each of n int32 lanes (_broadcast_four)."""
+    idx = builder.add(args[4], builder.mul(args[5], ir.Constant(args[5].type, r))) if r else args[4]
+    idx = builder.add(idx, ir.Constant(idx.type, offset)) if offset else idx
+    return _broadcast_four(context, builder, sig.args[3], args[3], idx, n)
+
+
+def _rows_result(context, builder, sig, sums, n):  # type: ignore[no-untyped-def]
+    """Each activation row's int32 sums as float32: one register, or a tuple of them for several rows."""
+    floats = [builder.sitofp(x, ir.VectorType(ir.FloatType(), n)) for x in sums]
+    return floats[0] if len(floats) == 1 else context.make_tuple(builder, sig.return_type, floats)
+
+
 def row_code_dots(values: Sequence[int], flavour: str = HOST) -> Callable[..., Any]:
     """An intrinsic dots(proto, q, qo, y, yo, ysum): for n = proto's lanes weight rows side by side (lane l is
     row l), the exact sum over a 32-element block of values[code] (16 signed byte values) times its activation
@@ -513,11 +527,7 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | 
             vi, vb = ir.VectorType(_I32, n), ir.VectorType(_I8, 4 * n)
 
             at, load = _operands(context, builder, sig, args)
-            ystep, bstep = args[5], args[10]
-
-            def y_at(r: int, offset: int) -> ir.Value:      # activation row r's quant index plus offset
-                row = builder.add(args[4], builder.mul(ystep, ir.Constant(ystep.type, r))) if r else args[4]
-                return builder.add(row, ir.Constant(row.type, offset)) if offset else row
+            bstep = args[10]
 
             def bsum(r: int, j: int) -> ir.Value:           # activation row r's sum over the jth run of 16
                 idx = builder.add(args[9], ir.Constant(args[9].type, j))
@@ -531,7 +541,7 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | 
                 return builder.shuffle_vector(one, one, ir.Constant(vi, [0] * n))
 
             def four(r: int, offset: int) -> ir.Value:
-                return _broadcast_four(context, builder, sig.args[3], args[3], y_at(r, offset), n)
+                return _row_four(context, builder, sig, args, r, offset, n)
 
             offsets = codes is not None and flavour == "vnni" and (n != 16 or _AVX512BW)
             s1 = [ir.Constant(vi, [0] * n)] * rows
@@ -540,8 +550,8 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | 
                 if bias:
                     dot = [splat(builder.mul(bsum(r, j), ir.Constant(_I32, -bias))) for r in range(rows)]
                 if offsets:                                   # -128 times the run's quants (two sums of 16)
-                    dot = [splat(builder.mul(builder.add(bsum(r, 2 * j), bsum(r, 2 * j + 1)), ir.Constant(_I32, -128)))
-                           for r in range(rows)]
+                    dot = [splat(builder.mul(builder.add(bsum(r, 2 * j), bsum(r, 2 * j + 1)),
+                                             ir.Constant(_I32, -128))) for r in range(rows)]
                 if codes is None:
                     for c in range(j * sub // 4, (j + 1) * sub // 4):
                         w = load(1, 4 * n * c, vb, 4 * n)
@@ -557,8 +567,7 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | 
                                       _dot_into(builder, flavour, dot[r], *_sign_trick(builder, value, y4), n))
                 scale = builder.sext(load(6, n * j, ir.VectorType(_I8, n), n), vi)
                 s1 = [builder.add(s1[r], builder.mul(scale, dot[r])) for r in range(rows)]
-            floats = [builder.sitofp(s, ir.VectorType(ir.FloatType(), n)) for s in s1]
-            return floats[0] if rows == 1 else context.make_tuple(builder, sig.return_type, floats)
+            return _rows_result(context, builder, sig, s1, n)
 
         result = proto if rows == 1 else types.UniTuple(proto, rows)
         return result(proto, q, qo, y, yo, ys, sc, so, bs, bo, bss), codegen
@@ -592,10 +601,8 @@ def row_nibble_dots(pairs: int, flavour: str = HOST, rows: int = 1) -> Callable[
 
             at, load = _operands(context, builder, sig, args)
 
-            def four(r: int, offset: int) -> ir.Value:       # row r's four quants at yo + r * ys + offset, in every lane
-                idx = builder.add(args[4], builder.mul(args[5], ir.Constant(args[5].type, r))) if r else args[4]
-                idx = builder.add(idx, ir.Constant(idx.type, offset)) if offset else idx
-                return _broadcast_four(context, builder, sig.args[3], args[3], idx, n)
+            def four(r: int, offset: int) -> ir.Value:
+                return _row_four(context, builder, sig, args, r, offset, n)
 
             low = ir.Constant(vb, [15] * 4 * n)
             total = [ir.Constant(vi, [0] * n)] * rows
@@ -604,14 +611,14 @@ def row_nibble_dots(pairs: int, flavour: str = HOST, rows: int = 1) -> Callable[
                 for c in range(8):
                     raw = load(1, 32 * n * t + 4 * n * c, vb, 4 * n)
                     lo, hi = builder.and_(raw, low), builder.lshr(raw, ir.Constant(vb, [4] * 4 * n))
-                    lo_dot = [_dot_into(builder, flavour, lo_dot[r], lo, four(r, 64 * t + 4 * c), n) for r in range(rows)]
+                    lo_dot = [_dot_into(builder, flavour, lo_dot[r], lo, four(r, 64 * t + 4 * c), n)
+                              for r in range(rows)]
                     hi_dot = [_dot_into(builder, flavour, hi_dot[r], hi, four(r, 64 * t + 32 + 4 * c), n)
                               for r in range(rows)]
                 s_lo, s_hi = (builder.zext(load(6, n * (2 * t + h), ir.VectorType(_I8, n), n), vi) for h in (0, 1))
                 total = [builder.add(total[r], builder.add(builder.mul(s_lo, lo_dot[r]), builder.mul(s_hi, hi_dot[r])))
                          for r in range(rows)]
-            floats = [builder.sitofp(x, ir.VectorType(ir.FloatType(), n)) for x in total]
-            return floats[0] if rows == 1 else context.make_tuple(builder, sig.return_type, floats)
+            return _rows_result(context, builder, sig, total, n)
 
         result = proto if rows == 1 else types.UniTuple(proto, rows)
         return result(proto, q, qo, y, yo, ys, sc, so), codegen
