@@ -166,6 +166,13 @@ class _Names:
 _CACHE_INPUTS = ("attn_inp_k_idxs", "attn_inp_v_idxs", "attn_inp_kq_mask")
 
 
+def _root(records: list[Record], i: int) -> int:
+    """The record a tensor's rows come from: record i followed back through ops that only move rows."""
+    while records[i][1] in _MOVES and records[i][7]:
+        i = records[i][7][0]
+    return i
+
+
 def _second_inputs(records: list[Record], n_ctx: int) -> set[int]:
     """The addresses of the inputs (and caches) created second under a name already given (a sliding-window
     cache's inputs, or an indexer cache's inputs and per-layer caches beside a latent cache's), or, where the graph
@@ -190,13 +197,8 @@ def _indexer_side(records: list[Record]) -> set[int]:
     """The addresses of the leaves a sparse-attention indexer reads (its cache through views, its mask), with the
     row ids that write that cache (ggml's set_rows: sources values, row ids, destination): empty where the graph has
     no indexer."""
-    def root(i: int) -> int:
-        while records[i][1] in _MOVES and records[i][7]:
-            i = records[i][7][0]
-        return i
-
-    caches = {root(i) for r in records if r[1] == "LIGHTNING_INDEXER" for i in r[7]}
-    ids = {r[7][1] for r in records if r[1] == "SET_ROWS" and len(r[7]) == 3 and root(r[7][2]) in caches}
+    caches = {_root(records, i) for r in records if r[1] == "LIGHTNING_INDEXER" for i in r[7]}
+    ids = {r[7][1] for r in records if r[1] == "SET_ROWS" and len(r[7]) == 3 and _root(records, r[7][2]) in caches}
     return {records[i][10] for i in caches | ids if records[i][1] == "NONE"}
 
 
@@ -221,11 +223,6 @@ def _renamed_states(records: list[Record], weights: frozenset[str]) -> dict[int,
         for i in r[7]:
             users.setdefault(i, []).append(j)
 
-    def root(i: int) -> int:
-        while records[i][1] in _MOVES and records[i][7]:
-            i = records[i][7][0]
-        return i
-
     ids = {i for i, r in enumerate(records) if r[1] == "NONE" and r[8] & _FLAG_INPUT and r[0] == "rs_s_copy"}
     out: dict[int, tuple[str, str]] = {}
     for i, r in enumerate(records):
@@ -239,7 +236,7 @@ def _renamed_states(records: list[Record], weights: frozenset[str]) -> dict[int,
                     reached.add(j)
                     if records[j][1] in _MOVES and records[j][7][0] in reached | {i}:
                         todo.append(j)
-        if any(root(k) in ids for j in reached for k in records[j][7]):
+        if any(_root(records, k) in ids for j in reached for k in records[j][7]):
             joined = any(records[j][1] == "CONCAT" for j in reached)
             out[i] = (scoped.group(2), CACHE_ROLES["r" if joined else "s"])
     return out
