@@ -525,49 +525,54 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | 
         def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
             n = proto.n
             vi, vb = ir.VectorType(_I32, n), ir.VectorType(_I8, 4 * n)
-
-            at, load = _operands(context, builder, sig, args)
-            bstep = args[10]
-
-            def bsum(r: int, j: int) -> ir.Value:           # activation row r's sum over the jth run of 16
-                idx = builder.add(args[9], ir.Constant(args[9].type, j))
-                if r:
-                    idx = builder.add(idx, builder.mul(bstep, ir.Constant(bstep.type, r)))
-                ptr = element_ptr(context, builder, sig.args[8], args[8], idx, 1)
-                return builder.load(builder.bitcast(ptr, _I32.as_pointer()), align=1)
-
-            def splat(x: ir.Value) -> ir.Value:
-                one = builder.insert_element(ir.Constant(vi, ir.Undefined), x, ir.Constant(_I32, 0))
-                return builder.shuffle_vector(one, one, ir.Constant(vi, [0] * n))
-
-            def four(r: int, offset: int) -> ir.Value:
-                return _row_four(context, builder, sig, args, r, offset, n)
-
             offsets = codes is not None and flavour == "vnni" and (n != 16 or _AVX512BW)
-            s1 = [ir.Constant(vi, [0] * n)] * rows
-            for j in range(256 // sub):
+            s1 = [cgutils.alloca_once_value(builder, ir.Constant(vi, [0] * n)) for _ in range(rows)]
+            # one sub-block a turn of an LLVM loop, not unrolled here: the code of eight activation rows over a
+            # whole super-block took LLVM seconds to compile per format, and a turn's dots are work enough
+            steps = ((n * sub // 2 if codes else n * sub), sub, n, sub // 16)   # its q, y, sc and bs offsets
+            with cgutils.for_range(builder, ir.Constant(args[2].type, 256 // sub)) as loop:
+                turn = list(args)
+                for i, step in zip((2, 4, 7, 9), steps):
+                    turn[i] = builder.add(args[i], builder.mul(loop.index, ir.Constant(args[i].type, step)))
+                _, load = _operands(context, builder, sig, turn)
+
+                def bsum(r: int, run: int) -> ir.Value:     # activation row r's sum over the sub-block's run of 16
+                    idx = builder.add(turn[9], ir.Constant(turn[9].type, run)) if run else turn[9]
+                    if r:
+                        idx = builder.add(idx, builder.mul(turn[10], ir.Constant(turn[10].type, r)))
+                    ptr = element_ptr(context, builder, sig.args[8], turn[8], idx, 1)
+                    return builder.load(builder.bitcast(ptr, _I32.as_pointer()), align=1)
+
+                def splat(x: ir.Value) -> ir.Value:
+                    one = builder.insert_element(ir.Constant(vi, ir.Undefined), x, ir.Constant(_I32, 0))
+                    return builder.shuffle_vector(one, one, ir.Constant(vi, [0] * n))
+
+                def four(r: int, offset: int) -> ir.Value:
+                    return _row_four(context, builder, sig, turn, r, offset, n)
+
                 dot = [ir.Constant(vi, [0] * n)] * rows
                 if bias:
-                    dot = [splat(builder.mul(bsum(r, j), ir.Constant(_I32, -bias))) for r in range(rows)]
+                    dot = [splat(builder.mul(bsum(r, 0), ir.Constant(_I32, -bias))) for r in range(rows)]
                 if offsets:                                   # -128 times the run's quants (two sums of 16)
-                    dot = [splat(builder.mul(builder.add(bsum(r, 2 * j), bsum(r, 2 * j + 1)),
-                                             ir.Constant(_I32, -128))) for r in range(rows)]
+                    dot = [splat(builder.mul(builder.add(bsum(r, 0), bsum(r, 1)), ir.Constant(_I32, -128)))
+                           for r in range(rows)]
                 if codes is None:
-                    for c in range(j * sub // 4, (j + 1) * sub // 4):
+                    for c in range(sub // 4):
                         w = load(1, 4 * n * c, vb, 4 * n)
                         dot = [_dot_into(builder, flavour, dot[r], w, four(r, 4 * c), n) for r in range(rows)]
                 for c in range(4 if codes is not None else 0):
-                    raw = load(1, 16 * n * j + 4 * n * c, vb, 4 * n)
+                    raw = load(1, 4 * n * c, vb, 4 * n)
                     for h, part in enumerate((builder.and_(raw, ir.Constant(vb, [15] * 4 * n)),
                                               builder.lshr(raw, ir.Constant(vb, [4] * 4 * n)))):
                         value = _look_up(builder, flavour, offset if offsets else signed, part)
                         for r in range(rows):
-                            y4 = four(r, 32 * j + 16 * h + 4 * c)
+                            y4 = four(r, 16 * h + 4 * c)
                             dot[r] = (_dot_into(builder, flavour, dot[r], value, y4, n) if offsets else
                                       _dot_into(builder, flavour, dot[r], *_sign_trick(builder, value, y4), n))
-                scale = builder.sext(load(6, n * j, ir.VectorType(_I8, n), n), vi)
-                s1 = [builder.add(s1[r], builder.mul(scale, dot[r])) for r in range(rows)]
-            return _rows_result(context, builder, sig, s1, n)
+                scale = builder.sext(load(6, 0, ir.VectorType(_I8, n), n), vi)
+                for r in range(rows):
+                    builder.store(builder.add(builder.load(s1[r]), builder.mul(scale, dot[r])), s1[r])
+            return _rows_result(context, builder, sig, [builder.load(p) for p in s1], n)
 
         result = proto if rows == 1 else types.UniTuple(proto, rows)
         return result(proto, q, qo, y, yo, ys, sc, so, bs, bo, bss), codegen

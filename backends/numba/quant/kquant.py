@@ -635,9 +635,13 @@ def _zero_rows(yf, yd, ysum, k):
         return yf, yd, ysum
     yf2, yd2 = np.zeros(n_pad * k, np.int8), np.zeros((n_pad, yd.shape[1]), _F32)
     ysum2 = np.zeros((n_pad, ysum.shape[1]), _I32)
-    yf2[:n * k] = yf
-    yd2[:n] = yd
-    ysum2[:n] = ysum
+    for i in range(n * k):              # loops, not slice copies: those compile numpy's shape errors (seconds)
+        yf2[i] = yf[i]
+    for r in range(n):
+        for b in range(yd.shape[1]):
+            yd2[r, b] = yd[r, b]
+        for j in range(ysum.shape[1]):
+            ysum2[r, j] = ysum[r, j]
     return yf2, yd2, ysum2
 
 
@@ -662,6 +666,16 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
     passes, as float32: the same chain): no sum across lanes, where the eight activation rows in lanes need one
     per super-block. _SIDE_ROWS activation rows meet each loaded chunk of values (rows of zero quants after the
     last, whose chains are not read). imin is formed in float32, exactly (_side_mins)."""
+    g_rows = width(_VW)
+    yf, yd, ysum = _zero_rows(yf, yd, ysum, qv.shape[1] * 256 // (4 * (32 if f == _IQ4C else 64)))
+    for g in prange((out.shape[1] + g_rows - 1) // g_rows):
+        _side_group(f, np.int64(g), qv, sc, dd, yf, yd, ysum, out)    # one signature in and outside the loop
+
+
+@njit(cache=True)
+def _side_group(f, g, qv, sc, dd, yf, yd, ysum, out):
+    """_tiled_side's group g: the body of its parallel loop, a function of its own (inside the loop, numba's
+    analysis of parallel code took seconds per format to compile it)."""
     v = _VW
     g_rows = width(v)
     codes = f == _IQ4C
@@ -669,51 +683,49 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
     n, k = out.shape[0], qv.shape[1] * 256 // (4 * words)
     nb, rows = k >> 8, out.shape[1]
     src = qv.reshape(-1).view(np.uint32)
-    yf, yd, ysum = _zero_rows(yf, yd, ysum, k)                     # rows up to a multiple of _SIDE_ROWS
-    n_pad = yd.shape[0]
+    n_pad = yd.shape[0]                                       # rows up to a multiple of _SIDE_ROWS (_zero_rows)
     bf = ysum.reshape(-1)
-    for g in prange((rows + g_rows - 1) // g_rows):
-        values = np.zeros(_SIDE_PASS * words * g_rows, np.uint32)   # [super-block][word][row]
-        scales = np.zeros(_SIDE_PASS * 16 * g_rows, np.int8)         # [super-block][scale][row]
-        mins = np.zeros(_SIDE_PASS * 8 * g_rows, _F32)               # [super-block][min][row]
-        d = np.zeros(_SIDE_PASS * 2 * g_rows, _F32)                  # [super-block][d, -dmin][row]
-        q = values.view(np.uint8)
-        chains = np.zeros(n_pad * g_rows, _F32)                      # [activation row][row]
-        for b0 in range(0, nb, _SIDE_PASS):
-            for l in range(min(g_rows, rows - g * g_rows)):
-                i = g * g_rows + l
-                for b in range(b0, min(nb, b0 + _SIDE_PASS)):
-                    t = b - b0
-                    for c in range(words):
-                        values[(t * words + c) * g_rows + l] = src[(i * nb + b) * words + c]
-                    for j in range(16):
-                        scales[(t * 16 + j) * g_rows + l] = sc[i, b, j]
-                    for j in range(8):
-                        mins[(t * 8 + j) * g_rows + l] = _F32(sc[i, b, 8 + j])
-                    d[(t * 2) * g_rows + l], d[(t * 2 + 1) * g_rows + l] = dd[i, b, 0], -dd[i, b, 1]
-            for r in range(0, n_pad, _SIDE_ROWS):
-                a0, a1, a2, a3, a4, a5, a6, a7 = _load_rows(v, chains, r * g_rows)
-                for b in range(b0, min(nb, b0 + _SIDE_PASS)):
-                    t = b - b0
-                    qo, yo, so, bo = t * 4 * words * g_rows, r * k + b * 256, t * 16 * g_rows, (r * nb + b) * 16
-                    if f == _Q6:
-                        s0, s1, s2, s3, s4, s5, s6, s7 = _q6_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
-                    elif codes:
-                        s0, s1, s2, s3, s4, s5, s6, s7 = _iq4_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
-                    else:
-                        s0, s1, s2, s3, s4, s5, s6, s7 = _q5_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
-                    a0 = _side_chain(f, v, s0, d, mins, t, ysum, yd, r, b, a0)
-                    a1 = _side_chain(f, v, s1, d, mins, t, ysum, yd, r + 1, b, a1)
-                    a2 = _side_chain(f, v, s2, d, mins, t, ysum, yd, r + 2, b, a2)
-                    a3 = _side_chain(f, v, s3, d, mins, t, ysum, yd, r + 3, b, a3)
-                    a4 = _side_chain(f, v, s4, d, mins, t, ysum, yd, r + 4, b, a4)
-                    a5 = _side_chain(f, v, s5, d, mins, t, ysum, yd, r + 5, b, a5)
-                    a6 = _side_chain(f, v, s6, d, mins, t, ysum, yd, r + 6, b, a6)
-                    a7 = _side_chain(f, v, s7, d, mins, t, ysum, yd, r + 7, b, a7)
-                _store_rows(v, chains, r * g_rows, a0, a1, a2, a3, a4, a5, a6, a7)
-        for r in range(n):
-            for l in range(min(g_rows, rows - g * g_rows)):
-                out[r, g * g_rows + l] = chains[r * g_rows + l]
+    values = np.zeros(_SIDE_PASS * words * g_rows, np.uint32)   # [super-block][word][row]
+    scales = np.zeros(_SIDE_PASS * 16 * g_rows, np.int8)         # [super-block][scale][row]
+    mins = np.zeros(_SIDE_PASS * 8 * g_rows, _F32)               # [super-block][min][row]
+    d = np.zeros(_SIDE_PASS * 2 * g_rows, _F32)                  # [super-block][d, -dmin][row]
+    q = values.view(np.uint8)
+    chains = np.zeros(n_pad * g_rows, _F32)                      # [activation row][row]
+    for b0 in range(0, nb, _SIDE_PASS):
+        for l in range(min(g_rows, rows - g * g_rows)):
+            i = g * g_rows + l
+            for b in range(b0, min(nb, b0 + _SIDE_PASS)):
+                t = b - b0
+                for c in range(words):
+                    values[(t * words + c) * g_rows + l] = src[(i * nb + b) * words + c]
+                for j in range(16):
+                    scales[(t * 16 + j) * g_rows + l] = sc[i, b, j]
+                for j in range(8):
+                    mins[(t * 8 + j) * g_rows + l] = _F32(sc[i, b, 8 + j])
+                d[(t * 2) * g_rows + l], d[(t * 2 + 1) * g_rows + l] = dd[i, b, 0], -dd[i, b, 1]
+        for r in range(0, n_pad, _SIDE_ROWS):
+            a0, a1, a2, a3, a4, a5, a6, a7 = _load_rows(v, chains, r * g_rows)
+            for b in range(b0, min(nb, b0 + _SIDE_PASS)):
+                t = b - b0
+                qo, yo, so, bo = t * 4 * words * g_rows, r * k + b * 256, t * 16 * g_rows, (r * nb + b) * 16
+                if f == _Q6:
+                    s0, s1, s2, s3, s4, s5, s6, s7 = _q6_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
+                elif codes:
+                    s0, s1, s2, s3, s4, s5, s6, s7 = _iq4_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
+                else:
+                    s0, s1, s2, s3, s4, s5, s6, s7 = _q5_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
+                a0 = _side_chain(f, v, s0, d, mins, t, ysum, yd, r, b, a0)
+                a1 = _side_chain(f, v, s1, d, mins, t, ysum, yd, r + 1, b, a1)
+                a2 = _side_chain(f, v, s2, d, mins, t, ysum, yd, r + 2, b, a2)
+                a3 = _side_chain(f, v, s3, d, mins, t, ysum, yd, r + 3, b, a3)
+                a4 = _side_chain(f, v, s4, d, mins, t, ysum, yd, r + 4, b, a4)
+                a5 = _side_chain(f, v, s5, d, mins, t, ysum, yd, r + 5, b, a5)
+                a6 = _side_chain(f, v, s6, d, mins, t, ysum, yd, r + 6, b, a6)
+                a7 = _side_chain(f, v, s7, d, mins, t, ysum, yd, r + 7, b, a7)
+            _store_rows(v, chains, r * g_rows, a0, a1, a2, a3, a4, a5, a6, a7)
+    for r in range(n):
+        for l in range(min(g_rows, rows - g * g_rows)):
+            out[r, g * g_rows + l] = chains[r * g_rows + l]
 
 
 def k_product(fmt: str) -> Callable:
