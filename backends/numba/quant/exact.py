@@ -184,9 +184,93 @@ def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
     qb = 32 if fmt in ("q8_0", "q5_1") else 16                      # quant bytes of a block of one row (16: nibbles)
     v_, r = lanes(n_lanes), n_lanes // 8
 
+    @njit(cache=True)
+    def group(g, qs, d, m, yf, yd, ys, out):
+        """Weight rows g * _G .. + _G for every activation row: the body of gemv's parallel loop, a function of
+        its own (numba's analysis of parallel code took seconds to compile it inside the loop)."""
+        v = v_
+        n, nb, rows = yd.shape[0], yd.shape[1], out.shape[1]
+        k = nb * 32
+        dd, sm = np.empty(width(v), _F32), np.empty(width(v), _F32)
+        for i in range(n):
+            for h in range(0, _G, width(v)):              # 8 registers of R rows: width(v) rows at a time
+                if whole:
+                    acc = vzero(v)
+                    for b in range(nb):
+                        o = (g * nb + b) * _G + h
+                        if i == 0 and h == 0:
+                            _ask_ahead(qs, d, m, o, qb, q4_1)
+                        qo, yo, step = o * qb, i * k + b * 32, r * qb
+                        sums = _row_sums(_lanes_q4_1(v, qs, qo, yf, yo), _lanes_q4_1(v, qs, qo + step, yf, yo),
+                                         _lanes_q4_1(v, qs, qo + 2 * step, yf, yo),
+                                         _lanes_q4_1(v, qs, qo + 3 * step, yf, yo),
+                                         _lanes_q4_1(v, qs, qo + 4 * step, yf, yo),
+                                         _lanes_q4_1(v, qs, qo + 5 * step, yf, yo),
+                                         _lanes_q4_1(v, qs, qo + 6 * step, yf, yo),
+                                         _lanes_q4_1(v, qs, qo + 7 * step, yf, yo))
+                        acc = vfma(vsub(sums, vsplat(v, ys[i, b])), vmul(vload(v, d, o), vsplat(v, yd[i, b])), acc)
+                    vstore(dd, 0, acc)
+                    for j in range(min(width(v), rows - g * _G - h)):
+                        out[i, g * _G + h + j] = dd[j]
+                    continue
+                if q4_1:                                  # four register pairs of n / 4 rows' halves each
+                    l0 = l1 = l2 = l3 = h0 = h1 = h2 = h3 = summ = vzero(v)
+                    r4 = width(v) // 4
+                    for b in range(nb):
+                        o = (g * nb + b) * _G + h
+                        if i == 0 and h == 0:
+                            _ask_ahead(qs, d, m, o, qb, q4_1)
+                        vstore(dd, 0, vmul(vload(v, d, o), vsplat(v, yd[i, b])))
+                        summ = vfma(vload(v, m, o), vsplat(v, ys[i, b]), summ)
+                        qo, yo, step = o * 16, i * k + b * 32, r4 * 16
+                        f = vspread4(v, dd, 0)
+                        l0 = vfma(f, _low_q4_1(v, qs, qo, yf, yo), l0)
+                        h0 = vfma(f, _high_q4_1(v, qs, qo, yf, yo), h0)
+                        f, qo = vspread4(v, dd, r4), qo + step
+                        l1 = vfma(f, _low_q4_1(v, qs, qo, yf, yo), l1)
+                        h1 = vfma(f, _high_q4_1(v, qs, qo, yf, yo), h1)
+                        f, qo = vspread4(v, dd, 2 * r4), qo + step
+                        l2 = vfma(f, _low_q4_1(v, qs, qo, yf, yo), l2)
+                        h2 = vfma(f, _high_q4_1(v, qs, qo, yf, yo), h2)
+                        f, qo = vspread4(v, dd, 3 * r4), qo + step
+                        l3 = vfma(f, _low_q4_1(v, qs, qo, yf, yo), l3)
+                        h3 = vfma(f, _high_q4_1(v, qs, qo, yf, yo), h3)
+                    vstore(sm, 0, summ)
+                    r0 = g * _G + h
+                    _halves_out(l0, h0, sm, out, i, r0, rows)
+                    _halves_out(l1, h1, sm, out, i, r0 + r4, rows)
+                    _halves_out(l2, h2, sm, out, i, r0 + 2 * r4, rows)
+                    _halves_out(l3, h3, sm, out, i, r0 + 3 * r4, rows)
+                    continue
+                a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = summ = vzero(v)   # Q8_0, Q5_1: 8 registers of R rows
+                for b in range(nb):
+                    o = (g * nb + b) * _G + h             # the first row's scale; its quants at o * qb
+                    vstore(dd, 0, vmul(vload(v, d, o), vsplat(v, yd[i, b])))
+                    if q5_1:
+                        summ = vfma(vload(v, m, o), vsplat(v, ys[i, b]), summ)
+                    qo, yo, step = o * qb, i * k + b * 32, r * qb
+                    a0 = vfma(vspread(v, dd, 0), _lanes_8(q5_1, v, qs, qo, yf, yo), a0)
+                    a1 = vfma(vspread(v, dd, r), _lanes_8(q5_1, v, qs, qo + step, yf, yo), a1)
+                    a2 = vfma(vspread(v, dd, 2 * r), _lanes_8(q5_1, v, qs, qo + 2 * step, yf, yo), a2)
+                    a3 = vfma(vspread(v, dd, 3 * r), _lanes_8(q5_1, v, qs, qo + 3 * step, yf, yo), a3)
+                    a4 = vfma(vspread(v, dd, 4 * r), _lanes_8(q5_1, v, qs, qo + 4 * step, yf, yo), a4)
+                    a5 = vfma(vspread(v, dd, 5 * r), _lanes_8(q5_1, v, qs, qo + 5 * step, yf, yo), a5)
+                    a6 = vfma(vspread(v, dd, 6 * r), _lanes_8(q5_1, v, qs, qo + 6 * step, yf, yo), a6)
+                    a7 = vfma(vspread(v, dd, 7 * r), _lanes_8(q5_1, v, qs, qo + 7 * step, yf, yo), a7)
+                vstore(sm, 0, summ)
+                r0 = g * _G + h
+                _rows_out(a0, r, q5_1, sm, 0, out, i, r0, rows)
+                _rows_out(a1, r, q5_1, sm, r, out, i, r0 + r, rows)
+                _rows_out(a2, r, q5_1, sm, 2 * r, out, i, r0 + 2 * r, rows)
+                _rows_out(a3, r, q5_1, sm, 3 * r, out, i, r0 + 3 * r, rows)
+                _rows_out(a4, r, q5_1, sm, 4 * r, out, i, r0 + 4 * r, rows)
+                _rows_out(a5, r, q5_1, sm, 5 * r, out, i, r0 + 5 * r, rows)
+                _rows_out(a6, r, q5_1, sm, 6 * r, out, i, r0 + 6 * r, rows)
+                _rows_out(a7, r, q5_1, sm, 7 * r, out, i, r0 + 7 * r, rows)
+
+
     @njit(**_exact)
     def gemv(qs, d, m, x, out):
-        v = v_
         n, k = x.shape
         nb, rows = k >> 5, out.shape[1]
         y, yd, ys = np.empty((n, k), np.int8), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
@@ -200,81 +284,6 @@ def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
                         t += yf[i * k + b * 32 + j]
                     ys[i, b] = _F32(8 * t)
         for g in prange((rows + _G - 1) // _G):
-            dd, sm = np.empty(width(v), _F32), np.empty(width(v), _F32)
-            for i in range(n):
-                for h in range(0, _G, width(v)):              # 8 registers of R rows: width(v) rows at a time
-                    if whole:
-                        acc = vzero(v)
-                        for b in range(nb):
-                            o = (g * nb + b) * _G + h
-                            if i == 0 and h == 0:
-                                _ask_ahead(qs, d, m, o, qb, q4_1)
-                            qo, yo, step = o * qb, i * k + b * 32, r * qb
-                            sums = _row_sums(_lanes_q4_1(v, qs, qo, yf, yo), _lanes_q4_1(v, qs, qo + step, yf, yo),
-                                             _lanes_q4_1(v, qs, qo + 2 * step, yf, yo),
-                                             _lanes_q4_1(v, qs, qo + 3 * step, yf, yo),
-                                             _lanes_q4_1(v, qs, qo + 4 * step, yf, yo),
-                                             _lanes_q4_1(v, qs, qo + 5 * step, yf, yo),
-                                             _lanes_q4_1(v, qs, qo + 6 * step, yf, yo),
-                                             _lanes_q4_1(v, qs, qo + 7 * step, yf, yo))
-                            acc = vfma(vsub(sums, vsplat(v, ys[i, b])), vmul(vload(v, d, o), vsplat(v, yd[i, b])), acc)
-                        vstore(dd, 0, acc)
-                        for j in range(min(width(v), rows - g * _G - h)):
-                            out[i, g * _G + h + j] = dd[j]
-                        continue
-                    if q4_1:                                  # four register pairs of n / 4 rows' halves each
-                        l0 = l1 = l2 = l3 = h0 = h1 = h2 = h3 = summ = vzero(v)
-                        r4 = width(v) // 4
-                        for b in range(nb):
-                            o = (g * nb + b) * _G + h
-                            if i == 0 and h == 0:
-                                _ask_ahead(qs, d, m, o, qb, q4_1)
-                            vstore(dd, 0, vmul(vload(v, d, o), vsplat(v, yd[i, b])))
-                            summ = vfma(vload(v, m, o), vsplat(v, ys[i, b]), summ)
-                            qo, yo, step = o * 16, i * k + b * 32, r4 * 16
-                            f = vspread4(v, dd, 0)
-                            l0 = vfma(f, _low_q4_1(v, qs, qo, yf, yo), l0)
-                            h0 = vfma(f, _high_q4_1(v, qs, qo, yf, yo), h0)
-                            f, qo = vspread4(v, dd, r4), qo + step
-                            l1 = vfma(f, _low_q4_1(v, qs, qo, yf, yo), l1)
-                            h1 = vfma(f, _high_q4_1(v, qs, qo, yf, yo), h1)
-                            f, qo = vspread4(v, dd, 2 * r4), qo + step
-                            l2 = vfma(f, _low_q4_1(v, qs, qo, yf, yo), l2)
-                            h2 = vfma(f, _high_q4_1(v, qs, qo, yf, yo), h2)
-                            f, qo = vspread4(v, dd, 3 * r4), qo + step
-                            l3 = vfma(f, _low_q4_1(v, qs, qo, yf, yo), l3)
-                            h3 = vfma(f, _high_q4_1(v, qs, qo, yf, yo), h3)
-                        vstore(sm, 0, summ)
-                        r0 = g * _G + h
-                        _halves_out(l0, h0, sm, out, i, r0, rows)
-                        _halves_out(l1, h1, sm, out, i, r0 + r4, rows)
-                        _halves_out(l2, h2, sm, out, i, r0 + 2 * r4, rows)
-                        _halves_out(l3, h3, sm, out, i, r0 + 3 * r4, rows)
-                        continue
-                    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = summ = vzero(v)   # Q8_0, Q5_1: 8 registers of R rows
-                    for b in range(nb):
-                        o = (g * nb + b) * _G + h             # the first row's scale; its quants at o * qb
-                        vstore(dd, 0, vmul(vload(v, d, o), vsplat(v, yd[i, b])))
-                        if q5_1:
-                            summ = vfma(vload(v, m, o), vsplat(v, ys[i, b]), summ)
-                        qo, yo, step = o * qb, i * k + b * 32, r * qb
-                        a0 = vfma(vspread(v, dd, 0), _lanes_8(q5_1, v, qs, qo, yf, yo), a0)
-                        a1 = vfma(vspread(v, dd, r), _lanes_8(q5_1, v, qs, qo + step, yf, yo), a1)
-                        a2 = vfma(vspread(v, dd, 2 * r), _lanes_8(q5_1, v, qs, qo + 2 * step, yf, yo), a2)
-                        a3 = vfma(vspread(v, dd, 3 * r), _lanes_8(q5_1, v, qs, qo + 3 * step, yf, yo), a3)
-                        a4 = vfma(vspread(v, dd, 4 * r), _lanes_8(q5_1, v, qs, qo + 4 * step, yf, yo), a4)
-                        a5 = vfma(vspread(v, dd, 5 * r), _lanes_8(q5_1, v, qs, qo + 5 * step, yf, yo), a5)
-                        a6 = vfma(vspread(v, dd, 6 * r), _lanes_8(q5_1, v, qs, qo + 6 * step, yf, yo), a6)
-                        a7 = vfma(vspread(v, dd, 7 * r), _lanes_8(q5_1, v, qs, qo + 7 * step, yf, yo), a7)
-                    vstore(sm, 0, summ)
-                    r0 = g * _G + h
-                    _rows_out(a0, r, q5_1, sm, 0, out, i, r0, rows)
-                    _rows_out(a1, r, q5_1, sm, r, out, i, r0 + r, rows)
-                    _rows_out(a2, r, q5_1, sm, 2 * r, out, i, r0 + 2 * r, rows)
-                    _rows_out(a3, r, q5_1, sm, 3 * r, out, i, r0 + 3 * r, rows)
-                    _rows_out(a4, r, q5_1, sm, 4 * r, out, i, r0 + 4 * r, rows)
-                    _rows_out(a5, r, q5_1, sm, 5 * r, out, i, r0 + 5 * r, rows)
-                    _rows_out(a6, r, q5_1, sm, 6 * r, out, i, r0 + 6 * r, rows)
-                    _rows_out(a7, r, q5_1, sm, 7 * r, out, i, r0 + 7 * r, rows)
+            group(np.int64(g), qs, d, m, yf, yd, ys, out)   # one signature in and outside the loop
 
     return gemv
