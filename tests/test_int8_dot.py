@@ -13,7 +13,8 @@ from numba import njit
 
 from graphir.backends.numba.primitives.simd import lanes, vstore, width
 from graphir.backends.numba.quant.blocks import IQ4_NL_VALUES, MXFP4_VALUES
-from graphir.backends.numba.quant.int8_dot import (FLAVOURS, HOST, block_lanes, k_lanes, k_mins, nibble_half_lanes,
+from graphir.backends.numba.quant.int8_dot import (FLAVOURS, HOST, block_lanes, k_lanes, k_mins, k_start,
+                                                   nibble_half_lanes,
                                                    row_code_dots, row_k_dots, row_nibble_dots)
 
 def _elements(fmt: str, q: np.ndarray) -> np.ndarray:
@@ -150,7 +151,7 @@ def test_rows_side_by_side_give_each_rows_tiled_k_quant_integer(flavour, fmt, n,
     """row_k_dots: lane l is row l's exact s1 over a super-block, sum_j sc_j * (sub-block j's values . quants),
     Q6_K's values less 32 (sub-blocks of 16), Q5_K's as they are, IQ4_XS's codes looked up in kvalues_iq4nl
     (sub-blocks of 32); the largest magnitudes (past 2^24 in the sum) included; several activation rows at once
-    (rows 300 quants apart, their sums 20 apart), each its own."""
+    (rows 300 quants apart, their starts 20 apart), each its own."""
     codes = fmt == "iq4_xs"
     sub, bias = (16, 32) if fmt == "q6_k" else (32, 0)
     table = IQ4_NL_VALUES.astype(np.int64)
@@ -194,8 +195,8 @@ def test_rows_side_by_side_give_each_rows_tiled_k_quant_integer(flavour, fmt, n,
             packed = raw.reshape(n, 64, 4).transpose(1, 0, 2)
         y_rows = np.zeros((rows, 300), np.int8)
         y_rows[:, :256] = y
-        bs = np.zeros((rows, 20), np.int32)
-        bs[:, :16] = y.astype(np.int32).reshape(rows, 16, 16).sum(axis=2)
+        bs = np.zeros((rows, 20), np.int32)                   # each sub-block's start (k_start times its sum)
+        bs[:, :256 // sub] = k_start(bias, codes, flavour) * y.astype(np.int32).reshape(rows, -1, sub).sum(axis=2)
         out = np.empty(rows * n, np.float32)
         (one if rows == 1 else eight)(lanes(n), np.ascontiguousarray(packed).reshape(-1), y_rows.reshape(-1),
                                       sc.reshape(-1), bs.reshape(-1), out)

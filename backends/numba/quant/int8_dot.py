@@ -23,7 +23,7 @@ from numba.extending import intrinsic
 
 from graphir.backends.numba.primitives.simd import F32Vec, element_ptr
 
-__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "k_lanes", "k_mins", "nibble_half_lanes",
+__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "k_lanes", "k_mins", "k_start", "nibble_half_lanes",
            "row_code_dots", "row_k_dots",
            "row_nibble_dots"]
 
@@ -493,6 +493,12 @@ def row_code_dots(values: Sequence[int], flavour: str = HOST) -> Callable[..., A
     return dots
 
 
+def k_start(bias: int, codes: bool, flavour: str = HOST) -> int:
+    """What row_k_dots' sum over a sub-block starts from, per unit of the activation's sum there: -bias (Q6_K's
+    values less 32), -128 where codes go in as values + 128 (VNNI), else 0 (nothing to start from)."""
+    return -bias if bias else -128 if codes and flavour == "vnni" else 0
+
+
 def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | None = None,
                rows: int = 1) -> Callable[..., Any]:
     """An intrinsic dots(proto, q, qo, y, yo, ys, sc, so, bs, bo, bss): for n = proto's lanes weight rows side by
@@ -501,7 +507,9 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | 
     tuple of them when more than one): ggml-cpu/tiled's per-block integer of Q6_K (sub 16, bias 32) or Q5_K and
     Q4_K (sub 32, no bias). Layout: 64 chunks of four values a row, chunk c the n rows' four bytes one row after
     another from q[qo + 4nc]; sub-block j's n scales (int8) at sc[so + nj]; activation row r's 256 quants (int8) at
-    y[yo + r * ys], their sums per 16 (int32) at bs[bo + r * bss]. A chunk's four quants are broadcast to every
+    y[yo + r * ys], and where k_start is not 0 what sub-block j's sums start from at bs[bo + r * bss + j] (int32:
+    k_start times the sub-block's quants' sum, formed once a row by the caller for every group of weight rows, so
+    that a turn loads it into a register as it is). A chunk's four quants are broadcast to every
     row (vpdpbusd, or pmaddubsw and pmaddwd): no sum across lanes; each chunk is loaded (and its codes looked up)
     once for all the activation rows, whose chains run side by side. ``codes`` (16 signed values; sub 32): q holds
     4-bit codes into them, per run of 32 four chunks of four code bytes a row (the run's 16 GGUF bytes: byte j
@@ -515,6 +523,7 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | 
                          f"{rows} activation rows, or unknown flavour {flavour!r}")
     signed = [int(v) & 255 for v in codes] if codes is not None else []
     offset = [(int(v) + 128) & 255 for v in codes] if codes is not None else []
+    start = k_start(bias, codes is not None, flavour)
 
     @intrinsic
     def dots(typingctx, proto, q, qo, y, yo, ys, sc, so, bs, bo, bss):  # type: ignore[no-untyped-def]
@@ -525,21 +534,19 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | 
         def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
             n = proto.n
             vi, vb = ir.VectorType(_I32, n), ir.VectorType(_I8, 4 * n)
-            offsets = codes is not None and flavour == "vnni" and (n != 16 or _AVX512BW)
+            offsets = codes is not None and start != 0        # values + 128 from their start (_dot_into: any n)
             s1 = [cgutils.alloca_once_value(builder, ir.Constant(vi, [0] * n)) for _ in range(rows)]
             # one sub-block a turn of an LLVM loop, not unrolled here: the code of eight activation rows over a
             # whole super-block took LLVM seconds to compile per format, and a turn's dots are work enough
-            steps = ((n * sub // 2 if codes else n * sub), sub, n, sub // 16)   # its q, y, sc and bs offsets
+            steps = ((n * sub // 2 if codes else n * sub), sub, n, 1)   # its q, y, sc and bs offsets
             with cgutils.for_range(builder, ir.Constant(args[2].type, 256 // sub)) as loop:
                 turn = list(args)
                 for i, step in zip((2, 4, 7, 9), steps):
                     turn[i] = builder.add(args[i], builder.mul(loop.index, ir.Constant(args[i].type, step)))
                 _, load = _operands(context, builder, sig, turn)
 
-                def bsum(r: int, run: int) -> ir.Value:     # activation row r's sum over the sub-block's run of 16
-                    idx = builder.add(turn[9], ir.Constant(turn[9].type, run)) if run else turn[9]
-                    if r:
-                        idx = builder.add(idx, builder.mul(turn[10], ir.Constant(turn[10].type, r)))
+                def first(r: int) -> ir.Value:               # activation row r's start of the sub-block
+                    idx = builder.add(turn[9], builder.mul(turn[10], ir.Constant(turn[10].type, r))) if r else turn[9]
                     ptr = element_ptr(context, builder, sig.args[8], turn[8], idx, 1)
                     return builder.load(builder.bitcast(ptr, _I32.as_pointer()), align=1)
 
@@ -550,12 +557,7 @@ def row_k_dots(sub: int, bias: int, flavour: str = HOST, codes: Sequence[int] | 
                 def four(r: int, offset: int) -> ir.Value:
                     return _row_four(context, builder, sig, turn, r, offset, n)
 
-                dot = [ir.Constant(vi, [0] * n)] * rows
-                if bias:
-                    dot = [splat(builder.mul(bsum(r, 0), ir.Constant(_I32, -bias))) for r in range(rows)]
-                if offsets:                                   # -128 times the run's quants (two sums of 16)
-                    dot = [splat(builder.mul(builder.add(bsum(r, 0), bsum(r, 1)), ir.Constant(_I32, -128)))
-                           for r in range(rows)]
+                dot = [splat(first(r)) if start else ir.Constant(vi, [0] * n) for r in range(rows)]
                 if codes is None:
                     for c in range(sub // 4):
                         w = load(1, 4 * n * c, vb, 4 * n)

@@ -64,7 +64,7 @@ from graphir.backends.numba.quant.activation import cvt_i32, maxps
 from graphir.backends.numba.quant.blocks import (IQ4_NL_VALUES, block_f16, iq1_m_fields, iq1_s_fields,
                                                  iq2_s_fields, iq2_xs_fields, iq2_xxs_fields, iq3_s_fields,
                                                  iq3_xxs_fields, iq4_xs_fields, k_scales, tq1_0_values)
-from graphir.backends.numba.quant.int8_dot import WIDE_LANES, k_lanes, k_mins, row_k_dots, row_nibble_dots
+from graphir.backends.numba.quant.int8_dot import WIDE_LANES, k_lanes, k_mins, k_start, row_k_dots, row_nibble_dots
 
 _V8 = lanes(8)
 _VW = lanes(WIDE_LANES)     # rows side by side: a register of the widest width the host has byte instructions for
@@ -196,32 +196,38 @@ def _q8_k(x, fours=0):
     return y.reshape(-1), yd, ysum
 
 
-@njit(cache=True, inline="always")
-def _sub_block_sum(ysum, r, b, j):
-    """The sum of activation row r's quants over 32-element sub-block j of super-block b (two bsums)."""
-    return ysum[r, b * 16 + 2 * j] + ysum[r, b * 16 + 2 * j + 1]
+@njit(cache=True)
+def _sub_sums(ysum):
+    """Each activation row's sums over its 32-element sub-blocks (two bsums each) as float32 (rows, k / 32): what
+    the min integers multiply, converted once for every group of weight rows that meets the row."""
+    n, m = ysum.shape
+    sums = np.empty((n, m >> 1), _F32)
+    for r in range(n):
+        for j in range(m >> 1):
+            sums[r, j] = _F32(ysum[r, 2 * j] + ysum[r, 2 * j + 1])
+    return sums
 
 
 @njit(cache=True, inline="always")
-def _side_mins(v, mn, at, ysum, r, b):
+def _side_mins(v, mn, at, ms, r, b):
     """Side by side, each row's min integer of super-block b for activation row r: sum_j m_j * (the activation's
-    sum over sub-block j), the rows' eight mins as float32 from mn[at] ([sub-block][row]); exact in float32 (at
-    most 8 * 63 * 4096 < 2^24)."""
+    sum over sub-block j, from ms: _sub_sums), the rows' eight mins as float32 from mn[at] ([sub-block][row]);
+    exact in float32 (at most 8 * 63 * 4096 < 2^24)."""
     g_rows = width(v)
-    imin = vmul(vload(v, mn, at), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 0))))
+    imin = vmul(vload(v, mn, at), vsplat(v, ms[r, 8 * b]))
     for j in range(1, 8):
-        imin = vfma(vload(v, mn, at + j * g_rows), vsplat(v, _F32(_sub_block_sum(ysum, r, b, j))), imin)
+        imin = vfma(vload(v, mn, at + j * g_rows), vsplat(v, ms[r, 8 * b + j]), imin)
     return imin
 
 
 @njit(cache=True, inline="always")
-def _gemm_step(v, dots, wd, wm, mn, lo, g_rows, ysum, yd, r, b, p, acc, acc_min):
+def _gemm_step(v, dots, wd, wm, mn, lo, g_rows, ms, yd, r, b, p, acc, acc_min):
     """One pair p of sub-blocks of super-block b in Q4_K's GEMM for activation row r, side by side: acc =
     fma(dots, d_w * d_x, acc), acc_min = fma(imin, dmin_w * d_x, acc_min), imin the pair's min integer (the high
     sub-block's term fused onto the low one's product)."""
     dx = vsplat(v, yd[r, b])
-    imin = vfma(vload(v, mn, lo + g_rows), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 2 * p + 1))),
-                vmul(vload(v, mn, lo), vsplat(v, _F32(_sub_block_sum(ysum, r, b, 2 * p)))))
+    imin = vfma(vload(v, mn, lo + g_rows), vsplat(v, ms[r, 8 * b + 2 * p + 1]),
+                vmul(vload(v, mn, lo), vsplat(v, ms[r, 8 * b + 2 * p])))
     return vfma(dots, vmul(wd, dx), acc), vfma(imin, vmul(wm, dx), acc_min)
 
 
@@ -240,6 +246,7 @@ def q4_k_x8(gemm: bool) -> Callable:
         nb, rows = k >> 8, out.shape[1]
         in_fours = n - (n & 3) if gemm else 0                 # rows the GEMM takes; the rest go one by one
         yf, yd, ysum = _q8_k(x, in_fours)
+        ms = _sub_sums(ysum)
         for g in prange((rows + g_rows - 1) // g_rows):
             res = np.empty(_GEMM_ROWS * g_rows, _F32)
             for r in range(0, in_fours, _GEMM_ROWS):        # the GEMM: one FMA per pair of sub-blocks
@@ -251,10 +258,10 @@ def q4_k_x8(gemm: bool) -> Callable:
                     for p in range(4):
                         lo = so + 2 * p * g_rows
                         p0, p1, p2, p3 = _pair_dots(v, qs, qo + 32 * p * g_rows, yf, yo + 64 * p, k, sc, lo)
-                        a0, m0 = _gemm_step(v, p0, wd, wm, mn, lo, g_rows, ysum, yd, r, b, p, a0, m0)
-                        a1, m1 = _gemm_step(v, p1, wd, wm, mn, lo, g_rows, ysum, yd, r + 1, b, p, a1, m1)
-                        a2, m2 = _gemm_step(v, p2, wd, wm, mn, lo, g_rows, ysum, yd, r + 2, b, p, a2, m2)
-                        a3, m3 = _gemm_step(v, p3, wd, wm, mn, lo, g_rows, ysum, yd, r + 3, b, p, a3, m3)
+                        a0, m0 = _gemm_step(v, p0, wd, wm, mn, lo, g_rows, ms, yd, r, b, p, a0, m0)
+                        a1, m1 = _gemm_step(v, p1, wd, wm, mn, lo, g_rows, ms, yd, r + 1, b, p, a1, m1)
+                        a2, m2 = _gemm_step(v, p2, wd, wm, mn, lo, g_rows, ms, yd, r + 2, b, p, a2, m2)
+                        a3, m3 = _gemm_step(v, p3, wd, wm, mn, lo, g_rows, ms, yd, r + 3, b, p, a3, m3)
                 vstore(res, 0, vsub(a0, m0))
                 vstore(res, g_rows, vsub(a1, m1))
                 vstore(res, 2 * g_rows, vsub(a2, m2))
@@ -270,7 +277,7 @@ def q4_k_x8(gemm: bool) -> Callable:
                     dw, dm = vmul(vload(v, dd, 2 * o * g_rows), dx), vmul(vload(v, dd, (2 * o + 1) * g_rows), dx)
                     qo, yo, so = o * 128 * g_rows, r * k + b * 256, o * 8 * g_rows
                     acc = vfma(_block_dots(v, qs, qo, yf, yo, 0, sc, so), dw, acc)
-                    acc_min = vfma(_side_mins(v, mn, so, ysum, r, b), dm, acc_min)
+                    acc_min = vfma(_side_mins(v, mn, so, ms, r, b), dm, acc_min)
                 vstore(res, 0, vsub(acc, acc_min))
                 for j in range(min(g_rows, rows - g * g_rows)):
                     out[r, g * g_rows + j] = res[j]
@@ -606,6 +613,23 @@ def _vec_dot_total(f, lanes_acc, mins_acc):
 _SIDE_ROWS = 8          # activation rows that meet a group's values at once (their chains side by side)
 _q6_side, _q5_side = row_k_dots(16, 32, rows=_SIDE_ROWS), row_k_dots(32, 0, rows=_SIDE_ROWS)
 _iq4_side = row_k_dots(32, 0, codes=IQ4_NL_VALUES.tolist(), rows=_SIDE_ROWS)
+_Q6_START, _IQ4_START = k_start(32, False), k_start(0, True)   # what their sub-blocks' sums start from
+
+
+@njit(cache=True)
+def _starts(ysum, per, start):
+    """Each activation row's start of every sub-block of ``per`` (16 or 32) elements for row_k_dots: ``start``
+    times the sum of the row's quants there."""
+    n, m = ysum.shape
+    runs = per >> 4
+    starts = np.empty((n, m // runs), _I32)
+    for r in range(n):
+        for j in range(m // runs):
+            total = 0
+            for i in range(runs):
+                total += ysum[r, runs * j + i]
+            starts[r, j] = start * total
+    return starts
 
 
 @njit(cache=True, inline="always")
@@ -646,13 +670,13 @@ def _zero_rows(yf, yd, ysum, k):
 
 
 @njit(cache=True, inline="always")
-def _side_chain(f, v, s1, d, mins, t, ysum, yd, r, b, acc):
+def _side_chain(f, v, s1, d, mins, t, ms, yd, r, b, acc):
     """One activation row's chain after super-block b (pass slot t): res = d_w * float(s1), less dmin_w *
     float(imin) for the formats with mins, then acc = fma(res, d_x, acc)."""
     g_rows = width(v)
     res = vmul(vload(v, d, 2 * t * g_rows), s1)
     if f != _Q6 and f != _IQ4C:
-        res = vfma(vload(v, d, (2 * t + 1) * g_rows), _side_mins(v, mins, t * 8 * g_rows, ysum, r, b), res)
+        res = vfma(vload(v, d, (2 * t + 1) * g_rows), _side_mins(v, mins, t * 8 * g_rows, ms, r, b), res)
     return vfma(res, vsplat(v, yd[r, b]), acc)
 
 
@@ -668,12 +692,14 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
     last, whose chains are not read). imin is formed in float32, exactly (_side_mins)."""
     g_rows = width(_VW)
     yf, yd, ysum = _zero_rows(yf, yd, ysum, qv.shape[1] * 256 // (4 * (32 if f == _IQ4C else 64)))
+    ms = _sub_sums(ysum)
+    st = _starts(ysum, 16, _Q6_START) if f == _Q6 else _starts(ysum, 32, _IQ4_START) if f == _IQ4C else ysum
     for g in prange((out.shape[1] + g_rows - 1) // g_rows):
-        _side_group(f, np.int64(g), qv, sc, dd, yf, yd, ysum, out)    # one signature in and outside the loop
+        _side_group(f, np.int64(g), qv, sc, dd, yf, yd, st, ms, out)    # one signature in and outside the loop
 
 
 @njit(cache=True)
-def _side_group(f, g, qv, sc, dd, yf, yd, ysum, out):
+def _side_group(f, g, qv, sc, dd, yf, yd, st, ms, out):
     """_tiled_side's group g: the body of its parallel loop, a function of its own (inside the loop, numba's
     analysis of parallel code took seconds per format to compile it)."""
     v = _VW
@@ -684,7 +710,7 @@ def _side_group(f, g, qv, sc, dd, yf, yd, ysum, out):
     nb, rows = k >> 8, out.shape[1]
     src = qv.reshape(-1).view(np.uint32)
     n_pad = yd.shape[0]                                       # rows up to a multiple of _SIDE_ROWS (_zero_rows)
-    bf = ysum.reshape(-1)
+    starts, per_row = st.reshape(-1), st.shape[1]             # the sub-blocks' starts (_starts), where read
     values = np.zeros(_SIDE_PASS * words * g_rows, np.uint32)   # [super-block][word][row]
     scales = np.zeros(_SIDE_PASS * 16 * g_rows, np.int8)         # [super-block][scale][row]
     mins = np.zeros(_SIDE_PASS * 8 * g_rows, _F32)               # [super-block][min][row]
@@ -707,21 +733,22 @@ def _side_group(f, g, qv, sc, dd, yf, yd, ysum, out):
             a0, a1, a2, a3, a4, a5, a6, a7 = _load_rows(v, chains, r * g_rows)
             for b in range(b0, min(nb, b0 + _SIDE_PASS)):
                 t = b - b0
-                qo, yo, so, bo = t * 4 * words * g_rows, r * k + b * 256, t * 16 * g_rows, (r * nb + b) * 16
+                qo, yo, so = t * 4 * words * g_rows, r * k + b * 256, t * 16 * g_rows
+                bo = r * per_row + b * (per_row // nb)
                 if f == _Q6:
-                    s0, s1, s2, s3, s4, s5, s6, s7 = _q6_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
+                    s0, s1, s2, s3, s4, s5, s6, s7 = _q6_side(v, q, qo, yf, yo, k, scales, so, starts, bo, per_row)
                 elif codes:
-                    s0, s1, s2, s3, s4, s5, s6, s7 = _iq4_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
+                    s0, s1, s2, s3, s4, s5, s6, s7 = _iq4_side(v, q, qo, yf, yo, k, scales, so, starts, bo, per_row)
                 else:
-                    s0, s1, s2, s3, s4, s5, s6, s7 = _q5_side(v, q, qo, yf, yo, k, scales, so, bf, bo, nb * 16)
-                a0 = _side_chain(f, v, s0, d, mins, t, ysum, yd, r, b, a0)
-                a1 = _side_chain(f, v, s1, d, mins, t, ysum, yd, r + 1, b, a1)
-                a2 = _side_chain(f, v, s2, d, mins, t, ysum, yd, r + 2, b, a2)
-                a3 = _side_chain(f, v, s3, d, mins, t, ysum, yd, r + 3, b, a3)
-                a4 = _side_chain(f, v, s4, d, mins, t, ysum, yd, r + 4, b, a4)
-                a5 = _side_chain(f, v, s5, d, mins, t, ysum, yd, r + 5, b, a5)
-                a6 = _side_chain(f, v, s6, d, mins, t, ysum, yd, r + 6, b, a6)
-                a7 = _side_chain(f, v, s7, d, mins, t, ysum, yd, r + 7, b, a7)
+                    s0, s1, s2, s3, s4, s5, s6, s7 = _q5_side(v, q, qo, yf, yo, k, scales, so, starts, bo, per_row)
+                a0 = _side_chain(f, v, s0, d, mins, t, ms, yd, r, b, a0)
+                a1 = _side_chain(f, v, s1, d, mins, t, ms, yd, r + 1, b, a1)
+                a2 = _side_chain(f, v, s2, d, mins, t, ms, yd, r + 2, b, a2)
+                a3 = _side_chain(f, v, s3, d, mins, t, ms, yd, r + 3, b, a3)
+                a4 = _side_chain(f, v, s4, d, mins, t, ms, yd, r + 4, b, a4)
+                a5 = _side_chain(f, v, s5, d, mins, t, ms, yd, r + 5, b, a5)
+                a6 = _side_chain(f, v, s6, d, mins, t, ms, yd, r + 6, b, a6)
+                a7 = _side_chain(f, v, s7, d, mins, t, ms, yd, r + 7, b, a7)
             _store_rows(v, chains, r * g_rows, a0, a1, a2, a3, a4, a5, a6, a7)
     for r in range(n):
         for l in range(min(g_rows, rows - g * g_rows)):
