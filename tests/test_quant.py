@@ -710,7 +710,9 @@ def test_k_quants_unrepacked_are_llama_cpps_vec_dot_below_eight_rows_and_its_til
     (ggml_vec_dot_iq3_s_q8_K, tiled's act-bias MAC) too, on its signed grid values, scales 1 + 2 * field (its sums
     stay below 2^24), and IQ3_XXS's, whose factor of 1/4 multiplies the vec_dot's total (0.25f * hsum_float_8) and the tiled kernels' d."""
     rng = np.random.default_rng(n)
-    rows, ne0 = 16, 1280 if n >= 32 else 768 if qtype in GRIDS else 512   # 1280: two passes of the side-by-side chains
+    # from 32 rows: 1280 elements (two passes of the side-by-side chains) and 40 rows (whole groups of 16 or 8 rows
+    # side by side, and on AVX-512 a last group of 8)
+    rows, ne0 = (40, 1280) if n >= 32 else (16, 768 if qtype in GRIDS else 512)
     raw = make_weight(qtype, rows, ne0, rng)
     _extremes(raw.reshape(rows, -1, gguf.GGML_QUANT_SIZES[qtype][1])[3], qtype)
     if qtype in GRIDS:

@@ -13,7 +13,7 @@ import pytest
 from numba import njit
 
 from graphir.backends.numba.primitives.simd import (lanes, vfma, vhadd_sum, vhadd_sums8, vhsum, vload, vload_part,
-                                                    vreduce4, vsplat_at, vstore, vzero)
+                                                    vreduce4, vsplat_at, vstore, vtranspose, vzero)
 from graphir.backends.numba.primitives.bits import fma, hsum
 
 F32 = np.float32
@@ -126,6 +126,25 @@ def test_loads_convert_f16_bits_exactly_and_partial_loads_read_zeros_past_the_co
     assert np.array_equal(out[32:39], f[3:10]) and not out[39:64].any()
     assert np.array_equal(out[64:80], want, equal_nan=True) and np.array_equal(out[80:96], f[4:20])
     assert np.array_equal(out[96:], np.full(16, 20, F32))
+
+
+@njit(cache=True)
+def _transpose(v, src, so, stride, dst, do):
+    vtranspose(v, src, so, stride, dst, do)
+
+
+@pytest.mark.parametrize("n", [8, 16])
+def test_a_transpose_lays_n_rows_of_n_words_side_by_side_and_touches_nothing_else(n):
+    """vtranspose: word c of row r (rows 37 words apart from word 7 on) lands at n * c + r from word 5 on, every
+    bit of it (uint32 and float32 words alike, NaN payloads included); the words around are left as they were."""
+    rng = np.random.default_rng(n)
+    src = rng.integers(0, 2 ** 32, 7 + 37 * n, dtype=np.uint64).astype(np.uint32)
+    want = src[7:7 + 37 * n].reshape(n, 37)[:, :n].T.reshape(-1)
+    for dtype in (np.uint32, F32):
+        dst = np.full(5 + n * n + 3, 0xDEADBEEF, np.uint32)
+        _transpose(lanes(n), src.view(dtype), 7, 37, dst.view(dtype), 5)
+        assert np.array_equal(dst[5:5 + n * n], want), dtype
+        assert (dst[:5] == 0xDEADBEEF).all() and (dst[5 + n * n:] == 0xDEADBEEF).all(), dtype
 
 
 def test_a_vector_access_past_the_end_raises_under_boundscheck(tmp_path):

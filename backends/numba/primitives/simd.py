@@ -24,7 +24,7 @@ from graphir.backends.numba.primitives import cache  # noqa: F401  (installed be
 __all__ = ["Lanes", "lanes", "vzero", "vsplat", "vsplat_at", "vload", "vload_part", "vstore", "vfma", "vadd", "vsub",
            "vmul", "vhadd_sum", "vhadd_sums8", "vhsum", "vhsum8_at", "vhsum8_halves",
            "vreduce4", "vspread", "vspread4", "width", "as_f32", "element_ptr", "prefetch", "vfold_blocks", "vlane",
-           "vhsums16"]
+           "vhsums16", "vtranspose"]
 
 
 class F32Vec(types.Type):
@@ -164,6 +164,43 @@ def prefetch(typingctx, arr, idx):
         return context.get_dummy_value()
 
     return types.none(arr, idx), codegen
+
+
+@intrinsic
+def vtranspose(typingctx, proto, src, so, stride, dst, do):
+    """dst[do + n * c + r] = src[so + stride * r + c] for r, c < n (n = proto's lanes; src and dst 1-D arrays of one
+    4-byte type): n rows of n words laid side by side, column c of them one register in dst. The rows are loaded
+    whole and transposed in registers, log2(n) rounds of two-register shuffles (each swaps the off-diagonal blocks
+    of one size), where word-by-word copies took two scalar instructions a word."""
+    if not (isinstance(proto, F32Vec) and isinstance(src, types.Array) and src.ndim == dst.ndim == 1
+            and isinstance(dst, types.Array) and src.dtype == dst.dtype and src.dtype.bitwidth == 32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n, i32 = proto.n, ir.IntType(32)
+        vi = ir.VectorType(i32, n)
+
+        def at(arr: int, idx: ir.Value) -> ir.Value:
+            return builder.bitcast(element_ptr(context, builder, sig.args[arr], args[arr], idx, n), vi.as_pointer())
+
+        step = builder.sext(args[3], ir.IntType(64)) if args[3].type.width < 64 else args[3]
+        first = builder.sext(args[2], ir.IntType(64)) if args[2].type.width < 64 else args[2]
+        rows = [builder.load(at(1, builder.add(first, builder.mul(step, ir.Constant(step.type, r)))), align=4)
+                for r in range(n)]
+        k = n // 2
+        while k:
+            for i in (i for i in range(n) if not i & k):
+                top = [j if not j & k else n + j - k for j in range(n)]
+                bottom = [j + k if not j & k else n + j for j in range(n)]
+                rows[i], rows[i + k] = (builder.shuffle_vector(rows[i], rows[i + k], ir.Constant(vi, top)),
+                                        builder.shuffle_vector(rows[i], rows[i + k], ir.Constant(vi, bottom)))
+            k //= 2
+        out = builder.sext(args[5], ir.IntType(64)) if args[5].type.width < 64 else args[5]
+        for c, row in enumerate(rows):
+            builder.store(row, at(4, builder.add(out, ir.Constant(out.type, n * c))), align=4)
+        return context.get_dummy_value()
+
+    return types.none(proto, src, so, stride, dst, do), codegen
 
 
 @intrinsic

@@ -58,8 +58,8 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends.numba.primitives.bits import bits_u32, fma
-from graphir.backends.numba.primitives.simd import (lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vstore, vsub, vzero,
-                                                    width)
+from graphir.backends.numba.primitives.simd import (lanes, vfma, vhsum, vlane, vload, vmul, vsplat, vstore, vsub,
+                                                    vtranspose, vzero, width)
 from graphir.backends.numba.quant.activation import cvt_i32, maxps
 from graphir.backends.numba.quant.blocks import (IQ4_NL_VALUES, block_f16, iq1_m_fields, iq1_s_fields,
                                                  iq2_s_fields, iq2_xs_fields, iq2_xxs_fields, iq3_s_fields,
@@ -717,12 +717,16 @@ def _side_group(f, g, qv, sc, dd, yf, yd, st, ms, out):
     d = np.zeros(_SIDE_PASS * 2 * g_rows, _F32)                  # [super-block][d, -dmin][row]
     q = values.view(np.uint8)
     chains = np.zeros(n_pad * g_rows, _F32)                      # [activation row][row]
+    live = min(g_rows, rows - g * g_rows)                      # the group's rows (the last group's may be fewer)
     for b0 in range(0, nb, _SIDE_PASS):
-        for l in range(min(g_rows, rows - g * g_rows)):
+        for b in range(b0, min(nb, b0 + _SIDE_PASS)):
+            for c in range(0, words if live == g_rows else 0, g_rows):    # a whole group: g_rows words at a time
+                vtranspose(v, src, (g * g_rows * nb + b) * words + c, nb * words, values, ((b - b0) * words + c) * g_rows)
+        for l in range(live):
             i = g * g_rows + l
             for b in range(b0, min(nb, b0 + _SIDE_PASS)):
                 t = b - b0
-                for c in range(words):
+                for c in range(words if live < g_rows else 0):
                     values[(t * words + c) * g_rows + l] = src[(i * nb + b) * words + c]
                 for j in range(16):
                     scales[(t * 16 + j) * g_rows + l] = sc[i, b, j]
