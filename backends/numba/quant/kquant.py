@@ -107,38 +107,47 @@ def _nearest_int(v):
     return np.int32(bits_u32(v + _F32(12582912.0)) & np.uint32(0x7FFFFF)) - np.int32(0x400000)
 
 
-@njit(cache=True, error_model="numpy")   # 1 / -0 is -inf (an infinite row), as in C
-def q8_k_rows(x, y, yd, ysum):
-    """quantize_row_q8_K_ref over each row of x: per super-block the scale -127 / (the first value of largest
-    magnitude, NaNs never), quants round-half-even (nearest_int) clamped at 127 and kept as a byte into y,
-    d = 1 / scale into yd, and each 16 quants' sum into ysum (llama.cpp's bsums)."""
-    n, k = x.shape
-    for r in range(n):
-        for sb in range(k >> 8):
-            o = sb << 8
-            amax, vmax = _F32(0.0), _F32(0.0)
+@njit(cache=True, error_model="numpy", inline="always")   # 1 / -0 is -inf (an infinite row), as in C
+def _q8_k_row(x, y, yd, ysum):
+    """quantize_row_q8_K_ref over one row (q8_k_rows). Written in passes a loop of selects each (the largest
+    magnitude, its first value, then the quants and their sums), which LLVM turns into vector code: the same
+    arithmetic per value as the one scalar pass the reference writes."""
+    for sb in range(x.shape[0] >> 8):
+        o = sb << 8
+        amax = _F32(0.0)
+        for j in range(256):
+            a = abs(x[o + j])
+            amax = a if a > amax else amax                    # NaN never counts
+        if amax == _F32(0.0):
+            yd[sb] = _F32(0.0)
             for j in range(256):
-                a = abs(x[r, o + j])
-                if a > amax:
-                    amax, vmax = a, x[r, o + j]
-            if amax == _F32(0.0):
-                yd[r, sb] = _F32(0.0)
-                for j in range(256):
-                    y[r, o + j] = 0
-                for g in range(16):
-                    ysum[r, sb * 16 + g] = 0
-                continue
-            iscale = _F32(-127.0) / vmax
-            yd[r, sb] = _F32(1.0) / iscale
+                y[o + j] = 0
             for g in range(16):
-                t = 0
-                for j in range(16):
-                    q = _nearest_int(iscale * x[r, o + g * 16 + j])
-                    q = min(q, 127) & 255                      # stored to a byte
-                    q = q - 256 if q > 127 else q
-                    y[r, o + g * 16 + j] = q
-                    t += q
-                ysum[r, sb * 16 + g] = t
+                ysum[sb * 16 + g] = 0
+            continue
+        first = 0
+        while abs(x[o + first]) != amax:
+            first += 1
+        iscale = _F32(-127.0) / x[o + first]
+        yd[sb] = _F32(1.0) / iscale
+        for j in range(256):
+            q = min(_nearest_int(iscale * x[o + j]), 127) & 255     # stored to a byte
+            y[o + j] = q - 256 if q > 127 else q
+        for g in range(16):
+            t = _I32(0)
+            for j in range(16):
+                t += _I32(y[o + g * 16 + j])
+            ysum[sb * 16 + g] = t
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def q8_k_rows(x, y, yd, ysum, first=0):
+    """quantize_row_q8_K_ref over x's rows from ``first`` on, in parallel: per super-block the scale -127 / (the
+    first value of largest magnitude, NaNs never), quants round-half-even (nearest_int) clamped at 127 and kept as
+    a byte into y, d = 1 / scale into yd, and each 16 quants' sum into ysum (llama.cpp's bsums). The rows are
+    indexed, not sliced: a slice's layout is not known to be contiguous, and its loops did not vectorize."""
+    for r in prange(first, x.shape[0]):
+        _q8_k_row(x[r], y[r], yd[r], ysum[r])
 
 
 @njit(cache=True, error_model="numpy")
@@ -192,7 +201,7 @@ def _q8_k(x, fours=0):
     n, k = x.shape
     y, yd, ysum = np.empty((n, k), np.int8), np.empty((n, k >> 8), _F32), np.empty((n, k >> 4), _I32)
     q8_k_fours(x, y, yd, ysum, fours)
-    q8_k_rows(x[fours:], y[fours:], yd[fours:], ysum[fours:])
+    q8_k_rows(x, y, yd, ysum, fours)
     return y.reshape(-1), yd, ysum
 
 
