@@ -13,9 +13,9 @@ from numba import njit
 
 from graphir.backends.numba.primitives.simd import lanes, vstore, width
 from graphir.backends.numba.quant.blocks import IQ4_NL_VALUES, MXFP4_VALUES
-from graphir.backends.numba.quant.int8_dot import (FLAVOURS, HOST, block_lanes, k_lanes, k_mins, k_start,
-                                                   nibble_half_lanes,
-                                                   row_code_dots, row_k_dots, row_nibble_dots)
+from graphir.backends.numba.quant.int8_dot import (FLAVOURS, HOST, PLANES, block_lanes, k_lanes, k_mins, k_start,
+                                                   nibble_half_lanes, plane_values, row_code_dots, row_k_dots,
+                                                   row_nibble_dots)
 
 def _elements(fmt: str, q: np.ndarray) -> np.ndarray:
     """A row's 32 weight quants in element order, from its block bytes."""
@@ -315,36 +315,93 @@ def test_k_quant_lanes_of_codes_are_those_of_their_values(flavour):
         assert np.array_equal(out[8:16], want.sum(axis=1).astype(np.float32)), (flavour, trial)
 
 
+def _gguf_values(planes: str, q: np.ndarray) -> np.ndarray:
+    """A super-block's 256 values from its bytes as GGUF keeps them (rows of them: (..., bytes)), written out as
+    ggml's dequantize_row_* walks them."""
+    y = np.zeros((*q.shape[:-1], 256), np.uint8)
+    if planes == "tq2_0":                                     # element 128h + 32s + l: bits 2s of byte 32h + l
+        for h in range(2):
+            for s in range(4):
+                y[..., 128 * h + 32 * s:128 * h + 32 * s + 32] = q[..., 32 * h:32 * h + 32] >> (2 * s) & 3
+    elif planes == "q6_k":                                    # ql[128], qh[64]
+        for h in range(2):
+            ql, qh = q[..., 64 * h:64 * h + 64], q[..., 128 + 32 * h:128 + 32 * h + 32]
+            y[..., 128 * h:128 * h + 32] = ql[..., :32] & 15 | (qh & 3) << 4
+            y[..., 128 * h + 32:128 * h + 64] = ql[..., 32:] & 15 | (qh >> 2 & 3) << 4
+            y[..., 128 * h + 64:128 * h + 96] = ql[..., :32] >> 4 | (qh >> 4 & 3) << 4
+            y[..., 128 * h + 96:128 * h + 128] = ql[..., 32:] >> 4 | (qh >> 6 & 3) << 4
+    else:                                                     # Q5_K: qh[32], then qs[128]; Q4_K: qs[128]
+        qh, qs = (q[..., :32], q[..., 32:]) if planes == "q5_k" else (np.zeros_like(q[..., :32]), q)
+        for j in range(4):
+            y[..., 64 * j:64 * j + 32] = qs[..., 32 * j:32 * j + 32] & 15 | (qh >> (2 * j) & 1) << 4
+            y[..., 64 * j + 32:64 * j + 64] = qs[..., 32 * j:32 * j + 32] >> 4 | (qh >> (2 * j + 1) & 1) << 4
+    return y
+
+
+_PLANE_CASES = [("tq2_0", 16, 1, 3), ("q4_k", 32, 0, 15), ("q5_k", 32, 0, 31), ("q6_k", 16, 32, 63)]
+
+
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_k_quant_lanes_of_crumbs_are_those_of_their_values(flavour):
-    """``crumbs`` (the ternary types' layout): values 0-3 two bits each, 64 bytes a super-block, element
-    128h + 32s + l in bits 2s of byte 32h + l, give the lanes of those values, here with the offset of 1 taken out
-    through the activation's sums (lane l less sc[2l] * bsum[2l] + sc[2l + 1] * bsum[2l + 1]), for one row's
-    lanes and eight rows' sums; the largest values (every crumb 3) against quants of +-127 included."""
-    each, eight = (k_lanes(16, 1, rows, flavour, crumbs=True) for rows in (0, 8))
+@pytest.mark.parametrize("planes, sub, bias, top", _PLANE_CASES, ids=[c[0] for c in _PLANE_CASES])
+def test_k_quant_lanes_of_bit_fields_are_those_of_their_values(flavour, planes, sub, bias, top):
+    """``planes``: values kept in bit fields as GGUF keeps them (TQ2_0's crumbs, Q4_K's nibbles, Q5_K's and Q6_K's
+    nibbles and high bits; PLANES gives each format's bytes) give the lanes of the values ggml's dequantizer reads
+    from them, for one row's lanes and eight rows' sums, here with each format's offset taken out through the
+    activation's sums (TQ2_0's 1, Q6_K's 32); every field's largest value against quants of +-127 included."""
+    size = PLANES[planes][0]
+    each, eight = (k_lanes(sub, bias, rows, flavour, planes=planes) for rows in (0, 8))
+    each_v, eight_v = (k_lanes(sub, bias, rows, flavour) for rows in (0, 8))
 
     @njit
-    def run(v, q, y, sc, bs, out):
-        vstore(out, 0, each(v, q, 64, y, 256, 0, sc, 0, bs, 16, 0))
-        vstore(out, 8, eight(v, q, 64, y, 0, 256, sc, 0, bs, 0, 16))
+    def run(v, q, values, y, sc, bs, out):
+        vstore(out, 0, each(v, q, size, y, 256, 0, sc, 0, bs, 16, 0))
+        vstore(out, 8, eight(v, q, size, y, 0, 256, sc, 0, bs, 0, 16))
+        vstore(out, 16, each_v(v, values, 0, y, 256, 0, sc, 0, bs, 16, 0))
+        vstore(out, 24, eight_v(v, values, 0, y, 0, 256, sc, 0, bs, 0, 16))
 
     rng = np.random.default_rng(3)
     for trial in range(20):
-        values = rng.integers(0, 4, 256).astype(np.uint8)
+        q = rng.integers(0, 256, 2 * size).astype(np.uint8)          # the second super-block's are read
         y = rng.integers(-127, 128, (8, 256)).astype(np.int8)
         sc = rng.integers(-128, 128, 16).astype(np.int8)
         if trial == 0:
-            values[:], y[1] = 3, np.where(np.arange(256) % 32 < 4, 127, -127)
-        crumbs = (values.reshape(2, 4, 32) << np.array([0, 2, 4, 6], np.uint8)[:, None]).sum(1, dtype=np.uint8)
-        q = np.concatenate([rng.integers(0, 256, 64).astype(np.uint8), crumbs.reshape(-1)])  # a block before it
+            q[size:], y[1] = 255, np.where(np.arange(256) % 32 < 4, 127, -127)
+        values = _gguf_values(planes, q[size:])
+        assert trial or values.min() == values.max() == top
         bs = y.astype(np.int32).reshape(8, 16, 16).sum(axis=2).astype(np.int32)
-        out = np.empty(16, np.float32)
-        run(lanes(8), q, y.reshape(-1), sc, bs.reshape(-1), out)
-        per_lane = sc.astype(np.int64)[(32 * np.arange(8)[:, None] + 4 * np.arange(8)) // 16]     # [run][lane]
+        out = np.empty(32, np.float32)
+        run(lanes(8), q, values, y.reshape(-1), sc, bs.reshape(-1), out)
+        assert np.array_equal(out[:16], out[16:]), (flavour, planes, trial)
+        per_lane = sc.astype(np.int64)[(32 * np.arange(8)[:, None] + 4 * np.arange(8)) // sub]     # [run][lane]
         want = ((values.astype(np.int64) * y).reshape(8, 8, 8, 4).sum(axis=3) * per_lane).sum(axis=1)
-        want -= sc[0::2].astype(np.int64) * bs[:, 0::2] + sc[1::2].astype(np.int64) * bs[:, 1::2]
-        assert np.array_equal(out[:8], want[1].astype(np.float32)), (flavour, trial)
-        assert np.array_equal(out[8:], want.sum(axis=1).astype(np.float32)), (flavour, trial)
+        if bias:
+            want -= bias * (sc[0::2].astype(np.int64) * bs[:, 0::2] + sc[1::2].astype(np.int64) * bs[:, 1::2])
+        assert np.array_equal(out[:8], want[1].astype(np.float32)), (flavour, planes, trial)
+        assert np.array_equal(out[8:16], want.sum(axis=1).astype(np.float32)), (flavour, planes, trial)
+
+
+@pytest.mark.parametrize("planes", sorted(PLANES))
+@pytest.mark.parametrize("spread", [1, 3, 8, 16])
+def test_plane_values_unpack_bit_fields_row_by_row_and_side_by_side(planes, spread):
+    """plane_values: a super-block's values from their bit fields, as ggml's dequantizer reads them, into bytes in
+    element order; with ``spread`` rows' super-blocks laid side by side in 4-byte words (word c of row l at word
+    spread * c + l), into their values laid side by side the same way. The bytes around are untouched."""
+    size = PLANES[planes][0]
+    unpack = plane_values(planes, spread)
+
+    @njit
+    def run(q, dst):
+        unpack(q, 4, dst, 8)
+
+    rng = np.random.default_rng(spread)
+    rows = rng.integers(0, 256, (spread, size)).astype(np.uint8)
+    side = np.ascontiguousarray(rows.reshape(spread, size // 4, 4).transpose(1, 0, 2)).reshape(-1)
+    q = np.concatenate([np.full(4, 7, np.uint8), side, np.full(4, 7, np.uint8)])
+    dst = np.full(256 * spread + 16, 9, np.uint8)
+    run(q, dst)
+    want = _gguf_values(planes, rows).reshape(spread, 64, 4).transpose(1, 0, 2).reshape(-1)
+    assert np.array_equal(dst[8:-8], want)
+    assert np.all(dst[:8] == 9) and np.all(dst[-8:] == 9)
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

@@ -23,9 +23,8 @@ from numba.extending import intrinsic
 
 from graphir.backends.numba.primitives.simd import F32Vec, element_ptr
 
-__all__ = ["FLAVOURS", "HOST", "WIDE_LANES", "block_lanes", "k_lanes", "k_mins", "k_start", "nibble_half_lanes",
-           "row_code_dots", "row_k_dots",
-           "row_nibble_dots"]
+__all__ = ["FLAVOURS", "HOST", "PLANES", "WIDE_LANES", "block_lanes", "k_lanes", "k_mins", "k_start",
+           "nibble_half_lanes", "plane_values", "row_code_dots", "row_k_dots", "row_nibble_dots"]
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
@@ -38,6 +37,29 @@ FLAVOURS = tuple(name for name, needs in (("vnni", ("avx512vnni", "avx512bw", "a
                                           ("generic", ()))
                  if all(_FEATURES.get(n, False) for n in needs))
 HOST = FLAVOURS[0]
+
+_Field = tuple[int, int, int, int]
+
+
+def _runs(fields: Callable[[int], tuple[_Field, ...]]) -> tuple[tuple[_Field, ...], ...]:
+    return tuple(fields(g) for g in range(8))
+
+
+# K-quant values kept in bit fields as GGUF keeps them: a format's bytes a super-block and, for each run g of 32
+# elements, its fields (byte offset, shift, bits, place): value j of the run is the OR over them of
+# ((q[offset + j] >> shift) & (2^bits - 1)) << place
+PLANES: dict[str, tuple[int, tuple[tuple[_Field, ...], ...]]] = {
+    # TQ2_0's qs: element 128h + 32s + l in bits 2s of byte 32h + l
+    "tq2_0": (64, _runs(lambda g: ((32 * (g // 4), 2 * (g % 4), 2, 0),))),
+    # Q4_K's qs: runs 2p and 2p + 1 the low and high nibbles of bytes 32p .. 32p + 31
+    "q4_k": (128, _runs(lambda g: ((32 * (g // 2), 4 * (g % 2), 4, 0),))),
+    # Q5_K's qh (run g's fifth bits: bit g of its 32 bytes), then its qs as Q4_K's
+    "q5_k": (160, _runs(lambda g: ((32 + 32 * (g // 2), 4 * (g % 2), 4, 0), (0, g, 1, 4)))),
+    # Q6_K's ql (half h, run 4h + s: the low (s < 2) or high nibbles of bytes 64h + 32(s % 2) ..) and qh (its two
+    # top bits: bits 2s of bytes 128 + 32h ..)
+    "q6_k": (192, _runs(lambda g: ((64 * (g // 4) + 32 * (g % 2), 4 * (g % 4 // 2), 4, 0),
+                                   (128 + 32 * (g // 4), 2 * (g % 4), 2, 4)))),
+}
 
 
 def _indices(values: list[int]) -> ir.Constant:
@@ -220,7 +242,7 @@ def nibble_half_lanes(high: bool, flavour: str = HOST) -> Callable[..., Any]:
 
 def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, lane_bias: bool = False,
             signed: bool = False, part: str | None = None,
-            crumbs: bool = False, codes: Sequence[int] | None = None) -> Callable[..., Any]:
+            planes: str | None = None, codes: Sequence[int] | None = None) -> Callable[..., Any]:
     """An intrinsic lanes(proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) for a register of 8 lanes: a K-quant
     super-block's int32 lanes as ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K (AVX2) form them, as float32. q: the 256
     values as unsigned bytes in element order from q[qo] (uint8); y: the 256 activation quants from y[yo] (int8);
@@ -236,19 +258,19 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, 
     them all. ``signed``: q's bytes are int8 values (IQ4_XS's), multiplied as ggml does, |value| by the quant
     with the value's sign. ``part`` (signed values 8 * g + e, g in -1 .. 1 and e = +-1: IQ1_S's and IQ1_M's grid
     value and delta sign, as ggml-cpu/tiled multiplies them whole): "grid" takes g, "delta" e, the two sums
-    ggml_vec_dot_iq1_s_q8_K / _iq1_m_q8_K keep apart. ``crumbs``: the values 0-3 two bits each, 64 bytes a
-    super-block in TQ2_0's order (element 128h + 32s + l in bits 2s of byte 32h + l), unpacked in registers as
-    ggml_vec_dot_tq2_0_q8_K does. ``codes`` (16 signed values; with ``signed``): q holds 4-bit codes into them,
-    16 bytes a run of 32 (byte j: element j low, j + 16 high; IQ4_XS's qs as GGUF keeps them, 128 bytes a
-    super-block), looked up in registers as ggml_vec_dot_iq4_xs_q8_K does (pshufb)."""
+    ggml_vec_dot_iq1_s_q8_K / _iq1_m_q8_K keep apart. ``planes`` (a key of PLANES): q holds the values in bit
+    fields as GGUF keeps them (TQ2_0's crumbs, Q4_K's nibbles, Q5_K's and Q6_K's nibbles and high bits),
+    unpacked in registers as ggml's vec_dots do. ``codes`` (16 signed values; with ``signed``): q holds 4-bit
+    codes into them, 16 bytes a run of 32 (byte j: element j low, j + 16 high; IQ4_XS's qs as GGUF keeps them, 128
+    bytes a super-block), looked up in registers as ggml_vec_dot_iq4_xs_q8_K does (pshufb)."""
     if sub not in (16, 32) or (bias and sub != 16) or not 0 <= rows <= 8 or runs not in (4, 8) \
             or (runs < 8 and bias and not lane_bias) or (signed and (bias or lane_bias)) \
-            or part not in (None, "grid", "delta") or (part and not signed) or (crumbs and signed) \
+            or part not in (None, "grid", "delta") or (part and not signed) or (planes and signed) \
             or (codes is not None and (not signed or part or len(codes) != 16)) \
-            or flavour not in ("vnni", "pmadd", "generic"):
+            or (planes is not None and planes not in PLANES) or flavour not in ("vnni", "pmadd", "generic"):
         raise ValueError(f"k_lanes: no sub-block size {sub} with bias {bias} for {rows} rows over {runs} runs"
                          f"{' of signed values' if signed else ''}{f' ({part})' if part else ''}"
-                         f"{' in crumbs' if crumbs else ''}, or unknown "
+                         f"{f' in planes {planes!r}' if planes else ''}, or unknown "
                          f"flavour {flavour!r}")
     i32x8, wide = ir.VectorType(_I32, 8), WIDE_LANES        # runs of 32 formed two at a time on AVX-512
     table = [int(v) & 255 for v in codes] if codes is not None else []
@@ -271,10 +293,6 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, 
             step = wide // 8
             group = range(0, runs, step)
 
-            def crumb_run(g: int) -> ir.Value:               # run g of 32 values from its 2-bit fields
-                raw = load(1, 32 * (g // 4), 32, _I8)
-                shifted = builder.lshr(raw, ir.Constant(raw.type, [2 * (g % 4)] * 32)) if g % 4 else raw
-                return builder.and_(shifted, ir.Constant(raw.type, [3] * 32))
 
             def code_runs(g: int) -> ir.Value:               # runs g .. g + step - 1 from their codes
                 raw = load(1, 16 * g, 2 * wide, _I8)
@@ -284,9 +302,11 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, 
                          + list(range(2 * wide + 16 * r, 2 * wide + 16 * r + 16))]
                 return _look_up(builder, flavour, table, builder.shuffle_vector(lo, hi, _indices(order)))
 
-            if crumbs:
-                values = [crumb_run(g) if step == 1 else builder.shuffle_vector(
-                    crumb_run(g), crumb_run(g + 1), _indices(list(range(64)))) for g in group]
+            if planes:
+                def run(g: int) -> ir.Value:
+                    return _plane_run(builder, lambda at: load(1, at, 32, _I8), PLANES[planes][1][g])
+                values = [run(g) if step == 1 else builder.shuffle_vector(run(g), run(g + 1), _indices(list(range(64))))
+                          for g in group]
             elif codes is not None:
                 values = [code_runs(g) for g in group]
             else:
@@ -320,6 +340,54 @@ def k_lanes(sub: int, bias: int, rows: int, flavour: str = HOST, runs: int = 8, 
         return proto(proto, q, qo, y, yo, ystep, sc, so, bs, bo, bstep), codegen
 
     return lanes
+
+
+def _plane_run(builder: ir.IRBuilder, load: Callable[[int], ir.Value], fields: tuple[_Field, ...]) -> ir.Value:
+    """Values of a run from its bit fields (PLANES; load(offset): a field's bytes there, as many as the values
+    wanted): each field's bytes shifted down, masked, moved to its place, and the fields ORed."""
+    out = None
+    for at, shift, bits, place in fields:
+        v = load(at)
+        n = v.type.count
+        if shift:
+            v = builder.lshr(v, ir.Constant(v.type, [shift] * n))
+        if shift + bits < 8:
+            v = builder.and_(v, ir.Constant(v.type, [(1 << bits) - 1] * n))
+        if place:
+            v = builder.shl(v, ir.Constant(v.type, [place] * n))
+        out = v if out is None else builder.or_(out, v)
+    return out
+
+
+def plane_values(planes: str, spread: int = 1) -> Callable[..., Any]:
+    """An intrinsic unpack(q, qo, dst, do): a super-block's 256 values kept in bit fields (PLANES[planes]) from
+    q[qo] as bytes in element order into dst[do] (both uint8), as k_lanes unpacks them in registers. ``spread``:
+    every byte offset of both times that, each byte's place taken by ``spread`` (a field of 32 bytes is 32 *
+    spread, the run's values likewise): ``spread`` rows' super-blocks laid side by side in 4-byte words, the
+    packed ones unpacked at once, since a word of values is formed from the same word of each field."""
+    if planes not in PLANES or spread < 1:
+        raise ValueError(f"plane_values: unknown planes {planes!r} ({sorted(PLANES)}) or spread {spread} (>= 1)")
+    chunk = 64 if spread % 2 == 0 else 32                 # bytes a register (two ymm registers or one zmm)
+
+    @intrinsic
+    def unpack(typingctx, q, qo, dst, do):  # type: ignore[no-untyped-def]
+        if not (isinstance(q, types.Array) and isinstance(dst, types.Array) and q.dtype == dst.dtype == types.uint8
+                and q.ndim == dst.ndim == 1):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            at, load = _operands(context, builder, sig, args)
+            vb = ir.VectorType(_I8, chunk)
+            for g, fields in enumerate(PLANES[planes][1]):
+                for c in range(0, 32 * spread, chunk):
+                    run = _plane_run(builder, lambda offset: load(0, offset * spread + c, vb, chunk), fields)
+                    ptr = element_ptr(context, builder, sig.args[2], args[2], at(2, 32 * spread * g + c), chunk)
+                    builder.store(run, builder.bitcast(ptr, vb.as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return types.void(q, qo, dst, do), codegen
+
+    return unpack
 
 
 def _part(builder: ir.IRBuilder, v: ir.Value, part: str | None) -> ir.Value:

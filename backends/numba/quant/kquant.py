@@ -22,11 +22,13 @@ Q6_K, Q5_K and Q3_K, which x86 builds never repack, and the Q4_K and Q2_K matric
 one of a 3-D weight's; Q2_K on AVX2 always) go through ggml_vec_dot_q6_K_q8_K / _q5_K_q8_K / ... below 8
 activation rows and through ggml-cpu/tiled from 8 (k_product). Both form per super-block exact int32 lane sums
 of unsigned values times Q8_K quants, which the host's integer dot product forms here too (int8_dot.k_lanes).
-Layout (pack_q6_k, pack_q5_k, pack_q4_k_values, pack_q3_k, pack_q2_k): the values as bytes in element order (1 byte
-a weight: 0.82 / 0.69 / 0.56 / 0.43 / 0.33 in GGUF), the scale bytes of a super-block (Q6_K's int8 scales; Q5_K's
-and Q4_K's scales and mins as pack_q4_k's; Q3_K's sixteen scales less 32; Q2_K's sixteen scales, then its sixteen
-mins) and d, dmin as float32 (Q6_K's and Q3_K's dmin 0): the lane sums read 32 values with one load, as ggml's do
-after it has assembled them.
+Layout (pack_q6_k, pack_q5_k, pack_q4_k_values, pack_q3_k, pack_q2_k): the values, Q6_K's, Q5_K's and Q4_K's in
+their bit fields as GGUF keeps them (0.75 / 0.625 / 0.5 bytes a weight), which the lane sums unpack in registers as
+ggml's vec_dots do (int8_dot.PLANES), Q3_K's and Q2_K's as bytes in element order (1 byte a weight against 0.43 /
+0.33 in GGUF), which they read 32 at a time as ggml's do after assembling them; the scale bytes of a super-block
+(Q6_K's int8 scales; Q5_K's and Q4_K's scales and mins as pack_q4_k's; Q3_K's sixteen scales less 32; Q2_K's sixteen
+scales, then its sixteen mins) and d, dmin as float32 (Q6_K's and Q3_K's d alone). A generation streams every weight
+once a token, so its speed is the bytes a weight: Q6_K's 0.83 and Q5_K's 0.72 here against 0.82 and 0.69 in GGUF.
 IQ4_XS (256-element super-blocks of 4-bit codes into kvalues_iq4nl, an f16 d and eight 6-bit scales less 32) is
 never repacked either and takes the same two kernels (ggml_vec_dot_iq4_xs_q8_K, tiled's sign-trick MAC): Q6_K's
 arithmetic on signed values (pack_iq4_xs: the codes as GGUF keeps them, looked up in registers as ggml does).
@@ -64,7 +66,8 @@ from graphir.backends.numba.quant.activation import cvt_i32, maxps
 from graphir.backends.numba.quant.blocks import (IQ4_NL_VALUES, block_f16, iq1_m_fields, iq1_s_fields,
                                                  iq2_s_fields, iq2_xs_fields, iq2_xxs_fields, iq3_s_fields,
                                                  iq3_xxs_fields, iq4_xs_fields, k_scales, tq1_0_values)
-from graphir.backends.numba.quant.int8_dot import WIDE_LANES, k_lanes, k_mins, k_start, row_k_dots, row_nibble_dots
+from graphir.backends.numba.quant.int8_dot import (PLANES, WIDE_LANES, k_lanes, k_mins, k_start, plane_values,
+                                                   row_k_dots, row_nibble_dots)
 
 _V8 = lanes(8)
 _VW = lanes(WIDE_LANES)     # rows side by side: a register of the widest width the host has byte instructions for
@@ -351,57 +354,48 @@ def q2_k_x8(gemm: bool) -> Callable:
 
 # --- Q6_K, Q5_K, Q3_K and unrepacked Q4_K and Q2_K: llama.cpp's vec_dot and its tiled kernels -------------------
 
+def _value_bytes(b: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Blocks (rows, nb, size) -> their bytes start .. stop (the values' bit fields, int8_dot.PLANES), a row's
+    super-blocks one after another (rows, nb * (stop - start))."""
+    return np.ascontiguousarray(b[:, :, start:stop]).reshape(b.shape[0], -1)
+
+
 def pack_q6_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q6_K blocks (rows, nb, 210) -> the values 0-63 as bytes in element order (rows, nb * 256), the sixteen
-    int8 scales (rows, nb, 16) and (rows, nb, 2) float32 d, 0 (no min)."""
-    rows, nb = b.shape[:2]
-    ql, qh = b[:, :, 0:128].reshape(rows, nb, 2, 1, 64), b[:, :, 128:192].reshape(rows, nb, 2, 1, 32)
-    low = np.concatenate([ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=3)
-    high = qh >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1) & 3              # [half][run of 32][l]
-    d = np.zeros((rows, nb, 2), _F32)
-    d[:, :, 0] = np.ascontiguousarray(b[:, :, 208:210]).view(np.float16)[..., 0]
-    return (low | high << 4).reshape(rows, -1), np.ascontiguousarray(b[:, :, 192:208]).view(np.int8), d
+    """Q6_K blocks (rows, nb, 210) -> the values as GGUF keeps them (ql, then qh: rows, nb * 192), the sixteen
+    int8 scales (rows, nb, 16) and d as float32 (rows, nb, 1: no min)."""
+    d = block_f16(b, 208)[..., None]
+    return _value_bytes(b, 0, 192), np.ascontiguousarray(b[:, :, 192:208]).view(np.int8), d
 
 
 def pack_q3_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q3_K blocks (rows, nb, 110) -> the values plus their offset of 4 (0-7: two low bits, and 4 where the high
     bit is set) as bytes in element order (rows, nb * 256), the sixteen 6-bit scales less 32 (rows, nb, 16) int8
-    and (rows, nb, 2) float32 d, 0 (no min)."""
+    and d as float32 (rows, nb, 1: no min)."""
     rows, nb = b.shape[:2]
     low = b[:, :, 32:96].reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1) & 3
     high = b[:, :, 0:32].reshape(rows, nb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1) & 1   # run g: bit g
     lo = b[:, :, 96:104].reshape(rows, nb, 1, 8) >> np.array([0, 4], np.uint8).reshape(2, 1) & 15
     hi = b[:, :, 104:108].reshape(rows, nb, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1) & 3
     scales = (lo.reshape(rows, nb, 16) | hi.reshape(rows, nb, 16) << 4).astype(np.int8) - np.int8(32)
-    d = np.zeros((rows, nb, 2), _F32)
-    d[:, :, 0] = np.ascontiguousarray(b[:, :, 108:110]).view(np.float16)[..., 0]
+    d = block_f16(b, 108)[..., None]
     return (low.reshape(rows, nb, 256) | high.reshape(rows, nb, 256) << 2).reshape(rows, -1), scales, d
 
 
-def _nibble_runs(qs: np.ndarray) -> np.ndarray:
-    """Q4_K/Q5_K nibble bytes (rows, nb, 128) -> (rows, nb, 8, 32): run 2j + t of 32 elements, the low (t = 0)
-    or high nibbles of bytes 32j .. 32j + 31."""
-    qs = qs.reshape(*qs.shape[:2], 4, 1, 32)
-    return np.concatenate([qs & 15, qs >> 4], axis=3).reshape(*qs.shape[:2], 8, 32)
-
-
 def pack_q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q5_K blocks (rows, nb, 176) -> the values 0-31 as bytes in element order (rows, nb * 256), then as
+    """Q5_K blocks (rows, nb, 176) -> the values as GGUF keeps them (qh, then qs: rows, nb * 160), then as
     _scales_mins_d (the scales and mins as int8)."""
-    rows, nb = b.shape[:2]
-    fifth = b[:, :, 16:48].reshape(rows, nb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1) & 1  # run g: bit g
     sm, d = _scales_mins_d(b)
-    return (_nibble_runs(b[:, :, 48:176]) | fifth << 4).reshape(rows, -1), sm.view(np.int8), d
+    return _value_bytes(b, 16, 176), sm.view(np.int8), d
 
 
 def _signed_layout(values: np.ndarray, scales: np.ndarray,
                    d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A signed format's values (rows, nb * 256) int8, its scales a super-block (rows, nb, 8 or 16) and d
     (rows, nb) -> the values as bytes, the scales as int8 (eight of them followed by eight zero bytes: rows, nb,
-    16, the sixteen bytes k_lanes reads) and (rows, nb, 2) float32 d, 0 (no min)."""
+    16, the sixteen bytes k_lanes reads) and d as float32 (rows, nb, 1: no min)."""
     sc = np.zeros((*scales.shape[:2], 16), np.int8)
     sc[:, :, :scales.shape[-1]] = scales
-    return values.view(np.uint8), sc, np.stack([d, np.zeros_like(d)], axis=-1)
+    return values.view(np.uint8), sc, np.ascontiguousarray(d, _F32)[..., None]
 
 
 def pack_iq4_xs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -441,13 +435,13 @@ _UNIT_SCALES = np.ones(16, np.int8)     # the ternary types' scales: one row eve
 
 
 def _pack_ternary(crumbs: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return crumbs, _UNIT_SCALES, np.stack([d, np.zeros_like(d)], axis=-1)
+    return crumbs, _UNIT_SCALES, np.ascontiguousarray(d, _F32)[..., None]
 
 
 def pack_tq2_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """TQ2_0 blocks (rows, nb, 66) -> the values plus 1 (0-2; 3, which no quantizer writes, read as llama.cpp reads
     it) two bits each, GGUF's 64 bytes a super-block as they are (rows, nb * 64) (element 128h + 32s + l: bits 2s
-    of byte 32h + l), the sixteen unit scales every super-block shares and (rows, nb, 2) float32 d, 0 (no min)."""
+    of byte 32h + l), the sixteen unit scales every super-block shares and d as float32 (rows, nb, 1: no min)."""
     rows, nb = b.shape[:2]
     return _pack_ternary(np.ascontiguousarray(b[:, :, 0:64]).reshape(rows, -1), block_f16(b, 64).reshape(rows, nb))
 
@@ -475,9 +469,9 @@ def pack_iq3_xxs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def pack_q4_k_values(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q4_K blocks (rows, nb, 144) -> as pack_q5_k (the values 0-15): Q4_K rows k_product multiplies."""
+    """Q4_K blocks (rows, nb, 144) -> as pack_q5_k (its qs: rows, nb * 128): Q4_K rows k_product multiplies."""
     sm, d = _scales_mins_d(b)
-    return _nibble_runs(b[:, :, 16:144]).reshape(b.shape[0], -1), sm.view(np.int8), d
+    return _value_bytes(b, 16, 144), sm.view(np.int8), d
 
 
 _TILED_FROM = 8          # activation rows from which llama.cpp's mul_mat(_id) takes its tiled K-quant kernels
@@ -491,13 +485,15 @@ _Q6, _Q5, _Q4, _Q3, _Q2, _IQ4, _IQ2, _IQ1S, _IQ1M, _TQ, _IQ4C = range(11)
 _FORMATS = {"q6_k": _Q6, "q5_k": _Q5, "q4_k": _Q4, "q3_k": _Q3, "q2_k": _Q2, "iq4_xs": _IQ4C, "iq2": _IQ2,
             "iq1_s": _IQ1S, "iq1_m": _IQ1M, "ternary": _TQ}
 _SCALE_BYTES = {"q2_k": 32, "ternary": 0}                  # a super-block's scale bytes, where not 16
-_VALUE_BYTES = {"ternary": 64, "iq4_xs": 128}               # and its value bytes, where not 256
+# and its value bytes, where not 256 (a byte a value)
+_VALUE_BYTES = {"ternary": PLANES["tq2_0"][0], "iq4_xs": 128, **{f: PLANES[f][0] for f in ("q4_k", "q5_k", "q6_k")}}
 # signed grid values as bytes, a scale per 32: IQ4_XS's arithmetic on values IQ4_XS keeps as codes (_IQ4C)
 _FORMATS["iq3_s"] = _FORMATS["iq3_xxs"] = _IQ4
 # a format's constant factor: its vec_dot multiplies its total by it, its tiled kernels the weight's d
 _FACTORS = {"iq2": 0.125, "iq3_xxs": 0.25}
-_q6_lanes, _q6_sums, _q6_sums8 = k_lanes(16, 32, 0), k_lanes(16, 32, 1), k_lanes(16, 32, 8)
-_q5_lanes, _q5_sums, _q5_sums8 = k_lanes(32, 0, 0), k_lanes(32, 0, 1), k_lanes(32, 0, 8)
+_q6_lanes, _q6_sums, _q6_sums8 = (k_lanes(16, 32, rows, planes="q6_k") for rows in (0, 1, 8))
+_q5_lanes, _q5_sums, _q5_sums8 = (k_lanes(32, 0, rows, planes="q5_k") for rows in (0, 1, 8))
+_q4_lanes, _q4_sums, _q4_sums8 = (k_lanes(32, 0, rows, planes="q4_k") for rows in (0, 1, 8))
 _q3_lanes, _q3_sums, _q3_sums8 = k_lanes(16, 4, 0, lane_bias=True), k_lanes(16, 4, 1), k_lanes(16, 4, 8)
 _q2_lanes, _q2_sums, _q2_sums8 = k_lanes(16, 0, 0), _q2_total, k_lanes(16, 0, 8)
 _iq4_lanes, _iq4_sums, _iq4_sums8 = (k_lanes(32, 0, rows, signed=True) for rows in (0, 1, 8))
@@ -508,14 +504,14 @@ _iq2_lanes, _iq2_sums, _iq2_sums8 = (k_lanes(16, 0, rows, signed=True) for rows 
 # values whole are IQ4_XS's (sub-blocks of 32) and the IQ2 types' (16)
 _iq1s_lanes, _iq1s_delta = k_lanes(32, 0, 0, signed=True, part="grid"), k_lanes(32, 0, 1, signed=True, part="delta")
 _iq1m_lanes, _iq1m_delta = k_lanes(16, 0, 0, signed=True, part="grid"), k_lanes(16, 0, 0, signed=True, part="delta")
-_tq_lanes = k_lanes(16, 1, 0, crumbs=True)                  # the values plus 1, the 1 out through the sums
+_tq_lanes = k_lanes(16, 1, 0, planes="tq2_0")               # the values plus 1, the 1 out through the sums
 _mins, _mins8, _min_pairs = k_mins(1), k_mins(8), k_mins(1, True)
 _q2_mins, _q2_mins8, _q2_min_lanes = k_mins(1, sub=16), k_mins(8, sub=16), k_mins(1, True, sub=16)
 
 
 @njit(cache=True, inline="always")
 def _lanes(f, q, qo, y, yo, sc, so, bs, bo):
-    """A super-block's eight lanes (int8_dot.k_lanes) of format f (Q4_K's as Q5_K's), for one activation row."""
+    """A super-block's eight lanes (int8_dot.k_lanes) of format f, for one activation row."""
     if f == _Q6:
         return _q6_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     if f == _Q3:
@@ -534,6 +530,8 @@ def _lanes(f, q, qo, y, yo, sc, so, bs, bo):
         return _iq1m_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     if f == _TQ:
         return _tq_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
+    if f == _Q4:
+        return _q4_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
     return _q5_lanes(_V8, q, qo, y, yo, 0, sc, so, bs, bo, 0)
 
 
@@ -559,6 +557,9 @@ def _sums(f, eight, q, qo, y, yo, ystep, sc, so, bs, bo, bstep):
     if f == _IQ2 or f == _IQ1M:
         return _iq2_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
             _iq2_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
+    if f == _Q4:
+        return _q4_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
+            _q4_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
     return _q5_sums8(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep) if eight else \
         _q5_sums(_V8, q, qo, y, yo, ystep, sc, so, bs, bo, bstep)
 
@@ -700,27 +701,45 @@ def _tiled_side(f, qv, sc, dd, yf, yd, ysum, out):
     per super-block. _SIDE_ROWS activation rows meet each loaded chunk of values (rows of zero quants after the
     last, whose chains are not read). imin is formed in float32, exactly (_side_mins)."""
     g_rows = width(_VW)
-    yf, yd, ysum = _zero_rows(yf, yd, ysum, qv.shape[1] * 256 // (4 * (32 if f == _IQ4C else 64)))
+    yf, yd, ysum = _zero_rows(yf, yd, ysum, yd.shape[1] << 8)
     ms = _sub_sums(ysum)
     st = _starts(ysum, 16, _Q6_START) if f == _Q6 else _starts(ysum, 32, _IQ4_START) if f == _IQ4C else ysum
     for g in prange((out.shape[1] + g_rows - 1) // g_rows):
         _side_group(f, np.int64(g), qv, sc, dd, yf, yd, st, ms, out)    # one signature in and outside the loop
 
 
+_unpack_q6, _unpack_q5, _unpack_q4 = (plane_values(p, WIDE_LANES) for p in ("q6_k", "q5_k", "q4_k"))
+
+
+@njit(cache=True, inline="always")
+def _unpack(f, q, qo, dst, do):
+    """A group's super-block of Q6_K, Q5_K or Q4_K values, side by side, from their bit fields to bytes (a group's
+    words of each field side by side: int8_dot.plane_values)."""
+    if f == _Q6:
+        _unpack_q6(q, qo, dst, do)
+    elif f == _Q5:
+        _unpack_q5(q, qo, dst, do)
+    else:
+        _unpack_q4(q, qo, dst, do)
+
+
 @njit(cache=True)
 def _side_group(f, g, qv, sc, dd, yf, yd, st, ms, out):
     """_tiled_side's group g: the body of its parallel loop, a function of its own (inside the loop, numba's
-    analysis of parallel code took seconds per format to compile it)."""
+    analysis of parallel code took seconds per format to compile it). A super-block's values as stored are laid
+    side by side in 4-byte words, and those kept in bit fields then unpacked side by side (IQ4_XS's codes are
+    looked up as they are)."""
     v = _VW
     g_rows = width(v)
     codes = f == _IQ4C
-    words = 32 if codes else 64                               # a super-block's 4-byte words a row
-    n, k = out.shape[0], qv.shape[1] * 256 // (4 * words)
-    nb, rows = k >> 8, out.shape[1]
+    words = 32 if codes else 64                               # a super-block's 4-byte words a row, side by side
+    n, nb, rows = out.shape[0], yd.shape[1], out.shape[1]
+    k, kept = nb << 8, qv.shape[1] // (4 * nb)                # kept: a super-block's words a row as stored
     src = qv.reshape(-1).view(np.uint32)
     n_pad = yd.shape[0]                                       # rows up to a multiple of _SIDE_ROWS (_zero_rows)
     starts, per_row = st.reshape(-1), st.shape[1]             # the sub-blocks' starts (_starts), where read
     values = np.zeros(_SIDE_PASS * words * g_rows, np.uint32)   # [super-block][word][row]
+    packed = np.zeros(kept * g_rows, np.uint32)                  # one super-block's stored words: [word][row]
     scales = np.zeros(_SIDE_PASS * 16 * g_rows, np.int8)         # [super-block][scale][row]
     mins = np.zeros(_SIDE_PASS * 8 * g_rows, _F32)               # [super-block][min][row]
     d = np.zeros(_SIDE_PASS * 2 * g_rows, _F32)                  # [super-block][d, -dmin][row]
@@ -729,19 +748,27 @@ def _side_group(f, g, qv, sc, dd, yf, yd, st, ms, out):
     live = min(g_rows, rows - g * g_rows)                      # the group's rows (the last group's may be fewer)
     for b0 in range(0, nb, _SIDE_PASS):
         for b in range(b0, min(nb, b0 + _SIDE_PASS)):
-            for c in range(0, words if live == g_rows else 0, g_rows):    # a whole group: g_rows words at a time
-                vtranspose(v, src, (g * g_rows * nb + b) * words + c, nb * words, values, ((b - b0) * words + c) * g_rows)
+            first, t = (g * g_rows * nb + b) * kept, b - b0
+            side, at = (values, t * words * g_rows) if codes else (packed, 0)
+            for c in range(0, kept if live == g_rows else 0, g_rows):     # a whole group: g_rows words at a time,
+                c = min(c, kept - g_rows)                                 # the last ones again where they overlap
+                vtranspose(v, src, first + c, nb * kept, side, at + c * g_rows)
+            for l in range(live if live < g_rows else 0):
+                for c in range(kept):
+                    side[at + c * g_rows + l] = src[first + l * nb * kept + c]
+            if not codes:
+                _unpack(f, packed.view(np.uint8), 0, q, t * 256 * g_rows)
         for l in range(live):
             i = g * g_rows + l
             for b in range(b0, min(nb, b0 + _SIDE_PASS)):
                 t = b - b0
-                for c in range(words if live < g_rows else 0):
-                    values[(t * words + c) * g_rows + l] = src[(i * nb + b) * words + c]
                 for j in range(16):
                     scales[(t * 16 + j) * g_rows + l] = sc[i, b, j]
                 for j in range(8):
                     mins[(t * 8 + j) * g_rows + l] = _F32(sc[i, b, 8 + j])
-                d[(t * 2) * g_rows + l], d[(t * 2 + 1) * g_rows + l] = dd[i, b, 0], -dd[i, b, 1]
+                d[(t * 2) * g_rows + l] = dd[i, b, 0]
+                if f == _Q5 or f == _Q4:                       # the formats with mins (the others keep d alone)
+                    d[(t * 2 + 1) * g_rows + l] = -dd[i, b, 1]
         for r in range(0, n_pad, _SIDE_ROWS):
             a0, a1, a2, a3, a4, a5, a6, a7 = _load_rows(v, chains, r * g_rows)
             for b in range(b0, min(nb, b0 + _SIDE_PASS)):
