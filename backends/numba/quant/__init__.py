@@ -41,31 +41,32 @@ The table (quant.weight) has one row per type: activation format, the stream lay
     Q4_K  Q8_K  rows in eights (quant.kquant): GGUF's nibbles, rows   0.6875      [0.5625]
                 side by side, scales as bytes, mins, d and dmin as
                 f32; other row counts:
-                as Q5_K (the values 0-15)                             1.094
-    Q5_K  Q8_K  the values as bytes (quant.kquant), scales, mins      1.094       [0.6875]
-                as bytes, f32 d and dmin
-    Q6_K  Q8_K  the values as bytes, the int8 scales, f32 d and 0     1.094       [0.8203]
-    Q3_K  Q8_K  the values + 4 as bytes, the scales - 32, f32 d, 0    1.094       [0.4297]
+                as Q5_K (GGUF's nibbles)                              0.594
+    Q5_K  Q8_K  the values in GGUF's bit fields, unpacked in          0.719       [0.6875]
+                registers (quant.kquant), scales, mins as bytes,
+                f32 d and dmin
+    Q6_K  Q8_K  as Q5_K, the int8 scales, f32 d                       0.828       [0.8203]
+    Q3_K  Q8_K  the values + 4 as bytes, the scales - 32, f32 d       1.078       [0.4297]
     Q2_K  Q8_K  the values as bytes, scales then mins as bytes,       1.156       [0.3281]
                 f32 d and dmin (rows in eights: llama.cpp's repacked
                 order on AVX-512, quant.kquant)
-    IQ4_XS Q8_K GGUF's codes, the scales less 32 as int8, f32 d and   0.594       [0.5313]
-                0 (quant.kquant)
-    IQ2_XXS Q8_K the signed grid values (int8) as bytes, the scales   1.094       [0.2578]
-                2s + 1 per 16 as int8, f32 d and 0 (quant.grid)
-    IQ2_XS  Q8_K as IQ2_XXS (a 512-entry grid, a scale per 16)         1.094       [0.2891]
-    IQ2_S   Q8_K as IQ2_XXS (a 1024-entry grid, a scale per 16)        1.094       [0.3203]
-    IQ1_S Q8_K  the values 8 * grid + delta (int8) as bytes, the      1.094       [0.1953]
-                scales 2s + 1 as int8, f32 d and 0 (quant.kquant)
-    IQ1_M Q8_K  as IQ1_S (sixteen scales; d from the scales' top      1.094       [0.2188]
-                nibbles)
-    TQ1_0 Q8_K  the values plus 1 (0-2) two bits each in TQ2_0's      0.281       [0.2109]
-                order, f32 d and 0; one row of unit scales for all
+    IQ4_XS Q8_K GGUF's codes, the scales less 32 as int8, f32 d       0.578       [0.5313]
                 (quant.kquant)
-    TQ2_0 Q8_K  as TQ1_0 (GGUF's value bytes as they are)             0.281       [0.2578]
-    IQ3_S  Q8_K as IQ4_XS: the signed grid values (quant.grid), the     1.094       [0.4297]
+    IQ2_XXS Q8_K the signed grid values (int8) as bytes, the scales   1.078       [0.2578]
+                2s + 1 per 16 as int8, f32 d (quant.grid)
+    IQ2_XS  Q8_K as IQ2_XXS (a 512-entry grid, a scale per 16)         1.078       [0.2891]
+    IQ2_S   Q8_K as IQ2_XXS (a 1024-entry grid, a scale per 16)        1.078       [0.3203]
+    IQ1_S Q8_K  the values 8 * grid + delta (int8) as bytes, the      1.078       [0.1953]
+                scales 2s + 1 as int8, f32 d (quant.kquant)
+    IQ1_M Q8_K  as IQ1_S (sixteen scales; d from the scales' top      1.078       [0.2188]
+                nibbles)
+    TQ1_0 Q8_K  the values plus 1 (0-2) two bits each in TQ2_0's      0.266       [0.2109]
+                order, f32 d; one row of unit scales for all
+                (quant.kquant)
+    TQ2_0 Q8_K  as TQ1_0 (GGUF's value bytes as they are)             0.266       [0.2578]
+    IQ3_S  Q8_K as IQ4_XS: the signed grid values (quant.grid), the     1.078       [0.4297]
                 scales 1 + 2 * field
-    IQ3_XXS Q8_K as IQ3_S (its factor 1/4 in the kernels)              1.094       [0.3828]
+    IQ3_XXS Q8_K as IQ3_S (its factor 1/4 in the kernels)              1.078       [0.3828]
     F32, F16, BF16: no copy; the kernels read the data in place (F16/BF16 converted per row in registers/L1).
     (*2) MXFP4 (gpt-oss's experts) lays nibbles out as Q4_0; a code indexes ggml's doubled e2m1 table
     (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), so the E8M0 scale is halved (GGML_E8M0_TO_FP32_HALF).
