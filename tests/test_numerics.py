@@ -120,6 +120,19 @@ def test_graphir_isa_sets_the_default_and_info_says_so() -> None:
     assert bad.stderr == "graphir: error: GRAPHIR_ISA='sse2': expected one of avx512, avx2 or auto\n"
 
 
+@pytest.mark.parametrize("core, split", [("znver4", True), ("znver5", True), ("sapphirerapids", False),
+                                         ("x86-64", False)])
+def test_a_native_build_for_a_zen_core_splits_fma_chains_and_a_named_build_does_not(monkeypatch, core, split):
+    """GCC's -march=native on AMD's Zen cores tunes away FMAs whose sum carries over a loop (the IQ4_NL vec_dot's
+    last odd block: test_requantized_iq4 against the native llama.cpp); the named builds (oracle_build.py: no
+    -march=native) fuse them."""
+    from llvmlite import binding
+
+    monkeypatch.setattr(binding, "get_host_cpu_name", lambda: core)
+    assert [isa.native_build(p).split_chains for p in isa.PATHS.values()] == [split] * len(isa.PATHS)
+    assert not any(p.split_chains for p in isa.PATHS.values())
+
+
 def test_system_info_names_the_build_path() -> None:
     avx512 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | AVX512 = 1 | LLAMAFILE = 1 |"
     avx2 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 0 |"

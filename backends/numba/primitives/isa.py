@@ -18,11 +18,11 @@ import functools
 import os
 import platform
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from graphir.errors import GraphirError
 
-__all__ = ["APPROX", "IsaPath", "Numerics", "PATHS", "host_path", "numerics", "path_of_llama_cpp"]
+__all__ = ["APPROX", "IsaPath", "Numerics", "PATHS", "host_path", "native_build", "numerics", "path_of_llama_cpp"]
 
 # ggml_v_expf variants (vec.h)
 EXPF_SCALEF = 0     # AVX-512: degree-5 polynomial ending in fma(c1, b, 1), then _mm512_scalef_ps(j, n)
@@ -62,6 +62,11 @@ class IsaPath:
     repacked: weight types this path's llama.cpp moves into its REPACK buffer where a 2-D matrix's rows come in
         eights (ggml-cpu repack.cpp), whose interleaved kernels sum in their own order; graphir's products take
         that order there (quant.weight).
+    split_chains: the build computes ``s += a * b`` whose s carries from one loop iteration to the next as a
+        multiply, then an add, not one FMA: GCC tuned for AMD's Zen cores (what -march=native picks there) avoids
+        such FMA chains; a build for a named path (GGML_NATIVE=OFF, generic tuning) and one for an Intel core fuse
+        them. Of the kernels graphir reproduces, IQ4_NL's vec_dot takes it (its last, odd block). A PATHS entry is
+        the named build; the host's own path is its native build's (native_build).
     tinyBLAS's tile shapes (4x6 with 32 vector registers, 4x3 with 16) are not listed: they change which
     outputs a task computes, not the order in which any one output is summed.
     """
@@ -74,6 +79,7 @@ class IsaPath:
     ggml_features: tuple[str, ...]
     repacked: tuple[str, ...]
     describes: str
+    split_chains: bool = False
 
 
 PATHS: dict[str, IsaPath] = {p.name: p for p in (
@@ -137,6 +143,14 @@ def host_path() -> str:
     return "x86 without AVX2+FMA+F16C"
 
 
+def native_build(path: IsaPath) -> IsaPath:
+    """``path`` as a native build on this host computes it: with split_chains where GCC tunes for the host's core
+    as for AMD's Zen (LLVM names those cores znver1, znver2, ...)."""
+    from llvmlite import binding
+
+    return replace(path, split_chains=True) if binding.get_host_cpu_name().startswith("znver") else path
+
+
 def numerics(name: str | None = None) -> Numerics:
     """The path to run: `name` if given, else GRAPHIR_ISA if set, else the host's (detected once per process)."""
     if name is None:
@@ -145,7 +159,7 @@ def numerics(name: str | None = None) -> Numerics:
     if key not in PATHS:
         raise GraphirError(f"unknown numerics path {name!r}: expected one of {', '.join(PATHS)}")
     host = host_path()
-    return Numerics(PATHS[key], host, key == host, "chosen")
+    return Numerics(native_build(PATHS[key]) if key == host else PATHS[key], host, key == host, "chosen")
 
 
 @functools.cache
@@ -155,7 +169,8 @@ def _default() -> Numerics:
     if forced and forced != "auto":
         if forced not in PATHS:
             raise GraphirError(f"GRAPHIR_ISA={forced!r}: expected one of {', '.join(PATHS)} or auto")
-        return Numerics(PATHS[forced], host, forced == host, "GRAPHIR_ISA")
+        return Numerics(native_build(PATHS[forced]) if forced == host else PATHS[forced], host, forced == host,
+                        "GRAPHIR_ISA")
     if host in PATHS:
-        return Numerics(PATHS[host], host, True, "detected")
+        return Numerics(native_build(PATHS[host]), host, True, "detected")
     return Numerics(PATHS["avx2"], host, False, "detected")

@@ -113,10 +113,11 @@ mxfp4_matmul, iq4_nl_matmul = _lut_matmul(True), _lut_matmul(False)
 
 
 @njit(**_exact)
-def _iq4_nl_vec_dot(qs, d, m, x, out):
+def _iq4_nl_vec_dot(qs, d, m, x, out, split):
     """ggml_vec_dot_iq4_nl_q8_0 of every weight row with every row of x, on IQ4_NL's values packed as Q8_0
     blocks (quant.exact's grouped layout: a block's quant bytes at ((g * nb + b) * _G + j) * 32 for row
-    g * _G + j, its f16 d at (g * nb + b) * _G + j)."""
+    g * _G + j, its f16 d at (g * nb + b) * _G + j). ``split``: the build's (isa.IsaPath.split_chains) last odd
+    block's ``sumf += d * sum`` is a multiply and an add, not one FMA."""
     n, k = x.shape
     nb, rows = k >> 5, out.shape[1]
     y, yd, ys = np.empty((n, k), np.int8), np.empty((n, nb), _F32), np.empty((n, nb), _F32)
@@ -136,15 +137,17 @@ def _iq4_nl_vec_dot(qs, d, m, x, out):
             total = vhsum(vadd(even, odd))
             if nb & 1:                                        # the last block alone: its sum, exact in float32
                 o = (g * nb + nb - 1) * _G + j
-                total = fma(yd[r, nb - 1] * as_f32(d[o]),
-                            vhsum(_lanes_q8_0(_V8, qs, o * 32, yf, r * k + (nb - 1) * 32)), total)
+                scale = yd[r, nb - 1] * as_f32(d[o])
+                last = vhsum(_lanes_q8_0(_V8, qs, o * 32, yf, r * k + (nb - 1) * 32))
+                total = total + scale * last if split else fma(scale, last, total)
             out[r, i] = total
 
 
-def iq4_nl_unrepacked(tiny_blas: bool) -> Callable:
+def iq4_nl_unrepacked(tiny_blas: bool, split: bool = False) -> Callable:
     """The product of IQ4_NL rows llama.cpp does not repack (values packed as Q8_0 blocks, quant.exact), x
     quantized inside: one activation row through its vec_dot; more through tinyBLAS (Q8_0's order) where
-    ``tiny_blas`` (mul_mat), else through the vec_dot too (mul_mat_id)."""
+    ``tiny_blas`` (mul_mat), else through the vec_dot too (mul_mat_id). ``split``: for a build with
+    isa.IsaPath.split_chains."""
     from_rows = 2 if tiny_blas else 1 << 62
 
     @njit(cache=True)
@@ -152,6 +155,6 @@ def iq4_nl_unrepacked(tiny_blas: bool) -> Callable:
         if x.shape[0] >= from_rows:
             _Q8_0(qs, d, m, x, out)
         else:
-            _iq4_nl_vec_dot(qs, d, m, x, out)
+            _iq4_nl_vec_dot(qs, d, m, x, out, split)
 
     return product

@@ -10,7 +10,7 @@ import ctypes
 import mmap
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import gguf
@@ -122,6 +122,9 @@ _IQ4_NL_MUL_MAT_ID = iq4_nl_unrepacked(tiny_blas=False)
 _UNREPACKED_EXPERT: dict[T, _Kind] = {
     T.IQ4_NL: _Kind(np.uint8, "q8_0", 2, 16, repack_iq4_nl, _IQ4_NL_MUL_MAT_ID, _IQ4_NL_MUL_MAT_ID, _DEQ_LUT4,
                     pack_iq4_nl_as_q8_0)}
+# the kernels whose order differs in a build that splits FMA chains (isa.IsaPath.split_chains), in their place there
+_SPLIT_CHAINS: dict[Callable, Callable] = {_IQ4_NL_MUL_MAT: iq4_nl_unrepacked(tiny_blas=True, split=True),
+                                          _IQ4_NL_MUL_MAT_ID: iq4_nl_unrepacked(tiny_blas=False, split=True)}
 
 # an expert's rows of a repacked kind, which llama.cpp's mul_mat_id multiplies one activation row at a time
 _EXPERT: dict[T, _Kind] = {
@@ -137,10 +140,14 @@ USES = ("matrix", "expert", "stack")
 
 
 def _kind_of(qtype: T, rows: int, use: str, path: IsaPath) -> _Kind:
-    """The kind of a weight's rows: the repacked one where llama.cpp on the numerics path ``path`` repacks them."""
+    """The kind of a weight's rows: the repacked one where llama.cpp on the numerics path ``path`` repacks them,
+    with the split chains' kernels where its build splits them."""
     if qtype in _UNREPACKED and (rows % 8 or use == "stack" or qtype.name not in path.repacked):
-        return _UNREPACKED_EXPERT.get(qtype, _UNREPACKED[qtype]) if use == "expert" else _UNREPACKED[qtype]
-    return _EXPERT[qtype] if use == "expert" and qtype in _EXPERT else _TYPES[qtype]
+        kind = _UNREPACKED_EXPERT.get(qtype, _UNREPACKED[qtype]) if use == "expert" else _UNREPACKED[qtype]
+    else:
+        kind = _EXPERT[qtype] if use == "expert" and qtype in _EXPERT else _TYPES[qtype]
+    split = _SPLIT_CHAINS.get(kind.gemv) if path.split_chains else None
+    return kind if split is None else replace(kind, gemv=split, gemm=split)
 
 _perm_cache: dict[tuple[int, int, int], np.ndarray] = {}
 
