@@ -20,8 +20,9 @@ from numba import njit, prange
 from graphir.backends.numba.primitives import isa
 from graphir.backends.numba.primitives import simd
 from graphir.backends.numba.primitives.jit import PAR, SER, call_at, native_address
-from graphir.backends.numba.kernels.mul_mat import (VEC_F16, as_rows, column_dots, dots_hadd8, kernel_view,
-                                                    task_addresses, to_f32_row, transposed_rows)
+from graphir.backends.numba.kernels.mul_mat import (VEC_F16, as_rows, column_dots, kernel_view,
+                                                    task_addresses, to_f32_row, transposed_rows,
+                                                    whole_register_dots)
 from graphir.backends.numba.kernels.softmax import exp_head, mask_rows, soft_max_row
 
 F32 = np.float32
@@ -48,8 +49,8 @@ def _head_kernel(n_lanes: int, hadd: bool, variant: int) -> Callable:
         v = v_
         n_kv = kq.shape[2]
         simd_kq = d // (4 * lanes) * (4 * lanes)
-        if hadd and lanes == 8 and simd_kq == d:
-            dots_hadd8(v, kw, (h // ratio) * ksb * ldk, ksm * ldk, q1, h * qsb * ldq, d, live, kq[h, 0])
+        if simd_kq == d and hadd == (lanes == 8):
+            whole_register_dots(v, kw, (h // ratio) * ksb * ldk, ksm * ldk, q1, h * qsb * ldq, d, live, kq[h, 0])
         else:
             call_at(task_at, (v, kw, ldk, q1, ldq, d, d, (h // ratio) * ksb, ksm, h * qsb, _ONE, hadd, _VEC_F16,
                               simd_kq, h, _ZERO, _ONE, _ZERO, live, kq))

@@ -164,20 +164,41 @@ def _f16_chains(v, w1, wb, x1, xb, k):
 
 
 @njit(**INL)
-def dots_hadd8(v, w1, wb, ws, x1, xb, k, m1, out):
-    """out[m] = ggml_vec_dot_f16 of x (from xb) with row m of w (from wb + m * ws) for m < m1, on the AVX build's
-    path (8 lanes, hadd sum), for k a multiple of four registers (no tail): each row's chains as _vec_dot4's, and
-    the horizontal sums of eight rows at once in one register (vhadd_sums8), where one row's took eight lane
-    extractions; the last m1 % 8 rows one by one."""
+def whole_register_dots(v, w1, wb, ws, x1, xb, k, m1, out):
+    """out[m] = ggml_vec_dot_f16 of x (from xb) with row m of w (from wb + m * ws) for m < m1, for k a multiple of
+    four registers (no tail), on the paths whose sum of a register folds it whole (AVX: 8 lanes and hadd sums;
+    AVX-512: 16 lanes halved): each row's chains as _vec_dot4's, and the sums of a register's worth of rows at once
+    in one register (vhadd_sums8, vhsums16), where one row's took a lane extraction per lane; the last m1 % lanes
+    rows one by one. A decode's KQ at 1024 cells 1 KB apart, 16 heads of 64 on one thread, AVX-512: 56 -> 32 us."""
+    n = width(v)
     m = 0
-    while m + 8 <= m1:
+    while m + n <= m1:
         r = wb + m * ws
-        vstore(out, m, vhadd_sums8(_f16_chains(v, w1, r, x1, xb, k), _f16_chains(v, w1, r + ws, x1, xb, k),
-                                   _f16_chains(v, w1, r + 2 * ws, x1, xb, k), _f16_chains(v, w1, r + 3 * ws, x1, xb, k),
-                                   _f16_chains(v, w1, r + 4 * ws, x1, xb, k), _f16_chains(v, w1, r + 5 * ws, x1, xb, k),
-                                   _f16_chains(v, w1, r + 6 * ws, x1, xb, k),
-                                   _f16_chains(v, w1, r + 7 * ws, x1, xb, k)))
-        m += 8
+        if n == 8:
+            vstore(out, m, vhadd_sums8(_f16_chains(v, w1, r, x1, xb, k), _f16_chains(v, w1, r + ws, x1, xb, k),
+                                       _f16_chains(v, w1, r + 2 * ws, x1, xb, k),
+                                       _f16_chains(v, w1, r + 3 * ws, x1, xb, k),
+                                       _f16_chains(v, w1, r + 4 * ws, x1, xb, k),
+                                       _f16_chains(v, w1, r + 5 * ws, x1, xb, k),
+                                       _f16_chains(v, w1, r + 6 * ws, x1, xb, k),
+                                       _f16_chains(v, w1, r + 7 * ws, x1, xb, k)))
+        else:
+            vstore(out, m, vhsums16(_f16_chains(v, w1, r, x1, xb, k), _f16_chains(v, w1, r + ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 2 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 3 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 4 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 5 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 6 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 7 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 8 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 9 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 10 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 11 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 12 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 13 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 14 * ws, x1, xb, k),
+                                    _f16_chains(v, w1, r + 15 * ws, x1, xb, k)))
+        m += n
     for r in range(m, m1):
         out[r] = vhadd_sum(_f16_chains(v, w1, wb + r * ws, x1, xb, k))
 
@@ -420,15 +441,64 @@ _products_par, _products_ser = parallel_and_serial(_products)
 
 
 @njit(**INL)
+def _column_load(v, w1, r, left, part):
+    """One register of a V column block: a masked load for the block's last register of m where it is partial."""
+    return vload_part(v, w1, r, left) if part else vload(v, w1, r)
+
+
+@njit(**INL)
+def _cell_products(v, w1, r, left, nv, part, y, a0, a1, a2, a3):
+    """One cell's first nv registers of m (from r, the last partial if ``part``) times its probability y, onto the
+    chains a0 .. a3 (nv a constant at each call: the registers past it are left as they are, and gone)."""
+    n = width(v)
+    a0 = vfma(_column_load(v, w1, r, left, part and nv == 1), y, a0)
+    if nv > 1:
+        a1 = vfma(_column_load(v, w1, r + n, left - n, part and nv == 2), y, a1)
+    if nv > 2:
+        a2 = vfma(_column_load(v, w1, r + 2 * n, left - 2 * n, part and nv == 3), y, a2)
+    if nv > 3:
+        a3 = vfma(_column_load(v, w1, r + 3 * n, left - 3 * n, part and nv == 4), y, a3)
+    return a0, a1, a2, a3
+
+
+@njit(**INL)
+def _column_block(v, w1, r0, sc, x1, xb, p, whole, step, left, nv, part, acc, o, e):
+    """Over the whole steps, the chains of lanes p, p + 1 (and p + 2, p + 3 with 16-lane registers, which have 32 of
+    them) for nv vectors of m from r0 (left: the m from there on), held in registers, then stored at acc[o] (lane
+    t of vector j at acc[o + (t - p) * e + j * n]). A cell's vectors are its m side by side in the cache's row:
+    each line of V is read once, whole, where one vector's chains over every step read it piecemeal and came back
+    to it (a V of 1024 cells 1 KB apart, 16 heads of 64 on one thread: 89 -> 41 us on AVX-512, 140 -> 59 on AVX2)."""
+    n = width(v)
+    four = n == 16
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = vzero(v)
+    for c in range(p, whole, step):
+        r = r0 + c * sc
+        a0, a1, a2, a3 = _cell_products(v, w1, r, left, nv, part, vsplat_at(v, x1, xb + c), a0, a1, a2, a3)
+        b0, b1, b2, b3 = _cell_products(v, w1, r + sc, left, nv, part, vsplat_at(v, x1, xb + c + 1), b0, b1, b2, b3)
+        if four:
+            c0, c1, c2, c3 = _cell_products(v, w1, r + 2 * sc, left, nv, part, vsplat_at(v, x1, xb + c + 2),
+                                            c0, c1, c2, c3)
+            d0, d1, d2, d3 = _cell_products(v, w1, r + 3 * sc, left, nv, part, vsplat_at(v, x1, xb + c + 3),
+                                            d0, d1, d2, d3)
+    for j, (a, b, c_, d) in enumerate(((a0, b0, c0, d0), (a1, b1, c1, d1), (a2, b2, c2, d2), (a3, b3, c3, d3))):
+        if j < nv:
+            vstore(acc, o + j * n, a)
+            vstore(acc, o + e + j * n, b)
+            if four:
+                vstore(acc, o + 2 * e + j * n, c_)
+                vstore(acc, o + 3 * e + j * n, d)
+
+
+@njit(**INL)
 def column_dots(v, w1, wb, sc, x1, xb, k, kp, hadd, out):
     """ggml_vec_dot_f16 of one row of x (x1 from xb) with every row of a w stored transposed: w[m, c] at
     wb + m + c * sc in w1 (f16 bits), the layout of a V cache permuted for kqv, read without making it
     contiguous; out[m] the results. The same lanes as _vec_dot4, turned around: register lane t of step part j
     (c = j * n + t modulo 4n) becomes vectors across the m, so w is read once, along the cache's rows; then
     GGML_F32_VEC_REDUCE per m, done on those vectors, and the f16 scalar tail. Past k (up to ggml's padded
-    length) the products are zeros, which leave every chain as it is. Over the whole steps, eight lanes' chains
-    for one vector of m stay in registers (a load and an FMA a product, where keeping every chain in memory took
-    a load and a store more: 116 against 41 us a layer of SmolLM2's V at 1100 cells on AVX2)."""
+    length) the products are zeros, which leave every chain as it is. Over the whole steps, a few lanes' chains
+    for four vectors of m stay in registers (_column_block: a load and an FMA a product, where keeping every chain
+    in memory took a load and a store more: 116 against 41 us a layer of SmolLM2's V at 1100 cells on AVX2)."""
     mm = out.shape[0]
     n = width(v)
     step = 4 * n
@@ -438,29 +508,20 @@ def column_dots(v, w1, wb, sc, x1, xb, k, kp, hadd, out):
     acc = np.zeros(step * e, F32)                     # [lane c % step][vector of m]
     cells = min(k, simd)
     whole = cells // step * step
-    for p in range(0, step, 8):                       # eight lanes' chains in registers over the whole steps
-        for j in range(mv):
-            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = vzero(v)
-            left = mm - j * n
-            for c in range(p, whole, step):
-                r = wb + j * n + c * sc
-                a0 = vfma(vload_part(v, w1, r, left), vsplat_at(v, x1, xb + c), a0)
-                a1 = vfma(vload_part(v, w1, r + sc, left), vsplat_at(v, x1, xb + c + 1), a1)
-                a2 = vfma(vload_part(v, w1, r + 2 * sc, left), vsplat_at(v, x1, xb + c + 2), a2)
-                a3 = vfma(vload_part(v, w1, r + 3 * sc, left), vsplat_at(v, x1, xb + c + 3), a3)
-                a4 = vfma(vload_part(v, w1, r + 4 * sc, left), vsplat_at(v, x1, xb + c + 4), a4)
-                a5 = vfma(vload_part(v, w1, r + 5 * sc, left), vsplat_at(v, x1, xb + c + 5), a5)
-                a6 = vfma(vload_part(v, w1, r + 6 * sc, left), vsplat_at(v, x1, xb + c + 6), a6)
-                a7 = vfma(vload_part(v, w1, r + 7 * sc, left), vsplat_at(v, x1, xb + c + 7), a7)
-            o = p * e + j * n
-            vstore(acc, o, a0)
-            vstore(acc, o + e, a1)
-            vstore(acc, o + 2 * e, a2)
-            vstore(acc, o + 3 * e, a3)
-            vstore(acc, o + 4 * e, a4)
-            vstore(acc, o + 5 * e, a5)
-            vstore(acc, o + 6 * e, a6)
-            vstore(acc, o + 7 * e, a7)
+    lanes = 4 if n == 16 else 2                       # _column_block's lanes
+    part = mm % n != 0
+    for j in range(0, mv, 4):                         # four vectors of m at a time, then the one to three left
+        left, last = mm - j * n, j + 4 >= mv
+        for p in range(0, step, lanes):
+            r, o = wb + j * n, p * e + j * n
+            if mv - j >= 4:
+                _column_block(v, w1, r, sc, x1, xb, p, whole, step, left, 4, part and last, acc, o, e)
+            elif mv - j == 3:
+                _column_block(v, w1, r, sc, x1, xb, p, whole, step, left, 3, part, acc, o, e)
+            elif mv - j == 2:
+                _column_block(v, w1, r, sc, x1, xb, p, whole, step, left, 2, part, acc, o, e)
+            else:
+                _column_block(v, w1, r, sc, x1, xb, p, whole, step, left, 1, part, acc, o, e)
     for c in range(whole, cells):                     # the last, partial step: each lane's chain goes on
         y, q, row = vsplat(v, x1[xb + c]), c % step * e, wb + c * sc
         for j in range(mv):
