@@ -164,6 +164,15 @@ def _f16_chains(v, w1, wb, x1, xb, k):
 
 
 @njit(**INL)
+def _eight_rows(v, w1, r, ws, x1, xb, k):
+    """_f16_chains of the eight rows from r (ws apart): the registers whose lanes their sums add."""
+    return (_f16_chains(v, w1, r, x1, xb, k), _f16_chains(v, w1, r + ws, x1, xb, k),
+            _f16_chains(v, w1, r + 2 * ws, x1, xb, k), _f16_chains(v, w1, r + 3 * ws, x1, xb, k),
+            _f16_chains(v, w1, r + 4 * ws, x1, xb, k), _f16_chains(v, w1, r + 5 * ws, x1, xb, k),
+            _f16_chains(v, w1, r + 6 * ws, x1, xb, k), _f16_chains(v, w1, r + 7 * ws, x1, xb, k))
+
+
+@njit(**INL)
 def whole_register_dots(v, w1, wb, ws, x1, xb, k, m1, out):
     """out[m] = ggml_vec_dot_f16 of x (from xb) with row m of w (from wb + m * ws) for m < m1, for k a multiple of
     four registers (no tail), on the paths whose sum of a register folds it whole (AVX: 8 lanes and hadd sums;
@@ -174,30 +183,13 @@ def whole_register_dots(v, w1, wb, ws, x1, xb, k, m1, out):
     m = 0
     while m + n <= m1:
         r = wb + m * ws
+        a = _eight_rows(v, w1, r, ws, x1, xb, k)
         if n == 8:
-            vstore(out, m, vhadd_sums8(_f16_chains(v, w1, r, x1, xb, k), _f16_chains(v, w1, r + ws, x1, xb, k),
-                                       _f16_chains(v, w1, r + 2 * ws, x1, xb, k),
-                                       _f16_chains(v, w1, r + 3 * ws, x1, xb, k),
-                                       _f16_chains(v, w1, r + 4 * ws, x1, xb, k),
-                                       _f16_chains(v, w1, r + 5 * ws, x1, xb, k),
-                                       _f16_chains(v, w1, r + 6 * ws, x1, xb, k),
-                                       _f16_chains(v, w1, r + 7 * ws, x1, xb, k)))
+            vstore(out, m, vhadd_sums8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]))
         else:
-            vstore(out, m, vhsums16(_f16_chains(v, w1, r, x1, xb, k), _f16_chains(v, w1, r + ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 2 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 3 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 4 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 5 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 6 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 7 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 8 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 9 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 10 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 11 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 12 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 13 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 14 * ws, x1, xb, k),
-                                    _f16_chains(v, w1, r + 15 * ws, x1, xb, k)))
+            b = _eight_rows(v, w1, r + 8 * ws, ws, x1, xb, k)
+            vstore(out, m, vhsums16(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
+                                    b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]))
         m += n
     for r in range(m, m1):
         out[r] = vhadd_sum(_f16_chains(v, w1, wb + r * ws, x1, xb, k))
