@@ -12,6 +12,7 @@ Three references, from strict to loose:
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import gguf
 import numpy as np
@@ -510,16 +511,19 @@ def test_unrepacked_q4_0_and_q5_0_are_q8_0s_vec_dot_on_their_values(qtype, n):
     assert_bits_equal(QWeight.prepare(raw, qtype, 256).matmul(x), QWeight.prepare(as_q8_0, T.Q8_0, 256).matmul(x))
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("n", [1, 2, 3, 9])
-def test_unrepacked_iq4_nl_is_its_vec_dot_for_one_row_and_tiny_blas_from_two(n):
+def test_unrepacked_iq4_nl_is_its_vec_dot_for_one_row_and_tiny_blas_from_two(n, split):
     """IQ4_NL rows llama.cpp does not repack (not in eights, or a 3-D weight's matrices): one activation row through
     ggml_vec_dot_iq4_nl_q8_0, per block Q8_0's eight lane sums (lane l: elements 4l .. 4l + 3 of the values times
     x's quants), the even blocks chained in one register and the odd ones in another, acc = fma(d_x * d_w, lane,
-    acc), hsum_float_8 of the two added, and an odd last block's exact sum added as fma(d_x * d_w, sum, total);
-    from two rows tinyBLAS_Q0_AVX: one chain over the blocks, then hsum_float_8. An expert's rows (mul_mat_id)
-    stay on the vec_dot for every n. Seven blocks a row: an odd last one."""
+    acc), hsum_float_8 of the two added, and an odd last block's exact sum added as fma(d_x * d_w, sum, total), or
+    as a product then a sum in a build that splits FMA chains (isa.IsaPath.split_chains: GCC's -march=native on
+    AMD's Zen cores); from two rows tinyBLAS_Q0_AVX: one chain over the blocks, then hsum_float_8. An expert's
+    rows (mul_mat_id) stay on the vec_dot for every n. Seven blocks a row: an odd last one."""
     rng = np.random.default_rng(n)
     rows, ne0, nb = 44, 224, 7
+    path = replace(isa.numerics().path, split_chains=split)
     raw = make_weight(T.IQ4_NL, rows, ne0, rng)
     x = rng.standard_normal((n, ne0)).astype(F32)
     qw, dw = weight_ints(raw, T.IQ4_NL, ne0)                                             # (rows, nb, 32), (rows, nb)
@@ -531,16 +535,17 @@ def test_unrepacked_iq4_nl_is_its_vec_dot_for_one_row_and_tiny_blas_from_two(n):
         chains = [np.zeros((rows, 8), F32), np.zeros((rows, 8), F32)]
         for b in range(nb - 1):
             chains[b % 2] = _fma(scale[r, :, b], lanes[r, :, b], chains[b % 2])
-        vec_dot[r] = _fma(scale[r, :, -1, 0], lanes[r, :, -1].sum(-1), _hsum8(chains[0] + chains[1]))
+        total, last = _hsum8(chains[0] + chains[1]), lanes[r, :, -1].sum(-1)
+        vec_dot[r] = total + scale[r, :, -1, 0] * last if split else _fma(scale[r, :, -1, 0], last, total)
         one = np.zeros((rows, 8), F32)
         for b in range(nb):
             one = _fma(scale[r, :, b], lanes[r, :, b], one)
         one_chain[r] = _hsum8(one)
     assert not np.array_equal(vec_dot, one_chain)                           # the orders differ in the last bits
     mul_mat = vec_dot if n == 1 else one_chain
-    assert_bits_equal(QWeight.prepare(raw, T.IQ4_NL, ne0).matmul(x), mul_mat)
-    assert_bits_equal(QWeight(raw[:40], T.IQ4_NL, ne0, use="stack").matmul(x), mul_mat[:, :40])
-    assert_bits_equal(QWeight(raw, T.IQ4_NL, ne0, use="expert").matmul(x), vec_dot)
+    assert_bits_equal(QWeight.prepare(raw, T.IQ4_NL, ne0, path).matmul(x), mul_mat)
+    assert_bits_equal(QWeight(raw[:40], T.IQ4_NL, ne0, use="stack", path=path).matmul(x), mul_mat[:, :40])
+    assert_bits_equal(QWeight(raw, T.IQ4_NL, ne0, use="expert", path=path).matmul(x), vec_dot)
 
 
 def _fma_chain(terms, scales, acc):
