@@ -453,32 +453,43 @@ def _cell_products(v, w1, r, left, nv, part, y, a0, a1, a2, a3):
     return a0, a1, a2, a3
 
 
-@njit(**INL)
-def _column_block(v, w1, r0, sc, x1, xb, p, whole, step, left, nv, part, acc, o, e):
-    """Over the whole steps, the chains of lanes p, p + 1 (and p + 2, p + 3 with 16-lane registers, which have 32 of
-    them) for nv vectors of m from r0 (left: the m from there on), held in registers, then stored at acc[o] (lane
-    t of vector j at acc[o + (t - p) * e + j * n]). A cell's vectors are its m side by side in the cache's row:
-    each line of V is read once, whole, where one vector's chains over every step read it piecemeal and came back
-    to it (a V of 1024 cells 1 KB apart, 16 heads of 64 on one thread: 89 -> 41 us on AVX-512, 140 -> 59 on AVX2)."""
-    n = width(v)
-    four = n == 16
-    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = vzero(v)
-    for c in range(p, whole, step):
-        r = r0 + c * sc
-        a0, a1, a2, a3 = _cell_products(v, w1, r, left, nv, part, vsplat_at(v, x1, xb + c), a0, a1, a2, a3)
-        b0, b1, b2, b3 = _cell_products(v, w1, r + sc, left, nv, part, vsplat_at(v, x1, xb + c + 1), b0, b1, b2, b3)
-        if four:
-            c0, c1, c2, c3 = _cell_products(v, w1, r + 2 * sc, left, nv, part, vsplat_at(v, x1, xb + c + 2),
-                                            c0, c1, c2, c3)
-            d0, d1, d2, d3 = _cell_products(v, w1, r + 3 * sc, left, nv, part, vsplat_at(v, x1, xb + c + 3),
-                                            d0, d1, d2, d3)
-    for j, (a, b, c_, d) in enumerate(((a0, b0, c0, d0), (a1, b1, c1, d1), (a2, b2, c2, d2), (a3, b3, c3, d3))):
-        if j < nv:
-            vstore(acc, o + j * n, a)
-            vstore(acc, o + e + j * n, b)
+def _column_block_of(nv: int) -> Callable:
+    """_column_block for nv vectors of m (1 to 4), compiled apart: nv a constant of each, and the four of them
+    inlined into column_dots with every caller (the head kernel, both _columns) took its compile from 6 to 29 s."""
+
+    @njit(**SER)
+    def column_block(v, w1, r0, sc, x1, xb, p, whole, step, left, part, acc, o, e):
+        """Over the whole steps, the chains of lanes p, p + 1 (and p + 2, p + 3 with 16-lane registers, which have 32
+        of them) for nv vectors of m from r0 (left: the m from there on), held in registers, then stored at acc[o]
+        (lane t of vector j at acc[o + (t - p) * e + j * n]). A cell's vectors are its m side by side in the cache's
+        row: each line of V is read once, whole, where one vector's chains over every step read it piecemeal and
+        came back to it (a V of 1024 cells 1 KB apart, 16 heads of 64 on one thread: 89 -> 41 us on AVX-512, 140 ->
+        59 on AVX2)."""
+        n = width(v)
+        four = n == 16
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = vzero(v)
+        for c in range(p, whole, step):
+            r = r0 + c * sc
+            a0, a1, a2, a3 = _cell_products(v, w1, r, left, nv, part, vsplat_at(v, x1, xb + c), a0, a1, a2, a3)
+            b0, b1, b2, b3 = _cell_products(v, w1, r + sc, left, nv, part, vsplat_at(v, x1, xb + c + 1),
+                                            b0, b1, b2, b3)
             if four:
-                vstore(acc, o + 2 * e + j * n, c_)
-                vstore(acc, o + 3 * e + j * n, d)
+                c0, c1, c2, c3 = _cell_products(v, w1, r + 2 * sc, left, nv, part, vsplat_at(v, x1, xb + c + 2),
+                                                c0, c1, c2, c3)
+                d0, d1, d2, d3 = _cell_products(v, w1, r + 3 * sc, left, nv, part, vsplat_at(v, x1, xb + c + 3),
+                                                d0, d1, d2, d3)
+        for j, (a, b, c_, d) in enumerate(((a0, b0, c0, d0), (a1, b1, c1, d1), (a2, b2, c2, d2), (a3, b3, c3, d3))):
+            if j < nv:
+                vstore(acc, o + j * n, a)
+                vstore(acc, o + e + j * n, b)
+                if four:
+                    vstore(acc, o + 2 * e + j * n, c_)
+                    vstore(acc, o + 3 * e + j * n, d)
+
+    return column_block
+
+
+_block1, _block2, _block3, _block4 = (_column_block_of(nv) for nv in (1, 2, 3, 4))
 
 
 @njit(**INL)
@@ -489,7 +500,7 @@ def column_dots(v, w1, wb, sc, x1, xb, k, kp, hadd, out):
     (c = j * n + t modulo 4n) becomes vectors across the m, so w is read once, along the cache's rows; then
     GGML_F32_VEC_REDUCE per m, done on those vectors, and the f16 scalar tail. Past k (up to ggml's padded
     length) the products are zeros, which leave every chain as it is. Over the whole steps, a few lanes' chains
-    for four vectors of m stay in registers (_column_block: a load and an FMA a product, where keeping every chain
+    for four vectors of m stay in registers (_column_block_of: a load and an FMA a product, where keeping every chain
     in memory took a load and a store more: 116 against 41 us a layer of SmolLM2's V at 1100 cells on AVX2)."""
     mm = out.shape[0]
     n = width(v)
@@ -500,20 +511,20 @@ def column_dots(v, w1, wb, sc, x1, xb, k, kp, hadd, out):
     acc = np.zeros(step * e, F32)                     # [lane c % step][vector of m]
     cells = min(k, simd)
     whole = cells // step * step
-    lanes = 4 if n == 16 else 2                       # _column_block's lanes
+    lanes = 4 if n == 16 else 2                       # a column block's lanes
     part = mm % n != 0
     for j in range(0, mv, 4):                         # four vectors of m at a time, then the one to three left
         left, last = mm - j * n, j + 4 >= mv
         for p in range(0, step, lanes):
             r, o = wb + j * n, p * e + j * n
             if mv - j >= 4:
-                _column_block(v, w1, r, sc, x1, xb, p, whole, step, left, 4, part and last, acc, o, e)
+                _block4(v, w1, r, sc, x1, xb, p, whole, step, left, part and last, acc, o, e)
             elif mv - j == 3:
-                _column_block(v, w1, r, sc, x1, xb, p, whole, step, left, 3, part, acc, o, e)
+                _block3(v, w1, r, sc, x1, xb, p, whole, step, left, part, acc, o, e)
             elif mv - j == 2:
-                _column_block(v, w1, r, sc, x1, xb, p, whole, step, left, 2, part, acc, o, e)
+                _block2(v, w1, r, sc, x1, xb, p, whole, step, left, part, acc, o, e)
             else:
-                _column_block(v, w1, r, sc, x1, xb, p, whole, step, left, 1, part, acc, o, e)
+                _block1(v, w1, r, sc, x1, xb, p, whole, step, left, part, acc, o, e)
     for c in range(whole, cells):                     # the last, partial step: each lane's chain goes on
         y, q, row = vsplat(v, x1[xb + c]), c % step * e, wb + c * sc
         for j in range(mv):
