@@ -76,7 +76,8 @@ def _vec(n: int) -> ir.VectorType:
     return ir.VectorType(ir.FloatType(), n)
 
 
-_LOADS = (types.float32, types.uint16)
+_LOADS = (types.float32, types.uint16, types.uint8)   # vload's element types
+_PART_LOADS = (types.float32, types.uint16)          # vload_part's
 
 
 def _is_row(arr, dtypes) -> bool:  # type: ignore[no-untyped-def]
@@ -128,9 +129,9 @@ def vzero(typingctx, proto):
 
 @intrinsic
 def vload(typingctx, proto, arr, idx):
-    """arr[idx:idx + n] as a register: a 1-D C-contiguous float32 array, or uint16 holding f16 bits (converted
-    exactly, as F16C's vcvtph2ps does). Unchecked (the caller's loop bounds are the check) but under
-    NUMBA_BOUNDSCHECK=1."""
+    """arr[idx:idx + n] as a register: a 1-D C-contiguous float32 array, uint16 holding f16 bits (converted
+    exactly, as F16C's vcvtph2ps does) or uint8 (converted exactly). Unchecked (the caller's loop bounds are the
+    check) but under NUMBA_BOUNDSCHECK=1."""
     if not (isinstance(proto, F32Vec) and _is_row(arr, _LOADS) and isinstance(idx, types.Integer)):
         return None
     dtype = arr.dtype
@@ -140,6 +141,9 @@ def vload(typingctx, proto, arr, idx):
         ptr = element_ptr(context, builder, sig.args[1], args[1], args[2], proto.n)
         if dtype == types.float32:
             return builder.load(builder.bitcast(ptr, _vec(n).as_pointer()), align=4)
+        if dtype == types.uint8:
+            return builder.uitofp(builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), n).as_pointer()),
+                                               align=1), _vec(n))
         v = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), n).as_pointer()), align=2)
         return builder.fpext(v, _vec(n))
 
@@ -209,7 +213,7 @@ def vload_part(typingctx, proto, arr, idx, count):
     load: nothing past them is read, and the other lanes are zeros (a row's last, partial register). A whole
     register is a plain load: AVX2 has no masked load of 16-bit lanes, and LLVM makes one lane by lane with a
     branch each (column_dots over an f16 V cache: 239 against 75 us a layer of SmolLM2 at 1100 cells)."""
-    if not (isinstance(proto, F32Vec) and _is_row(arr, _LOADS) and isinstance(idx, types.Integer)
+    if not (isinstance(proto, F32Vec) and _is_row(arr, _PART_LOADS) and isinstance(idx, types.Integer)
             and isinstance(count, types.Integer)):
         return None
     dtype = arr.dtype

@@ -52,9 +52,9 @@ _AHEAD = 16                # blocks of a group run that the GEMV asks the memory
 @njit(**INL)
 def _ask_ahead(qs, d, m, o, qb, with_min):
     """Prefetch the block _AHEAD blocks on (its rows' quants, scales and mins; first row o of this one): a
-    thread's groups lie one after another, and a small matrix's GEMV ends before the hardware's prefetch has
-    ramped up. The 4-bit kinds only: SmolLM2's Q4_1 matrices, 30 layers' in turn from memory, 3-10% faster a call
-    (ffn_up 50.7 -> 48.5 us, attn_q 31.0 -> 28.0), where its Q8_0 LM head (30 MB) was not."""
+    thread's groups lie one after another, yet the hardware's prefetch alone leaves the GEMV waiting on memory
+    (1B-class Q8_0 matrices on two Zen 5 cores: 37 -> 66 GB/s; SmolLM2's Q4_1 matrices on an AVX-512 Intel host,
+    30 layers' in turn from memory: ffn_up 50.7 -> 48.5 us, attn_q 31.0 -> 28.0)."""
     a = o + _AHEAD * _G
     for j in range(0, _G * qb, 64):
         prefetch(qs, a * qb + j)
@@ -245,6 +245,8 @@ def exact_gemv(fmt: str, n_lanes: int = GEMV_LANES) -> Callable:
                 a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = summ = vzero(v)   # Q8_0, Q5_1: 8 registers of R rows
                 for b in range(nb):
                     o = (g * nb + b) * _G + h             # the first row's scale; its quants at o * qb
+                    if i == 0 and h == 0:
+                        _ask_ahead(qs, d, m, o, qb, q5_1)
                     vstore(dd, 0, vmul(vload(v, d, o), vsplat(v, yd[i, b])))
                     if q5_1:
                         summ = vfma(vload(v, m, o), vsplat(v, ys[i, b]), summ)
