@@ -18,6 +18,7 @@ import gguf
 import numpy as np
 import pytest
 
+from apart import apart_result, pytest_collection_finish, pytest_sessionfinish  # noqa: F401 (its fixture, hooks)
 from graphir.convert import add_key
 from graphir.model.meta import from_preset
 from graphir.model.presets import Preset

@@ -2,9 +2,9 @@
 
 numba indexes arrays unchecked, so a kernel that reads past a row reads a neighbour's memory (wrong numbers)
 and one that writes past it corrupts the heap. With ``NUMBA_BOUNDSCHECK=1`` every index is checked and a bad
-one raises IndexError. The test runs this file as a script in a subprocess with that variable and a fresh
-``NUMBA_CACHE_DIR`` (kernels cached without checks would be loaded instead, as numba's cache does not key on
-the setting): a short decode of a tiny random-weight model of every family (two sequences: a prefill, a
+one raises IndexError. The test runs this file as a script in a subprocess (beside the other tests:
+tests/apart.py) with that variable and a fresh ``NUMBA_CACHE_DIR`` (kernels cached without checks would be
+loaded instead, as numba's cache does not key on the setting): a short decode of a tiny random-weight model of every family (two sequences: a prefill, a
 K-shift where the memory is a KV cache, two single-token steps; T5 encodes first) and of llama with every
 matrix type the backend runs, on every numerics path (avx512, avx2). Any exception fails the case.
 
@@ -37,6 +37,8 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
+
+import apart
 
 K = gguf.Keys
 Q = gguf.GGMLQuantizationType
@@ -254,12 +256,18 @@ def script(argv: list[str]) -> int:
 # ---- the test ------------------------------------------------------------------------------------------
 
 
+def _bounds_checked_run() -> subprocess.CompletedProcess:
+    """This file as a script, with bounds checking and a numba cache of its own (see the module's docstring)."""
+    folder = Path(apart.scratch("graphir-boundscheck-"))
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(folder / "numba-cache")}
+    (folder / "models").mkdir()
+    return apart.run([sys.executable, __file__, str(folder / "models")], timeout=BOUNDSCHECK_SECONDS, env=env)
+
+
 @pytest.mark.boundscheck
-def test_every_family_and_matrix_type_runs_under_bounds_checking(tmp_path: Path) -> None:
-    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
-    (tmp_path / "models").mkdir()
-    p = subprocess.run([sys.executable, __file__, str(tmp_path / "models")], capture_output=True, text=True,
-                       env=env, timeout=BOUNDSCHECK_SECONDS)
+@pytest.mark.apart(work=_bounds_checked_run)
+def test_every_family_and_matrix_type_runs_under_bounds_checking(apart_result: subprocess.CompletedProcess) -> None:
+    p = apart_result
     assert (p.returncode, p.stdout) == (0, "".join(f"ok {n}\n" for n in ["canary", *CI_CASES])), p.stdout + p.stderr
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import apart
 import numpy as np
 import pytest
 from conftest import logit_distance, oracle_path
@@ -187,23 +188,39 @@ def test_another_paths_numbers_differ_but_stay_within_the_documented_tolerance(s
 
 # --- the AVX2 path against a llama.cpp built for AVX2 ---------------------------------------------------------
 
+def _why_no_avx2_rerun() -> str | None:
+    if os.environ.get("GRAPHIR_ISA"):
+        return f"GRAPHIR_ISA={os.environ['GRAPHIR_ISA']}: this run already checks a chosen path"
+    if isa.host_path() != "avx512":
+        return f"host path {isa.host_path()}: the native oracle already is this host's only x86 path"
+    return None
+
+
+def _avx2_rerun() -> subprocess.CompletedProcess | None:
+    """The oracle tests a CPU path can change, in a pytest of their own against llama.cpp built for AVX2, graphir on
+    its AVX2 path (GRAPHIR_ISA, which also keeps the subprocess from running this test again); None where
+    _why_no_avx2_rerun says why not. Beside the other tests (tests/apart.py): its own numba cache and basetemp."""
+    if _why_no_avx2_rerun():
+        return None
+    from oracle_build import build
+
+    env = apart.own_numba_cache({**os.environ, "LLAMA_CPP_LIB_PATH": str(build("avx2")), "GRAPHIR_ISA": "avx2"})
+    return apart.run([sys.executable, "-m", "pytest", "-q", "-m", "oracle and not same_on_every_path",
+                      "-p", "no:cacheprovider", "--basetemp", str(Path(apart.scratch("graphir-avx2-")) / "tmp"),
+                      "--deselect", "tests/test_numerics.py::test_the_avx2_path_equals_a_llama_cpp_built_for_avx2"],
+                     timeout=1800, cwd=ROOT, env=env)
+
+
 @pytest.mark.oracle
-def test_the_avx2_path_equals_a_llama_cpp_built_for_avx2() -> None:
+@pytest.mark.apart(work=_avx2_rerun)
+def test_the_avx2_path_equals_a_llama_cpp_built_for_avx2(apart_result: subprocess.CompletedProcess | None) -> None:
     """On a host whose native path is AVX-512 (AVX2 code runs there too), every oracle test whose result a CPU
     path can change runs again in a subprocess against llama.cpp built with only AVX2/FMA/F16C, graphir on its
     AVX2 path (graphs and tokenizers, the same on every path, are left out)."""
-    if os.environ.get("GRAPHIR_ISA"):
-        pytest.skip(f"GRAPHIR_ISA={os.environ['GRAPHIR_ISA']}: this run already checks a chosen path")
-    if isa.host_path() != "avx512":
-        pytest.skip(f"host path {isa.host_path()}: the native oracle already is this host's only x86 path")
-    from oracle_build import build
-
-    lib = build("avx2")
-    env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib), "GRAPHIR_ISA": "avx2"}   # GRAPHIR_ISA: no recursion
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "oracle and not same_on_every_path",
-                          "-p", "no:cacheprovider",
-                          "--deselect", "tests/test_numerics.py::test_the_avx2_path_equals_a_llama_cpp_built_for_avx2"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    reason = _why_no_avx2_rerun()
+    if reason:
+        pytest.skip(reason)
+    run = apart_result
     tail = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     passed = re.search(r"(\d+) passed", tail)
