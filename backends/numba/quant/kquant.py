@@ -225,7 +225,7 @@ def _sub_sums(ysum):
 @njit(cache=True, inline="always")
 def _side_mins(v, mn, at, ms, r, b):
     """Side by side, each row's min integer of super-block b for activation row r: sum_j m_j * (the activation's
-    sum over sub-block j, from ms: _sub_sums), the rows' eight mins as float32 from mn[at] ([sub-block][row]);
+    sum over sub-block j, from ms: _sub_sums), the rows' eight mins (bytes) from mn[at] ([sub-block][row]);
     exact in float32 (at most 8 * 63 * 4096 < 2^24)."""
     g_rows = width(v)
     imin = vmul(vload(v, mn, at), vsplat(v, ms[r, 8 * b]))
