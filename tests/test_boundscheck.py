@@ -4,9 +4,10 @@ numba indexes arrays unchecked, so a kernel that reads past a row reads a neighb
 and one that writes past it corrupts the heap. With ``NUMBA_BOUNDSCHECK=1`` every index is checked and a bad
 one raises IndexError. The test runs this file as a script in a subprocess (beside the other tests:
 tests/apart.py) with that variable and a fresh ``NUMBA_CACHE_DIR`` (kernels cached without checks would be
-loaded instead, as numba's cache does not key on the setting): a short decode of a tiny random-weight model of every family (two sequences: a prefill, a
-K-shift where the memory is a KV cache, two single-token steps; T5 encodes first) and of llama with every
-matrix type the backend runs, on every numerics path (avx512, avx2). Any exception fails the case.
+loaded instead, as numba's cache does not key on the setting): a short decode of a tiny random-weight model of
+every family (two sequences: a prefill, a K-shift where the memory is a KV cache, two single-token steps; T5
+encodes first) and of llama with every matrix type the backend runs, on every numerics path (avx512, avx2).
+Any exception fails the case.
 
 numba drops exceptions raised inside a ``prange`` body (numba issues #2811, #9380): the worker's chunk just
 stops. The script therefore compiles the kernels without ``parallel`` (``prange`` is then ``range``, the

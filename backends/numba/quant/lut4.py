@@ -27,8 +27,8 @@ import numpy as np
 from numba import njit, prange
 
 from graphir.backends.numba.primitives.bits import fma
-from graphir.backends.numba.primitives.simd import (as_f32, lanes, prefetch, vadd, vfma, vhsum, vload, vmul, vsplat, vstore,
-                                                    vzero, width)
+from graphir.backends.numba.primitives.simd import (as_f32, lanes, prefetch, vadd, vfma, vhsum, vload, vmul, vsplat,
+                                                    vstore, vzero, width)
 from graphir.backends.numba.quant.activation import q8_blocks
 from graphir.backends.numba.quant.blocks import IQ4_NL_VALUES, MXFP4_VALUES, e8m0_half
 from graphir.backends.numba.quant.exact import _AHEAD, _G, exact_gemv
