@@ -158,11 +158,14 @@ def _record_activation_product(tape: Tape, w: np.ndarray, x: np.ndarray, path: I
     return out.reshape(out.shape[4 - r:])
 
 
+_GEMV_OPS = {2: T.GEMV2, 3: T.GEMV3, 4: T.GEMV4}   # by the number of a layout's parts
+
+
 def _record_gemv(tape: Tape, gemv: Callable, packed: tuple[np.ndarray, ...], x: np.ndarray, out: np.ndarray) -> bool:
-    """An exact GEMV of packed rows (quant bytes, then f16 scales) on the tape."""
-    if len(packed) not in (2, 3):
-        return False
-    return tape.record(T.GEMV2 if len(packed) == 2 else T.GEMV3, gemv, (*packed, x, out))
+    """A GEMV of packed rows (quant bytes, then scales: the exact kinds', Q4_K's) on the tape; False (nothing
+    recorded) where the layout's parts are not of the opcode's kinds."""
+    op = _GEMV_OPS.get(len(packed))
+    return op is not None and tape.record(op, gemv, (*packed, x, out))
 
 
 @kernel("mul_mat")
@@ -221,7 +224,7 @@ class _StackProduct(Step):
             return None
         matrices, x3 = self._operands(w, x)
         calls = [m.gemv_call() for m in matrices]
-        if any(c is None or len(c[1]) not in (2, 3) for c in calls):
+        if any(c is None or len(c[1]) not in _GEMV_OPS for c in calls):
             return None
         out = tape.arena(x3.shape[:-1] + (matrices[0].rows,))
         r = x3.shape[0] // self.n
