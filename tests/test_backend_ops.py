@@ -9,13 +9,16 @@ shape and dtype must also be exactly what the IR infers.
 
 Thresholds, pinned from the worst NMSE measured over 40 seeds per case, with a margin of 10x or more (run this
 file as a script to print every case's NMSE):
-  EXACT  1e-10  movement and copy ops, get_rows, set_rows: values come through unchanged (measured 0)
-  F32    1e-12  float32 elementwise math, norms, softmax, f32 matmul (measured <= 3e-14: float32 rounding)
+  EXACT  1e-10  movement and copy ops, get_rows, set_rows, im2col, pool_2d max: values come through unchanged
+                (measured 0); gelu_quick, whose fp16 table the reference reproduces entry for entry (measured 0)
+  F32    1e-12  float32 elementwise math, norms, softmax, f32 matmul, pool_2d avg (measured <= 3e-14: float32
+                rounding)
   ROPE   1e-10  rope: the backend builds angles by repeated float32 multiplication as ggml does, so they
                 drift from the float64 reference by a few ulps (measured <= 2e-12 with positions < 200)
   F16    3e-6   f16 operands: matmul against f16 weights/cache rounds activations to f16 as ggml does,
                 f16 data keeps f16 precision (measured <= 3e-7, the worst being the 10-output gemv); gelu and
-                geglu read llama.cpp's fp16 GELU table (measured <= 2e-7; its exact semantics: test_gelu_*)
+                geglu read llama.cpp's fp16 GELU table (measured <= 2e-7; its exact semantics: test_gelu_*); im2col
+                for an f16 kernel rounds its windows to f16 (measured <= 4e-8)
   QUANT  5e-4   Q8_0 / Q4_1 matmul: activations are quantized to Q8_0 / Q8_1 blocks as on llama.cpp's CPU
                 backend (measured <= 5e-5; test-backend-ops itself allows 5e-4 for quantized mul_mat)
 """
@@ -401,6 +404,20 @@ CASES: list[Case] = [
     C("clamp", I("f32", 16, 3, lo=-3, hi=3), min=-1.0, max=2.0, tol=F32),
     C("div", I("f32", 8, T), I("f32", 1, T, lo=0.5, hi=2), tol=F32, env={"n_tokens": 3}, note="by row sums"),
     C("div", I("f32", 7, 5), I("f32", 7, 5, lo=1, hi=3), tol=F32),
+    # vision towers (llama.cpp's tools/mtmd clip graphs): a patch embedding is ggml_conv_2d, im2col's windows by the
+    # kernel (a weight, operand 1); Gemma 3 pools its patches 4 x 4; the FFN's gelu_quick
+    *[C("im2col", I("f32", 42, 28, 3), kw=14, kh=14, s0=14, s1=14, p0=0, p1=0, d0=1, d1=1, type=t, tol=tol,
+        note="14x14 patches") for t, tol in (("f16", F16), ("f32", EXACT))],
+    C("im2col", I("f32", 9, 7, 2, 2), kw=3, kh=2, s0=2, s1=1, p0=1, p1=2, d0=2, d1=1, type="f32", tol=EXACT,
+      note="padded, dilated, 2 images"),
+    C("mul_mat", I("f16", 588, 6), W("f16", 588, 8), tol=F16, note="patch embedding, f16"),
+    C("mul_mat", I("f32", 64, 3), W("f32", 64, 5), tol=F32, note="patch embedding, f32, 3 rows"),
+    C("pool_2d", I("f32", 8, 8, 5), pool="avg", k0=4, k1=4, s0=4, s1=4, p0=0, p1=0, tol=F32, note="Gemma 3's"),
+    C("pool_2d", I("f32", 7, 6, 3), pool="avg", k0=3, k1=2, s0=2, s1=2, p0=1, p1=1, tol=F32,
+      note="padded: the padding counts"),
+    C("pool_2d", I("f32", 7, 6, 3, 2), pool="max", k0=3, k1=3, s0=2, s1=1, p0=1, p1=1, tol=EXACT, note="padded"),
+    C("gelu_quick", I("f32", 7, 5), tol=EXACT),
+    C("gelu_quick", I("f32", 16, 4, 3, lo=-30, hi=30), tol=EXACT),
 ]
 
 
@@ -631,6 +648,164 @@ def test_gelu_and_geglu_read_llama_cpps_fp16_table() -> None:
     assert out[0] == 0 and not np.signbit(out[0]) and out[1] == 10 and out[3] == 10 and out[5] == edges[5]
 
 
+# ---- the vision ops on both backends, against numpy written here ------------------------------------------------
+
+
+def _on_both_backends(graph: Graph, feeds: dict[str, np.ndarray],
+                      weights: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The graph's output on each backend, by name, as the runtime compiles it: ``weights`` (float32 or float16
+    arrays: F32 or F16 tensors) prepared by the backend from their rows."""
+    from graphir.running.backend import get
+
+    outs = {}
+    for name in ("numba", "reference"):
+        backend, num = get(name), get(name).numerics()
+        prepared = {k: backend.prepare_weight(w.reshape(-1, w.shape[-1]), GT.F16 if w.dtype == np.float16 else GT.F32,
+                                              w.shape[-1], num) for k, w in (weights or {}).items()}
+        outs[name] = backend.compile(graph, lambda k, stacked=False: prepared[k], num).run({}, feeds)["out"]
+    return outs
+
+
+def _windows(x: np.ndarray, kw: int, kh: int, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> np.ndarray:
+    """im2col of x (N, C, H, W) from a zero-padded copy: for each kernel tap (i, j), the value every output position
+    reads there, one strided slice; (N, OH, OW, C * kh * kw), a channel's taps row by row."""
+    n, c, h, w = x.shape
+    oh, ow = (h + 2 * p1 - d1 * (kh - 1) - 1) // s1 + 1, (w + 2 * p0 - d0 * (kw - 1) - 1) // s0 + 1
+    padded = np.pad(x, ((0, 0), (0, 0), (p1, p1), (p0, p0)))
+    out = np.empty((n, oh, ow, c, kh, kw), x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            out[..., i, j] = padded[:, :, i * d1::s1, j * d0::s0][:, :, :oh, :ow].transpose(0, 2, 3, 1)
+    return out.reshape(n, oh, ow, -1)
+
+
+_PATCHES = {"kw": 14, "kh": 14, "s0": 14, "s1": 14, "p0": 0, "p1": 0, "d0": 1, "d1": 1}
+_PADDED_DILATED = {"kw": 3, "kh": 2, "s0": 2, "s1": 1, "p0": 1, "p1": 2, "d0": 2, "d1": 1}
+_IM2COLS = pytest.mark.parametrize("shape, attrs", [((3, 28, 42), _PATCHES), ((2, 2, 7, 9), _PADDED_DILATED)],
+                                   ids=["14x14-patches", "padded-dilated"])
+
+
+@pytest.mark.parametrize("t", ["f16", "f32"])
+@_IM2COLS
+def test_im2col_lays_each_window_out_as_a_row(shape: tuple[int, ...], attrs: dict[str, int], t: str) -> None:
+    """Row (n, oh, ow) holds the window at that output position, channel by channel, each channel's kh x kw taps
+    row by row, zeros in the padding; for an f16 kernel rounded to f16 (nearest even). A kernel as large as its
+    stride cuts the image into patches. Both backends, bit for bit."""
+    x = np.random.default_rng(1).uniform(-1, 1, shape).astype(np.float32)
+    want = _windows(x.reshape((1,) * (4 - x.ndim) + x.shape), **attrs).astype(NP_DTYPE[t])
+    if attrs is _PATCHES:
+        c, h, w = shape
+        patches = x.reshape(c, h // 14, 14, w // 14, 14).transpose(1, 3, 0, 2, 4).reshape(h // 14, w // 14, -1)
+        np.testing.assert_array_equal(want[0], patches.astype(NP_DTYPE[t]))
+    graph, _ = build_graph(C("im2col", I("f32", *reversed(shape)), type=t, tol=EXACT, **attrs))
+    for backend, got in _on_both_backends(graph, {"src0": x}).items():
+        assert got.dtype == want.dtype, backend
+        np.testing.assert_array_equal(got.reshape(want.shape), want, err_msg=backend)
+
+
+def _pooled(x: np.ndarray, pool: str, k0: int, k1: int, s0: int, s1: int, p0: int, p1: int) -> np.ndarray:
+    """pool_2d of x (N, C, H, W) from a padded copy (zeros for avg: adding one leaves a sum as it is; -inf for max):
+    every window's taps one strided slice at a time, kernel row by kernel row, added in float32 (avg, then over
+    k0 k1) or their largest kept (max, from -FLT_MAX)."""
+    n, c, h, w = x.shape
+    oh, ow = (h + 2 * p1 - k1) // s1 + 1, (w + 2 * p0 - k0) // s0 + 1
+    avg = pool == "avg"
+    padded = np.pad(x, ((0, 0), (0, 0), (p1, p1), (p0, p0)), constant_values=0 if avg else -np.inf)
+    res = np.full((n, c, oh, ow), 0 if avg else -np.finfo(np.float32).max, np.float32)
+    for i in range(k1):
+        for j in range(k0):
+            tap = padded[:, :, i::s1, j::s0][:, :, :oh, :ow]
+            res = res + tap if avg else np.maximum(res, tap)
+    return res / np.float32(k0 * k1) if avg else res
+
+
+_POOLS = pytest.mark.parametrize("shape, attrs", [
+    ((5, 8, 8), {"pool": "avg", "k0": 4, "k1": 4, "s0": 4, "s1": 4, "p0": 0, "p1": 0}),
+    ((3, 6, 7), {"pool": "avg", "k0": 3, "k1": 2, "s0": 2, "s1": 2, "p0": 1, "p1": 1}),
+    ((2, 3, 6, 7), {"pool": "max", "k0": 3, "k1": 3, "s0": 2, "s1": 1, "p0": 1, "p1": 1})],
+    ids=["gemma3-4x4", "avg-padded", "max-padded"])
+
+
+@_POOLS
+def test_pool_2d_takes_each_windows_mean_or_max(shape: tuple[int, ...], attrs: dict[str, Any]) -> None:
+    """avg: a window's values inside the image added in float32, kernel row by kernel row, then divided by k0 k1
+    (the padding counts in the divisor only); max: the largest value inside. The numba backend gives these bits;
+    the reference adds in float64 (within float32's rounding of the sums)."""
+    x = (np.random.default_rng(2).standard_normal(shape) * 4).astype(np.float32)
+    want = _pooled(x.reshape((1,) * (4 - x.ndim) + x.shape), **attrs)
+    want = want.reshape(want.shape[4 - x.ndim:])
+    graph, _ = build_graph(C("pool_2d", I("f32", *reversed(shape)), tol=EXACT, **attrs))
+    got = _on_both_backends(graph, {"src0": x})
+    np.testing.assert_array_equal(got["numba"].view(np.uint32), want.view(np.uint32))
+    np.testing.assert_allclose(got["reference"], want, rtol=0, atol=1e-5)
+
+
+def _gelu_quick_table_f16() -> np.ndarray:
+    """llama.cpp's ggml_table_gelu_quick_f16, built here independently: entry i = fp16(x (1 / (1 + e^(-1.702 x))))
+    for half i, each step in float32 as ggml_gelu_quick_f32 runs it (-1.702 a float), e^ in float64 rounded once
+    (glibc's expf agrees on every half)."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    f32 = np.float32
+    with np.errstate(all="ignore"):
+        e = np.exp((f32(-1.702) * x).astype(np.float64)).astype(f32)
+        return (x * (f32(1) / (f32(1) + e))).astype(np.float16)
+
+
+def test_gelu_quick_reads_llama_cpps_fp16_table() -> None:
+    """GGML_GELU_QUICK_FP16 (ggml-cpu vec.h): every x reads the table at fp16(x) (nearest even), with no cut-offs
+    (gelu's at +-10): every finite half, random values, tiny ones, large ones and one past the halves (inf's
+    entry), bit for bit on both backends."""
+    table = _gelu_quick_table_f16().astype(np.float32)
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    edges = np.array([12.3, -11.0, 0.0, -0.0, 1e-8, -1e-8, 6e-8, -3e-5, 65504, -65504, 1e5], np.float32)
+    x = np.concatenate([halves[np.isfinite(halves)], np.random.default_rng(0).uniform(-30, 30, 4000)
+                        .astype(np.float32), edges])
+    with np.errstate(over="ignore"):
+        want = table[x.astype(np.float16).view(np.uint16)]
+    graph, _ = build_graph(C("gelu_quick", I("f32", len(x)), tol=EXACT))
+    for backend, got in _on_both_backends(graph, {"src0": x}).items():
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=backend)
+    tail = want[-len(edges):]
+    assert tail[0] == np.float16(12.3) != np.float32(12.3) and -1e-6 < tail[1] < 0 and tail[-1] == np.inf
+
+
+def _patch_embedding(c: int, h: int, w: int, k: int, e: int, kernel_type: str, windows_type: str) -> Graph:
+    """ggml_conv_2d of an image [w, h, c] by a kernel [k, k, c, e] with stride k, as a vision tower's graph writes
+    it: im2col's windows reshaped to [c k k, OW OH], by the kernel (a weight, operand 1) reshaped to [k k c, e]."""
+    x = Node("image", "input", (), {"role": "image"}, "f32", (w, h, c))
+    kernel = Node("kernel", "weight", (), {"tensor": "kernel"}, kernel_type, (k, k, c, e))
+    nodes = [x, kernel]
+
+    def add(name: str, op: str, inputs: tuple[Node, ...], **attrs: Any) -> Node:
+        nodes.append(Node(name, op, inputs, attrs, *infer(op, list(inputs), attrs)))
+        return nodes[-1]
+
+    square = {"kw": k, "kh": k, "s0": k, "s1": k, "p0": 0, "p1": 0, "d0": 1, "d1": 1}
+    windows = add("windows", "reshape", (add("cols", "im2col", (x,), **square, type=windows_type),),
+                  shape=(c * k * k, (w // k) * (h // k)))
+    out = add("out", "mul_mat", (windows, add("kernel2d", "reshape", (kernel,), shape=(k * k * c, e))))
+    return Graph({}, (), nodes, {"out": out})
+
+
+@pytest.mark.parametrize("kernel_type, windows_type", [("f16", "f16"), ("f32", "f16"), ("f32", "f32")])
+def test_a_patch_embedding_is_im2col_then_mul_mat_by_the_kernel(kernel_type: str, windows_type: str) -> None:
+    """A patch embedding (_patch_embedding; ggml_conv_2d makes f16 windows for an f32 kernel too) is the
+    convolution of the image by the kernel, [OW OH, E]: here numpy's in float64 of the values the product reads
+    (the kernel in the windows' type where they are f16: ggml converts it). Each backend sums a dot in its own
+    order (numba: ggml's, in float32): within 1e-5 of the largest value."""
+    rng = np.random.default_rng(3)
+    c, h, w, k, e = 3, 28, 42, 14, 8
+    image = rng.uniform(-1, 1, (c, h, w)).astype(np.float32)
+    kernel = rng.uniform(-1, 1, (e, c, k, k)).astype(NP_DTYPE[kernel_type])
+    read = NP_DTYPE["f16" if windows_type == "f16" else kernel_type]
+    patches = image.astype(NP_DTYPE[windows_type]).reshape(c, h // k, k, w // k, k).astype(np.float64)
+    want = np.einsum("cyixj,ecij->eyx", patches, kernel.astype(read).astype(np.float64)).reshape(e, -1)
+    graph = _patch_embedding(c, h, w, k, e, kernel_type, windows_type)
+    for backend, got in _on_both_backends(graph, {"image": image}, {"kernel": kernel}).items():
+        assert got.shape == want.shape and got.dtype == np.float32, backend
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max(), err_msg=backend)
+
+
 def _cache_graph(d: int, n_head_kv: int) -> Graph:
     """A KV cache's write and read: set_rows of a ubatch's rows into the fed cache, a view of its first n_kv cells."""
     width = d * n_head_kv
@@ -711,10 +886,14 @@ if __name__ == "__main__":  # print the measured NMSE of every case (to re-pin t
 # ---- xIELU against ggml's own ------------------------------------------------------------------------------
 
 
+GGML_F32, GGML_F16 = 0, 1   # ggml's type ids
+
+
 def _ggml_op(op: str, args: list[Any], *sources: np.ndarray) -> tuple[np.ndarray, list[int]]:
-    """ggml's ``op`` of float32 ``sources`` (numpy order, each a ggml tensor of the reversed shape) and the scalar
-    ``args`` after them, computed by ggml's CPU backend on one thread (the llama.cpp the oracle tests load): its
-    result (flat) and the op parameters ggml stored."""
+    """ggml's ``op`` of float32 (or float16) ``sources`` (numpy order, each a ggml tensor of the reversed shape)
+    and the scalar ``args`` after them (an int as C's int, a float as a float), computed by ggml's CPU backend on
+    one thread (the llama.cpp the oracle tests load): its result (flat, float32 or float16 as ggml made it) and
+    the op parameters ggml stored."""
     import ctypes as C
 
     import llama_made
@@ -727,7 +906,8 @@ def _ggml_op(op: str, args: list[Any], *sources: np.ndarray) -> tuple[np.ndarray
     for fn, res, argtypes in (("ggml_init", C.c_void_p, [InitParams]), ("ggml_free", None, [C.c_void_p]),
                               ("ggml_new_tensor", C.c_void_p, [C.c_void_p, C.c_int, C.c_int, C.POINTER(C.c_int64)]),
                               ("ggml_nbytes", C.c_size_t, [C.c_void_p]),
-                              (op, C.c_void_p, [C.c_void_p] * (1 + len(sources)) + [C.c_float] * len(args)),
+                              (op, C.c_void_p, [C.c_void_p] * (1 + len(sources))
+                               + [C.c_int if isinstance(a, int) else C.c_float for a in args]),
                               ("ggml_new_graph", C.c_void_p, [C.c_void_p]),
                               ("ggml_build_forward_expand", None, [C.c_void_p, C.c_void_p])):
         getattr(base, fn).restype, getattr(base, fn).argtypes = res, argtypes
@@ -737,16 +917,17 @@ def _ggml_op(op: str, args: list[Any], *sources: np.ndarray) -> tuple[np.ndarray
     try:
         tensors = []
         for x in sources:
+            x = np.ascontiguousarray(x, np.float16 if x.dtype == np.float16 else np.float32)
             ne = (C.c_int64 * x.ndim)(*reversed(x.shape))
-            t = base.ggml_new_tensor(ctx, 0, x.ndim, ne)  # GGML_TYPE_F32
-            C.memmove(GGMLTensor.from_address(t).data, np.ascontiguousarray(x, np.float32).ctypes.data, x.nbytes)
+            t = base.ggml_new_tensor(ctx, GGML_F16 if x.dtype == np.float16 else GGML_F32, x.ndim, ne)
+            C.memmove(GGMLTensor.from_address(t).data, x.ctypes.data, x.nbytes)
             tensors.append(t)
         y = getattr(base, op)(ctx, *tensors, *args)
         graph = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(graph, y)
         cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
         t = GGMLTensor.from_address(y)
-        out = np.empty(base.ggml_nbytes(y) // 4, np.float32)
+        out = np.empty(base.ggml_nbytes(y), np.uint8).view(np.float16 if t.type == GGML_F16 else np.float32)
         C.memmove(out.ctypes.data, t.data, out.nbytes)
         return out, list(t.op_params)
     finally:
@@ -865,3 +1046,80 @@ def test_prompt_sized_unary_ops_are_ggmls_bit_for_bit(op: str, args: dict[str, f
     graph, _ = build_graph(C(op, I("f32", *reversed(x.shape)), tol=EXACT, **args))
     got = Program(graph, dict().__getitem__, numerics().path).run({}, {"src0": x})["out"]
     np.testing.assert_array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
+
+
+# ---- the vision ops against ggml's own ---------------------------------------------------------------------
+
+
+def _numba_run(graph: Graph, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    return Program(graph, dict().__getitem__, numerics().path).run({}, feeds)["out"]
+
+
+@pytest.mark.oracle
+def test_gelu_quick_is_ggmls_bit_for_bit() -> None:
+    """gelu_quick is ggml's (its fp16 table) bit for bit: every half but the nans, random values, and values past
+    the halves both ways (inf's entry, -inf's nan)."""
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    x = np.concatenate([halves[~np.isnan(halves)], np.random.default_rng(4).uniform(-30, 30, 4000)
+                        .astype(np.float32), np.array([1e5, -1e5], np.float32)])
+    want, _ = _ggml_op("ggml_gelu_quick", [], x)
+    got = _numba_run(build_graph(C("gelu_quick", I("f32", len(x)), tol=EXACT))[0], {"src0": x})
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("t", ["f16", "f32"])
+@_IM2COLS
+def test_im2col_is_ggmls_bit_for_bit(shape: tuple[int, ...], attrs: dict[str, int], t: str) -> None:
+    """im2col is ggml_im2col's (2-D, into f16 or f32) bit for bit; ggml reads only the sizes of its kernel."""
+    x = np.random.default_rng(5).uniform(-1, 1, shape).astype(np.float32)
+    kernel = np.zeros((1, shape[-3], attrs["kh"], attrs["kw"]), np.float32)
+    want, _ = _ggml_op("ggml_im2col", [*(attrs[k] for k in ("s0", "s1", "p0", "p1", "d0", "d1")), True,  # is_2D
+                                       GGML_F16 if t == "f16" else GGML_F32], kernel, x)
+    got = _numba_run(build_graph(C("im2col", I("f32", *reversed(shape)), type=t, tol=EXACT, **attrs))[0],
+                     {"src0": x})
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got.reshape(-1).view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.oracle
+@_POOLS
+def test_pool_2d_is_ggmls_bit_for_bit(shape: tuple[int, ...], attrs: dict[str, Any]) -> None:
+    """pool_2d is ggml_pool_2d's bit for bit (GGML_OP_POOL_MAX is 0, AVG 1; ggml takes the paddings as floats)."""
+    x = (np.random.default_rng(6).standard_normal(shape) * 4).astype(np.float32)
+    a = attrs
+    want, _ = _ggml_op("ggml_pool_2d", [{"max": 0, "avg": 1}[a["pool"]], a["k0"], a["k1"], a["s0"], a["s1"],
+                                        float(a["p0"]), float(a["p1"])], x)
+    got = _numba_run(build_graph(C("pool_2d", I("f32", *reversed(shape)), tol=EXACT, **attrs))[0], {"src0": x})
+    np.testing.assert_array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("kernel_type", ["f16", "f32"])
+@pytest.mark.parametrize("windows_type", ["f16", "f32"])
+@pytest.mark.parametrize("c, h, w, k, e", [(3, 28, 42, 14, 8), (3, 48, 16, 16, 8), (3, 32, 64, 16, 8)],
+                         ids=["vec_dot", "3-rows-vec_dot", "tinyBLAS"])
+def test_a_patch_embedding_is_ggmls_bit_for_bit(c: int, h: int, w: int, k: int, e: int, windows_type: str,
+                                                kernel_type: str) -> None:
+    """A patch embedding (_patch_embedding) is ggml's where graphir runs the oracle's path, bit for bit: f16
+    windows as ggml_conv_2d makes them, f32 ones as ggml_im2col and ggml_mul_mat do. ggml sees the kernel
+    contiguous: tinyBLAS multiplies where the inner length is a multiple of a register and the windows come in
+    fours (the third case; the second has three), ggml_vec_dot elsewhere. On another path, within 1e-5 of the
+    largest value."""
+    from conftest import oracle_is_exact
+
+    rng = np.random.default_rng(7)
+    image = rng.uniform(-1, 1, (c, h, w)).astype(np.float32)
+    kernel = rng.uniform(-1, 1, (e, c, k, k)).astype(NP_DTYPE[kernel_type])
+    if windows_type == "f16":
+        want, _ = _ggml_op("ggml_conv_2d", [k, k, 0, 0, 1, 1], kernel, image)
+    else:
+        cols, _ = _ggml_op("ggml_im2col", [k, k, 0, 0, 1, 1, True, GGML_F32], kernel, image)
+        want, _ = _ggml_op("ggml_mul_mat", [], cols.reshape(-1, c * k * k), kernel.reshape(e, -1))
+    weight = QWeight.prepare(kernel.reshape(-1, k), GT.F16 if kernel_type == "f16" else GT.F32, k)
+    graph = _patch_embedding(c, h, w, k, e, kernel_type, windows_type)
+    got = Program(graph, lambda name, stacked=False: weight, numerics().path).run({}, {"image": image})["out"]
+    if oracle_is_exact():
+        np.testing.assert_array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
+    else:
+        np.testing.assert_allclose(got.reshape(-1), want, rtol=0, atol=1e-5 * np.abs(want).max())

@@ -126,6 +126,18 @@ def _gelu(x):
     return np.where(x <= -10, 0.0, np.where(x >= 10, x, g.astype(np.float64)))
 
 
+_GELU_QUICK_COEF = float(np.float32(1.702))   # ggml's, a float: 1.702 itself moves one half's entry (x = -6.227)
+
+
+def _gelu_quick(x):
+    """GELU-quick as llama.cpp's CPU computes it (GGML_GELU_QUICK_FP16): x sigmoid(1.702 x) read from a table of
+    halves over the whole range (no cut-offs), so x is rounded to f16 and its value to f16."""
+    # an x past the halves rounds to inf, e^(1.702 |h|) of the largest halves overflows, -inf's entry is -inf * 0: nan
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = np.asarray(x, np.float32).astype(np.float16).astype(np.float64)
+        return (h * (1.0 / (1.0 + np.exp(-_GELU_QUICK_COEF * h)))).astype(np.float16).astype(np.float64)
+
+
 def ssm_conv(v, a, shape, env):
     X, Wc = gg(v[0]), gg(v[1])       # [d_conv-1+T, Di, S], [d_conv, Di]
     d_conv, n_tok = Wc.shape[0], X.shape[0] - Wc.shape[0] + 1
@@ -389,6 +401,43 @@ def concat(v, a, shape, env):
     return back(out, shape)
 
 
+def im2col(v, a, shape, env):
+    """Row (iow, ioh, n) of the result holds the kernel's window at that output position, channel by channel,
+    each channel's kh x kw values row by row; 0 where the window reaches past a (into the padding)."""
+    A = gg(v[0])                                       # [W, H, C, N]
+    W, H = A.shape[:2]
+    kw, kh = a["kw"], a["kh"]
+    _, OW, OH, _ = gg(np.empty(shape)).shape
+    out = np.zeros((A.shape[2] * kh * kw, OW, OH, A.shape[3]))
+    for ioh in range(OH):
+        for iow in range(OW):
+            for ikh in range(kh):
+                for ikw in range(kw):
+                    iiw = iow * a["s0"] + ikw * a["d0"] - a["p0"]
+                    iih = ioh * a["s1"] + ikh * a["d1"] - a["p1"]
+                    if 0 <= iiw < W and 0 <= iih < H:   # value ikh kw + ikw of every channel's kh kw
+                        out[ikh * kw + ikw:: kh * kw, iow, ioh, :] = A[iiw, iih, :, :]
+    return back(out, shape)
+
+
+def pool_2d(v, a, shape, env):
+    """Each window's values inside a: avg, their sum over k0 k1 (the padding counts as zeros); max, the largest
+    (-FLT_MAX for a window wholly in the padding)."""
+    A = gg(v[0])                                       # [W, H, C, N]
+    k0, k1 = a["k0"], a["k1"]
+    OW, OH = gg(np.empty(shape)).shape[:2]
+    out = np.empty((OW, OH) + A.shape[2:])
+    for oy in range(OH):
+        for ox in range(OW):
+            x0, y0 = ox * a["s0"] - a["p0"], oy * a["s1"] - a["p1"]
+            win = A[max(x0, 0): max(x0 + k0, 0), max(y0, 0): max(y0 + k1, 0)]
+            if a["pool"] == "avg":
+                out[ox, oy] = win.sum(axis=(0, 1)) / (k0 * k1)
+            else:
+                out[ox, oy] = win.max(axis=(0, 1), initial=-float(np.finfo(np.float32).max))
+    return back(out, shape)
+
+
 def set_rows(v, a, shape, env):
     """dst's rows at ids replaced by src's, rounded to dst's type, in place: dst is a memory's buffer (or, batched,
     dst[b] rows ids[b] of src[b]); the value is dst."""
@@ -420,6 +469,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "rms_norm": rms_norm, "norm": norm, "l2_norm": l2_norm,
     "silu": lambda v, a, shape, env: _silu(v[0]),
     "gelu": lambda v, a, shape, env: _gelu(v[0]),
+    "gelu_quick": lambda v, a, shape, env: _gelu_quick(v[0]),
     "relu": lambda v, a, shape, env: np.maximum(v[0], 0.0),
     "sqr": lambda v, a, shape, env: v[0] * v[0],
     "sqrt": lambda v, a, shape, env: np.sqrt(v[0]),
@@ -433,6 +483,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "reglu": lambda v, a, shape, env: np.where(v[0] > 0, v[0] * v[1], 0.0),
     "rope": rope, "rope_multi": rope_multi, "soft_max": soft_max, "reshape": reshape, "view": view,
     "permute": permute, "transpose": transpose, "cont": cont, "concat": concat,
+    "im2col": im2col, "pool_2d": pool_2d,
     "set_rows": set_rows, "ssm_conv": ssm_conv, "ssm_scan": ssm_scan, "ssm_scan_heads": ssm_scan_heads,
     "rwkv_wkv6": rwkv_wkv6, "rwkv_wkv7": rwkv_wkv7, "gated_linear_attn": gated_linear_attn,
     "gated_delta_net": gated_delta_net, "lightning_indexer": lightning_indexer,

@@ -336,6 +336,35 @@ def _set_rows(xs: list[Node], a: dict[str, Any]) -> Type:
     return dst.dtype, dst.shape
 
 
+def _im2col(xs: list[Node], a: dict[str, Any]) -> Type:
+    """[W, H, C, N] -> [C * kh * kw, OW, OH, N]: ggml_im2col's 2-D rows, as f32 or f16 values."""
+    x, t = xs[0], a["type"]
+    _need(t in ("f32", "f16"), f"im2col writes f32 or f16, not {t}")
+    _need(all(isinstance(a[k], int) and a[k] > 0 for k in ("kw", "kh", "s0", "s1", "d0", "d1")),
+          "kernel sizes, strides and dilations must be positive ints")
+    W, H, C, N = _pad4(x.shape)
+    ow, oh = (_conv_out(n, k, s, p, d) for n, k, s, p, d in ((W, a["kw"], a["s0"], a["p0"], a["d0"]),
+                                                            (H, a["kh"], a["s1"], a["p1"], a["d1"])))
+    return t, _trim((C * a["kh"] * a["kw"], ow, oh, N), max(len(x.shape), 3))
+
+
+def _conv_out(n: Dim, k: int, s: int, p: int, d: int) -> Dim:
+    _need(isinstance(n, int), f"a convolution's input sizes must be concrete, got {n}")
+    out = (n + 2 * p - d * (k - 1) - 1) // s + 1
+    _need(out > 0, f"a window of {k} (dilation {d}) does not fit {n} values padded by {p}")
+    return out
+
+
+def _pool_2d(xs: list[Node], a: dict[str, Any]) -> Type:
+    """[W, H, C, N] -> [OW, OH, C, N] (ggml_pool_2d)."""
+    x = xs[0]
+    _need(a["pool"] in ("avg", "max"), f"pool_2d pools by avg or max, not {a['pool']}")
+    W, H, C, N = _pad4(x.shape)
+    ow, oh = (_conv_out(n, k, s, p, 1)
+              for n, k, s, p in ((W, a["k0"], a["s0"], a["p0"]), (H, a["k1"], a["s1"], a["p1"])))
+    return "f32", _trim((ow, oh, C, N), len(x.shape))
+
+
 # ---- the catalogue ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -371,6 +400,13 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("mul_mat_id", "matmul", ("w", "x", "ids"), (), _mul_mat_id,
           "out[m,i,t] = sum_k w[k,m,ids[i,t]] x[k,i % ne1(x),t]: token t through its i-th selected expert (MoE)",
           product=True, rows_of_weight=True),
+    OpDef("im2col", "movement", ("a",), ("kw", "kh", "s0", "s1", "p0", "p1", "d0", "d1", "type"), _im2col,
+          "each window of a [W, H, C, N] that a kw x kh kernel (stride s, padding p zeros, dilation d) meets, as one "
+          "row of C * kh * kw values (channel-major, then kernel row, then column), as type f32 or f16 (values "
+          "rounded); out [C kh kw, OW, OH, N] (ggml_im2col, 2-D)"),
+    OpDef("pool_2d", "reduce", ("a",), ("pool", "k0", "k1", "s0", "s1", "p0", "p1"), _pool_2d,
+          "each k0 x k1 window (stride s, padding p) of every channel of a [W, H, C, N], by its mean (pool avg: the "
+          "float32 sum over the window divided by k0 k1) or max; out [OW, OH, C, N] (ggml_pool_2d)"),
     OpDef("argsort_top_k", "reduce", ("a",), ("k",), _argsort_top_k,
           "indices of the k largest values of each row (ne0), largest first"),
     OpDef("sum_rows", "reduce", ("a",), (), _sum_rows, "sum over ne0, accumulated in double"),
@@ -395,6 +431,7 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("l2_norm", "norm", ("a",), ("eps",), _same, "a / max(sqrt(sum(a^2)), eps) over ne0"),
     OpDef("silu", "unary", ("a",), (), _same, "a * sigmoid(a)"),
     OpDef("gelu", "unary", ("a",), (), _same, "tanh-approximated GELU"),
+    OpDef("gelu_quick", "unary", ("a",), (), _same, "a * sigmoid(1.702 a)"),
     OpDef("relu", "unary", ("a",), (), _same, "max(a, 0)"),
     OpDef("sqr", "unary", ("a",), (), _same, "a * a"),
     OpDef("sqrt", "unary", ("a",), (), _same, "sqrt(a), correctly rounded"),

@@ -27,7 +27,7 @@ rms_norm: squares in float, summed sequentially in double.
 
 Modules (on graphir.backends.numba.primitives: jit, how they are compiled and run over the rows of a value;
 expf, ggml_v_expf in the variant of each path)
-    unary      silu, relu, reglu, gelu, geglu and the libm unary ops (exp, tanh, sigmoid), sqr, neg
+    unary      silu, relu, reglu, gelu, geglu, gelu_quick and the libm unary ops (exp, tanh, sigmoid), sqr, neg
     norm       rms_norm, norm
     softmax    soft_max, with llama.cpp's KV padding
     mul_mat    mul_mat of two activations (attention's KQ and KQV), f16 or f32

@@ -1,8 +1,8 @@
-"""Unary and gated elementwise kernels: silu (and swiglu's gate), relu / reglu, gelu / geglu, the libm ops (exp, tanh,
-sigmoid, softplus), sqr, neg, gpt-oss's clamped SwiGLU (swiglu_oai) and Apertus's xIELU.
+"""Unary and gated elementwise kernels: silu (and swiglu's gate), relu / reglu, gelu / geglu, gelu_quick, the libm
+ops (exp, tanh, sigmoid, softplus), sqr, neg, gpt-oss's clamped SwiGLU (swiglu_oai) and Apertus's xIELU.
 
 Each follows its ggml-cpu function: SiLU with ggml_v_expf on full registers and libm's expf for the tail,
-exp / tanh / sigmoid / softplus with glibc calls per element, GELU through ggml's fp16 table.
+exp / tanh / sigmoid / softplus with glibc calls per element, GELU and GELU-quick through ggml's fp16 tables.
 """
 
 from __future__ import annotations
@@ -252,6 +252,52 @@ def geglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     if u.shape != g.shape:
         u = np.broadcast_to(u, g.shape)
     return _gelu(g, u)
+
+
+_GELU_QUICK_COEF = F32(-1.702)
+
+
+@njit(**SER)
+def _gelu_quick_f32(x, out):
+    """ggml_gelu_quick_f32: x * (1 / (1 + expf(-1.702 * x))), each step a float32 operation, expf glibc's."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        out[i] = v * (_ONE / (_ONE + math.exp(_GELU_QUICK_COEF * v)))
+
+
+@functools.cache
+def gelu_quick_table() -> np.ndarray:
+    """ggml_table_gelu_quick_f16 (ggml_cpu_init) widened to float32, indexed by a half's bits: entry i =
+    fp16(ggml_gelu_quick_f32(half i)). llama.cpp's CPU GELU-quick reads it (GGML_GELU_QUICK_FP16, vec.h)."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(F32)
+    g = np.empty_like(x)
+    _gelu_quick_f32(x, g)
+    with np.errstate(invalid="ignore"):     # the nan halves' entries, and -inf's (-inf * 0)
+        return g.astype(np.float16).astype(F32)
+
+
+@njit(**INL)
+def _table_row(x, table, out):
+    """out = the table at fp16(x) (F16C's rounding, as ggml converts), for every x."""
+    for i in range(x.shape[0]):
+        out[i] = table[half_bits(x[i])]
+
+
+def _table_rows(x, table, out):
+    for r in prange(x.shape[0]):
+        _table_row(x[r], table, out[r])
+
+
+_table_par, _table_ser = parallel_and_serial(_table_rows)
+
+
+def gelu_quick(x: np.ndarray) -> np.ndarray:
+    """ggml_vec_gelu_quick_f32 with GGML_GELU_QUICK_FP16: the fp16 table over the whole range (unlike gelu's, no
+    cut-offs: an x past the halves reads inf's entry)."""
+    r = f32_rows(x)
+    out = np.empty_like(r)
+    (_table_par if r.size >= PAR_MIN else _table_ser)(r, gelu_quick_table(), out)
+    return out.reshape(x.shape)
 
 
 @njit(**INL)

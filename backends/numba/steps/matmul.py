@@ -16,7 +16,7 @@ from graphir.backends.numba.kernels.mul_mat import (VEC_F16, VEC_F32, as_rows, f
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.primitives.jit import PAR_MIN
 from graphir.backends.numba.quant.weight import QWeight, QWeightGroup, stack_matrices
-from graphir.backends.numba.steps.base import F32, Env, Step, kernel, rows_of
+from graphir.backends.numba.steps.base import F32, Env, Function, Step, kernel, rows_of
 from graphir.backends.numba.tape import Tape
 from graphir.graph.ir import Node
 
@@ -174,7 +174,21 @@ def _mul_mat_kernel(n: Node, memo: threading.local, path: IsaPath) -> Step:
     if w.op == "weight" and len(w.shape) == 3:  # a stack of matrices (MLA's per-head k_b, v_b); ggml may take
         # tinyBLAS for float ones where the activations are contiguous (not a permuted or strided view)
         return _StackProduct(path, w.shape[2], _seen_contiguous(x))
+    if w.op != "weight" and _weight_values(x):
+        # activations' rows by a weight: a patch embedding (ggml_conv_2d, im2col's windows by the kernel). Each output
+        # is the dot of a window and a kernel row in ggml's float32 order (kernels.mul_mat: tinyBLAS's where ggml
+        # takes it, else ggml_vec_dot_f16/f32's; f16 windows by the kernel rounded to f16, as ggml converts it).
+        # ggml sees the kernel contiguous and every window as a row (none padded, as attention's cells): tinyBLAS's
+        # choice goes by both
+        return Function(lambda env, w, x: mul_mat(w, x, path, pad=1, contiguous=True, weight=True))
     return _Product(path)
+
+
+def _weight_values(x: Node) -> bool:
+    """Whether x is a weight's values as stored: the weight, or a reshape of it."""
+    while x.op == "reshape":
+        x = x.inputs[0]
+    return x.op == "weight"
 
 
 def _seen_contiguous(x: Node) -> bool:
