@@ -163,10 +163,10 @@ def _load_pair(a: str, b: str, context: str | None, phase: str | None) -> tuple[
         return _load_llamacpp_pair(a, b, context, phase)
     srcs = [open_source(a), open_source(b)]
     saved = next((s for s in srcs if isinstance(s, Graph)), None)
-    model_context, model_phase = context, phase or "prefill"  # context None: each architecture's default
+    model_context, model_phase = context, phase  # None: each model's default
     if saved is not None:
         model_context = context or saved.meta.get("context")
-        model_phase = phase or saved.meta.get("phase") or "prefill"
+        model_phase = phase or saved.meta.get("phase")
     graphs = []
     for label, s in zip((a, b), srcs):
         if isinstance(s, Graph):
@@ -257,12 +257,18 @@ def cmd_archs(args: argparse.Namespace) -> int:
     from graphir import arch as archs
     from graphir.model import presets
 
+    from graphir.model.tower import FILE_ARCH, projector_of
+
+    towers = archs.towers()
     lines = ["architectures:"]
     lines += _table([[n, f"rope={archs.get(n).rope_mode}"] for n in archs.names()])
+    lines.append("towers (mmproj files):")
+    lines += _table([[n, f"projector={projector_of(n)}", archs.get(n).modality] for n in towers])
     lines.append("presets:")
     rows = []
     for name, p in presets.all_presets().items():
-        n_layer = p.metadata().get(Keys.LLM.BLOCK_COUNT.format(arch=p.arch))
+        stack = f"{FILE_ARCH}.{archs.get(p.arch).modality}" if p.arch in towers else p.arch
+        n_layer = p.metadata().get(Keys.LLM.BLOCK_COUNT.format(arch=stack))
         rows.append([name, p.arch, _n(int(n_layer), "layer") if n_layer is not None else "?"])
     lines += _table(rows)
     _emit("\n".join(lines) + "\n")
@@ -475,7 +481,7 @@ def _memory_info(meta: Any, args: argparse.Namespace) -> dict[str, Any]:
     n_ctx = min(arch.hp.n_ctx_train, 4096) if args.n_ctx is None else args.n_ctx or arch.hp.n_ctx_train
     types = (getattr(args, "cache_type_k", "f16"), getattr(args, "cache_type_v", "f16"))  # info: the defaults
     params = ContextParams(n_ctx, args.n_seq_max, args.n_ubatch, *types, swa_full=args.swa_full, buffers=False)
-    phase = "decode" if "decode" in KINDS[kind].phases else "prefill"
+    phase = "decode" if "decode" in KINDS[kind].phases else meta.default_phase
     parts = footprint(meta.build_graph(kind, phase), assemble(kind, arch.needs, params))
     return {"kind": kind, "n_ctx": n_ctx, "n_seq_max": args.n_seq_max, "n_ubatch": args.n_ubatch,
             "swa_full": args.swa_full, "bytes": sum(b for _, _, b in parts.values()),

@@ -138,7 +138,7 @@ def _check_choice(kind: str, value: str, known: tuple[str, ...] | list[str]) -> 
 def load_graph(src: str | os.PathLike[str], context: str | None = None, phase: str | None = None) -> Graph:
     """The graph of SRC for (context, phase).
 
-    For a GGUF or a preset, ``None`` means the default (``kv``, ``prefill``). A saved graph already is one
+    For a GGUF or a preset, ``None`` means the default (``kv``, ``prefill``; a tower's ``encode``). A saved graph already is one
     (context, phase): ``None`` accepts it as saved, and an explicit value must match what it was saved with.
     """
     from graphir.model.builder import PHASES
@@ -162,4 +162,4 @@ def load_graph(src: str | os.PathLike[str], context: str | None = None, phase: s
             if asked is not None and asked != saved:
                 raise GraphirError(f"{label}: saved graph has {key} '{saved}', but {key} '{asked}' was asked for")
         return m
-    return m.build_graph(context, phase or DEFAULT_PHASE)  # context None: the architecture's default
+    return m.build_graph(context, phase)  # None: the architecture's default context, the model's phase

@@ -113,6 +113,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("graphir.model",),          # hparams, tensors, architectures' interface, the graph builder, HF configs
     ("graphir.convert",),        # Hugging Face checkpoints to GGUF, by the model's mapping
     ("graphir.llamacpp",),       # llama.cpp's own graphs, read through llama-cpp-python, and their normal form
+    ("graphir.media",),          # pictures as llama.cpp's mtmd prepares them for a tower
     ("graphir.running",),        # contexts, state files, runtime
     ("graphir.serving",),        # the HTTP server: many requests as sequences of one context
     ("graphir.source",),

@@ -48,6 +48,8 @@ class Architecture:
     # An encoder-decoder's encoder: the architecture of the stack ``encode`` runs (phase "encode"), made from
     # the same hparams and reading the same file; this class's own layers are then the decoder's.
     encoder: ClassVar[type[Architecture] | None] = None
+    # An mmproj file's vision or audio tower (graphir.model.tower): one graph, phase "encode", no memory
+    tower: ClassVar[bool] = False
     rank_softmax: ClassVar[bool] = False  # rank pooling: a softmax over the classifier's scores (Qwen3's rerankers)
     rank_pooling: str = "cls"  # rank pooling reads the cls row, or the mean of the sequence (ModernBERT's default)
     classifier_act: ClassVar[str] = "tanh"  # the activation after the classifier's dense layer (ModernBERT: gelu)

@@ -40,6 +40,7 @@ class Norm(Enum):
 class Act(Enum):
     SILU = "silu"
     GELU = "gelu"
+    GELU_QUICK = "gelu_quick"  # x * sigmoid(1.702 x): a vision tower's FFN where its file names no activation
     RELU = "relu"
     RELU_SQR = "relu_sqr"  # relu, then squared (llama.cpp's LLM_FFN_RELU_SQR)
     SWIGLU_OAI = "swiglu_oai"  # gated only: gpt-oss's clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE)
@@ -702,14 +703,17 @@ class GraphBuilder:
             raise GraphError(f"{what} is a layer's request: call it inside `with b.layer(il)`")
         return self.memory.input_for(self, self.il, request)
 
-    def attn_mha(self, q: Node, k: Node, v: Node, mask: Node, kq_scale: float, softcap: float = 0.0,
+    def attn_mha(self, q: Node, k: Node, v: Node, mask: Node | None, kq_scale: float, softcap: float = 0.0,
                  kq_b: Node | None = None, tag: str = "", sinks: Node | None = None,
                  v_mla: Node | None = None, softcap_in: float = 1.0) -> Node:
         """softmax(K^T Q * scale + mask) V per head; query head h reads kv head h // (n_head / n_head_kv).
         Soft capping, then the bias ``kq_b``, change the scores before the softmax, in llama.cpp's order;
         ``sinks`` [n_head] join the softmax's denominators, one logit per head. With ALiBi (hparams
-        max_alibi_bias) the softmax scales the mask's distances by each head's slope.
+        max_alibi_bias) the softmax scales the mask's distances by each head's slope. No mask (a vision tower's
+        patches): every query sees every key, and there are no sinks.
         ``tag`` prefixes the node names (a layer's second attention: cross-attention)."""
+        if mask is None and sinks is not None:
+            raise GraphError("attention sinks ride on a mask; attention without one has none")
         q = self.op("permute", q, axes=(0, 2, 1, 3), name=f"{tag}q")
         k = self.op("permute", k, axes=(0, 2, 1, 3), name=f"{tag}k")
         kq = self.op("mul_mat", k, q, name=f"{tag}kq")
@@ -717,8 +721,8 @@ class GraphBuilder:
             kq = self.softcap(kq, softcap, name=f"{tag}kq.softcap", inner=softcap_in)
         if kq_b is not None:
             kq = self.op("add", kq, kq_b, name=f"{tag}kq.biased")
-        kq = self.op("soft_max", kq, mask, *(() if sinks is None else (sinks,)), scale=kq_scale,
-                     max_bias=self.hp.max_alibi_bias, name=f"{tag}kq_soft_max")
+        kq = self.op("soft_max", kq, *(() if mask is None else (mask,)), *(() if sinks is None else (sinks,)),
+                     scale=kq_scale, max_bias=self.hp.max_alibi_bias, name=f"{tag}kq_soft_max")
         v = self.op("cont", self.op("permute", v, axes=(1, 2, 0, 3), name=f"{tag}v"), name=f"{tag}v.cont")
         kqv = self.op("mul_mat", v, kq, name=f"{tag}kqv")
         if v_mla is not None:  # MLA: each head's latent output decompressed by its slice [d_v, d_out, n_head]

