@@ -51,6 +51,8 @@ class Traits:
     layers_of_27b: int  # the 27B model (known to llama.cpp by its layer count) scales queries by
     # 1/sqrt(n_embd / n_head) (its query_pre_attn_scalar), the other sizes by 1/sqrt(head_dim)
     lm_head: bool = True  # False: the final norm's output is the model's (EmbeddingGemma: embeddings, no logits)
+    rows_scaled: bool = False  # Gemma and Gemma 2 scale embedding rows by sqrt(n_embd) as they scale tokens'; from
+    #                            Gemma 3 on, rows (an image's, from a tower) come in as they are
 
 
 class Gemma2(Architecture):
@@ -64,7 +66,7 @@ class Gemma2(Architecture):
             Key("final_softcap", L.FINAL_LOGIT_SOFTCAPPING, float, 30.0),
             Key("rope_freq_base_swa", R.FREQ_BASE_SWA, float, default_from="rope_freq_base"))
     traits: ClassVar[Traits] = Traits(sandwich=True, final_cap=True, score_cap=True, qk_norm=False, own_head=False,
-                                      swa_rope_scale=None, layers_of_27b=46)
+                                      swa_rope_scale=None, layers_of_27b=46, rows_scaled=True)
 
     def __init__(self, hp: HParams):
         if self.traits.score_cap:  # Gemma 2 always caps scores and logits: a cap of 0 would divide by zero
@@ -103,7 +105,8 @@ class Gemma2(Architecture):
     def build(self, b: GraphBuilder) -> None:
         hp, t = self.hp, self.traits
         q_scale = self.query_scale()
-        x = b.op("scale", b.build_inp_embd(b.w(T.TOKEN_EMBD)), s=f32(math.sqrt(hp.n_embd)), name="inp_scaled")
+        scale = f32(math.sqrt(hp.n_embd)) if t.rows_scaled or not b.rows else 1.0
+        x = b.op("scale", b.build_inp_embd(b.w(T.TOKEN_EMBD)), s=scale, name="inp_scaled")
         pos = b.build_inp_pos()
         for il in b.layers():
             h = b.norm(x, T.ATTN_NORM, il, name="attn_norm")
@@ -152,7 +155,7 @@ class Gemma(Gemma2):
     swa = None
     keys = ()
     traits = Traits(sandwich=False, final_cap=False, score_cap=False, qk_norm=False, own_head=False,
-                    swa_rope_scale=None, layers_of_27b=0)
+                    swa_rope_scale=None, layers_of_27b=0, rows_scaled=True)
 
 
 # ---- Hugging Face: what convert_hf_to_gguf writes for each of these configs -------------------------------

@@ -32,7 +32,8 @@ GRID = (2, 3)  # an image of 2 x 3 patches
 
 # (arch, keys): families whose RoPE takes one position a token and families with M-RoPE sections
 # the table's M-RoPE rows run rows_between_text too; CogVLM's rows take its vision expert's matrices
-CASES = {"qwen2": {}, "qwen2vl": {}, "qwen3vl": {}, "cogvlm": {}}
+# Gemma scales rows by sqrt(n_embd) as it scales tokens' embeddings; Gemma 3 takes rows as they are
+CASES = {"qwen2": {}, "qwen2vl": {}, "qwen3vl": {}, "cogvlm": {}, "gemma": {}, "gemma3": {}}
 MROPE = ["qwen2vl", "qwen3vl"]  # M-RoPE by sections one after the other, and interleaved
 _MADE: dict[str, Path] = {}
 
