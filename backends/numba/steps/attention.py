@@ -54,14 +54,20 @@ class _SoftMax(Step):
                         self.path, self.pad, None if sinks is None else dense(sinks))
 
     def record(self, tape: Tape, args: list[Any]) -> np.ndarray | None:
-        """soft_max with a mask (no sinks) on the tape: its value marked as soft_max marks it (the KV padding it
-        ran with), which the mul_mat that reads it chooses its path by."""
-        if len(args) != 2 or not rows_of(*args):
+        """soft_max with a mask or none (no sinks) on the tape: its value marked as soft_max marks it (the KV
+        padding it ran with), which the mul_mat that reads it chooses its path by (a value copied into the arena
+        from Python would lose the mark, and a recorded mul_mat its path: a vision tower's attention has no mask)."""
+        if len(args) not in (1, 2) or not rows_of(*args):
             return None
-        x, mask = args
-        m, mrows = mask_rows(broadcast(mask, x.shape), x.shape)
-        if not np.shares_memory(m, mask):
-            return None
+        x = args[0]
+        if len(args) == 2:
+            mask = args[1]
+            m, mrows = mask_rows(broadcast(mask, x.shape), x.shape)
+            if not np.shares_memory(m, mask):
+                return None
+        else:  # no mask: the kernel reads none of its row (mrows 0)
+            m, mrows = tape.arena((1, x.shape[-1]), fresh=True), 0
+            m[:] = 0
         x2, lanes = x.reshape(-1, x.shape[-1]), self.path.lanes
         head, scale, none = exp_head(x.shape[-1], lanes, self.pad), F32(self.a["scale"]), tape.arena((0,))
         slopes = none
