@@ -25,7 +25,7 @@ from graphir.model.builder import GraphBuilder
 from graphir.model.hparams import HParams, Key
 from graphir.model.presets import Preset
 from graphir.model.tensors import TensorSpec, spec
-from graphir.model.tower import FILE_ARCH, ImagePrep, Tower
+from graphir.model.tower import FILE_ARCH, ImagePrep, MediaText, Tower
 from graphir.model.vit import build_inp, build_vit, patches_per_side, vit_tensors
 
 V = Keys.ClipVision
@@ -103,6 +103,7 @@ class Gemma3Vision(Siglip):
     head = "pool"
     keys = (Key("n_merge", V.Projector.SCALE_FACTOR, int, 4, minimum=1),)
     image_prep = ImagePrep("fit", resize="bilinear")
+    media_text = MediaText(begin="<start_of_image>", end="<end_of_image>", both_ways=True)
 
 
 class Idefics3Vision(Siglip):
@@ -114,6 +115,9 @@ class Idefics3Vision(Siglip):
     keys = (Key("n_merge", V.Projector.SCALE_FACTOR, int, 1, minimum=1),
             Key("longest_edge", V.PREPROC_IMAGE_SIZE, int, 0, minimum=0))
     image_prep = ImagePrep("tiles", resize="lanczos", overview_first=False)
+    media_text = MediaText(slice_start="<fake_token_around_image><row_{row}_col_{col}>", row_end=("\n",),
+                           overview_start=("\n\n", "<fake_token_around_image>", "<global-img>"),
+                           overview_end=("<fake_token_around_image>",))
 
 
 # ---- presets: released towers, as convert_hf_to_gguf writes their mmproj files ------------------------------

@@ -109,6 +109,9 @@ class UBatch:
     batch_index: np.ndarray  # int64 [n]: where each token sits in the user's batch
     embd: np.ndarray | None = None  # float32 [n, width]: the rows, in a ubatch of rows
     sections: np.ndarray | None = None  # int32 [k, n]: the rows' positions per M-RoPE section, where given
+    # False: its tokens see every cell of their sequences, later positions too (llama.cpp's causal_attn off, which
+    # mtmd sets while a Gemma 3 decoder takes an image's rows)
+    causal: bool = True
 
     def __len__(self) -> int:
         return len(self.pos)

@@ -546,11 +546,15 @@ def _load_for_generation(args: argparse.Namespace, temp: float) -> tuple[Any, An
     model = load(_model_path(args), None if args.isa == "auto" else args.isa, args.backend)
     log.info("numerics: %s", model.numerics.describe())
     n_ctx = args.ctx_size if args.ctx_size is not None else min(model.hparams.n_ctx_train, 4096)
+    mmproj = getattr(args, "mmproj", None)
     ctx = model.new_context(n_ctx=n_ctx or model.hparams.n_ctx_train, n_batch=args.batch_size,
-                            n_ubatch=args.ubatch_size, type_k=args.cache_type_k, type_v=args.cache_type_v)
+                            n_ubatch=args.ubatch_size, type_k=args.cache_type_k, type_v=args.cache_type_v,
+                            **({"mmproj": mmproj} if mmproj else {}))
+    media, ctx = (ctx, ctx.text) if mmproj else (None, ctx)
     log.info("context: %d cells, batch %d, ubatch %d, cache %s/%s", ctx.n_ctx, ctx.n_batch,
              getattr(ctx, "n_ubatch", args.ubatch_size), args.cache_type_k, args.cache_type_v)
     generation = _generation(model, ctx, args, temp)  # refused for an embedding model, before compiling
+    generation.media = media  # the tower beside the context, for a prompt with pictures (run --mmproj)
     _warm_up(model, args.quiet)  # before timing the prompt
     return model, generation, time.perf_counter() - t0
 
@@ -600,6 +604,16 @@ def _feed(generation: Any, ids: list[int], args: argparse.Namespace, stats: dict
                      prompt_s=stats.get("prompt_s", 0.0) + time.perf_counter() - t0)
 
 
+def _feed_chunks(generation: Any, media: Any, chunks: list[Any], stats: dict[str, Any]) -> None:
+    """Decode a prompt with pictures: its text and its images' rows (counted as prompt positions)."""
+    import time
+
+    t0 = time.perf_counter()
+    generation.feed_chunks(media, chunks)
+    stats.update(prompt_tokens=stats.get("prompt_tokens", 0) + sum(len(c) for c in chunks),
+                 prompt_s=stats.get("prompt_s", 0.0) + time.perf_counter() - t0)
+
+
 def _stream_reply(generation: Any, max_tokens: int | None, stats: dict[str, Any], bar: Any = None,
                   pieces: list[str] | None = None) -> None:
     """Write the reply to stdout as it comes, its pieces also into ``pieces``."""
@@ -627,8 +641,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from graphir.progress import counting, stream
 
     text = _prompt_text(args)
+    if args.image and not args.mmproj:
+        raise UsageError("--image needs --mmproj MMPROJ.gguf (the file of the model's vision tower)")
     model, generation, load_s = _load_for_generation(args, args.temp)
-    ids = model.tokenize(text, add_special=True, parse_special=True)
+    media, chunks = getattr(generation, "media", None), []
+    if media is not None:
+        from graphir.running.multimodal import MARKER
+
+        if MARKER not in text:  # llama.cpp's mtmd-cli: a marker before the prompt for each picture
+            text = MARKER * len(args.image) + text
+        chunks = media.tokenize(text, args.image)
+        ids = [t for c in chunks if c.rows is None for t in c.tokens]
+    else:
+        ids = model.tokenize(text, add_special=True, parse_special=True)
     if not ids:
         raise GraphirError("the prompt has no tokens")
     timings, stats = Timings(load_s), {}
@@ -640,7 +665,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.display_prompt:
             sys.stdout.write(text)
             sys.stdout.flush()
-        _feed(generation, ids, args, stats)
+        if media is not None:
+            _feed_chunks(generation, media, chunks, stats)
+        else:
+            _feed(generation, ids, args, stats)
         _stream_reply(generation, n, stats, bar)
     finally:
         bar.close()
@@ -976,6 +1004,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens to generate; -1: until the model ends the text (default: 64)")
     p.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
                    help="print only the generated text, not the prompt before it")
+    p.add_argument("--mmproj", metavar="MMPROJ.gguf", default=None,
+                   help="the file of the model's vision tower (llama.cpp's mmproj), for --image")
+    p.add_argument("--image", metavar="FILE", action="append", default=[],
+                   help="a picture for the prompt, where it says <__media__> (else before it); repeat for several")
     _sampling_options(p, 0.0)
 
     p = add("chat", cmd_chat, "chat on stdin with a model's own chat template; replies stream to stdout")

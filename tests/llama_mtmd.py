@@ -13,6 +13,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,60 +36,130 @@ class Encoded:
     patches: np.ndarray
 
 
-def mtmd_encode(mmproj: Path, image: Path, text_model: Path, patch: int, flash_attn: bool = False) -> list[Encoded]:
-    """Every image chunk of a prompt holding only ``image``'s marker, encoded by mtmd (2 threads, no warm-up)."""
-    taps: list[np.ndarray] = []
+class Mtmd:
+    """An mtmd context over an mmproj file beside a text model (2 threads, no warm-up); ``generate`` also makes a
+    llama context of the text model (an f16 cache, no flash attention: llama-cpp-python's defaults)."""
 
-    @L.ggml_backend_sched_eval_callback
-    def callback(t: int, ask: bool, _: int) -> bool:
-        tt = ctypes.cast(t, ctypes.POINTER(_GGMLTensor)).contents
-        if not ask and tt.ne[0] == 3 * patch * patch and tt.type in (0, 1) and tt.nb[1] == tt.nb[0] * tt.ne[0]:
-            kind = ctypes.c_float if tt.type == 0 else ctypes.c_uint16
-            n = tt.ne[0] * tt.ne[1] * tt.ne[2]
-            data = np.ctypeslib.as_array(ctypes.cast(tt.data, ctypes.POINTER(kind)), shape=(n,)).copy()
-            data = data if tt.type == 0 else data.view(np.float16).astype(np.float32)
-            taps.append(data.reshape(tt.ne[2], tt.ne[1], tt.ne[0]))
-        return True
+    def __init__(self, mmproj: Path, text_model: Path, patch: int = 14, flash_attn: bool = False,
+                 vocab_only: bool = True):
+        self.taps: list[np.ndarray] = []
 
-    L.llama_log_set(_quiet, None)
-    M.mtmd_log_set(_quiet, None)
-    L.llama_backend_init()
-    params = L.llama_model_default_params()
-    params.vocab_only = True
-    model = L.llama_model_load_from_file(str(text_model).encode(), params)
-    cp = M.mtmd_context_params_default()
-    cp.use_gpu, cp.n_threads, cp.print_timings, cp.warmup = False, 2, False, False
-    cp.flash_attn_type = 1 if flash_attn else 0
-    cp.cb_eval = callback
-    ctx = M.mtmd_init_from_file(str(mmproj).encode(), model, cp)
-    if not ctx:
-        L.llama_model_free(model)
-        raise RuntimeError(f"mtmd cannot load {mmproj}")
-    chunks = M.mtmd_input_chunks_init()
-    bitmap = M.mtmd_helper_bitmap_init_from_file(ctx, str(image).encode(), False)
-    try:
-        if not bitmap:
-            raise RuntimeError(f"mtmd cannot read {image}")
-        marker = M.mtmd_default_marker()
-        text = M.mtmd_input_text(text=marker, text_len=len(marker), add_special=False, parse_special=True)
-        if M.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (ctypes.c_void_p * 1)(bitmap), 1) != 0:
-            raise RuntimeError(f"mtmd cannot tokenize {image}")
-        out = []
-        n_embd = open_model(str(text_model)).arch.hp.n_embd  # the rows' width (a vocab-only model reports none)
+        @L.ggml_backend_sched_eval_callback
+        def callback(t: int, ask: bool, _: int) -> bool:  # ggml's im2col of the patches: [3 P², OW, OH]
+            tt = ctypes.cast(t, ctypes.POINTER(_GGMLTensor)).contents
+            if not ask and tt.ne[0] == 3 * patch * patch and tt.type in (0, 1) and tt.nb[1] == tt.nb[0] * tt.ne[0]:
+                kind = ctypes.c_float if tt.type == 0 else ctypes.c_uint16
+                n = tt.ne[0] * tt.ne[1] * tt.ne[2]
+                data = np.ctypeslib.as_array(ctypes.cast(tt.data, ctypes.POINTER(kind)), shape=(n,)).copy()
+                data = data if tt.type == 0 else data.view(np.float16).astype(np.float32)
+                self.taps.append(data.reshape(tt.ne[2], tt.ne[1], tt.ne[0]))
+            return True
+
+        self._callback = callback  # kept alive as long as the context
+        L.llama_log_set(_quiet, None)
+        M.mtmd_log_set(_quiet, None)
+        L.llama_backend_init()
+        params = L.llama_model_default_params()
+        params.vocab_only = vocab_only
+        self.model = L.llama_model_load_from_file(str(text_model).encode(), params)
+        self.n_embd = open_model(str(text_model)).arch.hp.n_embd  # the rows' width (a vocab-only model has none)
+        cp = M.mtmd_context_params_default()
+        cp.use_gpu, cp.n_threads, cp.print_timings, cp.warmup = False, 2, False, False
+        cp.flash_attn_type = 1 if flash_attn else 0
+        cp.cb_eval = callback
+        self.ctx = M.mtmd_init_from_file(str(mmproj).encode(), self.model, cp)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise RuntimeError(f"mtmd cannot load {mmproj}")
+
+    def close(self) -> None:
+        M.mtmd_free(self.ctx)
+        L.llama_model_free(self.model)
+
+    def chunks(self, prompt: str, images: list[Path]) -> Any:
+        """mtmd_tokenize of the prompt and the images (a chunks handle; free with mtmd_input_chunks_free)."""
+        bitmaps = [M.mtmd_helper_bitmap_init_from_file(self.ctx, str(p).encode(), False) for p in images]
+        try:
+            if not all(bitmaps):
+                raise RuntimeError(f"mtmd cannot read {images}")
+            chunks = M.mtmd_input_chunks_init()
+            text = M.mtmd_input_text(text=prompt.encode(), text_len=len(prompt.encode()), add_special=True,
+                                     parse_special=True)
+            if M.mtmd_tokenize(self.ctx, chunks, ctypes.byref(text), (ctypes.c_void_p * len(bitmaps))(*bitmaps),
+                               len(bitmaps)) != 0:
+                M.mtmd_input_chunks_free(chunks)
+                raise RuntimeError(f"mtmd cannot tokenize {prompt!r}")
+            return chunks
+        finally:
+            for b in bitmaps:
+                if b:
+                    M.mtmd_bitmap_free(b)
+
+    def layout(self, chunks: Any) -> list[tuple[int, ...] | int]:
+        """Each chunk: its text tokens, or an image's row count."""
+        out: list[tuple[int, ...] | int] = []
         for i in range(M.mtmd_input_chunks_size(chunks)):
             chunk = M.mtmd_input_chunks_get(chunks, i)
-            if M.mtmd_input_chunk_get_type(chunk) != _IMAGE_CHUNK:
-                continue
-            taps.clear()
-            if M.mtmd_encode_chunk(ctx, chunk) != 0:
-                raise RuntimeError(f"mtmd cannot encode chunk {i} of {image}")
-            n = M.mtmd_input_chunk_get_n_tokens(chunk)
-            rows = np.ctypeslib.as_array(M.mtmd_get_output_embd(ctx), shape=(n * n_embd,)).reshape(n, n_embd).copy()
-            out.append(Encoded(rows, taps[0]))
+            if M.mtmd_input_chunk_get_type(chunk) == _IMAGE_CHUNK:
+                out.append(int(M.mtmd_input_chunk_get_n_tokens(chunk)))
+            else:
+                n = ctypes.c_ulong(0)
+                ids = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                out.append(tuple(ids[j] for j in range(n.value)))
         return out
+
+    def encode(self, image: Path) -> list[Encoded]:
+        """Every image chunk of a prompt holding only ``image``'s marker, encoded."""
+        chunks = self.chunks(M.mtmd_default_marker().decode(), [image])
+        try:
+            out = []
+            for i in range(M.mtmd_input_chunks_size(chunks)):
+                chunk = M.mtmd_input_chunks_get(chunks, i)
+                if M.mtmd_input_chunk_get_type(chunk) != _IMAGE_CHUNK:
+                    continue
+                self.taps.clear()
+                if M.mtmd_encode_chunk(self.ctx, chunk) != 0:
+                    raise RuntimeError(f"mtmd cannot encode chunk {i} of {image}")
+                n = M.mtmd_input_chunk_get_n_tokens(chunk)
+                rows = np.ctypeslib.as_array(M.mtmd_get_output_embd(self.ctx), shape=(n * self.n_embd,))
+                out.append(Encoded(rows.reshape(n, self.n_embd).copy(), self.taps[0]))
+            return out
+        finally:
+            M.mtmd_input_chunks_free(chunks)
+
+    def generate(self, prompt: str, images: list[Path], n_predict: int, n_ctx: int = 1024,
+                 n_batch: int = 512) -> tuple[list[tuple[int, ...] | int], np.ndarray, list[int]]:
+        """The prompt's layout, the logits after it, and the tokens llama.cpp chooses greedily from there
+        (mtmd_helper_eval_chunks, then one token at a time; needs a model loaded with weights)."""
+        params = L.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch, params.n_threads, params.n_threads_batch = \
+            n_ctx, n_batch, n_batch, 2, 2
+        params.flash_attn_type = 0
+        lctx = L.llama_init_from_model(self.model, params)
+        chunks = self.chunks(prompt, images)
+        try:
+            n_past = ctypes.c_int(0)
+            if M.mtmd_helper_eval_chunks(self.ctx, lctx, chunks, 0, 0, n_batch, True, ctypes.byref(n_past)) != 0:
+                raise RuntimeError("mtmd_helper_eval_chunks failed")
+            n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+            first = np.ctypeslib.as_array(L.llama_get_logits_ith(lctx, -1), shape=(n_vocab,)).copy()
+            out: list[int] = []
+            for _ in range(n_predict):
+                logits = np.ctypeslib.as_array(L.llama_get_logits_ith(lctx, -1), shape=(n_vocab,))
+                out.append(int(np.argmax(logits)))
+                ids = (L.llama_token * 1)(out[-1])
+                if L.llama_decode(lctx, L.llama_batch_get_one(ids, 1)) != 0:
+                    raise RuntimeError("llama_decode failed")
+            return self.layout(chunks), first, out
+        finally:
+            M.mtmd_input_chunks_free(chunks)
+            L.llama_free(lctx)
+
+
+def mtmd_encode(mmproj: Path, image: Path, text_model: Path, patch: int, flash_attn: bool = False) -> list[Encoded]:
+    """Every image chunk of a prompt holding only ``image``'s marker, encoded by mtmd."""
+    m = Mtmd(mmproj, text_model, patch, flash_attn)
+    try:
+        return m.encode(image)
     finally:
-        if bitmap:
-            M.mtmd_bitmap_free(bitmap)
-        M.mtmd_input_chunks_free(chunks)
-        M.mtmd_free(ctx)
-        L.llama_model_free(model)
+        m.close()

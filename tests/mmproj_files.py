@@ -74,3 +74,29 @@ def write_mmproj(path: Path, preset: Preset, dtype: Q = Q.F32, drop: tuple[str, 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def with_tokens(src: Path, dst: Path, texts: list[str]) -> Path:
+    """A copy of the GGUF ``src`` whose last vocabulary entries are renamed to ``texts``, control tokens: the tokens
+    a projector wraps its images in, given to a text model whose vocabulary lacks them (SmolLM2-135M's, for
+    Idefics3's ``<fake_token_around_image>``, ``<global-img>`` and ``<row_r_col_c>``). The tensors are copied as
+    they are; the renamed tokens' old texts no longer tokenize as before."""
+    r = gguf.GGUFReader(str(src))
+    arch = r.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    w = gguf.GGUFWriter(str(dst), arch)
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == gguf.Keys.General.ARCHITECTURE:
+            continue
+        value = field.contents()
+        if name == gguf.Keys.Tokenizer.LIST:
+            value = value[:len(value) - len(texts)] + texts
+        elif name == gguf.Keys.Tokenizer.TOKEN_TYPE:
+            value = value[:len(value) - len(texts)] + [int(gguf.TokenType.CONTROL)] * len(texts)
+        w.add_key_value(name, value, field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)  # data in rows of blocks, or the values
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

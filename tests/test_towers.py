@@ -14,11 +14,12 @@ from mmproj_files import V, tiny_tower, write_mmproj
 import graphir
 import graphir.arch
 from graphir.cli import main
-from graphir.errors import GraphirError, MetadataError
+from graphir.errors import BatchError, GraphirError, MetadataError
 from graphir.graph.verify import verify
 from graphir.model.architecture import Architecture
 from graphir.model.meta import ModelMeta, open_model
 from graphir.model.tower import Tower
+from graphir.running.runtime import Model
 
 # projector type -> the output of the tiny tower (a 4 x 4 grid of patches): rows of 576, and how many
 TINY_ROWS = {"gemma3": (576, 4), "idefics3": (576, 4)}
@@ -203,3 +204,146 @@ def test_pixels_are_mtmds_in_float32(shape: str, tmp_path: Path, text_model: Pat
     for (tile, rows), their in zip(ours, theirs):
         assert np.array_equal(_patches(tile.pixels, 14), their.patches), tile.kind
         assert np.abs(rows - their.rows).max() <= 1e-3
+
+
+# --------------------------------------------------------------------------- composed with a text model
+
+# Idefics3 wraps its images in tokens SmolLM2-135M's vocabulary lacks (SmolVLM's tokenizer adds them): a copy of
+# SmolLM2-135M with its last entries renamed to them is SmolVLM-256M's text model in miniature
+IDEFICS3_TOKENS = ["<fake_token_around_image>", "<global-img>"] + [f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)]
+PROMPTS = {
+    "gemma3": "<start_of_turn>user\nWhat is in this picture? <__media__> Answer briefly.<end_of_turn>\n"
+              "<start_of_turn>model\n",
+    "idefics3": "<|im_start|>user\nWhat is in this picture? <__media__> Answer briefly.<|im_end|>\n"
+                "<|im_start|>assistant\n",
+}
+
+
+@pytest.fixture(scope="module")
+def text_models(tmp_path_factory: pytest.TempPathFactory, text_model: Path, gemma3_gguf: Path) -> dict[str, Path]:
+    """Each projector's text model: Gemma-3-270M (rows of 640), SmolLM2-135M with Idefics3's tokens (576)."""
+    from mmproj_files import with_tokens
+
+    smol = with_tokens(text_model, tmp_path_factory.mktemp("smolvlm") / "text.gguf", IDEFICS3_TOKENS)
+    return {"gemma3": gemma3_gguf, "idefics3": smol}
+
+
+@pytest.fixture(scope="module")
+def loaded(text_models: dict[str, Path]) -> dict[str, Model]:
+    return {projector: graphir.load(str(path)) for projector, path in text_models.items()}
+
+
+def _tower(projector: str, folder: Path, model: Model) -> Path:
+    return write_mmproj(folder / f"{projector}.gguf", tiny_tower(projector, **{V.PROJECTION_DIM: model.arch.n_embd_inp}))
+
+
+@pytest.mark.parametrize("shape", sorted(PICTURES))
+@pytest.mark.parametrize("projector", sorted(PROMPTS))
+def test_a_prompt_with_a_picture_continues_as_mtmds(projector: str, shape: str, tmp_path: Path,
+                                                    text_models: dict[str, Path], loaded: dict[str, Model]
+                                                    ) -> None:
+    """A prompt with a picture, split as mtmd splits it (the same text tokens around the same number of rows),
+    decoded (Gemma 3's rows with causal attention off, as mtmd_decode_use_non_causal asks): the logits after it
+    within 1e-3 of llama.cpp's and the next 8 greedy tokens llama.cpp's."""
+    from llama_mtmd import Mtmd
+
+    from graphir.batch import Batch
+
+    model = loaded[projector]
+    mmproj, picture = _tower(projector, tmp_path, model), _picture(tmp_path, shape)
+    oracle = Mtmd(mmproj, text_models[projector], vocab_only=False)
+    try:
+        layout, logits, tokens = oracle.generate(PROMPTS[projector], [picture], 8)
+    finally:
+        oracle.close()
+    ctx = model.new_context(n_ctx=1024, mmproj=str(mmproj))
+    chunks = ctx.tokenize(PROMPTS[projector], [picture])
+    assert [c.tokens if c.rows is None else len(c) for c in chunks] == layout
+    n_past = ctx.eval(chunks)
+    assert n_past == sum(len(c) for c in chunks)
+    assert np.abs(ctx.text.logits()[-1] - logits).max() <= 1e-3
+    ours = []
+    for _ in range(8):
+        ours.append(int(np.argmax(ctx.text.logits_ith(-1))))
+        ctx.text.decode(Batch.one(ours[-1], n_past))
+        n_past += 1
+    assert ours == tokens
+
+
+def test_gemma3_takes_a_picture_s_rows_both_ways(tmp_path: Path, loaded: dict[str, Model]) -> None:
+    """mtmd decodes Gemma 3's image rows with causal attention off: an early row then sees the later ones, and
+    what follows the picture differs from a causal decode of the same rows."""
+    model = loaded["gemma3"]
+    ctx = model.new_context(n_ctx=256, mmproj=str(_tower("gemma3", tmp_path, model)))
+    chunks = ctx.tokenize(PROMPTS["gemma3"], [_picture(tmp_path, "wide")])
+    assert [c.both_ways for c in chunks if c.rows is not None] == [True]
+    ctx.eval(chunks)
+    both = ctx.text.logits()[-1].copy()
+    causal = model.new_context(n_ctx=256, mmproj=str(_tower("gemma3", tmp_path, model)))
+    causal.eval([c if c.rows is None else type(c)(rows=c.rows) for c in chunks])
+    assert np.abs(causal.text.logits()[-1] - both).max() > 0.1
+
+
+def test_bad_pictures_and_prompts_are_one_line_and_change_nothing(tmp_path: Path, text_model: Path,
+                                                                   loaded: dict[str, Model]) -> None:
+    """A marker without a picture, a picture that is no image or is cut short, a tower of another width, a
+    vocabulary without the tokens the tower wraps its images in: each one line naming the cause, the context as it
+    was (nothing decoded)."""
+    from PIL import Image
+
+    model = loaded["idefics3"]
+    ctx = model.new_context(n_ctx=256, mmproj=str(_tower("idefics3", tmp_path, model)))
+    picture = _picture(tmp_path, "wide")
+    garbage, cut = tmp_path / "garbage.png", tmp_path / "cut.png"
+    garbage.write_bytes(b"not an image at all")
+    cut.write_bytes(picture.read_bytes()[:200])
+    cases = [
+        (lambda: ctx.tokenize("two <__media__> markers <__media__>", [picture]), GraphirError,
+         "the prompt has 2 media markers (<__media__>) for 1 pictures: one picture per marker"),
+        (lambda: ctx.tokenize("<__media__>", [garbage]), GraphirError,
+         f"{garbage}: not an image Pillow can read (PNG, JPEG, BMP, GIF, WebP, ...)"),
+        (lambda: ctx.tokenize("<__media__>", [cut]), GraphirError, f"{cut}: cannot decode the image ("),
+        (lambda: ctx.tokenize("<__media__>", [tmp_path / "none.png"]), GraphirError,
+         f"{tmp_path / 'none.png'}: no such image file"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=re.escape(message)):
+            call()
+        assert ctx.text.memory.seq_pos_max(0) == -1
+    plain = graphir.load(str(text_model))
+    smol = plain.new_context(n_ctx=256, mmproj=str(_tower("idefics3", tmp_path, plain)))
+    with pytest.raises(BatchError, match=re.escape(
+            f"{text_model}: the vocabulary has no token '<fake_token_around_image>', which clip:idefics3 wraps its "
+            f"images in")):
+        smol.tokenize("<__media__>", [picture])
+    assert smol.text.memory.seq_pos_max(0) == -1
+    gemma_tower = _tower("gemma3", tmp_path, loaded["gemma3"])  # rows of 640, for a model taking 576
+    with pytest.raises(GraphirError, match=re.escape(
+            f"{gemma_tower}: its projector makes rows of 640, but {model.meta.label} takes rows of 576: not this "
+            f"model's mmproj")):
+        model.new_context(mmproj=str(gemma_tower))
+    with Image.open(picture) as im:  # the picture itself was fine
+        assert im.size == (90, 40)
+
+
+def test_run_takes_a_picture(tmp_path: Path, text_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+                             ) -> None:
+    """``graphir run MODEL --mmproj MMPROJ --image FILE -p TEXT``: the continuation llama.cpp's mtmd gives; the
+    marker goes before the prompt when it has none (llama.cpp's mtmd-cli); --image without --mmproj is refused."""
+    from llama_mtmd import Mtmd
+
+    path = text_models["gemma3"]
+    model = graphir.load(str(path))
+    mmproj, picture = _tower("gemma3", tmp_path, model), _picture(tmp_path, "tall")
+    prompt = "<start_of_turn>user\nWhat is in this picture?<end_of_turn>\n<start_of_turn>model\n"
+    oracle = Mtmd(mmproj, path, vocab_only=False)
+    try:
+        _, _, tokens = oracle.generate("<__media__>" + prompt, [picture], 8)
+    finally:
+        oracle.close()
+    argv = ["run", str(path), "--mmproj", str(mmproj), "--image", str(picture), "-p", prompt, "-n", "8",
+            "--no-display-prompt"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out == model.detokenize(tokens) + "\n"
+    assert main(["run", str(path), "--image", str(picture), "-p", prompt]) == 2
+    assert "--image needs --mmproj MMPROJ.gguf" in capsys.readouterr().err

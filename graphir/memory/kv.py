@@ -447,8 +447,9 @@ class KVCache(CellMemory):
         q_pos = ub.pos[:, None].astype(np.int64)
         # NOTE: visibility is decided by the cells, not the ubatch: same first seq id, key pos <= query pos.
         ok = (pos[None, :] >= 0) & (((seq[None, :] >> first[:, None]) & np.uint64(1)) == 1)
-        ok &= self.rule.sees(q_pos, pos[None, :])
-        if planes is not None and self.rule.causal:  # a key at the query's time: seen up to the query's (row, col)
+        rule = self.rule if ub.causal else replace(self.rule, causal=False)
+        ok &= rule.sees(q_pos, pos[None, :])
+        if planes is not None and rule.causal:  # a key at the query's time: seen up to the query's (row, col)
             row, col = self.row[None, :n_kv], self.col[None, :n_kv]
             q_row, q_col = planes[:, :, None].astype(np.int64)
             ok &= (pos[None, :] != q_pos) | (row < q_row) | ((row == q_row) & (col <= q_col))

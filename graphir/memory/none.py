@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from graphir.memory.reuse import SharedRows, check_readers, reads_of
 def ubatch_mask(ub: UBatch, need: Attention) -> np.ndarray:
     """[n_tokens(query), n_tokens(key)]: 0 (ALiBi: minus the distance) where a key is visible (same first seq id, and seen by the layer's
     rule: not in the future when causal, inside its window when sliding)."""
+    need = need if ub.causal else replace(need, causal=False)
     ok = need.sees(ub.pos[:, None], ub.pos[None, :])
     first = [ids[0] for ids in ub.seq_ids]
     if first.count(first[0]) != len(first):   # several sequences (one, as a sentence of its own: every key)

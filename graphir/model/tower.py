@@ -46,6 +46,23 @@ class ImagePrep:
     overview_first: bool = False
 
 
+@dataclass(frozen=True)
+class MediaText:
+    """The text llama.cpp's mtmd puts around an image's rows in a prompt (tools/mtmd/mtmd.cpp, per projector), as
+    data: ``begin`` and ``end`` around the whole picture (text, its special tokens parsed); for a tiled picture,
+    ``slice_start`` before each slice (text, with the slice's row and column from 1), ``row_end`` after each row of
+    slices but the last, ``overview_start`` and ``overview_end`` around the overview (tokens, each found by its
+    text). ``both_ways``: the decoder takes the rows with causal attention off (mtmd_decode_use_non_causal)."""
+
+    begin: str = ""
+    end: str = ""
+    slice_start: str = ""
+    row_end: tuple[str, ...] = ()
+    overview_start: tuple[str, ...] = ()
+    overview_end: tuple[str, ...] = ()
+    both_ways: bool = False
+
+
 def tower_name(label: str, metadata: Mapping[str, Any]) -> str:
     """The registry name of an mmproj file's tower: ``clip:`` and its projector type (the vision tower's where the
     file holds two)."""
@@ -62,12 +79,14 @@ def projector_of(name: str) -> str:
 
 class Tower(Architecture):
     """An mmproj file's encoder and projector. Subclasses set ``name`` to ``clip:<projector>``, ``modality``, the
-    family's own keys (with llama.cpp's defaults for that projector) and how its images are prepared."""
+    family's own keys (with llama.cpp's defaults for that projector), how its images are prepared and what text
+    wraps them in a prompt."""
 
     tower = True
     causal = False
     modality: ClassVar[str] = "vision"
     image_prep: ClassVar[ImagePrep] = ImagePrep()
+    media_text: ClassVar[MediaText] = MediaText()
 
     @classmethod
     def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:

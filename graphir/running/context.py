@@ -179,6 +179,7 @@ class Context:
         self.has_logits = "logits" in self.program.outputs
         self.embeddings_enabled = embeddings or not self.has_logits  # an encoder's only output is embeddings
         self._busy = Busy(self.name)  # one call at a time per context; contexts run in parallel
+        self.causal_attn = True  # set_causal_attn
         self._logits = np.zeros((0, hp.n_vocab), np.float32)
         self._embd = np.zeros((0, hp.n_embd), np.float32)
         self._pooled: dict[int, np.ndarray] = {}
@@ -191,6 +192,12 @@ class Context:
                    feeds: dict[str, np.ndarray]) -> None:
         """Run a graph of the memory's own (the K-shift) on its buffers, compiled once per model and key."""
         self.model.compiled((self.kind, self.pooling, self._variant, *key), make).run(env, feeds)
+
+    def set_causal_attn(self, causal: bool) -> None:
+        """Whether the next batches' tokens attend to the cells of their sequences causally (default) or to all of
+        them, later positions too (llama.cpp's llama_set_causal_attn: mtmd turns it off while a Gemma 3 decoder
+        takes an image's rows, which then see each other both ways)."""
+        self.causal_attn = bool(causal)
 
     def decode(self, batch: Batch, taps: dict[str, np.ndarray] | None = None) -> None:
         """Run a batch; afterwards :meth:`logits` holds one row per requested output, in batch order.
@@ -212,6 +219,8 @@ class Context:
             if why:
                 raise BatchError(why)
             ubatches = SPLITS[mem.split](batch, pos, self.n_ubatch)
+            if not self.causal_attn:
+                ubatches = [replace(ub, causal=False) for ub in ubatches]
             program, own_plans = (self.program, self._plans) if batch.embd is None else \
                 (self._rows_program(), self._row_plans)
             plans = mem.prepare(ubatches)  # raises CacheFullError before anything changed

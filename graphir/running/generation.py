@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -37,6 +37,7 @@ class Generation:
         self.pending: list[int] = []  # sampled, shown, not yet decoded: the next feed starts with them
         self.history: list[int] = []  # every token seen, for the repetition penalty
         self.full: str | None = None  # why the last reply stopped short: the context was full
+        self.media: Any = None  # a tower beside the context (a MultimodalContext), for prompts with pictures
         self.shifts = 0
 
     @property
@@ -65,6 +66,18 @@ class Generation:
                 progress(len(chunk))
         self.pending = []
         self.history += ids
+
+    def feed_chunks(self, media: Any, chunks: Sequence[Any]) -> None:
+        """Decode a multimodal prompt (graphir.running.multimodal: text tokens and images' rows) after what the
+        context holds; an image's rows take positions as tokens do, hold no token (-1 here) and are not history."""
+        self.feed([])  # the last token sampled, if it is not decoded yet
+        held = [t for c in chunks for t in (c.tokens if c.rows is None else (-1,) * len(c))]
+        if len(self.tokens) + len(held) > self.ctx.n_ctx:
+            raise ContextFull(f"the prompt takes {len(held)} positions with its images; the context has "
+                              f"{self.ctx.n_ctx - len(self.tokens)} cells left (-c/--ctx-size)")
+        media.eval(chunks, n_past=len(self.tokens))
+        self.tokens += held
+        self.history += [t for t in held if t >= 0]
 
     def _room(self, n: int) -> None:
         """Make room for ``n`` tokens: shift as llama.cpp does, or raise ContextFull."""

@@ -7,6 +7,7 @@ through :mod:`graphir.running.backend`) with the file's memory-mapped weights.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -24,6 +25,7 @@ from graphir.running.context import Context
 from graphir.running.encdec import EncoderDecoderContext
 from graphir.running.generation import Generation
 from graphir.running.sampling import Sampling
+from graphir.running.multimodal import MultimodalContext
 from graphir.running.tower import TowerContext
 from graphir.errors import GraphirError, TensorError
 from graphir.model.hparams import HParams
@@ -135,11 +137,18 @@ class Model:
                 self._programs[key] = self.backend.compile(graph, self.weight, self.numerics)
             return self._programs[key]
 
-    def new_context(self, kind: str | None = None, **kw: Any) -> Context | EncoderDecoderContext | TowerContext:
+    def new_context(self, kind: str | None = None, mmproj: Model | str | os.PathLike[str] | None = None,
+                    **kw: Any) -> Context | EncoderDecoderContext | TowerContext | MultimodalContext:
         """See :class:`graphir.running.context.Context` for the parameters (n_ctx, n_batch, n_ubatch, n_seq_max, kind,
         ...). An encoder-decoder model's contexts are ``encoder-decoder`` (its default:
         :class:`graphir.running.encdec.EncoderDecoderContext`) and ``encoder`` (its encoder alone); an mmproj
-        file's is a :class:`graphir.running.tower.TowerContext` (images in, rows out)."""
+        file's is a :class:`graphir.running.tower.TowerContext` (images in, rows out). ``mmproj``: a tower (its
+        file, or its loaded model) beside the model's context, composed as llama.cpp's mtmd composes them
+        (:class:`graphir.running.multimodal.MultimodalContext`)."""
+        if mmproj is not None:
+            tower = mmproj if isinstance(mmproj, Model) else Model(open_model(os.fsdecode(mmproj)), self.numerics.path.name,
+                                                                    self.backend_name)
+            return MultimodalContext(self, tower, kind=kind, **kw)
         if self.arch.tower:
             if kind not in (None, TowerContext.kind):
                 raise GraphirError(f"{self.meta.label}: a tower's context is '{TowerContext.kind}', not '{kind}'")
