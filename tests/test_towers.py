@@ -99,6 +99,10 @@ BAD = {
     "heads do not divide": ({V.Attention.HEAD_COUNT: 5}, MetadataError,
                             "a tower 32 wide cannot split into 5 heads (key 'clip.vision.attention.head_count'; or "
                             "give 'clip.vision.attention.head_dim')"),
+    "kv heads do not divide": ({"clip.vision.attention.head_count_kv": 3}, MetadataError,
+                               "a tower of width 32 attends with 4 query heads and 3 KV heads: its width needs whole "
+                               "heads, and its query heads a whole number per KV head (keys "
+                               "'clip.vision.attention.head_count', 'clip.vision.attention.head_count_kv')"),
     "two activations": ({V.USE_SILU: True}, MetadataError,
                         "keys 'clip.use_gelu' and 'clip.use_silu' are both true; a tower's FFN has one activation"),
     "merge beyond the grid": ({V.Projector.SCALE_FACTOR: 5}, MetadataError,

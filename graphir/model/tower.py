@@ -39,7 +39,7 @@ class ImagePrep:
     letterboxed into the tower's square (its sides scaled by the smaller ratio, rounded up, centred on black), or
     ``tiles``: resized so its longer side is the file's longest edge, then to whole tiles of the tower's size, each
     tile an image of its own, with the whole image shrunk to one tile (the overview) ``overview_first`` or last;
-    ``resize`` the filter (Pillow's: bilinear, bicubic, lanczos)."""
+    ``resize`` the filter of mtmd's resampler (bilinear, bicubic, lanczos: Pillow's filters)."""
 
     layout: str = "fit"
     resize: str = "bicubic"  # llama.cpp's default
