@@ -644,7 +644,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.image and not args.mmproj:
         raise UsageError("--image needs --mmproj MMPROJ.gguf (the file of the model's vision tower)")
     model, generation, load_s = _load_for_generation(args, args.temp)
-    media, chunks = getattr(generation, "media", None), []
+    media, chunks = generation.media, []
     if media is not None:
         from graphir.running.multimodal import MARKER
 

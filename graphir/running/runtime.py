@@ -146,8 +146,8 @@ class Model:
         file, or its loaded model) beside the model's context, composed as llama.cpp's mtmd composes them
         (:class:`graphir.running.multimodal.MultimodalContext`)."""
         if mmproj is not None:
-            tower = mmproj if isinstance(mmproj, Model) else Model(open_model(os.fsdecode(mmproj)), self.numerics.path.name,
-                                                                    self.backend_name)
+            tower = mmproj if isinstance(mmproj, Model) else \
+                Model(open_model(os.fsdecode(mmproj)), self.numerics.path.name, self.backend_name)
             return MultimodalContext(self, tower, kind=kind, **kw)
         if self.arch.tower:
             if kind not in (None, TowerContext.kind):
