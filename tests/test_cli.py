@@ -63,7 +63,8 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Qwen2.5-VL-7B", "Qwen3-VL-8B", "Qwen3-VL-30B-A3B", "PaddleOCR-VL-tiny", "Hunyuan-VL-tiny", "DeepSeek-OCR-tiny",
            "CogVLM-tiny",  # issue 41: vision-language text decoders
            "MiniMax-Text-01",  # issue 40, lightning attention
-           "Dream-v0-Instruct-7B", "LLaDA-8B-Instruct", "llada-moe-tiny-header", "rnd1-tiny-header",  # issue 41: diffusion decoders
+           "Dream-v0-Instruct-7B", "LLaDA-8B-Instruct", "llada-moe-tiny-header",  # issue 41: diffusion decoders
+           "rnd1-tiny-header",
            "Gemma-3-4B-mmproj", "SmolVLM-256M-mmproj"]  # issue 42: vision towers
 # no layer's text folds into another's: OpenELM's layers each have a size of their own, Gemma 3n's and Gemma 4's each
 # read their own slice of the per-layer inputs (at an offset of its own)

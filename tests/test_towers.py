@@ -238,7 +238,9 @@ def loaded(text_models: dict[str, Path]) -> dict[str, Model]:
 
 
 def _tower(projector: str, folder: Path, model: Model) -> Path:
-    return write_mmproj(folder / f"{projector}.gguf", tiny_tower(projector, **{V.PROJECTION_DIM: model.arch.n_embd_inp}))
+    """The tiny tower of a projector, projecting to the model's width."""
+    width = {V.PROJECTION_DIM: model.arch.n_embd_inp}
+    return write_mmproj(folder / f"{projector}.gguf", tiny_tower(projector, **width))
 
 
 @pytest.mark.parametrize("shape", sorted(PICTURES))

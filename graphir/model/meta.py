@@ -62,15 +62,15 @@ class ModelMeta:
                     n_ctx_seq: int = 0, rows: bool = False) -> Graph:
         """The graph of one ubatch: ``context`` picks the memory kind (default: the architecture's first),
         ``phase`` prefill or decode (default: :attr:`default_phase`), ``pooling`` how embeddings are reduced per
-        sequence (default: the model's), ``n_ctx_seq`` the cells a sequence may use, for the few families whose graph depends on it (Phi-3's
-        LongRoPE factors; 0: not beyond the trained context); ``rows``: the ubatch carries embedding rows in place
-        of token ids."""
+        sequence (default: the model's), ``n_ctx_seq`` the cells a sequence may use, for the few families whose
+        graph depends on it (Phi-3's LongRoPE factors; 0: not beyond the trained context); ``rows``: the ubatch
+        carries embedding rows in place of token ids."""
         arch = model = self.arch
         phase = phase or self.default_phase
         if arch.tower:
             if phase != TOWER_PHASE:
-                raise GraphirError(f"{self.label}: a '{arch.name}' tower has one graph, phase '{TOWER_PHASE}' (an image "
-                                   f"or audio in, rows out), not '{phase}'")
+                raise GraphirError(f"{self.label}: a '{arch.name}' tower has one graph, phase '{TOWER_PHASE}' (an "
+                                   f"image or audio in, rows out), not '{phase}'")
         elif phase == "encode":  # the encoder stack of an encoder-decoder: no cache, one whole batch
             if arch.encoder_stack is None:
                 raise GraphirError(f"{self.label}: a '{arch.name}' model has no encoder; phase 'encode' is an "

@@ -40,10 +40,10 @@ class MultimodalContext:
     kind = "multimodal"
 
     def __init__(self, model: Any, mmproj: Any, **kw: Any):
+        if not mmproj.arch.tower:  # before any context is made: nothing compiled for a wrong file
+            raise GraphirError(f"{mmproj.meta.label}: is a '{mmproj.arch.name}' model, not an mmproj file's tower")
         self.model = model
         self.tower = mmproj.new_context()
-        if not mmproj.arch.tower:
-            raise GraphirError(f"{mmproj.meta.label}: is a '{mmproj.arch.name}' model, not an mmproj file's tower")
         if self.tower.n_embd != model.arch.n_embd_inp:
             raise GraphirError(f"{mmproj.meta.label}: its projector makes rows of {self.tower.n_embd}, but "
                                f"{model.meta.label} takes rows of {model.arch.n_embd_inp}: not this model's mmproj")
