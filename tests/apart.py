@@ -5,7 +5,7 @@ run and the AVX2 re-run, subprocesses of about three minutes each, took turns wi
 fifth of the suite's time. A test marked ``apart(work=...)`` puts its subprocess in ``work``, a function of no
 arguments that returns what the test checks (None where the test will skip); when the test is selected, work
 starts at the end of collection on a thread of its own, so its subprocess uses the other core, and the test's
-``apart_result`` fixture waits for its result. Runs a test never reached are killed when the session ends.
+``apart_result`` fixture waits for its result; such tests run last. Runs a test never reached are killed when the session ends.
 
 A work shares nothing with the suite's process that the two could change at once: it gets its own numba cache
 (``own_numba_cache``: numba writes a function's cache index without a lock, and two processes adding to one index
@@ -68,6 +68,12 @@ def _start(work: Callable[[], Any]) -> concurrent.futures.Future:
 
     threading.Thread(target=body, name=f"apart {work.__name__}", daemon=True).start()
     return future
+
+
+def last(items: list[pytest.Item]) -> None:
+    """The tests that wait for a work go last, in their order (conftest's collection hook calls it): the suite runs everything else while the works run
+    (a waiting test early in the suite left a core idle for minutes when a work ran slow)."""
+    items.sort(key=lambda item: item.get_closest_marker("apart") is not None)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -18,6 +18,7 @@ import gguf
 import numpy as np
 import pytest
 
+import apart
 from apart import apart_result, pytest_collection_finish, pytest_sessionfinish  # noqa: F401 (its fixture, hooks)
 from graphir.convert import add_key
 from graphir.model.meta import from_preset
@@ -110,7 +111,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Oracle tests need llama.cpp (llama-cpp-python); where it is missing they skip and say so."""
+    """Oracle tests need llama.cpp (llama-cpp-python); where it is missing they skip and say so. The tests waiting
+    for a run beside the suite go last (apart.last)."""
+    apart.last(items)
     try:
         import llama_cpp  # noqa: F401
         return
