@@ -93,7 +93,7 @@ def assert_llama_logits(ours: np.ndarray, ref: np.ndarray, what: str = "logits")
 def _oracle_for_this_host() -> None:
     """On CPUs with AMX, a native llama.cpp moves Q4_0/Q4_1/Q8_0/K-quant matrices into its AMX buffer type,
     whose matmul segfaults on the first decode (llama.cpp issue #20824, unfixed). There the oracle is the
-    same llama.cpp built for the AVX-512 path without AMX (tests/oracle_build.py, built once, ~5 minutes),
+    same llama.cpp built for the AVX-512 path without AMX (tests/oracle_build.py: its CPU backend built once, about a minute),
     as llama.cpp runs on every other AVX-512 CPU. Set before any test imports llama_cpp."""
     if os.environ.get("LLAMA_CPP_LIB_PATH") or importlib.util.find_spec("llama_cpp") is None:
         return

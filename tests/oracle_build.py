@@ -4,7 +4,10 @@ The installed llama-cpp-python is built with -march=native, so on an AVX-512 hos
 AVX-512 path. To check graphir's AVX2 path there too, this builds the llama.cpp that llama-cpp-python vendors
 (the very sources of the installed version, from its sdist) with the AVX2 flags only, once, into a cache
 folder; llama-cpp-python loads it instead of its own library when LLAMA_CPP_LIB_PATH points there (before
-it is imported: a process holds one libllama). Building takes about five minutes on two cores.
+it is imported: a process holds one libllama). Only ggml's CPU backend is built, where every CPU path's numbers
+are made (under a minute on two cores); beside it go the installed llama-cpp-python's other libraries (libllama,
+libggml, libggml-base, libmtmd), which are the same sources compiled without CPU-specific code, so a fresh machine
+spends no time building libllama a second time.
 
 The same serves CPUs with AMX: a native build there routes quantized matmuls to llama.cpp's AMX kernels,
 which crash on the first decode (llama.cpp issue #20824), so the tests use an AVX-512 build without AMX,
@@ -62,6 +65,18 @@ TARGETS: dict[str, tuple[list[str], str]] = {
     "llama": ([], "libllama.so"),
     "llama-server": (["-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_COMMON=ON"], "llama-server"),
 }
+CPU_BACKEND = "ggml-cpu"  # what target "llama" compiles: the rest comes from the installed package (module docstring)
+
+
+def installed_libraries() -> Path:
+    """The folder of the installed llama-cpp-python's shared libraries, found without importing it (importing loads
+    libllama, which LLAMA_CPP_LIB_PATH must precede)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("llama-cpp-python is not installed: the oracle builds start from its libraries")
+    return Path(next(iter(spec.submodule_search_locations))) / "lib"
 
 
 def build(path: str, log=sys.stderr, target: str = "llama") -> Path:
@@ -73,7 +88,8 @@ def build(path: str, log=sys.stderr, target: str = "llama") -> Path:
     root = cache_root()
     extra, made = TARGETS[target]
     options = [*COMMON_FLAGS, *flags(path), *extra]  # later options win: a target's enable what COMMON_FLAGS disable
-    key = hashlib.sha256(" ".join(options).encode()).hexdigest()[:8]
+    built = CPU_BACKEND if target == "llama" else target
+    key = hashlib.sha256(" ".join([*options, built]).encode()).hexdigest()[:8]
     out = root / f"llama-cpp-python-{version}-{path}-{key}"
     done = out / "bin" / made
     if done.exists():
@@ -94,14 +110,22 @@ def build(path: str, log=sys.stderr, target: str = "llama") -> Path:
             src = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
             work = Path(tmp) / "build"
             subprocess.run([cmake, "-S", str(src), "-B", str(work), *options], check=True, stdout=log, stderr=log)
-            subprocess.run([cmake, "--build", str(work), "--target", target, "-j", str(os.cpu_count() or 2)],
+            subprocess.run([cmake, "--build", str(work), "--target", built, "-j", str(os.cpu_count() or 2)],
                            check=True, stdout=log, stderr=log)
-            if not (work / "bin" / made).exists():
-                raise RuntimeError(f"the build in {work} made no bin/{made}")
+            wanted = f"lib{CPU_BACKEND}.so" if built == CPU_BACKEND else made
+            if not (work / "bin" / wanted).exists():
+                raise RuntimeError(f"the build in {work} gave no bin/{wanted}")
             staging = out.with_name(out.name + ".partial")    # only the libraries (and the program) are kept
             shutil.rmtree(staging, ignore_errors=True)
             (staging / "bin").mkdir(parents=True)
-            for f in [*(work / "bin").glob("lib*.so*"), *((work / "bin" / made,) if made != "libllama.so" else ())]:
+            libraries = list((work / "bin").glob("lib*.so*"))
+            if built == CPU_BACKEND:  # the installed libraries, their CPU backend replaced by this build's
+                libraries = [*installed_libraries().glob("lib*.so*"),
+                             *(f for f in libraries if f.name.startswith(f"lib{CPU_BACKEND}.so"))]
+            else:
+                libraries.append(work / "bin" / made)
+            for f in libraries:
+                (staging / "bin" / f.name).unlink(missing_ok=True)  # a later file replaces one of its name
                 shutil.copy2(f, staging / "bin" / f.name, follow_symlinks=False)
             staging.rename(out)
     return done.parent
