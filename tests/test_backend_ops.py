@@ -180,6 +180,8 @@ CASES: list[Case] = [
     C("silu", I("f16", 10, 3), tol=F16, note="f16 a"),
     C("gelu", I("f32", 7, 5), tol=F16),
     C("gelu", I("f32", 16, 4, 3, lo=-12, hi=12), tol=F16),
+    C("gelu_erf", I("f32", 7, 5, lo=-6, hi=6), tol=F32),
+    C("gelu_erf", I("f32", 40, 12, lo=-4, hi=4), tol=F32, note="an audio tower's conv rows"),
     C("relu", I("f32", 7, 5), tol=F32),
     C("relu", I("f32", 6, 4, 3, 2), tol=F32),
     C("sqr", I("f32", 7, 5), tol=F32),
@@ -410,6 +412,12 @@ CASES: list[Case] = [
         note="14x14 patches") for t, tol in (("f16", F16), ("f32", EXACT))],
     C("im2col", I("f32", 9, 7, 2, 2), kw=3, kh=2, s0=2, s1=1, p0=1, p1=2, d0=2, d1=1, type="f32", tol=EXACT,
       note="padded, dilated, 2 images"),
+    # audio towers: Whisper's front end is ggml_conv_1d twice (kernel 3, padding 1; the second of stride 2), im2col's
+    # 1-D form (kh, s1, p1, d1 all 0, as ggml_conv_1d passes them)
+    *[C("im2col", I("f32", 40, 5), kw=3, kh=0, s0=s0, s1=0, p0=1, p1=0, d0=1, d1=0, type=t, tol=tol,
+        note=f"1-D, stride {s0}") for t, tol in (("f16", F16), ("f32", EXACT)) for s0 in (1, 2)],
+    C("im2col", I("f32", 11, 3, 2), kw=4, kh=0, s0=3, s1=0, p0=2, p1=0, d0=2, d1=0, type="f32", tol=EXACT,
+      note="1-D, padded, dilated, 2 signals"),
     C("mul_mat", I("f16", 588, 6), W("f16", 588, 8), tol=F16, note="patch embedding, f16"),
     C("mul_mat", I("f32", 64, 3), W("f32", 64, 5), tol=F32, note="patch embedding, f32, 3 rows"),
     C("pool_2d", I("f32", 8, 8, 5), pool="avg", k0=4, k1=4, s0=4, s1=4, p0=0, p1=0, tol=F32, note="Gemma 3's"),
@@ -1080,6 +1088,53 @@ def test_im2col_is_ggmls_bit_for_bit(shape: tuple[int, ...], attrs: dict[str, in
                      {"src0": x})
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got.reshape(-1).view(np.uint16), want.view(np.uint16))
+
+
+_1D_WINDOWS = pytest.mark.parametrize("shape, attrs", [
+    ((5, 40), {"kw": 3, "s0": 1, "p0": 1, "d0": 1}), ((5, 40), {"kw": 3, "s0": 2, "p0": 1, "d0": 1}),
+    ((2, 3, 11), {"kw": 4, "s0": 3, "p0": 2, "d0": 2})], ids=["whisper-conv1", "whisper-conv2", "padded-dilated"])
+
+
+@pytest.mark.parametrize("t", ["f16", "f32"])
+@_1D_WINDOWS
+def test_im2col_1d_lays_each_window_out_as_a_row(shape: tuple[int, ...], attrs: dict[str, int], t: str) -> None:
+    """The 1-D form (kh 0): row (n, ol) holds the window at that output position, channel by channel, each
+    channel's kw taps, zeros in the padding: the 2-D windows of a signal one row high. Both backends, bit for bit,
+    and ggml_im2col's 1-D form (ggml reads only the sizes of its kernel [kw, C, 1])."""
+    x = np.random.default_rng(8).uniform(-1, 1, shape).astype(np.float32)
+    planes = x.reshape((1,) * (3 - x.ndim) + x.shape)[:, :, None, :]
+    want = _windows(planes, attrs["kw"], 1, attrs["s0"], 1, attrs["p0"], 0, attrs["d0"], 1)[:, 0]
+    want = want.reshape(want.shape[3 - x.ndim:]).astype(NP_DTYPE[t])
+    graph, _ = build_graph(C("im2col", I("f32", *reversed(shape)), kh=0, s1=0, p1=0, d1=0, type=t, tol=EXACT,
+                             **attrs))
+    for backend, got in _on_both_backends(graph, {"src0": x}).items():
+        assert got.dtype == want.dtype and got.shape == want.shape, backend
+        np.testing.assert_array_equal(got, want, err_msg=backend)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("t", ["f16", "f32"])
+@_1D_WINDOWS
+def test_im2col_1d_is_ggmls_bit_for_bit(shape: tuple[int, ...], attrs: dict[str, int], t: str) -> None:
+    x = np.random.default_rng(9).uniform(-1, 1, shape).astype(np.float32)
+    kernel = np.zeros((1, shape[-2], attrs["kw"]), np.float32)
+    want, _ = _ggml_op("ggml_im2col", [attrs["s0"], 0, attrs["p0"], 0, attrs["d0"], 0, False,  # is_2D
+                                       GGML_F16 if t == "f16" else GGML_F32], kernel, x)
+    graph, _ = build_graph(C("im2col", I("f32", *reversed(shape)), kh=0, s1=0, p1=0, d1=0, type=t, tol=EXACT,
+                             **attrs))
+    got = _numba_run(graph, {"src0": x})
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got.reshape(-1).view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.oracle
+def test_gelu_erf_is_ggmls_bit_for_bit() -> None:
+    """gelu_erf is ggml's (0.5 x (1 + erff(x / sqrt 2)) in float32, glibc's erff) bit for bit, tails included."""
+    x = np.concatenate([np.random.default_rng(10).uniform(-8, 8, 20000), [0.0, -0.0, 1e-30, -1e30, 1e30, -5.5]]
+                       ).astype(np.float32)
+    want, _ = _ggml_op("ggml_gelu_erf", [], x)
+    got = _numba_run(build_graph(C("gelu_erf", I("f32", len(x)), tol=EXACT))[0], {"src0": x})
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.oracle

@@ -403,7 +403,12 @@ def concat(v, a, shape, env):
 
 def im2col(v, a, shape, env):
     """Row (iow, ioh, n) of the result holds the kernel's window at that output position, channel by channel,
-    each channel's kh x kw values row by row; 0 where the window reaches past a (into the padding)."""
+    each channel's kh x kw values row by row; 0 where the window reaches past a (into the padding). The 1-D form
+    (kh 0): a [L, C, N] as [L, 1, C, N], a kernel of one row."""
+    if a["kh"] == 0:
+        L, C, N = gg(v[0]).shape[:3]
+        one_row = {**a, "kh": 1, "s1": 1, "p1": 0, "d1": 1}
+        return im2col([np.reshape(v[0], (N, C, 1, L))], one_row, (N, 1, shape[-2], shape[-1]), env).reshape(shape)
     A = gg(v[0])                                       # [W, H, C, N]
     W, H = A.shape[:2]
     kw, kh = a["kw"], a["kh"]
@@ -470,6 +475,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "silu": lambda v, a, shape, env: _silu(v[0]),
     "gelu": lambda v, a, shape, env: _gelu(v[0]),
     "gelu_quick": lambda v, a, shape, env: _gelu_quick(v[0]),
+    "gelu_erf": lambda v, a, shape, env: 0.5 * v[0] * (1.0 + np.vectorize(math.erf)(v[0] / math.sqrt(2.0))),
     "relu": lambda v, a, shape, env: np.maximum(v[0], 0.0),
     "sqr": lambda v, a, shape, env: v[0] * v[0],
     "sqrt": lambda v, a, shape, env: np.sqrt(v[0]),

@@ -337,9 +337,17 @@ def _set_rows(xs: list[Node], a: dict[str, Any]) -> Type:
 
 
 def _im2col(xs: list[Node], a: dict[str, Any]) -> Type:
-    """[W, H, C, N] -> [C * kh * kw, OW, OH, N]: ggml_im2col's 2-D rows, as f32 or f16 values."""
+    """[W, H, C, N] -> [C * kh * kw, OW, OH, N]: ggml_im2col's 2-D rows, as f32 or f16 values; kh 0 (s1, p1, d1 0
+    too, as ggml_conv_1d passes them), its 1-D rows: [L, C, N] -> [C * kw, OL, N]."""
     x, t = xs[0], a["type"]
     _need(t in ("f32", "f16"), f"im2col writes f32 or f16, not {t}")
+    if a["kh"] == 0:
+        _need(a["s1"] == a["p1"] == a["d1"] == 0, "a 1-D im2col (kh 0) has no second axis: s1, p1, d1 must be 0")
+        _need(all(isinstance(a[k], int) and a[k] > 0 for k in ("kw", "s0", "d0")),
+              "kernel size, stride and dilation must be positive ints")
+        L, C, N, _ = _pad4(x.shape)
+        ol = _conv_out(L, a["kw"], a["s0"], a["p0"], a["d0"])
+        return t, _trim((C * a["kw"], ol, N), max(len(x.shape), 2))
     _need(all(isinstance(a[k], int) and a[k] > 0 for k in ("kw", "kh", "s0", "s1", "d0", "d1")),
           "kernel sizes, strides and dilations must be positive ints")
     W, H, C, N = _pad4(x.shape)
@@ -403,7 +411,8 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("im2col", "movement", ("a",), ("kw", "kh", "s0", "s1", "p0", "p1", "d0", "d1", "type"), _im2col,
           "each window of a [W, H, C, N] that a kw x kh kernel (stride s, padding p zeros, dilation d) meets, as one "
           "row of C * kh * kw values (channel-major, then kernel row, then column), as type f32 or f16 (values "
-          "rounded); out [C kh kw, OW, OH, N] (ggml_im2col, 2-D)"),
+          "rounded); out [C kh kw, OW, OH, N] (ggml_im2col, 2-D); kh = s1 = p1 = d1 = 0: each window of a [L, C, N] "
+          "that a kernel of kw meets, as a row of C kw values (channel-major); out [C kw, OL, N] (1-D)"),
     OpDef("pool_2d", "reduce", ("a",), ("pool", "k0", "k1", "s0", "s1", "p0", "p1"), _pool_2d,
           "each k0 x k1 window (stride s, padding p) of every channel of a [W, H, C, N], by its mean (pool avg: the "
           "float32 sum over the window divided by k0 k1) or max; out [OW, OH, C, N] (ggml_pool_2d)"),
@@ -431,6 +440,7 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("l2_norm", "norm", ("a",), ("eps",), _same, "a / max(sqrt(sum(a^2)), eps) over ne0"),
     OpDef("silu", "unary", ("a",), (), _same, "a * sigmoid(a)"),
     OpDef("gelu", "unary", ("a",), (), _same, "tanh-approximated GELU"),
+    OpDef("gelu_erf", "unary", ("a",), (), _same, "GELU by the error function: x (1 + erf(x / sqrt 2)) / 2"),
     OpDef("gelu_quick", "unary", ("a",), (), _same, "a * sigmoid(1.702 a)"),
     OpDef("relu", "unary", ("a",), (), _same, "max(a, 0)"),
     OpDef("sqr", "unary", ("a",), (), _same, "a * a"),

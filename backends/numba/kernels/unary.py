@@ -1,5 +1,5 @@
 """Unary and gated elementwise kernels: silu (and swiglu's gate), relu / reglu, gelu / geglu, gelu_quick, the libm
-ops (exp, tanh, sigmoid, softplus), sqr, neg, gpt-oss's clamped SwiGLU (swiglu_oai) and Apertus's xIELU.
+ops (exp, tanh, sigmoid, softplus, gelu_erf), sqr, neg, gpt-oss's clamped SwiGLU (swiglu_oai) and Apertus's xIELU.
 
 Each follows its ggml-cpu function: SiLU with ggml_v_expf on full registers and libm's expf for the tail,
 exp / tanh / sigmoid / softplus with glibc calls per element, GELU and GELU-quick through ggml's fp16 tables.
@@ -89,15 +89,16 @@ def reglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.where(g > 0, g * u, F32(0)).astype(F32)
 
 
-_EXP, _TANH, _SIGMOID, _SOFTPLUS = 0, 1, 2, 3
+_EXP, _TANH, _SIGMOID, _SOFTPLUS, _GELU_ERF = 0, 1, 2, 3, 4
 _SOFTPLUS_MAX = F32(20.0)
+_SQRT_2_INV, _HALF = F32(0.70710678118654752440084436210484), F32(0.5)
 
 
 @njit(**INL)
 def _libm_row(x, op, out):
     """op_exp: expf; op_tanh: tanhf; op_sigmoid: 1 / (1 + expf(-x)); op_softplus: x above 20, else
-    logf(1 + expf(x)); all glibc's (numpy's own float32 exp and tanh are other approximations, and
-    ggml_v_expf is not used by these ops)."""
+    logf(1 + expf(x)); op_gelu_erf: 0.5 x (1 + erff(x / sqrt 2)); all glibc's (numpy's own float32 exp and tanh
+    are other approximations, and ggml_v_expf is not used by these ops)."""
     for i in range(x.shape[0]):
         v = x[i]
         if op == _EXP:
@@ -106,6 +107,8 @@ def _libm_row(x, op, out):
             out[i] = math.tanh(v)
         elif op == _SIGMOID:
             out[i] = _ONE / (_ONE + math.exp(-v))
+        elif op == _GELU_ERF:
+            out[i] = _HALF * v * (_ONE + math.erf(v * _SQRT_2_INV))
         else:
             out[i] = v if v > _SOFTPLUS_MAX else math.log(_ONE + math.exp(v))
 
@@ -125,7 +128,8 @@ def _libm_unary(x: np.ndarray, op: int) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-LIBM = {"exp": _EXP, "tanh": _TANH, "sigmoid": _SIGMOID, "softplus": _SOFTPLUS}   # the glibc ops, by op name
+LIBM = {"exp": _EXP, "tanh": _TANH, "sigmoid": _SIGMOID, "softplus": _SOFTPLUS,   # the glibc ops, by op name
+        "gelu_erf": _GELU_ERF}
 
 
 def libm_kernel(size: int) -> Callable:
@@ -147,6 +151,10 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 def softplus(x: np.ndarray) -> np.ndarray:
     return _libm_unary(x, _SOFTPLUS)
+
+
+def gelu_erf(x: np.ndarray) -> np.ndarray:
+    return _libm_unary(x, _GELU_ERF)
 
 
 def sqr(x: np.ndarray) -> np.ndarray:

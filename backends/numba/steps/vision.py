@@ -1,5 +1,6 @@
-"""A vision tower's steps (llama.cpp's tools/mtmd clip graphs): im2col, the windows a convolution's kernel meets as
-rows (a patch embedding is ggml_conv_2d: im2col, then mul_mat by the kernel), and pool_2d. Both in numpy, which
+"""A vision or audio tower's steps (llama.cpp's tools/mtmd clip graphs): im2col, the windows a convolution's kernel
+meets as rows (a patch embedding is ggml_conv_2d, an audio tower's front end ggml_conv_1d: im2col, then mul_mat by
+the kernel), and pool_2d. Both in numpy, which
 gives ggml's bits: im2col only moves values (rounding them to f16 as F16C does, for an f16 kernel), pool_2d takes
 a window's values in ggml's order, each step one float32 operation over every window at once."""
 
@@ -31,19 +32,24 @@ def _planes(x: np.ndarray) -> np.ndarray:
 @kernel("im2col")
 def _im2col(n: Node, memo: threading.local, path: IsaPath) -> Step:
     """ggml_compute_forward_im2col_f32 / _f16: each output position's window, channel by channel, each channel's
-    kh x kw values row by row; 0 where the window reaches into the padding."""
-    a, (W, H) = n.attrs, (tuple(n.inputs[0].shape) + (1,))[:2]
-    OW, OH, rank = n.shape[1], n.shape[2], len(n.shape)
-    rows, in_h = _taps(OH, a["kh"], a["s1"], a["p1"], a["d1"], H)
+    kh x kw values row by row; 0 where the window reaches into the padding. The 1-D form (kh 0) is ggml's: its
+    [L, C, N] read as one row of height 1 per channel, by a kernel of one row."""
+    a, one_d = n.attrs, n.attrs["kh"] == 0
+    W, H = (n.inputs[0].shape[0], 1) if one_d else (tuple(n.inputs[0].shape) + (1,))[:2]
+    kh, s1, p1, d1 = (1, 1, 0, 1) if one_d else (a["kh"], a["s1"], a["p1"], a["d1"])
+    OW, OH, rank = n.shape[1], 1 if one_d else n.shape[2], len(n.shape)
+    rows, in_h = _taps(OH, kh, s1, p1, d1, H)
     cols, in_w = _taps(OW, a["kw"], a["s0"], a["p0"], a["d0"], W)
     at = rows[:, None, :, None], cols[None, :, None, :]               # (OH, OW, kh, kw) by broadcasting
     inside = in_h[:, None, :, None] & in_w[None, :, None, :]
     to = np.float16 if a["type"] == "f16" else F32
 
     def im2col(env: Env, x: np.ndarray) -> np.ndarray:
-        windows = np.where(inside, _planes(x)[:, :, at[0], at[1]], 0)  # (N, C, OH, OW, kh, kw)
+        planes = _planes(x[..., None, :] if one_d else x)
+        windows = np.where(inside, planes[:, :, at[0], at[1]], 0)     # (N, C, OH, OW, kh, kw)
         out = np.ascontiguousarray(windows.transpose(0, 2, 3, 1, 4, 5), dtype=to)
-        return out.reshape(out.shape[4 - rank:3] + (-1,))
+        lead = out.shape[:1] + out.shape[2:3] if one_d else out.shape[:3]  # (N, OW) or (N, OH, OW)
+        return out.reshape(lead[len(lead) + 1 - rank:] + (-1,))
 
     return Function(im2col)
 
