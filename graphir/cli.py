@@ -643,14 +643,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     text = _prompt_text(args)
     if args.image and not args.mmproj:
         raise UsageError("--image needs --mmproj MMPROJ.gguf (the file of the model's vision tower)")
+    if args.audio and not args.mmproj:
+        raise UsageError("--audio needs --mmproj MMPROJ.gguf (the file of the model's audio tower)")
     model, generation, load_s = _load_for_generation(args, args.temp)
     media, chunks = generation.media, []
     if media is not None:
         from graphir.running.multimodal import MARKER
 
+        files = args.image + args.audio  # the tower reads each as its kind of media
         if MARKER not in text:  # llama.cpp's mtmd-cli: a marker before the prompt for each picture
-            text = MARKER * len(args.image) + text
-        chunks = media.tokenize(text, args.image)
+            text = MARKER * len(files) + text
+        chunks = media.tokenize(text, files)
         ids = [t for c in chunks if c.rows is None for t in c.tokens]
     else:
         ids = model.tokenize(text, add_special=True, parse_special=True)
@@ -1005,9 +1008,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
                    help="print only the generated text, not the prompt before it")
     p.add_argument("--mmproj", metavar="MMPROJ.gguf", default=None,
-                   help="the file of the model's vision tower (llama.cpp's mmproj), for --image")
+                   help="the file of the model's vision or audio tower (llama.cpp's mmproj), for --image or --audio")
     p.add_argument("--image", metavar="FILE", action="append", default=[],
                    help="a picture for the prompt, where it says <__media__> (else before it); repeat for several")
+    p.add_argument("--audio", metavar="FILE", action="append", default=[],
+                   help="an audio file (WAV PCM at the tower's rate) for the prompt, as --image; repeat for several")
     _sampling_options(p, 0.0)
 
     p = add("chat", cmd_chat, "chat on stdin with a model's own chat template; replies stream to stdout")

@@ -25,6 +25,7 @@ from llama_taps import _GGMLTensor, _quiet  # noqa: E402
 from graphir.model.meta import open_model  # noqa: E402
 
 _IMAGE_CHUNK = 1  # MTMD_INPUT_CHUNK_TYPE_IMAGE
+_MEDIA_CHUNKS = (_IMAGE_CHUNK, 2)  # and MTMD_INPUT_CHUNK_TYPE_AUDIO: chunks of rows
 
 
 @dataclass
@@ -41,13 +42,16 @@ class Mtmd:
     llama context of the text model (an f16 cache, no flash attention: llama-cpp-python's defaults)."""
 
     def __init__(self, mmproj: Path, text_model: Path, patch: int = 14, flash_attn: bool = False,
-                 vocab_only: bool = True):
+                 vocab_only: bool = True, window: int = 0):
+        """``window``: the length of the im2col rows to keep (3 P² by default: a patch; an audio tower's first
+        convolution's: 3 n_mel)."""
         self.taps: list[np.ndarray] = []
+        window = window or 3 * patch * patch
 
         @L.ggml_backend_sched_eval_callback
         def callback(t: int, ask: bool, _: int) -> bool:  # ggml's im2col of the patches: [3 P², OW, OH]
             tt = ctypes.cast(t, ctypes.POINTER(_GGMLTensor)).contents
-            if not ask and tt.ne[0] == 3 * patch * patch and tt.type in (0, 1) and tt.nb[1] == tt.nb[0] * tt.ne[0]:
+            if not ask and tt.ne[0] == window and tt.type in (0, 1) and tt.nb[1] == tt.nb[0] * tt.ne[0]:
                 kind = ctypes.c_float if tt.type == 0 else ctypes.c_uint16
                 n = tt.ne[0] * tt.ne[1] * tt.ne[2]
                 data = np.ctypeslib.as_array(ctypes.cast(tt.data, ctypes.POINTER(kind)), shape=(n,)).copy()
@@ -100,7 +104,7 @@ class Mtmd:
         out: list[tuple[int, ...] | int] = []
         for i in range(M.mtmd_input_chunks_size(chunks)):
             chunk = M.mtmd_input_chunks_get(chunks, i)
-            if M.mtmd_input_chunk_get_type(chunk) == _IMAGE_CHUNK:
+            if M.mtmd_input_chunk_get_type(chunk) in _MEDIA_CHUNKS:
                 out.append(int(M.mtmd_input_chunk_get_n_tokens(chunk)))
             else:
                 n = ctypes.c_ulong(0)
@@ -109,13 +113,13 @@ class Mtmd:
         return out
 
     def encode(self, image: Path) -> list[Encoded]:
-        """Every image chunk of a prompt holding only ``image``'s marker, encoded."""
+        """Every image (or audio) chunk of a prompt holding only ``image``'s marker, encoded."""
         chunks = self.chunks(M.mtmd_default_marker().decode(), [image])
         try:
             out = []
             for i in range(M.mtmd_input_chunks_size(chunks)):
                 chunk = M.mtmd_input_chunks_get(chunks, i)
-                if M.mtmd_input_chunk_get_type(chunk) != _IMAGE_CHUNK:
+                if M.mtmd_input_chunk_get_type(chunk) not in _MEDIA_CHUNKS:
                     continue
                 self.taps.clear()
                 if M.mtmd_encode_chunk(self.ctx, chunk) != 0:
@@ -126,6 +130,18 @@ class Mtmd:
             return out
         finally:
             M.mtmd_input_chunks_free(chunks)
+
+    def samples(self, audio: Path) -> np.ndarray:
+        """The float32 mono samples mtmd's helper decodes from an audio file (miniaudio, at the tower's rate)."""
+        bitmap = M.mtmd_helper_bitmap_init_from_file(self.ctx, str(audio).encode(), False)
+        if not bitmap:
+            raise RuntimeError(f"mtmd cannot read {audio}")
+        try:
+            n = M.mtmd_bitmap_get_n_bytes(bitmap)
+            data = ctypes.cast(M.mtmd_bitmap_get_data(bitmap), ctypes.POINTER(ctypes.c_float))
+            return np.ctypeslib.as_array(data, shape=(n // 4,)).copy()
+        finally:
+            M.mtmd_bitmap_free(bitmap)
 
     def generate(self, prompt: str, images: list[Path], n_predict: int, n_ctx: int = 1024,
                  n_batch: int = 512) -> tuple[list[tuple[int, ...] | int], np.ndarray, list[int]]:

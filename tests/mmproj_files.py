@@ -13,6 +13,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from graphir.arch.whisper import WHISPER_TENSORS
 from graphir.convert import add_key
 from graphir.model.meta import from_preset
 from graphir.model.presets import Preset
@@ -28,26 +29,67 @@ TINY_VISION: dict[str, object] = {
     V.Attention.LAYERNORM_EPS: 1e-6, V.IMAGE_SIZE: 56, V.PATCH_SIZE: 14, V.PROJECTION_DIM: 576,
     V.IMAGE_MEAN: [0.5, 0.5, 0.5], V.IMAGE_STD: [0.5, 0.5, 0.5], V.Projector.SCALE_FACTOR: 2,
 }
-# what a projector's conversion writes beyond those: Idefics3's longest edge (tiles of 2 x 2 images at most)
-TINY_EXTRA: dict[str, dict[str, object]] = {"idefics3": {V.PREPROC_IMAGE_SIZE: 112}}
+# what a projector's conversion writes beyond those: Idefics3's longest edge (tiles of 2 x 2 images at most);
+# LLaVA's CLIP (GELU's sigmoid approximation, CLIP's mean and deviation, anyres on pinpoints of 1 x 2, 2 x 1 and
+# 2 x 2 tiles)
+TINY_EXTRA: dict[str, dict[str, object]] = {
+    "idefics3": {V.PREPROC_IMAGE_SIZE: 112},
+    "mlp": {V.USE_GELU: None, V.IMAGE_MEAN: [0.48145466, 0.4578275, 0.40821073],
+            V.IMAGE_STD: [0.26862954, 0.26130258, 0.27577711],
+            "clip.vision.image_grid_pinpoints": [56, 112, 112, 56, 112, 112]},
+}
 POSITIONS, KERNEL = "v.position_embd.weight", "v.patch_embd.weight"
+AUDIO_POSITIONS, AUDIO_KERNEL = "a.position_embd.weight", "a.conv1d.1.weight"
 # every optional tensor a SigLIP conversion writes (arch/siglip.py)
 SIGLIP_INCLUDE = (r"v\.patch_embd\.bias|v\.blk\.\d+\.(attn_[qkv]|ln1|ln2)\.(weight|bias)|"
                   r"v\.blk\.\d+\.(attn_out|ffn_up|ffn_down)\.bias|v\.post_ln\.(weight|bias)")
+# every optional tensor a projector's conversion writes where it differs from SigLIP's: LLaVA's CLIP has a
+# LayerNorm before the layers, none after them and no patch bias
+TINY_INCLUDE = {"mlp": r"v\.pre_ln\.(weight|bias)|v\.blk\.\d+\.(attn_[qkv]|ln1|ln2)\.(weight|bias)|"
+                       r"v\.blk\.\d+\.(attn_out|ffn_up|ffn_down)\.bias"}
+# the shapes of the tensors a projector's widths are read from (Tower.widths): LLaVA's MLP, 576 wide throughout
+TINY_SHAPES: dict[str, dict[str, tuple[int, ...]]] = {"mlp": {"mm.0.weight": (32, 576), "mm.2.weight": (576, 576)}}
 
 
 def tiny_tower(projector: str, **keys: Any) -> Preset:
     """The tiny tower of a projector type, its keys overridden by ``keys`` (gguf key -> value; None drops one)."""
     merged = {**TINY_VISION, C.PROJECTOR_TYPE: projector, **TINY_EXTRA.get(projector, {}), **keys}
     return Preset(f"clip:{projector}", {k: v for k, v in merged.items() if v is not None}, tied=False,
-                  matrix_type=Q.F32, include=SIGLIP_INCLUDE)
+                  matrix_type=Q.F32, include=TINY_INCLUDE.get(projector, SIGLIP_INCLUDE),
+                  tensor_shapes=TINY_SHAPES.get(projector, {}))
+
+
+A = gguf.Keys.ClipAudio
+# An audio tower (Whisper's encoder, Ultravox's projector): 40 mel bins, 64 wide, 4 heads, 2 layers, 4 rows stacked
+# into one, an MLP 128 wide into rows of 576 (SmolLM2-135M's width)
+TINY_AUDIO: dict[str, object] = {
+    gguf.Keys.General.ARCHITECTURE: "clip", C.HAS_AUDIO_ENCODER: True, A.EMBEDDING_LENGTH: 64, A.BLOCK_COUNT: 2,
+    A.Attention.HEAD_COUNT: 4, A.FEED_FORWARD_LENGTH: 128, A.Attention.LAYERNORM_EPS: 1e-5, A.NUM_MEL_BINS: 40,
+    A.PROJECTION_DIM: 576, A.Projector.STACK_FACTOR: 4,
+}
+TINY_AUDIO_MLP = 128
+# what a projector's conversion writes beyond those: Voxtral's stack of 5 (its 750 pooled rows into 150; a stack of
+# 4 makes one row more than mtmd counts, and llama.cpp aborts)
+TINY_AUDIO_EXTRA: dict[str, dict[str, object]] = {"voxtral": {A.Projector.STACK_FACTOR: 5}}
+
+
+def tiny_audio_tower(projector: str = "ultravox", **keys: Any) -> Preset:
+    """The tiny audio tower of a projector type, its keys overridden by ``keys`` (gguf key -> value; None drops
+    one)."""
+    merged = {**TINY_AUDIO, C.PROJECTOR_TYPE: projector, **TINY_AUDIO_EXTRA.get(projector, {}), **keys}
+    E, stack = (merged.get(k) or TINY_AUDIO[k] for k in (A.EMBEDDING_LENGTH, A.Projector.STACK_FACTOR))
+    wide = int(E) * int(stack)  # type: ignore[call-overload]  # mm.a.mlp.1's rows: the stacked rows' width
+    return Preset(f"clip:{projector}", {k: v for k, v in merged.items() if v is not None}, tied=False,
+                  matrix_type=Q.F32, include=WHISPER_TENSORS,  # what Whisper's conversion writes
+                  tensor_shapes={"mm.a.mlp.1.weight": (wide, TINY_AUDIO_MLP)})
 
 
 def write_mmproj(path: Path, preset: Preset, dtype: Q = Q.F32, drop: tuple[str, ...] = (),
                  bf16_kernel: bool = False) -> Path:
     """An mmproj GGUF of the preset's keys and every tensor it declares (``drop``: left out on purpose); matrices of
-    ``dtype`` (F32 or F16), vectors F32, norms near 1; ``bf16_kernel``: the patch kernel in bf16 (ggml's im2col then
-    keeps the pixels in f32)."""
+    ``dtype`` (F32 or F16), vectors (and columns of them, a convolution's bias [1, n]) F32, norms near 1;
+    ``bf16_kernel``: the patch kernel (an audio tower's first convolution's) in bf16 (ggml's im2col then keeps the
+    pixels, or the mel frames, in f32)."""
     meta = from_preset("fixture", preset)
     w = gguf.GGUFWriter(str(path), "clip")
     for key, value in preset.metadata().items():
@@ -58,16 +100,17 @@ def write_mmproj(path: Path, preset: Preset, dtype: Q = Q.F32, drop: tuple[str, 
             continue
         rng = np.random.default_rng(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little"))
         shape = tuple(info.shape)[::-1]  # numpy order
-        if len(shape) == 1:
+        if len(shape) == 1 or shape[-1] == 1:
             norm = name.endswith(".weight") and ("ln" in name or "norm" in name)
             w.add_tensor(name, ((1.0 if norm else 0.0) + 0.1 * rng.standard_normal(shape)).astype(np.float32))
             continue
         data = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))  # std 1/sqrt(fan-in)
-        if bf16_kernel and name == KERNEL:  # bf16: the top half of each float32 (truncated, exactly representable)
+        if bf16_kernel and name in (KERNEL, AUDIO_KERNEL):  # bf16: the top half of each float32 (truncated, exact)
             w.add_tensor(name, (data.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16), raw_shape=shape,
                          raw_dtype=Q.BF16)
             continue
-        f16 = dtype == Q.F16 and name != POSITIONS  # clip adds the positions as f32 rows, as converters write them
+        # clip adds the positions as f32 rows, as converters write them
+        f16 = dtype == Q.F16 and name not in (POSITIONS, AUDIO_POSITIONS)
         w.add_tensor(name, data.astype(np.float16 if f16 else np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -74,8 +74,10 @@ def test_archs_lists_the_towers(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["archs"]) == 0
     out = capsys.readouterr().out
     section = out.split("towers (mmproj files):\n")[1].split("presets:")[0].split()
-    assert section == ["clip:gemma3", "projector=gemma3", "vision", "clip:idefics3", "projector=idefics3", "vision"]
-    assert graphir.arch.towers() == ["clip:gemma3", "clip:idefics3"]
+    assert section == ["clip:gemma3", "projector=gemma3", "vision", "clip:idefics3", "projector=idefics3", "vision",
+                       "clip:mlp", "projector=mlp", "vision", "clip:ultravox", "projector=ultravox", "audio",
+                       "clip:voxtral", "projector=voxtral", "audio"]
+    assert graphir.arch.towers() == ["clip:gemma3", "clip:idefics3", "clip:mlp", "clip:ultravox", "clip:voxtral"]
     assert not set(graphir.arch.towers()) & set(graphir.arch.names())
 
 
@@ -92,7 +94,7 @@ BAD = {
     "no projector": ({"clip.projector_type": None}, MetadataError,
                      "missing key 'clip.projector_type' (an mmproj file names its projector type)"),
     "unknown projector": ({"clip.projector_type": "nope"}, MetadataError,
-                          "unknown projector type 'nope' (known: gemma3, idefics3)"),
+                          "unknown projector type 'nope' (known: gemma3, idefics3, mlp, ultravox, voxtral)"),
     "no image mean": ({V.IMAGE_MEAN: None}, MetadataError,
                       "key 'clip.vision.image_mean' must hold at least 3 values (red, green, blue), got None"),
     "no width": ({V.EMBEDDING_LENGTH: None}, MetadataError, "missing key 'clip.vision.embedding_length'"),

@@ -9,13 +9,23 @@ import math
 import struct
 
 _LIBM = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-for _f, _n in (("expf", 1), ("logf", 1), ("log2f", 1), ("powf", 2)):
+for _f, _n in (("expf", 1), ("logf", 1), ("log2f", 1), ("powf", 2), ("sinf", 1), ("cosf", 1)):
     getattr(_LIBM, _f).restype, getattr(_LIBM, _f).argtypes = ctypes.c_float, [ctypes.c_float] * _n
 
 
 def powf(x: float, y: float) -> float:
     """glibc's float32 ``powf`` (a constant llama.cpp computes with it: the same bits)."""
     return float(_LIBM.powf(f32(x), f32(y)))
+
+
+def sinf(x: float) -> float:
+    """glibc's float32 ``sinf`` of x rounded to a float (mtmd's audio tables)."""
+    return float(_LIBM.sinf(f32(x)))
+
+
+def cosf(x: float) -> float:
+    """glibc's float32 ``cosf`` of x rounded to a float."""
+    return float(_LIBM.cosf(f32(x)))
 
 
 def log2f(x: float) -> float:

@@ -62,8 +62,8 @@ def prepare(pixels: np.ndarray, tower: Any) -> list[Tile]:
 
 def _fit(rgb: np.ndarray, tower: Any) -> list[Tile]:
     """The image letterboxed into the tower's square (mtmd's fixed-size preprocessing, PAD_CEIL)."""
-    S = tower.hp.image_size
-    return [Tile(planes(letterbox(rgb, S, S, tower.image_prep.resize), tower.hp))]
+    S, prep = tower.hp.image_size, tower.image_prep
+    return [Tile(planes(letterbox(rgb, S, S, prep.resize, prep.pad), tower.hp))]
 
 
 def _tiles(rgb: np.ndarray, tower: Any) -> list[Tile]:
@@ -91,7 +91,41 @@ def _tiles(rgb: np.ndarray, tower: Any) -> list[Tile]:
     return [overview, *slices] if tower.image_prep.overview_first else [*slices, overview]
 
 
-_LAYOUTS = {"fit": _fit, "tiles": _tiles}
+def _pinpoints(rgb: np.ndarray, tower: Any) -> list[Tile]:
+    """LLaVA-1.6's anyres as mtmd's llava-uhd preprocessing does it with the file's grid pinpoints: a picture no
+    larger than the tower's square on either side is stretched to it, one image; a larger one is stretched to the
+    square as the overview, and letterboxed into the best pinpoint resolution, which is cut into tiles of the square,
+    row by row; the tiles first, the overview last (or first, as ``overview_first``). A file without pinpoints:
+    ``fit``."""
+    hp, prep = tower.hp, tower.image_prep
+    S, pinpoints = hp.image_size, hp.grid_pinpoints
+    if not pinpoints:
+        return _fit(rgb, tower)
+    h, w = rgb.shape[:2]
+    overview = Tile(planes(resize(rgb, S, S, prep.resize), hp), "overview", -1, -1)
+    if w <= S and h <= S:
+        return [overview]
+    rw, rh = best_resolution(w, h, list(zip(pinpoints[::2], pinpoints[1::2])))
+    refined = letterbox(rgb, rw, rh, prep.resize, prep.tile_pad)
+    slices = [Tile(planes(refined[y * S:(y + 1) * S, x * S:(x + 1) * S], hp), "slice", y, x)
+              for y in range(rh // S) for x in range(rw // S)]
+    return [overview, *slices] if prep.overview_first else [*slices, overview]
+
+
+def best_resolution(width: int, height: int, candidates: list[tuple[int, int]]) -> tuple[int, int]:
+    """The candidate (width, height) into which the picture, scaled to fit (float32, truncated), keeps the most of
+    its pixels, the least area wasted among equals, the first among those (mtmd's select_best_resolution)."""
+    best, kept_most, wasted_least = (0, 0), 0, None
+    for cw, ch in candidates:
+        scale = min(_F32(cw) / _F32(width), _F32(ch) / _F32(height))
+        kept = min(int(_F32(width) * scale) * int(_F32(height) * scale), width * height)
+        wasted = cw * ch - kept
+        if kept > kept_most or kept == kept_most and (wasted_least is None or wasted < wasted_least):
+            best, kept_most, wasted_least = (cw, ch), kept, wasted
+    return best
+
+
+_LAYOUTS = {"fit": _fit, "tiles": _tiles, "pinpoints": _pinpoints}
 
 
 # mtmd's resampling filters (a port of Pillow's Resample.c): each one's support and weight at distance x
@@ -151,15 +185,16 @@ def resize(rgb: np.ndarray, width: int, height: int, algo: str) -> np.ndarray:
     return out if out is not rgb else rgb.copy()
 
 
-def letterbox(rgb: np.ndarray, width: int, height: int, algo: str) -> np.ndarray:
+def letterbox(rgb: np.ndarray, width: int, height: int, algo: str,
+              pad: tuple[int, int, int] = (0, 0, 0)) -> np.ndarray:
     """The image scaled by the smaller of the two ratios (float32, as mtmd), its sides rounded up, and centred on a
-    black canvas of the target's size (mtmd's img_tool::resize with PAD_CEIL)."""
+    canvas of the target's size filled with ``pad`` (mtmd's img_tool::resize with PAD_CEIL)."""
     h, w = rgb.shape[:2]
     if (h, w) == (height, width):
         return rgb.copy()
     scale = min(_F32(width) / _F32(w), _F32(height) / _F32(h))
     nw, nh = (min(int(np.ceil(_F32(n) * scale)), m) for n, m in ((w, width), (h, height)))
-    out = np.zeros((height, width, 3), np.uint8)
+    out = np.full((height, width, 3), pad, np.uint8)
     x0, y0 = (width - nw) // 2, (height - nh) // 2
     out[y0:y0 + nh, x0:x0 + nw] = resize(rgb, nw, nh, algo)
     return out

@@ -41,6 +41,7 @@ class Act(Enum):
     SILU = "silu"
     GELU = "gelu"
     GELU_QUICK = "gelu_quick"  # x * sigmoid(1.702 x): a vision tower's FFN where its file names no activation
+    GELU_ERF = "gelu_erf"  # x (1 + erf(x / sqrt 2)) / 2: Whisper's encoder (llama.cpp's FFN_GELU_ERF)
     RELU = "relu"
     RELU_SQR = "relu_sqr"  # relu, then squared (llama.cpp's LLM_FFN_RELU_SQR)
     SWIGLU_OAI = "swiglu_oai"  # gated only: gpt-oss's clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE)

@@ -51,6 +51,8 @@ class ModelMeta:
             cls = get(self.arch_name)
         except MetadataError as e:
             raise MetadataError(f"{self.label}: {e}") from None
+        if cls.tower:  # a tower may take a size off a tensor's shape
+            return cls.from_metadata(self.label, self.metadata, {n: tuple(t.shape) for n, t in self.tensors.items()})
         return cls.from_metadata(self.label, self.metadata)
 
     @property
@@ -106,7 +108,8 @@ def from_preset(name: str, p: presets.Preset) -> ModelMeta:
     from graphir.arch import get
 
     md = p.metadata()
-    arch = get(p.arch).from_metadata(name, md)
+    cls = get(p.arch)
+    arch = cls.from_metadata(name, md, p.tensor_shapes) if cls.tower else cls.from_metadata(name, md)
     tensors = {}
     for s in arch.tensors():
         if s.tied_to and p.tied or not p.declares(s.name, s.optional):

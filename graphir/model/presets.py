@@ -30,6 +30,8 @@ class Preset:
     source: str = ""
     squeezed: str = ""  # regex: tensors the converter writes without their trailing dimensions of 1 (RWKV6's lerps)
     other_shape: str = ""  # regex: tensors the converter writes in the family's other shape (TensorSpec.also)
+    # a tower's tensors whose sizes no key gives, by name: their shapes (Ultravox's projector, Tower.widths)
+    tensor_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def declares(self, name: str, optional: bool) -> bool:
         return not optional or bool(self.include and re.fullmatch(self.include, name))

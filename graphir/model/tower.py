@@ -39,11 +39,31 @@ class ImagePrep:
     letterboxed into the tower's square (its sides scaled by the smaller ratio, rounded up, centred on black), or
     ``tiles``: resized so its longer side is the file's longest edge, then to whole tiles of the tower's size, each
     tile an image of its own, with the whole image shrunk to one tile (the overview) ``overview_first`` or last;
-    ``resize`` the filter of mtmd's resampler (bilinear, bicubic, lanczos: Pillow's filters)."""
+    or ``pinpoints`` (llava-uhd with the file's grid pinpoints, LLaVA-1.6's anyres): a picture within the tower's
+    square stretched to it, one image; a larger one stretched to the square as the overview and, letterboxed into
+    the pinpoint resolution that keeps most of it (on ``tile_pad``), cut into tiles of the square; a file without
+    pinpoints ``fit``; ``resize`` the filter of mtmd's resampler (bilinear, bicubic, lanczos: Pillow's filters);
+    ``pad`` the colour a letterbox's border takes (RGB bytes)."""
 
     layout: str = "fit"
     resize: str = "bicubic"  # llama.cpp's default
     overview_first: bool = False
+    pad: tuple[int, int, int] = (0, 0, 0)
+    tile_pad: tuple[int, int, int] = (0, 0, 0)
+
+
+@dataclass(frozen=True)
+class AudioPrep:
+    """How llama.cpp's mtmd prepares audio for the tower (tools/mtmd/mtmd-audio.cpp), as data: mono samples at
+    ``sample_rate``, a log-mel spectrogram of ``n_fft``-point FFTs of periodic Hann windows ``window`` long every
+    ``hop`` samples (Whisper's; llama.cpp sets them per projector, no key giving them), cut into chunks of ``chunk``
+    frames, the tower's one input length."""
+
+    sample_rate: int = 16000
+    n_fft: int = 400
+    window: int = 400
+    hop: int = 160
+    chunk: int = 3000
 
 
 @dataclass(frozen=True)
@@ -85,13 +105,22 @@ class Tower(Architecture):
     tower = True
     causal = False
     modality: ClassVar[str] = "vision"
+    # the FFN's activation where the projector fixes it whatever the file's keys say (llama.cpp's loader: GELU by
+    # erf for Whisper's encoders); "" for the file's
+    fixed_ffn_act: ClassVar[str] = ""
+    # hparams llama.cpp's clip takes off a tensor's shape, no key giving them: (field, tensor, axis in ggml order)
+    widths: ClassVar[tuple[tuple[str, str, int], ...]] = ()
     image_prep: ClassVar[ImagePrep] = ImagePrep()
+    audio_prep: ClassVar[AudioPrep] = AudioPrep()
     media_text: ClassVar[MediaText] = MediaText()
 
     @classmethod
-    def from_metadata(cls, label: str, metadata: Mapping[str, Any]) -> Architecture:
+    def from_metadata(cls, label: str, metadata: Mapping[str, Any],  # type: ignore[override]
+                      shapes: Mapping[str, tuple[int, ...]] | None = None) -> Architecture:
+        """The tower of a file's keys and, for its ``widths``, the ``shapes`` of its tensors by name."""
         try:
-            arch = cls(read_tower_hparams(label, metadata, cls.name, cls.modality, cls.keys))
+            hp = read_tower_hparams(label, metadata, cls.name, cls.modality, cls.keys, cls.fixed_ffn_act)
+            arch = cls(HParams(**{**hp.__dict__, "family": hp.family + _widths(cls.widths, shapes or {})}))
         except MetadataError as e:
             raise MetadataError(e.args[0] if e.args[0].startswith(f"{label}: ") else f"{label}: {e}") from None
         arch.check_heads(label)
@@ -114,10 +143,11 @@ class Tower(Architecture):
 
 
 def read_tower_hparams(label: str, metadata: Mapping[str, Any], name: str, modality: str,
-                       keys: tuple[Key, ...]) -> HParams:
+                       keys: tuple[Key, ...], fixed_ffn_act: str = "") -> HParams:
     """The ``clip.<modality>.*`` keys llama.cpp's clip loader requires (width, heads, FFN, layers, projection, norm
-    epsilon; an image's size and patch for a vision tower), its optional ones with its defaults (KV heads: the
-    query heads; head size: the width over the heads), the FFN's activation, and the family's own ``keys``."""
+    epsilon; an image's size and patch for a vision tower, the mel bins of an audio tower's input), its optional
+    ones with its defaults (KV heads: the query heads; head size: the width over the heads), the FFN's activation
+    (``fixed_ffn_act`` where the projector fixes it), and the family's own ``keys`` (an array's: kind tuple)."""
     K = _MODALITY_KEYS[modality]
     r = KeyReader(label, metadata, f"{FILE_ARCH}.{modality}")
     n_embd = r.get(K.EMBEDDING_LENGTH, int, required=True, minimum=1)
@@ -142,13 +172,27 @@ def read_tower_hparams(label: str, metadata: Mapping[str, Any], name: str, modal
     )
     common: tuple[tuple[str, Any], ...] = (
         ("projection_dim", r.get(K.PROJECTION_DIM, int, required=True, minimum=1)),
-        ("ffn_act", acts[0] if acts else DEFAULT_FFN_ACT))
+        ("ffn_act", fixed_ffn_act or (acts[0] if acts else DEFAULT_FFN_ACT)))
     if modality == "vision":
         common += (("image_size", r.get(V.IMAGE_SIZE, int, required=True, minimum=1)),
                    ("patch_size", r.get(V.PATCH_SIZE, int, required=True, minimum=1)),
                    ("image_mean", _three(r, V.IMAGE_MEAN)), ("image_std", _three(r, V.IMAGE_STD)))
-    own = tuple((k.field, r.get(k.template, k.kind, k.default, k.required, k.minimum, k.maximum)) for k in keys)
+    elif modality == "audio":  # llama.cpp's loader refuses more than 256 bins
+        common += (("n_mel_bins", r.get(Keys.ClipAudio.NUM_MEL_BINS, int, required=True, minimum=1, maximum=256)),)
+    own = tuple((k.field, r.values(k.template, k.count, k.default, k.minimum, k.maximum, k.item) if k.kind is tuple
+                 else r.get(k.template, k.kind, k.default, k.required, k.minimum, k.maximum)) for k in keys)
     return HParams(**{**hp.__dict__, "family": common + own})
+
+
+def _widths(widths: tuple[tuple[str, str, int], ...], shapes: Mapping[str, tuple[int, ...]]
+            ) -> tuple[tuple[str, int], ...]:
+    """Each width's field and the size of its tensor along its axis (llama.cpp's clip loader reads them so)."""
+    out = []
+    for field, tensor, axis in widths:
+        if tensor not in shapes:
+            raise MetadataError(f"missing tensor '{tensor}' (its shape gives the tower's {field})")
+        out.append((field, int((tuple(shapes[tensor]) + (1,) * 4)[axis])))
+    return tuple(out)
 
 
 def _three(r: KeyReader, key: str) -> tuple[float, float, float]:

@@ -3,12 +3,15 @@
 
 An image [W, H, 3] becomes one row per patch by the patch embedding (a convolution whose stride is its kernel,
 as ggml does it: im2col, then a product with the kernel), plus learned positions; pre-norm layers of
-bidirectional attention and an FFN follow, each block's input re-added after it. What the SigLIP towers hold is here;
-clip's other options (fused QKV, Q/K norms, layer scales, gated FFNs, a norm before the layers) come with the
+bidirectional attention and an FFN follow, each block's input re-added after it. What the SigLIP towers hold is here,
+and what CLIP's towers add (:class:`Options`: a class embedding, a norm before the layers, a stack cut short at the
+layer the projector reads); clip's other options (fused QKV, Q/K norms, layer scales, gated FFNs) come with the
 towers that use them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 from gguf import MODEL_TENSOR as T
 
@@ -18,33 +21,92 @@ from graphir.model.hparams import HParams
 from graphir.model.tensors import TensorSpec, spec, with_bias
 
 CHANNELS = 3  # an image's red, green and blue planes
-_ACTS = {"gelu": Act.GELU, "silu": Act.SILU, "gelu_quick": Act.GELU_QUICK}
+_ACTS = {"gelu": Act.GELU, "silu": Act.SILU, "gelu_quick": Act.GELU_QUICK, "gelu_erf": Act.GELU_ERF}
+# The encoder's tensors in an audio tower's file: a.* for a vision tower's v.* (clip.cpp names them by the
+# modality's prefix), each role as the ViT's
+AUDIO_TENSORS = ((T.V_ENC_EMBD_POS, T.A_ENC_EMBD_POS), (T.V_PRE_NORM, T.A_PRE_NORM), (T.V_POST_NORM, T.A_POST_NORM),
+                 (T.V_ENC_INPUT_NORM, T.A_ENC_INPUT_NORM), (T.V_ENC_ATTN_Q, T.A_ENC_ATTN_Q),
+                 (T.V_ENC_ATTN_K, T.A_ENC_ATTN_K), (T.V_ENC_ATTN_V, T.A_ENC_ATTN_V), (T.V_ENC_ATTN_O, T.A_ENC_OUTPUT),
+                 (T.V_ENC_POST_ATTN_NORM, T.A_ENC_OUTPUT_NORM), (T.V_ENC_FFN_UP, T.A_ENC_FFN_UP),
+                 (T.V_ENC_FFN_DOWN, T.A_ENC_FFN_DOWN))
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a tower's encoder runs beyond SigLIP's (the defaults), as data. ``class_row``: the class embedding
+    (``v.class_embd``) joined after the patch rows, as clip's llava graph joins it, the positions spanning one row
+    more; ``pre_norm``: a LayerNorm before the layers (``v.pre_ln``, where the file has it); ``depth``: how many
+    layers run (None: all; the rest are in the file but unused); ``features``: layers whose input is kept (the
+    stack's input being layer 0's, its output the number ``depth``), the kept rows joined width-wise as the output
+    (llama.cpp's embedding stack; none kept: the output is the stack's); ``ffn_either_way``: the file may name the
+    FFN's up and down the other way round (old converters' fc1 and fc2 names), the graph taking them by shape as
+    llama.cpp's loader swaps them; ``tensors``: the file's own tensor for each of the ViT's roles it names otherwise
+    (an audio tower's, AUDIO_TENSORS); ``pool``: after the layers, before the final norm, each ``pool`` rows averaged
+    into one (clip's audio average pool, ggml_pool_1d: Voxtral's; 0: none)."""
+
+    class_row: bool = False
+    pre_norm: bool = False
+    depth: int | None = None
+    features: tuple[int, ...] = ()
+    ffn_either_way: bool = False
+    tensors: tuple[tuple[T, T], ...] = ()
+    pool: int = 0
+
+    def role(self, t: T) -> T:
+        """The file's tensor for the ViT's role t."""
+        return dict(self.tensors).get(t, t)
+
+    def kept(self, n_layer: int) -> list[int]:
+        """The layers whose input the output joins, in order (each once)."""
+        depth = n_layer if self.depth is None else self.depth
+        return sorted({f for f in self.features if 0 <= f <= depth})
 
 
 def patches_per_side(hp: HParams) -> int:
     return hp.image_size // hp.patch_size
 
 
-def vit_tensors(hp: HParams, positions: int) -> list[TensorSpec]:
+def vit_tensors(hp: HParams, positions: int, opts: Options = Options()) -> list[TensorSpec]:
     """The patch embedding (a kernel [P, P, 3, E] and its bias), ``positions`` learned position rows, the final
     LayerNorm, and each layer's: LayerNorms before attention and FFN, Q, K and V apart, the output projection and
     the FFN's up and down, each with its bias where the file has one (llama.cpp's loader takes them all as
-    optional; the graph needs the matrices)."""
-    E, F, P = hp.n_embd, hp.n_ff, hp.patch_size
+    optional; the graph needs the matrices); the class embedding and the norm before the layers where ``opts``
+    asks for them."""
+    E, P = hp.n_embd, hp.patch_size
+    return [spec(T.V_ENC_EMBD_PATCH, (P, P, CHANNELS, E)),
+            spec(T.V_ENC_EMBD_PATCH, (E,), suffix="bias", kind="vector", optional=True),
+            *encoder_tensors(hp, positions, opts)]
+
+
+def encoder_tensors(hp: HParams, positions: int, opts: Options = Options()) -> list[TensorSpec]:
+    """What build_vit reads: ``positions`` learned position rows, the final LayerNorm, each layer's tensors, the
+    class embedding and the norm before the layers where ``opts`` asks for them (vit_tensors without the patch
+    embedding: a tower whose rows come otherwise, Whisper's convolutions)."""
+    E, F, r = hp.n_embd, hp.n_ff, opts.role
     E_q, E_kv = hp.n_embd_head_k * hp.n_head, hp.n_embd_head_k * hp.n_head_kv
-    out = [spec(T.V_ENC_EMBD_PATCH, (P, P, CHANNELS, E)),
-           spec(T.V_ENC_EMBD_PATCH, (E,), suffix="bias", kind="vector", optional=True),
-           spec(T.V_ENC_EMBD_POS, (E, positions)), *with_bias(T.V_POST_NORM, (E,), optional=True)]
+    out = [spec(r(T.V_ENC_EMBD_POS), (E, positions)), *with_bias(r(T.V_POST_NORM), (E,), optional=True)]
+    if opts.class_row:
+        out.append(spec(T.V_ENC_EMBD_CLS, (E,), suffix="", kind="vector"))
+    if opts.pre_norm:
+        out += with_bias(r(T.V_PRE_NORM), (E,), optional=True)
     for il in range(hp.n_layer):
-        out += [*with_bias(T.V_ENC_INPUT_NORM, (E,), il, optional=True),
-                *with_bias(T.V_ENC_ATTN_Q, (E, E_q), il, bias_optional=True),
-                *with_bias(T.V_ENC_ATTN_K, (E, E_kv), il, bias_optional=True),
-                *with_bias(T.V_ENC_ATTN_V, (E, E_kv), il, bias_optional=True),
-                *with_bias(T.V_ENC_ATTN_O, (E_q, E), il, bias_optional=True),
-                *with_bias(T.V_ENC_POST_ATTN_NORM, (E,), il, optional=True),
-                *with_bias(T.V_ENC_FFN_UP, (E, F), il, bias_optional=True),
-                *with_bias(T.V_ENC_FFN_DOWN, (F, E), il, bias_optional=True)]
+        out += [*with_bias(r(T.V_ENC_INPUT_NORM), (E,), il, optional=True),
+                *with_bias(r(T.V_ENC_ATTN_Q), (E, E_q), il, bias_optional=True),
+                *with_bias(r(T.V_ENC_ATTN_K), (E, E_kv), il, bias_optional=True),
+                *with_bias(r(T.V_ENC_ATTN_V), (E, E_kv), il, bias_optional=True),
+                *with_bias(r(T.V_ENC_ATTN_O), (E_q, E), il, bias_optional=True),
+                *with_bias(r(T.V_ENC_POST_ATTN_NORM), (E,), il, optional=True),
+                *_ffn_tensors(E, F, il, opts)]
     return out
+
+
+def _ffn_tensors(E: int, F: int, il: int, opts: Options) -> list[TensorSpec]:
+    """The FFN's up [E, F] and down [F, E] with their biases; ``either_way``: each may have the other's shape."""
+    up_down = [*with_bias(opts.role(T.V_ENC_FFN_UP), (E, F), il, bias_optional=True),
+               *with_bias(opts.role(T.V_ENC_FFN_DOWN), (F, E), il, bias_optional=True)]
+    if not opts.ffn_either_way:
+        return up_down
+    return [replace(s, also=other.shape) for s, other in zip(up_down, up_down[2:] + up_down[:2])]
 
 
 def build_inp(b: GraphBuilder) -> Node:
@@ -65,21 +127,50 @@ def build_inp(b: GraphBuilder) -> Node:
     return x if bias is None else b.op("add", x, bias, name="patch_bias")
 
 
-def build_vit(b: GraphBuilder, x: Node, norm: Norm = Norm.LAYER) -> Node:
-    """clip's build_vit over the patch rows x [E, n]: the learned positions added, every layer, then the final norm
-    where the file has one."""
+def build_vit(b: GraphBuilder, x: Node, norm: Norm = Norm.LAYER, opts: Options = Options()) -> Node:
+    """clip's build_vit over the patch rows x [E, n]: the class row joined after them and the norm before the
+    layers where ``opts`` asks, the learned positions added, the layers ``opts`` runs, then the final norm where
+    the file has one; the output the rows of the layers ``opts`` keeps, joined width-wise, if it keeps any."""
     hp = b.hp
-    x = b.op("add", x, b.w(T.V_ENC_EMBD_POS), name="pos_embed")
+    if opts.class_row:
+        x = b.op("concat", x, b.w(T.V_ENC_EMBD_CLS, suffix=""), dim=1, name="inp_cls")
+    r = opts.role
+    x = b.op("add", x, b.w(r(T.V_ENC_EMBD_POS)), name="pos_embed")
+    if opts.pre_norm:
+        x = _norm(b, x, r(T.V_PRE_NORM), None, norm, "pre_ln")
     act = _ACTS[hp.ffn_act]
-    for il in range(hp.n_layer):
+    depth = hp.n_layer if opts.depth is None else opts.depth
+    kept = opts.kept(hp.n_layer)
+    stack = []
+    for il in range(depth):
+        if il in kept:
+            stack.append(x)
         with b.layer(il):
-            h = _norm(b, x, T.V_ENC_INPUT_NORM, il, norm, "layer_inp_normed")
-            x = b.op("add", _attention(b, h, il), x, name="ffn_inp")
-            h = _norm(b, x, T.V_ENC_POST_ATTN_NORM, il, norm, "ffn_inp_normed")
-            f = b.build_ffn(h, up=b.w(T.V_ENC_FFN_UP, il), up_b=b.w_opt(T.V_ENC_FFN_UP, il, "bias"), gate=None,
-                            down=b.w(T.V_ENC_FFN_DOWN, il), down_b=b.w_opt(T.V_ENC_FFN_DOWN, il, "bias"), act=act)
+            h = _norm(b, x, r(T.V_ENC_INPUT_NORM), il, norm, "layer_inp_normed")
+            x = b.op("add", _attention(b, h, il, opts), x, name="ffn_inp")
+            h = _norm(b, x, r(T.V_ENC_POST_ATTN_NORM), il, norm, "ffn_inp_normed")
+            up, down = (r(T.V_ENC_FFN_UP), r(T.V_ENC_FFN_DOWN))
+            if opts.ffn_either_way and b.w(down, il).shape[0] == hp.n_embd:  # named the other way round
+                up, down = down, up
+            f = b.build_ffn(h, up=b.w(up, il), up_b=b.w_opt(up, il, "bias"), gate=None,
+                            down=b.w(down, il), down_b=b.w_opt(down, il, "bias"), act=act)
             x = b.op("add", x, f, name="layer_out")
-    return _norm(b, x, T.V_POST_NORM, None, norm, "post_ln")
+    if opts.pool:
+        x = _pooled_rows(b, x, opts.pool)
+    x = _norm(b, x, r(T.V_POST_NORM), None, norm, "post_ln")
+    stack += [x] if depth in kept else []
+    out = stack[0] if stack else x
+    for i, rows in enumerate(stack[1:], 1):
+        out = b.op("concat", out, rows, dim=0, name=f"features.{i}")
+    return out
+
+
+def _pooled_rows(b: GraphBuilder, x: Node, k: int) -> Node:
+    """The rows x [E, n] averaged k at a time into [E, n / k]: ggml_pool_1d over each channel, as pool_2d of the
+    channels [n, E] with windows one channel high (the same float32 sum over k, then over k)."""
+    planes = b.op("cont", b.op("transpose", x, name="pool.t"), name="pool.planes")
+    pooled = b.op("pool_2d", planes, pool="avg", k0=k, k1=1, s0=k, s1=1, p0=0, p1=0, name="pooled")
+    return b.op("cont", b.op("transpose", pooled, name="pooled.t"), name="pooled_rows")
 
 
 def _norm(b: GraphBuilder, x: Node, t: T, il: int | None, kind: Norm, name: str) -> Node:
@@ -91,14 +182,15 @@ def _norm(b: GraphBuilder, x: Node, t: T, il: int | None, kind: Norm, name: str)
     return b.build_norm(x, w, bias, kind, name=name)
 
 
-def _attention(b: GraphBuilder, x: Node, il: int) -> Node:
+def _attention(b: GraphBuilder, x: Node, il: int, opts: Options) -> Node:
     """Every patch attends to every patch: Q, K and V (each with its bias where given), softmax(K^T Q / sqrt(d)) V
     per head, and the output projection."""
-    hp = b.hp
+    hp, r = b.hp, opts.role
     d, n = hp.n_embd_head_k, x.shape[1]
-    projections = ((T.V_ENC_ATTN_Q, "Qcur", hp.n_head), (T.V_ENC_ATTN_K, "Kcur", hp.n_head_kv),
-                   (T.V_ENC_ATTN_V, "Vcur", hp.n_head_kv))
+    projections = ((r(T.V_ENC_ATTN_Q), "Qcur", hp.n_head), (r(T.V_ENC_ATTN_K), "Kcur", hp.n_head_kv),
+                   (r(T.V_ENC_ATTN_V), "Vcur", hp.n_head_kv))
     flat = [b.linear(x, b.w(t, il), b.w_opt(t, il, "bias"), name=tag) for t, tag, _ in projections]
     q, k, v = (b.reshape(y, (d, heads, n), name=f"{tag}.heads") for y, (_, tag, heads) in zip(flat, projections))
     out = b.attn_mha(q, k, v, None, b.kq_scale())
-    return b.linear(out, b.w(T.V_ENC_ATTN_O, il), b.w_opt(T.V_ENC_ATTN_O, il, "bias"), name="attn_out")
+    o = r(T.V_ENC_ATTN_O)
+    return b.linear(out, b.w(o, il), b.w_opt(o, il, "bias"), name="attn_out")

@@ -1,6 +1,6 @@
 """A text model's context with a tower beside it, as llama.cpp's mtmd composes them: a prompt's media markers are
-replaced by the pictures' rows, wrapped in the text the projector asks for, and the whole decoded in order, text as
-tokens and each image's rows as a batch of embedding rows at the next positions (mtmd_tokenize, then
+replaced by the pictures' (or audio files') rows, wrapped in the text the projector asks for, and the whole decoded
+in order, text as tokens and each image's rows as a batch of embedding rows at the next positions (mtmd_tokenize, then
 mtmd_helper_eval_chunks)."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import numpy as np
 
 from graphir.batch import Batch
 from graphir.errors import BatchError, GraphirError
+from graphir.media.audio import read_audio
 from graphir.media.image import Tile, read_image
 
 MARKER = "<__media__>"  # mtmd's default media marker
-Picture = str | os.PathLike[str] | np.ndarray  # an image file, or RGB bytes [H, W, 3]
+# an image file, or RGB bytes [H, W, 3]; for an audio tower, an audio file or float32 mono samples [n]
+Picture = str | os.PathLike[str] | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class MultimodalContext:
         if len(parts) - 1 != len(pictures):
             raise GraphirError(f"the prompt has {len(parts) - 1} media markers ({MARKER}) for {len(pictures)} "
                                f"pictures: one picture per marker")
-        images = [read_image(p) if not isinstance(p, np.ndarray) else p for p in pictures]  # every file read first
+        images = [self._read(p) if not isinstance(p, np.ndarray) else p for p in pictures]  # every file read first
         vocab = self.model.vocab
         chunks: list[Chunk] = []
         for i, part in enumerate(parts):
@@ -106,16 +108,24 @@ class MultimodalContext:
         else:
             chunks.append(Chunk(tuple(tokens)))
 
-    def _picture(self, chunks: list[Chunk], rgb: np.ndarray) -> None:
-        """A picture's images and the text around them, as mtmd's add_media places them."""
+    def _read(self, path: str | os.PathLike[str]) -> np.ndarray:
+        """A media file as the tower takes it: an image's RGB bytes, an audio file's samples at the tower's rate."""
+        arch = self.tower.model.arch
+        return read_audio(path, arch.audio_prep.sample_rate) if arch.modality == "audio" else read_image(path)
+
+    def _picture(self, chunks: list[Chunk], media: np.ndarray) -> None:
+        """A picture's images (an audio's chunks) and the text around them, as mtmd's add_media places them."""
         wrap, vocab = self.tower.model.arch.media_text, self.model.vocab
         parsed = lambda text: vocab.tokenize(text, add_special=False, parse_special=True)  # noqa: E731
         self._text(chunks, parsed(wrap.begin) if wrap.begin else [])
-        encoded = self.tower.encode_image(rgb)
-        n_cols = max((t.col for t, _ in encoded if t.kind == "slice"), default=-1) + 1
-        n_rows = max((t.row for t, _ in encoded if t.kind == "slice"), default=-1) + 1
-        for tile, rows in encoded:
-            self._image(chunks, tile, rows, wrap, parsed, n_rows, n_cols)
+        if self.tower.model.arch.modality == "audio":  # each chunk's rows, no text between them
+            chunks += [Chunk(rows=rows, both_ways=wrap.both_ways) for rows in self.tower.encode_audio(media)]
+        else:
+            encoded = self.tower.encode_image(media)
+            n_cols = max((t.col for t, _ in encoded if t.kind == "slice"), default=-1) + 1
+            n_rows = max((t.row for t, _ in encoded if t.kind == "slice"), default=-1) + 1
+            for tile, rows in encoded:
+                self._image(chunks, tile, rows, wrap, parsed, n_rows, n_cols)
         self._text(chunks, parsed(wrap.end) if wrap.end else [])
 
     def _image(self, chunks: list[Chunk], tile: Tile, rows: np.ndarray, wrap: Any, parsed: Any, n_rows: int,

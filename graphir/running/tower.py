@@ -1,6 +1,6 @@
-"""An encoder context over a vision tower (llama.cpp's clip context, mtmd's encode step): an image's pixels in,
-the rows the text decoder takes in place of tokens out. It keeps nothing from one image to the next, so one
-context encodes any number of images, one at a time."""
+"""An encoder context over a vision or audio tower (llama.cpp's clip context, mtmd's encode step): an image's pixels
+(or a chunk of audio's log-mel frames) in, the rows the text decoder takes in place of tokens out. It keeps nothing
+from one input to the next, so one context encodes any number of them, one at a time."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from typing import Any
 import numpy as np
 
 from graphir.errors import GraphirError
+from graphir.media.audio import log_mel, read_audio
 from graphir.media.image import Tile, prepare, read_image
 from graphir.model.tower import PHASE
-from graphir.model.vit import CHANNELS
 
 
 class TowerContext:
-    """``model.new_context()`` of an mmproj file: ``encode_image`` prepares a picture and encodes each image of it;
-    ``encode`` takes one image as the preparation makes it; ``rows`` holds the last image's output."""
+    """``model.new_context()`` of an mmproj file: ``encode_image`` prepares a picture and encodes each image of it,
+    ``encode_audio`` an audio file's chunks; ``encode`` takes one image (or chunk) as the preparation makes it;
+    ``rows`` holds the last one's output."""
 
     kind = "tower"
 
@@ -31,9 +32,10 @@ class TowerContext:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        """The pixels encode takes, in numpy order: channel planes of the tower's square image [3, S, S]."""
-        S = self.model.hparams.image_size
-        return (CHANNELS, S, S)
+        """What encode takes, in numpy order: channel planes of the tower's square image [3, S, S], or an audio
+        tower's chunk of log-mel frames [n_mel, frames]."""
+        raw = next(n for n in self.graph.nodes if n.op == "input" and n.name == "inp_raw")
+        return tuple(int(d) for d in reversed(raw.shape))
 
     @property
     def n_embd(self) -> int:
@@ -46,15 +48,26 @@ class TowerContext:
         rgb = image if isinstance(image, np.ndarray) else read_image(image)
         return [(tile, self.encode(tile.pixels)) for tile in prepare(rgb, self.model.arch)]
 
+    def encode_audio(self, audio: str | os.PathLike[str] | np.ndarray) -> list[np.ndarray]:
+        """The rows of each chunk the tower encodes for an audio file (WAV PCM at the tower's rate) or float32 mono
+        samples, the log-mel spectrogram made as llama.cpp's mtmd makes it (graphir.media.audio), in order."""
+        arch = self.model.arch
+        if arch.modality != "audio":
+            raise GraphirError(f"{self.model.meta.label}: a {arch.modality} tower ('{arch.name}') takes no audio")
+        samples = audio if isinstance(audio, np.ndarray) else read_audio(audio, arch.audio_prep.sample_rate)
+        return [self.encode(mel) for mel in log_mel(samples, self.model.hparams.n_mel_bins, arch.audio_prep)]
+
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """The rows [n_rows, n_embd] of one image, given as float32 channel planes [3, S, S] of the tower's size,
-        normalised by its mean and deviation (graphir.media.image.preprocess makes them)."""
+        normalised by its mean and deviation (graphir.media.image.preprocess makes them); or of an audio tower's
+        chunk of log-mel frames [n_mel, frames] (graphir.media.audio.log_mel)."""
         pixels = np.asarray(pixels)
+        what = "pixels" if self.model.arch.modality == "vision" else "mel frames"
         if pixels.shape != self.input_shape or pixels.dtype != np.float32:
-            raise GraphirError(f"{self.model.meta.label}: a tower of {self.input_shape[1]}-pixel images encodes "
-                               f"float32 planes {list(self.input_shape)}, got {pixels.dtype} {list(pixels.shape)}")
+            raise GraphirError(f"{self.model.meta.label}: the tower encodes float32 {what} {list(self.input_shape)}, "
+                               f"got {pixels.dtype} {list(pixels.shape)}")
         if not np.isfinite(pixels).all():
-            raise GraphirError(f"{self.model.meta.label}: the pixels hold NaN or infinite values")
+            raise GraphirError(f"{self.model.meta.label}: the {what} hold NaN or infinite values")
         out = self.program.run({}, {"inp_raw": np.ascontiguousarray(pixels)})
         self.rows = np.array(out["embd"], np.float32)
         return self.rows
