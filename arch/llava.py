@@ -60,6 +60,10 @@ class Clip(Tower):
         super().__init__(hp)
 
     @property
+    def n_embd_out(self) -> int:
+        return self.hp.rows_width
+
+    @property
     def options(self) -> Options:
         """llama.cpp's llava graph: the class row, the norm before the layers, the stack run to the deepest
         feature layer (by default all layers but the last)."""

@@ -36,7 +36,7 @@ def test_every_preset_builds_a_verified_graph_in_every_context(preset: str, cont
     if phase != "decode" and not any(n.op == "input" and n.name == "out_ids" for n in g.nodes):
         n_out = Sym.named("n_tokens")  # a graph that selects no output rows (CogVLM's, as llama.cpp's) keeps them all
     if model.arch.tower:  # an image's rows, of the text model's width (graphir/model/tower.py)
-        assert g.outputs["embd"].shape[0] == hp.projection_dim and len(g.outputs["embd"].shape) == 2
+        assert g.outputs["embd"].shape[0] == model.arch.n_embd_out and len(g.outputs["embd"].shape) == 2
     elif "logits" in g.outputs:
         assert g.outputs["logits"].shape == (hp.n_vocab, n_out)
     else:  # encoders: embeddings, pooled per sequence as the model says

@@ -134,6 +134,12 @@ class Tower(Architecture):
                                 f"number per KV head (keys 'clip.{self.modality}.attention.head_count', "
                                 f"'clip.{self.modality}.attention.head_count_kv')")
 
+    @property
+    def n_embd_out(self) -> int:
+        """The width of the rows the projector makes, the text model's: the file's ``projection_dim`` unless the
+        family reads it off a tensor (LLaVA)."""
+        return self.hp.projection_dim
+
     def layers(self) -> LayerNeeds:
         return ()  # nothing is kept between images
 

@@ -39,7 +39,7 @@ class TowerContext:
 
     @property
     def n_embd(self) -> int:
-        """The width of the rows out: the text model's (the projector's ``projection_dim``)."""
+        """The width of the rows out: the text model's (the tower's ``n_embd_out``)."""
         return int(self.graph.outputs["embd"].shape[0])
 
     def encode_image(self, image: str | os.PathLike[str] | np.ndarray) -> list[tuple[Tile, np.ndarray]]:

@@ -13,8 +13,9 @@ import numpy as np
 from graphir.backends.numba import tape as T
 from graphir.backends.numba.kernels import rows as R
 from graphir.backends.numba.kernels.unary import (LIBM, exp, geglu, gelu, gelu_erf, gelu_kernel, gelu_quick,
-                                                  gelu_table, libm_kernel, neg, reglu, relu, scale_bias, sigmoid, silu, silu_kernel,
-                                                  softplus, sqr, sqrt, swiglu, swiglu_clamp, swiglu_oai, tanh, xielu)
+                                                  gelu_table, libm_kernel, neg, reglu, relu, scale_bias, sigmoid, silu,
+                                                  silu_kernel, softplus, sqr, sqrt, swiglu, swiglu_clamp, swiglu_oai,
+                                                  tanh, xielu)
 from graphir.backends.numba.primitives.isa import IsaPath
 from graphir.backends.numba.primitives.jit import PAR_MIN
 from graphir.backends.numba.quant.weight import QWeight
@@ -25,8 +26,8 @@ from graphir.graph.ir import Node
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 _ROW_OPS = {np.add: R.ADD, np.subtract: R.SUB, np.multiply: R.MUL, np.divide: R.DIV}   # a tape's kernel for each
-_UNARY_FN = {"gelu": gelu, "gelu_quick": gelu_quick, "gelu_erf": gelu_erf, "relu": relu, "sqr": sqr, "sqrt": sqrt, "neg": neg, "exp": exp,
-             "tanh": tanh, "sigmoid": sigmoid, "softplus": softplus}
+_UNARY_FN = {"gelu": gelu, "gelu_quick": gelu_quick, "gelu_erf": gelu_erf, "relu": relu, "sqr": sqr, "sqrt": sqrt,
+             "neg": neg, "exp": exp, "tanh": tanh, "sigmoid": sigmoid, "softplus": softplus}
 
 
 @kernel("clamp")
