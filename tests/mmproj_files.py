@@ -37,6 +37,9 @@ TINY_EXTRA: dict[str, dict[str, object]] = {
     "mlp": {V.USE_GELU: None, V.IMAGE_MEAN: [0.48145466, 0.4578275, 0.40821073],
             V.IMAGE_STD: [0.26862954, 0.26130258, 0.27577711],
             "clip.vision.image_grid_pinpoints": [56, 112, 112, 56, 112, 112]},
+    # Pixtral's: a SwiGLU FFN (use_silu), CLIP's mean and deviation
+    "pixtral": {V.USE_GELU: None, V.USE_SILU: True, V.IMAGE_MEAN: [0.48145466, 0.4578275, 0.40821073],
+                V.IMAGE_STD: [0.26862954, 0.26130258, 0.27577711]},
 }
 POSITIONS, KERNEL = "v.position_embd.weight", "v.patch_embd.weight"
 AUDIO_POSITIONS, AUDIO_KERNEL = "a.position_embd.weight", "a.conv1d.1.weight"
@@ -46,7 +49,8 @@ SIGLIP_INCLUDE = (r"v\.patch_embd\.bias|v\.blk\.\d+\.(attn_[qkv]|ln1|ln2)\.(weig
 # every optional tensor a projector's conversion writes where it differs from SigLIP's: LLaVA's CLIP has a
 # LayerNorm before the layers, none after them and no patch bias
 TINY_INCLUDE = {"mlp": r"v\.pre_ln\.(weight|bias)|v\.blk\.\d+\.(attn_[qkv]|ln1|ln2)\.(weight|bias)|"
-                       r"v\.blk\.\d+\.(attn_out|ffn_up|ffn_down)\.bias"}
+                       r"v\.blk\.\d+\.(attn_out|ffn_up|ffn_down)\.bias",
+                "pixtral": r"v\.pre_ln\.weight|v\.blk\.\d+\.ln[12]\.weight|mm\.[12]\.bias"}
 # the shapes of the tensors a projector's widths are read from (Tower.widths): LLaVA's MLP, 576 wide throughout
 TINY_SHAPES: dict[str, dict[str, tuple[int, ...]]] = {"mlp": {"mm.0.weight": (32, 576), "mm.2.weight": (576, 576)}}
 

@@ -47,7 +47,7 @@ NOT_COMPARED = {
     "Qwen2.5-72B": "its public config's context and norm epsilon are not known here for certain",
     "Granite-4.0-H-Tiny": "its public config's multipliers are not known here (the preset lacks them)",
     "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
-    **dict.fromkeys(("Gemma-3-4B-mmproj", "SmolVLM-256M-mmproj",
+    **dict.fromkeys(("Gemma-3-4B-mmproj", "SmolVLM-256M-mmproj", "Pixtral-12B-mmproj",
                      "Ultravox-Llama-3.2-1B-mmproj", "Voxtral-Mini-3B-mmproj"), "a tower: its keys are the mmproj converter's "
                     "(MmprojModel), which graphir does not map from configs"),
     "LLaVA-1.6-Mistral-7B-mmproj": "a tower: its keys are llama.cpp's legacy image-encoder converter's, which graphir "

@@ -75,9 +75,10 @@ def test_archs_lists_the_towers(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     section = out.split("towers (mmproj files):\n")[1].split("presets:")[0].split()
     assert section == ["clip:gemma3", "projector=gemma3", "vision", "clip:idefics3", "projector=idefics3", "vision",
-                       "clip:mlp", "projector=mlp", "vision", "clip:ultravox", "projector=ultravox", "audio",
-                       "clip:voxtral", "projector=voxtral", "audio"]
-    assert graphir.arch.towers() == ["clip:gemma3", "clip:idefics3", "clip:mlp", "clip:ultravox", "clip:voxtral"]
+                       "clip:mlp", "projector=mlp", "vision", "clip:pixtral", "projector=pixtral", "vision",
+                       "clip:ultravox", "projector=ultravox", "audio", "clip:voxtral", "projector=voxtral", "audio"]
+    assert graphir.arch.towers() == ["clip:gemma3", "clip:idefics3", "clip:mlp", "clip:pixtral", "clip:ultravox",
+                                     "clip:voxtral"]
     assert not set(graphir.arch.towers()) & set(graphir.arch.names())
 
 
@@ -94,7 +95,8 @@ BAD = {
     "no projector": ({"clip.projector_type": None}, MetadataError,
                      "missing key 'clip.projector_type' (an mmproj file names its projector type)"),
     "unknown projector": ({"clip.projector_type": "nope"}, MetadataError,
-                          "unknown projector type 'nope' (known: gemma3, idefics3, mlp, ultravox, voxtral)"),
+                          "unknown projector type 'nope' (known: gemma3, idefics3, mlp, pixtral, ultravox, "
+                          "voxtral)"),
     "no image mean": ({V.IMAGE_MEAN: None}, MetadataError,
                       "key 'clip.vision.image_mean' must hold at least 3 values (red, green, blue), got None"),
     "no width": ({V.EMBEDDING_LENGTH: None}, MetadataError, "missing key 'clip.vision.embedding_length'"),
@@ -156,10 +158,9 @@ def _picture(tmp_path: Path, shape: str) -> Path:
 
 
 def _patches(pixels: np.ndarray, P: int) -> np.ndarray:
-    """The planes [3, S, S] as ggml's im2col lays out a patch embedding's windows: [S/P, S/P, 3 P P]."""
-    C, S, _ = pixels.shape
-    n = S // P
-    return pixels.reshape(C, n, P, n, P).transpose(1, 3, 0, 2, 4).reshape(n, n, C * P * P)
+    """The planes [3, H, W] as ggml's im2col lays out a patch embedding's windows: [H/P, W/P, 3 P P]."""
+    C, H, W = pixels.shape
+    return pixels.reshape(C, H // P, P, W // P, P).transpose(1, 3, 0, 2, 4).reshape(H // P, W // P, C * P * P)
 
 
 @pytest.fixture(scope="module")

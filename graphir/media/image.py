@@ -125,7 +125,37 @@ def best_resolution(width: int, height: int, candidates: list[tuple[int, int]]) 
     return best
 
 
-_LAYOUTS = {"fit": _fit, "tiles": _tiles, "pinpoints": _pinpoints}
+def _aspect(rgb: np.ndarray, tower: Any) -> list[Tile]:
+    """The image at its own aspect (mtmd's dyn_size preprocessing): letterboxed into the size aspect_size gives, one
+    image of that size."""
+    hp, prep = tower.hp, tower.image_prep
+    h, w = rgb.shape[:2]
+    align = hp.patch_size * hp.n_merge
+    width, height = aspect_size(w, h, align, prep.min_tokens * align * align, prep.max_tokens * align * align)
+    return [Tile(planes(letterbox(rgb, width, height, prep.resize, prep.pad), hp))]
+
+
+def aspect_size(width: int, height: int, align: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """mtmd's calc_size_preserved_ratio in float32: each side rounded (half away from zero) to a multiple of
+    ``align`` (at least one); where that holds more than ``max_pixels``, both sides scaled down by
+    sqrt(pixels / max_pixels) and floored to multiples; fewer than ``min_pixels``, scaled up and rounded up."""
+    a = _F32(align)
+
+    def by(x: Any, how: Callable[[Any], Any]) -> int:
+        return int(how(_F32(x) / a)) * align
+
+    half_up = lambda x: np.floor(np.float64(x) + 0.5)  # noqa: E731  (positive: C's round)
+    w_bar, h_bar = max(align, by(width, half_up)), max(align, by(height, half_up))
+    if max_pixels > 0 and w_bar * h_bar > max_pixels:
+        beta = np.sqrt(_F32(height) * _F32(width) / _F32(max_pixels))
+        return max(align, by(_F32(width) / beta, np.floor)), max(align, by(_F32(height) / beta, np.floor))
+    if min_pixels > 0 and w_bar * h_bar < min_pixels:
+        beta = np.sqrt(_F32(min_pixels) / (_F32(height) * _F32(width)))
+        return by(_F32(width) * beta, np.ceil), by(_F32(height) * beta, np.ceil)
+    return w_bar, h_bar
+
+
+_LAYOUTS = {"fit": _fit, "tiles": _tiles, "pinpoints": _pinpoints, "aspect": _aspect}
 
 
 # mtmd's resampling filters (a port of Pillow's Resample.c): each one's support and weight at distance x

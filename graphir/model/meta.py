@@ -61,18 +61,20 @@ class ModelMeta:
         return TOWER_PHASE if self.arch.tower else "prefill"
 
     def build_graph(self, context: str | None = None, phase: str | None = None, pooling: str | None = None,
-                    n_ctx_seq: int = 0, rows: bool = False) -> Graph:
+                    n_ctx_seq: int = 0, rows: bool = False, image: tuple[int, int] | None = None) -> Graph:
         """The graph of one ubatch: ``context`` picks the memory kind (default: the architecture's first),
         ``phase`` prefill or decode (default: :attr:`default_phase`), ``pooling`` how embeddings are reduced per
         sequence (default: the model's), ``n_ctx_seq`` the cells a sequence may use, for the few families whose
         graph depends on it (Phi-3's LongRoPE factors; 0: not beyond the trained context); ``rows``: the ubatch
-        carries embedding rows in place of token ids."""
+        carries embedding rows in place of token ids; ``image``: a tower's graph for an image of (width, height)
+        pixels other than its square (Tower.at_size)."""
         arch = model = self.arch
         phase = phase or self.default_phase
         if arch.tower:
             if phase != TOWER_PHASE:
                 raise GraphirError(f"{self.label}: a '{arch.name}' tower has one graph, phase '{TOWER_PHASE}' (an "
                                    f"image or audio in, rows out), not '{phase}'")
+            arch = arch.at_size(*image) if image else arch
         elif phase == "encode":  # the encoder stack of an encoder-decoder: no cache, one whole batch
             if arch.encoder_stack is None:
                 raise GraphirError(f"{self.label}: a '{arch.name}' model has no encoder; phase 'encode' is an "

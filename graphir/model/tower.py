@@ -10,9 +10,11 @@ its length) in, the rows the decoder takes in place of tokens out. It keeps noth
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
+import numpy as np
 from gguf import Keys
 
 from graphir.errors import MetadataError
@@ -42,7 +44,10 @@ class ImagePrep:
     or ``pinpoints`` (llava-uhd with the file's grid pinpoints, LLaVA-1.6's anyres): a picture within the tower's
     square stretched to it, one image; a larger one stretched to the square as the overview and, letterboxed into
     the pinpoint resolution that keeps most of it (on ``tile_pad``), cut into tiles of the square; a file without
-    pinpoints ``fit``; ``resize`` the filter of mtmd's resampler (bilinear, bicubic, lanczos: Pillow's filters);
+    pinpoints ``fit``; or ``aspect`` (mtmd's dyn_size, Pixtral's): one image keeping its aspect, its sides rounded
+    to whole patches (of n_merge x n_merge patches), scaled to hold ``min_tokens`` to ``max_tokens`` of them where
+    it falls outside, letterboxed into that size; ``resize`` the filter of mtmd's resampler (bilinear, bicubic,
+    lanczos: Pillow's filters);
     ``pad`` the colour a letterbox's border takes (RGB bytes)."""
 
     layout: str = "fit"
@@ -50,6 +55,8 @@ class ImagePrep:
     overview_first: bool = False
     pad: tuple[int, int, int] = (0, 0, 0)
     tile_pad: tuple[int, int, int] = (0, 0, 0)
+    min_tokens: int = 0
+    max_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,32 @@ class Tower(Architecture):
     image_prep: ClassVar[ImagePrep] = ImagePrep()
     audio_prep: ClassVar[AudioPrep] = AudioPrep()
     media_text: ClassVar[MediaText] = MediaText()
+    # the tower encodes an image of any size in whole patches (its graph built per size), not only its square
+    any_size: ClassVar[bool] = False
+    sized_to: tuple[int, int] | None = None  # the (width, height) a sized copy's graph takes (at_size)
+
+    @property
+    def frame(self) -> tuple[int, int]:
+        """The (width, height) in pixels of the image the graph takes: the file's square unless sized."""
+        return self.sized_to or (self.hp.image_size, self.hp.image_size)
+
+    def at_size(self, width: int, height: int) -> Tower:
+        """A copy of the tower whose graph takes an image of width x height pixels (whole patches)."""
+        P = self.hp.patch_size
+        if not self.any_size:
+            raise MetadataError(f"a '{self.name}' tower takes images of its own {self.hp.image_size} pixels square, "
+                                f"not {width} x {height}")
+        if width % P or height % P or width <= 0 or height <= 0:
+            raise MetadataError(f"a '{self.name}' tower takes images of whole {P}-pixel patches, not {width} x "
+                                f"{height}")
+        sized = copy.copy(self)
+        sized.sized_to = (width, height)
+        return sized
+
+    def image_inputs(self) -> dict[str, np.ndarray]:
+        """What the graph takes beside the pixels for an image of its frame (by input name): nothing, for most
+        towers."""
+        return {}
 
     @classmethod
     def from_metadata(cls, label: str, metadata: Mapping[str, Any],  # type: ignore[override]

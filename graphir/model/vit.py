@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 from gguf import MODEL_TENSOR as T
 
+from graphir.graph.floats import f32
 from graphir.graph.ir import Node
 from graphir.model.builder import Act, GraphBuilder, Norm
 from graphir.model.hparams import HParams
@@ -42,7 +44,10 @@ class Options:
     FFN's up and down the other way round (old converters' fc1 and fc2 names), the graph taking them by shape as
     llama.cpp's loader swaps them; ``tensors``: the file's own tensor for each of the ViT's roles it names otherwise
     (an audio tower's, AUDIO_TENSORS); ``pool``: after the layers, before the final norm, each ``pool`` rows averaged
-    into one (clip's audio average pool, ggml_pool_1d: Voxtral's; 0: none)."""
+    into one (clip's audio average pool, ggml_pool_1d: Voxtral's; 0: none); ``rope_theta``: no learned positions, Q
+    and K turned by 2D RoPE of this base instead (clip's build_rope_2d: each head's first half by the patch's row,
+    its second by its column at the odd frequencies; inputs pos_h and pos_w; 0: learned positions);
+    ``gated_ffn``: the FFN's activation of a gate (``ffn_gate``) times its up (clip's SwiGLU)."""
 
     class_row: bool = False
     pre_norm: bool = False
@@ -51,6 +56,8 @@ class Options:
     ffn_either_way: bool = False
     tensors: tuple[tuple[T, T], ...] = ()
     pool: int = 0
+    rope_theta: float = 0.0
+    gated_ffn: bool = False
 
     def role(self, t: T) -> T:
         """The file's tensor for the ViT's role t."""
@@ -64,6 +71,12 @@ class Options:
 
 def patches_per_side(hp: HParams) -> int:
     return hp.image_size // hp.patch_size
+
+
+def patch_grid(b: GraphBuilder) -> tuple[int, int]:
+    """The patches across and down the image the graph is built for (the tower's ``frame``)."""
+    width, height = b.arch.frame
+    return width // b.hp.patch_size, height // b.hp.patch_size
 
 
 def vit_tensors(hp: HParams, positions: int, opts: Options = Options()) -> list[TensorSpec]:
@@ -84,7 +97,8 @@ def encoder_tensors(hp: HParams, positions: int, opts: Options = Options()) -> l
     embedding: a tower whose rows come otherwise, Whisper's convolutions)."""
     E, F, r = hp.n_embd, hp.n_ff, opts.role
     E_q, E_kv = hp.n_embd_head_k * hp.n_head, hp.n_embd_head_k * hp.n_head_kv
-    out = [spec(r(T.V_ENC_EMBD_POS), (E, positions)), *with_bias(r(T.V_POST_NORM), (E,), optional=True)]
+    out = [spec(r(T.V_ENC_EMBD_POS), (E, positions))] if not opts.rope_theta else []
+    out += with_bias(r(T.V_POST_NORM), (E,), optional=True)
     if opts.class_row:
         out.append(spec(T.V_ENC_EMBD_CLS, (E,), suffix="", kind="vector"))
     if opts.pre_norm:
@@ -101,12 +115,13 @@ def encoder_tensors(hp: HParams, positions: int, opts: Options = Options()) -> l
 
 
 def _ffn_tensors(E: int, F: int, il: int, opts: Options) -> list[TensorSpec]:
-    """The FFN's up [E, F] and down [F, E] with their biases; ``either_way``: each may have the other's shape."""
+    """The FFN's up [E, F] and down [F, E] with their biases; ``either_way``: each may have the other's shape;
+    ``gated_ffn``: its gate [E, F] too."""
     up_down = [*with_bias(opts.role(T.V_ENC_FFN_UP), (E, F), il, bias_optional=True),
                *with_bias(opts.role(T.V_ENC_FFN_DOWN), (F, E), il, bias_optional=True)]
-    if not opts.ffn_either_way:
-        return up_down
-    return [replace(s, also=other.shape) for s, other in zip(up_down, up_down[2:] + up_down[:2])]
+    if opts.ffn_either_way:
+        up_down = [replace(s, also=other.shape) for s, other in zip(up_down, up_down[2:] + up_down[:2])]
+    return up_down + (with_bias(T.V_ENC_FFN_GATE, (E, F), il, bias_optional=True) if opts.gated_ffn else [])
 
 
 def build_inp(b: GraphBuilder) -> Node:
@@ -114,9 +129,10 @@ def build_inp(b: GraphBuilder) -> Node:
     f16, f32 for a bf16 kernel only), times the kernel; the patches in the image's row order; plus the kernel's bias
     where the file has one."""
     hp = b.hp
-    S, P, E = hp.image_size, hp.patch_size, hp.n_embd
-    n = patches_per_side(hp) ** 2
-    image = b.input("inp_raw", "f32", (S, S, CHANNELS))
+    P, E = hp.patch_size, hp.n_embd
+    nx, ny = patch_grid(b)
+    n = nx * ny
+    image = b.input("inp_raw", "f32", (*b.arch.frame, CHANNELS))
     kernel = b.w(T.V_ENC_EMBD_PATCH)
     cols = b.op("im2col", image, kw=P, kh=P, s0=P, s1=P, p0=0, p1=0, d0=1, d1=1,
                 type="f32" if kernel.dtype == "bf16" else "f16", name="inp_patches")
@@ -135,7 +151,8 @@ def build_vit(b: GraphBuilder, x: Node, norm: Norm = Norm.LAYER, opts: Options =
     if opts.class_row:
         x = b.op("concat", x, b.w(T.V_ENC_EMBD_CLS, suffix=""), dim=1, name="inp_cls")
     r = opts.role
-    x = b.op("add", x, b.w(r(T.V_ENC_EMBD_POS)), name="pos_embed")
+    if not opts.rope_theta:
+        x = b.op("add", x, b.w(r(T.V_ENC_EMBD_POS)), name="pos_embed")
     if opts.pre_norm:
         x = _norm(b, x, r(T.V_PRE_NORM), None, norm, "pre_ln")
     act = _ACTS[hp.ffn_act]
@@ -152,7 +169,9 @@ def build_vit(b: GraphBuilder, x: Node, norm: Norm = Norm.LAYER, opts: Options =
             up, down = (r(T.V_ENC_FFN_UP), r(T.V_ENC_FFN_DOWN))
             if opts.ffn_either_way and b.w(down, il).shape[0] == hp.n_embd:  # named the other way round
                 up, down = down, up
-            f = b.build_ffn(h, up=b.w(up, il), up_b=b.w_opt(up, il, "bias"), gate=None,
+            gate = b.w(T.V_ENC_FFN_GATE, il) if opts.gated_ffn else None
+            f = b.build_ffn(h, up=b.w(up, il), up_b=b.w_opt(up, il, "bias"), gate=gate,
+                            gate_b=b.w_opt(T.V_ENC_FFN_GATE, il, "bias") if opts.gated_ffn else None,
                             down=b.w(down, il), down_b=b.w_opt(down, il, "bias"), act=act)
             x = b.op("add", x, f, name="layer_out")
     if opts.pool:
@@ -191,6 +210,26 @@ def _attention(b: GraphBuilder, x: Node, il: int, opts: Options) -> Node:
                    (r(T.V_ENC_ATTN_V), "Vcur", hp.n_head_kv))
     flat = [b.linear(x, b.w(t, il), b.w_opt(t, il, "bias"), name=tag) for t, tag, _ in projections]
     q, k, v = (b.reshape(y, (d, heads, n), name=f"{tag}.heads") for y, (_, tag, heads) in zip(flat, projections))
+    if opts.rope_theta:
+        q, k = _rope_2d(b, q, opts.rope_theta, "Qcur"), _rope_2d(b, k, opts.rope_theta, "Kcur")
     out = b.attn_mha(q, k, v, None, b.kq_scale())
     o = r(T.V_ENC_ATTN_O)
     return b.linear(out, b.w(o, il), b.w_opt(o, il, "bias"), name="attn_out")
+
+
+def _rope_2d(b: GraphBuilder, x: Node, theta: float, tag: str) -> Node:
+    """clip's build_rope_2d over heads x [d, heads, n]: each head's first half turned (adjacent pairs) by the patch's
+    row (pos_h), its second half by its column (pos_w) at frequencies scaled by theta^(-2/d), the odd ones of a
+    d-wide RoPE; each half a view turned as a whole, the halves joined again (ggml's rope with n_dims d/2, the
+    second at offset d/2, turns the same values)."""
+    d, heads, n = x.shape
+    half = d // 2
+    odd = float(np.float32(theta) ** (np.float32(-2.0) / np.float32(d)))
+    turned = []
+    for axis, offset, scale in (("pos_h", 0, 1.0), ("pos_w", half, odd)):
+        pos = b.input(axis, "i32", (n,))
+        part = b.op("view", x, shape=(half, heads, n), strides=(1, d, d * heads), offset=offset,
+                    name=f"{tag}.{axis}.view")
+        turned.append(b.rope(part, pos, name=f"{tag}.{axis}", n_dims=half, mode="norm", freq_base=f32(theta),
+                             freq_scale=scale, ext_factor=0.0, attn_factor=1.0, n_ctx_orig=0))
+    return b.op("concat", *turned, dim=0, name=f"{tag}.rope_2d")

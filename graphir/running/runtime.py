@@ -119,12 +119,15 @@ class Model:
             return self._prepared[key]
 
     def program(self, kind: str, pooling: str = "none", n_ctx_seq: int = 0,
-                phase: str = "prefill", rows: bool = False) -> tuple[Program, Graph]:
+                phase: str = "prefill", rows: bool = False, image: tuple[int, int] | None = None
+                ) -> tuple[Program, Graph]:
         """A memory kind's compiled graph (the prefill graph: it binds any ubatch size; or the encoder's),
         shared by contexts whose sizes give the same graph (Architecture.variant), and the graph itself;
-        ``rows``: the graph of ubatches that carry embedding rows in place of token ids."""
-        key = (kind, phase, pooling, self.arch.variant(n_ctx_seq)) + (("rows",) if rows else ())
-        program = self.compiled(key, lambda: self.meta.build_graph(kind, phase, pooling, n_ctx_seq, rows))
+        ``rows``: the graph of ubatches that carry embedding rows in place of token ids; ``image``: a tower's
+        graph for an image of (width, height) pixels, compiled once per size."""
+        key = (kind, phase, pooling, self.arch.variant(n_ctx_seq)) + (("rows",) if rows else ()) + \
+            ((image,) if image else ())
+        program = self.compiled(key, lambda: self.meta.build_graph(kind, phase, pooling, n_ctx_seq, rows, image))
         return program, self._graphs[key]
 
     def compiled(self, key: tuple[Any, ...], make: Callable[[], Graph]) -> Program:

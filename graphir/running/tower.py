@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from graphir.errors import GraphirError
+from graphir.errors import GraphirError, MetadataError
 from graphir.media.audio import log_mel, read_audio
 from graphir.media.image import Tile, prepare, read_image
 from graphir.model.tower import PHASE
@@ -58,16 +58,29 @@ class TowerContext:
         return [self.encode(mel) for mel in log_mel(samples, self.model.hparams.n_mel_bins, arch.audio_prep)]
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
-        """The rows [n_rows, n_embd] of one image, given as float32 channel planes [3, S, S] of the tower's size,
-        normalised by its mean and deviation (graphir.media.image.preprocess makes them); or of an audio tower's
-        chunk of log-mel frames [n_mel, frames] (graphir.media.audio.log_mel)."""
+        """The rows [n_rows, n_embd] of one image, given as float32 channel planes [3, S, S] of the tower's size
+        (a tower of ``any_size``: [3, H, W] of whole patches, its graph built for that size once), normalised by
+        its mean and deviation (graphir.media.image.preprocess makes them); or of an audio tower's chunk of log-mel
+        frames [n_mel, frames] (graphir.media.audio.log_mel)."""
         pixels = np.asarray(pixels)
-        what = "pixels" if self.model.arch.modality == "vision" else "mel frames"
-        if pixels.shape != self.input_shape or pixels.dtype != np.float32:
-            raise GraphirError(f"{self.model.meta.label}: the tower encodes float32 {what} {list(self.input_shape)}, "
-                               f"got {pixels.dtype} {list(pixels.shape)}")
+        arch = self.model.arch
+        what = "pixels" if arch.modality == "vision" else "mel frames"
+        sized = arch.any_size and pixels.ndim == 3 and pixels.shape[0] == self.input_shape[0]
+        if pixels.dtype != np.float32 or not sized and pixels.shape != self.input_shape:
+            expected = f"[3, height, width] of whole {arch.hp.patch_size}-pixel patches" if arch.any_size else \
+                str(list(self.input_shape))
+            raise GraphirError(f"{self.model.meta.label}: the tower encodes float32 {what} {expected}, got "
+                               f"{pixels.dtype} {list(pixels.shape)}")
         if not np.isfinite(pixels).all():
             raise GraphirError(f"{self.model.meta.label}: the {what} hold NaN or infinite values")
-        out = self.program.run({}, {"inp_raw": np.ascontiguousarray(pixels)})
+        program, inputs = self.program, arch.image_inputs()
+        if sized and pixels.shape != self.input_shape:  # a graph of the image's own size, compiled once per size
+            size = (pixels.shape[2], pixels.shape[1])
+            try:
+                inputs = arch.at_size(*size).image_inputs()
+            except MetadataError as e:
+                raise GraphirError(f"{self.model.meta.label}: {e}") from None
+            program, _ = self.model.program("none", phase=PHASE, image=size)
+        out = program.run({}, {"inp_raw": np.ascontiguousarray(pixels), **inputs})
         self.rows = np.array(out["embd"], np.float32)
         return self.rows
