@@ -40,6 +40,10 @@ TINY_EXTRA: dict[str, dict[str, object]] = {
     # Pixtral's: a SwiGLU FFN (use_silu), CLIP's mean and deviation
     "pixtral": {V.USE_GELU: None, V.USE_SILU: True, V.IMAGE_MEAN: [0.48145466, 0.4578275, 0.40821073],
                 V.IMAGE_STD: [0.26862954, 0.26130258, 0.27577711]},
+    # Qwen2-VL's: GELU's sigmoid approximation (no activation key); Qwen2.5-VL's: SwiGLU, full attention in every
+    # second layer (window attention in the first)
+    "qwen2vl_merger": {V.USE_GELU: None},
+    "qwen2.5vl_merger": {V.USE_GELU: None, V.USE_SILU: True, V.N_WA_PATTERN: 2},
 }
 POSITIONS, KERNEL = "v.position_embd.weight", "v.patch_embd.weight"
 AUDIO_POSITIONS, AUDIO_KERNEL = "a.position_embd.weight", "a.conv1d.1.weight"
@@ -50,7 +54,12 @@ SIGLIP_INCLUDE = (r"v\.patch_embd\.bias|v\.blk\.\d+\.(attn_[qkv]|ln1|ln2)\.(weig
 # LayerNorm before the layers, none after them and no patch bias
 TINY_INCLUDE = {"mlp": r"v\.pre_ln\.(weight|bias)|v\.blk\.\d+\.(attn_[qkv]|ln1|ln2)\.(weight|bias)|"
                        r"v\.blk\.\d+\.(attn_out|ffn_up|ffn_down)\.bias",
-                "pixtral": r"v\.pre_ln\.weight|v\.blk\.\d+\.ln[12]\.weight|mm\.[12]\.bias"}
+                "pixtral": r"v\.pre_ln\.weight|v\.blk\.\d+\.ln[12]\.weight|mm\.[12]\.bias",
+                # Qwen2-VL's LayerNorms (the merger's as post_ln) and biases; Qwen2.5-VL's RMS norms
+                "qwen2vl_merger": r"v\.blk\.\d+\.(ln1|ln2)\.(weight|bias)|v\.post_ln\.(weight|bias)|"
+                                  r"v\.blk\.\d+\.(attn_[qkv]|attn_out|ffn_up|ffn_down)\.bias",
+                "qwen2.5vl_merger": r"v\.blk\.\d+\.ln[12]\.weight|v\.post_ln\.weight|"
+                                    r"v\.blk\.\d+\.(attn_[qkv]|attn_out|ffn_up|ffn_gate|ffn_down)\.bias"}
 # the shapes of the tensors a projector's widths are read from (Tower.widths): LLaVA's MLP, 576 wide throughout
 TINY_SHAPES: dict[str, dict[str, tuple[int, ...]]] = {"mlp": {"mm.0.weight": (32, 576), "mm.2.weight": (576, 576)}}
 

@@ -234,6 +234,8 @@ CASES: list[Case] = [
     C("rope_multi", I("f32", 64, 2, T), I("i32", 4 * T, init="pos", n=200), tol=ROPE, env={"n_tokens": 3},
       note="Qwen3.5's sections",
       sections=(11, 11, 10, 0), **rope_attrs(64, "imrope", freq_base=10000000.0)),
+    C("rope_multi", I("f32", 16, 3, T), I("i32", 4 * T, init="pos", n=200), tol=ROPE, env={"n_tokens": 6},
+      note="vision, Qwen2-VL's sections", sections=(4, 4, 4, 4), **rope_attrs(8, "vision")),
     # soft_max over ne0 of a*scale + mask (mask rows follow ne1, broadcast over dims 2/3)
     C("soft_max", I("f32", 10, 4), scale=1.0, max_bias=0.0, tol=F32),
     C("soft_max", I("f32", KV, T, 4), I("f32", KV, T, init="mask"), scale=0.125, max_bias=0.0, tol=F32,

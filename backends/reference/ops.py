@@ -179,25 +179,29 @@ def ssm_scan_heads(v, a, shape, env):
 def rope_multi(v, a, shape, env):
     """Pair i lies in sector i % sum(sections); imrope: sectors cycle time, height, width (each while its section
     lasts), the rest are the extra section; mrope: the sections follow one another; each section turns by its own
-    positions (p: times, heights, widths, extras)."""
+    positions (p: times, heights, widths, extras); vision: n_dims pairs (i, i + n_dims) over the whole head, the
+    sections one after the other, each section's frequencies counted from its own first pair."""
     X = gg(v[0])
     p = np.asarray(v[1], np.float64).reshape(4, -1)
     t, h, w, _ = a["sections"]
     out = X.copy()
-    n_dims, base = a["n_dims"], a["freq_base"]
-    for i in range(n_dims // 2):
+    n_dims, base, vision = a["n_dims"], a["freq_base"], a["mode"] == "vision"
+    half = n_dims if vision else n_dims // 2
+    starts = (0, t, t + h, t + h + w)
+    for i in range(half):
         sector = i % sum(a["sections"])
         if a["mode"] == "imrope":
             section = 1 if sector % 3 == 1 and sector < 3 * h else 2 if sector % 3 == 2 and sector < 3 * w else \
                 0 if sector % 3 == 0 and sector < 3 * t else 3
         else:
             section = 0 if sector < t else 1 if sector < t + h else 2 if sector < t + h + w else 3
+        k = sector - starts[section] if vision else i
         for j in range(X.shape[2]):
-            theta = p[section, j] * base ** (-2.0 * i / n_dims)
+            theta = p[section, j] * base ** (-2.0 * k / n_dims)
             c, s = math.cos(theta) * a["attn_factor"], math.sin(theta) * a["attn_factor"]
-            xa, xb = X[i, :, j, :], X[i + n_dims // 2, :, j, :]
+            xa, xb = X[i, :, j, :], X[i + half, :, j, :]
             out[i, :, j, :] = xa * c - xb * s
-            out[i + n_dims // 2, :, j, :] = xa * s + xb * c
+            out[i + half, :, j, :] = xa * s + xb * c
     return back(out, shape)
 
 

@@ -214,8 +214,10 @@ def _rope(xs: list[Node], a: dict[str, Any], per_token: int = 1) -> Type:
 
 def _rope_multi(xs: list[Node], a: dict[str, Any]) -> Type:
     sections = tuple(a["sections"])
-    _need(a["mode"] in ("imrope", "mrope"), f"mode={a['mode']!r}: multi-section RoPE is 'imrope' (interleaved "
-                                            f"sections) or 'mrope' (one after the other)")
+    _need(a["mode"] in ("imrope", "mrope", "vision"), f"mode={a['mode']!r}: multi-section RoPE is 'imrope' "
+          f"(interleaved sections), 'mrope' (one after the other) or 'vision' (a vision tower's)")
+    _need(a["mode"] != "vision" or 2 * a["n_dims"] == _pad4(xs[0].shape)[0],
+          f"n_dims={a['n_dims']}: vision RoPE turns pairs n_dims apart across the whole head {xs[0].shape[0]}")
     _need(len(sections) == 4 and all(isinstance(n, int) and n >= 0 for n in sections) and any(sections[:3]),
           f"sections={list(sections)} must be 4 counts of rotated pairs, one of the first three positive")
     _need(sum(sections) <= _pad4(xs[0].shape)[0], f"sections={list(sections)} hold more pairs than head size "
@@ -466,7 +468,8 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
           "rotary position embedding over the first n_dims of ne0; positions index ne2"),
     OpDef("rope_multi", "attention", ("a", "pos"), _ROPE_ATTRS + ("sections",), _rope_multi,
           "RoPE whose rotated pairs fall into sections (time, height, width, extra; 'imrope': interleaved; 'mrope': "
-          "one after the other), each "
+          "one after the other; 'vision': each section's angles from its own start, pairs n_dims apart over the whole "
+          "head), each "
           "section turned by its own position: four a token, section-major (every token's time, then heights, "
           "widths, extras); a text token's are (p, p, p, 0)"),
     OpDef("lightning_indexer", "attention", ("q", "k", "weights", "mask"), (), _lightning_indexer,

@@ -147,6 +147,11 @@ class Tower(Architecture):
         towers."""
         return {}
 
+    def row_grid(self, n_rows: int) -> tuple[int, int]:
+        """The (columns, lines) the ``n_rows`` rows of an image of its frame lie in, where a decoder's M-RoPE places
+        them in two dimensions (mtmd's nx and ny): one line of them, for most towers."""
+        return n_rows, 1
+
     @classmethod
     def from_metadata(cls, label: str, metadata: Mapping[str, Any],  # type: ignore[override]
                       shapes: Mapping[str, tuple[int, ...]] | None = None) -> Architecture:

@@ -47,7 +47,11 @@ class Options:
     into one (clip's audio average pool, ggml_pool_1d: Voxtral's; 0: none); ``rope_theta``: no learned positions, Q
     and K turned by 2D RoPE of this base instead (clip's build_rope_2d: each head's first half by the patch's row,
     its second by its column at the odd frequencies; inputs pos_h and pos_w; 0: learned positions);
-    ``gated_ffn``: the FFN's activation of a gate (``ffn_gate``) times its up (clip's SwiGLU)."""
+    ``gated_ffn``: the FFN's activation of a gate (``ffn_gate``) times its up (clip's SwiGLU); ``mrope``: the RoPE
+    of rope_theta is M-RoPE in ggml's vision mode instead (Qwen2-VL's: each head in four sections of d/4 pairs,
+    the first two turned by the patch's row and column, pairs d/2 apart; input ``positions``, four a patch);
+    ``window_pattern``: every layer but each window_pattern-th attends within windows only (input ``window_mask``,
+    Qwen2.5-VL's window attention; 0: every layer attends to all patches)."""
 
     class_row: bool = False
     pre_norm: bool = False
@@ -58,6 +62,8 @@ class Options:
     pool: int = 0
     rope_theta: float = 0.0
     gated_ffn: bool = False
+    mrope: bool = False
+    window_pattern: int = 0
 
     def role(self, t: T) -> T:
         """The file's tensor for the ViT's role t."""
@@ -124,10 +130,11 @@ def _ffn_tensors(E: int, F: int, il: int, opts: Options) -> list[TensorSpec]:
     return up_down + (with_bias(T.V_ENC_FFN_GATE, (E, F), il, bias_optional=True) if opts.gated_ffn else [])
 
 
-def build_inp(b: GraphBuilder) -> Node:
+def build_inp(b: GraphBuilder, kernels: tuple[str, ...] = ("weight",)) -> Node:
     """The image's patches as rows [E, n_patches] (clip's build_inp): ggml_conv_2d's im2col (its values rounded to
     f16, f32 for a bf16 kernel only), times the kernel; the patches in the image's row order; plus the kernel's bias
-    where the file has one."""
+    where the file has one. ``kernels``: the patch kernels by suffix, their convolutions added (Qwen2-VL's two
+    frames of a still image, one kernel each)."""
     hp = b.hp
     P, E = hp.patch_size, hp.n_embd
     nx, ny = patch_grid(b)
@@ -136,9 +143,13 @@ def build_inp(b: GraphBuilder) -> Node:
     kernel = b.w(T.V_ENC_EMBD_PATCH)
     cols = b.op("im2col", image, kw=P, kh=P, s0=P, s1=P, p0=0, p1=0, d0=1, d1=1,
                 type="f32" if kernel.dtype == "bf16" else "f16", name="inp_patches")
-    conv = b.op("mul_mat", b.reshape(cols, (CHANNELS * P * P, n), name="inp_patches.rows"),
-                b.reshape(kernel, (P * P * CHANNELS, E), name="patch_embd.rows"), name="inp_conv")
-    x = b.op("cont", b.op("transpose", conv, name="inp_conv.t"), name="inp_patch_rows")
+    windows = b.reshape(cols, (CHANNELS * P * P, n), name="inp_patches.rows")
+    convs = [b.op("mul_mat", windows, b.reshape(b.w(T.V_ENC_EMBD_PATCH, suffix=suffix), (P * P * CHANNELS, E),
+                                                name="patch_embd.rows"), name="inp_conv") for suffix in kernels]
+    x = b.op("cont", b.op("transpose", convs[0], name="inp_conv.t"), name="inp_patch_rows")
+    for conv in convs[1:]:
+        rows = b.op("cont", b.op("transpose", conv, name="inp_conv.t"), name="inp_patch_rows")
+        x = b.op("add", x, rows, name="inp_patch_rows.sum")
     bias = b.w_opt(T.V_ENC_EMBD_PATCH, suffix="bias")
     return x if bias is None else b.op("add", x, bias, name="patch_bias")
 
@@ -158,13 +169,15 @@ def build_vit(b: GraphBuilder, x: Node, norm: Norm = Norm.LAYER, opts: Options =
     act = _ACTS[hp.ffn_act]
     depth = hp.n_layer if opts.depth is None else opts.depth
     kept = opts.kept(hp.n_layer)
+    windows = b.input("window_mask", "f32", (x.shape[1], x.shape[1])) if opts.window_pattern else None
     stack = []
     for il in range(depth):
         if il in kept:
             stack.append(x)
         with b.layer(il):
             h = _norm(b, x, r(T.V_ENC_INPUT_NORM), il, norm, "layer_inp_normed")
-            x = b.op("add", _attention(b, h, il, opts), x, name="ffn_inp")
+            mask = windows if opts.window_pattern and (il + 1) % opts.window_pattern else None
+            x = b.op("add", _attention(b, h, il, opts, mask), x, name="ffn_inp")
             h = _norm(b, x, r(T.V_ENC_POST_ATTN_NORM), il, norm, "ffn_inp_normed")
             up, down = (r(T.V_ENC_FFN_UP), r(T.V_ENC_FFN_DOWN))
             if opts.ffn_either_way and b.w(down, il).shape[0] == hp.n_embd:  # named the other way round
@@ -201,9 +214,9 @@ def _norm(b: GraphBuilder, x: Node, t: T, il: int | None, kind: Norm, name: str)
     return b.build_norm(x, w, bias, kind, name=name)
 
 
-def _attention(b: GraphBuilder, x: Node, il: int, opts: Options) -> Node:
-    """Every patch attends to every patch: Q, K and V (each with its bias where given), softmax(K^T Q / sqrt(d)) V
-    per head, and the output projection."""
+def _attention(b: GraphBuilder, x: Node, il: int, opts: Options, mask: Node | None = None) -> Node:
+    """Every patch attends to every patch (those the mask lets it see, where given): Q, K and V (each with its bias
+    where given), softmax(K^T Q / sqrt(d) + mask) V per head, and the output projection."""
     hp, r = b.hp, opts.role
     d, n = hp.n_embd_head_k, x.shape[1]
     projections = ((r(T.V_ENC_ATTN_Q), "Qcur", hp.n_head), (r(T.V_ENC_ATTN_K), "Kcur", hp.n_head_kv),
@@ -211,8 +224,9 @@ def _attention(b: GraphBuilder, x: Node, il: int, opts: Options) -> Node:
     flat = [b.linear(x, b.w(t, il), b.w_opt(t, il, "bias"), name=tag) for t, tag, _ in projections]
     q, k, v = (b.reshape(y, (d, heads, n), name=f"{tag}.heads") for y, (_, tag, heads) in zip(flat, projections))
     if opts.rope_theta:
-        q, k = _rope_2d(b, q, opts.rope_theta, "Qcur"), _rope_2d(b, k, opts.rope_theta, "Kcur")
-    out = b.attn_mha(q, k, v, None, b.kq_scale())
+        turn = _rope_vision if opts.mrope else _rope_2d
+        q, k = turn(b, q, opts.rope_theta, "Qcur"), turn(b, k, opts.rope_theta, "Kcur")
+    out = b.attn_mha(q, k, v, mask, b.kq_scale())
     o = r(T.V_ENC_ATTN_O)
     return b.linear(out, b.w(o, il), b.w_opt(o, il, "bias"), name="attn_out")
 
@@ -233,3 +247,14 @@ def _rope_2d(b: GraphBuilder, x: Node, theta: float, tag: str) -> Node:
         turned.append(b.rope(part, pos, name=f"{tag}.{axis}", n_dims=half, mode="norm", freq_base=f32(theta),
                              freq_scale=scale, ext_factor=0.0, attn_factor=1.0, n_ctx_orig=0))
     return b.op("concat", *turned, dim=0, name=f"{tag}.rope_2d")
+
+
+def _rope_vision(b: GraphBuilder, x: Node, theta: float, tag: str) -> Node:
+    """Qwen2-VL's M-RoPE over heads x [d, heads, n] (ggml_rope_multi in vision mode, as clip's qwen2vl graph calls
+    it): sections of d/4 pairs, pair i turning channels i and i + d/2 by the patch's row (first section) or column
+    (second), each section's frequencies counted from its own start; positions ``positions`` [4 n] (rows, columns,
+    rows, columns)."""
+    d, _, n = x.shape
+    pos = b.input("positions", "i32", (4 * n,))
+    return b.rope(x, pos, name=f"{tag}.rope_vision", n_dims=d // 2, mode="vision", sections=(d // 4,) * 4,
+                  freq_base=f32(theta), freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, n_ctx_orig=32768)

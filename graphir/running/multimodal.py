@@ -24,11 +24,13 @@ Picture = str | os.PathLike[str] | np.ndarray
 @dataclass(frozen=True)
 class Chunk:
     """A piece of a multimodal prompt, in order: text tokens, or one image's rows [n, n_embd] (``both_ways``: the
-    decoder takes them with causal attention off)."""
+    decoder takes them with causal attention off; ``grid``: the (columns, lines) they lie in, for a decoder with
+    M-RoPE)."""
 
     tokens: tuple[int, ...] = ()
     rows: np.ndarray | None = None
     both_ways: bool = False
+    grid: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens) if self.rows is None else len(self.rows)
@@ -79,14 +81,17 @@ class MultimodalContext:
 
     def eval(self, chunks: Sequence[Chunk], n_past: int = 0, seq_id: int = 0) -> int:
         """Decode the chunks at positions from ``n_past`` in batches of the context's n_batch, the last token's
-        logits kept (mtmd_helper_eval_chunks); returns the next position."""
+        logits kept (mtmd_helper_eval_chunks); returns the next position. A decoder with M-RoPE takes an image's
+        rows at one time, each at its line and column from there, and the text after it that many positions on as
+        the grid's longer side (mtmd_image_tokens_get_decoder_pos, mtmd_image_tokens_get_n_pos)."""
         ctx = self.text
         for i, chunk in enumerate(chunks):
             last = i == len(chunks) - 1
+            grid = chunk.grid if self.model.arch.positions_per_token > 1 else None
             for start in range(0, len(chunk), ctx.n_batch):
                 n = min(ctx.n_batch, len(chunk) - start)
                 outputs = "last" if last and start + n == len(chunk) else "none"
-                pos = np.arange(n_past + start, n_past + start + n)
+                pos = _planar(n_past, grid, start, n) if grid else np.arange(n_past + start, n_past + start + n)
                 if chunk.rows is None:
                     batch = Batch.from_tokens(chunk.tokens[start:start + n], n_past + start, seq_id, outputs)
                 else:
@@ -96,7 +101,7 @@ class MultimodalContext:
                     ctx.decode(batch)
                 finally:
                     ctx.set_causal_attn(True)
-            n_past += len(chunk)
+            n_past += max(grid) if grid else len(chunk)
         return n_past
 
     def _text(self, chunks: list[Chunk], tokens: Sequence[int]) -> None:
@@ -134,7 +139,9 @@ class MultimodalContext:
             self._text(chunks, [self._token(t) for t in wrap.overview_start])
         elif tile.kind == "slice" and wrap.slice_start:
             self._text(chunks, parsed(wrap.slice_start.format(row=tile.row + 1, col=tile.col + 1)))
-        chunks.append(Chunk(rows=rows, both_ways=wrap.both_ways))
+        arch, (height, width) = self.tower.model.arch, tile.pixels.shape[1:]
+        sized = arch.at_size(width, height) if arch.any_size else arch
+        chunks.append(Chunk(rows=rows, both_ways=wrap.both_ways, grid=sized.row_grid(len(rows))))
         if tile.kind == "overview":
             self._text(chunks, [self._token(t) for t in wrap.overview_end])
         elif tile.kind == "slice" and tile.col == n_cols - 1 and tile.row != n_rows - 1:
@@ -150,3 +157,10 @@ class MultimodalContext:
                                  f"{self.tower.model.arch.name} wraps its images in")
             self._found[text] = found
         return self._found[text]
+
+
+def _planar(n_past: int, grid: tuple[int, int], start: int, n: int) -> np.ndarray:
+    """Rows start .. start + n of an image at time n_past in a grid of (columns, lines), section-major: the time,
+    n_past plus each row's line, n_past plus its column, 0 (mtmd's M-RoPE positions of an image)."""
+    at = np.arange(start, start + n)
+    return np.concatenate([np.full(n, n_past), n_past + at // grid[0], n_past + at % grid[0], np.zeros(n, np.int64)])

@@ -56,9 +56,11 @@ def _rope_cache(pos, half, theta_scale, ff, freq_scale, ext, lo, hi, mscale, cos
             theta = theta * theta_scale
 
 
-def rope_cos_sin(pos: np.ndarray, n_dims: int, freq_factors: np.ndarray | None, a: dict) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [n_tokens, n_dims/2] as ggml's rope cache builds them (angle *= theta_scale per pair)."""
-    half = n_dims // 2
+def rope_cos_sin(pos: np.ndarray, n_dims: int, freq_factors: np.ndarray | None, a: dict,
+                 pairs: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [n_tokens, n_dims/2] as ggml's rope cache builds them (angle *= theta_scale per pair); ``pairs``
+    columns instead where the cache runs past n_dims/2 (vision RoPE's, over the whole head)."""
+    half = pairs or n_dims // 2
     theta_scale = F32(libm.powf(F32(a["freq_base"]), F32(-2.0) / F32(n_dims)))
     ff = np.ones(half, F32) if freq_factors is None else np.ascontiguousarray(freq_factors, dtype=F32)[:half]
     freq_scale, ext = F32(a["freq_scale"]), F32(a["ext_factor"])
@@ -79,13 +81,18 @@ def multi_cos_sin(pos: np.ndarray, n_dims: int, sections: tuple[int, ...], a: di
     """cos/sin of ggml_mrope_cache_init: ``pos`` holds each token's time, height, width and extra positions,
     section-major; every section's angles run through the same multiplications as plain RoPE's, and pair i takes
     those of the section its sector falls in (mode imrope: time, height and width by turns while each lasts, then
-    the extra one; mrope: the sections one after the other)."""
+    the extra one; mrope: the sections one after the other; vision: one after the other over n_dims pairs, the
+    whole head, each section's angles multiplied from its own start, as ggml resets them there)."""
     per_section = np.asarray(pos).reshape(4, -1)
-    rows = [rope_cos_sin(p, n_dims, None, a) for p in per_section]
+    vision = a["mode"] == "vision"
+    pairs = n_dims if vision else n_dims // 2
+    rows = [rope_cos_sin(p, n_dims, None, a, pairs) for p in per_section]
     cos, sin = rows[3][0].copy(), rows[3][1].copy()
-    for i in range(n_dims // 2):
+    starts = np.cumsum((0, *sections[:3]))
+    for i in range(pairs):
         section = multi_section(i, sections, a["mode"] == "imrope")
-        cos[:, i], sin[:, i] = rows[section][0][:, i], rows[section][1][:, i]
+        col = i % sum(sections) - starts[section] if vision else i
+        cos[:, i], sin[:, i] = rows[section][0][:, col], rows[section][1][:, col]
     return cos, sin
 
 
@@ -173,8 +180,10 @@ def rope_kernel(a: dict, shape: tuple[int, ...]) -> tuple[Callable, int, int, bo
     """The rotation's kernel for x of this shape, (rows, cos, sin, n_tokens, n_heads, n_dims, neox, n_fused, out),
     and its constant arguments n_heads, n_dims, neox and n_fused."""
     n_dims, mode = a["n_dims"], a["mode"]
-    if mode not in ("norm", "neox", "imrope", "mrope"):
+    if mode not in ("norm", "neox", "imrope", "mrope", "vision"):
         raise NotImplementedError(f"rope mode {mode!r}")
+    if mode == "vision":                     # the whole head in pairs n_dims apart: NeoX's loop over 2 n_dims
+        n_dims = 2 * n_dims
     half = n_dims // 2
     if mode != "norm":                       # neox and the M-RoPEs rotate the same pairs, through the same loop
         n_fused = half                       # scalar loop, contracted
