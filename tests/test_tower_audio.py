@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from mmproj_files import A, tiny_audio_tower, write_mmproj
+from test_towers import greedy_after
 
 import graphir
 from graphir.cli import main
@@ -205,7 +206,6 @@ def test_a_prompt_with_audio_continues_as_mtmds(projector: str, name: str, tmp_p
     it within 1e-3 of llama.cpp's and the next 8 greedy tokens llama.cpp's."""
     from llama_mtmd import Mtmd
 
-    from graphir.batch import Batch
 
     mmproj = write_mmproj(tmp_path / "a.gguf", tiny_audio_tower(projector))
     wav = _wav(tmp_path / "a.wav", *WAVS[name])
@@ -221,12 +221,7 @@ def test_a_prompt_with_audio_continues_as_mtmds(projector: str, name: str, tmp_p
     assert not any(c.both_ways for c in chunks)
     n_past = ctx.eval(chunks)
     assert np.abs(ctx.text.logits()[-1] - logits).max() <= 1e-3
-    ours = []
-    for _ in range(8):
-        ours.append(int(np.argmax(ctx.text.logits_ith(-1))))
-        ctx.text.decode(Batch.one(ours[-1], n_past))
-        n_past += 1
-    assert ours == tokens
+    assert greedy_after(ctx, n_past, 8) == tokens
 
 
 def test_bad_audio_is_one_line_and_changes_nothing(tmp_path: Path, smol: Model) -> None:

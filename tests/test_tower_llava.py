@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from mmproj_files import V, tiny_tower, write_mmproj
-from test_towers import PICTURES, _patches, _picture, text_model  # noqa: F401 (text_model: a fixture)
+from test_towers import PICTURES, _patches, _picture, greedy_after, text_model  # noqa: F401 (text_model: a fixture)
 
 import graphir
 from graphir.arch.llava import FEATURE_LAYERS, PINPOINTS, SWAPPED_FFN
@@ -142,7 +142,6 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(shape: str, tmp_path: Path, 
     8 greedy tokens llama.cpp's."""
     from llama_mtmd import Mtmd
 
-    from graphir.batch import Batch
 
     mmproj, picture = write_mmproj(tmp_path / "mmproj.gguf", _tower("anyres")), _picture(tmp_path, shape)
     oracle = Mtmd(mmproj, text_model, vocab_only=False)
@@ -157,12 +156,7 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(shape: str, tmp_path: Path, 
     assert not any(c.both_ways for c in chunks)
     n_past = ctx.eval(chunks)
     assert np.abs(ctx.text.logits()[-1] - logits).max() <= 1e-3
-    ours = []
-    for _ in range(8):
-        ours.append(int(np.argmax(ctx.text.logits_ith(-1))))
-        ctx.text.decode(Batch.one(ours[-1], n_past))
-        n_past += 1
-    assert ours == tokens
+    assert greedy_after(ctx, n_past, 8) == tokens
 
 
 # --------------------------------------------------------------------------- bad files

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from mmproj_files import TINY_INCLUDE, V, tiny_tower, write_mmproj, with_tokens
-from test_towers import _patches, text_model  # noqa: F401 (text_model: a fixture)
+from test_towers import _patches, greedy_after, text_model  # noqa: F401 (text_model: a fixture)
 
 import graphir
 from graphir.errors import GraphirError, MetadataError
@@ -23,8 +23,10 @@ from graphir.model.meta import ModelMeta, open_model
 
 P = 14  # the tiny tower's patch
 # pictures (seeded noise, PNG) and the size mtmd encodes each at: whole patches already; sides rounded to patches
-# (a letterbox: wider, taller); too few patches (scaled up to 8); too many (scaled down to 1024)
-PICTURES = {"exact": (56, 42), "wide": (90, 40), "tall": (30, 70), "small": (20, 20), "large": (700, 400)}
+# (a letterbox: wider, taller); too few patches (scaled up to 8); too many (scaled down to 1024); one row of patches
+# (no break rows)
+PICTURES = {"exact": (56, 42), "wide": (90, 40), "tall": (30, 70), "small": (20, 20), "large": (700, 400),
+            "strip": (112, 14)}
 # the merger's variant: Mistral-Small-3.1's 2 x 2 patch merger, its norm and projection in the file
 MERGER = {V.SPATIAL_MERGE_SIZE: 2}
 MERGER_INCLUDE = TINY_INCLUDE["pixtral"] + r"|mm\.input_norm\.weight|mm\.patch_merger\.weight"
@@ -172,13 +174,13 @@ def pixtral_text(tmp_path_factory: pytest.TempPathFactory, text_model: Path) -> 
     return with_tokens(text_model, tmp_path_factory.mktemp("pixtral") / "text.gguf", PIXTRAL_TOKENS)
 
 
-@pytest.mark.parametrize("shape", ["wide", "tall"])
+@pytest.mark.parametrize("shape", ["strip"])
 def test_a_prompt_with_a_picture_continues_as_mtmds(shape: str, tmp_path: Path, pixtral_text: Path) -> None:
-    """The prompt split as mtmd splits it (the picture's rows, breaks included, then [IMG_END]), decoded: the logits
-    after it within 1e-3 of llama.cpp's and the next 8 greedy tokens llama.cpp's."""
+    """The prompt split as mtmd splits it (the picture's rows, then [IMG_END]), decoded: the logits after it within
+    1e-3 of llama.cpp's and the next 8 greedy tokens llama.cpp's. The picture is one patch high: mtmd's break rows
+    (see _finite) may be NaN and would turn its logits NaN; the break rows are held to mtmd's by the rows tests."""
     from llama_mtmd import Mtmd
 
-    from graphir.batch import Batch
 
     mmproj, picture = write_mmproj(tmp_path / "mmproj.gguf", _tower()), _picture(tmp_path, shape)
     oracle = Mtmd(mmproj, pixtral_text, vocab_only=False)
@@ -195,9 +197,4 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(shape: str, tmp_path: Path, 
     n_past = ctx.eval(chunks)
     diff = float(np.abs(ctx.text.logits()[-1] - logits).max())
     assert diff <= 1e-3, diff
-    ours = []
-    for _ in range(8):
-        ours.append(int(np.argmax(ctx.text.logits_ith(-1))))
-        ctx.text.decode(Batch.one(ours[-1], n_past))
-        n_past += 1
-    assert ours == tokens
+    assert greedy_after(ctx, n_past, 8) == tokens

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from mmproj_files import V, tiny_tower, write_mmproj
-from test_towers import _patches, text_model  # noqa: F401 (text_model: a fixture)
+from test_towers import _patches, greedy_after, text_model  # noqa: F401 (text_model: a fixture)
 
 import graphir
 from graphir.errors import MetadataError
@@ -162,7 +162,6 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(projector: str, shape: str, 
     after the prompt within 1e-3 of llama.cpp's and the next 8 greedy tokens llama.cpp's."""
     from llama_mtmd import Mtmd
 
-    from graphir.batch import Batch
 
     tower = tiny_tower(projector, **{V.PROJECTION_DIM: TEXT_WIDTH})
     mmproj, picture = write_mmproj(tmp_path / "mmproj.gguf", tower), _picture(tmp_path, shape)
@@ -184,12 +183,7 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(projector: str, shape: str, 
     diff = float(np.abs(ctx.text.logits()[-1] - logits).max())
     print(f"{projector} {shape}: logits max diff {diff:.3g}")
     assert diff <= 1e-3, diff
-    ours = []
-    for _ in range(8):
-        ours.append(int(np.argmax(ctx.text.logits_ith(-1))))
-        ctx.text.decode(Batch.one(ours[-1], n_past))
-        n_past += 1
-    assert ours == tokens
+    assert greedy_after(ctx, n_past, 8) == tokens
 
 
 def _sized(shape: str) -> tuple[int, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -249,6 +250,18 @@ def _tower(projector: str, folder: Path, model: Model) -> Path:
     return write_mmproj(folder / f"{projector}.gguf", tiny_tower(projector, **width))
 
 
+def greedy_after(ctx: Any, n_past: int, n: int) -> list[int]:
+    """The next n greedy tokens of a multimodal context whose prompt ends at n_past, each decoded in turn."""
+    from graphir.batch import Batch
+
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(ctx.text.logits_ith(-1))))
+        ctx.text.decode(Batch.one(out[-1], n_past))
+        n_past += 1
+    return out
+
+
 @pytest.mark.parametrize("shape", sorted(PICTURES))
 @pytest.mark.parametrize("projector", sorted(PROMPTS))
 def test_a_prompt_with_a_picture_continues_as_mtmds(projector: str, shape: str, tmp_path: Path,
@@ -258,8 +271,6 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(projector: str, shape: str, 
     decoded (Gemma 3's rows with causal attention off, as mtmd_decode_use_non_causal asks): the logits after it
     within 1e-3 of llama.cpp's and the next 8 greedy tokens llama.cpp's."""
     from llama_mtmd import Mtmd
-
-    from graphir.batch import Batch
 
     model = loaded[projector]
     mmproj, picture = _tower(projector, tmp_path, model), _picture(tmp_path, shape)
@@ -274,12 +285,7 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(projector: str, shape: str, 
     n_past = ctx.eval(chunks)
     assert n_past == sum(len(c) for c in chunks)
     assert np.abs(ctx.text.logits()[-1] - logits).max() <= 1e-3
-    ours = []
-    for _ in range(8):
-        ours.append(int(np.argmax(ctx.text.logits_ith(-1))))
-        ctx.text.decode(Batch.one(ours[-1], n_past))
-        n_past += 1
-    assert ours == tokens
+    assert greedy_after(ctx, n_past, 8) == tokens
 
 
 def test_gemma3_takes_a_picture_s_rows_both_ways(tmp_path: Path, loaded: dict[str, Model]) -> None:
