@@ -2,22 +2,23 @@
 decoded to mono float samples, then Whisper's log-mel spectrogram in mtmd's own float32 steps, cut into chunks of
 the tower's input length.
 
-mtmd decodes with miniaudio (WAV, MP3, FLAC), mixing channels to mono and resampling to the tower's rate; here WAV
-PCM is read with the standard library's ``wave`` and scaled to [-1, 1) as miniaudio scales it, channels averaged as
-its mixer averages float samples. A file at another rate is refused (miniaudio's resampler is not ported), as are
-MP3 and FLAC. The spectrogram is mtmd's arithmetic: its sin/cos table and Hann window (glibc's sinf and cosf), its
-radix-2 FFT down to an odd length and a plain DFT there, power spectra by Slaney's mel filter bank summed four bins
-at a time, log10, clamped to 8 below the largest value and scaled as (x + 4) / 4; the samples reflected at the start
-and followed by 30 s of silence, as Whisper pads them.
+mtmd decodes WAV, MP3 and FLAC with miniaudio to float32, one channel, at the tower's rate; here the same library
+(the ``miniaudio`` package) decodes them with the same settings, and the samples are as many as mtmd reads: the
+frame count miniaudio reports, counted at the tower's rate, a shortfall left as zeros. The spectrogram is mtmd's
+arithmetic: its sin/cos table and Hann window (glibc's sinf and cosf), its radix-2 FFT down to an odd length and a
+plain DFT there, power spectra by Slaney's mel filter bank summed four bins at a time, log10, clamped to 8 below the
+largest value and scaled as (x + 4) / 4; the samples reflected at the start and followed by 30 s of silence, as
+Whisper pads them.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import wave
 from functools import cache
+from pathlib import Path
 
+import miniaudio
 import numpy as np
 
 from graphir.errors import GraphirError
@@ -26,62 +27,56 @@ from graphir.model.tower import AudioPrep
 
 _F32 = np.float32
 _MEL_FLOOR = 5.960464477539063e-08  # mtmd's floor of a mel band's power (a float), before log10
-_SCALES = {1: 0.00784313725490196078, 2: 0.000030517578125, 3: 0.00000011920928955078125}  # miniaudio's, to f32
-_OTHER_FORMATS = {b"ID3": "MP3", b"fLaC": "FLAC"}
+_INFO = {"WAV": miniaudio.wav_get_info, "MP3": miniaudio.mp3_get_info, "FLAC": miniaudio.flac_get_info}
 
 
 def read_audio(path: str | os.PathLike[str], sample_rate: int) -> np.ndarray:
-    """A WAV file's samples as float32 mono [n] at ``sample_rate`` (the tower's), as mtmd's miniaudio decodes
-    them: PCM of 8 (unsigned), 16, 24 or 32 bits scaled to [-1, 1), channels averaged."""
+    """An audio file's samples as float32 mono [n] at ``sample_rate`` (the tower's), as mtmd's helper decodes them:
+    a file mtmd takes for WAV, MP3 or FLAC (by its first bytes) through miniaudio, channels mixed and resampled;
+    refused where mtmd fails (no decoder opens it, or not one frame decodes)."""
     label = os.fsdecode(path)
     try:
-        with open(label, "rb") as f:
-            head = f.read(12)
+        data = Path(label).read_bytes()
     except FileNotFoundError:
         raise GraphirError(f"{label}: no such audio file") from None
-    kind = next((name for magic, name in _OTHER_FORMATS.items() if head.startswith(magic)),
-                "MP3" if head[:1] == b"\xff" and head[1:2] >= b"\xe0" else None)
-    if kind:
-        raise GraphirError(f"{label}: {kind} audio is not read (WAV PCM only; convert it to WAV)")
-    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-        raise GraphirError(f"{label}: not an audio file (WAV PCM expected)")
+    kind = _kind(data)
+    if kind is None:
+        raise GraphirError(f"{label}: not an audio file (WAV, MP3 or FLAC expected)")
     try:
-        with wave.open(label, "rb") as w:
-            channels, width, rate, n = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
-            data = w.readframes(n)
-    except (wave.Error, EOFError) as e:
-        raise GraphirError(f"{label}: cannot read the WAV file ({e})") from None
-    if rate != sample_rate:
-        raise GraphirError(f"{label}: audio at {rate} Hz; the tower takes {sample_rate} Hz (resample it first: "
-                           f"graphir does not resample)")
-    if len(data) < n * channels * width:
-        raise GraphirError(f"{label}: truncated WAV: {len(data) // (channels * width)} of its {n} frames")
-    if n == 0:
-        raise GraphirError(f"{label}: the WAV file holds no samples")
-    return mono(_pcm(data, width), channels)
+        info = _INFO[kind](data)
+        decoded = miniaudio.decode(data, miniaudio.SampleFormat.FLOAT32, 1, sample_rate)
+    except miniaudio.DecodeError:
+        raise GraphirError(f"{label}: cannot decode the {kind} data (corrupt, or an encoding miniaudio lacks)") \
+            from None
+    n = _frames_at(sample_rate, info.sample_rate, info.num_frames)
+    got = np.frombuffer(decoded.samples, _F32)[:n]
+    if got.size == 0:
+        raise GraphirError(f"{label}: no {kind} frame decodes (empty or truncated)")
+    samples = np.zeros(n, _F32)
+    samples[:got.size] = got
+    return samples
 
 
-def _pcm(data: bytes, width: int) -> np.ndarray:
-    """Little-endian PCM samples as float32 (miniaudio's pcm_*_to_f32: 8 bits unsigned, 32 bits through double)."""
-    if width == 4:
-        return (np.frombuffer(data, "<i4").astype(np.float64) / 2147483648.0).astype(_F32)
-    if width == 3:
-        b = np.frombuffer(data, np.uint8).reshape(-1, 3).astype(np.uint32)
-        ints = ((b[:, 0] << 8) | (b[:, 1] << 16) | (b[:, 2] << 24)).view(np.int32) >> 8
-        return ints.astype(_F32) * _F32(_SCALES[3])
-    if width == 2:
-        return np.frombuffer(data, "<i2").astype(_F32) * _F32(_SCALES[2])
-    return np.frombuffer(data, np.uint8).astype(_F32) * _F32(_SCALES[1]) - _F32(1)
+def _kind(head: bytes) -> str | None:
+    """The format mtmd takes a file for by its first bytes (it needs 12): RIFF/WAVE, an ID3 tag or an MPEG sync
+    word, fLaC."""
+    if len(head) < 12:
+        return None
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return "WAV"
+    if head[:3] == b"ID3" or (head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
+        return "MP3"
+    return "FLAC" if head[:4] == b"fLaC" else None
 
 
-def mono(samples: np.ndarray, channels: int) -> np.ndarray:
-    """Interleaved frames [n * channels] mixed to one channel: each frame's samples summed in float32, over the
-    channel count (miniaudio's mono mix)."""
-    frames = samples.reshape(-1, channels)
-    total = frames[:, 0].copy()
-    for c in range(1, channels):
-        total += frames[:, c]
-    return total / _F32(channels) if channels > 1 else total
+def _frames_at(rate: int, source_rate: int, frames: int) -> int:
+    """How many frames mtmd reads: miniaudio's count of a source's ``frames`` resampled to ``rate``
+    (ma_calculate_frame_count_after_resampling): the whole frames of the ratio, one more when the source holds the
+    input that one more needs by its integer estimate."""
+    if rate == source_rate or frames == 0:
+        return frames
+    out = frames * rate // source_rate
+    return out + (out * (source_rate % rate) + out * (source_rate // rate) // rate <= frames)
 
 
 def log_mel(samples: np.ndarray, n_mel: int, prep: AudioPrep) -> list[np.ndarray]:
