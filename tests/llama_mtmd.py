@@ -42,9 +42,10 @@ class Mtmd:
     llama context of the text model (an f16 cache, no flash attention: llama-cpp-python's defaults)."""
 
     def __init__(self, mmproj: Path, text_model: Path, patch: int = 14, flash_attn: bool = False,
-                 vocab_only: bool = True, window: int = 0):
+                 vocab_only: bool = True, window: int = 0, n_embd: int = 0):
         """``window``: the length of the im2col rows to keep (3 P² by default: a patch; an audio tower's first
-        convolution's: 3 n_mel)."""
+        convolution's: 3 n_mel); ``n_embd``: the rows' width where it is not the text model's (clip's
+        n_mmproj_embd: Qwen3-VL's rows hold each deepstack merger's beside the main merger's)."""
         self.taps: list[np.ndarray] = []
         window = window or 3 * patch * patch
 
@@ -66,7 +67,8 @@ class Mtmd:
         params = L.llama_model_default_params()
         params.vocab_only = vocab_only
         self.model = L.llama_model_load_from_file(str(text_model).encode(), params)
-        self.n_embd = open_model(str(text_model)).arch.hp.n_embd  # the rows' width (a vocab-only model has none)
+        # the rows' width (a vocab-only model has none)
+        self.n_embd = n_embd or open_model(str(text_model)).arch.hp.n_embd
         cp = M.mtmd_context_params_default()
         cp.use_gpu, cp.n_threads, cp.print_timings, cp.warmup = False, 2, False, False
         cp.flash_attn_type = 1 if flash_attn else 0
@@ -172,9 +174,11 @@ class Mtmd:
             L.llama_free(lctx)
 
 
-def mtmd_encode(mmproj: Path, image: Path, text_model: Path, patch: int, flash_attn: bool = False) -> list[Encoded]:
-    """Every image chunk of a prompt holding only ``image``'s marker, encoded by mtmd."""
-    m = Mtmd(mmproj, text_model, patch, flash_attn)
+def mtmd_encode(mmproj: Path, image: Path, text_model: Path, patch: int, flash_attn: bool = False,
+                n_embd: int = 0) -> list[Encoded]:
+    """Every image chunk of a prompt holding only ``image``'s marker, encoded by mtmd (rows ``n_embd`` wide where
+    not the text model's)."""
+    m = Mtmd(mmproj, text_model, patch, flash_attn, n_embd=n_embd)
     try:
         return m.encode(image)
     finally:

@@ -44,6 +44,8 @@ TINY_EXTRA: dict[str, dict[str, object]] = {
     # second layer (window attention in the first)
     "qwen2vl_merger": {V.USE_GELU: None},
     "qwen2.5vl_merger": {V.USE_GELU: None, V.USE_SILU: True, V.N_WA_PATTERN: 2},
+    # Qwen3-VL's: both layers' outputs through deepstack mergers of their own (rows 3 x 576 wide)
+    "qwen3vl_merger": {V.IS_DEEPSTACK_LAYERS: [True, True]},
 }
 POSITIONS, KERNEL = "v.position_embd.weight", "v.patch_embd.weight"
 AUDIO_POSITIONS, AUDIO_KERNEL = "a.position_embd.weight", "a.conv1d.1.weight"
@@ -59,9 +61,14 @@ TINY_INCLUDE = {"mlp": r"v\.pre_ln\.(weight|bias)|v\.blk\.\d+\.(attn_[qkv]|ln1|l
                 "qwen2vl_merger": r"v\.blk\.\d+\.(ln1|ln2)\.(weight|bias)|v\.post_ln\.(weight|bias)|"
                                   r"v\.blk\.\d+\.(attn_[qkv]|attn_out|ffn_up|ffn_down)\.bias",
                 "qwen2.5vl_merger": r"v\.blk\.\d+\.ln[12]\.weight|v\.post_ln\.weight|"
-                                    r"v\.blk\.\d+\.(attn_[qkv]|attn_out|ffn_up|ffn_gate|ffn_down)\.bias"}
+                                    r"v\.blk\.\d+\.(attn_[qkv]|attn_out|ffn_up|ffn_gate|ffn_down)\.bias",
+                # Qwen3-VL's LayerNorms and biases (Q, K and V's fused one is required)
+                "qwen3vl_merger": r"v\.blk\.\d+\.(ln1|ln2)\.(weight|bias)|v\.post_ln\.(weight|bias)|"
+                                  r"v\.patch_embd\.bias|v\.blk\.\d+\.(attn_out|ffn_up|ffn_down)\.bias"}
 # the shapes of the tensors a projector's widths are read from (Tower.widths): LLaVA's MLP, 576 wide throughout
-TINY_SHAPES: dict[str, dict[str, tuple[int, ...]]] = {"mlp": {"mm.0.weight": (32, 576), "mm.2.weight": (576, 576)}}
+# Qwen3-VL's learned positions, a 4 x 4 grid
+TINY_SHAPES: dict[str, dict[str, tuple[int, ...]]] = {"mlp": {"mm.0.weight": (32, 576), "mm.2.weight": (576, 576)},
+                                                      "qwen3vl_merger": {POSITIONS: (32, 16)}}
 
 
 def tiny_tower(projector: str, **keys: Any) -> Preset:

@@ -11,8 +11,8 @@ Thresholds, pinned from the worst NMSE measured over 40 seeds per case, with a m
 file as a script to print every case's NMSE):
   EXACT  1e-10  movement and copy ops, get_rows, set_rows, im2col, pool_2d max: values come through unchanged
                 (measured 0); gelu_quick, whose fp16 table the reference reproduces entry for entry (measured 0)
-  F32    1e-12  float32 elementwise math, norms, softmax, f32 matmul, pool_2d avg (measured <= 3e-14: float32
-                rounding)
+  F32    1e-12  float32 elementwise math, norms, softmax, f32 matmul, pool_2d avg, interpolate (measured <= 3e-14:
+                float32 rounding)
   ROPE   1e-10  rope: the backend builds angles by repeated float32 multiplication as ggml does, so they
                 drift from the float64 reference by a few ulps (measured <= 2e-12 with positions < 200)
   F16    3e-6   f16 operands: matmul against f16 weights/cache rounds activations to f16 as ggml does,
@@ -426,6 +426,10 @@ CASES: list[Case] = [
     C("pool_2d", I("f32", 7, 6, 3), pool="avg", k0=3, k1=2, s0=2, s1=2, p0=1, p1=1, tol=F32,
       note="padded: the padding counts"),
     C("pool_2d", I("f32", 7, 6, 3, 2), pool="max", k0=3, k1=3, s0=2, s1=1, p0=1, p1=1, tol=EXACT, note="padded"),
+    # Qwen3-VL's learned positions, a 4 x 4 grid resized to a picture's patches (corners aligned), up and down
+    *[C("interpolate", I("f32", 4, 4, 6), w=w, h=h, align_corners=True, tol=F32, note=f"positions to {w} x {h}")
+      for w, h in ((6, 10), (2, 3), (1, 5))],
+    C("interpolate", I("f32", 5, 3, 2, 2), w=8, h=4, align_corners=False, tol=F32, note="pixels' centres aligned"),
     C("gelu_quick", I("f32", 7, 5), tol=EXACT),
     C("gelu_quick", I("f32", 16, 4, 3, lo=-30, hi=30), tol=EXACT),
 ]
@@ -901,7 +905,8 @@ GGML_F32, GGML_F16 = 0, 1   # ggml's type ids
 
 def _ggml_op(op: str, args: list[Any], *sources: np.ndarray) -> tuple[np.ndarray, list[int]]:
     """ggml's ``op`` of float32 (or float16) ``sources`` (numpy order, each a ggml tensor of the reversed shape)
-    and the scalar ``args`` after them (an int as C's int, a float as a float), computed by ggml's CPU backend on
+    and the scalar ``args`` after them (an int as C's int, a float as a float, a ctypes value as its own type),
+    computed by ggml's CPU backend on
     one thread (the llama.cpp the oracle tests load): its result (flat, float32 or float16 as ggml made it) and
     the op parameters ggml stored."""
     import ctypes as C
@@ -917,7 +922,8 @@ def _ggml_op(op: str, args: list[Any], *sources: np.ndarray) -> tuple[np.ndarray
                               ("ggml_new_tensor", C.c_void_p, [C.c_void_p, C.c_int, C.c_int, C.POINTER(C.c_int64)]),
                               ("ggml_nbytes", C.c_size_t, [C.c_void_p]),
                               (op, C.c_void_p, [C.c_void_p] * (1 + len(sources))
-                               + [C.c_int if isinstance(a, int) else C.c_float for a in args]),
+                               + [type(a) if isinstance(a, C._SimpleCData) else C.c_int if isinstance(a, int)
+                                  else C.c_float for a in args]),
                               ("ggml_new_graph", C.c_void_p, [C.c_void_p]),
                               ("ggml_build_forward_expand", None, [C.c_void_p, C.c_void_p])):
         getattr(base, fn).restype, getattr(base, fn).argtypes = res, argtypes
@@ -1148,6 +1154,28 @@ def test_pool_2d_is_ggmls_bit_for_bit(shape: tuple[int, ...], attrs: dict[str, A
     want, _ = _ggml_op("ggml_pool_2d", [{"max": 0, "avg": 1}[a["pool"]], a["k0"], a["k1"], a["s0"], a["s1"],
                                         float(a["p0"]), float(a["p1"])], x)
     got = _numba_run(build_graph(C("pool_2d", I("f32", *reversed(shape)), tol=EXACT, **attrs))[0], {"src0": x})
+    np.testing.assert_array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
+
+
+_INTERPOLATIONS = pytest.mark.parametrize("shape, w, h, align_corners", [
+    ((6, 4, 4), 6, 10, True), ((6, 4, 4), 2, 3, True), ((6, 4, 4), 1, 5, True), ((2, 2, 3, 5), 8, 4, False)],
+    ids=["up", "down", "one-column", "pixel-centres"])
+
+
+@pytest.mark.oracle
+@_INTERPOLATIONS
+def test_interpolate_is_ggmls_bit_for_bit(shape: tuple[int, ...], w: int, h: int, align_corners: bool) -> None:
+    """interpolate is ggml_interpolate's bilinear mode bit for bit (GGML_SCALE_MODE_BILINEAR 1, the flag
+    GGML_SCALE_FLAG_ALIGN_CORNERS 1 << 8; the other two sizes kept), ggml's fused multiply-adds included."""
+    import ctypes
+
+    x = (np.random.default_rng(7).standard_normal(shape) * 4).astype(np.float32)
+    lead = (1,) * (4 - len(shape)) + shape[:-2]  # numpy order: N, C
+    mode = ctypes.c_uint32(1 | (1 << 8 if align_corners else 0))
+    sizes = [ctypes.c_int64(n) for n in (w, h, lead[1], lead[0])]
+    want, _ = _ggml_op("ggml_interpolate", [*sizes, mode], x)
+    got = _numba_run(build_graph(C("interpolate", I("f32", *reversed(shape)), w=w, h=h, align_corners=align_corners,
+                                   tol=EXACT))[0], {"src0": x})
     np.testing.assert_array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
 
 

@@ -66,7 +66,7 @@ PRESETS = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "M
            "Dream-v0-Instruct-7B", "LLaDA-8B-Instruct", "llada-moe-tiny-header",  # issue 41: diffusion decoders
            "rnd1-tiny-header",
            "Gemma-3-4B-mmproj", "SmolVLM-256M-mmproj", "LLaVA-1.6-Mistral-7B-mmproj",  # issue 42: vision towers
-           "Pixtral-12B-mmproj", "Qwen2.5-VL-7B-mmproj",
+           "Pixtral-12B-mmproj", "Qwen2.5-VL-7B-mmproj", "Qwen3-VL-2B-mmproj",
            "Ultravox-Llama-3.2-1B-mmproj", "Voxtral-Mini-3B-mmproj"]  # audio towers
 # no layer's text folds into another's: OpenELM's layers each have a size of their own, Gemma 3n's and Gemma 4's each
 # read their own slice of the per-layer inputs (at an offset of its own)

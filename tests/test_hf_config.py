@@ -48,7 +48,7 @@ NOT_COMPARED = {
     "Granite-4.0-H-Tiny": "its public config's multipliers are not known here (the preset lacks them)",
     "Granite-4.0-H-Small": "its public config's multipliers are not known here (the preset lacks them)",
     **dict.fromkeys(("Gemma-3-4B-mmproj", "SmolVLM-256M-mmproj", "Pixtral-12B-mmproj",
-                     "Qwen2.5-VL-7B-mmproj",
+                     "Qwen2.5-VL-7B-mmproj", "Qwen3-VL-2B-mmproj",
                      "Ultravox-Llama-3.2-1B-mmproj", "Voxtral-Mini-3B-mmproj"), "a tower: its keys are the mmproj converter's "
                     "(MmprojModel), which graphir does not map from configs"),
     "LLaVA-1.6-Mistral-7B-mmproj": "a tower: its keys are llama.cpp's legacy image-encoder converter's, which graphir "

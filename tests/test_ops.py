@@ -30,7 +30,7 @@ def rejects(op: str, inputs: list[Node], attrs: dict, match: str) -> None:
 
 ALL_OPS = ["add", "add_id", "argsort_top_k", "cast", "clamp", "concat", "cont", "div", "exp", "fill", "gated_delta_net",
            "gated_linear_attn", "geglu",
-           "gelu", "gelu_erf", "gelu_quick", "get_rows", "im2col", "input", "l2_norm", "lightning_indexer", "mean", "moe_sum",
+           "gelu", "gelu_erf", "gelu_quick", "get_rows", "im2col", "input", "interpolate", "l2_norm", "lightning_indexer", "mean", "moe_sum",
            "mul", "mul_mat", "mul_mat_id", "neg", "norm", "pad", "permute", "pool_2d", "reglu",
            "relu", "repeat", "reshape", "rms_norm", "rope", "rope_multi", "rwkv_wkv6", "rwkv_wkv7", "scale", "scale_bias",
            "set_rows", "sigmoid", "silu", "soft_max", "softplus", "sqr", "sqrt", "ssm_conv", "ssm_scan", "ssm_scan_heads",

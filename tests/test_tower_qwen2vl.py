@@ -140,6 +140,12 @@ PROMPT = "<|im_start|>user\nWhat is in this picture? <__media__> Answer briefly.
 
 @pytest.fixture(scope="module")
 def qwen2vl_text(tmp_path_factory: pytest.TempPathFactory, text_model: Path) -> Path:  # noqa: F811
+    return made_text(tmp_path_factory.mktemp("qwen2vl") / "text.gguf", text_model, "qwen2vl")
+
+
+def made_text(path: Path, text_model: Path, arch: str, **keys: object) -> Path:
+    """A tiny text model of ``arch`` llama.cpp makes at ``path`` (``keys``: its own beyond llama_made's), with
+    ``text_model``'s vocabulary, the last entries renamed to VISION_TOKENS."""
     import gguf
     import llama_made
 
@@ -149,8 +155,7 @@ def qwen2vl_text(tmp_path_factory: pytest.TempPathFactory, text_model: Path) -> 
     vocab[gguf.Keys.Tokenizer.LIST] = tokens[:-len(VISION_TOKENS)] + VISION_TOKENS
     vocab[gguf.Keys.Tokenizer.TOKEN_TYPE] = types[:-len(VISION_TOKENS)] + [int(gguf.TokenType.CONTROL)] * 2
     vocab.pop(gguf.Keys.Tokenizer.SCORES, None)
-    return llama_made.make(tmp_path_factory.mktemp("qwen2vl") / "text.gguf", "qwen2vl", n_vocab=len(tokens),
-                           n_embd=TEXT_WIDTH, n_ctx=1024, **vocab)
+    return llama_made.make(path, arch, n_vocab=len(tokens), n_embd=TEXT_WIDTH, n_ctx=1024, **vocab, **keys)
 
 
 @pytest.mark.parametrize("shape", ["wide", "exact"])

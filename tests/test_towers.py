@@ -79,9 +79,11 @@ def test_archs_lists_the_towers(capsys: pytest.CaptureFixture[str]) -> None:
                        "clip:mlp", "projector=mlp", "vision", "clip:pixtral", "projector=pixtral", "vision",
                        "clip:qwen2.5vl_merger", "projector=qwen2.5vl_merger", "vision",
                        "clip:qwen2vl_merger", "projector=qwen2vl_merger", "vision",
+                       "clip:qwen3vl_merger", "projector=qwen3vl_merger", "vision",
                        "clip:ultravox", "projector=ultravox", "audio", "clip:voxtral", "projector=voxtral", "audio"]
     assert graphir.arch.towers() == ["clip:gemma3", "clip:idefics3", "clip:mlp", "clip:pixtral",
-                                     "clip:qwen2.5vl_merger", "clip:qwen2vl_merger", "clip:ultravox",
+                                     "clip:qwen2.5vl_merger", "clip:qwen2vl_merger", "clip:qwen3vl_merger",
+                                     "clip:ultravox",
                                      "clip:voxtral"]
     assert not set(graphir.arch.towers()) & set(graphir.arch.names())
 
@@ -100,7 +102,7 @@ BAD = {
                      "missing key 'clip.projector_type' (an mmproj file names its projector type)"),
     "unknown projector": ({"clip.projector_type": "nope"}, MetadataError,
                           "unknown projector type 'nope' (known: gemma3, idefics3, mlp, pixtral, qwen2.5vl_merger, "
-                          "qwen2vl_merger, ultravox, voxtral)"),
+                          "qwen2vl_merger, qwen3vl_merger, ultravox, voxtral)"),
     "no image mean": ({V.IMAGE_MEAN: None}, MetadataError,
                       "key 'clip.vision.image_mean' must hold at least 3 values (red, green, blue), got None"),
     "no width": ({V.EMBEDDING_LENGTH: None}, MetadataError, "missing key 'clip.vision.embedding_length'"),

@@ -447,6 +447,29 @@ def pool_2d(v, a, shape, env):
     return back(out, shape)
 
 
+def interpolate(v, a, shape, env):
+    """Each output value at source position (i + o) / scale - o along each axis (o: 0 with the corners aligned, the
+    scale then (out - 1) / (in - 1); else 1/2 and out / in), from the two inputs either side (clamped into the
+    plane) weighted by the distance to each."""
+    A = gg(v[0])                                        # [W, H, C, N]
+    out = np.empty((a["w"], a["h"]) + A.shape[2:])
+
+    def taps(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        aligned = a["align_corners"] and n_out > 1 and n_in > 1
+        scale, o = ((n_out - 1) / (n_in - 1), 0.0) if aligned else (n_out / n_in, 0.0 if a["align_corners"] else 0.5)
+        at = (np.arange(n_out) + o) / scale - o
+        lo = np.clip(np.floor(at).astype(int), 0, n_in - 1)
+        return lo, np.clip(lo + 1, 0, n_in - 1), np.clip(at - lo, 0.0, 1.0)
+
+    x0, x1, dx = taps(a["w"], A.shape[0])
+    y0, y1, dy = taps(a["h"], A.shape[1])
+    for i in range(a["w"]):
+        for j in range(a["h"]):
+            out[i, j] = (A[x0[i], y0[j]] * (1 - dx[i]) * (1 - dy[j]) + A[x1[i], y0[j]] * dx[i] * (1 - dy[j])
+                         + A[x0[i], y1[j]] * (1 - dx[i]) * dy[j] + A[x1[i], y1[j]] * dx[i] * dy[j])
+    return back(out, shape)
+
+
 def set_rows(v, a, shape, env):
     """dst's rows at ids replaced by src's, rounded to dst's type, in place: dst is a memory's buffer (or, batched,
     dst[b] rows ids[b] of src[b]); the value is dst."""
@@ -493,7 +516,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "reglu": lambda v, a, shape, env: np.where(v[0] > 0, v[0] * v[1], 0.0),
     "rope": rope, "rope_multi": rope_multi, "soft_max": soft_max, "reshape": reshape, "view": view,
     "permute": permute, "transpose": transpose, "cont": cont, "concat": concat,
-    "im2col": im2col, "pool_2d": pool_2d,
+    "im2col": im2col, "pool_2d": pool_2d, "interpolate": interpolate,
     "set_rows": set_rows, "ssm_conv": ssm_conv, "ssm_scan": ssm_scan, "ssm_scan_heads": ssm_scan_heads,
     "rwkv_wkv6": rwkv_wkv6, "rwkv_wkv7": rwkv_wkv7, "gated_linear_attn": gated_linear_attn,
     "gated_delta_net": gated_delta_net, "lightning_indexer": lightning_indexer,

@@ -375,6 +375,16 @@ def _pool_2d(xs: list[Node], a: dict[str, Any]) -> Type:
     return "f32", _trim((ow, oh, C, N), len(x.shape))
 
 
+def _interpolate(xs: list[Node], a: dict[str, Any]) -> Type:
+    """[W, H, C, N] -> [w, h, C, N] (ggml_interpolate, bilinear)."""
+    x = xs[0]
+    _need(all(isinstance(n, int) and n > 0 for n in (a["w"], a["h"])),
+          f"interpolate's sizes must be positive, got {a['w']} x {a['h']}")
+    _need(x.dtype == "f32", f"interpolate resizes f32 planes (as ggml does), not {x.type_str}")
+    _, _, C, N = _pad4(x.shape)
+    return "f32", _trim((a["w"], a["h"], C, N), max(len(x.shape), 2))
+
+
 # ---- the catalogue ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -418,6 +428,10 @@ OPS: dict[str, OpDef] = {o.name: o for o in (
     OpDef("pool_2d", "reduce", ("a",), ("pool", "k0", "k1", "s0", "s1", "p0", "p1"), _pool_2d,
           "each k0 x k1 window (stride s, padding p) of every channel of a [W, H, C, N], by its mean (pool avg: the "
           "float32 sum over the window divided by k0 k1) or max; out [OW, OH, C, N] (ggml_pool_2d)"),
+    OpDef("interpolate", "movement", ("a",), ("w", "h", "align_corners"), _interpolate,
+          "every plane of a [W, H, C, N] resized to w x h bilinearly: each output value from its four nearest inputs "
+          "weighted by distance, the corners' centres aligned (align_corners) or the pixels' (ggml_interpolate, "
+          "GGML_SCALE_MODE_BILINEAR); out [w, h, C, N]"),
     OpDef("argsort_top_k", "reduce", ("a",), ("k",), _argsort_top_k,
           "indices of the k largest values of each row (ne0), largest first"),
     OpDef("sum_rows", "reduce", ("a",), (), _sum_rows, "sum over ne0, accumulated in double"),

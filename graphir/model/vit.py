@@ -51,7 +51,9 @@ class Options:
     of rope_theta is M-RoPE in ggml's vision mode instead (Qwen2-VL's: each head in four sections of d/4 pairs,
     the first two turned by the patch's row and column, pairs d/2 apart; input ``positions``, four a patch);
     ``window_pattern``: every layer but each window_pattern-th attends within windows only (input ``window_mask``,
-    Qwen2.5-VL's window attention; 0: every layer attends to all patches)."""
+    Qwen2.5-VL's window attention; 0: every layer attends to all patches); ``fused_qkv``: Q, K and V from one
+    product by ``attn_qkv`` and its bias, three strided views of it (Qwen3-VL's); ``taps``: layers whose outputs
+    build_vit also hands back (Qwen3-VL's deepstack)."""
 
     class_row: bool = False
     pre_norm: bool = False
@@ -64,6 +66,8 @@ class Options:
     gated_ffn: bool = False
     mrope: bool = False
     window_pattern: int = 0
+    fused_qkv: bool = False
+    taps: tuple[int, ...] = ()
 
     def role(self, t: T) -> T:
         """The file's tensor for the ViT's role t."""
@@ -110,10 +114,11 @@ def encoder_tensors(hp: HParams, positions: int, opts: Options = Options()) -> l
     if opts.pre_norm:
         out += with_bias(r(T.V_PRE_NORM), (E,), optional=True)
     for il in range(hp.n_layer):
-        out += [*with_bias(r(T.V_ENC_INPUT_NORM), (E,), il, optional=True),
-                *with_bias(r(T.V_ENC_ATTN_Q), (E, E_q), il, bias_optional=True),
+        qkv = (with_bias(T.V_ENC_ATTN_QKV, (E, E_q + 2 * E_kv), il) if opts.fused_qkv else
+               [*with_bias(r(T.V_ENC_ATTN_Q), (E, E_q), il, bias_optional=True),
                 *with_bias(r(T.V_ENC_ATTN_K), (E, E_kv), il, bias_optional=True),
-                *with_bias(r(T.V_ENC_ATTN_V), (E, E_kv), il, bias_optional=True),
+                *with_bias(r(T.V_ENC_ATTN_V), (E, E_kv), il, bias_optional=True)])
+        out += [*with_bias(r(T.V_ENC_INPUT_NORM), (E,), il, optional=True), *qkv,
                 *with_bias(r(T.V_ENC_ATTN_O), (E_q, E), il, bias_optional=True),
                 *with_bias(r(T.V_ENC_POST_ATTN_NORM), (E,), il, optional=True),
                 *_ffn_tensors(E, F, il, opts)]
@@ -154,10 +159,12 @@ def build_inp(b: GraphBuilder, kernels: tuple[str, ...] = ("weight",)) -> Node:
     return x if bias is None else b.op("add", x, bias, name="patch_bias")
 
 
-def build_vit(b: GraphBuilder, x: Node, norm: Norm = Norm.LAYER, opts: Options = Options()) -> Node:
+def build_vit(b: GraphBuilder, x: Node, norm: Norm = Norm.LAYER, opts: Options = Options(),
+              taps: list[tuple[int, Node]] | None = None) -> Node:
     """clip's build_vit over the patch rows x [E, n]: the class row joined after them and the norm before the
     layers where ``opts`` asks, the learned positions added, the layers ``opts`` runs, then the final norm where
-    the file has one; the output the rows of the layers ``opts`` keeps, joined width-wise, if it keeps any."""
+    the file has one; the output the rows of the layers ``opts`` keeps, joined width-wise, if it keeps any.
+    ``taps`` receives (layer, output) of each layer ``opts.taps`` names."""
     hp = b.hp
     if opts.class_row:
         x = b.op("concat", x, b.w(T.V_ENC_EMBD_CLS, suffix=""), dim=1, name="inp_cls")
@@ -187,6 +194,8 @@ def build_vit(b: GraphBuilder, x: Node, norm: Norm = Norm.LAYER, opts: Options =
                             gate_b=b.w_opt(T.V_ENC_FFN_GATE, il, "bias") if opts.gated_ffn else None,
                             down=b.w(down, il), down_b=b.w_opt(down, il, "bias"), act=act)
             x = b.op("add", x, f, name="layer_out")
+        if il in opts.taps and taps is not None:
+            taps.append((il, x))
     if opts.pool:
         x = _pooled_rows(b, x, opts.pool)
     x = _norm(b, x, r(T.V_POST_NORM), None, norm, "post_ln")
@@ -221,8 +230,14 @@ def _attention(b: GraphBuilder, x: Node, il: int, opts: Options, mask: Node | No
     d, n = hp.n_embd_head_k, x.shape[1]
     projections = ((r(T.V_ENC_ATTN_Q), "Qcur", hp.n_head), (r(T.V_ENC_ATTN_K), "Kcur", hp.n_head_kv),
                    (r(T.V_ENC_ATTN_V), "Vcur", hp.n_head_kv))
-    flat = [b.linear(x, b.w(t, il), b.w_opt(t, il, "bias"), name=tag) for t, tag, _ in projections]
-    q, k, v = (b.reshape(y, (d, heads, n), name=f"{tag}.heads") for y, (_, tag, heads) in zip(flat, projections))
+    if opts.fused_qkv:
+        qkv = b.linear(x, b.w(T.V_ENC_ATTN_QKV, il), b.w(T.V_ENC_ATTN_QKV, il, "bias"), name="qkv")
+        starts = np.cumsum([0] + [d * heads for _, _, heads in projections[:2]])
+        q, k, v = (b.op("view", qkv, shape=(d, heads, n), strides=(1, d, qkv.shape[0]), offset=int(start),
+                        name=f"{tag}.heads") for start, (_, tag, heads) in zip(starts, projections))
+    else:
+        flat = [b.linear(x, b.w(t, il), b.w_opt(t, il, "bias"), name=tag) for t, tag, _ in projections]
+        q, k, v = (b.reshape(y, (d, heads, n), name=f"{tag}.heads") for y, (_, tag, heads) in zip(flat, projections))
     if opts.rope_theta:
         turn = _rope_vision if opts.mrope else _rope_2d
         q, k = turn(b, q, opts.rope_theta, "Qcur"), turn(b, k, opts.rope_theta, "Kcur")
