@@ -174,6 +174,16 @@ class Mtmd:
             L.llama_free(lctx)
 
 
+def mtmd_generate(mmproj: Path, text_model: Path, prompt: str, media: list[Path], n_predict: int,
+                  **kwargs: Any) -> tuple[list[tuple[int, ...] | int], np.ndarray, list[int]]:
+    """Mtmd.generate on a context of its own (the text model loaded with its weights), closed after."""
+    m = Mtmd(mmproj, text_model, vocab_only=False)
+    try:
+        return m.generate(prompt, media, n_predict, **kwargs)
+    finally:
+        m.close()
+
+
 def mtmd_encode(mmproj: Path, image: Path, text_model: Path, patch: int, flash_attn: bool = False,
                 n_embd: int = 0) -> list[Encoded]:
     """Every image chunk of a prompt holding only ``image``'s marker, encoded by mtmd (rows ``n_embd`` wide where

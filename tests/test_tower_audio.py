@@ -277,16 +277,11 @@ def test_a_prompt_with_audio_continues_as_mtmds(projector: str, name: str, tmp_p
     """A prompt with an audio file, split as mtmd splits it (the text tokens, then each chunk's rows; nothing
     around them for Ultravox, the text [BEGIN_AUDIO] before them for Voxtral), decoded causally: the logits after
     it within 1e-3 of llama.cpp's and the next 8 greedy tokens llama.cpp's."""
-    from llama_mtmd import Mtmd
-
+    from llama_mtmd import mtmd_generate
 
     mmproj = write_mmproj(tmp_path / "a.gguf", tiny_audio_tower(projector))
     wav = _wav(tmp_path / "a.wav", *WAVS[name])
-    oracle = Mtmd(mmproj, text_model, vocab_only=False)
-    try:
-        layout, logits, tokens = oracle.generate(PROMPT, [wav], 8, n_ctx=2048)
-    finally:
-        oracle.close()
+    layout, logits, tokens = mtmd_generate(mmproj, text_model, PROMPT, [wav], 8, n_ctx=2048)
     ctx = smol.new_context(n_ctx=2048, mmproj=str(mmproj))
     chunks = ctx.tokenize(PROMPT, [wav])
     assert [c.tokens if c.rows is None else len(c) for c in chunks] == layout
@@ -344,15 +339,11 @@ def test_bad_audio_is_one_line_and_changes_nothing(tmp_path: Path, smol: Model, 
 def test_run_takes_audio(tmp_path: Path, text_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``graphir run MODEL --mmproj MMPROJ --audio FILE -p TEXT``: the continuation llama.cpp's mtmd gives (the
     marker before a prompt without one); --audio without --mmproj, and with --image, are refused."""
-    from llama_mtmd import Mtmd
+    from llama_mtmd import mtmd_generate
 
     mmproj, wav = write_mmproj(tmp_path / "a.gguf", tiny_audio_tower()), _wav(tmp_path / "a.wav", 2.0)
     prompt = "<|im_start|>user\nWhat does this say?<|im_end|>\n<|im_start|>assistant\n"
-    oracle = Mtmd(mmproj, text_model, vocab_only=False)
-    try:
-        _, _, tokens = oracle.generate("<__media__>" + prompt, [wav], 8)
-    finally:
-        oracle.close()
+    _, _, tokens = mtmd_generate(mmproj, text_model, "<__media__>" + prompt, [wav], 8)
     argv = ["run", str(text_model), "--mmproj", str(mmproj), "--audio", str(wav), "-p", prompt, "-n", "8",
             "--no-display-prompt"]
     assert main(argv) == 0

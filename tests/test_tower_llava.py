@@ -140,15 +140,10 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(shape: str, tmp_path: Path, 
     """SmolLM2-135M with the tiny LLaVA-1.6 tower: the prompt split as mtmd splits it (the tiles' rows and the
     overview's, no text between them), decoded causally: the logits after it within 1e-3 of llama.cpp's and the next
     8 greedy tokens llama.cpp's."""
-    from llama_mtmd import Mtmd
-
+    from llama_mtmd import mtmd_generate
 
     mmproj, picture = write_mmproj(tmp_path / "mmproj.gguf", _tower("anyres")), _picture(tmp_path, shape)
-    oracle = Mtmd(mmproj, text_model, vocab_only=False)
-    try:
-        layout, logits, tokens = oracle.generate(PROMPT, [picture], 8)
-    finally:
-        oracle.close()
+    layout, logits, tokens = mtmd_generate(mmproj, text_model, PROMPT, [picture], 8)
     ctx = smollm2.new_context(n_ctx=1024, mmproj=str(mmproj))
     chunks = ctx.tokenize(PROMPT, [picture])
     assert [c.tokens if c.rows is None else len(c) for c in chunks] == layout

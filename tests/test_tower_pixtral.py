@@ -183,14 +183,10 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(shape: str, tmp_path: Path, 
     """The prompt split as mtmd splits it (the picture's rows, then [IMG_END]), decoded: the logits after it within
     1e-3 of llama.cpp's and the next 8 greedy tokens llama.cpp's. The picture is one patch high: mtmd's break rows
     (see the rows test) may be NaN and would turn its logits NaN; the rows test holds the break rows."""
-    from llama_mtmd import Mtmd
+    from llama_mtmd import mtmd_generate
 
     mmproj, picture = write_mmproj(tmp_path / "mmproj.gguf", _tower()), _picture(tmp_path, shape)
-    oracle = Mtmd(mmproj, pixtral_text, vocab_only=False)
-    try:
-        layout, logits, tokens = oracle.generate(PROMPT, [picture], 8)
-    finally:
-        oracle.close()
+    layout, logits, tokens = mtmd_generate(mmproj, pixtral_text, PROMPT, [picture], 8)
     model = graphir.load(str(pixtral_text))
     ctx = model.new_context(n_ctx=512, mmproj=str(mmproj))
     chunks = ctx.tokenize(PROMPT, [picture])

@@ -165,16 +165,11 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(projector: str, shape: str, 
     """The prompt split as mtmd splits it (<|vision_start|>, the rows, <|vision_end|>), the rows at mtmd's M-RoPE
     positions (one time, each at its line and column) and the text after them where mtmd continues it: the logits
     after the prompt within 1e-3 of llama.cpp's and the next 8 greedy tokens llama.cpp's."""
-    from llama_mtmd import Mtmd
-
+    from llama_mtmd import mtmd_generate
 
     tower = tiny_tower(projector, **{V.PROJECTION_DIM: TEXT_WIDTH})
     mmproj, picture = write_mmproj(tmp_path / "mmproj.gguf", tower), _picture(tmp_path, shape)
-    oracle = Mtmd(mmproj, qwen2vl_text, vocab_only=False)
-    try:
-        layout, logits, tokens = oracle.generate(PROMPT, [picture], 8)
-    finally:
-        oracle.close()
+    layout, logits, tokens = mtmd_generate(mmproj, qwen2vl_text, PROMPT, [picture], 8)
     model = graphir.load(str(qwen2vl_text))
     ctx = model.new_context(n_ctx=512, mmproj=str(mmproj))
     chunks = ctx.tokenize(PROMPT, [picture])

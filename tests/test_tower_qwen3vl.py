@@ -120,15 +120,11 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(shape: str, tmp_path: Path, 
     layer's part added to its layer's output by the text model) at mtmd's M-RoPE positions and the text after them
     where mtmd continues it: the logits after the prompt within 1e-3 of llama.cpp's and the next 8 greedy tokens
     llama.cpp's."""
-    from llama_mtmd import Mtmd
+    from llama_mtmd import mtmd_generate
 
     tower = tiny_tower(PROJECTOR, **{V.PROJECTION_DIM: TEXT_WIDTH})
     mmproj, picture = write_mmproj(tmp_path / "mmproj.gguf", tower), _picture(tmp_path, shape)
-    oracle = Mtmd(mmproj, qwen3vl_text, vocab_only=False)
-    try:
-        layout, logits, tokens = oracle.generate(PROMPT, [picture], 8)
-    finally:
-        oracle.close()
+    layout, logits, tokens = mtmd_generate(mmproj, qwen3vl_text, PROMPT, [picture], 8)
     model = graphir.load(str(qwen3vl_text))
     ctx = model.new_context(n_ctx=512, mmproj=str(mmproj))
     chunks = ctx.tokenize(PROMPT, [picture])

@@ -272,15 +272,11 @@ def test_a_prompt_with_a_picture_continues_as_mtmds(projector: str, shape: str, 
     """A prompt with a picture, split as mtmd splits it (the same text tokens around the same number of rows),
     decoded (Gemma 3's rows with causal attention off, as mtmd_decode_use_non_causal asks): the logits after it
     within 1e-3 of llama.cpp's and the next 8 greedy tokens llama.cpp's."""
-    from llama_mtmd import Mtmd
+    from llama_mtmd import mtmd_generate
 
     model = loaded[projector]
     mmproj, picture = _tower(projector, tmp_path, model), _picture(tmp_path, shape)
-    oracle = Mtmd(mmproj, text_models[projector], vocab_only=False)
-    try:
-        layout, logits, tokens = oracle.generate(PROMPTS[projector], [picture], 8)
-    finally:
-        oracle.close()
+    layout, logits, tokens = mtmd_generate(mmproj, text_models[projector], PROMPTS[projector], [picture], 8)
     ctx = model.new_context(n_ctx=1024, mmproj=str(mmproj))
     chunks = ctx.tokenize(PROMPTS[projector], [picture])
     assert [c.tokens if c.rows is None else len(c) for c in chunks] == layout
@@ -350,17 +346,13 @@ def test_run_takes_a_picture(tmp_path: Path, text_models: dict[str, Path], capsy
                              ) -> None:
     """``graphir run MODEL --mmproj MMPROJ --image FILE -p TEXT``: the continuation llama.cpp's mtmd gives; the
     marker goes before the prompt when it has none (llama.cpp's mtmd-cli); --image without --mmproj is refused."""
-    from llama_mtmd import Mtmd
+    from llama_mtmd import mtmd_generate
 
     path = text_models["gemma3"]
     model = graphir.load(str(path))
     mmproj, picture = _tower("gemma3", tmp_path, model), _picture(tmp_path, "tall")
     prompt = "<start_of_turn>user\nWhat is in this picture?<end_of_turn>\n<start_of_turn>model\n"
-    oracle = Mtmd(mmproj, path, vocab_only=False)
-    try:
-        _, _, tokens = oracle.generate("<__media__>" + prompt, [picture], 8)
-    finally:
-        oracle.close()
+    _, _, tokens = mtmd_generate(mmproj, path, "<__media__>" + prompt, [picture], 8)
     argv = ["run", str(path), "--mmproj", str(mmproj), "--image", str(picture), "-p", prompt, "-n", "8",
             "--no-display-prompt"]
     assert main(argv) == 0
