@@ -50,6 +50,7 @@ def run(svc: Service, host: str, port: int, announce: Callable[[str], None],
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)  # before the address is announced: uvicorn listens only after the lifespan's startup
     except OSError as e:
         sock.close()
         raise GraphirError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
