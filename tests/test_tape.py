@@ -78,17 +78,33 @@ def test_a_taped_run_of_another_family_gives_the_bits_of_its_steps_run_from_pyth
     assert np.array_equal(taped.view(np.uint32), plain.view(np.uint32))
 
 
-def test_a_quantized_llamas_step_is_a_handful_of_steps(tiny):
-    """From a plan's second run: every layer's kernels in one played segment; what stays in Python is the
-    embedding's rows, the output rows' selection, the feeds' copy and the segments."""
-    ctx = load(str(tiny.path("llama", Q.Q4_1))).new_context(n_ctx=64)
-    ctx.decode(Batch.from_tokens([3, 4, 5], 0))
-    ctx.decode(Batch.one(6, 3))
-    (plan,) = [p for k, p in ctx._plans.items() if dict(k[1])["n_tokens"] == 1]
-    assert plan.tapes and plan.lock is None                     # its first run: without its tape
-    ctx.decode(Batch.one(7, 4))
-    (plan,) = [p for k, p in ctx._plans.items() if dict(k[1])["n_tokens"] == 1]
-    assert plan.lock is not None and len(plan.steps) <= 6
+@pytest.mark.parametrize("dtype", [Q.Q4_1, Q.Q4_K, Q.Q6_K, Q.IQ4_XS, Q.IQ2_XXS], ids=lambda q: q.name)
+def test_a_quantized_llamas_step_is_a_handful_of_steps(tmp_path, monkeypatch, dtype):
+    """From a plan's second run: every layer's kernels in one played segment, the GEMVs of the exact kinds',
+    Q4_K's and the other K- and I-quants' layouts among them, with the bits of the steps run from Python; what
+    stays in Python is the embedding's rows, the output rows' selection, the feeds' copy and the segments."""
+    wide = {"{arch}.embedding_length": 256, "{arch}.feed_forward_length": 512}   # whole 256-element super-blocks
+    m = load(str(write_model_gguf(tmp_path / f"llama-{dtype.name}.gguf", make_tiny_preset("llama", **wide), dtype)))
+
+    def steps() -> tuple[np.ndarray, list[tuple[bool, bool, int]]]:
+        """Three one-token steps after a prompt: their logits, and after each whether the step's plan has tapes,
+        whether it played them, and its number of steps."""
+        ctx, rows, seen = m.new_context(n_ctx=64), [], []
+        ctx.decode(Batch.from_tokens([3, 4, 5], 0))
+        for i in range(3):
+            ctx.decode(Batch.one(6 + i, 3 + i))
+            rows.append(ctx.logits().copy())
+            (plan,) = [p for k, p in ctx._plans.items() if dict(k[1])["n_tokens"] == 1]
+            seen.append((bool(plan.tapes), plan.lock is not None, len(plan.steps)))
+        return np.concatenate(rows), seen
+
+    taped, seen = steps()
+    assert seen[0][:2] == (True, False)                       # its first run: without its tape
+    assert seen[-1][1] and seen[-1][2] <= 6
+    monkeypatch.setattr(tape, "ARENA_MAX", -1)                # every step from Python
+    plain, seen = steps()
+    assert not seen[-1][1]
+    assert np.array_equal(taped.view(np.uint32), plain.view(np.uint32))
 
 
 @pytest.mark.parametrize("family", ["mamba", "rwkv6"])

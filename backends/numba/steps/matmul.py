@@ -158,13 +158,18 @@ def _record_activation_product(tape: Tape, w: np.ndarray, x: np.ndarray, path: I
     return out.reshape(out.shape[4 - r:])
 
 
-_GEMV_OPS = {2: T.GEMV2, 3: T.GEMV3, 4: T.GEMV4}   # by the number of a layout's parts
+_GEMV_OPS = (T.GEMV2, T.GEMV3, T.GEMV4, T.GEMVK)   # a layout's parts by kind: the exact kinds', Q4_K's, the others'
+
+
+def _gemv_op(packed: tuple[np.ndarray, ...]) -> Any:
+    """The GEMV opcode whose kinds a layout's parts are (then x and out, float32 rows); None where none is."""
+    return next((op for op in _GEMV_OPS if len(T.OPCODES[op].args) == len(packed) + 2
+                 and all(T.fits(kind, a) for kind, a in zip(T.OPCODES[op].args, packed))), None)
 
 
 def _record_gemv(tape: Tape, gemv: Callable, packed: tuple[np.ndarray, ...], x: np.ndarray, out: np.ndarray) -> bool:
-    """A GEMV of packed rows (quant bytes, then scales: the exact kinds', Q4_K's) on the tape; False (nothing
-    recorded) where the layout's parts are not of the opcode's kinds."""
-    op = _GEMV_OPS.get(len(packed))
+    """A GEMV of packed rows on the tape; False (nothing recorded) where no opcode takes its layout."""
+    op = _gemv_op(packed)
     return op is not None and tape.record(op, gemv, (*packed, x, out))
 
 
@@ -238,7 +243,7 @@ class _StackProduct(Step):
             return None
         matrices, x3 = self._operands(w, x)
         calls = [m.gemv_call() for m in matrices]
-        if any(c is None or len(c[1]) not in _GEMV_OPS for c in calls):
+        if any(c is None or _gemv_op(c[1]) is None for c in calls):
             return None
         out = tape.arena(x3.shape[:-1] + (matrices[0].rows,))
         r = x3.shape[0] // self.n

@@ -42,6 +42,14 @@ def _kind(a: Any) -> Any:
     return type(a) if isinstance(a, (bool, int, float, np.generic)) else numba.typeof(a)   # a register type
 
 
+def fits(kind: str, a: Any) -> bool:
+    """Whether the player reads ``a`` as an array of ``kind`` (the kernel then gets the very type numba compiled it
+    for from Python)."""
+    t = KINDS[kind]
+    return isinstance(a, np.ndarray) and a.dtype == NUMPY[kind] and a.ndim == t.ndim and a.flags.c_contiguous \
+        and a.flags.aligned and a.flags.writeable == t.mutable
+
+
 def storage_of(a: Any) -> np.ndarray | None:
     """The array whose memory an array views (itself if it owns it); None for what is not an array."""
     if not isinstance(a, np.ndarray):
@@ -164,9 +172,7 @@ class Tape:
     def ref(self, kind: str, a: np.ndarray) -> int | None:
         """a's row in the table, read as an array of ``kind``; None where a is not of that kind (the step then
         runs from Python)."""
-        t = KINDS[kind]
-        if a.dtype != NUMPY[kind] or a.ndim != t.ndim or not a.flags.c_contiguous or not a.flags.aligned \
-                or a.flags.writeable != t.mutable:
+        if not fits(kind, a):
             return None
         if id(a) not in self.index:
             self.index[id(a)] = len(self.arrays)

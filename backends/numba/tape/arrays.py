@@ -17,7 +17,8 @@ from graphir.backends.numba.primitives.jit import SER
 # the kinds of array play makes from the table, by name: C-contiguous, and numba types a read-only array apart
 _C = "C"
 KINDS: dict[str, types.Array] = {
-    "u8": types.Array(types.uint8, 1, _C), "u16": types.Array(types.uint16, 1, _C),
+    "u8": types.Array(types.uint8, 1, _C), "u8_2": types.Array(types.uint8, 2, _C),
+    "i8_3": types.Array(types.int8, 3, _C), "u16": types.Array(types.uint16, 1, _C),
     "u16_2": types.Array(types.uint16, 2, _C), "u16r": types.Array(types.uint16, 1, _C, readonly=True),
     "i64": types.Array(types.int64, 1, _C), "f1": types.Array(types.float32, 1, _C),
     "f1r": types.Array(types.float32, 1, _C, readonly=True), "f2": types.Array(types.float32, 2, _C),
@@ -72,8 +73,9 @@ def _reader(aryty: types.Array) -> Any:
     return read
 
 
-read_u8, read_u16, read_u16_2, read_u16r, read_i64, read_f1, read_f1r, read_f2, read_f2r, read_f3, read_f4 = (
-    _reader(KINDS[k]) for k in ("u8", "u16", "u16_2", "u16r", "i64", "f1", "f1r", "f2", "f2r", "f3", "f4"))
+(read_u8, read_u8_2, read_i8_3, read_u16, read_u16_2, read_u16r, read_i64, read_f1, read_f1r, read_f2, read_f2r, read_f3,
+ read_f4) = (_reader(KINDS[k]) for k in ("u8", "u8_2", "i8_3", "u16", "u16_2", "u16r", "i64", "f1", "f1r", "f2", "f2r",
+                                          "f3", "f4"))
 
 
 @njit(**SER)

@@ -36,6 +36,8 @@ OPCODES = (
     Opcode("GEMV2", ("u8", "u16", "f2", "f2"), "exact GEMV of a two-part packed weight: (qs, d), x, out"),
     Opcode("GEMV3", ("u8", "u16", "u16", "f2", "f2"), "of a three-part one: (qs, d, m), x, out"),
     Opcode("GEMV4", ("u8", "u8", "u8", "u16", "f2", "f2"), "of Q4_K's four-part one: (qs, sc, mn, dd), x, out"),
+    Opcode("GEMVK", ("u8_2", "i8_3", "f3", "f2", "f2"),
+           "of a K-quant's (or I-quant's) values, scales and d (quant.kquant's k_product): x, out"),
     Opcode("NORM", ("f2", "f32", "f1r", "f2"), "rms_norm rows: x, eps, w, out"),
     Opcode("BINARY", ("f2", "f2", "int", "f2", "int"),
            "x op y -> out by rows, row r with y's (r // div) % len(y): x, y, div, out, op"),
