@@ -38,9 +38,9 @@ The table (quant.weight) has one row per type: activation format, the stream lay
                 as Q8_0 (its values as bytes)                         1.0625
     Q4_1  Q8_1  GGUF's bytes in groups of 16 rows (*): q, f16 d, m    0.625       [0.625]
     Q5_1  Q8_1  as Q8_0 (values 0-31 as bytes, grouped) + f16 m       1.125       [0.75]
-    Q4_K  Q8_K  rows in eights (quant.kquant): GGUF's nibbles, rows   0.6875      [0.5625]
-                side by side, scales as bytes, mins, d and dmin as
-                f32; other row counts:
+    Q4_K  Q8_K  rows in eights (quant.kquant): GGUF's nibbles, rows   0.578       [0.5625]
+                side by side, scales and mins as bytes, d and dmin
+                as f16, in one stream; other row counts:
                 as Q5_K (GGUF's nibbles)                              0.594
     Q5_K  Q8_K  the values in GGUF's bit fields, unpacked in          0.719       [0.6875]
                 registers (quant.kquant), scales, mins as bytes,

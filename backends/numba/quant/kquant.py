@@ -73,6 +73,8 @@ _V8 = lanes(8)
 _VW = lanes(WIDE_LANES)     # rows side by side: a register of the widest width the host has byte instructions for
 _AHEAD = 4              # super-blocks of a group that the GEMV asks the memory for ahead of their use
 _GEMM_ROWS = 4          # activation rows of Q4_K's GEMM that meet a group's values at once
+# pack_q4_k's bytes a row and super-block, and where its scales, mins and d (then dmin) start, in bytes a row
+_Q4K_BYTES, _Q4K_SC, _Q4K_MN, _Q4K_D = 148, 128, 136, 144
 _pair_dots, _block_dots = row_nibble_dots(1, rows=_GEMM_ROWS), row_nibble_dots(4)
 
 _F32 = np.float32
@@ -88,21 +90,24 @@ def _scales_mins_d(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(np.concatenate([sc, mn], axis=-1).astype(np.uint8)), d
 
 
-def pack_q4_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def pack_q4_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K blocks (rows, nb, 144) -> the repacked kernels' layout for groups of G = WIDE_LANES rows side by side
-    (rows padded with zero blocks to whole groups; their results are never written), per group and super-block:
-    the quant bytes in chunks of four per row (int8_dot.row_nibble_dots), the eight scales and the eight mins as
-    bytes, each [sub-block][row], and d, dmin as f16 bits [d | dmin][row] (vload converts both exactly): 148 bytes a
-    row and super-block against GGUF's 144 (mins and d as float32 took 176: 19% more to stream a token)."""
+    (rows padded with zero blocks to whole groups; their results are never written), one run of _Q4K_BYTES * G
+    bytes per group and super-block (_Q4K_BYTES; where each part starts: _Q4K_SC, ...): the quant bytes in chunks of four a row
+    (int8_dot.row_nibble_dots), the eight 6-bit scales and the eight mins as bytes, each [sub-block][row], and d,
+    dmin as f16 bits [d | dmin][row] (vload converts both exactly); as bytes, and as the f16 words they hold. 148
+    bytes a row and super-block against GGUF's 144 (mins and d as float32 took 176: 19% more to stream a token),
+    in one stream: four arrays of the parts streamed 5% slower (the GEMV on 1B-class matrices, two Zen 5 cores)."""
     g = WIDE_LANES
     if b.shape[0] % g:
         b = np.concatenate([b, np.zeros((-b.shape[0] % g, *b.shape[1:]), b.dtype)])
     rows, nb = b.shape[:2]
     qs = b[:, :, 16:144].reshape(rows // g, g, nb, 4, 8, 4).transpose(0, 2, 3, 4, 1, 5)
     sc, mn = (a.reshape(rows // g, g, nb, 8).transpose(0, 2, 3, 1) for a in k_scales(b[:, :, 4:16]))
-    d = np.ascontiguousarray(b[:, :, 0:4]).view(np.uint16).reshape(rows // g, g, nb, 2)
-    return tuple(np.ascontiguousarray(a).reshape(-1)
-                 for a in (qs, sc.astype(np.uint8), mn.astype(np.uint8), d.transpose(0, 2, 3, 1)))
+    d = np.ascontiguousarray(b[:, :, 0:4]).reshape(rows // g, g, nb, 2, 2).transpose(0, 2, 3, 1, 4)
+    parts = (qs, sc.astype(np.uint8), mn.astype(np.uint8), d)
+    blob = np.concatenate([np.ascontiguousarray(a).reshape(rows // g, nb, -1) for a in parts], axis=-1).reshape(-1)
+    return blob, blob.view(np.uint16)
 
 
 @njit(cache=True, inline="always")
@@ -246,16 +251,12 @@ def _gemm_step(v, dots, wd, wm, mn, lo, g_rows, ms, yd, r, b, p, acc, acc_min):
 
 
 @njit(cache=True, inline="always")
-def _ask_ahead(qs, sc, mn, dd, o, g_rows):
-    """Prefetch super-block o of pack_q4_k's layout for a group of g_rows rows (its quants, scales, mins, d and
-    dmin): the GEMV streams a thread's groups one after another, and the hardware's prefetch alone left it waiting
-    on memory (1B-class matrices on two Zen 5 cores, 49 -> 63 GB/s of GGUF bytes)."""
-    for j in range(0, 128 * g_rows, 64):
-        prefetch(qs, o * 128 * g_rows + j)
-    for j in range(0, 8 * g_rows, 64):
-        prefetch(sc, o * 8 * g_rows + j)
-        prefetch(mn, o * 8 * g_rows + j)
-    prefetch(dd, 2 * o * g_rows)
+def _ask_ahead(q, o, g_rows):
+    """Prefetch super-block o of pack_q4_k's layout for a group of g_rows rows: the GEMV streams a thread's groups
+    one after another, and the hardware's prefetch alone left it waiting on memory (1B-class matrices on two Zen 5
+    cores, 49 -> 63 GB/s of GGUF bytes)."""
+    for j in range(0, _Q4K_BYTES * g_rows, 64):
+        prefetch(q, o * _Q4K_BYTES * g_rows + j)
 
 
 def q4_k_x8(gemm: bool) -> Callable:
@@ -266,7 +267,7 @@ def q4_k_x8(gemm: bool) -> Callable:
     integers are formed in float32, exactly (_side_mins)."""
 
     @njit(**_exact)
-    def product(qs, sc, mn, dd, x, out):
+    def product(q, dd, x, out):
         v = _VW
         g_rows = width(v)
         n, k = x.shape
@@ -279,16 +280,16 @@ def q4_k_x8(gemm: bool) -> Callable:
             for r in range(0, in_fours, _GEMM_ROWS):        # the GEMM: one FMA per pair of sub-blocks
                 a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = vzero(v)
                 for b in range(nb):
-                    o = g * nb + b
-                    wd, wm = vload(v, dd, 2 * o * g_rows), vload(v, dd, (2 * o + 1) * g_rows)
-                    qo, yo, so = o * 128 * g_rows, r * k + b * 256, o * 8 * g_rows
+                    qo, yo = (g * nb + b) * _Q4K_BYTES * g_rows, r * k + b * 256
+                    so, mo, do = qo + _Q4K_SC * g_rows, qo + _Q4K_MN * g_rows, (qo + _Q4K_D * g_rows) >> 1
+                    wd, wm = vload(v, dd, do), vload(v, dd, do + g_rows)
                     for p in range(4):
-                        lo = so + 2 * p * g_rows
-                        p0, p1, p2, p3 = _pair_dots(v, qs, qo + 32 * p * g_rows, yf, yo + 64 * p, k, sc, lo)
-                        a0, m0 = _gemm_step(v, p0, wd, wm, mn, lo, g_rows, ms, yd, r, b, p, a0, m0)
-                        a1, m1 = _gemm_step(v, p1, wd, wm, mn, lo, g_rows, ms, yd, r + 1, b, p, a1, m1)
-                        a2, m2 = _gemm_step(v, p2, wd, wm, mn, lo, g_rows, ms, yd, r + 2, b, p, a2, m2)
-                        a3, m3 = _gemm_step(v, p3, wd, wm, mn, lo, g_rows, ms, yd, r + 3, b, p, a3, m3)
+                        lo, ml = so + 2 * p * g_rows, mo + 2 * p * g_rows
+                        p0, p1, p2, p3 = _pair_dots(v, q, qo + 32 * p * g_rows, yf, yo + 64 * p, k, q, lo)
+                        a0, m0 = _gemm_step(v, p0, wd, wm, q, ml, g_rows, ms, yd, r, b, p, a0, m0)
+                        a1, m1 = _gemm_step(v, p1, wd, wm, q, ml, g_rows, ms, yd, r + 1, b, p, a1, m1)
+                        a2, m2 = _gemm_step(v, p2, wd, wm, q, ml, g_rows, ms, yd, r + 2, b, p, a2, m2)
+                        a3, m3 = _gemm_step(v, p3, wd, wm, q, ml, g_rows, ms, yd, r + 3, b, p, a3, m3)
                 vstore(res, 0, vsub(a0, m0))
                 vstore(res, g_rows, vsub(a1, m1))
                 vstore(res, 2 * g_rows, vsub(a2, m2))
@@ -299,14 +300,14 @@ def q4_k_x8(gemm: bool) -> Callable:
             for r in range(in_fours, n):                     # the GEMV: one FMA per super-block
                 acc = acc_min = vzero(v)
                 for b in range(nb):
-                    o = g * nb + b
                     if r == in_fours:
-                        _ask_ahead(qs, sc, mn, dd, o + _AHEAD, g_rows)
+                        _ask_ahead(q, g * nb + b + _AHEAD, g_rows)
+                    qo, yo = (g * nb + b) * _Q4K_BYTES * g_rows, r * k + b * 256
+                    do = (qo + _Q4K_D * g_rows) >> 1
                     dx = vsplat(v, yd[r, b])
-                    dw, dm = vmul(vload(v, dd, 2 * o * g_rows), dx), vmul(vload(v, dd, (2 * o + 1) * g_rows), dx)
-                    qo, yo, so = o * 128 * g_rows, r * k + b * 256, o * 8 * g_rows
-                    acc = vfma(_block_dots(v, qs, qo, yf, yo, 0, sc, so), dw, acc)
-                    acc_min = vfma(_side_mins(v, mn, so, ms, r, b), dm, acc_min)
+                    dw, dm = vmul(vload(v, dd, do), dx), vmul(vload(v, dd, do + g_rows), dx)
+                    acc = vfma(_block_dots(v, q, qo, yf, yo, 0, q, qo + _Q4K_SC * g_rows), dw, acc)
+                    acc_min = vfma(_side_mins(v, q, qo + _Q4K_MN * g_rows, ms, r, b), dm, acc_min)
                 vstore(res, 0, vsub(acc, acc_min))
                 for j in range(min(g_rows, rows - g * g_rows)):
                     out[r, g * g_rows + j] = res[j]

@@ -162,6 +162,13 @@ def _inverse_perm(parts: int, run: int, k: int) -> np.ndarray:
     return inv
 
 
+
+def _storage(a: np.ndarray) -> np.ndarray:
+    """The array whose memory ``a`` views (a layout's parts may be views of one array: Q4_K's bytes and words)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
 class QWeight:
     """A weight matrix (rows, ne0) in its GGUF storage type, ready for x @ W.T and row lookups."""
 
@@ -232,7 +239,7 @@ class QWeight:
         """Extra memory held by the repacked copy (0 until the first matmul, and always 0 for float types)."""
         if self._packed is None or self._kind.repack is None:
             return 0
-        return sum(int(a.nbytes) for a in self._packed)
+        return sum({id(root): int(root.nbytes) for root in map(_storage, self._packed)}.values())  # views once
 
     # -- operations ---------------------------------------------------------------------------------------
 

@@ -158,7 +158,7 @@ def _record_activation_product(tape: Tape, w: np.ndarray, x: np.ndarray, path: I
     return out.reshape(out.shape[4 - r:])
 
 
-_GEMV_OPS = (T.GEMV2, T.GEMV3, T.GEMV4, T.GEMVK)   # a layout's parts by kind: the exact kinds', Q4_K's, the others'
+_GEMV_OPS = (T.GEMV2, T.GEMV3, T.GEMVK)   # a layout's parts by kind: the exact kinds' and Q4_K's, the others'
 
 
 def _gemv_op(packed: tuple[np.ndarray, ...]) -> Any:

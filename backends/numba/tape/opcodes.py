@@ -33,9 +33,9 @@ class Opcode(NamedTuple):
 
 _INT8 = ("int",) * 8
 OPCODES = (
-    Opcode("GEMV2", ("u8", "u16", "f2", "f2"), "exact GEMV of a two-part packed weight: (qs, d), x, out"),
+    Opcode("GEMV2", ("u8", "u16", "f2", "f2"),
+           "GEMV of a two-part packed weight (the exact kinds', Q4_K's): (quants, d), x, out"),
     Opcode("GEMV3", ("u8", "u16", "u16", "f2", "f2"), "of a three-part one: (qs, d, m), x, out"),
-    Opcode("GEMV4", ("u8", "u8", "u8", "u16", "f2", "f2"), "of Q4_K's four-part one: (qs, sc, mn, dd), x, out"),
     Opcode("GEMVK", ("u8_2", "i8_3", "f3", "f2", "f2"),
            "of a K-quant's (or I-quant's) values, scales and d (quant.kquant's k_product): x, out"),
     Opcode("NORM", ("f2", "f32", "f1r", "f2"), "rms_norm rows: x, eps, w, out"),
