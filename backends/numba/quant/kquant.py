@@ -93,11 +93,12 @@ def _scales_mins_d(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def pack_q4_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K blocks (rows, nb, 144) -> the repacked kernels' layout for groups of G = WIDE_LANES rows side by side
     (rows padded with zero blocks to whole groups; their results are never written), one run of _Q4K_BYTES * G
-    bytes per group and super-block (_Q4K_BYTES; where each part starts: _Q4K_SC, ...): the quant bytes in chunks of four a row
-    (int8_dot.row_nibble_dots), the eight 6-bit scales and the eight mins as bytes, each [sub-block][row], and d,
-    dmin as f16 bits [d | dmin][row] (vload converts both exactly); as bytes, and as the f16 words they hold. 148
-    bytes a row and super-block against GGUF's 144 (mins and d as float32 took 176: 19% more to stream a token),
-    in one stream: four arrays of the parts streamed 5% slower (the GEMV on 1B-class matrices, two Zen 5 cores)."""
+    bytes per group and super-block, its parts from _Q4K_SC, _Q4K_MN, _Q4K_D: the quant bytes in chunks of four a
+    row (int8_dot.row_nibble_dots), the eight 6-bit scales and the eight mins as bytes, each [sub-block][row], and
+    d, dmin as f16 bits [d | dmin][row] (vload converts both exactly); as bytes, and as the f16 words they hold.
+    148 bytes a row and super-block against GGUF's 144 (mins and d as float32 took 176: 19% more to stream a
+    token), in one stream: four arrays of the parts streamed 5-10% slower (the GEMV on 1B-class matrices, two
+    Zen 5 cores)."""
     g = WIDE_LANES
     if b.shape[0] % g:
         b = np.concatenate([b, np.zeros((-b.shape[0] % g, *b.shape[1:]), b.dtype)])

@@ -73,9 +73,9 @@ def _reader(aryty: types.Array) -> Any:
     return read
 
 
-(read_u8, read_u8_2, read_i8_3, read_u16, read_u16_2, read_u16r, read_i64, read_f1, read_f1r, read_f2, read_f2r, read_f3,
- read_f4) = (_reader(KINDS[k]) for k in ("u8", "u8_2", "i8_3", "u16", "u16_2", "u16r", "i64", "f1", "f1r", "f2", "f2r",
-                                          "f3", "f4"))
+(read_u8, read_u8_2, read_i8_3, read_u16, read_u16_2, read_u16r, read_i64, read_f1, read_f1r, read_f2, read_f2r,
+ read_f3, read_f4) = (_reader(KINDS[k]) for k in ("u8", "u8_2", "i8_3", "u16", "u16_2", "u16r", "i64", "f1", "f1r",
+                                                   "f2", "f2r", "f3", "f4"))
 
 
 @njit(**SER)
