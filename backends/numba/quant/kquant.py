@@ -809,9 +809,12 @@ def _side_group(f, g, qv, sc, dd, yf, yd, st, ms, out):
                 a6 = _side_chain(f, v, s6, d, mins, t, ms, yd, r + 6, b, a6)
                 a7 = _side_chain(f, v, s7, d, mins, t, ms, yd, r + 7, b, a7)
             _store_rows(v, chains, r * g_rows, a0, a1, a2, a3, a4, a5, a6, a7)
-    for r in range(n):
-        for l in range(min(g_rows, rows - g * g_rows)):
-            out[r, g * g_rows + l] = chains[r * g_rows + l]
+    for r in range(n):      # a register a row: copied element by element, LLVM scattered it (14% of the product)
+        if live == g_rows:
+            vstore(out[r], g * g_rows, vload(v, chains, r * g_rows))
+        else:
+            for l in range(live):
+                out[r, g * g_rows + l] = chains[r * g_rows + l]
 
 
 def k_product(fmt: str) -> Callable:
