@@ -39,8 +39,10 @@ class NumbaBackend:
         return QWeight.prepare(data, qtype, ne0, numerics.path)
 
     def compile(self, graph: Graph, weight: Callable[..., Any], numerics: Numerics) -> Program:
+        from graphir.backends.numba.heap import keep_freed_memory
         from graphir.backends.numba.program import Program
 
+        keep_freed_memory()
         return Program(graph, weight, numerics.path)
 
     def set_threads(self, n: int) -> None:
