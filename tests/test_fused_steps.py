@@ -15,6 +15,7 @@ from graphir.backends.numba.kernels.attention import attend
 from graphir.backends.numba.kernels.mul_mat import mul_mat
 from graphir.backends.numba.kernels.norm import rms_norm
 from graphir.backends.numba.kernels.softmax import soft_max
+from graphir.backends.numba.steps.attention import _finite
 from graphir.batch import Batch
 from graphir.running.runtime import load
 
@@ -56,6 +57,51 @@ def test_more_than_one_token_or_one_cell_is_not_its_case():
     assert attend(k, q, np.zeros((4, 3, 40), np.float32), v, 0.25, 256, p) is None
     k, v = _caches(rng, 1, 2, 16)          # a V of one cell is contiguous: mul_mat takes it as rows
     assert attend(k, q[:, :1], np.zeros((4, 1, 1), np.float32), v, 0.25, 256, p) is None
+
+
+def _masks(t: int, n_kv: int) -> dict[str, np.ndarray]:
+    """Prompt masks (t tokens over n_kv cells, the prompt's the last t): causal, a sliding window of 5, two
+    sequences side by side, and one whose third token sees no cell (its row all -inf)."""
+    pos, cell = np.arange(n_kv - t, n_kv)[:, None], np.arange(n_kv)[None, :]
+    causal = np.where(cell <= pos, 0.0, -np.inf).astype(np.float32)
+    window = np.where((cell <= pos) & (cell > pos - 5), 0.0, -np.inf).astype(np.float32)
+    two = causal.copy()
+    two[t // 2:, n_kv - t:n_kv - t + t // 2] = -np.inf
+    none = causal.copy()
+    none[2] = -np.inf
+    return {"causal": causal, "window": window, "two sequences": two, "a row sees nothing": none}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("mask_kind", ["causal", "window", "two sequences", "a row sees nothing"])
+@pytest.mark.parametrize("t, n_kv", [(37, 37), (100, 256), (9, 300)])
+def test_a_prompts_products_past_each_tokens_reach_left_out_give_the_same_bits(path, mask_kind, t, n_kv):
+    """kernels.mul_mat's reach (each token's cells up to its last open one) on KQ and KQV: the same bits as every
+    product computed, soft_max between them as the attention step runs them."""
+    p = PATHS[path]
+    rng = np.random.default_rng(t + n_kv)
+    k, v = _caches(rng, n_kv, 2, 64)
+    q = rng.standard_normal((t, 6, 64)).astype(np.float32).transpose(1, 0, 2) * 4     # (heads, t, head)
+    mask = _masks(t, n_kv)[mask_kind]
+    reach = (n_kv - np.argmax((mask != -np.inf)[:, ::-1], axis=1)).astype(np.int64)
+    assert (reach < n_kv).any() or t == n_kv == 37 and mask_kind == "causal"
+    apart = soft_max(mul_mat(k, q, p), mask, 0.125, 0.0, p, 256, None)
+    left_out = soft_max(mul_mat(k, q, p, reach=reach), mask, 0.125, 0.0, p, 256, None)
+    assert np.array_equal(apart, left_out, equal_nan=True)
+    assert np.array_equal(mul_mat(v, apart, p), mul_mat(v, left_out, p, reach=reach), equal_nan=True)
+
+
+@pytest.mark.parametrize("q_value, k_value, v_value, finite", [
+    (65519.0, 1.0, 1.0, True), (65520.0, 1.0, 1.0, False), (-65520.0, 1.0, 1.0, False), (np.nan, 1.0, 1.0, False),
+    (1.0, np.inf, 1.0, False), (1.0, 1.0, np.nan, False)])
+def test_a_reach_is_taken_only_where_every_product_it_leaves_out_is_finite(q_value, k_value, v_value, finite):
+    """q overflows f16 from 65520 (it rounds to infinity); an infinite or NaN product with a masked cell would
+    make its row NaN, which the products left out would not."""
+    rng = np.random.default_rng(1)
+    k, v = _caches(rng, 16, 1, 8)
+    q = rng.standard_normal((2, 4, 8)).astype(np.float32)
+    q[1, 2, 3], k[0, 5, 1], v[0, 2, 9] = q_value, k_value, v_value
+    assert _finite(q, k, v) is finite
 
 
 @pytest.mark.parametrize("rows", [3, 700])              # the serial and the parallel variant

@@ -75,6 +75,7 @@ def to_f32_row(s, kind, d):
         d[c] = 0.0
 
 
+NO_REACH = np.zeros(0, np.int64)    # _products' reach where every product is computed
 _TILE_M = 4                             # tinyBLAS tile: rows of w (by tile_rows(v) rows of x) held in registers
 _BLOCK_M, _BLOCK_N = 64, 64             # rows of w and of x per parallel task
 
@@ -383,11 +384,14 @@ def f32_short_dots(wt, x1, k, cut, out):
             out[j] = fma(wt[c, j], xc, out[j])
 
 
-def _products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, out):
+def _products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, ratio, hadd, mode, reach, over_k,
+              out):
     """out[b, n, m] = dot(w row (b // ratio) * wsb + m * wsm, x row b * xsb + n * xsn) over k elements; w1 and x1
     are flat rows of ldw / ldx elements (w: float32 or f16 bits; x: float32, already rounded to f16 where ggml
     converts it). ``mode``: tinyBLAS or vec_dot (f16 or f32), see mul_mat; kp: the padded length ggml sees,
-    whose extra elements are zeros. A task is a block of rows of w against up to _BLOCK_N rows of x, in tile
+    whose extra elements are zeros. ``reach`` (one per n, or none): tinyBLAS's products past a tile of x rows'
+    furthest reach are left out, the m from there on given 0 or (over_k) the k from there on, rounded up to a
+    register, not multiplied (see mul_mat). A task is a block of rows of w against up to _BLOCK_N rows of x, in tile
     columns; tasks run in parallel (prange; the serial copy runs them in turn), numbered so that consecutive
     ones share their block of w: prange hands each thread a run of consecutive tasks, so each thread streams its
     own part of w once instead of every thread streaming all of it. products_task and _tail_block are called at
@@ -414,8 +418,17 @@ def _products(task_at, tail_at, v, w1, ldw, x1, ldx, k, kp, wsb, wsm, xsb, xsn, 
                               m0, min(m0 + bm, mm), out))
             continue
         for n0 in range(nbl, min(nbl + _BLOCK_N, nn), nb):
-            call_at(task_at, (v, w1, ldw, x1, ldx, k, kp, wr, wsm, xr, xsn, hadd, mode, simd, b, n0,
-                              min(n0 + nb, nn), m0, min(m0 + bm, mm), out))
+            n1, m1, kk = min(n0 + nb, nn), min(m0 + bm, mm), k
+            if reach.shape[0] and tiny:
+                far = reach[n0:n1].max()
+                if over_k:
+                    kk = min(k, (far + n - 1) // n * n)
+                elif far < m1:
+                    cut = max(m0, far)
+                    out[b, n0:n1, cut:m1] = 0.0
+                    m1 = cut
+            call_at(task_at, (v, w1, ldw, x1, ldx, kk, kp, wr, wsm, xr, xsn, hadd, mode, simd, b, n0, n1, m0, m1,
+                              out))
 
 
 @functools.cache
@@ -620,7 +633,8 @@ def product_mode(f16: bool, n: int, kp: int, lanes: int, contiguous: bool, vec_d
 
 
 def products_call(wa: np.ndarray, x1: np.ndarray, xsb: int, xsn: int, k: int, kp: int, ratio: int, mode: int,
-                  path: isa.IsaPath, out: np.ndarray) -> tuple[Callable, tuple]:
+                  path: isa.IsaPath, out: np.ndarray, reach: np.ndarray = NO_REACH,
+                  over_k: bool = False) -> tuple[Callable, tuple]:
     """_products' variant and its arguments for w (B, M, K) against x1's rows (padded_rows), into out (B, N, M)."""
     wrows, wsb, wsm = as_rows(wa)
     work = out.shape[0] * out.shape[1] * out.shape[2] * k
@@ -628,7 +642,7 @@ def products_call(wa: np.ndarray, x1: np.ndarray, xsb: int, xsn: int, k: int, kp
     w1, hadd = kernel_view(wrows.reshape(-1)), path.reduce == _REDUCE_HADD
     task_at, tail_at = task_addresses(path.lanes, w1.dtype, hadd, mode == VEC_F32 and kp < 4 * path.lanes)
     return fn, (task_at, tail_at, simd.lanes(path.lanes), w1, wrows.shape[1], x1.reshape(-1), x1.shape[1], k, kp, wsb,
-                wsm, xsb, xsn, ratio, hadd, mode, out)
+                wsm, xsb, xsn, ratio, hadd, mode, reach, over_k, out)
 
 
 def as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -643,7 +657,8 @@ def as_rows(a: np.ndarray) -> tuple[np.ndarray, int, int]:
 
 
 def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = None,
-            contiguous: bool | None = None, vec_dot: bool = False, weight: bool = False) -> np.ndarray:
+            contiguous: bool | None = None, vec_dot: bool = False, weight: bool = False,
+            reach: np.ndarray = NO_REACH) -> np.ndarray:
     """Activation x activation (attention): out[b, n, m] = sum_k w[b', m, k] x[b, n, k], with ggml's broadcast
     b' = b // (B/A) per batch dim (query head h reads kv head h // (n_head / n_head_kv)).
 
@@ -654,9 +669,15 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
     a multiple of this (default: the kv_pad of a soft_max result, else 1). Only the path choice depends on
     it. contiguous: whether ggml sees src1 contiguous (default: only a soft_max result, which carries kv_pad;
     an f32 or f16 weight's activations are). w is read as it is stored (f16 converted lane by lane).
-    vec_dot: always ggml_vec_dot_f16/f32, never tinyBLAS (what ggml's mul_mat_id does, expert by expert)."""
+    vec_dot: always ggml_vec_dot_f16/f32, never tinyBLAS (what ggml's mul_mat_id does, expert by expert).
+    reach (int64, one per n: an attention's cells up to its query's last open one): on tinyBLAS's path, what lies
+    past it is not computed. For KQ (x the queries) the products with w rows past it are 0, where the mask's -inf
+    makes any finite product -inf alike; for KQV (x a soft_max result, ``kv_pad``) the terms past it, whose
+    probabilities are 0, are not added: each chain starts at +0, which x + 0 and +0 + -0 leave as they are, so
+    a product 0 * v of a finite v adds nothing. The caller makes sure of the finite values (Attention)."""
+    probabilities = hasattr(x, "kv_pad")
     if contiguous is None:
-        contiguous = hasattr(x, "kv_pad")
+        contiguous = probabilities
     if pad is None:
         pad = getattr(x, "kv_pad", 1)
     x = np.asarray(x)
@@ -681,7 +702,8 @@ def mul_mat(w: np.ndarray, x: np.ndarray, path: isa.IsaPath, pad: int | None = N
             fn(simd.lanes(path.lanes), cols[0], cols[1], cols[2], x1.reshape(-1), x1.shape[1] * xsb, k, kp,
                xa.shape[0] // wa.shape[0], path.reduce == _REDUCE_HADD, out[a])
             continue
-        fn, args = products_call(wa, x1, xsb, xsn, k, kp, xa.shape[0] // wa.shape[0], mode, path, out[a])
+        fn, args = products_call(wa, x1, xsb, xsn, k, kp, xa.shape[0] // wa.shape[0], mode, path, out[a], reach,
+                                 probabilities)
         fn(*args)
     return out.reshape(out.shape[4 - r:])
 

@@ -11,6 +11,7 @@ import numpy as np
 from graphir.backends.numba import tape as T
 from graphir.backends.numba.kernels.attention import attention_mask, attention_over, open_prefix
 from graphir.backends.numba.kernels.indexer import lightning_indexer
+from graphir.backends.numba.kernels.mul_mat import mul_mat
 from graphir.backends.numba.kernels.softmax import (alibi_slopes, exp_head, heads, mask_rows, per_row, probabilities,
                                                     soft_max, soft_max_kernel)
 from graphir.backends.numba.primitives.isa import REDUCE_HADD, IsaPath
@@ -18,6 +19,12 @@ from graphir.backends.numba.steps.base import F32, Env, Function, Step, broadcas
 from graphir.backends.numba.tape import Tape
 from graphir.graph.ir import Node
 from graphir.memory.kv import stream_binding
+
+
+def _finite(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
+    """Whether every product a reach leaves out is finite: q below f16's overflow once rounded to it (65520 rounds
+    to infinity), and the f16 K and V finite."""
+    return bool(-65520 < q.min() and q.max() < 65520 and np.isfinite(k).all() and np.isfinite(v).all())
 
 
 def kv_pad(soft_max_node: Node) -> int:
@@ -169,6 +176,7 @@ class Attention(Step):
                 return y
         kq_step, sm_step, kqv_step = self.steps
         n_kv = k.shape[-2]
+        reach = self._reach(mask, q, n_kv)
         if mask.shape[-1] == n_kv == v.shape[-1]:   # the three over the cells up to the last one the mask opens
             key = ("open prefix", id(mask))
             kept = self.memo.d.get(key)
@@ -176,4 +184,20 @@ class Attention(Step):
                 kept = self.memo.d[key] = mask, max(-(-open_prefix(mask) // 64) * 64, 64)
             if kept[1] < n_kv:
                 k, v, mask = k[..., :kept[1], :], v[..., :kept[1]], mask[..., :kept[1]]
+        if reach is not None and _finite(q, k, v):  # kq and kqv as their steps compute them, past the reach left out
+            probabilities = sm_step(env, mul_mat(k, q, self.path, reach=reach), mask)
+            return mul_mat(v, probabilities, self.path, reach=reach)
         return kqv_step(env, v, sm_step(env, kq_step(env, k, q), mask))
+
+    def _reach(self, mask: np.ndarray, q: np.ndarray, n_kv: int) -> np.ndarray | None:
+        """For a prompt whose mask is one (tokens, cells) matrix for every head: each token's cells up to its last
+        open one (not -inf; all of them where none is), what kernels.mul_mat leaves out the products past (a
+        causal 512-token prompt: half of them). Kept with the mask, the same for every layer of a run."""
+        if q.ndim != 3 or q.shape[1] < 2 or mask.shape != (q.shape[1], n_kv):
+            return None
+        key = ("reach", id(mask))
+        kept = self.memo.d.get(key)
+        if kept is None:
+            opened = mask != -np.inf
+            kept = self.memo.d[key] = mask, (n_kv - np.argmax(opened[:, ::-1], axis=1)).astype(np.int64)
+        return kept[1]

@@ -64,11 +64,11 @@ def player(n_lanes: int) -> Callable:
                 call_at(at, (read_f2r(t, a[0]), a[1], read_f2(t, a[2])))
                 pc += 5
             elif op == 10:  # PRODUCTS16: products of f16 weight rows with them
-                call_at(at, (a[0], a[1], v, read_u16r(t, a[2]), a[3], read_f1(t, a[4]), a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13] != 0, a[14], read_f3(t, a[15])))
-                pc += 18
+                call_at(at, (a[0], a[1], v, read_u16r(t, a[2]), a[3], read_f1(t, a[4]), a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13] != 0, a[14], read_i64(t, a[15]), a[16] != 0, read_f3(t, a[17])))
+                pc += 20
             elif op == 11:  # PRODUCTS32: products of f32 weight rows with them
-                call_at(at, (a[0], a[1], v, read_f1r(t, a[2]), a[3], read_f1(t, a[4]), a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13] != 0, a[14], read_f3(t, a[15])))
-                pc += 18
+                call_at(at, (a[0], a[1], v, read_f1r(t, a[2]), a[3], read_f1(t, a[4]), a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13] != 0, a[14], read_i64(t, a[15]), a[16] != 0, read_f3(t, a[17])))
+                pc += 20
             elif op == 12:  # MOVE: rows gathered (dst[i] = src[ids[i]]) or scattered: src, dst, ids, scatter
                 call_at(at, (read_f2(t, a[0]), read_f2(t, a[1]), read_i64(t, a[2]), a[3] != 0))
                 pc += 6
