@@ -172,7 +172,7 @@ def test_an_upward_import_would_be_found(tmp_path: Path) -> None:
 
 
 NUMBA = "graphir.backends.numba"
-NUMBA_LAYERS = (("primitives",), ("quant", "kernels"), ("tape",), ("steps",), ("fusion",), ("plan",), ("program",),
+NUMBA_LAYERS = (("primitives", "heap"), ("quant", "kernels"), ("tape",), ("steps",), ("fusion",), ("plan",), ("program",),
                 ("backend",))   # lowest first; the units of one layer do not import each other
 
 
@@ -190,8 +190,8 @@ def back_edges(g: nx.DiGraph) -> list[str]:
 
 
 def test_the_numba_backend_imports_one_way() -> None:
-    """primitives, then quant and kernels (beside each other), then the tape, the steps, fusion, plans, the program
-    and the backend object: every import inside the backend points down."""
+    """primitives (and, beside them, the heap's setting), then quant and kernels (beside each other), then the tape,
+    the steps, fusion, plans, the program and the backend object: every import inside the backend points down."""
     g = import_graph()
     units = {unit_of(n) for n in g if n.startswith(NUMBA + ".")}
     assert units == {u for layer in NUMBA_LAYERS for u in layer}   # every part has its layer
