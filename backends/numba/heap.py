@@ -5,7 +5,7 @@ them a few steps later. glibc serves a large block by mmap and returns it on fre
 MB, then stops), and trims the top of its heap: every run then faults in and zeroes hundreds of MB of fresh pages
 (a 1B-class 512-token prompt: 46-64 thousand faults a run), while llama.cpp allocates its compute buffer once.
 With the threshold above such blocks and no trimming, the heap keeps what a run freed and the next run's
-allocations land on it (under 100 faults a run). Set once, when the first graph is compiled; a process that set
+allocations land on it (0-1,300 faults a run). Set once, when the first graph is compiled; a process that set
 glibc's malloc tunables itself, or a libc without mallopt, is left as it is.
 """
 
